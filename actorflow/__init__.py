@@ -1,0 +1,28 @@
+"""actorflow: a deep-learning runtime where every op is an actor and memory is an explicit
+dependency. This module re-exports the public names only."""
+
+from . import lowlevel
+from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full, full_like,
+                       manual_seed, ones, ones_like, rand, rand_like, randn, randn_like, tensor,
+                       zeros, zeros_like)
+from .device import Device, device
+from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promote_types,
+                    result_type)
+from .errors import (ActorflowError, DeviceError, DTypeError, KernelError, OutOfMemoryError,
+                     ShapeError, VMError)
+from .functional import (abs, add, add_, amax, amin, argmax, argmin, cast, cat, clone, copy_,
+                         div, div_, eq, exp, fill_, ge, gelu, gt, is_floating_point, le, log,
+                         log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
+                         maximum, mean, min, minimum, mul, mul_, ne, neg, nonzero, pow, relu,
+                         sigmoid, softmax, sqrt, stack, sub, sub_, sum, tanh, where, zero_)
+from .runtime_api import synchronize, synchronize_async
+from .tensor.tensor import Tensor
+
+bool = bool_  # noqa: A001 - af.bool, as torch.bool
+float = float32  # noqa: A001
+double = float64
+half = float16
+long = int64
+int = int32  # noqa: A001
+
+__version__ = "0.1.0"

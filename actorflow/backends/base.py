@@ -1,0 +1,190 @@
+"""The thin template every backend fills: an Allocator with a byte budget and statistics,
+and named Streams. Adding a device is adding a file in this folder (see cpu.py, null.py).
+
+An allocator's public ``empty/adopt/free`` wrap the backend's ``_alloc/_free`` (and
+``_copyin/_copyout`` for moving data across the host boundary).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ..errors import OutOfMemoryError
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """Bytes counted by one device's allocator (in use excludes cached free blocks)."""
+    device: str
+    in_use: int
+    peak: int
+    cached: int
+    budget: int | None
+    allocs: int
+    frees: int
+
+
+class Allocator:
+    """Counts bytes per device, enforces an optional budget, and keeps a cache of large freed
+    blocks so that steady-state loops do not page-fault fresh memory on every op.
+
+    Subclasses implement ``_alloc(nbytes) -> block``, ``_free(block)`` and
+    ``_view(block, shape, dtype) -> array``. Thread-safe.
+    """
+
+    cache_min_bytes = 1 << 20      # blocks at least this large are cached when freed
+    cache_max_bytes = 1 << 30      # never cache more than this in all
+
+    def __init__(self, device: str, budget: int | None = None):
+        self.device = device
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._in_use = self._peak = self._cached = self._allocs = self._frees = 0
+        self._cache: dict[int, list] = {}
+
+    # -- public face --------------------------------------------------------------------
+    def empty(self, shape, dtype, what: str = ""):
+        """A new uninitialized array of ``shape`` and numpy ``dtype`` (None on data-less
+        devices). Raises OutOfMemoryError if it would exceed the budget."""
+        nbytes = dtype.itemsize
+        for s in shape:
+            nbytes *= s
+        block = None
+        with self._lock:
+            self._reserve(nbytes, what)
+            if nbytes >= self.cache_min_bytes:
+                blocks = self._cache.get(nbytes)
+                if blocks:
+                    block = blocks.pop()
+                    self._cached -= nbytes
+        if block is None:
+            return self._alloc_array(shape, dtype, nbytes)
+        return self._view(block, shape, dtype)
+
+    def adopt(self, nbytes: int, what: str = "") -> None:
+        """Counts ``nbytes`` of memory the allocator did not make (a zero-copy numpy array)."""
+        with self._lock:
+            self._reserve(nbytes, what)
+
+    def free(self, array, nbytes: int, owned: bool) -> None:
+        """Gives back ``nbytes``; an ``owned`` large block goes to the cache for reuse."""
+        with self._lock:
+            self._in_use -= nbytes
+            self._frees += 1
+            if (owned and array is not None and nbytes >= self.cache_min_bytes
+                    and self._cached + nbytes <= self._cache_limit()):
+                self._cache.setdefault(nbytes, []).append(self._block_of(array))
+                self._cached += nbytes
+
+    def empty_cache(self) -> None:
+        """Returns every cached block to the system."""
+        with self._lock:
+            self._drop_cache()
+
+    def set_budget(self, budget: int | None) -> None:
+        with self._lock:
+            self.budget = budget
+            if budget is not None and self._in_use + self._cached > budget:
+                self._drop_cache()
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = self._in_use
+
+    def stats(self) -> AllocatorStats:
+        with self._lock:
+            return AllocatorStats(self.device, self._in_use, self._peak, self._cached,
+                                  self.budget, self._allocs, self._frees)
+
+    # -- internals ----------------------------------------------------------------------
+    def _reserve(self, nbytes: int, what: str) -> None:
+        # caller holds the lock
+        budget = self.budget
+        if budget is not None:
+            if self._in_use + nbytes > budget:
+                raise OutOfMemoryError(self.device, nbytes, self._in_use, budget, what)
+            if self._in_use + self._cached + nbytes > budget:
+                self._drop_cache()
+        self._in_use += nbytes
+        self._allocs += 1
+        if self._in_use > self._peak:
+            self._peak = self._in_use
+
+    def _cache_limit(self) -> int:
+        if self.budget is None:
+            return self.cache_max_bytes
+        return min(self.cache_max_bytes, max(self.budget - self._in_use, 0))
+
+    def _drop_cache(self) -> None:
+        for blocks in self._cache.values():
+            for b in blocks:
+                self._free(b)
+        self._cache.clear()
+        self._cached = 0
+
+    def _alloc_array(self, shape, dtype, nbytes: int):
+        return self._view(self._alloc(nbytes), shape, dtype)
+
+    # -- backend hooks ------------------------------------------------------------------
+    def _alloc(self, nbytes: int):
+        raise NotImplementedError
+
+    def _free(self, block) -> None:
+        raise NotImplementedError
+
+    def _view(self, block, shape, dtype):
+        raise NotImplementedError
+
+    def _block_of(self, array):
+        raise NotImplementedError
+
+    def _copyin(self, dst, src) -> None:
+        raise NotImplementedError
+
+    def _copyout(self, src):
+        raise NotImplementedError
+
+
+class Stream:
+    """An in-order queue of instructions on one device: each instruction on a stream starts
+    after the one issued before it on that stream completes. ``tail`` is the last issued."""
+
+    __slots__ = ("device", "backend", "name", "simulated", "tail", "__weakref__")
+
+    def __init__(self, backend, name: str):
+        self.device = backend.device
+        self.backend = backend
+        self.name = name
+        self.simulated = backend.simulated
+        self.tail = None
+
+    def __repr__(self) -> str:
+        return f"Stream({self.device}:{self.name})"
+
+
+class Backend:
+    """A device type's allocator and streams. ``simulated`` backends have no data: their
+    kernels take ``latency`` seconds of simulated time instead of running."""
+
+    simulated = False
+    has_data = True
+
+    def __init__(self, device):
+        self.device = device
+        self.allocator = self._make_allocator()
+        self._streams: dict[str, Stream] = {}
+        self.compute = self.stream("compute")
+
+    def stream(self, name: str = "compute") -> Stream:
+        """The stream called ``name`` on this device, made on first use."""
+        s = self._streams.get(name)
+        if s is None:
+            s = self._streams[name] = Stream(self, name)
+        return s
+
+    def streams(self) -> list:
+        return list(self._streams.values())
+
+    def _make_allocator(self) -> Allocator:
+        raise NotImplementedError

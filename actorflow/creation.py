@@ -1,0 +1,203 @@
+"""Making tensors: from data (an empty op allocates, an access-by-callback instruction
+copies the data in), zero-copy from numpy or DLPack, and factories (zeros, rand, ...)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import ops
+from .backends import get_backend
+from .device import device as as_device
+from .dtype import ALL, as_dtype, default_float, from_numpy_dtype, int64, scalar_dtype
+from .eager.interpreter import access, apply
+from .errors import DTypeError, ShapeError
+from .tensor.impl import TensorImpl
+from .tensor.tensor import Tensor, wrap
+
+_EMPTY, _FULL, _ARANGE = ops.get("empty"), ops.get("full"), ops.get("arange")
+_RAND, _RANDN = ops.get("rand"), ops.get("randn")
+_SEEDS = [np.random.default_rng()]
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the generator that random ops draw from, so their results repeat."""
+    _SEEDS[0] = np.random.default_rng(int(seed))
+
+
+def _next_seed() -> int:
+    return int(_SEEDS[0].integers(0, 2**63 - 1))
+
+
+def _finish(impl, requires_grad: bool) -> Tensor:
+    t = wrap(impl)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _size(op: str, size) -> tuple:
+    if len(size) == 1 and not isinstance(size[0], numbers.Integral):
+        size = size[0]
+    try:
+        shape = tuple(int(s) for s in size)
+    except TypeError:
+        raise TypeError(f"{op}(): size must be ints or a tuple of ints, got {size!r}") from None
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"{op}(): negative dimension in size {shape}")
+    return shape
+
+
+def _infer_data_dtype(data, arr) -> object:
+    if arr.dtype.kind == "f" and not isinstance(data, np.ndarray) and arr.dtype == np.float64:
+        return default_float          # Python floats become float32, as in PyTorch
+    if arr.dtype.kind in "iu" and not isinstance(data, np.ndarray):
+        return int64
+    return from_numpy_dtype(arr.dtype, "tensor")
+
+
+def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of ``data`` (nested lists, scalars, numpy arrays or a
+    tensor). Python floats become float32 and ints int64 unless ``dtype`` says otherwise.
+
+    Example: ``af.tensor([[1., -1.], [1., -1.]])``
+    """
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    try:
+        arr = np.array(data, copy=True) if isinstance(data, np.ndarray) else np.asarray(data)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"tensor(): could not read data of type {type(data).__name__}: {e}") from None
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise TypeError(f"tensor(): data must be numbers (nested lists of bool, int or float), "
+                        f"got elements of type {arr.dtype}")
+    dt = as_dtype(dtype) if dtype is not None else _infer_data_dtype(data, arr)
+    dev = as_device(device if device is not None else "cpu")
+    impl = apply(_EMPTY, [], {"shape": arr.shape, "dtype": dt, "device": dev}, device=dev)[0]
+    if get_backend(dev).has_data:
+        access(impl, lambda dst: np.copyto(dst, arr, casting="unsafe"), write=True,
+               name="copy_in")
+    return _finish(impl, requires_grad)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A cpu tensor sharing memory with a C-contiguous numpy array (others are copied).
+    Do not write the array while actorflow work on the tensor may be pending."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy(): expected a numpy.ndarray, got {type(array).__name__}")
+    dt = from_numpy_dtype(array.dtype)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    impl = TensorImpl.new(array.shape, dt, as_device("cpu"))
+    blob = impl.blob
+    blob.backend.allocator.adopt(array.nbytes, "from_numpy")
+    blob.array, blob.owned, blob.allocated = array, False, True
+    return wrap(impl)
+
+
+def from_dlpack(obj) -> Tensor:
+    """A tensor sharing memory with any object that implements ``__dlpack__`` (cpu only)."""
+    if isinstance(obj, Tensor):
+        return obj
+    return from_numpy(np.from_dlpack(obj))
+
+
+def _factory(op, shape, dtype, device, extra=None):
+    dev = as_device(device if device is not None else "cpu")
+    attrs = {"shape": shape, "dtype": dtype, "device": dev}
+    if extra:
+        attrs.update(extra)
+    return apply(op, [], attrs, device=dev)[0]
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An uninitialized tensor. Example: ``af.empty(2, 3)``."""
+    shape = _size("empty", size)
+    return _finish(_factory(_EMPTY, shape, as_dtype(dtype or default_float), device), requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor filled with ``fill_value``; its dtype follows the value unless given."""
+    shape = _size("full", (size,) if isinstance(size, numbers.Integral) else tuple(size))
+    if isinstance(fill_value, np.generic):
+        fill_value = fill_value.item()
+    dt = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
+    return _finish(_factory(_FULL, shape, dt, device, {"value": fill_value}), requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros. Example: ``af.zeros(2, 3)`` or ``af.zeros((2, 3))``."""
+    return full(_size("zeros", size), 0, as_dtype(dtype or default_float), device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones."""
+    return full(_size("ones", size), 1, as_dtype(dtype or default_float), device, requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False):
+    """Values from ``start`` (default 0) up to ``end`` (excluded) by ``step``; int64 when all
+    are ints, else float32. Example: ``af.arange(5)``."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange(): step must be nonzero")
+    n = int(np.ceil((end - start) / step))
+    if n < 0:
+        raise ValueError(f"arange(): upper bound and step sign are inconsistent "
+                         f"(start={start}, end={end}, step={step})")
+    ints = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+    dt = as_dtype(dtype) if dtype is not None else (int64 if ints else default_float)
+    impl = _factory(_ARANGE, (n,), dt, device, {"start": start, "step": step})
+    return _finish(impl, requires_grad)
+
+
+def _random(op, name, size, dtype, device, requires_grad):
+    dt = as_dtype(dtype or default_float)
+    if not dt.is_floating_point:
+        raise DTypeError(f"{name}(): needs a floating point dtype, got {dt}")
+    impl = _factory(op, _size(name, size), dt, device, {"seed": _next_seed()})
+    return _finish(impl, requires_grad)
+
+
+def rand(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Uniform random values in [0, 1). Follows ``manual_seed``."""
+    return _random(_RAND, "rand", size, dtype, device, requires_grad)
+
+
+def randn(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Standard normal random values. Follows ``manual_seed``."""
+    return _random(_RANDN, "randn", size, dtype, device, requires_grad)
+
+
+def _like(fn, t, dtype, device, **kw):
+    return fn(t.shape, dtype=dtype or t.dtype, device=device or t.device, **kw)
+
+
+def zeros_like(input, dtype=None, device=None, requires_grad: bool = False):
+    return _like(zeros, input, dtype, device, requires_grad=requires_grad)
+
+
+def ones_like(input, dtype=None, device=None, requires_grad: bool = False):
+    return _like(ones, input, dtype, device, requires_grad=requires_grad)
+
+
+def empty_like(input, dtype=None, device=None, requires_grad: bool = False):
+    return _like(empty, input, dtype, device, requires_grad=requires_grad)
+
+
+def full_like(input, fill_value, dtype=None, device=None, requires_grad: bool = False):
+    return full(input.shape, fill_value, dtype or input.dtype, device or input.device,
+                requires_grad)
+
+
+def rand_like(input, dtype=None, device=None, requires_grad: bool = False):
+    return _like(rand, input, dtype, device, requires_grad=requires_grad)
+
+
+def randn_like(input, dtype=None, device=None, requires_grad: bool = False):
+    return _like(randn, input, dtype, device, requires_grad=requires_grad)
+
+
+SUPPORTED_DTYPES = ALL

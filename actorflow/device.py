@@ -1,0 +1,80 @@
+"""Device: where a tensor lives. 'cpu', 'cuda:N' or 'null' (no data, simulated time)."""
+
+from __future__ import annotations
+
+from .errors import DeviceError
+
+KNOWN_TYPES = ("cpu", "cuda", "null")
+
+
+class Device:
+    """A device: ``type`` ('cpu', 'cuda', 'null') and ``index``. Interned: one object each.
+
+    Example: ``af.device("cuda:1").index == 1``.
+    """
+
+    __slots__ = ("type", "index", "_str")
+
+    def __init__(self, type: str, index: int):
+        self.type, self.index = type, index
+        self._str = type if type != "cuda" else f"cuda:{index}"
+
+    def __repr__(self) -> str:
+        return f"device(type='{self.type}', index={self.index})"
+
+    def __str__(self) -> str:
+        return self._str
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, str):
+            try:
+                other = device(other)
+            except (DeviceError, TypeError):
+                return False
+        return self is other
+
+    def __hash__(self) -> int:
+        return hash(self._str)
+
+    def __reduce__(self):
+        return (device, (self._str,))
+
+
+_CACHE: dict = {}     # (spec, index) as given -> Device
+_INTERNED: dict = {}  # (type, index) -> Device
+
+
+def device(spec="cpu", index: int | None = None) -> Device:
+    """Returns the Device for 'cpu', 'null', 'cuda', 'cuda:N' (or a Device).
+
+    Raises DeviceError for an unknown name, with the accepted forms.
+    """
+    if isinstance(spec, Device) and index is None:
+        return spec
+    key_in = (spec, index)
+    d = _CACHE.get(key_in) if isinstance(spec, str) else None
+    if d is not None:
+        return d
+    if not isinstance(spec, str):
+        raise DeviceError(f"expected a device such as 'cpu', 'cuda:0' or 'null', got {spec!r}")
+    text = spec.strip().lower()
+    kind, _, idx = text.partition(":")
+    if kind not in KNOWN_TYPES:
+        raise DeviceError(f"unknown device {spec!r}; use 'cpu', 'cuda', 'cuda:N' or 'null'")
+    if idx:
+        if not idx.isdigit() or index is not None:
+            raise DeviceError(f"cannot read a device index from {spec!r}; write e.g. 'cuda:0'")
+        index = int(idx)
+    if index is None:
+        index = 0
+    if kind != "cuda" and index != 0:
+        raise DeviceError(f"device '{kind}' has only index 0, got {spec!r}")
+    d = _INTERNED.get((kind, index))
+    if d is None:
+        d = _INTERNED[(kind, index)] = Device(kind, index)
+    _CACHE[key_in] = d
+    return d
+
+
+CPU = device("cpu")
+NULL = device("null")

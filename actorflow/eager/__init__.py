@@ -1,0 +1,1 @@
+"""Eager execution: the interpreter between the functional layer and the VM."""

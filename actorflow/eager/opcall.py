@@ -1,0 +1,90 @@
+"""How an op-call or access instruction runs: allocate outputs from the device's allocator
+(on first write), hand the kernel numpy views, and, for large elementwise kernels, cut the
+work into slices that CPU workers run in parallel."""
+
+from __future__ import annotations
+
+from ..tensor.meta import contiguous_meta
+
+
+def _allocate(outs, what: str) -> None:
+    for o in outs:
+        b = o.blob
+        if not b.allocated:
+            m = o.meta
+            if m.shape is not None:
+                b.array = b.backend.allocator.empty(m.shape, m.dtype.np, what)
+                b.allocated = True
+
+
+def run_op(instr) -> None:
+    kernel, ins, outs, attrs, dynamic = instr.args
+    _allocate(outs, instr.name)
+    if dynamic:
+        _run_dynamic(instr, kernel, ins, outs, attrs)
+        return
+    kernel([o.array() for o in outs], [i.array() for i in ins], attrs)
+
+
+def _run_dynamic(instr, kernel, ins, outs, attrs) -> None:
+    results = kernel(None, [i.array() for i in ins], attrs)
+    for o, arr in zip(outs, results):
+        b = o.blob
+        m = o.meta
+        b.backend.allocator.adopt(arr.nbytes, instr.name)
+        b.array, b.nbytes, b.owned, b.allocated = arr, arr.nbytes, False, True
+        o.meta = contiguous_meta(arr.shape, m.dtype, m.device)
+
+
+def null_kernel(outs, ins, attrs) -> None:
+    """Every op on the null device: no data, only the allocation and the simulated time."""
+
+
+def split_op(instr, n: int):
+    """Allocates the outputs and returns up to ``n`` callables that each run the kernel on
+    one slice of the outputs (and the matching slices of broadcast inputs), or None when the
+    op cannot be cut (overlapping in-place views, too small a shape)."""
+    kernel, ins, outs, attrs, dynamic = instr.args
+    if dynamic or len(outs) != 1:
+        return None
+    out = outs[0]
+    out_blob = out.blob
+    for i in ins:
+        if i.blob is out_blob and i.meta != out.meta:
+            return None
+    _allocate(outs, instr.name)
+    o = out.array()
+    axis = next((ax for ax, s in enumerate(o.shape) if s >= n), None)
+    if axis is None:
+        return None
+    arrays = [i.array() for i in ins]
+    size = o.shape[axis]
+    bounds = [size * k // n for k in range(n + 1)]
+    lead = (slice(None),) * axis
+    pieces = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        sl = lead + (slice(lo, hi),)
+        part_ins = []
+        for a in arrays:
+            ax = axis - (o.ndim - a.ndim)
+            if ax >= 0 and a.shape[ax] == size and size != 1:
+                a = a[(slice(None),) * ax + (slice(lo, hi),)]
+            part_ins.append(a)
+        pieces.append(_Piece(kernel, [o[sl]], part_ins, attrs))
+    return pieces
+
+
+class _Piece:
+    __slots__ = ("kernel", "outs", "ins", "attrs")
+
+    def __init__(self, kernel, outs, ins, attrs):
+        self.kernel, self.outs, self.ins, self.attrs = kernel, outs, ins, attrs
+
+    def __call__(self):
+        self.kernel(self.outs, self.ins, self.attrs)
+
+
+def run_access(instr) -> None:
+    """Access-blob-by-callback: calls ``fn(array)`` in order with the blob's other uses."""
+    impl, fn = instr.args
+    instr.result = fn(impl.array())

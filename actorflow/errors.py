@@ -1,0 +1,91 @@
+"""Every exception actorflow raises. Each message names the values involved and the fix."""
+
+from __future__ import annotations
+
+
+class ActorflowError(Exception):
+    """Base class of all actorflow errors."""
+
+
+class DeviceError(ActorflowError, RuntimeError):
+    """Tensors on different devices, an unknown device, or a backend that is not available."""
+
+
+class ShapeError(ActorflowError, ValueError):
+    """Shapes that do not fit the op (broadcasting, matmul, reshape, indexing)."""
+
+
+class DTypeError(ActorflowError, TypeError):
+    """A dtype the op does not accept, or a result that cannot be cast to an in-place output."""
+
+
+class OutOfMemoryError(ActorflowError, MemoryError):
+    """An allocation would exceed a device's byte budget.
+
+    Attributes: ``device``, ``requested``, ``in_use`` and ``budget`` (bytes).
+    """
+
+    def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = ""):
+        self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
+        who = f" for {what}" if what else ""
+        super().__init__(
+            f"{device}: out of memory{who}: asked for {format_bytes(requested)}, "
+            f"{format_bytes(in_use)} in use of a {format_bytes(budget)} budget "
+            f"({format_bytes(max(budget - in_use, 0))} free); free tensors you no longer need "
+            f"or raise the budget with actorflow.lowlevel.set_memory_budget({device!r}, ...)")
+
+
+class KernelError(ActorflowError, RuntimeError):
+    """A kernel failed while running. It surfaces at the next sync point (``numpy()``,
+    ``synchronize()``...) and on every tensor computed from the failed op's outputs.
+
+    Attributes: ``op`` (the op's name), ``device`` and ``original`` (the exception raised).
+    """
+
+    def __init__(self, op: str, device: str, original: BaseException):
+        self.op, self.device, self.original = op, device, original
+        super().__init__(
+            f"op '{op}' failed on {device}: {type(original).__name__}: {original} "
+            f"(tensors computed from its outputs raise this error too; other work goes on)")
+
+
+class VMError(ActorflowError, RuntimeError):
+    """Misuse of the virtual machine, e.g. waiting for a result from inside a kernel."""
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    n = int(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_bytes(value) -> int:
+    """Accepts an int or a string such as '64MiB', '2 GiB', '512KB', '1e6'. Returns bytes."""
+    if isinstance(value, bool):
+        raise TypeError(f"expected a byte count, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a byte count must be >= 0, got {value}")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if not isinstance(value, str):
+        raise TypeError(f"expected a byte count as an int or a string like '64MiB', got {value!r}")
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20,
+             "g": 2**30}
+    text = value.strip().lower().replace(" ", "")
+    i = len(text)
+    while i > 0 and text[i - 1].isalpha():
+        i -= 1
+    number, unit = text[:i], text[i:]
+    if unit not in units or not number:
+        raise ValueError(f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' or '2GiB'")
+    amount = float(number) * units[unit]
+    if amount < 0:
+        raise ValueError(f"a byte count must be >= 0, got {value!r}")
+    return int(amount)

@@ -1,0 +1,79 @@
+"""``x[key]`` and ``x[key] = value``: basic keys (ints, slices, None, ...) make views;
+integer arrays and tensors gather with the ``index`` op; boolean masks select with
+``masked_index``, whose output shape is known only after compute."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import ops
+from .eager.interpreter import apply
+from .ops.index import Slot
+from .tensor import views
+from .tensor.tensor import Tensor, wrap
+
+_INDEX, _MASKED, _PUT = ops.get("index"), ops.get("masked_index"), ops.get("index_put")
+
+
+def _is_basic(k) -> bool:
+    return (k is None or k is Ellipsis or isinstance(k, slice)
+            or (isinstance(k, numbers.Integral) and not isinstance(k, (bool, np.bool_))))
+
+
+def _split_key(key):
+    """-> (template key with Slots, index tensor impls, has a boolean mask)."""
+    items = key if isinstance(key, tuple) else (key,)
+    template, impls, masked = [], [], False
+    for k in items:
+        if isinstance(k, Tensor):
+            template.append(Slot(len(impls)))
+            impls.append(k._impl)
+            masked |= k.dtype.name == "bool"
+        elif isinstance(k, (list, np.ndarray)) or isinstance(k, (bool, np.bool_)):
+            arr = np.asarray(k)
+            if arr.dtype.kind not in "biu":
+                raise IndexError(f"tensors used as indices must be long, int or bool, got "
+                                 f"an array of {arr.dtype}")
+            masked |= arr.dtype.kind == "b"
+            template.append(arr if arr.dtype.kind == "b" else arr.astype(np.intp))
+        elif _is_basic(k):
+            template.append(k)
+        else:
+            raise IndexError(f"only integers, slices, None, Ellipsis, lists, arrays and tensors "
+                             f"are valid indices, got {type(k).__name__}")
+    return tuple(template), impls, masked
+
+
+def getitem(t: Tensor, key):
+    items = key if isinstance(key, tuple) else (key,)
+    impl = t._impl
+    if all(_is_basic(k) for k in items):
+        return wrap(views.basic_index(impl, items))
+    template, impls, masked = _split_key(key)
+    op = _MASKED if masked else _INDEX
+    return wrap(apply(op, [impl] + impls, {"key": template})[0])
+
+
+def setitem(t: Tensor, key, value) -> None:
+    from .functional import _number, copy_, fill_
+    items = key if isinstance(key, tuple) else (key,)
+    if not isinstance(value, Tensor) and isinstance(value, (list, np.ndarray)):
+        from .creation import tensor
+        value = tensor(value, dtype=t.dtype, device=t.device)
+    if all(_is_basic(k) for k in items):
+        target = wrap(views.basic_index(t._impl, items))
+        if isinstance(value, Tensor):
+            copy_(target, value)
+        else:
+            fill_(target, _number("setitem", value, "value"))
+        return
+    template, impls, _ = _split_key(key)
+    target = t._impl
+    if isinstance(value, Tensor):
+        ins, attrs = [value._impl] + impls, {"key": template, "has_value": 1, "scalar": None}
+    else:
+        ins = impls
+        attrs = {"key": template, "has_value": 0, "scalar": _number("setitem", value, "value")}
+    apply(_PUT, ins, attrs, device=target.meta.device, outs=[target])

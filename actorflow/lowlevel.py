@@ -1,0 +1,52 @@
+"""Power-user names: the VM, instructions, streams, allocators and scheduler settings."""
+
+from __future__ import annotations
+
+from .backends import get_backend, loaded_backends
+from .backends.base import Allocator, AllocatorStats, Backend, Stream
+from .device import device as _device
+from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpreter, use_stream
+from .errors import parse_bytes
+from .ops import OpDef, all_ops, get as get_op, register as register_op
+from .tensor.blob import Blob
+from .tensor.impl import TensorImpl
+from .tensor.meta import TensorMeta
+from .vm import VM, Access, Instruction, Operand, get_vm
+
+
+def stream(device="cpu", name: str = "compute") -> Stream:
+    """The named in-order stream of a device (made on first use); use with ``use_stream``."""
+    return get_backend(_device(device)).stream(name)
+
+
+def allocator(device="cpu") -> Allocator:
+    return get_backend(_device(device)).allocator
+
+
+def memory_stats(device="cpu") -> AllocatorStats:
+    """Bytes in use, peak, cached and the budget of one device's allocator."""
+    return allocator(device).stats()
+
+
+def set_memory_budget(device, budget) -> None:
+    """Caps the bytes a device's allocator hands out (an int, '64MiB', or None for none)."""
+    allocator(device).set_budget(None if budget is None else parse_bytes(budget))
+
+
+def set_null_latency(latency) -> None:
+    """Simulated time of every null-device kernel: seconds, or ``f(op_name, out_bytes)``."""
+    get_backend(_device("null")).latency = latency
+
+
+def vm_stats() -> dict:
+    """Instructions issued / completed / in flight / run inline, and bytes per device."""
+    out = get_vm().stats()
+    out["devices"] = {str(b.device): b.allocator.stats().__dict__ for b in loaded_backends()}
+    return out
+
+
+__all__ = ["Access", "Allocator", "AllocatorStats", "Backend", "Blob", "EagerInterpreter",
+           "Instruction", "Interpreter", "OpDef", "Operand", "Stream", "TensorImpl", "TensorMeta",
+           "VM", "all_ops", "allocator", "apply", "get_backend", "get_op", "get_vm",
+           "memory_stats", "register_op", "set_memory_budget", "set_null_latency", "stream",
+           "use_interpreter", "use_stream", "vm_stats"]

@@ -1,0 +1,233 @@
+"""Elementwise ops: unary, binary (tensor-tensor and tensor-scalar) with broadcasting,
+comparisons, where and cast. Kernels are numpy ufuncs writing into the output."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..dtype import FLOAT, bool_, default_float, result_type
+from ..errors import DTypeError
+from .common import broadcast_shapes
+from .registry import OpDef, register
+
+# -- dtype rules -----------------------------------------------------------------------
+
+
+def _same(dtype):
+    return dtype
+
+
+def _floating(dtype):
+    return dtype if dtype.category == FLOAT else default_float
+
+
+def _no_bool(op):
+    def rule(dtype):
+        if dtype is bool_:
+            raise DTypeError(f"{op}: not supported for bool tensors; convert with .int() or "
+                             f".float() first (use logical ops to invert a mask)")
+        return dtype
+    return rule
+
+
+# -- unary -----------------------------------------------------------------------------
+
+def _k_relu(outs, ins, attrs):
+    np.maximum(ins[0], 0, out=outs[0])
+
+
+def _k_sigmoid(outs, ins, attrs):
+    o = outs[0]
+    with np.errstate(over="ignore"):
+        np.negative(ins[0], out=o)
+        np.exp(o, out=o)
+    o += 1
+    np.reciprocal(o, out=o)
+
+
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_erf_exact = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x):
+    """erf: exact (math.erf) for float64, Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7,
+    below float32 resolution) for float32/float16."""
+    if x.dtype == np.float64:
+        return _erf_exact(x).astype(np.float64)
+    x = x.astype(np.float32, copy=False)
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + _ERF_P * a)
+    poly = t * (_ERF_A[0] + t * (_ERF_A[1] + t * (_ERF_A[2] + t * (_ERF_A[3] + t * _ERF_A[4]))))
+    return s * (1.0 - poly * np.exp(-a * a))
+
+
+def _k_gelu(outs, ins, attrs):
+    x = ins[0]
+    if x.dtype.kind != "f":
+        x = x.astype(outs[0].dtype)
+    if attrs.get("approximate", "none") == "tanh":
+        inner = np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + x.dtype.type(0.044715) * x ** 3)
+        res = 0.5 * x * (1.0 + np.tanh(inner))
+    else:
+        res = 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
+    np.copyto(outs[0], res, casting="unsafe")
+
+
+def _ufunc_kernel(ufunc, quiet=False):
+    if quiet:
+        def kernel(outs, ins, attrs):
+            with np.errstate(all="ignore"):
+                ufunc(ins[0], out=outs[0])
+    else:
+        def kernel(outs, ins, attrs):
+            ufunc(ins[0], out=outs[0])
+    return kernel
+
+
+def _unary_infer(rule):
+    def infer(metas, attrs):
+        m = metas[0]
+        return [(m.shape, rule(m.dtype))]
+    return infer
+
+
+UNARY = {
+    # name: (kernel, dtype rule)
+    "neg": (_ufunc_kernel(np.negative), _no_bool("neg")),
+    "abs": (_ufunc_kernel(np.absolute), _same),
+    "exp": (_ufunc_kernel(np.exp, quiet=True), _floating),
+    "log": (_ufunc_kernel(np.log, quiet=True), _floating),
+    "sqrt": (_ufunc_kernel(np.sqrt, quiet=True), _floating),
+    "tanh": (_ufunc_kernel(np.tanh), _floating),
+    "relu": (_k_relu, _no_bool("relu")),
+    "sigmoid": (_k_sigmoid, _floating),
+    "gelu": (_k_gelu, _floating),
+    "logical_not": (_ufunc_kernel(np.logical_not), lambda d: bool_),
+}
+
+for _name, (_kernel, _rule) in UNARY.items():
+    register(OpDef(_name, ("x",), _unary_infer(_rule), {"cpu": _kernel}, elementwise=True,
+                   attrs=("approximate",) if _name == "gelu" else ()))
+
+# -- binary ----------------------------------------------------------------------------
+
+BINARY = {
+    # name: (ufunc, kind) ; kind: "arith" keeps the promoted dtype, "div" makes it floating,
+    # "cmp" gives bool
+    "add": (np.add, "arith"), "sub": (np.subtract, "arith"), "mul": (np.multiply, "arith"),
+    "div": (np.true_divide, "div"), "pow": (np.power, "arith"),
+    "maximum": (np.maximum, "arith"), "minimum": (np.minimum, "arith"),
+    "eq": (np.equal, "cmp"), "ne": (np.not_equal, "cmp"), "lt": (np.less, "cmp"),
+    "le": (np.less_equal, "cmp"), "gt": (np.greater, "cmp"), "ge": (np.greater_equal, "cmp"),
+    "logical_and": (np.logical_and, "cmp"), "logical_or": (np.logical_or, "cmp"),
+}
+_QUIET = {"div", "pow"}
+
+
+def binary_dtype(name: str, kind: str, a, b):
+    """Output dtype of a binary op over TensorMetas and/or Python scalars."""
+    if kind == "cmp":
+        return bool_
+    da = getattr(a, "dtype", None)
+    db = getattr(b, "dtype", None)
+    if da is not None and da is db:
+        dtype = da
+    else:
+        dtype = result_type(a, b)
+    if dtype is bool_ and name == "sub":
+        raise DTypeError("sub: subtracting two bool tensors is not supported; use "
+                         "logical_xor or convert with .int() first")
+    if kind == "div" and dtype.category != FLOAT:
+        return default_float
+    return dtype
+
+
+def _binary_infer(name, kind):
+    def infer(metas, attrs):
+        a, b = metas
+        return [(broadcast_shapes(name, a.shape, b.shape), binary_dtype(name, kind, a, b))]
+    return infer
+
+
+def _scalar_infer(name, kind):
+    def infer(metas, attrs):
+        a = metas[0]
+        s = attrs["scalar"]
+        return [(a.shape, binary_dtype(name, kind, a, s))]
+    return infer
+
+
+def _binary_kernel(ufunc, quiet):
+    if quiet:
+        def kernel(outs, ins, attrs):
+            with np.errstate(all="ignore"):
+                ufunc(ins[0], ins[1], out=outs[0])
+    else:
+        def kernel(outs, ins, attrs):
+            ufunc(ins[0], ins[1], out=outs[0])
+    return kernel
+
+
+def _scalar_kernel(ufunc, quiet):
+    def kernel(outs, ins, attrs):
+        if quiet:
+            with np.errstate(all="ignore"):
+                if attrs["reverse"]:
+                    ufunc(attrs["scalar"], ins[0], out=outs[0])
+                else:
+                    ufunc(ins[0], attrs["scalar"], out=outs[0])
+        elif attrs["reverse"]:
+            ufunc(attrs["scalar"], ins[0], out=outs[0])
+        else:
+            ufunc(ins[0], attrs["scalar"], out=outs[0])
+    return kernel
+
+
+for _name, (_uf, _kind) in BINARY.items():
+    register(OpDef(_name, ("a", "b"), _binary_infer(_name, _kind),
+                   {"cpu": _binary_kernel(_uf, _name in _QUIET)}, elementwise=True))
+    register(OpDef(_name + "_scalar", ("a",), _scalar_infer(_name, _kind),
+                   {"cpu": _scalar_kernel(_uf, _name in _QUIET)}, attrs=("scalar", "reverse"),
+                   elementwise=True))
+
+# -- where and cast --------------------------------------------------------------------
+
+
+def _where_infer(metas, attrs):
+    cond = metas[0]
+    if cond.dtype is not bool_:
+        raise DTypeError(f"where: condition must be a bool tensor, got {cond.dtype}; "
+                         f"compare first, e.g. where(x > 0, ...)")
+    vals = [m for m in metas[1:]] + [attrs[k] for k in ("x", "y") if k in attrs]
+    shape = cond.shape
+    for m in metas[1:]:
+        shape = broadcast_shapes("where", shape, m.shape)
+    return [(shape, result_type(*vals))]
+
+
+def _k_where(outs, ins, attrs):
+    it = iter(ins[1:])
+    x = attrs["x"] if "x" in attrs else next(it)
+    y = attrs["y"] if "y" in attrs else next(it)
+    o = outs[0]
+    np.copyto(o, y, casting="unsafe")
+    np.copyto(o, x, casting="unsafe", where=ins[0])
+
+
+register(OpDef("where", ("condition", "x?", "y?"), _where_infer, {"cpu": _k_where},
+               attrs=("x", "y")))
+
+
+def _k_cast(outs, ins, attrs):
+    with np.errstate(all="ignore"):
+        np.copyto(outs[0], ins[0], casting="unsafe")
+
+
+register(OpDef("cast", ("x",), lambda metas, attrs: [(metas[0].shape, attrs["dtype"])],
+               {"cpu": _k_cast}, attrs=("dtype",), elementwise=True))
+register(OpDef("copy", ("x",), lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+               {"cpu": _k_cast}, elementwise=True))

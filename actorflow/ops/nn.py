@@ -1,0 +1,46 @@
+"""Neural-network ops: softmax and log_softmax along a dim (numerically stable)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import FLOAT
+from ..errors import DTypeError
+from .registry import OpDef, register
+
+
+def _softmax_infer(op):
+    def infer(metas, attrs):
+        m = metas[0]
+        if m.dtype.category != FLOAT:
+            raise DTypeError(f"{op}: needs a floating point tensor, got {m.dtype}; "
+                             f"convert with .float() first")
+        return [(m.shape, m.dtype)]
+    return infer
+
+
+def _shifted(x, dim):
+    if x.dtype == np.float16:
+        x = x.astype(np.float32)
+    if x.ndim == 0:
+        return x - x
+    return x - np.max(x, axis=dim, keepdims=True)
+
+
+def _k_softmax(outs, ins, attrs):
+    dim = attrs["dim"]
+    e = np.exp(_shifted(ins[0], dim))
+    np.divide(e, np.sum(e, axis=dim, keepdims=True) if e.ndim else e, out=outs[0],
+              casting="unsafe")
+
+
+def _k_log_softmax(outs, ins, attrs):
+    dim = attrs["dim"]
+    z = _shifted(ins[0], dim)
+    lse = np.log(np.sum(np.exp(z), axis=dim, keepdims=True)) if z.ndim else np.log(np.exp(z))
+    np.subtract(z, lse, out=outs[0], casting="unsafe")
+
+
+register(OpDef("softmax", ("x",), _softmax_infer("softmax"), {"cpu": _k_softmax}, attrs=("dim",)))
+register(OpDef("log_softmax", ("x",), _softmax_infer("log_softmax"), {"cpu": _k_log_softmax},
+               attrs=("dim",)))

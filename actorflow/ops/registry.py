@@ -1,0 +1,61 @@
+"""OpDef: one op's name, inputs/outputs, attrs, inference, kernels per device and grad rule.
+
+``infer(metas, attrs)`` returns one ``(shape, dtype)`` per output from the inputs'
+TensorMetas; it raises ShapeError/DTypeError with a message naming the op and the fix.
+A kernel is ``kernel(outs, ins, attrs)``: it writes into the preallocated numpy arrays
+``outs`` from ``ins``. A ``dynamic`` op's output shapes are known only after compute: its
+kernel returns the output arrays instead (the VM writes them with Access.MUT2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import DeviceError
+
+
+@dataclass(frozen=True, eq=False)
+class OpDef:
+    name: str
+    inputs: tuple
+    infer: Callable
+    kernels: dict = field(default_factory=dict)
+    outputs: tuple = ("out",)
+    attrs: tuple = ()
+    dynamic: bool = False
+    elementwise: bool = False      # kernel may run on matching slices of outputs and inputs
+    grad: Callable | None = None   # grad rule slot: grad(out_grads, inputs, outputs, attrs)
+
+    def kernel_for(self, device_type: str):
+        k = self.kernels.get(device_type)
+        if k is None:
+            raise DeviceError(f"op '{self.name}' has no kernel for device type "
+                              f"'{device_type}'; it runs on {', '.join(self.kernels) or 'no device'}; "
+                              f"move the inputs with .to(...)")
+        return k
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name!r}, inputs={self.inputs}, attrs={self.attrs})"
+
+
+_REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    """Adds an op to the registry; a name may be registered once."""
+    if op.name in _REGISTRY:
+        raise ValueError(f"op '{op.name}' is already registered")
+    _REGISTRY[op.name] = op
+    return op
+
+
+def get(name: str) -> OpDef:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no op named '{name}' is registered") from None
+
+
+def all_ops() -> dict:
+    return dict(_REGISTRY)

@@ -1,0 +1,1 @@
+"""The tensor type system: Tensor (users) -> TensorImpl -> TensorMeta + Blob."""

@@ -1,0 +1,52 @@
+"""Blob: a tensor's storage on a device and its dependence record for the VM.
+
+``last_write`` is the last instruction issued that writes the blob and ``reads`` the
+instructions issued since then that read it; the VM orders new instructions after them.
+``error`` is set when the instruction that should have written the blob failed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+# Blobs whose last owning tensor is gone. TensorImpl.__del__ only appends here (atomic, safe
+# from any thread and from inside the garbage collector); the VM frees them at its next step.
+RELEASED: deque = deque()
+
+
+class Blob:
+    __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
+                 "last_write", "reads", "error", "released")
+
+    def __init__(self, device, backend, nbytes: int):
+        self.device = device
+        self.backend = backend
+        self.nbytes = nbytes
+        self.array = None        # numpy array (cpu), None until allocated or on the null device
+        self.owned = True        # allocated by our allocator (may be cached when freed)
+        self.allocated = False
+        self.last_write = None
+        self.reads = []
+        self.error = None
+        self.released = False
+
+    def idle(self) -> bool:
+        """True when no issued instruction that touches this blob is still pending."""
+        w = self.last_write
+        if w is not None and not w.done:
+            return False
+        for r in self.reads:
+            if not r.done:
+                return False
+        return True
+
+    def free(self) -> None:
+        """Returns the storage to the allocator. Called by the VM once no use is pending."""
+        if self.allocated:
+            self.allocated = False
+            self.backend.allocator.free(self.array, self.nbytes, self.owned)
+        self.array = None
+        self.released = True
+
+    def __repr__(self) -> str:
+        return f"Blob({self.device}, {self.nbytes} B{', allocated' if self.allocated else ''})"

@@ -1,0 +1,57 @@
+"""TensorImpl: a tensor's metadata plus its blob. Views share their base's blob."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends import get_backend
+from .blob import RELEASED, Blob
+from .meta import TensorMeta, contiguous_strides
+
+
+class TensorImpl:
+    """``meta`` (None until computed for outputs whose shape is known only after compute),
+    ``blob``, and ``base``: the TensorImpl owning the blob, or None if this one owns it."""
+
+    __slots__ = ("meta", "blob", "base", "__weakref__")
+
+    def __init__(self, meta: TensorMeta | None, blob: Blob, base: "TensorImpl | None" = None):
+        self.meta = meta
+        self.blob = blob
+        self.base = base
+
+    @staticmethod
+    def new(shape: tuple, dtype, device) -> "TensorImpl":
+        """A fresh contiguous tensor whose blob the VM allocates when its writer runs."""
+        nbytes = dtype.itemsize
+        for s in shape:
+            nbytes *= s
+        blob = Blob(device, get_backend(device), nbytes)
+        return TensorImpl(TensorMeta(shape, dtype, device, contiguous_strides(shape), 0), blob)
+
+    @staticmethod
+    def new_dynamic(dtype, device) -> "TensorImpl":
+        """An output whose shape the kernel decides (written with Access.MUT2)."""
+        return TensorImpl(None, Blob(device, get_backend(device), 0))
+
+    def view(self, shape: tuple, strides: tuple, offset: int) -> "TensorImpl":
+        m = self.meta
+        return TensorImpl(TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob,
+                          self.base or self)
+
+    def array(self):
+        """The numpy array this tensor sees. Only valid inside an instruction's kernel."""
+        arr = self.blob.array
+        if self.base is None or arr is None:
+            return arr
+        m = self.meta
+        size = arr.itemsize
+        return np.ndarray(m.shape, arr.dtype, arr, m.offset * size,
+                          tuple(s * size for s in m.strides))
+
+    def __del__(self):
+        if self.base is None:
+            try:
+                RELEASED.append(self.blob)
+            except Exception:       # interpreter shutdown: module globals may be gone
+                pass

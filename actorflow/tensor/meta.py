@@ -1,0 +1,65 @@
+"""TensorMeta: shape, dtype, device, strides and offset (in elements) of a tensor."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..device import Device
+from ..dtype import DType
+
+
+class TensorMeta(NamedTuple):
+    """Immutable metadata of a tensor; a view shares its base's blob with other strides."""
+    shape: tuple
+    dtype: DType
+    device: Device
+    strides: tuple
+    offset: int = 0
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shape)
+
+    @property
+    def is_contiguous(self) -> bool:
+        return is_contiguous(self.shape, self.strides)
+
+
+_STRIDES: dict = {}
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    """Row-major strides in elements for ``shape`` (cached)."""
+    s = _STRIDES.get(shape)
+    if s is None:
+        acc, out = 1, []
+        for n in reversed(shape):
+            out.append(acc)
+            acc *= max(n, 1)
+        s = tuple(reversed(out))
+        if len(_STRIDES) < 4096:
+            _STRIDES[shape] = s
+    return s
+
+
+def numel(shape: tuple) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def is_contiguous(shape: tuple, strides: tuple) -> bool:
+    """True when the strides are row-major for the shape (size-1 dims may have any stride)."""
+    acc = 1
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n == 0:
+            return True
+        if n != 1 and st != acc:
+            return False
+        acc *= n
+    return True
+
+
+def contiguous_meta(shape: tuple, dtype: DType, device: Device) -> TensorMeta:
+    return TensorMeta(shape, dtype, device, contiguous_strides(shape), 0)

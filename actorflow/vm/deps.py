@@ -1,0 +1,54 @@
+"""Orders instructions by operand access and by stream.
+
+A read waits for the last write of its blob; a write waits for the last write and for every
+read issued since; an instruction waits for the one issued before it on its stream.
+Callers hold the VM lock.
+"""
+
+from __future__ import annotations
+
+_PRUNE_AT = 8
+
+
+def record(instr) -> int:
+    """Links ``instr`` after its unfinished predecessors; returns how many it waits for."""
+    n = 0
+    for b in instr.consts:
+        w = b.last_write
+        if w is not None and not w.done:
+            w.dependents.append(instr)
+            n += 1
+        reads = b.reads
+        if len(reads) >= _PRUNE_AT:
+            reads[:] = [r for r in reads if not r.done]
+        reads.append(instr)
+    for b in instr.muts:
+        w = b.last_write
+        if w is not None and not w.done:
+            w.dependents.append(instr)
+            n += 1
+        for r in b.reads:
+            if not r.done and r is not instr:
+                r.dependents.append(instr)
+                n += 1
+        b.last_write = instr
+        b.reads = []
+    s = instr.stream
+    t = s.tail
+    if t is not None and not t.done:
+        t.dependents.append(instr)
+        n += 1
+    s.tail = instr
+    instr.pending = n
+    return n
+
+
+def first_error(instr):
+    """The error of the first operand blob whose writer failed, or None."""
+    for b in instr.consts:
+        if b.error is not None:
+            return b.error
+    for b in instr.muts:
+        if b.error is not None:
+            return b.error
+    return None

@@ -1,0 +1,66 @@
+"""Instruction: a unit of work for the VM, with the blobs it reads and writes and its stream."""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Access(enum.IntEnum):
+    """How an instruction uses a blob: read it (CONST), write it (MUT), or write it with a
+    shape known only after compute (MUT2: consumers must wait for compute to learn it)."""
+    CONST = 0
+    MUT = 1
+    MUT2 = 2
+
+
+class Operand(NamedTuple):
+    blob: object
+    access: Access
+
+
+OP_CALL = "op_call"
+ACCESS = "access_blob_by_callback"
+RELEASE = "release"
+
+
+class Instruction:
+    """One instruction. ``run(instr)`` does its work on the thread the VM picks; ``cost`` (in
+    elements) lets the VM run tiny ones inline and split large ones across cores.
+
+    Dependence fields are owned by the VM: ``pending`` counts unfinished predecessors,
+    ``dependents`` are the instructions waiting on this one.
+    """
+
+    __slots__ = ("kind", "name", "stream", "consts", "muts", "mut2", "run", "args", "cost",
+                 "split", "pending", "dependents", "done", "error", "waiters", "result")
+
+    def __init__(self, kind: str, name: str, stream, consts: tuple, muts: tuple, run, args,
+                 cost: int = 0, mut2: tuple = (), split=None):
+        self.kind = kind
+        self.name = name
+        self.stream = stream
+        self.consts = consts      # blobs read
+        self.muts = muts          # blobs written (MUT2 ones are in mut2 too)
+        self.mut2 = mut2
+        self.run = run
+        self.args = args
+        self.cost = cost
+        self.split = split        # split(instr, n) -> list of callables, or None
+        self.pending = 0
+        self.dependents = []
+        self.done = False
+        self.error = None
+        self.waiters = None
+        self.result = None
+
+    @property
+    def operands(self) -> list:
+        """Every (blob, Access) pair of this instruction, for inspection."""
+        out = [Operand(b, Access.CONST) for b in self.consts]
+        out += [Operand(b, Access.MUT2 if b in self.mut2 else Access.MUT) for b in self.muts]
+        return out
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else f"pending={self.pending}"
+        return f"Instruction({self.kind} {self.name!r} on {self.stream}, {state})"

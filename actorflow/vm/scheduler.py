@@ -1,0 +1,367 @@
+"""The VM: accepts instructions from any thread and runs them on an asyncio event loop.
+
+- Ordering comes from ``deps.record`` (operands and stream order); nothing polls: kernel
+  completion arrives on the loop through ``call_soon_threadsafe`` (CPU worker futures) or
+  ``call_later`` (the null device's simulated time).
+- An instruction whose predecessors are all done when it is issued, and whose cost is tiny,
+  runs inline on the issuing thread: a thread hop would cost more than the kernel.
+- Everything else goes to the ready queue; the loop is woken once per batch of submissions,
+  runs tiny kernels itself and sends larger ones to CPU worker threads, splitting large
+  elementwise kernels across cores.
+- ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished.
+- A failing kernel poisons the blobs it writes; the error surfaces at the next sync point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import random
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import KernelError, VMError
+from ..tensor.blob import RELEASED
+from .deps import first_error, record
+from .instruction import RELEASE, Instruction
+
+
+def _new_loop():
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _release_run(instr):
+    for b in instr.muts:
+        b.free()
+
+
+class VM:
+    """The virtual machine. One per process: ``actorflow.vm.get_vm()``."""
+
+    def __init__(self, workers: int | None = None):
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        self._ready: deque = deque()
+        self._wake_pending = False
+        self._loop = None
+        self._thread = None
+        self._pool = None
+        self.workers = workers or os.cpu_count() or 1
+        self.max_in_flight = 40_000
+        self.inline_max_cost = 1 << 16       # elements touched; below this run without a hop
+        self.parallel_min_cost = 1 << 18     # elementwise kernels above this are split
+        self.issued = self.completed = self.inlined = 0
+        self._blocked = 0
+        self._errors: list = []
+        self._rng = None                    # test hook: seeded random dispatch order
+        self._max_delay = 0.0               # test hook: random delay before each kernel
+
+    # -- submission ---------------------------------------------------------------------
+    def submit(self, instr: Instruction) -> None:
+        """Issues ``instr``: it runs once its predecessors are done, in stream order."""
+        if RELEASED:
+            self.collect_releases()
+        with self._lock:
+            if self.issued - self.completed >= self.max_in_flight:
+                self._wait_for_room()
+            self.issued += 1
+            if record(instr):
+                return
+            if (instr.cost > self.inline_max_cost or self._rng is not None
+                    or instr.stream.simulated):
+                self._ready.append(instr)
+                if not self._wake_pending:
+                    self._wake()
+                return
+            instr.pending = -1
+        self.inlined += 1
+        self._execute(instr)
+        with self._lock:
+            self._complete(instr)
+            if self._ready and not self._wake_pending:
+                self._wake()
+
+    def _wait_for_room(self) -> None:
+        # caller holds the lock; the loop thread never blocks here
+        if threading.current_thread() is self._thread:
+            return
+        self._blocked += 1
+        low = self.max_in_flight * 3 // 4
+        while self.issued - self.completed > low:
+            self._room.wait()
+        self._blocked -= 1
+
+    def collect_releases(self) -> None:
+        """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
+        with a RELEASE instruction that runs after their last pending use."""
+        while RELEASED:
+            try:
+                blob = RELEASED.popleft()
+            except IndexError:
+                return
+            if blob.released:
+                continue
+            if blob.idle():
+                blob.free()
+            else:
+                self.submit(Instruction(RELEASE, "release", blob.backend.compute, (),
+                                        (blob,), _release_run, None))
+
+    # -- execution ----------------------------------------------------------------------
+    def _execute(self, instr: Instruction) -> None:
+        """Runs the instruction's work on the current thread, turning failures into a
+        KernelError that poisons the blobs it writes."""
+        err = first_error(instr) if instr.kind != RELEASE else None
+        if err is None:
+            try:
+                instr.run(instr)
+            except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
+                err = self._kernel_error(instr, e)
+        if err is not None:
+            self._fail(instr, err)
+
+    def _kernel_error(self, instr, e):
+        err = e if isinstance(e, KernelError) else KernelError(instr.name, str(instr.stream.device), e)
+        err.__cause__ = e if err is not e else e.__cause__
+        err._reported = False
+        with self._lock:
+            self._errors.append(err)
+        return err
+
+    @staticmethod
+    def _fail(instr, err) -> None:
+        instr.error = err
+        for b in instr.muts:
+            b.error = err
+
+    def _complete(self, instr: Instruction) -> None:
+        # caller holds the lock
+        instr.done = True
+        self.completed += 1
+        for d in instr.dependents:
+            d.pending -= 1
+            if d.pending == 0:
+                self._ready.append(d)
+        instr.dependents = []
+        instr.args = instr.run = instr.split = None
+        instr.consts = instr.muts = instr.mut2 = ()
+        if instr.waiters:
+            for w in instr.waiters:
+                w()
+            instr.waiters = None
+        if self._blocked:
+            self._room.notify_all()
+
+    # -- the event loop -----------------------------------------------------------------
+    def _wake(self) -> None:
+        # caller holds the lock
+        self._wake_pending = True
+        if self._loop is None:
+            self._start_loop()
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _start_loop(self) -> None:
+        started = threading.Event()
+
+        def main():
+            asyncio.set_event_loop(self._loop)
+            self._loop.call_soon(started.set)
+            self._loop.run_forever()
+
+        self._loop = _new_loop()
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="actorflow-cpu")
+        self._thread = threading.Thread(target=main, name="actorflow-vm", daemon=True)
+        self._thread.start()
+        started.wait()
+
+    def _drain(self) -> None:
+        """On the loop: dispatches every ready instruction (those it readies too)."""
+        lock = self._lock
+        while True:
+            with lock:
+                self._wake_pending = False
+                if not self._ready:
+                    break
+                batch = list(self._ready)
+                self._ready.clear()
+            if self._rng is not None:
+                self._rng.shuffle(batch)
+                for instr in batch:
+                    self._loop.call_later(self._rng.uniform(0.0, self._max_delay),
+                                          self._dispatch, instr, True)
+                continue
+            for instr in batch:
+                self._dispatch(instr, False)
+        if RELEASED:
+            self.collect_releases()
+
+    def _dispatch(self, instr: Instruction, force_pool: bool) -> None:
+        stream = instr.stream
+        if stream.simulated:
+            nbytes = sum(b.nbytes for b in instr.muts)
+            self._execute(instr)
+            self._loop.call_later(stream.backend.kernel_time(instr.name, nbytes),
+                                  self._finish, instr)
+            return
+        if not force_pool and instr.cost <= self.inline_max_cost:
+            self._execute(instr)
+            self._finish(instr)
+            return
+        pieces = None
+        if instr.split is not None and instr.cost >= self.parallel_min_cost and self.workers > 1:
+            pieces = self._split(instr)
+        if pieces is None:
+            fut = self._pool.submit(self._execute, instr)
+            fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._finish, instr))
+            return
+        state = [len(pieces)]
+        for piece in pieces:
+            fut = self._pool.submit(piece)
+            fut.add_done_callback(
+                lambda f: self._loop.call_soon_threadsafe(self._piece_done, instr, f, state))
+
+    def _split(self, instr):
+        if first_error(instr) is not None:
+            return None
+        try:
+            return instr.split(instr, self.workers)
+        except BaseException as e:  # noqa: BLE001 - e.g. out of memory while allocating
+            self._fail(instr, self._kernel_error(instr, e))
+            return []
+
+    def _piece_done(self, instr, fut, state) -> None:
+        e = fut.exception()
+        if e is not None and instr.error is None:
+            self._fail(instr, self._kernel_error(instr, e))
+        state[0] -= 1
+        if state[0] == 0:
+            self._finish(instr)
+
+    def _finish(self, instr: Instruction) -> None:
+        with self._lock:
+            self._complete(instr)
+            more = bool(self._ready) and not self._wake_pending
+        if more:
+            self._drain()
+
+    # -- waiting ------------------------------------------------------------------------
+    def wait(self, instr: Instruction, timeout: float | None = None) -> None:
+        """Blocks the calling thread until ``instr`` is done."""
+        with self._lock:
+            if instr.done:
+                return
+            if threading.current_thread() is self._thread:
+                raise VMError("cannot wait for a result on the actorflow VM thread (inside a "
+                              "kernel or a completion callback); wait from user code instead")
+            ev = threading.Event()
+            self._add_waiter(instr, ev.set)
+        if not ev.wait(timeout):
+            raise TimeoutError(f"timed out after {timeout} s waiting for {instr!r}")
+
+    async def wait_async(self, instr: Instruction) -> None:
+        """Awaits ``instr`` without blocking the running event loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if instr.done:
+                return
+            fut = loop.create_future()
+            self._add_waiter(instr, lambda: loop.call_soon_threadsafe(_set_done, fut))
+        await fut
+
+    @staticmethod
+    def _add_waiter(instr, fn) -> None:
+        if instr.waiters is None:
+            instr.waiters = [fn]
+        else:
+            instr.waiters.append(fn)
+
+    def tails(self) -> list:
+        """The last instruction issued on every stream that is not done yet."""
+        from ..backends import loaded_backends
+        out = []
+        with self._lock:
+            for backend in loaded_backends():
+                for s in backend.streams():
+                    t = s.tail
+                    if t is not None and not t.done:
+                        out.append(t)
+        return out
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Waits for everything issued so far, then raises the first kernel error not yet
+        reported (and forgets the rest)."""
+        for t in self.tails():
+            self.wait(t, timeout)
+        self.collect_releases()
+        self.raise_unreported()
+
+    async def synchronize_async(self) -> None:
+        for t in self.tails():
+            await self.wait_async(t)
+        self.collect_releases()
+        self.raise_unreported()
+
+    def raise_unreported(self) -> None:
+        with self._lock:
+            errs = [e for e in self._errors if not e._reported]
+            self._errors.clear()
+        if errs:
+            for e in errs:
+                e._reported = True
+            raise errs[0]
+
+    def mark_reported(self, err) -> None:
+        err._reported = True
+
+    # -- test hooks and settings --------------------------------------------------------
+    def set_test_hooks(self, seed: int | None = None, max_delay: float = 0.0) -> None:
+        """With a seed: every instruction goes through the loop, ready ones are dispatched in
+        a seeded random order after a random delay of up to ``max_delay`` seconds, and CPU
+        kernels all run on worker threads. ``seed=None`` restores normal dispatch."""
+        self.synchronize_quietly()
+        with self._lock:
+            self._rng = None if seed is None else random.Random(seed)
+            self._max_delay = float(max_delay)
+
+    def synchronize_quietly(self) -> None:
+        for t in self.tails():
+            self.wait(t)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"issued": self.issued, "completed": self.completed,
+                    "in_flight": self.issued - self.completed, "inlined": self.inlined,
+                    "unreported_errors": sum(1 for e in self._errors if not e._reported)}
+
+    def shutdown(self) -> None:
+        """Stops the loop thread and the CPU workers (at exit)."""
+        loop, thread, pool = self._loop, self._thread, self._pool
+        if loop is None:
+            return
+        try:
+            self.synchronize_quietly()
+        except Exception:  # noqa: BLE001
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        pool.shutdown(wait=True)
+        self._loop = self._thread = self._pool = None
+
+
+def _set_done(fut) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+_VM = VM()
+atexit.register(_VM.shutdown)
+
+
+def get_vm() -> VM:
+    return _VM
