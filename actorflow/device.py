@@ -13,11 +13,13 @@ class Device:
     Example: ``af.device("cuda:1").index == 1``.
     """
 
-    __slots__ = ("type", "index", "_str")
+    __slots__ = ("type", "index", "_str", "_hash", "backend")
 
     def __init__(self, type: str, index: int):
         self.type, self.index = type, index
         self._str = type if type != "cuda" else f"cuda:{index}"
+        self._hash = hash(self._str)
+        self.backend = None      # set by actorflow.backends.get_backend on first use
 
     def __repr__(self) -> str:
         return f"device(type='{self.type}', index={self.index})"
@@ -34,7 +36,7 @@ class Device:
         return self is other
 
     def __hash__(self) -> int:
-        return hash(self._str)
+        return self._hash
 
     def __reduce__(self):
         return (device, (self._str,))

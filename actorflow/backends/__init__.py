@@ -13,7 +13,7 @@ _LOCK = threading.Lock()
 
 def get_backend(device):
     """The backend object for a Device, created (and its module imported) on first use."""
-    b = _BACKENDS.get(device)
+    b = device.backend
     if b is not None:
         return b
     with _LOCK:
@@ -22,6 +22,7 @@ def get_backend(device):
             module, cls = _MODULES[device.type]
             mod = importlib.import_module(f"{__name__}.{module}")
             b = _BACKENDS[device] = getattr(mod, cls)(device)
+            device.backend = b
     return b
 
 

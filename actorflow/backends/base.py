@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from ..errors import OutOfMemoryError
 
 
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 @dataclass(frozen=True)
 class AllocatorStats:
     """Bytes counted by one device's allocator (in use excludes cached free blocks)."""
@@ -35,6 +42,7 @@ class Allocator:
 
     cache_min_bytes = 1 << 20      # blocks at least this large are cached when freed
     cache_max_bytes = 1 << 30      # never cache more than this in all
+    reclaim = None                 # set by the VM: frees dead tensors; returns True if any
 
     def __init__(self, device: str, budget: int | None = None):
         self.device = device
@@ -44,13 +52,19 @@ class Allocator:
         self._cache: dict[int, list] = {}
 
     # -- public face --------------------------------------------------------------------
-    def empty(self, shape, dtype, what: str = ""):
-        """A new uninitialized array of ``shape`` and numpy ``dtype`` (None on data-less
-        devices). Raises OutOfMemoryError if it would exceed the budget."""
-        nbytes = dtype.itemsize
-        for s in shape:
-            nbytes *= s
+    def empty(self, shape, dtype, nbytes: int, what: str = ""):
+        """A new uninitialized array of ``shape`` and numpy ``dtype`` holding ``nbytes`` (None
+        on data-less devices). Raises OutOfMemoryError if it would exceed the budget."""
+        if nbytes < self.cache_min_bytes and self.budget is None:
+            with self._lock:                       # the common case, kept short
+                self._allocs += 1
+                self._in_use += nbytes
+                if self._in_use > self._peak:
+                    self._peak = self._in_use
+            return self._alloc_small(shape, dtype)
         block = None
+        if self.budget is not None:
+            self._fit(nbytes)
         with self._lock:
             self._reserve(nbytes, what)
             if nbytes >= self.cache_min_bytes:
@@ -64,18 +78,25 @@ class Allocator:
 
     def adopt(self, nbytes: int, what: str = "") -> None:
         """Counts ``nbytes`` of memory the allocator did not make (a zero-copy numpy array)."""
+        if self.budget is not None:
+            self._fit(nbytes)
         with self._lock:
             self._reserve(nbytes, what)
 
     def free(self, array, nbytes: int, owned: bool) -> None:
         """Gives back ``nbytes``; an ``owned`` large block goes to the cache for reuse."""
+        self.free_many(((array, nbytes, owned),))
+
+    def free_many(self, blocks) -> None:
+        """``free`` for a list of ``(array, nbytes, owned)`` under one lock."""
         with self._lock:
-            self._in_use -= nbytes
-            self._frees += 1
-            if (owned and array is not None and nbytes >= self.cache_min_bytes
-                    and self._cached + nbytes <= self._cache_limit()):
-                self._cache.setdefault(nbytes, []).append(self._block_of(array))
-                self._cached += nbytes
+            for array, nbytes, owned in blocks:
+                self._in_use -= nbytes
+                self._frees += 1
+                if (owned and array is not None and nbytes >= self.cache_min_bytes
+                        and self._cached + nbytes <= self._cache_limit()):
+                    self._cache.setdefault(nbytes, []).append(self._block_of(array))
+                    self._cached += nbytes
 
     def empty_cache(self) -> None:
         """Returns every cached block to the system."""
@@ -98,6 +119,11 @@ class Allocator:
                                   self.budget, self._allocs, self._frees)
 
     # -- internals ----------------------------------------------------------------------
+    def _fit(self, nbytes: int) -> None:
+        # Tensors that died but are not collected yet still count: collect them first.
+        if self._in_use + nbytes > self.budget and Allocator.reclaim is not None:
+            Allocator.reclaim()
+
     def _reserve(self, nbytes: int, what: str) -> None:
         # caller holds the lock
         budget = self.budget
@@ -125,6 +151,9 @@ class Allocator:
 
     def _alloc_array(self, shape, dtype, nbytes: int):
         return self._view(self._alloc(nbytes), shape, dtype)
+
+    def _alloc_small(self, shape, dtype):
+        return self._alloc_array(shape, dtype, dtype.itemsize * _prod(shape))
 
     # -- backend hooks ------------------------------------------------------------------
     def _alloc(self, nbytes: int):

@@ -10,6 +10,8 @@ _U8 = np.dtype(np.uint8)
 
 
 class CpuAllocator(Allocator):
+    _alloc_small = staticmethod(np.empty)     # small blocks: numpy's own allocator
+
     def _alloc_array(self, shape, dtype, nbytes: int):
         if nbytes < self.cache_min_bytes:          # small: numpy's own allocator is fastest
             return np.empty(shape, dtype)

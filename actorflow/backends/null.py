@@ -13,6 +13,9 @@ from .base import Allocator, Backend
 
 
 class NullAllocator(Allocator):
+    def _alloc_small(self, shape, dtype):
+        return None
+
     def _alloc_array(self, shape, dtype, nbytes: int):
         return None
 

@@ -9,9 +9,11 @@ from contextlib import contextmanager
 
 from ..backends import get_backend
 from ..errors import DeviceError, VMError
+from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
+from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from .opcall import null_kernel, run_access, run_op, split_op
+from .opcall import call_op, null_kernel, run_access, run_op, split_op
 
 
 class _State(threading.local):
@@ -20,6 +22,7 @@ class _State(threading.local):
 
 
 STATE = _State()
+_meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _VM = get_vm()
 
 
@@ -59,66 +62,89 @@ def resolve(impl) -> None:
 
 def current_stream(backend):
     streams = STATE.streams
-    if streams:
-        s = streams.get(backend.device)
-        if s is not None:
-            return s
-    return backend.compute
+    return (streams and streams.get(backend.device)) or backend.compute
 
 
 class EagerInterpreter(Interpreter):
     def apply(self, op, inputs, attrs, device=None, outs=None):
-        for i in inputs:
-            if i.meta.shape is None:
-                resolve(i)
-        if inputs:
-            dev = check_same_device(inputs, op.name) if len(inputs) > 1 else inputs[0].meta.device
-        else:
-            dev = device
-        if device is not None:
-            dev = device
-        backend = get_backend(dev)
-        specs = op.infer([i.meta for i in inputs], attrs)
-        cost = 0
-        for i in inputs:
-            cost += i.blob.nbytes
-        if outs is None:
-            consts = tuple([i.blob for i in inputs])
-            outs = []
-            for shape, dtype in specs:
-                o = TensorImpl.new(shape, dtype, dev) if shape is not None else \
-                    TensorImpl.new_dynamic(dtype, dev)
-                outs.append(o)
-                cost += o.blob.nbytes
-        else:
-            written = [o.blob for o in outs]
-            consts = tuple([i.blob for i in inputs if i.blob not in written])
-            for o in outs:
-                cost += o.blob.nbytes
-        if backend.has_data:
-            kernel = op.kernel_for(dev.type)
-        elif op.dynamic:
-            raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
-                              f"shape depends on tensor values cannot run there; use cpu")
-        else:
-            kernel = null_kernel
-        muts = tuple([o.blob for o in outs])
-        _VM.submit(Instruction(OP_CALL, op.name, current_stream(backend), consts, muts, run_op,
-                               (kernel, inputs, outs, attrs, op.dynamic), cost >> 2,
-                               muts if op.dynamic else (),
-                               split_op if op.elementwise else None))
-        return outs
+        prev = STATE.interpreter
+        STATE.interpreter = None
+        try:
+            return apply(op, inputs, attrs, device, outs)
+        finally:
+            STATE.interpreter = prev
 
 
 EAGER = EagerInterpreter()
 
 
 def apply(op, inputs, attrs, device=None, outs=None):
-    """Runs ``op`` through the current thread's interpreter; returns the output impls."""
+    """Runs ``op`` through the current thread's interpreter (eager unless one is installed
+    with ``use_interpreter``); returns the output TensorImpls."""
     interp = STATE.interpreter
-    if interp is None:
-        return EAGER.apply(op, inputs, attrs, device, outs)
-    return interp.apply(op, inputs, attrs, device, outs)
+    if interp is not None:
+        return interp.apply(op, inputs, attrs, device, outs)
+    # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
+    metas = []
+    blobs = []
+    cost = 0
+    dev = None
+    for i in inputs:
+        m = i.meta
+        if m.shape is None:
+            resolve(i)
+            m = i.meta
+        if dev is None:
+            dev = m.device
+        elif m.device is not dev:
+            check_same_device(inputs, op.name)
+        metas.append(m)
+        b = i.blob
+        blobs.append(b)
+        cost += b.nbytes
+    if device is not None:
+        dev = device
+    backend = dev.backend or get_backend(dev)
+    specs = op.infer(metas, attrs)
+    if outs is None:
+        consts = tuple(blobs)
+        outs = []
+        mut_list = []
+        for shape, dtype in specs:
+            if shape is None:
+                b = Blob(dev, backend, 0)
+                o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)), b)
+            else:
+                nbytes = dtype.itemsize
+                for s in shape:
+                    nbytes *= s
+                b = Blob(dev, backend, nbytes)
+                strides = _STRIDES.get(shape) or contiguous_strides(shape)
+                o = TensorImpl(_meta(TensorMeta, (shape, dtype, dev, strides, 0)), b)
+                cost += nbytes
+            outs.append(o)
+            mut_list.append(b)
+        muts = tuple(mut_list)
+    else:
+        muts = tuple([o.blob for o in outs])
+        consts = tuple([b for b in blobs if b not in muts])
+        for b in muts:
+            cost += b.nbytes
+    if backend.has_data:
+        kernel = op.kernels.get(dev.type) or op.kernel_for(dev.type)
+    elif op.dynamic:
+        raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
+                          f"shape depends on tensor values cannot run there; use cpu")
+    else:
+        kernel = null_kernel
+    streams = STATE.streams
+    stream = (streams and streams.get(dev)) or backend.compute
+    args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
+    cost >>= 2
+    if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
+        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
+                               muts if op.dynamic else (), split_op if op.elementwise else None))
+    return outs
 
 
 @contextmanager

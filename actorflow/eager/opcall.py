@@ -13,25 +13,42 @@ def _allocate(outs, what: str) -> None:
         if not b.allocated:
             m = o.meta
             if m.shape is not None:
-                b.array = b.backend.allocator.empty(m.shape, m.dtype.np, what)
+                b.array = b.backend.allocator.empty(m.shape, m.dtype.np, b.nbytes, what)
                 b.allocated = True
 
 
 def run_op(instr) -> None:
-    kernel, ins, outs, attrs, dynamic = instr.args
-    _allocate(outs, instr.name)
+    call_op(instr.args)
+
+
+def call_op(args) -> None:
+    """Runs one op call: ``args`` is ``(kernel, ins, outs, attrs, dynamic, name)``."""
+    kernel, ins, outs, attrs, dynamic, name = args
+    for o in outs:
+        b = o.blob
+        if not b.allocated:
+            m = o.meta
+            if m.shape is not None:
+                b.array = b.backend.allocator.empty(m.shape, m.dtype.np, b.nbytes, name)
+                b.allocated = True
     if dynamic:
-        _run_dynamic(instr, kernel, ins, outs, attrs)
+        _run_dynamic(name, kernel, ins, outs, attrs)
         return
-    kernel([o.array() for o in outs], [i.array() for i in ins], attrs)
+    out_arrays = []
+    for o in outs:
+        out_arrays.append(o.blob.array if o.base is None else o.array())
+    in_arrays = []
+    for i in ins:
+        in_arrays.append(i.blob.array if i.base is None else i.array())
+    kernel(out_arrays, in_arrays, attrs)
 
 
-def _run_dynamic(instr, kernel, ins, outs, attrs) -> None:
+def _run_dynamic(name, kernel, ins, outs, attrs) -> None:
     results = kernel(None, [i.array() for i in ins], attrs)
     for o, arr in zip(outs, results):
         b = o.blob
         m = o.meta
-        b.backend.allocator.adopt(arr.nbytes, instr.name)
+        b.backend.allocator.adopt(arr.nbytes, name)
         b.array, b.nbytes, b.owned, b.allocated = arr, arr.nbytes, False, True
         o.meta = contiguous_meta(arr.shape, m.dtype, m.device)
 
@@ -44,7 +61,7 @@ def split_op(instr, n: int):
     """Allocates the outputs and returns up to ``n`` callables that each run the kernel on
     one slice of the outputs (and the matching slices of broadcast inputs), or None when the
     op cannot be cut (overlapping in-place views, too small a shape)."""
-    kernel, ins, outs, attrs, dynamic = instr.args
+    kernel, ins, outs, attrs, dynamic, _ = instr.args
     if dynamic or len(outs) != 1:
         return None
     out = outs[0]

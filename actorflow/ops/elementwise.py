@@ -128,13 +128,18 @@ BINARY = {
 _QUIET = {"div", "pow"}
 
 
+_SCALAR_CATEGORY = {bool: 0, int: 1, float: 2}
+
+
 def binary_dtype(name: str, kind: str, a, b):
     """Output dtype of a binary op over TensorMetas and/or Python scalars."""
     if kind == "cmp":
         return bool_
-    da = getattr(a, "dtype", None)
-    db = getattr(b, "dtype", None)
-    if da is not None and da is db:
+    da = a.dtype
+    if type(b) in _SCALAR_CATEGORY:
+        # tensor with a Python scalar: the tensor's dtype unless the scalar's category is higher
+        dtype = da if da.category >= _SCALAR_CATEGORY[type(b)] else result_type(a, b)
+    elif da is b.dtype:
         dtype = da
     else:
         dtype = result_type(a, b)
@@ -157,6 +162,9 @@ def _scalar_infer(name, kind):
     def infer(metas, attrs):
         a = metas[0]
         s = attrs["scalar"]
+        da = a.dtype
+        if kind == "arith" and da.category >= _SCALAR_CATEGORY.get(type(s), 3):
+            return [(a.shape, da)]          # the common case: the tensor's dtype wins
         return [(a.shape, binary_dtype(name, kind, a, s))]
     return infer
 

@@ -26,7 +26,7 @@ class Blob:
         self.owned = True        # allocated by our allocator (may be cached when freed)
         self.allocated = False
         self.last_write = None
-        self.reads = []
+        self.reads = None        # reads issued since last_write (None: none)
         self.error = None
         self.released = False
 
@@ -35,18 +35,27 @@ class Blob:
         w = self.last_write
         if w is not None and not w.done:
             return False
-        for r in self.reads:
-            if not r.done:
-                return False
+        if self.reads:
+            for r in self.reads:
+                if not r.done:
+                    return False
         return True
 
     def free(self) -> None:
         """Returns the storage to the allocator. Called by the VM once no use is pending."""
         if self.allocated:
-            self.allocated = False
-            self.backend.allocator.free(self.array, self.nbytes, self.owned)
+            self.backend.allocator.free(*self.detach())
         self.array = None
         self.released = True
+
+    def detach(self) -> tuple:
+        """Marks the storage released and returns ``(array, nbytes, owned)`` for the
+        allocator's ``free_many``."""
+        out = (self.array, self.nbytes, self.owned)
+        self.allocated = False
+        self.array = None
+        self.released = True
+        return out
 
     def __repr__(self) -> str:
         return f"Blob({self.device}, {self.nbytes} B{', allocated' if self.allocated else ''})"

@@ -1,5 +1,6 @@
 """Orders instructions by operand access and by stream.
 
+A blob's ``reads`` is None when no read is recorded since its last write.
 A read waits for the last write of its blob; a write waits for the last write and for every
 read issued since; an instruction waits for the one issued before it on its stream.
 Callers hold the VM lock.
@@ -19,6 +20,9 @@ def record(instr) -> int:
             w.dependents.append(instr)
             n += 1
         reads = b.reads
+        if reads is None:
+            b.reads = [instr]
+            continue
         if len(reads) >= _PRUNE_AT:
             reads[:] = [r for r in reads if not r.done]
         reads.append(instr)
@@ -27,12 +31,13 @@ def record(instr) -> int:
         if w is not None and not w.done:
             w.dependents.append(instr)
             n += 1
-        for r in b.reads:
-            if not r.done and r is not instr:
-                r.dependents.append(instr)
-                n += 1
+        if b.reads:
+            for r in b.reads:
+                if not r.done and r is not instr:
+                    r.dependents.append(instr)
+                    n += 1
+            b.reads = None
         b.last_write = instr
-        b.reads = []
     s = instr.stream
     t = s.tail
     if t is not None and not t.done:
@@ -45,10 +50,14 @@ def record(instr) -> int:
 
 def first_error(instr):
     """The error of the first operand blob whose writer failed, or None."""
-    for b in instr.consts:
+    return first_error_of(instr.consts, instr.muts)
+
+
+def first_error_of(consts, muts):
+    for b in consts:
         if b.error is not None:
             return b.error
-    for b in instr.muts:
+    for b in muts:
         if b.error is not None:
             return b.error
     return None

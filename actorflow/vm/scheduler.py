@@ -22,9 +22,10 @@ import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
+from ..backends.base import Allocator
 from ..errors import KernelError, VMError
 from ..tensor.blob import RELEASED
-from .deps import first_error, record
+from .deps import first_error, first_error_of, record
 from .instruction import RELEASE, Instruction
 
 
@@ -34,6 +35,16 @@ def _new_loop():
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+_RELEASE_BATCH = 16
+
+
+class _Named:
+    __slots__ = ("name", "stream")
+
+    def __init__(self, name, stream):
+        self.name, self.stream = name, stream
 
 
 def _release_run(instr):
@@ -59,13 +70,14 @@ class VM:
         self.issued = self.completed = self.inlined = 0
         self._blocked = 0
         self._errors: list = []
+        self._any_error = False             # until a kernel fails, skip the poison checks
         self._rng = None                    # test hook: seeded random dispatch order
         self._max_delay = 0.0               # test hook: random delay before each kernel
 
     # -- submission ---------------------------------------------------------------------
     def submit(self, instr: Instruction) -> None:
         """Issues ``instr``: it runs once its predecessors are done, in stream order."""
-        if RELEASED:
+        if len(RELEASED) >= _RELEASE_BATCH:
             self.collect_releases()
         with self._lock:
             if self.issued - self.completed >= self.max_in_flight:
@@ -79,13 +91,49 @@ class VM:
                 if not self._wake_pending:
                     self._wake()
                 return
-            instr.pending = -1
-        self.inlined += 1
-        self._execute(instr)
-        with self._lock:
+            # Inline: a tiny kernel with nothing to wait for runs here and now, under the
+            # lock (kernels never call back into the VM). Nothing issued can depend on it
+            # yet except through this lock, so completing it readies nothing.
+            self.inlined += 1
+            self._execute(instr)
             self._complete(instr)
-            if self._ready and not self._wake_pending:
-                self._wake()
+
+    def run_inline(self, stream, consts: tuple, muts: tuple, cost: int, name: str, fn, args) -> bool:
+        """The fast path of ``submit``: if nothing the work touches is pending (every write
+        of ``consts``, every use of ``muts``, the stream's last instruction), runs
+        ``fn(args)`` now and returns True; else returns False and the caller submits an
+        Instruction. A finished instruction constrains no later one, so running it here
+        leaves no dependence record behind: the ordering is the same as ``submit``'s."""
+        if cost > self.inline_max_cost or self._rng is not None or stream.simulated:
+            return False
+        if len(RELEASED) >= _RELEASE_BATCH:
+            self.collect_releases()
+        with self._lock:
+            t = stream.tail
+            if t is not None and not t.done:
+                return False
+            for b in consts:
+                w = b.last_write
+                if w is not None and not w.done:
+                    return False
+            for b in muts:
+                if not b.idle():
+                    return False
+            err = first_error_of(consts, muts) if self._any_error else None
+            if err is None:
+                try:
+                    fn(args)
+                except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
+                    err = self._kernel_error(_Named(name, stream), e)
+            for b in muts:
+                b.last_write = None
+                b.reads = None
+                if err is not None:
+                    b.error = err
+            self.issued += 1
+            self.completed += 1
+            self.inlined += 1
+        return True
 
     def _wait_for_room(self) -> None:
         # caller holds the lock; the loop thread never blocks here
@@ -97,27 +145,38 @@ class VM:
             self._room.wait()
         self._blocked -= 1
 
-    def collect_releases(self) -> None:
+    def collect_releases(self) -> bool:
         """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
-        with a RELEASE instruction that runs after their last pending use."""
+        with a RELEASE instruction that runs after their last pending use. Returns whether
+        there was anything to collect. Tensors die in batches of ``_RELEASE_BATCH`` before
+        ``submit`` collects them; sync points and allocation failures collect at once."""
+        if not RELEASED:
+            return False
+        frees: dict = {}
         while RELEASED:
             try:
                 blob = RELEASED.popleft()
             except IndexError:
-                return
+                break
             if blob.released:
                 continue
-            if blob.idle():
-                blob.free()
+            if (blob.last_write is None and blob.reads is None) or blob.idle():
+                if blob.allocated:
+                    frees.setdefault(blob.backend.allocator, []).append(blob.detach())
+                else:
+                    blob.released = True
             else:
                 self.submit(Instruction(RELEASE, "release", blob.backend.compute, (),
                                         (blob,), _release_run, None))
+        for allocator, blocks in frees.items():
+            allocator.free_many(blocks)
+        return True
 
     # -- execution ----------------------------------------------------------------------
     def _execute(self, instr: Instruction) -> None:
         """Runs the instruction's work on the current thread, turning failures into a
         KernelError that poisons the blobs it writes."""
-        err = first_error(instr) if instr.kind != RELEASE else None
+        err = first_error(instr) if self._any_error and instr.kind != RELEASE else None
         if err is None:
             try:
                 instr.run(instr)
@@ -127,11 +186,12 @@ class VM:
             self._fail(instr, err)
 
     def _kernel_error(self, instr, e):
+        # instr: anything with .name and .stream
         err = e if isinstance(e, KernelError) else KernelError(instr.name, str(instr.stream.device), e)
         err.__cause__ = e if err is not e else e.__cause__
         err._reported = False
-        with self._lock:
-            self._errors.append(err)
+        self._any_error = True
+        self._errors.append(err)      # list.append is atomic; callers may hold the lock
         return err
 
     @staticmethod
@@ -227,7 +287,7 @@ class VM:
                 lambda f: self._loop.call_soon_threadsafe(self._piece_done, instr, f, state))
 
     def _split(self, instr):
-        if first_error(instr) is not None:
+        if self._any_error and first_error(instr) is not None:
             return None
         try:
             return instr.split(instr, self.workers)
@@ -361,6 +421,7 @@ def _set_done(fut) -> None:
 
 _VM = VM()
 atexit.register(_VM.shutdown)
+Allocator.reclaim = staticmethod(_VM.collect_releases)
 
 
 def get_vm() -> VM:
