@@ -1,0 +1,53 @@
+"""Command line: ``python -m actorflow demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+
+def demo() -> None:
+    """The quickstart, end to end: eager ops, a sync point, async use, and VM statistics."""
+    import numpy as np
+
+    import actorflow as af
+
+    x = af.tensor([[1., -1.], [1., -1.]])          # float32 on cpu by default
+    y = af.relu(x)                                 # returns at once: the work is queued
+    print("relu(x) =", y)
+    z = (x @ x.T).sum(dim=1, keepdim=True) + 1
+    print("(x @ x.T).sum(dim=1, keepdim=True) + 1 =", z.numpy().tolist())
+    af.synchronize()
+
+    async def main():                              # inside a running event loop
+        w = af.relu(x) * 2
+        print("await (relu(x) * 2).numpy_async() =", (await w.numpy_async()).tolist())
+    asyncio.run(main())
+
+    a = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    t = af.from_numpy(a)
+    start = time.perf_counter()
+    for _ in range(2500):
+        t = af.relu(t * 0.999 + 0.001) - 0.0005
+    t.numpy()
+    dt = time.perf_counter() - start
+    print(f"a dependent chain of 10,000 ops on 1,000 floats: {dt * 1e6 / 10_000:.1f} us per op")
+    s = af.lowlevel.vm_stats()
+    print(f"vm: {s['issued']} instructions issued, {s['inlined']} ran inline, "
+          f"{s['in_flight']} in flight; cpu peak {s['devices']['cpu']['peak']} bytes")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m actorflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="run the quickstart example")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        demo()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,614 @@
+#!/usr/bin/env python
+"""Eager-mode overhead and throughput of actorflow against numpy, PyTorch CPU and Dask.
+
+Two workloads, measured in the same process with the contenders interleaved (round-robin,
+the order rotated every round) and best-of-N timing (this class of machine shows +-20 %
+noise between runs, so the best of several rounds is the figure compared; the median is
+recorded too):
+
+1. ``chain``: a dependent chain of small ops (10,000 by default) on 1,000-element float32
+   tensors ending in ``numpy()``. This measures per-op dispatch overhead. Contenders:
+   bare numpy calls (baseline), actorflow (default settings: the inline fast path),
+   actorflow with the inline fast path disabled (``vm.inline_max_cost = -1``: every op
+   goes through the asyncio loop and the CPU worker threads), PyTorch CPU, and Dask's
+   threaded scheduler (a shorter chain, since building a Dask graph is slow and its cost
+   grows faster than linearly; the comparable figure for every row is us/op).
+2. ``large``: a sequence of elementwise ops (100 by default) on 1,000,000-element float32
+   tensors, each producing a fresh output, ending in ``af.synchronize()``. Baselines:
+   numpy single-threaded with fresh outputs, and numpy writing into preallocated ``out=``
+   buffers (the fairest single-thread comparison). Contenders: actorflow (splits big
+   elementwise kernels across the cores, reuses cached buffers) and PyTorch CPU.
+
+Every contender runs the same op sequence (``CYCLE`` repeated) and every timed result is
+checked with ``np.allclose`` against the numpy result, so a run that computed nothing (or
+the wrong thing) fails loudly instead of producing a fast number.
+
+Usage::
+
+    python benchmarks/bench_eager.py                 # full run (~1 minute)
+    python benchmarks/bench_eager.py --quick         # smoke run (a few seconds)
+    python benchmarks/bench_eager.py --repeat 9 --out /tmp/bench.json
+
+Exit status: 0 when every result matched numpy, 1 when a check failed or a contender
+raised (the JSON is written either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results" / "bench_eager.json"
+
+# Goals stated by the project.
+CHAIN_GOAL = 6.0        # actorflow chain us/op <= 6x numpy's
+LARGE_GOAL = 0.6        # actorflow large time <= 0.6x numpy's (fresh outputs)
+
+RTOL, ATOL = 1e-4, 1e-5
+
+# The op sequence every contender runs, repeated. A realistic mix of tensor*scalar,
+# tensor+tensor, relu, tensor-scalar and the occasional tanh/exp. It keeps values bounded
+# (relu >= 0, *0.5 contracts, tanh then exp lands in (0.37, 2.72)), so a chain of any length
+# stays finite and non-trivial, and float32 rounding differences between libraries don't
+# grow along it. Its length is even, which the ``out=`` variant relies on (ping-pong buffers).
+CYCLE = (
+    ("mul_s", 0.5),
+    ("add_t", None),
+    ("relu", None),
+    ("sub_s", 0.25),
+    ("mul_s", 1.5),
+    ("add_t", None),
+    ("tanh", None),
+    ("exp", None),
+    ("sub_s", 0.5),
+    ("relu", None),
+)
+
+# Statement templates per flavour. ``z`` is the running value, ``y`` the second operand.
+_FUNCTIONAL = {   # actorflow / torch: relu, tanh, exp are the library's functions
+    "mul_s": "z = z * {c!r}", "add_t": "z = z + y", "relu": "z = relu(z)",
+    "sub_s": "z = z - {c!r}", "tanh": "z = tanh(z)", "exp": "z = exp(z)",
+}
+_NUMPY = {        # numpy / dask: relu is maximum(z, 0), exactly what actorflow's kernel runs
+    "mul_s": "z = z * {c!r}", "add_t": "z = z + y", "relu": "z = maximum(z, 0)",
+    "sub_s": "z = z - {c!r}", "tanh": "z = tanh(z)", "exp": "z = exp(z)",
+}
+_NUMPY_OUT = {    # numpy into preallocated buffers; {o} alternates between A and B
+    "mul_s": "z = multiply(z, {c!r}, out={o})", "add_t": "z = add(z, y, out={o})",
+    "relu": "z = maximum(z, 0, out={o})", "sub_s": "z = subtract(z, {c!r}, out={o})",
+    "tanh": "z = tanh(z, out={o})", "exp": "z = exp(z, out={o})",
+}
+
+
+def make_runner(templates: dict, namespace: dict, n_ops: int, out_buffers: bool = False):
+    """Compiles ``run(x, y[, A, B]) -> z`` applying the first ``n_ops`` ops of the repeated
+    CYCLE. Straight-line code in a loop keeps the harness's own per-op cost to what a user's
+    hand-written code would have (one statement per op), the same for every contender."""
+    if n_ops <= 0:
+        raise ValueError("n_ops must be positive")
+    full, rest = divmod(n_ops, len(CYCLE))
+
+    def stmts(ops):
+        lines = []
+        for i, (name, c) in enumerate(ops):
+            lines.append(templates[name].format(c=c, o="AB"[i % 2]))
+        return lines
+
+    args = "x, y, A, B" if out_buffers else "x, y"
+    src = [f"def run({args}):", "    z = x"]
+    if full:
+        src.append(f"    for _ in range({full}):")
+        src += ["        " + s for s in stmts(CYCLE)]
+    if rest:
+        # ops after the loop continue the A/B alternation correctly: len(CYCLE) is even
+        src += ["    " + s for s in stmts(CYCLE[:rest])]
+    src.append("    return z")
+    ns = dict(namespace)
+    exec(compile("\n".join(src), f"<bench_eager run {n_ops} ops>", "exec"), ns)  # noqa: S102
+    return ns["run"]
+
+
+def numpy_reference(a: np.ndarray, b: np.ndarray, n_ops: int) -> np.ndarray:
+    run = make_runner(_NUMPY, {"maximum": np.maximum, "tanh": np.tanh, "exp": np.exp}, n_ops)
+    ref = np.array(run(a, b), copy=True)
+    if ref.dtype != np.float32 or not np.all(np.isfinite(ref)) or float(np.std(ref)) == 0.0:
+        raise RuntimeError(f"the reference result is degenerate (dtype {ref.dtype}, finite "
+                           f"{np.all(np.isfinite(ref))}, std {np.std(ref)}); fix the op mix")
+    return ref
+
+
+# -- environment ---------------------------------------------------------------------------
+
+def _try_import(name):
+    try:
+        return __import__(name)
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+
+
+def environment(torch, dask, vm) -> dict:
+    uvloop = _try_import("uvloop")
+    loop = getattr(vm, "_loop", None)     # read only: which event loop the VM runs on
+    loop_type = None if loop is None else f"{type(loop).__module__}.{type(loop).__name__}"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE.parent, text=True,
+                                capture_output=True, timeout=5).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        commit = None
+    import actorflow as af
+    env = {
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "numpy": np.__version__,
+        "actorflow": getattr(af, "__version__", None),
+        "actorflow_git_head": commit,
+        "torch": getattr(torch, "__version__", None) if torch else None,
+        "torch_num_threads": torch.get_num_threads() if torch else None,
+        "torch_num_threads_note": ("PyTorch default (not changed by this benchmark)"
+                                   if torch else None),
+        "torch_cpu_capability": (torch.backends.cpu.get_cpu_capability()
+                                 if torch and hasattr(torch.backends, "cpu") else None),
+        "dask": getattr(dask, "__version__", None) if dask else None,
+        "uvloop_installed": uvloop is not None,
+        "uvloop_version": getattr(uvloop, "__version__", None) if uvloop else None,
+        "vm_event_loop": loop_type,
+        "uvloop_used": None if loop_type is None else loop_type.startswith("uvloop"),
+        "vm_workers": vm.workers,
+        "vm_inline_max_cost": vm.inline_max_cost,
+        "vm_parallel_min_cost": vm.parallel_min_cost,
+        "vm_max_in_flight": getattr(vm, "max_in_flight", None),
+    }
+    return env
+
+
+# -- the timing harness --------------------------------------------------------------------
+
+class Contender:
+    """``fn()`` runs the timed work and returns whatever ``fetch`` turns into the numpy result
+    (fetching happens after the clock stops). ``setup``/``teardown`` run outside the clock."""
+
+    def __init__(self, name, fn, fetch=lambda r: r, n_ops=None, ref=None, setup=None,
+                 teardown=None, note="", baseline=False, pause=0.0):
+        self.name, self.fn, self.fetch = name, fn, fetch
+        self.n_ops, self.ref = n_ops, ref
+        self.setup, self.teardown = setup, teardown
+        self.note, self.baseline, self.pause = note, baseline, pause
+        self.times: list[float] = []
+        self.errors: list[str] = []
+        self.check_failures: list[str] = []
+        self.checks_passed = 0
+        self.extra: dict = {}
+
+    def run_once(self, timed: bool) -> float | None:
+        gc.collect()
+        if self.setup:
+            self.setup()
+        try:
+            t0 = time.perf_counter()
+            out = self.fn()
+            t1 = time.perf_counter()
+        except Exception as e:  # noqa: BLE001 - recorded, reported, and makes the exit status 1
+            self.errors.append(f"{type(e).__name__}: {e}")
+            traceback.print_exc()
+            return None
+        finally:
+            if self.teardown:
+                self.teardown()
+        try:
+            self._check(self.fetch(out))
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(f"fetching the result: {type(e).__name__}: {e}")
+            traceback.print_exc()
+        del out
+        gc.collect()
+        if self.pause:
+            time.sleep(self.pause)   # let spinning worker threads (OpenMP) go idle
+        if timed:
+            self.times.append(t1 - t0)
+        return t1 - t0
+
+    def _check(self, result) -> None:
+        res = np.asarray(result)
+        ref = self.ref
+        if res.shape != ref.shape or res.dtype != ref.dtype:
+            self.check_failures.append(f"shape/dtype {res.shape} {res.dtype} != "
+                                       f"{ref.shape} {ref.dtype}")
+        elif not np.allclose(res, ref, rtol=RTOL, atol=ATOL):
+            bad = ~np.isclose(res, ref, rtol=RTOL, atol=ATOL)
+            i = int(np.argmax(bad))
+            self.check_failures.append(f"{int(bad.sum())} of {res.size} elements differ, "
+                                       f"e.g. [{i}] {res.flat[i]!r} vs {ref.flat[i]!r}")
+        else:
+            self.checks_passed += 1
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.check_failures and bool(self.times)
+
+    def summary(self) -> dict:
+        t = self.times
+        d = {
+            "n_ops": self.n_ops,
+            "note": self.note,
+            "baseline": self.baseline,
+            "ok": self.ok,
+            "checks_passed": self.checks_passed,
+            "check_failures": self.check_failures,
+            "errors": self.errors,
+            "times_s": t,
+        }
+        if t:
+            best, med = min(t), statistics.median(t)
+            d.update(best_s=best, median_s=med, best_us_per_op=best / self.n_ops * 1e6,
+                     median_us_per_op=med / self.n_ops * 1e6)
+        d.update(self.extra)
+        return d
+
+
+def run_rounds(contenders: list[Contender], repeat: int, label: str) -> None:
+    """One untimed warm-up run each, then ``repeat`` interleaved timed rounds."""
+    print(f"[{label}] warm-up ...", flush=True)
+    for c in contenders:
+        c.run_once(timed=False)
+    for r in range(repeat):
+        k = r % len(contenders)
+        order = contenders[k:] + contenders[:k]       # rotate so no one always goes first
+        for c in order:
+            if c.errors:
+                continue
+            c.run_once(timed=True)
+        print(f"[{label}] round {r + 1}/{repeat}: " + ", ".join(
+            f"{c.name}={c.times[-1] * 1e3:.1f}ms" for c in contenders if c.times), flush=True)
+
+
+def vm_delta(vm, fn) -> dict:
+    """Instruction counts (issued, run inline) of one call of ``fn``."""
+    vm.synchronize()
+    s0 = vm.stats()
+    fn()
+    vm.synchronize()
+    s1 = vm.stats()
+    return {"issued": s1["issued"] - s0["issued"], "inlined": s1["inlined"] - s0["inlined"]}
+
+
+# -- workload 1: the dependent chain -------------------------------------------------------
+
+def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
+    n, size = args.chain_ops, args.chain_size
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(size).astype(np.float32)
+    b = rng.random(size).astype(np.float32)
+    ref = numpy_reference(a, b, n)
+    vm = af.lowlevel.get_vm()
+    contenders = []
+
+    run_np = make_runner(_NUMPY, {"maximum": np.maximum, "tanh": np.tanh, "exp": np.exp}, n)
+    contenders.append(Contender("numpy", lambda: run_np(a, b), n_ops=n, ref=ref,
+                                baseline=True, note="bare numpy calls, fresh outputs"))
+
+    x, y = af.from_numpy(a), af.from_numpy(b)
+    run_af = make_runner(_FUNCTIONAL, {"relu": af.relu, "tanh": af.tanh, "exp": af.exp}, n)
+    af_default = Contender("actorflow", lambda: run_af(x, y).numpy(), n_ops=n, ref=ref,
+                           note=f"default (inline fast path, inline_max_cost="
+                                f"{vm.inline_max_cost})")
+    contenders.append(af_default)
+
+    saved = {}
+
+    def no_inline():
+        vm.synchronize()
+        saved["inline"] = vm.inline_max_cost
+        vm.inline_max_cost = -1
+
+    def restore():
+        try:
+            vm.synchronize()
+        finally:
+            vm.inline_max_cost = saved.pop("inline")
+
+    af_loop = Contender("actorflow (no inline)", lambda: run_af(x, y).numpy(), n_ops=n,
+                        ref=ref, setup=no_inline, teardown=restore,
+                        note="inline_max_cost=-1: every op through the asyncio loop + "
+                             "worker threads")
+    contenders.append(af_loop)
+
+    if torch is not None:
+        tx, ty = torch.from_numpy(a), torch.from_numpy(b)
+        run_t = make_runner(_FUNCTIONAL, {"relu": torch.relu, "tanh": torch.tanh,
+                                          "exp": torch.exp}, n)
+        contenders.append(Contender("torch", lambda: run_t(tx, ty).numpy(), n_ops=n, ref=ref,
+                                    note=f"CPU, {torch.get_num_threads()} threads (default)"))
+
+    if dask_array is not None:
+        da = dask_array
+        nd = min(args.dask_ops, n)
+        ref_d = numpy_reference(a, b, nd)
+        dx = da.from_array(a, chunks=a.shape)
+        dy = da.from_array(b, chunks=b.shape)
+        run_d = make_runner(_NUMPY, {"maximum": da.maximum, "tanh": da.tanh,
+                                     "exp": da.exp}, nd)
+        phases = {"build": [], "compute": []}
+
+        def dask_fn():
+            t0 = time.perf_counter()
+            z = run_d(dx, dy)
+            t1 = time.perf_counter()
+            r = z.compute(scheduler="threads")
+            t2 = time.perf_counter()
+            phases["build"].append(t1 - t0)
+            phases["compute"].append(t2 - t1)
+            return r
+
+        dc = Contender("dask (threads)", dask_fn, n_ops=nd, ref=ref_d,
+                       note=f"{nd}-op chain (graph build + compute); chunks = whole array")
+        dc.extra["phases"] = phases
+        contenders.append(dc)
+
+    run_rounds(contenders, args.repeat, "chain")
+
+    # Instruction counts of one run each, so the JSON shows the inline path was (not) taken.
+    af_default.extra["vm_counts_one_run"] = vm_delta(vm, af_default.fn)
+    no_inline()
+    try:
+        af_loop.extra["vm_counts_one_run"] = vm_delta(vm, af_loop.fn)
+    finally:
+        restore()
+    if dask_array is not None:
+        ph = dc.extra["phases"]
+        dc.extra["best_build_us_per_op"] = min(ph["build"]) / dc.n_ops * 1e6
+        dc.extra["best_compute_us_per_op"] = min(ph["compute"]) / dc.n_ops * 1e6
+
+    base = contenders[0]
+    rows = {}
+    for c in contenders:
+        s = c.summary()
+        if c.times and base.times:
+            s["ratio_vs_numpy"] = s["best_us_per_op"] / base.summary()["best_us_per_op"]
+            s["median_ratio_vs_numpy"] = (s["median_us_per_op"]
+                                          / base.summary()["median_us_per_op"])
+        rows[c.name] = s
+    r = rows["actorflow"].get("ratio_vs_numpy")
+    return {
+        "description": f"dependent chain of {n} ops on {size}-element float32 tensors, "
+                       f"ending in numpy(); per-op time is the comparable figure",
+        "chain_ops": n, "size": size, "dtype": "float32",
+        "op_cycle": [list(o) for o in CYCLE],
+        "contenders": rows,
+        "goal": {"actorflow_ratio_vs_numpy_at_most": CHAIN_GOAL, "actorflow_ratio": r,
+                 "met": None if r is None else r <= CHAIN_GOAL},
+    }, contenders
+
+
+# -- workload 2: large elementwise ---------------------------------------------------------
+
+def bench_large(args, af, torch) -> tuple[dict, list]:
+    n, size = args.large_ops, args.large_size
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(size).astype(np.float32)
+    b = rng.random(size).astype(np.float32)
+    ref = numpy_reference(a, b, n)
+    vm = af.lowlevel.get_vm()
+    contenders = []
+
+    np_ns = {"maximum": np.maximum, "tanh": np.tanh, "exp": np.exp}
+    run_np = make_runner(_NUMPY, np_ns, n)
+    contenders.append(Contender("numpy", lambda: run_np(a, b), n_ops=n, ref=ref,
+                                baseline=True, note="single thread, fresh output per op"))
+
+    A, B = np.empty_like(a), np.empty_like(a)
+    run_out = make_runner(_NUMPY_OUT, {"multiply": np.multiply, "add": np.add,
+                                       "subtract": np.subtract, "maximum": np.maximum,
+                                       "tanh": np.tanh, "exp": np.exp}, n, out_buffers=True)
+    contenders.append(Contender("numpy out=", lambda: run_out(a, b, A, B), fetch=np.copy,
+                                n_ops=n, ref=ref, baseline=True,
+                                note="single thread, two preallocated buffers (ping-pong)"))
+
+    x, y = af.from_numpy(a), af.from_numpy(b)
+    run_af = make_runner(_FUNCTIONAL, {"relu": af.relu, "tanh": af.tanh, "exp": af.exp}, n)
+
+    def af_fn():
+        z = run_af(x, y)
+        af.synchronize()
+        return z
+
+    af_c = Contender("actorflow", af_fn, fetch=lambda z: z.numpy(), n_ops=n, ref=ref,
+                     note=f"{vm.workers} workers, split at >= {vm.parallel_min_cost} "
+                          f"elements; ends in af.synchronize()")
+    contenders.append(af_c)
+
+    if torch is not None:
+        tx, ty = torch.from_numpy(a), torch.from_numpy(b)
+        run_t = make_runner(_FUNCTIONAL, {"relu": torch.relu, "tanh": torch.tanh,
+                                          "exp": torch.exp}, n)
+        contenders.append(Contender("torch", lambda: run_t(tx, ty), fetch=lambda z: z.numpy(),
+                                    n_ops=n, ref=ref, pause=0.05,
+                                    note=f"CPU, {torch.get_num_threads()} threads (default)"))
+
+    alloc0 = af.lowlevel.memory_stats("cpu")
+    run_rounds(contenders, args.repeat, "large")
+    alloc1 = af.lowlevel.memory_stats("cpu")
+    af_c.extra["vm_counts_one_run"] = vm_delta(vm, af_c.fn)
+    af_c.extra["allocator"] = {"allocs_during_rounds": alloc1.allocs - alloc0.allocs,
+                               "cached_bytes_after": alloc1.cached,
+                               "peak_bytes": alloc1.peak}
+
+    rows = {}
+    s_np = contenders[0].summary()
+    s_out = contenders[1].summary()
+    for c in contenders:
+        s = c.summary()
+        if c.times and contenders[0].times:
+            s["ratio_vs_numpy"] = s["best_s"] / s_np["best_s"]
+            s["median_ratio_vs_numpy"] = s["median_s"] / s_np["median_s"]
+        if c.times and contenders[1].times:
+            s["ratio_vs_numpy_out"] = s["best_s"] / s_out["best_s"]
+            s["median_ratio_vs_numpy_out"] = s["median_s"] / s_out["median_s"]
+        rows[c.name] = s
+    r = rows["actorflow"].get("ratio_vs_numpy")
+    r_out = rows["actorflow"].get("ratio_vs_numpy_out")
+    return {
+        "description": f"{n} elementwise ops on {size}-element float32 tensors, fresh output "
+                       f"per op",
+        "ops": n, "size": size, "dtype": "float32",
+        "op_cycle": [list(o) for o in CYCLE],
+        "contenders": rows,
+        "goal": {"actorflow_ratio_vs_numpy_at_most": LARGE_GOAL,
+                 "actorflow_ratio_vs_numpy": r,
+                 "met_vs_numpy": None if r is None else r <= LARGE_GOAL,
+                 "actorflow_ratio_vs_numpy_out": r_out,
+                 "met_vs_numpy_out": None if r_out is None else r_out <= LARGE_GOAL},
+    }, contenders
+
+
+# -- reporting -----------------------------------------------------------------------------
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(title, rows, ratio_keys, goal_line):
+    print()
+    print(title)
+    hdr = f"  {'contender':<24}{'ops':>7}{'best ms':>10}{'median ms':>11}{'us/op':>10}"
+    for label, _ in ratio_keys:
+        hdr += f"{label:>13}"
+    hdr += "  check"
+    print(hdr)
+    print("  " + "-" * (len(hdr) - 2))
+    for name, s in rows.items():
+        best = s.get("best_s")
+        med = s.get("median_s")
+        line = (f"  {name:<24}{s['n_ops']:>7}{_fmt(best and best * 1e3, '10.2f')}"
+                f"{_fmt(med and med * 1e3, '11.2f')}{_fmt(s.get('best_us_per_op'), '10.2f')}")
+        for _, key in ratio_keys:
+            v = s.get(key)
+            line += f"{_fmt(v, '12.2f')}x" if v is not None else f"{'-':>13}"
+        status = "ok" if s["ok"] else "FAIL " + "; ".join(s["errors"] + s["check_failures"])[:80]
+        line += f"  {status}"
+        print(line)
+        if s.get("note"):
+            print(f"  {'':<24}  ({s['note']})")
+    print("  " + goal_line)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed rounds per contender (best-of-N); default 7, quick 3")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"JSON results path (default {DEFAULT_OUT.relative_to(HERE.parent)})")
+    p.add_argument("--chain-ops", type=int, default=None, help="default 10000, quick 2000")
+    p.add_argument("--chain-size", type=int, default=1000, help="elements (default 1000)")
+    p.add_argument("--dask-ops", type=int, default=None,
+                   help="chain length for dask (default 500, quick 100)")
+    p.add_argument("--large-ops", type=int, default=None, help="default 100, quick 20")
+    p.add_argument("--large-size", type=int, default=None,
+                   help="elements (default 1000000, quick 1000000)")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-dask", action="store_true")
+    args = p.parse_args(argv)
+    q = args.quick
+    if args.repeat is None:
+        args.repeat = 3 if q else 7
+    if args.chain_ops is None:
+        args.chain_ops = 2000 if q else 10_000
+    if args.dask_ops is None:
+        args.dask_ops = 100 if q else 500
+    if args.large_ops is None:
+        args.large_ops = 20 if q else 100
+    if args.large_size is None:
+        args.large_size = 1_000_000
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
+
+    t_start = time.perf_counter()
+    torch = None if args.no_torch else _try_import("torch")
+    dask = None if args.no_dask else _try_import("dask")
+    dask_array = None
+    if dask is not None:
+        try:
+            import dask.array as dask_array
+        except Exception:  # noqa: BLE001
+            dask, dask_array = None, None
+
+    import actorflow as af
+    vm = af.lowlevel.get_vm()
+
+    chain, chain_c = bench_chain(args, af, torch, dask_array)
+    large, large_c = bench_large(args, af, torch)
+    env = environment(torch, dask, vm)
+
+    print_table(f"Dependent chain: {chain['chain_ops']} ops on {chain['size']}-element float32 "
+                f"(best of {args.repeat}; ratio = us/op vs numpy)",
+                chain["contenders"], [("vs numpy", "ratio_vs_numpy")],
+                f"goal: actorflow <= {CHAIN_GOAL:g}x numpy -> "
+                f"{_fmt(chain['goal']['actorflow_ratio'], '.2f')}x "
+                f"({'MET' if chain['goal']['met'] else 'NOT MET'})")
+    g = large["goal"]
+    print_table(f"Large elementwise: {large['ops']} ops on {large['size']:,}-element float32 "
+                f"(best of {args.repeat}; ratio = total time)",
+                large["contenders"], [("vs numpy", "ratio_vs_numpy"),
+                                      ("vs np out=", "ratio_vs_numpy_out")],
+                f"goal: actorflow <= {LARGE_GOAL:g}x numpy -> "
+                f"{_fmt(g['actorflow_ratio_vs_numpy'], '.2f')}x vs numpy fresh "
+                f"({'MET' if g['met_vs_numpy'] else 'NOT MET'}), "
+                f"{_fmt(g['actorflow_ratio_vs_numpy_out'], '.2f')}x vs numpy out= "
+                f"({'MET' if g['met_vs_numpy_out'] else 'NOT MET'})")
+    print()
+    print(f"env: {env['cpu_count']} CPUs (affinity {env['cpu_affinity']}), python "
+          f"{env['python']}, numpy {env['numpy']}, torch {env['torch']} "
+          f"({env['torch_num_threads']} threads), dask {env['dask']}, uvloop installed "
+          f"{env['uvloop_installed']}, VM loop {env['vm_event_loop']}")
+
+    all_c = chain_c + large_c
+    ok = all(c.ok for c in all_c)
+    wall = time.perf_counter() - t_start
+    result = {
+        "benchmark": "bench_eager",
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "quick": q,
+        "repeat": args.repeat,
+        "timing": "best of N interleaved rounds (order rotated each round) after one "
+                  "untimed warm-up; median recorded too",
+        "check": f"np.allclose(result, numpy_result, rtol={RTOL}, atol={ATOL}) on every run",
+        "all_checks_ok": ok,
+        "wall_time_s": wall,
+        "environment": env,
+        "chain": chain,
+        "large": large,
+    }
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {out}  (wall time {wall:.1f} s)")
+    if not ok:
+        print("ERROR: some contender failed or computed a wrong result:", file=sys.stderr)
+        for c in all_c:
+            if not c.ok:
+                print(f"  {c.name}: {c.errors + c.check_failures}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The VM: ordering by operand access and stream under random dispatch, release, errors,
+dynamic shapes, the in-flight bound and use from asyncio."""
+
+import asyncio
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import actorflow as af
+from actorflow.lowlevel import OpDef, get_vm, register_op
+
+pytestmark = pytest.mark.timeout(60)
+
+N_SLOTS = 3
+STREAMS = ("compute", "s1", "s2")
+step = st.tuples(
+    st.sampled_from(["add", "mul", "add_", "mul_", "copy_", "fill_", "setitem", "snapshot",
+                     "relu_", "sub_view_"]),
+    st.integers(0, N_SLOTS - 1), st.integers(0, N_SLOTS - 1),
+    st.sampled_from(STREAMS), st.floats(-2, 2, allow_nan=False).map(lambda v: round(v, 2)))
+
+
+def run_program(program, use_af: bool):
+    """Runs the program on actorflow tensors (each op on its stream) or on numpy arrays one
+    op at a time; returns the final slots and every snapshot taken along the way."""
+    base = [np.arange(6, dtype=np.float64) * (i + 1) - 4 for i in range(N_SLOTS)]
+    slots = [af.tensor(b) for b in base] if use_af else [b.copy() for b in base]
+    snaps = []
+    for op, i, j, stream_name, v in program:
+        ctx = af.lowlevel.use_stream(af.lowlevel.stream("cpu", stream_name)) if use_af else _nullctx()
+        with ctx:
+            x, y = slots[i], slots[j]
+            if op == "add":
+                slots[i] = x + y
+            elif op == "mul":
+                slots[i] = x * v
+            elif op == "add_":
+                if use_af:
+                    x.add_(y)
+                else:
+                    x += y
+            elif op == "mul_":
+                if use_af:
+                    x.mul_(v)
+                else:
+                    x *= v
+            elif op == "copy_":
+                if i != j:
+                    if use_af:
+                        x.copy_(y)
+                    else:
+                        x[...] = y
+            elif op == "fill_":
+                if use_af:
+                    x.fill_(v)
+                else:
+                    x[...] = v
+            elif op == "setitem":
+                x[1:4] = v
+            elif op == "relu_":
+                if use_af:
+                    af.relu(x, inplace=True)
+                else:
+                    np.maximum(x, 0, out=x)
+            elif op == "sub_view_":
+                # a write through a strided view of one slot, reading another
+                if use_af:
+                    x[::2].sub_(y[1::2])
+                else:
+                    x[::2] -= y[1::2].copy()
+            elif op == "snapshot":
+                snaps.append(slots[i].clone() if use_af else slots[i].copy())
+    if use_af:
+        return [s.numpy() for s in slots], [s.numpy() for s in snaps]
+    return slots, snaps
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=st.lists(step, min_size=1, max_size=25), seed=st.integers(0, 2**16))
+def test_random_programs_match_one_by_one(program, seed, random_dispatch):
+    random_dispatch(seed, max_delay=0.001)
+    got, got_snaps = run_program(program, use_af=True)
+    want, want_snaps = run_program(program, use_af=False)
+    for g, w in zip(got + got_snaps, want + want_snaps):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_random_programs_without_hooks_match_too():
+    rng = np.random.default_rng(0)
+    ops = ["add", "mul", "add_", "mul_", "copy_", "fill_", "setitem", "snapshot", "relu_", "sub_view_"]
+    program = [(ops[rng.integers(len(ops))], int(rng.integers(N_SLOTS)), int(rng.integers(N_SLOTS)),
+                STREAMS[rng.integers(3)], float(np.round(rng.uniform(-2, 2), 2))) for _ in range(300)]
+    got, gs = run_program(program, use_af=True)
+    want, ws = run_program(program, use_af=False)
+    for g, w in zip(got + gs, want + ws):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_read_before_write_keeps_old_value(random_dispatch):
+    random_dispatch(7, max_delay=0.02)
+    x = af.tensor([1.0, 2.0, 3.0])
+    with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "s1")):
+        y = x * 1                      # reads x
+    with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "s2")):
+        x.fill_(0.0)                   # must wait for the read on s1
+    np.testing.assert_array_equal(y.numpy(), [1, 2, 3])
+    np.testing.assert_array_equal(x.numpy(), [0, 0, 0])
+
+
+_ORDER: list = []
+
+
+def _record_kernel(outs, ins, attrs):
+    time.sleep(attrs["sleep"])
+    _ORDER.append(attrs["tag"])
+    outs[0][...] = ins[0]
+
+
+register_op(OpDef("test_record", ("x",), lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+                  {"cpu": _record_kernel}, attrs=("tag", "sleep")))
+
+
+def _record(x, tag, sleep=0.0):
+    from actorflow.eager.interpreter import apply
+    from actorflow.tensor.tensor import wrap
+    return wrap(apply(af.lowlevel.get_op("test_record"), [x._impl], {"tag": tag, "sleep": sleep})[0])
+
+
+def test_one_stream_keeps_issue_order(random_dispatch):
+    random_dispatch(3, max_delay=0.005)
+    _ORDER.clear()
+    xs = [af.tensor([float(i)]) for i in range(20)]      # independent data: only the stream orders
+    outs = [_record(x, i, sleep=0.001 * (i % 3)) for i, x in enumerate(xs)]
+    af.synchronize()
+    assert _ORDER == list(range(20))
+    assert [o.item() for o in outs] == list(range(20))
+
+
+def test_different_streams_run_concurrently(random_dispatch):
+    random_dispatch(5, max_delay=0.0)
+    _ORDER.clear()
+    a, b = af.tensor([1.0]), af.tensor([2.0])
+    t0 = time.perf_counter()
+    with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "s1")):
+        _record(a, "a", sleep=0.3)
+    with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "s2")):
+        _record(b, "b", sleep=0.3)
+    af.synchronize()
+    assert sorted(_ORDER) == ["a", "b"]
+    assert time.perf_counter() - t0 < 0.55        # two 0.3 s kernels overlapped
+
+
+def test_release_frees_memory_after_last_use():
+    vm = get_vm()
+    before = af.lowlevel.memory_stats("null").in_use
+    x = af.zeros(1000, device="null")               # 4000 B
+    af.synchronize()
+    blob = x._impl.blob
+    af.lowlevel.set_null_latency(0.1)
+    y = x * 2                                        # reads x for 100 ms
+    del x
+    gc.collect()
+    vm.collect_releases()
+    assert blob.allocated and not blob.released      # the pending read still holds x
+    assert af.lowlevel.memory_stats("null").in_use >= before + 4000
+    af.synchronize()
+    assert not blob.allocated and blob.released      # freed once the read completed
+    assert af.lowlevel.memory_stats("null").in_use == before + 4000   # y only
+    del y
+    af.synchronize()
+    assert af.lowlevel.memory_stats("null").in_use == before
+
+
+def test_release_on_cpu_returns_bytes_and_reuses_large_blocks():
+    before = af.lowlevel.memory_stats("cpu")
+    x = af.ones(1 << 20)                             # 4 MiB: cached when freed
+    x.numpy()
+    assert af.lowlevel.memory_stats("cpu").in_use == before.in_use + (4 << 20)
+    del x
+    af.synchronize()
+    after = af.lowlevel.memory_stats("cpu")
+    assert after.in_use == before.in_use
+    assert after.cached >= 4 << 20
+    y = af.zeros(1 << 20)                            # takes the cached block
+    np.testing.assert_array_equal(y.numpy()[:3], [0, 0, 0])
+    assert af.lowlevel.memory_stats("cpu").cached == after.cached - (4 << 20)
+
+
+def test_dynamic_shape_consumer_waits_for_compute(random_dispatch):
+    random_dispatch(11, max_delay=0.01)
+    x = af.tensor([0.0, 3.0, 0.0, 5.0, 1.0])
+    x.mul_(2)
+    idx = af.nonzero(x)                              # shape known only after compute
+    assert idx.dtype == af.int64
+    picked = x[x > 1]                                # boolean mask: dynamic too
+    total = picked.sum() + idx.shape[0]
+    assert idx.shape == (3, 1)
+    np.testing.assert_array_equal(idx.numpy().ravel(), [1, 3, 4])
+    assert total.item() == pytest.approx(6 + 10 + 2 + 3)
+
+
+def test_in_flight_bound_blocks_the_caller():
+    vm = get_vm()
+    old = vm.max_in_flight
+    vm.max_in_flight = 8
+    af.lowlevel.set_null_latency(0.002)
+    try:
+        x = af.zeros(4, device="null")
+        peak = 0
+        for _ in range(60):
+            x = x + 1
+            peak = max(peak, vm.stats()["in_flight"])
+        af.synchronize()
+        assert peak <= 8
+    finally:
+        vm.max_in_flight = old
+
+
+def _boom(outs, ins, attrs):
+    raise ValueError("boom from a kernel")
+
+
+register_op(OpDef("test_boom", ("x",), lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+                  {"cpu": _boom}))
+
+
+def _boom_op(x):
+    from actorflow.eager.interpreter import apply
+    from actorflow.tensor.tensor import wrap
+    return wrap(apply(af.lowlevel.get_op("test_boom"), [x._impl], {})[0])
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_kernel_error_surfaces_at_sync_and_poisons_dependents(hooks, random_dispatch):
+    if hooks:
+        random_dispatch(2, max_delay=0.002)
+    x = af.tensor([1.0, 2.0])
+    bad = _boom_op(x)
+    dep = af.relu(bad) + 1
+    fine = x * 3
+    np.testing.assert_array_equal(fine.numpy(), [3.0, 6.0])   # independent work goes on
+    with pytest.raises(af.KernelError, match=r"op 'test_boom' failed on cpu: ValueError: boom"):
+        dep.numpy()
+    with pytest.raises(af.KernelError) as info:
+        bad.numpy()
+    assert isinstance(info.value.original, ValueError)
+    af.synchronize()                               # already reported: nothing more to raise
+    bad2 = _boom_op(x)
+    del bad2
+    with pytest.raises(af.KernelError, match="test_boom"):
+        af.synchronize()
+    af.synchronize()                               # reported once
+    np.testing.assert_array_equal((x + 1).numpy(), [2.0, 3.0])
+
+
+def test_out_of_memory_names_bytes_and_budget():
+    af.lowlevel.set_memory_budget("cpu", af.lowlevel.memory_stats("cpu").in_use + 1024)
+    small = af.zeros(16)                            # fits
+    big = af.zeros(1024)                            # 4 KiB: does not
+    with pytest.raises(af.KernelError) as info:
+        big.numpy()
+    err = info.value.original
+    assert isinstance(err, af.OutOfMemoryError)
+    assert err.requested == 4096 and err.budget is not None
+    assert "asked for 4.0 KiB" in str(err) and "budget" in str(err)
+    af.lowlevel.set_memory_budget("cpu", None)
+    np.testing.assert_array_equal(small.numpy(), np.zeros(16))
+    assert af.ones(1024).sum().item() == 1024
+
+
+def test_dead_tensors_do_not_cause_out_of_memory():
+    base = af.lowlevel.memory_stats("cpu").in_use
+    af.lowlevel.set_memory_budget("cpu", base + 40_000)
+    x = af.zeros(1000)
+    for _ in range(50):                             # each step frees the previous 4 KB
+        x = x + 1
+    assert x.sum().item() == 50_000
+
+
+async def test_numpy_async_does_not_block_the_loop(random_dispatch):
+    random_dispatch(1, max_delay=0.0)
+    x = af.tensor([1.0, 2.0])
+    slow = _record(x, "slow", sleep=0.3)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    got = await slow.numpy_async()
+    task.cancel()
+    np.testing.assert_array_equal(got, [1.0, 2.0])
+    assert ticks >= 10                             # the loop kept running while we waited
+
+
+async def test_numpy_inside_a_coroutine_works():
+    x = af.tensor([[1.0, -1.0], [1.0, -1.0]])
+    w = af.relu(x) * 2
+    np.testing.assert_array_equal(w.numpy(), [[2, 0], [2, 0]])
+    np.testing.assert_array_equal(await w.numpy_async(), [[2, 0], [2, 0]])
+    await af.synchronize_async()
+
+
+def test_threads_submitting_concurrently():
+    results = {}
+
+    def worker(k):
+        x = af.full((100,), float(k))
+        for _ in range(200):
+            x = x + 1
+        results[k] = x.numpy()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for k in range(4):
+        np.testing.assert_array_equal(results[k], np.full(100, k + 200.0))
+
+
+def test_large_elementwise_split_across_workers_matches_numpy():
+    a = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(1024).astype(np.float32)
+    x, y = af.from_numpy(a), af.from_numpy(b)
+    z = af.relu(x * 2 + y) - x                      # broadcasting across the split axis
+    np.testing.assert_allclose(z.numpy(), np.maximum(a * 2 + b, 0) - a, rtol=1e-6)
+    w = x.T + 1                                     # a strided view as input
+    np.testing.assert_allclose(w.numpy(), a.T + 1)
+    v = af.from_numpy(a.copy())
+    v[:, 1:].add_(v[:, :-1])                        # overlapping in-place views: not split
+    ref = a.copy()
+    ref[:, 1:] += ref[:, :-1].copy()
+    np.testing.assert_allclose(v.numpy(), ref, rtol=1e-6)
+
+
+def test_vm_stats_counts_instructions():
+    vm_before = af.lowlevel.vm_stats()
+    x = af.ones(10)
+    (x + 1).numpy()
+    after = af.lowlevel.vm_stats()
+    assert after["issued"] >= vm_before["issued"] + 3
+    assert after["in_flight"] == 0
+    assert after["devices"]["cpu"]["peak"] >= 40
+
+
+def test_uvloop_is_used_when_installed():
+    uvloop = pytest.importorskip("uvloop")
+    af.lowlevel.get_vm().set_test_hooks(seed=0)       # forces the loop to start
+    (af.ones(2) + 1).numpy()
+    assert isinstance(af.lowlevel.get_vm()._loop, uvloop.Loop)
