@@ -26,3 +26,24 @@ long = int64
 int = int32  # noqa: A001
 
 __version__ = "0.1.0"
+
+__all__ = [
+    # tensors and creation
+    "Tensor", "tensor", "from_numpy", "from_dlpack", "empty", "zeros", "ones", "full", "arange",
+    "rand", "randn", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+    "randn_like", "manual_seed",
+    # dtypes and devices
+    "DType", "bool", "bool_", "int32", "int64", "float16", "float32", "float64", "float",
+    "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
+    # ops
+    "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "cast", "cat", "clone", "copy_",
+    "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
+    "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
+    "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
+    "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
+    # running
+    "synchronize", "synchronize_async", "lowlevel",
+    # errors
+    "ActorflowError", "DeviceError", "DTypeError", "KernelError", "OutOfMemoryError",
+    "ShapeError", "VMError",
+]

@@ -88,21 +88,22 @@ def gelu(input, approximate: str = "none"):
 
 # -- binary ----------------------------------------------------------------------------
 
-_BIN = {name: (_op(name), _op(name + "_scalar")) for name in ops.elementwise.BINARY}
+_BIN = {name: (_op(name), _op(name + "_scalar"), _op("r" + name + "_scalar"))
+        for name in ops.elementwise.BINARY}
 
 
 def _binary(name: str, a, b):
-    op, sop = _BIN[name]
+    op, sop, rop = _BIN[name]
     if isinstance(a, Tensor):
         if isinstance(b, Tensor):
             return wrap(apply(op, [a._impl, b._impl], _NO_ATTRS)[0])
         if isinstance(b, np.ndarray) and b.ndim:
             return _binary(name, a, _as_tensor_like(b, a))
-        return wrap(apply(sop, [a._impl], {"scalar": _number(name, b), "reverse": False})[0])
+        return wrap(apply(sop, [a._impl], {"scalar": _number(name, b)})[0])
     if isinstance(b, Tensor):
         if isinstance(a, np.ndarray) and a.ndim:
             return _binary(name, _as_tensor_like(a, b), b)
-        return wrap(apply(sop, [b._impl], {"scalar": _number(name, a, "input"), "reverse": True})[0])
+        return wrap(apply(rop, [b._impl], {"scalar": _number(name, a, "input")})[0])
     raise TypeError(f"{name}(): expected at least one Tensor argument, got "
                     f"{type(a).__name__} and {type(b).__name__}")
 
@@ -121,12 +122,12 @@ def _check_inplace(name, op, impls, attrs, target):
 
 
 def _binary_inplace(name: str, x, other):
-    op, sop = _BIN[name]
+    op, sop, _ = _BIN[name]
     target = _tensor(name + "_", x, "self")._impl
     if isinstance(other, Tensor):
         impls, attrs, o = [target, other._impl], _NO_ATTRS, op
     else:
-        impls, attrs, o = [target], {"scalar": _number(name + "_", other), "reverse": False}, sop
+        impls, attrs, o = [target], {"scalar": _number(name + "_", other)}, sop
     _check_inplace(name, o, impls, attrs, target)
     apply(o, impls, attrs, outs=[target])
     return x

@@ -8,9 +8,13 @@ An allocator's public ``empty/adopt/free`` wrap the backend's ``_alloc/_free`` (
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass
 
 from ..errors import OutOfMemoryError
+
+
+_FOLD_AT = 4096
 
 
 def _prod(shape) -> int:
@@ -38,6 +42,10 @@ class Allocator:
 
     Subclasses implement ``_alloc(nbytes) -> block``, ``_free(block)`` and
     ``_view(block, shape, dtype) -> array``. Thread-safe.
+
+    Small blocks with no budget set are counted without a lock: each allocation or free
+    appends its signed size to ``_log`` (an atomic deque append), and the log is folded in
+    order under the lock whenever exact numbers are needed, so in-use and peak stay exact.
     """
 
     cache_min_bytes = 1 << 20      # blocks at least this large are cached when freed
@@ -50,17 +58,18 @@ class Allocator:
         self._lock = threading.Lock()
         self._in_use = self._peak = self._cached = self._allocs = self._frees = 0
         self._cache: dict[int, list] = {}
+        self._log: deque = deque()       # signed byte counts not yet folded into the totals
 
     # -- public face --------------------------------------------------------------------
     def empty(self, shape, dtype, nbytes: int, what: str = ""):
         """A new uninitialized array of ``shape`` and numpy ``dtype`` holding ``nbytes`` (None
         on data-less devices). Raises OutOfMemoryError if it would exceed the budget."""
         if nbytes < self.cache_min_bytes and self.budget is None:
-            with self._lock:                       # the common case, kept short
-                self._allocs += 1
-                self._in_use += nbytes
-                if self._in_use > self._peak:
-                    self._peak = self._in_use
+            log = self._log                        # the common case: no lock (see class doc)
+            log.append(nbytes)
+            if len(log) > _FOLD_AT:
+                with self._lock:
+                    self._fold()
             return self._alloc_small(shape, dtype)
         block = None
         if self.budget is not None:
@@ -87,9 +96,14 @@ class Allocator:
         """Gives back ``nbytes``; an ``owned`` large block goes to the cache for reuse."""
         self.free_many(((array, nbytes, owned),))
 
+    def count_free(self, nbytes: int) -> None:
+        """Gives back ``nbytes`` of a small block (not cached) without taking the lock."""
+        self._log.append(-nbytes)
+
     def free_many(self, blocks) -> None:
         """``free`` for a list of ``(array, nbytes, owned)`` under one lock."""
         with self._lock:
+            self._fold()
             for array, nbytes, owned in blocks:
                 self._in_use -= nbytes
                 self._frees += 1
@@ -105,27 +119,48 @@ class Allocator:
 
     def set_budget(self, budget: int | None) -> None:
         with self._lock:
+            self._fold()
             self.budget = budget
             if budget is not None and self._in_use + self._cached > budget:
                 self._drop_cache()
 
     def reset_peak(self) -> None:
         with self._lock:
+            self._fold()
             self._peak = self._in_use
 
     def stats(self) -> AllocatorStats:
         with self._lock:
+            self._fold()
             return AllocatorStats(self.device, self._in_use, self._peak, self._cached,
                                   self.budget, self._allocs, self._frees)
 
     # -- internals ----------------------------------------------------------------------
     def _fit(self, nbytes: int) -> None:
         # Tensors that died but are not collected yet still count: collect them first.
+        with self._lock:
+            self._fold()
         if self._in_use + nbytes > self.budget and Allocator.reclaim is not None:
             Allocator.reclaim()
 
+    def _fold(self) -> None:
+        # caller holds the lock; applies the lock-free log in order
+        log = self._log
+        cur, peak, allocs = self._in_use, self._peak, self._allocs
+        while log:
+            n = log.popleft()
+            cur += n
+            if n >= 0:
+                allocs += 1
+                if cur > peak:
+                    peak = cur
+            else:
+                self._frees += 1
+        self._in_use, self._peak, self._allocs = cur, peak, allocs
+
     def _reserve(self, nbytes: int, what: str) -> None:
         # caller holds the lock
+        self._fold()
         budget = self.budget
         if budget is not None:
             if self._in_use + nbytes > budget:

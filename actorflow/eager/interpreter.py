@@ -22,6 +22,7 @@ class _State(threading.local):
 
 
 STATE = _State()
+_OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips the lookups
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _VM = get_vm()
 
@@ -61,6 +62,8 @@ def resolve(impl) -> None:
 
 
 def current_stream(backend):
+    if not _OVERRIDES[0]:
+        return backend.compute
     streams = STATE.streams
     return (streams and streams.get(backend.device)) or backend.compute
 
@@ -81,9 +84,10 @@ EAGER = EagerInterpreter()
 def apply(op, inputs, attrs, device=None, outs=None):
     """Runs ``op`` through the current thread's interpreter (eager unless one is installed
     with ``use_interpreter``); returns the output TensorImpls."""
-    interp = STATE.interpreter
-    if interp is not None:
-        return interp.apply(op, inputs, attrs, device, outs)
+    if _OVERRIDES[0]:
+        interp = STATE.interpreter
+        if interp is not None:
+            return interp.apply(op, inputs, attrs, device, outs)
     # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
     metas = []
     blobs = []
@@ -137,8 +141,11 @@ def apply(op, inputs, attrs, device=None, outs=None):
                           f"shape depends on tensor values cannot run there; use cpu")
     else:
         kernel = null_kernel
-    streams = STATE.streams
-    stream = (streams and streams.get(dev)) or backend.compute
+    if _OVERRIDES[0]:
+        streams = STATE.streams
+        stream = (streams and streams.get(dev)) or backend.compute
+    else:
+        stream = backend.compute
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     cost >>= 2
     if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
@@ -152,9 +159,11 @@ def use_interpreter(interp):
     """Within the block, op calls on this thread go to ``interp`` (e.g. a tracer)."""
     prev = STATE.interpreter
     STATE.interpreter = interp
+    _OVERRIDES[0] += 1
     try:
         yield interp
     finally:
+        _OVERRIDES[0] -= 1
         STATE.interpreter = prev
 
 
@@ -164,9 +173,11 @@ def use_stream(stream):
     prev = STATE.streams
     STATE.streams = dict(prev or {})
     STATE.streams[stream.device] = stream
+    _OVERRIDES[0] += 1
     try:
         yield stream
     finally:
+        _OVERRIDES[0] -= 1
         STATE.streams = prev
 
 

@@ -180,17 +180,19 @@ def _binary_kernel(ufunc, quiet):
     return kernel
 
 
-def _scalar_kernel(ufunc, quiet):
-    def kernel(outs, ins, attrs):
-        if quiet:
+def _scalar_kernel(ufunc, quiet, reverse):
+    if quiet:
+        def kernel(outs, ins, attrs):
             with np.errstate(all="ignore"):
-                if attrs["reverse"]:
+                if reverse:
                     ufunc(attrs["scalar"], ins[0], out=outs[0])
                 else:
                     ufunc(ins[0], attrs["scalar"], out=outs[0])
-        elif attrs["reverse"]:
+    elif reverse:
+        def kernel(outs, ins, attrs):
             ufunc(attrs["scalar"], ins[0], out=outs[0])
-        else:
+    else:
+        def kernel(outs, ins, attrs):
             ufunc(ins[0], attrs["scalar"], out=outs[0])
     return kernel
 
@@ -198,9 +200,11 @@ def _scalar_kernel(ufunc, quiet):
 for _name, (_uf, _kind) in BINARY.items():
     register(OpDef(_name, ("a", "b"), _binary_infer(_name, _kind),
                    {"cpu": _binary_kernel(_uf, _name in _QUIET)}, elementwise=True))
-    register(OpDef(_name + "_scalar", ("a",), _scalar_infer(_name, _kind),
-                   {"cpu": _scalar_kernel(_uf, _name in _QUIET)}, attrs=("scalar", "reverse"),
-                   elementwise=True))
+    # tensor op scalar, and scalar op tensor ("r" ops, for the reflected Python operators)
+    for _prefix, _rev in (("", False), ("r", True)):
+        register(OpDef(_prefix + _name + "_scalar", ("a",), _scalar_infer(_name, _kind),
+                       {"cpu": _scalar_kernel(_uf, _name in _QUIET, _rev)}, attrs=("scalar",),
+                       elementwise=True))
 
 # -- where and cast --------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from collections import deque
 # Blobs whose last owning tensor is gone. TensorImpl.__del__ only appends here (atomic, safe
 # from any thread and from inside the garbage collector); the VM frees them at its next step.
 RELEASED: deque = deque()
+_SMALL = 1 << 20          # blobs this large are queued so the allocator can cache them
 
 
 class Blob:
@@ -40,6 +41,20 @@ class Blob:
                 if not r.done:
                     return False
         return True
+
+    def release(self) -> None:
+        """The last tensor owning this blob is gone (called from any thread, even inside the
+        garbage collector). A small blob with no recorded use is freed at once through the
+        allocator's lock-free count; anything else is queued for the VM to free after its
+        pending uses."""
+        if self.last_write is None and self.reads is None and self.nbytes < _SMALL:
+            if self.allocated:
+                self.allocated = False
+                self.backend.allocator.count_free(self.nbytes)
+            self.array = None
+            self.released = True
+        else:
+            RELEASED.append(self)
 
     def free(self) -> None:
         """Returns the storage to the allocator. Called by the VM once no use is pending."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_backend
-from .blob import RELEASED, Blob
+from .blob import Blob
 from .meta import TensorMeta, contiguous_strides
 
 
@@ -52,6 +52,6 @@ class TensorImpl:
     def __del__(self):
         if self.base is None:
             try:
-                RELEASED.append(self.blob)
+                self.blob.release()
             except Exception:       # interpreter shutdown: module globals may be gone
                 pass

@@ -67,7 +67,8 @@ class VM:
         self.max_in_flight = 40_000
         self.inline_max_cost = 1 << 16       # elements touched; below this run without a hop
         self.parallel_min_cost = 1 << 18     # elementwise kernels above this are split
-        self.issued = self.completed = self.inlined = 0
+        self.issued = self.completed = 0    # through submit
+        self.inlined = 0                    # through run_inline (issued and completed at once)
         self._blocked = 0
         self._errors: list = []
         self._any_error = False             # until a kernel fails, skip the poison checks
@@ -94,7 +95,6 @@ class VM:
             # Inline: a tiny kernel with nothing to wait for runs here and now, under the
             # lock (kernels never call back into the VM). Nothing issued can depend on it
             # yet except through this lock, so completing it readies nothing.
-            self.inlined += 1
             self._execute(instr)
             self._complete(instr)
 
@@ -130,9 +130,7 @@ class VM:
                 b.reads = None
                 if err is not None:
                     b.error = err
-            self.issued += 1
-            self.completed += 1
-            self.inlined += 1
+            self.inlined += 1          # counted as issued and completed too (see stats)
         return True
 
     def _wait_for_room(self) -> None:
@@ -395,7 +393,8 @@ class VM:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"issued": self.issued, "completed": self.completed,
+            return {"issued": self.issued + self.inlined,
+                    "completed": self.completed + self.inlined,
                     "in_flight": self.issued - self.completed, "inlined": self.inlined,
                     "unreported_errors": sum(1 for e in self._errors if not e._reported)}
 
