@@ -17,7 +17,8 @@ recorded too):
    tensors, each producing a fresh output, ending in ``af.synchronize()``. Baselines:
    numpy single-threaded with fresh outputs, and numpy writing into preallocated ``out=``
    buffers (the fairest single-thread comparison). Contenders: actorflow (splits big
-   elementwise kernels across the cores, reuses cached buffers) and PyTorch CPU.
+   elementwise kernels across the cores, reuses cached buffers) and PyTorch CPU, plus a
+   diagnostic row, actorflow with splitting disabled, showing what the split buys.
 
 Every contender runs the same op sequence (``CYCLE`` repeated) and every timed result is
 checked with ``np.allclose`` against the numpy result, so a run that computed nothing (or
@@ -148,6 +149,12 @@ def environment(torch, dask, vm) -> dict:
                                 capture_output=True, timeout=5).stdout.strip() or None
     except Exception:  # noqa: BLE001
         commit = None
+    try:   # read-only: uncommitted edits to the runtime measured (it is edited concurrently)
+        dirty = subprocess.run(["git", "diff", "--name-only", "HEAD", "--", "actorflow"],
+                               cwd=HERE.parent, text=True, capture_output=True,
+                               timeout=5).stdout.split()
+    except Exception:  # noqa: BLE001
+        dirty = None
     import actorflow as af
     env = {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -160,6 +167,7 @@ def environment(torch, dask, vm) -> dict:
         "numpy": np.__version__,
         "actorflow": getattr(af, "__version__", None),
         "actorflow_git_head": commit,
+        "actorflow_uncommitted_files": dirty,
         "torch": getattr(torch, "__version__", None) if torch else None,
         "torch_num_threads": torch.get_num_threads() if torch else None,
         "torch_num_threads_note": ("PyTorch default (not changed by this benchmark)"
@@ -177,6 +185,39 @@ def environment(torch, dask, vm) -> dict:
         "vm_max_in_flight": getattr(vm, "max_in_flight", None),
     }
     return env
+
+
+class CpuContention:
+    """How much CPU other processes used while a workload ran (from /proc/stat minus this
+    process's own CPU time): on a 2-core machine shared with test runs, a busy neighbour
+    explains outliers. Linux only; other platforms report None."""
+
+    def __init__(self):
+        self.t0 = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            import resource
+            with open("/proc/stat") as f:
+                vals = [int(v) for v in f.readline().split()[1:]]
+            hz = os.sysconf("SC_CLK_TCK")
+            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            return (sum(vals) / hz, (sum(vals) - idle) / hz, ru.ru_utime + ru.ru_stime,
+                    time.perf_counter())
+        except Exception:  # noqa: BLE001
+            return None
+
+    def result(self) -> dict | None:
+        t1 = self._sample()
+        if self.t0 is None or t1 is None:
+            return None
+        total, busy, own, wall = (b - a for a, b in zip(self.t0, t1))
+        return {"wall_s": round(wall, 3), "cpu_s_available": round(total, 2),
+                "cpu_s_busy_all": round(busy, 2), "cpu_s_this_process": round(own, 2),
+                "cpu_s_other_processes": round(max(busy - own, 0.0), 2),
+                "loadavg_1min_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 # -- the timing harness --------------------------------------------------------------------
@@ -434,6 +475,25 @@ def bench_large(args, af, torch) -> tuple[dict, list]:
                           f"elements; ends in af.synchronize()")
     contenders.append(af_c)
 
+    saved = {}
+
+    def no_split():
+        vm.synchronize()
+        saved["split"] = vm.parallel_min_cost
+        vm.parallel_min_cost = 1 << 62
+
+    def restore():
+        try:
+            vm.synchronize()
+        finally:
+            vm.parallel_min_cost = saved.pop("split")
+
+    if not args.no_diagnostics:
+        contenders.append(Contender(
+            "actorflow (no split)", af_fn, fetch=lambda z: z.numpy(), n_ops=n, ref=ref,
+            setup=no_split, teardown=restore,
+            note="diagnostic: parallel_min_cost=2**62, each kernel whole on one worker"))
+
     if torch is not None:
         tx, ty = torch.from_numpy(a), torch.from_numpy(b)
         run_t = make_runner(_FUNCTIONAL, {"relu": torch.relu, "tanh": torch.tanh,
@@ -526,6 +586,8 @@ def main(argv=None) -> int:
                    help="elements (default 1000000, quick 1000000)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-dask", action="store_true")
+    p.add_argument("--no-diagnostics", action="store_true",
+                   help="skip the diagnostic 'actorflow (no split)' row of the large workload")
     args = p.parse_args(argv)
     q = args.quick
     if args.repeat is None:
@@ -554,8 +616,13 @@ def main(argv=None) -> int:
     import actorflow as af
     vm = af.lowlevel.get_vm()
 
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    cc = CpuContention()
     chain, chain_c = bench_chain(args, af, torch, dask_array)
+    chain["cpu_contention"] = cc.result()
+    cc = CpuContention()
     large, large_c = bench_large(args, af, torch)
+    large["cpu_contention"] = cc.result()
     env = environment(torch, dask, vm)
 
     print_table(f"Dependent chain: {chain['chain_ops']} ops on {chain['size']}-element float32 "
@@ -574,6 +641,15 @@ def main(argv=None) -> int:
                 f"({'MET' if g['met_vs_numpy'] else 'NOT MET'}), "
                 f"{_fmt(g['actorflow_ratio_vs_numpy_out'], '.2f')}x vs numpy out= "
                 f"({'MET' if g['met_vs_numpy_out'] else 'NOT MET'})")
+    env["loadavg_1min_before"] = load_before
+    for name, w in (("chain", chain), ("large", large)):
+        c = w["cpu_contention"]
+        if c:
+            frac = c["cpu_s_other_processes"] / max(c["cpu_s_available"], 1e-9)
+            w["cpu_contention"]["other_processes_fraction"] = round(frac, 3)
+            print(f"  [{name}] other processes used {c['cpu_s_other_processes']:.1f} of "
+                  f"{c['cpu_s_available']:.1f} CPU-s available ({frac:.0%})"
+                  + ("  <- machine was shared; timings are noisy" if frac > 0.1 else ""))
     print()
     print(f"env: {env['cpu_count']} CPUs (affinity {env['cpu_affinity']}), python "
           f"{env['python']}, numpy {env['numpy']}, torch {env['torch']} "

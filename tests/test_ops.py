@@ -129,6 +129,7 @@ def elements(dtype: str, lo: float = -10, hi: float = 10):
     if dtype in INTS:
         return st.integers(int(math.ceil(lo)), int(math.floor(hi)))
     width = {"float16": 16, "float32": 32, "float64": 64}[dtype]
+    lo, hi = float(NP[dtype].type(lo)), float(NP[dtype].type(hi))     # representable bounds
     return st.floats(lo, hi, width=width, allow_nan=False, allow_infinity=False,
                      allow_subnormal=False)
 
@@ -266,12 +267,17 @@ def test_unary_special_values(dtype):
 
 
 def test_gelu_known_values_and_bad_approximate():
-    x = af.tensor([-3.0, -1.0, 0.0, 1.0, 3.0], dtype=af.float64)
-    exact = [-0.0040496598, -0.15865525393, 0.0, 0.84134474607, 2.99595034]
-    np.testing.assert_allclose(af.gelu(x).numpy(), exact, rtol=1e-8, atol=1e-9)
-    approx = [-0.0036373920817, -0.15880800939, 0.0, 0.84119199061, 2.99636261]
-    np.testing.assert_allclose(af.gelu(x, approximate="tanh").numpy(), approx, rtol=1e-8,
-                               atol=1e-9)
+    vals = [-3.0, -1.0, 0.0, 1.0, 3.0]
+    x = af.tensor(vals, dtype=af.float64)
+    exact = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in vals]
+    assert abs(exact[3] - 0.8413447460685429) < 1e-15             # Phi(1)
+    np.testing.assert_allclose(af.gelu(x).numpy(), exact, rtol=1e-12, atol=1e-15)
+    approx = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+              for v in vals]
+    np.testing.assert_allclose(af.gelu(x, approximate="tanh").numpy(), approx, rtol=1e-12,
+                               atol=1e-15)
+    # float32 (erf approximated): as close as float32 allows in the tail (torch is no closer)
+    np.testing.assert_allclose(af.gelu(x.float()).numpy(), exact, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match="approximate"):
         af.gelu(x, approximate="fast")
 
@@ -327,8 +333,9 @@ def ref_binary(name, a, b):
 
 
 def _valid_pair(name, da, db):
-    # bool - bool is rejected (tested separately)
-    return not (name == "sub" and da == "bool" and db == "bool")
+    # bool - bool is rejected (test_sub_rejects_bool_tensors); bool ** bool has its own tests
+    # (test_bool_pow_*), kept out of here so that it does not mask other pow failures
+    return not (name in ("sub", "pow") and da == "bool" and db == "bool")
 
 
 def operand(name, dtype, shape, role):
@@ -368,8 +375,8 @@ def scalar_inputs(draw, name):
     dtype = draw(dtypes, label="dtype")
     kind = draw(st.sampled_from(["bool", "int", "float"]), label="scalar kind")
     reverse = draw(st.booleans(), label="scalar first")
-    if name == "sub" and dtype == "bool" and kind == "bool":
-        assume(False)
+    if name in ("sub", "pow") and dtype == "bool" and kind == "bool":
+        assume(False)                 # see _valid_pair
     shape = draw(SHAPES, label="shape")
     if name == "pow":
         if reverse:       # scalar ** tensor: the tensor holds the exponent
@@ -432,10 +439,19 @@ def test_binary_tensor_scalar_matches_torch(torch, name, data):
 def test_sub_rejects_bool_tensors():
     a, b = af.tensor([True, False]), af.tensor([True, True])
     with pytest.raises(af.DTypeError, match="sub"):
-        af.sub(a, b)
-    with pytest.raises(af.DTypeError):
-        a - True
+        af.sub(a, b).numpy()
     assert_close(af.sub(af.tensor([3, 2]), af.tensor([1, 5])), np.array([2, -3]))
+
+
+@pytest.mark.parametrize("expr", ["a - True", "True - a", "a.sub_(True)", "af.sub(a, False)"])
+def test_sub_rejects_bool_tensor_and_bool_scalar(expr):
+    """PyTorch rejects bool - bool at the call; a tensor-scalar form must not slip through
+    to a kernel that fails later."""
+    a = af.tensor([True, False])
+    with pytest.raises(af.DTypeError, match="sub"):
+        r = eval(expr)
+        r.numpy()                     # if no error at the call, a deferred one shows here
+    assert_close(a, np.array([True, False]))
 
 
 def test_binary_broadcasting_explicit():
@@ -478,10 +494,22 @@ def test_integer_division_and_pow(dtype):
 
 
 def test_bool_pow_scalar_stays_bool():
+    """PyTorch: bool_tensor ** True is a bool tensor (x ** True == x, x ** False == True)."""
     t = af.tensor([True, False])
     assert_close(t ** True, np.array([True, False]))
     assert_close(t ** False, np.array([True, True]))
-    assert_close(af.pow(t, af.tensor([True, True])), np.array([True, False]))
+    assert_close(True ** t, np.array([True, True]))
+
+
+def test_bool_pow_bool_tensors_fail_cleanly():
+    """PyTorch rejects bool ** bool tensors; actorflow may compute them (as bool) or reject
+    them at the call with a DTypeError, but not with a deferred KernelError."""
+    t = af.tensor([True, False])
+    try:
+        r = af.pow(t, af.tensor([True, True]))
+    except af.DTypeError:
+        return
+    assert_close(r, np.array([True, False]))
 
 
 # -- Python operators --------------------------------------------------------------------
@@ -908,10 +936,9 @@ def test_argmax_argmin_match_numpy(name, inputs):
 @FEW
 @given(data=st.data())
 def test_reductions_match_torch(torch, name, data):
-    allowed = FLOATS if name == "mean" else DTYPES
+    allowed = FLOATS if name == "mean" else NUMERIC if name in ("argmax", "argmin") else DTYPES
     x, dim, keepdim = data.draw(reduce_inputs(dtypes_=allowed,
-                                              allow_tuple=name in ("sum", "mean", "amax", "amin"),
-                                              allow_none=name not in ("amax", "amin") or True))
+                                              allow_tuple=name in ("sum", "mean", "amax", "amin")))
     tx = to_torch(torch, x)
     t = af.tensor(x)
     tol = (2e-2, 5e-2) if x.dtype == np.float16 else (1e-5, 1e-4) if x.dtype == np.float32 else (None, None)
@@ -940,8 +967,9 @@ def test_reductions_match_torch(torch, name, data):
                                           np.take_along_axis(x, ri, dim))
         return
     if dim is None:
+        tname = {"max": "amax", "min": "amin"}.get(name, name)
         ref = getattr(torch, name)(tx) if not keepdim else \
-            getattr(torch, name)(tx, dim=tuple(range(x.ndim)), keepdim=True)
+            getattr(torch, tname)(tx, dim=tuple(range(x.ndim)), keepdim=True)
     else:
         ref = getattr(torch, name)(tx, dim=dim, keepdim=keepdim)
     if dim is None and keepdim and x.ndim == 0:
@@ -1263,8 +1291,8 @@ def test_boolean_mask_matches_torch(torch):
     for mask in (x > 10, (x > 5)[..., 0], np.array([False, True])):
         ref = to_torch(torch, x)[to_torch(torch, mask)]
         assert_matches_torch(af.tensor(x)[af.tensor(mask)], ref)
-    ref = torch.nonzero(to_torch(torch, x % 3 == 0))
-    assert_matches_torch(af.nonzero(af.tensor(x) % 3 == 0), ref)
+    m = (x % 3 == 0) | (x > 20)
+    assert_matches_torch(af.nonzero(af.tensor(m)), torch.nonzero(to_torch(torch, m)))
 
 
 def test_dynamic_shapes_explicit():
@@ -1284,19 +1312,28 @@ def test_dynamic_shapes_explicit():
 
 # == in-place ops ========================================================================
 
+@st.composite
+def shape_broadcasting_to(draw, target):
+    """A shape that broadcasts to ``target`` without enlarging it: a suffix of its dims with
+    some set to 1."""
+    n = draw(st.integers(0, len(target)))
+    suffix = target[len(target) - n:]
+    return tuple(1 if draw(st.booleans()) else s for s in suffix)
+
+
 @pytest.mark.parametrize("name", ["add_", "sub_", "mul_", "div_"])
 @SETTINGS
 @given(data=st.data())
 def test_inplace_binary_matches_numpy(name, data):
     dtype = data.draw(st.sampled_from(FLOATS + INTS), label="dtype")
-    shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=1, min_dims=0, max_dims=3,
-                                                         max_side=3,
-                                                         base_shape=data.draw(SHAPES)))
-    x = data.draw(arrays(dtype, shapes.result_shape, -20, 20), label="x")
+    shape = data.draw(SHAPES, label="shape")
+    x = data.draw(arrays(dtype, shape, -20, 20), label="x")
     other_is_tensor = data.draw(st.booleans(), label="tensor other")
     if other_is_tensor:
-        odtype = data.draw(st.sampled_from([d for d in DTYPES if CATEGORY[d] <= CATEGORY[dtype]]))
-        other = data.draw(arrays(odtype, shapes.input_shapes[0], 1, 5), label="other")
+        odtype = data.draw(st.sampled_from([d for d in DTYPES if CATEGORY[d] <= CATEGORY[dtype]]),
+                           label="other dtype")
+        oshape = data.draw(shape_broadcasting_to(shape), label="other shape")
+        other = data.draw(arrays(odtype, oshape, 1, 5), label="other")
     else:
         other = data.draw(scalars("float" if dtype in FLOATS else "int", 1, 5), label="other")
     base = name[:-1]
@@ -1306,14 +1343,13 @@ def test_inplace_binary_matches_numpy(name, data):
             getattr(t, name)(as_af(other))
         assert_close(t, x, dtype)
         return
+    work = NP[dtype] if dtype in FLOATS else np.int64
     with np.errstate(all="ignore"):
-        expected = NP_BINARY[base](x.astype(np.float64), np.asarray(other).astype(np.float64))
+        expected = NP_BINARY[base](x.astype(work), np.asarray(other).astype(work))
     ret = getattr(af, name)(t, as_af(other))
     assert ret is t
-    tol = (1e-2, 5e-2) if dtype == "float16" else (None, None)
-    if dtype in INTS:
-        expected = np.trunc(expected)
-    assert_close(t, expected.astype(NP[dtype]), dtype, *tol)
+    assert t.shape == x.shape
+    assert_close(t, expected.astype(NP[dtype]), dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])

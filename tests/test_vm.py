@@ -365,3 +365,39 @@ def test_uvloop_is_used_when_installed():
     af.lowlevel.get_vm().set_test_hooks(seed=0)       # forces the loop to start
     (af.ones(2) + 1).numpy()
     assert isinstance(af.lowlevel.get_vm()._loop, uvloop.Loop)
+
+
+@pytest.mark.timeout(20)
+def test_queued_release_waits_for_pending_use_and_reclaim_does_not_deadlock():
+    # Instructions hold their tensors, so through the public API a blob is released only
+    # after its uses. Queue one by hand while a slow read of it is pending (as an owner that
+    # dies early would): the release must wait for the read (a RELEASE instruction), and an
+    # inline allocation over budget, which reclaims memory while the VM lock is held, must
+    # neither deadlock nor free it early.
+    from actorflow.tensor.blob import RELEASED
+    big = af.ones(1 << 20)                          # 4 MiB
+    big.numpy()
+    blob = big._impl.blob
+    with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "slow")):
+        slow = _record(big, "slow", sleep=0.5)      # 4 MiB more; reads big on a worker
+    deadline = time.monotonic() + 5
+    while slow._impl.blob.array is None:            # wait until the slow op has started
+        assert time.monotonic() < deadline, "the slow op never started"
+        time.sleep(0.005)
+    gc.collect()
+    get_vm().collect_releases()
+    af.lowlevel.set_memory_budget("cpu", af.lowlevel.memory_stats("cpu").in_use + 2000)
+    RELEASED.append(blob)
+    small = af.ones(1000)                           # 4000 B inline: over budget -> reclaim
+    with pytest.raises(af.KernelError) as info:
+        small.numpy()
+    assert isinstance(info.value.original, af.OutOfMemoryError)
+    assert blob.allocated                           # not freed under the pending read
+    af.lowlevel.set_memory_budget("cpu", None)
+    get_vm().collect_releases()                     # now issues the RELEASE instruction
+    assert blob.allocated
+    assert slow.sum().item() == float(1 << 20)
+    af.synchronize()
+    assert not blob.allocated and blob.released
+    assert af.ones(1000).sum().item() == 1000
+    del big

@@ -143,14 +143,19 @@ class VM:
             self._room.wait()
         self._blocked -= 1
 
-    def collect_releases(self) -> bool:
+    def collect_releases(self, submit_pending: bool = True) -> bool:
         """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
         with a RELEASE instruction that runs after their last pending use. Returns whether
-        there was anything to collect. Tensors die in batches of ``_RELEASE_BATCH`` before
-        ``submit`` collects them; sync points and allocation failures collect at once."""
+        there was anything to collect. Most small blobs never come here (``Blob.release``
+        frees them at once); the rest wait in batches of ``_RELEASE_BATCH`` for ``submit``,
+        and sync points collect at once.
+
+        ``submit_pending=False`` (the allocator's reclaim, which may run under the VM lock)
+        frees only what is idle and leaves the rest queued."""
         if not RELEASED:
             return False
         frees: dict = {}
+        pending = []
         while RELEASED:
             try:
                 blob = RELEASED.popleft()
@@ -163,9 +168,12 @@ class VM:
                     frees.setdefault(blob.backend.allocator, []).append(blob.detach())
                 else:
                     blob.released = True
-            else:
+            elif submit_pending:
                 self.submit(Instruction(RELEASE, "release", blob.backend.compute, (),
                                         (blob,), _release_run, None))
+            else:
+                pending.append(blob)
+        RELEASED.extend(pending)
         for allocator, blocks in frees.items():
             allocator.free_many(blocks)
         return True
@@ -420,7 +428,7 @@ def _set_done(fut) -> None:
 
 _VM = VM()
 atexit.register(_VM.shutdown)
-Allocator.reclaim = staticmethod(_VM.collect_releases)
+Allocator.reclaim = staticmethod(lambda: _VM.collect_releases(submit_pending=False))
 
 
 def get_vm() -> VM:
