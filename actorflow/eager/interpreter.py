@@ -23,6 +23,7 @@ class _State(threading.local):
 
 STATE = _State()
 _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips the lookups
+_OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _VM = get_vm()
 
@@ -155,30 +156,33 @@ def apply(op, inputs, attrs, device=None, outs=None):
 
 
 @contextmanager
+def _override(name: str, value):
+    prev = getattr(STATE, name)
+    setattr(STATE, name, value)
+    with _OVERRIDES_LOCK:
+        _OVERRIDES[0] += 1
+    try:
+        yield
+    finally:
+        with _OVERRIDES_LOCK:
+            _OVERRIDES[0] -= 1
+        setattr(STATE, name, prev)
+
+
+@contextmanager
 def use_interpreter(interp):
     """Within the block, op calls on this thread go to ``interp`` (e.g. a tracer)."""
-    prev = STATE.interpreter
-    STATE.interpreter = interp
-    _OVERRIDES[0] += 1
-    try:
+    with _override("interpreter", interp):
         yield interp
-    finally:
-        _OVERRIDES[0] -= 1
-        STATE.interpreter = prev
 
 
 @contextmanager
 def use_stream(stream):
     """Within the block, ops on ``stream.device`` issued by this thread go to ``stream``."""
-    prev = STATE.streams
-    STATE.streams = dict(prev or {})
-    STATE.streams[stream.device] = stream
-    _OVERRIDES[0] += 1
-    try:
+    streams = dict(STATE.streams or {})
+    streams[stream.device] = stream
+    with _override("streams", streams):
         yield stream
-    finally:
-        _OVERRIDES[0] -= 1
-        STATE.streams = prev
 
 
 def access(impl, fn, write: bool, name: str = "access"):

@@ -24,13 +24,7 @@ def run_op(instr) -> None:
 def call_op(args) -> None:
     """Runs one op call: ``args`` is ``(kernel, ins, outs, attrs, dynamic, name)``."""
     kernel, ins, outs, attrs, dynamic, name = args
-    for o in outs:
-        b = o.blob
-        if not b.allocated:
-            m = o.meta
-            if m.shape is not None:
-                b.array = b.backend.allocator.empty(m.shape, m.dtype.np, b.nbytes, name)
-                b.allocated = True
+    _allocate(outs, name)
     if dynamic:
         _run_dynamic(name, kernel, ins, outs, attrs)
         return
