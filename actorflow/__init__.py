@@ -10,7 +10,8 @@ from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promo
                     result_type)
 from .errors import (ActorflowError, DeviceError, DTypeError, KernelError, OutOfMemoryError,
                      ShapeError, VMError)
-from .functional import (abs, add, add_, amax, amin, argmax, argmin, cast, cat, clone, copy_,
+from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
+                         bitwise_or, bitwise_xor, cast, cat, clone, copy_,
                          div, div_, eq, exp, fill_, ge, gelu, gt, is_floating_point, le, log,
                          log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
                          maximum, mean, min, minimum, mul, mul_, ne, neg, nonzero, pow, relu,
@@ -36,7 +37,8 @@ __all__ = [
     "DType", "bool", "bool_", "int32", "int64", "float16", "float32", "float64", "float",
     "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
     # ops
-    "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "cast", "cat", "clone", "copy_",
+    "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clone", "copy_",
     "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",

@@ -50,10 +50,11 @@ def _size(op: str, size) -> tuple:
 
 
 def _infer_data_dtype(data, arr) -> object:
-    if arr.dtype.kind == "f" and not isinstance(data, np.ndarray) and arr.dtype == np.float64:
-        return default_float          # Python floats become float32, as in PyTorch
-    if arr.dtype.kind in "iu" and not isinstance(data, np.ndarray):
-        return int64
+    if not isinstance(data, (np.ndarray, np.generic)):   # Python numbers and lists of them
+        if arr.dtype.kind == "f":
+            return default_float      # Python floats become float32, as in PyTorch
+        if arr.dtype.kind in "iu":
+            return int64
     return from_numpy_dtype(arr.dtype, "tensor")
 
 

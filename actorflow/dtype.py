@@ -106,7 +106,7 @@ def scalar_dtype(value) -> DType:
     raise DTypeError(f"expected a tensor or a Python bool, int or float, got {type(value).__name__}")
 
 
-def _combine(higher: DType | None, lower: DType | None) -> DType | None:
+def combine_categories(higher: DType | None, lower: DType | None) -> DType | None:
     # PyTorch's combine_categories: a lower-ranked group only matters when its category is higher.
     if higher is None:
         return lower
@@ -132,7 +132,7 @@ def result_type(*operands) -> DType:
         else:
             d = scalar_dtype(x)
             scalar = d if scalar is None else promote_types(scalar, d)
-    out = _combine(dim, _combine(zero, scalar))
+    out = combine_categories(dim, combine_categories(zero, scalar))
     if out is None:
         raise DTypeError("result_type needs at least one operand")
     return out

@@ -75,6 +75,7 @@ tanh = _unary("tanh")
 relu = _unary("relu")
 sigmoid = _unary("sigmoid")
 logical_not = _unary("logical_not")
+bitwise_not = _unary("bitwise_not")
 _GELU = _op("gelu")
 
 
@@ -133,8 +134,16 @@ def _binary_inplace(name: str, x, other):
     return x
 
 
+def _check_pow(a, b):
+    if (isinstance(a, Tensor) and a.dtype.category == 1 and type(b) is int and b < 0):
+        raise DTypeError(f"pow: integers to negative integer powers are not allowed "
+                         f"({a.dtype} tensor ** {b}); convert with .float() first")
+
+
 def _binary_fn(name: str):
     def fn(input, other):
+        if name == "pow":
+            _check_pow(input, other)
         return _binary(name, input, other)
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"Elementwise {name} with broadcasting; either argument may be a Python "
@@ -143,6 +152,8 @@ def _binary_fn(name: str):
 
 
 add, sub, mul, div, pow = (_binary_fn(n) for n in ("add", "sub", "mul", "div", "pow"))  # noqa: A001
+bitwise_and, bitwise_or = _binary_fn("bitwise_and"), _binary_fn("bitwise_or")
+bitwise_xor = _binary_fn("bitwise_xor")
 maximum, minimum = _binary_fn("maximum"), _binary_fn("minimum")
 eq, ne, lt, le, gt, ge = (_binary_fn(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 logical_and, logical_or = _binary_fn("logical_and"), _binary_fn("logical_or")
@@ -242,7 +253,10 @@ _ARGMAX, _ARGMIN, _MAXD, _MIND = _op("argmax"), _op("argmin"), _op("max_dim"), _
 
 def _reduce(op, name, input, dim, keepdim, dtype=None):
     impl = _tensor(name, input)._impl
-    dims = normalize_dims(name, dim, len(impl.meta.shape)) if impl.meta.shape is not None else dim
+    ndim = len(input.shape)
+    dims = normalize_dims(name, dim, ndim)
+    if ndim == 0:
+        dims = None                     # a 0-dim tensor reduces over "all" of its no dims
     attrs = {"dims": dims, "keepdim": bool(keepdim)}
     if dtype is not None:
         from .dtype import as_dtype
@@ -266,7 +280,10 @@ def _minmax(name, amop, dimop, binop, input, dim, keepdim):
     if dim is None:
         return _reduce(amop, name, input, None, keepdim)
     impl = _tensor(name, input)._impl
-    d = normalize_dim(name, dim, len(impl.meta.shape))
+    ndim = len(input.shape)
+    d = normalize_dim(name, dim, ndim)
+    if ndim == 0:                       # along the only "dim" of a 0-dim tensor: itself, 0
+        return MinMax(clone(input), _arg(_ARGMAX, name, input, None, False))
     vals, idx = apply(dimop, [impl], {"dim": d, "keepdim": bool(keepdim)})
     return MinMax(wrap(vals), wrap(idx))
 
@@ -291,7 +308,10 @@ def amin(input, dim=None, keepdim: bool = False):
 
 def _arg(op, name, input, dim, keepdim):
     impl = _tensor(name, input)._impl
-    d = None if dim is None else normalize_dim(name, dim, len(impl.meta.shape))
+    ndim = len(input.shape)
+    d = None if dim is None else normalize_dim(name, dim, ndim)
+    if ndim == 0:
+        d = None
     return wrap(apply(op, [impl], {"dim": d, "keepdim": bool(keepdim)})[0])
 
 

@@ -69,11 +69,13 @@ def setitem(t: Tensor, key, value) -> None:
         else:
             fill_(target, _number("setitem", value, "value"))
         return
-    template, impls, _ = _split_key(key)
+    template, impls, masked = _split_key(key)
     target = t._impl
+    attrs = {"key": template, "masked": masked}
     if isinstance(value, Tensor):
-        ins, attrs = [value._impl] + impls, {"key": template, "has_value": 1, "scalar": None}
+        ins = [target, value._impl] + impls
+        attrs.update(has_value=1, scalar=None)
     else:
-        ins = impls
-        attrs = {"key": template, "has_value": 0, "scalar": _number("setitem", value, "value")}
+        ins = [target] + impls
+        attrs.update(has_value=0, scalar=_number("setitem", value, "value"))
     apply(_PUT, ins, attrs, device=target.meta.device, outs=[target])

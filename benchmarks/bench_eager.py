@@ -26,8 +26,8 @@ the wrong thing) fails loudly instead of producing a fast number.
 
 Usage::
 
-    python benchmarks/bench_eager.py                 # full run (~1 minute)
-    python benchmarks/bench_eager.py --quick         # smoke run (a few seconds)
+    python benchmarks/bench_eager.py                 # full run (~40 s on 2 cores)
+    python benchmarks/bench_eager.py --quick         # smoke run (~13 s)
     python benchmarks/bench_eager.py --repeat 9 --out /tmp/bench.json
 
 Exit status: 0 when every result matched numpy, 1 when a check failed or a contender

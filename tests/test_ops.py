@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import zlib
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
@@ -21,7 +22,9 @@ import actorflow as af
 
 pytestmark = pytest.mark.timeout(60)
 
-SETTINGS = settings(max_examples=30, deadline=None, database=None,
+# derandomize: the same examples every run, so that results do not change between runs of an
+# unchanged tree (known bugs have explicit tests below)
+SETTINGS = settings(max_examples=30, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
 FEW = settings(SETTINGS, max_examples=15)
@@ -288,7 +291,7 @@ def test_unary_matches_torch(torch, name, dtype):
     if dtype == "bool" and name in ("neg", "relu", "abs"):
         return  # torch (and, for neg/relu, actorflow) reject these; covered elsewhere
     lo, hi = unary_domain(name)
-    rng = np.random.default_rng(hash((name, dtype)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{name}-{dtype}".encode()))
     if dtype == "bool":
         x = rng.random((3, 4)) > 0.5
     elif dtype in INTS:
@@ -452,6 +455,31 @@ def test_sub_rejects_bool_tensor_and_bool_scalar(expr):
         r = eval(expr)
         r.numpy()                     # if no error at the call, a deferred one shows here
     assert_close(a, np.array([True, False]))
+
+
+@pytest.mark.parametrize("name,expected", [("eq", True), ("ne", False), ("lt", False),
+                                           ("ge", True)])
+def test_comparisons_compute_in_the_common_dtype(name, expected):
+    """PyTorch compares in the result dtype: a float16 tensor against a 0-dim float32 tensor
+    compares as float16 (the 0-dim operand does not promote), so f16(0.1) == f32(0.1)."""
+    h = af.tensor([0.1], dtype=af.float16)
+    z = af.tensor(0.1, dtype=af.float32)
+    assert af.result_type(h, z) is af.float16
+    assert_close(getattr(af, name)(h, z), np.array([expected]))
+    assert_close(getattr(af, name)(h, 0.1), np.array([expected]))   # the scalar form agrees
+    i = af.tensor([5], dtype=af.int32)
+    big = af.tensor(2 ** 32 + 5)                                     # 0-dim int64
+    assert af.result_type(i, big) is af.int32
+    assert_close(af.eq(i, big), np.array([True]))
+
+
+def test_arithmetic_computes_in_the_common_dtype():
+    """PyTorch casts a 0-dim float32 operand to a float16 tensor's dtype before computing:
+    f16(16.9140625) is 16.90625 (ties to even), so 16.9140625 - f16([17.]) is -0.09375."""
+    h = af.tensor([17.0], dtype=af.float16)
+    z = af.tensor(16.9140625, dtype=af.float32)
+    assert_close(z - h, np.array([-0.09375], np.float16), rtol=0, atol=0)
+    assert_close(h - 16.9140625, np.array([0.09375], np.float16), rtol=0, atol=0)
 
 
 def test_binary_broadcasting_explicit():
@@ -952,8 +980,7 @@ def test_reductions_match_torch(torch, name, data):
         np.testing.assert_array_equal(picked, ref.values.numpy().reshape(picked.shape))
         return
     if name in ("argmax", "argmin"):
-        ref = getattr(torch, name)(tx, dim=dim, keepdim=keepdim) if dim is not None or not keepdim \
-            else getattr(torch, name)(tx, dim=None, keepdim=True)
+        ref = getattr(torch, name)(tx, dim=dim, keepdim=keepdim)
         got = getattr(af, name)(t, dim=dim, keepdim=keepdim)
         assert got.shape == tuple(ref.shape) and got.dtype is af.int64
         # compare the values the indices select (ties may differ)
@@ -1464,3 +1491,39 @@ def test_inplace_sequences_keep_order():
     x.zero_()
     assert_close(y, ref)
     assert_close(x, np.zeros(4, np.float32))
+
+
+# == large tensors (worker threads, kernels split across cores) ===========================
+
+def test_large_elementwise_ops_on_worker_threads():
+    """Tensors large enough to leave the inline path and to be cut into slices that several
+    workers compute: broadcasting inputs, views and in-place writes must still be right."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((600, 700)).astype(np.float32)
+    row = rng.standard_normal(700).astype(np.float32)
+    col = rng.standard_normal((600, 1)).astype(np.float32)
+    A, R, C = af.tensor(a), af.tensor(row), af.tensor(col)
+    assert_close(A + R, a + row)
+    assert_close(A * C, a * col)
+    assert_close(2 - A, 2 - a)
+    assert_close(af.relu(A), np.maximum(a, 0))
+    assert_close(af.sigmoid(A), (1 / (1 + np.exp(-a.astype(np.float64)))).astype(np.float32))
+    assert_close(af.where(A > 0, A, C), np.where(a > 0, a, col))
+    assert_close(A.T + 1, a.T + 1)
+    assert_close(A.to(af.float16), a.astype(np.float16))
+    assert_close(A.sum(0), a.astype(np.float64).sum(0).astype(np.float32), rtol=1e-4, atol=1e-4)
+    assert_close(A[A > 1], a[a > 1])
+    X = af.tensor(a)
+    X[:, ::2].mul_(2)
+    X.T.add_(1)
+    af.relu(X, inplace=True)
+    e = a.copy()
+    e[:, ::2] *= 2
+    e += 1
+    e = np.maximum(e, 0)
+    assert_close(X, e)
+    Y = af.tensor(a)
+    Y[1:].add_(Y[:-1])                        # overlapping read and write of one storage
+    e = a.copy()
+    e[1:] += a[:-1]
+    assert_close(Y, e)

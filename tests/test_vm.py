@@ -401,3 +401,11 @@ def test_queued_release_waits_for_pending_use_and_reclaim_does_not_deadlock():
     assert not blob.allocated and blob.released
     assert af.ones(1000).sum().item() == 1000
     del big
+
+
+def test_long_chain_queued_behind_a_slow_op_runs_without_recursion():
+    y = _record(af.ones(1 << 17), "slow", sleep=0.2)  # large: runs on a worker for 0.2 s
+    x = y[:8] + 0                                   # tiny, but waits for the slow op
+    for _ in range(3000):                           # tiny ops the loop then runs one by one
+        x = x + 1
+    np.testing.assert_array_equal(x.numpy(), np.full(8, 3001.0))

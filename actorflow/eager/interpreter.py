@@ -11,7 +11,7 @@ from ..backends import get_backend
 from ..errors import DeviceError, VMError
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
-from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides
+from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from .opcall import call_op, null_kernel, run_access, run_op, split_op
 
@@ -106,7 +106,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
         metas.append(m)
         b = i.blob
         blobs.append(b)
-        cost += b.nbytes
+        cost += b.nbytes if i.base is None else numel(m.shape) * m.dtype.itemsize
     if device is not None:
         dev = device
     backend = dev.backend or get_backend(dev)

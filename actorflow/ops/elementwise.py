@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from ..dtype import FLOAT, bool_, default_float, result_type
+from ..dtype import (FLOAT, bool_, combine_categories, default_float, from_numpy_dtype,
+                     promote_types, result_type)
 from ..errors import DTypeError
 from .common import broadcast_shapes
 from .registry import OpDef, register
@@ -32,6 +33,14 @@ def _no_bool(op):
     return rule
 
 
+def _no_float(op):
+    def rule(dtype):
+        if dtype.category == FLOAT:
+            raise DTypeError(f"{op}: only integer and bool tensors are supported, got {dtype}")
+        return dtype
+    return rule
+
+
 # -- unary -----------------------------------------------------------------------------
 
 def _k_relu(outs, ins, attrs):
@@ -41,7 +50,7 @@ def _k_relu(outs, ins, attrs):
 def _k_sigmoid(outs, ins, attrs):
     o = outs[0]
     with np.errstate(over="ignore"):
-        np.negative(ins[0], out=o)
+        np.negative(_as(ins[0], o.dtype), out=o)
         np.exp(o, out=o)
     o += 1
     np.reciprocal(o, out=o)
@@ -56,7 +65,7 @@ def _erf(x):
     """erf: exact (math.erf) for float64, Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7,
     below float32 resolution) for float32/float16."""
     if x.dtype == np.float64:
-        return _erf_exact(x).astype(np.float64)
+        return np.asarray(_erf_exact(x), dtype=np.float64)
     x = x.astype(np.float32, copy=False)
     s = np.sign(x)
     a = np.abs(x)
@@ -77,14 +86,21 @@ def _k_gelu(outs, ins, attrs):
     np.copyto(outs[0], res, casting="unsafe")
 
 
+def _as(x, dtype):
+    """x in ``dtype``: ops compute in their result dtype (as PyTorch), not numpy's choice."""
+    return x if x.dtype is dtype else x.astype(dtype)
+
+
 def _ufunc_kernel(ufunc, quiet=False):
     if quiet:
         def kernel(outs, ins, attrs):
+            o = outs[0]
             with np.errstate(all="ignore"):
-                ufunc(ins[0], out=outs[0])
+                ufunc(_as(ins[0], o.dtype), out=o)
     else:
         def kernel(outs, ins, attrs):
-            ufunc(ins[0], out=outs[0])
+            o = outs[0]
+            ufunc(_as(ins[0], o.dtype), out=o)
     return kernel
 
 
@@ -107,6 +123,7 @@ UNARY = {
     "sigmoid": (_k_sigmoid, _floating),
     "gelu": (_k_gelu, _floating),
     "logical_not": (_ufunc_kernel(np.logical_not), lambda d: bool_),
+    "bitwise_not": (_ufunc_kernel(np.invert), _no_float("bitwise_not")),
 }
 
 for _name, (_kernel, _rule) in UNARY.items():
@@ -124,6 +141,8 @@ BINARY = {
     "eq": (np.equal, "cmp"), "ne": (np.not_equal, "cmp"), "lt": (np.less, "cmp"),
     "le": (np.less_equal, "cmp"), "gt": (np.greater, "cmp"), "ge": (np.greater_equal, "cmp"),
     "logical_and": (np.logical_and, "cmp"), "logical_or": (np.logical_or, "cmp"),
+    "bitwise_and": (np.bitwise_and, "bitwise"), "bitwise_or": (np.bitwise_or, "bitwise"),
+    "bitwise_xor": (np.bitwise_xor, "bitwise"),
 }
 _QUIET = {"div", "pow"}
 
@@ -146,6 +165,9 @@ def binary_dtype(name: str, kind: str, a, b):
     if dtype is bool_ and name == "sub":
         raise DTypeError("sub: subtracting two bool tensors is not supported; use "
                          "logical_xor or convert with .int() first")
+    if kind == "bitwise" and dtype.category == FLOAT:
+        raise DTypeError(f"{name}: only integer and bool tensors are supported, got {dtype}; "
+                         f"use logical ops on comparisons for floats")
     if kind == "div" and dtype.category != FLOAT:
         return default_float
     return dtype
@@ -163,47 +185,78 @@ def _scalar_infer(name, kind):
         a = metas[0]
         s = attrs["scalar"]
         da = a.dtype
-        if kind == "arith" and da.category >= _SCALAR_CATEGORY.get(type(s), 3):
+        if kind == "arith" and da.category >= _SCALAR_CATEGORY.get(type(s), 3) and da is not bool_:
             return [(a.shape, da)]          # the common case: the tensor's dtype wins
         return [(a.shape, binary_dtype(name, kind, a, s))]
     return infer
 
 
-def _binary_kernel(ufunc, quiet):
-    if quiet:
-        def kernel(outs, ins, attrs):
+def _common_np(a, b):
+    """The PyTorch common dtype of two arrays (a 0-d array ranks below one with dims)."""
+    da, db = from_numpy_dtype(a.dtype), from_numpy_dtype(b.dtype)
+    if bool(a.ndim) == bool(b.ndim):
+        return promote_types(da, db).np
+    dim, zero = (da, db) if a.ndim else (db, da)
+    return combine_categories(dim, zero).np
+
+
+def _binary_kernel(ufunc, kind, quiet):
+    def kernel(outs, ins, attrs):
+        a, b = ins
+        o = outs[0]
+        if kind == "cmp":
+            if a.dtype is not b.dtype:
+                ct = _common_np(a, b)
+                a, b = _as(a, ct), _as(b, ct)
+        elif a.dtype is not o.dtype or b.dtype is not o.dtype:
+            a, b = _as(a, o.dtype), _as(b, o.dtype)
+        if quiet:
             with np.errstate(all="ignore"):
-                ufunc(ins[0], ins[1], out=outs[0])
-    else:
-        def kernel(outs, ins, attrs):
-            ufunc(ins[0], ins[1], out=outs[0])
+                _apply(ufunc, a, b, o)
+        else:
+            ufunc(a, b, out=o)
     return kernel
 
 
-def _scalar_kernel(ufunc, quiet, reverse):
+def _apply(ufunc, a, b, o):
+    if o.dtype == np.bool_ and ufunc is np.power:     # numpy has no bool power loop
+        np.copyto(o, np.power(np.asarray(a, np.int8), np.asarray(b, np.int8)), casting="unsafe")
+    else:
+        ufunc(a, b, out=o)
+
+
+def _scalar_kernel(ufunc, kind, quiet, reverse):
+    def operands(ins, attrs, o):
+        x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
+        return (attrs["scalar"], x) if reverse else (x, attrs["scalar"])
+
     if quiet:
         def kernel(outs, ins, attrs):
+            o = outs[0]
+            a, b = operands(ins, attrs, o)
             with np.errstate(all="ignore"):
-                if reverse:
-                    ufunc(attrs["scalar"], ins[0], out=outs[0])
-                else:
-                    ufunc(ins[0], attrs["scalar"], out=outs[0])
+                _apply(ufunc, a, b, o)
     elif reverse:
         def kernel(outs, ins, attrs):
-            ufunc(attrs["scalar"], ins[0], out=outs[0])
+            o = outs[0]
+            x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
+            ufunc(attrs["scalar"], x, out=o)
     else:
         def kernel(outs, ins, attrs):
-            ufunc(ins[0], attrs["scalar"], out=outs[0])
+            o = outs[0]
+            x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
+            ufunc(x, attrs["scalar"], out=o)
     return kernel
 
 
 for _name, (_uf, _kind) in BINARY.items():
     register(OpDef(_name, ("a", "b"), _binary_infer(_name, _kind),
-                   {"cpu": _binary_kernel(_uf, _name in _QUIET)}, elementwise=True))
+                   {"cpu": _binary_kernel(_uf, _kind, _name in _QUIET)}, elementwise=True))
     # tensor op scalar, and scalar op tensor ("r" ops, for the reflected Python operators)
     for _prefix, _rev in (("", False), ("r", True)):
         register(OpDef(_prefix + _name + "_scalar", ("a",), _scalar_infer(_name, _kind),
-                       {"cpu": _scalar_kernel(_uf, _name in _QUIET, _rev)}, attrs=("scalar",),
+                       {"cpu": _scalar_kernel(_uf, _kind, _name in _QUIET, _rev)},
+                       attrs=("scalar",),
                        elementwise=True))
 
 # -- where and cast --------------------------------------------------------------------

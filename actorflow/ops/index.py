@@ -68,7 +68,7 @@ def _index_put_infer(metas, attrs):
     target = metas[0]
     nvalue = attrs["has_value"]
     shape = index_shape("setitem", target.shape, attrs["key"], metas[1 + nvalue:])
-    if nvalue:
+    if nvalue and not attrs["masked"]:     # a mask selects a data-dependent count
         v = metas[1].shape
         try:
             np.broadcast_shapes(v, shape)
@@ -79,10 +79,10 @@ def _index_put_infer(metas, attrs):
 
 
 def _k_index_put(outs, ins, attrs):
-    # ins: [value?, index tensors...]; outs[0] is the target's view
+    # ins: [target, value?, index tensors...]; outs[0] is the target's view, written
     nvalue = attrs["has_value"]
-    value = ins[0] if nvalue else attrs["scalar"]
-    outs[0][fill_key(attrs["key"], ins[nvalue:])] = value
+    value = ins[1] if nvalue else attrs["scalar"]
+    outs[0][fill_key(attrs["key"], ins[1 + nvalue:])] = value
 
 
 register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index}, attrs=("key",)))
@@ -91,5 +91,5 @@ register(OpDef("masked_index", ("x", "indices*"),
                attrs=("key",), dynamic=True))
 register(OpDef("nonzero", ("x",), lambda metas, attrs: [(None, int64)], {"cpu": _k_nonzero},
                dynamic=True))
-register(OpDef("index_put", ("value?", "indices*"), _index_put_infer, {"cpu": _k_index_put},
-               attrs=("key", "has_value", "scalar")))
+register(OpDef("index_put", ("x", "value?", "indices*"), _index_put_infer,
+               {"cpu": _k_index_put}, attrs=("key", "masked", "has_value", "scalar")))

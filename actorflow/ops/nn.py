@@ -22,7 +22,7 @@ def _softmax_infer(op):
 def _shifted(x, dim):
     if x.dtype == np.float16:
         x = x.astype(np.float32)
-    if x.ndim == 0:
+    if x.ndim == 0 or x.size == 0:
         return x - x
     return x - np.max(x, axis=dim, keepdims=True)
 
@@ -37,7 +37,8 @@ def _k_softmax(outs, ins, attrs):
 def _k_log_softmax(outs, ins, attrs):
     dim = attrs["dim"]
     z = _shifted(ins[0], dim)
-    lse = np.log(np.sum(np.exp(z), axis=dim, keepdims=True)) if z.ndim else np.log(np.exp(z))
+    with np.errstate(divide="ignore"):           # an empty dim sums to 0: log gives -inf
+        lse = np.log(np.sum(np.exp(z), axis=dim, keepdims=True)) if z.ndim else np.log(np.exp(z))
     np.subtract(z, lse, out=outs[0], casting="unsafe")
 
 

@@ -63,7 +63,9 @@ def _k_sum(outs, ins, attrs):
 def _k_mean(outs, ins, attrs):
     o = outs[0]
     x = ins[0]
-    if x.dtype == np.float16:     # accumulate half in float32, as other frameworks do
+    if x.size == 0:                  # the mean of nothing is nan (quietly, as elsewhere)
+        o[...] = np.nan
+    elif x.dtype == np.float16:     # accumulate half in float32, as other frameworks do
         o[...] = np.mean(x, axis=_axis(attrs), dtype=np.float32, keepdims=attrs["keepdim"])
     else:
         np.mean(x, axis=_axis(attrs), dtype=o.dtype, out=o, keepdims=attrs["keepdim"])

@@ -23,7 +23,10 @@ def record(instr) -> int:
         if reads is None:
             b.reads = [instr]
             continue
-        if len(reads) >= _PRUNE_AT:
+        n_reads = len(reads)
+        if n_reads >= _PRUNE_AT and not n_reads & (n_reads - 1):
+            # prune finished reads at lengths 8, 16, 32...: amortized O(1) even when every
+            # read is still pending (a tensor read by a long queue of ops)
             reads[:] = [r for r in reads if not r.done]
         reads.append(instr)
     for b in instr.muts:

@@ -40,6 +40,20 @@ def _new_loop():
 _RELEASE_BATCH = 16
 
 
+class _Countdown:
+    """Counts the slices of a split kernel still running (thread-safe)."""
+    __slots__ = ("left", "lock")
+
+    def __init__(self, n: int):
+        self.left = n
+        self.lock = threading.Lock()
+
+    def finish_one(self) -> bool:
+        with self.lock:
+            self.left -= 1
+            return self.left == 0
+
+
 class _Named:
     __slots__ = ("name", "stream")
 
@@ -60,6 +74,7 @@ class VM:
         self._room = threading.Condition(self._lock)
         self._ready: deque = deque()
         self._wake_pending = False
+        self._draining = False               # inside _drain (loop thread only)
         self._loop = None
         self._thread = None
         self._pool = None
@@ -247,7 +262,20 @@ class VM:
         started.wait()
 
     def _drain(self) -> None:
-        """On the loop: dispatches every ready instruction (those it readies too)."""
+        """On the loop: dispatches every ready instruction (those it readies too). Kernels
+        finished while draining only complete; this loop picks up what they make ready, so
+        a long dependent chain never recurses."""
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            self._drain_loop()
+        finally:
+            self._draining = False
+        if RELEASED:
+            self.collect_releases()
+
+    def _drain_loop(self) -> None:
         lock = self._lock
         while True:
             with lock:
@@ -264,8 +292,6 @@ class VM:
                 continue
             for instr in batch:
                 self._dispatch(instr, False)
-        if RELEASED:
-            self.collect_releases()
 
     def _dispatch(self, instr: Instruction, force_pool: bool) -> None:
         stream = instr.stream
@@ -286,11 +312,30 @@ class VM:
             fut = self._pool.submit(self._execute, instr)
             fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._finish, instr))
             return
-        state = [len(pieces)]
-        for piece in pieces:
-            fut = self._pool.submit(piece)
-            fut.add_done_callback(
-                lambda f: self._loop.call_soon_threadsafe(self._piece_done, instr, f, state))
+        if not pieces:                       # the split failed (the error is recorded)
+            self._finish(instr)
+            return
+        # Workers take all slices but the first, which the loop thread runs itself while
+        # they do (one thread hop fewer); the last slice to finish completes the op.
+        countdown = _Countdown(len(pieces))
+        for piece in pieces[1:]:
+            self._pool.submit(self._run_piece, instr, piece, countdown, False)
+        if force_pool:
+            self._pool.submit(self._run_piece, instr, pieces[0], countdown, False)
+        else:
+            self._run_piece(instr, pieces[0], countdown, True)
+
+    def _run_piece(self, instr, piece, countdown, on_loop: bool) -> None:
+        try:
+            piece()
+        except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
+            if instr.error is None:
+                self._fail(instr, self._kernel_error(instr, e))
+        if countdown.finish_one():
+            if on_loop:
+                self._finish(instr)
+            else:
+                self._loop.call_soon_threadsafe(self._finish, instr)
 
     def _split(self, instr):
         if self._any_error and first_error(instr) is not None:
@@ -300,14 +345,6 @@ class VM:
         except BaseException as e:  # noqa: BLE001 - e.g. out of memory while allocating
             self._fail(instr, self._kernel_error(instr, e))
             return []
-
-    def _piece_done(self, instr, fut, state) -> None:
-        e = fut.exception()
-        if e is not None and instr.error is None:
-            self._fail(instr, self._kernel_error(instr, e))
-        state[0] -= 1
-        if state[0] == 0:
-            self._finish(instr)
 
     def _finish(self, instr: Instruction) -> None:
         with self._lock:
