@@ -371,31 +371,28 @@ def test_uvloop_is_used_when_installed():
 def test_queued_release_waits_for_pending_use_and_reclaim_does_not_deadlock():
     # Instructions hold their tensors, so through the public API a blob is released only
     # after its uses. Queue one by hand while a slow read of it is pending (as an owner that
-    # dies early would): the release must wait for the read (a RELEASE instruction), and an
-    # inline allocation over budget, which reclaims memory while the VM lock is held, must
-    # neither deadlock nor free it early.
+    # dies early would). An allocation over budget made under the VM lock (as inline kernels
+    # allocate) reclaims memory: it must neither deadlock nor free the blob early. The
+    # release itself must wait for the read (a RELEASE instruction).
     from actorflow.tensor.blob import RELEASED
+    vm = get_vm()
     big = af.ones(1 << 20)                          # 4 MiB
     big.numpy()
     blob = big._impl.blob
     with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "slow")):
         slow = _record(big, "slow", sleep=0.5)      # 4 MiB more; reads big on a worker
-    deadline = time.monotonic() + 5
-    while slow._impl.blob.array is None:            # wait until the slow op has started
-        assert time.monotonic() < deadline, "the slow op never started"
-        time.sleep(0.005)
     gc.collect()
-    get_vm().collect_releases()
-    af.lowlevel.set_memory_budget("cpu", af.lowlevel.memory_stats("cpu").in_use + 2000)
+    vm.collect_releases()
+    allocator = af.lowlevel.allocator("cpu")
+    af.lowlevel.set_memory_budget("cpu", allocator.stats().in_use + (4 << 20) + 2000)
     RELEASED.append(blob)
-    small = af.ones(1000)                           # 4000 B inline: over budget -> reclaim
-    with pytest.raises(af.KernelError) as info:
-        small.numpy()
-    assert isinstance(info.value.original, af.OutOfMemoryError)
-    assert blob.allocated                           # not freed under the pending read
+    with vm._lock:
+        with pytest.raises(af.OutOfMemoryError):
+            allocator.empty((1 << 21,), np.dtype(np.float32), 8 << 20, "test")
+    assert blob.allocated and not slow._impl.blob.error
     af.lowlevel.set_memory_budget("cpu", None)
-    get_vm().collect_releases()                     # now issues the RELEASE instruction
-    assert blob.allocated
+    vm.collect_releases()                           # issues the RELEASE instruction
+    assert blob.allocated                           # ...which waits for the slow read
     assert slow.sum().item() == float(1 << 20)
     af.synchronize()
     assert not blob.allocated and blob.released

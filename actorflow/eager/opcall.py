@@ -51,10 +51,11 @@ def null_kernel(outs, ins, attrs) -> None:
     """Every op on the null device: no data, only the allocation and the simulated time."""
 
 
-def split_op(instr, n: int):
+def split_op(instr, n: int, first_share: float = 0.0):
     """Allocates the outputs and returns up to ``n`` callables that each run the kernel on
     one slice of the outputs (and the matching slices of broadcast inputs), or None when the
-    op cannot be cut (overlapping in-place views, too small a shape)."""
+    op cannot be cut (overlapping in-place views, too small a shape). The first slice gets
+    ``first_share`` of the work (0: an equal share)."""
     kernel, ins, outs, attrs, dynamic, _ = instr.args
     if dynamic or len(outs) != 1:
         return None
@@ -70,7 +71,11 @@ def split_op(instr, n: int):
         return None
     arrays = [i.array() for i in ins]
     size = o.shape[axis]
-    bounds = [size * k // n for k in range(n + 1)]
+    if first_share > 0:
+        first = int(size * first_share)
+        bounds = [0] + [first + (size - first) * k // (n - 1) for k in range(n)]
+    else:
+        bounds = [size * k // n for k in range(n + 1)]
     lead = (slice(None),) * axis
     pieces = []
     for lo, hi in zip(bounds, bounds[1:]):

@@ -20,13 +20,13 @@ import os
 import random
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 from ..backends.base import Allocator
 from ..errors import KernelError, VMError
 from ..tensor.blob import RELEASED
 from .deps import first_error, first_error_of, record
 from .instruction import RELEASE, Instruction
+from .workers import Workers
 
 
 def _new_loop():
@@ -35,9 +35,6 @@ def _new_loop():
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-_RELEASE_BATCH = 16
 
 
 class _Countdown:
@@ -82,6 +79,7 @@ class VM:
         self.max_in_flight = 40_000
         self.inline_max_cost = 1 << 16       # elements touched; below this run without a hop
         self.parallel_min_cost = 1 << 18     # elementwise kernels above this are split
+        self.loop_share = 0.6                # of a split kernel, run by the loop thread
         self.issued = self.completed = 0    # through submit
         self.inlined = 0                    # through run_inline (issued and completed at once)
         self._blocked = 0
@@ -93,7 +91,7 @@ class VM:
     # -- submission ---------------------------------------------------------------------
     def submit(self, instr: Instruction) -> None:
         """Issues ``instr``: it runs once its predecessors are done, in stream order."""
-        if len(RELEASED) >= _RELEASE_BATCH:
+        if RELEASED:
             self.collect_releases()
         with self._lock:
             if self.issued - self.completed >= self.max_in_flight:
@@ -121,7 +119,7 @@ class VM:
         leaves no dependence record behind: the ordering is the same as ``submit``'s."""
         if cost > self.inline_max_cost or self._rng is not None or stream.simulated:
             return False
-        if len(RELEASED) >= _RELEASE_BATCH:
+        if RELEASED:
             self.collect_releases()
         with self._lock:
             t = stream.tail
@@ -162,8 +160,8 @@ class VM:
         """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
         with a RELEASE instruction that runs after their last pending use. Returns whether
         there was anything to collect. Most small blobs never come here (``Blob.release``
-        frees them at once); the rest wait in batches of ``_RELEASE_BATCH`` for ``submit``,
-        and sync points collect at once.
+        frees them at once); the rest are collected at the next submit or dispatch, so large
+        blocks go back to the cache while they are still in the CPU's cache.
 
         ``submit_pending=False`` (the allocator's reclaim, which may run under the VM lock)
         frees only what is idle and leaves the rest queued."""
@@ -256,7 +254,7 @@ class VM:
             self._loop.run_forever()
 
         self._loop = _new_loop()
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="actorflow-cpu")
+        self._pool = Workers(self.workers)
         self._thread = threading.Thread(target=main, name="actorflow-vm", daemon=True)
         self._thread.start()
         started.wait()
@@ -278,6 +276,8 @@ class VM:
     def _drain_loop(self) -> None:
         lock = self._lock
         while True:
+            if RELEASED:          # return dead blocks to the cache while they are still hot
+                self.collect_releases()
             with lock:
                 self._wake_pending = False
                 if not self._ready:
@@ -309,8 +309,7 @@ class VM:
         if instr.split is not None and instr.cost >= self.parallel_min_cost and self.workers > 1:
             pieces = self._split(instr)
         if pieces is None:
-            fut = self._pool.submit(self._execute, instr)
-            fut.add_done_callback(lambda f: self._loop.call_soon_threadsafe(self._finish, instr))
+            self._pool.submit(self._execute_then_finish, instr)
             return
         if not pieces:                       # the split failed (the error is recorded)
             self._finish(instr)
@@ -324,6 +323,11 @@ class VM:
             self._pool.submit(self._run_piece, instr, pieces[0], countdown, False)
         else:
             self._run_piece(instr, pieces[0], countdown, True)
+
+    def _execute_then_finish(self, instr) -> None:
+        # on a worker: run, then hand completion to the loop
+        self._execute(instr)
+        self._loop.call_soon_threadsafe(self._finish, instr)
 
     def _run_piece(self, instr, piece, countdown, on_loop: bool) -> None:
         try:
@@ -341,7 +345,7 @@ class VM:
         if self._any_error and first_error(instr) is not None:
             return None
         try:
-            return instr.split(instr, self.workers)
+            return instr.split(instr, self.workers, self.loop_share)
         except BaseException as e:  # noqa: BLE001 - e.g. out of memory while allocating
             self._fail(instr, self._kernel_error(instr, e))
             return []
@@ -454,7 +458,7 @@ class VM:
             pass
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
-        pool.shutdown(wait=True)
+        pool.shutdown()
         self._loop = self._thread = self._pool = None
 
 

@@ -1,0 +1,43 @@
+"""CPU worker threads: a minimal pool on a SimpleQueue. Kernels report completion themselves
+(via the loop's ``call_soon_threadsafe``), so no futures are made per task."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+_STOP = object()
+
+
+class Workers:
+    """``n`` daemon threads running ``fn(*args)`` submitted with ``submit``, in order of
+    submission. ``fn`` must not raise (the VM's tasks catch their own errors)."""
+
+    def __init__(self, n: int, name: str = "actorflow-cpu"):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn, *args) -> None:
+        self._queue.put((fn, args))
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while True:
+            task = get()
+            if task is _STOP:
+                return
+            fn, args = task
+            fn(*args)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for t in self._threads:
+            t.join(timeout)
+
+    @property
+    def threads(self) -> list:
+        return list(self._threads)
