@@ -236,15 +236,23 @@ def _scalar_kernel(ufunc, kind, quiet, reverse):
             a, b = operands(ins, attrs, o)
             with np.errstate(all="ignore"):
                 _apply(ufunc, a, b, o)
+    elif kind == "cmp":
+        def kernel(outs, ins, attrs):
+            a, b = operands(ins, attrs, outs[0])
+            ufunc(a, b, out=outs[0])
     elif reverse:
         def kernel(outs, ins, attrs):
             o = outs[0]
-            x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
+            x = ins[0]
+            if x.dtype is not o.dtype:
+                x = x.astype(o.dtype)
             ufunc(attrs["scalar"], x, out=o)
     else:
-        def kernel(outs, ins, attrs):
+        def kernel(outs, ins, attrs):               # the common case: kept flat
             o = outs[0]
-            x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
+            x = ins[0]
+            if x.dtype is not o.dtype:
+                x = x.astype(o.dtype)
             ufunc(x, attrs["scalar"], out=o)
     return kernel
 
