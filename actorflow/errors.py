@@ -28,6 +28,11 @@ class OutOfMemoryError(ActorflowError, MemoryError):
     def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = ""):
         self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
         who = f" for {what}" if what else ""
+        if not budget:                         # the system itself refused
+            super().__init__(f"{device}: out of memory{who}: the system could not provide "
+                             f"{format_bytes(requested)} ({format_bytes(in_use)} in use by "
+                             f"actorflow); free tensors or use smaller ones")
+            return
         super().__init__(
             f"{device}: out of memory{who}: asked for {format_bytes(requested)}, "
             f"{format_bytes(in_use)} in use of a {format_bytes(budget)} budget "
@@ -44,9 +49,20 @@ class KernelError(ActorflowError, RuntimeError):
 
     def __init__(self, op: str, device: str, original: BaseException):
         self.op, self.device, self.original = op, device, original
+        self.kernel_traceback = ""     # the kernel's traceback, as text
         super().__init__(
             f"op '{op}' failed on {device}: {type(original).__name__}: {original} "
             f"(tensors computed from its outputs raise this error too; other work goes on)")
+
+    def to_raise(self) -> "KernelError":
+        """A copy to raise at a sync point. The runtime keeps this one; raising the copy
+        keeps the caller's frames (and the tensors they hold) off the stored error."""
+        self._reported = True
+        err = KernelError(self.op, self.device, self.original)
+        err.kernel_traceback = self.kernel_traceback
+        err._reported = True
+        err.__cause__ = self.original
+        return err
 
 
 class VMError(ActorflowError, RuntimeError):

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ops
 from .dtype import FLOAT, bool_, int64
-from .eager.interpreter import apply
+from .eager.interpreter import apply, resolve
 from .errors import DTypeError, ShapeError
 from .ops.common import normalize_dim, normalize_dims
 from .tensor.tensor import Tensor, wrap
@@ -109,9 +109,16 @@ def _binary(name: str, a, b):
                     f"{type(a).__name__} and {type(b).__name__}")
 
 
+def _resolved(impl):
+    """The impl's meta, waiting for compute when its shape is known only after it."""
+    if impl.meta.shape is None:
+        resolve(impl)
+    return impl.meta
+
+
 def _check_inplace(name, op, impls, attrs, target):
     """Shape and dtype of an in-place result must fit the tensor written."""
-    shape, dtype = op.infer([i.meta for i in impls], attrs)[0]
+    shape, dtype = op.infer([_resolved(i) for i in impls], attrs)[0]
     m = target.meta
     if shape != m.shape:
         raise ShapeError(f"{name}_: output with shape {m.shape} doesn't match the broadcast "
@@ -185,7 +192,7 @@ _CAST = _op("cast")
 def fill_(input, value):
     """Writes ``value`` to every element of ``input`` (a view writes through)."""
     t = _tensor("fill_", input)._impl
-    m = t.meta
+    m = _resolved(t)
     apply(_FULL, [], {"shape": m.shape, "dtype": m.dtype, "device": m.device,
                       "value": _number("fill_", value, "value")}, device=m.device, outs=[t])
     return input
@@ -199,6 +206,7 @@ def copy_(input, src):
     """Copies ``src`` (broadcast to ``input``'s shape, any dtype, cpu or null) into ``input``."""
     dst = _tensor("copy_", input)._impl
     s = _tensor("copy_", src, "src")._impl
+    _resolved(dst), _resolved(s)
     if not s.blob.backend.has_data and dst.blob.backend.has_data:
         raise _no_data("copy_", s.meta.device)
     try:
@@ -334,7 +342,7 @@ def _softmax_like(op, name, input, dim):
     if dim is None:
         raise TypeError(f"{name}(): missing the 'dim' argument; say which dim sums to 1, "
                         f"e.g. {name}(x, dim=-1)")
-    d = normalize_dim(name, dim, len(impl.meta.shape))
+    d = normalize_dim(name, dim, len(_resolved(impl).shape))
     return wrap(apply(op, [impl], {"dim": d})[0])
 
 
@@ -365,7 +373,7 @@ def _tensor_list(name, tensors):
 def cat(tensors, dim: int = 0):
     """Joins tensors along an existing dim. Example: ``af.cat([x, y], dim=1)``."""
     ts = _tensor_list("cat", tensors)
-    d = normalize_dim("cat", dim, len(ts[0].shape))
+    d = normalize_dim("cat", dim, len(ts[0].shape))     # Tensor.shape resolves
     if not ts[0].shape:
         raise ShapeError("cat: zero-dimensional tensor (at position 0) cannot be concatenated; "
                          "use stack, or unsqueeze first")

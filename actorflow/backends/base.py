@@ -70,7 +70,12 @@ class Allocator:
             if len(log) > _FOLD_AT:
                 with self._lock:
                     self._fold()
-            return self._alloc_small(shape, dtype)
+            try:
+                return self._alloc_small(shape, dtype)
+            except MemoryError:
+                self.count_free(nbytes)
+                raise OutOfMemoryError(self.device, nbytes, self.stats().in_use,
+                                       self.budget or 0, what) from None
         block = None
         if self.budget is not None:
             self._fit(nbytes)
@@ -82,7 +87,12 @@ class Allocator:
                     block = blocks.pop()
                     self._cached -= nbytes
         if block is None:
-            return self._alloc_array(shape, dtype, nbytes)
+            try:
+                return self._alloc_array(shape, dtype, nbytes)
+            except MemoryError:       # the system refused: give the reservation back
+                self.free_many(((None, nbytes, False),))
+                raise OutOfMemoryError(self.device, nbytes, self.stats().in_use,
+                                       self.budget or 0, what) from None
         return self._view(block, shape, dtype)
 
     def adopt(self, nbytes: int, what: str = "") -> None:
@@ -98,7 +108,7 @@ class Allocator:
 
     def count_free(self, nbytes: int) -> None:
         """Gives back ``nbytes`` of a small block (not cached) without taking the lock."""
-        self._log.append(-nbytes)
+        self._log.append(~nbytes)              # frees are stored as ~n (< 0, even for 0 B)
 
     def free_many(self, blocks) -> None:
         """``free`` for a list of ``(array, nbytes, owned)`` under one lock."""
@@ -149,12 +159,13 @@ class Allocator:
         cur, peak, allocs = self._in_use, self._peak, self._allocs
         while log:
             n = log.popleft()
-            cur += n
             if n >= 0:
+                cur += n
                 allocs += 1
                 if cur > peak:
                     peak = cur
             else:
+                cur -= ~n
                 self._frees += 1
         self._in_use, self._peak, self._allocs = cur, peak, allocs
 

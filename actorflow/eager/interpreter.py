@@ -57,7 +57,7 @@ def resolve(impl) -> None:
     if w is not None:
         _VM.wait(w)
     if impl.blob.error is not None:
-        raise impl.blob.error
+        raise impl.blob.error.to_raise()
     if impl.meta.shape is None:
         raise VMError("internal error: a dynamic-shape tensor was never computed")
 
@@ -133,8 +133,9 @@ def apply(op, inputs, attrs, device=None, outs=None):
     else:
         muts = tuple([o.blob for o in outs])
         consts = tuple([b for b in blobs if b not in muts])
-        for b in muts:
-            cost += b.nbytes
+        for o in outs:
+            m = o.meta
+            cost += o.blob.nbytes if o.base is None else numel(m.shape) * m.dtype.itemsize
     if backend.has_data:
         kernel = op.kernels.get(dev.type) or op.kernel_for(dev.type)
     elif op.dynamic:

@@ -50,6 +50,8 @@ def normalize_dims(op: str, dim, ndim: int) -> tuple | None:
     if isinstance(dim, int) and not isinstance(dim, bool):
         return (normalize_dim(op, dim, ndim),)
     dims = tuple(normalize_dim(op, d, ndim) for d in dim)
+    if not dims:
+        return None                      # dim=() means every dim, as in PyTorch
     if len(set(dims)) != len(dims):
         raise ValueError(f"{op}: dim {tuple(dim)} names a dimension twice")
     return tuple(sorted(dims))

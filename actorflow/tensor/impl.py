@@ -45,6 +45,8 @@ class TensorImpl:
         if self.base is None or arr is None:
             return arr
         m = self.meta
+        if 0 in m.shape:                 # no elements: nothing to address in the buffer
+            return np.empty(m.shape, arr.dtype)
         size = arr.itemsize
         return np.ndarray(m.shape, arr.dtype, arr, m.offset * size,
                           tuple(s * size for s in m.strides))

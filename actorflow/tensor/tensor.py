@@ -25,6 +25,18 @@ def _copy_out(array):
     return np.array(array, copy=True)
 
 
+class _Export:
+    """Access callback for DLPack: the storage itself, never to be reused by the cache."""
+    __slots__ = ("blob",)
+
+    def __init__(self, blob):
+        self.blob = blob
+
+    def __call__(self, array):
+        self.blob.owned = False
+        return array
+
+
 class Tensor:
     """An n-dimensional array on a device. Make one with ``af.tensor``, ``af.zeros``..."""
 
@@ -188,7 +200,7 @@ class Tensor:
         """Exports the storage (waiting for pending writes first); cpu tensors only."""
         if self.device.type != "cpu":
             raise DeviceError(f"__dlpack__: only cpu tensors can be exported, got {self.device}")
-        return self._read(lambda a: a, "dlpack").__dlpack__(**kwargs)
+        return self._read(_Export(self._impl.blob), "dlpack").__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
         if self.device.type != "cpu":
@@ -409,8 +421,7 @@ def _shape_args(args) -> tuple:
 def _result(instr):
     err = instr.error
     if err is not None:
-        err._reported = True
-        raise err
+        raise err.to_raise()
     return instr.result
 
 

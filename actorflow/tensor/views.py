@@ -82,6 +82,8 @@ def expand(impl, sizes):
     if len(sizes) < len(m.shape):
         raise ShapeError(f"expand: the number of sizes provided ({len(sizes)}) must be greater "
                          f"or equal to the number of dimensions in the tensor ({len(m.shape)})")
+    if any(s < -1 for s in sizes):
+        raise ShapeError(f"expand: sizes must be >= 0 or -1 (keep the size), got {sizes}")
     lead = len(sizes) - len(m.shape)
     shape, strides = [], []
     for i, s in enumerate(sizes):

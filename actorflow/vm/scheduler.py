@@ -19,6 +19,8 @@ import atexit
 import os
 import random
 import threading
+import time
+import traceback
 from collections import deque
 
 from ..backends.base import Allocator
@@ -83,7 +85,7 @@ class VM:
         self.issued = self.completed = 0    # through submit
         self.inlined = 0                    # through run_inline (issued and completed at once)
         self._blocked = 0
-        self._errors: list = []
+        self._errors: deque = deque()       # kernel errors since the last synchronize
         self._any_error = False             # until a kernel fails, skip the poison checks
         self._rng = None                    # test hook: seeded random dispatch order
         self._max_delay = 0.0               # test hook: random delay before each kernel
@@ -136,8 +138,15 @@ class VM:
             if err is None:
                 try:
                     fn(args)
-                except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
+                except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
                     err = self._kernel_error(_Named(name, stream), e)
+                except BaseException as e:  # Ctrl-C: poison the outputs, then let it go
+                    err = self._kernel_error(_Named(name, stream), e)
+                    for b in muts:
+                        b.error = err
+                        b.last_write = b.reads = None
+                    self.inlined += 1
+                    raise
             for b in muts:
                 b.last_write = None
                 b.reads = None
@@ -199,18 +208,27 @@ class VM:
         if err is None:
             try:
                 instr.run(instr)
-            except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
+            except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
                 err = self._kernel_error(instr, e)
+            except BaseException as e:  # Ctrl-C on an inline kernel: fail it, then let it go
+                self._fail(instr, self._kernel_error(instr, e))
+                raise
         if err is not None:
             self._fail(instr, err)
 
     def _kernel_error(self, instr, e):
-        # instr: anything with .name and .stream
-        err = e if isinstance(e, KernelError) else KernelError(instr.name, str(instr.stream.device), e)
-        err.__cause__ = e if err is not e else e.__cause__
+        # instr: anything with .name and .stream. The traceback is kept as text only: its
+        # frames hold the kernel's arguments, which would pin their memory for as long as
+        # the error lives (on the poisoned blobs, the stream's last instruction...).
+        if isinstance(e, KernelError):
+            return e
+        err = KernelError(instr.name, str(instr.stream.device), e)
+        err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        e.__traceback__ = None
+        err.__cause__ = e
         err._reported = False
         self._any_error = True
-        self._errors.append(err)      # list.append is atomic; callers may hold the lock
+        self._errors.append(err)      # deque.append is atomic; callers may hold the lock
         return err
 
     @staticmethod
@@ -230,12 +248,15 @@ class VM:
         instr.dependents = []
         instr.args = instr.run = instr.split = None
         instr.consts = instr.muts = instr.mut2 = ()
-        if instr.waiters:
-            for w in instr.waiters:
-                w()
-            instr.waiters = None
         if self._blocked:
             self._room.notify_all()
+        if instr.waiters:
+            waiters, instr.waiters = instr.waiters, None
+            for w in waiters:
+                try:
+                    w()
+                except Exception:  # noqa: BLE001 - a waiter's loop closed; others go on
+                    pass
 
     # -- the event loop -----------------------------------------------------------------
     def _wake(self) -> None:
@@ -288,18 +309,29 @@ class VM:
                 self._rng.shuffle(batch)
                 for instr in batch:
                     self._loop.call_later(self._rng.uniform(0.0, self._max_delay),
-                                          self._dispatch, instr, True)
+                                          self._dispatch_guarded, instr, True)
                 continue
             for instr in batch:
-                self._dispatch(instr, False)
+                self._dispatch_guarded(instr, False)
+
+    def _dispatch_guarded(self, instr: Instruction, force_pool: bool) -> None:
+        try:
+            self._dispatch(instr, force_pool)
+        except Exception as e:  # noqa: BLE001 - e.g. a null latency function that raised
+            if not instr.done:
+                self._fail(instr, self._kernel_error(instr, e))
+                self._finish(instr)
 
     def _dispatch(self, instr: Instruction, force_pool: bool) -> None:
         stream = instr.stream
         if stream.simulated:
             nbytes = sum(b.nbytes for b in instr.muts)
+            delay = stream.backend.kernel_time(instr.name, nbytes)
+            if not delay >= 0:
+                raise ValueError(f"the null device's latency for '{instr.name}' is {delay!r}; "
+                                 f"set_null_latency needs seconds >= 0")
             self._execute(instr)
-            self._loop.call_later(stream.backend.kernel_time(instr.name, nbytes),
-                                  self._finish, instr)
+            self._loop.call_later(delay, self._finish, instr)
             return
         if not force_pool and instr.cost <= self.inline_max_cost:
             self._execute(instr)
@@ -378,8 +410,15 @@ class VM:
             if instr.done:
                 return
             fut = loop.create_future()
-            self._add_waiter(instr, lambda: loop.call_soon_threadsafe(_set_done, fut))
-        await fut
+            waiter = lambda: loop.call_soon_threadsafe(_set_done, fut)  # noqa: E731
+            self._add_waiter(instr, waiter)
+        try:
+            await fut
+        finally:
+            if not fut.done():                  # cancelled: forget this waiter
+                with self._lock:
+                    if instr.waiters and waiter in instr.waiters:
+                        instr.waiters.remove(waiter)
 
     @staticmethod
     def _add_waiter(instr, fn) -> None:
@@ -401,10 +440,11 @@ class VM:
         return out
 
     def synchronize(self, timeout: float | None = None) -> None:
-        """Waits for everything issued so far, then raises the first kernel error not yet
-        reported (and forgets the rest)."""
+        """Waits (at most ``timeout`` seconds in all) for everything issued so far, then
+        raises the first kernel error not yet reported (and forgets the rest)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for t in self.tails():
-            self.wait(t, timeout)
+            self.wait(t, None if deadline is None else max(0.0, deadline - time.monotonic()))
         self.collect_releases()
         self.raise_unreported()
 
@@ -415,16 +455,15 @@ class VM:
         self.raise_unreported()
 
     def raise_unreported(self) -> None:
-        with self._lock:
-            errs = [e for e in self._errors if not e._reported]
-            self._errors.clear()
+        errs = []
+        while self._errors:
+            e = self._errors.popleft()
+            if not e._reported:
+                errs.append(e)
         if errs:
             for e in errs:
                 e._reported = True
-            raise errs[0]
-
-    def mark_reported(self, err) -> None:
-        err._reported = True
+            raise errs[0].to_raise()
 
     # -- test hooks and settings --------------------------------------------------------
     def set_test_hooks(self, seed: int | None = None, max_delay: float = 0.0) -> None:

@@ -31,6 +31,7 @@ class Workers:
                 return
             fn, args = task
             fn(*args)
+            del task, fn, args        # hold nothing of a finished task while waiting
 
     def shutdown(self, timeout: float = 5.0) -> None:
         for _ in self._threads:

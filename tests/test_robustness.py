@@ -1,0 +1,152 @@
+"""Regressions for defects found in review: hangs, pinned memory, corrupted exports,
+dynamic shapes read too early, and edge cases of views and accounting."""
+
+import asyncio
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.lowlevel import get_vm
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _in_use(device="cpu"):
+    return af.lowlevel.memory_stats(device).in_use
+
+
+def test_cancelled_async_wait_on_a_closed_loop_does_not_stall_the_vm(random_dispatch):
+    random_dispatch(0, max_delay=0.3)               # the result takes a while
+    x = af.ones(100)
+    y = x * 2
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(asyncio.wait_for(y.numpy_async(), 0.001))   # its loop is gone after
+    z = y + 1
+    af.synchronize(timeout=10)
+    np.testing.assert_array_equal(z.numpy(), np.full(100, 3.0))
+
+
+def test_exported_dlpack_memory_is_never_reused_while_the_consumer_holds_it():
+    t = af.ones(1 << 18)                            # 1 MiB: a cacheable block
+    a = np.from_dlpack(t)
+    del t
+    af.synchronize()
+    u = af.zeros(1 << 18)
+    af.synchronize()
+    np.testing.assert_array_equal(a[:3], [1.0, 1.0, 1.0])
+    assert u.sum().item() == 0.0
+
+
+def test_a_failed_kernel_does_not_pin_its_tensors():
+    start = _in_use()
+    af.lowlevel.set_memory_budget("cpu", start + 10_000_000)
+    x, y = af.ones(10**6), af.ones(10**6)           # 8 MB of 10
+    with pytest.raises(af.KernelError):
+        (x + y).numpy()                             # its 4 MB output does not fit
+    del x, y
+    gc.collect()
+    af.synchronize()
+    assert _in_use() == start
+    assert af.ones(10**6).sum().item() == 10**6     # and the budget is usable again
+    for _ in range(3):
+        x = af.ones(10**6)
+        with pytest.raises(af.KernelError):
+            x[af.tensor([10**7])].numpy()           # index out of bounds
+        del x
+    gc.collect()
+    af.synchronize()
+    assert _in_use() == start
+
+
+def test_an_allocation_the_system_refuses_gives_its_bytes_back():
+    start = _in_use()
+    with pytest.raises(af.KernelError) as info:
+        af.empty(10**13).numpy()                    # 40 TB
+    assert isinstance(info.value.original, af.OutOfMemoryError)
+    assert "could not provide" in str(info.value.original)
+    assert _in_use() == start
+    assert af.ones(10).sum().item() == 10
+
+
+@pytest.mark.parametrize("use", ["softmax", "add_", "copy_", "setitem", "fill_"])
+def test_dynamic_shape_outputs_are_resolved_before_use(use, random_dispatch):
+    random_dispatch(3, max_delay=0.05)              # the mask op is still pending below
+    x = af.arange(10).float()
+    picked = x[x >= 5]                              # shape known only after compute
+    if use == "softmax":
+        out = af.softmax(picked, 0)
+        assert out.shape == (5,)
+        assert out.sum().item() == pytest.approx(1.0)
+    elif use == "add_":
+        z = af.zeros(5).add_(picked)
+        np.testing.assert_array_equal(z.numpy(), [5, 6, 7, 8, 9])
+    elif use == "copy_":
+        z = af.zeros(5).copy_(picked)
+        np.testing.assert_array_equal(z.numpy(), [5, 6, 7, 8, 9])
+    elif use == "setitem":
+        z = af.zeros(7)
+        z[1:6] = picked
+        np.testing.assert_array_equal(z.numpy(), [0, 5, 6, 7, 8, 9, 0])
+    else:
+        picked.fill_(1.0)
+        np.testing.assert_array_equal(picked.numpy(), np.ones(5))
+
+
+def test_a_failure_while_dispatching_fails_the_op_instead_of_hanging():
+    af.lowlevel.set_null_latency(lambda op, n: 1 / 0 if op == "mul_scalar" else 1e-3)
+    x = af.ones(10, device="null")
+    y = x * 2
+    z = x + 1                                       # independent: must still run
+    with pytest.raises(af.KernelError, match="ZeroDivisionError"):
+        af.synchronize(timeout=10)
+    af.lowlevel.set_null_latency(float("nan"))
+    w = z + 1
+    with pytest.raises(af.KernelError, match="latency"):
+        af.synchronize(timeout=10)
+    af.lowlevel.set_null_latency(0.0)
+    assert (af.ones(3, device="null") + 1).shape == (3,)
+    del y, w
+
+
+def test_views_of_empty_tensors():
+    assert af.zeros(2, 0)[1].numpy().shape == (0,)
+    v = af.zeros(0, 3)[:, 1]
+    assert (v + 1).numpy().shape == (0,)
+    assert af.zeros(0, 3)[:, 1:].numpy().shape == (0, 2)
+
+
+def test_an_error_met_while_resolving_a_dynamic_shape_is_reported_once():
+    m = af.ones(10**6)[af.tensor([True, False])]    # wrong mask length
+    with pytest.raises(af.KernelError):
+        m.numpy()
+    af.synchronize()                                # already reported: nothing raised
+
+
+def test_small_api_edges():
+    x = af.ones(2, 3)
+    assert x.sum(dim=()).item() == 6.0              # dim=() reduces every dim
+    with pytest.raises(af.ShapeError):
+        af.ones(1).expand(-2)
+    before = af.lowlevel.memory_stats("cpu")
+    for _ in range(5):
+        af.zeros(0).numpy()
+    af.synchronize()
+    after = af.lowlevel.memory_stats("cpu")
+    assert after.in_use == before.in_use
+    assert after.allocs - before.allocs == after.frees - before.frees
+
+
+def test_synchronize_timeout_is_a_total():
+    af.lowlevel.set_null_latency(0.5)
+    for name in ("a", "b", "c"):
+        with af.lowlevel.use_stream(af.lowlevel.stream("null", name)):
+            af.ones(1, device="null") + 1
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        af.synchronize(timeout=0.2)
+    assert time.monotonic() - t0 < 0.45
+    af.lowlevel.set_null_latency(0.0)
+    get_vm().synchronize()
