@@ -12,7 +12,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import ops
-from .dtype import FLOAT, bool_, int64
+from .dtype import FLOAT
 from .eager.interpreter import apply, resolve
 from .errors import DTypeError, ShapeError
 from .ops.common import normalize_dim, normalize_dims
@@ -429,5 +429,5 @@ def is_floating_point(input) -> bool:
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "annotations", "namedtuple", "np", "ops", "apply", "Tensor", "wrap", "FLOAT", "bool_",
-    "int64", "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax")]
+    "annotations", "namedtuple", "np", "ops", "apply", "resolve", "Tensor", "wrap", "FLOAT",
+    "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax")]
