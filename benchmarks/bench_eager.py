@@ -222,6 +222,24 @@ class CpuContention:
 
 # -- the timing harness --------------------------------------------------------------------
 
+def vm_setting(vm, attr: str, value):
+    """(setup, teardown) that set ``vm.<attr>`` to ``value`` for one contender's rounds and
+    restore it, synchronizing the VM on both sides."""
+    saved = {}
+
+    def setup():
+        vm.synchronize()
+        saved[attr] = getattr(vm, attr)
+        setattr(vm, attr, value)
+
+    def teardown():
+        try:
+            vm.synchronize()
+        finally:
+            setattr(vm, attr, saved.pop(attr))
+    return setup, teardown
+
+
 class Contender:
     """``fn()`` runs the timed work and returns whatever ``fetch`` turns into the numpy result
     (fetching happens after the clock stops). ``setup``/``teardown`` run outside the clock."""
@@ -352,18 +370,7 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
                                 f"{vm.inline_max_cost})")
     contenders.append(af_default)
 
-    saved = {}
-
-    def no_inline():
-        vm.synchronize()
-        saved["inline"] = vm.inline_max_cost
-        vm.inline_max_cost = -1
-
-    def restore():
-        try:
-            vm.synchronize()
-        finally:
-            vm.inline_max_cost = saved.pop("inline")
+    no_inline, restore = vm_setting(vm, "inline_max_cost", -1)
 
     af_loop = Contender("actorflow (no inline)", lambda: run_af(x, y).numpy(), n_ops=n,
                         ref=ref, setup=no_inline, teardown=restore,
@@ -475,18 +482,7 @@ def bench_large(args, af, torch) -> tuple[dict, list]:
                           f"elements; ends in af.synchronize()")
     contenders.append(af_c)
 
-    saved = {}
-
-    def no_split():
-        vm.synchronize()
-        saved["split"] = vm.parallel_min_cost
-        vm.parallel_min_cost = 1 << 62
-
-    def restore():
-        try:
-            vm.synchronize()
-        finally:
-            vm.parallel_min_cost = saved.pop("split")
+    no_split, restore = vm_setting(vm, "parallel_min_cost", 1 << 62)
 
     if not args.no_diagnostics:
         contenders.append(Contender(
