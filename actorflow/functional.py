@@ -100,7 +100,8 @@ def _binary(name: str, a, b):
             return wrap(apply(op, [a._impl, b._impl], _NO_ATTRS)[0])
         if isinstance(b, np.ndarray) and b.ndim:
             return _binary(name, a, _as_tensor_like(b, a))
-        return wrap(apply(sop, [a._impl], {"scalar": _number(name, b)})[0])
+        s = b if type(b) in _NUMBER else _number(name, b)
+        return wrap(apply(sop, [a._impl], {"scalar": s})[0])
     if isinstance(b, Tensor):
         if isinstance(a, np.ndarray) and a.ndim:
             return _binary(name, _as_tensor_like(a, b), b)

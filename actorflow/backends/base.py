@@ -44,8 +44,9 @@ class Allocator:
     ``_view(block, shape, dtype) -> array``. Thread-safe.
 
     Small blocks with no budget set are counted without a lock: each allocation or free
-    appends its signed size to ``_log`` (an atomic deque append), and the log is folded in
-    order under the lock whenever exact numbers are needed, so in-use and peak stay exact.
+    appends its signed size to ``log`` (an atomic deque append: +n allocates, -n frees;
+    empty blocks are not logged), and the log is folded in order under the lock whenever
+    exact numbers are needed, so in-use and peak stay exact.
     """
 
     cache_min_bytes = 1 << 20      # blocks at least this large are cached when freed
@@ -58,28 +59,33 @@ class Allocator:
         self._lock = threading.Lock()
         self._in_use = self._peak = self._cached = self._allocs = self._frees = 0
         self._cache: dict[int, list] = {}
-        self._log: deque = deque()       # signed byte counts not yet folded into the totals
+        self.log: deque = deque()        # signed byte counts not yet folded into the totals
 
     # -- public face --------------------------------------------------------------------
     def empty(self, shape, dtype, nbytes: int, what: str = ""):
         """A new uninitialized array of ``shape`` and numpy ``dtype`` holding ``nbytes`` (None
         on data-less devices). Raises OutOfMemoryError if it would exceed the budget."""
         if nbytes < self.cache_min_bytes and self.budget is None:
-            log = self._log                        # the common case: no lock (see class doc)
-            log.append(nbytes)
+            log = self.log                         # the common case: no lock (see class doc)
+            if nbytes:
+                log.append(nbytes)
             if len(log) > _FOLD_AT:
                 with self._lock:
                     self._fold()
             try:
                 return self._alloc_small(shape, dtype)
             except MemoryError:
-                self.count_free(nbytes)
+                with self._lock:
+                    peak = self._peak
+                    self._fold()              # apply this block's entry, then take it back
+                    self._unreserve(nbytes, peak)
                 raise OutOfMemoryError(self.device, nbytes, self.stats().in_use,
                                        self.budget or 0, what) from None
         block = None
         if self.budget is not None:
             self._fit(nbytes)
         with self._lock:
+            peak = self._peak
             self._reserve(nbytes, what)
             if nbytes >= self.cache_min_bytes:
                 blocks = self._cache.get(nbytes)
@@ -90,7 +96,8 @@ class Allocator:
             try:
                 return self._alloc_array(shape, dtype, nbytes)
             except MemoryError:       # the system refused: give the reservation back
-                self.free_many(((None, nbytes, False),))
+                with self._lock:
+                    self._unreserve(nbytes, peak)
                 raise OutOfMemoryError(self.device, nbytes, self.stats().in_use,
                                        self.budget or 0, what) from None
         return self._view(block, shape, dtype)
@@ -107,14 +114,18 @@ class Allocator:
         self.free_many(((array, nbytes, owned),))
 
     def count_free(self, nbytes: int) -> None:
-        """Gives back ``nbytes`` of a small block (not cached) without taking the lock."""
-        self._log.append(~nbytes)              # frees are stored as ~n (< 0, even for 0 B)
+        """Gives back ``nbytes`` of a small block (not cached) without taking the lock.
+        (``log.append(-nbytes)`` does the same without a call, on the hot path.)"""
+        if nbytes:
+            self.log.append(-nbytes)
 
     def free_many(self, blocks) -> None:
         """``free`` for a list of ``(array, nbytes, owned)`` under one lock."""
         with self._lock:
             self._fold()
             for array, nbytes, owned in blocks:
+                if not nbytes:
+                    continue                   # empty blocks are not counted
                 self._in_use -= nbytes
                 self._frees += 1
                 if (owned and array is not None and nbytes >= self.cache_min_bytes
@@ -155,17 +166,16 @@ class Allocator:
 
     def _fold(self) -> None:
         # caller holds the lock; applies the lock-free log in order
-        log = self._log
+        log = self.log
         cur, peak, allocs = self._in_use, self._peak, self._allocs
         while log:
             n = log.popleft()
-            if n >= 0:
-                cur += n
+            cur += n
+            if n > 0:
                 allocs += 1
                 if cur > peak:
                     peak = cur
             else:
-                cur -= ~n
                 self._frees += 1
         self._in_use, self._peak, self._allocs = cur, peak, allocs
 
@@ -178,10 +188,18 @@ class Allocator:
                 raise OutOfMemoryError(self.device, nbytes, self._in_use, budget, what)
             if self._in_use + self._cached + nbytes > budget:
                 self._drop_cache()
-        self._in_use += nbytes
-        self._allocs += 1
-        if self._in_use > self._peak:
-            self._peak = self._in_use
+        if nbytes:
+            self._in_use += nbytes
+            self._allocs += 1
+            if self._in_use > self._peak:
+                self._peak = self._in_use
+
+    def _unreserve(self, nbytes: int, peak: int) -> None:
+        # caller holds the lock: undoes _reserve after the system refused the memory
+        if nbytes:
+            self._in_use -= nbytes
+            self._allocs -= 1
+            self._peak = max(peak, self._in_use)
 
     def _cache_limit(self) -> int:
         if self.budget is None:

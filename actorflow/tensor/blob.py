@@ -50,7 +50,8 @@ class Blob:
         if self.last_write is None and self.reads is None and self.nbytes < _SMALL:
             if self.allocated:
                 self.allocated = False
-                self.backend.allocator.count_free(self.nbytes)
+                if self.nbytes:
+                    self.backend.allocator.log.append(-self.nbytes)   # = count_free
             self.array = None
             self.released = True
         else:
