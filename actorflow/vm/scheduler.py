@@ -132,8 +132,8 @@ class VM(Waiting):
                 if w is not None and not w.done:
                     return False
             for b in muts:
-                if not b.idle():
-                    return False
+                if (b.last_write is not None or b.reads is not None) and not b.idle():
+                    return False                # (fresh outputs have no record: no call)
             err = first_error_of(consts, muts) if self._any_error else None
             if err is None:
                 try:
