@@ -11,11 +11,13 @@ from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promo
 from .errors import (ActorflowError, DeviceError, DTypeError, KernelError, OutOfMemoryError,
                      ShapeError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
-                         bitwise_or, bitwise_xor, cast, cat, clone, copy_,
-                         div, div_, eq, exp, fill_, ge, gelu, gt, is_floating_point, le, log,
+                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
+                         div, div_, eq, exp, fill_, floor_divide, ge, gelu, gt,
+                         is_floating_point, le, log,
                          log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
                          maximum, mean, min, minimum, mul, mul_, ne, neg, nonzero, pow, relu,
-                         sigmoid, softmax, sqrt, stack, sub, sub_, sum, tanh, where, zero_)
+                         remainder, sigmoid, softmax, sqrt, stack, sub, sub_, sum, tanh, where,
+                         zero_)
 from .runtime_api import synchronize, synchronize_async
 from .tensor.tensor import Tensor
 
@@ -38,7 +40,8 @@ __all__ = [
     "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
     # ops
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
-    "bitwise_or", "bitwise_xor", "cast", "cat", "clone", "copy_",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "floor_divide",
+    "remainder",
     "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",

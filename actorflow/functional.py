@@ -160,6 +160,7 @@ def _binary_fn(name: str):
 
 
 add, sub, mul, div, pow = (_binary_fn(n) for n in ("add", "sub", "mul", "div", "pow"))  # noqa: A001
+floor_divide, remainder = _binary_fn("floor_divide"), _binary_fn("remainder")
 bitwise_and, bitwise_or = _binary_fn("bitwise_and"), _binary_fn("bitwise_or")
 bitwise_xor = _binary_fn("bitwise_xor")
 maximum, minimum = _binary_fn("maximum"), _binary_fn("minimum")
@@ -226,6 +227,21 @@ def _no_data(op, device):
     from .errors import DeviceError
     return DeviceError(f"{op}: the {device} device has no data to read; null tensors have only "
                        f"shapes, dtypes and bytes (use cpu for values)")
+
+
+_CLAMP = _op("clamp")
+
+
+def clamp(input, min=None, max=None):  # noqa: A002 - PyTorch's argument names
+    """Limits every element to [min, max] (either bound may be None, not both).
+
+    Example: ``af.clamp(x, min=0.0)``"""
+    impl = _tensor("clamp", input)._impl
+    if min is None and max is None:
+        raise ValueError("clamp(): at least one of 'min' or 'max' must not be None")
+    lo = None if min is None else _number("clamp", min, "min")
+    hi = None if max is None else _number("clamp", max, "max")
+    return wrap(apply(_CLAMP, [impl], {"min": lo, "max": hi})[0])
 
 
 # -- where, matmul ---------------------------------------------------------------------

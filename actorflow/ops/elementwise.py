@@ -141,10 +141,11 @@ BINARY = {
     "eq": (np.equal, "cmp"), "ne": (np.not_equal, "cmp"), "lt": (np.less, "cmp"),
     "le": (np.less_equal, "cmp"), "gt": (np.greater, "cmp"), "ge": (np.greater_equal, "cmp"),
     "logical_and": (np.logical_and, "cmp"), "logical_or": (np.logical_or, "cmp"),
+    "floor_divide": (np.floor_divide, "arith"), "remainder": (np.remainder, "arith"),
     "bitwise_and": (np.bitwise_and, "bitwise"), "bitwise_or": (np.bitwise_or, "bitwise"),
     "bitwise_xor": (np.bitwise_xor, "bitwise"),
 }
-_QUIET = {"div", "pow"}
+_QUIET = {"div", "pow", "floor_divide", "remainder"}
 
 
 _SCALAR_CATEGORY = {bool: 0, int: 1, float: 2}
@@ -293,6 +294,28 @@ def _k_where(outs, ins, attrs):
 
 register(OpDef("where", ("condition", "x?", "y?"), _where_infer, {"cpu": _k_where},
                attrs=("x", "y")))
+
+
+def _clamp_infer(metas, attrs):
+    m = metas[0]
+    bounds = [b for b in (attrs["min"], attrs["max"]) if b is not None]
+    return [(m.shape, result_type(m, *bounds))]
+
+
+def _k_clamp(outs, ins, attrs):
+    o = outs[0]
+    x = _as(ins[0], o.dtype)
+    lo, hi = attrs["min"], attrs["max"]
+    if lo is not None and hi is not None:
+        np.minimum(np.maximum(x, lo), hi, out=o)      # min wins when min > max, as in PyTorch
+    elif lo is not None:
+        np.maximum(x, lo, out=o)
+    else:
+        np.minimum(x, hi, out=o)
+
+
+register(OpDef("clamp", ("x",), _clamp_infer, {"cpu": _k_clamp}, attrs=("min", "max"),
+               elementwise=True))
 
 
 def _k_cast(outs, ins, attrs):

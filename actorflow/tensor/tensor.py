@@ -350,6 +350,11 @@ class Tensor:
     def __ror__(self, other): return F._binary("bitwise_or", other, self)
     def __xor__(self, other): return F._binary("bitwise_xor", self, other)
     def __rxor__(self, other): return F._binary("bitwise_xor", other, self)
+    def __floordiv__(self, other): return F._binary("floor_divide", self, other)
+    def __rfloordiv__(self, other): return F._binary("floor_divide", other, self)
+    def __mod__(self, other): return F._binary("remainder", self, other)
+    def __rmod__(self, other): return F._binary("remainder", other, self)
+    def __pos__(self): return self
     def __neg__(self): return F.neg(self)
     def __abs__(self): return F.abs(self)
     def __invert__(self): return F.bitwise_not(self)
@@ -386,6 +391,7 @@ class Tensor:
     def sqrt(self): return F.sqrt(self)
     def tanh(self): return F.tanh(self)
     def relu(self): return F.relu(self)
+    def clamp(self, min=None, max=None): return F.clamp(self, min, max)  # noqa: A002
     def relu_(self): return F.relu(self, inplace=True)
     def sigmoid(self): return F.sigmoid(self)
     def gelu(self, approximate="none"): return F.gelu(self, approximate)
