@@ -174,21 +174,37 @@ def binary_dtype(name: str, kind: str, a, b):
     return dtype
 
 
+_CACHE_MAX = 1024
+
+
 def _binary_infer(name, kind):
+    cache: dict = {}        # (shapes, dtypes, dims) -> specs: results depend on nothing else
+
     def infer(metas, attrs):
         a, b = metas
-        return [(broadcast_shapes(name, a.shape, b.shape), binary_dtype(name, kind, a, b))]
+        key = (a.shape, a.dtype, b.shape, b.dtype)
+        specs = cache.get(key)
+        if specs is None:
+            specs = [(broadcast_shapes(name, a.shape, b.shape), binary_dtype(name, kind, a, b))]
+            if len(cache) < _CACHE_MAX:
+                cache[key] = specs
+        return specs
     return infer
 
 
 def _scalar_infer(name, kind):
+    cache: dict = {}        # (shape, dtype, scalar type) -> specs
+
     def infer(metas, attrs):
         a = metas[0]
         s = attrs["scalar"]
-        da = a.dtype
-        if kind == "arith" and da.category >= _SCALAR_CATEGORY.get(type(s), 3) and da is not bool_:
-            return [(a.shape, da)]          # the common case: the tensor's dtype wins
-        return [(a.shape, binary_dtype(name, kind, a, s))]
+        key = (a.shape, a.dtype, type(s))
+        specs = cache.get(key)
+        if specs is None:
+            specs = [(a.shape, binary_dtype(name, kind, a, s))]
+            if len(cache) < _CACHE_MAX:
+                cache[key] = specs
+        return specs
     return infer
 
 
