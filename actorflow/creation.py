@@ -10,7 +10,7 @@ import numpy as np
 from . import ops
 from .backends import get_backend
 from .device import device as as_device
-from .dtype import ALL, as_dtype, default_float, from_numpy_dtype, int64, scalar_dtype
+from .dtype import as_dtype, default_float, from_numpy_dtype, int64, scalar_dtype
 from .eager.interpreter import access, apply
 from .errors import DTypeError, ShapeError
 from .tensor.impl import TensorImpl
@@ -76,9 +76,10 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     dt = as_dtype(dtype) if dtype is not None else _infer_data_dtype(data, arr)
     dev = as_device(device if device is not None else "cpu")
     impl = apply(_EMPTY, [], {"shape": arr.shape, "dtype": dt, "device": dev}, device=dev)[0]
-    if get_backend(dev).has_data:
-        access(impl, lambda dst: np.copyto(dst, arr, casting="unsafe"), write=True,
-               name="copy_in")
+    backend = get_backend(dev)
+    if backend.has_data:
+        copy_in = backend.allocator.copy_in
+        access(impl, lambda dst: copy_in(dst, arr), write=True, name="copy_in")
     return _finish(impl, requires_grad)
 
 
@@ -200,5 +201,3 @@ def rand_like(input, dtype=None, device=None, requires_grad: bool = False):
 def randn_like(input, dtype=None, device=None, requires_grad: bool = False):
     return _like(randn, input, dtype, device, requires_grad=requires_grad)
 
-
-SUPPORTED_DTYPES = ALL

@@ -77,6 +77,3 @@ def device(spec="cpu", index: int | None = None) -> Device:
     _CACHE[key_in] = d
     return d
 
-
-CPU = device("cpu")
-NULL = device("null")

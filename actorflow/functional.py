@@ -12,9 +12,11 @@ from collections import namedtuple
 import numpy as np
 
 from . import ops
-from .dtype import FLOAT
+from .backends import get_backend
+from .device import device as as_device
+from .dtype import FLOAT, as_dtype
 from .eager.interpreter import apply, resolve
-from .errors import DTypeError, ShapeError
+from .errors import DeviceError, DTypeError, ShapeError
 from .ops.common import normalize_dim, normalize_dims
 from .tensor.tensor import Tensor, wrap
 
@@ -224,7 +226,6 @@ def copy_(input, src):
 
 
 def _no_data(op, device):
-    from .errors import DeviceError
     return DeviceError(f"{op}: the {device} device has no data to read; null tensors have only "
                        f"shapes, dtypes and bytes (use cpu for values)")
 
@@ -284,7 +285,6 @@ def _reduce(op, name, input, dim, keepdim, dtype=None):
         dims = None                     # a 0-dim tensor reduces over "all" of its no dims
     attrs = {"dims": dims, "keepdim": bool(keepdim)}
     if dtype is not None:
-        from .dtype import as_dtype
         attrs["dtype"] = as_dtype(dtype)
     return wrap(apply(op, [impl], attrs)[0])
 
@@ -406,7 +406,6 @@ def stack(tensors, dim: int = 0):
 
 def cast(input, dtype):
     """A copy of ``input`` converted to ``dtype``."""
-    from .dtype import as_dtype
     impl = _tensor("cast", input)._impl
     dt = as_dtype(dtype)
     return wrap(apply(_CAST, [impl], {"dtype": dt})[0])
@@ -414,8 +413,6 @@ def cast(input, dtype):
 
 def to_device(input, device):
     """A copy of ``input`` on ``device`` (or ``input`` itself when it is there already)."""
-    from .device import device as as_device
-    from .backends import get_backend
     impl = _tensor("to", input)._impl
     dev = as_device(device)
     if dev is impl.meta.device:
@@ -447,4 +444,5 @@ def is_floating_point(input) -> bool:
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "annotations", "namedtuple", "np", "ops", "apply", "resolve", "Tensor", "wrap", "FLOAT",
-    "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax")]
+    "DeviceError", "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax",
+    "get_backend", "as_device", "as_dtype")]

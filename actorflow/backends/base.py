@@ -113,12 +113,6 @@ class Allocator:
         """Gives back ``nbytes``; an ``owned`` large block goes to the cache for reuse."""
         self.free_many(((array, nbytes, owned),))
 
-    def count_free(self, nbytes: int) -> None:
-        """Gives back ``nbytes`` of a small block (not cached) without taking the lock.
-        (``log.append(-nbytes)`` does the same without a call, on the hot path.)"""
-        if nbytes:
-            self.log.append(-nbytes)
-
     def free_many(self, blocks) -> None:
         """``free`` for a list of ``(array, nbytes, owned)`` under one lock."""
         with self._lock:
@@ -132,6 +126,14 @@ class Allocator:
                         and self._cached + nbytes <= self._cache_limit()):
                     self._cache.setdefault(nbytes, []).append(self._block_of(array))
                     self._cached += nbytes
+
+    def copy_in(self, dst, src) -> None:
+        """Writes host data ``src`` (a numpy array) into the device array ``dst``."""
+        self._copyin(dst, src)
+
+    def copy_out(self, src):
+        """A host (numpy) copy of the device array ``src``."""
+        return self._copyout(src)
 
     def empty_cache(self) -> None:
         """Returns every cached block to the system."""

@@ -79,8 +79,6 @@ class EagerInterpreter(Interpreter):
             STATE.interpreter = prev
 
 
-EAGER = EagerInterpreter()
-
 
 def apply(op, inputs, attrs, device=None, outs=None):
     """Runs ``op`` through the current thread's interpreter (eager unless one is installed

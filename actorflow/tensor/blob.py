@@ -51,7 +51,7 @@ class Blob:
             if self.allocated:
                 self.allocated = False
                 if self.nbytes:
-                    self.backend.allocator.log.append(-self.nbytes)   # = count_free
+                    self.backend.allocator.log.append(-self.nbytes)   # lock-free count
             self.array = None
             self.released = True
         else:

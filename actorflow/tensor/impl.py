@@ -29,11 +29,6 @@ class TensorImpl:
         blob = Blob(device, get_backend(device), nbytes)
         return TensorImpl(TensorMeta(shape, dtype, device, contiguous_strides(shape), 0), blob)
 
-    @staticmethod
-    def new_dynamic(dtype, device) -> "TensorImpl":
-        """An output whose shape the kernel decides (written with Access.MUT2)."""
-        return TensorImpl(None, Blob(device, get_backend(device), 0))
-
     def view(self, shape: tuple, strides: tuple, offset: int) -> "TensorImpl":
         m = self.meta
         return TensorImpl(TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob,

@@ -21,10 +21,6 @@ def wrap(impl) -> "Tensor":
     return t
 
 
-def _copy_out(array):
-    return np.array(array, copy=True)
-
-
 class _Export:
     """Access callback for DLPack: the storage itself, never to be reused by the cache."""
     __slots__ = ("blob",)
@@ -126,7 +122,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values, taken after every write issued before this call.
         Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``."""
-        return self._read(_copy_out, "numpy")
+        return self._read(self._impl.blob.backend.allocator.copy_out, "numpy")
 
     async def numpy_async(self) -> np.ndarray:
         """Like ``numpy()``, awaiting the result without blocking the running event loop."""
@@ -139,12 +135,12 @@ class Tensor:
             if w is not None:
                 await _VM.wait_async(w)
             self._meta
-        instr = access(impl, _copy_out, write=False, name="numpy")
+        instr = access(impl, impl.blob.backend.allocator.copy_out, write=False, name="numpy")
         await _VM.wait_async(instr)
         return _result(instr)
 
     def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
+        a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
         return a if dtype is None else a.astype(dtype)
 
     def tolist(self):
