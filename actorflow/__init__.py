@@ -8,8 +8,8 @@ from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full,
 from .device import Device, device
 from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promote_types,
                     result_type)
-from .errors import (ActorflowError, DeviceError, DTypeError, KernelError, OutOfMemoryError,
-                     ShapeError, VMError)
+from .errors import (ActorError, ActorflowError, DeviceError, DTypeError, KernelError,
+                     OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
                          bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
                          div, div_, eq, exp, fill_, floor_divide, ge, gelu, gt,
@@ -18,6 +18,9 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          maximum, mean, min, minimum, mul, mul_, ne, neg, nonzero, pow, relu,
                          remainder, sigmoid, softmax, sqrt, stack, sub, sub_, sum, tanh, where,
                          zero_)
+from .graph import trace
+from .pipeline import Pipeline
+from .runtime import ActorGraph, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async
 from .tensor.tensor import Tensor
 
@@ -48,7 +51,9 @@ __all__ = [
     "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
     # running
     "synchronize", "synchronize_async", "lowlevel",
+    # actor graphs
+    "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
     # errors
-    "ActorflowError", "DeviceError", "DTypeError", "KernelError", "OutOfMemoryError",
-    "ShapeError", "VMError",
+    "ActorError", "ActorflowError", "DeviceError", "DTypeError", "KernelError",
+    "OutOfMemoryError", "PlanError", "ShapeError", "TraceError", "VMError",
 ]

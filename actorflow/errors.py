@@ -105,3 +105,49 @@ def parse_bytes(value) -> int:
     if amount < 0:
         raise ValueError(f"a byte count must be >= 0, got {value!r}")
     return int(amount)
+
+
+class PlanError(ActorflowError, ValueError):
+    """An actor graph cannot be planned: its registers do not fit a device budget, a stage's
+    output cannot be sized, or the graph is malformed. Raised when the plan is built, before
+    anything runs.
+
+    Attributes: ``device``, ``needed`` and ``budget`` (bytes; None when not a memory refusal),
+    ``actors`` (``{name: bytes}`` on that device) and ``fitting_buffers`` (the largest uniform
+    ``buffers`` that fits, or None when even one register per output does not).
+    """
+
+    def __init__(self, message: str, device: str | None = None, needed: int | None = None,
+                 budget: int | None = None, actors: dict | None = None,
+                 fitting_buffers: int | None = None):
+        self.device, self.needed, self.budget = device, needed, budget
+        self.actors = dict(actors or {})
+        self.fitting_buffers = fitting_buffers
+        super().__init__(message)
+
+
+class ActorError(ActorflowError, RuntimeError):
+    """An actor's work raised. The run stops; every register is freed.
+
+    Attributes: ``actor`` (its name), ``piece`` (the piece's index, or None when the error was
+    not tied to one), ``original`` (the exception raised; also ``__cause__``) and
+    ``actor_traceback`` (the original traceback as text, included in the message).
+    """
+
+    def __init__(self, actor: str, piece, original: BaseException, actor_traceback: str = ""):
+        self.actor, self.piece, self.original = actor, piece, original
+        self.actor_traceback = actor_traceback
+        where = f"piece {piece}" if piece is not None else "its setup"
+        text = (f"actor '{actor}' failed on {where}: {type(original).__name__}: {original}"
+                f"\n(the run was stopped and every register freed)")
+        if actor_traceback:
+            text += "\n\nOriginal traceback:\n" + actor_traceback.rstrip()
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.actor, self.piece, self.original, self.actor_traceback))
+
+
+class TraceError(ActorflowError, RuntimeError):
+    """Something a traced function did cannot be recorded: reading a traced tensor's values,
+    an in-place op on one, or an op whose output shape depends on values."""

@@ -8,7 +8,7 @@ import threading
 from contextlib import contextmanager
 
 from ..backends import get_backend
-from ..errors import DeviceError, VMError
+from ..errors import DeviceError, TraceError, VMError
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides, numel
@@ -188,6 +188,9 @@ def access(impl, fn, write: bool, name: str = "access"):
     """Issues an access-blob-by-callback instruction: ``fn(array)`` runs once the blob's
     earlier writes (and, for a write, reads) are done. Returns the instruction."""
     blob = impl.blob
+    if blob.traced:
+        raise TraceError(f"{name}: this tensor is being traced, so it has no values yet; "
+                         f"return it from the traced function instead of reading it")
     backend = blob.backend
     consts, muts = ((), (blob,)) if write else ((blob,), ())
     instr = Instruction(ACCESS, name, current_stream(backend), consts, muts, run_access,

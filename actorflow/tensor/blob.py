@@ -18,6 +18,7 @@ _SMALL = 1 << 20          # blobs this large are queued so the allocator can cac
 class Blob:
     __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
                  "last_write", "reads", "error", "released")
+    traced = False               # a placeholder recorded by a tracer: it never holds data
 
     def __init__(self, device, backend, nbytes: int):
         self.device = device

@@ -1,0 +1,74 @@
+"""From a traced function to an ActorGraph with one actor per recorded op."""
+
+from __future__ import annotations
+
+from ..errors import TraceError
+from ..runtime.graph import ActorGraph
+from ..runtime.spec import PieceSpec, Spec
+from .program import Program, Step
+from .trace import Recorder, _kernel, _meta_of, _ref, _run_traced
+
+
+def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
+    for s in specs:
+        if not isinstance(s, Spec):
+            raise TypeError(f"actor_graph: expected one af.Spec per argument, got "
+                            f"{type(s).__name__} {s!r}")
+    rec = Recorder()
+    placeholders = [rec.placeholder(s, j) for j, s in enumerate(specs)]
+    out_leaves, structure = _run_traced(traced.fn, placeholders, {}, rec)
+    g = ActorGraph(**graph_kwargs)
+    out = specs[0] if len(specs) == 1 else tuple(specs)
+    inp = g.input(out=out) if source is None else g.source(source, out=out, name="input")
+    actor_of = {}                           # node index -> its OpActor
+
+    def producer(src):
+        return inp if src[0] == "in" else actor_of[src[1]]
+
+    for n, node in enumerate(rec.nodes):
+        ports: list = []
+        for src, _ in node.refs:
+            if src[0] != "const" and producer(src) not in ports:
+                ports.append(producer(src))
+
+        def port_of(src, ports=ports):
+            if src[0] == "const":
+                return ("const", src[1], 0)
+            leaf = src[1] if src[0] == "in" else src[2]
+            return ("in", ports.index(producer(src)), leaf)
+
+        refs = [_ref(src, meta, _meta_of(rec, src, specs), port_of) for src, meta in node.refs]
+        consts = sorted({src[1] for src, _ in node.refs if src[0] == "const"})
+        remap = {c: i for i, c in enumerate(consts)}
+        refs = [(k, remap[i], j, m) if k == "const" else (k, i, j, m) for k, i, j, m in refs]
+        outs = [("out", k, 0, None) for k in range(len(node.metas))]
+        dev = node.metas[0].device
+        step = Step(node.op, _kernel(node.op, dev), refs, node.attrs, outs)
+        leaves = [Spec(m.shape, m.dtype, m.device) for m in node.metas]
+        structure_n = 0 if len(leaves) == 1 else (tuple, (0,) * len(leaves))
+        all_consts = rec.const_arrays() if consts else []
+        program = Program([step], PieceSpec(structure_n, leaves), [],
+                          [all_consts[c] for c in consts], [])
+        actor_of[n] = g.op(_prebuilt(program), *ports, name=node.op.name)
+        actor_of[n].build = lambda specs, p=program: p
+    picks, sinks = [], []
+    for t in out_leaves:
+        src = rec.source(t._impl)
+        if src[0] == "const":
+            raise TraceError("a traced function's output does not depend on its inputs; "
+                             "return something computed from them")
+        a = producer(src)
+        if a not in sinks:
+            sinks.append(a)
+        meta = t._impl.meta
+        picks.append((sinks.index(a), src[1] if src[0] == "in" else src[2],
+                      _ref(src, meta, _meta_of(rec, src, specs), lambda s: ("in", 0, 0))[3]))
+    g._set_outputs(sinks, picks, structure)
+    return g
+
+
+def _prebuilt(program):
+    def op(*_):
+        raise AssertionError("prebuilt programs are not traced again")
+    op.__name__ = program.steps[0].op.name
+    return op

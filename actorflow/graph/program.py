@@ -1,0 +1,109 @@
+"""Program: a recorded sequence of built-in op kernels that an op actor runs per piece.
+
+A step reads values by reference and writes its outputs into the actor's output register
+(``out``) or a workspace array planned with the graph (``tmp``). A reference is
+``(kind, index, leaf, meta)``:
+
+- ``("in", k, j, meta)``: array ``j`` of the register on input ``k``;
+- ``("tmp", t, 0, meta)`` and ``("out", j, 0, meta)``: arrays the program writes;
+- ``("const", c, 0, meta)``: a tensor captured by the traced function (copied once).
+
+``meta`` is None when the whole array is read as it is, else a ``TensorMeta`` whose shape,
+strides and offset (in elements) make the view the op reads (``x.T``, ``x[1:]``...).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import format_bytes
+from ..runtime.spec import PieceSpec, Spec, view_of
+
+
+class Step:
+    __slots__ = ("op", "kernel", "ins", "attrs", "outs")
+
+    def __init__(self, op, kernel, ins, attrs, outs):
+        self.op, self.kernel, self.ins, self.attrs, self.outs = op, kernel, ins, attrs, outs
+
+
+class Program:
+    """Steps over refs; ``out_spec`` the register it fills; ``tmp_specs`` its workspace;
+    ``consts`` the captured arrays; ``copies`` outputs that are inputs or views (copied)."""
+
+    def __init__(self, steps: list, out_spec: PieceSpec, tmp_specs: list, consts: list,
+                 copies: list):
+        self.steps = steps
+        self.out_spec = out_spec
+        self.tmp_specs = tmp_specs
+        self.consts = consts
+        self.copies = copies                 # [(out leaf j, ref)]
+        self.null = bool(out_spec.specs) and out_spec.specs[0].device.type == "null"
+        self.tmp: list = [None] * len(tmp_specs)
+        self.const_arrays: list = list(consts)
+        self.bound = False
+
+    @property
+    def workspace_bytes(self) -> int:
+        return (sum(s.nbytes for s in self.tmp_specs)
+                + sum(getattr(c, "nbytes", 0) for c in self.consts))
+
+    def bind(self, budget, name: str) -> None:
+        """Allocates the workspace (and a copy of each constant) under the graph's budget."""
+        if self.tmp_specs:
+            arrays, _ = budget.allocate(PieceSpec(None, self.tmp_specs), f"workspace of {name!r}")
+            self.tmp = arrays
+        if self.consts:
+            specs = [Spec(c.shape, c.dtype, self.out_spec.specs[0].device if self.null
+                          else "cpu") for c in self.consts]
+            arrays, _ = budget.allocate(PieceSpec(None, specs), f"constants of {name!r}")
+            for dst, src in zip(arrays, self.consts):
+                if dst is not None:
+                    np.copyto(dst, src)
+            self.const_arrays = arrays
+        self.bound = True
+
+    def unbind(self) -> None:
+        self.tmp = [None] * len(self.tmp_specs)
+        self.const_arrays = list(self.consts)
+        self.bound = False
+
+    def _get(self, ref, outs, ins):
+        kind, i, j, meta = ref
+        if kind == "in":
+            base = ins[i][j]
+        elif kind == "tmp":
+            base = self.tmp[i] if self.bound else None
+        elif kind == "out":
+            base = outs[i]
+        else:
+            base = self.const_arrays[i]
+        return view_of(base, meta)
+
+    def run(self, outs: list, ins: list) -> None:
+        """One act: ``outs`` the output register's arrays, ``ins`` per input its arrays."""
+        if self.null:
+            return                           # no data: only the simulated time counts
+        if not self.bound and self.tmp_specs:
+            self.tmp = [np.empty(s.shape, s.dtype.np) for s in self.tmp_specs]  # (probe)
+            self.bound = True
+            try:
+                self._run(outs, ins)
+            finally:
+                self.unbind()
+            return
+        self._run(outs, ins)
+
+    def _run(self, outs, ins) -> None:
+        get = self._get
+        for st in self.steps:
+            st.kernel([get(r, outs, ins) for r in st.outs], [get(r, outs, ins) for r in st.ins],
+                      st.attrs)
+        for j, ref in self.copies:
+            np.copyto(outs[j], get(ref, outs, ins))
+
+    def describe(self) -> str:
+        names = [s.op.name for s in self.steps] or ["copy"]
+        text = "+".join(names) if len(names) <= 3 else f"{names[0]}+...({len(names)} ops)"
+        ws = self.workspace_bytes
+        return text + (f" ws {format_bytes(ws)}" if ws else "")

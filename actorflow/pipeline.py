@@ -1,0 +1,79 @@
+"""Pipeline: the stage-list front end over ActorGraph.
+
+Example::
+
+    pipe = af.Pipeline([read_batches(), normalize, train_step], buffers=2,
+                       memory={"cpu": "64MiB"})
+    for loss in pipe.run(): ...
+"""
+
+from __future__ import annotations
+
+from .runtime.graph import ActorGraph
+
+
+class Pipeline:
+    """A chain of stages: the first entry is the source (an iterable, async iterable or
+    zero-argument callable returning one), each later entry a function of one piece.
+
+    Args:
+        stages: the source, then the functions.
+        buffers: registers per stage (an int, or one int per stage).
+        memory: byte budgets per device, as for ActorGraph.
+        resources: shared tokens, as for ActorGraph; ``stage_resources`` gives each
+            stage's (a list, one dict or None per stage).
+        out: Specs per stage (a list, None where piece 0 sizes the stage).
+        seed: seeds the scheduling order of ties (tests).
+    """
+
+    def __init__(self, stages, buffers=2, memory=None, resources=None,
+                 stage_resources=None, out=None, seed=None, names=None):
+        stages = list(stages)
+        if len(stages) < 2:
+            raise ValueError(f"Pipeline: give a source and at least one stage, got "
+                             f"{len(stages)} entr{'y' if len(stages) == 1 else 'ies'}")
+        n = len(stages)
+        per = _per_stage(buffers, n, "buffers")
+        res = _per_stage(stage_resources, n, "stage_resources")
+        outs = _per_stage(out, n, "out")
+        names = _per_stage(names, n, "names")
+        self.graph = ActorGraph(memory=memory, resources=resources, seed=seed)
+        g = self.graph
+        node = g.source(stages[0], out=outs[0], buffers=per[0], resources=res[0],
+                        name=names[0] or "source")
+        self.actors = [node]
+        for i, fn in enumerate(stages[1:], start=1):
+            if not callable(fn):
+                raise TypeError(f"Pipeline: stage {i} must be a function of one piece, got "
+                                f"{type(fn).__name__}")
+            node = g.actor(fn, node, out=outs[i], buffers=per[i], resources=res[i],
+                           name=names[i])
+            self.actors.append(node)
+        g.sink(node)
+
+    def plan(self):
+        """The graph's Plan (see ActorGraph.plan)."""
+        return self.graph.plan()
+
+    def run(self):
+        """Yields the last stage's result for each piece, in order (plain code)."""
+        return self.graph.run()
+
+    def run_async(self):
+        """``async for`` twin of ``run()``."""
+        return self.graph.run_async()
+
+    def stats(self):
+        return self.graph.stats()
+
+
+def _per_stage(value, n: int, what: str) -> list:
+    if isinstance(value, (list, tuple)) and what != "out":
+        if len(value) != n:
+            raise ValueError(f"Pipeline: {what} has {len(value)} entries for {n} stages")
+        return list(value)
+    if what == "out" and isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"Pipeline: out has {len(value)} entries for {n} stages")
+        return value
+    return [value] * n if what in ("buffers", "stage_resources") else [None] * n

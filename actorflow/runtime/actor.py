@@ -1,0 +1,291 @@
+"""The actors of a graph: what each one computes for one piece.
+
+An actor reads the arrays of its input registers and writes its output register. The
+scheduler (``credit.py``) decides when it may act; this file only says what acting means:
+
+- ``SourceActor`` takes the next item of an iterable (or async iterable) and copies it in;
+- ``StageActor`` calls a Python function of pieces and copies its result in;
+- ``OpActor`` runs a program of built-in op kernels straight into the register;
+- ``Collector`` copies what the sinks receive out to the caller of ``run()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from .register import EOS
+from .spec import PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
+
+_NOT_GIVEN = object()
+
+
+class Actor:
+    """Common state of every actor. ``inputs`` are upstream actors (each may carry a
+    ``view``: a function applied to the producer's arrays before this actor reads them)."""
+
+    kind = "stage"
+
+    def __init__(self, name: str, inputs: list, buffers: int | None = None,
+                 resources: dict | None = None, inline: bool = False, time=None,
+                 out: PieceSpec | None = None):
+        self.name = name
+        self.inputs = list(inputs)          # [(Actor, view or None)]
+        self.buffers = buffers              # None: the graph's default
+        self.resources = dict(resources or {})
+        self.inline = inline                # act on the scheduler's loop, not a thread
+        self.time = time                    # simulated seconds per act (float or f(piece))
+        self.out_spec = out                 # PieceSpec once known
+        self.declared = out is not None     # the user gave out=
+        self.cached: dict = {}              # piece -> output leaves computed while planning
+        self.consumers: list = []           # actors reading this one
+
+    # -- what one act does -------------------------------------------------------------
+    def compute(self, piece: int, ins: list, outs: list):
+        """Computes ``piece`` from ``ins`` (per input: the piece as the actor reads it)
+        into ``outs`` (the output register's arrays). Returns EOS when there is no such
+        piece (sources), or the value to deliver (the collector)."""
+        raise NotImplementedError
+
+    def probe(self, ins: list) -> list:
+        """Computes piece 0 on real inputs while planning; returns the output leaves."""
+        raise NotImplementedError
+
+    def needs_probe(self) -> bool:
+        return self.out_spec is None
+
+    def infer(self) -> None:
+        """Sets ``out_spec`` from the inputs' specs when the actor can without running."""
+
+    def sim_time(self, piece: int) -> float:
+        t = self.time
+        if t is None:
+            return 0.0
+        return float(t(piece)) if callable(t) else float(t)
+
+    def _copy_cached(self, piece, outs) -> bool:
+        leaves = self.cached.pop(piece, None)
+        if leaves is None:
+            return False
+        for d, v in zip(outs, leaves):
+            if d is not None:
+                np.copyto(d, v, casting="no")
+        return True
+
+    def _store(self, value, outs, what: str) -> None:
+        leaves, structure = flatten(value)
+        spec = self.out_spec
+        if structure != spec.structure:
+            raise TypeError(f"{what} returned {_shape_of(value)}, but its register holds "
+                            f"{spec!r}; return the same structure for every piece")
+        check_and_copy(leaves, outs, spec, what)
+
+    def _checked_leaves(self, value, what: str) -> list:
+        """Leaves of a probed output, checked against a declared spec (if any)."""
+        leaves, structure = flatten(value)
+        got = PieceSpec.of(value, what, self._device())
+        if self.out_spec is None:
+            self.out_spec = got
+        else:
+            self._store(value, [None] * len(self.out_spec.specs), what)
+        return [as_array(x, what) for x in leaves]
+
+    def _device(self):
+        if self.out_spec is not None and self.out_spec.specs:
+            return self.out_spec.specs[0].device
+        return None
+
+    def describe(self) -> str:
+        return self.kind
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+def _shape_of(value) -> str:
+    try:
+        return repr(PieceSpec.of(value, "value"))
+    except Exception:  # noqa: BLE001 - only used in a message
+        return type(value).__name__
+
+
+def read_piece(arrays: list, spec: PieceSpec):
+    """A producer's register as its consumer reads it: read-only views in its structure."""
+    views = []
+    for a in arrays:
+        if a is not None:
+            a = a.view()
+            a.flags.writeable = False
+        views.append(a)
+    return unflatten(spec.structure, views)
+
+
+class SourceActor(Actor):
+    """Yields the items of ``source``: an iterable, an async iterable, or a zero-argument
+    callable returning one (called at the start of each run)."""
+
+    kind = "source"
+
+    def __init__(self, name, source, **kw):
+        super().__init__(name, [], **kw)
+        if not (callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")):
+            raise TypeError(f"source {name!r}: expected an iterable, an async iterable or a "
+                            f"zero-argument callable returning one, got {type(source).__name__}")
+        self.source = source
+        self.fed = False            # pieces come from run(feed=...)
+        self.it = None
+        self.is_async = False
+
+    def start(self) -> None:
+        """Opens the source for a run (the plan's probe may have opened it already)."""
+        if self.it is not None:
+            return
+        src = self.source
+        if callable(src) and not hasattr(src, "__iter__") and not hasattr(src, "__aiter__"):
+            src = src()
+        if hasattr(src, "__aiter__"):
+            self.it, self.is_async = src.__aiter__(), True
+        elif hasattr(src, "__iter__"):
+            self.it, self.is_async = iter(src), False
+        else:
+            raise TypeError(f"source {self.name!r}: the callable returned "
+                            f"{type(src).__name__}, not an iterable")
+
+    def close(self) -> None:
+        it, self.it = self.it, None
+        self.cached.clear()
+        if it is not None and hasattr(it, "close") and not inspect.isasyncgen(it):
+            try:
+                it.close()
+            except Exception:  # noqa: BLE001 - a generator's own cleanup failed; run is over
+                pass
+
+    def probe(self, ins):
+        self.start()
+        if self.is_async:
+            if self.out_spec is None:
+                from ..errors import PlanError
+                raise PlanError(f"source {self.name!r} is an async iterable, so its first "
+                                f"item cannot be read while planning; give "
+                                f"out=af.Spec(shape, dtype)")
+            return None
+        try:
+            value = next(self.it)
+        except StopIteration:
+            return EOS
+        return self._checked_leaves(value, f"source {self.name!r} (piece 0)")
+
+    def compute(self, piece, ins, outs):
+        if self._copy_cached(piece, outs):
+            return None
+        try:
+            value = next(self.it)
+        except StopIteration:
+            return EOS
+        self._store(value, outs, f"source {self.name!r} (piece {piece})")
+        return None
+
+    async def compute_async(self, piece, outs):
+        if self._copy_cached(piece, outs):
+            return None
+        try:
+            value = await self.it.__anext__()
+        except StopAsyncIteration:
+            return EOS
+        self._store(value, outs, f"source {self.name!r} (piece {piece})")
+        return None
+
+
+class StageActor(Actor):
+    """Calls ``fn(*pieces)``: one argument per input, arrays in, arrays out."""
+
+    def __init__(self, name, fn, inputs, **kw):
+        super().__init__(name, inputs, **kw)
+        if not callable(fn):
+            raise TypeError(f"actor {name!r}: expected a function of pieces, got "
+                            f"{type(fn).__name__}")
+        self.fn = fn
+
+    def probe(self, ins):
+        return self._checked_leaves(self.fn(*ins), f"actor {self.name!r} (piece 0)")
+
+    def compute(self, piece, ins, outs):
+        if self._copy_cached(piece, outs):
+            return None
+        self._store(self.fn(*ins), outs, f"actor {self.name!r} (piece {piece})")
+        return None
+
+    def describe(self) -> str:
+        return f"stage {getattr(self.fn, '__name__', type(self.fn).__name__)}"
+
+
+class OpActor(Actor):
+    """Runs ``program`` (built-in op kernels, see ``actorflow.graph``) into its register.
+    The program is built from the input specs when the plan is made."""
+
+    kind = "op"
+
+    def __init__(self, name, build, inputs, **kw):
+        super().__init__(name, inputs, **kw)
+        self.build = build          # f([PieceSpec per input]) -> program
+        self.program = None
+
+    def infer(self):
+        specs = [a.out_spec for a, _ in self.inputs]
+        if any(s is None for s in specs):
+            return
+        if self.program is None:
+            self.program = self.build(specs)
+        if self.out_spec is None:
+            self.out_spec = self.program.out_spec
+
+    def needs_probe(self):
+        return False
+
+    def probe(self, ins):
+        self.infer()
+        outs = [np.empty(s.shape, s.dtype.np) if s.device.type != "null" else None
+                for s in self.out_spec.specs]
+        self.program.run(outs, ins)
+        return outs
+
+    def compute(self, piece, ins, outs):
+        if self._copy_cached(piece, outs):
+            return None
+        self.program.run(outs, ins)
+        return None
+
+    def describe(self) -> str:
+        return f"op {self.program.describe() if self.program else '?'}"
+
+
+class Collector(Actor):
+    """The run's output: copies the sinks' pieces out of their registers (as one value, or a
+    dict by sink name when there are several) and hands them to the consumer of ``run()``."""
+
+    kind = "output"
+
+    def __init__(self, sinks: list, names: list, picks=None, structure=None):
+        super().__init__("output", [(s, None) for s in sinks], inline=True)
+        self.names = names
+        self.picks = picks              # [(input k, array j, view meta)]: a traced output
+        self.structure = structure
+        self.raw = picks is not None
+
+    def needs_probe(self):
+        return False
+
+    def compute(self, piece, ins, outs):
+        if self.picks is not None:
+            leaves = [np.array(view_of(ins[k][j], meta)) for k, j, meta in self.picks]
+            return unflatten(self.structure, leaves)
+        values = [_copy_out(v) for v in ins]
+        if len(values) == 1:
+            return values[0]
+        return dict(zip(self.names, values))
+
+
+def _copy_out(piece):
+    leaves, structure = flatten(piece)
+    return unflatten(structure, [np.array(a) if a is not None else None for a in leaves])

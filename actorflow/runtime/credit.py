@@ -1,0 +1,436 @@
+"""The credit scheduler: runs a planned actor graph on an asyncio loop.
+
+Everything is a message handled on the loop: "a register is ready" (queued on the consumer's
+InPort), "a register came home" (back on the producer's free list: a credit), "a token was
+released". Each message marks actors to re-check; ``_drain`` checks them, and an actor acts
+when every input has its next register, it holds a free output register, and it can take all
+of its resource tokens at once. Nothing polls and there is no task per piece:
+
+- inline actors (tiny kernels, the collector) act right there on the loop;
+- the others act on their own thread, fed through a queue; the loop may queue several acts
+  ahead (each with its registers already taken), so a busy actor never waits for a round
+  trip to the loop between pieces;
+- async sources act as tasks awaiting the next item;
+- ``time=`` adds simulated duration with ``loop.call_later``.
+
+Completion of an act hands its input registers back, sends its output register to every
+consumer (or returns it at once when it has none), releases tokens and re-checks neighbours.
+End of stream is queued after the last piece; an actor passes it on when it sees it (closing
+its other inputs) once its acts are done, and the run ends when every actor has passed it on
+and every register is home. An error or cancellation stops dispatch, waits for running acts,
+frees every register and joins every thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import traceback
+from collections import deque
+from queue import SimpleQueue
+
+from ..errors import ActorError
+from .actor import Collector, OpActor, SourceActor, read_piece
+from .register import EOS
+
+INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
+
+
+class ActorState:
+    """Run-time state of one actor in one run."""
+
+    __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
+                 "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
+                 "since", "first_act", "last_act", "tokens")
+
+    def __init__(self, actor, out, mode: str, max_in_flight: int):
+        self.actor = actor
+        self.ins: list = []             # InPorts
+        self.out = out                  # OutPort or None
+        self.next_piece = 0
+        self.in_flight = 0
+        self.max_in_flight = max_in_flight
+        self.mode = mode                # "inline" | "thread" | "async"
+        self.ended = False              # end of stream passed on
+        self.queued = False             # in the scheduler's ready list
+        self.thread = None
+        self.raw = isinstance(actor, OpActor) or getattr(actor, "raw", False)
+        self.acts = 0
+        self.compute_s = 0.0
+        self.waits = {INPUT: 0.0, CREDIT: 0.0, RESOURCE: 0.0}
+        self.cause = None               # why it is idle now, and since when
+        self.since = 0.0
+        self.first_act = None
+        self.last_act = None
+        self.tokens = tuple(actor.resources.items())
+
+
+class _ActorThread:
+    """The thread an actor acts on: runs queued acts in order, posts each completion."""
+
+    def __init__(self, sched, state: ActorState):
+        self.queue: SimpleQueue = SimpleQueue()
+        self.sched = sched
+        self.state = state
+        self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
+                                       daemon=True)
+
+    def _main(self) -> None:
+        q, sched, st = self.queue, self.sched, self.state
+        actor = st.actor
+        post = sched.loop.call_soon_threadsafe
+        while True:
+            job = q.get()
+            if job is None:
+                break
+            piece, regs, out_reg = job
+            t0 = time.perf_counter()
+            err = result = None
+            try:
+                result = actor.compute(piece, sched.inputs_of(st, regs),
+                                       out_reg.arrays if out_reg is not None else None)
+            except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
+                err = (e, traceback.format_exc())
+            dt = time.perf_counter() - t0
+            try:
+                post(sched.completed, st, piece, regs, out_reg, result, err, dt)
+            except RuntimeError:        # the loop is closed: the run was torn down
+                break
+
+
+class CreditScheduler:
+    """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
+    ``room`` is how many it may deliver before ``credit_back()`` is called."""
+
+    def __init__(self, plan, deliver, room: int, seed=None):
+        self.plan = plan
+        self.deliver = deliver
+        self.room = room
+        self.rng = random.Random(seed) if seed is not None else None
+        self.states: list = []
+        self.by_actor: dict = {}
+        for actor in plan.actors:
+            out = plan.ports.get(actor)
+            if isinstance(actor, SourceActor) and actor.is_async:
+                mode = "async"
+            elif actor.inline or actor.time is not None:
+                mode = "inline"
+            else:
+                mode = "thread"
+            limit = 1 if (mode != "thread" or actor.resources) else 1 << 30
+            st = ActorState(actor, out, mode, limit)
+            st.ins = plan.in_ports.get(actor, [])
+            self.states.append(st)
+            self.by_actor[actor] = st
+        self.tokens = dict(plan.resources)
+        self.token_waiters: dict = {name: set() for name in self.tokens}
+        self.ready: deque = deque()
+        self.draining = False
+        self.stopping = False
+        self.error = None
+        self.loop = None
+        self.done = None
+        self.start_time = self.end_time = None
+        self.threads: list = []
+        self.pending_tasks: set = set()
+        self._idle = None
+        self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
+
+    # -- running ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Runs to the end; raises ActorError (or CancelledError) after cleaning up."""
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()
+        self.start_time = time.perf_counter()
+        try:
+            for st in self.states:
+                if st.mode == "thread":
+                    t = _ActorThread(self, st)
+                    st.thread = t
+                    self.threads.append(t)
+                    t.thread.start()
+            for st in self.states:
+                self.wake(st)
+            self.drain()
+            await self.done
+        except BaseException as e:
+            if not self.stopping:
+                self.stop(e if not isinstance(e, asyncio.CancelledError) else None)
+            await self._wait_acts()
+            raise
+        finally:
+            self.end_time = time.perf_counter()
+            self._join_threads()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self, error: BaseException | None) -> None:
+        """Stops dispatching; the run ends once running acts are done."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if error is not None and self.error is None:
+            self.error = error
+        for task in list(self.pending_tasks):
+            task.cancel()               # async sources awaiting their next item
+        self._check_quiet()
+
+    def _check_quiet(self) -> None:
+        if self.done.done():
+            return
+        if self.stopping:
+            if all(st.in_flight == 0 for st in self.states):
+                self.done.set_result(None)
+            return
+        if all(st.ended and (st.out is None or st.out.home()) for st in self.states):
+            self.done.set_result(None)
+
+    async def _wait_acts(self) -> None:
+        """After a stop: waits (shielded from a second cancel) until no act is running."""
+        while any(st.in_flight for st in self.states):
+            self._idle = self.loop.create_future()
+            try:
+                await asyncio.shield(self._idle)
+            except asyncio.CancelledError:
+                pass                    # keep waiting: threads must not outlive the run
+
+    def _join_threads(self) -> None:
+        for t in self.threads:
+            t.queue.put(None)
+        for t in self.threads:
+            t.thread.join()
+        self.threads.clear()
+        for task in list(self.pending_tasks):
+            task.cancel()
+
+    # -- checking and acting ---------------------------------------------------------------
+    def wake(self, st: ActorState) -> None:
+        if not st.queued and not st.ended:
+            st.queued = True
+            self.ready.append(st)
+
+    def drain(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        ready, rng = self.ready, self.rng
+        try:
+            while ready and not self.stopping:
+                if rng is not None and len(ready) > 1:
+                    ready.rotate(-rng.randrange(len(ready)))
+                st = ready.popleft()
+                st.queued = False
+                self._try(st)
+        finally:
+            self.draining = False
+        if not self.stopping:
+            self._check_quiet()
+
+    def _blocked(self, st: ActorState, cause: str) -> None:
+        if st.in_flight == 0 and st.cause is None:
+            st.cause, st.since = cause, time.perf_counter()
+
+    def _try(self, st: ActorState) -> None:
+        ins, out = st.ins, st.out
+        while st.in_flight < st.max_in_flight and not st.ended:
+            for p in ins:
+                if not p.queue:
+                    self._blocked(st, INPUT)
+                    return
+                if p.queue[0] is EOS:
+                    if st.in_flight == 0:
+                        self._end(st)
+                    return
+            if out is not None:
+                if not out.free:
+                    self._blocked(st, CREDIT)
+                    return
+            elif isinstance(st.actor, Collector) and self.room <= 0:
+                self._blocked(st, CREDIT)
+                return
+            if st.tokens and not self._take_tokens(st):
+                self._blocked(st, RESOURCE)
+                return
+            if st.cause is not None:
+                st.waits[st.cause] += time.perf_counter() - st.since
+                st.cause = None
+            regs = [p.queue.popleft() for p in ins]
+            out_reg = out.free.popleft() if out is not None else None
+            if out is None:
+                self.room -= 1
+            piece = st.next_piece
+            st.next_piece += 1
+            st.in_flight += 1
+            self._dispatch(st, piece, regs, out_reg)
+
+    def _take_tokens(self, st: ActorState) -> bool:
+        tokens = self.tokens
+        for name, n in st.tokens:
+            if tokens[name] < n:
+                for name2, _ in st.tokens:
+                    self.token_waiters[name2].add(st)
+                return False
+        for name, n in st.tokens:
+            tokens[name] -= n
+        return True
+
+    def inputs_of(self, st: ActorState, regs: list) -> list:
+        """What the actor reads: raw arrays for op programs, pieces for Python stages."""
+        out = []
+        for p, reg in zip(st.ins, regs):
+            arrays = reg.arrays if p.view is None else p.view(reg.arrays)
+            out.append(arrays if st.raw else read_piece(arrays, p.producer.spec))
+        return out
+
+    def _dispatch(self, st: ActorState, piece: int, regs: list, out_reg) -> None:
+        if st.first_act is None:
+            st.first_act = time.perf_counter()
+        if st.mode == "thread":
+            st.thread.queue.put((piece, regs, out_reg))
+            return
+        if st.mode == "async":
+            task = self.loop.create_task(self._act_async(st, piece, out_reg))
+            self.pending_tasks.add(task)
+            task.add_done_callback(self.pending_tasks.discard)
+            return
+        t0 = time.perf_counter()
+        err = result = None
+        try:
+            result = st.actor.compute(piece, self.inputs_of(st, regs),
+                                      out_reg.arrays if out_reg is not None else None)
+        except Exception as e:  # noqa: BLE001 - reported as ActorError
+            err = (e, traceback.format_exc())
+        dt = time.perf_counter() - t0
+        delay = st.actor.sim_time(piece) if err is None else 0.0
+        if delay > 0:
+            self.loop.call_later(delay, self.completed, st, piece, regs, out_reg, result, err,
+                                 dt + delay)
+        else:
+            self._complete(st, piece, regs, out_reg, result, err, dt)
+
+    async def _act_async(self, st, piece, out_reg) -> None:
+        t0 = time.perf_counter()
+        err = result = None
+        try:
+            result = await st.actor.compute_async(piece, out_reg.arrays)
+        except asyncio.CancelledError:
+            err = None
+            result = EOS
+        except Exception as e:  # noqa: BLE001 - reported as ActorError
+            err = (e, traceback.format_exc())
+        self.completed(st, piece, [], out_reg, result, err, time.perf_counter() - t0)
+
+    # -- completion ------------------------------------------------------------------------
+    def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        """An act finished (called on the loop, from a thread's post or a timer)."""
+        self._complete(st, piece, regs, out_reg, result, err, dt)
+        self.drain()
+
+    def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        st.in_flight -= 1
+        st.compute_s += dt
+        st.last_act = time.perf_counter()
+        for name, n in st.tokens:
+            self.tokens[name] += n
+            waiters = self.token_waiters[name]
+            while waiters:
+                self.wake(waiters.pop())
+        for reg in regs:
+            self._hand_back(reg)
+        if err is not None:
+            e, tb = err
+            error = ActorError(st.actor.name, piece, e, tb)
+            error.__cause__ = e
+            self.stop(error)
+        elif result is EOS or (st.max_in_flight == 0 and out_reg is not None):
+            # a source ran out (acts it had queued after that are discarded), or the actor
+            # was stopped because nobody reads it any more
+            st.out.free.append(out_reg)
+            st.max_in_flight = 0
+        elif out_reg is not None:
+            st.acts += 1
+            self._send(st, out_reg, piece)
+        else:                                      # the collector
+            st.acts += 1
+            self.deliver(result)
+        if self.stopping:
+            idle = self._idle
+            if idle is not None and not idle.done() and \
+                    all(s.in_flight == 0 for s in self.states):
+                idle.set_result(None)
+            self._check_quiet()
+            return
+        if st.max_in_flight == 0 and st.in_flight == 0 and not st.ended:
+            self._end(st)
+        self.wake(st)
+
+    def _send(self, st, reg, piece) -> None:
+        reg.piece = piece
+        consumers = [p for p in st.out.consumers if not p.closed]
+        if not consumers:
+            st.out.free.append(reg)
+            return
+        reg.pending = len(consumers)
+        for p in consumers:
+            p.queue.append(reg)
+            self.wake(self.by_actor[p.actor])
+
+    def _hand_back(self, reg) -> None:
+        reg.pending -= 1
+        if reg.pending == 0:
+            port = reg.owner
+            port.free.append(reg)
+            self.wake(self.by_actor[port.actor])
+
+    def _end(self, st: ActorState) -> None:
+        """Passes end of stream on: closes the inputs (handing back what is queued), marks
+        every consumer's input, and lets producers whose consumers are all closed stop."""
+        if st.ended:
+            return
+        st.ended = True
+        for p in st.ins:
+            self._close(p)
+        if st.out is not None:
+            for p in st.out.consumers:
+                if not p.closed:
+                    p.queue.append(EOS)
+                    self.wake(self.by_actor[p.actor])
+
+    def _close(self, port) -> None:
+        port.closed = True
+        while port.queue:
+            reg = port.queue.popleft()
+            if reg is not EOS:
+                self._hand_back(reg)
+        prod = self.by_actor[port.producer.actor]
+        if not prod.ended and all(p.closed for p in port.producer.consumers):
+            # nobody reads it any more: it stops at the next check, as if at end of stream
+            prod.max_in_flight = 0
+            if prod.in_flight == 0:
+                self._end(prod)
+
+    def credit_back(self) -> None:
+        """The consumer of ``run()`` took one output: the collector may deliver another."""
+        self.room += 1
+        if self.collector is not None:
+            self.wake(self.collector)
+        self.drain()
+
+    # -- statistics ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        now = self.end_time or time.perf_counter()
+        wall = now - (self.start_time or now)
+        rows = {}
+        for st in self.states:
+            waits = dict(st.waits)
+            if st.cause is not None:
+                waits[st.cause] += now - st.since
+            rows[st.actor.name] = {
+                "kind": st.actor.kind, "mode": st.mode, "acts": st.acts,
+                "compute_s": st.compute_s, "wait_input_s": waits[INPUT],
+                "wait_credit_s": waits[CREDIT], "wait_resource_s": waits[RESOURCE],
+                "busy": st.compute_s / wall if wall > 0 else 0.0,
+            }
+        return {"wall_s": wall, "actors": rows}

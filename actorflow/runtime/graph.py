@@ -1,0 +1,307 @@
+"""ActorGraph: build a graph of actors, plan its memory, run it.
+
+Example::
+
+    g = af.ActorGraph(memory={"cpu": "64MiB"}, resources={"disk": 1})
+    load = g.source(read_batches(), out=af.Spec((256, 784)), name="load",
+                    resources={"disk": 1})
+    prep = g.actor(normalize, load, name="preprocess")
+    h = g.op(af.relu, prep, name="relu")
+    g.sink(h, name="out")
+    print(g.plan())
+    for out in g.run(): ...
+    print(g.stats())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from queue import SimpleQueue
+
+from ..errors import PlanError
+from .actor import Actor, Collector, OpActor, SourceActor, StageActor
+from .credit import CreditScheduler
+from .plan import build_plan
+from .register import MemoryBudget
+from .spec import PieceSpec
+from .stats import RunStats
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, error):
+        self.error = error
+
+
+def new_event_loop():
+    """A new event loop: uvloop's when it is installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class ActorGraph:
+    """A graph of actors with credit-based registers.
+
+    Args:
+        memory: byte budgets per device, e.g. ``{"cpu": "64MiB"}`` (ints or strings).
+        resources: shared tokens, e.g. ``{"disk": 1}``; an actor declaring
+            ``resources={"disk": 1}`` takes one for each act (all of its tokens at once).
+        buffers: default registers per actor output (2: double buffering).
+        seed: seeds the order in which simultaneously ready actors are tried (tests).
+        output_buffers: outputs ``run()`` may have delivered but the caller not taken yet.
+    """
+
+    def __init__(self, memory: dict | None = None, resources: dict | None = None,
+                 buffers: int = 2, seed=None, output_buffers: int = 2):
+        self.memory = dict(memory or {})
+        MemoryBudget(self.memory)                       # validates the budgets now
+        self.resources = {}
+        for name, n in (resources or {}).items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise PlanError(f"resources={{{name!r}: {n!r}}}: a resource needs a whole "
+                                f"number of tokens >= 1")
+            self.resources[name] = n
+        self.buffers = buffers
+        self.seed = seed
+        self.output_buffers = output_buffers
+        self.actors: list = []
+        self._names: set = set()
+        self.sinks: list = []
+        self._plan = None
+        self._last = None
+        self._running = False
+        self._picks = None
+
+    def _set_outputs(self, sinks: list, picks: list, structure) -> None:
+        """The run yields ``structure`` rebuilt from ``picks`` (input k, array j, view) of
+        ``sinks``' registers: what a traced function returns."""
+        self.sinks = [(a, a.name) for a in sinks]
+        self._picks = (picks, structure)
+
+    # -- building --------------------------------------------------------------------------
+    def _add(self, actor: Actor) -> Actor:
+        for p, _ in actor.inputs:
+            if not isinstance(p, Actor) or p not in self.actors:
+                raise TypeError(f"actor {actor.name!r}: its inputs must be actors of this graph "
+                                f"(what source/actor/op returned), got {p!r}")
+        self.actors.append(actor)
+        self._names.add(actor.name)
+        for p, _ in actor.inputs:
+            p.consumers.append(actor)
+        self._plan = None
+        return actor
+
+    def _name(self, name, default: str) -> str:
+        if name is not None:
+            if name in self._names:
+                raise ValueError(f"an actor named {name!r} already exists; names are unique")
+            return str(name)
+        base = default or "actor"
+        n, cand = 0, base
+        while cand in self._names:
+            n += 1
+            cand = f"{base}_{n}"
+        return cand
+
+    def source(self, source, out=None, name=None, resources=None, buffers=None,
+               inline=False, time=None) -> Actor:
+        """An actor yielding the items of ``source`` (iterable, async iterable, or a
+        zero-argument callable returning one). Each item is a piece: an array or tensor,
+        or a tuple/list/dict of them. ``out``: its Spec (else piece 0 sizes it)."""
+        spec = PieceSpec.from_user(out) if out is not None else None
+        return self._add(SourceActor(self._name(name, "source"), source, buffers=buffers,
+                                     resources=resources, inline=inline, time=time, out=spec))
+
+    def input(self, out, name=None, buffers=None) -> Actor:
+        """A source whose items are given to ``run(feed=...)``."""
+        a = self.source((), out=out, name=name or "input", buffers=buffers)
+        a.source, a.fed = None, True
+        return a
+
+    def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
+              inline=False, time=None) -> Actor:
+        """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
+        actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions).
+        Its inputs are read-only views of the producers' registers; its result is copied
+        into its register. ``out``: its Spec (else piece 0 sizes it). ``time``: simulated
+        extra seconds per act (float or ``f(piece)``), for experiments and tests."""
+        spec = PieceSpec.from_user(out) if out is not None else None
+        return self._add(StageActor(self._name(name, getattr(fn, "__name__", "stage")), fn,
+                                    [(i, None) for i in inputs], buffers=buffers,
+                                    resources=resources, inline=inline, time=time, out=spec))
+
+    def op(self, fn, *inputs, name=None, buffers=None, inline=None, time=None,
+           resources=None, **kwargs) -> Actor:
+        """A built-in op (or a function of tensors) as an actor: ``fn`` is traced on the
+        inputs' specs once, and its kernels run straight into the actor's register each
+        piece. ``kwargs`` go to ``fn`` (e.g. ``dim=1``)."""
+        def build(specs):
+            from ..graph.trace import op_program      # tracing lives above the runtime
+            return op_program(fn, specs, kwargs)
+        a = OpActor(self._name(name, getattr(fn, "__name__", "op")), build,
+                    [(i, None) for i in inputs], buffers=buffers, resources=resources,
+                    inline=inline, time=time)
+        return self._add(a)
+
+    def sink(self, node: Actor, name=None) -> Actor:
+        """Marks ``node``'s output as an output of the run: ``run()`` yields a copy of each
+        of its pieces (a dict by sink name when there are several sinks)."""
+        if not isinstance(node, Actor) or node not in self.actors:
+            raise TypeError(f"sink: expected an actor of this graph, got {node!r}")
+        self.sinks.append((node, name or node.name))
+        self._plan = None
+        return node
+
+    # -- planning --------------------------------------------------------------------------
+    def plan(self, feed=None):
+        """Sizes every register and checks the budgets; returns the Plan (print it for a
+        table). Raises PlanError when the registers do not fit. A stage without ``out=`` is
+        sized by reading piece 0 and computing it once, here; that piece is kept and is
+        piece 0 of the next run."""
+        if self._plan is not None and feed is None:
+            return self._plan
+        if not self.actors:
+            raise PlanError("the graph has no actors; add a source first")
+        for a in self.actors:
+            if isinstance(a, SourceActor) and a.fed:
+                if feed is None:
+                    raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); "
+                                    f"pass feed=")
+                a.source, a.it = feed, None
+        actors = list(self.actors)
+        if self._picks is not None:
+            actors.append(Collector([s for s, _ in self.sinks], [n for _, n in self.sinks],
+                                    *self._picks))
+        elif self.sinks:
+            actors.append(Collector([s for s, _ in self.sinks], [n for _, n in self.sinks]))
+        budget = MemoryBudget(self.memory)
+        for a in self.actors:
+            a.cached.clear()
+            if isinstance(a, OpActor):
+                a.program = None
+                if not a.declared:
+                    a.out_spec = None
+            elif not a.declared:
+                a.out_spec = None
+        self._plan = build_plan(actors, self.buffers, budget, self.resources)
+        for a in self.actors:
+            if isinstance(a, OpActor) and a.inline is None:
+                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= 1 << 16
+        return self._plan
+
+    # -- running ---------------------------------------------------------------------------
+    def _start(self, feed):
+        if self._running:
+            raise RuntimeError("this graph is already running; wait for that run to end")
+        plan = self.plan(feed)
+        self._plan = None                     # the next run plans (and reads piece 0) again
+        plan.allocate()
+        self._running = True
+        return plan
+
+    def _finish(self, plan, sched) -> None:
+        plan.release()
+        self._running = False
+        self._last = RunStats(sched, plan)
+        for a in self.actors:
+            if isinstance(a, SourceActor) and a.fed:
+                a.source = None
+
+    def run(self, feed=None):
+        """Runs the graph from plain code; yields the outputs in piece order.
+
+        A separate event loop thread drives the actors; breaking out of the loop, an
+        exception in an actor (raised here as ActorError) or Ctrl-C stops the run, frees
+        every register and joins every thread before returning."""
+        plan = self._start(feed)
+        out = SimpleQueue()
+        sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
+        loop = new_event_loop()
+
+        def main():
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(sched.run())
+                out.put(_END)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                out.put(_Failed(e))
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        thread = threading.Thread(target=main, name="actorflow-graph", daemon=True)
+        thread.start()
+        finished = False
+        try:
+            while True:
+                item = out.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, _Failed):
+                    finished = True
+                    raise item.error
+                loop.call_soon_threadsafe(sched.credit_back)
+                yield item
+        finally:
+            if not finished:
+                try:
+                    loop.call_soon_threadsafe(sched.stop, None)
+                except RuntimeError:
+                    pass                      # the loop already closed
+            thread.join()
+            self._finish(plan, sched)
+
+    async def run_async(self, feed=None):
+        """Runs the graph on the running event loop; ``async for out in g.run_async()``.
+        Cancelling the consuming task stops the run and frees every register. To stop
+        early and clean up at once, use ``contextlib.aclosing(g.run_async())``."""
+        plan = self._start(feed)
+        items: list = []
+        waiter = [None]
+        loop = asyncio.get_running_loop()
+
+        def wake(*_):
+            w = waiter[0]
+            if w is not None and not w.done():
+                w.set_result(None)
+
+        def deliver(value):
+            items.append(value)
+            wake()
+
+        sched = CreditScheduler(plan, deliver, self.output_buffers, self.seed)
+        task = loop.create_task(sched.run())
+        task.add_done_callback(wake)
+        try:
+            while True:
+                if items:
+                    value = items.pop(0)
+                    sched.credit_back()
+                    yield value
+                    continue
+                if task.done():
+                    task.result()             # raises ActorError if an actor failed
+                    return
+                waiter[0] = loop.create_future()
+                await waiter[0]
+        finally:
+            if not task.done():
+                sched.stop(None)
+                try:
+                    await asyncio.shield(task)
+                except BaseException:  # noqa: BLE001 - the run was stopped on purpose
+                    pass
+            self._finish(plan, sched)
+
+    def stats(self) -> RunStats:
+        """Per actor of the last run: acts, compute time, time waiting on input, credit and
+        resources; and memory planned and measured per device."""
+        if self._last is None:
+            raise RuntimeError("stats(): the graph has not run yet")
+        return self._last

@@ -1,0 +1,248 @@
+"""The static memory plan of an actor graph.
+
+``build_plan`` orders the actors, sizes every output register (from ``out=``, from an op's
+shape inference, or from piece 0 read and computed once while planning), counts the bytes
+of ``buffers`` registers per output (plus op workspaces) on each device, and refuses a graph
+that does not fit its budgets with a ``PlanError`` naming each actor's bytes, the total, the
+budget and the ``buffers`` that would fit. ``Plan.allocate`` then takes all of that memory
+at once, before the first act; nothing is allocated while running.
+"""
+
+from __future__ import annotations
+
+from ..errors import PlanError, format_bytes
+from .actor import Collector, OpActor, SourceActor, read_piece
+from .register import EOS, InPort, MemoryBudget, OutPort, Register
+from .spec import PieceSpec
+
+
+class Plan:
+    """What a run will hold. ``rows``: per actor ``{name, kind, output, buffers,
+    register_bytes, workspace_bytes, bytes, device}``; ``totals``: ``{device: bytes}``;
+    ``budgets``: ``{device: bytes or None}``."""
+
+    def __init__(self, actors: list, buffers: dict, budget: MemoryBudget, resources: dict):
+        self.actors = actors
+        self.buffers = buffers
+        self.budget = budget
+        self.resources = dict(resources)
+        self.ports: dict = {}
+        self.in_ports: dict = {}
+        self.rows: list = []
+        self.totals: dict = {}
+        self.allocated = False
+        self.empty_sources: list = []
+        for a in actors:
+            if isinstance(a, Collector):
+                continue
+            reg = a.out_spec.nbytes
+            ws = a.program.workspace_bytes if isinstance(a, OpActor) else 0
+            n = buffers[a]
+            dev = a.out_spec.specs[0].device if a.out_spec.specs else None
+            for d, b in a.out_spec.bytes_on().items():
+                self.totals[d] = self.totals.get(d, 0) + b * n
+            if ws:
+                self.totals[dev] = self.totals.get(dev, 0) + ws
+            self.rows.append({"name": a.name, "kind": a.describe(),
+                              "output": a.out_spec.describe(), "buffers": n,
+                              "register_bytes": reg, "workspace_bytes": ws,
+                              "bytes": reg * n + ws, "device": str(dev) if dev else "-"})
+
+    def check(self) -> None:
+        """Raises PlanError when a device's registers do not fit its budget."""
+        for dev, total in self.totals.items():
+            budget = self.budget.budget(dev)
+            if budget is None or total <= budget:
+                continue
+            mine = [(r, None) for r in self.rows if r["device"] == str(dev)]
+            fixed = sum(r["workspace_bytes"] for r, _ in mine)
+            per_buffer = sum(r["register_bytes"] for r, _ in mine)
+
+            def need(n):
+                return fixed + per_buffer * n
+            fits = None
+            n = max(r["buffers"] for r, _ in mine) if mine else 1
+            while n >= 1:
+                if need(n) <= budget:
+                    fits = n
+                    break
+                n -= 1
+            lines = [f"  {r['name']}: {r['buffers']} x {format_bytes(r['register_bytes'])}"
+                     + (f" + {format_bytes(r['workspace_bytes'])} workspace"
+                        if r["workspace_bytes"] else "")
+                     + f" = {format_bytes(r['bytes'])}" for r, _ in mine]
+            if fits is not None:
+                hint = (f"buffers={fits} for every actor would fit ({format_bytes(need(fits))});"
+                        f" or raise the budget to {format_bytes(total)}")
+            else:
+                hint = (f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
+                        f"least that, or make the pieces smaller")
+            raise PlanError(
+                f"the plan does not fit the {dev} budget: its registers need "
+                f"{format_bytes(total)} ({total} B) but the budget is {format_bytes(budget)} "
+                f"({budget} B):\n" + "\n".join(lines) + f"\n{hint}",
+                device=str(dev), needed=total, budget=budget,
+                actors={r["name"]: r["bytes"] for r, _ in mine}, fitting_buffers=fits)
+
+    # -- memory ----------------------------------------------------------------------------
+    def allocate(self) -> None:
+        """Allocates every register (and op workspace) and wires the ports."""
+        if self.allocated:
+            raise PlanError("this plan is already in use by a run")
+        self.ports.clear()
+        self.in_ports.clear()
+        try:
+            for a in self.actors:
+                if isinstance(a, Collector):
+                    continue
+                port = OutPort(a, a.out_spec, self.buffers[a])
+                for i in range(port.buffers):
+                    arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}")
+                    reg = Register(port, i, arrays, nbytes)
+                    port.registers.append(reg)
+                    port.free.append(reg)
+                self.ports[a] = port
+                if isinstance(a, SourceActor):
+                    a.start()
+                if isinstance(a, OpActor):
+                    a.program.bind(self.budget, a.name)
+            for a in self.actors:
+                ports = []
+                for producer, view in a.inputs:
+                    p = InPort(a, self.ports[producer], view)
+                    self.ports[producer].consumers.append(p)
+                    ports.append(p)
+                self.in_ports[a] = ports
+        except BaseException:
+            self.budget.release_all()
+            raise
+        self.allocated = True
+
+    def release(self) -> None:
+        """Frees every register; closes the sources."""
+        for a in self.actors:
+            if isinstance(a, SourceActor):
+                a.close()
+            if isinstance(a, OpActor) and a.program is not None:
+                a.program.unbind()
+            a.cached.clear()
+        self.budget.release_all()
+        self.ports.clear()
+        self.in_ports.clear()
+        self.allocated = False
+
+    # -- display ---------------------------------------------------------------------------
+    def table(self) -> str:
+        head = f"{'actor':<16} {'kind':<22} {'output':<34} {'buffers':>7} {'bytes':>11}"
+        lines = ["Plan", head, "-" * len(head)]
+        for r in self.rows:
+            kind = r["kind"] if len(r["kind"]) <= 22 else r["kind"][:21] + "~"
+            lines.append(f"{r['name'][:16]:<16} {kind:<22} {r['output'][:34]:<34} "
+                         f"{r['buffers']:>7} {format_bytes(r['bytes']):>11}")
+        for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
+            b = self.budget.budget(dev)
+            against = f" of {format_bytes(b)} budget" if b is not None else " (no budget)"
+            lines.append(f"total on {dev}: {format_bytes(total)}{against}")
+        if self.resources:
+            lines.append("resources: " + ", ".join(f"{k}={v}" for k, v in self.resources.items()))
+        for name in self.empty_sources:
+            lines.append(f"note: source {name!r} yields nothing; the run will be empty")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    __str__ = __repr__
+
+
+def topo_order(actors: list) -> list:
+    """The actors in an order where producers come before consumers (insertion order
+    otherwise); the collector last. Raises PlanError on a cycle."""
+    order, state = [], {}
+
+    def visit(a, path):
+        s = state.get(a)
+        if s == 2:
+            return
+        if s == 1:
+            raise PlanError("the graph has a cycle: " + " -> ".join(x.name for x in path + [a]))
+        state[a] = 1
+        for p, _ in a.inputs:
+            visit(p, path + [a])
+        state[a] = 2
+        order.append(a)
+    for a in actors:
+        visit(a, [])
+    return order
+
+
+def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
+               resources: dict) -> Plan:
+    """Sizes every register (reading piece 0 through the graph if a stage's output size is
+    not declared), checks the budgets and returns the Plan."""
+    order = topo_order(actors)
+    for a in order:
+        for name, n in a.resources.items():
+            if name not in resources:
+                raise PlanError(f"actor {a.name!r} takes resource {name!r}, which the graph "
+                                f"does not declare; add resources={{{name!r}: ...}} to the "
+                                f"graph")
+            if n > resources[name]:
+                raise PlanError(f"actor {a.name!r} takes {n} of resource {name!r} but only "
+                                f"{resources[name]} exist, so it could never act")
+        a.infer()
+    empty = []
+    if any(a.needs_probe() for a in order):
+        empty = _probe(order)
+        for a in order:
+            a.infer()
+    for a in order:
+        if a.out_spec is None and not isinstance(a, Collector):
+            if not _downstream_of(a, empty):
+                raise PlanError(f"actor {a.name!r}: the size of its output is unknown (it "
+                                f"reads from an async source, whose first item cannot be read "
+                                f"while planning); give it out=af.Spec(shape, dtype)")
+            a.out_spec = PieceSpec(None, [])      # a source yielded nothing: never used
+    buffers = {}
+    for a in order:
+        n = default_buffers if a.buffers is None else a.buffers
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise PlanError(f"actor {a.name!r}: buffers must be an int >= 1, got {n!r}")
+        buffers[a] = n
+    plan = Plan(order, buffers, budget, resources)
+    plan.empty_sources = empty
+    plan.check()
+    return plan
+
+
+def _probe(order: list) -> list:
+    """Reads piece 0 and computes it through the graph, one actor at a time, so every
+    register can be sized. The results are kept and become piece 0 of the run."""
+    values: dict = {}
+    empty = []
+    for a in order:
+        if isinstance(a, Collector):
+            continue
+        if any(p not in values for p, _ in a.inputs):
+            continue                         # downstream of an empty source
+        ins = []
+        for p, view in a.inputs:
+            leaves = values[p]
+            if view is not None:
+                leaves = view(leaves)
+            ins.append(leaves if isinstance(a, OpActor) else read_piece(leaves, p.out_spec))
+        out = a.probe(ins)
+        if out is EOS:
+            empty.append(a.name)
+            continue
+        if out is None:                      # an async source with a declared spec
+            continue
+        values[a] = out
+        a.cached[0] = out
+    return empty
+
+
+def _downstream_of(actor, names: list) -> bool:
+    if actor.name in names:
+        return True
+    return any(_downstream_of(p, names) for p, _ in actor.inputs)

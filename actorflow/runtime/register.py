@@ -1,0 +1,124 @@
+"""Registers, credits and device memory budgets of the actor runtime.
+
+A ``Register`` holds one piece of an actor's output. An actor owns ``buffers`` registers
+(its ``OutPort``); the free ones are its credits. A register sent to consumers is free again
+once every consumer has returned it. A consumer's ``InPort`` queues the registers (and the
+end-of-stream mark) it has been sent, in piece order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..backends import get_backend
+from ..device import device as as_device
+from ..errors import OutOfMemoryError, PlanError, format_bytes, parse_bytes
+
+EOS = "end of stream"     # the mark queued on an InPort after the last piece
+
+
+class Register:
+    """One buffer of an actor's output: ``arrays`` (one per array of the piece; None on a
+    device without data), the ``piece`` it holds, and ``pending``: consumers that have not
+    handed it back yet."""
+
+    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending")
+
+    def __init__(self, owner, index: int, arrays: list, nbytes: int):
+        self.owner = owner          # the OutPort it belongs to
+        self.index = index
+        self.arrays = arrays
+        self.nbytes = nbytes
+        self.piece = None
+        self.pending = 0
+
+    def __repr__(self) -> str:
+        return (f"Register({self.owner.actor.name}#{self.index}, piece {self.piece}, "
+                f"{format_bytes(self.nbytes)})")
+
+
+class OutPort:
+    """An actor's output: its registers, the free ones (credits) and its consumers."""
+
+    __slots__ = ("actor", "spec", "buffers", "registers", "free", "consumers")
+
+    def __init__(self, actor, spec, buffers: int):
+        self.actor = actor
+        self.spec = spec            # PieceSpec
+        self.buffers = buffers
+        self.registers: list = []
+        self.free: deque = deque()
+        self.consumers: list = []   # InPorts
+
+    def home(self) -> bool:
+        """Every register is back (none is out at a consumer or being written)."""
+        return len(self.free) == len(self.registers)
+
+
+class InPort:
+    """One input of an actor: the registers its producer sent, oldest first."""
+
+    __slots__ = ("actor", "producer", "queue", "closed", "view")
+
+    def __init__(self, actor, producer: OutPort, view=None):
+        self.actor = actor
+        self.producer = producer
+        self.queue: deque = deque()
+        self.closed = False
+        self.view = view            # optional callable(arrays) -> what the actor reads
+
+
+class MemoryBudget:
+    """Byte budgets per device for one graph, and the registers allocated under them.
+
+    ``budgets`` maps a device name to an int or a string such as "64MiB" (None: no budget).
+    Allocation goes through the device's allocator, so ``lowlevel.memory_stats`` sees it.
+    """
+
+    def __init__(self, budgets: dict | None = None):
+        self.budgets: dict = {}
+        for dev, value in (budgets or {}).items():
+            d = as_device(dev)
+            try:
+                self.budgets[d] = None if value is None else parse_bytes(value)
+            except (TypeError, ValueError) as e:
+                raise PlanError(f"memory={{{dev!r}: {value!r}}}: {e}") from None
+        self.in_use: dict = {}
+        self.peak: dict = {}
+        self._blocks: list = []
+
+    def budget(self, device):
+        return self.budgets.get(device)
+
+    def allocate(self, spec, what: str) -> tuple[list, int]:
+        """Arrays for one register of ``spec`` (a PieceSpec). Raises OutOfMemoryError if a
+        budget would be exceeded (the plan checks first, so this means the device's own
+        budget or the system refused)."""
+        arrays, total = [], 0
+        for s in spec.specs:
+            dev = s.device
+            nbytes = s.nbytes
+            budget = self.budgets.get(dev)
+            used = self.in_use.get(dev, 0)
+            if budget is not None and used + nbytes > budget:
+                raise OutOfMemoryError(str(dev), nbytes, used, budget, what)
+            arr = get_backend(dev).allocator.empty(s.shape, s.dtype.np, nbytes, what)
+            self._blocks.append((dev, arr, nbytes))
+            self.in_use[dev] = used + nbytes
+            self.peak[dev] = max(self.peak.get(dev, 0), used + nbytes)
+            arrays.append(arr)
+            total += nbytes
+        return arrays, total
+
+    def release_all(self) -> None:
+        """Frees every register allocated under this budget."""
+        blocks, self._blocks = self._blocks, []
+        for dev, arr, nbytes in blocks:
+            get_backend(dev).allocator.free(arr, nbytes, True)
+            self.in_use[dev] -= nbytes
+
+    def stats(self) -> dict:
+        """``{device name: {"in_use", "peak", "budget"}}`` in bytes."""
+        devs = set(self.in_use) | set(self.budgets)
+        return {str(d): {"in_use": self.in_use.get(d, 0), "peak": self.peak.get(d, 0),
+                         "budget": self.budgets.get(d)} for d in sorted(devs, key=str)}

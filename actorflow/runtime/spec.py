@@ -1,0 +1,214 @@
+"""Spec: the shape, dtype and device of one array of a piece; and the piece helpers.
+
+A piece (what flows between actors) is an array or tensor, a Python scalar, None, or a
+tuple, list or dict of pieces. ``piece_spec`` describes one as the same structure with a
+``Spec`` at each leaf; a register holds arrays laid out by that structure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import Device, device as as_device
+from ..dtype import DType, as_dtype, float32, from_numpy_dtype
+from ..errors import DTypeError, ShapeError, format_bytes
+
+
+class Spec:
+    """Shape, dtype and device of one array: what a register holds.
+
+    Args:
+        shape: a tuple of non-negative ints (or one int).
+        dtype: any dtype actorflow accepts (default float32).
+        device: "cpu", "null" or "cuda:N" (default cpu).
+
+    Example::
+
+        af.Spec((256, 784), af.float32)          # 784 KiB per register
+    """
+
+    __slots__ = ("shape", "dtype", "device")
+
+    def __init__(self, shape, dtype=float32, device="cpu"):
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        try:
+            shape = tuple(int(s) for s in shape)
+        except TypeError:
+            raise ShapeError(f"Spec: shape must be a tuple of ints, got {shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise ShapeError(f"Spec: shape {shape} has a negative size")
+        self.shape = shape
+        self.dtype: DType = as_dtype(dtype)
+        self.device: Device = device if isinstance(device, Device) else as_device(device)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+    @staticmethod
+    def of(value, device=None) -> "Spec":
+        """The Spec of an array, tensor or Python scalar."""
+        if hasattr(value, "_impl"):                                    # an actorflow Tensor
+            m = value._impl.meta
+            return Spec(m.shape, m.dtype, device or m.device)
+        arr = np.asarray(value)
+        return Spec(arr.shape, from_numpy_dtype(arr.dtype, "Spec.of"), device or "cpu")
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Spec) and self.shape == other.shape
+                and self.dtype is other.dtype and self.device is other.device)
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype, self.device))
+
+    def __repr__(self) -> str:
+        dev = "" if self.device.type == "cpu" else f", device='{self.device}'"
+        return f"Spec({self.shape}, {self.dtype}{dev})"
+
+    def describe(self) -> str:
+        return f"{self.dtype.name}{list(self.shape)} on {self.device} ({format_bytes(self.nbytes)})"
+
+
+# -- pieces as trees of arrays -------------------------------------------------------------
+
+def flatten(piece) -> tuple[list, object]:
+    """``(leaves, structure)``: the arrays of a piece in a fixed order, and how to rebuild it.
+    Leaves are anything that is not a tuple, list, dict or None."""
+    leaves: list = []
+    return leaves, _flatten(piece, leaves)
+
+
+def _flatten(piece, leaves):
+    if piece is None:
+        return None
+    if isinstance(piece, (tuple, list)):
+        return (type(piece), tuple(_flatten(p, leaves) for p in piece))
+    if isinstance(piece, dict):
+        keys = tuple(piece)
+        return (dict, keys, tuple(_flatten(piece[k], leaves) for k in keys))
+    leaves.append(piece)
+    return 0
+
+
+def unflatten(structure, leaves) -> object:
+    """Rebuilds a piece of ``structure`` from ``leaves`` (consumed in order)."""
+    it = iter(leaves)
+    return _unflatten(structure, it)
+
+
+def _unflatten(s, it):
+    if s is None:
+        return None
+    if s == 0:
+        return next(it)
+    if s[0] is dict:
+        return {k: _unflatten(c, it) for k, c in zip(s[1], s[2])}
+    kind, children = s
+    items = [_unflatten(c, it) for c in children]
+    return tuple(items) if kind is tuple else items
+
+
+def as_array(leaf, what: str) -> np.ndarray:
+    """A leaf of a piece as a numpy array (tensors are fetched, scalars become 0-d arrays)."""
+    if isinstance(leaf, np.ndarray):
+        return leaf
+    if hasattr(leaf, "numpy") and hasattr(leaf, "_impl"):
+        return leaf.numpy()
+    if isinstance(leaf, (bool, int, float, np.generic)):
+        return np.asarray(leaf, dtype=np.float32 if isinstance(leaf, float) else None)
+    try:
+        arr = np.asarray(leaf)
+    except Exception:  # noqa: BLE001 - reported with the value's type below
+        arr = None
+    if arr is None or arr.dtype == object:
+        raise DTypeError(f"{what} is a {type(leaf).__name__}; a piece holds arrays, tensors, "
+                         f"numbers, or tuples/lists/dicts of them")
+    return arr
+
+
+class PieceSpec:
+    """The structure of a piece and a Spec per array in it."""
+
+    __slots__ = ("structure", "specs")
+
+    def __init__(self, structure, specs: list):
+        self.structure = structure
+        self.specs = tuple(specs)
+
+    @staticmethod
+    def of(piece, what: str, device=None) -> "PieceSpec":
+        leaves, structure = flatten(piece)
+        specs = []
+        for i, leaf in enumerate(leaves):
+            arr = as_array(leaf, f"{what} (array {i})")
+            from_numpy_dtype(arr.dtype, what)        # raises DTypeError naming what to do
+            specs.append(Spec(arr.shape, arr.dtype, device or "cpu"))
+        return PieceSpec(structure, specs)
+
+    @staticmethod
+    def from_user(out) -> "PieceSpec":
+        """``out=`` as given by a user: a Spec, or a tuple/list/dict of Specs."""
+        leaves, structure = flatten(out)
+        for leaf in leaves:
+            if not isinstance(leaf, Spec):
+                raise TypeError(f"out= takes an af.Spec or a tuple/list/dict of them, got "
+                                f"{type(leaf).__name__} {leaf!r}")
+        return PieceSpec(structure, leaves)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    def bytes_on(self) -> dict:
+        """``{Device: bytes}`` of one register."""
+        out: dict = {}
+        for s in self.specs:
+            out[s.device] = out.get(s.device, 0) + s.nbytes
+        return out
+
+    def describe(self) -> str:
+        if len(self.specs) == 1 and self.structure == 0:
+            return self.specs[0].describe()
+        return "(" + ", ".join(s.describe() for s in self.specs) + ")" if self.specs else "nothing"
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, PieceSpec) and self.structure == other.structure
+                and self.specs == other.specs)
+
+    def __repr__(self) -> str:
+        return repr(unflatten(self.structure, self.specs))
+
+
+def view_of(base, meta):
+    """The strided view a TensorMeta describes (shape, strides and offset in elements) over
+    the contiguous array ``base``; ``base`` itself when ``meta`` is None."""
+    if meta is None or base is None:
+        return base
+    size = base.itemsize
+    if 0 in meta.shape:
+        return np.empty(meta.shape, base.dtype)
+    return np.ndarray(meta.shape, base.dtype, base, meta.offset * size,
+                      tuple(s * size for s in meta.strides))
+
+
+def check_and_copy(values: list, dests: list, spec: PieceSpec, what: str) -> None:
+    """Copies a piece's arrays into a register's arrays, or raises naming the mismatch."""
+    if len(values) != len(dests):
+        raise ShapeError(f"{what} returned {len(values)} arrays, but its register holds "
+                         f"{len(spec.specs)} ({spec!r}); return the same structure every piece")
+    for i, (v, d, s) in enumerate(zip(values, dests, spec.specs)):
+        arr = as_array(v, f"{what} (array {i})")
+        got = f"{arr.dtype}{list(arr.shape)}"
+        want = f"{s.dtype.name}{list(s.shape)}"
+        if arr.shape != s.shape:
+            raise ShapeError(f"{what} returned {got} but its register holds {want}; return the "
+                             f"same shape for every piece, or declare out=af.Spec(...)")
+        if arr.dtype != s.dtype.np:
+            raise DTypeError(f"{what} returned {got} but its register holds {want}; cast it "
+                             f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)")
+        if d is not None:
+            np.copyto(d, arr, casting="no")

@@ -1,0 +1,47 @@
+"""RunStats: what a run of an actor graph did, per actor and per device."""
+
+from __future__ import annotations
+
+from ..errors import format_bytes
+
+
+class RunStats:
+    """``wall_s``; ``actors``: per actor name ``{kind, mode, acts, compute_s, wait_input_s,
+    wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
+    budget}`` in bytes (``peak`` measured: the most register bytes held at once)."""
+
+    def __init__(self, sched, plan):
+        s = sched.stats()
+        self.wall_s: float = s["wall_s"]
+        self.actors: dict = s["actors"]
+        mem = plan.budget.stats()
+        self.memory: dict = {}
+        for dev, total in plan.totals.items():
+            m = mem.get(str(dev), {})
+            self.memory[str(dev)] = {"planned": total, "peak": m.get("peak", 0),
+                                     "budget": plan.budget.budget(dev)}
+        self.pieces = max((r["acts"] for r in self.actors.values()
+                           if r["kind"] == "source"), default=0)
+
+    def as_dict(self) -> dict:
+        return {"wall_s": self.wall_s, "pieces": self.pieces, "actors": self.actors,
+                "memory": self.memory}
+
+    def table(self) -> str:
+        head = (f"{'actor':<16} {'mode':<7} {'acts':>6} {'compute s':>10} {'wait input':>11} "
+                f"{'wait credit':>12} {'wait res.':>10} {'busy':>6}")
+        lines = [f"Run: {self.pieces} pieces in {self.wall_s:.3f} s", head, "-" * len(head)]
+        for name, r in self.actors.items():
+            lines.append(f"{name[:16]:<16} {r['mode']:<7} {r['acts']:>6} {r['compute_s']:>10.4f} "
+                         f"{r['wait_input_s']:>11.4f} {r['wait_credit_s']:>12.4f} "
+                         f"{r['wait_resource_s']:>10.4f} {r['busy']:>6.0%}")
+        for dev, m in self.memory.items():
+            b = f" of {format_bytes(m['budget'])} budget" if m["budget"] is not None else ""
+            lines.append(f"memory on {dev}: planned {format_bytes(m['planned'])}, measured peak "
+                         f"{format_bytes(m['peak'])}{b}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    __str__ = __repr__
