@@ -97,8 +97,13 @@ class Program:
     def _run(self, outs, ins) -> None:
         get = self._get
         for st in self.steps:
-            st.kernel([get(r, outs, ins) for r in st.outs], [get(r, outs, ins) for r in st.ins],
-                      st.attrs)
+            args = []
+            for r in st.ins:
+                if r[0] == "in" and r[3] is None:       # the common case: a whole input
+                    args.append(ins[r[1]][r[2]])
+                else:
+                    args.append(get(r, outs, ins))
+            st.kernel([get(r, outs, ins) for r in st.outs], args, st.attrs)
         for j, ref in self.copies:
             np.copyto(outs[j], get(ref, outs, ins))
 

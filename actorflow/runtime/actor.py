@@ -22,8 +22,7 @@ _NOT_GIVEN = object()
 
 
 class Actor:
-    """Common state of every actor. ``inputs`` are upstream actors (each may carry a
-    ``view``: a function applied to the producer's arrays before this actor reads them)."""
+    """Common state of every actor. ``inputs`` are the upstream actors, one per input."""
 
     kind = "stage"
 
@@ -31,7 +30,7 @@ class Actor:
                  resources: dict | None = None, inline: bool = False, time=None,
                  out: PieceSpec | None = None):
         self.name = name
-        self.inputs = list(inputs)          # [(Actor, view or None)]
+        self.inputs = list(inputs)          # upstream actors
         self.buffers = buffers              # None: the graph's default
         self.resources = dict(resources or {})
         self.inline = inline                # act on the scheduler's loop, not a thread
@@ -232,7 +231,7 @@ class OpActor(Actor):
         self.program = None
 
     def infer(self):
-        specs = [a.out_spec for a, _ in self.inputs]
+        specs = [a.out_spec for a in self.inputs]
         if any(s is None for s in specs):
             return
         if self.program is None:
@@ -267,7 +266,7 @@ class Collector(Actor):
     kind = "output"
 
     def __init__(self, sinks: list, names: list, picks=None, structure=None):
-        super().__init__("output", [(s, None) for s in sinks], inline=True)
+        super().__init__("output", list(sinks), inline=True)
         self.names = names
         self.picks = picks              # [(input k, array j, view meta)]: a traced output
         self.structure = structure

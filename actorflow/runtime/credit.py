@@ -247,7 +247,7 @@ class CreditScheduler:
                 if not out.free:
                     self._blocked(st, CREDIT)
                     return
-            elif isinstance(st.actor, Collector) and self.room <= 0:
+            elif self.room <= 0:                   # the collector: the caller's credits
                 self._blocked(st, CREDIT)
                 return
             if st.tokens and not self._take_tokens(st):
@@ -276,13 +276,12 @@ class CreditScheduler:
             tokens[name] -= n
         return True
 
-    def inputs_of(self, st: ActorState, regs: list) -> list:
+    @staticmethod
+    def inputs_of(st: ActorState, regs: list) -> list:
         """What the actor reads: raw arrays for op programs, pieces for Python stages."""
-        out = []
-        for p, reg in zip(st.ins, regs):
-            arrays = reg.arrays if p.view is None else p.view(reg.arrays)
-            out.append(arrays if st.raw else read_piece(arrays, p.producer.spec))
-        return out
+        if st.raw:
+            return [reg.arrays for reg in regs]
+        return [read_piece(reg.arrays, reg.owner.spec) for reg in regs]
 
     def _dispatch(self, st: ActorState, piece: int, regs: list, out_reg) -> None:
         if st.first_act is None:
@@ -338,7 +337,11 @@ class CreditScheduler:
             while waiters:
                 self.wake(waiters.pop())
         for reg in regs:
-            self._hand_back(reg)
+            reg.pending -= 1
+            if reg.pending == 0:
+                port = reg.owner
+                port.free.append(reg)
+                self.wake(self.by_actor[port.actor])
         if err is not None:
             e, tb = err
             error = ActorError(st.actor.name, piece, e, tb)
@@ -411,9 +414,9 @@ class CreditScheduler:
             if prod.in_flight == 0:
                 self._end(prod)
 
-    def credit_back(self) -> None:
-        """The consumer of ``run()`` took one output: the collector may deliver another."""
-        self.room += 1
+    def credit_back(self, n: int = 1) -> None:
+        """The consumer of ``run()`` took ``n`` outputs: the collector may deliver more."""
+        self.room += n
         if self.collector is not None:
             self.wake(self.collector)
         self.drain()

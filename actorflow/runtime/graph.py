@@ -57,7 +57,7 @@ class ActorGraph:
     """
 
     def __init__(self, memory: dict | None = None, resources: dict | None = None,
-                 buffers: int = 2, seed=None, output_buffers: int = 2):
+                 buffers: int = 2, seed=None, output_buffers: int = 16):
         self.memory = dict(memory or {})
         MemoryBudget(self.memory)                       # validates the budgets now
         self.resources = {}
@@ -85,13 +85,13 @@ class ActorGraph:
 
     # -- building --------------------------------------------------------------------------
     def _add(self, actor: Actor) -> Actor:
-        for p, _ in actor.inputs:
+        for p in actor.inputs:
             if not isinstance(p, Actor) or p not in self.actors:
                 raise TypeError(f"actor {actor.name!r}: its inputs must be actors of this graph "
                                 f"(what source/actor/op returned), got {p!r}")
         self.actors.append(actor)
         self._names.add(actor.name)
-        for p, _ in actor.inputs:
+        for p in actor.inputs:
             p.consumers.append(actor)
         self._plan = None
         return actor
@@ -132,7 +132,7 @@ class ActorGraph:
         extra seconds per act (float or ``f(piece)``), for experiments and tests."""
         spec = PieceSpec.from_user(out) if out is not None else None
         return self._add(StageActor(self._name(name, getattr(fn, "__name__", "stage")), fn,
-                                    [(i, None) for i in inputs], buffers=buffers,
+                                    list(inputs), buffers=buffers,
                                     resources=resources, inline=inline, time=time, out=spec))
 
     def op(self, fn, *inputs, name=None, buffers=None, inline=None, time=None,
@@ -144,7 +144,7 @@ class ActorGraph:
             from ..graph.trace import op_program      # tracing lives above the runtime
             return op_program(fn, specs, kwargs)
         a = OpActor(self._name(name, getattr(fn, "__name__", "op")), build,
-                    [(i, None) for i in inputs], buffers=buffers, resources=resources,
+                    list(inputs), buffers=buffers, resources=resources,
                     inline=inline, time=time)
         return self._add(a)
 
@@ -237,6 +237,7 @@ class ActorGraph:
         thread = threading.Thread(target=main, name="actorflow-graph", daemon=True)
         thread.start()
         finished = False
+        owed, batch = 0, max(1, self.output_buffers // 2)
         try:
             while True:
                 item = out.get()
@@ -246,7 +247,13 @@ class ActorGraph:
                 if isinstance(item, _Failed):
                     finished = True
                     raise item.error
-                loop.call_soon_threadsafe(sched.credit_back)
+                owed += 1                     # hand credits back in batches: fewer wake-ups
+                if owed >= batch or out.empty():
+                    try:
+                        loop.call_soon_threadsafe(sched.credit_back, owed)
+                    except RuntimeError:
+                        pass                  # the run is over; the rest is queued here
+                    owed = 0
                 yield item
         finally:
             if not finished:

@@ -108,8 +108,8 @@ class Plan:
                     a.program.bind(self.budget, a.name)
             for a in self.actors:
                 ports = []
-                for producer, view in a.inputs:
-                    p = InPort(a, self.ports[producer], view)
+                for producer in a.inputs:
+                    p = InPort(a, self.ports[producer])
                     self.ports[producer].consumers.append(p)
                     ports.append(p)
                 self.in_ports[a] = ports
@@ -167,7 +167,7 @@ def topo_order(actors: list) -> list:
         if s == 1:
             raise PlanError("the graph has a cycle: " + " -> ".join(x.name for x in path + [a]))
         state[a] = 1
-        for p, _ in a.inputs:
+        for p in a.inputs:
             visit(p, path + [a])
         state[a] = 2
         order.append(a)
@@ -223,13 +223,11 @@ def _probe(order: list) -> list:
     for a in order:
         if isinstance(a, Collector):
             continue
-        if any(p not in values for p, _ in a.inputs):
+        if any(p not in values for p in a.inputs):
             continue                         # downstream of an empty source
         ins = []
-        for p, view in a.inputs:
+        for p in a.inputs:
             leaves = values[p]
-            if view is not None:
-                leaves = view(leaves)
             ins.append(leaves if isinstance(a, OpActor) else read_piece(leaves, p.out_spec))
         out = a.probe(ins)
         if out is EOS:
@@ -245,4 +243,4 @@ def _probe(order: list) -> list:
 def _downstream_of(actor, names: list) -> bool:
     if actor.name in names:
         return True
-    return any(_downstream_of(p, names) for p, _ in actor.inputs)
+    return any(_downstream_of(p, names) for p in actor.inputs)

@@ -58,14 +58,13 @@ class OutPort:
 class InPort:
     """One input of an actor: the registers its producer sent, oldest first."""
 
-    __slots__ = ("actor", "producer", "queue", "closed", "view")
+    __slots__ = ("actor", "producer", "queue", "closed")
 
-    def __init__(self, actor, producer: OutPort, view=None):
+    def __init__(self, actor, producer: OutPort):
         self.actor = actor
         self.producer = producer
         self.queue: deque = deque()
         self.closed = False
-        self.view = view            # optional callable(arrays) -> what the actor reads
 
 
 class MemoryBudget:
