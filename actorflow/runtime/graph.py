@@ -188,7 +188,14 @@ class ActorGraph:
                     a.out_spec = None
             elif not a.declared:
                 a.out_spec = None
-        self._plan = build_plan(actors, self.buffers, budget, self.resources)
+        try:
+            self._plan = build_plan(actors, self.buffers, budget, self.resources)
+        except BaseException:
+            for a in self.actors:
+                a.cached.clear()
+                if isinstance(a, SourceActor):
+                    a.close()
+            raise
         for a in self.actors:
             if isinstance(a, OpActor) and a.inline is None:
                 a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= 1 << 16

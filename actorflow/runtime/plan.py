@@ -10,7 +10,9 @@ at once, before the first act; nothing is allocated while running.
 
 from __future__ import annotations
 
-from ..errors import PlanError, format_bytes
+import traceback
+
+from ..errors import ActorError, PlanError, format_bytes
 from .actor import Collector, OpActor, SourceActor, read_piece
 from .register import EOS, InPort, MemoryBudget, OutPort, Register
 from .spec import PieceSpec
@@ -229,7 +231,13 @@ def _probe(order: list) -> list:
         for p in a.inputs:
             leaves = values[p]
             ins.append(leaves if isinstance(a, OpActor) else read_piece(leaves, p.out_spec))
-        out = a.probe(ins)
+        try:
+            out = a.probe(ins)
+        except PlanError:
+            raise
+        except Exception as e:  # noqa: BLE001 - named with the actor, as in a run
+            err = ActorError(a.name, 0, e, traceback.format_exc())
+            raise err from e
         if out is EOS:
             empty.append(a.name)
             continue
