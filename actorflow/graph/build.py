@@ -49,7 +49,7 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
         all_consts = rec.const_arrays() if consts else []
         program = Program([step], PieceSpec(structure_n, leaves), [],
                           [all_consts[c] for c in consts], [])
-        actor_of[n] = g.op(_prebuilt(program), *ports, name=node.op.name)
+        actor_of[n] = g.op(_prebuilt(program), *ports)
         actor_of[n].build = lambda specs, p=program: p
     picks, sinks = [], []
     for t in out_leaves:

@@ -228,6 +228,7 @@ class OpActor(Actor):
     def __init__(self, name, build, inputs, **kw):
         super().__init__(name, inputs, **kw)
         self.build = build          # f([PieceSpec per input]) -> program
+        self.inline_given = self.inline  # None: decided from the register size when planned
         self.program = None
 
     def infer(self):

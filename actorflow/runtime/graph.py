@@ -197,8 +197,9 @@ class ActorGraph:
                     a.close()
             raise
         for a in self.actors:
-            if isinstance(a, OpActor) and a.inline is None:
-                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= 1 << 16
+            if isinstance(a, OpActor) and a.inline_given is None:
+                ws = a.program.workspace_bytes if a.program is not None else 0
+                a.inline = a.out_spec.nbytes <= (1 << 16) and ws <= (1 << 16)
         return self._plan
 
     # -- running ---------------------------------------------------------------------------

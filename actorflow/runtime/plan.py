@@ -38,7 +38,7 @@ class Plan:
             if isinstance(a, Collector):
                 continue
             reg = a.out_spec.nbytes
-            ws = a.program.workspace_bytes if isinstance(a, OpActor) else 0
+            ws = a.program.workspace_bytes if getattr(a, "program", None) else 0
             n = buffers[a]
             dev = a.out_spec.specs[0].device if a.out_spec.specs else None
             for d, b in a.out_spec.bytes_on().items():
@@ -106,7 +106,7 @@ class Plan:
                 self.ports[a] = port
                 if isinstance(a, SourceActor):
                     a.start()
-                if isinstance(a, OpActor):
+                if isinstance(a, OpActor) and a.program is not None:
                     a.program.bind(self.budget, a.name)
             for a in self.actors:
                 ports = []
