@@ -136,3 +136,29 @@ def test_diamond_under_seeded_orders(seed):
     g.sink(j)
     outs = list(g.run())
     np.testing.assert_array_equal(np.stack(outs)[:, 0], [(i + 1) - 2 * i for i in range(20)])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags())
+def test_random_dags_on_the_null_device(case):
+    """The same DAGs with every register on the null device (no data, simulated op time):
+    pieces are counted, the plan is kept and the budget is never exceeded."""
+    nodes, sinks, slack, seed = case
+    g = af.ActorGraph(seed=seed, memory={"null": "64KiB"})
+    actors = []
+    for i, node in enumerate(nodes):
+        delay = (lambda p, t=node["times"]: t[p % 3])
+        if "length" in node:
+            a = g.source([np.zeros(2)] * node["length"], name=f"n{i}", buffers=node["buffers"],
+                         out=af.Spec((2,), af.float64, "null"), inline=True, time=delay)
+        else:
+            a = g.op(stage_fn(i), *[actors[j] for j in node["inputs"]], name=f"n{i}",
+                     buffers=node["buffers"], time=delay)
+        actors.append(a)
+    for i in sinks:
+        g.sink(actors[i], f"s{i}")
+    outs = [as_dict(o, sinks) for o in g.run()]
+    assert len(outs) == min(n["length"] for n in nodes if "length" in n)
+    assert all(v is None for o in outs for v in o.values())
+    m = g.stats().memory["null"]
+    assert m["peak"] == m["planned"] <= m["budget"]
