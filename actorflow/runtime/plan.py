@@ -46,7 +46,7 @@ class Plan:
             if ws:
                 self.totals[dev] = self.totals.get(dev, 0) + ws
             self.rows.append({"name": a.name, "kind": a.describe(),
-                              "output": a.out_spec.describe(), "buffers": n,
+                              "output": a.out_spec.describe(sizes=False), "buffers": n,
                               "register_bytes": reg, "workspace_bytes": ws,
                               "bytes": reg * n + ws, "device": str(dev) if dev else "-"})
 
@@ -135,12 +135,15 @@ class Plan:
 
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:
-        head = f"{'actor':<16} {'kind':<22} {'output':<34} {'buffers':>7} {'bytes':>11}"
+        head = (f"{'actor':<16} {'kind':<20} {'output':<30} {'register':>10} {'buffers':>7} "
+                f"{'bytes':>10}")
         lines = ["Plan", head, "-" * len(head)]
         for r in self.rows:
-            kind = r["kind"] if len(r["kind"]) <= 22 else r["kind"][:21] + "~"
-            lines.append(f"{r['name'][:16]:<16} {kind:<22} {r['output'][:34]:<34} "
-                         f"{r['buffers']:>7} {format_bytes(r['bytes']):>11}")
+            kind = r["kind"] if len(r["kind"]) <= 20 else r["kind"][:19] + "~"
+            out = r["output"] if len(r["output"]) <= 30 else r["output"][:29] + "~"
+            lines.append(f"{r['name'][:16]:<16} {kind:<20} {out:<30} "
+                         f"{format_bytes(r['register_bytes']):>10} {r['buffers']:>7} "
+                         f"{format_bytes(r['bytes']):>10}")
         for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
             b = self.budget.budget(dev)
             against = f" of {format_bytes(b)} budget" if b is not None else " (no budget)"

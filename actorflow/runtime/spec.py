@@ -69,8 +69,9 @@ class Spec:
         dev = "" if self.device.type == "cpu" else f", device='{self.device}'"
         return f"Spec({self.shape}, {self.dtype}{dev})"
 
-    def describe(self) -> str:
-        return f"{self.dtype.name}{list(self.shape)} on {self.device} ({format_bytes(self.nbytes)})"
+    def describe(self, sizes: bool = True) -> str:
+        text = f"{self.dtype.name}{list(self.shape)} on {self.device}"
+        return text + f" ({format_bytes(self.nbytes)})" if sizes else text
 
 
 # -- pieces as trees of arrays -------------------------------------------------------------
@@ -170,10 +171,12 @@ class PieceSpec:
             out[s.device] = out.get(s.device, 0) + s.nbytes
         return out
 
-    def describe(self) -> str:
+    def describe(self, sizes: bool = True) -> str:
         if len(self.specs) == 1 and self.structure == 0:
-            return self.specs[0].describe()
-        return "(" + ", ".join(s.describe() for s in self.specs) + ")" if self.specs else "nothing"
+            return self.specs[0].describe(sizes)
+        if not self.specs:
+            return "nothing"
+        return "(" + ", ".join(s.describe(sizes) for s in self.specs) + ")"
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, PieceSpec) and self.structure == other.structure
