@@ -1,4 +1,5 @@
-"""Power-user names: the VM, instructions, streams, allocators and scheduler settings."""
+"""Power-user names: the VM, instructions, streams, allocators and scheduler settings; the
+actor runtime's registers, ports, budgets, planner and credit scheduler; the tracer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from .backends.base import Allocator, AllocatorStats, Backend, Stream
 from .device import device as _device
 from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpreter, use_stream
 from .errors import parse_bytes
+from .graph.program import Program
+from .graph.trace import Recorder
+from .runtime.credit import CreditScheduler
+from .runtime.plan import Plan, build_plan
+from .runtime.register import InPort, MemoryBudget, OutPort, Register
 from .ops import OpDef, all_ops, get as get_op, register as register_op
 from .tensor.blob import Blob
 from .tensor.impl import TensorImpl
@@ -45,7 +51,9 @@ def vm_stats() -> dict:
     return out
 
 
-__all__ = ["Access", "Allocator", "AllocatorStats", "Backend", "Blob", "EagerInterpreter",
+__all__ = ["CreditScheduler", "InPort", "MemoryBudget", "OutPort", "Plan", "Program", "Recorder",
+           "Register", "build_plan",
+           "Access", "Allocator", "AllocatorStats", "Backend", "Blob", "EagerInterpreter",
            "Instruction", "Interpreter", "OpDef", "Operand", "Stream", "TensorImpl", "TensorMeta",
            "VM", "all_ops", "allocator", "apply", "get_backend", "get_op", "get_vm",
            "memory_stats", "register_op", "set_memory_budget", "set_null_latency", "stream",
