@@ -68,12 +68,15 @@ class Pipeline:
 
 
 def _per_stage(value, n: int, what: str) -> list:
-    if isinstance(value, (list, tuple)) and what != "out":
+    """``value`` spread over ``n`` stages: ``buffers`` and ``stage_resources`` may be one
+    value for all; ``out`` and ``names`` are None or a list with one entry per stage."""
+    if isinstance(value, list) or (isinstance(value, tuple) and what not in ("out",)):
         if len(value) != n:
             raise ValueError(f"Pipeline: {what} has {len(value)} entries for {n} stages")
         return list(value)
-    if what == "out" and isinstance(value, list):
-        if len(value) != n:
-            raise ValueError(f"Pipeline: out has {len(value)} entries for {n} stages")
-        return value
-    return [value] * n if what in ("buffers", "stage_resources") else [None] * n
+    if value is None:
+        return [None] * n
+    if what in ("buffers", "stage_resources"):
+        return [value] * n
+    raise TypeError(f"Pipeline: {what}= takes a list with one entry per stage (None where "
+                    f"not given), got {type(value).__name__}")

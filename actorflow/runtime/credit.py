@@ -32,7 +32,7 @@ from collections import deque
 from queue import SimpleQueue
 
 from ..errors import ActorError
-from .actor import Collector, OpActor, SourceActor, read_piece
+from .actor import Collector, OpActor, SourceActor
 from .register import EOS
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
@@ -281,7 +281,7 @@ class CreditScheduler:
         """What the actor reads: raw arrays for op programs, pieces for Python stages."""
         if st.raw:
             return [reg.arrays for reg in regs]
-        return [read_piece(reg.arrays, reg.owner.spec) for reg in regs]
+        return [reg.view for reg in regs]
 
     def _dispatch(self, st: ActorState, piece: int, regs: list, out_reg) -> None:
         if st.first_act is None:

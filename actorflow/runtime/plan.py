@@ -100,7 +100,7 @@ class Plan:
                 port = OutPort(a, a.out_spec, self.buffers[a])
                 for i in range(port.buffers):
                     arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}")
-                    reg = Register(port, i, arrays, nbytes)
+                    reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec))
                     port.registers.append(reg)
                     port.free.append(reg)
                 self.ports[a] = port

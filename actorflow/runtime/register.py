@@ -22,13 +22,14 @@ class Register:
     device without data), the ``piece`` it holds, and ``pending``: consumers that have not
     handed it back yet."""
 
-    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending")
+    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view")
 
-    def __init__(self, owner, index: int, arrays: list, nbytes: int):
+    def __init__(self, owner, index: int, arrays: list, nbytes: int, view=None):
         self.owner = owner          # the OutPort it belongs to
         self.index = index
         self.arrays = arrays
         self.nbytes = nbytes
+        self.view = view            # the piece as consumers read it (read-only views), made once
         self.piece = None
         self.pending = 0
 
