@@ -21,9 +21,10 @@ the median is recorded too):
 - ``threads + queue``: one thread per stage, ``queue.Queue(maxsize=2)`` between stages and
   to the consumer, a sentinel for the end (what one writes by hand);
 - ``actorflow``: ``af.Pipeline([source, f1, f2, f3], buffers=2)`` iterated with ``run()``
-  (the time includes planning: the Pipeline sizes its registers by computing piece 0 once);
+  (the time includes planning: the run sizes each stage's registers from piece 0 as that
+  piece flows through the pipeline);
 - ``actorflow (out= declared)``: diagnostic, the same with ``out=af.Spec(...)`` per stage,
-  so planning computes nothing ahead (``--no-diagnostics`` drops it).
+  so no stage is sized from piece 0 (``--no-diagnostics`` drops it).
 
 Every run is checked: 200 items, in order, item ``i`` equal to ``i + 3`` (a wrong or short
 run fails loudly instead of producing a fast number). The JSON records each actorflow
@@ -384,13 +385,13 @@ def main(argv=None) -> int:
                   note=f"4 threads, queue.Queue(maxsize={QUEUE_SIZE}) between stages"),
         Contender("actorflow", lambda: list(pipe.run()), ref,
                   after=lambda: pipe.stats().as_dict(),
-                  note="af.Pipeline(buffers=2); includes planning (piece 0 computed once)"),
+                  note="af.Pipeline(buffers=2); includes planning (stages sized by piece 0 while it flows)"),
     ]
     if not args.no_diagnostics:
         contenders.append(Contender(
             "actorflow (out= declared)", lambda: list(pipe_out.run()), ref,
             after=lambda: pipe_out.stats().as_dict(), diagnostic=True,
-            note="diagnostic: out=af.Spec per stage, so planning computes nothing"))
+            note="diagnostic: out=af.Spec per stage, so nothing is sized from piece 0"))
 
     cc = CpuContention()
     run_rounds(contenders, repeat)

@@ -287,14 +287,17 @@ async def test_async_source_and_aclosing(no_leftovers):
     assert threads_now() == set()
 
 
-def test_async_source_needs_a_spec():
+async def test_async_source_sized_while_running_but_not_by_plan():
     async def agen():
-        yield np.zeros(3)
+        for i in range(3):
+            yield np.full(3, i)
 
     g = af.ActorGraph()
-    g.sink(g.source(agen()))
+    g.sink(g.source(agen))
     with pytest.raises(af.PlanError, match="out=af.Spec"):
-        g.plan()
+        g.plan()                       # plan() cannot await the first item...
+    outs = [x async for x in g.run_async()]  # ...but a run sizes it from piece 0
+    assert [int(o[0]) for o in outs] == [0, 1, 2]
 
 
 def test_resources_are_exclusive_and_counted():
@@ -396,3 +399,37 @@ def test_null_device_registers_are_planned_and_counted():
     assert len(outs) == 5 and outs[0] is None
     m = g.stats().memory["null"]
     assert m["peak"] == m["planned"] == 4 * 256 * 256 * 4 <= m["budget"]
+
+
+def test_run_sizes_stages_as_piece_0_flows(no_leftovers):
+    """run() without plan(): stages are sized by piece 0 while it flows through the
+    pipeline (no stage is called twice), and nothing is delivered before the plan is whole."""
+    calls = []
+
+    def stage(x):
+        calls.append(int(x[0, 0]))
+        return np.concatenate([x, x])
+
+    g = af.ActorGraph(memory={"cpu": 10_000})
+    g.sink(g.op(af.neg, g.actor(stage, g.source(batches(4)), name="stage"), name="neg"))
+    outs = list(g.run())
+    assert calls == [0, 1, 2, 3]
+    assert [o.shape for o in outs] == [(8, 3)] * 4
+    assert float(outs[3][0, 0]) == -3
+    m = g.stats().memory["cpu"]
+    assert m["peak"] == m["planned"] == 2 * 48 + 2 * 96 + 2 * 96
+
+
+def test_lazy_sizing_refuses_before_delivering(no_leftovers):
+    def grow(x):
+        return np.zeros((1000, 100), np.float32)       # 400 KB per register
+
+    g = af.ActorGraph(memory={"cpu": "500KiB"})
+    g.sink(g.actor(grow, g.source(batches(5)), name="grow"))
+    got = []
+    with pytest.raises(af.PlanError, match="grow: 2 x 390.6 KiB") as info:
+        for x in g.run():
+            got.append(x)
+    assert got == []
+    assert "not sized yet" not in str(info.value)
+    assert info.value.fitting_buffers == 1

@@ -18,7 +18,16 @@ import numpy as np
 from .register import EOS
 from .spec import PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
 
-_NOT_GIVEN = object()
+
+
+class Sized:
+    """What an act returns when it computed piece 0 before the actor's registers existed
+    (the run sizes them from it): the piece's arrays."""
+
+    __slots__ = ("leaves",)
+
+    def __init__(self, leaves: list):
+        self.leaves = leaves
 
 
 class Actor:
@@ -73,12 +82,28 @@ class Actor:
         return True
 
     def _store(self, value, outs, what: str) -> None:
+        spec = self.out_spec
+        if type(value) is np.ndarray and spec.structure == 0:        # the common case
+            s = spec.specs[0]
+            if value.shape == s.shape and value.dtype == s.dtype.np:
+                d = outs[0]
+                if d is not None:
+                    np.copyto(d, value)
+                return
         leaves, structure = flatten(value)
         spec = self.out_spec
         if structure != spec.structure:
             raise TypeError(f"{what} returned {_shape_of(value)}, but its register holds "
                             f"{spec!r}; return the same structure for every piece")
         check_and_copy(leaves, outs, spec, what)
+
+    def _put(self, value, outs, what: str):
+        """Stores ``value`` in the output register; with no register yet (the run sizes
+        this actor from piece 0), returns it as ``Sized`` instead."""
+        if outs is None:
+            return Sized(self._checked_leaves(value, what))
+        self._store(value, outs, what)
+        return None
 
     def _checked_leaves(self, value, what: str) -> list:
         """Leaves of a probed output, checked against a declared spec (if any)."""
@@ -176,24 +201,22 @@ class SourceActor(Actor):
         return self._checked_leaves(value, f"source {self.name!r} (piece 0)")
 
     def compute(self, piece, ins, outs):
-        if self._copy_cached(piece, outs):
+        if outs is not None and self._copy_cached(piece, outs):
             return None
         try:
             value = next(self.it)
         except StopIteration:
             return EOS
-        self._store(value, outs, f"source {self.name!r} (piece {piece})")
-        return None
+        return self._put(value, outs, f"source {self.name!r} (piece {piece})")
 
     async def compute_async(self, piece, outs):
-        if self._copy_cached(piece, outs):
+        if outs is not None and self._copy_cached(piece, outs):
             return None
         try:
             value = await self.it.__anext__()
         except StopAsyncIteration:
             return EOS
-        self._store(value, outs, f"source {self.name!r} (piece {piece})")
-        return None
+        return self._put(value, outs, f"source {self.name!r} (piece {piece})")
 
 
 class StageActor(Actor):
@@ -210,10 +233,9 @@ class StageActor(Actor):
         return self._checked_leaves(self.fn(*ins), f"actor {self.name!r} (piece 0)")
 
     def compute(self, piece, ins, outs):
-        if self._copy_cached(piece, outs):
+        if outs is not None and self._copy_cached(piece, outs):
             return None
-        self._store(self.fn(*ins), outs, f"actor {self.name!r} (piece {piece})")
-        return None
+        return self._put(self.fn(*ins), outs, f"actor {self.name!r} (piece {piece})")
 
     def describe(self) -> str:
         return f"stage {getattr(self.fn, '__name__', type(self.fn).__name__)}"

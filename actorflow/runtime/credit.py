@@ -31,9 +31,9 @@ import traceback
 from collections import deque
 from queue import SimpleQueue
 
-from ..errors import ActorError
-from .actor import Collector, OpActor, SourceActor
-from .register import EOS
+from ..errors import ActorError, PlanError
+from .actor import Collector, OpActor, Sized, SourceActor, read_piece
+from .register import EOS, Register
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 
@@ -117,6 +117,8 @@ class CreditScheduler:
                 mode = "async"
             elif actor.inline or actor.time is not None:
                 mode = "inline"
+            elif actor.inline is None:        # an op actor sized by piece 0: decided then
+                mode = "thread" if actor not in plan.pending else "undecided"
             else:
                 mode = "thread"
             limit = 1 if (mode != "thread" or actor.resources) else 1 << 30
@@ -147,10 +149,7 @@ class CreditScheduler:
         try:
             for st in self.states:
                 if st.mode == "thread":
-                    t = _ActorThread(self, st)
-                    st.thread = t
-                    self.threads.append(t)
-                    t.thread.start()
+                    self._start_thread(st)
             for st in self.states:
                 self.wake(st)
             self.drain()
@@ -165,6 +164,12 @@ class CreditScheduler:
             self._join_threads()
         if self.error is not None:
             raise self.error
+
+    def _start_thread(self, st: ActorState) -> None:
+        t = _ActorThread(self, st)
+        st.thread = t
+        self.threads.append(t)
+        t.thread.start()
 
     def stop(self, error: BaseException | None) -> None:
         """Stops dispatching; the run ends once running acts are done."""
@@ -243,11 +248,15 @@ class CreditScheduler:
                     if st.in_flight == 0:
                         self._end(st)
                     return
+            sizing = False
             if out is not None:
                 if not out.free:
-                    self._blocked(st, CREDIT)
-                    return
-            elif self.room <= 0:                   # the collector: the caller's credits
+                    if out.spec is None and st.next_piece == 0 and st.in_flight == 0:
+                        sizing = True          # piece 0 sizes the registers (lazy plan)
+                    else:
+                        self._blocked(st, CREDIT)
+                        return
+            elif self.room <= 0 or self.plan.pending:   # the collector: the caller's credits
                 self._blocked(st, CREDIT)
                 return
             if st.tokens and not self._take_tokens(st):
@@ -257,7 +266,7 @@ class CreditScheduler:
                 st.waits[st.cause] += time.perf_counter() - st.since
                 st.cause = None
             regs = [p.queue.popleft() for p in ins]
-            out_reg = out.free.popleft() if out is not None else None
+            out_reg = out.free.popleft() if out is not None and not sizing else None
             if out is None:
                 self.room -= 1
             piece = st.next_piece
@@ -313,7 +322,8 @@ class CreditScheduler:
         t0 = time.perf_counter()
         err = result = None
         try:
-            result = await st.actor.compute_async(piece, out_reg.arrays)
+            result = await st.actor.compute_async(
+                piece, out_reg.arrays if out_reg is not None else None)
         except asyncio.CancelledError:
             err = None
             result = EOS
@@ -338,7 +348,7 @@ class CreditScheduler:
                 self.wake(waiters.pop())
         for reg in regs:
             reg.pending -= 1
-            if reg.pending == 0:
+            if reg.pending == 0 and reg.index >= 0:      # (a one-off piece 0 is dropped)
                 port = reg.owner
                 port.free.append(reg)
                 self.wake(self.by_actor[port.actor])
@@ -347,11 +357,14 @@ class CreditScheduler:
             error = ActorError(st.actor.name, piece, e, tb)
             error.__cause__ = e
             self.stop(error)
-        elif result is EOS or (st.max_in_flight == 0 and out_reg is not None):
+        elif result is EOS or (st.max_in_flight == 0 and st.out is not None):
             # a source ran out (acts it had queued after that are discarded), or the actor
             # was stopped because nobody reads it any more
-            st.out.free.append(out_reg)
+            if out_reg is not None:
+                st.out.free.append(out_reg)
             st.max_in_flight = 0
+        elif type(result) is Sized:
+            self._sized(st, piece, result)
         elif out_reg is not None:
             st.acts += 1
             self._send(st, out_reg, piece)
@@ -369,11 +382,38 @@ class CreditScheduler:
             self._end(st)
         self.wake(st)
 
+    def _sized(self, st, piece, result) -> None:
+        """Piece 0 of an actor planned lazily: allocate its registers (and those of op
+        actors downstream that can now infer), then send piece 0 in a one-off register."""
+        try:
+            sized = self.plan.size(st.actor)
+        except PlanError as e:
+            self.stop(e)
+            return
+        spec = st.actor.out_spec
+        reg = Register(st.out, -1, result.leaves, spec.nbytes,
+                       read_piece(result.leaves, spec))
+        st.acts += 1
+        self._send(st, reg, piece)
+        for a in sized:
+            sa = self.by_actor[a]
+            if sa.mode == "undecided":
+                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= (1 << 16)
+                if a.inline:
+                    sa.mode = "inline"
+                else:
+                    sa.mode, sa.max_in_flight = "thread", (1 if a.resources else 1 << 30)
+                    self._start_thread(sa)
+            self.wake(sa)
+        if not self.plan.pending and self.collector is not None:
+            self.wake(self.collector)
+
     def _send(self, st, reg, piece) -> None:
         reg.piece = piece
         consumers = [p for p in st.out.consumers if not p.closed]
         if not consumers:
-            st.out.free.append(reg)
+            if reg.index >= 0:
+                st.out.free.append(reg)
             return
         reg.pending = len(consumers)
         for p in consumers:
@@ -382,7 +422,7 @@ class CreditScheduler:
 
     def _hand_back(self, reg) -> None:
         reg.pending -= 1
-        if reg.pending == 0:
+        if reg.pending == 0 and reg.index >= 0:
             port = reg.owner
             port.free.append(reg)
             self.wake(self.by_actor[port.actor])

@@ -165,6 +165,9 @@ class ActorGraph:
         piece 0 of the next run."""
         if self._plan is not None and feed is None:
             return self._plan
+        return self._make_plan(feed, lazy=False)
+
+    def _make_plan(self, feed, lazy: bool):
         if not self.actors:
             raise PlanError("the graph has no actors; add a source first")
         for a in self.actors:
@@ -189,7 +192,7 @@ class ActorGraph:
             elif not a.declared:
                 a.out_spec = None
         try:
-            self._plan = build_plan(actors, self.buffers, budget, self.resources)
+            self._plan = build_plan(actors, self.buffers, budget, self.resources, lazy)
         except BaseException:
             for a in self.actors:
                 a.cached.clear()
@@ -197,16 +200,18 @@ class ActorGraph:
                     a.close()
             raise
         for a in self.actors:
-            if isinstance(a, OpActor) and a.inline_given is None:
-                ws = a.program.workspace_bytes if a.program is not None else 0
-                a.inline = a.out_spec.nbytes <= (1 << 16) and ws <= (1 << 16)
+            if isinstance(a, OpActor) and a.inline_given is None and a.program is not None:
+                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= (1 << 16)
         return self._plan
 
     # -- running ---------------------------------------------------------------------------
     def _start(self, feed):
         if self._running:
             raise RuntimeError("this graph is already running; wait for that run to end")
-        plan = self.plan(feed)
+        if self._plan is not None and feed is None:
+            plan = self._plan                 # made by plan(): piece 0 was computed there
+        else:
+            plan = self._make_plan(feed, lazy=True)   # piece 0 sizes stages as it flows
         self._plan = None                     # the next run plans (and reads piece 0) again
         plan.allocate()
         self._running = True

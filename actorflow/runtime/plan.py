@@ -34,12 +34,19 @@ class Plan:
         self.totals: dict = {}
         self.allocated = False
         self.empty_sources: list = []
-        for a in actors:
-            if isinstance(a, Collector):
+        self.pending: set = {a for a in actors
+                             if a.out_spec is None and not isinstance(a, Collector)}
+        self._tally()
+
+    def _tally(self) -> None:
+        """Rows and totals of the actors sized so far, in graph order."""
+        self.rows, self.totals = [], {}
+        for a in self.actors:
+            if isinstance(a, Collector) or a in self.pending:
                 continue
             reg = a.out_spec.nbytes
             ws = a.program.workspace_bytes if getattr(a, "program", None) else 0
-            n = buffers[a]
+            n = self.buffers[a]
             dev = a.out_spec.specs[0].device if a.out_spec.specs else None
             for d, b in a.out_spec.bytes_on().items():
                 self.totals[d] = self.totals.get(d, 0) + b * n
@@ -79,6 +86,9 @@ class Plan:
             else:
                 hint = (f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
                         f"least that, or make the pieces smaller")
+            if self.pending:
+                hint += (f" (sized while running piece 0; {len(self.pending)} more actor(s) "
+                         f"not sized yet)")
             raise PlanError(
                 f"the plan does not fit the {dev} budget: its registers need "
                 f"{format_bytes(total)} ({total} B) but the budget is {format_bytes(budget)} "
@@ -98,16 +108,11 @@ class Plan:
                 if isinstance(a, Collector):
                     continue
                 port = OutPort(a, a.out_spec, self.buffers[a])
-                for i in range(port.buffers):
-                    arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}")
-                    reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec))
-                    port.registers.append(reg)
-                    port.free.append(reg)
                 self.ports[a] = port
                 if isinstance(a, SourceActor):
                     a.start()
-                if isinstance(a, OpActor) and a.program is not None:
-                    a.program.bind(self.budget, a.name)
+                if a not in self.pending:
+                    self._fill(a, port)
             for a in self.actors:
                 ports = []
                 for producer in a.inputs:
@@ -119,6 +124,36 @@ class Plan:
             self.budget.release_all()
             raise
         self.allocated = True
+
+    def _fill(self, a, port) -> None:
+        for i in range(port.buffers):
+            arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}")
+            reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec))
+            port.registers.append(reg)
+            port.free.append(reg)
+        if isinstance(a, OpActor) and a.program is not None:
+            a.program.bind(self.budget, a.name)
+
+    def size(self, actor) -> list:
+        """While running piece 0: ``actor``'s output is now known. Checks the budgets with
+        it, allocates its registers (and those of op actors it lets infer), and returns the
+        actors sized. Raises PlanError if the registers sized so far do not fit."""
+        sized, todo = [], [actor]
+        while todo:
+            a = todo.pop()
+            self.pending.discard(a)
+            port = self.ports[a]
+            port.spec = a.out_spec
+            self._tally()
+            self.check()
+            self._fill(a, port)
+            sized.append(a)
+            for c in a.consumers:
+                if isinstance(c, OpActor) and c in self.pending:
+                    c.infer()
+                    if c.out_spec is not None:
+                        todo.append(c)
+        return sized
 
     def release(self) -> None:
         """Frees every register; closes the sources."""
@@ -182,9 +217,10 @@ def topo_order(actors: list) -> list:
 
 
 def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
-               resources: dict) -> Plan:
+               resources: dict, lazy: bool = False) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
-    not declared), checks the budgets and returns the Plan."""
+    not declared), checks the budgets and returns the Plan. ``lazy``: leave the stages that
+    need piece 0 unsized; the run sizes them as piece 0 flows (``Plan.size``)."""
     order = topo_order(actors)
     for a in order:
         for name, n in a.resources.items():
@@ -197,12 +233,12 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                                 f"{resources[name]} exist, so it could never act")
         a.infer()
     empty = []
-    if any(a.needs_probe() for a in order):
+    if not lazy and any(a.needs_probe() for a in order):
         empty = _probe(order)
         for a in order:
             a.infer()
     for a in order:
-        if a.out_spec is None and not isinstance(a, Collector):
+        if a.out_spec is None and not isinstance(a, Collector) and not lazy:
             if not _downstream_of(a, empty):
                 raise PlanError(f"actor {a.name!r}: the size of its output is unknown (it "
                                 f"reads from an async source, whose first item cannot be read "
