@@ -12,8 +12,9 @@ from .backends import get_backend
 from .device import device as as_device
 from .dtype import as_dtype, default_float, from_numpy_dtype, int64, scalar_dtype
 from .eager.interpreter import access, apply
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError
 from .tensor.impl import TensorImpl
+from .tensor.meta import as_shape
 from .tensor.tensor import Tensor, wrap
 
 _EMPTY, _FULL, _ARANGE = ops.get("empty"), ops.get("full"), ops.get("arange")
@@ -40,13 +41,7 @@ def _finish(impl, requires_grad: bool) -> Tensor:
 def _size(op: str, size) -> tuple:
     if len(size) == 1 and not isinstance(size[0], numbers.Integral):
         size = size[0]
-    try:
-        shape = tuple(int(s) for s in size)
-    except TypeError:
-        raise TypeError(f"{op}(): size must be ints or a tuple of ints, got {size!r}") from None
-    if any(s < 0 for s in shape):
-        raise ShapeError(f"{op}(): negative dimension in size {shape}")
-    return shape
+    return as_shape(size, f"{op}()")
 
 
 def _infer_data_dtype(data, arr) -> object:

@@ -114,7 +114,9 @@ def test_random_dags_match_reference(case):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-12)
     stats = g.stats()
     m = stats.memory["cpu"]
-    assert m["peak"] == m["planned"] == total
+    assert m["peak"] == m["planned"]
+    if ref:            # (an empty run never sizes the stages a plan() would have sized)
+        assert m["planned"] == total
     if memory:
         assert m["peak"] <= m["budget"]
     for i, node in enumerate(nodes):

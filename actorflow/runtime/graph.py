@@ -20,6 +20,7 @@ import threading
 from queue import SimpleQueue
 
 from ..errors import PlanError
+from ..vm.scheduler import new_event_loop
 from .actor import Actor, Collector, OpActor, SourceActor, StageActor
 from .credit import CreditScheduler
 from .plan import build_plan
@@ -33,15 +34,6 @@ _END = object()
 class _Failed:
     def __init__(self, error):
         self.error = error
-
-
-def new_event_loop():
-    """A new event loop: uvloop's when it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class ActorGraph:

@@ -12,6 +12,7 @@ import numpy as np
 from ..device import Device, device as as_device
 from ..dtype import DType, as_dtype, float32, from_numpy_dtype
 from ..errors import DTypeError, ShapeError, format_bytes
+from ..tensor.meta import as_shape
 
 
 class Spec:
@@ -30,15 +31,7 @@ class Spec:
     __slots__ = ("shape", "dtype", "device")
 
     def __init__(self, shape, dtype=float32, device="cpu"):
-        if isinstance(shape, (int, np.integer)):
-            shape = (int(shape),)
-        try:
-            shape = tuple(int(s) for s in shape)
-        except TypeError:
-            raise ShapeError(f"Spec: shape must be a tuple of ints, got {shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise ShapeError(f"Spec: shape {shape} has a negative size")
-        self.shape = shape
+        self.shape = as_shape(shape, "Spec")
         self.dtype: DType = as_dtype(dtype)
         self.device: Device = device if isinstance(device, Device) else as_device(device)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 from ..device import Device
@@ -40,6 +41,21 @@ def contiguous_strides(shape: tuple) -> tuple:
         if len(_STRIDES) < 4096:
             _STRIDES[shape] = s
     return s
+
+
+def as_shape(value, what: str) -> tuple:
+    """``value`` (an int or an iterable of ints) as a shape tuple; TypeError or ShapeError
+    naming ``what`` otherwise."""
+    from ..errors import ShapeError
+    if isinstance(value, numbers.Integral):
+        value = (value,)
+    try:
+        shape = tuple(int(s) for s in value)
+    except TypeError:
+        raise TypeError(f"{what}: size must be ints or a tuple of ints, got {value!r}") from None
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"{what}: negative dimension in size {shape}")
+    return shape
 
 
 def numel(shape: tuple) -> int:

@@ -31,7 +31,8 @@ from .sync import Waiting
 from .workers import Workers
 
 
-def _new_loop():
+def new_event_loop():
+    """A new event loop: uvloop's when it is installed."""
     try:
         import uvloop
     except ImportError:
@@ -274,7 +275,7 @@ class VM(Waiting):
             self._loop.call_soon(started.set)
             self._loop.run_forever()
 
-        self._loop = _new_loop()
+        self._loop = new_event_loop()
         self._pool = Workers(self.workers)
         self._thread = threading.Thread(target=main, name="actorflow-vm", daemon=True)
         self._thread.start()
