@@ -11,7 +11,9 @@ of its resource tokens at once. Nothing polls and there is no task per piece:
   ahead (each with its registers already taken), so a busy actor never waits for a round
   trip to the loop between pieces;
 - async sources act as tasks awaiting the next item;
-- ``time=`` adds simulated duration with ``loop.call_later``.
+- ``time=`` adds simulated duration with ``loop.call_later``;
+- an actor whose registers are not sized yet (a lazy plan) may act on piece 0 alone, with no
+  credit: its result sizes and allocates its registers and travels in a one-off register.
 
 Completion of an act hands its input registers back, sends its output register to every
 consumer (or returns it at once when it has none), releases tokens and re-checks neighbours.
@@ -25,80 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 import traceback
 from collections import deque
-from queue import SimpleQueue
 
 from ..errors import ActorError, PlanError
-from .actor import Collector, OpActor, Sized, SourceActor, read_piece
+from .actor import Collector, Sized, SourceActor, read_piece
 from .register import EOS, Register
-
-INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
-
-
-class ActorState:
-    """Run-time state of one actor in one run."""
-
-    __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
-                 "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "first_act", "last_act", "tokens")
-
-    def __init__(self, actor, out, mode: str, max_in_flight: int):
-        self.actor = actor
-        self.ins: list = []             # InPorts
-        self.out = out                  # OutPort or None
-        self.next_piece = 0
-        self.in_flight = 0
-        self.max_in_flight = max_in_flight
-        self.mode = mode                # "inline" | "thread" | "async"
-        self.ended = False              # end of stream passed on
-        self.queued = False             # in the scheduler's ready list
-        self.thread = None
-        self.raw = isinstance(actor, OpActor) or getattr(actor, "raw", False)
-        self.acts = 0
-        self.compute_s = 0.0
-        self.waits = {INPUT: 0.0, CREDIT: 0.0, RESOURCE: 0.0}
-        self.cause = None               # why it is idle now, and since when
-        self.since = 0.0
-        self.first_act = None
-        self.last_act = None
-        self.tokens = tuple(actor.resources.items())
-
-
-class _ActorThread:
-    """The thread an actor acts on: runs queued acts in order, posts each completion."""
-
-    def __init__(self, sched, state: ActorState):
-        self.queue: SimpleQueue = SimpleQueue()
-        self.sched = sched
-        self.state = state
-        self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
-                                       daemon=True)
-
-    def _main(self) -> None:
-        q, sched, st = self.queue, self.sched, self.state
-        actor = st.actor
-        post = sched.loop.call_soon_threadsafe
-        while True:
-            job = q.get()
-            if job is None:
-                break
-            piece, regs, out_reg = job
-            t0 = time.perf_counter()
-            err = result = None
-            try:
-                result = actor.compute(piece, sched.inputs_of(st, regs),
-                                       out_reg.arrays if out_reg is not None else None)
-            except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
-                err = (e, traceback.format_exc())
-            dt = time.perf_counter() - t0
-            try:
-                post(sched.completed, st, piece, regs, out_reg, result, err, dt)
-            except RuntimeError:        # the loop is closed: the run was torn down
-                break
-
+from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 
 class CreditScheduler:
     """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
@@ -166,7 +102,7 @@ class CreditScheduler:
             raise self.error
 
     def _start_thread(self, st: ActorState) -> None:
-        t = _ActorThread(self, st)
+        t = ActorThread(self, st)
         st.thread = t
         self.threads.append(t)
         t.thread.start()
