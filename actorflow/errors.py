@@ -151,3 +151,16 @@ class ActorError(ActorflowError, RuntimeError):
 class TraceError(ActorflowError, RuntimeError):
     """Something a traced function did cannot be recorded: reading a traced tensor's values,
     an in-place op on one, or an op whose output shape depends on values."""
+
+
+class DeadlockError(ActorflowError, RuntimeError):
+    """Nothing can progress: every waiting party waits for another. ``cycle`` lists the
+    wait-for cycle as ``(waiter, waited_for, reason)`` triples; the message says it in words.
+    """
+
+    def __init__(self, message: str, cycle: list):
+        self.cycle = list(cycle)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.cycle))

@@ -35,6 +35,7 @@ from ..errors import ActorError, PlanError
 from .actor import Collector, Sized, SourceActor, read_piece
 from .register import EOS, Register
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
+from .watchdog import stalled
 
 class CreditScheduler:
     """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
@@ -127,6 +128,11 @@ class CreditScheduler:
             return
         if all(st.ended and (st.out is None or st.out.home()) for st in self.states):
             self.done.set_result(None)
+        elif not any(st.in_flight for st in self.states) and not self.pending_tasks:
+            if self.collector is None or self.room > 0:      # (else the caller is behind)
+                # nothing runs, nothing can start, and the caller is not what it waits for:
+                # by construction this never happens; if it does, say why instead of hanging
+                self.stop(stalled(self))
 
     async def _wait_acts(self) -> None:
         """After a stop: waits (shielded from a second cancel) until no act is running."""

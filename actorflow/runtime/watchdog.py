@@ -1,0 +1,108 @@
+"""Deadlock detection: the wait-for graph of a stalled run, and DeadlockError.
+
+A run is stalled when nothing is running and nothing can start. Each waiting party then
+waits for something another party holds:
+
+- an op at the head of a stream waits for memory; the memory it needs is held by outputs
+  that are freed when their last consumer finishes;
+- an op waits behind the op ahead of it on its stream;
+- an op not issued yet waits for the producer of an input;
+- an actor waits for an input register, a free output register (credit) or a token.
+
+``find_cycle`` walks those edges and ``DeadlockError`` says the cycle in words, e.g.
+"O1 waits for 5.0 MiB on cpu (4.0 MiB free); 3.0 MiB is held by M2's output, freed when O2
+finishes; O2 waits behind O1 on stream cpu:0".
+"""
+
+from __future__ import annotations
+
+from ..errors import DeadlockError
+
+
+class WaitFor:
+    """A wait-for graph: ``edges[a]`` is a list of ``(b, reason)``: a waits for b, and
+    ``reason`` says why in words."""
+
+    def __init__(self):
+        self.edges: dict = {}
+        self.notes: dict = {}           # a -> text said before its edges (what it waits for)
+
+    def add(self, a, b, reason: str) -> None:
+        self.edges.setdefault(a, []).append((b, reason))
+
+    def note(self, a, text: str) -> None:
+        self.notes[a] = text
+
+    def find_cycle(self) -> list | None:
+        """A cycle as ``[(a, b, reason), ...]`` (deterministic: the first found from the
+        parties in insertion order), or None."""
+        state: dict = {}
+        stack: list = []
+
+        def visit(a):
+            state[a] = 1
+            for b, reason in self.edges.get(a, ()):
+                stack.append((a, b, reason))
+                if state.get(b) == 1:
+                    start = next(i for i, (x, _, _) in enumerate(stack) if x == b)
+                    return stack[start:]
+                if state.get(b) is None:
+                    found = visit(b)
+                    if found:
+                        return found
+                stack.pop()
+            state[a] = 2
+            return None
+
+        for a in list(self.edges):
+            if state.get(a) is None:
+                found = visit(a)
+                if found:
+                    return found
+        return None
+
+    def describe(self, cycle: list) -> str:
+        parts = []
+        for a, b, reason in cycle:
+            note = self.notes.get(a)
+            parts.append(f"{note}; {reason}" if note else reason)
+        return "; ".join(parts)
+
+
+def deadlock(graph: WaitFor, what: str, stalled: list) -> DeadlockError:
+    """The DeadlockError for a stalled run: its cycle in words, or (when the waits do not
+    close a cycle) who waits for what."""
+    cycle = graph.find_cycle()
+    if cycle:
+        text = graph.describe(cycle)
+        return DeadlockError(f"{what} deadlocked: {text}", [(str(a), str(b), r)
+                                                           for a, b, r in cycle])
+    waits = "; ".join(graph.notes.get(a, f"{a} waits") for a in stalled)
+    return DeadlockError(f"{what} stalled with nothing running: {waits}", [])
+
+
+def stalled(sched) -> DeadlockError:
+    """The DeadlockError of a credit scheduler with nothing running and nothing able to
+    start (the actor runtime's own detector; its plan makes this impossible, so it firing
+    means a bug, reported instead of a hang)."""
+    g = WaitFor()
+    waiting = []
+    for st in sched.states:
+        if st.ended:
+            continue
+        name = st.actor.name
+        waiting.append(name)
+        for p in st.ins:
+            if not p.queue:
+                g.add(name, p.producer.actor.name,
+                      f"{name} waits for piece {st.next_piece} from {p.producer.actor.name}")
+        if st.out is not None and not st.out.free:
+            for reg in st.out.registers:
+                for c in st.out.consumers:
+                    if reg in c.queue:
+                        g.add(name, c.actor.name,
+                              f"{name} waits for a free register; one (piece {reg.piece}) is "
+                              f"queued at {c.actor.name}")
+        if st.cause == "resource":
+            g.note(name, f"{name} waits for tokens {dict(st.tokens)}")
+    return deadlock(g, "the actor graph", waiting)
