@@ -8,8 +8,8 @@ from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full,
 from .device import Device, device
 from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promote_types,
                     result_type)
-from .errors import (ActorError, ActorflowError, DeviceError, DTypeError, KernelError,
-                     OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
+from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError, DTypeError,
+                     KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
                          bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
                          div, div_, eq, exp, fill_, floor_divide, ge, gelu, gt,
@@ -54,6 +54,6 @@ __all__ = [
     # actor graphs
     "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
     # errors
-    "ActorError", "ActorflowError", "DeviceError", "DTypeError", "KernelError",
+    "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DTypeError", "KernelError",
     "OutOfMemoryError", "PlanError", "ShapeError", "TraceError", "VMError",
 ]

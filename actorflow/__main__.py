@@ -1,4 +1,4 @@
-"""Command line: ``python -m actorflow demo``."""
+"""Command line: ``python -m actorflow demo`` and ``python -m actorflow experiments NAME``."""
 
 from __future__ import annotations
 
@@ -43,9 +43,25 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actorflow")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the quickstart example")
+    exp = sub.add_parser("experiments", help="reproduce the resource-dependency deadlock")
+    exp.add_argument("name", choices=["figure1", "double-buffering", "random"])
+    exp.add_argument("--seed", type=int, default=0, help="makes the run reproducible")
+    exp.add_argument("--out", default="experiments-out",
+                     help="folder for NAME.json and NAME.png (default experiments-out)")
+    exp.add_argument("--n", type=int, default=None, help="random: how many DAGs (200)")
+    exp.add_argument("--pieces", type=int, default=None,
+                     help="double-buffering: pieces through the pipeline (60)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo()
+    elif args.command == "experiments":
+        from .experiments import main as run_experiment
+        kw = {}
+        if args.n is not None and args.name == "random":
+            kw["n"] = args.n
+        if args.pieces is not None and args.name == "double-buffering":
+            kw["pieces"] = args.pieces
+        run_experiment(args.name, seed=args.seed, out=args.out, **kw)
     return 0
 
 

@@ -11,8 +11,10 @@ from .errors import parse_bytes
 from .graph.program import Program
 from .graph.trace import Recorder
 from .runtime.credit import CreditScheduler
+from .runtime.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
 from .runtime.plan import Plan, build_plan
 from .runtime.register import InPort, MemoryBudget, OutPort, Register
+from .runtime.watchdog import WaitFor
 from .ops import OpDef, all_ops, get as get_op, register as register_op
 from .tensor.blob import Blob
 from .tensor.impl import TensorImpl
@@ -51,8 +53,9 @@ def vm_stats() -> dict:
     return out
 
 
-__all__ = ["CreditScheduler", "InPort", "MemoryBudget", "OutPort", "Plan", "Program", "Recorder",
-           "Register", "build_plan",
+__all__ = ["CreditScheduler", "InPort", "MemoryBudget", "NaiveOp", "NaiveResult", "NaiveScheduler",
+           "OutPort", "Plan", "Program", "Recorder", "Register", "WaitFor", "build_plan",
+           "ops_from_graph",
            "Access", "Allocator", "AllocatorStats", "Backend", "Blob", "EagerInterpreter",
            "Instruction", "Interpreter", "OpDef", "Operand", "Stream", "TensorImpl", "TensorMeta",
            "VM", "all_ops", "allocator", "apply", "get_backend", "get_op", "get_vm",

@@ -83,6 +83,8 @@ class Actor:
 
     def _store(self, value, outs, what: str) -> None:
         spec = self.out_spec
+        if value is None and spec.specs and all(s.device.type == "null" for s in spec.specs):
+            return              # a stand-in on the null device: only size and time count
         if type(value) is np.ndarray and spec.structure == 0:        # the common case
             s = spec.specs[0]
             if value.shape == s.shape and value.dtype == s.dtype.np:

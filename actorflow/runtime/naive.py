@@ -43,12 +43,13 @@ class NaiveOp:
     duration in seconds, and the device whose stream and pool it uses."""
 
     def __init__(self, name: str, inputs=(), nbytes=0, time: float = 0.001,
-                 device: str = "cpu"):
+                 device: str = "cpu", stream: str | None = None):
         self.name = name
         self.inputs = list(inputs)
         self.nbytes = parse_bytes(nbytes)
         self.time = float(time)
-        self.device = str(device)
+        self.device = str(device)                   # whose memory pool its output uses
+        self.stream = stream or f"{self.device}:0"  # where it runs, in issue order
 
     def __repr__(self) -> str:
         return f"NaiveOp({self.name!r}, {self.inputs}, {format_bytes(self.nbytes)})"
@@ -147,7 +148,8 @@ class NaiveScheduler:
         self.in_use = {d: 0 for d in self.capacity}
         self.peak = dict(self.in_use)
         self.timeline = [(0.0, d, 0) for d in self.capacity]
-        self.streams = {d: deque() for d in self.capacity}
+        self.streams = {o.stream: deque() for o in self.ops}
+        self.waiting = deque()          # double-buffer mode: ops set aside until memory frees
         self.running = 0
         self.live = {o.name: 0 for o in self.ops}       # live outputs per op (figure 3)
         self.stalls, self.stall_s, self.done_count = 0, 0.0, 0
@@ -192,15 +194,37 @@ class NaiveScheduler:
 
     def _put(self, inst) -> None:
         inst.state = "issued"
-        self.streams[inst.op.device].append(inst)
+        self.streams[inst.op.stream].append(inst)
+
+    def _fits(self, inst) -> bool:
+        op = inst.op
+        if op.nbytes > self.capacity[op.device] - self.in_use[op.device]:
+            return False
+        return self.mode != "double-buffer" or self.live[op.name] < self.buffers
 
     def _advance(self) -> None:
         """Starts the head of every idle stream that can allocate; detects the stall."""
-        for dev, stream in self.streams.items():
+        if self.mode == "double-buffer":
+            # figure 3: a set-aside op whose buffer or memory is free goes back to the
+            # front of its stream; an op that cannot start is set aside, not blocking it
+            for inst in list(self.waiting):
+                if self._fits(inst) and not any(
+                        i.state == "running" for i in self.streams[inst.op.stream]):
+                    self.waiting.remove(inst)
+                    self.streams[inst.op.stream].appendleft(inst)
+            for stream in self.streams.values():
+                while stream and stream[0].state != "running" and not self._fits(stream[0]):
+                    inst = stream.popleft()
+                    if inst.since is None:
+                        inst.since = time.perf_counter()
+                        self.stalls += 1
+                    self.waiting.append(inst)
+        for sname, stream in self.streams.items():
             if not stream or stream[0].state == "running":
                 continue
             head = stream[0]
             op = head.op
+            dev = op.device
             free = self.capacity[dev] - self.in_use[dev]
             short = op.nbytes > free
             counted = self.mode == "double-buffer" and self.live[op.name] >= self.buffers
@@ -263,7 +287,7 @@ class NaiveScheduler:
         self.running -= 1
         inst.state = "done"
         self.done_count += 1
-        self.streams[inst.op.device].popleft()
+        self.streams[inst.op.stream].popleft()
         consumers = self.consumers[inst.op.name]
         inst.left = len(consumers)
         if not consumers:
@@ -286,11 +310,20 @@ class NaiveScheduler:
     def _deadlock(self) -> DeadlockError:
         g = WaitFor()
         stalled = []
-        for dev, stream in self.streams.items():
+        for inst in self.waiting:                     # double-buffer mode's set-aside ops
+            stream = self.streams[inst.op.stream]
+            stalled.append(inst.name)
+            g.note(inst.name, f"{inst.name} waits for one of its {self.buffers} buffers or "
+                              f"{format_bytes(inst.op.nbytes)} on {inst.op.device}")
+            self._holders(g, inst, [i for i in self.insts.values()
+                                    if i.block and (i.op is inst.op or i.op.device == inst.op.device)
+                                    and i.state == "done"])
+        for sname, stream in self.streams.items():
             if not stream:
                 continue
             head = stream[0]
             op = head.op
+            dev = op.device
             stalled.append(head.name)
             free = self.capacity[dev] - self.in_use[dev]
             if op.nbytes > free:
@@ -302,16 +335,10 @@ class NaiveScheduler:
                 g.note(head.name, f"{head.name} waits for one of its {self.buffers} buffers "
                                   f"on {dev}")
                 held = [i for i in self.insts.values() if i.block and i.op is op]
-            for blk in held:
-                for c in self.consumers[blk.op.name]:
-                    ci = self.insts[(c.name, blk.piece)]
-                    if ci.state != "done" and ci is not head:
-                        g.add(head.name, ci.name,
-                              f"{format_bytes(blk.op.nbytes)} is held by {blk.name}'s output, "
-                              f"freed when {ci.name} finishes")
+            self._holders(g, head, held)
             for behind in list(stream)[1:]:
                 g.add(behind.name, head.name,
-                      f"{behind.name} waits behind {head.name} on stream {dev}:0")
+                      f"{behind.name} waits behind {head.name} on stream {sname}")
         for i in self.insts.values():
             if i.state == "pending":
                 for n in i.op.inputs:
@@ -319,6 +346,15 @@ class NaiveScheduler:
                     if p.state != "done":
                         g.add(i.name, p.name, f"{i.name} waits for the output of {p.name}")
         return deadlock(g, "the naive scheduler", stalled)
+
+    def _holders(self, g, waiter, held) -> None:
+        for blk in held:
+            for c in self.consumers[blk.op.name]:
+                ci = self.insts[(c.name, blk.piece)]
+                if ci.state != "done" and ci is not waiter:
+                    g.add(waiter.name, ci.name,
+                          f"{format_bytes(blk.op.nbytes)} is held by {blk.name}'s output, "
+                          f"freed when {ci.name} finishes")
 
 
 def ops_from_graph(graph, device_of=None) -> list:

@@ -94,9 +94,14 @@ def stalled(sched) -> DeadlockError:
         waiting.append(name)
         for p in st.ins:
             if not p.queue:
+                g.note(name, f"{name} waits for piece {st.next_piece} from "
+                             f"{p.producer.actor.name}")
                 g.add(name, p.producer.actor.name,
                       f"{name} waits for piece {st.next_piece} from {p.producer.actor.name}")
         if st.out is not None and not st.out.free:
+            if name not in g.notes:
+                g.note(name, f"{name} waits for a free register (0 of {st.out.buffers} free, "
+                             f"{len(st.out.registers)} allocated)")
             for reg in st.out.registers:
                 for c in st.out.consumers:
                     if reg in c.queue:
