@@ -36,23 +36,14 @@ raised (the JSON is written either way).
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import gc
-import json
-import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "results" / "bench_eager.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402 - the shared timing harness, next to this file
 
 # Goals stated by the project.
 CHAIN_GOAL = 6.0        # actorflow chain us/op <= 6x numpy's
@@ -133,41 +124,9 @@ def numpy_reference(a: np.ndarray, b: np.ndarray, n_ops: int) -> np.ndarray:
 
 # -- environment ---------------------------------------------------------------------------
 
-def _try_import(name):
-    try:
-        return __import__(name)
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-
-
 def environment(torch, dask, vm) -> dict:
-    uvloop = _try_import("uvloop")
-    loop = getattr(vm, "_loop", None)     # read only: which event loop the VM runs on
-    loop_type = None if loop is None else f"{type(loop).__module__}.{type(loop).__name__}"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE.parent, text=True,
-                                capture_output=True, timeout=5).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        commit = None
-    try:   # read-only: uncommitted edits to the runtime measured (it is edited concurrently)
-        dirty = subprocess.run(["git", "diff", "--name-only", "HEAD", "--", "actorflow"],
-                               cwd=HERE.parent, text=True, capture_output=True,
-                               timeout=5).stdout.split()
-    except Exception:  # noqa: BLE001
-        dirty = None
-    import actorflow as af
-    env = {
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "numpy": np.__version__,
-        "actorflow": getattr(af, "__version__", None),
-        "actorflow_git_head": commit,
-        "actorflow_uncommitted_files": dirty,
+    loop_type = harness.loop_type(getattr(vm, "_loop", None))   # read only: the VM's loop
+    return harness.environment(libraries={
         "torch": getattr(torch, "__version__", None) if torch else None,
         "torch_num_threads": torch.get_num_threads() if torch else None,
         "torch_num_threads_note": ("PyTorch default (not changed by this benchmark)"
@@ -175,49 +134,14 @@ def environment(torch, dask, vm) -> dict:
         "torch_cpu_capability": (torch.backends.cpu.get_cpu_capability()
                                  if torch and hasattr(torch.backends, "cpu") else None),
         "dask": getattr(dask, "__version__", None) if dask else None,
-        "uvloop_installed": uvloop is not None,
-        "uvloop_version": getattr(uvloop, "__version__", None) if uvloop else None,
+    }, runtime={
         "vm_event_loop": loop_type,
         "uvloop_used": None if loop_type is None else loop_type.startswith("uvloop"),
         "vm_workers": vm.workers,
         "vm_inline_max_cost": vm.inline_max_cost,
         "vm_parallel_min_cost": vm.parallel_min_cost,
         "vm_max_in_flight": getattr(vm, "max_in_flight", None),
-    }
-    return env
-
-
-class CpuContention:
-    """How much CPU other processes used while a workload ran (from /proc/stat minus this
-    process's own CPU time): on a 2-core machine shared with test runs, a busy neighbour
-    explains outliers. Linux only; other platforms report None."""
-
-    def __init__(self):
-        self.t0 = self._sample()
-
-    @staticmethod
-    def _sample():
-        try:
-            import resource
-            with open("/proc/stat") as f:
-                vals = [int(v) for v in f.readline().split()[1:]]
-            hz = os.sysconf("SC_CLK_TCK")
-            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            return (sum(vals) / hz, (sum(vals) - idle) / hz, ru.ru_utime + ru.ru_stime,
-                    time.perf_counter())
-        except Exception:  # noqa: BLE001
-            return None
-
-    def result(self) -> dict | None:
-        t1 = self._sample()
-        if self.t0 is None or t1 is None:
-            return None
-        total, busy, own, wall = (b - a for a, b in zip(self.t0, t1))
-        return {"wall_s": round(wall, 3), "cpu_s_available": round(total, 2),
-                "cpu_s_busy_all": round(busy, 2), "cpu_s_this_process": round(own, 2),
-                "cpu_s_other_processes": round(max(busy - own, 0.0), 2),
-                "loadavg_1min_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    })
 
 
 # -- the timing harness --------------------------------------------------------------------
@@ -240,102 +164,32 @@ def vm_setting(vm, attr: str, value):
     return setup, teardown
 
 
-class Contender:
+def check_close(result, ref) -> str | None:
+    """What is wrong with ``result`` against numpy's ``ref``, or None."""
+    res = np.asarray(result)
+    if res.shape != ref.shape or res.dtype != ref.dtype:
+        return f"shape/dtype {res.shape} {res.dtype} != {ref.shape} {ref.dtype}"
+    if not np.allclose(res, ref, rtol=RTOL, atol=ATOL):
+        bad = ~np.isclose(res, ref, rtol=RTOL, atol=ATOL)
+        i = int(np.argmax(bad))
+        return (f"{int(bad.sum())} of {res.size} elements differ, "
+                f"e.g. [{i}] {res.flat[i]!r} vs {ref.flat[i]!r}")
+    return None
+
+
+class Contender(harness.Contender):
     """``fn()`` runs the timed work and returns whatever ``fetch`` turns into the numpy result
     (fetching happens after the clock stops). ``setup``/``teardown`` run outside the clock."""
 
-    def __init__(self, name, fn, fetch=lambda r: r, n_ops=None, ref=None, setup=None,
-                 teardown=None, note="", baseline=False, pause=0.0):
-        self.name, self.fn, self.fetch = name, fn, fetch
-        self.n_ops, self.ref = n_ops, ref
-        self.setup, self.teardown = setup, teardown
-        self.note, self.baseline, self.pause = note, baseline, pause
-        self.times: list[float] = []
-        self.errors: list[str] = []
-        self.check_failures: list[str] = []
-        self.checks_passed = 0
-        self.extra: dict = {}
-
-    def run_once(self, timed: bool) -> float | None:
-        gc.collect()
-        if self.setup:
-            self.setup()
-        try:
-            t0 = time.perf_counter()
-            out = self.fn()
-            t1 = time.perf_counter()
-        except Exception as e:  # noqa: BLE001 - recorded, reported, and makes the exit status 1
-            self.errors.append(f"{type(e).__name__}: {e}")
-            traceback.print_exc()
-            return None
-        finally:
-            if self.teardown:
-                self.teardown()
-        try:
-            self._check(self.fetch(out))
-        except Exception as e:  # noqa: BLE001
-            self.errors.append(f"fetching the result: {type(e).__name__}: {e}")
-            traceback.print_exc()
-        del out
-        gc.collect()
-        if self.pause:
-            time.sleep(self.pause)   # let spinning worker threads (OpenMP) go idle
-        if timed:
-            self.times.append(t1 - t0)
-        return t1 - t0
-
-    def _check(self, result) -> None:
-        res = np.asarray(result)
-        ref = self.ref
-        if res.shape != ref.shape or res.dtype != ref.dtype:
-            self.check_failures.append(f"shape/dtype {res.shape} {res.dtype} != "
-                                       f"{ref.shape} {ref.dtype}")
-        elif not np.allclose(res, ref, rtol=RTOL, atol=ATOL):
-            bad = ~np.isclose(res, ref, rtol=RTOL, atol=ATOL)
-            i = int(np.argmax(bad))
-            self.check_failures.append(f"{int(bad.sum())} of {res.size} elements differ, "
-                                       f"e.g. [{i}] {res.flat[i]!r} vs {ref.flat[i]!r}")
-        else:
-            self.checks_passed += 1
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors and not self.check_failures and bool(self.times)
+    def __init__(self, name, fn, fetch=None, n_ops=None, ref=None, setup=None, teardown=None,
+                 note="", baseline=False, pause=0.0):
+        super().__init__(name, fn, check_close, ref=ref, fetch=fetch, setup=setup,
+                         teardown=teardown, pause=pause,
+                         n_ops=n_ops, note=note, baseline=baseline)
+        self.n_ops = n_ops
 
     def summary(self) -> dict:
-        t = self.times
-        d = {
-            "n_ops": self.n_ops,
-            "note": self.note,
-            "baseline": self.baseline,
-            "ok": self.ok,
-            "checks_passed": self.checks_passed,
-            "check_failures": self.check_failures,
-            "errors": self.errors,
-            "times_s": t,
-        }
-        if t:
-            best, med = min(t), statistics.median(t)
-            d.update(best_s=best, median_s=med, best_us_per_op=best / self.n_ops * 1e6,
-                     median_us_per_op=med / self.n_ops * 1e6)
-        d.update(self.extra)
-        return d
-
-
-def run_rounds(contenders: list[Contender], repeat: int, label: str) -> None:
-    """One untimed warm-up run each, then ``repeat`` interleaved timed rounds."""
-    print(f"[{label}] warm-up ...", flush=True)
-    for c in contenders:
-        c.run_once(timed=False)
-    for r in range(repeat):
-        k = r % len(contenders)
-        order = contenders[k:] + contenders[:k]       # rotate so no one always goes first
-        for c in order:
-            if c.errors:
-                continue
-            c.run_once(timed=True)
-        print(f"[{label}] round {r + 1}/{repeat}: " + ", ".join(
-            f"{c.name}={c.times[-1] * 1e3:.1f}ms" for c in contenders if c.times), flush=True)
+        return super().summary(per=self.n_ops, unit="op")
 
 
 def vm_delta(vm, fn) -> dict:
@@ -410,7 +264,7 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
         dc.extra["phases"] = phases
         contenders.append(dc)
 
-    run_rounds(contenders, args.repeat, "chain")
+    harness.run_rounds(contenders, args.repeat, "chain")
 
     # Instruction counts of one run each, so the JSON shows the inline path was (not) taken.
     af_default.extra["vm_counts_one_run"] = vm_delta(vm, af_default.fn)
@@ -499,7 +353,7 @@ def bench_large(args, af, torch) -> tuple[dict, list]:
                                     note=f"CPU, {torch.get_num_threads()} threads (default)"))
 
     alloc0 = af.lowlevel.memory_stats("cpu")
-    run_rounds(contenders, args.repeat, "large")
+    harness.run_rounds(contenders, args.repeat, "large")
     alloc1 = af.lowlevel.memory_stats("cpu")
     af_c.extra["vm_counts_one_run"] = vm_delta(vm, af_c.fn)
     af_c.extra["allocator"] = {"allocs_during_rounds": alloc1.allocs - alloc0.allocs,
@@ -536,72 +390,39 @@ def bench_large(args, af, torch) -> tuple[dict, list]:
 
 # -- reporting -----------------------------------------------------------------------------
 
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
 def print_table(title, rows, ratio_keys, goal_line):
     print()
     print(title)
-    hdr = f"  {'contender':<24}{'ops':>7}{'best ms':>10}{'median ms':>11}{'us/op':>10}"
-    for label, _ in ratio_keys:
-        hdr += f"{label:>13}"
-    hdr += "  check"
-    print(hdr)
-    print("  " + "-" * (len(hdr) - 2))
-    for name, s in rows.items():
-        best = s.get("best_s")
-        med = s.get("median_s")
-        line = (f"  {name:<24}{s['n_ops']:>7}{_fmt(best and best * 1e3, '10.2f')}"
-                f"{_fmt(med and med * 1e3, '11.2f')}{_fmt(s.get('best_us_per_op'), '10.2f')}")
-        for _, key in ratio_keys:
-            v = s.get(key)
-            line += f"{_fmt(v, '12.2f')}x" if v is not None else f"{'-':>13}"
-        status = "ok" if s["ok"] else "FAIL " + "; ".join(s["errors"] + s["check_failures"])[:80]
-        line += f"  {status}"
-        print(line)
-        if s.get("note"):
-            print(f"  {'':<24}  ({s['note']})")
+    Col = harness.Column
+    harness.print_table(rows, [Col("ops", 7, "n_ops"), Col("best ms", 10, "best_s", ".2f", 1e3),
+                               Col("median ms", 11, "median_s", ".2f", 1e3),
+                               Col("us/op", 10, "best_us_per_op", ".2f")]
+                        + [Col(label, 13, key, ".2f", suffix="x") for label, key in ratio_keys],
+                        24, notes=True)
     print("  " + goal_line)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    p.add_argument("--repeat", type=int, default=None,
-                   help="timed rounds per contender (best-of-N); default 7, quick 3")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help=f"JSON results path (default {DEFAULT_OUT.relative_to(HERE.parent)})")
-    p.add_argument("--chain-ops", type=int, default=None, help="default 10000, quick 2000")
+    p = harness.ArgumentParser(__doc__, "small sizes for a smoke run")
+    p.add_repeat(7, 3)
+    p.add_out("bench_eager")
+    p.add_sized("--chain-ops", 10_000, 2000, "default {full}, quick {quick}")
     p.add_argument("--chain-size", type=int, default=1000, help="elements (default 1000)")
-    p.add_argument("--dask-ops", type=int, default=None,
-                   help="chain length for dask (default 500, quick 100)")
-    p.add_argument("--large-ops", type=int, default=None, help="default 100, quick 20")
-    p.add_argument("--large-size", type=int, default=None,
-                   help="elements (default 1000000, quick 1000000)")
+    p.add_sized("--dask-ops", 500, 100, "chain length for dask (default {full}, quick {quick})")
+    p.add_sized("--large-ops", 100, 20, "default {full}, quick {quick}")
+    p.add_sized("--large-size", 1_000_000, 1_000_000, "elements (default {full}, quick {quick})")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-dask", action="store_true")
     p.add_argument("--no-diagnostics", action="store_true",
                    help="skip the diagnostic 'actorflow (no split)' row of the large workload")
     args = p.parse_args(argv)
     q = args.quick
-    if args.repeat is None:
-        args.repeat = 3 if q else 7
-    if args.chain_ops is None:
-        args.chain_ops = 2000 if q else 10_000
-    if args.dask_ops is None:
-        args.dask_ops = 100 if q else 500
-    if args.large_ops is None:
-        args.large_ops = 20 if q else 100
-    if args.large_size is None:
-        args.large_size = 1_000_000
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
 
     t_start = time.perf_counter()
-    torch = None if args.no_torch else _try_import("torch")
-    dask = None if args.no_dask else _try_import("dask")
+    torch = None if args.no_torch else harness.try_import("torch")
+    dask = None if args.no_dask else harness.try_import("dask")
     dask_array = None
     if dask is not None:
         try:
@@ -612,11 +433,11 @@ def main(argv=None) -> int:
     import actorflow as af
     vm = af.lowlevel.get_vm()
 
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    cc = CpuContention()
+    load_before = harness.loadavg()
+    cc = harness.CpuContention()
     chain, chain_c = bench_chain(args, af, torch, dask_array)
     chain["cpu_contention"] = cc.result()
-    cc = CpuContention()
+    cc = harness.CpuContention()
     large, large_c = bench_large(args, af, torch)
     large["cpu_contention"] = cc.result()
     env = environment(torch, dask, vm)
@@ -625,7 +446,7 @@ def main(argv=None) -> int:
                 f"(best of {args.repeat}; ratio = us/op vs numpy)",
                 chain["contenders"], [("vs numpy", "ratio_vs_numpy")],
                 f"goal: actorflow <= {CHAIN_GOAL:g}x numpy -> "
-                f"{_fmt(chain['goal']['actorflow_ratio'], '.2f')}x "
+                f"{harness.fmt(chain['goal']['actorflow_ratio'], '.2f')}x "
                 f"({'MET' if chain['goal']['met'] else 'NOT MET'})")
     g = large["goal"]
     print_table(f"Large elementwise: {large['ops']} ops on {large['size']:,}-element float32 "
@@ -633,53 +454,25 @@ def main(argv=None) -> int:
                 large["contenders"], [("vs numpy", "ratio_vs_numpy"),
                                       ("vs np out=", "ratio_vs_numpy_out")],
                 f"goal: actorflow <= {LARGE_GOAL:g}x numpy -> "
-                f"{_fmt(g['actorflow_ratio_vs_numpy'], '.2f')}x vs numpy fresh "
+                f"{harness.fmt(g['actorflow_ratio_vs_numpy'], '.2f')}x vs numpy fresh "
                 f"({'MET' if g['met_vs_numpy'] else 'NOT MET'}), "
-                f"{_fmt(g['actorflow_ratio_vs_numpy_out'], '.2f')}x vs numpy out= "
+                f"{harness.fmt(g['actorflow_ratio_vs_numpy_out'], '.2f')}x vs numpy out= "
                 f"({'MET' if g['met_vs_numpy_out'] else 'NOT MET'})")
     env["loadavg_1min_before"] = load_before
     for name, w in (("chain", chain), ("large", large)):
-        c = w["cpu_contention"]
-        if c:
-            frac = c["cpu_s_other_processes"] / max(c["cpu_s_available"], 1e-9)
-            w["cpu_contention"]["other_processes_fraction"] = round(frac, 3)
-            print(f"  [{name}] other processes used {c['cpu_s_other_processes']:.1f} of "
-                  f"{c['cpu_s_available']:.1f} CPU-s available ({frac:.0%})"
-                  + ("  <- machine was shared; timings are noisy" if frac > 0.1 else ""))
+        harness.print_contention(w["cpu_contention"], f"[{name}] ")
     print()
     print(f"env: {env['cpu_count']} CPUs (affinity {env['cpu_affinity']}), python "
           f"{env['python']}, numpy {env['numpy']}, torch {env['torch']} "
           f"({env['torch_num_threads']} threads), dask {env['dask']}, uvloop installed "
           f"{env['uvloop_installed']}, VM loop {env['vm_event_loop']}")
 
-    all_c = chain_c + large_c
-    ok = all(c.ok for c in all_c)
-    wall = time.perf_counter() - t_start
-    result = {
-        "benchmark": "bench_eager",
-        "argv": sys.argv[1:] if argv is None else list(argv),
-        "quick": q,
-        "repeat": args.repeat,
-        "timing": "best of N interleaved rounds (order rotated each round) after one "
-                  "untimed warm-up; median recorded too",
-        "check": f"np.allclose(result, numpy_result, rtol={RTOL}, atol={ATOL}) on every run",
-        "all_checks_ok": ok,
-        "wall_time_s": wall,
-        "environment": env,
-        "chain": chain,
-        "large": large,
-    }
-    out = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {out}  (wall time {wall:.1f} s)")
-    if not ok:
-        print("ERROR: some contender failed or computed a wrong result:", file=sys.stderr)
-        for c in all_c:
-            if not c.ok:
-                print(f"  {c.name}: {c.errors + c.check_failures}", file=sys.stderr)
-        return 1
-    return 0
+    result = harness.document(
+        "bench_eager", argv, q,
+        f"np.allclose(result, numpy_result, rtol={RTOL}, atol={ATOL}) on every run",
+        repeat=args.repeat)
+    return harness.finish(args.out, result, chain_c + large_c, t_start, env,
+                          "computed a wrong result", rest={"chain": chain, "large": large})
 
 
 if __name__ == "__main__":

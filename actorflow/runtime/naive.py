@@ -357,10 +357,11 @@ class NaiveScheduler:
                           f"freed when {ci.name} finishes")
 
 
-def ops_from_graph(graph, device_of=None) -> list:
-    """NaiveOps for an ActorGraph: one per actor, its output the size of one register (from
-    the graph's plan), its duration the actor's ``time=`` (0 when not given)."""
-    plan = graph.plan()
+def ops_from_graph(graph, device_of=None, feed=None) -> list:
+    """NaiveOps for an ActorGraph (a traced one too: give ``feed`` when it reads
+    ``run(feed=...)``): one per actor, its output the size of one register (from the graph's
+    plan), its duration the actor's ``time=`` (0 when not given)."""
+    plan = graph.plan(feed)
     sizes = {r["name"]: r["register_bytes"] for r in plan.rows}
     ops = []
     for a in plan.actors:
