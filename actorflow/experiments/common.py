@@ -45,4 +45,18 @@ def pyplot():
     return plt
 
 
+def save_figure(path, title: str, draw) -> bool:
+    """Draws one figure with ``draw(ax)`` and saves it; False when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    draw(ax)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
 MiB = 1 << 20

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import MiB, pyplot, table
+from .common import MiB, save_figure, table
 
 STAGES = [  # name, output bytes, seconds, device, stream
     ("load", 4 * MiB, 0.001, "cpu", "cpu:0"),
@@ -81,18 +81,10 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
 
 
 def plot(data: dict, path) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [r[0] for r in data["rows"]]
-    rates = [r[2] for r in data["rows"]]
-    ax.barh(names, rates)
-    ax.axvline(data["bound_pieces_per_s"], color="gray", linestyle="--", label="compute bound")
-    ax.set_xlabel("pieces per second")
-    ax.set_title("Figure 2 pipeline: naive vs double-buffered vs actors")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    def draw(ax):
+        ax.barh([r[0] for r in data["rows"]], [r[2] for r in data["rows"]])
+        ax.axvline(data["bound_pieces_per_s"], color="gray", linestyle="--",
+                   label="compute bound")
+        ax.set_xlabel("pieces per second")
+        ax.legend()
+    return save_figure(path, "Figure 2 pipeline: naive vs double-buffered vs actors", draw)

@@ -15,7 +15,7 @@ from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import MiB, pyplot, table
+from .common import MiB, save_figure, table
 
 SIZES = {"M1": 1 * MiB, "M2": 3 * MiB, "O1": 5 * MiB, "O2": 1 * MiB}
 CAPACITY = 8 * MiB
@@ -69,25 +69,17 @@ def run(seed: int = 0, time: float = 0.002) -> dict:
 
 
 def plot(data: dict, path) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for key in ("naive, O2 first, wait", "naive, O1 first, wait"):
-        tl = data["timelines"][key]
-        xs = [t * 1e3 for t, _, _ in tl]
-        ys = [b / MiB for _, _, b in tl]
-        ax.step(xs, ys, where="post", label=key)
-    tl = data["timelines"]["naive, O1 first, wait"]
-    ax.annotate("deadlock: O1 needs 5 MiB,\n4 MiB free, O2 waits behind it",
-                xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.5, 6.5),
-                arrowprops={"arrowstyle": "->"})
-    ax.axhline(CAPACITY / MiB, color="gray", linestyle="--", label="capacity")
-    ax.set_xlabel("time (ms)")
-    ax.set_ylabel("memory in use (MiB)")
-    ax.set_title("Figure 1: the issue order decides whether O1 fits")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    def draw(ax):
+        for key in ("naive, O2 first, wait", "naive, O1 first, wait"):
+            tl = data["timelines"][key]
+            ax.step([t * 1e3 for t, _, _ in tl], [b / MiB for _, _, b in tl], where="post",
+                    label=key)
+        tl = data["timelines"]["naive, O1 first, wait"]
+        ax.annotate("deadlock: O1 needs 5 MiB,\n4 MiB free, O2 waits behind it",
+                    xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.5, 6.5),
+                    arrowprops={"arrowstyle": "->"})
+        ax.axhline(CAPACITY / MiB, color="gray", linestyle="--", label="capacity")
+        ax.set_xlabel("time (ms)")
+        ax.set_ylabel("memory in use (MiB)")
+        ax.legend()
+    return save_figure(path, "Figure 1: the issue order decides whether O1 fits", draw)

@@ -18,7 +18,7 @@ from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import table
+from .common import save_figure, table
 
 UNIT = 1 << 16          # sizes are multiples of 64 KiB
 
@@ -121,17 +121,7 @@ def run(seed: int = 0, n: int = 200, size: int = 8) -> dict:
 
 
 def plot(data: dict, path) -> bool:
-    from .common import pyplot
-    plt = pyplot()
-    if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    labels = [f"{r[0]} / {r[1]}" for r in data["rows"]]
-    bad = [r[3] + r[4] for r in data["rows"]]
-    ax.barh(labels, bad)
-    ax.set_xlabel(f"runs that deadlocked or ran out of memory (of {data['dags']})")
-    ax.set_title("Random DAGs: data-dependency orders vs actors")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    def draw(ax):
+        ax.barh([f"{r[0]} / {r[1]}" for r in data["rows"]], [r[3] + r[4] for r in data["rows"]])
+        ax.set_xlabel(f"runs that deadlocked or ran out of memory (of {data['dags']})")
+    return save_figure(path, "Random DAGs: data-dependency orders vs actors", draw)
