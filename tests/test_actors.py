@@ -24,7 +24,8 @@ def normalize(x):
 
 def threads_now():
     return {t for t in threading.enumerate() if t.name.startswith("actorflow-")
-            and t.name != "actorflow-vm" and not t.name.startswith("actorflow-cpu")}
+            and t.name not in ("actorflow-vm", "actorflow-graphs")
+            and not t.name.startswith("actorflow-cpu")}
 
 
 @pytest.fixture

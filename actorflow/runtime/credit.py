@@ -85,11 +85,11 @@ class CreditScheduler:
         self.start_time = time.perf_counter()
         try:
             for st in self.states:
-                if st.mode == "thread":
-                    self._start_thread(st)
-            for st in self.states:
                 self.wake(st)
-            self.drain()
+            self.drain()                # the first acts start (and their threads with them)
+            for st in self.states:      # the other threads start while those acts run
+                if st.mode == "thread" and st.thread is None and not st.ended:
+                    self._start_thread(st)
             await self.done
         except BaseException as e:
             if not self.stopping:
@@ -238,6 +238,8 @@ class CreditScheduler:
         if st.first_act is None:
             st.first_act = time.perf_counter()
         if st.mode == "thread":
+            if st.thread is None:
+                self._start_thread(st)
             st.thread.queue.put((piece, regs, out_reg))
             return
         if st.mode == "async":
@@ -345,7 +347,6 @@ class CreditScheduler:
                     sa.mode = "inline"
                 else:
                     sa.mode, sa.max_in_flight = "thread", (1 if a.resources else 1 << 30)
-                    self._start_thread(sa)
             self.wake(sa)
         if not self.plan.pending and self.collector is not None:
             self.wake(self.collector)
@@ -375,6 +376,8 @@ class CreditScheduler:
         if st.ended:
             return
         st.ended = True
+        if st.thread is not None:
+            st.thread.queue.put(None)   # no act comes after the end: its thread may exit now
         for p in st.ins:
             self._close(p)
         if st.out is not None:

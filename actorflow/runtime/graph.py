@@ -36,6 +36,29 @@ class _Failed:
         self.error = error
 
 
+_GRAPH_LOOP: list = []
+_GRAPH_LOOP_LOCK = threading.Lock()
+
+
+def graph_loop():
+    """The event loop (uvloop when installed) on which ``run()`` drives actor graphs: one
+    thread for the process, started on first use, like the VM's."""
+    with _GRAPH_LOOP_LOCK:
+        if not _GRAPH_LOOP:
+            loop = new_event_loop()
+            started = threading.Event()
+
+            def main():
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set)
+                loop.run_forever()
+
+            threading.Thread(target=main, name="actorflow-graphs", daemon=True).start()
+            started.wait()
+            _GRAPH_LOOP.append(loop)
+        return _GRAPH_LOOP[0]
+
+
 class ActorGraph:
     """A graph of actors with credit-based registers.
 
@@ -220,27 +243,22 @@ class ActorGraph:
     def run(self, feed=None):
         """Runs the graph from plain code; yields the outputs in piece order.
 
-        A separate event loop thread drives the actors; breaking out of the loop, an
+        The runtime's graph loop thread drives the actors; breaking out of the loop, an
         exception in an actor (raised here as ActorError) or Ctrl-C stops the run, frees
         every register and joins every thread before returning."""
         plan = self._start(feed)
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
-        loop = new_event_loop()
+        loop = graph_loop()
 
-        def main():
-            asyncio.set_event_loop(loop)
+        async def main():
             try:
-                loop.run_until_complete(sched.run())
+                await sched.run()
                 out.put(_END)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 out.put(_Failed(e))
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
 
-        thread = threading.Thread(target=main, name="actorflow-graph", daemon=True)
-        thread.start()
+        done = asyncio.run_coroutine_threadsafe(main(), loop)
         finished = False
         owed, batch = 0, max(1, self.output_buffers // 2)
         try:
@@ -254,19 +272,13 @@ class ActorGraph:
                     raise item.error
                 owed += 1                     # hand credits back in batches: fewer wake-ups
                 if owed >= batch or out.empty():
-                    try:
-                        loop.call_soon_threadsafe(sched.credit_back, owed)
-                    except RuntimeError:
-                        pass                  # the run is over; the rest is queued here
+                    loop.call_soon_threadsafe(sched.credit_back, owed)
                     owed = 0
                 yield item
         finally:
             if not finished:
-                try:
-                    loop.call_soon_threadsafe(sched.stop, None)
-                except RuntimeError:
-                    pass                      # the loop already closed
-            thread.join()
+                loop.call_soon_threadsafe(sched.stop, None)
+            done.result()                     # every act over, every thread joined
             self._finish(plan, sched)
 
     async def run_async(self, feed=None):
