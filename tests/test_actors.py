@@ -434,3 +434,12 @@ def test_lazy_sizing_refuses_before_delivering(no_leftovers):
     assert got == []
     assert "not sized yet" not in str(info.value)
     assert info.value.fitting_buffers == 1
+
+
+def test_op_actor_with_numpy_code_says_use_actor():
+    g = af.ActorGraph()
+    g.sink(g.op(np.tanh, g.source(batches(2)), name="tanh"))
+    with pytest.raises(af.TraceError, match="op actor 'tanh'.*use g.actor"):
+        list(g.run())
+    with pytest.raises(ValueError, match="already a sink named"):
+        g.sink(g.actors[0], "tanh")

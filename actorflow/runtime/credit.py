@@ -31,7 +31,7 @@ import time
 import traceback
 from collections import deque
 
-from ..errors import ActorError, PlanError
+from ..errors import ActorError
 from .actor import Collector, Sized, SourceActor, read_piece
 from .register import EOS, Register
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
@@ -278,8 +278,20 @@ class CreditScheduler:
     # -- completion ------------------------------------------------------------------------
     def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
         """An act finished (called on the loop, from a thread's post or a timer)."""
-        self._complete(st, piece, regs, out_reg, result, err, dt)
-        self.drain()
+        try:
+            self._complete(st, piece, regs, out_reg, result, err, dt)
+            self.drain()
+        except Exception as e:  # noqa: BLE001 - a callback must never leave the run hanging
+            self._internal(e)
+
+    def _internal(self, e: Exception) -> None:
+        """An error raised while handling a message (not inside an act): stop the run with
+        it, so it reaches the caller instead of the loop's log."""
+        self.draining = False
+        self.stop(e)
+        idle = self._idle
+        if idle is not None and not idle.done() and all(s.in_flight == 0 for s in self.states):
+            idle.set_result(None)
 
     def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
         st.in_flight -= 1
@@ -331,7 +343,7 @@ class CreditScheduler:
         actors downstream that can now infer), then send piece 0 in a one-off register."""
         try:
             sized = self.plan.size(st.actor)
-        except PlanError as e:
+        except Exception as e:  # noqa: BLE001 - PlanError, or an op actor that cannot trace
             self.stop(e)
             return
         spec = st.actor.out_spec
@@ -404,7 +416,10 @@ class CreditScheduler:
         self.room += n
         if self.collector is not None:
             self.wake(self.collector)
-        self.drain()
+        try:
+            self.drain()
+        except Exception as e:  # noqa: BLE001 - as in completed()
+            self._internal(e)
 
     # -- statistics ------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -19,7 +19,7 @@ import asyncio
 import threading
 from queue import SimpleQueue
 
-from ..errors import PlanError
+from ..errors import PlanError, TraceError
 from ..vm.scheduler import new_event_loop
 from .actor import Actor, Collector, OpActor, SourceActor, StageActor
 from .credit import CreditScheduler
@@ -157,7 +157,11 @@ class ActorGraph:
         piece. ``kwargs`` go to ``fn`` (e.g. ``dim=1``)."""
         def build(specs):
             from ..graph.trace import op_program      # tracing lives above the runtime
-            return op_program(fn, specs, kwargs)
+            try:
+                return op_program(fn, specs, kwargs)
+            except TraceError as e:
+                raise TraceError(f"op actor {a.name!r}: {e} (g.op traces functions of "
+                                 f"actorflow tensors; for numpy code use g.actor)") from e
         a = OpActor(self._name(name, getattr(fn, "__name__", "op")), build,
                     list(inputs), buffers=buffers, resources=resources,
                     inline=inline, time=time)
@@ -168,7 +172,10 @@ class ActorGraph:
         of its pieces (a dict by sink name when there are several sinks)."""
         if not isinstance(node, Actor) or node not in self.actors:
             raise TypeError(f"sink: expected an actor of this graph, got {node!r}")
-        self.sinks.append((node, name or node.name))
+        name = name or node.name
+        if any(n == name for _, n in self.sinks):
+            raise ValueError(f"sink: there is already a sink named {name!r}; give name=")
+        self.sinks.append((node, name))
         self._plan = None
         return node
 
