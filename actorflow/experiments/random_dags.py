@@ -89,9 +89,10 @@ def run(seed: int = 0, n: int = 200, size: int = 8) -> dict:
         lo, hi = min_peak(ops), sum(o.nbytes for o in ops)
         cap = rng.randint(lo // UNIT, hi // UNIT) * UNIT
         for policy in ("fifo", "lifo", "random"):
+            seed_p = rng.randrange(1 << 30)       # the same order for both allocators
             for mode in ("wait", "fail"):
-                r = NaiveScheduler(ops, cap, policy=policy, mode=mode,
-                                   seed=rng.randrange(1 << 30), time_scale=0).run()
+                r = NaiveScheduler(ops, cap, policy=policy, mode=mode, seed=seed_p,
+                                   time_scale=0).run()
                 key = (f"naive {policy}", mode)
                 c = counts.setdefault(key, {"ok": 0, "deadlock": 0, "oom": 0})
                 c[r.status] += 1

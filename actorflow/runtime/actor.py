@@ -115,7 +115,9 @@ class Actor:
             self.out_spec = got
         else:
             self._store(value, [None] * len(self.out_spec.specs), what)
-        return [as_array(x, what) for x in leaves]
+        # copies: piece 0 outlives the act (it sizes the registers, then travels on its own),
+        # and what a stage returns may be a view of its input register or a reused buffer
+        return [np.array(as_array(x, what), order="C", copy=True) for x in leaves]
 
     def _device(self):
         if self.out_spec is not None and self.out_spec.specs:
@@ -189,6 +191,8 @@ class SourceActor(Actor):
 
     def probe(self, ins):
         self.start()
+        if 0 in self.cached:                 # read by an earlier plan() of this graph
+            return self.cached[0]
         if self.is_async:
             if self.out_spec is None:
                 from ..errors import PlanError
@@ -203,6 +207,8 @@ class SourceActor(Actor):
         return self._checked_leaves(value, f"source {self.name!r} (piece 0)")
 
     def compute(self, piece, ins, outs):
+        if outs is None and piece in self.cached:
+            return Sized(self.cached.pop(piece))     # read by plan(), sizing the run now
         if outs is not None and self._copy_cached(piece, outs):
             return None
         try:

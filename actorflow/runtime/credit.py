@@ -52,13 +52,14 @@ class CreditScheduler:
             out = plan.ports.get(actor)
             if isinstance(actor, SourceActor) and actor.is_async:
                 mode = "async"
-            elif actor.inline or actor.time is not None:
+            elif actor.inline:
                 mode = "inline"
             elif actor.inline is None:        # an op actor sized by piece 0: decided then
                 mode = "thread" if actor not in plan.pending else "undecided"
             else:
                 mode = "thread"
-            limit = 1 if (mode != "thread" or actor.resources) else 1 << 30
+            limit = 1 if (mode != "thread" or actor.resources or actor.time is not None) \
+                else 1 << 30
             st = ActorState(actor, out, mode, limit)
             st.ins = plan.in_ports.get(actor, [])
             self.states.append(st)
@@ -245,35 +246,53 @@ class CreditScheduler:
         if st.mode == "async":
             task = self.loop.create_task(self._act_async(st, piece, out_reg))
             self.pending_tasks.add(task)
-            task.add_done_callback(self.pending_tasks.discard)
+            task.add_done_callback(lambda t: self._async_done(t, st, piece, out_reg))
             return
         t0 = time.perf_counter()
         err = result = None
+        delay = 0.0
         try:
             result = st.actor.compute(piece, self.inputs_of(st, regs),
                                       out_reg.arrays if out_reg is not None else None)
-        except Exception as e:  # noqa: BLE001 - reported as ActorError
+            delay = st.actor.sim_time(piece)
+        except BaseException as e:  # noqa: BLE001 - reported as ActorError, as on a thread
             err = (e, traceback.format_exc())
         dt = time.perf_counter() - t0
-        delay = st.actor.sim_time(piece) if err is None else 0.0
         if delay > 0:
             self.loop.call_later(delay, self.completed, st, piece, regs, out_reg, result, err,
                                  dt + delay)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
 
-    async def _act_async(self, st, piece, out_reg) -> None:
+    def completed_after(self, delay, st, piece, regs, out_reg, result, err, dt) -> None:
+        """A thread's act finished; with ``time=`` it completes ``delay`` seconds later."""
+        if delay > 0:
+            self.loop.call_later(delay, self.completed, st, piece, regs, out_reg, result, err,
+                                 dt + delay)
+        else:
+            self.completed(st, piece, regs, out_reg, result, err, dt)
+
+    async def _act_async(self, st, piece, out_reg):
         t0 = time.perf_counter()
-        err = result = None
         try:
             result = await st.actor.compute_async(
                 piece, out_reg.arrays if out_reg is not None else None)
-        except asyncio.CancelledError:
-            err = None
-            result = EOS
+            return result, None, time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - reported as ActorError
-            err = (e, traceback.format_exc())
-        self.completed(st, piece, [], out_reg, result, err, time.perf_counter() - t0)
+            return None, (e, traceback.format_exc()), time.perf_counter() - t0
+
+    def _async_done(self, task, st, piece, out_reg) -> None:
+        """An async source's act ended, or was cancelled (perhaps before it started)."""
+        self.pending_tasks.discard(task)
+        if task.cancelled():
+            result, err, dt = EOS, None, 0.0
+        else:
+            exc = task.exception()
+            if exc is not None:
+                result, err, dt = None, (exc, ""), 0.0
+            else:
+                result, err, dt = task.result()
+        self.completed(st, piece, [], out_reg, result, err, dt)
 
     # -- completion ------------------------------------------------------------------------
     def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
@@ -281,10 +300,10 @@ class CreditScheduler:
         try:
             self._complete(st, piece, regs, out_reg, result, err, dt)
             self.drain()
-        except Exception as e:  # noqa: BLE001 - a callback must never leave the run hanging
+        except BaseException as e:  # noqa: BLE001 - a callback must never leave a run hanging
             self._internal(e)
 
-    def _internal(self, e: Exception) -> None:
+    def _internal(self, e: BaseException) -> None:
         """An error raised while handling a message (not inside an act): stop the run with
         it, so it reaches the caller instead of the loop's log."""
         self.draining = False
@@ -358,7 +377,8 @@ class CreditScheduler:
                 if a.inline:
                     sa.mode = "inline"
                 else:
-                    sa.mode, sa.max_in_flight = "thread", (1 if a.resources else 1 << 30)
+                    sa.mode = "thread"
+                    sa.max_in_flight = 1 if (a.resources or a.time is not None) else 1 << 30
             self.wake(sa)
         if not self.plan.pending and self.collector is not None:
             self.wake(self.collector)
@@ -388,6 +408,10 @@ class CreditScheduler:
         if st.ended:
             return
         st.ended = True
+        if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
+            self.plan.pending.discard(st.actor)
+            if not self.plan.pending and self.collector is not None:
+                self.wake(self.collector)
         if st.thread is not None:
             st.thread.queue.put(None)   # no act comes after the end: its thread may exit now
         for p in st.ins:
@@ -418,7 +442,7 @@ class CreditScheduler:
             self.wake(self.collector)
         try:
             self.drain()
-        except Exception as e:  # noqa: BLE001 - as in completed()
+        except BaseException as e:  # noqa: BLE001 - as in completed()
             self._internal(e)
 
     # -- statistics ------------------------------------------------------------------------

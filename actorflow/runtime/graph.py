@@ -19,7 +19,7 @@ import asyncio
 import threading
 from queue import SimpleQueue
 
-from ..errors import PlanError, TraceError
+from ..errors import ActorflowError, PlanError, TraceError
 from ..vm.scheduler import new_event_loop
 from .actor import Actor, Collector, OpActor, SourceActor, StageActor
 from .credit import CreditScheduler
@@ -83,6 +83,9 @@ class ActorGraph:
             self.resources[name] = n
         self.buffers = buffers
         self.seed = seed
+        if not isinstance(output_buffers, int) or isinstance(output_buffers, bool) \
+                or output_buffers < 1:
+            raise ValueError(f"output_buffers must be an int >= 1, got {output_buffers!r}")
         self.output_buffers = output_buffers
         self.actors: list = []
         self._names: set = set()
@@ -90,6 +93,7 @@ class ActorGraph:
         self._plan = None
         self._last = None
         self._running = False
+        self._lock = threading.Lock()
         self._picks = None
 
     def _set_outputs(self, sinks: list, picks: list, structure) -> None:
@@ -162,6 +166,10 @@ class ActorGraph:
             except TraceError as e:
                 raise TraceError(f"op actor {a.name!r}: {e} (g.op traces functions of "
                                  f"actorflow tensors; for numpy code use g.actor)") from e
+            except (ActorflowError, ValueError, TypeError, IndexError) as e:
+                raise PlanError(f"op actor {a.name!r} cannot run on inputs "
+                                f"{', '.join(s.describe() for s in specs)}: "
+                                f"{type(e).__name__}: {e}") from e
         a = OpActor(self._name(name, getattr(fn, "__name__", "op")), build,
                     list(inputs), buffers=buffers, resources=resources,
                     inline=inline, time=time)
@@ -185,9 +193,12 @@ class ActorGraph:
         table). Raises PlanError when the registers do not fit. A stage without ``out=`` is
         sized by reading piece 0 and computing it once, here; that piece is kept and is
         piece 0 of the next run."""
-        if self._plan is not None and feed is None:
-            return self._plan
-        return self._make_plan(feed, lazy=False)
+        with self._lock:
+            if self._running:
+                raise RuntimeError("plan(): this graph is running; plan it before or after")
+            if self._plan is not None and feed is None:
+                return self._plan
+            return self._make_plan(feed, lazy=False)
 
     def _make_plan(self, feed, lazy: bool):
         if not self.actors:
@@ -198,6 +209,9 @@ class ActorGraph:
                     raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); "
                                     f"pass feed=")
                 a.source, a.it = feed, None
+                a.cached.clear()
+                if not a.declared:
+                    a.out_spec = None
         actors = list(self.actors)
         if self._picks is not None:
             actors.append(Collector([s for s, _ in self.sinks], [n for _, n in self.sinks],
@@ -206,12 +220,13 @@ class ActorGraph:
             actors.append(Collector([s for s, _ in self.sinks], [n for _, n in self.sinks]))
         budget = MemoryBudget(self.memory)
         for a in self.actors:
-            a.cached.clear()
+            if not isinstance(a, SourceActor):   # a source keeps the piece 0 it already read
+                a.cached.clear()
             if isinstance(a, OpActor):
                 a.program = None
                 if not a.declared:
                     a.out_spec = None
-            elif not a.declared:
+            elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
                 a.out_spec = None
         try:
             self._plan = build_plan(actors, self.buffers, budget, self.resources, lazy)
@@ -228,15 +243,20 @@ class ActorGraph:
 
     # -- running ---------------------------------------------------------------------------
     def _start(self, feed):
-        if self._running:
-            raise RuntimeError("this graph is already running; wait for that run to end")
-        if self._plan is not None and feed is None:
-            plan = self._plan                 # made by plan(): piece 0 was computed there
-        else:
-            plan = self._make_plan(feed, lazy=True)   # piece 0 sizes stages as it flows
-        self._plan = None                     # the next run plans (and reads piece 0) again
-        plan.allocate()
-        self._running = True
+        with self._lock:
+            if self._running:
+                raise RuntimeError("this graph is already running; wait for that run to end")
+            self._running = True
+        try:
+            if self._plan is not None and feed is None:
+                plan = self._plan             # made by plan(): piece 0 was computed there
+            else:
+                plan = self._make_plan(feed, lazy=True)   # piece 0 sizes stages as it flows
+            self._plan = None                 # the next run plans (and reads piece 0) again
+            plan.allocate()
+        except BaseException:
+            self._running = False
+            raise
         return plan
 
     def _finish(self, plan, sched) -> None:

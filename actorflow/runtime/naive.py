@@ -119,17 +119,26 @@ class NaiveScheduler:
             policy = list(policy)
             if sorted(policy) != sorted(names) or pieces != 1:
                 raise ValueError("an explicit order names every op once (one piece)")
+            seen: set = set()
+            for name in policy:
+                late = [i for i in by_name[name].inputs if i not in seen]
+                if late:
+                    raise ValueError(f"the order issues {name!r} before its input {late[0]!r}; "
+                                     f"an op is issued only once its inputs exist")
+                seen.add(name)
         self.policy, self.mode, self.buffers = policy, mode, buffers
         self.rng = random.Random(seed)
         self.time_scale = time_scale
         devices = sorted({o.device for o in self.ops})
         if isinstance(capacity, dict):
+            missing = [d for d in devices if d not in capacity]
+            if missing:
+                raise ValueError(f"capacity has no pool for device {missing[0]!r}; give one "
+                                 f"for each of {devices}")
             self.capacity = {d: parse_bytes(capacity[d]) for d in devices}
         else:
             self.capacity = {d: parse_bytes(capacity) for d in devices}
         self.consumers = {o.name: [c for c in self.ops if o.name in c.inputs] for o in self.ops}
-        multi = pieces > 1
-        self.insts = {(o.name, p): _Inst(o, p, multi) for p in range(pieces) for o in self.ops}
         self.pieces = pieces
         self.order = policy if not isinstance(policy, str) else None
 
@@ -143,6 +152,11 @@ class NaiveScheduler:
             loop.close()
 
     async def run_async(self) -> NaiveResult:
+        """Runs once from the start (each call is a fresh run of the same ops)."""
+        multi = self.pieces > 1
+        self.insts = {(o.name, p): _Inst(o, p, multi) for p in range(self.pieces)
+                      for o in self.ops}
+        self._pending_ready = []
         self.loop = asyncio.get_running_loop()
         self.t0 = time.perf_counter()
         self.in_use = {d: 0 for d in self.capacity}
@@ -175,7 +189,7 @@ class NaiveScheduler:
     def _issue(self, ready: list) -> None:
         """Puts newly ready ops on their streams, in the policy's order."""
         if self.order is not None:
-            self._pending_ready = getattr(self, "_pending_ready", []) + ready
+            self._pending_ready += ready
             while self.next_in_order < len(self.order):
                 name = self.order[self.next_in_order]
                 inst = next((i for i in self._pending_ready if i.op.name == name), None)
@@ -311,13 +325,18 @@ class NaiveScheduler:
         g = WaitFor()
         stalled = []
         for inst in self.waiting:                     # double-buffer mode's set-aside ops
-            stream = self.streams[inst.op.stream]
+            op, dev = inst.op, inst.op.device
             stalled.append(inst.name)
-            g.note(inst.name, f"{inst.name} waits for one of its {self.buffers} buffers or "
-                              f"{format_bytes(inst.op.nbytes)} on {inst.op.device}")
-            self._holders(g, inst, [i for i in self.insts.values()
-                                    if i.block and (i.op is inst.op or i.op.device == inst.op.device)
-                                    and i.state == "done"])
+            free = self.capacity[dev] - self.in_use[dev]
+            if self.live[op.name] >= self.buffers:    # its counter binds
+                g.note(inst.name, f"{inst.name} waits for one of its {self.buffers} buffers")
+                held = [i for i in self.insts.values() if i.block and i.op is op]
+            else:
+                g.note(inst.name, f"{inst.name} waits for {format_bytes(op.nbytes)} on {dev} "
+                                  f"({format_bytes(free)} free)")
+                held = [i for i in self.insts.values()
+                        if i.block and i.op.device == dev and i.state == "done"]
+            self._holders(g, inst, held)
         for sname, stream in self.streams.items():
             if not stream:
                 continue

@@ -110,7 +110,10 @@ class Plan:
                 port = OutPort(a, a.out_spec, self.buffers[a])
                 self.ports[a] = port
                 if isinstance(a, SourceActor):
-                    a.start()
+                    try:
+                        a.start()
+                    except Exception as e:  # noqa: BLE001 - named with the source
+                        raise ActorError(a.name, 0, e, traceback.format_exc()) from e
                 if a not in self.pending:
                     self._fill(a, port)
             for a in self.actors:
@@ -121,7 +124,7 @@ class Plan:
                     ports.append(p)
                 self.in_ports[a] = ports
         except BaseException:
-            self.budget.release_all()
+            self.release()
             raise
         self.allocated = True
 

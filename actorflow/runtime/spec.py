@@ -113,7 +113,8 @@ def as_array(leaf, what: str) -> np.ndarray:
     if hasattr(leaf, "numpy") and hasattr(leaf, "_impl"):
         return leaf.numpy()
     if isinstance(leaf, (bool, int, float, np.generic)):
-        return np.asarray(leaf, dtype=np.float32 if isinstance(leaf, float) else None)
+        # a Python float is float32 (actorflow's default float); numpy scalars keep theirs
+        return np.asarray(leaf, dtype=np.float32 if type(leaf) is float else None)
     try:
         arr = np.asarray(leaf)
     except Exception:  # noqa: BLE001 - reported with the value's type below

@@ -62,13 +62,18 @@ class ActorThread:
             piece, regs, out_reg = job
             t0 = time.perf_counter()
             err = result = None
+            delay = 0.0
             try:
                 result = actor.compute(piece, sched.inputs_of(st, regs),
                                        out_reg.arrays if out_reg is not None else None)
+                delay = actor.sim_time(piece)
             except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
                 err = (e, traceback.format_exc())
             dt = time.perf_counter() - t0
             try:
-                post(sched.completed, st, piece, regs, out_reg, result, err, dt)
+                if delay > 0:
+                    post(sched.completed_after, delay, st, piece, regs, out_reg, result, err, dt)
+                else:
+                    post(sched.completed, st, piece, regs, out_reg, result, err, dt)
             except RuntimeError:        # the loop is closed: the run was torn down
                 break

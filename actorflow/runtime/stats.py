@@ -6,7 +6,8 @@ from ..errors import format_bytes
 
 
 class RunStats:
-    """``wall_s``; ``actors``: per actor name ``{kind, mode, acts, compute_s, wait_input_s,
+    """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
+    graph has no sink); ``actors``: per actor name ``{kind, mode, acts, compute_s, wait_input_s,
     wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
     budget}`` in bytes (``peak`` measured: the most register bytes held at once)."""
 
@@ -20,8 +21,9 @@ class RunStats:
             m = mem.get(str(dev), {})
             self.memory[str(dev)] = {"planned": total, "peak": m.get("peak", 0),
                                      "budget": plan.budget.budget(dev)}
-        self.pieces = max((r["acts"] for r in self.actors.values()
-                           if r["kind"] == "source"), default=0)
+        out = [r["acts"] for r in self.actors.values() if r["kind"] == "output"]
+        self.pieces = out[0] if out else max((r["acts"] for r in self.actors.values()
+                                              if r["kind"] == "source"), default=0)
 
     def as_dict(self) -> dict:
         return {"wall_s": self.wall_s, "pieces": self.pieces, "actors": self.actors,
