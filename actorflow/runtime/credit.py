@@ -34,6 +34,7 @@ from collections import deque
 from ..errors import ActorError
 from .actor import Collector, Sized, SourceActor, read_piece
 from .register import EOS, Register
+from .spec import PieceSpec
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 from .watchdog import stalled
 
@@ -410,6 +411,7 @@ class CreditScheduler:
         st.ended = True
         if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
             self.plan.pending.discard(st.actor)
+            st.actor.out_spec = PieceSpec(None, [])
             if not self.plan.pending and self.collector is not None:
                 self.wake(self.collector)
         if st.thread is not None:
