@@ -446,20 +446,3 @@ class CreditScheduler:
             self.drain()
         except BaseException as e:  # noqa: BLE001 - as in completed()
             self._internal(e)
-
-    # -- statistics ------------------------------------------------------------------------
-    def stats(self) -> dict:
-        now = self.end_time or time.perf_counter()
-        wall = now - (self.start_time or now)
-        rows = {}
-        for st in self.states:
-            waits = dict(st.waits)
-            if st.cause is not None:
-                waits[st.cause] += now - st.since
-            rows[st.actor.name] = {
-                "kind": st.actor.kind, "mode": st.mode, "acts": st.acts,
-                "compute_s": st.compute_s, "wait_input_s": waits[INPUT],
-                "wait_credit_s": waits[CREDIT], "wait_resource_s": waits[RESOURCE],
-                "busy": st.compute_s / wall if wall > 0 else 0.0,
-            }
-        return {"wall_s": wall, "actors": rows}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from ..errors import format_bytes
+from .state import CREDIT, INPUT, RESOURCE
 
 
 class RunStats:
@@ -12,9 +15,19 @@ class RunStats:
     budget}`` in bytes (``peak`` measured: the most register bytes held at once)."""
 
     def __init__(self, sched, plan):
-        s = sched.stats()
-        self.wall_s: float = s["wall_s"]
-        self.actors: dict = s["actors"]
+        now = sched.end_time or time.perf_counter()
+        self.wall_s: float = now - (sched.start_time or now)
+        self.actors: dict = {}
+        for st in sched.states:
+            waits = dict(st.waits)
+            if st.cause is not None:                 # still waiting when the run ended
+                waits[st.cause] += now - st.since
+            self.actors[st.actor.name] = {
+                "kind": st.actor.kind, "mode": st.mode, "acts": st.acts,
+                "compute_s": st.compute_s, "wait_input_s": waits[INPUT],
+                "wait_credit_s": waits[CREDIT], "wait_resource_s": waits[RESOURCE],
+                "busy": st.compute_s / self.wall_s if self.wall_s > 0 else 0.0,
+            }
         mem = plan.budget.stats()
         self.memory: dict = {}
         for dev, total in plan.totals.items():
