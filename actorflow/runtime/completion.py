@@ -1,0 +1,170 @@
+"""What happens when an act completes: the credit scheduler's half that hands registers
+back, sends outputs on, sizes registers from piece 0, and passes end of stream along.
+``CreditScheduler`` (``credit.py``) inherits it; every method runs on the scheduler's loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import ActorError
+from .actor import Sized, read_piece
+from .register import EOS, Register
+from .spec import PieceSpec
+from .state import ActorState
+
+
+class Completion:
+    """Mixin of CreditScheduler: completion, end of stream and the consumer's credits."""
+
+    # -- completion ------------------------------------------------------------------------
+    def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        """An act finished (called on the loop, from a thread's post or a timer)."""
+        try:
+            self._complete(st, piece, regs, out_reg, result, err, dt)
+            self.drain()
+        except BaseException as e:  # noqa: BLE001 - a callback must never leave a run hanging
+            self._internal(e)
+
+    def _internal(self, e: BaseException) -> None:
+        """An error raised while handling a message (not inside an act): stop the run with
+        it, so it reaches the caller instead of the loop's log."""
+        self.draining = False
+        self.stop(e)
+        idle = self._idle
+        if idle is not None and not idle.done() and all(s.in_flight == 0 for s in self.states):
+            idle.set_result(None)
+
+    def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        st.in_flight -= 1
+        st.compute_s += dt
+        st.last_act = time.perf_counter()
+        for name, n in st.tokens:
+            self.tokens[name] += n
+            waiters = self.token_waiters[name]
+            while waiters:
+                self.wake(waiters.pop())
+        for reg in regs:
+            reg.pending -= 1
+            if reg.pending == 0 and reg.index >= 0:      # (a one-off piece 0 is dropped)
+                port = reg.owner
+                port.free.append(reg)
+                self.wake(self.by_actor[port.actor])
+        if err is not None:
+            e, tb = err
+            error = ActorError(st.actor.name, piece, e, tb)
+            error.__cause__ = e
+            self.stop(error)
+        elif result is EOS or (st.max_in_flight == 0 and st.out is not None):
+            # a source ran out (acts it had queued after that are discarded), or the actor
+            # was stopped because nobody reads it any more
+            if out_reg is not None:
+                st.out.free.append(out_reg)
+            st.max_in_flight = 0
+        elif type(result) is Sized:
+            self._sized(st, piece, result)
+        elif out_reg is not None:
+            st.acts += 1
+            self._send(st, out_reg, piece)
+        else:                                      # the collector
+            st.acts += 1
+            self.deliver(result)
+        if self.stopping:
+            idle = self._idle
+            if idle is not None and not idle.done() and \
+                    all(s.in_flight == 0 for s in self.states):
+                idle.set_result(None)
+            self._check_quiet()
+            return
+        if st.max_in_flight == 0 and st.in_flight == 0 and not st.ended:
+            self._end(st)
+        self.wake(st)
+
+    def _sized(self, st, piece, result) -> None:
+        """Piece 0 of an actor planned lazily: allocate its registers (and those of op
+        actors downstream that can now infer), then send piece 0 in a one-off register."""
+        try:
+            sized = self.plan.size(st.actor)
+        except Exception as e:  # noqa: BLE001 - PlanError, or an op actor that cannot trace
+            self.stop(e)
+            return
+        spec = st.actor.out_spec
+        reg = Register(st.out, -1, result.leaves, spec.nbytes,
+                       read_piece(result.leaves, spec))
+        st.acts += 1
+        self._send(st, reg, piece)
+        for a in sized:
+            sa = self.by_actor[a]
+            if sa.mode == "undecided":
+                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= (1 << 16)
+                if a.inline:
+                    sa.mode = "inline"
+                else:
+                    sa.mode = "thread"
+                    sa.max_in_flight = 1 if (a.resources or a.time is not None) else 1 << 30
+            self.wake(sa)
+        if not self.plan.pending and self.collector is not None:
+            self.wake(self.collector)
+
+    def _send(self, st, reg, piece) -> None:
+        reg.piece = piece
+        consumers = [p for p in st.out.consumers if not p.closed]
+        if not consumers:
+            if reg.index >= 0:
+                st.out.free.append(reg)
+            return
+        reg.pending = len(consumers)
+        for p in consumers:
+            p.queue.append(reg)
+            self.wake(self.by_actor[p.actor])
+
+    def _hand_back(self, reg) -> None:
+        reg.pending -= 1
+        if reg.pending == 0 and reg.index >= 0:
+            port = reg.owner
+            port.free.append(reg)
+            self.wake(self.by_actor[port.actor])
+
+    def _end(self, st: ActorState) -> None:
+        """Passes end of stream on: closes the inputs (handing back what is queued), marks
+        every consumer's input, and lets producers whose consumers are all closed stop."""
+        if st.ended:
+            return
+        st.ended = True
+        if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
+            self.plan.pending.discard(st.actor)
+            st.actor.out_spec = PieceSpec(None, [])
+            if not self.plan.pending and self.collector is not None:
+                self.wake(self.collector)
+        if st.thread is not None:
+            st.thread.queue.put(None)   # no act comes after the end: its thread may exit now
+        for p in st.ins:
+            self._close(p)
+        if st.out is not None:
+            for p in st.out.consumers:
+                if not p.closed:
+                    p.queue.append(EOS)
+                    self.wake(self.by_actor[p.actor])
+
+    def _close(self, port) -> None:
+        port.closed = True
+        while port.queue:
+            reg = port.queue.popleft()
+            if reg is not EOS:
+                self._hand_back(reg)
+        prod = self.by_actor[port.producer.actor]
+        if not prod.ended and all(p.closed for p in port.producer.consumers):
+            # nobody reads it any more: it stops at the next check, as if at end of stream
+            prod.max_in_flight = 0
+            if prod.in_flight == 0:
+                self._end(prod)
+
+    def credit_back(self, n: int = 1) -> None:
+        """The consumer of ``run()`` took ``n`` outputs: the collector may deliver more."""
+        self.room += n
+        if self.collector is not None:
+            self.wake(self.collector)
+        try:
+            self.drain()
+        except BaseException as e:  # noqa: BLE001 - as in completed()
+            self._internal(e)
