@@ -305,8 +305,16 @@ class ActorGraph:
         finally:
             if not finished:
                 loop.call_soon_threadsafe(sched.stop, None)
-            done.result()                     # every act over, every thread joined
+            interrupted = None
+            while True:                       # every act over, every thread joined
+                try:
+                    done.result()
+                    break
+                except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
+                    interrupted = e
             self._finish(plan, sched)
+            if interrupted is not None:
+                raise interrupted
 
     async def run_async(self, feed=None):
         """Runs the graph on the running event loop; ``async for out in g.run_async()``.
