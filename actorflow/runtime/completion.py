@@ -18,6 +18,23 @@ class Completion:
     """Mixin of CreditScheduler: completion, end of stream and the consumer's credits."""
 
     # -- completion ------------------------------------------------------------------------
+    def read_inbox(self) -> None:
+        """Completions posted by actor threads since the last wake-up, in order. (The flag is
+        cleared before reading, so a completion appended after the last read wakes again.)"""
+        self.inbox_woken = False
+        inbox = self.inbox
+        try:
+            while inbox:
+                delay, st, piece, regs, out_reg, result, err, dt = inbox.popleft()
+                if delay > 0:
+                    self.loop.call_later(delay, self.completed, st, piece, regs, out_reg,
+                                         result, err, dt + delay)
+                else:
+                    self._complete(st, piece, regs, out_reg, result, err, dt)
+            self.drain()
+        except BaseException as e:  # noqa: BLE001 - as in completed()
+            self._internal(e)
+
     def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
         """An act finished (called on the loop, from a thread's post or a timer)."""
         try:

@@ -76,6 +76,8 @@ class CreditScheduler(Completion):
         self.threads: list = []
         self.pending_tasks: set = set()
         self._idle = None
+        self.inbox: deque = deque()     # completions posted by actor threads
+        self.inbox_woken = False
         self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
 
     # -- running ---------------------------------------------------------------------------
@@ -263,14 +265,6 @@ class CreditScheduler(Completion):
                                  dt + delay)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
-
-    def completed_after(self, delay, st, piece, regs, out_reg, result, err, dt) -> None:
-        """A thread's act finished; with ``time=`` it completes ``delay`` seconds later."""
-        if delay > 0:
-            self.loop.call_later(delay, self.completed, st, piece, regs, out_reg, result, err,
-                                 dt + delay)
-        else:
-            self.completed(st, piece, regs, out_reg, result, err, dt)
 
     async def _act_async(self, st, piece, out_reg):
         t0 = time.perf_counter()

@@ -70,10 +70,10 @@ class ActorThread:
             except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
                 err = (e, traceback.format_exc())
             dt = time.perf_counter() - t0
-            try:
-                if delay > 0:
-                    post(sched.completed_after, delay, st, piece, regs, out_reg, result, err, dt)
-                else:
-                    post(sched.completed, st, piece, regs, out_reg, result, err, dt)
-            except RuntimeError:        # the loop is closed: the run was torn down
-                break
+            sched.inbox.append((delay, st, piece, regs, out_reg, result, err, dt))
+            if not sched.inbox_woken:   # one wake-up for all completions posted meanwhile
+                sched.inbox_woken = True
+                try:
+                    post(sched.read_inbox)
+                except RuntimeError:    # the loop is closed: the run was torn down
+                    break
