@@ -22,6 +22,8 @@ class Completion:
         """Completions posted by actor threads since the last wake-up, in order. (The flag is
         cleared before reading, so a completion appended after the last read wakes again.)"""
         self.inbox_woken = False
+        if self.done is None:
+            return                      # the run has not set off on the loop yet: run() reads it
         inbox = self.inbox
         try:
             while inbox:

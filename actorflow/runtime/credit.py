@@ -89,7 +89,7 @@ class CreditScheduler(Completion):
         try:
             for st in self.states:
                 self.wake(st)
-            self.drain()                # the first acts start (and their threads with them)
+            self.read_inbox()           # what the sources did already; the first acts start
             for st in self.states:      # the other threads start while those acts run
                 if st.mode == "thread" and st.thread is None and not st.ended:
                     self._start_thread(st)
@@ -110,6 +110,17 @@ class CreditScheduler(Completion):
         st.thread = t
         self.threads.append(t)
         t.thread.start()
+
+    def start_sources(self, loop) -> None:
+        """Starts the sources' threads and queues their first acts before the run is handed
+        to ``loop`` (``run()`` calls it on the caller's thread, while nothing else touches
+        the scheduler), so the first pieces need not wait for two thread hand-offs. The
+        loop starts every other thread."""
+        self.loop = loop
+        for st in self.states:
+            if st.mode == "thread" and isinstance(st.actor, SourceActor):
+                self._start_thread(st)
+                self._try(st)
 
     def stop(self, error: BaseException | None) -> None:
         """Stops dispatching; the run ends once running acts are done."""

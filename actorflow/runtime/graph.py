@@ -285,6 +285,7 @@ class ActorGraph:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 out.put(_Failed(e))
 
+        sched.start_sources(loop)
         done = asyncio.run_coroutine_threadsafe(main(), loop)
         finished = False
         owed, batch = 0, max(1, self.output_buffers // 2)
