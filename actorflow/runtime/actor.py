@@ -273,6 +273,10 @@ class OpActor(Actor):
     def needs_probe(self):
         return False
 
+    def small(self) -> bool:
+        """Tiny enough to act on the scheduler's loop: a thread hop would cost more."""
+        return self.out_spec.nbytes <= (1 << 16) and self.program.workspace_bytes <= (1 << 16)
+
     def probe(self, ins):
         self.infer()
         outs = [np.empty(s.shape, s.dtype.np) if s.device.type != "null" else None

@@ -5,7 +5,6 @@ back, sends outputs on, sizes registers from piece 0, and passes end of stream a
 
 from __future__ import annotations
 
-import time
 
 from ..errors import ActorError
 from .actor import Sized, read_piece
@@ -57,7 +56,6 @@ class Completion:
     def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
         st.in_flight -= 1
         st.compute_s += dt
-        st.last_act = time.perf_counter()
         for name, n in st.tokens:
             self.tokens[name] += n
             waiters = self.token_waiters[name]
@@ -115,7 +113,7 @@ class Completion:
         for a in sized:
             sa = self.by_actor[a]
             if sa.mode == "undecided":
-                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= (1 << 16)
+                a.inline = a.small()
                 if a.inline:
                     sa.mode = "inline"
                 else:

@@ -249,8 +249,6 @@ class CreditScheduler(Completion):
         return [reg.view for reg in regs]
 
     def _dispatch(self, st: ActorState, piece: int, regs: list, out_reg) -> None:
-        if st.first_act is None:
-            st.first_act = time.perf_counter()
         if st.mode == "thread":
             if st.thread is None:
                 self._start_thread(st)

@@ -238,7 +238,7 @@ class ActorGraph:
             raise
         for a in self.actors:
             if isinstance(a, OpActor) and a.inline_given is None and a.program is not None:
-                a.inline = a.out_spec.nbytes <= (1 << 16) and a.program.workspace_bytes <= (1 << 16)
+                a.inline = a.small()
         return self._plan
 
     # -- running ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "first_act", "last_act", "tokens")
+                 "since", "tokens")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -36,8 +36,6 @@ class ActorState:
         self.waits = {INPUT: 0.0, CREDIT: 0.0, RESOURCE: 0.0}
         self.cause = None               # why it is idle now, and since when
         self.since = 0.0
-        self.first_act = None
-        self.last_act = None
         self.tokens = tuple(actor.resources.items())
 
 
