@@ -5,7 +5,6 @@ back, sends outputs on, sizes registers from piece 0, and passes end of stream a
 
 from __future__ import annotations
 
-
 from ..errors import ActorError
 from .actor import Sized, read_piece
 from .register import EOS, Register
