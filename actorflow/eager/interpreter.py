@@ -13,7 +13,8 @@ from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from .opcall import call_op, null_kernel, run_access, run_op, split_op
+from .fusion import ELEMENTWISE
+from .opcall import call_op, null_kernel, run_access, run_op
 
 
 class _State(threading.local):
@@ -150,7 +151,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
     cost >>= 2
     if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
-                               muts if op.dynamic else (), split_op if op.elementwise else None))
+                               muts if op.dynamic else (), ELEMENTWISE if op.elementwise else None))
     return outs
 
 

@@ -45,6 +45,7 @@ def record(instr) -> int:
     t = s.tail
     if t is not None and not t.done:
         t.dependents.append(instr)
+        t.next = instr
         n += 1
     s.tail = instr
     instr.pending = n

@@ -33,7 +33,7 @@ class Instruction:
     """
 
     __slots__ = ("kind", "name", "stream", "consts", "muts", "mut2", "run", "args", "cost",
-                 "split", "pending", "dependents", "done", "error", "waiters", "result")
+                 "split", "pending", "dependents", "done", "error", "waiters", "result", "next")
 
     def __init__(self, kind: str, name: str, stream, consts: tuple, muts: tuple, run, args,
                  cost: int = 0, mut2: tuple = (), split=None):
@@ -46,13 +46,15 @@ class Instruction:
         self.run = run
         self.args = args
         self.cost = cost
-        self.split = split        # split(instr, n) -> list of callables, or None
+        self.split = split        # split(instr, n) -> list of callables, or None; may
+                                  # also plan runs (vm/fusion.py)
         self.pending = 0
         self.dependents = []
         self.done = False
         self.error = None
         self.waiters = None
         self.result = None
+        self.next = None          # the instruction issued after this one on its stream
 
     @property
     def operands(self) -> list:

@@ -26,6 +26,7 @@ from ..backends.base import Allocator
 from ..errors import KernelError
 from ..tensor.blob import RELEASED
 from .deps import first_error, first_error_of, record
+from .fusion import Fusing
 from .instruction import RELEASE, Instruction
 from .sync import Waiting
 from .workers import Workers
@@ -66,7 +67,7 @@ def _release_run(instr):
         b.free()
 
 
-class VM(Waiting):
+class VM(Waiting, Fusing):
     """The virtual machine. One per process: ``actorflow.vm.get_vm()``."""
 
     def __init__(self, workers: int | None = None):
@@ -85,6 +86,8 @@ class VM(Waiting):
         self.loop_share = 0.6                # of a split kernel, run by the loop thread
         self.issued = self.completed = 0    # through submit
         self.inlined = 0                    # through run_inline (issued and completed at once)
+        self.fused = self.fused_runs = 0    # op calls run as members of runs, and the runs
+        self.elided = 0                     # intermediates of runs that never got memory
         self._blocked = 0
         self._errors: deque = deque()       # kernel errors since the last synchronize
         self._any_error = False             # until a kernel fails, skip the poison checks
@@ -244,9 +247,10 @@ class VM(Waiting):
         self.completed += 1
         for d in instr.dependents:
             d.pending -= 1
-            if d.pending == 0:
+            if d.pending == 0 and not d.done:     # (done: a member of the same run)
                 self._ready.append(d)
         instr.dependents = []
+        instr.next = None
         instr.args = instr.run = instr.split = None
         instr.consts = instr.muts = instr.mut2 = ()
         if self._blocked:
@@ -339,8 +343,11 @@ class VM(Waiting):
             self._finish(instr)
             return
         pieces = None
-        if instr.split is not None and instr.cost >= self.parallel_min_cost and self.workers > 1:
-            pieces = self._split(instr)
+        if instr.split is not None and instr.cost >= self.parallel_min_cost:
+            if instr.next is not None and self._dispatch_run(instr, force_pool):
+                return
+            if self.workers > 1:
+                pieces = self._split(instr)
         if pieces is None:
             self._pool.submit(self._execute_then_finish, instr)
             return
@@ -409,6 +416,7 @@ class VM(Waiting):
             return {"issued": self.issued + self.inlined,
                     "completed": self.completed + self.inlined,
                     "in_flight": self.issued - self.completed, "inlined": self.inlined,
+                    "fused": self.fused, "fused_runs": self.fused_runs, "elided": self.elided,
                     "unreported_errors": sum(1 for e in self._errors if not e._reported)}
 
     def shutdown(self) -> None:
