@@ -14,7 +14,7 @@ from ..tensor.impl import TensorImpl
 from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from .fusion import ELEMENTWISE
-from .opcall import call_op, null_kernel, run_access, run_op
+from .opcall import call_fresh, call_op, null_kernel, run_access, run_op
 
 
 class _State(threading.local):
@@ -110,6 +110,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
         dev = device
     backend = dev.backend or get_backend(dev)
     specs = op.infer(metas, attrs)
+    fresh = None
     if outs is None:
         consts = tuple(blobs)
         outs = []
@@ -129,6 +130,10 @@ def apply(op, inputs, attrs, device=None, outs=None):
             outs.append(o)
             mut_list.append(b)
         muts = tuple(mut_list)
+        if op.fresh and len(outs) == 1 and cost >> 2 <= _VM.inline_max_cost:
+            alloc = backend.allocator
+            if alloc.budget is None and mut_list[0].nbytes < alloc.cache_min_bytes:
+                fresh = op.fresh.get(dev.type)
     else:
         muts = tuple([o.blob for o in outs])
         consts = tuple([b for b in blobs if b not in muts])
@@ -147,9 +152,13 @@ def apply(op, inputs, attrs, device=None, outs=None):
         stream = (streams and streams.get(dev)) or backend.compute
     else:
         stream = backend.compute
-    args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     cost >>= 2
-    if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
+    if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
+                                            (fresh, inputs, outs[0], attrs)):
+        return outs
+    args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
+    if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
+                                               args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
                                muts if op.dynamic else (), ELEMENTWISE if op.elementwise else None))
     return outs

@@ -4,7 +4,11 @@ work into slices that CPU workers run in parallel."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..tensor.meta import contiguous_meta
+
+_ND = np.ndarray
 
 
 def _allocate(outs, what: str) -> None:
@@ -35,6 +39,24 @@ def call_op(args) -> None:
     for i in ins:
         in_arrays.append(i.blob.array if i.base is None else i.array())
     kernel(out_arrays, in_arrays, attrs)
+
+
+def call_fresh(args) -> None:
+    """Runs a small op call through its fresh kernel, which returns the output array (numpy
+    allocates it): ``args`` is ``(fresh, ins, out, attrs)``. The allocator counts the array
+    as ``empty`` would have (small arrays are never cached, only counted)."""
+    fresh, ins, out, attrs = args
+    in_arrays = [i.blob.array if i.base is None else i.array() for i in ins]
+    dtype = out.meta.dtype.np
+    r = fresh(in_arrays, attrs, dtype)
+    if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1
+                                                          and not r.flags.c_contiguous):
+        r = np.array(r, dtype=dtype, order="C")      # a 0-d result, an unusual layout
+    b = out.blob
+    b.array = r
+    b.allocated = True
+    if b.nbytes:
+        b.backend.allocator.log.append(b.nbytes)
 
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:

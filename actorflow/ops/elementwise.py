@@ -104,6 +104,28 @@ def _ufunc_kernel(ufunc, quiet=False):
     return kernel
 
 
+def _ufunc_fresh(ufunc, quiet=False):
+    """The fresh form of ``_ufunc_kernel``: the same cast, the same loop, a new output."""
+    if quiet:
+        def fresh(ins, attrs, dtype):
+            x = ins[0]
+            if x.dtype is not dtype:
+                x = x.astype(dtype)
+            with np.errstate(all="ignore"):
+                return ufunc(x)
+    else:
+        def fresh(ins, attrs, dtype):
+            x = ins[0]
+            if x.dtype is not dtype:
+                x = x.astype(dtype)
+            return ufunc(x)
+    return fresh
+
+
+def _f_relu(ins, attrs, dtype):
+    return np.maximum(ins[0], 0)
+
+
 def _unary_infer(rule):
     def infer(metas, attrs):
         m = metas[0]
@@ -112,22 +134,23 @@ def _unary_infer(rule):
 
 
 UNARY = {
-    # name: (kernel, dtype rule)
-    "neg": (_ufunc_kernel(np.negative), _no_bool("neg")),
-    "abs": (_ufunc_kernel(np.absolute), _same),
-    "exp": (_ufunc_kernel(np.exp, quiet=True), _floating),
-    "log": (_ufunc_kernel(np.log, quiet=True), _floating),
-    "sqrt": (_ufunc_kernel(np.sqrt, quiet=True), _floating),
-    "tanh": (_ufunc_kernel(np.tanh), _floating),
-    "relu": (_k_relu, _no_bool("relu")),
-    "sigmoid": (_k_sigmoid, _floating),
-    "gelu": (_k_gelu, _floating),
-    "logical_not": (_ufunc_kernel(np.logical_not), lambda d: bool_),
-    "bitwise_not": (_ufunc_kernel(np.invert), _no_float("bitwise_not")),
+    # name: (kernel, dtype rule, fresh kernel or None)
+    "neg": (_ufunc_kernel(np.negative), _no_bool("neg"), _ufunc_fresh(np.negative)),
+    "abs": (_ufunc_kernel(np.absolute), _same, _ufunc_fresh(np.absolute)),
+    "exp": (_ufunc_kernel(np.exp, quiet=True), _floating, _ufunc_fresh(np.exp, quiet=True)),
+    "log": (_ufunc_kernel(np.log, quiet=True), _floating, _ufunc_fresh(np.log, quiet=True)),
+    "sqrt": (_ufunc_kernel(np.sqrt, quiet=True), _floating, _ufunc_fresh(np.sqrt, quiet=True)),
+    "tanh": (_ufunc_kernel(np.tanh), _floating, _ufunc_fresh(np.tanh)),
+    "relu": (_k_relu, _no_bool("relu"), _f_relu),
+    "sigmoid": (_k_sigmoid, _floating, None),
+    "gelu": (_k_gelu, _floating, None),
+    "logical_not": (_ufunc_kernel(np.logical_not), lambda d: bool_, None),
+    "bitwise_not": (_ufunc_kernel(np.invert), _no_float("bitwise_not"), None),
 }
 
-for _name, (_kernel, _rule) in UNARY.items():
-    register(OpDef(_name, ("x",), _unary_infer(_rule), {"cpu": _kernel}, elementwise=True,
+for _name, (_kernel, _rule, _fresh) in UNARY.items():
+    register(OpDef(_name, ("x",), _unary_infer(_rule), {"cpu": _kernel},
+                   fresh={"cpu": _fresh} if _fresh else {}, elementwise=True,
                    attrs=("approximate",) if _name == "gelu" else ()))
 
 # -- binary ----------------------------------------------------------------------------
@@ -242,6 +265,36 @@ def _apply(ufunc, a, b, o):
         ufunc(a, b, out=o)
 
 
+def _binary_fresh(ufunc, quiet):
+    """The fresh form of ``_binary_kernel`` for arithmetic kinds (not comparisons)."""
+    def fresh(ins, attrs, dtype):
+        a, b = ins
+        if a.dtype is not dtype or b.dtype is not dtype:
+            a, b = _as(a, dtype), _as(b, dtype)
+        if quiet:
+            with np.errstate(all="ignore"):
+                return ufunc(a, b)
+        return ufunc(a, b)
+    return fresh
+
+
+def _scalar_fresh(ufunc, quiet, reverse):
+    """The fresh form of ``_scalar_kernel`` for arithmetic kinds (not comparisons)."""
+    def fresh(ins, attrs, dtype):
+        x = ins[0]
+        if x.dtype is not dtype:
+            x = x.astype(dtype)
+        if quiet:
+            with np.errstate(all="ignore"):
+                return ufunc(attrs["scalar"], x) if reverse else ufunc(x, attrs["scalar"])
+        return ufunc(attrs["scalar"], x) if reverse else ufunc(x, attrs["scalar"])
+    return fresh
+
+
+# ops whose fresh form runs the same numpy loop as the kernel (not pow: its bool special case)
+_FRESH_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum"}
+
+
 def _scalar_kernel(ufunc, kind, quiet, reverse):
     def operands(ins, attrs, o):
         x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
@@ -275,12 +328,17 @@ def _scalar_kernel(ufunc, kind, quiet, reverse):
 
 
 for _name, (_uf, _kind) in BINARY.items():
+    _has_fresh = _name in _FRESH_BINARY
     register(OpDef(_name, ("a", "b"), _binary_infer(_name, _kind),
-                   {"cpu": _binary_kernel(_uf, _kind, _name in _QUIET)}, elementwise=True))
+                   {"cpu": _binary_kernel(_uf, _kind, _name in _QUIET)},
+                   fresh={"cpu": _binary_fresh(_uf, _name in _QUIET)} if _has_fresh else {},
+                   elementwise=True))
     # tensor op scalar, and scalar op tensor ("r" ops, for the reflected Python operators)
     for _prefix, _rev in (("", False), ("r", True)):
         register(OpDef(_prefix + _name + "_scalar", ("a",), _scalar_infer(_name, _kind),
                        {"cpu": _scalar_kernel(_uf, _kind, _name in _QUIET, _rev)},
+                       fresh=({"cpu": _scalar_fresh(_uf, _name in _QUIET, _rev)}
+                              if _has_fresh else {}),
                        attrs=("scalar",),
                        elementwise=True))
 

@@ -5,6 +5,11 @@ TensorMetas; it raises ShapeError/DTypeError with a message naming the op and th
 A kernel is ``kernel(outs, ins, attrs)``: it writes into the preallocated numpy arrays
 ``outs`` from ``ins``. A ``dynamic`` op's output shapes are known only after compute: its
 kernel returns the output arrays instead (the VM writes them with Access.MUT2).
+
+``fresh`` kernels are an optional fast form for single-output ops: ``fresh(ins, attrs,
+dtype)`` returns a new array of the inferred shape in numpy ``dtype`` (numpy allocates it).
+The eager interpreter uses one for a small output run on the spot, where allocating first
+would cost more than the kernel; it must compute exactly what the kernel computes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ class OpDef:
     inputs: tuple
     infer: Callable
     kernels: dict = field(default_factory=dict)
+    fresh: dict = field(default_factory=dict)   # device type -> fresh(ins, attrs, dtype)
     outputs: tuple = ("out",)
     attrs: tuple = ()
     dynamic: bool = False

@@ -136,8 +136,10 @@ class VM(Waiting, Fusing):
                 if w is not None and not w.done:
                     return False
             for b in muts:
-                if (b.last_write is not None or b.reads is not None) and not b.idle():
-                    return False                # (fresh outputs have no record: no call)
+                if b.last_write is not None or b.reads is not None:   # (fresh outputs: none)
+                    if not b.idle():
+                        return False
+                    b.last_write = b.reads = None   # finished uses constrain nothing
             err = first_error_of(consts, muts) if self._any_error else None
             if err is None:
                 try:
@@ -151,10 +153,8 @@ class VM(Waiting, Fusing):
                         b.last_write = b.reads = None
                     self.inlined += 1
                     raise
-            for b in muts:
-                b.last_write = None
-                b.reads = None
-                if err is not None:
+            if err is not None:
+                for b in muts:
                     b.error = err
             self.inlined += 1          # counted as issued and completed too (see stats)
         return True
