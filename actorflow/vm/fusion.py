@@ -16,9 +16,7 @@ A mixin of the VM (its lock, loop thread, workers and error handling).
 
 from __future__ import annotations
 
-import os
 import threading
-from contextlib import contextmanager
 
 from ..errors import OutOfMemoryError
 from .deps import first_error
@@ -50,34 +48,6 @@ def collect(head, planner, limit: int) -> tuple[list, int]:
             waits[x] = waits.get(x, 0) + 1
         cur = d
     return members, ops
-
-
-_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-PIN = len(_CPUS) > 1
-
-
-@contextmanager
-def pinned(k: int):
-    """Keeps the calling thread on CPU number ``k`` (of those the process may use) for the
-    block. Slices of a run are pinned to different CPUs: left to the OS, the thread that
-    wakes a worker and the worker often start on the same CPU and share it for many
-    milliseconds before one is moved, which makes a run on two cores as slow as on one."""
-    if not PIN:
-        yield
-        return
-    try:
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, (_CPUS[k % len(_CPUS)],))
-    except OSError:                      # not allowed here: run where the OS puts us
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            os.sched_setaffinity(0, before)
-        except OSError:
-            pass
 
 
 class _Run:
@@ -129,12 +99,12 @@ class Fusing:
         self.fused += ops
         self.fused_runs += 1
         self.elided += planner.elided
-        for k in range(1, len(slices)):
-            self._pool.submit(self._run_slice, run, slices[k], k, False)
+        for s in slices[1:]:
+            self._pool.submit(self._run_slice, run, s, False)
         if force_pool:
-            self._pool.submit(self._run_slice, run, slices[0], 0, False)
+            self._pool.submit(self._run_slice, run, slices[0], False)
         else:
-            self._run_slice(run, slices[0], 0, True)
+            self._run_slice(run, slices[0], True)
         return True
 
     def _poisoned(self, instr) -> bool:
@@ -145,10 +115,9 @@ class Fusing:
             if instr.error is None:
                 self._fail(instr, self._kernel_error(instr, e))
 
-    def _run_slice(self, run, piece, k: int, on_loop: bool) -> None:
+    def _run_slice(self, run, piece, on_loop: bool) -> None:
         try:
-            with pinned(k):
-                piece()                  # catches its kernels' errors itself
+            piece()                      # catches its kernels' errors itself
         except BaseException as e:  # noqa: BLE001 - e.g. no memory for a tile buffer
             for m in run.members:
                 if m.kind == OP_CALL:
