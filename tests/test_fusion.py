@@ -1,6 +1,7 @@
-"""Runs of elementwise instructions (vm/fusion.py, eager/fusion.py): the same results as one
-by one, intermediates nobody can see never get memory, ones somebody can see do, and errors
-and memory limits behave as they do without runs."""
+"""The eager fast paths. Runs of elementwise instructions (vm/fusion.py, eager/fusion.py):
+the same results as one by one, intermediates nobody can see never get memory, ones somebody
+can see do, and errors and memory limits behave as they do without runs. Fresh kernels
+(small outputs allocated by numpy on the inline path): bit-identical to the kernels."""
 
 import gc
 import threading
@@ -336,3 +337,69 @@ def test_runs_are_off_with_fuse_max_zero(runs):
     gate.open()
     np.testing.assert_array_equal(z.numpy(), np.full(64, 6.0))
     assert _delta(runs, before) == (0, 0, 0)
+
+
+# -- fresh kernels ---------------------------------------------------------------------
+
+FRESH_CASES = [
+    ("neg", None), ("abs", None), ("exp", None), ("log", None), ("sqrt", None),
+    ("tanh", None), ("relu", None), ("add", "t"), ("sub", "t"), ("mul", "t"), ("div", "t"),
+    ("maximum", "t"), ("minimum", "t"), ("add", 1.5), ("sub", 2), ("mul", 0.5), ("div", 3),
+    ("rsub", 2.5), ("rdiv", 1.5),
+]
+
+
+def _apply_case(name, other, x, y):
+    if other is None:
+        return getattr(af, name)(x)
+    if other == "t":
+        return getattr(af, name)(x, y)
+    if name.startswith("r"):
+        return {"rsub": lambda: other - x, "rdiv": lambda: other / x}[name]()
+    return getattr(af, name)(x, other)
+
+
+@pytest.mark.parametrize("name,other", FRESH_CASES)
+@pytest.mark.parametrize("dtype", ["int32", "int64", "float16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["plain", "transposed", "zero-d"])
+def test_fresh_kernels_compute_exactly_what_the_kernels_compute(name, other, dtype, layout):
+    """The inline path (fresh kernels, numpy allocates the output) and the queued path (the
+    op's kernel writes a preallocated output) give bit-identical results, dtypes and
+    C-contiguous storage (a view of the result reads the right elements)."""
+    rng = np.random.default_rng(0)
+    shape = {"plain": (6, 5), "transposed": (5, 6), "zero-d": ()}[layout]
+    a = (rng.uniform(0.5, 4, shape) * rng.choice([-1, 1], shape)).astype(dtype)
+    b = rng.uniform(0.5, 4, shape).astype(dtype)
+    vm = get_vm()
+    results = []
+    for inline in (True, False):
+        x, y = af.tensor(a), af.tensor(b)
+        if layout == "transposed":
+            x, y = x.T, y.T                   # F-ordered inputs: numpy's output would be too
+        saved = vm.inline_max_cost
+        vm.inline_max_cost = saved if inline else -1
+        try:
+            before = vm.stats()["inlined"]
+            z = _apply_case(name, other, x, y)
+            af.synchronize()
+            assert (vm.stats()["inlined"] > before) == inline
+        finally:
+            vm.inline_max_cost = saved
+        view = z[1] if layout != "zero-d" else z
+        results.append((z.numpy(), view.numpy(), z.dtype))
+    (got, got_view, got_dt), (want, want_view, want_dt) = results
+    assert got_dt == want_dt
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_view, want_view)
+
+
+def test_fresh_outputs_are_counted_by_the_allocator():
+    stats = af.lowlevel.memory_stats
+    x = af.tensor(np.ones(1000, dtype=np.float32))
+    af.synchronize()
+    before = stats("cpu").in_use
+    z = af.tanh(x * 2.0)                        # two fresh outputs, one still held
+    assert stats("cpu").in_use == before + 4000
+    del z
+    gc.collect()
+    assert stats("cpu").in_use == before
