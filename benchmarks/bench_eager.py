@@ -16,9 +16,12 @@ recorded too):
 2. ``large``: a sequence of elementwise ops (100 by default) on 1,000,000-element float32
    tensors, each producing a fresh output, ending in ``af.synchronize()``. Baselines:
    numpy single-threaded with fresh outputs, and numpy writing into preallocated ``out=``
-   buffers (the fairest single-thread comparison). Contenders: actorflow (splits big
-   elementwise kernels across the cores, reuses cached buffers) and PyTorch CPU, plus a
-   diagnostic row, actorflow with splitting disabled, showing what the split buys.
+   buffers (the fairest single-thread comparison). Contenders: actorflow (default: the
+   queued ops form runs that every worker executes on its own slice, and intermediates
+   nobody holds never get memory) and PyTorch CPU. Diagnostic rows: what the hardware gives
+   two threads with no runtime at all (numpy, each thread the whole chain on half of the
+   array), actorflow op by op (runs off: each kernel split across the workers, which meet
+   after every op), and actorflow with no splitting at all.
 
 Every contender runs the same op sequence (``CYCLE`` repeated) and every timed result is
 checked with ``np.allclose`` against the numpy result, so a run that computed nothing (or
@@ -37,6 +40,7 @@ raised (the JSON is written either way).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -140,6 +144,8 @@ def environment(torch, dask, vm) -> dict:
         "vm_workers": vm.workers,
         "vm_inline_max_cost": vm.inline_max_cost,
         "vm_parallel_min_cost": vm.parallel_min_cost,
+        "vm_fuse_max": vm.fuse_max,
+        "vm_fusion_tile_bytes": vm.fusion_tile_bytes,
         "vm_max_in_flight": getattr(vm, "max_in_flight", None),
     })
 
@@ -193,13 +199,14 @@ class Contender(harness.Contender):
 
 
 def vm_delta(vm, fn) -> dict:
-    """Instruction counts (issued, run inline) of one call of ``fn``."""
+    """Instruction counts of one call of ``fn``: issued, run inline, run as members of runs
+    (and how many runs), intermediates of runs that never got memory."""
     vm.synchronize()
     s0 = vm.stats()
     fn()
     vm.synchronize()
     s1 = vm.stats()
-    return {"issued": s1["issued"] - s0["issued"], "inlined": s1["inlined"] - s0["inlined"]}
+    return {k: s1[k] - s0[k] for k in ("issued", "inlined", "fused", "fused_runs", "elided")}
 
 
 # -- workload 1: the dependent chain -------------------------------------------------------
@@ -332,17 +339,36 @@ def bench_large(args, af, torch) -> tuple[dict, list]:
         return z
 
     af_c = Contender("actorflow", af_fn, fetch=lambda z: z.numpy(), n_ops=n, ref=ref,
-                     note=f"{vm.workers} workers, split at >= {vm.parallel_min_cost} "
-                          f"elements; ends in af.synchronize()")
+                     note=f"{vm.workers} workers, runs of queued ops (ops of >= "
+                          f"{vm.parallel_min_cost} elements); ends in af.synchronize()")
     contenders.append(af_c)
 
-    no_split, restore = vm_setting(vm, "parallel_min_cost", 1 << 62)
-
     if not args.no_diagnostics:
+        half = size // 2
+
+        def np_threads():
+            out = [None]
+            t = threading.Thread(target=lambda: out.__setitem__(0, run_np(a[:half], b[:half])))
+            t.start()
+            rest = run_np(a[half:], b[half:])
+            t.join()
+            return np.concatenate([out[0], rest])
+        contenders.append(Contender(
+            "numpy 2 threads", np_threads, n_ops=n, ref=ref,
+            note="diagnostic: what two cores give with no runtime (each thread the whole "
+                 "chain on half of the array, no meeting between ops)"))
+        no_runs, restore_runs = vm_setting(vm, "fuse_max", 0)
+        contenders.append(Contender(
+            "actorflow (op by op)", af_fn, fetch=lambda z: z.numpy(), n_ops=n, ref=ref,
+            setup=no_runs, teardown=restore_runs,
+            note="diagnostic: fuse_max=0, each kernel split across the workers, which meet "
+                 "after every op"))
+        no_split, restore = vm_setting(vm, "parallel_min_cost", 1 << 62)
         contenders.append(Contender(
             "actorflow (no split)", af_fn, fetch=lambda z: z.numpy(), n_ops=n, ref=ref,
             setup=no_split, teardown=restore,
-            note="diagnostic: parallel_min_cost=2**62, each kernel whole on one worker"))
+            note="diagnostic: parallel_min_cost=2**62, no runs, each kernel whole on one "
+                 "worker"))
 
     if torch is not None:
         tx, ty = torch.from_numpy(a), torch.from_numpy(b)

@@ -54,7 +54,7 @@ class Elementwise:
         shape = args[2][0].meta.shape
         if 0 in shape or not any(s > 1 for s in shape):
             return None                     # nothing to cut
-        p = RunPlanner(shape)
+        p = RunPlanner(shape, args[2][0].meta.device)
         return p if p.admit(head) else None
 
 
@@ -65,8 +65,9 @@ class RunPlanner:
     """Admits op calls into a run of shape ``shape`` (``admit``), notes the blobs released in
     it (``release``), then allocates and cuts it (``prepare``)."""
 
-    def __init__(self, shape: tuple):
+    def __init__(self, shape: tuple, device):
         self.shape = shape
+        self.device = device         # every tensor a member touches is on it
         self.strides = contiguous_strides(shape)
         self.numel = 1
         for s in shape:
@@ -87,7 +88,8 @@ class RunPlanner:
     def _whole(self, impl) -> bool:
         m = impl.meta
         return (m.shape == self.shape and not m.offset and m.strides == self.strides
-                and impl.blob.nbytes == self.numel * m.dtype.itemsize)
+                and impl.blob.nbytes == self.numel * m.dtype.itemsize
+                and m.device is self.device)
 
     def admit(self, instr) -> bool:
         """Adds ``instr`` to the run if the rules above allow it; changes nothing if not."""
@@ -104,6 +106,8 @@ class RunPlanner:
         partial = None
         for i in ins:
             if not self._whole(i):
+                if i.meta.device is not self.device:
+                    return False        # a copy between devices: not a slice-wise kernel
                 b = i.blob
                 if b in written or b is ob:
                     return False
