@@ -69,7 +69,7 @@ class Fusing:
     fusion_tile_bytes = 1 << 20   # bytes of one output tile a worker computes at a time
     _no_run_until = None          # after a run found no memory: the last member it tried
 
-    def _dispatch_run(self, head, force_pool: bool) -> bool:
+    def _dispatch_run(self, head) -> bool:
         """Dispatches ``head`` as the first member of a run; False if no run of two op calls
         or more can be formed (nothing was changed then)."""
         plan_run = getattr(head.split, "planner", None)
@@ -99,12 +99,11 @@ class Fusing:
         self.fused += ops
         self.fused_runs += 1
         self.elided += planner.elided
-        for s in slices[1:]:
-            self._pool.submit(self._run_slice, run, s, False)
-        if force_pool:
-            self._pool.submit(self._run_slice, run, slices[0], False)
-        else:
-            self._run_slice(run, slices[0], True)
+        # Every slice goes to a worker, the loop thread stays free: measured in one process
+        # against the loop running the first slice itself, the median run was 0.75x
+        # against 0.87x numpy's time (best 0.57x against 0.63x).
+        for s in slices:
+            self._pool.submit(self._run_slice, run, s)
         return True
 
     def _poisoned(self, instr) -> bool:
@@ -115,7 +114,7 @@ class Fusing:
             if instr.error is None:
                 self._fail(instr, self._kernel_error(instr, e))
 
-    def _run_slice(self, run, piece, on_loop: bool) -> None:
+    def _run_slice(self, run, piece) -> None:
         try:
             piece()                      # catches its kernels' errors itself
         except BaseException as e:  # noqa: BLE001 - e.g. no memory for a tile buffer
@@ -123,10 +122,7 @@ class Fusing:
                 if m.kind == OP_CALL:
                     self._run_error(run, m, e)
         if run.finish_one():
-            if on_loop:
-                self._finish_run(run)
-            else:
-                self._loop.call_soon_threadsafe(self._finish_run, run)
+            self._loop.call_soon_threadsafe(self._finish_run, run)
 
     def _finish_run(self, run) -> None:
         """On the loop, once every slice is done: a member whose input was poisoned by a

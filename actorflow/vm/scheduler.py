@@ -344,7 +344,7 @@ class VM(Waiting, Fusing):
             return
         pieces = None
         if instr.split is not None and instr.cost >= self.parallel_min_cost:
-            if instr.next is not None and self._dispatch_run(instr, force_pool):
+            if instr.next is not None and self._dispatch_run(instr):
                 return
             if self.workers > 1:
                 pieces = self._split(instr)
