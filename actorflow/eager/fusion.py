@@ -87,7 +87,8 @@ class RunPlanner:
 
     def _whole(self, impl) -> bool:
         m = impl.meta
-        return (m.shape == self.shape and not m.offset and m.strides == self.strides
+        return ((m.shape is self.shape or m.shape == self.shape) and not m.offset
+                and (m.strides is self.strides or m.strides == self.strides)
                 and impl.blob.nbytes == self.numel * m.dtype.itemsize
                 and m.device is self.device)
 
@@ -169,7 +170,8 @@ class RunPlanner:
         inner = self.numel // size
         itemsize = max(step[3][0].meta.dtype.itemsize for step in self.steps)
         tile = max(1, min(tile_bytes // max(1, inner * itemsize), -(-size // n)))
-        steps = [self._sources(step, axis, slots) for step in self.steps]
+        seen: dict = {}
+        steps = [self._sources(step, axis, slots, seen) for step in self.steps]
         tile_shape = shape[:axis] + (tile,) + shape[axis + 1:]
         bounds = [size * k // n for k in range(n + 1)]
         return [_Slice(steps, axis, lo, hi, tile, tile_shape, dtypes, skip, fail)
@@ -229,21 +231,30 @@ class RunPlanner:
                 free.setdefault(dtypes[slot], []).append(slot)
         return slots, dtypes
 
-    def _sources(self, step, axis: int, slots: dict):
+    def _sources(self, step, axis: int, slots: dict, seen: dict):
+        """``(instr, kernel, attrs, sources)``: where each tile of the member's output and
+        inputs comes from, a tile buffer ``(slot, None, None)`` or an array and the index
+        that cuts it ``(None, array, lead or None)``. ``seen`` keeps the sources of tensors
+        already looked at (the same inputs recur along a run)."""
         instr, kernel, attrs, outs, ins = step
-        ndim = len(self.shape)
-        size = self.shape[axis]
         sources = []
         for t in (outs[0], *ins):
-            slot = slots.get(t.blob)
-            if slot is not None:
-                sources.append((slot, None, None))
-                continue
-            a = t.array()
-            ax = axis - (ndim - a.ndim)
-            lead = (slice(None),) * ax if ax >= 0 and a.shape[ax] == size and size != 1 else None
-            sources.append((None, a, lead))
+            src = seen.get(id(t))
+            if src is None:
+                src = self._source(t, axis, slots)
+                seen[id(t)] = src
+            sources.append(src)
         return instr, kernel, attrs, sources
+
+    def _source(self, t, axis: int, slots: dict):
+        slot = slots.get(t.blob)
+        if slot is not None:
+            return (slot, None, None)
+        a = t.array()
+        ax = axis - (len(self.shape) - a.ndim)
+        size = self.shape[axis]
+        lead = (slice(None),) * ax if ax >= 0 and a.shape[ax] == size and size != 1 else None
+        return (None, a, lead)
 
 
 _SCRATCH = threading.local()
