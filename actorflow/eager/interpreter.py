@@ -84,7 +84,8 @@ class EagerInterpreter(Interpreter):
 def apply(op, inputs, attrs, device=None, outs=None):
     """Runs ``op`` through the current thread's interpreter (eager unless one is installed
     with ``use_interpreter``); returns the output TensorImpls."""
-    if _OVERRIDES[0]:
+    overridden = _OVERRIDES[0]
+    if overridden:
         interp = STATE.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
@@ -130,9 +131,11 @@ def apply(op, inputs, attrs, device=None, outs=None):
             outs.append(o)
             mut_list.append(b)
         muts = tuple(mut_list)
-        if op.fresh and len(outs) == 1 and cost >> 2 <= _VM.inline_max_cost:
+        # a fresh kernel for a small single output (b, dtype: its blob and dtype); run_inline
+        # itself turns down costs too large to run on the spot
+        if op.fresh and len(outs) == 1:
             alloc = backend.allocator
-            if alloc.budget is None and mut_list[0].nbytes < alloc.cache_min_bytes:
+            if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:
                 fresh = op.fresh.get(dev.type)
     else:
         muts = tuple([o.blob for o in outs])
@@ -140,22 +143,21 @@ def apply(op, inputs, attrs, device=None, outs=None):
         for o in outs:
             m = o.meta
             cost += o.blob.nbytes if o.base is None else numel(m.shape) * m.dtype.itemsize
-    if backend.has_data:
-        kernel = op.kernels.get(dev.type) or op.kernel_for(dev.type)
-    elif op.dynamic:
+    has_data = backend.has_data
+    if not has_data and op.dynamic:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
-    else:
-        kernel = null_kernel
-    if _OVERRIDES[0]:
+    if overridden:
         streams = STATE.streams
         stream = (streams and streams.get(dev)) or backend.compute
     else:
         stream = backend.compute
     cost >>= 2
     if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
-                                            (fresh, inputs, outs[0], attrs)):
+                                            (fresh, inputs, b, attrs, dtype.np)):
         return outs
+    # the kernel is looked up only now: most small ops ran through their fresh kernel above
+    kernel = (op.kernels.get(dev.type) or op.kernel_for(dev.type)) if has_data else null_kernel
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
                                                args):
