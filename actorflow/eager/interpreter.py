@@ -11,7 +11,7 @@ from ..backends import get_backend
 from ..errors import DeviceError, TraceError, VMError
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
-from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides, numel
+from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from .fusion import ELEMENTWISE
 from .opcall import call_fresh, call_op, null_kernel, run_access, run_op
@@ -125,8 +125,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
                 for s in shape:
                     nbytes *= s
                 b = Blob(dev, backend, nbytes)
-                strides = _STRIDES.get(shape) or contiguous_strides(shape)
-                o = TensorImpl(_meta(TensorMeta, (shape, dtype, dev, strides, 0)), b)
+                o = TensorImpl(dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
+                               b)
                 cost += nbytes
             outs.append(o)
             mut_list.append(b)
