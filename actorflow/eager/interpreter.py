@@ -91,7 +91,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
             return interp.apply(op, inputs, attrs, device, outs)
     # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
     metas = []
-    blobs = []
+    consts = ()             # (tuples grown by concatenation: cheaper than list + tuple())
     cost = 0
     dev = None
     for i in inputs:
@@ -105,7 +105,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
             check_same_device(inputs, op.name)
         metas.append(m)
         b = i.blob
-        blobs.append(b)
+        consts += (b,)
         cost += b.nbytes if i.base is None else numel(m.shape) * m.dtype.itemsize
     if device is not None:
         dev = device
@@ -113,9 +113,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
     specs = op.infer(metas, attrs)
     fresh = None
     if outs is None:
-        consts = tuple(blobs)
         outs = []
-        mut_list = []
+        muts = ()
         for shape, dtype in specs:
             if shape is None:
                 b = Blob(dev, backend, 0)
@@ -129,17 +128,16 @@ def apply(op, inputs, attrs, device=None, outs=None):
                                b)
                 cost += nbytes
             outs.append(o)
-            mut_list.append(b)
-        muts = tuple(mut_list)
-        # a fresh kernel for a small single output (b, dtype: its blob and dtype); run_inline
-        # itself turns down costs too large to run on the spot
-        if op.fresh and len(outs) == 1:
+            muts += (b,)
+        # a fresh kernel (single-output ops only: see OpDef) for a small output (b, dtype: its
+        # blob and dtype); run_inline itself turns down costs too large to run on the spot
+        if op.fresh:
             alloc = backend.allocator
             if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:
                 fresh = op.fresh.get(dev.type)
     else:
         muts = tuple([o.blob for o in outs])
-        consts = tuple([b for b in blobs if b not in muts])
+        consts = tuple([b for b in consts if b not in muts])
         for o in outs:
             m = o.meta
             cost += o.blob.nbytes if o.base is None else numel(m.shape) * m.dtype.itemsize
@@ -154,7 +152,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
         stream = backend.compute
     cost >>= 2
     if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
-                                            (fresh, inputs, b, attrs, dtype.np)):
+                                            (fresh, inputs, b, attrs, dtype.np, alloc.log)):
         return outs
     # the kernel is looked up only now: most small ops ran through their fresh kernel above
     kernel = (op.kernels.get(dev.type) or op.kernel_for(dev.type)) if has_data else null_kernel

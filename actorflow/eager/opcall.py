@@ -43,9 +43,10 @@ def call_op(args) -> None:
 
 def call_fresh(args) -> None:
     """Runs a small op call through its fresh kernel, which returns the output array (numpy
-    allocates it): ``args`` is ``(fresh, ins, out_blob, attrs, numpy dtype)``. The allocator
-    counts the array as ``empty`` would have (small arrays are never cached, only counted)."""
-    fresh, ins, b, attrs, dtype = args
+    allocates it): ``args`` is ``(fresh, ins, out_blob, attrs, numpy dtype, allocator log)``.
+    The array is counted in the log as ``empty`` would have (small arrays are never cached,
+    only counted)."""
+    fresh, ins, b, attrs, dtype, log = args
     in_arrays = []              # (a loop, not a comprehension: no function object per call)
     for i in ins:
         in_arrays.append(i.blob.array if i.base is None else i.array())
@@ -56,7 +57,7 @@ def call_fresh(args) -> None:
     b.array = r
     b.allocated = True
     if b.nbytes:
-        b.backend.allocator.log.append(b.nbytes)
+        log.append(b.nbytes)
 
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:
