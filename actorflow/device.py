@@ -13,13 +13,14 @@ class Device:
     Example: ``af.device("cuda:1").index == 1``.
     """
 
-    __slots__ = ("type", "index", "_str", "_hash", "backend")
+    __slots__ = ("type", "index", "_str", "_hash", "backend", "metas")
 
     def __init__(self, type: str, index: int):
         self.type, self.index = type, index
         self._str = type if type != "cuda" else f"cuda:{index}"
         self._hash = hash(self._str)
         self.backend = None      # set by actorflow.backends.get_backend on first use
+        self.metas = {}          # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
 
     def __repr__(self) -> str:
         return f"device(type='{self.type}', index={self.index})"

@@ -11,7 +11,7 @@ from ..backends import get_backend
 from ..errors import DeviceError, TraceError, VMError
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
-from ..tensor.meta import _STRIDES, TensorMeta, contiguous_strides, numel
+from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from .fusion import ELEMENTWISE
 from .opcall import call_fresh, call_op, null_kernel, run_access, run_op
@@ -84,13 +84,14 @@ class EagerInterpreter(Interpreter):
 def apply(op, inputs, attrs, device=None, outs=None):
     """Runs ``op`` through the current thread's interpreter (eager unless one is installed
     with ``use_interpreter``); returns the output TensorImpls."""
-    if _OVERRIDES[0]:
+    overridden = _OVERRIDES[0]
+    if overridden:
         interp = STATE.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
     # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
     metas = []
-    blobs = []
+    consts = ()             # (tuples grown by concatenation: cheaper than list + tuple())
     cost = 0
     dev = None
     for i in inputs:
@@ -104,7 +105,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
             check_same_device(inputs, op.name)
         metas.append(m)
         b = i.blob
-        blobs.append(b)
+        consts += (b,)
         cost += b.nbytes if i.base is None else numel(m.shape) * m.dtype.itemsize
     if device is not None:
         dev = device
@@ -112,9 +113,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
     specs = op.infer(metas, attrs)
     fresh = None
     if outs is None:
-        consts = tuple(blobs)
         outs = []
-        mut_list = []
+        muts = ()
         for shape, dtype in specs:
             if shape is None:
                 b = Blob(dev, backend, 0)
@@ -124,38 +124,38 @@ def apply(op, inputs, attrs, device=None, outs=None):
                 for s in shape:
                     nbytes *= s
                 b = Blob(dev, backend, nbytes)
-                strides = _STRIDES.get(shape) or contiguous_strides(shape)
-                o = TensorImpl(_meta(TensorMeta, (shape, dtype, dev, strides, 0)), b)
+                o = TensorImpl(dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
+                               b)
                 cost += nbytes
             outs.append(o)
-            mut_list.append(b)
-        muts = tuple(mut_list)
-        if op.fresh and len(outs) == 1 and cost >> 2 <= _VM.inline_max_cost:
+            muts += (b,)
+        # a fresh kernel (single-output ops only: see OpDef) for a small output (b, dtype: its
+        # blob and dtype); run_inline itself turns down costs too large to run on the spot
+        if op.fresh:
             alloc = backend.allocator
-            if alloc.budget is None and mut_list[0].nbytes < alloc.cache_min_bytes:
+            if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:
                 fresh = op.fresh.get(dev.type)
     else:
         muts = tuple([o.blob for o in outs])
-        consts = tuple([b for b in blobs if b not in muts])
+        consts = tuple([b for b in consts if b not in muts])
         for o in outs:
             m = o.meta
             cost += o.blob.nbytes if o.base is None else numel(m.shape) * m.dtype.itemsize
-    if backend.has_data:
-        kernel = op.kernels.get(dev.type) or op.kernel_for(dev.type)
-    elif op.dynamic:
+    has_data = backend.has_data
+    if not has_data and op.dynamic:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
-    else:
-        kernel = null_kernel
-    if _OVERRIDES[0]:
+    if overridden:
         streams = STATE.streams
         stream = (streams and streams.get(dev)) or backend.compute
     else:
         stream = backend.compute
     cost >>= 2
     if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
-                                            (fresh, inputs, outs[0], attrs)):
+                                            (fresh, inputs, b, attrs, dtype.np, alloc.log)):
         return outs
+    # the kernel is looked up only now: most small ops ran through their fresh kernel above
+    kernel = (op.kernels.get(dev.type) or op.kernel_for(dev.type)) if has_data else null_kernel
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
                                                args):

@@ -43,20 +43,21 @@ def call_op(args) -> None:
 
 def call_fresh(args) -> None:
     """Runs a small op call through its fresh kernel, which returns the output array (numpy
-    allocates it): ``args`` is ``(fresh, ins, out, attrs)``. The allocator counts the array
-    as ``empty`` would have (small arrays are never cached, only counted)."""
-    fresh, ins, out, attrs = args
-    in_arrays = [i.blob.array if i.base is None else i.array() for i in ins]
-    dtype = out.meta.dtype.np
+    allocates it): ``args`` is ``(fresh, ins, out_blob, attrs, numpy dtype, allocator log)``.
+    The array is counted in the log as ``empty`` would have (small arrays are never cached,
+    only counted)."""
+    fresh, ins, b, attrs, dtype, log = args
+    in_arrays = []              # (a loop, not a comprehension: no function object per call)
+    for i in ins:
+        in_arrays.append(i.blob.array if i.base is None else i.array())
     r = fresh(in_arrays, attrs, dtype)
     if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1
                                                           and not r.flags.c_contiguous):
         r = np.array(r, dtype=dtype, order="C")      # a 0-d result, an unusual layout
-    b = out.blob
     b.array = r
     b.allocated = True
     if b.nbytes:
-        b.backend.allocator.log.append(b.nbytes)
+        log.append(b.nbytes)
 
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:

@@ -33,6 +33,12 @@ class OpDef:
     elementwise: bool = False      # kernel may run on matching slices of outputs and inputs
     grad: Callable | None = None   # grad rule slot: grad(out_grads, inputs, outputs, attrs)
 
+    def __post_init__(self):
+        # the eager interpreter relies on this: it runs a fresh kernel for the one output
+        if self.fresh and (len(self.outputs) != 1 or self.dynamic):
+            raise ValueError(f"op '{self.name}': fresh kernels are for ops with one output "
+                             f"whose shape is known before compute")
+
     def kernel_for(self, device_type: str):
         k = self.kernels.get(device_type)
         if k is None:

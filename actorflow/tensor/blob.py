@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections import deque
 
-# Blobs whose last owning tensor is gone. TensorImpl.__del__ only appends here (atomic, safe
-# from any thread and from inside the garbage collector); the VM frees them at its next step.
+# Blobs whose last owning tensor is gone and that TensorImpl.__del__ could not free at once.
+# It only appends here (atomic, safe from any thread and from inside the garbage collector);
+# the VM frees them at its next step.
 RELEASED: deque = deque()
 _SMALL = 1 << 20          # blobs this large are queued so the allocator can cache them
 
@@ -42,21 +43,6 @@ class Blob:
                 if not r.done:
                     return False
         return True
-
-    def release(self) -> None:
-        """The last tensor owning this blob is gone (called from any thread, even inside the
-        garbage collector). A small blob with no recorded use is freed at once through the
-        allocator's lock-free count; anything else is queued for the VM to free after its
-        pending uses."""
-        if self.last_write is None and self.reads is None and self.nbytes < _SMALL:
-            if self.allocated:
-                self.allocated = False
-                if self.nbytes:
-                    self.backend.allocator.log.append(-self.nbytes)   # lock-free count
-            self.array = None
-            self.released = True
-        else:
-            RELEASED.append(self)
 
     def free(self) -> None:
         """Returns the storage to the allocator. Called by the VM once no use is pending."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_backend
-from .blob import Blob
+from .blob import RELEASED, _SMALL, Blob
 from .meta import TensorMeta, contiguous_strides
 
 
@@ -47,8 +47,21 @@ class TensorImpl:
                           tuple(s * size for s in m.strides))
 
     def __del__(self):
+        # The last tensor owning the blob is gone (on any thread, even inside the garbage
+        # collector). A small blob with no recorded use is freed here and now through the
+        # allocator's lock-free count; anything else is queued for the VM to free after its
+        # pending uses. (Inline rather than a Blob method: this runs once per op.)
         if self.base is None:
+            b = self.blob
             try:
-                self.blob.release()
+                if b.last_write is None and b.reads is None and b.nbytes < _SMALL:
+                    if b.allocated:
+                        b.allocated = False
+                        if b.nbytes:
+                            b.backend.allocator.log.append(-b.nbytes)   # lock-free count
+                    b.array = None
+                    b.released = True
+                else:
+                    RELEASED.append(b)
             except Exception:       # interpreter shutdown: module globals may be gone
                 pass

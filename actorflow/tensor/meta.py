@@ -78,4 +78,13 @@ def is_contiguous(shape: tuple, strides: tuple) -> bool:
 
 
 def contiguous_meta(shape: tuple, dtype: DType, device: Device) -> TensorMeta:
-    return TensorMeta(shape, dtype, device, contiguous_strides(shape), 0)
+    """The row-major TensorMeta of ``shape`` and ``dtype`` on ``device``. Metas are immutable
+    values, so tensors share them: each device keeps the ones made (a few thousand at most),
+    and the eager interpreter looks there first (``device.metas.get((shape, dtype))``)."""
+    key = (shape, dtype)
+    m = device.metas.get(key)
+    if m is None:
+        m = TensorMeta(shape, dtype, device, contiguous_strides(shape), 0)
+        if len(device.metas) < 4096:
+            device.metas[key] = m
+    return m

@@ -81,7 +81,8 @@ class VM(Waiting, Fusing):
         self._pool = None
         self.workers = workers or os.cpu_count() or 1
         self.max_in_flight = 40_000
-        self.inline_max_cost = 1 << 16       # elements touched; below this run without a hop
+        self._rng = None                    # test hook: seeded random dispatch order
+        self.inline_max_cost = 1 << 16      # elements touched; below this run without a hop
         self.parallel_min_cost = 1 << 18     # elementwise kernels above this are split
         self.loop_share = 0.6                # of a split kernel, run by the loop thread
         self.issued = self.completed = 0    # through submit
@@ -91,7 +92,6 @@ class VM(Waiting, Fusing):
         self._blocked = 0
         self._errors: deque = deque()       # kernel errors since the last synchronize
         self._any_error = False             # until a kernel fails, skip the poison checks
-        self._rng = None                    # test hook: seeded random dispatch order
         self._max_delay = 0.0               # test hook: random delay before each kernel
 
     # -- submission ---------------------------------------------------------------------
@@ -105,8 +105,7 @@ class VM(Waiting, Fusing):
             self.issued += 1
             if record(instr):
                 return
-            if (instr.cost > self.inline_max_cost or self._rng is not None
-                    or instr.stream.simulated):
+            if instr.cost > self._inline_limit or instr.stream.simulated:
                 self._ready.append(instr)
                 if not self._wake_pending:
                     self._wake()
@@ -123,7 +122,7 @@ class VM(Waiting, Fusing):
         ``fn(args)`` now and returns True; else returns False and the caller submits an
         Instruction. A finished instruction constrains no later one, so running it here
         leaves no dependence record behind: the ordering is the same as ``submit``'s."""
-        if cost > self.inline_max_cost or self._rng is not None or stream.simulated:
+        if cost > self._inline_limit or stream.simulated:
             return False
         if RELEASED:
             self.collect_releases()
@@ -338,7 +337,7 @@ class VM(Waiting, Fusing):
             self._execute(instr)
             self._loop.call_later(delay, self._finish, instr)
             return
-        if not force_pool and instr.cost <= self.inline_max_cost:
+        if not force_pool and instr.cost <= self._inline_max_cost:
             self._execute(instr)
             self._finish(instr)
             return
@@ -398,6 +397,19 @@ class VM(Waiting, Fusing):
             self._drain()
 
     # -- test hooks and settings --------------------------------------------------------
+    @property
+    def inline_max_cost(self) -> int:
+        """Instructions touching at most this many elements run on the spot, without a hop
+        to the loop (-1: never)."""
+        return self._inline_max_cost
+
+    @inline_max_cost.setter
+    def inline_max_cost(self, value: int) -> None:
+        self._inline_max_cost = value
+        # what submit and run_inline compare with: one check for both the setting and the
+        # random-dispatch test hook, which sends everything through the loop
+        self._inline_limit = value if self._rng is None else -1
+
     def set_test_hooks(self, seed: int | None = None, max_delay: float = 0.0) -> None:
         """With a seed: every instruction goes through the loop, ready ones are dispatched in
         a seeded random order after a random delay of up to ``max_delay`` seconds, and CPU
@@ -406,6 +418,7 @@ class VM(Waiting, Fusing):
         with self._lock:
             self._rng = None if seed is None else random.Random(seed)
             self._max_delay = float(max_delay)
+            self.inline_max_cost = self._inline_max_cost      # (the limit follows the hook)
 
     def synchronize_quietly(self) -> None:
         for t in self.tails():
