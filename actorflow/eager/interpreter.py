@@ -141,8 +141,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
         for o in outs:
             m = o.meta
             cost += o.blob.nbytes if o.base is None else numel(m.shape) * m.dtype.itemsize
-    has_data = backend.has_data
-    if not has_data and op.dynamic:
+    if op.dynamic and not backend.has_data:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
     if overridden:
@@ -155,7 +154,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
                                             (fresh, inputs, b, attrs, dtype.np, alloc.log)):
         return outs
     # the kernel is looked up only now: most small ops ran through their fresh kernel above
-    kernel = (op.kernels.get(dev.type) or op.kernel_for(dev.type)) if has_data else null_kernel
+    kernel = ((op.kernels.get(dev.type) or op.kernel_for(dev.type)) if backend.has_data
+              else null_kernel)
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
                                                args):
