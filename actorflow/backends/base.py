@@ -70,8 +70,7 @@ class Allocator:
             if nbytes:
                 log.append(nbytes)
             if len(log) > _FOLD_AT:
-                with self._lock:
-                    self._fold()
+                self.fold()
             try:
                 return self._alloc_small(shape, dtype)
             except MemoryError:
@@ -126,6 +125,15 @@ class Allocator:
                         and self._cached + nbytes <= self._cache_limit()):
                     self._cache.setdefault(nbytes, []).append(self._block_of(array))
                     self._cached += nbytes
+
+    fold_at = _FOLD_AT             # log entries that make whoever appends fold the log
+
+    def fold(self) -> None:
+        """Applies the lock-free log to the totals. Whoever appends to ``log`` (``empty``, a
+        small array numpy allocated for a kernel, a freed small tensor) calls this once the
+        log is longer than ``fold_at``, so it never grows without bound."""
+        with self._lock:
+            self._fold()
 
     def copy_in(self, dst, src) -> None:
         """Writes host data ``src`` (a numpy array) into the device array ``dst``."""

@@ -151,7 +151,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
         stream = backend.compute
     cost >>= 2
     if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
-                                            (fresh, inputs, b, attrs, dtype.np, alloc.log)):
+                                            (fresh, inputs, b, attrs, dtype.np, alloc)):
         return outs
     # the kernel is looked up only now: most small ops ran through their fresh kernel above
     kernel = ((op.kernels.get(dev.type) or op.kernel_for(dev.type)) if backend.has_data
