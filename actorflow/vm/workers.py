@@ -14,6 +14,7 @@ class Workers:
     submission. ``fn`` must not raise (the VM's tasks catch their own errors)."""
 
     def __init__(self, n: int, name: str = "actorflow-cpu"):
+        self._name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
                          for i in range(n)]
@@ -32,6 +33,11 @@ class Workers:
             fn, args = task
             fn(*args)
             del task, fn, args        # hold nothing of a finished task while waiting
+
+    def spawn(self, fn, *args) -> None:
+        """Runs ``fn(*args)`` on a new daemon thread of its own (for long work: the OS puts a
+        new thread on an idle CPU, see vm/fusion.py)."""
+        threading.Thread(target=fn, args=args, name=f"{self._name}-run", daemon=True).start()
 
     def shutdown(self, timeout: float = 5.0) -> None:
         for _ in self._threads:
