@@ -16,11 +16,10 @@ A mixin of the VM (its lock, loop thread, workers and error handling).
 
 from __future__ import annotations
 
-import threading
-
 from ..errors import OutOfMemoryError
 from .deps import first_error
 from .instruction import OP_CALL, RELEASE
+from .workers import Countdown
 
 
 def collect(head, planner, limit: int) -> tuple[list, int]:
@@ -50,18 +49,13 @@ def collect(head, planner, limit: int) -> tuple[list, int]:
     return members, ops
 
 
-class _Run:
-    __slots__ = ("members", "left", "lock")
+class _Run(Countdown):
+    """A run's members and the count of its slices still running."""
+    __slots__ = ("members",)
 
     def __init__(self, members, n_slices: int):
+        super().__init__(n_slices)
         self.members = members
-        self.left = n_slices
-        self.lock = threading.Lock()
-
-    def finish_one(self) -> bool:
-        with self.lock:
-            self.left -= 1
-            return self.left == 0
 
 
 class Fusing:

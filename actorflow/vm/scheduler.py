@@ -29,7 +29,7 @@ from .deps import first_error, first_error_of, record
 from .fusion import Fusing
 from .instruction import RELEASE, Instruction
 from .sync import Waiting
-from .workers import Workers
+from .workers import Countdown, Workers
 
 
 def new_event_loop():
@@ -39,20 +39,6 @@ def new_event_loop():
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-class _Countdown:
-    """Counts the slices of a split kernel still running (thread-safe)."""
-    __slots__ = ("left", "lock")
-
-    def __init__(self, n: int):
-        self.left = n
-        self.lock = threading.Lock()
-
-    def finish_one(self) -> bool:
-        with self.lock:
-            self.left -= 1
-            return self.left == 0
 
 
 class _Named:
@@ -355,7 +341,7 @@ class VM(Waiting, Fusing):
             return
         # Workers take all slices but the first, which the loop thread runs itself while
         # they do (one thread hop fewer); the last slice to finish completes the op.
-        countdown = _Countdown(len(pieces))
+        countdown = Countdown(len(pieces))
         for piece in pieces[1:]:
             self._pool.submit(self._run_piece, instr, piece, countdown, False)
         if force_pool:

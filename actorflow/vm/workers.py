@@ -9,6 +9,21 @@ import threading
 _STOP = object()
 
 
+class Countdown:
+    """Counts the slices of split work still running (thread-safe): ``finish_one()`` is True
+    for the slice that finishes last."""
+    __slots__ = ("left", "lock")
+
+    def __init__(self, n: int):
+        self.left = n
+        self.lock = threading.Lock()
+
+    def finish_one(self) -> bool:
+        with self.lock:
+            self.left -= 1
+            return self.left == 0
+
+
 class Workers:
     """``n`` daemon threads running ``fn(*args)`` submitted with ``submit``, in order of
     submission. ``fn`` must not raise (the VM's tasks catch their own errors)."""
