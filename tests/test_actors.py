@@ -33,6 +33,8 @@ def no_leftovers():
     """The test must leave no actor thread running and no register allocated."""
     before = af.lowlevel.memory_stats("cpu").in_use
     yield
+    for t in threads_now():         # acts abandoned by a stop return, then free what they held
+        t.join(timeout=30)
     assert threads_now() == set()
     af.synchronize()
     af.lowlevel.get_vm().collect_releases()      # eager tensors the test dropped

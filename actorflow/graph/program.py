@@ -51,12 +51,14 @@ class Program:
     def bind(self, budget, name: str) -> None:
         """Allocates the workspace (and a copy of each constant) under the graph's budget."""
         if self.tmp_specs:
-            arrays, _ = budget.allocate(PieceSpec(None, self.tmp_specs), f"workspace of {name!r}")
+            arrays, _ = budget.allocate(PieceSpec(None, self.tmp_specs), f"workspace of {name!r}",
+                                        key=(name, "workspace"))
             self.tmp = arrays
         if self.consts:
             specs = [Spec(c.shape, c.dtype, self.out_spec.specs[0].device if self.null
                           else "cpu") for c in self.consts]
-            arrays, _ = budget.allocate(PieceSpec(None, specs), f"constants of {name!r}")
+            arrays, _ = budget.allocate(PieceSpec(None, specs), f"constants of {name!r}",
+                                        key=(name, "constants"))
             for dst, src in zip(arrays, self.consts):
                 if dst is not None:
                     np.copyto(dst, src)

@@ -20,8 +20,8 @@ class Completion:
         """Completions posted by actor threads since the last wake-up, in order. (The flag is
         cleared before reading, so a completion appended after the last read wakes again.)"""
         self.inbox_woken = False
-        if self.done is None:
-            return                      # the run has not set off on the loop yet: run() reads it
+        if self.done is None or self.finished:
+            return      # not set off on the loop yet (run() reads it then), or over
         inbox = self.inbox
         try:
             while inbox:
@@ -37,6 +37,8 @@ class Completion:
 
     def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
         """An act finished (called on the loop, from a thread's post or a timer)."""
+        if self.finished:
+            return
         try:
             self._complete(st, piece, regs, out_reg, result, err, dt)
             self.drain()
@@ -48,9 +50,6 @@ class Completion:
         it, so it reaches the caller instead of the loop's log."""
         self.draining = False
         self.stop(e)
-        idle = self._idle
-        if idle is not None and not idle.done() and all(s.in_flight == 0 for s in self.states):
-            idle.set_result(None)
 
     def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
         st.in_flight -= 1
@@ -86,11 +85,6 @@ class Completion:
             st.acts += 1
             self.deliver(result)
         if self.stopping:
-            idle = self._idle
-            if idle is not None and not idle.done() and \
-                    all(s.in_flight == 0 for s in self.states):
-                idle.set_result(None)
-            self._check_quiet()
             return
         if st.max_in_flight == 0 and st.in_flight == 0 and not st.ended:
             self._end(st)
@@ -177,6 +171,8 @@ class Completion:
 
     def credit_back(self, n: int = 1) -> None:
         """The consumer of ``run()`` took ``n`` outputs: the collector may deliver more."""
+        if self.finished:
+            return
         self.room += n
         if self.collector is not None:
             self.wake(self.collector)

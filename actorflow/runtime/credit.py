@@ -35,6 +35,7 @@ from .actor import Collector, SourceActor
 from .completion import Completion
 from .register import EOS
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
+from .stragglers import Stragglers
 from .watchdog import stalled
 
 class CreditScheduler(Completion):
@@ -75,18 +76,25 @@ class CreditScheduler(Completion):
         self.start_time = self.end_time = None
         self.threads: list = []
         self.pending_tasks: set = set()
-        self._idle = None
+        self.async_acts: dict = {}      # task -> (state, piece, out_reg) of async acts
+        self.async_tokens: dict = {}    # task -> Stragglers token, once the run is over
+        self.finished = False           # run() returned: messages are ignored from now on
+        self.stragglers = Stragglers(plan)
         self.inbox: deque = deque()     # completions posted by actor threads
         self.inbox_woken = False
         self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:
-        """Runs to the end; raises ActorError (or CancelledError) after cleaning up."""
+        """Runs to the end; raises ActorError (or CancelledError). A stop does not wait for
+        the acts running then: they are abandoned to ``self.stragglers`` (see
+        ``stragglers.py``), which the caller settles to free the plan."""
         self.loop = asyncio.get_running_loop()
         self.done = self.loop.create_future()
         self.start_time = time.perf_counter()
         try:
+            if self.stopping:           # stopped before the loop took the run over
+                self.done.set_result(None)
             for st in self.states:
                 self.wake(st)
             self.read_inbox()           # what the sources did already; the first acts start
@@ -97,11 +105,10 @@ class CreditScheduler(Completion):
         except BaseException as e:
             if not self.stopping:
                 self.stop(e if not isinstance(e, asyncio.CancelledError) else None)
-            await self._wait_acts()
             raise
         finally:
             self.end_time = time.perf_counter()
-            self._join_threads()
+            self._let_go()
         if self.error is not None:
             raise self.error
 
@@ -123,7 +130,7 @@ class CreditScheduler(Completion):
                 self._try(st)
 
     def stop(self, error: BaseException | None) -> None:
-        """Stops dispatching; the run ends once running acts are done."""
+        """Stops dispatching and ends the run now; acts still running are abandoned."""
         if self.stopping:
             return
         self.stopping = True
@@ -131,14 +138,11 @@ class CreditScheduler(Completion):
             self.error = error
         for task in list(self.pending_tasks):
             task.cancel()               # async sources awaiting their next item
-        self._check_quiet()
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
 
     def _check_quiet(self) -> None:
-        if self.done.done():
-            return
-        if self.stopping:
-            if all(st.in_flight == 0 for st in self.states):
-                self.done.set_result(None)
+        if self.done.done() or self.stopping:
             return
         if all(st.ended and (st.out is None or st.out.home()) for st in self.states):
             self.done.set_result(None)
@@ -148,23 +152,26 @@ class CreditScheduler(Completion):
                 # by construction this never happens; if it does, say why instead of hanging
                 self.stop(stalled(self))
 
-    async def _wait_acts(self) -> None:
-        """After a stop: waits (shielded from a second cancel) until no act is running."""
-        while any(st.in_flight for st in self.states):
-            self._idle = self.loop.create_future()
-            try:
-                await asyncio.shield(self._idle)
-            except asyncio.CancelledError:
-                pass                    # keep waiting: threads must not outlive the run
-
-    def _join_threads(self) -> None:
+    def _let_go(self) -> None:
+        """The run is over: no message is handled any more; every thread exits once its
+        running act (if any) returns, which then frees what it held (``stragglers``)."""
+        self.finished = True
+        held = self.stragglers
         for t in self.threads:
+            with t.lock:
+                t.abandoned = True
+                if t.job is not None:
+                    piece, regs, out_reg = t.job
+                    t.token = held.hold(t.state.actor, piece, regs, out_reg)
             t.queue.put(None)
         for t in self.threads:
-            t.thread.join()
+            if t.token is None:
+                t.thread.join()         # idle: it exits at once
         self.threads.clear()
-        for task in list(self.pending_tasks):
-            task.cancel()
+        for task, (st, piece, out_reg) in list(self.async_acts.items()):
+            if not task.done():         # cancelled by stop(), or cancelled from outside
+                self.async_tokens[task] = held.hold(st.actor, piece, [], out_reg)
+                task.cancel()
 
     # -- checking and acting ---------------------------------------------------------------
     def wake(self, st: ActorState) -> None:
@@ -257,6 +264,7 @@ class CreditScheduler(Completion):
         if st.mode == "async":
             task = self.loop.create_task(self._act_async(st, piece, out_reg))
             self.pending_tasks.add(task)
+            self.async_acts[task] = (st, piece, out_reg)
             task.add_done_callback(lambda t: self._async_done(t, st, piece, out_reg))
             return
         t0 = time.perf_counter()
@@ -281,14 +289,27 @@ class CreditScheduler(Completion):
             result = await st.actor.compute_async(
                 piece, out_reg.arrays if out_reg is not None else None)
             return result, None, time.perf_counter() - t0
+        except asyncio.CancelledError as e:
+            if self.stopping:
+                raise                   # the run cancelled it
+            # the source raised CancelledError itself: an error, not end of stream
+            return None, (e, traceback.format_exc()), time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - reported as ActorError
             return None, (e, traceback.format_exc()), time.perf_counter() - t0
 
     def _async_done(self, task, st, piece, out_reg) -> None:
         """An async source's act ended, or was cancelled (perhaps before it started)."""
         self.pending_tasks.discard(task)
-        if task.cancelled():
-            result, err, dt = EOS, None, 0.0
+        self.async_acts.pop(task, None)
+        token = self.async_tokens.pop(task, None)
+        if token is not None:
+            self.stragglers.release(token)
+        if self.finished or self.stopping:
+            return
+        if task.cancelled():            # cancelled from outside the run: not end of stream
+                e = asyncio.CancelledError(f"the act of async source {st.actor.name!r} was "
+                                           f"cancelled from outside the run")
+                result, err, dt = None, (e, ""), 0.0
         else:
             exc = task.exception()
             if exc is not None:

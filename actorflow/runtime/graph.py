@@ -37,6 +37,7 @@ class _Failed:
 
 
 _GRAPH_LOOP: list = []
+_GRAPH_THREAD: list = []
 _GRAPH_LOOP_LOCK = threading.Lock()
 
 
@@ -53,8 +54,10 @@ def graph_loop():
                 loop.call_soon(started.set)
                 loop.run_forever()
 
-            threading.Thread(target=main, name="actorflow-graphs", daemon=True).start()
+            t = threading.Thread(target=main, name="actorflow-graphs", daemon=True)
+            t.start()
             started.wait()
+            _GRAPH_THREAD.append(t)
             _GRAPH_LOOP.append(loop)
         return _GRAPH_LOOP[0]
 
@@ -95,6 +98,7 @@ class ActorGraph:
         self._running = False
         self._lock = threading.Lock()
         self._picks = None
+        self._stragglers = None           # acts the last run abandoned (see join())
 
     def _set_outputs(self, sinks: list, picks: list, structure) -> None:
         """The run yields ``structure`` rebuilt from ``picks`` (input k, array j, view) of
@@ -260,19 +264,52 @@ class ActorGraph:
         return plan
 
     def _finish(self, plan, sched) -> None:
-        plan.release()
-        self._running = False
+        """The run is over (on the loop that drove it): frees the plan but what abandoned
+        acts still hold, and records the stats."""
+        self._stragglers = sched.stragglers
+        sched.stragglers.settle()
         self._last = RunStats(sched, plan)
         for a in self.actors:
             if isinstance(a, SourceActor) and a.fed:
                 a.source = None
+        self._running = False
+
+    async def _drive(self, plan, sched) -> None:
+        try:
+            await sched.run()
+        finally:
+            self._finish(plan, sched)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits until the acts the last run abandoned when it stopped (an error, a cancel,
+        a ``break``) have returned and freed their registers. Returns False if ``timeout``
+        seconds passed first. The next run waits for them by itself."""
+        s = self._stragglers
+        return True if s is None else s.wait(timeout)
+
+    async def join_async(self) -> None:
+        """``join()`` for async code."""
+        if self._stragglers is not None:
+            await self._stragglers.wait_async()
+
+    def _check_not_on_graph_loop(self) -> None:
+        if _GRAPH_LOOP and threading.current_thread() is _GRAPH_THREAD[0]:
+            raise RuntimeError(
+                "run() was called on the thread that drives actor graphs (from an inline "
+                "actor, inline=True, or a callback of a run): it would wait for a loop that "
+                "is busy waiting for it. Make that actor a thread stage (inline=False), or "
+                "iterate run_async() from async code")
 
     def run(self, feed=None):
         """Runs the graph from plain code; yields the outputs in piece order.
 
-        The runtime's graph loop thread drives the actors; breaking out of the loop, an
-        exception in an actor (raised here as ActorError) or Ctrl-C stops the run, frees
-        every register and joins every thread before returning."""
+        The runtime's graph loop thread drives the actors. Breaking out of the loop, an
+        exception in an actor (raised here as ActorError) or Ctrl-C stops the run at once;
+        acts running then are abandoned: each finishes on its thread and then frees the
+        registers it held (``join()`` waits for that; so does the next run). Everything else
+        is freed before this returns."""
+        self._check_not_on_graph_loop()
+        self.join()                           # the last run's abandoned acts, if any
         plan = self._start(feed)
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
@@ -280,7 +317,7 @@ class ActorGraph:
 
         async def main():
             try:
-                await sched.run()
+                await self._drive(plan, sched)
                 out.put(_END)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 out.put(_Failed(e))
@@ -307,20 +344,22 @@ class ActorGraph:
             if not finished:
                 loop.call_soon_threadsafe(sched.stop, None)
             interrupted = None
-            while True:                       # every act over, every thread joined
+            while True:                       # the run ended and its memory is settled
                 try:
                     done.result()
                     break
                 except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
                     interrupted = e
-            self._finish(plan, sched)
             if interrupted is not None:
                 raise interrupted
 
     async def run_async(self, feed=None):
         """Runs the graph on the running event loop; ``async for out in g.run_async()``.
-        Cancelling the consuming task stops the run and frees every register. To stop
-        early and clean up at once, use ``contextlib.aclosing(g.run_async())``."""
+
+        Cancelling the consuming task (while it waits here or in its own code), an error in
+        an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
+        self._check_not_on_graph_loop()
+        await self.join_async()
         plan = self._start(feed)
         items: list = []
         waiter = [None]
@@ -336,10 +375,12 @@ class ActorGraph:
             wake()
 
         sched = CreditScheduler(plan, deliver, self.output_buffers, self.seed)
-        task = loop.create_task(sched.run())
+        task = loop.create_task(self._drive(plan, sched))
         task.add_done_callback(wake)
+        watch = _ConsumerWatch(sched)
         try:
             while True:
+                watch.follow(asyncio.current_task())
                 if items:
                     value = items.pop(0)
                     sched.credit_back()
@@ -351,13 +392,13 @@ class ActorGraph:
                 waiter[0] = loop.create_future()
                 await waiter[0]
         finally:
+            watch.follow(None)
             if not task.done():
-                sched.stop(None)
+                sched.stop(None)              # the run task ends now and frees the plan
                 try:
                     await asyncio.shield(task)
-                except BaseException:  # noqa: BLE001 - the run was stopped on purpose
-                    pass
-            self._finish(plan, sched)
+                except BaseException:  # noqa: BLE001 - stopped on purpose; a second cancel
+                    pass               # leaves the task to finish (and free) on its own
 
     def stats(self) -> RunStats:
         """Per actor of the last run: acts, compute time, time waiting on input, credit and
@@ -365,3 +406,26 @@ class ActorGraph:
         if self._last is None:
             raise RuntimeError("stats(): the graph has not run yet")
         return self._last
+
+
+class _ConsumerWatch:
+    """Stops a ``run_async`` run when the task iterating it ends while the generator is
+    suspended at ``yield`` (a cancel that landed in the consumer's own code): the run's
+    registers and threads are not kept until the generator is garbage-collected."""
+
+    def __init__(self, sched):
+        self.sched = sched
+        self.task = None
+
+    def follow(self, task) -> None:
+        if task is self.task:
+            return
+        if self.task is not None:
+            self.task.remove_done_callback(self._ended)
+        self.task = task
+        if task is not None:
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task) -> None:
+        self.task = None
+        self.sched.stop(None)

@@ -130,7 +130,8 @@ class Plan:
 
     def _fill(self, a, port) -> None:
         for i in range(port.buffers):
-            arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}")
+            arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
+                                                  key=(a.name, i))
             reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec))
             port.registers.append(reg)
             port.free.append(reg)
@@ -158,18 +159,26 @@ class Plan:
                         todo.append(c)
         return sized
 
-    def release(self) -> None:
-        """Frees every register; closes the sources."""
+    def release(self, keep=(), busy=()) -> None:
+        """Frees every register but the memory keys in ``keep``, and closes the sources and
+        op programs but the ``busy`` actors' (acts abandoned while running: see
+        ``stragglers.py``, which releases those as they return)."""
         for a in self.actors:
-            if isinstance(a, SourceActor):
-                a.close()
-            if isinstance(a, OpActor) and a.program is not None:
-                a.program.unbind()
-            a.cached.clear()
-        self.budget.release_all()
+            if a not in busy:
+                self.release_actor(a)
+        self.budget.release_all(keep)
         self.ports.clear()
         self.in_ports.clear()
         self.allocated = False
+
+    @staticmethod
+    def release_actor(a) -> None:
+        """Closes ``a``'s source or unbinds its op program, and drops what it cached."""
+        if isinstance(a, SourceActor):
+            a.close()
+        if isinstance(a, OpActor) and a.program is not None:
+            a.program.unbind()
+        a.cached.clear()
 
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:

@@ -8,6 +8,7 @@ end-of-stream mark) it has been sent, in piece order.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from ..backends import get_backend
@@ -23,6 +24,11 @@ class Register:
     handed it back yet."""
 
     __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view")
+
+    @property
+    def key(self):
+        """What its memory is filed under in the graph's MemoryBudget."""
+        return (self.owner.actor.name, self.index)
 
     def __init__(self, owner, index: int, arrays: list, nbytes: int, view=None):
         self.owner = owner          # the OutPort it belongs to
@@ -85,37 +91,61 @@ class MemoryBudget:
                 raise PlanError(f"memory={{{dev!r}: {value!r}}}: {e}") from None
         self.in_use: dict = {}
         self.peak: dict = {}
-        self._blocks: list = []
+        self._blocks: dict = {}         # key -> [(device, array, nbytes)]
+        self._lock = threading.Lock()   # frees may come from an abandoned act's thread
 
     def budget(self, device):
         return self.budgets.get(device)
 
-    def allocate(self, spec, what: str) -> tuple[list, int]:
-        """Arrays for one register of ``spec`` (a PieceSpec). Raises OutOfMemoryError if a
-        budget would be exceeded (the plan checks first, so this means the device's own
-        budget or the system refused)."""
-        arrays, total = [], 0
-        for s in spec.specs:
-            dev = s.device
-            nbytes = s.nbytes
-            budget = self.budgets.get(dev)
-            used = self.in_use.get(dev, 0)
-            if budget is not None and used + nbytes > budget:
-                raise OutOfMemoryError(str(dev), nbytes, used, budget, what)
-            arr = get_backend(dev).allocator.empty(s.shape, s.dtype.np, nbytes, what)
-            self._blocks.append((dev, arr, nbytes))
-            self.in_use[dev] = used + nbytes
-            self.peak[dev] = max(self.peak.get(dev, 0), used + nbytes)
-            arrays.append(arr)
-            total += nbytes
+    def allocate(self, spec, what: str, key=None) -> tuple[list, int]:
+        """Arrays for one register of ``spec`` (a PieceSpec), filed under ``key`` (what
+        ``free(key)`` gives back; by default ``what``). Raises OutOfMemoryError if a budget
+        would be exceeded (the plan checks first, so this means the device's own budget or
+        the system refused); nothing stays allocated then."""
+        key = what if key is None else key
+        arrays, total, blocks = [], 0, []
+        try:
+            for s in spec.specs:
+                dev = s.device
+                nbytes = s.nbytes
+                budget = self.budgets.get(dev)
+                used = self.in_use.get(dev, 0)
+                if budget is not None and used + nbytes > budget:
+                    raise OutOfMemoryError(str(dev), nbytes, used, budget, what)
+                arr = get_backend(dev).allocator.empty(s.shape, s.dtype.np, nbytes, what)
+                blocks.append((dev, arr, nbytes))
+                with self._lock:
+                    self.in_use[dev] = used + nbytes
+                    self.peak[dev] = max(self.peak.get(dev, 0), used + nbytes)
+                arrays.append(arr)
+                total += nbytes
+        except BaseException:
+            self._free_blocks(blocks)          # the arrays of this register made so far
+            raise
+        with self._lock:
+            self._blocks.setdefault(key, []).extend(blocks)
         return arrays, total
 
-    def release_all(self) -> None:
-        """Frees every register allocated under this budget."""
-        blocks, self._blocks = self._blocks, []
+    def free(self, key) -> None:
+        """Frees what was allocated under ``key`` (from any thread)."""
+        with self._lock:
+            blocks = self._blocks.pop(key, [])
+        self._free_blocks(blocks)
+
+    def _free_blocks(self, blocks) -> None:
+        with self._lock:
+            for dev, _, nbytes in blocks:
+                self.in_use[dev] -= nbytes
         for dev, arr, nbytes in blocks:
             get_backend(dev).allocator.free(arr, nbytes, True)
-            self.in_use[dev] -= nbytes
+
+    def release_all(self, keep=()) -> None:
+        """Frees everything allocated under this budget but the keys in ``keep`` (what an
+        abandoned act still uses: it frees that itself when it returns)."""
+        with self._lock:
+            keys = [k for k in self._blocks if k not in keep]
+        for k in keys:
+            self.free(k)
 
     def stats(self) -> dict:
         """``{device name: {"in_use", "peak", "budget"}}`` in bytes."""

@@ -40,23 +40,35 @@ class ActorState:
 
 
 class ActorThread:
-    """The thread an actor acts on: runs queued acts in order, posts each completion."""
+    """The thread an actor acts on: runs queued acts in order, posts each completion.
+
+    When the run stops, the scheduler marks the thread abandoned (under ``lock``): it starts
+    no further act, and an act running then finishes, drops its result, hands the registers
+    it held to the run's ``Stragglers`` (which free them) and the thread exits."""
 
     def __init__(self, sched, state: ActorState):
         self.queue: SimpleQueue = SimpleQueue()
         self.sched = sched
         self.state = state
+        self.lock = threading.Lock()
+        self.job = None                 # the act running now
+        self.abandoned = False
+        self.token = None               # the Stragglers' hold on a running act's registers
         self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
                                        daemon=True)
 
     def _main(self) -> None:
-        q, sched, st = self.queue, self.sched, self.state
+        q, sched, st, lock = self.queue, self.sched, self.state, self.lock
         actor = st.actor
         post = sched.loop.call_soon_threadsafe
         while True:
             job = q.get()
             if job is None:
                 break
+            with lock:
+                if self.abandoned:
+                    break
+                self.job = job
             piece, regs, out_reg = job
             t0 = time.perf_counter()
             err = result = None
@@ -68,6 +80,12 @@ class ActorThread:
             except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
                 err = (e, traceback.format_exc())
             dt = time.perf_counter() - t0
+            with lock:
+                self.job = None
+                abandoned = self.abandoned
+            if abandoned:               # the run is over: give back what this act held
+                sched.stragglers.release(self.token)
+                break
             sched.inbox.append((delay, st, piece, regs, out_reg, result, err, dt))
             if not sched.inbox_woken:   # one wake-up for all completions posted meanwhile
                 sched.inbox_woken = True
