@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import decimal
+
 
 class ActorflowError(Exception):
     """Base class of all actorflow errors."""
@@ -87,7 +89,7 @@ def parse_bytes(value) -> int:
         if value < 0:
             raise ValueError(f"a byte count must be >= 0, got {value}")
         return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
+    if isinstance(value, float) and value.is_integer() and 0 <= value < 2**63:
         return int(value)
     if not isinstance(value, str):
         raise TypeError(f"expected a byte count as an int or a string like '64MiB', got {value!r}")
@@ -101,9 +103,17 @@ def parse_bytes(value) -> int:
     number, unit = text[:i], text[i:]
     if unit not in units or not number:
         raise ValueError(f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' or '2GiB'")
-    amount = float(number) * units[unit]
+    try:
+        amount = decimal.Decimal(number) * units[unit]
+    except decimal.InvalidOperation:
+        raise ValueError(f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' "
+                         f"or '2GiB'") from None
+    if not amount.is_finite() or amount >= 2**63:
+        raise ValueError(f"{value!r} is more bytes than any device has (at most 2**63 - 1)")
     if amount < 0:
         raise ValueError(f"a byte count must be >= 0, got {value!r}")
+    if amount != amount.to_integral_value():
+        raise ValueError(f"{value!r} is not a whole number of bytes ({amount} B)")
     return int(amount)
 
 
@@ -139,7 +149,7 @@ class ActorError(ActorflowError, RuntimeError):
         self.actor_traceback = actor_traceback
         where = f"piece {piece}" if piece is not None else "its setup"
         text = (f"actor '{actor}' failed on {where}: {type(original).__name__}: {original}"
-                f"\n(the run was stopped and every register freed)")
+                f"\n(the run was stopped; each register is freed once no running act uses it)")
         if actor_traceback:
             text += "\n\nOriginal traceback:\n" + actor_traceback.rstrip()
         super().__init__(text)

@@ -117,10 +117,8 @@ def test_budget_strings_and_bad_values():
     with pytest.raises(af.PlanError, match="resources="):
         af.ActorGraph(resources={"disk": 0})
     g = af.ActorGraph()
-    src = g.source(batches(1), buffers=0)
-    g.sink(src)
-    with pytest.raises(af.PlanError, match="buffers must be an int >= 1"):
-        g.plan()
+    with pytest.raises(af.PlanError, match="actor 'source': buffers must be an int >= 1"):
+        g.source(batches(1), buffers=0)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3])

@@ -12,11 +12,14 @@ scheduler (``credit.py``) decides when it may act; this file only says what acti
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 
 import numpy as np
 
+from ..errors import PlanError
 from .register import EOS
-from .spec import PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
+from .spec import NOTHING, PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
 
 
 
@@ -40,10 +43,11 @@ class Actor:
                  out: PieceSpec | None = None):
         self.name = name
         self.inputs = list(inputs)          # upstream actors
-        self.buffers = buffers              # None: the graph's default
-        self.resources = dict(resources or {})
+        self.buffers = check_buffers(buffers, f"actor {name!r}") if buffers is not None \
+            else None                       # None: the graph's default
+        self.resources = _check_resources(resources, name)
         self.inline = inline                # act on the scheduler's loop, not a thread
-        self.time = time                    # simulated seconds per act (float or f(piece))
+        self.time = _check_time(time, name) # simulated seconds per act (float or f(piece))
         self.out_spec = out                 # PieceSpec once known
         self.declared = out is not None     # the user gave out=
         self.cached: dict = {}              # piece -> output leaves computed while planning
@@ -70,7 +74,9 @@ class Actor:
         t = self.time
         if t is None:
             return 0.0
-        return float(t(piece)) if callable(t) else float(t)
+        if not callable(t):
+            return t
+        return _seconds(t(piece), f"actor {self.name!r}: time= returned", f" for piece {piece}")
 
     def _copy_cached(self, piece, outs) -> bool:
         leaves = self.cached.pop(piece, None)
@@ -129,6 +135,53 @@ class Actor:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+MAX_BUFFERS = 1024
+"""Registers per output at most: each is a buffer of its own, and credits beyond the pieces
+that can be in flight at once only sit idle."""
+
+
+def check_buffers(n, who: str) -> int:
+    """``buffers=`` as given for ``who``: an int from 1 to MAX_BUFFERS."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise PlanError(f"{who}: buffers must be an int >= 1 (registers per output; 2 gives "
+                        f"double buffering), got {n!r}")
+    if n > MAX_BUFFERS:
+        raise PlanError(f"{who}: buffers={n} registers per output is more than the "
+                        f"{MAX_BUFFERS} a run can use (a register is a buffer of its own, "
+                        f"and credits beyond the pieces in flight sit idle); use 2 to "
+                        f"{MAX_BUFFERS}")
+    return n
+
+
+def _check_resources(resources, name: str) -> dict:
+    out = {}
+    for res, n in dict(resources or {}).items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise PlanError(f"actor {name!r}: resources={{{res!r}: {n!r}}}: an actor takes a "
+                            f"whole number >= 1 of each resource it names (leave out those "
+                            f"it does not take)")
+        out[res] = n
+    return out
+
+
+def _check_time(t, name: str):
+    if t is None or callable(t):
+        return t
+    return _seconds(t, f"actor {name!r}: time=", "")
+
+
+def _seconds(t, what: str, where: str) -> float:
+    """Simulated seconds: a finite number >= 0 (an act must end)."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
+        raise TypeError(f"{what} {t!r}{where}: give seconds as a number >= 0 (or a function "
+                        f"of the piece returning one)")
+    seconds = float(t)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} {t!r}{where}: an act takes a finite number of seconds "
+                         f">= 0")
+    return seconds
 
 
 def _shape_of(value) -> str:
@@ -195,7 +248,6 @@ class SourceActor(Actor):
             return self.cached[0]
         if self.is_async:
             if self.out_spec is None:
-                from ..errors import PlanError
                 raise PlanError(f"source {self.name!r} is an async iterable, so its first "
                                 f"item cannot be read while planning; give "
                                 f"out=af.Spec(shape, dtype)")
@@ -263,8 +315,8 @@ class OpActor(Actor):
 
     def infer(self):
         specs = [a.out_spec for a in self.inputs]
-        if any(s is None for s in specs):
-            return
+        if any(s is None or s is NOTHING for s in specs):
+            return                  # not known yet, or an input ends before piece 0
         if self.program is None:
             self.program = self.build(specs)
         if self.out_spec is None:

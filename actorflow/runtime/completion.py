@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..errors import ActorError
 from .actor import Sized, read_piece
 from .register import EOS, Register
-from .spec import PieceSpec
+from .spec import NOTHING, PieceSpec
 from .state import ActorState
 
 
@@ -143,7 +143,7 @@ class Completion:
         st.ended = True
         if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
             self.plan.pending.discard(st.actor)
-            st.actor.out_spec = PieceSpec(None, [])
+            st.actor.out_spec = NOTHING
             if not self.plan.pending and self.collector is not None:
                 self.wake(self.collector)
         if st.thread is not None:

@@ -21,7 +21,7 @@ from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
 from ..vm.scheduler import new_event_loop
-from .actor import Actor, Collector, OpActor, SourceActor, StageActor
+from .actor import Actor, Collector, OpActor, SourceActor, StageActor, check_buffers
 from .credit import CreditScheduler
 from .plan import build_plan
 from .register import MemoryBudget
@@ -84,7 +84,7 @@ class ActorGraph:
                 raise PlanError(f"resources={{{name!r}: {n!r}}}: a resource needs a whole "
                                 f"number of tokens >= 1")
             self.resources[name] = n
-        self.buffers = buffers
+        self.buffers = check_buffers(buffers, "ActorGraph")
         self.seed = seed
         if not isinstance(output_buffers, int) or isinstance(output_buffers, bool) \
                 or output_buffers < 1:

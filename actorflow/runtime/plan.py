@@ -10,12 +10,13 @@ at once, before the first act; nothing is allocated while running.
 
 from __future__ import annotations
 
+import os
 import traceback
 
 from ..errors import ActorError, PlanError, format_bytes
 from .actor import Collector, OpActor, SourceActor, read_piece
 from .register import EOS, InPort, MemoryBudget, OutPort, Register
-from .spec import PieceSpec
+from .spec import NOTHING, PieceSpec
 
 
 class Plan:
@@ -61,7 +62,10 @@ class Plan:
         """Raises PlanError when a device's registers do not fit its budget."""
         for dev, total in self.totals.items():
             budget = self.budget.budget(dev)
-            if budget is None or total <= budget:
+            if budget is None:
+                self._check_machine(dev, total)
+                continue
+            if total <= budget:
                 continue
             mine = [(r, None) for r in self.rows if r["device"] == str(dev)]
             fixed = sum(r["workspace_bytes"] for r, _ in mine)
@@ -95,6 +99,22 @@ class Plan:
                 f"({budget} B):\n" + "\n".join(lines) + f"\n{hint}",
                 device=str(dev), needed=total, budget=budget,
                 actors={r["name"]: r["bytes"] for r, _ in mine}, fitting_buffers=fits)
+
+    def _check_machine(self, dev, total: int) -> None:
+        """With no budget, a plan still cannot hold more than the machine's memory."""
+        have = system_memory() if dev.type == "cpu" else None
+        if have is None or total <= have:
+            return
+        rows = sorted((r for r in self.rows if r["device"] == str(dev)),
+                      key=lambda r: -r["bytes"])
+        biggest = ", ".join(f"{r['name']}: {r['buffers']} x "
+                            f"{format_bytes(r['register_bytes'])}" for r in rows[:3])
+        raise PlanError(
+            f"the plan cannot be allocated: its registers on {dev} need {format_bytes(total)} "
+            f"({total} B) but this machine has {format_bytes(have)} of memory (largest: "
+            f"{biggest}); make the pieces smaller or use fewer buffers",
+            device=str(dev), needed=total, budget=have,
+            actors={r["name"]: r["bytes"] for r in rows}, fitting_buffers=None)
 
     # -- memory ----------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -152,8 +172,8 @@ class Plan:
             self.check()
             self._fill(a, port)
             sized.append(a)
-            for c in a.consumers:
-                if isinstance(c, OpActor) and c in self.pending:
+            for c in dict.fromkeys(a.consumers):    # (one entry per edge: add(s, s))
+                if isinstance(c, OpActor) and c in self.pending and c not in todo:
                     c.infer()
                     if c.out_spec is not None:
                         todo.append(c)
@@ -207,6 +227,14 @@ class Plan:
     __str__ = __repr__
 
 
+def system_memory():
+    """Bytes of physical memory on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def topo_order(actors: list) -> list:
     """The actors in an order where producers come before consumers (insertion order
     otherwise); the collector last. Raises PlanError on a cycle."""
@@ -255,13 +283,10 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                 raise PlanError(f"actor {a.name!r}: the size of its output is unknown (it "
                                 f"reads from an async source, whose first item cannot be read "
                                 f"while planning); give it out=af.Spec(shape, dtype)")
-            a.out_spec = PieceSpec(None, [])      # a source yielded nothing: never used
+            a.out_spec = NOTHING      # a source yielded nothing: never used
     buffers = {}
     for a in order:
-        n = default_buffers if a.buffers is None else a.buffers
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise PlanError(f"actor {a.name!r}: buffers must be an int >= 1, got {n!r}")
-        buffers[a] = n
+        buffers[a] = default_buffers if a.buffers is None else a.buffers
     plan = Plan(order, buffers, budget, resources)
     plan.empty_sources = empty
     plan.check()

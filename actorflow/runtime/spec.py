@@ -209,3 +209,8 @@ def check_and_copy(values: list, dests: list, spec: PieceSpec, what: str) -> Non
                              f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)")
         if d is not None:
             np.copyto(d, arr, casting="no")
+
+
+NOTHING = PieceSpec(None, [])
+"""The output spec of an actor that ended before its piece 0 (an empty source, or what
+reads from one): it holds no register and nothing is ever sent."""

@@ -50,9 +50,12 @@ def as_shape(value, what: str) -> tuple:
     if isinstance(value, numbers.Integral):
         value = (value,)
     try:
-        shape = tuple(int(s) for s in value)
+        shape = tuple(value)
     except TypeError:
         raise TypeError(f"{what}: size must be ints or a tuple of ints, got {value!r}") from None
+    if not all(isinstance(s, numbers.Integral) for s in shape):
+        raise TypeError(f"{what}: size must be whole numbers (ints), got {value!r}")
+    shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ShapeError(f"{what}: negative dimension in size {shape}")
     return shape
