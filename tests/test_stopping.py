@@ -516,3 +516,35 @@ async def test_random_cancels_free_nothing_early_and_the_next_run_is_exact(case)
     assert probe.bad == []
     settle(g)
     assert in_use() == base
+
+
+def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
+    from actorflow.runtime import graph as graph_module
+    gate, started = threading.Event(), threading.Event()
+    said = []
+
+    def stage(x):
+        if int(x[0]) == 1:
+            started.set()
+            gate.wait(30)
+        return x
+
+    def warn_then_open(stragglers):
+        said.append(stragglers.running())
+        warn(stragglers)
+        gate.set()
+
+    warn = graph_module._warn_waiting
+    monkeypatch.setattr(graph_module, "_WAIT_WARN_S", 0.001)
+    monkeypatch.setattr(graph_module, "_warn_waiting", warn_then_open)
+    g = af.ActorGraph(buffers=1)
+    g.sink(g.actor(stage, g.source(lambda: (np.full(4, i, np.float32) for i in range(3))),
+                   name="slowpoke"))
+    for _ in g.run():
+        assert started.wait(30)
+        break
+    assert g.stats().abandoned == [("slowpoke", 1)]
+    with pytest.warns(RuntimeWarning, match="'slowpoke' on piece 1"):
+        assert len(list(g.run())) == 3
+    assert said[0] == [("slowpoke", 1)]
+    settle(g)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
@@ -266,13 +267,15 @@ class ActorGraph:
     def _finish(self, plan, sched) -> None:
         """The run is over (on the loop that drove it): frees the plan but what abandoned
         acts still hold, and records the stats."""
-        self._stragglers = sched.stragglers
-        sched.stragglers.settle()
-        self._last = RunStats(sched, plan)
-        for a in self.actors:
-            if isinstance(a, SourceActor) and a.fed:
-                a.source = None
-        self._running = False
+        try:
+            self._stragglers = sched.stragglers
+            sched.stragglers.settle()
+            self._last = RunStats(sched, plan)
+            for a in self.actors:
+                if isinstance(a, SourceActor) and a.fed:
+                    a.source = None
+        finally:
+            self._running = False
 
     async def _drive(self, plan, sched) -> None:
         try:
@@ -309,7 +312,8 @@ class ActorGraph:
         registers it held (``join()`` waits for that; so does the next run). Everything else
         is freed before this returns."""
         self._check_not_on_graph_loop()
-        self.join()                           # the last run's abandoned acts, if any
+        while not self.join(_WAIT_WARN_S):    # the last run's abandoned acts, if any
+            _warn_waiting(self._stragglers)
         plan = self._start(feed)
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
@@ -359,7 +363,13 @@ class ActorGraph:
         Cancelling the consuming task (while it waits here or in its own code), an error in
         an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
         self._check_not_on_graph_loop()
-        await self.join_async()
+        if self._stragglers is not None and not self._stragglers.done():
+            waiting = asyncio.ensure_future(self._stragglers.wait_async())
+            try:
+                while not (await asyncio.wait([waiting], timeout=_WAIT_WARN_S))[0]:
+                    _warn_waiting(self._stragglers)
+            finally:
+                waiting.cancel()
         plan = self._start(feed)
         items: list = []
         waiter = [None]
@@ -406,6 +416,15 @@ class ActorGraph:
         if self._last is None:
             raise RuntimeError("stats(): the graph has not run yet")
         return self._last
+
+
+_WAIT_WARN_S = 10.0
+
+
+def _warn_waiting(stragglers) -> None:
+    acts = ", ".join(f"{name!r} on piece {p}" for name, p in stragglers.running())
+    warnings.warn(f"this graph's next run is waiting for acts its last run abandoned when "
+                  f"it stopped, still running: {acts}", RuntimeWarning, stacklevel=3)
 
 
 class _ConsumerWatch:

@@ -12,7 +12,9 @@ class RunStats:
     """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
     graph has no sink); ``actors``: per actor name ``{kind, mode, acts, compute_s, wait_input_s,
     wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
-    budget}`` in bytes (``peak`` measured: the most register bytes held at once)."""
+    budget}`` in bytes (``peak`` measured: the most register bytes held at once);
+    ``abandoned``: ``[(actor name, piece)]`` of the acts still running when the run stopped
+    (each frees its registers when it returns; ``ActorGraph.join`` waits for them)."""
 
     def __init__(self, sched, plan):
         now = sched.end_time or time.perf_counter()
@@ -34,13 +36,14 @@ class RunStats:
             m = mem.get(str(dev), {})
             self.memory[str(dev)] = {"planned": total, "peak": m.get("peak", 0),
                                      "budget": plan.budget.budget(dev)}
+        self.abandoned: list = sched.stragglers.running()
         out = [r["acts"] for r in self.actors.values() if r["kind"] == "output"]
         self.pieces = out[0] if out else max((r["acts"] for r in self.actors.values()
                                               if r["kind"] == "source"), default=0)
 
     def as_dict(self) -> dict:
         return {"wall_s": self.wall_s, "pieces": self.pieces, "actors": self.actors,
-                "memory": self.memory}
+                "memory": self.memory, "abandoned": self.abandoned}
 
     def table(self) -> str:
         head = (f"{'actor':<16} {'mode':<7} {'acts':>6} {'compute s':>10} {'wait input':>11} "
@@ -54,6 +57,9 @@ class RunStats:
             b = f" of {format_bytes(m['budget'])} budget" if m["budget"] is not None else ""
             lines.append(f"memory on {dev}: planned {format_bytes(m['planned'])}, measured peak "
                          f"{format_bytes(m['peak'])}{b}")
+        for name, piece in self.abandoned:
+            lines.append(f"abandoned when the run stopped: {name!r} on piece {piece} (frees "
+                         f"its registers when it returns)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
