@@ -20,14 +20,25 @@ class DTypeError(ActorflowError, TypeError):
 
 
 class OutOfMemoryError(ActorflowError, MemoryError):
-    """An allocation would exceed a device's byte budget.
+    """An allocation would exceed a device's byte budget, the system refused it, or its size
+    is impossible (``impossible``: more bytes, or a longer dimension, than any array can have).
 
-    Attributes: ``device``, ``requested``, ``in_use`` and ``budget`` (bytes).
+    Attributes: ``device``, ``requested``, ``in_use`` and ``budget`` (bytes), ``impossible``.
     """
 
-    def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = ""):
+    impossible = False
+
+    def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = "",
+                 impossible: str = "", reason: str = ""):
         self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
         who = f" for {what}" if what else ""
+        if impossible:          # what was asked for, e.g. "a tensor of shape ... and dtype ..."
+            self.impossible = True
+            super().__init__(f"{device}: impossible allocation{who}: {impossible} "
+                             f"({requested:,} bytes, {format_bytes(requested)}{reason}): no "
+                             f"array can have that size or shape on any machine; check the "
+                             f"shape (a size computed wrongly?) and use smaller tensors")
+            return
         if not budget:                         # the system itself refused
             super().__init__(f"{device}: out of memory{who}: the system could not provide "
                              f"{format_bytes(requested)} ({format_bytes(in_use)} in use by "
