@@ -56,7 +56,14 @@ class KernelError(ActorflowError, RuntimeError):
     ``synchronize()``...) and on every tensor computed from the failed op's outputs.
 
     Attributes: ``op`` (the op's name), ``device`` and ``original`` (the exception raised).
+    On the error ``synchronize()`` raises, ``more_errors`` counts the other kernel errors
+    since the last synchronize that it did not raise, and ``dropped_errors`` how many of
+    those were not kept (the VM keeps the first ``actorflow.vm.sync.MAX_KEPT_ERRORS``).
     """
+
+    _reported = False              # raised to the user once (then never again)
+    more_errors = dropped_errors = 0
+    _dropped_in = None             # the VM's tally of dropped errors, if this one is counted
 
     def __init__(self, op: str, device: str, original: BaseException):
         self.op, self.device, self.original = op, device, original
@@ -65,14 +72,30 @@ class KernelError(ActorflowError, RuntimeError):
             f"op '{op}' failed on {device}: {type(original).__name__}: {original} "
             f"(tensors computed from its outputs raise this error too; other work goes on)")
 
-    def to_raise(self) -> "KernelError":
+    def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
+                 kept: int = 0) -> "KernelError":
         """A copy to raise at a sync point. The runtime keeps this one; raising the copy
-        keeps the caller's frames (and the tensors they hold) off the stored error."""
+        keeps the caller's frames (and the tensors they hold) off the stored error.
+        ``more_errors``/``dropped_errors``: see the class doc (synchronize sets them);
+        ``kept``: how many errors the VM keeps."""
         self._reported = True
+        tally = self.__dict__.pop("_dropped_in", None)      # (atomic: counted off once)
+        if tally is not None:
+            tally.reported_one()
         err = KernelError(self.op, self.device, self.original)
         err.kernel_traceback = self.kernel_traceback
         err._reported = True
         err.__cause__ = self.original
+        if more_errors:
+            err.more_errors, err.dropped_errors = more_errors, dropped_errors
+            s = "s" if more_errors != 1 else ""
+            note = (f"{more_errors} more kernel error{s} since the last synchronize "
+                    f"{'were' if s else 'was'} not raised")
+            if dropped_errors:
+                note += (f"; {dropped_errors} of them {'were' if dropped_errors != 1 else 'was'}"
+                         f" dropped unreported (the VM keeps the first {kept} between "
+                         f"synchronize calls)")
+            err.args = (f"{err.args[0]}\n({note}; synchronize more often to see each one)",)
         return err
 
 

@@ -28,7 +28,7 @@ from ..tensor.blob import RELEASED
 from .deps import first_error, first_error_of, record
 from .fusion import Fusing
 from .instruction import RELEASE, Instruction
-from .sync import Waiting
+from .sync import Dropped, Waiting
 from .workers import Countdown, Workers
 
 
@@ -76,7 +76,9 @@ class VM(Waiting, Fusing):
         self.fused = self.fused_runs = 0    # op calls run as members of runs, and the runs
         self.elided = 0                     # intermediates of runs that never got memory
         self._blocked = 0
-        self._errors: deque = deque()       # kernel errors since the last synchronize
+        self._errors: deque = deque()       # kernel errors since the last synchronize: the
+        self._errors_lock = threading.Lock()  # first MAX_KEPT_ERRORS, the rest only counted
+        self._dropped = Dropped(self._errors_lock)
         self._any_error = False             # until a kernel fails, skip the poison checks
         self._max_delay = 0.0               # test hook: random delay before each kernel
 
@@ -215,9 +217,8 @@ class VM(Waiting, Fusing):
         err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         e.__traceback__ = None
         err.__cause__ = e
-        err._reported = False
         self._any_error = True
-        self._errors.append(err)      # deque.append is atomic; callers may hold the lock
+        self.keep_error(err)          # (its own lock: callers may hold the VM's)
         return err
 
     @staticmethod
@@ -416,7 +417,7 @@ class VM(Waiting, Fusing):
                     "completed": self.completed + self.inlined,
                     "in_flight": self.issued - self.completed, "inlined": self.inlined,
                     "fused": self.fused, "fused_runs": self.fused_runs, "elided": self.elided,
-                    "unreported_errors": sum(1 for e in self._errors if not e._reported)}
+                    "unreported_errors": self.unreported_errors()}
 
     def shutdown(self) -> None:
         """Stops the loop thread and the CPU workers (at exit)."""
