@@ -8,7 +8,8 @@ from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full,
 from .device import Device, device
 from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promote_types,
                     result_type)
-from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError, DTypeError,
+from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError,
+                     DivisionByZeroError, DTypeError, IndexOutOfBoundsError, InvalidInputError,
                      KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
                          bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
@@ -54,6 +55,7 @@ __all__ = [
     # actor graphs
     "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
     # errors
-    "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DTypeError", "KernelError",
+    "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DivisionByZeroError",
+    "DTypeError", "IndexOutOfBoundsError", "InvalidInputError", "KernelError",
     "OutOfMemoryError", "PlanError", "ShapeError", "TraceError", "VMError",
 ]

@@ -55,22 +55,27 @@ class KernelError(ActorflowError, RuntimeError):
     """A kernel failed while running. It surfaces at the next sync point (``numpy()``,
     ``synchronize()``...) and on every tensor computed from the failed op's outputs.
 
-    Attributes: ``op`` (the op's name), ``device`` and ``original`` (the exception raised).
+    Attributes: ``op`` (the op's name), ``device``, ``original`` (the exception raised) and
+    ``intact`` (the op wrote nothing, and the tensors it writes in place keep their values:
+    see InvalidInputError; the error is then noted on them, not poisoning them).
     On the error ``synchronize()`` raises, ``more_errors`` counts the other kernel errors
     since the last synchronize that it did not raise, and ``dropped_errors`` how many of
     those were not kept (the VM keeps the first ``actorflow.vm.sync.MAX_KEPT_ERRORS``).
     """
 
     _reported = False              # raised to the user once (then never again)
+    intact = False                 # the op wrote nothing: see InvalidInputError
     more_errors = dropped_errors = 0
     _dropped_in = None             # the VM's tally of dropped errors, if this one is counted
 
-    def __init__(self, op: str, device: str, original: BaseException):
+    def __init__(self, op: str, device: str, original: BaseException, intact: bool = False):
         self.op, self.device, self.original = op, device, original
+        self.intact = intact
         self.kernel_traceback = ""     # the kernel's traceback, as text
-        super().__init__(
-            f"op '{op}' failed on {device}: {type(original).__name__}: {original} "
-            f"(tensors computed from its outputs raise this error too; other work goes on)")
+        what = ("nothing was written: the tensors it writes in place keep their values"
+                if intact else "tensors computed from its outputs raise this error too")
+        super().__init__(f"op '{op}' failed on {device}: {type(original).__name__}: "
+                         f"{original} ({what}; other work goes on)")
 
     def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
                  kept: int = 0) -> "KernelError":
@@ -82,7 +87,7 @@ class KernelError(ActorflowError, RuntimeError):
         tally = self.__dict__.pop("_dropped_in", None)      # (atomic: counted off once)
         if tally is not None:
             tally.reported_one()
-        err = KernelError(self.op, self.device, self.original)
+        err = KernelError(self.op, self.device, self.original, self.intact)
         err.kernel_traceback = self.kernel_traceback
         err._reported = True
         err.__cause__ = self.original
@@ -97,6 +102,24 @@ class KernelError(ActorflowError, RuntimeError):
                          f"synchronize calls)")
             err.args = (f"{err.args[0]}\n({note}; synchronize more often to see each one)",)
         return err
+
+
+class InvalidInputError(ActorflowError):
+    """Raised by a kernel that checked its inputs' values before writing anything and found
+    them invalid. The op wrote nothing, so (when it ran whole, not cut into slices) the
+    tensors it writes in place keep their values and stay usable: the error is reported
+    once, at their next read or at ``synchronize()``. Its new outputs have no value and
+    raise it, as after any kernel error. (Large elementwise ops cut into slices, across
+    workers or in a run, may have written other slices: then every output is poisoned.)"""
+
+
+class IndexOutOfBoundsError(InvalidInputError, IndexError):
+    """An index tensor holds an index out of the bounds of the dimension it indexes."""
+
+
+class DivisionByZeroError(InvalidInputError, ZeroDivisionError, RuntimeError):
+    """Integer floor division or remainder by zero (PyTorch raises RuntimeError
+    'ZeroDivisionError'; this is both). Float division by zero gives inf/nan instead."""
 
 
 class VMError(ActorflowError, RuntimeError):

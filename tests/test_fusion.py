@@ -327,6 +327,24 @@ def test_kernel_error_in_a_run_poisons_its_dependents_only(runs):
     np.testing.assert_allclose((x * 2.0).numpy(), data * 2.0)   # the runtime keeps working
 
 
+def test_a_whole_overwrite_of_a_poisoned_tensor_runs_alone_and_clears_it(runs):
+    data = np.arange(128, dtype=np.int64).reshape(8, 16)
+    z = af.tensor(data)
+    x = z[af.tensor(np.full(8, 100))]                # out of bounds: x is poisoned
+    gate = Gate()
+    a = z + 1                                        # leads a run...
+    y = x + 1                                        # ...that reads x (fails in it)
+    x.copy_(z)                                       # writes all of x: ends the run
+    w = x * 2
+    gate.open()
+    np.testing.assert_array_equal(a.numpy(), data + 1)
+    with pytest.raises(af.KernelError, match="index 100 is out of bounds"):
+        y.numpy()
+    np.testing.assert_array_equal(x.numpy(), data)   # usable again
+    np.testing.assert_array_equal(w.numpy(), data * 2)
+    af.synchronize()
+
+
 def test_runs_are_off_with_fuse_max_zero(runs):
     runs.fuse_max = 0
     before = _counts(runs)

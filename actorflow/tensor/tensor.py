@@ -117,7 +117,7 @@ class Tensor:
         instr = access(impl, fn, write=False, name=name)
         if not instr.done:
             _VM.wait(instr)
-        return _result(instr)
+        return _result(instr, impl.blob)
 
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values, taken after every write issued before this call.
@@ -137,7 +137,7 @@ class Tensor:
             self._meta
         instr = access(impl, impl.blob.backend.allocator.copy_out, write=False, name="numpy")
         await _VM.wait_async(instr)
-        return _result(instr)
+        return _result(instr, impl.blob)
 
     def __array__(self, dtype=None, copy=None):
         a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
@@ -397,10 +397,13 @@ def _shape_args(args) -> tuple:
     return tuple(args)
 
 
-def _result(instr):
+def _result(instr, blob):
     err = instr.error
     if err is not None:
         raise err.to_raise()
+    err = blob.error
+    if err is not None and err.intact and not err._reported:
+        raise err.to_raise()       # a failed write left it as it was: said once, here
     return instr.result
 
 
