@@ -307,6 +307,20 @@ def test_unreported_errors_are_kept_up_to_a_bound_and_counted():
     np.testing.assert_array_equal((x + 1).numpy(), np.ones(4))
 
 
+def test_an_op_cut_into_slices_that_fail_records_one_error():
+    vm = af.lowlevel.get_vm()
+    saved = vm.inline_max_cost, vm.parallel_min_cost
+    vm.inline_max_cost, vm.parallel_min_cost = -1, 0      # every op split across workers
+    try:
+        for _ in range(50):
+            x = af.tensor(np.arange(128).reshape(8, 16)) ** af.tensor(np.full((8, 16), -1))
+            with pytest.raises(af.KernelError, match="pow"):
+                x.numpy()                          # every slice fails; reported here...
+            af.synchronize()                       # ...so nothing is left to raise
+    finally:
+        vm.inline_max_cost, vm.parallel_min_cost = saved
+
+
 def test_out_of_memory_names_bytes_and_budget():
     af.lowlevel.set_memory_budget("cpu", af.lowlevel.memory_stats("cpu").in_use + 1024)
     small = af.zeros(16)                            # fits

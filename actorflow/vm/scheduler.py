@@ -368,8 +368,9 @@ class VM(Waiting, Fusing):
         try:
             piece()
         except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
-            if instr.error is None:
-                self._fail(instr, self._kernel_error(instr, e))
+            with countdown.lock:    # one error per op: slices failing at once raced here
+                if instr.error is None:
+                    self._fail(instr, self._kernel_error(instr, e))
         if countdown.finish_one():
             if on_loop:
                 self._finish(instr)
