@@ -8,15 +8,17 @@ from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full,
 from .device import Device, device
 from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promote_types,
                     result_type)
-from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError, DTypeError,
+from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError,
+                     DivisionByZeroError, DTypeError, IndexOutOfBoundsError, InvalidInputError,
                      KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
                          bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
-                         div, div_, eq, exp, fill_, floor_divide, ge, gelu, gt,
+                         div, div_, eq, exp, fill_, floor_divide, floor_divide_, ge, gelu, gt,
                          is_floating_point, le, log,
                          log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
                          maximum, mean, min, minimum, mul, mul_, ne, neg, nonzero, pow, relu,
-                         remainder, sigmoid, softmax, sqrt, stack, sub, sub_, sum, tanh, where,
+                         remainder, remainder_, sigmoid, softmax, sqrt, stack, sub, sub_, sum,
+                         tanh, where,
                          zero_)
 from .graph import trace
 from .pipeline import Pipeline
@@ -44,7 +46,7 @@ __all__ = [
     # ops
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
     "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "floor_divide",
-    "remainder",
+    "floor_divide_", "remainder", "remainder_",
     "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
@@ -54,6 +56,7 @@ __all__ = [
     # actor graphs
     "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
     # errors
-    "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DTypeError", "KernelError",
+    "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DivisionByZeroError",
+    "DTypeError", "IndexOutOfBoundsError", "InvalidInputError", "KernelError",
     "OutOfMemoryError", "PlanError", "ShapeError", "TraceError", "VMError",
 ]

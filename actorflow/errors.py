@@ -22,14 +22,25 @@ class DTypeError(ActorflowError, TypeError):
 
 
 class OutOfMemoryError(ActorflowError, MemoryError):
-    """An allocation would exceed a device's byte budget.
+    """An allocation would exceed a device's byte budget, the system refused it, or its size
+    is impossible (``impossible``: more bytes, or a longer dimension, than any array can have).
 
-    Attributes: ``device``, ``requested``, ``in_use`` and ``budget`` (bytes).
+    Attributes: ``device``, ``requested``, ``in_use`` and ``budget`` (bytes), ``impossible``.
     """
 
-    def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = ""):
+    impossible = False
+
+    def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = "",
+                 impossible: str = "", reason: str = ""):
         self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
         who = f" for {what}" if what else ""
+        if impossible:          # what was asked for, e.g. "a tensor of shape ... and dtype ..."
+            self.impossible = True
+            super().__init__(f"{device}: impossible allocation{who}: {impossible} "
+                             f"({requested:,} bytes, {format_bytes(requested)}{reason}): no "
+                             f"array can have that size or shape on any machine; check the "
+                             f"shape (a size computed wrongly?) and use smaller tensors")
+            return
         if not budget:                         # the system itself refused
             super().__init__(f"{device}: out of memory{who}: the system could not provide "
                              f"{format_bytes(requested)} ({format_bytes(in_use)} in use by "
@@ -46,25 +57,71 @@ class KernelError(ActorflowError, RuntimeError):
     """A kernel failed while running. It surfaces at the next sync point (``numpy()``,
     ``synchronize()``...) and on every tensor computed from the failed op's outputs.
 
-    Attributes: ``op`` (the op's name), ``device`` and ``original`` (the exception raised).
+    Attributes: ``op`` (the op's name), ``device``, ``original`` (the exception raised) and
+    ``intact`` (the op wrote nothing, and the tensors it writes in place keep their values:
+    see InvalidInputError; the error is then noted on them, not poisoning them).
+    On the error ``synchronize()`` raises, ``more_errors`` counts the other kernel errors
+    since the last synchronize that it did not raise, and ``dropped_errors`` how many of
+    those were not kept (the VM keeps the first ``actorflow.vm.sync.MAX_KEPT_ERRORS``).
     """
 
-    def __init__(self, op: str, device: str, original: BaseException):
-        self.op, self.device, self.original = op, device, original
-        self.kernel_traceback = ""     # the kernel's traceback, as text
-        super().__init__(
-            f"op '{op}' failed on {device}: {type(original).__name__}: {original} "
-            f"(tensors computed from its outputs raise this error too; other work goes on)")
+    _reported = False              # raised to the user once (then never again)
+    intact = False                 # the op wrote nothing: see InvalidInputError
+    more_errors = dropped_errors = 0
+    _dropped_in = None             # the VM's tally of dropped errors, if this one is counted
 
-    def to_raise(self) -> "KernelError":
+    def __init__(self, op: str, device: str, original: BaseException, intact: bool = False):
+        self.op, self.device, self.original = op, device, original
+        self.intact = intact
+        self.kernel_traceback = ""     # the kernel's traceback, as text
+        what = ("nothing was written: the tensors it writes in place keep their values"
+                if intact else "tensors computed from its outputs raise this error too")
+        super().__init__(f"op '{op}' failed on {device}: {type(original).__name__}: "
+                         f"{original} ({what}; other work goes on)")
+
+    def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
+                 kept: int = 0) -> "KernelError":
         """A copy to raise at a sync point. The runtime keeps this one; raising the copy
-        keeps the caller's frames (and the tensors they hold) off the stored error."""
+        keeps the caller's frames (and the tensors they hold) off the stored error.
+        ``more_errors``/``dropped_errors``: see the class doc (synchronize sets them);
+        ``kept``: how many errors the VM keeps."""
         self._reported = True
-        err = KernelError(self.op, self.device, self.original)
+        tally = self.__dict__.pop("_dropped_in", None)      # (atomic: counted off once)
+        if tally is not None:
+            tally.reported_one()
+        err = KernelError(self.op, self.device, self.original, self.intact)
         err.kernel_traceback = self.kernel_traceback
         err._reported = True
         err.__cause__ = self.original
+        if more_errors:
+            err.more_errors, err.dropped_errors = more_errors, dropped_errors
+            s = "s" if more_errors != 1 else ""
+            note = (f"{more_errors} more kernel error{s} since the last synchronize "
+                    f"{'were' if s else 'was'} not raised")
+            if dropped_errors:
+                note += (f"; {dropped_errors} of them {'were' if dropped_errors != 1 else 'was'}"
+                         f" dropped unreported (the VM keeps the first {kept} between "
+                         f"synchronize calls)")
+            err.args = (f"{err.args[0]}\n({note}; synchronize more often to see each one)",)
         return err
+
+
+class InvalidInputError(ActorflowError):
+    """Raised by a kernel that checked its inputs' values before writing anything and found
+    them invalid. The op wrote nothing, so (when it ran whole, not cut into slices) the
+    tensors it writes in place keep their values and stay usable: the error is reported
+    once, at their next read or at ``synchronize()``. Its new outputs have no value and
+    raise it, as after any kernel error. (Large elementwise ops cut into slices, across
+    workers or in a run, may have written other slices: then every output is poisoned.)"""
+
+
+class IndexOutOfBoundsError(InvalidInputError, IndexError):
+    """An index tensor holds an index out of the bounds of the dimension it indexes."""
+
+
+class DivisionByZeroError(InvalidInputError, ZeroDivisionError, RuntimeError):
+    """Integer floor division or remainder by zero (PyTorch raises RuntimeError
+    'ZeroDivisionError'; this is both). Float division by zero gives inf/nan instead."""
 
 
 class VMError(ActorflowError, RuntimeError):

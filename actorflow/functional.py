@@ -212,6 +212,14 @@ def div_(input, other):
     return _binary_inplace("div", input, other)
 
 
+def floor_divide_(input, other):
+    return _binary_inplace("floor_divide", input, other)
+
+
+def remainder_(input, other):
+    return _binary_inplace("remainder", input, other)
+
+
 _FULL = _op("full")
 _COPY = _op("copy")
 _CAST = _op("cast")

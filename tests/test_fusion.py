@@ -327,6 +327,53 @@ def test_kernel_error_in_a_run_poisons_its_dependents_only(runs):
     np.testing.assert_allclose((x * 2.0).numpy(), data * 2.0)   # the runtime keeps working
 
 
+def test_integer_division_by_zero_in_a_run_fails_the_op(runs):
+    before = _counts(runs)
+    gate = Gate()
+    a = np.arange(1, 129, dtype=np.int64).reshape(8, 16)
+    d = np.full((8, 16), 3, np.int64)
+    d[6, 3] = 0                                      # only one slice meets the zero
+    x, y = af.tensor(a), af.tensor(d)
+    dep = ((x + 1) // y) * 2
+    fine = (x + 1) % 5                               # same run, valid
+    z = x * 1
+    z %= y                                           # in place, cut into slices
+    gate.open()
+    np.testing.assert_array_equal(fine.numpy(), (a + 1) % 5)
+    with pytest.raises(af.KernelError, match=r"'floor_divide'.*ZeroDivisionError.*int64"):
+        dep.numpy()
+    for _ in range(2):                               # other slices may have been written:
+        with pytest.raises(af.KernelError, match="'remainder'"):
+            z.numpy()                                # z stays poisoned
+    assert _delta(runs, before)[1] >= 1              # it did run as a run
+    af.synchronize()
+    d[6, 3] = 1
+    gate = Gate()
+    q = (x + 1) // af.tensor(d)
+    r = (x + 1) % af.tensor(d)
+    gate.open()
+    np.testing.assert_array_equal(q.numpy(), (a + 1) // d)   # valid inputs: as numpy
+    np.testing.assert_array_equal(r.numpy(), (a + 1) % d)
+
+
+def test_a_whole_overwrite_of_a_poisoned_tensor_runs_alone_and_clears_it(runs):
+    data = np.arange(128, dtype=np.int64).reshape(8, 16)
+    z = af.tensor(data)
+    x = z[af.tensor(np.full(8, 100))]                # out of bounds: x is poisoned
+    gate = Gate()
+    a = z + 1                                        # leads a run...
+    y = x + 1                                        # ...that reads x (fails in it)
+    x.copy_(z)                                       # writes all of x: ends the run
+    w = x * 2
+    gate.open()
+    np.testing.assert_array_equal(a.numpy(), data + 1)
+    with pytest.raises(af.KernelError, match="index 100 is out of bounds"):
+        y.numpy()
+    np.testing.assert_array_equal(x.numpy(), data)   # usable again
+    np.testing.assert_array_equal(w.numpy(), data * 2)
+    af.synchronize()
+
+
 def test_runs_are_off_with_fuse_max_zero(runs):
     runs.fuse_max = 0
     before = _counts(runs)

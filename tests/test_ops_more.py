@@ -1,4 +1,5 @@
-"""floor_divide (//), remainder (%), unary +, clamp: against numpy and PyTorch."""
+"""floor_divide (//), remainder (%), unary +, clamp: against numpy and PyTorch; integer
+division by zero raises as in PyTorch."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import actorflow as af
+from actorflow.lowlevel import get_vm
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,6 +38,63 @@ def test_floor_divide_and_remainder_tensor_tensor_and_reflected():
     np.testing.assert_array_equal((100 % y).numpy(), 100 % b)
     np.testing.assert_array_equal(af.floor_divide(x, 2.0).numpy(), a // 2.0)
     assert af.floor_divide(x, 2.0).dtype == af.float32
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool"])
+def test_integer_division_by_a_zero_scalar_raises_at_the_call(dtype):
+    x = af.tensor([5, 0, 1], dtype=dtype)
+    for op in (lambda: x // 0, lambda: x % 0, lambda: af.floor_divide(x, False),
+               lambda: af.remainder(x, 0)):
+        with pytest.raises(ZeroDivisionError, match=r"(floor_divide|remainder).*by zero"):
+            op()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):   # PyTorch's type, too
+        x // 0
+    if dtype != "bool":
+        with pytest.raises(ZeroDivisionError, match=f"floor_divide.*x // 0, in {dtype}"):
+            x //= 0
+        with pytest.raises(ZeroDivisionError, match="remainder"):
+            x.remainder_(0)
+    np.testing.assert_array_equal(x.numpy(), np.array([5, 0, 1], dtype))   # x unchanged
+    np.testing.assert_array_equal((x // 1).numpy(), np.array([5, 0, 1], dtype) // 1)
+
+
+@pytest.mark.parametrize("queued", [False, True])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_division_by_a_zero_element_fails_the_op(dtype, queued):
+    vm = get_vm()
+    saved = vm.inline_max_cost
+    vm.inline_max_cost = -1 if queued else saved     # through the loop, or on the spot
+    try:
+        x = af.tensor([7, -7, 9], dtype=dtype)
+        zero = af.tensor([2, 0, 1], dtype=dtype)
+        for make, name in ((lambda: x // zero, "floor_divide"), (lambda: x % zero, "remainder"),
+                           (lambda: 10 // zero, "rfloor_divide_scalar"),
+                           (lambda: 10 % zero, "rremainder_scalar")):
+            with pytest.raises(af.KernelError, match=rf"'{name}'.*ZeroDivisionError.*"
+                                                     rf"divisor holds a 0, in {dtype}") as info:
+                make().numpy()
+            assert isinstance(info.value.original, ZeroDivisionError)
+        x //= zero                                   # in place: nothing is written
+        with pytest.raises(af.KernelError, match="floor_divide"):
+            x.numpy()
+        np.testing.assert_array_equal(x.numpy(), np.array([7, -7, 9], dtype))
+        x %= af.tensor([0, 1, 1], dtype=dtype)
+        with pytest.raises(af.KernelError, match="remainder"):
+            af.synchronize()
+        x //= af.tensor([2, 2, 2], dtype=dtype)
+        np.testing.assert_array_equal(x.numpy(), np.array([3, -4, 4], dtype))
+        x %= af.tensor([2, 3, 3], dtype=dtype)
+        np.testing.assert_array_equal(x.numpy(), np.array([1, 2, 1], dtype))
+    finally:
+        vm.inline_max_cost = saved
+
+
+def test_float_division_by_zero_stays_inf_and_nan():
+    x = af.tensor([5.0, -5.0, 0.0])
+    np.testing.assert_array_equal((x // 0).numpy(), [np.inf, -np.inf, np.nan])
+    np.testing.assert_array_equal((x % af.tensor([0.0, 0.0, 0.0])).numpy(), [np.nan] * 3)
+    np.testing.assert_array_equal((af.tensor([5]) // 0.0).numpy(), [np.inf])   # int // float
+    af.synchronize()
 
 
 def test_against_torch():

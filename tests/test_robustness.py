@@ -154,3 +154,46 @@ def test_synchronize_timeout_is_a_total():
     assert time.monotonic() - t0 < 0.45
     af.lowlevel.set_null_latency(0.0)
     get_vm().synchronize()
+
+
+IMPOSSIBLE = {                                       # what to allocate -> the op that asks
+    "empty": (lambda x: af.empty(2**40, 2**40), "empty"),          # 2**82 bytes
+    "zeros": (lambda x: af.zeros(2**40, 2**40), "full"),
+    "op output": (lambda x: x[None].expand(2**60, 1024) + 1, "add_scalar"),   # 2**72 bytes
+    "zero-sized": (lambda x: af.empty(0, 2**70), "empty"),         # a dimension numpy refuses
+}
+
+
+@pytest.mark.parametrize("case", list(IMPOSSIBLE))
+def test_an_impossible_allocation_gives_its_bytes_back_and_says_so(case):
+    make, op = IMPOSSIBLE[case]
+    x = af.ones(1024)
+    start = _in_use()
+    with pytest.raises(af.KernelError) as info:
+        make(x).numpy()
+    assert _in_use() == start                        # the reservation was given back
+    err = info.value.original
+    assert isinstance(err, af.OutOfMemoryError)
+    assert "impossible" in str(err) and f"for {op}" in str(err) and "float32" in str(err)
+    af.lowlevel.set_memory_budget("cpu", start + 10_000_000)     # a budget is usable again
+    assert af.ones(10**6).sum().item() == 10**6
+    assert (x + 1).sum().item() == 2048
+    af.lowlevel.set_memory_budget("cpu", None)
+    assert _in_use() == start
+
+
+@pytest.mark.parametrize("budget", [None, 2**100])
+@pytest.mark.parametrize("shape", [(2**40, 2**40), (0, 2**70), (3, 2**70)])
+def test_the_allocator_refuses_impossible_sizes_on_every_path(shape, budget):
+    alloc = af.lowlevel.allocator("cpu")
+    start = _in_use()
+    af.lowlevel.set_memory_budget("cpu", budget)
+    dtype = np.dtype(np.float64)
+    nbytes = 8 * shape[0] * shape[1]
+    with pytest.raises(af.OutOfMemoryError, match=r"impossible.*for register of 'x'.*float64"):
+        alloc.empty(shape, dtype, nbytes, "register of 'x'")
+    stats = alloc.stats()
+    assert stats.in_use == start and stats.peak < 2**62
+    assert alloc.empty((4,), dtype, 32, "test").shape == (4,)   # and the next one works
+    alloc.free(None, 32, False)
+    assert _in_use() == start

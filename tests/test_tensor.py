@@ -587,6 +587,67 @@ def test_setitem_advanced_on_float_tensor():
     check(t, np.array([-1.0, 1.5, 0.0, 2.5], np.float32))
 
 
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_failed_setitem_leaves_its_target_as_it_was(queued, random_dispatch):
+    if queued:
+        random_dispatch(4, max_delay=0.002)          # through the loop and the workers
+    x = af.tensor([1.0, 2.0, 3.0, 4.0])
+    x[af.tensor([0, 100])] = af.tensor([7.0, 8.0])   # index 100: only the kernel can tell
+    y = x + 1                                        # issued after the failed write
+    with pytest.raises(af.KernelError,
+                       match=r"'index_put'.*index 100 is out of bounds for axis 0 with size 4"):
+        x.numpy()                                    # reported once, at the next read
+    check(x, np.array([1, 2, 3, 4], np.float32))    # nothing was written, not even x[0]
+    check(y, np.array([2, 3, 4, 5], np.float32))
+    check(x.clone(), np.array([1, 2, 3, 4], np.float32))
+    x[af.tensor([100])] = 5.0
+    x.fill_(1.0)
+    check(x, np.ones(4, np.float32))
+    with pytest.raises(af.KernelError, match="index 100"):
+        af.synchronize()                             # the second one was never read
+    x[af.tensor([1, 3])] = af.tensor([5.0, 6.0])
+    check(x, np.array([1, 5, 1, 6], np.float32))
+    still_works()
+
+
+def test_a_failed_setitem_never_read_is_reported_by_synchronize():
+    x = af.arange(6).reshape(2, 3)
+    x[af.tensor([1]), af.tensor([3])] = 5
+    with pytest.raises(af.KernelError, match="index 3 is out of bounds for axis 1 with size 3"):
+        af.synchronize()
+    check(x, np.arange(6).reshape(2, 3))
+    af.synchronize()
+    x[af.tensor([0, -3])] = af.tensor([[9, 9, 9]])   # rows 0 and -3 of 2
+    with pytest.raises(af.KernelError, match="index -3 is out of bounds for axis 0 with size 2"):
+        x.numpy()
+    check(x, np.arange(6).reshape(2, 3))             # row 0 was not written either
+
+
+OVERWRITES = {
+    "fill_": lambda x: x.fill_(7),
+    "zero_": lambda x: x.zero_(),
+    "copy_": lambda x: x.copy_(af.tensor([7, 7])),
+    "setitem ...": lambda x: x.__setitem__(Ellipsis, 7),
+    "setitem [:]": lambda x: x.__setitem__(slice(None), af.tensor([7, 7])),
+}
+
+
+@pytest.mark.parametrize("how", list(OVERWRITES))
+def test_a_whole_overwrite_makes_a_poisoned_tensor_usable_again(how):
+    x = af.tensor([2, 3]) ** af.tensor([-1, 1])     # the kernel fails: x has no value
+    x[0:1].fill_(5)                                  # a partial write leaves it poisoned
+    with pytest.raises(af.KernelError, match="pow"):
+        x.numpy()
+    with pytest.raises(af.KernelError, match="pow"):
+        (x + 1).numpy()
+    OVERWRITES[how](x)
+    expected = np.array([0, 0] if how == "zero_" else [7, 7], np.int64)
+    check(x, expected)
+    check(x.clone() + 1, expected + 1)
+    af.synchronize()                                 # the error was reported at the read
+    still_works()
+
+
 # == DLPack ==============================================================================
 
 def test_dlpack_to_numpy_round_trip():

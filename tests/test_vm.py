@@ -266,6 +266,61 @@ def test_kernel_error_surfaces_at_sync_and_poisons_dependents(hooks, random_disp
     np.testing.assert_array_equal((x + 1).numpy(), [2.0, 3.0])
 
 
+def test_unreported_errors_are_kept_up_to_a_bound_and_counted():
+    from actorflow.vm.sync import MAX_KEPT_ERRORS as bound
+    vm = af.lowlevel.get_vm()
+    x = af.zeros(4)
+    n = 3 * bound + 7
+    for i in range(n):
+        x[af.tensor([100 + i])]                    # fails in the kernel; nobody reads it
+    assert af.lowlevel.vm_stats()["unreported_errors"] == n
+    assert len(vm._errors) <= bound                # the rest are counted, not kept
+    with pytest.raises(af.KernelError, match="index 100 is out of bounds") as info:
+        af.synchronize()                           # the first one
+    err = info.value
+    assert err.more_errors == n - 1 and err.dropped_errors == n - bound
+    assert f"{n - 1} more kernel errors" in str(err) and f"{n - bound} of them were dropped unreported" in str(err)
+    assert af.lowlevel.vm_stats()["unreported_errors"] == 0 and len(vm._errors) == 0
+    af.synchronize()                               # all reported
+    bad = x[af.tensor([7])]
+    for _ in range(2 * bound):
+        x[af.tensor([9])]
+    with pytest.raises(af.KernelError, match="index 7 is out of bounds"):
+        bad.numpy()                                # reported on its own...
+    assert af.lowlevel.vm_stats()["unreported_errors"] == 2 * bound
+    late = x[af.tensor([11])]                      # counted, not kept
+    with pytest.raises(af.KernelError, match="index 11 is out of bounds"):
+        late.numpy()                               # reported on its own: counted off
+    assert af.lowlevel.vm_stats()["unreported_errors"] == 2 * bound
+    with pytest.raises(af.KernelError, match="index 9 is out of bounds") as info:
+        af.synchronize()                           # ...so not again
+    assert info.value.more_errors == 2 * bound - 1
+    held = [x[af.tensor([20])] for _ in range(bound)]
+    for i in range(3):
+        x[af.tensor([30 + i])]                     # not kept
+    for t in held:
+        with pytest.raises(af.KernelError):
+            t.numpy()
+    with pytest.raises(af.KernelError, match="index 32 is out of bounds") as info:
+        af.synchronize()                           # only dropped ones left: the latest
+    assert info.value.more_errors == 2 and info.value.dropped_errors == 2
+    np.testing.assert_array_equal((x + 1).numpy(), np.ones(4))
+
+
+def test_an_op_cut_into_slices_that_fail_records_one_error():
+    vm = af.lowlevel.get_vm()
+    saved = vm.inline_max_cost, vm.parallel_min_cost
+    vm.inline_max_cost, vm.parallel_min_cost = -1, 0      # every op split across workers
+    try:
+        for _ in range(50):
+            x = af.tensor(np.arange(128).reshape(8, 16)) ** af.tensor(np.full((8, 16), -1))
+            with pytest.raises(af.KernelError, match="pow"):
+                x.numpy()                          # every slice fails; reported here...
+            af.synchronize()                       # ...so nothing is left to raise
+    finally:
+        vm.inline_max_cost, vm.parallel_min_cost = saved
+
+
 def test_out_of_memory_names_bytes_and_budget():
     af.lowlevel.set_memory_budget("cpu", af.lowlevel.memory_stats("cpu").in_use + 1024)
     small = af.zeros(16)                            # fits

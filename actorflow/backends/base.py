@@ -7,6 +7,7 @@ An allocator's public ``empty/adopt/free`` wrap the backend's ``_alloc/_free`` (
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from ..errors import OutOfMemoryError
 
 
 _FOLD_AT = 4096
+_MAX_BYTES = sys.maxsize       # no array may hold more bytes (numpy indexes bytes with intp)
 
 
 def _prod(shape) -> int:
@@ -64,7 +66,9 @@ class Allocator:
     # -- public face --------------------------------------------------------------------
     def empty(self, shape, dtype, nbytes: int, what: str = ""):
         """A new uninitialized array of ``shape`` and numpy ``dtype`` holding ``nbytes`` (None
-        on data-less devices). Raises OutOfMemoryError if it would exceed the budget."""
+        on data-less devices). Raises OutOfMemoryError if it would exceed the budget, if the
+        system refuses it or if its size is impossible. However the allocation fails, its
+        bytes are given back: the counts stay as they were."""
         if nbytes < self.cache_min_bytes and self.budget is None:
             log = self.log                         # the common case: no lock (see class doc)
             if nbytes:
@@ -73,13 +77,14 @@ class Allocator:
                 self.fold()
             try:
                 return self._alloc_small(shape, dtype)
-            except MemoryError:
+            except BaseException as e:             # (a 0-byte shape numpy refuses, Ctrl-C...)
                 with self._lock:
                     peak = self._peak
                     self._fold()              # apply this block's entry, then take it back
                     self._unreserve(nbytes, peak)
-                raise OutOfMemoryError(self.device, nbytes, self.stats().in_use,
-                                       self.budget or 0, what) from None
+                raise self._refused(e, shape, dtype, nbytes, what) from None
+        if nbytes > _MAX_BYTES:                    # reserve nothing, whatever the budget
+            raise self._impossible(shape, dtype, nbytes, what, "")
         block = None
         if self.budget is not None:
             self._fit(nbytes)
@@ -94,12 +99,28 @@ class Allocator:
         if block is None:
             try:
                 return self._alloc_array(shape, dtype, nbytes)
-            except MemoryError:       # the system refused: give the reservation back
+            except BaseException as e:    # refused, impossible, interrupted: give it back
                 with self._lock:
                     self._unreserve(nbytes, peak)
-                raise OutOfMemoryError(self.device, nbytes, self.stats().in_use,
-                                       self.budget or 0, what) from None
+                raise self._refused(e, shape, dtype, nbytes, what) from None
         return self._view(block, shape, dtype)
+
+    def _refused(self, e: BaseException, shape, dtype, nbytes: int, what: str):
+        """The error to raise for an allocation the backend failed with ``e`` (whose bytes
+        were given back): OutOfMemoryError when the system refused or the size is impossible
+        (numpy's ValueError/OverflowError), ``e`` itself otherwise."""
+        if isinstance(e, OutOfMemoryError):
+            return e
+        if isinstance(e, MemoryError):
+            return OutOfMemoryError(self.device, nbytes, self.stats().in_use, 0, what)
+        if isinstance(e, (ValueError, OverflowError)):
+            return self._impossible(shape, dtype, nbytes, what, f"; numpy: {e}")
+        return e
+
+    def _impossible(self, shape, dtype, nbytes: int, what: str, reason: str):
+        name = getattr(dtype, "name", dtype)
+        return OutOfMemoryError(self.device, nbytes, self.stats().in_use, self.budget or 0, what,
+                                f"a tensor of shape {tuple(shape)} and dtype {name}", reason)
 
     def adopt(self, nbytes: int, what: str = "") -> None:
         """Counts ``nbytes`` of memory the allocator did not make (a zero-copy numpy array)."""

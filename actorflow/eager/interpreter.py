@@ -57,8 +57,9 @@ def resolve(impl) -> None:
     w = impl.blob.last_write
     if w is not None:
         _VM.wait(w)
-    if impl.blob.error is not None:
-        raise impl.blob.error.to_raise()
+    err = impl.blob.error
+    if err is not None and not err.intact:     # (an intact note: the values are there)
+        raise err.to_raise()
     if impl.meta.shape is None:
         raise VMError("internal error: a dynamic-shape tensor was never computed")
 

@@ -11,6 +11,8 @@ from ..dtype import (FLOAT, bool_, combine_categories, default_float, from_numpy
                      promote_types, result_type)
 from ..errors import DTypeError
 from .common import broadcast_shapes
+from .division import (INT_DIVISION, division_kernel, division_scalar_kernel,
+                       nonzero_divisor)
 from .registry import OpDef, register
 
 # -- dtype rules -----------------------------------------------------------------------
@@ -349,14 +351,19 @@ def _scalar_kernel(ufunc, kind, quiet, reverse):
 
 for _name, (_uf, _kind) in BINARY.items():
     _has_fresh = _name in _FRESH_BINARY
+    _div = _name in INT_DIVISION
     register(OpDef(_name, ("a", "b"), _binary_infer(_name, _kind),
-                   {"cpu": _binary_kernel(_uf, _kind, _name in _QUIET)},
+                   {"cpu": (division_kernel(_name, _uf) if _div
+                            else _binary_kernel(_uf, _kind, _name in _QUIET))},
                    fresh={"cpu": _binary_fresh(_uf, _name in _QUIET)} if _has_fresh else {},
                    elementwise=True))
     # tensor op scalar, and scalar op tensor ("r" ops, for the reflected Python operators)
     for _prefix, _rev in (("", False), ("r", True)):
-        register(OpDef(_prefix + _name + "_scalar", ("a",), _scalar_infer(_name, _kind),
-                       {"cpu": _scalar_kernel(_uf, _kind, _name in _QUIET, _rev)},
+        _infer = _scalar_infer(_name, _kind)
+        register(OpDef(_prefix + _name + "_scalar", ("a",),
+                       nonzero_divisor(_name, _infer) if _div and not _rev else _infer,
+                       {"cpu": (division_scalar_kernel(_name, _uf, _rev) if _div
+                                else _scalar_kernel(_uf, _kind, _name in _QUIET, _rev))},
                        fresh=({"cpu": _scalar_fresh(_uf, _name in _QUIET, _rev)}
                               if _has_fresh else {}),
                        attrs=("scalar",),

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..dtype import bool_, int64
-from ..errors import ShapeError
+from ..errors import IndexOutOfBoundsError, ShapeError
 from .registry import OpDef, register
 
 
@@ -78,11 +78,31 @@ def _index_put_infer(metas, attrs):
     return [(target.shape, target.dtype)]
 
 
+def check_key(op: str, shape: tuple, key: tuple) -> None:
+    """Raises IndexOutOfBoundsError if ``key`` cannot index an array of ``shape`` (an index
+    out of bounds, a mask of the wrong size). It indexes a zero-stride stand-in, so it reads
+    the index arrays only: a kernel calls it before it writes anything."""
+    dummy = np.broadcast_to(np.empty((), np.uint8), shape)
+    try:
+        dummy[key]
+    except IndexError as e:
+        raise IndexOutOfBoundsError(
+            f"{op}: {e} (a tensor of shape {shape}); valid indices of a dimension of size n "
+            f"are -n to n-1") from None
+
+
 def _k_index_put(outs, ins, attrs):
     # ins: [target, value?, index tensors...]; outs[0] is the target's view, written
     nvalue = attrs["has_value"]
     value = ins[1] if nvalue else attrs["scalar"]
-    outs[0][fill_key(attrs["key"], ins[1 + nvalue:])] = value
+    template = attrs["key"]
+    key = fill_key(template, ins[1 + nvalue:])
+    o = outs[0]
+    for k in template:
+        if type(k) is Slot:          # index tensors' values: known only now (the rest of the
+            check_key("setitem", o.shape, key)    # key was checked when the op was issued)
+            break
+    o[key] = value
 
 
 register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index}, attrs=("key",)))

@@ -117,7 +117,7 @@ class Tensor:
         instr = access(impl, fn, write=False, name=name)
         if not instr.done:
             _VM.wait(instr)
-        return _result(instr)
+        return _result(instr, impl.blob)
 
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values, taken after every write issued before this call.
@@ -137,7 +137,7 @@ class Tensor:
             self._meta
         instr = access(impl, impl.blob.backend.allocator.copy_out, write=False, name="numpy")
         await _VM.wait_async(instr)
-        return _result(instr)
+        return _result(instr, impl.blob)
 
     def __array__(self, dtype=None, copy=None):
         a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
@@ -335,6 +335,8 @@ class Tensor:
     def __isub__(self, other): return F.sub_(self, other)
     def __imul__(self, other): return F.mul_(self, other)
     def __itruediv__(self, other): return F.div_(self, other)
+    def __ifloordiv__(self, other): return F.floor_divide_(self, other)
+    def __imod__(self, other): return F.remainder_(self, other)
 
     def add(self, other): return F.add(self, other)
     def sub(self, other): return F.sub(self, other)
@@ -354,6 +356,10 @@ class Tensor:
     def sub_(self, other): return F.sub_(self, other)
     def mul_(self, other): return F.mul_(self, other)
     def div_(self, other): return F.div_(self, other)
+    def floor_divide(self, other): return F.floor_divide(self, other)
+    def remainder(self, other): return F.remainder(self, other)
+    def floor_divide_(self, other): return F.floor_divide_(self, other)
+    def remainder_(self, other): return F.remainder_(self, other)
     def zero_(self): return F.zero_(self)
     def fill_(self, value): return F.fill_(self, value)
     def copy_(self, src): return F.copy_(self, src)
@@ -397,10 +403,13 @@ def _shape_args(args) -> tuple:
     return tuple(args)
 
 
-def _result(instr):
+def _result(instr, blob):
     err = instr.error
     if err is not None:
         raise err.to_raise()
+    err = blob.error
+    if err is not None and err.intact and not err._reported:
+        raise err.to_raise()       # a failed write left it as it was: said once, here
     return instr.result
 
 

@@ -8,6 +8,9 @@ Callers hold the VM lock.
 
 from __future__ import annotations
 
+from ..errors import InvalidInputError
+from ..tensor.meta import contiguous_strides, numel
+
 _PRUNE_AT = 8
 
 
@@ -53,15 +56,69 @@ def record(instr) -> int:
 
 
 def first_error(instr):
-    """The error of the first operand blob whose writer failed, or None."""
+    """The error of the first operand blob whose writer failed, or None. (An ``intact``
+    error is only a note on a blob the failed op left as it was: it does not count.)"""
     return first_error_of(instr.consts, instr.muts)
 
 
 def first_error_of(consts, muts):
     for b in consts:
-        if b.error is not None:
-            return b.error
+        e = b.error
+        if e is not None and not e.intact:
+            return e
     for b in muts:
-        if b.error is not None:
-            return b.error
+        e = b.error
+        if e is not None and not e.intact:
+            return e
     return None
+
+
+def error_to_run(consts, muts, args):
+    """``first_error_of`` for an op call about to run whole (not in a run): a poisoned blob
+    that the call ``args`` overwrites entirely without reading it does not stop it, and is
+    cleared here (the op gives it a value; if the op fails, that poisons it again). The
+    caller uses the blob exclusively (the VM's ordering), so clearing it first is safe."""
+    for b in consts:
+        e = b.error
+        if e is not None and not e.intact:
+            return e
+    for b in muts:
+        e = b.error
+        if e is not None:
+            if overwrites(b, args):
+                b.error = None
+            elif not e.intact:
+                return e
+    return None
+
+
+def overwrites(blob, args) -> bool:
+    """True when the op call ``args`` (``(kernel, ins, outs, ...)``) writes every element of
+    ``blob`` and reads none: no input is on it and an output covers all of it. (An op that
+    does not read its output defines all of it: fill_, zero_, copy_, x[...] = v.)"""
+    if args is None or type(args[2]) is not list:     # (a fresh kernel's args: new outputs)
+        return False
+    for i in args[1]:
+        if i.blob is blob:
+            return False
+    for o in args[2]:
+        if o.blob is blob:
+            m = o.meta
+            return (m.shape is not None and not m.offset
+                    and m.strides == contiguous_strides(m.shape)
+                    and numel(m.shape) * m.dtype.itemsize == blob.nbytes)
+    return False
+
+
+def wrote_nothing(e, muts, args) -> bool:
+    """True when an op call that ran whole raised an InvalidInputError (it checks its inputs
+    before writing) and every blob it writes is one it also reads: those keep their values,
+    so the error is only noted on them (``intact``) instead of poisoning them. New outputs
+    (not read by the op) have no value: a failure poisons them."""
+    if not isinstance(e, InvalidInputError) or not muts or args is None:
+        return False
+    read = [i.blob for i in args[1]]
+    for b in muts:
+        if b not in read:
+            return False
+    return True

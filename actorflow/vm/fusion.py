@@ -22,9 +22,12 @@ from .instruction import OP_CALL, RELEASE
 from .workers import Countdown
 
 
-def collect(head, planner, limit: int) -> tuple[list, int]:
+def collect(head, planner, limit: int, errors: bool = False) -> tuple[list, int]:
     """``head`` and the instructions issued after it on its stream that can run with it:
-    ``(members, op_calls)``. Caller holds the VM lock."""
+    ``(members, op_calls)``. Caller holds the VM lock. ``errors`` (a kernel has failed
+    since the VM started): an op call that writes a poisoned blob ends the run, so that
+    it runs alone (deps.error_to_run: a whole overwrite clears the poison; in a run, the
+    members' checks tile by tile must see one state, so nothing is cleared)."""
     members = [head]
     waits: dict = {}              # instruction -> how many run members it waits on
     for d in head.dependents:
@@ -38,7 +41,7 @@ def collect(head, planner, limit: int) -> tuple[list, int]:
             break
         if d.kind == RELEASE:
             planner.release(d.muts[0])
-        elif d.kind == OP_CALL and planner.admit(d):
+        elif d.kind == OP_CALL and not (errors and _writes_poisoned(d)) and planner.admit(d):
             ops += 1
         else:
             break
@@ -47,6 +50,14 @@ def collect(head, planner, limit: int) -> tuple[list, int]:
             waits[x] = waits.get(x, 0) + 1
         cur = d
     return members, ops
+
+
+def _writes_poisoned(instr) -> bool:
+    for b in instr.muts:
+        e = b.error
+        if e is not None and not e.intact:
+            return True
+    return False
 
 
 class _Run(Countdown):
@@ -80,7 +91,7 @@ class Fusing:
         if planner is None:
             return False
         with self._lock:
-            members, ops = collect(head, planner, self.fuse_max)
+            members, ops = collect(head, planner, self.fuse_max, self._any_error)
         if ops < 2:
             return False
         run = _Run(members, 0)

@@ -10,6 +10,10 @@
   elementwise kernels across cores.
 - ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished.
 - A failing kernel poisons the blobs it writes; the error surfaces at the next sync point.
+  Two exceptions (``deps.py``): an op call that ran whole and raised InvalidInputError (it
+  checks its inputs before writing) leaves the blobs it both reads and writes as they were,
+  with the error only noted on them (reported once, at their next read or synchronize);
+  and an op call that overwrites a poisoned blob entirely, without reading it, clears it.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ from collections import deque
 from ..backends.base import Allocator
 from ..errors import KernelError
 from ..tensor.blob import RELEASED
-from .deps import first_error, first_error_of, record
+from .deps import error_to_run, first_error, record, wrote_nothing
 from .fusion import Fusing
-from .instruction import RELEASE, Instruction
-from .sync import Waiting
+from .instruction import OP_CALL, RELEASE, Instruction
+from .sync import Dropped, Waiting
 from .workers import Countdown, Workers
 
 
@@ -76,7 +80,9 @@ class VM(Waiting, Fusing):
         self.fused = self.fused_runs = 0    # op calls run as members of runs, and the runs
         self.elided = 0                     # intermediates of runs that never got memory
         self._blocked = 0
-        self._errors: deque = deque()       # kernel errors since the last synchronize
+        self._errors: deque = deque()       # kernel errors since the last synchronize: the
+        self._errors_lock = threading.Lock()  # first MAX_KEPT_ERRORS, the rest only counted
+        self._dropped = Dropped(self._errors_lock)
         self._any_error = False             # until a kernel fails, skip the poison checks
         self._max_delay = 0.0               # test hook: random delay before each kernel
 
@@ -125,12 +131,13 @@ class VM(Waiting, Fusing):
                     if not b.idle():
                         return False
                     b.last_write = b.reads = None   # finished uses constrain nothing
-            err = first_error_of(consts, muts) if self._any_error else None
+            err = error_to_run(consts, muts, args) if self._any_error else None
             if err is None:
                 try:
                     fn(args)
                 except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
-                    err = self._kernel_error(_Named(name, stream), e)
+                    err = self._kernel_error(_Named(name, stream), e,
+                                             wrote_nothing(e, muts, args))
                 except BaseException as e:  # Ctrl-C: poison the outputs, then let it go
                     err = self._kernel_error(_Named(name, stream), e)
                     for b in muts:
@@ -192,32 +199,35 @@ class VM(Waiting, Fusing):
     # -- execution ----------------------------------------------------------------------
     def _execute(self, instr: Instruction) -> None:
         """Runs the instruction's work on the current thread, turning failures into a
-        KernelError that poisons the blobs it writes."""
-        err = first_error(instr) if self._any_error and instr.kind != RELEASE else None
+        KernelError that poisons the blobs it writes (see the module doc)."""
+        err = (error_to_run(instr.consts, instr.muts, instr.args if instr.kind == OP_CALL
+                            else None)
+               if self._any_error and instr.kind != RELEASE else None)
         if err is None:
             try:
                 instr.run(instr)
             except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
-                err = self._kernel_error(instr, e)
+                err = self._kernel_error(instr, e, instr.kind == OP_CALL
+                                         and wrote_nothing(e, instr.muts, instr.args))
             except BaseException as e:  # Ctrl-C on an inline kernel: fail it, then let it go
                 self._fail(instr, self._kernel_error(instr, e))
                 raise
         if err is not None:
             self._fail(instr, err)
 
-    def _kernel_error(self, instr, e):
+    def _kernel_error(self, instr, e, intact: bool = False):
         # instr: anything with .name and .stream. The traceback is kept as text only: its
         # frames hold the kernel's arguments, which would pin their memory for as long as
         # the error lives (on the poisoned blobs, the stream's last instruction...).
+        # intact: the op wrote nothing (deps.wrote_nothing); _fail only notes it then.
         if isinstance(e, KernelError):
             return e
-        err = KernelError(instr.name, str(instr.stream.device), e)
+        err = KernelError(instr.name, str(instr.stream.device), e, intact)
         err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         e.__traceback__ = None
         err.__cause__ = e
-        err._reported = False
         self._any_error = True
-        self._errors.append(err)      # deque.append is atomic; callers may hold the lock
+        self.keep_error(err)          # (its own lock: callers may hold the VM's)
         return err
 
     @staticmethod
@@ -358,8 +368,9 @@ class VM(Waiting, Fusing):
         try:
             piece()
         except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
-            if instr.error is None:
-                self._fail(instr, self._kernel_error(instr, e))
+            with countdown.lock:    # one error per op: slices failing at once raced here
+                if instr.error is None:
+                    self._fail(instr, self._kernel_error(instr, e))
         if countdown.finish_one():
             if on_loop:
                 self._finish(instr)
@@ -416,7 +427,7 @@ class VM(Waiting, Fusing):
                     "completed": self.completed + self.inlined,
                     "in_flight": self.issued - self.completed, "inlined": self.inlined,
                     "fused": self.fused, "fused_runs": self.fused_runs, "elided": self.elided,
-                    "unreported_errors": sum(1 for e in self._errors if not e._reported)}
+                    "unreported_errors": self.unreported_errors()}
 
     def shutdown(self) -> None:
         """Stops the loop thread and the CPU workers (at exit)."""

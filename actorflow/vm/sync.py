@@ -10,6 +10,25 @@ import time
 from ..errors import VMError
 from .instruction import Instruction
 
+# Kernel errors kept between two synchronize calls. Further ones are only counted: a loop
+# of failing ops whose outputs nobody reads must not grow memory without bound.
+MAX_KEPT_ERRORS = 100
+
+
+class Dropped:
+    """The kernel errors past ``MAX_KEPT_ERRORS`` since the last synchronize: a count (less
+    those reported since, by reading a tensor they poisoned) and the latest one."""
+    __slots__ = ("count", "last", "lock")
+
+    def __init__(self, lock):
+        self.count = 0
+        self.last = None
+        self.lock = lock          # the VM's error lock
+
+    def reported_one(self) -> None:
+        with self.lock:
+            self.count -= 1
+
 
 class Waiting:
     def wait(self, instr: Instruction, timeout: float | None = None) -> None:
@@ -76,16 +95,44 @@ class Waiting:
         self.collect_releases()
         self.raise_unreported()
 
+    # -- kernel errors (called by the VM, from any thread, on the error path only) --------
+    def keep_error(self, err) -> None:
+        """Keeps ``err`` for the next synchronize, or counts it once ``MAX_KEPT_ERRORS`` are
+        kept (errors already reported on a read make room first)."""
+        with self._errors_lock:
+            errors = self._errors
+            if len(errors) >= MAX_KEPT_ERRORS:
+                kept = [e for e in errors if not e._reported]
+                if len(kept) < len(errors):
+                    errors.clear()
+                    errors.extend(kept)
+            if len(errors) < MAX_KEPT_ERRORS:
+                errors.append(err)
+                return
+            dropped = self._dropped
+            dropped.count += 1
+            dropped.last = err
+            err._dropped_in = dropped
+
+    def unreported_errors(self) -> int:
+        """Kernel errors not raised to the user yet, kept or only counted."""
+        with self._errors_lock:
+            return sum(1 for e in self._errors if not e._reported) + self._dropped.count
+
     def raise_unreported(self) -> None:
-        errs = []
-        while self._errors:
-            e = self._errors.popleft()
-            if not e._reported:
-                errs.append(e)
+        """Raises the first kernel error not reported yet (its ``more_errors`` and
+        ``dropped_errors`` count the others) and forgets them all."""
+        with self._errors_lock:
+            errs = [e for e in self._errors if not e._reported]
+            self._errors.clear()
+            dropped, self._dropped = self._dropped, Dropped(self._errors_lock)
+        for e in errs:
+            e._reported = True
+        n = dropped.count
         if errs:
-            for e in errs:
-                e._reported = True
-            raise errs[0].to_raise()
+            raise errs[0].to_raise(len(errs) - 1 + n, n, MAX_KEPT_ERRORS)
+        if n > 0:           # every kept error was reported on a read: the latest dropped one
+            raise dropped.last.to_raise(n - 1, n - 1, MAX_KEPT_ERRORS)
 
 
 
