@@ -53,6 +53,8 @@ class Completion:
 
     def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
         st.in_flight -= 1
+        if st.jobs:
+            st.jobs.pop(piece, None)
         st.compute_s += dt
         for name, n in st.tokens:
             self.tokens[name] += n

@@ -158,19 +158,18 @@ class CreditScheduler(Completion):
         self.finished = True
         held = self.stragglers
         for t in self.threads:
-            with t.lock:
-                t.abandoned = True
-                if t.job is not None:
-                    piece, regs, out_reg = t.job
-                    t.token = held.hold(t.state.actor, piece, regs, out_reg)
+            jobs = t.state.jobs
+            if jobs:                    # sent, not seen to complete: may be running now
+                t.token = held.hold(t.state.actor, [(p, r, o) for p, (r, o) in jobs.items()])
+            t.abandoned = True          # (after the token: see ActorThread)
             t.queue.put(None)
         for t in self.threads:
             if t.token is None:
-                t.thread.join()         # idle: it exits at once
+                t.thread.join()         # nothing sent to it is running: it exits at once
         self.threads.clear()
         for task, (st, piece, out_reg) in list(self.async_acts.items()):
             if not task.done():         # cancelled by stop(), or cancelled from outside
-                self.async_tokens[task] = held.hold(st.actor, piece, [], out_reg)
+                self.async_tokens[task] = held.hold(st.actor, [(piece, [], out_reg)])
                 task.cancel()
 
     # -- checking and acting ---------------------------------------------------------------
@@ -259,6 +258,7 @@ class CreditScheduler(Completion):
         if st.mode == "thread":
             if st.thread is None:
                 self._start_thread(st)
+            st.jobs[piece] = (regs, out_reg)
             st.thread.queue.put((piece, regs, out_reg))
             return
         if st.mode == "async":

@@ -17,7 +17,7 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "tokens")
+                 "since", "tokens", "jobs")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -37,38 +37,43 @@ class ActorState:
         self.cause = None               # why it is idle now, and since when
         self.since = 0.0
         self.tokens = tuple(actor.resources.items())
+        self.jobs: dict = {}            # piece -> (regs, out_reg) of acts sent to its thread
 
 
 class ActorThread:
     """The thread an actor acts on: runs queued acts in order, posts each completion.
 
-    When the run stops, the scheduler marks the thread abandoned (under ``lock``): it starts
-    no further act, and an act running then finishes, drops its result, hands the registers
-    it held to the run's ``Stragglers`` (which free them) and the thread exits."""
+    When the run stops, the scheduler files every act it dispatched here and has not seen
+    complete with the run's ``Stragglers`` (``token``), then marks the thread ``abandoned``
+    and queues its end. The thread starts no further act; one running then finishes and
+    its result is dropped; the thread exits and gives the token back, which frees what
+    those acts held. (No lock per act: the token is set before ``abandoned``, and the GIL
+    orders the two stores, so the thread sees the token whenever it sees the mark.)"""
 
     def __init__(self, sched, state: ActorState):
         self.queue: SimpleQueue = SimpleQueue()
         self.sched = sched
         self.state = state
-        self.lock = threading.Lock()
-        self.job = None                 # the act running now
         self.abandoned = False
-        self.token = None               # the Stragglers' hold on a running act's registers
+        self.token = None               # the Stragglers' hold on acts not seen to complete
         self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
                                        daemon=True)
 
     def _main(self) -> None:
-        q, sched, st, lock = self.queue, self.sched, self.state, self.lock
+        try:
+            self._acts()
+        finally:
+            if self.token is not None:  # the run is over: free what its acts here held
+                self.sched.stragglers.release(self.token)
+
+    def _acts(self) -> None:
+        q, sched, st = self.queue, self.sched, self.state
         actor = st.actor
         post = sched.loop.call_soon_threadsafe
         while True:
             job = q.get()
-            if job is None:
-                break
-            with lock:
-                if self.abandoned:
-                    break
-                self.job = job
+            if job is None or self.abandoned:
+                return
             piece, regs, out_reg = job
             t0 = time.perf_counter()
             err = result = None
@@ -80,16 +85,12 @@ class ActorThread:
             except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
                 err = (e, traceback.format_exc())
             dt = time.perf_counter() - t0
-            with lock:
-                self.job = None
-                abandoned = self.abandoned
-            if abandoned:               # the run is over: give back what this act held
-                sched.stragglers.release(self.token)
-                break
+            if self.abandoned:          # the run stopped meanwhile: drop the result
+                return
             sched.inbox.append((delay, st, piece, regs, out_reg, result, err, dt))
             if not sched.inbox_woken:   # one wake-up for all completions posted meanwhile
                 sched.inbox_woken = True
                 try:
                     post(sched.read_inbox)
                 except RuntimeError:    # the loop is closed: the run was torn down
-                    break
+                    return

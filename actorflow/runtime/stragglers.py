@@ -7,9 +7,11 @@ freed: its input registers, its output register, and an op actor's workspace. Ev
 else is freed when the run ends. No register is ever freed, or handed to a later
 allocation, while an act that holds it is running.
 
-``Stragglers`` keeps that ledger for one run. The run files each running act with ``hold``
-before the plan is released; ``settle`` releases the plan except what is held; each act
-calls ``release`` when it returns. ``wait``/``wait_async`` block until the last one has.
+``Stragglers`` keeps that ledger for one run. The run files the acts that may still be
+running with ``hold`` (per actor thread: every act sent to it and not seen to complete, since
+which one runs is not known without a lock per act) before the plan is released; ``settle``
+releases the plan except what is held; each thread calls ``release`` when it exits, right
+after its running act returns. ``wait``/``wait_async`` block until the last one has.
 """
 
 from __future__ import annotations
@@ -25,25 +27,27 @@ class Stragglers:
     def __init__(self, plan):
         self.plan = plan
         self.lock = threading.Lock()
-        self.acts: dict = {}            # token -> (actor, piece, keys)
+        self.acts: dict = {}            # token -> (actor, [piece], keys)
         self.keys: Counter = Counter()  # memory key -> acts holding it
         self.settled = False
         self._next = 0
         self._done = threading.Event()
         self._waiters: list = []        # (loop, future) of wait_async callers
 
-    def hold(self, actor, piece: int, regs, out_reg) -> int:
-        """Files a running act of ``actor`` on ``piece`` reading ``regs`` and writing
-        ``out_reg``; returns the token its ``release`` gives back."""
-        keys = [r.key for r in regs if r.index >= 0]
-        if out_reg is not None and out_reg.index >= 0:
-            keys.append(out_reg.key)
+    def hold(self, actor, jobs: list) -> int:
+        """Files acts of ``actor`` that may still be running: ``jobs`` as ``[(piece, input
+        registers, output register)]``. Returns the token its ``release`` gives back."""
+        keys = []
+        for _, regs, out_reg in jobs:
+            keys += [r.key for r in regs if r.index >= 0]
+            if out_reg is not None and out_reg.index >= 0:
+                keys.append(out_reg.key)
         if getattr(actor, "program", None) is not None:
             keys += [(actor.name, "workspace"), (actor.name, "constants")]
         with self.lock:
             token = self._next
             self._next += 1
-            self.acts[token] = (actor, piece, keys)
+            self.acts[token] = (actor, sorted(p for p, _, _ in jobs), keys)
             self.keys.update(keys)
         return token
 
@@ -70,9 +74,9 @@ class Stragglers:
             self._check_done()
 
     def running(self) -> list:
-        """``[(actor name, piece)]`` of the acts still running."""
+        """``[(actor name, piece)]`` of the acts not known to have returned yet."""
         with self.lock:
-            return [(a.name, p) for a, p, _ in self.acts.values()]
+            return [(a.name, p) for a, pieces, _ in self.acts.values() for p in pieces]
 
     def _check_done(self) -> None:
         if self.settled and not self.acts and not self._done.is_set():
