@@ -1,13 +1,11 @@
 """Power-user names: the VM, instructions, streams, allocators and scheduler settings; the
 actor runtime's registers, ports, budgets, planner and credit scheduler; the tracer."""
 
-from __future__ import annotations
-
-from .backends import get_backend, loaded_backends
+from .backends import get_backend, loaded_backends as _loaded_backends
 from .backends.base import Allocator, AllocatorStats, Backend, Stream
 from .device import device as _device
 from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpreter, use_stream
-from .errors import parse_bytes
+from .errors import parse_bytes as _parse_bytes
 from .graph.program import Program
 from .graph.trace import Recorder
 from .runtime.credit import CreditScheduler
@@ -38,7 +36,7 @@ def memory_stats(device="cpu") -> AllocatorStats:
 
 def set_memory_budget(device, budget) -> None:
     """Caps the bytes a device's allocator hands out (an int, '64MiB', or None for none)."""
-    allocator(device).set_budget(None if budget is None else parse_bytes(budget))
+    allocator(device).set_budget(None if budget is None else _parse_bytes(budget))
 
 
 def set_null_latency(latency) -> None:
@@ -49,7 +47,7 @@ def set_null_latency(latency) -> None:
 def vm_stats() -> dict:
     """Instructions issued / completed / in flight / run inline, and bytes per device."""
     out = get_vm().stats()
-    out["devices"] = {str(b.device): b.allocator.stats().__dict__ for b in loaded_backends()}
+    out["devices"] = {str(b.device): b.allocator.stats().__dict__ for b in _loaded_backends()}
     return out
 
 

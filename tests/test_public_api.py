@@ -18,13 +18,35 @@ def test_every_public_name_is_exported_once(module):
         assert hasattr(module, name), f"{module.__name__}.__all__ lists missing {name!r}"
 
 
-def test_no_unlisted_public_names_in_the_top_level():
-    public = {n for n in dir(af) if not n.startswith("_")}
-    extra = {n for n in public - set(af.__all__)
-             if not isinstance(getattr(af, n), types.ModuleType)}
-    assert not extra, f"public names not in __all__: {sorted(extra)}"
+@pytest.mark.parametrize("module", [af, ll])
+def test_no_unlisted_public_names(module):
+    """As trio checks its faces: every name a face shows without an underscore is one it
+    exports (submodules aside); a helper it imports for itself is imported as ``_name``."""
+    public = {n for n in dir(module) if not n.startswith("_")}
+    extra = {n for n in public - set(module.__all__)
+             if not isinstance(getattr(module, n), types.ModuleType)}
+    assert not extra, f"{module.__name__}: public names not in __all__: {sorted(extra)}"
     # the functions af.tensor and af.device are the public names, not the subpackages
     assert callable(af.tensor) and callable(af.device)
+
+
+def test_every_public_object_reaches_exactly_one_face():
+    """A name is exported by ``actorflow`` or by ``lowlevel``, never both; within a face, one
+    object has one name, but for the documented dtype aliases (af.float is af.float32...)."""
+    assert not set(af.__all__) & set(ll.__all__)
+    aliases = {("bool", "bool_"), ("int", "int32"), ("long", "int64"), ("half", "float16"),
+               ("float", "float32"), ("double", "float64")}
+    seen: dict = {}
+    for module in (af, ll):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, types.ModuleType):
+                continue
+            other = seen.setdefault(id(obj), (module.__name__, name))
+            if other != (module.__name__, name):
+                pair = tuple(sorted((other[1], name), key=len))
+                assert other[0] == module.__name__ and pair in aliases, \
+                    f"{other[0]}.{other[1]} and {module.__name__}.{name} are one object"
 
 
 def test_the_quickstart_from_the_readme():

@@ -4,6 +4,7 @@ dynamic shapes read too early, and edge cases of views and accounting."""
 import asyncio
 import gc
 import time
+import types
 
 import numpy as np
 import pytest
@@ -143,15 +144,27 @@ def test_small_api_edges():
     assert after.allocs - before.allocs == after.frees - before.frees
 
 
-def test_synchronize_timeout_is_a_total():
+def test_synchronize_timeout_is_a_total(monkeypatch):
     af.lowlevel.set_null_latency(0.5)
     for name in ("a", "b", "c"):
         with af.lowlevel.use_stream(af.lowlevel.stream("null", name)):
             af.ones(1, device="null") + 1
-    t0 = time.monotonic()
+    # each stream's wait gets what is left of the one total (a clock that moves 0.15 s per
+    # wait), not 0.2 s of its own
+    import actorflow.vm.sync as sync_module
+    clock, given = [100.0], []
+
+    def wait(instr, timeout=None):
+        given.append(timeout)
+        clock[0] += 0.15
+    vm = get_vm()
+    monkeypatch.setattr(sync_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(vm, "wait", wait)
+    vm.synchronize(timeout=0.2)
+    assert given == pytest.approx([0.2, 0.05, 0.0])
+    monkeypatch.undo()
     with pytest.raises(TimeoutError):
         af.synchronize(timeout=0.2)
-    assert time.monotonic() - t0 < 0.45
     af.lowlevel.set_null_latency(0.0)
     get_vm().synchronize()
 

@@ -123,8 +123,14 @@ def test_read_before_write_keeps_old_value(random_dispatch):
 _ORDER: list = []
 
 
+_BARRIER = [None]
+
+
 def _record_kernel(outs, ins, attrs):
-    time.sleep(attrs["sleep"])
+    if attrs["sleep"] < 0:
+        _BARRIER[0].wait()         # until the other kernel is running too
+    else:
+        time.sleep(attrs["sleep"])
     _ORDER.append(attrs["tag"])
     outs[0][...] = ins[0]
 
@@ -150,17 +156,18 @@ def test_one_stream_keeps_issue_order(random_dispatch):
 
 
 def test_different_streams_run_concurrently(random_dispatch):
+    """Each kernel waits at a barrier for the other: only kernels running at the same time
+    can pass it (run one after the other, the barrier breaks and the kernels fail)."""
     random_dispatch(5, max_delay=0.0)
     _ORDER.clear()
+    _BARRIER[0] = threading.Barrier(2, timeout=10)
     a, b = af.tensor([1.0]), af.tensor([2.0])
-    t0 = time.perf_counter()
     with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "s1")):
-        _record(a, "a", sleep=0.3)
+        _record(a, "a", sleep=-1)
     with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "s2")):
-        _record(b, "b", sleep=0.3)
+        _record(b, "b", sleep=-1)
     af.synchronize()
     assert sorted(_ORDER) == ["a", "b"]
-    assert time.perf_counter() - t0 < 0.55        # two 0.3 s kernels overlapped
 
 
 def test_release_frees_memory_after_last_use():

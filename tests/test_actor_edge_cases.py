@@ -1,4 +1,4 @@
-"""Regressions for a review of the actor runtime: each of these once hung, leaked, gave wrong
+"""Edge cases of the actor runtime: each of these once hung, leaked, gave wrong
 numbers or a misleading message."""
 
 import asyncio
