@@ -20,7 +20,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          remainder, remainder_, sigmoid, softmax, sqrt, stack, sub, sub_, sum,
                          tanh, where,
                          zero_)
-from .graph import trace
+from .tracing import trace
 from .pipeline import Pipeline
 from .runtime import ActorGraph, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async

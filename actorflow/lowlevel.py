@@ -6,8 +6,8 @@ from .backends.base import Allocator, AllocatorStats, Backend, Stream
 from .device import device as _device
 from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpreter, use_stream
 from .errors import parse_bytes as _parse_bytes
-from .graph.program import Program
-from .graph.trace import Recorder
+from .tracing.program import Program
+from .tracing.recording import Recorder
 from .runtime.credit import CreditScheduler
 from .runtime.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
 from .runtime.plan import Plan, build_plan

@@ -520,7 +520,7 @@ async def test_random_cancels_free_nothing_early_and_the_next_run_is_exact(case)
 
 
 def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
-    from actorflow.runtime import graph as graph_module
+    from actorflow.runtime import loop as loop_module
     gate, started = threading.Event(), threading.Event()
     said = []
 
@@ -535,9 +535,9 @@ def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
         warn(stragglers)
         gate.set()
 
-    warn = graph_module._warn_waiting
-    monkeypatch.setattr(graph_module, "_WAIT_WARN_S", 0.001)
-    monkeypatch.setattr(graph_module, "_warn_waiting", warn_then_open)
+    warn = loop_module.warn_waiting
+    monkeypatch.setattr(loop_module, "WAIT_WARN_S", 0.001)
+    monkeypatch.setattr(loop_module, "warn_waiting", warn_then_open)
     g = af.ActorGraph(buffers=1)
     g.sink(g.actor(stage, g.source(lambda: (np.full(4, i, np.float32) for i in range(3))),
                    name="slowpoke"))

@@ -16,6 +16,14 @@ from ..errors import OutOfMemoryError
 
 
 _FOLD_AT = 4096
+_RECLAIM: list = [None]
+
+
+def on_memory_pressure(reclaim) -> None:
+    """Sets what an allocator calls when a budget would be exceeded, before it refuses:
+    ``reclaim()`` frees memory nothing can reach any more (the VM hands in its release of
+    dead tensors; backends sit below it and never import it)."""
+    _RECLAIM[0] = reclaim
 _MAX_BYTES = sys.maxsize       # no array may hold more bytes (numpy indexes bytes with intp)
 
 
@@ -53,7 +61,6 @@ class Allocator:
 
     cache_min_bytes = 1 << 20      # blocks at least this large are cached when freed
     cache_max_bytes = 1 << 30      # never cache more than this in all
-    reclaim = None                 # set by the VM: frees dead tensors; returns True if any
 
     def __init__(self, device: str, budget: int | None = None):
         self.device = device
@@ -192,8 +199,9 @@ class Allocator:
         # Tensors that died but are not collected yet still count: collect them first.
         with self._lock:
             self._fold()
-        if self._in_use + nbytes > self.budget and Allocator.reclaim is not None:
-            Allocator.reclaim()
+        reclaim = _RECLAIM[0]
+        if self._in_use + nbytes > self.budget and reclaim is not None:
+            reclaim()
 
     def _fold(self) -> None:
         # caller holds the lock; applies the lock-free log in order

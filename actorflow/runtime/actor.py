@@ -302,7 +302,7 @@ class StageActor(Actor):
 
 
 class OpActor(Actor):
-    """Runs ``program`` (built-in op kernels, see ``actorflow.graph``) into its register.
+    """Runs ``program`` (built-in op kernels, see ``actorflow.tracing``) into its register.
     The program is built from the input specs when the plan is made."""
 
     kind = "op"

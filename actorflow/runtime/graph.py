@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import warnings
 from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
-from ..vm.scheduler import new_event_loop
+from . import loop as loop_module
 from .actor import Actor, Collector, OpActor, SourceActor, StageActor, check_buffers
 from .credit import CreditScheduler
+from .loop import ConsumerWatch, graph_loop, on_graph_loop
 from .plan import build_plan
 from .register import MemoryBudget
 from .spec import PieceSpec
@@ -37,30 +37,13 @@ class _Failed:
         self.error = error
 
 
-_GRAPH_LOOP: list = []
-_GRAPH_THREAD: list = []
-_GRAPH_LOOP_LOCK = threading.Lock()
+_OP_TRACER: list = [None]
 
 
-def graph_loop():
-    """The event loop (uvloop when installed) on which ``run()`` drives actor graphs: one
-    thread for the process, started on first use, like the VM's."""
-    with _GRAPH_LOOP_LOCK:
-        if not _GRAPH_LOOP:
-            loop = new_event_loop()
-            started = threading.Event()
-
-            def main():
-                asyncio.set_event_loop(loop)
-                loop.call_soon(started.set)
-                loop.run_forever()
-
-            t = threading.Thread(target=main, name="actorflow-graphs", daemon=True)
-            t.start()
-            started.wait()
-            _GRAPH_THREAD.append(t)
-            _GRAPH_LOOP.append(loop)
-        return _GRAPH_LOOP[0]
+def use_op_tracer(op_program) -> None:
+    """Sets what ``ActorGraph.op`` traces functions with: ``op_program(fn, in_specs,
+    kwargs) -> Program``. Tracing lives above the runtime and hands it in when imported."""
+    _OP_TRACER[0] = op_program
 
 
 class ActorGraph:
@@ -165,7 +148,10 @@ class ActorGraph:
         inputs' specs once, and its kernels run straight into the actor's register each
         piece. ``kwargs`` go to ``fn`` (e.g. ``dim=1``)."""
         def build(specs):
-            from ..graph.trace import op_program      # tracing lives above the runtime
+            op_program = _OP_TRACER[0]
+            if op_program is None:
+                raise PlanError("g.op needs actorflow's tracing: import actorflow (or "
+                                "actorflow.tracing) first")
             try:
                 return op_program(fn, specs, kwargs)
             except TraceError as e:
@@ -296,7 +282,7 @@ class ActorGraph:
             await self._stragglers.wait_async()
 
     def _check_not_on_graph_loop(self) -> None:
-        if _GRAPH_LOOP and threading.current_thread() is _GRAPH_THREAD[0]:
+        if on_graph_loop():
             raise RuntimeError(
                 "run() was called on the thread that drives actor graphs (from an inline "
                 "actor, inline=True, or a callback of a run): it would wait for a loop that "
@@ -312,8 +298,8 @@ class ActorGraph:
         registers it held (``join()`` waits for that; so does the next run). Everything else
         is freed before this returns."""
         self._check_not_on_graph_loop()
-        while not self.join(_WAIT_WARN_S):    # the last run's abandoned acts, if any
-            _warn_waiting(self._stragglers)
+        while not self.join(loop_module.WAIT_WARN_S):    # the last run's abandoned acts, if any
+            loop_module.warn_waiting(self._stragglers)
         plan = self._start(feed)
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
@@ -366,8 +352,8 @@ class ActorGraph:
         if self._stragglers is not None and not self._stragglers.done():
             waiting = asyncio.ensure_future(self._stragglers.wait_async())
             try:
-                while not (await asyncio.wait([waiting], timeout=_WAIT_WARN_S))[0]:
-                    _warn_waiting(self._stragglers)
+                while not (await asyncio.wait([waiting], timeout=loop_module.WAIT_WARN_S))[0]:
+                    loop_module.warn_waiting(self._stragglers)
             finally:
                 waiting.cancel()
         plan = self._start(feed)
@@ -387,7 +373,7 @@ class ActorGraph:
         sched = CreditScheduler(plan, deliver, self.output_buffers, self.seed)
         task = loop.create_task(self._drive(plan, sched))
         task.add_done_callback(wake)
-        watch = _ConsumerWatch(sched)
+        watch = ConsumerWatch(sched)
         try:
             while True:
                 watch.follow(asyncio.current_task())
@@ -416,35 +402,3 @@ class ActorGraph:
         if self._last is None:
             raise RuntimeError("stats(): the graph has not run yet")
         return self._last
-
-
-_WAIT_WARN_S = 10.0
-
-
-def _warn_waiting(stragglers) -> None:
-    acts = ", ".join(f"{name!r} on piece {p}" for name, p in stragglers.running())
-    warnings.warn(f"this graph's next run is waiting for acts its last run abandoned when "
-                  f"it stopped, still running: {acts}", RuntimeWarning, stacklevel=3)
-
-
-class _ConsumerWatch:
-    """Stops a ``run_async`` run when the task iterating it ends while the generator is
-    suspended at ``yield`` (a cancel that landed in the consumer's own code): the run's
-    registers and threads are not kept until the generator is garbage-collected."""
-
-    def __init__(self, sched):
-        self.sched = sched
-        self.task = None
-
-    def follow(self, task) -> None:
-        if task is self.task:
-            return
-        if self.task is not None:
-            self.task.remove_done_callback(self._ended)
-        self.task = task
-        if task is not None:
-            task.add_done_callback(self._ended)
-
-    def _ended(self, task) -> None:
-        self.task = None
-        self.sched.stop(None)

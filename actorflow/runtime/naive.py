@@ -31,7 +31,7 @@ import time
 from collections import deque
 
 from ..errors import DeadlockError, OutOfMemoryError, format_bytes, parse_bytes
-from ..vm.scheduler import new_event_loop
+from ..eventloop import new_event_loop
 from .watchdog import WaitFor, deadlock
 
 POLICIES = ("fifo", "lifo", "random")

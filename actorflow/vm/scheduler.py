@@ -26,7 +26,8 @@ import threading
 import traceback
 from collections import deque
 
-from ..backends.base import Allocator
+from ..backends.base import on_memory_pressure
+from ..eventloop import new_event_loop
 from ..errors import KernelError
 from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, wrote_nothing
@@ -34,15 +35,6 @@ from .fusion import Fusing
 from .instruction import OP_CALL, RELEASE, Instruction
 from .sync import Dropped, Waiting
 from .workers import Countdown, Workers
-
-
-def new_event_loop():
-    """A new event loop: uvloop's when it is installed."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 class _Named:
@@ -446,7 +438,7 @@ class VM(Waiting, Fusing):
 
 _VM = VM()
 atexit.register(_VM.shutdown)
-Allocator.reclaim = staticmethod(lambda: _VM.collect_releases(submit_pending=False))
+on_memory_pressure(lambda: _VM.collect_releases(submit_pending=False))
 
 
 def get_vm() -> VM:

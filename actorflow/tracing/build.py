@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..errors import TraceError
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec
-from .program import Program, Step
-from .trace import Recorder, _kernel, _meta_of, _ref, _run_traced
+from .program import Program, Step, kernel_of
+from .recording import Recording
 
 
 def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
@@ -14,9 +14,8 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
         if not isinstance(s, Spec):
             raise TypeError(f"actor_graph: expected one af.Spec per argument, got "
                             f"{type(s).__name__} {s!r}")
-    rec = Recorder()
-    placeholders = [rec.placeholder(s, j) for j, s in enumerate(specs)]
-    out_leaves, structure = _run_traced(traced.fn, placeholders, {}, rec)
+    rec = Recording(traced.fn, specs, list)
+    out_leaves, structure = rec.outputs, rec.structure
     g = ActorGraph(**graph_kwargs)
     out = specs[0] if len(specs) == 1 else tuple(specs)
     inp = g.input(out=out) if source is None else g.source(source, out=out, name="input")
@@ -37,13 +36,13 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
             leaf = src[1] if src[0] == "in" else src[2]
             return ("in", ports.index(producer(src)), leaf)
 
-        refs = [_ref(src, meta, _meta_of(rec, src, specs), port_of) for src, meta in node.refs]
+        refs = [rec.ref(src, meta, port_of) for src, meta in node.refs]
         consts = sorted({src[1] for src, _ in node.refs if src[0] == "const"})
         remap = {c: i for i, c in enumerate(consts)}
         refs = [(k, remap[i], j, m) if k == "const" else (k, i, j, m) for k, i, j, m in refs]
         outs = [("out", k, 0, None) for k in range(len(node.metas))]
         dev = node.metas[0].device
-        step = Step(node.op, _kernel(node.op, dev), refs, node.attrs, outs)
+        step = Step(node.op, kernel_of(node.op, dev), refs, node.attrs, outs)
         leaves = [Spec(m.shape, m.dtype, m.device) for m in node.metas]
         structure_n = 0 if len(leaves) == 1 else (tuple, (0,) * len(leaves))
         all_consts = rec.const_arrays() if consts else []
@@ -62,7 +61,7 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
             sinks.append(a)
         meta = t._impl.meta
         picks.append((sinks.index(a), src[1] if src[0] == "in" else src[2],
-                      _ref(src, meta, _meta_of(rec, src, specs), lambda s: ("in", 0, 0))[3]))
+                      rec.ref(src, meta, lambda s: ("in", 0, 0))[3]))
     g._set_outputs(sinks, picks, structure)
     return g
 

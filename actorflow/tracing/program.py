@@ -114,3 +114,10 @@ class Program:
         text = "+".join(names) if len(names) <= 3 else f"{names[0]}+...({len(names)} ops)"
         ws = self.workspace_bytes
         return text + (f" ws {format_bytes(ws)}" if ws else "")
+
+
+def kernel_of(op, dev):
+    """The kernel a Step runs for ``op`` on device ``dev`` (None on data-less devices)."""
+    if dev is None or dev.type == "null":
+        return None
+    return op.kernels.get(dev.type) or op.kernel_for(dev.type)

@@ -1,0 +1,73 @@
+"""Where actor graphs run: the process-wide graph loop thread that ``run()`` drives graphs
+on, and what a run does around its consumer (``run_async``'s watch on the consuming task,
+the warning while a next run waits for acts the last one abandoned)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+
+from ..eventloop import new_event_loop
+
+_GRAPH_LOOP: list = []
+_GRAPH_THREAD: list = []
+_GRAPH_LOOP_LOCK = threading.Lock()
+
+
+def graph_loop():
+    """The event loop (uvloop when installed) on which ``run()`` drives actor graphs: one
+    thread for the process, started on first use, like the VM's."""
+    with _GRAPH_LOOP_LOCK:
+        if not _GRAPH_LOOP:
+            loop = new_event_loop()
+            started = threading.Event()
+
+            def main():
+                asyncio.set_event_loop(loop)
+                loop.call_soon(started.set)
+                loop.run_forever()
+
+            t = threading.Thread(target=main, name="actorflow-graphs", daemon=True)
+            t.start()
+            started.wait()
+            _GRAPH_THREAD.append(t)
+            _GRAPH_LOOP.append(loop)
+        return _GRAPH_LOOP[0]
+
+
+def on_graph_loop() -> bool:
+    """Whether the caller is the graph loop thread (where ``run()`` must not wait)."""
+    return bool(_GRAPH_THREAD) and threading.current_thread() is _GRAPH_THREAD[0]
+
+
+WAIT_WARN_S = 10.0
+
+
+def warn_waiting(stragglers) -> None:
+    acts = ", ".join(f"{name!r} on piece {p}" for name, p in stragglers.running())
+    warnings.warn(f"this graph's next run is waiting for acts its last run abandoned when "
+                  f"it stopped, still running: {acts}", RuntimeWarning, stacklevel=3)
+
+
+class ConsumerWatch:
+    """Stops a ``run_async`` run when the task iterating it ends while the generator is
+    suspended at ``yield`` (a cancel that landed in the consumer's own code): the run's
+    registers and threads are not kept until the generator is garbage-collected."""
+
+    def __init__(self, sched):
+        self.sched = sched
+        self.task = None
+
+    def follow(self, task) -> None:
+        if task is self.task:
+            return
+        if self.task is not None:
+            self.task.remove_done_callback(self._ended)
+        self.task = task
+        if task is not None:
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task) -> None:
+        self.task = None
+        self.sched.stop(None)
