@@ -549,3 +549,96 @@ def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
         assert len(list(g.run())) == 3
     assert said[0] == [("slowpoke", 1)]
     settle(g)
+
+
+# -- found by review: a task per item, plan() after a stop, a run task cancelled at once --
+
+async def test_a_task_per_item_does_not_stop_the_run():
+    """Only a consumer task that is cancelled or fails stops the run; wait_for and a task
+    per item each end normally after taking their piece."""
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(4, i, np.float32)
+                                                      for i in range(30)))))
+    for step in (lambda gen: asyncio.wait_for(gen.__anext__(), 30),
+                 lambda gen: asyncio.create_task(gen.__anext__())):
+        gen, got = g.run_async(), []
+        while True:
+            try:
+                got.append(float((await step(gen))[0]))
+            except StopAsyncIteration:
+                break
+        assert got == [float(i + 1) for i in range(30)]
+
+
+async def test_resuming_a_run_stopped_by_its_task_ending_raises():
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(4, i, np.float32)
+                                                      for i in range(30)))))
+    gen = g.run_async()
+
+    async def take_one_then_fail():
+        await gen.__anext__()
+        raise KeyError("the consumer failed")
+
+    with pytest.raises(KeyError):
+        await asyncio.create_task(take_one_then_fail())
+    with pytest.raises(RuntimeError, match="stopped when the task iterating it ended"):
+        async for _ in gen:
+            pass
+    await g.join_async()
+
+
+def test_plan_waits_for_abandoned_acts_and_the_next_run_is_exact():
+    gate, blocked = threading.Event(), threading.Event()
+
+    class Items:
+        def __init__(self):
+            self.i = 0
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            i = self.i
+            self.i += 1
+            if i >= 6:
+                raise StopIteration
+            if i == 2 and not gate.is_set():
+                blocked.set()
+                gate.wait(30)
+            return np.full(4, i, np.float32)
+
+    g = af.ActorGraph(buffers=1)
+    g.sink(g.actor(lambda x: x * 10, g.source(Items, name="src"), name="stage"))
+    for _ in g.run():
+        assert blocked.wait(30)
+        break
+    assert g.stats().abandoned == [("src", 2)]
+    threading.Timer(0.05, gate.set).start()
+    g.plan()                     # waits for the source's act, then reads a fresh piece 0
+    assert [float(o[0]) for o in g.run()] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+
+
+async def test_a_run_task_cancelled_before_its_first_step_frees_the_plan():
+    base = in_use()
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(N, i, np.float32)
+                                                      for i in range(10)), out=af.Spec((N,))),
+                   out=af.Spec((N,))))
+    me = asyncio.current_task()
+
+    async def consume():
+        async for _ in g.run_async():
+            pass
+
+    async def cancel_everything():      # a shutdown handler, right after consume's first step
+        for t in asyncio.all_tasks():
+            if t is not asyncio.current_task() and t is not me:
+                t.cancel()
+
+    c = asyncio.create_task(consume())
+    k = asyncio.create_task(cancel_everything())
+    await asyncio.gather(c, k, return_exceptions=True)
+    await g.join_async()
+    assert in_use() == base
+    assert len([x async for x in g.run_async()]) == 10

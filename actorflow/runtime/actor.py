@@ -223,8 +223,9 @@ class SourceActor(Actor):
         if self.it is not None:
             return
         src = self.source
-        if callable(src) and not hasattr(src, "__iter__") and not hasattr(src, "__aiter__"):
-            src = src()
+        if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
+                                     and not hasattr(src, "__aiter__")):
+            src = src()                 # a factory (a class too): a fresh iterable per run
         if hasattr(src, "__aiter__"):
             self.it, self.is_async = src.__aiter__(), True
         elif hasattr(src, "__iter__"):

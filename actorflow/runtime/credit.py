@@ -108,15 +108,15 @@ class CreditScheduler(Completion):
             raise
         finally:
             self.end_time = time.perf_counter()
-            self._let_go()
+            self.let_go()
         if self.error is not None:
             raise self.error
 
     def _start_thread(self, st: ActorState) -> None:
         t = ActorThread(self, st)
+        t.thread.start()
         st.thread = t
         self.threads.append(t)
-        t.thread.start()
 
     def start_sources(self, loop) -> None:
         """Starts the sources' threads and queues their first acts before the run is handed
@@ -152,7 +152,7 @@ class CreditScheduler(Completion):
                 # by construction this never happens; if it does, say why instead of hanging
                 self.stop(stalled(self))
 
-    def _let_go(self) -> None:
+    def let_go(self) -> None:
         """The run is over: no message is handled any more; every thread exits once its
         running act (if any) returns, which then frees what it held (``stragglers``)."""
         self.finished = True

@@ -184,6 +184,7 @@ class ActorGraph:
         table). Raises PlanError when the registers do not fit. A stage without ``out=`` is
         sized by reading piece 0 and computing it once, here; that piece is kept and is
         piece 0 of the next run."""
+        self._wait_abandoned()
         with self._lock:
             if self._running:
                 raise RuntimeError("plan(): this graph is running; plan it before or after")
@@ -215,6 +216,8 @@ class ActorGraph:
                 a.cached.clear()
             if isinstance(a, OpActor):
                 a.program = None
+                if a.inline_given is None:
+                    a.inline = None          # decided again once sized (this run's shapes)
                 if not a.declared:
                     a.out_spec = None
             elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
@@ -269,12 +272,24 @@ class ActorGraph:
         finally:
             self._finish(plan, sched)
 
+    def _finish_unstarted(self, plan, sched, task) -> None:
+        """The run's task was cancelled before its first step: nothing ran, free the plan."""
+        if task.cancelled() and not sched.finished:
+            sched.let_go()
+            self._finish(plan, sched)
+
     def join(self, timeout: float | None = None) -> bool:
         """Waits until the acts the last run abandoned when it stopped (an error, a cancel,
         a ``break``) have returned and freed their registers. Returns False if ``timeout``
         seconds passed first. The next run waits for them by itself."""
         s = self._stragglers
         return True if s is None else s.wait(timeout)
+
+    def _wait_abandoned(self) -> None:
+        """Before a plan or a run: the last run's abandoned acts must have returned (they
+        still use its actors' sources, caches and programs)."""
+        while not self.join(loop_module.WAIT_WARN_S):
+            loop_module.warn_waiting(self._stragglers)
 
     async def join_async(self) -> None:
         """``join()`` for async code."""
@@ -298,8 +313,7 @@ class ActorGraph:
         registers it held (``join()`` waits for that; so does the next run). Everything else
         is freed before this returns."""
         self._check_not_on_graph_loop()
-        while not self.join(loop_module.WAIT_WARN_S):    # the last run's abandoned acts, if any
-            loop_module.warn_waiting(self._stragglers)
+        self._wait_abandoned()
         plan = self._start(feed)
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
@@ -312,11 +326,12 @@ class ActorGraph:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 out.put(_Failed(e))
 
-        sched.start_sources(loop)
-        done = asyncio.run_coroutine_threadsafe(main(), loop)
+        done = None
         finished = False
         owed, batch = 0, max(1, self.output_buffers // 2)
         try:
+            sched.start_sources(loop)
+            done = asyncio.run_coroutine_threadsafe(main(), loop)
             while True:
                 item = out.get()
                 if item is _END:
@@ -331,6 +346,11 @@ class ActorGraph:
                     owed = 0
                 yield item
         finally:
+            if done is None:                  # interrupted before the loop took the run
+                sched.stopping = True
+                sched.let_go()
+                self._finish(plan, sched)
+                return
             if not finished:
                 loop.call_soon_threadsafe(sched.stop, None)
             interrupted = None
@@ -384,12 +404,19 @@ class ActorGraph:
                     continue
                 if task.done():
                     task.result()             # raises ActorError if an actor failed
+                    if watch.stopped_run:
+                        raise RuntimeError(
+                            "this run was stopped when the task iterating it ended (it was "
+                            "cancelled or failed while the generator waited at a piece); "
+                            "iterate a run from one task to its end")
                     return
                 waiter[0] = loop.create_future()
                 await waiter[0]
         finally:
             watch.follow(None)
-            if not task.done():
+            if task.done():
+                self._finish_unstarted(plan, sched, task)
+            else:
                 sched.stop(None)              # the run task ends now and frees the plan
                 try:
                     await asyncio.shield(task)

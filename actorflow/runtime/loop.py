@@ -46,18 +46,23 @@ WAIT_WARN_S = 10.0
 
 def warn_waiting(stragglers) -> None:
     acts = ", ".join(f"{name!r} on piece {p}" for name, p in stragglers.running())
+    if not acts:
+        return                  # they returned just now
     warnings.warn(f"this graph's next run is waiting for acts its last run abandoned when "
                   f"it stopped, still running: {acts}", RuntimeWarning, stacklevel=3)
 
 
 class ConsumerWatch:
-    """Stops a ``run_async`` run when the task iterating it ends while the generator is
-    suspended at ``yield`` (a cancel that landed in the consumer's own code): the run's
-    registers and threads are not kept until the generator is garbage-collected."""
+    """Stops a ``run_async`` run when the task iterating it is cancelled or fails while the
+    generator is suspended at ``yield`` (a cancel that landed in the consumer's own code):
+    the run's registers and threads are not kept until the generator is garbage-collected.
+    A task that ends normally stops nothing (``wait_for(gen.__anext__(), t)`` and a task per
+    item each end after taking their piece)."""
 
     def __init__(self, sched):
         self.sched = sched
         self.task = None
+        self.stopped_run = False
 
     def follow(self, task) -> None:
         if task is self.task:
@@ -70,4 +75,6 @@ class ConsumerWatch:
 
     def _ended(self, task) -> None:
         self.task = None
-        self.sched.stop(None)
+        if task.cancelled() or task.exception() is not None:
+            self.stopped_run = True
+            self.sched.stop(None)
