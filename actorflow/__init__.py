@@ -21,6 +21,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          tanh, where,
                          zero_)
 from .tracing import trace
+from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
 from .runtime import ActorGraph, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async

@@ -208,3 +208,35 @@ def access(impl, fn, write: bool, name: str = "access"):
                         (impl, fn), blob.nbytes >> 2)
     _VM.submit(instr)
     return instr
+
+
+def read(impl, fn, name: str):
+    """``fn(array)`` on ``impl``'s values once every write issued before is done, from plain
+    code (blocks the caller); returns what ``fn`` returned or raises the error that poisoned
+    the values. What ``Tensor.numpy`` and friends call."""
+    instr = access(impl, fn, write=False, name=name)
+    if not instr.done:
+        _VM.wait(instr)
+    return _result(instr, impl.blob)
+
+
+async def read_async(impl, fn, name: str):
+    """``read`` that awaits without blocking the running event loop."""
+    if impl.meta.shape is None:
+        w = impl.blob.last_write
+        if w is not None:
+            await _VM.wait_async(w)
+        resolve(impl)
+    instr = access(impl, fn, write=False, name=name)
+    await _VM.wait_async(instr)
+    return _result(instr, impl.blob)
+
+
+def _result(instr, blob):
+    err = instr.error
+    if err is not None:
+        raise err.to_raise()
+    err = blob.error
+    if err is not None and err.intact and not err._reported:
+        raise err.to_raise()       # a failed write left it as it was: said once, here
+    return instr.result

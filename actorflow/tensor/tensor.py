@@ -48,8 +48,7 @@ class Tensor:
     def _meta(self):
         impl = self._impl
         if impl.meta.shape is None:
-            from ..eager.interpreter import resolve
-            resolve(impl)
+            self._resolve(impl)             # a value-dependent shape: wait for it
         return impl.meta
 
     @property
@@ -107,38 +106,6 @@ class Tensor:
         return shape[0]
 
     # -- reading values -----------------------------------------------------------------
-    def _read(self, fn, name):
-        from ..eager.interpreter import _VM, access
-        impl = self._impl
-        if not impl.blob.backend.has_data:
-            raise DeviceError(f"{name}(): the {impl.meta.device} device has no data; null "
-                              f"tensors have only shapes, dtypes and bytes")
-        self._meta
-        instr = access(impl, fn, write=False, name=name)
-        if not instr.done:
-            _VM.wait(instr)
-        return _result(instr, impl.blob)
-
-    def numpy(self) -> np.ndarray:
-        """A numpy copy of the values, taken after every write issued before this call.
-        Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``."""
-        return self._read(self._impl.blob.backend.allocator.copy_out, "numpy")
-
-    async def numpy_async(self) -> np.ndarray:
-        """Like ``numpy()``, awaiting the result without blocking the running event loop."""
-        from ..eager.interpreter import _VM, access
-        impl = self._impl
-        if not impl.blob.backend.has_data:
-            raise DeviceError(f"numpy_async(): the {impl.meta.device} device has no data")
-        if impl.meta.shape is None:
-            w = impl.blob.last_write
-            if w is not None:
-                await _VM.wait_async(w)
-            self._meta
-        instr = access(impl, impl.blob.backend.allocator.copy_out, write=False, name="numpy")
-        await _VM.wait_async(instr)
-        return _result(instr, impl.blob)
-
     def __array__(self, dtype=None, copy=None):
         a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
         return a if dtype is None else a.astype(dtype)
@@ -207,23 +174,6 @@ class Tensor:
         return id(self)
 
     # -- conversion ---------------------------------------------------------------------
-    def to(self, *args, dtype=None, device=None) -> "Tensor":
-        """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``."""
-        from ..dtype import DType, as_dtype
-        for a in args:
-            if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
-                dtype = a
-            elif isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            else:
-                device = a
-        out = self
-        if dtype is not None and as_dtype(dtype) is not self.dtype:
-            out = F.cast(out, dtype)
-        if device is not None:
-            out = F.to_device(out, device)
-        return out
-
     def cpu(self) -> "Tensor":
         return self.to("cpu")
 
@@ -248,9 +198,6 @@ class Tensor:
     def type(self, dtype):
         return self.to(dtype=dtype)
 
-    def clone(self) -> "Tensor":
-        return F.clone(self)
-
     def detach(self) -> "Tensor":
         """A tensor sharing this one's storage, outside autograd."""
         impl = self._impl
@@ -260,19 +207,10 @@ class Tensor:
             m = impl.meta
         return wrap(impl.view(m.shape, m.strides, m.offset))
 
-    def contiguous(self) -> "Tensor":
-        return self if self.is_contiguous() else F.clone(self)
-
     # -- views --------------------------------------------------------------------------
-    def reshape(self, *shape) -> "Tensor":
-        shape = _shape_args(shape)
-        if self.is_contiguous():
-            return wrap(_views().view(self._impl, shape, "reshape"))
-        return wrap(_views().view(F.clone(self)._impl, shape, "reshape"))
-
     def view(self, *shape) -> "Tensor":
         self._meta
-        return wrap(_views().view(self._impl, _shape_args(shape)))
+        return wrap(_views().view(self._impl, shape_args(shape)))
 
     def flatten(self) -> "Tensor":
         return self.reshape(-1)
@@ -283,7 +221,7 @@ class Tensor:
 
     def permute(self, *dims) -> "Tensor":
         self._meta
-        return wrap(_views().permute(self._impl, _shape_args(dims)))
+        return wrap(_views().permute(self._impl, shape_args(dims)))
 
     @property
     def T(self) -> "Tensor":
@@ -304,97 +242,26 @@ class Tensor:
 
     def expand(self, *sizes) -> "Tensor":
         self._meta
-        return wrap(_views().expand(self._impl, _shape_args(sizes)))
+        return wrap(_views().expand(self._impl, shape_args(sizes)))
 
     def expand_as(self, other) -> "Tensor":
         return self.expand(*other.shape)
-
-    def __getitem__(self, key):
-        self._meta
-        return _indexing().getitem(self, key)
-
-    def __setitem__(self, key, value) -> None:
-        self._meta
-        _indexing().setitem(self, key, value)
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
 
-    # -- math (see actorflow.functional) ------------------------------------------------
-    # The binary operators (+, -, *, /, comparisons...) are bound after the class: see
-    # _OPERATORS at the end of this module.
-    def __pow__(self, other): return F.pow(self, other)
-    def __matmul__(self, other): return F.matmul(self, other)
-    def __rmatmul__(self, other): return F.matmul(other, self)
-    def __pos__(self): return self
-    def __neg__(self): return F.neg(self)
-    def __abs__(self): return F.abs(self)
-    def __invert__(self): return F.bitwise_not(self)
-    def __iadd__(self, other): return F.add_(self, other)
-    def __isub__(self, other): return F.sub_(self, other)
-    def __imul__(self, other): return F.mul_(self, other)
-    def __itruediv__(self, other): return F.div_(self, other)
-    def __ifloordiv__(self, other): return F.floor_divide_(self, other)
-    def __imod__(self, other): return F.remainder_(self, other)
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
 
-    def add(self, other): return F.add(self, other)
-    def sub(self, other): return F.sub(self, other)
-    def mul(self, other): return F.mul(self, other)
-    def div(self, other): return F.div(self, other)
-    def pow(self, other): return F.pow(self, other)
-    def matmul(self, other): return F.matmul(self, other)
-    def maximum(self, other): return F.maximum(self, other)
-    def minimum(self, other): return F.minimum(self, other)
-    def eq(self, other): return F.eq(self, other)
-    def ne(self, other): return F.ne(self, other)
-    def lt(self, other): return F.lt(self, other)
-    def le(self, other): return F.le(self, other)
-    def gt(self, other): return F.gt(self, other)
-    def ge(self, other): return F.ge(self, other)
-    def add_(self, other): return F.add_(self, other)
-    def sub_(self, other): return F.sub_(self, other)
-    def mul_(self, other): return F.mul_(self, other)
-    def div_(self, other): return F.div_(self, other)
-    def floor_divide(self, other): return F.floor_divide(self, other)
-    def remainder(self, other): return F.remainder(self, other)
-    def floor_divide_(self, other): return F.floor_divide_(self, other)
-    def remainder_(self, other): return F.remainder_(self, other)
-    def zero_(self): return F.zero_(self)
-    def fill_(self, value): return F.fill_(self, value)
-    def copy_(self, src): return F.copy_(self, src)
-    def neg(self): return F.neg(self)
-    def abs(self): return F.abs(self)
-    def exp(self): return F.exp(self)
-    def log(self): return F.log(self)
-    def sqrt(self): return F.sqrt(self)
-    def tanh(self): return F.tanh(self)
-    def relu(self): return F.relu(self)
-    def clamp(self, min=None, max=None): return F.clamp(self, min, max)  # noqa: A002
-    def relu_(self): return F.relu(self, inplace=True)
-    def sigmoid(self): return F.sigmoid(self)
-    def gelu(self, approximate="none"): return F.gelu(self, approximate)
-    def logical_not(self): return F.logical_not(self)
-    def sum(self, dim=None, keepdim=False, *, dtype=None): return F.sum(self, dim, keepdim, dtype=dtype)
-    def mean(self, dim=None, keepdim=False, *, dtype=None): return F.mean(self, dim, keepdim, dtype=dtype)
-    def max(self, dim=None, keepdim=False): return F.max(self, dim, keepdim)
-    def min(self, dim=None, keepdim=False): return F.min(self, dim, keepdim)
-    def amax(self, dim=None, keepdim=False): return F.amax(self, dim, keepdim)
-    def amin(self, dim=None, keepdim=False): return F.amin(self, dim, keepdim)
-    def argmax(self, dim=None, keepdim=False): return F.argmax(self, dim, keepdim)
-    def argmin(self, dim=None, keepdim=False): return F.argmin(self, dim, keepdim)
-    def softmax(self, dim): return F.softmax(self, dim)
-    def log_softmax(self, dim): return F.log_softmax(self, dim)
-    def nonzero(self): return F.nonzero(self)
-    def where(self, condition, other): return F.where(condition, self, other)
-    def is_floating_point(self): return self.dtype.is_floating_point
+    # The methods that compute (ops, reading values, indexing, conversions) and the
+    # operators are bound by actorflow.methods, the face layer: tensor/ imports nothing
+    # above itself.
+    _resolve = None                 # eager.interpreter.resolve, bound there too
 
 
-_DTYPE_NAMES = {"bool", "int32", "int64", "float16", "float32", "float64", "float", "double",
-                "half", "int", "long"}
-
-
-def _shape_args(args) -> tuple:
+def shape_args(args) -> tuple:
+    """A shape given as ints or as one sequence: ``view(2, 3)`` or ``view((2, 3))``."""
     if len(args) == 1 and not isinstance(args[0], (int, np.integer)):
         return tuple(args[0])
     for a in args:
@@ -403,43 +270,6 @@ def _shape_args(args) -> tuple:
     return tuple(args)
 
 
-def _result(instr, blob):
-    err = instr.error
-    if err is not None:
-        raise err.to_raise()
-    err = blob.error
-    if err is not None and err.intact and not err._reported:
-        raise err.to_raise()       # a failed write left it as it was: said once, here
-    return instr.result
-
-
 def _views():
     from . import views
     return views
-
-
-def _indexing():
-    from .. import indexing
-    return indexing
-
-
-from .. import functional as F  # noqa: E402  (the bridge: Tensor methods call functional)
-
-# (op, method, reflected method). These operators are functional's prebuilt operator
-# functions themselves rather than methods that forward to them: one Python call fewer on
-# every ``a * b``, the commonest op call there is.
-_OPERATORS = (
-    ("add", "__add__", "__radd__"), ("sub", "__sub__", "__rsub__"),
-    ("mul", "__mul__", "__rmul__"), ("div", "__truediv__", "__rtruediv__"),
-    ("pow", None, "__rpow__"), ("floor_divide", "__floordiv__", "__rfloordiv__"),
-    ("remainder", "__mod__", "__rmod__"), ("bitwise_and", "__and__", "__rand__"),
-    ("bitwise_or", "__or__", "__ror__"), ("bitwise_xor", "__xor__", "__rxor__"),
-    ("eq", "__eq__", None), ("ne", "__ne__", None), ("lt", "__lt__", None),
-    ("le", "__le__", None), ("gt", "__gt__", None), ("ge", "__ge__", None),
-)
-for _op, _method, _reflected in _OPERATORS:
-    if _method:
-        setattr(Tensor, _method, F._operator(_op, _method))
-    if _reflected:
-        setattr(Tensor, _reflected, F._operator(_op, _reflected, reflected=True))
-del _op, _method, _reflected

@@ -1,0 +1,159 @@
+"""The Tensor's methods that compute, and its operators, bound in one table.
+
+``tensor/`` sits below the op, VM and eager layers and imports nothing above itself; this
+face module attaches to ``Tensor`` what needs them: the op methods (``t.add(u)``,
+``t.sum(dim)``...), the operators (``a * b`` is functional's prebuilt operator function
+itself: one Python call fewer on the commonest op call), reading values (``numpy``,
+``numpy_async``), indexing, conversions (``to``, ``clone``, ``reshape``...). Importing
+``actorflow`` imports it.
+"""
+
+from __future__ import annotations
+
+from . import functional as F
+from . import indexing
+from .dtype import DType, as_dtype
+from .eager.interpreter import read, read_async, resolve
+from .errors import DeviceError
+from .tensor.tensor import Tensor, shape_args, wrap
+from .tensor import views
+
+# -- reading values --------------------------------------------------------------------------
+
+
+def _read(self, fn, name):
+    impl = self._impl
+    if not impl.blob.backend.has_data:
+        raise DeviceError(f"{name}(): the {impl.meta.device} device has no data; null "
+                          f"tensors have only shapes, dtypes and bytes")
+    self._meta
+    return read(impl, fn, name)
+
+
+def numpy(self):
+    """A numpy copy of the values, taken after every write issued before this call.
+    Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``."""
+    return _read(self, self._impl.blob.backend.allocator.copy_out, "numpy")
+
+
+async def numpy_async(self):
+    """Like ``numpy()``, awaiting the result without blocking the running event loop."""
+    impl = self._impl
+    if not impl.blob.backend.has_data:
+        raise DeviceError(f"numpy_async(): the {impl.meta.device} device has no data")
+    return await read_async(impl, impl.blob.backend.allocator.copy_out, "numpy")
+
+
+# -- indexing and conversions ----------------------------------------------------------------
+
+def _getitem(self, key):
+    self._meta
+    return indexing.getitem(self, key)
+
+
+def _setitem(self, key, value) -> None:
+    self._meta
+    indexing.setitem(self, key, value)
+
+
+_DTYPE_NAMES = {"bool", "int32", "int64", "float16", "float32", "float64", "float", "double",
+                "half", "int", "long"}
+
+
+def to(self, *args, dtype=None, device=None):
+    """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``."""
+    for a in args:
+        if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
+            dtype = a
+        elif isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        else:
+            device = a
+    out = self
+    if dtype is not None and as_dtype(dtype) is not self.dtype:
+        out = F.cast(out, dtype)
+    if device is not None:
+        out = F.to_device(out, device)
+    return out
+
+
+def contiguous(self):
+    return self if self.is_contiguous() else F.clone(self)
+
+
+def reshape(self, *shape):
+    shape = shape_args(shape)
+    if self.is_contiguous():
+        return wrap(views.view(self._impl, shape, "reshape"))
+    return wrap(views.view(F.clone(self)._impl, shape, "reshape"))
+
+
+# -- op methods whose argument order or defaults differ from their functions ----------------
+
+def _relu_(self):
+    return F.relu(self, inplace=True)
+
+
+def _where(self, condition, other):
+    return F.where(condition, self, other)
+
+
+def _rmatmul(self, other):
+    return F.matmul(other, self)
+
+
+def _pos(self):
+    return self
+
+
+# Tensor method -> what it is. A functional function whose first parameter is the tensor
+# is bound as it is (no forwarding call).
+METHODS = {
+    "_resolve": staticmethod(resolve), "_read": _read,
+    "numpy": numpy, "numpy_async": numpy_async,
+    "__getitem__": _getitem, "__setitem__": _setitem,
+    "to": to, "clone": F.clone, "contiguous": contiguous, "reshape": reshape,
+    "__pow__": F.pow, "__matmul__": F.matmul, "__rmatmul__": _rmatmul, "__pos__": _pos,
+    "__neg__": F.neg, "__abs__": F.abs, "__invert__": F.bitwise_not,
+    "__iadd__": F.add_, "__isub__": F.sub_, "__imul__": F.mul_, "__itruediv__": F.div_,
+    "__ifloordiv__": F.floor_divide_, "__imod__": F.remainder_,
+    "add": F.add, "sub": F.sub, "mul": F.mul, "div": F.div, "pow": F.pow,
+    "matmul": F.matmul, "maximum": F.maximum, "minimum": F.minimum,
+    "eq": F.eq, "ne": F.ne, "lt": F.lt, "le": F.le, "gt": F.gt, "ge": F.ge,
+    "add_": F.add_, "sub_": F.sub_, "mul_": F.mul_, "div_": F.div_,
+    "floor_divide": F.floor_divide, "remainder": F.remainder,
+    "floor_divide_": F.floor_divide_, "remainder_": F.remainder_,
+    "zero_": F.zero_, "fill_": F.fill_, "copy_": F.copy_,
+    "neg": F.neg, "abs": F.abs, "exp": F.exp, "log": F.log, "sqrt": F.sqrt, "tanh": F.tanh,
+    "relu": F.relu, "relu_": _relu_, "clamp": F.clamp, "sigmoid": F.sigmoid, "gelu": F.gelu,
+    "logical_not": F.logical_not,
+    "sum": F.sum, "mean": F.mean, "max": F.max, "min": F.min, "amax": F.amax,
+    "amin": F.amin, "argmax": F.argmax, "argmin": F.argmin,
+    "softmax": F.softmax, "log_softmax": F.log_softmax, "nonzero": F.nonzero,
+    "where": _where,
+}
+
+# (op, operator, reflected operator): functional's prebuilt operator functions
+OPERATORS = (
+    ("add", "__add__", "__radd__"), ("sub", "__sub__", "__rsub__"),
+    ("mul", "__mul__", "__rmul__"), ("div", "__truediv__", "__rtruediv__"),
+    ("pow", None, "__rpow__"), ("floor_divide", "__floordiv__", "__rfloordiv__"),
+    ("remainder", "__mod__", "__rmod__"), ("bitwise_and", "__and__", "__rand__"),
+    ("bitwise_or", "__or__", "__ror__"), ("bitwise_xor", "__xor__", "__rxor__"),
+    ("eq", "__eq__", None), ("ne", "__ne__", None), ("lt", "__lt__", None),
+    ("le", "__le__", None), ("gt", "__gt__", None), ("ge", "__ge__", None),
+)
+
+
+def bind() -> None:
+    """Attaches METHODS and OPERATORS to Tensor (once, when actorflow is imported)."""
+    for name, fn in METHODS.items():
+        setattr(Tensor, name, fn)
+    for op, method, reflected in OPERATORS:
+        if method:
+            setattr(Tensor, method, F._operator(op, method))
+        if reflected:
+            setattr(Tensor, reflected, F._operator(op, reflected, reflected=True))
+
+
+bind()
