@@ -151,9 +151,9 @@ def bind() -> None:
         setattr(Tensor, name, fn)
     for op, method, reflected in OPERATORS:
         if method:
-            setattr(Tensor, method, F._operator(op, method))
+            setattr(Tensor, method, F.prebuilt_operator(op, method))
         if reflected:
-            setattr(Tensor, reflected, F._operator(op, reflected, reflected=True))
+            setattr(Tensor, reflected, F.prebuilt_operator(op, reflected, reflected=True))
 
 
 bind()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..errors import ActorError
 from .actor import Sized, read_piece
 from .register import EOS, Register
-from .spec import NOTHING, PieceSpec
+from .spec import NOTHING
 from .state import ActorState
 
 

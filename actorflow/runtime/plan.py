@@ -16,7 +16,7 @@ import traceback
 from ..errors import ActorError, PlanError, format_bytes
 from .actor import Collector, OpActor, SourceActor, read_piece
 from .register import EOS, InPort, MemoryBudget, OutPort, Register
-from .spec import NOTHING, PieceSpec
+from .spec import NOTHING
 
 
 class Plan:

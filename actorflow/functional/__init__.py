@@ -1,0 +1,30 @@
+"""The functions users call (``af.relu``, ``af.add``...): argument checks with messages
+that name the op, the values and the fix, then dispatch to the interpreter. One module per
+family: ``elementwise`` (unary, binary and their prebuilt operator functions, in-place
+forms, fill/zero/copy, clamp, where, matmul), ``reduce`` (reductions, softmax-like),
+``joining`` (cat, stack, cast, to_device, clone, nonzero), on ``common``'s checks.
+
+Every function takes tensors and returns new tensors unless it ends in ``_`` or takes
+``inplace=True``, which write the first argument and return it.
+"""
+
+from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
+                          clamp, copy_, div, div_, divide, eq, exp, fill_, floor_divide,
+                          floor_divide_, ge, gelu, gt, le, log, logical_and, logical_not,
+                          logical_or, lt, matmul, maximum, minimum, mul, mul_, ne, neg, pow,
+                          prebuilt_operator, relu, remainder, remainder_, sigmoid, sqrt, sub,
+                          sub_, tanh, true_divide, where, zero_)
+from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
+from .reduce import (MinMax, amax, amin, argmax, argmin, log_softmax, max, mean, min,
+                     softmax, sum)
+
+__all__ = [
+    "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "div", "div_",
+    "divide", "eq", "exp", "fill_", "floor_divide", "floor_divide_", "ge", "gelu", "gt",
+    "is_floating_point", "le", "log", "log_softmax", "logical_and", "logical_not",
+    "logical_or", "lt", "matmul", "max", "maximum", "mean", "min", "minimum", "MinMax", "mul",
+    "mul_", "ne", "neg", "nonzero", "pow", "prebuilt_operator", "relu", "remainder",
+    "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh",
+    "to_device", "true_divide", "where", "zero_",
+]

@@ -1,0 +1,117 @@
+"""Reductions (sum, mean, max/min, arg...) and softmax-like functors."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from ..dtype import as_dtype
+from ..eager.interpreter import apply
+from ..ops.common import normalize_dim, normalize_dims
+from ..tensor.tensor import Tensor, wrap
+from .common import op_def, resolved, tensor_arg
+from .elementwise import binary
+from .joining import clone
+
+MinMax = namedtuple("MinMax", ["values", "indices"])
+
+
+# -- reductions ------------------------------------------------------------------------
+
+_SUM, _MEAN, _AMAX, _AMIN = op_def("sum"), op_def("mean"), op_def("amax"), op_def("amin")
+_ARGMAX, _ARGMIN, _MAXD, _MIND = op_def("argmax"), op_def("argmin"), op_def("max_dim"), op_def("min_dim")
+
+
+def _reduce(op, name, input, dim, keepdim, dtype=None):
+    impl = tensor_arg(name, input)._impl
+    ndim = len(input.shape)
+    dims = normalize_dims(name, dim, ndim)
+    if ndim == 0:
+        dims = None                     # a 0-dim tensor reduces over "all" of its no dims
+    attrs = {"dims": dims, "keepdim": bool(keepdim)}
+    if dtype is not None:
+        attrs["dtype"] = as_dtype(dtype)
+    return wrap(apply(op, [impl], attrs)[0])
+
+
+def sum(input, dim=None, keepdim: bool = False, *, dtype=None):  # noqa: A001
+    """Sum over ``dim`` (an int, a tuple, or None for all). Ints and bools sum to int64."""
+    return _reduce(_SUM, "sum", input, dim, keepdim, dtype)
+
+
+def mean(input, dim=None, keepdim: bool = False, *, dtype=None):
+    """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
+    return _reduce(_MEAN, "mean", input, dim, keepdim, dtype)
+
+
+def _minmax(name, amop, dimop, binop, input, dim, keepdim):
+    if isinstance(dim, Tensor):
+        return binary(binop, input, dim)
+    if dim is None:
+        return _reduce(amop, name, input, None, keepdim)
+    impl = tensor_arg(name, input)._impl
+    ndim = len(input.shape)
+    d = normalize_dim(name, dim, ndim)
+    if ndim == 0:                       # along the only "dim" of a 0-dim tensor: itself, 0
+        return MinMax(clone(input), _arg(_ARGMAX, name, input, None, False))
+    vals, idx = apply(dimop, [impl], {"dim": d, "keepdim": bool(keepdim)})
+    return MinMax(wrap(vals), wrap(idx))
+
+
+def max(input, dim=None, keepdim: bool = False):  # noqa: A001
+    """Largest element; with ``dim``, ``(values, indices)`` along it; with a tensor, maximum."""
+    return _minmax("max", _AMAX, _MAXD, "maximum", input, dim, keepdim)
+
+
+def min(input, dim=None, keepdim: bool = False):  # noqa: A001
+    """Smallest element; with ``dim``, ``(values, indices)`` along it; with a tensor, minimum."""
+    return _minmax("min", _AMIN, _MIND, "minimum", input, dim, keepdim)
+
+
+def amax(input, dim=None, keepdim: bool = False):
+    return _reduce(_AMAX, "amax", input, dim, keepdim)
+
+
+def amin(input, dim=None, keepdim: bool = False):
+    return _reduce(_AMIN, "amin", input, dim, keepdim)
+
+
+def _arg(op, name, input, dim, keepdim):
+    impl = tensor_arg(name, input)._impl
+    ndim = len(input.shape)
+    d = None if dim is None else normalize_dim(name, dim, ndim)
+    if ndim == 0:
+        d = None
+    return wrap(apply(op, [impl], {"dim": d, "keepdim": bool(keepdim)})[0])
+
+
+def argmax(input, dim=None, keepdim: bool = False):
+    """Index of the largest element (of the flattened tensor when ``dim`` is None)."""
+    return _arg(_ARGMAX, "argmax", input, dim, keepdim)
+
+
+def argmin(input, dim=None, keepdim: bool = False):
+    return _arg(_ARGMIN, "argmin", input, dim, keepdim)
+
+
+# -- nn --------------------------------------------------------------------------------
+
+_SOFTMAX, _LOG_SOFTMAX = op_def("softmax"), op_def("log_softmax")
+
+
+def _softmax_like(op, name, input, dim):
+    impl = tensor_arg(name, input)._impl
+    if dim is None:
+        raise TypeError(f"{name}(): missing the 'dim' argument; say which dim sums to 1, "
+                        f"e.g. {name}(x, dim=-1)")
+    d = normalize_dim(name, dim, len(resolved(impl).shape))
+    return wrap(apply(op, [impl], {"dim": d})[0])
+
+
+def softmax(input, dim=None):
+    """exp(x) / sum(exp(x)) along ``dim``, computed stably. Example: ``af.softmax(x, dim=1)``."""
+    return _softmax_like(_SOFTMAX, "softmax", input, dim)
+
+
+def log_softmax(input, dim=None):
+    """log(softmax(x)) along ``dim``, computed stably."""
+    return _softmax_like(_LOG_SOFTMAX, "log_softmax", input, dim)
