@@ -1,12 +1,11 @@
-"""Backends, found by device type name: one file per device type."""
+"""Backends, found by device type name: one file per device type (``device.KNOWN_TYPES``),
+``backends/<type>.py`` defining ``<Type>Backend`` (``cpu.py``: ``CpuBackend``)."""
 
 from __future__ import annotations
 
 import importlib
 import threading
 
-_MODULES = {"cpu": ("cpu", "CpuBackend"), "null": ("null", "NullBackend"),
-            "cuda": ("cuda", "CudaBackend")}
 _BACKENDS: dict = {}
 _LOCK = threading.Lock()
 
@@ -19,9 +18,9 @@ def get_backend(device):
     with _LOCK:
         b = _BACKENDS.get(device)
         if b is None:
-            module, cls = _MODULES[device.type]
-            mod = importlib.import_module(f"{__name__}.{module}")
-            b = _BACKENDS[device] = getattr(mod, cls)(device)
+            mod = importlib.import_module(f"{__name__}.{device.type}")
+            cls = getattr(mod, f"{device.type.capitalize()}Backend")
+            b = _BACKENDS[device] = cls(device)
             device.backend = b
     return b
 

@@ -62,11 +62,7 @@ class Completion:
             while waiters:
                 self.wake(waiters.pop())
         for reg in regs:
-            reg.pending -= 1
-            if reg.pending == 0 and reg.index >= 0:      # (a one-off piece 0 is dropped)
-                port = reg.owner
-                port.free.append(reg)
-                self.wake(self.by_actor[port.actor])
+            self._hand_back(reg)
         if err is not None:
             e, tb = err
             error = ActorError(st.actor.name, piece, e, tb)
@@ -131,6 +127,8 @@ class Completion:
             self.wake(self.by_actor[p.actor])
 
     def _hand_back(self, reg) -> None:
+        """A consumer is done with ``reg``: once all are, it is free (a credit) again. (A
+        one-off piece-0 register, index -1, is dropped.)"""
         reg.pending -= 1
         if reg.pending == 0 and reg.index >= 0:
             port = reg.owner

@@ -21,10 +21,10 @@ from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
 from . import loop as loop_module
-from .actor import Actor, Collector, OpActor, SourceActor, StageActor, check_buffers
+from .actor import Actor, OpActor, SourceActor, StageActor, check_buffers
 from .credit import CreditScheduler
 from .loop import ConsumerWatch, graph_loop, on_graph_loop
-from .plan import build_plan
+from .plan import plan_graph
 from .register import MemoryBudget
 from .spec import PieceSpec
 from .stats import RunStats
@@ -193,46 +193,8 @@ class ActorGraph:
             return self._make_plan(feed, lazy=False)
 
     def _make_plan(self, feed, lazy: bool):
-        if not self.actors:
-            raise PlanError("the graph has no actors; add a source first")
-        for a in self.actors:
-            if isinstance(a, SourceActor) and a.fed:
-                if feed is None:
-                    raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); "
-                                    f"pass feed=")
-                a.source, a.it = feed, None
-                a.cached.clear()
-                if not a.declared:
-                    a.out_spec = None
-        actors = list(self.actors)
-        if self._picks is not None:
-            actors.append(Collector([s for s, _ in self.sinks], [n for _, n in self.sinks],
-                                    *self._picks))
-        elif self.sinks:
-            actors.append(Collector([s for s, _ in self.sinks], [n for _, n in self.sinks]))
-        budget = MemoryBudget(self.memory)
-        for a in self.actors:
-            if not isinstance(a, SourceActor):   # a source keeps the piece 0 it already read
-                a.cached.clear()
-            if isinstance(a, OpActor):
-                a.program = None
-                if a.inline_given is None:
-                    a.inline = None          # decided again once sized (this run's shapes)
-                if not a.declared:
-                    a.out_spec = None
-            elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
-                a.out_spec = None
-        try:
-            self._plan = build_plan(actors, self.buffers, budget, self.resources, lazy)
-        except BaseException:
-            for a in self.actors:
-                a.cached.clear()
-                if isinstance(a, SourceActor):
-                    a.close()
-            raise
-        for a in self.actors:
-            if isinstance(a, OpActor) and a.inline_given is None and a.program is not None:
-                a.inline = a.small()
+        self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
+                                self.buffers, MemoryBudget(self.memory), self.resources)
         return self._plan
 
     # -- running ---------------------------------------------------------------------------

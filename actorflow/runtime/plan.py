@@ -256,6 +256,53 @@ def topo_order(actors: list) -> list:
     return order
 
 
+def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
+               budget: MemoryBudget, resources: dict) -> Plan:
+    """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
+    inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
+    outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
+    then ``build_plan``. On failure nothing stays cached and the sources are closed."""
+    if not graph_actors:
+        raise PlanError("the graph has no actors; add a source first")
+    for a in graph_actors:
+        if isinstance(a, SourceActor) and a.fed:
+            if feed is None:
+                raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); pass feed=")
+            a.source, a.it = feed, None
+            a.cached.clear()
+            if not a.declared:
+                a.out_spec = None
+    actors = list(graph_actors)
+    names = [n for _, n in sinks]
+    if picks is not None:
+        actors.append(Collector([s for s, _ in sinks], names, *picks))
+    elif sinks:
+        actors.append(Collector([s for s, _ in sinks], names))
+    for a in graph_actors:
+        if not isinstance(a, SourceActor):       # a source keeps the piece 0 it already read
+            a.cached.clear()
+        if isinstance(a, OpActor):
+            a.program = None
+            if a.inline_given is None:
+                a.inline = None                  # decided again once sized (this run's shapes)
+            if not a.declared:
+                a.out_spec = None
+        elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
+            a.out_spec = None
+    try:
+        plan = build_plan(actors, default_buffers, budget, resources, lazy)
+    except BaseException:
+        for a in graph_actors:
+            a.cached.clear()
+            if isinstance(a, SourceActor):
+                a.close()
+        raise
+    for a in graph_actors:
+        if isinstance(a, OpActor) and a.inline_given is None and a.program is not None:
+            a.inline = a.small()
+    return plan
+
+
 def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                resources: dict, lazy: bool = False) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
