@@ -31,7 +31,7 @@ RANKS = {
 }
 
 MAX_LINES = 400
-KNOWN_LARGE = {"actorflow/ops/elementwise.py", "actorflow/vm/scheduler.py"}
+KNOWN_LARGE = {"actorflow/vm/scheduler.py"}
 
 
 def module_of(path: pathlib.Path) -> str:

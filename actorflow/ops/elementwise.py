@@ -1,5 +1,6 @@
 """Elementwise ops: unary, binary (tensor-tensor and tensor-scalar) with broadcasting,
-comparisons, where and cast. Kernels are numpy ufuncs writing into the output."""
+comparisons (where, clamp and cast are in ``selection.py``). Kernels are numpy ufuncs
+writing into the output."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def _k_relu(outs, ins, attrs):
 def _k_sigmoid(outs, ins, attrs):
     o = outs[0]
     with np.errstate(over="ignore"):
-        np.negative(_as(ins[0], o.dtype), out=o)
+        np.negative(in_dtype(ins[0], o.dtype), out=o)
         np.exp(o, out=o)
     o += 1
     np.reciprocal(o, out=o)
@@ -88,7 +89,7 @@ def _k_gelu(outs, ins, attrs):
     np.copyto(outs[0], res, casting="unsafe")
 
 
-def _as(x, dtype):
+def in_dtype(x, dtype):
     """x in ``dtype``: ops compute in their result dtype (as PyTorch), not numpy's choice."""
     return x if x.dtype is dtype else x.astype(dtype)
 
@@ -98,11 +99,11 @@ def _ufunc_kernel(ufunc, quiet=False):
         def kernel(outs, ins, attrs):
             o = outs[0]
             with np.errstate(all="ignore"):
-                ufunc(_as(ins[0], o.dtype), out=o)
+                ufunc(in_dtype(ins[0], o.dtype), out=o)
     else:
         def kernel(outs, ins, attrs):
             o = outs[0]
-            ufunc(_as(ins[0], o.dtype), out=o)
+            ufunc(in_dtype(ins[0], o.dtype), out=o)
     return kernel
 
 
@@ -269,9 +270,9 @@ def _binary_kernel(ufunc, kind, quiet):
         if kind == "cmp":
             if a.dtype is not b.dtype:
                 ct = _common_np(a, b)
-                a, b = _as(a, ct), _as(b, ct)
+                a, b = in_dtype(a, ct), in_dtype(b, ct)
         elif a.dtype is not o.dtype or b.dtype is not o.dtype:
-            a, b = _as(a, o.dtype), _as(b, o.dtype)
+            a, b = in_dtype(a, o.dtype), in_dtype(b, o.dtype)
         if quiet:
             with np.errstate(all="ignore"):
                 _apply(ufunc, a, b, o)
@@ -292,7 +293,7 @@ def _binary_fresh(ufunc, quiet):
     def fresh(ins, attrs, dtype):
         a, b = ins
         if a.dtype is not dtype or b.dtype is not dtype:
-            a, b = _as(a, dtype), _as(b, dtype)
+            a, b = in_dtype(a, dtype), in_dtype(b, dtype)
         if quiet:
             with np.errstate(all="ignore"):
                 return ufunc(a, b)
@@ -319,7 +320,7 @@ _FRESH_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum"}
 
 def _scalar_kernel(ufunc, kind, quiet, reverse):
     def operands(ins, attrs, o):
-        x = ins[0] if kind == "cmp" else _as(ins[0], o.dtype)
+        x = ins[0] if kind == "cmp" else in_dtype(ins[0], o.dtype)
         return (attrs["scalar"], x) if reverse else (x, attrs["scalar"])
 
     if quiet:
@@ -368,63 +369,3 @@ for _name, (_uf, _kind) in BINARY.items():
                               if _has_fresh else {}),
                        attrs=("scalar",),
                        elementwise=True))
-
-# -- where and cast --------------------------------------------------------------------
-
-
-def _where_infer(metas, attrs):
-    cond = metas[0]
-    if cond.dtype is not bool_:
-        raise DTypeError(f"where: condition must be a bool tensor, got {cond.dtype}; "
-                         f"compare first, e.g. where(x > 0, ...)")
-    vals = [m for m in metas[1:]] + [attrs[k] for k in ("x", "y") if k in attrs]
-    shape = cond.shape
-    for m in metas[1:]:
-        shape = broadcast_shapes("where", shape, m.shape)
-    return [(shape, result_type(*vals))]
-
-
-def _k_where(outs, ins, attrs):
-    it = iter(ins[1:])
-    x = attrs["x"] if "x" in attrs else next(it)
-    y = attrs["y"] if "y" in attrs else next(it)
-    o = outs[0]
-    np.copyto(o, y, casting="unsafe")
-    np.copyto(o, x, casting="unsafe", where=ins[0])
-
-
-register(OpDef("where", ("condition", "x?", "y?"), _where_infer, {"cpu": _k_where},
-               attrs=("x", "y")))
-
-
-def _clamp_infer(metas, attrs):
-    m = metas[0]
-    bounds = [b for b in (attrs["min"], attrs["max"]) if b is not None]
-    return [(m.shape, result_type(m, *bounds))]
-
-
-def _k_clamp(outs, ins, attrs):
-    o = outs[0]
-    x = _as(ins[0], o.dtype)
-    lo, hi = attrs["min"], attrs["max"]
-    if lo is not None and hi is not None:
-        np.minimum(np.maximum(x, lo), hi, out=o)      # min wins when min > max, as in PyTorch
-    elif lo is not None:
-        np.maximum(x, lo, out=o)
-    else:
-        np.minimum(x, hi, out=o)
-
-
-register(OpDef("clamp", ("x",), _clamp_infer, {"cpu": _k_clamp}, attrs=("min", "max"),
-               elementwise=True))
-
-
-def _k_cast(outs, ins, attrs):
-    with np.errstate(all="ignore"):
-        np.copyto(outs[0], ins[0], casting="unsafe")
-
-
-register(OpDef("cast", ("x",), lambda metas, attrs: [(metas[0].shape, attrs["dtype"])],
-               {"cpu": _k_cast}, attrs=("dtype",), elementwise=True))
-register(OpDef("copy", ("x",), lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
-               {"cpu": _k_cast}, elementwise=True))

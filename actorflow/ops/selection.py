@@ -1,0 +1,69 @@
+"""Selection and conversion ops: where, clamp, cast and copy (elementwise, one output)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtype import bool_, result_type
+from ..errors import DTypeError
+from .common import broadcast_shapes
+from .elementwise import in_dtype
+from .registry import OpDef, register
+
+
+def _where_infer(metas, attrs):
+    cond = metas[0]
+    if cond.dtype is not bool_:
+        raise DTypeError(f"where: condition must be a bool tensor, got {cond.dtype}; "
+                         f"compare first, e.g. where(x > 0, ...)")
+    vals = [m for m in metas[1:]] + [attrs[k] for k in ("x", "y") if k in attrs]
+    shape = cond.shape
+    for m in metas[1:]:
+        shape = broadcast_shapes("where", shape, m.shape)
+    return [(shape, result_type(*vals))]
+
+
+def _k_where(outs, ins, attrs):
+    it = iter(ins[1:])
+    x = attrs["x"] if "x" in attrs else next(it)
+    y = attrs["y"] if "y" in attrs else next(it)
+    o = outs[0]
+    np.copyto(o, y, casting="unsafe")
+    np.copyto(o, x, casting="unsafe", where=ins[0])
+
+
+register(OpDef("where", ("condition", "x?", "y?"), _where_infer, {"cpu": _k_where},
+               attrs=("x", "y")))
+
+
+def _clamp_infer(metas, attrs):
+    m = metas[0]
+    bounds = [b for b in (attrs["min"], attrs["max"]) if b is not None]
+    return [(m.shape, result_type(m, *bounds))]
+
+
+def _k_clamp(outs, ins, attrs):
+    o = outs[0]
+    x = in_dtype(ins[0], o.dtype)
+    lo, hi = attrs["min"], attrs["max"]
+    if lo is not None and hi is not None:
+        np.minimum(np.maximum(x, lo), hi, out=o)      # min wins when min > max, as in PyTorch
+    elif lo is not None:
+        np.maximum(x, lo, out=o)
+    else:
+        np.minimum(x, hi, out=o)
+
+
+register(OpDef("clamp", ("x",), _clamp_infer, {"cpu": _k_clamp}, attrs=("min", "max"),
+               elementwise=True))
+
+
+def _k_cast(outs, ins, attrs):
+    with np.errstate(all="ignore"):
+        np.copyto(outs[0], ins[0], casting="unsafe")
+
+
+register(OpDef("cast", ("x",), lambda metas, attrs: [(metas[0].shape, attrs["dtype"])],
+               {"cpu": _k_cast}, attrs=("dtype",), elementwise=True))
+register(OpDef("copy", ("x",), lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+               {"cpu": _k_cast}, elementwise=True))
