@@ -11,9 +11,9 @@ Every function takes tensors and returns new tensors unless it ends in ``_`` or 
 from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
                           clamp, copy_, div, div_, divide, eq, exp, fill_, floor_divide,
                           floor_divide_, ge, gelu, gt, le, log, logical_and, logical_not,
-                          logical_or, lt, matmul, maximum, minimum, mul, mul_, ne, neg, pow,
+                          logical_or, lt, matmul, maximum, minimum, mul, mul_, multiply, ne, neg, pow,
                           prebuilt_operator, relu, remainder, remainder_, sigmoid, sqrt, sub,
-                          sub_, tanh, true_divide, where, zero_)
+                          sub_, subtract, tanh, true_divide, where, zero_)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
 from .reduce import (MinMax, amax, amin, argmax, argmin, log_softmax, max, mean, min,
                      softmax, sum)
@@ -24,7 +24,7 @@ __all__ = [
     "divide", "eq", "exp", "fill_", "floor_divide", "floor_divide_", "ge", "gelu", "gt",
     "is_floating_point", "le", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "lt", "matmul", "max", "maximum", "mean", "min", "minimum", "MinMax", "mul",
-    "mul_", "ne", "neg", "nonzero", "pow", "prebuilt_operator", "relu", "remainder",
-    "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh",
+    "mul_", "multiply", "ne", "neg", "nonzero", "pow", "prebuilt_operator", "relu", "remainder",
+    "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_", "subtract", "sum", "tanh",
     "to_device", "true_divide", "where", "zero_",
 ]
