@@ -274,7 +274,7 @@ def loop_type(loop) -> str | None:
 
 def graph_event_loop() -> str:
     """The type of the event loop an ActorGraph/Pipeline run uses (read only)."""
-    from actorflow.runtime.graph import new_event_loop
+    from actorflow.eventloop import new_event_loop
     loop = new_event_loop()
     try:
         return loop_type(loop)

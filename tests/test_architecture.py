@@ -127,3 +127,16 @@ def test_files_stay_small():
              if len(p.read_text().splitlines()) > MAX_LINES}
     assert large - KNOWN_LARGE == set(), f"over {MAX_LINES} lines: split by job"
     assert KNOWN_LARGE - large == set(), "now small: take these off KNOWN_LARGE"
+
+
+def test_the_benchmark_harness_reads_the_runtime_it_describes():
+    """The benchmarks reach into the runtime for what they report (the graph loop's type):
+    a move in the package must not leave them broken."""
+    import importlib.util
+    path = ROOT.parent / "benchmarks" / "harness.py"
+    spec = importlib.util.spec_from_file_location("bench_harness", path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    assert "Loop" in harness.graph_event_loop()
+    env = harness.environment()
+    assert env["python"] and "numpy" in str(env)
