@@ -278,6 +278,35 @@ class Allocator:
         raise NotImplementedError
 
 
+class NoDataAllocator(Allocator):
+    """The allocator of a device without data (``Backend.has_data = False``): it counts
+    bytes, budgets and peaks as any other, and every array it hands out is None."""
+
+    def _alloc_array(self, shape, dtype, nbytes: int):
+        return None
+
+    def _alloc_small(self, shape, dtype):
+        return None
+
+    def _alloc(self, nbytes: int):
+        return None
+
+    def _free(self, block) -> None:
+        pass
+
+    def _view(self, block, shape, dtype):
+        return None
+
+    def _block_of(self, array):
+        return None
+
+    def _copyin(self, dst, src) -> None:
+        pass
+
+    def _copyout(self, src):
+        return None
+
+
 class Stream:
     """An in-order queue of instructions on one device: each instruction on a stream starts
     after the one issued before it on that stream completes. ``tail`` is the last issued."""

@@ -9,33 +9,7 @@ Example::
 
 from __future__ import annotations
 
-from .base import Allocator, Backend
-
-
-class NullAllocator(Allocator):
-    def _alloc_small(self, shape, dtype):
-        return None
-
-    def _alloc_array(self, shape, dtype, nbytes: int):
-        return None
-
-    def _alloc(self, nbytes: int):
-        return None
-
-    def _free(self, block) -> None:
-        pass
-
-    def _view(self, block, shape, dtype):
-        return None
-
-    def _block_of(self, array):
-        return None
-
-    def _copyin(self, dst, src) -> None:
-        pass
-
-    def _copyout(self, src):
-        return None
+from .base import Allocator, Backend, NoDataAllocator
 
 
 class NullBackend(Backend):
@@ -52,4 +26,4 @@ class NullBackend(Backend):
         return float(lat(op, nbytes)) if callable(lat) else lat
 
     def _make_allocator(self) -> Allocator:
-        return NullAllocator(str(self.device))
+        return NoDataAllocator(str(self.device))
