@@ -29,7 +29,8 @@ import threading
 import numpy as np
 
 from ..tensor.meta import contiguous_strides
-from .opcall import _allocate, split_op
+from ..vm.instruction import DYNAMIC, OUTPUTS, Split
+from .opcall import allocate, split_op
 
 MAX_SLOTS = 16          # tile buffers per worker; further dead intermediates get real memory
 # Reference counts tell when a tensor is gone only on CPython with the GIL.
@@ -37,8 +38,8 @@ _REFCOUNTS = (sys.implementation.name == "cpython"
               and getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
-class Elementwise:
-    """The ``split`` of an elementwise op call: ``split(instr, n, first_share)`` cuts one call
+class Elementwise(Split):
+    """The ``Split`` of an elementwise op call: ``split(instr, n, first_share)`` cuts one call
     into slices; ``planner(head)`` starts planning a run led by ``head`` (None if it cannot
     lead one)."""
     __slots__ = ()
@@ -46,15 +47,14 @@ class Elementwise:
     def __call__(self, instr, n: int, first_share: float = 0.0):
         return split_op(instr, n, first_share)
 
-    @staticmethod
-    def planner(head):
+    def planner(self, head):
         args = head.args
-        if args is None or args[4] or len(args[2]) != 1:
+        if args is None or args[DYNAMIC] or len(args[OUTPUTS]) != 1:
             return None
-        shape = args[2][0].meta.shape
-        if 0 in shape or not any(s > 1 for s in shape):
+        out = args[OUTPUTS][0].meta
+        if 0 in out.shape or not any(s > 1 for s in out.shape):
             return None                     # nothing to cut
-        p = RunPlanner(shape, args[2][0].meta.device)
+        p = RunPlanner(out.shape, out.device)
         return p if p.admit(head) else None
 
 
@@ -162,7 +162,7 @@ class RunPlanner:
                 b = out.blob
                 if not b.allocated and b not in slots:
                     self._allocated.append(out)
-                    _allocate((out,), step[0].name)
+                    allocate((out,), step[0].name)
         except BaseException:
             self.undo()
             raise

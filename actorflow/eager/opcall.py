@@ -11,7 +11,7 @@ from ..tensor.meta import contiguous_meta
 _ND = np.ndarray
 
 
-def _allocate(outs, what: str) -> None:
+def allocate(outs, what: str) -> None:
     for o in outs:
         b = o.blob
         if not b.allocated:
@@ -28,7 +28,7 @@ def run_op(instr) -> None:
 def call_op(args) -> None:
     """Runs one op call: ``args`` is ``(kernel, ins, outs, attrs, dynamic, name)``."""
     kernel, ins, outs, attrs, dynamic, name = args
-    _allocate(outs, name)
+    allocate(outs, name)
     if dynamic:
         _run_dynamic(name, kernel, ins, outs, attrs)
         return
@@ -90,7 +90,7 @@ def split_op(instr, n: int, first_share: float = 0.0):
     for i in ins:
         if i.blob is out_blob and i.meta != out.meta:
             return None
-    _allocate(outs, instr.name)
+    allocate(outs, instr.name)
     o = out.array()
     axis = next((ax for ax, s in enumerate(o.shape) if s >= n), None)
     if axis is None:

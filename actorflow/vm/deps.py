@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import InvalidInputError
 from ..tensor.meta import contiguous_strides, numel
+from .instruction import INPUTS, OUTPUTS
 
 _PRUNE_AT = 8
 
@@ -55,6 +56,27 @@ def record(instr) -> int:
     return n
 
 
+def settled(stream, consts, muts) -> bool:
+    """Whether work reading ``consts`` and writing ``muts`` on ``stream`` would wait for
+    nothing: the stream's last instruction, every write of a read blob and every use of a
+    written blob are done. The same rules as ``record``, for the inline path: work that waits
+    for nothing may run at once and leave no record, since a finished instruction constrains
+    no later one. (The records of finished uses of ``muts`` are dropped on the way.)"""
+    t = stream.tail
+    if t is not None and not t.done:
+        return False
+    for b in consts:
+        w = b.last_write
+        if w is not None and not w.done:
+            return False
+    for b in muts:
+        if b.last_write is not None or b.reads is not None:   # (fresh outputs: none)
+            if not b.idle():
+                return False
+            b.last_write = b.reads = None
+    return True
+
+
 def first_error(instr):
     """The error of the first operand blob whose writer failed, or None. (An ``intact``
     error is only a note on a blob the failed op left as it was: it does not count.)"""
@@ -96,12 +118,12 @@ def overwrites(blob, args) -> bool:
     """True when the op call ``args`` (``(kernel, ins, outs, ...)``) writes every element of
     ``blob`` and reads none: no input is on it and an output covers all of it. (An op that
     does not read its output defines all of it: fill_, zero_, copy_, x[...] = v.)"""
-    if args is None or type(args[2]) is not list:     # (a fresh kernel's args: new outputs)
+    if args is None or type(args[OUTPUTS]) is not list:  # (a fresh kernel's args: new outputs)
         return False
-    for i in args[1]:
+    for i in args[INPUTS]:
         if i.blob is blob:
             return False
-    for o in args[2]:
+    for o in args[OUTPUTS]:
         if o.blob is blob:
             m = o.meta
             return (m.shape is not None and not m.offset
@@ -117,7 +139,7 @@ def wrote_nothing(e, muts, args) -> bool:
     (not read by the op) have no value: a failure poisons them."""
     if not isinstance(e, InvalidInputError) or not muts or args is None:
         return False
-    read = [i.blob for i in args[1]]
+    read = [i.blob for i in args[INPUTS]]
     for b in muts:
         if b not in read:
             return False

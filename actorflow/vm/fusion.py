@@ -78,8 +78,7 @@ class Fusing:
     def _dispatch_run(self, head) -> bool:
         """Dispatches ``head`` as the first member of a run; False if no run of two op calls
         or more can be formed (nothing was changed then)."""
-        plan_run = getattr(head.split, "planner", None)
-        if plan_run is None or self.fuse_max < 2:
+        if self.fuse_max < 2:
             return False
         if self._no_run_until is not None:
             if not self._no_run_until.done:
@@ -87,7 +86,7 @@ class Fusing:
             self._no_run_until = None
         if self._any_error and first_error(head) is not None:
             return False
-        planner = plan_run(head)
+        planner = head.split.planner(head)
         if planner is None:
             return False
         with self._lock:

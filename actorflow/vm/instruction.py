@@ -23,6 +23,28 @@ OP_CALL = "op_call"
 ACCESS = "access_blob_by_callback"
 RELEASE = "release"
 
+# An OP_CALL's ``args``: a plain tuple (the per-op path builds one per call, and a tuple
+# literal is the cheapest thing to build), read by these names, never by bare numbers:
+# ``(kernel, inputs, outputs, attrs, dynamic, name)``: the kernel, the input TensorImpls,
+# the output TensorImpls, the attrs dict, whether the outputs' shapes are known only after
+# compute (their blobs are also the instruction's ``mut2``), the op's name.
+KERNEL, INPUTS, OUTPUTS, ATTRS, DYNAMIC, NAME = range(6)
+
+
+class Split:
+    """What an instruction's ``split`` is: ``split(instr, n, first_share)`` cuts it into
+    ``n`` callables run on the workers (the first, ``first_share`` of the work, may run on
+    the loop thread); ``planner(head)`` starts planning a run of queued instructions led by
+    ``head`` (``vm/fusion.py``), or returns None when it cannot lead one."""
+
+    __slots__ = ()
+
+    def __call__(self, instr, n: int, first_share: float = 0.0) -> list:
+        raise NotImplementedError
+
+    def planner(self, head):
+        return None
+
 
 class Instruction:
     """One instruction. ``run(instr)`` does its work on the thread the VM picks; ``cost`` (in
@@ -46,8 +68,7 @@ class Instruction:
         self.run = run
         self.args = args
         self.cost = cost
-        self.split = split        # split(instr, n) -> list of callables, or None; may
-                                  # also plan runs (vm/fusion.py)
+        self.split = split        # a Split, or None: the instruction runs whole
         self.pending = 0
         self.dependents = []
         self.done = False

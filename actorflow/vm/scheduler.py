@@ -30,7 +30,7 @@ from ..backends.base import on_memory_pressure
 from ..eventloop import new_event_loop
 from ..errors import KernelError
 from ..tensor.blob import RELEASED
-from .deps import error_to_run, first_error, record, wrote_nothing
+from .deps import error_to_run, first_error, record, settled, wrote_nothing
 from .fusion import Fusing
 from .instruction import OP_CALL, RELEASE, Instruction
 from .sync import Dropped, Waiting
@@ -111,18 +111,8 @@ class VM(Waiting, Fusing):
         if RELEASED:
             self.collect_releases()
         with self._lock:
-            t = stream.tail
-            if t is not None and not t.done:
+            if not settled(stream, consts, muts):
                 return False
-            for b in consts:
-                w = b.last_write
-                if w is not None and not w.done:
-                    return False
-            for b in muts:
-                if b.last_write is not None or b.reads is not None:   # (fresh outputs: none)
-                    if not b.idle():
-                        return False
-                    b.last_write = b.reads = None   # finished uses constrain nothing
             err = error_to_run(consts, muts, args) if self._any_error else None
             if err is None:
                 try:
