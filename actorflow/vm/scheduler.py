@@ -33,6 +33,7 @@ from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
 from .fusion import Fusing
 from .instruction import OP_CALL, RELEASE, Instruction
+from .release import collect
 from .sync import Dropped, Waiting
 from .workers import Countdown, Workers
 
@@ -42,11 +43,6 @@ class _Named:
 
     def __init__(self, name, stream):
         self.name, self.stream = name, stream
-
-
-def _release_run(instr):
-    for b in instr.muts:
-        b.free()
 
 
 class VM(Waiting, Fusing):
@@ -144,39 +140,8 @@ class VM(Waiting, Fusing):
         self._blocked -= 1
 
     def collect_releases(self, submit_pending: bool = True) -> bool:
-        """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
-        with a RELEASE instruction that runs after their last pending use. Returns whether
-        there was anything to collect. Most small blobs never come here (``Blob.release``
-        frees them at once); the rest are collected at the next submit or dispatch, so large
-        blocks go back to the cache while they are still in the CPU's cache.
-
-        ``submit_pending=False`` (the allocator's reclaim, which may run under the VM lock)
-        frees only what is idle and leaves the rest queued."""
-        if not RELEASED:
-            return False
-        frees: dict = {}
-        pending = []
-        while RELEASED:
-            try:
-                blob = RELEASED.popleft()
-            except IndexError:
-                break
-            if blob.released:
-                continue
-            if (blob.last_write is None and blob.reads is None) or blob.idle():
-                if blob.allocated:
-                    frees.setdefault(blob.backend.allocator, []).append(blob.detach())
-                else:
-                    blob.released = True
-            elif submit_pending:
-                self.submit(Instruction(RELEASE, "release", blob.backend.compute, (),
-                                        (blob,), _release_run, None))
-            else:
-                pending.append(blob)
-        RELEASED.extend(pending)
-        for allocator, blocks in frees.items():
-            allocator.free_many(blocks)
-        return True
+        """Frees blobs whose last tensor is gone (see ``release.collect``)."""
+        return collect(self, submit_pending)
 
     # -- execution ----------------------------------------------------------------------
     def _execute(self, instr: Instruction) -> None:

@@ -1,0 +1,50 @@
+"""Releasing the memory of dead tensors: a blob whose last tensor is gone is queued on
+``tensor.blob.RELEASED``; the VM collects the queue at the next submit or dispatch (and the
+allocators call it under memory pressure), freeing idle blobs at once and the others with a
+RELEASE instruction ordered after their last pending use."""
+
+from __future__ import annotations
+
+from ..tensor.blob import RELEASED
+from .instruction import RELEASE, Instruction
+
+
+def _release(instr) -> None:
+    for b in instr.muts:
+        b.free()
+
+
+def collect(vm, submit_pending: bool = True) -> bool:
+    """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
+    with a RELEASE instruction that runs after their last pending use. Returns whether
+    there was anything to collect. Most small blobs never come here (``Blob.release``
+    frees them at once); the rest are collected at the next submit or dispatch, so large
+    blocks go back to the cache while they are still in the CPU's cache.
+
+    ``submit_pending=False`` (the allocator's reclaim, which may run under the VM lock)
+    frees only what is idle and leaves the rest queued."""
+    if not RELEASED:
+        return False
+    frees: dict = {}
+    pending = []
+    while RELEASED:
+        try:
+            blob = RELEASED.popleft()
+        except IndexError:
+            break
+        if blob.released:
+            continue
+        if (blob.last_write is None and blob.reads is None) or blob.idle():
+            if blob.allocated:
+                frees.setdefault(blob.backend.allocator, []).append(blob.detach())
+            else:
+                blob.released = True
+        elif submit_pending:
+            vm.submit(Instruction(RELEASE, "release", blob.backend.compute, (), (blob,),
+                                  _release, None))
+        else:
+            pending.append(blob)
+    RELEASED.extend(pending)
+    for allocator, blocks in frees.items():
+        allocator.free_many(blocks)
+    return True
