@@ -468,3 +468,21 @@ def test_long_chain_queued_behind_a_slow_op_runs_without_recursion():
     for _ in range(3000):                           # tiny ops the loop then runs one by one
         x = x + 1
     np.testing.assert_array_equal(x.numpy(), np.full(8, 3001.0))
+
+
+def test_an_op_call_names_its_operands_access(random_dispatch):
+    """The instruction model is the one the VM runs: an op call reads its inputs (CONST) and
+    writes its outputs (MUT), or MUT2 when their shape is known only after compute."""
+    from actorflow.lowlevel import Access
+    random_dispatch(7, max_delay=0.05)            # queued, so the instruction is still there
+    x = af.tensor([0.0, 1.0, 0.0, 2.0])
+    y = af.nonzero(x)
+    instr = y._impl.blob.last_write
+    assert instr is not None and instr.name == "nonzero"
+    access = {id(op.blob): op.access for op in instr.operands}
+    assert access[id(x._impl.blob)] is Access.CONST
+    assert access[id(y._impl.blob)] is Access.MUT2
+    z = x + 1
+    instr = z._impl.blob.last_write
+    assert {op.access for op in instr.operands} == {Access.CONST, Access.MUT}
+    np.testing.assert_array_equal(y.numpy().reshape(-1), [1, 3])
