@@ -234,13 +234,19 @@ def test_ctrl_c_in_run_stops_and_frees(no_leftovers):
 
     g = af.ActorGraph()
     g.sink(g.actor(slow, g.source(lambda: batches(200))))
+    # Python turns SIGINT into KeyboardInterrupt only where it was not ignored at start (a
+    # shell's background job ignores it): this test installs the handler itself
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     got = 0
-    with pytest.raises(KeyboardInterrupt):
-        timer.start()
-        for _ in g.run():
-            got += 1
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            timer.start()
+            for _ in g.run():
+                got += 1
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     assert 0 < got < 200
 
 
