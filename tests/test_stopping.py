@@ -268,15 +268,17 @@ async def test_a_cancel_in_the_consumers_own_code_stops_and_frees():
 
 @pytest.mark.parametrize("front", ["run", "run_async"])
 async def test_an_error_is_raised_while_a_sibling_stage_still_runs(front):
-    gate = threading.Event()
+    gate, slow_started = threading.Event(), threading.Event()
     sibling_returned = []
 
     def slow(x):
+        slow_started.set()
         gate.wait(30)
         sibling_returned.append(True)
         return x
 
     def bad(x):
+        assert slow_started.wait(30)          # the sibling is inside its act now
         raise ValueError("branch b fails")
 
     g = af.ActorGraph()
@@ -451,13 +453,15 @@ async def stop_somehow(g, how, after, probe):
             n += 1
             if n >= after:
                 reached.set()
-                if how == "consumer break":
+                if how == "consumer break":         # and close it, as the README says
                     break
                 if how == "consumer raise":
                     raise KeyError("stop")
                 if how == "consumer own code":
                     await asyncio.Event().wait()
         reached.set()
+        if how == "consumer break":
+            await agen.aclose()
 
     if how == "sync break":
         def sync():

@@ -82,7 +82,8 @@ class ActorGraph:
         self._running = False
         self._lock = threading.Lock()
         self._picks = None
-        self._stragglers = None           # acts the last run abandoned (see join())
+        self._stragglers = None           # the last run's ledger: it ends, then its abandoned
+                                          # acts return (see join())
 
     def _set_outputs(self, sinks: list, picks: list, structure) -> None:
         """The run yields ``structure`` rebuilt from ``picks`` (input k, array j, view) of
@@ -219,7 +220,6 @@ class ActorGraph:
         """The run is over (on the loop that drove it): frees the plan but what abandoned
         acts still hold, and records the stats."""
         try:
-            self._stragglers = sched.stragglers
             sched.stragglers.settle()
             self._last = RunStats(sched, plan)
             for a in self.actors:
@@ -241,15 +241,20 @@ class ActorGraph:
             self._finish(plan, sched)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Waits until the acts the last run abandoned when it stopped (an error, a cancel,
-        a ``break``) have returned and freed their registers. Returns False if ``timeout``
-        seconds passed first. The next run waits for them by itself."""
+        """Waits until the last run has ended (its memory settled) and the acts it abandoned
+        when it stopped (an error, a cancel, a ``break``) have returned and freed their
+        registers. Returns False if ``timeout`` seconds passed first. The next run waits
+        for them by itself. (Not from inside the loop over that run: it would wait on
+        itself.)"""
         s = self._stragglers
         return True if s is None else s.wait(timeout)
 
     def _wait_abandoned(self) -> None:
         """Before a plan or a run: the last run's abandoned acts must have returned (they
-        still use its actors' sources, caches and programs)."""
+        still use its actors' sources, caches and programs). A run still going is not
+        waited for: the caller then says the graph is running."""
+        if self._running:
+            return
         while not self.join(loop_module.WAIT_WARN_S):
             loop_module.warn_waiting(self._stragglers)
 
@@ -279,6 +284,7 @@ class ActorGraph:
         plan = self._start(feed)
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
+        self._stragglers = sched.stragglers           # join() waits for this run from now
         loop = graph_loop()
 
         async def main():
@@ -331,7 +337,7 @@ class ActorGraph:
         Cancelling the consuming task (while it waits here or in its own code), an error in
         an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
         self._check_not_on_graph_loop()
-        if self._stragglers is not None and not self._stragglers.done():
+        if self._stragglers is not None and not self._stragglers.done() and not self._running:
             waiting = asyncio.ensure_future(self._stragglers.wait_async())
             try:
                 while not (await asyncio.wait([waiting], timeout=loop_module.WAIT_WARN_S))[0]:
@@ -353,6 +359,7 @@ class ActorGraph:
             wake()
 
         sched = CreditScheduler(plan, deliver, self.output_buffers, self.seed)
+        self._stragglers = sched.stragglers
         task = loop.create_task(self._drive(plan, sched))
         task.add_done_callback(wake)
         watch = ConsumerWatch(sched)
