@@ -13,8 +13,8 @@ from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from .fusion import ELEMENTWISE
-from .opcall import call_fresh, call_op, null_kernel, run_access, run_op
+from ..vm.opcall import call_fresh, call_op, null_kernel, run_access, run_op
+from ..vm.planner import ELEMENTWISE
 
 
 class _State(threading.local):

@@ -1,5 +1,6 @@
-"""Elementwise runs: queued elementwise op calls on tensors of one shape, run slice by slice
-and tile by tile instead of op by op.
+"""Elementwise runs, the planning half (``vm/fusion.py`` dispatches and completes them):
+queued elementwise op calls on tensors of one shape, run slice by slice and tile by tile
+instead of op by op.
 
 The VM finds a run (``vm/fusion.py``: consecutive instructions of one stream, each waiting
 only on earlier ones of the run); this planner decides which op calls may join it and how
@@ -29,7 +30,7 @@ import threading
 import numpy as np
 
 from ..tensor.meta import contiguous_strides
-from ..vm.instruction import DYNAMIC, OUTPUTS, Split
+from .instruction import DYNAMIC, OUTPUTS, Split
 from .opcall import allocate, split_op
 
 MAX_SLOTS = 16          # tile buffers per worker; further dead intermediates get real memory
