@@ -139,7 +139,9 @@ def format_bytes(n: int) -> str:
 
 
 def parse_bytes(value) -> int:
-    """Accepts an int or a string such as '64MiB', '2 GiB', '512KB', '1e6'. Returns bytes."""
+    """Bytes from an int or a string: IEC units are powers of 1024 (``'64MiB'``, ``'2 GiB'``),
+    SI units powers of 1000 (``'512KB'``, ``'1e6'``, ``'3B'``); a bare ``k``/``m``/``g`` is
+    refused as ambiguous, and so is a fractional byte count (``'1.7B'``)."""
     if isinstance(value, bool):
         raise TypeError(f"expected a byte count, got {value!r}")
     if isinstance(value, int):
@@ -151,13 +153,16 @@ def parse_bytes(value) -> int:
     if not isinstance(value, str):
         raise TypeError(f"expected a byte count as an int or a string like '64MiB', got {value!r}")
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20,
-             "g": 2**30}
+             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
     text = value.strip().lower().replace(" ", "")
     i = len(text)
     while i > 0 and text[i - 1].isalpha():
         i -= 1
     number, unit = text[:i], text[i:]
+    if unit in ("k", "m", "g", "t") and number:
+        raise ValueError(f"{value!r}: a bare {unit!r} could mean 1000 or 1024; write "
+                         f"{number}{unit.upper()}iB (IEC, powers of 1024) or "
+                         f"{number}{unit.upper()}B (SI, powers of 1000)")
     if unit not in units or not number:
         raise ValueError(f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' or '2GiB'")
     try:

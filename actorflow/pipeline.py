@@ -2,7 +2,7 @@
 
 Example::
 
-    pipe = af.Pipeline([read_batches(), normalize, train_step], buffers=2,
+    pipe = af.Pipeline([read_batches, normalize, train_step], buffers=2,
                        memory={"cpu": "64MiB"})
     for loss in pipe.run(): ...
 """

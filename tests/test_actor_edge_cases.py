@@ -214,3 +214,52 @@ async def test_stats_pieces_counts_delivered_pieces():
     outs = [o async for o in g.run_async()]
     assert len(outs) == 3 and g.stats().pieces == 3
     await asyncio.sleep(0)
+
+
+def test_a_one_shot_iterator_source_says_so_on_its_second_run():
+    def batches():
+        for i in range(3):
+            yield np.full(2, i, np.float32)
+
+    g = af.ActorGraph()
+    g.sink(g.source(batches(), name="load"))          # a generator object: one pass
+    assert len(list(g.run())) == 3
+    with pytest.raises(af.ActorError, match="one-shot iterator .*g.source\\(read_batches\\)") \
+            as info:
+        list(g.run())
+    assert info.value.actor == "load"
+    g2 = af.ActorGraph()
+    g2.sink(g2.source(batches, name="load"))          # a function: a fresh pass per run
+    assert len(list(g2.run())) == len(list(g2.run())) == 3
+
+
+def test_a_stage_returning_none_is_an_error_unless_it_declared_no_output():
+    src = [np.ones(2, np.float32)] * 3
+    with pytest.raises(af.ActorError, match="returned None.*forget to return.*out=\\(\\)") \
+            as info:
+        list(af.Pipeline([src, lambda a: None], names=["src", "forgot"]).run())
+    assert info.value.actor == "forgot" and info.value.piece == 0
+    assert list(af.Pipeline([src, lambda a: None], out=[None, ()]).run()) == [(), (), ()]
+
+
+def test_writing_into_an_input_says_inputs_are_read_only_views():
+    def bump(x):
+        x += 1
+        return x
+
+    with pytest.raises(af.ActorError, match="read-only views of the producers' registers"):
+        list(af.Pipeline([[np.ones(2)] * 2, bump]).run())
+
+
+@pytest.mark.parametrize("text, want", [("1KB", 1000), ("1KiB", 1024), ("2 MiB", 2 * 2**20),
+                                        ("3MB", 3 * 10**6), ("1e6", 10**6), ("512B", 512)])
+def test_byte_counts_follow_one_rule(text, want):
+    assert af.ActorGraph(memory={"cpu": text}).memory == {"cpu": text}
+    from actorflow.runtime.register import MemoryBudget
+    assert MemoryBudget({"cpu": text}).budget(af.device("cpu")) == want
+
+
+@pytest.mark.parametrize("text", ["1k", "64m", "2g"])
+def test_a_bare_k_m_g_is_refused_as_ambiguous(text):
+    with pytest.raises(af.PlanError, match="could mean 1000 or 1024"):
+        af.ActorGraph(memory={"cpu": text})

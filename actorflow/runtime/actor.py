@@ -12,12 +12,11 @@ scheduler (``credit.py``) decides when it may act; this file only says what acti
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 
 import numpy as np
 
 from ..errors import PlanError
+from .checks import check_buffers, check_resources, check_time, seconds
 from .register import EOS
 from .spec import NOTHING, PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
 
@@ -45,9 +44,9 @@ class Actor:
         self.inputs = list(inputs)          # upstream actors
         self.buffers = check_buffers(buffers, f"actor {name!r}") if buffers is not None \
             else None                       # None: the graph's default
-        self.resources = _check_resources(resources, name)
+        self.resources = check_resources(resources, name)
         self.inline = inline                # act on the scheduler's loop, not a thread
-        self.time = _check_time(time, name) # simulated seconds per act (float or f(piece))
+        self.time = check_time(time, name)  # simulated seconds per act (float or f(piece))
         self.out_spec = out                 # PieceSpec once known
         self.declared = out is not None     # the user gave out=
         self.cached: dict = {}              # piece -> output leaves computed while planning
@@ -76,7 +75,7 @@ class Actor:
             return 0.0
         if not callable(t):
             return t
-        return _seconds(t(piece), f"actor {self.name!r}: time= returned", f" for piece {piece}")
+        return seconds(t(piece), f"actor {self.name!r}: time= returned", f" for piece {piece}")
 
     def _copy_cached(self, piece, outs) -> bool:
         leaves = self.cached.pop(piece, None)
@@ -89,8 +88,8 @@ class Actor:
 
     def _store(self, value, outs, what: str) -> None:
         spec = self.out_spec
-        if value is None and spec.specs and all(s.device.type == "null" for s in spec.specs):
-            return              # a stand-in on the null device: only size and time count
+        if value is None and self._none_is_fine(what):
+            return
         if type(value) is np.ndarray and spec.structure == 0:        # the common case
             s = spec.specs[0]
             if value.shape == s.shape and value.dtype == s.dtype.np:
@@ -113,8 +112,22 @@ class Actor:
         self._store(value, outs, what)
         return None
 
+    def _none_is_fine(self, what: str) -> bool:
+        """A stage or source gave None: fine when it declared no output (``out=()``) or
+        its output is on the null device (a stand-in: only size and time count); else a
+        mistake (a function that forgot to return), said with the fix."""
+        spec = self.out_spec
+        if spec is not None and all(s.device.type == "null" for s in spec.specs):
+            return True
+        raise TypeError(f"{what} returned None; a stage or source gives its output piece (an "
+                        f"array, a tensor, a number, or a tuple/list/dict of them): did the "
+                        f"function forget to return? If it has no output, declare out=() "
+                        f"and None is accepted")
+
     def _checked_leaves(self, value, what: str) -> list:
         """Leaves of a probed output, checked against a declared spec (if any)."""
+        if value is None and self._none_is_fine(what):
+            return [None] * len(self.out_spec.specs)
         leaves, structure = flatten(value)
         got = PieceSpec.of(value, what, self._device())
         if self.out_spec is None:
@@ -137,58 +150,20 @@ class Actor:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
-MAX_BUFFERS = 1024
-"""Registers per output at most: each is a buffer of its own, and credits beyond the pieces
-that can be in flight at once only sit idle."""
-
-
-def check_buffers(n, who: str) -> int:
-    """``buffers=`` as given for ``who``: an int from 1 to MAX_BUFFERS."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise PlanError(f"{who}: buffers must be an int >= 1 (registers per output; 2 gives "
-                        f"double buffering), got {n!r}")
-    if n > MAX_BUFFERS:
-        raise PlanError(f"{who}: buffers={n} registers per output is more than the "
-                        f"{MAX_BUFFERS} a run can use (a register is a buffer of its own, "
-                        f"and credits beyond the pieces in flight sit idle); use 2 to "
-                        f"{MAX_BUFFERS}")
-    return n
-
-
-def _check_resources(resources, name: str) -> dict:
-    out = {}
-    for res, n in dict(resources or {}).items():
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise PlanError(f"actor {name!r}: resources={{{res!r}: {n!r}}}: an actor takes a "
-                            f"whole number >= 1 of each resource it names (leave out those "
-                            f"it does not take)")
-        out[res] = n
-    return out
-
-
-def _check_time(t, name: str):
-    if t is None or callable(t):
-        return t
-    return _seconds(t, f"actor {name!r}: time=", "")
-
-
-def _seconds(t, what: str, where: str) -> float:
-    """Simulated seconds: a finite number >= 0 (an act must end)."""
-    if isinstance(t, bool) or not isinstance(t, numbers.Real):
-        raise TypeError(f"{what} {t!r}{where}: give seconds as a number >= 0 (or a function "
-                        f"of the piece returning one)")
-    seconds = float(t)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{what} {t!r}{where}: an act takes a finite number of seconds "
-                         f">= 0")
-    return seconds
-
-
 def _shape_of(value) -> str:
     try:
         return repr(PieceSpec.of(value, "value"))
     except Exception:  # noqa: BLE001 - only used in a message
         return type(value).__name__
+
+
+def _one_shot(src) -> bool:
+    """An iterator (a generator object...): iterating it again gives what is left of it."""
+    if isinstance(src, type):
+        return False
+    if hasattr(src, "__next__") and hasattr(src, "__iter__"):
+        return True
+    return hasattr(src, "__anext__") and hasattr(src, "__aiter__")
 
 
 def read_piece(arrays: list, spec: PieceSpec):
@@ -217,12 +192,19 @@ class SourceActor(Actor):
         self.fed = False            # pieces come from run(feed=...)
         self.it = None
         self.is_async = False
+        self.spent = False          # a one-shot iterator an earlier run used (and closed)
 
     def start(self) -> None:
         """Opens the source for a run (the plan's probe may have opened it already)."""
         if self.it is not None:
             return
         src = self.source
+        if self.spent and _one_shot(src):
+            raise ValueError(
+                f"source {self.name!r} is a one-shot iterator ({type(src).__name__}) that an "
+                f"earlier run (or plan) used up; give the graph something it can iterate again: a "
+                f"function returning a fresh iterator (g.source(read_batches), not "
+                f"g.source(read_batches())), or a list")
         if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
                                      and not hasattr(src, "__aiter__")):
             src = src()                 # a factory (a class too): a fresh iterable per run
@@ -236,6 +218,8 @@ class SourceActor(Actor):
 
     def close(self) -> None:
         it, self.it = self.it, None
+        if it is not None and _one_shot(self.source):
+            self.spent = True
         self.cached.clear()
         if it is not None and hasattr(it, "close") and not inspect.isasyncgen(it):
             try:
@@ -291,12 +275,23 @@ class StageActor(Actor):
         self.fn = fn
 
     def probe(self, ins):
-        return self._checked_leaves(self.fn(*ins), f"actor {self.name!r} (piece 0)")
+        return self._checked_leaves(self._call(ins), f"actor {self.name!r} (piece 0)")
 
     def compute(self, piece, ins, outs):
         if outs is not None and self._copy_cached(piece, outs):
             return None
-        return self._put(self.fn(*ins), outs, f"actor {self.name!r} (piece {piece})")
+        return self._put(self._call(ins), outs, f"actor {self.name!r} (piece {piece})")
+
+    def _call(self, ins):
+        try:
+            return self.fn(*ins)
+        except ValueError as e:
+            if "read-only" not in str(e):
+                raise
+            raise ValueError(f"{e}: actor {self.name!r} wrote into an input, and its inputs "
+                             f"are read-only views of the producers' registers (other actors "
+                             f"read them too); copy what you change (x = x.copy()) or write "
+                             f"into a new array") from e
 
     def describe(self) -> str:
         return f"stage {getattr(self.fn, '__name__', type(self.fn).__name__)}"

@@ -3,7 +3,7 @@
 Example::
 
     g = af.ActorGraph(memory={"cpu": "64MiB"}, resources={"disk": 1})
-    load = g.source(read_batches(), out=af.Spec((256, 784)), name="load",
+    load = g.source(read_batches, out=af.Spec((256, 784)), name="load",
                     resources={"disk": 1})
     prep = g.actor(normalize, load, name="preprocess")
     h = g.op(af.relu, prep, name="relu")
@@ -21,9 +21,10 @@ from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
 from . import loop as loop_module
-from .actor import Actor, OpActor, SourceActor, StageActor, check_buffers
+from .actor import Actor, OpActor, SourceActor, StageActor
+from .checks import check_buffers
 from .credit import CreditScheduler
-from .loop import ConsumerWatch, graph_loop, on_graph_loop
+from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
 from .plan import plan_graph
 from .register import MemoryBudget
 from .spec import PieceSpec
@@ -263,14 +264,6 @@ class ActorGraph:
         if self._stragglers is not None:
             await self._stragglers.wait_async()
 
-    def _check_not_on_graph_loop(self) -> None:
-        if on_graph_loop():
-            raise RuntimeError(
-                "run() was called on the thread that drives actor graphs (from an inline "
-                "actor, inline=True, or a callback of a run): it would wait for a loop that "
-                "is busy waiting for it. Make that actor a thread stage (inline=False), or "
-                "iterate run_async() from async code")
-
     def run(self, feed=None):
         """Runs the graph from plain code; yields the outputs in piece order.
 
@@ -279,7 +272,7 @@ class ActorGraph:
         acts running then are abandoned: each finishes on its thread and then frees the
         registers it held (``join()`` waits for that; so does the next run). Everything else
         is freed before this returns."""
-        self._check_not_on_graph_loop()
+        refuse_on_graph_loop()
         self._wait_abandoned()
         plan = self._start(feed)
         out = SimpleQueue()
@@ -336,7 +329,7 @@ class ActorGraph:
 
         Cancelling the consuming task (while it waits here or in its own code), an error in
         an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
-        self._check_not_on_graph_loop()
+        refuse_on_graph_loop()
         if self._stragglers is not None and not self._stragglers.done() and not self._running:
             waiting = asyncio.ensure_future(self._stragglers.wait_async())
             try:

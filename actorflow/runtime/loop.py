@@ -36,9 +36,15 @@ def graph_loop():
         return _GRAPH_LOOP[0]
 
 
-def on_graph_loop() -> bool:
-    """Whether the caller is the graph loop thread (where ``run()`` must not wait)."""
-    return bool(_GRAPH_THREAD) and threading.current_thread() is _GRAPH_THREAD[0]
+def refuse_on_graph_loop() -> None:
+    """Raises if the caller is the graph loop thread: a run started there would wait for a
+    loop that is busy waiting for it."""
+    if _GRAPH_THREAD and threading.current_thread() is _GRAPH_THREAD[0]:
+        raise RuntimeError(
+            "run() was called on the thread that drives actor graphs (from an inline actor, "
+            "inline=True, or a callback of a run): it would wait for a loop that is busy "
+            "waiting for it. Make that actor a thread stage (inline=False), or iterate "
+            "run_async() from async code")
 
 
 WAIT_WARN_S = 10.0

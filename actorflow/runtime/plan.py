@@ -268,7 +268,7 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
         if isinstance(a, SourceActor) and a.fed:
             if feed is None:
                 raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); pass feed=")
-            a.source, a.it = feed, None
+            a.source, a.it, a.spent = feed, None, False
             a.cached.clear()
             if not a.declared:
                 a.out_spec = None

@@ -1,0 +1,55 @@
+"""The checks of what a user gives an actor or a graph: ``buffers``, ``resources``, ``time``.
+Each refuses what cannot be right with the reason and the fix."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from ..errors import PlanError
+
+MAX_BUFFERS = 1024
+"""Registers per output at most: each is a buffer of its own, and credits beyond the pieces
+that can be in flight at once only sit idle."""
+
+
+def check_buffers(n, who: str) -> int:
+    """``buffers=`` as given for ``who``: an int from 1 to MAX_BUFFERS."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise PlanError(f"{who}: buffers must be an int >= 1 (registers per output; 2 gives "
+                        f"double buffering), got {n!r}")
+    if n > MAX_BUFFERS:
+        raise PlanError(f"{who}: buffers={n} registers per output is more than the "
+                        f"{MAX_BUFFERS} a run can use (a register is a buffer of its own, "
+                        f"and credits beyond the pieces in flight sit idle); use 2 to "
+                        f"{MAX_BUFFERS}")
+    return n
+
+
+def check_resources(resources, name: str) -> dict:
+    out = {}
+    for res, n in dict(resources or {}).items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise PlanError(f"actor {name!r}: resources={{{res!r}: {n!r}}}: an actor takes a "
+                            f"whole number >= 1 of each resource it names (leave out those "
+                            f"it does not take)")
+        out[res] = n
+    return out
+
+
+def check_time(t, name: str):
+    if t is None or callable(t):
+        return t
+    return seconds(t, f"actor {name!r}: time=", "")
+
+
+def seconds(t, what: str, where: str) -> float:
+    """Simulated seconds: a finite number >= 0 (an act must end)."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
+        raise TypeError(f"{what} {t!r}{where}: give seconds as a number >= 0 (or a function "
+                        f"of the piece returning one)")
+    seconds = float(t)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} {t!r}{where}: an act takes a finite number of seconds "
+                         f">= 0")
+    return seconds
