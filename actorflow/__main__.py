@@ -39,8 +39,37 @@ def demo() -> None:
           f"{s['in_flight']} in flight; cpu peak {s['devices']['cpu']['peak']} bytes")
 
 
+def _count(what: str):
+    """An argparse type: a whole number >= 1, refused with a message otherwise."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}")
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be at least 1, got {n}")
+        return n
+    return parse
+
+
+def _writable_folder(parser, path: str) -> None:
+    """Refuses an --out folder that cannot be made or written, before anything runs."""
+    import os
+    from pathlib import Path
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out {path!r}: cannot make that folder ({e.strerror}); give a "
+                     f"folder you can write")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"--out {path!r}: that folder is not writable; give one you can write")
+
+
 def main(argv=None) -> int:
+    from . import __version__
     parser = argparse.ArgumentParser(prog="python -m actorflow")
+    parser.add_argument("--version", action="version", version=f"actorflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="run the quickstart example")
     exp = sub.add_parser("experiments", help="reproduce the resource-dependency deadlock")
@@ -48,10 +77,13 @@ def main(argv=None) -> int:
     exp.add_argument("--seed", type=int, default=0, help="makes the run reproducible")
     exp.add_argument("--out", default="experiments-out",
                      help="folder for NAME.json and NAME.png (default experiments-out)")
-    exp.add_argument("--n", type=int, default=None, help="random: how many DAGs (200)")
-    exp.add_argument("--pieces", type=int, default=None,
+    exp.add_argument("--n", type=_count("--n"), default=None,
+                     help="random: how many DAGs (200)")
+    exp.add_argument("--pieces", type=_count("--pieces"), default=None,
                      help="double-buffering: pieces through the pipeline (60)")
     args = parser.parse_args(argv)
+    if args.command == "experiments":
+        _writable_folder(exp, args.out)
     if args.command == "demo":
         demo()
     elif args.command == "experiments":

@@ -148,6 +148,29 @@ def test_cli_writes_json(tmp_path, capsys):
     assert (tmp_path / "figure1.json").exists()
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["experiments", "random", "--n", "-5"], "--n must be at least 1, got -5"),
+    (["experiments", "double-buffering", "--pieces", "-3"], "--pieces must be at least 1"),
+    (["experiments", "random", "--n", "many"], "--n must be a whole number"),
+    (["experiments", "figure1", "--out", "/proc/no/such/folder"], "cannot make that folder"),
+])
+def test_cli_refuses_bad_arguments_with_a_message(argv, says, capsys):
+    from actorflow.__main__ import main
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_cli_says_its_version(capsys):
+    from actorflow.__main__ import main
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"actorflow {af.__version__}"
+
+
 def test_ops_from_a_traced_graph():
     @af.trace
     def f(x, w):
