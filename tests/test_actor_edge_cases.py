@@ -263,3 +263,30 @@ def test_byte_counts_follow_one_rule(text, want):
 def test_a_bare_k_m_g_is_refused_as_ambiguous(text):
     with pytest.raises(af.PlanError, match="could mean 1000 or 1024"):
         af.ActorGraph(memory={"cpu": text})
+
+
+def test_stats_during_a_run_is_a_live_snapshot_and_says_how_the_run_ended():
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x + 1, g.source(lambda: iter([np.ones(2)] * 50),
+                                             name="a_source_with_a_really_long_name"),
+                   name="output"))                      # a user actor may be called "output"
+    for i, _ in enumerate(g.run()):
+        if i == 5:
+            live = g.stats()
+            assert live.state == "running" and live.pieces >= 6
+            assert "still running" in live.table()
+        if i == 20:
+            break
+    done = g.stats()
+    assert done.state == "stopped" and "stopped before its end" in done.table()
+    assert done.actors["output"]["kind"] == "stage"              # not the run's own output
+    assert done.actors["(output)"]["kind"] == "output" and done.pieces == 21
+    assert "a_source_with_a_really_long_name" in done.table()   # names are not cut
+    g.join(30)
+    g2 = af.ActorGraph()
+    g2.sink(g2.source([np.ones(2)]))
+    list(g2.run())
+    assert g2.stats().table().splitlines()[0].startswith("Run: 1 piece in ")
+    assert g2.stats().state == "finished"
+    with pytest.raises(ValueError, match="run's own output"):
+        g2.actor(lambda x: x, g2.actors[0], name="(output)")

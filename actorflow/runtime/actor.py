@@ -342,6 +342,9 @@ class OpActor(Actor):
         return f"op {self.program.describe() if self.program else '?'}"
 
 
+COLLECTOR_NAME = "(output)"     # reserved: no user actor can collide with it in the stats
+
+
 class Collector(Actor):
     """The run's output: copies the sinks' pieces out of their registers (as one value, or a
     dict by sink name when there are several) and hands them to the consumer of ``run()``."""
@@ -349,7 +352,7 @@ class Collector(Actor):
     kind = "output"
 
     def __init__(self, sinks: list, names: list, picks=None, structure=None):
-        super().__init__("output", list(sinks), inline=True)
+        super().__init__(COLLECTOR_NAME, list(sinks), inline=True)
         self.names = names
         self.picks = picks              # [(input k, array j, view meta)]: a traced output
         self.structure = structure

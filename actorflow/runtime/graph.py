@@ -21,7 +21,7 @@ from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
 from . import loop as loop_module
-from .actor import Actor, OpActor, SourceActor, StageActor
+from .actor import COLLECTOR_NAME, Actor, OpActor, SourceActor, StageActor
 from .checks import check_buffers
 from .credit import CreditScheduler
 from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
@@ -83,6 +83,7 @@ class ActorGraph:
         self._running = False
         self._lock = threading.Lock()
         self._picks = None
+        self._current = None              # (scheduler, plan) of the run going on
         self._stragglers = None           # the last run's ledger: it ends, then its abandoned
                                           # acts return (see join())
 
@@ -106,6 +107,8 @@ class ActorGraph:
         return actor
 
     def _name(self, name, default: str) -> str:
+        if name == COLLECTOR_NAME:
+            raise ValueError(f"the name {name!r} is the run's own output; choose another")
         if name is not None:
             if name in self._names:
                 raise ValueError(f"an actor named {name!r} already exists; names are unique")
@@ -227,6 +230,7 @@ class ActorGraph:
                 if isinstance(a, SourceActor) and a.fed:
                     a.source = None
         finally:
+            self._current = None
             self._running = False
 
     async def _drive(self, plan, sched) -> None:
@@ -236,17 +240,14 @@ class ActorGraph:
             self._finish(plan, sched)
 
     def _finish_unstarted(self, plan, sched, task) -> None:
-        """The run's task was cancelled before its first step: nothing ran, free the plan."""
-        if task.cancelled() and not sched.finished:
+        if task.cancelled() and not sched.finished:   # before its first step: nothing ran
             sched.let_go()
             self._finish(plan, sched)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Waits until the last run has ended (its memory settled) and the acts it abandoned
-        when it stopped (an error, a cancel, a ``break``) have returned and freed their
-        registers. Returns False if ``timeout`` seconds passed first. The next run waits
-        for them by itself. (Not from inside the loop over that run: it would wait on
-        itself.)"""
+        """Waits until the last run has ended and the acts it abandoned when it stopped
+        have returned and freed their registers; False if ``timeout`` passed first. (Not
+        from inside the loop over that run: it would wait on itself.)"""
         s = self._stragglers
         return True if s is None else s.wait(timeout)
 
@@ -278,6 +279,7 @@ class ActorGraph:
         out = SimpleQueue()
         sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
         self._stragglers = sched.stragglers           # join() waits for this run from now
+        self._current = (sched, plan)
         loop = graph_loop()
 
         async def main():
@@ -353,6 +355,7 @@ class ActorGraph:
 
         sched = CreditScheduler(plan, deliver, self.output_buffers, self.seed)
         self._stragglers = sched.stragglers
+        self._current = (sched, plan)
         task = loop.create_task(self._drive(plan, sched))
         task.add_done_callback(wake)
         watch = ConsumerWatch(sched)
@@ -386,8 +389,12 @@ class ActorGraph:
                     pass               # leaves the task to finish (and free) on its own
 
     def stats(self) -> RunStats:
-        """Per actor of the last run: acts, compute time, time waiting on input, credit and
-        resources; and memory planned and measured per device."""
+        """Per actor of the last run (during a run: a live snapshot of it): acts, compute
+        time, time waiting on input, credit and resources; memory planned and measured per
+        device; whether it finished, was stopped or failed."""
+        current = self._current
+        if current is not None:
+            return RunStats(*current)
         if self._last is None:
             raise RuntimeError("stats(): the graph has not run yet")
         return self._last

@@ -12,7 +12,8 @@ class RunStats:
     """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
     graph has no sink); ``actors``: per actor name ``{kind, mode, acts, compute_s, wait_input_s,
     wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
-    budget}`` in bytes (``peak`` measured: the most register bytes held at once);
+    budget}`` in bytes (``peak`` measured: the most register bytes held at once); ``state``:
+    "finished", "stopped" (a cancel, a break), "failed" or "running" (a live snapshot);
     ``abandoned``: ``[(actor name, piece)]`` of the acts still running when the run stopped
     (each frees its registers when it returns; ``ActorGraph.join`` waits for them)."""
 
@@ -37,20 +38,33 @@ class RunStats:
             self.memory[str(dev)] = {"planned": total, "peak": m.get("peak", 0),
                                      "budget": plan.budget.budget(dev)}
         self.abandoned: list = sched.stragglers.running()
+        if not sched.finished:
+            self.state = "running"             # a live snapshot (stats() during a run)
+        elif sched.error is not None:
+            self.state = "failed"
+        elif sched.stopping:
+            self.state = "stopped"             # a cancel, a break, Ctrl-C: before the end
+        else:
+            self.state = "finished"
         out = [r["acts"] for r in self.actors.values() if r["kind"] == "output"]
         self.pieces = out[0] if out else max((r["acts"] for r in self.actors.values()
                                               if r["kind"] == "source"), default=0)
 
     def as_dict(self) -> dict:
-        return {"wall_s": self.wall_s, "pieces": self.pieces, "actors": self.actors,
-                "memory": self.memory, "abandoned": self.abandoned}
+        return {"wall_s": self.wall_s, "pieces": self.pieces, "state": self.state,
+                "actors": self.actors, "memory": self.memory, "abandoned": self.abandoned}
 
     def table(self) -> str:
-        head = (f"{'actor':<16} {'mode':<7} {'acts':>6} {'compute s':>10} {'wait input':>11} "
+        w = max([16] + [len(name) for name in self.actors])
+        head = (f"{'actor':<{w}} {'mode':<7} {'acts':>6} {'compute s':>10} {'wait input':>11} "
                 f"{'wait credit':>12} {'wait res.':>10} {'busy':>6}")
-        lines = [f"Run: {self.pieces} pieces in {self.wall_s:.3f} s", head, "-" * len(head)]
+        n = self.pieces
+        state = {"finished": "", "stopped": ", stopped before its end",
+                 "failed": ", stopped by an error", "running": ", still running (so far)"}
+        lines = [f"Run: {n} piece{'' if n == 1 else 's'} in {self.wall_s:.3f} s"
+                 f"{state[self.state]}", head, "-" * len(head)]
         for name, r in self.actors.items():
-            lines.append(f"{name[:16]:<16} {r['mode']:<7} {r['acts']:>6} {r['compute_s']:>10.4f} "
+            lines.append(f"{name:<{w}} {r['mode']:<7} {r['acts']:>6} {r['compute_s']:>10.4f} "
                          f"{r['wait_input_s']:>11.4f} {r['wait_credit_s']:>12.4f} "
                          f"{r['wait_resource_s']:>10.4f} {r['busy']:>6.0%}")
         for dev, m in self.memory.items():
