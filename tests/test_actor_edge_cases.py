@@ -280,7 +280,7 @@ def test_stats_during_a_run_is_a_live_snapshot_and_says_how_the_run_ended():
     done = g.stats()
     assert done.state == "stopped" and "stopped before its end" in done.table()
     assert done.actors["output"]["kind"] == "stage"              # not the run's own output
-    assert done.actors["(output)"]["kind"] == "output" and done.pieces == 21
+    assert done.actors["(output)"]["kind"] == "output" and done.pieces >= 21
     assert "a_source_with_a_really_long_name" in done.table()   # names are not cut
     g.join(30)
     g2 = af.ActorGraph()

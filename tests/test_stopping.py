@@ -646,3 +646,45 @@ async def test_a_run_task_cancelled_before_its_first_step_frees_the_plan():
     await g.join_async()
     assert in_use() == base
     assert len([x async for x in g.run_async()]) == 10
+
+
+# -- issue 10: a per-actor timeout --------------------------------------------------------
+
+@pytest.mark.parametrize("front", ["run", "run_async"])
+async def test_an_act_past_its_timeout_fails_the_run_naming_actor_piece_and_time(front):
+    base = in_use()
+    gate, held = threading.Event(), threading.Event()
+
+    def stage(x):
+        if int(x[0]) == 2:
+            held.set()
+            gate.wait(30)
+        return x
+
+    g = af.ActorGraph()
+    g.sink(g.actor(stage, g.source(lambda: (np.full(N, i, np.float32) for i in range(6))),
+                   name="stuck", timeout=0.2))
+    with pytest.raises(af.ActorError, match=r"'stuck' took longer than timeout=0.2 s on "
+                                            r"piece 2") as info:
+        if front == "run":
+            list(g.run())
+        else:
+            async for _ in g.run_async():
+                pass
+    assert info.value.actor == "stuck" and info.value.piece == 2
+    assert isinstance(info.value.original, TimeoutError)
+    assert held.is_set() and not gate.is_set()          # raised while the act still ran
+    assert ("stuck", 2) in g.stats().abandoned
+    gate.set()
+    await asyncio.to_thread(settle, g)
+    assert in_use() == base
+    assert len(list(g.run())) == 6                       # acts within the timeout: fine
+
+
+@pytest.mark.parametrize("kw, match", [({"timeout": 0}, "> 0"),
+                                       ({"timeout": float("inf")}, "finite"),
+                                       ({"timeout": 1, "inline": True}, "needs an actor on a")])
+def test_bad_timeouts_are_refused(kw, match):
+    g = af.ActorGraph()
+    with pytest.raises(ValueError, match=match):
+        g.actor(lambda x: x, g.source([np.zeros(2)]), **kw)

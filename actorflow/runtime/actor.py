@@ -16,7 +16,7 @@ import inspect
 import numpy as np
 
 from ..errors import PlanError
-from .checks import check_buffers, check_resources, check_time, seconds
+from .checks import check_buffers, check_resources, check_time, check_timeout, seconds
 from .register import EOS
 from .spec import NOTHING, PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
 
@@ -39,8 +39,9 @@ class Actor:
 
     def __init__(self, name: str, inputs: list, buffers: int | None = None,
                  resources: dict | None = None, inline: bool = False, time=None,
-                 out: PieceSpec | None = None):
+                 out: PieceSpec | None = None, timeout=None):
         self.name = name
+        self.timeout = check_timeout(timeout, inline, name)   # seconds per act, or None
         self.inputs = list(inputs)          # upstream actors
         self.buffers = check_buffers(buffers, f"actor {name!r}") if buffers is not None \
             else None                       # None: the graph's default

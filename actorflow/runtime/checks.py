@@ -53,3 +53,18 @@ def seconds(t, what: str, where: str) -> float:
         raise ValueError(f"{what} {t!r}{where}: an act takes a finite number of seconds "
                          f">= 0")
     return seconds
+
+
+def check_timeout(timeout, inline, name: str):
+    """``timeout=``: finite seconds > 0 one act may take, for an actor on a thread or a task
+    (an inline act holds the loop, so nothing could notice it running late)."""
+    if timeout is None:
+        return None
+    t = seconds(timeout, f"actor {name!r}: timeout=", "")
+    if t <= 0:
+        raise ValueError(f"actor {name!r}: timeout={timeout!r}: give the seconds one act may "
+                         f"take, > 0")
+    if inline:
+        raise ValueError(f"actor {name!r}: timeout= needs an actor on a thread; an inline act "
+                         f"runs on the scheduler's loop and cannot be timed out while it runs")
+    return t

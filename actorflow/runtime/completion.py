@@ -55,6 +55,9 @@ class Completion:
         st.in_flight -= 1
         if st.jobs:
             st.jobs.pop(piece, None)
+        if st.timer is not None:
+            st.timer.cancel()
+            st.timer = None
         st.compute_s += dt
         for name, n in st.tokens:
             self.tokens[name] += n

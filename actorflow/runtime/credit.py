@@ -31,6 +31,7 @@ import time
 import traceback
 from collections import deque
 
+from ..errors import ActorError
 from .actor import Collector, SourceActor
 from .completion import Completion
 from .register import EOS
@@ -59,8 +60,8 @@ class CreditScheduler(Completion):
                 mode = "thread" if actor not in plan.pending else "undecided"
             else:
                 mode = "thread"
-            limit = 1 if (mode != "thread" or actor.resources or actor.time is not None) \
-                else 1 << 30
+            limit = 1 if (mode != "thread" or actor.resources or actor.time is not None
+                          or actor.timeout is not None) else 1 << 30
             st = ActorState(actor, out, mode, limit)
             st.ins = plan.in_ports.get(actor, [])
             self.states.append(st)
@@ -260,12 +261,16 @@ class CreditScheduler(Completion):
                 self._start_thread(st)
             st.jobs[piece] = (regs, out_reg)
             st.thread.queue.put((piece, regs, out_reg))
+            if st.actor.timeout is not None:
+                self._time_act(st, piece)
             return
         if st.mode == "async":
             task = self.loop.create_task(self._act_async(st, piece, out_reg))
             self.pending_tasks.add(task)
             self.async_acts[task] = (st, piece, out_reg)
             task.add_done_callback(lambda t: self._async_done(t, st, piece, out_reg))
+            if st.actor.timeout is not None:
+                self._time_act(st, piece)
             return
         t0 = time.perf_counter()
         err = result = None
@@ -282,6 +287,23 @@ class CreditScheduler(Completion):
                                  dt + delay)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
+
+    def _time_act(self, st: ActorState, piece: int) -> None:
+        """Fails the run if this act (one at a time: acts of an actor with a timeout are
+        not queued ahead) has not completed after ``timeout`` seconds."""
+        st.timer = self.loop.call_later(st.actor.timeout, self._timed_out, st, piece)
+
+    def _timed_out(self, st: ActorState, piece: int) -> None:
+        st.timer = None
+        if self.finished or self.stopping:
+            return
+        t = st.actor.timeout
+        e = TimeoutError(f"actor {st.actor.name!r} took longer than timeout={t:g} s on piece "
+                         f"{piece}; the act was abandoned (it frees its registers when it "
+                         f"returns)")
+        error = ActorError(st.actor.name, piece, e, "")
+        error.__cause__ = e
+        self.stop(error)
 
     async def _act_async(self, st, piece, out_reg):
         t0 = time.perf_counter()

@@ -121,31 +121,34 @@ class ActorGraph:
         return cand
 
     def source(self, source, out=None, name=None, resources=None, buffers=None,
-               inline=False, time=None) -> Actor:
+               inline=False, time=None, timeout=None) -> Actor:
         """An actor yielding the items of ``source`` (iterable, async iterable, or a
         zero-argument callable returning one). Each item is a piece: an array or tensor,
-        or a tuple/list/dict of them. ``out``: its Spec (else piece 0 sizes it)."""
+        or a tuple/list/dict of them. ``out``: its Spec (else piece 0 sizes it).
+        ``timeout``: seconds one act may take before the run fails (as for ``actor``)."""
         spec = PieceSpec.from_user(out) if out is not None else None
         return self._add(SourceActor(self._name(name, "source"), source, buffers=buffers,
-                                     resources=resources, inline=inline, time=time, out=spec))
+                                     resources=resources, inline=inline, time=time, out=spec,
+                                     timeout=timeout))
 
-    def input(self, out, name=None, buffers=None) -> Actor:
-        """A source whose items are given to ``run(feed=...)``."""
+    def input(self, out, name=None, buffers=None) -> Actor:     # pieces from run(feed=...)
         a = self.source((), out=out, name=name or "input", buffers=buffers)
         a.source, a.fed = None, True
         return a
 
     def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
-              inline=False, time=None) -> Actor:
+              inline=False, time=None, timeout=None) -> Actor:
         """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
         actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions).
         Its inputs are read-only views of the producers' registers; its result is copied
         into its register. ``out``: its Spec (else piece 0 sizes it). ``time``: simulated
-        extra seconds per act (float or ``f(piece)``), for experiments and tests."""
+        extra seconds per act (float or ``f(piece)``), for experiments and tests.
+        ``timeout``: seconds one act may take; past it the run fails with ActorError and
+        the act is abandoned (it frees its registers when it returns)."""
         spec = PieceSpec.from_user(out) if out is not None else None
         return self._add(StageActor(self._name(name, getattr(fn, "__name__", "stage")), fn,
-                                    list(inputs), buffers=buffers,
-                                    resources=resources, inline=inline, time=time, out=spec))
+                                    list(inputs), buffers=buffers, resources=resources,
+                                    inline=inline, time=time, out=spec, timeout=timeout))
 
     def op(self, fn, *inputs, name=None, buffers=None, inline=None, time=None,
            resources=None, **kwargs) -> Actor:
@@ -266,13 +269,10 @@ class ActorGraph:
             await self._stragglers.wait_async()
 
     def run(self, feed=None):
-        """Runs the graph from plain code; yields the outputs in piece order.
-
-        The runtime's graph loop thread drives the actors. Breaking out of the loop, an
-        exception in an actor (raised here as ActorError) or Ctrl-C stops the run at once;
-        acts running then are abandoned: each finishes on its thread and then frees the
-        registers it held (``join()`` waits for that; so does the next run). Everything else
-        is freed before this returns."""
+        """Runs the graph from plain code (on the graph loop thread); yields the outputs in
+        piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
+        acts running then are abandoned and free their registers when they return
+        (``join()`` waits for that); everything else is freed before this returns."""
         refuse_on_graph_loop()
         self._wait_abandoned()
         plan = self._start(feed)

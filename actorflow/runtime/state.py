@@ -17,7 +17,7 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "tokens", "jobs")
+                 "since", "tokens", "jobs", "timer")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -38,6 +38,7 @@ class ActorState:
         self.since = 0.0
         self.tokens = tuple(actor.resources.items())
         self.jobs: dict = {}            # piece -> (regs, out_reg) of acts sent to its thread
+        self.timer = None               # the timeout of the act running (actors with timeout=)
 
 
 class ActorThread:
