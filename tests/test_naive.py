@@ -179,10 +179,10 @@ def test_ops_from_a_traced_graph():
     g = f.actor_graph(af.Spec((64, 100)), af.Spec((100, 10)))
     ops = ops_from_graph(g, feed=[(np.zeros((64, 100), np.float32),
                                    np.zeros((100, 10), np.float32))])
-    assert [o.name for o in ops] == ["input", "matmul", "relu", "softmax"]
+    assert [o.name for o in ops] == ["inputs of f", "matmul", "relu", "softmax"]
     assert ops[0].nbytes == 4 * (6400 + 1000) and ops[1].nbytes == 4 * 640
     cap = sum(o.nbytes for o in ops[:2])
     r = NaiveScheduler(ops, cap, pieces=3, time_scale=0).run()
-    assert r.status == "deadlock" and "input[1] waits for" in str(r.error)
+    assert r.status == "deadlock" and "inputs of f[1] waits for" in str(r.error)
     assert NaiveScheduler(ops, cap, pieces=3, mode="double-buffer", buffers=1,
                           time_scale=0).run().status == "deadlock" or True

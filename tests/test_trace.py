@@ -19,7 +19,7 @@ def test_issue_example_equals_eager():
     xs = [rand(64, 100, seed=i + 2) for i in range(5)]
     g = forward.actor_graph(af.Spec((64, 100)), af.Spec((100, 10)))
     names = [r["name"] for r in g.plan(feed=[(x, w) for x in xs]).rows]
-    assert names == ["input", "matmul", "relu", "softmax"]
+    assert names == ["inputs of forward", "matmul", "relu", "softmax"]
     outs = list(g.run())
     assert len(outs) == 5
     for x, y in zip(xs, outs):
@@ -132,8 +132,13 @@ def test_feed_is_required_and_reusable():
         return af.exp(x)
 
     g = f.actor_graph(af.Spec((3,)))
+    assert [r["name"] for r in g.plan().rows] == ["inputs of f", "exp"]   # Specs size it
     with pytest.raises(af.PlanError, match="feed="):
-        g.plan()
+        list(g.run())
+    with pytest.raises(af.PlanError, match=r"run\(feed=5\): feed takes the pieces.* got int"):
+        list(g.run(feed=5))
+    with pytest.raises(af.ActorError, match=r"run\(feed=...\) item 0 \(for 'inputs of f'\)"):
+        list(g.run(feed=[rand(4, seed=0)]))
     a = [rand(3, seed=i) for i in range(4)]
     for _ in range(2):
         outs = list(g.run(feed=a))

@@ -217,6 +217,11 @@ class SourceActor(Actor):
             raise TypeError(f"source {self.name!r}: the callable returned "
                             f"{type(src).__name__}, not an iterable")
 
+    def _what(self, piece: int) -> str:
+        if self.fed:
+            return f"run(feed=...) item {piece} (for {self.name!r})"
+        return f"source {self.name!r} (piece {piece})"
+
     def close(self) -> None:
         it, self.it = self.it, None
         if it is not None and _one_shot(self.source):
@@ -242,7 +247,7 @@ class SourceActor(Actor):
             value = next(self.it)
         except StopIteration:
             return EOS
-        return self._checked_leaves(value, f"source {self.name!r} (piece 0)")
+        return self._checked_leaves(value, self._what(0))
 
     def compute(self, piece, ins, outs):
         if outs is None and piece in self.cached:
@@ -253,7 +258,7 @@ class SourceActor(Actor):
             value = next(self.it)
         except StopIteration:
             return EOS
-        return self._put(value, outs, f"source {self.name!r} (piece {piece})")
+        return self._put(value, outs, self._what(piece))
 
     async def compute_async(self, piece, outs):
         if outs is not None and self._copy_cached(piece, outs):
@@ -262,7 +267,7 @@ class SourceActor(Actor):
             value = await self.it.__anext__()
         except StopAsyncIteration:
             return EOS
-        return self._put(value, outs, f"source {self.name!r} (piece {piece})")
+        return self._put(value, outs, self._what(piece))
 
 
 class StageActor(Actor):

@@ -88,8 +88,7 @@ class ActorGraph:
                                           # acts return (see join())
 
     def _set_outputs(self, sinks: list, picks: list, structure) -> None:
-        """The run yields ``structure`` rebuilt from ``picks`` (input k, array j, view) of
-        ``sinks``' registers: what a traced function returns."""
+        """Runs yield ``structure`` from ``picks`` of the sinks (a traced function's value)."""
         self.sinks = [(a, a.name) for a in sinks]
         self._picks = (picks, structure)
 
@@ -175,8 +174,8 @@ class ActorGraph:
         return self._add(a)
 
     def sink(self, node: Actor, name=None) -> Actor:
-        """Marks ``node``'s output as an output of the run: ``run()`` yields a copy of each
-        of its pieces (a dict by sink name when there are several sinks)."""
+        """Marks ``node``'s output as the run's: ``run()`` yields a copy of each of its
+        pieces (a dict by sink name when there are several sinks)."""
         if not isinstance(node, Actor) or node not in self.actors:
             raise TypeError(f"sink: expected an actor of this graph, got {node!r}")
         name = name or node.name
@@ -189,9 +188,8 @@ class ActorGraph:
     # -- planning --------------------------------------------------------------------------
     def plan(self, feed=None):
         """Sizes every register and checks the budgets; returns the Plan (print it for a
-        table). Raises PlanError when the registers do not fit. A stage without ``out=`` is
-        sized by reading piece 0 and computing it once, here; that piece is kept and is
-        piece 0 of the next run."""
+        table), or raises PlanError. A stage without ``out=`` is sized by computing piece 0
+        here, kept as piece 0 of the next run."""
         self._wait_abandoned()
         with self._lock:
             if self._running:
@@ -212,6 +210,9 @@ class ActorGraph:
                 raise RuntimeError("this graph is already running; wait for that run to end")
             self._running = True
         try:
+            if feed is None and any(getattr(a, "fed", False) and a.source is None
+                                    for a in self.actors):
+                raise PlanError("this graph reads its pieces from run(feed=...); pass feed=")
             if self._plan is not None and feed is None:
                 plan = self._plan             # made by plan(): piece 0 was computed there
             else:
@@ -224,8 +225,7 @@ class ActorGraph:
         return plan
 
     def _finish(self, plan, sched) -> None:
-        """The run is over (on the loop that drove it): frees the plan but what abandoned
-        acts still hold, and records the stats."""
+        """The run is over: frees the plan but what abandoned acts hold; records stats."""
         try:
             sched.stragglers.settle()
             self._last = RunStats(sched, plan)

@@ -202,13 +202,14 @@ class Plan:
 
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:
-        head = (f"{'actor':<16} {'kind':<20} {'output':<30} {'register':>10} {'buffers':>7} "
+        w = max([16] + [len(r["name"]) for r in self.rows])
+        head = (f"{'actor':<{w}} {'kind':<20} {'output':<30} {'register':>10} {'buffers':>7} "
                 f"{'bytes':>10}")
         lines = ["Plan", head, "-" * len(head)]
         for r in self.rows:
             kind = r["kind"] if len(r["kind"]) <= 20 else r["kind"][:19] + "~"
             out = r["output"] if len(r["output"]) <= 30 else r["output"][:29] + "~"
-            lines.append(f"{r['name'][:16]:<16} {kind:<20} {out:<30} "
+            lines.append(f"{r['name']:<{w}} {kind:<20} {out:<30} "
                          f"{format_bytes(r['register_bytes']):>10} {r['buffers']:>7} "
                          f"{format_bytes(r['bytes']):>10}")
         for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
@@ -264,9 +265,17 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
     then ``build_plan``. On failure nothing stays cached and the sources are closed."""
     if not graph_actors:
         raise PlanError("the graph has no actors; add a source first")
+    if feed is not None and not (callable(feed) or hasattr(feed, "__iter__")
+                                 or hasattr(feed, "__aiter__")):
+        raise PlanError(f"run(feed={feed!r}): feed takes the pieces: an iterable (a list, a "
+                        f"generator), an async iterable, or a function returning one; got "
+                        f"{type(feed).__name__}")
     for a in graph_actors:
         if isinstance(a, SourceActor) and a.fed:
             if feed is None:
+                if a.declared:
+                    a.source = None          # sized by its Spec: plan() needs no pieces
+                    continue
                 raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); pass feed=")
             a.source, a.it, a.spent = feed, None, False
             a.cached.clear()

@@ -18,7 +18,9 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
     out_leaves, structure = rec.outputs, rec.structure
     g = ActorGraph(**graph_kwargs)
     out = specs[0] if len(specs) == 1 else tuple(specs)
-    inp = g.input(out=out) if source is None else g.source(source, out=out, name="input")
+    name = f"inputs of {getattr(traced.fn, '__name__', 'the traced function')}"
+    inp = g.input(out=out, name=name) if source is None else g.source(source, out=out,
+                                                                       name=name)
     actor_of = {}                           # node index -> its OpActor
 
     def producer(src):
