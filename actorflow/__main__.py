@@ -9,6 +9,46 @@ import time
 
 
 def demo() -> None:
+    """The whole product in a few seconds: eager tensors on the VM, a pipeline of actors
+    with its memory plan and stats, and the figure-1 deadlock of a data-driven scheduler
+    named next to actors running the same graph."""
+    _eager_demo()
+    _pipeline_demo()
+    _deadlock_demo()
+
+
+def _pipeline_demo() -> None:
+    import numpy as np
+
+    import actorflow as af
+
+    print("\n-- a pipeline of actors: every stage owns its output registers (credits) --")
+
+    def load():
+        for i in range(40):
+            yield np.full((256, 256), i, np.float32)
+
+    def normalize(x):
+        return (x - x.mean()) / (x.std() + 1.0)
+
+    pipe = af.Pipeline([load, normalize, np.tanh], buffers=2, memory={"cpu": "4MiB"},
+                       names=["load", "normalize", "tanh"])
+    print(pipe.plan())
+    n = sum(1 for _ in pipe.run())
+    print(pipe.stats())
+    assert n == 40
+
+
+def _deadlock_demo() -> None:
+    from .experiments import figure1
+    print("\n-- figure 1: a scheduler that sees only data deadlocks; actors plan memory --")
+    table = figure1.run(seed=0)["table"]
+    for line in table.splitlines():     # the reasons are long: the gist of the others
+        whole = " deadlock " in line
+        print(line if whole or len(line) <= 150 else line[:150] + "...")
+
+
+def _eager_demo() -> None:
     """The quickstart, end to end: eager ops, a sync point, async use, and VM statistics."""
     import numpy as np
 

@@ -186,3 +186,13 @@ def test_ops_from_a_traced_graph():
     assert r.status == "deadlock" and "inputs of f[1] waits for" in str(r.error)
     assert NaiveScheduler(ops, cap, pieces=3, mode="double-buffer", buffers=1,
                           time_scale=0).run().status == "deadlock" or True
+
+
+def test_the_demo_shows_eager_a_pipeline_and_the_named_deadlock(capsys):
+    from actorflow.__main__ import main
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "relu(x) =" in out                                      # eager tensors
+    assert "Plan" in out and "Run: 40 pieces" in out               # a pipeline, plan, stats
+    assert "O1 waits for 5.0 MiB on cpu (4.0 MiB free)" in out     # the deadlock, named
+    assert "actors, budget 10 MiB" in out                          # next to the actors
