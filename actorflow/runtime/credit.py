@@ -329,9 +329,9 @@ class CreditScheduler(Completion):
         if self.finished or self.stopping:
             return
         if task.cancelled():            # cancelled from outside the run: not end of stream
-                e = asyncio.CancelledError(f"the act of async source {st.actor.name!r} was "
-                                           f"cancelled from outside the run")
-                result, err, dt = None, (e, ""), 0.0
+            e = asyncio.CancelledError(f"the act of async source {st.actor.name!r} was "
+                                       f"cancelled from outside the run")
+            result, err, dt = None, (e, ""), 0.0
         else:
             exc = task.exception()
             if exc is not None:

@@ -130,7 +130,8 @@ class ActorGraph:
                                      resources=resources, inline=inline, time=time, out=spec,
                                      timeout=timeout))
 
-    def input(self, out, name=None, buffers=None) -> Actor:     # pieces from run(feed=...)
+    def input(self, out, name=None, buffers=None) -> Actor:
+        """A source whose items are given to ``run(feed=...)``."""
         a = self.source((), out=out, name=name or "input", buffers=buffers)
         a.source, a.fed = None, True
         return a
@@ -289,8 +290,7 @@ class ActorGraph:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 out.put(_Failed(e))
 
-        done = None
-        finished = False
+        done, finished = None, False
         owed, batch = 0, max(1, self.output_buffers // 2)
         try:
             sched.start_sources(loop)

@@ -172,7 +172,7 @@ class Plan:
             self.check()
             self._fill(a, port)
             sized.append(a)
-            for c in dict.fromkeys(a.consumers):    # (one entry per edge: add(s, s))
+            for c in a.consumers:               # (one entry per edge: add(s, s) has two)
                 if isinstance(c, OpActor) and c in self.pending and c not in todo:
                     c.infer()
                     if c.out_spec is not None:

@@ -100,18 +100,10 @@ def error_to_run(consts, muts, args):
     that the call ``args`` overwrites entirely without reading it does not stop it, and is
     cleared here (the op gives it a value; if the op fails, that poisons it again). The
     caller uses the blob exclusively (the VM's ordering), so clearing it first is safe."""
-    for b in consts:
-        e = b.error
-        if e is not None and not e.intact:
-            return e
     for b in muts:
-        e = b.error
-        if e is not None:
-            if overwrites(b, args):
-                b.error = None
-            elif not e.intact:
-                return e
-    return None
+        if b.error is not None and overwrites(b, args):
+            b.error = None
+    return first_error_of(consts, muts)
 
 
 def overwrites(blob, args) -> bool:
