@@ -1,9 +1,11 @@
-"""Every Python block of the README runs as pasted (each in a fresh namespace)."""
+"""Every Python block of the README runs as pasted (each in a fresh namespace; a block
+indented inside a list item is dedented first)."""
 
 import contextlib
 import io
 import pathlib
 import re
+import textwrap
 
 import pytest
 
@@ -17,6 +19,6 @@ def test_the_readme_has_python_blocks():
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_a_readme_block_runs_as_pasted(index):
-    code = compile(BLOCKS[index], f"README.md python block {index}", "exec")
+    code = compile(textwrap.dedent(BLOCKS[index]), f"README.md python block {index}", "exec")
     with contextlib.redirect_stdout(io.StringIO()):
         exec(code, {"__name__": "__readme__"})

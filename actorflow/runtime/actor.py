@@ -3,7 +3,7 @@
 An actor reads the arrays of its input registers and writes its output register. The
 scheduler (``credit.py``) decides when it may act; this file only says what acting means:
 
-- ``SourceActor`` takes the next item of an iterable (or async iterable) and copies it in;
+- ``SourceActor`` (``source.py``) takes the next item of an iterable (or async iterable);
 - ``StageActor`` calls a Python function of pieces and copies its result in;
 - ``OpActor`` runs a program of built-in op kernels straight into the register;
 - ``Collector`` copies what the sinks receive out to the caller of ``run()``.
@@ -15,9 +15,8 @@ import inspect
 
 import numpy as np
 
-from ..errors import PlanError
 from .checks import check_buffers, check_resources, check_time, check_timeout, seconds
-from .register import EOS
+from .loop import run_on_graph_loop
 from .spec import NOTHING, PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
 
 
@@ -98,6 +97,7 @@ class Actor:
                 if d is not None:
                     np.copyto(d, value)
                 return
+        _refuse_awaitable(value, what)
         leaves, structure = flatten(value)
         spec = self.out_spec
         if structure != spec.structure:
@@ -129,6 +129,7 @@ class Actor:
         """Leaves of a probed output, checked against a declared spec (if any)."""
         if value is None and self._none_is_fine(what):
             return [None] * len(self.out_spec.specs)
+        _refuse_awaitable(value, what)
         leaves, structure = flatten(value)
         got = PieceSpec.of(value, what, self._device())
         if self.out_spec is None:
@@ -151,20 +152,29 @@ class Actor:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
+def is_async_function(fn) -> bool:
+    """``async def`` functions (also partials of them, and objects whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or (
+        not inspect.isroutine(fn) and inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
+
+
+def _refuse_awaitable(value, what: str) -> None:
+    """A plain function gave a coroutine (it wraps an ``async def`` one): closed, so it
+    warns of nothing, and refused with the fix."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError(f"{what} returned a {type(value).__name__} instead of a piece: the "
+                        f"function is not 'async def' but gives an awaitable; declare it "
+                        f"'async def' (async def f(x): return await g(x)) so the run awaits it "
+                        f"on its loop")
+
+
 def _shape_of(value) -> str:
     try:
         return repr(PieceSpec.of(value, "value"))
     except Exception:  # noqa: BLE001 - only used in a message
         return type(value).__name__
-
-
-def _one_shot(src) -> bool:
-    """An iterator (a generator object...): iterating it again gives what is left of it."""
-    if isinstance(src, type):
-        return False
-    if hasattr(src, "__next__") and hasattr(src, "__iter__"):
-        return True
-    return hasattr(src, "__anext__") and hasattr(src, "__aiter__")
 
 
 def read_piece(arrays: list, spec: PieceSpec):
@@ -178,129 +188,68 @@ def read_piece(arrays: list, spec: PieceSpec):
     return unflatten(spec.structure, views)
 
 
-class SourceActor(Actor):
-    """Yields the items of ``source``: an iterable, an async iterable, or a zero-argument
-    callable returning one (called at the start of each run)."""
-
-    kind = "source"
-
-    def __init__(self, name, source, **kw):
-        super().__init__(name, [], **kw)
-        if not (callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")):
-            raise TypeError(f"source {name!r}: expected an iterable, an async iterable or a "
-                            f"zero-argument callable returning one, got {type(source).__name__}")
-        self.source = source
-        self.fed = False            # pieces come from run(feed=...)
-        self.it = None
-        self.is_async = False
-        self.spent = False          # a one-shot iterator an earlier run used (and closed)
-
-    def start(self) -> None:
-        """Opens the source for a run (the plan's probe may have opened it already)."""
-        if self.it is not None:
-            return
-        src = self.source
-        if self.spent and _one_shot(src):
-            raise ValueError(
-                f"source {self.name!r} is a one-shot iterator ({type(src).__name__}) that an "
-                f"earlier run (or plan) used up; give the graph something it can iterate again: a "
-                f"function returning a fresh iterator (g.source(read_batches), not "
-                f"g.source(read_batches())), or a list")
-        if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
-                                     and not hasattr(src, "__aiter__")):
-            src = src()                 # a factory (a class too): a fresh iterable per run
-        if hasattr(src, "__aiter__"):
-            self.it, self.is_async = src.__aiter__(), True
-        elif hasattr(src, "__iter__"):
-            self.it, self.is_async = iter(src), False
-        else:
-            raise TypeError(f"source {self.name!r}: the callable returned "
-                            f"{type(src).__name__}, not an iterable")
-
-    def _what(self, piece: int) -> str:
-        if self.fed:
-            return f"run(feed=...) item {piece} (for {self.name!r})"
-        return f"source {self.name!r} (piece {piece})"
-
-    def close(self) -> None:
-        it, self.it = self.it, None
-        if it is not None and _one_shot(self.source):
-            self.spent = True
-        self.cached.clear()
-        if it is not None and hasattr(it, "close") and not inspect.isasyncgen(it):
-            try:
-                it.close()
-            except Exception:  # noqa: BLE001 - a generator's own cleanup failed; run is over
-                pass
-
-    def probe(self, ins):
-        self.start()
-        if 0 in self.cached:                 # read by an earlier plan() of this graph
-            return self.cached[0]
-        if self.is_async:
-            if self.out_spec is None:
-                raise PlanError(f"source {self.name!r} is an async iterable, so its first "
-                                f"item cannot be read while planning; give "
-                                f"out=af.Spec(shape, dtype)")
-            return None
-        try:
-            value = next(self.it)
-        except StopIteration:
-            return EOS
-        return self._checked_leaves(value, self._what(0))
-
-    def compute(self, piece, ins, outs):
-        if outs is None and piece in self.cached:
-            return Sized(self.cached.pop(piece))     # read by plan(), sizing the run now
-        if outs is not None and self._copy_cached(piece, outs):
-            return None
-        try:
-            value = next(self.it)
-        except StopIteration:
-            return EOS
-        return self._put(value, outs, self._what(piece))
-
-    async def compute_async(self, piece, outs):
-        if outs is not None and self._copy_cached(piece, outs):
-            return None
-        try:
-            value = await self.it.__anext__()
-        except StopAsyncIteration:
-            return EOS
-        return self._put(value, outs, self._what(piece))
-
-
 class StageActor(Actor):
-    """Calls ``fn(*pieces)``: one argument per input, arrays in, arrays out."""
+    """Calls ``fn(*pieces)``: one argument per input, arrays in, arrays out. An ``async
+    def`` function is awaited on the run's loop instead of called on a thread, several acts
+    at once (up to its registers: each act holds one)."""
 
     def __init__(self, name, fn, inputs, **kw):
         super().__init__(name, inputs, **kw)
         if not callable(fn):
             raise TypeError(f"actor {name!r}: expected a function of pieces, got "
                             f"{type(fn).__name__}")
+        if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(
+                getattr(fn, "__call__", None)):
+            raise TypeError(
+                f"actor {name!r}: {getattr(fn, '__name__', fn)!r} is an async generator "
+                f"function, which yields many items; a stage gives one piece per input piece. "
+                f"Write the stage as 'async def' with 'return', or make the generator a "
+                f"source (g.source(fn), or the first entry of a Pipeline)")
         self.fn = fn
+        self.is_async = is_async_function(fn)
 
     def probe(self, ins):
-        return self._checked_leaves(self._call(ins), f"actor {self.name!r} (piece 0)")
+        if self.is_async:           # piece 0 while planning: awaited on the graph loop
+            value = run_on_graph_loop(self._call_async(ins))
+        else:
+            value = self._call(ins)
+        return self._checked_leaves(value, f"actor {self.name!r} (piece 0)")
 
     def compute(self, piece, ins, outs):
         if outs is not None and self._copy_cached(piece, outs):
             return None
         return self._put(self._call(ins), outs, f"actor {self.name!r} (piece {piece})")
 
+    async def compute_async(self, piece, ins, outs):
+        if outs is not None and self._copy_cached(piece, outs):
+            return None
+        value = await self._call_async(ins)
+        return self._put(value, outs, f"actor {self.name!r} (piece {piece})")
+
     def _call(self, ins):
         try:
             return self.fn(*ins)
         except ValueError as e:
-            if "read-only" not in str(e):
-                raise
+            self._read_only(e)
+            raise
+
+    async def _call_async(self, ins):
+        try:
+            return await self.fn(*ins)
+        except ValueError as e:
+            self._read_only(e)
+            raise
+
+    def _read_only(self, e: ValueError) -> None:
+        if "read-only" in str(e):
             raise ValueError(f"{e}: actor {self.name!r} wrote into an input, and its inputs "
                              f"are read-only views of the producers' registers (other actors "
                              f"read them too); copy what you change (x = x.copy()) or write "
                              f"into a new array") from e
 
     def describe(self) -> str:
-        return f"stage {getattr(self.fn, '__name__', type(self.fn).__name__)}"
+        kind = "async stage" if self.is_async else "stage"
+        return f"{kind} {getattr(self.fn, '__name__', type(self.fn).__name__)}"
 
 
 class OpActor(Actor):

@@ -32,7 +32,8 @@ import traceback
 from collections import deque
 
 from ..errors import ActorError
-from .actor import Collector, SourceActor
+from .actor import Collector
+from .source import SourceActor
 from .completion import Completion
 from .register import EOS
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
@@ -52,16 +53,19 @@ class CreditScheduler(Completion):
         self.by_actor: dict = {}
         for actor in plan.actors:
             out = plan.ports.get(actor)
-            if isinstance(actor, SourceActor) and actor.is_async:
-                mode = "async"
+            if getattr(actor, "is_async", False):
+                mode = "async"          # an async source, or an async def stage
             elif actor.inline:
                 mode = "inline"
             elif actor.inline is None:        # an op actor sized by piece 0: decided then
                 mode = "thread" if actor not in plan.pending else "undecided"
             else:
                 mode = "thread"
-            limit = 1 if (mode != "thread" or actor.resources or actor.time is not None
-                          or actor.timeout is not None) else 1 << 30
+            if mode == "async":         # a stage's acts overlap (each holds a register); a
+                limit = 1 if isinstance(actor, SourceActor) else 1 << 30   # source's cannot
+            else:
+                limit = 1 if (mode != "thread" or actor.resources or actor.time is not None
+                              or actor.timeout is not None) else 1 << 30
             st = ActorState(actor, out, mode, limit)
             st.ins = plan.in_ports.get(actor, [])
             self.states.append(st)
@@ -77,7 +81,7 @@ class CreditScheduler(Completion):
         self.start_time = self.end_time = None
         self.threads: list = []
         self.pending_tasks: set = set()
-        self.async_acts: dict = {}      # task -> (state, piece, out_reg) of async acts
+        self.async_acts: dict = {}      # task -> (state, piece, regs, out_reg, timer)
         self.async_tokens: dict = {}    # task -> Stragglers token, once the run is over
         self.finished = False           # run() returned: messages are ignored from now on
         self.stragglers = Stragglers(plan)
@@ -168,9 +172,11 @@ class CreditScheduler(Completion):
             if t.token is None:
                 t.thread.join()         # nothing sent to it is running: it exits at once
         self.threads.clear()
-        for task, (st, piece, out_reg) in list(self.async_acts.items()):
+        for task, (st, piece, regs, out_reg, timer) in list(self.async_acts.items()):
+            if timer is not None:
+                timer.cancel()
             if not task.done():         # cancelled by stop(), or cancelled from outside
-                self.async_tokens[task] = held.hold(st.actor, [(piece, [], out_reg)])
+                self.async_tokens[task] = held.hold(st.actor, [(piece, regs, out_reg)])
                 task.cancel()
 
     # -- checking and acting ---------------------------------------------------------------
@@ -265,12 +271,13 @@ class CreditScheduler(Completion):
                 self._time_act(st, piece)
             return
         if st.mode == "async":
-            task = self.loop.create_task(self._act_async(st, piece, out_reg))
+            task = self.loop.create_task(self._act_async(st, piece, regs, out_reg))
             self.pending_tasks.add(task)
-            self.async_acts[task] = (st, piece, out_reg)
-            task.add_done_callback(lambda t: self._async_done(t, st, piece, out_reg))
+            timer = None                # one per act: an async stage's acts overlap
             if st.actor.timeout is not None:
-                self._time_act(st, piece)
+                timer = self.loop.call_later(st.actor.timeout, self._timed_out, st, piece)
+            self.async_acts[task] = (st, piece, regs, out_reg, timer)
+            task.add_done_callback(lambda t: self._async_done(t, st, piece, regs, out_reg))
             return
         t0 = time.perf_counter()
         err = result = None
@@ -305,11 +312,15 @@ class CreditScheduler(Completion):
         error.__cause__ = e
         self.stop(error)
 
-    async def _act_async(self, st, piece, out_reg):
+    async def _act_async(self, st, piece, regs, out_reg):
         t0 = time.perf_counter()
         try:
-            result = await st.actor.compute_async(
-                piece, out_reg.arrays if out_reg is not None else None)
+            actor = st.actor
+            result = await actor.compute_async(
+                piece, self.inputs_of(st, regs), out_reg.arrays if out_reg is not None else None)
+            delay = actor.sim_time(piece)
+            if delay > 0:
+                await asyncio.sleep(delay)
             return result, None, time.perf_counter() - t0
         except asyncio.CancelledError as e:
             if self.stopping:
@@ -319,18 +330,22 @@ class CreditScheduler(Completion):
         except Exception as e:  # noqa: BLE001 - reported as ActorError
             return None, (e, traceback.format_exc()), time.perf_counter() - t0
 
-    def _async_done(self, task, st, piece, out_reg) -> None:
-        """An async source's act ended, or was cancelled (perhaps before it started)."""
+    def _async_done(self, task, st, piece, regs, out_reg) -> None:
+        """An async act ended, or was cancelled (perhaps before it started). Acts of an
+        async stage overlap and may end out of order: each is handled once every earlier
+        piece's is, so pieces leave in order."""
         self.pending_tasks.discard(task)
-        self.async_acts.pop(task, None)
+        entry = self.async_acts.pop(task, None)
+        if entry is not None and entry[4] is not None:
+            entry[4].cancel()
         token = self.async_tokens.pop(task, None)
         if token is not None:
             self.stragglers.release(token)
         if self.finished or self.stopping:
             return
         if task.cancelled():            # cancelled from outside the run: not end of stream
-            e = asyncio.CancelledError(f"the act of async source {st.actor.name!r} was "
-                                       f"cancelled from outside the run")
+            e = asyncio.CancelledError(f"the act of async actor {st.actor.name!r} on piece "
+                                       f"{piece} was cancelled from outside the run")
             result, err, dt = None, (e, ""), 0.0
         else:
             exc = task.exception()
@@ -338,4 +353,16 @@ class CreditScheduler(Completion):
                 result, err, dt = None, (exc, ""), 0.0
             else:
                 result, err, dt = task.result()
-        self.completed(st, piece, [], out_reg, result, err, dt)
+        if err is not None or piece == st.next_done and not st.early:
+            st.next_done += 1
+            self.completed(st, piece, regs, out_reg, result, err, dt)
+            return
+        st.early[piece] = (regs, out_reg, result, err, dt)
+        try:
+            while st.next_done in st.early and not self.stopping:
+                p = st.next_done
+                st.next_done += 1
+                self._complete(st, p, *st.early.pop(p))
+            self.drain()
+        except BaseException as e:  # noqa: BLE001 - as in completed()
+            self._internal(e)

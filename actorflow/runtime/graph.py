@@ -15,28 +15,18 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from queue import SimpleQueue
 
 from ..errors import ActorflowError, PlanError, TraceError
+from . import driving
 from . import loop as loop_module
-from .actor import COLLECTOR_NAME, Actor, OpActor, SourceActor, StageActor
+from .actor import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
-from .credit import CreditScheduler
-from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
 from .plan import plan_graph
 from .register import MemoryBudget
+from .source import SourceActor
 from .spec import PieceSpec
 from .stats import RunStats
-
-_END = object()
-
-
-class _Failed:
-    def __init__(self, error):
-        self.error = error
-
 
 _OP_TRACER: list = [None]
 
@@ -84,8 +74,7 @@ class ActorGraph:
         self._lock = threading.Lock()
         self._picks = None
         self._current = None              # (scheduler, plan) of the run going on
-        self._stragglers = None           # the last run's ledger: it ends, then its abandoned
-                                          # acts return (see join())
+        self._stragglers = None           # the last run's ledger (see join())
 
     def _set_outputs(self, sinks: list, picks: list, structure) -> None:
         """Runs yield ``structure`` from ``picks`` of the sinks (a traced function's value)."""
@@ -139,7 +128,8 @@ class ActorGraph:
     def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
               inline=False, time=None, timeout=None) -> Actor:
         """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
-        actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions).
+        actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions);
+        an ``async def`` one is awaited on the run's loop, several acts at once.
         Its inputs are read-only views of the producers' registers; its result is copied
         into its register. ``out``: its Spec (else piece 0 sizes it). ``time``: simulated
         extra seconds per act (float or ``f(piece)``), for experiments and tests.
@@ -274,119 +264,14 @@ class ActorGraph:
         piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
         acts running then are abandoned and free their registers when they return
         (``join()`` waits for that); everything else is freed before this returns."""
-        refuse_on_graph_loop()
-        self._wait_abandoned()
-        plan = self._start(feed)
-        out = SimpleQueue()
-        sched = CreditScheduler(plan, out.put, self.output_buffers, self.seed)
-        self._stragglers = sched.stragglers           # join() waits for this run from now
-        self._current = (sched, plan)
-        loop = graph_loop()
+        return driving.run_blocking(self, feed)
 
-        async def main():
-            try:
-                await self._drive(plan, sched)
-                out.put(_END)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                out.put(_Failed(e))
-
-        done, finished = None, False
-        owed, batch = 0, max(1, self.output_buffers // 2)
-        try:
-            sched.start_sources(loop)
-            done = asyncio.run_coroutine_threadsafe(main(), loop)
-            while True:
-                item = out.get()
-                if item is _END:
-                    finished = True
-                    return
-                if isinstance(item, _Failed):
-                    finished = True
-                    raise item.error
-                owed += 1                     # hand credits back in batches: fewer wake-ups
-                if owed >= batch or out.empty():
-                    loop.call_soon_threadsafe(sched.credit_back, owed)
-                    owed = 0
-                yield item
-        finally:
-            if done is None:                  # interrupted before the loop took the run
-                sched.stopping = True
-                sched.let_go()
-                self._finish(plan, sched)
-                return
-            if not finished:
-                loop.call_soon_threadsafe(sched.stop, None)
-            interrupted = None
-            while True:                       # the run ended and its memory is settled
-                try:
-                    done.result()
-                    break
-                except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
-                    interrupted = e
-            if interrupted is not None:
-                raise interrupted
-
-    async def run_async(self, feed=None):
+    def run_async(self, feed=None):
         """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
         Cancelling the consuming task (while it waits here or in its own code), an error in
         an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
-        refuse_on_graph_loop()
-        if self._stragglers is not None and not self._stragglers.done() and not self._running:
-            waiting = asyncio.ensure_future(self._stragglers.wait_async())
-            try:
-                while not (await asyncio.wait([waiting], timeout=loop_module.WAIT_WARN_S))[0]:
-                    loop_module.warn_waiting(self._stragglers)
-            finally:
-                waiting.cancel()
-        plan = self._start(feed)
-        items: list = []
-        waiter = [None]
-        loop = asyncio.get_running_loop()
-
-        def wake(*_):
-            w = waiter[0]
-            if w is not None and not w.done():
-                w.set_result(None)
-
-        def deliver(value):
-            items.append(value)
-            wake()
-
-        sched = CreditScheduler(plan, deliver, self.output_buffers, self.seed)
-        self._stragglers = sched.stragglers
-        self._current = (sched, plan)
-        task = loop.create_task(self._drive(plan, sched))
-        task.add_done_callback(wake)
-        watch = ConsumerWatch(sched)
-        try:
-            while True:
-                watch.follow(asyncio.current_task())
-                if items:
-                    value = items.pop(0)
-                    sched.credit_back()
-                    yield value
-                    continue
-                if task.done():
-                    task.result()             # raises ActorError if an actor failed
-                    if watch.stopped_run:
-                        raise RuntimeError(
-                            "this run was stopped when the task iterating it ended (it was "
-                            "cancelled or failed while the generator waited at a piece); "
-                            "iterate a run from one task to its end")
-                    return
-                waiter[0] = loop.create_future()
-                await waiter[0]
-        finally:
-            watch.follow(None)
-            if task.done():
-                self._finish_unstarted(plan, sched, task)
-            else:
-                sched.stop(None)              # the run task ends now and frees the plan
-                try:
-                    await asyncio.shield(task)
-                except BaseException:  # noqa: BLE001 - stopped on purpose; a second cancel
-                    pass               # leaves the task to finish (and free) on its own
+        return driving.run_async(self, feed)
 
     def stats(self) -> RunStats:
         """Per actor of the last run (during a run: a live snapshot of it): acts, compute

@@ -47,6 +47,17 @@ def refuse_on_graph_loop() -> None:
             "run_async() from async code")
 
 
+def run_on_graph_loop(coro):
+    """Awaits ``coro`` on the graph loop from plain code and returns its result: how
+    ``plan()`` computes piece 0 of an async source or stage."""
+    try:
+        refuse_on_graph_loop()
+    except RuntimeError:
+        coro.close()
+        raise
+    return asyncio.run_coroutine_threadsafe(coro, graph_loop()).result()
+
+
 WAIT_WARN_S = 10.0
 
 

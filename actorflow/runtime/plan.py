@@ -14,7 +14,8 @@ import os
 import traceback
 
 from ..errors import ActorError, PlanError, format_bytes
-from .actor import Collector, OpActor, SourceActor, read_piece
+from .actor import Collector, OpActor, read_piece
+from .source import SourceActor
 from .register import EOS, InPort, MemoryBudget, OutPort, Register
 from .spec import NOTHING
 
@@ -203,13 +204,13 @@ class Plan:
     # -- display ---------------------------------------------------------------------------
     def table(self) -> str:
         w = max([16] + [len(r["name"]) for r in self.rows])
-        head = (f"{'actor':<{w}} {'kind':<20} {'output':<30} {'register':>10} {'buffers':>7} "
+        k = max([20] + [len(r["kind"]) for r in self.rows])
+        head = (f"{'actor':<{w}} {'kind':<{k}} {'output':<30} {'register':>10} {'buffers':>7} "
                 f"{'bytes':>10}")
         lines = ["Plan", head, "-" * len(head)]
         for r in self.rows:
-            kind = r["kind"] if len(r["kind"]) <= 20 else r["kind"][:19] + "~"
             out = r["output"] if len(r["output"]) <= 30 else r["output"][:29] + "~"
-            lines.append(f"{r['name']:<{w}} {kind:<20} {out:<30} "
+            lines.append(f"{r['name']:<{w}} {r['kind']:<{k}} {out:<30} "
                          f"{format_bytes(r['register_bytes']):>10} {r['buffers']:>7} "
                          f"{format_bytes(r['bytes']):>10}")
         for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
@@ -336,9 +337,8 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
     for a in order:
         if a.out_spec is None and not isinstance(a, Collector) and not lazy:
             if not _downstream_of(a, empty):
-                raise PlanError(f"actor {a.name!r}: the size of its output is unknown (it "
-                                f"reads from an async source, whose first item cannot be read "
-                                f"while planning); give it out=af.Spec(shape, dtype)")
+                raise PlanError(f"actor {a.name!r}: the size of its output is unknown after "
+                                f"computing piece 0; give it out=af.Spec(shape, dtype)")
             a.out_spec = NOTHING      # a source yielded nothing: never used
     buffers = {}
     for a in order:

@@ -17,7 +17,7 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "tokens", "jobs", "timer")
+                 "since", "tokens", "jobs", "timer", "early", "next_done")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -26,7 +26,7 @@ class ActorState:
         self.next_piece = 0
         self.in_flight = 0
         self.max_in_flight = max_in_flight
-        self.mode = mode                # "inline" | "thread" | "async"
+        self.mode = mode                # "inline" | "thread" | "async" (tasks on the loop)
         self.ended = False              # end of stream passed on
         self.queued = False             # in the scheduler's ready list
         self.thread = None
@@ -39,6 +39,8 @@ class ActorState:
         self.tokens = tuple(actor.resources.items())
         self.jobs: dict = {}            # piece -> (regs, out_reg) of acts sent to its thread
         self.timer = None               # the timeout of the act running (actors with timeout=)
+        self.early: dict = {}           # async acts done before an earlier piece's: by piece
+        self.next_done = 0              # the piece whose completion is handled next (async)
 
 
 class ActorThread:

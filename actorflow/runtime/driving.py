@@ -1,0 +1,140 @@
+"""How a run of an ActorGraph is driven: ``run()`` from plain code (the run goes on the
+graph loop thread and hands its outputs over a queue) and ``run_async()`` on the caller's
+loop. Both stop the run at once when the consumer stops iterating, and free the plan."""
+
+from __future__ import annotations
+
+import asyncio
+from queue import SimpleQueue
+
+from . import loop as loop_module
+from .credit import CreditScheduler
+from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, error):
+        self.error = error
+
+
+def run_blocking(g, feed=None):
+    """Runs the graph from plain code (on the graph loop thread); yields the outputs in
+    piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
+    acts running then are abandoned and free their registers when they return
+    (``join()`` waits for that); everything else is freed before this returns."""
+    refuse_on_graph_loop()
+    g._wait_abandoned()
+    plan = g._start(feed)
+    out = SimpleQueue()
+    sched = CreditScheduler(plan, out.put, g.output_buffers, g.seed)
+    g._stragglers = sched.stragglers           # join() waits for this run from now
+    g._current = (sched, plan)
+    loop = graph_loop()
+
+    async def main():
+        try:
+            await g._drive(plan, sched)
+            out.put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out.put(_Failed(e))
+
+    done, finished = None, False
+    owed, batch = 0, max(1, g.output_buffers // 2)
+    try:
+        sched.start_sources(loop)
+        done = asyncio.run_coroutine_threadsafe(main(), loop)
+        while True:
+            item = out.get()
+            if item is _END:
+                finished = True
+                return
+            if isinstance(item, _Failed):
+                finished = True
+                raise item.error
+            owed += 1                     # hand credits back in batches: fewer wake-ups
+            if owed >= batch or out.empty():
+                loop.call_soon_threadsafe(sched.credit_back, owed)
+                owed = 0
+            yield item
+    finally:
+        if done is None:                  # interrupted before the loop took the run
+            sched.stopping = True
+            sched.let_go()
+            g._finish(plan, sched)
+            return
+        if not finished:
+            loop.call_soon_threadsafe(sched.stop, None)
+        interrupted = None
+        while True:                       # the run ended and its memory is settled
+            try:
+                done.result()
+                break
+            except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
+
+
+async def run_async(g, feed=None):
+    """Runs the graph on the running event loop; ``async for out in g.run_async()``.
+
+    Cancelling the consuming task (while it waits here or in its own code), an error in
+    an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
+    refuse_on_graph_loop()
+    if g._stragglers is not None and not g._stragglers.done() and not g._running:
+        waiting = asyncio.ensure_future(g._stragglers.wait_async())
+        try:
+            while not (await asyncio.wait([waiting], timeout=loop_module.WAIT_WARN_S))[0]:
+                loop_module.warn_waiting(g._stragglers)
+        finally:
+            waiting.cancel()
+    plan = g._start(feed)
+    items: list = []
+    waiter = [None]
+    loop = asyncio.get_running_loop()
+
+    def wake(*_):
+        w = waiter[0]
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def deliver(value):
+        items.append(value)
+        wake()
+
+    sched = CreditScheduler(plan, deliver, g.output_buffers, g.seed)
+    g._stragglers = sched.stragglers
+    g._current = (sched, plan)
+    task = loop.create_task(g._drive(plan, sched))
+    task.add_done_callback(wake)
+    watch = ConsumerWatch(sched)
+    try:
+        while True:
+            watch.follow(asyncio.current_task())
+            if items:
+                value = items.pop(0)
+                sched.credit_back()
+                yield value
+                continue
+            if task.done():
+                task.result()             # raises ActorError if an actor failed
+                if watch.stopped_run:
+                    raise RuntimeError(
+                        "this run was stopped when the task iterating it ended (it was "
+                        "cancelled or failed while the generator waited at a piece); "
+                        "iterate a run from one task to its end")
+                return
+            waiter[0] = loop.create_future()
+            await waiter[0]
+    finally:
+        watch.follow(None)
+        if task.done():
+            g._finish_unstarted(plan, sched, task)
+        else:
+            sched.stop(None)              # the run task ends now and frees the plan
+            try:
+                await asyncio.shield(task)
+            except BaseException:  # noqa: BLE001 - stopped on purpose; a second cancel
+                pass               # leaves the task to finish (and free) on its own

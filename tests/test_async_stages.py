@@ -1,0 +1,256 @@
+"""async def stages and async generator sources: awaited on the run's loop with their
+credits, several acts of one stage in flight (up to its registers), pieces in order."""
+
+import asyncio
+import gc
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+import actorflow as af
+
+
+def numbers(n, size=4):
+    def gen():
+        for i in range(n):
+            yield np.full(size, i, np.float32)
+    return gen
+
+
+async def agen_numbers(n=5):
+    for i in range(n):
+        await asyncio.sleep(0)
+        yield np.full(4, i, np.float32)
+
+
+class Overlap:
+    """An async stage that records how many of its acts run at once; each act waits until
+    ``want`` are running (or a short while, if the run can never start that many)."""
+
+    def __init__(self, want):
+        self.want = want
+        self.active = 0
+        self.most = 0
+        self.calls = 0
+        self.full = None
+
+    async def __call__(self, x):
+        if self.full is None:
+            self.full = asyncio.Event()
+        self.calls += 1
+        self.active += 1
+        self.most = max(self.most, self.active)
+        if self.active >= self.want:
+            self.full.set()
+        try:
+            await asyncio.wait_for(self.full.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+        self.active -= 1
+        return x * 2
+
+
+def test_async_def_stage_runs_in_run_and_keeps_piece_order():
+    rng = random.Random(0)
+    delays = [rng.random() * 0.01 for _ in range(12)]
+
+    async def slow_double(x):           # later pieces often finish first
+        await asyncio.sleep(delays[int(x[0])])
+        return x * 2
+
+    g = af.ActorGraph(buffers=4)
+    s = g.source(numbers(12))
+    a = g.actor(slow_double, s)
+    g.sink(a)
+    outs = list(g.run())
+    assert [int(o[0]) for o in outs] == [2 * i for i in range(12)]
+    st = g.stats()
+    assert st.actors["slow_double"]["mode"] == "async"
+    assert st.actors["slow_double"]["acts"] == 12
+    assert "async stage slow_double" in str(g.plan())
+
+
+async def test_async_def_stage_in_run_async():
+    async def inc(x):
+        await asyncio.sleep(0)
+        return x + 1
+
+    g = af.ActorGraph()
+    g.sink(g.actor(inc, g.source(agen_numbers)))
+    outs = [o async for o in g.run_async()]
+    assert [int(o[0]) for o in outs] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("buffers", [1, 2, 3])
+def test_acts_of_an_async_stage_overlap_up_to_its_registers(buffers):
+    stage = Overlap(want=buffers)
+    g = af.ActorGraph()
+    s = g.source(numbers(10), buffers=4)        # inputs are never what limits it
+    g.sink(g.actor(stage, s, buffers=buffers, name="overlap"))
+    outs = list(g.run())
+    assert [int(o[0]) for o in outs] == [2 * i for i in range(10)]
+    assert stage.most == buffers                # as many as it has registers, never more
+
+
+def test_resource_tokens_bound_the_overlap_of_an_async_stage():
+    stage = Overlap(want=2)
+    g = af.ActorGraph(resources={"net": 2})
+    s = g.source(numbers(8), buffers=4)
+    g.sink(g.actor(stage, s, buffers=4, resources={"net": 2 // 2}, name="fetch"))
+    list(g.run())
+    assert stage.most == 2
+
+
+def test_plan_reads_piece_zero_of_async_source_and_stage_once():
+    calls = []
+
+    async def scale(x):
+        calls.append(int(x[0]))
+        return np.concatenate([x, x])
+
+    g = af.ActorGraph(memory={"cpu": "1MiB"})
+    s = g.source(agen_numbers, name="load")     # no out=: piece 0 sizes it
+    g.sink(g.actor(scale, s, name="scale"))
+    plan = g.plan()
+    assert "float32[8] on cpu" in str(plan)
+    assert calls == [0]
+    outs = list(g.run())
+    assert [int(o[0]) for o in outs] == [0, 1, 2, 3, 4]
+    assert calls == [0, 1, 2, 3, 4]             # piece 0 was not computed twice
+
+
+def test_async_source_without_spec_sizes_the_lazy_run():
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x * 3, g.source(agen_numbers)))
+    assert [int(o[0]) for o in g.run()] == [0, 3, 6, 9, 12]
+    assert [int(o[0]) for o in g.run()] == [0, 3, 6, 9, 12]    # a factory: runs again
+
+
+def test_error_in_async_stage_names_actor_and_piece_and_graph_runs_again():
+    async def picky(x):
+        if x[0] == 3 and fail[0]:
+            raise ValueError("bad piece")
+        return x
+
+    fail = [True]
+    g = af.ActorGraph()
+    g.sink(g.actor(picky, g.source(numbers(6))))
+    with pytest.raises(af.ActorError) as ei:
+        list(g.run())
+    assert ei.value.actor == "picky" and ei.value.piece == 3
+    assert "bad piece" in str(ei.value)
+    fail[0] = False
+    assert len(list(g.run())) == 6
+
+
+def test_timeout_of_an_async_act_fails_the_run_and_cancels_it():
+    cancelled = []
+
+    async def stuck(x):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(int(x[0]))
+            raise
+        return x
+
+    g = af.ActorGraph(memory={"cpu": "1MiB"})
+    g.sink(g.actor(stuck, g.source(numbers(3)), timeout=0.05, name="stuck"))
+    with pytest.raises(af.ActorError) as ei:
+        list(g.run())
+    assert isinstance(ei.value.__cause__, TimeoutError)
+    assert "stuck" in str(ei.value) and "timeout=0.05" in str(ei.value)
+    assert g.join(5)
+    assert cancelled                            # the act was cancelled, not left running
+    assert g.stats().state == "failed"
+
+
+async def test_cancelling_run_async_cancels_pending_async_acts_and_frees_registers():
+    started = asyncio.Event()
+    cancelled = []
+
+    async def forever(x):
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(int(x[0]))
+            raise
+
+    g = af.ActorGraph(memory={"cpu": "1MiB"})
+    g.sink(g.actor(forever, g.source(numbers(4)), out=af.Spec((4,), af.float32)))
+    base = af.lowlevel.memory_stats("cpu").in_use
+
+    async def consume():
+        async for _ in g.run_async():
+            pass
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await g.join_async()
+    assert cancelled and g.stats().state == "stopped"
+    assert af.lowlevel.memory_stats("cpu").in_use == base
+
+
+def test_simulated_time_on_an_async_stage_is_awaited_not_slept():
+    async def ident(x):
+        return x
+
+    g = af.ActorGraph(buffers=4)
+    g.sink(g.actor(ident, g.source(numbers(4), buffers=4), time=0.01))
+    assert len(list(g.run())) == 4
+    assert g.stats().actors["ident"]["compute_s"] >= 4 * 0.01 * 0.5   # counted per act
+
+
+def test_pipeline_takes_async_stages_and_async_generator_source():
+    async def double(x):
+        return x * 2
+
+    pipe = af.Pipeline([agen_numbers, double, np.negative])
+    assert [int(o[0]) for o in pipe.run()] == [0, -2, -4, -6, -8]
+
+
+def test_plain_function_returning_a_coroutine_is_refused_without_a_warning():
+    async def double(x):
+        return x * 2
+
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: double(x), g.source(numbers(2)), name="wrapped"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(af.ActorError) as ei:
+            list(g.run())
+        gc.collect()
+    assert "declare it 'async def'" in str(ei.value) and "wrapped" in str(ei.value)
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def test_async_generator_function_as_a_stage_is_refused_with_the_fix():
+    async def gen_stage(x):
+        yield x
+
+    g = af.ActorGraph()
+    s = g.source(numbers(2))
+    with pytest.raises(TypeError, match="async generator function.*source"):
+        g.actor(gen_stage, s)
+
+
+def test_async_callable_object_and_partial_are_async_stages():
+    import functools
+
+    async def add(k, x):
+        return x + k
+
+    g = af.ActorGraph()
+    s = g.source(numbers(3))
+    a = g.actor(functools.partial(add, 10), s, name="partial")
+    b = g.actor(Overlap(want=1), a, name="object")
+    g.sink(b)
+    assert [int(o[0]) for o in g.run()] == [20, 22, 24]
+    modes = {n: r["mode"] for n, r in g.stats().actors.items()}
+    assert modes["partial"] == "async" and modes["object"] == "async"
