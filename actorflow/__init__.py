@@ -2,6 +2,7 @@
 dependency. This module re-exports the public names only."""
 
 from . import lowlevel
+from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full, full_like,
                        manual_seed, ones, ones_like, rand, rand_like, randn, randn_like, tensor,
                        zeros, zeros_like)
@@ -52,6 +53,8 @@ __all__ = [
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
     "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
+    # autograd
+    "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running
     "synchronize", "synchronize_async", "lowlevel",
     # actor graphs

@@ -12,7 +12,7 @@ from . import ops
 from .eager.interpreter import apply
 from .ops.index import Slot
 from .tensor import views
-from .tensor.tensor import Tensor, wrap
+from .tensor.tensor import Tensor, viewed, wrap
 
 _INDEX, _MASKED, _PUT = ops.get("index"), ops.get("masked_index"), ops.get("index_put")
 
@@ -50,7 +50,7 @@ def getitem(t: Tensor, key):
     items = key if isinstance(key, tuple) else (key,)
     impl = t._impl
     if all(_is_basic(k) for k in items):
-        return wrap(views.basic_index(impl, items))
+        return viewed(t, views.basic_index(impl, items), "index", items)
     template, impls, masked = _split_key(key)
     op = _MASKED if masked else _INDEX
     return wrap(apply(op, [impl] + impls, {"key": template})[0])

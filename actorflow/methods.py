@@ -10,12 +10,13 @@ itself: one Python call fewer on the commonest op call), reading values (``numpy
 
 from __future__ import annotations
 
+from . import autograd
 from . import functional as F
 from . import indexing
 from .dtype import DType, as_dtype
 from .eager.interpreter import read, read_async, resolve
 from .errors import DeviceError
-from .tensor.tensor import Tensor, shape_args, wrap
+from .tensor.tensor import Tensor, shape_args, viewed
 from .tensor import views
 
 # -- reading values --------------------------------------------------------------------------
@@ -84,8 +85,9 @@ def contiguous(self):
 def reshape(self, *shape):
     shape = shape_args(shape)
     if self.is_contiguous():
-        return wrap(views.view(self._impl, shape, "reshape"))
-    return wrap(views.view(F.clone(self)._impl, shape, "reshape"))
+        return viewed(self, views.view(self._impl, shape, "reshape"), "reshape", None)
+    c = F.clone(self)
+    return viewed(c, views.view(c._impl, shape, "reshape"), "reshape", None)
 
 
 # -- op methods whose argument order or defaults differ from their functions ----------------
@@ -146,8 +148,9 @@ OPERATORS = (
 
 
 def bind() -> None:
-    """Attaches METHODS and OPERATORS to Tensor (once, when actorflow is imported)."""
-    for name, fn in METHODS.items():
+    """Attaches METHODS, autograd's and OPERATORS to Tensor (once, when actorflow is
+    imported)."""
+    for name, fn in list(METHODS.items()) + list(autograd.METHODS.items()):
         setattr(Tensor, name, fn)
     for op, method, reflected in OPERATORS:
         if method:

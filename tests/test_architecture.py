@@ -22,12 +22,13 @@ RANKS = {
     "eager": 6,
     "creation": 7, "runtime_api": 7,
     "functional": 8,
-    "indexing": 9,
-    "methods": 10,
-    "tracing": 11,
-    "pipeline": 12, "experiments": 12,
-    "lowlevel": 13,
-    "__init__": 14, "__main__": 15,
+    "autograd": 9,
+    "indexing": 10,
+    "methods": 11,
+    "tracing": 12,
+    "pipeline": 13, "experiments": 13,
+    "lowlevel": 14,
+    "__init__": 15, "__main__": 16,
 }
 
 MAX_LINES = 400

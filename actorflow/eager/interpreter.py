@@ -20,6 +20,7 @@ from ..vm.planner import ELEMENTWISE
 class _State(threading.local):
     interpreter = None      # None: eager
     streams = None          # {Device: Stream} overrides of the default compute streams
+    below_grad = False      # inside autograd's recorder: the call is not recorded again
 
 
 STATE = _State()
@@ -27,6 +28,7 @@ _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips
 _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _VM = get_vm()
+_GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
 
 
 class Interpreter:
@@ -87,7 +89,13 @@ def apply(op, inputs, attrs, device=None, outs=None):
     with ``use_interpreter``); returns the output TensorImpls."""
     overridden = _OVERRIDES[0]
     if overridden:
-        interp = STATE.interpreter
+        st = STATE
+        rec = _GRAD[0]
+        if rec is not None and not st.below_grad:
+            recorded = rec(op, inputs, attrs, device, outs)   # None: nothing needs grad
+            if recorded is not None:
+                return recorded
+        interp = st.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
     # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
@@ -177,6 +185,30 @@ def _override(name: str, value):
         with _OVERRIDES_LOCK:
             _OVERRIDES[0] -= 1
         setattr(STATE, name, prev)
+
+
+def use_autograd(recorder) -> None:
+    """Arms autograd (once a tensor requires grad): every op call goes first to
+    ``recorder(op, inputs, attrs, device, outs)``, which returns None when no input needs a
+    gradient (the call then runs as usual), or runs the call below it (``below_grad``) and
+    returns its outputs with their backward node attached. Autograd lives above and hands
+    its recorder in; an unarmed process pays nothing for it."""
+    if _GRAD[0] is None:
+        _GRAD[0] = recorder
+        with _OVERRIDES_LOCK:
+            _OVERRIDES[0] += 1
+
+
+@contextmanager
+def below_grad():
+    """Within the block, op calls on this thread skip autograd's recorder."""
+    st = STATE
+    prev = st.below_grad
+    st.below_grad = True
+    try:
+        yield
+    finally:
+        st.below_grad = prev
 
 
 @contextmanager

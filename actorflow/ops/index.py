@@ -105,7 +105,22 @@ def _k_index_put(outs, ins, attrs):
     o[key] = value
 
 
+def _k_index_add(outs, ins, attrs):
+    # ins: [target, value, index tensors...]: target[key] += value, repeated indices summed
+    # (the backward of a gather: autograd's rule for index and masked_index runs it)
+    key = fill_key(attrs["key"], ins[2:])
+    o = outs[0]
+    check_key("index_add", o.shape, key)
+    if any(isinstance(k, np.ndarray) and k.dtype == np.bool_ for k in key):
+        o[key] += ins[1]             # a mask selects each element once
+    else:
+        np.add.at(o, key, ins[1])
+
+
 register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index}, attrs=("key",)))
+register(OpDef("index_add", ("x", "value", "indices*"),
+               lambda metas, attrs: [(metas[0].shape, metas[0].dtype)], {"cpu": _k_index_add},
+               attrs=("key",)))
 register(OpDef("masked_index", ("x", "indices*"),
                lambda metas, attrs: [(None, metas[0].dtype)], {"cpu": _k_masked},
                attrs=("key",), dynamic=True))

@@ -1,4 +1,5 @@
-"""Neural-network ops: softmax and log_softmax along a dim (numerically stable)."""
+"""Neural-network ops: softmax and log_softmax along a dim (numerically stable), and the
+backward of gelu (autograd's rule for gelu runs it)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 
 from ..dtype import FLOAT
 from ..errors import DTypeError
+from .elementwise import _erf
 from .registry import OpDef, register
 
 
@@ -45,3 +47,31 @@ def _k_log_softmax(outs, ins, attrs):
 register(OpDef("softmax", ("x",), _softmax_infer("softmax"), {"cpu": _k_softmax}, attrs=("dim",)))
 register(OpDef("log_softmax", ("x",), _softmax_infer("log_softmax"), {"cpu": _k_log_softmax},
                attrs=("dim",)))
+
+
+def _gelu_backward_infer(metas, attrs):
+    g, x = metas
+    if g.shape != x.shape or g.dtype is not x.dtype:
+        raise DTypeError(f"gelu_backward: the gradient ({g.dtype}{list(g.shape)}) and the "
+                         f"input ({x.dtype}{list(x.shape)}) must match")
+    return [(x.shape, x.dtype)]
+
+
+def _k_gelu_backward(outs, ins, attrs):
+    g, x = ins
+    if x.dtype == np.float16:
+        x, g = x.astype(np.float32), g.astype(np.float32)
+    if attrs["approximate"] == "tanh":
+        c = np.sqrt(2.0 / np.pi).astype(x.dtype)
+        k = x.dtype.type(0.044715)
+        t = np.tanh(c * (x + k * x ** 3))
+        d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x * x)
+    else:
+        cdf = 0.5 * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
+        pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi).astype(x.dtype)
+        d = cdf + x * pdf
+    np.multiply(g, d, out=outs[0], casting="unsafe")
+
+
+register(OpDef("gelu_backward", ("grad", "x"), _gelu_backward_infer,
+               {"cpu": _k_gelu_backward}, attrs=("approximate",)))

@@ -18,7 +18,7 @@ _SMALL = 1 << 20          # blobs this large are queued so the allocator can cac
 
 class Blob:
     __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
-                 "last_write", "reads", "error", "released")
+                 "last_write", "reads", "error", "released", "version")
     traced = False               # a placeholder recorded by a tracer: it never holds data
 
     def __init__(self, device, backend, nbytes: int):
@@ -32,6 +32,7 @@ class Blob:
         self.reads = None        # reads issued since last_write (None: none)
         self.error = None
         self.released = False
+        self.version = 0         # in-place writes seen by autograd (saved tensors check it)
 
     def idle(self) -> bool:
         """True when no issued instruction that touches this blob is still pending."""

@@ -11,14 +11,16 @@ from .meta import TensorMeta, contiguous_strides
 
 class TensorImpl:
     """``meta`` (None until computed for outputs whose shape is known only after compute),
-    ``blob``, and ``base``: the TensorImpl owning the blob, or None if this one owns it."""
+    ``blob``, ``base``: the TensorImpl owning the blob, or None if this one owns it, and
+    ``ag``: autograd's record of it (``actorflow.autograd``), None outside autograd."""
 
-    __slots__ = ("meta", "blob", "base", "__weakref__")
+    __slots__ = ("meta", "blob", "base", "ag", "__weakref__")
 
     def __init__(self, meta: TensorMeta | None, blob: Blob, base: "TensorImpl | None" = None):
         self.meta = meta
         self.blob = blob
         self.base = base
+        self.ag = None
 
     @staticmethod
     def new(shape: tuple, dtype, device) -> "TensorImpl":

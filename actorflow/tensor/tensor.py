@@ -16,9 +16,19 @@ from .meta import is_contiguous, numel
 def wrap(impl) -> "Tensor":
     t = Tensor.__new__(Tensor)
     t._impl = impl
-    t.requires_grad = False
-    t.grad = None
     return t
+
+
+GRAD_VIEW: list = [None]    # autograd's recorder of views, set when it is armed
+
+
+def viewed(t: "Tensor", impl, kind: str, arg) -> "Tensor":
+    """``impl`` (a view of ``t``) as a Tensor; when ``t`` is in autograd, the view gets its
+    backward node (``kind``: "reshape", "permute", "expand" or "index"; ``arg`` its key)."""
+    out = wrap(impl)
+    if t._impl.ag is not None:          # (set only by autograd, so it is armed)
+        GRAD_VIEW[0](t, out, kind, arg)
+    return out
 
 
 class _Export:
@@ -36,7 +46,7 @@ class _Export:
 class Tensor:
     """An n-dimensional array on a device. Make one with ``af.tensor``, ``af.zeros``..."""
 
-    __slots__ = ("_impl", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("_impl", "__weakref__")
     __array_priority__ = 1000          # numpy defers binary operators to Tensor
 
     def __init__(self, *args, **kwargs):
@@ -88,17 +98,6 @@ class Tensor:
         m = self._meta
         return is_contiguous(m.shape, m.strides)
 
-    @property
-    def is_leaf(self) -> bool:
-        return True
-
-    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
-        if requires_grad and not self.dtype.is_floating_point:
-            raise RuntimeError(f"only tensors of floating point dtype can require gradients, "
-                               f"got {self.dtype}")
-        self.requires_grad = bool(requires_grad)
-        return self
-
     def __len__(self) -> int:
         shape = self._meta.shape
         if not shape:
@@ -145,7 +144,10 @@ class Tensor:
         if str(m.device) != "cpu":
             extra += f", device='{m.device}'"
         extra += f", dtype={m.dtype}"
-        if self.requires_grad:
+        ag = self._impl.ag
+        if ag is not None and ag.grad_fn is not None:
+            extra += f", grad_fn=<{ag.grad_fn.name}>"
+        elif ag is not None and ag.requires_grad:
             extra += ", requires_grad=True"
         if not self._impl.blob.backend.has_data:
             return f"tensor(<no data>, shape={self.shape}{extra})"
@@ -210,18 +212,25 @@ class Tensor:
     # -- views --------------------------------------------------------------------------
     def view(self, *shape) -> "Tensor":
         self._meta
-        return wrap(_views().view(self._impl, shape_args(shape)))
+        return viewed(self, _views().view(self._impl, shape_args(shape)), "reshape", None)
 
     def flatten(self) -> "Tensor":
         return self.reshape(-1)
 
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         self._meta
-        return wrap(_views().transpose(self._impl, dim0, dim1))
+        out = _views().transpose(self._impl, dim0, dim1)
+        order = list(range(len(out.meta.shape)))
+        if order:
+            a, b = dim0 % len(order), dim1 % len(order)
+            order[a], order[b] = order[b], order[a]
+        return viewed(self, out, "permute", tuple(order))
 
     def permute(self, *dims) -> "Tensor":
         self._meta
-        return wrap(_views().permute(self._impl, shape_args(dims)))
+        dims = shape_args(dims)
+        out = _views().permute(self._impl, dims)
+        return viewed(self, out, "permute", tuple(d % len(dims) for d in dims))
 
     @property
     def T(self) -> "Tensor":
@@ -234,15 +243,15 @@ class Tensor:
 
     def unsqueeze(self, dim: int) -> "Tensor":
         self._meta
-        return wrap(_views().unsqueeze(self._impl, dim))
+        return viewed(self, _views().unsqueeze(self._impl, dim), "reshape", None)
 
     def squeeze(self, dim=None) -> "Tensor":
         self._meta
-        return wrap(_views().squeeze(self._impl, dim))
+        return viewed(self, _views().squeeze(self._impl, dim), "reshape", None)
 
     def expand(self, *sizes) -> "Tensor":
         self._meta
-        return wrap(_views().expand(self._impl, shape_args(sizes)))
+        return viewed(self, _views().expand(self._impl, shape_args(sizes)), "expand", None)
 
     def expand_as(self, other) -> "Tensor":
         return self.expand(*other.shape)

@@ -1,0 +1,163 @@
+"""backward(): an iterative sweep over the recorded nodes, latest first.
+
+From the roots it counts, for every node it can reach, how many edges lead into it; a node
+runs once all of them have delivered (its gradients summed in the order they arrived), the
+ready ones by decreasing creation order (a heap on ``Node.seq``), so the same program
+accumulates in the same order every time. Leaves accumulate into ``.grad``. Rules run under
+no_grad: their ops are queued on the VM like any others; nothing here waits for values.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .. import functional as F
+from ..tensor.tensor import wrap
+from .graph import Meta, Node
+from .mode import no_grad
+
+
+class Ctx:
+    """What a rule sees of its node (see ``rules.py``)."""
+
+    __slots__ = ("node", "needs")
+
+    def __init__(self, node: Node, needs: tuple):
+        self.node = node
+        self.needs = needs
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def attrs(self) -> dict:
+        return self.node.attrs
+
+    def shape(self, k: int) -> tuple:
+        return self.node.ins[k].shape
+
+    def x(self, k: int):
+        return wrap(self.node.saved_in[k])
+
+    def y(self, k: int):
+        return wrap(self.node.saved_out[k])
+
+
+def _check_saved(node: Node) -> None:
+    if node.released:
+        raise RuntimeError(
+            f"backward through {node.name!r} a second time: its saved tensors were freed by "
+            f"the first backward(); pass retain_graph=True to the first call if you need "
+            f"to run backward twice")
+    saved = (node.saved_in or ()) + (node.saved_out or ())
+    for t, v in zip(saved, node.versions):
+        if t.blob.version != v:
+            m = t.meta
+            raise RuntimeError(
+                f"one of the tensors {node.name!r} saved for backward ({m.dtype}{list(m.shape)}) "
+                f"was modified by an in-place operation after it was saved (version {v}, now "
+                f"{t.blob.version}); compute out of place (x = x * 2, not x.mul_(2)) or clone "
+                f"it before modifying it")
+
+
+def _fit(g, meta, node: Node, k: int):
+    """A rule's gradient for input ``k``: checked against the input's shape, in its dtype
+    and on its device."""
+    gm = g._impl.meta
+    if gm.shape != meta.shape:
+        raise RuntimeError(f"internal error: the grad rule of {node.name!r} gave input {k} a "
+                           f"gradient of shape {gm.shape}, expected {meta.shape}")
+    if gm.dtype is not meta.dtype:
+        g = F.cast(g, meta.dtype)
+    if gm.device is not meta.device:
+        g = F.to_device(g, meta.device)
+    return g
+
+
+def _accumulate(meta: Meta, g) -> None:
+    if g._impl.base is not None or not g.is_contiguous():
+        g = F.clone(g)                      # a leaf's .grad owns its storage
+    meta.grad = g if meta.grad is None else F.add(meta.grad, g)
+
+
+def _graph(roots: list) -> dict:
+    """Edges leading into every node reachable from ``roots`` (iteratively)."""
+    deps: dict = {}
+    stack = [n for n in roots if isinstance(n, Node)]
+    seen = set(stack)
+    while stack:
+        node = stack.pop()
+        for e in node.edges:
+            if e is None or not isinstance(e[0], Node):
+                continue
+            nxt = e[0]
+            deps[nxt] = deps.get(nxt, 0) + 1
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return deps
+
+
+def run_backward(roots: list, grads: list, retain_graph: bool = False) -> None:
+    """``roots``: Metas of the tensors to differentiate; ``grads``: their gradients."""
+    with no_grad():
+        deps = _graph([m.grad_fn for m in roots if m.grad_fn is not None])
+        buffers: dict = {}
+        for meta, g in zip(roots, grads):
+            if meta.grad_fn is None:        # a leaf itself
+                _accumulate(meta, g)
+            else:
+                _deliver(buffers, meta.grad_fn, meta.output_nr, g)
+        heap = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
+        heapq.heapify(heap)
+        while heap:
+            _, node = heapq.heappop(heap)
+            _run(node, buffers.pop(node), buffers, heap, deps, retain_graph)
+
+
+def _deliver(buffers, node, nr, g) -> None:
+    buf = buffers.get(node)
+    if buf is None:
+        buf = buffers[node] = [None] * len(node.outs)
+    buf[nr] = g if buf[nr] is None else F.add(buf[nr], g)
+
+
+def _run(node: Node, got: list, buffers, heap, deps, retain_graph) -> None:
+    if node.retained:
+        for nr, meta in node.retained.items():
+            if got[nr] is not None:
+                meta.grad = got[nr] if meta.grad is None else F.add(meta.grad, got[nr])
+    needs = tuple(e is not None for e in node.edges)
+    rule = node.rule
+    if rule is None:
+        raise RuntimeError(f"no gradient rule for op {node.name!r}: backward() cannot go "
+                           f"through it; compute that part under af.no_grad() or detach() "
+                           f"its inputs")
+    _check_saved(node)
+    grads = [g if g is not None else _zeros(m) for g, m in zip(got, node.outs)]
+    out = rule.fn(Ctx(node, needs), *grads)
+    if len(out) != len(node.edges):
+        raise RuntimeError(f"internal error: the grad rule of {node.name!r} gave "
+                           f"{len(out)} gradients for {len(node.edges)} inputs")
+    if not retain_graph:
+        node.release()
+    for k, (edge, g) in enumerate(zip(node.edges, out)):
+        if edge is None:
+            continue
+        if g is None:                       # (the target still counts on this delivery)
+            g = _zeros(node.ins[k])
+        g = _fit(g, node.ins[k], node, k)
+        target, nr = edge
+        if isinstance(target, Meta):
+            _accumulate(target, g)
+            continue
+        _deliver(buffers, target, nr, g)
+        deps[target] -= 1
+        if deps[target] == 0:
+            heapq.heappush(heap, (-target.seq, target))
+
+
+def _zeros(meta):
+    from ..creation import zeros
+    return zeros(meta.shape, dtype=meta.dtype, device=meta.device)

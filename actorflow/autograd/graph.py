@@ -1,0 +1,166 @@
+"""What autograd records: each tensor's ``Meta`` and the backward ``Node`` of each op call.
+
+Armed the first time a tensor requires grad (``eager.interpreter.use_autograd``), the
+recorder sees every op call before it runs. When grad mode is on and an input requires
+grad, the call runs below it, and a ``Node`` is made: the op's grad rule (``rules.py``), its
+attrs, one edge per input (to the node that made it, to a leaf's ``Meta``, or None) and the
+tensors the rule reads, with their blobs' versions. A floating-point output gets a ``Meta``
+pointing at the node. Views record a node of their own (``record_view``).
+
+In-place writes (an op given ``outs``) bump the version of each blob they write, so a rule
+reading a tensor that was overwritten since it was saved raises instead of computing a
+wrong gradient. A leaf that requires grad cannot be written in place while grad mode is on
+(the optimizers write under ``no_grad``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..eager import interpreter
+from .mode import MODE
+
+_SEQ = itertools.count()
+
+
+class Meta:
+    """A tensor's autograd record: ``requires_grad``; ``grad_fn`` (None for a leaf) and
+    ``output_nr``, which of its outputs this tensor is; ``grad``, a leaf's accumulated
+    gradient (a Tensor); ``retains_grad``, a non-leaf that keeps its gradient too."""
+
+    __slots__ = ("requires_grad", "grad_fn", "output_nr", "grad", "retains_grad")
+
+    def __init__(self, grad_fn=None, output_nr: int = 0, requires_grad: bool = True):
+        self.requires_grad = requires_grad
+        self.grad_fn = grad_fn
+        self.output_nr = output_nr
+        self.grad = None
+        self.retains_grad = False
+
+
+class Node:
+    """The backward of one op call (``name``: the op's, as in ``grad_fn=<mul>``)."""
+
+    __slots__ = ("name", "rule", "attrs", "edges", "ins", "outs", "saved_in", "saved_out",
+                 "versions", "seq", "released", "retained", "__weakref__")
+
+    def __init__(self, name, rule, attrs, edges, ins, outs):
+        self.name = name
+        self.rule = rule            # rules.Rule, or None: no gradient formula for this op
+        self.attrs = attrs
+        self.edges = edges          # per input: (Node or leaf Meta, output_nr) or None
+        self.ins = ins              # per input: its TensorMeta (shape, dtype, device)
+        self.outs = outs            # per output: its TensorMeta
+        self.saved_in = None        # TensorImpls the rule reads (None: none)
+        self.saved_out = None
+        self.versions = ()
+        self.seq = next(_SEQ)       # later nodes run first in backward
+        self.released = False
+        self.retained = None        # {output_nr: Meta} of outputs that retain their grad
+
+    def save(self, inputs, outputs) -> None:
+        rule = self.rule
+        if rule is None:
+            return
+        if rule.saves_inputs:
+            self.saved_in = tuple(inputs)
+        if rule.saves_outputs:
+            self.saved_out = tuple(outputs)
+        self.versions = tuple(t.blob.version for t in (self.saved_in or ()) + (
+            self.saved_out or ()))
+
+    def release(self) -> None:
+        """After its backward (unless retain_graph): the saved tensors go."""
+        self.saved_in = self.saved_out = None
+        self.released = True
+
+    def __repr__(self) -> str:
+        return f"<{self.name} backward>"
+
+
+def edge_of(impl):
+    ag = impl.ag
+    if ag is None or not ag.requires_grad:
+        return None
+    if ag.grad_fn is None:
+        return (ag, 0)
+    return (ag.grad_fn, ag.output_nr)
+
+
+def _needs_grad(inputs) -> bool:
+    for i in inputs:
+        ag = i.ag
+        if ag is not None and ag.requires_grad:
+            return True
+    return False
+
+
+def record(op, inputs, attrs, device, outs):
+    """The recorder ``eager.interpreter.apply`` calls while autograd is armed; None when
+    nothing needs recording (the call then runs as usual)."""
+    enabled = MODE.enabled
+    if outs is not None:
+        for o in outs:
+            o.blob.version += 1
+        if enabled:
+            _check_inplace(op.name, inputs, outs)
+    if not enabled or not _needs_grad(inputs):
+        if outs is not None and enabled:
+            for o in outs:
+                if o.ag is not None:      # overwritten by values that need no gradient
+                    o.ag = None
+        return None
+    edges = tuple([edge_of(i) for i in inputs])
+    ins = tuple([i.meta for i in inputs])
+    with interpreter.below_grad():
+        res = interpreter.apply(op, inputs, attrs, device, outs)
+    node = Node(op.name, _RULES.get(op.name), attrs, edges, ins,
+                tuple([o.meta for o in res]))
+    node.save(inputs, res)
+    for k, o in enumerate(res):
+        if o.meta.dtype.is_floating_point:
+            o.ag = Meta(node, k)
+    return res
+
+
+def _check_inplace(name, inputs, outs) -> None:
+    for o in outs:
+        ag = o.ag
+        if ag is not None and ag.requires_grad and ag.grad_fn is None:
+            raise RuntimeError(
+                f"{name}: a leaf tensor that requires grad is being written in place; that "
+                f"would lose what backward() needs. Update parameters under "
+                f"'with af.no_grad():' (as the optimizers do), or write into a copy")
+        base = o.base
+        if base is not None and (ag is not None or base.ag is not None) and \
+                _needs_grad(list(inputs) + [o, base]):
+            raise RuntimeError(
+                f"{name}: writing in place into a view of a tensor that is part of a "
+                f"gradient computation is not supported; compute out of place (y = "
+                f"x.clone(); ...) or under 'with af.no_grad():'")
+
+
+def record_view(t, out, kind: str, arg) -> None:
+    """``out`` is a view of ``t`` (made by Tensor.view/permute/expand/indexing...): under
+    grad mode it gets a node whose backward maps its gradient back onto ``t``'s shape."""
+    impl = t._impl
+    edge = edge_of(impl)
+    if edge is None or not MODE.enabled:
+        return
+    node = Node(kind, _VIEW_RULES[kind], {"key": arg, "view": out._impl.meta}, (edge,),
+                (impl.meta,), (out._impl.meta,))
+    out._impl.ag = Meta(node, 0)
+
+
+_RULES: dict = {}
+_VIEW_RULES: dict = {}
+
+
+def use_rules(rules: dict, view_rules: dict) -> None:
+    """The grad rules by op name, and the view kinds' (``rules.py`` hands them in)."""
+    _RULES.update(rules)
+    _VIEW_RULES.update(view_rules)
+
+
+def rule_of(name: str):
+    return _RULES.get(name)

@@ -1,0 +1,184 @@
+"""Grad rules of the ops that change shapes: reductions, softmax-like, matmul, joining,
+gathers, and the views (reshape, permute, expand, basic indexing), as in ``rules.py``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from ..creation import zeros
+from ..eager.interpreter import apply
+from ..ops import get as op_def
+from ..tensor import views
+from ..tensor.tensor import wrap
+from .rules import expand_to, reshape, rule, sum_to
+
+VIEW_RULES: dict = {}
+
+
+def _kept(g, in_shape, dims, keepdim):
+    """A reduction's gradient with the reduced dims back (size 1) when they were dropped."""
+    if keepdim:
+        return g
+    nd = len(in_shape)
+    dims = range(nd) if dims is None else dims
+    shape = tuple(1 if i in dims else s for i, s in enumerate(in_shape))
+    return reshape(g, shape)
+
+
+def _count(in_shape, dims) -> int:
+    dims = range(len(in_shape)) if dims is None else dims
+    n = 1
+    for d in dims:
+        n *= in_shape[d]
+    return n
+
+
+@rule("sum")
+def _sum(ctx, g):
+    a, shape = ctx.attrs, ctx.shape(0)
+    return (expand_to(_kept(g, shape, a["dims"], a["keepdim"]), shape),)
+
+
+@rule("mean")
+def _mean(ctx, g):
+    a, shape = ctx.attrs, ctx.shape(0)
+    g = F.div(_kept(g, shape, a["dims"], a["keepdim"]), float(max(1, _count(shape, a["dims"]))))
+    return (expand_to(g, shape),)
+
+
+@rule("amax", "amin", saves="xy")
+def _amax(ctx, g):
+    a, shape = ctx.attrs, ctx.shape(0)
+    x = ctx.x(0)
+    y = _kept(ctx.y(0), shape, a["dims"], a["keepdim"])
+    hit = F.cast(F.eq(x, y), g.dtype)               # ties share the gradient evenly
+    n = F.sum(hit, dim=a["dims"], keepdim=True) if a["dims"] is not None else F.sum(hit)
+    g = _kept(g, shape, a["dims"], a["keepdim"])
+    return (F.mul(hit, F.div(g, n)),)
+
+
+@rule("max_dim", "min_dim", saves="y")
+def _max_dim(ctx, g, _g_indices=None):
+    a, shape = ctx.attrs, ctx.shape(0)
+    d = a["dim"]
+    idx = _kept(ctx.y(1), shape, (d,), a["keepdim"])
+    g = _kept(g, shape, (d,), a["keepdim"])
+    pos = F.cast(F.eq(_arange_along(shape, d, idx.device), idx), g.dtype)
+    return (F.mul(pos, g),)
+
+
+def _arange_along(shape, d, device):
+    from ..creation import arange
+    r = arange(shape[d], device=device)
+    return reshape(r, tuple(shape[d] if i == d else 1 for i in range(len(shape))))
+
+
+@rule("softmax", saves="y")
+def _softmax(ctx, g):
+    y, d = ctx.y(0), ctx.attrs["dim"]
+    gy = F.mul(g, y)
+    return (F.sub(gy, F.mul(y, F.sum(gy, dim=d, keepdim=True))),)
+
+
+@rule("log_softmax", saves="y")
+def _log_softmax(ctx, g):
+    y, d = ctx.y(0), ctx.attrs["dim"]
+    return (F.sub(g, F.mul(F.exp(y), F.sum(g, dim=d, keepdim=True))),)
+
+
+def _mT(t):
+    return wrap(views.transpose(t._impl, -2, -1))
+
+
+@rule("matmul", saves="x")
+def _matmul(ctx, g):
+    a, b = ctx.x(0), ctx.x(1)
+    sa, sb = ctx.shape(0), ctx.shape(1)
+    if len(sa) == 1 and len(sb) == 1:               # a dot product
+        return (F.mul(g, b) if ctx.needs[0] else None, F.mul(g, a) if ctx.needs[1] else None)
+    a2 = reshape(a, (1,) + sa) if len(sa) == 1 else a
+    b2 = reshape(b, sb + (1,)) if len(sb) == 1 else b
+    gshape = list(g.shape)
+    if len(sa) == 1:
+        gshape.insert(len(gshape) - (0 if len(sb) == 1 else 1), 1)
+    if len(sb) == 1:
+        gshape.append(1)
+    g2 = reshape(g, tuple(gshape))
+    ga = gb = None
+    if ctx.needs[0]:
+        ga = reshape(sum_to(F.matmul(g2, _mT(b2)), a2.shape), sa)
+    if ctx.needs[1]:
+        gb = reshape(sum_to(F.matmul(_mT(a2), g2), b2.shape), sb)
+    return ga, gb
+
+
+@rule("cat")
+def _cat(ctx, g):
+    d = ctx.attrs["dim"]
+    out, start = [], 0
+    for k in range(len(ctx.needs)):
+        n = ctx.shape(k)[d]
+        key = (slice(None),) * d + (slice(start, start + n),)
+        out.append(wrap(views.basic_index(g._impl, key)) if ctx.needs[k] else None)
+        start += n
+    return tuple(out)
+
+
+@rule("stack")
+def _stack(ctx, g):
+    d = ctx.attrs["dim"]
+    return tuple(wrap(views.basic_index(g._impl, (slice(None),) * d + (k,)))
+                 if ctx.needs[k] else None for k in range(len(ctx.needs)))
+
+
+_INDEX_ADD = op_def("index_add")
+
+
+@rule("index", "masked_index", saves="x")
+def _index(ctx, g):
+    """A gather's gradient: zeros of the input's shape, the gradient added at the gathered
+    positions (repeated ones summed)."""
+    x = ctx.x(0)
+    z = zeros(ctx.shape(0), dtype=x.dtype, device=x.device)
+    if g.dtype is not x.dtype:
+        g = F.cast(g, x.dtype)
+    idx = [ctx.x(k)._impl for k in range(1, len(ctx.needs))]
+    apply(_INDEX_ADD, [z._impl, g._impl] + idx, {"key": ctx.attrs["key"]}, outs=[z._impl])
+    return (z,) + (None,) * len(idx)
+
+
+# -- views ---------------------------------------------------------------------------------
+
+def _view_reshape(ctx, g):
+    return (reshape(g, ctx.shape(0)),)
+
+
+def _view_permute(ctx, g):
+    order = ctx.attrs["key"]                        # view dim i is input dim order[i]
+    inverse = tuple(int(i) for i in np.argsort(order))
+    return (wrap(views.permute(g._impl, inverse)),)
+
+
+def _view_expand(ctx, g):
+    return (sum_to(g, ctx.shape(0)),)
+
+
+def _view_index(ctx, g):
+    base = ctx.node.ins[0]
+    z = zeros(base.shape, dtype=base.dtype, device=base.device)
+    target = wrap(views.basic_index(z._impl, ctx.attrs["key"]))
+    F.copy_(target, g)
+    return (z,)
+
+
+class _ViewRule:
+    __slots__ = ("fn", "saves_inputs", "saves_outputs")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.saves_inputs = self.saves_outputs = False
+
+
+VIEW_RULES.update(reshape=_ViewRule(_view_reshape), permute=_ViewRule(_view_permute),
+                  expand=_ViewRule(_view_expand), index=_ViewRule(_view_index))

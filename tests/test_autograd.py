@@ -1,0 +1,337 @@
+"""Autograd: every grad rule against central finite differences (float64), and against
+PyTorch on the same inputs where it is installed; accumulation, no_grad, detach, in-place
+checks, retain_graph, views."""
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.autograd.graph import _RULES, _VIEW_RULES
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape, positive=False, spread=False):
+    a = RNG.standard_normal(shape)
+    if spread:                          # values far apart: no ties, no kinks near them
+        a = RNG.permutation(np.arange(int(np.prod(shape)), dtype=np.float64)).reshape(shape)
+        a = a * 0.37 - 1.1
+    if positive:
+        a = np.abs(a) + 0.5
+    return a
+
+
+def idx(*values):
+    return af.tensor(np.array(values, dtype=np.int64))
+
+
+# name, function of tensors (numpy-compatible names via the af namespace), input arrays
+CASES = [
+    ("add", lambda a, b: a + b, [rand(3, 4), rand(4)]),
+    ("sub", lambda a, b: a - b, [rand(3, 1), rand(1, 4)]),
+    ("mul", lambda a, b: a * b, [rand(2, 3), rand(2, 3)]),
+    ("div", lambda a, b: a / b, [rand(2, 3), rand(3, positive=True)]),
+    ("pow", lambda a, b: a ** b, [rand(2, 3, positive=True), rand(2, 3)]),
+    ("maximum", lambda a, b: af.maximum(a, b), [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
+    ("minimum", lambda a, b: af.minimum(a, b), [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
+    ("add_scalar", lambda a: a + 2.5, [rand(3)]),
+    ("radd_scalar", lambda a: 2.5 + a, [rand(3)]),
+    ("sub_scalar", lambda a: a - 2.5, [rand(3)]),
+    ("rsub_scalar", lambda a: 2.5 - a, [rand(3)]),
+    ("mul_scalar", lambda a: a * 3.0, [rand(3)]),
+    ("rmul_scalar", lambda a: 3.0 * a, [rand(3)]),
+    ("div_scalar", lambda a: a / 3.0, [rand(3)]),
+    ("rdiv_scalar", lambda a: 3.0 / a, [rand(3, positive=True)]),
+    ("pow_scalar", lambda a: a ** 3, [rand(4)]),
+    ("rpow_scalar", lambda a: 2.0 ** a, [rand(4)]),
+    ("maximum_scalar", lambda a: af.maximum(a, 0.05), [rand(5, spread=True)]),
+    ("minimum_scalar", lambda a: af.minimum(a, 0.05), [rand(5, spread=True)]),
+    ("rmaximum_scalar", lambda a: af.maximum(0.05, a), [rand(5, spread=True)]),
+    ("rminimum_scalar", lambda a: af.minimum(0.05, a), [rand(5, spread=True)]),
+    ("neg", lambda a: -a, [rand(3)]),
+    ("abs", lambda a: af.abs(a), [rand(5, spread=True)]),
+    ("exp", lambda a: af.exp(a), [rand(3, 2)]),
+    ("log", lambda a: af.log(a), [rand(3, positive=True)]),
+    ("sqrt", lambda a: af.sqrt(a), [rand(3, positive=True)]),
+    ("tanh", lambda a: af.tanh(a), [rand(3, 2)]),
+    ("sigmoid", lambda a: af.sigmoid(a), [rand(3, 2)]),
+    ("relu", lambda a: af.relu(a), [rand(6, spread=True)]),
+    ("gelu", lambda a: af.gelu(a), [rand(6)]),
+    ("gelu", lambda a: af.gelu(a, approximate="tanh"), [rand(6)]),
+    ("clamp", lambda a: af.clamp(a, -0.5, 0.7), [rand(8, spread=True) * 0.5]),
+    ("cast", lambda a: a.float().double() * 2.0, [rand(3)]),     # linear: see EPS
+    ("copy", lambda a: a.clone(), [rand(2, 2)]),
+    ("where", lambda a, b: af.where(a > 0, a, b), [rand(3, 3, spread=True), rand(3, 3)]),
+    ("where", lambda a: af.where(a > 0, a, 0.5), [rand(3, 3, spread=True)]),
+    ("where", lambda a: af.where(a > 0, 0.5, a), [rand(3, 3, spread=True)]),
+    ("sum", lambda a: a.sum(dim=1), [rand(3, 4)]),
+    ("sum", lambda a: a.sum(dim=(0, 2), keepdim=True), [rand(2, 3, 4)]),
+    ("mean", lambda a: a.mean(dim=0), [rand(3, 4)]),
+    ("mean", lambda a: a.mean(), [rand(3, 4)]),
+    ("amax", lambda a: a.amax(dim=1), [rand(3, 4, spread=True)]),
+    ("amin", lambda a: a.amin(), [rand(3, 4, spread=True)]),
+    ("max_dim", lambda a: a.max(dim=1).values, [rand(3, 4, spread=True)]),
+    ("min_dim", lambda a: a.min(dim=0, keepdim=True).values, [rand(3, 4, spread=True)]),
+    ("softmax", lambda a: af.softmax(a, dim=1), [rand(3, 5)]),
+    ("log_softmax", lambda a: af.log_softmax(a, dim=-1), [rand(3, 5)]),
+    ("matmul", lambda a, b: a @ b, [rand(3, 4), rand(4, 2)]),
+    ("matmul", lambda a, b: a @ b, [rand(2, 3, 4), rand(4, 5)]),
+    ("matmul", lambda a, b: a @ b, [rand(4), rand(4, 3)]),
+    ("matmul", lambda a, b: a @ b, [rand(3, 4), rand(4)]),
+    ("matmul", lambda a, b: a @ b, [rand(4), rand(4)]),
+    ("cat", lambda a, b: af.cat([a, b], dim=1), [rand(2, 3), rand(2, 2)]),
+    ("stack", lambda a, b: af.stack([a, b], dim=0), [rand(2, 3), rand(2, 3)]),
+    ("index", lambda a: a[idx(0, 2, 2)], [rand(4, 3)]),
+    ("index", lambda a: a[idx(0, 1, 1), idx(2, 0, 0)], [rand(3, 3)]),
+    ("masked_index", lambda a: a[a > 0], [rand(3, 4, spread=True)]),
+    ("reshape", lambda a: a.reshape(6, 2) * af.tensor(np.arange(12.).reshape(6, 2)),
+     [rand(3, 4)]),
+    ("permute", lambda a: a.permute(2, 0, 1) * af.tensor(np.arange(24.).reshape(4, 2, 3)),
+     [rand(2, 3, 4)]),
+    ("permute", lambda a: a.T * af.tensor(np.arange(6.).reshape(3, 2)), [rand(2, 3)]),
+    ("permute", lambda a: a.transpose(0, 2) * af.tensor(np.arange(24.).reshape(4, 3, 2)),
+     [rand(2, 3, 4)]),
+    ("expand", lambda a: a.expand(3, 4) * af.tensor(np.arange(12.).reshape(3, 4)),
+     [rand(1, 4)]),
+    ("index", lambda a: a[1:, ::2] * af.tensor(np.arange(4.).reshape(2, 2)), [rand(3, 4)]),
+    ("index", lambda a: a[:, 1] * af.tensor(np.arange(3.)), [rand(3, 4)]),
+    ("reshape", lambda a: a.unsqueeze(1).squeeze(1).flatten() * af.tensor(np.arange(6.)),
+     [rand(2, 3)]),
+]
+
+
+EPS = {"cast": 1e-2}     # float32 inside: a wider step (the function is linear, so exact)
+
+
+def weights_for(y):
+    """A fixed random cotangent, so the test is sensitive to every output element."""
+    w = np.random.default_rng(1).standard_normal(y.shape)
+    return af.tensor(w)
+
+
+def analytic(fn, arrays):
+    xs = [af.tensor(a, requires_grad=True) for a in arrays]
+    y = fn(*xs)
+    (y * weights_for(y)).sum().backward()
+    return [x.grad.numpy() for x in xs], y
+
+
+def numeric(fn, arrays, eps=1e-6):
+    grads = []
+    for k, a in enumerate(arrays):
+        g = np.zeros_like(a)
+        for i in np.ndindex(a.shape):
+            def f(delta):
+                b = [x.copy() for x in arrays]
+                b[k][i] += delta
+                y = fn(*[af.tensor(x) for x in b])
+                return float((y * weights_for(y)).sum().item())
+            g[i] = (f(eps) - f(-eps)) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def names_in(y) -> set:
+    seen, stack, names = set(), [y.grad_fn], set()
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        names.add(n.name)
+        stack.extend(e[0] for e in n.edges if e is not None and hasattr(e[0], "edges"))
+    return names
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_gradient_matches_finite_differences(case):
+    name, fn, arrays = case
+    got, y = analytic(fn, arrays)
+    want = numeric(fn, arrays, EPS.get(name, 1e-6))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_every_rule_is_checked_by_a_case():
+    covered = set()
+    for name, fn, arrays in CASES:
+        xs = [af.tensor(a, requires_grad=True) for a in arrays]
+        covered |= names_in(fn(*xs))
+    missing = (set(_RULES) | set(_VIEW_RULES)) - covered
+    assert not missing, f"rules without a finite-difference case: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_gradient_matches_pytorch(case):
+    torch = pytest.importorskip("torch")
+    name, fn, arrays = case
+    got, y = analytic(fn, arrays)
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+
+    tfn = _torch_version(fn, torch)
+    ty = tfn(*ts)
+    w = torch.tensor(np.random.default_rng(1).standard_normal(tuple(ty.shape)))
+    (ty * w).sum().backward()
+    for g, t in zip(got, ts):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-6, atol=1e-8)
+
+
+def _torch_version(fn, torch):
+    """Runs ``fn`` with ``af`` names swapped for torch's (the lambdas call af.X)."""
+    import types
+    shim = types.SimpleNamespace(
+        abs=torch.abs, exp=torch.exp, log=torch.log, sqrt=torch.sqrt, tanh=torch.tanh,
+        sigmoid=torch.sigmoid, relu=torch.relu,
+        gelu=lambda a, approximate="none": torch.nn.functional.gelu(a, approximate=approximate),
+        clamp=torch.clamp, where=lambda c, a, b: torch.where(c, _t(torch, a, c), _t(torch, b, c)),
+        softmax=lambda a, dim: torch.softmax(a, dim), log_softmax=lambda a, dim: torch.log_softmax(a, dim),
+        cat=lambda xs, dim: torch.cat(xs, dim), stack=lambda xs, dim: torch.stack(xs, dim),
+        tensor=lambda a: torch.tensor(a))
+    shim.maximum = lambda a, b: torch.maximum(_t(torch, a, b), _t(torch, b, a))
+    shim.minimum = lambda a, b: torch.minimum(_t(torch, a, b), _t(torch, b, a))
+    g = dict(fn.__globals__)
+    g["af"] = shim
+    g["idx"] = lambda *v: torch.tensor(v, dtype=torch.int64)
+    import types as _ty
+    return _ty.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _t(torch, v, like):
+    if isinstance(v, torch.Tensor):
+        return v
+    return torch.tensor(v, dtype=like.dtype if like.dtype.is_floating_point else torch.float64)
+
+
+# -- semantics -----------------------------------------------------------------------------
+
+def test_grad_accumulates_and_none_until_backward():
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    assert x.grad is None and x.is_leaf and x.requires_grad
+    (x * x).sum().backward()
+    (x * 3.0).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2 + 3, 4 + 3])
+    x.grad = None
+    (x * 2.0).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2, 2])
+
+
+def test_requires_grad_in_every_creation_function_has_its_meaning():
+    makers = [lambda: af.tensor([1.0, 2.0], requires_grad=True),
+              lambda: af.zeros(2, requires_grad=True), lambda: af.ones(2, requires_grad=True),
+              lambda: af.full((2,), 3.0, requires_grad=True),
+              lambda: af.rand(2, requires_grad=True), lambda: af.randn(2, requires_grad=True),
+              lambda: af.empty(2, requires_grad=True),
+              lambda: af.arange(2, dtype=af.float32, requires_grad=True),
+              lambda: af.zeros_like(af.ones(2), requires_grad=True)]
+    for make in makers:
+        x = make()
+        assert x.requires_grad and x.is_leaf
+        (x * 2.0).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), [2.0, 2.0])
+    with pytest.raises(RuntimeError, match="floating point"):
+        af.tensor([1, 2], requires_grad=True)
+
+
+def test_no_grad_detach_and_grad_mode():
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    with af.no_grad():
+        y = x * 2
+    assert not y.requires_grad and y.grad_fn is None
+    z = x.detach() * 2
+    assert not z.requires_grad
+    assert (x * 2).grad_fn.name == "mul_scalar" and "grad_fn=<mul_scalar>" in repr(x * 2)
+
+    @af.no_grad()
+    def f(t):
+        return t * 2
+    assert not f(x).requires_grad and af.is_grad_enabled()
+    with af.set_grad_enabled(False):
+        assert not (x * 2).requires_grad
+        with af.enable_grad():
+            assert (x * 2).requires_grad
+    assert af.is_grad_enabled()
+
+
+def test_inplace_on_a_leaf_that_requires_grad_is_refused_but_fine_under_no_grad():
+    w = af.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad.*no_grad"):
+        w.add_(1.0)
+    with af.no_grad():
+        w.add_(1.0)
+    np.testing.assert_allclose(w.numpy(), [2, 2, 2])
+    assert (w * 1.0).sum().item() == 6.0        # the runtime keeps working after the error
+
+
+def test_modifying_a_tensor_saved_for_backward_raises_a_clear_error():
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1.0
+    y = (h * h).sum()                       # mul saves h
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        y.backward()
+
+
+def test_second_backward_needs_retain_graph():
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), [4, 8])
+    with pytest.raises(RuntimeError, match="second time.*retain_graph=True"):
+        y.backward()
+
+
+def test_retain_grad_and_non_scalar_backward():
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 3.0
+    h.retain_grad()
+    y = h * h
+    with pytest.raises(RuntimeError, match="one-element outputs"):
+        y.backward()
+    y.backward(af.tensor([1.0, 1.0]))
+    np.testing.assert_allclose(h.grad.numpy(), [6, 12])
+    np.testing.assert_allclose(x.grad.numpy(), [18, 36])
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        af.tensor([1.0]).backward()
+
+
+def test_shared_subexpressions_accumulate_deterministically():
+    def run():
+        x = af.tensor(np.linspace(-1, 1, 7, dtype=np.float32), requires_grad=True)
+        h = af.tanh(x)
+        y = (h * h + h.exp() * 3.0 + af.sigmoid(h)).sum()
+        y.backward()
+        return x.grad.numpy()
+    a, b = run(), run()
+    assert np.array_equal(a, b)                 # bit for bit: the same order every time
+    x = np.linspace(-1, 1, 7, dtype=np.float64)
+    h = np.tanh(x)
+    s = 1 / (1 + np.exp(-h))
+    want = (2 * h + 3 * np.exp(h) + s * (1 - s)) * (1 - h * h)
+    np.testing.assert_allclose(a, want, rtol=1e-5)
+
+
+def test_float32_grads_stay_float32_and_mixed_dtypes_cast_back():
+    x = af.tensor([1.0, 2.0], requires_grad=True)             # float32
+    y = af.tensor([0.5, 0.25], dtype=af.float64)
+    (x * y).sum().backward()
+    assert x.grad.dtype is af.float32
+    np.testing.assert_allclose(x.grad.numpy(), [0.5, 0.25])
+
+
+def test_a_view_grad_is_a_contiguous_leaf_grad():
+    x = af.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    x.expand(4, 3).sum().backward()
+    assert x.grad.is_contiguous()
+    np.testing.assert_allclose(x.grad.numpy(), [[4, 4, 4]])
+
+
+def test_inplace_on_a_non_leaf_rebases_its_history():
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 2.0
+    h.mul_(3.0)
+    h.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [6, 6])
+    h2 = x * 2.0
+    h2.zero_()                                  # overwritten by values that need no grad
+    assert not h2.requires_grad
