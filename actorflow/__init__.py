@@ -22,6 +22,8 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          tanh, where,
                          zero_)
 from .tracing import trace
+from . import nn, optim
+from .serialization import load, save
 from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
 from .runtime import ActorGraph, RunStats, Spec
@@ -57,6 +59,8 @@ __all__ = [
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running
     "synchronize", "synchronize_async", "lowlevel",
+    # training
+    "nn", "optim", "save", "load",
     # actor graphs
     "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
     # errors

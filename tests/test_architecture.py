@@ -26,7 +26,7 @@ RANKS = {
     "indexing": 10,
     "methods": 11,
     "tracing": 12,
-    "pipeline": 13, "experiments": 13,
+    "pipeline": 13, "experiments": 13, "nn": 13, "optim": 13, "serialization": 13,
     "lowlevel": 14,
     "__init__": 15, "__main__": 16,
 }

@@ -21,6 +21,7 @@ from ..eager import interpreter
 from .mode import MODE
 
 _SEQ = itertools.count()
+_STATE = interpreter.STATE
 
 
 class Meta:
@@ -98,6 +99,15 @@ def _needs_grad(inputs) -> bool:
 def record(op, inputs, attrs, device, outs):
     """The recorder ``eager.interpreter.apply`` calls while autograd is armed; None when
     nothing needs recording (the call then runs as usual)."""
+    if outs is None:                # the common case first: nothing requires grad
+        for i in inputs:
+            ag = i.ag
+            if ag is not None and ag.requires_grad:
+                break
+        else:
+            return None
+    if _STATE.below_grad:           # the call the recorder itself runs
+        return None
     enabled = MODE.enabled
     if outs is not None:
         for o in outs:
@@ -112,8 +122,12 @@ def record(op, inputs, attrs, device, outs):
         return None
     edges = tuple([edge_of(i) for i in inputs])
     ins = tuple([i.meta for i in inputs])
-    with interpreter.below_grad():
+    st = _STATE
+    st.below_grad = True            # (a flag, not a context manager: this runs per op)
+    try:
         res = interpreter.apply(op, inputs, attrs, device, outs)
+    finally:
+        st.below_grad = False
     node = Node(op.name, _RULES.get(op.name), attrs, edges, ins,
                 tuple([o.meta for o in res]))
     node.save(inputs, res)

@@ -87,15 +87,14 @@ class EagerInterpreter(Interpreter):
 def apply(op, inputs, attrs, device=None, outs=None):
     """Runs ``op`` through the current thread's interpreter (eager unless one is installed
     with ``use_interpreter``); returns the output TensorImpls."""
+    rec = _GRAD[0]
+    if rec is not None:
+        recorded = rec(op, inputs, attrs, device, outs)   # None: nothing to record
+        if recorded is not None:
+            return recorded
     overridden = _OVERRIDES[0]
     if overridden:
-        st = STATE
-        rec = _GRAD[0]
-        if rec is not None and not st.below_grad:
-            recorded = rec(op, inputs, attrs, device, outs)   # None: nothing needs grad
-            if recorded is not None:
-                return recorded
-        interp = st.interpreter
+        interp = STATE.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
     # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
@@ -189,14 +188,12 @@ def _override(name: str, value):
 
 def use_autograd(recorder) -> None:
     """Arms autograd (once a tensor requires grad): every op call goes first to
-    ``recorder(op, inputs, attrs, device, outs)``, which returns None when no input needs a
-    gradient (the call then runs as usual), or runs the call below it (``below_grad``) and
-    returns its outputs with their backward node attached. Autograd lives above and hands
+    ``recorder(op, inputs, attrs, device, outs)``, which returns None when there is nothing
+    to record (no input needs a gradient, or the call comes from inside the recorder:
+    ``below_grad``) and the call then runs as usual, or runs the call below it and returns
+    its outputs with their backward node attached. Autograd lives above and hands
     its recorder in; an unarmed process pays nothing for it."""
-    if _GRAD[0] is None:
-        _GRAD[0] = recorder
-        with _OVERRIDES_LOCK:
-            _OVERRIDES[0] += 1
+    _GRAD[0] = recorder
 
 
 @contextmanager

@@ -1,0 +1,12 @@
+"""Neural-network modules with PyTorch's habits: ``Module``, ``Parameter``, the layers,
+the losses, ``nn.functional`` and ``nn.init``."""
+
+from . import functional, init
+from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
+                     LogSoftmax, ReLU, Sequential, Sigmoid, Softmax, Tanh)
+from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .module import Module, Parameter
+
+__all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
+           "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
+           "Flatten", "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init"]

@@ -1,0 +1,229 @@
+"""The layers: Linear, the activations, Softmax/LogSoftmax, Sequential, Dropout,
+LayerNorm, Embedding, Identity, Flatten (PyTorch's parameter layouts and default inits)."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from .. import functional as F
+from ..creation import empty, ones, zeros
+from . import functional as NF
+from . import init
+from .module import Module, Parameter
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias``; weight (out_features, in_features) and bias drawn from
+    U(-1/sqrt(in_features), 1/sqrt(in_features)), as PyTorch's default."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None,
+                 device=None):
+        super().__init__()
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"Linear: {name} must be an int >= 0, got {v!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(empty(out_features, in_features, dtype=dtype, device=device))
+        self.bias = Parameter(empty(out_features, dtype=dtype, device=device)) if bias else None
+        if not bias:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.in_features) if self.in_features else 0.0
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x):
+        return NF.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+def _activation(name: str, fn, doc: str):
+    class Act(Module):
+        def forward(self, x):
+            return fn(x)
+    Act.__name__ = Act.__qualname__ = name
+    Act.__doc__ = doc
+    return Act
+
+
+Tanh = _activation("Tanh", F.tanh, "Elementwise tanh.")
+Sigmoid = _activation("Sigmoid", F.sigmoid, "Elementwise logistic sigmoid.")
+Identity = _activation("Identity", lambda x: x, "Returns its input.")
+
+
+class ReLU(Module):
+    """max(x, 0) elementwise; ``inplace=True`` writes the input."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x):
+        return F.relu(x, inplace=self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x):
+        return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class Softmax(Module):
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return F.softmax(x, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    def forward(self, x):
+        return F.log_softmax(x, dim=self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        shape = x.shape
+        s, e = self.start_dim % len(shape), self.end_dim % len(shape)
+        n = 1
+        for d in shape[s:e + 1]:
+            n *= d
+        return x.reshape(shape[:s] + (n,) + shape[e + 1:])
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Dropout(Module):
+    """Zeroes elements with probability ``p`` while training (scaling the rest)."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p, self.inplace = p, inplace
+
+    def forward(self, x):
+        return NF.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype=None, device=None):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
+            normalized_shape)
+        self.normalized_shape, self.eps = shape, eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(ones(shape, dtype=dtype, device=device))
+            if bias:
+                self.bias = Parameter(zeros(shape, dtype=dtype, device=device))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        return NF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
+
+
+class Embedding(Module):
+    """A table of ``num_embeddings`` vectors of ``embedding_dim``, drawn from N(0, 1); the
+    ``padding_idx`` row starts at zero and gets no gradient."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None,
+                 dtype=None, device=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"Embedding: padding_idx {padding_idx} is outside the "
+                                 f"{num_embeddings} embeddings")
+            padding_idx %= num_embeddings
+        self.padding_idx = padding_idx
+        self.weight = Parameter(empty(num_embeddings, embedding_dim, dtype=dtype,
+                                      device=device))
+        init.normal_(self.weight)
+        if padding_idx is not None:
+            from ..autograd import no_grad
+            with no_grad():
+                F.zero_(self.weight[padding_idx])
+
+    def forward(self, idx):
+        return NF.embedding(idx, self.weight, self.padding_idx)
+
+    def extra_repr(self) -> str:
+        pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
+
+
+class Sequential(Module):
+    """Modules called in order; indexable (``seq[0]``, ``seq[1:]``), iterable, ``len``."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            for name, m in modules[0].items():
+                self.add_module(name, m)
+        else:
+            for i, m in enumerate(modules):
+                if not isinstance(m, Module):
+                    raise TypeError(f"Sequential: entry {i} is a {type(m).__name__}, not a "
+                                    f"Module")
+                self.add_module(str(i), m)
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, i):
+        mods = list(self._modules.items())
+        if isinstance(i, slice):
+            return Sequential(OrderedDict(mods[i]))
+        if not -len(mods) <= i < len(mods):
+            raise IndexError(f"Sequential index {i} out of range for {len(mods)} modules")
+        return mods[i][1]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module) -> "Sequential":
+        self.add_module(str(len(self._modules)), module)
+        return self

@@ -1,0 +1,276 @@
+"""Module and Parameter, with PyTorch's habits: attributes that are Parameters or Modules
+are registered, ``parameters()`` / ``named_parameters()`` walk the tree, ``state_dict()``
+/ ``load_state_dict()`` carry the values, ``train()`` / ``eval()`` set the mode, and the
+repr prints the tree."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+from .. import functional as F
+from ..autograd import no_grad
+from ..creation import tensor as _tensor
+from ..tensor.tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A tensor that is a module's parameter: it requires grad, and assigning it to a
+    Module attribute registers it. ``Parameter(data)`` shares ``data``'s storage."""
+
+    __slots__ = ()
+
+    def __new__(cls, data=None, requires_grad: bool = True):
+        if data is None:
+            data = _tensor([])
+        if not isinstance(data, Tensor):
+            data = _tensor(data)
+        p = Tensor.__new__(cls)
+        impl = data._impl
+        m = impl.meta
+        p._impl = impl.view(m.shape, m.strides, m.offset) if impl.ag is not None else impl
+        if requires_grad:
+            p.requires_grad_(True)
+        return p
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+    def __reduce_ex__(self, proto):
+        raise TypeError("a Parameter is not pickled; save a state_dict with af.save")
+
+
+class IncompatibleKeys(NamedTuple):
+    missing_keys: list
+    unexpected_keys: list
+
+
+class Module:
+    """The base of every layer and model: subclass it, make the layers in ``__init__``
+    (after ``super().__init__()``) and compute in ``forward``; call the module itself."""
+
+    def __init__(self):
+        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_forward_hooks", [])
+        object.__setattr__(self, "_forward_pre_hooks", [])
+
+    # -- attributes ----------------------------------------------------------------------
+    def __setattr__(self, name: str, value) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(f"cannot assign {name!r} before Module.__init__() is called; "
+                                 f"call super().__init__() first in {type(self).__name__}")
+        for d in (self._parameters, self._modules, self._buffers):
+            if name in d and not (d is self._buffers and isinstance(value, Tensor)):
+                del d[name]
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        elif name in self._buffers:
+            self._buffers[name] = value
+        else:
+            object.__setattr__(self, name, value)
+            return
+        self.__dict__.pop(name, None)
+
+    def __getattr__(self, name: str):
+        d = self.__dict__
+        for key in ("_parameters", "_buffers", "_modules"):
+            if key in d and name in d[key]:
+                return d[key][name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        for d in (self._parameters, self._buffers, self._modules):
+            if name in d:
+                del d[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param) -> None:
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter({name!r}): expected a Parameter or None, got "
+                            f"{type(param).__name__}")
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, value) -> None:
+        """A tensor that is state but not a parameter (saved in the state_dict)."""
+        self._buffers[name] = value
+
+    def add_module(self, name: str, module) -> None:
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module({name!r}): expected a Module, got "
+                            f"{type(module).__name__}")
+        self._modules[name] = module
+
+    # -- calling -------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward(); define "
+                                  f"forward(self, ...) to say what it computes")
+
+    def __call__(self, *args, **kwargs):
+        for hook in self._forward_pre_hooks:
+            r = hook(self, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+        out = self.forward(*args, **kwargs)
+        for hook in self._forward_hooks:
+            r = hook(self, args, out)
+            if r is not None:
+                out = r
+        return out
+
+    def register_forward_hook(self, hook):
+        """``hook(module, args, output)`` after each call (its result, if not None,
+        replaces the output); returns a handle whose ``remove()`` takes it off."""
+        return _Handle(self._forward_hooks, hook)
+
+    def register_forward_pre_hook(self, hook):
+        """``hook(module, args)`` before each call (a non-None result replaces args)."""
+        return _Handle(self._forward_pre_hooks, hook)
+
+    # -- walking the tree ----------------------------------------------------------------
+    def named_modules(self, prefix: str = "", memo=None):
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self):
+        for _, m in self.named_modules():
+            yield m
+
+    def named_children(self):
+        for name, m in self._modules.items():
+            if m is not None:
+                yield name, m
+
+    def children(self):
+        for _, m in self.named_children():
+            yield m
+
+    def _named(self, key: str, prefix: str, recurse: bool):
+        seen = set()
+        mods = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mp, m in mods:
+            for name, t in getattr(m, key).items():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                yield (f"{mp}.{name}" if mp else name), t
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        """``(name, parameter)`` pairs, each parameter once (a shared one under its first
+        name), in registration order."""
+        return self._named("_parameters", prefix, recurse)
+
+    def parameters(self, recurse: bool = True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True):
+        return self._named("_buffers", prefix, recurse)
+
+    def buffers(self, recurse: bool = True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict":
+        """Every parameter and buffer by dotted name (detached tensors sharing storage)."""
+        out = OrderedDict()
+        for mp, m in self.named_modules():
+            for key in ("_parameters", "_buffers"):
+                for name, t in getattr(m, key).items():
+                    if t is not None:
+                        out[f"{mp}.{name}" if mp else name] = t.detach()
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+        """Copies the values of ``state_dict`` into this module's parameters and buffers
+        (shapes must match); ``strict``: missing or unexpected keys raise."""
+        own = {}
+        for mp, m in self.named_modules():
+            for key in ("_parameters", "_buffers"):
+                for name, t in getattr(m, key).items():
+                    if t is not None:
+                        own[f"{mp}.{name}" if mp else name] = t
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict for {type(self).__name__}: missing keys "
+                           f"{missing}, unexpected keys {unexpected}; pass strict=False to "
+                           f"load what matches")
+        with no_grad():
+            for k, t in own.items():
+                if k not in state_dict:
+                    continue
+                v = state_dict[k]
+                v = v if isinstance(v, Tensor) else _tensor(v)
+                if tuple(v.shape) != tuple(t.shape):
+                    raise ValueError(f"load_state_dict: {k!r} has shape {tuple(v.shape)} in "
+                                     f"the state_dict but {tuple(t.shape)} in the module")
+                F.copy_(t, v)
+        return IncompatibleKeys(missing, unexpected)
+
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                with no_grad():
+                    F.zero_(p.grad)
+
+    # -- printing ------------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = []
+        extra = self.extra_repr()
+        if extra:
+            lines = extra.split("\n")
+        for name, m in self._modules.items():
+            body = repr(m).replace("\n", "\n  ")
+            lines.append(f"({name}): {body}")
+        name = type(self).__name__
+        if not lines:
+            return f"{name}()"
+        if len(lines) == 1 and not self._modules:
+            return f"{name}({lines[0]})"
+        return f"{name}(\n  " + "\n  ".join(lines) + "\n)"
+
+
+class _Handle:
+    def __init__(self, hooks: list, hook):
+        self.hooks, self.hook = hooks, hook
+        hooks.append(hook)
+
+    def remove(self) -> None:
+        if self.hook in self.hooks:
+            self.hooks.remove(self.hook)
