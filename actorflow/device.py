@@ -1,4 +1,5 @@
-"""Device: where a tensor lives. 'cpu', 'cuda:N' or 'null' (no data, simulated time)."""
+"""Device: where a tensor lives. 'cpu', 'cuda:N' or 'null' / 'null:N' (no data, simulated
+time; each index is a device of its own, with its own memory, e.g. two budgeted stand-ins)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ KNOWN_TYPES = ("cpu", "cuda", "null")
 class Device:
     """A device: ``type`` ('cpu', 'cuda', 'null') and ``index``. Interned: one object each.
 
-    Example: ``af.device("cuda:1").index == 1``.
+    Example: ``af.device("cuda:1").index == 1``; ``af.device("null:1")`` is a second null
+    device (its own allocator and budget); ``"null:0"`` is ``"null"``.
     """
 
     __slots__ = ("type", "index", "_str", "_hash", "backend", "metas")
 
     def __init__(self, type: str, index: int):
         self.type, self.index = type, index
-        self._str = type if type != "cuda" else f"cuda:{index}"
+        self._str = f"{type}:{index}" if type == "cuda" or index else type
         self._hash = hash(self._str)
         self.backend = None      # set by actorflow.backends.get_backend on first use
         self.metas = {}          # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
@@ -48,7 +50,7 @@ _INTERNED: dict = {}  # (type, index) -> Device
 
 
 def device(spec="cpu", index: int | None = None) -> Device:
-    """Returns the Device for 'cpu', 'null', 'cuda', 'cuda:N' (or a Device).
+    """Returns the Device for 'cpu', 'null', 'null:N', 'cuda', 'cuda:N' (or a Device).
 
     Raises DeviceError for an unknown name, with the accepted forms.
     """
@@ -63,14 +65,15 @@ def device(spec="cpu", index: int | None = None) -> Device:
     text = spec.strip().lower()
     kind, _, idx = text.partition(":")
     if kind not in KNOWN_TYPES:
-        raise DeviceError(f"unknown device {spec!r}; use 'cpu', 'cuda', 'cuda:N' or 'null'")
+        raise DeviceError(f"unknown device {spec!r}; use 'cpu', 'cuda', 'cuda:N', 'null' or "
+                          f"'null:N'")
     if idx:
         if not idx.isdigit() or index is not None:
             raise DeviceError(f"cannot read a device index from {spec!r}; write e.g. 'cuda:0'")
         index = int(idx)
     if index is None:
         index = 0
-    if kind != "cuda" and index != 0:
+    if kind == "cpu" and index != 0:
         raise DeviceError(f"device '{kind}' has only index 0, got {spec!r}")
     d = _INTERNED.get((kind, index))
     if d is None:

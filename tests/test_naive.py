@@ -96,8 +96,9 @@ def test_double_buffering_experiment_claims():
     assert rows["naive + figure 3 allocator (double-buffer)"][1] == "ok"
     one, two = rows["actors, buffers=1"], rows["actors, buffers=2"]
     assert one[1] == two[1] == "ok"
-    assert two[2] > one[2] * 1.2                          # double buffering pays
-    assert two[3] == 2 * one[3]                           # for twice the registers
+    assert two[3] == 2 * one[3]                           # twice the registers
+    # (that two buffers keep compute busier is a time, shown by the experiment's table,
+    # not asserted here: a loaded machine would make it flaky)
 
 
 def test_random_experiment_actors_never_deadlock():
@@ -184,8 +185,9 @@ def test_ops_from_a_traced_graph():
     cap = sum(o.nbytes for o in ops[:2])
     r = NaiveScheduler(ops, cap, pieces=3, time_scale=0).run()
     assert r.status == "deadlock" and "inputs of f[1] waits for" in str(r.error)
-    assert NaiveScheduler(ops, cap, pieces=3, mode="double-buffer", buffers=1,
-                          time_scale=0).run().status == "deadlock" or True
+    # one buffer per op in a pool this small: the counter does not save the naive order
+    r = NaiveScheduler(ops, cap, pieces=3, mode="double-buffer", buffers=1, time_scale=0).run()
+    assert r.status == "deadlock" and "waits for one of its 1 buffers" in str(r.error)
 
 
 def test_the_demo_shows_eager_a_pipeline_and_the_named_deadlock(capsys):
@@ -196,3 +198,62 @@ def test_the_demo_shows_eager_a_pipeline_and_the_named_deadlock(capsys):
     assert "Plan" in out and "Run: 40 pieces" in out               # a pipeline, plan, stats
     assert "O1 waits for 5.0 MiB on cpu (4.0 MiB free)" in out     # the deadlock, named
     assert "actors, budget 10 MiB" in out                          # next to the actors
+
+
+def test_ops_from_graph_sizes_a_graph_the_actors_refuse():
+    """Sized, not planned: a graph over its budget still gives its ops (built once)."""
+    g = af.ActorGraph(memory={"null": "3MiB"})            # 2 buffers x (1 + 2) MiB = 6 MiB
+    a = g.source([None] * 3, out=af.Spec((MiB // 4,), af.float32, "null"), name="a",
+                 time=0.001)
+    b = g.actor(lambda x: None, a, out=af.Spec((MiB // 2,), af.float32, "null"), name="b")
+    g.sink(b)
+    with pytest.raises(af.PlanError, match="budget is 3.0 MiB"):
+        g.plan()
+    ops = ops_from_graph(g)
+    assert [(o.name, o.inputs, o.nbytes, o.time, o.device) for o in ops] == [
+        ("a", [], MiB, 0.001, "null"), ("b", ["a"], 2 * MiB, 0.0, "null")]
+    r = NaiveScheduler(ops, "3MiB", pieces=3, time_scale=0).run()
+    assert r.status == "deadlock" and "b[0] waits for 2.0 MiB on null (0 B free)" in str(r.error)
+    assert NaiveScheduler(ops, "9MiB", pieces=3, time_scale=0).run().status == "ok"
+    with pytest.raises(af.PlanError, match="budget is 3.0 MiB"):
+        list(g.run())                                   # the actors still refuse it
+
+
+def _null_source(shape=(1024,), dtype=af.float32, n=3):
+    return lambda: (af.empty(shape, dtype=dtype, device="null") for _ in range(n))
+
+
+def test_null_tensors_stand_in_for_the_pieces_of_null_registers():
+    spec = af.Spec((1024,), af.float32, "null")
+    g = af.ActorGraph(memory={"null": "1MiB"})
+    s = g.source(_null_source(), out=spec, name="s")
+    t = g.actor(lambda x: af.empty((1024,), device="null") if x is None else 1, s, out=spec,
+                name="t")
+    g.sink(t)
+    assert list(g.run()) == [None] * 3                   # a null input arrives as None
+    g.plan()                                              # piece 0 read while planning
+    assert list(g.run()) == [None] * 3
+    g = af.ActorGraph()                                   # undeclared: sized by the stand-in
+    s = g.source(_null_source((4, 8), af.int32), name="s")
+    g.sink(g.actor(lambda x: af.zeros((2,), device="null"), s, name="t"))
+    rows = {r["name"]: r for r in g.plan().rows}
+    assert rows["s"]["output"] == "int32[4, 8] on null" and rows["s"]["register_bytes"] == 128
+    assert rows["t"]["output"] == "float32[2] on null"
+    assert list(g.run()) == [None] * 3
+
+
+@pytest.mark.parametrize("out, says", [
+    (af.Spec((1000,), af.float32, "null"),
+     "source 's' (piece 0) returned float32[1024] on null but its register holds "
+     "float32[1000]"),
+    (af.Spec((1024,), af.float64, "null"), "returned float32[1024] on null but its register "
+                                           "holds float64[1024]"),
+    (af.Spec((1024,), af.float32), "returned a tensor on null, which has no data, but its "
+                                   "register is on cpu"),
+])
+def test_a_stand_in_is_checked_against_its_register(out, says):
+    g = af.ActorGraph()
+    g.sink(g.source(_null_source(), out=out, name="s"))
+    with pytest.raises(af.ActorError) as info:
+        list(g.run())
+    assert says in str(info.value)

@@ -45,18 +45,37 @@ def pyplot():
     return plt
 
 
-def save_figure(path, title: str, draw) -> bool:
-    """Draws one figure with ``draw(ax)`` and saves it; False when matplotlib is missing."""
+def figure(title: str, draw, panels: int = 1, size=(7, 3.5), widths=None):
+    """A figure of ``panels`` side by side drawn by ``draw(*axes)`` under ``title``, laid
+    out so that every label and the title fit inside it; None when matplotlib is missing."""
     plt = pyplot()
     if plt is None:
+        return None
+    fig, axes = plt.subplots(1, panels, figsize=size, layout="constrained",
+                             gridspec_kw={"width_ratios": widths} if widths else None)
+    draw(*([axes] if panels == 1 else list(axes)))
+    fig.suptitle(title)
+    return fig
+
+
+def save(fig, path) -> bool:
+    """Saves and closes a figure from ``figure``; False when there is none (no matplotlib)."""
+    if fig is None:
         return False
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    draw(ax)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
     return True
+
+
+def save_figure(path, title: str, draw, **kw) -> bool:
+    """Draws one figure with ``draw(*axes)`` and saves it; False when matplotlib is missing."""
+    return save(figure(title, draw, **kw), path)
+
+
+RESULT_WORDS = {"ok": "ok", "deadlock": "deadlock", "oom": "out of memory",
+                "refused": "refused"}
+OUTCOME_COLORS = {"ran": "tab:green", "deadlocked": "tab:red", "out of memory": "tab:orange",
+                  "refused": "tab:gray"}
 
 
 MiB = 1 << 20

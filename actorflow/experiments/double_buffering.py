@@ -1,6 +1,7 @@
 """Figure 2's pipeline (load -> preprocess -> copy h2d -> compute, compute the bottleneck):
 the naive scheduler alone, the naive scheduler with figure 3's double-buffer allocator, and
-actors with 1, 2 and 3 registers per stage: throughput, peak memory and stalls.
+actors with 1, 2 and 3 registers per stage: throughput, peak memory per device and stalls,
+under the same budgets per device (24 MiB on cpu, 24 MiB on gpu) for every contender.
 
 Memory and time are modelled (the null device: sizes, no data; durations with call_later),
 so the numbers show scheduling, not kernels. The naive run issues every load first (its
@@ -12,10 +13,12 @@ from their registers, with the memory planned up front.
 
 from __future__ import annotations
 
+from ..device import device
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import MiB, save_figure, table
+from .common import RESULT_WORDS, MiB, save, table
+from .common import figure as figure_of
 
 STAGES = [  # name, output bytes, seconds, device, stream
     ("load", 4 * MiB, 0.001, "cpu", "cpu:0"),
@@ -23,7 +26,10 @@ STAGES = [  # name, output bytes, seconds, device, stream
     ("copy", 4 * MiB, 0.002, "gpu", "gpu:copy"),
     ("compute", 1 * MiB, 0.003, "gpu", "gpu:0"),
 ]
-CAPACITY = {"cpu": 24 * MiB, "gpu": 24 * MiB}
+CAPACITY = {"cpu": 24 * MiB, "gpu": 24 * MiB}       # every contender's budget per device
+# the actors' stand-ins of the two memories: two null devices, each budgeted and planned
+# on its own, as the naive runs' two pools are
+ACTOR_DEVICE = {"cpu": device("null:0"), "gpu": device("null:1")}
 
 
 def naive_ops():
@@ -35,10 +41,13 @@ def naive_ops():
 
 
 def actors(buffers: int, pieces: int) -> ActorGraph:
-    g = ActorGraph(buffers=buffers, memory={"null": sum(CAPACITY.values())})
+    """The pipeline on actors: cpu-side registers on null, gpu-side ones on null:1, each
+    under its device's budget (CAPACITY)."""
+    g = ActorGraph(buffers=buffers,
+                   memory={str(ACTOR_DEVICE[d]): CAPACITY[d] for d in CAPACITY})
     node = None
-    for name, nbytes, t, _, _ in STAGES:
-        spec = Spec((nbytes // 4,), "float32", "null")
+    for name, nbytes, t, dev, _ in STAGES:
+        spec = Spec((nbytes // 4,), "float32", ACTOR_DEVICE[dev])
         if node is None:
             node = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
         else:
@@ -48,8 +57,8 @@ def actors(buffers: int, pieces: int) -> ActorGraph:
 
 
 def run(seed: int = 0, pieces: int = 60) -> dict:
-    headers = ["scheduler", "result", "pieces/s", "peak MiB", "stalls", "stall ms",
-               "compute busy"]
+    headers = ["scheduler", "result", "pieces/s", "peak cpu MiB", "peak gpu MiB", "stalls",
+               "stall ms", "compute busy"]
     rows, series = [], {}
     bound = 1.0 / max(t for _, _, t, _, _ in STAGES)
     for label, mode in (("naive", "wait"), ("naive", "fail"),
@@ -58,8 +67,8 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
                            pieces=pieces).run()
         done = r.completed // len(STAGES)
         rate = done / r.elapsed_s if r.status == "ok" else 0.0
-        rows.append([f"{label} ({mode})", r.status, rate, sum(r.peak.values()) / MiB,
-                     r.stalls, r.stall_s * 1e3, ""])
+        rows.append([f"{label} ({mode})", r.status, rate, r.peak["cpu"] / MiB,
+                     r.peak["gpu"] / MiB, r.stalls, r.stall_s * 1e3, ""])
         series[f"{label} ({mode})"] = r.timeline
     for b in (1, 2, 3):
         g = actors(b, pieces)
@@ -68,23 +77,71 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
         busy = s.actors["compute"]["compute_s"] / s.wall_s
         stalls = sum(1 for a in s.actors.values() if a["wait_credit_s"] > 0)
         wait_ms = sum(a["wait_credit_s"] for a in s.actors.values()) * 1e3
+        peak = [s.memory[str(ACTOR_DEVICE[d])]["peak"] / MiB for d in ("cpu", "gpu")]
         rows.append([f"actors, buffers={b}", "ok" if n == pieces else f"{n} pieces",
-                     n / s.wall_s, s.memory["null"]["peak"] / MiB, stalls, wait_ms,
-                     f"{busy:.0%}"])
+                     n / s.wall_s, *peak, stalls, wait_ms, f"{busy:.0%}"])
     data = {"pieces": pieces, "stages": STAGES, "capacity": CAPACITY, "headers": headers,
             "rows": rows, "bound_pieces_per_s": bound, "timelines": series,
             "note": "actors: 'stalls' counts stages that ever waited for a credit and "
                     "'stall ms' sums that waiting; naive: ops set aside or blocked on memory"}
-    data["table"] = table(headers, rows) + f"\n(compute alone bounds throughput at " \
-                                           f"{bound:.0f} pieces/s)"
+    data["table"] = table(headers, rows) + (
+        f"\n(compute alone bounds throughput at {bound:.0f} pieces/s; every contender has "
+        f"{CAPACITY['cpu'] // MiB} MiB on cpu for load and preprocess and "
+        f"{CAPACITY['gpu'] // MiB} MiB on gpu for copy and compute)")
     return data
 
 
+def bars(data: dict) -> list:
+    """What the picture draws, one entry per table row: ``(label, pieces/s, text on the bar,
+    peak cpu MiB, peak gpu MiB)``; a run that did not finish is named on its (empty) bar."""
+    out = []
+    for r in data["rows"]:
+        text = f"{r[2]:.0f}/s" if r[1] == "ok" else RESULT_WORDS.get(r[1], r[1])
+        out.append((r[0], r[2], text, r[3], r[4]))
+    return out
+
+
+def figure(data: dict):
+    """Throughput per contender (the compute bound dashed) and its peak per device against
+    the per-device budget, as the table; None without matplotlib."""
+    rows = bars(data)
+    labels = [r[0] for r in rows]
+    ys = list(range(len(rows)))
+
+    def draw(left, right):
+        left.barh(ys, [r[1] for r in rows], color="tab:blue")
+        bound = data["bound_pieces_per_s"]
+        for y, r in zip(ys, rows):
+            if r[1]:                        # its rate, inside the end of its bar
+                left.text(r[1] - bound * 0.02, y, r[2], va="center", ha="right",
+                          color="white")
+            else:                           # no bar: what happened instead
+                left.text(bound * 0.02, y, r[2], va="center", color="tab:red",
+                          fontweight="bold")
+        left.axvline(bound, color="gray", linestyle="--",
+                     label=f"compute bound ({bound:.0f}/s)")
+        left.set_yticks(ys, labels)
+        left.invert_yaxis()                 # top to bottom as in the table
+        left.set_xlim(0, bound * 1.1)
+        left.set_xlabel("pieces per second")
+        left.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+        h = 0.38
+        right.barh([y - h / 2 for y in ys], [r[3] for r in rows], h, label="cpu",
+                   color="tab:orange")
+        right.barh([y + h / 2 for y in ys], [r[4] for r in rows], h, label="gpu",
+                   color="tab:purple")
+        cap = data["capacity"]
+        right.axvline(cap["cpu"] / MiB, color="gray", linestyle="--",
+                      label=f"budget, {cap['cpu'] // MiB} MiB each")
+        right.set_yticks(ys, [""] * len(ys))
+        right.invert_yaxis()
+        right.set_xlim(0, max(cap.values()) / MiB * 1.1)
+        right.set_xlabel("peak MiB per device")
+        right.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False,
+                     fontsize="small")
+    return figure_of("Figure 2's pipeline: throughput and peak memory per device", draw,
+                     panels=2, size=(11, 4), widths=[3, 2])
+
+
 def plot(data: dict, path) -> bool:
-    def draw(ax):
-        ax.barh([r[0] for r in data["rows"]], [r[2] for r in data["rows"]])
-        ax.axvline(data["bound_pieces_per_s"], color="gray", linestyle="--",
-                   label="compute bound")
-        ax.set_xlabel("pieces per second")
-        ax.legend()
-    return save_figure(path, "Figure 2 pipeline: naive vs double-buffered vs actors", draw)
+    return save(figure(data), path)

@@ -15,7 +15,8 @@ from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import MiB, save_figure, table
+from .common import RESULT_WORDS, MiB, save, table
+from .common import figure as figure_of
 
 SIZES = {"M1": 1 * MiB, "M2": 3 * MiB, "O1": 5 * MiB, "O2": 1 * MiB}
 CAPACITY = 8 * MiB
@@ -68,18 +69,63 @@ def run(seed: int = 0, time: float = 0.002) -> dict:
     return data
 
 
-def plot(data: dict, path) -> bool:
-    def draw(ax):
-        for key in ("naive, O2 first, wait", "naive, O1 first, wait"):
+def bars(data: dict) -> list:
+    """What the right-hand panel draws, one entry per table row: ``(label, peak MiB, text
+    on the bar)``; the text names the result (and a refused plan's reason, in short)."""
+    out = []
+    for r in data["rows"]:
+        label = f"{r[0]}, {r[1]}" if r[0].startswith("naive") else r[0]
+        text = RESULT_WORDS.get(r[2], r[2])
+        if r[0].startswith("actors") and r[2] == "ok":
+            text = f"ok, within its {r[0].split('budget ')[1]} budget"
+        if r[2] == "refused":
+            text = "refused: " + ("the plan needs " + r[5].split("registers need ")[1]
+                                  .split(" (")[0] if "registers need " in r[5] else "see table")
+        out.append((label, r[3], text))
+    return out
+
+
+def figure(data: dict):
+    """Left: memory in use over time for both issue orders (wait mode; fail mode stops at
+    the same point with an out-of-memory error). Right: every table row's peak against the
+    8 MiB capacity, with its result. None without matplotlib."""
+    rows = bars(data)
+    ys = list(range(len(rows)))
+    cap = data["capacity"] / MiB
+
+    def draw(left, right):
+        end = max(tl[-1][0] for tl in data["timelines"].values()) * 1e3
+        for key, name in (("naive, O2 first, wait", "O2 first: ok"),
+                          ("naive, O1 first, wait", "O1 first: deadlock (wait) or out of "
+                                                    "memory (fail)")):
             tl = data["timelines"][key]
-            ax.step([t * 1e3 for t, _, _ in tl], [b / MiB for _, _, b in tl], where="post",
-                    label=key)
-        tl = data["timelines"]["naive, O1 first, wait"]
-        ax.annotate("deadlock: O1 needs 5 MiB,\n4 MiB free, O2 waits behind it",
-                    xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.5, 6.5),
-                    arrowprops={"arrowstyle": "->"})
-        ax.axhline(CAPACITY / MiB, color="gray", linestyle="--", label="capacity")
-        ax.set_xlabel("time (ms)")
-        ax.set_ylabel("memory in use (MiB)")
-        ax.legend()
-    return save_figure(path, "Figure 1: the issue order decides whether O1 fits", draw)
+            line, = left.step([t * 1e3 for t, _, _ in tl], [b / MiB for _, _, b in tl],
+                              where="post", label=name)
+        left.hlines(tl[-1][2] / MiB, tl[-1][0] * 1e3, end, color=line.get_color(),
+                    linestyle=":")                 # O1 first: stuck from there on
+        left.annotate("O1 needs 5 MiB, 4 MiB free;\nO2 waits behind it",
+                      xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.2, 6.2),
+                      arrowprops={"arrowstyle": "->"})
+        left.axhline(cap, color="gray", linestyle="--", label=f"pool: {cap:.0f} MiB")
+        left.set_ylim(0, 11)
+        left.set_xlabel("time (ms)")
+        left.set_ylabel("memory in use (MiB)")
+        left.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+                    fontsize="small")
+        colors = {"ok": "tab:green", "deadlock": "tab:red", "out of memory": "tab:orange"}
+        right.barh(ys, [r[1] for r in rows],
+                   color=[colors.get(r[2].split(",")[0], "tab:gray") for r in rows])
+        for y, r in zip(ys, rows):
+            right.text(r[1] + 0.2, y, r[2], va="center", fontsize="small", zorder=3,
+                       bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+        right.axvline(cap, color="gray", linestyle="--")
+        right.set_yticks(ys, [r[0] for r in rows])
+        right.invert_yaxis()                # top to bottom as in the table
+        right.set_xlim(0, 18)
+        right.set_xlabel("peak MiB (dashed: the 8 MiB pool)")
+    return figure_of("Figure 1: the issue order decides whether O1 fits; actors plan it",
+                     draw, panels=2, size=(12, 4), widths=[1, 1])
+
+
+def plot(data: dict, path) -> bool:
+    return save(figure(data), path)

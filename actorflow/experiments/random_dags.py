@@ -18,7 +18,8 @@ from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import save_figure, table
+from .common import OUTCOME_COLORS, save, table
+from .common import figure as figure_of
 
 UNIT = 1 << 16          # sizes are multiples of 64 KiB
 
@@ -121,8 +122,43 @@ def run(seed: int = 0, n: int = 200, size: int = 8) -> dict:
     return data
 
 
-def plot(data: dict, path) -> bool:
+def stacks(data: dict) -> list:
+    """What the picture draws, one entry per table row: ``(label, {outcome: DAGs})`` with
+    the outcomes ran, deadlocked, out of memory and refused (the plan, at build time),
+    which add up to every DAG."""
+    out = []
+    for r in data["rows"]:
+        refused = r[5] if isinstance(r[5], int) else 0
+        out.append((f"{r[0]} / {r[1]}", {"ran": r[2], "deadlocked": r[3],
+                                         "out of memory": r[4], "refused": refused}))
+    return out
+
+
+def figure(data: dict):
+    """Per scheduler, what happened to the DAGs (as the table): stacked bars of ran,
+    deadlocked, out of memory and refused; None without matplotlib."""
+    rows = stacks(data)
+    ys = list(range(len(rows)))
+
     def draw(ax):
-        ax.barh([f"{r[0]} / {r[1]}" for r in data["rows"]], [r[3] + r[4] for r in data["rows"]])
-        ax.set_xlabel(f"runs that deadlocked or ran out of memory (of {data['dags']})")
-    return save_figure(path, "Random DAGs: data-dependency orders vs actors", draw)
+        left = [0] * len(rows)
+        for outcome, color in OUTCOME_COLORS.items():
+            widths = [counts[outcome] for _, counts in rows]
+            ax.barh(ys, widths, left=left, color=color,
+                    label="refused (plan over budget)" if outcome == "refused" else outcome)
+            for y, x0, w in zip(ys, left, widths):
+                if w:
+                    ax.text(x0 + w / 2, y, str(w), ha="center", va="center", color="white",
+                            fontsize="small")
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_yticks(ys, [label for label, _ in rows])
+        ax.invert_yaxis()                   # top to bottom as in the table
+        ax.set_xlim(0, data["dags"])
+        ax.set_xlabel(f"random DAGs (of {data['dags']})")
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
+    return figure_of("Random DAGs: what each scheduler did with the same graphs", draw,
+                     size=(8, 4))
+
+
+def plot(data: dict, path) -> bool:
+    return save(figure(data), path)

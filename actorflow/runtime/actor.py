@@ -17,7 +17,8 @@ import numpy as np
 
 from .checks import check_buffers, check_resources, check_time, check_timeout, seconds
 from .loop import run_on_graph_loop
-from .spec import NOTHING, PieceSpec, as_array, check_and_copy, flatten, unflatten, view_of
+from .spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy, unflatten,
+                   view_of)
 
 
 
@@ -138,7 +139,7 @@ class Actor:
             self._store(value, [None] * len(self.out_spec.specs), what)
         # copies: piece 0 outlives the act (it sizes the registers, then travels on its own),
         # and what a stage returns may be a view of its input register or a reused buffer
-        return [np.array(as_array(x, what), order="C", copy=True) for x in leaves]
+        return [own_copy(x, what) for x in leaves]
 
     def _device(self):
         if self.out_spec is not None and self.out_spec.specs:

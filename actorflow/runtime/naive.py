@@ -32,6 +32,8 @@ from collections import deque
 
 from ..errors import DeadlockError, OutOfMemoryError, format_bytes, parse_bytes
 from ..eventloop import new_event_loop
+from .plan import plan_graph
+from .register import MemoryBudget
 from .watchdog import WaitFor, deadlock
 
 POLICIES = ("fifo", "lifo", "random")
@@ -325,36 +327,16 @@ class NaiveScheduler:
         g = WaitFor()
         stalled = []
         for inst in self.waiting:                     # double-buffer mode's set-aside ops
-            op, dev = inst.op, inst.op.device
             stalled.append(inst.name)
-            free = self.capacity[dev] - self.in_use[dev]
-            if self.live[op.name] >= self.buffers:    # its counter binds
-                g.note(inst.name, f"{inst.name} waits for one of its {self.buffers} buffers")
-                held = [i for i in self.insts.values() if i.block and i.op is op]
-            else:
-                g.note(inst.name, f"{inst.name} waits for {format_bytes(op.nbytes)} on {dev} "
-                                  f"({format_bytes(free)} free)")
-                held = [i for i in self.insts.values()
-                        if i.block and i.op.device == dev and i.state == "done"]
-            self._holders(g, inst, held)
+            self._waits(g, inst, self.live[inst.op.name] >= self.buffers)
         for sname, stream in self.streams.items():
             if not stream:
                 continue
             head = stream[0]
-            op = head.op
-            dev = op.device
             stalled.append(head.name)
-            free = self.capacity[dev] - self.in_use[dev]
-            if op.nbytes > free:
-                g.note(head.name, f"{head.name} waits for {format_bytes(op.nbytes)} on {dev} "
-                                  f"({format_bytes(free)} free)")
-                held = [i for i in self.insts.values()
-                        if i.block and i.op.device == dev and i.state == "done"]
-            else:
-                g.note(head.name, f"{head.name} waits for one of its {self.buffers} buffers "
-                                  f"on {dev}")
-                held = [i for i in self.insts.values() if i.block and i.op is op]
-            self._holders(g, head, held)
+            dev = head.op.device
+            self._waits(g, head, head.op.nbytes <= self.capacity[dev] - self.in_use[dev],
+                        f" on {dev}")
             for behind in list(stream)[1:]:
                 g.add(behind.name, head.name,
                       f"{behind.name} waits behind {head.name} on stream {sname}")
@@ -365,6 +347,21 @@ class NaiveScheduler:
                     if p.state != "done":
                         g.add(i.name, p.name, f"{i.name} waits for the output of {p.name}")
         return deadlock(g, "the naive scheduler", stalled)
+
+    def _waits(self, g, inst, counted: bool, where: str = "") -> None:
+        """Notes what the stalled ``inst`` waits for (one of its buffers when ``counted``,
+        else memory) and who holds that."""
+        op, dev = inst.op, inst.op.device
+        if counted:
+            g.note(inst.name, f"{inst.name} waits for one of its {self.buffers} buffers{where}")
+            held = [i for i in self.insts.values() if i.block and i.op is op]
+        else:
+            free = self.capacity[dev] - self.in_use[dev]
+            g.note(inst.name, f"{inst.name} waits for {format_bytes(op.nbytes)} on {dev} "
+                              f"({format_bytes(free)} free)")
+            held = [i for i in self.insts.values()
+                    if i.block and i.op.device == dev and i.state == "done"]
+        self._holders(g, inst, held)
 
     def _holders(self, g, waiter, held) -> None:
         for blk in held:
@@ -377,10 +374,19 @@ class NaiveScheduler:
 
 
 def ops_from_graph(graph, device_of=None, feed=None) -> list:
-    """NaiveOps for an ActorGraph (a traced one too: give ``feed`` when it reads
-    ``run(feed=...)``): one per actor, its output the size of one register (from the graph's
-    plan), its duration the actor's ``time=`` (0 when not given)."""
-    plan = graph.plan(feed)
+    """NaiveOps for an ActorGraph: one per actor, with its inputs, the bytes of one of its
+    registers, its ``time=`` (0 if none or a function) and its register's device (or
+    ``device_of(actor)``). Sized, not planned: the budgets are not checked, so a graph the
+    actors refuse gives its ops too. A traced graph (or ``g.input``) needs ``feed``. Stages
+    without ``out=`` compute piece 0 to be sized. For stand-ins use null-device Specs: a
+    stage then gets None for each null input array and returns None (or a null tensor or
+    array of its Spec's shape and dtype, checked); ``"null:1"``... budget other memories."""
+    graph._wait_abandoned()            # as plan(): the last run's abandoned acts return
+    if graph._running:
+        raise RuntimeError("ops_from_graph: this graph is running; call it before or after")
+    plan = plan_graph(graph.actors, graph.sinks, graph._picks, feed, False, graph.buffers,
+                      MemoryBudget(graph.memory), graph.resources, check=False)
+    graph._plan = None                 # unchecked: the next plan() or run() plans again
     sizes = {r["name"]: r["register_bytes"] for r in plan.rows}
     ops = []
     for a in plan.actors:

@@ -259,11 +259,13 @@ def topo_order(actors: list) -> list:
 
 
 def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
-               budget: MemoryBudget, resources: dict) -> Plan:
+               budget: MemoryBudget, resources: dict, check: bool = True) -> Plan:
     """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
     inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
     outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
-    then ``build_plan``. On failure nothing stays cached and the sources are closed."""
+    then ``build_plan`` (``check=False``: sized only, the budgets not checked; such a plan
+    is for reading, e.g. ``ops_from_graph``, never for a run). On failure nothing stays
+    cached and the sources are closed."""
     if not graph_actors:
         raise PlanError("the graph has no actors; add a source first")
     if feed is not None and not (callable(feed) or hasattr(feed, "__iter__")
@@ -300,7 +302,7 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
         elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
             a.out_spec = None
     try:
-        plan = build_plan(actors, default_buffers, budget, resources, lazy)
+        plan = build_plan(actors, default_buffers, budget, resources, lazy, check)
     except BaseException:
         for a in graph_actors:
             a.cached.clear()
@@ -314,10 +316,11 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
 
 
 def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
-               resources: dict, lazy: bool = False) -> Plan:
+               resources: dict, lazy: bool = False, check: bool = True) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
-    not declared), checks the budgets and returns the Plan. ``lazy``: leave the stages that
-    need piece 0 unsized; the run sizes them as piece 0 flows (``Plan.size``)."""
+    not declared), checks the budgets (unless ``check`` is False) and returns the Plan.
+    ``lazy``: leave the stages that need piece 0 unsized; the run sizes them as piece 0
+    flows (``Plan.size``)."""
     order = topo_order(actors)
     for a in order:
         for name, n in a.resources.items():
@@ -345,7 +348,8 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
         buffers[a] = default_buffers if a.buffers is None else a.buffers
     plan = Plan(order, buffers, budget, resources)
     plan.empty_sources = empty
-    plan.check()
+    if check:
+        plan.check()
     return plan
 
 

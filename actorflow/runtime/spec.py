@@ -11,7 +11,7 @@ import numpy as np
 
 from ..device import Device, device as as_device
 from ..dtype import DType, as_dtype, float32, from_numpy_dtype
-from ..errors import DTypeError, ShapeError, format_bytes
+from ..errors import DeviceError, DTypeError, ShapeError, format_bytes
 from ..tensor.meta import as_shape
 
 
@@ -21,11 +21,17 @@ class Spec:
     Args:
         shape: a tuple of non-negative ints (or one int).
         dtype: any dtype actorflow accepts (default float32).
-        device: "cpu", "null" or "cuda:N" (default cpu).
+        device: "cpu", "null" (or "null:N") or "cuda:N" (default cpu).
+
+    A register on the null device has a size but no data: an actor writing it computes
+    nothing and gives None, or a stand-in of this shape and dtype (a null-device tensor such
+    as ``af.empty(shape, dtype, device="null")``, or an array), which is checked; an actor
+    reading it gets None in place of the array.
 
     Example::
 
         af.Spec((256, 784), af.float32)          # 784 KiB per register
+        af.Spec((1 << 18,), af.float32, "null")  # 1 MiB, sizes and time only
     """
 
     __slots__ = ("shape", "dtype", "device")
@@ -106,6 +112,20 @@ def _unflatten(s, it):
     return tuple(items) if kind is tuple else items
 
 
+def null_meta(leaf):
+    """The TensorMeta of a tensor on a null device (a stand-in: it has no data), else None."""
+    impl = getattr(leaf, "_impl", None)
+    meta = getattr(impl, "meta", None)
+    return meta if meta is not None and meta.device.type == "null" else None
+
+
+def own_copy(leaf, what: str):
+    """A contiguous copy of a leaf that outlives the act (None for a null-device tensor)."""
+    if null_meta(leaf) is not None:
+        return None
+    return np.array(as_array(leaf, what), order="C", copy=True)
+
+
 def as_array(leaf, what: str) -> np.ndarray:
     """A leaf of a piece as a numpy array (tensors are fetched, scalars become 0-d arrays)."""
     if isinstance(leaf, np.ndarray):
@@ -139,6 +159,10 @@ class PieceSpec:
         leaves, structure = flatten(piece)
         specs = []
         for i, leaf in enumerate(leaves):
+            meta = null_meta(leaf)
+            if meta is not None:                     # a stand-in: its layout, on its device
+                specs.append(Spec(meta.shape, meta.dtype, device or meta.device))
+                continue
             arr = as_array(leaf, f"{what} (array {i})")
             from_numpy_dtype(arr.dtype, what)        # raises DTypeError naming what to do
             specs.append(Spec(arr.shape, arr.dtype, device or "cpu"))
@@ -193,18 +217,29 @@ def view_of(base, meta):
 
 
 def check_and_copy(values: list, dests: list, spec: PieceSpec, what: str) -> None:
-    """Copies a piece's arrays into a register's arrays, or raises naming the mismatch."""
+    """Copies a piece's arrays into a register's arrays, or raises naming the mismatch. A
+    null-device tensor stands in for an array of a register with no data (checked, not
+    copied)."""
     if len(values) != len(dests):
         raise ShapeError(f"{what} returned {len(values)} arrays, but its register holds "
                          f"{len(spec.specs)} ({spec!r}); return the same structure every piece")
     for i, (v, d, s) in enumerate(zip(values, dests, spec.specs)):
-        arr = as_array(v, f"{what} (array {i})")
-        got = f"{arr.dtype}{list(arr.shape)}"
+        meta, arr = null_meta(v), None
+        if meta is None:
+            arr = as_array(v, f"{what} (array {i})")
+            shape, dtype, got = arr.shape, arr.dtype, f"{arr.dtype}{list(arr.shape)}"
+        elif s.device.type != "null":
+            raise DeviceError(f"{what} returned a tensor on {meta.device}, which has no data, "
+                              f"but its register is on {s.device}; return an array or a "
+                              f"{s.device} tensor")
+        else:
+            shape, dtype = meta.shape, meta.dtype.np
+            got = f"{meta.dtype.name}{list(shape)} on {meta.device}"
         want = f"{s.dtype.name}{list(s.shape)}"
-        if arr.shape != s.shape:
+        if shape != s.shape:
             raise ShapeError(f"{what} returned {got} but its register holds {want}; return the "
                              f"same shape for every piece, or declare out=af.Spec(...)")
-        if arr.dtype != s.dtype.np:
+        if dtype != s.dtype.np:
             raise DTypeError(f"{what} returned {got} but its register holds {want}; cast it "
                              f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)")
         if d is not None:
