@@ -144,8 +144,8 @@ def _index(ctx, g):
     if g.dtype is not x.dtype:
         g = F.cast(g, x.dtype)
     idx = [ctx.x(k)._impl for k in range(1, len(ctx.needs))]
-    apply(_INDEX_ADD, [z._impl, g._impl] + idx, {"key": ctx.attrs["key"]}, outs=[z._impl])
-    return (z,) + (None,) * len(idx)
+    gx = wrap(apply(_INDEX_ADD, [z._impl, g._impl] + idx, {"key": ctx.attrs["key"]})[0])
+    return (gx,) + (None,) * len(idx)
 
 
 # -- views ---------------------------------------------------------------------------------
@@ -167,9 +167,9 @@ def _view_expand(ctx, g):
 def _view_index(ctx, g):
     base = ctx.node.ins[0]
     z = zeros(base.shape, dtype=base.dtype, device=base.device)
-    target = wrap(views.basic_index(z._impl, ctx.attrs["key"]))
-    F.copy_(target, g)
-    return (z,)
+    if g.dtype is not base.dtype:
+        g = F.cast(g, base.dtype)
+    return (wrap(apply(_INDEX_ADD, [z._impl, g._impl], {"key": tuple(ctx.attrs["key"])})[0]),)
 
 
 class _ViewRule:

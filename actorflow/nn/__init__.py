@@ -5,8 +5,9 @@ from . import functional, init
 from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
                      LogSoftmax, ReLU, Sequential, Sigmoid, Softmax, Tanh)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .graph import Graph
 from .module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
-           "Flatten", "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional", "init"]
+           "Flatten", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init"]

@@ -106,15 +106,16 @@ def _k_index_put(outs, ins, attrs):
 
 
 def _k_index_add(outs, ins, attrs):
-    # ins: [target, value, index tensors...]: target[key] += value, repeated indices summed
-    # (the backward of a gather: autograd's rule for index and masked_index runs it)
+    # ins: [x, value, index tensors...]: out = x, then out[key] += value with repeated
+    # indices summed (the backward of a gather or a basic index: autograd's rules run it)
     key = fill_key(attrs["key"], ins[2:])
     o = outs[0]
     check_key("index_add", o.shape, key)
-    if any(isinstance(k, np.ndarray) and k.dtype == np.bool_ for k in key):
-        o[key] += ins[1]             # a mask selects each element once
-    else:
+    o[...] = ins[0]
+    if any(isinstance(k, np.ndarray) and k.dtype != np.bool_ for k in key):
         np.add.at(o, key, ins[1])
+    else:
+        o[key] += ins[1]             # basic keys and masks select each element once
 
 
 register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index}, attrs=("key",)))

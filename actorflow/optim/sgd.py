@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import functional as F
+from ..creation import tensor, zeros_like
 from .optimizer import Optimizer
 
 
@@ -33,6 +34,34 @@ class SGD(Optimizer):
                 F.add_(buf, F.mul(g, 1.0 - group["dampening"]))
             g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
         F.sub_(p, F.mul(g, group["lr"]))
+
+    # graph mode (nn.Graph): the same update, out of place, on state held across pieces
+    def graph_state(self, p, group) -> dict:
+        if not group["momentum"]:
+            return {}
+        st = self.state.get(p, {})
+        buf = st.get("momentum_buffer")
+        return {"momentum_buffer": F.clone(buf) if buf is not None else zeros_like(p),
+                "started": tensor(1.0 if buf is not None else 0.0, dtype="float64")}
+
+    def graph_update(self, p, g, group, st):
+        if group["maximize"]:
+            g = F.neg(g)
+        wd, mom = group["weight_decay"], group["momentum"]
+        if wd:
+            g = F.add(g, F.mul(p, wd))
+        new = {}
+        if mom:
+            buf, started = st["momentum_buffer"], st["started"]
+            later = F.add(F.mul(buf, mom), F.mul(g, 1.0 - group["dampening"]))
+            buf = F.where(F.gt(started, 0.5), later, g)     # the first step takes g itself
+            new = {"momentum_buffer": buf, "started": F.add(F.mul(started, 0.0), 1.0)}
+            g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
+        return F.sub(p, F.mul(g, group["lr"])), new
+
+    def graph_done(self, p, group, st) -> None:
+        if group["momentum"]:
+            self.state.setdefault(p, {})["momentum_buffer"] = st["momentum_buffer"]
 
 
 class Adam(Optimizer):
@@ -80,6 +109,41 @@ class Adam(Optimizer):
         c2 = math.sqrt(1.0 - b2 ** t)
         denom = F.add(F.div(F.sqrt(v), c2), eps)
         F.sub_(p, F.mul(F.div(m, denom), lr / c1))
+
+    # graph mode (nn.Graph): the same update, out of place; the step count is state too
+    _MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+    def graph_state(self, p, group) -> dict:
+        st = self.state.get(p, {})
+        out = {"step": tensor(float(st.get("step", 0)), dtype="float64")}
+        for k in self._MOMENTS[:3 if group["amsgrad"] else 2]:
+            out[k] = F.clone(st[k]) if k in st else zeros_like(p)
+        return out
+
+    def graph_update(self, p, g, group, st):
+        if group["maximize"]:
+            g = F.neg(g)
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        if wd:
+            if self.decoupled:
+                p = F.mul(p, 1.0 - lr * wd)
+            else:
+                g = F.add(g, F.mul(p, wd))
+        t = F.add(st["step"], 1.0)
+        m = F.add(F.mul(st["exp_avg"], b1), F.mul(g, 1.0 - b1))
+        v = F.add(F.mul(st["exp_avg_sq"], b2), F.mul(F.mul(g, g), 1.0 - b2))
+        new = {"step": t, "exp_avg": m, "exp_avg_sq": v}
+        if group["amsgrad"]:
+            v = new["max_exp_avg_sq"] = F.maximum(st["max_exp_avg_sq"], v)
+        c1 = F.sub(1.0, F.pow(b1, t))                       # float64, as the eager floats
+        c2 = F.sqrt(F.sub(1.0, F.pow(b2, t)))
+        denom = F.add(F.div(F.sqrt(v), c2), eps)
+        return F.sub(p, F.mul(F.div(m, denom), F.div(lr, c1))), new
+
+    def graph_done(self, p, group, st) -> None:
+        mine = self.state.setdefault(p, {})
+        for k, v in st.items():
+            mine[k] = int(v.item()) if k == "step" else v
 
 
 class AdamW(Adam):

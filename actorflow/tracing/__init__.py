@@ -5,8 +5,8 @@ it is handed ``op_program`` here."""
 
 from ..runtime.graph import use_op_tracer
 from .recording import Recording
-from .trace import Traced, op_program, trace
+from .trace import Traced, op_program, stateful_program, trace
 
 use_op_tracer(op_program)
 
-__all__ = ["Recording", "Traced", "op_program", "trace"]
+__all__ = ["Recording", "Traced", "op_program", "stateful_program", "trace"]

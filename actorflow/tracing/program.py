@@ -6,7 +6,9 @@ A step reads values by reference and writes its outputs into the actor's output 
 
 - ``("in", k, j, meta)``: array ``j`` of the register on input ``k``;
 - ``("tmp", t, 0, meta)`` and ``("out", j, 0, meta)``: arrays the program writes;
-- ``("const", c, 0, meta)``: a tensor captured by the traced function (copied once).
+- ``("const", c, 0, meta)``: a tensor captured by the traced function (copied once);
+- ``("state", s, 0, meta)``: state held across pieces (``nn.Graph``'s parameters and
+  optimizer state), read by the steps and written back by ``assigns`` after them.
 
 ``meta`` is None when the whole array is read as it is, else a ``TensorMeta`` whose shape,
 strides and offset (in elements) make the view the op reads (``x.T``, ``x[1:]``...).
@@ -42,11 +44,17 @@ class Program:
         self.tmp: list = [None] * len(tmp_specs)
         self.const_arrays: list = list(consts)
         self.bound = False
+        self.state_specs: list = []         # state held across pieces (nn.Graph): read by
+        self.state_arrays: list = []        # refs ("state", i), written back by assigns
+        self.assigns: list = []             # [(state i, ref of its new value)]
 
     @property
     def workspace_bytes(self) -> int:
+        """Workspace, constants and state (state is the caller's memory, not allocated by
+        ``bind``, but the plan counts it)."""
         return (sum(s.nbytes for s in self.tmp_specs)
-                + sum(getattr(c, "nbytes", 0) for c in self.consts))
+                + sum(getattr(c, "nbytes", 0) for c in self.consts)
+                + sum(s.nbytes for s in self.state_specs))
 
     def bind(self, budget, name: str) -> None:
         """Allocates the workspace (and a copy of each constant) under the graph's budget."""
@@ -78,6 +86,8 @@ class Program:
             base = self.tmp[i] if self.bound else None
         elif kind == "out":
             base = outs[i]
+        elif kind == "state":
+            base = self.state_arrays[i]
         else:
             base = self.const_arrays[i]
         return view_of(base, meta)
@@ -108,6 +118,8 @@ class Program:
             st.kernel([get(r, outs, ins) for r in st.outs], args, st.attrs)
         for j, ref in self.copies:
             np.copyto(outs[j], get(ref, outs, ins))
+        for i, ref in self.assigns:            # state written back once every step has read
+            np.copyto(self.state_arrays[i], get(ref, outs, ins), casting="no")
 
     def describe(self) -> str:
         names = [s.op.name for s in self.steps] or ["copy"]

@@ -21,6 +21,9 @@ from ..tensor.meta import contiguous_meta, is_contiguous
 from ..tensor.tensor import Tensor, wrap
 
 
+_RANDOM = ("rand", "randn")
+
+
 class TracedBlob(Blob):
     """The storage of a placeholder or of a recorded op's output: it never holds data."""
 
@@ -54,6 +57,13 @@ class Recorder(Interpreter):
         self.where[impl.blob] = ("in", j)
         return wrap(impl)
 
+    def state(self, spec: Spec, i: int) -> Tensor:
+        """A placeholder for state ``i``: an array the program reads and may write back
+        (``nn.Graph``'s parameters and optimizer state), held across pieces."""
+        t = self.placeholder(spec, -1)
+        self.where[t._impl.blob] = ("state", i)
+        return t
+
     def source(self, impl):
         blob = impl.blob
         if blob.traced:
@@ -70,6 +80,11 @@ class Recorder(Interpreter):
 
     def apply(self, op, inputs, attrs, device=None, outs=None):
         if not any(i.blob.traced for i in inputs):
+            if op.name in _RANDOM:
+                raise TraceError(f"{op.name}: a random op inside a traced function would run "
+                                 f"once, while tracing, and repeat the same values for every "
+                                 f"piece; make the random values outside and pass them in "
+                                 f"(or use dropout outside graph mode)")
             return self._eager.apply(op, inputs, attrs, device, outs)
         if outs is not None:
             raise TraceError(f"{op.name}: in-place ops on traced tensors are not recorded; "
@@ -109,12 +124,16 @@ class Recording:
     with ``structure``. A *source* says what made a tensor: ``("in", j)``, ``("node", n,
     i)`` or ``("const", c)``."""
 
-    def __init__(self, fn, leaf_specs, args_of, kwargs=None):
+    def __init__(self, fn, leaf_specs, args_of, kwargs=None, state_specs=None):
         self.recorder = rec = Recorder()
         self.leaf_specs = list(leaf_specs)
+        self.state_specs = list(state_specs or ())
         args = args_of([rec.placeholder(s, j) for j, s in enumerate(self.leaf_specs)])
+        kwargs = dict(kwargs or {})
+        if state_specs is not None:     # fn(*args, states=[placeholder per state], **kwargs)
+            kwargs["states"] = [rec.state(s, i) for i, s in enumerate(self.state_specs)]
         with use_interpreter(rec):
-            result = fn(*args, **(kwargs or {}))
+            result = fn(*args, **kwargs)
         leaves, self.structure = flatten(result)
         for x in leaves:
             if not isinstance(x, Tensor):
@@ -138,6 +157,9 @@ class Recording:
             return contiguous_meta(s.shape, s.dtype, s.device)
         if src[0] == "node":
             return self.nodes[src[1]].metas[src[2]]
+        if src[0] == "state":
+            s = self.state_specs[src[1]]
+            return contiguous_meta(s.shape, s.dtype, s.device)
         return None
 
     def ref(self, src, meta, port_of):

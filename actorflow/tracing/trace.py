@@ -14,18 +14,41 @@ from .program import Program, Step, kernel_of
 from .recording import Recording
 
 
-def op_program(fn, in_specs: list, kwargs: dict) -> Program:
-    """Traces ``fn(*pieces, **kwargs)`` on placeholders of ``in_specs`` (a PieceSpec per
-    input) into one Program: what ``ActorGraph.op`` runs per piece."""
-    flat = [(k, j, s) for k, ps in enumerate(in_specs) for j, s in enumerate(ps.specs)]
-
+def _args_of(in_specs: list):
     def args_of(leaves):
         args, at = [], 0
         for ps in in_specs:
             args.append(unflatten(ps.structure, leaves[at:at + len(ps.specs)]))
             at += len(ps.specs)
         return args
-    rec = Recording(fn, [f[2] for f in flat], args_of, kwargs)
+    return args_of
+
+
+def op_program(fn, in_specs: list, kwargs: dict) -> Program:
+    """Traces ``fn(*pieces, **kwargs)`` on placeholders of ``in_specs`` (a PieceSpec per
+    input) into one Program: what ``ActorGraph.op`` runs per piece."""
+    flat = [(k, j, s) for k, ps in enumerate(in_specs) for j, s in enumerate(ps.specs)]
+    rec = Recording(fn, [f[2] for f in flat], _args_of(in_specs), kwargs)
+    return _program(rec, flat)
+
+
+def stateful_program(fn, in_specs: list, state_specs: list) -> Program:
+    """Traces ``fn(*pieces, states=[placeholder per state])``, which returns ``(output,
+    new_states)`` (per state its new value, or None to keep it), into one Program whose
+    state (``Program.state_arrays``, attached by the caller) is read by its steps and
+    written back after them, every piece: ``nn.Graph``'s training step."""
+    flat = [(k, j, s) for k, ps in enumerate(in_specs) for j, s in enumerate(ps.specs)]
+    new_states: list = []
+
+    def body(*args, states):
+        out, new = fn(*args, states=states)
+        new_states.extend(new)
+        return out
+    rec = Recording(body, [f[2] for f in flat], _args_of(in_specs), state_specs=state_specs)
+    return _program(rec, flat, new_states)
+
+
+def _program(rec: Recording, flat: list, new_states=None) -> Program:
     out_leaves, structure = rec.outputs, rec.structure
     out_srcs = [rec.source(t._impl) for t in out_leaves]
     # node outputs that are program outputs (read whole) go straight into the register
@@ -46,8 +69,8 @@ def op_program(fn, in_specs: list, kwargs: dict) -> Program:
         if src[0] == "in":
             k, j, _ = flat[src[1]]
             return ("in", k, j)
-        if src[0] == "const":
-            return ("const", src[1], 0)
+        if src[0] in ("const", "state"):
+            return (src[0], src[1], 0)
         if src in direct:
             return ("out", direct[src], 0)
         return ("tmp", tmp_of[src], 0)
@@ -65,7 +88,16 @@ def op_program(fn, in_specs: list, kwargs: dict) -> Program:
             copies.append((j, rec.ref(src, t._impl.meta, port_of)))
     out_spec = PieceSpec(structure, [Spec(t._impl.meta.shape, t._impl.meta.dtype,
                                           t._impl.meta.device) for t in out_leaves])
-    return Program(steps, out_spec, tmp_specs, rec.const_arrays(), copies)
+    program = Program(steps, out_spec, tmp_specs, rec.const_arrays(), copies)
+    if new_states is not None:
+        program.state_specs = list(rec.state_specs)
+        for i, t in enumerate(new_states):
+            if t is None:
+                continue
+            src = rec.source(t._impl)
+            if src != ("state", i):
+                program.assigns.append((i, rec.ref(src, t._impl.meta, port_of)))
+    return program
 
 
 class Traced:

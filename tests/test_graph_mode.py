@@ -1,0 +1,149 @@
+"""nn.Graph: a training step traced once (forward, backward, optimizer update) and run as a
+program with its parameters and optimizer state held across pieces; the same numbers as
+eager mode, bit for bit, by step() and by a pipelined run()."""
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow import nn, optim
+
+
+def batches(n, seed=0, b=6):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b))
+            for _ in range(n)]
+
+
+def make(opt_name, kwargs, seed=0):
+    af.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 3))
+    return model, getattr(optim, opt_name)(model.parameters(), **kwargs)
+
+
+class TrainStep(nn.Graph):
+    def __init__(self, model, opt):
+        super().__init__()
+        self.model = model
+        self.loss = nn.CrossEntropyLoss()
+        self.add_optimizer(opt)
+
+    def build(self, x, y):
+        loss = self.loss(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def eager_losses(model, opt, data):
+    out = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = nn.CrossEntropyLoss()(model(af.tensor(x)), af.tensor(y))
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+OPTS = [("SGD", dict(lr=0.1)), ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
+        ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+        ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.2)),
+        ("Adam", dict(lr=1e-2)), ("Adam", dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+        ("AdamW", dict(lr=1e-2, weight_decay=0.05))]
+
+
+@pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[f"{o}-{i}" for i, (o, _) in enumerate(OPTS)])
+def test_graph_steps_equal_eager_steps_bit_for_bit(opt_name, kwargs):
+    data = batches(6)
+    m1, o1 = make(opt_name, kwargs)
+    want = eager_losses(m1, o1, data)
+    m2, o2 = make(opt_name, kwargs)
+    step = TrainStep(m2, o2)
+    got = [step(af.tensor(x), af.tensor(y)).item() for x, y in data[:3]]   # step()
+    got += [float(loss) for loss in step.run(data[3:])]                   # pipelined
+    assert got == want
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy()), name
+
+
+def test_eager_and_graph_steps_interleave_on_one_optimizer_state():
+    data = batches(6, seed=1)
+    m1, o1 = make("Adam", dict(lr=1e-2))
+    want = eager_losses(m1, o1, data)
+    m2, o2 = make("Adam", dict(lr=1e-2))
+    got = eager_losses(m2, o2, data[:2])                  # eager first
+    step = TrainStep(m2, o2)
+    got += [float(v) for v in step.run(data[2:4])]        # graph continues its state
+    assert o2.state[next(iter(m2.parameters()))]["step"] == 4
+    got += eager_losses(m2, o2, data[4:])                 # and eager again
+    assert got == want
+
+
+def test_inference_graph_equals_the_eager_forward():
+    af.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Softmax(dim=1))
+
+    class Infer(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def build(self, x):
+            return self.model(x)
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    with af.no_grad():
+        want = model(af.tensor(x)).numpy()
+    g = Infer()
+    assert np.array_equal(g(af.tensor(x)).numpy(), want)
+    assert np.array_equal(next(iter(g.run([x]))), want)
+    assert "(model): Sequential(" in repr(g)
+
+
+def test_run_plans_the_step_under_a_budget_and_reports_its_actors():
+    m, o = make("SGD", dict(lr=0.1))
+    step = TrainStep(m, o)
+    with pytest.raises(af.PlanError, match="step"):
+        list(step.run(batches(2), memory={"cpu": "1KiB"}))
+    losses = list(step.run(batches(4), memory={"cpu": "64MiB"}))
+    assert len(losses) == 4
+    s = step.stats()
+    assert s.actors["loader"]["acts"] == 4 and s.actors["step"]["acts"] == 4
+    assert s.state == "finished"
+
+
+def test_random_ops_inside_build_are_refused_with_the_reason():
+    af.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.5))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.model(x).sum()
+            loss.backward()
+            return loss
+    with pytest.raises(af.TraceError, match="random op.*same values for every piece"):
+        Step()(af.ones(2, 8))
+    model.eval()                                  # dropout off: the step traces
+    assert Step()(af.ones(2, 8)).shape == ()
+
+
+def test_graph_leaves_eager_grads_alone_and_build_is_required():
+    m, o = make("SGD", dict(lr=0.1))
+    x, y = batches(1)[0]
+    loss = nn.CrossEntropyLoss()(m(af.tensor(x)), af.tensor(y))
+    loss.backward()
+    g0 = m[0].weight.grad.numpy()
+    TrainStep(m, o)(af.tensor(x), af.tensor(y))
+    assert np.array_equal(m[0].weight.grad.numpy(), g0)
+
+    class NoBuild(nn.Graph):
+        pass
+    with pytest.raises(NotImplementedError, match="build"):
+        NoBuild()(af.ones(2))
+    with pytest.raises(TypeError, match="optimizer"):
+        NoBuild().add_optimizer(object())
