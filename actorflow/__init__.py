@@ -22,7 +22,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          tanh, where,
                          zero_)
 from .tracing import trace
-from . import nn, optim
+from . import data, nn, optim
 from .serialization import load, save
 from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
@@ -60,7 +60,7 @@ __all__ = [
     # running
     "synchronize", "synchronize_async", "lowlevel",
     # training
-    "nn", "optim", "save", "load",
+    "nn", "optim", "data", "save", "load",
     # actor graphs
     "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
     # errors

@@ -254,3 +254,79 @@ def test_async_callable_object_and_partial_are_async_stages():
     assert [int(o[0]) for o in g.run()] == [20, 22, 24]
     modes = {n: r["mode"] for n, r in g.stats().actors.items()}
     assert modes["partial"] == "async" and modes["object"] == "async"
+
+
+# -- replicas: a thread stage on several threads -------------------------------------------
+
+class ThreadOverlap:
+    """A thread stage that records how many of its acts run at once."""
+
+    def __init__(self, delays=None):
+        import threading
+        self.lock = threading.Lock()
+        self.active = self.most = 0
+        self.delays = delays
+
+    def __call__(self, x):
+        import time
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(self.delays[int(x[0])] if self.delays else 0.02)
+        with self.lock:
+            self.active -= 1
+        return x * 2
+
+
+@pytest.mark.parametrize("replicas,buffers,expect", [(1, 4, 1), (3, 4, 3), (4, 2, 2)])
+def test_replicas_overlap_up_to_their_registers_and_keep_order(replicas, buffers, expect):
+    rng = random.Random(1)
+    stage = ThreadOverlap([rng.random() * 0.02 for _ in range(16)])
+    g = af.ActorGraph()
+    s = g.source(numbers(16), buffers=8)
+    g.sink(g.actor(stage, s, buffers=buffers, replicas=replicas, name="work"))
+    assert [int(o[0]) for o in g.run()] == [2 * i for i in range(16)]
+    assert stage.most <= expect
+    if expect > 1:
+        assert stage.most >= 2                   # they did overlap
+
+
+def test_an_error_in_a_replica_names_the_piece_and_stop_frees_everything():
+    import threading
+    gate = threading.Event()
+
+    def stage(x):
+        if int(x[0]) == 5:
+            raise ValueError("bad five")
+        if int(x[0]) > 5:
+            gate.wait(5)
+        return x
+
+    g = af.ActorGraph(memory={"cpu": "1MiB"})
+    g.sink(g.actor(stage, g.source(numbers(12), buffers=6), buffers=6, replicas=3,
+                   name="rep"))
+    base = af.lowlevel.memory_stats("cpu").in_use
+    with pytest.raises(af.ActorError) as ei:
+        list(g.run())
+    assert ei.value.actor == "rep" and ei.value.piece == 5
+    gate.set()
+    assert g.join(10)
+    assert af.lowlevel.memory_stats("cpu").in_use == base
+    with pytest.raises(af.ActorError):           # the graph runs again (and fails again)
+        list(g.run())
+
+
+def test_replicas_arguments_are_checked():
+    g = af.ActorGraph()
+    s = g.source(numbers(2))
+    with pytest.raises(ValueError, match="replicas must be an int from 1 to 64"):
+        g.actor(lambda x: x, s, replicas=0)
+    with pytest.raises(ValueError, match="inline"):
+        g.actor(lambda x: x, s, replicas=2, inline=True)
+    with pytest.raises(ValueError, match="timeout"):
+        g.actor(lambda x: x, s, replicas=2, timeout=1.0)
+
+    async def a(x):
+        return x
+    with pytest.raises(ValueError, match="async def"):
+        g.actor(a, s, replicas=2)

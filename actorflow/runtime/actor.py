@@ -15,7 +15,8 @@ import inspect
 
 import numpy as np
 
-from .checks import check_buffers, check_resources, check_time, check_timeout, seconds
+from .checks import (check_buffers, check_replicas, check_resources, check_time,
+                     check_timeout, seconds)
 from .loop import run_on_graph_loop
 from .spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy, unflatten,
                    view_of)
@@ -39,8 +40,9 @@ class Actor:
 
     def __init__(self, name: str, inputs: list, buffers: int | None = None,
                  resources: dict | None = None, inline: bool = False, time=None,
-                 out: PieceSpec | None = None, timeout=None):
+                 out: PieceSpec | None = None, timeout=None, replicas: int = 1):
         self.name = name
+        self.replicas = check_replicas(replicas, name, inline, timeout)
         self.timeout = check_timeout(timeout, inline, name)   # seconds per act, or None
         self.inputs = list(inputs)          # upstream actors
         self.buffers = check_buffers(buffers, f"actor {name!r}") if buffers is not None \
@@ -208,6 +210,10 @@ class StageActor(Actor):
                 f"source (g.source(fn), or the first entry of a Pipeline)")
         self.fn = fn
         self.is_async = is_async_function(fn)
+        if self.is_async and self.replicas > 1:
+            raise ValueError(f"actor {name!r}: replicas= is for stages on threads; an async "
+                             f"def stage already has as many acts in flight as registers "
+                             f"(buffers=)")
 
     def probe(self, ins):
         if self.is_async:           # piece 0 while planning: awaited on the graph loop

@@ -68,3 +68,17 @@ def check_timeout(timeout, inline, name: str):
         raise ValueError(f"actor {name!r}: timeout= needs an actor on a thread; an inline act "
                          f"runs on the scheduler's loop and cannot be timed out while it runs")
     return t
+
+
+def check_replicas(replicas, name: str, inline, timeout) -> int:
+    """Threads a stage acts on (1 to 64): its acts overlap, and leave in piece order."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
+        raise ValueError(f"actor {name!r}: replicas must be an int from 1 to 64, got "
+                         f"{replicas!r}")
+    if replicas > 1 and inline:
+        raise ValueError(f"actor {name!r}: replicas= runs the stage on several threads; an "
+                         f"inline stage acts on the scheduler's loop; drop inline=True")
+    if replicas > 1 and timeout is not None:
+        raise ValueError(f"actor {name!r}: timeout= with replicas= is not supported yet; "
+                         f"use one or the other")
+    return replicas

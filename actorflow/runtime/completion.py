@@ -29,6 +29,8 @@ class Completion:
                 if delay > 0:
                     self.loop.call_later(delay, self.completed, st, piece, regs, out_reg,
                                          result, err, dt + delay)
+                elif st.ordered:
+                    self._in_order(st, piece, regs, out_reg, result, err, dt)
                 else:
                     self._complete(st, piece, regs, out_reg, result, err, dt)
             self.drain()
@@ -40,10 +42,26 @@ class Completion:
         if self.finished:
             return
         try:
-            self._complete(st, piece, regs, out_reg, result, err, dt)
+            if st.ordered:
+                self._in_order(st, piece, regs, out_reg, result, err, dt)
+            else:
+                self._complete(st, piece, regs, out_reg, result, err, dt)
             self.drain()
         except BaseException as e:  # noqa: BLE001 - a callback must never leave a run hanging
             self._internal(e)
+
+    def _in_order(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        """Acts that overlap (an async stage's, a replicated stage's) may end out of
+        order: each is handled once every earlier piece's is, so pieces leave in order.
+        (An error is handled at once: it stops the run.)"""
+        if err is not None:
+            self._complete(st, piece, regs, out_reg, result, err, dt)
+            return
+        st.early[piece] = (regs, out_reg, result, err, dt)
+        while st.next_done in st.early and not self.stopping:
+            p = st.next_done
+            st.next_done += 1
+            self._complete(st, p, *st.early.pop(p))
 
     def _internal(self, e: BaseException) -> None:
         """An error raised while handling a message (not inside an act): stop the run with
@@ -149,8 +167,9 @@ class Completion:
             st.actor.out_spec = NOTHING
             if not self.plan.pending and self.collector is not None:
                 self.wake(self.collector)
-        if st.thread is not None:
-            st.thread.queue.put(None)   # no act comes after the end: its thread may exit now
+        if st.thread is not None:       # no act comes after the end: its threads may exit
+            for _ in range(st.actor.replicas):
+                st.thread.queue.put(None)
         for p in st.ins:
             self._close(p)
         if st.out is not None:

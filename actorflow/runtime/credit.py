@@ -63,9 +63,10 @@ class CreditScheduler(Completion):
                 mode = "thread"
             if mode == "async":         # a stage's acts overlap (each holds a register); a
                 limit = 1 if isinstance(actor, SourceActor) else 1 << 30   # source's cannot
-            else:
-                limit = 1 if (mode != "thread" or actor.resources or actor.time is not None
-                              or actor.timeout is not None) else 1 << 30
+            else:                       # (each replica of a stage: one act at a time)
+                limit = actor.replicas if (mode != "thread" or actor.resources
+                                           or actor.time is not None
+                                           or actor.timeout is not None) else 1 << 30
             st = ActorState(actor, out, mode, limit)
             st.ins = plan.in_ports.get(actor, [])
             self.states.append(st)
@@ -118,10 +119,13 @@ class CreditScheduler(Completion):
             raise self.error
 
     def _start_thread(self, st: ActorState) -> None:
+        """The actor's thread, or its ``replicas`` threads sharing one queue of acts."""
         t = ActorThread(self, st)
-        t.thread.start()
         st.thread = t
-        self.threads.append(t)
+        group = [t] + [ActorThread(self, st, t.queue) for _ in range(st.actor.replicas - 1)]
+        for r in group:
+            r.thread.start()
+            self.threads.append(r)
 
     def start_sources(self, loop) -> None:
         """Starts the sources' threads and queues their first acts before the run is handed
@@ -353,16 +357,4 @@ class CreditScheduler(Completion):
                 result, err, dt = None, (exc, ""), 0.0
             else:
                 result, err, dt = task.result()
-        if err is not None or piece == st.next_done and not st.early:
-            st.next_done += 1
-            self.completed(st, piece, regs, out_reg, result, err, dt)
-            return
-        st.early[piece] = (regs, out_reg, result, err, dt)
-        try:
-            while st.next_done in st.early and not self.stopping:
-                p = st.next_done
-                st.next_done += 1
-                self._complete(st, p, *st.early.pop(p))
-            self.drain()
-        except BaseException as e:  # noqa: BLE001 - as in completed()
-            self._internal(e)
+        self.completed(st, piece, regs, out_reg, result, err, dt)

@@ -126,7 +126,7 @@ class ActorGraph:
         return a
 
     def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
-              inline=False, time=None, timeout=None) -> Actor:
+              inline=False, time=None, timeout=None, replicas: int = 1) -> Actor:
         """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
         actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions);
         an ``async def`` one is awaited on the run's loop, several acts at once.
@@ -134,11 +134,13 @@ class ActorGraph:
         into its register. ``out``: its Spec (else piece 0 sizes it). ``time``: simulated
         extra seconds per act (float or ``f(piece)``), for experiments and tests.
         ``timeout``: seconds one act may take; past it the run fails with ActorError and
-        the act is abandoned (it frees its registers when it returns)."""
+        the act is abandoned (it frees its registers when it returns). ``replicas``: threads
+        the stage acts on at once (acts still leave in piece order; up to its registers)."""
         spec = PieceSpec.from_user(out) if out is not None else None
         return self._add(StageActor(self._name(name, getattr(fn, "__name__", "stage")), fn,
                                     list(inputs), buffers=buffers, resources=resources,
-                                    inline=inline, time=time, out=spec, timeout=timeout))
+                                    inline=inline, time=time, out=spec, timeout=timeout,
+                                    replicas=replicas))
 
     def op(self, fn, *inputs, name=None, buffers=None, inline=None, time=None,
            resources=None, **kwargs) -> Actor:

@@ -17,7 +17,7 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "tokens", "jobs", "timer", "early", "next_done")
+                 "since", "tokens", "jobs", "timer", "early", "next_done", "ordered")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -39,8 +39,9 @@ class ActorState:
         self.tokens = tuple(actor.resources.items())
         self.jobs: dict = {}            # piece -> (regs, out_reg) of acts sent to its thread
         self.timer = None               # the timeout of the act running (actors with timeout=)
-        self.early: dict = {}           # async acts done before an earlier piece's: by piece
-        self.next_done = 0              # the piece whose completion is handled next (async)
+        self.early: dict = {}           # acts done before an earlier piece's (async acts,
+        self.next_done = 0              # replicas): by piece; the piece handled next
+        self.ordered = mode == "async" or getattr(actor, "replicas", 1) > 1
 
 
 class ActorThread:
@@ -53,8 +54,9 @@ class ActorThread:
     those acts held. (No lock per act: the token is set before ``abandoned``, and the GIL
     orders the two stores, so the thread sees the token whenever it sees the mark.)"""
 
-    def __init__(self, sched, state: ActorState):
-        self.queue: SimpleQueue = SimpleQueue()
+    def __init__(self, sched, state: ActorState, queue=None):
+        self.queue: SimpleQueue = SimpleQueue() if queue is None else queue   # (replicas
+        # of a stage share one queue: each act goes to whichever is free)
         self.sched = sched
         self.state = state
         self.abandoned = False
