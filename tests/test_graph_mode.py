@@ -66,17 +66,23 @@ def test_graph_steps_equal_eager_steps_bit_for_bit(opt_name, kwargs):
         assert np.array_equal(a.numpy(), b.numpy()), name
 
 
-def test_eager_and_graph_steps_interleave_on_one_optimizer_state():
+@pytest.mark.parametrize("opt_name,kwargs", [("Adam", dict(lr=1e-2)),
+                                             ("SGD", dict(lr=0.05, momentum=0.9))])
+def test_eager_and_graph_steps_interleave_on_one_optimizer_state(opt_name, kwargs):
     data = batches(6, seed=1)
-    m1, o1 = make("Adam", dict(lr=1e-2))
+    m1, o1 = make(opt_name, kwargs)
     want = eager_losses(m1, o1, data)
-    m2, o2 = make("Adam", dict(lr=1e-2))
+    m2, o2 = make(opt_name, kwargs)
     got = eager_losses(m2, o2, data[:2])                  # eager first
     step = TrainStep(m2, o2)
     got += [float(v) for v in step.run(data[2:4])]        # graph continues its state
-    assert o2.state[next(iter(m2.parameters()))]["step"] == 4
-    got += eager_losses(m2, o2, data[4:])                 # and eager again
+    if opt_name == "Adam":
+        assert o2.state[next(iter(m2.parameters()))]["step"] == 4
+    got += eager_losses(m2, o2, data[4:5])                # and eager again
+    got += [float(v) for v in step.run(data[5:])]         # and the same graph again
     assert got == want
+    for a, b in zip(m1.parameters(), m2.parameters()):    # (the last update counts too)
+        assert np.array_equal(a.numpy(), b.numpy())
 
 
 def test_inference_graph_equals_the_eager_forward():
@@ -99,16 +105,24 @@ def test_inference_graph_equals_the_eager_forward():
     assert "(model): Sequential(" in repr(g)
 
 
-def test_run_plans_the_step_under_a_budget_and_reports_its_actors():
-    m, o = make("SGD", dict(lr=0.1))
+def test_run_is_an_actor_per_op_planned_under_a_budget():
+    m, o = make("SGD", dict(lr=0.1, momentum=0.9))
     step = TrainStep(m, o)
-    with pytest.raises(af.PlanError, match="step"):
+    with pytest.raises(af.PlanError, match="set state 0.*workspace"):
         list(step.run(batches(2), memory={"cpu": "1KiB"}))
     losses = list(step.run(batches(4), memory={"cpu": "64MiB"}))
     assert len(losses) == 4
     s = step.stats()
-    assert s.actors["loader"]["acts"] == 4 and s.actors["step"]["acts"] == 4
     assert s.state == "finished"
+    acts = {name: r["acts"] for name, r in s.actors.items()}
+    assert acts["inputs of TrainStep"] == 4
+    ops = [n for n in acts if n not in ("inputs of TrainStep", "(output)")]
+    assert len(ops) > 30 and all(acts[n] == 4 for n in ops)     # every op acted per piece
+    params = len(list(m.parameters()))
+    writers = [n for n in ops if n.startswith("set state")]
+    assert len(writers) == 3 * params           # each parameter, its momentum buffer, and
+    #                                             whether that buffer has started
+    assert {"matmul", "log_softmax", "gelu_backward"} <= set(ops)
 
 
 def test_random_ops_inside_build_are_refused_with_the_reason():
@@ -147,3 +161,36 @@ def test_graph_leaves_eager_grads_alone_and_build_is_required():
         NoBuild()(af.ones(2))
     with pytest.raises(TypeError, match="optimizer"):
         NoBuild().add_optimizer(object())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_state_gates_keep_reads_and_writes_in_piece_order(seed):
+    """A state written by one actor per piece and read by two: each read of piece k sees
+    the write of piece k-1, whatever order the scheduler tries ready actors in."""
+    import random as _random
+    import time as _time
+    state = [0]
+    delay = _random.Random(seed)
+
+    def read(x):
+        _time.sleep(delay.random() * 0.002)
+        return np.array([state[0]])
+
+    def write(x, r1, r2):
+        state[0] = int(x[0]) + 1
+        return np.array([state[0]])
+
+    g = af.ActorGraph(seed=seed, buffers=3)
+    src = g.source(lambda: (np.array([i]) for i in range(12)), buffers=4)
+    r1 = g.actor(read, src, name="r1")
+    r2 = g.actor(read, src, name="r2", inline=True)
+    w = g.actor(write, src, r1, r2, name="w")
+    r1.state_reads = r2.state_reads = ("s",)
+    w.state_writes = ("s",)
+    g.sink(r1, name="r1")
+    g.sink(r2, name="r2")
+    g.sink(w, name="w")
+    outs = list(g.run())
+    assert [int(o["r1"][0]) for o in outs] == list(range(12))
+    assert [int(o["r2"][0]) for o in outs] == list(range(12))
+    assert state[0] == 12

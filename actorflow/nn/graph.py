@@ -16,15 +16,16 @@ actor and the step an op actor, so batch i+1 loads while batch i computes.
 
 from __future__ import annotations
 
+import itertools
+
 from ..autograd import enable_grad, no_grad
 from ..autograd.graph import Meta
 from ..creation import tensor
 from ..errors import TraceError
-from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import synchronize
 from ..tensor.tensor import Tensor
-from ..tracing import stateful_program
+from ..tracing import stateful_graph, stateful_program
 from .module import Module
 
 
@@ -58,32 +59,29 @@ class Graph:
                 out.append(p)
         return out
 
-    def _compile(self, in_specs: tuple):
-        key = tuple((ps.structure, tuple(ps.specs)) for ps in in_specs)
-        got = self._compiled.get(key)
-        if got is not None:
-            return got
+    def _step_fn(self):
+        """What one step records: ``fn(piece, states=[...]) -> (output, new states)``, the
+        state tensors (parameters, then each optimizer's per-parameter state) and the
+        optimizer rows ``(optimizer, group, param, {name: state tensor})``."""
         params = self._params()
         trained = {id(p) for o in self._optimizers for g in o.param_groups for p in g["params"]}
-        opt_rows = []                       # (optimizer, group, param, {name: state tensor})
+        opt_rows = []
         for o in self._optimizers:
             for g in o.param_groups:
                 for p in g["params"]:
                     opt_rows.append((o, g, p, o.graph_state(p, g)))
         state = list(params) + [t for *_, st in opt_rows for t in st.values()]
-        state_specs = [Spec(t.shape, t.dtype, t.device) for t in state]
         build = self.build
         pos = {id(p): i for i, p in enumerate(params)}
 
-        def fn(*args, states):
+        def fn(piece, states):
             real = [p._impl for p in params]
             try:
                 for p, ph in zip(params, states):
                     if id(p) in trained or p.requires_grad:
                         ph._impl.ag = Meta()            # a leaf that requires grad
                     p._impl = ph._impl
-                piece = args[0]             # one piece: build's arguments, or its one
-                with enable_grad():
+                with enable_grad():     # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
                 new = [None] * len(states)
                 at = len(params)
@@ -91,9 +89,8 @@ class Graph:
                     for o, g, p, st in opt_rows:
                         names = list(st)
                         mine = dict(zip(names, states[at:at + len(names)]))
-                        grad = p.grad
-                        if grad is not None:
-                            new_p, new_st = o.graph_update(p, grad, g, mine)
+                        if p.grad is not None:
+                            new_p, new_st = o.graph_update(p, p.grad, g, mine)
                             new[pos[id(p)]] = new_p
                             for k, name in enumerate(names):
                                 new[at + k] = new_st.get(name)
@@ -102,17 +99,46 @@ class Graph:
             finally:
                 for p, impl in zip(params, real):
                     p._impl = impl
-        try:
-            program = stateful_program(fn, list(in_specs), state_specs)
-        except TraceError as e:
-            raise TraceError(f"{type(self).__name__}.build: {e}") from e
-        got = (program, state, opt_rows)
-        self._compiled[key] = got
+        return fn, state, opt_rows
+
+    def _compile(self, in_specs: tuple):
+        """The step as one Program (``step()``), per input layout."""
+        key = tuple((ps.structure, tuple(ps.specs)) for ps in in_specs)
+        got = self._compiled.get(key)
+        if got is None:
+            fn, state, opt_rows = self._step_fn()
+            specs = [Spec(t.shape, t.dtype, t.device) for t in state]
+            try:
+                program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
+                                           specs)
+            except TraceError as e:
+                raise TraceError(f"{type(self).__name__}.build: {e}") from e
+            got = self._compiled[key] = (program, state, opt_rows)
         return got
 
-    def _attach(self, program, state) -> None:
-        synchronize()                       # every eager write to the state is done
-        program.state_arrays = [t._impl.array() for t in state]
+    def _compile_graph(self, spec, buffers, memory):
+        """The step as an ActorGraph with an actor per op (``run()``), per input layout."""
+        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory))
+        got = self._compiled.get(key)
+        if got is None:
+            fn, state, opt_rows = self._step_fn()
+            specs = [Spec(t.shape, t.dtype, t.device) for t in state]
+            try:
+                g, shared = stateful_graph(fn, spec, specs, type(self).__name__,
+                                           dict(memory=memory, buffers=buffers))
+            except TraceError as e:
+                raise TraceError(f"{type(self).__name__}.build: {e}") from e
+            got = self._compiled[key] = (g, shared, state, opt_rows)
+        return got
+
+    def _arrays(self, state, opt_rows) -> list:
+        """The state's arrays, once the optimizers' eager state is in the graph's tensors
+        and every eager write to them is done."""
+        with no_grad():
+            for o, g, p, st in opt_rows:
+                o.graph_sync(p, g, st)
+        synchronize()
+        return [t._impl.array() for t in state]
 
     def _done(self, state, opt_rows) -> None:
         for t in state:
@@ -131,39 +157,33 @@ class Graph:
         arrays = [a.numpy() if isinstance(a, Tensor) else a for a in leaves]
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
         program, state, opt_rows = self._compile((spec,))
-        self._attach(program, state)
+        program.state_arrays = self._arrays(state, opt_rows)
         outs = [_empty(s) for s in program.out_spec.specs]
         program.run(outs, [spec_arrays(arrays, spec)])
         self._done(state, opt_rows)
         return unflatten(program.out_spec.structure, [tensor(o) for o in outs])
 
-    def run(self, iterable, buffers: int = 2, memory=None, name: str = "loader"):
+    def run(self, iterable, buffers: int = 2, memory=None):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
-        returning an iterable...) as an ActorGraph: the loader is a source actor, the
-        step an op actor; yields what ``build`` returns per item (numpy arrays)."""
-        g = ActorGraph(memory=memory, buffers=buffers)
-        src = g.source(iterable, name=name)
-        compiled = []
-
-        def build(specs):
-            program, state, opt_rows = self._compile(tuple(specs))
-            self._attach(program, state)
-            compiled.append((state, opt_rows))
-            return program
-
-        def traced(*_):
-            raise AssertionError("the step is built by nn.Graph")
-        traced.__name__ = type(self).__name__
-        step = g.op(traced, src, name="step")
-        step.build = build
-        g.sink(step)
+        returning an iterable...) as an ActorGraph: an actor per op of the step, and one
+        per state written back, fed by a source actor reading the iterable, so the next
+        items load (and the first layers of the next piece run) while a piece trains; the
+        parameters are updated in piece order. Yields what ``build`` returns per item."""
+        if callable(iterable) and not hasattr(iterable, "__iter__"):
+            iterable = iterable()
+        it = iter(iterable)
+        first = next(it, _NONE)
+        if first is _NONE:
+            return
+        spec = PieceSpec.of(first, "nn.Graph.run")
+        g, shared, state, opt_rows = self._compile_graph(spec, buffers, memory)
+        shared[:] = self._arrays(state, opt_rows)
         self._graph = g
         try:
-            yield from g.run()
+            yield from g.run(feed=itertools.chain([first], it))
         finally:
             g.join()
-            for state, opt_rows in compiled[-1:]:
-                self._done(state, opt_rows)
+            self._done(state, opt_rows)
 
     def stats(self):
         """The last ``run()``'s statistics (see ActorGraph.stats)."""
@@ -173,6 +193,9 @@ class Graph:
         mods = [f"({k}): {v!r}".replace("\n", "\n  ") for k, v in vars(self).items()
                 if isinstance(v, Module)]
         return f"{type(self).__name__}(\n  " + "\n  ".join(mods) + "\n)"
+
+
+_NONE = object()
 
 
 def _empty(spec):

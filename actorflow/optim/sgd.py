@@ -59,6 +59,15 @@ class SGD(Optimizer):
             g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
         return F.sub(p, F.mul(g, group["lr"])), new
 
+    def graph_sync(self, p, group, st) -> None:
+        """Before a graph run: the eager state (it may have stepped since) into ``st``."""
+        if not group["momentum"]:
+            return
+        buf = self.state.get(p, {}).get("momentum_buffer")
+        if buf is not None and buf is not st["momentum_buffer"]:
+            F.copy_(st["momentum_buffer"], buf)
+        F.fill_(st["started"], 0.0 if buf is None else 1.0)
+
     def graph_done(self, p, group, st) -> None:
         if group["momentum"]:
             self.state.setdefault(p, {})["momentum_buffer"] = st["momentum_buffer"]
@@ -78,6 +87,7 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
+        self._graph_steps: dict = {}    # id(param) -> the step count graph mode last saw
 
     def _update(self, p, g, group, state):
         if group["maximize"]:
@@ -140,10 +150,25 @@ class Adam(Optimizer):
         denom = F.add(F.div(F.sqrt(v), c2), eps)
         return F.sub(p, F.mul(F.div(m, denom), F.div(lr, c1))), new
 
+    def graph_sync(self, p, group, st) -> None:
+        """Before a graph run: the eager state (it may have stepped since) into ``st``."""
+        eager = self.state.get(p, {})
+        n = eager.get("step", 0)
+        if self._graph_steps.get(id(p)) != n:
+            F.fill_(st["step"], float(n))
+        for k in self._MOMENTS:
+            if k in st:
+                e = eager.get(k)
+                if e is None:
+                    F.zero_(st[k])
+                elif e is not st[k]:
+                    F.copy_(st[k], e)
+
     def graph_done(self, p, group, st) -> None:
         mine = self.state.setdefault(p, {})
         for k, v in st.items():
             mine[k] = int(v.item()) if k == "step" else v
+        self._graph_steps[id(p)] = mine["step"]
 
 
 class AdamW(Adam):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..errors import ActorError
 from .actor import Sized, read_piece
+from .gates import gates_passed
 from .register import EOS, Register
 from .spec import NOTHING
 from .state import ActorState
@@ -84,6 +85,8 @@ class Completion:
                 self.wake(waiters.pop())
         for reg in regs:
             self._hand_back(reg)
+        if st.gates is not None and err is None and result is not EOS:
+            gates_passed(st, self.wake)
         if err is not None:
             e, tb = err
             error = ActorError(st.actor.name, piece, e, tb)

@@ -35,6 +35,7 @@ from ..errors import ActorError
 from .actor import Collector
 from .source import SourceActor
 from .completion import Completion
+from .gates import gates_open, make_gates
 from .register import EOS
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 from .stragglers import Stragglers
@@ -51,6 +52,7 @@ class CreditScheduler(Completion):
         self.rng = random.Random(seed) if seed is not None else None
         self.states: list = []
         self.by_actor: dict = {}
+        gates = make_gates(plan.actors)
         for actor in plan.actors:
             out = plan.ports.get(actor)
             if getattr(actor, "is_async", False):
@@ -69,6 +71,7 @@ class CreditScheduler(Completion):
                                            or actor.timeout is not None) else 1 << 30
             st = ActorState(actor, out, mode, limit)
             st.ins = plan.in_ports.get(actor, [])
+            st.gates = gates.get(actor)
             self.states.append(st)
             self.by_actor[actor] = st
         self.tokens = dict(plan.resources)
@@ -231,6 +234,9 @@ class CreditScheduler(Completion):
                         return
             elif self.room <= 0 or self.plan.pending:   # the collector: the caller's credits
                 self._blocked(st, CREDIT)
+                return
+            if st.gates is not None and not gates_open(st):
+                self._blocked(st, RESOURCE)     # state another piece has not passed yet
                 return
             if st.tokens and not self._take_tokens(st):
                 self._blocked(st, RESOURCE)

@@ -49,7 +49,8 @@ class Plan:
             reg = a.out_spec.nbytes
             ws = a.program.workspace_bytes if getattr(a, "program", None) else 0
             n = self.buffers[a]
-            dev = a.out_spec.specs[0].device if a.out_spec.specs else None
+            dev = (a.out_spec.specs[0].device if a.out_spec.specs       # (no output: where
+                   else getattr(getattr(a, "program", None), "device", None))  # its state is)
             for d, b in a.out_spec.bytes_on().items():
                 self.totals[d] = self.totals.get(d, 0) + b * n
             if ws:

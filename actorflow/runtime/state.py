@@ -17,7 +17,7 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "tokens", "jobs", "timer", "early", "next_done", "ordered")
+                 "since", "tokens", "jobs", "timer", "early", "next_done", "ordered", "gates")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -42,6 +42,7 @@ class ActorState:
         self.early: dict = {}           # acts done before an earlier piece's (async acts,
         self.next_done = 0              # replicas): by piece; the piece handled next
         self.ordered = mode == "async" or getattr(actor, "replicas", 1) > 1
+        self.gates = None               # (state gates read, written): see gates.py
 
 
 class ActorThread:

@@ -5,8 +5,9 @@ it is handed ``op_program`` here."""
 
 from ..runtime.graph import use_op_tracer
 from .recording import Recording
+from .build import stateful_graph
 from .trace import Traced, op_program, stateful_program, trace
 
 use_op_tracer(op_program)
 
-__all__ = ["Recording", "Traced", "op_program", "stateful_program", "trace"]
+__all__ = ["Recording", "Traced", "op_program", "stateful_graph", "stateful_program", "trace"]

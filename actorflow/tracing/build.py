@@ -1,10 +1,12 @@
-"""From a traced function to an ActorGraph with one actor per recorded op."""
+"""From a traced function to an ActorGraph with one actor per recorded op (``traced_graph``)
+and, for a function with state (``nn.Graph``'s step), one actor per op plus one writing
+each state's new value back, kept in piece order by state gates (``stateful_graph``)."""
 
 from __future__ import annotations
 
 from ..errors import TraceError
 from ..runtime.graph import ActorGraph
-from ..runtime.spec import PieceSpec, Spec
+from ..runtime.spec import PieceSpec, Spec, unflatten
 from .program import Program, Step, kernel_of
 from .recording import Recording
 
@@ -15,12 +17,59 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
             raise TypeError(f"actor_graph: expected one af.Spec per argument, got "
                             f"{type(s).__name__} {s!r}")
     rec = Recording(traced.fn, specs, list)
-    out_leaves, structure = rec.outputs, rec.structure
     g = ActorGraph(**graph_kwargs)
     out = specs[0] if len(specs) == 1 else tuple(specs)
     name = f"inputs of {getattr(traced.fn, '__name__', 'the traced function')}"
     inp = g.input(out=out, name=name) if source is None else g.source(source, out=out,
                                                                        name=name)
+    actor_of = _node_actors(g, rec, inp, None)
+    _outputs(g, rec, inp, actor_of)
+    return g
+
+
+def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwargs: dict):
+    """``fn(piece, states=[...]) -> (output, new states)`` as an ActorGraph fed by
+    ``run(feed=...)``: an actor per op, and per state with a new value an actor copying it
+    back. Returns ``(graph, state arrays list)``: the caller fills the list (the same list
+    object every program reads) before a run."""
+    new_states: list = []
+
+    def body(piece, states):
+        out, new = fn(piece, states=states)
+        new_states.extend(new)
+        return out
+    rec = Recording(body, spec.specs, lambda leaves: [unflatten(spec.structure, leaves)],
+                    state_specs=state_specs)
+    g = ActorGraph(**graph_kwargs)
+    inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
+    shared: list = [None] * len(state_specs)
+    actor_of = _node_actors(g, rec, inp, shared)
+
+    def producer(src):
+        return inp if src[0] == "in" else actor_of[src[1]]
+    for i, t in enumerate(new_states):
+        if t is None:
+            continue
+        src = rec.source(t._impl)
+        if src == ("state", i):
+            continue                        # unchanged
+        if src[0] in ("const", "state"):
+            raise TraceError(f"state {i} would be set to a value that does not depend on the "
+                             f"step's inputs; nn.Graph writes back computed values only")
+        leaf = src[1] if src[0] == "in" else src[2]
+        ref = rec.ref(src, t._impl.meta, lambda s, leaf=leaf: ("in", 0, leaf))
+        program = Program([], PieceSpec((tuple, ()), []), [], [], [])
+        program.state_specs, program.state_arrays = [state_specs[i]], shared
+        program.assigns = [(i, ref)]
+        a = g.op(_named("set state"), producer(src), name=f"set state {i}")
+        a.build = lambda specs, p=program: p
+        a.state_writes = (f"state {i}",)
+    _outputs(g, rec, inp, actor_of)
+    return g, shared
+
+
+def _node_actors(g, rec: Recording, inp, shared) -> dict:
+    """One op actor per recorded node (``shared``: the state arrays, for stateful ones)."""
     actor_of = {}                           # node index -> its OpActor
 
     def producer(src):
@@ -29,12 +78,14 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
     for n, node in enumerate(rec.nodes):
         ports: list = []
         for src, _ in node.refs:
-            if src[0] != "const" and producer(src) not in ports:
+            if src[0] not in ("const", "state") and producer(src) not in ports:
                 ports.append(producer(src))
+        if not ports:
+            ports.append(inp)               # reads only state: paced by the pieces
 
         def port_of(src, ports=ports):
-            if src[0] == "const":
-                return ("const", src[1], 0)
+            if src[0] in ("const", "state"):
+                return (src[0], src[1], 0)
             leaf = src[1] if src[0] == "in" else src[2]
             return ("in", ports.index(producer(src)), leaf)
 
@@ -50,12 +101,22 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
         all_consts = rec.const_arrays() if consts else []
         program = Program([step], PieceSpec(structure_n, leaves), [],
                           [all_consts[c] for c in consts], [])
-        actor_of[n] = g.op(_prebuilt(program), *ports)
-        actor_of[n].build = lambda specs, p=program: p
+        if shared is not None:
+            program.state_arrays = shared
+        actor_of[n] = a = g.op(_named(node.op.name), *ports)
+        a.build = lambda specs, p=program: p
+        a.state_reads = tuple(sorted({f"state {src[1]}" for src, _ in node.refs
+                                      if src[0] == "state"}))
+    return actor_of
+
+
+def _outputs(g, rec: Recording, inp, actor_of) -> None:
+    def producer(src):
+        return inp if src[0] == "in" else actor_of[src[1]]
     picks, sinks = [], []
-    for t in out_leaves:
+    for t in rec.outputs:
         src = rec.source(t._impl)
-        if src[0] == "const":
+        if src[0] in ("const", "state"):
             raise TraceError("a traced function's output does not depend on its inputs; "
                              "return something computed from them")
         a = producer(src)
@@ -64,12 +125,11 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
         meta = t._impl.meta
         picks.append((sinks.index(a), src[1] if src[0] == "in" else src[2],
                       rec.ref(src, meta, lambda s: ("in", 0, 0))[3]))
-    g._set_outputs(sinks, picks, structure)
-    return g
+    g._set_outputs(sinks, picks, rec.structure)
 
 
-def _prebuilt(program):
+def _named(name: str):
     def op(*_):
         raise AssertionError("prebuilt programs are not traced again")
-    op.__name__ = program.steps[0].op.name
+    op.__name__ = name
     return op

@@ -49,6 +49,13 @@ class Program:
         self.assigns: list = []             # [(state i, ref of its new value)]
 
     @property
+    def device(self):
+        """Where the program's memory is: its output's device, else its state's."""
+        for s in list(self.out_spec.specs) + list(self.tmp_specs) + list(self.state_specs):
+            return s.device
+        return None
+
+    @property
     def workspace_bytes(self) -> int:
         """Workspace, constants and state (state is the caller's memory, not allocated by
         ``bind``, but the plan counts it)."""
