@@ -137,9 +137,18 @@ def _minimum(ctx, g):
     return _pick(ctx, g, False)
 
 
+@rule("remainder", saves="x")
+def _remainder(ctx, g):                     # a - floor(a / b) * b, away from its jumps
+    a, b = ctx.x(0), ctx.x(1)
+    ga = sum_to(g, ctx.shape(0)) if ctx.needs[0] else None
+    gb = (sum_to(F.neg(F.mul(g, F.floor_divide(a, b))), ctx.shape(1))
+          if ctx.needs[1] else None)
+    return ga, gb
+
+
 # -- with a scalar (x op s, and the reflected s op x) --------------------------------------
 
-@rule("add_scalar", "radd_scalar", "sub_scalar")
+@rule("add_scalar", "radd_scalar", "sub_scalar", "remainder_scalar")
 def _add_s(ctx, g):
     return (g,)
 
@@ -157,6 +166,11 @@ def _mul_s(ctx, g):
 @rule("div_scalar")
 def _div_s(ctx, g):
     return (F.div(g, ctx.attrs["scalar"]),)
+
+
+@rule("rremainder_scalar", saves="x")
+def _rremainder_s(ctx, g):                  # s - floor(s / x) * x
+    return (F.neg(F.mul(g, F.floor_divide(ctx.attrs["scalar"], ctx.x(0)))),)
 
 
 @rule("rdiv_scalar", saves="x")
