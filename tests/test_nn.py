@@ -280,3 +280,15 @@ def test_save_and_load_a_state_dict(tmp_path):
         af.save({"f": lambda: 0}, tmp_path / "x")
     with np.load(path, allow_pickle=False) as data:      # plain arrays, no pickled objects
         assert all(data[k].dtype != object for k in data.files)
+
+
+def test_zero_grad_to_none_or_to_zeros():
+    lin = nn.Linear(3, 2)
+    opt = optim.SGD(lin.parameters(), lr=0.1)
+    lin(af.ones(4, 3)).sum().backward()
+    lin.zero_grad(set_to_none=False)
+    assert lin.weight.grad is not None and not lin.weight.grad.numpy().any()
+    lin(af.ones(4, 3)).sum().backward()
+    np.testing.assert_allclose(lin.bias.grad.numpy(), [4, 4])
+    opt.zero_grad()
+    assert lin.weight.grad is None and lin.bias.grad is None

@@ -152,6 +152,19 @@ def detach_(self) -> Tensor:
     return self
 
 
+def zero_grad(params, set_to_none: bool = True) -> None:
+    """Clears the gradients of ``params`` (``Module.zero_grad``, ``Optimizer.zero_grad``):
+    to None, or to zeros in place."""
+    for p in params:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+        else:
+            with no_grad():
+                p.grad.zero_()
+
+
 METHODS = {
     "requires_grad_": requires_grad_,
     "requires_grad": property(_get_requires_grad, _set_requires_grad),
@@ -165,4 +178,4 @@ METHODS = {
 }
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "Node", "Meta",
-           "arm", "METHODS"]
+           "arm", "zero_grad", "METHODS"]

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 from .. import functional as F
-from ..autograd import no_grad
+from ..autograd import no_grad, zero_grad
 from ..creation import tensor as _tensor
 from ..tensor.tensor import Tensor
 
@@ -237,14 +237,7 @@ class Module:
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                with no_grad():
-                    F.zero_(p.grad)
+        zero_grad(self.parameters(), set_to_none)
 
     # -- printing ------------------------------------------------------------------------
     def extra_repr(self) -> str:

@@ -3,7 +3,7 @@ under no_grad, as ordinary ops queued on the VM (``step`` never waits for values
 
 from __future__ import annotations
 
-from ..autograd import no_grad
+from ..autograd import no_grad, zero_grad
 from ..tensor.tensor import Tensor
 
 
@@ -51,15 +51,7 @@ class Optimizer:
             raise ValueError(f"{type(self).__name__}: invalid learning rate {group['lr']}")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    with no_grad():
-                        p.grad.zero_()
+        zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
     def step(self, closure=None):
         loss = None

@@ -19,12 +19,18 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize))
 
-    def _update(self, p, g, group, state):
+    @staticmethod
+    def _direction(p, g, group):
+        """The gradient as the update uses it: negated to maximize, plus weight decay."""
         if group["maximize"]:
             g = F.neg(g)
-        wd, mom = group["weight_decay"], group["momentum"]
-        if wd:
-            g = F.add(g, F.mul(p, wd))
+        if group["weight_decay"]:
+            g = F.add(g, F.mul(p, group["weight_decay"]))
+        return g
+
+    def _update(self, p, g, group, state):
+        g = self._direction(p, g, group)
+        mom = group["momentum"]
         if mom:
             buf = state.get("momentum_buffer")
             if buf is None:
@@ -45,11 +51,8 @@ class SGD(Optimizer):
                 "started": tensor(1.0 if buf is not None else 0.0, dtype="float64")}
 
     def graph_update(self, p, g, group, st):
-        if group["maximize"]:
-            g = F.neg(g)
-        wd, mom = group["weight_decay"], group["momentum"]
-        if wd:
-            g = F.add(g, F.mul(p, wd))
+        g = self._direction(p, g, group)
+        mom = group["momentum"]
         new = {}
         if mom:
             buf, started = st["momentum_buffer"], st["started"]
