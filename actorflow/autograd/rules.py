@@ -243,7 +243,7 @@ def _sigmoid(ctx, g):
 
 @rule("relu", saves="y")
 def _relu(ctx, g):
-    return (F.mul(g, _float(F.gt(ctx.y(0), 0), g)),)
+    return (F.where(F.gt(ctx.y(0), 0), g, 0.0),)
 
 
 _GELU_BACKWARD = op_def("gelu_backward")

@@ -109,8 +109,18 @@ def _matmul(ctx, g):
     if ctx.needs[0]:
         ga = reshape(sum_to(F.matmul(g2, _mT(b2)), a2.shape), sa)
     if ctx.needs[1]:
-        gb = reshape(sum_to(F.matmul(_mT(a2), g2), b2.shape), sb)
+        if len(sb) == 2 and len(gshape) == 2 and _transposed(b):
+            # b is a transposed view (Linear's weight.T): give its gradient the same layout,
+            # so the view's backward hands the weight a contiguous gradient (no copy)
+            gb = _mT(F.matmul(_mT(g2), a2))
+        else:
+            gb = reshape(sum_to(F.matmul(_mT(a2), g2), b2.shape), sb)
     return ga, gb
+
+
+def _transposed(t) -> bool:
+    m = t._impl.meta
+    return len(m.shape) == 2 and m.strides == (1, m.shape[0]) and m.shape[0] > 1
 
 
 @rule("cat")

@@ -22,6 +22,7 @@ from ..autograd import enable_grad, no_grad
 from ..autograd.graph import Meta
 from ..creation import tensor
 from ..errors import TraceError
+from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import synchronize
 from ..tensor.tensor import Tensor
@@ -131,6 +132,25 @@ class Graph:
             got = self._compiled[key] = (g, shared, state, opt_rows)
         return got
 
+    def _fused_graph(self, spec, buffers, memory):
+        """The step as one op actor running the program ``step()`` runs."""
+        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory))
+        got = self._compiled.get(key)
+        if got is None:
+            program, state, opt_rows = self._compile((spec,))
+            g = ActorGraph(memory=memory, buffers=buffers)
+            inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
+                          name=f"inputs of {type(self).__name__}")
+
+            def traced(*_):
+                raise AssertionError("the step is built by nn.Graph")
+            traced.__name__ = "step"
+            a = g.op(traced, inp, name="step")
+            a.build = lambda specs: program
+            g.sink(a)
+            got = self._compiled[key] = (g, program, state, opt_rows)
+        return got
+
     def _arrays(self, state, opt_rows) -> list:
         """The state's arrays, once the optimizers' eager state is in the graph's tensors
         and every eager write to them is done."""
@@ -158,17 +178,25 @@ class Graph:
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
         program, state, opt_rows = self._compile((spec,))
         program.state_arrays = self._arrays(state, opt_rows)
+        if not program.bound:               # its workspace, kept for the next steps
+            program.tmp = [_empty(s) for s in program.tmp_specs]
+            program.bound = True
         outs = [_empty(s) for s in program.out_spec.specs]
         program.run(outs, [spec_arrays(arrays, spec)])
         self._done(state, opt_rows)
         return unflatten(program.out_spec.structure, [tensor(o) for o in outs])
 
-    def run(self, iterable, buffers: int = 2, memory=None):
+    def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
         returning an iterable...) as an ActorGraph: an actor per op of the step, and one
         per state written back, fed by a source actor reading the iterable, so the next
         items load (and the first layers of the next piece run) while a piece trains; the
-        parameters are updated in piece order. Yields what ``build`` returns per item."""
+        parameters are updated in piece order. Yields what ``build`` returns per item.
+
+        ``fused=True`` runs the whole step as one op actor instead (the program ``step()``
+        runs): no overlap between the ops of consecutive pieces, but one act per piece
+        instead of one per op, which wins where ops are small and Python's cost per act
+        dominates."""
         if callable(iterable) and not hasattr(iterable, "__iter__"):
             iterable = iterable()
         it = iter(iterable)
@@ -176,8 +204,12 @@ class Graph:
         if first is _NONE:
             return
         spec = PieceSpec.of(first, "nn.Graph.run")
-        g, shared, state, opt_rows = self._compile_graph(spec, buffers, memory)
-        shared[:] = self._arrays(state, opt_rows)
+        if fused:
+            g, program, state, opt_rows = self._fused_graph(spec, buffers, memory)
+            program.state_arrays = self._arrays(state, opt_rows)
+        else:
+            g, shared, state, opt_rows = self._compile_graph(spec, buffers, memory)
+            shared[:] = self._arrays(state, opt_rows)
         self._graph = g
         try:
             yield from g.run(feed=itertools.chain([first], it))

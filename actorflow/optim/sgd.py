@@ -10,6 +10,11 @@ from ..creation import tensor, zeros_like
 from .optimizer import Optimizer
 
 
+def _scaled(t, factor: float):
+    """``t * factor``, or ``t`` itself for a factor of 1 (the same numbers, one op less)."""
+    return t if factor == 1.0 else F.mul(t, factor)
+
+
 class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
@@ -37,7 +42,7 @@ class SGD(Optimizer):
                 buf = state["momentum_buffer"] = F.clone(g)
             else:
                 F.mul_(buf, mom)
-                F.add_(buf, F.mul(g, 1.0 - group["dampening"]))
+                F.add_(buf, _scaled(g, 1.0 - group["dampening"]))
             g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
         F.sub_(p, F.mul(g, group["lr"]))
 
@@ -45,20 +50,23 @@ class SGD(Optimizer):
     def graph_state(self, p, group) -> dict:
         if not group["momentum"]:
             return {}
-        st = self.state.get(p, {})
-        buf = st.get("momentum_buffer")
-        return {"momentum_buffer": F.clone(buf) if buf is not None else zeros_like(p),
-                "started": tensor(1.0 if buf is not None else 0.0, dtype="float64")}
+        buf = self.state.get(p, {}).get("momentum_buffer")
+        st = {"momentum_buffer": F.clone(buf) if buf is not None else zeros_like(p)}
+        if group["dampening"]:      # the first step takes g undamped: it must know which
+            st["started"] = tensor(1.0 if buf is not None else 0.0, dtype="float64")
+        return st
 
     def graph_update(self, p, g, group, st):
         g = self._direction(p, g, group)
         mom = group["momentum"]
         new = {}
         if mom:
-            buf, started = st["momentum_buffer"], st["started"]
-            later = F.add(F.mul(buf, mom), F.mul(g, 1.0 - group["dampening"]))
-            buf = F.where(F.gt(started, 0.5), later, g)     # the first step takes g itself
-            new = {"momentum_buffer": buf, "started": F.add(F.mul(started, 0.0), 1.0)}
+            buf = st["momentum_buffer"]
+            later = F.add(F.mul(buf, mom), _scaled(g, 1.0 - group["dampening"]))
+            if "started" in st:     # (without dampening, mom * 0 + g is g itself: no pick)
+                later = F.where(F.gt(st["started"], 0.5), later, g)
+                new["started"] = F.add(F.mul(st["started"], 0.0), 1.0)
+            new["momentum_buffer"] = buf = later
             g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
         return F.sub(p, F.mul(g, group["lr"])), new
 
@@ -67,9 +75,14 @@ class SGD(Optimizer):
         if not group["momentum"]:
             return
         buf = self.state.get(p, {}).get("momentum_buffer")
-        if buf is not None and buf is not st["momentum_buffer"]:
+        if buf is st["momentum_buffer"]:
+            return                      # the graph's own buffer (since graph_done): as is
+        if buf is not None:
             F.copy_(st["momentum_buffer"], buf)
-        F.fill_(st["started"], 0.0 if buf is None else 1.0)
+        else:
+            F.zero_(st["momentum_buffer"])
+        if "started" in st:
+            F.fill_(st["started"], 0.0 if buf is None else 1.0)
 
     def graph_done(self, p, group, st) -> None:
         if group["momentum"]:
@@ -90,7 +103,7 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
-        self._graph_steps: dict = {}    # id(param) -> the step count graph mode last saw
+        self._graph_steps: dict = {}    # id(a graph's step tensor) -> the count it holds
 
     def _update(self, p, g, group, state):
         if group["maximize"]:
@@ -157,8 +170,8 @@ class Adam(Optimizer):
         """Before a graph run: the eager state (it may have stepped since) into ``st``."""
         eager = self.state.get(p, {})
         n = eager.get("step", 0)
-        if self._graph_steps.get(id(p)) != n:
-            F.fill_(st["step"], float(n))
+        if self._graph_steps.get(id(st["step"])) != n:     # (each compiled graph has its
+            F.fill_(st["step"], float(n))                   # own state: keyed by it)
         for k in self._MOMENTS:
             if k in st:
                 e = eager.get(k)
@@ -171,7 +184,7 @@ class Adam(Optimizer):
         mine = self.state.setdefault(p, {})
         for k, v in st.items():
             mine[k] = int(v.item()) if k == "step" else v
-        self._graph_steps[id(p)] = mine["step"]
+        self._graph_steps[id(st["step"])] = mine["step"]
 
 
 class AdamW(Adam):

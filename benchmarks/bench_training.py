@@ -1,0 +1,705 @@
+#!/usr/bin/env python
+"""Training an MLP: actorflow eager and graph mode (nn.Graph) against PyTorch eager, and an
+epoch whose loader costs about as much as a step, looped against pipelined.
+
+The model is an MLP 784-256-10 (``Linear(784, 256), ReLU, Linear(256, 10)``) trained with
+``CrossEntropyLoss`` and SGD (lr 0.01, momentum 0.9) on float32 batches of 128, all on the
+CPU (the machine this was written for has 2 cores).
+
+Part 1, time per training step (zero_grad, forward, loss, backward, step), the same batch
+for every contender; each timed run is K steps (50 by default) started from the same
+weights and a fresh optimizer state (reset before the clock starts):
+
+- ``pytorch eager``: ``torch.nn`` equivalents holding actorflow's initial weights (copied),
+  ``torch.set_num_threads`` left at its default;
+- ``actorflow eager``: ``af.nn.Sequential`` and ``af.optim.SGD``; ops are asynchronous, so
+  the K steps end with ``af.synchronize()`` and ``loss.item()`` (inside the clock: the time
+  includes finishing the last optimizer update, not just queueing it);
+- ``actorflow graph``: ``class TrainStep(af.nn.Graph)`` (``build(x, y)``: loss, backward,
+  return the loss; the optimizer added with ``add_optimizer``); K calls of the synchronous
+  ``step(x, y)``. It is compiled (traced) by its first call, outside the clock.
+
+The loss module is built once per contender (as ``TrainStep`` holds ``self.loss``), not per
+step. Checks, once and outside the clock: every contender's first step from the shared
+initial weights gives PyTorch's loss within 1e-4 relative. Every run: the last loss is
+finite and equal (1e-5 relative) to the contender's warm-up run from the same start (every
+run did the same work). Goal (printed as MET / NOT MET): actorflow graph <= 1.5x PyTorch
+eager per step; actorflow eager's ratio is reported too.
+
+Part 2, an epoch of N batches (40 by default) from a loader (a generator function, fresh
+per epoch) whose every batch costs about one step: the loader ``time.sleep``\\ s for the
+median of actorflow graph's per-step time in part 1 (the stand-in for I/O: a read that
+leaves both cores free), then yields the batch (precomputed arrays, x float32 [128, 784],
+y int64 [128]). Contenders:
+
+- ``plain loop``: ``for x, y in loader(): step(x, y)``: load, then step, one after the other;
+- ``pipelined graph``: ``for loss in step.run(loader, buffers=2)``: the loader a source
+  actor, every op of the step an actor (and one per state written back), so batch i+1
+  loads while batch i computes;
+- ``pipelined graph, fused``: ``step.run(loader, buffers=2, fused=True)``: the same with the
+  whole step as one op actor (one act per batch instead of one per op);
+- diagnostics (``--no-diagnostics`` drops them): the same two with a loader doing numpy work
+  of the same cost instead of sleeping (``np.tanh`` passes over the batch, releasing the
+  GIL): on 2 cores this loader competes with the step's BLAS threads for the CPU, so the
+  ideal bound below does not hold for them; no goal applies.
+
+The ideal bound is ``max(load, step) x N + min(load, step)`` and the serial sum
+``(load + step) x N``, with ``load`` and ``step`` the medians of the loader's ``next()`` and
+of ``step()`` as timed inside the plain loop's timed runs (three ``perf_counter`` reads
+per batch): ``step()``'s cost is taken where it is paid; the same costs
+measured alone (half before, half after the rounds) are recorded too. The step the op
+actors run inside ``run()`` can cost less than ``step()`` (their workspace is planned once
+for the run); the JSON records the op actors' compute per batch from ``stats()``, and the
+report prints the bound recomputed with it. Every timed epoch starts from the same weights
+(``load_state_dict`` of a saved copy) and a zeroed momentum buffer, which, graph mode
+being deterministic, makes every epoch of every contender compute the same losses bit for
+bit. Every run is checked: N finite losses equal bit for bit to a reference epoch of
+``step()`` calls, and the same final parameters (a digest of their bytes). Goal (printed
+as MET / NOT MET): the pipelined epoch within 1.25x of the ideal bound.
+
+Every contender is timed as best of N interleaved rounds (round-robin, order rotated every
+round) after one untimed warm-up, the median recorded too (benchmarks/harness.py).
+
+Usage::
+
+    python benchmarks/bench_training.py            # full run (~40 s on 2 cores)
+    python benchmarks/bench_training.py --quick    # smoke run (~15 s)
+    python benchmarks/bench_training.py --steps 100 --batches 80 --out /tmp/train.json
+
+Exit status: 0 when every run of every contender was correct, 1 when a check failed or a
+contender raised (the JSON is written either way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402 - the shared timing harness, next to this file
+
+IN, HIDDEN, CLASSES = 784, 256, 10
+BATCH = 128
+LR, MOMENTUM = 0.01, 0.9
+SEED = 0
+
+# Goals stated by the project.
+GRAPH_VS_TORCH = 1.5        # actorflow graph per step <= 1.5x PyTorch eager
+PIPE_VS_BOUND = 1.25        # pipelined epoch <= 1.25x max(load, step) x N + min(load, step)
+
+FIRST_LOSS_RTOL = 1e-4      # first step's loss of every contender vs PyTorch's
+REPEAT_RTOL = 1e-5          # a contender's K-step loss vs its own warm-up run
+
+
+# -- models --------------------------------------------------------------------------------
+
+def af_mlp(af):
+    nn = af.nn
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+
+
+def make_train_step(af):
+    class TrainStep(af.nn.Graph):
+        def __init__(self, model, opt):
+            super().__init__()
+            self.model = model
+            self.loss = af.nn.CrossEntropyLoss()
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = self.loss(self.model(x), y)
+            loss.backward()
+            return loss
+    return TrainStep
+
+
+class AfTrainer:
+    """An actorflow model with its optimizer (and, for graph mode, its nn.Graph step), reset
+    to the saved weights and a fresh momentum state before every timed run."""
+
+    def __init__(self, af, saved: dict, graph: bool):
+        self.af, self.saved, self.graph = af, saved, graph
+        self.model = af_mlp(af)
+        self.opt = af.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+        self.lossf = af.nn.CrossEntropyLoss()
+        self.step = make_train_step(af)(self.model, self.opt) if graph else None
+        self.reset()
+
+    def reset(self) -> None:
+        af = self.af
+        self.model.load_state_dict(self.saved)
+        if self.graph:
+            # The compiled step holds the optimizer's momentum buffers as its state (they
+            # are also opt.state's after a step): zero them in place. With dampening 0 the
+            # next update is then buf = 0.9 * 0 + g = g, the first step's update exactly.
+            with af.no_grad():
+                for p in self.model.parameters():
+                    buf = self.opt.state.get(p, {}).get("momentum_buffer")
+                    if buf is not None:
+                        buf.zero_()
+        else:
+            self.opt = af.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+        af.synchronize()
+
+    def eager_steps(self, x, y, k: int) -> float:
+        af, model, opt, lossf = self.af, self.model, self.opt, self.lossf
+        loss = None
+        for _ in range(k):
+            opt.zero_grad()
+            loss = lossf(model(x), y)
+            loss.backward()
+            opt.step()
+        af.synchronize()                    # the last update done, not just queued
+        return loss.item()
+
+    def graph_steps(self, x, y, k: int) -> float:
+        step, loss = self.step, None
+        for _ in range(k):
+            loss = step(x, y)
+        return loss.item()
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for k, v in self.model.state_dict().items():
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(v.numpy()).tobytes())
+        return h.hexdigest()[:16]
+
+
+class TorchTrainer:
+    def __init__(self, torch, saved: dict):
+        self.torch = torch
+        nn = torch.nn
+        self.model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+        self.saved = {k: torch.from_numpy(v.copy()) for k, v in saved.items()}
+        self.lossf = nn.CrossEntropyLoss()
+        self.reset()
+
+    def reset(self) -> None:
+        self.model.load_state_dict(self.saved)      # copies: same layout as actorflow's
+        self.opt = self.torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+
+    def steps(self, x, y, k: int) -> float:
+        model, opt, lossf = self.model, self.opt, self.lossf
+        loss = None
+        for _ in range(k):
+            opt.zero_grad()
+            loss = lossf(model(x), y)
+            loss.backward()
+            opt.step()
+        return loss.item()
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+# -- part 1: time per step -----------------------------------------------------------------
+
+def part_steps(args, af, torch, saved, X, Y) -> tuple[dict, list]:
+    k, repeat = args.steps, args.repeat
+    x, y = af.tensor(X), af.tensor(Y)
+    eager = AfTrainer(af, saved, graph=False)
+    graph = AfTrainer(af, saved, graph=True)
+    tt = TorchTrainer(torch, saved) if torch is not None else None
+
+    # The check, once, outside the clock: the first step from the shared weights.
+    first = {}
+    if tt is not None:
+        first["pytorch eager"] = tt.steps(torch.from_numpy(X), torch.from_numpy(Y), 1)
+    first["actorflow eager"] = eager.eager_steps(x, y, 1)
+    t0 = time.perf_counter()
+    first["actorflow graph"] = graph.graph_steps(x, y, 1)     # compiles (traces) the step
+    compile_s = time.perf_counter() - t0
+    ref_name = "pytorch eager" if tt is not None else "actorflow eager"
+    first_rel = {n: rel(v, first[ref_name]) for n, v in first.items()}
+    for t in (eager, graph) + ((tt,) if tt else ()):
+        t.reset()
+
+    last_loss = {}                          # the warm-up run's loss after K steps
+
+    def check_for(name):
+        seen = []
+
+        def check(loss, _ref):
+            if not isinstance(loss, float) or not math.isfinite(loss):
+                return f"loss after {k} steps is {loss!r}, not a finite float"
+            if not seen:
+                seen.append(loss)           # the warm-up run: the reference for the rest
+                last_loss[name] = loss
+                return None
+            if rel(loss, seen[0]) > REPEAT_RTOL:
+                return (f"loss after {k} steps {loss!r} != {seen[0]!r} of the warm-up run "
+                        f"(not the same work from the same start)")
+            return None
+        return check
+
+    contenders = []
+    if tt is not None:
+        tx, ty = torch.from_numpy(X), torch.from_numpy(Y)
+        contenders.append(harness.Contender(
+            "pytorch eager", lambda: tt.steps(tx, ty, k), check_for("pytorch eager"),
+            setup=tt.reset, steps=k,
+            note=f"torch.nn + torch.optim.SGD, {torch.get_num_threads()} threads (default)"))
+    contenders.append(harness.Contender(
+        "actorflow eager", lambda: eager.eager_steps(x, y, k), check_for("actorflow eager"),
+        setup=eager.reset, steps=k,
+        note="af.nn + af.optim.SGD on the VM; ends with af.synchronize() + loss.item()"))
+    contenders.append(harness.Contender(
+        "actorflow graph", lambda: graph.graph_steps(x, y, k), check_for("actorflow graph"),
+        setup=graph.reset, steps=k,
+        note="nn.Graph TrainStep.step(x, y), compiled by an earlier call"))
+    for c in contenders:
+        if rel(first[c.name], first[ref_name]) > FIRST_LOSS_RTOL:
+            c.check_failures.append(
+                f"first step's loss {first[c.name]!r} != {ref_name}'s {first[ref_name]!r} "
+                f"within {FIRST_LOSS_RTOL} relative (not the same initial weights or math)")
+
+    cc = harness.CpuContention()
+    harness.run_rounds(contenders, repeat, f"steps x{k}")
+    contention = cc.result()
+
+    rows = {}
+    for c in contenders:
+        s = c.summary(per=k, unit="step")
+        s["first_step_loss"] = first[c.name]
+        s["first_step_rel_diff_vs_" + ref_name.replace(" ", "_")] = first_rel[c.name]
+        s["loss_after_k_steps"] = last_loss.get(c.name)
+        rows[c.name] = s
+    base = rows.get("pytorch eager", {})
+    for s in rows.values():
+        if base.get("best_s") and s.get("best_s"):
+            s["ratio_vs_pytorch"] = s["best_s"] / base["best_s"]
+            s["median_ratio_vs_pytorch"] = s["median_s"] / base["median_s"]
+    r_graph = rows["actorflow graph"].get("ratio_vs_pytorch")
+    r_eager = rows["actorflow eager"].get("ratio_vs_pytorch")
+    goals = {"graph_vs_pytorch_at_most": GRAPH_VS_TORCH, "graph_vs_pytorch": r_graph,
+             "graph_met": None if r_graph is None else r_graph <= GRAPH_VS_TORCH,
+             "eager_vs_pytorch": r_eager}
+    le, lg = last_loss.get("actorflow eager"), last_loss.get("actorflow graph")
+    lt = last_loss.get("pytorch eager")
+    after_k = {"graph_equals_eager_bit_for_bit": None if le is None or lg is None else le == lg,
+               "graph_rel_diff_vs_pytorch": None if lg is None or lt is None else rel(lg, lt),
+               "eager_rel_diff_vs_pytorch": None if le is None or lt is None else rel(le, lt)}
+    result = {"steps_per_run": k, "repeat": repeat, "compile_s": compile_s,
+              "loss_after_k_steps": after_k,
+              "first_step_reference": ref_name, "first_step_rtol": FIRST_LOSS_RTOL,
+              "contenders": rows, "goals": goals, "cpu_contention": contention}
+    return result, contenders
+
+
+# -- part 2: an epoch with a loader --------------------------------------------------------
+
+def make_loaders(n: int, xs, ys, raw, load_s: float, reps: int):
+    """Generator functions (a fresh generator per epoch) yielding the same n batches:
+    ``sleep`` waits ``load_s`` per batch (I/O), ``numpy`` computes x = tanh(raw) ``reps``
+    times (GIL-free CPU work of about the same cost)."""
+    sleep, tanh, empty, f32 = time.sleep, np.tanh, np.empty, np.float32
+
+    def loader_sleep():
+        for i in range(n):
+            sleep(load_s)
+            yield xs[i], ys[i]
+
+    def loader_numpy():
+        for i in range(n):
+            x = empty((BATCH, IN), f32)
+            for _ in range(reps):
+                tanh(raw[i], out=x)
+            yield x, ys[i]
+    return {"sleep": loader_sleep, "numpy": loader_numpy}
+
+
+def per_item(loader, calls: int) -> list:
+    """Seconds each ``next()`` of the loader takes, over ``calls`` items."""
+    out = []
+    while len(out) < calls:
+        it = iter(loader())
+        while len(out) < calls:
+            t0 = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                break
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def per_step(trainer: AfTrainer, xs, ys, calls: int) -> list:
+    trainer.reset()
+    out = []
+    for i in range(calls):
+        x, y = xs[i % len(xs)], ys[i % len(ys)]
+        t0 = time.perf_counter()
+        trainer.step(x, y)
+        out.append(time.perf_counter() - t0)
+    trainer.reset()
+    return out
+
+
+def calibrate_tanh(raw0, target_s: float) -> tuple[int, float]:
+    """How many ``np.tanh`` passes over a batch cost about ``target_s``."""
+    x = np.empty_like(raw0)
+    for _ in range(5):
+        np.tanh(raw0, out=x)
+    t = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        np.tanh(raw0, out=x)
+        t.append(time.perf_counter() - t0)
+    one = statistics.median(t)
+    return max(1, round(target_s / one)), one
+
+
+def bound_of(load: float, step: float, n: int) -> float:
+    return max(load, step) * n + min(load, step)
+
+
+def in_run_costs(st: dict, n: int, load_s: float) -> dict:
+    """From a run's ``stats()``: the op actors' compute per batch, summed (the step is one
+    op actor or an actor per op, depending on the version), the source actors' busy
+    fraction, the busiest op actor, and the bound recomputed with that step cost."""
+    acts = st.get("actors", {})
+    ops = {a: r for a, r in acts.items() if r.get("kind") == "op"}
+    srcs = [r for r in acts.values() if r.get("kind") == "source"]
+    pieces = st.get("pieces") or n
+    if not ops:
+        return {}
+    step = sum(r.get("compute_s", 0.0) for r in ops.values()) / pieces
+    busiest = max(ops, key=lambda a: ops[a].get("busy", 0.0))
+    return {"op_actors": len(ops), "step_compute_per_batch_s": step,
+            "loader_busy": max((r.get("busy", 0.0) for r in srcs), default=None),
+            "busiest_op_actor": busiest, "busiest_op_actor_busy": ops[busiest].get("busy"),
+            "bound_with_in_run_step_s": bound_of(load_s, step, n)}
+
+
+def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
+    n, repeat, calls = args.batches, args.repeat, args.calls
+    rng = np.random.default_rng(SEED + 1)
+    raw = rng.standard_normal((n, BATCH, IN), dtype=np.float32)
+    xs = np.tanh(raw)                        # what both loaders yield for x
+    ys = rng.integers(0, CLASSES, (n, BATCH)).astype(np.int64)
+    reps, tanh_pass_s = calibrate_tanh(raw[0], load_target_s)
+    loaders = make_loaders(n, xs, ys, raw, load_target_s, reps)
+
+    plain = AfTrainer(af, saved, graph=True)
+    piped = AfTrainer(af, saved, graph=True)
+    fused = AfTrainer(af, saved, graph=True)
+
+    # The reference epoch: N step() calls straight from the arrays (compiles plain's step).
+    plain.reset()
+    ref_losses = [plain.step(xs[i], ys[i]).item() for i in range(n)]
+    ref = {"losses": ref_losses, "digest": plain.digest()}
+    plain.reset()
+
+    def check(out, ref):
+        losses, digest = out
+        if len(losses) != n:
+            return f"{len(losses)} losses, expected {n}"
+        bad = [i for i, v in enumerate(losses) if not math.isfinite(v)]
+        if bad:
+            return f"loss {bad[0]} is {losses[bad[0]]!r}, not finite"
+        for i, (a, b) in enumerate(zip(losses, ref["losses"])):
+            if a != b:
+                return (f"loss {i} is {a!r}, the reference epoch's is {b!r} (not bit for bit: "
+                        f"not the same math or not the same start)")
+        if digest != ref["digest"]:
+            return (f"final parameters differ from the reference epoch's "
+                    f"({digest} != {ref['digest']})")
+        return None
+
+    def plain_loop(loader, times: list):
+        """``for x, y in loader(): step(x, y)``, written out to time each ``next()`` and
+        each ``step()`` (three perf_counter reads per batch): the costs the bound uses are
+        the ones paid in this very loop."""
+        step, clock = plain.step, time.perf_counter
+        losses, t_load, t_step = [], [], []
+        it = iter(loader())
+        while True:
+            t0 = clock()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            t1 = clock()
+            losses.append(step(x, y).item())
+            t_load.append(t1 - t0)
+            t_step.append(clock() - t1)
+        times[:] = [t_load, t_step]
+        return losses
+
+    def pipelined(loader, _times):
+        return [float(v) for v in piped.step.run(loader, buffers=2)]
+
+    def pipelined_fused(loader, _times):
+        return [float(v) for v in fused.step.run(loader, buffers=2, fused=True)]
+
+    def contender(name, fn, trainer, loader_kind, note, after=None, diagnostic=False):
+        loader, times = loaders[loader_kind], []
+        if after is None:
+            after = lambda: list(times)     # noqa: E731 - the plain loop's own timings
+        return harness.Contender(
+            name, lambda: fn(loader, times), check, ref=ref, setup=trainer.reset,
+            fetch=lambda losses: (losses, trainer.digest()), after=after,
+            loader=loader_kind, note=note, diagnostic=diagnostic)
+
+    stats = lambda: piped.step.stats().as_dict()    # noqa: E731
+    contenders = [
+        contender("plain loop", plain_loop, plain, "sleep",
+                  "for x, y in loader(): step(x, y)"),
+        contender("pipelined graph", pipelined, piped, "sleep",
+                  "for loss in step.run(loader, buffers=2): an actor per op", after=stats),
+        contender("pipelined graph, fused", pipelined_fused, fused, "sleep",
+                  "step.run(loader, buffers=2, fused=True): the step as one op actor",
+                  after=lambda: fused.step.stats().as_dict()),
+    ]
+    if not args.no_diagnostics:
+        contenders += [
+            contender("plain loop (numpy loader)", plain_loop, plain, "numpy",
+                      f"diagnostic: loader does {reps} np.tanh passes per batch",
+                      diagnostic=True),
+            contender("pipelined (numpy loader)", pipelined, piped, "numpy",
+                      f"diagnostic: loader does {reps} np.tanh passes per batch",
+                      after=stats, diagnostic=True),
+        ]
+    kinds = ["sleep"] + ([] if args.no_diagnostics else ["numpy"])
+
+    half = max(1, calls // 2)
+    print(f"[epoch] measuring the loader's and step()'s cost alone ({half} calls each) ...",
+          flush=True)
+    before = {"step": per_step(plain, xs, ys, half),
+              **{k: per_item(loaders[k], half) for k in kinds}}
+    cc = harness.CpuContention()
+    harness.run_rounds(contenders, repeat, f"epoch x{n}")
+    contention = cc.result()
+    print(f"[epoch] measuring the loader's and step()'s cost alone again ({calls - half} "
+          f"calls each) ...", flush=True)
+    after = {"step": per_step(plain, xs, ys, calls - half),
+             **{k: per_item(loaders[k], calls - half) for k in kinds}}
+    alone = {k: {"median_s": statistics.median(before[k] + after[k]),
+                 "median_before_s": statistics.median(before[k]),
+                 "median_after_s": statistics.median(after[k]),
+                 "min_s": min(before[k] + after[k])} for k in before}
+
+    # The costs the bound uses: per batch, as paid in the plain loop's timed runs.
+    by_name = {c.name: c for c in contenders}
+    costs = {}
+    for kind, name in (("sleep", "plain loop"), ("numpy", "plain loop (numpy loader)")):
+        c = by_name.get(name)
+        runs = [v for v in (c.after_values if c else []) if v and v[0]]
+        if not runs:                        # the plain loop failed: fall back on "alone"
+            if kind in alone:
+                costs[kind] = {"load_s": alone[kind]["median_s"],
+                               "step_s": alone["step"]["median_s"], "from": "alone"}
+            continue
+        loads = [t for r in runs for t in r[0]]
+        steps = [t for r in runs for t in r[1]]
+        costs[kind] = {"load_s": statistics.median(loads), "step_s": statistics.median(steps),
+                       "load_min_s": min(loads), "step_min_s": min(steps),
+                       "step_p90_s": float(np.percentile(steps, 90)),
+                       "calls": len(steps), "from": f"{name!r}, timed runs"}
+
+    rows = {}
+    for c in contenders:
+        s = c.summary(per=n, unit="batch")
+        cost = costs.get(c.fields["loader"])
+        if cost:
+            load_s, step_s = cost["load_s"], cost["step_s"]
+            s["bound_s"] = bound_of(load_s, step_s, n)
+            s["serial_s"] = (load_s + step_s) * n
+            if c.times:
+                s["ratio_vs_bound"] = s["best_s"] / s["bound_s"]
+                s["median_ratio_vs_bound"] = s["median_s"] / s["bound_s"]
+                s["ratio_vs_serial"] = s["best_s"] / s["serial_s"]
+            st = c.best_after()
+            if isinstance(st, dict):
+                s["stats_of_best_run"] = st
+                s.update(in_run_costs(st, n, load_s))
+        rows[c.name] = s
+    for pipe_name, plain_name in (("pipelined graph", "plain loop"),
+                                  ("pipelined graph, fused", "plain loop"),
+                                  ("pipelined (numpy loader)", "plain loop (numpy loader)")):
+        p, q = rows.get(pipe_name), rows.get(plain_name)
+        if p and q and p.get("best_s") and q.get("best_s"):
+            p["ratio_vs_plain"] = p["best_s"] / q["best_s"]
+            p["median_ratio_vs_plain"] = p["median_s"] / q["median_s"]
+    pg = rows["pipelined graph"]
+    r = pg.get("ratio_vs_bound")
+    r_in = (pg["best_s"] / pg["bound_with_in_run_step_s"]
+            if pg.get("best_s") and pg.get("bound_with_in_run_step_s") else None)
+    goals = {"pipelined_vs_bound_at_most": PIPE_VS_BOUND, "pipelined_vs_bound": r,
+             "met": None if r is None else r <= PIPE_VS_BOUND,
+             "pipelined_vs_plain": pg.get("ratio_vs_plain"),
+             "pipelined_vs_bound_with_in_run_step": r_in,
+             "met_with_in_run_step": None if r_in is None else r_in <= PIPE_VS_BOUND}
+    result = {"batches": n, "repeat": repeat, "calls_per_cost": calls,
+              "loader": {"goal_loader": "sleep",
+                         "sleep": f"time.sleep({load_target_s:.6f}) per batch (I/O stand-in), "
+                                  f"then yields precomputed arrays",
+                         "numpy": f"{reps} x np.tanh(raw, out=x) per batch "
+                                  f"(one pass {tanh_pass_s * 1e3:.3f} ms)",
+                         "target_s": load_target_s, "tanh_reps": reps,
+                         "tanh_pass_s": tanh_pass_s},
+              "costs": costs, "costs_alone": alone,
+              "bound_formula": "max(load, step) x N + min(load, step): medians of the "
+                               "loader's next() and of nn.Graph.step() as timed inside the "
+                               "plain loop's timed runs",
+              "reference": {"losses_first_last": [ref_losses[0], ref_losses[-1]],
+                            "params_digest": ref["digest"]},
+              "contenders": rows, "goals": goals, "cpu_contention": contention}
+    return result, contenders
+
+
+# -- main ----------------------------------------------------------------------------------
+
+def environment(af, torch) -> dict:
+    return harness.environment(
+        libraries={
+            "torch": getattr(torch, "__version__", None) if torch else None,
+            "torch_num_threads": torch.get_num_threads() if torch else None,
+            "torch_num_threads_note": "PyTorch default (not changed by this benchmark)",
+        },
+        runtime={"graph_event_loop": harness.graph_event_loop()})
+
+
+def main(argv=None) -> int:
+    p = harness.ArgumentParser(__doc__, "10 steps per run, 12 batches, best of 3 (~15 s)")
+    p.add_sized("--steps", 50, 10, "training steps per timed run, part 1 (default {full}, "
+                "quick {quick})")
+    p.add_sized("--batches", 40, 12, "batches per epoch, part 2 (default {full}, quick {quick})")
+    p.add_repeat(7, 3)
+    p.add_sized("--calls", 20, 10, "calls to measure the loader's and step()'s cost, part 2 "
+                "(default {full}, quick {quick})")
+    p.add_out("bench_training")
+    p.add_argument("--no-diagnostics", action="store_true",
+                   help="skip part 2's diagnostic rows (the numpy-work loader)")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.batches < 1 or args.repeat < 1 or args.calls < 2:
+        p.error("--steps, --batches and --repeat must be >= 1, --calls >= 2")
+
+    t_start = time.perf_counter()
+    import actorflow as af
+    torch = harness.try_import("torch")
+    if torch is None:
+        print("[training] torch is not installed: no 'pytorch eager' row, no ratios to it",
+              flush=True)
+
+    af.manual_seed(SEED)
+    saved = {k: v.numpy().copy() for k, v in af_mlp(af).state_dict().items()}
+    rng = np.random.default_rng(SEED)
+    X = rng.standard_normal((BATCH, IN), dtype=np.float32)
+    Y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
+
+    steps, steps_c = part_steps(args, af, torch, saved, X, Y)
+    g_row = steps["contenders"]["actorflow graph"]
+    load_target = (g_row.get("median_us_per_step") or 5000.0) / 1e6
+    epoch, epoch_c = part_epoch(args, af, saved, load_target)
+
+    # -- report ----------------------------------------------------------------------------
+    env = environment(af, torch)
+    k, n = args.steps, args.batches
+    Col = harness.Column
+    print()
+    print(f"Part 1: training step of MLP {IN}-{HIDDEN}-{CLASSES}, batch {BATCH}, SGD momentum "
+          f"{MOMENTUM} ({k} steps per run, best of {args.repeat}; compile "
+          f"{steps['compile_s'] * 1e3:.1f} ms, not timed)")
+    harness.print_table(
+        steps["contenders"],
+        [Col("best ms/step", 14, "best_us_per_step", ".3f", 1e-3),
+         Col("median ms/step", 16, "median_us_per_step", ".3f", 1e-3),
+         Col("vs pytorch", 12, "ratio_vs_pytorch", ".2f", suffix="x"),
+         Col("first loss", 12, "first_step_loss", ".6f")], 18, notes=True)
+    ref_name = steps["first_step_reference"]
+    print(f"  first step's loss vs {ref_name}: " + ", ".join(
+        f"{nm} {s['first_step_rel_diff_vs_' + ref_name.replace(' ', '_')]:.1e}"
+        for nm, s in steps["contenders"].items()) + f" (relative; limit {FIRST_LOSS_RTOL:g})")
+    ak = steps["loss_after_k_steps"]
+    print(f"  loss after {k} steps: graph == eager bit for bit: "
+          f"{ak['graph_equals_eager_bit_for_bit']}; vs pytorch (relative): graph "
+          f"{harness.fmt(ak['graph_rel_diff_vs_pytorch'], '.1e')}, eager "
+          f"{harness.fmt(ak['eager_rel_diff_vs_pytorch'], '.1e')} (information, not checked)")
+    sg = steps["goals"]
+    print(f"  goal: actorflow graph <= {GRAPH_VS_TORCH}x pytorch eager per step -> "
+          f"{harness.fmt(sg['graph_vs_pytorch'], '.2f')}x "
+          f"({ {True: 'MET', False: 'NOT MET'}.get(sg['graph_met'], 'not measured')}); "
+          f"actorflow eager "
+          f"{harness.fmt(sg['eager_vs_pytorch'], '.2f')}x")
+    harness.print_contention(steps["cpu_contention"])
+
+    c, a = epoch["costs"], epoch["costs_alone"]
+    print()
+    print(f"Part 2: an epoch of {n} batches, loader ~ one step per batch (best of {args.repeat})")
+    print(f"  loader: {epoch['loader']['sleep']}")
+    if "numpy" in a:
+        print(f"  diagnostic loader: {epoch['loader']['numpy']}")
+    for kind, label in (("sleep", "sleep loader"), ("numpy", "numpy loader")):
+        if kind in c:
+            k_ = c[kind]
+            print(f"  costs in the plain loop ({label}, median of {k_.get('calls', '-')}): "
+                  f"load {k_['load_s'] * 1e3:.3f} ms, step() {k_['step_s'] * 1e3:.3f} ms"
+                  + (f" (min {k_['step_min_s'] * 1e3:.3f}, p90 {k_['step_p90_s'] * 1e3:.3f})"
+                     if "step_min_s" in k_ else ""))
+    print(f"  alone (median of {args.calls}, half before and half after the rounds): step() "
+          f"{a['step']['median_s'] * 1e3:.3f} ms ({a['step']['median_before_s'] * 1e3:.3f} -> "
+          f"{a['step']['median_after_s'] * 1e3:.3f}), sleep loader "
+          f"{a['sleep']['median_s'] * 1e3:.3f} ms"
+          + (f", numpy loader {a['numpy']['median_s'] * 1e3:.3f} ms" if "numpy" in a else ""))
+    rows = epoch["contenders"]
+    pg = rows["pipelined graph"]
+    print(f"  ideal bound max(load, step) x N + min(load, step) = "
+          f"{harness.fmt(pg.get('bound_s') and pg['bound_s'] * 1e3, '.1f')} ms; serial "
+          f"(load + step) x N = {harness.fmt(pg.get('serial_s') and pg['serial_s'] * 1e3, '.1f')}"
+          f" ms (sleep loader)")
+    harness.print_table(
+        rows, [Col("best ms", 10, "best_s", ".1f", 1e3),
+               Col("median ms", 11, "median_s", ".1f", 1e3),
+               Col("bound ms", 10, "bound_s", ".1f", 1e3),
+               Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
+               Col("vs plain", 10, "ratio_vs_plain", ".3f", suffix="x")], 27)
+    for name in ("pipelined graph", "pipelined graph, fused", "pipelined (numpy loader)"):
+        s = rows.get(name, {})
+        if s.get("step_compute_per_batch_s") is not None:
+            print(f"  {name} (best run): {s['op_actors']} op actor(s) compute "
+                  f"{s['step_compute_per_batch_s'] * 1e3:.3f} ms/batch in all; bound with it "
+                  f"{s['bound_with_in_run_step_s'] * 1e3:.1f} ms; loader busy "
+                  f"{harness.fmt(s['loader_busy'] and s['loader_busy'] * 100, '.0f')}%, "
+                  f"busiest op actor {s['busiest_op_actor']!r} "
+                  f"{s['busiest_op_actor_busy']:.0%}")
+    eg = epoch["goals"]
+    print(f"  goal: pipelined within {PIPE_VS_BOUND}x of the ideal bound -> "
+          f"{harness.fmt(eg['pipelined_vs_bound'], '.3f')}x "
+          f"({ {True: 'MET', False: 'NOT MET'}.get(eg['met'], 'not measured')}); "
+          f"pipelined / plain "
+          f"{harness.fmt(eg['pipelined_vs_plain'], '.3f')}x")
+    print(f"        against the bound with the op actors' own cost in the run: "
+          f"{harness.fmt(eg['pipelined_vs_bound_with_in_run_step'], '.3f')}x "
+          f"({ {True: 'MET', False: 'NOT MET'}.get(eg['met_with_in_run_step'], 'n/a')}; "
+          f"information)")
+    harness.print_contention(epoch["cpu_contention"])
+    print(f"env: {env['cpu_count']} CPUs, python {env['python']}, numpy {env['numpy']}, torch "
+          f"{env['torch']} ({env['torch_num_threads']} threads), uvloop installed "
+          f"{env['uvloop_installed']}, graph loop {env['graph_event_loop']}")
+
+    result = harness.document(
+        "bench_training", argv, args.quick,
+        "part 1: every contender's first step's loss equals PyTorch's within 1e-4 relative "
+        "(once, outside the clock); every run's last loss finite and equal (1e-5 relative) to "
+        "the contender's warm-up run; part 2: N finite losses and final parameters equal bit "
+        "for bit to a reference epoch of step() calls",
+        steps=k, batches=n, repeat=args.repeat, calls=args.calls,
+        model=f"Linear({IN},{HIDDEN}) ReLU Linear({HIDDEN},{CLASSES}), CrossEntropyLoss, "
+              f"SGD(lr={LR}, momentum={MOMENTUM}), batch {BATCH}, float32")
+    result.update({"part1_steps": steps, "part2_epoch": epoch,
+                   "goals": {"graph_vs_pytorch": steps["goals"], "pipelined_vs_bound": eg}})
+    return harness.finish(args.out, result, steps_c + epoch_c, t_start, env,
+                          "computed wrong losses")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
