@@ -87,6 +87,8 @@ CASES = [
     ("index", lambda a: a[idx(0, 2, 2)], [rand(4, 3)]),
     ("index", lambda a: a[idx(0, 1, 1), idx(2, 0, 0)], [rand(3, 3)]),
     ("masked_index", lambda a: a[a > 0], [rand(3, 4, spread=True)]),
+    ("index_put", lambda a, b: _put(a * 1.0, idx(0, 2), b), [rand(3, 4), rand(4)]),
+    ("index_put", lambda a: _put(a * 1.0, idx(1), 0.5), [rand(3, 2)]),
     ("reshape", lambda a: a.reshape(6, 2) * af.tensor(np.arange(12.).reshape(6, 2)),
      [rand(3, 4)]),
     ("permute", lambda a: a.permute(2, 0, 1) * af.tensor(np.arange(24.).reshape(4, 2, 3)),
@@ -101,6 +103,12 @@ CASES = [
     ("reshape", lambda a: a.unsqueeze(1).squeeze(1).flatten() * af.tensor(np.arange(6.)),
      [rand(2, 3)]),
 ]
+
+
+def _put(h, key, value):
+    """``h[key] = value`` on a tensor in autograd (a setitem records index_put)."""
+    h[key] = value
+    return h
 
 
 EPS = {"cast": 1e-2}     # float32 inside: a wider step (the function is linear, so exact)

@@ -158,6 +158,29 @@ def _index(ctx, g):
     return (gx,) + (None,) * len(idx)
 
 
+_PUT = op_def("index_put")
+
+
+@rule("index_put", saves="x")
+def _index_put(ctx, g):
+    """``x[key] = value`` (written in place into x): x's gradient is g with the written
+    positions zeroed, value's the gradient at those positions, summed to its shape."""
+    a = ctx.attrs
+    nv = a["has_value"]
+    idx = [ctx.x(k)._impl for k in range(1 + nv, len(ctx.needs))]
+    out = [None] * len(ctx.needs)
+    if ctx.needs[0]:
+        gx = F.clone(g)
+        apply(_PUT, [gx._impl] + idx, {"key": a["key"], "masked": a["masked"], "has_value": 0,
+                                        "scalar": 0}, outs=[gx._impl])
+        out[0] = gx
+    if nv and ctx.needs[1]:
+        op = op_def("masked_index" if a["masked"] else "index")
+        picked = wrap(apply(op, [g._impl] + idx, {"key": a["key"]})[0])
+        out[1] = sum_to(picked, ctx.shape(1))
+    return tuple(out)
+
+
 # -- views ---------------------------------------------------------------------------------
 
 def _view_reshape(ctx, g):
