@@ -20,7 +20,7 @@ import itertools
 
 from ..autograd import enable_grad, no_grad
 from ..autograd.graph import Meta
-from ..creation import tensor
+from ..creation import from_numpy
 from ..errors import TraceError
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
@@ -174,7 +174,7 @@ class Graph:
         """One iteration on ``args`` (tensors or arrays): returns what ``build`` returns,
         with parameters and optimizer state updated."""
         leaves, structure = flatten(args)
-        arrays = [a.numpy() if isinstance(a, Tensor) else a for a in leaves]
+        arrays = [_values(a) if isinstance(a, Tensor) else a for a in leaves]
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
         program, state, opt_rows = self._compile((spec,))
         program.state_arrays = self._arrays(state, opt_rows)
@@ -184,7 +184,7 @@ class Graph:
         outs = [_empty(s) for s in program.out_spec.specs]
         program.run(outs, [spec_arrays(arrays, spec)])
         self._done(state, opt_rows)
-        return unflatten(program.out_spec.structure, [tensor(o) for o in outs])
+        return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
 
     def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
@@ -228,6 +228,17 @@ class Graph:
 
 
 _NONE = object()
+
+
+def _values(t: Tensor):
+    """A tensor's values for the step to read: its own array when nothing is still being
+    written into it (no copy, no wait), else a copy taken after the writes."""
+    impl = t._impl
+    blob = impl.blob
+    if blob.backend.has_data and blob.allocated and blob.error is None and blob.idle() \
+            and impl.meta.shape is not None:
+        return impl.array()
+    return t.numpy()
 
 
 def _empty(spec):

@@ -44,6 +44,10 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
     inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
     shared: list = [None] * len(state_specs)
     actor_of = _node_actors(g, rec, inp, shared)
+    for a in actor_of.values():
+        # a training step is many small kernels: each acts on the graph's loop, where a
+        # hop to a thread would cost more than most of them (measured in bench_training)
+        a.inline = a.inline_given = True
 
     def producer(src):
         return inp if src[0] == "in" else actor_of[src[1]]
