@@ -330,3 +330,58 @@ def test_replicas_arguments_are_checked():
         return x
     with pytest.raises(ValueError, match="async def"):
         g.actor(a, s, replicas=2)
+
+
+# -- random mixes of stage kinds ------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+KINDS = ("thread", "inline", "async", "replicas")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=hs.lists(hs.sampled_from(KINDS), min_size=1, max_size=5),
+       buffers=hs.lists(hs.integers(1, 4), min_size=6, max_size=6),
+       n=hs.integers(0, 12), seed=hs.integers(0, 2**16), stop_at=hs.one_of(
+           hs.none(), hs.integers(0, 12)))
+def test_random_chains_of_stage_kinds_keep_order_and_free_everything(kinds, buffers, n, seed,
+                                                                     stop_at):
+    """A chain of thread, inline, async and replicated stages (random registers, a seeded
+    scheduler, random short waits): every piece arrives once, in order, with the value the
+    chain computes; stopping early (break) or running to the end frees every register."""
+    rng = random.Random(seed)
+    waits = [[rng.random() * 0.002 for _ in range(12)] for _ in kinds]
+
+    def stage(k, kind):
+        if kind == "async":
+            async def f(x):
+                await asyncio.sleep(waits[k][int(x[0]) % 12])
+                return x + 1
+            return f
+
+        def g(x):
+            if kind != "inline":
+                import time
+                time.sleep(waits[k][int(x[0]) % 12])
+            return x + 1
+        return g
+
+    g = af.ActorGraph(seed=seed, memory={"cpu": "1MiB"})
+    node = g.source(numbers(n), buffers=buffers[0])
+    for k, kind in enumerate(kinds):
+        node = g.actor(stage(k, kind), node, buffers=buffers[k + 1], name=f"s{k}",
+                       inline=kind == "inline", replicas=3 if kind == "replicas" else 1)
+    g.sink(node)
+    base = af.lowlevel.memory_stats("cpu").in_use
+    got = []
+    for out in g.run():
+        got.append(int(out[0]))
+        if stop_at is not None and len(got) > stop_at:
+            break
+    want = [i + len(kinds) for i in range(n)]
+    assert got == want[:len(got)]
+    if stop_at is None or stop_at >= n:
+        assert got == want
+    assert g.join(10)
+    assert af.lowlevel.memory_stats("cpu").in_use == base
