@@ -194,3 +194,20 @@ def test_state_gates_keep_reads_and_writes_in_piece_order(seed):
     assert [int(o["r1"][0]) for o in outs] == list(range(12))
     assert [int(o["r2"][0]) for o in outs] == list(range(12))
     assert state[0] == 12
+
+
+def test_a_new_learning_rate_or_mode_compiles_the_step_anew():
+    data = batches(4, seed=2)
+    m1, o1 = make("SGD", dict(lr=0.1, momentum=0.9))
+    m2, o2 = make("SGD", dict(lr=0.1, momentum=0.9))
+    step = TrainStep(m2, o2)
+    want, got = [], []
+    for i, (x, y) in enumerate(data):
+        for o in (o1, o2):
+            for g in o.param_groups:
+                g["lr"] = 0.1 / (i + 1)             # a schedule: every step its own lr
+        want += eager_losses(m1, o1, [(x, y)])
+        got.append(step(af.tensor(x), af.tensor(y)).item())
+    assert got == want
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy())

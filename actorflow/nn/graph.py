@@ -102,9 +102,18 @@ class Graph:
                     p._impl = impl
         return fn, state, opt_rows
 
+    def _settings(self) -> tuple:
+        """What a compiled step bakes in besides the input layout: each module's train/eval
+        mode and each optimizer group's hyperparameters (a new ``lr`` compiles anew)."""
+        modes = tuple(m.training for v in vars(self).values() if isinstance(v, Module)
+                      for m in v.modules())
+        hyper = tuple(tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params"))
+                      for o in self._optimizers for g in o.param_groups)
+        return modes, hyper
+
     def _compile(self, in_specs: tuple):
         """The step as one Program (``step()``), per input layout."""
-        key = tuple((ps.structure, tuple(ps.specs)) for ps in in_specs)
+        key = (tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), self._settings())
         got = self._compiled.get(key)
         if got is None:
             fn, state, opt_rows = self._step_fn()
@@ -119,7 +128,8 @@ class Graph:
 
     def _compile_graph(self, spec, buffers, memory):
         """The step as an ActorGraph with an actor per op (``run()``), per input layout."""
-        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory))
+        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory),
+               self._settings())
         got = self._compiled.get(key)
         if got is None:
             fn, state, opt_rows = self._step_fn()
@@ -134,7 +144,8 @@ class Graph:
 
     def _fused_graph(self, spec, buffers, memory):
         """The step as one op actor running the program ``step()`` runs."""
-        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory))
+        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory),
+               self._settings())
         got = self._compiled.get(key)
         if got is None:
             program, state, opt_rows = self._compile((spec,))
