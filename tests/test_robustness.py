@@ -3,7 +3,6 @@ dynamic shapes read too early, and edge cases of views and accounting."""
 
 import asyncio
 import gc
-import time
 import types
 
 import numpy as np
