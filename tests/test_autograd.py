@@ -36,6 +36,9 @@ CASES = [
     ("minimum", lambda a, b: af.minimum(a, b), [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
     ("remainder", lambda a, b: a % b, [rand(4, positive=True) * 3 + 0.05, rand(4, positive=True)]),
     ("remainder_scalar", lambda a: a % 0.7, [np.array([0.3, 1.1, 2.5, -0.4])]),
+    ("floor_divide", lambda a, b: a // b + a, [np.array([1.3, 2.6, 3.7]), np.array([0.7, 1.1, 1.6])]),
+    ("floor_divide_scalar", lambda a: a // 0.7 + a, [np.array([0.3, 1.1, 2.5])]),
+    ("rfloor_divide_scalar", lambda a: 2.9 // a + a, [np.array([0.7, 1.3, 2.2])]),
     ("rremainder_scalar", lambda a: 2.9 % a, [np.array([0.7, 1.3, 2.2, 3.5])]),
     ("add_scalar", lambda a: a + 2.5, [rand(3)]),
     ("radd_scalar", lambda a: 2.5 + a, [rand(3)]),
@@ -176,9 +179,10 @@ def test_every_rule_is_checked_by_a_case():
 def test_gradient_matches_pytorch(case):
     torch = pytest.importorskip("torch")
     name, fn, arrays = case
-    if name == "rremainder_scalar":
-        pytest.skip("PyTorch has no gradient for a number % a tensor (finite differences "
-                    "check this rule)")
+    if name in ("rremainder_scalar", "floor_divide", "floor_divide_scalar",
+                "rfloor_divide_scalar"):
+        pytest.skip(f"PyTorch has no gradient for {name} (finite differences check this "
+                    f"rule: zero away from the jumps, as floor's)")
     got, y = analytic(fn, arrays)
     ts = [torch.tensor(a, requires_grad=True) for a in arrays]
 
@@ -349,3 +353,97 @@ def test_inplace_on_a_non_leaf_rebases_its_history():
     h2 = x * 2.0
     h2.zero_()                                  # overwritten by values that need no grad
     assert not h2.requires_grad
+
+
+# -- review regressions ----------------------------------------------------------------------
+
+def test_inplace_ops_on_non_leaves_use_the_values_before_the_write():
+    x = af.tensor([.5, 1.5, 2.]).requires_grad_()
+    w = af.tensor([1., 3., 4.]).requires_grad_()
+    y = x * 1
+    y.mul_(w)
+    y.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), [.5, 1.5, 2.])     # x, not x * w
+    np.testing.assert_allclose(x.grad.numpy(), [1., 3., 4.])
+    x = af.tensor([.5, 1.5, 2.]).requires_grad_()
+    buf = af.zeros(3)
+    buf.add_(x)
+    buf.mul_(x)                                                     # x * x
+    buf.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [1., 3., 4.])
+
+
+def test_a_view_of_a_base_written_since_refuses_to_backward():
+    x = af.tensor([1., 2., 3.]).requires_grad_()
+    y = x * 1
+    v = y[1:]
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        v.sum().backward()
+
+
+def test_writing_a_grad_value_into_a_slice_is_refused_not_lost():
+    y = af.tensor([2., 3.]).requires_grad_()
+    x = af.zeros(3)
+    with pytest.raises(RuntimeError, match="view.*out of place"):
+        x[1:] = y
+    h = y * 1.0
+    h[af.tensor([0])] = 5.0                      # index assignment records index_put
+    h[af.tensor([1])] = 6.0                      # (twice: no false in-place error)
+    (h * y).sum().backward()
+    np.testing.assert_allclose(y.grad.numpy(), [5., 6.])
+
+
+def test_set_grad_enabled_as_a_decorator_and_bare_no_grad():
+    x = af.ones(2, requires_grad=True)
+
+    @af.set_grad_enabled(False)
+    def evaluate():
+        return (x * 2).requires_grad
+    assert af.is_grad_enabled() and evaluate() is False and af.is_grad_enabled()
+
+    @af.no_grad
+    def bare():
+        return (x * 2).requires_grad
+
+    @af.no_grad()
+    def steps():
+        yield (x * 2).requires_grad
+        yield (x * 3).requires_grad
+    assert bare() is False and list(steps()) == [False, False] and af.is_grad_enabled()
+
+
+def test_grads_are_never_shared_between_leaves_or_with_the_callers_gradient():
+    a, b = af.ones(3).requires_grad_(), af.ones(3).requires_grad_()
+    g = af.ones(3)
+    (a + b).backward(g)
+    assert a.grad is not b.grad and a.grad is not g
+    with af.no_grad():
+        af.mul_(a.grad, 0.5)
+    np.testing.assert_allclose(b.grad.numpy(), [1, 1, 1])
+    np.testing.assert_allclose(g.numpy(), [1, 1, 1])
+    x = af.ones(2).requires_grad_()
+    x.backward(af.ones(2, dtype=af.float64))
+    assert x.grad.dtype is af.float32
+
+
+def test_backward_twice_through_nodes_that_saved_nothing():
+    x = af.tensor([1., 2.]).requires_grad_()
+    loss = (x + 1).sum()
+    loss.backward()
+    loss.backward()                              # PyTorch allows it: nothing was freed
+    np.testing.assert_allclose(x.grad.numpy(), [2, 2])
+
+
+def test_pow_at_a_zero_base_and_floor_divide_give_pytorchs_gradients():
+    x = af.tensor([0., 2.], requires_grad=True)
+    e = af.tensor([0., 3.], requires_grad=True)
+    af.pow(x, e).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [0, 12])
+    np.testing.assert_allclose(e.grad.numpy(), [0, 8 * np.log(2)], rtol=1e-6)
+    z = af.tensor([1., 2.], requires_grad=True)
+    (0 ** z).sum().backward()
+    np.testing.assert_allclose(z.grad.numpy(), [0, 0])
+    w = af.tensor([1.5, 2.5], requires_grad=True)
+    (w // 1.0).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), [0, 0])

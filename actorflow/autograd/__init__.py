@@ -9,6 +9,7 @@ the grad rule of each op, ``engine.py`` runs backward; the Tensor's autograd met
 from __future__ import annotations
 
 from ..creation import ones_like
+from ..functional import cast
 from ..eager import interpreter
 from ..tensor import tensor as tensor_module
 from ..tensor.tensor import Tensor
@@ -130,6 +131,9 @@ def backward(self, gradient=None, retain_graph: bool = False, create_graph: bool
     elif not isinstance(gradient, Tensor) or gradient.shape != self.shape:
         raise RuntimeError(f"backward(gradient=...): expected a tensor of shape {self.shape}, "
                            f"got {getattr(gradient, 'shape', type(gradient).__name__)}")
+    elif gradient.dtype is not self.dtype:
+        with no_grad():
+            gradient = cast(gradient, self.dtype)
     run_backward([ag], [gradient], retain_graph)
 
 

@@ -51,8 +51,11 @@ def _check_saved(node: Node) -> None:
             f"the first backward(); pass retain_graph=True to the first call if you need "
             f"to run backward twice")
     saved = (node.saved_in or ()) + (node.saved_out or ())
-    for t, v in zip(saved, node.versions):
-        if t.blob.version != v:
+    pairs = list(zip(saved, node.versions))
+    if node.watch is not None:
+        pairs.append(node.watch)
+    for t, v in pairs:
+        if t is not None and t.blob.version != v:
             m = t.meta
             raise RuntimeError(
                 f"one of the tensors {node.name!r} saved for backward ({m.dtype}{list(m.shape)}) "
@@ -75,10 +78,18 @@ def _fit(g, meta, node: Node, k: int):
     return g
 
 
-def _accumulate(meta: Meta, g) -> None:
-    if g._impl.base is not None or not g.is_contiguous():
-        g = F.clone(g)                      # a leaf's .grad owns its storage
-    meta.grad = g if meta.grad is None else F.add(meta.grad, g)
+def _accumulate(meta: Meta, g, shared: set) -> None:
+    """Adds ``g`` to a leaf's ``.grad``. A first gradient becomes ``.grad`` itself unless
+    something else holds it too (``shared``: handed to another input, a retained grad, the
+    caller's ``gradient=``) or it is a view: then a copy, so every ``.grad`` owns its storage
+    and scaling one in place changes no other."""
+    if meta.grad is not None:
+        meta.grad = F.add(meta.grad, g)
+        return
+    if id(g) in shared or g._impl.base is not None or not g.is_contiguous():
+        g = F.clone(g)
+    shared.add(id(g))
+    meta.grad = g
 
 
 def _graph(roots: list) -> dict:
@@ -104,16 +115,17 @@ def run_backward(roots: list, grads: list, retain_graph: bool = False) -> None:
     with no_grad():
         deps = _graph([m.grad_fn for m in roots if m.grad_fn is not None])
         buffers: dict = {}
+        shared = {id(g) for g in grads}     # tensors more than one place may hold
         for meta, g in zip(roots, grads):
             if meta.grad_fn is None:        # a leaf itself
-                _accumulate(meta, g)
+                _accumulate(meta, g, shared)
             else:
                 _deliver(buffers, meta.grad_fn, meta.output_nr, g)
         heap = [(-n.seq, n) for n in buffers if deps.get(n, 0) == 0]
         heapq.heapify(heap)
         while heap:
             _, node = heapq.heappop(heap)
-            _run(node, buffers.pop(node), buffers, heap, deps, retain_graph)
+            _run(node, buffers.pop(node), buffers, heap, deps, retain_graph, shared)
 
 
 def _deliver(buffers, node, nr, g) -> None:
@@ -123,10 +135,11 @@ def _deliver(buffers, node, nr, g) -> None:
     buf[nr] = g if buf[nr] is None else F.add(buf[nr], g)
 
 
-def _run(node: Node, got: list, buffers, heap, deps, retain_graph) -> None:
+def _run(node: Node, got: list, buffers, heap, deps, retain_graph, shared) -> None:
     if node.retained:
         for nr, meta in node.retained.items():
             if got[nr] is not None:
+                shared.add(id(got[nr]))
                 meta.grad = got[nr] if meta.grad is None else F.add(meta.grad, got[nr])
     needs = tuple(e is not None for e in node.edges)
     rule = node.rule
@@ -150,8 +163,9 @@ def _run(node: Node, got: list, buffers, heap, deps, retain_graph) -> None:
         g = _fit(g, node.ins[k], node, k)
         target, nr = edge
         if isinstance(target, Meta):
-            _accumulate(target, g)
+            _accumulate(target, g, shared)
             continue
+        shared.add(id(g))
         _deliver(buffers, target, nr, g)
         deps[target] -= 1
         if deps[target] == 0:

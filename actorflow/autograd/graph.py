@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import itertools
 
+from .. import ops
 from ..eager import interpreter
 from .mode import MODE
 
 _SEQ = itertools.count()
+_COPY = ops.get("copy")
 _STATE = interpreter.STATE
 
 
@@ -43,7 +45,7 @@ class Node:
     """The backward of one op call (``name``: the op's, as in ``grad_fn=<mul>``)."""
 
     __slots__ = ("name", "rule", "attrs", "edges", "ins", "outs", "saved_in", "saved_out",
-                 "versions", "seq", "released", "retained", "__weakref__")
+                 "versions", "seq", "released", "retained", "watch", "__weakref__")
 
     def __init__(self, name, rule, attrs, edges, ins, outs):
         self.name = name
@@ -58,6 +60,7 @@ class Node:
         self.seq = next(_SEQ)       # later nodes run first in backward
         self.released = False
         self.retained = None        # {output_nr: Meta} of outputs that retain their grad
+        self.watch = None           # (impl, version): a view's base, not to change since
 
     def save(self, inputs, outputs) -> None:
         rule = self.rule
@@ -67,13 +70,15 @@ class Node:
             self.saved_in = tuple(inputs)
         if rule.saves_outputs:
             self.saved_out = tuple(outputs)
-        self.versions = tuple(t.blob.version for t in (self.saved_in or ()) + (
-            self.saved_out or ()))
+        self.versions = tuple(t.blob.version if t is not None else 0
+                              for t in (self.saved_in or ()) + (self.saved_out or ()))
 
     def release(self) -> None:
-        """After its backward (unless retain_graph): the saved tensors go."""
-        self.saved_in = self.saved_out = None
-        self.released = True
+        """After its backward (unless retain_graph): the saved tensors go (a node that
+        saved none can run again, as in PyTorch)."""
+        if self.saved_in is not None or self.saved_out is not None:
+            self.saved_in = self.saved_out = None
+            self.released = True
 
     def __repr__(self) -> str:
         return f"<{self.name} backward>"
@@ -122,19 +127,37 @@ def record(op, inputs, attrs, device, outs):
         return None
     edges = tuple([edge_of(i) for i in inputs])
     ins = tuple([i.meta for i in inputs])
+    rule = _RULES.get(op.name)
     st = _STATE
     st.below_grad = True            # (a flag, not a context manager: this runs per op)
     try:
+        saved = inputs
+        if outs is not None and rule is not None and rule.saves_inputs:
+            saved = _before_write(inputs, outs, rule)
         res = interpreter.apply(op, inputs, attrs, device, outs)
     finally:
         st.below_grad = False
-    node = Node(op.name, _RULES.get(op.name), attrs, edges, ins,
-                tuple([o.meta for o in res]))
-    node.save(inputs, res)
+    node = Node(op.name, rule, attrs, edges, ins, tuple([o.meta for o in res]))
+    node.save(saved, res)
     for k, o in enumerate(res):
         if o.meta.dtype.is_floating_point:
             o.ag = Meta(node, k)
     return res
+
+
+def _before_write(inputs, outs, rule) -> list:
+    """What an in-place op's rule reads of its inputs: an input the op overwrites is saved
+    as a copy taken before the write (or not at all, for a rule that never reads it)."""
+    written = {id(o.blob) for o in outs}
+    saved = []
+    for i in inputs:
+        if id(i.blob) not in written:
+            saved.append(i)
+        elif rule.unread_written:
+            saved.append(None)
+        else:
+            saved.append(interpreter.apply(_COPY, [i], {})[0])
+    return saved
 
 
 def _check_inplace(name, inputs, outs) -> None:
@@ -146,12 +169,12 @@ def _check_inplace(name, inputs, outs) -> None:
                 f"would lose what backward() needs. Update parameters under "
                 f"'with af.no_grad():' (as the optimizers do), or write into a copy")
         base = o.base
-        if base is not None and (ag is not None or base.ag is not None) and \
-                _needs_grad(list(inputs) + [o, base]):
+        if base is not None and _needs_grad(list(inputs) + [o, base]):
             raise RuntimeError(
-                f"{name}: writing in place into a view of a tensor that is part of a "
-                f"gradient computation is not supported; compute out of place (y = "
-                f"x.clone(); ...) or under 'with af.no_grad():'")
+                f"{name}: writing in place into a view (a slice, x[i] = ...) of a tensor is "
+                f"not supported when either side requires grad: the gradient would be lost. "
+                f"Build the result out of place (af.cat, af.stack, af.where, or index "
+                f"assignment with a tensor index), or write under 'with af.no_grad():'")
 
 
 def record_view(t, out, kind: str, arg) -> None:
@@ -163,6 +186,7 @@ def record_view(t, out, kind: str, arg) -> None:
         return
     node = Node(kind, _VIEW_RULES[kind], {"key": arg, "view": out._impl.meta}, (edge,),
                 (impl.meta,), (out._impl.meta,))
+    node.watch = (impl, impl.blob.version)  # a later write into the base: backward raises
     out._impl.ag = Meta(node, 0)
 
 

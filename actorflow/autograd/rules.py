@@ -23,20 +23,22 @@ RULES: dict = {}
 
 
 class Rule:
-    __slots__ = ("fn", "saves_inputs", "saves_outputs")
+    __slots__ = ("fn", "saves_inputs", "saves_outputs", "unread_written")
 
-    def __init__(self, fn, saves: str):
+    def __init__(self, fn, saves: str, unread_written: bool = False):
         self.fn = fn
         self.saves_inputs = "x" in saves
         self.saves_outputs = "y" in saves
+        self.unread_written = unread_written    # never reads an input the op overwrites
 
 
-def rule(*names, saves: str = ""):
+def rule(*names, saves: str = "", unread_written: bool = False):
     """Registers ``fn`` as the grad rule of the ops ``names``; ``saves``: "x" (it reads the
-    inputs), "y" (the outputs), "xy", or "" (shapes only)."""
+    inputs), "y" (the outputs), "xy", or "" (shapes only). An in-place call's input that the
+    op overwrites is saved as a copy made before the write, unless ``unread_written``."""
     def register(fn):
         for n in names:
-            RULES[n] = Rule(fn, saves)
+            RULES[n] = Rule(fn, saves, unread_written)
         return fn
     return register
 
@@ -109,10 +111,14 @@ def _div(ctx, g):
 def _pow(ctx, g):
     a, b, y = ctx.x(0), ctx.x(1), ctx.y(0)
     ga = gb = None
-    if ctx.needs[0]:
-        ga = sum_to(F.mul(g, F.mul(b, F.pow(a, F.sub(b, 1)))), ctx.shape(0))
-    if ctx.needs[1]:
-        gb = sum_to(F.mul(g, F.mul(y, F.log(a))), ctx.shape(1))
+    if ctx.needs[0]:                        # (an exponent of 0 contributes nothing, as
+        zero_b = F.eq(b, 0)                 # in PyTorch, even at a base of 0: 1 stands in)
+        d = F.mul(g, F.mul(b, F.pow(F.where(zero_b, 1.0, a), F.sub(b, 1))))
+        ga = sum_to(d, ctx.shape(0))
+    if ctx.needs[1]:                        # (a base of 0 gives 0, not 0 * -inf)
+        zero_a = F.eq(a, 0)
+        d = F.mul(g, F.mul(y, F.log(F.where(zero_a, 1.0, a))))
+        gb = sum_to(d, ctx.shape(1))
     return ga, gb
 
 
@@ -188,8 +194,15 @@ def _pow_s(ctx, g):                         # d(x^s) = s x^(s-1)
 
 
 @rule("rpow_scalar", saves="y")
-def _rpow_s(ctx, g):                        # d(s^x) = s^x log s
-    return (F.mul(F.mul(g, ctx.y(0)), math.log(ctx.attrs["scalar"])),)
+def _rpow_s(ctx, g):                        # d(s^x) = s^x log s (0 for s = 0, as PyTorch)
+    s = ctx.attrs["scalar"]
+    log_s = math.log(s) if s > 0 else (0.0 if s == 0 else math.nan)
+    return (F.mul(F.mul(g, ctx.y(0)), log_s),)
+
+
+@rule("floor_divide", "floor_divide_scalar", "rfloor_divide_scalar")
+def _floor_divide(ctx, g):                  # piecewise constant: zero almost everywhere
+    return tuple(F.mul(g, 0.0) if ctx.needs[k] else None for k in range(len(ctx.needs)))
 
 
 @rule("maximum_scalar", "minimum_scalar", "rmaximum_scalar", "rminimum_scalar", saves="x")

@@ -161,7 +161,7 @@ def _index(ctx, g):
 _PUT = op_def("index_put")
 
 
-@rule("index_put", saves="x")
+@rule("index_put", saves="x", unread_written=True)
 def _index_put(ctx, g):
     """``x[key] = value`` (written in place into x): x's gradient is g with the written
     positions zeroed, value's the gradient at those positions, summed to its shape."""
@@ -206,11 +206,11 @@ def _view_index(ctx, g):
 
 
 class _ViewRule:
-    __slots__ = ("fn", "saves_inputs", "saves_outputs")
+    __slots__ = ("fn", "saves_inputs", "saves_outputs", "unread_written")
 
     def __init__(self, fn):
         self.fn = fn
-        self.saves_inputs = self.saves_outputs = False
+        self.saves_inputs = self.saves_outputs = self.unread_written = False
 
 
 VIEW_RULES.update(reshape=_ViewRule(_view_reshape), permute=_ViewRule(_view_permute),
