@@ -124,3 +124,11 @@ def test_memory_budget_and_arguments():
         DataLoader(5)
     with pytest.raises(ValueError, match="first dims differ"):
         TensorDataset(np.zeros(3), np.zeros(4))
+
+
+def test_passes_may_overlap():
+    dl = DataLoader(TensorDataset(np.arange(6.0)), batch_size=2)
+    inner = [[b.tolist() for (b,) in dl] for (_,) in dl]
+    assert inner == [[[0, 1], [2, 3], [4, 5]]] * 3
+    assert [(a.tolist(), b.tolist()) for (a,), (b,) in zip(dl, dl)] == [
+        ([0, 1], [0, 1]), ([2, 3], [2, 3]), ([4, 5], [4, 5])]

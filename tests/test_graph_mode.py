@@ -211,3 +211,53 @@ def test_a_new_learning_rate_or_mode_compiles_the_step_anew():
     assert got == want
     for a, b in zip(m1.parameters(), m2.parameters()):
         assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_frozen_parameters_buffers_and_builds_that_return_nothing():
+    import itertools
+    model = nn.Linear(4, 2)
+    model.bias.requires_grad_(False)                 # frozen, though in the optimizer
+    model.register_buffer("scale", af.ones(2))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+
+    class Step(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            (self.m(x) * self.m.scale).sum().backward()     # returns nothing
+
+    bias = model.bias.numpy().copy()
+    x = np.ones((3, 4), np.float32)
+    step = Step()
+    assert list(itertools.islice(step.run([x, x]), 5)) == [None, None]   # it ends
+    assert np.array_equal(model.bias.numpy(), bias)
+    w = model.weight.numpy().copy()
+    with af.no_grad():
+        af.zero_(model.scale)                        # a buffer is read live, not frozen
+    list(step.run([x]))
+    assert np.array_equal(model.weight.numpy(), w)   # zero scale: zero gradient
+
+
+def test_run_takes_a_loaders_last_smaller_batch():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((100, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 100)
+    m1, m2 = nn.Sequential(nn.Linear(8, 3)), nn.Sequential(nn.Linear(8, 3))
+    m2.load_state_dict(m1.state_dict())
+    o1, o2 = optim.Adam(m1.parameters(), lr=1e-2), optim.Adam(m2.parameters(), lr=1e-2)
+
+    def loader():
+        return af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=32, shuffle=True,
+                                  seed=1)
+    got = [float(v) for v in TrainStep(m2, o2).run(loader())]
+    want = []
+    for xb, yb in loader():
+        o1.zero_grad()
+        loss = nn.CrossEntropyLoss()(m1(xb), yb)
+        loss.backward()
+        o1.step()
+        want.append(loss.item())
+    assert len(got) == 4 and got == want

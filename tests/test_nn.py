@@ -292,3 +292,59 @@ def test_zero_grad_to_none_or_to_zeros():
     np.testing.assert_allclose(lin.bias.grad.numpy(), [4, 4])
     opt.zero_grad()
     assert lin.weight.grad is None and lin.bias.grad is None
+
+
+# -- review regressions ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("probs", [False, True])
+def test_cross_entropy_with_extra_dims_matches_pytorch(reduction, smoothing, probs):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 3))
+    t = (rng.dirichlet(np.ones(5), size=(2, 3)).transpose(0, 2, 1).copy() if probs
+         else rng.integers(0, 5, (2, 3)))
+    a, ta = af.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    got = NF.cross_entropy(a, af.tensor(t), reduction=reduction, label_smoothing=smoothing)
+    want = torch.nn.functional.cross_entropy(ta, torch.tensor(t), reduction=reduction,
+                                             label_smoothing=smoothing)
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-9)
+    got.sum().backward()
+    want.sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_all_targets_ignored_gives_nan_loss_but_zero_gradients():
+    x = af.tensor(np.random.default_rng(1).standard_normal((2, 5)), requires_grad=True)
+    loss = NF.cross_entropy(x, af.tensor([-100, -100]))
+    loss.backward()
+    assert np.isnan(loss.item()) and not x.grad.numpy().any()
+
+
+def test_embedding_padding_row_keeps_its_values_and_gets_no_gradient():
+    e = nn.Embedding(3, 2, padding_idx=-3)           # row 0, counted from the end
+    with af.no_grad():
+        af.fill_(e.weight, 1.0)
+    out = e(af.tensor([0, 1]))
+    assert out.numpy().tolist() == [[1, 1], [1, 1]]
+    out.sum().backward()
+    assert e.weight.grad.numpy().tolist() == [[0, 0], [1, 1], [0, 0]]
+
+
+def test_module_attributes_keep_their_kinds_and_shared_modules_save_under_each_name():
+    lin = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="Parameter or None"):
+        lin.weight = af.zeros(2, 2)
+    lin.weight = nn.Parameter(af.zeros(2, 2))        # keeps its place
+    assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
+
+    class AE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(2, 2)
+            self.dec = self.enc                      # tied
+    ae = AE()
+    assert list(ae.state_dict()) == ["enc.weight", "enc.bias", "dec.weight", "dec.bias"]
+    ae.load_state_dict(ae.state_dict())
+    assert len(list(ae.parameters())) == 2

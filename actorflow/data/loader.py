@@ -105,15 +105,20 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
-        self._tail = None
-        self.graph = ActorGraph(memory=memory, buffers=buffers)
-        g = self.graph
+        self.buffers, self.memory = buffers, memory
+        self.graph = self._graph(0, [])     # (checks the arguments now; each pass has its
+        #                                     own, so passes may overlap: zip(dl, dl))
+
+    def _graph(self, epoch: int, tail: list) -> ActorGraph:
+        g = ActorGraph(memory=self.memory, buffers=self.buffers)
+        batches = lambda: self._batches(epoch, tail)        # noqa: E731 - fresh per run
         if self.map_style:              # indices -> samples -> a batch, on the workers
-            src = g.source(self._batches, name="sampler")
+            src = g.source(batches, name="sampler")
             g.sink(g.actor(self._load, src, name="load", replicas=max(1, self.workers),
-                           buffers=max(buffers, self.workers)))
+                           buffers=max(self.buffers, self.workers)))
         else:                           # an iterable is read in order: the source batches
-            g.sink(g.source(self._batches, name="load"))
+            g.sink(g.source(batches, name="load"))
+        return g
 
     def __len__(self) -> int:
         if not self.map_style:
@@ -129,17 +134,17 @@ class DataLoader:
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     # -- the graph's source and stage -----------------------------------------------------
-    def _batches(self):
-        """Whole batches only (a register has one size); the last, smaller one is kept
-        for ``__iter__`` to load after the run."""
+    def _batches(self, epoch: int, tail: list):
+        """Whole batches only (a register has one size); the last, smaller one goes to
+        ``tail`` for ``__iter__`` to load after the run."""
         b = self.batch_size
         if self.map_style:
-            idx = self.order(self.epoch)
+            idx = self.order(epoch)
             full = len(idx) - len(idx) % b
             for s in range(0, full, b):
                 yield idx[s:s + b]
             if full < len(idx) and not self.drop_last:
-                self._tail = ("idx", idx[full:])
+                tail.append(("idx", idx[full:]))
             return
         batch = []
         for sample in self.dataset:
@@ -148,22 +153,20 @@ class DataLoader:
                 yield self.collate_fn(batch)
                 batch = []
         if batch and not self.drop_last:
-            self._tail = ("samples", batch)
+            tail.append(("samples", batch))
 
     def _load(self, idx):
         return self.collate_fn([self.dataset[int(i)] for i in idx])
 
     def __iter__(self):
-        self._tail = None
-        try:
-            for batch in self.graph.run():
-                yield _tensors(batch)
-            if self._tail is not None:
-                kind, rest = self._tail
-                yield _tensors(self.collate_fn(
-                    rest if kind == "samples" else [self.dataset[int(i)] for i in rest]))
-        finally:
-            self.epoch += 1
+        epoch, tail = self.epoch, []
+        self.epoch += 1
+        self.graph = g = self._graph(epoch, tail)
+        for batch in g.run():
+            yield _tensors(batch)
+        for kind, rest in tail:
+            yield _tensors(self.collate_fn(
+                rest if kind == "samples" else [self.dataset[int(i)] for i in rest]))
 
     def stats(self):
         """The last pass's per-actor statistics (``ActorGraph.stats``)."""

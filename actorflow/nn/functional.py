@@ -68,20 +68,21 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 
 def embedding(input, weight, padding_idx=None):
     """Rows of ``weight`` picked by the integer tensor ``input``; the ``padding_idx`` row
-    gets no gradient."""
+    (negative counts from the end) gets no gradient, its values are read as they are."""
     _tensor("embedding", input)
     if input.dtype.is_floating_point:
         raise TypeError(f"embedding: indices must be an integer tensor, got {input.dtype}")
     out = weight[input]
     if padding_idx is not None:
-        keep = F.cast(F.ne(input, padding_idx), weight.dtype)
-        out = F.mul(out, keep.unsqueeze(-1))
+        padding_idx %= weight.shape[0]
+        keep = F.ne(input, padding_idx).unsqueeze(-1)
+        out = F.where(keep, out, weight.detach()[input])
     return out
 
 
-def _reduce(loss, reduction: str, name: str, total=None):
+def _reduce(loss, reduction: str, name: str):
     if reduction == "mean":
-        return F.mean(loss) if total is None else F.div(F.sum(loss), total)
+        return F.mean(loss)
     if reduction == "sum":
         return F.sum(loss)
     if reduction == "none":
@@ -89,20 +90,40 @@ def _reduce(loss, reduction: str, name: str, total=None):
     raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
+def _weighted_mean(loss, w):
+    """sum(loss) / sum(w); NaN when every weight is 0 (all targets ignored), with a zero
+    gradient then, as in PyTorch, not a NaN one."""
+    total = F.sum(w)
+    some = F.gt(total, 0)
+    return F.where(some, F.div(F.sum(loss), F.where(some, total, 1.0)), float("nan"))
+
+
+def _class_last(input, target, name: str):
+    """Input (N, C, d1, ...) and index target (N, d1, ...) as (M, C) and (M,), and the
+    shape a per-element loss has: PyTorch's K-dimensional losses."""
+    if input.ndim == 1:                             # one sample: (C,) and a 0-d target
+        return input.unsqueeze(0), target.reshape(1), ()
+    if target.shape != input.shape[:1] + input.shape[2:]:
+        raise ShapeError(f"{name}: expected input (N, C, ...) and target (N, ...) with the "
+                         f"same extra dims, got input {input.shape} and target {target.shape}")
+    if input.ndim == 2:
+        return input, target, target.shape
+    c = input.shape[1]
+    order = (0,) + tuple(range(2, input.ndim)) + (1,)
+    return input.permute(*order).reshape(-1, c), target.reshape(-1), target.shape
+
+
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
     """Negative log-likelihood of class indices ``target`` (N,) under log-probabilities
-    ``input`` (N, C): ``-input[n, target[n]]``, weighted, ignoring ``ignore_index``."""
+    ``input`` (N, C) (or (N, C, d...) and (N, d...)): ``-input[n, target[n]]``, weighted,
+    ignoring ``ignore_index``."""
     _tensor("nll_loss", input)
     _tensor("nll_loss", target, "target")
     if target.dtype.is_floating_point:
         raise TypeError(f"nll_loss: target must hold class indices (an integer tensor), got "
                         f"{target.dtype}; for probabilities use cross_entropy")
-    if input.ndim == 1:
-        input, target = input.unsqueeze(0), target.reshape(1)
-    if input.ndim != 2 or target.shape != input.shape[:1]:
-        raise ShapeError(f"nll_loss: expected input (N, C) and target (N,), got input "
-                         f"{input.shape} and target {target.shape}")
-    n, c = input.shape
+    input, target, shape = _class_last(input, target, "nll_loss")
+    n = input.shape[0]
     keep = F.ne(target, ignore_index)
     safe = F.where(keep, target, 0)
     picked = input[arange(n, device=input.device), safe]
@@ -111,41 +132,52 @@ def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: st
         w = F.mul(w, weight[safe])
     loss = F.neg(F.mul(picked, w))
     if reduction == "mean":
-        return F.div(F.sum(loss), F.sum(w))
+        return _weighted_mean(loss, w)
+    if reduction == "none":
+        return loss.reshape(shape)
     return _reduce(loss, reduction, "nll_loss")
 
 
 def cross_entropy(input, target, weight=None, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0):
-    """Cross-entropy of logits ``input`` (N, C) against class indices (N,) or class
-    probabilities (N, C); ``log_softmax`` then ``nll_loss``."""
+    """Cross-entropy of logits ``input`` (N, C) (or (N, C, d...)) against class indices
+    (N,) (or (N, d...)) or class probabilities of the input's shape: ``log_softmax`` over
+    the class dim, then ``nll_loss``."""
     _tensor("cross_entropy", input)
     _tensor("cross_entropy", target, "target")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got "
                          f"{label_smoothing}")
-    logp = F.log_softmax(input, dim=-1)
+    cdim = 1 if input.ndim >= 2 else 0
+    logp = F.log_softmax(input, dim=cdim)
     if target.dtype.is_floating_point:              # probabilities
         if target.shape != input.shape:
             raise ShapeError(f"cross_entropy: probability targets must have the input's "
                              f"shape {input.shape}, got {target.shape}")
         if label_smoothing:
             target = F.add(F.mul(target, 1.0 - label_smoothing),
-                           label_smoothing / input.shape[-1])
-        per = F.neg(F.sum(F.mul(logp, target if weight is None else F.mul(target, weight)),
-                          dim=-1))
+                           label_smoothing / input.shape[cdim])
+        if weight is not None:
+            shape = [1] * input.ndim
+            shape[cdim] = input.shape[cdim]
+            target = F.mul(target, weight.reshape(tuple(shape)))
+        per = F.neg(F.sum(F.mul(logp, target), dim=cdim))
         return _reduce(per, reduction, "cross_entropy")
-    loss = nll_loss(logp, target, weight, ignore_index, reduction)
+    flat, flat_t, shape = _class_last(logp, target, "cross_entropy")
+    loss = nll_loss(flat, flat_t, weight, ignore_index, reduction)
+    if reduction == "none":
+        loss = loss.reshape(shape)
     if not label_smoothing:
         return loss
     if weight is not None:
         raise NotImplementedError("cross_entropy: label_smoothing with class weights is not "
                                   "supported yet")
-    smooth = F.neg(F.mean(logp, dim=-1))
-    keep = F.cast(F.ne(target, ignore_index), input.dtype)
-    smooth = F.mul(smooth, keep)
+    keep = F.cast(F.ne(flat_t, ignore_index), input.dtype)
+    smooth = F.mul(F.neg(F.mean(flat, dim=1)), keep)
     if reduction == "mean":
-        smooth = F.div(F.sum(smooth), F.sum(keep))
+        smooth = _weighted_mean(smooth, keep)
+    elif reduction == "none":
+        smooth = smooth.reshape(shape)
     else:
         smooth = _reduce(smooth, reduction, "cross_entropy")
     return F.add(F.mul(loss, 1.0 - label_smoothing), F.mul(smooth, label_smoothing))

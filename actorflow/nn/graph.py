@@ -16,8 +16,6 @@ actor and the step an op actor, so batch i+1 loads while batch i computes.
 
 from __future__ import annotations
 
-import itertools
-
 from ..autograd import enable_grad, no_grad
 from ..autograd.graph import Meta
 from ..creation import from_numpy
@@ -50,11 +48,17 @@ class Graph:
                                   f"build(self, ...) with what one step computes")
 
     # -- what the graph holds --------------------------------------------------------------
+    def _modules(self) -> list:
+        return [v for v in vars(self).values() if isinstance(v, Module)]
+
     def _params(self) -> list:
+        """Every parameter of the graph's modules and optimizers, then every buffer: what a
+        step reads as state (live storage, never a constant copied when traced)."""
         seen, out = set(), []
-        mods = [v for v in vars(self).values() if isinstance(v, Module)]
+        mods = self._modules()
         groups = [p for o in self._optimizers for g in o.param_groups for p in g["params"]]
-        for p in [p for m in mods for p in m.parameters()] + groups:
+        for p in [p for m in mods for p in m.parameters()] + groups + \
+                [b for m in mods for b in m.buffers()]:
             if id(p) not in seen:
                 seen.add(id(p))
                 out.append(p)
@@ -65,7 +69,6 @@ class Graph:
         state tensors (parameters, then each optimizer's per-parameter state) and the
         optimizer rows ``(optimizer, group, param, {name: state tensor})``."""
         params = self._params()
-        trained = {id(p) for o in self._optimizers for g in o.param_groups for p in g["params"]}
         opt_rows = []
         for o in self._optimizers:
             for g in o.param_groups:
@@ -79,7 +82,7 @@ class Graph:
             real = [p._impl for p in params]
             try:
                 for p, ph in zip(params, states):
-                    if id(p) in trained or p.requires_grad:
+                    if p.requires_grad:
                         ph._impl.ag = Meta()            # a leaf that requires grad
                     p._impl = ph._impl
                 with enable_grad():     # one piece: build's arguments, or its one argument
@@ -104,12 +107,13 @@ class Graph:
 
     def _settings(self) -> tuple:
         """What a compiled step bakes in besides the input layout: each module's train/eval
-        mode and each optimizer group's hyperparameters (a new ``lr`` compiles anew)."""
-        modes = tuple(m.training for v in vars(self).values() if isinstance(v, Module)
-                      for m in v.modules())
+        mode, each optimizer group's hyperparameters (a new ``lr`` compiles anew) and which
+        parameters require grad."""
+        modes = tuple(m.training for v in self._modules() for m in v.modules())
         hyper = tuple(tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params"))
                       for o in self._optimizers for g in o.param_groups)
-        return modes, hyper
+        frozen = tuple(p.requires_grad for p in self._params())
+        return modes, hyper, frozen
 
     def _compile(self, in_specs: tuple):
         """The step as one Program (``step()``), per input layout."""
@@ -203,6 +207,8 @@ class Graph:
         per state written back, fed by a source actor reading the iterable, so the next
         items load (and the first layers of the next piece run) while a piece trains; the
         parameters are updated in piece order. Yields what ``build`` returns per item.
+        Items of another layout (a loader's last, smaller batch) start a run of their own
+        (compiled once per layout).
 
         ``fused=True`` runs the whole step as one op actor instead (the program ``step()``
         runs): no overlap between the ops of consecutive pieces, but one act per piece
@@ -211,10 +217,24 @@ class Graph:
         if callable(iterable) and not hasattr(iterable, "__iter__"):
             iterable = iterable()
         it = iter(iterable)
-        first = next(it, _NONE)
-        if first is _NONE:
-            return
-        spec = PieceSpec.of(first, "nn.Graph.run")
+        item = next(it, _NONE)
+        while item is not _NONE:            # a run per layout: a register has one size
+            spec = PieceSpec.of(item, "nn.Graph.run")
+            key = (spec.structure, tuple(spec.specs))
+            later: list = []
+
+            def same_layout(first=item, key=key, later=later):
+                yield first
+                for x in it:
+                    s = PieceSpec.of(x, "nn.Graph.run")
+                    if (s.structure, tuple(s.specs)) != key:
+                        later.append(x)     # (the last, smaller batch of a loader...)
+                        return
+                    yield x
+            yield from self._run_layout(spec, same_layout(), buffers, memory, fused)
+            item = later[0] if later else _NONE
+
+    def _run_layout(self, spec, feed, buffers, memory, fused):
         if fused:
             g, program, state, opt_rows = self._fused_graph(spec, buffers, memory)
             program.state_arrays = self._arrays(state, opt_rows)
@@ -222,8 +242,10 @@ class Graph:
             g, shared, state, opt_rows = self._compile_graph(spec, buffers, memory)
             shared[:] = self._arrays(state, opt_rows)
         self._graph = g
+        nothing = getattr(g, "yields_nothing", False)
         try:
-            yield from g.run(feed=itertools.chain([first], it))
+            for out in g.run(feed=feed):
+                yield None if nothing else out
         finally:
             g.join()
             self._done(state, opt_rows)

@@ -65,15 +65,27 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"cannot assign {name!r} before Module.__init__() is called; "
                                  f"call super().__init__() first in {type(self).__name__}")
-        for d in (self._parameters, self._modules, self._buffers):
-            if name in d and not (d is self._buffers and isinstance(value, Tensor)):
-                del d[name]
-        if isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
-        elif name in self._buffers:
-            self._buffers[name] = value
+        params, mods, bufs = self._parameters, self._modules, self._buffers
+        if name in params and value is not None and not isinstance(value, Parameter):
+            raise TypeError(f"cannot assign a {type(value).__name__} as parameter {name!r} of "
+                            f"{type(self).__name__} (a Parameter or None is expected); wrap "
+                            f"it: nn.Parameter(tensor)")
+        if name in mods and value is not None and not isinstance(value, Module):
+            raise TypeError(f"cannot assign a {type(value).__name__} as child module {name!r} "
+                            f"of {type(self).__name__} (a Module or None is expected)")
+        if name in bufs and value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"cannot assign a {type(value).__name__} as buffer {name!r} of "
+                            f"{type(self).__name__} (a Tensor or None is expected)")
+        if isinstance(value, Parameter) or name in params:
+            mods.pop(name, None)
+            bufs.pop(name, None)
+            params[name] = value            # (a name already there keeps its place)
+        elif isinstance(value, Module) or name in mods:
+            params.pop(name, None)
+            bufs.pop(name, None)
+            mods[name] = value
+        elif name in bufs:
+            bufs[name] = value
         else:
             object.__setattr__(self, name, value)
             return
@@ -146,6 +158,14 @@ class Module:
             if m is not None:
                 yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
+    def _every_module(self, prefix: str = ""):
+        """``(name, module)`` for every name a module is reachable by (a shared module under
+        each of its names, as PyTorch's state_dict has it)."""
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m._every_module(f"{prefix}.{name}" if prefix else name)
+
     def modules(self):
         for _, m in self.named_modules():
             yield m
@@ -189,7 +209,7 @@ class Module:
     def state_dict(self) -> "OrderedDict":
         """Every parameter and buffer by dotted name (detached tensors sharing storage)."""
         out = OrderedDict()
-        for mp, m in self.named_modules():
+        for mp, m in self._every_module():
             for key in ("_parameters", "_buffers"):
                 for name, t in getattr(m, key).items():
                     if t is not None:
@@ -200,7 +220,7 @@ class Module:
         """Copies the values of ``state_dict`` into this module's parameters and buffers
         (shapes must match); ``strict``: missing or unexpected keys raise."""
         own = {}
-        for mp, m in self.named_modules():
+        for mp, m in self._every_module():
             for key in ("_parameters", "_buffers"):
                 for name, t in getattr(m, key).items():
                     if t is not None:

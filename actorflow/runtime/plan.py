@@ -287,7 +287,7 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
                 a.out_spec = None
     actors = list(graph_actors)
     names = [n for _, n in sinks]
-    if picks is not None:
+    if picks is not None and sinks:
         actors.append(Collector([s for s, _ in sinks], names, *picks))
     elif sinks:
         actors.append(Collector([s for s, _ in sinks], names))

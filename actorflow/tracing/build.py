@@ -117,6 +117,10 @@ def _node_actors(g, rec: Recording, inp, shared) -> dict:
 def _outputs(g, rec: Recording, inp, actor_of) -> None:
     def producer(src):
         return inp if src[0] == "in" else actor_of[src[1]]
+    if not rec.outputs:                     # a step that returns nothing: a run yields the
+        g.sink(inp)                         # input per piece (nn.Graph turns it into None)
+        g.yields_nothing = True
+        return
     picks, sinks = [], []
     for t in rec.outputs:
         src = rec.source(t._impl)
