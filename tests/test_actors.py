@@ -1,6 +1,7 @@
 """The actor runtime: graphs, plans, budgets, errors, cancellation and both front ends."""
 
 import asyncio
+import gc
 import contextlib
 import os
 import signal
@@ -31,6 +32,9 @@ def threads_now():
 @pytest.fixture
 def no_leftovers():
     """The test must leave no actor thread running and no register allocated."""
+    gc.collect()                                 # earlier tests' dead tensors: freed first,
+    af.synchronize()                             # so that what is counted is this test's
+    af.lowlevel.get_vm().collect_releases()
     before = af.lowlevel.memory_stats("cpu").in_use
     yield
     for t in threads_now():         # acts abandoned by a stop return, then free what they held
