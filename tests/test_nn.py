@@ -348,3 +348,61 @@ def test_module_attributes_keep_their_kinds_and_shared_modules_save_under_each_n
     assert list(ae.state_dict()) == ["enc.weight", "enc.bias", "dec.weight", "dec.bias"]
     ae.load_state_dict(ae.state_dict())
     assert len(list(ae.parameters())) == 2
+
+
+def test_optimizer_state_dict_round_trips_through_a_file(tmp_path):
+    rng = np.random.default_rng(0)
+    data = [(af.tensor(rng.standard_normal((4, 3)).astype(np.float32)),
+             af.tensor(rng.integers(0, 2, 4))) for _ in range(6)]
+
+    def train(model, opt, batches):
+        for x, y in batches:
+            opt.zero_grad()
+            nn.CrossEntropyLoss()(model(x), y).backward()
+            opt.step()
+
+    af.manual_seed(0)
+    m1 = nn.Linear(3, 2)
+    o1 = optim.Adam([{"params": [m1.weight]}, {"params": [m1.bias], "lr": 0.05}], lr=0.01,
+                    betas=(0.8, 0.9))
+    train(m1, o1, data[:3])
+    af.save({"model": m1.state_dict(), "opt": o1.state_dict()}, tmp_path / "ckpt.npz")
+    train(m1, o1, data[3:])                       # the reference goes on
+
+    ck = af.load(tmp_path / "ckpt.npz")
+    m2 = nn.Linear(3, 2)
+    o2 = optim.Adam([{"params": [m2.weight]}, {"params": [m2.bias]}], lr=0.5)
+    m2.load_state_dict(ck["model"])
+    o2.load_state_dict(ck["opt"])
+    assert o2.param_groups[1]["lr"] == 0.05 and o2.param_groups[0]["betas"] == (0.8, 0.9)
+    assert o2.state[m2.weight]["step"] == 3
+    train(m2, o2, data[3:])                       # resumes exactly where it was saved
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="groups"):
+        optim.Adam(m2.parameters()).load_state_dict(ck["opt"])
+
+
+def test_module_list_and_dict_register_their_modules():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(2, 2) for _ in range(2)])
+            self.heads = nn.ModuleDict({"a": nn.Linear(2, 1)})
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.heads["a"](x)
+    m = M()
+    assert [n for n, _ in m.named_parameters()] == [
+        "blocks.0.weight", "blocks.0.bias", "blocks.1.weight", "blocks.1.bias",
+        "heads.a.weight", "heads.a.bias"]
+    m.blocks.append(nn.Linear(2, 2))
+    assert len(m.blocks) == 3 and "a" in m.heads and list(m.heads) == ["a"]
+    assert m(af.ones(1, 2)).shape == (1, 1)
+    seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    seq[1] = nn.Tanh()
+    assert isinstance(seq[1], nn.Tanh)
+    with pytest.raises(TypeError, match="not a Module"):
+        m.blocks.append(3)

@@ -3,11 +3,12 @@ the losses, ``nn.functional`` and ``nn.init``."""
 
 from . import functional, init
 from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
-                     LogSoftmax, ReLU, Sequential, Sigmoid, Softmax, Tanh)
+                     LogSoftmax, ModuleDict, ModuleList, ReLU, Sequential, Sigmoid, Softmax,
+                     Tanh)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
 from .graph import Graph
 from .module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
-           "Flatten", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init"]
+           "Flatten", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init"]

@@ -218,6 +218,12 @@ class Sequential(Module):
             raise IndexError(f"Sequential index {i} out of range for {len(mods)} modules")
         return mods[i][1]
 
+    def __setitem__(self, i: int, module) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"Sequential: entry {i} would be a {type(module).__name__}, not a "
+                            f"Module")
+        self._modules[list(self._modules)[i]] = module
+
     def __len__(self) -> int:
         return len(self._modules)
 
@@ -227,3 +233,91 @@ class Sequential(Module):
     def append(self, module) -> "Sequential":
         self.add_module(str(len(self._modules)), module)
         return self
+
+
+class ModuleList(Module):
+    """Modules held in a list: registered (their parameters are the list's), indexable,
+    iterable, ``append`` / ``extend`` / ``insert``; it has no forward of its own."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def _check(self, m, where: str):
+        if not isinstance(m, Module):
+            raise TypeError(f"ModuleList: {where} is a {type(m).__name__}, not a Module")
+        return m
+
+    def append(self, module) -> "ModuleList":
+        self.add_module(str(len(self._modules)), self._check(module, "the entry"))
+        return self
+
+    def extend(self, modules) -> "ModuleList":
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index: int, module) -> None:
+        mods = list(self._modules.values())
+        mods.insert(index, self._check(module, "the entry"))
+        self._modules.clear()
+        for i, m in enumerate(mods):
+            self._modules[str(i)] = m
+
+    def __getitem__(self, i):
+        mods = list(self._modules.values())
+        if isinstance(i, slice):
+            return ModuleList(mods[i])
+        return mods[i]
+
+    def __setitem__(self, i: int, module) -> None:
+        key = list(self._modules)[i]
+        self._modules[key] = self._check(module, f"entry {i}")
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def forward(self, *args):
+        raise NotImplementedError("ModuleList has no forward(); iterate over it in yours")
+
+
+class ModuleDict(Module):
+    """Modules held by name: registered, ``d[name]``, ``keys()``, ``items()``..."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        for name, m in dict(modules or {}).items():
+            self[name] = m
+
+    def __getitem__(self, name: str):
+        return self._modules[name]
+
+    def __setitem__(self, name: str, module) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict: {name!r} is a {type(module).__name__}, not a Module")
+        self.add_module(name, module)
+
+    def __contains__(self, name) -> bool:
+        return name in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def forward(self, *args):
+        raise NotImplementedError("ModuleDict has no forward(); pick modules from it in yours")

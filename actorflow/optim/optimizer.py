@@ -69,6 +69,48 @@ class Optimizer:
     def _update(self, p, grad, group: dict, state: dict) -> None:
         raise NotImplementedError
 
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """PyTorch's layout: ``{"state": {param index: {name: value}}, "param_groups":
+        [{options..., "params": [param indices]}]}`` (indices in group order)."""
+        index: dict = {}
+        groups = []
+        for g in self.param_groups:
+            ids = [index.setdefault(id(p), len(index)) for p in g["params"]]
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ids})
+        state = {index[id(p)]: dict(st) for p, st in self.state.items() if id(p) in index}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Takes what ``state_dict()`` gave (or ``af.load`` read back) for an optimizer over
+        parameters of the same shapes, in the same groups: options and state are copied."""
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: the saved groups hold "
+                             f"{[len(g['params']) for g in groups]} parameters, this optimizer's "
+                             f"{[len(g['params']) for g in self.param_groups]}")
+        by_index = {}
+        for saved, mine in zip(groups, self.param_groups):
+            for i, p in zip(saved["params"], mine["params"]):
+                by_index[int(i)] = p
+            for k, v in saved.items():
+                if k != "params":
+                    mine[k] = tuple(v) if isinstance(v, list) else v
+        self.state = {}
+        for i, st in state_dict["state"].items():
+            p = by_index[int(i)]
+            mine = {}
+            for k, v in st.items():
+                if isinstance(v, Tensor):
+                    if tuple(v.shape) != tuple(p.shape) and v.ndim:
+                        raise ValueError(f"{type(self).__name__}.load_state_dict: state "
+                                         f"{k!r} of parameter {i} has shape {tuple(v.shape)}, "
+                                         f"the parameter {tuple(p.shape)}")
+                    v = v.to(p.dtype).clone()
+                mine[k] = v
+            self.state[p] = mine
+
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
         for i, g in enumerate(self.param_groups):
