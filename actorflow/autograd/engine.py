@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 
 from .. import functional as F
+from ..tensor.impl import pinned
 from ..tensor.tensor import wrap
 from .graph import Meta, Node
 from .mode import no_grad
@@ -41,7 +42,8 @@ class Ctx:
         return wrap(self.node.saved_in[k])
 
     def y(self, k: int):
-        return wrap(self.node.saved_out[k])
+        blob, meta = self.node.saved_out[k]
+        return wrap(pinned(meta, blob))
 
 
 def _check_saved(node: Node) -> None:
@@ -50,17 +52,19 @@ def _check_saved(node: Node) -> None:
             f"backward through {node.name!r} a second time: its saved tensors were freed by "
             f"the first backward(); pass retain_graph=True to the first call if you need "
             f"to run backward twice")
-    saved = (node.saved_in or ()) + (node.saved_out or ())
+    saved = [(t.blob, t.meta) if t is not None else None for t in node.saved_in or ()]
+    saved += list(node.saved_out or ())
     pairs = list(zip(saved, node.versions))
     if node.watch is not None:
-        pairs.append(node.watch)
-    for t, v in pairs:
-        if t is not None and t.blob.version != v:
-            m = t.meta
+        impl, v = node.watch
+        pairs.append(((impl.blob, impl.meta), v))
+    for bm, v in pairs:
+        if bm is not None and bm[0].version != v:
+            blob, m = bm
             raise RuntimeError(
                 f"one of the tensors {node.name!r} saved for backward ({m.dtype}{list(m.shape)}) "
                 f"was modified by an in-place operation after it was saved (version {v}, now "
-                f"{t.blob.version}); compute out of place (x = x * 2, not x.mul_(2)) or clone "
+                f"{blob.version}); compute out of place (x = x * 2, not x.mul_(2)) or clone "
                 f"it before modifying it")
 
 

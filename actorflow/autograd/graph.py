@@ -69,16 +69,34 @@ class Node:
         if rule.saves_inputs:
             self.saved_in = tuple(inputs)
         if rule.saves_outputs:
-            self.saved_out = tuple(outputs)
+            # (blob, meta), its blob pinned: holding the output's own tensor would make a
+            # cycle (output -> its Meta -> this node -> output) that only the cycle
+            # collector frees when backward never runs
+            for o in outputs:
+                o.blob.pin()
+            self.saved_out = tuple((o.blob, o.meta) for o in outputs)
         self.versions = tuple(t.blob.version if t is not None else 0
-                              for t in (self.saved_in or ()) + (self.saved_out or ()))
+                              for t in (self.saved_in or ())) + tuple(
+            b.version for b, _ in (self.saved_out or ()))
 
     def release(self) -> None:
         """After its backward (unless retain_graph): the saved tensors go (a node that
         saved none can run again, as in PyTorch)."""
         if self.saved_in is not None or self.saved_out is not None:
+            self._unpin()
             self.saved_in = self.saved_out = None
             self.released = True
+
+    def _unpin(self) -> None:
+        out, self.saved_out = self.saved_out, None
+        for blob, _ in out or ():
+            blob.unpin()
+
+    def __del__(self):
+        try:
+            self._unpin()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: module globals may be gone
+            pass
 
     def __repr__(self) -> str:
         return f"<{self.name} backward>"

@@ -7,6 +7,7 @@ instructions issued since then that read it; the VM orders new instructions afte
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 # Blobs whose last owning tensor is gone and that TensorImpl.__del__ could not free at once.
@@ -14,11 +15,12 @@ from collections import deque
 # the VM frees them at its next step.
 RELEASED: deque = deque()
 _SMALL = 1 << 20          # blobs this large are queued so the allocator can cache them
+_PIN_LOCK = threading.Lock()
 
 
 class Blob:
     __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
-                 "last_write", "reads", "error", "released", "version")
+                 "last_write", "reads", "error", "released", "version", "pins", "orphaned")
     traced = False               # a placeholder recorded by a tracer: it never holds data
 
     def __init__(self, device, backend, nbytes: int):
@@ -33,6 +35,31 @@ class Blob:
         self.error = None
         self.released = False
         self.version = 0         # in-place writes seen by autograd (saved tensors check it)
+        self.pins = 0            # holders besides its tensors (autograd's saved outputs)
+        self.orphaned = False    # its owning tensor is gone while pinned: freed at unpin
+
+    def pin(self) -> None:
+        """Keeps the storage past its owning tensor (see ``unpin``)."""
+        with _PIN_LOCK:
+            self.pins += 1
+
+    def unpin(self) -> None:
+        """Drops a pin; the last one frees storage whose owning tensor is gone already."""
+        with _PIN_LOCK:
+            self.pins -= 1
+            free = self.pins == 0 and self.orphaned
+            if free:
+                self.orphaned = False
+        if free:
+            RELEASED.append(self)
+
+    def orphan(self) -> bool:
+        """Its owning tensor is gone: True if a pin keeps it (freed at the last unpin)."""
+        with _PIN_LOCK:
+            if self.pins:
+                self.orphaned = True
+                return True
+        return False
 
     def idle(self) -> bool:
         """True when no issued instruction that touches this blob is still pending."""

@@ -56,6 +56,8 @@ class TensorImpl:
         if self.base is None:
             b = self.blob
             try:
+                if b.pins and b.orphan():
+                    return                  # autograd still holds it: freed at its unpin
                 if b.last_write is None and b.reads is None and b.nbytes < _SMALL:
                     if b.allocated:
                         b.allocated = False
@@ -67,3 +69,19 @@ class TensorImpl:
                     RELEASED.append(b)
             except Exception:       # interpreter shutdown: module globals may be gone
                 pass
+
+
+class _Pinned:
+    """The base of a tensor made over a pinned blob (``TensorImpl.pinned``): never frees
+    it, and is no tensor of autograd's."""
+
+    ag = None
+
+
+PINNED = _Pinned()
+
+
+def pinned(meta, blob) -> TensorImpl:
+    """A tensor over ``blob`` (pinned by the caller) that never frees it: how autograd reads
+    an output it saved without keeping the output's own tensor alive."""
+    return TensorImpl(meta, blob, PINNED)
