@@ -261,3 +261,46 @@ def test_run_takes_a_loaders_last_smaller_batch():
         o1.step()
         want.append(loss.item())
     assert len(got) == 4 and got == want
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+OPT_CHOICES = [("SGD", dict(lr=0.05)), ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+               ("SGD", dict(lr=0.05, momentum=0.8, dampening=0.1, weight_decay=0.01)),
+               ("Adam", dict(lr=0.01)), ("AdamW", dict(lr=0.01, weight_decay=0.1)),
+               ("Adam", dict(lr=0.01, amsgrad=True, weight_decay=0.01))]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(widths=hs.lists(hs.integers(2, 9), min_size=1, max_size=3),
+       acts=hs.lists(hs.sampled_from(sorted(ACTS)), min_size=3, max_size=3),
+       opt=hs.sampled_from(range(len(OPT_CHOICES))), norm=hs.booleans(),
+       mode=hs.sampled_from(["step", "run", "fused"]), seed=hs.integers(0, 2 ** 16))
+def test_random_models_train_the_same_in_graph_and_eager_mode(widths, acts, opt, norm, mode,
+                                                             seed):
+    def model_and_opt():
+        af.manual_seed(seed)
+        layers, d = [], 8
+        for k, w in enumerate(widths):
+            layers += [nn.Linear(d, w), ACTS[acts[k]]()]
+            d = w
+        if norm:
+            layers.append(nn.LayerNorm(d))
+        layers.append(nn.Linear(d, 3))
+        m = nn.Sequential(*layers)
+        name, kwargs = OPT_CHOICES[opt]
+        return m, getattr(optim, name)(m.parameters(), **kwargs)
+    data = batches(4, seed=seed, b=5)
+    m1, o1 = model_and_opt()
+    want = eager_losses(m1, o1, data)
+    m2, o2 = model_and_opt()
+    step = TrainStep(m2, o2)
+    if mode == "step":
+        got = [step(af.tensor(x), af.tensor(y)).item() for x, y in data]
+    else:
+        got = [float(v) for v in step.run(data, fused=mode == "fused")]
+    assert got == want
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy())
