@@ -351,8 +351,11 @@ def test_inplace_on_a_non_leaf_rebases_its_history():
     h.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [6, 6])
     h2 = x * 2.0
-    h2.zero_()                                  # overwritten by values that need no grad
-    assert not h2.requires_grad
+    h2.zero_()                                  # overwritten by values that need no grad:
+    assert h2.requires_grad and not h2.is_leaf  # still in autograd, as in PyTorch
+    x.grad = None
+    (h2 + x).sum().backward()                   # nothing flows back past the write
+    np.testing.assert_allclose(x.grad.numpy(), [1, 1])
 
 
 # -- review regressions ----------------------------------------------------------------------

@@ -140,8 +140,11 @@ def record(op, inputs, attrs, device, outs):
     if not enabled or not _needs_grad(inputs):
         if outs is not None and enabled:
             for o in outs:
-                if o.ag is not None:      # overwritten by values that need no gradient
-                    o.ag = None
+                ag = o.ag
+                if ag is not None and ag.requires_grad:
+                    # overwritten by values that need no gradient (y.zero_()): it still
+                    # requires grad, as in PyTorch, and sends nothing back past the write
+                    o.ag = Meta(Node(op.name, _CONSTANT, attrs, (), (), (o.meta,)), 0)
         return None
     edges = tuple([edge_of(i) for i in inputs])
     ins = tuple([i.meta for i in inputs])
@@ -208,6 +211,17 @@ def record_view(t, out, kind: str, arg) -> None:
     out._impl.ag = Meta(node, 0)
 
 
+class _Constant:
+    """The rule of a write whose values depend on no input that requires grad."""
+
+    saves_inputs = saves_outputs = unread_written = False
+
+    @staticmethod
+    def fn(ctx, *grads):
+        return ()
+
+
+_CONSTANT = _Constant()
 _RULES: dict = {}
 _VIEW_RULES: dict = {}
 
