@@ -24,10 +24,12 @@ class Pipeline:
             stage's (a list, one dict or None per stage).
         out: Specs per stage (a list, None where piece 0 sizes the stage).
         seed: seeds the scheduling order of ties (tests).
+        replicas: threads per stage (an int for every stage after the source, or a list
+            with one entry per stage, None or 1 for the source): see ActorGraph.actor.
     """
 
     def __init__(self, stages, buffers=2, memory=None, resources=None,
-                 stage_resources=None, out=None, seed=None, names=None):
+                 stage_resources=None, out=None, seed=None, names=None, replicas=None):
         stages = list(stages)
         if len(stages) < 2:
             raise ValueError(f"Pipeline: give a source and at least one stage, got "
@@ -37,6 +39,11 @@ class Pipeline:
         res = _per_stage(stage_resources, n, "stage_resources")
         outs = _per_stage(out, n, "out")
         names = _per_stage(names, n, "names")
+        reps = ([None] + [replicas] * (n - 1) if isinstance(replicas, int)
+                else _per_stage(replicas, n, "replicas"))
+        if reps[0] not in (None, 1):
+            raise ValueError("Pipeline: the source reads one iterator in order; replicas are "
+                             "for the stages after it")
         self.graph = ActorGraph(memory=memory, resources=resources, seed=seed)
         g = self.graph
         node = g.source(stages[0], out=outs[0], buffers=per[0], resources=res[0],
@@ -47,7 +54,7 @@ class Pipeline:
                 raise TypeError(f"Pipeline: stage {i} must be a function of one piece, got "
                                 f"{type(fn).__name__}")
             node = g.actor(fn, node, out=outs[i], buffers=per[i], resources=res[i],
-                           name=names[i])
+                           name=names[i], replicas=reps[i] or 1)
             self.actors.append(node)
         g.sink(node)
 

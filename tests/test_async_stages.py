@@ -395,3 +395,12 @@ def test_random_chains_of_stage_kinds_keep_order_and_free_everything(kinds, buff
         assert got == want
     assert g.join(10)
     assert in_use() == base
+
+
+def test_pipeline_stages_take_replicas():
+    stage = ThreadOverlap()
+    pipe = af.Pipeline([numbers(12), stage, np.negative], buffers=[4, 3, 2], replicas=3)
+    assert [int(o[0]) for o in pipe.run()] == [-2 * i for i in range(12)]
+    assert 2 <= stage.most <= 3
+    with pytest.raises(ValueError, match="source"):
+        af.Pipeline([numbers(2), np.negative], replicas=[2, 1])
