@@ -404,3 +404,11 @@ def test_pipeline_stages_take_replicas():
     assert 2 <= stage.most <= 3
     with pytest.raises(ValueError, match="source"):
         af.Pipeline([numbers(2), np.negative], replicas=[2, 1])
+
+
+def test_stats_show_replicas():
+    pipe = af.Pipeline([numbers(4), np.negative], replicas=[None, 3], names=["src", "neg"])
+    list(pipe.run())
+    s = pipe.stats()
+    assert s.actors["neg"]["replicas"] == 3 and s.actors["src"]["replicas"] == 1
+    assert "threadx3" in str(s)

@@ -10,7 +10,7 @@ from .state import CREDIT, INPUT, RESOURCE
 
 class RunStats:
     """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
-    graph has no sink); ``actors``: per actor name ``{kind, mode, acts, compute_s, wait_input_s,
+    graph has no sink); ``actors``: per actor name ``{kind, mode, replicas, acts, compute_s, wait_input_s,
     wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
     budget}`` in bytes (``peak`` measured: the most register bytes held at once); ``state``:
     "finished", "stopped" (a cancel, a break), "failed" or "running" (a live snapshot);
@@ -27,6 +27,7 @@ class RunStats:
                 waits[st.cause] += now - st.since
             self.actors[st.actor.name] = {
                 "kind": st.actor.kind, "mode": st.mode, "acts": st.acts,
+                "replicas": getattr(st.actor, "replicas", 1),
                 "compute_s": st.compute_s, "wait_input_s": waits[INPUT],
                 "wait_credit_s": waits[CREDIT], "wait_resource_s": waits[RESOURCE],
                 "busy": st.compute_s / self.wall_s if self.wall_s > 0 else 0.0,
@@ -56,7 +57,7 @@ class RunStats:
 
     def table(self) -> str:
         w = max([16] + [len(name) for name in self.actors])
-        head = (f"{'actor':<{w}} {'mode':<7} {'acts':>6} {'compute s':>10} {'wait input':>11} "
+        head = (f"{'actor':<{w}} {'mode':<8} {'acts':>6} {'compute s':>10} {'wait input':>11} "
                 f"{'wait credit':>12} {'wait res.':>10} {'busy':>6}")
         n = self.pieces
         state = {"finished": "", "stopped": ", stopped before its end",
@@ -64,7 +65,8 @@ class RunStats:
         lines = [f"Run: {n} piece{'' if n == 1 else 's'} in {self.wall_s:.3f} s"
                  f"{state[self.state]}", head, "-" * len(head)]
         for name, r in self.actors.items():
-            lines.append(f"{name:<{w}} {r['mode']:<7} {r['acts']:>6} {r['compute_s']:>10.4f} "
+            mode = r["mode"] if r["replicas"] == 1 else f"{r['mode']}x{r['replicas']}"
+            lines.append(f"{name:<{w}} {mode:<8} {r['acts']:>6} {r['compute_s']:>10.4f} "
                          f"{r['wait_input_s']:>11.4f} {r['wait_credit_s']:>12.4f} "
                          f"{r['wait_resource_s']:>10.4f} {r['busy']:>6.0%}")
         for dev, m in self.memory.items():
