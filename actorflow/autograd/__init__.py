@@ -137,17 +137,6 @@ def backward(self, gradient=None, retain_graph: bool = False, create_graph: bool
     run_backward([ag], [gradient], retain_graph)
 
 
-def detach(self) -> Tensor:
-    """A tensor sharing this one's storage, outside autograd (no grad_fn, no
-    requires_grad)."""
-    impl = self._impl
-    m = impl.meta
-    if m.shape is None:
-        self._meta
-        m = impl.meta
-    return tensor_module.wrap(impl.view(m.shape, m.strides, m.offset))
-
-
 def detach_(self) -> Tensor:
     """Takes this tensor out of autograd in place."""
     if self._impl.base is not None and self._impl.ag is not None:
@@ -177,7 +166,6 @@ METHODS = {
     "is_leaf": property(_is_leaf),
     "retain_grad": retain_grad,
     "backward": backward,
-    "detach": detach,
     "detach_": detach_,
 }
 

@@ -122,13 +122,14 @@ def _needs_grad(inputs) -> bool:
 def record(op, inputs, attrs, device, outs):
     """The recorder ``eager.interpreter.apply`` calls while autograd is armed; None when
     nothing needs recording (the call then runs as usual)."""
-    if outs is None:                # the common case first: nothing requires grad
-        for i in inputs:
-            ag = i.ag
-            if ag is not None and ag.requires_grad:
-                break
-        else:
-            return None
+    need = False                    # the common case first: nothing requires grad
+    for i in inputs:
+        ag = i.ag
+        if ag is not None and ag.requires_grad:
+            need = True
+            break
+    if outs is None and not need:
+        return None
     if _STATE.below_grad:           # the call the recorder itself runs
         return None
     enabled = MODE.enabled
@@ -137,7 +138,7 @@ def record(op, inputs, attrs, device, outs):
             o.blob.version += 1
         if enabled:
             _check_inplace(op.name, inputs, outs)
-    if not enabled or not _needs_grad(inputs):
+    if not enabled or not need:
         if outs is not None and enabled:
             for o in outs:
                 ag = o.ag

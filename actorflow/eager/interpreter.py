@@ -197,18 +197,6 @@ def use_autograd(recorder) -> None:
 
 
 @contextmanager
-def below_grad():
-    """Within the block, op calls on this thread skip autograd's recorder."""
-    st = STATE
-    prev = st.below_grad
-    st.below_grad = True
-    try:
-        yield
-    finally:
-        st.below_grad = prev
-
-
-@contextmanager
 def use_interpreter(interp):
     """Within the block, op calls on this thread go to ``interp`` (e.g. a tracer)."""
     with _override("interpreter", interp):

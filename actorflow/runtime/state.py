@@ -41,7 +41,7 @@ class ActorState:
         self.timer = None               # the timeout of the act running (actors with timeout=)
         self.early: dict = {}           # acts done before an earlier piece's (async acts,
         self.next_done = 0              # replicas): by piece; the piece handled next
-        self.ordered = mode == "async" or getattr(actor, "replicas", 1) > 1
+        self.ordered = mode == "async" or actor.replicas > 1
         self.gates = None               # (state gates read, written): see gates.py
 
 
