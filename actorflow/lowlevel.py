@@ -10,7 +10,8 @@ from .tracing.program import Program
 from .tracing.recording import Recorder
 from .runtime.credit import CreditScheduler
 from .runtime.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
-from .runtime.plan import Plan, build_plan
+from .runtime.plan import Plan
+from .runtime.planning import build_plan
 from .runtime.register import InPort, MemoryBudget, OutPort, Register
 from .runtime.watchdog import WaitFor
 from .ops import OpDef, all_ops, get as get_op, register as register_op

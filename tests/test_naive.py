@@ -45,12 +45,34 @@ def test_o2_first_completes(mode):
 
 def test_figure1_on_actors_is_refused_or_runs_under_its_plan():
     with pytest.raises(af.PlanError, match="even buffers=1 needs 10.0 MiB"):
-        figure1.actor_graph(8 * MiB).plan()
-    g = figure1.actor_graph(10 * MiB)
+        figure1.actor_graph(8 * MiB, share=False).plan()
+    g = figure1.actor_graph(10 * MiB, share=False)
     outs = list(g.run())
     assert len(outs) == 1
     m = g.stats().memory["null"]
     assert m["peak"] == m["planned"] == 10 * MiB <= m["budget"]
+    assert m["live"] is None                            # nothing shared
+
+
+def test_figure1_runs_on_actors_in_the_8_mib_pool():
+    g = figure1.actor_graph(8 * MiB)
+    plan = g.plan()
+    assert plan.sharing is not None and plan.sharing.share.exact
+    assert plan.totals[af.device("null")] == 6 * MiB == random_dags.min_peak(figure1.ops(0))
+    assert plan.sharing.share.edges                     # the order is kept by control edges
+    outs = list(g.run())
+    assert len(outs) == 1
+    m = g.stats().memory["null"]
+    assert m["peak"] == m["planned"] == m["live"] == 6 * MiB
+
+
+def test_figure1_below_the_minimum_is_refused_naming_it():
+    with pytest.raises(af.PlanError) as info:
+        figure1.actor_graph(5 * MiB).plan()
+    msg = str(info.value)
+    assert info.value.needed == 6 * MiB and info.value.budget == 5 * MiB
+    assert "need 6.0 MiB" in msg and "instead of 10.0 MiB" in msg
+    assert "the smallest any order and placement allow" in msg
 
 
 def test_detector_does_not_fire_on_slow_but_live_runs():
@@ -197,7 +219,7 @@ def test_the_demo_shows_eager_a_pipeline_and_the_named_deadlock(capsys):
     assert "relu(x) =" in out                                      # eager tensors
     assert "Plan" in out and "Run: 40 pieces" in out               # a pipeline, plan, stats
     assert "O1 waits for 5.0 MiB on cpu (4.0 MiB free)" in out     # the deadlock, named
-    assert "actors, budget 10 MiB" in out                          # next to the actors
+    assert "actors, shared by lifetime, budget 8 MiB" in out        # next to the actors
 
 
 def test_ops_from_graph_sizes_a_graph_the_actors_refuse():

@@ -326,13 +326,24 @@ class Collector(Actor):
         return False
 
     def compute(self, piece, ins, outs):
+        return self.assemble([self.part(k, x) for k, x in enumerate(ins)])
+
+    def part(self, k: int, x):
+        """A copy of what sink ``k``'s register holds (the run copies each part out as
+        soon as it arrives, so the register goes home at once)."""
         if self.picks is not None:
-            leaves = [np.array(view_of(ins[k][j], meta)) for k, j, meta in self.picks]
+            return {j: np.array(view_of(x[j], meta)) for kk, j, meta in self.picks
+                    if kk == k}
+        return _copy_out(x)
+
+    def assemble(self, parts: list):
+        """The run's output of one piece, from every sink's part."""
+        if self.picks is not None:
+            leaves = [parts[k][j] for k, j, _ in self.picks]
             return unflatten(self.structure, leaves)
-        values = [_copy_out(v) for v in ins]
-        if len(values) == 1:
-            return values[0]
-        return dict(zip(self.names, values))
+        if len(parts) == 1:
+            return parts[0]
+        return dict(zip(self.names, parts))
 
 
 def _copy_out(piece):

@@ -5,12 +5,16 @@ back, sends outputs on, sizes registers from piece 0, and passes end of stream a
 
 from __future__ import annotations
 
+import time
+import traceback
+
 from ..errors import ActorError
 from .actor import Sized, read_piece
 from .gates import gates_passed
 from .register import EOS, Register
+from .sharing import untaken, went_home
 from .spec import NOTHING
-from .state import ActorState
+from .state import CREDIT, INPUT, ActorState
 
 
 class Completion:
@@ -96,16 +100,15 @@ class Completion:
             # a source ran out (acts it had queued after that are discarded), or the actor
             # was stopped because nobody reads it any more
             if out_reg is not None:
+                if st.share is not None:
+                    untaken(st, out_reg)
                 st.out.free.append(out_reg)
             st.max_in_flight = 0
         elif type(result) is Sized:
             self._sized(st, piece, result)
-        elif out_reg is not None:
+        else:
             st.acts += 1
             self._send(st, out_reg, piece)
-        else:                                      # the collector
-            st.acts += 1
-            self.deliver(result)
         if self.stopping:
             return
         if st.max_in_flight == 0 and st.in_flight == 0 and not st.ended:
@@ -144,6 +147,8 @@ class Completion:
         if not consumers:
             if reg.index >= 0:
                 st.out.free.append(reg)
+                if st.share is not None:
+                    went_home(st, reg, self.wake)
             return
         reg.pending = len(consumers)
         for p in consumers:
@@ -157,7 +162,10 @@ class Completion:
         if reg.pending == 0 and reg.index >= 0:
             port = reg.owner
             port.free.append(reg)
-            self.wake(self.by_actor[port.actor])
+            st = self.by_actor[port.actor]
+            if st.share is not None:
+                went_home(st, reg, self.wake)
+            self.wake(st)
 
     def _end(self, st: ActorState) -> None:
         """Passes end of stream on: closes the inputs (handing back what is queued), marks
@@ -165,6 +173,10 @@ class Completion:
         if st.ended:
             return
         st.ended = True
+        if st.share is not None:        # who waits on its bytes waits no more
+            waiters = st.share.waiters
+            while waiters:
+                self.wake(waiters.pop())
         if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
             self.plan.pending.discard(st.actor)
             st.actor.out_spec = NOTHING
@@ -193,6 +205,61 @@ class Completion:
             prod.max_in_flight = 0
             if prod.in_flight == 0:
                 self._end(prod)
+
+    def collect(self, st: ActorState) -> None:
+        """The run's output: copies each sink's piece out of its register the moment it
+        arrives (so the register goes home at once, as the memory plan assumes), at most
+        ``room`` pieces ahead of the caller, and delivers a piece once every sink's part
+        of it is in, in piece order. Ends once a sink's end of stream leaves no piece to
+        complete."""
+        if self.plan.pending:                   # (a lazy plan sizes registers first)
+            self._blocked(st, CREDIT)
+            return
+        actor, parts, n = st.actor, st.parts, len(st.ins)
+        limit = st.next_piece + self.room
+        ends = []
+        for k, port in enumerate(st.ins):
+            q = port.queue
+            while q and q[0] is not EOS and q[0].piece < limit:
+                reg = q.popleft()
+                t0 = time.perf_counter()
+                try:
+                    value = actor.part(k, reg.arrays if st.raw else reg.view)
+                except BaseException as e:  # noqa: BLE001 - as an act's error
+                    error = ActorError(actor.name, reg.piece, e, traceback.format_exc())
+                    error.__cause__ = e
+                    self.stop(error)
+                    return
+                st.compute_s += time.perf_counter() - t0
+                slot = parts.get(reg.piece)
+                if slot is None:
+                    slot = parts[reg.piece] = [0, [None] * n]
+                slot[0] += 1
+                slot[1][k] = value
+                st.got[k] += 1
+                self._hand_back(reg)
+            if q and q[0] is EOS:
+                ends.append(k)
+        while True:
+            slot = parts.get(st.next_piece)
+            if slot is None or slot[0] < n:
+                break
+            del parts[st.next_piece]
+            st.next_piece += 1
+            st.acts += 1
+            self.room -= 1
+            if st.cause is not None:
+                st.waits[st.cause] += time.perf_counter() - st.since
+                st.cause = None
+            self.deliver(actor.assemble(slot[1]))
+        if ends and not self.stopping and st.next_piece >= min(st.got[k] for k in ends):
+            parts.clear()               # (parts of pieces a finished sink never sends)
+            self._end(st)
+            return
+        if st.next_piece >= limit:
+            self._blocked(st, CREDIT)
+        elif not st.ended:
+            self._blocked(st, INPUT)
 
     def credit_back(self, n: int = 1) -> None:
         """The consumer of ``run()`` took ``n`` outputs: the collector may deliver more."""

@@ -37,6 +37,7 @@ from .source import SourceActor
 from .completion import Completion
 from .gates import gates_open, make_gates
 from .register import EOS
+from .sharing import bind_gates, gate_open, taken
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 from .stragglers import Stragglers
 from .watchdog import stalled
@@ -92,6 +93,8 @@ class CreditScheduler(Completion):
         self.inbox: deque = deque()     # completions posted by actor threads
         self.inbox_woken = False
         self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
+        self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
+                     else None)         # the shared registers' bytes in use (sharing.py)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -214,6 +217,9 @@ class CreditScheduler(Completion):
             st.cause, st.since = cause, time.perf_counter()
 
     def _try(self, st: ActorState) -> None:
+        if st is self.collector:
+            self.collect(st)
+            return
         ins, out = st.ins, st.out
         while st.in_flight < st.max_in_flight and not st.ended:
             for p in ins:
@@ -232,9 +238,9 @@ class CreditScheduler(Completion):
                     else:
                         self._blocked(st, CREDIT)
                         return
-            elif self.room <= 0 or self.plan.pending:   # the collector: the caller's credits
-                self._blocked(st, CREDIT)
-                return
+                elif st.share is not None and not gate_open(st):
+                    self._blocked(st, CREDIT)       # its bytes are not free yet
+                    return
             if st.gates is not None and not gates_open(st):
                 self._blocked(st, RESOURCE)     # state another piece has not passed yet
                 return
@@ -246,8 +252,8 @@ class CreditScheduler(Completion):
                 st.cause = None
             regs = [p.queue.popleft() for p in ins]
             out_reg = out.free.popleft() if out is not None and not sizing else None
-            if out is None:
-                self.room -= 1
+            if st.share is not None:
+                taken(st, out_reg)
             piece = st.next_piece
             st.next_piece += 1
             st.in_flight += 1

@@ -22,7 +22,7 @@ from . import driving
 from . import loop as loop_module
 from .actor import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
-from .plan import plan_graph
+from .planning import plan_graph
 from .register import MemoryBudget
 from .source import SourceActor
 from .spec import PieceSpec
@@ -47,10 +47,13 @@ class ActorGraph:
         buffers: default registers per actor output (2: double buffering).
         seed: seeds the order in which simultaneously ready actors are tried (tests).
         output_buffers: outputs ``run()`` may have delivered but the caller not taken yet.
+        share: registers whose lifetimes never overlap share memory, in an order the run
+            keeps (control edges): ``"auto"`` when side by side they do not fit the
+            budget, ``True`` always, ``False`` never (the plan is refused instead).
     """
 
     def __init__(self, memory: dict | None = None, resources: dict | None = None,
-                 buffers: int = 2, seed=None, output_buffers: int = 16):
+                 buffers: int = 2, seed=None, output_buffers: int = 16, share="auto"):
         self.memory = dict(memory or {})
         MemoryBudget(self.memory)                       # validates the budgets now
         self.resources = {}
@@ -65,6 +68,9 @@ class ActorGraph:
                 or output_buffers < 1:
             raise ValueError(f"output_buffers must be an int >= 1, got {output_buffers!r}")
         self.output_buffers = output_buffers
+        if share not in ("auto", True, False):
+            raise ValueError(f"share must be 'auto', True or False, got {share!r}")
+        self.share = share
         self.actors: list = []
         self._names: set = set()
         self.sinks: list = []
@@ -193,7 +199,8 @@ class ActorGraph:
 
     def _make_plan(self, feed, lazy: bool):
         self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
-                                self.buffers, MemoryBudget(self.memory), self.resources)
+                                self.buffers, MemoryBudget(self.memory), self.resources,
+                                share=self.share)
         return self._plan
 
     # -- running ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from collections import deque
 
 from ..errors import DeadlockError, OutOfMemoryError, format_bytes, parse_bytes
 from ..eventloop import new_event_loop
-from .plan import plan_graph
+from .planning import plan_graph
 from .register import MemoryBudget
 from .watchdog import WaitFor, deadlock
 

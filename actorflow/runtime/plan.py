@@ -15,18 +15,23 @@ import traceback
 
 from ..errors import ActorError, PlanError, format_bytes
 from .actor import Collector, OpActor, read_piece
+from .register import InPort, MemoryBudget, OutPort, Register
+from .sharing import SHARED_KEY, Sharing
 from .source import SourceActor
-from .register import EOS, InPort, MemoryBudget, OutPort, Register
-from .spec import NOTHING
 
 
 class Plan:
     """What a run will hold. ``rows``: per actor ``{name, kind, output, buffers,
     register_bytes, workspace_bytes, bytes, device}``; ``totals``: ``{device: bytes}``;
-    ``budgets``: ``{device: bytes or None}``."""
+    ``budgets``: ``{device: bytes or None}``; ``sharing``: the registers that share memory
+    by lifetime (a ``Sharing``), when the budget needed it (``share="auto"``) or the graph
+    asked for it (``share=True``), else None."""
 
-    def __init__(self, actors: list, buffers: dict, budget: MemoryBudget, resources: dict):
+    def __init__(self, actors: list, buffers: dict, budget: MemoryBudget, resources: dict,
+                 share="auto"):
         self.actors = actors
+        self.share = share
+        self.sharing = None
         self.buffers = buffers
         self.budget = budget
         self.resources = dict(resources)
@@ -51,17 +56,32 @@ class Plan:
             n = self.buffers[a]
             dev = (a.out_spec.specs[0].device if a.out_spec.specs       # (no output: where
                    else getattr(getattr(a, "program", None), "device", None))  # its state is)
-            for d, b in a.out_spec.bytes_on().items():
-                self.totals[d] = self.totals.get(d, 0) + b * n
+            if self.sharing is None or a not in self.sharing.members:
+                for d, b in a.out_spec.bytes_on().items():
+                    self.totals[d] = self.totals.get(d, 0) + b * n
             if ws:
                 self.totals[dev] = self.totals.get(dev, 0) + ws
             self.rows.append({"name": a.name, "kind": a.describe(),
                               "output": a.out_spec.describe(sizes=False), "buffers": n,
                               "register_bytes": reg, "workspace_bytes": ws,
-                              "bytes": reg * n + ws, "device": str(dev) if dev else "-"})
+                              "bytes": reg * n + ws, "device": str(dev) if dev else "-",
+                              "shared": self.sharing is not None
+                              and a in self.sharing.members})
+        if self.sharing is not None:
+            for d, b in self.sharing.arenas.items():
+                self.totals[d] = self.totals.get(d, 0) + b
 
     def check(self) -> None:
-        """Raises PlanError when a device's registers do not fit its budget."""
+        """Raises PlanError when a device's registers do not fit its budget, even shared
+        by lifetime (``share="auto"``: tried only when side by side they do not fit)."""
+        over = any(self.budget.budget(d) is not None and t > self.budget.budget(d)
+                   for d, t in self.totals.items())
+        if (self.sharing is None and not self.pending and not self.allocated
+                and self.share is not False
+                and (over or self.share is True)):
+            self.sharing = Sharing.make(self.actors, self.buffers, self.budget)
+            if self.sharing is not None:
+                self._tally()
         for dev, total in self.totals.items():
             budget = self.budget.budget(dev)
             if budget is None:
@@ -71,7 +91,10 @@ class Plan:
                 continue
             mine = [(r, None) for r in self.rows if r["device"] == str(dev)]
             fixed = sum(r["workspace_bytes"] for r, _ in mine)
-            per_buffer = sum(r["register_bytes"] for r, _ in mine)
+            per_buffer = sum(r["register_bytes"] for r, _ in mine
+                             if not (r["shared"] and self.sharing.region.get(dev)))
+            if self.sharing is not None:
+                per_buffer += self.sharing.region.get(dev, 0)   # a wave of shared registers
 
             def need(n):
                 return fixed + per_buffer * n
@@ -92,6 +115,19 @@ class Plan:
             else:
                 hint = (f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
                         f"least that, or make the pieces smaller")
+            if self.sharing is not None:
+                s = self.sharing
+                got = s.arenas.get(dev, 0)
+                found = ("the smallest any order and placement allow" if s.share.exact
+                         else "the smallest the planner found")
+                hint = (f"sharing registers by lifetime, {len(s.members)} actors' registers "
+                        f"need {format_bytes(got)} ({got} B) of that instead of "
+                        f"{format_bytes(s.unshared.get(dev, 0))} side by side: {found} "
+                        f"(order {' -> '.join(s.nodes[i].name for i in s.share.order)}); "
+                        + hint)
+            elif self.share is not False and (self.pending or self.allocated):
+                hint += ("; call g.plan() before running, so that every register is sized "
+                         "and the planner can share them by lifetime")
             if self.pending:
                 hint += (f" (sized while running piece 0; {len(self.pending)} more actor(s) "
                          f"not sized yet)")
@@ -126,6 +162,8 @@ class Plan:
         self.ports.clear()
         self.in_ports.clear()
         try:
+            if self.sharing is not None:
+                self.sharing.allocate(self.budget)
             for a in self.actors:
                 if isinstance(a, Collector):
                     continue
@@ -151,10 +189,15 @@ class Plan:
         self.allocated = True
 
     def _fill(self, a, port) -> None:
+        shared = self.sharing is not None and a in self.sharing.members
         for i in range(port.buffers):
-            arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
-                                                  key=(a.name, i))
-            reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec))
+            if shared:
+                arrays, nbytes = self.sharing.arrays(a, i), a.out_spec.nbytes
+            else:
+                arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
+                                                      key=(a.name, i))
+            reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec),
+                           key=SHARED_KEY if shared else None)
             port.registers.append(reg)
             port.free.append(reg)
         if isinstance(a, OpActor) and a.program is not None:
@@ -213,11 +256,13 @@ class Plan:
             out = r["output"] if len(r["output"]) <= 30 else r["output"][:29] + "~"
             lines.append(f"{r['name']:<{w}} {r['kind']:<{k}} {out:<30} "
                          f"{format_bytes(r['register_bytes']):>10} {r['buffers']:>7} "
-                         f"{format_bytes(r['bytes']):>10}")
+                         f"{format_bytes(r['bytes']):>10}" + (" shared" if r["shared"] else ""))
         for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
             b = self.budget.budget(dev)
             against = f" of {format_bytes(b)} budget" if b is not None else " (no budget)"
             lines.append(f"total on {dev}: {format_bytes(total)}{against}")
+        if self.sharing is not None:
+            lines += self.sharing.lines()
         if self.resources:
             lines.append("resources: " + ", ".join(f"{k}={v}" for k, v in self.resources.items()))
         for name in self.empty_sources:
@@ -236,156 +281,3 @@ def system_memory():
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-def topo_order(actors: list) -> list:
-    """The actors in an order where producers come before consumers (insertion order
-    otherwise); the collector last. Raises PlanError on a cycle."""
-    order, state = [], {}
-
-    def visit(a, path):
-        s = state.get(a)
-        if s == 2:
-            return
-        if s == 1:
-            raise PlanError("the graph has a cycle: " + " -> ".join(x.name for x in path + [a]))
-        state[a] = 1
-        for p in a.inputs:
-            visit(p, path + [a])
-        state[a] = 2
-        order.append(a)
-    for a in actors:
-        visit(a, [])
-    return order
-
-
-def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
-               budget: MemoryBudget, resources: dict, check: bool = True) -> Plan:
-    """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
-    inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
-    outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
-    then ``build_plan`` (``check=False``: sized only, the budgets not checked; such a plan
-    is for reading, e.g. ``ops_from_graph``, never for a run). On failure nothing stays
-    cached and the sources are closed."""
-    if not graph_actors:
-        raise PlanError("the graph has no actors; add a source first")
-    if feed is not None and not (callable(feed) or hasattr(feed, "__iter__")
-                                 or hasattr(feed, "__aiter__")):
-        raise PlanError(f"run(feed={feed!r}): feed takes the pieces: an iterable (a list, a "
-                        f"generator), an async iterable, or a function returning one; got "
-                        f"{type(feed).__name__}")
-    for a in graph_actors:
-        if isinstance(a, SourceActor) and a.fed:
-            if feed is None:
-                if a.declared:
-                    a.source = None          # sized by its Spec: plan() needs no pieces
-                    continue
-                raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); pass feed=")
-            a.source, a.it, a.spent = feed, None, False
-            a.cached.clear()
-            if not a.declared:
-                a.out_spec = None
-    actors = list(graph_actors)
-    names = [n for _, n in sinks]
-    if picks is not None and sinks:
-        actors.append(Collector([s for s, _ in sinks], names, *picks))
-    elif sinks:
-        actors.append(Collector([s for s, _ in sinks], names))
-    for a in graph_actors:
-        if not isinstance(a, SourceActor):       # a source keeps the piece 0 it already read
-            a.cached.clear()
-        if isinstance(a, OpActor):
-            a.program = None
-            if a.inline_given is None:
-                a.inline = None                  # decided again once sized (this run's shapes)
-            if not a.declared:
-                a.out_spec = None
-        elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
-            a.out_spec = None
-    try:
-        plan = build_plan(actors, default_buffers, budget, resources, lazy, check)
-    except BaseException:
-        for a in graph_actors:
-            a.cached.clear()
-            if isinstance(a, SourceActor):
-                a.close()
-        raise
-    for a in graph_actors:
-        if isinstance(a, OpActor) and a.inline_given is None and a.program is not None:
-            a.inline = a.small()
-    return plan
-
-
-def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
-               resources: dict, lazy: bool = False, check: bool = True) -> Plan:
-    """Sizes every register (reading piece 0 through the graph if a stage's output size is
-    not declared), checks the budgets (unless ``check`` is False) and returns the Plan.
-    ``lazy``: leave the stages that need piece 0 unsized; the run sizes them as piece 0
-    flows (``Plan.size``)."""
-    order = topo_order(actors)
-    for a in order:
-        for name, n in a.resources.items():
-            if name not in resources:
-                raise PlanError(f"actor {a.name!r} takes resource {name!r}, which the graph "
-                                f"does not declare; add resources={{{name!r}: ...}} to the "
-                                f"graph")
-            if n > resources[name]:
-                raise PlanError(f"actor {a.name!r} takes {n} of resource {name!r} but only "
-                                f"{resources[name]} exist, so it could never act")
-        a.infer()
-    empty = []
-    if not lazy and any(a.needs_probe() for a in order):
-        empty = _probe(order)
-        for a in order:
-            a.infer()
-    for a in order:
-        if a.out_spec is None and not isinstance(a, Collector) and not lazy:
-            if not _downstream_of(a, empty):
-                raise PlanError(f"actor {a.name!r}: the size of its output is unknown after "
-                                f"computing piece 0; give it out=af.Spec(shape, dtype)")
-            a.out_spec = NOTHING      # a source yielded nothing: never used
-    buffers = {}
-    for a in order:
-        buffers[a] = default_buffers if a.buffers is None else a.buffers
-    plan = Plan(order, buffers, budget, resources)
-    plan.empty_sources = empty
-    if check:
-        plan.check()
-    return plan
-
-
-def _probe(order: list) -> list:
-    """Reads piece 0 and computes it through the graph, one actor at a time, so every
-    register can be sized. The results are kept and become piece 0 of the run."""
-    values: dict = {}
-    empty = []
-    for a in order:
-        if isinstance(a, Collector):
-            continue
-        if any(p not in values for p in a.inputs):
-            continue                         # downstream of an empty source
-        ins = []
-        for p in a.inputs:
-            leaves = values[p]
-            ins.append(leaves if isinstance(a, OpActor) else read_piece(leaves, p.out_spec))
-        try:
-            out = a.probe(ins)
-        except PlanError:
-            raise
-        except Exception as e:  # noqa: BLE001 - named with the actor, as in a run
-            err = ActorError(a.name, 0, e, traceback.format_exc())
-            raise err from e
-        if out is EOS:
-            empty.append(a.name)
-            continue
-        if out is None:                      # an async source with a declared spec
-            continue
-        values[a] = out
-        a.cached[0] = out
-    return empty
-
-
-def _downstream_of(actor, names: list) -> bool:
-    if actor.name in names:
-        return True
-    return any(_downstream_of(p, names) for p in actor.inputs)

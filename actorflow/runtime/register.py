@@ -23,15 +23,12 @@ class Register:
     device without data), the ``piece`` it holds, and ``pending``: consumers that have not
     handed it back yet."""
 
-    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view")
+    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view", "key")
 
-    @property
-    def key(self):
-        """What its memory is filed under in the graph's MemoryBudget."""
-        return (self.owner.actor.name, self.index)
-
-    def __init__(self, owner, index: int, arrays: list, nbytes: int, view=None):
+    def __init__(self, owner, index: int, arrays: list, nbytes: int, view=None, key=None):
         self.owner = owner          # the OutPort it belongs to
+        self.key = (owner.actor.name, index) if key is None else key   # what its memory is
+        # filed under in the graph's MemoryBudget (registers sharing an arena: the arena's)
         self.index = index
         self.arrays = arrays
         self.nbytes = nbytes

@@ -17,7 +17,8 @@ class ActorState:
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
-                 "since", "tokens", "jobs", "timer", "early", "next_done", "ordered", "gates")
+                 "since", "tokens", "jobs", "timer", "early", "next_done", "ordered", "gates",
+                 "share", "parts", "got")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -43,6 +44,9 @@ class ActorState:
         self.next_done = 0              # replicas): by piece; the piece handled next
         self.ordered = mode == "async" or actor.replicas > 1
         self.gates = None               # (state gates read, written): see gates.py
+        self.share = None               # its MemoryGate when its registers share memory
+        self.parts: dict = {}           # the collector: piece -> [count, sinks' parts]
+        self.got: list = [0] * len(getattr(actor, "inputs", ()))   # parts per sink
 
 
 class ActorThread:

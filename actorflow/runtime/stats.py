@@ -12,7 +12,9 @@ class RunStats:
     """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
     graph has no sink); ``actors``: per actor name ``{kind, mode, replicas, acts, compute_s, wait_input_s,
     wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
-    budget}`` in bytes (``peak`` measured: the most register bytes held at once); ``state``:
+    budget, live}`` in bytes (``peak`` measured: the most register bytes held at once;
+    ``live``, where registers share memory: the most bytes of registers in use at once,
+    measured, the unshared ones counted whole, None elsewhere); ``state``:
     "finished", "stopped" (a cancel, a break), "failed" or "running" (a live snapshot);
     ``abandoned``: ``[(actor name, piece)]`` of the acts still running when the run stopped
     (each frees its registers when it returns; ``ActorGraph.join`` waits for them)."""
@@ -37,7 +39,10 @@ class RunStats:
         for dev, total in plan.totals.items():
             m = mem.get(str(dev), {})
             self.memory[str(dev)] = {"planned": total, "peak": m.get("peak", 0),
-                                     "budget": plan.budget.budget(dev)}
+                                     "budget": plan.budget.budget(dev), "live": None}
+            if sched.live is not None and dev in sched.live.peak:
+                self.memory[str(dev)]["live"] = (sched.live.peak[dev] + total
+                                                 - plan.sharing.arenas.get(dev, 0))
         self.abandoned: list = sched.stragglers.running()
         if not sched.finished:
             self.state = "running"             # a live snapshot (stats() during a run)
@@ -71,8 +76,10 @@ class RunStats:
                          f"{r['wait_resource_s']:>10.4f} {r['busy']:>6.0%}")
         for dev, m in self.memory.items():
             b = f" of {format_bytes(m['budget'])} budget" if m["budget"] is not None else ""
+            live = (f", registers in use at once at most {format_bytes(m['live'])}"
+                    if m["live"] is not None else "")
             lines.append(f"memory on {dev}: planned {format_bytes(m['planned'])}, measured peak "
-                         f"{format_bytes(m['peak'])}{b}")
+                         f"{format_bytes(m['peak'])}{b}{live}")
         for name, piece in self.abandoned:
             lines.append(f"abandoned when the run stopped: {name!r} on piece {piece} (frees "
                          f"its registers when it returns)")

@@ -1,0 +1,169 @@
+"""Planning a graph's run: the actors ordered, fed inputs pointed at ``feed``, the
+collector added, every register sized (from ``out=``, an op's inference, or piece 0 read
+and computed once here) and the ``Plan`` built and checked against the budgets."""
+
+from __future__ import annotations
+
+import traceback
+
+from ..errors import ActorError, PlanError
+from .actor import Collector, OpActor, read_piece
+from .plan import Plan
+from .register import EOS, MemoryBudget
+from .source import SourceActor
+from .spec import NOTHING
+
+
+def topo_order(actors: list) -> list:
+    """The actors in an order where producers come before consumers (insertion order
+    otherwise); the collector last. Raises PlanError on a cycle."""
+    order, state = [], {}
+
+    def visit(a, path):
+        s = state.get(a)
+        if s == 2:
+            return
+        if s == 1:
+            raise PlanError("the graph has a cycle: " + " -> ".join(x.name for x in path + [a]))
+        state[a] = 1
+        for p in a.inputs:
+            visit(p, path + [a])
+        state[a] = 2
+        order.append(a)
+    for a in actors:
+        visit(a, [])
+    return order
+
+
+def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
+               budget: MemoryBudget, resources: dict, check: bool = True,
+               share="auto") -> Plan:
+    """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
+    inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
+    outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
+    then ``build_plan`` (``check=False``: sized only, the budgets not checked; such a plan
+    is for reading, e.g. ``ops_from_graph``, never for a run). On failure nothing stays
+    cached and the sources are closed."""
+    if not graph_actors:
+        raise PlanError("the graph has no actors; add a source first")
+    if feed is not None and not (callable(feed) or hasattr(feed, "__iter__")
+                                 or hasattr(feed, "__aiter__")):
+        raise PlanError(f"run(feed={feed!r}): feed takes the pieces: an iterable (a list, a "
+                        f"generator), an async iterable, or a function returning one; got "
+                        f"{type(feed).__name__}")
+    for a in graph_actors:
+        if isinstance(a, SourceActor) and a.fed:
+            if feed is None:
+                if a.declared:
+                    a.source = None          # sized by its Spec: plan() needs no pieces
+                    continue
+                raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); pass feed=")
+            a.source, a.it, a.spent = feed, None, False
+            a.cached.clear()
+            if not a.declared:
+                a.out_spec = None
+    actors = list(graph_actors)
+    names = [n for _, n in sinks]
+    if picks is not None and sinks:
+        actors.append(Collector([s for s, _ in sinks], names, *picks))
+    elif sinks:
+        actors.append(Collector([s for s, _ in sinks], names))
+    for a in graph_actors:
+        if not isinstance(a, SourceActor):       # a source keeps the piece 0 it already read
+            a.cached.clear()
+        if isinstance(a, OpActor):
+            a.program = None
+            if a.inline_given is None:
+                a.inline = None                  # decided again once sized (this run's shapes)
+            if not a.declared:
+                a.out_spec = None
+        elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
+            a.out_spec = None
+    try:
+        plan = build_plan(actors, default_buffers, budget, resources, lazy, check, share)
+    except BaseException:
+        for a in graph_actors:
+            a.cached.clear()
+            if isinstance(a, SourceActor):
+                a.close()
+        raise
+    for a in graph_actors:
+        if isinstance(a, OpActor) and a.inline_given is None and a.program is not None:
+            a.inline = a.small()
+    return plan
+
+
+def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
+               resources: dict, lazy: bool = False, check: bool = True,
+               share="auto") -> Plan:
+    """Sizes every register (reading piece 0 through the graph if a stage's output size is
+    not declared), checks the budgets (unless ``check`` is False) and returns the Plan.
+    ``lazy``: leave the stages that need piece 0 unsized; the run sizes them as piece 0
+    flows (``Plan.size``)."""
+    order = topo_order(actors)
+    for a in order:
+        for name, n in a.resources.items():
+            if name not in resources:
+                raise PlanError(f"actor {a.name!r} takes resource {name!r}, which the graph "
+                                f"does not declare; add resources={{{name!r}: ...}} to the "
+                                f"graph")
+            if n > resources[name]:
+                raise PlanError(f"actor {a.name!r} takes {n} of resource {name!r} but only "
+                                f"{resources[name]} exist, so it could never act")
+        a.infer()
+    empty = []
+    if not lazy and any(a.needs_probe() for a in order):
+        empty = _probe(order)
+        for a in order:
+            a.infer()
+    for a in order:
+        if a.out_spec is None and not isinstance(a, Collector) and not lazy:
+            if not _downstream_of(a, empty):
+                raise PlanError(f"actor {a.name!r}: the size of its output is unknown after "
+                                f"computing piece 0; give it out=af.Spec(shape, dtype)")
+            a.out_spec = NOTHING      # a source yielded nothing: never used
+    buffers = {}
+    for a in order:
+        buffers[a] = default_buffers if a.buffers is None else a.buffers
+    plan = Plan(order, buffers, budget, resources, share)
+    plan.empty_sources = empty
+    if check:
+        plan.check()
+    return plan
+
+
+def _probe(order: list) -> list:
+    """Reads piece 0 and computes it through the graph, one actor at a time, so every
+    register can be sized. The results are kept and become piece 0 of the run."""
+    values: dict = {}
+    empty = []
+    for a in order:
+        if isinstance(a, Collector):
+            continue
+        if any(p not in values for p in a.inputs):
+            continue                         # downstream of an empty source
+        ins = []
+        for p in a.inputs:
+            leaves = values[p]
+            ins.append(leaves if isinstance(a, OpActor) else read_piece(leaves, p.out_spec))
+        try:
+            out = a.probe(ins)
+        except PlanError:
+            raise
+        except Exception as e:  # noqa: BLE001 - named with the actor, as in a run
+            err = ActorError(a.name, 0, e, traceback.format_exc())
+            raise err from e
+        if out is EOS:
+            empty.append(a.name)
+            continue
+        if out is None:                      # an async source with a declared spec
+            continue
+        values[a] = out
+        a.cached[0] = out
+    return empty
+
+
+def _downstream_of(actor, names: list) -> bool:
+    if actor.name in names:
+        return True
+    return any(_downstream_of(p, names) for p in actor.inputs)
