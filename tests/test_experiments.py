@@ -68,9 +68,13 @@ def test_double_buffering_reports_peaks_per_device(db_data):
     cpu, gpu = headers.index("peak cpu MiB"), headers.index("peak gpu MiB")
     rows = {r[0]: r for r in db_data["rows"]}
     assert (rows["naive (wait)"][cpu], rows["naive (wait)"][gpu]) == (24, 0)
+    least = headers.index("minimum cpu/gpu MiB")
     for b in (1, 2, 3):
         r = rows[f"actors, buffers={b}"]
         assert (r[cpu], r[gpu]) == (8 * b, 5 * b)
+        assert r[least] == f"{8 * b}/{5 * b}"      # sharing saves nothing in this chain
+    assert rows["actors, buffers=4"][1] == "refused"
+    assert "buffers=4 refused: sharing registers by lifetime" in db_data["table"]
     for r in db_data["rows"]:
         assert r[cpu] <= 24 and r[gpu] <= 24
     assert "peak cpu MiB  peak gpu MiB" in db_data["table"]
@@ -122,7 +126,7 @@ def test_figure1_picture_has_every_row_of_the_table():
     data = figure1.run(seed=0, time=0.0005)
     bars = figure1.bars(data)
     assert [b[2] for b in bars] == ["ok", "ok", "deadlock", "out of memory",
-                                    "ok, within its 8 MiB budget, 6 MiB planned and used",
+                                    "ok, shared: 6 MiB of its 8 MiB",
                                     "refused: the plan needs 10.0 MiB",
                                     "ok, within its 10 MiB budget"]
     assert data["min_peak"] == 6 * MiB

@@ -14,6 +14,7 @@ from their registers, with the memory planned up front.
 from __future__ import annotations
 
 from ..device import device
+from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
@@ -40,11 +41,12 @@ def naive_ops():
     return ops
 
 
-def actors(buffers: int, pieces: int) -> ActorGraph:
+def actors(buffers: int, pieces: int, share="auto", budgets: bool = True) -> ActorGraph:
     """The pipeline on actors: cpu-side registers on null, gpu-side ones on null:1, each
-    under its device's budget (CAPACITY)."""
-    g = ActorGraph(buffers=buffers,
-                   memory={str(ACTOR_DEVICE[d]): CAPACITY[d] for d in CAPACITY})
+    under its device's budget (CAPACITY; none with ``budgets=False``)."""
+    g = ActorGraph(buffers=buffers, share=share,
+                   memory={str(ACTOR_DEVICE[d]): CAPACITY[d] for d in CAPACITY}
+                   if budgets else None)
     node = None
     for name, nbytes, t, dev, _ in STAGES:
         spec = Spec((nbytes // 4,), "float32", ACTOR_DEVICE[dev])
@@ -58,8 +60,8 @@ def actors(buffers: int, pieces: int) -> ActorGraph:
 
 def run(seed: int = 0, pieces: int = 60) -> dict:
     headers = ["scheduler", "result", "pieces/s", "peak cpu MiB", "peak gpu MiB", "stalls",
-               "stall ms", "compute busy"]
-    rows, series = [], {}
+               "stall ms", "compute busy", "minimum cpu/gpu MiB", "control edges"]
+    rows, series, refusals = [], {}, {}
     bound = 1.0 / max(t for _, _, t, _, _ in STAGES)
     for label, mode in (("naive", "wait"), ("naive", "fail"),
                         ("naive + figure 3 allocator", "double-buffer")):
@@ -68,10 +70,20 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
         done = r.completed // len(STAGES)
         rate = done / r.elapsed_s if r.status == "ok" else 0.0
         rows.append([f"{label} ({mode})", r.status, rate, r.peak["cpu"] / MiB,
-                     r.peak["gpu"] / MiB, r.stalls, r.stall_s * 1e3, ""])
+                     r.peak["gpu"] / MiB, r.stalls, r.stall_s * 1e3, "", "", ""])
         series[f"{label} ({mode})"] = r.timeline
-    for b in (1, 2, 3):
+    for b in (1, 2, 3, 4):
+        least = actors(b, pieces, share=True, budgets=False).plan().sharing
+        mins = "/".join(f"{least.arenas.get(ACTOR_DEVICE[d], 0) / MiB:g}"
+                        for d in ("cpu", "gpu"))
         g = actors(b, pieces)
+        try:
+            g.plan()
+        except PlanError as e:
+            rows.append([f"actors, buffers={b}", "refused", 0.0, 0.0, 0.0, "", "", "",
+                         mins, len(least.share.edges)])
+            refusals[b] = str(e).splitlines()[-1]
+            continue
         n = sum(1 for _ in g.run())
         s = g.stats()
         busy = s.actors["compute"]["compute_s"] / s.wall_s
@@ -79,15 +91,21 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
         wait_ms = sum(a["wait_credit_s"] for a in s.actors.values()) * 1e3
         peak = [s.memory[str(ACTOR_DEVICE[d])]["peak"] / MiB for d in ("cpu", "gpu")]
         rows.append([f"actors, buffers={b}", "ok" if n == pieces else f"{n} pieces",
-                     n / s.wall_s, *peak, stalls, wait_ms, f"{busy:.0%}"])
+                     n / s.wall_s, *peak, stalls, wait_ms, f"{busy:.0%}", mins,
+                     len(least.share.edges)])
     data = {"pieces": pieces, "stages": STAGES, "capacity": CAPACITY, "headers": headers,
             "rows": rows, "bound_pieces_per_s": bound, "timelines": series,
+            "refusals": refusals,
             "note": "actors: 'stalls' counts stages that ever waited for a credit and "
                     "'stall ms' sums that waiting; naive: ops set aside or blocked on memory"}
     data["table"] = table(headers, rows) + (
         f"\n(compute alone bounds throughput at {bound:.0f} pieces/s; every contender has "
         f"{CAPACITY['cpu'] // MiB} MiB on cpu for load and preprocess and "
-        f"{CAPACITY['gpu'] // MiB} MiB on gpu for copy and compute)")
+        f"{CAPACITY['gpu'] // MiB} MiB on gpu for copy and compute; 'minimum' is the "
+        f"smallest peak any order has with registers shared by lifetime: a chain's "
+        f"neighbours are live together, so sharing saves nothing here)")
+    for b, why in refusals.items():
+        data["table"] += f"\nactors, buffers={b} refused: {why}"
     return data
 
 

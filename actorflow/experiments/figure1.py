@@ -91,7 +91,7 @@ def bars(data: dict) -> list:
         if r[0].startswith("actors") and r[2] == "ok":
             text = f"ok, within its {r[0].split('budget ')[1]} budget"
             if "shared" in r[0]:
-                text += f", {r[3]:g} MiB planned and used"
+                text = f"ok, shared: {r[3]:g} MiB of its {r[0].split('budget ')[1]}"
         if r[2] == "refused":
             text = "refused: " + ("the plan needs " + r[5].split("registers need ")[1]
                                   .split(" (")[0] if "registers need " in r[5] else "see table")
@@ -138,7 +138,7 @@ def figure(data: dict):
         right.set_xlim(0, 18)
         right.set_xlabel("peak MiB (dashed: the 8 MiB pool)")
     return figure_of("Figure 1: the issue order decides whether O1 fits; actors plan it",
-                     draw, panels=2, size=(12, 4), widths=[1, 1])
+                     draw, panels=2, size=(13, 4), widths=[1, 1.2])
 
 
 def plot(data: dict, path) -> bool:

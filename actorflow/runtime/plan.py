@@ -120,8 +120,9 @@ class Plan:
                 got = s.arenas.get(dev, 0)
                 found = ("the smallest any order and placement allow" if s.share.exact
                          else "the smallest the planner found")
-                hint = (f"sharing registers by lifetime, {len(s.members)} actors' registers "
-                        f"need {format_bytes(got)} ({got} B) of that instead of "
+                on = sum(1 for i in s.members.values() if dev in s.sizes[i])
+                hint = (f"sharing registers by lifetime, the {on} actors' registers there "
+                        f"need {format_bytes(got)} ({got} B) instead of "
                         f"{format_bytes(s.unshared.get(dev, 0))} side by side: {found} "
                         f"(order {' -> '.join(s.nodes[i].name for i in s.share.order)}); "
                         + hint)
