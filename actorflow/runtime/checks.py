@@ -13,11 +13,14 @@ MAX_BUFFERS = 1024
 that can be in flight at once only sit idle."""
 
 
-def check_buffers(n, who: str) -> int:
-    """``buffers=`` as given for ``who``: an int from 1 to MAX_BUFFERS."""
+def check_buffers(n, who: str):
+    """``buffers=`` as given for ``who``: an int from 1 to MAX_BUFFERS, or "auto" (chosen
+    for throughput under the budget when the plan is made: ``autotune.py``)."""
+    if n == "auto":
+        return n
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise PlanError(f"{who}: buffers must be an int >= 1 (registers per output; 2 gives "
-                        f"double buffering), got {n!r}")
+                        f"double buffering) or \"auto\", got {n!r}")
     if n > MAX_BUFFERS:
         raise PlanError(f"{who}: buffers={n} registers per output is more than the "
                         f"{MAX_BUFFERS} a run can use (a register is a buffer of its own, "

@@ -44,7 +44,8 @@ class ActorGraph:
         memory: byte budgets per device, e.g. ``{"cpu": "64MiB"}`` (ints or strings).
         resources: shared tokens, e.g. ``{"disk": 1}``; an actor declaring
             ``resources={"disk": 1}`` takes one for each act (all of its tokens at once).
-        buffers: default registers per actor output (2: double buffering).
+        buffers: default registers per actor output (2: double buffering; "auto": chosen
+            for throughput under the budget when the plan is made, from the stage times).
         seed: seeds the order in which simultaneously ready actors are tried (tests).
         output_buffers: outputs ``run()`` may have delivered but the caller not taken yet.
         share: registers whose lifetimes never overlap share memory, in an order the run
@@ -81,6 +82,7 @@ class ActorGraph:
         self._picks = None
         self._current = None              # (scheduler, plan) of the run going on
         self._stragglers = None           # the last run's ledger (see join())
+        self._measured: dict = {}         # actor name -> seconds per act, last run
 
     def _set_outputs(self, sinks: list, picks: list, structure) -> None:
         """Runs yield ``structure`` from ``picks`` of the sinks (a traced function's value)."""
@@ -200,8 +202,11 @@ class ActorGraph:
     def _make_plan(self, feed, lazy: bool):
         self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
                                 self.buffers, MemoryBudget(self.memory), self.resources,
-                                share=self.share)
+                                share=self.share, measured=self._measured)
         return self._plan
+
+    def _tuned(self) -> bool:
+        return self.buffers == "auto" or any(a.buffers == "auto" for a in self.actors)
 
     # -- running ---------------------------------------------------------------------------
     def _start(self, feed):
@@ -216,7 +221,9 @@ class ActorGraph:
             if self._plan is not None and feed is None:
                 plan = self._plan             # made by plan(): piece 0 was computed there
             else:
-                plan = self._make_plan(feed, lazy=True)   # piece 0 sizes stages as it flows
+                # piece 0 sizes stages as it flows (not when buffers are tuned: that needs
+                # every size first)
+                plan = self._make_plan(feed, lazy=not self._tuned())
             self._plan = None                 # the next run plans (and reads piece 0) again
             plan.allocate()
         except BaseException:
@@ -229,6 +236,9 @@ class ActorGraph:
         try:
             sched.stragglers.settle()
             self._last = RunStats(sched, plan)
+            if self._last.state == "finished":
+                self._measured = {n: r["compute_s"] / r["acts"] for n, r in
+                                  self._last.actors.items() if r["acts"] and n != COLLECTOR_NAME}
             for a in self.actors:
                 if isinstance(a, SourceActor) and a.fed:
                     a.source = None

@@ -32,6 +32,7 @@ class Plan:
         self.actors = actors
         self.share = share
         self.sharing = None
+        self.tuning = None              # what buffers="auto" chose, and why (autotune.py)
         self.buffers = buffers
         self.budget = budget
         self.resources = dict(resources)
@@ -262,6 +263,8 @@ class Plan:
             b = self.budget.budget(dev)
             against = f" of {format_bytes(b)} budget" if b is not None else " (no budget)"
             lines.append(f"total on {dev}: {format_bytes(total)}{against}")
+        if self.tuning is not None:
+            lines += self.tuning.lines
         if self.sharing is not None:
             lines += self.sharing.lines()
         if self.resources:

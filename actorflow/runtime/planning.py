@@ -4,10 +4,12 @@ and computed once here) and the ``Plan`` built and checked against the budgets."
 
 from __future__ import annotations
 
+import time
 import traceback
 
 from ..errors import ActorError, PlanError
 from .actor import Collector, OpActor, read_piece
+from .autotune import AUTO, stage_time, tune
 from .plan import Plan
 from .register import EOS, MemoryBudget
 from .source import SourceActor
@@ -37,7 +39,7 @@ def topo_order(actors: list) -> list:
 
 def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
                budget: MemoryBudget, resources: dict, check: bool = True,
-               share="auto") -> Plan:
+               share="auto", measured: dict | None = None) -> Plan:
     """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
     inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
     outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
@@ -80,7 +82,8 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
         elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
             a.out_spec = None
     try:
-        plan = build_plan(actors, default_buffers, budget, resources, lazy, check, share)
+        plan = build_plan(actors, default_buffers, budget, resources, lazy, check, share,
+                          measured)
     except BaseException:
         for a in graph_actors:
             a.cached.clear()
@@ -95,11 +98,12 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
 
 def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                resources: dict, lazy: bool = False, check: bool = True,
-               share="auto") -> Plan:
+               share="auto", measured: dict | None = None) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
-    not declared), checks the budgets (unless ``check`` is False) and returns the Plan.
-    ``lazy``: leave the stages that need piece 0 unsized; the run sizes them as piece 0
-    flows (``Plan.size``)."""
+    not declared), chooses the ``buffers="auto"`` counts (from ``measured``: actor name ->
+    seconds per act of the last run, else ``time=`` or piece 0 timed here), checks the
+    budgets (unless ``check`` is False) and returns the Plan. ``lazy``: leave the stages
+    that need piece 0 unsized; the run sizes them as piece 0 flows (``Plan.size``)."""
     order = topo_order(actors)
     for a in order:
         for name, n in a.resources.items():
@@ -112,7 +116,11 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                                 f"{resources[name]} exist, so it could never act")
         a.infer()
     empty = []
-    if not lazy and any(a.needs_probe() for a in order):
+    auto = {a for a in order if not isinstance(a, Collector)
+            and (a.buffers == AUTO or (a.buffers is None and default_buffers == AUTO))}
+    untimed = any(stage_time(a, measured or {})[1].startswith("unknown") for a in order
+                  if not isinstance(a, Collector))
+    if not lazy and (any(a.needs_probe() for a in order) or (auto and untimed)):
         empty = _probe(order)
         for a in order:
             a.infer()
@@ -125,7 +133,11 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
     buffers = {}
     for a in order:
         buffers[a] = default_buffers if a.buffers is None else a.buffers
+        if isinstance(a, Collector) and buffers[a] == AUTO:
+            buffers[a] = 1                   # (the run's output holds no register)
+    tuning = tune(order, auto, buffers, budget, measured or {}) if auto else None
     plan = Plan(order, buffers, budget, resources, share)
+    plan.tuning = tuning
     plan.empty_sources = empty
     if check:
         plan.check()
@@ -146,8 +158,10 @@ def _probe(order: list) -> list:
         for p in a.inputs:
             leaves = values[p]
             ins.append(leaves if isinstance(a, OpActor) else read_piece(leaves, p.out_spec))
+        t0 = time.perf_counter()
         try:
             out = a.probe(ins)
+            a.probe_s = time.perf_counter() - t0
         except PlanError:
             raise
         except Exception as e:  # noqa: BLE001 - named with the actor, as in a run

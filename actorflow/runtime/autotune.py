@@ -1,0 +1,145 @@
+"""``buffers="auto"``: registers per output chosen for throughput under the memory budget.
+
+The model (tf.data's AUTOTUNE asks the same question of its buffers, with a RAM budget):
+an actor's register is held from the start of its act until its slowest reader's act ends,
+``hold = t(actor) + max t(reader)`` at least, so ``b`` registers let the edge pass at most
+``b / hold`` pieces per second. The graph can go no faster than its slowest stage,
+``replicas / t`` (its *bound*). The tuner starts every automatic actor at one register and
+gives one more, each time, to the actor whose edge is slowest (fewest pieces per second),
+while the edges are slower than the bound and the register fits the budgets; this raises
+the slowest edge as far as memory allows (no other choice of counts does better under
+the model). With memory left, the edges within 25% of the bound get one more each (stage
+times jitter), cheapest first.
+
+Stage times come from the last run of the graph (measured per act: the tuner re-tunes on
+every plan, so the counts follow the times as they drift), else ``time=`` (the average of
+the first pieces when it is a function), else the time to compute piece 0 while planning;
+an actor with none of these counts as taking no time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import format_bytes
+from .actor import Collector
+
+AUTO = "auto"
+MAX_AUTO = 16           # registers per output the tuner gives at most
+JITTER = 1.25           # with memory left, edges within this of the bound get one more
+
+
+class Tuning:
+    """What the tuner chose: ``buffers`` (actor -> count), ``bound`` (pieces/s of the
+    slowest stage, None when no time is known), ``rate`` (pieces/s the slowest edge
+    allows), ``times`` (actor name -> seconds per act) and their ``sources``, and
+    ``lines``: the choice explained."""
+
+    def __init__(self):
+        self.buffers: dict = {}
+        self.bound = None
+        self.rate = None
+        self.times: dict = {}
+        self.sources: dict = {}
+        self.lines: list = []
+
+
+def stage_time(a, measured: dict):
+    """(seconds per act, where the figure comes from) for actor ``a``."""
+    if a.name in measured:
+        return measured[a.name], "measured in the last run"
+    t = a.time
+    if t is not None:
+        own = getattr(a, "probe_s", 0.0) or 0.0
+        if callable(t):
+            return sum(float(t(p)) for p in range(8)) / 8 + own, "time= (first 8 pieces)"
+        return float(t) + own, "time="
+    if getattr(a, "probe_s", None) is not None:
+        return a.probe_s, "piece 0 while planning"
+    return 0.0, "unknown (taken as 0)"
+
+
+def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuning:
+    """Chooses ``buffers[a]`` for the actors in ``auto`` (the others keep theirs);
+    ``actors`` in plan order, the collector included or not."""
+    tu = Tuning()
+    nodes = [a for a in actors if not isinstance(a, Collector)]
+    times = {}
+    for a in nodes:
+        times[a], tu.sources[a.name] = stage_time(a, measured)
+        tu.times[a.name] = times[a]
+    hold = {}
+    for a in nodes:
+        readers = [times[c] for c in a.consumers if c in times]
+        hold[a] = times[a] + max(readers, default=0.0)
+    slowest = max(nodes, key=lambda a: times[a] / max(1, a.replicas), default=None)
+    if slowest is not None and times[slowest] > 0:
+        tu.bound = max(1, slowest.replicas) / times[slowest]
+    bytes_of = {a: a.out_spec.bytes_on() if a.out_spec is not None else {} for a in nodes}
+    used: dict = {}
+    for a in nodes:
+        b = buffers[a] if a not in auto else 1
+        buffers[a] = b
+        for d, n in bytes_of[a].items():
+            used[d] = used.get(d, 0) + n * b
+
+    def fits(a):
+        for d, n in bytes_of[a].items():
+            cap = budget.budget(d)
+            if cap is not None and used.get(d, 0) + n > cap:
+                return False
+        return True
+
+    def grow(a):
+        buffers[a] += 1
+        for d, n in bytes_of[a].items():
+            used[d] = used.get(d, 0) + n
+
+    def rate(a):
+        return math.inf if hold[a] <= 0 else buffers[a] / hold[a]
+
+    stop = "no time is known for any actor: one register each" if tu.bound is None else ""
+    tunable = [a for a in nodes if a in auto and hold[a] > 0]
+    while tu.bound is not None and tunable:
+        a = min(tunable, key=rate)
+        if rate(a) >= tu.bound * (1 - 1e-9):
+            stop = "every edge keeps up with the slowest stage"
+            break
+        if buffers[a] >= MAX_AUTO:
+            stop = f"{a.name!r} has the most registers the tuner gives ({MAX_AUTO})"
+            break
+        if not fits(a):
+            stop = f"one more register for {a.name!r} would not fit the budget"
+            break
+        grow(a)
+    if tu.bound is not None and stop.startswith("every edge"):
+        spare = sorted((a for a in tunable if rate(a) < tu.bound * JITTER
+                        and buffers[a] < MAX_AUTO),
+                       key=lambda a: sum(bytes_of[a].values()))
+        for a in spare:
+            if fits(a):
+                grow(a)
+    tu.rate = min((rate(a) for a in nodes if hold[a] > 0), default=None)
+    tu.buffers = {a: buffers[a] for a in nodes}
+    tu.lines = _explain(tu, nodes, auto, hold, buffers, slowest, stop, used)
+    return tu
+
+
+def _explain(tu, nodes, auto, hold, buffers, slowest, stop, used) -> list:
+    lines = ["buffers chosen for throughput under the budget (buffers=\"auto\"):"]
+    if tu.bound is not None:
+        lines.append(f"  the slowest stage is {slowest.name!r}: {tu.times[slowest.name] * 1e3:.3g}"
+                     f" ms per act, at most {tu.bound:.4g} pieces/s")
+    for a in nodes:
+        if a not in auto:
+            continue
+        r = (f"{buffers[a] / hold[a]:.4g} pieces/s" if hold[a] > 0 else "no time")
+        lines.append(f"  {a.name}: {buffers[a]} register(s), each held {hold[a] * 1e3:.3g} ms "
+                     f"(its act and its slowest reader's): the edge passes {r}; times: "
+                     f"{tu.sources[a.name]}")
+    if stop:
+        lines.append(f"  stopped because {stop}")
+    if used:
+        lines.append("  registers: " + ", ".join(f"{format_bytes(n)} on {d}"
+                                                  for d, n in sorted(used.items(), key=str)))
+    return lines

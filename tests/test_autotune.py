@@ -1,0 +1,104 @@
+"""buffers="auto": register counts chosen for throughput under the budget, explained in the
+plan, re-tuned from the times the last run measured."""
+
+import time
+
+import numpy as np
+import pytest
+
+import actorflow as af
+
+MiB = 1 << 20
+# (name, MiB per register, seconds per act): a big register on a fast edge, small ones
+# on the slow edges the pipeline is bound by
+STAGES = [("load", 4, 0.0005), ("crop", 0.25, 0.0005), ("decode", 1, 0.003),
+          ("augment", 0.25, 0.003), ("compute", 0.25, 0.003)]
+
+
+def pipeline(buffers, budget, pieces=6, stages=STAGES):
+    g = af.ActorGraph(buffers=buffers, memory={"null": budget})
+    x = None
+    for name, mib, t in stages:
+        spec = af.Spec((int(mib * MiB) // 4,), af.float32, "null")
+        if x is None:
+            x = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
+        else:
+            x = g.actor(lambda v: None, x, out=spec, name=name, time=t, inline=True)
+    g.sink(x)
+    return g
+
+
+def counts(plan):
+    return {r["name"]: r["buffers"] for r in plan.rows}
+
+
+def test_auto_gives_registers_where_the_edges_need_them():
+    plan = pipeline("auto", 12 * MiB).plan()
+    c = counts(plan)
+    # load's register is held 1 ms (its act and crop's): one keeps up with 3 ms per piece;
+    # decode -> augment holds 6 ms: two are needed; the rest as the model says
+    assert c["load"] == 1 and c["crop"] >= 2 and c["decode"] >= 2 and c["augment"] >= 2
+    assert plan.totals[af.device("null")] < 2 * sum(m for _, m, _ in STAGES) * MiB
+    t = plan.tuning
+    assert t.bound == pytest.approx(1 / 0.003)
+    assert t.rate >= t.bound * (1 - 1e-9)
+    text = plan.table()
+    assert 'buffers="auto"' in text and "the slowest stage is 'decode'" in text
+    assert "every edge keeps up with the slowest stage" in text
+
+
+def test_under_a_tight_budget_auto_still_beats_one_register_each():
+    plan = pipeline("auto", 8 * MiB).plan()     # uniform 2 needs 11.5 MiB: refused
+    one_each = 1 / (0.003 + 0.003)              # decode -> augment, one register: 167/s
+    assert plan.tuning.rate > one_each * 1.5
+    assert plan.totals[af.device("null")] <= 8 * MiB
+    with pytest.raises(af.PlanError):
+        pipeline(2, 8 * MiB).plan()
+    assert len(list(pipeline("auto", 8 * MiB).run())) == 6
+
+
+def test_when_memory_binds_the_plan_says_which_register_did_not_fit():
+    plan = pipeline("auto", 6 * MiB).plan()
+    assert "would not fit the budget" in plan.table()
+    assert plan.totals[af.device("null")] <= 6 * MiB
+
+
+def test_a_fixed_count_is_kept_and_auto_per_actor():
+    g = af.ActorGraph(memory={"null": 64 * MiB})
+    spec = af.Spec((1024,), af.float32, "null")
+    a = g.source([None] * 3, out=spec, name="a", time=0.001, buffers=5)
+    b = g.actor(lambda v: None, a, out=spec, name="b", time=0.003, buffers="auto")
+    g.sink(g.actor(lambda v: None, b, out=spec, name="c", time=0.003))
+    c = counts(g.plan())
+    assert c["a"] == 5 and c["c"] == 2 and c["b"] >= 2      # c keeps the graph's default
+
+
+def test_times_come_from_the_last_run_and_the_counts_follow_them():
+    slow = {"s": 0.0}
+
+    def stage(v):
+        time.sleep(slow["s"])
+        return v + 1
+    g = af.ActorGraph(buffers="auto", memory={"cpu": 64 * MiB})
+    x = g.source([np.zeros(1024) for _ in range(8)], out=af.Spec((1024,), af.float64),
+                 name="load", time=0.002)
+    g.sink(g.actor(stage, x, out=af.Spec((1024,), af.float64), name="stage"))
+    first = g.plan()
+    assert first.tuning.sources["stage"] == "piece 0 while planning"
+    assert "the slowest stage is 'load'" in first.table()       # the stage is fast
+    list(g.run())
+    slow["s"] = 0.01                           # now the stage is the bottleneck
+    list(g.run())
+    plan = g.plan()
+    assert plan.tuning.sources["stage"] == "measured in the last run"
+    assert plan.tuning.times["stage"] >= 0.009
+    assert "the slowest stage is 'stage'" in plan.table()
+    assert plan.tuning.bound <= 1 / 0.009
+    assert [float(o[0]) for o in g.run()] == [1.0] * 8
+
+
+def test_pipeline_takes_auto_and_bad_values_are_refused():
+    pipe = af.Pipeline([lambda: iter([np.ones(4)] * 3), lambda x: x * 2], buffers="auto")
+    assert [float(o[0]) for o in pipe.run()] == [2.0] * 3
+    with pytest.raises(af.PlanError, match='or "auto"'):
+        af.ActorGraph(buffers="fast")
