@@ -69,6 +69,14 @@ class SharePlan:
         self.edges: list = []
         self.seconds = 0.0
         self.score = 0.0
+        self.scale: dict = {}
+
+    def least(self, dev):
+        """The smallest live peak of any order on ``dev``, in bytes (exact planner, one
+        device; None otherwise)."""
+        if self.lower is None or len(self.scale) != 1:
+            return None
+        return round(self.lower * self.scale[dev])
 
 
 # -- the planner ---------------------------------------------------------------------------
@@ -194,6 +202,7 @@ def plan_sharing(sizes: list, inputs: list, scale: dict | None = None,
         plan.exact = s.best[0] <= lower + 1e-12 or s.search(inputs, lower, [work])
     plan.score, _, plan.order, plan.intervals, plan.offsets, plan.arenas, plan.method = s.best
     plan.tried = s.tried
+    plan.scale = scale
     plan.live = live_peaks(sizes, plan.intervals, devs)
     plan.preds, plan.succs = waits(sizes, plan.order, plan.offsets, devs)
     plan.edges = control_edges(plan.preds, inputs, cons)
