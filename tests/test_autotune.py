@@ -102,3 +102,39 @@ def test_pipeline_takes_auto_and_bad_values_are_refused():
     assert [float(o[0]) for o in pipe.run()] == [2.0] * 3
     with pytest.raises(af.PlanError, match='or "auto"'):
         af.ActorGraph(buffers="fast")
+
+
+def test_auto_counts_op_workspaces_against_the_budget():
+    spec = af.Spec((1024,), af.float64)          # 8 KiB a register
+    g = af.ActorGraph(buffers="auto", memory={"cpu": 40 * 1024})
+    x = g.source([np.full(1024, float(p)) for p in range(4)], out=spec, name="load",
+                 time=0.001)
+    g.sink(g.op(lambda v: (v * 2 + 1) * 3 - v, x, name="fused", time=0.004))
+    plan = g.plan()
+    assert plan.totals[af.device("cpu")] <= 40 * 1024
+    assert [float(o[0]) for o in g.run()] == [3.0 + 5.0 * p for p in range(4)]
+
+
+def test_auto_with_a_fed_input_plans_without_its_feed():
+    g = af.ActorGraph(buffers="auto")
+    x = g.input(out=af.Spec((4,), af.float64), name="in")
+    g.sink(g.actor(lambda v: v + 1, x, out=af.Spec((4,), af.float64), name="inc"))
+    g.plan()
+    assert [float(o[0]) for o in g.run(feed=[np.zeros(4)] * 3)] == [1.0] * 3
+
+
+def test_auto_reads_a_time_function_only_as_far_as_it_goes():
+    times = [0.001, 0.002, 0.003]
+    g = af.ActorGraph(buffers="auto")
+    x = g.source([np.zeros(2)] * 3, out=af.Spec((2,), af.float64), name="load")
+    g.sink(g.actor(lambda v: v + 1, x, out=af.Spec((2,), af.float64), name="s",
+                   time=lambda p: times[p]))
+    plan = g.plan()
+    assert plan.tuning.sources["s"] == "time= (first 3 pieces)"
+    assert len(list(g.run())) == 3
+    bad = af.ActorGraph(buffers="auto")
+    y = bad.source([np.zeros(2)], out=af.Spec((2,), af.float64), name="load")
+    bad.sink(bad.actor(lambda v: v, y, out=af.Spec((2,), af.float64), name="s",
+                       time=lambda p: 1 / 0))
+    with pytest.raises(af.PlanError, match="actor 's': time= raised on piece 0"):
+        bad.plan()

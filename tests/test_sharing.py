@@ -272,3 +272,109 @@ def test_sources_of_different_lengths_end_a_shared_run():
     outs = list(g.run())
     assert len(outs) == 2 and float(outs[1]["c"][0]) == 3.0 and float(outs[1]["d"][0]) == 4.0
     assert g.stats().state == "finished"
+
+
+# -- regressions found in review -------------------------------------------------------------
+
+def test_a_traced_output_and_a_view_of_it_come_out_as_two_arrays():
+    @af.trace
+    def f(x):
+        t = x * 2.0
+        return t, t[0], t
+    g = f.actor_graph(af.Spec((3, 4), af.float32))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t, t0, again = next(iter(g.run(feed=[x])))
+    assert t.shape == (3, 4) and t0.shape == (4,)
+    np.testing.assert_array_equal(t, x * 2)
+    np.testing.assert_array_equal(t0, x[0] * 2)
+    assert again is not t                     # each output its own copy, as before
+
+
+def test_state_gates_order_the_shared_plan():
+    # R reads state s, W writes it: the run's gates make W wait for R on every piece, so
+    # the plan must not have R wait for bytes only W's piece frees (a stall before)
+    big, small = af.Spec((1024,), af.float64), af.Spec((1,), af.float64)
+    g = af.ActorGraph(memory={"cpu": 8192 * 2 + 8 * 2}, buffers=1)
+    src = g.source([np.full(1024, float(p)) for p in range(4)], out=big, name="src")
+    x = g.actor(lambda v: v + 1, src, out=big, name="X")
+    w = g.actor(lambda v: v[:1], x, out=small, name="W")
+    w.state_writes = ("s",)
+    r = g.actor(lambda v: v * 2, src, out=big, name="R")
+    r.state_reads = ("s",)
+    rs = g.actor(lambda v: v[:1] * 1, r, out=small, name="S")
+    g.sink(w, "w")
+    g.sink(rs, "r")
+    try:
+        plan = g.plan()
+    except af.PlanError:
+        return                                 # refused is fine; a stall is not
+    order = [plan.sharing.nodes[i].name for i in plan.sharing.share.order]
+    assert order.index("R") < order.index("W")
+    assert [float(o["r"][0]) for o in g.run()] == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_nn_graph_run_shares_registers_and_equals_the_unbudgeted_run():
+    from actorflow import nn, optim
+
+    def make():
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(af.tensor(np.ones(1024, np.float32)))
+
+            def forward(self, x):
+                return (x + self.w).sum()
+        m = M()
+        opt = optim.SGD(m.parameters(), lr=0.01)
+
+        class Step(nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+                self.add_optimizer(opt)
+
+            def build(self, x):
+                loss = self.m(x)
+                loss.backward()
+                return loss
+        return Step(), m
+    xs = [np.full((4, 1024), 0.1, np.float32) for _ in range(4)]
+    step, m = make()
+    ref = [float(v) for v in step.run(xs, buffers=1)]
+    w_ref = m.w.numpy().copy()
+    step, m = make()
+    got = [float(v) for v in step.run(xs, buffers=1, memory={"cpu": 42000})]
+    assert step._graph.stats().memory["cpu"]["live"] is not None       # it shared
+    assert got == ref and np.array_equal(m.w.numpy(), w_ref)
+
+
+def test_two_devices_fit_exactly_what_sharing_on_them_needs():
+    def build(memory=None, share="auto"):
+        def s(n, d):
+            return af.Spec((n,), af.float32, d)
+        g = af.ActorGraph(memory=memory, buffers=1, share=share)
+        n0 = g.source([None] * 7, out=(s(512, "null"), s(8, "null:1")), name="n0")
+        n1 = g.source([None] * 6, out=s(512, "null"), name="n1", buffers=2)
+        n2 = g.actor(lambda *x: None, n0, n1, out=(s(512, "null"), s(512, "null:1")),
+                     name="n2")
+        n3 = g.actor(lambda *x: None, n2, out=(s(8, "null"), s(8, "null:1")), name="n3")
+        n4 = g.actor(lambda *x: None, n2, out=s(512, "null:1"), name="n4")
+        n5 = g.actor(lambda *x: None, n0, n1, n4, out=s(64, "null:1"), name="n5")
+        for a in (n0, n1, n2, n3, n5):
+            g.sink(a)
+        return g
+    need = {str(d): b for d, b in build(share=True).plan().totals.items()}
+    g = build(memory=need)
+    assert {str(d): b for d, b in g.plan().totals.items()} == need
+    assert len(list(g.run())) == 6
+
+
+def test_an_actor_with_an_empty_output_among_sharing_ones():
+    spec = af.Spec((1024,), af.float64)
+    g = af.ActorGraph(memory={"cpu": "40KiB"}, buffers=2)
+    x = g.source([np.full(1024, float(p)) for p in range(3)], out=spec, name="load")
+    e = g.actor(lambda v: np.zeros(0), x, out=af.Spec((0,), af.float64), name="empty")
+    y = g.actor(lambda v, _: v + 1, x, e, out=spec, name="y")
+    g.sink(g.actor(lambda v: v * 2, y, out=spec, name="z"))
+    assert g.plan().sharing is not None
+    assert [float(o[0]) for o in g.run()] == [2.0, 4.0, 6.0]

@@ -332,15 +332,15 @@ class Collector(Actor):
     def part(self, k: int, x):
         """A copy of what sink ``k``'s register holds (the run copies each part out as
         soon as it arrives, so the register goes home at once)."""
-        if self.picks is not None:
-            return {j: np.array(view_of(x[j], meta)) for kk, j, meta in self.picks
-                    if kk == k}
+        if self.picks is not None:          # one copy per output picked (two views of
+            return {i: np.array(view_of(x[j], meta))    # one array are two outputs)
+                    for i, (kk, j, meta) in enumerate(self.picks) if kk == k}
         return _copy_out(x)
 
     def assemble(self, parts: list):
         """The run's output of one piece, from every sink's part."""
         if self.picks is not None:
-            leaves = [parts[k][j] for k, j, _ in self.picks]
+            leaves = [parts[k][i] for i, (k, _, _) in enumerate(self.picks)]
             return unflatten(self.structure, leaves)
         if len(parts) == 1:
             return parts[0]

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 
-from ..errors import format_bytes
+from ..errors import PlanError, format_bytes
 from .actor import Collector
+from .source import SourceActor
 
 AUTO = "auto"
 MAX_AUTO = 16           # registers per output the tuner gives at most
@@ -52,7 +53,17 @@ def stage_time(a, measured: dict):
     if t is not None:
         own = getattr(a, "probe_s", 0.0) or 0.0
         if callable(t):
-            return sum(float(t(p)) for p in range(8)) / 8 + own, "time= (first 8 pieces)"
+            seen = []
+            for p in range(8):          # (a function of a short run may stop early)
+                try:
+                    seen.append(float(t(p)))
+                except Exception as e:  # noqa: BLE001 - said with the actor on piece 0
+                    if not seen:
+                        raise PlanError(f"actor {a.name!r}: time= raised on piece 0 while "
+                                        f"buffers=\"auto\" read it: {type(e).__name__}: "
+                                        f"{e}") from e
+                    break
+            return sum(seen) / len(seen) + own, f"time= (first {len(seen)} pieces)"
         return float(t) + own, "time="
     if getattr(a, "probe_s", None) is not None:
         return a.probe_s, "piece 0 while planning"
@@ -72,11 +83,18 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
     for a in nodes:
         readers = [times[c] for c in a.consumers if c in times]
         hold[a] = times[a] + max(readers, default=0.0)
-    slowest = max(nodes, key=lambda a: times[a] / max(1, a.replicas), default=None)
+    # an async stage's acts overlap (as many as its registers): only its edge bounds it
+    steady = [a for a in nodes if not getattr(a, "is_async", False)
+              or isinstance(a, SourceActor)]
+    slowest = max(steady, key=lambda a: times[a] / max(1, a.replicas), default=None)
     if slowest is not None and times[slowest] > 0:
         tu.bound = max(1, slowest.replicas) / times[slowest]
     bytes_of = {a: a.out_spec.bytes_on() if a.out_spec is not None else {} for a in nodes}
     used: dict = {}
+    for a in nodes:                     # op workspaces count against the budget too
+        prog = getattr(a, "program", None)
+        if prog is not None and prog.workspace_bytes:
+            used[prog.device] = used.get(prog.device, 0) + prog.workspace_bytes
     for a in nodes:
         b = buffers[a] if a not in auto else 1
         buffers[a] = b

@@ -221,9 +221,9 @@ class ActorGraph:
             if self._plan is not None and feed is None:
                 plan = self._plan             # made by plan(): piece 0 was computed there
             else:
-                # piece 0 sizes stages as it flows (not when buffers are tuned: that needs
-                # every size first)
-                plan = self._make_plan(feed, lazy=not self._tuned())
+                # piece 0 sizes stages as it flows (not when buffers are tuned or registers
+                # always shared: those need every size first)
+                plan = self._make_plan(feed, lazy=not (self._tuned() or self.share is True))
             self._plan = None                 # the next run plans (and reads piece 0) again
             plan.allocate()
         except BaseException:

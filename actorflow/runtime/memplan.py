@@ -112,13 +112,13 @@ class _Search:
         if self.best is None or cand[:2] < self.best[:2]:
             self.best = cand
 
-    def search(self, inputs: list, lower: float, budget: list) -> bool:
+    def search(self, inputs: list, lower: float, budget: list, order_in: list) -> bool:
         """Every order whose live peak could beat the best (depth first, pruned by the
         live peak of its prefix), each placed by the heuristics and, where they miss its
         live peak, exactly. True if it went through them all."""
         sizes, cons, devs, scale = self.sizes, self.cons, self.devs, self.scale
         n = len(sizes)
-        need = [sum(1 << j for j in set(ins)) for ins in inputs]
+        need = [sum(1 << j for j in set(ins)) for ins in order_in]
         left = [len(c) for c in cons]
         held = dict.fromkeys(devs, 0)
         order: list = []
@@ -178,34 +178,40 @@ class _Search:
 
 
 def plan_sharing(sizes: list, inputs: list, scale: dict | None = None,
-                 exact_max: int = EXACT_MAX, work: int = WORK) -> SharePlan:
+                 exact_max: int = EXACT_MAX, work: int = WORK,
+                 after: list | None = None) -> SharePlan:
     """Plans shared registers for nodes ``0..n-1`` given in a topological order
-    (``inputs[i]`` holds indices below ``i``); ``sizes[i]``: ``{device: bytes}``;
-    ``scale``: what a device's bytes are weighed against (its budget; by default the
-    unshared sum), so the plan minimises the largest arena relative to it."""
+    (``inputs[i]`` and ``after[i]`` hold indices below ``i``); ``sizes[i]``: ``{device:
+    bytes}``; ``scale``: what a device's bytes are weighed against (what its budget leaves
+    for them; by default the unshared sum), so the plan minimises the largest arena
+    relative to it. ``after[i]``: nodes ``i`` must act after without reading them (e.g.
+    the readers of a state ``i`` writes, as the run's state gates order them)."""
     t0 = time.perf_counter()
     n = len(sizes)
     sizes = [{d: aligned(b) for d, b in s.items() if b} for s in sizes]
     devs = sorted({d for s in sizes for d in s}, key=str)
     scale = {d: (scale or {}).get(d) or sum(s.get(d, 0) for s in sizes) or 1 for d in devs}
     cons = consumers_of(inputs)
+    order_in = [sorted(set(inputs[i]) | set(after[i] if after else ())) for i in range(n)]
     s = _Search(sizes, cons, devs, scale)
     s.evaluate(list(range(n)), "graph", note=True)
-    s.evaluate(greedy_order(sizes, inputs, cons, scale), "memory-aware", note=True)
-    s.evaluate(greedy_order(sizes, inputs, cons, scale, depth_first=True), "depth-first",
+    s.evaluate(greedy_order(sizes, inputs, cons, scale, order_in=order_in), "memory-aware",
                note=True)
+    s.evaluate(greedy_order(sizes, inputs, cons, scale, depth_first=True, order_in=order_in),
+               "depth-first", note=True)
     plan = SharePlan()
     if n <= exact_max:
-        lower, order = min_live(sizes, inputs, cons, scale)
+        lower, order = min_live(sizes, inputs, cons, scale, order_in)
         plan.lower = lower
         s.evaluate(order, "least-live")
-        plan.exact = s.best[0] <= lower + 1e-12 or s.search(inputs, lower, [work])
+        plan.exact = (s.best[0] <= lower + 1e-12
+                      or s.search(inputs, lower, [work], order_in))
     plan.score, _, plan.order, plan.intervals, plan.offsets, plan.arenas, plan.method = s.best
     plan.tried = s.tried
     plan.scale = scale
     plan.live = live_peaks(sizes, plan.intervals, devs)
     plan.preds, plan.succs = waits(sizes, plan.order, plan.offsets, devs)
-    plan.edges = control_edges(plan.preds, inputs, cons)
+    plan.edges = control_edges(plan.preds, order_in, cons)
     plan.seconds = time.perf_counter() - t0
     return plan
 
@@ -257,9 +263,9 @@ def _subtract(segments: list, a: int, b: int) -> list:
 
 
 def control_edges(preds: list, inputs: list, cons: list) -> list:
-    """``(j, i)`` for each ``j`` in ``preds[i]`` whose readers the data do not already
-    finish before ``i`` acts (a node nobody reads is copied out by the run's output,
-    which no data orders)."""
+    """``(j, i)`` for each ``j`` in ``preds[i]`` whose readers the data (``inputs``: what
+    each node comes after) do not already finish before ``i`` acts (a node nobody reads
+    is copied out by the run's output, which no data orders)."""
     anc = [0] * len(inputs)
     for i, ins in enumerate(inputs):
         for p in ins:

@@ -136,12 +136,16 @@ def exact_pack(size: list, ivs: list, bound: int, budget: list,
 
 
 # -- orders --------------------------------------------------------------------------------
-def greedy_order(sizes: list, inputs: list, cons: list, scale: dict, depth_first=False):
+def greedy_order(sizes: list, inputs: list, cons: list, scale: dict, depth_first=False,
+                 order_in=None):
     """A memory-aware list schedule: among the nodes ready, the one whose act adds the
     least (its output, less the inputs it is the last reader of); ``depth_first``: the
-    one readied last (chains run through before the next starts)."""
+    one readied last (chains run through before the next starts). ``order_in[i]``: what
+    node ``i`` comes after (its inputs, and any order it must keep; default its inputs)."""
     n = len(sizes)
-    missing = [len(set(ins)) for ins in inputs]
+    order_in = inputs if order_in is None else order_in
+    after = consumers_of(order_in)
+    missing = [len(set(ins)) for ins in order_in]
     left = [len(c) for c in cons]
     ready = [i for i in range(n) if missing[i] == 0]
     order = []
@@ -160,19 +164,19 @@ def greedy_order(sizes: list, inputs: list, cons: list, scale: dict, depth_first
         order.append(i)
         for p in set(inputs[i]):
             left[p] -= 1
-        for c in cons[i]:
+        for c in after[i]:
             missing[c] -= 1
             if missing[c] == 0:
                 ready.append(c)
     return order
 
 
-def min_live(sizes: list, inputs: list, cons: list, scale: dict):
+def min_live(sizes: list, inputs: list, cons: list, scale: dict, order_in=None):
     """The smallest peak live score of any order (exact, over the sets of finished
-    nodes) and an order that reaches it."""
+    nodes) and an order that reaches it (``order_in``: as for ``greedy_order``)."""
     n = len(sizes)
     full = (1 << n) - 1
-    need = [sum(1 << j for j in set(ins)) for ins in inputs]
+    need = [sum(1 << j for j in set(ins)) for ins in (order_in or inputs)]
     devs = list(scale)
 
     def held(done):

@@ -119,7 +119,9 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
     auto = {a for a in order if not isinstance(a, Collector)
             and (a.buffers == AUTO or (a.buffers is None and default_buffers == AUTO))}
     untimed = any(stage_time(a, measured or {})[1].startswith("unknown") for a in order
-                  if not isinstance(a, Collector))
+                  if not isinstance(a, Collector)) and not any(
+        isinstance(a, SourceActor) and a.fed and a.source is None for a in order)
+    # (a graph fed by run(feed=...) planned without its feed cannot time piece 0)
     if not lazy and (any(a.needs_probe() for a in order) or (auto and untimed)):
         empty = _probe(order)
         for a in order:

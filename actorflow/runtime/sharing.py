@@ -53,20 +53,28 @@ class Sharing:
         self.base: dict = {}        # device -> the arena's array (None on null devices)
 
     @staticmethod
-    def make(actors: list, buffers: dict, budget) -> "Sharing | None":
+    def make(actors: list, buffers: dict, budget, fixed: dict) -> "Sharing | None":
         """Plans sharing for the sized actors of a plan (``actors`` in plan order, the
-        collector excluded); None when no two registers could share."""
-        nodes = [a for a in actors if not isinstance(a, Collector)]
+        collector excluded); None when no two registers could share. ``fixed``: per
+        device, the bytes that do not share (other registers, workspaces): each device's
+        arena is weighed against what its budget leaves after them."""
+        nodes = _ordered([a for a in actors if not isinstance(a, Collector)])
         index = {a: i for i, a in enumerate(nodes)}
-        counts = Counter(buffers[a] for a in nodes if a.out_spec.specs)
+        counts = Counter(buffers[a] for a in nodes if _layout_bytes(a.out_spec))
         if not counts:
             return None
         k = counts.most_common(1)[0][0]
-        members = {a: index[a] for a in nodes if buffers[a] == k and a.out_spec.specs}
+        members = {a: index[a] for a in nodes
+                   if buffers[a] == k and _layout_bytes(a.out_spec)}
         sizes = [_layout_bytes(a.out_spec) if a in members else {} for a in nodes]
         inputs = [[index[p] for p in a.inputs] for a in nodes]
-        scale = {d: budget.budget(d) for s in sizes for d in s}
-        share = plan_sharing(sizes, inputs, {d: b for d, b in scale.items() if b})
+        after = [[index[r] for r in _readers_before(a, nodes)] for a in nodes]
+        scale = {}
+        for d in {d for sz in sizes for d in sz}:
+            b = budget.budget(d)
+            if b is not None:
+                scale[d] = max(b - fixed.get(d, 0), 1) / k
+        share = plan_sharing(sizes, inputs, scale, after=after)
         return Sharing(nodes, members, share, k, sizes)
 
     # -- memory ----------------------------------------------------------------------------
@@ -122,6 +130,31 @@ class Sharing:
                        f"previous piece in their wave before writing (the cost in overlap: "
                        f"a wave's pieces pass those bytes in turn)")
         return out
+
+
+def _readers_before(a, nodes: list) -> list:
+    """The actors that read a state ``a`` writes: the run's state gates make ``a`` act on
+    a piece after all of them (``gates.py``), so the planned order must too."""
+    writes = set(getattr(a, "state_writes", ()))
+    if not writes:
+        return []
+    return [r for r in nodes if r is not a and writes & set(getattr(r, "state_reads", ()))]
+
+
+def _ordered(nodes: list) -> list:
+    """``nodes`` in an order where each comes after its inputs and after the readers of
+    the states it writes (the plan's own order, where that already holds)."""
+    before = {a: set(a.inputs) | set(_readers_before(a, nodes)) for a in nodes}
+    placed, out = set(), []
+    while len(out) < len(nodes):
+        for a in nodes:
+            if a not in placed and before[a] <= placed:
+                placed.add(a)
+                out.append(a)
+                break
+        else:
+            raise RuntimeError("the actors' inputs and state gates form a cycle")
+    return out
 
 
 def _layout_bytes(spec) -> dict:

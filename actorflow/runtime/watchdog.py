@@ -110,4 +110,12 @@ def stalled(sched) -> DeadlockError:
                               f"queued at {c.actor.name}")
         if st.cause == "resource":
             g.note(name, f"{name} waits for tokens {dict(st.tokens)}")
+        share = getattr(st, "share", None)
+        if share is not None and st.out is not None and st.out.free:
+            for other in share.preds + share.succs:
+                if not other.ended:
+                    why = (f"{name} waits for the bytes its register shares with "
+                           f"{other.actor.name}'s (a control edge of the memory plan)")
+                    g.note(name, why)
+                    g.add(name, other.actor.name, why)
     return deadlock(g, "the actor graph", waiting)
