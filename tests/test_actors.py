@@ -62,7 +62,7 @@ def test_seed_example_runs_in_order(no_leftovers):
         np.testing.assert_array_equal(o, np.maximum(np.full((4, 3), i * 2 - 1, np.float32), 0))
     s = g.stats()
     assert s.actors["load"]["acts"] == 6 and s.actors["relu"]["acts"] == 6
-    assert s.actors["relu"]["mode"] == "inline" and s.actors["preprocess"]["mode"] == "thread"
+    assert s.actors["relu"]["mode"] == "inline" and s.actors["preprocess"]["mode"] == "pipe"
     assert s.pieces == 6
     for row in s.actors.values():
         for k in ("compute_s", "wait_input_s", "wait_credit_s", "wait_resource_s"):

@@ -31,7 +31,9 @@ class Completion:
         try:
             while inbox:
                 delay, st, piece, regs, out_reg, result, err, dt = inbox.popleft()
-                if delay > 0:
+                if delay is None:
+                    self._piped(st, piece, regs, out_reg, result, err)
+                elif delay > 0:
                     self.loop.call_later(delay, self.completed, st, piece, regs, out_reg,
                                          result, err, dt + delay)
                 elif st.ordered:
@@ -67,6 +69,27 @@ class Completion:
             p = st.next_done
             st.next_done += 1
             self._complete(st, p, *st.early.pop(p))
+
+    def _piped(self, st, piece, reg, out_reg, result, err) -> None:
+        """What a piped actor's thread left to the loop (``state.PipedThread``): an error,
+        its end of stream, an input register to take home or an output to send on, piece
+        0 that sizes its registers."""
+        if err is not None:
+            e, tb = err
+            error = ActorError(st.actor.name, piece, e, tb)
+            error.__cause__ = e
+            self.stop(error)
+            return
+        if result is EOS:
+            st.in_flight = 0
+            self._end(st)
+            return
+        if reg is not None:
+            self._hand_back(reg)
+        if type(result) is Sized:
+            self._sized(st, piece, result)
+        elif out_reg is not None:
+            self._send(st, out_reg, piece)
 
     def _internal(self, e: BaseException) -> None:
         """An error raised while handling a message (not inside an act): stop the run with
@@ -130,6 +153,9 @@ class Completion:
         self._send(st, reg, piece)
         for a in sized:
             sa = self.by_actor[a]
+            pipe = sa.out.pipe
+            while pipe is not None and sa.out.free:      # a piped actor's credits
+                pipe.put(sa.out.free.popleft())
             if sa.mode == "undecided":
                 a.inline = a.small()
                 if a.inline:
@@ -146,14 +172,20 @@ class Completion:
         consumers = [p for p in st.out.consumers if not p.closed]
         if not consumers:
             if reg.index >= 0:
+                if st.out.pipe is not None:
+                    st.out.pipe.put(reg)
+                    return
                 st.out.free.append(reg)
                 if st.share is not None:
                     went_home(st, reg, self.wake)
             return
         reg.pending = len(consumers)
         for p in consumers:
-            p.queue.append(reg)
-            self.wake(self.by_actor[p.actor])
+            if p.pipe is not None:
+                p.pipe.put(reg)
+            else:
+                p.queue.append(reg)
+                self.wake(self.by_actor[p.actor])
 
     def _hand_back(self, reg) -> None:
         """A consumer is done with ``reg``: once all are, it is free (a credit) again. (A
@@ -161,6 +193,9 @@ class Completion:
         reg.pending -= 1
         if reg.pending == 0 and reg.index >= 0:
             port = reg.owner
+            if port.pipe is not None:
+                port.pipe.put(reg)
+                return
             port.free.append(reg)
             st = self.by_actor[port.actor]
             if st.share is not None:
@@ -189,7 +224,9 @@ class Completion:
             self._close(p)
         if st.out is not None:
             for p in st.out.consumers:
-                if not p.closed:
+                if p.pipe is not None:
+                    p.pipe.put(EOS)
+                elif not p.closed:
                     p.queue.append(EOS)
                     self.wake(self.by_actor[p.actor])
 

@@ -38,6 +38,7 @@ from .completion import Completion
 from .gates import gates_open, make_gates
 from .register import EOS
 from .sharing import bind_gates, gate_open, taken
+from .pipes import PipedThread, abandon, pipe_actors
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 from .stragglers import Stragglers
 from .watchdog import stalled
@@ -95,6 +96,7 @@ class CreditScheduler(Completion):
         self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
         self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
                      else None)         # the shared registers' bytes in use (sharing.py)
+        pipe_actors(self.states)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -126,6 +128,12 @@ class CreditScheduler(Completion):
 
     def _start_thread(self, st: ActorState) -> None:
         """The actor's thread, or its ``replicas`` threads sharing one queue of acts."""
+        if st.piped:
+            t = PipedThread(self, st)
+            st.thread = t
+            t.thread.start()
+            self.threads.append(t)
+            return
         t = ActorThread(self, st)
         st.thread = t
         group = [t] + [ActorThread(self, st, t.queue) for _ in range(st.actor.replicas - 1)]
@@ -173,6 +181,9 @@ class CreditScheduler(Completion):
         self.finished = True
         held = self.stragglers
         for t in self.threads:
+            if isinstance(t, PipedThread):
+                abandon(t, held)
+                continue
             jobs = t.state.jobs
             if jobs:                    # sent, not seen to complete: may be running now
                 t.token = held.hold(t.state.actor, [(p, r, o) for p, (r, o) in jobs.items()])
@@ -219,6 +230,8 @@ class CreditScheduler(Completion):
     def _try(self, st: ActorState) -> None:
         if st is self.collector:
             self.collect(st)
+            return
+        if st.piped:                    # its thread takes its own acts
             return
         ins, out = st.ins, st.out
         while st.in_flight < st.max_in_flight and not st.ended:

@@ -44,7 +44,7 @@ class Register:
 class OutPort:
     """An actor's output: its registers, the free ones (credits) and its consumers."""
 
-    __slots__ = ("actor", "spec", "buffers", "registers", "free", "consumers")
+    __slots__ = ("actor", "spec", "buffers", "registers", "free", "consumers", "pipe")
 
     def __init__(self, actor, spec, buffers: int):
         self.actor = actor
@@ -53,22 +53,27 @@ class OutPort:
         self.registers: list = []
         self.free: deque = deque()
         self.consumers: list = []   # InPorts
+        self.pipe = None            # a piped actor's free registers (a SimpleQueue): its
+        # thread takes its credits there, and they come home there (see state.PipedThread)
 
     def home(self) -> bool:
         """Every register is back (none is out at a consumer or being written)."""
+        if self.pipe is not None:
+            return self.pipe.qsize() >= len(self.registers)
         return len(self.free) == len(self.registers)
 
 
 class InPort:
     """One input of an actor: the registers its producer sent, oldest first."""
 
-    __slots__ = ("actor", "producer", "queue", "closed")
+    __slots__ = ("actor", "producer", "queue", "closed", "pipe")
 
     def __init__(self, actor, producer: OutPort):
         self.actor = actor
         self.producer = producer
         self.queue: deque = deque()
         self.closed = False
+        self.pipe = None            # a piped actor's input: registers go to its thread here
 
 
 class MemoryBudget:

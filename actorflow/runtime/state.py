@@ -18,7 +18,7 @@ class ActorState:
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
                  "since", "tokens", "jobs", "timer", "early", "next_done", "ordered", "gates",
-                 "share", "parts", "got")
+                 "share", "parts", "got", "piped")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -47,6 +47,7 @@ class ActorState:
         self.share = None               # its MemoryGate when its registers share memory
         self.parts: dict = {}           # the collector: piece -> [count, sinks' parts]
         self.got: list = [0] * len(getattr(actor, "inputs", ()))   # parts per sink
+        self.piped = False              # its thread takes its own acts (PipedThread)
 
 
 class ActorThread:
@@ -104,3 +105,4 @@ class ActorThread:
                     post(sched.read_inbox)
                 except RuntimeError:    # the loop is closed: the run was torn down
                     return
+

@@ -10,11 +10,13 @@ from .state import CREDIT, INPUT, RESOURCE
 
 class RunStats:
     """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
-    graph has no sink); ``actors``: per actor name ``{kind, mode, replicas, acts, compute_s, wait_input_s,
-    wait_credit_s, wait_resource_s, busy}``; ``memory``: per device ``{planned, peak,
-    budget, live}`` in bytes (``peak`` measured: the most register bytes held at once;
-    ``live``, where registers share memory: the most bytes of registers in use at once,
-    measured, the unshared ones counted whole, None elsewhere); ``state``:
+    graph has no sink); ``actors``: per actor name ``{kind, mode, replicas, acts,
+    compute_s, wait_input_s, wait_credit_s, wait_resource_s, busy}`` (``mode``: inline,
+    thread, pipe (a thread stage that takes its own acts: ``pipes.py``) or async);
+    ``memory``: per device ``{planned, peak, budget, live}`` in bytes (``peak`` measured:
+    the most register bytes held at once; ``live``, where registers share memory: the
+    most bytes of registers in use at once, measured, the unshared ones counted whole,
+    None elsewhere); ``state``:
     "finished", "stopped" (a cancel, a break), "failed" or "running" (a live snapshot);
     ``abandoned``: ``[(actor name, piece)]`` of the acts still running when the run stopped
     (each frees its registers when it returns; ``ActorGraph.join`` waits for them)."""
@@ -28,7 +30,8 @@ class RunStats:
             if st.cause is not None:                 # still waiting when the run ended
                 waits[st.cause] += now - st.since
             self.actors[st.actor.name] = {
-                "kind": st.actor.kind, "mode": st.mode, "acts": st.acts,
+                "kind": st.actor.kind, "mode": "pipe" if st.piped else st.mode,
+                "acts": st.acts,
                 "replicas": getattr(st.actor, "replicas", 1),
                 "compute_s": st.compute_s, "wait_input_s": waits[INPUT],
                 "wait_credit_s": waits[CREDIT], "wait_resource_s": waits[RESOURCE],

@@ -1,0 +1,156 @@
+"""Piped thread stages: a chain of plain thread stages passes pieces from thread to thread.
+
+An act of a thread stage normally goes through the scheduler's loop twice: the loop sends
+it to the thread, and the thread posts its completion back. For a *piped* actor the loop
+does neither: its thread takes its own acts (the next register from its producer, then a
+free register of its own, its credit), hands the input register back and sends its output
+on, straight to the neighbour's queue where that neighbour is piped too, else through the
+loop's inbox. The registers, the credits and back-pressure are the same; the loop still
+allocates every register, sees every piece that enters or leaves a chain of piped actors,
+handles errors, end of stream and stopping, and counts acts and waits per actor.
+
+Which actors are piped (``pipe_actors``): in a graph fed by one source (so every actor
+sees the same end of stream and none stops early), a plain thread stage with one input
+and one consumer that acts one piece at a time, with no tokens, state gates, shared
+bytes, simulated time or timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from queue import SimpleQueue
+
+from .actor import Collector, Sized
+from .register import EOS
+from .source import SourceActor
+from .state import CREDIT, INPUT, ActorState
+
+
+def pipe_actors(states: list) -> None:
+    """Marks the piped actors of a run and gives their ports queues: an OutPort's ``pipe``
+    holds its free registers, an InPort's ``pipe`` what its producer sent."""
+    if sum(1 for st in states if isinstance(st.actor, SourceActor)) != 1:
+        return
+    for st in states:
+        a = st.actor
+        if (st.mode == "thread" and not isinstance(a, (SourceActor, Collector))
+                and a.replicas == 1 and not st.tokens and st.gates is None
+                and st.share is None and a.time is None and a.timeout is None
+                and len(st.ins) == 1 and st.out is not None
+                and len(st.out.consumers) == 1):
+            st.piped = True
+            st.in_flight = 1            # acting, as far as the loop knows, until its end
+            st.out.pipe = SimpleQueue()
+            while st.out.free:
+                st.out.pipe.put(st.out.free.popleft())
+            st.ins[0].pipe = SimpleQueue()
+
+
+def abandon(t, held) -> None:
+    """The run stopped: files the act a piped thread runs (if any) with the Stragglers,
+    marks it abandoned, and wakes it wherever it waits."""
+    with t.claim:                       # its act is filed, or it never starts
+        jobs = dict(t.state.jobs)
+        if jobs:
+            t.token = held.hold(t.state.actor, [(p, r, o) for p, (r, o) in jobs.items()])
+        t.abandoned = True
+    t.queue.put(None)
+    t.state.out.pipe.put(None)
+
+
+class PipedThread:
+    """The thread of a piped actor (see the module's doc): takes the next register from
+    its input's queue, then a credit from its OutPort's, acts, and passes both on. Its act
+    is filed in ``state.jobs`` while it runs; ``claim`` orders that against the run's stop
+    (``abandon`` reads the jobs and marks the thread abandoned under it), so an act either
+    is filed and abandoned, or never starts."""
+
+    def __init__(self, sched, state: ActorState):
+        self.sched = sched
+        self.state = state
+        self.queue: SimpleQueue = state.ins[0].pipe   # registers, EOS, or None (stop)
+        self.abandoned = False
+        self.token = None
+        self.claim = threading.Lock()
+        self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
+                                       daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self._acts()
+        finally:
+            if self.token is not None:
+                self.sched.stragglers.release(self.token)
+
+    def _post(self, item) -> bool:
+        sched = self.sched
+        sched.inbox.append(item)
+        if not sched.inbox_woken:
+            sched.inbox_woken = True
+            try:
+                sched.loop.call_soon_threadsafe(sched.read_inbox)
+            except RuntimeError:        # the loop is closed: the run was torn down
+                return False
+        return True
+
+    def _acts(self) -> None:
+        st = self.state
+        actor, out, inq = st.actor, st.out, self.queue
+        free = out.pipe
+        back = st.ins[0].producer.pipe          # None: the loop takes registers home
+        fwd = out.consumers[0].pipe             # None: the loop sends the output on
+        waits, raw, clock, claim = st.waits, st.raw, time.perf_counter, self.claim
+        while True:
+            t0 = clock()
+            reg = inq.get()
+            if reg is None or self.abandoned:
+                return
+            if reg is EOS:
+                self._post((None, st, None, None, None, EOS, None, 0.0))
+                return
+            t1 = clock()
+            out_reg = None
+            if out.spec is not None or st.next_piece:   # (else piece 0 sizes its registers;
+                out_reg = free.get()                     # the loop then hands them over)
+                if out_reg is None or self.abandoned:
+                    return
+            t2 = clock()
+            waits[INPUT] += t1 - t0
+            waits[CREDIT] += t2 - t1
+            piece = st.next_piece
+            with claim:
+                if self.abandoned:
+                    return
+                st.jobs[piece] = ([reg], out_reg)
+            err = result = None
+            try:
+                result = actor.compute(piece, [reg.arrays if raw else reg.view],
+                                       out_reg.arrays if out_reg is not None else None)
+            except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
+                err = (e, traceback.format_exc())
+            if self.abandoned:          # the run stopped meanwhile: drop the result
+                return
+            st.compute_s += clock() - t2
+            st.next_piece = piece + 1
+            del st.jobs[piece]
+            if err is not None:
+                self._post((None, st, piece, reg, out_reg, None, err, 0.0))
+                return
+            loop_in = loop_out = None
+            if reg.index >= 0:
+                if back is not None:
+                    back.put(reg)
+                else:
+                    loop_in = reg
+            if out_reg is not None:
+                st.acts += 1
+                if fwd is not None:
+                    out_reg.piece = piece
+                    fwd.put(out_reg)
+                else:
+                    loop_out = out_reg
+            if loop_in is not None or loop_out is not None or type(result) is Sized:
+                if not self._post((None, st, piece, loop_in, loop_out, result, None, 0.0)):
+                    return

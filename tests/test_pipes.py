@@ -1,0 +1,140 @@
+"""Piped thread stages: a chain of thread stages fed by one source passes pieces from
+thread to thread without the loop, with the same registers, credits, errors and stops."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import actorflow as af
+
+
+def chain(n=5, pieces=50, fn=None, buffers=2, memory=None, out=True):
+    g = af.ActorGraph(buffers=buffers, memory=memory)
+    x = g.source([np.full(8, float(p)) for p in range(pieces)],
+                 out=af.Spec((8,), af.float64) if out else None, name="load")
+    for i in range(n):
+        x = g.actor(fn or (lambda v: v + 1.0), x, name=f"s{i}",
+                    out=af.Spec((8,), af.float64) if out else None)
+    g.sink(x, "out")
+    return g
+
+
+def modes(g):
+    return {n: r["mode"] for n, r in g.stats().actors.items()}
+
+
+@pytest.mark.parametrize("buffers", [1, 2, 4])
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_chain_of_thread_stages_is_piped_and_exact(buffers, declared):
+    g = chain(buffers=buffers, out=declared)
+    outs = [float(o[0]) for o in g.run()]
+    assert outs == [p + 5.0 for p in range(50)]
+    m = modes(g)
+    assert all(m[f"s{i}"] == "pipe" for i in range(5))
+    s = g.stats()
+    assert all(s.actors[f"s{i}"]["acts"] == 50 for i in range(5))
+    assert s.memory["cpu"]["peak"] == s.memory["cpu"]["planned"]
+    assert "pipe" in s.table()
+
+
+def test_credits_still_bound_the_pieces_in_flight():
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def enter(v):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        return v
+
+    def leave(v):
+        with lock:
+            inside[0] -= 1
+        threading.Event().wait(0.001)
+        return v
+    g = af.ActorGraph(buffers=2)
+    x = g.source([np.zeros(4)] * 40, out=af.Spec((4,), af.float64))
+    a = g.actor(enter, x, name="enter")
+    b = g.actor(lambda v: v, a, name="mid")
+    g.sink(g.actor(leave, b, name="leave"))
+    assert len(list(g.run())) == 40
+    assert set(modes(g)[k] for k in ("enter", "mid", "leave")) == {"pipe"}
+    # between enter and leave: enter's 2 registers and mid's 2 (and the one leave holds
+    # is one of mid's): never more pieces than registers
+    assert most[0] <= 4
+
+
+def test_an_error_in_a_piped_stage_names_it_and_the_graph_runs_again():
+    bad = {"at": 7}
+
+    def f(v):
+        if float(v[0]) == bad["at"]:
+            raise ValueError("seven")
+        return v
+    g = chain(fn=f)
+    with pytest.raises(af.ActorError, match="seven") as info:
+        list(g.run())
+    assert info.value.actor == "s0" and info.value.piece == 7
+    bad["at"] = -1
+    assert len(list(g.run())) == 50
+
+
+def test_break_abandons_a_running_piped_act_and_the_next_run_waits_for_it():
+    release, entered = threading.Event(), threading.Event()
+
+    def slow(v):
+        if float(v[0]) == 3.0:
+            entered.set()
+            release.wait(10)
+        return v
+    g = chain(fn=slow, n=3)
+    for _ in g.run():
+        if entered.wait(10):
+            break
+    assert g.stats().state == "stopped"
+    assert any(name == "s0" for name, _ in g.stats().abandoned)
+    release.set()
+    assert g.join(10)
+    assert len(list(g.run())) == 50
+
+
+def test_async_consumer_cancel_stops_piped_stages():
+    import asyncio
+
+    async def main():
+        g = chain(n=3, pieces=10_000)
+        got = 0
+        async for _ in g.run_async():
+            got += 1
+            if got == 5:
+                break
+        await g.join_async()
+        return g.stats().state
+    assert asyncio.run(main()) in ("stopped", "finished")
+
+
+def test_two_sources_or_a_fan_out_fall_back_to_the_loop():
+    g = af.ActorGraph()
+    a = g.source([np.ones(2)] * 5, out=af.Spec((2,), af.float64), name="a")
+    b = g.source([np.ones(2)] * 5, out=af.Spec((2,), af.float64), name="b")
+    c = g.actor(lambda x: x * 2, a, name="c")
+    g.sink(g.actor(lambda x, y: x + y, c, b, name="d"))
+    assert [float(o[0]) for o in g.run()] == [3.0] * 5
+    assert modes(g)["c"] == "thread"                  # two sources: none is piped
+    g = af.ActorGraph()
+    a = g.source([np.ones(2)] * 5, out=af.Spec((2,), af.float64), name="a")
+    c = g.actor(lambda x: x * 2, a, name="c")
+    d = g.actor(lambda x: x + 1, c, name="d")
+    e = g.actor(lambda x: x - 1, c, name="e")
+    g.sink(g.actor(lambda x, y: x + y, d, e, name="f"))
+    assert [float(o[0]) for o in g.run()] == [4.0] * 5
+    m = modes(g)
+    assert m["c"] == "thread" and m["d"] == "pipe" and m["e"] == "pipe"
+
+
+def test_a_lazy_plan_sizes_piped_stages_from_piece_zero_and_refuses_over_budget():
+    g = chain(out=False, memory={"cpu": 2 * 8 * 8 * 3})    # 6 registers of 64 B fit
+    with pytest.raises(af.PlanError):
+        list(g.run())
+    g = chain(out=False, n=2, memory={"cpu": 2 * 8 * 8 * 3})
+    assert [float(o[0]) for o in g.run()] == [p + 2.0 for p in range(50)]
