@@ -25,7 +25,7 @@ from queue import SimpleQueue
 from .actor import Collector, Sized
 from .register import EOS
 from .source import SourceActor
-from .state import CREDIT, INPUT, ActorState
+from .state import CREDIT, INPUT, ActorState, ActorThread
 
 
 def pipe_actors(states: list) -> None:
@@ -60,7 +60,7 @@ def abandon(t, held) -> None:
     t.state.out.pipe.put(None)
 
 
-class PipedThread:
+class PipedThread(ActorThread):
     """The thread of a piped actor (see the module's doc): takes the next register from
     its input's queue, then a credit from its OutPort's, acts, and passes both on. Its act
     is filed in ``state.jobs`` while it runs; ``claim`` orders that against the run's stop
@@ -68,32 +68,8 @@ class PipedThread:
     is filed and abandoned, or never starts."""
 
     def __init__(self, sched, state: ActorState):
-        self.sched = sched
-        self.state = state
-        self.queue: SimpleQueue = state.ins[0].pipe   # registers, EOS, or None (stop)
-        self.abandoned = False
-        self.token = None
+        super().__init__(sched, state, state.ins[0].pipe)   # registers, EOS, or None
         self.claim = threading.Lock()
-        self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
-                                       daemon=True)
-
-    def _main(self) -> None:
-        try:
-            self._acts()
-        finally:
-            if self.token is not None:
-                self.sched.stragglers.release(self.token)
-
-    def _post(self, item) -> bool:
-        sched = self.sched
-        sched.inbox.append(item)
-        if not sched.inbox_woken:
-            sched.inbox_woken = True
-            try:
-                sched.loop.call_soon_threadsafe(sched.read_inbox)
-            except RuntimeError:        # the loop is closed: the run was torn down
-                return False
-        return True
 
     def _acts(self) -> None:
         st = self.state

@@ -77,10 +77,22 @@ class ActorThread:
             if self.token is not None:  # the run is over: free what its acts here held
                 self.sched.stragglers.release(self.token)
 
+    def _post(self, item) -> bool:
+        """Hands ``item`` (a completion) to the loop's inbox; one wake-up for all the
+        completions posted meanwhile. False when the loop is closed (the run is over)."""
+        sched = self.sched
+        sched.inbox.append(item)
+        if not sched.inbox_woken:
+            sched.inbox_woken = True
+            try:
+                sched.loop.call_soon_threadsafe(sched.read_inbox)
+            except RuntimeError:        # the loop is closed: the run was torn down
+                return False
+        return True
+
     def _acts(self) -> None:
         q, sched, st = self.queue, self.sched, self.state
         actor = st.actor
-        post = sched.loop.call_soon_threadsafe
         while True:
             job = q.get()
             if job is None or self.abandoned:
@@ -98,11 +110,6 @@ class ActorThread:
             dt = time.perf_counter() - t0
             if self.abandoned:          # the run stopped meanwhile: drop the result
                 return
-            sched.inbox.append((delay, st, piece, regs, out_reg, result, err, dt))
-            if not sched.inbox_woken:   # one wake-up for all completions posted meanwhile
-                sched.inbox_woken = True
-                try:
-                    post(sched.read_inbox)
-                except RuntimeError:    # the loop is closed: the run was torn down
-                    return
+            if not self._post((delay, st, piece, regs, out_reg, result, err, dt)):
+                return
 
