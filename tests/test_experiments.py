@@ -147,9 +147,25 @@ def _check_inside(fig):
     texts = _texts(fig)
     box = fig.get_tightbbox(fig.canvas.get_renderer())          # inches
     w, h = fig.get_size_inches()
-    assert box.x0 >= -0.01 and box.y0 >= -0.01 and box.x1 <= w + 0.01 and \
-        box.y1 <= h + 0.01, f"something drawn is cut off: {box} outside {w}x{h} in"
+    if not (box.x0 >= -0.01 and box.y0 >= -0.01 and box.x1 <= w + 0.01
+            and box.y1 <= h + 0.01):
+        r = fig.canvas.get_renderer()
+        out = [f"{type(a).__name__} {getattr(a, 'get_text', lambda: '')()!r}"
+               for a in fig.findobj(lambda a: hasattr(a, "get_window_extent")
+                                    and a.get_visible())
+               if _outside(a, r, fig)]
+        raise AssertionError(f"{fig.get_suptitle()!r}: something drawn is cut off: {box} "
+                             f"outside {w}x{h} in: {out[:8]}")
     return texts
+
+
+def _outside(artist, renderer, fig):
+    try:
+        e = artist.get_window_extent(renderer)
+    except Exception:  # noqa: BLE001 - artists without an extent
+        return False
+    W, H = fig.bbox.width, fig.bbox.height
+    return e.width > 0 and (e.x0 < -1 or e.y0 < -1 or e.x1 > W + 1 or e.y1 > H + 1)
 
 
 def test_pictures_show_their_tables_and_fit(db_data, random_data, tmp_path):
@@ -179,3 +195,20 @@ def test_pictures_show_their_tables_and_fit(db_data, random_data, tmp_path):
     assert "refused: the plan needs 10.0 MiB" in texts
     plt.close(fig)
     assert double_buffering.plot(db_data, tmp_path / "d.png") and (tmp_path / "d.png").exists()
+
+
+def test_figure1_fits_whatever_the_runs_took():
+    # the runs' times vary with the machine: a fast one once put the annotation (placed
+    # in data units) outside the figure
+    pytest.importorskip("matplotlib")
+    import copy
+
+    import matplotlib.pyplot as plt
+    data = figure1.run(seed=0, time=0.0005)
+    for k in (0.001, 0.1, 10, 1000):
+        d = copy.deepcopy(data)
+        d["timelines"] = {n: [(t * k, a, b) for t, a, b in tl]
+                          for n, tl in d["timelines"].items()}
+        fig = figure1.figure(d)
+        _check_inside(fig)
+        plt.close(fig)

@@ -131,8 +131,8 @@ def figure(data: dict):
         bound = data["bound_pieces_per_s"]
         for y, r in zip(ys, rows):
             if r[1]:                        # its rate, inside the end of its bar
-                left.text(r[1] - bound * 0.02, y, r[2], va="center", ha="right",
-                          color="white")
+                left.text(min(r[1], bound * 1.1) - bound * 0.02, y, r[2], va="center",
+                          ha="right", color="white")
             else:                           # no bar: what happened instead
                 left.text(bound * 0.02, y, r[2], va="center", color="tab:red",
                           fontweight="bold")

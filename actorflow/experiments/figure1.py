@@ -118,7 +118,8 @@ def figure(data: dict):
         left.hlines(tl[-1][2] / MiB, tl[-1][0] * 1e3, end, color=line.get_color(),
                     linestyle=":")                 # O1 first: stuck from there on
         left.annotate("O1 needs 5 MiB, 4 MiB free;\nO2 waits behind it",
-                      xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.2, 6.2),
+                      xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.05, 0.6),
+                      textcoords="axes fraction",      # (where, whatever the run's times)
                       arrowprops={"arrowstyle": "->"})
         left.axhline(cap, color="gray", linestyle="--", label=f"pool: {cap:.0f} MiB")
         left.set_ylim(0, 11)
