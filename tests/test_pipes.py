@@ -138,3 +138,33 @@ def test_a_lazy_plan_sizes_piped_stages_from_piece_zero_and_refuses_over_budget(
         list(g.run())
     g = chain(out=False, n=2, memory={"cpu": 2 * 8 * 8 * 3})
     assert [float(o[0]) for o in g.run()] == [p + 2.0 for p in range(50)]
+
+
+def test_a_stage_with_no_inputs_counts_as_a_second_source():
+    # z never ends by itself: it stops when its readers close, which a piped reader of it
+    # never did (the run delivered everything, then hung with b spinning)
+    g = af.ActorGraph()
+    x = g.source([np.full(3, float(p)) for p in range(5)], out=af.Spec((3,), af.float64),
+                 name="src")
+    z = g.actor(lambda: np.ones(3), name="z", out=af.Spec((3,), af.float64))
+    b = g.actor(lambda v: v * 10.0, z, name="b", out=af.Spec((3,), af.float64))
+    a = g.actor(lambda v: v + 1.0, x, name="a")
+    g.sink(g.actor(lambda p, q: p + q, a, b, name="f"))
+    assert [float(o[0]) for o in g.run()] == [11.0, 12.0, 13.0, 14.0, 15.0]
+    assert g.stats().state == "finished" and modes(g)["b"] == "thread"
+
+
+def test_a_piped_stage_counts_the_wait_a_stop_cut_short():
+    import time
+
+    def src():
+        yield np.zeros(8)
+        time.sleep(0.3)
+        yield np.zeros(8)
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda v: v, g.source(src, out=af.Spec((8,), af.float64)), name="s"))
+    for _ in g.run():
+        time.sleep(0.2)
+        break
+    r = g.stats().actors["s"]
+    assert r["mode"] == "pipe" and r["wait_input_s"] > 0.1

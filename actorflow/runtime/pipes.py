@@ -31,7 +31,8 @@ from .state import CREDIT, INPUT, ActorState, ActorThread
 def pipe_actors(states: list) -> None:
     """Marks the piped actors of a run and gives their ports queues: an OutPort's ``pipe``
     holds its free registers, an InPort's ``pipe`` what its producer sent."""
-    if sum(1 for st in states if isinstance(st.actor, SourceActor)) != 1:
+    # (a stage with no inputs is a source too, one that never ends by itself)
+    if sum(1 for st in states if not st.ins and not isinstance(st.actor, Collector)) != 1:
         return
     for st in states:
         a = st.actor
@@ -80,21 +81,26 @@ class PipedThread(ActorThread):
         waits, raw, clock, claim = st.waits, st.raw, time.perf_counter, self.claim
         while True:
             t0 = clock()
+            st.cause, st.since = INPUT, t0      # (a stop's stats count the wait under way)
             reg = inq.get()
             if reg is None or self.abandoned:
                 return
             if reg is EOS:
+                waits[INPUT] += clock() - t0
+                st.cause = None
                 self._post((None, st, None, None, None, EOS, None, 0.0))
                 return
             t1 = clock()
+            waits[INPUT] += t1 - t0
+            st.cause, st.since = CREDIT, t1
             out_reg = None
             if out.spec is not None or st.next_piece:   # (else piece 0 sizes its registers;
                 out_reg = free.get()                     # the loop then hands them over)
                 if out_reg is None or self.abandoned:
                     return
             t2 = clock()
-            waits[INPUT] += t1 - t0
             waits[CREDIT] += t2 - t1
+            st.cause = None
             piece = st.next_piece
             with claim:
                 if self.abandoned:
