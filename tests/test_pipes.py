@@ -168,3 +168,23 @@ def test_a_piped_stage_counts_the_wait_a_stop_cut_short():
         break
     r = g.stats().actors["s"]
     assert r["mode"] == "pipe" and r["wait_input_s"] > 0.1
+
+
+def test_a_stall_among_piped_stages_is_named_not_a_hang():
+    # piped threads wait on their queues, not on the loop: a stall there (impossible by
+    # construction; made here by taking a stage's credits away) is found by the run's
+    # periodic look and raised as a DeadlockError naming who waits for whom
+    g = chain(n=3, pieces=20, buffers=2)
+    stolen = []
+
+    def steal(v):
+        sched = g._current[0]
+        st = next(s for s in sched.states if s.actor.name == "s2")
+        if not stolen:                      # its credits, as they come home
+            stolen.append(st.out.pipe.get())
+            stolen.append(st.out.pipe.get())
+        return v + 1.0
+    g = chain(n=3, pieces=20, buffers=2)
+    g.actors[1].fn = steal                  # s0 takes s2's registers away on piece 0
+    with pytest.raises(af.DeadlockError, match="s2 waits for a free register"):
+        list(g.run())

@@ -38,7 +38,7 @@ from .completion import Completion
 from .gates import gates_open, make_gates
 from .register import EOS
 from .sharing import bind_gates, gate_open, taken
-from .pipes import PipedThread, abandon, pipe_actors
+from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 from .stragglers import Stragglers
 from .watchdog import stalled
@@ -112,6 +112,8 @@ class CreditScheduler(Completion):
             for st in self.states:
                 self.wake(st)
             self.read_inbox()           # what the sources did already; the first acts start
+            if any(st.piped for st in self.states):
+                watch_pipes(self)       # (their waits never reach the loop: see pipes.py)
             for st in self.states:      # the other threads start while those acts run
                 if st.mode == "thread" and st.thread is None and not st.ended:
                     self._start_thread(st)

@@ -26,6 +26,7 @@ from .actor import Collector, Sized
 from .register import EOS
 from .source import SourceActor
 from .state import CREDIT, INPUT, ActorState, ActorThread
+from .watchdog import stalled
 
 
 def pipe_actors(states: list) -> None:
@@ -47,6 +48,30 @@ def pipe_actors(states: list) -> None:
             while st.out.free:
                 st.out.pipe.put(st.out.free.popleft())
             st.ins[0].pipe = SimpleQueue()
+
+
+WATCH_S = 0.5       # how often a run with piped actors looks for a stall
+
+
+def watch_pipes(sched, last=None) -> None:
+    """The stall detector for runs with piped actors. A piped thread waits on its queues,
+    not on the loop, so the loop's own check (nothing in flight after a message) never
+    sees it idle. Every ``WATCH_S`` the loop looks: if every actor has ended or waits (a
+    piped one blocked on an empty queue, the others idle), nothing is queued for the loop,
+    and no act happened since the last look, the run is stalled (by construction it never
+    is; if it is, it stops with the DeadlockError instead of hanging)."""
+    if sched.finished or sched.stopping or sched.done is None or sched.done.done():
+        return
+    states = sched.states
+    progress = tuple(st.acts for st in states)
+    quiet = (not sched.inbox and not sched.ready and not sched.pending_tasks
+             and (sched.collector is None or sched.room > 0)
+             and all(st.ended or (st.cause is not None if st.piped else st.in_flight == 0)
+                     for st in states))
+    if quiet and progress == last:
+        sched.stop(stalled(sched))
+        return
+    sched.loop.call_later(WATCH_S, watch_pipes, sched, progress if quiet else None)
 
 
 def abandon(t, held) -> None:

@@ -92,6 +92,16 @@ def stalled(sched) -> DeadlockError:
             continue
         name = st.actor.name
         waiting.append(name)
+        if getattr(st, "piped", False):         # a piped thread blocked on its queues
+            if st.cause == "input":
+                prod = st.ins[0].producer.actor.name
+                g.note(name, f"{name} waits for piece {st.next_piece} from {prod}")
+                g.add(name, prod, f"{name} waits for piece {st.next_piece} from {prod}")
+            else:
+                cons = st.out.consumers[0].actor.name
+                g.note(name, f"{name} waits for a free register (its credits are all out)")
+                g.add(name, cons, f"{name} waits for a register {cons} has not handed back")
+            continue
         for p in st.ins:
             if not p.queue:
                 g.note(name, f"{name} waits for piece {st.next_piece} from "
