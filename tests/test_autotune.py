@@ -138,3 +138,34 @@ def test_auto_reads_a_time_function_only_as_far_as_it_goes():
                        time=lambda p: 1 / 0))
     with pytest.raises(af.PlanError, match="actor 's': time= raised on piece 0"):
         bad.plan()
+
+
+def tiny_chain(buffers="auto", memory=None, size=4, delay=None):
+    g = af.ActorGraph(buffers=buffers, memory=memory)
+    x = g.source([np.zeros(size, np.float32)] * 20, out=af.Spec((size,), af.float32),
+                 inline=True, name="load")
+    for i in range(3):
+        x = g.actor(lambda v: -v, x, name=f"n{i}", time=delay)
+    g.sink(x)
+    return g
+
+
+def test_tiny_acts_on_threads_get_registers_for_cheaper_hand_offs():
+    plan = tiny_chain().plan()
+    c = counts(plan)
+    assert c == {"load": 16, "n0": 16, "n1": 16, "n2": 16}
+    assert "several pieces per turn" in plan.table()
+    g = tiny_chain()
+    assert len(list(g.run())) == 20
+
+
+def test_no_hand_off_registers_for_big_registers_slow_acts_or_a_tight_budget():
+    big = counts(tiny_chain(size=32 * 1024).plan())          # 128 KiB registers
+    assert max(big.values()) < 16
+    slow = counts(tiny_chain(delay=0.002).plan())             # acts of 2 ms
+    assert max(slow.values()) < 16
+    tight = tiny_chain(memory={"cpu": 4 * 16 * 6})           # room for 24 registers
+    plan = tight.plan()
+    c = counts(plan)
+    assert plan.totals[af.device("cpu")] <= 4 * 16 * 6
+    assert sum(c.values()) == 24 and max(c.values()) < 16 and min(c.values()) >= 4

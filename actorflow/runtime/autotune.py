@@ -28,6 +28,9 @@ from .source import SourceActor
 AUTO = "auto"
 MAX_AUTO = 16           # registers per output the tuner gives at most
 JITTER = 1.25           # with memory left, edges within this of the bound get one more
+SHORT_ACT_S = 1e-3      # thread stages whose register is held less than this per act...
+SMALL_BYTES = 64 << 10  # ...and whose register is at most this big get HANDOFF registers:
+HANDOFF = 16            # a thread then takes several pieces per turn on the GIL
 
 
 class Tuning:
@@ -42,6 +45,7 @@ class Tuning:
         self.rate = None
         self.times: dict = {}
         self.sources: dict = {}
+        self.handoff: list = []         # actors given registers for cheaper hand-offs
         self.lines: list = []
 
 
@@ -137,10 +141,33 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
         for a in spare:
             if fits(a):
                 grow(a)
+    short = {a for a in nodes if _short_thread_act(a, hold[a])}
+    handoff = [a for a in nodes if a in auto and a.out_spec is not None
+               and all(b <= SMALL_BYTES for b in bytes_of[a].values())
+               and (a in short or any(c in short for c in a.consumers))]
+    grew = True
+    while grew:                         # one more each in turn, as far as memory goes
+        grew = False
+        for a in sorted(handoff, key=lambda a: sum(bytes_of[a].values())):
+            if buffers[a] < HANDOFF and fits(a):
+                grow(a)
+                grew = True
+    tu.handoff = [a.name for a in handoff]
     tu.rate = min((rate(a) for a in nodes if hold[a] > 0), default=None)
     tu.buffers = {a: buffers[a] for a in nodes}
     tu.lines = _explain(tu, nodes, auto, hold, buffers, slowest, stop, used)
     return tu
+
+
+def _short_thread_act(a, hold: float) -> bool:
+    """A stage on its own thread whose acts are short: there, handing a piece from thread
+    to thread costs more than the work (a GIL turn each), and more registers on its input
+    and output let each thread take several pieces per turn (measured in
+    ``benchmarks/bench_plan.py``: 16 registers run a chain of tiny stages 3-4x faster than
+    2). The tuner gives them only to small registers, which cost next to nothing."""
+    if a.inline or getattr(a, "is_async", False) or isinstance(a, (SourceActor, Collector)):
+        return False
+    return hold < SHORT_ACT_S
 
 
 def _explain(tu, nodes, auto, hold, buffers, slowest, stop, used) -> list:
@@ -157,6 +184,10 @@ def _explain(tu, nodes, auto, hold, buffers, slowest, stop, used) -> list:
                      f"{tu.sources[a.name]}")
     if stop:
         lines.append(f"  stopped because {stop}")
+    if tu.handoff:
+        lines.append(f"  small registers into or out of short acts on threads "
+                     f"({', '.join(tu.handoff)}): up to {HANDOFF} each, so a thread takes "
+                     f"several pieces per turn instead of one hand-off per piece")
     if used:
         lines.append("  registers: " + ", ".join(f"{format_bytes(n)} on {d}"
                                                   for d, n in sorted(used.items(), key=str)))
