@@ -7,6 +7,7 @@ that no register was handed to anyone else meanwhile."""
 
 import asyncio
 import contextlib
+import gc
 import threading
 
 import numpy as np
@@ -26,6 +27,7 @@ def actor_threads():
 
 
 def in_use():
+    gc.collect()                    # (earlier tests' dead tensors are freed lazily)
     af.synchronize()
     af.lowlevel.get_vm().collect_releases()
     return af.lowlevel.memory_stats("cpu").in_use
