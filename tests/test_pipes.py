@@ -186,5 +186,8 @@ def test_a_stall_among_piped_stages_is_named_not_a_hang():
         return v + 1.0
     g = chain(n=3, pieces=20, buffers=2)
     g.actors[1].fn = steal                  # s0 takes s2's registers away on piece 0
-    with pytest.raises(af.DeadlockError, match="s2 waits for a free register"):
+    with pytest.raises(af.DeadlockError, match="s2 waits for a free register") as info:
         list(g.run())
+    # the loop knows where each register of the chain is: s1's two are with s2
+    assert "s1 waits for a free register (#0 at s2 (piece 0), #1 at s2 (piece 1))" \
+        in str(info.value)

@@ -103,6 +103,7 @@ class PipedThread(ActorThread):
         free = out.pipe
         back = st.ins[0].producer.pipe          # None: the loop takes registers home
         fwd = out.consumers[0].pipe             # None: the loop sends the output on
+        fwd_name = out.consumers[0].actor.name
         waits, raw, clock, claim = st.waits, st.raw, time.perf_counter, self.claim
         while True:
             t0 = clock()
@@ -126,6 +127,9 @@ class PipedThread(ActorThread):
             t2 = clock()
             waits[CREDIT] += t2 - t1
             st.cause = None
+            name = actor.name
+            if out_reg is not None:
+                out_reg.at = name           # (where each register is: see Register.at)
             piece = st.next_piece
             with claim:
                 if self.abandoned:
@@ -148,6 +152,7 @@ class PipedThread(ActorThread):
             loop_in = loop_out = None
             if reg.index >= 0:
                 if back is not None:
+                    reg.at = None
                     back.put(reg)
                 else:
                     loop_in = reg
@@ -155,6 +160,7 @@ class PipedThread(ActorThread):
                 st.acts += 1
                 if fwd is not None:
                     out_reg.piece = piece
+                    out_reg.at = fwd_name
                     fwd.put(out_reg)
                 else:
                     loop_out = out_reg

@@ -23,7 +23,7 @@ class Register:
     device without data), the ``piece`` it holds, and ``pending``: consumers that have not
     handed it back yet."""
 
-    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view", "key")
+    __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view", "key", "at")
 
     def __init__(self, owner, index: int, arrays: list, nbytes: int, view=None, key=None):
         self.owner = owner          # the OutPort it belongs to
@@ -35,6 +35,8 @@ class Register:
         self.view = view            # the piece as consumers read it (read-only views), made once
         self.piece = None
         self.pending = 0
+        self.at = None              # inside a chain of piped actors: the actor writing or
+        # reading it now (None: free), kept by their threads for the watchdog (pipes.py)
 
     def __repr__(self) -> str:
         return (f"Register({self.owner.actor.name}#{self.index}, piece {self.piece}, "

@@ -98,9 +98,16 @@ def stalled(sched) -> DeadlockError:
                 g.note(name, f"{name} waits for piece {st.next_piece} from {prod}")
                 g.add(name, prod, f"{name} waits for piece {st.next_piece} from {prod}")
             else:
-                cons = st.out.consumers[0].actor.name
-                g.note(name, f"{name} waits for a free register (its credits are all out)")
-                g.add(name, cons, f"{name} waits for a register {cons} has not handed back")
+                held = [f"#{r.index} at {r.at}" + ("" if r.piece is None else
+                                                   f" (piece {r.piece})")
+                        for r in st.out.registers if r.at is not None]
+                g.note(name, f"{name} waits for a free register ("
+                             + (", ".join(held) if held else "none is with a piped actor")
+                             + ")")
+                for r in st.out.registers:
+                    if r.at is not None and r.at != name:
+                        g.add(name, r.at, f"{name} waits for its register #{r.index}, "
+                                          f"which {r.at} has not handed back")
             continue
         for p in st.ins:
             if not p.queue:
