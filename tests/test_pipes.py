@@ -53,10 +53,11 @@ def test_credits_still_bound_the_pieces_in_flight():
         threading.Event().wait(0.001)
         return v
     g = af.ActorGraph(buffers=2)
-    x = g.source([np.zeros(4)] * 40, out=af.Spec((4,), af.float64))
-    a = g.actor(enter, x, name="enter")
-    b = g.actor(lambda v: v, a, name="mid")
-    g.sink(g.actor(leave, b, name="leave"))
+    spec = af.Spec((4,), af.float64)        # (sized up front: no one-off piece-0 register)
+    x = g.source([np.zeros(4)] * 40, out=spec)
+    a = g.actor(enter, x, name="enter", out=spec)
+    b = g.actor(lambda v: v, a, name="mid", out=spec)
+    g.sink(g.actor(leave, b, name="leave", out=spec))
     assert len(list(g.run())) == 40
     assert set(modes(g)[k] for k in ("enter", "mid", "leave")) == {"pipe"}
     # between enter and leave: enter's 2 registers and mid's 2 (and the one leave holds
