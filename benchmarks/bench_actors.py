@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,6 +198,8 @@ def main(argv=None) -> int:
     g_async2 = build_graph(af, feed, "op")
     g_inline = build_graph(af, feed, "inline")
     g_thread = build_graph(af, feed, "thread")
+    g_traced = build_graph(af, feed, "op")
+    trace_dir = tempfile.mkdtemp(prefix="actorflow-trace-")
     uv_runner = uvloop.run if uvloop is not None and hasattr(uvloop, "run") else None
     if uv_runner is None and uvloop is not None:      # older uvloop: set the policy instead
         def uv_runner(coro):
@@ -217,6 +220,11 @@ def main(argv=None) -> int:
                   fed(lambda: run_graph_async(g_async, async_runner)), after=stats_of(g_async),
                   note=("async for in g.run_async() inside "
                         + ("uvloop.run" if uv_runner else "asyncio.run (uvloop missing)"))),
+        Contender("actorflow ops, traced",
+                  fed(lambda: list(g_traced.run(trace=f"{trace_dir}/run.json"))),
+                  after=stats_of(g_traced),
+                  note="the ops chain with run(trace=...): every act, wait and register "
+                       "recorded and the JSON written (in the time)"),
     ]
     if uvloop is not None and not args.no_diagnostics:
         contenders.append(Contender(
@@ -282,6 +290,13 @@ def main(argv=None) -> int:
           f"({'MET' if goal['met'] and goal['uvloop_used'] else 'NOT MET'}"
           f"{'' if goal['uvloop_used'] else ': uvloop not in use'}); "
           f"run_async: {harness.fmt(us_async, '.2f')} us/act")
+    traced = rows.get("actorflow ops, traced", {})
+    t_us = traced.get("best_us_per_act")
+    if t_us is not None and us is not None:
+        write = (traced.get("stats_of_best_run") or {}).get("trace") or {}
+        w_us = write.get("write_s", 0.0) / (n * ACTS_PER_PIECE) * 1e6
+        print(f"  tracing: {t_us:.2f} us/act with run(trace=...) against {us:.2f} without: "
+              f"{t_us - us - w_us:+.2f} us per act to record, {w_us:.2f} to write the JSON")
     harness.print_contention(contention)
     print(f"env: {env['cpu_count']} CPUs, python {env['python']}, numpy {env['numpy']}, "
           f"uvloop installed {env['uvloop_installed']} ({env['uvloop_version']}), graph loop "

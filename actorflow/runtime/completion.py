@@ -13,6 +13,7 @@ from .actor import Sized, read_piece
 from .gates import gates_passed
 from .register import EOS, Register
 from .sharing import untaken, went_home
+from .timeline import delayed
 from .spec import NOTHING
 from .state import CREDIT, INPUT, ActorState
 
@@ -48,6 +49,8 @@ class Completion:
         """An act finished (called on the loop, from a thread's post or a timer)."""
         if self.finished:
             return
+        if self.timeline is not None and self.timeline.started:
+            delayed(self.timeline, st, piece)      # (an act with simulated time ends now)
         try:
             if st.ordered:
                 self._in_order(st, piece, regs, out_reg, result, err, dt)
@@ -267,7 +270,11 @@ class Completion:
                     error.__cause__ = e
                     self.stop(error)
                     return
-                st.compute_s += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                st.compute_s += t1 - t0
+                if self.timeline is not None:
+                    self.timeline.act(actor.name, reg.piece, t0, t1,
+                                      (port.producer.actor.name,))
                 slot = parts.get(reg.piece)
                 if slot is None:
                     slot = parts[reg.piece] = [0, [None] * n]

@@ -41,13 +41,14 @@ from .sharing import bind_gates, gate_open, taken
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
 from .stragglers import Stragglers
+from .timeline import Timeline, record, record_act
 from .watchdog import stalled
 
 class CreditScheduler(Completion):
     """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
     ``room`` is how many it may deliver before ``credit_back()`` is called."""
 
-    def __init__(self, plan, deliver, room: int, seed=None):
+    def __init__(self, plan, deliver, room: int, seed=None, trace=None):
         self.plan = plan
         self.deliver = deliver
         self.room = room
@@ -96,6 +97,8 @@ class CreditScheduler(Completion):
         self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
         self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
                      else None)         # the shared registers' bytes in use (sharing.py)
+        self.trace_path = trace         # run(trace=...): where the timeline is written
+        self.timeline = Timeline(self.states) if trace is not None else None
         pipe_actors(self.states)
 
     # -- running ---------------------------------------------------------------------------
@@ -263,7 +266,10 @@ class CreditScheduler(Completion):
                 self._blocked(st, RESOURCE)
                 return
             if st.cause is not None:
-                st.waits[st.cause] += time.perf_counter() - st.since
+                now = time.perf_counter()
+                st.waits[st.cause] += now - st.since
+                if self.timeline is not None:
+                    self.timeline.wait(st.actor.name, st.cause, st.since, now)
                 st.cause = None
             regs = [p.queue.popleft() for p in ins]
             out_reg = out.free.popleft() if out is not None and not sizing else None
@@ -320,6 +326,8 @@ class CreditScheduler(Completion):
         except BaseException as e:  # noqa: BLE001 - reported as ActorError, as on a thread
             err = (e, traceback.format_exc())
         dt = time.perf_counter() - t0
+        if self.timeline is not None and err is None and result is not EOS:
+            record_act(self.timeline, st, piece, t0, t0 + dt, delay)
         if delay > 0:
             self.loop.call_later(delay, self.completed, st, piece, regs, out_reg, result, err,
                                  dt + delay)
@@ -352,6 +360,8 @@ class CreditScheduler(Completion):
             delay = actor.sim_time(piece)
             if delay > 0:
                 await asyncio.sleep(delay)
+            if self.timeline is not None and result is not EOS:
+                record(self.timeline, st, piece, t0, time.perf_counter())
             return result, None, time.perf_counter() - t0
         except asyncio.CancelledError as e:
             if self.stopping:

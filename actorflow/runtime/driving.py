@@ -19,7 +19,7 @@ class _Failed:
         self.error = error
 
 
-def run_blocking(g, feed=None):
+def run_blocking(g, feed=None, trace=None):
     """Runs the graph from plain code (on the graph loop thread); yields the outputs in
     piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
     acts running then are abandoned and free their registers when they return
@@ -28,7 +28,7 @@ def run_blocking(g, feed=None):
     g._wait_abandoned()
     plan = g._start(feed)
     out = SimpleQueue()
-    sched = CreditScheduler(plan, out.put, g.output_buffers, g.seed)
+    sched = CreditScheduler(plan, out.put, g.output_buffers, g.seed, trace)
     g._stragglers = sched.stragglers           # join() waits for this run from now
     g._current = (sched, plan)
     loop = graph_loop()
@@ -77,7 +77,7 @@ def run_blocking(g, feed=None):
             raise interrupted
 
 
-async def run_async(g, feed=None):
+async def run_async(g, feed=None, trace=None):
     """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
     Cancelling the consuming task (while it waits here or in its own code), an error in
@@ -104,7 +104,7 @@ async def run_async(g, feed=None):
         items.append(value)
         wake()
 
-    sched = CreditScheduler(plan, deliver, g.output_buffers, g.seed)
+    sched = CreditScheduler(plan, deliver, g.output_buffers, g.seed, trace)
     g._stragglers = sched.stragglers
     g._current = (sched, plan)
     task = loop.create_task(g._drive(plan, sched))

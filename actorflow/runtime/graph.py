@@ -235,6 +235,8 @@ class ActorGraph:
         """The run is over: frees the plan but what abandoned acts hold; records stats."""
         try:
             sched.stragglers.settle()
+            if sched.timeline is not None:
+                sched.timeline.write(sched.trace_path)
             self._last = RunStats(sched, plan)
             if self._last.state == "finished":
                 self._measured = {n: r["compute_s"] / r["acts"] for n, r in
@@ -278,19 +280,22 @@ class ActorGraph:
         if self._stragglers is not None:
             await self._stragglers.wait_async()
 
-    def run(self, feed=None):
+    def run(self, feed=None, trace=None):
         """Runs the graph from plain code (on the graph loop thread); yields the outputs in
         piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
         acts running then are abandoned and free their registers when they return
-        (``join()`` waits for that); everything else is freed before this returns."""
-        return driving.run_blocking(self, feed)
+        (``join()`` waits for that); everything else is freed before this returns.
+        ``trace``: a path; the run's timeline is written there as Chrome trace JSON when
+        it ends (``timeline.py``)."""
+        return driving.run_blocking(self, feed, trace)
 
-    def run_async(self, feed=None):
+    def run_async(self, feed=None, trace=None):
         """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
         Cancelling the consuming task (while it waits here or in its own code), an error in
-        an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
-        return driving.run_async(self, feed)
+        an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``.
+        ``trace``: as for ``run``."""
+        return driving.run_async(self, feed, trace)
 
     def stats(self) -> RunStats:
         """Per actor of the last run (during a run: a live snapshot of it): acts, compute

@@ -26,6 +26,7 @@ from .actor import Collector, Sized
 from .register import EOS
 from .source import SourceActor
 from .state import CREDIT, INPUT, ActorState, ActorThread
+from .timeline import record
 from .watchdog import stalled
 
 
@@ -143,7 +144,16 @@ class PipedThread(ActorThread):
                 err = (e, traceback.format_exc())
             if self.abandoned:          # the run stopped meanwhile: drop the result
                 return
-            st.compute_s += clock() - t2
+            t3 = clock()
+            st.compute_s += t3 - t2
+            tl = self.sched.timeline
+            if tl is not None:
+                if t1 > t0:
+                    tl.wait(actor.name, INPUT, t0, t1)
+                if t2 > t1:
+                    tl.wait(actor.name, CREDIT, t1, t2)
+                if err is None:
+                    record(tl, st, piece, t2, t3)
             st.next_piece = piece + 1
             del st.jobs[piece]
             if err is not None:

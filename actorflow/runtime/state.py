@@ -8,6 +8,8 @@ import traceback
 from queue import SimpleQueue
 
 from .actor import OpActor
+from .register import EOS
+from .timeline import record_act
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 
@@ -18,7 +20,7 @@ class ActorState:
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
                  "since", "tokens", "jobs", "timer", "early", "next_done", "ordered", "gates",
-                 "share", "parts", "got", "piped")
+                 "share", "parts", "got", "piped", "in_names")
 
     def __init__(self, actor, out, mode: str, max_in_flight: int):
         self.actor = actor
@@ -48,6 +50,7 @@ class ActorState:
         self.parts: dict = {}           # the collector: piece -> [count, sinks' parts]
         self.got: list = [0] * len(getattr(actor, "inputs", ()))   # parts per sink
         self.piped = False              # its thread takes its own acts (PipedThread)
+        self.in_names = tuple(p.name for p in getattr(actor, "inputs", ()))  # (traces)
 
 
 class ActorThread:
@@ -110,6 +113,8 @@ class ActorThread:
             dt = time.perf_counter() - t0
             if self.abandoned:          # the run stopped meanwhile: drop the result
                 return
+            if sched.timeline is not None and err is None and result is not EOS:
+                record_act(sched.timeline, st, piece, t0, t0 + dt, delay)
             if not self._post((delay, st, piece, regs, out_reg, result, err, dt)):
                 return
 

@@ -47,6 +47,9 @@ class RunStats:
                 self.memory[str(dev)]["live"] = (sched.live.peak[dev] + total
                                                  - plan.sharing.arenas.get(dev, 0))
         self.abandoned: list = sched.stragglers.running()
+        tl = getattr(sched, "timeline", None)
+        self.trace = None if tl is None else {     # run(trace=...): what was written
+            "path": str(sched.trace_path), "records": len(tl.records), "write_s": tl.write_s}
         if not sched.finished:
             self.state = "running"             # a live snapshot (stats() during a run)
         elif sched.error is not None:
@@ -61,7 +64,8 @@ class RunStats:
 
     def as_dict(self) -> dict:
         return {"wall_s": self.wall_s, "pieces": self.pieces, "state": self.state,
-                "actors": self.actors, "memory": self.memory, "abandoned": self.abandoned}
+                "actors": self.actors, "memory": self.memory, "abandoned": self.abandoned,
+                "trace": self.trace}
 
     def table(self) -> str:
         w = max([16] + [len(name) for name in self.actors])

@@ -1,0 +1,132 @@
+"""g.run(trace=...): the run's timeline as Chrome trace events, checked against the format
+(every event has ph/ts/pid/tid, complete events a duration, flows connect) and against
+what the run did (an act per actor per piece, waits where the bottleneck makes them)."""
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import actorflow as af
+
+
+def mixed_graph(pieces=12, slow=0.002):
+    g = af.ActorGraph(buffers=1)
+    x = g.source([np.full(4, float(i)) for i in range(pieces)], out=af.Spec((4,), af.float64),
+                 name="load")
+    a = g.actor(lambda v: v + 1, x, name="slow", time=slow)
+    b = g.actor(lambda v: v * 2, a, name="piped")
+    c = g.op(af.neg, b, name="neg")
+
+    async def f(v):
+        await asyncio.sleep(0)
+        return v
+    g.sink(g.actor(f, c, name="async"))
+    return g
+
+
+def events(path):
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"traceEvents", "displayTimeUnit"}
+    return doc["traceEvents"]
+
+
+def check_format(evs):
+    for e in evs:
+        assert {"ph", "ts", "pid", "tid"} <= set(e), e
+        assert e["ph"] in ("X", "s", "f", "C", "M")
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and "name" in e
+    starts = {e["id"]: e for e in evs if e["ph"] == "s"}
+    ends: dict = {}
+    for e in evs:
+        if e["ph"] == "f":
+            ends.setdefault(e["id"], []).append(e)
+    assert set(starts) == set(ends), "every register sent is read, and only those"
+    for i, s in starts.items():
+        for f in ends[i]:
+            assert f["ts"] >= s["ts"] - 1.0, (s, f)        # read after it was written
+    named = {e["tid"]: e["args"]["name"] for e in evs
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert all(e["tid"] in named for e in evs if e["ph"] in ("X", "s", "f"))
+    return named
+
+
+def test_a_run_writes_a_valid_timeline_with_an_act_per_actor_per_piece(tmp_path):
+    g = mixed_graph()
+    outs = list(g.run(trace=tmp_path / "run.json"))
+    assert len(outs) == 12
+    evs = events(tmp_path / "run.json")
+    named = check_format(evs)
+    assert set(named.values()) == {"load", "slow", "piped", "neg", "async", "(output)"}
+    acts = Counter(named[e["tid"]] for e in evs if e["ph"] == "X" and e["cat"] == "act")
+    assert acts == {name: 12 for name in named.values()}
+    pieces = sorted(e["args"]["piece"] for e in evs
+                    if e["ph"] == "X" and e["cat"] == "act" and named[e["tid"]] == "neg")
+    assert pieces == list(range(12))
+    flows = Counter(e["id"].split("/")[0] for e in evs if e["ph"] == "s")
+    assert flows == {name: 12 for name in ("load", "slow", "piped", "neg", "async")}
+
+
+def test_waits_show_where_the_bottleneck_is(tmp_path):
+    g = mixed_graph(slow=0.003)
+    list(g.run(trace=tmp_path / "run.json"))
+    evs = events(tmp_path / "run.json")
+    named = check_format(evs)
+    waits = Counter((named[e["tid"]], e["args"]["cause"]) for e in evs
+                    if e["ph"] == "X" and e["cat"] == "wait")
+    assert waits[("load", "credit")] > 0       # one register: load waits for slow
+    assert waits[("piped", "input")] > 0       # and piped waits for slow's pieces
+    counters = [e for e in evs if e["ph"] == "C" and e["name"] == "load free registers"]
+    assert len(counters) == 12 and {e["args"]["free"] for e in counters} <= {0, 1}
+
+
+def test_a_stopped_run_still_writes_its_timeline(tmp_path):
+    g = mixed_graph(pieces=200, slow=0.0)
+    for i, _ in enumerate(g.run(trace=tmp_path / "stopped.json")):
+        if i == 3:
+            break
+    assert g.join(10)
+    evs = events(tmp_path / "stopped.json")
+    for e in evs:
+        assert {"ph", "ts", "pid", "tid"} <= set(e)
+    assert any(e["ph"] == "X" for e in evs)
+
+
+def test_run_async_traces_too_and_no_trace_writes_nothing(tmp_path):
+    async def main():
+        g = mixed_graph(pieces=5)
+        return [o async for o in g.run_async(trace=tmp_path / "a.json")], g
+    outs, g = asyncio.run(main())
+    assert len(outs) == 5
+    check_format(events(tmp_path / "a.json"))
+    list(g.run())                                  # no trace: no file, nothing recorded
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_a_traced_run_gives_the_same_outputs():
+    g = mixed_graph(pieces=8)
+    plain = [o.tolist() for o in g.run()]
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        traced = [o.tolist() for o in g.run(trace=f"{d}/t.json")]
+    assert plain == traced
+
+
+@pytest.mark.parametrize("kind", ["thread", "inline"])
+def test_each_kind_of_act_is_timed_from_its_start(tmp_path, kind):
+    def stage(v):
+        time.sleep(0.002)
+        return v
+    g = af.ActorGraph()
+    x = g.source([np.zeros(2)] * 3, out=af.Spec((2,), af.float64), name="load")
+    g.sink(g.actor(stage, x, name="s", inline=kind == "inline"))
+    list(g.run(trace=tmp_path / "k.json"))
+    evs = events(tmp_path / "k.json")
+    named = check_format(evs)
+    durs = [e["dur"] for e in evs if e["ph"] == "X" and e["cat"] == "act"
+            and named[e["tid"]] == "s"]
+    assert len(durs) == 3 and all(d >= 2000 for d in durs)   # at least its sleep, in us
