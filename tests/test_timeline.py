@@ -130,3 +130,23 @@ def test_each_kind_of_act_is_timed_from_its_start(tmp_path, kind):
     durs = [e["dur"] for e in evs if e["ph"] == "X" and e["cat"] == "act"
             and named[e["tid"]] == "s"]
     assert len(durs) == 3 and all(d >= 2000 for d in durs)   # at least its sleep, in us
+
+
+def test_the_written_file_holds_exactly_the_timeline_events(tmp_path):
+    from actorflow.runtime import timeline as tl_module
+    seen = []
+    real = tl_module.Timeline.write
+
+    def keep(self, path):
+        seen.append(self)
+        return real(self, path)
+    tl_module.Timeline.write = keep
+    try:
+        g = af.ActorGraph()
+        x = g.source([np.zeros(2)] * 4, out=af.Spec((2,), af.float64), name='lo"ad')
+        g.sink(g.actor(lambda v: v, x, name="s\\1"))
+        list(g.run(trace=tmp_path / "q.json"))
+    finally:
+        tl_module.Timeline.write = real
+    assert events(tmp_path / "q.json") == seen[0].events()      # names with quotes too
+    assert g.stats().trace["records"] == len(seen[0].records) > 0

@@ -49,13 +49,7 @@ class Timeline:
         """The trace events (Chrome trace format) of what was recorded."""
         t0, readers = self.t0, self.readers
         tids = {n: i for i, n in enumerate(self.names, start=1)}
-        evs = [{"ph": "M", "name": "process_name", "ts": 0, "pid": PID, "tid": 0,
-                "args": {"name": "actorflow run"}}]
-        for n, i in tids.items():
-            evs.append({"ph": "M", "name": "thread_name", "ts": 0, "pid": PID, "tid": i,
-                        "args": {"name": n}})
-            evs.append({"ph": "M", "name": "thread_sort_index", "ts": 0, "pid": PID,
-                        "tid": i, "args": {"sort_index": i}})
+        evs = self.events_meta(tids)
         ev = evs.append
         for kind, name, what, start, end, inputs, free in list(self.records):
             tid = tids[name]
@@ -80,12 +74,53 @@ class Timeline:
         return evs
 
     def write(self, path) -> Path:
+        """Writes the trace JSON (the same events as ``events()``, formatted directly:
+        building a dict per event and dumping them took ~25 us per act)."""
         t = time.perf_counter()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"traceEvents": self.events(), "displayTimeUnit": "ms"}))
+        t0, readers = self.t0, self.readers
+        tids = {n: i for i, n in enumerate(self.names, start=1)}
+        q = {n: json.dumps(n) for n in self.names}            # names as JSON strings
+        head = [json.dumps(e) for e in self.events_meta(tids)]
+        out = []
+        add = out.append
+        for kind, name, what, start, end, inputs, free in list(self.records):
+            tid = tids[name]
+            ts = round((start - t0) * 1e6, 3)
+            te = round((end - t0) * 1e6, 3)
+            dur = te - ts if te > ts else 0.0
+            if kind == 1:
+                add(f'{{"ph":"X","cat":"wait","name":"waits for {what}","ts":{ts},'
+                    f'"dur":{dur},"pid":{PID},"tid":{tid},"args":{{"cause":"{what}"}}}}')
+                continue
+            add(f'{{"ph":"X","cat":"act","name":{q[name]},"ts":{ts},"dur":{dur},'
+                f'"pid":{PID},"tid":{tid},"args":{{"piece":{what}}}}}')
+            for p in inputs:
+                add(f'{{"ph":"f","bp":"e","cat":"register","name":"register",'
+                    f'"id":{json.dumps(f"{p}/{what}")},"ts":{ts},"pid":{PID},"tid":{tid}}}')
+            if readers.get(name):
+                add(f'{{"ph":"s","cat":"register","name":"register",'
+                    f'"id":{json.dumps(f"{name}/{what}")},"ts":{te},"pid":{PID},"tid":{tid}}}')
+            if free is not None:
+                add(f'{{"ph":"C","name":{json.dumps(name + " free registers")},"ts":{ts},'
+                    f'"pid":{PID},"tid":{tid},"args":{{"free":{free}}}}}')
+        with open(path, "w") as f:
+            f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+            f.write(",\n".join(head + out))
+            f.write("\n]}\n")
         self.write_s = time.perf_counter() - t
         return path
+
+    def events_meta(self, tids: dict) -> list:
+        evs = [{"ph": "M", "name": "process_name", "ts": 0, "pid": PID, "tid": 0,
+                "args": {"name": "actorflow run"}}]
+        for n, i in tids.items():
+            evs.append({"ph": "M", "name": "thread_name", "ts": 0, "pid": PID, "tid": i,
+                        "args": {"name": n}})
+            evs.append({"ph": "M", "name": "thread_sort_index", "ts": 0, "pid": PID,
+                        "tid": i, "args": {"sort_index": i}})
+        return evs
 
 
 def record_act(timeline: Timeline, st, piece: int, start: float, end: float,
