@@ -62,13 +62,14 @@ class Pipeline:
         """The graph's Plan (see ActorGraph.plan)."""
         return self.graph.plan()
 
-    def run(self):
-        """Yields the last stage's result for each piece, in order (plain code)."""
-        return self.graph.run()
+    def run(self, trace=None):
+        """Yields the last stage's result for each piece, in order (plain code);
+        ``trace``: a path for the run's timeline (Chrome trace JSON), as ActorGraph.run."""
+        return self.graph.run(trace=trace)
 
-    def run_async(self):
+    def run_async(self, trace=None):
         """``async for`` twin of ``run()``."""
-        return self.graph.run_async()
+        return self.graph.run_async(trace=trace)
 
     def stats(self):
         return self.graph.stats()

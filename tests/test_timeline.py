@@ -150,3 +150,43 @@ def test_the_written_file_holds_exactly_the_timeline_events(tmp_path):
         tl_module.Timeline.write = real
     assert events(tmp_path / "q.json") == seen[0].events()      # names with quotes too
     assert g.stats().trace["records"] == len(seen[0].records) > 0
+
+
+def timed_chain(times, buffers=2, pieces=40):
+    g = af.ActorGraph(buffers=buffers)
+    x = None
+    for name, t in times:
+        spec = af.Spec((256,), af.float32, "null")
+        x = (g.source([None] * pieces, out=spec, name=name, time=t, inline=True) if x is None
+             else g.actor(lambda v: None, x, out=spec, name=name, time=t, inline=True))
+    g.sink(x)
+    return g
+
+
+def test_stats_name_the_bottleneck_and_what_waiting_upstream_means():
+    g = timed_chain([("load", 0.001), ("preprocess", 0.001), ("compute", 0.005)])
+    list(g.run())
+    line = g.stats().bottleneck()
+    assert line.startswith("compute is busy")
+    assert "waits on credit" in line and "more buffers after" in line
+    assert f"bottleneck: {line}" in g.stats().table()
+    assert g.stats().as_dict()["bottleneck"] == line
+
+
+def test_stats_name_a_starved_stage_and_a_slow_consumer():
+    g = timed_chain([("load", 0.005), ("preprocess", 0.0), ("compute", 0.0)])
+    list(g.run())
+    line = g.stats().bottleneck()
+    assert line.startswith("load is busy") and "waits on input" in line
+    assert "fed no faster than load goes" in line
+    g = timed_chain([("load", 0.0), ("work", 0.0)], pieces=30)
+    for _ in g.run():
+        time.sleep(0.005)                      # the caller is the slow part
+    assert "the consumer of run() takes the pieces slower" in g.stats().bottleneck()
+
+
+def test_a_pipeline_traces_its_stages(tmp_path):
+    pipe = af.Pipeline([lambda: iter([np.zeros(3)] * 5), lambda x: x + 1, lambda x: x * 2])
+    assert len(list(pipe.run(trace=tmp_path / "p.json"))) == 5
+    named = check_format(events(tmp_path / "p.json"))
+    assert len(named) == 4                         # source, two stages, the output

@@ -62,10 +62,37 @@ class RunStats:
         self.pieces = out[0] if out else max((r["acts"] for r in self.actors.values()
                                               if r["kind"] == "source"), default=0)
 
+    def bottleneck(self) -> str | None:
+        """The run's bottleneck in one line: the busiest actor, and the actor that waited
+        most besides it, on what, and what that means; None before anything ran."""
+        wall = self.wall_s
+        rows = {n: r for n, r in self.actors.items() if r["kind"] != "output"}
+        if wall <= 0 or not rows:
+            return None
+        busy = {n: r["compute_s"] / (wall * max(1, r["replicas"])) for n, r in rows.items()}
+        b = max(busy, key=busy.get)
+        line = f"{b} is busy {busy[b]:.0%}"
+        waits = [(r[f"wait_{c}_s"] / wall, n, c) for n, r in rows.items() if n != b
+                 for c in ("input", "credit", "resource")]
+        if not waits:
+            return line
+        frac, w, cause = max(waits)
+        if frac < 0.05:
+            return line + "; no other actor waits long"
+        line += f"; {w} waits on {cause} {frac:.0%} of the time"
+        out_wait = self.actors.get("(output)", {}).get("wait_credit_s", 0.0) / wall
+        if cause == "credit" and out_wait > 0.5:
+            return line + ": the consumer of run() takes the pieces slower than they come"
+        if cause == "credit":
+            return line + (f": {b} sets the pace, so more buffers after {w} buy nothing")
+        if cause == "input":
+            return line + f": it is fed no faster than {b} goes"
+        return line + ": it waits for tokens or a state another actor holds"
+
     def as_dict(self) -> dict:
         return {"wall_s": self.wall_s, "pieces": self.pieces, "state": self.state,
                 "actors": self.actors, "memory": self.memory, "abandoned": self.abandoned,
-                "trace": self.trace}
+                "trace": self.trace, "bottleneck": self.bottleneck()}
 
     def table(self) -> str:
         w = max([16] + [len(name) for name in self.actors])
@@ -81,6 +108,9 @@ class RunStats:
             lines.append(f"{name:<{w}} {mode:<8} {r['acts']:>6} {r['compute_s']:>10.4f} "
                          f"{r['wait_input_s']:>11.4f} {r['wait_credit_s']:>12.4f} "
                          f"{r['wait_resource_s']:>10.4f} {r['busy']:>6.0%}")
+        neck = self.bottleneck()
+        if neck:
+            lines.append(f"bottleneck: {neck}")
         for dev, m in self.memory.items():
             b = f" of {format_bytes(m['budget'])} budget" if m["budget"] is not None else ""
             live = (f", registers in use at once at most {format_bytes(m['live'])}"
