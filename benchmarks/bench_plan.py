@@ -97,16 +97,9 @@ def planning(af, repeat: int) -> dict:
 
 
 def pipeline(af, buffers, budget, pieces):
-    g = af.ActorGraph(buffers=buffers, memory={"null": budget})
-    x = None
-    for name, mib, t in STAGES:
-        spec = af.Spec((int(mib * MiB) // 4,), af.float32, "null")
-        if x is None:
-            x = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
-        else:
-            x = g.actor(lambda v: None, x, out=spec, name=name, time=t, inline=True)
-    g.sink(x)
-    return g
+    from actorflow.experiments.common import null_chain
+    return null_chain([(name, mib * MiB, t, "null") for name, mib, t in STAGES], pieces,
+                      buffers=buffers, memory={"null": budget})
 
 
 def autotune(af, repeat: int, pieces: int) -> dict:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import actorflow as af
+from actorflow.experiments.common import null_chain
 
 MiB = 1 << 20
 # (name, MiB per register, seconds per act): a big register on a fast edge, small ones
@@ -16,16 +17,8 @@ STAGES = [("load", 4, 0.0005), ("crop", 0.25, 0.0005), ("decode", 1, 0.003),
 
 
 def pipeline(buffers, budget, pieces=6, stages=STAGES):
-    g = af.ActorGraph(buffers=buffers, memory={"null": budget})
-    x = None
-    for name, mib, t in stages:
-        spec = af.Spec((int(mib * MiB) // 4,), af.float32, "null")
-        if x is None:
-            x = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
-        else:
-            x = g.actor(lambda v: None, x, out=spec, name=name, time=t, inline=True)
-    g.sink(x)
-    return g
+    return null_chain([(name, mib * MiB, t, "null") for name, mib, t in stages], pieces,
+                      buffers=buffers, memory={"null": budget})
 
 
 def counts(plan):

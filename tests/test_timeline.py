@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import actorflow as af
+from actorflow.experiments.common import null_chain
 
 
 def mixed_graph(pieces=12, slow=0.002):
@@ -153,14 +154,8 @@ def test_the_written_file_holds_exactly_the_timeline_events(tmp_path):
 
 
 def timed_chain(times, buffers=2, pieces=40):
-    g = af.ActorGraph(buffers=buffers)
-    x = None
-    for name, t in times:
-        spec = af.Spec((256,), af.float32, "null")
-        x = (g.source([None] * pieces, out=spec, name=name, time=t, inline=True) if x is None
-             else g.actor(lambda v: None, x, out=spec, name=name, time=t, inline=True))
-    g.sink(x)
-    return g
+    return null_chain([(name, 1024, t, "null") for name, t in times], pieces,
+                      buffers=buffers)
 
 
 def test_stats_name_the_bottleneck_and_what_waiting_upstream_means():

@@ -79,3 +79,22 @@ OUTCOME_COLORS = {"ran": "tab:green", "deadlocked": "tab:red", "out of memory": 
 
 
 MiB = 1 << 20
+
+
+def null_chain(stages, pieces: int, **graph):
+    """A chain of actors with sizes and simulated time, no data: ``stages`` is
+    ``[(name, bytes per register, seconds per act, device)]`` (the first is the source,
+    the last the sink; devices are null ones), ``graph`` goes to ActorGraph (buffers=,
+    memory=, share=...). The experiments, benchmarks and tests build their pipelines so."""
+    from ..runtime.graph import ActorGraph
+    from ..runtime.spec import Spec
+    g = ActorGraph(**graph)
+    node = None
+    for name, nbytes, t, dev in stages:
+        spec = Spec((int(nbytes) // 4,), "float32", dev)
+        if node is None:
+            node = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
+        else:
+            node = g.actor(lambda x: None, node, out=spec, name=name, time=t, inline=True)
+    g.sink(node)
+    return g

@@ -17,8 +17,7 @@ from ..device import device
 from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
-from ..runtime.spec import Spec
-from .common import RESULT_WORDS, MiB, save, table
+from .common import RESULT_WORDS, MiB, null_chain, save, table
 from .common import figure as figure_of
 
 STAGES = [  # name, output bytes, seconds, device, stream
@@ -44,18 +43,11 @@ def naive_ops():
 def actors(buffers: int, pieces: int, share="auto", budgets: bool = True) -> ActorGraph:
     """The pipeline on actors: cpu-side registers on null, gpu-side ones on null:1, each
     under its device's budget (CAPACITY; none with ``budgets=False``)."""
-    g = ActorGraph(buffers=buffers, share=share,
-                   memory={str(ACTOR_DEVICE[d]): CAPACITY[d] for d in CAPACITY}
-                   if budgets else None)
-    node = None
-    for name, nbytes, t, dev, _ in STAGES:
-        spec = Spec((nbytes // 4,), "float32", ACTOR_DEVICE[dev])
-        if node is None:
-            node = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
-        else:
-            node = g.actor(lambda x: None, node, out=spec, name=name, time=t, inline=True)
-    g.sink(node)
-    return g
+    return null_chain([(name, nbytes, t, ACTOR_DEVICE[dev])
+                       for name, nbytes, t, dev, _ in STAGES], pieces,
+                      buffers=buffers, share=share,
+                      memory={str(ACTOR_DEVICE[d]): CAPACITY[d] for d in CAPACITY}
+                      if budgets else None)
 
 
 def run(seed: int = 0, pieces: int = 60) -> dict:
