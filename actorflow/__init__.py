@@ -26,6 +26,7 @@ from . import data, nn, optim
 from .serialization import load, save
 from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
+from .plots import plot_timeline
 from .runtime import ActorGraph, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async
 from .tensor.tensor import Tensor
@@ -62,7 +63,7 @@ __all__ = [
     # training
     "nn", "optim", "data", "save", "load",
     # actor graphs
-    "ActorGraph", "Pipeline", "Spec", "RunStats", "trace",
+    "ActorGraph", "Pipeline", "Spec", "RunStats", "trace", "plot_timeline",
     # errors
     "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DivisionByZeroError",
     "DTypeError", "IndexOutOfBoundsError", "InvalidInputError", "KernelError",

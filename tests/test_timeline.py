@@ -185,3 +185,23 @@ def test_a_pipeline_traces_its_stages(tmp_path):
     assert len(list(pipe.run(trace=tmp_path / "p.json"))) == 5
     named = check_format(events(tmp_path / "p.json"))
     assert len(named) == 4                         # source, two stages, the output
+
+
+def test_plot_timeline_draws_a_trace_and_stats_inside_the_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from test_experiments import _check_inside, _texts
+    g = timed_chain([("load", 0.001), ("preprocess", 0.001), ("compute", 0.003)], pieces=15)
+    list(g.run(trace=tmp_path / "t.json"))
+    fig = af.plot_timeline(tmp_path / "t.json", tmp_path / "t.png")
+    texts = _check_inside(fig)
+    assert {"load", "preprocess", "compute", "(output)", "acting"} <= set(texts)
+    bars = sum(len(c.get_paths()) for c in fig.axes[0].collections)
+    assert bars >= 15 * 4                               # an act per actor per piece
+    plt.close(fig)
+    assert (tmp_path / "t.png").stat().st_size > 0
+    fig = af.plot_timeline(g.stats(), tmp_path / "s.png")
+    texts = _check_inside(fig)
+    assert any("compute is busy" in t for t in texts)
+    plt.close(fig)
