@@ -72,6 +72,10 @@ class RunStats:
         busy = {n: r["compute_s"] / (wall * max(1, r["replicas"])) for n, r in rows.items()}
         b = max(busy, key=busy.get)
         line = f"{b} is busy {busy[b]:.0%}"
+        out_wait = self.actors.get("(output)", {}).get("wait_credit_s", 0.0) / wall
+        if out_wait > 0.5:              # the caller holds the pieces back: all else waits
+            return (f"the consumer of run() takes the pieces slower than they come: the "
+                    f"run's output waited {out_wait:.0%} of the time for it ({line})")
         waits = [(r[f"wait_{c}_s"] / wall, n, c) for n, r in rows.items() if n != b
                  for c in ("input", "credit", "resource")]
         if not waits:
@@ -80,9 +84,6 @@ class RunStats:
         if frac < 0.05:
             return line + "; no other actor waits long"
         line += f"; {w} waits on {cause} {frac:.0%} of the time"
-        out_wait = self.actors.get("(output)", {}).get("wait_credit_s", 0.0) / wall
-        if cause == "credit" and out_wait > 0.5:
-            return line + ": the consumer of run() takes the pieces slower than they come"
         if cause == "credit":
             return line + (f": {b} sets the pace, so more buffers after {w} buy nothing")
         if cause == "input":
