@@ -205,3 +205,15 @@ def test_plot_timeline_draws_a_trace_and_stats_inside_the_figure(tmp_path):
     texts = _check_inside(fig)
     assert any("compute is busy" in t for t in texts)
     plt.close(fig)
+
+
+def test_a_trace_path_that_cannot_be_written_says_so_and_the_graph_runs_again(tmp_path):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda v: v, g.source([np.zeros(2)] * 3, out=af.Spec((2,), af.float64))))
+    with pytest.raises(OSError, match="the run ended .finished. but its timeline could not"):
+        list(g.run(trace=blocker / "x.json"))
+    assert g.stats().state == "finished"
+    assert len(list(g.run(trace=tmp_path / "ok.json"))) == 3
+    assert g.stats().trace["write_s"] > 0

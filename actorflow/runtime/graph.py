@@ -235,9 +235,16 @@ class ActorGraph:
         """The run is over: frees the plan but what abandoned acts hold; records stats."""
         try:
             sched.stragglers.settle()
-            if sched.timeline is not None:
-                sched.timeline.write(sched.trace_path)
             self._last = RunStats(sched, plan)
+            if sched.timeline is not None:
+                try:
+                    sched.timeline.write(sched.trace_path)
+                except OSError as e:
+                    raise OSError(f"run(trace={str(sched.trace_path)!r}): the run ended "
+                                  f"({self._last.state}) but its timeline could not be "
+                                  f"written there: {e}; give a path in a folder you can "
+                                  f"write") from e
+                self._last.trace["write_s"] = sched.timeline.write_s
             if self._last.state == "finished":
                 self._measured = {n: r["compute_s"] / r["acts"] for n, r in
                                   self._last.actors.items() if r["acts"] and n != COLLECTOR_NAME}
