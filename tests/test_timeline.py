@@ -217,3 +217,22 @@ def test_a_trace_path_that_cannot_be_written_says_so_and_the_graph_runs_again(tm
     assert g.stats().state == "finished"
     assert len(list(g.run(trace=tmp_path / "ok.json"))) == 3
     assert g.stats().trace["write_s"] > 0
+
+
+def test_an_nn_graph_run_traces_every_op_actor_and_each_layout(tmp_path):
+    from actorflow import nn, optim
+
+    from test_graph_mode import TrainStep
+    af.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 3))
+    step = TrainStep(model, optim.SGD(model.parameters(), lr=0.1))
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((6, 8)).astype(np.float32), rng.integers(0, 3, 6))
+            for _ in range(3)]
+    data.append((data[0][0][:4], data[0][1][:4]))          # a last, smaller batch
+    losses = list(step.run(data, trace=tmp_path / "train.json"))
+    assert len(losses) == 4
+    named = check_format(events(tmp_path / "train.json"))
+    ops = len(step.stats().actors) - 2                      # the source and the output
+    assert len(named) == ops + 2 and ops > 10
+    check_format(events(tmp_path / "train.1.json"))         # the smaller batch's own run

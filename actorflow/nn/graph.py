@@ -16,6 +16,8 @@ actor and the step an op actor, so batch i+1 loads while batch i computes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..autograd import enable_grad, no_grad
 from ..autograd.graph import Meta
 from ..creation import from_numpy
@@ -201,7 +203,8 @@ class Graph:
         self._done(state, opt_rows)
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
 
-    def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False):
+    def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False,
+            trace=None):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
         returning an iterable...) as an ActorGraph: an actor per op of the step, and one
         per state written back, fed by a source actor reading the iterable, so the next
@@ -213,11 +216,13 @@ class Graph:
         ``fused=True`` runs the whole step as one op actor instead (the program ``step()``
         runs): no overlap between the ops of consecutive pieces, but one act per piece
         instead of one per op, which wins where ops are small and Python's cost per act
-        dominates."""
+        dominates. ``trace``: a path for the run's timeline (Chrome trace JSON, as
+        ``ActorGraph.run``); a run per further layout writes ``name.1.json``, ...)."""
         if callable(iterable) and not hasattr(iterable, "__iter__"):
             iterable = iterable()
         it = iter(iterable)
         item = next(it, _NONE)
+        runs = 0
         while item is not _NONE:            # a run per layout: a register has one size
             spec = PieceSpec.of(item, "nn.Graph.run")
             key = (spec.structure, tuple(spec.specs))
@@ -231,10 +236,15 @@ class Graph:
                         later.append(x)     # (the last, smaller batch of a loader...)
                         return
                     yield x
-            yield from self._run_layout(spec, same_layout(), buffers, memory, fused)
+            path = trace
+            if trace is not None and runs:
+                p = Path(trace)
+                path = p.with_name(f"{p.stem}.{runs}{p.suffix}")
+            yield from self._run_layout(spec, same_layout(), buffers, memory, fused, path)
+            runs += 1
             item = later[0] if later else _NONE
 
-    def _run_layout(self, spec, feed, buffers, memory, fused):
+    def _run_layout(self, spec, feed, buffers, memory, fused, trace=None):
         if fused:
             g, program, state, opt_rows = self._fused_graph(spec, buffers, memory)
             program.state_arrays = self._arrays(state, opt_rows)
@@ -244,7 +254,7 @@ class Graph:
         self._graph = g
         nothing = getattr(g, "yields_nothing", False)
         try:
-            for out in g.run(feed=feed):
+            for out in g.run(feed=feed, trace=trace):
                 yield None if nothing else out
         finally:
             g.join()
