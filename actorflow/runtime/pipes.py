@@ -106,6 +106,7 @@ class PipedThread(ActorThread):
         fwd = out.consumers[0].pipe             # None: the loop sends the output on
         fwd_name = out.consumers[0].actor.name
         waits, raw, clock, claim = st.waits, st.raw, time.perf_counter, self.claim
+        name = actor.name
         while True:
             t0 = clock()
             st.cause, st.since = INPUT, t0      # (a stop's stats count the wait under way)
@@ -128,7 +129,6 @@ class PipedThread(ActorThread):
             t2 = clock()
             waits[CREDIT] += t2 - t1
             st.cause = None
-            name = actor.name
             if out_reg is not None:
                 out_reg.at = name           # (where each register is: see Register.at)
             piece = st.next_piece
@@ -149,9 +149,9 @@ class PipedThread(ActorThread):
             tl = self.sched.timeline
             if tl is not None:
                 if t1 > t0:
-                    tl.wait(actor.name, INPUT, t0, t1)
+                    tl.wait(name, INPUT, t0, t1)
                 if t2 > t1:
-                    tl.wait(actor.name, CREDIT, t1, t2)
+                    tl.wait(name, CREDIT, t1, t2)
                 if err is None:
                     record(tl, st, piece, t2, t3)
             st.next_piece = piece + 1

@@ -72,25 +72,6 @@ class Plan:
             for d, b in self.sharing.arenas.items():
                 self.totals[d] = self.totals.get(d, 0) + b
 
-    def _unshared_bytes(self) -> dict:
-        """Per device, what would stay outside the arenas if the most common ``buffers``
-        count shared: the other actors' registers, and op workspaces."""
-        from collections import Counter
-        sized = [a for a in self.actors if not isinstance(a, Collector)
-                 and a not in self.pending and a.out_spec.specs]
-        k = Counter(self.buffers[a] for a in sized).most_common(1)[0][0] if sized else None
-        out: dict = {}
-        for a in self.actors:
-            if isinstance(a, Collector) or a in self.pending:
-                continue
-            if self.buffers[a] != k:
-                for d, b in a.out_spec.bytes_on().items():
-                    out[d] = out.get(d, 0) + b * self.buffers[a]
-            prog = getattr(a, "program", None)
-            if prog is not None and prog.workspace_bytes:
-                out[prog.device] = out.get(prog.device, 0) + prog.workspace_bytes
-        return out
-
     def check(self) -> None:
         """Raises PlanError when a device's registers do not fit its budget, even shared
         by lifetime (``share="auto"``: tried only when side by side they do not fit)."""
@@ -99,8 +80,7 @@ class Plan:
         if (self.sharing is None and not self.pending and not self.allocated
                 and self.share is not False
                 and (over or self.share is True)):
-            self.sharing = Sharing.make(self.actors, self.buffers, self.budget,
-                                        self._unshared_bytes())
+            self.sharing = Sharing.make(self.actors, self.buffers, self.budget)
             if self.sharing is not None:
                 self._tally()
         for dev, total in self.totals.items():

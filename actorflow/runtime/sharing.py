@@ -53,11 +53,11 @@ class Sharing:
         self.base: dict = {}        # device -> the arena's array (None on null devices)
 
     @staticmethod
-    def make(actors: list, buffers: dict, budget, fixed: dict) -> "Sharing | None":
+    def make(actors: list, buffers: dict, budget) -> "Sharing | None":
         """Plans sharing for the sized actors of a plan (``actors`` in plan order, the
-        collector excluded); None when no two registers could share. ``fixed``: per
-        device, the bytes that do not share (other registers, workspaces): each device's
-        arena is weighed against what its budget leaves after them."""
+        collector excluded); None when no two registers could share. Each device's arena
+        is weighed against what its budget leaves after the bytes that do not share (the
+        other actors' registers, op workspaces)."""
         nodes = _ordered([a for a in actors if not isinstance(a, Collector)])
         index = {a: i for i, a in enumerate(nodes)}
         counts = Counter(buffers[a] for a in nodes if _layout_bytes(a.out_spec))
@@ -69,6 +69,14 @@ class Sharing:
         sizes = [_layout_bytes(a.out_spec) if a in members else {} for a in nodes]
         inputs = [[index[p] for p in a.inputs] for a in nodes]
         after = [[index[r] for r in _readers_before(a, nodes)] for a in nodes]
+        fixed: dict = {}
+        for a in nodes:
+            if a not in members:
+                for d, b in a.out_spec.bytes_on().items():
+                    fixed[d] = fixed.get(d, 0) + b * buffers[a]
+            prog = getattr(a, "program", None)
+            if prog is not None and prog.workspace_bytes:
+                fixed[prog.device] = fixed.get(prog.device, 0) + prog.workspace_bytes
         scale = {}
         for d in {d for sz in sizes for d in sz}:
             b = budget.budget(d)

@@ -147,4 +147,4 @@ def record(timeline: Timeline, st, piece: int, start: float, end: float) -> None
     free = None
     if out is not None:
         free = out.pipe.qsize() if out.pipe is not None else len(out.free)
-    timeline.records.append((0, st.actor.name, piece, start, end, st.in_names, free))
+    timeline.act(st.actor.name, piece, start, end, st.in_names, free)

@@ -92,7 +92,7 @@ def stalled(sched) -> DeadlockError:
             continue
         name = st.actor.name
         waiting.append(name)
-        if getattr(st, "piped", False):         # a piped thread blocked on its queues
+        if st.piped:                            # a piped thread blocked on its queues
             if st.cause == "input":
                 prod = st.ins[0].producer.actor.name
                 g.note(name, f"{name} waits for piece {st.next_piece} from {prod}")
@@ -127,7 +127,7 @@ def stalled(sched) -> DeadlockError:
                               f"queued at {c.actor.name}")
         if st.cause == "resource":
             g.note(name, f"{name} waits for tokens {dict(st.tokens)}")
-        share = getattr(st, "share", None)
+        share = st.share
         if share is not None and st.out is not None and st.out.free:
             for other in share.preds + share.succs:
                 if not other.ended:
