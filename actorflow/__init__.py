@@ -22,13 +22,14 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          tanh, where,
                          zero_)
 from .tracing import trace
-from . import data, nn, optim
+from . import data, nn, optim, testing
 from .serialization import load, save
 from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
 from .plots import plot_timeline
 from .runtime import ActorGraph, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async
+from .vm.profiler import profile
 from .tensor.tensor import Tensor
 
 bool = bool_  # noqa: A001 - af.bool, as torch.bool
@@ -59,7 +60,7 @@ __all__ = [
     # autograd
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running
-    "synchronize", "synchronize_async", "lowlevel",
+    "synchronize", "synchronize_async", "profile", "lowlevel", "testing",
     # training
     "nn", "optim", "data", "save", "load",
     # actor graphs

@@ -92,18 +92,19 @@ def _count(what: str):
     return parse
 
 
-def _writable_folder(parser, path: str) -> None:
-    """Refuses an --out folder that cannot be made or written, before anything runs."""
+def _writable_folder(parser, path: str, flag: str = "--out") -> None:
+    """Refuses an --out (or ``flag``) folder that cannot be made or written, before
+    anything runs."""
     import os
     from pathlib import Path
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        parser.error(f"--out {path!r}: cannot make that folder ({e.strerror}); give a "
+        parser.error(f"{flag} {path!r}: cannot make that folder ({e.strerror}); give a "
                      f"folder you can write")
     if not os.access(folder, os.W_OK):
-        parser.error(f"--out {path!r}: that folder is not writable; give one you can write")
+        parser.error(f"{flag} {path!r}: that folder is not writable; give one you can write")
 
 
 def main(argv=None) -> int:
@@ -121,9 +122,17 @@ def main(argv=None) -> int:
                      help="random: how many DAGs (200)")
     exp.add_argument("--pieces", type=_count("--pieces"), default=None,
                      help="double-buffering: pieces through the pipeline (60)")
+    exp.add_argument("--timeline", metavar="DIR", default=None,
+                     help="figure1, double-buffering: write each actors run's trace to DIR "
+                          "and draw it as a timeline PNG (acts, waits, memory in use)")
     args = parser.parse_args(argv)
     if args.command == "experiments":
         _writable_folder(exp, args.out)
+        if args.timeline is not None:
+            if args.name == "random":
+                exp.error("--timeline: the random experiment writes no trace; use it with "
+                          "figure1 or double-buffering")
+            _writable_folder(exp, args.timeline, "--timeline")
     if args.command == "demo":
         demo()
     elif args.command == "experiments":
@@ -133,6 +142,9 @@ def main(argv=None) -> int:
             kw["n"] = args.n
         if args.pieces is not None and args.name == "double-buffering":
             kw["pieces"] = args.pieces
+        if args.timeline is not None:
+            from .plots import plot_timeline
+            kw.update(timeline=args.timeline, draw=plot_timeline)
         run_experiment(args.name, seed=args.seed, out=args.out, **kw)
     return 0
 

@@ -62,14 +62,15 @@ class Pipeline:
         """The graph's Plan (see ActorGraph.plan)."""
         return self.graph.plan()
 
-    def run(self, trace=None):
+    def run(self, trace=None, progress=False):
         """Yields the last stage's result for each piece, in order (plain code);
-        ``trace``: a path for the run's timeline (Chrome trace JSON), as ActorGraph.run."""
-        return self.graph.run(trace=trace)
+        ``trace``: a path for the run's timeline (Chrome trace JSON); ``progress``: a
+        progress bar (tqdm); both as ActorGraph.run."""
+        return self.graph.run(trace=trace, progress=progress)
 
-    def run_async(self, trace=None):
+    def run_async(self, trace=None, progress=False):
         """``async for`` twin of ``run()``."""
-        return self.graph.run_async(trace=trace)
+        return self.graph.run_async(trace=trace, progress=progress)
 
     def stats(self):
         return self.graph.stats()

@@ -2,7 +2,9 @@
 
 From a trace file written by ``run(trace=...)`` (or its parsed events): a Gantt chart, one
 row per actor, its acts as solid bars, its waits shaded beneath them (input, credit,
-resource in their own colours), and under it the free registers of each actor over time.
+resource in their own colours), under it the register memory in use per device over time
+(with each device's planned bytes dashed), or, in traces written before memory was
+recorded, the free registers of each actor.
 From ``g.stats()`` (no times per act): per actor, the shares of the run it spent acting and
 waiting on input, credit and resources, as stacked bars.
 """
@@ -17,9 +19,9 @@ WAIT_COLORS = {"input": "tab:orange", "credit": "tab:red", "resource": "tab:purp
 
 
 def plot_timeline(source, path=None, title: str | None = None):
-    """Draws ``source`` (a trace path, the trace's events, or a RunStats) and saves it to
-    ``path`` (PNG, or any format matplotlib knows) when given; returns the figure.
-    Raises ImportError naming the extra when matplotlib is missing."""
+    """Draws ``source`` (a trace path, the trace's events or its parsed JSON, or a
+    RunStats) and saves it to ``path`` (PNG, or any format matplotlib knows) when given;
+    returns the figure. Raises ImportError naming the extra when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -30,27 +32,67 @@ def plot_timeline(source, path=None, title: str | None = None):
     if hasattr(source, "actors") and hasattr(source, "wall_s"):
         fig = _stats_figure(plt, source, title)
     else:
-        fig = _trace_figure(plt, _events(source), title)
+        doc = _trace(source)
+        fig = _trace_figure(plt, doc["traceEvents"], doc.get("otherData") or {}, title)
     if path is not None:
         fig.savefig(path, dpi=100)
     return fig
 
 
-def _events(source) -> list:
+def _trace(source) -> dict:
     if isinstance(source, (str, Path)):
-        return json.loads(Path(source).read_text())["traceEvents"]
+        return json.loads(Path(source).read_text())
     if isinstance(source, dict):
-        return source["traceEvents"]
-    return list(source)
+        return source
+    return {"traceEvents": list(source)}
 
 
-def _trace_figure(plt, evs: list, title):
+def _trace_figure(plt, evs: list, other: dict, title):
     names = {e["tid"]: e["args"]["name"] for e in evs
              if e["ph"] == "M" and e["name"] == "thread_name"}
     rows = {tid: i for i, tid in enumerate(sorted(names))}
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 1.2 + 0.55 * len(rows) + 2.2),
-                                      sharex=True, layout="constrained",
-                                      gridspec_kw={"height_ratios": [max(len(rows), 1), 2]})
+    free, memory = _counters(evs)
+    if memory:      # (it says what the free registers said, in bytes, and reads better)
+        free = {}
+    panels = [max(len(rows), 1)] + ([2.6] if memory else []) + ([1.6] if free else [])
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained",
+                             figsize=(11, 1.2 + 0.55 * len(rows) + 1.1 * sum(panels[1:])),
+                             gridspec_kw={"height_ratios": panels})
+    axes = list(axes) if len(panels) > 1 else [axes]
+    _gantt(plt, axes[0], evs, names, rows)
+    if memory:
+        _memory(axes[1], memory, other.get("memory") or {})
+    if free:
+        _free(axes[-1], free)
+    axes[-1].set_xlabel("time (ms)")
+    beneath = " and ".join(w for w, c in (("memory in use", memory), ("free registers", free))
+                           if c)
+    text = title or ("Run timeline: acts and waits per actor"
+                     + (f", {beneath} beneath" if beneath else ""))
+    fig.suptitle("\n".join(textwrap.wrap(text, 100)))
+    return fig
+
+
+def _counters(evs: list):
+    """``{actor: [(ms, free registers)]}`` and ``{device: [(ms, bytes in use)]}``, sorted."""
+    free: dict = {}
+    memory: dict = {}
+    for e in evs:
+        if e["ph"] != "C":
+            continue
+        args = e.get("args", {})
+        if "free" in args:
+            free.setdefault(e["name"].replace(" free registers", ""), []).append(
+                (e["ts"] / 1e3, args["free"]))
+        elif "bytes in use" in args and e["name"].startswith("memory "):
+            memory.setdefault(e["name"][len("memory "):], []).append(
+                (e["ts"] / 1e3, args["bytes in use"]))
+    for points in list(free.values()) + list(memory.values()):
+        points.sort(key=lambda p: p[0])
+    return free, memory
+
+
+def _gantt(plt, top, evs, names, rows) -> None:
     acts, waits = {}, {}
     for e in evs:
         if e["ph"] != "X" or e["tid"] not in rows:
@@ -72,21 +114,41 @@ def _trace_figure(plt, evs: list, title):
                 for k, c in WAIT_COLORS.items()]
     top.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
                frameon=False, fontsize="small")
-    counters: dict = {}
-    for e in evs:
-        if e["ph"] == "C":
-            counters.setdefault(e["name"], []).append((e["ts"] / 1e3, e["args"]["free"]))
+
+
+def _memory(ax, memory: dict, plans: dict) -> None:
+    """Bytes in use per device (steps), each device's planned bytes dashed in its colour."""
+    peak = max([n for pts in memory.values() for _, n in pts]
+               + [p.get("planned") or 0 for p in plans.values()] + [1])
+    unit, div = next((u, d) for u, d in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1024),
+                                         ("bytes", 1)) if peak >= d)
+    end = max(t for pts in memory.values() for t, _ in pts)
+    for dev in sorted(memory):
+        pts = memory[dev]
+        top = max(n for _, n in pts)
+        line, = ax.step([t for t, _ in pts] + [end], [n / div for _, n in pts]
+                        + [pts[-1][1] / div], where="post",
+                        label=f"{dev}: in use, at most {_amount(top, unit, div)}")
+        plan = plans.get(dev) or {}
+        if plan.get("planned"):
+            budget = plan.get("budget")
+            ax.axhline(plan["planned"] / div, color=line.get_color(), linestyle="--",
+                       linewidth=1, label=f"{dev}: planned {_amount(plan['planned'], unit, div)}"
+                       + (f" of {_amount(budget, unit, div)} budget" if budget else ""))
+    ax.set_ylim(0, peak / div * 1.15)
+    ax.set_ylabel(f"memory in use ({unit})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
+
+
+def _amount(n: int, unit: str, div: int) -> str:
+    return f"{n / div:.3g} {unit}"
+
+
+def _free(ax, counters: dict) -> None:
     for name, points in counters.items():
-        points.sort()
-        bottom.step([p[0] for p in points], [p[1] for p in points], where="post",
-                    label=name.replace(" free registers", ""))
-    bottom.set_ylabel("free registers")
-    bottom.set_xlabel("time (ms)")
-    if counters:
-        bottom.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False,
-                      fontsize="small")
-    fig.suptitle(title or "Run timeline: acts and waits per actor, free registers beneath")
-    return fig
+        ax.step([p[0] for p in points], [p[1] for p in points], where="post", label=name)
+    ax.set_ylabel("free registers")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
 
 
 def _stats_figure(plt, stats, title):

@@ -239,6 +239,15 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
                              "worker threads")
     contenders.append(af_loop)
 
+    def profiled():
+        with af.profile():
+            return run_af(x, y).numpy()
+
+    af_prof = Contender("actorflow (profiled)", profiled, n_ops=n, ref=ref,
+                        note="the default row inside af.profile(): every kernel recorded "
+                             "(no file written)")
+    contenders.append(af_prof)
+
     if torch is not None:
         tx, ty = torch.from_numpy(a), torch.from_numpy(b)
         run_t = make_runner(_FUNCTIONAL, {"relu": torch.relu, "tanh": torch.tanh,
@@ -280,6 +289,7 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
         af_loop.extra["vm_counts_one_run"] = vm_delta(vm, af_loop.fn)
     finally:
         restore()
+    af_prof.extra["trace"] = trace_cost(af, af_default.fn)
     if dask_array is not None:
         ph = dc.extra["phases"]
         dc.extra["best_build_us_per_op"] = min(ph["build"]) / dc.n_ops * 1e6
@@ -295,6 +305,12 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
                                           / base.summary()["median_us_per_op"])
         rows[c.name] = s
     r = rows["actorflow"].get("ratio_vs_numpy")
+    rp = rows["actorflow (profiled)"]
+    if af_prof.times and af_default.times:
+        rp["ratio_vs_actorflow"] = (rp["best_us_per_op"]
+                                    / rows["actorflow"]["best_us_per_op"])
+        rp["median_ratio_vs_actorflow"] = (rp["median_us_per_op"]
+                                           / rows["actorflow"]["median_us_per_op"])
     return {
         "description": f"dependent chain of {n} ops on {size}-element float32 tensors, "
                        f"ending in numpy(); per-op time is the comparable figure",
@@ -304,6 +320,24 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
         "goal": {"actorflow_ratio_vs_numpy_at_most": CHAIN_GOAL, "actorflow_ratio": r,
                  "met": None if r is None else r <= CHAIN_GOAL},
     }, contenders
+
+
+def trace_cost(af, fn) -> dict:
+    """One more profiled run of ``fn``, outside the clock: the events it recorded and what
+    turning them into trace events and writing the file cost, per event."""
+    import tempfile
+    from actorflow.vm.profile_events import write_trace
+    with af.profile() as prof:
+        fn()
+    t0 = time.perf_counter()
+    evs = prof.events()
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        path = write_trace(Path(d) / "chain.json", evs)
+        size = path.stat().st_size
+    t2 = time.perf_counter()
+    return {"events": len(evs), "build_us_per_event": (t1 - t0) / max(len(evs), 1) * 1e6,
+            "write_us_per_event": (t2 - t1) / max(len(evs), 1) * 1e6, "file_bytes": size}
 
 
 # -- workload 2: large elementwise ---------------------------------------------------------
@@ -474,6 +508,14 @@ def main(argv=None) -> int:
                 f"goal: actorflow <= {CHAIN_GOAL:g}x numpy -> "
                 f"{harness.fmt(chain['goal']['actorflow_ratio'], '.2f')}x "
                 f"({'MET' if chain['goal']['met'] else 'NOT MET'})")
+    rp = chain["contenders"]["actorflow (profiled)"]
+    if rp.get("ratio_vs_actorflow") is not None:
+        tr = rp["trace"]
+        print(f"  af.profile: {rp['ratio_vs_actorflow']:.2f}x the unprofiled actorflow row "
+              f"(+{rp['best_us_per_op'] - chain['contenders']['actorflow']['best_us_per_op']:.2f}"
+              f" us/op recording); its trace: {tr['events']} events, "
+              f"{tr['build_us_per_event']:.1f} us/event to build, "
+              f"{tr['write_us_per_event']:.1f} us/event to write")
     g = large["goal"]
     print_table(f"Large elementwise: {large['ops']} ops on {large['size']:,}-element float32 "
                 f"(best of {args.repeat}; ratio = total time)",

@@ -13,6 +13,7 @@ a progress bar. About a second on 2 cores.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 
@@ -85,7 +86,11 @@ def accuracy(model, data: Clusters) -> float:
     return float((pred == data.y).mean())
 
 
-def train(mode: str, train_set, test_set, epochs: int) -> tuple:
+def have_tqdm() -> bool:
+    return importlib.util.find_spec("tqdm") is not None
+
+
+def train(mode: str, train_set, test_set, epochs: int, bar: bool = False) -> tuple:
     model, opt = model_and_optimizer(seed=0)
     loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True,
                         workers=2, buffers=4)
@@ -98,17 +103,26 @@ def train(mode: str, train_set, test_set, epochs: int) -> tuple:
         t0 = time.perf_counter()
         total, losses = len(loader), []
         if step is None:
-            for x, y in loader:
+            batches = loader
+            if bar:
+                from tqdm import tqdm
+                batches = tqdm(loader, desc=f"  epoch {epoch + 1}", unit="batch")
+            for x, y in batches:
                 opt.zero_grad()
                 loss = loss_fn(model(x), y)
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
-                progress(len(losses), total, losses[-1], t0)
+                if not bar:
+                    progress(len(losses), total, losses[-1], t0)
         else:
-            for loss in step.run(loader, buffers=2, memory={"cpu": "64MiB"}):
+            # with a bar: actorflow's own (tqdm), with pieces/s and the run's bottleneck
+            shown = {"desc": f"  epoch {epoch + 1}", "unit": "batch"} if bar else False
+            for loss in step.run(loader, buffers=2, memory={"cpu": "64MiB"},
+                                 progress=shown):
                 losses.append(float(loss))
-                progress(len(losses), total, losses[-1], t0)
+                if not bar:
+                    progress(len(losses), total, losses[-1], t0)
         mean = float(np.mean(losses))
         first = mean if first is None else first
         last = mean
@@ -121,13 +135,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=8192)
+    p.add_argument("--progress", choices=["auto", "bar", "line"], default="auto",
+                   help="bar: tqdm progress bars (graph mode: actorflow's, with the "
+                        "bottleneck); line: a plain line; auto: bar when tqdm is installed")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.samples < BATCH:
         p.error(f"--epochs must be >= 1 and --samples >= {BATCH}")
     x, y = make_task(args.samples + 2048, seed=1)
     train_set = Clusters(x[:args.samples], y[:args.samples])
     test_set = Clusters(x[args.samples:], y[args.samples:], train_set.mean, train_set.std)
-    results = {mode: train(mode, train_set, test_set, args.epochs) for mode in ("eager", "graph")}
+    bar = args.progress == "bar" or args.progress == "auto" and have_tqdm()
+    results = {mode: train(mode, train_set, test_set, args.epochs, bar)
+               for mode in ("eager", "graph")}
     for mode, (first, last, acc, secs) in results.items():
         print(f"{mode}: loss {first:.4f} -> {last:.4f}, test accuracy {acc:.1%}, {secs:.1f} s")
     same = results["eager"][1] == results["graph"][1]

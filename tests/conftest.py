@@ -2,6 +2,8 @@ import pytest
 
 import actorflow as af
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(autouse=True)
 def _clean_vm():

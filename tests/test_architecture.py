@@ -28,7 +28,7 @@ RANKS = {
     "tracing": 12,
     "pipeline": 13, "experiments": 13, "nn": 13, "optim": 13, "serialization": 13,
     "data": 13, "plots": 13,
-    "lowlevel": 14,
+    "lowlevel": 14, "testing": 14,
     "__init__": 15, "__main__": 16,
 }
 

@@ -188,6 +188,12 @@ class Allocator:
             self._fold()
             self._peak = self._in_use
 
+    def bytes_in_use(self) -> int:
+        """``stats().in_use`` alone, for sampling it often (``af.profile``): ~0.4 us."""
+        with self._lock:
+            self._fold()
+            return self._in_use
+
     def stats(self) -> AllocatorStats:
         with self._lock:
             self._fold()

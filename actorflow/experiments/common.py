@@ -34,6 +34,12 @@ def write_json(out_dir: Path, name: str, data: dict) -> Path:
     return path
 
 
+def trace_path(folder, name: str):
+    """Where a traced run of an experiment writes its timeline: ``folder/name.json`` (None
+    without a folder: the run is not traced)."""
+    return None if folder is None else Path(folder) / f"{name}.json"
+
+
 def pyplot():
     """matplotlib's pyplot (Agg backend), or None when it is not installed."""
     try:

@@ -17,7 +17,7 @@ from ..device import device
 from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
-from .common import RESULT_WORDS, MiB, null_chain, save, table
+from .common import RESULT_WORDS, MiB, null_chain, save, table, trace_path
 from .common import figure as figure_of
 
 STAGES = [  # name, output bytes, seconds, device, stream
@@ -50,10 +50,13 @@ def actors(buffers: int, pieces: int, share="auto", budgets: bool = True) -> Act
                       if budgets else None)
 
 
-def run(seed: int = 0, pieces: int = 60) -> dict:
+def run(seed: int = 0, pieces: int = 60, timeline=None) -> dict:
+    """The table and what the picture draws; with ``timeline`` (a folder), each actors
+    run also writes its trace there (``double-buffering-actors-bN.json``), listed under
+    "traces" with a title for its picture."""
     headers = ["scheduler", "result", "pieces/s", "peak cpu MiB", "peak gpu MiB", "stalls",
                "stall ms", "compute busy", "minimum cpu/gpu MiB", "control edges"]
-    rows, series, refusals = [], {}, {}
+    rows, series, refusals, traces = [], {}, {}, []
     bound = 1.0 / max(t for _, _, t, _, _ in STAGES)
     for label, mode in (("naive", "wait"), ("naive", "fail"),
                         ("naive + figure 3 allocator", "double-buffer")):
@@ -76,8 +79,14 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
                          mins, len(least.share.edges)])
             refusals[b] = str(e).splitlines()[-1]
             continue
-        n = sum(1 for _ in g.run())
+        trace = trace_path(timeline, f"double-buffering-actors-b{b}")
+        n = sum(1 for _ in g.run(trace=trace))
         s = g.stats()
+        if trace is not None:
+            traces.append({"path": str(trace), "title": (
+                f"Figure 2's pipeline on actors, buffers={b}: acts and waits per actor; "
+                f"register memory in use per device beneath (null stands for the cpu, "
+                f"null:1 for the gpu)")})
         busy = s.actors["compute"]["compute_s"] / s.wall_s
         stalls = sum(1 for a in s.actors.values() if a["wait_credit_s"] > 0)
         wait_ms = sum(a["wait_credit_s"] for a in s.actors.values()) * 1e3
@@ -87,7 +96,7 @@ def run(seed: int = 0, pieces: int = 60) -> dict:
                      len(least.share.edges)])
     data = {"pieces": pieces, "stages": STAGES, "capacity": CAPACITY, "headers": headers,
             "rows": rows, "bound_pieces_per_s": bound, "timelines": series,
-            "refusals": refusals,
+            "refusals": refusals, "traces": traces,
             "note": "actors: 'stalls' counts stages that ever waited for a credit and "
                     "'stall ms' sums that waiting; naive: ops set aside or blocked on memory"}
     data["table"] = table(headers, rows) + (

@@ -18,7 +18,7 @@ from ..errors import PlanError
 from ..runtime.graph import ActorGraph
 from ..runtime.naive import NaiveOp, NaiveScheduler
 from ..runtime.spec import Spec
-from .common import RESULT_WORDS, MiB, save, table
+from .common import RESULT_WORDS, MiB, save, table, trace_path
 from .random_dags import min_peak
 from .common import figure as figure_of
 
@@ -31,21 +31,27 @@ def ops(time: float):
             NaiveOp("O1", ["M1"], SIZES["O1"], time), NaiveOp("O2", ["M2"], SIZES["O2"], time)]
 
 
-def actor_graph(budget: int, share="auto") -> ActorGraph:
+def actor_graph(budget: int, share="auto", time: float | None = None) -> ActorGraph:
+    """The four ops as actors on the null device, one piece; ``time``: each act's
+    simulated duration (what the naive runs give every op)."""
     def spec(name):
         return Spec((SIZES[name] // 4,), "float32", "null")
     g = ActorGraph(memory={"null": budget}, buffers=1, share=share)
-    m1 = g.source([None], out=spec("M1"), name="M1", inline=True)
-    m2 = g.source([None], out=spec("M2"), name="M2", inline=True)
-    o1 = g.actor(lambda x: None, m1, out=spec("O1"), name="O1", inline=True)
-    o2 = g.actor(lambda x: None, m2, out=spec("O2"), name="O2", inline=True)
+    m1 = g.source([None], out=spec("M1"), name="M1", inline=True, time=time)
+    m2 = g.source([None], out=spec("M2"), name="M2", inline=True, time=time)
+    o1 = g.actor(lambda x: None, m1, out=spec("O1"), name="O1", inline=True, time=time)
+    o2 = g.actor(lambda x: None, m2, out=spec("O2"), name="O2", inline=True, time=time)
     g.sink(o1, "O1")
     g.sink(o2, "O2")
     return g
 
 
-def run(seed: int = 0, time: float = 0.002) -> dict:
-    rows, runs = [], {}
+def run(seed: int = 0, time: float = 0.002, timeline=None) -> dict:
+    """The table and what the picture draws; with ``timeline`` (a folder), the actors runs
+    that run also write their traces there (``figure1-actors-shared-by-lifetime-8MiB.json``,
+    ``figure1-actors-side-by-side-10MiB.json``), listed under "traces" with a title for
+    each picture."""
+    rows, runs, traces = [], {}, []
     for label, order in (("O2 first", ["M1", "M2", "O2", "O1"]),
                          ("O1 first", ["M1", "M2", "O1", "O2"])):
         for mode in ("wait", "fail"):
@@ -57,11 +63,18 @@ def run(seed: int = 0, time: float = 0.002) -> dict:
     for budget, share, how in ((CAPACITY, "auto", "shared by lifetime"),
                                (CAPACITY, False, "side by side"),
                                (10 * MiB, False, "side by side")):
-        g = actor_graph(budget, share)
+        g = actor_graph(budget, share, time or None)
         label = f"actors, {how}, budget {budget // MiB} MiB"
         try:
             plan = g.plan()
-            outs = list(g.run())
+            trace = trace_path(timeline, f"figure1-actors-{how.replace(' ', '-')}-"
+                                         f"{budget // MiB}MiB")
+            outs = list(g.run(trace=trace))
+            if trace is not None:
+                traces.append({"path": str(trace), "title": (
+                    f"Figure 1 on actors, registers {how} in {budget // MiB} MiB: "
+                    + ("O1 and its copy out before M2 and O2 reuse its bytes" if share
+                       else "every register has its own bytes"))})
             m = g.stats().memory["null"]
             edges = ""
             if plan.sharing is not None:
@@ -76,7 +89,7 @@ def run(seed: int = 0, time: float = 0.002) -> dict:
     headers = ["scheduler", "mode", "result", "peak MiB", "detected in", "reason"]
     data = {"capacity": CAPACITY, "sizes": SIZES, "headers": headers, "rows": rows,
             "min_peak": min_peak(ops(0)),
-            "timelines": {k: r.timeline for k, r in runs.items()}}
+            "timelines": {k: r.timeline for k, r in runs.items()}, "traces": traces}
     data["table"] = table(headers, rows)
     return data
 

@@ -204,7 +204,7 @@ class Graph:
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
 
     def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False,
-            trace=None):
+            trace=None, progress=False):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
         returning an iterable...) as an ActorGraph: an actor per op of the step, and one
         per state written back, fed by a source actor reading the iterable, so the next
@@ -217,9 +217,16 @@ class Graph:
         runs): no overlap between the ops of consecutive pieces, but one act per piece
         instead of one per op, which wins where ops are small and Python's cost per act
         dominates. ``trace``: a path for the run's timeline (Chrome trace JSON, as
-        ``ActorGraph.run``); a run per further layout writes ``name.1.json``, ...)."""
+        ``ActorGraph.run``); a run per further layout writes ``name.1.json``, ...).
+        ``progress``: a progress bar of the steps (tqdm; True or tqdm's arguments), with
+        the bottleneck; its total is ``len(iterable)`` when it has one."""
         if callable(iterable) and not hasattr(iterable, "__iter__"):
             iterable = iterable()
+        if progress:
+            progress = dict(progress) if isinstance(progress, dict) else {}
+            progress.setdefault("desc", "steps")
+            if "total" not in progress and hasattr(iterable, "__len__"):
+                progress["total"] = len(iterable)
         it = iter(iterable)
         item = next(it, _NONE)
         runs = 0
@@ -240,11 +247,12 @@ class Graph:
             if trace is not None and runs:
                 p = Path(trace)
                 path = p.with_name(f"{p.stem}.{runs}{p.suffix}")
-            yield from self._run_layout(spec, same_layout(), buffers, memory, fused, path)
+            yield from self._run_layout(spec, same_layout(), buffers, memory, fused, path,
+                                        progress)
             runs += 1
             item = later[0] if later else _NONE
 
-    def _run_layout(self, spec, feed, buffers, memory, fused, trace=None):
+    def _run_layout(self, spec, feed, buffers, memory, fused, trace=None, progress=False):
         if fused:
             g, program, state, opt_rows = self._fused_graph(spec, buffers, memory)
             program.state_arrays = self._arrays(state, opt_rows)
@@ -254,7 +262,7 @@ class Graph:
         self._graph = g
         nothing = getattr(g, "yields_nothing", False)
         try:
-            for out in g.run(feed=feed, trace=trace):
+            for out in g.run(feed=feed, trace=trace, progress=progress):
                 yield None if nothing else out
         finally:
             g.join()

@@ -161,7 +161,7 @@ class Completion:
                 pipe.put(sa.out.free.popleft())
             if sa.mode == "undecided":
                 a.inline = a.small()
-                if a.inline:
+                if a.inline or self.serial:
                     sa.mode = "inline"
                 else:
                     sa.mode = "thread"

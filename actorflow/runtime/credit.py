@@ -36,10 +36,11 @@ from .actor import Collector
 from .source import SourceActor
 from .completion import Completion
 from .gates import gates_open, make_gates
+from .observe import VirtualClock
 from .register import EOS
 from .sharing import bind_gates, gate_open, taken
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
-from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread
+from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
 from .stragglers import Stragglers
 from .timeline import Timeline, record, record_act
 from .watchdog import stalled
@@ -48,35 +49,16 @@ class CreditScheduler(Completion):
     """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
     ``room`` is how many it may deliver before ``credit_back()`` is called."""
 
-    def __init__(self, plan, deliver, room: int, seed=None, trace=None):
+    def __init__(self, plan, deliver, room: int, seed=None, trace=None, serial=False,
+                 keep_acts=0):
         self.plan = plan
         self.deliver = deliver
         self.room = room
         self.rng = random.Random(seed) if seed is not None else None
-        self.states: list = []
-        self.by_actor: dict = {}
-        gates = make_gates(plan.actors)
-        for actor in plan.actors:
-            out = plan.ports.get(actor)
-            if getattr(actor, "is_async", False):
-                mode = "async"          # an async source, or an async def stage
-            elif actor.inline:
-                mode = "inline"
-            elif actor.inline is None:        # an op actor sized by piece 0: decided then
-                mode = "thread" if actor not in plan.pending else "undecided"
-            else:
-                mode = "thread"
-            if mode == "async":         # a stage's acts overlap (each holds a register); a
-                limit = 1 if isinstance(actor, SourceActor) else 1 << 30   # source's cannot
-            else:                       # (each replica of a stage: one act at a time)
-                limit = actor.replicas if (mode != "thread" or actor.resources
-                                           or actor.time is not None
-                                           or actor.timeout is not None) else 1 << 30
-            st = ActorState(actor, out, mode, limit)
-            st.ins = plan.in_ports.get(actor, [])
-            st.gates = gates.get(actor)
-            self.states.append(st)
-            self.by_actor[actor] = st
+        self.serial = serial            # a test schedule: see observe.py
+        self.clock = VirtualClock() if serial else None
+        self.states = make_states(plan, make_gates(plan.actors), serial)
+        self.by_actor = {st.actor: st for st in self.states}
         self.tokens = dict(plan.resources)
         self.token_waiters: dict = {name: set() for name in self.tokens}
         self.ready: deque = deque()
@@ -98,8 +80,11 @@ class CreditScheduler(Completion):
         self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
                      else None)         # the shared registers' bytes in use (sharing.py)
         self.trace_path = trace         # run(trace=...): where the timeline is written
-        self.timeline = Timeline(self.states) if trace is not None else None
-        pipe_actors(self.states)
+        self.timeline = Timeline(self.states, plan) if trace or keep_acts else None
+        if trace is None and keep_acts:     # the last acts only (a test's flight recorder)
+            self.timeline.records = deque(maxlen=3 * keep_acts)    # (waits take room too)
+        if not serial:
+            pipe_actors(self.states)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -329,8 +314,8 @@ class CreditScheduler(Completion):
         if self.timeline is not None and err is None and result is not EOS:
             record_act(self.timeline, st, piece, t0, t0 + dt, delay)
         if delay > 0:
-            self.loop.call_later(delay, self.completed, st, piece, regs, out_reg, result, err,
-                                 dt + delay)
+            (self.clock or self.loop).call_later(delay, self.completed, st, piece, regs,
+                                                 out_reg, result, err, dt + delay)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
 
@@ -359,7 +344,7 @@ class CreditScheduler(Completion):
                 piece, self.inputs_of(st, regs), out_reg.arrays if out_reg is not None else None)
             delay = actor.sim_time(piece)
             if delay > 0:
-                await asyncio.sleep(delay)
+                await (self.clock or asyncio).sleep(delay)
             if self.timeline is not None and result is not EOS:
                 record(self.timeline, st, piece, t0, time.perf_counter())
             return result, None, time.perf_counter() - t0

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 from queue import SimpleQueue
 
-from . import loop as loop_module
+from . import loop as loop_module, observe
 from .credit import CreditScheduler
 from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
+from .progress import ProgressBar, tqdm_class
 
 _END = object()
 
@@ -19,16 +20,31 @@ class _Failed:
         self.error = error
 
 
-def run_blocking(g, feed=None, trace=None):
+def new_run(g, plan, deliver, trace, progress) -> CreditScheduler:
+    """The scheduler of a run of ``g``: the graph's seed, else a test schedule's
+    (``observe.SCHEDULE``); watchers told it started; a progress bar when asked."""
+    sch = observe.SCHEDULE
+    seed = g.seed if g.seed is not None else sch.seed
+    sched = CreditScheduler(plan, deliver, g.output_buffers, seed, trace, sch.serial,
+                            sch.keep_acts)
+    if progress:
+        ProgressBar(sched, progress)
+    observe.run_started(g, sched)
+    return sched
+
+
+def run_blocking(g, feed=None, trace=None, progress=False):
     """Runs the graph from plain code (on the graph loop thread); yields the outputs in
     piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
     acts running then are abandoned and free their registers when they return
     (``join()`` waits for that); everything else is freed before this returns."""
     refuse_on_graph_loop()
+    if progress:
+        tqdm_class()                    # (missing: said before the run starts)
     g._wait_abandoned()
     plan = g._start(feed)
     out = SimpleQueue()
-    sched = CreditScheduler(plan, out.put, g.output_buffers, g.seed, trace)
+    sched = new_run(g, plan, out.put, trace, progress)
     g._stragglers = sched.stragglers           # join() waits for this run from now
     g._current = (sched, plan)
     loop = graph_loop()
@@ -77,12 +93,14 @@ def run_blocking(g, feed=None, trace=None):
             raise interrupted
 
 
-async def run_async(g, feed=None, trace=None):
+async def run_async(g, feed=None, trace=None, progress=False):
     """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
     Cancelling the consuming task (while it waits here or in its own code), an error in
     an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
     refuse_on_graph_loop()
+    if progress:
+        tqdm_class()
     if g._stragglers is not None and not g._stragglers.done() and not g._running:
         waiting = asyncio.ensure_future(g._stragglers.wait_async())
         try:
@@ -104,7 +122,7 @@ async def run_async(g, feed=None, trace=None):
         items.append(value)
         wake()
 
-    sched = CreditScheduler(plan, deliver, g.output_buffers, g.seed, trace)
+    sched = new_run(g, plan, deliver, trace, progress)
     g._stragglers = sched.stragglers
     g._current = (sched, plan)
     task = loop.create_task(g._drive(plan, sched))

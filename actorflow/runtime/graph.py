@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import ActorflowError, PlanError, TraceError
-from . import driving
+from . import driving, observe
 from . import loop as loop_module
 from .actor import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
@@ -77,6 +77,7 @@ class ActorGraph:
         self.sinks: list = []
         self._plan = None
         self._last = None
+        self._last_timeline = None
         self._running = False
         self._lock = threading.Lock()
         self._picks = None
@@ -236,7 +237,8 @@ class ActorGraph:
         try:
             sched.stragglers.settle()
             self._last = RunStats(sched, plan)
-            if sched.timeline is not None:
+            self._last_timeline = sched.timeline      # (af.testing.acts)
+            if sched.trace_path is not None:
                 try:
                     sched.timeline.write(sched.trace_path)
                 except OSError as e:
@@ -254,6 +256,7 @@ class ActorGraph:
         finally:
             self._current = None
             self._running = False
+            observe.run_ended(self, sched)
 
     async def _drive(self, plan, sched) -> None:
         try:
@@ -287,22 +290,23 @@ class ActorGraph:
         if self._stragglers is not None:
             await self._stragglers.wait_async()
 
-    def run(self, feed=None, trace=None):
+    def run(self, feed=None, trace=None, progress=False):
         """Runs the graph from plain code (on the graph loop thread); yields the outputs in
         piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
         acts running then are abandoned and free their registers when they return
         (``join()`` waits for that); everything else is freed before this returns.
         ``trace``: a path; the run's timeline is written there as Chrome trace JSON when
-        it ends (``timeline.py``)."""
-        return driving.run_blocking(self, feed, trace)
+        it ends (``timeline.py``). ``progress``: True (or tqdm's arguments as a dict) shows
+        a progress bar with pieces per second and the bottleneck (``progress.py``)."""
+        return driving.run_blocking(self, feed, trace, progress)
 
-    def run_async(self, feed=None, trace=None):
+    def run_async(self, feed=None, trace=None, progress=False):
         """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
         Cancelling the consuming task (while it waits here or in its own code), an error in
         an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``.
-        ``trace``: as for ``run``."""
-        return driving.run_async(self, feed, trace)
+        ``trace``, ``progress``: as for ``run``."""
+        return driving.run_async(self, feed, trace, progress)
 
     def stats(self) -> RunStats:
         """Per actor of the last run (during a run: a live snapshot of it): acts, compute

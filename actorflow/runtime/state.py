@@ -9,6 +9,7 @@ from queue import SimpleQueue
 
 from .actor import OpActor
 from .register import EOS
+from .source import SourceActor
 from .timeline import record_act
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
@@ -51,6 +52,35 @@ class ActorState:
         self.got: list = [0] * len(getattr(actor, "inputs", ()))   # parts per sink
         self.piped = False              # its thread takes its own acts (PipedThread)
         self.in_names = tuple(p.name for p in getattr(actor, "inputs", ()))  # (traces)
+
+
+def make_states(plan, gates: dict, serial: bool = False) -> list:
+    """The run state of each actor of ``plan``, with how it acts: ``inline`` on the loop,
+    on its own ``thread``, ``async`` (tasks on the loop), or ``undecided`` (an op actor
+    sized by piece 0: decided then). ``serial`` (a test schedule): every plain stage acts
+    inline, one act at a time."""
+    states = []
+    for actor in plan.actors:
+        if getattr(actor, "is_async", False):
+            mode = "async"              # an async source, or an async def stage
+        elif actor.inline or serial and actor.inline is not None:
+            mode = "inline"
+        elif actor.inline is None:
+            mode = "thread" if actor not in plan.pending else "undecided"
+            mode = "inline" if serial and mode == "thread" else mode
+        else:
+            mode = "thread"
+        if mode == "async":             # a stage's acts overlap (each holds a register); a
+            limit = 1 if isinstance(actor, SourceActor) else 1 << 30   # source's cannot
+        else:                           # (each replica of a stage: one act at a time)
+            limit = actor.replicas if (mode != "thread" or actor.resources
+                                       or actor.time is not None
+                                       or actor.timeout is not None) else 1 << 30
+        st = ActorState(actor, plan.ports.get(actor), mode, limit)
+        st.ins = plan.in_ports.get(actor, [])
+        st.gates = gates.get(actor)
+        states.append(st)
+    return states
 
 
 class ActorThread:

@@ -9,7 +9,8 @@ from .state import CREDIT, INPUT, RESOURCE
 
 
 class RunStats:
-    """``wall_s``; ``pieces`` (delivered by ``run()``, or read by the sources when the
+    """``wall_s`` (under a test's serial schedule, plus the seconds its virtual clock
+    skipped); ``pieces`` (delivered by ``run()``, or read by the sources when the
     graph has no sink); ``actors``: per actor name ``{kind, mode, replicas, acts,
     compute_s, wait_input_s, wait_credit_s, wait_resource_s, busy}`` (``mode``: inline,
     thread, pipe (a thread stage that takes its own acts: ``pipes.py``) or async);
@@ -24,6 +25,9 @@ class RunStats:
     def __init__(self, sched, plan):
         now = sched.end_time or time.perf_counter()
         self.wall_s: float = now - (sched.start_time or now)
+        clock = getattr(sched, "clock", None)
+        if clock is not None:           # a serial test run: its simulated seconds count
+            self.wall_s += clock.now
         self.actors: dict = {}
         for st in sched.states:
             waits = dict(st.waits)
@@ -47,9 +51,9 @@ class RunStats:
                 self.memory[str(dev)]["live"] = (sched.live.peak[dev] + total
                                                  - plan.sharing.arenas.get(dev, 0))
         self.abandoned: list = sched.stragglers.running()
-        tl = getattr(sched, "timeline", None)
-        self.trace = None if tl is None else {     # run(trace=...): what was written
-            "path": str(sched.trace_path), "records": len(tl.records), "write_s": tl.write_s}
+        tl, path = getattr(sched, "timeline", None), getattr(sched, "trace_path", None)
+        self.trace = None if path is None else {   # run(trace=...): what was written
+            "path": str(path), "records": len(tl.records), "write_s": tl.write_s}
         if not sched.finished:
             self.state = "running"             # a live snapshot (stats() during a run)
         elif sched.error is not None:

@@ -4,8 +4,19 @@ Opens in ui.perfetto.dev and chrome://tracing: one track per actor (a thread id 
 named by metadata events), a complete event (``ph: "X"``) per act with its piece, one per
 wait (for input, a credit or a resource) that ended, a flow (``ph: "s"`` at the end of the
 producer's act, ``ph: "f"`` at the start of each reader's act of the same piece) for every
-register passed between actors, and a counter (``ph: "C"``) per actor of its free
-registers at each act. Times are microseconds from the start of the run.
+register passed between actors, a counter (``ph: "C"``) per actor of its free
+registers at each act, and a counter per device of the register memory in use
+(``"memory DEVICE"``, ``{"bytes in use": n}``). Times are microseconds from the start of
+the run. The plan's bytes per device (``planned``, ``budget``) are in ``otherData``.
+
+Memory in use, per device: the bytes of the registers that hold a piece, each from the
+start of the act that writes it to the end of the last act that reads it (the scheduler
+takes it a moment before that act and has it home a moment after that read); a register
+nobody read by the end of the run (a stopped run) counts until the last act. Registers
+allocated but free are reserved, not in use: the plan reserves ``planned`` for the whole
+run. Piece 0 of a stage sized by piece 0 travels in its own arrays, outside the plan, and
+is not counted. It is worked out from the acts when the trace is written, so it costs
+nothing while running.
 
 Recording appends to one list from the loop and from actor threads (an append is atomic
 in CPython); a run without ``trace=`` has no Timeline and pays one attribute test per act.
@@ -17,6 +28,10 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
+from .actor import OpActor
+
 PID = 1
 
 
@@ -24,12 +39,18 @@ class Timeline:
     """Records a run's acts and waits as plain tuples (cheap: one append per act, from any
     thread) and turns them into trace events when written."""
 
-    def __init__(self, states: list):
+    def __init__(self, states: list, plan=None):
         self.t0 = time.perf_counter()
         self.records: list = []         # (kind, name, piece or cause, start, end, inputs, free)
         self.names = [st.actor.name for st in states]
         self.readers = {st.actor.name: len(st.out.consumers) if st.out is not None else 0
                         for st in states}
+        self.plan = plan                # its bytes per device go in the trace (otherData)
+        self.outs = {st.actor.name: st.out for st in states if st.out is not None}
+        self.lazy = {st.actor.name for st in states if st.out is not None
+                     and st.out.spec is None and not isinstance(st.actor, OpActor)}
+        # (stages sized by piece 0: that piece travels outside the plan; op actors sized
+        # then are sized by inference, before their own piece 0, into a register)
         self.write_s = 0.0              # how long writing the file took
         self.started: dict = {}         # (name, piece) -> start of an act whose simulated
         # time (time=) ends when the loop's timer fires: recorded then (``delayed``)
@@ -71,7 +92,31 @@ class Timeline:
             if free is not None:
                 ev({"ph": "C", "name": f"{name} free registers", "ts": ts, "pid": PID,
                     "tid": tid, "args": {"free": free}})
+        for dev, (times, values) in self.memory().items():
+            for ts, n in zip(times, values):
+                ev({"ph": "C", "name": f"memory {dev}", "ts": ts, "pid": PID, "tid": 0,
+                    "args": {"bytes in use": n}})
         return evs
+
+    def memory(self) -> dict:
+        """``{device name: (times, bytes in use)}``, in time order from 0 at the start, one
+        entry per change: see the module's doc for what counts."""
+        sizes = {}                      # actor -> {device name: bytes per register}
+        for name, out in self.outs.items():
+            b = {} if out.spec is None else {str(d): n for d, n in out.spec.bytes_on().items()
+                                             if n}
+            if b:
+                sizes[name] = b
+        return memory_in_use(list(self.records), sizes, self.readers, self.lazy, self.t0)
+
+    def other(self) -> dict:
+        """The trace's ``otherData``: the plan's bytes per device (``planned``, what it
+        reserves for the run, and ``budget``, None without one)."""
+        plan = self.plan
+        if plan is None:
+            return {}
+        return {"memory": {str(d): {"planned": n, "budget": plan.budget.budget(d)}
+                           for d, n in sorted(plan.totals.items(), key=lambda kv: str(kv[0]))}}
 
     def write(self, path) -> Path:
         """Writes the trace JSON (the same events as ``events()``, formatted directly:
@@ -82,6 +127,8 @@ class Timeline:
         t0, readers = self.t0, self.readers
         tids = {n: i for i, n in enumerate(self.names, start=1)}
         q = {n: json.dumps(n) for n in self.names}            # names as JSON strings
+        qi = {n: s[:-1] for n, s in q.items()}                # ... open, for "name/piece"
+        qf = {n: json.dumps(n + " free registers") for n in self.names}
         head = [json.dumps(e) for e in self.events_meta(tids)]
         out = []
         add = out.append
@@ -98,15 +145,23 @@ class Timeline:
                 f'"pid":{PID},"tid":{tid},"args":{{"piece":{what}}}}}')
             for p in inputs:
                 add(f'{{"ph":"f","bp":"e","cat":"register","name":"register",'
-                    f'"id":{json.dumps(f"{p}/{what}")},"ts":{ts},"pid":{PID},"tid":{tid}}}')
+                    f'"id":{qi[p]}/{what}","ts":{ts},"pid":{PID},"tid":{tid}}}')
             if readers.get(name):
                 add(f'{{"ph":"s","cat":"register","name":"register",'
-                    f'"id":{json.dumps(f"{name}/{what}")},"ts":{te},"pid":{PID},"tid":{tid}}}')
+                    f'"id":{qi[name]}/{what}","ts":{te},"pid":{PID},"tid":{tid}}}')
             if free is not None:
-                add(f'{{"ph":"C","name":{json.dumps(name + " free registers")},"ts":{ts},'
+                add(f'{{"ph":"C","name":{qf[name]},"ts":{ts},'
                     f'"pid":{PID},"tid":{tid},"args":{{"free":{free}}}}}')
+        for dev, (times, values) in self.memory().items():
+            h = f'{{"ph":"C","name":{json.dumps("memory " + dev)},"pid":{PID},"tid":0,"ts":'
+            for ts, n in zip(times, values):
+                add(f'{h}{ts},"args":{{"bytes in use":{n}}}}}')
+        other = self.other()
         with open(path, "w") as f:
-            f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+            f.write('{"displayTimeUnit":"ms",')
+            if other:
+                f.write(f'"otherData":{json.dumps(other)},')
+            f.write('"traceEvents":[\n')
             f.write(",\n".join(head + out))
             f.write("\n]}\n")
         self.write_s = time.perf_counter() - t
@@ -148,3 +203,66 @@ def record(timeline: Timeline, st, piece: int, start: float, end: float) -> None
     if out is not None:
         free = out.pipe.qsize() if out.pipe is not None else len(out.free)
     timeline.act(st.actor.name, piece, start, end, st.in_names, free)
+
+
+def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
+    """Bytes in use per device over a run, from its act records: each register from the
+    start of the act that writes piece p of an actor in ``sizes`` (``{name: {device:
+    bytes}}``) to the end of the last act that reads it (at once when nobody does,
+    ``readers``; at the last act when none did); piece 0 of the ``lazy`` actors is not a
+    register. Returns ``{device: (times, bytes)}`` (times in us from ``t0``, lists), in
+    time order from 0 at ``t0``, one entry per time it changed. (The records are read once
+    in Python, the rest is numpy: about 1 us per act on the 8-actor chain.)"""
+    if not sizes:
+        return {}
+    names = list(sizes)
+    index = {n: i for i, n in enumerate(names)}
+    m = len(names)
+    okey, ostart, ckey, cend = [], [], [], []     # writes (key, start), reads (key, end)
+    last = t0
+    for kind, name, piece, start, end, inputs, _ in records:
+        if end > last:
+            last = end
+        if kind:
+            continue
+        i = index.get(name)
+        if i is not None and not (piece == 0 and name in lazy):
+            okey.append(piece * m + i)
+            ostart.append(start)
+            if not readers.get(name):           # nobody reads it: home after its act
+                ckey.append(piece * m + i)
+                cend.append(end)
+        for p in inputs:
+            j = index.get(p)
+            if j is not None:
+                ckey.append(piece * m + j)
+                cend.append(end)
+    okey, ostart = np.array(okey, np.int64), np.array(ostart, np.float64)
+    ckey, cend = np.array(ckey, np.int64), np.array(cend, np.float64)
+    order = np.lexsort((cend, ckey))
+    ckey, cend = ckey[order], cend[order]
+    final = np.ones(len(ckey), bool)
+    final[:-1] = ckey[1:] != ckey[:-1]
+    ckey, cend = ckey[final], cend[final]       # each register's last read
+    if len(ckey):
+        at = np.minimum(np.searchsorted(ckey, okey), len(ckey) - 1)
+        oend = np.where(ckey[at] == okey, cend[at], last)
+    else:
+        oend = np.full(len(okey), last)
+    live = oend > ostart
+    n = int(live.sum())
+    t = np.concatenate([ostart[live], oend[live]])
+    up = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
+    who = np.concatenate([okey[live] % m] * 2)
+    o = np.lexsort((up, t))                     # (at the same time: homes before takes)
+    t, up, who = t[o], up[o], who[o]
+    out = {}
+    for d in sorted({d for b in sizes.values() for d in b}):
+        nb = np.array([sizes[name].get(d, 0) for name in names], np.int64)[who]
+        mine = nb != 0
+        td, level = t[mine], np.cumsum(up[mine] * nb[mine])
+        final = np.ones(len(td), bool)
+        final[:-1] = td[1:] != td[:-1]          # one entry per time: the level after it
+        out[d] = ([0.0] + np.round((td[final] - t0) * 1e6, 3).tolist(),
+                  [0] + level[final].tolist())
+    return out

@@ -85,6 +85,44 @@ def stalled(sched) -> DeadlockError:
     """The DeadlockError of a credit scheduler with nothing running and nothing able to
     start (the actor runtime's own detector; its plan makes this impossible, so it firing
     means a bug, reported instead of a hang)."""
+    g, waiting = wait_graph(sched)
+    return deadlock(g, "the actor graph", waiting)
+
+
+def describe_waits(sched) -> str:
+    """Who does what in a run now (or at its end), a line per actor that has not ended:
+    acting, or waiting for what and on whom; then the wait-for cycle if the waits close
+    one. What a failing test prints (``actorflow.testing``)."""
+    g, waiting = wait_graph(sched)
+    lines = []
+    for st in sched.states:
+        name = st.actor.name
+        if st.ended:
+            continue
+        if st.piped and st.cause is None:
+            lines.append(f"{name} is acting (on its thread; next piece {st.next_piece})")
+        elif st.in_flight and not st.piped:
+            lines.append(f"{name} is acting ({st.in_flight} act(s) in flight; next piece "
+                         f"{st.next_piece})")
+        elif name in g.notes:
+            lines.append(g.notes[name])
+        elif st.cause is not None:
+            lines.append(f"{name} waits for {st.cause}")
+        else:
+            lines.append(f"{name} is ready to act")
+    if not lines:
+        lines.append("every actor has ended")
+    cycle = g.find_cycle()
+    if cycle and not any(st.in_flight and not st.piped or st.piped and st.cause is None
+                         for st in sched.states if not st.ended):
+        lines.append("wait-for cycle: " + " -> ".join(str(a) for a, _, _ in cycle)
+                     + f" -> {cycle[0][0]}")
+    return "\n".join(lines)
+
+
+def wait_graph(sched) -> tuple:
+    """The wait-for graph of a credit scheduler's actors that have not ended, and their
+    names."""
     g = WaitFor()
     waiting = []
     for st in sched.states:
@@ -93,21 +131,28 @@ def stalled(sched) -> DeadlockError:
         name = st.actor.name
         waiting.append(name)
         if st.piped:                            # a piped thread blocked on its queues
+            if st.cause is None:
+                continue                        # (acting)
             if st.cause == "input":
                 prod = st.ins[0].producer.actor.name
                 g.note(name, f"{name} waits for piece {st.next_piece} from {prod}")
                 g.add(name, prod, f"{name} waits for piece {st.next_piece} from {prod}")
             else:
-                held = [f"#{r.index} at {r.at}" + ("" if r.piece is None else
-                                                   f" (piece {r.piece})")
-                        for r in st.out.registers if r.at is not None]
+                held = []
+                for r in st.out.registers:
+                    at = r.at
+                    if at is None or at == name:    # (handed to the loop: a queue there?)
+                        at = next((c.actor.name for c in st.out.consumers if r in c.queue),
+                                  None)
+                    if at is None:
+                        continue
+                    held.append(f"#{r.index} at {at}" + ("" if r.piece is None else
+                                                         f" (piece {r.piece})"))
+                    g.add(name, at, f"{name} waits for its register #{r.index}, which {at} "
+                                    f"has not handed back")
                 g.note(name, f"{name} waits for a free register ("
                              + (", ".join(held) if held else "none is with a piped actor")
                              + ")")
-                for r in st.out.registers:
-                    if r.at is not None and r.at != name:
-                        g.add(name, r.at, f"{name} waits for its register #{r.index}, "
-                                          f"which {r.at} has not handed back")
             continue
         for p in st.ins:
             if not p.queue:
@@ -135,4 +180,4 @@ def stalled(sched) -> DeadlockError:
                            f"{other.actor.name}'s (a control edge of the memory plan)")
                     g.note(name, why)
                     g.add(name, other.actor.name, why)
-    return deadlock(g, "the actor graph", waiting)
+    return g, waiting

@@ -101,6 +101,8 @@ class Fusing:
             self._no_run_until = members[-1]
             return False                # run the head alone: its own allocation decides
         run.left = len(slices)
+        if self.profiler is not None:
+            slices = self.profiler.run(members, slices)
         self.fused += ops
         self.fused_runs += 1
         self.elided += planner.elided

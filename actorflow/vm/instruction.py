@@ -31,6 +31,15 @@ RELEASE = "release"
 KERNEL, INPUTS, OUTPUTS, ATTRS, DYNAMIC, NAME = range(6)
 
 
+class Named:
+    """What a kernel error names when no Instruction was made (the inline path): an op's
+    name and its stream."""
+    __slots__ = ("name", "stream")
+
+    def __init__(self, name, stream):
+        self.name, self.stream = name, stream
+
+
 class Split:
     """What an instruction's ``split`` is: ``split(instr, n, first_share)`` cuts it into
     ``n`` callables run on the workers (the first, ``first_share`` of the work, may run on

@@ -14,6 +14,8 @@
   checks its inputs before writing) leaves the blobs it both reads and writes as they were,
   with the error only noted on them (reported once, at their next read or synchronize);
   and an op call that overwrites a poisoned blob entirely, without reading it, clears it.
+- While ``af.profile()`` is on, ``profiler`` (``profiler.py``) sees every kernel issued, run
+  inline or cut into slices; off, it is None and costs one test per instruction.
 """
 
 from __future__ import annotations
@@ -23,26 +25,18 @@ import atexit
 import os
 import random
 import threading
-import traceback
 from collections import deque
+from time import perf_counter
 
 from ..backends.base import on_memory_pressure
 from ..eventloop import new_event_loop
-from ..errors import KernelError
 from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
 from .fusion import Fusing
-from .instruction import OP_CALL, RELEASE, Instruction
+from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
 from .release import collect
 from .sync import Dropped, Waiting
 from .workers import Countdown, Workers
-
-
-class _Named:
-    __slots__ = ("name", "stream")
-
-    def __init__(self, name, stream):
-        self.name, self.stream = name, stream
 
 
 class VM(Waiting, Fusing):
@@ -73,6 +67,7 @@ class VM(Waiting, Fusing):
         self._dropped = Dropped(self._errors_lock)
         self._any_error = False             # until a kernel fails, skip the poison checks
         self._max_delay = 0.0               # test hook: random delay before each kernel
+        self.profiler = None                # while af.profile() is on: its Recorder (profiler.py)
 
     # -- submission ---------------------------------------------------------------------
     def submit(self, instr: Instruction) -> None:
@@ -83,6 +78,8 @@ class VM(Waiting, Fusing):
             if self.issued - self.completed >= self.max_in_flight:
                 self._wait_for_room()
             self.issued += 1
+            if self.profiler is not None:
+                self.profiler.issue(instr)
             if record(instr):
                 return
             if instr.cost > self._inline_limit or instr.stream.simulated:
@@ -110,6 +107,8 @@ class VM(Waiting, Fusing):
             if not settled(stream, consts, muts):
                 return False
             err = error_to_run(consts, muts, args) if self._any_error else None
+            if self.profiler is not None:
+                fn = self.profiler.inline(name, stream, consts, muts, fn)
             if err is None:
                 try:
                     fn(args)
@@ -161,21 +160,6 @@ class VM(Waiting, Fusing):
                 raise
         if err is not None:
             self._fail(instr, err)
-
-    def _kernel_error(self, instr, e, intact: bool = False):
-        # instr: anything with .name and .stream. The traceback is kept as text only: its
-        # frames hold the kernel's arguments, which would pin their memory for as long as
-        # the error lives (on the poisoned blobs, the stream's last instruction...).
-        # intact: the op wrote nothing (deps.wrote_nothing); _fail only notes it then.
-        if isinstance(e, KernelError):
-            return e
-        err = KernelError(instr.name, str(instr.stream.device), e, intact)
-        err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        e.__traceback__ = None
-        err.__cause__ = e
-        self._any_error = True
-        self.keep_error(err)          # (its own lock: callers may hold the VM's)
-        return err
 
     @staticmethod
     def _fail(instr, err) -> None:
@@ -278,7 +262,7 @@ class VM(Waiting, Fusing):
                 raise ValueError(f"the null device's latency for '{instr.name}' is {delay!r}; "
                                  f"set_null_latency needs seconds >= 0")
             self._execute(instr)
-            self._loop.call_later(delay, self._finish, instr)
+            self._loop.call_later(delay, self._finish_simulated, instr, perf_counter() + delay)
             return
         if not force_pool and instr.cost <= self._inline_max_cost:
             self._execute(instr)
@@ -328,10 +312,20 @@ class VM(Waiting, Fusing):
         if self._any_error and first_error(instr) is not None:
             return None
         try:
-            return instr.split(instr, self.workers, self.loop_share)
+            pieces = instr.split(instr, self.workers, self.loop_share)
+            return pieces if self.profiler is None else self.profiler.pieces(instr, pieces)
         except BaseException as e:  # noqa: BLE001 - e.g. out of memory while allocating
             self._fail(instr, self._kernel_error(instr, e))
             return []
+
+    def _finish_simulated(self, instr, end: float) -> None:
+        # uvloop's timers count whole milliseconds from a cached loop time, so one may fire
+        # up to 1 ms early: a simulated kernel ends once its latency has passed, not before
+        left = end - perf_counter()
+        if left > 0:
+            self._loop.call_later(left, self._finish_simulated, instr, end)
+        else:
+            self._finish(instr)
 
     def _finish(self, instr: Instruction) -> None:
         with self._lock:
@@ -363,10 +357,6 @@ class VM(Waiting, Fusing):
             self._rng = None if seed is None else random.Random(seed)
             self._max_delay = float(max_delay)
             self.inline_max_cost = self._inline_max_cost      # (the limit follows the hook)
-
-    def synchronize_quietly(self) -> None:
-        for t in self.tails():
-            self.wait(t)
 
     def stats(self) -> dict:
         with self._lock:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import traceback
 
-from ..errors import VMError
+from ..errors import KernelError, VMError
 from .instruction import Instruction
 
 # Kernel errors kept between two synchronize calls. Further ones are only counted: a loop
@@ -89,6 +90,11 @@ class Waiting:
         self.collect_releases()
         self.raise_unreported()
 
+    def synchronize_quietly(self) -> None:
+        """Waits for everything issued so far; kernel errors stay for the next sync point."""
+        for t in self.tails():
+            self.wait(t)
+
     async def synchronize_async(self) -> None:
         for t in self.tails():
             await self.wait_async(t)
@@ -96,6 +102,21 @@ class Waiting:
         self.raise_unreported()
 
     # -- kernel errors (called by the VM, from any thread, on the error path only) --------
+    def _kernel_error(self, instr, e, intact: bool = False):
+        # instr: anything with .name and .stream. The traceback is kept as text only: its
+        # frames hold the kernel's arguments, which would pin their memory for as long as
+        # the error lives (on the poisoned blobs, the stream's last instruction...).
+        # intact: the op wrote nothing (deps.wrote_nothing); _fail only notes it then.
+        if isinstance(e, KernelError):
+            return e
+        err = KernelError(instr.name, str(instr.stream.device), e, intact)
+        err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        e.__traceback__ = None
+        err.__cause__ = e
+        self._any_error = True
+        self.keep_error(err)          # (its own lock: callers may hold the VM's)
+        return err
+
     def keep_error(self, err) -> None:
         """Keeps ``err`` for the next synchronize, or counts it once ``MAX_KEPT_ERRORS`` are
         kept (errors already reported on a read make room first)."""

@@ -1,0 +1,205 @@
+"""The actorflow pytest plugin (entry point ``pytest11: actorflow``).
+
+Fixtures: ``af_seed`` (a seeded, serial schedule for the test: the same seed, the same
+order of acts), ``af_null`` (the null device with a simulated latency), and
+``af_memory_budget`` (a budget per device the test's runs and eager tensors must stay
+within). Marker ``af_gpu``: the test needs a CUDA GPU and is skipped, with the reason,
+where there is none. Options: ``--af-seed=N`` (every ``af_seed`` gets N: replays a
+failure), ``--af-last-acts=N`` (acts of each run kept to print; 0: none).
+
+When a test fails, its report gains a section "actorflow": per run the test started, how
+it ended, who waited for whom (for a run stopped, failed or still going), its last acts,
+and the seed to replay it with.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from . import assert_peak_within, gpu_missing, null_latency, seeded
+from ..device import device as _device
+from ..backends import get_backend
+from ..errors import parse_bytes
+from ..runtime import observe
+from ..runtime.watchdog import describe_waits
+
+RUNS_SHOWN = 3                  # the last runs of a failing test that its report shows
+
+
+class _Runs:
+    """The runs started during the current test (a watcher of ``observe``)."""
+
+    def __init__(self):
+        self.runs: list = []            # [{"graph", "sched", "said"}]
+        self.seed = None
+
+    def started(self, g, sched) -> None:
+        self.runs.append({"graph": g, "sched": sched, "said": None, "stats": None})
+        del self.runs[:-50]
+
+    def ended(self, g, sched) -> None:
+        for r in reversed(self.runs):
+            if r["sched"] is sched:
+                r["stats"] = g._last
+                r["said"] = _report(sched, g._last, ended=True)
+                r["sched"] = None       # (the run's state is not kept past its end)
+                return
+
+    def report(self) -> str:
+        parts = []
+        if self.seed is not None:
+            parts.append(f"schedule seed {self.seed} (replay: --af-seed={self.seed})")
+        shown = self.runs[-RUNS_SHOWN:]
+        if len(self.runs) > len(shown):
+            parts.append(f"({len(self.runs) - len(shown)} earlier runs not shown)")
+        for i, r in enumerate(shown, start=len(self.runs) - len(shown) + 1):
+            text = r["said"] if r["sched"] is None else _report(r["sched"], None, False)
+            parts.append(f"run {i}: {text}")
+        return "\n".join(parts)
+
+
+RUNS = _Runs()
+
+
+def _report(sched, stats, ended: bool) -> str:
+    if not ended:
+        head = "still running when the test failed"
+    else:
+        state = getattr(stats, "state", "ended")
+        head = {"finished": "finished", "stopped": "stopped before its end",
+                "failed": "stopped by an error"}.get(state, state)
+        if stats is not None:
+            head += f" after {stats.pieces} pieces"
+    lines = [head]
+    if not ended or head.split()[0] != "finished":
+        lines.append("who waits for whom:")
+        lines += ["  " + w for w in describe_waits(sched).splitlines()]
+    tl = sched.timeline
+    acts = [r for r in list(tl.records) if r[0] == 0] if tl is not None else []
+    if acts:
+        acts.sort(key=lambda r: r[3])
+        acts = acts[-observe.SCHEDULE.keep_acts:]
+        lines.append(f"last {len(acts)} acts (ms from the start: actor, piece, ms):")
+        lines += [f"  {(r[3] - tl.t0) * 1e3:10.3f}  {r[1]}  piece {r[2]}  "
+                  f"{(r[4] - r[3]) * 1e3:.3f}" for r in acts]
+    return "\n".join(lines)
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("actorflow")
+    group.addoption("--af-seed", type=int, default=None,
+                    help="the seed of every af_seed schedule (replays a failing test)")
+    group.addoption("--af-last-acts", type=int, default=None,
+                    help="acts of each actor-graph run kept to print when a test fails "
+                         "(default 50; 0 keeps none)")
+    parser.addini("af_last_acts", "acts of each run kept to print when a test fails",
+                  default="50")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "af_gpu: the test needs a CUDA GPU (skipped with "
+                                       "the reason where there is none)")
+    config.addinivalue_line("markers", "af_seed(n): the seed of the test's af_seed fixture")
+    n = config.getoption("--af-last-acts")
+    _CONFIGS.append(observe.SCHEDULE.keep_acts)     # (a session inside a session: pytester)
+    observe.SCHEDULE.keep_acts = int(config.getini("af_last_acts")) if n is None else n
+    observe.watch(RUNS)
+
+
+def pytest_unconfigure(config) -> None:
+    observe.SCHEDULE.keep_acts = _CONFIGS.pop() if _CONFIGS else 0
+    if not _CONFIGS:
+        observe.unwatch(RUNS)
+
+
+_CONFIGS: list = []
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    need = [item for item in items if item.get_closest_marker("af_gpu") is not None]
+    why = gpu_missing() if need else None
+    if why is not None:
+        for item in need:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+def pytest_runtest_setup(item) -> None:
+    RUNS.runs.clear()
+    RUNS.seed = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed and (RUNS.runs or RUNS.seed is not None):
+        rep.sections.append((f"actorflow ({rep.when})", RUNS.report()))
+
+
+@pytest.fixture
+def af_seed(request):
+    """A seeded, serial schedule for the test's runs; its value is the seed. The seed is
+    ``--af-seed``, else the ``af_seed(n)`` marker's, else one fixed per test (from its
+    id), so a failure replays; a failing test's report says it."""
+    seed = request.config.getoption("--af-seed")
+    mark = request.node.get_closest_marker("af_seed")
+    if seed is None and mark is not None and mark.args:
+        seed = int(mark.args[0])
+    if seed is None:
+        seed = zlib.crc32(request.node.nodeid.encode())
+    RUNS.seed = seed
+    with seeded(seed):
+        yield seed
+
+
+@pytest.fixture
+def af_null():
+    """``af_null(latency)``: the null device's kernels take ``latency`` seconds of
+    simulated time (or ``latency(op, bytes)``); returns the null device. Restored after."""
+    saved = []
+
+    def set_latency(latency=0.0):
+        old = null_latency(latency)
+        if not saved:
+            saved.append(old)
+        return _device("null")
+
+    yield set_latency
+    if saved:
+        null_latency(saved[0])
+
+
+@pytest.fixture
+def af_memory_budget():
+    """``af_memory_budget(budget, device="cpu")``: from now on the device's allocator
+    refuses to hand out more (eager tensors and registers: the test fails there with
+    OutOfMemoryError), and when the test ends every actor-graph run it made must have
+    peaked within it (registers that do not come from the allocator count too), else the
+    test fails naming the run."""
+    budgets: dict = {}
+    saved: dict = {}
+    first = len(RUNS.runs)
+
+    def set_budget(budget, device="cpu"):
+        dev = _device(device)
+        alloc = get_backend(dev).allocator
+        if dev not in saved:
+            saved[dev] = alloc.budget
+        alloc.set_budget(parse_bytes(budget))
+        alloc.reset_peak()
+        budgets[str(dev)] = budget
+        return dev
+
+    yield set_budget
+    for dev, old in saved.items():
+        get_backend(dev).allocator.set_budget(old)
+    for i, r in enumerate(RUNS.runs[first:], start=first + 1):
+        if r["stats"] is None:
+            continue
+        try:
+            assert_peak_within(r["stats"], budgets)
+        except AssertionError as e:
+            pytest.fail(f"af_memory_budget: run {i} of this test went over: {e}",
+                        pytrace=False)

@@ -1,0 +1,304 @@
+"""actorflow.testing and its pytest plugin: seeded replays, the virtual clock,
+wait_all_actors_blocked, the assertions, the fixtures, and what a failing test prints
+(the plugin itself exercised with pytester on small suites)."""
+
+import asyncio
+import io
+import pathlib
+import threading
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.experiments import figure1
+from actorflow.runtime import observe
+from actorflow.runtime.naive import NaiveScheduler
+
+EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "test_with_actorflow.py"
+
+
+def fan(pieces=12, output_buffers=16, **kw):
+    g = af.ActorGraph(output_buffers=output_buffers, **kw)
+    load = g.source(lambda: (np.full(2, i, np.float32) for i in range(pieces)), name="load")
+    a = g.actor(lambda x: x + 1, load, name="a")
+    b = g.actor(lambda x: x * 2, load, name="b")
+    c = g.actor(lambda x: x - 1, load, name="c")
+    g.sink(g.actor(lambda x, y, z: x + y + z, a, b, c, name="join"))
+    return g
+
+
+@pytest.fixture
+def keep_all(monkeypatch):
+    monkeypatch.setattr(observe.SCHEDULE, "keep_acts", 100_000)
+
+
+def order_of(seed):
+    with af.testing.seeded(seed):
+        g = fan()
+        outs = [float(o[0]) for o in g.run()]
+    assert outs == [4.0 * i for i in range(12)]
+    return tuple(af.testing.acts(g))
+
+
+def test_a_seed_gives_one_order_of_acts_and_seeds_differ(keep_all):
+    orders = {seed: {order_of(seed) for _ in range(3)} for seed in range(6)}
+    assert all(len(o) == 1 for o in orders.values())          # each seed replays
+    assert len({next(iter(o)) for o in orders.values()}) > 1  # and the seed decides
+    assert len(next(iter(orders[0]))) == 12 * 6               # every act recorded
+
+
+def test_serial_schedule_acts_on_the_loop():
+    with af.testing.seeded(1):
+        g = fan()
+        list(g.run())
+    assert {r["mode"] for r in g.stats().actors.values()} == {"inline"}
+    g2 = fan()
+    list(g2.run())                                   # outside: thread stages again
+    assert "thread" in {r["mode"] for r in g2.stats().actors.values()}
+
+
+def test_virtual_clock_runs_simulated_time_in_order(keep_all):
+    with af.testing.seeded(0):
+        g = af.ActorGraph()
+        src = g.source(range(30), name="load", time=100.0)
+        slow = g.actor(lambda x: x, src, name="slow", time=300.0)
+        g.sink(slow)
+        assert list(g.run()) == list(range(30))
+    # 30 pieces at 300 simulated s each: a real run would take 2.5 hours; the test's
+    # timeout (120 s) is the bound that shows the clock jumped
+    assert g.stats().wall_s >= 30 * 300
+    acts = af.testing.acts(g)
+    # credits: load (2 registers) can be at most 2 pieces ahead of slow's next piece
+    done = {"load": 0, "slow": 0}
+    for name, piece in acts:
+        if name in done:
+            done[name] = piece + 1
+        assert done["load"] - done["slow"] <= 3
+
+
+async def test_wait_all_actors_blocked_on_a_slow_consumer():
+    g = fan(pieces=100, output_buffers=2)
+    run = g.run_async()
+    first = await run.__anext__()
+    await af.testing.wait_all_actors_blocked(g)
+    stats = g.stats()
+    assert stats.state == "running"
+    acts = {n: r["acts"] for n, r in stats.actors.items()}
+    # 1 taken, 2 the output holds, 2 in each register pair behind: nothing else can act
+    assert acts["(output)"] == 3
+    assert acts["join"] == acts["(output)"] + 2
+    assert acts["a"] == acts["b"] == acts["c"] == acts["join"] + 2
+    assert acts["load"] == acts["a"] + 2
+    assert acts["load"] < 100
+    said = af.testing.describe_runs()
+    assert "load waits for a free register" in said
+    assert "a waits for a free register (#0 at join (piece 5), #1 at join (piece 6))" in said
+    await run.aclose()
+    assert float(first[0]) == 0.0
+
+
+async def test_wait_all_actors_blocked_waits_for_a_run_to_start_and_end():
+    g = fan(pieces=5)
+
+    async def consume():
+        return [o async for o in g.run_async()]
+
+    task = asyncio.ensure_future(consume())
+    await af.testing.wait_all_actors_blocked(g)      # started, then ran to its end
+    assert len(await task) == 5
+
+
+async def test_wait_all_actors_blocked_times_out_naming_who_acts():
+    gate = threading.Event()
+    g = af.ActorGraph()
+    src = g.source(range(3), name="load")
+    g.sink(g.actor(lambda x: gate.wait(30) and x, src, name="stuck"))
+    run = g.run_async()
+    task = asyncio.ensure_future(run.__anext__())
+    try:
+        with pytest.raises(TimeoutError, match="stuck is acting"):
+            await af.testing.wait_all_actors_blocked(g, timeout=0.3)
+    finally:
+        gate.set()
+        await task
+        await run.aclose()
+
+
+def test_assert_no_deadlock_passes_a_graph_and_names_a_naive_cycle():
+    assert len(af.testing.assert_no_deadlock(fan(), timeout=30)) == 12
+    order = ["M1", "M2", "O1", "O2"]
+    with pytest.raises(AssertionError, match="deadlock: .*O1 waits for"):
+        af.testing.assert_no_deadlock(lambda: NaiveScheduler(
+            figure1.ops(0.0), figure1.CAPACITY, policy=order, mode="wait").run())
+    ok = af.testing.assert_no_deadlock(lambda: NaiveScheduler(
+        figure1.ops(0.0), figure1.CAPACITY, policy=["M1", "M2", "O2", "O1"]).run())
+    assert ok.status == "ok"
+
+
+def test_assert_no_deadlock_fails_a_run_that_does_not_end():
+    gate = threading.Event()
+    g = af.ActorGraph()
+    src = g.source(range(3), name="load")
+    g.sink(g.actor(lambda x: gate.wait(30) and x, src, name="stuck"))
+    try:
+        with pytest.raises(AssertionError, match=r"(?s)did not end within 0.3 s.*stuck is "
+                                                 r"acting"):
+            af.testing.assert_no_deadlock(g, timeout=0.3)
+    finally:
+        gate.set()
+        g.join(30)
+    assert len(af.testing.assert_no_deadlock(g, timeout=30)) == 3   # and it runs again
+
+
+async def test_assert_no_deadlock_async():
+    outs = await af.testing.assert_no_deadlock(fan().run_async(), timeout=30)
+    assert len(outs) == 12
+    gate = asyncio.Event()
+    with pytest.raises(AssertionError, match="did not end within"):
+        await af.testing.assert_no_deadlock(gate.wait(), timeout=0.05)
+    with pytest.raises(TypeError, match="ActorGraph, a callable"):
+        af.testing.assert_no_deadlock(42)
+
+
+def test_assert_peak_within():
+    g = af.ActorGraph(memory={"cpu": "1MiB"})
+    src = g.source(lambda: (np.zeros(1024, np.float32) for _ in range(4)), name="load")
+    g.sink(g.actor(lambda x: x + 1, src, name="inc"))
+    list(g.run())
+    peak = g.stats().memory["cpu"]["peak"]
+    assert peak > 4096
+    af.testing.assert_peak_within(g, peak)
+    af.testing.assert_peak_within(g.stats(), {"cpu": "1MiB"})
+    af.testing.assert_peak_within(g, {"null": 1})                 # another device
+    with pytest.raises(AssertionError, match=r"memory on cpu: the run .* over the 4.0 KiB"):
+        af.testing.assert_peak_within(g, "4KiB")
+    alloc = af.lowlevel.allocator("cpu")
+    alloc.reset_peak()
+    x = af.zeros((256, 1024))                                     # 1 MiB of eager tensor
+    x.numpy()
+    with pytest.raises(AssertionError, match="eager tensors on cpu"):
+        af.testing.assert_peak_within("cpu", "64KiB")
+    del x
+
+
+def test_progress_bar_counts_pieces_and_names_the_bottleneck():
+    out = io.StringIO()
+    g = fan(pieces=30)
+    assert len(list(g.run(progress={"file": out, "desc": "fan"}))) == 30
+    last = out.getvalue().rstrip().split("\r")[-1]          # the bar as it was left
+    assert last.startswith("fan: 30piece"), last
+    assert "is busy" in last                                  # the bottleneck, in the postfix
+    out = io.StringIO()
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x, g.source(list(range(7)), name="load"), name="x"))
+    list(g.run(progress={"file": out}))
+    assert "7/7" in out.getvalue().split("\r")[-1]          # a sized source gives the total
+
+
+def test_progress_without_tqdm_says_which_extra(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    g = fan(pieces=3)
+    with pytest.raises(ImportError, match=r"actorflow\[progress\]"):
+        list(g.run(progress=True))
+    assert len(list(g.run())) == 3                 # the graph is not left running
+
+
+# -- the plugin, on small suites (pytester) -------------------------------------------------
+
+SUITE = '''
+import numpy as np
+import pytest
+import actorflow as af
+
+def graph(fail_at=None):
+    g = af.ActorGraph()
+    src = g.source(lambda: (np.full(2, i, np.float32) for i in range(8)), name="load")
+    def work(x):
+        if fail_at is not None and int(x[0]) == fail_at:
+            raise ValueError("bad piece")
+        return x + 1
+    a = g.actor(work, src, name="work")
+    b = g.actor(lambda x: x * 2, src, name="other")
+    g.sink(g.actor(lambda x, y: x + y, a, b, name="join"))
+    return g
+
+def test_order(af_seed, tmp_path_factory):
+    g = graph()
+    list(g.run())
+    with open("order.txt", "a") as f:
+        f.write(repr(af.testing.acts(g)) + "\\n")
+
+def test_fails_after_a_run(af_seed):
+    g = graph()
+    list(g.run())
+    assert False, "the check after the run"
+
+def test_actor_error():
+    list(graph(fail_at=3).run())
+
+def test_over_budget(af_memory_budget):
+    af_memory_budget("16B")
+    list(graph().run())
+
+@pytest.mark.af_gpu
+def test_gpu():
+    pass
+'''
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    return pytester
+
+
+def test_plugin_prints_runs_of_a_failing_test(suite):
+    r = suite.runpytest("-p", "no:cacheprovider", "-k", "fails_after or actor_error",
+                        "--af-last-acts=7")
+    r.assert_outcomes(failed=2)
+    out = r.stdout.str()
+    assert "actorflow (call)" in out
+    assert "schedule seed" in out and "--af-seed=" in out          # af_seed's replay line
+    assert "run 1: finished after 8 pieces" in out
+    assert "last 7 acts" in out                                    # --af-last-acts
+    assert "stopped by an error" in out and "who waits for whom" in out
+    assert "bad piece" in out
+
+
+def test_plugin_seed_option_replays_a_test(suite):
+    for seed in (11, 11, 12):
+        suite.runpytest("-p", "no:cacheprovider", "-k", "order", f"--af-seed={seed}",
+                        "--af-last-acts=1000").assert_outcomes(passed=1)
+    lines = (suite.path / "order.txt").read_text().splitlines()
+    assert len(lines) == 3 and lines[0] == lines[1]
+    assert lines[0].count("), (") + 1 == 8 * 5       # every act listed (the output too)
+
+
+def test_plugin_memory_budget_fails_the_test(suite):
+    r = suite.runpytest("-p", "no:cacheprovider", "-k", "over_budget")
+    r.assert_outcomes(failed=1)         # the registers are refused when the run allocates
+    assert "OutOfMemoryError" in r.stdout.str() and "of a 16 B budget" in r.stdout.str()
+
+
+def test_plugin_gpu_marker_skips_with_the_reason(suite):
+    why = af.testing.gpu_missing()
+    r = suite.runpytest("-p", "no:cacheprovider", "-k", "gpu", "-rs")
+    if why is None:
+        r.assert_outcomes(passed=1)
+    else:
+        r.assert_outcomes(skipped=1)
+        assert "needs a CUDA GPU" in r.stdout.str()
+
+
+@pytest.mark.parametrize("mode", ["strict", "auto"])
+def test_the_example_file_passes_in_both_asyncio_modes(pytester, mode):
+    pytester.makepyfile(test_example=EXAMPLE.read_text())
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", f"--asyncio-mode={mode}")
+    if af.testing.gpu_missing() is None:
+        r.assert_outcomes(passed=7)
+    else:
+        r.assert_outcomes(passed=6, skipped=1)
