@@ -125,6 +125,9 @@ def main(argv=None) -> int:
     exp.add_argument("--timeline", metavar="DIR", default=None,
                      help="figure1, double-buffering: write each actors run's trace to DIR "
                           "and draw it as a timeline PNG (acts, waits, memory in use)")
+    exp.add_argument("--progress", action="store_true",
+                     help="double-buffering, random: progress bars (tqdm: pip install "
+                          "'actorflow[progress]'), with each actors run's bottleneck")
     args = parser.parse_args(argv)
     if args.command == "experiments":
         _writable_folder(exp, args.out)
@@ -142,6 +145,8 @@ def main(argv=None) -> int:
             kw["n"] = args.n
         if args.pieces is not None and args.name == "double-buffering":
             kw["pieces"] = args.pieces
+        if args.progress:
+            kw["progress"] = True
         if args.timeline is not None:
             from .plots import plot_timeline
             kw.update(timeline=args.timeline, draw=plot_timeline)

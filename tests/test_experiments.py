@@ -212,3 +212,17 @@ def test_figure1_fits_whatever_the_runs_took():
         fig = figure1.figure(d)
         _check_inside(fig)
         plt.close(fig)
+
+
+def test_progress_bars_in_the_experiments(tmp_path, capsys):
+    from actorflow.__main__ import main
+    assert main(["experiments", "random", "--n", "3", "--progress", "--out",
+                 str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "random DAGs: 100%" in err and "3/3" in err
+    assert main(["experiments", "double-buffering", "--pieces", "6", "--progress", "--out",
+                 str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    for b in (1, 2, 3):                     # each actors run that fits draws its bar
+        assert f"actors, buffers={b}: 100%" in err and "6/6" in err
+    assert "actors, buffers=4" not in err   # refused by its plan: no run, no bar

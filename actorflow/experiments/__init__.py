@@ -16,6 +16,7 @@ from .common import save, write_json
 EXPERIMENTS = {"figure1": figure1, "double-buffering": double_buffering,
                "random": random_dags}
 TRACED = ("figure1", "double-buffering")     # those with a timeline= option
+PROGRESS = ("double-buffering", "random")    # those with a progress= option
 
 
 def main(name: str, seed: int = 0, out: str = "experiments-out", timeline=None,
@@ -32,6 +33,8 @@ def main(name: str, seed: int = 0, out: str = "experiments-out", timeline=None,
             raise SystemExit(f"--timeline: {name!r} writes no trace; only "
                              f"{' and '.join(TRACED)} do")
         kw["timeline"] = timeline
+    if kw.get("progress") and name not in PROGRESS:
+        kw.pop("progress")                  # (figure1 is one piece: nothing to show)
     data = mod.run(seed=seed, **kw)
     print(data["table"])
     out_dir = Path(out)

@@ -50,10 +50,11 @@ def actors(buffers: int, pieces: int, share="auto", budgets: bool = True) -> Act
                       if budgets else None)
 
 
-def run(seed: int = 0, pieces: int = 60, timeline=None) -> dict:
+def run(seed: int = 0, pieces: int = 60, timeline=None, progress=False) -> dict:
     """The table and what the picture draws; with ``timeline`` (a folder), each actors
     run also writes its trace there (``double-buffering-actors-bN.json``), listed under
-    "traces" with a title for its picture."""
+    "traces" with a title for its picture; ``progress``: each actors run shows its bar
+    (pieces per second and its bottleneck)."""
     headers = ["scheduler", "result", "pieces/s", "peak cpu MiB", "peak gpu MiB", "stalls",
                "stall ms", "compute busy", "minimum cpu/gpu MiB", "control edges"]
     rows, series, refusals, traces = [], {}, {}, []
@@ -80,7 +81,8 @@ def run(seed: int = 0, pieces: int = 60, timeline=None) -> dict:
             refusals[b] = str(e).splitlines()[-1]
             continue
         trace = trace_path(timeline, f"double-buffering-actors-b{b}")
-        n = sum(1 for _ in g.run(trace=trace))
+        shown = {"desc": f"actors, buffers={b}"} if progress else False
+        n = sum(1 for _ in g.run(trace=trace, progress=shown))
         s = g.stats()
         if trace is not None:
             traces.append({"path": str(trace), "title": (

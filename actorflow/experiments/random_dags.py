@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
+from ..runtime.progress import tqdm_class
 from ..device import device
 from ..errors import PlanError
 from ..runtime.graph import ActorGraph
@@ -86,12 +87,16 @@ def actors(ops, budget) -> ActorGraph:
     return g
 
 
-def run(seed: int = 0, n: int = 200, size: int = 8) -> dict:
+def run(seed: int = 0, n: int = 200, size: int = 8, progress=False) -> dict:
+    """``progress``: a tqdm bar over the DAGs (``--progress``)."""
     rng = random.Random(seed)
     counts: dict = {}
     detect = []
     plans: list = []
-    for _ in range(n):
+    dags = range(n)
+    if progress:
+        dags = tqdm_class()(dags, desc="random DAGs", unit="dag")
+    for _ in dags:
         ops = random_dag(rng, rng.randint(3, size))
         lo, hi = min_peak(ops), sum(o.nbytes for o in ops)
         cap = rng.randint(lo // UNIT, hi // UNIT) * UNIT
