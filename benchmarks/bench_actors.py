@@ -199,6 +199,7 @@ def main(argv=None) -> int:
     g_inline = build_graph(af, feed, "inline")
     g_thread = build_graph(af, feed, "thread")
     g_traced = build_graph(af, feed, "op")
+    g_kept = build_graph(af, feed, "op")
     trace_dir = tempfile.mkdtemp(prefix="actorflow-trace-")
     uv_runner = uvloop.run if uvloop is not None and hasattr(uvloop, "run") else None
     if uv_runner is None and uvloop is not None:      # older uvloop: set the policy instead
@@ -213,6 +214,18 @@ def main(argv=None) -> int:
     def stats_of(g):
         return lambda: g.stats().as_dict()
 
+    def last_acts_kept(fn, keep=50):
+        """``fn`` as under the pytest plugin: each run keeps its last acts in memory."""
+        from actorflow.runtime import observe
+
+        def run():
+            old, observe.SCHEDULE.keep_acts = observe.SCHEDULE.keep_acts, keep
+            try:
+                return fn()
+            finally:
+                observe.SCHEDULE.keep_acts = old
+        return run
+
     contenders = [
         Contender("actorflow ops", fed(lambda: run_graph(g_op)), after=stats_of(g_op),
                   note="source inline + 7 x g.op(af.neg); for _ in g.run()"),
@@ -225,6 +238,10 @@ def main(argv=None) -> int:
                   after=stats_of(g_traced),
                   note="the ops chain with run(trace=...): every act, wait and register "
                        "recorded and the JSON written (in the time)"),
+        Contender("actorflow ops, last acts kept",
+                  fed(last_acts_kept(lambda: run_graph(g_kept))), after=stats_of(g_kept),
+                  note="the ops chain as a test under the pytest plugin runs it: its last "
+                       "50 acts kept in memory to print if the test fails"),
     ]
     if uvloop is not None and not args.no_diagnostics:
         contenders.append(Contender(
@@ -297,6 +314,10 @@ def main(argv=None) -> int:
         w_us = write.get("write_s", 0.0) / (n * ACTS_PER_PIECE) * 1e6
         print(f"  tracing: {t_us:.2f} us/act with run(trace=...) against {us:.2f} without: "
               f"{t_us - us - w_us:+.2f} us per act to record, {w_us:.2f} to write the JSON")
+    kept = rows.get("actorflow ops, last acts kept", {}).get("best_us_per_act")
+    if kept is not None and us is not None:
+        print(f"  pytest plugin's record of the last acts: {kept:.2f} us/act against "
+              f"{us:.2f}: {kept - us:+.2f} us per act")
     harness.print_contention(contention)
     print(f"env: {env['cpu_count']} CPUs, python {env['python']}, numpy {env['numpy']}, "
           f"uvloop installed {env['uvloop_installed']} ({env['uvloop_version']}), graph loop "
