@@ -253,8 +253,9 @@ class CreditScheduler(Completion):
             if st.cause is not None:
                 now = time.perf_counter()
                 st.waits[st.cause] += now - st.since
-                if self.timeline is not None:
-                    self.timeline.wait(st.actor.name, st.cause, st.since, now)
+                if self.timeline is not None:       # (Timeline.wait, inlined)
+                    self.timeline.records.append((1, st.actor.name, st.cause, st.since,
+                                                  now, (), None))
                 st.cause = None
             regs = [p.queue.popleft() for p in ins]
             out_reg = out.free.popleft() if out is not None and not sizing else None

@@ -184,8 +184,11 @@ def record_act(timeline: Timeline, st, piece: int, start: float, end: float,
     timer ends it (``delayed``): the real end, which its readers start after."""
     if delay > 0:
         timeline.started[(st.actor.name, piece)] = start
-    else:
-        record(timeline, st, piece, start, end)
+        return
+    out = st.out                        # (record() inlined: this runs once per act)
+    timeline.records.append((0, st.actor.name, piece, start, end, st.in_names, None
+                             if out is None else out.pipe.qsize() if out.pipe is not None
+                             else len(out.free)))
 
 
 def delayed(timeline: Timeline, st, piece: int) -> None:
