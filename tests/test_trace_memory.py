@@ -26,7 +26,9 @@ def trace_of(path):
             memory.setdefault(e["name"][len("memory "):], []).append(
                 (e["ts"], e["args"]["bytes in use"]))
         elif e["ph"] == "X" and e["cat"] == "act":
-            acts.append((names[e["tid"]], e["args"]["piece"], e["ts"], e["ts"] + e["dur"]))
+            # (times are written to the ns: ts + dur is the end up to float rounding)
+            acts.append((names[e["tid"]], e["args"]["piece"], e["ts"],
+                         round(e["ts"] + e["dur"], 3)))
     return memory, acts, doc.get("otherData")
 
 
