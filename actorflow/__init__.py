@@ -22,7 +22,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          tanh, where,
                          zero_)
 from .tracing import trace
-from . import data, nn, optim, testing
+from . import data, distributed, nn, optim, testing
 from .serialization import load, save
 from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
@@ -60,7 +60,7 @@ __all__ = [
     # autograd
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running
-    "synchronize", "synchronize_async", "profile", "lowlevel", "testing",
+    "synchronize", "synchronize_async", "profile", "lowlevel", "testing", "distributed",
     # training
     "nn", "optim", "data", "save", "load",
     # actor graphs

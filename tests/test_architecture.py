@@ -27,7 +27,7 @@ RANKS = {
     "methods": 11,
     "tracing": 12,
     "pipeline": 13, "experiments": 13, "nn": 13, "optim": 13, "serialization": 13,
-    "data": 13, "plots": 13,
+    "data": 13, "plots": 13, "distributed": 13,
     "lowlevel": 14, "testing": 14,
     "__init__": 15, "__main__": 16,
 }

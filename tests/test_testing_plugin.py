@@ -302,3 +302,121 @@ def test_the_example_file_passes_in_both_asyncio_modes(pytester, mode):
         r.assert_outcomes(passed=7)
     else:
         r.assert_outcomes(passed=6, skipped=1)
+
+
+# -- regressions (review of the plugin) ------------------------------------------------------
+
+def test_a_seed_replays_simulated_time_whatever_the_caller_does(keep_all):
+    # more pieces than output_buffers: the run waits for the caller, whose thread takes the
+    # outputs when the OS lets it; the virtual clock must not move meanwhile
+    import time
+    seen = set()
+    for slow in (0, 0.0005, 0, 0.0005):
+        with af.testing.seeded(3):
+            g = af.ActorGraph(output_buffers=4)
+            src = g.source(range(40), name="load", time=60.0)
+            a = g.actor(lambda x: x, src, name="a", time=30.0)
+            b = g.actor(lambda x: x, src, name="b", time=45.0, replicas=2)
+            g.sink(g.actor(lambda x, y: x + y, a, b, name="join", time=10.0))
+            for _ in g.run():
+                time.sleep(slow)
+        seen.add(tuple(af.testing.acts(g)))
+    assert len(seen) == 1
+
+
+async def test_a_caller_that_stops_reading_holds_the_virtual_clock():
+    with af.testing.seeded(3):
+        g = af.ActorGraph(output_buffers=2)
+        src = g.source(range(100), name="load", time=1.0)
+        g.sink(g.actor(lambda x: x, src, name="work", time=2.0))
+        run = g.run_async()
+        await run.__anext__()
+        await af.testing.wait_all_actors_blocked(g, timeout=10)
+        assert "stands still until the caller takes" in af.testing.describe_runs()
+        assert g.stats().actors["load"]["acts"] < 10
+        await run.aclose()
+
+
+def test_serial_replicas_with_some_untimed_pieces_keep_piece_order():
+    g = af.ActorGraph()
+    src = g.source(range(8), name="load")
+    g.sink(g.actor(lambda x: x, src, name="w", replicas=2,
+                   time=lambda p: 0.0 if p % 2 else 1.0))
+    with af.testing.seeded(1):
+        outs = af.testing.assert_no_deadlock(g, timeout=10)
+    assert [int(o) for o in outs] == list(range(8))
+
+
+def test_serial_runs_keep_timeouts_and_assert_no_deadlock_keeps_its_limit():
+    import time
+    gate = threading.Event()
+    g = af.ActorGraph()
+    src = g.source(range(3), name="load")
+    g.sink(g.actor(lambda x: gate.wait(5) and x, src, name="stuck", timeout=0.2))
+    t = time.perf_counter()
+    try:
+        with af.testing.seeded(1):
+            with pytest.raises(af.ActorError, match="timeout=0.2"):
+                list(g.run())
+        assert time.perf_counter() - t < 4
+    finally:
+        gate.set()
+        assert g.join(10)
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: time.sleep(0.2) or x, g.source(range(3), name="load"),
+                   name="slow"))
+    with af.testing.seeded(1):          # (inline: the stop lands only when the acts end)
+        with pytest.raises(AssertionError, match="did not end within 0.1 s"):
+            af.testing.assert_no_deadlock(g, timeout=0.1)
+    assert len(af.testing.assert_no_deadlock(g, timeout=30)) == 3
+
+
+def test_progress_arguments_tqdm_refuses_leave_the_graph_runnable():
+    g = fan(pieces=3)
+    with pytest.raises(Exception, match="nosuchoption"):
+        list(g.run(progress={"nosuchoption": 1}))
+    assert len(list(g.run())) == 3
+
+
+INNER = '''
+from actorflow.runtime import observe
+def test_inner():
+    assert observe.SCHEDULE.seed is None and not observe.SCHEDULE.serial
+'''
+
+
+def test_pytester_sessions_neither_inherit_nor_clear_the_outer_tests_schedule(af_seed,
+                                                                               pytester):
+    from actorflow.testing import plugin
+    list(fan(pieces=2).run())
+    pytester.makepyfile(test_inner=INNER)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert plugin.RUNS.seed == af_seed and plugin.RUNS.count == 1
+    assert observe.SCHEDULE.seed == af_seed and observe.SCHEDULE.serial
+
+
+BUDGET_SUITE = '''
+import numpy as np
+import actorflow as af
+
+def run(n):
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.zeros(n, np.float32)
+                                                      for _ in range(2)), name="load")))
+    list(g.run())
+
+def test_first_of_many_runs_over(af_memory_budget):
+    run(1 << 16)                        # 256 KiB per register
+    for _ in range(60):
+        run(4)
+    af_memory_budget("64KiB")
+'''
+
+
+def test_memory_budget_checks_every_run_of_a_test(pytester):
+    pytester.makepyfile(test_budget=BUDGET_SUITE)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, errors=1)
+    assert "run 1 of this test went over" in r.stdout.str()

@@ -35,8 +35,8 @@ class Completion:
                 if delay is None:
                     self._piped(st, piece, regs, out_reg, result, err)
                 elif delay > 0:
-                    self.loop.call_later(delay, self.completed, st, piece, regs, out_reg,
-                                         result, err, dt + delay)
+                    (self.clock or self.loop).call_later(delay, self.completed, st, piece,
+                                                         regs, out_reg, result, err, dt + delay)
                 elif st.ordered:
                     self._in_order(st, piece, regs, out_reg, result, err, dt)
                 else:
@@ -306,13 +306,38 @@ class Completion:
             self._blocked(st, INPUT)
 
     def credit_back(self, n: int = 1) -> None:
-        """The consumer of ``run()`` took ``n`` outputs: the collector may deliver more."""
+        """The consumer of ``run()`` took ``n`` outputs: the collector may deliver more.
+        (A serial run counts them once the consumer has taken every output it was given:
+        it takes no virtual time, and when its thread gets round to them changes nothing.)"""
         if self.finished:
             return
+        if self.serial:
+            self.taken += n
+            if self.room + self.taken < self.room0:
+                return
+            n, self.taken = self.taken, 0
         self.room += n
         if self.collector is not None:
             self.wake(self.collector)
         try:
             self.drain()
+            if self.clock is not None:
+                self.clock.resume()
         except BaseException as e:  # noqa: BLE001 - as in completed()
             self._internal(e)
+
+    def _caller_behind(self) -> bool:
+        """(A serial run) the caller has outputs it has not taken and handed back: the
+        virtual clock stands still until it has (``credit_back``)."""
+        return self.room < self.room0 and not (self.stopping or self.finished)
+
+    def _wait_act(self, st: ActorState, piece: int) -> None:
+        """(A serial run) a stage with ``timeout=`` acts on its thread, so that an act past
+        its timeout can be abandoned, but the loop waits for it as for an inline act: the
+        order of acts stays the seed's."""
+        posted = st.thread.posted
+        if not posted.wait(st.actor.timeout):
+            self._timed_out(st, piece)
+            return
+        posted.clear()
+        self.read_inbox()

@@ -56,7 +56,8 @@ class CreditScheduler(Completion):
         self.room = room
         self.rng = random.Random(seed) if seed is not None else None
         self.serial = serial            # a test schedule: see observe.py
-        self.clock = VirtualClock() if serial else None
+        self.clock = VirtualClock(self._caller_behind) if serial else None
+        self.room0, self.taken = room, 0    # (serial: credits back, applied once caught up)
         self.states = make_states(plan, make_gates(plan.actors), serial)
         self.by_actor = {st.actor: st for st in self.states}
         self.tokens = dict(plan.resources)
@@ -160,7 +161,8 @@ class CreditScheduler(Completion):
         if all(st.ended and (st.out is None or st.out.home()) for st in self.states):
             self.done.set_result(None)
         elif not any(st.in_flight for st in self.states) and not self.pending_tasks:
-            if self.collector is None or self.room > 0:      # (else the caller is behind)
+            if self.collector is None or (self.room == self.room0 if self.serial
+                                          else self.room > 0):   # (else the caller is behind)
                 # nothing runs, nothing can start, and the caller is not what it waits for:
                 # by construction this never happens; if it does, say why instead of hanging
                 self.stop(stalled(self))
@@ -290,7 +292,9 @@ class CreditScheduler(Completion):
                 self._start_thread(st)
             st.jobs[piece] = (regs, out_reg)
             st.thread.queue.put((piece, regs, out_reg))
-            if st.actor.timeout is not None:
+            if self.serial:
+                self._wait_act(st, piece)
+            elif st.actor.timeout is not None:
                 self._time_act(st, piece)
             return
         if st.mode == "async":
@@ -317,6 +321,8 @@ class CreditScheduler(Completion):
         if delay > 0:
             (self.clock or self.loop).call_later(delay, self.completed, st, piece, regs,
                                                  out_reg, result, err, dt + delay)
+        elif st.ordered:                # (replicas acting serially: earlier pieces may
+            self._in_order(st, piece, regs, out_reg, result, err, dt)  # still be timed)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
 

@@ -28,7 +28,13 @@ def new_run(g, plan, deliver, trace, progress) -> CreditScheduler:
     sched = CreditScheduler(plan, deliver, g.output_buffers, seed, trace, sch.serial,
                             sch.keep_acts)
     if progress:
-        ProgressBar(sched, progress)
+        try:
+            ProgressBar(sched, progress)
+        except BaseException:           # (tqdm refused its arguments): nothing ran; the
+            sched.stopping = True       # plan is freed and the graph may run again
+            sched.let_go()
+            g._finish(plan, sched)
+            raise
     observe.run_started(g, sched)
     return sched
 

@@ -31,6 +31,15 @@ from .stats import RunStats
 _OP_TRACER: list = [None]
 
 
+_ENGINES: dict = {}
+
+
+def register_engine(name: str, factory) -> None:
+    """``run(engine=name)`` makes ``factory()`` run the graph (``actorflow.distributed``
+    registers "ray": engines live above the runtime and hand themselves in)."""
+    _ENGINES[name] = factory
+
+
 def use_op_tracer(op_program) -> None:
     """Sets what ``ActorGraph.op`` traces functions with: ``op_program(fn, in_specs,
     kwargs) -> Program``. Tracing lives above the runtime and hands it in when imported."""
@@ -290,14 +299,23 @@ class ActorGraph:
         if self._stragglers is not None:
             await self._stragglers.wait_async()
 
-    def run(self, feed=None, trace=None, progress=False):
+    def run(self, feed=None, trace=None, progress=False, engine=None):
         """Runs the graph from plain code (on the graph loop thread); yields the outputs in
         piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
         acts running then are abandoned and free their registers when they return
         (``join()`` waits for that); everything else is freed before this returns.
         ``trace``: a path; the run's timeline is written there as Chrome trace JSON when
         it ends (``timeline.py``). ``progress``: True (or tqdm's arguments as a dict) shows
-        a progress bar with pieces per second and the bottleneck (``progress.py``)."""
+        a progress bar with pieces per second and the bottleneck (``progress.py``).
+        ``engine``: None or "local" (this process), "ray" or an engine object
+        (``af.distributed.RayEngine``): each stage in Ray actor processes."""
+        if engine is not None and engine != "local":
+            if isinstance(engine, str):
+                if engine not in _ENGINES:
+                    raise ValueError(f"run(engine={engine!r}): the engines are 'local' and "
+                                     f"{', '.join(repr(k) for k in _ENGINES) or 'none else'}")
+                engine = _ENGINES[engine]()
+            return engine.run(self, feed=feed, trace=trace, progress=progress)
         return driving.run_blocking(self, feed, trace, progress)
 
     def run_async(self, feed=None, trace=None, progress=False):

@@ -64,14 +64,21 @@ class VirtualClock:
     time ``now + delay``; the earliest one due runs at the loop's next turn, and the clock
     jumps to its time. Virtual time moves only by those jumps, never with the real clock,
     so the order in which simulated acts end depends on their times alone (ties: the order
-    they were filed in), and a run of simulated seconds takes no real seconds."""
+    they were filed in), and a run of simulated seconds takes no real seconds.
 
-    def __init__(self):
+    ``hold()`` (optional) is True while time must stand still: the caller of ``run()``
+    has not taken every output it was given yet (it takes no virtual time; were the clock
+    to move meanwhile, when its thread got round to them would change the order of acts).
+    ``resume()`` goes on once it has; ``held`` says the clock waits for that."""
+
+    def __init__(self, hold=None):
         self.now = 0.0
         self.heap: list = []
         self.count = itertools.count()
         self.armed = False
         self.loop = None
+        self.hold = hold
+        self.held = False
 
     def call_later(self, delay: float, callback, *args):
         heapq.heappush(self.heap, (self.now + delay, next(self.count), callback, args))
@@ -84,6 +91,9 @@ class VirtualClock:
         self.armed = False
         if not self.heap:
             return
+        if self.hold is not None and self.hold():
+            self.held = True            # (resume() goes on)
+            return
         when, _, callback, args = heapq.heappop(self.heap)
         self.now = max(self.now, when)
         if self.heap:
@@ -95,6 +105,14 @@ class VirtualClock:
         fut = asyncio.get_running_loop().create_future()
         self.call_later(delay, lambda: fut.done() or fut.set_result(None))
         await fut
+
+    def resume(self) -> None:
+        """Time may move again (``hold()`` turned False)."""
+        if self.held:
+            self.held = False
+            if self.heap and not self.armed:
+                self.armed = True
+                self.loop.call_soon(self._fire)
 
     def clear(self) -> None:
         self.heap.clear()

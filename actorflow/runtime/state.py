@@ -58,13 +58,14 @@ def make_states(plan, gates: dict, serial: bool = False) -> list:
     """The run state of each actor of ``plan``, with how it acts: ``inline`` on the loop,
     on its own ``thread``, ``async`` (tasks on the loop), or ``undecided`` (an op actor
     sized by piece 0: decided then). ``serial`` (a test schedule): every plain stage acts
-    inline, one act at a time."""
+    inline, one act at a time (one with ``timeout=`` on its thread, waited for)."""
     states = []
     for actor in plan.actors:
         if getattr(actor, "is_async", False):
             mode = "async"              # an async source, or an async def stage
-        elif actor.inline or serial and actor.inline is not None:
-            mode = "inline"
+        elif actor.inline or serial and actor.inline is not None and actor.timeout is None:
+            mode = "inline"             # (serial: an act with timeout= needs its thread to
+                                        # be abandoned; the loop waits for it there)
         elif actor.inline is None:
             mode = "thread" if actor not in plan.pending else "undecided"
             mode = "inline" if serial and mode == "thread" else mode
@@ -100,6 +101,8 @@ class ActorThread:
         self.state = state
         self.abandoned = False
         self.token = None               # the Stragglers' hold on acts not seen to complete
+        self.posted = threading.Event() if sched.serial else None   # (a serial run waits
+        # for each act of its thread: Completion._wait_act)
         self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
                                        daemon=True)
 
@@ -147,4 +150,6 @@ class ActorThread:
                 record_act(sched.timeline, st, piece, t0, t0 + dt, delay)
             if not self._post((delay, st, piece, regs, out_reg, result, err, dt)):
                 return
+            if self.posted is not None:
+                self.posted.set()
 

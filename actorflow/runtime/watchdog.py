@@ -102,6 +102,11 @@ def describe_waits(sched) -> str:
         if st.piped and st.cause is None:
             lines.append(f"{name} is acting (on its thread; next piece {st.next_piece})")
         elif st.in_flight and not st.piped:
+            clock = getattr(sched, "clock", None)
+            if clock is not None and clock.held and st.mode != "thread":
+                lines.append(f"{name} has {st.in_flight} act(s) in simulated time, which "
+                             f"stands still until the caller takes the outputs it was given")
+                continue
             lines.append(f"{name} is acting ({st.in_flight} act(s) in flight; next piece "
                          f"{st.next_piece})")
         elif name in g.notes:

@@ -32,14 +32,27 @@ class _Runs:
     """The runs started during the current test (a watcher of ``observe``)."""
 
     def __init__(self):
-        self.runs: list = []            # [{"graph", "sched", "said"}]
+        self.runs: list = []            # [{"n", "graph", "sched", "said", "stats"}]: the last 50
         self.seed = None
+        self.count = 0                  # runs started in the test
+        self.ended_stats: list = []     # [(n, RunStats)] of every run that ended in it
+        self.numbers: dict = {}         # sched -> n, while it runs
+
+    def clear(self) -> None:
+        self.runs, self.seed, self.count, self.ended_stats, self.numbers = [], None, 0, [], {}
 
     def started(self, g, sched) -> None:
-        self.runs.append({"graph": g, "sched": sched, "said": None, "stats": None})
+        self.count += 1
+        self.numbers[sched] = self.count
+        self.runs.append({"n": self.count, "graph": g, "sched": sched, "said": None,
+                          "stats": None})
         del self.runs[:-50]
 
     def ended(self, g, sched) -> None:
+        n = self.numbers.pop(sched, None)
+        if n is None:
+            return                      # (started before this test)
+        self.ended_stats.append((n, g._last))
         for r in reversed(self.runs):
             if r["sched"] is sched:
                 r["stats"] = g._last
@@ -52,11 +65,11 @@ class _Runs:
         if self.seed is not None:
             parts.append(f"schedule seed {self.seed} (replay: --af-seed={self.seed})")
         shown = self.runs[-RUNS_SHOWN:]
-        if len(self.runs) > len(shown):
-            parts.append(f"({len(self.runs) - len(shown)} earlier runs not shown)")
-        for i, r in enumerate(shown, start=len(self.runs) - len(shown) + 1):
+        if self.count > len(shown):
+            parts.append(f"({self.count - len(shown)} earlier runs not shown)")
+        for r in shown:
             text = r["said"] if r["sched"] is None else _report(r["sched"], None, False)
-            parts.append(f"run {i}: {text}")
+            parts.append(f"run {r['n']}: {text}")
         return "\n".join(parts)
 
 
@@ -103,13 +116,21 @@ def pytest_configure(config) -> None:
                                        "the reason where there is none)")
     config.addinivalue_line("markers", "af_seed(n): the seed of the test's af_seed fixture")
     n = config.getoption("--af-last-acts")
-    _CONFIGS.append(observe.SCHEDULE.keep_acts)     # (a session inside a session: pytester)
-    observe.SCHEDULE.keep_acts = int(config.getini("af_last_acts")) if n is None else n
+    sch = observe.SCHEDULE              # (a session inside a session, pytester's: its tests
+    _CONFIGS.append((sch.keep_acts, sch.seed, sch.serial, RUNS.__dict__.copy()))  # start
+    sch.seed, sch.serial = None, False  # clean, and the outer test gets its own back)
+    RUNS.clear()
+    sch.keep_acts = int(config.getini("af_last_acts")) if n is None else n
     observe.watch(RUNS)
 
 
 def pytest_unconfigure(config) -> None:
-    observe.SCHEDULE.keep_acts = _CONFIGS.pop() if _CONFIGS else 0
+    sch = observe.SCHEDULE
+    if _CONFIGS:
+        sch.keep_acts, sch.seed, sch.serial, runs = _CONFIGS.pop()
+        RUNS.__dict__.update(runs)
+    else:
+        sch.keep_acts = 0
     if not _CONFIGS:
         observe.unwatch(RUNS)
 
@@ -126,8 +147,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_runtest_setup(item) -> None:
-    RUNS.runs.clear()
-    RUNS.seed = None
+    RUNS.clear()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -180,7 +200,7 @@ def af_memory_budget():
     test fails naming the run."""
     budgets: dict = {}
     saved: dict = {}
-    first = len(RUNS.runs)
+    first = RUNS.count
 
     def set_budget(budget, device="cpu"):
         dev = _device(device)
@@ -195,11 +215,11 @@ def af_memory_budget():
     yield set_budget
     for dev, old in saved.items():
         get_backend(dev).allocator.set_budget(old)
-    for i, r in enumerate(RUNS.runs[first:], start=first + 1):
-        if r["stats"] is None:
+    for i, stats in RUNS.ended_stats:
+        if i <= first or stats is None:
             continue
         try:
-            assert_peak_within(r["stats"], budgets)
+            assert_peak_within(stats, budgets)
         except AssertionError as e:
             pytest.fail(f"af_memory_budget: run {i} of this test went over: {e}",
                         pytrace=False)

@@ -1,0 +1,289 @@
+"""One run of an actor graph on Ray: the driver's coordinator (see ``ray_engine.py``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..errors import DeadlockError
+from ..runtime.source import SourceActor
+from ..runtime.stats import RunStats
+from .ray_engine import PER_REPLICA, actor_error, make_worker, source_items
+from .worker import leaves_of
+
+
+class RayRun:
+    def __init__(self, ray, g, plan, engine, trace):
+        self.ray, self.g, self.plan, self.engine, self.trace = ray, g, plan, engine, trace
+        self.actors = plan.actors
+        self.readers = {a: [c for c in self.actors if a in c.inputs] for a in self.actors}
+        self.sink_index = {a: k for k, a in enumerate(plan.sinks)}
+        self.workers: dict = {}
+        self.busy: dict = {}            # actor -> calls queued per replica
+        self.next_piece = {a: 0 for a in self.actors}
+        self.held = {a: 0 for a in self.actors}     # pieces out, not finished by a reader
+        self.peak_held = {a: 0 for a in self.actors}
+        self.ended_at: dict = {}        # actor -> pieces it gives in all
+        self.refs: dict = {}            # (actor, piece) -> object ref of its output
+        self.left: dict = {}            # (actor, piece) -> readers not finished
+        self.pending: dict = {}         # act record ref -> (actor, piece, replica)
+        self.parts: dict = {}           # piece -> {sink index: the part copied out}
+        self.next_out = 0
+        self.records: list = []         # (actor, piece, replica, t0, t1, pid, node)
+        self.acts = {a: 0 for a in self.actors}
+        self.compute = {a: 0.0 for a in self.actors}
+        self.waits = {a: {"input": 0.0, "credit": 0.0} for a in self.actors}
+        self.cause: dict = {}           # actor -> (cause, since)
+        self.node_bytes: dict = {}      # node -> bytes of registers out now
+        self.node_peak: dict = {}
+        self.memory_points: list = []   # (time, node, bytes)
+        self.state = "running"
+        self.t0 = time.time()
+
+    # -- the run ---------------------------------------------------------------------------
+    def outputs(self):
+        g = self.g
+        with g._lock:
+            if g._running:
+                raise RuntimeError("this graph is already running; wait for that run to end")
+            g._running = True
+        try:
+            self._start()
+            yield from self._loop()
+            self.state = "finished"
+        except GeneratorExit:
+            self.state = "stopped"
+            raise
+        except BaseException:
+            self.state = "failed"
+            raise
+        finally:
+            self._stop()
+            g._running = False
+
+    def _start(self) -> None:
+        ray = self.ray
+        node_ids = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        src = self.plan.source
+        self.items = source_items(src)
+        for a in self.actors:
+            if a is src:
+                continue
+            leaves = leaves_of(_zeros(a.out_spec))
+            self.workers[a] = [make_worker(ray, self.engine, a, leaves, node_ids,
+                                           self.plan.options[a.name])
+                               for _ in range(a.replicas)]
+            self.busy[a] = [0] * a.replicas
+            a.cached.clear()            # (piece 0 computed while planning: redone there)
+
+    def _loop(self):
+        ray = self.ray
+        while True:
+            self._dispatch()
+            while self.next_out in self.parts and len(self.parts[self.next_out]) == len(
+                    self.plan.sinks):
+                parts = self.parts.pop(self.next_out)
+                self.next_out += 1
+                yield self.plan.collector.assemble([parts[k] for k in range(len(parts))])
+            total = min((self.ended_at.get(a) for a in self.plan.sinks), default=None,
+                        key=lambda n: float("inf") if n is None else n)
+            if total is not None and self.next_out >= total and not self.pending:
+                return
+            if not self.pending:
+                raise DeadlockError("the Ray run stalled with nothing running (a bug in the "
+                                    "coordinator): " + self._who_waits(), [])
+            done, _ = ray.wait(list(self.pending), num_returns=1)
+            for ref in done:
+                self._done(ref)
+
+    def _dispatch(self) -> None:
+        for a in self.actors:
+            if a in self.ended_at:
+                continue
+            while True:
+                i = self.next_piece[a]
+                if self.held[a] >= self.plan.buffers[a]:
+                    self._blocked(a, "credit")
+                    break
+                if isinstance(a, SourceActor):
+                    value = next(self.items, _END)
+                    if value is _END:
+                        self.ended_at[a] = i
+                        break
+                    self._take(a, i, self.ray.put(value))
+                    if a in self.sink_index:
+                        self._collect(a, i, value)
+                    continue
+                ins = []
+                for u in a.inputs:
+                    ref = self.refs.get((u, i))
+                    if ref is None:
+                        break
+                    ins.append(ref)
+                if len(ins) < len(a.inputs):
+                    if any(u in self.ended_at and i >= self.ended_at[u] for u in a.inputs):
+                        self.ended_at[a] = i
+                    else:
+                        self._blocked(a, "input")
+                    break
+                busy = self.busy[a]
+                r = min(range(len(busy)), key=busy.__getitem__)
+                if busy[r] >= PER_REPLICA:
+                    break                   # every replica has work queued: acting
+                busy[r] += 1
+                value_ref, record_ref = self.workers[a][r].act.options(
+                    num_returns=2).remote(i, *ins)
+                self.pending[record_ref] = (a, i, r)
+                self._take(a, i, value_ref)
+
+    def _take(self, a, i: int, ref) -> None:
+        self._unblocked(a)
+        self.refs[(a, i)] = ref
+        self.left[(a, i)] = len(self.readers[a]) + (1 if a in self.sink_index else 0)
+        self.next_piece[a] = i + 1
+        self.held[a] += 1
+        self.peak_held[a] = max(self.peak_held[a], self.held[a])
+        self._memory(a, +1)
+
+    def _done(self, ref) -> None:
+        a, i, r = self.pending.pop(ref)
+        self.busy[a][r] -= 1
+        try:
+            t0, t1, pid, node = self.ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - the stage raised, or its process died
+            # (a process that died fails every call queued on it: the first piece it
+            # had is the one it died on)
+            first = min([i] + [p for b, p, q in self.pending.values() if b is a and q == r])
+            raise actor_error(e, (a.name, first, self.plan.nodes[a])) from None
+        self.acts[a] += 1
+        self.compute[a] += t1 - t0
+        self.records.append((a.name, i, r, t0, t1, pid, node))
+        for u in a.inputs:
+            self._read(u, i)
+        if a in self.sink_index:
+            self._collect(a, i, self.ray.get(self.refs[(a, i)]))
+
+    def _collect(self, a, i: int, value) -> None:
+        self.parts.setdefault(i, {})[self.sink_index[a]] = self.plan.collector.part(
+            self.sink_index[a], value)
+        self._read(a, i)
+
+    def _read(self, u, i: int) -> None:
+        """A reader of ``u``'s piece ``i`` finished: the last one hands the credit home
+        (the ref is dropped, and Ray frees the object)."""
+        key = (u, i)
+        self.left[key] -= 1
+        if self.left[key] == 0:
+            del self.left[key], self.refs[key]
+            self.held[u] -= 1
+            self._memory(u, -1)
+
+    def _memory(self, a, sign: int) -> None:
+        node = self.plan.nodes[a]
+        n = self.node_bytes.get(node, 0) + sign * self.plan.sizes[a]
+        self.node_bytes[node] = n
+        self.node_peak[node] = max(self.node_peak.get(node, 0), n)
+        if self.trace is not None:
+            self.memory_points.append((time.time(), node, n))
+
+    def _blocked(self, a, cause: str) -> None:
+        if a not in self.cause:
+            self.cause[a] = (cause, time.perf_counter())
+
+    def _unblocked(self, a) -> None:
+        c = self.cause.pop(a, None)
+        if c is not None:
+            self.waits[a][c[0]] += time.perf_counter() - c[1]
+
+    def _who_waits(self) -> str:
+        return "; ".join(f"{a.name} waits for {c}" for a, (c, _) in self.cause.items())
+
+    def _stop(self) -> None:
+        """Kills every Ray actor of the run (nothing is left running) and records stats."""
+        for ws in self.workers.values():
+            for w in ws:
+                try:
+                    self.ray.kill(w)
+                except Exception:  # noqa: BLE001 - already dead
+                    pass
+        self.workers.clear()
+        self.pending.clear()
+        self.refs.clear()
+        src = self.plan.source
+        src.close()
+        wall = time.time() - self.t0
+        self.g._last = RayRunStats(self, wall)
+        if self.trace is not None:
+            self.g._last.trace = write_trace(self, self.trace)
+
+
+class RayRunStats(RunStats):
+    """RunStats of a Ray run: per actor acts, compute (inside its Ray actors), waits (the
+    driver's view: no input yet, or no credit), busy, ``most_held`` (the most pieces it
+    had out at once: at most its ``buffers``) and ``processes`` (the pids its acts ran
+    in); memory per node: planned, and the most register bytes out at once (``peak``,
+    counted by the driver)."""
+
+    def __init__(self, run: RayRun, wall: float):
+        self.wall_s = wall
+        self.actors = {}
+        for a in run.actors:
+            w = run.waits[a]
+            self.actors[a.name] = {
+                "kind": a.kind, "mode": "ray", "acts": run.acts[a] if a in run.workers
+                or not isinstance(a, SourceActor) else run.next_piece[a],
+                "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
+                "wait_input_s": w["input"], "wait_credit_s": w["credit"],
+                "wait_resource_s": 0.0,
+                "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
+                if wall > 0 else 0.0, "most_held": run.peak_held[a],
+                "processes": sorted({pid for name, *_, pid, _ in run.records
+                                     if name == a.name})}
+        self.memory = {node: {"planned": need, "peak": run.node_peak.get(node, 0),
+                              "budget": run.engine.memory.get(node), "live": None}
+                       for node, need in run.plan.per_node().items()}
+        self.abandoned = []
+        self.trace = None
+        self.state = run.state
+        self.pieces = run.next_out
+
+
+def write_trace(run: RayRun, path) -> dict:
+    """The run's acts from every process in one Chrome trace: a process per Ray actor
+    process (pid), a track per actor replica, and the driver's count of register bytes
+    out per node."""
+    t = time.perf_counter()
+    t0 = run.t0
+    evs = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "ts": 0,
+            "args": {"name": "driver"}}]
+    tids, pids = {}, set()
+    for name, piece, r, s, e, pid, node in run.records:
+        key = (name, r, pid)
+        if key not in tids:
+            tids[key] = len(tids) + 1
+            evs.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
+                        "ts": 0, "args": {"name": f"{name} (replica {r})"}})
+        if pid not in pids:
+            pids.add(pid)
+            evs.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
+                        "args": {"name": f"Ray actor process {pid} on node {node}"}})
+        evs.append({"ph": "X", "cat": "act", "name": name, "pid": pid, "tid": tids[key],
+                    "ts": round((s - t0) * 1e6, 3), "dur": round(max(e - s, 0) * 1e6, 3),
+                    "args": {"piece": piece}})
+    for s, node, n in run.memory_points:
+        evs.append({"ph": "C", "name": f"memory {node}", "pid": 0, "tid": 0,
+                    "ts": round((s - t0) * 1e6, 3), "args": {"bytes in use": n}})
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": evs}))
+    return {"path": str(p), "records": len(run.records), "write_s": time.perf_counter() - t}
+
+
+def _zeros(spec):
+    import numpy as np
+    from ..runtime.spec import unflatten
+    return unflatten(spec.structure, [np.zeros(s.shape, s.dtype.np) for s in spec.specs])
+
+
+_END = object()

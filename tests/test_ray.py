@@ -1,0 +1,171 @@
+"""engine="ray": the same graph gives the same outputs on Ray as locally, credits bound
+what is in flight across processes, budgets per node are planned, faults stop the run
+naming actor, piece and node, and stats and traces come from every process. On a local
+Ray cluster the tests start themselves (2 CPUs); skipped where Ray is not installed."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import actorflow as af
+
+ray = pytest.importorskip("ray", reason="engine='ray' needs Ray: pip install 'actorflow[ray]'")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def engine():
+    ray.shutdown()
+    eng = af.distributed.RayEngine(init={"num_cpus": 2})
+    eng.start()                 # a local cluster whose workers import this module
+    yield eng
+    ray.shutdown()
+
+
+def items(n=24):
+    return lambda: (np.full(8, i, np.float32) for i in range(n))
+
+
+def double(x):
+    return x * 2
+
+
+def plus_pid(x):
+    return x + 1, np.int64(os.getpid())
+
+
+def fan_graph(n=24, **kw):
+    g = af.ActorGraph(**kw)
+    src = g.source(items(n), name="load")
+    a = g.actor(double, src, name="double", replicas=2)
+    b = g.actor(lambda x: x - 1, src, name="minus")
+    g.sink(g.actor(lambda x, y: x + y, a, b, name="join"))
+    return g
+
+
+def test_the_same_outputs_as_the_local_run(engine):
+    g = fan_graph()
+    local = [o.copy() for o in g.run()]
+    remote = list(g.run(engine=engine))
+    assert len(remote) == len(local) == 24
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote))
+    stats = g.stats()
+    assert stats.state == "finished" and stats.pieces == 24
+    assert {n: r["acts"] for n, r in stats.actors.items()} == {
+        "load": 24, "double": 24, "minus": 24, "join": 24}
+    assert stats.actors["double"]["mode"] == "ray" and stats.actors["double"]["replicas"] == 2
+
+
+def test_stages_run_in_other_processes_and_replicas_share_the_work(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(plus_pid, g.source(items(16), name="load"), name="work", replicas=2))
+    outs = list(g.run(engine="ray"))
+    assert [float(x[0]) for x, _ in outs] == [i + 1.0 for i in range(16)]
+    pids = {int(p) for _, p in outs}
+    assert os.getpid() not in pids and len(pids) == 2      # two Ray actor processes
+
+
+def test_credits_bound_the_pieces_in_flight_per_edge(engine):
+    for buffers in (1, 2, 3):
+        g = fan_graph(n=30, buffers=buffers)
+        assert len(list(g.run(engine=engine))) == 30
+        for name, row in g.stats().actors.items():
+            if name != "(output)":
+                assert 1 <= row["most_held"] <= buffers, (name, row["most_held"])
+        m = g.stats().memory["node:0"]
+        assert 0 < m["peak"] <= m["planned"]
+
+
+def test_budgets_per_node_are_refused_before_the_first_act(engine):
+    g = fan_graph()
+    small = af.distributed.RayEngine(memory={"node:0": "200B"})
+    with pytest.raises(af.PlanError, match=r"node:0 need .* over its 200 B budget"):
+        list(g.run(engine=small))
+    with pytest.raises(af.PlanError, match="node 'node:3' is not one of this cluster's 1 nodes"):
+        list(g.run(engine=af.distributed.RayEngine(placement={"join": {"node": "node:3"}})))
+    with pytest.raises(af.PlanError, match=r"ask 7 CPU \(double 2 x 3, minus 1 x 0.5"):
+        list(g.run(engine=af.distributed.RayEngine(placement={"double": {"num_cpus": 3}})))
+    assert len(list(g.run(engine=engine))) == 24          # and the graph still runs
+
+
+def gone(pid: int, within: float = 30.0) -> bool:
+    """Whether process ``pid`` has ended (waits for it up to ``within`` seconds)."""
+    import time
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def failing(x):
+    if int(x[0]) == 5:
+        raise ValueError("piece five is bad")
+    return x
+
+
+def dying(x):
+    if int(x[0]) == 3:
+        os._exit(1)
+    return x
+
+
+@pytest.mark.parametrize("fn, what", [(failing, "ValueError: piece five is bad"),
+                                      (dying, "Ray actor process died")])
+def test_a_fault_stops_the_run_naming_actor_piece_and_node(engine, fn, what):
+    g = af.ActorGraph()
+    g.sink(g.actor(fn, g.source(items(12), name="load"), name="stage"))
+    with pytest.raises(af.ActorError, match=what) as info:
+        list(g.run(engine=engine))
+    assert info.value.actor == "stage"
+    assert info.value.piece == (5 if fn is failing else 3)
+    assert info.value.node
+    assert g.stats().state == "failed"
+    pids = g.stats().actors["stage"]["processes"]
+    assert len(pids) == 1 and pids[0] != os.getpid()
+    assert gone(pids[0])                  # nothing is left running: its process ended
+    g2 = af.ActorGraph()
+    g2.sink(g2.actor(double, g2.source(items(4), name="load"), name="stage"))
+    assert [float(x[0]) for x in g2.run(engine=engine)] == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_a_run_stopped_early_kills_its_actors_and_runs_again(engine):
+    g = fan_graph(n=40)
+    for i, _ in enumerate(g.run(engine=engine)):
+        if i == 3:
+            break
+    assert g.stats().state == "stopped"
+    pids = [p for row in g.stats().actors.values() for p in row.get("processes", [])]
+    assert len(pids) == 4 and all(gone(p) for p in pids)   # double x2, minus, join
+    assert len(list(g.run(engine=engine))) == 40
+
+
+def test_a_trace_merges_every_process(engine, tmp_path):
+    g = fan_graph()
+    list(g.run(engine=engine, trace=tmp_path / "ray.json"))
+    evs = json.loads((tmp_path / "ray.json").read_text())["traceEvents"]
+    acts = [e for e in evs if e["ph"] == "X"]
+    assert len(acts) == 24 * 3                    # double, minus, join (load: the driver)
+    assert all({"ph", "ts", "pid", "tid"} <= set(e) for e in evs)
+    assert all(e["dur"] >= 0 for e in acts)
+    pids = {e["pid"] for e in acts}
+    assert len(pids) == 4                         # double x2, minus, join: a process each
+    named = {(e["pid"], e["tid"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in acts} <= named
+    assert any(e["ph"] == "C" and e["name"] == "memory node:0" for e in evs)
+    assert g.stats().trace["records"] == 24 * 3
+
+
+def test_what_ray_does_not_run_is_refused(engine):
+    g = af.ActorGraph()
+    src = g.source(items(4), name="load")
+    g.sink(g.op(af.relu, src, name="relu"))
+    with pytest.raises(af.PlanError, match="op actors"):
+        list(g.run(engine=engine))
+    with pytest.raises(ValueError, match="engines are 'local' and 'ray'"):
+        list(g.run(engine="spark"))
