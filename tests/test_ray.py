@@ -115,15 +115,16 @@ def dying(x):
     return x
 
 
-@pytest.mark.parametrize("fn, what", [(failing, "ValueError: piece five is bad"),
-                                      (dying, "Ray actor process died")])
+@pytest.mark.parametrize("fn, what", [
+    (failing, "ValueError: piece five is bad"),
+    (dying, "Ray actor process died during pieces 0 to 3")])      # (a batch of 4)
 def test_a_fault_stops_the_run_naming_actor_piece_and_node(engine, fn, what):
     g = af.ActorGraph()
     g.sink(g.actor(fn, g.source(items(12), name="load"), name="stage"))
     with pytest.raises(af.ActorError, match=what) as info:
         list(g.run(engine=engine))
     assert info.value.actor == "stage"
-    assert info.value.piece == (5 if fn is failing else 3)
+    assert info.value.piece == (5 if fn is failing else 0)
     assert info.value.node
     assert g.stats().state == "failed"
     pids = g.stats().actors["stage"]["processes"]

@@ -420,3 +420,50 @@ def test_memory_budget_checks_every_run_of_a_test(pytester):
     r = pytester.runpytest("-p", "no:cacheprovider")
     r.assert_outcomes(passed=1, errors=1)
     assert "run 1 of this test went over" in r.stdout.str()
+
+
+def test_a_stage_that_fails_acts_no_more_in_a_serial_run():
+    calls = []
+
+    def bad(x):
+        calls.append(int(x))
+        if x == 3:
+            raise ValueError("bad piece")
+        return x
+    g = af.ActorGraph(buffers=4)
+    g.sink(g.actor(bad, g.source(list(range(8)), name="load"), name="inc"))
+    with af.testing.seeded(1):
+        with pytest.raises(af.ActorError, match="bad piece"):
+            list(g.run())
+    assert calls == [0, 1, 2, 3]        # (an error stops a run at once)
+
+
+async def test_assert_no_deadlock_times_an_async_def_function():
+    async def never():
+        await asyncio.Event().wait()
+    with pytest.raises(AssertionError, match="did not end within 0.05 s"):
+        await asyncio.wait_for(af.testing.assert_no_deadlock(never, timeout=0.05), 5)
+
+    async def consume():
+        return [o async for o in fan(pieces=3).run_async()]
+    assert len(await af.testing.assert_no_deadlock(consume, timeout=30)) == 3
+
+
+TRACED_SUITE = '''
+import actorflow as af
+
+def test_traced(tmp_path):
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x, g.source(range(200), name="load"), name="w"))
+    list(g.run(trace=tmp_path / "t.json"))
+    assert False
+'''
+
+
+def test_last_acts_zero_prints_no_acts_of_a_traced_run(pytester):
+    pytester.makepyfile(test_traced=TRACED_SUITE)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", "--af-last-acts=0")
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    assert "run 1: finished after 200 pieces" in out and "acts (ms from" not in out

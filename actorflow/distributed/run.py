@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 from ..errors import DeadlockError
 from ..runtime.source import SourceActor
 from ..runtime.stats import RunStats
-from .ray_engine import PER_REPLICA, actor_error, make_worker, source_items
+from .rayplan import PER_REPLICA, actor_error, make_worker, source_items
 from .worker import leaves_of
 
 
@@ -20,16 +21,19 @@ class RayRun:
         self.readers = {a: [c for c in self.actors if a in c.inputs] for a in self.actors}
         self.sink_index = {a: k for k, a in enumerate(plan.sinks)}
         self.workers: dict = {}
+        self.where: dict = {}           # actor -> [(pid, node id, host)] of its replicas
         self.busy: dict = {}            # actor -> calls queued per replica
         self.next_piece = {a: 0 for a in self.actors}
-        self.held = {a: 0 for a in self.actors}     # pieces out, not finished by a reader
+        self.held = {a: 0 for a in self.actors}     # batches out, not finished by a reader
         self.peak_held = {a: 0 for a in self.actors}
         self.ended_at: dict = {}        # actor -> pieces it gives in all
-        self.refs: dict = {}            # (actor, piece) -> object ref of its output
-        self.left: dict = {}            # (actor, piece) -> readers not finished
-        self.pending: dict = {}         # act record ref -> (actor, piece, replica)
+        self.refs: dict = {}            # (actor, batch) -> object ref of its outputs
+        self.left: dict = {}            # (actor, batch) -> readers not finished
+        self.pending: dict = {}         # act record ref -> (actor, batch, replica)
         self.parts: dict = {}           # piece -> {sink index: the part copied out}
-        self.next_out = 0
+        self.next_out = 0               # the next batch to deliver
+        self.delivered = 0              # pieces delivered
+        self.lens: dict = {}            # batch -> its pieces
         self.records: list = []         # (actor, piece, replica, t0, t1, pid, node)
         self.acts = {a: 0 for a in self.actors}
         self.compute = {a: 0.0 for a in self.actors}
@@ -76,6 +80,9 @@ class RayRun:
                                for _ in range(a.replicas)]
             self.busy[a] = [0] * a.replicas
             a.cached.clear()            # (piece 0 computed while planning: redone there)
+        started = [(a, w.where.remote()) for a, ws in self.workers.items() for w in ws]
+        for (a, _), (pid, node, host) in zip(started, ray.get([r for _, r in started])):
+            self.where.setdefault(a, []).append((pid, node, host))
 
     def _loop(self):
         ray = self.ray
@@ -85,7 +92,9 @@ class RayRun:
                     self.plan.sinks):
                 parts = self.parts.pop(self.next_out)
                 self.next_out += 1
-                yield self.plan.collector.assemble([parts[k] for k in range(len(parts))])
+                for piece in zip(*(parts[k] for k in range(len(parts)))):
+                    self.delivered += 1
+                    yield self.plan.collector.assemble(list(piece))
             total = min((self.ended_at.get(a) for a in self.plan.sinks), default=None,
                         key=lambda n: float("inf") if n is None else n)
             if total is not None and self.next_out >= total and not self.pending:
@@ -98,32 +107,35 @@ class RayRun:
                 self._done(ref)
 
     def _dispatch(self) -> None:
+        batch = self.plan.batch
         for a in self.actors:
             if a in self.ended_at:
                 continue
             while True:
-                i = self.next_piece[a]
+                j = self.next_piece[a]
                 if self.held[a] >= self.plan.buffers[a]:
                     self._blocked(a, "credit")
                     break
                 if isinstance(a, SourceActor):
-                    value = next(self.items, _END)
-                    if value is _END:
-                        self.ended_at[a] = i
+                    values = list(itertools.islice(self.items, batch))
+                    if values:
+                        self.lens[j] = len(values)
+                        self._take(a, j, self.ray.put(values))
+                        if a in self.sink_index:
+                            self._collect(a, j, values)
+                    if len(values) < batch:
+                        self.ended_at[a] = j + (1 if values else 0)
                         break
-                    self._take(a, i, self.ray.put(value))
-                    if a in self.sink_index:
-                        self._collect(a, i, value)
                     continue
                 ins = []
                 for u in a.inputs:
-                    ref = self.refs.get((u, i))
+                    ref = self.refs.get((u, j))
                     if ref is None:
                         break
                     ins.append(ref)
                 if len(ins) < len(a.inputs):
-                    if any(u in self.ended_at and i >= self.ended_at[u] for u in a.inputs):
-                        self.ended_at[a] = i
+                    if any(u in self.ended_at and j >= self.ended_at[u] for u in a.inputs):
+                        self.ended_at[a] = j
                     else:
                         self._blocked(a, "input")
                     break
@@ -133,55 +145,59 @@ class RayRun:
                     break                   # every replica has work queued: acting
                 busy[r] += 1
                 value_ref, record_ref = self.workers[a][r].act.options(
-                    num_returns=2).remote(i, *ins)
-                self.pending[record_ref] = (a, i, r)
-                self._take(a, i, value_ref)
+                    num_returns=2).remote(j * batch, *ins)
+                self.pending[record_ref] = (a, j, r)
+                self._take(a, j, value_ref)
 
-    def _take(self, a, i: int, ref) -> None:
+    def _take(self, a, j: int, ref) -> None:
         self._unblocked(a)
-        self.refs[(a, i)] = ref
-        self.left[(a, i)] = len(self.readers[a]) + (1 if a in self.sink_index else 0)
-        self.next_piece[a] = i + 1
+        self.refs[(a, j)] = ref
+        self.left[(a, j)] = len(self.readers[a]) + (1 if a in self.sink_index else 0)
+        self.next_piece[a] = j + 1
         self.held[a] += 1
         self.peak_held[a] = max(self.peak_held[a], self.held[a])
-        self._memory(a, +1)
+        self._memory(a, j, +1)
 
     def _done(self, ref) -> None:
-        a, i, r = self.pending.pop(ref)
+        a, j, r = self.pending.pop(ref)
         self.busy[a][r] -= 1
         try:
-            t0, t1, pid, node = self.ray.get(ref)
+            times, pid, node = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - the stage raised, or its process died
-            # (a process that died fails every call queued on it: the first piece it
+            # (a process that died fails every call queued on it: the first batch it
             # had is the one it died on)
-            first = min([i] + [p for b, p, q in self.pending.values() if b is a and q == r])
-            raise actor_error(e, (a.name, first, self.plan.nodes[a])) from None
-        self.acts[a] += 1
-        self.compute[a] += t1 - t0
-        self.records.append((a.name, i, r, t0, t1, pid, node))
+            first = min([j] + [p for b, p, q in self.pending.values() if b is a and q == r])
+            b = self.plan.batch
+            raise actor_error(e, (a.name, first * b, first * b + self.lens[first] - 1,
+                                  self.plan.nodes[a])) from None
+        self.acts[a] += len(times)
+        for k, (t0, t1) in enumerate(times):
+            self.compute[a] += t1 - t0
+            self.records.append((a.name, j * self.plan.batch + k, r, t0, t1, pid, node))
         for u in a.inputs:
-            self._read(u, i)
+            self._read(u, j)
         if a in self.sink_index:
-            self._collect(a, i, self.ray.get(self.refs[(a, i)]))
+            self._collect(a, j, self.ray.get(self.refs[(a, j)]))
 
-    def _collect(self, a, i: int, value) -> None:
-        self.parts.setdefault(i, {})[self.sink_index[a]] = self.plan.collector.part(
-            self.sink_index[a], value)
-        self._read(a, i)
+    def _collect(self, a, j: int, values: list) -> None:
+        k = self.sink_index[a]
+        part = self.plan.collector.part
+        self.parts.setdefault(j, {})[k] = [part(k, v) for v in values]
+        self._read(a, j)
 
-    def _read(self, u, i: int) -> None:
-        """A reader of ``u``'s piece ``i`` finished: the last one hands the credit home
+    def _read(self, u, j: int) -> None:
+        """A reader of ``u``'s batch ``j`` finished: the last one hands the credit home
         (the ref is dropped, and Ray frees the object)."""
-        key = (u, i)
+        key = (u, j)
         self.left[key] -= 1
         if self.left[key] == 0:
             del self.left[key], self.refs[key]
             self.held[u] -= 1
-            self._memory(u, -1)
+            self._memory(u, j, -1)
 
-    def _memory(self, a, sign: int) -> None:
+    def _memory(self, a, j: int, sign: int) -> None:
         node = self.plan.nodes[a]
-        n = self.node_bytes.get(node, 0) + sign * self.plan.sizes[a]
+        n = self.node_bytes.get(node, 0) + sign * self.plan.sizes[a] * self.lens[j]
         self.node_bytes[node] = n
         self.node_peak[node] = max(self.node_peak.get(node, 0), n)
         if self.trace is not None:
@@ -231,22 +247,21 @@ class RayRunStats(RunStats):
         for a in run.actors:
             w = run.waits[a]
             self.actors[a.name] = {
-                "kind": a.kind, "mode": "ray", "acts": run.acts[a] if a in run.workers
-                or not isinstance(a, SourceActor) else run.next_piece[a],
+                "kind": a.kind, "mode": "ray", "acts": sum(run.lens.values())
+                if isinstance(a, SourceActor) else run.acts[a],
                 "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
                 "wait_input_s": w["input"], "wait_credit_s": w["credit"],
                 "wait_resource_s": 0.0,
                 "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
                 if wall > 0 else 0.0, "most_held": run.peak_held[a],
-                "processes": sorted({pid for name, *_, pid, _ in run.records
-                                     if name == a.name})}
+                "processes": [pid for pid, _, _ in run.where.get(a, [])]}
         self.memory = {node: {"planned": need, "peak": run.node_peak.get(node, 0),
                               "budget": run.engine.memory.get(node), "live": None}
                        for node, need in run.plan.per_node().items()}
         self.abandoned = []
         self.trace = None
         self.state = run.state
-        self.pieces = run.next_out
+        self.pieces = run.delivered
 
 
 def write_trace(run: RayRun, path) -> dict:

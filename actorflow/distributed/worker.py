@@ -1,10 +1,10 @@
 """What runs inside a Ray actor process: one replica of one stage of an actor graph.
 
-``Worker.act(piece, *inputs)`` calls the stage's function on the input pieces (numpy
-arrays read zero-copy from Ray's object store: read-only, as a local stage's inputs are)
-and returns two objects: the output piece (stored in the object store by Ray, where the
-consumers read it) and a small record of the act (its times, process and node), which the
-coordinator on the driver waits for. Nothing here imports Ray at module import: the
+``Worker.act(first, *inputs)`` calls the stage's function on a batch of pieces (per
+input, a list of numpy arrays read zero-copy from Ray's object store: read-only, as a
+local stage's inputs are) and returns two objects: the outputs (stored in the object store
+by Ray, where the consumers read them) and a small record of the act (its times, process
+and node), which the coordinator on the driver waits for. Nothing here imports Ray at module import: the
 coordinator wraps ``Worker`` with ``ray.remote`` when a run starts.
 """
 
@@ -37,16 +37,24 @@ class Worker:
     def where(self) -> tuple:
         return self.pid, self.node, self.host
 
-    def act(self, piece: int, *ins):
-        t0 = time.time()
-        try:
-            value = self.fn(*ins)
-            if self.leaves is not None:
-                self._check(value, piece)
-        except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
-            raise StageFailed(self.name, piece, self.where(), e,
-                              traceback.format_exc()) from None
-        return value, (t0, time.time(), self.pid, self.node)
+    def act(self, first: int, *ins):
+        """Acts on a batch: ``ins`` has per input the list of its pieces ``first``,
+        ``first + 1``, ...; returns their outputs (a list) and the act's record: per
+        piece its start and end (wall-clock seconds), then the process and node."""
+        out, times = [], []
+        for k, args in enumerate(zip(*ins)):
+            piece = first + k
+            t0 = time.time()
+            try:
+                value = self.fn(*args)
+                if self.leaves is not None:
+                    self._check(value, piece)
+            except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
+                raise StageFailed(self.name, piece, self.where(), e,
+                                  traceback.format_exc()) from None
+            times.append((t0, time.time()))
+            out.append(value)
+        return out, (times, self.pid, self.node)
 
     def _check(self, value, piece: int) -> None:
         leaves = _leaves(value)

@@ -226,7 +226,7 @@ class CreditScheduler(Completion):
         if st.piped:                    # its thread takes its own acts
             return
         ins, out = st.ins, st.out
-        while st.in_flight < st.max_in_flight and not st.ended:
+        while st.in_flight < st.max_in_flight and not st.ended and not self.stopping:
             for p in ins:
                 if not p.queue:
                     self._blocked(st, INPUT)

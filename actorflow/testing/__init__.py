@@ -38,9 +38,12 @@ __all__ = ["acts", "assert_no_deadlock", "assert_peak_within", "describe_runs",
 def seeded(seed: int, serial: bool = True):
     """Every run started inside tries its ready actors in an order drawn from ``seed``
     (a graph's own ``seed=`` wins). With ``serial`` (the default), plain stages act on the
-    loop one act at a time and simulated time (``time=``) runs on a virtual clock, so the
-    order of acts depends on the seed alone and a failure replays; the caller of ``run()``
-    is the one party outside that order (it takes outputs on its own thread)."""
+    loop one act at a time (a stage with ``timeout=`` on its thread, the loop waiting for
+    each act) and simulated time (``time=``) runs on a virtual clock, so the order of acts
+    depends on the seed alone and a failure replays. The caller of ``run()`` takes no
+    virtual time: the clock, and the credits it hands back, wait until it has taken every
+    output it was given (a caller that stops reading stops the clock). Acts hold the loop
+    while they run: one that never returns (and has no ``timeout=``) hangs the run."""
     sch = observe.SCHEDULE
     old = sch.seed, sch.serial
     sch.seed, sch.serial = seed, serial
@@ -99,10 +102,12 @@ def _snapshot(runs) -> tuple:
 async def wait_all_actors_blocked(graph: ActorGraph | None = None, timeout: float = 10.0,
                                   settle: int = 3) -> None:
     """Returns once every actor of the runs in progress (of ``graph`` only, when given:
-    then it first waits for its run to start) is blocked: waiting for input, a credit or
-    a resource, with no act running and nothing queued, unchanged over ``settle`` turns
-    of the loop (an async actor counts as blocked when it stays so). A run that ended
-    counts as blocked. Raises TimeoutError after ``timeout`` seconds, saying who acts."""
+    then, if it never ran, it first waits for its run to start) is blocked: waiting for
+    input, a credit or a resource, with no act running and nothing queued, unchanged over
+    ``settle`` turns of the loop (an async actor counts as blocked when it stays so, and
+    so does an act in simulated time on a serial run's virtual clock held for the
+    caller). A run that ended counts as blocked. Raises TimeoutError after ``timeout``
+    seconds, saying who acts."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     for _ in range(3):
@@ -139,8 +144,9 @@ def describe_runs(runs=None) -> str:
 def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
     """Runs ``target`` and fails (AssertionError) if it deadlocks or does not end within
     ``timeout`` seconds, with the wait-for graph: an ActorGraph (run to its end: returns
-    its outputs), a callable (called: returns its result), or an awaitable or async
-    iterator (then await what this returns). A stalled run's DeadlockError, or a
+    its outputs), a callable (called: returns its result; a plain function is called on
+    this thread and not timed, an ``async def`` one is awaited as below), or an awaitable
+    or async iterator (then await what this returns). A stalled run's DeadlockError, or a
     NaiveResult whose status is "deadlock", fails the same way."""
     if inspect.isawaitable(target) or hasattr(target, "__aiter__"):
         return _no_deadlock_async(target, timeout)
@@ -153,6 +159,8 @@ def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
         result = target()
     except DeadlockError as e:
         raise AssertionError(f"deadlock: {e}") from None
+    if inspect.isawaitable(result) or hasattr(result, "__aiter__"):
+        return _no_deadlock_async(result, timeout)      # (an async def function)
     return _check_result(result)
 
 

@@ -89,11 +89,11 @@ def _report(sched, stats, ended: bool) -> str:
     if not ended or head.split()[0] != "finished":
         lines.append("who waits for whom:")
         lines += ["  " + w for w in describe_waits(sched).splitlines()]
-    tl = sched.timeline
-    acts = [r for r in list(tl.records) if r[0] == 0] if tl is not None else []
+    tl, keep = sched.timeline, observe.SCHEDULE.keep_acts
+    acts = [r for r in list(tl.records) if r[0] == 0] if tl is not None and keep else []
     if acts:
         acts.sort(key=lambda r: r[3])
-        acts = acts[-observe.SCHEDULE.keep_acts:]
+        acts = acts[-keep:]
         lines.append(f"last {len(acts)} acts (ms from the start: actor, piece, ms):")
         lines += [f"  {(r[3] - tl.t0) * 1e3:10.3f}  {r[1]}  piece {r[2]}  "
                   f"{(r[4] - r[3]) * 1e3:.3f}" for r in acts]
