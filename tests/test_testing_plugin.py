@@ -467,3 +467,27 @@ def test_last_acts_zero_prints_no_acts_of_a_traced_run(pytester):
     r.assert_outcomes(failed=1)
     out = r.stdout.str()
     assert "run 1: finished after 200 pieces" in out and "acts (ms from" not in out
+
+
+def test_nn_graph_progress_is_one_bar_across_batch_layouts():
+    from actorflow import nn
+
+    class Step(nn.Graph):
+        def __init__(self, m, opt):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = (self.m(x) ** 2).mean()
+            loss.backward()
+            return loss
+
+    m = nn.Linear(4, 2)
+    data = ([af.tensor(np.ones((3, 4), np.float32))] * 5
+            + [af.tensor(np.ones((2, 4), np.float32))] * 3)     # two layouts: two runs
+    out = io.StringIO()
+    steps = Step(m, af.optim.SGD(m.parameters(), lr=0.1)).run(data, progress={"file": out})
+    assert sum(1 for _ in steps) == 8
+    last = out.getvalue().split("\r")[-1]
+    assert last.startswith("steps: 100%") and "8/8" in last, last

@@ -229,7 +229,7 @@ class Graph:
                 progress["total"] = len(iterable)
         it = iter(iterable)
         item = next(it, _NONE)
-        runs = 0
+        runs = done = 0
         while item is not _NONE:            # a run per layout: a register has one size
             spec = PieceSpec.of(item, "nn.Graph.run")
             key = (spec.structure, tuple(spec.specs))
@@ -247,8 +247,11 @@ class Graph:
             if trace is not None and runs:
                 p = Path(trace)
                 path = p.with_name(f"{p.stem}.{runs}{p.suffix}")
-            yield from self._run_layout(spec, same_layout(), buffers, memory, fused, path,
-                                        progress)
+            shown = dict(progress, initial=done) if progress else False   # (one bar's
+            for out in self._run_layout(spec, same_layout(), buffers, memory, fused, path,
+                                        shown):                            # count on)
+                done += 1
+                yield out
             runs += 1
             item = later[0] if later else _NONE
 
