@@ -170,3 +170,14 @@ def test_what_ray_does_not_run_is_refused(engine):
         list(g.run(engine=engine))
     with pytest.raises(ValueError, match="engines are 'local' and 'ray'"):
         list(g.run(engine="spark"))
+
+
+def test_the_example_runs_and_equals_the_local_run(engine):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "examples/ray_pipeline.py", "--pieces", "16"],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "outputs equal to the local run: True" in r.stdout
+    assert "preprocess       rayx2        16" in r.stdout

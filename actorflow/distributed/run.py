@@ -44,6 +44,7 @@ class RayRun:
         self.memory_points: list = []   # (time, node, bytes)
         self.state = "running"
         self.t0 = time.time()
+        self.started_s = None           # seconds until every Ray actor process was up
 
     # -- the run ---------------------------------------------------------------------------
     def outputs(self):
@@ -83,6 +84,7 @@ class RayRun:
         started = [(a, w.where.remote()) for a, ws in self.workers.items() for w in ws]
         for (a, _), (pid, node, host) in zip(started, ray.get([r for _, r in started])):
             self.where.setdefault(a, []).append((pid, node, host))
+        self.started_s = time.time() - self.t0
 
     def _loop(self):
         ray = self.ray
@@ -262,6 +264,16 @@ class RayRunStats(RunStats):
         self.trace = None
         self.state = run.state
         self.pieces = run.delivered
+        self.startup_s = run.started_s
+
+    def table(self) -> str:
+        if self.startup_s is None:
+            return super().table()
+        return (super().table() + f"\nRay actor processes of the run up after "
+                f"{self.startup_s:.3f} s (counted in the run's time)")
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "startup_s": self.startup_s}
 
 
 def write_trace(run: RayRun, path) -> dict:
