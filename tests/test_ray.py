@@ -181,3 +181,42 @@ def test_the_example_runs_and_equals_the_local_run(engine):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "outputs equal to the local run: True" in r.stdout
     assert "preprocess       rayx2        16" in r.stdout
+
+
+def test_kept_workers_serve_the_next_run_and_close_ends_them(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(plus_pid, g.source(items(8), name="load"), name="work", replicas=2))
+    with af.distributed.RayEngine(keep_workers=True) as warm:
+        first = {int(p) for _, p in g.run(engine=warm)}
+        second = {int(p) for _, p in g.run(engine=warm)}
+        assert first == second and len(first) == 2           # the same two processes
+        g.actors[1].fn = double                               # another function: new ones
+        third = list(g.run(engine=warm))
+        assert [float(x[0]) for x in third] == [2.0 * i for i in range(8)]
+        assert all(gone(p) for p in first)
+        pids = g.stats().actors["work"]["processes"]
+    assert all(gone(p) for p in pids)                         # close() ended them
+
+
+def test_actors_that_cannot_start_are_refused_not_waited_for(engine):
+    @ray.remote(num_cpus=1.5)
+    class Hog:
+        def ping(self):
+            return 1
+    hog = Hog.remote()
+    ray.get(hog.ping.remote())                  # 1.5 of the 2 CPUs are taken
+    try:
+        g = af.ActorGraph()
+        g.sink(g.actor(double, g.source(items(4), name="load"), name="stage"))
+        quick = af.distributed.RayEngine(start_timeout=2)
+        with pytest.raises(af.PlanError, match=r"Ray actors of \['stage'\] did not start "
+                                               r"within 2 s"):
+            list(g.run(engine=quick))
+    finally:
+        ray.kill(hog)
+    assert gone_ok(g, engine)
+
+
+def gone_ok(g, engine) -> bool:
+    """The graph runs again once the CPUs are free."""
+    return [float(x[0]) for x in g.run(engine=engine)] == [0.0, 2.0, 4.0, 6.0]

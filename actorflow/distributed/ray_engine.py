@@ -43,17 +43,26 @@ class RayEngine:
         batch: pieces per Ray call and per object (4): a call costs about a millisecond
             of Ray's own work on each side, which a batch shares. A register then holds a
             batch: ``buffers`` batches in flight per edge, planned as such.
+        keep_workers: after a run that finished, keep its Ray actor processes for the
+            next run of the same graph (each run otherwise starts its own: about a second
+            here); ``close()`` ends them. A run that fails or stops kills its own.
+        start_timeout: seconds a run waits for its Ray actors to start (Ray waits
+            forever for resources other actors hold): then PlanError, and they are killed.
         init: keyword arguments for ``ray.init`` when the engine starts Ray itself (a
             local cluster's workers get the driver's ``sys.path`` as ``PYTHONPATH``, so
             they import the modules the stage functions come from).
     """
 
     def __init__(self, address=None, placement: dict | None = None,
-                 memory: dict | None = None, init: dict | None = None, batch: int = 4):
+                 memory: dict | None = None, init: dict | None = None, batch: int = 4,
+                 keep_workers: bool = False, start_timeout: float = 60.0):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
                              f"whole number >= 1")
         self.batch = batch
+        self.keep_workers = keep_workers
+        self.start_timeout = float(start_timeout)
+        self.kept: dict = {}            # (graph, actor name) -> (fn, made, Ray actors)
         self.address = address
         self.placement = dict(placement or {})
         self.memory = {str(k): parse_bytes(v) for k, v in (memory or {}).items()}
@@ -69,6 +78,23 @@ class RayEngine:
                 opts.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": driver_path()}})
             ray.init(address=self.address, **opts)
         return ray
+
+    def close(self) -> None:
+        """Ends the Ray actor processes kept for later runs (``keep_workers=True``)."""
+        ray = ray_module()
+        for _, _, workers in self.kept.values():
+            for w in workers:
+                try:
+                    ray.kill(w)
+                except Exception:  # noqa: BLE001 - already dead
+                    pass
+        self.kept.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def run(self, g, feed=None, trace=None, progress=False):
         """Yields the graph's outputs in piece order, as ``ActorGraph.run`` does."""

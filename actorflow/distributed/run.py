@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from ..errors import DeadlockError
+from ..errors import DeadlockError, PlanError
 from ..runtime.source import SourceActor
 from ..runtime.stats import RunStats
 from .rayplan import PER_REPLICA, actor_error, make_worker, source_items
@@ -21,6 +21,7 @@ class RayRun:
         self.readers = {a: [c for c in self.actors if a in c.inputs] for a in self.actors}
         self.sink_index = {a: k for k, a in enumerate(plan.sinks)}
         self.workers: dict = {}
+        self.made: dict = {}            # actor -> (output leaves, Ray options) of its workers
         self.where: dict = {}           # actor -> [(pid, node id, host)] of its replicas
         self.busy: dict = {}            # actor -> calls queued per replica
         self.next_piece = {a: 0 for a in self.actors}
@@ -76,12 +77,31 @@ class RayRun:
             if a is src:
                 continue
             leaves = leaves_of(_zeros(a.out_spec))
-            self.workers[a] = [make_worker(ray, self.engine, a, leaves, node_ids,
-                                           self.plan.options[a.name])
-                               for _ in range(a.replicas)]
+            key = (id(self.g), a.name)
+            opts = self.plan.options[a.name]
+            kept = self.engine.kept.pop(key, None)       # (keep_workers=True: warm ones)
+            if kept is not None and kept[0] is a.fn and kept[1] == (leaves, opts) \
+                    and len(kept[2]) == a.replicas:
+                self.workers[a] = kept[2]
+            else:
+                if kept is not None:
+                    _kill(self.ray, kept[2])
+                self.workers[a] = [make_worker(ray, self.engine, a, leaves, node_ids, opts)
+                                   for _ in range(a.replicas)]
+            self.made[a] = (leaves, opts)
             self.busy[a] = [0] * a.replicas
             a.cached.clear()            # (piece 0 computed while planning: redone there)
         started = [(a, w.where.remote()) for a, ws in self.workers.items() for w in ws]
+        wait = self.engine.start_timeout
+        ready, _ = ray.wait([r for _, r in started], num_returns=len(started), timeout=wait)
+        if len(ready) < len(started):
+            late = sorted({a.name for a, r in started if r not in ready})
+            raise PlanError(
+                f"engine='ray': the Ray actors of {late} did not start within {wait:g} s: "
+                f"the cluster has {ray.available_resources().get('CPU', 0):g} of its "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPUs free (other Ray actors "
+                f"hold the rest?) and these ask {self.plan.options[late[0]]}; ask less in "
+                f"placement=, end what holds them, or raise start_timeout=")
         for (a, _), (pid, node, host) in zip(started, ray.get([r for _, r in started])):
             self.where.setdefault(a, []).append((pid, node, host))
         self.started_s = time.time() - self.t0
@@ -218,13 +238,15 @@ class RayRun:
         return "; ".join(f"{a.name} waits for {c}" for a, (c, _) in self.cause.items())
 
     def _stop(self) -> None:
-        """Kills every Ray actor of the run (nothing is left running) and records stats."""
-        for ws in self.workers.values():
-            for w in ws:
-                try:
-                    self.ray.kill(w)
-                except Exception:  # noqa: BLE001 - already dead
-                    pass
+        """Kills every Ray actor of the run (nothing is left running), unless the run
+        finished and the engine keeps its workers warm for the next run of the graph;
+        records stats."""
+        keep = self.engine.keep_workers and self.state == "finished"
+        for a, ws in self.workers.items():
+            if keep:
+                self.engine.kept[(id(self.g), a.name)] = (a.fn, self.made[a], ws)
+            else:
+                _kill(self.ray, ws)
         self.workers.clear()
         self.pending.clear()
         self.refs.clear()
@@ -305,6 +327,14 @@ def write_trace(run: RayRun, path) -> dict:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": evs}))
     return {"path": str(p), "records": len(run.records), "write_s": time.perf_counter() - t}
+
+
+def _kill(ray, workers) -> None:
+    for w in workers:
+        try:
+            ray.kill(w)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
 
 
 def _zeros(spec):
