@@ -220,3 +220,57 @@ def test_actors_that_cannot_start_are_refused_not_waited_for(engine):
 def gone_ok(g, engine) -> bool:
     """The graph runs again once the CPUs are free."""
     return [float(x[0]) for x in g.run(engine=engine)] == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_an_actor_sunk_twice_and_an_input_read_twice(engine):
+    g = af.ActorGraph()
+    src = g.source(items(6), name="load")
+    twice = g.actor(lambda x, y: x + y, src, src, name="twice")     # one input, two slots
+    g.sink(twice, name="one")
+    g.sink(twice, name="two")                                        # one actor, two sinks
+    local = [{k: v.copy() for k, v in o.items()} for o in g.run()]
+    remote = list(g.run(engine=engine))
+    assert len(remote) == len(local) == 6
+    assert all(set(x) == set(y) == {"one", "two"} and
+               all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(local, remote))
+
+
+def test_a_stage_nobody_reads_gives_its_credits_back(engine):
+    g = af.ActorGraph(buffers=1)
+    src = g.source(items(12), name="load")
+    g.actor(lambda x: x * 3, src, name="unread")                     # no reader, no sink
+    g.sink(g.actor(double, src, name="double"))
+    assert [float(x[0]) for x in g.run(engine=engine)] == [2.0 * i for i in range(12)]
+    assert g.stats().actors["unread"]["acts"] == 12
+
+
+def test_python_numbers_are_stored_as_locally(engine):
+    g = af.ActorGraph()
+    src = g.source(items(6), name="load")
+    g.sink(g.actor(lambda x: float(x.sum()), src, name="total"))     # float32, as locally
+    local = [o.copy() for o in g.run()]
+    remote = list(g.run(engine=engine))
+    assert [(o.dtype, o.shape) for o in remote] == [(np.dtype(np.float32), ())] * 6
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote))
+
+
+def test_a_later_piece_of_another_shape_is_an_actor_error(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: np.zeros(3 if int(x[0]) < 5 else 4, np.float32),
+                   g.source(items(9), name="load"), name="shape"))
+    with pytest.raises(af.ActorError, match=r"piece 5\) returned float32\[4\], but its "
+                                            r"registers hold float32\[3\]") as info:
+        list(g.run(engine=engine))
+    assert info.value.piece == 5
+
+
+def test_a_kept_worker_that_died_is_replaced(engine):
+    import signal
+    g = af.ActorGraph()
+    g.sink(g.actor(plus_pid, g.source(items(8), name="load"), name="work"))
+    with af.distributed.RayEngine(keep_workers=True) as warm:
+        first = {int(p) for _, p in g.run(engine=warm)}
+        os.kill(first.pop(), signal.SIGKILL)
+        assert gone(g.stats().actors["work"]["processes"][0])
+        again = list(g.run(engine=warm))
+        assert [float(x[0]) for x, _ in again] == [i + 1.0 for i in range(8)]

@@ -18,8 +18,12 @@ class RayRun:
     def __init__(self, ray, g, plan, engine, trace):
         self.ray, self.g, self.plan, self.engine, self.trace = ray, g, plan, engine, trace
         self.actors = plan.actors
-        self.readers = {a: [c for c in self.actors if a in c.inputs] for a in self.actors}
-        self.sink_index = {a: k for k, a in enumerate(plan.sinks)}
+        # reads of each actor's output per piece: one per input slot that names it (a stage
+        # may take one input twice) and one per sink (an actor may be sunk twice)
+        self.reads = {a: sum(c.inputs.count(a) for c in self.actors) for a in self.actors}
+        self.sink_index: dict = {}      # actor -> its sink indexes
+        for k, a in enumerate(plan.sinks):
+            self.sink_index.setdefault(a, []).append(k)
         self.workers: dict = {}
         self.made: dict = {}            # actor -> (output leaves, Ray options) of its workers
         self.where: dict = {}           # actor -> [(pid, node id, host)] of its replicas
@@ -81,7 +85,7 @@ class RayRun:
             opts = self.plan.options[a.name]
             kept = self.engine.kept.pop(key, None)       # (keep_workers=True: warm ones)
             if kept is not None and kept[0] is a.fn and kept[1] == (leaves, opts) \
-                    and len(kept[2]) == a.replicas:
+                    and len(kept[2]) == a.replicas and _alive(ray, kept[2]):
                 self.workers[a] = kept[2]
             else:
                 if kept is not None:
@@ -174,7 +178,7 @@ class RayRun:
     def _take(self, a, j: int, ref) -> None:
         self._unblocked(a)
         self.refs[(a, j)] = ref
-        self.left[(a, j)] = len(self.readers[a]) + (1 if a in self.sink_index else 0)
+        self.left[(a, j)] = self.reads[a] + len(self.sink_index.get(a, ()))
         self.next_piece[a] = j + 1
         self.held[a] += 1
         self.peak_held[a] = max(self.peak_held[a], self.held[a])
@@ -200,12 +204,14 @@ class RayRun:
             self._read(u, j)
         if a in self.sink_index:
             self._collect(a, j, self.ray.get(self.refs[(a, j)]))
+        elif self.left[(a, j)] == 0:    # a stage nobody reads: its credit comes home now
+            self._release(a, j)
 
     def _collect(self, a, j: int, values: list) -> None:
-        k = self.sink_index[a]
         part = self.plan.collector.part
-        self.parts.setdefault(j, {})[k] = [part(k, v) for v in values]
-        self._read(a, j)
+        for k in self.sink_index[a]:
+            self.parts.setdefault(j, {})[k] = [part(k, v) for v in values]
+            self._read(a, j)
 
     def _read(self, u, j: int) -> None:
         """A reader of ``u``'s batch ``j`` finished: the last one hands the credit home
@@ -213,9 +219,12 @@ class RayRun:
         key = (u, j)
         self.left[key] -= 1
         if self.left[key] == 0:
-            del self.left[key], self.refs[key]
-            self.held[u] -= 1
-            self._memory(u, j, -1)
+            self._release(u, j)
+
+    def _release(self, u, j: int) -> None:
+        del self.left[(u, j)], self.refs[(u, j)]
+        self.held[u] -= 1
+        self._memory(u, j, -1)
 
     def _memory(self, a, j: int, sign: int) -> None:
         node = self.plan.nodes[a]
@@ -335,6 +344,15 @@ def _kill(ray, workers) -> None:
             ray.kill(w)
         except Exception:  # noqa: BLE001 - already dead
             pass
+
+
+def _alive(ray, workers) -> bool:
+    """Whether kept Ray actors still answer (one that died between runs is not reused)."""
+    try:
+        ray.get([w.where.remote() for w in workers], timeout=10)
+        return True
+    except Exception:  # noqa: BLE001 - died, or does not answer: replaced
+        return False
 
 
 def _zeros(spec):

@@ -48,7 +48,7 @@ class Worker:
             try:
                 value = self.fn(*args)
                 if self.leaves is not None:
-                    self._check(value, piece)
+                    value = self._check(value, piece)
             except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
                 raise StageFailed(self.name, piece, self.where(), e,
                                   traceback.format_exc()) from None
@@ -56,15 +56,20 @@ class Worker:
             out.append(value)
         return out, (times, self.pid, self.node)
 
-    def _check(self, value, piece: int) -> None:
-        leaves = _leaves(value)
+    def _check(self, value, piece: int):
+        """The value with its leaves as arrays, as a local register holds them (a Python
+        float is float32, as locally); refused when they do not match the registers."""
+        from ..runtime.spec import as_array, flatten, unflatten
+        leaves, structure = flatten(value)
+        arrays = [as_array(x, f"actor {self.name!r} (piece {piece}) output") for x in leaves]
         want = self.leaves
-        got = [(tuple(np.shape(x)), np.asarray(x).dtype) for x in leaves]
+        got = [(tuple(x.shape), x.dtype) for x in arrays]
         if len(got) != len(want) or any(g[0] != w[0] or g[1] != w[1]
                                         for g, w in zip(got, want)):
             raise TypeError(f"actor {self.name!r} (piece {piece}) returned "
                             f"{_say(got)}, but its registers hold {_say(want)} (sized by "
                             f"piece 0); return the same shapes and dtypes for every piece")
+        return unflatten(structure, arrays)
 
 
 class StageFailed(Exception):
@@ -85,17 +90,11 @@ class StageFailed(Exception):
         return (StageFailed, (self.name, self.piece, self.where, self.original, self.tb))
 
 
-def _leaves(value) -> list:
-    if isinstance(value, (tuple, list)):
-        return [x for v in value for x in _leaves(v)]
-    if isinstance(value, dict):
-        return [x for k in sorted(value) for x in _leaves(value[k])]
-    return [value]
-
-
 def leaves_of(value) -> list:
-    """``[(shape, dtype)]`` of a piece's arrays: what every later piece must match."""
-    return [(tuple(np.shape(x)), np.asarray(x).dtype) for x in _leaves(value)]
+    """``[(shape, dtype)]`` of a piece's arrays (in ``flatten``'s order): what every later
+    piece must match."""
+    from ..runtime.spec import flatten
+    return [(tuple(np.shape(x)), np.asarray(x).dtype) for x in flatten(value)[0]]
 
 
 def _say(leaves) -> str:
