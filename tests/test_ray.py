@@ -274,3 +274,21 @@ def test_a_kept_worker_that_died_is_replaced(engine):
         assert gone(g.stats().actors["work"]["processes"][0])
         again = list(g.run(engine=warm))
         assert [float(x[0]) for x, _ in again] == [i + 1.0 for i in range(8)]
+
+
+def stuck_at_two(x):
+    if int(x[0]) == 2:
+        import time
+        time.sleep(600)
+    return x
+
+
+def test_a_call_past_its_timeout_stops_the_run(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(stuck_at_two, g.source(items(8), name="load"), name="stage",
+                   timeout=0.5))
+    with pytest.raises(af.ActorError, match=r"took longer than timeout=0.5 s per piece on "
+                                            r"pieces 0 to 3") as info:
+        list(g.run(engine=engine))
+    assert isinstance(info.value.original, TimeoutError)
+    assert all(gone(p) for p in g.stats().actors["stage"]["processes"])

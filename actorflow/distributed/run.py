@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import time
 from pathlib import Path
 
-from ..errors import DeadlockError, PlanError
+from ..errors import ActorError, DeadlockError, PlanError
 from ..runtime.source import SourceActor
 from ..runtime.stats import RunStats
 from .rayplan import PER_REPLICA, actor_error, make_worker, source_items
@@ -35,6 +36,8 @@ class RayRun:
         self.refs: dict = {}            # (actor, batch) -> object ref of its outputs
         self.left: dict = {}            # (actor, batch) -> readers not finished
         self.pending: dict = {}         # act record ref -> (actor, batch, replica)
+        self.deadline: dict = {}        # act record ref -> when it overran (timeout=)
+        self.free_at = collections.defaultdict(float)   # (actor, replica) -> last deadline
         self.parts: dict = {}           # piece -> {sink index: the part copied out}
         self.next_out = 0               # the next batch to deliver
         self.delivered = 0              # pieces delivered
@@ -128,9 +131,31 @@ class RayRun:
             if not self.pending:
                 raise DeadlockError("the Ray run stalled with nothing running (a bug in the "
                                     "coordinator): " + self._who_waits(), [])
-            done, _ = ray.wait(list(self.pending), num_returns=1)
+            done, _ = ray.wait(list(self.pending), num_returns=1, timeout=self._wait_s())
+            if not done:
+                self._overran()
             for ref in done:
                 self._done(ref)
+
+    def _wait_s(self):
+        """Until the first deadline of a call on an actor with ``timeout=`` (None: none)."""
+        ends = [e for e in self.deadline.values() if e is not None]
+        return None if not ends else max(0.0, min(ends) - time.perf_counter())
+
+    def _overran(self) -> None:
+        """A call ran past its deadline: ``timeout=`` seconds per piece of its batch, from
+        when the call before it on that Ray actor ended (or it was sent)."""
+        now = time.perf_counter()
+        for ref, end in self.deadline.items():
+            if end is not None and end <= now:
+                a, j, r = self.pending[ref]
+                first = j * self.plan.batch
+                e = TimeoutError(f"actor {a.name!r} took longer than timeout={a.timeout:g} s "
+                                 f"per piece on pieces {first} to {first + self.lens[j] - 1} "
+                                 f"(one Ray call); its Ray actors are killed")
+                err = ActorError(a.name, first, e, f"(on {self.plan.nodes[a]})")
+                err.__cause__ = e
+                raise err
 
     def _dispatch(self) -> None:
         batch = self.plan.batch
@@ -173,6 +198,10 @@ class RayRun:
                 value_ref, record_ref = self.workers[a][r].act.options(
                     num_returns=2).remote(j * batch, *ins)
                 self.pending[record_ref] = (a, j, r)
+                self.deadline[record_ref] = None if a.timeout is None else (
+                    max(time.perf_counter(), self.free_at[(a, r)])
+                    + a.timeout * self.lens[j])
+                self.free_at[(a, r)] = self.deadline[record_ref] or 0.0
                 self._take(a, j, value_ref)
 
     def _take(self, a, j: int, ref) -> None:
@@ -186,6 +215,7 @@ class RayRun:
 
     def _done(self, ref) -> None:
         a, j, r = self.pending.pop(ref)
+        self.deadline.pop(ref, None)
         self.busy[a][r] -= 1
         try:
             times, pid, node = self.ray.get(ref)
