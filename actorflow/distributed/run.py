@@ -234,8 +234,8 @@ class RayRun:
             self._read(u, j)
         if a in self.sink_index:
             self._collect(a, j, self.ray.get(self.refs[(a, j)]))
-        elif self.left[(a, j)] == 0:    # a stage nobody reads: its credit comes home now
-            self._release(a, j)
+        elif self.left.get((a, j)) == 0:    # nobody reads it: its credit comes home now
+            self._release(a, j)             # (absent: its readers' records came in first)
 
     def _collect(self, a, j: int, values: list) -> None:
         part = self.plan.collector.part
