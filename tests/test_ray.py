@@ -292,3 +292,15 @@ def test_a_call_past_its_timeout_stops_the_run(engine):
         list(g.run(engine=engine))
     assert isinstance(info.value.original, TimeoutError)
     assert all(gone(p) for p in g.stats().actors["stage"]["processes"])
+
+
+def test_a_progress_bar_for_a_ray_run(engine):
+    import io
+    out = io.StringIO()
+    g = af.ActorGraph()
+    g.sink(g.actor(double, g.source([np.full(4, i, np.float32) for i in range(10)],
+                                    name="load"), name="stage"))
+    assert len(list(g.run(engine=engine, progress={"file": out, "desc": "on ray"}))) == 10
+    last = out.getvalue().split("\r")[-1]
+    assert last.startswith("on ray: 100%") and "10/10" in last, last
+    assert "is busy" in last                       # the bottleneck line, at the end

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..errors import parse_bytes
 from .rayplan import driver_path, plan_for_ray, ray_module
+from ..runtime.progress import tqdm_class
 from .run import RayRun
 
 
@@ -99,7 +100,7 @@ class RayEngine:
     def run(self, g, feed=None, trace=None, progress=False):
         """Yields the graph's outputs in piece order, as ``ActorGraph.run`` does."""
         if progress:
-            raise ValueError("engine='ray': progress=True is not built yet for Ray runs")
+            tqdm_class()                # (missing: said before the run starts)
         ray = self.start()
         plan = plan_for_ray(g, feed, self, ray)
-        return RayRun(ray, g, plan, self, trace).outputs()
+        return RayRun(ray, g, plan, self, trace, progress).outputs()

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import time
-from pathlib import Path
 
 from ..errors import ActorError, DeadlockError, PlanError
 from ..runtime.source import SourceActor
-from ..runtime.stats import RunStats
 from .rayplan import PER_REPLICA, actor_error, make_worker, source_items
+from .report import RayRunStats, write_trace
 from .worker import leaves_of
 
 
 class RayRun:
-    def __init__(self, ray, g, plan, engine, trace):
+    def __init__(self, ray, g, plan, engine, trace, progress=False):
         self.ray, self.g, self.plan, self.engine, self.trace = ray, g, plan, engine, trace
+        self.progress = progress
+        self.bar = None
         self.actors = plan.actors
         # reads of each actor's output per piece: one per input slot that names it (a stage
         # may take one input twice) and one per sink (an actor may be sunk twice)
@@ -62,6 +62,8 @@ class RayRun:
                 raise RuntimeError("this graph is already running; wait for that run to end")
             g._running = True
         try:
+            if self.progress:
+                self._open_bar()
             self._start()
             yield from self._loop()
             self.state = "finished"
@@ -74,6 +76,9 @@ class RayRun:
         finally:
             self._stop()
             g._running = False
+            if self.bar is not None:
+                self._show(last=True)
+                self.bar.close()
 
     def _start(self) -> None:
         ray = self.ray
@@ -124,6 +129,8 @@ class RayRun:
                 for piece in zip(*(parts[k] for k in range(len(parts)))):
                     self.delivered += 1
                     yield self.plan.collector.assemble(list(piece))
+                if self.bar is not None:
+                    self._show()
             total = min((self.ended_at.get(a) for a in self.plan.sinks), default=None,
                         key=lambda n: float("inf") if n is None else n)
             if total is not None and self.next_out >= total and not self.pending:
@@ -136,6 +143,26 @@ class RayRun:
                 self._overran()
             for ref in done:
                 self._done(ref)
+
+    def _open_bar(self) -> None:
+        """``progress``: a tqdm bar of the pieces delivered, drawn by the driver after each
+        batch, with the run's bottleneck line (every second at most)."""
+        from ..runtime.progress import total_of_source, tqdm_class
+        opts = dict(self.progress) if isinstance(self.progress, dict) else {}
+        opts.setdefault("total", total_of_source(self.plan.source))
+        opts.setdefault("unit", "piece")
+        opts.setdefault("desc", "ray run")
+        self.bar = tqdm_class()(**opts)
+        self.neck_at = 0.0
+
+    def _show(self, last: bool = False) -> None:
+        self.bar.update(self.delivered - self.bar.n)
+        now = time.perf_counter()
+        if last or now - self.neck_at > 1.0:
+            self.neck_at = now
+            line = RayRunStats(self, time.time() - self.t0).bottleneck()
+            if line:
+                self.bar.set_postfix_str(line, refresh=True)
 
     def _wait_s(self):
         """Until the first deadline of a call on an actor with ``timeout=`` (None: none)."""
@@ -295,77 +322,6 @@ class RayRun:
         self.g._last = RayRunStats(self, wall)
         if self.trace is not None:
             self.g._last.trace = write_trace(self, self.trace)
-
-
-class RayRunStats(RunStats):
-    """RunStats of a Ray run: per actor acts, compute (inside its Ray actors), waits (the
-    driver's view: no input yet, or no credit), busy, ``most_held`` (the most pieces it
-    had out at once: at most its ``buffers``) and ``processes`` (the pids its acts ran
-    in); memory per node: planned, and the most register bytes out at once (``peak``,
-    counted by the driver)."""
-
-    def __init__(self, run: RayRun, wall: float):
-        self.wall_s = wall
-        self.actors = {}
-        for a in run.actors:
-            w = run.waits[a]
-            self.actors[a.name] = {
-                "kind": a.kind, "mode": "ray", "acts": sum(run.lens.values())
-                if isinstance(a, SourceActor) else run.acts[a],
-                "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
-                "wait_input_s": w["input"], "wait_credit_s": w["credit"],
-                "wait_resource_s": 0.0,
-                "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
-                if wall > 0 else 0.0, "most_held": run.peak_held[a],
-                "processes": [pid for pid, _, _ in run.where.get(a, [])]}
-        self.memory = {node: {"planned": need, "peak": run.node_peak.get(node, 0),
-                              "budget": run.engine.memory.get(node), "live": None}
-                       for node, need in run.plan.per_node().items()}
-        self.abandoned = []
-        self.trace = None
-        self.state = run.state
-        self.pieces = run.delivered
-        self.startup_s = run.started_s
-
-    def table(self) -> str:
-        if self.startup_s is None:
-            return super().table()
-        return (super().table() + f"\nRay actor processes of the run up after "
-                f"{self.startup_s:.3f} s (counted in the run's time)")
-
-    def as_dict(self) -> dict:
-        return {**super().as_dict(), "startup_s": self.startup_s}
-
-
-def write_trace(run: RayRun, path) -> dict:
-    """The run's acts from every process in one Chrome trace: a process per Ray actor
-    process (pid), a track per actor replica, and the driver's count of register bytes
-    out per node."""
-    t = time.perf_counter()
-    t0 = run.t0
-    evs = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "ts": 0,
-            "args": {"name": "driver"}}]
-    tids, pids = {}, set()
-    for name, piece, r, s, e, pid, node in run.records:
-        key = (name, r, pid)
-        if key not in tids:
-            tids[key] = len(tids) + 1
-            evs.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
-                        "ts": 0, "args": {"name": f"{name} (replica {r})"}})
-        if pid not in pids:
-            pids.add(pid)
-            evs.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
-                        "args": {"name": f"Ray actor process {pid} on node {node}"}})
-        evs.append({"ph": "X", "cat": "act", "name": name, "pid": pid, "tid": tids[key],
-                    "ts": round((s - t0) * 1e6, 3), "dur": round(max(e - s, 0) * 1e6, 3),
-                    "args": {"piece": piece}})
-    for s, node, n in run.memory_points:
-        evs.append({"ph": "C", "name": f"memory {node}", "pid": 0, "tid": 0,
-                    "ts": round((s - t0) * 1e6, 3), "args": {"bytes in use": n}})
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": evs}))
-    return {"path": str(p), "records": len(run.records), "write_s": time.perf_counter() - t}
 
 
 def _kill(ray, workers) -> None:

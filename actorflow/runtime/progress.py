@@ -39,13 +39,18 @@ def pieces_of(sched) -> int:
 
 def total_of(sched):
     for st in sched.states:
-        src = getattr(st.actor, "source", None)
-        if not st.ins and src is not None:
-            try:
-                return len(src)
-            except TypeError:
-                return None
+        if not st.ins and getattr(st.actor, "source", None) is not None:
+            return total_of_source(st.actor)
     return None
+
+
+def total_of_source(actor):
+    """The source's ``len()``, when it has one (else None: the bar counts without a
+    total)."""
+    try:
+        return len(actor.source)
+    except TypeError:
+        return None
 
 
 class ProgressBar:

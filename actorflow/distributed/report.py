@@ -1,0 +1,82 @@
+"""What a Ray run reports: ``RayRunStats`` (``g.stats()`` after ``engine="ray"``) and
+its Chrome trace, merged from every process's acts."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..runtime.source import SourceActor
+from ..runtime.stats import RunStats
+
+
+class RayRunStats(RunStats):
+    """RunStats of a Ray run: per actor acts, compute (inside its Ray actors), waits (the
+    driver's view: no input yet, or no credit), busy, ``most_held`` (the most pieces it
+    had out at once: at most its ``buffers``) and ``processes`` (the pids its acts ran
+    in); memory per node: planned, and the most register bytes out at once (``peak``,
+    counted by the driver)."""
+
+    def __init__(self, run, wall: float):
+        self.wall_s = wall
+        self.actors = {}
+        for a in run.actors:
+            w = run.waits[a]
+            self.actors[a.name] = {
+                "kind": a.kind, "mode": "ray", "acts": sum(run.lens.values())
+                if isinstance(a, SourceActor) else run.acts[a],
+                "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
+                "wait_input_s": w["input"], "wait_credit_s": w["credit"],
+                "wait_resource_s": 0.0,
+                "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
+                if wall > 0 else 0.0, "most_held": run.peak_held[a],
+                "processes": [pid for pid, _, _ in run.where.get(a, [])]}
+        self.memory = {node: {"planned": need, "peak": run.node_peak.get(node, 0),
+                              "budget": run.engine.memory.get(node), "live": None}
+                       for node, need in run.plan.per_node().items()}
+        self.abandoned = []
+        self.trace = None
+        self.state = run.state
+        self.pieces = run.delivered
+        self.startup_s = run.started_s
+
+    def table(self) -> str:
+        if self.startup_s is None:
+            return super().table()
+        return (super().table() + f"\nRay actor processes of the run up after "
+                f"{self.startup_s:.3f} s (counted in the run's time)")
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), "startup_s": self.startup_s}
+
+
+def write_trace(run, path) -> dict:
+    """The run's acts from every process in one Chrome trace: a process per Ray actor
+    process (pid), a track per actor replica, and the driver's count of register bytes
+    out per node."""
+    t = time.perf_counter()
+    t0 = run.t0
+    evs = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "ts": 0,
+            "args": {"name": "driver"}}]
+    tids, pids = {}, set()
+    for name, piece, r, s, e, pid, node in run.records:
+        key = (name, r, pid)
+        if key not in tids:
+            tids[key] = len(tids) + 1
+            evs.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
+                        "ts": 0, "args": {"name": f"{name} (replica {r})"}})
+        if pid not in pids:
+            pids.add(pid)
+            evs.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
+                        "args": {"name": f"Ray actor process {pid} on node {node}"}})
+        evs.append({"ph": "X", "cat": "act", "name": name, "pid": pid, "tid": tids[key],
+                    "ts": round((s - t0) * 1e6, 3), "dur": round(max(e - s, 0) * 1e6, 3),
+                    "args": {"piece": piece}})
+    for s, node, n in run.memory_points:
+        evs.append({"ph": "C", "name": f"memory {node}", "pid": 0, "tid": 0,
+                    "ts": round((s - t0) * 1e6, 3), "args": {"bytes in use": n}})
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": evs}))
+    return {"path": str(p), "records": len(run.records), "write_s": time.perf_counter() - t}
