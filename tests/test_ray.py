@@ -304,3 +304,17 @@ def test_a_progress_bar_for_a_ray_run(engine):
     last = out.getvalue().split("\r")[-1]
     assert last.startswith("on ray: 100%") and "10/10" in last, last
     assert "is busy" in last                       # the bottleneck line, at the end
+
+
+def test_source_numbers_are_stored_as_locally_and_a_wrong_shape_is_named(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x * 2, g.source([1.5, 2.5, 3.5], name="load"), name="twice"))
+    local = [o.copy() for o in g.run()]
+    remote = list(g.run(engine=engine))
+    assert [(o.dtype, float(o)) for o in remote] == [(o.dtype, float(o)) for o in local]
+    assert remote[0].dtype == np.float32
+    bad = af.ActorGraph()
+    bad.sink(bad.actor(double, bad.source([np.zeros(4), np.zeros(4), np.zeros(5)],
+                                          name="load"), name="stage"))
+    with pytest.raises(af.ActorError, match=r"source 'load' \(piece 2\) gave \[\(\(5,\)"):
+        list(bad.run(engine=engine))

@@ -101,6 +101,8 @@ class RayEngine:
         """Yields the graph's outputs in piece order, as ``ActorGraph.run`` does."""
         if progress:
             tqdm_class()                # (missing: said before the run starts)
+        if g._running:                  # (before planning reads piece 0 of its source)
+            raise RuntimeError("this graph is already running; wait for that run to end")
         ray = self.start()
         plan = plan_for_ray(g, feed, self, ray)
         return RayRun(ray, g, plan, self, trace, progress).outputs()

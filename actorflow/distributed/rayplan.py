@@ -9,7 +9,7 @@ import time
 from ..errors import ActorError, PlanError, format_bytes
 from ..runtime.actor import Collector, StageActor
 from ..runtime.source import SourceActor
-from ..runtime.spec import unflatten
+from ..runtime.spec import as_array, flatten, unflatten
 from .worker import StageFailed, Worker, leaves_of
 
 PER_REPLICA = 2         # calls queued on one Ray actor at once (hides the round trip)
@@ -136,8 +136,11 @@ def check_resources(ray, engine, stages: list) -> dict:
 
 
 def source_items(src: SourceActor):
-    """The source's pieces for a Ray run (piece 0 read while planning first)."""
+    """The source's pieces for a Ray run (piece 0 read while planning first), each leaf as
+    the array a register would hold (a Python float is float32, a tensor its numpy data),
+    checked against piece 0's shapes."""
     src.start()
+    want = [(s.shape, s.dtype.np) for s in src.out_spec.specs]
     piece = 0
     while True:
         if piece in src.cached:
@@ -147,6 +150,15 @@ def source_items(src: SourceActor):
                 value = next(src.it)
             except StopIteration:
                 return
+            what = f"source {src.name!r} (piece {piece})"
+            leaves, structure = flatten(value)
+            arrays = [as_array(x, what) for x in leaves]
+            got = [(a.shape, a.dtype) for a in arrays]
+            if structure != src.out_spec.structure or got != want:
+                raise ActorError(src.name, piece, TypeError(
+                    f"{what} gave {got}, but its registers hold {want} (sized by piece 0); "
+                    f"give the same shapes and dtypes for every piece"))
+            value = unflatten(structure, arrays)
         yield value
         piece += 1
 
