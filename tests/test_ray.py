@@ -318,3 +318,16 @@ def test_source_numbers_are_stored_as_locally_and_a_wrong_shape_is_named(engine)
                                           name="load"), name="stage"))
     with pytest.raises(af.ActorError, match=r"source 'load' \(piece 2\) gave \[\(\(5,\)"):
         list(bad.run(engine=engine))
+
+
+def pair_then_list(x):
+    a, b = x[:2], x[2:4]
+    return [a, b] if int(x[0]) == 3 else (a, b)
+
+
+def test_a_later_piece_nested_otherwise_is_an_actor_error(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(pair_then_list, g.source(items(6), name="load"), name="split"))
+    with pytest.raises(af.ActorError, match=r"piece 3\) returned a piece nested as .* "
+                                            r"same structure for every piece"):
+        list(g.run(engine=engine))

@@ -194,7 +194,7 @@ def make_worker(ray, engine, a: StageActor, leaves, node_ids: list, opts):
             node_ids[int(str(node).split(":")[1])], soft=False)
     opts.setdefault("max_restarts", 0)
     remote = ray.remote(Worker).options(**opts)
-    return remote.remote(a.name, a.fn, leaves)
+    return remote.remote(a.name, a.fn, leaves, a.out_spec.structure)
 
 
 def now() -> float:

@@ -22,10 +22,11 @@ class Worker:
     """One replica of a stage: ``fn`` and the shapes and dtypes its output must have
     (``leaves``: ``[(shape, numpy dtype)]`` of the flattened piece, or None: unchecked)."""
 
-    def __init__(self, name: str, fn, leaves=None):
+    def __init__(self, name: str, fn, leaves=None, structure=None):
         self.name = name
         self.fn = fn
         self.leaves = leaves
+        self.structure = structure      # the piece's nesting (spec.flatten's), or None
         self.pid = os.getpid()
         self.host = socket.gethostname()
         try:
@@ -62,6 +63,11 @@ class Worker:
         from ..runtime.spec import as_array, flatten, unflatten
         leaves, structure = flatten(value)
         arrays = [as_array(x, f"actor {self.name!r} (piece {piece}) output") for x in leaves]
+        if self.structure is not None and structure != self.structure:
+            raise TypeError(f"actor {self.name!r} (piece {piece}) returned a piece nested "
+                            f"as {structure!r}, but its registers hold one nested as "
+                            f"{self.structure!r} (sized by piece 0); return the same "
+                            f"structure for every piece")
         want = self.leaves
         got = [(tuple(x.shape), x.dtype) for x in arrays]
         if len(got) != len(want) or any(g[0] != w[0] or g[1] != w[1]
