@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..errors import parse_bytes
 from .rayplan import driver_path, plan_for_ray, ray_module
 from ..runtime.progress import tqdm_class
-from .run import RayRun
+from .run import RayRun, kill
 
 
 class RayEngine:
@@ -84,11 +84,7 @@ class RayEngine:
         """Ends the Ray actor processes kept for later runs (``keep_workers=True``)."""
         ray = ray_module()
         for _, _, workers in self.kept.values():
-            for w in workers:
-                try:
-                    ray.kill(w)
-                except Exception:  # noqa: BLE001 - already dead
-                    pass
+            kill(ray, workers)
         self.kept.clear()
 
     def __enter__(self):

@@ -97,7 +97,7 @@ class RayRun:
                 self.workers[a] = kept[2]
             else:
                 if kept is not None:
-                    _kill(self.ray, kept[2])
+                    kill(self.ray, kept[2])
                 self.workers[a] = [make_worker(ray, self.engine, a, leaves, node_ids, opts)
                                    for _ in range(a.replicas)]
             self.made[a] = (leaves, opts)
@@ -147,12 +147,8 @@ class RayRun:
     def _open_bar(self) -> None:
         """``progress``: a tqdm bar of the pieces delivered, drawn by the driver after each
         batch, with the run's bottleneck line (every second at most)."""
-        from ..runtime.progress import total_of_source, tqdm_class
-        opts = dict(self.progress) if isinstance(self.progress, dict) else {}
-        opts.setdefault("total", total_of_source(self.plan.source))
-        opts.setdefault("unit", "piece")
-        opts.setdefault("desc", "ray run")
-        self.bar = tqdm_class()(**opts)
+        from ..runtime.progress import open_bar, total_of_source
+        self.bar = open_bar(self.progress, total_of_source(self.plan.source), "ray run")
         self.neck_at = 0.0
 
     def _show(self, last: bool = False) -> None:
@@ -312,7 +308,7 @@ class RayRun:
             if keep:
                 self.engine.kept[(id(self.g), a.name)] = (a.fn, self.made[a], ws)
             else:
-                _kill(self.ray, ws)
+                kill(self.ray, ws)
         self.workers.clear()
         self.pending.clear()
         self.refs.clear()
@@ -324,7 +320,8 @@ class RayRun:
             self.g._last.trace = write_trace(self, self.trace)
 
 
-def _kill(ray, workers) -> None:
+def kill(ray, workers) -> None:
+    """Ends these Ray actors (one already dead is fine)."""
     for w in workers:
         try:
             ray.kill(w)

@@ -81,9 +81,8 @@ class CreditScheduler(Completion):
         self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
                      else None)         # the shared registers' bytes in use (sharing.py)
         self.trace_path = trace         # run(trace=...): where the timeline is written
-        self.timeline = Timeline(self.states, plan) if trace or keep_acts else None
-        if trace is None and keep_acts:     # the last acts only (a test's flight recorder)
-            self.timeline.records = deque(maxlen=3 * keep_acts)    # (waits take room too)
+        self.timeline = (Timeline(self.states, plan, 0 if trace else keep_acts)
+                         if trace or keep_acts else None)
         if not serial:
             pipe_actors(self.states)
 

@@ -53,17 +53,21 @@ def total_of_source(actor):
         return None
 
 
+def open_bar(progress, total, desc: str):
+    """A tqdm bar for ``progress`` (True, or tqdm's arguments as a dict, which win)."""
+    opts = dict(progress) if isinstance(progress, dict) else {}
+    opts.setdefault("total", total)
+    opts.setdefault("unit", "piece")
+    opts.setdefault("desc", desc)
+    opts.setdefault("dynamic_ncols", True)
+    return tqdm_class()(**opts)
+
+
 class ProgressBar:
     """The bar of one run; closes itself when the run ends (a watcher of ``observe``)."""
 
     def __init__(self, sched, progress):
-        tqdm = tqdm_class()
-        opts = dict(progress) if isinstance(progress, dict) else {}
-        opts.setdefault("total", total_of(sched))
-        opts.setdefault("unit", "piece")
-        opts.setdefault("desc", "run")
-        opts.setdefault("dynamic_ncols", True)
-        self.bar = tqdm(**opts)
+        self.bar = open_bar(progress, total_of(sched), "run")
         self.sched = sched
         self.shown = 0
         self.neck = None

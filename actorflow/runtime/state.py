@@ -66,9 +66,8 @@ def make_states(plan, gates: dict, serial: bool = False) -> list:
         elif actor.inline or serial and actor.inline is not None and actor.timeout is None:
             mode = "inline"             # (serial: an act with timeout= needs its thread to
                                         # be abandoned; the loop waits for it there)
-        elif actor.inline is None:
-            mode = "thread" if actor not in plan.pending else "undecided"
-            mode = "inline" if serial and mode == "thread" else mode
+        elif actor.inline is None:      # an op actor: by its size, or piece 0's
+            mode = "undecided" if actor in plan.pending else "inline" if serial else "thread"
         else:
             mode = "thread"
         if mode == "async":             # a stage's acts overlap (each holds a register); a

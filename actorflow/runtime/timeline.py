@@ -25,6 +25,7 @@ in CPython); a run without ``trace=`` has no Timeline and pays one attribute tes
 from __future__ import annotations
 
 import json
+from collections import deque
 import time
 from pathlib import Path
 
@@ -39,9 +40,11 @@ class Timeline:
     """Records a run's acts and waits as plain tuples (cheap: one append per act, from any
     thread) and turns them into trace events when written."""
 
-    def __init__(self, states: list, plan=None):
+    def __init__(self, states: list, plan=None, keep: int = 0):
         self.t0 = time.perf_counter()
-        self.records: list = []         # (kind, name, piece or cause, start, end, inputs, free)
+        # (kind, name, piece or cause, start, end, inputs, free); with ``keep``, the last
+        # ``keep`` acts only (3 x keep records: waits take room too; a test's record)
+        self.records = deque(maxlen=3 * keep) if keep else []
         self.names = [st.actor.name for st in states]
         self.readers = {st.actor.name: len(st.out.consumers) if st.out is not None else 0
                         for st in states}
