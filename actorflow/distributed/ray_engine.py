@@ -2,10 +2,11 @@
 with the graph's credits kept across processes.
 
 The driver plans the graph as on one machine (register sizes from ``out=`` or piece 0),
-checks the budgets per node, starts a Ray actor per stage replica, then coordinates:
+checks the budgets per node and per Ray resource, starts a Ray actor per stage replica
+(or per group of cheap stages: one process hosts them all), then coordinates:
 
-- the source is read on the driver; each piece goes into Ray's object store (``ray.put``):
-  that object is the source's register;
+- the sources are read on the driver; each batch of pieces goes into Ray's object store
+  (``ray.put``): that object is the source's register;
 - an act of a stage is a call on one of its Ray actors, given its inputs' object refs
   (Ray hands the worker the arrays zero-copy); its output stays in the object store, where
   the readers' acts take it, never through the driver;
@@ -13,6 +14,8 @@ checks the budgets per node, starts a Ray actor per stage replica, then coordina
   finished, so in flight per edge never exceeds ``buffers`` and each node's register bytes
   stay within the plan. When the last reader of a piece finishes, the driver drops the
   piece's ref: the credit comes home, and Ray frees the object;
+- shared tokens (``ActorGraph(resources=)``) are the driver's too: a call takes all of
+  its stage's tokens when it is sent and gives them back when its record comes in;
 - the driver waits on the acts' small records (``ray.wait``: it blocks until one ends),
   hands outputs to the caller in piece order, and times every act for stats and traces.
 
@@ -26,7 +29,8 @@ from __future__ import annotations
 from ..errors import parse_bytes
 from .rayplan import driver_path, plan_for_ray, ray_module
 from ..runtime.progress import tqdm_class
-from .run import RayRun, kill
+from .procs import kill
+from .run import RayRun
 
 
 class RayEngine:
@@ -36,11 +40,18 @@ class RayEngine:
     Args:
         address: the Ray cluster to join (None: the one running, else a local one started
             by ``ray.init(**init)``).
-        placement: per actor name, the Ray actor options of its processes (``num_cpus``,
-            ``resources``, ...) and ``node``: ``"node:K"`` (the K-th node of ``ray.nodes()``
-            order, the driver's first) to pin it there.
-        memory: byte budgets per node (``{"node:0": "2GiB"}``) for the graph's registers;
-            refused before the first act when they do not fit.
+        placement: per stage (or group) name, the Ray actor options of its processes
+            (``num_cpus``, ``num_gpus``, ``resources`` labels, ...) and ``node`` to pin
+            them: ``"node:K"`` (node 0 is the driver's, the others follow by address and
+            port), a NodeID, or a node's IP address.
+        groups: ``{"light": ["decode", "crop"]}``: cheap stages that share Ray actor
+            processes (replica ``r`` of each in process ``r``), so that each does not take
+            a process and a CPU share of its own; placement= then places the group.
+        memory: byte budgets for the graph's registers, per node (``{"node:0": "2GiB"}``,
+            any name ``node`` takes) or per Ray resource (``{"GPU": "8GiB"}``: the
+            registers of the stages whose processes ask it); refused before the first act
+            when they do not fit (a stage Ray places itself is counted on the node it
+            started on, before the first act).
         batch: pieces per Ray call and per object (4): a call costs about a millisecond
             of Ray's own work on each side, which a batch shares. A register then holds a
             batch: ``buffers`` batches in flight per edge, planned as such.
@@ -56,16 +67,24 @@ class RayEngine:
 
     def __init__(self, address=None, placement: dict | None = None,
                  memory: dict | None = None, init: dict | None = None, batch: int = 4,
-                 keep_workers: bool = False, start_timeout: float = 60.0):
+                 keep_workers: bool = False, start_timeout: float = 60.0,
+                 groups: dict | None = None):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
                              f"whole number >= 1")
         self.batch = batch
         self.keep_workers = keep_workers
         self.start_timeout = float(start_timeout)
-        self.kept: dict = {}            # (graph, actor name) -> (fn, made, Ray actors)
+        self.kept: dict = {}            # (graph, unit name) -> (what they host, Ray actors)
         self.address = address
         self.placement = dict(placement or {})
+        self.groups = {}
+        for k, v in (groups or {}).items():
+            if not isinstance(v, (list, tuple)) or not v or not all(
+                    isinstance(n, str) for n in v):
+                raise ValueError(f"RayEngine(groups={{{k!r}: {v!r}}}): a group is a list of "
+                                 f"stage names")
+            self.groups[str(k)] = list(v)
         self.memory = {str(k): parse_bytes(v) for k, v in (memory or {}).items()}
         self.init = dict(init or {})
 
@@ -83,7 +102,7 @@ class RayEngine:
     def close(self) -> None:
         """Ends the Ray actor processes kept for later runs (``keep_workers=True``)."""
         ray = ray_module()
-        for _, _, workers in self.kept.values():
+        for _, workers in self.kept.values():
             kill(ray, workers)
         self.kept.clear()
 

@@ -1,16 +1,17 @@
-"""Planning a Ray run (``RayPlan``: sizes, nodes, budgets and CPUs checked before the
-first act) and what the coordinator needs around it: the source's pieces, the stage
-workers, and errors as ActorError."""
+"""Planning a Ray run (``RayPlan``: the Ray actor processes, their nodes, budgets per node
+and per Ray resource, and CPUs, all checked before the first act) and what the coordinator
+needs around it: the sources' pieces and errors as ActorError."""
 
 from __future__ import annotations
 
-import time
+import numpy as np
 
-from ..errors import ActorError, PlanError, format_bytes
-from ..runtime.actor import Collector, StageActor
+from ..errors import ActorError, PlanError
+from ..runtime.actor import Collector, OpActor, StageActor
 from ..runtime.source import SourceActor
 from ..runtime.spec import as_array, flatten, unflatten
-from .worker import StageFailed, Worker, leaves_of
+from .cluster import Nodes, budget_keys, check_budgets
+from .worker import OpCall, Stage, StageFailed
 
 PER_REPLICA = 2         # calls queued on one Ray actor at once (hides the round trip)
 
@@ -29,101 +30,150 @@ def driver_path() -> str:
     return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
 
 
+class Unit:
+    """Ray actor processes of one kind: one stage's replicas, or a group's (``members``
+    share each process; replica ``r`` of each member acts in process ``r``)."""
+
+    def __init__(self, name: str, members: list, grouped: bool):
+        self.name, self.members, self.grouped = name, members, grouped
+        self.replicas = max(a.replicas for a in members)
+        self.is_async = any(getattr(a, "is_async", False) for a in members)
+        self.options: dict = {}
+        self.node = None            # the index of the node it is pinned to, or None
+
+    def stages(self) -> list:
+        """What its processes host: a ``Stage`` per member."""
+        out = []
+        for a in self.members:
+            fn = OpCall(a.program, a.out_spec) if isinstance(a, OpActor) else a.fn
+            spec = a.out_spec
+            leaves = [(tuple(s.shape), np.dtype(s.dtype.np)) for s in spec.specs]
+            out.append(Stage(a.name, fn, leaves, spec.structure, a.time))
+        return out
+
+
 class RayPlan:
     """What a Ray run needs from the graph: its actors in order, registers per actor, the
-    node of each, and what each node's registers take."""
+    processes (units) and node of each actor, the sources, sinks and collector."""
 
-    def __init__(self, actors, buffers, nodes, sizes, source, sinks, collector):
-        self.actors, self.buffers, self.nodes = actors, buffers, nodes
-        self.sizes, self.source, self.sinks, self.collector = sizes, source, sinks, collector
+    def __init__(self, actors, buffers, sizes, sources, sinks, collector, units, unit_of):
+        self.actors, self.buffers, self.sizes = actors, buffers, sizes
+        self.sources, self.sinks, self.collector = sources, sinks, collector
+        self.units, self.unit_of = units, unit_of
 
-    def per_node(self) -> dict:
-        out: dict = {}
+    def held(self, nodes_of) -> list:
+        """Per actor what ``check_budgets`` weighs: its registers, the nodes they may lie
+        on (``nodes_of(actor)``) and the Ray resources its processes ask."""
+        out = []
         for a in self.actors:
-            out[self.nodes[a]] = (out.get(self.nodes[a], 0)
-                                  + self.buffers[a] * self.batch * self.sizes[a])
+            u = self.unit_of.get(a)
+            asks = dict(u.options.get("resources", {})) if u else {}
+            if u:
+                asks["CPU"] = u.options.get("num_cpus", 0)
+                asks["GPU"] = u.options.get("num_gpus", 0)
+            out.append((a.name, self.buffers[a], self.sizes[a], nodes_of(a), asks))
         return out
 
 
 def plan_for_ray(g, feed, engine, ray) -> RayPlan:
-    """The local plan (sizes from ``out=`` or piece 0, computed on the driver), the node of
-    each actor, and the budget check per node."""
+    """The local plan (sizes from ``out=`` or piece 0, computed on the driver), the Ray
+    actor processes (a stage's replicas, or a group's), the node of each, and the budget
+    checks per node and per Ray resource."""
     plan = g._make_plan(feed, lazy=False)
     g._plan = None
-    sources = [a for a in plan.actors if isinstance(a, SourceActor)]
-    for a in plan.actors:
-        if isinstance(a, (SourceActor, Collector)):
-            continue
-        if not isinstance(a, StageActor) or a.is_async:
-            raise PlanError(f"engine='ray': actor {a.name!r} is {a.describe()}; Ray runs "
-                            f"Python stages (g.actor(fn, ...) with a plain def) and one "
-                            f"source; run op actors and async stages with the local engine")
-        if a.resources:
-            raise PlanError(f"engine='ray': actor {a.name!r} takes tokens {a.resources}; "
-                            f"give it Ray resources in placement= instead")
-    if len(sources) != 1:
-        raise PlanError(f"engine='ray' reads one source on the driver; this graph has "
-                        f"{len(sources)}")
-    nodes_known = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     actors = [a for a in plan.actors if not isinstance(a, Collector)]
-    unknown = set(engine.placement) - {a.name for a in actors}
-    if unknown:
-        raise PlanError(f"engine='ray': placement= names {sorted(unknown)}, which this graph "
-                        f"does not have; its actors: {[a.name for a in actors]}")
-    nodes, sizes = {}, {}
     for a in actors:
-        node = engine.placement.get(a.name, {}).get("node", "node:0")
-        try:
-            k = int(str(node).split(":")[1])
-            nodes_known[k]
-        except (IndexError, ValueError):
-            raise PlanError(f"engine='ray': placement of {a.name!r}: node {node!r} is not "
-                            f"one of this cluster's {len(nodes_known)} nodes "
-                            f"(node:0 ... node:{len(nodes_known) - 1})") from None
-        nodes[a] = f"node:{k}"
-        sizes[a] = a.out_spec.nbytes
-    opts = check_resources(ray, engine, [a for a in actors if not isinstance(a, SourceActor)])
-    buffers = {a: plan.buffers[a] for a in actors}
+        if any(s.device.type != "cpu" for s in a.out_spec.specs):
+            raise PlanError(f"engine='ray': actor {a.name!r} writes "
+                            f"{a.out_spec.describe()}; Ray runs move data between processes, "
+                            f"so registers are on cpu (the null device has none)")
+        if not isinstance(a, (SourceActor, StageActor, OpActor)):
+            raise PlanError(f"engine='ray': actor {a.name!r} is {a.describe()}, which Ray "
+                            f"runs do not take; run it with the local engine")
+    names = {a.name: a for a in actors}
+    sources = [a for a in actors if isinstance(a, SourceActor)]
+    units, unit_of = make_units(engine, actors, names)
+    nodes = Nodes(ray)
+    for u in units.values():
+        opts = dict(engine.placement.get(u.name, {}))
+        if "node" in opts:
+            u.node = nodes.resolve(opts.pop("node"), f"placement of {u.name!r}")
+        u.options = opts
+    have = ray.cluster_resources()
+    check_resources(have, list(units.values()))
     collector = next(a for a in plan.actors if isinstance(a, Collector))
-    rp = RayPlan(actors, buffers, nodes, sizes, sources[0], list(collector.inputs), collector)
-    rp.options = opts
-    rp.batch = engine.batch
-    for node, need in rp.per_node().items():
-        budget = engine.memory.get(node)
-        if budget is not None and need > budget:
-            b = engine.batch
-            rows = ", ".join(f"{a.name} {buffers[a]} x {b} x {format_bytes(sizes[a])}"
-                             for a in actors if nodes[a] == node)
-            one = sum(b * sizes[a] for a in actors if nodes[a] == node)
-            fit = budget // one if one else None
-            raise PlanError(
-                f"engine='ray': the registers on {node} need {format_bytes(need)} ({rows}), "
-                f"over its {format_bytes(budget)} budget; "
-                + (f"buffers={fit} would fit" if fit else
-                   "even one register (a batch of pieces) per actor does not fit: raise the "
-                   "budget, lower batch= or place actors on other nodes"), device=node, needed=need, budget=budget,
-                fitting_buffers=fit or None)
+    rp = RayPlan(actors, {a: plan.buffers[a] for a in actors},
+                 {a: a.out_spec.nbytes for a in actors}, sources, list(collector.inputs),
+                 collector, units, unit_of)
+    rp.batch, rp.nodes = engine.batch, nodes
+    rp.budgets = budget_keys(engine.memory, nodes, have)
+
+    def where(a):                   # before the processes start: pinned, or one node
+        u = unit_of.get(a)
+        if u is None:
+            return ["node:0"]       # a source: read on the driver
+        if u.node is not None:
+            return [f"node:{u.node}"]
+        return ["node:0"] if len(nodes.ids) == 1 else []
+    rp.need = check_budgets(rp.held(where), rp.budgets, engine.batch, "")
     return rp
 
 
-def check_resources(ray, engine, stages: list) -> dict:
+def make_units(engine, actors: list, names: dict):
+    """The Ray actor processes: a unit per group of ``engine.groups`` and per other stage;
+    ``placement=`` names units (a group, or a stage not in one)."""
+    units, unit_of, grouped = {}, {}, {}
+    for group, members in engine.groups.items():
+        if group in names:
+            raise PlanError(f"engine='ray': group {group!r} has the name of an actor; give "
+                            f"groups names of their own")
+        for m in members:
+            a = names.get(m)
+            if a is None or isinstance(a, SourceActor):
+                stages = sorted(n for n, x in names.items() if not isinstance(x, SourceActor))
+                raise PlanError(f"engine='ray': group {group!r} names {m!r}, which is "
+                                + ("a source (sources are read on the driver)"
+                                   if a is not None else "not an actor of this graph")
+                                + f"; its stages: {stages}")
+            if a in unit_of:
+                raise PlanError(f"engine='ray': {m!r} is in groups {unit_of[a]!r} and "
+                                f"{group!r}; a stage acts in one process kind")
+            unit_of[a] = group
+            grouped.setdefault(group, []).append(a)
+    for group, members in grouped.items():
+        units[group] = Unit(group, members, True)
+    unit_of = {a: units[group] for a, group in unit_of.items()}
+    for a in actors:
+        if not isinstance(a, SourceActor) and a not in unit_of:
+            unit_of[a] = units[a.name] = Unit(a.name, [a], False)
+    for key in engine.placement:
+        if key in units:
+            continue
+        a = names.get(key)
+        if a is not None and a in unit_of:
+            raise PlanError(f"engine='ray': placement= names {key!r}, which acts in group "
+                            f"{unit_of[a].name!r}'s processes; place the group")
+        raise PlanError(f"engine='ray': placement= names {key!r}, which "
+                        + ("is a source, read on the driver" if a is not None else
+                           "this graph does not have")
+                        + f"; it places {sorted(units)}")
+    return units, unit_of
+
+
+def check_resources(have: dict, units: list) -> None:
     """Every Ray actor the run starts must fit the cluster, or its creation would wait
-    forever: refused now, naming what is asked and what there is. A stage without
+    forever: refused now, naming what is asked and what there is. A unit without
     ``num_cpus`` in placement= asks an equal share of the cluster's CPUs (at most 1)."""
-    have = ray.cluster_resources()
-    n = sum(a.replicas for a in stages)
+    n = sum(u.replicas for u in units)
     share = min(1.0, have.get("CPU", 0.0) / max(1, n))
     share = int(share * 100) / 100            # (Ray counts CPUs to 1/10,000)
     asked: dict = {}
-    options: dict = {}
-    for a in stages:
-        opts = {k: v for k, v in engine.placement.get(a.name, {}).items() if k != "node"}
-        opts.setdefault("num_cpus", share)
-        options[a.name] = opts
-        want = {"CPU": opts["num_cpus"], "GPU": opts.get("num_gpus", 0),
-                **opts.get("resources", {})}
+    for u in units:
+        u.options.setdefault("num_cpus", share)
+        want = {"CPU": u.options["num_cpus"], "GPU": u.options.get("num_gpus", 0),
+                **u.options.get("resources", {})}
         for k, v in want.items():
-            asked.setdefault(k, []).append((a.name, a.replicas, v))
+            asked.setdefault(k, []).append((u.name, u.replicas, v))
     for k, rows in asked.items():
         total = sum(r * v for _, r, v in rows)
         if total > have.get(k, 0) + 1e-9:
@@ -132,35 +182,45 @@ def check_resources(ray, engine, stages: list) -> dict:
                             f"({says}) and the cluster has {have.get(k, 0):g}; their "
                             f"creation would wait forever. Ask less in placement= "
                             f"(e.g. {{'name': {{'num_cpus': 0.5}}}}) or add nodes")
-    return options
 
 
 def source_items(src: SourceActor):
     """The source's pieces for a Ray run (piece 0 read while planning first), each leaf as
     the array a register would hold (a Python float is float32, a tensor its numpy data),
-    checked against piece 0's shapes."""
+    checked against piece 0's shapes. An async source is driven on a loop of its own."""
     src.start()
     want = [(s.shape, s.dtype.np) for s in src.out_spec.specs]
+    loop = None
     piece = 0
-    while True:
-        if piece in src.cached:
-            value = unflatten(src.out_spec.structure, src.cached.pop(piece))
-        else:
-            try:
-                value = next(src.it)
-            except StopIteration:
-                return
-            what = f"source {src.name!r} (piece {piece})"
-            leaves, structure = flatten(value)
-            arrays = [as_array(x, what) for x in leaves]
-            got = [(a.shape, a.dtype) for a in arrays]
-            if structure != src.out_spec.structure or got != want:
-                raise ActorError(src.name, piece, TypeError(
-                    f"{what} gave {got}, but its registers hold {want} (sized by piece 0); "
-                    f"give the same shapes and dtypes for every piece"))
-            value = unflatten(structure, arrays)
-        yield value
-        piece += 1
+    try:
+        while True:
+            if piece in src.cached:
+                value = unflatten(src.out_spec.structure, src.cached.pop(piece))
+            else:
+                try:
+                    if src.is_async:
+                        if loop is None:
+                            import asyncio
+                            loop = asyncio.new_event_loop()
+                        value = loop.run_until_complete(src.it.__anext__())
+                    else:
+                        value = next(src.it)
+                except (StopIteration, StopAsyncIteration):
+                    return
+                what = f"source {src.name!r} (piece {piece})"
+                leaves, structure = flatten(value)
+                arrays = [as_array(x, what) for x in leaves]
+                got = [(a.shape, a.dtype) for a in arrays]
+                if structure != src.out_spec.structure or got != want:
+                    raise ActorError(src.name, piece, TypeError(
+                        f"{what} gave {got}, but its registers hold {want} (sized by piece "
+                        f"0); give the same shapes and dtypes for every piece"))
+                value = unflatten(structure, arrays)
+            yield value
+            piece += 1
+    finally:
+        if loop is not None:
+            loop.close()
 
 
 def actor_error(e, where_of) -> ActorError:
@@ -177,7 +237,7 @@ def actor_error(e, where_of) -> ActorError:
         return err
     name, piece, last, node = where_of
     during = f"piece {piece}" if last == piece else f"pieces {piece} to {last} (one call)"
-    dead = RuntimeError(f"its Ray actor process died during {during} "
+    dead = RuntimeError(f"its Ray actor process on {node} died during {during} "
                         f"({type(e).__name__}: {e})")
     err = ActorError(name, piece, dead, f"(on {node})")
     err.node = node
@@ -185,20 +245,4 @@ def actor_error(e, where_of) -> ActorError:
     return err
 
 
-def make_worker(ray, engine, a: StageActor, leaves, node_ids: list, opts):
-    opts = dict(opts)
-    node = engine.placement.get(a.name, {}).get("node")
-    if node is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-            node_ids[int(str(node).split(":")[1])], soft=False)
-    opts.setdefault("max_restarts", 0)
-    remote = ray.remote(Worker).options(**opts)
-    return remote.remote(a.name, a.fn, leaves, a.out_spec.structure)
-
-
-def now() -> float:
-    return time.time()
-
-
-__all__ = ["RayPlan", "plan_for_ray", "ray_module", "leaves_of", "PER_REPLICA"]
+__all__ = ["RayPlan", "plan_for_ray", "ray_module", "PER_REPLICA"]

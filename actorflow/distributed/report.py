@@ -4,6 +4,7 @@ its Chrome trace, merged from every process's acts."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -28,13 +29,14 @@ class RayRunStats(RunStats):
                 if isinstance(a, SourceActor) else run.acts[a],
                 "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
                 "wait_input_s": w["input"], "wait_credit_s": w["credit"],
-                "wait_resource_s": 0.0,
+                "wait_resource_s": w["resource"],
                 "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
                 if wall > 0 else 0.0, "most_held": run.peak_held[a],
-                "processes": [pid for pid, _, _ in run.where.get(a, [])]}
-        self.memory = {node: {"planned": need, "peak": run.node_peak.get(node, 0),
-                              "budget": run.engine.memory.get(node), "live": None}
-                       for node, need in run.plan.per_node().items()}
+                "processes": _where(run, a, 0), "nodes": _where(run, a, 1)}
+        plan = run.plan
+        self.memory = {key: {"planned": need, "peak": run.node_peak.get(key),
+                             "budget": plan.budgets.get(key), "live": None}
+                       for key, need in plan.need.items()}
         self.abandoned = []
         self.trace = None
         self.state = run.state
@@ -49,6 +51,14 @@ class RayRunStats(RunStats):
 
     def as_dict(self) -> dict:
         return {**super().as_dict(), "startup_s": self.startup_s}
+
+
+def _where(run, a, k: int) -> list:
+    """Per replica of ``a`` its process id (k=0) or node (k=1); a source: the driver's."""
+    u = run.plan.unit_of.get(a)
+    if u is None:
+        return [os.getpid(), "node:0"][k:k + 1]
+    return [w[k] for w in run.where.get(u, [])[:a.replicas]]
 
 
 def write_trace(run, path) -> dict:

@@ -6,11 +6,11 @@ import collections
 import itertools
 import time
 
-from ..errors import ActorError, DeadlockError, PlanError
+from ..errors import ActorError, DeadlockError
 from ..runtime.source import SourceActor
-from .rayplan import PER_REPLICA, actor_error, make_worker, source_items
+from .procs import keep_or_kill, start_processes
+from .rayplan import PER_REPLICA, actor_error, source_items
 from .report import RayRunStats, write_trace
-from .worker import leaves_of
 
 
 class RayRun:
@@ -25,10 +25,14 @@ class RayRun:
         self.sink_index: dict = {}      # actor -> its sink indexes
         for k, a in enumerate(plan.sinks):
             self.sink_index.setdefault(a, []).append(k)
-        self.workers: dict = {}
-        self.made: dict = {}            # actor -> (output leaves, Ray options) of its workers
-        self.where: dict = {}           # actor -> [(pid, node id, host)] of its replicas
-        self.busy: dict = {}            # actor -> calls queued per replica
+        self.procs: dict = {}           # unit -> its Ray actor handles (one per replica)
+        self.made: dict = {}            # unit -> what its processes host (to keep them)
+        self.where: dict = {}           # unit -> [(pid, node label, host)] per replica
+        self.busy: dict = {}            # (unit, replica) -> calls queued on that process
+        self.limit: dict = {}           # unit -> calls queued per process at most
+        self.tokens = dict(g.resources)  # the graph's shared tokens free now
+        self.holds: dict = {}           # act record ref -> the tokens its call holds
+        self.node_of: dict = {}         # (actor, batch) -> node label of its register
         self.next_piece = {a: 0 for a in self.actors}
         self.held = {a: 0 for a in self.actors}     # batches out, not finished by a reader
         self.peak_held = {a: 0 for a in self.actors}
@@ -45,7 +49,8 @@ class RayRun:
         self.records: list = []         # (actor, piece, replica, t0, t1, pid, node)
         self.acts = {a: 0 for a in self.actors}
         self.compute = {a: 0.0 for a in self.actors}
-        self.waits = {a: {"input": 0.0, "credit": 0.0} for a in self.actors}
+        self.waits = {a: {"input": 0.0, "credit": 0.0, "resource": 0.0}
+                      for a in self.actors}
         self.cause: dict = {}           # actor -> (cause, since)
         self.node_bytes: dict = {}      # node -> bytes of registers out now
         self.node_peak: dict = {}
@@ -81,41 +86,14 @@ class RayRun:
                 self.bar.close()
 
     def _start(self) -> None:
-        ray = self.ray
-        node_ids = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-        src = self.plan.source
-        self.items = source_items(src)
-        for a in self.actors:
-            if a is src:
-                continue
-            leaves = leaves_of(_zeros(a.out_spec))
-            key = (id(self.g), a.name)
-            opts = self.plan.options[a.name]
-            kept = self.engine.kept.pop(key, None)       # (keep_workers=True: warm ones)
-            if kept is not None and kept[0] is a.fn and kept[1] == (leaves, opts) \
-                    and len(kept[2]) == a.replicas and _alive(ray, kept[2]):
-                self.workers[a] = kept[2]
-            else:
-                if kept is not None:
-                    kill(self.ray, kept[2])
-                self.workers[a] = [make_worker(ray, self.engine, a, leaves, node_ids, opts)
-                                   for _ in range(a.replicas)]
-            self.made[a] = (leaves, opts)
-            self.busy[a] = [0] * a.replicas
-            a.cached.clear()            # (piece 0 computed while planning: redone there)
-        started = [(a, w.where.remote()) for a, ws in self.workers.items() for w in ws]
-        wait = self.engine.start_timeout
-        ready, _ = ray.wait([r for _, r in started], num_returns=len(started), timeout=wait)
-        if len(ready) < len(started):
-            late = sorted({a.name for a, r in started if r not in ready})
-            raise PlanError(
-                f"engine='ray': the Ray actors of {late} did not start within {wait:g} s: "
-                f"the cluster has {ray.available_resources().get('CPU', 0):g} of its "
-                f"{ray.cluster_resources().get('CPU', 0):g} CPUs free (other Ray actors "
-                f"hold the rest?) and these ask {self.plan.options[late[0]]}; ask less in "
-                f"placement=, end what holds them, or raise start_timeout=")
-        for (a, _), (pid, node, host) in zip(started, ray.get([r for _, r in started])):
-            self.where.setdefault(a, []).append((pid, node, host))
+        self.items = {src: source_items(src) for src in self.plan.sources}
+        start_processes(self)
+        for u in self.procs:
+            hosted = PER_REPLICA * len(u.members)
+            self.limit[u] = (sum(self.plan.buffers[a] for a in u.members) + hosted
+                             if u.is_async else hosted)
+            for r in range(u.replicas):
+                self.busy[(u, r)] = 0
         self.started_s = time.time() - self.t0
 
     def _loop(self):
@@ -148,7 +126,8 @@ class RayRun:
         """``progress``: a tqdm bar of the pieces delivered, drawn by the driver after each
         batch, with the run's bottleneck line (every second at most)."""
         from ..runtime.progress import open_bar, total_of_source
-        self.bar = open_bar(self.progress, total_of_source(self.plan.source), "ray run")
+        known = [n for n in map(total_of_source, self.plan.sources) if n is not None]
+        self.bar = open_bar(self.progress, min(known, default=None), "ray run")
         self.neck_at = 0.0
 
     def _show(self, last: bool = False) -> None:
@@ -176,7 +155,8 @@ class RayRun:
                 e = TimeoutError(f"actor {a.name!r} took longer than timeout={a.timeout:g} s "
                                  f"per piece on pieces {first} to {first + self.lens[j] - 1} "
                                  f"(one Ray call); its Ray actors are killed")
-                err = ActorError(a.name, first, e, f"(on {self.plan.nodes[a]})")
+                node = self.where[self.plan.unit_of[a]][r][1]
+                err = ActorError(a.name, first, e, f"(on {node})")
                 err.__cause__ = e
                 raise err
 
@@ -191,10 +171,13 @@ class RayRun:
                     self._blocked(a, "credit")
                     break
                 if isinstance(a, SourceActor):
-                    values = list(itertools.islice(self.items, batch))
+                    if not self._tokens(a, +1):
+                        break
+                    values = list(itertools.islice(self.items[a], batch))
+                    self._tokens(a, -1)
                     if values:
-                        self.lens[j] = len(values)
-                        self._take(a, j, self.ray.put(values))
+                        self.lens[j] = min(self.lens.get(j, batch), len(values))
+                        self._take(a, j, self.ray.put(values), "node:0")
                         if a in self.sink_index:
                             self._collect(a, j, values)
                     if len(values) < batch:
@@ -213,23 +196,47 @@ class RayRun:
                     else:
                         self._blocked(a, "input")
                     break
-                busy = self.busy[a]
-                r = min(range(len(busy)), key=busy.__getitem__)
-                if busy[r] >= PER_REPLICA:
-                    break                   # every replica has work queued: acting
-                busy[r] += 1
-                value_ref, record_ref = self.workers[a][r].act.options(
-                    num_returns=2).remote(j * batch, *ins)
+                unit = self.plan.unit_of[a]
+                r = min(range(a.replicas), key=lambda k: self.busy[(unit, k)])
+                if self.busy[(unit, r)] >= self.limit[unit]:
+                    break                   # its processes have work queued: acting
+                if not self._tokens(a, +1):
+                    break
+                self.busy[(unit, r)] += 1
+                value_ref, record_ref = self.procs[unit][r].act.options(
+                    num_returns=2).remote(a.name, j * batch, *ins)
                 self.pending[record_ref] = (a, j, r)
-                self.deadline[record_ref] = None if a.timeout is None else (
-                    max(time.perf_counter(), self.free_at[(a, r)])
-                    + a.timeout * self.lens[j])
-                self.free_at[(a, r)] = self.deadline[record_ref] or 0.0
-                self._take(a, j, value_ref)
+                if a.resources:
+                    self.holds[record_ref] = a
+                n = self.lens[j]
+                if a.timeout is None:
+                    self.deadline[record_ref] = None
+                elif unit.is_async:         # (its calls run at once)
+                    self.deadline[record_ref] = time.perf_counter() + a.timeout * n
+                else:                       # (after the calls queued before it)
+                    self.deadline[record_ref] = (max(time.perf_counter(),
+                                                     self.free_at[(unit, r)])
+                                                 + a.timeout * n)
+                    self.free_at[(unit, r)] = self.deadline[record_ref]
+                self._take(a, j, value_ref, self.where[unit][r][1])
 
-    def _take(self, a, j: int, ref) -> None:
+    def _tokens(self, a, sign: int) -> bool:
+        """Takes (+1) or gives back (-1) all of ``a``'s shared tokens for one call; False
+        when some are not free (``a`` waits on them)."""
+        need = a.resources
+        if not need:
+            return True
+        if sign > 0 and any(self.tokens[k] < n for k, n in need.items()):
+            self._blocked(a, "resource")
+            return False
+        for k, n in need.items():
+            self.tokens[k] -= sign * n
+        return True
+
+    def _take(self, a, j: int, ref, node: str) -> None:
         self._unblocked(a)
         self.refs[(a, j)] = ref
+        self.node_of[(a, j)] = (node, self.plan.sizes[a] * self.lens[j])
         self.left[(a, j)] = self.reads[a] + len(self.sink_index.get(a, ()))
         self.next_piece[a] = j + 1
         self.held[a] += 1
@@ -238,17 +245,21 @@ class RayRun:
 
     def _done(self, ref) -> None:
         a, j, r = self.pending.pop(ref)
+        unit = self.plan.unit_of[a]
         self.deadline.pop(ref, None)
-        self.busy[a][r] -= 1
+        self.busy[(unit, r)] -= 1
+        if self.holds.pop(ref, None) is not None:
+            self._tokens(a, -1)
         try:
             times, pid, node = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - the stage raised, or its process died
             # (a process that died fails every call queued on it: the first batch it
             # had is the one it died on)
-            first = min([j] + [p for b, p, q in self.pending.values() if b is a and q == r])
+            first = min([j] + [p for b, p, q in self.pending.values()
+                               if self.plan.unit_of[b] is unit and q == r])
             b = self.plan.batch
             raise actor_error(e, (a.name, first * b, first * b + self.lens[first] - 1,
-                                  self.plan.nodes[a])) from None
+                                  self.where[unit][r][1])) from None
         self.acts[a] += len(times)
         for k, (t0, t1) in enumerate(times):
             self.compute[a] += t1 - t0
@@ -280,8 +291,8 @@ class RayRun:
         self._memory(u, j, -1)
 
     def _memory(self, a, j: int, sign: int) -> None:
-        node = self.plan.nodes[a]
-        n = self.node_bytes.get(node, 0) + sign * self.plan.sizes[a] * self.lens[j]
+        node, size = self.node_of[(a, j)] if sign > 0 else self.node_of.pop((a, j))
+        n = self.node_bytes.get(node, 0) + sign * size
         self.node_bytes[node] = n
         self.node_peak[node] = max(self.node_peak.get(node, 0), n)
         if self.trace is not None:
@@ -303,45 +314,12 @@ class RayRun:
         """Kills every Ray actor of the run (nothing is left running), unless the run
         finished and the engine keeps its workers warm for the next run of the graph;
         records stats."""
-        keep = self.engine.keep_workers and self.state == "finished"
-        for a, ws in self.workers.items():
-            if keep:
-                self.engine.kept[(id(self.g), a.name)] = (a.fn, self.made[a], ws)
-            else:
-                kill(self.ray, ws)
-        self.workers.clear()
+        keep_or_kill(self, self.engine.keep_workers and self.state == "finished")
         self.pending.clear()
         self.refs.clear()
-        src = self.plan.source
-        src.close()
+        for src in self.plan.sources:
+            src.close()
         wall = time.time() - self.t0
         self.g._last = RayRunStats(self, wall)
         if self.trace is not None:
             self.g._last.trace = write_trace(self, self.trace)
-
-
-def kill(ray, workers) -> None:
-    """Ends these Ray actors (one already dead is fine)."""
-    for w in workers:
-        try:
-            ray.kill(w)
-        except Exception:  # noqa: BLE001 - already dead
-            pass
-
-
-def _alive(ray, workers) -> bool:
-    """Whether kept Ray actors still answer (one that died between runs is not reused)."""
-    try:
-        ray.get([w.where.remote() for w in workers], timeout=10)
-        return True
-    except Exception:  # noqa: BLE001 - died, or does not answer: replaced
-        return False
-
-
-def _zeros(spec):
-    import numpy as np
-    from ..runtime.spec import unflatten
-    return unflatten(spec.structure, [np.zeros(s.shape, s.dtype.np) for s in spec.specs])
-
-
-_END = object()

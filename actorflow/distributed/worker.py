@@ -1,15 +1,20 @@
-"""What runs inside a Ray actor process: one replica of one stage of an actor graph.
+"""What runs inside a Ray actor process: one replica of a stage of an actor graph, or of a
+group of cheap stages that share one process.
 
-``Worker.act(first, *inputs)`` calls the stage's function on a batch of pieces (per
-input, a list of numpy arrays read zero-copy from Ray's object store: read-only, as a
-local stage's inputs are) and returns two objects: the outputs (stored in the object store
-by Ray, where the consumers read them) and a small record of the act (its times, process
-and node), which the coordinator on the driver waits for. Nothing here imports Ray at module import: the
-coordinator wraps ``Worker`` with ``ray.remote`` when a run starts.
+``Worker.act(name, first, *inputs)`` calls stage ``name`` on a batch of pieces (per input,
+a list of numpy arrays read zero-copy from Ray's object store: read-only, as a local
+stage's inputs are) and returns two objects: the outputs (stored in the object store by
+Ray, where the consumers read them) and a small record of the act (its times, process and
+node), which the coordinator on the driver waits for. ``AsyncWorker`` does the same for
+groups with an ``async def`` stage: Ray runs its calls on the process's event loop, the
+pieces of a batch at once. Nothing here imports Ray at module import: the coordinator
+wraps the classes with ``ray.remote`` when a run starts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import socket
 import time
@@ -18,48 +23,27 @@ import traceback
 import numpy as np
 
 
-class Worker:
-    """One replica of a stage: ``fn`` and the shapes and dtypes its output must have
-    (``leaves``: ``[(shape, numpy dtype)]`` of the flattened piece, or None: unchecked)."""
+class Stage:
+    """One stage as its process runs it: ``fn`` (a plain or ``async def`` function of
+    pieces, or an ``OpCall``), the shapes and dtypes its output must have (``leaves``:
+    ``[(shape, numpy dtype)]`` of the flattened piece, or None: unchecked), its nesting,
+    and ``time``: simulated extra seconds per act (slept), as ``g.actor(time=)``."""
 
-    def __init__(self, name: str, fn, leaves=None, structure=None):
-        self.name = name
-        self.fn = fn
-        self.leaves = leaves
-        self.structure = structure      # the piece's nesting (spec.flatten's), or None
-        self.pid = os.getpid()
-        self.host = socket.gethostname()
-        try:
-            import ray
-            self.node = ray.get_runtime_context().get_node_id()
-        except Exception:  # noqa: BLE001 - outside Ray (tests of the class itself)
-            self.node = None
+    def __init__(self, name: str, fn, leaves=None, structure=None, sim=None):
+        self.name, self.fn, self.leaves, self.structure = name, fn, leaves, structure
+        self.sim = sim
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None))
 
-    def where(self) -> tuple:
-        return self.pid, self.node, self.host
+    def simulated(self, piece: int) -> float:
+        t = self.sim
+        return 0.0 if t is None else float(t(piece) if callable(t) else t)
 
-    def act(self, first: int, *ins):
-        """Acts on a batch: ``ins`` has per input the list of its pieces ``first``,
-        ``first + 1``, ...; returns their outputs (a list) and the act's record: per
-        piece its start and end (wall-clock seconds), then the process and node."""
-        out, times = [], []
-        for k, args in enumerate(zip(*ins)):
-            piece = first + k
-            t0 = time.time()
-            try:
-                value = self.fn(*args)
-                if self.leaves is not None:
-                    value = self._check(value, piece)
-            except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
-                raise StageFailed(self.name, piece, self.where(), e,
-                                  traceback.format_exc()) from None
-            times.append((t0, time.time()))
-            out.append(value)
-        return out, (times, self.pid, self.node)
-
-    def _check(self, value, piece: int):
+    def check(self, value, piece: int):
         """The value with its leaves as arrays, as a local register holds them (a Python
         float is float32, as locally); refused when they do not match the registers."""
+        if self.leaves is None:
+            return value
         from ..runtime.spec import as_array, flatten, unflatten
         leaves, structure = flatten(value)
         arrays = [as_array(x, f"actor {self.name!r} (piece {piece}) output") for x in leaves]
@@ -76,6 +60,89 @@ class Worker:
                             f"{_say(got)}, but its registers hold {_say(want)} (sized by "
                             f"piece 0); return the same shapes and dtypes for every piece")
         return unflatten(structure, arrays)
+
+
+class OpCall:
+    """An op actor's traced program as a function of pieces: each call fills new output
+    arrays (the program's kernels write into them) and returns them in the register's
+    nesting."""
+
+    def __init__(self, program, out_spec):
+        self.program, self.out_spec = program, out_spec
+        self.__name__ = f"op {program.describe()}"
+
+    def __call__(self, *pieces):
+        from ..runtime.spec import flatten, unflatten
+        outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
+        self.program.run(outs, [flatten(p)[0] for p in pieces])
+        return unflatten(self.out_spec.structure, outs)
+
+
+class Worker:
+    """One Ray actor process: the stages it hosts, by name (one, or a group's)."""
+
+    def __init__(self, stages: list):
+        self.stages = {s.name: s for s in stages}
+        self.pid = os.getpid()
+        self.host = socket.gethostname()
+        try:
+            import ray
+            self.node = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - outside Ray (tests of the class itself)
+            self.node = None
+
+    def where(self) -> tuple:
+        return self.pid, self.node, self.host
+
+    def act(self, name: str, first: int, *ins):
+        """Acts on a batch: ``ins`` has per input the list of its pieces ``first``,
+        ``first + 1``, ...; returns their outputs (a list) and the act's record: per
+        piece its start and end (wall-clock seconds), then the process and node."""
+        stage = self.stages[name]
+        out, times = [], []
+        for k, args in enumerate(zip(*ins)):
+            piece = first + k
+            t0 = time.time()
+            try:
+                value = stage.check(stage.fn(*args), piece)
+                sim = stage.simulated(piece)
+                if sim > 0:
+                    time.sleep(sim)
+            except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
+                raise self._failed(stage, piece, e) from None
+            times.append((t0, time.time()))
+            out.append(value)
+        return out, (times, self.pid, self.node)
+
+    def _failed(self, stage: Stage, piece: int, e: BaseException) -> "StageFailed":
+        return StageFailed(stage.name, piece, self.where(), e, traceback.format_exc())
+
+
+class AsyncWorker(Worker):
+    """A Ray actor process hosting an ``async def`` stage (alone or in a group): its calls
+    run on the process's event loop, several at once, and the pieces of one batch are
+    awaited together (a plain stage of the group runs on the loop, one piece at a time)."""
+
+    async def act(self, name: str, first: int, *ins):
+        stage = self.stages[name]
+
+        async def one(k, args):
+            piece = first + k
+            t0 = time.time()
+            try:
+                value = stage.fn(*args)
+                if inspect.isawaitable(value):
+                    value = await value
+                value = stage.check(value, piece)
+                sim = stage.simulated(piece)
+                if sim > 0:
+                    await asyncio.sleep(sim)
+            except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
+                raise self._failed(stage, piece, e) from None
+            return value, (t0, time.time())
+
+        done = await asyncio.gather(*(one(k, args) for k, args in enumerate(zip(*ins))))
+        return [v for v, _ in done], ([t for _, t in done], self.pid, self.node)
 
 
 class StageFailed(Exception):
