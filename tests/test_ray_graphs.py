@@ -122,9 +122,8 @@ def test_groups_and_their_placement_are_checked(engine):
     def refused(match, **kw):
         with pytest.raises(af.PlanError, match=match):
             list(g.run(engine=af.distributed.RayEngine(**kw)))
-    refused(r"group 'light' names 'c', which is not an actor of this graph; its stages: "
-            r"\['a', 'b'\]", groups={"light": ["a", "c"]})
-    refused("names 'load', which is a source", groups={"light": ["load", "a"]})
+    refused(r"group 'light' names 'c', which is not an actor of this graph; its actors: "
+            r"\['a', 'b', 'load'\]", groups={"light": ["a", "c"]})
     refused(r"'a' is in groups 'x' and 'y'", groups={"x": ["a"], "y": ["a", "b"]})
     refused("group 'a' has the name of an actor", groups={"a": ["b"]})
     refused(r"placement= names 'a', which acts in group 'x'.*place the group",
@@ -226,3 +225,81 @@ def test_nodes_are_named_by_id_or_address(engine):
         assert g.stats().actors["double"]["nodes"] == ["node:0"]
     with pytest.raises(af.PlanError, match=r"node:0 need .* over its 10 B budget"):
         list(g.run(engine=af.distributed.RayEngine(memory={address: "10B"})))
+
+
+def read_with_pid(n):
+    def read():
+        for i in range(n):
+            yield np.full(8, i, np.float32), np.int64(os.getpid())
+    return read
+
+
+@pytest.mark.parametrize("n", [8, 10, 1])           # whole batches, a part, one piece
+def test_a_placed_source_is_read_in_a_ray_process(engine, n):
+    g = af.ActorGraph()
+    src = g.source(read_with_pid(n), name="load")
+    g.sink(g.actor(lambda p: (p[0] * 2, p[1]), src, name="double"))
+    eng = af.distributed.RayEngine(placement={"load": {"num_cpus": 0.5}})
+    outs = list(g.run(engine=eng))
+    assert [float(x[0]) for x, _ in outs] == [2.0 * i for i in range(n)]
+    readers = {int(p) for _, p in outs}
+    stats = g.stats().actors
+    assert readers == set(stats["load"]["processes"]) and os.getpid() not in readers
+    assert stats["load"]["acts"] == n and stats["double"]["acts"] == n
+    assert stats["load"]["most_held"] <= 2
+
+
+def test_a_source_in_a_group_and_an_async_one_in_a_process(engine):
+    g = af.ActorGraph()
+    a = g.source(lambda: numbers(9), name="a")
+    b = g.source(items(12), name="b")
+    g.sink(g.actor(lambda x, y: x + y[:4], a, b, name="add"))
+    eng = af.distributed.RayEngine(groups={"io": ["a", "add"]},
+                                   placement={"b": {"num_cpus": 0.25}})
+    outs = same_as_local(g, eng)
+    assert len(outs) == 9
+    stats = g.stats().actors
+    assert stats["a"]["processes"] == stats["add"]["processes"] != [os.getpid()]
+    assert stats["b"]["processes"] != [os.getpid()]
+
+
+def bad_source(n, bad_at, shape=False):
+    def read():
+        for i in range(n):
+            if i == bad_at and not shape:
+                raise OSError(f"disk gone at {i}")
+            yield np.full(4 if i == bad_at else 8, i, np.float32)
+    return read
+
+
+def test_a_placed_source_that_fails_names_its_piece(engine):
+    placed = af.distributed.RayEngine(placement={"load": {}})
+    g = af.ActorGraph()
+    g.sink(g.actor(double, g.source(bad_source(12, 6), name="load"), name="double"))
+    with pytest.raises(af.ActorError, match=r"actor 'load' failed on piece 6.*OSError: disk "
+                                            r"gone at 6"):
+        list(g.run(engine=placed))
+    h = af.ActorGraph()
+    h.sink(h.actor(double, h.source(bad_source(12, 5, shape=True), name="load"),
+                   name="double"))
+    with pytest.raises(af.ActorError, match=r"source 'load' \(piece 5\) gave \[\(\(4,\), "
+                                            r"dtype\('float32'\)\)\], but its registers "
+                                            r"hold \[\(\(8,\)"):
+        list(h.run(engine=placed))
+    with pytest.raises(af.ActorError, match=r"source 'load' \(piece 5\) gave"):
+        list(h.run(engine=engine))                          # (read on the driver: the same)
+
+
+def test_what_cannot_be_read_in_a_process_is_refused(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(double, g.source((np.full(8, i, np.float32) for i in range(4)),
+                                    out=af.Spec((8,), af.float32), name="load"),
+                   name="double"))
+    with pytest.raises(af.PlanError, match=r"'load' cannot be sent to a Ray actor process "
+                                           r"\(TypeError: cannot pickle 'generator' object\).*g.source\(read\), not "
+                                           r"g.source\(read\(\)\)"):
+        list(g.run(engine=af.distributed.RayEngine(placement={"load": {}})))
+    h = af.ActorGraph()
+    h.sink(h.actor(double, h.input(af.Spec((8,), af.float32), name="x"), name="double"))
+    with pytest.raises(af.PlanError, match=r"input 'x' takes its pieces from run\(feed=...\)"):
+        list(h.run(engine=af.distributed.RayEngine(placement={"x": {}}), feed=[]))

@@ -16,7 +16,7 @@ def start_processes(run) -> None:
     (unit -> [(pid, node label, host)])."""
     ray, plan, engine = run.ray, run.plan, run.engine
     for u in plan.units.values():
-        stages = u.stages()
+        stages = u.stages(plan.batch)
         made = (_fingerprint(stages), u.options, u.node)
         key = (id(run.g), u.name)
         kept = engine.kept.pop(key, None)                 # (keep_workers=True: warm ones)
@@ -69,6 +69,15 @@ def _make(ray, u, stages: list, nodes):
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes.ids[u.node],
                                                                      soft=False)
     opts.setdefault("max_restarts", 0)
+    for s in stages:
+        try:
+            ray.cloudpickle.dumps(s)
+        except Exception as e:  # noqa: BLE001 - a function or source that does not pickle
+            raise PlanError(f"engine='ray': {s.name!r} cannot be sent to a Ray actor "
+                            f"process ({type(e).__name__}: {e}); what a process runs must "
+                            f"pickle: a source as a function returning its iterator "
+                            f"(g.source(read), not g.source(read())) or a list, a stage "
+                            f"as a function") from e
     remote = ray.remote(AsyncWorker if u.is_async else Worker).options(**opts)
     return remote.remote(stages)
 

@@ -9,9 +9,9 @@ import numpy as np
 from ..errors import ActorError, PlanError
 from ..runtime.actor import Collector, OpActor, StageActor
 from ..runtime.source import SourceActor
-from ..runtime.spec import as_array, flatten, unflatten
+from ..runtime.spec import unflatten
 from .cluster import Nodes, budget_keys, check_budgets
-from .worker import OpCall, Stage, StageFailed
+from .worker import OpCall, SourceStage, Stage, StageFailed, source_piece
 
 PER_REPLICA = 2         # calls queued on one Ray actor at once (hides the round trip)
 
@@ -41,20 +41,24 @@ class Unit:
         self.options: dict = {}
         self.node = None            # the index of the node it is pinned to, or None
 
-    def stages(self) -> list:
-        """What its processes host: a ``Stage`` per member."""
+    def stages(self, batch: int) -> list:
+        """What its processes host: a ``Stage`` per member (a ``SourceStage`` per source)."""
         out = []
         for a in self.members:
-            fn = OpCall(a.program, a.out_spec) if isinstance(a, OpActor) else a.fn
             spec = a.out_spec
             leaves = [(tuple(s.shape), np.dtype(s.dtype.np)) for s in spec.specs]
+            if isinstance(a, SourceActor):
+                out.append(SourceStage(a.name, a.source, leaves, spec.structure, batch))
+                continue
+            fn = OpCall(a.program, a.out_spec) if isinstance(a, OpActor) else a.fn
             out.append(Stage(a.name, fn, leaves, spec.structure, a.time))
         return out
 
 
 class RayPlan:
     """What a Ray run needs from the graph: its actors in order, registers per actor, the
-    processes (units) and node of each actor, the sources, sinks and collector."""
+    processes (units) and node of each actor, the sources read on the driver
+    (``sources``; the others act in a unit), the sinks and the collector."""
 
     def __init__(self, actors, buffers, sizes, sources, sinks, collector, units, unit_of):
         self.actors, self.buffers, self.sizes = actors, buffers, sizes
@@ -91,8 +95,8 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
             raise PlanError(f"engine='ray': actor {a.name!r} is {a.describe()}, which Ray "
                             f"runs do not take; run it with the local engine")
     names = {a.name: a for a in actors}
-    sources = [a for a in actors if isinstance(a, SourceActor)]
     units, unit_of = make_units(engine, actors, names)
+    sources = [a for a in actors if isinstance(a, SourceActor) and a not in unit_of]
     nodes = Nodes(ray)
     for u in units.values():
         opts = dict(engine.placement.get(u.name, {}))
@@ -120,8 +124,9 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
 
 
 def make_units(engine, actors: list, names: dict):
-    """The Ray actor processes: a unit per group of ``engine.groups`` and per other stage;
-    ``placement=`` names units (a group, or a stage not in one)."""
+    """The Ray actor processes: a unit per group of ``engine.groups``, per other stage, and
+    per source that placement= names (the other sources are read on the driver);
+    ``placement=`` names units (a group, a stage or a source not in one)."""
     units, unit_of, grouped = {}, {}, {}
     for group, members in engine.groups.items():
         if group in names:
@@ -129,12 +134,10 @@ def make_units(engine, actors: list, names: dict):
                             f"groups names of their own")
         for m in members:
             a = names.get(m)
-            if a is None or isinstance(a, SourceActor):
-                stages = sorted(n for n, x in names.items() if not isinstance(x, SourceActor))
-                raise PlanError(f"engine='ray': group {group!r} names {m!r}, which is "
-                                + ("a source (sources are read on the driver)"
-                                   if a is not None else "not an actor of this graph")
-                                + f"; its stages: {stages}")
+            if a is None:
+                raise PlanError(f"engine='ray': group {group!r} names {m!r}, which is not "
+                                f"an actor of this graph; its actors: {sorted(names)}")
+            _on_a_worker(a)
             if a in unit_of:
                 raise PlanError(f"engine='ray': {m!r} is in groups {unit_of[a]!r} and "
                                 f"{group!r}; a stage acts in one process kind")
@@ -144,7 +147,8 @@ def make_units(engine, actors: list, names: dict):
         units[group] = Unit(group, members, True)
     unit_of = {a: units[group] for a, group in unit_of.items()}
     for a in actors:
-        if not isinstance(a, SourceActor) and a not in unit_of:
+        if a not in unit_of and (not isinstance(a, SourceActor) or a.name in engine.placement):
+            _on_a_worker(a)
             unit_of[a] = units[a.name] = Unit(a.name, [a], False)
     for key in engine.placement:
         if key in units:
@@ -153,11 +157,17 @@ def make_units(engine, actors: list, names: dict):
         if a is not None and a in unit_of:
             raise PlanError(f"engine='ray': placement= names {key!r}, which acts in group "
                             f"{unit_of[a].name!r}'s processes; place the group")
-        raise PlanError(f"engine='ray': placement= names {key!r}, which "
-                        + ("is a source, read on the driver" if a is not None else
-                           "this graph does not have")
-                        + f"; it places {sorted(units)}")
+        raise PlanError(f"engine='ray': placement= names {key!r}, which this graph does not "
+                        f"have; it places {sorted(units)} (and sources, to read them in a "
+                        f"Ray actor process)")
     return units, unit_of
+
+
+def _on_a_worker(a) -> None:
+    """A source read in a Ray actor process is opened there: not one fed by the caller."""
+    if isinstance(a, SourceActor) and a.fed:
+        raise PlanError(f"engine='ray': input {a.name!r} takes its pieces from "
+                        f"run(feed=...) on the driver; it cannot be placed or grouped")
 
 
 def check_resources(have: dict, units: list) -> None:
@@ -185,9 +195,9 @@ def check_resources(have: dict, units: list) -> None:
 
 
 def source_items(src: SourceActor):
-    """The source's pieces for a Ray run (piece 0 read while planning first), each leaf as
-    the array a register would hold (a Python float is float32, a tensor its numpy data),
-    checked against piece 0's shapes. An async source is driven on a loop of its own."""
+    """The source's pieces for a Ray run read on the driver (piece 0 read while planning
+    first), each leaf as the array a register would hold, checked against piece 0's shapes.
+    An async source is driven on a loop of its own."""
     src.start()
     want = [(s.shape, s.dtype.np) for s in src.out_spec.specs]
     loop = None
@@ -207,15 +217,7 @@ def source_items(src: SourceActor):
                         value = next(src.it)
                 except (StopIteration, StopAsyncIteration):
                     return
-                what = f"source {src.name!r} (piece {piece})"
-                leaves, structure = flatten(value)
-                arrays = [as_array(x, what) for x in leaves]
-                got = [(a.shape, a.dtype) for a in arrays]
-                if structure != src.out_spec.structure or got != want:
-                    raise ActorError(src.name, piece, TypeError(
-                        f"{what} gave {got}, but its registers hold {want} (sized by piece "
-                        f"0); give the same shapes and dtypes for every piece"))
-                value = unflatten(structure, arrays)
+                value = source_piece(src.name, piece, value, src.out_spec.structure, want)
             yield value
             piece += 1
     finally:

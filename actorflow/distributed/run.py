@@ -32,6 +32,7 @@ class RayRun:
         self.limit: dict = {}           # unit -> calls queued per process at most
         self.tokens = dict(g.resources)  # the graph's shared tokens free now
         self.holds: dict = {}           # act record ref -> the tokens its call holds
+        self.unready: set = set()       # (source, batch) sent to its process, not read yet
         self.node_of: dict = {}         # (actor, batch) -> node label of its register
         self.next_piece = {a: 0 for a in self.actors}
         self.held = {a: 0 for a in self.actors}     # batches out, not finished by a reader
@@ -87,6 +88,9 @@ class RayRun:
 
     def _start(self) -> None:
         self.items = {src: source_items(src) for src in self.plan.sources}
+        for a in self.actors:                   # (a source read in a process: its own)
+            if isinstance(a, SourceActor) and a not in self.items:
+                a.close()
         start_processes(self)
         for u in self.procs:
             hosted = PER_REPLICA * len(u.members)
@@ -126,7 +130,8 @@ class RayRun:
         """``progress``: a tqdm bar of the pieces delivered, drawn by the driver after each
         batch, with the run's bottleneck line (every second at most)."""
         from ..runtime.progress import open_bar, total_of_source
-        known = [n for n in map(total_of_source, self.plan.sources) if n is not None]
+        sources = [a for a in self.actors if isinstance(a, SourceActor)]
+        known = [n for n in map(total_of_source, sources) if n is not None]
         self.bar = open_bar(self.progress, min(known, default=None), "ray run")
         self.neck_at = 0.0
 
@@ -170,7 +175,7 @@ class RayRun:
                 if self.held[a] >= self.plan.buffers[a]:
                     self._blocked(a, "credit")
                     break
-                if isinstance(a, SourceActor):
+                if a in self.items:             # a source read on the driver
                     if not self._tokens(a, +1):
                         break
                     values = list(itertools.islice(self.items[a], batch))
@@ -187,7 +192,7 @@ class RayRun:
                 ins = []
                 for u in a.inputs:
                     ref = self.refs.get((u, j))
-                    if ref is None:
+                    if ref is None or (u, j) in self.unready:
                         break
                     ins.append(ref)
                 if len(ins) < len(a.inputs):
@@ -208,7 +213,7 @@ class RayRun:
                 self.pending[record_ref] = (a, j, r)
                 if a.resources:
                     self.holds[record_ref] = a
-                n = self.lens[j]
+                n = self.lens.get(j, batch)
                 if a.timeout is None:
                     self.deadline[record_ref] = None
                 elif unit.is_async:         # (its calls run at once)
@@ -219,6 +224,8 @@ class RayRun:
                                                  + a.timeout * n)
                     self.free_at[(unit, r)] = self.deadline[record_ref]
                 self._take(a, j, value_ref, self.where[unit][r][1])
+                if isinstance(a, SourceActor):
+                    self.unready.add((a, j))    # (its readers wait for its record)
 
     def _tokens(self, a, sign: int) -> bool:
         """Takes (+1) or gives back (-1) all of ``a``'s shared tokens for one call; False
@@ -236,7 +243,7 @@ class RayRun:
     def _take(self, a, j: int, ref, node: str) -> None:
         self._unblocked(a)
         self.refs[(a, j)] = ref
-        self.node_of[(a, j)] = (node, self.plan.sizes[a] * self.lens[j])
+        self.node_of[(a, j)] = (node, self.plan.sizes[a] * self.lens.get(j, self.plan.batch))
         self.left[(a, j)] = self.reads[a] + len(self.sink_index.get(a, ()))
         self.next_piece[a] = j + 1
         self.held[a] += 1
@@ -258,8 +265,13 @@ class RayRun:
             first = min([j] + [p for b, p, q in self.pending.values()
                                if self.plan.unit_of[b] is unit and q == r])
             b = self.plan.batch
-            raise actor_error(e, (a.name, first * b, first * b + self.lens[first] - 1,
+            raise actor_error(e, (a.name, first * b, first * b + self.lens.get(first, b) - 1,
                                   self.where[unit][r][1])) from None
+        if (a, j) in self.unready:          # a source read in a process: its batch is in
+            self._sourced(a, j, len(times))
+            if not times:                   # (a call past its end: its credit comes home)
+                self._release(a, j)
+                return
         self.acts[a] += len(times)
         for k, (t0, t1) in enumerate(times):
             self.compute[a] += t1 - t0
@@ -270,6 +282,16 @@ class RayRun:
             self._collect(a, j, self.ray.get(self.refs[(a, j)]))
         elif self.left.get((a, j)) == 0:    # nobody reads it: its credit comes home now
             self._release(a, j)             # (absent: its readers' records came in first)
+
+    def _sourced(self, a, j: int, n: int) -> None:
+        """A source's batch ``j`` read in its process: ``n`` pieces (fewer at its end: it
+        ended; none: a call past its end, whose credit comes home now)."""
+        self.unready.discard((a, j))
+        batch = self.plan.batch
+        self.lens[j] = min(self.lens.get(j, batch), n)
+        if n < batch:
+            end = j + (1 if n else 0)
+            self.ended_at[a] = min(self.ended_at.get(a, end), end)
 
     def _collect(self, a, j: int, values: list) -> None:
         part = self.plan.collector.part
@@ -317,8 +339,9 @@ class RayRun:
         keep_or_kill(self, self.engine.keep_workers and self.state == "finished")
         self.pending.clear()
         self.refs.clear()
-        for src in self.plan.sources:
-            src.close()
+        for src in self.actors:
+            if isinstance(src, SourceActor):
+                src.close()
         wall = time.time() - self.t0
         self.g._last = RayRunStats(self, wall)
         if self.trace is not None:

@@ -62,6 +62,74 @@ class Stage:
         return unflatten(structure, arrays)
 
 
+class SourceStage:
+    """A source read in a Ray actor process (placed, or in a group): opened afresh at
+    piece 0 of each run (a zero-argument callable is called, an iterable iterated), then
+    read ``batch`` pieces per call, each checked against piece 0's shapes."""
+
+    is_async = False
+    sim = None
+
+    def __init__(self, name: str, source, leaves, structure, batch: int):
+        self.name, self.source, self.leaves, self.structure = name, source, leaves, structure
+        self.fn = source
+        self.batch = batch
+        self.it = None
+        self.loop = None
+        self.turn = None            # (an async process: the calls' turns to read)
+        self.at = 0                 # the first piece of the next call (async process)
+
+    def open(self) -> None:
+        self.at = 0
+        src = self.source
+        if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
+                                     and not hasattr(src, "__aiter__")):
+            src = src()
+        self.it = src.__aiter__() if hasattr(src, "__aiter__") else iter(src)
+
+    def next(self):
+        """The next piece, or ``_END``; an async iterator is driven on a loop of its own
+        (in a sync process) or awaited (``anext``)."""
+        if hasattr(self.it, "__anext__"):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            try:
+                return self.loop.run_until_complete(self.it.__anext__())
+            except StopAsyncIteration:
+                return _END
+        return next(self.it, _END)
+
+    async def anext(self):
+        if hasattr(self.it, "__anext__"):
+            try:
+                return await self.it.__anext__()
+            except StopAsyncIteration:
+                return _END
+        return next(self.it, _END)
+
+    def check(self, value, piece: int):
+        return source_piece(self.name, piece, value, self.structure, self.leaves)
+
+
+def source_piece(name: str, piece: int, value, structure, want: list):
+    """A source's piece with its leaves as the arrays a register holds (a Python float is
+    float32, a tensor its numpy data), refused when it differs from piece 0's."""
+    from ..errors import ActorError
+    from ..runtime.spec import as_array, flatten, unflatten
+    what = f"source {name!r} (piece {piece})"
+    leaves, got_structure = flatten(value)
+    arrays = [as_array(x, what) for x in leaves]
+    got = [(a.shape, a.dtype) for a in arrays]
+    if got_structure != structure or got != want:
+        raise ActorError(name, piece, TypeError(
+            f"{what} gave {got}, but its registers hold {want} (sized by piece 0); give "
+            f"the same shapes and dtypes for every piece"))
+    return unflatten(structure, arrays)
+
+
+_END = object()
+
+
 class OpCall:
     """An op actor's traced program as a function of pieces: each call fills new output
     arrays (the program's kernels write into them) and returns them in the register's
@@ -100,6 +168,8 @@ class Worker:
         piece its start and end (wall-clock seconds), then the process and node."""
         stage = self.stages[name]
         out, times = [], []
+        if isinstance(stage, SourceStage):
+            return self._read(stage, first)
         for k, args in enumerate(zip(*ins)):
             piece = first + k
             t0 = time.time()
@@ -114,6 +184,23 @@ class Worker:
             out.append(value)
         return out, (times, self.pid, self.node)
 
+    def _read(self, src: SourceStage, first: int):
+        """A source's act: its next ``batch`` pieces (fewer at its end)."""
+        if first == 0:
+            src.open()
+        out, times = [], []
+        for piece in range(first, first + src.batch):
+            t0 = time.time()
+            try:
+                value = src.next()
+                if value is _END:
+                    break
+                out.append(src.check(value, piece))
+            except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
+                raise self._failed(src, piece, e) from None
+            times.append((t0, time.time()))
+        return out, (times, self.pid, self.node)
+
     def _failed(self, stage: Stage, piece: int, e: BaseException) -> "StageFailed":
         return StageFailed(stage.name, piece, self.where(), e, traceback.format_exc())
 
@@ -125,6 +212,8 @@ class AsyncWorker(Worker):
 
     async def act(self, name: str, first: int, *ins):
         stage = self.stages[name]
+        if isinstance(stage, SourceStage):
+            return await self._aread(stage, first)
 
         async def one(k, args):
             piece = first + k
@@ -143,6 +232,33 @@ class AsyncWorker(Worker):
 
         done = await asyncio.gather(*(one(k, args) for k, args in enumerate(zip(*ins))))
         return [v for v, _ in done], ([t for _, t in done], self.pid, self.node)
+
+
+    async def _aread(self, src: SourceStage, first: int):
+        """A source's act in an async process, whose calls run at once: each waits for its
+        turn (the call before it read its batch), so pieces are read in order."""
+        if src.turn is None:
+            src.turn = asyncio.Condition()
+        async with src.turn:
+            await src.turn.wait_for(lambda: first == 0 or src.at == first)
+            if first == 0:
+                src.open()
+            out, times = [], []
+            try:
+                for piece in range(first, first + src.batch):
+                    t0 = time.time()
+                    try:
+                        value = await src.anext()
+                        if value is _END:
+                            break
+                        out.append(src.check(value, piece))
+                    except BaseException as e:  # noqa: BLE001 - carried to the driver
+                        raise self._failed(src, piece, e) from None
+                    times.append((t0, time.time()))
+            finally:
+                src.at = first + src.batch
+                src.turn.notify_all()
+        return out, (times, self.pid, self.node)
 
 
 class StageFailed(Exception):
