@@ -303,3 +303,30 @@ def test_what_cannot_be_read_in_a_process_is_refused(engine):
     h.sink(h.actor(double, h.input(af.Spec((8,), af.float32), name="x"), name="double"))
     with pytest.raises(af.PlanError, match=r"input 'x' takes its pieces from run\(feed=...\)"):
         list(h.run(engine=af.distributed.RayEngine(placement={"x": {}}), feed=[]))
+
+
+def test_a_chain_in_a_group_acts_in_one_call_per_batch(engine, tmp_path):
+    g = af.ActorGraph()
+    src = g.source(items(), name="load")
+    a = g.actor(lambda x: x + 1, src, name="decode")
+    b = g.actor(lambda x: x * 3, a, name="crop")
+    c = g.actor(lambda x: x - 2, b, name="scale")
+    g.sink(c, name="out")
+    g.sink(b, name="crop")                              # a middle stage read outside too
+    g.sink(g.actor(double, a, name="side"), name="side")   # read by a stage elsewhere
+    fused = af.distributed.RayEngine(groups={"light": ["load", "decode", "crop", "scale"]})
+    same_as_local(g, fused, trace=tmp_path / "t.json")
+    rows = g.stats().actors
+    assert rows["decode"]["fused_acts"] > 0 and rows["crop"]["fused_acts"] > 0
+    assert rows["scale"]["fused_acts"] > 0 and rows["load"]["fused_acts"] == 0
+    assert all(rows[n]["acts"] == 24 and rows[n]["most_held"] <= 2
+               for n in ("load", "decode", "crop", "scale", "side"))
+    assert len({p for n in ("load", "decode", "crop", "scale")
+                for p in rows[n]["processes"]}) == 1
+    names = [e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+             if e["ph"] == "X"]
+    assert all(names.count(n) == 24 for n in ("load", "decode", "crop", "scale"))
+    apart = af.distributed.RayEngine(groups={"light": ["decode", "crop", "scale"]},
+                                     fuse=False)
+    same_as_local(g, apart)
+    assert all(row["fused_acts"] == 0 for row in g.stats().actors.values())

@@ -47,6 +47,9 @@ class RayEngine:
         groups: ``{"light": ["decode", "crop"]}``: cheap stages that share Ray actor
             processes (replica ``r`` of each in process ``r``), so that each does not take
             a process and a CPU share of its own; placement= then places the group.
+        fuse: a stage of a group that reads only the one before it in the group acts in
+            the same Ray call (one call per batch for a chain, not one per stage), when
+            both hold a free register; False: a call per stage.
         memory: byte budgets for the graph's registers, per node (``{"node:0": "2GiB"}``,
             any name ``node`` takes) or per Ray resource (``{"GPU": "8GiB"}``: the
             registers of the stages whose processes ask it); refused before the first act
@@ -68,7 +71,7 @@ class RayEngine:
     def __init__(self, address=None, placement: dict | None = None,
                  memory: dict | None = None, init: dict | None = None, batch: int = 4,
                  keep_workers: bool = False, start_timeout: float = 60.0,
-                 groups: dict | None = None):
+                 groups: dict | None = None, fuse: bool = True):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
                              f"whole number >= 1")
@@ -78,6 +81,7 @@ class RayEngine:
         self.kept: dict = {}            # (graph, unit name) -> (what they host, Ray actors)
         self.address = address
         self.placement = dict(placement or {})
+        self.fuse = bool(fuse)
         self.groups = {}
         for k, v in (groups or {}).items():
             if not isinstance(v, (list, tuple)) or not v or not all(

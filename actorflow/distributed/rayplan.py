@@ -110,6 +110,7 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
                  {a: a.out_spec.nbytes for a in actors}, sources, list(collector.inputs),
                  collector, units, unit_of)
     rp.batch, rp.nodes = engine.batch, nodes
+    rp.fuse_next = fuse_chains(units.values(), actors) if engine.fuse else {}
     rp.budgets = budget_keys(engine.memory, nodes, have)
 
     def where(a):                   # before the processes start: pinned, or one node
@@ -161,6 +162,26 @@ def make_units(engine, actors: list, names: dict):
                         f"have; it places {sorted(units)} (and sources, to read them in a "
                         f"Ray actor process)")
     return units, unit_of
+
+
+def fuse_chains(units, actors: list) -> dict:
+    """``{a: b}``: stage ``b`` of the same plain (not async) group reads only ``a``, with
+    as many replicas: the driver sends one call that acts for both on a batch (a chain
+    of them, followed on), so a group of cheap stages costs one Ray call per batch, not
+    one per stage. Stages with ``timeout=`` or tokens act in calls of their own."""
+    fuse: dict = {}
+    for u in units:
+        if u.is_async or not u.grouped:
+            continue
+        for b in u.members:
+            a = b.inputs[0] if len(b.inputs) == 1 else None
+            if a is None or a not in u.members or a in fuse or a.replicas != b.replicas:
+                continue
+            if any(x.timeout is not None or x.resources for x in (a, b)):
+                continue
+            if b.inputs.count(a) == 1:
+                fuse[a] = b
+    return fuse
 
 
 def _on_a_worker(a) -> None:

@@ -16,7 +16,8 @@ class RayRunStats(RunStats):
     """RunStats of a Ray run: per actor acts, compute (inside its Ray actors), waits (the
     driver's view: no input yet, or no credit), busy, ``most_held`` (the most pieces it
     had out at once: at most its ``buffers``) and ``processes`` (the pids its acts ran
-    in); memory per node: planned, and the most register bytes out at once (``peak``,
+    in), ``nodes`` (their nodes) and ``fused_acts`` (acts in a call sent for the stage
+    before it in its group); memory per node: planned, and the most register bytes out at once (``peak``,
     counted by the driver)."""
 
     def __init__(self, run, wall: float):
@@ -32,7 +33,8 @@ class RayRunStats(RunStats):
                 "wait_resource_s": w["resource"],
                 "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
                 if wall > 0 else 0.0, "most_held": run.peak_held[a],
-                "processes": _where(run, a, 0), "nodes": _where(run, a, 1)}
+                "processes": _where(run, a, 0), "nodes": _where(run, a, 1),
+                "fused_acts": run.fused[a]}
         plan = run.plan
         self.memory = {key: {"planned": need, "peak": run.node_peak.get(key),
                              "budget": plan.budgets.get(key), "live": None}
@@ -90,3 +92,30 @@ def write_trace(run, path) -> dict:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": evs}))
     return {"path": str(p), "records": len(run.records), "write_s": time.perf_counter() - t}
+
+
+class RunBar:
+    """``progress``: a tqdm bar of the pieces a Ray run delivered, drawn by the driver
+    after each batch, with the run's bottleneck line (every second at most)."""
+
+    def __init__(self, run):
+        from ..runtime.progress import open_bar, total_of_source
+        self.run = run
+        sources = [a for a in run.actors if isinstance(a, SourceActor)]
+        known = [n for n in map(total_of_source, sources) if n is not None]
+        self.bar = open_bar(run.progress, min(known, default=None), "ray run")
+        self.neck_at = 0.0
+
+    def show(self, last: bool = False) -> None:
+        run = self.run
+        self.bar.update(run.delivered - self.bar.n)
+        now = time.perf_counter()
+        if last or now - self.neck_at > 1.0:
+            self.neck_at = now
+            line = RayRunStats(run, time.time() - run.t0).bottleneck()
+            if line:
+                self.bar.set_postfix_str(line, refresh=True)
+
+    def close(self) -> None:
+        self.show(last=True)
+        self.bar.close()

@@ -10,7 +10,7 @@ from ..errors import ActorError, DeadlockError
 from ..runtime.source import SourceActor
 from .procs import keep_or_kill, start_processes
 from .rayplan import PER_REPLICA, actor_error, source_items
-from .report import RayRunStats, write_trace
+from .report import RayRunStats, RunBar, write_trace
 
 
 class RayRun:
@@ -33,6 +33,7 @@ class RayRun:
         self.tokens = dict(g.resources)  # the graph's shared tokens free now
         self.holds: dict = {}           # act record ref -> the tokens its call holds
         self.unready: set = set()       # (source, batch) sent to its process, not read yet
+        self.chains: dict = {}          # act record ref -> the actors of a fused call
         self.node_of: dict = {}         # (actor, batch) -> node label of its register
         self.next_piece = {a: 0 for a in self.actors}
         self.held = {a: 0 for a in self.actors}     # batches out, not finished by a reader
@@ -49,6 +50,7 @@ class RayRun:
         self.lens: dict = {}            # batch -> its pieces
         self.records: list = []         # (actor, piece, replica, t0, t1, pid, node)
         self.acts = {a: 0 for a in self.actors}
+        self.fused = {a: 0 for a in self.actors}   # acts in a call sent for the one before
         self.compute = {a: 0.0 for a in self.actors}
         self.waits = {a: {"input": 0.0, "credit": 0.0, "resource": 0.0}
                       for a in self.actors}
@@ -69,7 +71,7 @@ class RayRun:
             g._running = True
         try:
             if self.progress:
-                self._open_bar()
+                self.bar = RunBar(self)
             self._start()
             yield from self._loop()
             self.state = "finished"
@@ -83,7 +85,6 @@ class RayRun:
             self._stop()
             g._running = False
             if self.bar is not None:
-                self._show(last=True)
                 self.bar.close()
 
     def _start(self) -> None:
@@ -112,7 +113,7 @@ class RayRun:
                     self.delivered += 1
                     yield self.plan.collector.assemble(list(piece))
                 if self.bar is not None:
-                    self._show()
+                    self.bar.show()
             total = min((self.ended_at.get(a) for a in self.plan.sinks), default=None,
                         key=lambda n: float("inf") if n is None else n)
             if total is not None and self.next_out >= total and not self.pending:
@@ -125,24 +126,6 @@ class RayRun:
                 self._overran()
             for ref in done:
                 self._done(ref)
-
-    def _open_bar(self) -> None:
-        """``progress``: a tqdm bar of the pieces delivered, drawn by the driver after each
-        batch, with the run's bottleneck line (every second at most)."""
-        from ..runtime.progress import open_bar, total_of_source
-        sources = [a for a in self.actors if isinstance(a, SourceActor)]
-        known = [n for n in map(total_of_source, sources) if n is not None]
-        self.bar = open_bar(self.progress, min(known, default=None), "ray run")
-        self.neck_at = 0.0
-
-    def _show(self, last: bool = False) -> None:
-        self.bar.update(self.delivered - self.bar.n)
-        now = time.perf_counter()
-        if last or now - self.neck_at > 1.0:
-            self.neck_at = now
-            line = RayRunStats(self, time.time() - self.t0).bottleneck()
-            if line:
-                self.bar.set_postfix_str(line, refresh=True)
 
     def _wait_s(self):
         """Until the first deadline of a call on an actor with ``timeout=`` (None: none)."""
@@ -208,8 +191,16 @@ class RayRun:
                 if not self._tokens(a, +1):
                     break
                 self.busy[(unit, r)] += 1
-                value_ref, record_ref = self.procs[unit][r].act.options(
-                    num_returns=2).remote(a.name, j * batch, *ins)
+                chain = self._chain(a, j)
+                if len(chain) == 1:
+                    value_refs = self.procs[unit][r].act.options(
+                        num_returns=2).remote(a.name, j * batch, *ins)
+                else:                       # (fused: one call acts for the whole chain)
+                    value_refs = self.procs[unit][r].act_chain.options(
+                        num_returns=len(chain) + 1).remote([c.name for c in chain],
+                                                           j * batch, *ins)
+                    self.chains[value_refs[-1]] = chain
+                record_ref = value_refs[-1]
                 self.pending[record_ref] = (a, j, r)
                 if a.resources:
                     self.holds[record_ref] = a
@@ -223,9 +214,21 @@ class RayRun:
                                                      self.free_at[(unit, r)])
                                                  + a.timeout * n)
                     self.free_at[(unit, r)] = self.deadline[record_ref]
-                self._take(a, j, value_ref, self.where[unit][r][1])
+                for c, ref in zip(chain, value_refs):
+                    self._take(c, j, ref, self.where[unit][r][1])
                 if isinstance(a, SourceActor):
                     self.unready.add((a, j))    # (its readers wait for its record)
+
+    def _chain(self, a, j: int) -> list:
+        """``a`` and the stages of its group fused after it that can take batch ``j`` now
+        (each holds a free register; see ``RayPlan.fuse_next``): one call acts for all."""
+        chain = [a]
+        b = self.plan.fuse_next.get(a)
+        while b is not None and self.held[b] < self.plan.buffers[b] \
+                and self.next_piece[b] == j and b not in self.ended_at:
+            chain.append(b)
+            b = self.plan.fuse_next.get(b)
+        return chain
 
     def _tokens(self, a, sign: int) -> bool:
         """Takes (+1) or gives back (-1) all of ``a``'s shared tokens for one call; False
@@ -257,6 +260,7 @@ class RayRun:
         self.busy[(unit, r)] -= 1
         if self.holds.pop(ref, None) is not None:
             self._tokens(a, -1)
+        chain = self.chains.pop(ref, None)
         try:
             times, pid, node = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - the stage raised, or its process died
@@ -267,6 +271,16 @@ class RayRun:
             b = self.plan.batch
             raise actor_error(e, (a.name, first * b, first * b + self.lens.get(first, b) - 1,
                                   self.where[unit][r][1])) from None
+        if chain is None:
+            self._acted(a, j, r, times, pid, node)
+        else:
+            for c, t in zip(chain, times):
+                self._acted(c, j, r, t, pid, node)
+            for c, t in zip(chain[1:], times[1:]):
+                self.fused[c] += len(t)
+
+    def _acted(self, a, j: int, r: int, times: list, pid, node) -> None:
+        """``a``'s act on batch ``j`` ended (its record: per piece its start and end)."""
         if (a, j) in self.unready:          # a source read in a process: its batch is in
             self._sourced(a, j, len(times))
             if not times:                   # (a call past its end: its credit comes home)

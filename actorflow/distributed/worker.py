@@ -184,6 +184,17 @@ class Worker:
             out.append(value)
         return out, (times, self.pid, self.node)
 
+    def act_chain(self, names: list, first: int, *ins):
+        """Acts for a chain of this process's stages on one batch (each reads the one
+        before it): their outputs, then one record with per stage its pieces' times."""
+        outs, per = [], []
+        for name in names:
+            out, (times, _, _) = self.act(name, first, *ins)
+            outs.append(out)
+            per.append(times)
+            ins = (out,)
+        return (*outs, (per, self.pid, self.node))
+
     def _read(self, src: SourceStage, first: int):
         """A source's act: its next ``batch`` pieces (fewer at its end)."""
         if first == 0:
