@@ -1,7 +1,8 @@
 """A 4-stage pipeline on Ray: its CPU-heavy preprocess stage replicated over Ray worker
-processes, the outputs equal to the same graph run in this process.
+processes, its two cheap stages grouped in one process (one Ray call per batch for both),
+the outputs equal to the same graph run in this process.
 
-    load (driver) -> preprocess (pure Python, 2 replicas) -> augment -> features
+    load (driver) -> preprocess (pure Python, 2 replicas) -> [augment -> features]
 
 Run: ``python examples/ray_pipeline.py`` (needs ``pip install 'actorflow[ray]'``; starts a
 local Ray cluster of 2 CPUs, or joins ``--address``).
@@ -68,7 +69,8 @@ def main(argv=None) -> int:
     engine = af.distributed.RayEngine(
         address=args.address, init={"num_cpus": 2},
         placement={"preprocess": {"num_cpus": 0.5},      # 2 replicas: 1 CPU in all
-                   "augment": {"num_cpus": 0.25}, "features": {"num_cpus": 0.25}},
+                   "light": {"num_cpus": 0.5}},          # the group: one process
+        groups={"light": ["augment", "features"]},
         memory={"node:0": "8MiB"})
     t = time.perf_counter()
     remote = list(g.run(engine=engine))
@@ -78,7 +80,9 @@ def main(argv=None) -> int:
           f"in the run)")
     print(stats)
     for name in ("preprocess", "augment", "features"):
-        print(f"  {name}: processes {stats.actors[name]['processes']}")
+        row = stats.actors[name]
+        print(f"  {name}: processes {row['processes']}, acts in a call sent for the stage "
+              f"before it: {row['fused_acts']}")
     same = len(local) == len(remote) and all(np.array_equal(a, b)
                                              for a, b in zip(local, remote))
     print("outputs equal to the local run:", same)

@@ -171,6 +171,12 @@ def test_what_ray_does_not_run_is_refused(engine):
     g.sink(g.actor(double, src, name="double"))
     with pytest.raises(af.PlanError, match="actor 'load' writes .*null.*registers are on cpu"):
         list(g.run(engine=engine))
+    h = af.ActorGraph()
+    h.sink(h.op(af.relu, h.source(items(4), name="load"), name="relu"))
+    h.actors[1].state_writes = ("weight",)              # (as nn.Graph's state writers)
+    with pytest.raises(af.PlanError, match=r"actor 'relu' reads or writes state across "
+                                           r"pieces \(weight\)"):
+        list(h.run(engine=engine))
     with pytest.raises(ValueError, match="engines are 'local' and 'ray'"):
         list(g.run(engine="spark"))
 
@@ -184,6 +190,11 @@ def test_the_example_runs_and_equals_the_local_run(engine):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "outputs equal to the local run: True" in r.stdout
     assert "preprocess       rayx2        16" in r.stdout
+    import re
+    rows = dict(re.findall(r"  (augment|features): processes \[(\d+)\]", r.stdout))
+    assert rows["augment"] == rows["features"]              # the group's one process
+    fused = re.search(r"features: .*stage before it: (\d+)", r.stdout)
+    assert int(fused.group(1)) > 0                          # acted in augment's calls
 
 
 def test_kept_workers_serve_the_next_run_and_close_ends_them(engine):

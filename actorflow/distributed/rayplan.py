@@ -91,6 +91,11 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
             raise PlanError(f"engine='ray': actor {a.name!r} writes "
                             f"{a.out_spec.describe()}; Ray runs move data between processes, "
                             f"so registers are on cpu (the null device has none)")
+        if a.state_reads or a.state_writes:
+            raise PlanError(f"engine='ray': actor {a.name!r} reads or writes state across "
+                            f"pieces ({', '.join(a.state_reads + a.state_writes)}), which "
+                            f"lives in one process's memory; run it with the local engine "
+                            f"(nn.Graph.run)")
         if not isinstance(a, (SourceActor, StageActor, OpActor)):
             raise PlanError(f"engine='ray': actor {a.name!r} is {a.describe()}, which Ray "
                             f"runs do not take; run it with the local engine")
