@@ -48,8 +48,8 @@ class RayEngine:
             processes (replica ``r`` of each in process ``r``), so that each does not take
             a process and a CPU share of its own; placement= then places the group.
         fuse: a stage of a group that reads only the one before it in the group acts in
-            the same Ray call (one call per batch for a chain, not one per stage), when
-            both hold a free register; False: a call per stage.
+            that stage's Ray calls (one call per batch for a chain, not one per stage),
+            when each holds a free register; False: a call per stage.
         memory: byte budgets for the graph's registers, per node (``{"node:0": "2GiB"}``,
             any name ``node`` takes) or per Ray resource (``{"GPU": "8GiB"}``: the
             registers of the stages whose processes ask it); refused before the first act

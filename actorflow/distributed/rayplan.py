@@ -116,6 +116,7 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
                  collector, units, unit_of)
     rp.batch, rp.nodes = engine.batch, nodes
     rp.fuse_next = fuse_chains(units.values(), actors) if engine.fuse else {}
+    rp.fuse_prev = {b: a for a, b in rp.fuse_next.items()}
     rp.budgets = budget_keys(engine.memory, nodes, have)
 
     def where(a):                   # before the processes start: pinned, or one node
@@ -171,9 +172,11 @@ def make_units(engine, actors: list, names: dict):
 
 def fuse_chains(units, actors: list) -> dict:
     """``{a: b}``: stage ``b`` of the same plain (not async) group reads only ``a``, with
-    as many replicas: the driver sends one call that acts for both on a batch (a chain
-    of them, followed on), so a group of cheap stages costs one Ray call per batch, not
-    one per stage. Stages with ``timeout=`` or tokens act in calls of their own."""
+    as many replicas: ``b`` acts only in the calls sent for ``a`` (a chain of them,
+    followed on), so a group of cheap stages costs one Ray call per batch, not one per
+    stage; the chain waits until each of its stages holds a free register, as one actor
+    with several outputs would. Stages with ``timeout=`` or tokens act in calls of their
+    own."""
     fuse: dict = {}
     for u in units:
         if u.is_async or not u.grouped:

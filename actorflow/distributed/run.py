@@ -153,6 +153,11 @@ class RayRun:
         for a in self.actors:
             if a in self.ended_at:
                 continue
+            head = self.plan.fuse_prev.get(a)
+            if head is not None:            # fused: acts in its head's calls only
+                if head in self.ended_at:
+                    self.ended_at[a] = self.ended_at[head]
+                continue
             while True:
                 j = self.next_piece[a]
                 if self.held[a] >= self.plan.buffers[a]:
@@ -190,8 +195,10 @@ class RayRun:
                     break                   # its processes have work queued: acting
                 if not self._tokens(a, +1):
                     break
+                chain = self._chain(a)
+                if chain is None:
+                    break                   # a stage fused after it has no free register
                 self.busy[(unit, r)] += 1
-                chain = self._chain(a, j)
                 if len(chain) == 1:
                     value_refs = self.procs[unit][r].act.options(
                         num_returns=2).remote(a.name, j * batch, *ins)
@@ -216,16 +223,20 @@ class RayRun:
                     self.free_at[(unit, r)] = self.deadline[record_ref]
                 for c, ref in zip(chain, value_refs):
                     self._take(c, j, ref, self.where[unit][r][1])
-                if isinstance(a, SourceActor):
-                    self.unready.add((a, j))    # (its readers wait for its record)
+                if isinstance(a, SourceActor):  # (its readers, and those of the stages
+                    self.unready.update((c, j) for c in chain)  # fused after it, wait
+                    #                            for its record: it says where it ended)
 
-    def _chain(self, a, j: int) -> list:
-        """``a`` and the stages of its group fused after it that can take batch ``j`` now
-        (each holds a free register; see ``RayPlan.fuse_next``): one call acts for all."""
+    def _chain(self, a):
+        """``a`` and the stages of its group fused after it (``RayPlan.fuse_next``), which
+        act in its calls only: one call acts for all, when each holds a free register
+        (else None: ``a`` waits for that credit, as one actor with several outputs)."""
         chain = [a]
         b = self.plan.fuse_next.get(a)
-        while b is not None and self.held[b] < self.plan.buffers[b] \
-                and self.next_piece[b] == j and b not in self.ended_at:
+        while b is not None:
+            if self.held[b] >= self.plan.buffers[b]:
+                self._blocked(a, "credit")
+                return None
             chain.append(b)
             b = self.plan.fuse_next.get(b)
         return chain
@@ -273,6 +284,11 @@ class RayRun:
                                   self.where[unit][r][1])) from None
         if chain is None:
             self._acted(a, j, r, times, pid, node)
+        elif (a, j) in self.unready and not times[0]:   # (a source's call past its end)
+            self._sourced(a, j, 0)
+            for c in chain:
+                self.unready.discard((c, j))
+                self._release(c, j)
         else:
             for c, t in zip(chain, times):
                 self._acted(c, j, r, t, pid, node)
@@ -282,10 +298,13 @@ class RayRun:
     def _acted(self, a, j: int, r: int, times: list, pid, node) -> None:
         """``a``'s act on batch ``j`` ended (its record: per piece its start and end)."""
         if (a, j) in self.unready:          # a source read in a process: its batch is in
-            self._sourced(a, j, len(times))
-            if not times:                   # (a call past its end: its credit comes home)
-                self._release(a, j)
-                return
+            if not isinstance(a, SourceActor):
+                self.unready.discard((a, j))    # (fused after one)
+            else:
+                self._sourced(a, j, len(times))
+                if not times:               # (a call past its end: its credit comes home)
+                    self._release(a, j)
+                    return
         self.acts[a] += len(times)
         for k, (t0, t1) in enumerate(times):
             self.compute[a] += t1 - t0
