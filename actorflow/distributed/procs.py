@@ -15,6 +15,10 @@ def start_processes(run) -> None:
     each answers, and sets ``run.procs`` (unit -> Ray actor handles) and ``run.where``
     (unit -> [(pid, node label, host)])."""
     ray, plan, engine = run.ray, run.plan, run.engine
+    others = [k for k in engine.kept if k[0] != id(run.g)]
+    if others:                          # another graph's warm processes hold CPUs this
+        for k in others:                # run's need (kept for one graph at a time)
+            kill(ray, engine.kept.pop(k)[1])
     for u in plan.units.values():
         stages = u.stages(plan.batch)
         made = (_fingerprint(stages), u.options, u.node)
@@ -26,7 +30,9 @@ def start_processes(run) -> None:
         else:
             if kept is not None:
                 kill(ray, kept[1])
-            run.procs[u] = [_make(ray, u, stages, plan.nodes) for _ in range(u.replicas)]
+            run.procs[u] = []           # (filled one by one: a failure kills those made)
+            for _ in range(u.replicas):
+                run.procs[u].append(_make(ray, u, stages, plan.nodes))
         run.made[u] = made
         for a in u.members:
             a.cached.clear()            # (piece 0 computed while planning: redone there)
@@ -42,7 +48,14 @@ def start_processes(run) -> None:
             f"{ray.cluster_resources().get('CPU', 0):g} CPUs free (other Ray actors "
             f"hold the rest?) and these ask {u.options}; ask less in placement=, end what "
             f"holds them, or raise start_timeout=")
-    for (u, _), (pid, node, host) in zip(started, ray.get([r for _, r in started])):
+    for u, ref in started:
+        try:
+            pid, node, host = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - it died starting (an import that failed...)
+            raise PlanError(f"engine='ray': the Ray actor process of {u.name!r} "
+                            f"({', '.join(a.name for a in u.members)}) died while starting: "
+                            f"{type(e).__name__}: {_first_lines(e)}; can the workers import "
+                            f"the stages' functions and their modules?") from e
         run.where.setdefault(u, []).append((pid, plan.nodes.label_of_id(node), host))
 
     def nodes_of(a):
@@ -78,7 +91,11 @@ def _make(ray, u, stages: list, nodes):
                             f"pickle: a source as a function returning its iterator "
                             f"(g.source(read), not g.source(read())) or a list, a stage "
                             f"as a function") from e
-    remote = ray.remote(AsyncWorker if u.is_async else Worker).options(**opts)
+    try:
+        remote = ray.remote(AsyncWorker if u.is_async else Worker).options(**opts)
+    except (TypeError, ValueError) as e:
+        raise PlanError(f"engine='ray': placement of {u.name!r}: Ray refuses the options "
+                        f"{u.options}: {e}") from e
     return remote.remote(stages)
 
 
@@ -93,6 +110,10 @@ def _same(a, b) -> bool:
     (fa, oa, na), (fb, ob, nb) = a, b
     return oa == ob and na == nb and len(fa) == len(fb) and all(
         x[0] == y[0] and x[1] is y[1] and x[2:] == y[2:] for x, y in zip(fa, fb))
+
+
+def _first_lines(e, n: int = 6) -> str:
+    return " / ".join(line.strip() for line in str(e).splitlines()[:n] if line.strip())
 
 
 def kill(ray, workers) -> None:

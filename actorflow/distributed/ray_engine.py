@@ -60,7 +60,8 @@ class RayEngine:
             batch: ``buffers`` batches in flight per edge, planned as such.
         keep_workers: after a run that finished, keep its Ray actor processes for the
             next run of the same graph (each run otherwise starts its own: about a second
-            here); ``close()`` ends them. A run that fails or stops kills its own.
+            here); ``close()`` ends them. A run that fails or stops kills its own, and a
+            run of another graph ends them (they would hold the CPUs it needs).
         start_timeout: seconds a run waits for its Ray actors to start (Ray waits
             forever for resources other actors hold): then PlanError, and they are killed.
         init: keyword arguments for ``ray.init`` when the engine starts Ray itself (a
@@ -123,5 +124,11 @@ class RayEngine:
         if g._running:                  # (before planning reads piece 0 of its source)
             raise RuntimeError("this graph is already running; wait for that run to end")
         ray = self.start()
-        plan = plan_for_ray(g, feed, self, ray)
+        try:
+            plan = plan_for_ray(g, feed, self, ray)
+        except BaseException:
+            for a in g.actors:          # (planning opened the sources and read piece 0)
+                if hasattr(a, "close"):
+                    a.close()
+            raise
         return RayRun(ray, g, plan, self, trace, progress).outputs()

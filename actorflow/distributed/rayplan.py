@@ -202,9 +202,14 @@ def _on_a_worker(a) -> None:
 def check_resources(have: dict, units: list) -> None:
     """Every Ray actor the run starts must fit the cluster, or its creation would wait
     forever: refused now, naming what is asked and what there is. A unit without
-    ``num_cpus`` in placement= asks an equal share of the cluster's CPUs (at most 1)."""
-    n = sum(u.replicas for u in units)
-    share = min(1.0, have.get("CPU", 0.0) / max(1, n))
+    ``num_cpus`` in placement= asks an equal share of the CPUs the others leave (at most
+    1; when they leave none, of all the CPUs, which is then refused)."""
+    cpus = have.get("CPU", 0.0)
+    given = sum(u.replicas * u.options["num_cpus"] for u in units if "num_cpus" in u.options)
+    n = sum(u.replicas for u in units if "num_cpus" not in u.options)
+    left = cpus - given
+    share = min(1.0, (left if left > 0 else cpus) / max(1, n if left > 0 else
+                                                        sum(u.replicas for u in units)))
     share = int(share * 100) / 100            # (Ray counts CPUs to 1/10,000)
     asked: dict = {}
     for u in units:
@@ -266,11 +271,13 @@ def actor_error(e, where_of) -> ActorError:
         err.node = node
         err.__cause__ = f.original
         return err
-    name, piece, last, node = where_of
+    name, piece, last, node, fused = where_of
     during = f"piece {piece}" if last == piece else f"pieces {piece} to {last} (one call)"
+    if fused:
+        during += f", in a call that acts for {fused} (fused)"
     dead = RuntimeError(f"its Ray actor process on {node} died during {during} "
                         f"({type(e).__name__}: {e})")
-    err = ActorError(name, piece, dead, f"(on {node})")
+    err = ActorError(name, piece, dead)
     err.node = node
     err.__cause__ = e
     return err

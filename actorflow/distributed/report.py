@@ -26,8 +26,7 @@ class RayRunStats(RunStats):
         for a in run.actors:
             w = run.waits[a]
             self.actors[a.name] = {
-                "kind": a.kind, "mode": "ray", "acts": sum(run.lens.values())
-                if isinstance(a, SourceActor) else run.acts[a],
+                "kind": a.kind, "mode": "ray", "acts": run.acts[a],
                 "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
                 "wait_input_s": w["input"], "wait_credit_s": w["credit"],
                 "wait_resource_s": w["resource"],

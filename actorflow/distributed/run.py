@@ -34,6 +34,7 @@ class RayRun:
         self.holds: dict = {}           # act record ref -> the tokens its call holds
         self.unready: set = set()       # (source, batch) sent to its process, not read yet
         self.chains: dict = {}          # act record ref -> the actors of a fused call
+        self.recorded: set = set()      # (actor, batch) whose act's record came in
         self.node_of: dict = {}         # (actor, batch) -> node label of its register
         self.next_piece = {a: 0 for a in self.actors}
         self.held = {a: 0 for a in self.actors}     # batches out, not finished by a reader
@@ -132,6 +133,16 @@ class RayRun:
         ends = [e for e in self.deadline.values() if e is not None]
         return None if not ends else max(0.0, min(ends) - time.perf_counter())
 
+    def _timed_out(self, a, piece: int, took: float, node) -> None:
+        """A piece's act took longer than ``timeout=`` (found in its call's record; a call
+        still running is found by its deadline, ``_overran``)."""
+        e = TimeoutError(f"actor {a.name!r} took {took:.3g} s on piece {piece}, longer "
+                         f"than timeout={a.timeout:g} s (on "
+                         f"{self.plan.nodes.label_of_id(node)}); its Ray actors are killed")
+        err = ActorError(a.name, piece, e)
+        err.__cause__ = e
+        raise err
+
     def _overran(self) -> None:
         """A call ran past its deadline: ``timeout=`` seconds per piece of its batch, from
         when the call before it on that Ray actor ended (or it was sent)."""
@@ -140,11 +151,12 @@ class RayRun:
             if end is not None and end <= now:
                 a, j, r = self.pending[ref]
                 first = j * self.plan.batch
-                e = TimeoutError(f"actor {a.name!r} took longer than timeout={a.timeout:g} s "
-                                 f"per piece on pieces {first} to {first + self.lens[j] - 1} "
-                                 f"(one Ray call); its Ray actors are killed")
                 node = self.where[self.plan.unit_of[a]][r][1]
-                err = ActorError(a.name, first, e, f"(on {node})")
+                last = first + self.lens.get(j, self.plan.batch) - 1
+                e = TimeoutError(f"actor {a.name!r} took longer than timeout={a.timeout:g} s "
+                                 f"per piece on pieces {first} to {last} (one Ray call, on "
+                                 f"{node}); its Ray actors are killed")
+                err = ActorError(a.name, first, e)
                 err.__cause__ = e
                 raise err
 
@@ -171,6 +183,8 @@ class RayRun:
                     if values:
                         self.lens[j] = min(self.lens.get(j, batch), len(values))
                         self._take(a, j, self.ray.put(values), "node:0")
+                        self.recorded.add((a, j))
+                        self.acts[a] += len(values)
                         if a in self.sink_index:
                             self._collect(a, j, values)
                     if len(values) < batch:
@@ -180,8 +194,9 @@ class RayRun:
                 ins = []
                 for u in a.inputs:
                     ref = self.refs.get((u, j))
-                    if ref is None or (u, j) in self.unready:
-                        break
+                    if ref is None or (u, j) in self.unready or (
+                            a.timeout is not None and (u, j) not in self.recorded):
+                        break               # (timed from its send: inputs computed first)
                     ins.append(ref)
                 if len(ins) < len(a.inputs):
                     if any(u in self.ended_at and j >= self.ended_at[u] for u in a.inputs):
@@ -193,11 +208,11 @@ class RayRun:
                 r = min(range(a.replicas), key=lambda k: self.busy[(unit, k)])
                 if self.busy[(unit, r)] >= self.limit[unit]:
                     break                   # its processes have work queued: acting
-                if not self._tokens(a, +1):
-                    break
                 chain = self._chain(a)
                 if chain is None:
                     break                   # a stage fused after it has no free register
+                if not self._tokens(a, +1):
+                    break
                 self.busy[(unit, r)] += 1
                 if len(chain) == 1:
                     value_refs = self.procs[unit][r].act.options(
@@ -280,8 +295,9 @@ class RayRun:
             first = min([j] + [p for b, p, q in self.pending.values()
                                if self.plan.unit_of[b] is unit and q == r])
             b = self.plan.batch
+            fused = None if chain is None else " and ".join(repr(c.name) for c in chain)
             raise actor_error(e, (a.name, first * b, first * b + self.lens.get(first, b) - 1,
-                                  self.where[unit][r][1])) from None
+                                  self.where[unit][r][1], fused)) from None
         if chain is None:
             self._acted(a, j, r, times, pid, node)
         elif (a, j) in self.unready and not times[0]:   # (a source's call past its end)
@@ -305,10 +321,13 @@ class RayRun:
                 if not times:               # (a call past its end: its credit comes home)
                     self._release(a, j)
                     return
+        self.recorded.add((a, j))
         self.acts[a] += len(times)
         for k, (t0, t1) in enumerate(times):
             self.compute[a] += t1 - t0
             self.records.append((a.name, j * self.plan.batch + k, r, t0, t1, pid, node))
+            if a.timeout is not None and t1 - t0 > a.timeout:
+                self._timed_out(a, j * self.plan.batch + k, t1 - t0, node)
         for u in a.inputs:
             self._read(u, j)
         if a in self.sink_index:
@@ -342,6 +361,7 @@ class RayRun:
 
     def _release(self, u, j: int) -> None:
         del self.left[(u, j)], self.refs[(u, j)]
+        self.recorded.discard((u, j))
         self.held[u] -= 1
         self._memory(u, j, -1)
 
