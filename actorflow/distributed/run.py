@@ -6,11 +6,12 @@ import collections
 import itertools
 import time
 
-from ..errors import ActorError, DeadlockError
+from ..errors import DeadlockError
 from ..runtime.source import SourceActor
 from .procs import keep_or_kill, start_processes
 from .rayplan import PER_REPLICA, actor_error, source_items
 from .report import RayRunStats, RunBar, write_trace
+from .timeouts import overran, set_deadline, timed_out, wait_s
 
 
 class RayRun:
@@ -122,43 +123,11 @@ class RayRun:
             if not self.pending:
                 raise DeadlockError("the Ray run stalled with nothing running (a bug in the "
                                     "coordinator): " + self._who_waits(), [])
-            done, _ = ray.wait(list(self.pending), num_returns=1, timeout=self._wait_s())
+            done, _ = ray.wait(list(self.pending), num_returns=1, timeout=wait_s(self))
             if not done:
-                self._overran()
+                overran(self)
             for ref in done:
                 self._done(ref)
-
-    def _wait_s(self):
-        """Until the first deadline of a call on an actor with ``timeout=`` (None: none)."""
-        ends = [e for e in self.deadline.values() if e is not None]
-        return None if not ends else max(0.0, min(ends) - time.perf_counter())
-
-    def _timed_out(self, a, piece: int, took: float, node) -> None:
-        """A piece's act took longer than ``timeout=`` (found in its call's record; a call
-        still running is found by its deadline, ``_overran``)."""
-        e = TimeoutError(f"actor {a.name!r} took {took:.3g} s on piece {piece}, longer "
-                         f"than timeout={a.timeout:g} s (on "
-                         f"{self.plan.nodes.label_of_id(node)}); its Ray actors are killed")
-        err = ActorError(a.name, piece, e)
-        err.__cause__ = e
-        raise err
-
-    def _overran(self) -> None:
-        """A call ran past its deadline: ``timeout=`` seconds per piece of its batch, from
-        when the call before it on that Ray actor ended (or it was sent)."""
-        now = time.perf_counter()
-        for ref, end in self.deadline.items():
-            if end is not None and end <= now:
-                a, j, r = self.pending[ref]
-                first = j * self.plan.batch
-                node = self.where[self.plan.unit_of[a]][r][1]
-                last = first + self.lens.get(j, self.plan.batch) - 1
-                e = TimeoutError(f"actor {a.name!r} took longer than timeout={a.timeout:g} s "
-                                 f"per piece on pieces {first} to {last} (one Ray call, on "
-                                 f"{node}); its Ray actors are killed")
-                err = ActorError(a.name, first, e)
-                err.__cause__ = e
-                raise err
 
     def _dispatch(self) -> None:
         batch = self.plan.batch
@@ -226,16 +195,7 @@ class RayRun:
                 self.pending[record_ref] = (a, j, r)
                 if a.resources:
                     self.holds[record_ref] = a
-                n = self.lens.get(j, batch)
-                if a.timeout is None:
-                    self.deadline[record_ref] = None
-                elif unit.is_async:         # (its calls run at once)
-                    self.deadline[record_ref] = time.perf_counter() + a.timeout * n
-                else:                       # (after the calls queued before it)
-                    self.deadline[record_ref] = (max(time.perf_counter(),
-                                                     self.free_at[(unit, r)])
-                                                 + a.timeout * n)
-                    self.free_at[(unit, r)] = self.deadline[record_ref]
+                set_deadline(self, a, unit, r, record_ref, self.lens.get(j, batch))
                 for c, ref in zip(chain, value_refs):
                     self._take(c, j, ref, self.where[unit][r][1])
                 if isinstance(a, SourceActor):  # (its readers, and those of the stages
@@ -327,7 +287,7 @@ class RayRun:
             self.compute[a] += t1 - t0
             self.records.append((a.name, j * self.plan.batch + k, r, t0, t1, pid, node))
             if a.timeout is not None and t1 - t0 > a.timeout:
-                self._timed_out(a, j * self.plan.batch + k, t1 - t0, node)
+                timed_out(self, a, j * self.plan.batch + k, t1 - t0, node)
         for u in a.inputs:
             self._read(u, j)
         if a in self.sink_index:
