@@ -27,3 +27,17 @@ def random_dispatch():
         vm.set_test_hooks(seed=seed, max_delay=max_delay)
     yield enable
     vm.set_test_hooks(None)
+
+
+@pytest.fixture(scope="module")
+def ray_engine(request):
+    """A local Ray cluster of 2 CPUs (and the module's ``RAY_RESOURCES``) started for a test
+    module, and a RayEngine on it; its workers import the tests' modules. Skipped where Ray
+    is not installed."""
+    ray = pytest.importorskip("ray", reason="engine='ray' needs Ray: pip install 'actorflow[ray]'")
+    ray.shutdown()
+    init = {"num_cpus": 2, "resources": getattr(request.module, "RAY_RESOURCES", {})}
+    eng = af.distributed.RayEngine(init=init)
+    eng.start()
+    yield eng
+    ray.shutdown()

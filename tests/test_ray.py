@@ -16,12 +16,8 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def engine():
-    ray.shutdown()
-    eng = af.distributed.RayEngine(init={"num_cpus": 2})
-    eng.start()                 # a local cluster whose workers import this module
-    yield eng
-    ray.shutdown()
+def engine(ray_engine):
+    return ray_engine
 
 
 def items(n=24):

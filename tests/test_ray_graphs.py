@@ -16,13 +16,12 @@ ray = pytest.importorskip("ray", reason="engine='ray' needs Ray: pip install 'ac
 pytestmark = pytest.mark.ray
 
 
+RAY_RESOURCES = {"ssd": 2}         # (for the budgets per Ray resource)
+
+
 @pytest.fixture(scope="module")
-def engine():
-    ray.shutdown()
-    eng = af.distributed.RayEngine(init={"num_cpus": 2, "resources": {"ssd": 2}})
-    eng.start()                 # a local cluster whose workers import this module
-    yield eng
-    ray.shutdown()
+def engine(ray_engine):
+    return ray_engine
 
 
 def items(n=24):

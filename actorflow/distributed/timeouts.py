@@ -31,12 +31,8 @@ def set_deadline(run, a, unit, r: int, ref, n: int) -> None:
 def timed_out(run, a, piece: int, took: float, node) -> None:
     """A piece's act took longer than ``timeout=`` (found in its call's record; a call
     still running is found by its deadline, ``overran``)."""
-    e = TimeoutError(f"actor {a.name!r} took {took:.3g} s on piece {piece}, longer "
-                     f"than timeout={a.timeout:g} s (on "
-                     f"{run.plan.nodes.label_of_id(node)}); its Ray actors are killed")
-    err = ActorError(a.name, piece, e)
-    err.__cause__ = e
-    raise err
+    _stop(a, piece, f"took {took:.3g} s on piece {piece}, longer than timeout="
+                    f"{a.timeout:g} s (on {run.plan.nodes.label_of_id(node)})")
 
 
 def overran(run) -> None:
@@ -49,9 +45,12 @@ def overran(run) -> None:
             first = j * run.plan.batch
             node = run.where[run.plan.unit_of[a]][r][1]
             last = first + run.lens.get(j, run.plan.batch) - 1
-            e = TimeoutError(f"actor {a.name!r} took longer than timeout={a.timeout:g} s "
-                             f"per piece on pieces {first} to {last} (one Ray call, on "
-                             f"{node}); its Ray actors are killed")
-            err = ActorError(a.name, first, e)
-            err.__cause__ = e
-            raise err
+            _stop(a, first, f"took longer than timeout={a.timeout:g} s per piece on pieces "
+                            f"{first} to {last} (one Ray call, on {node})")
+
+
+def _stop(a, piece: int, said: str):
+    e = TimeoutError(f"actor {a.name!r} {said}; its Ray actors are killed")
+    err = ActorError(a.name, piece, e)
+    err.__cause__ = e
+    raise err
