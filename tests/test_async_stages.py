@@ -394,7 +394,7 @@ def test_random_chains_of_stage_kinds_keep_order_and_free_everything(kinds, buff
     if stop_at is None or stop_at >= n:
         assert got == want
     assert g.join(10)
-    assert in_use() == base
+    assert in_use() <= base     # (a leak holds more; an earlier test's may be freed meanwhile)
 
 
 def test_pipeline_stages_take_replicas():
