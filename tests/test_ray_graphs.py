@@ -329,3 +329,27 @@ def test_a_chain_in_a_group_acts_in_one_call_per_batch(engine, tmp_path):
                                      fuse=False)
     same_as_local(g, apart)
     assert all(row["fused_acts"] == 0 for row in g.stats().actors.values())
+
+
+def test_batch_auto_sizes_calls_by_bytes_and_budget(engine):
+    def graph(size):
+        g = af.ActorGraph(buffers=2)
+        src = g.source(lambda: (np.full(size, i, np.float32) for i in range(70)), name="load")
+        g.sink(g.actor(double, src, name="double"))
+        return g
+    small = graph(8)                                        # 32 B pieces: the most, 64
+    same_as_local(small, af.distributed.RayEngine(batch="auto"))
+    assert small.stats().batch == 64 and "calls of 64 pieces" in small.stats().table()
+    big = graph(1 << 16)                                    # 256 KiB pieces: 16 per 4 MiB
+    assert len(list(big.run(engine=af.distributed.RayEngine(batch="auto")))) == 70
+    assert big.stats().batch == 16 and big.stats().as_dict()["batch"] == 16
+    tight = af.distributed.RayEngine(batch="auto", memory={"node:0": "7MiB"})
+    assert len(list(big.run(engine=tight))) == 70           # 2 actors x 2 x B x 256 KiB
+    assert big.stats().batch == 4
+    with pytest.raises(af.PlanError, match=r"need 1.0 MiB \(load 2 x 1 x 256.0 KiB, double "
+                                           r"2 x 1 x 256.0 KiB\), over its 512.0 KiB budget; "
+                                           r"buffers=1 would fit"):
+        list(big.run(engine=af.distributed.RayEngine(batch="auto",
+                                                     memory={"node:0": "512KiB"})))
+    with pytest.raises(ValueError, match=r"a whole number >= 1, or \"auto\""):
+        af.distributed.RayEngine(batch="big")

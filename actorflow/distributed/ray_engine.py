@@ -57,7 +57,9 @@ class RayEngine:
             started on, before the first act).
         batch: pieces per Ray call and per object (4): a call costs about a millisecond
             of Ray's own work on each side, which a batch shares. A register then holds a
-            batch: ``buffers`` batches in flight per edge, planned as such.
+            batch: ``buffers`` batches in flight per edge, planned as such. ``"auto"``:
+            calls of about 4 MiB of the largest register's pieces (1 to 64 pieces),
+            fewer until the budgets fit; ``g.stats().batch`` says what a run used.
         keep_workers: after a run that finished, keep its Ray actor processes for the
             next run of the same graph (each run otherwise starts its own: about a second
             here); ``close()`` ends them. A run that fails or stops kills its own, and a
@@ -73,9 +75,10 @@ class RayEngine:
                  memory: dict | None = None, init: dict | None = None, batch: int = 4,
                  keep_workers: bool = False, start_timeout: float = 60.0,
                  groups: dict | None = None, fuse: bool = True):
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        if batch != "auto" and (not isinstance(batch, int) or isinstance(batch, bool)
+                                or batch < 1):
             raise ValueError(f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
-                             f"whole number >= 1")
+                             f"whole number >= 1, or \"auto\"")
         self.batch = batch
         self.keep_workers = keep_workers
         self.start_timeout = float(start_timeout)

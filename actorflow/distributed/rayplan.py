@@ -14,6 +14,8 @@ from .cluster import Nodes, budget_keys, check_budgets
 from .worker import OpCall, SourceStage, Stage, StageFailed, source_piece
 
 PER_REPLICA = 2         # calls queued on one Ray actor at once (hides the round trip)
+AUTO_CALL_BYTES = 4 << 20   # batch="auto": a call carries about this much of the largest
+AUTO_MAX_BATCH = 64         # register's pieces (at most this many pieces)
 
 
 def ray_module():
@@ -114,7 +116,7 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
     rp = RayPlan(actors, {a: plan.buffers[a] for a in actors},
                  {a: a.out_spec.nbytes for a in actors}, sources, list(collector.inputs),
                  collector, units, unit_of)
-    rp.batch, rp.nodes = engine.batch, nodes
+    rp.nodes = nodes
     rp.fuse_next = fuse_chains(units.values(), actors) if engine.fuse else {}
     rp.fuse_prev = {b: a for a, b in rp.fuse_next.items()}
     rp.budgets = budget_keys(engine.memory, nodes, have)
@@ -126,8 +128,24 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
         if u.node is not None:
             return [f"node:{u.node}"]
         return ["node:0"] if len(nodes.ids) == 1 else []
-    rp.need = check_budgets(rp.held(where), rp.budgets, engine.batch, "")
+    rp.batch = engine.batch if engine.batch != "auto" else auto_batch(rp, where)
+    rp.need = check_budgets(rp.held(where), rp.budgets, rp.batch, "")
     return rp
+
+
+def auto_batch(rp, where) -> int:
+    """``batch="auto"``: pieces per call so that a call carries about ``AUTO_CALL_BYTES``
+    of the largest register's pieces (each Ray call costs the driver about as much as
+    copying a few MiB, so small pieces go many to a call), halved until the budgets fit."""
+    big = max(rp.sizes.values(), default=0) or 1
+    b = max(1, min(AUTO_MAX_BATCH, AUTO_CALL_BYTES // big))
+    while b > 1:
+        try:
+            check_budgets(rp.held(where), rp.budgets, b, "")
+            break
+        except PlanError:
+            b //= 2
+    return b
 
 
 def make_units(engine, actors: list, names: dict):

@@ -43,15 +43,17 @@ class RayRunStats(RunStats):
         self.state = run.state
         self.pieces = run.delivered
         self.startup_s = run.started_s
+        self.batch = run.plan.batch
 
     def table(self) -> str:
         if self.startup_s is None:
             return super().table()
         return (super().table() + f"\nRay actor processes of the run up after "
-                f"{self.startup_s:.3f} s (counted in the run's time)")
+                f"{self.startup_s:.3f} s (counted in the run's time); calls of "
+                f"{self.batch} pieces")
 
     def as_dict(self) -> dict:
-        return {**super().as_dict(), "startup_s": self.startup_s}
+        return {**super().as_dict(), "startup_s": self.startup_s, "batch": self.batch}
 
 
 def _where(run, a, k: int) -> list:
