@@ -691,3 +691,23 @@ def test_bad_timeouts_are_refused(kw, match):
     g = af.ActorGraph()
     with pytest.raises(ValueError, match=match):
         g.actor(lambda x: x, g.source([np.zeros(2)]), **kw)
+
+
+@pytest.mark.parametrize("schedule", ["inline", "seeded"])
+def test_an_endless_run_on_the_loop_alone_can_be_stopped(schedule):
+    """Every act of this run is on the scheduler's loop (inline stages, or a seeded serial
+    schedule) and it has no sink, so nothing outside it ever waits: the loop still gets a
+    turn now and then, so a timeout (and a stop) comes in instead of a hang."""
+    import itertools
+    g = af.ActorGraph()
+    inline = schedule == "inline"
+    src = g.source(lambda: (np.zeros(2, np.float32) for _ in itertools.count()),
+                   name="load", inline=inline)
+    g.actor(lambda x: x, src, name="eat", inline=inline)
+    with af.testing.seeded(3) if schedule == "seeded" else contextlib.nullcontext():
+        with pytest.raises(AssertionError, match=r"did not end within 0.3 s"):
+            af.testing.assert_no_deadlock(g, timeout=0.3)
+    assert g.stats().actors["eat"]["acts"] > 4096         # (more than one turn's worth)
+    g2 = af.ActorGraph()
+    g2.sink(g2.actor(lambda x: x + 1, g2.source([np.ones(2, np.float32)]), inline=True))
+    assert [float(o[0]) for o in g2.run()] == [2.0]        # the runtime goes on

@@ -326,6 +326,11 @@ class Completion:
         except BaseException as e:  # noqa: BLE001 - as in completed()
             self._internal(e)
 
+    def _held(self) -> bool:
+        """(A serial run) virtual time stands still while acts are ready (a drain gave the
+        loop a turn) or the caller is behind."""
+        return bool(self.ready) or self._caller_behind()
+
     def _caller_behind(self) -> bool:
         """(A serial run) the caller has outputs it has not taken and handed back: the
         virtual clock stands still until it has (``credit_back``)."""

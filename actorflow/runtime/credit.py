@@ -45,6 +45,9 @@ from .stragglers import Stragglers
 from .timeline import Timeline, record, record_act
 from .watchdog import stalled
 
+DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
+
+
 class CreditScheduler(Completion):
     """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
     ``room`` is how many it may deliver before ``credit_back()`` is called."""
@@ -56,7 +59,7 @@ class CreditScheduler(Completion):
         self.room = room
         self.rng = random.Random(seed) if seed is not None else None
         self.serial = serial            # a test schedule: see observe.py
-        self.clock = VirtualClock(self._caller_behind) if serial else None
+        self.clock = VirtualClock(self._held) if serial else None
         self.room0, self.taken = room, 0    # (serial: credits back, applied once caught up)
         self.states = make_states(plan, make_gates(plan.actors), serial)
         self.by_actor = {st.actor: st for st in self.states}
@@ -202,8 +205,13 @@ class CreditScheduler(Completion):
             return
         self.draining = True
         ready, rng = self.ready, self.rng
-        try:
+        turn = DRAIN_TURN               # tries before the loop gets a turn (no run holds
+        try:                            # it forever: a stop, a timeout can come in)
             while ready and not self.stopping:
+                turn -= 1
+                if turn < 0:
+                    self.loop.call_soon(self.drain)
+                    return
                 if rng is not None and len(ready) > 1:
                     ready.rotate(-rng.randrange(len(ready)))
                 st = ready.popleft()
@@ -211,6 +219,8 @@ class CreditScheduler(Completion):
                 self._try(st)
         finally:
             self.draining = False
+        if self.clock is not None and self.clock.held and not self._caller_behind():
+            self.clock.resume()         # (it held while acts were ready)
         if not self.stopping:
             self._check_quiet()
 
