@@ -27,6 +27,7 @@ running, and the graph can run again.
 from __future__ import annotations
 
 from ..errors import parse_bytes
+from ..runtime.source import SourceActor
 from .rayplan import driver_path, plan_for_ray, ray_module
 from ..runtime.progress import tqdm_class
 from .procs import kill
@@ -131,7 +132,7 @@ class RayEngine:
             plan = plan_for_ray(g, feed, self, ray)
         except BaseException:
             for a in g.actors:          # (planning opened the sources and read piece 0)
-                if hasattr(a, "close"):
+                if isinstance(a, SourceActor):
                     a.close()
             raise
         return RayRun(ray, g, plan, self, trace, progress).outputs()

@@ -11,7 +11,7 @@ from ..runtime.actor import Collector, OpActor, StageActor
 from ..runtime.source import SourceActor
 from ..runtime.spec import unflatten
 from .cluster import Nodes, budget_keys, check_budgets
-from .worker import OpCall, SourceStage, Stage, StageFailed, source_piece
+from .worker import END, Items, OpCall, SourceStage, Stage, StageFailed, source_piece
 
 PER_REPLICA = 2         # calls queued on one Ray actor at once (hides the round trip)
 AUTO_CALL_BYTES = 4 << 20   # batch="auto": a call carries about this much of the largest
@@ -224,10 +224,12 @@ def check_resources(have: dict, units: list) -> None:
     1; when they leave none, of all the CPUs, which is then refused)."""
     cpus = have.get("CPU", 0.0)
     given = sum(u.replicas * u.options["num_cpus"] for u in units if "num_cpus" in u.options)
-    n = sum(u.replicas for u in units if "num_cpus" not in u.options)
     left = cpus - given
-    share = min(1.0, (left if left > 0 else cpus) / max(1, n if left > 0 else
-                                                        sum(u.replicas for u in units)))
+    if left > 0:
+        share = left / max(1, sum(u.replicas for u in units if "num_cpus" not in u.options))
+    else:
+        share = cpus / max(1, sum(u.replicas for u in units))
+    share = min(1.0, share)
     share = int(share * 100) / 100            # (Ray counts CPUs to 1/10,000)
     asked: dict = {}
     for u in units:
@@ -252,29 +254,21 @@ def source_items(src: SourceActor):
     An async source is driven on a loop of its own."""
     src.start()
     want = [(s.shape, s.dtype.np) for s in src.out_spec.specs]
-    loop = None
+    items = Items(src.it)
     piece = 0
     try:
         while True:
             if piece in src.cached:
                 value = unflatten(src.out_spec.structure, src.cached.pop(piece))
             else:
-                try:
-                    if src.is_async:
-                        if loop is None:
-                            import asyncio
-                            loop = asyncio.new_event_loop()
-                        value = loop.run_until_complete(src.it.__anext__())
-                    else:
-                        value = next(src.it)
-                except (StopIteration, StopAsyncIteration):
+                value = items.next()
+                if value is END:
                     return
                 value = source_piece(src.name, piece, value, src.out_spec.structure, want)
             yield value
             piece += 1
     finally:
-        if loop is not None:
-            loop.close()
+        items.close()
 
 
 def actor_error(e, where_of) -> ActorError:

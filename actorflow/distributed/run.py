@@ -32,7 +32,6 @@ class RayRun:
         self.busy: dict = {}            # (unit, replica) -> calls queued on that process
         self.limit: dict = {}           # unit -> calls queued per process at most
         self.tokens = dict(g.resources)  # the graph's shared tokens free now
-        self.holds: dict = {}           # act record ref -> the tokens its call holds
         self.unready: set = set()       # (source, batch) sent to its process, not read yet
         self.chains: dict = {}          # act record ref -> the actors of a fused call
         self.recorded: set = set()      # (actor, batch) whose act's record came in
@@ -193,8 +192,6 @@ class RayRun:
                     self.chains[value_refs[-1]] = chain
                 record_ref = value_refs[-1]
                 self.pending[record_ref] = (a, j, r)
-                if a.resources:
-                    self.holds[record_ref] = a
                 set_deadline(self, a, unit, r, record_ref, self.lens.get(j, batch))
                 for c, ref in zip(chain, value_refs):
                     self._take(c, j, ref, self.where[unit][r][1])
@@ -244,8 +241,7 @@ class RayRun:
         unit = self.plan.unit_of[a]
         self.deadline.pop(ref, None)
         self.busy[(unit, r)] -= 1
-        if self.holds.pop(ref, None) is not None:
-            self._tokens(a, -1)
+        self._tokens(a, -1)             # (a call holds its stage's tokens until it ends)
         chain = self.chains.pop(ref, None)
         try:
             times, pid, node = self.ray.get(ref)

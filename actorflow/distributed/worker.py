@@ -26,10 +26,10 @@ import numpy as np
 class Stage:
     """One stage as its process runs it: ``fn`` (a plain or ``async def`` function of
     pieces, or an ``OpCall``), the shapes and dtypes its output must have (``leaves``:
-    ``[(shape, numpy dtype)]`` of the flattened piece, or None: unchecked), its nesting,
-    and ``time``: simulated extra seconds per act (slept), as ``g.actor(time=)``."""
+    ``[(shape, numpy dtype)]`` of the flattened piece), its nesting, and ``time``:
+    simulated extra seconds per act (slept), as ``g.actor(time=)``."""
 
-    def __init__(self, name: str, fn, leaves=None, structure=None, sim=None):
+    def __init__(self, name: str, fn, leaves: list, structure, sim=None):
         self.name, self.fn, self.leaves, self.structure = name, fn, leaves, structure
         self.sim = sim
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -42,12 +42,10 @@ class Stage:
     def check(self, value, piece: int):
         """The value with its leaves as arrays, as a local register holds them (a Python
         float is float32, as locally); refused when they do not match the registers."""
-        if self.leaves is None:
-            return value
         from ..runtime.spec import as_array, flatten, unflatten
         leaves, structure = flatten(value)
         arrays = [as_array(x, f"actor {self.name!r} (piece {piece}) output") for x in leaves]
-        if self.structure is not None and structure != self.structure:
+        if structure != self.structure:
             raise TypeError(f"actor {self.name!r} (piece {piece}) returned a piece nested "
                             f"as {structure!r}, but its registers hold one nested as "
                             f"{self.structure!r} (sized by piece 0); return the same "
@@ -74,38 +72,16 @@ class SourceStage:
         self.name, self.source, self.leaves, self.structure = name, source, leaves, structure
         self.fn = source
         self.batch = batch
-        self.it = None
-        self.loop = None
+        self.items = None           # Items of this run's iterator
         self.turn = None            # (an async process: the calls' turns to read)
         self.at = 0                 # the first piece of the next call (async process)
 
     def open(self) -> None:
+        from ..runtime.source import open_items
         self.at = 0
-        src = self.source
-        if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
-                                     and not hasattr(src, "__aiter__")):
-            src = src()
-        self.it = src.__aiter__() if hasattr(src, "__aiter__") else iter(src)
-
-    def next(self):
-        """The next piece, or ``_END``; an async iterator is driven on a loop of its own
-        (in a sync process) or awaited (``anext``)."""
-        if hasattr(self.it, "__anext__"):
-            if self.loop is None:
-                self.loop = asyncio.new_event_loop()
-            try:
-                return self.loop.run_until_complete(self.it.__anext__())
-            except StopAsyncIteration:
-                return _END
-        return next(self.it, _END)
-
-    async def anext(self):
-        if hasattr(self.it, "__anext__"):
-            try:
-                return await self.it.__anext__()
-            except StopAsyncIteration:
-                return _END
-        return next(self.it, _END)
+        if self.items is not None:
+            self.items.close()
+        self.items = Items(open_items(self.source, self.name))
 
     def check(self, value, piece: int):
         return source_piece(self.name, piece, value, self.structure, self.leaves)
@@ -127,7 +103,38 @@ def source_piece(name: str, piece: int, value, structure, want: list):
     return unflatten(structure, arrays)
 
 
-_END = object()
+END = object()
+
+
+class Items:
+    """The next items of a sync or async iterator (``END`` after the last): from plain
+    code (``next``: an async one is driven on a loop of its own) or awaited (``anext``)."""
+
+    def __init__(self, it):
+        self.it, self.loop = it, None
+
+    def next(self):
+        if hasattr(self.it, "__anext__"):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            try:
+                return self.loop.run_until_complete(self.it.__anext__())
+            except StopAsyncIteration:
+                return END
+        return next(self.it, END)
+
+    async def anext(self):
+        if hasattr(self.it, "__anext__"):
+            try:
+                return await self.it.__anext__()
+            except StopAsyncIteration:
+                return END
+        return next(self.it, END)
+
+    def close(self) -> None:
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
 
 
 class OpCall:
@@ -203,8 +210,8 @@ class Worker:
         for piece in range(first, first + src.batch):
             t0 = time.time()
             try:
-                value = src.next()
-                if value is _END:
+                value = src.items.next()
+                if value is END:
                     break
                 out.append(src.check(value, piece))
             except BaseException as e:  # noqa: BLE001 - carried to the driver as the cause
@@ -259,8 +266,8 @@ class AsyncWorker(Worker):
                 for piece in range(first, first + src.batch):
                     t0 = time.time()
                     try:
-                        value = await src.anext()
-                        if value is _END:
+                        value = await src.items.anext()
+                        if value is END:
                             break
                         out.append(src.check(value, piece))
                     except BaseException as e:  # noqa: BLE001 - carried to the driver
@@ -288,13 +295,6 @@ class StageFailed(Exception):
 
     def __reduce__(self):
         return (StageFailed, (self.name, self.piece, self.where, self.original, self.tb))
-
-
-def leaves_of(value) -> list:
-    """``[(shape, dtype)]`` of a piece's arrays (in ``flatten``'s order): what every later
-    piece must match."""
-    from ..runtime.spec import flatten
-    return [(tuple(np.shape(x)), np.asarray(x).dtype) for x in flatten(value)[0]]
 
 
 def _say(leaves) -> str:

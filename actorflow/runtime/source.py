@@ -19,6 +19,20 @@ def _one_shot(src) -> bool:
     return hasattr(src, "__anext__") and hasattr(src, "__aiter__")
 
 
+def open_items(src, name: str):
+    """The iterator a source reads in a run: ``src`` called first when it is a factory (a
+    zero-argument callable, a class too), then iterated (``__aiter__`` for an async one)."""
+    if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
+                                 and not hasattr(src, "__aiter__")):
+        src = src()                 # a factory: a fresh iterable per run
+    if hasattr(src, "__aiter__"):
+        return src.__aiter__()
+    if hasattr(src, "__iter__"):
+        return iter(src)
+    raise TypeError(f"source {name!r}: the callable returned {type(src).__name__}, not an "
+                    f"iterable")
+
+
 async def _next_of(it):
     return await it.__anext__()
 
@@ -51,16 +65,8 @@ class SourceActor(Actor):
                 f"earlier run (or plan) used up; give the graph something it can iterate again: a "
                 f"function returning a fresh iterator (g.source(read_batches), not "
                 f"g.source(read_batches())), or a list")
-        if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
-                                     and not hasattr(src, "__aiter__")):
-            src = src()                 # a factory (a class too): a fresh iterable per run
-        if hasattr(src, "__aiter__"):
-            self.it, self.is_async = src.__aiter__(), True
-        elif hasattr(src, "__iter__"):
-            self.it, self.is_async = iter(src), False
-        else:
-            raise TypeError(f"source {self.name!r}: the callable returned "
-                            f"{type(src).__name__}, not an iterable")
+        self.it = open_items(src, self.name)
+        self.is_async = hasattr(self.it, "__anext__")
 
     def _what(self, piece: int) -> str:
         if self.fed:
