@@ -38,9 +38,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -50,6 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import actorflow as af  # noqa: E402
+from harness import environment, write  # noqa: E402
 
 LOOPS = [20000]             # calibrated: loop iterations for ~5 ms of pure Python
 
@@ -313,13 +311,9 @@ def main(argv=None) -> int:
                                         "actorflow_ray_after_start": steady,
                                         "plain_actor_pipelined": plain_p / tiny * 1e6,
                                         "plain_actor_sync": plain_s / tiny * 1e6},
-              "env": {"python": platform.python_version(), "ray": ray.__version__,
-                      "numpy": np.__version__, "cpu_count": os.cpu_count()},
+              "env": environment({"ray": ray.__version__}),
               "wall_s": time.perf_counter() - t_start}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write(Path(args.out), result, result["wall_s"])
     ray.shutdown()
     return 0
 

@@ -36,9 +36,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -47,9 +44,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import actorflow as af  # noqa: E402
+import bench_ray  # noqa: E402
+from bench_ray import calibrate, preprocess  # noqa: E402 - the calibrated Python stage
+from harness import environment, write  # noqa: E402
 
-LOOPS = [20000]             # calibrated: loop iterations for ~5 ms of pure Python
 CHEAP = ["decode", "crop", "normalize"]
 
 
@@ -63,27 +63,6 @@ def crop(x):
 
 def normalize(x):
     return ((x - x.mean()) / (x.std() + 1e-6)).astype(np.float32)
-
-
-def preprocess(x):
-    s = 0
-    for i in range(LOOPS[0]):
-        s += i * i
-    return x + np.float32(s % 7)
-
-
-def calibrate(target_s: float = 0.005) -> float:
-    x = np.zeros(4, np.float32)
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(5):
-            preprocess(x)
-        per = (time.perf_counter() - t) / 5
-        LOOPS[0] = max(1000, int(LOOPS[0] * target_s / per))
-    t = time.perf_counter()
-    for _ in range(10):
-        preprocess(x)
-    return (time.perf_counter() - t) / 10
 
 
 def cheap_cost(size: int) -> dict:
@@ -126,6 +105,9 @@ def main(argv=None) -> int:
     pieces = args.pieces or (60 if args.quick else 240)
     repeat = args.repeat or (1 if args.quick else 3)
     import ray
+    # bench_ray's functions go to the Ray processes by value, with the calibration made
+    # here (by reference they would be imported there, uncalibrated)
+    ray.cloudpickle.register_pickle_by_value(bench_ray)
     t_start = time.perf_counter()
     stage_s = calibrate()
     cheap_s = cheap_cost(args.size)
@@ -209,13 +191,9 @@ def main(argv=None) -> int:
     result = {"benchmark": "bench_ray_groups", "argv": sys.argv[1:] if argv is None else argv,
               "pieces": pieces, "piece_bytes": nbytes, "stage_s": stage_s,
               "cheap_stage_s": cheap_s, "repeat": repeat, "contenders": rows,
-              "env": {"python": platform.python_version(), "ray": ray.__version__,
-                      "numpy": np.__version__, "cpu_count": os.cpu_count()},
+              "env": environment({"ray": ray.__version__}),
               "wall_s": time.perf_counter() - t_start}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    write(Path(args.out), result, result["wall_s"])
     ray.shutdown()
     return 0
 

@@ -404,6 +404,14 @@ def document(benchmark: str, argv, quick: bool, check: str, warmup: str = "",
             "check": check}
 
 
+def write(out: Path, result: dict, wall: float) -> None:
+    """Writes a results document to ``out`` as JSON (its folder made if need be)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {out}  (wall time {wall:.1f} s)")
+
+
 def finish(out: Path, result: dict, contenders: list, t_start: float, env: dict, wrong: str,
            rest: dict | None = None) -> int:
     """Completes ``result`` with ``all_checks_ok``, ``wall_time_s`` (since ``t_start``),
@@ -413,9 +421,7 @@ def finish(out: Path, result: dict, contenders: list, t_start: float, env: dict,
     bad = [c for c in contenders if not c.ok]
     wall = time.perf_counter() - t_start
     result.update(all_checks_ok=not bad, wall_time_s=wall, environment=env, **(rest or {}))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {out}  (wall time {wall:.1f} s)")
+    write(out, result, wall)
     if bad:
         print(f"ERROR: some contender failed or {wrong}:", file=sys.stderr)
         for c in bad:
