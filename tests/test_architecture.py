@@ -1,8 +1,6 @@
 """The shape docs/ARCHITECTURE.md describes, checked: imports point down the layers only (lazy
-imports inside functions count too), no import circle among modules, files stay small.
-
-A file that must stay large for a while is listed by name in ``KNOWN_LARGE``: the test fails
-when one more appears and also when a listed one is gone, so the list stays true."""
+imports inside functions count too), no import circle among modules. Files are split by who
+owns the state, never by line count, so no test counts lines."""
 
 import ast
 import pathlib
@@ -31,10 +29,6 @@ RANKS = {
     "lowlevel": 14, "testing": 14,
     "__init__": 15, "__main__": 16,
 }
-
-MAX_LINES = 400
-KNOWN_LARGE: set = set()
-
 
 def module_of(path: pathlib.Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
@@ -122,13 +116,6 @@ def test_the_layer_checks_read_real_imports():
     assert ("actorflow.methods", "actorflow.functional") in edges
     assert ("actorflow.tensor.tensor", "actorflow.tensor.views") in edges     # a lazy one
     assert rank("actorflow.runtime.graph")[0] < rank("actorflow.tracing.trace")[0]
-
-
-def test_files_stay_small():
-    large = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py")
-             if len(p.read_text().splitlines()) > MAX_LINES}
-    assert large - KNOWN_LARGE == set(), f"over {MAX_LINES} lines: split by job"
-    assert KNOWN_LARGE - large == set(), "now small: take these off KNOWN_LARGE"
 
 
 def test_the_benchmark_harness_reads_the_runtime_it_describes():
