@@ -33,6 +33,7 @@ class OutOfMemoryError(ActorflowError, MemoryError):
     def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = "",
                  impossible: str = "", reason: str = ""):
         self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
+        self._made_of = (device, requested, in_use, budget, what, impossible, reason)
         who = f" for {what}" if what else ""
         if impossible:          # what was asked for, e.g. "a tensor of shape ... and dtype ..."
             self.impossible = True
@@ -53,6 +54,10 @@ class OutOfMemoryError(ActorflowError, MemoryError):
             f"or raise the budget with actorflow.lowlevel.set_memory_budget({device!r}, ...)")
 
 
+    def __reduce__(self):
+        return (OutOfMemoryError, self._made_of)
+
+
 class KernelError(ActorflowError, RuntimeError):
     """A kernel failed while running. It surfaces at the next sync point (``numpy()``,
     ``synchronize()``...) and on every tensor computed from the failed op's outputs.
@@ -69,15 +74,21 @@ class KernelError(ActorflowError, RuntimeError):
     intact = False                 # the op wrote nothing: see InvalidInputError
     more_errors = dropped_errors = 0
     _dropped_in = None             # the VM's tally of dropped errors, if this one is counted
+    _kinds: tuple = ()             # (kind, subclass) pairs: see of_kind
+
+    def __new__(cls, op: str, device: str, original: BaseException, intact: bool = False):
+        return super().__new__(of_kind(cls, original))
 
     def __init__(self, op: str, device: str, original: BaseException, intact: bool = False):
-        self.op, self.device, self.original = op, device, original
+        self.op, self.original = op, original
         self.intact = intact
+        take_kind(self, original)
+        self.device = device
         self.kernel_traceback = ""     # the kernel's traceback, as text
         what = ("nothing was written: the tensors it writes in place keep their values"
                 if intact else "tensors computed from its outputs raise this error too")
-        super().__init__(f"op '{op}' failed on {device}: {type(original).__name__}: "
-                         f"{original} ({what}; other work goes on)")
+        Exception.__init__(self, f"op '{op}' failed on {device}: {type(original).__name__}: "
+                                 f"{original} ({what}; other work goes on)")
 
     def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
                  kept: int = 0) -> "KernelError":
@@ -104,6 +115,9 @@ class KernelError(ActorflowError, RuntimeError):
                          f"synchronize calls)")
             err.args = (f"{err.args[0]}\n({note}; synchronize more often to see each one)",)
         return err
+
+    def __reduce__(self):
+        return (KernelError, (self.op, self.device, self.original, self.intact), self.__dict__)
 
 
 class InvalidInputError(ActorflowError):
@@ -206,18 +220,83 @@ class ActorError(ActorflowError, RuntimeError):
     ``actor_traceback`` (the original traceback as text, included in the message).
     """
 
+    _kinds: tuple = ()             # (kind, subclass) pairs: see of_kind
+
+    def __new__(cls, actor: str, piece, original: BaseException, actor_traceback: str = ""):
+        return super().__new__(of_kind(cls, original))
+
     def __init__(self, actor: str, piece, original: BaseException, actor_traceback: str = ""):
         self.actor, self.piece, self.original = actor, piece, original
+        take_kind(self, original)
         self.actor_traceback = actor_traceback
         where = f"piece {piece}" if piece is not None else "its setup"
         text = (f"actor '{actor}' failed on {where}: {type(original).__name__}: {original}"
                 f"\n(the run was stopped; each register is freed once no running act uses it)")
         if actor_traceback:
             text += "\n\nOriginal traceback:\n" + actor_traceback.rstrip()
-        super().__init__(text)
+        Exception.__init__(self, text)
 
     def __reduce__(self):
-        return (type(self), (self.actor, self.piece, self.original, self.actor_traceback))
+        return (ActorError, (self.actor, self.piece, self.original, self.actor_traceback))
+
+
+# -- an error about another one is also of its kind -------------------------------------------
+# A kernel or an actor that failed for lack of memory, on an index out of bounds or on an
+# integer division by zero raises KernelError or ActorError (naming the op or the actor),
+# and that error is also an OutOfMemoryError, an IndexOutOfBoundsError (an IndexError) or a
+# DivisionByZeroError: ``except af.OutOfMemoryError`` (or ``pytest.raises``) catches the
+# fault however it was run, eagerly, in a compiled step or in an actor graph.
+
+class KernelOutOfMemoryError(KernelError, OutOfMemoryError):
+    """A kernel that failed for lack of memory (``requested``, ``in_use``, ``budget`` and
+    ``impossible`` are the allocation's)."""
+
+
+class KernelIndexOutOfBoundsError(KernelError, IndexOutOfBoundsError):
+    """A kernel that failed on an index out of bounds."""
+
+
+class KernelDivisionByZeroError(KernelError, DivisionByZeroError):
+    """A kernel that failed on an integer division by zero."""
+
+
+class ActorOutOfMemoryError(ActorError, OutOfMemoryError):
+    """An actor whose work failed for lack of memory (the allocation's numbers as on
+    KernelOutOfMemoryError)."""
+
+
+class ActorIndexOutOfBoundsError(ActorError, IndexOutOfBoundsError):
+    """An actor whose work failed on an index out of bounds."""
+
+
+class ActorDivisionByZeroError(ActorError, DivisionByZeroError):
+    """An actor whose work failed on an integer division by zero."""
+
+
+KernelError._kinds = ((OutOfMemoryError, KernelOutOfMemoryError),
+                      (IndexOutOfBoundsError, KernelIndexOutOfBoundsError),
+                      (DivisionByZeroError, KernelDivisionByZeroError))
+ActorError._kinds = ((OutOfMemoryError, ActorOutOfMemoryError),
+                     (IndexOutOfBoundsError, ActorIndexOutOfBoundsError),
+                     (DivisionByZeroError, ActorDivisionByZeroError))
+
+
+def of_kind(cls: type, original: BaseException) -> type:
+    """The class an error of class ``cls`` about ``original`` is made as: the subclass of
+    ``cls`` that is also ``original``'s kind of fault, or ``cls`` itself."""
+    for kind, sub in cls._kinds:
+        if isinstance(original, kind):
+            return sub if issubclass(sub, cls) else cls
+    return cls
+
+
+def take_kind(err: Exception, original: BaseException) -> None:
+    """Copies the numbers an out-of-memory ``original`` carries onto ``err`` (a kernel's or
+    an actor's error of that kind)."""
+    if isinstance(err, OutOfMemoryError) and isinstance(original, OutOfMemoryError):
+        err.device, err.requested = original.device, original.requested
+        err.in_use, err.budget = original.in_use, original.budget
+        err.impossible = original.impossible
 
 
 class TraceError(ActorflowError, RuntimeError):

@@ -107,6 +107,9 @@ class Waiting:
         # frames hold the kernel's arguments, which would pin their memory for as long as
         # the error lives (on the poisoned blobs, the stream's last instruction...).
         # intact: the op wrote nothing (deps.wrote_nothing); _fail only notes it then.
+        # An interrupt (Ctrl-C, SystemExit: not an Exception) is raised to the caller where
+        # it happened; the error made of it only poisons what the kernel was writing (its
+        # values are unknown) and is never raised again by synchronize().
         if isinstance(e, KernelError):
             return e
         err = KernelError(instr.name, str(instr.stream.device), e, intact)
@@ -114,7 +117,10 @@ class Waiting:
         e.__traceback__ = None
         err.__cause__ = e
         self._any_error = True
-        self.keep_error(err)          # (its own lock: callers may hold the VM's)
+        if isinstance(e, Exception):
+            self.keep_error(err)      # (its own lock: callers may hold the VM's)
+        else:
+            err._reported = True      # the caller is raising the interrupt itself
         return err
 
     def keep_error(self, err) -> None:
