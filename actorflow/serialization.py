@@ -20,11 +20,22 @@ _INT_KEY = "%"          # marks an int key (an optimizer's state by parameter in
 def _key(k, prefix: str) -> str:
     if isinstance(k, int) and not isinstance(k, bool):
         return f"{_INT_KEY}{k}"
-    if not isinstance(k, str) or _SEP in k or not k or k[0] in (_PLAIN, _INT_KEY):
+    if (not isinstance(k, str) or _SEP in k or not k or k[0] in (_PLAIN, _INT_KEY)
+            or _item_index(k) is not None):
         raise ValueError(f"af.save: keys must be ints or non-empty strings without {_SEP!r} "
-                         f"that do not start with {_PLAIN!r} or {_INT_KEY!r}; got {k!r} at "
+                         f"that do not start with {_PLAIN!r} or {_INT_KEY!r} and are not "
+                         f"written like a list's item ('[0]', '(0)'); got {k!r} at "
                          f"{prefix or 'the top'!r}")
     return k
+
+
+def _item_index(part: str):
+    """``('[', 3)`` for ``'[3]'`` (an item of a list), ``('(', 3)`` for ``'(3)'`` (of a
+    tuple); None for any other key."""
+    if len(part) > 2 and (part[0], part[-1]) in (("[", "]"), ("(", ")")) and \
+            part[1:-1].isdigit():
+        return part[0], int(part[1:-1])
+    return None
 
 
 def _plain(obj) -> bool:
@@ -48,20 +59,29 @@ def _flatten(obj, prefix: str, out: dict) -> None:
         out[prefix] = obj.detach().numpy()
     elif isinstance(obj, (np.ndarray, np.generic)):
         out[prefix] = np.asarray(obj)
-    elif isinstance(obj, (list, tuple)) and obj and all(isinstance(x, dict) for x in obj):
-        for i, x in enumerate(obj):               # a list of dicts (param_groups): by index
-            _flatten(x, f"{prefix}{_SEP}[{i}]", out)
     elif _plain(obj):
         out[_PLAIN + prefix] = np.array(json.dumps(obj))    # comes back as it was (a tuple
-    else:                                                   # as a list)
+    elif isinstance(obj, (list, tuple)):                    # as a list)
+        # a list or tuple holding tensors, arrays or dicts (param_groups): item by item
+        form = "[{}]" if isinstance(obj, list) else "({})"
+        for i, x in enumerate(obj):
+            _flatten(x, f"{prefix}{_SEP}{form.format(i)}", out)
+    else:
         raise TypeError(f"af.save: {prefix or 'the object'!r} is a {type(obj).__name__}; a "
-                        f"saved state holds tensors, arrays, numbers, strings and lists of "
-                        f"them in (nested) dicts")
+                        f"saved state holds tensors, arrays, numbers, strings, None, and "
+                        f"lists, tuples and dicts of them")
 
 
 def save(obj: dict, path) -> None:
     """Writes ``obj`` (``model.state_dict()``, ``opt.state_dict()``, or a dict of them) to
-    ``path`` as ``.npz``."""
+    ``path`` as ``.npz``. Values may be tensors, arrays, numbers, strings, None, and lists,
+    tuples and dicts of them; ``load`` gives back the same nesting (tensors as tensors, a
+    tuple of tensors as a tuple; a list or tuple of plain values only comes back as a list).
+
+    Example::
+
+        af.save({"model": model.state_dict(), "history": [loss0, loss1]}, "ckpt.npz")
+    """
     if not isinstance(obj, dict):
         raise TypeError(f"af.save: expected a dict (a state_dict), got {type(obj).__name__}")
     arrays: dict = {}
@@ -76,8 +96,8 @@ def _part(p: str):
 
 
 def load(path) -> dict:
-    """Reads what ``save`` wrote: tensors, plain values and lists of dicts, in the same
-    nesting."""
+    """Reads what ``save`` wrote: tensors, plain values, lists, tuples and dicts, in the
+    same nesting."""
     out: dict = {}
     with np.load(os.fspath(path), allow_pickle=False) as data:
         for key in data.files:
@@ -95,11 +115,15 @@ def load(path) -> dict:
 
 
 def _lists(d):
-    """Dicts whose keys are all ``[i]`` back into lists."""
+    """Dicts whose keys are all ``[i]`` back into lists, and all ``(i)`` into tuples."""
     if not isinstance(d, dict):
         return d
     d = {k: _lists(v) for k, v in d.items()}
-    keys = list(d)
-    if keys and all(isinstance(k, str) and k.startswith("[") and k.endswith("]") for k in keys):
-        return [d[f"[{i}]"] for i in range(len(keys))]
+    items = [_item_index(k) if isinstance(k, str) else None for k in d]
+    if items and all(items):
+        kind = {b for b, _ in items}
+        if len(kind) == 1 and sorted(i for _, i in items) == list(range(len(items))):
+            by_index = {i: v for (_, i), v in zip(items, d.values())}
+            values = [by_index[i] for i in range(len(items))]
+            return values if kind == {"["} else tuple(values)
     return d

@@ -482,3 +482,33 @@ def test_saved_outputs_make_no_cycle_memory_returns_without_the_cycle_collector(
         assert _cpu_in_use() == base
     finally:
         gc.enable()
+
+
+def test_a_detached_tensor_is_written_in_place_as_in_pytorch():
+    torch = pytest.importorskip("torch")
+    a = af.tensor([1.0, 2.0], requires_grad=True)
+    d = a.detach()
+    assert not d.requires_grad and d.grad_fn is None
+    d.add_(10)                                   # shares a's storage: a changes too
+    np.testing.assert_array_equal(a.detach().numpy(), [11.0, 12.0])
+    ta = torch.tensor([1.0, 2.0], requires_grad=True)
+    ta.detach().add_(10)
+    np.testing.assert_array_equal(a.detach().numpy(), ta.detach().numpy())
+    m = af.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    m[0].detach().mul_(10)                       # a detached view, and a view of one
+    m.detach()[1].add_(5)
+    np.testing.assert_array_equal(m.detach().numpy(), [[10.0, 20.0], [8.0, 9.0]])
+    b = af.tensor([1.0, 2.0], requires_grad=True)
+    y = (b * b).sum()                            # saves b for backward
+    b.detach().add_(1)                           # the version counter is shared
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        y.backward()
+    c = af.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        c.add_(1)                                # the original itself is still protected
+    v = c[0:1]
+    with pytest.raises(RuntimeError, match="view"):
+        v.add_(1)                                # and so is a view of it
+    dd = a.detach()
+    del a
+    np.testing.assert_array_equal(dd.numpy(), [11.0, 12.0])   # the storage outlives a

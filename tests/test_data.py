@@ -132,3 +132,27 @@ def test_passes_may_overlap():
     assert inner == [[[0, 1], [2, 3], [4, 5]]] * 3
     assert [(a.tolist(), b.tolist()) for (a,), (b,) in zip(dl, dl)] == [
         ([0, 1], [0, 1]), ([2, 3], [2, 3]), ([4, 5], [4, 5])]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(memory="1MiB"), r"memory takes a byte budget per device, e\.g\. memory=\{'cpu'"),
+    (dict(memory={"cpu": "lots"}), "cannot read 'lots' as a byte count"),
+    (dict(buffers=0), r"DataLoader: buffers must be an int >= 1 .* or \"auto\""),
+    (dict(buffers="many"), "DataLoader: buffers"),
+    (dict(shuffle="yes"), "shuffle must be True or False"),
+    (dict(drop_last=1), "drop_last must be True or False"),
+    (dict(collate_fn=3), "collate_fn must be a function"),
+    (dict(seed="x"), "seed must be an int"),
+])
+def test_dataloader_arguments_are_checked_by_name(kw, match):
+    ds = TensorDataset(np.zeros((10, 2), np.float32))
+    with pytest.raises((TypeError, ValueError), match=match):
+        DataLoader(ds, batch_size=2, **kw)
+
+
+def test_dataloader_takes_auto_buffers_and_a_budget_per_device():
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    for kw in (dict(buffers="auto"), dict(buffers="auto", workers=2),
+               dict(memory={"cpu": "1MiB"})):
+        got = [b[0].numpy() for b in DataLoader(TensorDataset(x), batch_size=4, **kw)]
+        np.testing.assert_array_equal(np.concatenate(got), x)

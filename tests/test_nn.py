@@ -406,3 +406,21 @@ def test_module_list_and_dict_register_their_modules():
     assert isinstance(seq[1], nn.Tanh)
     with pytest.raises(TypeError, match="not a Module"):
         m.blocks.append(3)
+
+
+def test_save_and_load_lists_and_tuples_of_tensors(tmp_path):
+    state = {"a": [af.zeros(2), af.ones(2)], "t": (af.full((1,), 3.0), 3, "s", None),
+             "nested": [[af.ones(1)], {"x": af.zeros(1)}], "mixed": [1, af.arange(2)],
+             "plain": [1, 2], "empty": []}
+    af.save(state, tmp_path / "l.npz")
+    back = af.load(tmp_path / "l.npz")
+    assert isinstance(back["a"], list) and isinstance(back["t"], tuple)
+    np.testing.assert_array_equal(back["a"][1].numpy(), [1, 1])
+    assert back["t"][1:] == (3, "s", None)
+    np.testing.assert_array_equal(back["t"][0].numpy(), [3.0])
+    np.testing.assert_array_equal(back["nested"][1]["x"].numpy(), [0.0])
+    assert back["mixed"][0] == 1 and back["mixed"][1].tolist() == [0, 1]
+    assert back["plain"] == [1, 2] and back["empty"] == []
+    for key in ("[0]", "(1)"):              # would come back as a list: refused
+        with pytest.raises(ValueError, match="list's item"):
+            af.save({key: af.ones(1)}, tmp_path / "k.npz")

@@ -191,6 +191,12 @@ def test_bad_budgets_are_refused(value, match):
         af.ActorGraph(memory={"cpu": value})
 
 
+def test_a_budget_not_given_per_device_is_refused_with_the_form_to_use():
+    with pytest.raises(af.PlanError, match=r"memory takes a budget per device, e\.g\. "
+                                           r"\{'cpu': '1MiB'\}"):
+        af.ActorGraph(memory="1MiB")
+
+
 def test_graph_level_arguments_are_checked_as_the_graph_is_made():
     with pytest.raises(af.PlanError, match="ActorGraph: buffers must be an int >= 1"):
         af.ActorGraph(buffers=None)

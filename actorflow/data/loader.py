@@ -11,6 +11,8 @@ import numbers
 import numpy as np
 
 from ..creation import _next_seed, from_numpy
+from ..errors import PlanError
+from ..runtime.checks import check_buffers
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import flatten, unflatten
 from ..tensor.tensor import Tensor
@@ -81,8 +83,11 @@ class DataLoader:
         workers: threads loading batches at once (replicas of the loading stage); 0 or 1
             load on one thread. Batches still come in order. (An iterable dataset is
             read, and batched, by the source actor, in order.)
-        buffers: registers per actor (batches ready ahead of the consumer).
-        memory: byte budgets per device for the batches in flight, as for ActorGraph.
+        buffers: registers per actor (batches ready ahead of the consumer), an int >= 1 or
+            ``"auto"`` (chosen under the budget, as for ActorGraph). The loading stage
+            gets at least ``workers`` of them, so that every worker can hold a batch.
+        memory: byte budgets per device for the batches in flight, as for ActorGraph
+            (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
     """
 
@@ -93,6 +98,14 @@ class DataLoader:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(workers, numbers.Integral) or not 0 <= workers <= 64:
             raise ValueError(f"DataLoader: workers must be an int from 0 to 64, got {workers!r}")
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"DataLoader: {name} must be True or False, got {flag!r}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"DataLoader: collate_fn must be a function of a list of samples, "
+                            f"got {collate_fn!r}")
+        if seed is not None and not isinstance(seed, numbers.Integral):
+            raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
         self.map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
         if not self.map_style and not hasattr(dataset, "__iter__"):
             raise TypeError(f"DataLoader: the dataset must define __len__ and __getitem__, or "
@@ -105,8 +118,12 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
-        self.buffers, self.memory = buffers, memory
-        self.graph = self._graph(0, [])     # (checks the arguments now; each pass has its
+        self.buffers = check_buffers(buffers, "DataLoader")
+        if memory is not None and not isinstance(memory, dict):
+            raise PlanError(f"DataLoader: memory takes a byte budget per device, e.g. "
+                            f"memory={{'cpu': {memory!r}}}, got {memory!r}")
+        self.memory = memory
+        self.graph = self._graph(0, [])     # (checks the budgets now; each pass has its
         #                                     own, so passes may overlap: zip(dl, dl))
 
     def _graph(self, epoch: int, tail: list) -> ActorGraph:
@@ -114,8 +131,10 @@ class DataLoader:
         batches = lambda: self._batches(epoch, tail)        # noqa: E731 - fresh per run
         if self.map_style:              # indices -> samples -> a batch, on the workers
             src = g.source(batches, name="sampler")
+            buffers = self.buffers if self.buffers == "auto" else max(self.buffers,
+                                                                      self.workers)
             g.sink(g.actor(self._load, src, name="load", replicas=max(1, self.workers),
-                           buffers=max(self.buffers, self.workers)))
+                           buffers=buffers))
         else:                           # an iterable is read in order: the source batches
             g.sink(g.source(batches, name="load"))
         return g

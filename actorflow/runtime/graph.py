@@ -64,8 +64,8 @@ class ActorGraph:
 
     def __init__(self, memory: dict | None = None, resources: dict | None = None,
                  buffers: int = 2, seed=None, output_buffers: int = 16, share="auto"):
+        MemoryBudget(memory)                            # validates the budgets now
         self.memory = dict(memory or {})
-        MemoryBudget(self.memory)                       # validates the budgets now
         self.resources = {}
         for name, n in (resources or {}).items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:

@@ -87,6 +87,9 @@ class MemoryBudget:
 
     def __init__(self, budgets: dict | None = None):
         self.budgets: dict = {}
+        if budgets is not None and not isinstance(budgets, dict):
+            raise PlanError(f"memory={budgets!r}: memory takes a budget per device, e.g. "
+                            f"{{'cpu': {budgets!r}}}")
         for dev, value in (budgets or {}).items():
             d = as_device(dev)
             try:

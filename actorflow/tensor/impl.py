@@ -81,6 +81,34 @@ class _Pinned:
 PINNED = _Pinned()
 
 
+class _Detached:
+    """The base of what ``Tensor.detach()`` makes: it keeps the storage's owner alive (the
+    blob lives while either tensor does) and, as in PyTorch, is no view of autograd's, so a
+    write in place into the detached tensor (or a view of it) is checked as a write into a
+    tensor of its own. The blob's ``version`` still moves, so a rule that saved the original
+    tensor refuses to run on the changed values."""
+
+    __slots__ = ("owner",)
+    ag = None
+
+    def __init__(self, owner: TensorImpl):
+        self.owner = owner
+
+    @property
+    def meta(self) -> TensorMeta:
+        return self.owner.meta
+
+
+def detached(impl: TensorImpl) -> TensorImpl:
+    """A tensor over ``impl``'s storage and metadata that autograd sees as a tensor of its
+    own (``Tensor.detach``)."""
+    base = impl.base
+    if base is None or isinstance(base, TensorImpl):
+        base = _Detached(base or impl)
+    # (a detached or pinned tensor's base is no tensor of autograd's already: shared)
+    return TensorImpl(impl.meta, impl.blob, base)
+
+
 def pinned(meta, blob) -> TensorImpl:
     """A tensor over ``blob`` (pinned by the caller) that never frees it: how autograd reads
     an output it saved without keeping the output's own tensor alive."""

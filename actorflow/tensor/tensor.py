@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import DeviceError, ShapeError
 from .meta import is_contiguous, numel
+from .impl import detached
 
 
 def wrap(impl) -> "Tensor":
@@ -201,13 +202,13 @@ class Tensor:
         return self.to(dtype=dtype)
 
     def detach(self) -> "Tensor":
-        """A tensor sharing this one's storage, outside autograd."""
+        """A tensor sharing this one's storage, outside autograd: writing it in place
+        changes this tensor too (as in PyTorch), and a gradient rule that saved this tensor
+        then refuses to run on the changed values."""
         impl = self._impl
-        m = impl.meta
-        if m.shape is None:
+        if impl.meta is None or impl.meta.shape is None:
             self._meta
-            m = impl.meta
-        return wrap(impl.view(m.shape, m.strides, m.offset))
+        return wrap(detached(impl))
 
     # -- views --------------------------------------------------------------------------
     def view(self, *shape) -> "Tensor":
