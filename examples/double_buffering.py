@@ -25,7 +25,7 @@ this runs on are noisy); every output is checked against the sequential loop's.
 
 Usage::
 
-    python examples/double_buffering.py            # ~18 s: 100 pieces, best of 5
+    python examples/double_buffering.py            # ~20 s: 100 pieces, best of 5
     python examples/double_buffering.py --quick    # ~5 s: 60 pieces, best of 2
     python examples/double_buffering.py --pieces 200 --buffers 1 2 3 4
 
