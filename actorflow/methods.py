@@ -16,6 +16,7 @@ from . import indexing
 from .dtype import DType, as_dtype
 from .eager.interpreter import read, read_async, resolve
 from .errors import DeviceError
+from .functional.common import memory_format as _check_memory_format
 from .tensor.tensor import Tensor, shape_args, viewed
 from .tensor import views
 
@@ -31,9 +32,10 @@ def _read(self, fn, name):
     return read(impl, fn, name)
 
 
-def numpy(self):
+def numpy(self, *, force: bool = False):
     """A numpy copy of the values, taken after every write issued before this call.
-    Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``."""
+    Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``.
+    ``force`` is PyTorch's (a copy even where it would share memory): this is always one."""
     return _read(self, self._impl.blob.backend.allocator.copy_out, "numpy")
 
 
@@ -61,29 +63,55 @@ _DTYPE_NAMES = {"bool", "int32", "int64", "float16", "float32", "float64", "floa
                 "half", "int", "long"}
 
 
-def to(self, *args, dtype=None, device=None):
-    """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``."""
+def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: bool = False,
+       memory_format=None, tensor=None):
+    """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``, ``t.to(other)``
+    (its dtype and device): PyTorch's forms. Positional booleans after these are
+    ``non_blocking`` then ``copy``. ``copy=True`` returns a new tensor even when nothing
+    changes; ``non_blocking`` changes nothing (every copy is queued in order)."""
+    flags = []
     for a in args:
-        if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
+        if type(a) is bool:
+            flags.append(a)
+        elif isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
             dtype = a
         elif isinstance(a, Tensor):
-            dtype, device = a.dtype, a.device
+            tensor = a
         else:
             device = a
+    if len(flags) > 2:
+        raise TypeError(f"to(): too many positional booleans {flags}; they are non_blocking "
+                        f"and copy")
+    if len(flags) == 2:
+        copy = flags[1]
+    if tensor is not None:
+        dtype, device = tensor.dtype, tensor.device
+    _check_memory_format("to", memory_format)
     out = self
     if dtype is not None and as_dtype(dtype) is not self.dtype:
         out = F.cast(out, dtype)
     if device is not None:
         out = F.to_device(out, device)
+    if copy and out is self:
+        out = F.clone(self)
     return out
 
 
-def contiguous(self):
+def contiguous(self, memory_format=None):
+    """``self`` when row-major already, else a contiguous copy (``memory_format`` as in
+    ``clone``)."""
+    _check_memory_format("contiguous", memory_format)
     return self if self.is_contiguous() else F.clone(self)
 
 
-def reshape(self, *shape):
-    shape = shape_args(shape)
+def reshape(self, *sizes, shape=None):
+    """``t.reshape(2, 3)``, ``t.reshape((2, 3))`` or ``t.reshape(shape=(2, 3))``: a view
+    when ``self`` is contiguous, else a copy."""
+    if shape is not None:
+        if sizes:
+            raise TypeError(f"reshape(): got the shape {sizes} and shape={shape}; pass one")
+        sizes = (shape,)
+    shape = shape_args(sizes)
     if self.is_contiguous():
         return viewed(self, views.view(self._impl, shape, "reshape"), "reshape", None)
     c = F.clone(self)
@@ -127,7 +155,8 @@ METHODS = {
     "floor_divide_": F.floor_divide_, "remainder_": F.remainder_,
     "zero_": F.zero_, "fill_": F.fill_, "copy_": F.copy_,
     "neg": F.neg, "abs": F.abs, "exp": F.exp, "log": F.log, "sqrt": F.sqrt, "tanh": F.tanh,
-    "relu": F.relu, "relu_": _relu_, "clamp": F.clamp, "sigmoid": F.sigmoid, "gelu": F.gelu,
+    "relu": F.relu, "relu_": _relu_, "clamp": F.clamp, "clamp_": F.clamp_, "clip": F.clip,
+    "clip_": F.clip_, "sigmoid": F.sigmoid, "gelu": F.gelu,
     "logical_not": F.logical_not,
     "sum": F.sum, "mean": F.mean, "max": F.max, "min": F.min, "amax": F.amax,
     "amin": F.amin, "argmax": F.argmax, "argmin": F.argmin,

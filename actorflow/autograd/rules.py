@@ -200,7 +200,8 @@ def _rpow_s(ctx, g):                        # d(s^x) = s^x log s (0 for s = 0, a
     return (F.mul(F.mul(g, ctx.y(0)), log_s),)
 
 
-@rule("floor_divide", "floor_divide_scalar", "rfloor_divide_scalar")
+@rule("floor_divide", "floor_divide_scalar", "rfloor_divide_scalar", "trunc_divide",
+      "trunc_divide_scalar", "rtrunc_divide_scalar")
 def _floor_divide(ctx, g):                  # piecewise constant: zero almost everywhere
     return tuple(F.mul(g, 0.0) if ctx.needs[k] else None for k in range(len(ctx.needs)))
 
@@ -272,7 +273,7 @@ def _gelu(ctx, g):
 
 
 @rule("clamp", saves="x")
-def _clamp(ctx, g):
+def _clamp(ctx, g):                         # to x where min <= x <= max, as PyTorch
     x, lo, hi = ctx.x(0), ctx.attrs.get("min"), ctx.attrs.get("max")
     keep = None
     if lo is not None:
@@ -280,7 +281,27 @@ def _clamp(ctx, g):
     if hi is not None:
         le = F.le(x, hi)
         keep = le if keep is None else F.logical_and(keep, le)
-    return (F.mul(g, _float(keep, g)),)
+    return (F.where(keep, g, 0.0),)
+
+
+@rule("clamp_tensor", saves="x")
+def _clamp_tensor(ctx, g):
+    """PyTorch's split: x gets the gradient where min <= x <= max, min where x < min (and
+    min < max), max where x > max or max < min (max wins then); each summed to its shape."""
+    x, bounds = ctx.x(0), ctx.attrs["bounds"]
+    if bounds == "both":
+        lo, hi = ctx.x(1), ctx.x(2)
+        picks = (F.logical_and(F.ge(x, lo), F.le(x, hi)),
+                 F.logical_and(F.lt(x, lo), F.lt(lo, hi)) if ctx.needs[1] else None,
+                 F.logical_or(F.gt(x, hi), F.lt(hi, lo)) if ctx.needs[2] else None)
+    elif bounds == "min":
+        lo = ctx.x(1)
+        picks = (F.ge(x, lo), F.lt(x, lo))
+    else:
+        hi = ctx.x(1)
+        picks = (F.le(x, hi), F.gt(x, hi))
+    return tuple(sum_to(F.where(p, g, 0.0), ctx.shape(k)) if ctx.needs[k] and p is not None
+                 else None for k, p in enumerate(picks))
 
 
 @rule("cast")

@@ -6,25 +6,31 @@ forms, fill/zero/copy, clamp, where, matmul), ``reduce`` (reductions, softmax-li
 
 Every function takes tensors and returns new tensors unless it ends in ``_`` or takes
 ``inplace=True``, which write the first argument and return it.
+
+A function named like one of PyTorch's takes PyTorch's arguments: the same positions and
+keyword names (and PyTorch's numpy spellings ``axis=`` / ``keepdims=``), ``out=`` taken and
+refused by name. ``tests/test_torch_signatures.py`` compares the signatures with PyTorch's and
+lists, with reasons, what is not taken yet.
 """
 
 from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
-                          clamp, copy_, div, div_, divide, eq, exp, fill_, floor_divide,
-                          floor_divide_, ge, gelu, gt, le, log, logical_and, logical_not,
-                          logical_or, lt, matmul, maximum, minimum, mul, mul_, multiply, ne, neg, pow,
-                          prebuilt_operator, relu, remainder, remainder_, sigmoid, sqrt, sub,
-                          sub_, subtract, tanh, true_divide, where, zero_)
+                          clamp, clamp_, clip, clip_, copy_, div, div_, divide, eq, exp, fill_,
+                          floor_divide, floor_divide_, ge, gelu, gt, le, log, logical_and,
+                          logical_not, logical_or, lt, matmul, maximum, minimum, mul, mul_,
+                          multiply, ne, neg, pow, prebuilt_operator, relu, remainder,
+                          remainder_, sigmoid, sqrt, sub, sub_, subtract, tanh, true_divide,
+                          where, zero_)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
 from .reduce import (MinMax, amax, amin, argmax, argmin, log_softmax, max, mean, min,
                      softmax, sum)
 
 __all__ = [
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
-    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "div", "div_",
-    "divide", "eq", "exp", "fill_", "floor_divide", "floor_divide_", "ge", "gelu", "gt",
-    "is_floating_point", "le", "log", "log_softmax", "logical_and", "logical_not",
-    "logical_or", "lt", "matmul", "max", "maximum", "mean", "min", "minimum", "MinMax", "mul",
-    "mul_", "multiply", "ne", "neg", "nonzero", "pow", "prebuilt_operator", "relu", "remainder",
-    "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_", "subtract", "sum", "tanh",
-    "to_device", "true_divide", "where", "zero_",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clamp_", "clip", "clip_", "clone",
+    "copy_", "div", "div_", "divide", "eq", "exp", "fill_", "floor_divide", "floor_divide_",
+    "ge", "gelu", "gt", "is_floating_point", "le", "log", "log_softmax", "logical_and",
+    "logical_not", "logical_or", "lt", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "MinMax", "mul", "mul_", "multiply", "ne", "neg", "nonzero", "pow", "prebuilt_operator",
+    "relu", "remainder", "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_",
+    "subtract", "sum", "tanh", "to_device", "true_divide", "where", "zero_",
 ]

@@ -34,6 +34,46 @@ def tensor_arg(op: str, value, arg: str = "input") -> Tensor:
     raise TypeError(f"{op}(): argument '{arg}' must be a Tensor, not {type(value).__name__}")
 
 
+def refuse_out(op: str, out):
+    """TypeError for ``out=``, which the functions take (PyTorch's signatures) and refuse:
+    actorflow ops return new tensors."""
+    raise TypeError(f"{op}(): out= is not supported (got {type(out).__name__}); actorflow ops "
+                    f"return a new tensor: assign the result, or write it into an existing "
+                    f"tensor with out.copy_({op}(...))")
+
+
+def dim_alias(op: str, dim, axis, default=None):
+    """``dim``, or ``axis`` (the numpy name PyTorch also takes) when given instead."""
+    if axis is None:
+        return dim
+    if dim is not default:
+        raise TypeError(f"{op}(): got dim={dim!r} and its alias axis={axis!r}; pass one")
+    return axis
+
+
+def keepdim_alias(op: str, keepdim, keepdims):
+    """``keepdim``, or ``keepdims`` (the numpy name PyTorch also takes) when given."""
+    if keepdims is None:
+        return keepdim
+    if keepdim:
+        raise TypeError(f"{op}(): got keepdim and its alias keepdims; pass one")
+    return keepdims
+
+
+_LAYOUTS_KEPT = {"torch.preserve_format", "torch.contiguous_format", "contiguous_format",
+                 "preserve_format"}
+
+
+def memory_format(op: str, value) -> None:
+    """Checks a ``memory_format=``: actorflow's results are row-major (contiguous), which
+    is what None, PyTorch's preserve_format and contiguous_format ask of a new tensor;
+    another (channels_last...) is refused, naming it."""
+    if value is None or str(value) in _LAYOUTS_KEPT:
+        return
+    raise ValueError(f"{op}(): memory_format={value} is not supported; actorflow tensors are "
+                     f"row-major (contiguous): leave memory_format out")
+
+
 def tensor_like(value, like: Tensor) -> Tensor:
     from ..creation import tensor
     return tensor(value, device=like.device)

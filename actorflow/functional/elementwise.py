@@ -6,11 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from ..dtype import FLOAT, bool_
 from ..eager.interpreter import apply
 from ..errors import DTypeError, ShapeError
+from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
-from .common import (COPY, NO_ATTRS, NUMBER, no_data, number, op_def, resolved, tensor_arg,
-                     tensor_like)
+from .common import (CAST, COPY, NO_ATTRS, NUMBER, no_data, number, op_def, refuse_out,
+                     resolved, tensor_arg, tensor_like)
+from .joining import nonzero
 
 
 # -- unary -----------------------------------------------------------------------------
@@ -18,17 +21,19 @@ from .common import (COPY, NO_ATTRS, NUMBER, no_data, number, op_def, resolved, 
 def _unary(name: str):
     op = op_def(name)
 
-    def fn(input, inplace: bool = False):
+    def fn(input, inplace: bool = False, *, out=None):
         # (_tensor only for its TypeError: a call fewer on the hot path)
         impl = input._impl if isinstance(input, Tensor) else tensor_arg(name, input)._impl
-        if inplace:
+        if inplace or out is not None:
+            if out is not None:
+                refuse_out(name, out)
             _check_inplace(name, op, [impl], NO_ATTRS, impl)
             apply(op, [impl], NO_ATTRS, outs=[impl])
             return input
         return wrap(apply(op, [impl], NO_ATTRS)[0])
     fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input.\n\n"
-                  f"Example: ``af.{name}(af.tensor([1., -1.]))``")
+    fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
+                  f"(``out=`` is refused).\n\nExample: ``af.{name}(af.tensor([1., -1.]))``")
     return fn
 
 
@@ -124,39 +129,146 @@ def _binary_inplace(name: str, x, other):
     return x
 
 
-def _check_pow(a, b):
-    if (isinstance(a, Tensor) and a.dtype.category == 1 and type(b) is int and b < 0):
-        raise DTypeError(f"pow: integers to negative integer powers are not allowed "
-                         f"({a.dtype} tensor ** {b}); convert with .float() first")
-
-
 def _binary_fn(name: str):
-    def fn(input, other):
-        if name == "pow":
-            _check_pow(input, other)
+    def fn(input, other, *, out=None):
+        if out is not None:
+            refuse_out(name, out)
         return binary(name, input, other)
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"Elementwise {name} with broadcasting; either argument may be a Python "
-                  f"number.\n\nExample: ``af.{name}(af.ones(2, 3), af.ones(3))``")
+                  f"number (``out=`` is refused).\n\n"
+                  f"Example: ``af.{name}(af.ones(2, 3), af.ones(3))``")
     return fn
 
 
-add, sub, mul, div, pow = (_binary_fn(n) for n in ("add", "sub", "mul", "div", "pow"))  # noqa: A001
+mul = _binary_fn("mul")
 floor_divide, remainder = _binary_fn("floor_divide"), _binary_fn("remainder")
 bitwise_and, bitwise_or = _binary_fn("bitwise_and"), _binary_fn("bitwise_or")
 bitwise_xor = _binary_fn("bitwise_xor")
 maximum, minimum = _binary_fn("maximum"), _binary_fn("minimum")
 eq, ne, lt, le, gt, ge = (_binary_fn(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 logical_and, logical_or = _binary_fn("logical_and"), _binary_fn("logical_or")
+
+
+def pow(input, exponent, *, out=None):  # noqa: A001 - PyTorch's name
+    """``input ** exponent`` elementwise with broadcasting; either may be a Python number.
+    Integers to negative integer powers are refused, as in PyTorch."""
+    if out is not None:
+        refuse_out("pow", out)
+    if (isinstance(input, Tensor) and input.dtype.category == 1 and type(exponent) is int
+            and exponent < 0):
+        raise DTypeError(f"pow: integers to negative integer powers are not allowed "
+                         f"({input.dtype} tensor ** {exponent}); convert with .float() first")
+    return binary("pow", input, exponent)
+
+
+# -- add and sub (with alpha), div (with rounding_mode) --------------------------------
+
+_ONE = 1    # alpha's default; CPython keeps one object per small int, so the test of an
+#             alpha of 1 is an identity test, the cheapest. Any other alpha (1.0, True...)
+#             takes the checked path, which gives the same result for a 1.
+
+def add(input, other, *, alpha=1, out=None):
+    """``input + alpha * other`` elementwise with broadcasting; either of ``input`` and
+    ``other`` may be a Python number. ``alpha`` follows PyTorch: a float only for a floating
+    point result, a bool only for a bool one; another ``alpha`` than 1 costs one more op.
+
+    Example: ``af.add(x, y, alpha=0.5)``"""
+    if out is not None or alpha is not _ONE:
+        return _scaled("add", input, other, alpha, out)
+    return binary("add", input, other)
+
+
+def sub(input, other, *, alpha=1, out=None):
+    """``input - alpha * other`` elementwise (see ``add``); a bool operand is refused, as in
+    PyTorch."""
+    if out is not None or alpha is not _ONE:
+        return _scaled("sub", input, other, alpha, out)
+    return binary("sub", input, other)
+
+
+def _scaled(name, input, other, alpha, out):
+    if out is not None:
+        refuse_out(name, out)
+    return binary(name, input, _times_alpha(name, input, other, alpha))
+
+
+def _operand(name, x, arg):
+    """A TensorMeta, or a Python number, for dtype rules."""
+    if isinstance(x, Tensor):
+        return x._meta
+    return x if type(x) in NUMBER else number(name, x, arg)
+
+
+def _times_alpha(name, input, other, alpha):
+    """``alpha * other``, computed in the dtype of ``input op other``, with PyTorch's
+    checks of ``alpha``; ``other`` itself when ``alpha`` is 1."""
+    if type(alpha) not in NUMBER and not isinstance(alpha, np.generic):
+        hint = "; pass alpha=t.item()" if isinstance(alpha, Tensor) else ""
+        raise TypeError(f"{name}(): argument 'alpha' must be a number, not "
+                        f"{type(alpha).__name__}{hint}")
+    a = number(name, alpha, "alpha")
+    if isinstance(other, np.ndarray) and other.ndim and isinstance(input, Tensor):
+        other = tensor_like(other, input)
+    like = input if isinstance(input, Tensor) else other
+    x = tensor_like(input, like) if isinstance(input, np.ndarray) and input.ndim else input
+    x, y = _operand(name, x, "input"), _operand(name, other, "other")
+    op = name.rstrip("_")
+    dtype = (binary_dtype(op, "arith", x, y) if isinstance(input, Tensor)
+             else binary_dtype(op, "arith", y, x))
+    if type(a) is bool and dtype is not bool_:
+        raise DTypeError(f"{name}(): a bool alpha is only supported for bool results (got "
+                         f"alpha={a} for a {dtype} result); pass alpha as an int or float")
+    if type(a) is float and dtype.category != FLOAT:
+        raise DTypeError(f"{name}(): for integral input tensors, argument alpha must not be "
+                         f"a floating point number (got alpha={a} for a {dtype} result); "
+                         f"pass an int alpha, or convert the inputs with .float() first")
+    if dtype is bool_:
+        a = bool(a)
+    if not isinstance(other, Tensor):
+        return (y and a) if dtype is bool_ else y * a
+    if a == 1:
+        return other
+    if other.dtype is not dtype:
+        other = wrap(apply(CAST, [other._impl], {"dtype": dtype})[0])
+    return binary("mul", other, a)
+
+
+def div(input, other, *, rounding_mode=None, out=None):
+    """``input / other`` elementwise with broadcasting: true division (a floating point
+    result), or rounded toward zero (``rounding_mode="trunc"``) or down (``"floor"``, as
+    ``floor_divide``), which keep integer dtypes, as in PyTorch."""
+    if out is not None:
+        refuse_out("div", out)
+    if rounding_mode is None:
+        return binary("div", input, other)
+    return binary(_rounded("div", rounding_mode), input, other)
+
+
+def _rounded(name, rounding_mode) -> str:
+    if rounding_mode == "trunc":
+        return "trunc_divide"
+    if rounding_mode == "floor":
+        return "floor_divide"
+    raise ValueError(f"{name}(): expected rounding_mode to be one of None, 'trunc', or "
+                     f"'floor' but found {rounding_mode!r}")
+
+
 true_divide = divide = div
 multiply, subtract = mul, sub
 
 
-def add_(input, other):
+def add_(input, other, *, alpha=1):
+    """``input += alpha * other`` in place (see ``add``)."""
+    if alpha is not _ONE:
+        other = _times_alpha("add_", input, other, alpha)
     return _binary_inplace("add", input, other)
 
 
-def sub_(input, other):
+def sub_(input, other, *, alpha=1):
+    """``input -= alpha * other`` in place (see ``sub``)."""
+    if alpha is not _ONE:
+        other = _times_alpha("sub_", input, other, alpha)
     return _binary_inplace("sub", input, other)
 
 
@@ -164,8 +276,11 @@ def mul_(input, other):
     return _binary_inplace("mul", input, other)
 
 
-def div_(input, other):
-    return _binary_inplace("div", input, other)
+def div_(input, other, *, rounding_mode=None):
+    """``input /= other`` in place; ``rounding_mode`` as in ``div``."""
+    if rounding_mode is None:
+        return _binary_inplace("div", input, other)
+    return _binary_inplace(_rounded("div_", rounding_mode), input, other)
 
 
 def floor_divide_(input, other):
@@ -192,10 +307,12 @@ def zero_(input):
     return fill_(input, 0)
 
 
-def copy_(input, src):
-    """Copies ``src`` (broadcast to ``input``'s shape, any dtype, cpu or null) into ``input``."""
+def copy_(input, other, non_blocking: bool = False):
+    """Copies ``other`` (broadcast to ``input``'s shape, any dtype, cpu or null) into
+    ``input``. ``non_blocking`` is accepted for PyTorch's signature: every copy is queued
+    and ordered like any other op."""
     dst = tensor_arg("copy_", input)._impl
-    s = tensor_arg("copy_", src, "src")._impl
+    s = tensor_arg("copy_", other, "other")._impl
     resolved(dst), resolved(s)
     if not s.blob.backend.has_data and dst.blob.backend.has_data:
         raise no_data("copy_", s.meta.device)
@@ -211,19 +328,57 @@ def copy_(input, src):
     return input
 
 
-_CLAMP = op_def("clamp")
+_CLAMP, _CLAMP_TENSOR = op_def("clamp"), op_def("clamp_tensor")
 
 
-def clamp(input, min=None, max=None):  # noqa: A002 - PyTorch's argument names
-    """Limits every element to [min, max] (either bound may be None, not both).
+def _clamp_call(name, input, min, max):  # noqa: A002
+    """(op, input impls, attrs) of a clamp: numbers as attrs, or tensor bounds (a number
+    beside a tensor bound becomes a 0-dim tensor) as inputs that broadcast with ``input``."""
+    impl = tensor_arg(name, input)._impl
+    if (min is None or type(min) in NUMBER) and (max is None or type(max) in NUMBER):
+        if min is None and max is None:
+            raise ValueError(f"{name}(): at least one of 'min' or 'max' must not be None")
+        return _CLAMP, [impl], {"min": min, "max": max}
+    if not (_has_dims(min) or _has_dims(max)):          # numpy scalars, 0-dim arrays
+        lo = None if min is None else number(name, min, "min")
+        hi = None if max is None else number(name, max, "max")
+        return _CLAMP, [impl], {"min": lo, "max": hi}
+    impls = [impl]
+    for k, v in (("min", min), ("max", max)):
+        if v is not None:
+            if not isinstance(v, Tensor):
+                v = tensor_like(v if isinstance(v, np.ndarray) else number(name, v, k), input)
+            impls.append(v._impl)
+    which = "both" if len(impls) == 3 else ("min" if max is None else "max")
+    return _CLAMP_TENSOR, impls, {"bounds": which}
 
-    Example: ``af.clamp(x, min=0.0)``"""
-    impl = tensor_arg("clamp", input)._impl
-    if min is None and max is None:
-        raise ValueError("clamp(): at least one of 'min' or 'max' must not be None")
-    lo = None if min is None else number("clamp", min, "min")
-    hi = None if max is None else number("clamp", max, "max")
-    return wrap(apply(_CLAMP, [impl], {"min": lo, "max": hi})[0])
+
+def _has_dims(v) -> bool:
+    """A tensor, or an array with dims: a bound given as an input, not an attr."""
+    return isinstance(v, Tensor) or (isinstance(v, np.ndarray) and v.ndim > 0)
+
+
+def clamp(input, min=None, max=None, *, out=None):  # noqa: A002 - PyTorch's argument names
+    """Limits every element to [min, max] (either bound may be None, not both). A bound may
+    be a number or a tensor that broadcasts with ``input``; where min > max, the result is
+    max, as in PyTorch. ``out=`` is refused.
+
+    Example: ``af.clamp(x, min=0.0)``, ``af.clamp(x, min=lo, max=hi)``"""
+    if out is not None:
+        refuse_out("clamp", out)
+    op, impls, attrs = _clamp_call("clamp", input, min, max)
+    return wrap(apply(op, impls, attrs)[0])
+
+
+def clamp_(input, min=None, max=None):  # noqa: A002
+    """``clamp`` written into ``input`` (the bounds must not change its shape or dtype)."""
+    op, impls, attrs = _clamp_call("clamp_", input, min, max)
+    _check_inplace("clamp", op, impls, attrs, impls[0])
+    apply(op, impls, attrs, outs=[impls[0]])
+    return input
+
+
+clip, clip_ = clamp, clamp_
 
 
 # -- where, matmul ---------------------------------------------------------------------
@@ -231,8 +386,17 @@ def clamp(input, min=None, max=None):  # noqa: A002 - PyTorch's argument names
 _WHERE = op_def("where")
 
 
-def where(condition, input, other):
-    """Elementwise ``input if condition else other``; either value may be a number."""
+def where(condition, input=None, other=None, *, out=None):
+    """Elementwise ``input if condition else other``; either value may be a number.
+    ``where(condition)`` alone is ``nonzero(condition, as_tuple=True)``, as in PyTorch."""
+    if out is not None:
+        refuse_out("where", out)
+    if input is None and other is None:
+        return nonzero(condition, as_tuple=True)
+    if input is None or other is None:
+        missing = "input" if input is None else "other"
+        raise TypeError(f"where(): missing the '{missing}' argument; pass both input and "
+                        f"other, or neither (where(condition) gives the indices)")
     cond = tensor_arg("where", condition, "condition")
     impls, attrs = [cond._impl], {}
     for key, v in (("x", input), ("y", other)):
@@ -246,7 +410,9 @@ def where(condition, input, other):
 _MATMUL = op_def("matmul")
 
 
-def matmul(input, other):
+def matmul(input, other, *, out=None):
     """Matrix product with batching and broadcasting of leading dims (numpy's rules)."""
+    if out is not None:
+        refuse_out("matmul", out)
     a, b = tensor_arg("matmul", input), tensor_arg("matmul", other, "other")
     return wrap(apply(_MATMUL, [a._impl, b._impl], NO_ATTRS)[0])

@@ -9,8 +9,12 @@ from ..dtype import FLOAT, as_dtype
 from ..eager.interpreter import apply
 from ..errors import ShapeError
 from ..ops.common import normalize_dim
+from ..ops.shape import promote_all
+from ..tensor import views
 from ..tensor.tensor import Tensor, wrap
-from .common import CAST, COPY, NO_ATTRS, no_data, op_def, tensor_arg
+from .common import (CAST, COPY, NO_ATTRS, dim_alias, no_data, op_def, refuse_out, resolved,
+                     tensor_arg)
+from .common import memory_format as check_memory_format
 
 
 # -- joining, casting, copying ---------------------------------------------------------
@@ -27,18 +31,49 @@ def _tensor_list(name, tensors):
     return ts
 
 
-def cat(tensors, dim: int = 0):
-    """Joins tensors along an existing dim. Example: ``af.cat([x, y], dim=1)``."""
+def cat(tensors, dim: int = 0, *, out=None, axis=None):
+    """Joins tensors along an existing dim. Example: ``af.cat([x, y], dim=1)``.
+
+    As in PyTorch, 1-dim empty tensors (shape ``(0,)``, any dtype) are skipped when the
+    others have other shapes (their dtypes still count in the result's); ``axis`` is
+    ``dim``'s numpy name; ``out=`` is refused."""
+    if out is not None:
+        refuse_out("cat", out)
+    dim = dim_alias("cat", dim, axis, 0)
     ts = _tensor_list("cat", tensors)
-    d = normalize_dim("cat", dim, len(ts[0].shape))     # Tensor.shape resolves
-    if not ts[0].shape:
-        raise ShapeError("cat: zero-dimensional tensor (at position 0) cannot be concatenated; "
-                         "use stack, or unsqueeze first")
+    for t in ts:
+        shape = resolved(t._impl).shape
+        if len(shape) < 2 and (not shape or not shape[0]):     # (0,) or ()
+            return _cat_skipping(ts, dim)
+    d = normalize_dim("cat", dim, len(ts[0]._impl.meta.shape))
     return wrap(apply(_CAT, [t._impl for t in ts], {"dim": d})[0])
 
 
-def stack(tensors, dim: int = 0):
-    """Joins equal-shaped tensors along a new dim."""
+def _cat_skipping(ts, dim):
+    """cat with 1-dim empty inputs (skipped; their dtypes still count in the result's), or
+    with 0-dim inputs (refused, naming the first)."""
+    metas = [t._impl.meta for t in ts]
+    shapes = [m.shape for m in metas]
+    keep = [i for i, s in enumerate(shapes) if s != (0,)]
+    attrs = {}
+    if not keep:                                        # all empty: joined along their dim
+        keep, dim = list(range(len(ts))), 0
+    elif len(keep) < len(ts):
+        attrs["dtype"] = promote_all(metas)
+    for i in keep:
+        if not shapes[i]:
+            raise ShapeError(f"cat: zero-dimensional tensor (at position {i}) cannot be "
+                             f"concatenated; use stack, or unsqueeze first")
+    attrs["dim"] = normalize_dim("cat", dim, len(shapes[keep[0]]))
+    return wrap(apply(_CAT, [ts[i]._impl for i in keep], attrs)[0])
+
+
+def stack(tensors, dim: int = 0, *, out=None, axis=None):
+    """Joins equal-shaped tensors along a new dim (``axis``: ``dim``'s numpy name;
+    ``out=`` is refused)."""
+    if out is not None:
+        refuse_out("stack", out)
+    dim = dim_alias("stack", dim, axis, 0)
     ts = _tensor_list("stack", tensors)
     d = normalize_dim("stack", dim, len(ts[0].shape) + 1)
     return wrap(apply(_STACK, [t._impl for t in ts], {"dim": d})[0])
@@ -62,8 +97,11 @@ def to_device(input, device):
     return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
 
 
-def clone(input):
-    """A contiguous copy with its own storage."""
+def clone(input, *, memory_format=None):
+    """A contiguous copy with its own storage (``memory_format``: None, or PyTorch's
+    preserve_format or contiguous_format, which ask the same here)."""
+    if memory_format is not None:
+        check_memory_format("clone", memory_format)
     impl = tensor_arg("clone", input)._impl
     return wrap(apply(COPY, [impl], NO_ATTRS)[0])
 
@@ -71,11 +109,23 @@ def clone(input):
 _NONZERO = op_def("nonzero")
 
 
-def nonzero(input):
+def nonzero(input, *, out=None, as_tuple: bool = False):
     """Indices of the non-zero elements, shape (n, ndim), int64. Its shape is known only
-    after compute: reading it (or using it in an op) waits for the kernel."""
+    after compute: reading it (or using it in an op) waits for the kernel.
+
+    ``as_tuple=True``: a tuple of ndim 1-dim index tensors, one per dim (one for a 0-dim
+    input), as in PyTorch; making them waits for the kernel. ``out=`` is refused."""
+    if out is not None:
+        refuse_out("nonzero", out)
     impl = tensor_arg("nonzero", input)._impl
-    return wrap(apply(_NONZERO, [impl], NO_ATTRS)[0])
+    if not as_tuple:
+        return wrap(apply(_NONZERO, [impl], NO_ATTRS)[0])
+    if not resolved(impl).shape:                        # a 0-dim input counts as 1-dim
+        impl = views.view(impl, (1,))
+    idx = apply(_NONZERO, [impl], NO_ATTRS)[0]
+    resolved(idx)
+    return tuple(wrap(views.basic_index(idx, (slice(None), k)))
+                 for k in range(len(impl.meta.shape)))
 
 
 def is_floating_point(input) -> bool:
@@ -85,4 +135,5 @@ def is_floating_point(input) -> bool:
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "annotations", "namedtuple", "np", "ops", "apply", "resolve", "Tensor", "wrap", "FLOAT",
     "DeviceError", "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax",
-    "get_backend", "as_device", "as_dtype")]
+    "get_backend", "as_device", "as_dtype", "promote_all", "views", "dim_alias", "refuse_out",
+    "resolved", "check_memory_format")]

@@ -8,9 +8,9 @@ from ..dtype import as_dtype
 from ..eager.interpreter import apply
 from ..ops.common import normalize_dim, normalize_dims
 from ..tensor.tensor import Tensor, wrap
-from .common import op_def, resolved, tensor_arg
+from .common import dim_alias, keepdim_alias, op_def, refuse_out, resolved, tensor_arg
 from .elementwise import binary
-from .joining import clone
+from .joining import cast, clone
 
 MinMax = namedtuple("MinMax", ["values", "indices"])
 
@@ -33,19 +33,42 @@ def _reduce(op, name, input, dim, keepdim, dtype=None):
     return wrap(apply(op, [impl], attrs)[0])
 
 
-def sum(input, dim=None, keepdim: bool = False, *, dtype=None):  # noqa: A001
+# Every reduction takes PyTorch's keywords: ``dim`` and ``keepdim``, their numpy names
+# ``axis`` and ``keepdims`` (as PyTorch does), and ``out``, refused.
+
+def _aliased(name, dim, keepdim, out, axis, keepdims):
+    if out is not None:
+        refuse_out(name, out)
+    return dim_alias(name, dim, axis), keepdim_alias(name, keepdim, keepdims)
+
+
+def sum(input, dim=None, keepdim: bool = False, *, dtype=None, out=None,  # noqa: A001
+        axis=None, keepdims=None):
     """Sum over ``dim`` (an int, a tuple, or None for all). Ints and bools sum to int64."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("sum", dim, keepdim, out, axis, keepdims)
     return _reduce(_SUM, "sum", input, dim, keepdim, dtype)
 
 
-def mean(input, dim=None, keepdim: bool = False, *, dtype=None):
+def mean(input, dim=None, keepdim: bool = False, *, dtype=None, out=None, axis=None,
+         keepdims=None):
     """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("mean", dim, keepdim, out, axis, keepdims)
     return _reduce(_MEAN, "mean", input, dim, keepdim, dtype)
 
 
-def _minmax(name, amop, dimop, binop, input, dim, keepdim):
+def _minmax(name, amop, dimop, binop, input, dim, keepdim, other):
+    if other is not None:
+        if dim is not None:
+            raise TypeError(f"{name}(): got dim={dim!r} and other=; pass one ({name}(x, dim) "
+                            f"reduces, {name}(x, other) compares elementwise)")
+        dim = other
     if isinstance(dim, Tensor):
         return binary(binop, input, dim)
+    if other is not None:
+        raise TypeError(f"{name}(): argument 'other' must be a Tensor, not "
+                        f"{type(other).__name__}; use {binop}() or clamp() for numbers")
     if dim is None:
         return _reduce(amop, name, input, None, keepdim)
     impl = tensor_arg(name, input)._impl
@@ -57,21 +80,35 @@ def _minmax(name, amop, dimop, binop, input, dim, keepdim):
     return MinMax(wrap(vals), wrap(idx))
 
 
-def max(input, dim=None, keepdim: bool = False):  # noqa: A001
-    """Largest element; with ``dim``, ``(values, indices)`` along it; with a tensor, maximum."""
-    return _minmax("max", _AMAX, _MAXD, "maximum", input, dim, keepdim)
+def max(input, dim=None, keepdim: bool = False, *, out=None, other=None,  # noqa: A001
+        axis=None, keepdims=None):
+    """Largest element; with ``dim``, ``(values, indices)`` along it; with a tensor (in
+    ``dim``'s place, or as ``other=``), maximum."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("max", dim, keepdim, out, axis, keepdims)
+    return _minmax("max", _AMAX, _MAXD, "maximum", input, dim, keepdim, other)
 
 
-def min(input, dim=None, keepdim: bool = False):  # noqa: A001
-    """Smallest element; with ``dim``, ``(values, indices)`` along it; with a tensor, minimum."""
-    return _minmax("min", _AMIN, _MIND, "minimum", input, dim, keepdim)
+def min(input, dim=None, keepdim: bool = False, *, out=None, other=None,  # noqa: A001
+        axis=None, keepdims=None):
+    """Smallest element; with ``dim``, ``(values, indices)`` along it; with a tensor (in
+    ``dim``'s place, or as ``other=``), minimum."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("min", dim, keepdim, out, axis, keepdims)
+    return _minmax("min", _AMIN, _MIND, "minimum", input, dim, keepdim, other)
 
 
-def amax(input, dim=None, keepdim: bool = False):
+def amax(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+    """Largest elements over ``dim`` (an int, a tuple, or None for all)."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("amax", dim, keepdim, out, axis, keepdims)
     return _reduce(_AMAX, "amax", input, dim, keepdim)
 
 
-def amin(input, dim=None, keepdim: bool = False):
+def amin(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+    """Smallest elements over ``dim`` (an int, a tuple, or None for all)."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("amin", dim, keepdim, out, axis, keepdims)
     return _reduce(_AMIN, "amin", input, dim, keepdim)
 
 
@@ -84,12 +121,17 @@ def _arg(op, name, input, dim, keepdim):
     return wrap(apply(op, [impl], {"dim": d, "keepdim": bool(keepdim)})[0])
 
 
-def argmax(input, dim=None, keepdim: bool = False):
+def argmax(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
     """Index of the largest element (of the flattened tensor when ``dim`` is None)."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("argmax", dim, keepdim, out, axis, keepdims)
     return _arg(_ARGMAX, "argmax", input, dim, keepdim)
 
 
-def argmin(input, dim=None, keepdim: bool = False):
+def argmin(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+    """Index of the smallest element (of the flattened tensor when ``dim`` is None)."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased("argmin", dim, keepdim, out, axis, keepdims)
     return _arg(_ARGMIN, "argmin", input, dim, keepdim)
 
 
@@ -98,20 +140,26 @@ def argmin(input, dim=None, keepdim: bool = False):
 _SOFTMAX, _LOG_SOFTMAX = op_def("softmax"), op_def("log_softmax")
 
 
-def _softmax_like(op, name, input, dim):
+def _softmax_like(op, name, input, dim, dtype, out, axis):
+    if out is not None:
+        refuse_out(name, out)
+    dim = dim_alias(name, dim, axis)
     impl = tensor_arg(name, input)._impl
     if dim is None:
         raise TypeError(f"{name}(): missing the 'dim' argument; say which dim sums to 1, "
                         f"e.g. {name}(x, dim=-1)")
     d = normalize_dim(name, dim, len(resolved(impl).shape))
+    if dtype is not None:                   # the input is cast first, as in PyTorch
+        impl = cast(input, dtype)._impl
     return wrap(apply(op, [impl], {"dim": d})[0])
 
 
-def softmax(input, dim=None):
-    """exp(x) / sum(exp(x)) along ``dim``, computed stably. Example: ``af.softmax(x, dim=1)``."""
-    return _softmax_like(_SOFTMAX, "softmax", input, dim)
+def softmax(input, dim=None, dtype=None, *, out=None, axis=None):
+    """exp(x) / sum(exp(x)) along ``dim``, computed stably (in ``dtype`` when given: the
+    input is cast to it first). Example: ``af.softmax(x, dim=1)``."""
+    return _softmax_like(_SOFTMAX, "softmax", input, dim, dtype, out, axis)
 
 
-def log_softmax(input, dim=None):
-    """log(softmax(x)) along ``dim``, computed stably."""
-    return _softmax_like(_LOG_SOFTMAX, "log_softmax", input, dim)
+def log_softmax(input, dim=None, dtype=None, *, out=None, axis=None):
+    """log(softmax(x)) along ``dim``, computed stably (in ``dtype`` when given)."""
+    return _softmax_like(_LOG_SOFTMAX, "log_softmax", input, dim, dtype, out, axis)

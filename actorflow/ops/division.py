@@ -1,4 +1,5 @@
-"""Kernels of integer floor division and remainder (``//`` and ``%``): a zero divisor raises
+"""Kernels of integer floor division, remainder and division rounded toward zero (``//``,
+``%`` and ``div(..., rounding_mode='trunc')``): a zero divisor raises
 DivisionByZeroError, as PyTorch raises 'ZeroDivisionError', instead of numpy's silent 0.
 A zero scalar divisor raises at the call (``nonzero_divisor`` wraps the op's inference); a
 zero in a divisor tensor raises from the kernel, which checks before it writes anything, so
@@ -14,7 +15,21 @@ import numpy as np
 from ..dtype import FLOAT
 from ..errors import DivisionByZeroError
 
-INT_DIVISION = {"floor_divide": "//", "remainder": "%"}
+INT_DIVISION = {"floor_divide": "//", "remainder": "%", "trunc_divide": "/"}
+
+
+def trunc_divide(a, b, out):
+    """a / b rounded toward zero (``div(..., rounding_mode='trunc')``), into ``out``, which
+    may be ``a`` itself: floats as trunc(a / b), integers exactly (floor division, plus one
+    where the remainder is not zero and the signs differ)."""
+    if out.dtype.kind == "f":
+        np.true_divide(a, b, out=out)
+        np.trunc(out, out=out)
+        return
+    fix = np.remainder(a, b) != 0               # (before out is written: it may be a)
+    fix &= np.less(a, 0) != np.less(b, 0)
+    np.floor_divide(a, b, out=out)
+    np.add(out, fix, out=out, casting="unsafe")
 
 
 def _zero_division(name: str, dtype, tensor_divisor: bool) -> DivisionByZeroError:

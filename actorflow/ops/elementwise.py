@@ -13,7 +13,7 @@ from ..dtype import (FLOAT, bool_, combine_categories, default_float, from_numpy
 from ..errors import DTypeError
 from .common import broadcast_shapes
 from .division import (INT_DIVISION, division_kernel, division_scalar_kernel,
-                       nonzero_divisor)
+                       nonzero_divisor, trunc_divide)
 from .registry import OpDef, register
 
 # -- dtype rules -----------------------------------------------------------------------
@@ -174,10 +174,11 @@ BINARY = {
     "le": (np.less_equal, "cmp"), "gt": (np.greater, "cmp"), "ge": (np.greater_equal, "cmp"),
     "logical_and": (np.logical_and, "cmp"), "logical_or": (np.logical_or, "cmp"),
     "floor_divide": (np.floor_divide, "arith"), "remainder": (np.remainder, "arith"),
+    "trunc_divide": (trunc_divide, "arith"),
     "bitwise_and": (np.bitwise_and, "bitwise"), "bitwise_or": (np.bitwise_or, "bitwise"),
     "bitwise_xor": (np.bitwise_xor, "bitwise"),
 }
-_QUIET = {"div", "pow", "floor_divide", "remainder"}
+_QUIET = {"div", "pow", "floor_divide", "remainder", "trunc_divide"}
 
 
 _SCALAR_CATEGORY = {bool: 0, int: 1, float: 2}
@@ -195,15 +196,27 @@ def binary_dtype(name: str, kind: str, a, b):
         dtype = da
     else:
         dtype = result_type(a, b)
-    if dtype is bool_ and name == "sub":
-        raise DTypeError("sub: subtracting two bool tensors is not supported; use "
-                         "logical_xor or convert with .int() first")
+    if name == "sub" and (da is bool_ or b is True or b is False
+                          or getattr(b, "dtype", None) is bool_):
+        raise _bool_subtraction(da, b)
     if kind == "bitwise" and dtype.category == FLOAT:
         raise DTypeError(f"{name}: only integer and bool tensors are supported, got {dtype}; "
                          f"use logical ops on comparisons for floats")
     if kind == "div" and dtype.category != FLOAT:
         return default_float
     return dtype
+
+
+def _bool_subtraction(da, b) -> DTypeError:
+    """PyTorch refuses ``-`` with a bool operand (a tensor or a Python bool), as here."""
+    db = b.dtype if hasattr(b, "dtype") else type(b).__name__
+    if da is bool_ and (db is bool_ or db == "bool"):
+        return DTypeError("sub: subtraction, the `-` operator, with two bool tensors is not "
+                          "supported; use the `^` operator (bitwise_xor) instead")
+    return DTypeError(f"sub: subtraction, the `-` operator, with a bool tensor is not "
+                      f"supported (operands {da} and {db}); to invert a mask use the `~` "
+                      f"operator or logical_not(), otherwise convert with .int() or "
+                      f".float() first")
 
 
 _CACHE_MAX = 1024

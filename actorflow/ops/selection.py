@@ -47,7 +47,7 @@ def _k_clamp(outs, ins, attrs):
     x = in_dtype(ins[0], o.dtype)
     lo, hi = attrs["min"], attrs["max"]
     if lo is not None and hi is not None:
-        np.minimum(np.maximum(x, lo), hi, out=o)      # min wins when min > max, as in PyTorch
+        np.minimum(np.maximum(x, lo), hi, out=o)      # max wins when min > max, as in PyTorch
     elif lo is not None:
         np.maximum(x, lo, out=o)
     else:
@@ -56,6 +56,32 @@ def _k_clamp(outs, ins, attrs):
 
 register(OpDef("clamp", ("x",), _clamp_infer, {"cpu": _k_clamp}, attrs=("min", "max"),
                elementwise=True))
+
+
+# clamp with tensor bounds: the inputs are x then the bounds given, ``attrs["bounds"]`` says
+# which ("min", "max" or "both"); they broadcast together, as in PyTorch.
+
+def _clamp_tensor_infer(metas, attrs):
+    shape = metas[0].shape
+    for m in metas[1:]:
+        shape = broadcast_shapes("clamp", shape, m.shape)
+    return [(shape, result_type(*metas))]
+
+
+def _k_clamp_tensor(outs, ins, attrs):
+    o = outs[0]
+    x = in_dtype(ins[0], o.dtype)
+    bounds = attrs["bounds"]
+    if bounds == "both":
+        np.minimum(np.maximum(x, ins[1]), ins[2], out=o)    # max wins when min > max
+    elif bounds == "min":
+        np.maximum(x, ins[1], out=o)
+    else:
+        np.minimum(x, ins[1], out=o)
+
+
+register(OpDef("clamp_tensor", ("x", "bounds*"), _clamp_tensor_infer,
+               {"cpu": _k_clamp_tensor}, attrs=("bounds",), elementwise=True))
 
 
 def _k_cast(outs, ins, attrs):

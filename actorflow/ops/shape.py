@@ -1,4 +1,5 @@
-"""Ops that build new tensors from several: cat and stack."""
+"""Ops that build new tensors from several: cat and stack. A cat's ``dtype`` attr, when
+given, is its result's dtype (the functor's, which counts inputs it skipped)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from ..errors import ShapeError
 from .registry import OpDef, register
 
 
-def _promote_all(metas):
+def promote_all(metas):
+    """The common dtype of tensors joined (PyTorch's promotion, dims or not)."""
     dtype = metas[0].dtype
     for m in metas[1:]:
         dtype = promote_types(dtype, m.dtype)
@@ -31,7 +33,10 @@ def _cat_infer(metas, attrs):
                                  f"expected size {x} but got size {y} for tensor {i} in "
                                  f"dimension {d} (shapes {first} and {s})")
         total += s[dim]
-    return [(first[:dim] + (total,) + first[dim + 1:], _promote_all(metas))]
+    dtype = attrs.get("dtype")                          # (given: skipped inputs count too)
+    if dtype is None:
+        dtype = promote_all(metas)
+    return [(first[:dim] + (total,) + first[dim + 1:], dtype)]
 
 
 def _k_cat(outs, ins, attrs):
@@ -45,12 +50,12 @@ def _stack_infer(metas, attrs):
             raise ShapeError(f"stack: expects each tensor to be equal size, but got {first} at "
                              f"entry 0 and {m.shape} at entry {i}")
     dim = attrs["dim"]
-    return [(first[:dim] + (len(metas),) + first[dim:], _promote_all(metas))]
+    return [(first[:dim] + (len(metas),) + first[dim:], promote_all(metas))]
 
 
 def _k_stack(outs, ins, attrs):
     np.stack(ins, axis=attrs["dim"], out=outs[0], casting="unsafe")
 
 
-register(OpDef("cat", ("tensors*",), _cat_infer, {"cpu": _k_cat}, attrs=("dim",)))
+register(OpDef("cat", ("tensors*",), _cat_infer, {"cpu": _k_cat}, attrs=("dim", "dtype")))
 register(OpDef("stack", ("tensors*",), _stack_infer, {"cpu": _k_stack}, attrs=("dim",)))
