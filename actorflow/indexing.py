@@ -1,6 +1,9 @@
 """``x[key]`` and ``x[key] = value``: basic keys (ints, slices, None, ...) make views;
 integer arrays and tensors gather with the ``index`` op; boolean masks select with
-``masked_index``, whose output shape is known only after compute."""
+``masked_index``, whose output shape is known only after compute. An index tensor may hold
+-n to n-1 there (negative counts from the end, as in PyTorch); ``take`` and
+``class_targets`` are the gathers whose indices must be 0 to n-1 (an embedding's rows, a
+loss's classes), checked by the kernel when the values exist."""
 
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ import numpy as np
 
 from . import ops
 from .eager.interpreter import apply
-from .ops.index import Slot
+from .ops.index import Bounds, Slot
 from .tensor import views
 from .tensor.tensor import Tensor, viewed, wrap
 
 _INDEX, _MASKED, _PUT = ops.get("index"), ops.get("masked_index"), ops.get("index_put")
+_CLASS_INDEX = ops.get("class_index")
+_INTP_MAX = np.iinfo(np.intp).max
 
 
 def _is_basic(k) -> bool:
@@ -28,6 +33,10 @@ def _split_key(key):
     template, impls, masked = [], [], False
     for k in items:
         if isinstance(k, Tensor):
+            if k.dtype.is_floating_point:
+                raise IndexError(f"tensors used as indices must be long, int or bool, got a "
+                                 f"tensor of {k.dtype} (shape {k.shape}); convert it with "
+                                 f".long()")
             template.append(Slot(len(impls)))
             impls.append(k._impl)
             masked |= k.dtype.name == "bool"
@@ -36,6 +45,9 @@ def _split_key(key):
             if arr.dtype.kind not in "biu":
                 raise IndexError(f"tensors used as indices must be long, int or bool, got "
                                  f"an array of {arr.dtype}")
+            if arr.dtype.kind == "u" and arr.size and arr.max() > _INTP_MAX:
+                raise IndexError(f"index {arr.max()} is out of bounds: it does not fit an "
+                                 f"int64 (an array of {arr.dtype})")
             masked |= arr.dtype.kind == "b"
             template.append(arr if arr.dtype.kind == "b" else arr.astype(np.intp))
         elif _is_basic(k):
@@ -80,3 +92,29 @@ def setitem(t: Tensor, key, value) -> None:
         ins = [target] + impls
         attrs.update(has_value=0, scalar=_number("setitem", value, "value"))
     apply(_PUT, ins, attrs, device=target.meta.device, outs=[target])
+
+
+def take(t: Tensor, key: tuple, bounds: Bounds) -> Tensor:
+    """``t[key]`` for a key of integer index tensors (and basic items), where the index
+    tensor ``Slot(bounds.slot)`` (counted among the key's tensors) must hold values in
+    [0, bounds.size): for indices naming rows or classes, which PyTorch does not count from
+    the end. Raises (as a KernelError at the next sync point, the values being known only
+    when the kernel runs) IndexOutOfBoundsError with ``bounds``' words otherwise."""
+    template, impls, masked = _split_key(key)
+    if masked or not 0 <= bounds.slot < len(impls):
+        mask = " and a mask" if masked else ""
+        raise ValueError(f"take: bounds name index tensor {bounds.slot}, but the key holds "
+                         f"{len(impls)} integer index tensor(s){mask}")
+    return wrap(apply(_INDEX, [t._impl] + impls, {"key": template, "bounds": bounds})[0])
+
+
+def class_targets(target: Tensor, classes: int, ignore_index: int, dtype, loss: str):
+    """A loss's class-index ``target`` made safe to gather with: ``(index, keep)``, index the
+    target with entries equal to ``ignore_index`` at class 0 (int64), keep 1 where a target
+    counts and 0 where it is ignored (in ``dtype``). Every other target must be in
+    [0, classes); else (as a KernelError at the next sync point) IndexOutOfBoundsError
+    naming ``loss``, the target, the range and ignore_index, poisoning both outputs, so
+    everything computed from them reports that one error."""
+    attrs = {"classes": classes, "ignore_index": ignore_index, "dtype": dtype, "loss": loss}
+    index, keep = apply(_CLASS_INDEX, [target._impl], attrs)
+    return wrap(index), wrap(keep)

@@ -148,13 +148,16 @@ _INDEX_ADD = op_def("index_add")
 @rule("index", "masked_index", saves="x")
 def _index(ctx, g):
     """A gather's gradient: zeros of the input's shape, the gradient added at the gathered
-    positions (repeated ones summed)."""
+    positions (repeated ones summed). A gather's ``bounds`` hold here too: the gradient
+    does not read the failed gather's output, so it checks the indices itself rather than
+    add at a wrapped position."""
     x = ctx.x(0)
     z = zeros(ctx.shape(0), dtype=x.dtype, device=x.device)
     if g.dtype is not x.dtype:
         g = F.cast(g, x.dtype)
     idx = [ctx.x(k)._impl for k in range(1, len(ctx.needs))]
-    gx = wrap(apply(_INDEX_ADD, [z._impl, g._impl] + idx, {"key": ctx.attrs["key"]})[0])
+    attrs = {"key": ctx.attrs["key"], "bounds": ctx.attrs.get("bounds")}
+    gx = wrap(apply(_INDEX_ADD, [z._impl, g._impl] + idx, attrs)[0])
     return (gx,) + (None,) * len(idx)
 
 

@@ -3,9 +3,13 @@ actorflow's ops, so autograd differentiates them through its rules."""
 
 from __future__ import annotations
 
+import numbers
+
 from .. import functional as F
 from ..creation import arange, rand
 from ..errors import ShapeError
+from ..indexing import class_targets, take
+from ..ops.index import Bounds
 from ..tensor.tensor import Tensor
 
 relu = F.relu
@@ -66,17 +70,36 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     return y
 
 
+_EMBEDDING_FIX = (" (num_embeddings, the weight's first dim; negative indices do not count "
+                  "from the end)")
+
+
 def embedding(input, weight, padding_idx=None):
-    """Rows of ``weight`` picked by the integer tensor ``input``; the ``padding_idx`` row
-    (negative counts from the end) gets no gradient, its values are read as they are."""
+    """Rows of ``weight`` (num_embeddings, embedding_dim) picked by the integer tensor
+    ``input``; the ``padding_idx`` row (negative counts from the end) gets no gradient, its
+    values are read as they are.
+
+    Raises: TypeError for indices that are not integers; ValueError for a padding_idx
+    outside the weight's rows; IndexOutOfBoundsError (a KernelError at the next sync point:
+    the indices' values are known only then) for an index outside [0, num_embeddings), a
+    negative one included, as in PyTorch."""
     _tensor("embedding", input)
-    if input.dtype.is_floating_point:
-        raise TypeError(f"embedding: indices must be an integer tensor, got {input.dtype}")
-    out = weight[input]
+    _tensor("embedding", weight, "weight")
+    if input.dtype.is_floating_point or input.dtype.name == "bool":
+        raise TypeError(f"embedding: indices must be an integer tensor (int64 or int32), got "
+                        f"{input.dtype}; convert them with .long()")
+    if weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, embedding_dim), got "
+                         f"shape {weight.shape}")
+    n = weight.shape[0]
+    out = take(weight, (input,), Bounds(0, n, "embedding: index", _EMBEDDING_FIX))
     if padding_idx is not None:
-        padding_idx %= weight.shape[0]
-        keep = F.ne(input, padding_idx).unsqueeze(-1)
-        out = F.where(keep, out, weight.detach()[input])
+        if not -n <= padding_idx < n:
+            raise ValueError(f"embedding: padding_idx {padding_idx} is outside the {n} "
+                             f"embeddings (weight shape {weight.shape}); it must be in "
+                             f"[-{n}, {n})")
+        keep = F.ne(input, padding_idx % n).unsqueeze(-1)
+        out = F.where(keep, out, out.detach())     # the same values, no gradient there
     return out
 
 
@@ -113,47 +136,84 @@ def _class_last(input, target, name: str):
     return input.permute(*order).reshape(-1, c), target.reshape(-1), target.shape
 
 
+def _check_targets(name: str, input, target, weight, ignore_index, reduction: str) -> None:
+    """Refuses an input with no class dim, class-index targets of a dtype that holds no
+    class indices, an ignore_index that is not an int, a weight not of the classes' count
+    and an unknown reduction (the targets' values are checked when the kernel runs: see
+    ``indexing.class_targets``)."""
+    if input.ndim == 0:
+        raise ShapeError(f"{name}: expected input (C,) or (N, C, ...) with a class dim, got a "
+                         f"0-d input")
+    classes = input.shape[1 if input.ndim >= 2 else 0]
+    if target.dtype.is_floating_point or target.dtype.name == "bool":
+        raise TypeError(f"{name}: target must hold class indices (an integer tensor), got "
+                        f"{target.dtype}"
+                        + ("; for probabilities use cross_entropy" if name == "nll_loss"
+                           else ""))
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"{name}: ignore_index must be an int, got {ignore_index!r}")
+    if weight is not None and tuple(weight.shape) != (classes,):
+        raise ShapeError(f"{name}: weight must hold one value per class: shape ({classes},) "
+                         f"for an input of {classes} classes, got shape {weight.shape}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got "
+                         f"{reduction!r}")
+
+
+def _nll(input, target, weight, ignore_index: int, reduction: str, name: str):
+    """The loss of ``input`` (M, C) log-probabilities against ``target`` (M,) class
+    indices, reduced (unreduced: shape (M,)), and the targets' keep weights (1, or 0 where
+    ignored). A target outside [0, C) that is not ignore_index fails the ``class_index``
+    kernel, so everything computed from it raises that one error, naming ``name``."""
+    n, c = input.shape
+    safe, keep = class_targets(target, c, int(ignore_index), input.dtype, name)
+    picked = input[arange(n, device=input.device), safe]
+    w = keep if weight is None else F.mul(keep, weight[safe])
+    loss = F.neg(F.mul(picked, w))
+    if reduction == "mean":
+        return _weighted_mean(loss, w), keep
+    if reduction == "sum":
+        return F.sum(loss), keep
+    return loss, keep
+
+
 def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
     """Negative log-likelihood of class indices ``target`` (N,) under log-probabilities
     ``input`` (N, C) (or (N, C, d...) and (N, d...)): ``-input[n, target[n]]``, weighted,
-    ignoring ``ignore_index``."""
+    ignoring ``ignore_index``.
+
+    Raises: TypeError, ShapeError or ValueError for arguments that do not fit (see
+    ``_check_targets``); IndexOutOfBoundsError (a KernelError at the next sync point: the
+    targets' values are known only then) for a target outside [0, C) that is not
+    ignore_index, a negative one included, as in PyTorch."""
     _tensor("nll_loss", input)
     _tensor("nll_loss", target, "target")
-    if target.dtype.is_floating_point:
-        raise TypeError(f"nll_loss: target must hold class indices (an integer tensor), got "
-                        f"{target.dtype}; for probabilities use cross_entropy")
+    _check_targets("nll_loss", input, target, weight, ignore_index, reduction)
     input, target, shape = _class_last(input, target, "nll_loss")
-    n = input.shape[0]
-    keep = F.ne(target, ignore_index)
-    safe = F.where(keep, target, 0)
-    picked = input[arange(n, device=input.device), safe]
-    w = F.cast(keep, input.dtype)
-    if weight is not None:
-        w = F.mul(w, weight[safe])
-    loss = F.neg(F.mul(picked, w))
-    if reduction == "mean":
-        return _weighted_mean(loss, w)
-    if reduction == "none":
-        return loss.reshape(shape)
-    return _reduce(loss, reduction, "nll_loss")
+    loss = _nll(input, target, weight, ignore_index, reduction, "nll_loss")[0]
+    return loss.reshape(shape) if reduction == "none" else loss
 
 
 def cross_entropy(input, target, weight=None, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0):
     """Cross-entropy of logits ``input`` (N, C) (or (N, C, d...)) against class indices
     (N,) (or (N, d...)) or class probabilities of the input's shape: ``log_softmax`` over
-    the class dim, then ``nll_loss``."""
+    the class dim, then ``nll_loss``.
+
+    Raises: as ``nll_loss`` for class-index targets (IndexOutOfBoundsError, as a
+    KernelError at the next sync point, for a target outside [0, C) that is not
+    ignore_index); ShapeError for probability targets not of the input's shape."""
     _tensor("cross_entropy", input)
     _tensor("cross_entropy", target, "target")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got "
                          f"{label_smoothing}")
     cdim = 1 if input.ndim >= 2 else 0
-    logp = F.log_softmax(input, dim=cdim)
     if target.dtype.is_floating_point:              # probabilities
         if target.shape != input.shape:
             raise ShapeError(f"cross_entropy: probability targets must have the input's "
                              f"shape {input.shape}, got {target.shape}")
+        logp = F.log_softmax(input, dim=cdim)
         if label_smoothing:
             target = F.add(F.mul(target, 1.0 - label_smoothing),
                            label_smoothing / input.shape[cdim])
@@ -163,16 +223,17 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
             target = F.mul(target, weight.reshape(tuple(shape)))
         per = F.neg(F.sum(F.mul(logp, target), dim=cdim))
         return _reduce(per, reduction, "cross_entropy")
+    _check_targets("cross_entropy", input, target, weight, ignore_index, reduction)
+    if label_smoothing and weight is not None:
+        raise NotImplementedError("cross_entropy: label_smoothing with class weights is not "
+                                  "supported yet")
+    logp = F.log_softmax(input, dim=cdim)
     flat, flat_t, shape = _class_last(logp, target, "cross_entropy")
-    loss = nll_loss(flat, flat_t, weight, ignore_index, reduction)
+    loss, keep = _nll(flat, flat_t, weight, ignore_index, reduction, "cross_entropy")
     if reduction == "none":
         loss = loss.reshape(shape)
     if not label_smoothing:
         return loss
-    if weight is not None:
-        raise NotImplementedError("cross_entropy: label_smoothing with class weights is not "
-                                  "supported yet")
-    keep = F.cast(F.ne(flat_t, ignore_index), input.dtype)
     smooth = F.mul(F.neg(F.mean(flat, dim=1)), keep)
     if reduction == "mean":
         smooth = _weighted_mean(smooth, keep)

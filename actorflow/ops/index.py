@@ -1,8 +1,12 @@
 """Indexing ops beyond views: integer-array gather, boolean-mask select and nonzero (their
-output shape is known only after compute: dynamic), and index_put for ``x[key] = value``.
+output shape is known only after compute: dynamic), index_put for ``x[key] = value``, and
+class_index, the class-index targets of the losses checked and made safe to gather with.
 
 A key is a tuple of ints, slices, None, Ellipsis, numpy integer arrays and ``Slot(i)``
 placeholders for the i-th index tensor input; kernels put the tensors' arrays in the slots.
+An index tensor's values are known only when the kernel runs, so kernels check them there:
+``x[idx]`` takes -n to n-1 (negative counts from the end, as in PyTorch), while a gather
+given ``bounds`` (an embedding's rows) and class targets take only 0 to n-1.
 """
 
 from __future__ import annotations
@@ -19,6 +23,16 @@ from .registry import OpDef, register
 class Slot(NamedTuple):
     """Stands in a key for the index tensor at ``ins[first + index]``."""
     index: int
+
+
+class Bounds(NamedTuple):
+    """An ``index`` op's attr: the index tensor ``Slot(slot)`` must hold values in
+    [0, size), none counting from the end. The kernel's error reads ``f"{what} {value} is
+    out of bounds: valid values are in [0, {size}){fix}"``."""
+    slot: int
+    size: int
+    what: str        # the op and the index, e.g. "embedding: index"
+    fix: str         # e.g. " (num_embeddings...)": what the size is, how to get in range
 
 
 def fill_key(key: tuple, arrays: list) -> tuple:
@@ -49,14 +63,56 @@ def _index_infer(metas, attrs):
     return [(index_shape("index", metas[0].shape, attrs["key"], metas[1:]), metas[0].dtype)]
 
 
+_UNSIGNED = {np.dtype(t): np.dtype(t).newbyteorder("=").str.replace("i", "u")
+             for t in (np.int8, np.int16, np.int32, np.int64)}
+
+
+def _nonnegative(arr: np.ndarray) -> np.ndarray:
+    """A signed integer array read as unsigned (no copy): a negative value becomes one
+    larger than any index, so one ``max`` bounds both sides."""
+    u = _UNSIGNED.get(arr.dtype)
+    return arr if u is None else arr.view(u)
+
+
+def _out_of_range(bad: np.ndarray, total: int, size: int, what: str, fix: str):
+    """The IndexOutOfBoundsError for ``bad``, the values out of [0, size) among ``total``."""
+    more = f" ({bad.size} of {total} values are)" if bad.size > 1 else ""
+    return IndexOutOfBoundsError(f"{what} {bad.flat[0]} is out of bounds{more}: valid values "
+                                 f"are in [0, {size}){fix}")
+
+
+def check_bounds(bounds: Bounds, arr: np.ndarray) -> None:
+    """Raises IndexOutOfBoundsError unless every value of the integer array ``arr`` is in
+    [0, bounds.size). One pass over ``arr`` when it is."""
+    n = bounds.size
+    if arr.size and _nonnegative(arr).max() >= n:
+        raise _out_of_range(arr[(arr < 0) | (arr >= n)], arr.size, n, bounds.what,
+                            bounds.fix)
+
+
 def _k_index(outs, ins, attrs):
     x = ins[0]
-    outs[0][...] = x[fill_key(attrs["key"], ins[1:])]
+    bounds = attrs.get("bounds")
+    if bounds is not None:
+        check_bounds(bounds, ins[1 + bounds.slot])
+    key = fill_key(attrs["key"], ins[1:])
+    try:
+        picked = x[key]
+    except IndexError:
+        check_key("getitem", x.shape, key)      # raises IndexOutOfBoundsError, naming it
+        raise
+    outs[0][...] = picked
 
 
 def _k_masked(outs, ins, attrs):
     x = ins[0]
-    return [np.ascontiguousarray(x[fill_key(attrs["key"], ins[1:])])]
+    key = fill_key(attrs["key"], ins[1:])
+    try:
+        picked = x[key]
+    except IndexError:
+        check_key("getitem", x.shape, key)      # a mask of the wrong size, an index out
+        raise                                   # of bounds
+    return [np.ascontiguousarray(picked)]
 
 
 def _k_nonzero(outs, ins, attrs):
@@ -107,7 +163,11 @@ def _k_index_put(outs, ins, attrs):
 
 def _k_index_add(outs, ins, attrs):
     # ins: [x, value, index tensors...]: out = x, then out[key] += value with repeated
-    # indices summed (the backward of a gather or a basic index: autograd's rules run it)
+    # indices summed (the backward of a gather or a basic index: autograd's rules run it,
+    # with the gather's bounds)
+    bounds = attrs.get("bounds")
+    if bounds is not None:
+        check_bounds(bounds, ins[2 + bounds.slot])
     key = fill_key(attrs["key"], ins[2:])
     o = outs[0]
     check_key("index_add", o.shape, key)
@@ -118,10 +178,38 @@ def _k_index_add(outs, ins, attrs):
         o[key] += ins[1]             # basic keys and masks select each element once
 
 
-register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index}, attrs=("key",)))
+def _class_index_infer(metas, attrs):
+    t = metas[0]
+    return [(t.shape, int64), (t.shape, attrs["dtype"])]
+
+
+def _k_class_index(outs, ins, attrs):
+    # ins: [target]; outs: [index: target with ignored entries at 0, keep: 1 or 0]
+    t = ins[0]
+    index, keep_out = outs
+    keep = np.not_equal(t, attrs["ignore_index"])
+    classes = attrs["classes"]
+    wrong = np.greater_equal(_nonnegative(t), classes)
+    wrong &= keep
+    if wrong.any():
+        bad = t[wrong]
+        ignore = attrs["ignore_index"]
+        raise _out_of_range(bad, t.size, classes, f"{attrs['loss']}: Target",
+                            f" (the input's {classes} classes; negative targets do not count "
+                            f"from the end) or ignore_index ({ignore}), whose targets are "
+                            f"skipped; if {bad.flat[0]} marks targets to skip, pass "
+                            f"ignore_index={bad.flat[0]}")
+    np.multiply(t, keep, out=index)         # an ignored target picks class 0, weighted 0
+    np.copyto(keep_out, keep)
+
+
+register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index},
+               attrs=("key", "bounds")))
+register(OpDef("class_index", ("target",), _class_index_infer, {"cpu": _k_class_index},
+               outputs=("index", "keep"), attrs=("classes", "ignore_index", "dtype", "loss")))
 register(OpDef("index_add", ("x", "value", "indices*"),
                lambda metas, attrs: [(metas[0].shape, metas[0].dtype)], {"cpu": _k_index_add},
-               attrs=("key",)))
+               attrs=("key", "bounds")))
 register(OpDef("masked_index", ("x", "indices*"),
                lambda metas, attrs: [(None, metas[0].dtype)], {"cpu": _k_masked},
                attrs=("key",), dynamic=True))
