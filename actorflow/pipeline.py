@@ -62,18 +62,34 @@ class Pipeline:
         """The graph's Plan (see ActorGraph.plan)."""
         return self.graph.plan()
 
-    def run(self, trace=None, progress=False):
-        """Yields the last stage's result for each piece, in order (plain code);
-        ``trace``: a path for the run's timeline (Chrome trace JSON); ``progress``: a
-        progress bar (tqdm); both as ActorGraph.run."""
-        return self.graph.run(trace=trace, progress=progress)
+    def run(self, feed=None, trace=None, progress=False, engine=None):
+        """Yields the last stage's result for each piece, in order (plain code). Takes
+        ActorGraph.run's arguments and hands them to it: ``trace``: a path for the run's
+        timeline (Chrome trace JSON); ``progress``: a progress bar (tqdm); ``engine``:
+        None or "local" (this process), "ray" or an engine object
+        (``af.distributed.RayEngine``: each stage in Ray actor processes).
 
-    def run_async(self, trace=None, progress=False):
-        """``async for`` twin of ``run()``."""
-        return self.graph.run_async(trace=trace, progress=progress)
+        Raises:
+            ValueError: ``feed`` given (a Pipeline reads its first entry, its source)."""
+        _no_feed(feed, "run")
+        return self.graph.run(feed=feed, trace=trace, progress=progress, engine=engine)
+
+    def run_async(self, feed=None, trace=None, progress=False):
+        """``async for`` twin of ``run()``, with ActorGraph.run_async's arguments."""
+        _no_feed(feed, "run_async")
+        return self.graph.run_async(feed=feed, trace=trace, progress=progress)
 
     def stats(self):
         return self.graph.stats()
+
+
+def _no_feed(feed, method: str) -> None:
+    """``feed=`` is ActorGraph's for graphs with ``g.input()``; a Pipeline has none."""
+    if feed is not None:
+        raise ValueError(f"Pipeline.{method}(feed={type(feed).__name__}): a Pipeline reads "
+                         f"its pieces from its first entry, the source; give the pieces "
+                         f"there (Pipeline([pieces, ...])), or build an ActorGraph with "
+                         f"g.input() to feed them per run")
 
 
 def _per_stage(value, n: int, what: str) -> list:

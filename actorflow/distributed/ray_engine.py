@@ -63,8 +63,17 @@ class RayEngine:
             fewer until the budgets fit; ``g.stats().batch`` says what a run used.
         keep_workers: after a run that finished, keep its Ray actor processes for the
             next run of the same graph (each run otherwise starts its own: about a second
-            here); ``close()`` ends them. A run that fails or stops kills its own, and a
-            run of another graph ends them (they would hold the CPUs it needs).
+            here); ``close()`` ends them. A kept process runs what a new one would: each
+            run pickles its stages as they are then (functions with the values they read
+            then, sources, op programs with their constants) and the process loads them
+            afresh (sent only when their bytes changed), so nothing an earlier run did to
+            the stages' own objects carries over. It is replaced when its placement, node
+            or replicas changed, or a module its stages come from changed on disk. What
+            it keeps is its process: the modules it imported and their globals (a stage
+            from an importable module reads the process's copy, as a new process's
+            import would start it), random generators, threads it started. A run that
+            fails or stops kills its own, and a run of another graph ends them (they
+            would hold the CPUs it needs).
         start_timeout: seconds a run waits for its Ray actors to start (Ray waits
             forever for resources other actors hold): then PlanError, and they are killed.
         init: keyword arguments for ``ray.init`` when the engine starts Ray itself (a
@@ -83,7 +92,7 @@ class RayEngine:
         self.batch = batch
         self.keep_workers = keep_workers
         self.start_timeout = float(start_timeout)
-        self.kept: dict = {}            # (graph, unit name) -> (what they host, Ray actors)
+        self.kept: dict = {}            # (graph, unit name) -> procs.Kept
         self.address = address
         self.placement = dict(placement or {})
         self.fuse = bool(fuse)
@@ -111,8 +120,8 @@ class RayEngine:
     def close(self) -> None:
         """Ends the Ray actor processes kept for later runs (``keep_workers=True``)."""
         ray = ray_module()
-        for _, workers in self.kept.values():
-            kill(ray, workers)
+        for kept in self.kept.values():
+            kill(ray, kept.workers)
         self.kept.clear()
 
     def __enter__(self):

@@ -9,6 +9,12 @@ node), which the coordinator on the driver waits for. ``AsyncWorker`` does the s
 groups with an ``async def`` stage: Ray runs its calls on the process's event loop, the
 pieces of a batch at once. Nothing here imports Ray at module import: the coordinator
 wraps the classes with ``ray.remote`` when a run starts.
+
+A process loads its stages from the bytes the driver pickled for the run (``program``).
+A process kept for the next run (``keep_workers=True``) loads that run's stages afresh
+(``Worker.begin``): from the new bytes when they changed, else again from the bytes it
+kept, so every run acts on what a new process would have unpickled, never on objects an
+earlier run changed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -79,9 +86,14 @@ class SourceStage:
     def open(self) -> None:
         from ..runtime.source import open_items
         self.at = 0
-        if self.items is not None:
-            self.items.close()
+        self.close()
         self.items = Items(open_items(self.source, self.name))
+
+    def close(self) -> None:
+        """Closes this run's iterator (a generator's ``finally`` runs), if one is open."""
+        items, self.items = self.items, None
+        if items is not None:
+            items.close()
 
     def check(self, value, piece: int):
         return source_piece(self.name, piece, value, self.structure, self.leaves)
@@ -132,6 +144,18 @@ class Items:
         return next(self.it, END)
 
     def close(self) -> None:
+        """Closes the iterator (a sync generator, or an async one driven on a loop of its
+        own) and that loop; an iterator's own cleanup that fails is ignored (its run is
+        over)."""
+        it = self.it
+        try:
+            if inspect.isasyncgen(it):
+                if self.loop is not None:
+                    self.loop.run_until_complete(it.aclose())
+            elif hasattr(it, "close"):
+                it.close()
+        except Exception:  # noqa: BLE001 - a generator's own cleanup failed; run is over
+            pass
         if self.loop is not None:
             self.loop.close()
             self.loop = None
@@ -154,10 +178,15 @@ class OpCall:
 
 
 class Worker:
-    """One Ray actor process: the stages it hosts, by name (one, or a group's)."""
+    """One Ray actor process: the stages it hosts, by name (one, or a group's), loaded
+    from ``program``: their list as the driver pickled it for the run, ``(stream,
+    buffers)`` (pickle protocol 5; the buffers, the arrays the stages hold, travel as
+    numpy arrays, which Ray hands over zero-copy), named by ``digest``."""
 
-    def __init__(self, stages: list):
-        self.stages = {s.name: s for s in stages}
+    def __init__(self, program: tuple, digest: str):
+        self.program, self.digest = program, digest
+        self.stages: dict = {}
+        self._load()
         self.pid = os.getpid()
         self.host = socket.gethostname()
         try:
@@ -168,6 +197,33 @@ class Worker:
 
     def where(self) -> tuple:
         return self.pid, self.node, self.host
+
+    def begin(self, digest: str, program: tuple | None = None) -> tuple:
+        """A later run in this kept process: its stages loaded afresh, from ``program``
+        (the run's, sent when its bytes differ from those kept) or from the bytes kept,
+        which ``digest`` says are the run's. Returns ``where()``.
+
+        Raises:
+            RuntimeError: no ``program`` and the kept bytes are not the run's (the driver
+                then starts a new process); an error unpickling the stages (a module the
+                process cannot import...)."""
+        if program is not None:
+            self.program, self.digest = program, digest
+        elif self.digest != digest:
+            raise RuntimeError(f"this process keeps stages {self.digest[:12]}, the run's "
+                               f"are {digest[:12]}; send them")
+        self._load()
+        return self.where()
+
+    def _load(self) -> None:
+        """The stages unpickled from ``program`` (new objects, as a new process has);
+        the sources the last ones read are closed first."""
+        old, self.stages = self.stages, {}
+        for stage in old.values():
+            if isinstance(stage, SourceStage):
+                stage.close()
+        stream, buffers = self.program
+        self.stages = {s.name: s for s in pickle.loads(stream, buffers=buffers)}
 
     def act(self, name: str, first: int, *ins):
         """Acts on a batch: ``ins`` has per input the list of its pieces ``first``,
