@@ -39,11 +39,20 @@ class Pipeline:
         res = _per_stage(stage_resources, n, "stage_resources")
         outs = _per_stage(out, n, "out")
         names = _per_stage(names, n, "names")
+        if isinstance(replicas, (list, tuple)) and len(replicas) != n:
+            raise ValueError(
+                f"Pipeline: replicas has {len(replicas)} entries ({list(replicas)!r}) but "
+                f"needs {n}, one per entry of stages: entry 0 is the source (None or 1: it "
+                f"reads one iterator in order), then one per stage, e.g. replicas="
+                f"{[None] + [2] * (n - 1)!r}; or an int for every stage after the source "
+                f"(replicas=2)")
         reps = ([None] + [replicas] * (n - 1) if isinstance(replicas, int)
                 else _per_stage(replicas, n, "replicas"))
         if reps[0] not in (None, 1):
-            raise ValueError("Pipeline: the source reads one iterator in order; replicas are "
-                             "for the stages after it")
+            raise ValueError(f"Pipeline: replicas[0] is {reps[0]!r}, but entry 0 is the "
+                             f"source, which reads one iterator in order: give None (or 1) "
+                             f"there, e.g. replicas={[None] + list(reps[1:])!r}; replicas "
+                             f"are for the stages after it")
         self.graph = ActorGraph(memory=memory, resources=resources, seed=seed)
         g = self.graph
         node = g.source(stages[0], out=outs[0], buffers=per[0], resources=res[0],

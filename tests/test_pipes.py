@@ -134,11 +134,16 @@ def test_two_sources_or_a_fan_out_fall_back_to_the_loop():
 
 
 def test_a_lazy_plan_sizes_piped_stages_from_piece_zero_and_refuses_over_budget():
+    # (share=False: each stage's registers are allocated as its piece 0 is sized; with
+    # sharing, a run sizes every stage first and shares them, see test_sharing.py)
     g = chain(out=False, memory={"cpu": 2 * 8 * 8 * 3})    # 6 registers of 64 B fit
+    g.share = False
     with pytest.raises(af.PlanError):
         list(g.run())
     g = chain(out=False, n=2, memory={"cpu": 2 * 8 * 8 * 3})
+    g.share = False
     assert [float(o[0]) for o in g.run()] == [p + 2.0 for p in range(50)]
+    assert modes(g)["s0"] == "pipe"
 
 
 def test_a_stage_with_no_inputs_counts_as_a_second_source():

@@ -206,16 +206,19 @@ def test_below_the_minimum_the_plan_names_it_and_the_buffers_that_fit():
     assert info.value.fitting_buffers == 1 and "buffers=1 for every actor would fit" in msg
 
 
-def test_a_run_without_plan_says_to_plan_first_when_sizes_are_unknown():
+def test_a_run_without_plan_sizes_from_piece_0_then_shares_as_plan_would():
+    # 5 x 2 registers of 8 KiB: 80 KiB side by side, 32 KiB shared by lifetime
     g = af.ActorGraph(memory={"cpu": "40KiB"}, buffers=2)
     x = g.source([np.full(1024, float(p)) for p in range(3)], name="load")
     for i in range(4):
         x = g.actor(lambda v: v + 1.0, x, name=f"s{i}")
     g.sink(x)
-    with pytest.raises(af.PlanError, match="call g.plan"):
-        list(g.run())
-    g.plan()                                     # sizes every register from piece 0
     assert [float(o[0]) for o in g.run()] == [p + 4.0 for p in range(3)]
+    m = g.stats().memory["cpu"]
+    assert m["planned"] == m["peak"] == 32 * 1024 and m["live"] <= m["planned"]
+    g.plan()                                     # the same plan, sized before the run
+    assert [float(o[0]) for o in g.run()] == [p + 4.0 for p in range(3)]
+    assert g.stats().memory["cpu"]["planned"] == 32 * 1024
 
 
 def test_an_error_in_a_shared_run_frees_the_arena_and_the_graph_runs_again():

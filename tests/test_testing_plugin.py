@@ -491,3 +491,74 @@ def test_nn_graph_progress_is_one_bar_across_batch_layouts():
     assert sum(1 for _ in steps) == 8
     last = out.getvalue().split("\r")[-1]
     assert last.startswith("steps: 100%") and "8/8" in last, last
+
+
+FAILED_ACT_SUITE = '''
+import actorflow as af
+
+def test_stopped_report(af_seed):
+    g = af.ActorGraph(buffers=1)
+    s = g.source(list(range(6)), name="load")
+    def boom(x):
+        if x == 3:
+            raise ValueError("no")
+        return x
+    g.sink(g.actor(boom, s, name="boom"))
+    af.testing.assert_no_deadlock(g)
+
+def test_async_failure():
+    g = af.ActorGraph()
+    async def aboom(x):
+        if x == 2:
+            raise KeyError("missing")
+        return x
+    g.sink(g.actor(aboom, g.source(list(range(5)), name="load"), name="aboom"))
+    list(g.run())
+'''
+
+
+def test_plugin_report_leads_with_the_failed_act_and_lists_it_last(pytester):
+    pytester.makepyfile(test_failed=FAILED_ACT_SUITE)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", "-k", "stopped_report")
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    section = out[out.index("actorflow (call)"):]
+    lines = [x.strip() for x in section.splitlines()[1:]]
+    assert lines[0] == "run 1 was stopped by an error: boom failed on piece 3: ValueError: no"
+    assert "boom failed on piece 3: ValueError: no" in lines[lines.index("who waits for whom:")
+                                                             + 1:]
+    assert not any(x.startswith("boom waits") for x in lines)      # it failed, not waits
+    acts = [x for x in lines if " piece " in x and x[0].isdigit()]
+    assert acts[-1].split()[1:4] == ["boom", "piece", "3"]
+    assert acts[-1].endswith("raised ValueError: no")
+    assert "(output)  piece 2" in " ".join(acts)
+
+
+def test_plugin_report_names_a_failed_async_act(pytester):
+    pytester.makepyfile(test_failed=FAILED_ACT_SUITE)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", "-k", "async_failure")
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    assert "run 1 was stopped by an error: aboom failed on piece 2: KeyError: 'missing'" in out
+    assert "aboom  piece 2" in out and "raised KeyError: 'missing'" in out
+
+
+def test_acts_and_the_trace_include_the_act_that_raised(tmp_path):
+    import json
+    g = af.ActorGraph(buffers=1)
+
+    def boom(x):
+        if x == 3:
+            raise ValueError("no")
+        return x
+    g.sink(g.actor(boom, g.source(list(range(6)), name="load"), name="boom"))
+    with pytest.raises(af.ActorError):
+        list(g.run(trace=tmp_path / "t.json"))
+    assert af.testing.acts(g)[-1] == ("boom", 3)
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    failed = [e for e in events if e.get("args", {}).get("error")]
+    assert [(e["name"], e["args"]["piece"], e["args"]["error"]) for e in failed] == [
+        ("boom", 3, "ValueError: no")]
+    assert g.stats().state == "failed"

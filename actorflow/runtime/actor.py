@@ -18,8 +18,8 @@ import numpy as np
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
 from .loop import run_on_graph_loop
-from .spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy, unflatten,
-                   view_of)
+from .spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy,
+                   structure_mismatch, unflatten, view_of)
 
 
 
@@ -107,8 +107,9 @@ class Actor:
         leaves, structure = flatten(value)
         spec = self.out_spec
         if structure != spec.structure:
-            raise TypeError(f"{what} returned {_shape_of(value)}, but its register holds "
-                            f"{spec!r}; return the same structure for every piece")
+            origin = "its declared Spec (out=) is" if self.declared else "piece 0 gave"
+            raise TypeError(structure_mismatch(what, structure, spec.structure, origin)
+                            + f" (got {_shape_of(value)}, the register holds {spec!r})")
         check_and_copy(leaves, outs, spec, what)
 
     def _put(self, value, outs, what: str):
@@ -305,6 +306,8 @@ class OpActor(Actor):
         return outs
 
     def compute(self, piece, ins, outs):
+        if outs is None:            # piece 0 before any register exists (Plan.defer)
+            return Sized(self.probe(ins))
         if self._copy_cached(piece, outs):
             return None
         self.program.run(outs, ins)

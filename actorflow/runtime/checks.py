@@ -58,15 +58,26 @@ def seconds(t, what: str, where: str) -> float:
     return seconds
 
 
+def positive_seconds(t, what: str, meaning: str, fix: str) -> float:
+    """A time limit: a finite number of seconds > 0 (0 or less would expire at once).
+    ``what`` names the argument (``"timeout="``), ``meaning`` says what the seconds bound,
+    ``fix`` what to give instead."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
+        raise TypeError(f"{what}{t!r}: {meaning} are a number > 0, not a "
+                        f"{type(t).__name__}; {fix}")
+    s = float(t)
+    if not math.isfinite(s) or s <= 0:
+        raise ValueError(f"{what}{t!r}: {meaning} must be a finite number > 0; {fix}")
+    return s
+
+
 def check_timeout(timeout, inline, name: str):
     """``timeout=``: finite seconds > 0 one act may take, for an actor on a thread or a task
     (an inline act holds the loop, so nothing could notice it running late)."""
     if timeout is None:
         return None
-    t = seconds(timeout, f"actor {name!r}: timeout=", "")
-    if t <= 0:
-        raise ValueError(f"actor {name!r}: timeout={timeout!r}: give the seconds one act may "
-                         f"take, > 0")
+    t = positive_seconds(timeout, f"actor {name!r}: timeout=", "the seconds one act may take",
+                         "give e.g. timeout=30, or None for no limit")
     if inline:
         raise ValueError(f"actor {name!r}: timeout= needs an actor on a thread; an inline act "
                          f"runs on the scheduler's loop and cannot be timed out while it runs")

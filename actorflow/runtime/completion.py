@@ -12,7 +12,7 @@ from ..errors import ActorError
 from .actor import Sized, read_piece
 from .gates import gates_passed
 from .register import EOS, Register
-from .sharing import untaken, went_home
+from .sharing import bind_gates, untaken, went_home
 from .timeline import delayed
 from .spec import NOTHING
 from .state import CREDIT, INPUT, ActorState
@@ -143,7 +143,8 @@ class Completion:
 
     def _sized(self, st, piece, result) -> None:
         """Piece 0 of an actor planned lazily: allocate its registers (and those of op
-        actors downstream that can now infer), then send piece 0 in a one-off register."""
+        actors downstream that can now infer; in a plan made whole, every actor's once the
+        last is sized), then send piece 0 in a one-off register."""
         try:
             sized = self.plan.size(st.actor)
         except Exception as e:  # noqa: BLE001 - PlanError, or an op actor that cannot trace
@@ -154,12 +155,27 @@ class Completion:
                        read_piece(result.leaves, spec))
         st.acts += 1
         self._send(st, reg, piece)
+        self._allocated(sized)
+
+    def _allocated(self, sized: list) -> None:
+        """The registers of the ``sized`` actors exist now: their acts may go on (a plan
+        made whole: every actor's, with the memory gates of those that share bytes and the
+        pipes of the chains that may be piped, decided only now)."""
+        if self.deferred and not self.plan.whole:
+            self.deferred = False
+            if self.plan.sharing is not None:
+                self.live = bind_gates(self.plan.sharing, self.by_actor)
+                for st in self.states:
+                    if st.share is not None:
+                        st.share.homes[0] = 1   # (piece 0 used its own arrays: done)
+            if not self.serial:
+                self.pipe_late()
         for a in sized:
             sa = self.by_actor[a]
             pipe = sa.out.pipe
             while pipe is not None and sa.out.free:      # a piped actor's credits
                 pipe.put(sa.out.free.popleft())
-            if sa.mode == "undecided":
+            if sa.mode == "undecided" and not sa.ended:
                 a.inline = a.small()
                 if a.inline or self.serial:
                     sa.mode = "inline"
@@ -216,8 +232,14 @@ class Completion:
             while waiters:
                 self.wake(waiters.pop())
         if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
-            self.plan.pending.discard(st.actor)
-            st.actor.out_spec = NOTHING
+            if st.actor.out_spec is None:
+                st.actor.out_spec = NOTHING
+            try:
+                sized = self.plan.unpend(st.actor)
+            except Exception as e:  # noqa: BLE001 - PlanError: the whole plan does not fit
+                self.stop(e)
+                return
+            self._allocated(sized)
             if not self.plan.pending and self.collector is not None:
                 self.wake(self.collector)
         if st.thread is not None:       # no act comes after the end: its threads may exit

@@ -13,7 +13,9 @@ of its resource tokens at once. Nothing polls and there is no task per piece:
 - async sources act as tasks awaiting the next item;
 - ``time=`` adds simulated duration with ``loop.call_later``;
 - an actor whose registers are not sized yet (a lazy plan) may act on piece 0 alone, with no
-  credit: its result sizes and allocates its registers and travels in a one-off register.
+  credit: its result sizes and allocates its registers and travels in a one-off register
+  (a plan made whole, ``Plan.defer``: every actor does so, and the registers of all of them
+  come at once when the last is sized, shared by lifetime where the budget needs it).
 
 Completion of an act hands its input registers back, sends its output register to every
 consumer (or returns it at once when it has none), releases tokens and re-checks neighbours.
@@ -42,7 +44,7 @@ from .sharing import bind_gates, gate_open, taken
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
 from .stragglers import Stragglers
-from .timeline import Timeline, record_act
+from .timeline import Timeline, record_act, record_failed
 from .watchdog import stalled
 
 DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
@@ -83,10 +85,11 @@ class CreditScheduler(TimedActs, Completion):
         self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
         self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
                      else None)         # the shared registers' bytes in use (sharing.py)
+        self.deferred = plan.whole      # a plan made whole: registers come once all are sized
         self.trace_path = trace         # run(trace=...): where the timeline is written
         self.timeline = (Timeline(self.states, plan, 0 if trace else keep_acts)
                          if trace or keep_acts else None)
-        if not serial:
+        if not serial and not self.deferred:
             pipe_actors(self.states)
 
     # -- running ---------------------------------------------------------------------------
@@ -133,6 +136,31 @@ class CreditScheduler(TimedActs, Completion):
         for r in group:
             r.thread.start()
             self.threads.append(r)
+
+    def pipe_late(self) -> None:
+        """A plan made whole has its registers now: the chains that may be piped
+        (``pipe_actors``, which leaves out actors that share bytes) are piped from piece 1
+        on. Each such actor acted on piece 0 through the loop and its thread is idle (no
+        act is sent before an actor has registers): that thread exits and a piped one takes
+        over, with what its input holds moved to its pipe."""
+        pipe_actors(self.states)
+        piped = [st for st in self.states if st.piped]
+        now = time.perf_counter()
+        for st in piped:
+            if st.cause is not None:    # (its thread counts its own waits from now)
+                st.waits[st.cause] += now - st.since
+                st.cause = None
+            port = st.ins[0]
+            while port.queue:
+                port.pipe.put(port.queue.popleft())
+            old = st.thread
+            if old is not None:
+                self.threads.remove(old)
+                old.queue.put(None)
+                st.thread = None
+            self._start_thread(st)
+        if piped:
+            watch_pipes(self)
 
     def start_sources(self, loop) -> None:
         """Starts the sources' threads and queues their first acts before the run is handed
@@ -325,8 +353,11 @@ class CreditScheduler(TimedActs, Completion):
         except BaseException as e:  # noqa: BLE001 - reported as ActorError, as on a thread
             err = (e, traceback.format_exc())
         dt = time.perf_counter() - t0
-        if self.timeline is not None and err is None and result is not EOS:
-            record_act(self.timeline, st, piece, t0, t0 + dt, delay)
+        if self.timeline is not None and result is not EOS:
+            if err is None:
+                record_act(self.timeline, st, piece, t0, t0 + dt, delay)
+            else:
+                record_failed(self.timeline, st, piece, t0, t0 + dt, err[0])
         if delay > 0:
             (self.clock or self.loop).call_later(delay, self.completed, st, piece, regs,
                                                  out_reg, result, err, dt + delay)

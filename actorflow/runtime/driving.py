@@ -5,6 +5,7 @@ loop. Both stop the run at once when the consumer stops iterating, and free the 
 from __future__ import annotations
 
 import asyncio
+import threading
 from queue import SimpleQueue
 
 from . import loop as loop_module, observe
@@ -99,12 +100,51 @@ def run_blocking(g, feed=None, trace=None, progress=False):
             raise interrupted
 
 
+def start_async(g, feed):
+    """``g._start(feed)`` for ``run_async``, awaitable. A plan that computes piece 0 first
+    (``ActorGraph._plans_first``) is made on a thread of its own, with the piece 0 of async
+    sources and stages awaited on this loop, the run's (what they read may belong to it),
+    so that the loop goes on meanwhile: it may be the graph loop, running the acts of
+    another graph. If the caller stops waiting, a plan made after all is freed unused."""
+    loop = asyncio.get_running_loop()
+    made = loop.create_future()
+    if not g._plans_first(feed):
+        made.set_result(g._start(feed))
+        return made
+
+    def hand_over(plan, error):
+        if made.cancelled():
+            if plan is not None:
+                g._unstart(plan)
+        elif error is not None:
+            made.set_exception(error)
+        else:
+            made.set_result(plan)
+
+    def plan_it():
+        plan = error = None
+        try:
+            with loop_module.planning_for(loop):
+                plan = g._start(feed)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting caller
+            error = e
+        try:
+            loop.call_soon_threadsafe(hand_over, plan, error)
+        except RuntimeError:            # the loop is closed: nobody takes the plan
+            if plan is not None:
+                g._unstart(plan)
+
+    threading.Thread(target=plan_it, name="actorflow-plan", daemon=True).start()
+    return made
+
+
 async def run_async(g, feed=None, trace=None, progress=False):
     """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
     Cancelling the consuming task (while it waits here or in its own code), an error in
-    an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``."""
-    refuse_on_graph_loop()
+    an actor, or ``aclosing`` stops the run at once, as ``run()`` does on ``break``.
+    Any running loop will do, the graph loop too: an ``async def`` stage of another run
+    may iterate this one (its acts are tasks there, and nothing here blocks the loop)."""
     if progress:
         tqdm_class()
     if g._stragglers is not None and not g._stragglers.done() and not g._running:
@@ -114,7 +154,7 @@ async def run_async(g, feed=None, trace=None, progress=False):
                 loop_module.warn_waiting(g._stragglers)
         finally:
             waiting.cancel()
-    plan = g._start(feed)
+    plan = await start_async(g, feed)
     items: list = []
     waiter = [None]
     loop = asyncio.get_running_loop()

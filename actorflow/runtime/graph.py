@@ -209,14 +209,33 @@ class ActorGraph:
                 return self._plan
             return self._make_plan(feed, lazy=False)
 
-    def _make_plan(self, feed, lazy: bool):
+    def _make_plan(self, feed, lazy: bool, whole: bool = False):
         self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
                                 self.buffers, MemoryBudget(self.memory), self.resources,
-                                share=self.share, measured=self._measured)
+                                share=self.share, measured=self._measured, whole=whole)
         return self._plan
 
     def _tuned(self) -> bool:
         return self.buffers == "auto" or any(a.buffers == "auto" for a in self.actors)
+
+    def _start_mode(self) -> str:
+        """How a run without ``plan()`` first sizes the stages that need piece 0: "probe"
+        (as ``plan()`` does: piece 0 computed before the run, every register planned at
+        once; for ``buffers="auto"``, whose counts are weighed against each other, and
+        ``share=True``), "whole" (piece 0 flows through the run first, and the registers
+        are planned at once when every size is known, shared by lifetime where the budget
+        needs it, as ``plan()`` would: with a budget and ``share="auto"``) or "lazy" (each
+        stage's registers allocated the moment its piece 0 exists: nothing to share)."""
+        if self._tuned() or self.share is True:
+            return "probe"
+        if self.share == "auto" and any(b is not None for b in self.memory.values()):
+            return "whole"
+        return "lazy"
+
+    def _plans_first(self, feed) -> bool:
+        """Whether the next run's start computes piece 0 before the run (what
+        ``run_async`` does on a thread of its own, so that its loop runs on meanwhile)."""
+        return not (self._plan is not None and feed is None) and self._start_mode() == "probe"
 
     # -- running ---------------------------------------------------------------------------
     def _start(self, feed):
@@ -231,15 +250,25 @@ class ActorGraph:
             if self._plan is not None and feed is None:
                 plan = self._plan             # made by plan(): piece 0 was computed there
             else:
-                # piece 0 sizes stages as it flows (not when buffers are tuned or registers
-                # always shared: those need every size first)
-                plan = self._make_plan(feed, lazy=not (self._tuned() or self.share is True))
+                mode = self._start_mode()
+                plan = self._make_plan(feed, lazy=mode != "probe", whole=mode == "whole")
             self._plan = None                 # the next run plans (and reads piece 0) again
             plan.allocate()
         except BaseException:
             self._running = False
             raise
         return plan
+
+    def _unstart(self, plan) -> None:
+        """A plan made for a run that never started (``run_async``'s caller went away while
+        it was made): frees it, and the graph may run again."""
+        try:
+            plan.release()
+        finally:
+            for a in self.actors:
+                if isinstance(a, SourceActor) and a.fed:
+                    a.source = None
+            self._running = False
 
     def _finish(self, plan, sched) -> None:
         """The run is over: frees the plan but what abandoned acts hold; records stats."""

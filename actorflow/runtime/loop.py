@@ -5,6 +5,7 @@ the warning while a next run waits for acts the last one abandoned)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import warnings
 
@@ -36,26 +37,57 @@ def graph_loop():
         return _GRAPH_LOOP[0]
 
 
+def on_graph_loop() -> bool:
+    """Is the caller the graph loop's thread (an inline act, an async act, a callback of
+    a run driven by ``run()``)?"""
+    return bool(_GRAPH_THREAD) and threading.current_thread() is _GRAPH_THREAD[0]
+
+
 def refuse_on_graph_loop() -> None:
-    """Raises if the caller is the graph loop thread: a run started there would wait for a
-    loop that is busy waiting for it."""
-    if _GRAPH_THREAD and threading.current_thread() is _GRAPH_THREAD[0]:
+    """Raises if the caller is the graph loop thread: ``run()`` started there would block
+    that thread waiting for a run that needs it to go on."""
+    if on_graph_loop():
         raise RuntimeError(
-            "run() was called on the thread that drives actor graphs (from an inline actor, "
-            "inline=True, or a callback of a run): it would wait for a loop that is busy "
-            "waiting for it. Make that actor a thread stage (inline=False), or iterate "
-            "run_async() from async code")
+            "run() was called on the thread that drives actor graphs (from an act on the "
+            "graph loop: an inline actor (inline=True), an async def stage or source, or a "
+            "callback of a run): it blocks until the run ends, and that run needs this "
+            "thread to go on. From an async def stage, iterate the other graph with "
+            "'async for out in g.run_async()'; from a plain stage, make it a thread stage "
+            "(drop inline=True; under a test's serial schedule, af_seed or "
+            "af.testing.seeded, plain stages act on the loop too: seeded(n, serial=False))")
+
+
+_PLANNING = threading.local()           # .loop: where a plan made on this thread for a
+#                                         run_async run awaits async actors' piece 0
+
+
+@contextlib.contextmanager
+def planning_for(loop):
+    """On this thread, ``run_on_graph_loop`` awaits on ``loop`` (the loop of the
+    ``run_async`` run being planned) instead of the graph loop."""
+    _PLANNING.loop = loop
+    try:
+        yield
+    finally:
+        _PLANNING.loop = None
 
 
 def run_on_graph_loop(coro):
-    """Awaits ``coro`` on the graph loop from plain code and returns its result: how
-    ``plan()`` computes piece 0 of an async source or stage."""
-    try:
-        refuse_on_graph_loop()
-    except RuntimeError:
-        coro.close()
-        raise
-    return asyncio.run_coroutine_threadsafe(coro, graph_loop()).result()
+    """Awaits ``coro`` from plain code and returns its result: how a plan computes piece
+    0 of an async source or stage. On the graph loop; for a ``run_async`` run, on its own
+    loop (``planning_for``)."""
+    loop = getattr(_PLANNING, "loop", None)
+    if loop is None:
+        if on_graph_loop():
+            coro.close()
+            raise RuntimeError(
+                "plan() was called on the thread that drives actor graphs (from an act on "
+                "the graph loop): it computes piece 0 of an async source or stage by "
+                "awaiting it on that loop, which would wait for this very act. Give those "
+                "actors out=af.Spec(...), call plan() from plain code, or iterate "
+                "'async for out in g.run_async()' (it plans without blocking the loop)")
+        loop = graph_loop()
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
 WAIT_WARN_S = 10.0

@@ -26,7 +26,7 @@ from .actor import Collector, Sized
 from .register import EOS
 from .source import SourceActor
 from .state import CREDIT, INPUT, ActorState, ActorThread
-from .timeline import record
+from .timeline import record, record_failed
 from .watchdog import stalled
 
 
@@ -38,7 +38,8 @@ def pipe_actors(states: list) -> None:
         return
     for st in states:
         a = st.actor
-        if (st.mode == "thread" and not isinstance(a, (SourceActor, Collector))
+        if (st.mode == "thread" and not st.ended
+                and not isinstance(a, (SourceActor, Collector))
                 and a.replicas == 1 and not st.tokens and st.gates is None
                 and st.share is None and a.time is None and a.timeout is None
                 and len(st.ins) == 1 and st.out is not None
@@ -154,6 +155,8 @@ class PipedThread(ActorThread):
                     tl.wait(name, CREDIT, t1, t2)
                 if err is None:
                     record(tl, st, piece, t2, t3)
+                else:
+                    record_failed(tl, st, piece, t2, t3, err[0])
             st.next_piece = piece + 1
             del st.jobs[piece]
             if err is not None:

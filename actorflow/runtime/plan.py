@@ -5,7 +5,10 @@ shape inference, or from piece 0 read and computed once while planning), counts 
 of ``buffers`` registers per output (plus op workspaces) on each device, and refuses a graph
 that does not fit its budgets with a ``PlanError`` naming each actor's bytes, the total, the
 budget and the ``buffers`` that would fit. ``Plan.allocate`` then takes all of that memory
-at once, before the first act; nothing is allocated while running.
+at once, before the first act; nothing is allocated while running. A run without ``plan()``
+first sizes what needs piece 0 as it flows: each actor's registers the moment its piece 0
+exists (``Plan.size``), or, under a budget, all of them at once when the last is sized,
+shared by lifetime where the budget needs it, as here (``Plan.defer``).
 """
 
 from __future__ import annotations
@@ -41,9 +44,22 @@ class Plan:
         self.rows: list = []
         self.totals: dict = {}
         self.allocated = False
+        self.filled = False             # some register is allocated (none may share now)
+        self.whole = False              # registers wait for every size (see defer())
         self.empty_sources: list = []
         self.pending: set = {a for a in actors
                              if a.out_spec is None and not isinstance(a, Collector)}
+        self._tally()
+
+    def defer(self) -> None:
+        """Plans the registers at once when every size is known, as for a plan sized
+        before the run: in the run, every actor (one with ``out=`` too) computes piece 0
+        into arrays of its own, no register is allocated before the last of them (or its
+        end) is in, and then the budgets are checked and registers shared by lifetime where
+        they need it (``size``). What needs piece 0 is sized as it flows, and the run
+        fits wherever ``plan()`` would."""
+        self.whole = True
+        self.pending = {a for a in self.actors if not isinstance(a, Collector)}
         self._tally()
 
     def _tally(self) -> None:
@@ -77,7 +93,7 @@ class Plan:
         by lifetime (``share="auto"``: tried only when side by side they do not fit)."""
         over = any(self.budget.budget(d) is not None and t > self.budget.budget(d)
                    for d, t in self.totals.items())
-        if (self.sharing is None and not self.pending and not self.allocated
+        if (self.sharing is None and not self.pending and not self.filled
                 and self.share is not False
                 and (over or self.share is True)):
             self.sharing = Sharing.make(self.actors, self.buffers, self.budget)
@@ -128,9 +144,6 @@ class Plan:
                         f"{format_bytes(s.unshared.get(dev, 0))} side by side: {found} "
                         f"(order {' -> '.join(s.nodes[i].name for i in s.share.order)}); "
                         + hint)
-            elif self.share is not False and (self.pending or self.allocated):
-                hint += ("; call g.plan() before running, so that every register is sized "
-                         "and the planner can share them by lifetime")
             if self.pending:
                 hint += (f" (sized while running piece 0; {len(self.pending)} more actor(s) "
                          f"not sized yet)")
@@ -170,7 +183,8 @@ class Plan:
             for a in self.actors:
                 if isinstance(a, Collector):
                     continue
-                port = OutPort(a, a.out_spec, self.buffers[a])
+                port = OutPort(a, None if a in self.pending else a.out_spec,
+                               self.buffers[a])
                 self.ports[a] = port
                 if isinstance(a, SourceActor):
                     try:
@@ -192,6 +206,7 @@ class Plan:
         self.allocated = True
 
     def _fill(self, a, port) -> None:
+        self.filled = True
         shared = self.sharing is not None and a in self.sharing.members
         for i in range(port.buffers):
             if shared:
@@ -209,7 +224,11 @@ class Plan:
     def size(self, actor) -> list:
         """While running piece 0: ``actor``'s output is now known. Checks the budgets with
         it, allocates its registers (and those of op actors it lets infer), and returns the
-        actors sized. Raises PlanError if the registers sized so far do not fit."""
+        actors sized. Raises PlanError if the registers sized so far do not fit. (A plan
+        made whole (``defer``): the registers wait for the last size, see ``unpend``.)"""
+        if self.whole:
+            self.ports[actor].spec = actor.out_spec     # (its next act waits for registers)
+            return self.unpend(actor)
         sized, todo = [], [actor]
         while todo:
             a = todo.pop()
@@ -227,6 +246,29 @@ class Plan:
                         todo.append(c)
         return sized
 
+    def unpend(self, actor) -> list:
+        """A plan made whole (``defer``): ``actor`` is sized, or ended before its piece 0.
+        Once no actor is left to size, checks the budgets with every register (shared by
+        lifetime where they need it, as ``check`` does before a run), allocates them all
+        and returns the actors, whose acts may go on; until then returns []. Raises
+        PlanError when they do not fit even shared (nothing is allocated then)."""
+        self.pending.discard(actor)
+        if self.pending or not self.whole:
+            return []
+        self.whole = False
+        self._tally()
+        self.check()
+        if self.sharing is not None:
+            self.sharing.allocate(self.budget)
+        sized = []
+        for a in self.actors:
+            if not isinstance(a, Collector):
+                port = self.ports[a]
+                port.spec = a.out_spec
+                self._fill(a, port)
+                sized.append(a)
+        return sized
+
     def release(self, keep=(), busy=()) -> None:
         """Frees every register but the memory keys in ``keep``, and closes the sources and
         op programs but the ``busy`` actors' (acts abandoned while running: see
@@ -237,7 +279,7 @@ class Plan:
         self.budget.release_all(keep)
         self.ports.clear()
         self.in_ports.clear()
-        self.allocated = False
+        self.allocated = self.filled = False
 
     @staticmethod
     def release_actor(a) -> None:

@@ -39,13 +39,13 @@ def topo_order(actors: list) -> list:
 
 def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
                budget: MemoryBudget, resources: dict, check: bool = True,
-               share="auto", measured: dict | None = None) -> Plan:
+               share="auto", measured: dict | None = None, whole: bool = False) -> Plan:
     """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
     inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
     outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
     then ``build_plan`` (``check=False``: sized only, the budgets not checked; such a plan
-    is for reading, e.g. ``ops_from_graph``, never for a run). On failure nothing stays
-    cached and the sources are closed."""
+    is for reading, e.g. ``ops_from_graph``, never for a run; ``whole``: as for
+    ``build_plan``). On failure nothing stays cached and the sources are closed."""
     if not graph_actors:
         raise PlanError("the graph has no actors; add a source first")
     if feed is not None and not (callable(feed) or hasattr(feed, "__iter__")
@@ -83,7 +83,7 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
             a.out_spec = None
     try:
         plan = build_plan(actors, default_buffers, budget, resources, lazy, check, share,
-                          measured)
+                          measured, whole)
     except BaseException:
         for a in graph_actors:
             a.cached.clear()
@@ -98,12 +98,15 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
 
 def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                resources: dict, lazy: bool = False, check: bool = True,
-               share="auto", measured: dict | None = None) -> Plan:
+               share="auto", measured: dict | None = None, whole: bool = False) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
     not declared), chooses the ``buffers="auto"`` counts (from ``measured``: actor name ->
     seconds per act of the last run, else ``time=`` or piece 0 timed here), checks the
     budgets (unless ``check`` is False) and returns the Plan. ``lazy``: leave the stages
-    that need piece 0 unsized; the run sizes them as piece 0 flows (``Plan.size``)."""
+    that need piece 0 unsized; the run sizes them as piece 0 flows (``Plan.size``).
+    ``whole`` (with ``lazy``): when a stage is left unsized, no register is allocated
+    before every size is known; then the budgets are checked and the registers shared by
+    lifetime where they need it, as for a plan sized here (``Plan.defer``)."""
     order = topo_order(actors)
     for a in order:
         for name, n in a.resources.items():
@@ -141,7 +144,9 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
     plan = Plan(order, buffers, budget, resources, share)
     plan.tuning = tuning
     plan.empty_sources = empty
-    if check:
+    if whole and lazy and plan.pending:
+        plan.defer()
+    elif check:
         plan.check()
     return plan
 

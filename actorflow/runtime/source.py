@@ -53,6 +53,8 @@ class SourceActor(Actor):
         self.it = None
         self.is_async = False
         self.spent = False          # a one-shot iterator an earlier run used (and closed)
+        self.single_argument = False    # items are argument tuples of a function of one
+        # argument (a traced function's inputs): (x,) is taken as x, as (x, w) is for two
 
     def start(self) -> None:
         """Opens the source for a run (the plan's probe may have opened it already)."""
@@ -95,6 +97,8 @@ class SourceActor(Actor):
                 value = next(self.it)
         except (StopIteration, StopAsyncIteration):
             return EOS
+        if self.single_argument:
+            value = _argument(value)
         return self._checked_leaves(value, self._what(0))
 
     def compute(self, piece, ins, outs):
@@ -106,6 +110,8 @@ class SourceActor(Actor):
             value = next(self.it)
         except StopIteration:
             return EOS
+        if self.single_argument:
+            value = _argument(value)
         return self._put(value, outs, self._what(piece))
 
     async def compute_async(self, piece, ins, outs):
@@ -117,4 +123,14 @@ class SourceActor(Actor):
             value = await self.it.__anext__()
         except StopAsyncIteration:
             return EOS
+        if self.single_argument:
+            value = _argument(value)
         return self._put(value, outs, self._what(piece))
+
+
+def _argument(item):
+    """An item of a one-argument function's source: a 1-tuple ``(x,)`` is its argument
+    ``x`` (a tuple of arguments, as for a function of several); anything else is as given."""
+    if type(item) is tuple and len(item) == 1:
+        return item[0]
+    return item

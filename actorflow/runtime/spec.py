@@ -112,6 +112,58 @@ def _unflatten(s, it):
     return tuple(items) if kind is tuple else items
 
 
+def structure_words(structure) -> str:
+    """A piece's structure (``flatten``'s) in words: "an array", "a tuple of 2", "a dict
+    with keys 'x', 'y'", "None"."""
+    if structure is None:
+        return "None"
+    if structure == 0:
+        return "an array"
+    if structure[0] is dict:
+        keys = ", ".join(repr(k) for k in structure[1])
+        return f"a dict with keys {keys}" if keys else "an empty dict"
+    kind, children = structure
+    return f"a {kind.__name__} of {len(children)}"
+
+
+def structure_difference(got, want, at: str = ""):
+    """Where two piece structures first differ: ``(at, got, want)``, ``at`` the place as
+    an index path (``""``: the whole piece, ``"[1]['x']"``: inside it) and the two in
+    words (``structure_words``); None when they are the same."""
+    if got == want:
+        return None
+    if (got is None or want is None or got == 0 or want == 0 or got[0] is not want[0]
+            or (got[0] is dict and got[1] != want[1])
+            or (got[0] is not dict and len(got[1]) != len(want[1]))):
+        return at, structure_words(got), structure_words(want)
+    keys = got[1] if got[0] is dict else range(len(got[1]))
+    children = zip(got[-1], want[-1])
+    for k, (a, b) in zip(keys, children):
+        found = structure_difference(a, b, f"{at}[{k!r}]")
+        if found is not None:
+            return found
+    return None
+
+
+def structure_mismatch(what: str, got, want, origin: str) -> str:
+    """The message for a piece of structure ``got`` where the register holds ``want``
+    (``origin`` says where that came from: "piece 0 gave", "its declared Spec is"): the
+    difference in words, then the fix."""
+    at, g, w = structure_difference(got, want)
+    if at:
+        text = (f"{what} gave {structure_words(got)} whose item {at} is {g}, where "
+                f"{origin} {w} there")
+    else:
+        text = f"{what} gave {g} where {origin} {w}"
+    if not at and w == "an array" and got[0] in (tuple, list) and len(got[1]) == 1:
+        fix = f"give the array itself, not a {got[0].__name__} of 1 holding it"
+    elif not at and g == "an array" and want[0] in (tuple, list):
+        fix = f"give {w} (one array per item) for every piece"
+    else:
+        fix = f"give {structure_words(want)}, the same structure, for every piece"
+    return f"{text}; {fix}"
+
+
 def null_meta(leaf):
     """The TensorMeta of a tensor on a null device (a stand-in: it has no data), else None."""
     impl = getattr(leaf, "_impl", None)

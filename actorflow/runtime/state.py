@@ -10,7 +10,7 @@ from queue import SimpleQueue
 from .actor import OpActor
 from .register import EOS
 from .source import SourceActor
-from .timeline import record_act
+from .timeline import record_act, record_failed
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 
@@ -145,8 +145,11 @@ class ActorThread:
             dt = time.perf_counter() - t0
             if self.abandoned:          # the run stopped meanwhile: drop the result
                 return
-            if sched.timeline is not None and err is None and result is not EOS:
-                record_act(sched.timeline, st, piece, t0, t0 + dt, delay)
+            if sched.timeline is not None and result is not EOS:
+                if err is None:
+                    record_act(sched.timeline, st, piece, t0, t0 + dt, delay)
+                else:
+                    record_failed(sched.timeline, st, piece, t0, t0 + dt, err[0])
             if not self._post((delay, st, piece, regs, out_reg, result, err, dt)):
                 return
             if self.posted is not None:

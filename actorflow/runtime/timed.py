@@ -12,7 +12,7 @@ import traceback
 from ..errors import ActorError
 from .register import EOS
 from .state import ActorState
-from .timeline import record
+from .timeline import record, record_failed
 
 
 class TimedActs:
@@ -49,9 +49,17 @@ class TimedActs:
             if self.stopping:
                 raise                   # the run cancelled it
             # the source raised CancelledError itself: an error, not end of stream
-            return None, (e, traceback.format_exc()), time.perf_counter() - t0
+            return self._failed_async(st, piece, t0, e)
         except Exception as e:  # noqa: BLE001 - reported as ActorError
-            return None, (e, traceback.format_exc()), time.perf_counter() - t0
+            return self._failed_async(st, piece, t0, e)
+
+    def _failed_async(self, st, piece, t0, e):
+        """An async act raised ``e``: recorded (a test's last acts, a trace) and returned
+        as its error."""
+        t1 = time.perf_counter()
+        if self.timeline is not None:
+            record_failed(self.timeline, st, piece, t0, t1, e)
+        return None, (e, traceback.format_exc()), t1 - t0
 
     def _async_done(self, task, st, piece, regs, out_reg) -> None:
         """An async act ended, or was cancelled (perhaps before it started). Acts of an

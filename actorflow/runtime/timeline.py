@@ -42,7 +42,8 @@ class Timeline:
 
     def __init__(self, states: list, plan=None, keep: int = 0):
         self.t0 = time.perf_counter()
-        # (kind, name, piece or cause, start, end, inputs, free); with ``keep``, the last
+        # (kind, name, piece or cause, start, end, inputs, free); kind 0 an act, 1 a wait,
+        # 2 an act that raised (its error as text where free goes); with ``keep``, the last
         # ``keep`` acts only (3 x keep records: waits take room too; a test's record)
         self.records = deque(maxlen=3 * keep) if keep else []
         self.names = [st.actor.name for st in states]
@@ -50,10 +51,13 @@ class Timeline:
                         for st in states}
         self.plan = plan                # its bytes per device go in the trace (otherData)
         self.outs = {st.actor.name: st.out for st in states if st.out is not None}
+        whole = plan is not None and plan.whole
         self.lazy = {st.actor.name for st in states if st.out is not None
-                     and st.out.spec is None and not isinstance(st.actor, OpActor)}
+                     and st.out.spec is None
+                     and (whole or not isinstance(st.actor, OpActor))}
         # (stages sized by piece 0: that piece travels outside the plan; op actors sized
-        # then are sized by inference, before their own piece 0, into a register)
+        # then are sized by inference, before their own piece 0, into a register; in a
+        # plan made whole, every actor's piece 0 travels outside it: Plan.defer)
         self.write_s = 0.0              # how long writing the file took
         self.started: dict = {}         # (name, piece) -> start of an act whose simulated
         # time (time=) ends when the loop's timer fires: recorded then (``delayed``)
@@ -83,6 +87,11 @@ class Timeline:
                 ev({"ph": "X", "cat": "wait", "name": f"waits for {what}", "ts": ts,
                     "dur": max(te - ts, 0.0), "pid": PID, "tid": tid,
                     "args": {"cause": what}})
+                continue
+            if kind == 2:
+                ev({"ph": "X", "cat": "act", "name": name, "ts": ts,
+                    "dur": max(te - ts, 0.0), "pid": PID, "tid": tid,
+                    "args": {"piece": what, "error": free}})
                 continue
             ev({"ph": "X", "cat": "act", "name": name, "ts": ts, "dur": max(te - ts, 0.0),
                 "pid": PID, "tid": tid, "args": {"piece": what}})
@@ -144,6 +153,11 @@ class Timeline:
                 add(f'{{"ph":"X","cat":"wait","name":"waits for {what}","ts":{ts},'
                     f'"dur":{dur},"pid":{PID},"tid":{tid},"args":{{"cause":"{what}"}}}}')
                 continue
+            if kind == 2:
+                add(f'{{"ph":"X","cat":"act","name":{q[name]},"ts":{ts},"dur":{dur},'
+                    f'"pid":{PID},"tid":{tid},"args":{{"piece":{what},'
+                    f'"error":{json.dumps(free)}}}}}')
+                continue
             add(f'{{"ph":"X","cat":"act","name":{q[name]},"ts":{ts},"dur":{dur},'
                 f'"pid":{PID},"tid":{tid},"args":{{"piece":{what}}}}}')
             for p in inputs:
@@ -192,6 +206,15 @@ def record_act(timeline: Timeline, st, piece: int, start: float, end: float,
     timeline.records.append((0, st.actor.name, piece, start, end, st.in_names, None
                              if out is None else out.pipe.qsize() if out.pipe is not None
                              else len(out.free)))
+
+
+def record_failed(timeline: Timeline, st, piece: int, start: float, end: float,
+                  error: BaseException) -> None:
+    """Records an act that raised (kind 2): what a failing test's report and the trace
+    show as the act the run stopped at, with its error."""
+    said = str(error).strip().splitlines()
+    timeline.records.append((2, st.actor.name, piece, start, end, st.in_names,
+                             type(error).__name__ + (f": {said[0]}" if said else "")))
 
 
 def delayed(timeline: Timeline, st, piece: int) -> None:

@@ -16,7 +16,7 @@ finishes; O2 waits behind O1 on stream cpu:0".
 
 from __future__ import annotations
 
-from ..errors import DeadlockError
+from ..errors import ActorError, DeadlockError
 
 
 class WaitFor:
@@ -65,7 +65,7 @@ class WaitFor:
         parts = []
         for a, b, reason in cycle:
             note = self.notes.get(a)
-            parts.append(f"{note}; {reason}" if note else reason)
+            parts.append(f"{note}; {reason}" if note and note != reason else reason)
         return "; ".join(parts)
 
 
@@ -94,12 +94,15 @@ def describe_waits(sched) -> str:
     acting, or waiting for what and on whom; then the wait-for cycle if the waits close
     one. What a failing test prints (``actorflow.testing``)."""
     g, waiting = wait_graph(sched)
+    failed = failure_of(sched)
     lines = []
     for st in sched.states:
         name = st.actor.name
         if st.ended:
             continue
-        if st.piped and st.cause is None:
+        if failed is not None and name == failed[0]:
+            lines.append(failed[1])
+        elif st.piped and st.cause is None:
             lines.append(f"{name} is acting (on its thread; next piece {st.next_piece})")
         elif st.in_flight and not st.piped:
             clock = getattr(sched, "clock", None)
@@ -125,13 +128,26 @@ def describe_waits(sched) -> str:
     return "\n".join(lines)
 
 
+def failure_of(sched):
+    """``(actor name, "NAME failed on piece P: Error: message")`` when an act of the run
+    raised and stopped it, else None."""
+    e = getattr(sched, "error", None)
+    if not isinstance(e, ActorError):
+        return None
+    first = str(e.original).strip().splitlines()
+    where = f"piece {e.piece}" if e.piece is not None else "its setup"
+    return e.actor, (f"{e.actor} failed on {where}: {type(e.original).__name__}"
+                     + (f": {first[0]}" if first else ""))
+
+
 def wait_graph(sched) -> tuple:
-    """The wait-for graph of a credit scheduler's actors that have not ended, and their
-    names."""
+    """The wait-for graph of a credit scheduler's actors that have not ended (but the
+    one whose act stopped the run by raising: it waits for nothing), and their names."""
     g = WaitFor()
     waiting = []
+    failed = failure_of(sched)
     for st in sched.states:
-        if st.ended:
+        if st.ended or failed is not None and st.actor.name == failed[0]:
             continue
         name = st.actor.name
         waiting.append(name)

@@ -24,8 +24,9 @@ import threading
 
 from ..backends import get_backend
 from ..device import device as _device
-from ..errors import DeadlockError, format_bytes, parse_bytes
+from ..errors import ActorError, DeadlockError, format_bytes, parse_bytes
 from ..runtime import observe
+from ..runtime.checks import positive_seconds
 from ..runtime.graph import ActorGraph
 from ..runtime.stats import RunStats
 from ..runtime.watchdog import describe_waits
@@ -55,13 +56,14 @@ def seeded(seed: int, serial: bool = True):
 
 def acts(g: ActorGraph) -> list:
     """``[(actor, piece)]`` of the last run of ``g`` (or the one in progress) in the order
-    they started, as far as its record reaches: ``run(trace=...)`` records every act; a
-    test under the plugin keeps the last ``--af-last-acts`` of them."""
+    they started, as far as its record reaches (an act that raised included):
+    ``run(trace=...)`` records every act; a test under the plugin keeps the last
+    ``--af-last-acts`` of them."""
     tl = _timeline_of(g)
     if tl is None:
         raise RuntimeError("acts(): the run kept no record of its acts; run it with "
                            "trace=..., or in a test under the actorflow plugin")
-    recs = [r for r in list(tl.records) if r[0] == 0]
+    recs = [r for r in list(tl.records) if r[0] != 1]
     recs.sort(key=lambda r: r[3])
     return [(r[1], r[2]) for r in recs]
 
@@ -108,6 +110,8 @@ async def wait_all_actors_blocked(graph: ActorGraph | None = None, timeout: floa
     so does an act in simulated time on a serial run's virtual clock held for the
     caller). A run that ended counts as blocked. Raises TimeoutError after ``timeout``
     seconds, saying who acts."""
+    timeout = positive_seconds(timeout, "wait_all_actors_blocked: timeout=",
+                               "the seconds to wait", "give e.g. timeout=10")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     for _ in range(3):
@@ -146,8 +150,17 @@ def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
     ``timeout`` seconds, with the wait-for graph: an ActorGraph (run to its end: returns
     its outputs), a callable (called: returns its result; a plain function is called on
     this thread and not timed, an ``async def`` one is awaited as below), or an awaitable
-    or async iterator (then await what this returns). A stalled run's DeadlockError, or a
-    NaiveResult whose status is "deadlock", fails the same way."""
+    or async iterator (then await what this returns). A stalled run's DeadlockError (also
+    one that stopped a run an ``async def`` stage iterated, reaching here inside that
+    actor's ActorError), or a NaiveResult whose status is "deadlock", fails the same way.
+    ``timeout``: seconds > 0."""
+    try:
+        timeout = positive_seconds(timeout, "assert_no_deadlock: timeout=",
+                                   "the seconds the run may take", "give e.g. timeout=30")
+    except (TypeError, ValueError):
+        if inspect.iscoroutine(target):
+            target.close()              # (never awaited: closed, so it warns of nothing)
+        raise
     if inspect.isawaitable(target) or hasattr(target, "__aiter__"):
         return _no_deadlock_async(target, timeout)
     if isinstance(target, ActorGraph):
@@ -159,9 +172,34 @@ def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
         result = target()
     except DeadlockError as e:
         raise AssertionError(f"deadlock: {e}") from None
+    except ActorError as e:
+        nested = _nested_deadlock(e)
+        if nested is None:
+            raise
+        raise nested from e
     if inspect.isawaitable(result) or hasattr(result, "__aiter__"):
         return _no_deadlock_async(result, timeout)      # (an async def function)
     return _check_result(result)
+
+
+def _deadlock_inside(e: BaseException):
+    """The DeadlockError an actor's error carries (an ``async def`` stage iterating
+    another graph's run that stalled), or None."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, DeadlockError):
+            return e
+        e = getattr(e, "original", None) or e.__cause__
+        seen += 1
+    return None
+
+
+def _nested_deadlock(e: ActorError) -> AssertionError | None:
+    inner = _deadlock_inside(e.original)
+    if inner is None:
+        return None
+    return AssertionError(f"deadlock in a run that actor {e.actor!r} iterated on piece "
+                          f"{e.piece}: {inner}")
 
 
 def _check_result(result):
@@ -193,6 +231,11 @@ def _run_graph(g: ActorGraph, timeout: float, feed):
         return outs
     except DeadlockError as e:
         raise AssertionError(f"deadlock: {e}") from None
+    except ActorError as e:
+        nested = _nested_deadlock(e)
+        if nested is None:
+            raise
+        raise nested from e
     except TimeoutError:
         if not said:
             raise
@@ -220,6 +263,11 @@ async def _no_deadlock_async(target, timeout: float):
         return _check_result(task.result())
     except DeadlockError as e:
         raise AssertionError(f"deadlock: {e}") from None
+    except ActorError as e:
+        nested = _nested_deadlock(e)
+        if nested is None:
+            raise
+        raise nested from e
 
 
 def assert_peak_within(source, budget, device: str | None = None) -> None:

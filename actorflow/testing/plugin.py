@@ -23,7 +23,7 @@ from ..device import device as _device
 from ..backends import get_backend
 from ..errors import parse_bytes
 from ..runtime import observe
-from ..runtime.watchdog import describe_waits
+from ..runtime.watchdog import describe_waits, failure_of
 
 RUNS_SHOWN = 3                  # the last runs of a failing test that its report shows
 
@@ -45,7 +45,7 @@ class _Runs:
         self.count += 1
         self.numbers[sched] = self.count
         self.runs.append({"n": self.count, "graph": g, "sched": sched, "said": None,
-                          "stats": None})
+                          "stats": None, "failure": None})
         del self.runs[:-50]
 
     def ended(self, g, sched) -> None:
@@ -57,14 +57,19 @@ class _Runs:
             if r["sched"] is sched:
                 r["stats"] = g._last
                 r["said"] = _report(sched, g._last, ended=True)
+                r["failure"] = _failure(sched)
                 r["sched"] = None       # (the run's state is not kept past its end)
                 return
 
     def report(self) -> str:
         parts = []
+        shown = self.runs[-RUNS_SHOWN:]
+        for r in shown:                 # what stopped a run first: the test's likely cause
+            failure = r["failure"] if r["sched"] is None else _failure(r["sched"])
+            if failure is not None:
+                parts.append(f"run {r['n']} was stopped by an error: {failure}")
         if self.seed is not None:
             parts.append(f"schedule seed {self.seed} (replay: --af-seed={self.seed})")
-        shown = self.runs[-RUNS_SHOWN:]
         if self.count > len(shown):
             parts.append(f"({self.count - len(shown)} earlier runs not shown)")
         for r in shown:
@@ -74,6 +79,19 @@ class _Runs:
 
 
 RUNS = _Runs()
+
+
+def _failure(sched):
+    """The error that stopped a run, in a line (an actor's: its name, piece and
+    exception), or None."""
+    e = sched.error
+    if e is None:
+        return None
+    failed = failure_of(sched)
+    if failed is not None:
+        return failed[1]
+    first = str(e).strip().splitlines()
+    return type(e).__name__ + (f": {first[0]}" if first else "")
 
 
 def _report(sched, stats, ended: bool) -> str:
@@ -90,13 +108,14 @@ def _report(sched, stats, ended: bool) -> str:
         lines.append("who waits for whom:")
         lines += ["  " + w for w in describe_waits(sched).splitlines()]
     tl, keep = sched.timeline, observe.SCHEDULE.keep_acts
-    acts = [r for r in list(tl.records) if r[0] == 0] if tl is not None and keep else []
+    acts = [r for r in list(tl.records) if r[0] != 1] if tl is not None and keep else []
     if acts:
         acts.sort(key=lambda r: r[3])
         acts = acts[-keep:]
         lines.append(f"last {len(acts)} acts (ms from the start: actor, piece, ms):")
         lines += [f"  {(r[3] - tl.t0) * 1e3:10.3f}  {r[1]}  piece {r[2]}  "
-                  f"{(r[4] - r[3]) * 1e3:.3f}" for r in acts]
+                  f"{(r[4] - r[3]) * 1e3:.3f}" + (f"  raised {r[6]}" if r[0] == 2 else "")
+                  for r in acts]
     return "\n".join(lines)
 
 

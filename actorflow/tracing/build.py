@@ -22,6 +22,7 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
     name = f"inputs of {getattr(traced.fn, '__name__', 'the traced function')}"
     inp = g.input(out=out, name=name) if source is None else g.source(source, out=out,
                                                                        name=name)
+    inp.single_argument = len(specs) == 1   # (x,) as well as x, as (x, w) for two
     actor_of = _node_actors(g, rec, inp, None)
     _outputs(g, rec, inp, actor_of)
     return g
