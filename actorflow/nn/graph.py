@@ -12,22 +12,38 @@ updated values, as after an eager step.
 ``step(*args)`` (or calling the graph) runs one iteration on the caller's thread;
 ``run(iterable, buffers=2, memory=...)`` runs many as an ActorGraph, the loader a source
 actor and the step an op actor, so batch i+1 loads while batch i computes.
+
+A compiled step holds what ``build`` read when traced, so it is kept only as long as that
+still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
+modules' tree (children, parameters and buffers by identity, their other attributes,
+hooks), the optimizers' parameter groups and the globals and closure variables ``build``
+reads; a change compiles the step anew. Checking costs a few comparisons per step: the
+modules count their changes (``module.structure_version``) and are walked again only when
+that count moved. Per compiled step, its key also holds the input layout, the train/eval
+modes, the optimizers' hyperparameters and which parameters require grad. A tensor
+``build`` captures from outside (not a parameter or buffer) is read live at every step.
 """
 
 from __future__ import annotations
 
+import dis
+import weakref
 from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
 from ..autograd.graph import Meta
 from ..creation import from_numpy
-from ..errors import TraceError
+from ..errors import ActorError, KernelError, PlanError, TraceError
+from ..runtime.checks import check_timeout
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import synchronize
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program
-from .module import Module
+from .module import Module, structure_version
+
+# the Graph's own bookkeeping: setting these is not a change to what build reads
+_INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph"})
 
 
 class Graph:
@@ -36,7 +52,18 @@ class Graph:
 
     def __init__(self):
         self._optimizers: list = []
-        self._compiled: dict = {}           # input PieceSpecs -> (program, state, opt rows)
+        self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
+        self._traced = None                 # _Traced: what the compiled steps were traced with
+        self._graph = None                  # the last run()'s ActorGraph
+
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        if name not in _INTERNAL:
+            structure_version[0] += 1       # build may read it: checked at the next step
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        structure_version[0] += 1
 
     def add_optimizer(self, optimizer) -> None:
         if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_update")):
@@ -44,6 +71,7 @@ class Graph:
                             f"{type(optimizer).__name__}")
         self._optimizers.append(optimizer)
         self._compiled.clear()
+        self._traced = None
 
     def build(self, *args):
         raise NotImplementedError(f"{type(self).__name__} has no build(); define "
@@ -68,8 +96,9 @@ class Graph:
 
     def _step_fn(self):
         """What one step records: ``fn(piece, states=[...]) -> (output, new states)``, the
-        state tensors (parameters, then each optimizer's per-parameter state) and the
-        optimizer rows ``(optimizer, group, param, {name: state tensor})``."""
+        state tensors (parameters, then each optimizer's per-parameter state), the
+        optimizer rows ``(optimizer, group, param, {name: state tensor})`` and what each
+        state is, in words (for error messages)."""
         params = self._params()
         opt_rows = []
         for o in self._optimizers:
@@ -105,56 +134,94 @@ class Graph:
             finally:
                 for p, impl in zip(params, real):
                     p._impl = impl
-        return fn, state, opt_rows
+        return fn, state, opt_rows, self._state_names(params, opt_rows)
 
-    def _settings(self) -> tuple:
-        """What a compiled step bakes in besides the input layout: each module's train/eval
-        mode, each optimizer group's hyperparameters (a new ``lr`` compiles anew) and which
-        parameters require grad."""
-        modes = tuple(m.training for v in self._modules() for m in v.modules())
-        hyper = tuple(tuple(sorted((k, repr(v)) for k, v in g.items() if k != "params"))
-                      for o in self._optimizers for g in o.param_groups)
-        frozen = tuple(p.requires_grad for p in self._params())
-        return modes, hyper, frozen
+    def _state_names(self, params: list, opt_rows: list) -> list:
+        """Per state, what it is: ``parameter 'model.0.weight'``, ``buffer ...``, ``Adam
+        state 'exp_avg' of parameter ...``."""
+        names: dict = {}
+        for k, v in vars(self).items():
+            if isinstance(v, Module):
+                for n, p in v.named_parameters(k):
+                    names.setdefault(id(p), f"parameter {n!r}")
+                for n, b in v.named_buffers(k):
+                    names.setdefault(id(b), f"buffer {n!r}")
+        out = [names.get(id(p), "a parameter of an optimizer") for p in params]
+        for o, _, p, st in opt_rows:
+            for name in st:
+                out.append(f"{type(o).__name__} state {name!r} of "
+                           f"{names.get(id(p), 'a parameter')}")
+        return out
 
-    def _compile(self, in_specs: tuple):
+    # -- what a compiled step holds ----------------------------------------------------------
+    def _check(self) -> tuple:
+        """Before a step or a run: drops every compiled step when what ``build`` read has
+        changed since it was traced (``_Traced``); returns the settings a compiled step is
+        kept by besides its input layout: each module's train/eval mode, each optimizer
+        group's hyperparameters (a new ``lr`` compiles anew) and which parameters require
+        grad. A few comparisons when nothing changed: the modules are walked again only
+        when ``structure_version`` moved."""
+        t = self._traced
+        groups = [g for o in self._optimizers for g in o.param_groups]
+        if t is None or t.version != structure_version[0] or t.moved(groups):
+            t = self._take_again()
+        hyper = tuple(repr([kv for kv in g.items() if kv[0] != "params"]) for g in groups)
+        return t.modes, hyper, tuple(p.requires_grad for p in t.params)
+
+    def _take_again(self):
+        t = _Traced(self)
+        if self._traced is None or t.ident != self._traced.ident:
+            self._compiled.clear()          # traced with what is no longer there
+        self._traced = t
+        return t
+
+    def _keep(self, key, entry):
+        """Keeps what was just compiled under ``key``. What build read is taken again after
+        it ran (a build that sets attributes must not make every step compile anew)."""
+        self._take_again()
+        self._compiled[key] = entry
+        return entry
+
+    def _traced_error(self, e: TraceError) -> TraceError:
+        return TraceError(f"{type(self).__name__}.build: {e}")
+
+    def _compile(self, in_specs: tuple, settings: tuple):
         """The step as one Program (``step()``), per input layout."""
-        key = (tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), self._settings())
+        key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows = self._step_fn()
+            fn, state, opt_rows, names = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
                 program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
-                                           specs)
+                                           specs, names)
             except TraceError as e:
-                raise TraceError(f"{type(self).__name__}.build: {e}") from e
-            got = self._compiled[key] = (program, state, opt_rows)
+                raise self._traced_error(e) from e
+            got = self._keep(key, (program, state, opt_rows))
         return got
 
-    def _compile_graph(self, spec, buffers, memory):
+    def _compile_graph(self, spec, buffers, memory, settings):
         """The step as an ActorGraph with an actor per op (``run()``), per input layout."""
-        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory),
-               self._settings())
+        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows = self._step_fn()
+            fn, state, opt_rows, names = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
-                g, shared = stateful_graph(fn, spec, specs, type(self).__name__,
-                                           dict(memory=memory, buffers=buffers))
+                g, shared, captured = stateful_graph(fn, spec, specs, type(self).__name__,
+                                                     dict(memory=memory, buffers=buffers),
+                                                     names)
             except TraceError as e:
-                raise TraceError(f"{type(self).__name__}.build: {e}") from e
-            got = self._compiled[key] = (g, shared, state, opt_rows)
+                raise self._traced_error(e) from e
+            got = self._keep(key, (g, shared, state, opt_rows, captured))
         return got
 
-    def _fused_graph(self, spec, buffers, memory):
+    def _fused_graph(self, spec, buffers, memory, settings):
         """The step as one op actor running the program ``step()`` runs."""
-        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory),
-               self._settings())
+        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings)
         got = self._compiled.get(key)
         if got is None:
-            program, state, opt_rows = self._compile((spec,))
+            program, state, opt_rows = self._compile((spec,), settings)
             g = ActorGraph(memory=memory, buffers=buffers)
             inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
                           name=f"inputs of {type(self).__name__}")
@@ -168,14 +235,14 @@ class Graph:
             got = self._compiled[key] = (g, program, state, opt_rows)
         return got
 
-    def _arrays(self, state, opt_rows) -> list:
+    def _arrays(self, state, opt_rows, captured) -> list:
         """The state's arrays, once the optimizers' eager state is in the graph's tensors
-        and every eager write to them is done."""
+        and every eager write to them is done, then the captured tensors' (read live)."""
         with no_grad():
             for o, g, p, st in opt_rows:
                 o.graph_sync(p, g, st)
         synchronize()
-        return [t._impl.array() for t in state]
+        return [t._impl.array() for t in state] + [_live(t) for t in captured]
 
     def _done(self, state, opt_rows) -> None:
         for t in state:
@@ -189,22 +256,45 @@ class Graph:
 
     def step(self, *args):
         """One iteration on ``args`` (tensors or arrays): returns what ``build`` returns,
-        with parameters and optimizer state updated."""
+        with parameters and optimizer state updated.
+
+        Raises:
+            KernelError: an op of the step failed (it names the op and holds the kernel's
+                error); nothing was written back, so the parameters, buffers and optimizer
+                state keep their values and the next step runs as usual.
+            TraceError: ``build`` does what a step cannot record (when compiled)."""
         leaves, structure = flatten(args)
         arrays = [_values(a) if isinstance(a, Tensor) else a for a in leaves]
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
-        program, state, opt_rows = self._compile((spec,))
-        program.state_arrays = self._arrays(state, opt_rows)
+        program, state, opt_rows = self._compile((spec,), self._check())
+        program.state_arrays = self._arrays(state, opt_rows, program.captured)
         if not program.bound:               # its workspace, kept for the next steps
             program.tmp = [_empty(s) for s in program.tmp_specs]
             program.bound = True
         outs = [_empty(s) for s in program.out_spec.specs]
-        program.run(outs, [spec_arrays(arrays, spec)])
+        try:
+            program.run(outs, [spec_arrays(arrays, spec)])
+        except KernelError as e:
+            raise self._step_error(e, len(program.steps)) from e.original
         self._done(state, opt_rows)
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
 
+    def _step_error(self, e: KernelError, ops: int) -> KernelError:
+        """``step()``'s error for the failed op ``e``: the KernelError eager mode raises
+        for it, saying that the step wrote nothing back."""
+        err = KernelError(e.op, e.device, e.original, intact=True)
+        err.kernel_traceback = e.kernel_traceback
+        k = getattr(e, "step", None)
+        at = f"op {k + 1} of the {ops} of " if k is not None else ""
+        o = e.original
+        err.args = (f"op '{e.op}' failed on {e.device}: {type(o).__name__}: {o} ({at}"
+                    f"{type(self).__name__}.step(); nothing was written back: the "
+                    f"parameters, buffers and optimizer state keep their values, and the "
+                    f"next step runs as usual)",)
+        return err
+
     def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False,
-            trace=None, progress=False):
+            trace=None, progress=False, timeout=None, engine=None):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
         returning an iterable...) as an ActorGraph: an actor per op of the step, and one
         per state written back, fed by a source actor reading the iterable, so the next
@@ -213,13 +303,30 @@ class Graph:
         Items of another layout (a loader's last, smaller batch) start a run of their own
         (compiled once per layout).
 
-        ``fused=True`` runs the whole step as one op actor instead (the program ``step()``
-        runs): no overlap between the ops of consecutive pieces, but one act per piece
-        instead of one per op, which wins where ops are small and Python's cost per act
-        dominates. ``trace``: a path for the run's timeline (Chrome trace JSON, as
+        ``buffers``, ``memory``: as ``ActorGraph``'s (registers per output, budgets per
+        device). ``fused=True`` runs the whole step as one op actor instead (the program
+        ``step()`` runs): no overlap between the ops of consecutive pieces, but one act per
+        piece instead of one per op, which wins where ops are small and Python's cost per
+        act dominates. ``trace``: a path for the run's timeline (Chrome trace JSON, as
         ``ActorGraph.run``); a run per further layout writes ``name.1.json``, ...).
         ``progress``: a progress bar of the steps (tqdm; True or tqdm's arguments), with
-        the bottleneck; its total is ``len(iterable)`` when it has one."""
+        the bottleneck; its total is ``len(iterable)`` when it has one. ``timeout``:
+        seconds the loader may take for one item (and, with ``fused=True``, the step for
+        one piece) before the run fails with ActorError (the op actors of a run that is not
+        fused act on the run's loop, where an act cannot be timed out). ``engine``: as
+        ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training step: its state
+        lives in this process, so ``"ray"`` is refused with a PlanError before anything
+        starts.
+
+        The step is the one compiled for what ``build`` read when the run starts: a change
+        to the modules, the optimizers or their hyperparameters while the run goes on
+        stops it with TraceError (change them between runs). An op that fails stops the run
+        with ActorError naming the first op of the step that fails on that piece (the one
+        ``step()`` names) and holding its KernelError."""
+        name = type(self).__name__
+        _local_engine(engine, name)
+        if timeout is not None:
+            check_timeout(timeout, False, f"inputs of {name}")
         if callable(iterable) and not hasattr(iterable, "__iter__"):
             iterable = iterable()
         if progress:
@@ -249,27 +356,91 @@ class Graph:
                 path = p.with_name(f"{p.stem}.{runs}{p.suffix}")
             shown = dict(progress, initial=done) if progress else False   # (one bar's
             for out in self._run_layout(spec, same_layout(), buffers, memory, fused, path,
-                                        shown):                            # count on)
+                                        shown, timeout):                   # count on)
                 done += 1
                 yield out
             runs += 1
             item = later[0] if later else _NONE
 
-    def _run_layout(self, spec, feed, buffers, memory, fused, trace=None, progress=False):
+    def _run_layout(self, spec, feed, buffers, memory, fused, trace=None, progress=False,
+                    timeout=None):
+        """One run of the items of one layout (``feed``), as ``run()`` says: compiled for
+        what build reads now, stopped by a change to it, an op's failure named as
+        ``step()`` names it. The state is handed back to the optimizers at the end."""
+        settings = self._check()
         if fused:
-            g, program, state, opt_rows = self._fused_graph(spec, buffers, memory)
-            program.state_arrays = self._arrays(state, opt_rows)
+            g, program, state, opt_rows = self._fused_graph(spec, buffers, memory, settings)
+            program.state_arrays = self._arrays(state, opt_rows, program.captured)
+            timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"]
         else:
-            g, shared, state, opt_rows = self._compile_graph(spec, buffers, memory)
-            shared[:] = self._arrays(state, opt_rows)
+            g, shared, state, opt_rows, captured = self._compile_graph(spec, buffers, memory,
+                                                                       settings)
+            shared[:] = self._arrays(state, opt_rows, captured)
+            timed = [a for a in g.actors if getattr(a, "fed", False)]
+        for a in timed:                     # the loader, and the fused step on a thread
+            a.timeout = timeout             # when timed (else inline as planned)
+            if a.name == "step":
+                a.inline = a.inline_given = False if timeout is not None else None
         self._graph = g
         nothing = getattr(g, "yields_nothing", False)
+        waiting: dict = {}                  # piece -> its item, until its output is out
+        count = [0]
+
+        def fed():
+            for x in feed:
+                waiting[count[0]] = x
+                count[0] += 1
+                yield x
+        run = g.run(feed=fed(), trace=trace, progress=progress)
+        n = 0
         try:
-            for out in g.run(feed=feed, trace=trace, progress=progress):
+            for out in run:
+                waiting.pop(n, None)
+                n += 1
                 yield None if nothing else out
+                if self._check() != settings or not self._compiled:
+                    raise TraceError(
+                        f"{type(self).__name__}.run(): the modules (their parameters, "
+                        f"buffers, children, attributes or modes), the optimizers or their "
+                        f"hyperparameters changed while the run was going (after piece "
+                        f"{n - 1}); the run computes the step compiled when it started, so "
+                        f"it was stopped rather than train on what is no longer there. "
+                        f"Change them between runs (once the loop over run() has ended), "
+                        f"or call step() per batch")
+        except ActorError as e:
+            run.close()
+            g.join()
+            err = self._run_error(e, g, fused, spec, waiting.get(e.piece))
+            if err is e:
+                raise
+            raise err from err.original
         finally:
+            run.close()
             g.join()
             self._done(state, opt_rows)
+
+    def _run_error(self, e: ActorError, g, fused: bool, spec, item) -> ActorError:
+        """``run()``'s error for an op that failed: the actor of the first op of the step
+        that fails on that piece (the op ``step()`` names; ops of a run that is not fused
+        act in data order, so another may have failed first), with its KernelError."""
+        first = e.original
+        if not isinstance(first, KernelError):
+            return e
+        actor, tb = e.actor, e.actor_traceback
+        replay = getattr(g, "replay", None)
+        if not fused and replay is not None and item is not None:
+            leaves, _ = flatten(item)
+            arrays = [_values(a) if isinstance(a, Tensor) else a for a in leaves]
+            try:
+                replay(spec_arrays(arrays, spec))
+            except KernelError as k:
+                if k.actor != actor:
+                    actor, first, tb = k.actor, k, k.kernel_traceback
+            except Exception:  # noqa: BLE001 - the replay only names the op; the run's
+                pass           # own error stands
+        if first is e.original:
+            return e
+        return ActorError(actor, e.piece, first, tb)
 
     def stats(self):
         """The last ``run()``'s statistics (see ActorGraph.stats)."""
@@ -279,6 +450,164 @@ class Graph:
         mods = [f"({k}): {v!r}".replace("\n", "\n  ") for k, v in vars(self).items()
                 if isinstance(v, Module)]
         return f"{type(self).__name__}(\n  " + "\n  ".join(mods) + "\n)"
+
+
+class _Traced:
+    """What the compiled steps of a Graph were traced with, and the check that it still
+    holds (``Graph._check``).
+
+    ``version``: ``structure_version`` when taken. ``ident``: the Graph's attributes (its
+    modules, and the attributes its class's methods read by name: a counter the training
+    loop keeps on the Graph is no reason to compile again), its modules' tree (each
+    module, its parameters, buffers and children by name, its hooks and other
+    attributes), the optimizers and their parameter groups, and the globals and closure
+    variables ``build`` reads, as ids (objects: ``keep`` holds them, so no id is reused
+    while this lives) and values (numbers, strings). ``group_ids``: the ids of the
+    optimizers' parameters in group order; ``names``: ``(namespace, name, object)`` per
+    global or closure variable ``build`` reads; ``params``: the parameters and buffers,
+    in state order; ``modes``: each module's train/eval mode."""
+
+    __slots__ = ("version", "ident", "keep", "group_ids", "names", "params", "modes")
+
+    def __init__(self, graph: Graph):
+        self.version = structure_version[0]
+        keep: list = []
+        ident: list = []
+        read = _attrs_read(type(graph))
+        for k, v in vars(graph).items():
+            if k not in _INTERNAL and (k in read or isinstance(v, Module)):
+                ident.append((k, _ident(v, keep)))
+        mods, seen = [], set()
+        for v in graph._modules():
+            for m in v.modules():
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    mods.append(m)
+        for m in mods:
+            keep.append(m)
+            entry = [id(m), type(m)]
+            for d in (m._parameters, m._buffers, m._modules):
+                entry.append(tuple((k, _ident(t, keep)) for k, t in d.items()))
+            entry.append(tuple(_ident(h, keep) for h in m._forward_hooks))
+            entry.append(tuple(_ident(h, keep) for h in m._forward_pre_hooks))
+            entry += [(k, _ident(v, keep)) for k, v in vars(m).items() if k not in _OWN]
+            ident.append(tuple(entry))
+        groups = [g for o in graph._optimizers for g in o.param_groups]
+        self.group_ids = tuple(id(p) for g in groups for p in g["params"])
+        keep += [p for g in groups for p in g["params"]]
+        ident.append(tuple(_ident(o, keep) for o in graph._optimizers))
+        ident.append((tuple(len(g["params"]) for g in groups), self.group_ids))
+        self.names = _names_read(graph.build)
+        ident.append(tuple((k, _ident(v, keep)) for _, k, v in self.names))
+        self.ident = tuple(ident)
+        self.keep = keep
+        self.params = graph._params()
+        self.modes = tuple(m.training for m in mods)
+
+    def moved(self, groups: list) -> bool:
+        """Did an optimizer's parameters, or a name ``build`` reads, change since?"""
+        if tuple(id(p) for g in groups for p in g["params"]) != self.group_ids:
+            return True
+        for ns, k, v in self.names:
+            if _lookup(ns, k) is not v:
+                return True
+        return False
+
+
+_OWN = frozenset({"training", "_parameters", "_buffers", "_modules", "_forward_hooks",
+                  "_forward_pre_hooks"})      # a module's own: in _Traced one by one
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _ident(v, keep: list):
+    """``v`` in a ``_Traced``: numbers and strings by value, anything else by identity."""
+    if isinstance(v, _PLAIN) or (type(v) is tuple and all(isinstance(x, _PLAIN) for x in v)):
+        return (type(v), repr(v))
+    keep.append(v)
+    return id(v)
+
+
+def _lookup(ns, name):
+    """What ``name`` holds now in ``ns`` (a globals dict, or a closure cell)."""
+    if isinstance(ns, dict):
+        return ns.get(name, _NONE)
+    try:
+        return ns.cell_contents
+    except ValueError:                      # (an emptied cell)
+        return _NONE
+
+
+_ATTRS = weakref.WeakKeyDictionary()          # Graph subclass -> the attribute names it reads
+
+
+def _attrs_read(cls) -> frozenset:
+    """The attribute names the methods of ``cls`` (a Graph subclass, and its bases below
+    Graph) load, and ``build`` (an instance may hold its own)."""
+    names = _ATTRS.get(cls)
+    if names is None:
+        found = {"build"}
+        for c in cls.__mro__:
+            if c is Graph or c is object:
+                continue
+            for f in vars(c).values():
+                f = getattr(f, "__func__", f)
+                code = getattr(f, "__code__", None)
+                if code is not None:
+                    found.update(_loaded(code, ("LOAD_ATTR", "LOAD_METHOD")))
+        names = _ATTRS[cls] = frozenset(found)
+    return names
+
+
+def _loaded(code, opnames: tuple) -> tuple:
+    """The names ``code`` (and the code objects inside it) loads with ``opnames``."""
+    mine = _LOADED.get(code)
+    if mine is None:
+        mine = _LOADED[code] = {}
+    names = mine.get(opnames)
+    if names is None:
+        found: list = []
+        for ins in dis.get_instructions(code):
+            if ins.opname in opnames and ins.argval not in found:
+                found.append(ins.argval)
+        for c in code.co_consts:                # lambdas, comprehensions, inner functions
+            if hasattr(c, "co_code"):
+                found += [n for n in _loaded(c, opnames) if n not in found]
+        names = mine[opnames] = tuple(found)
+    return names
+
+
+_LOADED = weakref.WeakKeyDictionary()         # code object -> {opnames: the names loaded}
+
+
+def _names_read(fn) -> list:
+    """``(namespace, name, object)`` for each global and closure variable ``fn`` reads
+    (its own code: not the functions it calls)."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    glb = fn.__globals__
+    out = [(glb, n, glb[n]) for n in _loaded(code, ("LOAD_GLOBAL", "LOAD_NAME")) if n in glb]
+    for n, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        v = _lookup(cell, n)
+        if v is not _NONE:
+            out.append((cell, n, v))
+    return out
+
+
+def _local_engine(engine, name: str) -> None:
+    """``run(engine=...)``: a training step runs with the local engine only."""
+    if engine is None or engine == "local":
+        return
+    if isinstance(engine, str) and engine != "ray":
+        raise ValueError(f"{name}.run(engine={engine!r}): the engines are 'local' and 'ray'; "
+                         f"nn.Graph runs with 'local' (the default)")
+    what = repr(engine) if isinstance(engine, str) else type(engine).__name__
+    raise PlanError(f"{name}.run(engine={what}): a training step reads and writes its "
+                    f"parameters and optimizer state across pieces, state held in this "
+                    f"process's memory, which Ray runs do not take yet (they run stateless "
+                    f"stages and op actors in other processes); run it with engine='local' "
+                    f"(the default), where every op of the step is an actor of this process")
 
 
 _NONE = object()
@@ -293,6 +622,12 @@ def _values(t: Tensor):
             and impl.meta.shape is not None:
         return impl.array()
     return t.numpy()
+
+
+def _live(t: Tensor):
+    """A captured tensor's values, read live by the step: its own storage."""
+    arr = t._impl.array()
+    return t.numpy() if arr is None and t._impl.blob.backend.has_data else arr
 
 
 def _empty(spec):

@@ -1,7 +1,11 @@
 """Module and Parameter, with PyTorch's habits: attributes that are Parameters or Modules
 are registered, ``parameters()`` / ``named_parameters()`` walk the tree, ``state_dict()``
 / ``load_state_dict()`` carry the values, ``train()`` / ``eval()`` set the mode, and the
-repr prints the tree."""
+repr prints the tree.
+
+``structure_version[0]`` counts the changes to any module's attributes, parameters, buffers,
+children, hooks or mode (one count for the process): ``nn.Graph`` reads it per step and
+looks at its modules again only when it moved."""
 
 from __future__ import annotations
 
@@ -43,6 +47,46 @@ class Parameter(Tensor):
         raise TypeError("a Parameter is not pickled; save a state_dict with af.save")
 
 
+structure_version = [0]         # bumped by every change below (see the module doc)
+
+
+def _changed() -> None:
+    structure_version[0] += 1
+
+
+class _Registry(OrderedDict):
+    """A module's parameters, buffers or children by name: every change to it counts in
+    ``structure_version`` (layers that set entries directly, ``Sequential[i] = m``, too)."""
+
+    def __setitem__(self, key, value) -> None:
+        OrderedDict.__setitem__(self, key, value)
+        _changed()
+
+    def __delitem__(self, key) -> None:
+        OrderedDict.__delitem__(self, key)
+        _changed()
+
+    def pop(self, *args):
+        _changed()
+        return OrderedDict.pop(self, *args)
+
+    def popitem(self, last: bool = True):
+        _changed()
+        return OrderedDict.popitem(self, last)
+
+    def clear(self) -> None:
+        OrderedDict.clear(self)
+        _changed()
+
+    def setdefault(self, key, default=None):
+        _changed()
+        return OrderedDict.setdefault(self, key, default)
+
+    def move_to_end(self, key, last: bool = True) -> None:
+        OrderedDict.move_to_end(self, key, last)
+        _changed()
+
+
 class IncompatibleKeys(NamedTuple):
     missing_keys: list
     unexpected_keys: list
@@ -54,9 +98,9 @@ class Module:
 
     def __init__(self):
         object.__setattr__(self, "training", True)
-        object.__setattr__(self, "_parameters", OrderedDict())
-        object.__setattr__(self, "_buffers", OrderedDict())
-        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_parameters", _Registry())
+        object.__setattr__(self, "_buffers", _Registry())
+        object.__setattr__(self, "_modules", _Registry())
         object.__setattr__(self, "_forward_hooks", [])
         object.__setattr__(self, "_forward_pre_hooks", [])
 
@@ -88,6 +132,7 @@ class Module:
             bufs[name] = value
         else:
             object.__setattr__(self, name, value)
+            _changed()
             return
         self.__dict__.pop(name, None)
 
@@ -104,6 +149,7 @@ class Module:
                 del d[name]
                 return
         object.__delattr__(self, name)
+        _changed()
 
     def register_parameter(self, name: str, param) -> None:
         if param is not None and not isinstance(param, Parameter):
@@ -246,6 +292,7 @@ class Module:
     def train(self, mode: bool = True) -> "Module":
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
+        _changed()
         return self
 
     def eval(self) -> "Module":
@@ -283,7 +330,9 @@ class _Handle:
     def __init__(self, hooks: list, hook):
         self.hooks, self.hook = hooks, hook
         hooks.append(hook)
+        _changed()
 
     def remove(self) -> None:
         if self.hook in self.hooks:
             self.hooks.remove(self.hook)
+            _changed()

@@ -4,7 +4,9 @@ each state's new value back, kept in piece order by state gates (``stateful_grap
 
 from __future__ import annotations
 
-from ..errors import TraceError
+import numpy as np
+
+from ..errors import KernelError, TraceError
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, unflatten
 from .program import Program, Step, kernel_of
@@ -28,11 +30,16 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
     return g
 
 
-def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwargs: dict):
+def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwargs: dict,
+                   state_names=None):
     """``fn(piece, states=[...]) -> (output, new states)`` as an ActorGraph fed by
     ``run(feed=...)``: an actor per op, and per state with a new value an actor copying it
-    back. Returns ``(graph, state arrays list)``: the caller fills the list (the same list
-    object every program reads) before a run."""
+    back. The tensors ``fn`` captures are read live, as states after ``state_specs``
+    (``Recording``'s ``live``). Returns ``(graph, state arrays list, captured tensors)``:
+    the caller fills the list (the same list object every program reads) with the states'
+    arrays, then the captured tensors', before a run. ``graph.replay(arrays)`` runs one
+    piece through the op actors in the order the ops were recorded (``replay_piece``).
+    ``state_names``: what each state is, for error messages."""
     new_states: list = []
 
     def body(piece, states):
@@ -40,11 +47,13 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
         new_states.extend(new)
         return out
     rec = Recording(body, spec.specs, lambda leaves: [unflatten(spec.structure, leaves)],
-                    state_specs=state_specs)
+                    state_specs=state_specs, live=True, state_names=state_names)
     g = ActorGraph(**graph_kwargs)
     inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
-    shared: list = [None] * len(state_specs)
+    shared: list = [None] * len(rec.state_specs)
     actor_of = _node_actors(g, rec, inp, shared)
+    ops = [actor_of[n] for n in range(len(rec.nodes))]
+    g.replay = lambda arrays: replay_piece(ops, inp, arrays)
     for a in actor_of.values():
         # a training step is many small kernels: each acts on the graph's loop, where a
         # hop to a thread would cost more than most of them (measured in bench_training)
@@ -70,7 +79,26 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
         a.build = lambda specs, p=program: p
         a.state_writes = (f"state {i}",)
     _outputs(g, rec, inp, actor_of)
-    return g, shared
+    return g, shared, rec.captured
+
+
+def replay_piece(ops: list, inp, arrays: list) -> None:
+    """Runs one piece (``arrays``: the input register's) through the op actors ``ops`` one
+    after the other, in the order their ops were recorded (the order a Program of the same
+    function runs them), writing no state back: the first op that fails raises its
+    KernelError, with ``actor`` set to its actor's name. ``nn.Graph.run`` asks it when an
+    op actor failed, to name the op ``step()`` names (actors act in data order, so another
+    may have failed first)."""
+    outs_of = {inp: arrays}
+    for a in ops:
+        program = a.program
+        outs = [np.empty(s.shape, s.dtype.np) for s in program.out_spec.specs]
+        try:
+            program.run(outs, [outs_of[x] for x in a.inputs], write_back=False)
+        except KernelError as e:
+            e.actor = a.name
+            raise
+        outs_of[a] = outs
 
 
 def _node_actors(g, rec: Recording, inp, shared) -> dict:

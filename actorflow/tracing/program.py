@@ -16,9 +16,11 @@ strides and offset (in elements) make the view the op reads (``x.T``, ``x[1:]``.
 
 from __future__ import annotations
 
+import traceback
+
 import numpy as np
 
-from ..errors import format_bytes
+from ..errors import KernelError, format_bytes
 from ..runtime.spec import PieceSpec, Spec, view_of
 
 
@@ -47,6 +49,7 @@ class Program:
         self.state_specs: list = []         # state held across pieces (nn.Graph): read by
         self.state_arrays: list = []        # refs ("state", i), written back by assigns
         self.assigns: list = []             # [(state i, ref of its new value)]
+        self.captured: list = []            # tensors read live: the last states (nn.Graph)
 
     @property
     def device(self):
@@ -99,34 +102,65 @@ class Program:
             base = self.const_arrays[i]
         return view_of(base, meta)
 
-    def run(self, outs: list, ins: list) -> None:
-        """One act: ``outs`` the output register's arrays, ``ins`` per input its arrays."""
+    def run(self, outs: list, ins: list, write_back: bool = True) -> None:
+        """One act: ``outs`` the output register's arrays, ``ins`` per input its arrays.
+        The state is written back after every step has run (``write_back=False``: not at
+        all), so a step that fails leaves the state as it was.
+
+        Raises:
+            KernelError: a kernel raised; it names the op and holds the kernel's error
+                (``original``, also ``__cause__``)."""
         if self.null:
             return                           # no data: only the simulated time counts
         if not self.bound and self.tmp_specs:
             self.tmp = [np.empty(s.shape, s.dtype.np) for s in self.tmp_specs]  # (probe)
             self.bound = True
             try:
-                self._run(outs, ins)
+                self._run(outs, ins, write_back)
             finally:
                 self.unbind()
             return
-        self._run(outs, ins)
+        self._run(outs, ins, write_back)
 
-    def _run(self, outs, ins) -> None:
+    def _run(self, outs, ins, write_back: bool = True) -> None:
         get = self._get
-        for st in self.steps:
-            args = []
-            for r in st.ins:
-                if r[0] == "in" and r[3] is None:       # the common case: a whole input
-                    args.append(ins[r[1]][r[2]])
-                else:
-                    args.append(get(r, outs, ins))
-            st.kernel([get(r, outs, ins) for r in st.outs], args, st.attrs)
+        st = None
+        try:
+            for st in self.steps:
+                args = []
+                for r in st.ins:
+                    if r[0] == "in" and r[3] is None:       # the common case: a whole input
+                        args.append(ins[r[1]][r[2]])
+                    else:
+                        args.append(get(r, outs, ins))
+                st.kernel([get(r, outs, ins) for r in st.outs], args, st.attrs)
+        except Exception as e:  # noqa: BLE001 - raised again as the op's KernelError
+            raise self.kernel_error(self.steps.index(st), e) from e
         for j, ref in self.copies:
             np.copyto(outs[j], get(ref, outs, ins))
-        for i, ref in self.assigns:            # state written back once every step has read
-            np.copyto(self.state_arrays[i], get(ref, outs, ins), casting="no")
+        if write_back:
+            for i, ref in self.assigns:        # state written back once every step has read
+                np.copyto(self.state_arrays[i], get(ref, outs, ins), casting="no")
+
+    def kernel_error(self, k: int, e: Exception) -> KernelError:
+        """The error to raise when step ``k``'s kernel raised ``e``: a KernelError naming
+        its op (as eager mode's), with where it is in the program and that the program's
+        state was not written back."""
+        if isinstance(e, KernelError):
+            return e
+        st = self.steps[k]
+        dev = self.device
+        err = KernelError(st.op.name, str(dev) if dev is not None else "cpu", e)
+        err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        where = []
+        if len(self.steps) > 1:
+            where.append(f"op {k + 1} of the {len(self.steps)} this program runs")
+        if self.assigns:
+            where.append("nothing was written back to its state")
+        tail = f" ({'; '.join(where)})" if where else ""
+        err.args = (f"op '{st.op.name}' failed on {err.device}: {type(e).__name__}: {e}{tail}",)
+        err.step = k
+        return err
 
     def describe(self) -> str:
         names = [s.op.name for s in self.steps] or ["copy"]

@@ -6,6 +6,14 @@ The recorder is installed with ``use_interpreter`` for the duration of one call 
 function; its inputs are placeholder tensors (shape, dtype and device from a Spec, no data).
 An op call with a placeholder among its inputs is recorded; one without (a constant made
 inside the function) runs eagerly, and its result is captured as a constant.
+
+A tensor the function reads from outside (a global, a closure variable, an attribute that
+is not a parameter or buffer) is a *captured* tensor. By default it is a constant, copied
+once when traced (``af.trace``, ``ActorGraph.op``). A recording made with ``live=True``
+(``nn.Graph``'s step) reads it as state instead, from its own storage every piece, so later
+writes to it are seen as in eager mode: every op on it is recorded (none runs once at trace
+time), and writing into it in place is refused. Writing in place into a traced tensor is
+always refused (``inplace_error`` says why and the out-of-place form).
 """
 
 from __future__ import annotations
@@ -42,12 +50,25 @@ class Node:
 
 class Recorder(Interpreter):
     """Records op calls on placeholders. ``where[blob]`` says what made a traced blob:
-    ``("in", j)`` placeholder leaf j, or ``("node", n, i)`` output i of node n."""
+    ``("in", j)`` placeholder leaf j, ``("state", i)`` state i, or ``("node", n, i)``
+    output i of node n.
 
-    def __init__(self):
+    ``live``: captured tensors are state read every piece (``captured``: their TensorImpls,
+    state ``first_live + c`` for the c-th), not constants; ``made`` holds the blobs of the
+    constants the function made while traced (eager ops on nothing captured), which stay
+    constants. ``state_names``: what each state is, for error messages."""
+
+    def __init__(self, live: bool = False, first_live: int = 0, state_names=None):
         self.nodes: list = []
         self.where: dict = {}
         self.consts: dict = {}        # id(impl) -> (const index, TensorImpl kept alive)
+        self.live = live
+        self.first_live = first_live
+        self.captured: list = []      # TensorImpls read live (kept alive with the program)
+        self._live_of: dict = {}      # id(impl) -> state index
+        self.made: set = set()        # blobs of the constants made while tracing (live)
+        self.state_names = list(state_names or ())
+        self._grads: dict = {}        # id(Meta) -> (Meta, its grad): see restore_grads
         self._eager = EagerInterpreter()
 
     def placeholder(self, spec: Spec, j: int) -> Tensor:
@@ -72,23 +93,47 @@ class Recorder(Interpreter):
                 raise TraceError("a tensor traced by another trace was used here; trace one "
                                  "function at a time")
             return src
+        ag = impl.ag
+        if ag is not None and id(ag) not in self._grads:
+            self._grads[id(ag)] = (ag, ag.grad)
+        if self.live and blob not in self.made:
+            i = self._live_of.get(id(impl))         # one state per tensor (views included)
+            if i is None:
+                i = self._live_of[id(impl)] = self.first_live + len(self.captured)
+                self.captured.append(impl)
+            return ("state", i)
         entry = self.consts.get(id(impl))          # one copy per tensor (views included)
         if entry is None:
             entry = (len(self.consts), impl)
             self.consts[id(impl)] = entry
         return ("const", entry[0])
 
+    def restore_grads(self) -> None:
+        """A captured tensor that requires grad keeps the ``grad`` it had: a backward
+        traced through it would leave a traced tensor there (the program computes no
+        ``grad`` of it, as it writes none of the parameters' either)."""
+        for ag, grad in self._grads.values():
+            ag.grad = grad
+
+    def _recorded(self, impl) -> bool:
+        """Is ``impl`` one the program reads (traced, or captured and read live)?"""
+        blob = impl.blob
+        return blob.traced or (self.live and blob not in self.made)
+
     def apply(self, op, inputs, attrs, device=None, outs=None):
-        if not any(i.blob.traced for i in inputs):
+        touched = inputs if outs is None else list(inputs) + list(outs)
+        if not any(self._recorded(i) for i in touched):
             if op.name in _RANDOM:
                 raise TraceError(f"{op.name}: a random op inside a traced function would run "
                                  f"once, while tracing, and repeat the same values for every "
                                  f"piece; make the random values outside and pass them in "
                                  f"(or use dropout outside graph mode)")
-            return self._eager.apply(op, inputs, attrs, device, outs)
+            out_impls = self._eager.apply(op, inputs, attrs, device, outs)
+            if self.live:
+                self.made.update(o.blob for o in out_impls)
+            return out_impls
         if outs is not None:
-            raise TraceError(f"{op.name}: in-place ops on traced tensors are not recorded; "
-                             f"use the out-of-place form (e.g. x = x + y, not x.add_(y))")
+            raise TraceError(self.inplace_error(op, outs[0]))
         if op.dynamic:
             raise TraceError(f"{op.name}: its output shape depends on the values, so it "
                              f"cannot be planned ahead; run it eagerly outside the traced "
@@ -115,25 +160,82 @@ class Recorder(Interpreter):
         ordered = sorted(self.consts.values(), key=lambda e: e[0])
         return [wrap(impl).numpy() for _, impl in ordered]
 
+    def describe(self, impl) -> str:
+        """What the tensor ``impl`` is, in words, for an error message."""
+        m = impl.meta
+        what = f"a tensor of shape {tuple(m.shape)} and dtype {m.dtype.name}"
+        if impl.base is not None:
+            b = impl.base.meta
+            what = (f"a view of shape {tuple(m.shape)} into a tensor of shape "
+                    f"{tuple(b.shape)} and dtype {b.dtype.name}")
+        blob = impl.blob
+        if not blob.traced:
+            if self.live and blob not in self.made:
+                return (f"{what} captured from outside the traced function (a global, a "
+                        f"closure variable or an attribute that is not a parameter or "
+                        f"buffer), which it reads but never writes")
+            return f"{what} made inside the traced function"
+        src = self.where.get(blob, ("?",))
+        if src[0] == "in":
+            return f"{what}, an input of the traced function"
+        if src[0] == "state":
+            i = src[1]
+            name = self.state_names[i] if i < len(self.state_names) else f"state {i}"
+            return f"{what}, {name} (state the step reads and writes back itself)"
+        if src[0] == "node":
+            return f"{what} computed by op '{self.nodes[src[1]].op.name}'"
+        return what
+
+    def inplace_error(self, op, target) -> str:
+        """Why an in-place op cannot be recorded, what it wrote into, and the way out."""
+        return (f"in-place ops are refused in a traced function: op '{op.name}' "
+                f"({_inplace_form(op.name)}) writes into {self.describe(target)}. A traced "
+                f"function is recorded once, as out-of-place kernels that each write a new "
+                f"output, so an in-place write cannot be recorded (later pieces would not "
+                f"repeat it, and what was recorded before it reads the old value). Use the "
+                f"out-of-place form and its result: y = x + 1 instead of x.add_(1) or "
+                f"x += 1, af.where(mask, v, x) instead of x[mask] = v, af.zeros_like(x) "
+                f"instead of x.zero_()")
+
+
+def _inplace_form(name: str) -> str:
+    """How user code writes op ``name`` in place, for an error message."""
+    if name == "full":
+        return "as x.fill_(v), x.zero_() or x[i] = v do"
+    if name == "copy":
+        return "as x.copy_(y) or x[i] = y do"
+    base = name[:-len("_scalar")] if name.endswith("_scalar") else name
+    return f"as x.{base}_(...) or an in-place operator (x += y, x *= y...) does"
+
 
 class Recording:
     """One call of ``fn`` recorded on placeholders of ``leaf_specs`` (placeholder j has leaf
-    spec j; ``args_of(placeholders)`` arranges them into ``fn``'s arguments).
+    spec j; ``args_of(placeholders)`` arranges them into ``fn``'s arguments), and of
+    ``state_specs`` when given (``fn(..., states=[placeholder per state])``).
 
     ``nodes``: the recorded op calls; ``outputs``: the tensors ``fn`` returned, flattened,
     with ``structure``. A *source* says what made a tensor: ``("in", j)``, ``("node", n,
-    i)`` or ``("const", c)``."""
+    i)``, ``("state", i)`` or ``("const", c)``. With ``live`` (see the module doc),
+    ``captured`` lists the tensors read live, in the order of their state indices after
+    the given ones, and ``state_specs`` ends with their specs; ``state_names`` name the
+    given states in error messages."""
 
-    def __init__(self, fn, leaf_specs, args_of, kwargs=None, state_specs=None):
-        self.recorder = rec = Recorder()
+    def __init__(self, fn, leaf_specs, args_of, kwargs=None, state_specs=None, live=False,
+                 state_names=None):
         self.leaf_specs = list(leaf_specs)
         self.state_specs = list(state_specs or ())
+        self.recorder = rec = Recorder(live, len(self.state_specs), state_names)
         args = args_of([rec.placeholder(s, j) for j, s in enumerate(self.leaf_specs)])
         kwargs = dict(kwargs or {})
         if state_specs is not None:     # fn(*args, states=[placeholder per state], **kwargs)
             kwargs["states"] = [rec.state(s, i) for i, s in enumerate(self.state_specs)]
-        with use_interpreter(rec):
-            result = fn(*args, **kwargs)
+        try:
+            with use_interpreter(rec):
+                result = fn(*args, **kwargs)
+        finally:
+            rec.restore_grads()
+        self.captured = [wrap(impl) for impl in rec.captured]
+        self.state_specs += [Spec(t.shape, t.dtype, t.device) for t in self.captured]
         leaves, self.structure = flatten(result)
         for x in leaves:
             if not isinstance(x, Tensor):
@@ -167,7 +269,7 @@ class Recording:
         ``meta``; ``port_of(src)`` maps a source to ``(kind, i, j)``. The view meta is None
         when the whole array is read as it is."""
         kind, i, j = port_of(src)
-        if kind == "const":
+        if kind == "const" or (kind == "state" and src[1] >= self.recorder.first_live):
             return (kind, i, j, None)               # captured as the tensor reads it
         whole = self.meta_of(src)
         if whole is not None and meta.shape == whole.shape and meta.offset == 0 \

@@ -32,11 +32,16 @@ def op_program(fn, in_specs: list, kwargs: dict) -> Program:
     return _program(rec, flat)
 
 
-def stateful_program(fn, in_specs: list, state_specs: list) -> Program:
+def stateful_program(fn, in_specs: list, state_specs: list, state_names=None) -> Program:
     """Traces ``fn(*pieces, states=[placeholder per state])``, which returns ``(output,
     new_states)`` (per state its new value, or None to keep it), into one Program whose
     state (``Program.state_arrays``, attached by the caller) is read by its steps and
-    written back after them, every piece: ``nn.Graph``'s training step."""
+    written back after them, every piece: ``nn.Graph``'s training step.
+
+    The tensors ``fn`` captures are read live (``Recording``'s ``live``): they are the
+    program's state after ``state_specs``, listed in ``Program.captured``; the caller
+    attaches their arrays after the others'. ``state_names``: what each state is, for
+    error messages."""
     flat = [(k, j, s) for k, ps in enumerate(in_specs) for j, s in enumerate(ps.specs)]
     new_states: list = []
 
@@ -44,8 +49,11 @@ def stateful_program(fn, in_specs: list, state_specs: list) -> Program:
         out, new = fn(*args, states=states)
         new_states.extend(new)
         return out
-    rec = Recording(body, [f[2] for f in flat], _args_of(in_specs), state_specs=state_specs)
-    return _program(rec, flat, new_states)
+    rec = Recording(body, [f[2] for f in flat], _args_of(in_specs), state_specs=state_specs,
+                    live=True, state_names=state_names)
+    program = _program(rec, flat, new_states)
+    program.captured = rec.captured
+    return program
 
 
 def _program(rec: Recording, flat: list, new_states=None) -> Program:

@@ -1,0 +1,498 @@
+"""nn.Graph never gives stale or raw results: a compiled step is kept only while what build
+read when traced still holds (parameters, buffers, modules, the Graph's attributes, the
+optimizers' groups, the names build reads), captured tensors are read live, in-place ops in
+build are refused saying why, a failing op raises the error eager mode raises (and the state
+stays as it was), and run() takes ActorGraph.run's arguments."""
+
+import time
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow import nn, optim
+from actorflow.nn import graph as graph_module
+
+X = np.ones((2, 3), np.float32)
+
+
+class Sum(nn.Graph):
+    """``build(x) = model(x).sum()`` on the model it is given."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def build(self, x):
+        return self.m(x).sum()
+
+
+def both(g, x=X):
+    """What step() and run() (an actor per op, and fused) give for ``x``."""
+    return (float(g.step(af.tensor(x))), float(next(iter(g.run([x])))),
+            float(next(iter(g.run([x], fused=True)))))
+
+
+def eager(model, x=X):
+    with af.no_grad():
+        return float(model(af.tensor(x)).sum())
+
+
+# -- a compiled step is kept only while what build read holds -------------------------------
+
+def test_replacing_a_parameter_compiles_the_step_anew():
+    m = nn.Linear(3, 1, bias=False)
+    m.load_state_dict({"weight": af.full((1, 3), 2.0)})
+    g = Sum(m)
+    assert both(g) == (12.0, 12.0, 12.0)
+    m.weight = nn.Parameter(af.full((1, 3), 5.0))        # a new Parameter object
+    assert both(g) == (30.0, 30.0, 30.0) and eager(m) == 30.0
+    m.load_state_dict({"weight": af.full((1, 3), 1.0)})  # in place: seen as before
+    assert both(g) == (6.0, 6.0, 6.0)
+
+
+def test_replacing_a_buffer_compiles_the_step_anew():
+    m = nn.Linear(3, 1, bias=False)
+    m.load_state_dict({"weight": af.full((1, 3), 1.0)})
+    m.register_buffer("scale", af.tensor(2.0))
+
+    class Scaled(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def build(self, x):
+            return (self.m(x) * self.m.scale).sum()
+    g = Scaled()
+    assert both(g) == (12.0, 12.0, 12.0)
+    m.scale = af.tensor(5.0)                             # a new tensor as the buffer
+    assert both(g) == (30.0, 30.0, 30.0)
+
+
+def test_swapping_a_submodule_compiles_the_step_anew():
+    seq = nn.Sequential(nn.Linear(3, 2, bias=False), nn.ReLU())
+    seq.load_state_dict({"0.weight": af.full((2, 3), -1.0)})
+    g = Sum(seq)
+    assert both(g) == (0.0, 0.0, 0.0)
+    seq[1] = nn.Tanh()                                   # Sequential sets its entry itself
+    want = eager(seq)
+    assert want == pytest.approx(4 * np.tanh(-3.0)) and both(g) == (want, want, want)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = nn.ReLU()
+
+        def forward(self, x):
+            return self.act(-x)
+    b = Block()
+    g = Sum(b)
+    assert both(g) == (0.0, 0.0, 0.0)
+    b.act = nn.Identity()                                # a child set as an attribute
+    assert both(g) == (-6.0, -6.0, -6.0)
+    b.act.register_forward_hook(lambda mod, args, out: out * 2)   # a hook added
+    assert both(g) == (-12.0, -12.0, -12.0)
+
+
+def test_the_graphs_own_attributes_compile_the_step_anew():
+    class Scaled(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = nn.Identity()
+            self.factor = 2.0
+
+        def shifted(self, y):
+            return y + self.shift                        # read by a method build calls
+
+        def build(self, x):
+            return self.shifted(self.m(x) * self.factor).sum()
+    g = Scaled()
+    g.shift = 0.0
+    assert both(g) == (12.0, 12.0, 12.0)
+    g.factor = 5.0                                       # a number build reads
+    assert both(g) == (30.0, 30.0, 30.0)
+    g.shift = 1.0
+    assert both(g) == (36.0, 36.0, 36.0)
+    g.m = nn.ReLU()                                      # a module attribute replaced
+    assert both(g, -X) == (6.0, 6.0, 6.0)
+
+
+def test_rebinding_a_global_that_build_reads_compiles_the_step_anew():
+    global OFFSET
+    OFFSET = af.tensor(1.0)
+
+    class Offset(nn.Graph):
+        def build(self, x):
+            return (x + OFFSET).sum()
+    g = Offset()
+    assert both(g) == (12.0, 12.0, 12.0)
+    OFFSET = af.tensor(3.0)                              # the name now holds another tensor
+    assert both(g) == (24.0, 24.0, 24.0)
+
+
+def train_two(opt_name, kwargs, data, grow_at, graph, grow):
+    """A model of two linears trained on ``data`` with an optimizer of the first one's
+    parameters, given the second one's from step ``grow_at`` (``grow``: in a group of their
+    own, ``add_param_group``, or added to the first group's list)."""
+    af.manual_seed(0)
+    a, b = nn.Linear(4, 3), nn.Linear(3, 2)
+    opt = getattr(optim, opt_name)(a.parameters(), **kwargs)
+
+    class Two(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = a, b
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = (self.b(self.a(x)) ** 2).mean()
+            loss.backward()
+            return loss
+    g = Two()
+    losses = []
+    for i, x in enumerate(data):
+        if i == grow_at and grow == "group":
+            opt.add_param_group({"params": list(b.parameters())})
+        elif i == grow_at:
+            opt.param_groups[0]["params"] += list(b.parameters())
+        if graph == "step":
+            losses.append(float(g.step(af.tensor(x))))
+        elif graph == "run":
+            losses += [float(v) for v in g.run([x])]
+        else:
+            opt.zero_grad()
+            loss = (b(a(af.tensor(x))) ** 2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, [p.numpy() for p in list(a.parameters()) + list(b.parameters())]
+
+
+@pytest.mark.parametrize("grow", ["group", "list"])
+@pytest.mark.parametrize("opt_name,kwargs", [("SGD", dict(lr=0.1, momentum=0.9)),
+                                             ("Adam", dict(lr=0.05))])
+def test_an_optimizer_given_more_parameters_compiles_the_step_anew(opt_name, kwargs, grow):
+    data = [np.random.default_rng(i).standard_normal((5, 4)).astype(np.float32)
+            for i in range(4)]
+    want, want_params = train_two(opt_name, kwargs, data, 2, "eager", grow)
+    for mode in ("step", "run"):
+        got, params = train_two(opt_name, kwargs, data, 2, mode, grow)
+        assert got == want, mode
+        for p, q in zip(params, want_params):
+            assert np.array_equal(p, q), mode
+
+
+def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
+    """Per step, what build read is checked by a count of changes and a few comparisons:
+    the modules are walked again (a new _Traced) only after something changed, and the
+    step compiles again only when what changed is something build read."""
+    takes, compiles = [], []
+    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
+    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
+    monkeypatch.setattr(graph_module, "stateful_program",
+                        lambda *a: compiles.append(1) or real_program(*a))
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = optim.SGD(m.parameters(), lr=0.1)
+
+    class Train(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.m(x).sum()
+            loss.backward()
+            return loss
+    g = Train()
+    x = af.tensor(X)
+    g.step(x)
+    assert len(compiles) == 1
+    del takes[:]
+    for _ in range(5):
+        g.step(x)
+    assert takes == [] and len(compiles) == 1
+    for i in range(3):
+        opt.param_groups[0]["lr"] = 0.1 / (i + 2)        # a schedule: a compile per value,
+        g.step(x)                                        # each taking what build read after
+    assert len(compiles) == 4 and len(takes) == 3
+    unrelated = nn.Linear(2, 2)                           # some other module changes...
+    unrelated.weight = nn.Parameter(af.zeros(2, 2))
+    g.step(x)
+    assert len(takes) == 4 and len(compiles) == 4         # ...one walk, the same step kept
+    g.step(x)
+    assert len(takes) == 4 and len(compiles) == 4
+    for i in range(3):
+        g.steps_done = i                                  # the loop's counter on the Graph:
+        g.step(x)                                         # build does not read it
+    assert len(compiles) == 4
+    m[2] = nn.Linear(4, 1)                                # what build reads changes
+    g.step(x)
+    assert len(compiles) == 5
+
+
+def test_a_change_while_run_goes_on_stops_it_with_the_reason():
+    m = nn.Linear(3, 1)
+    opt = optim.SGD(m.parameters(), lr=0.1)
+
+    class Train(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.m(x).sum()
+            loss.backward()
+            return loss
+    g = Train()
+    for fused in (False, True):
+        got = []
+        with pytest.raises(af.TraceError, match=r"changed while the run was going .*piece 0"
+                                                r".*between runs"):
+            for v in g.run([X] * 6, fused=fused):
+                got.append(float(v))
+                m.weight = nn.Parameter(af.zeros(1, 3))
+        assert len(got) == 1
+        with pytest.raises(af.TraceError, match="hyperparameters changed"):
+            for v in g.run([X] * 6, fused=fused):
+                opt.param_groups[0]["lr"] *= 0.5
+    assert len(list(g.run([X] * 3))) == 3                 # and the next run goes on
+
+
+# -- captured tensors are read live -----------------------------------------------------------
+
+SCALE = af.tensor(2.0)
+
+
+def test_a_captured_tensor_is_read_live_by_step_and_run():
+    SCALE.fill_(2.0)
+    closed = af.tensor(1.0)
+
+    class Captures(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.shift = af.tensor(0.0)                  # a plain tensor: not a buffer
+
+        def build(self, x):
+            doubled = closed * 2                         # eager ops on it are recorded too
+            return (x * SCALE * doubled + self.shift).sum()
+    g = Captures()
+    assert both(g) == (24.0, 24.0, 24.0)
+    SCALE.fill_(3.0)
+    closed.fill_(2.0)
+    g.shift.fill_(1.0)
+    want = float((af.tensor(X) * SCALE * (closed * 2) + g.shift).sum())
+    assert want == 78.0 and both(g) == (want, want, want)
+
+
+def test_a_captured_tensor_that_requires_grad_keeps_its_grad():
+    w = af.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    m = nn.Linear(3, 1)
+    opt = optim.SGD(m.parameters(), lr=0.1)
+
+    class Train(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.m(x * w).sum()
+            loss.backward()
+            return loss
+    Train().step(af.tensor(X))
+    assert w.grad is None                                # not a traced placeholder
+    (w * 2).sum().backward()
+    assert w.grad.numpy().tolist() == [2.0, 2.0, 2.0]
+
+
+# -- in-place ops in build are refused, saying so ---------------------------------------------
+
+INPLACE = {
+    "add_": (lambda y: y.add_(1.0), "add_scalar"),
+    "+=": (lambda y: y.__iadd__(1.0), "add_scalar"),
+    "mul_": (lambda y: y.mul_(y), "mul"),
+    "fill_": (lambda y: y.fill_(0.0), "full"),
+    "zero_": (lambda y: y.zero_(), "full"),
+    "copy_": (lambda y: y.copy_(af.ones(2, 3)), "copy"),
+    "setitem": (lambda y: y.__setitem__(0, 1.0), "full"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(INPLACE))
+def test_inplace_ops_in_build_are_refused_naming_the_op_and_the_fix(form):
+    write, op = INPLACE[form]
+
+    class InPlace(nn.Graph):
+        def build(self, x):
+            y = x * 2
+            write(y)
+            return y.sum()
+    with pytest.raises(af.TraceError) as info:
+        InPlace().step(af.tensor(X))
+    text = str(info.value)
+    assert text.startswith("InPlace.build: in-place ops are refused in a traced function")
+    assert f"op '{op}'" in text and "computed by op 'mul_scalar'" in text
+    assert "shape (2, 3) and dtype float32" in text      # (x[0] = v: a view into it)
+    assert "y = x + 1 instead of x.add_(1) or x += 1" in text
+
+
+def test_inplace_writes_into_a_captured_tensor_are_refused():
+    counter = af.zeros(())
+
+    class Counts(nn.Graph):
+        def build(self, x):
+            counter.add_(1.0)                            # eager: once per call
+            return x.sum()
+    with pytest.raises(af.TraceError, match=r"op 'add_scalar'.*captured from outside the "
+                                            r"traced function.*reads but never writes"):
+        Counts().step(af.tensor(X))
+    assert float(counter) == 0.0                         # nothing ran while tracing
+
+
+# -- one error for one fault: eager, step() and run() -----------------------------------------
+
+class Divides(nn.Graph):
+    """A step whose first op to fail on a zero divisor is ``floor_divide``, recorded behind
+    a chain of ops, and then ``remainder``, which reads the inputs only."""
+
+    def __init__(self, model, opt):
+        super().__init__()
+        self.m = model
+        self.add_optimizer(opt)
+
+    def build(self, x, n, d):
+        t = (((n * 2 + 1) * 3 + 1) * 2 + 1)
+        q = af.floor_divide(t, d) + af.remainder(n, d)
+        loss = (self.m(x) * q.float()).sum()
+        loss.backward()
+        return loss
+
+
+def eager_divides(model, opt, n, d):
+    """Divides' step in eager mode."""
+    opt.zero_grad()
+    t = af.tensor(n) * 2 + 1
+    t = (t * 3 + 1) * 2 + 1
+    q = af.floor_divide(t, af.tensor(d)) + af.remainder(af.tensor(n), af.tensor(d))
+    loss = (model(af.tensor(X)) * q.float()).sum()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def test_a_failing_op_in_step_raises_eager_modes_error_and_changes_nothing():
+    n, good, bad = np.array([1, 2]), np.array([1, 1]), np.array([1, 0])
+    af.manual_seed(0)
+    m2 = nn.Linear(3, 1)
+    opt2 = optim.Adam(m2.parameters(), lr=0.1)
+    want = [eager_divides(m2, opt2, n, good) for _ in range(2)]
+    af.manual_seed(0)
+    m = nn.Linear(3, 1)
+    opt = optim.Adam(m.parameters(), lr=0.1)
+    g = Divides(m, opt)
+    assert float(g.step(X, n, good)) == want[0]
+    before = [p.numpy().copy() for p in m.parameters()]
+    state = [{k: (v if k == "step" else v.numpy().copy()) for k, v in opt.state[p].items()}
+             for p in m.parameters()]
+    with pytest.raises(af.KernelError) as eager_info:   # eager mode's error for the fault
+        af.floor_divide(af.tensor(n) * 2 + 1, af.tensor(bad)).numpy()
+    with pytest.raises(af.KernelError) as info:
+        g.step(X, n, bad)
+    e = info.value
+    assert isinstance(e, af.DivisionByZeroError) and type(e) is type(eager_info.value)
+    assert e.op == eager_info.value.op == "floor_divide" and e.intact
+    assert isinstance(e.original, af.DivisionByZeroError) and e.__cause__ is e.original
+    assert "op 'floor_divide' failed on cpu" in str(e)
+    assert "nothing was written back: the parameters, buffers and optimizer state keep " \
+           "their values" in str(e)
+    for p, b, st in zip(m.parameters(), before, state):   # nothing half-updated
+        assert np.array_equal(p.numpy(), b)
+        assert opt.state[p]["step"] == st["step"] == 1
+        assert np.array_equal(opt.state[p]["exp_avg"].numpy(), st["exp_avg"])
+    # the graph and the module go on: as eager steps that skipped the bad batch
+    assert float(g.step(X, n, good)) == want[1]
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert np.array_equal(p.numpy(), q.numpy())
+
+
+def test_run_names_the_op_step_names_and_the_graph_goes_on():
+    m = nn.Linear(3, 1)
+    opt = optim.SGD(m.parameters(), lr=0.1)
+    g = Divides(m, opt)
+    n, good, bad = np.array([1, 2]), np.array([1, 1]), np.array([1, 0])
+    for fused in (False, True):
+        with pytest.raises(af.ActorError) as info:
+            list(g.run([(X, n, good), (X, n, bad), (X, n, good)], fused=fused))
+        e = info.value
+        assert isinstance(e, af.DivisionByZeroError) and e.piece == 1
+        assert e.actor == ("step" if fused else "floor_divide")
+        assert isinstance(e.original, af.KernelError) and e.original.op == "floor_divide"
+        assert "op 'floor_divide' failed on cpu" in str(e)
+    assert len(list(g.run([(X, n, good)] * 3))) == 3
+
+
+def test_an_index_out_of_bounds_names_one_op_in_eager_mode_step_and_run():
+    """The op that reads the labels fails first in program order; in a run, its gradient's
+    actor (fed by the inputs alone) acts before it: run() still names the op step() and
+    eager mode name."""
+    m = nn.Linear(5, 3)
+    opt = optim.SGD(m.parameters(), lr=0.1)
+
+    class Picks(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = self.m(x)[af.arange(2), y].sum()
+            loss.backward()
+            return loss
+    g = Picks()
+    x, good, bad = np.ones((2, 5), np.float32), np.array([0, 1]), np.array([0, 7])
+    g.step(x, good)
+    with pytest.raises(af.KernelError) as eager_info:
+        with af.no_grad():
+            float(m(af.tensor(x))[af.arange(2), af.tensor(bad)].sum())
+    with pytest.raises(af.KernelError) as step_info:
+        g.step(x, bad)
+    with pytest.raises(af.ActorError) as run_info:
+        list(g.run([(x, good), (x, bad)]))
+    op = eager_info.value.op
+    assert step_info.value.op == op and run_info.value.original.op == op
+    assert run_info.value.actor == op and run_info.value.piece == 1
+    assert isinstance(step_info.value, IndexError) and isinstance(run_info.value, IndexError)
+    assert "7" in str(step_info.value) and "7" in str(run_info.value)
+    w = m.weight.numpy().copy()
+    g.step(x, good)                                      # and the graph goes on
+    assert not np.array_equal(m.weight.numpy(), w)
+
+
+# -- run() takes ActorGraph.run's arguments ---------------------------------------------------
+
+def test_run_takes_engine_and_timeout():
+    g = Sum(nn.Linear(3, 1))
+    assert len(list(g.run([X] * 2, engine="local"))) == 2
+    for engine in ("ray", af.distributed.RayEngine()):
+        with pytest.raises(af.PlanError, match=r"Sum.run\(engine=.*parameters and optimizer "
+                                               r"state across pieces.*engine='local'"):
+            list(g.run([X], engine=engine))
+    with pytest.raises(ValueError, match="the engines are 'local' and 'ray'"):
+        list(g.run([X], engine="elsewhere"))
+    with pytest.raises(ValueError, match="timeout=-1"):
+        list(g.run([X], timeout=-1))
+
+    def slow_loader():
+        yield X
+        time.sleep(2.0)                                  # a loader that hangs on item 1
+        yield X
+    for fused in (False, True):
+        got = []
+        with pytest.raises(af.ActorError, match="took longer than timeout=0.5") as info:
+            for v in g.run(slow_loader(), timeout=0.5, fused=fused):
+                got.append(float(v))
+        assert isinstance(info.value.original, TimeoutError) and info.value.piece == 1
+        assert len(got) <= 1
+        assert len(list(g.run([X] * 3, timeout=30, fused=fused))) == 3
