@@ -27,6 +27,20 @@ class Sum(nn.Graph):
         return self.m(x).sum()
 
 
+class Train(nn.Graph):
+    """A training step: ``build(x)`` backpropagates ``model(x).sum()`` into ``opt``."""
+
+    def __init__(self, model, opt):
+        super().__init__()
+        self.m = model
+        self.add_optimizer(opt)
+
+    def build(self, x):
+        loss = self.m(x).sum()
+        loss.backward()
+        return loss
+
+
 def both(g, x=X):
     """What step() and run() (an actor per op, and fused) give for ``x``."""
     return (float(g.step(af.tensor(x))), float(next(iter(g.run([x])))),
@@ -193,18 +207,7 @@ def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
                         lambda *a: compiles.append(1) or real_program(*a))
     m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = optim.SGD(m.parameters(), lr=0.1)
-
-    class Train(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-
-        def build(self, x):
-            loss = self.m(x).sum()
-            loss.backward()
-            return loss
-    g = Train()
+    g = Train(m, opt)
     x = af.tensor(X)
     g.step(x)
     assert len(compiles) == 1
@@ -234,18 +237,7 @@ def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
 def test_a_change_while_run_goes_on_stops_it_with_the_reason():
     m = nn.Linear(3, 1)
     opt = optim.SGD(m.parameters(), lr=0.1)
-
-    class Train(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-            self.add_optimizer(opt)
-
-        def build(self, x):
-            loss = self.m(x).sum()
-            loss.backward()
-            return loss
-    g = Train()
+    g = Train(m, opt)
     for fused in (False, True):
         got = []
         with pytest.raises(af.TraceError, match=r"changed while the run was going .*piece 0"
