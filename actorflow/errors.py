@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import decimal
+import traceback
 
 
 class ActorflowError(Exception):
@@ -64,8 +65,10 @@ class KernelError(ActorflowError, RuntimeError):
 
     Attributes: ``op`` (the op's name), ``device``, ``original`` (the exception raised) and
     ``intact`` (the op wrote nothing, and the tensors it writes in place keep their values:
-    see InvalidInputError; the error is then noted on them, not poisoning them).
-    On the error ``synchronize()`` raises, ``more_errors`` counts the other kernel errors
+    see InvalidInputError; the error is then noted on them, not poisoning them);
+    ``note`` (what the message says in brackets instead of the default, e.g. where the op
+    stands in a compiled step) and ``step`` (that op's position in a compiled program, or
+    None). On the error ``synchronize()`` raises, ``more_errors`` counts the other kernel errors
     since the last synchronize that it did not raise, and ``dropped_errors`` how many of
     those were not kept (the VM keeps the first ``actorflow.vm.sync.MAX_KEPT_ERRORS``).
     """
@@ -75,20 +78,37 @@ class KernelError(ActorflowError, RuntimeError):
     more_errors = dropped_errors = 0
     _dropped_in = None             # the VM's tally of dropped errors, if this one is counted
     _kinds: tuple = ()             # (kind, subclass) pairs: see of_kind
+    step = None                    # the op's position in a compiled program
 
-    def __new__(cls, op: str, device: str, original: BaseException, intact: bool = False):
+    def __new__(cls, op: str, device: str, original: BaseException, intact: bool = False,
+                note: str = ""):
         return super().__new__(of_kind(cls, original))
 
-    def __init__(self, op: str, device: str, original: BaseException, intact: bool = False):
+    def __init__(self, op: str, device: str, original: BaseException, intact: bool = False,
+                 note: str = ""):
         self.op, self.original = op, original
-        self.intact = intact
+        self.intact, self.note = intact, note
         take_kind(self, original)
         self.device = device
         self.kernel_traceback = ""     # the kernel's traceback, as text
-        what = ("nothing was written: the tensors it writes in place keep their values"
-                if intact else "tensors computed from its outputs raise this error too")
+        what = note or (("nothing was written: the tensors it writes in place keep their "
+                         "values" if intact else "tensors computed from its outputs raise "
+                         "this error too") + "; other work goes on")
         Exception.__init__(self, f"op '{op}' failed on {device}: {type(original).__name__}: "
-                                 f"{original} ({what}; other work goes on)")
+                                 f"{original} ({what})")
+
+    @classmethod
+    def of(cls, op: str, device: str, original: BaseException, intact: bool = False,
+           note: str = "") -> "KernelError":
+        """The error for a kernel that raised ``original``: its traceback is kept as text
+        only (``kernel_traceback``) and taken off ``original``, whose frames hold the
+        kernel's arguments and would pin their memory for as long as the error lives."""
+        err = cls(op, device, original, intact, note)
+        err.kernel_traceback = "".join(traceback.format_exception(type(original), original,
+                                                                  original.__traceback__))
+        original.__traceback__ = None
+        err.__cause__ = original
+        return err
 
     def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
                  kept: int = 0) -> "KernelError":
@@ -100,8 +120,8 @@ class KernelError(ActorflowError, RuntimeError):
         tally = self.__dict__.pop("_dropped_in", None)      # (atomic: counted off once)
         if tally is not None:
             tally.reported_one()
-        err = KernelError(self.op, self.device, self.original, self.intact)
-        err.kernel_traceback = self.kernel_traceback
+        err = KernelError(self.op, self.device, self.original, self.intact, self.note)
+        err.kernel_traceback, err.step = self.kernel_traceback, self.step
         err._reported = True
         err.__cause__ = self.original
         if more_errors:
@@ -117,7 +137,8 @@ class KernelError(ActorflowError, RuntimeError):
         return err
 
     def __reduce__(self):
-        return (KernelError, (self.op, self.device, self.original, self.intact), self.__dict__)
+        return (KernelError, (self.op, self.device, self.original, self.intact, self.note),
+                self.__dict__)
 
 
 class InvalidInputError(ActorflowError):

@@ -44,7 +44,7 @@ from .sharing import bind_gates, gate_open, taken
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
 from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
 from .stragglers import Stragglers
-from .timeline import Timeline, record_act, record_failed
+from .timeline import Timeline, record_act
 from .watchdog import stalled
 
 DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
@@ -354,10 +354,7 @@ class CreditScheduler(TimedActs, Completion):
             err = (e, traceback.format_exc())
         dt = time.perf_counter() - t0
         if self.timeline is not None and result is not EOS:
-            if err is None:
-                record_act(self.timeline, st, piece, t0, t0 + dt, delay)
-            else:
-                record_failed(self.timeline, st, piece, t0, t0 + dt, err[0])
+            record_act(self.timeline, st, piece, t0, t0 + dt, delay, err)
         if delay > 0:
             (self.clock or self.loop).call_later(delay, self.completed, st, piece, regs,
                                                  out_reg, result, err, dt + delay)

@@ -10,7 +10,7 @@ from queue import SimpleQueue
 from .actor import OpActor
 from .register import EOS
 from .source import SourceActor
-from .timeline import record_act, record_failed
+from .timeline import record_act
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 
@@ -146,10 +146,7 @@ class ActorThread:
             if self.abandoned:          # the run stopped meanwhile: drop the result
                 return
             if sched.timeline is not None and result is not EOS:
-                if err is None:
-                    record_act(sched.timeline, st, piece, t0, t0 + dt, delay)
-                else:
-                    record_failed(sched.timeline, st, piece, t0, t0 + dt, err[0])
+                record_act(sched.timeline, st, piece, t0, t0 + dt, delay, err)
             if not self._post((delay, st, piece, regs, out_reg, result, err, dt)):
                 return
             if self.posted is not None:

@@ -196,9 +196,13 @@ class Timeline:
 
 
 def record_act(timeline: Timeline, st, piece: int, start: float, end: float,
-               delay: float) -> None:
+               delay: float, err=None) -> None:
     """Records an act, or (with simulated time) its start, to be recorded once the loop's
-    timer ends it (``delayed``): the real end, which its readers start after."""
+    timer ends it (``delayed``): the real end, which its readers start after. ``err``: the
+    act raised (``(exception, traceback text)``): recorded as failed (``record_failed``)."""
+    if err is not None:
+        record_failed(timeline, st, piece, start, end, err[0])
+        return
     if delay > 0:
         timeline.started[(st.actor.name, piece)] = start
         return

@@ -16,7 +16,6 @@ strides and offset (in elements) make the view the op reads (``x.T``, ``x[1:]``.
 
 from __future__ import annotations
 
-import traceback
 
 import numpy as np
 
@@ -148,17 +147,14 @@ class Program:
         state was not written back."""
         if isinstance(e, KernelError):
             return e
-        st = self.steps[k]
         dev = self.device
-        err = KernelError(st.op.name, str(dev) if dev is not None else "cpu", e)
-        err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         where = []
         if len(self.steps) > 1:
             where.append(f"op {k + 1} of the {len(self.steps)} this program runs")
         if self.assigns:
             where.append("nothing was written back to its state")
-        tail = f" ({'; '.join(where)})" if where else ""
-        err.args = (f"op '{st.op.name}' failed on {err.device}: {type(e).__name__}: {e}{tail}",)
+        err = KernelError.of(self.steps[k].op.name, str(dev) if dev is not None else "cpu", e,
+                             note="; ".join(where) or "no later op of its program ran")
         err.step = k
         return err
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import traceback
 
 from ..errors import KernelError, VMError
 from .instruction import Instruction
@@ -112,10 +111,7 @@ class Waiting:
         # values are unknown) and is never raised again by synchronize().
         if isinstance(e, KernelError):
             return e
-        err = KernelError(instr.name, str(instr.stream.device), e, intact)
-        err.kernel_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        e.__traceback__ = None
-        err.__cause__ = e
+        err = KernelError.of(instr.name, str(instr.stream.device), e, intact)
         self._any_error = True
         if isinstance(e, Exception):
             self.keep_error(err)      # (its own lock: callers may hold the VM's)
