@@ -228,7 +228,7 @@ def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
     for i in range(3):
         g.steps_done = i                                  # the loop's counter on the Graph:
         g.step(x)                                         # build does not read it
-    assert len(compiles) == 4
+    assert len(compiles) == 4 and len(takes) == 4         # (nor is the model walked again)
     m[2] = nn.Linear(4, 1)                                # what build reads changes
     g.step(x)
     assert len(compiles) == 5
@@ -276,6 +276,22 @@ def test_a_captured_tensor_is_read_live_by_step_and_run():
     g.shift.fill_(1.0)
     want = float((af.tensor(X) * SCALE * (closed * 2) + g.shift).sum())
     assert want == 78.0 and both(g) == (want, want, want)
+
+
+def test_a_captured_tensor_a_failed_op_poisoned_raises_its_error():
+    bad = af.tensor([1.0, 2.0])
+    g = Sum(nn.Identity())
+    g.build = lambda x: (x.sum() + bad.sum())             # captures ``bad``
+    assert float(g.step(af.tensor([1.0]))) == 4.0
+    bad[af.tensor([0])] = af.tensor([5.0])
+    bad.copy_(af.tensor([1.0, 2.0])[af.tensor([7, 0])])   # an index out of bounds: poisoned
+    with pytest.raises(af.IndexOutOfBoundsError):
+        bad.numpy()                                       # reported once (synchronize is
+    af.synchronize()                                      # quiet now)...
+    with pytest.raises(af.IndexOutOfBoundsError):
+        g.step(af.tensor([1.0]))                          # ...but never read stale values
+    bad.fill_(1.0)                                        # written whole: usable again
+    assert float(g.step(af.tensor([1.0]))) == 3.0
 
 
 def test_a_captured_tensor_that_requires_grad_keeps_its_grad():

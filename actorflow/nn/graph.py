@@ -40,7 +40,7 @@ from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import synchronize
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program
-from .module import Module, structure_version
+from .module import Module, changed, structure_version
 
 # the Graph's own bookkeeping: setting these is not a change to what build reads
 _INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph"})
@@ -57,13 +57,23 @@ class Graph:
         self._graph = None                  # the last run()'s ActorGraph
 
     def __setattr__(self, name: str, value) -> None:
+        old = self.__dict__.get(name)
         object.__setattr__(self, name, value)
-        if name not in _INTERNAL:
-            structure_version[0] += 1       # build may read it: checked at the next step
+        if self._watched(name, value, old):
+            changed()                       # build may read it: checked at the next step
 
     def __delattr__(self, name: str) -> None:
+        old = self.__dict__.get(name)
         object.__delattr__(self, name)
-        structure_version[0] += 1
+        if self._watched(name, None, old):
+            changed()
+
+    def _watched(self, name: str, value, old) -> bool:
+        """Whether setting ``name`` changes what ``_Traced`` compares: a module, or an
+        attribute the class's methods read (a counter the training loop keeps on the Graph
+        is not, and costs no walk of the modules at the next step)."""
+        return name not in _INTERNAL and (isinstance(value, Module) or isinstance(old, Module)
+                                          or name in _attrs_read(type(self)))
 
     def add_optimizer(self, optimizer) -> None:
         if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_update")):
@@ -282,15 +292,12 @@ class Graph:
     def _step_error(self, e: KernelError, ops: int) -> KernelError:
         """``step()``'s error for the failed op ``e``: the KernelError eager mode raises
         for it, saying that the step wrote nothing back."""
-        err = KernelError(e.op, e.device, e.original, intact=True)
-        err.kernel_traceback = e.kernel_traceback
-        k = getattr(e, "step", None)
-        at = f"op {k + 1} of the {ops} of " if k is not None else ""
-        o = e.original
-        err.args = (f"op '{e.op}' failed on {e.device}: {type(o).__name__}: {o} ({at}"
-                    f"{type(self).__name__}.step(); nothing was written back: the "
-                    f"parameters, buffers and optimizer state keep their values, and the "
-                    f"next step runs as usual)",)
+        at = f"op {e.step + 1} of the {ops} of " if e.step is not None else ""
+        err = KernelError(e.op, e.device, e.original, True,
+                          f"{at}{type(self).__name__}.step(); nothing was written back: the "
+                          f"parameters, buffers and optimizer state keep their values, and "
+                          f"the next step runs as usual")
+        err.kernel_traceback, err.step = e.kernel_traceback, e.step
         return err
 
     def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False,
@@ -625,9 +632,9 @@ def _values(t: Tensor):
 
 
 def _live(t: Tensor):
-    """A captured tensor's values, read live by the step: its own storage."""
-    arr = t._impl.array()
-    return t.numpy() if arr is None and t._impl.blob.backend.has_data else arr
+    """A captured tensor's values, read live by the step: its own storage (as ``_values``:
+    a tensor a failed op left poisoned raises that error, as it would as an argument)."""
+    return _values(t) if t._impl.blob.backend.has_data else t._impl.array()
 
 
 def _empty(spec):

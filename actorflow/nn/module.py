@@ -50,7 +50,8 @@ class Parameter(Tensor):
 structure_version = [0]         # bumped by every change below (see the module doc)
 
 
-def _changed() -> None:
+def changed() -> None:
+    """Counts a change to what a module holds (see ``structure_version``)."""
     structure_version[0] += 1
 
 
@@ -60,31 +61,31 @@ class _Registry(OrderedDict):
 
     def __setitem__(self, key, value) -> None:
         OrderedDict.__setitem__(self, key, value)
-        _changed()
+        changed()
 
     def __delitem__(self, key) -> None:
         OrderedDict.__delitem__(self, key)
-        _changed()
+        changed()
 
     def pop(self, *args):
-        _changed()
+        changed()
         return OrderedDict.pop(self, *args)
 
     def popitem(self, last: bool = True):
-        _changed()
+        changed()
         return OrderedDict.popitem(self, last)
 
     def clear(self) -> None:
         OrderedDict.clear(self)
-        _changed()
+        changed()
 
     def setdefault(self, key, default=None):
-        _changed()
+        changed()
         return OrderedDict.setdefault(self, key, default)
 
     def move_to_end(self, key, last: bool = True) -> None:
         OrderedDict.move_to_end(self, key, last)
-        _changed()
+        changed()
 
 
 class IncompatibleKeys(NamedTuple):
@@ -132,7 +133,7 @@ class Module:
             bufs[name] = value
         else:
             object.__setattr__(self, name, value)
-            _changed()
+            changed()
             return
         self.__dict__.pop(name, None)
 
@@ -149,7 +150,7 @@ class Module:
                 del d[name]
                 return
         object.__delattr__(self, name)
-        _changed()
+        changed()
 
     def register_parameter(self, name: str, param) -> None:
         if param is not None and not isinstance(param, Parameter):
@@ -292,7 +293,7 @@ class Module:
     def train(self, mode: bool = True) -> "Module":
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
-        _changed()
+        changed()
         return self
 
     def eval(self) -> "Module":
@@ -330,9 +331,9 @@ class _Handle:
     def __init__(self, hooks: list, hook):
         self.hooks, self.hook = hooks, hook
         hooks.append(hook)
-        _changed()
+        changed()
 
     def remove(self) -> None:
         if self.hook in self.hooks:
             self.hooks.remove(self.hook)
-            _changed()
+            changed()
