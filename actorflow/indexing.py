@@ -12,8 +12,9 @@ import numbers
 import numpy as np
 
 from . import ops
+from .dtype import bool_
 from .eager.interpreter import apply
-from .ops.index import Bounds, Slot
+from .ops.index import ROWS, Bounds, Slot
 from .tensor import views
 from .tensor.tensor import Tensor, viewed, wrap
 
@@ -33,13 +34,14 @@ def _split_key(key):
     template, impls, masked = [], [], False
     for k in items:
         if isinstance(k, Tensor):
-            if k.dtype.is_floating_point:
+            dtype = k.dtype
+            if dtype.is_floating_point:
                 raise IndexError(f"tensors used as indices must be long, int or bool, got a "
-                                 f"tensor of {k.dtype} (shape {k.shape}); convert it with "
+                                 f"tensor of {dtype} (shape {k.shape}); convert it with "
                                  f".long()")
             template.append(Slot(len(impls)))
             impls.append(k._impl)
-            masked |= k.dtype.name == "bool"
+            masked |= dtype is bool_
         elif isinstance(k, (list, np.ndarray)) or isinstance(k, (bool, np.bool_)):
             arr = np.asarray(k)
             if arr.dtype.kind not in "biu":
@@ -94,18 +96,12 @@ def setitem(t: Tensor, key, value) -> None:
     apply(_PUT, ins, attrs, device=target.meta.device, outs=[target])
 
 
-def take(t: Tensor, key: tuple, bounds: Bounds) -> Tensor:
-    """``t[key]`` for a key of integer index tensors (and basic items), where the index
-    tensor ``Slot(bounds.slot)`` (counted among the key's tensors) must hold values in
-    [0, bounds.size): for indices naming rows or classes, which PyTorch does not count from
+def take(t: Tensor, index: Tensor, bounds: Bounds) -> Tensor:
+    """``t[index]`` for an integer tensor ``index`` (checked by the caller) whose values
+    must be in [0, bounds.size): indices naming rows, which PyTorch does not count from
     the end. Raises (as a KernelError at the next sync point, the values being known only
     when the kernel runs) IndexOutOfBoundsError with ``bounds``' words otherwise."""
-    template, impls, masked = _split_key(key)
-    if masked or not 0 <= bounds.slot < len(impls):
-        mask = " and a mask" if masked else ""
-        raise ValueError(f"take: bounds name index tensor {bounds.slot}, but the key holds "
-                         f"{len(impls)} integer index tensor(s){mask}")
-    return wrap(apply(_INDEX, [t._impl] + impls, {"key": template, "bounds": bounds})[0])
+    return wrap(apply(_INDEX, [t._impl, index._impl], {"key": ROWS, "bounds": bounds})[0])
 
 
 def class_targets(target: Tensor, classes: int, ignore_index: int, dtype, loss: str):

@@ -92,7 +92,7 @@ def embedding(input, weight, padding_idx=None):
         raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, embedding_dim), got "
                          f"shape {weight.shape}")
     n = weight.shape[0]
-    out = take(weight, (input,), Bounds(0, n, "embedding: index", _EMBEDDING_FIX))
+    out = take(weight, input, Bounds(n, "embedding: index", _EMBEDDING_FIX))
     if padding_idx is not None:
         if not -n <= padding_idx < n:
             raise ValueError(f"embedding: padding_idx {padding_idx} is outside the {n} "

@@ -26,13 +26,15 @@ class Slot(NamedTuple):
 
 
 class Bounds(NamedTuple):
-    """An ``index`` op's attr: the index tensor ``Slot(slot)`` must hold values in
-    [0, size), none counting from the end. The kernel's error reads ``f"{what} {value} is
-    out of bounds: valid values are in [0, {size}){fix}"``."""
-    slot: int
+    """An ``index`` op's attr, for a gather by one index tensor (the key ``ROWS``): its
+    values must be in [0, size), none counting from the end. The kernel's error reads
+    ``f"{what} {value} is out of bounds: valid values are in [0, {size}){fix}"``."""
     size: int
     what: str        # the op and the index, e.g. "embedding: index"
     fix: str         # e.g. " (num_embeddings...)": what the size is, how to get in range
+
+
+ROWS = (Slot(0),)       # the key of a gather by one index tensor (``indexing.take``)
 
 
 def fill_key(key: tuple, arrays: list) -> tuple:
@@ -94,7 +96,7 @@ def _k_index(outs, ins, attrs):
     x = ins[0]
     bounds = attrs.get("bounds")
     if bounds is not None:
-        check_bounds(bounds, ins[1 + bounds.slot])
+        check_bounds(bounds, ins[1])
     key = fill_key(attrs["key"], ins[1:])
     try:
         picked = x[key]
@@ -167,7 +169,7 @@ def _k_index_add(outs, ins, attrs):
     # with the gather's bounds)
     bounds = attrs.get("bounds")
     if bounds is not None:
-        check_bounds(bounds, ins[2 + bounds.slot])
+        check_bounds(bounds, ins[2])
     key = fill_key(attrs["key"], ins[2:])
     o = outs[0]
     check_key("index_add", o.shape, key)
