@@ -16,7 +16,7 @@ from . import indexing
 from .dtype import DType, as_dtype
 from .eager.interpreter import read, read_async, resolve
 from .errors import DeviceError
-from .functional.common import memory_format as _check_memory_format
+from .functional.common import check_memory_format
 from .tensor.tensor import Tensor, shape_args, viewed
 from .tensor import views
 
@@ -86,7 +86,7 @@ def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: b
         copy = flags[1]
     if tensor is not None:
         dtype, device = tensor.dtype, tensor.device
-    _check_memory_format("to", memory_format)
+    check_memory_format("to", memory_format)
     out = self
     if dtype is not None and as_dtype(dtype) is not self.dtype:
         out = F.cast(out, dtype)
@@ -100,7 +100,7 @@ def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: b
 def contiguous(self, memory_format=None):
     """``self`` when row-major already, else a contiguous copy (``memory_format`` as in
     ``clone``)."""
-    _check_memory_format("contiguous", memory_format)
+    check_memory_format("contiguous", memory_format)
     return self if self.is_contiguous() else F.clone(self)
 
 

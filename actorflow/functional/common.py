@@ -64,7 +64,7 @@ _LAYOUTS_KEPT = {"torch.preserve_format", "torch.contiguous_format", "contiguous
                  "preserve_format"}
 
 
-def memory_format(op: str, value) -> None:
+def check_memory_format(op: str, value) -> None:
     """Checks a ``memory_format=``: actorflow's results are row-major (contiguous), which
     is what None, PyTorch's preserve_format and contiguous_format ask of a new tensor;
     another (channels_last...) is refused, naming it."""

@@ -14,7 +14,7 @@ from ..tensor import views
 from ..tensor.tensor import Tensor, wrap
 from .common import (CAST, COPY, NO_ATTRS, dim_alias, no_data, op_def, refuse_out, resolved,
                      tensor_arg)
-from .common import memory_format as check_memory_format
+from .common import check_memory_format
 
 
 # -- joining, casting, copying ---------------------------------------------------------
