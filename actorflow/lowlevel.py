@@ -8,12 +8,12 @@ from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpr
 from .errors import parse_bytes as _parse_bytes
 from .tracing.program import Program
 from .tracing.recording import Recorder
-from .runtime.credit import CreditScheduler
-from .runtime.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
-from .runtime.plan import Plan
-from .runtime.planning import build_plan
-from .runtime.register import InPort, MemoryBudget, OutPort, Register
-from .runtime.watchdog import WaitFor
+from .runtime.sched.credit import CreditScheduler
+from .experiments.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
+from .runtime.plan.reservation import Plan
+from .runtime.plan.sizing import build_plan
+from .runtime.plan.registers import InPort, MemoryBudget, OutPort, Register
+from .runtime.observe.watchdog import WaitFor
 from .ops import OpDef, all_ops, get as get_op, register as register_op
 from .tensor.blob import Blob
 from .tensor.impl import TensorImpl

@@ -9,7 +9,7 @@ Example::
 
 from __future__ import annotations
 
-from .runtime.graph import ActorGraph
+from .runtime.graph.actor_graph import ActorGraph
 
 
 class Pipeline:

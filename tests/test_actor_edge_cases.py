@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import actorflow as af
-from actorflow.runtime.naive import NaiveOp, NaiveScheduler
+from actorflow.experiments.naive import NaiveOp, NaiveScheduler
 
 MiB = 1 << 20
 
@@ -255,7 +255,7 @@ def test_writing_into_an_input_says_inputs_are_read_only_views():
                                         ("3MB", 3 * 10**6), ("1e6", 10**6), ("512B", 512)])
 def test_byte_counts_follow_one_rule(text, want):
     assert af.ActorGraph(memory={"cpu": text}).memory == {"cpu": text}
-    from actorflow.runtime.register import MemoryBudget
+    from actorflow.runtime.plan.registers import MemoryBudget
     assert MemoryBudget({"cpu": text}).budget(af.device("cpu")) == want
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import actorflow as af
-from actorflow.autograd.graph import _RULES, _VIEW_RULES
+from actorflow.autograd.nodes import _RULES, _VIEW_RULES
 
 RNG = np.random.default_rng(0)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import actorflow as af
-from actorflow.runtime.spec import flatten
+from actorflow.runtime.plan.spec import flatten
 
 
 def pieces(n=3, shape=(3, 4), seed=0):
@@ -113,12 +113,12 @@ def test_a_later_piece_nested_otherwise_says_where_and_what_piece_0_gave():
     ((1, None), (1, 2), ("[1]", "None", "an array")),
 ])
 def test_structure_difference_in_words(got, want, said):
-    from actorflow.runtime.spec import structure_difference
+    from actorflow.runtime.plan.spec import structure_difference
     assert structure_difference(flatten(got)[1], flatten(want)[1]) == said
     assert structure_difference(flatten(want)[1], flatten(want)[1]) is None
 
 
 def test_structure_words():
-    from actorflow.runtime.spec import structure_words
+    from actorflow.runtime.plan.spec import structure_words
     assert structure_words(flatten({})[1]) == "an empty dict"
     assert structure_words(flatten([1, 2, 3])[1]) == "a list of 3"

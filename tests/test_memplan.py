@@ -7,8 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorflow.runtime import memplan, placement
-from actorflow.runtime.memplan import overlaps, plan_sharing
+from actorflow.runtime.plan import lifetimes as memplan
+from actorflow.runtime.plan import placement
+from actorflow.runtime.plan.lifetimes import overlaps, plan_sharing
 
 D = "dev"
 

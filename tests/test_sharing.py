@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
-from actorflow.runtime.sharing import SHARED_KEY
+from actorflow.runtime.plan.sharing import SHARED_KEY
 
 CPU = af.device("cpu")
 

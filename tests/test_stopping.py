@@ -533,7 +533,7 @@ async def test_random_cancels_free_nothing_early_and_the_next_run_is_exact(case)
 
 
 def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
-    from actorflow.runtime import loop as loop_module
+    from actorflow.runtime.sched import loop as loop_module
     gate, started = threading.Event(), threading.Event()
     said = []
 

@@ -135,7 +135,7 @@ def test_each_kind_of_act_is_timed_from_its_start(tmp_path, kind):
 
 
 def test_the_written_file_holds_exactly_the_timeline_events(tmp_path):
-    from actorflow.runtime import timeline as tl_module
+    from actorflow.runtime.observe import timeline as tl_module
     seen = []
     real = tl_module.Timeline.write
 

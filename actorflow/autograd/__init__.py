@@ -14,7 +14,7 @@ from ..eager import interpreter
 from ..tensor import tensor as tensor_module
 from ..tensor.tensor import Tensor
 from .engine import run_backward
-from .graph import Meta, Node, record, record_view, use_rules
+from .nodes import Meta, Node, record, record_view, use_rules
 from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .rules import RULES
 from .rules_shape import VIEW_RULES

@@ -14,7 +14,7 @@ import heapq
 from .. import functional as F
 from ..tensor.impl import pinned
 from ..tensor.tensor import wrap
-from .graph import Meta, Node
+from .nodes import Meta, Node
 from .mode import no_grad
 
 

@@ -12,9 +12,9 @@ import numpy as np
 
 from ..creation import _next_seed, from_numpy
 from ..errors import PlanError
-from ..runtime.checks import check_buffers
-from ..runtime.graph import ActorGraph
-from ..runtime.spec import flatten, unflatten
+from ..runtime.graph.checks import check_buffers
+from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.plan.spec import flatten, unflatten
 from ..tensor.tensor import Tensor
 
 

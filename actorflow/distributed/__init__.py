@@ -6,7 +6,7 @@ processes (``ray_engine.py``). Ray is imported only when a run starts (the ``ray
 
 from __future__ import annotations
 
-from ..runtime.graph import register_engine
+from ..runtime.graph.actor_graph import register_engine
 from .ray_engine import RayEngine
 
 register_engine("ray", RayEngine)

@@ -27,9 +27,9 @@ running, and the graph can run again.
 from __future__ import annotations
 
 from ..errors import parse_bytes
-from ..runtime.source import SourceActor
+from ..runtime.graph.source import SourceActor
 from .rayplan import driver_path, plan_for_ray, ray_module
-from ..runtime.progress import tqdm_class
+from ..runtime.observe.progress import tqdm_class
 from .procs import kill
 from .run import RayRun
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ActorError, PlanError
-from ..runtime.actor import Collector, OpActor, StageActor
-from ..runtime.source import SourceActor
-from ..runtime.spec import unflatten
+from ..runtime.graph.actors import Collector, OpActor, StageActor
+from ..runtime.graph.source import SourceActor
+from ..runtime.plan.spec import unflatten
 from .cluster import Nodes, budget_keys, check_budgets
 from .worker import END, Items, OpCall, SourceStage, Stage, StageFailed, source_piece
 

@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from ..runtime.source import SourceActor
-from ..runtime.stats import RunStats
+from ..runtime.graph.source import SourceActor
+from ..runtime.observe.stats import RunStats
 
 
 class RayRunStats(RunStats):
@@ -100,7 +100,7 @@ class RunBar:
     after each batch, with the run's bottleneck line (every second at most)."""
 
     def __init__(self, run):
-        from ..runtime.progress import open_bar, total_of_source
+        from ..runtime.observe.progress import open_bar, total_of_source
         self.run = run
         sources = [a for a in run.actors if isinstance(a, SourceActor)]
         known = [n for n in map(total_of_source, sources) if n is not None]

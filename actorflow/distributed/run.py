@@ -7,7 +7,7 @@ import itertools
 import time
 
 from ..errors import DeadlockError
-from ..runtime.source import SourceActor
+from ..runtime.graph.source import SourceActor
 from .procs import keep_or_kill, start_processes
 from .rayplan import PER_REPLICA, actor_error, source_items
 from .report import RayRunStats, RunBar, write_trace

@@ -49,7 +49,7 @@ class Stage:
     def check(self, value, piece: int):
         """The value with its leaves as arrays, as a local register holds them (a Python
         float is float32, as locally); refused when they do not match the registers."""
-        from ..runtime.spec import as_array, flatten, unflatten
+        from ..runtime.plan.spec import as_array, flatten, unflatten
         leaves, structure = flatten(value)
         arrays = [as_array(x, f"actor {self.name!r} (piece {piece}) output") for x in leaves]
         if structure != self.structure:
@@ -84,7 +84,7 @@ class SourceStage:
         self.at = 0                 # the first piece of the next call (async process)
 
     def open(self) -> None:
-        from ..runtime.source import open_items
+        from ..runtime.graph.source import open_items
         self.at = 0
         self.close()
         self.items = Items(open_items(self.source, self.name))
@@ -103,7 +103,7 @@ def source_piece(name: str, piece: int, value, structure, want: list):
     """A source's piece with its leaves as the arrays a register holds (a Python float is
     float32, a tensor its numpy data), refused when it differs from piece 0's."""
     from ..errors import ActorError
-    from ..runtime.spec import as_array, flatten, unflatten
+    from ..runtime.plan.spec import as_array, flatten, unflatten
     what = f"source {name!r} (piece {piece})"
     leaves, got_structure = flatten(value)
     arrays = [as_array(x, what) for x in leaves]
@@ -171,7 +171,7 @@ class OpCall:
         self.__name__ = f"op {program.describe()}"
 
     def __call__(self, *pieces):
-        from ..runtime.spec import flatten, unflatten
+        from ..runtime.plan.spec import flatten, unflatten
         outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
         self.program.run(outs, [flatten(p)[0] for p in pieces])
         return unflatten(self.out_spec.structure, outs)

@@ -92,8 +92,8 @@ def null_chain(stages, pieces: int, **graph):
     ``[(name, bytes per register, seconds per act, device)]`` (the first is the source,
     the last the sink; devices are null ones), ``graph`` goes to ActorGraph (buffers=,
     memory=, share=...). The experiments, benchmarks and tests build their pipelines so."""
-    from ..runtime.graph import ActorGraph
-    from ..runtime.spec import Spec
+    from ..runtime.graph.actor_graph import ActorGraph
+    from ..runtime.plan.spec import Spec
     g = ActorGraph(**graph)
     node = None
     for name, nbytes, t, dev in stages:

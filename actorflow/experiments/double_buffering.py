@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from ..device import device
 from ..errors import PlanError
-from ..runtime.graph import ActorGraph
-from ..runtime.naive import NaiveOp, NaiveScheduler
+from ..runtime.graph.actor_graph import ActorGraph
+from .naive import NaiveOp, NaiveScheduler
 from .common import RESULT_WORDS, MiB, null_chain, save, table, trace_path
 from .common import figure as figure_of
 

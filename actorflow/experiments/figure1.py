@@ -15,9 +15,9 @@ side by side (``share=False``) the graph needs 10 MiB and 8 MiB is refused.
 from __future__ import annotations
 
 from ..errors import PlanError
-from ..runtime.graph import ActorGraph
-from ..runtime.naive import NaiveOp, NaiveScheduler
-from ..runtime.spec import Spec
+from ..runtime.graph.actor_graph import ActorGraph
+from .naive import NaiveOp, NaiveScheduler
+from ..runtime.plan.spec import Spec
 from .common import RESULT_WORDS, MiB, save, table, trace_path
 from .random_dags import min_peak
 from .common import figure as figure_of

@@ -17,12 +17,12 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-from ..runtime.progress import tqdm_class
+from ..runtime.observe.progress import tqdm_class
 from ..device import device
 from ..errors import PlanError
-from ..runtime.graph import ActorGraph
-from ..runtime.naive import NaiveOp, NaiveScheduler
-from ..runtime.spec import Spec
+from ..runtime.graph.actor_graph import ActorGraph
+from .naive import NaiveOp, NaiveScheduler
+from ..runtime.plan.spec import Spec
 from .common import OUTCOME_COLORS, save, table
 from .common import figure as figure_of
 

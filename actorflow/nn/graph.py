@@ -31,12 +31,12 @@ import weakref
 from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
-from ..autograd.graph import Meta
+from ..autograd.nodes import Meta
 from ..creation import from_numpy
 from ..errors import ActorError, KernelError, PlanError, TraceError
-from ..runtime.checks import check_timeout
-from ..runtime.graph import ActorGraph
-from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
+from ..runtime.graph.checks import check_timeout
+from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import synchronize
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program

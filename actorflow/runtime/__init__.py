@@ -1,8 +1,8 @@
 """The actor runtime: registers and credits, actors, the graph, the planner, the scheduler."""
 
-from .graph import ActorGraph
-from .plan import Plan
-from .spec import Spec
-from .stats import RunStats
+from .graph.actor_graph import ActorGraph
+from .plan.reservation import Plan
+from .plan.spec import Spec
+from .observe.stats import RunStats
 
 __all__ = ["ActorGraph", "Plan", "Spec", "RunStats"]

@@ -25,11 +25,11 @@ import threading
 from ..backends import get_backend
 from ..device import device as _device
 from ..errors import ActorError, DeadlockError, format_bytes, parse_bytes
-from ..runtime import observe
-from ..runtime.checks import positive_seconds
-from ..runtime.graph import ActorGraph
-from ..runtime.stats import RunStats
-from ..runtime.watchdog import describe_waits
+from ..runtime.observe import hooks as observe
+from ..runtime.graph.checks import positive_seconds
+from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.observe.stats import RunStats
+from ..runtime.observe.watchdog import describe_waits
 
 __all__ = ["acts", "assert_no_deadlock", "assert_peak_within", "describe_runs",
            "gpu_missing", "null_latency", "seeded", "wait_all_actors_blocked"]

@@ -22,8 +22,8 @@ from . import assert_peak_within, gpu_missing, null_latency, seeded
 from ..device import device as _device
 from ..backends import get_backend
 from ..errors import parse_bytes
-from ..runtime import observe
-from ..runtime.watchdog import describe_waits, failure_of
+from ..runtime.observe import hooks as observe
+from ..runtime.observe.watchdog import describe_waits, failure_of
 
 RUNS_SHOWN = 3                  # the last runs of a failing test that its report shows
 

@@ -3,7 +3,7 @@
 Importing it lets ``ActorGraph.op`` trace: the runtime, below this package, never imports it;
 it is handed ``op_program`` here."""
 
-from ..runtime.graph import use_op_tracer
+from ..runtime.graph.actor_graph import use_op_tracer
 from .recording import Recording
 from .build import stateful_graph
 from .trace import Traced, op_program, stateful_program, trace

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelError, TraceError
-from ..runtime.graph import ActorGraph
-from ..runtime.spec import PieceSpec, Spec, unflatten
+from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.plan.spec import PieceSpec, Spec, unflatten
 from .program import Program, Step, kernel_of
 from .recording import Recording
 

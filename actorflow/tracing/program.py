@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelError, format_bytes
-from ..runtime.spec import PieceSpec, Spec, view_of
+from ..runtime.plan.spec import PieceSpec, Spec, view_of
 
 
 class Step:

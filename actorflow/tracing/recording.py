@@ -22,7 +22,7 @@ from ..backends import get_backend
 from ..eager.interpreter import (EagerInterpreter, Interpreter, check_same_device,
                                  use_interpreter)
 from ..errors import TraceError
-from ..runtime.spec import Spec, flatten
+from ..runtime.plan.spec import Spec, flatten
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import contiguous_meta, is_contiguous

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from ..runtime.spec import PieceSpec, Spec, unflatten
+from ..runtime.plan.spec import PieceSpec, Spec, unflatten
 from ..tensor.meta import is_contiguous
 from .build import traced_graph
 from .program import Program, Step, kernel_of

@@ -33,19 +33,19 @@ import time
 import traceback
 from collections import deque
 
-from .actor import Collector
-from .source import SourceActor
+from ..graph.actors import Collector
+from ..graph.source import SourceActor
 from .completion import Completion
 from .timed import TimedActs
-from .gates import gates_open, make_gates
-from .observe import VirtualClock
-from .register import EOS
-from .sharing import bind_gates, gate_open, taken
+from .state_gates import gates_open, make_gates
+from ..observe.hooks import VirtualClock
+from ..plan.registers import EOS
+from ..plan.sharing import bind_gates, gate_open, taken
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
-from .state import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
+from .actor_runs import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
 from .stragglers import Stragglers
-from .timeline import Timeline, record_act
-from .watchdog import stalled
+from ..observe.timeline import Timeline, record_act
+from ..observe.watchdog import stalled
 
 DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
 

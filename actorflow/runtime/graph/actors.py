@@ -17,8 +17,8 @@ import numpy as np
 
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
-from .loop import run_on_graph_loop
-from .spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy,
+from ..sched.loop import run_on_graph_loop
+from ..plan.spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy,
                    structure_mismatch, unflatten, view_of)
 
 

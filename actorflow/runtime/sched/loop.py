@@ -9,7 +9,7 @@ import contextlib
 import threading
 import warnings
 
-from ..eventloop import new_event_loop
+from ...eventloop import new_event_loop
 
 _GRAPH_LOOP: list = []
 _GRAPH_THREAD: list = []

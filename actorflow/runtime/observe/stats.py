@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from ..errors import format_bytes
-from .state import CREDIT, INPUT, RESOURCE
+from ...errors import format_bytes
+from ..sched.actor_runs import CREDIT, INPUT, RESOURCE
 
 
 class RunStats:

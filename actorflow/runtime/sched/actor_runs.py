@@ -7,10 +7,10 @@ import time
 import traceback
 from queue import SimpleQueue
 
-from .actor import OpActor
-from .register import EOS
-from .source import SourceActor
-from .timeline import record_act
+from ..graph.actors import OpActor
+from ..plan.registers import EOS
+from ..graph.source import SourceActor
+from ..observe.timeline import record_act
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from . import observe
+from . import hooks as observe
 from .stats import RunStats
 
 REFRESH_S = 0.25

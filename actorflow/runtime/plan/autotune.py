@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 
-from ..errors import PlanError, format_bytes
-from .actor import Collector
-from .source import SourceActor
+from ...errors import PlanError, format_bytes
+from ..graph.actors import Collector
+from ..graph.source import SourceActor
 
 AUTO = "auto"
 MAX_AUTO = 16           # registers per output the tuner gives at most

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from ..backends import get_backend
-from ..device import device as as_device
-from ..errors import OutOfMemoryError, PlanError, format_bytes, parse_bytes
+from ...backends import get_backend
+from ...device import device as as_device
+from ...errors import OutOfMemoryError, PlanError, format_bytes, parse_bytes
 
 EOS = "end of stream"     # the mark queued on an InPort after the last piece
 

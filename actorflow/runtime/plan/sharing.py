@@ -24,9 +24,9 @@ from collections import Counter
 
 import numpy as np
 
-from ..errors import format_bytes
-from .actor import Collector
-from .memplan import aligned, plan_sharing
+from ...errors import format_bytes
+from ..graph.actors import Collector
+from .lifetimes import aligned, plan_sharing
 from .spec import PieceSpec, Spec
 
 SHARED_KEY = ("shared registers",)      # the arenas' memory key in the MemoryBudget

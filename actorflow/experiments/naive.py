@@ -32,9 +32,9 @@ from collections import deque
 
 from ..errors import DeadlockError, OutOfMemoryError, format_bytes, parse_bytes
 from ..eventloop import new_event_loop
-from .planning import plan_graph
-from .register import MemoryBudget
-from .watchdog import WaitFor, deadlock
+from ..runtime.plan.sizing import plan_graph
+from ..runtime.plan.registers import MemoryBudget
+from ..runtime.observe.watchdog import WaitFor, deadlock
 
 POLICIES = ("fifo", "lifo", "random")
 MODES = ("wait", "fail", "double-buffer")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 import traceback
 
-from ..errors import ActorError, PlanError
-from .actor import Collector, OpActor, read_piece
+from ...errors import ActorError, PlanError
+from ..graph.actors import Collector, OpActor, read_piece
 from .autotune import AUTO, stage_time, tune
-from .plan import Plan
-from .register import EOS, MemoryBudget
-from .source import SourceActor
+from .reservation import Plan
+from .registers import EOS, MemoryBudget
+from ..graph.source import SourceActor
 from .spec import NOTHING
 
 

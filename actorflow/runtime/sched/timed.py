@@ -9,10 +9,10 @@ import asyncio
 import time
 import traceback
 
-from ..errors import ActorError
-from .register import EOS
-from .state import ActorState
-from .timeline import record, record_failed
+from ...errors import ActorError
+from ..plan.registers import EOS
+from .actor_runs import ActorState
+from ..observe.timeline import record, record_failed
 
 
 class TimedActs:

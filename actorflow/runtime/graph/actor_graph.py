@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import ActorflowError, PlanError, TraceError
-from . import driving, observe
-from . import loop as loop_module
-from .actor import COLLECTOR_NAME, Actor, OpActor, StageActor
+from ...errors import ActorflowError, PlanError, TraceError
+from ..sched import driving
+from ..observe import hooks as observe
+from ..sched import loop as loop_module
+from .actors import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
-from .planning import plan_graph
-from .register import MemoryBudget
+from ..plan.sizing import plan_graph
+from ..plan.registers import MemoryBudget
 from .source import SourceActor
-from .spec import PieceSpec
-from .stats import RunStats
+from ..plan.spec import PieceSpec
+from ..observe.stats import RunStats
 
 _OP_TRACER: list = [None]
 

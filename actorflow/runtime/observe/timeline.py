@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .actor import OpActor
+from ..graph.actors import OpActor
 
 PID = 1
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device import Device, device as as_device
-from ..dtype import DType, as_dtype, float32, from_numpy_dtype
-from ..errors import DeviceError, DTypeError, ShapeError, format_bytes
-from ..tensor.meta import as_shape
+from ...device import Device, device as as_device
+from ...dtype import DType, as_dtype, float32, from_numpy_dtype
+from ...errors import DeviceError, DTypeError, ShapeError, format_bytes
+from ...tensor.meta import as_shape
 
 
 class Spec:

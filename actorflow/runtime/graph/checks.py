@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from ..errors import PlanError
+from ...errors import PlanError
 
 MAX_BUFFERS = 1024
 """Registers per output at most: each is a buffer of its own, and credits beyond the pieces

@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 import traceback
 
-from ..errors import ActorError
-from .actor import Sized, read_piece
-from .gates import gates_passed
-from .register import EOS, Register
-from .sharing import bind_gates, untaken, went_home
-from .timeline import delayed
-from .spec import NOTHING
-from .state import CREDIT, INPUT, ActorState
+from ...errors import ActorError
+from ..graph.actors import Sized, read_piece
+from .state_gates import gates_passed
+from ..plan.registers import EOS, Register
+from ..plan.sharing import bind_gates, untaken, went_home
+from ..observe.timeline import delayed
+from ..plan.spec import NOTHING
+from .actor_runs import CREDIT, INPUT, ActorState
 
 
 class Completion:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import inspect
 
-from .actor import Actor, Sized
-from .loop import run_on_graph_loop
-from .register import EOS
+from .actors import Actor, Sized
+from ..sched.loop import run_on_graph_loop
+from ..plan.registers import EOS
 
 
 def _one_shot(src) -> bool:

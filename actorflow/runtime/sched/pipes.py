@@ -22,12 +22,12 @@ import time
 import traceback
 from queue import SimpleQueue
 
-from .actor import Collector, Sized
-from .register import EOS
-from .source import SourceActor
-from .state import CREDIT, INPUT, ActorState, ActorThread
-from .timeline import record, record_failed
-from .watchdog import stalled
+from ..graph.actors import Collector, Sized
+from ..plan.registers import EOS
+from ..graph.source import SourceActor
+from .actor_runs import CREDIT, INPUT, ActorState, ActorThread
+from ..observe.timeline import record, record_failed
+from ..observe.watchdog import stalled
 
 
 def pipe_actors(states: list) -> None:

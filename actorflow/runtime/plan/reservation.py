@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import traceback
 
-from ..errors import ActorError, PlanError, format_bytes
-from .actor import Collector, OpActor, read_piece
-from .register import InPort, MemoryBudget, OutPort, Register
+from ...errors import ActorError, PlanError, format_bytes
+from ..graph.actors import Collector, OpActor, read_piece
+from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
-from .source import SourceActor
+from ..graph.source import SourceActor
 
 
 class Plan:

@@ -16,7 +16,7 @@ finishes; O2 waits behind O1 on stream cpu:0".
 
 from __future__ import annotations
 
-from ..errors import ActorError, DeadlockError
+from ...errors import ActorError, DeadlockError
 
 
 class WaitFor:

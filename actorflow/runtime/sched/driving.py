@@ -8,10 +8,11 @@ import asyncio
 import threading
 from queue import SimpleQueue
 
-from . import loop as loop_module, observe
+from . import loop as loop_module
+from ..observe import hooks as observe
 from .credit import CreditScheduler
 from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
-from .progress import ProgressBar, tqdm_class
+from ..observe.progress import ProgressBar, tqdm_class
 
 _END = object()
 
