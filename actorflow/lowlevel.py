@@ -7,7 +7,7 @@ from .device import device as _device
 from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpreter, use_stream
 from .errors import parse_bytes as _parse_bytes
 from .tracing.program import Program
-from .tracing.recording import Recorder
+from .tracing.recording import Tracer
 from .runtime.sched.credit import CreditScheduler
 from .experiments.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
 from .runtime.plan.reservation import Plan
@@ -53,7 +53,7 @@ def vm_stats() -> dict:
 
 
 __all__ = ["CreditScheduler", "InPort", "MemoryBudget", "NaiveOp", "NaiveResult", "NaiveScheduler",
-           "OutPort", "Plan", "Program", "Recorder", "Register", "WaitFor", "build_plan",
+           "OutPort", "Plan", "Program", "Register", "Tracer", "WaitFor", "build_plan",
            "ops_from_graph",
            "Access", "Allocator", "AllocatorStats", "Backend", "Blob", "EagerInterpreter",
            "Instruction", "Interpreter", "OpDef", "Operand", "Stream", "TensorImpl", "TensorMeta",

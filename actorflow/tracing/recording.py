@@ -1,5 +1,5 @@
 """Recording a function of tensors: a lazy interpreter that records op calls on placeholder
-tensors instead of running them (``Recorder``), and ``Recording``, one recorded call with
+tensors instead of running them (``Tracer``), and ``Recording``, one recorded call with
 what the builders (``trace.op_program``, ``build.traced_graph``) read from it.
 
 The recorder is installed with ``use_interpreter`` for the duration of one call of the
@@ -48,7 +48,7 @@ class Node:
         self.op, self.refs, self.attrs, self.outs, self.metas = op, refs, attrs, outs, metas
 
 
-class Recorder(Interpreter):
+class Tracer(Interpreter):
     """Records op calls on placeholders. ``where[blob]`` says what made a traced blob:
     ``("in", j)`` placeholder leaf j, ``("state", i)`` state i, or ``("node", n, i)``
     output i of node n.
@@ -224,7 +224,7 @@ class Recording:
                  state_names=None):
         self.leaf_specs = list(leaf_specs)
         self.state_specs = list(state_specs or ())
-        self.recorder = rec = Recorder(live, len(self.state_specs), state_names)
+        self.tracer = rec = Tracer(live, len(self.state_specs), state_names)
         args = args_of([rec.placeholder(s, j) for j, s in enumerate(self.leaf_specs)])
         kwargs = dict(kwargs or {})
         if state_specs is not None:     # fn(*args, states=[placeholder per state], **kwargs)
@@ -246,11 +246,11 @@ class Recording:
 
     def source(self, impl):
         """What made the tensor ``impl`` (see the class doc)."""
-        return self.recorder.source(impl)
+        return self.tracer.source(impl)
 
     def const_arrays(self) -> list:
         """The values of the constants, by constant index."""
-        return self.recorder.const_arrays()
+        return self.tracer.const_arrays()
 
     def meta_of(self, src):
         """The meta of the whole array a source names (None for a constant)."""
@@ -269,7 +269,7 @@ class Recording:
         ``meta``; ``port_of(src)`` maps a source to ``(kind, i, j)``. The view meta is None
         when the whole array is read as it is."""
         kind, i, j = port_of(src)
-        if kind == "const" or (kind == "state" and src[1] >= self.recorder.first_live):
+        if kind == "const" or (kind == "state" and src[1] >= self.tracer.first_live):
             return (kind, i, j, None)               # captured as the tensor reads it
         whole = self.meta_of(src)
         if whole is not None and meta.shape == whole.shape and meta.offset == 0 \
