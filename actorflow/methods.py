@@ -144,7 +144,7 @@ def _iter(self):
     for i in range(len(self)):
         yield self[i]
 
-def _getitem(self, key):
+def _getitem(self, key) -> Tensor:
     self._meta
     return indexing.getitem(self, key)
 
@@ -159,7 +159,7 @@ _DTYPE_NAMES = {"bool", "int32", "int64", "float16", "float32", "float64", "floa
 
 
 def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: bool = False,
-       memory_format=None, tensor=None):
+       memory_format=None, tensor=None) -> Tensor:
     """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``, ``t.to(other)``
     (its dtype and device): PyTorch's forms. Positional booleans after these are
     ``non_blocking`` then ``copy``. ``copy=True`` returns a new tensor even when nothing
@@ -192,31 +192,31 @@ def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: b
     return out
 
 
-def cpu(self):
+def cpu(self) -> Tensor:
     return self.to("cpu")
 
 
 def _converter(name: str, dtype: str):
     """``t.float()``, ``t.long()``...: ``t.to(dtype=dtype)``."""
-    def convert(self):
+    def convert(self) -> Tensor:
         return self.to(dtype=dtype)
     convert.__name__ = name
     convert.__qualname__ = "Tensor." + name
     return convert
 
 
-def _type(self, dtype):
+def _type(self, dtype) -> Tensor:
     return self.to(dtype=dtype)
 
 
-def contiguous(self, memory_format=None):
+def contiguous(self, memory_format=None) -> Tensor:
     """``self`` when row-major already, else a contiguous copy (``memory_format`` as in
     ``clone``)."""
     check_memory_format("contiguous", memory_format)
     return self if self.is_contiguous() else F.clone(self)
 
 
-def reshape(self, *sizes, shape=None):
+def reshape(self, *sizes, shape=None) -> Tensor:
     """``t.reshape(2, 3)``, ``t.reshape((2, 3))`` or ``t.reshape(shape=(2, 3))``: a view
     when ``self`` is contiguous, else a copy."""
     if shape is not None:
@@ -230,25 +230,25 @@ def reshape(self, *sizes, shape=None):
     return viewed(c, views.view(c._impl, shape, "reshape"), "reshape", None)
 
 
-def flatten(self):
+def flatten(self) -> Tensor:
     return self.reshape(-1)
 
 
 # -- op methods whose argument order or defaults differ from their functions ----------------
 
-def _relu_(self):
+def _relu_(self) -> Tensor:
     return F.relu(self, inplace=True)
 
 
-def _where(self, condition, other):
+def _where(self, condition, other) -> Tensor:
     return F.where(condition, self, other)
 
 
-def _rmatmul(self, other):
+def _rmatmul(self, other) -> Tensor:
     return F.matmul(other, self)
 
 
-def _pos(self):
+def _pos(self) -> Tensor:
     return self
 
 

@@ -40,7 +40,7 @@ class Tensor:
     __slots__ = ("_impl", "__weakref__")
     __array_priority__ = 1000          # numpy defers binary operators to Tensor
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         raise TypeError("make tensors with actorflow.tensor(data), actorflow.zeros(...), "
                         "actorflow.from_numpy(array), ...")
 
@@ -151,7 +151,7 @@ class Tensor:
     def expand_as(self, other) -> "Tensor":
         return self.expand(*other.shape)
 
-    def is_floating_point(self):
+    def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
 
     # The methods that compute or read values (ops, operators, numpy, item, repr,
