@@ -4,11 +4,15 @@
 face module attaches to ``Tensor`` what needs them: the op methods (``t.add(u)``,
 ``t.sum(dim)``...), the operators (``a * b`` is functional's prebuilt operator function
 itself: one Python call fewer on the commonest op call), reading values (``numpy``,
-``numpy_async``), indexing, conversions (``to``, ``clone``, ``reshape``...). Importing
-``actorflow`` imports it.
+``numpy_async``, ``item``, ``tolist``, ``repr``, ``float(t)``..., DLPack export), indexing,
+conversions (``to``, ``cpu``, ``float``..., ``clone``, ``reshape``...). Importing
+``actorflow`` imports it. ``actorflow/tensor/tensor.pyi`` declares all of it for editors and
+type checkers: ``python tools/tensor_stub.py`` writes it from this table.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from . import autograd
 from . import functional as F
@@ -47,9 +51,100 @@ async def numpy_async(self):
     return await read_async(impl, impl.blob.backend.allocator.copy_out, "numpy")
 
 
+def _array(self, dtype=None, copy=None):
+    a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
+    return a if dtype is None else a.astype(dtype)
+
+
+def tolist(self):
+    return self.numpy().tolist()
+
+
+def item(self):
+    """The value of a one-element tensor as a Python number."""
+    n = self.numel()
+    if n != 1:
+        raise ValueError(f"a Tensor with {n} elements cannot be converted to Scalar; "
+                         f"index it first or use .tolist()")
+    return self.numpy().item()
+
+
+def _bool(self) -> bool:
+    n = self.numel()
+    if n != 1:
+        raise RuntimeError(f"Boolean value of Tensor with {n} elements is ambiguous; use "
+                           f".any() or .all() reductions, or index one element")
+    return bool(self.item())
+
+
+def _float(self) -> float:
+    return float(self.item())
+
+
+def _int(self) -> int:
+    return int(self.item())
+
+
+def _index(self) -> int:
+    if self.dtype.category != 1 or self.numel() != 1:
+        raise TypeError("only one-element integer tensors can be converted to an index")
+    return int(self.item())
+
+
+def _repr(self) -> str:
+    m = self._impl.meta
+    extra = ""
+    if str(m.device) != "cpu":
+        extra += f", device='{m.device}'"
+    extra += f", dtype={m.dtype}"
+    ag = self._impl.ag
+    if ag is not None and ag.grad_fn is not None:
+        extra += f", grad_fn=<{ag.grad_fn.name}>"
+    elif ag is not None and ag.requires_grad:
+        extra += ", requires_grad=True"
+    if not self._impl.blob.backend.has_data:
+        return f"tensor(<no data>, shape={self.shape}{extra})"
+    try:
+        a = self.numpy()
+    except Exception as e:  # noqa: BLE001 - show the failure rather than raise in repr
+        return f"tensor(<failed: {type(e).__name__}: {e}>{extra})"
+    body = np.array2string(a, separator=", ", prefix="tensor(",
+                           formatter=None if a.dtype.kind != "b" else {"bool": str})
+    return f"tensor({body}{extra})"
+
+
+class _Export:
+    """Access callback for DLPack: the storage itself, never to be reused by the cache."""
+    __slots__ = ("blob",)
+
+    def __init__(self, blob):
+        self.blob = blob
+
+    def __call__(self, array):
+        self.blob.owned = False
+        return array
+
+
+def _dlpack(self, stream=None, **kwargs):
+    """Exports the storage (waiting for pending writes first); cpu tensors only."""
+    if self.device.type != "cpu":
+        raise DeviceError(f"__dlpack__: only cpu tensors can be exported, got {self.device}")
+    return _read(self, _Export(self._impl.blob), "dlpack").__dlpack__(**kwargs)
+
+
+def _dlpack_device(self):
+    if self.device.type != "cpu":
+        raise DeviceError(f"__dlpack_device__: only cpu tensors can be exported, got {self.device}")
+    return (1, 0)
+
+
 # -- indexing and conversions ----------------------------------------------------------------
 
-def _getitem(self, key):
+def _iter(self):
+    for i in range(len(self)):
+        yield self[i]
+
+def _getitem(self, key) -> Tensor:
     self._meta
     return indexing.getitem(self, key)
 
@@ -64,7 +159,7 @@ _DTYPE_NAMES = {"bool", "int32", "int64", "float16", "float32", "float64", "floa
 
 
 def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: bool = False,
-       memory_format=None, tensor=None):
+       memory_format=None, tensor=None) -> Tensor:
     """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``, ``t.to(other)``
     (its dtype and device): PyTorch's forms. Positional booleans after these are
     ``non_blocking`` then ``copy``. ``copy=True`` returns a new tensor even when nothing
@@ -97,14 +192,31 @@ def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: b
     return out
 
 
-def contiguous(self, memory_format=None):
+def cpu(self) -> Tensor:
+    return self.to("cpu")
+
+
+def _converter(name: str, dtype: str):
+    """``t.float()``, ``t.long()``...: ``t.to(dtype=dtype)``."""
+    def convert(self) -> Tensor:
+        return self.to(dtype=dtype)
+    convert.__name__ = name
+    convert.__qualname__ = "Tensor." + name
+    return convert
+
+
+def _type(self, dtype) -> Tensor:
+    return self.to(dtype=dtype)
+
+
+def contiguous(self, memory_format=None) -> Tensor:
     """``self`` when row-major already, else a contiguous copy (``memory_format`` as in
     ``clone``)."""
     check_memory_format("contiguous", memory_format)
     return self if self.is_contiguous() else F.clone(self)
 
 
-def reshape(self, *sizes, shape=None):
+def reshape(self, *sizes, shape=None) -> Tensor:
     """``t.reshape(2, 3)``, ``t.reshape((2, 3))`` or ``t.reshape(shape=(2, 3))``: a view
     when ``self`` is contiguous, else a copy."""
     if shape is not None:
@@ -118,21 +230,25 @@ def reshape(self, *sizes, shape=None):
     return viewed(c, views.view(c._impl, shape, "reshape"), "reshape", None)
 
 
+def flatten(self) -> Tensor:
+    return self.reshape(-1)
+
+
 # -- op methods whose argument order or defaults differ from their functions ----------------
 
-def _relu_(self):
+def _relu_(self) -> Tensor:
     return F.relu(self, inplace=True)
 
 
-def _where(self, condition, other):
+def _where(self, condition, other) -> Tensor:
     return F.where(condition, self, other)
 
 
-def _rmatmul(self, other):
+def _rmatmul(self, other) -> Tensor:
     return F.matmul(other, self)
 
 
-def _pos(self):
+def _pos(self) -> Tensor:
     return self
 
 
@@ -140,9 +256,16 @@ def _pos(self):
 # is bound as it is (no forwarding call).
 METHODS = {
     "_resolve": staticmethod(resolve), "_read": _read,
-    "numpy": numpy, "numpy_async": numpy_async,
-    "__getitem__": _getitem, "__setitem__": _setitem,
-    "to": to, "clone": F.clone, "contiguous": contiguous, "reshape": reshape,
+    "numpy": numpy, "numpy_async": numpy_async, "__array__": _array, "tolist": tolist,
+    "item": item, "__bool__": _bool, "__float__": _float, "__int__": _int,
+    "__index__": _index, "__repr__": _repr, "__str__": _repr,
+    "__dlpack__": _dlpack, "__dlpack_device__": _dlpack_device,
+    "__getitem__": _getitem, "__setitem__": _setitem, "__iter__": _iter,
+    "to": to, "cpu": cpu, "type": _type,
+    **{name: _converter(name, dtype) for name, dtype in (
+        ("float", "float32"), ("double", "float64"), ("half", "float16"),
+        ("int", "int32"), ("long", "int64"), ("bool", "bool"))},
+    "clone": F.clone, "contiguous": contiguous, "reshape": reshape, "flatten": flatten,
     "__pow__": F.pow, "__matmul__": F.matmul, "__rmatmul__": _rmatmul, "__pos__": _pos,
     "__neg__": F.neg, "__abs__": F.abs, "__invert__": F.bitwise_not,
     "__iadd__": F.add_, "__isub__": F.sub_, "__imul__": F.mul_, "__itruediv__": F.div_,

@@ -355,6 +355,15 @@ def test_repr_of_dtype_and_device():
     assert str(af.device("cuda:1")) == "cuda:1" and af.device("cuda:1").index == 1
 
 
+def test_a_cuda_tensor_is_refused_saying_the_backend_is_not_built():
+    """Whatever is installed: the message never sends users to install CuPy for nothing."""
+    for _ in range(2):                          # the refusal is not cached as a backend
+        with pytest.raises(af.DeviceError, match="not built yet") as e:
+            af.zeros(2, device="cuda")
+        assert "installing CuPy does not change that" in str(e.value)
+        assert "'cpu'" in str(e.value) and "'null'" in str(e.value)
+
+
 # == views share storage ==================================================================
 
 def test_views_share_storage_and_writes_show_in_base():

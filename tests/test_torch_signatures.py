@@ -286,7 +286,7 @@ ALLOWED = {
                                   "numbers, positionally only"
        for p in ("tensor", "other", "scalar", "scalar1", "scalar2")},
     "torch.device(type)": "af.device(spec, index=None): the device's name is spec= by keyword",
-    # Tensor methods defined in actorflow/tensor/tensor.py and autograd
+    # Tensor methods defined in actorflow/tensor/tensor.py, methods.py and autograd
     "Tensor.backward(inputs)": "backward() differentiates towards every leaf; inputs= is not "
                                "taken yet",
     "Tensor.backward(retain_graph)": "retain_graph defaults to False, not None (PyTorch's "

@@ -1,15 +1,17 @@
 """Tensor: the user-facing object, a thin bridge over a TensorImpl.
 
-Ops return at once: the work is queued on the VM. Reading values (``numpy()``, ``item()``,
-``tolist()``, ``repr``) waits for the writes before it; ``await t.numpy_async()`` waits
-without blocking a running event loop.
+What is defined here needs nothing above ``tensor/``: metadata and views. What computes or
+reads values (ops, operators, ``numpy()``, ``item()``, ``repr``, conversions, indexing) is
+bound onto the class by ``actorflow.methods``, the face layer, from its one table; the stub
+``tensor.pyi`` declares both halves, so editors and type checkers see every method. Ops
+return at once: the work is queued on the VM; reading values waits for the writes before it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DeviceError, ShapeError
+from ..errors import ShapeError
 from .meta import is_contiguous, numel
 from .impl import detached
 
@@ -32,25 +34,13 @@ def viewed(t: "Tensor", impl, kind: str, arg) -> "Tensor":
     return out
 
 
-class _Export:
-    """Access callback for DLPack: the storage itself, never to be reused by the cache."""
-    __slots__ = ("blob",)
-
-    def __init__(self, blob):
-        self.blob = blob
-
-    def __call__(self, array):
-        self.blob.owned = False
-        return array
-
-
 class Tensor:
     """An n-dimensional array on a device. Make one with ``af.tensor``, ``af.zeros``..."""
 
     __slots__ = ("_impl", "__weakref__")
     __array_priority__ = 1000          # numpy defers binary operators to Tensor
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         raise TypeError("make tensors with actorflow.tensor(data), actorflow.zeros(...), "
                         "actorflow.from_numpy(array), ...")
 
@@ -105,101 +95,8 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return shape[0]
 
-    # -- reading values -----------------------------------------------------------------
-    def __array__(self, dtype=None, copy=None):
-        a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
-        return a if dtype is None else a.astype(dtype)
-
-    def tolist(self):
-        return self.numpy().tolist()
-
-    def item(self):
-        """The value of a one-element tensor as a Python number."""
-        n = self.numel()
-        if n != 1:
-            raise ValueError(f"a Tensor with {n} elements cannot be converted to Scalar; "
-                             f"index it first or use .tolist()")
-        return self.numpy().item()
-
-    def __bool__(self) -> bool:
-        n = self.numel()
-        if n != 1:
-            raise RuntimeError(f"Boolean value of Tensor with {n} elements is ambiguous; use "
-                               f".any() or .all() reductions, or index one element")
-        return bool(self.item())
-
-    def __float__(self) -> float:
-        return float(self.item())
-
-    def __int__(self) -> int:
-        return int(self.item())
-
-    def __index__(self) -> int:
-        if self.dtype.category != 1 or self.numel() != 1:
-            raise TypeError("only one-element integer tensors can be converted to an index")
-        return int(self.item())
-
-    def __repr__(self) -> str:
-        m = self._impl.meta
-        extra = ""
-        if str(m.device) != "cpu":
-            extra += f", device='{m.device}'"
-        extra += f", dtype={m.dtype}"
-        ag = self._impl.ag
-        if ag is not None and ag.grad_fn is not None:
-            extra += f", grad_fn=<{ag.grad_fn.name}>"
-        elif ag is not None and ag.requires_grad:
-            extra += ", requires_grad=True"
-        if not self._impl.blob.backend.has_data:
-            return f"tensor(<no data>, shape={self.shape}{extra})"
-        try:
-            a = self.numpy()
-        except Exception as e:  # noqa: BLE001 - show the failure rather than raise in repr
-            return f"tensor(<failed: {type(e).__name__}: {e}>{extra})"
-        body = np.array2string(a, separator=", ", prefix="tensor(",
-                               formatter=None if a.dtype.kind != "b" else {"bool": str})
-        return f"tensor({body}{extra})"
-
-    __str__ = __repr__
-
-    def __dlpack__(self, stream=None, **kwargs):
-        """Exports the storage (waiting for pending writes first); cpu tensors only."""
-        if self.device.type != "cpu":
-            raise DeviceError(f"__dlpack__: only cpu tensors can be exported, got {self.device}")
-        return self._read(_Export(self._impl.blob), "dlpack").__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        if self.device.type != "cpu":
-            raise DeviceError(f"__dlpack_device__: only cpu tensors can be exported, got {self.device}")
-        return (1, 0)
-
     def __hash__(self) -> int:
         return id(self)
-
-    # -- conversion ---------------------------------------------------------------------
-    def cpu(self) -> "Tensor":
-        return self.to("cpu")
-
-    def float(self):
-        return self.to(dtype="float32")
-
-    def double(self):
-        return self.to(dtype="float64")
-
-    def half(self):
-        return self.to(dtype="float16")
-
-    def int(self):
-        return self.to(dtype="int32")
-
-    def long(self):
-        return self.to(dtype="int64")
-
-    def bool(self):
-        return self.to(dtype="bool")
-
-    def type(self, dtype):
-        return self.to(dtype=dtype)
 
     def detach(self) -> "Tensor":
         """A tensor sharing this one's storage, outside autograd: writing it in place
@@ -214,9 +111,6 @@ class Tensor:
     def view(self, *shape) -> "Tensor":
         self._meta
         return viewed(self, _views().view(self._impl, shape_args(shape)), "reshape", None)
-
-    def flatten(self) -> "Tensor":
-        return self.reshape(-1)
 
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         self._meta
@@ -257,17 +151,15 @@ class Tensor:
     def expand_as(self, other) -> "Tensor":
         return self.expand(*other.shape)
 
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
-
-    def is_floating_point(self):
+    def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
 
-    # The methods that compute (ops, reading values, indexing, conversions) and the
-    # operators are bound by actorflow.methods, the face layer: tensor/ imports nothing
-    # above itself.
-    _resolve = None                 # eager.interpreter.resolve, bound there too
+    # The methods that compute or read values (ops, operators, numpy, item, repr,
+    # indexing, conversions) are bound by actorflow.methods, the face layer: tensor/
+    # imports nothing above itself, and no method here calls one bound there
+    # (tests/test_tensor_stub.py checks it). The one call upward is this seam, declared
+    # here and bound there: eager.interpreter.resolve, waiting for a value-dependent shape.
+    _resolve = None
 
 
 def shape_args(args) -> tuple:
