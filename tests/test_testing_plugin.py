@@ -379,7 +379,7 @@ def test_progress_arguments_tqdm_refuses_leave_the_graph_runnable():
 
 
 INNER = '''
-from actorflow.runtime import observe
+from actorflow.runtime.observe import hooks as observe
 def test_inner():
     assert observe.SCHEDULE.seed is None and not observe.SCHEDULE.serial
 '''
