@@ -281,13 +281,13 @@ def test_unreported_errors_are_kept_up_to_a_bound_and_counted():
     for i in range(n):
         x[af.tensor([100 + i])]                    # fails in the kernel; nobody reads it
     assert af.lowlevel.vm_stats()["unreported_errors"] == n
-    assert len(vm._errors) <= bound                # the rest are counted, not kept
+    assert len(vm.errors.kept) <= bound                # the rest are counted, not kept
     with pytest.raises(af.KernelError, match="index 100 is out of bounds") as info:
         af.synchronize()                           # the first one
     err = info.value
     assert err.more_errors == n - 1 and err.dropped_errors == n - bound
     assert f"{n - 1} more kernel errors" in str(err) and f"{n - bound} of them were dropped unreported" in str(err)
-    assert af.lowlevel.vm_stats()["unreported_errors"] == 0 and len(vm._errors) == 0
+    assert af.lowlevel.vm_stats()["unreported_errors"] == 0 and len(vm.errors.kept) == 0
     af.synchronize()                               # all reported
     bad = x[af.tensor([7])]
     for _ in range(2 * bound):
