@@ -1,5 +1,6 @@
-"""The one place event loops are made, for the VM's loop thread and the actor graphs' loop
-thread (and the experiments): uvloop's when it is installed, asyncio's otherwise."""
+"""The one place event loops are made (uvloop's when it is installed, asyncio's otherwise),
+and the one place a thread is started to run one: the VM's loop thread and the actor
+graphs' loop thread (``start_loop_thread``)."""
 
 from __future__ import annotations
 

@@ -429,6 +429,42 @@ def test_uvloop_is_used_when_installed():
     assert isinstance(af.lowlevel.get_vm()._loop, uvloop.Loop)
 
 
+def test_the_vm_and_the_graph_loop_run_on_threads_from_the_one_loop_start_up(monkeypatch):
+    """eventloop.start_loop_thread starts every loop thread: a daemon thread whose loop runs
+    by the time it returns; the VM's loop thread and the graph loop thread are its."""
+    from actorflow import eventloop
+    from actorflow.runtime import loop as graph_loop_module
+    loop, thread = eventloop.start_loop_thread("actorflow-test-loop")
+    try:
+        assert loop.is_running() and thread.daemon and thread.name == "actorflow-test-loop"
+        assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, "ran"), loop).result(5) == "ran"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert not thread.is_alive()
+    started, start_loop_thread = [], eventloop.start_loop_thread
+
+    def start(name):
+        started.append(name)
+        return start_loop_thread(name)
+    vm = af.lowlevel.VM(workers=1)              # a VM of its own, and a graph loop of its own
+    monkeypatch.setattr(graph_loop_module, "_GRAPH_LOOP", [])
+    monkeypatch.setattr(graph_loop_module, "_GRAPH_THREAD", [])
+    monkeypatch.setattr("actorflow.vm.scheduler.start_loop_thread", start)
+    monkeypatch.setattr(graph_loop_module, "start_loop_thread", start)
+    try:
+        vm._start_loop()
+        g_loop = graph_loop_module.graph_loop()
+        assert started == ["actorflow-vm", "actorflow-graphs"]
+        assert vm._loop.is_running() and g_loop.is_running()
+        assert graph_loop_module.on_graph_loop() is False
+    finally:
+        vm.shutdown()
+        for lp, t in zip(graph_loop_module._GRAPH_LOOP, graph_loop_module._GRAPH_THREAD):
+            lp.call_soon_threadsafe(lp.stop)
+            t.join(5)
+
+
 @pytest.mark.timeout(20)
 def test_queued_release_waits_for_pending_use_and_reclaim_does_not_deadlock():
     # Instructions hold their tensors, so through the public API a blob is released only

@@ -21,8 +21,8 @@ Completion of an act (``completed``, on the loop) hands its input registers back
 output register to every consumer (or returns it at once when it has none), releases tokens
 and re-checks neighbours. End of stream is queued after the last piece; an actor passes it on
 when it sees it (closing its other inputs) once its acts are done, and the run ends when
-every actor has passed it on and every register is home. An error or cancellation stops dispatch, waits for running acts,
-frees every register and joins every thread.
+every actor has passed it on and every register is home. An error or cancellation stops
+dispatch, waits for running acts, frees every register and joins every thread.
 """
 
 from __future__ import annotations
