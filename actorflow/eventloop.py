@@ -1,9 +1,11 @@
-"""The one place event loops are made, for the VM's loop thread and the actor graphs' loop
-thread (and the experiments): uvloop's when it is installed, asyncio's otherwise."""
+"""The one place event loops are made (uvloop's when it is installed, asyncio's otherwise),
+and the one place a thread is started to run one: the VM's loop thread and the actor
+graphs' loop thread (``start_loop_thread``)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -13,3 +15,20 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+def start_loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """Starts a daemon thread named ``name`` that runs a new event loop (``new_event_loop``)
+    until the loop is stopped; returns ``(loop, thread)`` once the loop is running."""
+    loop = new_event_loop()
+    started = threading.Event()
+
+    def main():
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        loop.run_forever()
+
+    thread = threading.Thread(target=main, name=name, daemon=True)
+    thread.start()
+    started.wait()
+    return loop, thread

@@ -150,14 +150,14 @@ def test_synchronize_timeout_is_a_total(monkeypatch):
             af.ones(1, device="null") + 1
     # each stream's wait gets what is left of the one total (a clock that moves 0.15 s per
     # wait), not 0.2 s of its own
-    import actorflow.vm.sync as sync_module
+    import actorflow.vm.scheduler as scheduler_module
     clock, given = [100.0], []
 
     def wait(instr, timeout=None):
         given.append(timeout)
         clock[0] += 0.15
     vm = get_vm()
-    monkeypatch.setattr(sync_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(vm, "wait", wait)
     vm.synchronize(timeout=0.2)
     assert given == pytest.approx([0.2, 0.05, 0.0])

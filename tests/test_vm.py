@@ -281,13 +281,13 @@ def test_unreported_errors_are_kept_up_to_a_bound_and_counted():
     for i in range(n):
         x[af.tensor([100 + i])]                    # fails in the kernel; nobody reads it
     assert af.lowlevel.vm_stats()["unreported_errors"] == n
-    assert len(vm._errors) <= bound                # the rest are counted, not kept
+    assert len(vm.errors.kept) <= bound                # the rest are counted, not kept
     with pytest.raises(af.KernelError, match="index 100 is out of bounds") as info:
         af.synchronize()                           # the first one
     err = info.value
     assert err.more_errors == n - 1 and err.dropped_errors == n - bound
     assert f"{n - 1} more kernel errors" in str(err) and f"{n - bound} of them were dropped unreported" in str(err)
-    assert af.lowlevel.vm_stats()["unreported_errors"] == 0 and len(vm._errors) == 0
+    assert af.lowlevel.vm_stats()["unreported_errors"] == 0 and len(vm.errors.kept) == 0
     af.synchronize()                               # all reported
     bad = x[af.tensor([7])]
     for _ in range(2 * bound):
@@ -427,6 +427,42 @@ def test_uvloop_is_used_when_installed():
     af.lowlevel.get_vm().set_test_hooks(seed=0)       # forces the loop to start
     (af.ones(2) + 1).numpy()
     assert isinstance(af.lowlevel.get_vm()._loop, uvloop.Loop)
+
+
+def test_the_vm_and_the_graph_loop_run_on_threads_from_the_one_loop_start_up(monkeypatch):
+    """eventloop.start_loop_thread starts every loop thread: a daemon thread whose loop runs
+    by the time it returns; the VM's loop thread and the graph loop thread are its."""
+    from actorflow import eventloop
+    from actorflow.runtime.sched import loop as graph_loop_module
+    loop, thread = eventloop.start_loop_thread("actorflow-test-loop")
+    try:
+        assert loop.is_running() and thread.daemon and thread.name == "actorflow-test-loop"
+        assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, "ran"), loop).result(5) == "ran"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert not thread.is_alive()
+    started, start_loop_thread = [], eventloop.start_loop_thread
+
+    def start(name):
+        started.append(name)
+        return start_loop_thread(name)
+    vm = af.lowlevel.VM(workers=1)              # a VM of its own, and a graph loop of its own
+    monkeypatch.setattr(graph_loop_module, "_GRAPH_LOOP", [])
+    monkeypatch.setattr(graph_loop_module, "_GRAPH_THREAD", [])
+    monkeypatch.setattr("actorflow.vm.scheduler.start_loop_thread", start)
+    monkeypatch.setattr(graph_loop_module, "start_loop_thread", start)
+    try:
+        vm._start_loop()
+        g_loop = graph_loop_module.graph_loop()
+        assert started == ["actorflow-vm", "actorflow-graphs"]
+        assert vm._loop.is_running() and g_loop.is_running()
+        assert graph_loop_module.on_graph_loop() is False
+    finally:
+        vm.shutdown()
+        for lp, t in zip(graph_loop_module._GRAPH_LOOP, graph_loop_module._GRAPH_THREAD):
+            lp.call_soon_threadsafe(lp.stop)
+            t.join(5)
 
 
 @pytest.mark.timeout(20)

@@ -11,7 +11,9 @@ still waits for it. What goes away is the meeting of the workers after every op 
 wake-up costs tens of microseconds, as much as a slice of a big kernel) and, for
 intermediates released inside the run, their memory.
 
-A mixin of the VM (its lock, loop thread, workers and error handling).
+``Runs`` is the VM's component for them: it owns the settings of runs and their counts, and
+is handed the VM, whose lock, workers and loop a run uses; the members complete on the VM
+(``VM._finish_run``), as every instruction does.
 """
 
 from __future__ import annotations
@@ -69,63 +71,74 @@ class _Run(Countdown):
         self.members = members
 
 
-class Fusing:
-    fuse_max = 1024               # members per run; 0 turns runs off
-    fusion_tile_bytes = 1 << 20   # bytes of one output tile a worker computes at a time
-    run_thread_min_work = 1 << 22  # elements x ops per slice from which a run spawns threads
-    _no_run_until = None          # after a run found no memory: the last member it tried
+class Runs:
+    """Forms runs behind large instructions and sends their slices to the workers, for
+    ``vm`` (``VM.runs``). Settings: ``fuse_max`` (members per run; 0 turns runs off),
+    ``tile_bytes`` (bytes of one output tile a worker computes at a time) and
+    ``thread_min_work`` (elements x ops per slice from which a run spawns threads of its
+    own). Counts: ``ops`` (op calls run as members), ``count`` (runs), ``elided``
+    (intermediates that never got memory)."""
 
-    def _dispatch_run(self, head) -> bool:
+    def __init__(self, vm):
+        self.vm = vm
+        self.fuse_max = 1024
+        self.tile_bytes = 1 << 20
+        self.thread_min_work = 1 << 22
+        self.ops = self.count = self.elided = 0
+        self._no_run_until = None     # after a run found no memory: the last member it tried
+
+    def dispatch(self, head) -> bool:
         """Dispatches ``head`` as the first member of a run; False if no run of two op calls
-        or more can be formed (nothing was changed then)."""
+        or more can be formed (nothing was changed then). On the VM's loop thread."""
         if self.fuse_max < 2:
             return False
         if self._no_run_until is not None:
             if not self._no_run_until.done:
                 return False            # those members run one by one (no retry per member)
             self._no_run_until = None
-        if self._any_error and first_error(head) is not None:
+        vm = self.vm
+        if vm._any_error and first_error(head) is not None:
             return False
         planner = head.split.planner(head)
         if planner is None:
             return False
-        with self._lock:
-            members, ops = collect(head, planner, self.fuse_max, self._any_error)
+        with vm._lock:
+            members, ops = collect(head, planner, self.fuse_max, vm._any_error)
         if ops < 2:
             return False
         run = _Run(members, 0)
         try:
-            slices = planner.prepare(self.workers, self.fusion_tile_bytes, self._poisoned,
+            slices = planner.prepare(vm.workers, self.tile_bytes, self._poisoned,
                                      lambda instr, e: self._run_error(run, instr, e))
         except OutOfMemoryError:
             self._no_run_until = members[-1]
             return False                # run the head alone: its own allocation decides
         run.left = len(slices)
-        if self.profiler is not None:
-            slices = self.profiler.run(members, slices)
-        self.fused += ops
-        self.fused_runs += 1
+        if vm.profiler is not None:
+            slices = vm.profiler.run(members, slices)
+        self.ops += ops
+        self.count += 1
         self.elided += planner.elided
         # Every slice runs off the loop thread, which stays free. A long run gets threads of
         # its own: woken together, two sleeping pool workers were often put on the same CPU
         # by the OS and shared it for milliseconds, while a new thread starts on an idle one.
         # Measured on 100 ops of 1M elements, interleaved in one process: new threads 0.60x
         # and 0.71x numpy's median time, pool workers 0.75x and 0.81x.
-        long = planner.numel * ops >= self.run_thread_min_work * len(slices)
+        pool = vm._pool
+        send = (pool.spawn if planner.numel * ops >= self.thread_min_work * len(slices)
+                else pool.submit)
         for s in slices:
-            if long:
-                self._pool.spawn(self._run_slice, run, s)
-            else:
-                self._pool.submit(self._run_slice, run, s)
+            send(self._run_slice, run, s)
         return True
 
     def _poisoned(self, instr) -> bool:
-        return self._any_error and first_error(instr) is not None
+        return self.vm._any_error and first_error(instr) is not None
 
     def _run_error(self, run, instr, e) -> None:
         with run.lock:
             if instr.error is None:
-                self._fail(instr, self._kernel_error(instr, e))
+                vm = self.vm
+                vm._fail(instr, vm._kernel_error(instr, e))
 
     def _run_slice(self, run, piece) -> None:
         try:
@@ -135,25 +148,4 @@ class Fusing:
                 if m.kind == OP_CALL:
                     self._run_error(run, m, e)
         if run.finish_one():
-            self._loop.call_soon_threadsafe(self._finish_run, run)
-
-    def _finish_run(self, run) -> None:
-        """On the loop, once every slice is done: a member whose input was poisoned by a
-        member that failed fails too (as it would have run alone), releases free their
-        blobs, and the members complete in issue order."""
-        members = run.members
-        for m in members:
-            if m.kind == RELEASE:
-                self._execute(m)
-            elif self._any_error and m.error is None:
-                err = first_error(m)
-                if err is not None:
-                    self._fail(m, err)
-        with self._lock:
-            for m in members:
-                m.done = True             # so completing one never readies another
-            for m in members:
-                self._complete(m)
-            more = bool(self._ready) and not self._wake_pending
-        if more:
-            self._drain()
+            self.vm._loop.call_soon_threadsafe(self.vm._finish_run, run.members)

@@ -14,6 +14,9 @@
   checks its inputs before writing) leaves the blobs it both reads and writes as they were,
   with the error only noted on them (reported once, at their next read or synchronize);
   and an op call that overwrites a poisoned blob entirely, without reading it, clears it.
+- ``wait`` and ``synchronize`` wait on its instructions under its lock; the kernel errors a
+  sync point raises are kept by its ``errors`` (``sync.py``). Runs of elementwise op calls
+  are formed by its ``runs`` (``fusion.py``) and complete here (``_finish_run``).
 - While ``af.profile()`` is on, ``profiler`` (``profiler.py``) sees every kernel issued, run
   inline or cut into slices; off, it is None and costs one test per instruction.
 """
@@ -25,22 +28,26 @@ import atexit
 import os
 import random
 import threading
+import time
 from collections import deque
 from time import perf_counter
 
 from ..backends.base import on_memory_pressure
-from ..eventloop import new_event_loop
+from ..errors import KernelError, VMError
+from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
-from .fusion import Fusing
+from .fusion import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
 from .release import collect
-from .sync import Dropped, Waiting
+from .sync import KeptErrors
 from .workers import Countdown, Workers
 
 
-class VM(Waiting, Fusing):
-    """The virtual machine. One per process: ``actorflow.vm.get_vm()``."""
+class VM:
+    """The virtual machine. One per process: ``actorflow.vm.get_vm()``. Its components
+    own their own state: ``errors`` (the kernel errors kept for the next synchronize,
+    ``sync.py``), ``runs`` (runs of elementwise op calls, ``fusion.py``), the CPU workers."""
 
     def __init__(self, workers: int | None = None):
         self._lock = threading.Lock()
@@ -59,12 +66,9 @@ class VM(Waiting, Fusing):
         self.loop_share = 0.6                # of a split kernel, run by the loop thread
         self.issued = self.completed = 0    # through submit
         self.inlined = 0                    # through run_inline (issued and completed at once)
-        self.fused = self.fused_runs = 0    # op calls run as members of runs, and the runs
-        self.elided = 0                     # intermediates of runs that never got memory
+        self.runs = Runs(self)              # runs of elementwise op calls (fusion.py)
         self._blocked = 0
-        self._errors: deque = deque()       # kernel errors since the last synchronize: the
-        self._errors_lock = threading.Lock()  # first MAX_KEPT_ERRORS, the rest only counted
-        self._dropped = Dropped(self._errors_lock)
+        self.errors = KeptErrors()          # kernel errors since the last synchronize
         self._any_error = False             # until a kernel fails, skip the poison checks
         self._max_delay = 0.0               # test hook: random delay before each kernel
         self.profiler = None                # while af.profile() is on: its Recorder (profiler.py)
@@ -198,18 +202,8 @@ class VM(Waiting, Fusing):
         self._loop.call_soon_threadsafe(self._drain)
 
     def _start_loop(self) -> None:
-        started = threading.Event()
-
-        def main():
-            asyncio.set_event_loop(self._loop)
-            self._loop.call_soon(started.set)
-            self._loop.run_forever()
-
-        self._loop = new_event_loop()
         self._pool = Workers(self.workers)
-        self._thread = threading.Thread(target=main, name="actorflow-vm", daemon=True)
-        self._thread.start()
-        started.wait()
+        self._loop, self._thread = start_loop_thread("actorflow-vm")
 
     def _drain(self) -> None:
         """On the loop: dispatches every ready instruction (those it readies too). Kernels
@@ -270,7 +264,7 @@ class VM(Waiting, Fusing):
             return
         pieces = None
         if instr.split is not None and instr.cost >= self.parallel_min_cost:
-            if instr.next is not None and self._dispatch_run(instr):
+            if instr.next is not None and self.runs.dispatch(instr):
                 return
             if self.workers > 1:
                 pieces = self._split(instr)
@@ -334,6 +328,115 @@ class VM(Waiting, Fusing):
         if more:
             self._drain()
 
+    def _finish_run(self, members: list) -> None:
+        """On the loop, once every slice of a run (``fusion.py``) is done: a member whose
+        input was poisoned by a member that failed fails too (as it would have run alone),
+        releases free their blobs, and the members complete in issue order."""
+        for m in members:
+            if m.kind == RELEASE:
+                self._execute(m)
+            elif self._any_error and m.error is None:
+                err = first_error(m)
+                if err is not None:
+                    self._fail(m, err)
+        with self._lock:
+            for m in members:
+                m.done = True             # so completing one never readies another
+            for m in members:
+                self._complete(m)
+            more = bool(self._ready) and not self._wake_pending
+        if more:
+            self._drain()
+
+    # -- waiting -------------------------------------------------------------------------
+    def wait(self, instr: Instruction, timeout: float | None = None) -> None:
+        """Blocks the calling thread until ``instr`` is done."""
+        with self._lock:
+            if instr.done:
+                return
+            if threading.current_thread() is self._thread:
+                raise VMError("cannot wait for a result on the actorflow VM thread (inside a "
+                              "kernel or a completion callback); wait from user code instead")
+            ev = threading.Event()
+            self._add_waiter(instr, ev.set)
+        if not ev.wait(timeout):
+            raise TimeoutError(f"timed out after {timeout} s waiting for {instr!r}")
+
+    async def wait_async(self, instr: Instruction) -> None:
+        """Awaits ``instr`` without blocking the running event loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if instr.done:
+                return
+            fut = loop.create_future()
+            waiter = lambda: loop.call_soon_threadsafe(_set_done, fut)  # noqa: E731
+            self._add_waiter(instr, waiter)
+        try:
+            await fut
+        finally:
+            if not fut.done():                  # cancelled: forget this waiter
+                with self._lock:
+                    if instr.waiters and waiter in instr.waiters:
+                        instr.waiters.remove(waiter)
+
+    @staticmethod
+    def _add_waiter(instr, fn) -> None:
+        if instr.waiters is None:
+            instr.waiters = [fn]
+        else:
+            instr.waiters.append(fn)
+
+    def tails(self) -> list:
+        """The last instruction issued on every stream that is not done yet."""
+        from ..backends import loaded_backends
+        out = []
+        with self._lock:
+            for backend in loaded_backends():
+                for s in backend.streams():
+                    t = s.tail
+                    if t is not None and not t.done:
+                        out.append(t)
+        return out
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Waits (at most ``timeout`` seconds in all) for everything issued so far, then
+        raises the first kernel error not yet reported (and forgets the rest)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self.tails():
+            self.wait(t, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.collect_releases()
+        self.errors.raise_unreported()
+
+    def synchronize_quietly(self) -> None:
+        """Waits for everything issued so far; kernel errors stay for the next sync point."""
+        for t in self.tails():
+            self.wait(t)
+
+    async def synchronize_async(self) -> None:
+        for t in self.tails():
+            await self.wait_async(t)
+        self.collect_releases()
+        self.errors.raise_unreported()
+
+    # -- kernel errors (from any thread, on the error path only) ------------------------
+    def _kernel_error(self, instr, e, intact: bool = False):
+        # instr: anything with .name and .stream. The traceback is kept as text only: its
+        # frames hold the kernel's arguments, which would pin their memory for as long as
+        # the error lives (on the poisoned blobs, the stream's last instruction...).
+        # intact: the op wrote nothing (deps.wrote_nothing); _fail only notes it then.
+        # An interrupt (Ctrl-C, SystemExit: not an Exception) is raised to the caller where
+        # it happened; the error made of it only poisons what the kernel was writing (its
+        # values are unknown) and is never raised again by synchronize().
+        if isinstance(e, KernelError):
+            return e
+        err = KernelError.of(instr.name, str(instr.stream.device), e, intact)
+        self._any_error = True
+        if isinstance(e, Exception):
+            self.errors.keep(err)     # (its own lock: callers may hold the VM's)
+        else:
+            err._reported = True      # the caller is raising the interrupt itself
+        return err
+
     # -- test hooks and settings --------------------------------------------------------
     @property
     def inline_max_cost(self) -> int:
@@ -347,6 +450,25 @@ class VM(Waiting, Fusing):
         # what submit and run_inline compare with: one check for both the setting and the
         # random-dispatch test hook, which sends everything through the loop
         self._inline_limit = value if self._rng is None else -1
+
+    @property
+    def fuse_max(self) -> int:
+        """Members per run of elementwise op calls; 0 turns runs off (``runs.fuse_max``)."""
+        return self.runs.fuse_max
+
+    @fuse_max.setter
+    def fuse_max(self, value: int) -> None:
+        self.runs.fuse_max = value
+
+    @property
+    def fusion_tile_bytes(self) -> int:
+        """Bytes of one output tile a worker computes at a time in a run
+        (``runs.tile_bytes``)."""
+        return self.runs.tile_bytes
+
+    @fusion_tile_bytes.setter
+    def fusion_tile_bytes(self, value: int) -> None:
+        self.runs.tile_bytes = value
 
     def set_test_hooks(self, seed: int | None = None, max_delay: float = 0.0) -> None:
         """With a seed: every instruction goes through the loop, ready ones are dispatched in
@@ -363,8 +485,8 @@ class VM(Waiting, Fusing):
             return {"issued": self.issued + self.inlined,
                     "completed": self.completed + self.inlined,
                     "in_flight": self.issued - self.completed, "inlined": self.inlined,
-                    "fused": self.fused, "fused_runs": self.fused_runs, "elided": self.elided,
-                    "unreported_errors": self.unreported_errors()}
+                    "fused": self.runs.ops, "fused_runs": self.runs.count,
+                    "elided": self.runs.elided, "unreported_errors": self.errors.unreported()}
 
     def shutdown(self) -> None:
         """Stops the loop thread and the CPU workers (at exit)."""
@@ -381,6 +503,11 @@ class VM(Waiting, Fusing):
         self._loop = self._thread = self._pool = None
 
 
+def _set_done(fut) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 _VM = VM()
 atexit.register(_VM.shutdown)
 on_memory_pressure(lambda: _VM.collect_releases(submit_pending=False))
@@ -388,3 +515,4 @@ on_memory_pressure(lambda: _VM.collect_releases(submit_pending=False))
 
 def get_vm() -> VM:
     return _VM
+

@@ -101,7 +101,7 @@ class ActorThread:
         self.abandoned = False
         self.token = None               # the Stragglers' hold on acts not seen to complete
         self.posted = threading.Event() if sched.serial else None   # (a serial run waits
-        # for each act of its thread: Completion._wait_act)
+        # for each act of its thread: TimedActs.wait_act)
         self.thread = threading.Thread(target=self._main, name=f"actorflow-{state.actor.name}",
                                        daemon=True)
 

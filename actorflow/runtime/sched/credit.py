@@ -17,12 +17,12 @@ of its resource tokens at once. Nothing polls and there is no task per piece:
   (a plan made whole, ``Plan.defer``: every actor does so, and the registers of all of them
   come at once when the last is sized, shared by lifetime where the budget needs it).
 
-Completion of an act hands its input registers back, sends its output register to every
-consumer (or returns it at once when it has none), releases tokens and re-checks neighbours.
-End of stream is queued after the last piece; an actor passes it on when it sees it (closing
-its other inputs) once its acts are done, and the run ends when every actor has passed it on
-and every register is home. An error or cancellation stops dispatch, waits for running acts,
-frees every register and joins every thread.
+Completion of an act (``completed``, on the loop) hands its input registers back, sends its
+output register to every consumer (or returns it at once when it has none), releases tokens
+and re-checks neighbours. End of stream is queued after the last piece; an actor passes it on
+when it sees it (closing its other inputs) once its acts are done, and the run ends when
+every actor has passed it on and every register is home. An error or cancellation stops
+dispatch, waits for running acts, frees every register and joins every thread.
 """
 
 from __future__ import annotations
@@ -33,36 +33,41 @@ import time
 import traceback
 from collections import deque
 
-from ..graph.actors import Collector
+from ...errors import ActorError
+from ..graph.actors import Collector, Sized, read_piece
 from ..graph.source import SourceActor
-from .completion import Completion
-from .timed import TimedActs
-from .state_gates import gates_open, make_gates
+from .state_gates import gates_open, gates_passed, make_gates
 from ..observe.hooks import VirtualClock
-from ..plan.registers import EOS
-from ..plan.sharing import bind_gates, gate_open, taken
+from .output import RunOutput
+from ..plan.registers import EOS, Register
+from ..plan.sharing import bind_gates, gate_open, taken, untaken, went_home
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
+from ..plan.spec import NOTHING
 from .actor_runs import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
 from .stragglers import Stragglers
-from ..observe.timeline import Timeline, record_act
+from .timed import TimedActs
+from ..observe.timeline import Timeline, delayed, record_act
 from ..observe.watchdog import stalled
 
 DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
 
 
-class CreditScheduler(TimedActs, Completion):
+class CreditScheduler:
     """Runs one planned graph once. ``deliver(value)`` receives the collector's outputs;
-    ``room`` is how many it may deliver before ``credit_back()`` is called."""
+    ``room`` is how many it may deliver before ``output.credit_back()`` is called.
+
+    One object holds what every message reads and writes (the actors' states, the ready
+    queue, the tokens, the flags of a stop); its components own their own state and are
+    handed the scheduler: ``output`` (``RunOutput``: the collector's copies out, the
+    caller's room), ``timed`` (``TimedActs``: timeouts, the async acts' tasks),
+    ``stragglers`` (acts a stop abandoned), ``timeline`` (what a trace records)."""
 
     def __init__(self, plan, deliver, room: int, seed=None, trace=None, serial=False,
                  keep_acts=0):
         self.plan = plan
-        self.deliver = deliver
-        self.room = room
         self.rng = random.Random(seed) if seed is not None else None
         self.serial = serial            # a test schedule: see observe.py
         self.clock = VirtualClock(self._held) if serial else None
-        self.room0, self.taken = room, 0    # (serial: credits back, applied once caught up)
         self.states = make_states(plan, make_gates(plan.actors), serial)
         self.by_actor = {st.actor: st for st in self.states}
         self.tokens = dict(plan.resources)
@@ -75,9 +80,6 @@ class CreditScheduler(TimedActs, Completion):
         self.done = None
         self.start_time = self.end_time = None
         self.threads: list = []
-        self.pending_tasks: set = set()
-        self.async_acts: dict = {}      # task -> (state, piece, regs, out_reg, timer)
-        self.async_tokens: dict = {}    # task -> Stragglers token, once the run is over
         self.finished = False           # run() returned: messages are ignored from now on
         self.stragglers = Stragglers(plan)
         self.inbox: deque = deque()     # completions posted by actor threads
@@ -89,6 +91,9 @@ class CreditScheduler(TimedActs, Completion):
         self.trace_path = trace         # run(trace=...): where the timeline is written
         self.timeline = (Timeline(self.states, plan, 0 if trace else keep_acts)
                          if trace or keep_acts else None)
+        self.output = RunOutput(self, self.collector, deliver, room, serial)
+        self._collect = self.output.collect         # (on every try of the collector)
+        self.timed = TimedActs(self)
         if not serial and not self.deferred:
             pipe_actors(self.states)
 
@@ -180,8 +185,7 @@ class CreditScheduler(TimedActs, Completion):
         self.stopping = True
         if error is not None and self.error is None:
             self.error = error
-        for task in list(self.pending_tasks):
-            task.cancel()               # async sources awaiting their next item
+        self.timed.cancel()             # async acts, async sources awaiting their next item
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
@@ -190,9 +194,8 @@ class CreditScheduler(TimedActs, Completion):
             return
         if all(st.ended and (st.out is None or st.out.home()) for st in self.states):
             self.done.set_result(None)
-        elif not any(st.in_flight for st in self.states) and not self.pending_tasks:
-            if self.collector is None or (self.room == self.room0 if self.serial
-                                          else self.room > 0):   # (else the caller is behind)
+        elif not any(st.in_flight for st in self.states) and not self.timed.tasks:
+            if self.collector is None or self.output.caller_waits():  # (else it is behind)
                 # nothing runs, nothing can start, and the caller is not what it waits for:
                 # by construction this never happens; if it does, say why instead of hanging
                 self.stop(stalled(self))
@@ -215,12 +218,7 @@ class CreditScheduler(TimedActs, Completion):
             if t.token is None:
                 t.thread.join()         # nothing sent to it is running: it exits at once
         self.threads.clear()
-        for task, (st, piece, regs, out_reg, timer) in list(self.async_acts.items()):
-            if timer is not None:
-                timer.cancel()
-            if not task.done():         # cancelled by stop(), or cancelled from outside
-                self.async_tokens[task] = held.hold(st.actor, [(piece, regs, out_reg)])
-                task.cancel()
+        self.timed.let_go(held)
 
     # -- checking and acting ---------------------------------------------------------------
     def wake(self, st: ActorState) -> None:
@@ -247,7 +245,7 @@ class CreditScheduler(TimedActs, Completion):
                 self._try(st)
         finally:
             self.draining = False
-        if self.clock is not None and self.clock.held and not self._caller_behind():
+        if self.clock is not None and self.clock.held and not self.output.caller_behind():
             self.clock.resume()         # (it held while acts were ready)
         if not self.stopping:
             self._check_quiet()
@@ -258,7 +256,7 @@ class CreditScheduler(TimedActs, Completion):
 
     def _try(self, st: ActorState) -> None:
         if st is self.collector:
-            self.collect(st)
+            self._collect()
             return
         if st.piped:                    # its thread takes its own acts
             return
@@ -330,18 +328,12 @@ class CreditScheduler(TimedActs, Completion):
             st.jobs[piece] = (regs, out_reg)
             st.thread.queue.put((piece, regs, out_reg))
             if self.serial:
-                self._wait_act(st, piece)
+                self.timed.wait_act(st, piece)
             elif st.actor.timeout is not None:
-                self._time_act(st, piece)
+                self.timed.time_act(st, piece)
             return
         if st.mode == "async":
-            task = self.loop.create_task(self._act_async(st, piece, regs, out_reg))
-            self.pending_tasks.add(task)
-            timer = None                # one per act: an async stage's acts overlap
-            if st.actor.timeout is not None:
-                timer = self.loop.call_later(st.actor.timeout, self._timed_out, st, piece)
-            self.async_acts[task] = (st, piece, regs, out_reg, timer)
-            task.add_done_callback(lambda t: self._async_done(t, st, piece, regs, out_reg))
+            self.timed.start(st, piece, regs, out_reg)
             return
         t0 = time.perf_counter()
         err = result = None
@@ -362,3 +354,255 @@ class CreditScheduler(TimedActs, Completion):
             self._in_order(st, piece, regs, out_reg, result, err, dt)  # still be timed)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
+
+    # -- completion ------------------------------------------------------------------------
+    def read_inbox(self) -> None:
+        """Completions posted by actor threads since the last wake-up, in order. (The flag is
+        cleared before reading, so a completion appended after the last read wakes again.)"""
+        self.inbox_woken = False
+        if self.done is None or self.finished:
+            return      # not set off on the loop yet (run() reads it then), or over
+        inbox = self.inbox
+        try:
+            while inbox:
+                delay, st, piece, regs, out_reg, result, err, dt = inbox.popleft()
+                if delay is None:
+                    self._piped(st, piece, regs, out_reg, result, err)
+                elif delay > 0:
+                    (self.clock or self.loop).call_later(delay, self.completed, st, piece,
+                                                         regs, out_reg, result, err, dt + delay)
+                elif st.ordered:
+                    self._in_order(st, piece, regs, out_reg, result, err, dt)
+                else:
+                    self._complete(st, piece, regs, out_reg, result, err, dt)
+            self.drain()
+        except BaseException as e:  # noqa: BLE001 - as in completed()
+            self._internal(e)
+
+    def completed(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        """An act finished (called on the loop, from a thread's post or a timer)."""
+        if self.finished:
+            return
+        if self.timeline is not None and self.timeline.started:
+            delayed(self.timeline, st, piece)      # (an act with simulated time ends now)
+        try:
+            if st.ordered:
+                self._in_order(st, piece, regs, out_reg, result, err, dt)
+            else:
+                self._complete(st, piece, regs, out_reg, result, err, dt)
+            self.drain()
+        except BaseException as e:  # noqa: BLE001 - a callback must never leave a run hanging
+            self._internal(e)
+
+    def _in_order(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        """Acts that overlap (an async stage's, a replicated stage's) may end out of
+        order: each is handled once every earlier piece's is, so pieces leave in order.
+        (An error is handled at once: it stops the run.)"""
+        if err is not None:
+            self._complete(st, piece, regs, out_reg, result, err, dt)
+            return
+        st.early[piece] = (regs, out_reg, result, err, dt)
+        while st.next_done in st.early and not self.stopping:
+            p = st.next_done
+            st.next_done += 1
+            self._complete(st, p, *st.early.pop(p))
+
+    def _piped(self, st, piece, reg, out_reg, result, err) -> None:
+        """What a piped actor's thread left to the loop (``state.PipedThread``): an error,
+        its end of stream, an input register to take home or an output to send on, piece
+        0 that sizes its registers."""
+        if err is not None:
+            e, tb = err
+            error = ActorError(st.actor.name, piece, e, tb)
+            error.__cause__ = e
+            self.stop(error)
+            return
+        if result is EOS:
+            st.in_flight = 0
+            self._end(st)
+            return
+        if reg is not None:
+            self._hand_back(reg)
+        if type(result) is Sized:
+            self._sized(st, piece, result)
+        elif out_reg is not None:
+            self._send(st, out_reg, piece)
+
+    def _internal(self, e: BaseException) -> None:
+        """An error raised while handling a message (not inside an act): stop the run with
+        it, so it reaches the caller instead of the loop's log."""
+        self.draining = False
+        self.stop(e)
+
+    def _complete(self, st, piece, regs, out_reg, result, err, dt) -> None:
+        st.in_flight -= 1
+        if st.jobs:
+            st.jobs.pop(piece, None)
+        if st.timer is not None:
+            st.timer.cancel()
+            st.timer = None
+        st.compute_s += dt
+        for name, n in st.tokens:
+            self.tokens[name] += n
+            waiters = self.token_waiters[name]
+            while waiters:
+                self.wake(waiters.pop())
+        for reg in regs:
+            self._hand_back(reg)
+        if st.gates is not None and err is None and result is not EOS:
+            gates_passed(st, self.wake)
+        if err is not None:
+            e, tb = err
+            error = ActorError(st.actor.name, piece, e, tb)
+            error.__cause__ = e
+            self.stop(error)
+        elif result is EOS or (st.max_in_flight == 0 and st.out is not None):
+            # a source ran out (acts it had queued after that are discarded), or the actor
+            # was stopped because nobody reads it any more
+            if out_reg is not None:
+                if st.share is not None:
+                    untaken(st, out_reg)
+                st.out.free.append(out_reg)
+            st.max_in_flight = 0
+        elif type(result) is Sized:
+            self._sized(st, piece, result)
+        else:
+            st.acts += 1
+            self._send(st, out_reg, piece)
+        if self.stopping:
+            return
+        if st.max_in_flight == 0 and st.in_flight == 0 and not st.ended:
+            self._end(st)
+        self.wake(st)
+
+    def _sized(self, st, piece, result) -> None:
+        """Piece 0 of an actor planned lazily: allocate its registers (and those of op
+        actors downstream that can now infer; in a plan made whole, every actor's once the
+        last is sized), then send piece 0 in a one-off register."""
+        try:
+            sized = self.plan.size(st.actor)
+        except Exception as e:  # noqa: BLE001 - PlanError, or an op actor that cannot trace
+            self.stop(e)
+            return
+        spec = st.actor.out_spec
+        reg = Register(st.out, -1, result.leaves, spec.nbytes,
+                       read_piece(result.leaves, spec))
+        st.acts += 1
+        self._send(st, reg, piece)
+        self._allocated(sized)
+
+    def _allocated(self, sized: list) -> None:
+        """The registers of the ``sized`` actors exist now: their acts may go on (a plan
+        made whole: every actor's, with the memory gates of those that share bytes and the
+        pipes of the chains that may be piped, decided only now)."""
+        if self.deferred and not self.plan.whole:
+            self.deferred = False
+            if self.plan.sharing is not None:
+                self.live = bind_gates(self.plan.sharing, self.by_actor)
+                for st in self.states:
+                    if st.share is not None:
+                        st.share.homes[0] = 1   # (piece 0 used its own arrays: done)
+            if not self.serial:
+                self.pipe_late()
+        for a in sized:
+            sa = self.by_actor[a]
+            pipe = sa.out.pipe
+            while pipe is not None and sa.out.free:      # a piped actor's credits
+                pipe.put(sa.out.free.popleft())
+            if sa.mode == "undecided" and not sa.ended:
+                a.inline = a.small()
+                if a.inline or self.serial:
+                    sa.mode = "inline"
+                else:
+                    sa.mode = "thread"
+                    sa.max_in_flight = 1 if (a.resources or a.time is not None) else 1 << 30
+            self.wake(sa)
+        if not self.plan.pending and self.collector is not None:
+            self.wake(self.collector)
+
+    def _send(self, st, reg, piece) -> None:
+        reg.piece = piece
+        consumers = [p for p in st.out.consumers if not p.closed]
+        if not consumers:
+            if reg.index >= 0:
+                if st.out.pipe is not None:
+                    st.out.pipe.put(reg)
+                    return
+                st.out.free.append(reg)
+                if st.share is not None:
+                    went_home(st, reg, self.wake)
+            return
+        reg.pending = len(consumers)
+        for p in consumers:
+            if p.pipe is not None:
+                p.pipe.put(reg)
+            else:
+                p.queue.append(reg)
+                self.wake(self.by_actor[p.actor])
+
+    def _hand_back(self, reg) -> None:
+        """A consumer is done with ``reg``: once all are, it is free (a credit) again. (A
+        one-off piece-0 register, index -1, is dropped.)"""
+        reg.pending -= 1
+        if reg.pending == 0 and reg.index >= 0:
+            port = reg.owner
+            if port.pipe is not None:
+                port.pipe.put(reg)
+                return
+            port.free.append(reg)
+            st = self.by_actor[port.actor]
+            if st.share is not None:
+                went_home(st, reg, self.wake)
+            self.wake(st)
+
+    def _end(self, st: ActorState) -> None:
+        """Passes end of stream on: closes the inputs (handing back what is queued), marks
+        every consumer's input, and lets producers whose consumers are all closed stop."""
+        if st.ended:
+            return
+        st.ended = True
+        if st.share is not None:        # who waits on its bytes waits no more
+            waiters = st.share.waiters
+            while waiters:
+                self.wake(waiters.pop())
+        if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
+            if st.actor.out_spec is None:
+                st.actor.out_spec = NOTHING
+            try:
+                sized = self.plan.unpend(st.actor)
+            except Exception as e:  # noqa: BLE001 - PlanError: the whole plan does not fit
+                self.stop(e)
+                return
+            self._allocated(sized)
+            if not self.plan.pending and self.collector is not None:
+                self.wake(self.collector)
+        if st.thread is not None:       # no act comes after the end: its threads may exit
+            for _ in range(st.actor.replicas):
+                st.thread.queue.put(None)
+        for p in st.ins:
+            self._close(p)
+        if st.out is not None:
+            for p in st.out.consumers:
+                if p.pipe is not None:
+                    p.pipe.put(EOS)
+                elif not p.closed:
+                    p.queue.append(EOS)
+                    self.wake(self.by_actor[p.actor])
+
+    def _close(self, port) -> None:
+        port.closed = True
+        while port.queue:
+            reg = port.queue.popleft()
+            if reg is not EOS:
+                self._hand_back(reg)
+        prod = self.by_actor[port.producer.actor]
+        if not prod.ended and all(p.closed for p in port.producer.consumers):
+            # nobody reads it any more: it stops at the next check, as if at end of stream
+            prod.max_in_flight = 0
+            if prod.in_flight == 0:
+                self._end(prod)
+
+    def _held(self) -> bool:
+        """(A serial run) virtual time stands still while acts are ready (a drain gave the
+        loop a turn) or the caller is behind."""
+        return bool(self.ready) or self.output.caller_behind()

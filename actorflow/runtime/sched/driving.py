@@ -79,7 +79,7 @@ def run_blocking(g, feed=None, trace=None, progress=False):
                 raise item.error
             owed += 1                     # hand credits back in batches: fewer wake-ups
             if owed >= batch or out.empty():
-                loop.call_soon_threadsafe(sched.credit_back, owed)
+                loop.call_soon_threadsafe(sched.output.credit_back, owed)
                 owed = 0
             yield item
     finally:
@@ -180,7 +180,7 @@ async def run_async(g, feed=None, trace=None, progress=False):
             watch.follow(asyncio.current_task())
             if items:
                 value = items.pop(0)
-                sched.credit_back()
+                sched.output.credit_back()
                 yield value
                 continue
             if task.done():

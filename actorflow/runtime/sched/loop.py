@@ -9,7 +9,7 @@ import contextlib
 import threading
 import warnings
 
-from ...eventloop import new_event_loop
+from ...eventloop import start_loop_thread
 
 _GRAPH_LOOP: list = []
 _GRAPH_THREAD: list = []
@@ -21,18 +21,8 @@ def graph_loop():
     thread for the process, started on first use, like the VM's."""
     with _GRAPH_LOOP_LOCK:
         if not _GRAPH_LOOP:
-            loop = new_event_loop()
-            started = threading.Event()
-
-            def main():
-                asyncio.set_event_loop(loop)
-                loop.call_soon(started.set)
-                loop.run_forever()
-
-            t = threading.Thread(target=main, name="actorflow-graphs", daemon=True)
-            t.start()
-            started.wait()
-            _GRAPH_THREAD.append(t)
+            loop, thread = start_loop_thread("actorflow-graphs")
+            _GRAPH_THREAD.append(thread)
             _GRAPH_LOOP.append(loop)
         return _GRAPH_LOOP[0]
 

@@ -66,8 +66,8 @@ def watch_pipes(sched, last=None) -> None:
         return
     states = sched.states
     progress = tuple(st.acts for st in states)
-    quiet = (not sched.inbox and not sched.ready and not sched.pending_tasks
-             and (sched.collector is None or sched.room > 0)
+    quiet = (not sched.inbox and not sched.ready and not sched.timed.tasks
+             and (sched.collector is None or sched.output.room > 0)
              and all(st.ended or (st.cause is not None if st.piped else st.in_flight == 0)
                      for st in states))
     if quiet and progress == last:
