@@ -1,4 +1,4 @@
-"""The eager fast paths. Runs of elementwise instructions (vm/fusion.py, vm/planner.py):
+"""The eager fast paths. Runs of elementwise instructions (vm/runs.py, vm/run_cuts.py):
 the same results as one by one, intermediates nobody can see never get memory, ones somebody
 can see do, and errors and memory limits behave as they do without runs. Fresh kernels
 (small outputs allocated by numpy on the inline path): bit-identical to the kernels."""

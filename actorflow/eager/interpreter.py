@@ -14,7 +14,7 @@ from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from ..vm.opcall import call_fresh, call_op, null_kernel, run_access, run_op
-from ..vm.planner import ELEMENTWISE
+from ..vm.run_cuts import ELEMENTWISE
 
 
 class _State(threading.local):

@@ -44,7 +44,7 @@ class Split:
     """What an instruction's ``split`` is: ``split(instr, n, first_share)`` cuts it into
     ``n`` callables run on the workers (the first, ``first_share`` of the work, may run on
     the loop thread); ``planner(head)`` starts planning a run of queued instructions led by
-    ``head`` (``vm/fusion.py``), or returns None when it cannot lead one."""
+    ``head`` (``vm/runs.py``), or returns None when it cannot lead one."""
 
     __slots__ = ()
 

@@ -9,7 +9,7 @@ While a profile is on, the VM hands every kernel it runs to a ``Recorder`` (its
   kernel (the null device's timer), the bytes written and the device's memory in use;
 - ``inline(...)`` (``VM.run_inline``) wraps an op call run on the spot;
 - ``pieces`` (a kernel cut into slices) and ``run`` (a run of elementwise ops,
-  ``fusion.py``) wrap the slices; the op's span is from its first slice's start to its
+  ``runs.py``) wrap the slices; the op's span is from its first slice's start to its
   last slice's end, and the members of a run share the run's span.
 
 Records are plain objects appended to one list under the VM lock, so their order is the

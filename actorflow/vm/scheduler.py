@@ -16,7 +16,7 @@
   and an op call that overwrites a poisoned blob entirely, without reading it, clears it.
 - ``wait`` and ``synchronize`` wait on its instructions under its lock; the kernel errors a
   sync point raises are kept by its ``errors`` (``sync.py``). Runs of elementwise op calls
-  are formed by its ``runs`` (``fusion.py``) and complete here (``_finish_run``).
+  are formed by its ``runs`` (``runs.py``) and complete here (``_finish_run``).
 - While ``af.profile()`` is on, ``profiler`` (``profiler.py``) sees every kernel issued, run
   inline or cut into slices; off, it is None and costs one test per instruction.
 """
@@ -37,7 +37,7 @@ from ..errors import KernelError, VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
-from .fusion import Runs
+from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
 from .release import collect
 from .sync import KeptErrors
@@ -47,7 +47,7 @@ from .workers import Countdown, Workers
 class VM:
     """The virtual machine. One per process: ``actorflow.vm.get_vm()``. Its components
     own their own state: ``errors`` (the kernel errors kept for the next synchronize,
-    ``sync.py``), ``runs`` (runs of elementwise op calls, ``fusion.py``), the CPU workers."""
+    ``sync.py``), ``runs`` (runs of elementwise op calls, ``runs.py``), the CPU workers."""
 
     def __init__(self, workers: int | None = None):
         self._lock = threading.Lock()
@@ -66,7 +66,7 @@ class VM:
         self.loop_share = 0.6                # of a split kernel, run by the loop thread
         self.issued = self.completed = 0    # through submit
         self.inlined = 0                    # through run_inline (issued and completed at once)
-        self.runs = Runs(self)              # runs of elementwise op calls (fusion.py)
+        self.runs = Runs(self)              # runs of elementwise op calls (runs.py)
         self._blocked = 0
         self.errors = KeptErrors()          # kernel errors since the last synchronize
         self._any_error = False             # until a kernel fails, skip the poison checks
@@ -329,7 +329,7 @@ class VM:
             self._drain()
 
     def _finish_run(self, members: list) -> None:
-        """On the loop, once every slice of a run (``fusion.py``) is done: a member whose
+        """On the loop, once every slice of a run (``runs.py``) is done: a member whose
         input was poisoned by a member that failed fails too (as it would have run alone),
         releases free their blobs, and the members complete in issue order."""
         for m in members:

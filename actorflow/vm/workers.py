@@ -51,7 +51,7 @@ class Workers:
 
     def spawn(self, fn, *args) -> None:
         """Runs ``fn(*args)`` on a new daemon thread of its own (for long work: the OS puts a
-        new thread on an idle CPU, see vm/fusion.py)."""
+        new thread on an idle CPU, see vm/runs.py)."""
         threading.Thread(target=fn, args=args, name=f"{self._name}-run", daemon=True).start()
 
     def shutdown(self, timeout: float = 5.0) -> None:

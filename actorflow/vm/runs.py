@@ -1,7 +1,7 @@
 """Runs: several queued instructions of one stream dispatched together.
 
 When the loop dispatches a large instruction whose ``split`` can plan a run (elementwise
-op calls: ``vm/planner.py``), it collects the instructions issued after it on its stream
+op calls: ``vm/run_cuts.py``), it collects the instructions issued after it on its stream
 for as long as each one waits only on instructions already in the run (so the run needs
 nothing from outside it) and the planner admits it; releases of blobs ride along. The run
 is cut once into slices, every worker runs all of its members on its slice, and the members

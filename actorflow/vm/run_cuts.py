@@ -1,8 +1,8 @@
-"""Elementwise runs, the planning half (``vm/fusion.py`` dispatches and completes them):
+"""Elementwise runs, the planning half (``vm/runs.py`` dispatches and completes them):
 queued elementwise op calls on tensors of one shape, run slice by slice and tile by tile
 instead of op by op.
 
-The VM finds a run (``vm/fusion.py``: consecutive instructions of one stream, each waiting
+The VM finds a run (``vm/runs.py``: consecutive instructions of one stream, each waiting
 only on earlier ones of the run); this planner decides which op calls may join it and how
 to cut it. The rules make every slice of the run independent of every other slice:
 
