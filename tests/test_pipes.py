@@ -185,7 +185,7 @@ def test_a_stall_among_piped_stages_is_named_not_a_hang():
 
     def steal(v):
         sched = g._current[0]
-        st = next(s for s in sched.states if s.actor.name == "s2")
+        st = next(s for s in sched.actor_runs if s.actor.name == "s2")
         if not stolen:                      # its credits, as they come home
             stolen.append(st.out.pipe.get())
             stolen.append(st.out.pipe.get())

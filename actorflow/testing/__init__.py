@@ -80,7 +80,7 @@ def _quiet(sched) -> bool:
     thread, every actor has ended or waits (input, credit, resource)."""
     if sched.start_time is None or sched.ready or sched.inbox:
         return sched.finished
-    for st in sched.states:
+    for st in sched.actor_runs:
         if st.ended:
             continue
         if st.piped:                  # (its thread sets the cause before it looks)
@@ -97,7 +97,7 @@ def _quiet(sched) -> bool:
 
 
 def _snapshot(runs) -> tuple:
-    return tuple((id(s), tuple((st.acts, st.in_flight, st.cause) for st in s.states))
+    return tuple((id(s), tuple((st.acts, st.in_flight, st.cause) for st in s.actor_runs))
                  for _, s in runs)
 
 
@@ -141,7 +141,7 @@ def describe_runs(runs=None) -> str:
     runs = observe.running() if runs is None else runs
     if not runs:
         return "(no run in progress)"
-    return "\n".join(f"run of {len(s.states)} actors:\n  "
+    return "\n".join(f"run of {len(s.actor_runs)} actors:\n  "
                      + describe_waits(s).replace("\n", "\n  ") for _, s in runs)
 
 

@@ -34,11 +34,11 @@ def pieces_of(sched) -> int:
     out = sched.collector
     if out is not None:
         return out.acts
-    return max((st.acts for st in sched.states if not st.ins), default=0)
+    return max((st.acts for st in sched.actor_runs if not st.ins), default=0)
 
 
 def total_of(sched):
-    for st in sched.states:
+    for st in sched.actor_runs:
         if not st.ins and getattr(st.actor, "source", None) is not None:
             return total_of_source(st.actor)
     return None

@@ -29,7 +29,7 @@ class RunStats:
         if clock is not None:           # a serial test run: its simulated seconds count
             self.wall_s += clock.now
         self.actors: dict = {}
-        for st in sched.states:
+        for st in sched.actor_runs:
             waits = dict(st.waits)
             if st.cause is not None:                 # still waiting when the run ended
                 waits[st.cause] += now - st.since

@@ -96,7 +96,7 @@ def describe_waits(sched) -> str:
     g, waiting = wait_graph(sched)
     failed = failure_of(sched)
     lines = []
-    for st in sched.states:
+    for st in sched.actor_runs:
         name = st.actor.name
         if st.ended:
             continue
@@ -122,7 +122,7 @@ def describe_waits(sched) -> str:
         lines.append("every actor has ended")
     cycle = g.find_cycle()
     if cycle and not any(st.in_flight and not st.piped or st.piped and st.cause is None
-                         for st in sched.states if not st.ended):
+                         for st in sched.actor_runs if not st.ended):
         lines.append("wait-for cycle: " + " -> ".join(str(a) for a, _, _ in cycle)
                      + f" -> {cycle[0][0]}")
     return "\n".join(lines)
@@ -146,7 +146,7 @@ def wait_graph(sched) -> tuple:
     g = WaitFor()
     waiting = []
     failed = failure_of(sched)
-    for st in sched.states:
+    for st in sched.actor_runs:
         if st.ended or failed is not None and st.actor.name == failed[0]:
             continue
         name = st.actor.name

@@ -1,4 +1,6 @@
-"""Run-time state of one actor in one run, and the thread an actor acts on."""
+"""An actor's part of one run (``ActorRun``: its pieces, acts and waits), and the thread
+an actor acts on. "State" in the runtime means what is read and written across pieces
+(``state_gates.py``); what an actor keeps during one run is its ``ActorRun``."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from ..observe.timeline import record_act
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 
 
-class ActorState:
-    """Run-time state of one actor in one run."""
+class ActorRun:
+    """One actor's part of one run: where its pieces are, its acts and its waits."""
 
     __slots__ = ("actor", "ins", "out", "next_piece", "in_flight", "max_in_flight", "mode",
                  "ended", "queued", "thread", "raw", "acts", "compute_s", "waits", "cause",
@@ -54,7 +56,7 @@ class ActorState:
         self.in_names = tuple(p.name for p in getattr(actor, "inputs", ()))  # (traces)
 
 
-def make_states(plan, gates: dict, serial: bool = False) -> list:
+def make_actor_runs(plan, gates: dict, serial: bool = False) -> list:
     """The run state of each actor of ``plan``, with how it acts: ``inline`` on the loop,
     on its own ``thread``, ``async`` (tasks on the loop), or ``undecided`` (an op actor
     sized by piece 0: decided then). ``serial`` (a test schedule): every plain stage acts
@@ -76,7 +78,7 @@ def make_states(plan, gates: dict, serial: bool = False) -> list:
             limit = actor.replicas if (mode != "thread" or actor.resources
                                        or actor.time is not None
                                        or actor.timeout is not None) else 1 << 30
-        st = ActorState(actor, plan.ports.get(actor), mode, limit)
+        st = ActorRun(actor, plan.ports.get(actor), mode, limit)
         st.ins = plan.in_ports.get(actor, [])
         st.gates = gates.get(actor)
         states.append(st)
@@ -93,7 +95,7 @@ class ActorThread:
     those acts held. (No lock per act: the token is set before ``abandoned``, and the GIL
     orders the two stores, so the thread sees the token whenever it sees the mark.)"""
 
-    def __init__(self, sched, state: ActorState, queue=None):
+    def __init__(self, sched, state: ActorRun, queue=None):
         self.queue: SimpleQueue = SimpleQueue() if queue is None else queue   # (replicas
         # of a stage share one queue: each act goes to whichever is free)
         self.sched = sched

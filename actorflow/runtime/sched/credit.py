@@ -43,7 +43,7 @@ from ..plan.registers import EOS, Register
 from ..plan.sharing import bind_gates, gate_open, taken, untaken, went_home
 from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
 from ..plan.spec import NOTHING
-from .actor_runs import CREDIT, INPUT, RESOURCE, ActorState, ActorThread, make_states
+from .actor_runs import CREDIT, INPUT, RESOURCE, ActorRun, ActorThread, make_actor_runs
 from .stragglers import Stragglers
 from .timed import TimedActs
 from ..observe.timeline import Timeline, delayed, record_act
@@ -68,8 +68,8 @@ class CreditScheduler:
         self.rng = random.Random(seed) if seed is not None else None
         self.serial = serial            # a test schedule: see observe.py
         self.clock = VirtualClock(self._held) if serial else None
-        self.states = make_states(plan, make_gates(plan.actors), serial)
-        self.by_actor = {st.actor: st for st in self.states}
+        self.actor_runs = make_actor_runs(plan, make_gates(plan.actors), serial)
+        self.by_actor = {st.actor: st for st in self.actor_runs}
         self.tokens = dict(plan.resources)
         self.token_waiters: dict = {name: set() for name in self.tokens}
         self.ready: deque = deque()
@@ -84,18 +84,18 @@ class CreditScheduler:
         self.stragglers = Stragglers(plan)
         self.inbox: deque = deque()     # completions posted by actor threads
         self.inbox_woken = False
-        self.collector = next((st for st in self.states if isinstance(st.actor, Collector)), None)
+        self.collector = next((st for st in self.actor_runs if isinstance(st.actor, Collector)), None)
         self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
                      else None)         # the shared registers' bytes in use (sharing.py)
         self.deferred = plan.whole      # a plan made whole: registers come once all are sized
         self.trace_path = trace         # run(trace=...): where the timeline is written
-        self.timeline = (Timeline(self.states, plan, 0 if trace else keep_acts)
+        self.timeline = (Timeline(self.actor_runs, plan, 0 if trace else keep_acts)
                          if trace or keep_acts else None)
         self.output = RunOutput(self, self.collector, deliver, room, serial)
         self._collect = self.output.collect         # (on every try of the collector)
         self.timed = TimedActs(self)
         if not serial and not self.deferred:
-            pipe_actors(self.states)
+            pipe_actors(self.actor_runs)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -108,12 +108,12 @@ class CreditScheduler:
         try:
             if self.stopping:           # stopped before the loop took the run over
                 self.done.set_result(None)
-            for st in self.states:
+            for st in self.actor_runs:
                 self.wake(st)
             self.read_inbox()           # what the sources did already; the first acts start
-            if any(st.piped for st in self.states):
+            if any(st.piped for st in self.actor_runs):
                 watch_pipes(self)       # (their waits never reach the loop: see pipes.py)
-            for st in self.states:      # the other threads start while those acts run
+            for st in self.actor_runs:      # the other threads start while those acts run
                 if st.mode == "thread" and st.thread is None and not st.ended:
                     self._start_thread(st)
             await self.done
@@ -127,7 +127,7 @@ class CreditScheduler:
         if self.error is not None:
             raise self.error
 
-    def _start_thread(self, st: ActorState) -> None:
+    def _start_thread(self, st: ActorRun) -> None:
         """The actor's thread, or its ``replicas`` threads sharing one queue of acts."""
         if st.piped:
             t = PipedThread(self, st)
@@ -148,8 +148,8 @@ class CreditScheduler:
         on. Each such actor acted on piece 0 through the loop and its thread is idle (no
         act is sent before an actor has registers): that thread exits and a piped one takes
         over, with what its input holds moved to its pipe."""
-        pipe_actors(self.states)
-        piped = [st for st in self.states if st.piped]
+        pipe_actors(self.actor_runs)
+        piped = [st for st in self.actor_runs if st.piped]
         now = time.perf_counter()
         for st in piped:
             if st.cause is not None:    # (its thread counts its own waits from now)
@@ -173,7 +173,7 @@ class CreditScheduler:
         the scheduler), so the first pieces need not wait for two thread hand-offs. The
         loop starts every other thread."""
         self.loop = loop
-        for st in self.states:
+        for st in self.actor_runs:
             if st.mode == "thread" and isinstance(st.actor, SourceActor):
                 self._start_thread(st)
                 self._try(st)
@@ -192,9 +192,9 @@ class CreditScheduler:
     def _check_quiet(self) -> None:
         if self.done.done() or self.stopping:
             return
-        if all(st.ended and (st.out is None or st.out.home()) for st in self.states):
+        if all(st.ended and (st.out is None or st.out.home()) for st in self.actor_runs):
             self.done.set_result(None)
-        elif not any(st.in_flight for st in self.states) and not self.timed.tasks:
+        elif not any(st.in_flight for st in self.actor_runs) and not self.timed.tasks:
             if self.collector is None or self.output.caller_waits():  # (else it is behind)
                 # nothing runs, nothing can start, and the caller is not what it waits for:
                 # by construction this never happens; if it does, say why instead of hanging
@@ -221,7 +221,7 @@ class CreditScheduler:
         self.timed.let_go(held)
 
     # -- checking and acting ---------------------------------------------------------------
-    def wake(self, st: ActorState) -> None:
+    def wake(self, st: ActorRun) -> None:
         if not st.queued and not st.ended:
             st.queued = True
             self.ready.append(st)
@@ -250,11 +250,11 @@ class CreditScheduler:
         if not self.stopping:
             self._check_quiet()
 
-    def _blocked(self, st: ActorState, cause: str) -> None:
+    def _blocked(self, st: ActorRun, cause: str) -> None:
         if st.in_flight == 0 and st.cause is None:
             st.cause, st.since = cause, time.perf_counter()
 
-    def _try(self, st: ActorState) -> None:
+    def _try(self, st: ActorRun) -> None:
         if st is self.collector:
             self._collect()
             return
@@ -303,7 +303,7 @@ class CreditScheduler:
             st.in_flight += 1
             self._dispatch(st, piece, regs, out_reg)
 
-    def _take_tokens(self, st: ActorState) -> bool:
+    def _take_tokens(self, st: ActorRun) -> bool:
         tokens = self.tokens
         for name, n in st.tokens:
             if tokens[name] < n:
@@ -315,13 +315,13 @@ class CreditScheduler:
         return True
 
     @staticmethod
-    def inputs_of(st: ActorState, regs: list) -> list:
+    def inputs_of(st: ActorRun, regs: list) -> list:
         """What the actor reads: raw arrays for op programs, pieces for Python stages."""
         if st.raw:
             return [reg.arrays for reg in regs]
         return [reg.view for reg in regs]
 
-    def _dispatch(self, st: ActorState, piece: int, regs: list, out_reg) -> None:
+    def _dispatch(self, st: ActorRun, piece: int, regs: list, out_reg) -> None:
         if st.mode == "thread":
             if st.thread is None:
                 self._start_thread(st)
@@ -499,7 +499,7 @@ class CreditScheduler:
             self.deferred = False
             if self.plan.sharing is not None:
                 self.live = bind_gates(self.plan.sharing, self.by_actor)
-                for st in self.states:
+                for st in self.actor_runs:
                     if st.share is not None:
                         st.share.homes[0] = 1   # (piece 0 used its own arrays: done)
             if not self.serial:
@@ -555,7 +555,7 @@ class CreditScheduler:
                 went_home(st, reg, self.wake)
             self.wake(st)
 
-    def _end(self, st: ActorState) -> None:
+    def _end(self, st: ActorRun) -> None:
         """Passes end of stream on: closes the inputs (handing back what is queued), marks
         every consumer's input, and lets producers whose consumers are all closed stop."""
         if st.ended:

@@ -13,7 +13,7 @@ from .actor_runs import CREDIT, INPUT
 
 
 class RunOutput:
-    """The collector's side of a run (``st``: the collector's ``ActorState``, None when the
+    """The collector's side of a run (``st``: the collector's ``ActorRun``, None when the
     graph has no sink) and the caller's: ``deliver(value)`` receives each output, at most
     ``room`` of them before ``credit_back()`` is called. ``serial`` (a test schedule): the
     caller's credits are applied once it has caught up (see ``credit_back``)."""

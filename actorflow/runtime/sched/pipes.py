@@ -25,7 +25,7 @@ from queue import SimpleQueue
 from ..graph.actors import Collector, Sized
 from ..plan.registers import EOS
 from ..graph.source import SourceActor
-from .actor_runs import CREDIT, INPUT, ActorState, ActorThread
+from .actor_runs import CREDIT, INPUT, ActorRun, ActorThread
 from ..observe.timeline import record, record_failed
 from ..observe.watchdog import stalled
 
@@ -64,7 +64,7 @@ def watch_pipes(sched, last=None) -> None:
     is; if it is, it stops with the DeadlockError instead of hanging)."""
     if sched.finished or sched.stopping or sched.done is None or sched.done.done():
         return
-    states = sched.states
+    states = sched.actor_runs
     progress = tuple(st.acts for st in states)
     quiet = (not sched.inbox and not sched.ready and not sched.timed.tasks
              and (sched.collector is None or sched.output.room > 0)
@@ -95,7 +95,7 @@ class PipedThread(ActorThread):
     (``abandon`` reads the jobs and marks the thread abandoned under it), so an act either
     is filed and abandoned, or never starts."""
 
-    def __init__(self, sched, state: ActorState):
+    def __init__(self, sched, state: ActorRun):
         super().__init__(sched, state, state.ins[0].pipe)   # registers, EOS, or None
         self.claim = threading.Lock()
 

@@ -12,7 +12,7 @@ import traceback
 
 from ...errors import ActorError
 from ..plan.registers import EOS
-from .actor_runs import ActorState
+from .actor_runs import ActorRun
 from ..observe.timeline import record, record_failed
 
 
@@ -28,12 +28,12 @@ class TimedActs:
         self.tokens: dict = {}
 
     # -- timeouts --------------------------------------------------------------------------
-    def time_act(self, st: ActorState, piece: int) -> None:
+    def time_act(self, st: ActorRun, piece: int) -> None:
         """Fails the run if this act (one at a time: acts of an actor with a timeout are
         not queued ahead) has not completed after ``timeout`` seconds."""
         st.timer = self.sched.loop.call_later(st.actor.timeout, self.timed_out, st, piece)
 
-    def wait_act(self, st: ActorState, piece: int) -> None:
+    def wait_act(self, st: ActorRun, piece: int) -> None:
         """(A serial run) a stage with ``timeout=`` acts on its thread, so that an act past
         its timeout can be abandoned, but the loop waits for it as for an inline act: the
         order of acts stays the seed's."""
@@ -44,7 +44,7 @@ class TimedActs:
         posted.clear()
         self.sched.read_inbox()
 
-    def timed_out(self, st: ActorState, piece: int) -> None:
+    def timed_out(self, st: ActorRun, piece: int) -> None:
         st.timer = None
         sched = self.sched
         if sched.finished or sched.stopping:
@@ -58,7 +58,7 @@ class TimedActs:
         sched.stop(error)
 
     # -- async acts ------------------------------------------------------------------------
-    def start(self, st: ActorState, piece: int, regs: list, out_reg) -> None:
+    def start(self, st: ActorRun, piece: int, regs: list, out_reg) -> None:
         """Starts an async act as a task on the run's loop (with its timer, one per act:
         an async stage's acts overlap)."""
         loop = self.sched.loop
