@@ -4,12 +4,11 @@ each state's new value back, kept in piece order by state gates (``stateful_grap
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import KernelError, TraceError
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, unflatten
-from .program import Program, Step, kernel_of
+from ..vm.opcall import kernel_of
+from .program import Program, Step
 from .recording import Recording
 
 
@@ -91,14 +90,11 @@ def replay_piece(ops: list, inp, arrays: list) -> None:
     may have failed first)."""
     outs_of = {inp: arrays}
     for a in ops:
-        program = a.program
-        outs = [np.empty(s.shape, s.dtype.np) for s in program.out_spec.specs]
         try:
-            program.run(outs, [outs_of[x] for x in a.inputs], write_back=False)
+            outs_of[a] = a.program.run_new([outs_of[x] for x in a.inputs], write_back=False)
         except KernelError as e:
             e.actor = a.name
             raise
-        outs_of[a] = outs
 
 
 def _node_actors(g, rec: Recording, inp, shared) -> dict:

@@ -7,8 +7,9 @@ import asyncio
 import threading
 import time
 
-from ..errors import KernelError, VMError
+from ..errors import VMError
 from .instruction import Instruction
+from .opcall import kernel_error
 
 # Kernel errors kept between two synchronize calls. Further ones are only counted: a loop
 # of failing ops whose outputs nobody reads must not grow memory without bound.
@@ -109,9 +110,9 @@ class Waiting:
         # An interrupt (Ctrl-C, SystemExit: not an Exception) is raised to the caller where
         # it happened; the error made of it only poisons what the kernel was writing (its
         # values are unknown) and is never raised again by synchronize().
-        if isinstance(e, KernelError):
-            return e
-        err = KernelError.of(instr.name, str(instr.stream.device), e, intact)
+        err = kernel_error(instr.name, instr.stream.device, e, intact)
+        if err is e:
+            return err
         self._any_error = True
         if isinstance(e, Exception):
             self.keep_error(err)      # (its own lock: callers may hold the VM's)
