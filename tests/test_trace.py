@@ -143,3 +143,29 @@ def test_feed_is_required_and_reusable():
     for _ in range(2):
         outs = list(g.run(feed=a))
         np.testing.assert_allclose(np.stack(outs), np.exp(np.stack(a)), rtol=1e-6)
+
+
+def test_op_actor_from_a_compiled_program():
+    # an op actor made from a program compiled beforehand runs that very program, plan
+    # after plan, named after its ops unless named
+    from actorflow.runtime.graph.actors import OpActor
+    from actorflow.runtime.plan.spec import PieceSpec
+    from actorflow.tracing import op_program
+
+    program = op_program(lambda x: af.relu(x) * 2, [PieceSpec.from_user(af.Spec((3, 4)))],
+                         {})
+    xs = [rand(3, 4, seed=i) for i in range(3)]
+    g = af.ActorGraph()
+    src = g.source(xs)
+    a = g.op_program(program, src)
+    g.sink(a)
+    assert a.name == "relu+mul_scalar"
+    for _ in range(2):
+        outs = list(g.run())
+        assert a.program is program
+        for x, y in zip(xs, outs):
+            np.testing.assert_array_equal(y, np.maximum(x, 0) * 2)
+    with pytest.raises(TypeError, match="either build= .* or program="):
+        OpActor("op", [src])
+    with pytest.raises(TypeError, match="either build= .* or program="):
+        OpActor("op", [src], build=lambda specs: program, program=program)

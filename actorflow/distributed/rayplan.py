@@ -52,7 +52,7 @@ class Unit:
             if isinstance(a, SourceActor):
                 out.append(SourceStage(a.name, a.source, leaves, spec.structure, batch))
                 continue
-            fn = OpCall(a.program, a.out_spec) if isinstance(a, OpActor) else a.fn
+            fn = OpCall(a.program) if isinstance(a, OpActor) else a.fn
             out.append(Stage(a.name, fn, leaves, spec.structure, a.time))
         return out
 

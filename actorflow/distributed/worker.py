@@ -27,8 +27,6 @@ import socket
 import time
 import traceback
 
-import numpy as np
-
 
 class Stage:
     """One stage as its process runs it: ``fn`` (a plain or ``async def`` function of
@@ -162,19 +160,18 @@ class Items:
 
 
 class OpCall:
-    """An op actor's traced program as a function of pieces: each call fills new output
-    arrays (the program's kernels write into them) and returns them in the register's
-    nesting."""
+    """An op actor's traced program as a function of pieces: each call hands the program
+    the pieces' arrays (``Program.run_new``: new output arrays its kernels write) and
+    returns its outputs in the register's nesting."""
 
-    def __init__(self, program, out_spec):
-        self.program, self.out_spec = program, out_spec
+    def __init__(self, program):
+        self.program = program
         self.__name__ = f"op {program.describe()}"
 
     def __call__(self, *pieces):
         from ..runtime.plan.spec import flatten, unflatten
-        outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
-        self.program.run(outs, [flatten(p)[0] for p in pieces])
-        return unflatten(self.out_spec.structure, outs)
+        outs = self.program.run_new([flatten(p)[0] for p in pieces])
+        return unflatten(self.program.out_spec.structure, outs)
 
 
 class Worker:

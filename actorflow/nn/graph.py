@@ -235,13 +235,7 @@ class Graph:
             g = ActorGraph(memory=memory, buffers=buffers)
             inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
                           name=f"inputs of {type(self).__name__}")
-
-            def traced(*_):
-                raise AssertionError("the step is built by nn.Graph")
-            traced.__name__ = "step"
-            a = g.op(traced, inp, name="step")
-            a.build = lambda specs: program
-            g.sink(a)
+            g.sink(g.op_program(program, inp, name="step"))
             got = self._compiled[key] = (g, program, state, opt_rows)
         return got
 

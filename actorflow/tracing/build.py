@@ -4,12 +4,11 @@ each state's new value back, kept in piece order by state gates (``stateful_grap
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import KernelError, TraceError
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import PieceSpec, Spec, unflatten
-from .program import Program, Step, kernel_of
+from ..vm.opcall import kernel_of
+from .program import Program, Step
 from .recording import Recording
 
 
@@ -51,16 +50,11 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
     g = ActorGraph(**graph_kwargs)
     inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
     shared: list = [None] * len(rec.state_specs)
-    actor_of = _node_actors(g, rec, inp, shared)
+    # a training step is many small kernels: each acts on the graph's loop, where a hop to
+    # a thread would cost more than most of them (measured in bench_training)
+    actor_of = _node_actors(g, rec, inp, shared, inline=True)
     ops = [actor_of[n] for n in range(len(rec.nodes))]
     g.replay = lambda arrays: replay_piece(ops, inp, arrays)
-    for a in actor_of.values():
-        # a training step is many small kernels: each acts on the graph's loop, where a
-        # hop to a thread would cost more than most of them (measured in bench_training)
-        a.inline = a.inline_given = True
-
-    def producer(src):
-        return inp if src[0] == "in" else actor_of[src[1]]
     for i, t in enumerate(new_states):
         if t is None:
             continue
@@ -75,9 +69,8 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
         program = Program([], PieceSpec((tuple, ()), []), [], [], [])
         program.state_specs, program.state_arrays = [state_specs[i]], shared
         program.assigns = [(i, ref)]
-        a = g.op(_named("set state"), producer(src), name=f"set state {i}")
-        a.build = lambda specs, p=program: p
-        a.state_writes = (f"state {i}",)
+        g.op_program(program, _producer(src, inp, actor_of), name=f"set state {i}",
+                     state_writes=(f"state {i}",))
     _outputs(g, rec, inp, actor_of)
     return g, shared, rec.captured
 
@@ -91,28 +84,31 @@ def replay_piece(ops: list, inp, arrays: list) -> None:
     may have failed first)."""
     outs_of = {inp: arrays}
     for a in ops:
-        program = a.program
-        outs = [np.empty(s.shape, s.dtype.np) for s in program.out_spec.specs]
         try:
-            program.run(outs, [outs_of[x] for x in a.inputs], write_back=False)
+            outs_of[a] = a.program.run_new([outs_of[x] for x in a.inputs], write_back=False)
         except KernelError as e:
             e.actor = a.name
             raise
-        outs_of[a] = outs
 
 
-def _node_actors(g, rec: Recording, inp, shared) -> dict:
-    """One op actor per recorded node (``shared``: the state arrays, for stateful ones)."""
+def _producer(src, inp, actor_of: dict):
+    """The actor whose output holds what a recorded source ``src`` names: the input actor
+    ``inp`` for a traced input, else the op actor of node ``src[1]`` (``actor_of``)."""
+    return inp if src[0] == "in" else actor_of[src[1]]
+
+
+def _node_actors(g, rec: Recording, inp, shared, inline=None) -> dict:
+    """One op actor per recorded node (``shared``: the state arrays, for stateful ones;
+    ``inline``: as ``g.op_program``'s)."""
     actor_of = {}                           # node index -> its OpActor
-
-    def producer(src):
-        return inp if src[0] == "in" else actor_of[src[1]]
 
     for n, node in enumerate(rec.nodes):
         ports: list = []
         for src, _ in node.refs:
-            if src[0] not in ("const", "state") and producer(src) not in ports:
-                ports.append(producer(src))
+            if src[0] not in ("const", "state"):
+                a = _producer(src, inp, actor_of)
+                if a not in ports:
+                    ports.append(a)
         if not ports:
             ports.append(inp)               # reads only state: paced by the pieces
 
@@ -120,7 +116,7 @@ def _node_actors(g, rec: Recording, inp, shared) -> dict:
             if src[0] in ("const", "state"):
                 return (src[0], src[1], 0)
             leaf = src[1] if src[0] == "in" else src[2]
-            return ("in", ports.index(producer(src)), leaf)
+            return ("in", ports.index(_producer(src, inp, actor_of)), leaf)
 
         refs = [rec.ref(src, meta, port_of) for src, meta in node.refs]
         consts = sorted({src[1] for src, _ in node.refs if src[0] == "const"})
@@ -136,16 +132,12 @@ def _node_actors(g, rec: Recording, inp, shared) -> dict:
                           [all_consts[c] for c in consts], [])
         if shared is not None:
             program.state_arrays = shared
-        actor_of[n] = a = g.op(_named(node.op.name), *ports)
-        a.build = lambda specs, p=program: p
-        a.state_reads = tuple(sorted({f"state {src[1]}" for src, _ in node.refs
-                                      if src[0] == "state"}))
+        reads = sorted({f"state {src[1]}" for src, _ in node.refs if src[0] == "state"})
+        actor_of[n] = g.op_program(program, *ports, inline=inline, state_reads=reads)
     return actor_of
 
 
 def _outputs(g, rec: Recording, inp, actor_of) -> None:
-    def producer(src):
-        return inp if src[0] == "in" else actor_of[src[1]]
     if not rec.outputs:                     # a step that returns nothing: a run yields the
         g.sink(inp)                         # input per piece (nn.Graph turns it into None)
         g.yields_nothing = True
@@ -156,17 +148,10 @@ def _outputs(g, rec: Recording, inp, actor_of) -> None:
         if src[0] in ("const", "state"):
             raise TraceError("a traced function's output does not depend on its inputs; "
                              "return something computed from them")
-        a = producer(src)
+        a = _producer(src, inp, actor_of)
         if a not in sinks:
             sinks.append(a)
         meta = t._impl.meta
         picks.append((sinks.index(a), src[1] if src[0] == "in" else src[2],
                       rec.ref(src, meta, lambda s: ("in", 0, 0))[3]))
     g._set_outputs(sinks, picks, rec.structure)
-
-
-def _named(name: str):
-    def op(*_):
-        raise AssertionError("prebuilt programs are not traced again")
-    op.__name__ = name
-    return op

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import KernelError, format_bytes
 from ..runtime.plan.spec import PieceSpec, Spec, view_of
+from ..vm.opcall import kernel_error
 
 
 class Step:
@@ -87,6 +88,15 @@ class Program:
         self.const_arrays = list(self.consts)
         self.bound = False
 
+    def run_new(self, ins: list, write_back: bool = True) -> list:
+        """One act into new output arrays, which it returns (None for a leaf on a device
+        without data): what an op actor computes piece 0 with while planning, what a Ray
+        process runs per piece, what a replay runs. Raises as ``run``."""
+        outs = [None if s.device.type == "null" else np.empty(s.shape, s.dtype.np)
+                for s in self.out_spec.specs]
+        self.run(outs, ins, write_back)
+        return outs
+
     def _get(self, ref, outs, ins):
         kind, i, j, meta = ref
         if kind == "in":
@@ -142,31 +152,28 @@ class Program:
                 np.copyto(self.state_arrays[i], get(ref, outs, ins), casting="no")
 
     def kernel_error(self, k: int, e: Exception) -> KernelError:
-        """The error to raise when step ``k``'s kernel raised ``e``: a KernelError naming
-        its op (as eager mode's), with where it is in the program and that the program's
-        state was not written back."""
-        if isinstance(e, KernelError):
-            return e
+        """The error to raise when step ``k``'s kernel raised ``e``: the op's KernelError
+        (``vm.opcall.kernel_error``, as eager mode's), with where it is in the program and
+        that the program's state was not written back."""
         dev = self.device
         where = []
         if len(self.steps) > 1:
             where.append(f"op {k + 1} of the {len(self.steps)} this program runs")
         if self.assigns:
             where.append("nothing was written back to its state")
-        err = KernelError.of(self.steps[k].op.name, str(dev) if dev is not None else "cpu", e,
-                             note="; ".join(where) or "no later op of its program ran")
-        err.step = k
+        err = kernel_error(self.steps[k].op.name, dev if dev is not None else "cpu", e,
+                           note="; ".join(where) or "no later op of its program ran")
+        if err is not e:                    # (one the kernel raised itself stays as it is)
+            err.step = k
         return err
 
-    def describe(self) -> str:
+    @property
+    def name(self) -> str:
+        """Its ops' names (``add+mul``; the first and a count past three), "copy" when it
+        runs none."""
         names = [s.op.name for s in self.steps] or ["copy"]
-        text = "+".join(names) if len(names) <= 3 else f"{names[0]}+...({len(names)} ops)"
+        return "+".join(names) if len(names) <= 3 else f"{names[0]}+...({len(names)} ops)"
+
+    def describe(self) -> str:
         ws = self.workspace_bytes
-        return text + (f" ws {format_bytes(ws)}" if ws else "")
-
-
-def kernel_of(op, dev):
-    """The kernel a Step runs for ``op`` on device ``dev`` (None on data-less devices)."""
-    if dev is None or dev.type == "null":
-        return None
-    return op.kernels.get(dev.type) or op.kernel_for(dev.type)
+        return self.name + (f" ws {format_bytes(ws)}" if ws else "")

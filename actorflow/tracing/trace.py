@@ -9,8 +9,9 @@ import functools
 
 from ..runtime.plan.spec import PieceSpec, Spec, unflatten
 from ..tensor.meta import is_contiguous
+from ..vm.opcall import kernel_of
 from .build import traced_graph
-from .program import Program, Step, kernel_of
+from .program import Program, Step
 from .recording import Recording
 
 

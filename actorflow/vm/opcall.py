@@ -1,14 +1,45 @@
-"""How an op-call or access instruction runs: allocate outputs from the device's allocator
-(on first write), hand the kernel numpy views, and, for large elementwise kernels, cut the
-work into slices that CPU workers run in parallel."""
+"""How an op's kernel runs on arrays, the one place for it: which kernel an op runs on a
+device (``kernel_of``), and what a kernel's exception becomes (``kernel_error``), for the
+VM's op calls and for a compiled ``Program``'s steps (``actorflow.tracing``, locally and in
+a Ray process) alike.
+
+The VM's op call (a plain tuple, see ``instruction.py``): allocate outputs from the
+device's allocator (on first write), hand the kernel numpy views (``call_op``; a dynamic op
+returns its arrays, adopted with their shapes), run a small op through its fresh kernel
+(``call_fresh``) and, for large elementwise kernels, cut the work into slices that CPU
+workers run in parallel (``split_op``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..backends import get_backend
+from ..errors import KernelError
 from ..tensor.meta import contiguous_meta
 
 _ND = np.ndarray
+
+
+def kernel_of(op, device):
+    """The kernel ``op`` runs on ``device``: its kernel for the device type, or
+    ``null_kernel`` on a device without data.
+
+    Raises:
+        DeviceError: the op has no kernel for the device type (names the ones it has)."""
+    if not (device.backend or get_backend(device)).has_data:
+        return null_kernel
+    return op.kernels.get(device.type) or op.kernel_for(device.type)
+
+
+def kernel_error(op: str, device, e: BaseException, intact: bool = False,
+                 note: str = "") -> KernelError:
+    """What op ``op``'s kernel raising ``e`` on ``device`` becomes: ``e`` itself when it is
+    a KernelError already (a kernel that ran ops of its own), else ``KernelError.of`` (the
+    kind of fault kept, the traceback as text only). ``intact``: the op wrote nothing;
+    ``note``: where the op was (a Program's step)."""
+    if isinstance(e, KernelError):
+        return e
+    return KernelError.of(op, str(device), e, intact, note)
 
 
 def allocate(outs, what: str) -> None:

@@ -33,12 +33,13 @@ from collections import deque
 from time import perf_counter
 
 from ..backends.base import on_memory_pressure
-from ..errors import KernelError, VMError
+from ..errors import VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
+from .opcall import kernel_error
 from .release import collect
 from .sync import KeptErrors
 from .workers import Countdown, Workers
@@ -427,9 +428,9 @@ class VM:
         # An interrupt (Ctrl-C, SystemExit: not an Exception) is raised to the caller where
         # it happened; the error made of it only poisons what the kernel was writing (its
         # values are unknown) and is never raised again by synchronize().
-        if isinstance(e, KernelError):
-            return e
-        err = KernelError.of(instr.name, str(instr.stream.device), e, intact)
+        err = kernel_error(instr.name, instr.stream.device, e, intact)
+        if err is e:
+            return err
         self._any_error = True
         if isinstance(e, Exception):
             self.errors.keep(err)     # (its own lock: callers may hold the VM's)

@@ -180,9 +180,21 @@ class ActorGraph:
                 raise PlanError(f"op actor {a.name!r} cannot run on inputs "
                                 f"{', '.join(s.describe() for s in specs)}: "
                                 f"{type(e).__name__}: {e}") from e
-        a = OpActor(self._name(name, getattr(fn, "__name__", "op")), build,
-                    list(inputs), buffers=buffers, resources=resources,
-                    inline=inline, time=time)
+        a = OpActor(self._name(name, getattr(fn, "__name__", "op")), list(inputs),
+                    build=build, buffers=buffers, resources=resources, inline=inline,
+                    time=time)
+        return self._add(a)
+
+    def op_program(self, program, *inputs, name=None, buffers=None, inline=None, time=None,
+                   resources=None, state_reads=(), state_writes=()) -> Actor:
+        """An op actor running ``program``, already compiled for these inputs (a
+        ``tracing.Program``: what ``g.op`` would trace, an ``nn.Graph`` step), into its
+        register each piece. ``name`` defaults to the program's (its ops' names).
+        ``state_reads`` / ``state_writes``: the states it reads and the one it writes across
+        pieces, kept in piece order (``gates.py``)."""
+        a = OpActor(self._name(name, program.name), list(inputs), program=program,
+                    buffers=buffers, resources=resources, inline=inline, time=time)
+        a.state_reads, a.state_writes = tuple(state_reads), tuple(state_writes)
         return self._add(a)
 
     def sink(self, node: Actor, name=None) -> Actor:

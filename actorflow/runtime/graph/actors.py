@@ -271,23 +271,29 @@ class StageActor(Actor):
 
 
 class OpActor(Actor):
-    """Runs ``program`` (built-in op kernels, see ``actorflow.tracing``) into its register.
-    The program is built from the input specs when the plan is made."""
+    """Runs ``program`` (built-in op kernels, see ``actorflow.tracing``) into its register:
+    one already compiled (``program``, what ``ActorGraph.op_program`` makes), or one that
+    ``build`` makes from the input specs when each plan is made (``ActorGraph.op``, which
+    traces a function). Exactly one of the two is given."""
 
     kind = "op"
 
-    def __init__(self, name, build, inputs, **kw):
+    def __init__(self, name, inputs, build=None, program=None, **kw):
+        if (build is None) == (program is None):
+            raise TypeError(f"op actor {name!r}: give either build= (a function of the input "
+                            f"specs that makes the program) or program= (a compiled one)")
         super().__init__(name, inputs, **kw)
-        self.build = build          # f([PieceSpec per input]) -> program
+        self.build = build          # f([PieceSpec per input]) -> program, or None
+        self.compiled = program     # the program given, used by every plan
         self.inline_given = self.inline  # None: decided from the register size when planned
-        self.program = None
+        self.program = program
 
     def infer(self):
         specs = [a.out_spec for a in self.inputs]
         if any(s is None or s is NOTHING for s in specs):
             return                  # not known yet, or an input ends before piece 0
         if self.program is None:
-            self.program = self.build(specs)
+            self.program = self.compiled if self.build is None else self.build(specs)
         if self.out_spec is None:
             self.out_spec = self.program.out_spec
 
@@ -300,10 +306,7 @@ class OpActor(Actor):
 
     def probe(self, ins):
         self.infer()
-        outs = [np.empty(s.shape, s.dtype.np) if s.device.type != "null" else None
-                for s in self.out_spec.specs]
-        self.program.run(outs, ins)
-        return outs
+        return self.program.run_new(ins)
 
     def compute(self, piece, ins, outs):
         if outs is None:            # piece 0 before any register exists (Plan.defer)
