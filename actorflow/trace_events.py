@@ -40,7 +40,8 @@ class TraceEvents:
     many events, its JSON text already (``'{"piece":3}'``); ``pid`` and ``tid`` are ints,
     the process and the track an event is drawn on. ``ts`` (an event's time) and ``dur``
     are microseconds, ``ts`` from ``t0`` (``us(t)`` turns a ``perf_counter`` time into
-    one)."""
+    one); a time that goes on several events may be given as its text (``repr(ts)``):
+    formatting a float is the largest part of writing an event."""
 
     def __init__(self, t0: float = 0.0):
         self.t0 = t0
@@ -95,6 +96,12 @@ class TraceEvents:
             args = _dumps(args)
         self.body.append(f'{{"ph":"C","name":{self.quoted[name]},"ts":{ts},"pid":{pid},'
                          f'"tid":{tid},"args":{args}}}')
+
+    def series(self, pid: int, tid: int, name: str, key: str, times, values) -> None:
+        """A counter's values over time: ``{key: values[i]}`` at ``times[i]``."""
+        head = f'{{"ph":"C","name":{self.quoted[name]},"pid":{pid},"tid":{tid},"ts":'
+        tail = f',"args":{{{quote(key)}:'
+        self.body += [f"{head}{ts}{tail}{v}}}}}" for ts, v in zip(times, values)]
 
     def events(self) -> list:
         """The events as dicts (Chrome trace format), metadata first: what ``write``

@@ -101,6 +101,7 @@ class Timeline:
             if kind == 2:
                 complete(PID, tid, "act", name, ts, dur, {"piece": what, "error": free})
                 continue
+            ts = repr(ts)                               # (as text once, for its events)
             complete(PID, tid, "act", name, ts, dur, f'{{"piece":{what}}}')
             for p in inputs:
                 flow(PID, tid, "register", "register", f"{p}/{what}", ts, False)
@@ -109,9 +110,7 @@ class Timeline:
             if free is not None:
                 counter(PID, tid, free_of[name], ts, f'{{"free":{free}}}')
         for dev, (times, values) in self.memory().items():
-            name = f"memory {dev}"
-            for ts, n in zip(times, values):
-                counter(PID, 0, name, ts, f'{{"bytes in use":{n}}}')
+            tr.series(PID, 0, f"memory {dev}", "bytes in use", times, values)
         return tr
 
     def memory(self) -> dict:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..trace_events import TraceEvents
+from ..trace_events import TraceEvents, quote
 from .instruction import RELEASE
 
 PID = 1
@@ -108,24 +108,25 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
                 if wtid is None:
                     wtid = lane_tids[(label, lane)] = len(tracks) + len(lane_tids) + 1
                 tr.complete(PID, wtid, "wait", f"{r.name} waits for {cause}", ti, waited,
-                            {"op": r.name, "id": r.seq, "for": cause})
+                            f'{{"op":{quote(r.name)},"id":{r.seq},"for":"{cause}"}}')
         dur = round(max(te - ts, 0.0), 3)
         thread = _thread_names(r.thread, threads)
-        if r.run is None:
-            args = {"op": r.name, "id": r.seq, "bytes": r.nbytes, "thread": thread,
-                    "waited_us": waited}
+        if r.run is None:               # (args as JSON text: an event per kernel)
+            args = (f'{{"op":{quote(r.name)},"id":{r.seq},"bytes":{r.nbytes},'
+                    f'"thread":{quote(thread)},"waited_us":{waited}')
             if r.skipped:
-                args["skipped"] = "its inputs were poisoned by a failed kernel"
+                args += ',"skipped":"its inputs were poisoned by a failed kernel"'
             elif r.failed:
-                args["failed"] = "the kernel raised (the error surfaces at the next sync point)"
-            tr.complete(PID, tid, "op", r.name, ts, dur, args)
+                args += (',"failed":"the kernel raised (the error surfaces at the next sync '
+                         'point)"')
+            tr.complete(PID, tid, "op", r.name, ts, dur, args + "}")
         elif runs[r.run][0] is r:
             members = runs[r.run]
             tr.complete(PID, tid, "op", f"run of {len(members)} ops", ts, dur,
                         {"ops": [m.name for m in members], "ids": [m.seq for m in members],
                          "bytes": sum(m.nbytes for m in members), "thread": thread})
     for t, device, n in samples:
-        tr.counter(PID, 0, f"memory {device}", max(us(t), 0.0), {"bytes in use": n})
+        tr.counter(PID, 0, f"memory {device}", max(us(t), 0.0), f'{{"bytes in use":{n}}}')
     tr.process(PID, "actorflow eager VM", **({"waits_left_out": left_out} if left_out else {}))
     tr.thread(PID, 0, "memory")
     sort = 0
