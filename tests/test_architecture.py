@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "actorflow"
 # lowest first; a module may import from a lower rank, or from its own top-level package
 RANKS = {
     "errors": 0,
-    "dtype": 1, "device": 1, "eventloop": 1,
+    "dtype": 1, "device": 1, "eventloop": 1, "trace_events": 1,
     "backends": 2,
     "ops": 3,
     "tensor": 4,

@@ -1,15 +1,14 @@
 """What a Ray run reports: ``RayRunStats`` (``g.stats()`` after ``engine="ray"``) and
-its Chrome trace, merged from every process's acts."""
+its Chrome trace, merged from every process's acts (``trace_events``'s builder)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 
 from ..runtime.graph.source import SourceActor
 from ..runtime.observe.stats import RunStats
+from ..trace_events import TraceEvents
 
 
 class RayRunStats(RunStats):
@@ -69,29 +68,23 @@ def write_trace(run, path) -> dict:
     process (pid), a track per actor replica, and the driver's count of register bytes
     out per node."""
     t = time.perf_counter()
-    t0 = run.t0
-    evs = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "ts": 0,
-            "args": {"name": "driver"}}]
+    tr = TraceEvents(run.t0)
+    us = tr.us
+    tr.process(0, "driver")
     tids, pids = {}, set()
     for name, piece, r, s, e, pid, node in run.records:
         key = (name, r, pid)
         if key not in tids:
             tids[key] = len(tids) + 1
-            evs.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[key],
-                        "ts": 0, "args": {"name": f"{name} (replica {r})"}})
+            tr.thread(pid, tids[key], f"{name} (replica {r})")
         if pid not in pids:
             pids.add(pid)
-            evs.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0,
-                        "args": {"name": f"Ray actor process {pid} on node {node}"}})
-        evs.append({"ph": "X", "cat": "act", "name": name, "pid": pid, "tid": tids[key],
-                    "ts": round((s - t0) * 1e6, 3), "dur": round(max(e - s, 0) * 1e6, 3),
-                    "args": {"piece": piece}})
+            tr.process(pid, f"Ray actor process {pid} on node {node}")
+        tr.complete(pid, tids[key], "act", name, us(s), round(max(e - s, 0) * 1e6, 3),
+                    f'{{"piece":{piece}}}')
     for s, node, n in run.memory_points:
-        evs.append({"ph": "C", "name": f"memory {node}", "pid": 0, "tid": 0,
-                    "ts": round((s - t0) * 1e6, 3), "args": {"bytes in use": n}})
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"displayTimeUnit": "ms", "traceEvents": evs}))
+        tr.counter(0, 0, f"memory {node}", us(s), f'{{"bytes in use":{n}}}')
+    p = tr.write(path)
     return {"path": str(p), "records": len(run.records), "write_s": time.perf_counter() - t}
 
 

@@ -1,5 +1,5 @@
-"""A profile's records (``profiler.Rec``) as Chrome trace events, its summary table, and
-the file.
+"""A profile's records (``profiler.Rec``) as Chrome trace events (``trace_events``'s
+builder), and its summary table.
 
 - one track (tid) per stream, named ``device:stream`` (``cpu:compute``, ``null:compute``),
   with a complete event (``ph: "X"``, cat ``op``) per kernel: args ``op``, ``id`` (the
@@ -23,10 +23,9 @@ Times are microseconds from the start of the block.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from pathlib import Path
 
+from ..trace_events import TraceEvents, quote
 from .instruction import RELEASE
 
 PID = 1
@@ -45,16 +44,13 @@ def _thread_names(thread, names: dict) -> str:
     return ", ".join(dict.fromkeys(names.get(i, str(i)) for i in ids))
 
 
-def build_events(recs: list, samples: list, t0: float, threads: dict) -> list:
-    """The trace events of ``recs`` (in issue order) and the memory ``samples``."""
-    def us(t):
-        return round((t - t0) * 1e6, 3)
-
+def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEvents:
+    """The trace of ``recs`` (in issue order) and the memory ``samples``."""
+    tr = TraceEvents(t0)
+    us = tr.us
     tracks: dict = {}                  # stream label -> tid
     for r in recs:
         tracks.setdefault(_label(r.stream), len(tracks) + 1)
-    evs = []
-    ev = evs.append
     lanes: dict = defaultdict(list)    # stream label -> the end (us) of each wait lane
     lane_tids: dict = {}               # (label, lane) -> tid
     left_out = 0
@@ -85,11 +81,9 @@ def build_events(recs: list, samples: list, t0: float, threads: dict) -> list:
                     continue
                 linked.add(key)
                 flow += 1
-                pts = max(us(p.start), us(p.end) - 0.001)
-                ev({"ph": "s", "cat": "flow", "name": "blob", "id": flow, "ts": pts,
-                    "pid": PID, "tid": tracks[_label(p.stream)]})
-                ev({"ph": "f", "bp": "e", "cat": "flow", "name": "blob", "id": flow,
-                    "ts": ts, "pid": PID, "tid": tid})
+                tr.flow(PID, tracks[_label(p.stream)], "flow", "blob", flow,
+                        max(us(p.start), us(p.end) - 0.001), True)
+                tr.flow(PID, tid, "flow", "blob", flow, ts, False)
             for b in r.muts:
                 writer[b] = r
         else:
@@ -113,56 +107,37 @@ def build_events(recs: list, samples: list, t0: float, threads: dict) -> list:
                 wtid = lane_tids.get((label, lane))
                 if wtid is None:
                     wtid = lane_tids[(label, lane)] = len(tracks) + len(lane_tids) + 1
-                ev({"ph": "X", "cat": "wait", "name": f"{r.name} waits for {cause}", "ts": ti,
-                    "dur": waited, "pid": PID, "tid": wtid,
-                    "args": {"op": r.name, "id": r.seq, "for": cause}})
-        args = {"op": r.name, "id": r.seq, "bytes": r.nbytes,
-                "thread": _thread_names(r.thread, threads), "waited_us": waited}
-        if r.skipped:
-            args["skipped"] = "its inputs were poisoned by a failed kernel"
-        elif r.failed:
-            args["failed"] = "the kernel raised (the error surfaces at the next sync point)"
-        if r.run is None:
-            ev({"ph": "X", "cat": "op", "name": r.name, "ts": ts,
-                "dur": round(max(te - ts, 0.0), 3), "pid": PID, "tid": tid, "args": args})
+                tr.complete(PID, wtid, "wait", f"{r.name} waits for {cause}", ti, waited,
+                            f'{{"op":{quote(r.name)},"id":{r.seq},"for":"{cause}"}}')
+        dur = round(max(te - ts, 0.0), 3)
+        thread = _thread_names(r.thread, threads)
+        if r.run is None:               # (args as JSON text: an event per kernel)
+            args = (f'{{"op":{quote(r.name)},"id":{r.seq},"bytes":{r.nbytes},'
+                    f'"thread":{quote(thread)},"waited_us":{waited}')
+            if r.skipped:
+                args += ',"skipped":"its inputs were poisoned by a failed kernel"'
+            elif r.failed:
+                args += (',"failed":"the kernel raised (the error surfaces at the next sync '
+                         'point)"')
+            tr.complete(PID, tid, "op", r.name, ts, dur, args + "}")
         elif runs[r.run][0] is r:
             members = runs[r.run]
-            ev({"ph": "X", "cat": "op", "name": f"run of {len(members)} ops", "ts": ts,
-                "dur": round(max(te - ts, 0.0), 3), "pid": PID, "tid": tid,
-                "args": {"ops": [m.name for m in members], "ids": [m.seq for m in members],
-                         "bytes": sum(m.nbytes for m in members), "thread": args["thread"]}})
-    order = []                         # each stream's track, then its wait lanes
-    for label, tid in tracks.items():
-        order.append((tid, label))
-        for lane in range(len(lanes.get(label, ()))):
-            order.append((lane_tids[(label, lane)],
-                          f"{label} waits" + (f" {lane + 1}" if lane else "")))
+            tr.complete(PID, tid, "op", f"run of {len(members)} ops", ts, dur,
+                        {"ops": [m.name for m in members], "ids": [m.seq for m in members],
+                         "bytes": sum(m.nbytes for m in members), "thread": thread})
     for t, device, n in samples:
-        evs.append({"ph": "C", "name": f"memory {device}", "ts": max(us(t), 0.0), "pid": PID,
-                    "tid": 0, "args": {"bytes in use": n}})
-    meta = [{"ph": "M", "name": "process_name", "ts": 0, "pid": PID, "tid": 0,
-             "args": {"name": "actorflow eager VM"}},
-            {"ph": "M", "name": "thread_name", "ts": 0, "pid": PID, "tid": 0,
-             "args": {"name": "memory"}}]
-    for sort, (tid, name) in enumerate(order, start=1):
-        meta.append({"ph": "M", "name": "thread_name", "ts": 0, "pid": PID, "tid": tid,
-                     "args": {"name": name}})
-        meta.append({"ph": "M", "name": "thread_sort_index", "ts": 0, "pid": PID, "tid": tid,
-                     "args": {"sort_index": sort}})
-    if left_out:
-        meta[0]["args"]["waits_left_out"] = left_out
-    return meta + evs
-
-
-def write_trace(path, events: list) -> Path:
-    """Writes ``events`` as a Chrome trace JSON file (a folder missing on the way is made)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        f.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-        f.write(",\n".join(json.dumps(e, separators=(",", ":")) for e in events))
-        f.write("\n]}\n")
-    return path
+        tr.counter(PID, 0, f"memory {device}", max(us(t), 0.0), f'{{"bytes in use":{n}}}')
+    tr.process(PID, "actorflow eager VM", **({"waits_left_out": left_out} if left_out else {}))
+    tr.thread(PID, 0, "memory")
+    sort = 0
+    for label, tid in tracks.items():  # each stream's track, then its wait lanes
+        sort += 1
+        tr.thread(PID, tid, label, sort)
+        for lane in range(len(lanes.get(label, ()))):
+            sort += 1
+            tr.thread(PID, lane_tids[(label, lane)],
+                      f"{label} waits" + (f" {lane + 1}" if lane else ""), sort)
+    return tr
 
 
 def summary_table(recs: list, window_ms: float) -> str:

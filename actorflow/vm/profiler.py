@@ -16,7 +16,8 @@ Records are plain objects appended to one list under the VM lock, so their order
 issue order. They hold the blobs an instruction read and wrote, never its tensors or
 arguments: a blob's memory goes with its last tensor (``TensorImpl.__del__``), so holding
 the Blob object pins no data, and the identities let the trace draw a flow from each
-writer to its later readers. ``profile_events.py`` turns records into trace events.
+writer to its later readers. ``profile_events.py`` turns records into trace events (with
+``trace_events``, the builder every trace of the library is made with).
 
 Profiles nest, and may be on in several threads at once: one Recorder serves every open
 profile (a window on its list, from the profile's start to its end) and leaves the VM when
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from ..backends import loaded_backends
 from .instruction import OP_CALL, RELEASE
-from .profile_events import build_events, summary_table, write_trace
+from .profile_events import build_trace, summary_table
 
 _perf = time.perf_counter
 _ident = threading.get_ident
@@ -207,7 +208,7 @@ class Profile:
         self.path = None if path is None else Path(path)
         self.t0 = self.t1 = None
         self._recorder = None
-        self._records = self._samples = self._events = None
+        self._records = self._samples = self._trace = self._events = None
         self._threads: dict = {}
 
     def __enter__(self) -> "Profile":
@@ -246,7 +247,7 @@ class Profile:
             self._recorder = None
         if self.path is not None:
             try:
-                write_trace(self.path, self.events())
+                self._built().write(self.path)
             except OSError as e:
                 err = OSError(f"af.profile({str(self.path)!r}): the block ran and its "
                               f"{len(self._records)} kernels are kept on the profile "
@@ -267,10 +268,16 @@ class Profile:
             if rec is None:
                 return []
             recs = [r for r in rec.records[self._first:] if r.done]
-            return build_events(recs, self._start_memory + rec.samples[self._first_sample:],
-                                self.t0, dict(rec.threads))
-        self._events = build_events(self._records, self._samples, self.t0, self._threads)
+            return build_trace(recs, self._start_memory + rec.samples[self._first_sample:],
+                               self.t0, dict(rec.threads)).events()
+        self._events = self._built().events()
         return self._events
+
+    def _built(self):
+        """The trace of the ended block (``trace_events.TraceEvents``), built once."""
+        if self._trace is None:
+            self._trace = build_trace(self._records, self._samples, self.t0, self._threads)
+        return self._trace
 
     def summary(self) -> str:
         """A table per op name: count, total kernel ms, mean us, share of the total."""
