@@ -4,8 +4,10 @@ AdamW."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import functional as F
-from ..creation import tensor, zeros_like
+from ..creation import from_numpy, zeros_like
 from ..tensor.tensor import Tensor
 from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes
 
@@ -57,17 +59,19 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
-        self._corrections = (None, None)    # eager: (count, lr, betas) and its corrections
+        self._corrections: dict = {}    # eager: (count, lr, betas) -> bias_corrections
 
     def update(self, p, grad, group, state, writes=OUT_OF_PLACE):
         n = state["step"]
-        if writes is IN_PLACE:      # eager: the count an int, the corrections made once per
-            n = (int(n.item()) if isinstance(n, Tensor) else n) + 1     # count (a graph
-            key = (n, group["lr"], group["betas"])                      # step leaves it a
-            if self._corrections[0] != key:                             # tensor)
-                t = tensor(float(n), dtype="float64")
-                self._corrections = (key, bias_corrections(t, group))
-            corrections = self._corrections[1]
+        if writes is IN_PLACE:      # eager: the count an int (a graph step leaves a tensor)
+            n = (int(n.item()) if isinstance(n, Tensor) else n) + 1
+            key = (n, group["lr"], group["betas"])
+            corrections = self._corrections.get(key)
+            if corrections is None:     # once per count and options, not per parameter
+                if len(self._corrections) > 8:
+                    self._corrections.clear()
+                t = from_numpy(np.array(float(n)))                  # float64, 0-d
+                corrections = self._corrections[key] = bias_corrections(t, group)
         else:                       # traced: the count a float64 tensor, state of the step
             n = F.add(n, 1.0)
             corrections = bias_corrections(n, group)
