@@ -68,7 +68,8 @@ def test_graph_steps_equal_eager_steps_bit_for_bit(opt_name, kwargs):
 
 
 @pytest.mark.parametrize("opt_name,kwargs", [("Adam", dict(lr=1e-2)),
-                                             ("SGD", dict(lr=0.05, momentum=0.9))])
+                                             ("SGD", dict(lr=0.05, momentum=0.9)),
+                                             ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.2))])
 def test_eager_and_graph_steps_interleave_on_one_optimizer_state(opt_name, kwargs):
     data = batches(6, seed=1)
     m1, o1 = make(opt_name, kwargs)
