@@ -4,10 +4,11 @@ kernels with its parameters and optimizer state as state held across pieces.
 ``build(*args)`` is traced through the lazy interpreter on placeholders of the first
 call's shapes: the forward ops, ``loss.backward()`` (autograd records on the placeholders,
 its rules are recorded too) and, for each optimizer given to ``add_optimizer``, its update
-in graph form (``graph_update``: the eager formulas out of place, so the numbers are the
-same). The result is one Program (``tracing.stateful_program``) whose state arrays are the
-parameters' own storage and the optimizer state's: after a step the module holds the
-updated values, as after an eager step.
+(``update``, the one formula eager ``step()`` runs in place, traced out of place, so the
+numbers are the same). The result is one Program (``tracing.stateful_program``) whose state
+arrays are the parameters' own storage and the optimizer's state tensors
+(``graph_state``): after a step the module and the optimizer hold the updated values, as
+after an eager step.
 
 ``step(*args)`` (or calling the graph) runs one iteration on the caller's thread;
 ``run(iterable, buffers=2, memory=...)`` runs many as an ActorGraph, the loader a source
@@ -76,7 +77,7 @@ class Graph:
                                           or name in _attrs_read(type(self)))
 
     def add_optimizer(self, optimizer) -> None:
-        if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_update")):
+        if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_state")):
             raise TypeError(f"add_optimizer: expected an actorflow optimizer, got "
                             f"{type(optimizer).__name__}")
         self._optimizers.append(optimizer)
@@ -135,7 +136,7 @@ class Graph:
                         names = list(st)
                         mine = dict(zip(names, states[at:at + len(names)]))
                         if p.grad is not None:
-                            new_p, new_st = o.graph_update(p, p.grad, g, mine)
+                            new_p, new_st = o.update(p, p.grad, g, mine)
                             new[pos[id(p)]] = new_p
                             for k, name in enumerate(names):
                                 new[at + k] = new_st.get(name)
@@ -240,19 +241,22 @@ class Graph:
         return got
 
     def _arrays(self, state, opt_rows, captured) -> list:
-        """The state's arrays, once the optimizers' eager state is in the graph's tensors
-        and every eager write to them is done, then the captured tensors' (read live)."""
+        """The state's arrays, once every eager write to them is done, then the captured
+        tensors' (read live). The optimizers' part of ``state`` is taken anew from them
+        (``graph_state``: their own tensors, which eager steps may have replaced)."""
+        at = len(state) - sum(len(st) for *_, st in opt_rows)
         with no_grad():
             for o, g, p, st in opt_rows:
-                o.graph_sync(p, g, st)
+                mine = o.graph_state(p, g)
+                for name in st:
+                    state[at] = mine[name]
+                    at += 1
         synchronize()
         return [t._impl.array() for t in state] + [_live(t) for t in captured]
 
     def _done(self, state, opt_rows) -> None:
         for t in state:
             t._impl.blob.version += 1       # written outside the VM: saved tensors see it
-        for o, g, p, st in opt_rows:
-            o.graph_done(p, g, st)
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, *args):

@@ -1,10 +1,48 @@
-"""Optimizer: parameter groups, per-parameter state, ``zero_grad``; updates run in place
-under no_grad, as ordinary ops queued on the VM (``step`` never waits for values)."""
+"""Optimizer: parameter groups, per-parameter state, ``zero_grad``, and the one update per
+optimizer that both modes run.
+
+Each optimizer's formula is one function of ``(param, grad, state, group)`` returning
+``(param', state')``, given how results are written: ``IN_PLACE`` (eager ``step()``: into
+the parameter and its state tensors, as ordinary ops queued on the VM under no_grad, so
+``step`` never waits for values) or ``OUT_OF_PLACE`` (an ``nn.Graph`` step, which traces
+it). Both run the same ops on the same values, so the two modes agree bit for bit.
+"""
 
 from __future__ import annotations
 
+from .. import functional as F
 from ..autograd import no_grad, zero_grad
+from ..creation import tensor
 from ..tensor.tensor import Tensor
+
+
+def _replace(a, value: float):
+    """A tensor like ``a`` holding ``value`` everywhere, computed from ``a`` (traceable)."""
+    return F.add(F.mul(a, 0.0), value)
+
+
+def _max_into(a, b):
+    return F.copy_(a, F.maximum(a, b))
+
+
+class Writes:
+    """How an update's results are written: the ops that produce a new parameter or state
+    value from the old one (``mul(a, x)``, ``add(a, x)``, ``sub(a, x)``, ``maximum(a, x)``,
+    ``fill(a, value)``), either into ``a`` itself or as new tensors. The kernels are the
+    same either way (``mul_`` runs ``mul``'s, into its input)."""
+
+    __slots__ = ("name", "mul", "add", "sub", "maximum", "fill")
+
+    def __init__(self, name, mul, add, sub, maximum, fill):
+        self.name, self.mul, self.add, self.sub = name, mul, add, sub
+        self.maximum, self.fill = maximum, fill
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+IN_PLACE = Writes("IN_PLACE", F.mul_, F.add_, F.sub_, _max_into, F.fill_)
+OUT_OF_PLACE = Writes("OUT_OF_PLACE", F.mul, F.add, F.sub, F.maximum, _replace)
 
 
 class Optimizer:
@@ -54,6 +92,8 @@ class Optimizer:
         zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
     def step(self, closure=None):
+        """One update of every parameter that has a gradient, in place (``update`` with
+        ``IN_PLACE``); ``closure`` recomputes the loss first and its value is returned."""
         loss = None
         if closure is not None:
             from ..autograd import enable_grad
@@ -63,11 +103,43 @@ class Optimizer:
             for g in self.param_groups:
                 for p in g["params"]:
                     if p.grad is not None:
-                        self._update(p, p.grad, g, self.state.setdefault(p, {}))
+                        st = self._state(p, g)
+                        st.update(self.update(p, p.grad, g, st, IN_PLACE)[1])
         return loss
 
-    def _update(self, p, grad, group: dict, state: dict) -> None:
+    def update(self, p, grad, group: dict, state: dict, writes: Writes = OUT_OF_PLACE):
+        """The optimizer's formula for one parameter: ``(p', state')`` from ``p``, its
+        gradient, its state (as ``_state`` makes it) and its group's options, written as
+        ``writes`` says (``IN_PLACE``: ``p'`` is ``p`` and the state tensors are written in
+        place). ``nn.Graph`` traces it ``OUT_OF_PLACE``."""
         raise NotImplementedError
+
+    def _state(self, p, group: dict) -> dict:
+        """``p``'s state, every entry the update reads made now if missing (``_fill``)."""
+        st = self.state.get(p)
+        if st is None:
+            st = self.state[p] = {}
+        self._fill(p, group, st)
+        return st
+
+    def _fill(self, p, group: dict, state: dict) -> None:
+        """Adds what ``state`` lacks of what ``update`` reads under ``group``'s options."""
+
+    # -- graph mode ------------------------------------------------------------------------
+    counts: tuple = ()      # state entries that count steps: ints in eager mode
+    flags: tuple = ()       # state entries that are float64 scalars in both modes
+
+    def graph_state(self, p, group: dict) -> dict:
+        """``p``'s state as the tensors an ``nn.Graph`` step reads and then writes in
+        place: the optimizer's own state tensors (made now if missing), with each count
+        (``counts``) turned into a float64 tensor kept in the state, which ``update``
+        then reads in either mode. Called when the step compiles and before every step
+        and run, so the graph always works on the state eager steps left."""
+        st = self._state(p, group)
+        for k in self.counts:
+            if not isinstance(st[k], Tensor):
+                st[k] = tensor(float(st[k]), dtype="float64")
+        return dict(st)
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -78,8 +150,15 @@ class Optimizer:
         for g in self.param_groups:
             ids = [index.setdefault(id(p), len(index)) for p in g["params"]]
             groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ids})
-        state = {index[id(p)]: dict(st) for p, st in self.state.items() if id(p) in index}
+        state = {index[id(p)]: self._saved(st) for p, st in self.state.items()
+                 if id(p) in index}
         return {"state": state, "param_groups": groups}
+
+    def _saved(self, st: dict) -> dict:
+        """A parameter's state as ``state_dict`` gives it: the counts as ints (a graph step
+        keeps them as tensors)."""
+        return {k: int(v.item()) if k in self.counts and isinstance(v, Tensor) else v
+                for k, v in st.items()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Takes what ``state_dict()`` gave (or ``af.load`` read back) for an optimizer over
@@ -102,7 +181,12 @@ class Optimizer:
             p = by_index[int(i)]
             mine = {}
             for k, v in st.items():
-                if isinstance(v, Tensor):
+                if k in self.counts:            # (PyTorch saves them as tensors)
+                    v = int(v.item() if isinstance(v, Tensor) else v)
+                elif k in self.flags:
+                    v = tensor(float(v.item() if isinstance(v, Tensor) else v),
+                               dtype="float64")
+                elif isinstance(v, Tensor):
                     if tuple(v.shape) != tuple(p.shape) and v.ndim:
                         raise ValueError(f"{type(self).__name__}.load_state_dict: state "
                                          f"{k!r} of parameter {i} has shape {tuple(v.shape)}, "

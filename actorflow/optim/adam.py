@@ -1,0 +1,87 @@
+"""Adam with PyTorch's update formula, step for step: ``adam_update`` (with
+``bias_corrections``) is the one place it is written, for eager and graph mode, Adam and
+AdamW."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import functional as F
+from ..creation import from_numpy, zeros_like
+from ..tensor.tensor import Tensor
+from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes
+
+
+def bias_corrections(t, group: dict) -> tuple:
+    """Adam's scalars at step ``t`` (a float64 0-d tensor counting this step): the step
+    size ``lr / (1 - beta1 ** t)`` and ``sqrt(1 - beta2 ** t)``, float64 0-d tensors."""
+    b1, b2 = group["betas"]
+    return F.div(group["lr"], F.sub(1.0, F.pow(b1, t))), F.sqrt(F.sub(1.0, F.pow(b2, t)))
+
+
+def adam_update(p, g, state: dict, group: dict, corrections: tuple, decoupled: bool,
+                writes: Writes = OUT_OF_PLACE):
+    """One Adam step of ``p`` with gradient ``g``: ``(p', state')`` (the moments; the
+    count is the caller's). ``state``: ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq``
+    with ``amsgrad``); ``corrections``: ``bias_corrections`` at this step; ``decoupled``:
+    weight decay as ``p *= 1 - lr * weight_decay`` (AdamW) instead of ``g += weight_decay
+    * p`` (Adam's L2); ``writes``: where results go."""
+    step_size, c2 = corrections
+    if group["maximize"]:
+        g = F.neg(g)
+    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    if wd:
+        if decoupled:
+            p = writes.mul(p, 1.0 - lr * wd)
+        else:
+            g = F.add(g, F.mul(p, wd))
+    m = writes.add(writes.mul(state["exp_avg"], b1), F.mul(g, 1.0 - b1))
+    v = writes.add(writes.mul(state["exp_avg_sq"], b2), F.mul(F.mul(g, g), 1.0 - b2))
+    new = {"exp_avg": m, "exp_avg_sq": v}
+    if group["amsgrad"]:
+        v = new["max_exp_avg_sq"] = writes.maximum(state["max_exp_avg_sq"], v)
+    denom = F.add(F.div(F.sqrt(v), c2), eps)
+    return writes.sub(p, F.mul(F.div(m, denom), step_size)), new
+
+
+class Adam(Optimizer):
+    """Adam; ``weight_decay`` adds ``wd * p`` to the gradient (L2), as PyTorch's Adam."""
+
+    decoupled = False
+    counts = ("step",)
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False):
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
+        if eps < 0:
+            raise ValueError(f"{type(self).__name__}: invalid eps {eps}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize))
+        self._corrections: dict = {}    # eager: (count, lr, betas) -> bias_corrections
+
+    def update(self, p, grad, group, state, writes=OUT_OF_PLACE):
+        n = state["step"]
+        if writes is IN_PLACE:      # eager: the count an int (a graph step leaves a tensor)
+            n = (int(n.item()) if isinstance(n, Tensor) else n) + 1
+            key = (n, group["lr"], group["betas"])
+            corrections = self._corrections.get(key)
+            if corrections is None:     # once per count and options, not per parameter
+                if len(self._corrections) > 8:
+                    self._corrections.clear()
+                t = from_numpy(np.array(float(n)))                  # float64, 0-d
+                corrections = self._corrections[key] = bias_corrections(t, group)
+        else:                       # traced: the count a float64 tensor, state of the step
+            n = F.add(n, 1.0)
+            corrections = bias_corrections(n, group)
+        p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes)
+        new["step"] = n
+        return p, new
+
+    def _fill(self, p, group, state) -> None:
+        if "step" not in state:
+            state["step"] = 0
+        for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")[:3 if group["amsgrad"] else 2]:
+            if k not in state:
+                state[k] = zeros_like(p)
