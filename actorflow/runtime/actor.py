@@ -15,11 +15,12 @@ import inspect
 
 import numpy as np
 
+from ..tensor.meta import strided
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
 from .loop import run_on_graph_loop
 from .spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy,
-                   structure_mismatch, unflatten, view_of)
+                   structure_mismatch, unflatten)
 
 
 
@@ -343,7 +344,7 @@ class Collector(Actor):
         """A copy of what sink ``k``'s register holds (the run copies each part out as
         soon as it arrives, so the register goes home at once)."""
         if self.picks is not None:          # one copy per output picked (two views of
-            return {i: np.array(view_of(x[j], meta))    # one array are two outputs)
+            return {i: np.array(strided(x[j], meta))    # one array are two outputs)
                     for i, (kk, j, meta) in enumerate(self.picks) if kk == k}
         return _copy_out(x)
 

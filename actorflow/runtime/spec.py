@@ -13,6 +13,7 @@ from ..device import Device, device as as_device
 from ..dtype import DType, as_dtype, float32, from_numpy_dtype
 from ..errors import DeviceError, DTypeError, ShapeError, format_bytes
 from ..tensor.meta import as_shape
+from ..tensor.tensor import Tensor
 
 
 class Spec:
@@ -51,7 +52,7 @@ class Spec:
     @staticmethod
     def of(value, device=None) -> "Spec":
         """The Spec of an array, tensor or Python scalar."""
-        if hasattr(value, "_impl"):                                    # an actorflow Tensor
+        if isinstance(value, Tensor):
             m = value._impl.meta
             return Spec(m.shape, m.dtype, device or m.device)
         arr = np.asarray(value)
@@ -166,8 +167,9 @@ def structure_mismatch(what: str, got, want, origin: str) -> str:
 
 def null_meta(leaf):
     """The TensorMeta of a tensor on a null device (a stand-in: it has no data), else None."""
-    impl = getattr(leaf, "_impl", None)
-    meta = getattr(impl, "meta", None)
+    if not isinstance(leaf, Tensor):
+        return None
+    meta = leaf._impl.meta
     return meta if meta is not None and meta.device.type == "null" else None
 
 
@@ -182,7 +184,7 @@ def as_array(leaf, what: str) -> np.ndarray:
     """A leaf of a piece as a numpy array (tensors are fetched, scalars become 0-d arrays)."""
     if isinstance(leaf, np.ndarray):
         return leaf
-    if hasattr(leaf, "numpy") and hasattr(leaf, "_impl"):
+    if isinstance(leaf, Tensor):
         return leaf.numpy()
     if isinstance(leaf, (bool, int, float, np.generic)):
         # a Python float is float32 (actorflow's default float); numpy scalars keep theirs
@@ -254,18 +256,6 @@ class PieceSpec:
 
     def __repr__(self) -> str:
         return repr(unflatten(self.structure, self.specs))
-
-
-def view_of(base, meta):
-    """The strided view a TensorMeta describes (shape, strides and offset in elements) over
-    the contiguous array ``base``; ``base`` itself when ``meta`` is None."""
-    if meta is None or base is None:
-        return base
-    size = base.itemsize
-    if 0 in meta.shape:
-        return np.empty(meta.shape, base.dtype)
-    return np.ndarray(meta.shape, base.dtype, base, meta.offset * size,
-                      tuple(s * size for s in meta.strides))
 
 
 def check_and_copy(values: list, dests: list, spec: PieceSpec, what: str) -> None:
