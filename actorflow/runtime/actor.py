@@ -94,7 +94,14 @@ class Actor:
         return True
 
     def _store(self, value, outs, what: str) -> None:
-        for d, v in zip(outs, check_piece(value, self.out_spec, what, self.declared)):
+        spec = self.out_spec
+        if type(value) is np.ndarray and spec.structure == 0:        # the common case,
+            s = spec.specs[0]                                       # inline (every act)
+            if value.shape == s.shape and value.dtype == s.dtype.np:
+                if outs[0] is not None:
+                    np.copyto(outs[0], value)
+                return
+        for d, v in zip(outs, check_piece(value, spec, what, self.declared)):
             if d is not None:
                 np.copyto(d, v, casting="no")
 
