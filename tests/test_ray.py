@@ -264,14 +264,57 @@ def test_python_numbers_are_stored_as_locally(engine):
     assert all(np.array_equal(x, y) for x, y in zip(local, remote))
 
 
+def same_error(g, engine) -> af.ActorError:
+    """Runs ``g`` locally, then on Ray: both stop with ActorError for the same actor and
+    piece, holding the same error (type and words: one piece check for both engines).
+    Returns Ray's."""
+    errors = []
+    for how in (None, engine):
+        with pytest.raises(af.ActorError) as info:
+            list(g.run(engine=how))
+        errors.append(info.value)
+    local, remote = errors
+    assert (remote.actor, remote.piece) == (local.actor, local.piece)
+    assert type(remote.original) is type(local.original)
+    assert str(remote.original) == str(local.original)
+    return remote
+
+
 def test_a_later_piece_of_another_shape_is_an_actor_error(engine):
     g = af.ActorGraph()
     g.sink(g.actor(lambda x: np.zeros(3 if int(x[0]) < 5 else 4, np.float32),
                    g.source(items(9), name="load"), name="shape"))
-    with pytest.raises(af.ActorError, match=r"piece 5\) returned float32\[4\], but its "
-                                            r"registers hold float32\[3\]") as info:
-        list(g.run(engine=engine))
-    assert info.value.piece == 5
+    e = same_error(g, engine)
+    assert e.piece == 5 and isinstance(e.original, af.ShapeError)
+    assert str(e.original) == ("actor 'shape' (piece 5) returned float32[4] but its register "
+                               "holds float32[3]; return the same shape for every piece, or "
+                               "declare out=af.Spec(...)")
+
+
+def test_a_later_piece_of_another_dtype_is_an_actor_error(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(lambda x: x.astype(np.float64) if int(x[0]) == 4 else x,
+                   g.source(items(9), name="load"), name="cast"))
+    e = same_error(g, engine)
+    assert e.piece == 4 and isinstance(e.original, af.DTypeError)
+    assert str(e.original).startswith("actor 'cast' (piece 4) returned float64[8] but its "
+                                      "register holds float32[8]; cast it")
+
+
+def nothing(x):
+    return None
+
+
+def test_none_is_refused_and_taken_as_locally(engine):
+    g = af.ActorGraph()
+    g.sink(g.actor(nothing, g.source(items(4), name="load"), name="quiet",
+                   out=af.Spec((8,), af.float32)))
+    e = same_error(g, engine)
+    assert isinstance(e.original, TypeError) and "did the function forget to return?" \
+        in str(e.original)
+    h = af.ActorGraph()
+    h.sink(h.actor(nothing, h.source(items(4), name="load"), name="quiet", out=()))
+    assert list(h.run(engine=engine)) == list(h.run()) == [()] * 4
 
 
 def test_a_kept_worker_that_died_is_replaced(engine):
@@ -326,8 +369,10 @@ def test_source_numbers_are_stored_as_locally_and_a_wrong_shape_is_named(engine)
     bad = af.ActorGraph()
     bad.sink(bad.actor(double, bad.source([np.zeros(4), np.zeros(4), np.zeros(5)],
                                           name="load"), name="stage"))
-    with pytest.raises(af.ActorError, match=r"source 'load' \(piece 2\) gave \[\(\(5,\)"):
-        list(bad.run(engine=engine))
+    e = same_error(bad, engine)
+    assert e.piece == 2 and isinstance(e.original, af.ShapeError)
+    assert str(e.original).startswith("source 'load' (piece 2) returned float64[5] but its "
+                                      "register holds float64[4]")
 
 
 def pair_then_list(x):
@@ -338,6 +383,8 @@ def pair_then_list(x):
 def test_a_later_piece_nested_otherwise_is_an_actor_error(engine):
     g = af.ActorGraph()
     g.sink(g.actor(pair_then_list, g.source(items(6), name="load"), name="split"))
-    with pytest.raises(af.ActorError, match=r"piece 3\) returned a piece nested as .* "
-                                            r"same structure for every piece"):
-        list(g.run(engine=engine))
+    e = same_error(g, engine)
+    assert e.piece == 3 and type(e.original) is TypeError
+    assert str(e.original).startswith("actor 'split' (piece 3) gave a list of 2 where piece 0 "
+                                      "gave a tuple of 2; give a tuple of 2, the same "
+                                      "structure, for every piece")

@@ -281,12 +281,13 @@ def test_a_placed_source_that_fails_names_its_piece(engine):
     h = af.ActorGraph()
     h.sink(h.actor(double, h.source(bad_source(12, 5, shape=True), name="load"),
                    name="double"))
-    with pytest.raises(af.ActorError, match=r"source 'load' \(piece 5\) gave \[\(\(4,\), "
-                                            r"dtype\('float32'\)\)\], but its registers "
-                                            r"hold \[\(\(8,\)"):
-        list(h.run(engine=placed))
-    with pytest.raises(af.ActorError, match=r"source 'load' \(piece 5\) gave"):
-        list(h.run(engine=engine))                          # (read on the driver: the same)
+    words = ("source 'load' (piece 5) returned float32[4] but its register holds "
+             "float32[8]; return the same shape for every piece, or declare out=af.Spec(...)")
+    for how in (None, placed, engine):        # local, in a process, read on the driver
+        with pytest.raises(af.ActorError) as info:
+            list(h.run(engine=how))
+        assert info.value.piece == 5 and type(info.value.original) is af.ShapeError
+        assert str(info.value.original) == words
 
 
 def test_what_cannot_be_read_in_a_process_is_refused(engine):

@@ -4,7 +4,7 @@ needs around it: the sources' pieces and errors as ActorError."""
 
 from __future__ import annotations
 
-import numpy as np
+import traceback
 
 from ..errors import ActorError, PlanError
 from ..runtime.graph.actors import Collector, OpActor, StageActor
@@ -47,13 +47,12 @@ class Unit:
         """What its processes host: a ``Stage`` per member (a ``SourceStage`` per source)."""
         out = []
         for a in self.members:
-            spec = a.out_spec
-            leaves = [(tuple(s.shape), np.dtype(s.dtype.np)) for s in spec.specs]
             if isinstance(a, SourceActor):
-                out.append(SourceStage(a.name, a.source, leaves, spec.structure, batch))
+                out.append(SourceStage(a.name, a.source, a.out_spec, a.declared, a.fed,
+                                       batch))
                 continue
             fn = OpCall(a.program) if isinstance(a, OpActor) else a.fn
-            out.append(Stage(a.name, fn, leaves, spec.structure, a.time))
+            out.append(Stage(a.name, fn, a.out_spec, a.declared, a.time))
         return out
 
 
@@ -250,21 +249,25 @@ def check_resources(have: dict, units: list) -> None:
 
 def source_items(src: SourceActor):
     """The source's pieces for a Ray run read on the driver (piece 0 read while planning
-    first), each leaf as the array a register would hold, checked against piece 0's shapes.
-    An async source is driven on a loop of its own."""
+    first), each leaf as the array a register would hold, checked as the local engine checks
+    it (a wrong piece: ActorError holding the same error). An async source is driven on a
+    loop of its own."""
     src.start()
-    want = [(s.shape, s.dtype.np) for s in src.out_spec.specs]
+    spec = src.out_spec
     items = Items(src.it)
     piece = 0
     try:
         while True:
             if piece in src.cached:
-                value = unflatten(src.out_spec.structure, src.cached.pop(piece))
+                value = unflatten(spec.structure, src.cached.pop(piece))
             else:
                 value = items.next()
                 if value is END:
                     return
-                value = source_piece(src.name, piece, value, src.out_spec.structure, want)
+                try:
+                    value = source_piece(src.name, piece, value, spec, src.declared, src.fed)
+                except Exception as e:  # noqa: BLE001 - the local engine's error, as there
+                    raise ActorError(src.name, piece, e, traceback.format_exc()) from e
             yield value
             piece += 1
     finally:

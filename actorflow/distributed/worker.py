@@ -27,15 +27,18 @@ import socket
 import time
 import traceback
 
+from ..runtime.graph.source import source_words
+from ..runtime.plan.spec import check_piece, flatten, unflatten
+
 
 class Stage:
     """One stage as its process runs it: ``fn`` (a plain or ``async def`` function of
-    pieces, or an ``OpCall``), the shapes and dtypes its output must have (``leaves``:
-    ``[(shape, numpy dtype)]`` of the flattened piece), its nesting, and ``time``:
+    pieces, or an ``OpCall``), ``spec``: its register's layout (from ``out=`` when
+    ``declared``, else from piece 0), which every output is checked against, and ``time``:
     simulated extra seconds per act (slept), as ``g.actor(time=)``."""
 
-    def __init__(self, name: str, fn, leaves: list, structure, sim=None):
-        self.name, self.fn, self.leaves, self.structure = name, fn, leaves, structure
+    def __init__(self, name: str, fn, spec, declared: bool, sim=None):
+        self.name, self.fn, self.spec, self.declared = name, fn, spec, declared
         self.sim = sim
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None))
@@ -45,36 +48,25 @@ class Stage:
         return 0.0 if t is None else float(t(piece) if callable(t) else t)
 
     def check(self, value, piece: int):
-        """The value with its leaves as arrays, as a local register holds them (a Python
-        float is float32, as locally); refused when they do not match the registers."""
-        from ..runtime.plan.spec import as_array, flatten, unflatten
-        leaves, structure = flatten(value)
-        arrays = [as_array(x, f"actor {self.name!r} (piece {piece}) output") for x in leaves]
-        if structure != self.structure:
-            raise TypeError(f"actor {self.name!r} (piece {piece}) returned a piece nested "
-                            f"as {structure!r}, but its registers hold one nested as "
-                            f"{self.structure!r} (sized by piece 0); return the same "
-                            f"structure for every piece")
-        want = self.leaves
-        got = [(tuple(x.shape), x.dtype) for x in arrays]
-        if len(got) != len(want) or any(g[0] != w[0] or g[1] != w[1]
-                                        for g, w in zip(got, want)):
-            raise TypeError(f"actor {self.name!r} (piece {piece}) returned "
-                            f"{_say(got)}, but its registers hold {_say(want)} (sized by "
-                            f"piece 0); return the same shapes and dtypes for every piece")
-        return unflatten(structure, arrays)
+        """The value with its leaves as arrays, as a local register holds them, checked
+        as the local engine checks it (``check_piece``: same errors, same words)."""
+        spec = self.spec
+        return unflatten(spec.structure, check_piece(
+            value, spec, f"actor {self.name!r} (piece {piece})", self.declared))
 
 
 class SourceStage:
     """A source read in a Ray actor process (placed, or in a group): opened afresh at
     piece 0 of each run (a zero-argument callable is called, an iterable iterated), then
-    read ``batch`` pieces per call, each checked against piece 0's shapes."""
+    read ``batch`` pieces per call, each checked against its register's layout (``spec``)
+    as the local engine checks it."""
 
     is_async = False
     sim = None
 
-    def __init__(self, name: str, source, leaves, structure, batch: int):
-        self.name, self.source, self.leaves, self.structure = name, source, leaves, structure
+    def __init__(self, name: str, source, spec, declared: bool, fed: bool, batch: int):
+        self.name, self.source, self.spec, self.declared = name, source, spec, declared
+        self.fed = fed
         self.fn = source
         self.batch = batch
         self.items = None           # Items of this run's iterator
@@ -94,23 +86,15 @@ class SourceStage:
             items.close()
 
     def check(self, value, piece: int):
-        return source_piece(self.name, piece, value, self.structure, self.leaves)
+        return source_piece(self.name, piece, value, self.spec, self.declared, self.fed)
 
 
-def source_piece(name: str, piece: int, value, structure, want: list):
+def source_piece(name: str, piece: int, value, spec, declared: bool, fed: bool = False):
     """A source's piece with its leaves as the arrays a register holds (a Python float is
-    float32, a tensor its numpy data), refused when it differs from piece 0's."""
-    from ..errors import ActorError
-    from ..runtime.plan.spec import as_array, flatten, unflatten
-    what = f"source {name!r} (piece {piece})"
-    leaves, got_structure = flatten(value)
-    arrays = [as_array(x, what) for x in leaves]
-    got = [(a.shape, a.dtype) for a in arrays]
-    if got_structure != structure or got != want:
-        raise ActorError(name, piece, TypeError(
-            f"{what} gave {got}, but its registers hold {want} (sized by piece 0); give "
-            f"the same shapes and dtypes for every piece"))
-    return unflatten(structure, arrays)
+    float32, a tensor its numpy data), checked as the local engine checks it
+    (``check_piece``: same errors, same words)."""
+    return unflatten(spec.structure,
+                     check_piece(value, spec, source_words(name, piece, fed), declared))
 
 
 END = object()
@@ -169,7 +153,6 @@ class OpCall:
         self.__name__ = f"op {program.describe()}"
 
     def __call__(self, *pieces):
-        from ..runtime.plan.spec import flatten, unflatten
         outs = self.program.run_new([flatten(p)[0] for p in pieces])
         return unflatten(self.program.out_spec.structure, outs)
 
@@ -348,7 +331,3 @@ class StageFailed(Exception):
 
     def __reduce__(self):
         return (StageFailed, (self.name, self.piece, self.where, self.original, self.tb))
-
-
-def _say(leaves) -> str:
-    return ", ".join(f"{d}{list(s)}" for s, d in leaves) or "nothing"

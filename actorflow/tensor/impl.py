@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..backends import get_backend
 from .blob import RELEASED, _SMALL, Blob
-from .meta import TensorMeta, contiguous_strides
+from .meta import TensorMeta, contiguous_strides, strided
 
 
 class TensorImpl:
@@ -41,12 +39,7 @@ class TensorImpl:
         arr = self.blob.array
         if self.base is None or arr is None:
             return arr
-        m = self.meta
-        if 0 in m.shape:                 # no elements: nothing to address in the buffer
-            return np.empty(m.shape, arr.dtype)
-        size = arr.itemsize
-        return np.ndarray(m.shape, arr.dtype, arr, m.offset * size,
-                          tuple(s * size for s in m.strides))
+        return strided(arr, self.meta)
 
     def __del__(self):
         # The last tensor owning the blob is gone (on any thread, even inside the garbage

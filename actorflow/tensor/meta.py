@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from typing import NamedTuple
 
+import numpy as np
+
 from ..device import Device
 from ..dtype import DType
 
@@ -91,3 +93,17 @@ def contiguous_meta(shape: tuple, dtype: DType, device: Device) -> TensorMeta:
         if len(device.metas) < 4096:
             device.metas[key] = m
     return m
+
+
+def strided(base, meta: TensorMeta):
+    """The numpy view ``meta`` describes (its shape, and strides and offset in elements)
+    over the contiguous array ``base``: how a view tensor, a traced program's operand and a
+    picked output read their storage. ``base`` itself when ``meta`` or ``base`` is None; a
+    fresh empty array when ``meta`` has no elements (nothing to address in ``base``)."""
+    if meta is None or base is None:
+        return base
+    if 0 in meta.shape:
+        return np.empty(meta.shape, base.dtype)
+    size = base.itemsize
+    return np.ndarray(meta.shape, base.dtype, base, meta.offset * size,
+                      tuple(s * size for s in meta.strides))

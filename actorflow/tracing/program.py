@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import KernelError, format_bytes
-from ..runtime.plan.spec import PieceSpec, Spec, view_of
+from ..runtime.plan.spec import PieceSpec, Spec
+from ..tensor.meta import strided
 from ..vm.opcall import kernel_error
 
 
@@ -109,7 +110,7 @@ class Program:
             base = self.state_arrays[i]
         else:
             base = self.const_arrays[i]
-        return view_of(base, meta)
+        return strided(base, meta)
 
     def run(self, outs: list, ins: list, write_back: bool = True) -> None:
         """One act: ``outs`` the output register's arrays, ``ins`` per input its arrays.

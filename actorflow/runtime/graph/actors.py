@@ -15,11 +15,12 @@ import inspect
 
 import numpy as np
 
+from ...tensor.meta import strided
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
 from ..sched.loop import run_on_graph_loop
-from ..plan.spec import (NOTHING, PieceSpec, check_and_copy, flatten, own_copy,
-                   structure_mismatch, unflatten, view_of)
+from ..plan.spec import (NOTHING, PieceSpec, check_piece, flatten, none_is_fine, own_copy,
+                   refuse_awaitable, unflatten)
 
 
 
@@ -94,23 +95,15 @@ class Actor:
 
     def _store(self, value, outs, what: str) -> None:
         spec = self.out_spec
-        if value is None and self._none_is_fine(what):
-            return
-        if type(value) is np.ndarray and spec.structure == 0:        # the common case
-            s = spec.specs[0]
+        if type(value) is np.ndarray and spec.structure == 0:        # the common case,
+            s = spec.specs[0]                                       # inline (every act)
             if value.shape == s.shape and value.dtype == s.dtype.np:
-                d = outs[0]
-                if d is not None:
-                    np.copyto(d, value)
+                if outs[0] is not None:
+                    np.copyto(outs[0], value)
                 return
-        _refuse_awaitable(value, what)
-        leaves, structure = flatten(value)
-        spec = self.out_spec
-        if structure != spec.structure:
-            origin = "its declared Spec (out=) is" if self.declared else "piece 0 gave"
-            raise TypeError(structure_mismatch(what, structure, spec.structure, origin)
-                            + f" (got {_shape_of(value)}, the register holds {spec!r})")
-        check_and_copy(leaves, outs, spec, what)
+        for d, v in zip(outs, check_piece(value, spec, what, self.declared)):
+            if d is not None:
+                np.copyto(d, v, casting="no")
 
     def _put(self, value, outs, what: str):
         """Stores ``value`` in the output register; with no register yet (the run sizes
@@ -120,29 +113,17 @@ class Actor:
         self._store(value, outs, what)
         return None
 
-    def _none_is_fine(self, what: str) -> bool:
-        """A stage or source gave None: fine when it declared no output (``out=()``) or
-        its output is on the null device (a stand-in: only size and time count); else a
-        mistake (a function that forgot to return), said with the fix."""
-        spec = self.out_spec
-        if spec is not None and all(s.device.type == "null" for s in spec.specs):
-            return True
-        raise TypeError(f"{what} returned None; a stage or source gives its output piece (an "
-                        f"array, a tensor, a number, or a tuple/list/dict of them): did the "
-                        f"function forget to return? If it has no output, declare out=() "
-                        f"and None is accepted")
-
     def _checked_leaves(self, value, what: str) -> list:
         """Leaves of a probed output, checked against a declared spec (if any)."""
-        if value is None and self._none_is_fine(what):
+        if value is None and none_is_fine(self.out_spec, what):
             return [None] * len(self.out_spec.specs)
-        _refuse_awaitable(value, what)
+        refuse_awaitable(value, what)
         leaves, structure = flatten(value)
         got = PieceSpec.of(value, what, self._device())
         if self.out_spec is None:
             self.out_spec = got
         else:
-            self._store(value, [None] * len(self.out_spec.specs), what)
+            check_piece(value, self.out_spec, what, self.declared)
         # copies: piece 0 outlives the act (it sizes the registers, then travels on its own),
         # and what a stage returns may be a view of its input register or a reused buffer
         return [own_copy(x, what) for x in leaves]
@@ -163,25 +144,6 @@ def is_async_function(fn) -> bool:
     """``async def`` functions (also partials of them, and objects whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(fn) or (
         not inspect.isroutine(fn) and inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
-
-
-def _refuse_awaitable(value, what: str) -> None:
-    """A plain function gave a coroutine (it wraps an ``async def`` one): closed, so it
-    warns of nothing, and refused with the fix."""
-    if inspect.isawaitable(value):
-        if inspect.iscoroutine(value):
-            value.close()
-        raise TypeError(f"{what} returned a {type(value).__name__} instead of a piece: the "
-                        f"function is not 'async def' but gives an awaitable; declare it "
-                        f"'async def' (async def f(x): return await g(x)) so the run awaits it "
-                        f"on its loop")
-
-
-def _shape_of(value) -> str:
-    try:
-        return repr(PieceSpec.of(value, "value"))
-    except Exception:  # noqa: BLE001 - only used in a message
-        return type(value).__name__
 
 
 def read_piece(arrays: list, spec: PieceSpec):
@@ -346,7 +308,7 @@ class Collector(Actor):
         """A copy of what sink ``k``'s register holds (the run copies each part out as
         soon as it arrives, so the register goes home at once)."""
         if self.picks is not None:          # one copy per output picked (two views of
-            return {i: np.array(view_of(x[j], meta))    # one array are two outputs)
+            return {i: np.array(strided(x[j], meta))    # one array are two outputs)
                     for i, (kk, j, meta) in enumerate(self.picks) if kk == k}
         return _copy_out(x)
 

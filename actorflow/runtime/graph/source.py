@@ -19,6 +19,13 @@ def _one_shot(src) -> bool:
     return hasattr(src, "__anext__") and hasattr(src, "__aiter__")
 
 
+def source_words(name: str, piece: int, fed: bool = False) -> str:
+    """Which source gave ``piece``, as errors say it (``fed``: from ``run(feed=...)``)."""
+    if fed:
+        return f"run(feed=...) item {piece} (for {name!r})"
+    return f"source {name!r} (piece {piece})"
+
+
 def open_items(src, name: str):
     """The iterator a source reads in a run: ``src`` called first when it is a factory (a
     zero-argument callable, a class too), then iterated (``__aiter__`` for an async one)."""
@@ -71,9 +78,7 @@ class SourceActor(Actor):
         self.is_async = hasattr(self.it, "__anext__")
 
     def _what(self, piece: int) -> str:
-        if self.fed:
-            return f"run(feed=...) item {piece} (for {self.name!r})"
-        return f"source {self.name!r} (piece {piece})"
+        return source_words(self.name, piece, self.fed)
 
     def close(self) -> None:
         it, self.it = self.it, None

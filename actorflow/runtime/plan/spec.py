@@ -7,12 +7,15 @@ tuple, list or dict of pieces. ``piece_spec`` describes one as the same structur
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from ...device import Device, device as as_device
 from ...dtype import DType, as_dtype, float32, from_numpy_dtype
 from ...errors import DeviceError, DTypeError, ShapeError, format_bytes
 from ...tensor.meta import as_shape
+from ...tensor.tensor import Tensor
 
 
 class Spec:
@@ -51,7 +54,7 @@ class Spec:
     @staticmethod
     def of(value, device=None) -> "Spec":
         """The Spec of an array, tensor or Python scalar."""
-        if hasattr(value, "_impl"):                                    # an actorflow Tensor
+        if isinstance(value, Tensor):
             m = value._impl.meta
             return Spec(m.shape, m.dtype, device or m.device)
         arr = np.asarray(value)
@@ -166,8 +169,9 @@ def structure_mismatch(what: str, got, want, origin: str) -> str:
 
 def null_meta(leaf):
     """The TensorMeta of a tensor on a null device (a stand-in: it has no data), else None."""
-    impl = getattr(leaf, "_impl", None)
-    meta = getattr(impl, "meta", None)
+    if not isinstance(leaf, Tensor):
+        return None
+    meta = leaf._impl.meta
     return meta if meta is not None and meta.device.type == "null" else None
 
 
@@ -182,7 +186,7 @@ def as_array(leaf, what: str) -> np.ndarray:
     """A leaf of a piece as a numpy array (tensors are fetched, scalars become 0-d arrays)."""
     if isinstance(leaf, np.ndarray):
         return leaf
-    if hasattr(leaf, "numpy") and hasattr(leaf, "_impl"):
+    if isinstance(leaf, Tensor):
         return leaf.numpy()
     if isinstance(leaf, (bool, int, float, np.generic)):
         # a Python float is float32 (actorflow's default float); numpy scalars keep theirs
@@ -256,46 +260,92 @@ class PieceSpec:
         return repr(unflatten(self.structure, self.specs))
 
 
-def view_of(base, meta):
-    """The strided view a TensorMeta describes (shape, strides and offset in elements) over
-    the contiguous array ``base``; ``base`` itself when ``meta`` is None."""
-    if meta is None or base is None:
-        return base
-    size = base.itemsize
-    if 0 in meta.shape:
-        return np.empty(meta.shape, base.dtype)
-    return np.ndarray(meta.shape, base.dtype, base, meta.offset * size,
-                      tuple(s * size for s in meta.strides))
+def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
+    """The piece an actor gave, checked against its register: the one check every engine
+    makes of every act's output (the local engine copies the leaves into the register, the
+    Ray engine sends them). Returns the leaves as the register holds them: numpy arrays
+    (a tensor's values, a Python float as float32), None for a null-device stand-in.
+
+    Args:
+        value: the piece (an array, tensor, number, None, or a tuple/list/dict of them).
+        spec: the register's layout.
+        what: who gave it, for messages: "actor 'f' (piece 3)".
+        declared: the layout is the actor's ``out=`` (else: what piece 0 gave).
+
+    Raises:
+        TypeError: None from an actor with an output, an awaitable from a plain function,
+            or a piece nested otherwise than the register.
+        ShapeError: a leaf of another shape than the register's.
+        DTypeError: a leaf of another dtype.
+        DeviceError: a null-device stand-in for a register with data.
+    """
+    if value is None and none_is_fine(spec, what):
+        return [None] * len(spec.specs)
+    if type(value) is np.ndarray and spec.structure == 0:        # the common case
+        s = spec.specs[0]
+        if value.shape == s.shape and value.dtype == s.dtype.np:
+            return [value]
+    refuse_awaitable(value, what)
+    leaves, structure = flatten(value)
+    if structure != spec.structure:
+        origin = "its declared Spec (out=) is" if declared else "piece 0 gave"
+        raise TypeError(structure_mismatch(what, structure, spec.structure, origin)
+                        + f" (got {_spec_words(value)}, the register holds {spec!r})")
+    return [_checked_leaf(v, s, f"{what} (array {i})", what)
+            for i, (v, s) in enumerate(zip(leaves, spec.specs))]
 
 
-def check_and_copy(values: list, dests: list, spec: PieceSpec, what: str) -> None:
-    """Copies a piece's arrays into a register's arrays, or raises naming the mismatch. A
-    null-device tensor stands in for an array of a register with no data (checked, not
-    copied)."""
-    if len(values) != len(dests):
-        raise ShapeError(f"{what} returned {len(values)} arrays, but its register holds "
-                         f"{len(spec.specs)} ({spec!r}); return the same structure every piece")
-    for i, (v, d, s) in enumerate(zip(values, dests, spec.specs)):
-        meta, arr = null_meta(v), None
-        if meta is None:
-            arr = as_array(v, f"{what} (array {i})")
-            shape, dtype, got = arr.shape, arr.dtype, f"{arr.dtype}{list(arr.shape)}"
-        elif s.device.type != "null":
-            raise DeviceError(f"{what} returned a tensor on {meta.device}, which has no data, "
-                              f"but its register is on {s.device}; return an array or a "
-                              f"{s.device} tensor")
-        else:
-            shape, dtype = meta.shape, meta.dtype.np
-            got = f"{meta.dtype.name}{list(shape)} on {meta.device}"
-        want = f"{s.dtype.name}{list(s.shape)}"
-        if shape != s.shape:
-            raise ShapeError(f"{what} returned {got} but its register holds {want}; return the "
-                             f"same shape for every piece, or declare out=af.Spec(...)")
-        if dtype != s.dtype.np:
-            raise DTypeError(f"{what} returned {got} but its register holds {want}; cast it "
-                             f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)")
-        if d is not None:
-            np.copyto(d, arr, casting="no")
+def _checked_leaf(v, s: Spec, leaf_what: str, what: str):
+    meta, arr = null_meta(v), None
+    if meta is None:
+        arr = as_array(v, leaf_what)
+        shape, dtype, got = arr.shape, arr.dtype, f"{arr.dtype}{list(arr.shape)}"
+    elif s.device.type != "null":
+        raise DeviceError(f"{what} returned a tensor on {meta.device}, which has no data, "
+                          f"but its register is on {s.device}; return an array or a "
+                          f"{s.device} tensor")
+    else:
+        shape, dtype = meta.shape, meta.dtype.np
+        got = f"{meta.dtype.name}{list(shape)} on {meta.device}"
+    want = f"{s.dtype.name}{list(s.shape)}"
+    if shape != s.shape:
+        raise ShapeError(f"{what} returned {got} but its register holds {want}; return the "
+                         f"same shape for every piece, or declare out=af.Spec(...)")
+    if dtype != s.dtype.np:
+        raise DTypeError(f"{what} returned {got} but its register holds {want}; cast it "
+                         f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)")
+    return arr
+
+
+def none_is_fine(spec: PieceSpec | None, what: str) -> bool:
+    """An actor gave None: fine when it declared no output (``out=()``) or its output is
+    on the null device (a stand-in: only size and time count); else a mistake (a function
+    that forgot to return), raised as TypeError with the fix."""
+    if spec is not None and all(s.device.type == "null" for s in spec.specs):
+        return True
+    raise TypeError(f"{what} returned None; a stage or source gives its output piece (an "
+                    f"array, a tensor, a number, or a tuple/list/dict of them): did the "
+                    f"function forget to return? If it has no output, declare out=() "
+                    f"and None is accepted")
+
+
+def refuse_awaitable(value, what: str) -> None:
+    """A plain function gave a coroutine (it wraps an ``async def`` one): closed, so it
+    warns of nothing, and refused with the fix (TypeError)."""
+    if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError(f"{what} returned a {type(value).__name__} instead of a piece: the "
+                        f"function is not 'async def' but gives an awaitable; declare it "
+                        f"'async def' (async def f(x): return await g(x)) so the run awaits it "
+                        f"on its loop")
+
+
+def _spec_words(value) -> str:
+    try:
+        return repr(PieceSpec.of(value, "value"))
+    except Exception:  # noqa: BLE001 - only used in a message
+        return type(value).__name__
 
 
 NOTHING = PieceSpec(None, [])
