@@ -168,15 +168,8 @@ def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
     if not callable(target):
         raise TypeError(f"assert_no_deadlock: expected an ActorGraph, a callable, an "
                         f"awaitable or an async iterator, got {type(target).__name__}")
-    try:
+    with _deadlock_fails():
         result = target()
-    except DeadlockError as e:
-        raise AssertionError(f"deadlock: {e}") from None
-    except ActorError as e:
-        nested = _nested_deadlock(e)
-        if nested is None:
-            raise
-        raise nested from e
     if inspect.isawaitable(result) or hasattr(result, "__aiter__"):
         return _no_deadlock_async(result, timeout)      # (an async def function)
     return _check_result(result)
@@ -202,6 +195,21 @@ def _nested_deadlock(e: ActorError) -> AssertionError | None:
                           f"{e.piece}: {inner}")
 
 
+@contextlib.contextmanager
+def _deadlock_fails():
+    """A DeadlockError raised inside, or one an actor's error carries from a run it
+    iterated, becomes the AssertionError that names it; other errors pass."""
+    try:
+        yield
+    except DeadlockError as e:
+        raise AssertionError(f"deadlock: {e}") from None
+    except ActorError as e:
+        nested = _nested_deadlock(e)
+        if nested is None:
+            raise
+        raise nested from e
+
+
 def _check_result(result):
     if getattr(result, "status", None) == "deadlock":
         raise AssertionError(f"deadlock: {result.error}")
@@ -225,17 +233,11 @@ def _run_graph(g: ActorGraph, timeout: float, feed):
     timer.daemon = True
     timer.start()
     try:
-        outs = list(g.run(feed))
+        with _deadlock_fails():
+            outs = list(g.run(feed))
         if said:                # it ended, but only after the timeout (its stop came late)
             raise TimeoutError
         return outs
-    except DeadlockError as e:
-        raise AssertionError(f"deadlock: {e}") from None
-    except ActorError as e:
-        nested = _nested_deadlock(e)
-        if nested is None:
-            raise
-        raise nested from e
     except TimeoutError:
         if not said:
             raise
@@ -259,15 +261,8 @@ async def _no_deadlock_async(target, timeout: float):
         with contextlib.suppress(BaseException):
             await task
         raise AssertionError(f"did not end within {timeout:g} s; then:\n{said}")
-    try:
+    with _deadlock_fails():
         return _check_result(task.result())
-    except DeadlockError as e:
-        raise AssertionError(f"deadlock: {e}") from None
-    except ActorError as e:
-        nested = _nested_deadlock(e)
-        if nested is None:
-            raise
-        raise nested from e
 
 
 def assert_peak_within(source, budget, device: str | None = None) -> None:
