@@ -210,20 +210,32 @@ class Graph:
             got = self._keep(key, (program, state, opt_rows))
         return got
 
-    def _compile_graph(self, spec, buffers, memory, settings):
-        """The step as an ActorGraph with an actor per op (``run()``), per input layout."""
-        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings)
+    def _compile_graph(self, spec, buffers, memory, settings, loader=None):
+        """The step as an ActorGraph with an actor per op (``run()``), per input layout: fed
+        by ``run(feed=...)``, or reading the register of a loader's actors (``loader``: one
+        with ``actors_into``; the graph is kept for any loader of the same ``actors_key``,
+        bound to ``loader`` for the run). The last item is the loader's actors, or None."""
+        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
+               loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
             fn, state, opt_rows, names = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
+            added: list = []
+
+            def source(g):
+                added.append(loader.actors_into(g, spec))
+                return added[0].node
             try:
-                g, shared, captured = stateful_graph(fn, spec, specs, type(self).__name__,
-                                                     dict(memory=memory, buffers=buffers),
-                                                     names)
+                g, shared, captured = stateful_graph(
+                    fn, spec, specs, type(self).__name__, dict(memory=memory, buffers=buffers),
+                    names, None if loader is None else source)
             except TraceError as e:
                 raise self._traced_error(e) from e
-            got = self._keep(key, (g, shared, state, opt_rows, captured))
+            got = self._keep(key, (g, shared, state, opt_rows, captured,
+                                   added[0] if added else None))
+        elif loader is not None:
+            got[-1].bind(loader)
         return got
 
     def _fused_graph(self, spec, buffers, memory, settings):
@@ -341,9 +353,24 @@ class Graph:
             progress.setdefault("desc", "steps")
             if "total" not in progress and hasattr(iterable, "__len__"):
                 progress["total"] = len(iterable)
+        runs = done = 0
+        if hasattr(iterable, "actors_into"):    # a DataLoader
+            if fused or (timeout is not None and iterable.workers > 1):
+                iterable = iterable.iter_arrays()       # read as an iterable, by a source
+            else:                                       # its actors join the step's graph
+                layout = iterable.layout()
+                rest: list = []
+                if layout is not None:
+                    for out in self._run_layout(layout, None, buffers, memory, fused, trace,
+                                                progress, timeout, iterable, rest):
+                        done += 1
+                        yield out
+                    runs += 1
+                    iterable = rest         # (its last, smaller batch: a run of its own)
+                else:
+                    iterable = iterable.iter_arrays()   # (no whole batch)
         it = iter(iterable)
         item = next(it, _NONE)
-        runs = done = 0
         while item is not _NONE:            # a run per layout: a register has one size
             spec = PieceSpec.of(item, "nn.Graph.run")
             key = (spec.structure, tuple(spec.specs))
@@ -370,20 +397,24 @@ class Graph:
             item = later[0] if later else _NONE
 
     def _run_layout(self, spec, feed, buffers, memory, fused, trace=None, progress=False,
-                    timeout=None):
+                    timeout=None, loader=None, rest=None):
         """One run of the items of one layout (``feed``), as ``run()`` says: compiled for
         what build reads now, stopped by a change to it, an op's failure named as
-        ``step()`` names it. The state is handed back to the optimizers at the end."""
+        ``step()`` names it. The state is handed back to the optimizers at the end.
+        ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
+        run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
+        reads = None
         if fused:
             g, program, state, opt_rows = self._fused_graph(spec, buffers, memory, settings)
             program.state_arrays = self._arrays(state, opt_rows, program.captured)
             timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"]
         else:
-            g, shared, state, opt_rows, captured = self._compile_graph(spec, buffers, memory,
-                                                                       settings)
+            g, shared, state, opt_rows, captured, reads = self._compile_graph(
+                spec, buffers, memory, settings, loader)
             shared[:] = self._arrays(state, opt_rows, captured)
-            timed = [a for a in g.actors if getattr(a, "fed", False)]
+            timed = [a for a in g.actors if getattr(a, "fed", False)] if reads is None else \
+                reads.actors
         for a in timed:                     # the loader, and the fused step on a thread
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
@@ -398,7 +429,7 @@ class Graph:
                 waiting[count[0]] = x
                 count[0] += 1
                 yield x
-        run = g.run(feed=fed(), trace=trace, progress=progress)
+        run = g.run(feed=fed() if feed is not None else None, trace=trace, progress=progress)
         n = 0
         try:
             for out in run:
@@ -414,10 +445,13 @@ class Graph:
                         f"it was stopped rather than train on what is no longer there. "
                         f"Change them between runs (once the loop over run() has ended), "
                         f"or call step() per batch")
+            if reads is not None:
+                rest.extend(reads.rest())
         except ActorError as e:
             run.close()
             g.join()
-            err = self._run_error(e, g, fused, spec, waiting.get(e.piece))
+            item = waiting.get(e.piece) if reads is None else _reload(reads, e.piece)
+            err = self._run_error(e, g, fused, spec, item)
             if err is e:
                 raise
             raise err from err.original
@@ -618,6 +652,15 @@ def _local_engine(engine, name: str) -> None:
 
 
 _NONE = object()
+
+
+def _reload(reads, piece: int):
+    """Batch ``piece`` of a loader's run, loaded again to name the op that fails on it
+    (None when it cannot be)."""
+    try:
+        return reads.batch(piece)
+    except Exception:  # noqa: BLE001 - only names the op; the run's own error stands
+        return None
 
 
 def _values(t: Tensor):
