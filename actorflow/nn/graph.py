@@ -10,8 +10,11 @@ parameters' own storage and the optimizer state's: after a step the module holds
 updated values, as after an eager step.
 
 ``step(*args)`` (or calling the graph) runs one iteration on the caller's thread;
-``run(iterable, buffers=2, memory=...)`` runs many as an ActorGraph, the loader a source
-actor and the step an op actor, so batch i+1 loads while batch i computes.
+``run(iterable, buffers=2, memory=...)`` runs many as one ActorGraph (``stateful_graph``):
+an actor per op of the step and one per state written back, the op actors reading the
+register of a source actor that reads the iterable or, for a DataLoader, of the loader's
+own actors (its sampler and its loading stage on its workers: ``actors_into``), so batch
+i+1 loads while batch i computes; ``fused=True`` makes the step one op actor instead.
 
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
@@ -320,7 +323,12 @@ class Graph:
         items load (and the first layers of the next piece run) while a piece trains; the
         parameters are updated in piece order. Yields what ``build`` returns per item.
         Items of another layout (a loader's last, smaller batch) start a run of their own
-        (compiled once per layout).
+        (compiled once per layout). A DataLoader's own actors (``actors_into``: its
+        sampler, its loading stage on its workers) take the source's place, in the same
+        graph: a batch is collated into the register the op actors read, never made a
+        tensor, and its layout comes from the loader's first sample (``layout()``); the
+        compiled step serves every loader of the same kind (``actors_key``). The loader's
+        ``memory`` budget is not the run's: give ``memory`` here.
 
         ``buffers``, ``memory``: as ``ActorGraph``'s (registers per output, budgets per
         device). ``fused=True`` runs the whole step as one op actor instead (the program
@@ -332,7 +340,9 @@ class Graph:
         the bottleneck; its total is ``len(iterable)`` when it has one. ``timeout``:
         seconds the loader may take for one item (and, with ``fused=True``, the step for
         one piece) before the run fails with ActorError (the op actors of a run that is not
-        fused act on the run's loop, where an act cannot be timed out). ``engine``: as
+        fused act on the run's loop, where an act cannot be timed out). With ``fused=True``,
+        or a ``timeout`` and a DataLoader of ``workers > 1`` (replicas cannot be timed
+        yet), the DataLoader is read as an iterable of its collated batches instead. ``engine``: as
         ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training step: its state
         lives in this process, so ``"ray"`` is refused with a PlanError before anything
         starts.
