@@ -166,3 +166,25 @@ def test_loader_buffers_fewer_than_workers_are_refused_with_the_fix():
     assert DataLoader(ds, batch_size=2, workers=4).buffers == 4     # max(2, workers)
     assert DataLoader(ds, batch_size=2).buffers == 2
     assert DataLoader(ds, batch_size=2, workers=4, buffers="auto").buffers == "auto"
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_of_another_layout_than_the_first_is_refused_with_the_fix():
+    x, y = data(16)
+
+    def ragged(samples):                    # a batch as long as its first label + 1
+        n = int(samples[0][1]) + 1
+        return (np.stack([s[0] for s in samples])[:, :n].copy(),
+                np.array([s[1] for s in samples], np.int64))
+
+    class Head(nn.Graph):
+        def build(self, x, y):
+            return x.sum() + y.sum()
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, collate_fn=ragged)
+    shapes = {ragged([(x[i], y[i]) for i in range(k, k + 4)])[0].shape for k in (0, 4, 8, 12)}
+    assert len(shapes) > 1                  # (the data has batches of several layouts)
+    with pytest.raises(af.ActorError, match=r"a batch is \(float32\[4, \d\] on cpu, int64"
+                                            r"\[4\] on cpu\) where the first batch was "
+                                            r"\(float32\[4, 3\] .*collate every batch to "
+                                            r"the same shapes and dtypes"):
+        list(Head().run(loader))

@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from ..creation import _next_seed, from_numpy
-from ..errors import PlanError
+from ..errors import PlanError, ShapeError
 from ..runtime.checks import check_buffers
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
@@ -156,6 +156,7 @@ class DataLoader:
         Returns:
             LoaderActors: its ``node`` is the actor whose register holds a batch."""
         actors = LoaderActors(self)
+        actors.layout = layout
         out = unflatten(layout.structure, list(layout.specs)) if layout is not None else None
         if self.map_style:              # indices -> samples -> a batch, on the workers
             src = g.source(actors.batches, name="sampler", buffers=self.buffers)
@@ -266,6 +267,7 @@ class LoaderActors:
         self.key = loader.actors_key
         self.node = None
         self.actors: list = []
+        self.layout = None              # the declared layout of a batch, if any
         self.epoch = None               # the last run's pass, and what it left out
         self.tail: list = []
 
@@ -282,10 +284,34 @@ class LoaderActors:
         loader = self.loader
         self.epoch, self.tail = loader.epoch, []
         loader.epoch += 1
-        return loader._batches(self.epoch, self.tail)
+        batches = loader._batches(self.epoch, self.tail)
+        if loader.map_style or self.layout is None:
+            return batches
+        return (self._checked(b) for b in batches)
 
     def load(self, idx):
-        return self.loader._load(idx)
+        batch = self.loader._load(idx)
+        return batch if self.layout is None else self._checked(batch)
+
+    def _checked(self, batch):
+        """``batch``, if it has the declared layout (its arrays' shapes and dtypes, read
+        from their metadata); else the error that names both and the fix."""
+        want = self.layout
+        leaves, structure = flatten(batch)
+        if structure == want.structure and len(leaves) == len(want.specs):
+            for a, s in zip(leaves, want.specs):
+                if type(a) is np.ndarray:
+                    if a.shape != s.shape or a.dtype != s.dtype.np:
+                        break
+                elif Spec.of(a) != s:
+                    break
+            else:
+                return batch
+        got = PieceSpec(structure, [Spec.of(a) for a in leaves])
+        raise ShapeError(f"DataLoader: a batch is {got.describe(False)} where the first batch "
+                         f"was {want.describe(False)}; a loader's whole batches share one "
+                         f"register layout: collate every batch to the same shapes and "
+                         f"dtypes (pad to a fixed length)")
 
     def rest(self) -> list:
         """The batches the last run left out (its last, smaller one), collated."""
