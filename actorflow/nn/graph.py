@@ -40,7 +40,7 @@ from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.checks import check_timeout
 from ..runtime.graph import ActorGraph
 from ..runtime.spec import PieceSpec, Spec, flatten, unflatten
-from ..runtime_api import synchronize
+from ..runtime_api import lend_arrays, written_outside
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program
 from .module import Module, changed, structure_version
@@ -266,12 +266,10 @@ class Graph:
         with no_grad():
             for o, g, p, st in opt_rows:
                 o.graph_sync(p, g, st)
-        synchronize()
-        return [t._impl.array() for t in state] + [_live(t) for t in captured]
+        return lend_arrays(state) + [_live(t) for t in captured]
 
     def _done(self, state, opt_rows) -> None:
-        for t in state:
-            t._impl.blob.version += 1       # written outside the VM: saved tensors see it
+        written_outside(state)              # (saved tensors see it, as an in-place write)
         for o, g, p, st in opt_rows:
             o.graph_done(p, g, st)
 
