@@ -188,3 +188,18 @@ def test_a_batch_of_another_layout_than_the_first_is_refused_with_the_fix():
                                             r"\(float32\[4, 3\] .*collate every batch to "
                                             r"the same shapes and dtypes"):
         list(Head().run(loader))
+
+
+@pytest.mark.timeout(120)
+def test_a_fused_step_reads_the_loaders_batches_as_arrays(monkeypatch):
+    x, y = data(36)                         # 4 whole batches of 8 and one of 4
+    (m1, o1), (m2, o2) = twins()
+    want = step_losses(m1, o1, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 36, 8)])
+    step = TrainStep(m2, o2)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, workers=2)
+    counts = Counts(monkeypatch)
+    counts.on = True
+    got = [float(v) for v in step.run(loader, fused=True)]
+    counts.on = False
+    assert got == want
+    assert counts.n["from_numpy"] == 0      # (the batches are never made tensors)
