@@ -340,10 +340,10 @@ class Graph:
         one piece) before the run fails with ActorError (the op actors of a run that is not
         fused act on the run's loop, where an act cannot be timed out). With ``fused=True``,
         or a ``timeout`` and a DataLoader of ``workers > 1`` (replicas cannot be timed
-        yet), the DataLoader is read as an iterable of its collated batches instead. ``engine``: as
-        ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training step: its state
-        lives in this process, so ``"ray"`` is refused with a PlanError before anything
-        starts.
+        yet), the DataLoader is read as an iterable of its collated batches instead.
+        ``engine``: as ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training
+        step: its state lives in this process, so ``"ray"`` is refused with a PlanError
+        before anything starts.
 
         The step is the one compiled for what ``build`` read when the run starts: a change
         to the modules, the optimizers or their hyperparameters while the run goes on
