@@ -203,3 +203,12 @@ def test_a_fused_step_reads_the_loaders_batches_as_arrays(monkeypatch):
     counts.on = False
     assert got == want
     assert counts.n["from_numpy"] == 0      # (the batches are never made tensors)
+
+
+def test_a_graph_step_counts_as_an_in_place_write_for_a_backward_that_saved_a_parameter():
+    x, y = data(8)
+    (m, o), _ = twins()
+    pending = (m(af.tensor(x)) ** 2).sum()      # saves the weight for backward (eager)
+    TrainStep(m, o).step(x, y)                  # writes it in place, outside the VM
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        pending.backward()
