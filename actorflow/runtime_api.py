@@ -1,4 +1,6 @@
-"""Process-wide waiting: ``synchronize`` and ``synchronize_async``."""
+"""Process-wide waiting: ``synchronize`` and ``synchronize_async``; and the hand-off of
+tensors' storage to code that writes it outside the VM (``lend_arrays``,
+``written_outside``: a compiled step's kernels writing parameters in place)."""
 
 from __future__ import annotations
 
@@ -17,3 +19,21 @@ def synchronize(timeout: float | None = None) -> None:
 async def synchronize_async() -> None:
     """``synchronize`` for coroutines: awaits without blocking the running event loop."""
     await get_vm().synchronize_async()
+
+
+def lend_arrays(tensors: list) -> list:
+    """The arrays of ``tensors``' storage, for code that reads and writes them outside the
+    VM (``nn.Graph``'s compiled step): taken once every instruction issued so far has run
+    (``synchronize``, which raises a kernel error not reported yet), so no VM work is
+    pending on them. Hand them back with ``written_outside`` once written, before the VM
+    uses the tensors again."""
+    synchronize()
+    return [t._impl.array() for t in tensors]
+
+
+def written_outside(tensors: list) -> None:
+    """Tells the VM's side that ``tensors`` (lent by ``lend_arrays``) were written in place
+    outside it: as after an in-place op, a backward that saved one of them raises instead
+    of using the new values."""
+    for t in tensors:
+        t._impl.blob.version += 1

@@ -290,3 +290,25 @@ def test_stats_during_a_run_is_a_live_snapshot_and_says_how_the_run_ended():
     assert g2.stats().state == "finished"
     with pytest.raises(ValueError, match="run's own output"):
         g2.actor(lambda x: x, g2.actors[0], name="(output)")
+
+
+@pytest.mark.timeout(60)
+def test_a_run_advanced_from_an_act_on_the_graph_loop_is_refused_at_every_next():
+    """A run started off the loop, then advanced by an inline act (or any act under a
+    test's serial schedule): its next() would wait for the thread it runs on."""
+    inner = af.ActorGraph()
+    inner.sink(inner.source(lambda: (np.full(2, i, np.float32) for i in range(1000)),
+                            name="numbers"))
+    it = inner.run()
+    assert next(it).tolist() == [0, 0]              # started here, off the loop: fine
+    outer = af.ActorGraph()
+    outer.sink(outer.actor(lambda x: next(it), outer.source([np.zeros(2, np.float32)] * 100),
+                           name="advance", inline=True))   # (more than the run has ready)
+    with pytest.raises(af.ActorError) as info:
+        list(outer.run())
+    err = info.value.original
+    assert isinstance(err, RuntimeError)
+    assert "a run started elsewhere was advanced (next()) on the thread that drives actor " \
+           "graphs" in str(err) and "run_async" in str(err)
+    assert inner.join(30)                           # that run was stopped, and ended
+    assert [x.tolist() for x in inner.run()][:2] == [[0, 0], [1, 1]]   # and runs again

@@ -2,7 +2,10 @@
 (a seeded shuffle, a new one per pass) and a loading stage that fetches the samples and
 collates them, on ``workers`` threads at once (replicas), with ``buffers`` registers per
 actor under an optional ``memory`` budget, so loading runs ahead of the consumer but never
-further than its registers allow."""
+further than its registers allow.
+
+The same actors join another graph with ``actors_into`` (``nn.Graph.run(loader)``: the
+step's op actors read the loading stage's register; one graph, no tensor per batch)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,10 @@ import numbers
 import numpy as np
 
 from ..creation import _next_seed, from_numpy
-from ..errors import PlanError
+from ..errors import PlanError, ShapeError
 from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.actor_graph import ActorGraph
-from ..runtime.plan.spec import flatten, unflatten
+from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..tensor.tensor import Tensor
 
 
@@ -84,15 +87,16 @@ class DataLoader:
             load on one thread. Batches still come in order. (An iterable dataset is
             read, and batched, by the source actor, in order.)
         buffers: registers per actor (batches ready ahead of the consumer), an int >= 1 or
-            ``"auto"`` (chosen under the budget, as for ActorGraph). The loading stage
-            gets at least ``workers`` of them, so that every worker can hold a batch.
+            ``"auto"`` (chosen under the budget, as for ActorGraph). Every worker holds a
+            register while it loads, so an int must be at least ``workers``; left out, it
+            is ``max(2, workers)`` (PyTorch's ``prefetch_factor`` counts per worker too).
         memory: byte budgets per device for the batches in flight, as for ActorGraph
             (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, workers: int = 0, buffers: int = 2, memory=None,
+                 drop_last: bool = False, workers: int = 0, buffers=None, memory=None,
                  collate_fn=None, seed=None):
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
@@ -118,26 +122,87 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
-        self.buffers = check_buffers(buffers, "DataLoader")
+        self.buffers = check_buffers(max(2, self.workers) if buffers is None else buffers,
+                                     "DataLoader")
+        if self.buffers != "auto" and self.buffers < self.workers:
+            raise ValueError(f"DataLoader: buffers={buffers} is fewer than workers={workers}: "
+                             f"each worker holds a register (a batch) while it loads, so "
+                             f"{workers} workers need at least {workers}; give buffers >= "
+                             f"{workers}, or leave buffers out (it is then max(2, workers))")
         if memory is not None and not isinstance(memory, dict):
             raise PlanError(f"DataLoader: memory takes a byte budget per device, e.g. "
                             f"memory={{'cpu': {memory!r}}}, got {memory!r}")
         self.memory = memory
-        self.graph = self._graph(0, [])     # (checks the budgets now; each pass has its
-        #                                     own, so passes may overlap: zip(dl, dl))
+        self.graph = self._graph()[0]   # (checks the budgets now; each pass has its own
+        #                                 graph, so passes may overlap: zip(dl, dl))
 
-    def _graph(self, epoch: int, tail: list) -> ActorGraph:
+    def _graph(self) -> tuple:
         g = ActorGraph(memory=self.memory, buffers=self.buffers)
-        batches = lambda: self._batches(epoch, tail)        # noqa: E731 - fresh per run
+        actors = self.actors_into(g)
+        g.sink(actors.node)
+        return g, actors
+
+    def actors_into(self, g: ActorGraph, layout: PieceSpec | None = None) -> "LoaderActors":
+        """Adds this loader's actors to ``g``: for a map-style dataset a ``sampler`` source
+        (batches of indices) and a ``load`` stage on ``workers`` replicas (the samples,
+        collated), for an iterable one a ``load`` source reading and collating in order.
+        Each run of ``g`` is a new pass (epoch) of whole batches: the last, smaller one is
+        left out of the run (a register has one size) for ``LoaderActors.rest``.
+
+        Args:
+            g: the graph to add to; its ``memory`` budget counts the loader's registers.
+            layout: the batch layout to declare (``layout()``); else piece 0 sizes it.
+
+        Returns:
+            LoaderActors: its ``node`` is the actor whose register holds a batch."""
+        actors = LoaderActors(self)
+        actors.layout = layout
+        out = unflatten(layout.structure, list(layout.specs)) if layout is not None else None
         if self.map_style:              # indices -> samples -> a batch, on the workers
-            src = g.source(batches, name="sampler")
-            buffers = self.buffers if self.buffers == "auto" else max(self.buffers,
-                                                                      self.workers)
-            g.sink(g.actor(self._load, src, name="load", replicas=max(1, self.workers),
-                           buffers=buffers))
+            src = g.source(actors.batches, name="sampler", buffers=self.buffers)
+            actors.node = g.actor(actors.load, src, name="load", out=out,
+                                  replicas=max(1, self.workers), buffers=self.buffers)
+            actors.actors = [src, actors.node]
         else:                           # an iterable is read in order: the source batches
-            g.sink(g.source(batches, name="load"))
-        return g
+            actors.node = g.source(actors.batches, name="load", out=out, buffers=self.buffers)
+            actors.actors = [actors.node]
+        return actors
+
+    @property
+    def actors_key(self) -> tuple:
+        """What the actors ``actors_into`` adds depend on: a loader with the same key may be
+        read by them (``LoaderActors.bind``)."""
+        return (self.map_style, self.workers, self.buffers)
+
+    def layout(self) -> PieceSpec | None:
+        """The layout of a whole batch, from metadata: with ``default_collate``, the first
+        sample's arrays (their shapes and dtypes, a batch dim in front); with another
+        ``collate_fn``, the first ``batch_size`` samples collated. None when a pass has no
+        whole batch."""
+        b, default = self.batch_size, self.collate_fn is default_collate
+        want = 1 if default else b
+        if self.map_style:
+            first = [self.dataset[i] for i in range(want)] if len(self.dataset) >= b else []
+        else:
+            first = []
+            for sample in self.dataset:
+                first.append(sample)
+                if len(first) == want:
+                    break
+        if len(first) < want:
+            return None
+        if not default:
+            return PieceSpec.of(self.collate_fn(first), "DataLoader: collate_fn's batch")
+        leaves, structure = flatten(first[0])
+        specs = []
+        for leaf in leaves:             # as default_collate stacks them
+            if isinstance(leaf, Tensor):
+                m = leaf._impl.meta
+                specs.append(Spec((b,) + tuple(m.shape), m.dtype))
+            else:
+                a = np.asarray(leaf)
+                specs.append(Spec((b,) + a.shape, a.dtype))
+        return PieceSpec(structure, specs)
 
     def __len__(self) -> int:
         if not self.map_style:
@@ -178,18 +243,90 @@ class DataLoader:
         return self.collate_fn([self.dataset[int(i)] for i in idx])
 
     def __iter__(self):
-        epoch, tail = self.epoch, []
-        self.epoch += 1
-        self.graph = g = self._graph(epoch, tail)
-        for batch in g.run():
+        for batch in self.iter_arrays():
             yield _tensors(batch)
-        for kind, rest in tail:
-            yield _tensors(self.collate_fn(
-                rest if kind == "samples" else [self.dataset[int(i)] for i in rest]))
+
+    def iter_arrays(self):
+        """A new pass, as ``for batch in loader`` gives it, but each batch as ``collate_fn``
+        gives it (numpy arrays) rather than as tensors."""
+        self.graph, actors = g, actors = self._graph()
+        yield from g.run()
+        yield from actors.rest()
 
     def stats(self):
         """The last pass's per-actor statistics (``ActorGraph.stats``)."""
         return self.graph.stats()
+
+
+class LoaderActors:
+    """What ``DataLoader.actors_into`` added to a graph, reading passes of ``loader``:
+    ``node`` (the actor whose register holds a batch), ``actors`` (all of them)."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self.key = loader.actors_key
+        self.node = None
+        self.actors: list = []
+        self.layout = None              # the declared layout of a batch, if any
+        self.epoch = None               # the last run's pass, and what it left out
+        self.tail: list = []
+
+    def bind(self, loader: DataLoader) -> None:
+        """The next runs read passes of ``loader`` (whose ``actors_key`` is this one's)."""
+        if loader.actors_key != self.key:
+            raise ValueError(f"LoaderActors.bind: these actors were made for a loader of "
+                             f"(map_style, workers, buffers) = {self.key}, not "
+                             f"{loader.actors_key}; add the other loader's own actors")
+        self.loader = loader
+
+    def batches(self):
+        """The source's items in a run: a new pass (the loader's next epoch)."""
+        loader = self.loader
+        self.epoch, self.tail = loader.epoch, []
+        loader.epoch += 1
+        batches = loader._batches(self.epoch, self.tail)
+        if loader.map_style or self.layout is None:
+            return batches
+        return (self._checked(b) for b in batches)
+
+    def load(self, idx):
+        batch = self.loader._load(idx)
+        return batch if self.layout is None else self._checked(batch)
+
+    def _checked(self, batch):
+        """``batch``, if it has the declared layout (its arrays' shapes and dtypes, read
+        from their metadata); else the error that names both and the fix."""
+        want = self.layout
+        leaves, structure = flatten(batch)
+        if structure == want.structure and len(leaves) == len(want.specs):
+            for a, s in zip(leaves, want.specs):
+                if type(a) is np.ndarray:
+                    if a.shape != s.shape or a.dtype != s.dtype.np:
+                        break
+                elif Spec.of(a) != s:
+                    break
+            else:
+                return batch
+        got = PieceSpec(structure, [Spec.of(a) for a in leaves])
+        raise ShapeError(f"DataLoader: a batch is {got.describe(False)} where the first batch "
+                         f"was {want.describe(False)}; a loader's whole batches share one "
+                         f"register layout: collate every batch to the same shapes and "
+                         f"dtypes (pad to a fixed length)")
+
+    def rest(self) -> list:
+        """The batches the last run left out (its last, smaller one), collated."""
+        loader = self.loader
+        return [loader.collate_fn(r if kind == "samples" else
+                                  [loader.dataset[int(i)] for i in r]) for kind, r in self.tail]
+
+    def batch(self, piece: int):
+        """Batch ``piece`` of the last run, loaded again (the same samples, collated); None
+        for an iterable dataset (a pass cannot be read again)."""
+        loader = self.loader
+        if not loader.map_style or self.epoch is None:
+            return None
+        b = loader.batch_size
+        return loader._load(loader.order(self.epoch)[piece * b:(piece + 1) * b])
 
 
 def _tensors(batch):

@@ -11,8 +11,11 @@ arrays are the parameters' own storage and the optimizer's state tensors
 after an eager step.
 
 ``step(*args)`` (or calling the graph) runs one iteration on the caller's thread;
-``run(iterable, buffers=2, memory=...)`` runs many as an ActorGraph, the loader a source
-actor and the step an op actor, so batch i+1 loads while batch i computes.
+``run(iterable, buffers=2, memory=...)`` runs many as one ActorGraph (``stateful_graph``):
+an actor per op of the step and one per state written back, the op actors reading the
+register of a source actor that reads the iterable or, for a DataLoader, of the loader's
+own actors (its sampler and its loading stage on its workers: ``actors_into``), so batch
+i+1 loads while batch i computes; ``fused=True`` makes the step one op actor instead.
 
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
@@ -38,7 +41,7 @@ from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
-from ..runtime_api import synchronize
+from ..runtime_api import lend_arrays, written_outside
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program
 from .module import Module, changed, structure_version
@@ -211,20 +214,32 @@ class Graph:
             got = self._keep(key, (program, state, opt_rows))
         return got
 
-    def _compile_graph(self, spec, buffers, memory, settings):
-        """The step as an ActorGraph with an actor per op (``run()``), per input layout."""
-        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings)
+    def _compile_graph(self, spec, buffers, memory, settings, loader=None):
+        """The step as an ActorGraph with an actor per op (``run()``), per input layout: fed
+        by ``run(feed=...)``, or reading the register of a loader's actors (``loader``: one
+        with ``actors_into``; the graph is kept for any loader of the same ``actors_key``,
+        bound to ``loader`` for the run). The last item is the loader's actors, or None."""
+        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
+               loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
             fn, state, opt_rows, names = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
+            added: list = []
+
+            def source(g):
+                added.append(loader.actors_into(g, spec))
+                return added[0].node
             try:
-                g, shared, captured = stateful_graph(fn, spec, specs, type(self).__name__,
-                                                     dict(memory=memory, buffers=buffers),
-                                                     names)
+                g, shared, captured = stateful_graph(
+                    fn, spec, specs, type(self).__name__, dict(memory=memory, buffers=buffers),
+                    names, None if loader is None else source)
             except TraceError as e:
                 raise self._traced_error(e) from e
-            got = self._keep(key, (g, shared, state, opt_rows, captured))
+            got = self._keep(key, (g, shared, state, opt_rows, captured,
+                                   added[0] if added else None))
+        elif loader is not None:
+            got[-1].bind(loader)
         return got
 
     def _fused_graph(self, spec, buffers, memory, settings):
@@ -251,12 +266,10 @@ class Graph:
                 for name in st:
                     state[at] = mine[name]
                     at += 1
-        synchronize()
-        return [t._impl.array() for t in state] + [_live(t) for t in captured]
+        return lend_arrays(state) + [_live(t) for t in captured]
 
-    def _done(self, state, opt_rows) -> None:
-        for t in state:
-            t._impl.blob.version += 1       # written outside the VM: saved tensors see it
+    def _done(self, state) -> None:
+        written_outside(state)              # (saved tensors see it, as an in-place write)
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, *args):
@@ -284,7 +297,7 @@ class Graph:
             program.run(outs, [spec_arrays(arrays, spec)])
         except KernelError as e:
             raise self._step_error(e, len(program.steps)) from e.original
-        self._done(state, opt_rows)
+        self._done(state)
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
 
     def _step_error(self, e: KernelError, ops: int) -> KernelError:
@@ -306,7 +319,12 @@ class Graph:
         items load (and the first layers of the next piece run) while a piece trains; the
         parameters are updated in piece order. Yields what ``build`` returns per item.
         Items of another layout (a loader's last, smaller batch) start a run of their own
-        (compiled once per layout).
+        (compiled once per layout). A DataLoader's own actors (``actors_into``: its
+        sampler, its loading stage on its workers) take the source's place, in the same
+        graph: a batch is collated into the register the op actors read, never made a
+        tensor, and its layout comes from the loader's first sample (``layout()``); the
+        compiled step serves every loader of the same kind (``actors_key``). The loader's
+        ``memory`` budget is not the run's: give ``memory`` here.
 
         ``buffers``, ``memory``: as ``ActorGraph``'s (registers per output, budgets per
         device). ``fused=True`` runs the whole step as one op actor instead (the program
@@ -318,10 +336,12 @@ class Graph:
         the bottleneck; its total is ``len(iterable)`` when it has one. ``timeout``:
         seconds the loader may take for one item (and, with ``fused=True``, the step for
         one piece) before the run fails with ActorError (the op actors of a run that is not
-        fused act on the run's loop, where an act cannot be timed out). ``engine``: as
-        ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training step: its state
-        lives in this process, so ``"ray"`` is refused with a PlanError before anything
-        starts.
+        fused act on the run's loop, where an act cannot be timed out). With ``fused=True``,
+        or a ``timeout`` and a DataLoader of ``workers > 1`` (replicas cannot be timed
+        yet), the DataLoader is read as an iterable of its collated batches instead.
+        ``engine``: as ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training
+        step: its state lives in this process, so ``"ray"`` is refused with a PlanError
+        before anything starts.
 
         The step is the one compiled for what ``build`` read when the run starts: a change
         to the modules, the optimizers or their hyperparameters while the run goes on
@@ -339,9 +359,24 @@ class Graph:
             progress.setdefault("desc", "steps")
             if "total" not in progress and hasattr(iterable, "__len__"):
                 progress["total"] = len(iterable)
+        runs = done = 0
+        if hasattr(iterable, "actors_into"):    # a DataLoader
+            if fused or (timeout is not None and iterable.workers > 1):
+                iterable = iterable.iter_arrays()       # read as an iterable, by a source
+            else:                                       # its actors join the step's graph
+                layout = iterable.layout()
+                rest: list = []
+                if layout is not None:
+                    for out in self._run_layout(layout, None, buffers, memory, fused, trace,
+                                                progress, timeout, iterable, rest):
+                        done += 1
+                        yield out
+                    runs += 1
+                    iterable = rest         # (its last, smaller batch: a run of its own)
+                else:
+                    iterable = iterable.iter_arrays()   # (no whole batch)
         it = iter(iterable)
         item = next(it, _NONE)
-        runs = done = 0
         while item is not _NONE:            # a run per layout: a register has one size
             spec = PieceSpec.of(item, "nn.Graph.run")
             key = (spec.structure, tuple(spec.specs))
@@ -368,20 +403,24 @@ class Graph:
             item = later[0] if later else _NONE
 
     def _run_layout(self, spec, feed, buffers, memory, fused, trace=None, progress=False,
-                    timeout=None):
+                    timeout=None, loader=None, rest=None):
         """One run of the items of one layout (``feed``), as ``run()`` says: compiled for
         what build reads now, stopped by a change to it, an op's failure named as
-        ``step()`` names it. The state is handed back to the optimizers at the end."""
+        ``step()`` names it. The state is handed back to the optimizers at the end.
+        ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
+        run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
+        reads = None
         if fused:
             g, program, state, opt_rows = self._fused_graph(spec, buffers, memory, settings)
             program.state_arrays = self._arrays(state, opt_rows, program.captured)
             timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"]
         else:
-            g, shared, state, opt_rows, captured = self._compile_graph(spec, buffers, memory,
-                                                                       settings)
+            g, shared, state, opt_rows, captured, reads = self._compile_graph(
+                spec, buffers, memory, settings, loader)
             shared[:] = self._arrays(state, opt_rows, captured)
-            timed = [a for a in g.actors if getattr(a, "fed", False)]
+            timed = [a for a in g.actors if getattr(a, "fed", False)] if reads is None else \
+                reads.actors
         for a in timed:                     # the loader, and the fused step on a thread
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
@@ -396,7 +435,7 @@ class Graph:
                 waiting[count[0]] = x
                 count[0] += 1
                 yield x
-        run = g.run(feed=fed(), trace=trace, progress=progress)
+        run = g.run(feed=fed() if feed is not None else None, trace=trace, progress=progress)
         n = 0
         try:
             for out in run:
@@ -412,17 +451,20 @@ class Graph:
                         f"it was stopped rather than train on what is no longer there. "
                         f"Change them between runs (once the loop over run() has ended), "
                         f"or call step() per batch")
+            if reads is not None:
+                rest.extend(reads.rest())
         except ActorError as e:
             run.close()
             g.join()
-            err = self._run_error(e, g, fused, spec, waiting.get(e.piece))
+            item = waiting.get(e.piece) if reads is None else _reload(reads, e.piece)
+            err = self._run_error(e, g, fused, spec, item)
             if err is e:
                 raise
             raise err from err.original
         finally:
             run.close()
             g.join()
-            self._done(state, opt_rows)
+            self._done(state)
 
     def _run_error(self, e: ActorError, g, fused: bool, spec, item) -> ActorError:
         """``run()``'s error for an op that failed: the actor of the first op of the step
@@ -616,6 +658,15 @@ def _local_engine(engine, name: str) -> None:
 
 
 _NONE = object()
+
+
+def _reload(reads, piece: int):
+    """Batch ``piece`` of a loader's run, loaded again to name the op that fails on it
+    (None when it cannot be)."""
+    try:
+        return reads.batch(piece)
+    except Exception:  # noqa: BLE001 - only names the op; the run's own error stands
+        return None
 
 
 def _values(t: Tensor):

@@ -30,15 +30,17 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
 
 
 def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwargs: dict,
-                   state_names=None):
+                   state_names=None, source=None):
     """``fn(piece, states=[...]) -> (output, new states)`` as an ActorGraph fed by
-    ``run(feed=...)``: an actor per op, and per state with a new value an actor copying it
-    back. The tensors ``fn`` captures are read live, as states after ``state_specs``
-    (``Recording``'s ``live``). Returns ``(graph, state arrays list, captured tensors)``:
-    the caller fills the list (the same list object every program reads) with the states'
-    arrays, then the captured tensors', before a run. ``graph.replay(arrays)`` runs one
-    piece through the op actors in the order the ops were recorded (``replay_piece``).
-    ``state_names``: what each state is, for error messages."""
+    ``run(feed=...)``, or by the actors ``source(graph)`` adds (it returns the one whose
+    register holds a piece of ``spec``: a loader's): an actor per op, reading that register,
+    and per state with a new value an actor copying it back. The tensors ``fn`` captures
+    are read live, as states after ``state_specs`` (``Recording``'s ``live``). Returns
+    ``(graph, state arrays list, captured tensors)``: the caller fills the list (the same
+    list object every program reads) with the states' arrays, then the captured tensors',
+    before a run. ``graph.replay(arrays)`` runs one piece through the op actors in the
+    order the ops were recorded (``replay_piece``). ``state_names``: what each state is,
+    for error messages."""
     new_states: list = []
 
     def body(piece, states):
@@ -48,7 +50,10 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
     rec = Recording(body, spec.specs, lambda leaves: [unflatten(spec.structure, leaves)],
                     state_specs=state_specs, live=True, state_names=state_names)
     g = ActorGraph(**graph_kwargs)
-    inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
+    if source is None:
+        inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
+    else:
+        inp = source(g)
     shared: list = [None] * len(rec.state_specs)
     # a training step is many small kernels: each acts on the graph's loop, where a hop to
     # a thread would cost more than most of them (measured in bench_training)
@@ -71,7 +76,7 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
         program.assigns = [(i, ref)]
         g.op_program(program, _producer(src, inp, actor_of), name=f"set state {i}",
                      state_writes=(f"state {i}",))
-    _outputs(g, rec, inp, actor_of)
+    _outputs(g, rec, inp, actor_of, copy_input=False)
     return g, shared, rec.captured
 
 
@@ -137,10 +142,13 @@ def _node_actors(g, rec: Recording, inp, shared, inline=None) -> dict:
     return actor_of
 
 
-def _outputs(g, rec: Recording, inp, actor_of) -> None:
-    if not rec.outputs:                     # a step that returns nothing: a run yields the
-        g.sink(inp)                         # input per piece (nn.Graph turns it into None)
-        g.yields_nothing = True
+def _outputs(g, rec: Recording, inp, actor_of, copy_input: bool = True) -> None:
+    if not rec.outputs:                     # a function that returns nothing: a run yields
+        g.yields_nothing = True             # the input per piece (copy_input), or None
+        if copy_input:
+            g.sink(inp)
+        else:
+            g._set_outputs([inp], [], None)
         return
     picks, sinks = [], []
     for t in rec.outputs:

@@ -11,7 +11,7 @@ from queue import SimpleQueue
 from . import loop as loop_module
 from ..observe import hooks as observe
 from .credit import CreditScheduler
-from .loop import ConsumerWatch, graph_loop, refuse_on_graph_loop
+from .loop import ConsumerWatch, graph_loop, on_graph_loop, refuse_on_graph_loop
 from ..observe.progress import ProgressBar, tqdm_class
 
 _END = object()
@@ -45,7 +45,11 @@ def run_blocking(g, feed=None, trace=None, progress=False):
     """Runs the graph from plain code (on the graph loop thread); yields the outputs in
     piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
     acts running then are abandoned and free their registers when they return
-    (``join()`` waits for that); everything else is freed before this returns."""
+    (``join()`` waits for that); everything else is freed before this returns.
+
+    Every ``next()`` on the graph loop thread (an act there, advancing a run it did not
+    start) is refused with RuntimeError, as the start is: waiting there for the next
+    output would wait for this very thread; the run is stopped."""
     refuse_on_graph_loop()
     if progress:
         tqdm_class()                    # (missing: said before the run starts)
@@ -82,6 +86,7 @@ def run_blocking(g, feed=None, trace=None, progress=False):
                 loop.call_soon_threadsafe(sched.output.credit_back, owed)
                 owed = 0
             yield item
+            refuse_on_graph_loop("a run started elsewhere was advanced (next())")
     finally:
         if done is None:                  # interrupted before the loop took the run
             sched.stopping = True
@@ -91,7 +96,9 @@ def run_blocking(g, feed=None, trace=None, progress=False):
         if not finished:
             loop.call_soon_threadsafe(sched.stop, None)
         interrupted = None
-        while True:                       # the run ended and its memory is settled
+        while not on_graph_loop():        # the run ended and its memory is settled (on
+            #                               the loop, closed or refused there: it ends
+            #                               there once the act returns, unwaited)
             try:
                 done.result()
                 break

@@ -33,12 +33,13 @@ def on_graph_loop() -> bool:
     return bool(_GRAPH_THREAD) and threading.current_thread() is _GRAPH_THREAD[0]
 
 
-def refuse_on_graph_loop() -> None:
-    """Raises if the caller is the graph loop thread: ``run()`` started there would block
-    that thread waiting for a run that needs it to go on."""
+def refuse_on_graph_loop(what: str = "run() was called") -> None:
+    """Raises if the caller is the graph loop thread: ``run()`` started (or a run's
+    ``next()`` called) there would block that thread waiting for a run that needs it to
+    go on."""
     if on_graph_loop():
         raise RuntimeError(
-            "run() was called on the thread that drives actor graphs (from an act on the "
+            f"{what} on the thread that drives actor graphs (from an act on the "
             "graph loop: an inline actor (inline=True), an async def stage or source, or a "
             "callback of a run): it blocks until the run ends, and that run needs this "
             "thread to go on. From an async def stage, iterate the other graph with "
