@@ -193,18 +193,35 @@ def test_a_batch_of_another_layout_than_the_first_is_refused_with_the_fix():
 
 
 @pytest.mark.timeout(120)
-def test_a_fused_step_reads_the_loaders_batches_as_arrays(monkeypatch):
+def test_a_fused_step_reads_the_loaders_register_too(monkeypatch):
     x, y = data(36)                         # 4 whole batches of 8 and one of 4
     (m1, o1), (m2, o2) = twins()
-    want = step_losses(m1, o1, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 36, 8)])
+    want = step_losses(m1, o1, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 36, 8)] * 2)
     step = TrainStep(m2, o2)
     loader = DataLoader(TensorDataset(x, y), batch_size=8, workers=2)
     counts = Counts(monkeypatch)
+    got = list(step.run(loader, fused=True))   # (compiles: tracing reads its constants)
     counts.on = True
-    got = [float(v) for v in step.run(loader, fused=True)]
+    got += list(step.run(loader, fused=True))  # an epoch of 5 batches
     counts.on = False
-    assert got == want
-    assert counts.n["from_numpy"] == 0      # (the batches are never made tensors)
+    assert [float(v) for v in got] == want
+    # the 4 whole batches are copied into the loading stage's register, the last one into
+    # the fed input's; none is made a tensor or read back; what is copied out is the
+    # step's output (its loss), one per batch
+    assert counts.n == dict(numpy=0, from_numpy=0, into_register=5, out_of_register=5)
+    assert not any(k[0] == "graph" for k in step._compiled)     # (one op actor: the step)
+
+
+@pytest.mark.timeout(120)
+def test_a_seeded_schedule_runs_a_fused_step_with_the_loader(af_seed):
+    x, y = data(61)                         # 30 whole batches of 2 and one of 1
+    (m1, o1), (m2, o2) = twins(optim.Adam)
+    loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=True, seed=3, workers=2)
+    order = loader.order(0)
+    want = step_losses(m1, o1, [(x[order[i:i + 2]], y[order[i:i + 2]])
+                                for i in range(0, 61, 2)])
+    got = [float(v) for v in TrainStep(m2, o2).run(loader, fused=True)]
+    assert len(got) == 31 and got == want
 
 
 def test_a_graph_step_counts_as_an_in_place_write_for_a_backward_that_saved_a_parameter():

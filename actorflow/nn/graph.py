@@ -242,17 +242,27 @@ class Graph:
             got[-1].bind(loader)
         return got
 
-    def _fused_graph(self, spec, buffers, memory, settings):
-        """The step as one op actor running the program ``step()`` runs."""
-        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings)
+    def _fused_graph(self, spec, buffers, memory, settings, loader=None):
+        """The step as one op actor running the program ``step()`` runs, fed as
+        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors). The last
+        item is the loader's actors, or None."""
+        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
+               loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
             program, state, opt_rows = self._compile((spec,), settings)
             g = ActorGraph(memory=memory, buffers=buffers)
-            inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
-                          name=f"inputs of {type(self).__name__}")
+            reads = None
+            if loader is None:
+                inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
+                              name=f"inputs of {type(self).__name__}")
+            else:
+                reads = loader.actors_into(g, spec)
+                inp = reads.node
             g.sink(g.op_program(program, inp, name="step"))
-            got = self._compiled[key] = (g, program, state, opt_rows)
+            got = self._compiled[key] = (g, program, state, opt_rows, reads)
+        elif loader is not None:
+            got[-1].bind(loader)
         return got
 
     def _arrays(self, state, opt_rows, captured) -> list:
@@ -336,9 +346,9 @@ class Graph:
         the bottleneck; its total is ``len(iterable)`` when it has one. ``timeout``:
         seconds the loader may take for one item (and, with ``fused=True``, the step for
         one piece) before the run fails with ActorError (the op actors of a run that is not
-        fused act on the run's loop, where an act cannot be timed out). With ``fused=True``,
-        or a ``timeout`` and a DataLoader of ``workers > 1`` (replicas cannot be timed
-        yet), the DataLoader is read as an iterable of its collated batches instead.
+        fused act on the run's loop, where an act cannot be timed out). With a ``timeout``
+        and a DataLoader of ``workers > 1`` (replicas cannot be timed yet), the DataLoader
+        is read as an iterable of its collated batches instead.
         ``engine``: as ``ActorGraph.run``'s; only ``"local"`` (or None) runs a training
         step: its state lives in this process, so ``"ray"`` is refused with a PlanError
         before anything starts.
@@ -361,7 +371,7 @@ class Graph:
                 progress["total"] = len(iterable)
         runs = done = 0
         if hasattr(iterable, "actors_into"):    # a DataLoader
-            if fused or (timeout is not None and iterable.workers > 1):
+            if timeout is not None and iterable.workers > 1:
                 iterable = iterable.iter_arrays()       # read as an iterable, by a source
             else:                                       # its actors join the step's graph
                 layout = iterable.layout()
@@ -412,9 +422,11 @@ class Graph:
         settings = self._check()
         reads = None
         if fused:
-            g, program, state, opt_rows = self._fused_graph(spec, buffers, memory, settings)
+            g, program, state, opt_rows, reads = self._fused_graph(spec, buffers, memory,
+                                                                   settings, loader)
             program.state_arrays = self._arrays(state, opt_rows, program.captured)
-            timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"]
+            timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + \
+                (list(reads.actors) if reads is not None else [])
         else:
             g, shared, state, opt_rows, captured, reads = self._compile_graph(
                 spec, buffers, memory, settings, loader)
