@@ -231,3 +231,19 @@ def test_a_graph_step_counts_as_an_in_place_write_for_a_backward_that_saved_a_pa
     TrainStep(m, o).step(x, y)                  # writes it in place, outside the VM
     with pytest.raises(RuntimeError, match="modified by an in-place operation"):
         pending.backward()
+
+
+@pytest.mark.timeout(120)
+def test_tensor_items_are_read_once_each_on_the_fed_path(monkeypatch):
+    x, y = data(32)
+    batches = [(af.tensor(x[i:i + 8]), af.tensor(y[i:i + 8])) for i in range(0, 32, 8)]
+    (m, o), _ = twins()
+    step = SilentStep(m, o)
+    list(step.run(batches))                 # (compiles: tracing reads its constants)
+    counts = Counts(monkeypatch)
+    counts.on = True
+    list(step.run(batches))
+    counts.on = False
+    # the layout of each item comes from its tensors' metadata; each leaf is read once,
+    # by the copy into the fed input's register
+    assert counts.n["numpy"] == 2 * len(batches)

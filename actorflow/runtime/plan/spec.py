@@ -219,6 +219,10 @@ class PieceSpec:
             if meta is not None:                     # a stand-in: its layout, on its device
                 specs.append(Spec(meta.shape, meta.dtype, device or meta.device))
                 continue
+            if isinstance(leaf, Tensor) and leaf._impl.meta.shape is not None:
+                m = leaf._impl.meta                  # from its metadata: nothing is read
+                specs.append(Spec(m.shape, m.dtype, device or "cpu"))
+                continue
             arr = as_array(leaf, f"{what} (array {i})")
             from_numpy_dtype(arr.dtype, what)        # raises DTypeError naming what to do
             specs.append(Spec(arr.shape, arr.dtype, device or "cpu"))
