@@ -35,7 +35,6 @@ import weakref
 from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
-from ..autograd.nodes import Meta
 from ..creation import from_numpy
 from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
@@ -44,6 +43,7 @@ from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import lend_arrays, written_outside
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program
+from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
 # the Graph's own bookkeeping: setting these is not a change to what build reads
@@ -124,12 +124,7 @@ class Graph:
         pos = {id(p): i for i, p in enumerate(params)}
 
         def fn(piece, states):
-            real = [p._impl for p in params]
-            try:
-                for p, ph in zip(params, states):
-                    if p.requires_grad:
-                        ph._impl.ag = Meta()            # a leaf that requires grad
-                    p._impl = ph._impl
+            with standing_in(params, states[:len(params)]):
                 with enable_grad():     # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
                 new = [None] * len(states)
@@ -145,9 +140,6 @@ class Graph:
                                 new[at + k] = new_st.get(name)
                         at += len(names)
                 return out, new
-            finally:
-                for p, impl in zip(params, real):
-                    p._impl = impl
         return fn, state, opt_rows, self._state_names(params, opt_rows)
 
     def _state_names(self, params: list, opt_rows: list) -> list:

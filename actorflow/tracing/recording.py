@@ -18,6 +18,9 @@ always refused (``inplace_error`` says why and the out-of-place form).
 
 from __future__ import annotations
 
+import contextlib
+
+from ..autograd.nodes import Meta
 from ..backends import get_backend
 from ..eager.interpreter import (EagerInterpreter, Interpreter, check_same_device,
                                  use_interpreter)
@@ -196,6 +199,26 @@ class Tracer(Interpreter):
                 f"out-of-place form and its result: y = x + 1 instead of x.add_(1) or "
                 f"x += 1, af.where(mask, v, x) instead of x[mask] = v, af.zeros_like(x) "
                 f"instead of x.zero_()")
+
+
+@contextlib.contextmanager
+def standing_in(tensors: list, placeholders: list):
+    """While tracing a step: each of ``tensors`` (a module's parameters and buffers, read
+    by ``build`` through the modules that hold them) stands for its state placeholder, so
+    what ``build`` computes from it is recorded as reading that state, and a gradient
+    backward gives it lands on the placeholder's record, never on the tensor's own. A
+    tensor that requires grad makes its placeholder a leaf that requires grad. Each
+    tensor is itself again on leaving, whatever happened inside."""
+    own = [t._impl for t in tensors]
+    try:
+        for t, ph in zip(tensors, placeholders):
+            if t.requires_grad:
+                ph._impl.ag = Meta()
+            t._impl = ph._impl
+        yield
+    finally:
+        for t, impl in zip(tensors, own):
+            t._impl = impl
 
 
 def _inplace_form(name: str) -> str:
