@@ -38,6 +38,9 @@ y int64 [128]). Contenders:
   loads while batch i computes;
 - ``pipelined graph, fused``: ``step.run(loader, buffers=2, fused=True)``: the same with the
   whole step as one op actor (one act per batch instead of one per op);
+- ``pipelined graph, DataLoader``: the same batches from an ``af.data.DataLoader`` over a
+  map-style dataset whose item i is batch i after the same sleep: the loader's sampler and
+  loading stage are actors of the step's graph, the batch copied once into the register;
 - diagnostics (``--no-diagnostics`` drops them): the same two with a loader doing numpy work
   of the same cost instead of sleeping (``np.tanh`` passes over the batch, releasing the
   GIL): on 2 cores this loader competes with the step's BLAS threads for the CPU, so the
@@ -440,6 +443,24 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
     def pipelined_fused(loader, _times):
         return [float(v) for v in fused.step.run(loader, buffers=2, fused=True)]
 
+    class SleepyBatches(af.data.Dataset):
+        """The sleep loader's batches as a map-style dataset: item i is batch i, after
+        ``load_s`` of I/O; ``af.data.DataLoader(batch_size=1, collate_fn=first)`` hands it
+        on as it is."""
+
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            time.sleep(load_target_s)
+            return xs[i], ys[i]
+    data_loader = af.data.DataLoader(SleepyBatches(), batch_size=1,
+                                     collate_fn=lambda samples: samples[0])
+    loaded = AfTrainer(af, saved, graph=True)
+
+    def pipelined_data_loader(_loader, _times):
+        return [float(v) for v in loaded.step.run(data_loader, buffers=2)]
+
     def contender(name, fn, trainer, loader_kind, note, after=None, diagnostic=False):
         loader, times = loaders[loader_kind], []
         if after is None:
@@ -458,6 +479,10 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
         contender("pipelined graph, fused", pipelined_fused, fused, "sleep",
                   "step.run(loader, buffers=2, fused=True): the step as one op actor",
                   after=lambda: fused.step.stats().as_dict()),
+        contender("pipelined graph, DataLoader", pipelined_data_loader, loaded, "sleep",
+                  "step.run(DataLoader(...), buffers=2): the loader's sampler and loading "
+                  "stage in the step's graph, one copy per batch",
+                  after=lambda: loaded.step.stats().as_dict()),
     ]
     if not args.no_diagnostics:
         contenders += [
@@ -524,6 +549,7 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
         rows[c.name] = s
     for pipe_name, plain_name in (("pipelined graph", "plain loop"),
                                   ("pipelined graph, fused", "plain loop"),
+                                  ("pipelined graph, DataLoader", "plain loop"),
                                   ("pipelined (numpy loader)", "plain loop (numpy loader)")):
         p, q = rows.get(pipe_name), rows.get(plain_name)
         if p and q and p.get("best_s") and q.get("best_s"):
@@ -662,7 +688,8 @@ def main(argv=None) -> int:
                Col("bound ms", 10, "bound_s", ".1f", 1e3),
                Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
                Col("vs plain", 10, "ratio_vs_plain", ".3f", suffix="x")], 27)
-    for name in ("pipelined graph", "pipelined graph, fused", "pipelined (numpy loader)"):
+    for name in ("pipelined graph", "pipelined graph, fused", "pipelined graph, DataLoader",
+                 "pipelined (numpy loader)"):
         s = rows.get(name, {})
         if s.get("step_compute_per_batch_s") is not None:
             print(f"  {name} (best run): {s['op_actors']} op actor(s) compute "
