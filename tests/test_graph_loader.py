@@ -11,19 +11,7 @@ from actorflow import creation, nn, optim
 from actorflow.data import DataLoader, IterableDataset, TensorDataset
 from actorflow.data import loader as loader_module
 from actorflow.runtime.graph import actors as actor_module
-
-
-class TrainStep(nn.Graph):
-    def __init__(self, model, opt):
-        super().__init__()
-        self.model = model
-        self.loss = nn.CrossEntropyLoss()
-        self.add_optimizer(opt)
-
-    def build(self, x, y):
-        loss = self.loss(self.model(x), y)
-        loss.backward()
-        return loss
+from test_graph_mode import TrainStep
 
 
 class SilentStep(TrainStep):
@@ -99,14 +87,15 @@ def test_a_batch_is_copied_once_into_the_register_and_never_made_a_tensor(monkey
 
 
 @pytest.mark.timeout(120)
-def test_a_seeded_schedule_runs_a_hundred_batches_through_the_loader(af_seed):
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_seeded_schedule_runs_a_hundred_batches_through_the_loader(af_seed, fused):
     x, y = data(203)                         # 101 whole batches of 2 and one of 1
     (m1, o1), (m2, o2) = twins(optim.Adam)
     loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=True, seed=5, workers=2)
     order = loader.order(0)
     want = step_losses(m1, o1, [(x[order[i:i + 2]], y[order[i:i + 2]])
                                 for i in range(0, 203, 2)])
-    got = [float(v) for v in TrainStep(m2, o2).run(loader)]
+    got = [float(v) for v in TrainStep(m2, o2).run(loader, fused=fused)]
     assert len(got) == 102 and got == want
     assert loader.epoch == 1
 
@@ -210,18 +199,6 @@ def test_a_fused_step_reads_the_loaders_register_too(monkeypatch):
     # step's output (its loss), one per batch
     assert counts.n == dict(numpy=0, from_numpy=0, into_register=5, out_of_register=5)
     assert not any(k[0] == "graph" for k in step._compiled)     # (one op actor: the step)
-
-
-@pytest.mark.timeout(120)
-def test_a_seeded_schedule_runs_a_fused_step_with_the_loader(af_seed):
-    x, y = data(61)                         # 30 whole batches of 2 and one of 1
-    (m1, o1), (m2, o2) = twins(optim.Adam)
-    loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=True, seed=3, workers=2)
-    order = loader.order(0)
-    want = step_losses(m1, o1, [(x[order[i:i + 2]], y[order[i:i + 2]])
-                                for i in range(0, 61, 2)])
-    got = [float(v) for v in TrainStep(m2, o2).run(loader, fused=True)]
-    assert len(got) == 31 and got == want
 
 
 def test_a_graph_step_counts_as_an_in_place_write_for_a_backward_that_saved_a_parameter():
