@@ -216,7 +216,7 @@ def main(argv=None) -> int:
 
     def last_acts_kept(fn, keep=50):
         """``fn`` as under the pytest plugin: each run keeps its last acts in memory."""
-        from actorflow.runtime.observe.hooks import hooks as observe
+        from actorflow.runtime.observe import hooks as observe
 
         def run():
             old, observe.SCHEDULE.keep_acts = observe.SCHEDULE.keep_acts, keep
