@@ -388,3 +388,45 @@ def test_a_later_piece_nested_otherwise_is_an_actor_error(engine):
     assert str(e.original).startswith("actor 'split' (piece 3) gave a list of 2 where piece 0 "
                                       "gave a tuple of 2; give a tuple of 2, the same "
                                       "structure, for every piece")
+
+
+@af.trace
+def relu_twice(x):
+    return af.relu(x) * 2
+
+
+def test_a_one_input_traced_graph_takes_1_tuples_on_ray_as_locally(engine):
+    """(A traced graph's outputs are picked from its sinks' registers: on Ray as locally,
+    each output whole, not its first row.)"""
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(5)]
+    want = [np.maximum(x, 0) * 2 for x in xs]
+    g = relu_twice.actor_graph(af.Spec((3, 4)))
+    for feed in ((x for x in xs), ((x,) for x in xs)):     # bare arrays, and 1-tuples
+        outs = list(g.run(feed=feed, engine=engine))
+        assert [o.shape for o in outs] == [(3, 4)] * 5
+        for o, w in zip(outs, want):
+            np.testing.assert_allclose(o, w, rtol=1e-6)
+    g = relu_twice.actor_graph(af.Spec((3, 4)), source=[(x,) for x in xs])
+    outs = list(g.run(engine=engine))
+    assert [o.shape for o in outs] == [(3, 4)] * 5
+    np.testing.assert_allclose(outs[4], want[4], rtol=1e-6)
+
+
+@af.trace
+def parts(x):
+    y = af.relu(x)
+    return y, y[1], y.sum(0)
+
+
+def test_a_traced_graph_with_several_outputs_gives_each_whole_on_ray(engine):
+    xs = [np.arange(12, dtype=np.float32).reshape(3, 4) - 5 + i for i in range(4)]
+    g = parts.actor_graph(af.Spec((3, 4)))
+    local = list(g.run(feed=iter(xs)))
+    remote = list(g.run(feed=iter(xs), engine=engine))
+    assert len(remote) == 4
+    for (a, b, c), (x, y, z) in zip(local, remote):
+        assert (x.shape, y.shape, z.shape) == ((3, 4), (4,), (4,))
+        np.testing.assert_array_equal(x, a)
+        np.testing.assert_array_equal(y, b)
+        np.testing.assert_array_equal(z, c)

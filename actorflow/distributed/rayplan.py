@@ -49,7 +49,7 @@ class Unit:
         for a in self.members:
             if isinstance(a, SourceActor):
                 out.append(SourceStage(a.name, a.source, a.out_spec, a.declared, a.fed,
-                                       batch))
+                                       batch, a.single_argument))
                 continue
             fn = OpCall(a.program) if isinstance(a, OpActor) else a.fn
             out.append(Stage(a.name, fn, a.out_spec, a.declared, a.time))
@@ -265,7 +265,8 @@ def source_items(src: SourceActor):
                 if value is END:
                     return
                 try:
-                    value = source_piece(src.name, piece, value, spec, src.declared, src.fed)
+                    value = source_piece(src.name, piece, value, spec, src.declared, src.fed,
+                                         src.single_argument)
                 except Exception as e:  # noqa: BLE001 - the local engine's error, as there
                     raise ActorError(src.name, piece, e, traceback.format_exc()) from e
             yield value

@@ -8,6 +8,7 @@ import time
 
 from ..errors import DeadlockError
 from ..runtime.graph.source import SourceActor
+from ..runtime.plan.spec import flatten
 from .procs import keep_or_kill, start_processes
 from .rayplan import PER_REPLICA, actor_error, source_items
 from .report import RayRunStats, RunBar, write_trace
@@ -302,7 +303,10 @@ class RayRun:
             self.ended_at[a] = min(self.ended_at.get(a, end), end)
 
     def _collect(self, a, j: int, values: list) -> None:
-        part = self.plan.collector.part
+        collector = self.plan.collector
+        part = collector.part
+        if collector.raw:                   # a traced graph's outputs are picked from the
+            values = [flatten(v)[0] for v in values]    # register's leaves, as locally
         for k in self.sink_index[a]:
             self.parts.setdefault(j, {})[k] = [part(k, v) for v in values]
             self._read(a, j)

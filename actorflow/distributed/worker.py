@@ -27,7 +27,7 @@ import socket
 import time
 import traceback
 
-from ..runtime.graph.source import source_words
+from ..runtime.graph.source import one_argument, source_words
 from ..runtime.plan.spec import check_piece, flatten, unflatten
 
 
@@ -64,9 +64,10 @@ class SourceStage:
     is_async = False
     sim = None
 
-    def __init__(self, name: str, source, spec, declared: bool, fed: bool, batch: int):
+    def __init__(self, name: str, source, spec, declared: bool, fed: bool, batch: int,
+                 single_argument: bool = False):
         self.name, self.source, self.spec, self.declared = name, source, spec, declared
-        self.fed = fed
+        self.fed, self.single_argument = fed, single_argument
         self.fn = source
         self.batch = batch
         self.items = None           # Items of this run's iterator
@@ -86,13 +87,18 @@ class SourceStage:
             items.close()
 
     def check(self, value, piece: int):
-        return source_piece(self.name, piece, value, self.spec, self.declared, self.fed)
+        return source_piece(self.name, piece, value, self.spec, self.declared, self.fed,
+                            self.single_argument)
 
 
-def source_piece(name: str, piece: int, value, spec, declared: bool, fed: bool = False):
+def source_piece(name: str, piece: int, value, spec, declared: bool, fed: bool = False,
+                 single_argument: bool = False):
     """A source's piece with its leaves as the arrays a register holds (a Python float is
     float32, a tensor its numpy data), checked as the local engine checks it
-    (``check_piece``: same errors, same words)."""
+    (``check_piece``: same errors, same words). ``single_argument``: the source feeds a
+    traced function of one input, whose items may be 1-tuples (``one_argument``)."""
+    if single_argument:
+        value = one_argument(value)
     return unflatten(spec.structure,
                      check_piece(value, spec, source_words(name, piece, fed), declared))
 

@@ -103,7 +103,7 @@ class SourceActor(Actor):
         except (StopIteration, StopAsyncIteration):
             return EOS
         if self.single_argument:
-            value = _argument(value)
+            value = one_argument(value)
         return self._checked_leaves(value, self._what(0))
 
     def compute(self, piece, ins, outs):
@@ -116,7 +116,7 @@ class SourceActor(Actor):
         except StopIteration:
             return EOS
         if self.single_argument:
-            value = _argument(value)
+            value = one_argument(value)
         return self._put(value, outs, self._what(piece))
 
     async def compute_async(self, piece, ins, outs):
@@ -129,11 +129,11 @@ class SourceActor(Actor):
         except StopAsyncIteration:
             return EOS
         if self.single_argument:
-            value = _argument(value)
+            value = one_argument(value)
         return self._put(value, outs, self._what(piece))
 
 
-def _argument(item):
+def one_argument(item):
     """An item of a one-argument function's source: a 1-tuple ``(x,)`` is its argument
     ``x`` (a tuple of arguments, as for a function of several); anything else is as given."""
     if type(item) is tuple and len(item) == 1:
