@@ -27,6 +27,7 @@ import socket
 import time
 import traceback
 
+from ..eventloop import new_event_loop
 from ..runtime.graph.source import one_argument, source_words
 from ..runtime.plan.spec import check_piece, flatten, unflatten
 
@@ -116,7 +117,7 @@ class Items:
     def next(self):
         if hasattr(self.it, "__anext__"):
             if self.loop is None:
-                self.loop = asyncio.new_event_loop()
+                self.loop = new_event_loop()
             try:
                 return self.loop.run_until_complete(self.it.__anext__())
             except StopAsyncIteration:
