@@ -107,6 +107,26 @@ def test_event_then_calls_back_once_the_record_completes(emu):
     assert now == [1]
 
 
+async def test_completion_reaches_asyncio_without_polling(emu):
+    import asyncio
+    d = emu(delay=1e-3, seed=5)
+    s = d.stream()
+    loop = asyncio.get_running_loop()
+    for _ in range(3):
+        s.launch(NOOP, ())
+        fut = loop.create_future()
+        s.record().then(lambda: loop.call_soon_threadsafe(fut.set_result, "done"))
+        assert await asyncio.wait_for(fut, 10) == "done"
+    assert s.query()
+
+
+def test_a_host_callback_that_raises_is_the_streams_sticky_error(emu):
+    s = emu().stream()
+    s.add_callback(lambda: {}["missing"])
+    with pytest.raises(KernelError, match="op 'host callback'.*KeyError"):
+        s.synchronize(10)
+
+
 # -- copies and memory ------------------------------------------------------------------------
 def test_copies_round_trip_through_device_memory(emu):
     d = emu()
@@ -160,6 +180,8 @@ def test_device_memory_has_its_own_limit_and_out_of_memory_names_the_bytes(emu):
     assert d.memory().in_use == 1000 and d.memory().peak == 1000
     with pytest.raises(DeviceError, match="not allocated"):
         d.free(a)
+    with pytest.raises(DeviceError, match="copy_d2h: .*used after free"):
+        d.stream().copy_d2h(np.empty(600, np.uint8), a.array(600, np.uint8))
 
 
 def test_an_injected_allocation_fault_is_an_out_of_memory_error(emu):
@@ -212,30 +234,35 @@ def test_a_captured_graph_replays_what_the_direct_run_computes(emu):
     d = emu()
     s, t = d.stream("s"), d.stream("t")
     x = np.arange(6, dtype=np.float64)
+    ev = d.event()
 
-    def program(stream, dev, out):
-        stream.copy_h2d(dev, x)
+    def program(dev, out):
+        s.copy_h2d(dev, x)
         for _ in range(3):
-            stream.launch(ADD1, (dev,))
-        ev = stream.record()
-        t.wait(ev)
-        stream.copy_d2h(out, dev)
+            s.launch(ADD1, (dev,))
+        s.record(ev)
+        s.copy_d2h(out, dev)
 
     direct_dev, graph_dev = (d.malloc(x.nbytes).array(6, np.float64) for _ in range(2))
     direct, replayed = np.zeros(6), np.zeros(6)
-    program(s, direct_dev, direct)
+    program(direct_dev, direct)
     s.synchronize(10)
     s.begin_capture()
-    program(s, graph_dev, replayed)
+    program(graph_dev, replayed)
     graph = s.end_capture()
     assert len(graph) == 6
     s.synchronize(10)
     assert replayed.tolist() == [0] * 6      # captured, not run
     for _ in range(2):                       # each replay runs it all again, from x
+        gate, slow = gate_kernel()
+        s.launch(slow, ())
         graph.launch(s)
+        t.wait(ev)                           # the replay's record is the one waited for
+        assert not ev.query()
+        gate.set()
+        t.synchronize(10)
         s.synchronize(10)
         assert np.array_equal(replayed, direct) and np.array_equal(direct, x + 3)
-    t.synchronize(10)
 
 
 def test_capture_misuse_is_refused(emu):

@@ -160,6 +160,9 @@ class EmuStream(Stream):
         d = self._driver
         view = d._view
         args = tuple(args)
+        for a in args:
+            if isinstance(a, DeviceArray):
+                d._check_live(a, kernel.name)
 
         def run(stream):
             d._maybe_fail(kernel.name)
@@ -245,6 +248,10 @@ class EmuStream(Stream):
 
     # -- capture -----------------------------------------------------------------------------
     def begin_capture(self) -> None:
+        """Captures this stream's commands from now on. An event recorded in the capture is
+        recorded again at each replay; a wait in it takes the record current at the replay.
+        Other streams are not drawn into the capture (CUDA's fork and join in a capture are
+        not modelled)."""
         if self._capture is not None:
             raise DeviceError(f"stream {self.name} is capturing a graph already")
         self._capture = []
@@ -280,6 +287,9 @@ class EmuStream(Stream):
 
 
 def _same(dev: DeviceArray, host, op: str) -> None:
+    dev.memory.driver._check_live(dev, op)
+    if isinstance(host, DeviceArray):
+        host.memory.driver._check_live(host, op)
     if dev.nbytes != host.nbytes or dev.dtype != host.dtype:
         raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
                          f"({dev.nbytes} bytes), the other side {tuple(host.shape)} "
@@ -384,6 +394,11 @@ class EmuDriver(Driver):
     def memory(self) -> MemoryInfo:
         with self._mem_lock:
             return MemoryInfo(self.device, self._in_use, self._peak, self._limit_bytes)
+
+    def _check_live(self, a: DeviceArray, op: str) -> None:
+        if self._blocks.get(a.memory.ptr) is not a.memory:
+            raise DeviceError(f"{op}: device memory at {a.memory.ptr:#x} is not allocated on "
+                              f"{self.device} (used after free, or another device's)")
 
     @staticmethod
     def _view(a: DeviceArray) -> np.ndarray:
