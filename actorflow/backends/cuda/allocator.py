@@ -196,8 +196,8 @@ class CachingAllocator:
             return self.driver.malloc(size)
 
     def _release_cached(self, need: int | None) -> None:
-        """Gives cached blocks back to the driver, oldest first, until ``need`` bytes are
-        freed (all when None); each waits on the host for its streams' uses first."""
+        """Gives cached blocks back to the driver until ``need`` bytes are
+        freed (all when None), each after waiting on the host for its streams' uses."""
         freed = 0
         for size in list(self._cache):
             blocks = self._cache[size]
