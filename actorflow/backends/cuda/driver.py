@@ -1,0 +1,229 @@
+"""The driver seam: everything CUDA-specific sits behind this one small interface, so that the
+backend above it runs on a GPU (the CuPy driver) and on a CPU model with CUDA's semantics
+(``emu.py``, the emulator CI runs on) alike. Nothing above the seam imports CuPy or the
+emulator: it asks ``selection.driver_for(device)``.
+
+The interface, in CUDA's terms:
+
+- ``Stream``: an in-order queue of commands, non-blocking (it never waits for the default
+  stream). Commands: ``launch`` (a kernel), ``copy_h2d`` / ``copy_d2h`` / ``copy_d2d``
+  (asynchronous: a copy reads its source when the stream reaches it, so a source must stay
+  alive and unchanged until an event recorded after the copy has completed), ``record`` /
+  ``wait`` (events), ``add_callback`` (a host function run when the stream reaches it).
+  ``synchronize`` and ``query`` raise the stream's sticky error, a kernel's fault.
+- ``Event``: recorded in a stream's order; another stream's ``wait`` on it blocks that stream
+  only, never the host; ``query``, ``synchronize``, and ``then(fn)``: ``fn()`` called on a
+  driver thread once the latest record has completed (the caller turns it into
+  ``loop.call_soon_threadsafe``: completion reaches asyncio without polling).
+- Device memory (``malloc``/``free``) from a pool with a byte limit: an allocation past it
+  raises ``OutOfMemoryError`` naming the bytes asked, in use and the limit. ``DeviceArray``
+  is a typed view of a block, what kernels and copies take.
+- Pinned host buffers (``pinned``), the sources and targets of truly asynchronous copies.
+- Graph capture (``Stream.begin_capture`` / ``end_capture``): the commands issued on a
+  stream are recorded instead of run; ``Graph.launch(stream)`` replays them.
+
+A ``Kernel`` carries both halves a kernel has: its CUDA C ``source`` and ``name`` (what the
+CuPy driver compiles) and its numpy ``reference`` (what the emulator runs, and what tests
+check the compiled kernel against).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Kernel:
+    """A kernel: ``name`` and CUDA C ``source`` for a compiled driver, ``reference(*args)``
+    the numpy function with the same effect for the emulator (it takes the launch's
+    arguments, device arrays as numpy arrays, and writes its outputs in place).
+    ``grid(*args) -> (grid, block)``, when given, sizes a launch that names none."""
+    name: str
+    reference: Callable | None = None
+    source: str = ""
+    grid: Callable | None = None
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name})"
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceMemory:
+    """One block of device memory from a driver's pool: ``nbytes`` at address ``ptr``
+    (a real address on a GPU, a made-up aligned one on the emulator). ``handle`` is the
+    driver's own object for it."""
+    driver: "Driver"
+    ptr: int
+    nbytes: int
+    handle: object = field(default=None, repr=False)
+
+    def array(self, shape, dtype, offset: int = 0) -> "DeviceArray":
+        """A typed view of this block: ``shape`` of ``dtype`` from byte ``offset``.
+        Raises ValueError when it does not fit in the block."""
+        dtype = np.dtype(dtype)
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        n = dtype.itemsize
+        for s in shape:
+            n *= s
+        if offset < 0 or offset + n > self.nbytes:
+            raise ValueError(f"a {shape} {dtype.name} view at byte {offset} needs {offset + n} "
+                             f"bytes; the block at {self.ptr:#x} has {self.nbytes}")
+        return DeviceArray(self, offset, shape, dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceArray:
+    """A contiguous typed view of device memory: what copies and kernels take."""
+    memory: DeviceMemory
+    offset: int
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def ptr(self) -> int:
+        return self.memory.ptr + self.offset
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """A driver pool's bytes: ``in_use`` (allocated, not freed), ``peak``, ``limit`` (None:
+    the device's own size)."""
+    device: str
+    in_use: int
+    peak: int
+    limit: int | None
+
+
+class Event(ABC):
+    """A marker in a stream's order (see the module doc)."""
+
+    @abstractmethod
+    def query(self) -> bool:
+        """True once the latest record has completed (or if never recorded)."""
+
+    @abstractmethod
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Blocks the host until the latest record has completed; raises the recording
+        stream's sticky error if it had one then."""
+
+    @abstractmethod
+    def then(self, fn: Callable[[], None]) -> None:
+        """Calls ``fn()`` once the latest record has completed (at once if it has), on a
+        driver thread: ``fn`` must be quick and thread-safe."""
+
+
+class Graph(ABC):
+    """A stream's commands captured by ``begin_capture``/``end_capture``."""
+
+    @abstractmethod
+    def launch(self, stream: "Stream") -> None:
+        """Replays the captured commands on ``stream``, in their order."""
+
+
+class Stream(ABC):
+    """A non-blocking, in-order command queue on one device (see the module doc)."""
+
+    name: str
+
+    @abstractmethod
+    def launch(self, kernel: Kernel, args: tuple, grid=None, block=None) -> None:
+        """Runs ``kernel`` over ``args`` (DeviceArrays and numbers) in this stream's order."""
+
+    @abstractmethod
+    def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
+        """Copies host ``src`` into ``dst`` when the stream gets there (``src`` is read
+        then: keep it alive and unchanged until an event recorded after this completes)."""
+
+    @abstractmethod
+    def copy_d2h(self, dst: np.ndarray, src: DeviceArray) -> None:
+        """Copies ``src`` into host ``dst`` when the stream gets there."""
+
+    @abstractmethod
+    def copy_d2d(self, dst: DeviceArray, src: DeviceArray) -> None:
+        """Copies ``src`` into ``dst`` on the device, in this stream's order."""
+
+    @abstractmethod
+    def record(self, event: Event | None = None) -> Event:
+        """Records ``event`` (a new one if None) here; returns it."""
+
+    @abstractmethod
+    def wait(self, event: Event) -> None:
+        """Makes this stream's later commands wait for ``event``'s latest record. The host
+        does not wait."""
+
+    @abstractmethod
+    def add_callback(self, fn: Callable[[], None]) -> None:
+        """Calls ``fn()`` on a driver thread when the stream gets there (a host function)."""
+
+    @abstractmethod
+    def query(self) -> bool:
+        """True when every command issued so far has completed; raises the sticky error."""
+
+    @abstractmethod
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Blocks the host until every command issued so far has completed; raises the
+        stream's sticky error (a ``KernelError`` naming the kernel) if one failed."""
+
+    @abstractmethod
+    def begin_capture(self) -> None:
+        """Commands issued on this stream from now on are captured, not run."""
+
+    @abstractmethod
+    def end_capture(self) -> Graph:
+        """Ends the capture; returns the captured commands as a Graph."""
+
+
+class Driver(ABC):
+    """One CUDA device behind the seam: its streams, events, memory pool and host buffers."""
+
+    name: str = "?"
+    device: str
+
+    @abstractmethod
+    def stream(self, name: str = "compute") -> Stream:
+        """A new non-blocking stream (``name`` is for messages and traces)."""
+
+    @abstractmethod
+    def event(self) -> Event:
+        """A new event, never recorded."""
+
+    @abstractmethod
+    def malloc(self, nbytes: int) -> DeviceMemory:
+        """``nbytes`` of device memory from the pool. Raises OutOfMemoryError (bytes asked,
+        in use and the limit) when the pool's limit or the device refuses it."""
+
+    @abstractmethod
+    def free(self, memory: DeviceMemory) -> None:
+        """Gives a block back to the pool. Work already issued that uses it still runs on
+        it: reusing it before that work completes is the caller's race (``allocator.py``
+        keeps its blocks safe across streams)."""
+
+    @abstractmethod
+    def pinned(self, shape, dtype) -> np.ndarray:
+        """A page-locked host buffer (a numpy array) for asynchronous copies."""
+
+    @abstractmethod
+    def set_limit(self, nbytes: int | None) -> None:
+        """Sets the pool's byte limit (None: no limit but the device's)."""
+
+    @abstractmethod
+    def memory(self) -> MemoryInfo:
+        """The pool's bytes."""
+
+    @abstractmethod
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Waits for every stream of this driver; raises the first sticky error."""
+
+    def close(self) -> None:
+        """Releases the driver's threads and memory (a no-op where there are none)."""

@@ -1,0 +1,435 @@
+"""The emulated CUDA driver: a CPU model of the driver seam (``driver.py``) with CUDA's
+semantics, so that everything above the seam runs in CI with no GPU. Selected by
+``AF_CUDA=emu`` or ``driver.use_driver(EmuDriver)``.
+
+It models ordering and memory, not SMs:
+
+- each stream is a daemon worker thread running its commands in issue order;
+- an event is recorded in a stream's order; another stream's ``wait`` on it blocks that
+  stream's thread only, never the host (the wait's target is the latest record at the time
+  the wait is issued, as ``cudaStreamWaitEvent`` takes it);
+- copies run when the stream reaches them and read their source then: a host buffer changed
+  before that shows the new value, as on a GPU;
+- device memory is per-block numpy buffers counted against one limit, apart from host memory;
+  an allocation past the limit raises ``OutOfMemoryError`` with the bytes asked, in use and
+  the limit (CuPy's ``OutOfMemoryError`` is a MemoryError naming the same three);
+- a kernel runs its numpy ``reference`` on the stream's thread; an exception becomes the
+  stream's sticky ``KernelError``, raised by its next ``synchronize``/``query`` (and by an
+  event recorded after it); later kernels and copies on that stream are skipped, events and
+  callbacks still complete, so nobody waits forever;
+- graph capture records the commands issued on a stream; a replay issues them again.
+
+Options for tests: ``delay`` (each command sleeps a random time up to it first, drawn from a
+``random.Random`` per stream seeded by ``seed`` and the stream's creation index: the same
+seed draws the same delays), ``fail_kernel`` and ``fail_alloc`` (injected faults), and
+``timeout`` (the longest any wait inside the emulator or a host ``synchronize`` without a
+timeout of its own lasts before it raises).
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+
+import numpy as np
+
+from ...errors import DeviceError, KernelError, OutOfMemoryError
+from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
+                     Stream)
+
+_ALIGN = 256                    # cudaMalloc's alignment; the emulator's made-up addresses keep it
+_WORK, _CONTROL = 0, 1          # a sticky error skips work (kernels, copies), never control
+
+
+def _raise(err: BaseException):
+    raise (err.to_raise() if isinstance(err, KernelError) else err)
+
+
+class EmuEvent(Event):
+    """An event of the emulator: ``_recorded`` records issued, ``_completed`` the latest that
+    a stream has reached; ``_error`` the recording stream's sticky error at that point."""
+
+    __slots__ = ("_driver", "_recorded", "_completed", "_error", "_waiters")
+
+    def __init__(self, driver: "EmuDriver"):
+        self._driver = driver
+        self._recorded = self._completed = 0
+        self._error = None
+        self._waiters: list = []           # (record number, fn) for then()
+
+    def _bump(self) -> int:
+        with self._driver._cv:
+            self._recorded += 1
+            return self._recorded
+
+    def _complete(self, n: int, error) -> None:
+        cv = self._driver._cv
+        with cv:
+            if n > self._completed:
+                self._completed, self._error = n, error
+            ready = [fn for k, fn in self._waiters if k <= n]
+            if ready:
+                self._waiters = [(k, fn) for k, fn in self._waiters if k > n]
+            cv.notify_all()
+        for fn in ready:
+            fn()
+
+    def query(self) -> bool:
+        with self._driver._cv:
+            done = self._completed >= self._recorded
+            err = self._error if done else None
+        if err is not None:
+            _raise(err)
+        return done
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        d = self._driver
+        with d._cv:
+            n = self._recorded
+            if not d._cv.wait_for(lambda: self._completed >= n, d._limit(timeout)):
+                raise DeviceError(f"{d.device}: an event was not reached in "
+                                  f"{d._limit(timeout)} s: a stream is stuck or far behind")
+            err = self._error
+        if err is not None:
+            _raise(err)
+
+    def then(self, fn) -> None:
+        with self._driver._cv:
+            n = self._recorded
+            if self._completed < n:
+                self._waiters.append((n, fn))
+                return
+        fn()
+
+
+class EmuGraph(Graph):
+    """Captured commands: the functions that issue them again."""
+
+    def __init__(self, makes: list):
+        self._makes = makes
+
+    def __len__(self) -> int:
+        return len(self._makes)
+
+    def launch(self, stream: "EmuStream") -> None:
+        for make in self._makes:
+            stream._issue(make)
+
+
+class EmuStream(Stream):
+    """A stream of the emulator: a daemon thread running its commands in order."""
+
+    def __init__(self, driver: "EmuDriver", name: str, index: int):
+        self.name = name
+        self._driver = driver
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._issued = self._done = 0
+        self._error = None                  # the sticky error: the first kernel fault
+        self._capture: list | None = None
+        self._delay = driver.delay
+        self._rng = random.Random(f"{driver.seed}:{index}") if driver.delay else None
+        self.delays: list = []              # the delays drawn, in order (with delay= only)
+        self._thread = threading.Thread(target=self._work, daemon=True,
+                                        name=f"af-emu-{driver.device}-{name}")
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"EmuStream({self._driver.device}:{self.name})"
+
+    # -- issuing ---------------------------------------------------------------------------
+    def _issue(self, make) -> None:
+        """``make()`` does the issue-time part of a command (an event's record number) and
+        returns ``(kind, fn, what)``; captured, it is kept to be made again at each replay."""
+        if self._capture is not None:
+            self._capture.append(make)
+            return
+        cmd = make()
+        with self._driver._cv:
+            if self._driver._closed:
+                raise DeviceError(f"{self._driver.device}: the driver is closed; make a new one")
+            self._issued += 1
+        self._q.put(cmd)
+
+    def launch(self, kernel: Kernel, args: tuple, grid=None, block=None) -> None:
+        ref = kernel.reference
+        if ref is None:
+            raise DeviceError(f"kernel {kernel.name!r} has no numpy reference: the CUDA "
+                              f"emulator runs a kernel's reference; give Kernel(reference=...)")
+        d = self._driver
+        view = d._view
+        args = tuple(args)
+        for a in args:
+            if isinstance(a, DeviceArray):
+                d._check_live(a, kernel.name)
+
+        def run(stream):
+            d._maybe_fail(kernel.name)
+            ref(*[view(a) if isinstance(a, DeviceArray) else a for a in args])
+        self._issue(lambda: (_WORK, run, kernel.name))
+
+    def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
+        _same(dst, src, "copy_h2d")
+        view = self._driver._view
+        self._issue(lambda: (_WORK, lambda s: np.copyto(view(dst), src.reshape(dst.shape),
+                                                        casting="no"), "copy_h2d"))
+
+    def copy_d2h(self, dst: np.ndarray, src: DeviceArray) -> None:
+        _same(src, dst, "copy_d2h")
+        view = self._driver._view
+        self._issue(lambda: (_WORK, lambda s: np.copyto(dst, view(src).reshape(dst.shape),
+                                                        casting="no"), "copy_d2h"))
+
+    def copy_d2d(self, dst: DeviceArray, src: DeviceArray) -> None:
+        _same(dst, src, "copy_d2d")
+        view = self._driver._view
+        self._issue(lambda: (_WORK, lambda s: np.copyto(view(dst), view(src), casting="no"),
+                             "copy_d2d"))
+
+    def record(self, event: EmuEvent | None = None) -> EmuEvent:
+        ev = self._driver.event() if event is None else event
+
+        def make():
+            n = ev._bump()
+            return _CONTROL, lambda s: ev._complete(n, s._error), "record"
+        self._issue(make)
+        return ev
+
+    def wait(self, event: EmuEvent) -> None:
+        d = self._driver
+
+        def make():
+            with d._cv:
+                n = event._recorded
+
+            def run(s):
+                with d._cv:
+                    ok = d._cv.wait_for(lambda: event._completed >= n, d.timeout)
+                    err = event._error
+                if not ok:
+                    err = KernelError.of("wait", d.device, DeviceError(
+                        f"stream {s.name} waited {d.timeout} s for an event that no stream "
+                        f"reached"))
+                if err is not None and s._error is None:
+                    s._error = err           # a fault before the record reaches its waiters
+            return _CONTROL, run, "wait"
+        self._issue(make)
+
+    def add_callback(self, fn) -> None:
+        def run(s):
+            try:
+                fn()
+            except Exception as e:           # a host function must not kill the stream
+                if s._error is None:
+                    s._error = KernelError.of("host callback", self._driver.device, e)
+        self._issue(lambda: (_CONTROL, run, "callback"))
+
+    # -- waiting ---------------------------------------------------------------------------
+    def query(self) -> bool:
+        with self._driver._cv:
+            done = self._done >= self._issued
+        if self._error is not None:
+            _raise(self._error)
+        return done
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        d = self._driver
+        if self._capture is not None:
+            raise DeviceError(f"stream {self.name} is capturing a graph: synchronizing it is "
+                              f"not allowed until end_capture()")
+        with d._cv:
+            n = self._issued
+            if not d._cv.wait_for(lambda: self._done >= n, d._limit(timeout)):
+                raise DeviceError(f"{d.device}: stream {self.name} did not finish its "
+                                  f"commands in {d._limit(timeout)} s")
+        if self._error is not None:
+            _raise(self._error)
+
+    # -- capture -----------------------------------------------------------------------------
+    def begin_capture(self) -> None:
+        """Captures this stream's commands from now on. An event recorded in the capture is
+        recorded again at each replay; a wait in it takes the record current at the replay.
+        Other streams are not drawn into the capture (CUDA's fork and join in a capture are
+        not modelled)."""
+        if self._capture is not None:
+            raise DeviceError(f"stream {self.name} is capturing a graph already")
+        self._capture = []
+
+    def end_capture(self) -> EmuGraph:
+        if self._capture is None:
+            raise DeviceError(f"stream {self.name} is not capturing: call begin_capture() first")
+        makes, self._capture = self._capture, None
+        return EmuGraph(makes)
+
+    # -- the worker ----------------------------------------------------------------------------
+    def _work(self) -> None:
+        get, cv = self._q.get, self._driver._cv
+        while True:
+            cmd = get()
+            if cmd is None:
+                return
+            kind, fn, what = cmd
+            if self._rng is not None:
+                t = self._rng.uniform(0.0, self._delay)
+                self.delays.append(t)
+                time.sleep(t)
+            if kind == _CONTROL:
+                fn(self)
+            elif self._error is None:
+                try:
+                    fn(self)
+                except Exception as e:
+                    self._error = KernelError.of(what, self._driver.device, e)
+            with cv:
+                self._done += 1
+                cv.notify_all()
+
+
+def _same(dev: DeviceArray, host, op: str) -> None:
+    dev.memory.driver._check_live(dev, op)
+    if isinstance(host, DeviceArray):
+        host.memory.driver._check_live(host, op)
+    if dev.nbytes != host.nbytes or dev.dtype != host.dtype:
+        raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
+                         f"({dev.nbytes} bytes), the other side {tuple(host.shape)} "
+                         f"{host.dtype.name} ({host.nbytes} bytes); they must match")
+
+
+class EmuDriver(Driver):
+    """A CUDA device emulated on the CPU (see the module doc).
+
+    Args: ``device`` ('cuda:N'), ``limit`` (the pool's byte limit, None: none),
+    ``delay`` (seconds: each command first sleeps a random time up to it), ``seed`` (the
+    delays' seed), ``timeout`` (seconds any wait lasts at most before it raises).
+    """
+
+    name = "emu"
+
+    def __init__(self, device: str = "cuda:0", limit: int | None = None, delay: float = 0.0,
+                 seed: int = 0, timeout: float = 60.0):
+        self.device = str(device)
+        self.delay, self.seed, self.timeout = float(delay), seed, timeout
+        self._cv = threading.Condition()     # guards counts and events; notified on completion
+        self._mem_lock = threading.Lock()
+        self._limit_bytes = limit
+        self._blocks: dict = {}              # ptr -> DeviceMemory, the live blocks
+        self._next_ptr = 1 << 32
+        self._in_use = self._peak = 0
+        self._streams: list = []
+        self._closed = False
+        self._kernel_faults: list = []       # [name or None, error, count]
+        self._alloc_faults = 0
+
+    def _limit(self, timeout):
+        return self.timeout if timeout is None else timeout
+
+    # -- streams and events ------------------------------------------------------------------
+    def stream(self, name: str = "compute") -> EmuStream:
+        with self._cv:
+            if self._closed:
+                raise DeviceError(f"{self.device}: the driver is closed; make a new one")
+            s = EmuStream(self, name, len(self._streams))
+            self._streams.append(s)
+        return s
+
+    def event(self) -> EmuEvent:
+        return EmuEvent(self)
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        for s in list(self._streams):
+            s.synchronize(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops every stream's thread once it has run what was issued (joined with
+        ``timeout`` each); later use raises DeviceError."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            streams = list(self._streams)
+        for s in streams:
+            s._q.put(None)
+        for s in streams:
+            s._thread.join(timeout)
+
+    # -- memory ------------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> DeviceMemory:
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"malloc: nbytes must be >= 0, got {nbytes}")
+        with self._mem_lock:
+            limit = self._limit_bytes
+            if self._alloc_faults:
+                self._alloc_faults -= 1
+                raise OutOfMemoryError(self.device, nbytes, self._in_use, limit or 0,
+                                       "device memory (an injected fault)")
+            if limit is not None and self._in_use + nbytes > limit:
+                raise OutOfMemoryError(self.device, nbytes, self._in_use, limit,
+                                       f"device memory ({nbytes:,} bytes asked, "
+                                       f"{self._in_use:,} in use, limit {limit:,})")
+            ptr = self._next_ptr
+            self._next_ptr += max(-(-nbytes // _ALIGN), 1) * _ALIGN
+            mem = DeviceMemory(self, ptr, nbytes, np.empty(nbytes, np.uint8))
+            self._blocks[ptr] = mem
+            self._in_use += nbytes
+            self._peak = max(self._peak, self._in_use)
+        return mem
+
+    def free(self, memory: DeviceMemory) -> None:
+        with self._mem_lock:
+            if self._blocks.get(memory.ptr) is not memory:
+                raise DeviceError(f"{self.device}: free of a block at {memory.ptr:#x} that is "
+                                  f"not allocated (freed twice, or another driver's)")
+            del self._blocks[memory.ptr]
+            self._in_use -= memory.nbytes
+
+    def pinned(self, shape, dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def set_limit(self, nbytes: int | None) -> None:
+        with self._mem_lock:
+            self._limit_bytes = nbytes
+
+    def memory(self) -> MemoryInfo:
+        with self._mem_lock:
+            return MemoryInfo(self.device, self._in_use, self._peak, self._limit_bytes)
+
+    def _check_live(self, a: DeviceArray, op: str) -> None:
+        if self._blocks.get(a.memory.ptr) is not a.memory:
+            raise DeviceError(f"{op}: device memory at {a.memory.ptr:#x} is not allocated on "
+                              f"{self.device} (used after free, or another device's)")
+
+    @staticmethod
+    def _view(a: DeviceArray) -> np.ndarray:
+        return a.memory.handle[a.offset:a.offset + a.nbytes].view(a.dtype).reshape(a.shape)
+
+    # -- injected faults -----------------------------------------------------------------------
+    def fail_kernel(self, name: str | None = None, error: Exception | None = None,
+                    count: int = 1) -> None:
+        """The next ``count`` runs of kernel ``name`` (any kernel if None) raise ``error``
+        (a RuntimeError by default) on their stream instead of running."""
+        err = error or RuntimeError(f"injected fault in kernel {name or '(any)'}")
+        with self._mem_lock:
+            self._kernel_faults.append([name, err, count])
+
+    def fail_alloc(self, count: int = 1) -> None:
+        """The next ``count`` allocations are refused with OutOfMemoryError."""
+        with self._mem_lock:
+            self._alloc_faults += count
+
+    def _maybe_fail(self, name: str) -> None:
+        faults = self._kernel_faults
+        if not faults:
+            return
+        with self._mem_lock:
+            for f in faults:
+                if f[0] is None or f[0] == name:
+                    f[2] -= 1
+                    if not f[2]:
+                        faults.remove(f)
+                    err = f[1]
+                    break
+            else:
+                return
+        raise err

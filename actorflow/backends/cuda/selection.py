@@ -1,0 +1,59 @@
+"""Which driver a CUDA device gets: the factory ``use_driver`` set (a test fixture hands in
+the emulator), else the emulator when the environment has ``AF_CUDA=emu``, else the CuPy
+driver. One driver per device, made on first use. The seam itself is ``driver.py``."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable
+
+from ...errors import DeviceError
+from .driver import Driver
+
+_FACTORY: list = [None]          # what use_driver set: a callable(device) -> Driver, or None
+_DRIVERS: dict = {}
+_LOCK = threading.Lock()
+
+
+def use_driver(factory: Callable | None) -> Callable | None:
+    """Makes ``factory(device) -> Driver`` the way CUDA devices get their driver (a test
+    fixture hands in the emulator this way); None goes back to the default (``AF_CUDA``).
+    Drivers made before are closed and forgotten. Returns the previous factory."""
+    with _LOCK:
+        old, _FACTORY[0] = _FACTORY[0], factory
+        drivers = list(_DRIVERS.values())
+        _DRIVERS.clear()
+    for d in drivers:
+        d.close()
+    return old
+
+
+def driver_for(device) -> Driver:
+    """The driver of CUDA device ``device`` (a Device or 'cuda:N'), made on first use: the
+    factory ``use_driver`` set, else the emulator when the environment has ``AF_CUDA=emu``,
+    else the CuPy driver. Raises DeviceError when that driver cannot be made."""
+    key = str(device)
+    d = _DRIVERS.get(key)
+    if d is not None:
+        return d
+    with _LOCK:
+        d = _DRIVERS.get(key)
+        if d is None:
+            d = _DRIVERS[key] = _make(key)
+    return d
+
+
+def _make(device: str) -> Driver:
+    factory = _FACTORY[0]
+    if factory is not None:
+        return factory(device)
+    choice = os.environ.get("AF_CUDA", "").strip().lower()
+    if choice == "emu":
+        from .emu import EmuDriver
+        return EmuDriver(device)
+    if choice not in ("", "cupy"):
+        raise DeviceError(f"AF_CUDA={choice!r} names no CUDA driver: use AF_CUDA=emu for the "
+                          f"CPU emulator, or leave it unset for CuPy")
+    raise DeviceError(f"device {device}: the CuPy driver is not built yet in this version of "
+                      f"actorflow; set AF_CUDA=emu to run CUDA devices on the CPU emulator")
