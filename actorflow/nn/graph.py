@@ -430,7 +430,7 @@ class Graph:
             if a.name == "step":
                 a.inline = a.inline_given = False if timeout is not None else None
         self._graph = g
-        nothing = getattr(g, "yields_nothing", False)
+        nothing = g.yields_nothing
         waiting: dict = {}                  # piece -> its item, until its output is out
         count = [0]
 
@@ -478,7 +478,7 @@ class Graph:
         if not isinstance(first, KernelError):
             return e
         actor, tb = e.actor, e.actor_traceback
-        replay = getattr(g, "replay", None)
+        replay = g.replay
         if not fused and replay is not None and item is not None:
             leaves, _ = flatten(item)
             arrays = [_values(a) if isinstance(a, Tensor) else a for a in leaves]

@@ -21,9 +21,9 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
     g = ActorGraph(**graph_kwargs)
     out = specs[0] if len(specs) == 1 else tuple(specs)
     name = f"inputs of {getattr(traced.fn, '__name__', 'the traced function')}"
-    inp = g.input(out=out, name=name) if source is None else g.source(source, out=out,
-                                                                       name=name)
-    inp.single_argument = len(specs) == 1   # (x,) as well as x, as (x, w) for two
+    one = len(specs) == 1                   # (x,) as well as x, as (x, w) for two
+    inp = g.input(out=out, name=name, one_argument=one) if source is None else \
+        g.source(source, out=out, name=name, one_argument=one)
     actor_of = _node_actors(g, rec, inp, None)
     _outputs(g, rec, inp, actor_of)
     return g
@@ -144,11 +144,11 @@ def _node_actors(g, rec: Recording, inp, shared, inline=None) -> dict:
 
 def _outputs(g, rec: Recording, inp, actor_of, copy_input: bool = True) -> None:
     if not rec.outputs:                     # a function that returns nothing: a run yields
-        g.yields_nothing = True             # the input per piece (copy_input), or None
-        if copy_input:
+        if copy_input:                      # the input per piece (copy_input), or None
             g.sink(inp)
+            g.yields_nothing = True
         else:
-            g._set_outputs([inp], [], None)
+            g._set_outputs([inp], [], None, yields_nothing=True)
         return
     picks, sinks = [], []
     for t in rec.outputs:

@@ -91,14 +91,21 @@ class ActorGraph:
         self._running = False
         self._lock = threading.Lock()
         self._picks = None
+        self.yields_nothing = False       # a traced function that returns nothing: a run
+        #                                   yields None per piece (nn.Graph's step)
+        self.replay = None                # set by the builder of a traced step: runs one
+        #                                   piece through the op actors in recorded order
         self._current = None              # (scheduler, plan) of the run going on
         self._stragglers = None           # the last run's ledger (see join())
         self._measured: dict = {}         # actor name -> seconds per act, last run
 
-    def _set_outputs(self, sinks: list, picks: list, structure) -> None:
-        """Runs yield ``structure`` from ``picks`` of the sinks (a traced function's value)."""
+    def _set_outputs(self, sinks: list, picks: list, structure,
+                     yields_nothing: bool = False) -> None:
+        """Runs yield ``structure`` from ``picks`` of the sinks (a traced function's value);
+        ``yields_nothing``: the function returns nothing (the caller yields None)."""
         self.sinks = [(a, a.name) for a in sinks]
         self._picks = (picks, structure)
+        self.yields_nothing = yields_nothing
 
     # -- building --------------------------------------------------------------------------
     def _add(self, actor: Actor) -> Actor:
@@ -128,21 +135,24 @@ class ActorGraph:
         return cand
 
     def source(self, source, out=None, name=None, resources=None, buffers=None,
-               inline=False, time=None, timeout=None) -> Actor:
+               inline=False, time=None, timeout=None, one_argument: bool = False) -> Actor:
         """An actor yielding the items of ``source`` (iterable, async iterable, or a
         zero-argument callable returning one). Each item is a piece: an array or tensor,
         or a tuple/list/dict of them. ``out``: its Spec (else piece 0 sizes it).
-        ``timeout``: seconds one act may take before the run fails (as for ``actor``)."""
+        ``timeout``: seconds one act may take before the run fails (as for ``actor``).
+        ``one_argument``: it feeds a function of one argument, so an item ``(x,)`` is
+        taken as ``x`` (a traced graph's inputs)."""
         spec = PieceSpec.from_user(out) if out is not None else None
         return self._add(SourceActor(self._name(name, "source"), source, buffers=buffers,
                                      resources=resources, inline=inline, time=time, out=spec,
-                                     timeout=timeout))
+                                     timeout=timeout, one_argument=one_argument))
 
-    def input(self, out, name=None, buffers=None) -> Actor:
-        """A source whose items are given to ``run(feed=...)``."""
-        a = self.source((), out=out, name=name or "input", buffers=buffers)
-        a.source, a.fed = None, True
-        return a
+    def input(self, out, name=None, buffers=None, one_argument: bool = False) -> Actor:
+        """A source whose items are given to ``run(feed=...)`` (``one_argument``: as for
+        ``source``)."""
+        spec = PieceSpec.from_user(out) if out is not None else None
+        return self._add(SourceActor(self._name(name or "input", "source"), None, fed=True,
+                                     buffers=buffers, out=spec, one_argument=one_argument))
 
     def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
               inline=False, time=None, timeout=None, replicas: int = 1) -> Actor:

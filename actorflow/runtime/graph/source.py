@@ -50,18 +50,21 @@ class SourceActor(Actor):
 
     kind = "source"
 
-    def __init__(self, name, source, **kw):
+    def __init__(self, name, source, fed: bool = False, one_argument: bool = False, **kw):
+        """``fed``: its pieces come from ``run(feed=...)`` (``source`` is unused then);
+        ``one_argument``: its items are argument tuples of a function of one argument (a
+        traced function's inputs): ``(x,)`` is taken as ``x``, as ``(x, w)`` is for two."""
         super().__init__(name, [], **kw)
-        if not (callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")):
+        if not fed and not (callable(source) or hasattr(source, "__iter__")
+                            or hasattr(source, "__aiter__")):
             raise TypeError(f"source {name!r}: expected an iterable, an async iterable or a "
                             f"zero-argument callable returning one, got {type(source).__name__}")
-        self.source = source
-        self.fed = False            # pieces come from run(feed=...)
+        self.source = None if fed else source
+        self.fed = fed
         self.it = None
         self.is_async = False
         self.spent = False          # a one-shot iterator an earlier run used (and closed)
-        self.single_argument = False    # items are argument tuples of a function of one
-        # argument (a traced function's inputs): (x,) is taken as x, as (x, w) is for two
+        self.single_argument = one_argument
 
     def start(self) -> None:
         """Opens the source for a run (the plan's probe may have opened it already)."""
