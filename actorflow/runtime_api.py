@@ -1,9 +1,12 @@
 """Process-wide waiting: ``synchronize`` and ``synchronize_async``; and the hand-off of
 tensors' storage to code that writes it outside the VM (``lend_arrays``,
-``written_outside``: a compiled step's kernels writing parameters in place)."""
+``written_outside``: a compiled step's kernels writing parameters in place) or only reads
+it there (``peek_array``)."""
 
 from __future__ import annotations
 
+from .errors import DeviceError
+from .eager.interpreter import read
 from .vm import get_vm
 
 
@@ -37,3 +40,22 @@ def written_outside(tensors: list) -> None:
     of using the new values."""
     for t in tensors:
         t._impl.blob.version += 1
+
+
+def peek_array(t, stand_in: bool = False):
+    """``t``'s values for code that only reads them outside the VM (a compiled step's
+    arguments and the tensors it captures): its own array when nothing is being written
+    into it (no copy, no wait), else a copy taken once those writes are done (raising the
+    error that poisoned it, as ``numpy()`` does). A tensor on a device without data is
+    refused as ``numpy()`` refuses it, unless ``stand_in``: then its storage is given as it
+    is (shapes only)."""
+    impl = t._impl
+    blob = impl.blob
+    if not blob.backend.has_data:
+        if stand_in:
+            return impl.array()
+        raise DeviceError(f"numpy(): the {impl.meta.device} device has no data; null "
+                          f"tensors have only shapes, dtypes and bytes")
+    if blob.allocated and blob.error is None and blob.idle() and impl.meta.shape is not None:
+        return impl.array()
+    return read(impl, blob.backend.allocator.copy_out, "numpy")

@@ -40,7 +40,7 @@ from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
-from ..runtime_api import lend_arrays, written_outside
+from ..runtime_api import lend_arrays, peek_array, written_outside
 from ..tensor.tensor import Tensor
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
@@ -268,7 +268,7 @@ class Graph:
                 for name in st:
                     state[at] = mine[name]
                     at += 1
-        return lend_arrays(state) + [_live(t) for t in captured]
+        return lend_arrays(state) + [peek_array(t, stand_in=True) for t in captured]
 
     def _done(self, state) -> None:
         written_outside(state)              # (saved tensors see it, as an in-place write)
@@ -287,7 +287,7 @@ class Graph:
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
         leaves, structure = flatten(args)
-        arrays = [_values(a) if isinstance(a, Tensor) else a for a in leaves]
+        arrays = [peek_array(a) if isinstance(a, Tensor) else a for a in leaves]
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
         program, state, opt_rows = self._compile((spec,), self._check())
         program.state_arrays = self._arrays(state, opt_rows, program.captured)
@@ -481,7 +481,7 @@ class Graph:
         replay = g.replay
         if not fused and replay is not None and item is not None:
             leaves, _ = flatten(item)
-            arrays = [_values(a) if isinstance(a, Tensor) else a for a in leaves]
+            arrays = [peek_array(a) if isinstance(a, Tensor) else a for a in leaves]
             try:
                 replay(spec_arrays(arrays, spec))
             except KernelError as k:
@@ -671,23 +671,6 @@ def _reload(reads, piece: int):
         return reads.batch(piece)
     except Exception:  # noqa: BLE001 - only names the op; the run's own error stands
         return None
-
-
-def _values(t: Tensor):
-    """A tensor's values for the step to read: its own array when nothing is still being
-    written into it (no copy, no wait), else a copy taken after the writes."""
-    impl = t._impl
-    blob = impl.blob
-    if blob.backend.has_data and blob.allocated and blob.error is None and blob.idle() \
-            and impl.meta.shape is not None:
-        return impl.array()
-    return t.numpy()
-
-
-def _live(t: Tensor):
-    """A captured tensor's values, read live by the step: its own storage (as ``_values``:
-    a tensor a failed op left poisoned raises that error, as it would as an argument)."""
-    return _values(t) if t._impl.blob.backend.has_data else t._impl.array()
 
 
 def _empty(spec):
