@@ -203,14 +203,14 @@ class Graph:
                                            specs, names)
             except TraceError as e:
                 raise self._traced_error(e) from e
-            got = self._keep(key, (program, state, opt_rows))
+            got = self._keep(key, _Compiled(state, opt_rows, program=program))
         return got
 
     def _compile_graph(self, spec, buffers, memory, settings, loader=None):
         """The step as an ActorGraph with an actor per op (``run()``), per input layout: fed
         by ``run(feed=...)``, or reading the register of a loader's actors (``loader``: one
         with ``actors_into``; the graph is kept for any loader of the same ``actors_key``,
-        bound to ``loader`` for the run). The last item is the loader's actors, or None."""
+        bound to ``loader`` for the run)."""
         key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
@@ -228,21 +228,22 @@ class Graph:
                     names, None if loader is None else source)
             except TraceError as e:
                 raise self._traced_error(e) from e
-            got = self._keep(key, (g, shared, state, opt_rows, captured,
-                                   added[0] if added else None))
+            got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
+                                            captured=captured,
+                                            reads=added[0] if added else None))
         elif loader is not None:
-            got[-1].bind(loader)
+            got.reads.bind(loader)
         return got
 
     def _fused_graph(self, spec, buffers, memory, settings, loader=None):
         """The step as one op actor running the program ``step()`` runs, fed as
-        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors). The last
-        item is the loader's actors, or None."""
+        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors)."""
         key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
-            program, state, opt_rows = self._compile((spec,), settings)
+            step = self._compile((spec,), settings)
+            program = step.program
             g = ActorGraph(memory=memory, buffers=buffers)
             reads = None
             if loader is None:
@@ -252,9 +253,11 @@ class Graph:
                 reads = loader.actors_into(g, spec)
                 inp = reads.node
             g.sink(g.op_program(program, inp, name="step"))
-            got = self._compiled[key] = (g, program, state, opt_rows, reads)
+            got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
+                                                  graph=g, captured=program.captured,
+                                                  reads=reads)
         elif loader is not None:
-            got[-1].bind(loader)
+            got.reads.bind(loader)
         return got
 
     def _arrays(self, state, opt_rows, captured) -> list:
@@ -289,7 +292,8 @@ class Graph:
         leaves, structure = flatten(args)
         arrays = [peek_array(a) if isinstance(a, Tensor) else a for a in leaves]
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
-        program, state, opt_rows = self._compile((spec,), self._check())
+        step = self._compile((spec,), self._check())
+        program, state, opt_rows = step.program, step.state, step.opt_rows
         program.state_arrays = self._arrays(state, opt_rows, program.captured)
         if not program.bound:               # its workspace, kept for the next steps
             program.tmp = [_empty(s) for s in program.tmp_specs]
@@ -412,19 +416,15 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
-        reads = None
         if fused:
-            g, program, state, opt_rows, reads = self._fused_graph(spec, buffers, memory,
-                                                                   settings, loader)
-            program.state_arrays = self._arrays(state, opt_rows, program.captured)
-            timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + \
-                (list(reads.actors) if reads is not None else [])
+            c = self._fused_graph(spec, buffers, memory, settings, loader)
+            c.program.state_arrays = self._arrays(c.state, c.opt_rows, c.captured)
         else:
-            g, shared, state, opt_rows, captured, reads = self._compile_graph(
-                spec, buffers, memory, settings, loader)
-            shared[:] = self._arrays(state, opt_rows, captured)
-            timed = [a for a in g.actors if getattr(a, "fed", False)] if reads is None else \
-                reads.actors
+            c = self._compile_graph(spec, buffers, memory, settings, loader)
+            c.shared[:] = self._arrays(c.state, c.opt_rows, c.captured)
+        g, reads, state = c.graph, c.reads, c.state
+        timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + \
+            (list(reads.actors) if reads is not None else [])
         for a in timed:                     # the loader, and the fused step on a thread
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
@@ -501,6 +501,23 @@ class Graph:
         mods = [f"({k}): {v!r}".replace("\n", "\n  ") for k, v in vars(self).items()
                 if isinstance(v, Module)]
         return f"{type(self).__name__}(\n  " + "\n  ".join(mods) + "\n)"
+
+
+class _Compiled:
+    """A compiled step, one of three kinds: ``program`` (``step()``), ``graph`` with an
+    actor per op and its ``shared`` state arrays (``run()``), or ``graph`` running
+    ``program`` as one op actor (``run(fused=True)``). Each holds the state tensors and
+    optimizer rows it was traced with, the tensors ``build`` captures (read live), and
+    for a graph fed by a DataLoader its actors (``reads``, bound to the run's loader)."""
+
+    __slots__ = ("state", "opt_rows", "program", "graph", "shared", "captured", "reads")
+
+    def __init__(self, state, opt_rows, program=None, graph=None, shared=None, captured=(),
+                 reads=None):
+        self.state, self.opt_rows = state, opt_rows
+        self.program, self.graph, self.shared = program, graph, shared
+        self.captured = program.captured if program is not None and not captured else captured
+        self.reads = reads
 
 
 class _Traced:
