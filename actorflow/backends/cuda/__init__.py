@@ -5,8 +5,8 @@ goes on ``base.py``'s template with CuPy streams, CuPy imported here only, lazil
 
 from __future__ import annotations
 
-from ..errors import DeviceError
-from .base import Backend
+from ...errors import DeviceError
+from ..base import Backend
 
 
 class CudaBackend(Backend):
