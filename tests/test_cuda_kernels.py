@@ -1,0 +1,353 @@
+"""The CUDA kernels, checked without a GPU: every kernel source the generator
+(actorflow/backends/cuda/kernels.py) can produce for the registry's elementwise ops (each
+op, each dtype combination the numpy kernel computes, the float4 forms, fused runs of
+several shapes) compiles with NVRTC; a kernel that does not compile raises
+KernelCompileError with NVRTC's log and the numbered source; generation is deterministic;
+no elementwise op of the registry lacks a generator unless it is listed, with the reason, in
+NOT_ON_GPU_YET. Nothing here runs a kernel: that needs a GPU (or the emulated driver, which
+runs the numpy reference)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import actorflow  # noqa: F401 - registers the ops
+from actorflow.backends.cuda import kernels as K
+from actorflow.backends.cuda import nvrtc
+from actorflow.device import device as parse_device
+from actorflow.dtype import ALL, from_numpy_dtype
+from actorflow.errors import DTypeError, KernelCompileError
+from actorflow.ops import registry
+from actorflow.ops.elementwise import _common_np
+from actorflow.tensor.meta import TensorMeta, contiguous_strides
+
+needs_nvrtc = pytest.mark.skipif(
+    not nvrtc.available(),
+    reason="NVRTC is not installed: pip install -e '.[nvrtc]' (cuda-bindings 12 and "
+           "nvidia-cuda-nvrtc-cu12) to compile the CUDA kernels without a GPU")
+
+# Elementwise ops of the registry with no CUDA kernel yet, and why. Empty: a new op must get
+# a generator in kernels.py or an entry here.
+NOT_ON_GPU_YET: dict = {}
+
+DTYPES = [d.name for d in ALL]
+PYTYPES = {"bool": True, "int": 2, "float": 1.5}
+CPU = parse_device("cpu")
+
+
+def _meta(dtype: str, shape=(4,)):
+    d = next(x for x in ALL if x.name == dtype)
+    return TensorMeta(shape, d, CPU, contiguous_strides(shape))
+
+
+def _sample(dtype: str, shape=(4,)):
+    d = next(x for x in ALL if x.name == dtype)
+    if dtype == "bool":
+        return np.ones(shape, np.bool_)
+    return (np.arange(1, 1 + int(np.prod(shape))).reshape(shape) % 3 + 1).astype(d.np)
+
+
+def _reference(op: str, in_dtypes, attrs, shapes=None):
+    """The registry's answer for ``op`` on these dtypes: the output dtype name, or None when
+    the registry refuses the dtypes or its numpy kernel cannot compute them."""
+    opdef = registry.get(op)
+    shapes = shapes or [(4,)] * len(in_dtypes)
+    try:
+        (shape, out), = opdef.infer([_meta(t, s) for t, s in zip(in_dtypes, shapes)], attrs)
+    except DTypeError:
+        return None
+    o = np.empty(shape, out.np)
+    try:
+        with np.errstate(all="ignore"):
+            opdef.kernel_for("cpu")([o], [_sample(t, s) for t, s in zip(in_dtypes, shapes)],
+                                    attrs)
+    except (TypeError, ValueError):
+        return None             # numpy has no loop for it (e.g. bool // bool)
+    return out.name
+
+
+def _cases():
+    """``(label, op, out dtype or None, kwargs for K.elementwise)`` for every op and dtype
+    combination worth a kernel; out dtype None: the registry does not compute it."""
+    for op in K.UNARY_OPS:
+        for t in DTYPES:
+            for approx in (("none", "tanh") if op == "gelu" else (None,)):
+                attrs = {"approximate": approx} if approx else {}
+                yield (f"{op}[{t}{'/' + approx if approx else ''}]", op,
+                       _reference(op, (t,), attrs),
+                       dict(inputs=(t,), attrs=tuple(attrs.items())))
+    for op in K.BINARY_OPS:
+        for a in DTYPES:
+            for b in DTYPES:
+                yield (f"{op}[{a},{b}]", op, _reference(op, (a, b), {}), dict(inputs=(a, b)))
+            # a 0-d second operand: read once ("scalar" layout); a comparison's common
+            # dtype is then the dimensioned operand's unless the 0-d one's category is higher
+            b = "float64" if a != "float64" else "int64"
+            out = _reference(op, (a, b), {}, [(4,), ()])
+            compute = from_numpy_dtype(_common_np(_sample(a), _sample(b, ()))).name
+            yield (f"{op}[{a},{b} 0-d]", op, out,
+                   dict(inputs=(a, b), layouts=("full", "scalar"),
+                        compute=compute if op in ("eq", "ne", "lt", "le", "gt", "ge",
+                                                  "logical_and", "logical_or") else None))
+        for prefix in ("", "r"):
+            name = prefix + op + "_scalar"
+            for t in DTYPES:
+                for py, v in PYTYPES.items():
+                    yield (f"{name}[{t},{py}]", name, _reference(name, (t,), {"scalar": v}),
+                           dict(inputs=(t,), scalars=(("scalar", py),)))
+    for t in DTYPES:
+        for py in ("int", "float"):
+            for which in (("min",), ("max",), ("min", "max")):
+                attrs = {"min": None, "max": None}
+                attrs.update({w: PYTYPES[py] for w in which})
+                yield (f"clamp[{t},{py},{'+'.join(which)}]", "clamp",
+                       _reference("clamp", (t,), attrs),
+                       dict(inputs=(t,), scalars=tuple((w, py) for w in which)))
+        for b in DTYPES:
+            for bounds in ("min", "max"):
+                yield (f"clamp_tensor[{t},{b},{bounds}]", "clamp_tensor",
+                       _reference("clamp_tensor", (t, b), {"bounds": bounds}),
+                       dict(inputs=(t, b), attrs=(("bounds", bounds),)))
+        yield (f"clamp_tensor[{t},both]", "clamp_tensor",
+               _reference("clamp_tensor", (t, t, t), {"bounds": "both"}),
+               dict(inputs=(t, t, t), attrs=(("bounds", "both"),)))
+        for u in DTYPES:
+            yield (f"cast[{t}->{u}]", "cast", _reference("cast", (t,), {"dtype": _dt(u)}),
+                   dict(inputs=(t,)))
+            yield (f"where[{t},{u}]", "where", _reference("where", ("bool", t, u), {}),
+                   dict(inputs=("bool", t, u)))
+        yield (f"copy[{t}]", "copy", _reference("copy", (t,), {}), dict(inputs=(t,)))
+        for py in PYTYPES:
+            yield (f"where[{t},{py}]", "where",
+                   _reference("where", ("bool", t), {"y": PYTYPES[py]}),
+                   dict(inputs=("bool", t), scalars=(("y", py),)))
+            yield (f"where[{py},{py}]", "where",
+                   _reference("where", ("bool",), {"x": PYTYPES[py], "y": PYTYPES[py]}),
+                   dict(inputs=("bool",), scalars=(("x", py), ("y", py))))
+
+
+def _dt(name):
+    return next(x for x in ALL if x.name == name)
+
+
+CASES = list(_cases())
+
+
+def _generate():
+    """Every single-op kernel the generator makes for the registry's cases, and the float4
+    forms."""
+    out = []
+    for label, op, dtype, kw in CASES:
+        if dtype is None:
+            continue
+        src = K.elementwise(op, dtype, **kw)
+        out.append((label, src))
+        run = K.FusedRun(tuple(K.Value(f"a{j}", t) for j, t in enumerate(kw["inputs"])),
+                         (K.Step("out", op, tuple(f"a{j}" for j in range(len(kw["inputs"]))),
+                                 dtype),), ("out",))
+        if K.vectorizable(run) and not kw.get("layouts"):
+            out.append((label + " float4", K.elementwise(op, dtype, vector=4, **kw)))
+    return out
+
+
+def _runs():
+    """Fused runs of the shapes the VM makes: chains over contiguous same-shape values,
+    with 0-d operands and Python-number attributes, several outputs, mixed dtypes."""
+    S, V = K.Step, K.Value
+    f = "float32"
+    yield "linear+relu", K.FusedRun(
+        (V("x", f), V("w", f), V("b", f)),
+        (S("t", "mul", ("x", "w"), f), S("u", "add", ("t", "b"), f),
+         S("y", "relu", ("u",), f)), ("y",))
+    yield "sgd momentum (two outputs)", K.FusedRun(
+        (V("p", f), V("g", f), V("buf", f)),
+        (S("m", "mul_scalar", ("buf",), f, (("scalar", "float"),)),
+         S("nb", "add", ("m", "g"), f),
+         S("st", "mul_scalar", ("nb",), f, (("scalar", "float"),)),
+         S("np_", "sub", ("p", "st"), f)), ("np_", "nb"))
+    yield "adam", K.FusedRun(
+        (V("p", f), V("g", f), V("m", f), V("v", f), V("lr", f, "scalar")),
+        (S("m1", "mul_scalar", ("m",), f, (("scalar", "float"),)),
+         S("g1", "mul_scalar", ("g",), f, (("scalar", "float"),)),
+         S("m2", "add", ("m1", "g1"), f),
+         S("gg", "mul", ("g", "g"), f),
+         S("v1", "mul_scalar", ("v",), f, (("scalar", "float"),)),
+         S("v2", "add", ("v1", "gg"), f),
+         S("sq", "sqrt", ("v2",), f),
+         S("de", "add_scalar", ("sq",), f, (("scalar", "float"),)),
+         S("q", "div", ("m2", "de"), f),
+         S("st", "mul", ("q", "lr"), f),
+         S("p2", "sub", ("p", "st"), f)), ("p2", "m2", "v2"))
+    yield "relu backward (mixed dtypes)", K.FusedRun(
+        (V("x", f), V("g", f)),
+        (S("pos", "gt_scalar", ("x",), "bool", (("scalar", "int"),)),
+         S("y", "where", ("pos", "g"), f, (("y", "int"),))), ("y",))
+    yield "int32 -> float16 chain with a 0-d operand", K.FusedRun(
+        (V("i", "int32"), V("s", "float16", "scalar")),
+        (S("h", "cast", ("i",), "float16"), S("a", "mul", ("h", "s"), "float16"),
+         S("b", "gelu", ("a",), "float16", (), (("approximate", "tanh"),)),
+         S("c", "clamp", ("b",), "float16", (("min", "float"), ("max", "float")))), ("c",))
+    yield "int64 division and remainder (zero flag)", K.FusedRun(
+        (V("a", "int64"), V("b", "int64")),
+        (S("q", "floor_divide", ("a", "b"), "int64"), S("r", "remainder", ("a", "b"), "int64"),
+         S("t", "rtrunc_divide_scalar", ("b",), "int64", (("scalar", "int"),)),
+         S("z", "add", ("q", "r"), "int64"), S("w", "pow", ("z", "t"), "int64"),
+         S("e", "eq", ("w", "a"), "bool"), S("n", "logical_not", ("e",), "bool")),
+        ("w", "n"))
+    yield "float64 chain", K.FusedRun(
+        (V("x", "float64"), V("y", "float32")),
+        (S("a", "exp", ("x",), "float64"), S("b", "maximum", ("a", "y"), "float64"),
+         S("c", "tanh", ("b",), "float64"), S("d", "sigmoid", ("c",), "float64"),
+         S("e", "remainder_scalar", ("d",), "float64", (("scalar", "float"),))), ("e",))
+    yield "bool masks", K.FusedRun(
+        (V("m", "bool"), V("k", "bool"), V("x", "int32")),
+        (S("a", "logical_and", ("m", "k"), "bool"), S("b", "bitwise_xor", ("a", "m"), "bool"),
+         S("c", "bitwise_not", ("x",), "int32"), S("d", "where", ("b", "c", "x"), "int32"),
+         S("e", "abs", ("d",), "int32"), S("f", "neg", ("e",), "int32")), ("f",))
+
+
+RUNS = list(_runs())
+
+
+def _run_sources():
+    out = []
+    for label, run in RUNS:
+        out.append((label, K.fused(run)))
+        if K.vectorizable(run):
+            out.append((label + " float4", K.fused(run, vector=4)))
+    return out
+
+
+# -- generation (no NVRTC needed) -------------------------------------------------------------
+
+def test_every_elementwise_op_has_a_generator():
+    elementwise = {n for n, op in registry.all_ops().items() if op.elementwise} | {"where"}
+    missing = elementwise - set(K.OPS) - set(NOT_ON_GPU_YET)
+    assert not missing, (f"elementwise ops with no CUDA kernel generator: {sorted(missing)}; "
+                         f"add them to actorflow/backends/cuda/kernels.py or to "
+                         f"NOT_ON_GPU_YET here with the reason")
+    assert not set(K.OPS) - set(registry.all_ops()), "the generator names ops the registry lacks"
+
+
+def test_the_generator_covers_what_the_numpy_kernels_compute():
+    """Where the registry computes an op in some dtypes, a kernel is generated; where it
+    refuses an op in a dtype (or numpy has no loop for it), the generator refuses with
+    DTypeError."""
+    assert len(CASES) > 1500
+    wrong = []
+    for label, op, dtype, kw in CASES:
+        if dtype is not None:
+            src = K.elementwise(op, dtype, **kw)
+            assert src.dtypes[0] == dtype and src.name.startswith("af_"), label
+        elif (op not in ("cast", "where") and not kw.get("scalars")
+              and len(set(kw["inputs"])) == 1):
+            # refused in the inputs' own dtype: the generator refuses it too (a refusal
+            # because of the operands' mix, e.g. bool - int, is the inference's, which runs
+            # before any kernel is asked for)
+            o = kw["inputs"][0]
+            try:
+                K.elementwise(op, o, **kw)
+            except DTypeError:
+                continue
+            wrong.append(f"{label} (as {o})")
+    assert not wrong, f"kernels generated where the registry refuses: {wrong}"
+
+
+def test_launch_parameters_are_listed_in_order():
+    src = K.elementwise("floor_divide_scalar", "int32", ("int32",),
+                        scalars=(("scalar", "int"),))
+    assert [(p, kind) for p, kind, _ in src.params] == [
+        ("out0", "out"), ("in_a0", "in"), ("s0_scalar", "scalar"), ("n", "n"),
+        ("zero", "zero")]
+    assert f'extern "C" __global__ void {src.name}(int* __restrict__ out0, ' in src.source
+    v = K.elementwise("add", "float32", ("float32", "float32"), vector=4)
+    assert v.vector == 4 and "float4" in v.source and "& 15) == 0" in v.source
+    assert "float4" not in K.elementwise("add", "float32", ("float32", "float32")).source
+    with pytest.raises(ValueError, match="float32"):
+        K.elementwise("add", "float64", ("float64", "float64"), vector=4)
+
+
+def test_a_run_that_reads_a_value_before_it_is_written_is_refused():
+    run = K.FusedRun((K.Value("x", "float32"),),
+                     (K.Step("y", "add", ("x", "z"), "float32"),), ("y",))
+    with pytest.raises(ValueError, match="'z' is not defined"):
+        K.fused(run)
+    with pytest.raises(DTypeError, match="no CUDA kernel for op 'matmul'"):
+        K.elementwise("matmul", "float32", ("float32", "float32"))
+
+
+def test_generation_is_deterministic():
+    """The same op gives the same text, in this process and in another one with another
+    hash seed (the text is a cache key)."""
+    a = [s.key for _, s in _generate()[:200]] + [s.key for _, s in _run_sources()]
+    b = [s.key for _, s in _generate()[:200]] + [s.key for _, s in _run_sources()]
+    assert a == b
+    code = ("import sys; sys.path.insert(0, 'tests'); import test_cuda_kernels as t; "
+            "print(','.join(s.key for _, s in t._run_sources()))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
+    assert out.split(",") == [s.key for _, s in _run_sources()]
+
+
+# -- NVRTC -------------------------------------------------------------------------------------
+
+def _compile_all(named):
+    """Compiles ``(label, KernelSource)`` pairs in one NVRTC program per 400 kernels; a
+    failure names the case and shows NVRTC's log and the source."""
+    named = list(named)
+    for i in range(0, len(named), 400):
+        chunk = named[i:i + 400]
+        try:
+            nvrtc.compile_together([s for _, s in chunk])
+        except KernelCompileError as e:
+            failing = [lbl for lbl, s in chunk if s.name in str(e)]
+            pytest.fail(f"kernel of {failing or 'a batch'} does not compile:\n{e}")
+
+
+@needs_nvrtc
+def test_every_single_op_kernel_compiles():
+    t0 = time.perf_counter()
+    named = _generate()
+    assert len(named) > 1500
+    _compile_all(named)
+    print(f"{len(named)} kernels compiled in {time.perf_counter() - t0:.1f} s")
+
+
+@needs_nvrtc
+def test_every_fused_run_shape_compiles():
+    for label, src in _run_sources():
+        try:
+            ptx = nvrtc.compile_ptx(src)
+        except KernelCompileError as e:
+            pytest.fail(f"fused run {label!r} does not compile:\n{e}")
+        assert f".entry {src.name}(" in ptx.decode(), label
+
+
+@needs_nvrtc
+def test_a_kernel_that_does_not_compile_names_its_line():
+    good = K.elementwise("add", "float32", ("float32", "float32"))
+    broken = K.KernelSource("af_broken", good.source.replace(
+        "(float)(v_a0 + v_a1)", "(float)(v_a0 + undefined_x)"), good.dtypes, good.params)
+    line = next(i for i, ln in enumerate(broken.source.splitlines(), 1) if "undefined_x" in ln)
+    with pytest.raises(KernelCompileError) as info:
+        nvrtc.compile_ptx(broken)
+    msg = str(info.value)
+    assert "af_broken" in msg and "undefined_x" in msg and "is undefined" in msg
+    assert f"af_broken.cu({line}): error" in msg          # NVRTC's log, with the line
+    assert f"{line:4d}| " in msg                          # the numbered source
+    with pytest.raises(KernelCompileError, match="af_broken"):
+        nvrtc.compile_together([good, broken])
+
+
+@needs_nvrtc
+def test_ptx_is_cached_by_source():
+    src = K.elementwise("sub", "float64", ("float64", "float64"))
+    a = nvrtc.compile_ptx(src)
+    assert nvrtc.compile_ptx(src) is a and b".target sm_90" in a
+    assert b".target sm_80" in nvrtc.compile_ptx(src, arch="compute_80")
