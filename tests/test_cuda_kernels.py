@@ -351,3 +351,208 @@ def test_ptx_is_cached_by_source():
     a = nvrtc.compile_ptx(src)
     assert nvrtc.compile_ptx(src) is a and b".target sm_90" in a
     assert b".target sm_80" in nvrtc.compile_ptx(src, arch="compute_80")
+
+
+# -- semantics on the host -----------------------------------------------------------------
+# The same sources, compiled by the host's C++ compiler (the CUDA built-ins stubbed: one
+# thread, one block), run on numpy arrays and compared with the registry's numpy kernel. This
+# checks what each kernel computes (casts, rounding of float16, integer division, NaN in
+# maximum, ...) without a GPU; a GPU still has to confirm NVRTC's math functions.
+
+HOST_SHIM = r"""#include <math.h>
+#define __device__
+#define __global__
+#define __forceinline__ inline
+struct af_dim3 { unsigned int x; };
+static const af_dim3 gridDim = {1}, blockDim = {1}, blockIdx = {0}, threadIdx = {0};
+struct alignas(16) float4 { float x, y, z, w; };
+"""
+_CXX = next((c for c in ("g++", "clang++") if __import__("shutil").which(c)), None)
+needs_cxx = pytest.mark.skipif(_CXX is None, reason="no host C++ compiler (g++ or clang++) "
+                               "to run the kernels' sources on the host")
+
+
+def _host_library(sources, tmp_path):
+    import ctypes
+    parts, seen = [HOST_SHIM, K.PRELUDE], set()
+    for s in sources:
+        if s.key not in seen:
+            seen.add(s.key)
+            parts.append(s.source[len(K.PRELUDE):])
+    cc = tmp_path / "kernels.cc"
+    cc.write_text("".join(parts))
+    lib = tmp_path / "kernels.so"
+    r = subprocess.run([_CXX, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", str(cc), "-o",
+                        str(lib)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return ctypes.CDLL(str(lib))
+
+
+N = 37          # not a multiple of 4: the float4 forms run their tail too
+
+
+def _values(dtype: str, rng, role: str = "", shape=(N,)):
+    d = _dt(dtype).np
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in ("int32", "int64"):
+        v = rng.integers(-9, 10, shape)
+        if role == "divisor":
+            v[v == 0] = 3
+        if role == "exponent":
+            v = np.abs(v) % 6
+        return v.astype(d)
+    v = (rng.standard_normal(shape) * 3).astype(d)
+    if v.ndim and role != "exponent":
+        v[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 2.0]
+    return v
+
+
+_CTYPE = {"bool": "c_bool", "int32": "c_int32", "int64": "c_int64", "float32": "c_float",
+          "float64": "c_double", "float16": "c_uint16"}
+
+
+def _launch(lib, src, outs, ins, scalars):
+    import ctypes
+    args = [ctypes.c_void_p(a.ctypes.data) for a in outs + ins]
+    for (name, _, t), v in zip([p for p in src.params if p[1] == "scalar"], scalars):
+        if t == "float16":
+            v = int(np.array(v, np.float16).view(np.uint16))
+        else:
+            v = np.array(v).astype(_dt(t).np).item()
+        args.append(getattr(ctypes, _CTYPE[t])(v))
+    args.append(ctypes.c_longlong(outs[0].size))
+    zero = np.zeros(1, np.int32)
+    if any(p[1] == "zero" for p in src.params):
+        args.append(ctypes.c_void_p(zero.ctypes.data))
+    getattr(lib, src.name)(*args)
+    return int(zero[0])
+
+
+def _roles(op):
+    base = op[:-7] if op.endswith("_scalar") else op
+    rev = base.startswith("r") and base[1:] in K.BINARY_OPS and base not in K.BINARY_OPS
+    base = base[1:] if rev else base
+    if base in ("floor_divide", "remainder", "trunc_divide"):
+        return ("divisor",) if rev else ("", "divisor")
+    if base == "pow":
+        return ("exponent",) if rev else ("", "exponent")
+    return ()
+
+
+def _assert_same(got, want, label):
+    if want.dtype.kind == "f":
+        tol = {2: 2e-3, 4: 2e-6, 8: 1e-13}[want.dtype.itemsize]
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
+                                   atol=tol, equal_nan=True, err_msg=label)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=label)
+
+
+def _attrs_of(op, kw):
+    attrs = dict(kw.get("attrs", ()))
+    vals = {py: v for py, v in PYTYPES.items()}
+    for a, py in kw.get("scalars", ()):
+        attrs[a] = vals[py]
+    if op == "clamp":
+        attrs.setdefault("min", None)
+        attrs.setdefault("max", None)
+    return attrs
+
+
+@needs_cxx
+def test_kernels_compute_what_the_numpy_kernels_compute(tmp_path):
+    """Every single-op kernel (and its float4 form) on the host against the registry's numpy
+    kernel, on values with NaN, infinities, signed zeros and negative integers."""
+    rng = np.random.default_rng(0)
+    todo = []
+    for (label, op, dtype, kw) in CASES:
+        if dtype is None or op == "cast" and kw["inputs"][0] in ("float16", "float32",
+                                                                "float64") \
+                and dtype in ("int32", "int64", "bool"):
+            continue        # NaN/inf/out-of-range float -> int: undefined (numpy warns)
+        todo.append((label, op, dtype, kw))
+    forms = []
+    for label, op, dtype, kw in todo:
+        f = [K.elementwise(op, dtype, **kw)]
+        if f[0].dtypes == ("float32",) * len(f[0].dtypes) and not kw.get("layouts"):
+            f.append(K.elementwise(op, dtype, vector=4, **kw))
+        forms.append(f)
+    t0 = time.perf_counter()
+    lib = _host_library([s for f in forms for s in f], tmp_path)
+    print(f"host build of {sum(map(len, forms))} kernels: {time.perf_counter() - t0:.1f} s")
+    checked = 0
+    for (label, op, dtype, kw), f in zip(todo, forms):
+        roles = _roles(op)
+        layouts = kw.get("layouts") or ("full",) * len(kw["inputs"])
+        ins = [_values(t, rng, roles[j] if j < len(roles) else "",
+                       (N,) if lay == "full" else ())
+               for j, (t, lay) in enumerate(zip(kw["inputs"], layouts))]
+        attrs = _attrs_of(op, kw)
+        if op == "cast":
+            attrs["dtype"] = _dt(dtype)
+        want = np.empty(N, _dt(dtype).np)
+        try:
+            with np.errstate(all="ignore"):
+                registry.get(op).kernel_for("cpu")([want], ins, attrs)
+        except (ValueError, ZeroDivisionError):
+            continue            # numpy refuses these values (e.g. 2 ** -1 on integers)
+        scal = [attrs[a] for a, _ in kw.get("scalars", ())]
+        for src in f:
+            got = np.full(N, 7, _dt(dtype).np)
+            zero = _launch(lib, src, [got], [np.ascontiguousarray(a) for a in ins], scal)
+            assert zero == 0, label
+            _assert_same(got, want, f"{label} vector={src.vector}")
+            checked += 1
+    assert checked > 1500
+
+
+@needs_cxx
+def test_fused_runs_compute_what_their_ops_compute_one_by_one(tmp_path):
+    """Each fused run on the host against its steps run one by one by the numpy kernels
+    (intermediates rounded to their dtypes, as in the VM's runs)."""
+    srcs = _run_sources()
+    lib = _host_library([s for _, s in srcs], tmp_path)
+    rng = np.random.default_rng(1)
+    for label, src in srcs:
+        run = dict(RUNS)[label.removesuffix(" float4")]
+        env = {v.name: _values(v.dtype, rng, "divisor" if v.dtype.startswith("int") else "",
+                               (N,) if v.layout == "full" else ())
+               for v in run.inputs}
+        if label.startswith("int64"):
+            env["b"] = np.abs(env["b"]) % 4 + 1      # a small positive exponent for pow
+        scal = []
+        for k, s in enumerate(run.steps):
+            attrs = dict(s.attrs)
+            for a, py in s.scalars:
+                attrs[a] = {"bool": True, "int": 2, "float": 0.75}[py]
+                scal.append(attrs[a])
+            if s.op == "clamp":
+                attrs.setdefault("min", None)
+                attrs.setdefault("max", None)
+            if s.op == "cast":
+                attrs["dtype"] = _dt(s.dtype)
+            o = np.empty(N, _dt(s.dtype).np)
+            with np.errstate(all="ignore"):
+                registry.get(s.op).kernel_for("cpu")([o], [env[a] for a in s.args], attrs)
+            env[s.out] = o
+        outs = [np.full(N, 7, env[o].dtype) for o in run.outputs]
+        ins = [np.ascontiguousarray(env[v.name]) for v in run.inputs]
+        assert _launch(lib, src, outs, ins, scal) == 0, label
+        for o, got in zip(run.outputs, outs):
+            _assert_same(got, env[o], f"{label}: {o}")
+
+
+@needs_cxx
+def test_integer_division_by_zero_sets_the_flag(tmp_path):
+    srcs = [K.elementwise(op, t, (t, t)) for op in ("floor_divide", "remainder", "trunc_divide")
+            for t in ("int32", "int64")]
+    lib = _host_library(srcs, tmp_path)
+    for src in srcs:
+        t = _dt(src.dtypes[0]).np
+        a, b = np.arange(N).astype(t), np.ones(N, t)
+        out = np.empty(N, t)
+        assert _launch(lib, src, [out], [a, b], []) == 0
+        b[5] = 0
+        assert _launch(lib, src, [out], [a, b], []) == 1, src.name
+        assert out[5] == 0

@@ -352,12 +352,21 @@ def _weak(xt: str, pytype: str) -> str:
 
 PRELUDE = r"""// actorflow elementwise kernels (generated: actorflow/backends/cuda/kernels.py)
 struct af_half { unsigned short bits; };
+#ifdef __CUDACC_RTC__
 __device__ __forceinline__ float af_h2f(af_half h) {
     float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits)); return f; }
 __device__ __forceinline__ af_half af_f2h(float f) {
     af_half h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f)); return h; }
 __device__ __forceinline__ af_half af_d2h(double d) {
     af_half h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(d)); return h; }
+#else  // a host compiler with _Float16 (tests/test_cuda_kernels.py runs the kernels on the host)
+__device__ __forceinline__ float af_h2f(af_half h) {
+    _Float16 x; __builtin_memcpy(&x, &h.bits, 2); return (float)x; }
+__device__ __forceinline__ af_half af_f2h(float f) {
+    _Float16 x = (_Float16)f; af_half h; __builtin_memcpy(&h.bits, &x, 2); return h; }
+__device__ __forceinline__ af_half af_d2h(double d) {
+    _Float16 x = (_Float16)d; af_half h; __builtin_memcpy(&h.bits, &x, 2); return h; }
+#endif
 __device__ __forceinline__ float af_round_h(float f) { return af_h2f(af_f2h(f)); }
 
 template <typename D, typename S> struct af_caster {
