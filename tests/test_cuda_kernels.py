@@ -556,3 +556,14 @@ def test_integer_division_by_zero_sets_the_flag(tmp_path):
         b[5] = 0
         assert _launch(lib, src, [out], [a, b], []) == 1, src.name
         assert out[5] == 0
+
+
+def test_without_nvrtc_compiling_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    src = K.elementwise("mul", "int32", ("int32", "int64"))
+    monkeypatch.setattr(nvrtc, "_CACHE", {})
+    from actorflow.errors import DeviceError
+    with pytest.raises(DeviceError, match=r"pip install 'actorflow\[nvrtc\]'"):
+        nvrtc.compile_ptx(src)
+    assert not nvrtc.available()
