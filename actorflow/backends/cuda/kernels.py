@@ -33,9 +33,16 @@ DivisionByZeroError after the launch; an integer power with a negative exponent 
 PyTorch's value (0, or +-1 for a base of +-1) where numpy refuses.
 
 Launch. A grid-stride loop: any grid works (256 threads a block is the suggested size). The
-parameters are listed in ``KernelSource.params``, in order. A float32 kernel whose operands
-are all float32 gets a ``vector=4`` form: a main loop reading and writing float4 (when every
-full operand is 16-byte aligned, checked in the kernel) and a scalar tail.
+parameters are listed in ``KernelSource.params``, in order. An output may be an input's
+memory (an in-place op: each element is read before it is written, by the same thread), so
+no pointer is declared ``__restrict__``; partly overlapping operands are not elementwise.
+A run whose values are all float32 also has a ``vector=4`` form: a main loop reading and
+writing float4 (when every full operand is 16-byte aligned, checked in the kernel, else
+everything goes by the scalar loop) and a scalar tail.
+
+Tested without a GPU (tests/test_cuda_kernels.py): every source compiles with NVRTC, and the
+same sources built by the host's C++ compiler (CUDA built-ins stubbed) compute what the
+numpy kernels compute. No GPU has run them yet.
 
 The text is deterministic: one run gives one source (``KernelSource.key`` is its hash, for
 a cache of compiled kernels)."""
@@ -536,9 +543,9 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
     cparams = []
     for p, kind, t in params:
         if kind == "out":
-            cparams.append(f"{CTYPE[t]}* __restrict__ {p}")
+            cparams.append(f"{CTYPE[t]}* {p}")
         elif kind == "in":
-            cparams.append(f"const {CTYPE[t]}* __restrict__ {p}")
+            cparams.append(f"const {CTYPE[t]}* {p}")
         elif kind == "scalar":
             cparams.append(f"{CTYPE[t]} {p}")
         elif kind == "n":
