@@ -440,8 +440,17 @@ def _roles(op):
     return ()
 
 
+# ops whose float results come from libm (numpy) or CUDA's math library: a few ulp apart;
+# every other result must be equal bit for bit (NaN where NaN)
+_LIBM = ("exp", "log", "tanh", "sigmoid", "gelu", "pow")
+
+
 def _assert_same(got, want, label):
-    if want.dtype.kind == "f":
+    if want.dtype.kind == "f" and not any(f in label for f in _LIBM):
+        same = (got == want) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (f"{label}: at {np.flatnonzero(~same)[:5]}: kernel "
+                            f"{got[~same][:5]}, numpy {want[~same][:5]}")
+    elif want.dtype.kind == "f":
         tol = {2: 2e-3, 4: 2e-6, 8: 1e-13}[want.dtype.itemsize]
         np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
                                    atol=tol, equal_nan=True, err_msg=label)
@@ -540,7 +549,7 @@ def test_fused_runs_compute_what_their_ops_compute_one_by_one(tmp_path):
         ins = [np.ascontiguousarray(env[v.name]) for v in run.inputs]
         assert _launch(lib, src, outs, ins, scal) == 0, label
         for o, got in zip(run.outputs, outs):
-            _assert_same(got, env[o], f"{label}: {o}")
+            _assert_same(got, env[o], f"{label}: {o} ({' '.join(s.op for s in run.steps)})")
 
 
 @needs_cxx
