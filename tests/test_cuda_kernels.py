@@ -276,6 +276,13 @@ def test_a_run_that_reads_a_value_before_it_is_written_is_refused():
                      (K.Step("y", "add", ("x", "z"), "float32"),), ("y",))
     with pytest.raises(ValueError, match="'z' is not defined"):
         K.fused(run)
+    twice = K.FusedRun((K.Value("x", "float32"),),
+                       (K.Step("x", "neg", ("x",), "float32"),), ("x",))
+    with pytest.raises(ValueError, match="'x' is defined twice"):
+        K.fused(twice)
+    with pytest.raises(ValueError, match="not an identifier"):
+        K.fused(K.FusedRun((K.Value("x-1", "float32"),),
+                           (K.Step("y", "neg", ("x-1",), "float32"),)))
     with pytest.raises(DTypeError, match="no CUDA kernel for op 'matmul'"):
         K.elementwise("matmul", "float32", ("float32", "float32"))
 

@@ -186,7 +186,7 @@ class _Emitter:
                 raise DTypeError(f"CUDA kernel input {v.name!r}: dtype {v.dtype!r} / layout "
                                  f"{v.layout!r}; dtypes {', '.join(DTYPES)}, layouts full or "
                                  f"scalar")
-            self.types[v.name] = v.dtype
+            self._define(v.name, v.dtype, "input")
         for k, s in enumerate(self.run.steps):
             if s.op not in OPS:
                 raise DTypeError(f"no CUDA kernel for op '{s.op}': the generator covers "
@@ -195,9 +195,21 @@ class _Emitter:
                 if a not in self.types:
                     raise ValueError(f"run step {k} ({s.op}): value {a!r} is not defined "
                                      f"before it")
+            if s.dtype not in CTYPE:
+                raise DTypeError(f"run step {k} ({s.op}): dtype {s.dtype!r}; the kernels "
+                                 f"cover {', '.join(DTYPES)}")
             expr = self.step(k, s)
+            self._define(s.out, s.dtype, f"step {k} ({s.op})")
             self.lines.append(f"{CTYPE[s.dtype]} {self.var(s.out)} = {expr};")
-            self.types[s.out] = s.dtype
+
+    def _define(self, name: str, dtype: str, what: str) -> None:
+        if not (name.isidentifier() and name.isascii()):
+            raise ValueError(f"run {what}: value name {name!r} is not an identifier; name "
+                             f"values with letters, digits and _")
+        if name in self.types:
+            raise ValueError(f"run {what}: value {name!r} is defined twice; each step "
+                             f"writes a new value")
+        self.types[name] = dtype
 
     # -- one step -------------------------------------------------------------------------
     def step(self, k: int, s: Step) -> str:
@@ -512,9 +524,9 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
 
     Raises DTypeError for an op or dtype with no kernel (naming both), ValueError for a run
     that names a value before defining it or writes none."""
-    outputs = tuple(run.outputs) or (run.steps[-1].out,)
     if not run.steps:
         raise ValueError("a run needs at least one step")
+    outputs = tuple(run.outputs) or (run.steps[-1].out,)
     if vector not in (1, 4) or (vector == 4 and not vectorizable(run)):
         raise ValueError(f"vector={vector}: the float4 form is for runs whose values are all "
                          f"float32; use vector=1")
