@@ -53,7 +53,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from ...dtype import as_dtype, bool_, float64, int64, promote_types
-from ...errors import DTypeError
+from ...errors import DeviceError, DTypeError
 
 # -- what a kernel is -----------------------------------------------------------------
 
@@ -122,10 +122,10 @@ class FusedRun:
     outputs: tuple = field(default=())
 
 
-# -- ops: name -> (kind, C template) ------------------------------------------------------
-# Binary kinds: "arith" (operands cast to the output dtype), "cmp" (cast to their common
-# dtype, bool result), "logic" (as cmp, on truth values), "bitwise", "intdiv" (floor, mod,
-# trunc: the zero flag for integers). A template's {a}/{b} are the operands in math form.
+# -- the ops covered -----------------------------------------------------------------------
+# Binary ops cast their operands to the output dtype (arithmetic, bitwise, integer division:
+# floor, remainder, trunc, with the zero flag for integers), or to their common dtype for a
+# bool result (comparisons, logical and/or on truth values), as the numpy kernels do.
 
 UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid", "gelu",
              "logical_not", "bitwise_not")
@@ -189,8 +189,9 @@ class _Emitter:
             self._define(v.name, v.dtype, "input")
         for k, s in enumerate(self.run.steps):
             if s.op not in OPS:
-                raise DTypeError(f"no CUDA kernel for op '{s.op}': the generator covers "
-                                 f"{', '.join(OPS)}")
+                raise DeviceError(f"no CUDA kernel for op '{s.op}': the generator covers "
+                                  f"the elementwise ops {', '.join(OPS)}; run the op on "
+                                  f"'cpu'")
             for a in s.args:
                 if a not in self.types:
                     raise ValueError(f"run step {k} ({s.op}): value {a!r} is not defined "
@@ -522,8 +523,9 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
     """The kernel of a run: one thread computes every step for its elements, intermediates
     in registers. ``vector=4``: the float4 form (``vectorizable(run)`` must hold).
 
-    Raises DTypeError for an op or dtype with no kernel (naming both), ValueError for a run
-    that names a value before defining it or writes none."""
+    Raises DeviceError for an op the generator does not cover, DTypeError for a dtype the
+    op has no kernel in (naming both), ValueError for a malformed run (a value used before
+    it is defined or defined twice, a name that is not an identifier, an unknown output)."""
     if not run.steps:
         raise ValueError("a run needs at least one step")
     outputs = tuple(run.outputs) or (run.steps[-1].out,)
@@ -618,7 +620,8 @@ def elementwise(op: str, dtype: str, inputs: tuple, layouts: tuple | None = None
     """The kernel of one op: ``dtype`` is its output dtype (the registry's inference),
     ``inputs`` the dtype names of its tensor inputs in the registry's order, ``layouts``
     each one's layout (all ``"full"`` by default); ``scalars``, ``attrs`` and ``compute``
-    as in ``Step``. Raises DTypeError where the op has no kernel in these dtypes."""
+    as in ``Step``. Raises what ``fused`` raises (DTypeError where the op has no kernel in
+    these dtypes)."""
     layouts = layouts or ("full",) * len(inputs)
     names = [f"a{j}" for j in range(len(inputs))]
     run = FusedRun(tuple(Value(nm, t, lay) for nm, t, lay in zip(names, inputs, layouts)),
