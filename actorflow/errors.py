@@ -14,6 +14,11 @@ class DeviceError(ActorflowError, RuntimeError):
     """Tensors on different devices, an unknown device, or a backend that is not available."""
 
 
+class KernelCompileError(DeviceError):
+    """A generated CUDA kernel that NVRTC does not compile: the message has the kernel's
+    name, NVRTC's log (with the line) and the numbered source."""
+
+
 class ShapeError(ActorflowError, ValueError):
     """Shapes that do not fit the op (broadcasting, matmul, reshape, indexing)."""
 
