@@ -67,12 +67,13 @@ class CudaAllocator(Allocator):
     def free_many(self, blocks) -> None:
         blocks = list(blocks)
         super().free_many(blocks)
-        caching = self.backend.caching()
+        caching = self.backend._caching        # (no driver lookup: freeing never fails)
         for array, _, _ in blocks:
-            if array is not None:
-                if array.block.memory.driver is caching.driver:
+            if array is not None and array.block.memory.driver is caching.driver:
+                try:
                     caching.free(array.block)
-                # (else the block is an earlier driver's, closed with it: nothing to give back)
+                except DeviceError:             # its driver was closed (use_driver): the
+                    pass                        # memory went with it
 
     def set_budget(self, budget: int | None) -> None:
         super().set_budget(budget)
