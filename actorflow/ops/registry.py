@@ -41,7 +41,7 @@ class OpDef:
 
     def kernel_for(self, device_type: str):
         """The op's kernel for ``device_type``: its own, else one ``DERIVED[device_type]``
-        makes of the op (made once, kept in ``_DERIVED_KERNELS``).
+        makes of the op (made once, kept in ``_DERIVED_KERNELS``; None: it makes none).
 
         Raises:
             DeviceError: neither (names the device types it runs on)."""
@@ -50,8 +50,9 @@ class OpDef:
             k = _DERIVED_KERNELS.get((self.name, device_type))
         if k is None:
             derive = DERIVED.get(device_type)
-            if derive is not None:
-                k = _DERIVED_KERNELS[(self.name, device_type)] = derive(self)
+            k = None if derive is None else derive(self)
+            if k is not None:
+                _DERIVED_KERNELS[(self.name, device_type)] = k
                 return k
             raise DeviceError(f"op '{self.name}' has no kernel for device type "
                               f"'{device_type}'; it runs on {', '.join(self.kernels) or 'no device'}; "

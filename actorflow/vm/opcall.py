@@ -41,21 +41,16 @@ class DeviceKernel:
     operand's view (None: the whole block), the attrs, then the device arrays, outputs first.
 
     Raises:
-        DeviceError: the op has no numpy kernel, or its output shape depends on the values
-            (the host would have to read the device first: not built yet)."""
+        DeviceError: the op's output shape depends on the values (the host would have to
+            read the device first: not built yet)."""
 
     __slots__ = ("kernel",)
 
-    def __init__(self, op, device_type: str = "cuda"):
-        fn = op.kernels.get("cpu")
+    def __init__(self, op, fn, device_type: str = "cuda"):
         if op.dynamic:
             raise DeviceError(f"op '{op.name}': its output shape depends on the values, "
                               f"which {device_type} devices cannot run yet; run it on cpu "
                               f"(x.to('cpu')) and move the result back with .to(...)")
-        if fn is None:
-            raise DeviceError(f"op '{op.name}' has no kernel for device type "
-                              f"'{device_type}'; it runs on {', '.join(op.kernels) or 'no device'};"
-                              f" move the inputs with .to(...)")
 
         def reference(n_out, views, attrs, *arrays):
             arrays = [a if m is None else strided(a, m) for a, m in zip(arrays, views)]
@@ -67,7 +62,14 @@ class DeviceKernel:
                           f"stream (device_call_op), never on host arrays")
 
 
-DERIVED["cuda"] = DeviceKernel
+def _device_kernel(op):
+    """``OpDef.kernel_for``'s way to a CUDA kernel: the op's numpy kernel wrapped (None when
+    it has none: kernel_for then names the devices it runs on)."""
+    fn = op.kernels.get("cpu")
+    return None if fn is None else DeviceKernel(op, fn)
+
+
+DERIVED["cuda"] = _device_kernel
 
 
 def device_call_op(args, stream) -> None:
