@@ -340,3 +340,37 @@ def test_freed_device_memory_is_reused(cuda):
     stats = backend.caching().stats()
     assert stats.hits > 0 and stats.mallocs < 20
     assert af.lowlevel.memory_stats(CUDA).in_use == 0
+
+
+# -- above the VM: autograd, nn and optim run on cuda:0 unchanged ----------------------------
+def test_autograd_on_cuda_equals_cpu(cuda):
+    rng = np.random.default_rng(4)
+    x0, w0 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2))
+    grads = {}
+    for dev in ("cpu", CUDA):
+        x = af.tensor(x0, device=dev, requires_grad=True)
+        w = af.tensor(w0, dtype=af.float32, device=dev, requires_grad=True)
+        (x @ w).relu().sum().backward()
+        grads[dev] = (x.grad.numpy(), w.grad.numpy())
+    for a, b in zip(grads["cpu"], grads[CUDA]):
+        assert_same(a, b)
+
+
+def test_a_training_loop_on_cuda_equals_cpu(cuda):
+    from actorflow import nn
+
+    def train(dev):
+        af.manual_seed(0)
+        m = nn.Linear(3, 2, device=dev)
+        opt = af.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        x = af.tensor(np.linspace(0, 1, 15, dtype=np.float32).reshape(5, 3), device=dev)
+        for _ in range(5):
+            opt.zero_grad()
+            loss = ((m(x) - 1) ** 2).mean()
+            loss.backward()
+            opt.step()
+        return loss.item(), m.weight.numpy(), m.bias.numpy()
+    cpu, gpu = train("cpu"), train(CUDA)
+    assert cpu[0] == gpu[0]
+    assert_same(cpu[1], gpu[1])
+    assert_same(cpu[2], gpu[2])
