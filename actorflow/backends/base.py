@@ -315,7 +315,8 @@ class NoDataAllocator(Allocator):
 
 class Stream:
     """An in-order queue of instructions on one device: each instruction on a stream starts
-    after the one issued before it on that stream completes. ``tail`` is the last issued."""
+    after the one issued before it on that stream completes. ``tail`` is the last issued;
+    ``simulated``: the backend's (its work never runs inline on the issuing thread)."""
 
     __slots__ = ("device", "backend", "name", "simulated", "tail", "__weakref__")
 

@@ -23,8 +23,8 @@ _ND = np.ndarray
 
 
 def kernel_of(op, device):
-    """The kernel ``op`` runs on ``device``: its kernel for the device type, or
-    ``null_kernel`` on a device without data.
+    """The kernel ``op`` runs on ``device``: its kernel for the device type (on cuda, a
+    ``DeviceKernel`` made of its numpy kernel), or ``null_kernel`` on a device without data.
 
     Raises:
         DeviceError: the op has no kernel for the device type (names the ones it has)."""

@@ -1,7 +1,8 @@
 """The VM: accepts instructions from any thread and runs them on an asyncio event loop.
 
 - Ordering comes from ``deps.record`` (operands and stream order); nothing polls: kernel
-  completion arrives on the loop through ``call_soon_threadsafe`` (CPU worker futures) or
+  completion arrives on the loop through ``call_soon_threadsafe`` (CPU worker futures, and
+  a CUDA device's driver events: ``Event.then``, see ``_dispatch_device``) or
   ``call_later`` (the null device's simulated time).
 - An instruction whose predecessors are all done when it is issued, and whose cost is tiny,
   runs inline on the issuing thread: a thread hop would cost more than the kernel.
