@@ -128,6 +128,13 @@ def test_mixing_devices_in_one_op_is_refused_naming_both_and_the_fix(cuda):
         assert "cpu" in msg and CUDA in msg and ".to(" in msg
 
 
+def test_a_copy_between_two_cuda_devices_is_refused_with_the_way_through_the_host(cuda):
+    with pytest.raises(DeviceError) as e:
+        af.ones(2, device=CUDA).to("cuda:1")
+    assert "cuda:0 to cuda:1" in str(e.value) and ".to('cpu').to('cuda:1')" in str(e.value)
+    assert_same(af.ones(2, device=CUDA).to("cpu").to("cuda:1").numpy(), np.ones(2, np.float32))
+
+
 def test_an_op_with_a_value_dependent_shape_is_refused_with_the_fix(cuda):
     x = af.tensor([0.0, 1.0, 2.0], device=CUDA)
     with pytest.raises(DeviceError, match="nonzero.*to\\('cpu'\\)"):
