@@ -25,5 +25,15 @@ def get_backend(device):
     return b
 
 
+def forget_backends(device_type: str) -> None:
+    """Forgets the backends of every device of ``device_type``: the next use of such a device
+    makes a new one (what switching CUDA drivers does, ``cuda.selection.use_driver``).
+    Tensors made before keep the backend they were made on."""
+    with _LOCK:
+        for dev in [d for d in _BACKENDS if d.type == device_type]:
+            del _BACKENDS[dev]
+            dev.backend = None
+
+
 def loaded_backends() -> list:
     return list(_BACKENDS.values())

@@ -315,7 +315,8 @@ class NoDataAllocator(Allocator):
 
 class Stream:
     """An in-order queue of instructions on one device: each instruction on a stream starts
-    after the one issued before it on that stream completes. ``tail`` is the last issued."""
+    after the one issued before it on that stream completes. ``tail`` is the last issued;
+    ``simulated``: the backend's (its work never runs inline on the issuing thread)."""
 
     __slots__ = ("device", "backend", "name", "simulated", "tail", "__weakref__")
 
@@ -331,11 +332,13 @@ class Stream:
 
 
 class Backend:
-    """A device type's allocator and streams. ``simulated`` backends have no data: their
-    kernels take ``latency`` seconds of simulated time instead of running."""
+    """A device type's allocator and streams. The host never runs a ``simulated`` backend's
+    work inline: without data (null), its kernels take ``latency`` seconds of simulated time
+    instead of running; with data (cuda), its driver runs them and tells the VM when."""
 
     simulated = False
     has_data = True
+    host_memory = True          # its arrays are numpy arrays the host reads (cuda: False)
 
     def __init__(self, device):
         self.device = device

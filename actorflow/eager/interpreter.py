@@ -9,11 +9,12 @@ from contextlib import contextmanager
 
 from ..backends import get_backend
 from ..errors import DeviceError, TraceError, VMError
+from ..ops import get as _op
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from ..vm.opcall import call_fresh, call_op, null_kernel, run_access, run_op
+from ..vm.opcall import allocate, call_fresh, call_op, null_kernel, run_access, run_op
 from ..vm.run_cuts import ELEMENTWISE
 
 
@@ -29,6 +30,7 @@ _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _VM = get_vm()
 _GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
+_COPY = _op("copy")
 
 
 class Interpreter:
@@ -227,10 +229,52 @@ def access(impl, fn, write: bool, name: str = "access"):
     return instr
 
 
+def _on_host_or_whole(impl):
+    """``impl``, or for a view of device memory (which the host cannot stride into) a
+    contiguous copy of it made on its device."""
+    if impl.base is None or impl.blob.backend.host_memory:
+        return impl
+    return apply(_COPY, [impl], {})[0]
+
+
+def transfer(impl, dev, name: str = "to"):
+    """A copy of ``impl`` on ``dev`` where one side is device memory the host cannot read
+    (cuda): an instruction on the device's current stream reads ``impl`` and writes the new
+    tensor, once their earlier uses are done; the device's allocator issues the copy on its
+    copy stream (see ``backends/cuda``). Returns the new TensorImpl at once."""
+    impl = _on_host_or_whole(impl)
+    m = impl.meta
+    out = TensorImpl.new(m.shape, m.dtype, dev)
+    src_b, dst_b = impl.blob.backend, out.blob.backend
+    if not src_b.host_memory and not dst_b.host_memory:
+        raise DeviceError(f"{name}(): copies between two devices with their own memory "
+                          f"({m.device} to {dev}) are not built yet; go through the host: "
+                          f".to('cpu').to({str(dev)!r})")
+    device_b = dst_b if src_b.host_memory else src_b
+    instr = Instruction(ACCESS, name, current_stream(device_b), (impl.blob,), (out.blob,),
+                        _run_transfer, (impl, out), (impl.blob.nbytes + out.blob.nbytes) >> 2)
+    _VM.submit(instr)
+    return out
+
+
+def _run_transfer(instr) -> None:
+    impl, out = instr.args
+    allocate((out,), instr.name)
+    dst = out.blob
+    if not dst.backend.host_memory:
+        dst.backend.allocator.copy_in(dst.array, impl.array())
+    else:
+        src = impl.blob
+        alloc = src.backend.allocator
+        staging = alloc.backend.driver().pinned(dst.array.shape, dst.array.dtype)
+        alloc.copy_out_into(staging, src.array, dst.array)
+
+
 def read(impl, fn, name: str):
     """``fn(array)`` on ``impl``'s values once every write issued before is done, from plain
     code (blocks the caller); returns what ``fn`` returned or raises the error that poisoned
     the values. What ``Tensor.numpy`` and friends call."""
+    impl = _on_host_or_whole(impl)
     instr = access(impl, fn, write=False, name=name)
     if not instr.done:
         _VM.wait(instr)
@@ -244,6 +288,7 @@ async def read_async(impl, fn, name: str):
         if w is not None:
             await _VM.wait_async(w)
         resolve(impl)
+    impl = _on_host_or_whole(impl)
     instr = access(impl, fn, write=False, name=name)
     await _VM.wait_async(instr)
     return _result(instr, impl.blob)

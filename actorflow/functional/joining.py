@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..backends import get_backend
 from ..device import device as as_device
 from ..dtype import FLOAT, as_dtype
-from ..eager.interpreter import apply
+from ..eager.interpreter import apply, transfer
 from ..errors import ShapeError
 from ..ops.common import normalize_dim
 from ..ops.shape import promote_all
@@ -92,8 +92,11 @@ def to_device(input, device):
     dev = as_device(device)
     if dev is impl.meta.device:
         return input
-    if not impl.blob.backend.has_data and get_backend(dev).has_data:
+    dst = get_backend(dev)
+    if not impl.blob.backend.has_data and dst.has_data:
         raise no_data("to", impl.meta.device)
+    if dst.has_data and not (dst.host_memory and impl.blob.backend.host_memory):
+        return wrap(transfer(impl, dev))             # across the host boundary (cuda)
     return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
 
 

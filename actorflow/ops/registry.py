@@ -40,8 +40,20 @@ class OpDef:
                              f"whose shape is known before compute")
 
     def kernel_for(self, device_type: str):
+        """The op's kernel for ``device_type``: its own, else one ``DERIVED[device_type]``
+        makes of the op (made once, kept in ``_DERIVED_KERNELS``; None: it makes none).
+
+        Raises:
+            DeviceError: neither (names the device types it runs on)."""
         k = self.kernels.get(device_type)
         if k is None:
+            k = _DERIVED_KERNELS.get((self.name, device_type))
+        if k is None:
+            derive = DERIVED.get(device_type)
+            k = None if derive is None else derive(self)
+            if k is not None:
+                _DERIVED_KERNELS[(self.name, device_type)] = k
+                return k
             raise DeviceError(f"op '{self.name}' has no kernel for device type "
                               f"'{device_type}'; it runs on {', '.join(self.kernels) or 'no device'}; "
                               f"move the inputs with .to(...)")
@@ -52,6 +64,12 @@ class OpDef:
 
 
 _REGISTRY: dict[str, OpDef] = {}
+
+# device type -> derive(op) -> the op's kernel there, for device types whose kernels are made
+# from the ops' own (cuda: the VM wraps each op's numpy kernel as a driver kernel); a layer
+# above hands it in. derive raises DeviceError for an op that cannot run there.
+DERIVED: dict = {}
+_DERIVED_KERNELS: dict = {}
 
 
 def register(op: OpDef) -> OpDef:

@@ -14,21 +14,75 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_backend
-from ..errors import KernelError
-from ..tensor.meta import contiguous_meta
+from ..backends.cuda.driver import Kernel
+from ..errors import DeviceError, KernelError
+from ..ops.registry import DERIVED
+from ..tensor.meta import contiguous_meta, strided
 
 _ND = np.ndarray
 
 
 def kernel_of(op, device):
-    """The kernel ``op`` runs on ``device``: its kernel for the device type, or
-    ``null_kernel`` on a device without data.
+    """The kernel ``op`` runs on ``device``: its kernel for the device type (on cuda, a
+    ``DeviceKernel`` made of its numpy kernel), or ``null_kernel`` on a device without data.
 
     Raises:
         DeviceError: the op has no kernel for the device type (names the ones it has)."""
     if not (device.backend or get_backend(device)).has_data:
         return null_kernel
     return op.kernels.get(device.type) or op.kernel_for(device.type)
+
+
+class DeviceKernel:
+    """An op's kernel on a CUDA device (``OpDef.kernel_for("cuda")`` makes it): ``kernel``,
+    a driver ``Kernel`` whose ``reference`` is the op's numpy kernel, run on the device's
+    stream by ``device_call_op`` (the emulator runs the reference; a compiled driver will
+    take generated sources instead). Its launch arguments: the number of outputs, each
+    operand's view (None: the whole block), the attrs, then the device arrays, outputs first.
+
+    Raises:
+        DeviceError: the op's output shape depends on the values (the host would have to
+            read the device first: not built yet)."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, op, fn, device_type: str = "cuda"):
+        if op.dynamic:
+            raise DeviceError(f"op '{op.name}': its output shape depends on the values, "
+                              f"which {device_type} devices cannot run yet; run it on cpu "
+                              f"(x.to('cpu')) and move the result back with .to(...)")
+
+        def reference(n_out, views, attrs, *arrays):
+            arrays = [a if m is None else strided(a, m) for a, m in zip(arrays, views)]
+            fn(arrays[:n_out], arrays[n_out:], attrs)
+        self.kernel = Kernel(op.name, reference=reference)
+
+    def __call__(self, outs, ins, attrs):
+        raise DeviceError(f"op '{self.kernel.name}': a CUDA kernel runs on its device's "
+                          f"stream (device_call_op), never on host arrays")
+
+
+def _device_kernel(op):
+    """``OpDef.kernel_for``'s way to a CUDA kernel: the op's numpy kernel wrapped (None when
+    it has none: kernel_for then names the devices it runs on)."""
+    fn = op.kernels.get("cpu")
+    return None if fn is None else DeviceKernel(op, fn)
+
+
+DERIVED["cuda"] = _device_kernel
+
+
+def device_call_op(args, stream) -> None:
+    """Issues one op call (``args`` as ``call_op``'s) on the driver ``stream`` of a device
+    with its own memory: allocates the outputs, then launches the kernel over the operands'
+    device arrays (views described by their metas, applied where the kernel runs)."""
+    kernel, ins, outs, attrs, dynamic, name = args
+    allocate(outs, name)
+    arrays, views = [], []
+    for t in (*outs, *ins):
+        arrays.append(t.blob.array.darray)
+        views.append(None if t.base is None else t.meta)
+    stream.launch(kernel.kernel, (len(outs), views, attrs, *arrays))
 
 
 def kernel_error(op: str, device, e: BaseException, intact: bool = False,

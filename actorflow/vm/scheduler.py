@@ -1,7 +1,8 @@
 """The VM: accepts instructions from any thread and runs them on an asyncio event loop.
 
 - Ordering comes from ``deps.record`` (operands and stream order); nothing polls: kernel
-  completion arrives on the loop through ``call_soon_threadsafe`` (CPU worker futures) or
+  completion arrives on the loop through ``call_soon_threadsafe`` (CPU worker futures, and
+  a CUDA device's driver events: ``Event.then``, see ``_dispatch_device``) or
   ``call_later`` (the null device's simulated time).
 - An instruction whose predecessors are all done when it is issued, and whose cost is tiny,
   runs inline on the issuing thread: a thread hop would cost more than the kernel.
@@ -39,7 +40,7 @@ from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
-from .opcall import kernel_error
+from .opcall import device_call_op, kernel_error
 from .release import collect
 from .sync import KeptErrors
 from .workers import Countdown, Workers
@@ -251,6 +252,9 @@ class VM:
     def _dispatch(self, instr: Instruction, force_pool: bool) -> None:
         stream = instr.stream
         if stream.simulated:
+            if stream.backend.has_data:           # a device whose driver runs the work
+                self._dispatch_device(instr)
+                return
             nbytes = sum(b.nbytes for b in instr.muts)
             delay = stream.backend.kernel_time(instr.name, nbytes)
             if not delay >= 0:
@@ -284,6 +288,37 @@ class VM:
             self._pool.submit(self._run_piece, instr, pieces[0], countdown, False)
         else:
             self._run_piece(instr, pieces[0], countdown, True)
+
+    def _dispatch_device(self, instr: Instruction) -> None:
+        """On the loop: issues ``instr``'s work on its driver stream (a CUDA device's) and
+        completes it when an event recorded after the work completes: the driver's
+        ``Event.then`` hands that to the loop (``call_soon_threadsafe``), no polling. The
+        instruction's predecessors are done when it is dispatched (the VM's ordering), so
+        its work waits for nothing on the host; copies across the host boundary are joined
+        to the stream by events it waits on, on the device."""
+        backend = instr.stream.backend
+        dstream = backend.issue_on(instr.stream)
+        if instr.kind == OP_CALL:
+            instr.run = _run_on_device
+        self._execute(instr)
+        if instr.error is not None or instr.kind == RELEASE:     # nothing was issued to wait for
+            self._finish(instr)
+            return
+        ev = dstream.record()
+        loop = self._loop
+        ev.then(lambda: loop.call_soon_threadsafe(self._finish_device, instr, ev))
+
+    def _finish_device(self, instr: Instruction, ev) -> None:
+        # on the loop, once the event after the instruction's work completed: the driver
+        # stream's sticky error (a kernel fault) fails the instruction as a CPU kernel's
+        # exception would, and the backend moves on to fresh driver streams
+        try:
+            ev.query()
+        except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
+            if instr.error is None:
+                self._fail(instr, self._kernel_error(instr, getattr(e, "original", e)))
+            instr.stream.backend.reset()
+        self._finish(instr)
 
     def _execute_then_finish(self, instr) -> None:
         # on a worker: run, then hand completion to the loop
@@ -502,6 +537,10 @@ class VM:
         thread.join(timeout=5)
         pool.shutdown()
         self._loop = self._thread = self._pool = None
+
+
+def _run_on_device(instr) -> None:
+    device_call_op(instr.args, instr.stream.backend.current)
 
 
 def _set_done(fut) -> None:

@@ -9,6 +9,7 @@ import threading
 from typing import Callable
 
 from ...errors import DeviceError
+from .. import forget_backends
 from .driver import Driver
 
 _FACTORY: list = [None]          # what use_driver set: a callable(device) -> Driver, or None
@@ -19,11 +20,13 @@ _LOCK = threading.Lock()
 def use_driver(factory: Callable | None) -> Callable | None:
     """Makes ``factory(device) -> Driver`` the way CUDA devices get their driver (a test
     fixture hands in the emulator this way); None goes back to the default (``AF_CUDA``).
-    Drivers made before are closed and forgotten. Returns the previous factory."""
+    Drivers made before are closed and forgotten, and so are the CUDA devices' backends
+    (the next use makes one on the new driver, or refuses). Returns the previous factory."""
     with _LOCK:
         old, _FACTORY[0] = _FACTORY[0], factory
         drivers = list(_DRIVERS.values())
         _DRIVERS.clear()
+    forget_backends("cuda")
     for d in drivers:
         d.close()
     return old

@@ -1,0 +1,384 @@
+"""The eager VM on cuda:0, on the CUDA emulator (no GPU, no CuPy): tensors made on and copied
+to and from the device, every registered elementwise op and the reduce and matmul families
+equal to the same op on cpu, a chain under random delays of the driver's streams, a kernel
+fault surfacing at synchronize with the runtime going on, out of memory under a device
+budget, and mixed devices refused."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow import functional as F
+from actorflow.backends import get_backend
+from actorflow.backends.cuda.emu import EmuDriver
+from actorflow.backends.cuda.selection import driver_for, use_driver
+from actorflow.eager.interpreter import apply
+from actorflow.errors import DTypeError, DeviceError, KernelError, OutOfMemoryError
+from actorflow.ops.registry import all_ops
+from actorflow.tensor.tensor import wrap
+
+pytestmark = pytest.mark.timeout(60)
+
+CUDA = "cuda:0"
+
+
+def _settle() -> None:
+    try:
+        af.synchronize(30)
+    except KernelError:
+        pass
+    gc.collect()
+
+
+@pytest.fixture
+def emu():
+    """Puts cuda:0 on a fresh emulator; ``emu(**kw)`` starts over with those options
+    (``delay``, ``seed``, ``limit``...). Returns the driver."""
+    def start(**kw):
+        _settle()
+        use_driver(lambda dev: EmuDriver(dev, **kw))
+        return driver_for(CUDA)
+    yield start
+    _settle()
+    use_driver(None)
+
+
+@pytest.fixture
+def cuda(emu):
+    return emu()
+
+
+def both(fn):
+    """``fn(device)`` on cpu and on cuda:0, as numpy arrays (or the cpu error's type)."""
+    return fn("cpu").numpy(), fn(CUDA).numpy()
+
+
+def assert_same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)
+
+
+# -- making tensors, copies both ways -------------------------------------------------------
+@pytest.mark.parametrize("dtype", [af.float32, af.float64, af.int64, af.int32, af.bool])
+def test_tensor_zeros_and_copies_both_ways(cuda, dtype):
+    data = (np.arange(24).reshape(2, 3, 4) % 3).astype(dtype.np)
+    c = af.tensor(data, dtype=dtype, device=CUDA)
+    assert str(c.device) == CUDA and c.dtype is dtype
+    assert_same(c.numpy(), data)
+    back = c.to("cpu")
+    assert str(back.device) == "cpu"
+    assert_same(back.numpy(), data)
+    assert_same(af.tensor(data).to(CUDA).numpy(), data)
+    assert_same(af.zeros(2, 3, dtype=dtype, device=CUDA).numpy(), np.zeros((2, 3), dtype.np))
+    assert_same(af.full((3,), 1, dtype=dtype, device=CUDA).numpy(), np.ones(3, dtype.np))
+
+
+def test_views_copy_both_ways(cuda):
+    data = np.arange(24, dtype=np.float32).reshape(4, 6)
+    c = af.tensor(data, device=CUDA)
+    assert_same(c.T.numpy(), data.T)                           # a device view read
+    assert_same(c[1:, ::2].to("cpu").numpy(), data[1:, ::2])   # a device view copied out
+    assert_same(af.tensor(data).T.to(CUDA).numpy(), data.T)    # a host view copied in
+    assert_same(c[2].numpy(), data[2])
+
+
+def test_copies_run_on_the_copy_streams(cuda):
+    backend = get_backend(af.device(CUDA))
+    af.tensor([1.0, 2.0], device=CUDA).to("cpu").numpy()
+    assert {"compute", "h2d", "d2h"} <= set(backend._drv_streams)
+
+
+def test_a_copy_in_is_taken_before_the_source_changes(emu):
+    emu(delay=2e-3, seed=3)                 # copies reach their streams late
+    src = af.arange(1000, dtype=af.float32)
+    c = src.to(CUDA)
+    src.add_(1)                              # issued right after the copy to the device
+    data = np.arange(1000, dtype=np.float32)
+    host = data.copy()
+    d = af.tensor(host, device=CUDA)
+    host[:] = -1                             # the caller's buffer changes at once
+    assert_same(c.numpy(), data)
+    assert_same(src.numpy(), data + 1)
+    assert_same(d.numpy(), data)
+
+
+def test_numpy_after_in_place_ops(cuda):
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    outs = {}
+    for dev in ("cpu", CUDA):
+        t = af.tensor(data, device=dev)
+        t.add_(1)
+        t.mul_(2)
+        t[0] = 5
+        t[:, 1] += 10
+        t.clamp_(max=20)
+        t.T[0].sub_(100)
+        outs[dev] = t.numpy()
+    assert_same(outs["cpu"], outs[CUDA])
+
+
+def test_mixing_devices_in_one_op_is_refused_naming_both_and_the_fix(cuda):
+    a, b = af.ones(2), af.ones(2, device=CUDA)
+    for fn in (lambda: a + b, lambda: b * a, lambda: af.matmul(b, a)):
+        with pytest.raises(DeviceError) as e:
+            fn()
+        msg = str(e.value)
+        assert "cpu" in msg and CUDA in msg and ".to(" in msg
+
+
+def test_a_copy_between_two_cuda_devices_is_refused_with_the_way_through_the_host(cuda):
+    with pytest.raises(DeviceError) as e:
+        af.ones(2, device=CUDA).to("cuda:1")
+    assert "cuda:0 to cuda:1" in str(e.value) and ".to('cpu').to('cuda:1')" in str(e.value)
+    assert_same(af.ones(2, device=CUDA).to("cpu").to("cuda:1").numpy(), np.ones(2, np.float32))
+
+
+def test_an_op_with_a_value_dependent_shape_is_refused_with_the_fix(cuda):
+    x = af.tensor([0.0, 1.0, 2.0], device=CUDA)
+    with pytest.raises(DeviceError, match="nonzero.*to\\('cpu'\\)"):
+        af.nonzero(x)
+    assert_same(af.nonzero(x.to("cpu")).numpy(), np.array([[1], [2]]))
+
+
+def test_no_driver_refuses_naming_af_cuda_emu(monkeypatch):
+    _settle()
+    use_driver(None)
+    monkeypatch.delenv("AF_CUDA", raising=False)
+    for _ in range(2):
+        with pytest.raises(DeviceError, match="AF_CUDA=emu") as e:
+            af.zeros(2, device=CUDA)
+        assert "not built yet" in str(e.value) and "'cpu'" in str(e.value)
+
+
+def test_af_cuda_emu_selects_the_emulator(monkeypatch):
+    _settle()
+    use_driver(None)
+    monkeypatch.setenv("AF_CUDA", "emu")
+    try:
+        assert_same((af.ones(3, device=CUDA) * 3).numpy(), np.full(3, 3, np.float32))
+        assert isinstance(driver_for(CUDA), EmuDriver)
+    finally:
+        _settle()
+        use_driver(None)
+
+
+# -- every op family on cuda:0 equals cpu -----------------------------------------------------
+def _inputs(op, dtype):
+    rng = np.random.default_rng(0)
+    vals = rng.uniform(0.5, 4.0, size=(3, 4))
+    if dtype.is_floating_point:
+        a, b = vals, vals[::-1].copy()
+    elif dtype is af.bool:
+        a, b = vals > 2, vals < 3
+    else:
+        a, b = np.ceil(vals), np.ceil(vals[::-1].copy()) + 1
+    return [a.astype(dtype.np), b.astype(dtype.np)][:len(op.inputs)]
+
+
+def _elementwise_ops():
+    """Every registered elementwise op taking tensors only, or tensors and a scalar."""
+    out = []
+    for name, op in sorted(all_ops().items()):
+        if not op.elementwise or any(i.endswith(("*", "?")) for i in op.inputs):
+            continue
+        if op.attrs in ((), ("scalar",)):
+            out.append(name)
+    return out
+
+
+ELEMENTWISE = _elementwise_ops()
+
+
+def test_the_registry_gives_the_elementwise_families():
+    assert {"add", "mul_scalar", "rpow_scalar", "exp", "relu", "eq", "bitwise_xor",
+            "copy"} <= set(ELEMENTWISE)
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name):
+    op = all_ops()[name]
+    attrs = {"scalar": 2} if op.attrs else {}
+    ran = 0
+    for dtype in (af.float32, af.int64, af.bool):
+        arrays = _inputs(op, dtype)
+        results = []
+        for dev in ("cpu", CUDA):
+            impls = [af.tensor(a, dtype=dtype, device=dev)._impl for a in arrays]
+            try:
+                out = apply(op, impls, dict(attrs))
+            except (DTypeError, TypeError, ValueError):    # (a dtype the op refuses)
+                break
+            try:
+                results.append([wrap(o).numpy() for o in out])
+            except KernelError as e:
+                results.append(type(e.original))
+        if len(results) == 2:
+            ran += 1
+            if isinstance(results[0], list):
+                for x, y in zip(*results):
+                    assert x.dtype == y.dtype
+                    np.testing.assert_array_equal(x, y)
+            else:
+                assert results[0] is results[1]
+    assert ran, f"{name}: no dtype ran"
+
+
+REDUCE = {
+    "sum": lambda t: t.sum(), "sum_dim": lambda t: t.sum(1, keepdim=True),
+    "mean": lambda t: t.mean(0), "amax": lambda t: t.amax(1), "amin": lambda t: t.amin(),
+    "argmax": lambda t: t.argmax(1), "argmin": lambda t: t.argmin(0),
+    "max_dim": lambda t: t.max(1)[0], "min_dim_idx": lambda t: t.min(0)[1],
+    "softmax": lambda t: F.softmax(t, 1), "log_softmax": lambda t: F.log_softmax(t, 0),
+    "max": lambda t: t.max(), "mean_dims": lambda t: t.mean((0, 1), keepdim=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCE))
+def test_reduce_family_on_cuda_equals_cpu(cuda, name):
+    data = np.random.default_rng(1).standard_normal((5, 7)).astype(np.float32)
+    a, b = both(lambda dev: REDUCE[name](af.tensor(data, device=dev)))
+    assert_same(a, b)
+
+
+@pytest.mark.parametrize("shapes", [((4, 5), (5, 3)), ((2, 4, 5), (2, 5, 3)), ((5,), (5, 3)),
+                                    ((4, 5), (5,)), ((2, 1, 4, 5), (3, 5, 2))])
+def test_matmul_family_on_cuda_equals_cpu(cuda, shapes):
+    rng = np.random.default_rng(2)
+    x, y = (rng.standard_normal(s).astype(np.float32) for s in shapes)
+    a, b = both(lambda dev: af.tensor(x, device=dev) @ af.tensor(y, device=dev))
+    assert_same(a, b)
+    a, b = both(lambda dev: af.matmul(af.tensor(x, device=dev).double(),
+                                      af.tensor(y, device=dev).double()))
+    assert_same(a, b)
+    if len(shapes[0]) == 2 and len(shapes[1]) == 2:
+        a, b = both(lambda dev: af.tensor(y, device=dev).T @ af.tensor(x, device=dev).T)
+        assert_same(a, b)
+
+
+OTHERS = {
+    "where": lambda t: af.where(t > 0, t, t * 2), "clamp": lambda t: t.clamp(-0.5, 0.5),
+    "clamp_tensor": lambda t: t.clamp(min=t * 0.5), "cast": lambda t: t.to(af.int32),
+    "cat": lambda t: af.cat([t, t * 2], 1), "stack": lambda t: af.stack([t, -t]),
+    "index": lambda t: t[af.tensor([0, 2], device=t.device)],
+    "slice": lambda t: t[1:, ::2] + 1, "gelu": lambda t: F.gelu(t, approximate="tanh"),
+    "reshape": lambda t: t.T.reshape(-1), "contiguous": lambda t: t.T.contiguous(),
+    "rand": lambda t: (af.manual_seed(5), af.rand(3, 4, device=t.device))[1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHERS))
+def test_other_ops_on_cuda_equal_cpu(cuda, name):
+    data = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
+    a, b = both(lambda dev: OTHERS[name](af.tensor(data, device=dev)))
+    assert_same(a, b)
+
+
+# -- ordering under random delays, faults, memory ---------------------------------------------
+def _chain(dev, data):
+    x = af.tensor(data, device=dev)
+    w = af.tensor(data.T.copy(), device=dev)
+    for i in range(6):
+        y = (x @ w).relu() * 0.25 + i
+        x = (x + y.sum(1, keepdim=True) * 0.01).tanh()
+        x.add_(0.5)
+        w = w - x.T * 0.1
+    return x
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_chain_under_random_stream_delays_equals_cpu(emu, seed):
+    driver = emu(delay=1e-3, seed=seed)
+    data = np.random.default_rng(seed).standard_normal((6, 6)).astype(np.float32)
+    expected = _chain("cpu", data).numpy()
+    af.lowlevel.get_vm().set_test_hooks(seed, 5e-4)    # the VM's dispatch order shuffled too
+    got = _chain(CUDA, data).to("cpu").numpy()
+    assert_same(expected, got)
+    assert sum(len(s.delays) for s in driver._streams) > 50      # the delays were drawn
+
+
+def test_a_kernel_fault_surfaces_at_synchronize_and_the_runtime_goes_on(cuda):
+    x = af.tensor([1.0, 2.0, 3.0], device=CUDA)
+    ok = x + 1
+    cuda.fail_kernel("mul_scalar")
+    y = x * 2                                   # faults on the device
+    z = y + 1                                   # computed from it: poisoned
+    w = x - 1                                   # independent of it
+    with pytest.raises(KernelError) as e:
+        af.synchronize(30)
+    assert e.value.op == "mul_scalar" and e.value.device == CUDA
+    with pytest.raises(KernelError, match="'mul_scalar'"):
+        z.numpy()
+    assert_same(ok.numpy(), np.array([2, 3, 4], np.float32))
+    assert_same(w.numpy(), np.array([0, 1, 2], np.float32))
+    assert_same((x * 2).numpy(), np.array([2, 4, 6], np.float32))     # new work runs
+    af.synchronize(30)                            # the error was reported once
+
+
+def test_out_of_memory_under_a_small_device_budget(cuda):
+    af.lowlevel.set_memory_budget(CUDA, 4096)
+    try:
+        small = af.ones(256, device=CUDA)                       # 1 KiB fits
+        big = af.zeros(2048, device=CUDA)                       # 8 KiB does not
+        with pytest.raises(OutOfMemoryError) as e:
+            big.numpy()
+        assert "4.0 KiB budget" in str(e.value) and CUDA in str(e.value)
+        assert_same((small * 2).numpy(), np.full(256, 2, np.float32))
+        assert af.lowlevel.memory_stats(CUDA).budget == 4096
+    finally:
+        af.lowlevel.set_memory_budget(CUDA, None)
+
+
+def test_out_of_memory_when_the_device_refuses(emu):
+    emu(limit=8192)
+    with pytest.raises(OutOfMemoryError) as e:
+        af.zeros(4096, device=CUDA).numpy()                     # 16 KiB on an 8 KiB device
+    assert CUDA in str(e.value)
+    assert_same(af.ones(4, device=CUDA).numpy(), np.ones(4, np.float32))
+
+
+def test_freed_device_memory_is_reused(cuda):
+    backend = get_backend(af.device(CUDA))
+    for _ in range(20):
+        t = af.ones(1000, device=CUDA) * 3
+        t.numpy()
+        del t
+    _settle()
+    stats = backend.caching().stats()
+    assert stats.hits > 0 and stats.mallocs < 20
+    assert af.lowlevel.memory_stats(CUDA).in_use == 0
+
+
+# -- above the VM: autograd, nn and optim run on cuda:0 unchanged ----------------------------
+def test_autograd_on_cuda_equals_cpu(cuda):
+    rng = np.random.default_rng(4)
+    x0, w0 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2))
+    grads = {}
+    for dev in ("cpu", CUDA):
+        x = af.tensor(x0, device=dev, requires_grad=True)
+        w = af.tensor(w0, dtype=af.float32, device=dev, requires_grad=True)
+        (x @ w).relu().sum().backward()
+        grads[dev] = (x.grad.numpy(), w.grad.numpy())
+    for a, b in zip(grads["cpu"], grads[CUDA]):
+        assert_same(a, b)
+
+
+def test_a_training_loop_on_cuda_equals_cpu(cuda):
+    from actorflow import nn
+
+    def train(dev):
+        af.manual_seed(0)
+        m = nn.Linear(3, 2, device=dev)
+        opt = af.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        x = af.tensor(np.linspace(0, 1, 15, dtype=np.float32).reshape(5, 3), device=dev)
+        for _ in range(5):
+            opt.zero_grad()
+            loss = ((m(x) - 1) ** 2).mean()
+            loss.backward()
+            opt.step()
+        return loss.item(), m.weight.numpy(), m.bias.numpy()
+    cpu, gpu = train("cpu"), train(CUDA)
+    assert cpu[0] == gpu[0]
+    assert_same(cpu[1], gpu[1])
+    assert_same(cpu[2], gpu[2])
