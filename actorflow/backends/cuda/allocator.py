@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from ...errors import DeviceError, KernelError, OutOfMemoryError
+from ..base import AllocatorStats
 
 _ROUND = 512                     # block sizes are multiples of this (CUDA's pools round too)
 
@@ -35,18 +36,12 @@ def _rounded(nbytes: int) -> int:
 
 
 @dataclass(frozen=True)
-class CachingStats:
-    """One device's caching allocator, in bytes and counts. ``in_use``: blocks handed out
-    (rounded sizes); ``cached``: freed blocks kept; ``hits``: allocations served from the
-    cache; ``mallocs``/``releases``: blocks taken from / given back to the driver;
-    ``reuse_waits``: device-side waits a reuse on another stream needed."""
-    device: str
-    in_use: int
-    peak: int
-    cached: int
-    budget: int | None
-    allocs: int
-    frees: int
+class CachingStats(AllocatorStats):
+    """One device's caching allocator, in bytes and counts: ``AllocatorStats`` (``in_use``:
+    blocks handed out, rounded sizes; ``cached``: freed blocks kept), and ``hits``:
+    allocations served from the cache; ``mallocs``/``releases``: blocks taken from / given
+    back to the driver; ``reuse_waits``: device-side waits a reuse on another stream
+    needed."""
     hits: int
     mallocs: int
     releases: int

@@ -29,6 +29,7 @@ check the compiled kernel against).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
@@ -85,10 +86,7 @@ class DeviceArray:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def ptr(self) -> int:

@@ -8,6 +8,7 @@ tuple, list or dict of pieces. ``piece_spec`` describes one as the same structur
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 
@@ -46,10 +47,7 @@ class Spec:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @staticmethod
     def of(value, device=None) -> "Spec":
