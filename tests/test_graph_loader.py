@@ -224,3 +224,34 @@ def test_tensor_items_are_read_once_each_on_the_fed_path(monkeypatch):
     # the layout of each item comes from its tensors' metadata; each leaf is read once,
     # by the copy into the fed input's register
     assert counts.n["numpy"] == 2 * len(batches)
+
+
+@pytest.mark.timeout(120)
+def test_a_second_run_while_one_goes_on_is_refused_and_leaves_the_first_its_loader():
+    x, y = data(40)
+    (m1, o1), (m2, o2) = twins()
+    want = step_losses(m1, o1, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 40, 8)])
+    step = TrainStep(m2, o2)
+    first = DataLoader(TensorDataset(x, y), batch_size=8)
+    other = DataLoader(TensorDataset(x * 100, y), batch_size=8)     # same kind of loader
+    run = step.run(first)
+    got = [float(next(run))]
+    with pytest.raises(RuntimeError, match="still going"):
+        next(step.run(other))
+    got += [float(v) for v in run]
+    assert got == want                      # every batch from the first loader
+
+
+@pytest.mark.timeout(120)
+def test_a_compiled_step_keeps_no_loader_alive_after_its_run():
+    import gc
+    import weakref
+    x, y = data(16)
+    (m, o), _ = twins()
+    step = TrainStep(m, o)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    list(step.run(loader))
+    gone = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert gone() is None

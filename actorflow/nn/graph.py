@@ -231,8 +231,6 @@ class Graph:
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
                                             captured=captured,
                                             reads=added[0] if added else None))
-        elif loader is not None:
-            got.reads.bind(loader)
         return got
 
     def _fused_graph(self, spec, buffers, memory, settings, loader=None):
@@ -256,8 +254,6 @@ class Graph:
             got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
                                                   graph=g, captured=program.captured,
                                                   reads=reads)
-        elif loader is not None:
-            got.reads.bind(loader)
         return got
 
     def _arrays(self, state, opt_rows, captured) -> list:
@@ -416,13 +412,20 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
+        c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
+                                                                  settings, loader)
+        if c.graph.running:                 # (before anything of the running one changes)
+            raise RuntimeError(
+                f"{type(self).__name__}.run(): a run of this step on this input layout is "
+                f"still going (an earlier run() not iterated to its end or closed); one "
+                f"step's runs take turns: finish or close() the other first")
         if fused:
-            c = self._fused_graph(spec, buffers, memory, settings, loader)
             c.program.state_arrays = self._arrays(c.state, c.opt_rows, c.captured)
         else:
-            c = self._compile_graph(spec, buffers, memory, settings, loader)
             c.shared[:] = self._arrays(c.state, c.opt_rows, c.captured)
         g, reads, state = c.graph, c.reads, c.state
+        if reads is not None:
+            reads.bind(loader)              # (the run's loader: its pass, its last batch)
         timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + \
             (list(reads.actors) if reads is not None else [])
         for a in timed:                     # the loader, and the fused step on a thread
@@ -469,6 +472,8 @@ class Graph:
             run.close()
             g.join()
             self._done(state)
+            if reads is not None:
+                reads.loader = None         # (the compiled step keeps no dataset alive)
 
     def _run_error(self, e: ActorError, g, fused: bool, spec, item) -> ActorError:
         """``run()``'s error for an op that failed: the actor of the first op of the step

@@ -219,6 +219,11 @@ class ActorGraph:
         self._plan = None
         return node
 
+    @property
+    def running(self) -> bool:
+        """Whether a run of this graph has started and not ended yet."""
+        return self._running
+
     # -- planning --------------------------------------------------------------------------
     def plan(self, feed=None):
         """Sizes every register and checks the budgets; returns the Plan (print it for a
