@@ -442,3 +442,34 @@ def test_without_the_reuse_events_a_fixed_program_reads_wrong_values(emu):
         if wrong >= 2:
             break
     assert wrong >= 2
+
+
+@pytest.mark.timeout(60)
+def test_a_reuse_wait_is_for_the_record_it_took_not_a_later_record_of_the_same_event():
+    """A block read on stream b, freed and taken again on stream a: a waits for b's read.
+    Another block's free on an idle stream c must not release that wait (an event still
+    pending is never recorded again, and a wait is for its own record)."""
+    gate = threading.Event()
+    fill = Kernel("fill", reference=lambda arr, v: arr.fill(v), source="/* fill */")
+    held = Kernel("held", reference=lambda: gate.wait(30))
+    d = EmuDriver("cuda:0")
+    try:
+        a, b, c = d.stream("a"), d.stream("b"), d.stream("c")
+        alloc = CachingAllocator(d)
+        block = alloc.malloc(64, a)
+        b.launch(held, ())                  # b is still reading the block
+        alloc.record_stream(block, b)
+        alloc.free(block)
+        again = alloc.malloc(64, a)         # a must wait for b's read
+        a.launch(fill, (again.array(16, np.float32), 1.0))
+        other = alloc.malloc(1024, c)
+        alloc.free(other)                   # records an event on c, reached at once
+        c.synchronize(10)
+        ev = a.record()
+        with pytest.raises(DeviceError, match="not reached"):
+            ev.synchronize(0.5)             # a is still behind b's gated read
+        assert not a.query()
+    finally:
+        gate.set()
+        d.synchronize(10)
+        d.close()

@@ -168,10 +168,12 @@ class CachingAllocator:
     def _handout(self, block: Block, stream) -> None:
         self._account(block.nbytes)
         for s, ev in block.events:
-            if s is not stream and not _done(ev):
+            if _done(ev):
+                self._spare_events.append(ev)    # its record is reached: reusable
+            elif s is not stream:
                 stream.wait(ev)              # the device waits; the host goes on
-                self._waits += 1
-            self._spare_events.append(ev)    # a wait took its record already: reusable
+                self._waits += 1             # (an event still pending is not recorded
+            #                                  again: it is dropped with the wait's use)
         block.events = []
         block.stream, block.live = stream, True
 

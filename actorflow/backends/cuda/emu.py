@@ -48,15 +48,21 @@ def _raise(err: BaseException):
 
 
 class EmuEvent(Event):
-    """An event of the emulator: ``_recorded`` records issued, ``_completed`` the latest that
-    a stream has reached; ``_error`` the recording stream's sticky error at that point."""
+    """An event of the emulator. ``_recorded``: the records issued (numbered from 1); a
+    record is reached when the stream it was issued on gets there, each on its own: a wait
+    or ``then`` is for the record the event had when it was called, and a later record of
+    the same event, reached first on a faster stream, does not satisfy it (as CUDA's
+    ``cudaStreamWaitEvent`` waits for the work its record captured). ``_low``: every record
+    up to it is reached; ``_ahead``: records past ``_low`` reached; ``_errors``: the sticky
+    error of the recording stream at a record, where there was one."""
 
-    __slots__ = ("_driver", "_recorded", "_completed", "_error", "_waiters")
+    __slots__ = ("_driver", "_recorded", "_low", "_ahead", "_errors", "_waiters")
 
     def __init__(self, driver: "EmuDriver"):
         self._driver = driver
-        self._recorded = self._completed = 0
-        self._error = None
+        self._recorded = self._low = 0
+        self._ahead: set = set()
+        self._errors: dict = {}
         self._waiters: list = []           # (record number, fn) for then()
 
     def _bump(self) -> int:
@@ -64,22 +70,34 @@ class EmuEvent(Event):
             self._recorded += 1
             return self._recorded
 
+    def _reached(self, n: int) -> bool:
+        """Whether record ``n`` was reached (the caller holds the driver's condition)."""
+        return n <= self._low or n in self._ahead
+
+    def _error_at(self, n: int):
+        return self._errors.get(n)
+
     def _complete(self, n: int, error) -> None:
         cv = self._driver._cv
         with cv:
-            if n > self._completed:
-                self._completed, self._error = n, error
-            ready = [fn for k, fn in self._waiters if k <= n]
+            if error is not None:
+                self._errors[n] = error
+            self._ahead.add(n)
+            while self._low + 1 in self._ahead:
+                self._low += 1
+                self._ahead.discard(self._low)
+            ready = [fn for k, fn in self._waiters if self._reached(k)]
             if ready:
-                self._waiters = [(k, fn) for k, fn in self._waiters if k > n]
+                self._waiters = [(k, fn) for k, fn in self._waiters if not self._reached(k)]
             cv.notify_all()
         for fn in ready:
             fn()
 
     def query(self) -> bool:
         with self._driver._cv:
-            done = self._completed >= self._recorded
-            err = self._error if done else None
+            n = self._recorded
+            done = self._reached(n)
+            err = self._error_at(n) if done else None
         if err is not None:
             _raise(err)
         return done
@@ -88,17 +106,17 @@ class EmuEvent(Event):
         d = self._driver
         with d._cv:
             n = self._recorded
-            if not d._cv.wait_for(lambda: self._completed >= n, d._limit(timeout)):
+            if not d._cv.wait_for(lambda: self._reached(n), d._limit(timeout)):
                 raise DeviceError(f"{d.device}: an event was not reached in "
                                   f"{d._limit(timeout)} s: a stream is stuck or far behind")
-            err = self._error
+            err = self._error_at(n)
         if err is not None:
             _raise(err)
 
     def then(self, fn) -> None:
         with self._driver._cv:
             n = self._recorded
-            if self._completed < n:
+            if not self._reached(n):
                 self._waiters.append((n, fn))
                 return
         fn()
@@ -205,8 +223,8 @@ class EmuStream(Stream):
 
             def run(s):
                 with d._cv:
-                    ok = d._cv.wait_for(lambda: event._completed >= n, d.timeout)
-                    err = event._error
+                    ok = d._cv.wait_for(lambda: event._reached(n), d.timeout)
+                    err = event._error_at(n)
                 if not ok:
                     err = KernelError.of("wait", d.device, DeviceError(
                         f"stream {s.name} waited {d.timeout} s for an event that no stream "
