@@ -255,3 +255,21 @@ def test_a_compiled_step_keeps_no_loader_alive_after_its_run():
     del loader
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_progress_bar_over_a_loader_of_an_iterable_dataset_has_no_total():
+    pytest.importorskip("tqdm")
+    import io
+    x, y = data(12)
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(12):
+                yield x[i], y[i]
+    (m, o), _ = twins()
+    out = io.StringIO()
+    got = list(TrainStep(m, o).run(DataLoader(Stream(), batch_size=4),
+                                   progress={"file": out}))
+    assert len(got) == 3
+    assert out.getvalue().split("\r")[-1].startswith("steps: 3piece")     # (no total)

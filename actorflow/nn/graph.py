@@ -360,7 +360,10 @@ class Graph:
             progress = dict(progress) if isinstance(progress, dict) else {}
             progress.setdefault("desc", "steps")
             if "total" not in progress and hasattr(iterable, "__len__"):
-                progress["total"] = len(iterable)
+                try:
+                    progress["total"] = len(iterable)
+                except TypeError:           # (a DataLoader over an iterable dataset)
+                    pass
         runs = done = 0
         if hasattr(iterable, "actors_into"):    # a DataLoader
             if timeout is not None and iterable.workers > 1:
