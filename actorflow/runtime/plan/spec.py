@@ -213,14 +213,14 @@ class PieceSpec:
         leaves, structure = flatten(piece)
         specs = []
         for i, leaf in enumerate(leaves):
-            meta = null_meta(leaf)
-            if meta is not None:                     # a stand-in: its layout, on its device
-                specs.append(Spec(meta.shape, meta.dtype, device or meta.device))
-                continue
-            if isinstance(leaf, Tensor) and leaf._impl.meta.shape is not None:
-                m = leaf._impl.meta                  # from its metadata: nothing is read
-                specs.append(Spec(m.shape, m.dtype, device or "cpu"))
-                continue
+            if isinstance(leaf, Tensor):             # from its metadata: nothing is read
+                m = leaf._impl.meta
+                if m.device.type == "null":          # a stand-in: on its device
+                    specs.append(Spec(m.shape, m.dtype, device or m.device))
+                    continue
+                if m.shape is not None:
+                    specs.append(Spec(m.shape, m.dtype, device or "cpu"))
+                    continue
             arr = as_array(leaf, f"{what} (array {i})")
             from_numpy_dtype(arr.dtype, what)        # raises DTypeError naming what to do
             specs.append(Spec(arr.shape, arr.dtype, device or "cpu"))
