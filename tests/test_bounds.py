@@ -11,6 +11,7 @@ import actorflow as af
 from actorflow import nn, optim
 from actorflow.errors import IndexOutOfBoundsError
 from actorflow.nn import functional as NF
+from test_graph_mode import TrainStep
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -256,17 +257,7 @@ def test_gather_gradients_with_negative_indices_match_pytorch():
 
 # -- the same in nn.Graph ------------------------------------------------------------------
 
-class _Step(nn.Graph):
-    def __init__(self, model, opt):
-        super().__init__()
-        self.model = model
-        self.loss = nn.CrossEntropyLoss()
-        self.add_optimizer(opt)
-
-    def build(self, x, y):
-        loss = self.loss(self.model(x), y)
-        loss.backward()
-        return loss
+_Step = TrainStep
 
 
 def test_graph_step_raises_on_a_bad_target_and_leaves_the_parameters_alone():

@@ -517,12 +517,17 @@ def test_async_failure():
 '''
 
 
-def test_plugin_report_leads_with_the_failed_act_and_lists_it_last(pytester):
+def _failed_act_report(pytester, which: str) -> str:
+    """The output of the one failing test ``which`` of FAILED_ACT_SUITE."""
     pytester.makepyfile(test_failed=FAILED_ACT_SUITE)
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
-    r = pytester.runpytest("-p", "no:cacheprovider", "-k", "stopped_report")
+    r = pytester.runpytest("-p", "no:cacheprovider", "-k", which)
     r.assert_outcomes(failed=1)
-    out = r.stdout.str()
+    return r.stdout.str()
+
+
+def test_plugin_report_leads_with_the_failed_act_and_lists_it_last(pytester):
+    out = _failed_act_report(pytester, "stopped_report")
     section = out[out.index("actorflow (call)"):]
     lines = [x.strip() for x in section.splitlines()[1:]]
     assert lines[0] == "run 1 was stopped by an error: boom failed on piece 3: ValueError: no"
@@ -536,11 +541,7 @@ def test_plugin_report_leads_with_the_failed_act_and_lists_it_last(pytester):
 
 
 def test_plugin_report_names_a_failed_async_act(pytester):
-    pytester.makepyfile(test_failed=FAILED_ACT_SUITE)
-    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
-    r = pytester.runpytest("-p", "no:cacheprovider", "-k", "async_failure")
-    r.assert_outcomes(failed=1)
-    out = r.stdout.str()
+    out = _failed_act_report(pytester, "async_failure")
     assert "run 1 was stopped by an error: aboom failed on piece 2: KeyError: 'missing'" in out
     assert "aboom  piece 2" in out and "raised KeyError: 'missing'" in out
 
