@@ -88,6 +88,12 @@ class DeviceProgram:
         st = [_darray(t) for t in (*state, *captured)]
         out_arrays = [_darray(o) for o in outs]
         in_arrays = [_darray(i) for i in ins]
+        prof = get_vm().profiler
+        if prof is not None:                # each kernel timed: launched one by one
+            last: list = [None]
+            timed = lambda name: prof.device_kernel(instr, name, stream, last)  # noqa: E731
+            self._body(stream, out_arrays, in_arrays, st, timed=timed)
+            return
         if not cuda_graph:
             self._body(stream, out_arrays, in_arrays, st)
             return
@@ -121,8 +127,10 @@ class DeviceProgram:
         for dst, src in zip(out_arrays, souts):
             stream.copy_d2d(dst, src)
 
-    def _body(self, stream, outs: list, ins: list, state: list, counted: bool = True) -> None:
-        """Issues the program's kernels, its output copies, then its state's write-back."""
+    def _body(self, stream, outs: list, ins: list, state: list, counted: bool = True,
+              timed=None) -> None:
+        """Issues the program's kernels, its output copies, then its state's write-back;
+        ``timed(op name)`` after each kernel while a profile is on."""
         tmp = self.tmp
         consts = self.consts
 
@@ -147,6 +155,8 @@ class DeviceProgram:
                 arrays.append(a)
                 views.append(m)
             launch_kernel(s.kernel, stream, len(s.outs), views, s.attrs, arrays)
+            if timed is not None:
+                timed(s.op.name)
         if counted:
             self.launches += len(p.steps)
         for j, ref in p.copies:
