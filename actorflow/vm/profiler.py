@@ -42,6 +42,7 @@ from pathlib import Path
 
 from ..backends import loaded_backends
 from .instruction import OP_CALL, RELEASE
+from .opcall import device_call_op, run_op
 from .profile_events import build_trace, summary_table
 
 _perf = time.perf_counter
@@ -150,6 +151,10 @@ class Rec:
         self.done = True
 
 
+def _device_op(instr) -> None:
+    device_call_op(instr.args, instr.stream.backend.current)
+
+
 def _rec_of(instr):
     run = instr.run
     return run.__self__ if getattr(run, "__func__", None) is Rec.call else None
@@ -182,8 +187,11 @@ class Recorder:
         self.windows = 0                 # profiles open on it
 
     def issue(self, instr) -> None:
-        r = Rec(self, instr.kind, instr.name, instr.stream, instr.consts, instr.muts,
-                instr.run, _perf())
+        run = instr.run
+        if run is run_op and not instr.stream.backend.host_memory:
+            run = _device_op                # (what the VM's dispatch runs on such a device)
+        r = Rec(self, instr.kind, instr.name, instr.stream, instr.consts, instr.muts, run,
+                _perf())
         r.start = None                  # (set when it runs)
         instr.run = r.call
         if instr.waiters is None:
@@ -227,6 +235,7 @@ class Recorder:
             return
         r = Rec(self, OP_CALL, name, instr.stream, (), (), None, _perf())
         r.thread = _ident()
+        r.launched = r.issue
         parent.inner += 1
         times = parent.device
         self.records.append(r)
