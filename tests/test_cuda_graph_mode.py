@@ -228,3 +228,35 @@ def test_profile_on_cuda_lists_the_kernels_of_a_step(cuda):
     for e in kernels:
         assert e["dur"] >= 0 and "launched_us" in e["args"]
         assert "skipped" not in e["args"] and "failed" not in e["args"]
+
+
+def test_a_fused_run_on_cuda_trains_as_cpu_from_cuda_tensors_and_a_loader(cuda):
+    data = batches(4, seed=4)
+    want, want_params, _ = train("cpu", "Adam", dict(lr=1e-2), data)
+    model, step = make(CUDA, "Adam", dict(lr=1e-2))
+    items = [(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)) for x, y in data]
+    got = [float(v) for v in step.run(items[:2], fused=True)]
+    got += [float(v) for v in step.run(data[2:], fused=True)]       # host batches
+    assert got == want
+    for a, p in zip(want_params, model.parameters()):
+        np.testing.assert_array_equal(a, p.numpy())
+    run = program_of(step)
+    assert run.captures == 1 and run.replays == 3                    # one step, one graph
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 8)).astype(np.float32), rng.integers(0, 3, 40)
+
+    def loader():
+        return af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=16, shuffle=True,
+                                  seed=1)
+    _, cpu_step = make("cpu", "SGD", dict(lr=0.1, momentum=0.9))
+    _, cuda_step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
+    want = [float(v) for v in cpu_step.run(loader(), fused=True)]
+    got = [float(v) for v in cuda_step.run(loader(), fused=True)]
+    assert len(got) == 3 and got == want                              # (the last smaller)
+
+
+def test_a_run_with_an_actor_per_op_on_cuda_is_refused_naming_fused(cuda):
+    _, step = make(CUDA, "SGD", dict(lr=0.1))
+    with pytest.raises(af.errors.PlanError, match=r"fused=True"):
+        list(step.run(batches(2)))

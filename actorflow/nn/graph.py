@@ -241,8 +241,16 @@ class Graph:
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
-            step = self._compile((spec,), settings)
-            program = step.program
+            device = _device_of(self._traced.params, [])
+            if device is None:
+                step = self._compile((spec,), settings)
+                program = step.program
+            else:                           # the step on the device, its registers on the host
+                from ..tracing.device import HostSteps
+                step = self._compile((PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device)
+                                                                 for s in spec.specs]),),
+                                     settings)
+                program = HostSteps(self._device_program(step, device))
             g = ActorGraph(memory=memory, buffers=buffers)
             reads = None
             if loader is None:
@@ -253,7 +261,7 @@ class Graph:
                 inp = reads.node
             g.sink(g.op_program(program, inp, name="step"))
             got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                                  graph=g, captured=program.captured,
+                                                  graph=g, captured=step.captured,
                                                   reads=reads)
         return got
 
@@ -320,6 +328,15 @@ class Graph:
         leaves = [_on_device(x, device) for x in leaves]
         spec = PieceSpec.of(unflatten(structure, leaves), "nn.Graph.step", device)
         step = self._compile((spec,), settings)
+        run = self._device_program(step, device)
+        self._fresh_state(step.state, step.opt_rows)
+        outs = run.submit([t._impl for t in leaves], [t._impl for t in step.state],
+                          [t._impl for t in step.captured], bool(self.cuda_graph))
+        self._done(step.state)
+        return unflatten(step.program.out_spec.structure, [wrap(o) for o in outs])
+
+    def _device_program(self, step, device):
+        """The ``DeviceProgram`` running the compiled ``step`` on ``device`` (made once)."""
         run = step.device
         if run is None:
             from ..tracing.device import DeviceProgram
@@ -331,11 +348,7 @@ class Graph:
                                     f"(make it a tensor of its own with .clone())")
             run = step.device = DeviceProgram(step.program, device,
                                               f"{type(self).__name__}.step")
-        self._fresh_state(step.state, step.opt_rows)
-        outs = run.submit([t._impl for t in leaves], [t._impl for t in step.state],
-                          [t._impl for t in step.captured], bool(self.cuda_graph))
-        self._done(step.state)
-        return unflatten(step.program.out_spec.structure, [wrap(o) for o in outs])
+        return run
 
     def _step_error(self, e: KernelError, ops: int) -> KernelError:
         """``step()``'s error for the failed op ``e``: the KernelError eager mode raises
@@ -450,6 +463,14 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
+        device = _device_of(self._traced.params, [])
+        if device is not None and not fused:
+            raise PlanError(
+                f"{type(self).__name__}.run(): the step's parameters are on {device}; an actor "
+                f"per op on a CUDA device needs registers in device memory, not built yet. "
+                f"Run it as one op actor with run(..., fused=True) (the step on the device, "
+                f"captured as a CUDA graph; each batch copied there by the act), or call "
+                f"step() per batch")
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
                                                                   settings, loader)
         if c.graph.running:                 # (before anything of the running one changes)
@@ -457,7 +478,10 @@ class Graph:
                 f"{type(self).__name__}.run(): a run of this step on this input layout is "
                 f"still going (an earlier run() not iterated to its end or closed); one "
                 f"step's runs take turns: finish or close() the other first")
-        if fused:
+        if device is not None:
+            self._fresh_state(c.state, c.opt_rows)
+            c.program.attach(c.state, c.captured, bool(self.cuda_graph))
+        elif fused:
             c.program.state_arrays = self._arrays(c.state, c.opt_rows, c.captured)
         else:
             c.shared[:] = self._arrays(c.state, c.opt_rows, c.captured)
@@ -470,6 +494,10 @@ class Graph:
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
                 a.inline = a.inline_given = False if timeout is not None else None
+        if device is not None:              # (its act waits for the device: on a thread)
+            for a in g.actors:
+                if a.name == "step":
+                    a.inline = a.inline_given = False
         self._graph = g
         nothing = g.yields_nothing
         waiting: dict = {}                  # piece -> its item, until its output is out

@@ -183,3 +183,72 @@ def _kept(instr, state_blobs) -> None:
     for b in state_blobs:
         if b.error is err:
             b.error = None
+
+
+class HostSteps:
+    """A ``DeviceProgram`` as an op actor's program whose registers are on the host
+    (``nn.Graph.run(..., fused=True)`` on a CUDA device, fed by a source or a DataLoader
+    whose registers are host memory): each act copies its input register to the device,
+    issues the step (``DeviceProgram.submit``: captured and replayed as ``step()`` is) and
+    copies the outputs back into its output register, so the act ends when the step has
+    run (one wait per act, none per op). The state is the tensors ``attach`` hands it."""
+
+    tmp_specs: list = []
+
+    def __init__(self, device_program, cuda_graph: bool = True):
+        from ..runtime.plan.spec import PieceSpec, Spec
+        self.device_program = dp = device_program
+        p = dp.program
+        self.out_spec = PieceSpec(p.out_spec.structure,
+                                  [Spec(s.shape, s.dtype, "cpu") for s in p.out_spec.specs])
+        self.name = p.name
+        self.cuda_graph = cuda_graph
+        self.state = self.captured = ()
+
+    @property
+    def device(self):
+        return self.device_program.device
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 0                            # device memory: the device's allocator counts it
+
+    def attach(self, state: list, captured: list, cuda_graph: bool) -> None:
+        """The state's and the captured tensors' impls the next acts read and write."""
+        self.state, self.captured, self.cuda_graph = list(state), list(captured), cuda_graph
+
+    def bind(self, budget, name: str) -> None:
+        pass
+
+    def unbind(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.device}"
+
+    def run_new(self, ins: list, write_back: bool = True) -> list:
+        import numpy as np
+        outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
+        self.run(outs, ins, write_back)
+        return outs
+
+    def run(self, outs: list, ins: list, write_back: bool = True) -> None:
+        """One act: ``ins`` per input its host arrays, ``outs`` the output register's.
+
+        Raises:
+            KernelError: a kernel of the step failed (its outputs raise it; the state keeps
+                its values, as ``DeviceProgram``'s module doc says)."""
+        import numpy as np
+
+        from ..creation import from_numpy
+        from ..tensor.tensor import wrap
+        if not write_back:
+            raise NotImplementedError(f"{self.name}: a step on {self.device} writes its state "
+                                      f"back every act")
+        dev = str(self.device)
+        leaves = [from_numpy(np.ascontiguousarray(a))._impl for i in ins for a in i]
+        leaves = [wrap(t).to(dev)._impl for t in leaves]
+        got = self.device_program.submit(leaves, [t._impl for t in self.state],
+                                         [t._impl for t in self.captured], self.cuda_graph)
+        for o, impl in zip(outs, got):
+            np.copyto(o, wrap(impl).numpy().reshape(o.shape))
