@@ -28,6 +28,7 @@ step runs as usual, as on the cpu.
 from __future__ import annotations
 
 from ..backends import get_backend
+from ..errors import KernelError
 from ..ops.registry import get as get_op
 from ..tensor.impl import TensorImpl
 from ..vm.instruction import Instruction
@@ -183,6 +184,14 @@ def _kept(instr, state_blobs) -> None:
     for b in state_blobs:
         if b.error is err:
             b.error = None
+    if not err._reported:                   # (says so where the outputs raise it)
+        tb = err.kernel_traceback
+        KernelError.__init__(err, err.op, err.device, err.original, False,
+                             "a kernel of the step failed on the device, so the step's later "
+                             "commands were skipped: nothing was written back, the "
+                             "parameters, buffers and optimizer state keep their values, and "
+                             "the next step runs as usual; its outputs raise this error")
+        err.kernel_traceback = tb
 
 
 class HostSteps:
