@@ -17,6 +17,13 @@ register of a source actor that reads the iterable or, for a DataLoader, of the 
 own actors (its sampler and its loading stage on its workers: ``actors_into``), so batch
 i+1 loads while batch i computes; ``fused=True`` makes the step one op actor instead.
 
+On a CUDA device (parameters on ``cuda:0``) ``step()`` issues the compiled step as one
+instruction on the device's compute stream (``tracing.device.DeviceProgram``) and returns
+its outputs as tensors there at once (reading one is the wait); a static step is captured
+as a CUDA graph once and replayed (``cuda_graph=False`` launches its kernels one by one).
+``run(..., fused=True)`` runs the same step in its op actor, the batches' registers on the
+host (``HostSteps``); an actor per op on a CUDA device is refused.
+
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
 modules' tree (children, parameters and buffers by identity, their other attributes,
@@ -52,7 +59,11 @@ _INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph", "cuda_gr
 
 class Graph:
     """Subclass it: assign modules (and a loss) as attributes in ``__init__`` after
-    ``super().__init__()``, ``add_optimizer(opt)`` to train, and define ``build``."""
+    ``super().__init__()``, ``add_optimizer(opt)`` to train, and define ``build``.
+
+    ``cuda_graph``: on a CUDA device, capture a static step as a CUDA graph and replay it
+    (the default); False launches its kernels one by one every step. It may be set on the
+    graph at any time (``self.cuda_graph = False``) without compiling the step again."""
 
     def __init__(self, cuda_graph: bool = True):
         self.cuda_graph = cuda_graph        # on a CUDA device: a static step is one replay
@@ -292,7 +303,9 @@ class Graph:
 
     def step(self, *args):
         """One iteration on ``args`` (tensors or arrays): returns what ``build`` returns,
-        with parameters and optimizer state updated.
+        with parameters and optimizer state updated. On a CUDA device it returns at once
+        with tensors on the device, and a failed op raises where they are read (see the
+        module doc).
 
         Raises:
             KernelError: an op of the step failed (it names the op and holds the kernel's
