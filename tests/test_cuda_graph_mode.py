@@ -150,6 +150,11 @@ def test_a_new_layout_or_learning_rate_compiles_and_captures_anew(cuda):
     x, y = big[0]
     step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     assert len(step._compiled) == 3
+    model.eval()                             # a new mode: compiled and captured anew too
+    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    af.synchronize()
+    assert len(step._compiled) == 4
+    assert all(c.device.captures == 1 for c in step._compiled.values())
 
 
 def test_replaced_state_is_captured_again(cuda):
