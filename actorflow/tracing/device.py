@@ -75,7 +75,7 @@ class DeviceProgram:
         cost = sum(b.nbytes for b in muts) >> 2
         instr = Instruction(PROGRAM, self.name, self.backend.compute, consts, muts, self._run,
                             (ins, outs, state, captured, cuda_graph), cost)
-        instr.waiters = [lambda: _kept(instr, state_blobs)]
+        instr.waiters = [lambda: _kept(instr, state_blobs, consts)]
         get_vm().submit(instr)
         return outs
 
@@ -174,16 +174,23 @@ class DeviceProgram:
         launch_kernel(self._copy, stream, 1, [None, meta], {}, [dst, src])
 
 
-def _kept(instr, state_blobs) -> None:
+def _kept(instr, state_blobs, read) -> None:
     """A step's waiter (under the VM lock, as it completes): a step that ran and failed on
     the device skipped its state's write-back (the stream's sticky error skips every later
-    command), so its state keeps its values: the error stays on its outputs only."""
+    command), and a step that did not run because an input it reads (``read``) was poisoned
+    wrote nothing: either way its state keeps its values, and the error stays on its outputs
+    only. (A step that did not run because its state was poisoned leaves that as it is.)"""
     err = instr.error
-    if err is None or instr.result is not True:
+    if err is None:
+        return
+    ran = instr.result is True
+    if not ran and not any(b.error is err for b in read):
         return
     for b in state_blobs:
         if b.error is err:
             b.error = None
+    if not ran:
+        return
     if not err._reported:                   # (says so where the outputs raise it)
         tb = err.kernel_traceback
         KernelError.__init__(err, err.op, err.device, err.original, False,
