@@ -300,3 +300,24 @@ def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu)
                      for x, y in data[1:]]
     want, _, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert got == want
+
+
+def test_eager_adam_on_cuda_equals_cpu(cuda):
+    def run(device):
+        af.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16, device=device), nn.ReLU(),
+                              nn.Linear(16, 3, device=device))
+        opt = optim.Adam(model.parameters(), lr=1e-2)
+        losses = []
+        for x, y in batches(3):
+            opt.zero_grad()
+            loss = nn.CrossEntropyLoss()(model(af.tensor(x, device=device)),
+                                         af.tensor(y, device=device))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses, [p.numpy() for p in model.parameters()]
+    (a, pa), (b, pb) = run("cpu"), run(CUDA)
+    assert a == b
+    for x, y in zip(pa, pb):
+        np.testing.assert_array_equal(x, y)
