@@ -17,6 +17,13 @@ register of a source actor that reads the iterable or, for a DataLoader, of the 
 own actors (its sampler and its loading stage on its workers: ``actors_into``), so batch
 i+1 loads while batch i computes; ``fused=True`` makes the step one op actor instead.
 
+On a CUDA device (parameters on ``cuda:0``) ``step()`` issues the compiled step as one
+instruction on the device's compute stream (``tracing.device.DeviceProgram``) and returns
+its outputs as tensors there at once (reading one is the wait); a static step is captured
+as a CUDA graph once and replayed (``cuda_graph=False`` launches its kernels one by one).
+``run(..., fused=True)`` runs the same step in its op actor, the batches' registers on the
+host (``HostSteps``); an actor per op on a CUDA device is refused.
+
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
 modules' tree (children, parameters and buffers by identity, their other attributes,
@@ -41,20 +48,25 @@ from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import lend_arrays, peek_array, written_outside
-from ..tensor.tensor import Tensor
+from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
 # the Graph's own bookkeeping: setting these is not a change to what build reads
-_INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph"})
+_INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph", "cuda_graph"})
 
 
 class Graph:
     """Subclass it: assign modules (and a loss) as attributes in ``__init__`` after
-    ``super().__init__()``, ``add_optimizer(opt)`` to train, and define ``build``."""
+    ``super().__init__()``, ``add_optimizer(opt)`` to train, and define ``build``.
 
-    def __init__(self):
+    ``cuda_graph``: on a CUDA device, capture a static step as a CUDA graph and replay it
+    (the default); False launches its kernels one by one every step. It may be set on the
+    graph at any time (``self.cuda_graph = False``) without compiling the step again."""
+
+    def __init__(self, cuda_graph: bool = True):
+        self.cuda_graph = cuda_graph        # on a CUDA device: a static step is one replay
         self._optimizers: list = []
         self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
         self._traced = None                 # _Traced: what the compiled steps were traced with
@@ -240,8 +252,16 @@ class Graph:
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
-            step = self._compile((spec,), settings)
-            program = step.program
+            device = _device_of(self._traced.params, [])
+            if device is None:
+                step = self._compile((spec,), settings)
+                program = step.program
+            else:                           # the step on the device, its registers on the host
+                from ..tracing.device import HostSteps
+                step = self._compile((PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device)
+                                                                 for s in spec.specs]),),
+                                     settings)
+                program = HostSteps(self._device_program(step, device))
             g = ActorGraph(memory=memory, buffers=buffers)
             reads = None
             if loader is None:
@@ -252,14 +272,20 @@ class Graph:
                 inp = reads.node
             g.sink(g.op_program(program, inp, name="step"))
             got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                                  graph=g, captured=program.captured,
+                                                  graph=g, captured=step.captured,
                                                   reads=reads)
         return got
 
     def _arrays(self, state, opt_rows, captured) -> list:
         """The state's arrays, once every eager write to them is done, then the captured
-        tensors' (read live). The optimizers' part of ``state`` is taken anew from them
-        (``graph_state``: their own tensors, which eager steps may have replaced)."""
+        tensors' (read live)."""
+        self._fresh_state(state, opt_rows)
+        return lend_arrays(state) + [peek_array(t, stand_in=True) for t in captured]
+
+    @staticmethod
+    def _fresh_state(state, opt_rows) -> None:
+        """Takes the optimizers' part of ``state`` anew from them (``graph_state``: their
+        own tensors, which eager steps may have replaced)."""
         at = len(state) - sum(len(st) for *_, st in opt_rows)
         with no_grad():
             for o, g, p, st in opt_rows:
@@ -267,7 +293,6 @@ class Graph:
                 for name in st:
                     state[at] = mine[name]
                     at += 1
-        return lend_arrays(state) + [peek_array(t, stand_in=True) for t in captured]
 
     def _done(self, state) -> None:
         written_outside(state)              # (saved tensors see it, as an in-place write)
@@ -278,7 +303,9 @@ class Graph:
 
     def step(self, *args):
         """One iteration on ``args`` (tensors or arrays): returns what ``build`` returns,
-        with parameters and optimizer state updated.
+        with parameters and optimizer state updated. On a CUDA device it returns at once
+        with tensors on the device, and a failed op raises where they are read (see the
+        module doc).
 
         Raises:
             KernelError: an op of the step failed (it names the op and holds the kernel's
@@ -286,9 +313,13 @@ class Graph:
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
         leaves, structure = flatten(args)
+        settings = self._check()
+        device = _device_of(self._traced.params, leaves)
+        if device is not None:
+            return self._step_on(device, leaves, structure, settings)
         arrays = [peek_array(a) if isinstance(a, Tensor) else a for a in leaves]
         spec = PieceSpec.of(unflatten(structure, arrays), "nn.Graph.step")
-        step = self._compile((spec,), self._check())
+        step = self._compile((spec,), settings)
         program, state, opt_rows = step.program, step.state, step.opt_rows
         program.state_arrays = self._arrays(state, opt_rows, program.captured)
         if not program.bound:               # its workspace, kept for the next steps
@@ -301,6 +332,36 @@ class Graph:
             raise self._step_error(e, len(program.steps)) from e.original
         self._done(state)
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
+
+    def _step_on(self, device, leaves, structure, settings):
+        """``step()`` on a device with its own memory (cuda): the inputs as contiguous
+        tensors there, the step one instruction on its compute stream (``DeviceProgram``),
+        captured as a CUDA graph and replayed while ``cuda_graph`` is on; returns the
+        outputs as tensors on the device at once (reading one waits for the step)."""
+        leaves = [_on_device(x, device) for x in leaves]
+        spec = PieceSpec.of(unflatten(structure, leaves), "nn.Graph.step", device)
+        step = self._compile((spec,), settings)
+        run = self._device_program(step, device)
+        self._fresh_state(step.state, step.opt_rows)
+        outs = run.submit([t._impl for t in leaves], [t._impl for t in step.state],
+                          [t._impl for t in step.captured], bool(self.cuda_graph))
+        self._done(step.state)
+        return unflatten(step.program.out_spec.structure, [wrap(o) for o in outs])
+
+    def _device_program(self, step, device):
+        """The ``DeviceProgram`` running the compiled ``step`` on ``device`` (made once)."""
+        run = step.device
+        if run is None:
+            from ..tracing.device import DeviceProgram
+            for t in step.state:
+                if t._impl.base is not None:
+                    raise TypeError(f"{type(self).__name__}.step() on {device}: a state "
+                                    f"tensor of shape {tuple(t.shape)} is a view of another; "
+                                    f"a compiled step on a CUDA device writes whole tensors "
+                                    f"(make it a tensor of its own with .clone())")
+            run = step.device = DeviceProgram(step.program, device,
+                                              f"{type(self).__name__}.step")
+        return run
 
     def _step_error(self, e: KernelError, ops: int) -> KernelError:
         """``step()``'s error for the failed op ``e``: the KernelError eager mode raises
@@ -415,6 +476,14 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
+        device = _device_of(self._traced.params, [])
+        if device is not None and not fused:
+            raise PlanError(
+                f"{type(self).__name__}.run(): the step's parameters are on {device}; an actor "
+                f"per op on a CUDA device needs registers in device memory, not built yet. "
+                f"Run it as one op actor with run(..., fused=True) (the step on the device, "
+                f"captured as a CUDA graph; each batch copied there by the act), or call "
+                f"step() per batch")
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
                                                                   settings, loader)
         if c.graph.running:                 # (before anything of the running one changes)
@@ -422,7 +491,10 @@ class Graph:
                 f"{type(self).__name__}.run(): a run of this step on this input layout is "
                 f"still going (an earlier run() not iterated to its end or closed); one "
                 f"step's runs take turns: finish or close() the other first")
-        if fused:
+        if device is not None:
+            self._fresh_state(c.state, c.opt_rows)
+            c.program.attach(c.state, c.captured, bool(self.cuda_graph))
+        elif fused:
             c.program.state_arrays = self._arrays(c.state, c.opt_rows, c.captured)
         else:
             c.shared[:] = self._arrays(c.state, c.opt_rows, c.captured)
@@ -435,6 +507,10 @@ class Graph:
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
                 a.inline = a.inline_given = False if timeout is not None else None
+        if device is not None:              # (its act waits for the device: on a thread)
+            for a in g.actors:
+                if a.name == "step":
+                    a.inline = a.inline_given = False
         self._graph = g
         nothing = g.yields_nothing
         waiting: dict = {}                  # piece -> its item, until its output is out
@@ -518,7 +594,8 @@ class _Compiled:
     optimizer rows it was traced with, the tensors ``build`` captures (read live), and
     for a graph fed by a DataLoader its actors (``reads``, bound to the run's loader)."""
 
-    __slots__ = ("state", "opt_rows", "program", "graph", "shared", "captured", "reads")
+    __slots__ = ("state", "opt_rows", "program", "graph", "shared", "captured", "reads",
+                 "device")
 
     def __init__(self, state, opt_rows, program=None, graph=None, shared=None, captured=(),
                  reads=None):
@@ -526,6 +603,7 @@ class _Compiled:
         self.program, self.graph, self.shared = program, graph, shared
         self.captured = program.captured if program is not None and not captured else captured
         self.reads = reads
+        self.device = None                  # step() on a CUDA device: its DeviceProgram
 
 
 class _Traced:
@@ -696,6 +774,26 @@ def _reload(reads, piece: int):
         return reads.batch(piece)
     except Exception:  # noqa: BLE001 - only names the op; the run's own error stands
         return None
+
+
+def _device_of(params, leaves):
+    """The device with its own memory (cuda) a step runs on: its parameters', else its
+    first tensor input's; None for a step on the host (cpu, null)."""
+    for t in params[:1] or [x for x in leaves if isinstance(x, Tensor)][:1]:
+        b = t._impl.blob.backend
+        if not b.host_memory:
+            return t._impl.meta.device
+    return None
+
+
+def _on_device(x, device):
+    """A step's input as a contiguous tensor of its own on ``device``."""
+    if not isinstance(x, Tensor):
+        from ..runtime.plan.spec import as_array
+        return from_numpy(as_array(x, "nn.Graph.step")).to(str(device))
+    if x._impl.meta.device != device:
+        return x.to(str(device))
+    return x.clone() if x._impl.base is not None else x
 
 
 def _empty(spec):

@@ -65,12 +65,14 @@ class Adam(Optimizer):
         n = state["step"]
         if writes is IN_PLACE:      # eager: the count an int (a graph step leaves a tensor)
             n = (int(n.item()) if isinstance(n, Tensor) else n) + 1
-            key = (n, group["lr"], group["betas"])
+            key = (n, group["lr"], group["betas"], p.device)
             corrections = self._corrections.get(key)
-            if corrections is None:     # once per count and options, not per parameter
+            if corrections is None:     # once per count, options and device, not per parameter
                 if len(self._corrections) > 8:
                     self._corrections.clear()
                 t = from_numpy(np.array(float(n)))                  # float64, 0-d
+                if p.device.type != "cpu":
+                    t = t.to(str(p.device))                         # (where p's ops run)
                 corrections = self._corrections[key] = bias_corrections(t, group)
         else:                       # traced: the count a float64 tensor, state of the step
             n = F.add(n, 1.0)

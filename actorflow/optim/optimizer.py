@@ -138,7 +138,7 @@ class Optimizer:
         st = self._state(p, group)
         for k in self.counts:
             if not isinstance(st[k], Tensor):
-                st[k] = tensor(float(st[k]), dtype="float64")
+                st[k] = tensor(float(st[k]), dtype="float64", device=p.device)
         return dict(st)
 
     # -- state ---------------------------------------------------------------------------

@@ -82,7 +82,15 @@ def device_call_op(args, stream) -> None:
     for t in (*outs, *ins):
         arrays.append(t.blob.array.darray)
         views.append(None if t.base is None else t.meta)
-    stream.launch(kernel.kernel, (len(outs), views, attrs, *arrays))
+    launch_kernel(kernel, stream, len(outs), views, attrs, arrays)
+
+
+def launch_kernel(kernel, stream, n_out: int, views: list, attrs, arrays: list) -> None:
+    """Launches ``kernel`` (a ``DeviceKernel``) on the driver ``stream`` over ``arrays``
+    (device arrays, its ``n_out`` outputs first), each seen through its view in ``views``
+    (a ``TensorMeta``, or None for the whole array): the one launch of an op's kernel on a
+    device, for the VM's op calls and a compiled ``Program``'s steps alike."""
+    stream.launch(kernel.kernel, (n_out, views, attrs, *arrays))
 
 
 def kernel_error(op: str, device, e: BaseException, intact: bool = False,

@@ -114,6 +114,10 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
         if r.run is None:               # (args as JSON text: an event per kernel)
             args = (f'{{"op":{quote(r.name)},"id":{r.seq},"bytes":{r.nbytes},'
                     f'"thread":{quote(thread)},"waited_us":{waited}')
+            if r.launched is not None:
+                args += f',"launched_us":{round(us(r.launched), 3)}'
+            if r.inner:
+                args += f',"kernels":{r.inner}'
             if r.skipped:
                 args += ',"skipped":"its inputs were poisoned by a failed kernel"'
             elif r.failed:
@@ -143,6 +147,7 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
 def summary_table(recs: list, window_ms: float) -> str:
     """Per op name: count, total kernel ms, mean us, share of all kernel time (a member of a
     run of elementwise ops is counted with the run's time shared equally)."""
+    recs = [r for r in recs if not r.inner]     # (a compiled program's: its kernels count)
     per_run: dict = defaultdict(int)
     for r in recs:
         if r.run is not None:

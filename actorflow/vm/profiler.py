@@ -10,7 +10,14 @@ While a profile is on, the VM hands every kernel it runs to a ``Recorder`` (its
 - ``inline(...)`` (``VM.run_inline``) wraps an op call run on the spot;
 - ``pieces`` (a kernel cut into slices) and ``run`` (a run of elementwise ops,
   ``runs.py``) wrap the slices; the op's span is from its first slice's start to its
-  last slice's end, and the members of a run share the run's span.
+  last slice's end, and the members of a run share the run's span;
+- on a device with its own memory (cuda), the host only issues the work: the timing
+  wrapper records a driver event before and after it on the stream it is issued on, and
+  the record's span is from the first event's completion to the second's (the device's
+  times, told by ``Event.then``; the issue to the driver is ``launched``); a compiled
+  program's instruction (``nn.Graph``'s step) adds a record per kernel it launches
+  (``device_kernel``), timed by an event after each, inside its own span (the summary
+  counts its kernels, not it).
 
 Records are plain objects appended to one list under the VM lock, so their order is the
 issue order. They hold the blobs an instruction read and wrote, never its tensors or
@@ -35,6 +42,7 @@ from pathlib import Path
 
 from ..backends import loaded_backends
 from .instruction import OP_CALL, RELEASE
+from .opcall import device_call_op, run_op
 from .profile_events import build_trace, summary_table
 
 _perf = time.perf_counter
@@ -54,7 +62,8 @@ class Rec:
     of elementwise ops it was a member of (None: it ran alone)."""
 
     __slots__ = ("rec", "seq", "kind", "name", "stream", "consts", "muts", "issue", "start",
-                 "end", "thread", "parts", "run", "nbytes", "done", "skipped", "failed", "fn")
+                 "end", "thread", "parts", "run", "nbytes", "done", "skipped", "failed", "fn",
+                 "launched", "device", "inner")
 
     def __init__(self, rec, kind, name, stream, consts, muts, fn, issue):
         self.rec, self.kind, self.name, self.stream = rec, kind, name, stream
@@ -64,10 +73,21 @@ class Rec:
         self.thread = self.parts = self.run = None
         self.nbytes = 0
         self.done = self.skipped = self.failed = False
+        self.launched = None            # (device work) when the host issued it to the driver
+        self.device = None              # (device work) [start, end] told by its events
+        self.inner = 0                  # kernels recorded inside it (a compiled program's)
 
     def call(self, instr) -> None:
-        """``instr.run`` while profiled: the kernel, timed on whichever thread runs it."""
+        """``instr.run`` while profiled: the kernel, timed on whichever thread runs it (on a
+        device with its own memory, by events around the work issued, see the module
+        doc)."""
         t = _perf()
+        backend = self.stream.backend
+        dstream = None
+        if not backend.host_memory:
+            dstream = backend.current
+            self.device = times = [None, None]
+            dstream.record().then(lambda: times.__setitem__(0, _perf()))
         try:
             self.fn(instr)
         except BaseException:
@@ -77,6 +97,9 @@ class Rec:
             self.end = _perf()
             self.start = t
             self.thread = _thread(self.rec.threads)
+            if dstream is not None:
+                self.launched = t
+                dstream.record().then(lambda: times.__setitem__(1, _perf()))
 
     def call_inline(self, args) -> None:
         """An op call run on the spot (``VM.run_inline``, under the VM lock): it waited for
@@ -112,6 +135,10 @@ class Rec:
         if self.start is None:          # never ran: its inputs were poisoned
             self.start = self.end = now
             self.skipped = True
+        elif self.device is not None:   # the device's times, where its events told them
+            start, end = self.device
+            self.start = self.start if start is None else start
+            self.end = now if end is None else end
         elif self.stream.simulated:
             self.end = now              # the simulated kernel ends when the timer fires
         if self.kind != RELEASE and not self.skipped:
@@ -122,6 +149,10 @@ class Rec:
         self.rec.sample(self.stream.backend.allocator, now)
         self.fn = None
         self.done = True
+
+
+def _device_op(instr) -> None:
+    device_call_op(instr.args, instr.stream.backend.current)
 
 
 def _rec_of(instr):
@@ -156,8 +187,11 @@ class Recorder:
         self.windows = 0                 # profiles open on it
 
     def issue(self, instr) -> None:
-        r = Rec(self, instr.kind, instr.name, instr.stream, instr.consts, instr.muts,
-                instr.run, _perf())
+        run = instr.run
+        if run is run_op and not instr.stream.backend.host_memory:
+            run = _device_op                # (what the VM's dispatch runs on such a device)
+        r = Rec(self, instr.kind, instr.name, instr.stream, instr.consts, instr.muts, run,
+                _perf())
         r.start = None                  # (set when it runs)
         instr.run = r.call
         if instr.waiters is None:
@@ -189,6 +223,30 @@ class Recorder:
             if r is not None:
                 r.parts, r.run = parts, run
         return [_Timed(parts, s, self.threads) for s in slices]
+
+    def device_kernel(self, instr, name: str, dstream, last: list) -> None:
+        """A kernel ``name`` that the device instruction ``instr`` (a compiled program's)
+        launched just now on the driver stream ``dstream``: a record of its own, inside
+        ``instr``'s, ended by an event recorded after it and started where the kernel before
+        it (``last``, a one-item list the caller keeps per instruction: that kernel's end,
+        None for the first) ended."""
+        parent = _rec_of(instr)
+        if parent is None:
+            return
+        r = Rec(self, OP_CALL, name, instr.stream, (), (), None, _perf())
+        r.thread = _ident()
+        r.launched = r.issue
+        parent.inner += 1
+        times = parent.device
+        self.records.append(r)
+
+        def done():
+            now = _perf()
+            start = last[0] if last[0] is not None else (times[0] if times else None)
+            r.start = r.issue if start is None else start
+            r.end = last[0] = now
+            r.done = True
+        dstream.record().then(done)
 
     def sample(self, allocator, now: float) -> None:
         n = allocator.bytes_in_use()

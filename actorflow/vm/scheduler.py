@@ -40,7 +40,7 @@ from ..tensor.blob import RELEASED
 from .deps import error_to_run, first_error, record, settled, wrote_nothing
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
-from .opcall import device_call_op, kernel_error
+from .opcall import device_call_op, kernel_error, run_op
 from .release import collect
 from .sync import KeptErrors
 from .workers import Countdown, Workers
@@ -298,7 +298,7 @@ class VM:
         to the stream by events it waits on, on the device."""
         backend = instr.stream.backend
         dstream = backend.issue_on(instr.stream)
-        if instr.kind == OP_CALL:
+        if instr.run is run_op:             # (profiled, its wrapper runs the device's op call)
             instr.run = _run_on_device
         self._execute(instr)
         if instr.error is not None or instr.kind == RELEASE:     # nothing was issued to wait for

@@ -1,0 +1,270 @@
+"""A compiled stateful Program run on a device with its own memory (a CUDA device):
+``nn.Graph``'s step on ``cuda:0``.
+
+``DeviceProgram.submit`` makes one step one VM instruction on the device's compute stream:
+it reads the step's input tensors, the tensors the program captures and its constants, and
+writes its output tensors and its state (the parameters' and the optimizer's own storage,
+in place). When the VM dispatches it, its work is issued on the compute stream's driver
+stream: each op's kernel through ``vm.opcall.launch_kernel`` (the VM's own launch of an
+op's ``DeviceKernel``), into a workspace of device memory the program keeps, then the new
+state copied over the old, last. The instruction completes on the event the VM records
+after it (no host wait per op, none per step): the step's outputs are tensors on the
+device, and reading one is the caller's sync.
+
+CUDA graphs (``cuda_graph=True``, the default): a step's launches are captured once
+(``Stream.begin_capture``/``end_capture``) after a first, uncaptured run of them, over
+static buffers: the step's inputs are copied into static input buffers before each replay
+and its outputs out of static output buffers after it (a captured graph holds addresses,
+so it reads the new inputs only through those copies), and the state in place. A later step
+is one replay (``Graph.launch``). The capture holds the state's addresses: when a state
+tensor is replaced (an optimizer's state loaded anew...) the step is captured again.
+
+A fault of a kernel is the driver stream's sticky error: the commands after it (the state's
+write-back among them) are skipped, so the state keeps its values; the instruction fails,
+its outputs raise the error when read, and the state is not poisoned (``_kept``): the next
+step runs as usual, as on the cpu.
+"""
+
+from __future__ import annotations
+
+from ..backends import get_backend
+from ..errors import KernelError
+from ..ops.registry import get as get_op
+from ..tensor.impl import TensorImpl
+from ..vm.instruction import Instruction
+from ..vm.opcall import allocate, kernel_of, launch_kernel
+from ..vm.scheduler import get_vm
+
+PROGRAM = "program"                 # the kind of a compiled program's instruction
+
+
+def _darray(impl):
+    return impl.blob.array.darray
+
+
+class DeviceProgram:
+    """``program`` (a stateful ``Program`` traced on ``device``) run on the device's compute
+    stream, one instruction per step (see the module doc). ``name``: what the instruction,
+    its errors and a profile call it. Counts, for tests and profiles: ``captures`` (graphs
+    captured), ``replays`` (steps that were one replay), ``launches`` (kernels launched
+    one by one, outside a replay), ``captured_commands`` (the last graph's commands)."""
+
+    def __init__(self, program, device, name: str):
+        self.program = program
+        self.device = device
+        self.name = name
+        self.backend = get_backend(device)
+        self.tmp = [TensorImpl.new(s.shape, s.dtype, device) for s in program.tmp_specs]
+        self.consts = []                    # the constants, copied to the device once
+        if program.consts:
+            from ..creation import from_numpy
+            self.consts = [from_numpy(c).to(str(device))._impl for c in program.consts]
+        self.static_ins = self.static_outs = None
+        self.graph = self.key = None
+        self.captures = self.replays = self.launches = self.captured_commands = 0
+        self._copy = None
+
+    def submit(self, ins: list, state: list, captured: list, cuda_graph: bool) -> list:
+        """Issues one step: ``ins`` the input tensors' impls (contiguous, on the device, in
+        the program's input order), ``state`` the state's, ``captured`` those of the tensors
+        the program reads live. Returns the output impls (written when the step runs)."""
+        outs = [TensorImpl.new(s.shape, s.dtype, s.device) for s in self.program.out_spec.specs]
+        state_blobs = tuple(t.blob for t in state)
+        consts = tuple(t.blob for t in (*ins, *captured, *self.consts))
+        muts = tuple(o.blob for o in outs) + state_blobs
+        cost = sum(b.nbytes for b in muts) >> 2
+        instr = Instruction(PROGRAM, self.name, self.backend.compute, consts, muts, self._run,
+                            (ins, outs, state, captured, cuda_graph), cost)
+        instr.waiters = [lambda: _kept(instr, state_blobs, consts)]
+        get_vm().submit(instr)
+        return outs
+
+    # -- on the VM's loop, when the step is dispatched -------------------------------------
+    def _run(self, instr) -> None:
+        ins, outs, state, captured, cuda_graph = instr.args
+        instr.result = True                 # (it ran: a failure from now on is the device's)
+        stream = self.backend.current
+        allocate(outs, self.name)
+        allocate(self.tmp, self.name)
+        st = [_darray(t) for t in (*state, *captured)]
+        out_arrays = [_darray(o) for o in outs]
+        in_arrays = [_darray(i) for i in ins]
+        prof = get_vm().profiler
+        if prof is not None:                # each kernel timed: launched one by one
+            last: list = [None]
+            timed = lambda name: prof.device_kernel(instr, name, stream, last)  # noqa: E731
+            self._body(stream, out_arrays, in_arrays, st, timed=timed)
+            return
+        if not cuda_graph:
+            self._body(stream, out_arrays, in_arrays, st)
+            return
+        if self.static_ins is None:
+            p = self.program
+            self.static_ins = [TensorImpl.new(a.shape, a.dtype, self.device)
+                               for a in [t.meta for t in ins]]
+            self.static_outs = [TensorImpl.new(s.shape, s.dtype, self.device)
+                                for s in p.out_spec.specs]
+        allocate(self.static_ins, self.name)
+        allocate(self.static_outs, self.name)
+        sins = [_darray(t) for t in self.static_ins]
+        souts = [_darray(t) for t in self.static_outs]
+        for dst, src in zip(sins, in_arrays):
+            stream.copy_d2d(dst, src)
+        key = tuple(a.ptr for a in st)
+        if self.graph is None or key != self.key:
+            self._body(stream, souts, sins, st)         # a first run, then the capture
+            self.graph = None
+            stream.begin_capture()
+            try:
+                self._body(stream, souts, sins, st, counted=False)
+            finally:
+                graph = stream.end_capture()
+            self.graph, self.key = graph, key
+            self.captures += 1
+            self.captured_commands = len(graph) if hasattr(graph, "__len__") else 0
+        else:
+            self.graph.launch(stream)
+            self.replays += 1
+        for dst, src in zip(out_arrays, souts):
+            stream.copy_d2d(dst, src)
+
+    def _body(self, stream, outs: list, ins: list, state: list, counted: bool = True,
+              timed=None) -> None:
+        """Issues the program's kernels, its output copies, then its state's write-back;
+        ``timed(op name)`` after each kernel while a profile is on."""
+        tmp = self.tmp
+        consts = self.consts
+
+        def get(ref):
+            kind, i, j, meta = ref
+            if kind == "in":
+                a = ins[j]
+            elif kind == "tmp":
+                a = _darray(tmp[i])
+            elif kind == "out":
+                a = outs[i]
+            elif kind == "state":
+                a = state[i]
+            else:
+                a = _darray(consts[i])
+            return a, meta
+        p = self.program
+        for s in p.steps:
+            arrays, views = [], []
+            for r in (*s.outs, *s.ins):
+                a, m = get(r)
+                arrays.append(a)
+                views.append(m)
+            launch_kernel(s.kernel, stream, len(s.outs), views, s.attrs, arrays)
+            if timed is not None:
+                timed(s.op.name)
+        if counted:
+            self.launches += len(p.steps)
+        for j, ref in p.copies:
+            self._copy_into(stream, outs[j], *get(ref))
+        for i, ref in p.assigns:            # the state, once every kernel has read it
+            self._copy_into(stream, state[i], *get(ref))
+
+    def _copy_into(self, stream, dst, src, meta) -> None:
+        if meta is None and src.nbytes == dst.nbytes and src.dtype == dst.dtype:
+            stream.copy_d2d(dst, src)
+            return
+        if self._copy is None:
+            self._copy = kernel_of(get_op("copy"), self.device)
+        launch_kernel(self._copy, stream, 1, [None, meta], {}, [dst, src])
+
+
+def _kept(instr, state_blobs, read) -> None:
+    """A step's waiter (under the VM lock, as it completes): a step that ran and failed on
+    the device skipped its state's write-back (the stream's sticky error skips every later
+    command), and a step that did not run because an input it reads (``read``) was poisoned
+    wrote nothing: either way its state keeps its values, and the error stays on its outputs
+    only. (A step that did not run because its state was poisoned leaves that as it is.)"""
+    err = instr.error
+    if err is None:
+        return
+    ran = instr.result is True
+    if not ran and not any(b.error is err for b in read):
+        return
+    for b in state_blobs:
+        if b.error is err:
+            b.error = None
+    if not ran:
+        return
+    if not err._reported:                   # (says so where the outputs raise it)
+        tb = err.kernel_traceback
+        KernelError.__init__(err, err.op, err.device, err.original, False,
+                             "a kernel of the step failed on the device, so the step's later "
+                             "commands were skipped: nothing was written back, the "
+                             "parameters, buffers and optimizer state keep their values, and "
+                             "the next step runs as usual; its outputs raise this error")
+        err.kernel_traceback = tb
+
+
+class HostSteps:
+    """A ``DeviceProgram`` as an op actor's program whose registers are on the host
+    (``nn.Graph.run(..., fused=True)`` on a CUDA device, fed by a source or a DataLoader
+    whose registers are host memory): each act copies its input register to the device,
+    issues the step (``DeviceProgram.submit``: captured and replayed as ``step()`` is) and
+    copies the outputs back into its output register, so the act ends when the step has
+    run (one wait per act, none per op). The state is the tensors ``attach`` hands it."""
+
+    tmp_specs: list = []
+
+    def __init__(self, device_program, cuda_graph: bool = True):
+        from ..runtime.plan.spec import PieceSpec, Spec
+        self.device_program = dp = device_program
+        p = dp.program
+        self.out_spec = PieceSpec(p.out_spec.structure,
+                                  [Spec(s.shape, s.dtype, "cpu") for s in p.out_spec.specs])
+        self.name = p.name
+        self.cuda_graph = cuda_graph
+        self.state = self.captured = ()
+
+    @property
+    def device(self):
+        return self.device_program.device
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 0                            # device memory: the device's allocator counts it
+
+    def attach(self, state: list, captured: list, cuda_graph: bool) -> None:
+        """The state's and the captured tensors' impls the next acts read and write."""
+        self.state, self.captured, self.cuda_graph = list(state), list(captured), cuda_graph
+
+    def bind(self, budget, name: str) -> None:
+        pass
+
+    def unbind(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.device}"
+
+    def run_new(self, ins: list, write_back: bool = True) -> list:
+        import numpy as np
+        outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
+        self.run(outs, ins, write_back)
+        return outs
+
+    def run(self, outs: list, ins: list, write_back: bool = True) -> None:
+        """One act: ``ins`` per input its host arrays, ``outs`` the output register's.
+
+        Raises:
+            KernelError: a kernel of the step failed (its outputs raise it; the state keeps
+                its values, as ``DeviceProgram``'s module doc says)."""
+        import numpy as np
+
+        from ..creation import from_numpy
+        from ..tensor.tensor import wrap
+        if not write_back:
+            raise NotImplementedError(f"{self.name}: a step on {self.device} writes its state "
+                                      f"back every act")
+        dev = str(self.device)
+        leaves = [from_numpy(np.ascontiguousarray(a))._impl for i in ins for a in i]
+        leaves = [wrap(t).to(dev)._impl for t in leaves]
+        got = self.device_program.submit(leaves, [t._impl for t in self.state],
+                                         [t._impl for t in self.captured], self.cuda_graph)
+        for o, impl in zip(outs, got):
+            np.copyto(o, wrap(impl).numpy().reshape(o.shape))

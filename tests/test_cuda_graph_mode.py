@@ -1,0 +1,323 @@
+"""nn.Graph on cuda:0, on the CUDA emulator: a compiled step is one instruction on the
+device's compute stream, equal to cpu's graph mode bit for bit; a static step is captured
+once as a CUDA graph and replayed, reading each step's new inputs through its static input
+buffers; a new layout compiles anew; a kernel fault inside a replayed step surfaces at the
+loss read and leaves the parameters as they were; af.profile lists the step's kernels."""
+
+import gc
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow import nn, optim
+from actorflow.backends import get_backend
+from actorflow.backends.cuda.emu import EmuDriver
+from actorflow.backends.cuda.selection import driver_for, use_driver
+from actorflow.errors import KernelError
+
+pytestmark = pytest.mark.timeout(120)
+
+CUDA = "cuda:0"
+
+
+def _settle() -> None:
+    try:
+        af.synchronize(30)
+    except KernelError:
+        pass
+    gc.collect()
+
+
+@pytest.fixture
+def emu():
+    """Puts cuda:0 on a fresh emulator; ``emu(**kw)`` starts over with those options.
+    Returns the driver."""
+    def start(**kw):
+        _settle()
+        use_driver(lambda dev: EmuDriver(dev, **kw))
+        return driver_for(CUDA)
+    yield start
+    _settle()
+    use_driver(None)
+
+
+@pytest.fixture
+def cuda(emu):
+    return emu()
+
+
+def _after_fault() -> None:
+    """Waits for the work a fault skipped, then empties the device's block cache: a block
+    freed on the faulted stream carries that stream's error in its reuse event, and a later
+    tensor given it would fail with the old error (a fault of the eager VM's recovery, not of
+    the step's: the same happens after a failed eager op)."""
+    _settle()
+    get_backend(af.device(CUDA)).allocator.empty_cache()
+
+
+class TrainStep(nn.Graph):
+    def __init__(self, model, opt, **kw):
+        super().__init__(**kw)
+        self.model = model
+        self.loss = nn.CrossEntropyLoss()
+        self.add_optimizer(opt)
+
+    def build(self, x, y):
+        loss = self.loss(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def batches(n, b=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b))
+            for _ in range(n)]
+
+
+def make(device, opt_name, kwargs, **graph_kw):
+    af.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16, device=device), nn.ReLU(),
+                          nn.Linear(16, 3, device=device))
+    opt = getattr(optim, opt_name)(model.parameters(), **kwargs)
+    return model, TrainStep(model, opt, **graph_kw)
+
+
+def train(device, opt_name, kwargs, data, **graph_kw):
+    model, step = make(device, opt_name, kwargs, **graph_kw)
+    losses = []
+    for x, y in data:
+        loss = step(af.tensor(x, device=device), af.tensor(y, device=device))
+        assert str(loss.device) == device
+        losses.append(loss)
+    return [float(loss) for loss in losses], [p.numpy() for p in model.parameters()], step
+
+
+def program_of(step):
+    """The DeviceProgram of a Graph's one compiled step."""
+    (c,) = [c for c in step._compiled.values() if c.device is not None]
+    return c.device
+
+
+OPTS = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=1e-2))]
+
+
+@pytest.mark.parametrize("cuda_graph", [True, False], ids=["captured", "launched"])
+@pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
+def test_a_step_on_cuda_trains_as_cpu_graph_mode_bit_for_bit(cuda, opt_name, kwargs,
+                                                             cuda_graph):
+    data = batches(5)
+    want, want_params, _ = train("cpu", opt_name, kwargs, data)
+    got, got_params, step = train(CUDA, opt_name, kwargs, data, cuda_graph=cuda_graph)
+    assert got == want
+    for a, b in zip(want_params, got_params):
+        np.testing.assert_array_equal(a, b)
+    run = program_of(step)
+    if cuda_graph:
+        assert (run.captures, run.replays) == (1, 4)
+    else:
+        assert (run.captures, run.replays, run.launches) == (0, 0, 5 * len(run.program.steps))
+
+
+def test_a_captured_step_is_one_replay_per_step_and_reads_each_steps_inputs(cuda):
+    data = batches(6, seed=3)
+    want, _, _ = train(CUDA, "SGD", dict(lr=0.1, momentum=0.9), data, cuda_graph=False)
+    got, _, step = train(CUDA, "SGD", dict(lr=0.1, momentum=0.9), data)
+    assert got == want
+    run = program_of(step)
+    kernels = len(run.program.steps)
+    # captured once (after the first step's own launches), then one replay per step: no
+    # kernel was launched one by one after the first step
+    assert run.captures == 1 and run.replays == len(data) - 1
+    assert run.launches == kernels
+    assert run.captured_commands >= kernels
+    assert len(run.graph) == run.captured_commands
+
+
+def test_a_replay_reads_new_inputs_not_the_captured_ones(cuda):
+    class Double(nn.Graph):
+        def build(self, x):
+            return (x * 2).sum()
+    g = Double()
+    outs = [g(af.tensor(np.full(4, float(k), np.float32), device=CUDA)) for k in range(4)]
+    assert [float(o) for o in outs] == [0.0, 8.0, 16.0, 24.0]
+    run = program_of(g)
+    assert (run.captures, run.replays) == (1, 3)
+    host = np.full(4, 5.0, np.float32)       # a host input: copied to the device first
+    assert float(g(host)) == 40.0
+
+
+def test_a_new_layout_or_learning_rate_compiles_and_captures_anew(cuda):
+    model, step = make(CUDA, "SGD", dict(lr=0.1))
+    big, small = batches(3, b=6), batches(2, b=4, seed=1)
+    for x, y in big + small + big[:1]:
+        step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    af.synchronize()                         # (the counts move as the steps run)
+    runs = [step._compiled[k].device for k in step._compiled]
+    assert len(runs) == 2                    # one per layout, kept
+    assert sorted((r.captures, r.replays) for r in runs) == [(1, 1), (1, 3)]
+    step._optimizers[0].param_groups[0]["lr"] = 0.05
+    x, y = big[0]
+    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    assert len(step._compiled) == 3
+    model.eval()                             # a new mode: compiled and captured anew too
+    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    af.synchronize()
+    assert len(step._compiled) == 4
+    assert all(c.device.captures == 1 for c in step._compiled.values())
+
+
+def test_replaced_state_is_captured_again(cuda):
+    model, step = make(CUDA, "Adam", dict(lr=1e-2))
+    data = batches(4)
+    for x, y in data[:2]:
+        step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    opt = step._optimizers[0]
+    opt.load_state_dict(opt.state_dict())      # new state tensors: new addresses
+    for x, y in data[2:]:
+        step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    af.synchronize()
+    run = program_of(step)
+    assert run.captures == 2 and run.replays == 2
+    _, want_params, _ = train("cpu", "Adam", dict(lr=1e-2), data)
+    for a, b in zip(want_params, model.parameters()):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_a_fault_in_a_replayed_step_surfaces_at_the_loss_and_keeps_the_parameters(emu):
+    drv = emu()
+    data = batches(4, seed=5)
+    model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
+    losses = []
+    for x, y in data[:2]:
+        losses.append(float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))))
+    before = [p.numpy() for p in model.parameters()]
+    drv.fail_kernel("relu")                  # inside the replayed step
+    x, y = data[2]
+    loss = step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    with pytest.raises(KernelError, match="injected fault in kernel relu") as e:
+        float(loss)
+    assert "TrainStep.step" in str(e.value) and "nothing was written back" in str(e.value)
+    del loss
+    _after_fault()
+    for a, p in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, p.numpy())      # nothing was written back
+    for x, y in data[2:]:                                 # the runtime goes on
+        losses.append(float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))))
+    want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
+    assert losses == want
+    for a, p in zip(want_params, model.parameters()):
+        np.testing.assert_array_equal(a, p.numpy())
+    assert (af.ones(3, device=CUDA) + 1).numpy().tolist() == [2.0, 2.0, 2.0]
+    assert program_of(step).captures == 1
+
+
+def test_steps_under_random_stream_delays_equal_cpu(emu):
+    emu(delay=2e-4, seed=11)
+    data = batches(4, seed=2)
+    want, want_params, _ = train("cpu", "Adam", dict(lr=1e-2), data)
+    got, got_params, _ = train(CUDA, "Adam", dict(lr=1e-2), data)
+    assert got == want
+    for a, b in zip(want_params, got_params):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_profile_on_cuda_lists_the_kernels_of_a_step(cuda):
+    data = batches(3)
+    model, step = make(CUDA, "SGD", dict(lr=0.1))
+    x, y = data[0]
+    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))      # compiled, captured
+    with af.profile() as prof:
+        loss = step(af.tensor(data[1][0], device=CUDA), af.tensor(data[1][1], device=CUDA))
+        z = af.ones(4, device=CUDA) * 3
+        float(loss), z.numpy()
+    names = [s.op.name for s in program_of(step).program.steps]
+    kernels = [e for e in prof.events() if e.get("cat") == "op"]
+    by_name = [e["name"] for e in kernels]
+    step_ev = next(e for e in kernels if e["name"] == "TrainStep.step")
+    assert step_ev["args"]["kernels"] == len(names)
+    inside = [e for e in kernels if e["name"] != "TrainStep.step"
+              and step_ev["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step_ev["ts"]
+              + step_ev["dur"] + 0.01]
+    assert [e["name"] for e in inside][:len(names)] == names
+    assert "mul_scalar" in by_name or "mul" in by_name               # the eager op too
+    table = prof.summary()
+    assert "TrainStep.step" not in table and "matmul" in table
+    for e in kernels:
+        assert e["dur"] >= 0 and "launched_us" in e["args"]
+        assert "skipped" not in e["args"] and "failed" not in e["args"]
+
+
+def test_a_fused_run_on_cuda_trains_as_cpu_from_cuda_tensors_and_a_loader(cuda):
+    data = batches(4, seed=4)
+    want, want_params, _ = train("cpu", "Adam", dict(lr=1e-2), data)
+    model, step = make(CUDA, "Adam", dict(lr=1e-2))
+    items = [(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)) for x, y in data]
+    got = [float(v) for v in step.run(items[:2], fused=True)]
+    got += [float(v) for v in step.run(data[2:], fused=True)]       # host batches
+    assert got == want
+    for a, p in zip(want_params, model.parameters()):
+        np.testing.assert_array_equal(a, p.numpy())
+    run = program_of(step)
+    assert run.captures == 1 and run.replays == 3                    # one step, one graph
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 8)).astype(np.float32), rng.integers(0, 3, 40)
+
+    def loader():
+        return af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=16, shuffle=True,
+                                  seed=1)
+    _, cpu_step = make("cpu", "SGD", dict(lr=0.1, momentum=0.9))
+    _, cuda_step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
+    want = [float(v) for v in cpu_step.run(loader(), fused=True)]
+    got = [float(v) for v in cuda_step.run(loader(), fused=True)]
+    assert len(got) == 3 and got == want                              # (the last smaller)
+
+
+def test_a_run_with_an_actor_per_op_on_cuda_is_refused_naming_fused(cuda):
+    _, step = make(CUDA, "SGD", dict(lr=0.1))
+    with pytest.raises(af.errors.PlanError, match=r"fused=True"):
+        list(step.run(batches(2)))
+
+
+def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu):
+    drv = emu()
+    data = batches(3, seed=6)
+    model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
+    x, y = data[0]
+    first = float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)))
+    before = [p.numpy() for p in model.parameters()]
+    drv.fail_kernel("abs")
+    bad = af.abs(af.tensor(data[1][0], device=CUDA))        # poisoned by its failed kernel
+    loss = step(bad, af.tensor(data[1][1], device=CUDA))
+    with pytest.raises(KernelError, match="abs"):
+        float(loss)
+    del loss, bad
+    _after_fault()
+    for a, p in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, p.numpy())
+    got = [first] + [float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)))
+                     for x, y in data[1:]]
+    want, _, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
+    assert got == want
+
+
+def test_eager_adam_on_cuda_equals_cpu(cuda):
+    def run(device):
+        af.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16, device=device), nn.ReLU(),
+                              nn.Linear(16, 3, device=device))
+        opt = optim.Adam(model.parameters(), lr=1e-2)
+        losses = []
+        for x, y in batches(3):
+            opt.zero_grad()
+            loss = nn.CrossEntropyLoss()(model(af.tensor(x, device=device)),
+                                         af.tensor(y, device=device))
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses, [p.numpy() for p in model.parameters()]
+    (a, pa), (b, pb) = run("cpu"), run(CUDA)
+    assert a == b
+    for x, y in zip(pa, pb):
+        np.testing.assert_array_equal(x, y)
