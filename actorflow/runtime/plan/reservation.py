@@ -18,6 +18,7 @@ import traceback
 
 from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Collector, OpActor, read_piece
+from ..graph.device_acts import register_arrays
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
 from ..graph.source import SourceActor
@@ -214,6 +215,7 @@ class Plan:
             else:
                 arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
                                                       key=(a.name, i))
+                arrays = register_arrays(arrays, a.out_spec)    # (device memory: tensors)
             reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec),
                            key=SHARED_KEY if shared else None)
             port.registers.append(reg)
