@@ -39,13 +39,22 @@ from ...tensor.tensor import Tensor, wrap
 from ..plan.spec import NOTHING, PieceSpec, Spec, flatten, unflatten
 from .actors import Actor, StageActor
 
-_SETTLED: list = [None]      # async fn(tensors): awaits their pending VM work (runtime_api)
+_SETTLED: list = [None, None]    # awaiting / waiting for tensors' pending VM work
 
 
-def use_settled(fn) -> None:
-    """Hands in ``fn(tensors)``, a coroutine awaiting every instruction issued so far that
-    writes or reads those tensors' storage and raising the error that poisoned one."""
-    _SETTLED[0] = fn
+def use_settled(wait_async, wait) -> None:
+    """Hands in ``wait_async(tensors)``, a coroutine awaiting every instruction issued so
+    far that writes or reads those tensors' storage and raising the error that poisoned
+    one, and ``wait(tensors)``, the same blocking and raising nothing (``runtime_api``)."""
+    _SETTLED[:] = [wait_async, wait]
+
+
+def release_registers(registers) -> None:
+    """Before device registers are freed: waits for the VM work still using their tensors
+    (a copy of the last piece out of a sink's register may be pending). Once per run."""
+    tensors = [t for r in registers for t in r.arrays if isinstance(t, Tensor)]
+    if tensors and _SETTLED[1] is not None:
+        _SETTLED[1](tensors)
 
 
 def device_memory(device) -> bool:

@@ -18,7 +18,7 @@ import traceback
 
 from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Collector, OpActor, read_piece
-from ..graph.device_acts import register_arrays
+from ..graph.device_acts import register_arrays, release_registers
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
 from ..graph.source import SourceActor
@@ -278,6 +278,7 @@ class Plan:
         for a in self.actors:
             if a not in busy:
                 self.release_actor(a)
+        release_registers(r for p in self.ports.values() for r in p.registers)
         self.budget.release_all(keep)
         self.ports.clear()
         self.in_ports.clear()
