@@ -218,6 +218,10 @@ class DeviceStage(StageActor):
         self.device = device
         self.fn_async = self.is_async
         self.is_async = True
+        if self.out_spec is not None:       # out=af.Spec(shape, dtype): on the stage's device
+            self.out_spec = PieceSpec(self.out_spec.structure, [
+                Spec(s.shape, s.dtype, device) if s.device.type == "cpu" else s
+                for s in self.out_spec.specs])
 
     async def _value(self, ins):
         if self.fn_async:
@@ -284,14 +288,14 @@ class DeviceStage(StageActor):
             await _settled(outs)
             return None
         read = [t for i in ins for t in flatten(i)[0] if isinstance(t, Tensor)]
-        versions = [t._impl.blob.version for t in read]
+        writes = [t._impl.blob.last_write for t in read]     # (a write in place replaces it)
         leaves = self._leaves(await self._value(ins), piece)
         for dst, x in zip(outs, leaves):
             if dst is not None:
                 dst.copy_(x)
         await _settled(list(outs) + read)
-        for t, v in zip(read, versions):
-            if t._impl.blob.version != v:
+        for t, w in zip(read, writes):
+            if t._impl.blob.last_write is not w:
                 raise ValueError(
                     f"actor {self.name!r} (piece {piece}) wrote into an input in place, and "
                     f"its inputs are read-only: they are the producers' registers (other "
