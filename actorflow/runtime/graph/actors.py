@@ -15,13 +15,13 @@ import inspect
 
 import numpy as np
 
+from ...device import device as as_device
 from ...tensor.meta import strided
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
 from ..sched.loop import run_on_graph_loop
 from ..plan.spec import (NOTHING, PieceSpec, check_piece, flatten, none_is_fine, own_copy,
                    refuse_awaitable, refuse_device_tensor, unflatten)
-from ...device import device as as_device
 
 CPU = as_device("cpu")
 

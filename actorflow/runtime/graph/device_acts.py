@@ -36,7 +36,8 @@ from ...tensor.blob import Blob
 from ...tensor.impl import TensorImpl
 from ...tensor.meta import TensorMeta, contiguous_strides
 from ...tensor.tensor import Tensor, wrap
-from ..plan.spec import NOTHING, PieceSpec, Spec, flatten, unflatten
+from ..plan.spec import NOTHING, PieceSpec, Spec, check_piece, flatten, unflatten
+from ..sched.loop import run_on_graph_loop
 from .actors import Actor, StageActor
 
 _SETTLED: list = [None, None]    # awaiting / waiting for tensors' pending VM work
@@ -118,7 +119,7 @@ async def _settled(tensors: list) -> None:
     await fn(tensors)
 
 
-def _host_leaf(x, what: str) -> np.ndarray:
+def _host_leaf(x) -> np.ndarray:
     """A host copy of one leaf of piece 0 (planning reads it once)."""
     if isinstance(x, Tensor):
         return np.array(x.numpy(), copy=True)
@@ -165,7 +166,7 @@ class CopyActor(Actor):
     def probe(self, ins):
         self.infer()
         leaves, _ = flatten(ins[0])
-        return [_host_leaf(x, self.name) for x in leaves]
+        return [_host_leaf(x) for x in leaves]
 
     async def compute_async(self, piece, ins, outs):
         if outs is None:
@@ -234,13 +235,9 @@ class DeviceStage(StageActor):
         ins = [unflatten(s, [wrap_host(x).to(dev) if isinstance(x, np.ndarray) else x
                              for x in leaves])
                for leaves, s in (flatten(i) for i in ins)]
-        from ..sched.loop import run_on_graph_loop
-        value = run_on_graph_loop(self._value_probe(ins)) if self.fn_async else self._call(ins)
+        value = run_on_graph_loop(self._call_async(ins)) if self.fn_async else self._call(ins)
         self._leaves(value, 0)
         return self._checked_leaves(value, f"actor {self.name!r} (piece 0)")
-
-    async def _value_probe(self, ins):
-        return await self._call_async(ins)
 
     def _device(self):
         return self.device
@@ -252,7 +249,6 @@ class DeviceStage(StageActor):
         leaves, structure = flatten(value)
         spec = self.out_spec
         if spec is not None and structure != spec.structure:
-            from ..plan.spec import check_piece
             check_piece(value, spec, what, self.declared)      # raises, naming the difference
         for i, x in enumerate(leaves):
             on = x._impl.meta.device if isinstance(x, Tensor) else None
