@@ -199,6 +199,7 @@ def test_plan_over_the_cuda_budget_is_refused_before_the_run(cuda):
     assert e.value.device == CUDA and e.value.budget == 300 * 1024
     assert e.value.needed == 2 * (256 * 256 + 256) * 4
     assert "cuda:0 budget" in msg and "buffers=1" in msg
+    assert "sharing" not in msg                 # (device registers never share an arena)
     _settle()                                   # (piece 0 was computed there to size it)
     assert af.lowlevel.memory_stats(CUDA).in_use == 0   # no register was allocated
     pipe = af.Pipeline([_pieces(3, shape=(256, 256)), af.Copy(CUDA), _compute, af.Copy("cpu")],

@@ -133,8 +133,8 @@ class Plan:
             else:
                 hint = (f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
                         f"least that, or make the pieces smaller")
-            if self.sharing is not None:
-                s = self.sharing
+            if self.sharing is not None and self.sharing.arenas.get(dev):
+                s = self.sharing            # (registers there share: device memory does not)
                 got = s.arenas.get(dev, 0)
                 found = ("the smallest any order and placement allow"
                          if s.share.exact and len(s.arenas) == 1
