@@ -279,7 +279,8 @@ def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
             or a piece nested otherwise than the register.
         ShapeError: a leaf of another shape than the register's.
         DTypeError: a leaf of another dtype.
-        DeviceError: a null-device stand-in for a register with data.
+        DeviceError: a null-device stand-in for a register with data, or a tensor in a
+            device's own memory (cuda) for a register on the host (``refuse_device_tensor``).
     """
     if value is None and none_is_fine(spec, what):
         return [None] * len(spec.specs)
