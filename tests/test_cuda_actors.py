@@ -154,6 +154,21 @@ def test_graph_on_cuda_with_tuples_two_inputs_and_a_cuda_sink(cuda):
         np.testing.assert_allclose(out["host"]["b"], x[:, :4] * 3.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("seed", [0, 5, 7])
+def test_register_is_written_again_only_after_its_device_reads(emu, seed):
+    """The run's output copies a device register on the device (a VM read still pending
+    when the register goes home); the copy actor writes that register again only once the
+    read completed (without that wait, piece k reads piece k+2's values here)."""
+    emu(delay=0.002, seed=seed)
+    data = _pieces(30, seed, shape=(4, 8))
+    g = af.ActorGraph(buffers=2, seed=seed)
+    g.sink(g.copy(g.source(data), CUDA))
+    outs = list(g.run())
+    assert len(outs) == 30
+    for out, x in zip(outs, data):
+        np.testing.assert_array_equal(out.numpy(), x)
+
+
 # -- streams and overlap ---------------------------------------------------------------------
 def test_copies_on_copy_streams_compute_on_compute_stream(cuda):
     pipe = af.Pipeline([_pieces(12), af.Copy(CUDA), _compute, af.Copy("cpu")],
