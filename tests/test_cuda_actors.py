@@ -83,6 +83,12 @@ class LoggedDriver(EmuDriver):
         self.h2d_in_run = 0
         self.free = threading.Event()
         self.hold_for = 5.0
+        self.pinned_made = []
+
+    def pinned(self, shape, dtype):
+        a = super().pinned(shape, dtype)
+        self.pinned_made.append(a)
+        return a
 
     def stream(self, name="compute"):
         with self._cv:
@@ -202,6 +208,25 @@ def test_h2d_of_next_piece_issued_while_compute_is_held(cuda, buffers):
     outs = list(g.run())
     assert len(outs) == 6 and cuda.gated
     assert cuda.held_out is (buffers == 1)
+
+
+def test_host_registers_that_copies_read_or_write_are_pinned(cuda):
+    g = af.ActorGraph(buffers=2)
+    src = g.source(_pieces(4), out=af.Spec((8, 16)))
+    stage = g.actor(_compute, g.copy(src, CUDA), out=af.Spec((8,)))
+    g.sink(g.copy(stage, "cpu", name="down"))
+    plan = g.plan()
+    plan.allocate()
+    try:
+        made = {id(a) for a in cuda.pinned_made}
+        regs = {a.name: port.registers for a, port in plan.ports.items()}
+        for name in ("source", "down"):
+            assert len(regs[name]) == 2
+            assert all(id(r.arrays[0]) in made for r in regs[name])
+        assert af.lowlevel.memory_stats("cpu").in_use >= 2 * (8 * 16 + 8) * 4
+    finally:
+        plan.release()
+    assert len(list(g.run())) == 4
 
 
 # -- memory ------------------------------------------------------------------------------------

@@ -86,6 +86,19 @@ def register_arrays(arrays: list, spec: PieceSpec) -> list:
     return out
 
 
+def pinned_for(actor):
+    """The device backend whose copies read or write ``actor``'s host registers (the
+    producer of a copy to a device, a copy to the host), or None. Such registers are the
+    driver's pinned host buffers: a copy from or to pageable memory would not be
+    asynchronous on a GPU (the host thread would wait for it)."""
+    if isinstance(actor, CopyActor):
+        return None if actor.h2d else actor.backend
+    for c in actor.consumers:
+        if isinstance(c, CopyActor) and c.h2d:
+            return c.backend
+    return None
+
+
 def placed_on(actors) -> object:
     """The device-memory device the registers of ``actors`` are on (None: the host's).
     Raises DeviceError when they are on two such devices, or mix one with the host's."""

@@ -18,7 +18,7 @@ import traceback
 
 from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Collector, OpActor, read_piece
-from ..graph.device_acts import register_arrays, release_registers
+from ..graph.device_acts import pinned_for, register_arrays, release_registers
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
 from ..graph.source import SourceActor
@@ -209,12 +209,13 @@ class Plan:
     def _fill(self, a, port) -> None:
         self.filled = True
         shared = self.sharing is not None and a in self.sharing.members
+        pinned = pinned_for(a)          # (host registers a device's copies read or write)
         for i in range(port.buffers):
             if shared:
                 arrays, nbytes = self.sharing.arrays(a, i), a.out_spec.nbytes
             else:
                 arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
-                                                      key=(a.name, i))
+                                                      key=(a.name, i), pinned=pinned)
                 arrays = register_arrays(arrays, a.out_spec)    # (device memory: tensors)
             reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec),
                            key=SHARED_KEY if shared else None)
