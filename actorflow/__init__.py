@@ -27,7 +27,7 @@ from .serialization import load, save
 from .methods import bind as _bind_tensor_methods  # noqa: F401 - binds Tensor's methods
 from .pipeline import Pipeline
 from .plots import plot_timeline
-from .runtime import ActorGraph, RunStats, Spec
+from .runtime import ActorGraph, Copy, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async
 from .vm.profiler import profile
 from .tensor.tensor import Tensor
@@ -64,7 +64,7 @@ __all__ = [
     # training
     "nn", "optim", "data", "save", "load",
     # actor graphs
-    "ActorGraph", "Pipeline", "Spec", "RunStats", "trace", "plot_timeline",
+    "ActorGraph", "Pipeline", "Copy", "Spec", "RunStats", "trace", "plot_timeline",
     # errors
     "ActorError", "ActorflowError", "DeadlockError", "DeviceError", "DivisionByZeroError",
     "DTypeError", "IndexOutOfBoundsError", "InvalidInputError", "KernelError",

@@ -10,11 +10,15 @@ Example::
 from __future__ import annotations
 
 from .runtime.graph.actor_graph import ActorGraph
+from .runtime.graph.device_acts import Copy
 
 
 class Pipeline:
     """A chain of stages: the first entry is the source (an iterable, async iterable or
-    zero-argument callable returning one), each later entry a function of one piece.
+    zero-argument callable returning one), each later entry a function of one piece, or
+    ``af.Copy(device)``: a copy of each piece to a device (``"cuda:0"``) or back to
+    ``"cpu"`` (``ActorGraph.copy``); the functions after a copy to a device get and return
+    tensors there.
 
     Args:
         stages: the source, then the functions.
@@ -59,9 +63,13 @@ class Pipeline:
                         name=names[0] or "source")
         self.actors = [node]
         for i, fn in enumerate(stages[1:], start=1):
+            if isinstance(fn, Copy):
+                node = g.copy(node, fn.device, name=names[i], buffers=per[i])
+                self.actors.append(node)
+                continue
             if not callable(fn):
-                raise TypeError(f"Pipeline: stage {i} must be a function of one piece, got "
-                                f"{type(fn).__name__}")
+                raise TypeError(f"Pipeline: stage {i} must be a function of one piece or a "
+                                f"copy (af.Copy('cuda:0')), got {type(fn).__name__}")
             node = g.actor(fn, node, out=outs[i], buffers=per[i], resources=res[i],
                            name=names[i], replicas=reps[i] or 1)
             self.actors.append(node)

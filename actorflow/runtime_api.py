@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .errors import DeviceError
 from .eager.interpreter import read
+from .runtime.graph.device_acts import use_settled
 from .vm import get_vm
 
 
@@ -59,3 +60,41 @@ def peek_array(t, stand_in: bool = False):
     if blob.allocated and blob.error is None and blob.idle() and impl.meta.shape is not None:
         return impl.array()
     return read(impl, blob.backend.allocator.copy_out, "numpy")
+
+
+def _pending(tensors: list) -> list:
+    """The instructions issued so far that write or read ``tensors``' storage, not done."""
+    out = []
+    for t in tensors:
+        blob = t._impl.blob
+        w = blob.last_write
+        if w is not None and not w.done:
+            out.append(w)
+        out.extend(r for r in tuple(blob.reads or ()) if not r.done)
+    return out
+
+
+async def settled_async(tensors: list) -> None:
+    """Awaits every instruction issued so far that writes or reads ``tensors``' storage
+    (a device's complete on their driver events: no polling), then raises the error that
+    poisoned one of them. What a device actor's act awaits before it ends (its register
+    written, its inputs read: ``runtime/graph/device_acts.py``)."""
+    vm = get_vm()
+    for instr in _pending(tensors):
+        await vm.wait_async(instr)
+    for t in tensors:
+        err = t._impl.blob.error
+        if err is not None:
+            raise err.to_raise()
+
+
+def settled(tensors: list) -> None:
+    """Waits (blocking) for every instruction issued so far that writes or reads
+    ``tensors``' storage; errors stay for the next sync point. What a plan waits on before
+    it frees device registers (a copy out of the last piece may still be reading one)."""
+    vm = get_vm()
+    for instr in _pending(tensors):
+        vm.wait(instr)
+
+
+use_settled(settled_async, settled)

@@ -14,9 +14,11 @@ import numbers
 import numpy as np
 
 from ..creation import _next_seed, from_numpy
+from ..device import device as as_device
 from ..errors import PlanError, ShapeError
 from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..tensor.tensor import Tensor
 
@@ -93,11 +95,16 @@ class DataLoader:
         memory: byte budgets per device for the batches in flight, as for ActorGraph
             (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
+        device: where batches arrive: ``"cpu"`` (default), or a device with its own memory
+            (``"cuda:0"``): each batch is then copied there by a copy actor (``to_device``,
+            host to device on the device's copy stream, ``buffers`` registers in device
+            memory under ``memory``'s budget for it), while the next batches load, and
+            comes as tensors on it.
     """
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, workers: int = 0, buffers=None, memory=None,
-                 collate_fn=None, seed=None):
+                 collate_fn=None, seed=None, device=None):
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(workers, numbers.Integral) or not 0 <= workers <= 64:
@@ -133,16 +140,22 @@ class DataLoader:
             raise PlanError(f"DataLoader: memory takes a byte budget per device, e.g. "
                             f"memory={{'cpu': {memory!r}}}, got {memory!r}")
         self.memory = memory
+        self.device = as_device(device if device is not None else "cpu")
+        self.on_device = device_memory(self.device)
+        if not self.on_device and self.device.type != "cpu":
+            raise ValueError(f"DataLoader: device={str(self.device)!r}: batches come on the "
+                             f"host ('cpu') or on a device with its own memory ('cuda:0')")
         self.graph = self._graph()[0]   # (checks the budgets now; each pass has its own
         #                                 graph, so passes may overlap: zip(dl, dl))
 
-    def _graph(self) -> tuple:
+    def _graph(self, to_device: bool = True) -> tuple:
         g = ActorGraph(memory=self.memory, buffers=self.buffers)
-        actors = self.actors_into(g)
+        actors = self.actors_into(g, to_device=to_device)
         g.sink(actors.node)
         return g, actors
 
-    def actors_into(self, g: ActorGraph, layout: PieceSpec | None = None) -> "LoaderActors":
+    def actors_into(self, g: ActorGraph, layout: PieceSpec | None = None,
+                    to_device: bool = True) -> "LoaderActors":
         """Adds this loader's actors to ``g``: for a map-style dataset a ``sampler`` source
         (batches of indices) and a ``load`` stage on ``workers`` replicas (the samples,
         collated), for an iterable one a ``load`` source reading and collating in order.
@@ -152,6 +165,8 @@ class DataLoader:
         Args:
             g: the graph to add to; its ``memory`` budget counts the loader's registers.
             layout: the batch layout to declare (``layout()``); else piece 0 sizes it.
+            to_device: for a loader on a device (``device="cuda:0"``), a copy actor
+                ``to_device`` after the loading actor copies each batch there.
 
         Returns:
             LoaderActors: its ``node`` is the actor whose register holds a batch."""
@@ -166,13 +181,17 @@ class DataLoader:
         else:                           # an iterable is read in order: the source batches
             actors.node = g.source(actors.batches, name="load", out=out, buffers=self.buffers)
             actors.actors = [actors.node]
+        if self.on_device and to_device:    # double-buffered: a batch's copy overlaps the
+            actors.node = g.copy(actors.node, self.device, name="to_device",   # next load
+                                 buffers=self.buffers)
+            actors.actors.append(actors.node)
         return actors
 
     @property
     def actors_key(self) -> tuple:
         """What the actors ``actors_into`` adds depend on: a loader with the same key may be
         read by them (``LoaderActors.bind``)."""
-        return (self.map_style, self.workers, self.buffers)
+        return (self.map_style, self.workers, self.buffers, self.device)
 
     def layout(self) -> PieceSpec | None:
         """The layout of a whole batch, from metadata: with ``default_collate``, the first
@@ -243,13 +262,20 @@ class DataLoader:
         return self.collate_fn([self.dataset[int(i)] for i in idx])
 
     def __iter__(self):
-        for batch in self.iter_arrays():
-            yield _tensors(batch)
+        if not self.on_device:
+            for batch in self.iter_arrays():
+                yield _tensors(batch)
+            return
+        self.graph, actors = g, actors = self._graph()
+        yield from g.run()              # (the run's output: copies of the device registers)
+        dev = str(self.device)
+        for batch in actors.rest():
+            yield _tensors(batch, dev)
 
     def iter_arrays(self):
         """A new pass, as ``for batch in loader`` gives it, but each batch as ``collate_fn``
-        gives it (numpy arrays) rather than as tensors."""
-        self.graph, actors = g, actors = self._graph()
+        gives it (numpy arrays, on the host whatever ``device``) rather than as tensors."""
+        self.graph, actors = g, actors = self._graph(to_device=False)
         yield from g.run()
         yield from actors.rest()
 
@@ -329,7 +355,10 @@ class LoaderActors:
         return loader._load(loader.order(self.epoch)[piece * b:(piece + 1) * b])
 
 
-def _tensors(batch):
+def _tensors(batch, device=None):
     leaves, structure = flatten(batch)
-    return unflatten(structure, [from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray)
-                                 else a for a in leaves])
+    leaves = [from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+              for a in leaves]
+    if device is not None:
+        leaves = [a.to(device) if isinstance(a, Tensor) else a for a in leaves]
+    return unflatten(structure, leaves)

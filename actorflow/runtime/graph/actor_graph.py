@@ -23,6 +23,7 @@ from ..observe import hooks as observe
 from ..sched import loop as loop_module
 from .actors import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
+from .device_acts import CopyActor, DeviceStage, placed_on
 from ..plan.sizing import plan_graph
 from ..plan.registers import MemoryBudget
 from .source import SourceActor
@@ -166,10 +167,40 @@ class ActorGraph:
         the act is abandoned (it frees its registers when it returns). ``replicas``: threads
         the stage acts on at once (acts still leave in piece order; up to its registers)."""
         spec = PieceSpec.from_user(out) if out is not None else None
-        return self._add(StageActor(self._name(name, getattr(fn, "__name__", "stage")), fn,
-                                    list(inputs), buffers=buffers, resources=resources,
-                                    inline=inline, time=time, out=spec, timeout=timeout,
-                                    replicas=replicas))
+        name = self._name(name, getattr(fn, "__name__", "stage"))
+        self._check_inputs(name, inputs)
+        on = placed_on(inputs)
+        if on is not None:              # its inputs are on a device: it runs there
+            if inline or time is not None or timeout is not None or resources:
+                raise ValueError(f"actor {name!r}: its inputs are on {on}, where a stage "
+                                 f"issues device work from the run's loop; inline=, time=, "
+                                 f"timeout= and resources= are for stages on the host")
+            return self._add(DeviceStage(name, fn, list(inputs), on, buffers=buffers,
+                                         out=spec, replicas=replicas))
+        return self._add(StageActor(name, fn, list(inputs), buffers=buffers,
+                                    resources=resources, inline=inline, time=time, out=spec,
+                                    timeout=timeout, replicas=replicas))
+
+    def copy(self, src, device, name=None, buffers=None) -> Actor:
+        """An actor copying each piece of ``src`` across the host boundary: to a device
+        (``"cuda:0"``: host to device on the device's copy stream ``h2d``, into registers in
+        the device's memory, under its budget ``memory={"cuda:0": ...}``), or from one to
+        ``"cpu"`` (on ``d2h``). The stages reading a device copy run on the device: they
+        get its registers as tensors there (read-only) and return tensors there. Each
+        act ends when its copy completed on the device; with ``buffers=2`` (the default)
+        one piece's copy overlaps the next stage's work on the piece before.
+
+        Raises DeviceError when ``src`` is on ``device``'s side already."""
+        name = self._name(name, f"to_{device}".replace(":", "_"))
+        self._check_inputs(name, [src])
+        return self._add(CopyActor(name, src, device, buffers=buffers))
+
+    @staticmethod
+    def _check_inputs(name: str, inputs) -> None:
+        for p in inputs:
+            if not isinstance(p, Actor):
+                raise TypeError(f"actor {name!r}: its inputs must be actors of this graph "
+                                f"(what source/actor/op returned), got {p!r}")
 
     def op(self, fn, *inputs, name=None, buffers=None, inline=None, time=None,
            resources=None, **kwargs) -> Actor:
@@ -254,8 +285,9 @@ class ActorGraph:
         are planned at once when every size is known, shared by lifetime where the budget
         needs it, as ``plan()`` would: with a budget and ``share="auto"``) or "lazy" (each
         stage's registers allocated the moment its piece 0 exists: nothing to share)."""
-        if self._tuned() or self.share is True:
-            return "probe"
+        if self._tuned() or self.share is True or any(
+                isinstance(a, (CopyActor, DeviceStage)) for a in self.actors):
+            return "probe"              # (device registers are allocated before the run)
         if self.share == "auto" and any(b is not None for b in self.memory.values()):
             return "whole"
         return "lazy"

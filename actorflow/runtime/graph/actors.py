@@ -15,12 +15,15 @@ import inspect
 
 import numpy as np
 
+from ...device import device as as_device
 from ...tensor.meta import strided
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
 from ..sched.loop import run_on_graph_loop
 from ..plan.spec import (NOTHING, PieceSpec, check_piece, flatten, none_is_fine, own_copy,
-                   refuse_awaitable, unflatten)
+                   refuse_awaitable, refuse_device_tensor, unflatten)
+
+CPU = as_device("cpu")
 
 
 
@@ -119,7 +122,10 @@ class Actor:
             return [None] * len(self.out_spec.specs)
         refuse_awaitable(value, what)
         leaves, structure = flatten(value)
-        got = PieceSpec.of(value, what, self._device())
+        dev = self._device()
+        for i, x in enumerate(leaves):
+            refuse_device_tensor(x, dev or CPU, f"{what} (array {i})")
+        got = PieceSpec.of(value, what, dev)
         if self.out_spec is None:
             self.out_spec = got
         else:
@@ -147,10 +153,11 @@ def is_async_function(fn) -> bool:
 
 
 def read_piece(arrays: list, spec: PieceSpec):
-    """A producer's register as its consumer reads it: read-only views in its structure."""
+    """A producer's register as its consumer reads it: read-only views in its structure
+    (a device register's tensors as they are: see ``device_acts.py``)."""
     views = []
     for a in arrays:
-        if a is not None:
+        if isinstance(a, np.ndarray):
             a = a.view()
             a.flags.writeable = False
         views.append(a)
@@ -324,4 +331,6 @@ class Collector(Actor):
 
 def _copy_out(piece):
     leaves, structure = flatten(piece)
-    return unflatten(structure, [np.array(a) if a is not None else None for a in leaves])
+    return unflatten(structure, [None if a is None else np.array(a) if isinstance(a, np.ndarray)
+                                 else a.clone() for a in leaves])     # (a device register's
+    #                                                                   tensor: a copy there)

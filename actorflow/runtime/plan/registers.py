@@ -98,17 +98,19 @@ class MemoryBudget:
                 raise PlanError(f"memory={{{dev!r}: {value!r}}}: {e}") from None
         self.in_use: dict = {}
         self.peak: dict = {}
-        self._blocks: dict = {}         # key -> [(device, array, nbytes)]
+        self._blocks: dict = {}         # key -> [(device, array, nbytes, owned)]
         self._lock = threading.Lock()   # frees may come from an abandoned act's thread
 
     def budget(self, device):
         return self.budgets.get(device)
 
-    def allocate(self, spec, what: str, key=None) -> tuple[list, int]:
+    def allocate(self, spec, what: str, key=None, pinned=None) -> tuple[list, int]:
         """Arrays for one register of ``spec`` (a PieceSpec), filed under ``key`` (what
-        ``free(key)`` gives back; by default ``what``). Raises OutOfMemoryError if a budget
-        would be exceeded (the plan checks first, so this means the device's own budget or
-        the system refused); nothing stays allocated then."""
+        ``free(key)`` gives back; by default ``what``). ``pinned``: a device backend whose
+        copies read or write the register: its host arrays are that driver's pinned
+        buffers (counted by the host's allocator all the same). Raises OutOfMemoryError if
+        a budget would be exceeded (the plan checks first, so this means the device's own
+        budget or the system refused); nothing stays allocated then."""
         key = what if key is None else key
         arrays, total, blocks = [], 0, []
         try:
@@ -119,8 +121,18 @@ class MemoryBudget:
                 used = self.in_use.get(dev, 0)
                 if budget is not None and used + nbytes > budget:
                     raise OutOfMemoryError(str(dev), nbytes, used, budget, what)
-                arr = get_backend(dev).allocator.empty(s.shape, s.dtype.np, nbytes, what)
-                blocks.append((dev, arr, nbytes))
+                allocator = get_backend(dev).allocator
+                owned = pinned is None or dev.type != "cpu"
+                if owned:
+                    arr = allocator.empty(s.shape, s.dtype.np, nbytes, what)
+                else:
+                    allocator.adopt(nbytes, what)
+                    try:
+                        arr = pinned.driver().pinned(s.shape, s.dtype.np)
+                    except BaseException:
+                        allocator.free(None, nbytes, False)
+                        raise
+                blocks.append((dev, arr, nbytes, owned))
                 with self._lock:
                     self.in_use[dev] = used + nbytes
                     self.peak[dev] = max(self.peak.get(dev, 0), used + nbytes)
@@ -141,10 +153,10 @@ class MemoryBudget:
 
     def _free_blocks(self, blocks) -> None:
         with self._lock:
-            for dev, _, nbytes in blocks:
+            for dev, _, nbytes, _ in blocks:
                 self.in_use[dev] -= nbytes
-        for dev, arr, nbytes in blocks:
-            get_backend(dev).allocator.free(arr, nbytes, True)
+        for dev, arr, nbytes, owned in blocks:
+            get_backend(dev).allocator.free(arr, nbytes, owned)
 
     def release_all(self, keep=()) -> None:
         """Frees everything allocated under this budget but the keys in ``keep`` (what an

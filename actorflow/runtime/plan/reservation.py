@@ -18,6 +18,7 @@ import traceback
 
 from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Collector, OpActor, read_piece
+from ..graph.device_acts import pinned_for, register_arrays, release_registers
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
 from ..graph.source import SourceActor
@@ -132,8 +133,8 @@ class Plan:
             else:
                 hint = (f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
                         f"least that, or make the pieces smaller")
-            if self.sharing is not None:
-                s = self.sharing
+            if self.sharing is not None and self.sharing.arenas.get(dev):
+                s = self.sharing            # (registers there share: device memory does not)
                 got = s.arenas.get(dev, 0)
                 found = ("the smallest any order and placement allow"
                          if s.share.exact and len(s.arenas) == 1
@@ -208,12 +209,14 @@ class Plan:
     def _fill(self, a, port) -> None:
         self.filled = True
         shared = self.sharing is not None and a in self.sharing.members
+        pinned = pinned_for(a)          # (host registers a device's copies read or write)
         for i in range(port.buffers):
             if shared:
                 arrays, nbytes = self.sharing.arrays(a, i), a.out_spec.nbytes
             else:
                 arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
-                                                      key=(a.name, i))
+                                                      key=(a.name, i), pinned=pinned)
+                arrays = register_arrays(arrays, a.out_spec)    # (device memory: tensors)
             reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec),
                            key=SHARED_KEY if shared else None)
             port.registers.append(reg)
@@ -276,6 +279,7 @@ class Plan:
         for a in self.actors:
             if a not in busy:
                 self.release_actor(a)
+        release_registers(r for p in self.ports.values() for r in p.registers)
         self.budget.release_all(keep)
         self.ports.clear()
         self.in_ports.clear()

@@ -24,6 +24,7 @@ from collections import Counter
 
 import numpy as np
 
+from ...backends import get_backend
 from ...errors import format_bytes
 from ..graph.actors import Collector
 from .lifetimes import aligned, plan_sharing
@@ -64,8 +65,9 @@ class Sharing:
         if not counts:
             return None
         k = counts.most_common(1)[0][0]
-        members = {a: index[a] for a in nodes
-                   if buffers[a] == k and _layout_bytes(a.out_spec)}
+        members = {a: index[a] for a in nodes          # (device memory is not viewed
+                   if buffers[a] == k and _layout_bytes(a.out_spec)     # into arenas)
+                   and all(get_backend(sp.device).host_memory for sp in a.out_spec.specs)}
         sizes = [_layout_bytes(a.out_spec) if a in members else {} for a in nodes]
         inputs = [[index[p] for p in a.inputs] for a in nodes]
         after = [[index[r] for r in _readers_before(a, nodes)] for a in nodes]

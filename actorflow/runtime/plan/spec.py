@@ -279,7 +279,8 @@ def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
             or a piece nested otherwise than the register.
         ShapeError: a leaf of another shape than the register's.
         DTypeError: a leaf of another dtype.
-        DeviceError: a null-device stand-in for a register with data.
+        DeviceError: a null-device stand-in for a register with data, or a tensor in a
+            device's own memory (cuda) for a register on the host (``refuse_device_tensor``).
     """
     if value is None and none_is_fine(spec, what):
         return [None] * len(spec.specs)
@@ -297,9 +298,24 @@ def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
             for i, (v, s) in enumerate(zip(leaves, spec.specs))]
 
 
+def refuse_device_tensor(v, device, what: str) -> None:
+    """A leaf for a register on ``device`` (the host's: cpu, or a null stand-in's) that is a
+    tensor in a device's own memory (cuda) is refused (DeviceError): the host reads it only
+    by a copy, which the graph makes with a copy actor, not hidden in every act."""
+    if isinstance(v, Tensor):
+        on = v._impl.meta.device
+        if on.type not in ("cpu", "null") and on is not device:
+            raise DeviceError(
+                f"{what} returned a tensor on {on}, but its register is on {device}; return "
+                f"a host array (a stage on the host), or keep the stage on {on} and copy its "
+                f"output to the host with a copy actor: g.copy(x, {str(device)!r}) "
+                f"(a Pipeline entry af.Copy({str(device)!r}))")
+
+
 def _checked_leaf(v, s: Spec, leaf_what: str, what: str):
     meta, arr = null_meta(v), None
     if meta is None:
+        refuse_device_tensor(v, s.device, leaf_what)
         arr = as_array(v, leaf_what)
         shape, dtype, got = arr.shape, arr.dtype, f"{arr.dtype}{list(arr.shape)}"
     elif s.device.type != "null":
