@@ -42,11 +42,17 @@ class Kernel:
     """A kernel: ``name`` and CUDA C ``source`` for a compiled driver, ``reference(*args)``
     the numpy function with the same effect for the emulator (it takes the launch's
     arguments, device arrays as numpy arrays, and writes its outputs in place).
-    ``grid(*args) -> (grid, block)``, when given, sizes a launch that names none."""
+    ``grid(*args) -> (grid, block)``, when given, sizes a launch that names none.
+    ``params``: the launch parameters of ``source`` (``kernels.KernelSource.params``: what
+    a compiled driver packs each argument as); ``entry``: the ``extern "C"`` function of
+    ``source`` when it is not ``name`` (a generated kernel is named by its op, for
+    messages and injected faults)."""
     name: str
     reference: Callable | None = None
     source: str = ""
     grid: Callable | None = None
+    params: tuple = ()
+    entry: str = ""
 
     def __repr__(self) -> str:
         return f"Kernel({self.name})"

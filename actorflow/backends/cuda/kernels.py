@@ -136,6 +136,7 @@ _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LOGIC = {"logical_and": "&&", "logical_or": "||"}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _INTDIV = ("floor_divide", "remainder", "trunc_divide")
+COMPARE_OPS = tuple(_CMP) + tuple(_LOGIC)    # binary ops computing in the operands' common dtype
 OTHER_OPS = ("clamp", "clamp_tensor", "where", "cast", "copy")
 SCALAR_OPS = tuple(p + b + "_scalar" for b in BINARY_OPS for p in ("", "r"))
 OPS = UNARY_OPS + BINARY_OPS + SCALAR_OPS + OTHER_OPS
