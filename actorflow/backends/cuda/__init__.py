@@ -1,7 +1,7 @@
 """The CUDA backend on ``base.py``'s template, over the driver seam (``driver.py``): a CUDA
 device's driver comes from ``selection.driver_for`` (the emulator under ``AF_CUDA=emu`` or a
-test's ``use_driver``; the CuPy driver is not built yet), and making the backend with no
-driver selectable refuses with one message.
+test's ``use_driver``, else the CuPy driver), and making the backend with no driver
+selectable refuses with one message.
 
 - Device memory: ``CudaAllocator`` counts bytes and enforces the device's budget as every
   allocator does (``af.lowlevel.set_memory_budget("cuda:0", ...)``), and takes its blocks
@@ -133,8 +133,8 @@ class CudaBackend(Backend):
             driver_for(device)
         except DeviceError as e:
             raise DeviceError(
-                f"{e} (installing CuPy does not change that); or use 'cpu' to compute, or "
-                f"'null' for shapes, memory and simulated time without data") from None
+                f"{e}; or use 'cpu' to compute, or 'null' for shapes, memory and simulated "
+                f"time without data") from None
         self._driver = None
         self._drv_streams: dict = {}
         self._caching = None
