@@ -334,3 +334,85 @@ def test_cupy_compiles_every_generated_source_with_its_launch_options():
     ptx, _ = prog.compile(("-arch=compute_90", "--device-as-default-execution-space",
                            "--std=c++17"), None)
     assert ptx
+
+
+# -- DLPack on cuda --------------------------------------------------------------------------
+class _CudaProducer:
+    """A DLPack producer that says its memory is CUDA device 0's (what a CuPy or torch
+    CUDA tensor says); only its device is read before the refusal."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        raise AssertionError("not read: the emulator refuses first")
+
+
+@pytest.fixture
+def emu_cuda():
+    af.synchronize(30)
+    use_driver(lambda dev: EmuDriver(dev))
+    yield
+    af.synchronize(30)
+    use_driver(None)
+
+
+def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu_cuda):
+    t = af.arange(6, dtype=af.float32, device="cuda:0")
+    for fn in (t.__dlpack__, t.__dlpack_device__, lambda: np.from_dlpack(t),
+               lambda: af.from_dlpack(_CudaProducer())):
+        with pytest.raises(DeviceError) as e:
+            fn()
+        assert "emu" in str(e.value) and ".to('cpu')" in str(e.value)
+    np.testing.assert_array_equal(np.from_dlpack(t.to("cpu")), np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32))   # untouched
+
+
+@pytest.mark.gpu
+@pytest.mark.af_gpu
+def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory():
+    import cupy
+    from actorflow.backends.cuda.cupy_driver import CupyDriver
+    af.synchronize(30)
+    use_driver(lambda dev: CupyDriver(dev))
+    try:
+        t = af.arange(12, dtype=af.float32, device="cuda:0").reshape(3, 4) * 2
+        assert t.__dlpack_device__() == (2, 0)
+        c = cupy.from_dlpack(t)
+        cupy.testing.assert_array_equal(c, cupy.arange(12, dtype=cupy.float32).reshape(3, 4) * 2)
+        c += 1                                           # the same memory
+        np.testing.assert_array_equal(t.numpy(), np.arange(12).reshape(3, 4) * 2 + 1)
+        v = cupy.from_dlpack(t.T)                        # a view: a contiguous copy
+        cupy.testing.assert_array_equal(v, c.T)
+        x = cupy.arange(10, dtype=cupy.float64)
+        a = af.from_dlpack(x)
+        assert str(a.device) == "cuda:0" and a.dtype is af.float64
+        np.testing.assert_array_equal((a + 1).numpy(), np.arange(10) + 1.0)
+        x[0] = 100
+        cupy.cuda.Device(0).synchronize()
+        assert a.numpy()[0] == 100                       # no copy was taken
+        with pytest.raises(DeviceError, match="contiguous"):
+            af.from_dlpack(cupy.arange(12).reshape(3, 4).T)
+    finally:
+        af.synchronize(30)
+        use_driver(None)
+
+
+@pytest.mark.gpu
+@pytest.mark.af_gpu
+def test_dlpack_to_and_from_torch_cuda_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch here has no CUDA")
+    from actorflow.backends.cuda.cupy_driver import CupyDriver
+    af.synchronize(30)
+    use_driver(lambda dev: CupyDriver(dev))
+    try:
+        x = torch.arange(8, dtype=torch.float32, device="cuda:0")
+        a = af.from_dlpack(x)
+        np.testing.assert_array_equal((a * 3).numpy(), np.arange(8) * 3.0)
+        back = torch.from_dlpack(a * 3)
+        assert back.is_cuda and torch.equal(back.cpu(), torch.arange(8.0) * 3)
+    finally:
+        af.synchronize(30)
+        use_driver(None)

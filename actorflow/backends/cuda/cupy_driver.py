@@ -500,7 +500,26 @@ class CupyDriver(Driver):
         mem = cp.cuda.UnownedMemory(a.ptr, a.nbytes, a.memory, self.index)
         return cp.ndarray(a.shape, a.dtype, cp.cuda.MemoryPointer(mem, 0))
 
-    def from_pointer(self, ptr: int, nbytes: int, owner) -> DeviceMemory:
-        """Device memory another library owns (DLPack's import): ``nbytes`` at ``ptr``,
-        kept alive by ``owner``; never freed here and not counted in the pool."""
-        return DeviceMemory(self, int(ptr), int(nbytes), owner)
+    # -- DLPack ------------------------------------------------------------------------------
+    dlpack = True
+
+    def export(self, array: DeviceArray, owner):
+        """A cupy array over ``array`` (its ``__dlpack__`` is CuPy's), whose memory object
+        keeps ``owner`` alive."""
+        cp = self._cp
+        mem = cp.cuda.UnownedMemory(array.ptr, array.nbytes, owner, self.index)
+        return cp.ndarray(array.shape, array.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def adopt(self, obj) -> DeviceArray:
+        """``obj``'s memory through ``cupy.from_dlpack`` (no copy; CuPy orders the
+        producer's stream before this device's current one)."""
+        with self._dev:
+            x = self._cp.from_dlpack(obj)
+        if x.device.id != self.index:
+            raise DeviceError(f"from_dlpack: the array is on cuda:{x.device.id}, not "
+                              f"{self.device}")
+        if not x.flags.c_contiguous:
+            raise DeviceError(f"from_dlpack: a {x.shape} array with strides {x.strides} is "
+                              f"not C-contiguous; make it so first (.contiguous() in torch, "
+                              f"cupy.ascontiguousarray in CuPy)")
+        return DeviceMemory(self, x.data.ptr, x.nbytes, x).array(x.shape, x.dtype)

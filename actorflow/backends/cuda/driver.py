@@ -36,6 +36,8 @@ from typing import Callable
 
 import numpy as np
 
+from ...errors import DeviceError
+
 
 @dataclass(frozen=True, eq=False)
 class Kernel:
@@ -231,3 +233,26 @@ class Driver(ABC):
 
     def close(self) -> None:
         """Releases the driver's threads and memory (a no-op where there are none)."""
+
+    # -- DLPack: device memory shared with other libraries, without a copy -----------------
+    dlpack = False      # whether its memory is a GPU's, which DLPack consumers can read
+
+    def _no_dlpack(self, what: str) -> DeviceError:
+        return DeviceError(
+            f"{what}: {self.device} runs on the {self.name} driver, whose device memory is "
+            f"not a GPU's: no DLPack consumer could read it as CUDA memory. Go through the "
+            f"host: t.to('cpu') exports a cpu tensor (kDLCPU), and a host array comes in "
+            f"with af.tensor(...) (or af.from_dlpack(x) of a cpu array, then .to(...))")
+
+    def export(self, array: DeviceArray, owner) -> object:
+        """An object with ``__dlpack__``/``__dlpack_device__`` viewing ``array`` without a
+        copy, which keeps ``owner`` alive while a consumer holds it. Raises DeviceError
+        where the memory is not a GPU's (the emulator)."""
+        raise self._no_dlpack("__dlpack__")
+
+    def adopt(self, obj) -> DeviceArray:
+        """The device memory of DLPack producer ``obj`` (a CuPy or torch CUDA tensor on
+        this device), without a copy: a DeviceArray whose block keeps ``obj``'s memory
+        alive; never freed to this driver's pool. Raises DeviceError where the memory is
+        not a GPU's (the emulator), or for a producer on another device or not contiguous."""
+        raise self._no_dlpack("from_dlpack")
