@@ -240,37 +240,45 @@ def test_with_cupy_but_no_device_the_driver_refuses():
 
 
 # -- GPU only ----------------------------------------------------------------------------------
+def _cuda_on(factory):
+    """cuda devices on the drivers ``factory`` makes, for one test."""
+    af.synchronize(30)
+    use_driver(factory)
+    yield
+    af.synchronize(30)
+    use_driver(None)
+
+
+@pytest.fixture
+def on_cupy():
+    from actorflow.backends.cuda.cupy_driver import CupyDriver
+    yield from _cuda_on(lambda dev: CupyDriver(dev))
+
+
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels():
+def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(on_cupy):
     import test_cuda_generated as G
-    from actorflow.backends.cuda.cupy_driver import CupyDriver
     from actorflow.ops.registry import all_ops
-    af.synchronize(30)
-    use_driver(lambda dev: CupyDriver(dev))
-    try:
-        ran = 0
-        for name in G.COVERED:
-            op = all_ops()[name]
-            for arrays, dtypes, attrs in G._cases(name):
-                cpu = G._run(op, arrays, dtypes, attrs, "cpu")
-                gpu = G._run(op, arrays, dtypes, attrs, "cuda:0")
-                if isinstance(cpu, tuple) or isinstance(gpu, tuple):
-                    assert cpu == gpu, (name, dtypes, attrs)
-                    continue
-                for x, y in zip(cpu, gpu):
-                    assert x.dtype == y.dtype and x.shape == y.shape
-                    if x.dtype.kind == "f":      # libm and CUDA's functions: a few ulp
-                        tol = 2e-3 if x.dtype == np.float16 else 1e-5
-                        np.testing.assert_allclose(y, x, rtol=tol, atol=tol,
-                                                   err_msg=f"{name} {dtypes} {attrs}")
-                    else:
-                        np.testing.assert_array_equal(y, x, err_msg=f"{name} {dtypes}")
-                ran += 1
-        assert ran > 300
-    finally:
-        af.synchronize(30)
-        use_driver(None)
+    ran = 0
+    for name in G.COVERED:
+        op = all_ops()[name]
+        for arrays, dtypes, attrs in G._cases(name):
+            cpu = G._run(op, arrays, dtypes, attrs, "cpu")
+            gpu = G._run(op, arrays, dtypes, attrs, "cuda:0")
+            if isinstance(cpu, tuple) or isinstance(gpu, tuple):
+                assert cpu == gpu, (name, dtypes, attrs)
+                continue
+            for x, y in zip(cpu, gpu):
+                assert x.dtype == y.dtype and x.shape == y.shape
+                if x.dtype.kind == "f":          # libm and CUDA's functions: a few ulp
+                    tol = 2e-3 if x.dtype == np.float16 else 1e-5
+                    np.testing.assert_allclose(y, x, rtol=tol, atol=tol,
+                                               err_msg=f"{name} {dtypes} {attrs}")
+                else:
+                    np.testing.assert_array_equal(y, x, err_msg=f"{name} {dtypes}")
+            ran += 1
+    assert ran > 300
 
 
 @pytest.mark.gpu
@@ -350,11 +358,7 @@ class _CudaProducer:
 
 @pytest.fixture
 def emu_cuda():
-    af.synchronize(30)
-    use_driver(lambda dev: EmuDriver(dev))
-    yield
-    af.synchronize(30)
-    use_driver(None)
+    yield from _cuda_on(lambda dev: EmuDriver(dev))
 
 
 def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu_cuda):
@@ -370,49 +374,36 @@ def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu_c
 
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory():
+def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory(on_cupy):
     import cupy
-    from actorflow.backends.cuda.cupy_driver import CupyDriver
-    af.synchronize(30)
-    use_driver(lambda dev: CupyDriver(dev))
-    try:
-        t = af.arange(12, dtype=af.float32, device="cuda:0").reshape(3, 4) * 2
-        assert t.__dlpack_device__() == (2, 0)
-        c = cupy.from_dlpack(t)
-        cupy.testing.assert_array_equal(c, cupy.arange(12, dtype=cupy.float32).reshape(3, 4) * 2)
-        c += 1                                           # the same memory
-        np.testing.assert_array_equal(t.numpy(), np.arange(12).reshape(3, 4) * 2 + 1)
-        v = cupy.from_dlpack(t.T)                        # a view: a contiguous copy
-        cupy.testing.assert_array_equal(v, c.T)
-        x = cupy.arange(10, dtype=cupy.float64)
-        a = af.from_dlpack(x)
-        assert str(a.device) == "cuda:0" and a.dtype is af.float64
-        np.testing.assert_array_equal((a + 1).numpy(), np.arange(10) + 1.0)
-        x[0] = 100
-        cupy.cuda.Device(0).synchronize()
-        assert a.numpy()[0] == 100                       # no copy was taken
-        with pytest.raises(DeviceError, match="contiguous"):
-            af.from_dlpack(cupy.arange(12).reshape(3, 4).T)
-    finally:
-        af.synchronize(30)
-        use_driver(None)
+    t = af.arange(12, dtype=af.float32, device="cuda:0").reshape(3, 4) * 2
+    assert t.__dlpack_device__() == (2, 0)
+    c = cupy.from_dlpack(t)
+    cupy.testing.assert_array_equal(c, cupy.arange(12, dtype=cupy.float32).reshape(3, 4) * 2)
+    c += 1                                               # the same memory
+    cupy.cuda.Device(0).synchronize()
+    np.testing.assert_array_equal(t.numpy(), np.arange(12).reshape(3, 4) * 2 + 1)
+    v = cupy.from_dlpack(t.T)                            # a view: a contiguous copy
+    cupy.testing.assert_array_equal(v, c.T)
+    x = cupy.arange(10, dtype=cupy.float64)
+    a = af.from_dlpack(x)
+    assert str(a.device) == "cuda:0" and a.dtype is af.float64
+    np.testing.assert_array_equal((a + 1).numpy(), np.arange(10) + 1.0)
+    x[0] = 100
+    cupy.cuda.Device(0).synchronize()
+    assert a.numpy()[0] == 100                           # no copy was taken
+    with pytest.raises(DeviceError, match="contiguous"):
+        af.from_dlpack(cupy.arange(12).reshape(3, 4).T)
 
 
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-def test_dlpack_to_and_from_torch_cuda_on_the_gpu():
+def test_dlpack_to_and_from_torch_cuda_on_the_gpu(on_cupy):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch here has no CUDA")
-    from actorflow.backends.cuda.cupy_driver import CupyDriver
-    af.synchronize(30)
-    use_driver(lambda dev: CupyDriver(dev))
-    try:
-        x = torch.arange(8, dtype=torch.float32, device="cuda:0")
-        a = af.from_dlpack(x)
-        np.testing.assert_array_equal((a * 3).numpy(), np.arange(8) * 3.0)
-        back = torch.from_dlpack(a * 3)
-        assert back.is_cuda and torch.equal(back.cpu(), torch.arange(8.0) * 3)
-    finally:
-        af.synchronize(30)
-        use_driver(None)
+    x = torch.arange(8, dtype=torch.float32, device="cuda:0")
+    a = af.from_dlpack(x)
+    np.testing.assert_array_equal((a * 3).numpy(), np.arange(8) * 3.0)
+    back = torch.from_dlpack(a * 3)
+    assert back.is_cuda and torch.equal(back.cpu(), torch.arange(8.0) * 3)

@@ -47,7 +47,7 @@ import numpy as np
 
 from ...errors import DeviceError, KernelError, OutOfMemoryError
 from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
-                     Stream)
+                     PoolCount, Stream, check_copy, raise_sticky)
 
 THREADS = 256                   # threads per block of a generated kernel's launch
 BLOCKS_PER_SM = 32              # the grid's cap, per SM (the kernels stride over the rest)
@@ -72,10 +72,6 @@ def _index(device: str) -> int:
         return int(d.split(":", 1)[1]) if ":" in d else 0
     except ValueError:
         raise DeviceError(f"{d!r} is not a CUDA device; name it 'cuda:N'") from None
-
-
-def _raise(err: BaseException):
-    raise (err.to_raise() if isinstance(err, KernelError) else err)
 
 
 class CupyEvent(Event):
@@ -104,7 +100,7 @@ class CupyEvent(Event):
             raise self._stream._device_fault(e) from None
         err = self._error() if done else None
         if err is not None:
-            _raise(err)
+            raise_sticky(err)
         return done
 
     def synchronize(self, timeout: float | None = None) -> None:
@@ -124,7 +120,7 @@ class CupyEvent(Event):
                                   f"{timeout} s: a stream is stuck or far behind")
         err = self._error()
         if err is not None:
-            _raise(err)
+            raise_sticky(err)
 
     def then(self, fn) -> None:
         s = self._stream
@@ -184,7 +180,7 @@ class CupyStream(Stream):
         """A CUDA error seen at a query or a synchronize (an illegal address, a launch
         failure): it is the device's, sticky for every stream; kept as this stream's."""
         self._fail(f"a kernel on stream {self.name}", e)
-        return self._errors[0][1].to_raise()
+        return self._errors[0][1].toraise_sticky()
 
     def _next(self) -> None:
         with self._lock:
@@ -227,17 +223,17 @@ class CupyStream(Stream):
             self._fail(what, e)
 
     def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
-        _same(dst, src, "copy_h2d")
+        check_copy(dst, src, "copy_h2d")
         self._memcpy(dst.ptr, _host_ptr(src, "copy_h2d"), dst.nbytes,
                      self._driver._rt.memcpyHostToDevice, "copy_h2d")
 
     def copy_d2h(self, dst: np.ndarray, src: DeviceArray) -> None:
-        _same(src, dst, "copy_d2h")
+        check_copy(src, dst, "copy_d2h")
         self._memcpy(_host_ptr(dst, "copy_d2h"), src.ptr, src.nbytes,
                      self._driver._rt.memcpyDeviceToHost, "copy_d2h")
 
     def copy_d2d(self, dst: DeviceArray, src: DeviceArray) -> None:
-        _same(dst, src, "copy_d2d")
+        check_copy(dst, src, "copy_d2d")
         self._memcpy(dst.ptr, src.ptr, dst.nbytes, self._driver._rt.memcpyDeviceToDevice,
                      "copy_d2d")
 
@@ -283,7 +279,7 @@ class CupyStream(Stream):
             raise self._device_fault(e) from None
         err = self._error_before(self._seq)
         if err is not None:
-            _raise(err)
+            raise_sticky(err)
         return done
 
     def synchronize(self, timeout: float | None = None) -> None:
@@ -348,13 +344,6 @@ def _host_ptr(a: np.ndarray, op: str) -> int:
     return a.ctypes.data
 
 
-def _same(dev: DeviceArray, host, op: str) -> None:
-    if dev.nbytes != host.nbytes or dev.dtype != host.dtype:
-        raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
-                         f"({dev.nbytes} bytes), the other side {tuple(host.shape)} "
-                         f"{host.dtype.name} ({host.nbytes} bytes); they must match")
-
-
 class CupyDriver(Driver):
     """CUDA device ``device`` ('cuda:N') on CuPy (see the module doc).
 
@@ -384,10 +373,7 @@ class CupyDriver(Driver):
         with self._dev:
             self._pool = cp.cuda.MemoryPool()
             self._sms = self._dev.attributes["MultiProcessorCount"]
-        self._mem_lock = threading.Lock()
-        self._blocks: dict = {}             # ptr -> cupy MemoryPointer, the live blocks
-        self._in_use = self._peak = 0
-        self._limit_bytes = None
+        self._count = PoolCount(self.device)    # blocks -> their cupy MemoryPointer
         self._streams: list = []
         self._kernels: dict = {}            # Kernel -> RawKernel (the launch's fast path)
         self._by_source: dict = {}          # SHA-256 of a source -> RawKernel
@@ -405,10 +391,6 @@ class CupyDriver(Driver):
     def event(self) -> CupyEvent:
         return CupyEvent(self)
 
-    def synchronize(self, timeout: float | None = None) -> None:
-        for s in list(self._streams):
-            s.synchronize(timeout)
-
     def close(self) -> None:
         """Stops the streams' waiter threads once they have run what was queued; later use
         raises DeviceError. Memory goes back to the pool as its blocks are freed."""
@@ -423,45 +405,35 @@ class CupyDriver(Driver):
         nbytes = int(nbytes)
         if nbytes < 0:
             raise ValueError(f"malloc: nbytes must be >= 0, got {nbytes}")
-        with self._mem_lock:
-            limit = self._limit_bytes
-            if limit is not None and self._in_use + nbytes > limit:
-                raise OutOfMemoryError(self.device, nbytes, self._in_use, limit,
-                                       f"device memory ({nbytes:,} bytes asked, "
-                                       f"{self._in_use:,} in use, limit {limit:,})")
+        count = self._count
+        with count.lock:
+            count.check(nbytes)
             try:
                 with self._dev:
                     mp = self._pool.malloc(max(nbytes, 1))
             except self._cp.cuda.memory.OutOfMemoryError as e:
-                raise OutOfMemoryError(self.device, nbytes, self._in_use, limit or 0,
+                raise OutOfMemoryError(self.device, nbytes, count.in_use, count.limit or 0,
                                        f"device memory, refused by the device ({nbytes:,} "
-                                       f"bytes asked, {self._in_use:,} in use: {e})") from None
+                                       f"bytes asked, {count.in_use:,} in use: {e})") from None
             mem = DeviceMemory(self, mp.ptr, nbytes)
-            self._blocks[mp.ptr] = mp
-            self._in_use += nbytes
-            self._peak = max(self._peak, self._in_use)
+            count.add(mem, mp)
         return mem
 
     def free(self, memory: DeviceMemory) -> None:
-        with self._mem_lock:
-            if self._blocks.pop(memory.ptr, None) is None:
-                raise DeviceError(f"{self.device}: free of a block at {memory.ptr:#x} that is "
-                                  f"not allocated (freed twice, or another driver's)")
-            self._in_use -= memory.nbytes
+        self._count.remove(memory)          # the MemoryPointer dropped: back to CuPy's pool
 
     def pinned(self, shape, dtype) -> np.ndarray:
         import cupyx
         return cupyx.empty_pinned(shape, dtype)
 
     def set_limit(self, nbytes: int | None) -> None:
-        with self._mem_lock:
-            self._limit_bytes = nbytes
+        with self._count.lock:
+            self._count.limit = nbytes
             with self._dev:
                 self._pool.set_limit(size=nbytes or 0)
 
     def memory(self) -> MemoryInfo:
-        with self._mem_lock:
-            return MemoryInfo(self.device, self._in_use, self._peak, self._limit_bytes)
+        return self._count.info()
 
     # -- kernels -----------------------------------------------------------------------------
     def _compiled(self, kernel: Kernel):

@@ -30,13 +30,14 @@ check the compiled kernel against).
 from __future__ import annotations
 
 import math
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from ...errors import DeviceError
+from ...errors import DeviceError, KernelError, OutOfMemoryError
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,6 +100,66 @@ class DeviceArray:
     @property
     def ptr(self) -> int:
         return self.memory.ptr + self.offset
+
+
+def raise_sticky(err: BaseException):
+    """Raises a stream's sticky error: a KernelError as the kind of fault it keeps."""
+    raise (err.to_raise() if isinstance(err, KernelError) else err)
+
+
+def check_copy(dev: DeviceArray, other, op: str) -> None:
+    """A copy's two sides must have the same bytes and dtype. Raises ValueError naming both."""
+    if dev.nbytes != other.nbytes or dev.dtype != other.dtype:
+        raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
+                         f"({dev.nbytes} bytes), the other side {tuple(other.shape)} "
+                         f"{other.dtype.name} ({other.nbytes} bytes); they must match")
+
+
+class PoolCount:
+    """A driver's count of its device memory: the live blocks by address, the bytes in use,
+    the peak and the limit, under ``lock``. ``take`` refuses past the limit with
+    ``OutOfMemoryError`` (the bytes asked, in use and the limit: CuPy's names the same
+    three)."""
+
+    def __init__(self, device: str, limit: int | None = None):
+        self.device, self.limit = device, limit
+        self.lock = threading.Lock()
+        self.blocks: dict = {}              # ptr -> (DeviceMemory, the driver's own object)
+        self.in_use = self.peak = 0
+
+    def check(self, nbytes: int) -> None:
+        """Raises OutOfMemoryError when ``nbytes`` more would pass the limit (hold ``lock``)."""
+        limit = self.limit
+        if limit is not None and self.in_use + nbytes > limit:
+            raise OutOfMemoryError(self.device, nbytes, self.in_use, limit,
+                                   f"device memory ({nbytes:,} bytes asked, "
+                                   f"{self.in_use:,} in use, limit {limit:,})")
+
+    def add(self, mem: "DeviceMemory", own=None) -> None:
+        """Counts block ``mem`` (``own``: what keeps it allocated; hold ``lock``)."""
+        self.blocks[mem.ptr] = (mem, own)
+        self.in_use += mem.nbytes
+        self.peak = max(self.peak, self.in_use)
+
+    def remove(self, mem: "DeviceMemory"):
+        """Forgets block ``mem``; returns its ``own``. Raises DeviceError for a block not
+        allocated (freed twice, or another driver's)."""
+        with self.lock:
+            entry = self.blocks.get(mem.ptr)
+            if entry is None or entry[0] is not mem:
+                raise DeviceError(f"{self.device}: free of a block at {mem.ptr:#x} that is "
+                                  f"not allocated (freed twice, or another driver's)")
+            del self.blocks[mem.ptr]
+            self.in_use -= mem.nbytes
+            return entry[1]
+
+    def live(self, mem: "DeviceMemory") -> bool:
+        entry = self.blocks.get(mem.ptr)
+        return entry is not None and entry[0] is mem
+
+    def info(self) -> "MemoryInfo":
+        with self.lock:
+            return MemoryInfo(self.device, self.in_use, self.peak, self.limit)
 
 
 @dataclass(frozen=True)
@@ -227,9 +288,12 @@ class Driver(ABC):
     def memory(self) -> MemoryInfo:
         """The pool's bytes."""
 
-    @abstractmethod
+    _streams: list               # every stream made, in order
+
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits for every stream of this driver; raises the first sticky error."""
+        for s in list(self._streams):
+            s.synchronize(timeout)
 
     def close(self) -> None:
         """Releases the driver's threads and memory (a no-op where there are none)."""
