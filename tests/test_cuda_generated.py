@@ -135,6 +135,8 @@ def test_every_op_and_dtype_on_the_generated_path_equals_cpu(launches, name):
         gen = [k for k in _generated(launches) if k.name == name]
         assert len(gen) == 1, (name, dtypes, attrs, launches)
         assert gen[0].entry in gen[0].source and gen[0].params
+        f32 = cpu[0].dtype == np.float32 and all(d is af.float32 for d in dtypes)
+        assert gen[0].entry.endswith("_v4") == f32          # float4 loads for float32
         ran += 1
     assert ran, f"{name}: no case ran"
 
