@@ -248,3 +248,18 @@ def test_every_source_launched_compiles_with_nvrtc(launches):
     assert len(sources) > 300
     nvrtc.compile_together(K.KernelSource(k.entry, s, (), k.params)
                            for s, k in sources.items())
+
+
+def test_contiguous_views_take_the_generated_path(launches):
+    x = _values(af.float32, (5, 4))
+    y = _values(af.float32, (3, 4), seed=1)
+    fns = (lambda d: af.tensor(x, device=d)[1:4] + af.tensor(y, device=d),
+           lambda d: af.tensor(y, device=d)[0] * af.tensor(x, device=d)[2],
+           lambda d: af.tensor(x, device=d)[1:4].reshape(12) - af.tensor(y, device=d)
+           .reshape(12),
+           lambda d: af.tensor(x, device=d)[1:2, 1:2] * af.tensor(y, device=d))
+    for f in fns:
+        cpu = f("cpu").numpy()
+        del launches[:]
+        np.testing.assert_array_equal(f(CUDA).numpy(), cpu)
+        assert [k.name for k in _generated(launches)] in (["add"], ["mul"], ["sub"])

@@ -47,7 +47,8 @@ class DeviceKernel:
       CUDA C ``source`` of ``kernels.elementwise`` (what the CuPy driver compiles) and a numpy
       ``reference`` computing the same from those arguments (what the emulator runs), so
       every CI run packs the arguments a GPU launch takes. Arguments, as
-      ``KernelSource.params`` lists them: the outputs and inputs (flat device arrays), the
+      ``KernelSource.params`` lists them: the outputs and inputs (device arrays: a tensor's
+      storage, or for a contiguous view one at its offset), the
       Python-number attrs as numpy scalars of the parameter's dtype (float16 as its 16 bits,
       a uint16), ``n`` (int64), and for integer division the zero flag (an int32 in device
       memory), read back after the launch: a 1 there fails the op with DivisionByZeroError,
@@ -62,7 +63,7 @@ class DeviceKernel:
         DeviceError: the op's output shape depends on the values (the host would have to
             read the device first: not built yet)."""
 
-    __slots__ = ("kernel", "op", "fn", "_generated")
+    __slots__ = ("kernel", "op", "fn", "_generated", "_plans")
 
     def __init__(self, op, fn, device_type: str = "cuda"):
         if op.dynamic:
@@ -75,8 +76,10 @@ class DeviceKernel:
             fn(arrays[:n_out], arrays[n_out:], attrs)
         self.kernel = Kernel(op.name, reference=reference)
         self.op, self.fn = op, fn
-        # signature -> _Generated, or None where the generator refuses that signature
+        # signature (dtypes, layouts, attrs) -> _Generated, or None where the generator
+        # refuses it; _plans: the operands' metas and attrs -> _plan's plan (a bounded cache)
         self._generated = {} if op.name in KG.OPS and len(op.outputs) == 1 else None
+        self._plans: dict = {}
 
     def __call__(self, outs, ins, attrs):
         raise DeviceError(f"op '{self.kernel.name}': a CUDA kernel runs on its device's "
@@ -84,26 +87,63 @@ class DeviceKernel:
 
     def generated(self, ins, outs, attrs):
         """The generated kernel for this call and its packed arguments but the zero flag,
-        ``(_Generated, args)``, or None when the call takes the reference form."""
-        cache = self._generated
-        if cache is None:
+        ``(_Generated, args)``, or None when the call takes the reference form. The plan
+        (kernel, layouts, parameter types) is cached by the operands' metas and the attrs
+        (a Python number by its type: its value is a launch parameter)."""
+        if self._generated is None:
             return None
+        cache = self._plans
         out = outs[0]
-        m = out.meta
+        key = [out.meta]
+        for t in ins:
+            key.append(t.meta)
+        for v in attrs.values():
+            c = v.__class__
+            key.append(c if c is bool or c is int or c is float else v)
+        key = tuple(key)
+        try:
+            plan = cache.get(key)
+        except TypeError:                # an attr that is not hashable
+            return None
+        if plan is None:
+            if len(cache) >= _PLANS_MAX:
+                cache.clear()
+            plan = cache[key] = self._plan(ins, out.meta, attrs) or _NO_PLAN
+        if plan is _NO_PLAN:
+            return None
+        g, alias_ok, scalars, n64 = plan
+        oblob = out.blob
+        args = [_device_array(out)]
+        for t, ok in zip(ins, alias_ok):
+            if t.blob is oblob and not ok:
+                return None              # an output overlapping an input otherwise
+            args.append(_device_array(t))
+        for attr, typ, lo, hi, f16 in scalars:
+            v = attrs[attr]
+            if lo is not None and not lo <= v < hi:
+                return None              # a Python int out of the parameter's range
+            v = typ(v)
+            args.append(v.view(np.uint16) if f16 else v)
+        args.append(n64)
+        return g, args
+
+    def _plan(self, ins, m, attrs):
+        """``generated``'s plan for operands like these (output meta ``m``), or None where
+        the generator cannot take them: ``(_Generated, whether each input may be the
+        output's memory, scalar parameters, n as int64)``."""
         n = m.numel
         if not n or not m.is_contiguous or m.dtype.name not in KG.CTYPE:
             return None
-        oblob = out.blob
-        sig = [m.dtype.name]
+        sig, alias_ok = [m.dtype.name], []
         for t in ins:
             im = t.meta
             if not im.is_contiguous or im.dtype.name not in KG.CTYPE:
                 return None
             layout = "full" if im.numel == n else "scalar" if im.numel == 1 else None
-            if layout is None or (t.blob is oblob and (layout != "full"
-                                                       or im.offset != m.offset)):
-                return None              # a broadcast of another shape; a partial overlap
+            if layout is None:
+                return None              # a broadcast of another shape
             sig.append((im.dtype.name, layout, not im.shape))
+            alias_ok.append(layout == "full" and im.offset == m.offset)
         scalars, fixed = [], []
         for k, v in attrs.items():
             c = v.__class__
@@ -113,40 +153,37 @@ class DeviceKernel:
                 return None              # a number the generator takes no parameter for
             else:
                 fixed.append((k, v))
-        key = (tuple(sig), tuple(scalars), tuple(fixed))
-        try:
-            g = cache.get(key, _MISSING)
-        except TypeError:                # an attr that is not hashable
-            return None
-        if g is _MISSING:
-            g = cache[key] = _Generated.make(self, sig, scalars, fixed)
+        sig_key = (tuple(sig), tuple(scalars), tuple(fixed))
+        g = self._generated.get(sig_key, _NO_PLAN)
+        if g is _NO_PLAN:
+            g = self._generated[sig_key] = _Generated.make(self, sig, scalars, fixed)
         if g is None:
             return None
-        args = []
-        for t in outs:
-            args.append(_flat(t, n))
-        for t, (_, layout, _) in zip(ins, sig[1:]):
-            args.append(_flat(t, n if layout == "full" else 1))
-        for (attr, ptype) in g.scalar_params:
-            v = g.pack(ptype, attrs[attr])
-            if v is None:
-                return None              # a Python int out of the parameter's range
-            args.append(v)
-        args.append(np.int64(n))
-        return g, args
+        params = []
+        for attr, ptype in g.scalar_params:
+            dt = np.dtype(ptype)
+            lo = hi = None
+            if dt.kind in "iu":
+                lo, hi = -(1 << (8 * dt.itemsize - 1)), 1 << (8 * dt.itemsize - 1)
+            params.append((attr, dt.type, lo, hi, dt == np.float16))
+        return g, tuple(alias_ok), tuple(params), np.int64(n)
 
 
 _PYTYPE = {bool: "bool", int: "int", float: "float"}
-_MISSING = object()
+_NO_PLAN = ()                            # a cached "the generator cannot take these"
+_PLANS_MAX = 1024                        # plans kept per op (shapes seen), then started over
 _ZERO32 = np.zeros(1, np.int32)          # the zero flag's initial value (never written)
 _ZERO32.flags.writeable = False
 
 
-def _flat(t, n: int) -> DeviceArray:
-    """Tensor ``t``'s ``n`` contiguous elements as a flat device array."""
+def _device_array(t) -> DeviceArray:
+    """Contiguous tensor ``t`` as a device array: its storage's own when it is not a view,
+    else one of its shape at the view's offset."""
     d = t.blob.array.darray
+    if t.base is None:
+        return d
     m = t.meta
-    return DeviceArray(d.memory, d.offset + m.offset * d.dtype.itemsize, (n,), d.dtype)
+    return DeviceArray(d.memory, d.offset + m.offset * d.dtype.itemsize, m.shape, d.dtype)
 
 
 def _strided(a, meta):
@@ -205,34 +242,26 @@ class _Generated:
                           source=src.source, params=src.params)
         return g
 
-    @staticmethod
-    def pack(ptype: str, value):
-        """A Python number as the launch parameter of dtype ``ptype`` (float16: its bits as
-        a uint16); None when an integer does not fit (numpy would refuse it too)."""
-        dt = np.dtype(ptype)
-        if dt.kind in "iu" and not -(1 << (8 * dt.itemsize - 1)) <= value < (
-                1 << (8 * dt.itemsize - 1)):
-            return None
-        v = dt.type(value)
-        return v.view(np.uint16) if dt == np.float16 else v
-
     def _reference(self, fn, n_in: int, ins, scalars, fixed):
         """The numpy function of the packed arguments: rebuilds the op's inputs (one-element
         inputs as they were, 0-d or not) and attrs from them and runs the op's numpy kernel;
         an integer division by zero sets the flag and writes 0 there, as the CUDA kernel."""
         zero_d = [zd for _, _, zd in ins]
-        params = self.scalar_params
+        any_zero_d = any(zero_d)
         ptypes = dict(scalars)
+        convs = [(attr, t == "float16", {"bool": bool, "int": int, "float": float}[ptypes[attr]])
+                 for attr, t in self.scalar_params]
+        first, last = 1 + n_in, 1 + n_in + len(convs)
         divisor = self.divisor
 
         def reference(*args):
             out = args[0]
-            xs = [a.reshape(()) if z else a for a, z in zip(args[1:1 + n_in], zero_d)]
+            xs = list(args[1:first])
+            if any_zero_d:
+                xs = [a.reshape(()) if z else a for a, z in zip(xs, zero_d)]
             attrs = dict(fixed)
-            for (attr, t), v in zip(params, args[1 + n_in:1 + n_in + len(params)]):
-                if t == "float16":
-                    v = v.view(np.float16)
-                attrs[attr] = {"bool": bool, "int": int, "float": float}[ptypes[attr]](v)
+            for (attr, f16, py), v in zip(convs, args[first:last]):
+                attrs[attr] = py(v.view(np.float16) if f16 else v)
             if divisor is not None:
                 flag = args[-1]
                 d = xs[divisor]
