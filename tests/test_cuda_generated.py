@@ -263,3 +263,24 @@ def test_contiguous_views_take_the_generated_path(launches):
         del launches[:]
         np.testing.assert_array_equal(f(CUDA).numpy(), cpu)
         assert [k.name for k in _generated(launches)] in (["add"], ["mul"], ["sub"])
+
+
+def test_where_with_a_number_for_x_or_for_y_gets_its_own_kernel(launches):
+    x = _values(af.float32)
+    for f in (lambda d: af.where(af.tensor(x, device=d) > 0, 1.5, af.tensor(x, device=d)),
+              lambda d: af.where(af.tensor(x, device=d) > 0, af.tensor(x, device=d), 1.5)):
+        np.testing.assert_array_equal(f(CUDA).numpy(), f("cpu").numpy())
+    assert len({k.entry for k in _generated(launches) if k.name == "where"}) == 2
+
+
+def test_a_python_int_past_the_parameters_range_takes_the_numpy_kernel(launches):
+    x = _values(af.int64)
+    np.testing.assert_array_equal((af.tensor(x, device=CUDA) + (1 << 62)).numpy(),
+                                  (af.tensor(x) + (1 << 62)).numpy())
+    errors = []
+    for dev in ("cpu", CUDA):
+        try:
+            (af.tensor(x, device=dev) + (1 << 70)).numpy()
+        except Exception as e:  # noqa: BLE001 - compared below
+            errors.append(type(getattr(e, "original", e)))
+    assert len(errors) == 2 and errors[0] is errors[1]

@@ -97,8 +97,9 @@ class DeviceKernel:
         key = [out.meta]
         for t in ins:
             key.append(t.meta)
-        for v in attrs.values():
+        for k, v in attrs.items():
             c = v.__class__
+            key.append(k)
             key.append(c if c is bool or c is int or c is float else v)
         key = tuple(key)
         try:
@@ -122,7 +123,10 @@ class DeviceKernel:
             v = attrs[attr]
             if lo is not None and not lo <= v < hi:
                 return None              # a Python int out of the parameter's range
-            v = typ(v)
+            try:
+                v = typ(v)
+            except OverflowError:        # (an int past float64: the numpy kernel says so)
+                return None
             args.append(v.view(np.uint16) if f16 else v)
         args.append(n64)
         return g, args
