@@ -12,7 +12,8 @@ import pytest
 import actorflow as af
 from actorflow import functional as F
 from actorflow.backends import get_backend
-from actorflow.backends.cuda.emu import EmuDriver
+from actorflow.backends.cuda import kernels as K
+from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.eager.interpreter import apply
 from actorflow.errors import DTypeError, DeviceError, KernelError, OutOfMemoryError
@@ -200,10 +201,18 @@ def test_the_registry_gives_the_elementwise_families():
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
-def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name):
+def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name, monkeypatch):
     op = all_ops()[name]
     attrs = {"scalar": 2} if op.attrs else {}
     ran = 0
+    generated = []                           # launches of the op's generated CUDA C kernel
+    launch = EmuStream.launch
+
+    def counted(self, kernel, args, grid=None, block=None):
+        if kernel.name == name and kernel.source:
+            generated.append(kernel)
+        return launch(self, kernel, args, grid, block)
+    monkeypatch.setattr(EmuStream, "launch", counted)
     for dtype in (af.float32, af.int64, af.bool):
         arrays = _inputs(op, dtype)
         results = []
@@ -226,6 +235,7 @@ def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name):
             else:
                 assert results[0] is results[1]
     assert ran, f"{name}: no dtype ran"
+    assert generated or name not in K.OPS, f"{name}: the generated kernel was not launched"
 
 
 REDUCE = {
