@@ -6,10 +6,9 @@ What a kernel covers. Every kernel computes ``n`` elements of contiguous outputs
 elements, read at ``i``) or ``"scalar"`` (one element in device memory, read once: a 0-d
 tensor or any tensor of one element broadcast). Python numbers given as attributes
 (``add_scalar``'s ``scalar``, clamp's bounds, where's ``x``/``y``) are parameters passed
-by value. Any other broadcast (a bias row, a column) is the caller's to make full (an
-expand copy) before the launch: the shapes the VM fuses are exactly these (``vm/run_cuts.py``
-admits inputs of any broadcast shape; the CUDA driver materializes the ones that are
-neither full nor one element).
+by value. Any other broadcast (a bias row, a column) is not a kernel's here: the caller
+makes it full first (an expand copy) or, as ``vm/opcall.DeviceKernel`` does today, runs the
+op's numpy kernel instead (``vm/run_cuts.py`` admits inputs of any broadcast shape).
 
 The IR. ``FusedRun(inputs, steps, outputs)``: ``inputs`` are named ``Value``s (dtype and
 layout), each ``Step`` is ``(out, op, args, dtype, ...)`` over names defined before it, with
