@@ -180,7 +180,7 @@ class CupyStream(Stream):
         """A CUDA error seen at a query or a synchronize (an illegal address, a launch
         failure): it is the device's, sticky for every stream; kept as this stream's."""
         self._fail(f"a kernel on stream {self.name}", e)
-        return self._errors[0][1].toraise_sticky()
+        return self._errors[0][1].to_raise()
 
     def _next(self) -> None:
         with self._lock:
@@ -372,7 +372,7 @@ class CupyDriver(Driver):
         self._dev = cp.cuda.Device(index)
         with self._dev:
             self._pool = cp.cuda.MemoryPool()
-            self._sms = self._dev.attributes["MultiProcessorCount"]
+            self._sms = self._rt.getDeviceProperties(index)["multiProcessorCount"]
         self._count = PoolCount(self.device)    # blocks -> their cupy MemoryPointer
         self._streams: list = []
         self._kernels: dict = {}            # Kernel -> RawKernel (the launch's fast path)
