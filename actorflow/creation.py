@@ -94,9 +94,27 @@ def from_numpy(array: np.ndarray) -> Tensor:
 
 
 def from_dlpack(obj) -> Tensor:
-    """A tensor sharing memory with any object that implements ``__dlpack__`` (cpu only)."""
+    """A tensor sharing memory with any object that implements ``__dlpack__``: a host
+    array's (a cpu tensor), or a CUDA array's (a CuPy or torch CUDA tensor: a tensor on
+    ``cuda:N``, its device, where CUDA runs on a GPU; C-contiguous only). Do not write the
+    producer's memory while actorflow work on the tensor may be pending.
+
+    Raises:
+        DeviceError: a CUDA array where CUDA devices run on the emulator (whose memory is
+            not a GPU's: copy to the host first), or not C-contiguous."""
     if isinstance(obj, Tensor):
         return obj
+    kind = getattr(obj, "__dlpack_device__", None)
+    if kind is not None:
+        dev_type, index = kind()
+        if dev_type == 2:                                   # kDLCUDA
+            dev = as_device(f"cuda:{index}")
+            array = get_backend(dev).adopt(obj)
+            impl = TensorImpl.new(array.shape, from_numpy_dtype(array.dtype), dev)
+            blob = impl.blob
+            blob.backend.allocator.adopt(array.darray.nbytes, "from_dlpack")
+            blob.array, blob.owned, blob.allocated = array, False, True
+            return wrap(impl)
     return from_numpy(np.from_dlpack(obj))
 
 

@@ -126,15 +126,29 @@ class _Export:
 
 
 def _dlpack(self, stream=None, **kwargs):
-    """Exports the storage (waiting for pending writes first); cpu tensors only."""
-    if self.device.type != "cpu":
-        raise DeviceError(f"__dlpack__: only cpu tensors can be exported, got {self.device}")
+    """Exports the storage (waiting for pending writes first): a cpu tensor's numpy array,
+    or a cuda tensor's device memory (kDLCUDA) where its driver is a GPU's (a view is
+    exported as a contiguous copy)."""
+    dev = self.device
+    if dev.type == "cuda":
+        t = self if self._impl.base is None else self.contiguous()
+        blob = t._impl.blob
+        backend = blob.backend
+        backend.dlpack_device("__dlpack__")      # refused on the emulator, before any read
+        array = _read(t, lambda a: backend.export(_Export(blob)(a)), "dlpack")
+        return array.__dlpack__(stream=stream, **kwargs)
+    if dev.type != "cpu":
+        raise DeviceError(f"__dlpack__: only cpu and cuda tensors can be exported, got {dev}")
     return _read(self, _Export(self._impl.blob), "dlpack").__dlpack__(**kwargs)
 
 
 def _dlpack_device(self):
-    if self.device.type != "cpu":
-        raise DeviceError(f"__dlpack_device__: only cpu tensors can be exported, got {self.device}")
+    dev = self.device
+    if dev.type == "cuda":
+        return self._impl.blob.backend.dlpack_device()
+    if dev.type != "cpu":
+        raise DeviceError(f"__dlpack_device__: only cpu and cuda tensors can be exported, "
+                          f"got {dev}")
     return (1, 0)
 
 

@@ -3,6 +3,8 @@ device, and error messages (and that the runtime keeps working after each error)
 
 from __future__ import annotations
 
+import sys
+
 import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
@@ -355,12 +357,15 @@ def test_repr_of_dtype_and_device():
     assert str(af.device("cuda:1")) == "cuda:1" and af.device("cuda:1").index == 1
 
 
-def test_a_cuda_tensor_is_refused_saying_the_backend_is_not_built():
-    """Whatever is installed: the message never sends users to install CuPy for nothing."""
+def test_a_cuda_tensor_without_cupy_is_refused_naming_the_install_and_the_emulator(
+        monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)      # CuPy missing
+    monkeypatch.delenv("AF_CUDA", raising=False)
     for _ in range(2):                          # the refusal is not cached as a backend
-        with pytest.raises(af.DeviceError, match="not built yet") as e:
+        with pytest.raises(af.DeviceError, match="CuPy") as e:
             af.zeros(2, device="cuda")
-        assert "installing CuPy does not change that" in str(e.value)
+        assert "pip install 'actorflow[cuda]'" in str(e.value)
+        assert "AF_CUDA=emu" in str(e.value)
         assert "'cpu'" in str(e.value) and "'null'" in str(e.value)
 
 

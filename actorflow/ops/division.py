@@ -32,7 +32,9 @@ def trunc_divide(a, b, out):
     np.add(out, fix, out=out, casting="unsafe")
 
 
-def _zero_division(name: str, dtype, tensor_divisor: bool) -> DivisionByZeroError:
+def zero_division(name: str, dtype, tensor_divisor: bool) -> DivisionByZeroError:
+    """The error of integer division ``name`` by zero in ``dtype`` (the kernels here raise
+    it, and a CUDA device's generated kernel when its zero flag is set)."""
     sym = INT_DIVISION[name]
     what = "the divisor holds a 0" if tensor_divisor else f"x {sym} 0"
     return DivisionByZeroError(
@@ -50,7 +52,7 @@ def division_kernel(name: str, ufunc):
         if a.dtype is not dt or b.dtype is not dt:
             a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
         if dt.kind != "f" and not b.all():
-            raise _zero_division(name, dt, True)
+            raise zero_division(name, dt, True)
         with np.errstate(all="ignore"):
             ufunc(a, b, out=o)
     return kernel
@@ -67,9 +69,9 @@ def division_scalar_kernel(name: str, ufunc, reverse: bool):
         s = attrs["scalar"]
         if dt.kind != "f":
             if reverse and not x.all():
-                raise _zero_division(name, dt, True)
+                raise zero_division(name, dt, True)
             if not reverse and s == 0:
-                raise _zero_division(name, dt, False)
+                raise zero_division(name, dt, False)
         with np.errstate(all="ignore"):
             if reverse:
                 ufunc(s, x, out=o)
@@ -84,6 +86,6 @@ def nonzero_divisor(name: str, infer):
     def checked(metas, attrs):
         specs = infer(metas, attrs)
         if attrs["scalar"] == 0 and specs[0][1].category != FLOAT:
-            raise _zero_division(name, specs[0][1].name, False)
+            raise zero_division(name, specs[0][1].name, False)
         return specs
     return checked

@@ -14,8 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import get_backend
-from ..backends.cuda.driver import Kernel
-from ..errors import DeviceError, KernelError
+from ..backends.cuda import kernels as KG
+from ..backends.cuda.driver import DeviceArray, Kernel
+from ..dtype import from_numpy_dtype
+from ..errors import DeviceError, DTypeError, KernelError
+from ..ops.division import zero_division
+from ..ops.elementwise import _common_np
 from ..ops.registry import DERIVED
 from ..tensor.meta import contiguous_meta, strided
 
@@ -34,17 +38,32 @@ def kernel_of(op, device):
 
 
 class DeviceKernel:
-    """An op's kernel on a CUDA device (``OpDef.kernel_for("cuda")`` makes it): ``kernel``,
-    a driver ``Kernel`` whose ``reference`` is the op's numpy kernel, run on the device's
-    stream by ``device_call_op`` (the emulator runs the reference; a compiled driver will
-    take generated sources instead). Its launch arguments: the number of outputs, each
-    operand's view (None: the whole block), the attrs, then the device arrays, outputs first.
+    """An op's kernel on a CUDA device (``OpDef.kernel_for("cuda")`` makes it), launched on
+    the device's driver stream by ``device_call_op`` in one of two forms:
+
+    - generated (``generated``): an elementwise op that ``kernels.py`` covers, whose outputs
+      and inputs are contiguous and each input either every element (``full``) or one
+      (``scalar``): a driver ``Kernel`` with both halves for the same packed arguments, the
+      CUDA C ``source`` of ``kernels.elementwise`` (what the CuPy driver compiles) and a numpy
+      ``reference`` computing the same from those arguments (what the emulator runs), so
+      every CI run packs the arguments a GPU launch takes. Arguments, as
+      ``KernelSource.params`` lists them: the outputs and inputs (device arrays: a tensor's
+      storage, or for a contiguous view one at its offset), the
+      Python-number attrs as numpy scalars of the parameter's dtype (float16 as its 16 bits,
+      a uint16), ``n`` (int64), and for integer division the zero flag (an int32 in device
+      memory), read back after the launch: a 1 there fails the op with DivisionByZeroError,
+      as on cpu (the elements divided by zero hold 0; on cpu nothing is written).
+    - reference (``kernel``): anything else (a strided view, a broadcast neither full nor one
+      element, an op the generator does not cover): the op's numpy kernel over the device
+      arrays (the emulator's numpy views, the CuPy driver's cupy arrays). Its launch
+      arguments: the number of outputs, each operand's view (None: the whole block), the
+      attrs, then the device arrays, outputs first.
 
     Raises:
         DeviceError: the op's output shape depends on the values (the host would have to
             read the device first: not built yet)."""
 
-    __slots__ = ("kernel",)
+    __slots__ = ("kernel", "op", "fn", "_generated", "_plans")
 
     def __init__(self, op, fn, device_type: str = "cuda"):
         if op.dynamic:
@@ -53,13 +72,212 @@ class DeviceKernel:
                               f"(x.to('cpu')) and move the result back with .to(...)")
 
         def reference(n_out, views, attrs, *arrays):
-            arrays = [a if m is None else strided(a, m) for a, m in zip(arrays, views)]
+            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views)]
             fn(arrays[:n_out], arrays[n_out:], attrs)
         self.kernel = Kernel(op.name, reference=reference)
+        self.op, self.fn = op, fn
+        # signature (dtypes, layouts, attrs) -> _Generated, or None where the generator
+        # refuses it; _plans: the operands' metas and attrs -> _plan's plan (a bounded cache)
+        self._generated = {} if op.name in KG.OPS and len(op.outputs) == 1 else None
+        self._plans: dict = {}
 
     def __call__(self, outs, ins, attrs):
         raise DeviceError(f"op '{self.kernel.name}': a CUDA kernel runs on its device's "
                           f"stream (device_call_op), never on host arrays")
+
+    def generated(self, ins, outs, attrs):
+        """The generated kernel for this call and its packed arguments but the zero flag,
+        ``(_Generated, args)``, or None when the call takes the reference form. The plan
+        (kernel, layouts, parameter types) is cached by the operands' metas and the attrs
+        (a Python number by its type: its value is a launch parameter)."""
+        if self._generated is None:
+            return None
+        cache = self._plans
+        out = outs[0]
+        key = [out.meta]
+        for t in ins:
+            key.append(t.meta)
+        for k, v in attrs.items():
+            c = v.__class__
+            key.append(k)
+            key.append(c if c is bool or c is int or c is float else v)
+        key = tuple(key)
+        try:
+            plan = cache.get(key)
+        except TypeError:                # an attr that is not hashable
+            return None
+        if plan is None:
+            if len(cache) >= _PLANS_MAX:
+                cache.clear()
+            plan = cache[key] = self._plan(ins, out.meta, attrs) or _NO_PLAN
+        if plan is _NO_PLAN:
+            return None
+        g, alias_ok, scalars, n64 = plan
+        oblob = out.blob
+        args = [_device_array(out)]
+        for t, ok in zip(ins, alias_ok):
+            if t.blob is oblob and not ok:
+                return None              # an output overlapping an input otherwise
+            args.append(_device_array(t))
+        for attr, typ, lo, hi, f16 in scalars:
+            v = attrs[attr]
+            if lo is not None and not lo <= v < hi:
+                return None              # a Python int out of the parameter's range
+            try:
+                v = typ(v)
+            except OverflowError:        # (an int past float64: the numpy kernel says so)
+                return None
+            args.append(v.view(np.uint16) if f16 else v)
+        args.append(n64)
+        return g, args
+
+    def _plan(self, ins, m, attrs):
+        """``generated``'s plan for operands like these (output meta ``m``), or None where
+        the generator cannot take them: ``(_Generated, whether each input may be the
+        output's memory, scalar parameters, n as int64)``."""
+        n = m.numel
+        if not n or not m.is_contiguous or m.dtype.name not in KG.CTYPE:
+            return None
+        sig, alias_ok = [m.dtype.name], []
+        for t in ins:
+            im = t.meta
+            if not im.is_contiguous or im.dtype.name not in KG.CTYPE:
+                return None
+            layout = "full" if im.numel == n else "scalar" if im.numel == 1 else None
+            if layout is None:
+                return None              # a broadcast of another shape
+            sig.append((im.dtype.name, layout, not im.shape))
+            alias_ok.append(layout == "full" and im.offset == m.offset)
+        scalars, fixed = [], []
+        for k, v in attrs.items():
+            c = v.__class__
+            if c is bool or c is int or c is float:
+                scalars.append((k, _PYTYPE[c]))
+            elif isinstance(v, (int, float, complex, np.generic)):
+                return None              # a number the generator takes no parameter for
+            else:
+                fixed.append((k, v))
+        sig_key = (tuple(sig), tuple(scalars), tuple(fixed))
+        g = self._generated.get(sig_key, _NO_PLAN)
+        if g is _NO_PLAN:
+            g = self._generated[sig_key] = _Generated.make(self, sig, scalars, fixed)
+        if g is None:
+            return None
+        params = []
+        for attr, ptype in g.scalar_params:
+            dt = np.dtype(ptype)
+            lo = hi = None
+            if dt.kind in "iu":
+                lo, hi = -(1 << (8 * dt.itemsize - 1)), 1 << (8 * dt.itemsize - 1)
+            params.append((attr, dt.type, lo, hi, dt == np.float16))
+        return g, tuple(alias_ok), tuple(params), np.int64(n)
+
+
+_PYTYPE = {bool: "bool", int: "int", float: "float"}
+_NO_PLAN = ()                            # a cached "the generator cannot take these"
+_PLANS_MAX = 1024                        # plans kept per op (shapes seen), then started over
+_ZERO32 = np.zeros(1, np.int32)          # the zero flag's initial value (never written)
+_ZERO32.flags.writeable = False
+
+
+def _device_array(t) -> DeviceArray:
+    """Contiguous tensor ``t`` as a device array: its storage's own when it is not a view,
+    else one of its shape at the view's offset."""
+    d = t.blob.array.darray
+    if t.base is None:
+        return d
+    m = t.meta
+    return DeviceArray(d.memory, d.offset + m.offset * d.dtype.itemsize, m.shape, d.dtype)
+
+
+def _strided(a, meta):
+    """The view ``meta`` describes over the contiguous array ``a``: a numpy array through
+    ``tensor.meta.strided``; another array type (the CuPy driver hands in cupy arrays) by
+    its own constructor ``(shape, dtype, memptr, strides)``, as cupy.ndarray takes it."""
+    if a.__class__ is np.ndarray:
+        return strided(a, meta)
+    size = a.itemsize
+    if 0 in meta.shape:
+        return a[:0].reshape(meta.shape)
+    return a.__class__(meta.shape, a.dtype, a.data + meta.offset * size,
+                       tuple(s * size for s in meta.strides))
+
+
+class _Generated:
+    """One signature's generated kernel: ``kernel`` (a driver Kernel with the source and a
+    reference over the packed arguments), ``scalar_params`` ((attr, parameter dtype) in
+    launch order), ``zero`` (whether it takes the zero flag)."""
+
+    __slots__ = ("kernel", "scalar_params", "zero", "divisor", "division")
+
+    @staticmethod
+    def make(dk: DeviceKernel, sig, scalars, fixed):
+        """The kernel of signature ``sig`` (output dtype, then (dtype, layout) per input),
+        or None where the generator refuses it (the call then takes the reference form)."""
+        op = dk.op
+        name = op.name
+        out_dtype, ins = sig[0], sig[1:]
+        compute = None
+        if name in KG.COMPARE_OPS and len(ins) == 2:
+            a, b = (np.empty(() if zd else (1,), np.dtype(dt)) for dt, _, zd in ins)
+            compute = from_numpy_dtype(_common_np(a, b)).name
+        # all float32: the float4 form (it checks the pointers' alignment itself)
+        f32 = out_dtype == "float32" and all(dt == "float32" for dt, _, _ in ins)
+        try:
+            src = KG.elementwise(
+                name, out_dtype, tuple(dt for dt, _, _ in ins), tuple(lay for _, lay, _ in ins),
+                scalars=tuple(scalars),
+                attrs=tuple((k, v) for k, v in fixed if isinstance(v, str)),
+                compute=compute, vector=4 if f32 else 1)
+        except (DeviceError, DTypeError, ValueError):
+            return None
+        g = _Generated()
+        g.scalar_params = tuple((p.split("_", 1)[1], t) for p, kind, t in src.params
+                                if kind == "scalar")
+        g.zero = any(kind == "zero" for _, kind, _ in src.params)
+        # the operand whose zeros divide by zero: b of a // b, x of s // x (x // s: s is
+        # never 0 here, the op's inference refuses it); the division's name, for the error
+        scalar_form = name.endswith("_scalar")
+        reverse = scalar_form and name[:-7] not in KG.BINARY_OPS
+        g.divisor = None if not g.zero else 1 if len(ins) == 2 else 0 if reverse else None
+        g.division = name[1 if reverse else 0:-7 if scalar_form else None]
+        g.kernel = Kernel(name, entry=src.name, reference=g._reference(dk.fn, len(ins), ins, scalars,
+                                                            dict(fixed)),
+                          source=src.source, params=src.params)
+        return g
+
+    def _reference(self, fn, n_in: int, ins, scalars, fixed):
+        """The numpy function of the packed arguments: rebuilds the op's inputs (one-element
+        inputs as they were, 0-d or not) and attrs from them and runs the op's numpy kernel;
+        an integer division by zero sets the flag and writes 0 there, as the CUDA kernel."""
+        zero_d = [zd for _, _, zd in ins]
+        any_zero_d = any(zero_d)
+        ptypes = dict(scalars)
+        convs = [(attr, t == "float16", {"bool": bool, "int": int, "float": float}[ptypes[attr]])
+                 for attr, t in self.scalar_params]
+        first, last = 1 + n_in, 1 + n_in + len(convs)
+        divisor = self.divisor
+
+        def reference(*args):
+            out = args[0]
+            xs = list(args[1:first])
+            if any_zero_d:
+                xs = [a.reshape(()) if z else a for a, z in zip(xs, zero_d)]
+            attrs = dict(fixed)
+            for (attr, f16, py), v in zip(convs, args[first:last]):
+                attrs[attr] = py(v.view(np.float16) if f16 else v)
+            if divisor is not None:
+                flag = args[-1]
+                d = xs[divisor]
+                hit = d == 0
+                if hit.any():
+                    flag[0] = 1
+                    xs[divisor] = np.where(hit, np.ones((), d.dtype), d)
+                    fn([out], xs, attrs)
+                    out[np.broadcast_to(hit, out.shape)] = 0
+                    return
+            fn([out], xs, attrs)
+        return reference
 
 
 def _device_kernel(op):
@@ -74,10 +292,34 @@ DERIVED["cuda"] = _device_kernel
 
 def device_call_op(args, stream) -> None:
     """Issues one op call (``args`` as ``call_op``'s) on the driver ``stream`` of a device
-    with its own memory: allocates the outputs, then launches the kernel over the operands'
-    device arrays (views described by their metas, applied where the kernel runs)."""
+    with its own memory: allocates the outputs, then launches the op's generated kernel
+    when it takes this call (``DeviceKernel.generated``), else its reference kernel over the
+    operands' device arrays (views described by their metas, applied where it runs). A
+    generated integer division also issues its zero flag's reset before the launch, and
+    after it a copy of the flag to the host and a host function that raises
+    DivisionByZeroError (the stream's sticky error) when it is set."""
     kernel, ins, outs, attrs, dynamic, name = args
     allocate(outs, name)
+    gen = kernel.generated(ins, outs, attrs)
+    if gen is not None:
+        g, packed = gen
+        if not g.zero:
+            stream.launch(g.kernel, tuple(packed))
+            return
+        backend = outs[0].blob.backend
+        caching = backend.caching()
+        block = caching.malloc(4, stream)
+        try:
+            flag = block.array((1,), np.int32)
+            stream.copy_h2d(flag, _ZERO32)
+            stream.launch(g.kernel, (*packed, flag))
+            seen = backend.driver().pinned((1,), np.int32)
+            stream.copy_d2h(seen, flag)
+            dtype = outs[0].meta.dtype.name
+            stream.add_callback(lambda: _check_zero(seen, g.division, dtype))
+        finally:
+            caching.free(block)          # reused after this stream's work (allocator.py)
+        return
     arrays, views = [], []
     for t in (*outs, *ins):
         arrays.append(t.blob.array.darray)
@@ -91,6 +333,13 @@ def launch_kernel(kernel, stream, n_out: int, views: list, attrs, arrays: list) 
     (a ``TensorMeta``, or None for the whole array): the one launch of an op's kernel on a
     device, for the VM's op calls and a compiled ``Program``'s steps alike."""
     stream.launch(kernel.kernel, (n_out, views, attrs, *arrays))
+
+
+def _check_zero(seen, op: str, dtype: str) -> None:
+    """A generated integer division's host function: raises the op's cpu error,
+    DivisionByZeroError, when the kernel set the zero flag."""
+    if seen[0]:
+        raise zero_division(op, dtype, True)
 
 
 def kernel_error(op: str, device, e: BaseException, intact: bool = False,

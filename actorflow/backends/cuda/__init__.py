@@ -1,7 +1,7 @@
 """The CUDA backend on ``base.py``'s template, over the driver seam (``driver.py``): a CUDA
 device's driver comes from ``selection.driver_for`` (the emulator under ``AF_CUDA=emu`` or a
-test's ``use_driver``; the CuPy driver is not built yet), and making the backend with no
-driver selectable refuses with one message.
+test's ``use_driver``, else the CuPy driver), and making the backend with no driver
+selectable refuses with one message.
 
 - Device memory: ``CudaAllocator`` counts bytes and enforces the device's budget as every
   allocator does (``af.lowlevel.set_memory_budget("cuda:0", ...)``), and takes its blocks
@@ -27,20 +27,22 @@ import numpy as np
 
 from ...errors import DeviceError
 from ..base import Allocator, Backend
-from .allocator import CachingAllocator
+from .allocator import Block, CachingAllocator
 from .selection import driver_for
 
 
 class CudaArray:
     """A tensor's storage on a CUDA device: ``darray`` (a ``driver.DeviceArray``, what
-    copies and kernels take) over ``block`` (the ``CachingAllocator``'s block)."""
+    copies and kernels take) over ``block`` (the ``CachingAllocator``'s block, or a block of
+    another library's memory taken by DLPack). ``lease``: set once exported by DLPack."""
 
-    __slots__ = ("block", "darray", "shape", "dtype")
+    __slots__ = ("block", "darray", "shape", "dtype", "lease")
 
     def __init__(self, block, shape, dtype):
         self.block = block
         self.darray = block.array(shape, dtype)
         self.shape, self.dtype = self.darray.shape, self.darray.dtype
+        self.lease = None
 
     def __repr__(self) -> str:
         return f"CudaArray({self.shape}, {self.dtype.name}, {self.block!r})"
@@ -68,8 +70,9 @@ class CudaAllocator(Allocator):
         blocks = list(blocks)
         super().free_many(blocks)
         caching = self.backend._caching        # (no driver lookup: freeing never fails)
-        for array, _, _ in blocks:
-            if array is not None and array.block.memory.driver is caching.driver:
+        for array, _, owned in blocks:
+            # not owned: exported by DLPack (its lease frees it) or another library's memory
+            if owned and array is not None and array.block.memory.driver is caching.driver:
                 try:
                     caching.free(array.block)
                 except DeviceError:             # its driver was closed (use_driver): the
@@ -133,8 +136,8 @@ class CudaBackend(Backend):
             driver_for(device)
         except DeviceError as e:
             raise DeviceError(
-                f"{e} (installing CuPy does not change that); or use 'cpu' to compute, or "
-                f"'null' for shapes, memory and simulated time without data") from None
+                f"{e}; or use 'cpu' to compute, or 'null' for shapes, memory and simulated "
+                f"time without data") from None
         self._driver = None
         self._drv_streams: dict = {}
         self._caching = None
@@ -177,8 +180,51 @@ class CudaBackend(Backend):
         goes to fresh driver streams."""
         self._drv_streams = {}
 
+    # -- DLPack ------------------------------------------------------------------------------
+    def dlpack_device(self, what: str = "__dlpack_device__") -> tuple:
+        """``(kDLCUDA, index)``. Raises DeviceError on a driver whose memory is not a GPU's
+        (the emulator), naming the way through the host."""
+        d = self.driver()
+        if not d.dlpack:
+            raise d._no_dlpack(what)
+        return 2, self.device.index or 0
+
+    def export(self, array: CudaArray):
+        """``array`` (a tensor's whole storage, its writes done) for a DLPack consumer, no
+        copy: the tensor's blob no longer owns the block (the caller marks it), a lease
+        does, which both the storage and the consumer's view hold: the block goes back to
+        the allocator once both are gone."""
+        if array.lease is None:
+            array.lease = _Lease(self.caching(), array.block)
+        return self._driver.export(array.darray, array.lease)
+
+    def adopt(self, obj) -> CudaArray:
+        """Another library's CUDA memory (DLPack producer ``obj``) as storage, no copy."""
+        d = self.driver()
+        if not d.dlpack:
+            raise d._no_dlpack("from_dlpack")
+        darray = d.adopt(obj)
+        return CudaArray(Block(darray.memory, darray.memory.nbytes, None), darray.shape,
+                         darray.dtype)
+
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits on the host for every driver stream (a test's helper; the VM waits on its
         instructions instead)."""
         for s in list(self._drv_streams.values()):
             s.synchronize(timeout)
+
+
+class _Lease:
+    """An exported block's owner: frees it to ``caching`` when the tensor's storage and
+    every DLPack consumer of it are gone."""
+
+    __slots__ = ("caching", "block")
+
+    def __init__(self, caching, block):
+        self.caching, self.block = caching, block
+
+    def __del__(self):
+        try:
+            self.caching.free(self.block)
+        except Exception:  # noqa: BLE001 - its driver was closed: the memory went with it
+            pass

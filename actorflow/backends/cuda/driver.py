@@ -30,11 +30,14 @@ check the compiled kernel against).
 from __future__ import annotations
 
 import math
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+
+from ...errors import DeviceError, KernelError, OutOfMemoryError
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,11 +45,17 @@ class Kernel:
     """A kernel: ``name`` and CUDA C ``source`` for a compiled driver, ``reference(*args)``
     the numpy function with the same effect for the emulator (it takes the launch's
     arguments, device arrays as numpy arrays, and writes its outputs in place).
-    ``grid(*args) -> (grid, block)``, when given, sizes a launch that names none."""
+    ``grid(*args) -> (grid, block)``, when given, sizes a launch that names none.
+    ``params``: the launch parameters of ``source`` (``kernels.KernelSource.params``: what
+    a compiled driver packs each argument as); ``entry``: the ``extern "C"`` function of
+    ``source`` when it is not ``name`` (a generated kernel is named by its op, for
+    messages and injected faults)."""
     name: str
     reference: Callable | None = None
     source: str = ""
     grid: Callable | None = None
+    params: tuple = ()
+    entry: str = ""
 
     def __repr__(self) -> str:
         return f"Kernel({self.name})"
@@ -91,6 +100,66 @@ class DeviceArray:
     @property
     def ptr(self) -> int:
         return self.memory.ptr + self.offset
+
+
+def raise_sticky(err: BaseException):
+    """Raises a stream's sticky error: a KernelError as the kind of fault it keeps."""
+    raise (err.to_raise() if isinstance(err, KernelError) else err)
+
+
+def check_copy(dev: DeviceArray, other, op: str) -> None:
+    """A copy's two sides must have the same bytes and dtype. Raises ValueError naming both."""
+    if dev.nbytes != other.nbytes or dev.dtype != other.dtype:
+        raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
+                         f"({dev.nbytes} bytes), the other side {tuple(other.shape)} "
+                         f"{other.dtype.name} ({other.nbytes} bytes); they must match")
+
+
+class PoolCount:
+    """A driver's count of its device memory: the live blocks by address, the bytes in use,
+    the peak and the limit, under ``lock``. ``take`` refuses past the limit with
+    ``OutOfMemoryError`` (the bytes asked, in use and the limit: CuPy's names the same
+    three)."""
+
+    def __init__(self, device: str, limit: int | None = None):
+        self.device, self.limit = device, limit
+        self.lock = threading.Lock()
+        self.blocks: dict = {}              # ptr -> (DeviceMemory, the driver's own object)
+        self.in_use = self.peak = 0
+
+    def check(self, nbytes: int) -> None:
+        """Raises OutOfMemoryError when ``nbytes`` more would pass the limit (hold ``lock``)."""
+        limit = self.limit
+        if limit is not None and self.in_use + nbytes > limit:
+            raise OutOfMemoryError(self.device, nbytes, self.in_use, limit,
+                                   f"device memory ({nbytes:,} bytes asked, "
+                                   f"{self.in_use:,} in use, limit {limit:,})")
+
+    def add(self, mem: "DeviceMemory", own=None) -> None:
+        """Counts block ``mem`` (``own``: what keeps it allocated; hold ``lock``)."""
+        self.blocks[mem.ptr] = (mem, own)
+        self.in_use += mem.nbytes
+        self.peak = max(self.peak, self.in_use)
+
+    def remove(self, mem: "DeviceMemory"):
+        """Forgets block ``mem``; returns its ``own``. Raises DeviceError for a block not
+        allocated (freed twice, or another driver's)."""
+        with self.lock:
+            entry = self.blocks.get(mem.ptr)
+            if entry is None or entry[0] is not mem:
+                raise DeviceError(f"{self.device}: free of a block at {mem.ptr:#x} that is "
+                                  f"not allocated (freed twice, or another driver's)")
+            del self.blocks[mem.ptr]
+            self.in_use -= mem.nbytes
+            return entry[1]
+
+    def live(self, mem: "DeviceMemory") -> bool:
+        entry = self.blocks.get(mem.ptr)
+        return entry is not None and entry[0] is mem
+
+    def info(self) -> "MemoryInfo":
+        with self.lock:
+            return MemoryInfo(self.device, self.in_use, self.peak, self.limit)
 
 
 @dataclass(frozen=True)
@@ -219,9 +288,35 @@ class Driver(ABC):
     def memory(self) -> MemoryInfo:
         """The pool's bytes."""
 
-    @abstractmethod
+    _streams: list               # every stream made, in order
+
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits for every stream of this driver; raises the first sticky error."""
+        for s in list(self._streams):
+            s.synchronize(timeout)
 
     def close(self) -> None:
         """Releases the driver's threads and memory (a no-op where there are none)."""
+
+    # -- DLPack: device memory shared with other libraries, without a copy -----------------
+    dlpack = False      # whether its memory is a GPU's, which DLPack consumers can read
+
+    def _no_dlpack(self, what: str) -> DeviceError:
+        return DeviceError(
+            f"{what}: {self.device} runs on the {self.name} driver, whose device memory is "
+            f"not a GPU's: no DLPack consumer could read it as CUDA memory. Go through the "
+            f"host: t.to('cpu') exports a cpu tensor (kDLCPU), and a host array comes in "
+            f"with af.tensor(...) (or af.from_dlpack(x) of a cpu array, then .to(...))")
+
+    def export(self, array: DeviceArray, owner) -> object:
+        """An object with ``__dlpack__``/``__dlpack_device__`` viewing ``array`` without a
+        copy, which keeps ``owner`` alive while a consumer holds it. Raises DeviceError
+        where the memory is not a GPU's (the emulator)."""
+        raise self._no_dlpack("__dlpack__")
+
+    def adopt(self, obj) -> DeviceArray:
+        """The device memory of DLPack producer ``obj`` (a CuPy or torch CUDA tensor on
+        this device), without a copy: a DeviceArray whose block keeps ``obj``'s memory
+        alive; never freed to this driver's pool. Raises DeviceError where the memory is
+        not a GPU's (the emulator), or for a producer on another device or not contiguous."""
+        raise self._no_dlpack("from_dlpack")

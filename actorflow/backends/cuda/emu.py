@@ -37,14 +37,10 @@ import numpy as np
 
 from ...errors import DeviceError, KernelError, OutOfMemoryError
 from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
-                     Stream)
+                     PoolCount, Stream, check_copy, raise_sticky)
 
 _ALIGN = 256                    # cudaMalloc's alignment; the emulator's made-up addresses keep it
 _WORK, _CONTROL = 0, 1          # a sticky error skips work (kernels, copies), never control
-
-
-def _raise(err: BaseException):
-    raise (err.to_raise() if isinstance(err, KernelError) else err)
 
 
 class EmuEvent(Event):
@@ -99,7 +95,7 @@ class EmuEvent(Event):
             done = self._reached(n)
             err = self._error_at(n) if done else None
         if err is not None:
-            _raise(err)
+            raise_sticky(err)
         return done
 
     def synchronize(self, timeout: float | None = None) -> None:
@@ -111,7 +107,7 @@ class EmuEvent(Event):
                                   f"{d._limit(timeout)} s: a stream is stuck or far behind")
             err = self._error_at(n)
         if err is not None:
-            _raise(err)
+            raise_sticky(err)
 
     def then(self, fn) -> None:
         with self._driver._cv:
@@ -248,7 +244,7 @@ class EmuStream(Stream):
         with self._driver._cv:
             done = self._done >= self._issued
         if self._error is not None:
-            _raise(self._error)
+            raise_sticky(self._error)
         return done
 
     def synchronize(self, timeout: float | None = None) -> None:
@@ -262,7 +258,7 @@ class EmuStream(Stream):
                 raise DeviceError(f"{d.device}: stream {self.name} did not finish its "
                                   f"commands in {d._limit(timeout)} s")
         if self._error is not None:
-            _raise(self._error)
+            raise_sticky(self._error)
 
     # -- capture -----------------------------------------------------------------------------
     def begin_capture(self) -> None:
@@ -308,10 +304,7 @@ def _same(dev: DeviceArray, host, op: str) -> None:
     dev.memory.driver._check_live(dev, op)
     if isinstance(host, DeviceArray):
         host.memory.driver._check_live(host, op)
-    if dev.nbytes != host.nbytes or dev.dtype != host.dtype:
-        raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
-                         f"({dev.nbytes} bytes), the other side {tuple(host.shape)} "
-                         f"{host.dtype.name} ({host.nbytes} bytes); they must match")
+    check_copy(dev, host, op)
 
 
 class EmuDriver(Driver):
@@ -329,11 +322,9 @@ class EmuDriver(Driver):
         self.device = str(device)
         self.delay, self.seed, self.timeout = float(delay), seed, timeout
         self._cv = threading.Condition()     # guards counts and events; notified on completion
-        self._mem_lock = threading.Lock()
-        self._limit_bytes = limit
-        self._blocks: dict = {}              # ptr -> DeviceMemory, the live blocks
+        self._pool = PoolCount(self.device, limit)
+        self._mem_lock = self._pool.lock     # (the injected faults' lock too)
         self._next_ptr = 1 << 32
-        self._in_use = self._peak = 0
         self._streams: list = []
         self._closed = False
         self._kernel_faults: list = []       # [name or None, error, count]
@@ -354,10 +345,6 @@ class EmuDriver(Driver):
     def event(self) -> EmuEvent:
         return EmuEvent(self)
 
-    def synchronize(self, timeout: float | None = None) -> None:
-        for s in list(self._streams):
-            s.synchronize(timeout)
-
     def close(self, timeout: float = 5.0) -> None:
         """Stops every stream's thread once it has run what was issued (joined with
         ``timeout`` each); later use raises DeviceError."""
@@ -376,45 +363,34 @@ class EmuDriver(Driver):
         nbytes = int(nbytes)
         if nbytes < 0:
             raise ValueError(f"malloc: nbytes must be >= 0, got {nbytes}")
-        with self._mem_lock:
-            limit = self._limit_bytes
+        pool = self._pool
+        with pool.lock:
             if self._alloc_faults:
                 self._alloc_faults -= 1
-                raise OutOfMemoryError(self.device, nbytes, self._in_use, limit or 0,
+                raise OutOfMemoryError(self.device, nbytes, pool.in_use, pool.limit or 0,
                                        "device memory (an injected fault)")
-            if limit is not None and self._in_use + nbytes > limit:
-                raise OutOfMemoryError(self.device, nbytes, self._in_use, limit,
-                                       f"device memory ({nbytes:,} bytes asked, "
-                                       f"{self._in_use:,} in use, limit {limit:,})")
+            pool.check(nbytes)
             ptr = self._next_ptr
             self._next_ptr += max(-(-nbytes // _ALIGN), 1) * _ALIGN
             mem = DeviceMemory(self, ptr, nbytes, np.empty(nbytes, np.uint8))
-            self._blocks[ptr] = mem
-            self._in_use += nbytes
-            self._peak = max(self._peak, self._in_use)
+            pool.add(mem)
         return mem
 
     def free(self, memory: DeviceMemory) -> None:
-        with self._mem_lock:
-            if self._blocks.get(memory.ptr) is not memory:
-                raise DeviceError(f"{self.device}: free of a block at {memory.ptr:#x} that is "
-                                  f"not allocated (freed twice, or another driver's)")
-            del self._blocks[memory.ptr]
-            self._in_use -= memory.nbytes
+        self._pool.remove(memory)
 
     def pinned(self, shape, dtype) -> np.ndarray:
         return np.empty(shape, dtype)
 
     def set_limit(self, nbytes: int | None) -> None:
-        with self._mem_lock:
-            self._limit_bytes = nbytes
+        with self._pool.lock:
+            self._pool.limit = nbytes
 
     def memory(self) -> MemoryInfo:
-        with self._mem_lock:
-            return MemoryInfo(self.device, self._in_use, self._peak, self._limit_bytes)
+        return self._pool.info()
 
     def _check_live(self, a: DeviceArray, op: str) -> None:
-        if self._blocks.get(a.memory.ptr) is not a.memory:
+        if not self._pool.live(a.memory):
             raise DeviceError(f"{op}: device memory at {a.memory.ptr:#x} is not allocated on "
                               f"{self.device} (used after free, or another device's)")
 

@@ -6,10 +6,9 @@ What a kernel covers. Every kernel computes ``n`` elements of contiguous outputs
 elements, read at ``i``) or ``"scalar"`` (one element in device memory, read once: a 0-d
 tensor or any tensor of one element broadcast). Python numbers given as attributes
 (``add_scalar``'s ``scalar``, clamp's bounds, where's ``x``/``y``) are parameters passed
-by value. Any other broadcast (a bias row, a column) is the caller's to make full (an
-expand copy) before the launch: the shapes the VM fuses are exactly these (``vm/run_cuts.py``
-admits inputs of any broadcast shape; the CUDA driver materializes the ones that are
-neither full nor one element).
+by value. Any other broadcast (a bias row, a column) is not a kernel's here: the caller
+makes it full first (an expand copy) or, as ``vm/opcall.DeviceKernel`` does today, runs the
+op's numpy kernel instead (``vm/run_cuts.py`` admits inputs of any broadcast shape).
 
 The IR. ``FusedRun(inputs, steps, outputs)``: ``inputs`` are named ``Value``s (dtype and
 layout), each ``Step`` is ``(out, op, args, dtype, ...)`` over names defined before it, with
@@ -136,6 +135,7 @@ _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LOGIC = {"logical_and": "&&", "logical_or": "||"}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _INTDIV = ("floor_divide", "remainder", "trunc_divide")
+COMPARE_OPS = tuple(_CMP) + tuple(_LOGIC)    # binary ops computing in the operands' common dtype
 OTHER_OPS = ("clamp", "clamp_tensor", "where", "cast", "copy")
 SCALAR_OPS = tuple(p + b + "_scalar" for b in BINARY_OPS for p in ("", "r"))
 OPS = UNARY_OPS + BINARY_OPS + SCALAR_OPS + OTHER_OPS

@@ -1,6 +1,8 @@
 """Which driver a CUDA device gets: the factory ``use_driver`` set (a test fixture hands in
 the emulator), else the emulator when the environment has ``AF_CUDA=emu``, else the CuPy
-driver. One driver per device, made on first use. The seam itself is ``driver.py``."""
+driver (``cupy_driver.py``: AF_CUDA unset or ``cupy``), which refuses with a DeviceError
+naming the install and ``AF_CUDA=emu`` when CuPy is missing or sees no such device. One
+driver per device, made on first use. The seam itself is ``driver.py``."""
 
 from __future__ import annotations
 
@@ -57,6 +59,6 @@ def _make(device: str) -> Driver:
         return EmuDriver(device)
     if choice not in ("", "cupy"):
         raise DeviceError(f"AF_CUDA={choice!r} names no CUDA driver: use AF_CUDA=emu for the "
-                          f"CPU emulator, or leave it unset for CuPy")
-    raise DeviceError(f"device {device}: the CuPy driver is not built yet in this version of "
-                      f"actorflow; set AF_CUDA=emu to run CUDA devices on the CPU emulator")
+                          f"CPU emulator, or leave it unset (or AF_CUDA=cupy) for CuPy")
+    from .cupy_driver import CupyDriver
+    return CupyDriver(device)

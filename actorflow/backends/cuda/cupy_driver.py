@@ -1,0 +1,497 @@
+"""The CUDA driver on CuPy: the driver seam (``driver.py``) on a real GPU. Selected when
+``AF_CUDA`` is unset or ``cupy``; CuPy (the ``cuda`` extra: ``cupy-cuda12x``) is imported
+here only, on the first driver made.
+
+In CUDA's terms:
+
+- a ``Stream`` is a ``cupy.cuda.Stream(non_blocking=True)``; an ``Event`` a
+  ``cupy.cuda.Event`` without timing, recorded and waited on (``cudaStreamWaitEvent``) in
+  the streams' order, never the host's;
+- device memory comes from a ``cupy.cuda.MemoryPool`` of the device, with the driver's own
+  byte count and limit (the pool's ``set_limit`` too): past it, actorflow's
+  ``OutOfMemoryError`` with the bytes asked, in use and the limit, as the emulator raises
+  it (CuPy's own ``OutOfMemoryError``, the device refusing, becomes the same);
+- pinned host buffers are ``cupyx.empty_pinned``; copies are ``cudaMemcpyAsync`` on the
+  stream (h2d, d2h, d2d), reading their source when the stream gets there;
+- a ``Kernel`` with CUDA C ``source`` (the generated kernels, ``kernels.py``) is compiled once
+  per source (``cupy.RawKernel``, cached by the source's SHA-256) and launched with
+  grid-stride sizing: 256 threads a block, as many blocks as the elements need up to 32 per
+  SM, its arguments as ``Kernel.params`` lists them (device arrays as pointers, numbers as
+  the numpy scalars the caller packed). A ``Kernel`` with only a numpy ``reference`` runs it
+  on cupy arrays viewing the device arrays (numpy's functions dispatch to CuPy through
+  ``__array_ufunc__``/``__array_function__``: matmul reaches cuBLAS, sums CuPy's
+  reductions), inside ``with stream:``, around that synchronous call only;
+- a launch that raises makes the stream's error sticky (a ``KernelError`` naming the
+  kernel), as in the emulator: later kernels and copies issued there are skipped, events
+  recorded after it raise it; so does a host function (``add_callback``) that raises,
+  which is how a generated integer division's zero flag fails the op (``vm/opcall.py``);
+- ``Event.then(fn)``: a waiter thread per stream synchronizes on the stream's events in
+  record order and calls ``fn`` after each. Chosen over ``stream.launch_host_func`` because
+  issue 12 measured both on an H100 to asyncio's ``call_soon_threadsafe``: the host function
+  57-77 us, the waiter thread 33-44 us (a host function also runs on CUDA's own callback
+  thread, which blocks the stream behind it while ``fn`` runs);
+- graph capture is ``stream.begin_capture()``/``end_capture()``; ``Graph.launch(stream)``
+  replays it.
+
+No GPU has run this module yet (the machines these were written on had none): the seam's
+tests (tests/test_cuda_driver.py) run it when CuPy sees a device (``pytest -m gpu``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+
+import numpy as np
+
+from ...errors import DeviceError, KernelError, OutOfMemoryError
+from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
+                     PoolCount, Stream, check_copy, raise_sticky)
+
+THREADS = 256                   # threads per block of a generated kernel's launch
+BLOCKS_PER_SM = 32              # the grid's cap, per SM (the kernels stride over the rest)
+EMULATOR = "set AF_CUDA=emu to run CUDA devices on the CPU emulator"
+INSTALL = f"pip install 'actorflow[cuda]' (CuPy for CUDA 12: cupy-cuda12x), or {EMULATOR}"
+
+
+def _cupy(device: str):
+    """CuPy, imported on first use. Raises DeviceError naming the install and the
+    emulator when it is missing or cannot load."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise DeviceError(f"device {device}: the CuPy driver needs CuPy, which is not "
+                          f"installed ({e}): {INSTALL}") from None
+    return cupy
+
+
+def _index(device: str) -> int:
+    d = str(device)
+    try:
+        return int(d.split(":", 1)[1]) if ":" in d else 0
+    except ValueError:
+        raise DeviceError(f"{d!r} is not a CUDA device; name it 'cuda:N'") from None
+
+
+class CupyEvent(Event):
+    """A ``cupy.cuda.Event``; ``_stream`` and ``_seq``: the stream and the count of
+    commands issued there at its latest record (a sticky error set before it is its)."""
+
+    __slots__ = ("_driver", "_ev", "_stream", "_seq")
+
+    def __init__(self, driver: "CupyDriver"):
+        self._driver = driver
+        with driver._dev:
+            self._ev = driver._cp.cuda.Event(disable_timing=True)
+        self._stream: CupyStream | None = None
+        self._seq = 0
+
+    def _error(self):
+        s = self._stream
+        return None if s is None else s._error_before(self._seq)
+
+    def query(self) -> bool:
+        if self._stream is None:
+            return True
+        try:
+            done = self._ev.done
+        except Exception as e:  # noqa: BLE001 - a device fault: CUDA's sticky error
+            raise self._stream._device_fault(e) from None
+        err = self._error() if done else None
+        if err is not None:
+            raise_sticky(err)
+        return done
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        s = self._stream
+        if s is None:
+            return
+        if timeout is None:
+            try:
+                self._ev.synchronize()
+            except Exception as e:  # noqa: BLE001
+                raise s._device_fault(e) from None
+        else:
+            done = threading.Event()
+            s._waiter().put((self._ev, done.set))
+            if not done.wait(timeout):
+                raise DeviceError(f"{self._driver.device}: an event was not reached in "
+                                  f"{timeout} s: a stream is stuck or far behind")
+        err = self._error()
+        if err is not None:
+            raise_sticky(err)
+
+    def then(self, fn) -> None:
+        s = self._stream
+        if s is None:
+            fn()
+            return
+        s._waiter().put((self._ev, fn))
+
+
+class CupyGraph(Graph):
+    """A captured ``cupy.cuda.graph.Graph``."""
+
+    def __init__(self, graph):
+        self._graph = graph
+
+    def launch(self, stream: "CupyStream") -> None:
+        with stream._driver._dev:
+            self._graph.launch(stream._s)
+
+
+class CupyStream(Stream):
+    """A non-blocking ``cupy.cuda.Stream`` of the driver's device."""
+
+    def __init__(self, driver: "CupyDriver", name: str):
+        self.name = name
+        self._driver = driver
+        cp = driver._cp
+        with driver._dev:
+            self._s = cp.cuda.Stream(non_blocking=True)
+        self._seq = 0                       # commands issued
+        self._errors: list = []             # (seq, error): the sticky error and when
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue | None = None
+        self._capturing = False
+
+    def __repr__(self) -> str:
+        return f"CupyStream({self._driver.device}:{self.name})"
+
+    # -- sticky errors ----------------------------------------------------------------------
+    def _error_before(self, seq: int):
+        with self._lock:
+            for at, err in self._errors:
+                if at <= seq:
+                    return err
+        return None
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        err = e if isinstance(e, KernelError) else KernelError.of(what, self._driver.device, e)
+        with self._lock:
+            if not self._errors:
+                self._errors.append((self._seq, err))
+
+    def _broken(self) -> bool:
+        return bool(self._errors)
+
+    def _device_fault(self, e: BaseException) -> KernelError:
+        """A CUDA error seen at a query or a synchronize (an illegal address, a launch
+        failure): it is the device's, sticky for every stream; kept as this stream's."""
+        self._fail(f"a kernel on stream {self.name}", e)
+        return self._errors[0][1].to_raise()
+
+    def _next(self) -> None:
+        with self._lock:
+            self._seq += 1
+
+    # -- commands ------------------------------------------------------------------------------
+    def launch(self, kernel: Kernel, args: tuple, grid=None, block=None) -> None:
+        self._next()
+        if self._broken():
+            return
+        d = self._driver
+        try:
+            if kernel.source:
+                fn = d._compiled(kernel)
+                launch_args = tuple(d._arg(a) for a in args)
+                if grid is None:
+                    grid, block = d._grid(kernel, args)
+                with d._dev, self._s:       # the launch's stream is the current one
+                    fn((grid,) if isinstance(grid, int) else grid,
+                       (block,) if isinstance(block, int) else block, launch_args)
+                return
+            if kernel.reference is None:
+                raise DeviceError(f"kernel {kernel.name!r} has neither CUDA C source nor a "
+                                  f"numpy reference to run")
+            views = [d._view(a) if isinstance(a, DeviceArray) else a for a in args]
+            with d._dev, self._s:           # a synchronous call: nothing awaits inside
+                kernel.reference(*views)
+        except Exception as e:  # noqa: BLE001 - the stream's sticky error
+            self._fail(kernel.name, e)
+
+    def _memcpy(self, dst_ptr: int, src_ptr: int, nbytes: int, kind: int, what: str) -> None:
+        self._next()
+        if self._broken() or not nbytes:
+            return
+        d = self._driver
+        try:
+            with d._dev:
+                d._cp.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, self._s.ptr)
+        except Exception as e:  # noqa: BLE001
+            self._fail(what, e)
+
+    def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
+        check_copy(dst, src, "copy_h2d")
+        self._memcpy(dst.ptr, _host_ptr(src, "copy_h2d"), dst.nbytes,
+                     self._driver._rt.memcpyHostToDevice, "copy_h2d")
+
+    def copy_d2h(self, dst: np.ndarray, src: DeviceArray) -> None:
+        check_copy(src, dst, "copy_d2h")
+        self._memcpy(_host_ptr(dst, "copy_d2h"), src.ptr, src.nbytes,
+                     self._driver._rt.memcpyDeviceToHost, "copy_d2h")
+
+    def copy_d2d(self, dst: DeviceArray, src: DeviceArray) -> None:
+        check_copy(dst, src, "copy_d2d")
+        self._memcpy(dst.ptr, src.ptr, dst.nbytes, self._driver._rt.memcpyDeviceToDevice,
+                     "copy_d2d")
+
+    def record(self, event: CupyEvent | None = None) -> CupyEvent:
+        ev = self._driver.event() if event is None else event
+        with self._driver._dev:
+            ev._ev.record(self._s)
+        ev._stream, ev._seq = self, self._seq
+        return ev
+
+    def wait(self, event: CupyEvent) -> None:
+        src = event._stream
+        if src is None:
+            return
+        err = src._error_before(event._seq) if src is not self else None
+        if err is not None and not self._broken():
+            with self._lock:
+                self._errors.append((self._seq, err))    # a fault before the record
+        with self._driver._dev:
+            self._s.wait_event(event._ev)
+
+    def add_callback(self, fn) -> None:
+        self._next()
+        seq = self._seq
+
+        def run(_):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - a host function must not kill CUDA's thread
+                err = e if isinstance(e, KernelError) else KernelError.of(
+                    "host callback", self._driver.device, e)
+                with self._lock:
+                    if not self._errors or self._errors[0][0] > seq:
+                        self._errors.insert(0, (seq, err))
+        with self._driver._dev:
+            self._s.launch_host_func(run, None)
+
+    # -- waiting ---------------------------------------------------------------------------
+    def query(self) -> bool:
+        try:
+            done = self._s.done
+        except Exception as e:  # noqa: BLE001
+            raise self._device_fault(e) from None
+        err = self._error_before(self._seq)
+        if err is not None:
+            raise_sticky(err)
+        return done
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        if self._capturing:
+            raise DeviceError(f"stream {self.name} is capturing a graph: synchronizing it is "
+                              f"not allowed until end_capture()")
+        self.record().synchronize(timeout)
+
+    def _waiter(self) -> queue.SimpleQueue:
+        """The queue of this stream's waiter thread (started on first use): it synchronizes
+        on each ``(cupy event, fn)`` in turn, then calls ``fn``."""
+        q = self._queue
+        if q is None:
+            with self._lock:
+                if self._queue is None:
+                    self._queue = queue.SimpleQueue()
+                    threading.Thread(target=self._wait_loop, args=(self._queue,), daemon=True,
+                                     name=f"af-cupy-{self._driver.device}-{self.name}").start()
+                q = self._queue
+        return q
+
+    def _wait_loop(self, q: queue.SimpleQueue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            ev, fn = item
+            try:
+                ev.synchronize()
+            except Exception as e:  # noqa: BLE001 - a device fault: fn's query raises it
+                self._fail(f"a kernel on stream {self.name}", e)
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - fn's own error is its caller's to report
+                pass
+
+    # -- capture ------------------------------------------------------------------------------
+    def begin_capture(self) -> None:
+        if self._capturing:
+            raise DeviceError(f"stream {self.name} is capturing a graph already")
+        with self._driver._dev:
+            self._s.begin_capture()
+        self._capturing = True
+
+    def end_capture(self) -> CupyGraph:
+        if not self._capturing:
+            raise DeviceError(f"stream {self.name} is not capturing: call begin_capture() first")
+        self._capturing = False
+        with self._driver._dev:
+            return CupyGraph(self._s.end_capture())
+
+    def _close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+
+
+def _host_ptr(a: np.ndarray, op: str) -> int:
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{op}: the host array must be C-contiguous (a copy reads or writes "
+                         f"its bytes in order); pass np.ascontiguousarray(...) and keep it "
+                         f"alive until the copy's event completes")
+    return a.ctypes.data
+
+
+class CupyDriver(Driver):
+    """CUDA device ``device`` ('cuda:N') on CuPy (see the module doc).
+
+    Args: ``device``, ``limit`` (the pool's byte limit; None: the device's memory).
+    Raises DeviceError when CuPy is missing or sees no such device (naming the install and
+    ``AF_CUDA=emu``)."""
+
+    name = "cupy"
+
+    def __init__(self, device: str = "cuda:0", limit: int | None = None):
+        self.device = str(device)
+        cp = self._cp = _cupy(self.device)
+        self._rt = cp.cuda.runtime
+        index = _index(self.device)
+        try:
+            count = self._rt.getDeviceCount()
+        except Exception as e:  # noqa: BLE001 - no driver, no device: the reason is the text
+            raise DeviceError(f"device {self.device}: CuPy sees no CUDA device "
+                              f"({type(e).__name__}: {e}); on a machine with a GPU check "
+                              f"its driver, else {EMULATOR}") from None
+        if not 0 <= index < count:
+            raise DeviceError(f"device {self.device}: CuPy sees {count} CUDA device(s) "
+                              f"(cuda:0 to cuda:{count - 1}); name one of those, or set "
+                              f"AF_CUDA=emu for the CPU emulator")
+        self.index = index
+        self._dev = cp.cuda.Device(index)
+        with self._dev:
+            self._pool = cp.cuda.MemoryPool()
+            self._sms = self._rt.getDeviceProperties(index)["multiProcessorCount"]
+        self._count = PoolCount(self.device)    # blocks -> their cupy MemoryPointer
+        self._streams: list = []
+        self._kernels: dict = {}            # Kernel -> RawKernel (the launch's fast path)
+        self._by_source: dict = {}          # SHA-256 of a source -> RawKernel
+        self._closed = False
+        self.set_limit(limit)
+
+    # -- streams and events ------------------------------------------------------------------
+    def stream(self, name: str = "compute") -> CupyStream:
+        if self._closed:
+            raise DeviceError(f"{self.device}: the driver is closed; make a new one")
+        s = CupyStream(self, name)
+        self._streams.append(s)
+        return s
+
+    def event(self) -> CupyEvent:
+        return CupyEvent(self)
+
+    def close(self) -> None:
+        """Stops the streams' waiter threads once they have run what was queued; later use
+        raises DeviceError. Memory goes back to the pool as its blocks are freed."""
+        if self._closed:
+            return
+        self._closed = True
+        for s in self._streams:
+            s._close()
+
+    # -- memory ------------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> DeviceMemory:
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"malloc: nbytes must be >= 0, got {nbytes}")
+        count = self._count
+        with count.lock:
+            count.check(nbytes)
+            try:
+                with self._dev:
+                    mp = self._pool.malloc(max(nbytes, 1))
+            except self._cp.cuda.memory.OutOfMemoryError as e:
+                raise OutOfMemoryError(self.device, nbytes, count.in_use, count.limit or 0,
+                                       f"device memory, refused by the device ({nbytes:,} "
+                                       f"bytes asked, {count.in_use:,} in use: {e})") from None
+            mem = DeviceMemory(self, mp.ptr, nbytes)
+            count.add(mem, mp)
+        return mem
+
+    def free(self, memory: DeviceMemory) -> None:
+        self._count.remove(memory)          # the MemoryPointer dropped: back to CuPy's pool
+
+    def pinned(self, shape, dtype) -> np.ndarray:
+        import cupyx
+        return cupyx.empty_pinned(shape, dtype)
+
+    def set_limit(self, nbytes: int | None) -> None:
+        with self._count.lock:
+            self._count.limit = nbytes
+            with self._dev:
+                self._pool.set_limit(size=nbytes or 0)
+
+    def memory(self) -> MemoryInfo:
+        return self._count.info()
+
+    # -- kernels -----------------------------------------------------------------------------
+    def _compiled(self, kernel: Kernel):
+        """``kernel``'s RawKernel: compiled once per source (NVRTC, through CuPy, on the
+        first launch), found by the Kernel object first, by the source's hash after."""
+        fn = self._kernels.get(kernel)
+        if fn is None:
+            key = hashlib.sha256(kernel.source.encode()).hexdigest()
+            fn = self._by_source.get(key)
+            if fn is None:
+                with self._dev:
+                    fn = self._cp.RawKernel(kernel.source, kernel.entry or kernel.name,
+                                            options=("--std=c++17",))
+                self._by_source[key] = fn
+            self._kernels[kernel] = fn
+        return fn
+
+    def _arg(self, a):
+        """A launch argument as CuPy passes it: a device array as a cupy array (its
+        pointer), a number as given (the caller packs numpy scalars of the parameter's
+        dtype: ``KernelSource.params``)."""
+        return self._view(a) if isinstance(a, DeviceArray) else a
+
+    def _grid(self, kernel: Kernel, args: tuple):
+        """Grid-stride sizing: the element count (the ``n`` parameter) over 256 threads a
+        block, capped at 32 blocks per SM; at least one block."""
+        n = 0
+        for (_, kind, _), a in zip(kernel.params, args):
+            if kind == "n":
+                n = int(a)
+        return max(1, min(-(-n // THREADS), self._sms * BLOCKS_PER_SM)), THREADS
+
+    def _view(self, a: DeviceArray):
+        """A cupy array over device array ``a`` (no copy; it keeps ``a``'s block alive)."""
+        cp = self._cp
+        mem = cp.cuda.UnownedMemory(a.ptr, a.nbytes, a.memory, self.index)
+        return cp.ndarray(a.shape, a.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    # -- DLPack ------------------------------------------------------------------------------
+    dlpack = True
+
+    def export(self, array: DeviceArray, owner):
+        """A cupy array over ``array`` (its ``__dlpack__`` is CuPy's), whose memory object
+        keeps ``owner`` alive."""
+        cp = self._cp
+        mem = cp.cuda.UnownedMemory(array.ptr, array.nbytes, owner, self.index)
+        return cp.ndarray(array.shape, array.dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def adopt(self, obj) -> DeviceArray:
+        """``obj``'s memory through ``cupy.from_dlpack`` (no copy; CuPy orders the
+        producer's stream before this device's current one)."""
+        with self._dev:
+            x = self._cp.from_dlpack(obj)
+        if x.device.id != self.index:
+            raise DeviceError(f"from_dlpack: the array is on cuda:{x.device.id}, not "
+                              f"{self.device}")
+        if not x.flags.c_contiguous:
+            raise DeviceError(f"from_dlpack: a {x.shape} array with strides {x.strides} is "
+                              f"not C-contiguous; make it so first (.contiguous() in torch, "
+                              f"cupy.ascontiguousarray in CuPy)")
+        return DeviceMemory(self, x.data.ptr, x.nbytes, x).array(x.shape, x.dtype)
