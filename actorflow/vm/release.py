@@ -1,12 +1,19 @@
 """Releasing the memory of dead tensors: a blob whose last tensor is gone is queued on
 ``tensor.blob.RELEASED``; the VM collects the queue at the next submit or dispatch (and the
 allocators call it under memory pressure), freeing idle blobs at once and the others with a
-RELEASE instruction ordered after their last pending use."""
+RELEASE instruction ordered after their last pending use (on a launch-ahead device, on a
+stream of releases of its own: a RELEASE is host work that waits for its blob's uses to
+complete, and in the compute stream's order it would hold back the work issued after it
+until then, see ``deps.py``)."""
 
 from __future__ import annotations
 
 from ..tensor.blob import RELEASED
+from .deps import launches_ahead
 from .instruction import RELEASE, Instruction
+
+
+RELEASES = "releases"           # the stream of RELEASEs on a launch-ahead device
 
 
 def _release(instr) -> None:
@@ -40,8 +47,10 @@ def collect(vm, submit_pending: bool = True) -> bool:
             else:
                 blob.released = True
         elif submit_pending:
-            vm.submit(Instruction(RELEASE, "release", blob.backend.compute, (), (blob,),
-                                  _release, None))
+            stream = blob.backend.compute
+            if launches_ahead(stream):
+                stream = blob.backend.stream(RELEASES)
+            vm.submit(Instruction(RELEASE, "release", stream, (), (blob,), _release, None))
         else:
             pending.append(blob)
     RELEASED.extend(pending)
