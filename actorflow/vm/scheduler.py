@@ -78,6 +78,8 @@ class VM:
         self.device_waits = 0               # waits on another driver stream's event (devices)
         self._gated: list = []              # (device instr, fault) whose predecessor completed
         self._faults: dict = {}             # a driver's fault (its exception) -> its KernelError
+        self._device_queue: deque = deque()  # (instr, event) completed, for the loop
+        self._device_wake = False           # a _device_completions call is pending
 
     # -- submission ---------------------------------------------------------------------
     def submit(self, instr: Instruction) -> None:
@@ -328,10 +330,27 @@ class VM:
             instr.issued = (dstream, ev)
             launched(instr, self._ready)
             more = bool(self._ready) and not self._wake_pending
-        loop = self._loop
-        ev.then(lambda: loop.call_soon_threadsafe(self._finish_device, instr, ev))
+        ev.then(partial(self._device_done, instr, ev))
         if more:
             self._drain()
+
+    def _device_done(self, instr, ev) -> None:
+        # on a driver thread, when ``ev`` completed: queue it for the loop, waking the loop
+        # only when no wake-up is pending (a stream that runs far behind its issue completes
+        # work in bursts; one hop carries the burst). The loop clears the flag before it
+        # takes the queue, so an entry added after it looked always finds the flag clear.
+        self._device_queue.append((instr, ev))
+        if not self._device_wake:
+            self._device_wake = True
+            self._loop.call_soon_threadsafe(self._device_completions)
+
+    def _device_completions(self) -> None:
+        # on the loop: every device instruction whose event completed, in that order
+        self._device_wake = False
+        q = self._device_queue
+        while q:
+            instr, ev = q.popleft()
+            self._finish_device(instr, ev)
 
     def _join(self, instr, dstream) -> None:
         # the device waits for each predecessor still running on another driver stream
