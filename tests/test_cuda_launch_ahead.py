@@ -222,3 +222,33 @@ def test_max_in_flight_bounds_what_is_issued_ahead(cuda):
         th.join(60)
         VM.max_in_flight = limit
     assert_same(out[0].numpy(), np.full(16, 201, np.float32))
+
+
+def test_the_emulator_runs_no_work_after_a_wait_on_a_faulted_streams_event(emu):
+    """What launch-ahead relies on, at the driver seam: a stream that waits on an event
+    recorded after a fault inherits the fault, so the work issued after the wait is skipped
+    (as on CUDA, where the fault is sticky), while its events and host callbacks still
+    complete (nobody waits forever)."""
+    from actorflow.backends.cuda.driver import Kernel
+    d = emu()
+    s, other = d.stream("s"), d.stream("other")
+    a = d.malloc(8).array(2, np.float32)
+    b = d.malloc(8).array(2, np.float32)
+    set_to = Kernel("set_to", reference=lambda x, v: x.fill(v))
+    other.launch(set_to, (b, 1.0))
+    d.fail_kernel("set_to")
+    s.launch(set_to, (a, 2.0))               # faults
+    other.wait(s.record())
+    other.launch(set_to, (b, 5.0))           # after the wait: skipped
+    out = np.zeros(2, np.float32)
+    other.copy_d2h(out, b)                   # skipped too
+    called = []
+    other.add_callback(lambda: called.append(1))
+    done = other.record()
+    fired = threading.Event()
+    done.then(fired.set)
+    assert fired.wait(30) and called == [1]
+    with pytest.raises(KernelError, match="set_to"):
+        done.synchronize(10)
+    assert out.tolist() == [0, 0]
+    assert d._view(b).tolist() == [1, 1]     # the value before the fault, never garbage

@@ -9,7 +9,16 @@
 - Everything else goes to the ready queue; the loop is woken once per batch of submissions,
   runs tiny kernels itself and sends larger ones to CPU worker threads, splitting large
   elementwise kernels across cores.
-- ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished.
+- On a device whose driver orders the work (cuda, ``deps.launches_ahead``), an instruction
+  is issued on its driver stream as soon as its predecessors on the device are issued
+  there, not completed (``_dispatch_device``): a chain of dependent ops is queued on the
+  device while the first still runs, and a dependency across streams is a wait on an event,
+  on the device. It still completes after its predecessors (``_settle_device``), so waits,
+  ``synchronize`` and the release of dead blobs (host work, after every use completed) see
+  the same order as on the CPU. A kernel fault fails the work issued after it on its
+  driver stream (or waiting on its events) with the first error.
+- ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished (issued
+  ahead on a device counts as unfinished).
 - A failing kernel poisons the blobs it writes; the error surfaces at the next sync point.
   Two exceptions (``deps.py``): an op call that ran whole and raised InvalidInputError (it
   checks its inputs before writing) leaves the blobs it both reads and writes as they were,
