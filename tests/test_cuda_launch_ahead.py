@@ -14,6 +14,8 @@ import pytest
 
 import actorflow as af
 from actorflow.backends import get_backend
+from actorflow.backends.cuda.driver import Kernel
+from actorflow.backends.cuda.selection import driver_for
 from actorflow.errors import KernelError
 from actorflow.eager.interpreter import use_stream
 from test_cuda_vm import CUDA, assert_same, cuda, emu  # noqa: F401 - fixtures
@@ -229,7 +231,6 @@ def test_the_emulator_runs_no_work_after_a_wait_on_a_faulted_streams_event(emu):
     recorded after a fault inherits the fault, so the work issued after the wait is skipped
     (as on CUDA, where the fault is sticky), while its events and host callbacks still
     complete (nobody waits forever)."""
-    from actorflow.backends.cuda.driver import Kernel
     d = emu()
     s, other = d.stream("s"), d.stream("other")
     a = d.malloc(8).array(2, np.float32)
@@ -252,3 +253,30 @@ def test_the_emulator_runs_no_work_after_a_wait_on_a_faulted_streams_event(emu):
         done.synchronize(10)
     assert out.tolist() == [0, 0]
     assert d._view(b).tolist() == [1, 1]     # the value before the fault, never garbage
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_after_a_fault_under_random_delays_synchronize_raises_once_and_work_goes_on(emu, seed):
+    """Blocks used on a stream that faulted are reused at once (its later work is skipped):
+    a reuse that waited on its events would hand the fault to the new work."""
+    emu(delay=3e-4, seed=seed)
+    VM.set_test_hooks(seed, 1e-4)
+    rng = np.random.default_rng(seed)
+    side = af.lowlevel.stream(CUDA, "side")
+    x = af.ones(16, device=CUDA)
+    for i in range(150):
+        if i == 70:
+            driver_for(CUDA).fail_kernel("mul_scalar")
+        if rng.random() < 0.5:
+            with use_stream(side):
+                x = x * 1.01
+        else:
+            x = x + 1
+    with pytest.raises(KernelError) as e:
+        af.synchronize(30)
+    assert e.value.op == "mul_scalar" and e.value.more_errors == 0
+    with pytest.raises(KernelError, match="'mul_scalar'"):
+        x.numpy()
+    af.synchronize(30)
+    for _ in range(3):
+        assert_same((af.ones(4, device=CUDA) * 3).numpy(), np.full(4, 3, np.float32))
