@@ -237,6 +237,7 @@ def test_the_emulator_runs_no_work_after_a_wait_on_a_faulted_streams_event(emu):
     b = d.malloc(8).array(2, np.float32)
     set_to = Kernel("set_to", reference=lambda x, v: x.fill(v))
     other.launch(set_to, (b, 1.0))
+    other.synchronize(10)                    # (ran before the fault is armed)
     d.fail_kernel("set_to")
     s.launch(set_to, (a, 2.0))               # faults
     other.wait(s.record())
