@@ -165,6 +165,39 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(cud
     assert_same((chain[30] * 2).numpy(), (np.arange(4, dtype=np.float32) + 30) * 2)
 
 
+def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(
+        cuda):
+    """A dead tensor's block is freed once its uses are issued (stream-ordered): reused at
+    once for a write on another stream, that write waits on the device for the reads still
+    queued (the allocator's event). Without it (``_skip_reuse_events``) the write lands
+    first and the queued read sees it."""
+    x = af.tensor(np.arange(256, dtype=np.float32), device=CUDA)
+    ones = af.ones(256, device=CUDA)
+    side = af.lowlevel.stream(CUDA, "side")
+    af.synchronize(30)
+    b = _backend()
+    compute = b.driver_stream(b.compute)
+    waits, frees = b.caching().stats().reuse_waits, b.caching().stats().frees
+    gate = Gate(compute)
+    try:
+        t = x + 1                            # held behind the gate, in a fresh block
+        u = t * 2                            # reads it, held too
+        del t                                # freed now: its uses are issued
+        _until(lambda: b.caching().stats().frees > frees, "t's block freed")
+        with use_stream(side):
+            w = ones + 100                   # a write on another stream: t's block again
+            _until(lambda: other_issued(b, side) >= 2, "w issued on the side stream")
+    finally:
+        gate.open()
+    assert_same(u.numpy(), (np.arange(256, dtype=np.float32) + 1) * 2)
+    assert_same(w.numpy(), np.full(256, 101, np.float32))
+    assert b.caching().stats().reuse_waits == waits + 1     # one wait, on the device
+
+
+def other_issued(backend, stream) -> int:
+    return backend.driver_stream(stream)._issued
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_released_memory_is_reused_safely_under_random_delays(emu, seed):
     emu(delay=3e-4, seed=seed)
@@ -217,8 +250,11 @@ def test_max_in_flight_bounds_what_is_issued_ahead(cuda):
         th.start()
         _until(lambda: VM._blocked == 1, "the issuing thread blocked on max_in_flight")
         s = VM.stats()
-        assert s["in_flight"] <= 40
-        assert _queued(compute) <= 2 * 40 + 1     # kernel + event each, and the gate
+        assert s["in_flight"] <= 2 * 40 + 1     # the ops, and a RELEASE of each dead one
+        #                                         (issued by the loop, which never blocks)
+        # each op: its kernel, the event after it, the event recorded when its input's
+        # block was freed; and the gate
+        assert _queued(compute) <= 3 * 40 + 1
     finally:
         gate.open()
         th.join(60)

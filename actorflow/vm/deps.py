@@ -10,8 +10,11 @@ device may be issued as soon as that one is issued on a driver stream (``launche
 device keeps the order (the same driver stream: stream order; another stream: it waits on
 the event recorded after the predecessor, on the device, never on the host). Such a link is
 kept in the later one's ``after``: its event waits when it is issued, and it completes only
-once they completed. Every other link (a predecessor on the host or on another device, a
-RELEASE, which is host work) waits for the predecessor to complete, as on the CPU.
+once they completed. Every other link (a predecessor on the host or on another device)
+waits for the predecessor to complete, as on the CPU. A RELEASE of a device blob is issued
+once every use of the blob is issued: the device's caching allocator orders the block's
+reuse after those uses (stream order, or events recorded at the free), as CUDA's
+stream-ordered allocators do; it completes once they completed.
 
 Callers hold the VM lock.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from ..errors import InvalidInputError
 from ..tensor.meta import contiguous_strides, numel
-from .instruction import INPUTS, OUTPUTS, RELEASE
+from .instruction import INPUTS, OUTPUTS
 
 _PRUNE_AT = 8
 
@@ -37,7 +40,7 @@ def record(instr) -> int:
     goes to ``instr.after`` only)."""
     s = instr.stream
     after = None
-    if s.simulated and instr.kind != RELEASE and s.backend.has_data:
+    if s.simulated and s.backend.has_data:
         after = instr.after = []
     n = 0
     for b in instr.consts:
@@ -94,7 +97,7 @@ def launched(instr, ready) -> None:
     """``instr`` was issued on its device's driver stream: each dependent on the same
     launch-ahead device (linked by ``record``, its ``after`` holds ``instr``) has one
     predecessor fewer, and goes to ``ready`` when it waits for nothing more; the others
-    (host work, RELEASE, another device) stay for ``instr``'s completion."""
+    (host work, another device) stay for ``instr``'s completion."""
     backend = instr.stream.backend
     keep = []
     for d in instr.dependents:

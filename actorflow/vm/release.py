@@ -2,9 +2,8 @@
 ``tensor.blob.RELEASED``; the VM collects the queue at the next submit or dispatch (and the
 allocators call it under memory pressure), freeing idle blobs at once and the others with a
 RELEASE instruction ordered after their last pending use (on a launch-ahead device, on a
-stream of releases of its own: a RELEASE is host work that waits for its blob's uses to
-complete, and in the compute stream's order it would hold back the work issued after it
-until then, see ``deps.py``)."""
+stream of releases of its own: in the compute stream's order it would wait for everything
+issued before it, where it needs only its blob's uses issued, see ``deps.py``)."""
 
 from __future__ import annotations
 

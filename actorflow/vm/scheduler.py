@@ -311,16 +311,21 @@ class VM:
         on), then the work, then an event recorded after it, which releases the dependents
         on the device (``deps.launched``) at once. Its completion reaches the loop when that
         event completes: the driver's ``Event.then`` hands it over (``call_soon_threadsafe``,
-        no polling; ``_finish_device``). A RELEASE is host work: its predecessors completed,
-        it frees its blob here. Copies across the host boundary are joined to the stream by
-        events it waits on, on the device."""
+        no polling; ``_finish_device``). The backend learns which driver stream used which
+        blocks (``end_issue``). A RELEASE frees its blob when every use is issued: the
+        caching allocator orders the block's reuse after them on the device (``deps.py``).
+        Copies across the host boundary are joined to the stream by events it waits on, on
+        the device."""
         if instr.kind == RELEASE:
             self._execute(instr)
-            self._finish(instr)
+            with self._lock:
+                instr.issued = (None, None)           # nothing on a driver stream
+                launched(instr, self._ready)
+            self._settle_device(instr, None)          # completes after the uses
             return
         ev = dstream = None
+        backend = instr.stream.backend
         try:
-            backend = instr.stream.backend
             dstream = backend.issue_on(instr.stream)
             if instr.after:
                 self._join(instr, dstream)
@@ -328,13 +333,18 @@ class VM:
                 instr.run = _run_on_device
             self._execute(instr)
             if instr.error is None:
+                backend.end_issue(instr.consts, instr.muts)
                 ev = dstream.record()
         except Exception as e:  # noqa: BLE001 - e.g. the driver closed: surfaced at a sync
             if instr.error is None:
                 self._fail(instr, self._kernel_error(instr, e))
+        backend.current = None
         if instr.error is not None:           # nothing was issued to wait for
             self._settle_device(instr, None)
             return
+        # the work is on the stream: the host's tensors go now, so that a dead one's block is
+        # freed (stream-ordered) while the work is still queued, not at its completion
+        instr.args = instr.run = None
         with self._lock:
             instr.issued = (dstream, ev)
             launched(instr, self._ready)
@@ -342,6 +352,27 @@ class VM:
         ev.then(partial(self._device_done, instr, ev))
         if more:
             self._drain()
+
+    def _join(self, instr, dstream) -> None:
+        # the device waits for each predecessor still running on another driver stream
+        # (the same driver stream runs in order; a completed one needs nothing, nor a
+        # RELEASE: it has no work on a stream)
+        for p in instr.after:
+            if not p.done:                   # (device work completes on the loop: no race)
+                issued = p.issued
+                if issued is not None and issued[1] is not None and issued[0] is not dstream:
+                    dstream.wait(issued[1])
+                    self.device_waits += 1
+
+    def _finish_device(self, instr: Instruction, ev) -> None:
+        # on the loop, once the event after the instruction's work completed: the driver
+        # stream's sticky error (a kernel fault) fails it as a CPU kernel's exception would
+        try:
+            ev.query()
+            fault = None
+        except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
+            fault = e
+        self._settle_device(instr, fault)
 
     def _device_done(self, instr, ev) -> None:
         # on a driver thread, when ``ev`` completed: queue it for the loop, waking the loop
@@ -360,26 +391,6 @@ class VM:
         while q:
             instr, ev = q.popleft()
             self._finish_device(instr, ev)
-
-    def _join(self, instr, dstream) -> None:
-        # the device waits for each predecessor still running on another driver stream
-        # (the same driver stream runs in order; a completed one needs nothing)
-        for p in instr.after:
-            if not p.done:                   # (device work completes on the loop: no race)
-                issued = p.issued
-                if issued is not None and issued[0] is not dstream:
-                    dstream.wait(issued[1])
-                    self.device_waits += 1
-
-    def _finish_device(self, instr: Instruction, ev) -> None:
-        # on the loop, once the event after the instruction's work completed: the driver
-        # stream's sticky error (a kernel fault) fails it as a CPU kernel's exception would
-        try:
-            ev.query()
-            fault = None
-        except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
-            fault = e
-        self._settle_device(instr, fault)
 
     def _settle_device(self, instr: Instruction, fault) -> None:
         """Completes device ``instr`` (its event completed with ``fault``, the driver's
