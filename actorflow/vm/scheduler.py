@@ -333,12 +333,11 @@ class VM:
                 instr.run = _run_on_device
             self._execute(instr)
             if instr.error is None:
-                backend.end_issue(instr.consts, instr.muts)
                 ev = dstream.record()
         except Exception as e:  # noqa: BLE001 - e.g. the driver closed: surfaced at a sync
             if instr.error is None:
                 self._fail(instr, self._kernel_error(instr, e))
-        backend.current = None
+        backend.end_issue(*(() if instr.error is not None else (instr.consts, instr.muts)))
         if instr.error is not None:           # nothing was issued to wait for
             self._settle_device(instr, None)
             return

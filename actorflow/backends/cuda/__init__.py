@@ -179,11 +179,12 @@ class CudaBackend(Backend):
         return s
 
     def end_issue(self, *blob_lists) -> None:
-        """The VM issued an instruction using the blobs in ``blob_lists`` on the current
-        driver stream: the caching allocator learns that stream uses their blocks, so a
-        block freed once its uses are issued (not completed) is reused on another stream
-        only after an event recorded there."""
+        """The VM's issue of an instruction ends; its work uses the blobs in ``blob_lists``
+        (none when it failed) on the current driver stream: the caching allocator learns
+        that stream uses their blocks, so a block freed once its uses are issued (not
+        completed) is reused on another stream only after an event recorded there."""
         s, caching = self.current, self._caching
+        self.current = None
         for blobs in blob_lists:
             for b in blobs:
                 a = b.array
