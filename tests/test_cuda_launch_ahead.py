@@ -75,6 +75,30 @@ def test_a_chain_of_200_dependent_ops_is_issued_before_the_first_completes(cuda)
     np.testing.assert_allclose(y.numpy(), np.full(1000, 1.01 ** 200, np.float32), rtol=1e-4)
 
 
+def test_a_chain_issued_ahead_reuses_its_temporaries_memory_as_it_goes(cuda):
+    """A dead temporary's block is freed once its uses are issued, not completed: 100 ops
+    issued behind a held stream need a few blocks, not 100."""
+    x = af.ones(1 << 14, device=CUDA)
+    af.synchronize(30)
+    b = _backend()
+    compute = b.driver_stream(b.compute)
+    before = b.caching().stats()
+    gate = Gate(compute)
+    base = compute._issued
+    y = x
+    try:
+        for _ in range(100):
+            y = y + 1
+        _until(lambda: compute._issued - base >= 200, "the chain issued")
+        _until(lambda: b.caching().stats().frees - before.frees >= 98, "temporaries freed")
+        s = b.caching().stats()
+        assert s.mallocs - before.mallocs <= 3 and s.hits - before.hits >= 97
+        assert s.in_use - before.in_use <= 2 * (1 << 16)
+    finally:
+        gate.open()
+    assert_same(y.numpy(), np.full(1 << 14, 101, np.float32))
+
+
 def test_a_dependency_across_streams_is_a_wait_on_the_device(cuda):
     x = af.tensor(np.arange(8, dtype=np.float32), device=CUDA)
     side = af.lowlevel.stream(CUDA, "side")

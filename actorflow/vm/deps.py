@@ -93,6 +93,21 @@ def _behind(pred, instr, after) -> bool:
     return pred.issued is None
 
 
+def issued_uses(blob) -> bool:
+    """Whether every unfinished use of ``blob`` is issued on a launch-ahead device, so its
+    block may be freed now, stream-ordered (the device's caching allocator keeps the reuse
+    after them), as a RELEASE issued then would (see the module doc)."""
+    w = blob.last_write
+    if w is not None and not w.done and w.issued is None:
+        return False
+    reads = blob.reads
+    if reads:
+        for r in reads:
+            if not r.done and r.issued is None:
+                return False
+    return True
+
+
 def launched(instr, ready) -> None:
     """``instr`` was issued on its device's driver stream: each dependent on the same
     launch-ahead device (linked by ``record``, its ``after`` holds ``instr``) has one

@@ -8,7 +8,7 @@ issued before it, where it needs only its blob's uses issued, see ``deps.py``)."
 from __future__ import annotations
 
 from ..tensor.blob import RELEASED
-from .deps import launches_ahead
+from .deps import issued_uses, launches_ahead
 from .instruction import RELEASE, Instruction
 
 
@@ -21,7 +21,8 @@ def _release(instr) -> None:
 
 
 def collect(vm, submit_pending: bool = True) -> bool:
-    """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
+    """Frees blobs whose last tensor is gone: now if nothing is pending on them (or, on a
+    launch-ahead device, every pending use is issued there: ``deps.issued_uses``), else
     with a RELEASE instruction that runs after their last pending use. Returns whether
     there was anything to collect. Most small blobs never come here (``Blob.release``
     frees them at once); the rest are collected at the next submit or dispatch, so large
@@ -40,7 +41,8 @@ def collect(vm, submit_pending: bool = True) -> bool:
             break
         if blob.released:
             continue
-        if (blob.last_write is None and blob.reads is None) or blob.idle():
+        if ((blob.last_write is None and blob.reads is None) or blob.idle()
+                or (not blob.backend.host_memory and issued_uses(blob))):
             if blob.allocated:
                 frees.setdefault(blob.backend.allocator, []).append(blob.detach())
             else:
