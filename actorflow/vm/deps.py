@@ -40,7 +40,7 @@ def record(instr) -> int:
     goes to ``instr.after`` only)."""
     s = instr.stream
     after = None
-    if s.simulated and s.backend.has_data:
+    if s.simulated and s.backend.has_data:       # (launches_ahead, inline)
         after = instr.after = []
     n = 0
     for b in instr.consts:

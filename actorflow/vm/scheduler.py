@@ -13,10 +13,11 @@
   is issued on its driver stream as soon as its predecessors on the device are issued
   there, not completed (``_dispatch_device``): a chain of dependent ops is queued on the
   device while the first still runs, and a dependency across streams is a wait on an event,
-  on the device. It still completes after its predecessors (``_settle_device``), so waits,
-  ``synchronize`` and the release of dead blobs (host work, after every use completed) see
-  the same order as on the CPU. A kernel fault fails the work issued after it on its
-  driver stream (or waiting on its events) with the first error.
+  on the device. It still completes after its predecessors (``_settle_device``), so waits
+  and ``synchronize`` see the same order as on the CPU. A dead blob's block is freed once
+  its uses are issued, stream-ordered: the caching allocator reuses it only after them. A
+  kernel fault fails the work issued after it on its driver stream (or waiting on its
+  events) with the first error.
 - ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished (issued
   ahead on a device counts as unfinished).
 - A failing kernel poisons the blobs it writes; the error surfaces at the next sync point.
