@@ -244,6 +244,8 @@ def test_profile_on_cuda_lists_the_kernels_of_a_step(cuda):
     table = prof.summary()
     assert "TrainStep.step" not in table and "matmul" in table
     for e in kernels:
+        if e["name"] == "release":          # a device blob's free: host work, no launch
+            continue
         assert e["dur"] >= 0 and "launched_us" in e["args"]
         assert "skipped" not in e["args"] and "failed" not in e["args"]
 

@@ -315,9 +315,9 @@ def test_a_kernel_fault_surfaces_at_synchronize_and_the_runtime_goes_on(cuda):
     x = af.tensor([1.0, 2.0, 3.0], device=CUDA)
     ok = x + 1
     cuda.fail_kernel("mul_scalar")
+    w = x - 1                                   # independent of it, issued before it
     y = x * 2                                   # faults on the device
     z = y + 1                                   # computed from it: poisoned
-    w = x - 1                                   # independent of it
     with pytest.raises(KernelError) as e:
         af.synchronize(30)
     assert e.value.op == "mul_scalar" and e.value.device == CUDA

@@ -3,6 +3,19 @@
 A blob's ``reads`` is None when no read is recorded since its last write.
 A read waits for the last write of its blob; a write waits for the last write and for every
 read issued since; an instruction waits for the one issued before it on its stream.
+
+What "waits for" means depends on where the two run. On a device whose driver orders the
+work itself (``launches_ahead``: cuda), an instruction that waits for another on the same
+device may be issued as soon as that one is issued on a driver stream (``launched``): the
+device keeps the order (the same driver stream: stream order; another stream: it waits on
+the event recorded after the predecessor, on the device, never on the host). Such a link is
+kept in the later one's ``after``: its event waits when it is issued, and it completes only
+once they completed. Every other link (a predecessor on the host or on another device)
+waits for the predecessor to complete, as on the CPU. A RELEASE of a device blob is issued
+once every use of the blob is issued: the device's caching allocator orders the block's
+reuse after those uses (stream order, or events recorded at the free), as CUDA's
+stream-ordered allocators do; it completes once they completed.
+
 Callers hold the VM lock.
 """
 
@@ -15,12 +28,24 @@ from .instruction import INPUTS, OUTPUTS
 _PRUNE_AT = 8
 
 
+def launches_ahead(stream) -> bool:
+    """Whether work on ``stream`` is issued on a device that orders it (a driver's
+    streams and events), so that work depending on it may be issued before it completes."""
+    return stream.simulated and stream.backend.has_data
+
+
 def record(instr) -> int:
-    """Links ``instr`` after its unfinished predecessors; returns how many it waits for."""
+    """Links ``instr`` after its unfinished predecessors; returns how many it waits for
+    (a predecessor already issued on the same launch-ahead device is not waited for: it
+    goes to ``instr.after`` only)."""
+    s = instr.stream
+    after = None
+    if s.simulated and s.backend.has_data:       # (launches_ahead, inline)
+        after = instr.after = []
     n = 0
     for b in instr.consts:
         w = b.last_write
-        if w is not None and not w.done:
+        if w is not None and not w.done and (after is None or _behind(w, instr, after)):
             w.dependents.append(instr)
             n += 1
         reads = b.reads
@@ -35,25 +60,69 @@ def record(instr) -> int:
         reads.append(instr)
     for b in instr.muts:
         w = b.last_write
-        if w is not None and not w.done:
+        if w is not None and not w.done and (after is None or _behind(w, instr, after)):
             w.dependents.append(instr)
             n += 1
         if b.reads:
             for r in b.reads:
-                if not r.done and r is not instr:
+                if not r.done and r is not instr and (after is None
+                                                      or _behind(r, instr, after)):
                     r.dependents.append(instr)
                     n += 1
             b.reads = None
         b.last_write = instr
-    s = instr.stream
     t = s.tail
     if t is not None and not t.done:
-        t.dependents.append(instr)
         t.next = instr
-        n += 1
+        if after is None or _behind(t, instr, after):
+            t.dependents.append(instr)
+            n += 1
     s.tail = instr
     instr.pending = n
     return n
+
+
+def _behind(pred, instr, after) -> bool:
+    """For a launch-ahead ``instr`` (``after``: its list): whether it must wait for
+    unfinished ``pred`` to be issued or to complete (True: the caller links them), or may
+    be issued now (``pred`` is issued on the same device already). A predecessor on the
+    same device goes to ``after`` either way."""
+    if pred.after is None or pred.stream.backend is not instr.stream.backend:
+        return True                       # on the host or another device: its completion
+    after.append(pred)
+    return pred.issued is None
+
+
+def issued_uses(blob) -> bool:
+    """Whether every unfinished use of ``blob`` is issued on a launch-ahead device, so its
+    block may be freed now, stream-ordered (the device's caching allocator keeps the reuse
+    after them), as a RELEASE issued then would (see the module doc)."""
+    w = blob.last_write
+    if w is not None and not w.done and w.issued is None:
+        return False
+    reads = blob.reads
+    if reads:
+        for r in reads:
+            if not r.done and r.issued is None:
+                return False
+    return True
+
+
+def launched(instr, ready) -> None:
+    """``instr`` was issued on its device's driver stream: each dependent on the same
+    launch-ahead device (linked by ``record``, its ``after`` holds ``instr``) has one
+    predecessor fewer, and goes to ``ready`` when it waits for nothing more; the others
+    (host work, another device) stay for ``instr``'s completion."""
+    backend = instr.stream.backend
+    keep = []
+    for d in instr.dependents:
+        if d.after is not None and d.stream.backend is backend:
+            d.pending -= 1
+            if d.pending == 0 and not d.done:
+                ready.append(d)
+        else:
+            keep.append(d)
+    instr.dependents = keep
 
 
 def settled(stream, consts, muts) -> bool:

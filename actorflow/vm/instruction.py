@@ -60,11 +60,15 @@ class Instruction:
     elements) lets the VM run tiny ones inline and split large ones across cores.
 
     Dependence fields are owned by the VM: ``pending`` counts unfinished predecessors,
-    ``dependents`` are the instructions waiting on this one.
+    ``dependents`` are the instructions waiting on this one. On a launch-ahead device
+    (``deps.py``): ``after`` lists the predecessors on the same device it may be issued
+    ahead of (None elsewhere), ``issued`` is ``(driver stream, event)`` once its work is
+    issued there, until it completes.
     """
 
     __slots__ = ("kind", "name", "stream", "consts", "muts", "mut2", "run", "args", "cost",
-                 "split", "pending", "dependents", "done", "error", "waiters", "result", "next")
+                 "split", "pending", "dependents", "done", "error", "waiters", "result", "next",
+                 "after", "issued")
 
     def __init__(self, kind: str, name: str, stream, consts: tuple, muts: tuple, run, args,
                  cost: int = 0, mut2: tuple = (), split=None):
@@ -85,6 +89,7 @@ class Instruction:
         self.waiters = None
         self.result = None
         self.next = None          # the instruction issued after this one on its stream
+        self.after = self.issued = None
 
     @property
     def operands(self) -> list:
@@ -94,5 +99,6 @@ class Instruction:
         return out
 
     def __repr__(self) -> str:
-        state = "done" if self.done else f"pending={self.pending}"
+        state = ("done" if self.done else "issued" if self.issued is not None
+                 else f"pending={self.pending}")
         return f"Instruction({self.kind} {self.name!r} on {self.stream}, {state})"

@@ -84,8 +84,8 @@ class Rec:
         t = _perf()
         backend = self.stream.backend
         dstream = None
-        if not backend.host_memory:
-            dstream = backend.current
+        if not backend.host_memory and backend.current is not None:   # (a device RELEASE
+            dstream = backend.current                                   # is host work)
             self.device = times = [None, None]
             dstream.record().then(lambda: times.__setitem__(0, _perf()))
         try:

@@ -1,12 +1,18 @@
 """Releasing the memory of dead tensors: a blob whose last tensor is gone is queued on
 ``tensor.blob.RELEASED``; the VM collects the queue at the next submit or dispatch (and the
 allocators call it under memory pressure), freeing idle blobs at once and the others with a
-RELEASE instruction ordered after their last pending use."""
+RELEASE instruction ordered after their last pending use (on a launch-ahead device, on a
+stream of releases of its own: in the compute stream's order it would wait for everything
+issued before it, where it needs only its blob's uses issued, see ``deps.py``)."""
 
 from __future__ import annotations
 
 from ..tensor.blob import RELEASED
+from .deps import issued_uses, launches_ahead
 from .instruction import RELEASE, Instruction
+
+
+RELEASES = "releases"           # the stream of RELEASEs on a launch-ahead device
 
 
 def _release(instr) -> None:
@@ -15,7 +21,8 @@ def _release(instr) -> None:
 
 
 def collect(vm, submit_pending: bool = True) -> bool:
-    """Frees blobs whose last tensor is gone: now if nothing is pending on them, else
+    """Frees blobs whose last tensor is gone: now if nothing is pending on them (or, on a
+    launch-ahead device, every pending use is issued there: ``deps.issued_uses``), else
     with a RELEASE instruction that runs after their last pending use. Returns whether
     there was anything to collect. Most small blobs never come here (``Blob.release``
     frees them at once); the rest are collected at the next submit or dispatch, so large
@@ -34,14 +41,17 @@ def collect(vm, submit_pending: bool = True) -> bool:
             break
         if blob.released:
             continue
-        if (blob.last_write is None and blob.reads is None) or blob.idle():
+        if ((blob.last_write is None and blob.reads is None) or blob.idle()
+                or (not blob.backend.host_memory and issued_uses(blob))):
             if blob.allocated:
                 frees.setdefault(blob.backend.allocator, []).append(blob.detach())
             else:
                 blob.released = True
         elif submit_pending:
-            vm.submit(Instruction(RELEASE, "release", blob.backend.compute, (), (blob,),
-                                  _release, None))
+            stream = blob.backend.compute
+            if launches_ahead(stream):
+                stream = blob.backend.stream(RELEASES)
+            vm.submit(Instruction(RELEASE, "release", stream, (), (blob,), _release, None))
         else:
             pending.append(blob)
     RELEASED.extend(pending)

@@ -9,7 +9,17 @@
 - Everything else goes to the ready queue; the loop is woken once per batch of submissions,
   runs tiny kernels itself and sends larger ones to CPU worker threads, splitting large
   elementwise kernels across cores.
-- ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished.
+- On a device whose driver orders the work (cuda, ``deps.launches_ahead``), an instruction
+  is issued on its driver stream as soon as its predecessors on the device are issued
+  there, not completed (``_dispatch_device``): a chain of dependent ops is queued on the
+  device while the first still runs, and a dependency across streams is a wait on an event,
+  on the device. It still completes after its predecessors (``_settle_device``), so waits
+  and ``synchronize`` see the same order as on the CPU. A dead blob's block is freed once
+  its uses are issued, stream-ordered: the caching allocator reuses it only after them. A
+  kernel fault fails the work issued after it on its driver stream (or waiting on its
+  events) with the first error.
+- ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished (issued
+  ahead on a device counts as unfinished).
 - A failing kernel poisons the blobs it writes; the error surfaces at the next sync point.
   Two exceptions (``deps.py``): an op call that ran whole and raised InvalidInputError (it
   checks its inputs before writing) leaves the blobs it both reads and writes as they were,
@@ -31,13 +41,14 @@ import random
 import threading
 import time
 from collections import deque
+from functools import partial
 from time import perf_counter
 
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED
-from .deps import error_to_run, first_error, record, settled, wrote_nothing
+from .deps import error_to_run, first_error, launched, record, settled, wrote_nothing
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
 from .opcall import device_call_op, kernel_error, run_op
@@ -74,6 +85,11 @@ class VM:
         self._any_error = False             # until a kernel fails, skip the poison checks
         self._max_delay = 0.0               # test hook: random delay before each kernel
         self.profiler = None                # while af.profile() is on: its Recorder (profiler.py)
+        self.device_waits = 0               # waits on another driver stream's event (devices)
+        self._gated: list = []              # (device instr, fault) whose predecessor completed
+        self._faults: dict = {}             # a driver's fault (its exception) -> its KernelError
+        self._device_queue: deque = deque()  # (instr, event) completed, for the loop
+        self._device_wake = False           # a _device_completions call is pending
 
     # -- submission ---------------------------------------------------------------------
     def submit(self, instr: Instruction) -> None:
@@ -290,35 +306,148 @@ class VM:
             self._run_piece(instr, pieces[0], countdown, True)
 
     def _dispatch_device(self, instr: Instruction) -> None:
-        """On the loop: issues ``instr``'s work on its driver stream (a CUDA device's) and
-        completes it when an event recorded after the work completes: the driver's
-        ``Event.then`` hands that to the loop (``call_soon_threadsafe``), no polling. The
-        instruction's predecessors are done when it is dispatched (the VM's ordering), so
-        its work waits for nothing on the host; copies across the host boundary are joined
-        to the stream by events it waits on, on the device."""
-        backend = instr.stream.backend
-        dstream = backend.issue_on(instr.stream)
-        if instr.run is run_op:             # (profiled, its wrapper runs the device's op call)
-            instr.run = _run_on_device
-        self._execute(instr)
-        if instr.error is not None or instr.kind == RELEASE:     # nothing was issued to wait for
-            self._finish(instr)
+        """On the loop: issues ``instr``'s work on its driver stream (a CUDA device's) once
+        every predecessor on the same device is issued there (``deps.py``): first a wait on
+        the event of each one issued on another driver stream (on the device: the host goes
+        on), then the work, then an event recorded after it, which releases the dependents
+        on the device (``deps.launched``) at once. Its completion reaches the loop when that
+        event completes: the driver's ``Event.then`` hands it over (``call_soon_threadsafe``,
+        no polling; ``_finish_device``). The backend learns which driver stream used which
+        blocks (``end_issue``). A RELEASE frees its blob when every use is issued: the
+        caching allocator orders the block's reuse after them on the device (``deps.py``).
+        Copies across the host boundary are joined to the stream by events it waits on, on
+        the device."""
+        if instr.kind == RELEASE:
+            self._execute(instr)
+            with self._lock:
+                instr.issued = (None, None)           # nothing on a driver stream
+                launched(instr, self._ready)
+            self._settle_device(instr, None)          # completes after the uses
             return
-        ev = dstream.record()
-        loop = self._loop
-        ev.then(lambda: loop.call_soon_threadsafe(self._finish_device, instr, ev))
+        ev = dstream = None
+        backend = instr.stream.backend
+        try:
+            dstream = backend.issue_on(instr.stream)
+            if instr.after:
+                self._join(instr, dstream)
+            if instr.run is run_op:         # (profiled, its wrapper runs the device's op call)
+                instr.run = _run_on_device
+            self._execute(instr)
+            if instr.error is None:
+                ev = dstream.record()
+        except Exception as e:  # noqa: BLE001 - e.g. the driver closed: surfaced at a sync
+            if instr.error is None:
+                self._fail(instr, self._kernel_error(instr, e))
+        backend.end_issue(*(() if instr.error is not None else (instr.consts, instr.muts)))
+        if instr.error is not None:           # nothing was issued to wait for
+            self._settle_device(instr, None)
+            return
+        # the work is on the stream: the host's tensors go now, so that a dead one's block is
+        # freed (stream-ordered) while the work is still queued, not at its completion
+        instr.args = instr.run = None
+        with self._lock:
+            instr.issued = (dstream, ev)
+            launched(instr, self._ready)
+            more = bool(self._ready) and not self._wake_pending
+        ev.then(partial(self._device_done, instr, ev))
+        if more:
+            self._drain()
+
+    def _join(self, instr, dstream) -> None:
+        # the device waits for each predecessor still running on another driver stream
+        # (the same driver stream runs in order; a completed one needs nothing, nor a
+        # RELEASE: it has no work on a stream)
+        for p in instr.after:
+            if not p.done:                   # (device work completes on the loop: no race)
+                issued = p.issued
+                if issued is not None and issued[1] is not None and issued[0] is not dstream:
+                    dstream.wait(issued[1])
+                    self.device_waits += 1
 
     def _finish_device(self, instr: Instruction, ev) -> None:
         # on the loop, once the event after the instruction's work completed: the driver
-        # stream's sticky error (a kernel fault) fails the instruction as a CPU kernel's
-        # exception would, and the backend moves on to fresh driver streams
+        # stream's sticky error (a kernel fault) fails it as a CPU kernel's exception would
         try:
             ev.query()
+            fault = None
         except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
-            if instr.error is None:
-                self._fail(instr, self._kernel_error(instr, getattr(e, "original", e)))
-            instr.stream.backend.reset()
-        self._finish(instr)
+            fault = e
+        self._settle_device(instr, fault)
+
+    def _device_done(self, instr, ev) -> None:
+        # on a driver thread, when ``ev`` completed: queue it for the loop, waking the loop
+        # only when no wake-up is pending (a stream that runs far behind its issue completes
+        # work in bursts; one hop carries the burst). The loop clears the flag before it
+        # takes the queue, so an entry added after it looked always finds the flag clear.
+        self._device_queue.append((instr, ev))
+        if not self._device_wake:
+            self._device_wake = True
+            self._loop.call_soon_threadsafe(self._device_completions)
+
+    def _device_completions(self) -> None:
+        # on the loop: every device instruction whose event completed, in that order
+        self._device_wake = False
+        q = self._device_queue
+        while q:
+            instr, ev = q.popleft()
+            self._finish_device(instr, ev)
+
+    def _settle_device(self, instr: Instruction, fault) -> None:
+        """Completes device ``instr`` (its event completed with ``fault``, the driver's
+        error or None) once every predecessor it was issued ahead of has completed, and then
+        the ones that were waiting for it to. The poison rule: a fault is sticky on its
+        driver stream, and a stream that waits on an event recorded after it inherits it, so
+        the work issued there after the faulting kernel never runs; each such instruction
+        fails with the first error, the faulting kernel's (``_fault_error``), poisoning what
+        it writes, and work issued from then on goes to fresh driver streams (the backend's
+        ``reset``)."""
+        todo = [(instr, fault)]
+        while todo:
+            instr, fault = todo.pop()
+            gate = None
+            for p in instr.after or ():
+                if not p.done:
+                    gate = p
+                    break
+            if gate is not None:             # completes once that one has (a waiter)
+                with self._lock:
+                    self._add_waiter(gate, partial(self._gated.append, (instr, fault)))
+                continue
+            if fault is not None:
+                if instr.error is None:
+                    self._fail(instr, self._fault_error(instr, fault))
+                dstream = instr.issued[0] if instr.issued is not None else None
+                backend = instr.stream.backend
+                if dstream is not None and backend.driver_stream(instr.stream) is dstream:
+                    backend.reset()
+            with self._lock:
+                instr.after = instr.issued = None
+                self._complete(instr)
+                if self._gated:
+                    todo += self._gated
+                    self._gated.clear()
+                more = bool(self._ready) and not self._wake_pending
+            if more:
+                self._drain()
+
+    def _fault_error(self, instr, fault):
+        """The error a device fault fails ``instr`` with: the first error, made once per
+        fault. The same fault (the driver's sticky error: one exception object) seen again,
+        or a predecessor it was issued after that failed by one, gives that error; else a
+        new one, named after ``instr`` (the kernel that faulted)."""
+        orig = getattr(fault, "original", fault)
+        err = self._faults.get(orig)
+        if err is not None:
+            return err
+        known = self._faults.values()
+        for p in instr.after or ():
+            if p.error is not None and p.error in known:
+                return p.error
+        err = self._kernel_error(instr, orig)
+        if len(self._faults) >= 64:
+            del self._faults[next(iter(self._faults))]
+        self._faults[orig] = err
+        return err
 
     def _execute_then_finish(self, instr) -> None:
         # on a worker: run, then hand completion to the loop

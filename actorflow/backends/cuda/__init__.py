@@ -11,8 +11,12 @@ selectable refuses with one message.
 - Streams: each of the VM's streams on the device (``compute``, ``use_stream``'s) is one
   driver stream; copies across the host boundary run on two more, ``h2d`` and ``d2h``,
   joined to the stream that asked for them by events it waits on (on the device, never on
-  the host). The VM's instructions on the device are issued by ``issue_on`` and complete
-  when an event recorded after them completes (``vm/scheduler.py``).
+  the host). The VM's instructions on the device are issued by ``issue_on`` (a block is
+  allocated for the stream that writes it) and ``end_issue`` (the streams that use a block
+  are told to the caching allocator), and complete when an event recorded after them
+  completes (``vm/scheduler.py``). A dead tensor's block is freed once its uses are issued
+  (stream-ordered, as CUDA's allocators): the caching allocator's events keep its reuse
+  after them.
 - Copies: host to device copies the host data into a pinned staging buffer at issue (a
   private copy, so the source may change at once) which the copy's event keeps alive; device
   to host copies into a pinned staging buffer, which a host function on the ``d2h`` stream
@@ -62,7 +66,8 @@ class CudaAllocator(Allocator):
 
     def _alloc_array(self, shape, dtype, nbytes: int):
         b = self.backend
-        return CudaArray(b.caching().malloc(nbytes, b.driver_stream(b.compute)), shape, dtype)
+        stream = b.current or b.driver_stream(b.compute)     # the stream that writes it
+        return CudaArray(b.caching().malloc(nbytes, stream), shape, dtype)
 
     _alloc_small = None            # never taken: cache_min_bytes is 0
 
@@ -141,7 +146,8 @@ class CudaBackend(Backend):
         self._driver = None
         self._drv_streams: dict = {}
         self._caching = None
-        self.current = None        # the driver stream of the instruction being issued
+        self.current = None        # the driver stream of the instruction being issued (None
+        #                            between issues: an allocation then is the compute stream's)
         super().__init__(device)
 
     def _make_allocator(self) -> Allocator:
@@ -174,6 +180,19 @@ class CudaBackend(Backend):
         (copies join it); returns it. The VM calls it on its loop thread before the work."""
         self.current = s = self.driver_stream(stream)
         return s
+
+    def end_issue(self, *blob_lists) -> None:
+        """The VM's issue of an instruction ends; its work uses the blobs in ``blob_lists``
+        (none when it failed) on the current driver stream: the caching allocator learns
+        that stream uses their blocks, so a block freed once its uses are issued (not
+        completed) is reused on another stream only after an event recorded there."""
+        s, caching = self.current, self._caching
+        self.current = None
+        for blobs in blob_lists:
+            for b in blobs:
+                a = b.array
+                if a.__class__ is CudaArray:
+                    caching.record_stream(a.block, s)
 
     def reset(self) -> None:
         """After a kernel fault (a driver stream's sticky error): work issued from now on

@@ -31,6 +31,17 @@ def _done(event) -> bool:
         return True
 
 
+def _faulted(stream) -> bool:
+    """Whether ``stream`` has a sticky error: its work after the fault is skipped, so a
+    block it used is free of it at once (waiting on its event would hand the fault to the
+    waiting stream, and so to work that has nothing to do with it)."""
+    try:
+        stream.query()
+    except KernelError:
+        return True
+    return False
+
+
 def _rounded(nbytes: int) -> int:
     return max(-(-nbytes // _ROUND), 1) * _ROUND
 
@@ -170,7 +181,7 @@ class CachingAllocator:
         for s, ev in block.events:
             if _done(ev):
                 self._spare_events.append(ev)    # its record is reached: reusable
-            elif s is not stream:
+            elif s is not stream and not _faulted(s):
                 stream.wait(ev)              # the device waits; the host goes on
                 self._waits += 1             # (an event still pending is not recorded
             #                                  again: it is dropped with the wait's use)
