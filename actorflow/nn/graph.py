@@ -247,21 +247,17 @@ class Graph:
 
     def _fused_graph(self, spec, buffers, memory, settings, loader=None):
         """The step as one op actor running the program ``step()`` runs, fed as
-        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors)."""
+        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors). On a CUDA
+        device every register the step reads or writes is there (``_on_device_graph``)."""
         key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
             device = _device_of(self._traced.params, [])
-            if device is None:
-                step = self._compile((spec,), settings)
-                program = step.program
-            else:                           # the step on the device, its registers on the host
-                from ..tracing.device import HostSteps
-                step = self._compile((PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device)
-                                                                 for s in spec.specs]),),
-                                     settings)
-                program = HostSteps(self._device_program(step, device))
+            if device is not None:
+                return self._on_device_graph(key, device, spec, buffers, memory, settings,
+                                             loader)
+            step = self._compile((spec,), settings)
             g = ActorGraph(memory=memory, buffers=buffers)
             reads = None
             if loader is None:
@@ -270,10 +266,38 @@ class Graph:
             else:
                 reads = loader.actors_into(g, spec)
                 inp = reads.node
-            g.sink(g.op_program(program, inp, name="step"))
-            got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                                  graph=g, captured=step.captured,
-                                                  reads=reads)
+            g.sink(g.op_program(step.program, inp, name="step"))
+            got = self._compiled[key] = _Compiled(step.state, step.opt_rows,
+                                                  program=step.program, graph=g,
+                                                  captured=step.captured, reads=reads)
+        return got
+
+    def _on_device_graph(self, key, device, spec, buffers, memory, settings, loader):
+        """``_fused_graph`` on a CUDA device: the batches in device registers (cuda tensors
+        fed as they are, a DataLoader's on the device; host batches copied there by a copy
+        actor on the copy stream, ``to_device``), the step's op actor issuing the step on
+        the compute stream (``DeviceSteps``) into its device register, and a copy of that to
+        the host (``to_host``) for what the run yields: host arrays, as on the cpu."""
+        from ..tracing.device import DeviceSteps
+        on = PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device) for s in spec.specs])
+        step = self._compile((on,), settings)
+        program = DeviceSteps(self._device_program(step, device), on)
+        g = ActorGraph(memory=memory, buffers=buffers)
+        reads = None
+        if loader is not None:
+            reads = loader.actors_into(g, spec)
+            inp = reads.node
+        else:
+            inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
+                          name=f"inputs of {type(self).__name__}")
+        if getattr(inp, "device", None) is None:        # host batches: copied over
+            inp = g.copy(inp, device, name="to_device")
+        out = g.op_program(program, inp, name="step")
+        if program.out_spec.specs:
+            out = g.copy(out, "cpu", name="to_host")
+        g.sink(out)
+        got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
+                                              graph=g, captured=step.captured, reads=reads)
         return got
 
     def _arrays(self, state, opt_rows, captured) -> list:
@@ -443,15 +467,18 @@ class Graph:
                     iterable = iterable.iter_arrays()   # (no whole batch)
         it = iter(iterable)
         item = next(it, _NONE)
+        if item is not _NONE:
+            self._check()
+        device = _device_of(self._traced.params, []) if item is not _NONE else None
         while item is not _NONE:            # a run per layout: a register has one size
-            spec = PieceSpec.of(item, "nn.Graph.run")
+            spec = _layout(item, device)
             key = (spec.structure, tuple(spec.specs))
             later: list = []
 
             def same_layout(first=item, key=key, later=later):
                 yield first
                 for x in it:
-                    s = PieceSpec.of(x, "nn.Graph.run")
+                    s = _layout(x, device)
                     if (s.structure, tuple(s.specs)) != key:
                         later.append(x)     # (the last, smaller batch of a loader...)
                         return
@@ -480,10 +507,10 @@ class Graph:
         if device is not None and not fused:
             raise PlanError(
                 f"{type(self).__name__}.run(): the step's parameters are on {device}; an actor "
-                f"per op on a CUDA device needs registers in device memory, not built yet. "
-                f"Run it as one op actor with run(..., fused=True) (the step on the device, "
-                f"captured as a CUDA graph; each batch copied there by the act), or call "
-                f"step() per batch")
+                f"per op on a CUDA device (each op's kernel issued on the compute stream, the "
+                f"state's readers and writers there) is not built yet. Run it as one op actor "
+                f"with run(..., fused=True) (the step on the device, captured as a CUDA graph, "
+                f"the batches in device registers), or call step() per batch")
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
                                                                   settings, loader)
         if c.graph.running:                 # (before anything of the running one changes)
@@ -507,10 +534,6 @@ class Graph:
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
                 a.inline = a.inline_given = False if timeout is not None else None
-        if device is not None:              # (its act waits for the device: on a thread)
-            for a in g.actors:
-                if a.name == "step":
-                    a.inline = a.inline_given = False
         self._graph = g
         nothing = g.yields_nothing
         waiting: dict = {}                  # piece -> its item, until its output is out
@@ -784,6 +807,17 @@ def _device_of(params, leaves):
         if not b.host_memory:
             return t._impl.meta.device
     return None
+
+
+def _layout(item, device):
+    """A fed item's layout: on ``device`` (the step's CUDA device, or None) when its tensors
+    are there (they are stored in device registers as they are; host items are copied
+    over by the run's copy actor)."""
+    if device is not None:
+        leaves, _ = flatten(item)
+        if any(isinstance(x, Tensor) and x._impl.meta.device == device for x in leaves):
+            return PieceSpec.of(item, "nn.Graph.run", device)
+    return PieceSpec.of(item, "nn.Graph.run")
 
 
 def _on_device(x, device):

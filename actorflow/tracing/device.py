@@ -64,11 +64,15 @@ class DeviceProgram:
         self.captures = self.replays = self.launches = self.captured_commands = 0
         self._copy = None
 
-    def submit(self, ins: list, state: list, captured: list, cuda_graph: bool) -> list:
+    def submit(self, ins: list, state: list, captured: list, cuda_graph: bool,
+               outs: list | None = None) -> list:
         """Issues one step: ``ins`` the input tensors' impls (contiguous, on the device, in
         the program's input order), ``state`` the state's, ``captured`` those of the tensors
-        the program reads live. Returns the output impls (written when the step runs)."""
-        outs = [TensorImpl.new(s.shape, s.dtype, s.device) for s in self.program.out_spec.specs]
+        the program reads live; ``outs`` the impls to write (an op actor's register), else
+        new ones. Returns the output impls (written when the step runs)."""
+        if outs is None:
+            outs = [TensorImpl.new(s.shape, s.dtype, s.device)
+                    for s in self.program.out_spec.specs]
         state_blobs = tuple(t.blob for t in state)
         consts = tuple(t.blob for t in (*ins, *captured, *self.consts))
         muts = tuple(o.blob for o in outs) + state_blobs
@@ -201,23 +205,22 @@ def _kept(instr, state_blobs, read) -> None:
         err.kernel_traceback = tb
 
 
-class HostSteps:
-    """A ``DeviceProgram`` as an op actor's program whose registers are on the host
-    (``nn.Graph.run(..., fused=True)`` on a CUDA device, fed by a source or a DataLoader
-    whose registers are host memory): each act copies its input register to the device,
-    issues the step (``DeviceProgram.submit``: captured and replayed as ``step()`` is) and
-    copies the outputs back into its output register, so the act ends when the step has
-    run (one wait per act, none per op). The state is the tensors ``attach`` hands it."""
+class DeviceSteps:
+    """A ``DeviceProgram`` as the program of an op actor whose registers are on the device
+    (``nn.Graph.run(..., fused=True)`` on a CUDA device: ``DeviceOpActor``): each act
+    issues one step reading the input register's tensors and writing the output
+    register's (``DeviceProgram.submit``: captured and replayed as ``step()`` is), and the
+    actor awaits its completion. The state is the tensors ``attach`` hands it, written in
+    place every act (``writes_state``: one act at a time)."""
 
     tmp_specs: list = []
+    writes_state = True
 
-    def __init__(self, device_program, cuda_graph: bool = True):
-        from ..runtime.plan.spec import PieceSpec, Spec
+    def __init__(self, device_program, in_spec, cuda_graph: bool = True):
         self.device_program = dp = device_program
-        p = dp.program
-        self.out_spec = PieceSpec(p.out_spec.structure,
-                                  [Spec(s.shape, s.dtype, "cpu") for s in p.out_spec.specs])
-        self.name = p.name
+        self.in_bytes = in_spec.nbytes      # (the layout of the input register it reads)
+        self.out_spec = dp.program.out_spec
+        self.name = dp.program.name
         self.cuda_graph = cuda_graph
         self.state = self.captured = ()
 
@@ -227,7 +230,14 @@ class HostSteps:
 
     @property
     def workspace_bytes(self) -> int:
-        return 0                            # device memory: the device's allocator counts it
+        """The device memory the step keeps besides its registers: its intermediates, and
+        with a CUDA graph its static input and output buffers (counted by the plan against
+        the device's budget; the device's allocator gives them at the first act)."""
+        p = self.device_program.program
+        n = sum(s.nbytes for s in p.tmp_specs)
+        if self.cuda_graph:
+            n += self.in_bytes + p.out_spec.nbytes
+        return n
 
     def attach(self, state: list, captured: list, cuda_graph: bool) -> None:
         """The state's and the captured tensors' impls the next acts read and write."""
@@ -242,29 +252,11 @@ class HostSteps:
     def describe(self) -> str:
         return f"{self.name} on {self.device}"
 
-    def run_new(self, ins: list, write_back: bool = True) -> list:
-        import numpy as np
-        outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
-        self.run(outs, ins, write_back)
-        return outs
-
-    def run(self, outs: list, ins: list, write_back: bool = True) -> None:
-        """One act: ``ins`` per input its host arrays, ``outs`` the output register's.
-
-        Raises:
-            KernelError: a kernel of the step failed (its outputs raise it; the state keeps
-                its values, as ``DeviceProgram``'s module doc says)."""
-        import numpy as np
-
-        from ..creation import from_numpy
-        from ..tensor.tensor import wrap
-        if not write_back:
-            raise NotImplementedError(f"{self.name}: a step on {self.device} writes its state "
-                                      f"back every act")
-        dev = str(self.device)
-        leaves = [from_numpy(np.ascontiguousarray(a))._impl for i in ins for a in i]
-        leaves = [wrap(t).to(dev)._impl for t in leaves]
-        got = self.device_program.submit(leaves, [t._impl for t in self.state],
-                                         [t._impl for t in self.captured], self.cuda_graph)
-        for o, impl in zip(outs, got):
-            np.copyto(o, wrap(impl).numpy().reshape(o.shape))
+    def submit(self, outs: list, ins: list) -> None:
+        """One act: issues the step on ``ins`` (the input registers' tensors, in the
+        program's input order) into ``outs`` (the output register's). A kernel's fault
+        poisons ``outs`` (the state keeps its values, as ``DeviceProgram``'s module doc
+        says): the act's wait for them raises it."""
+        self.device_program.submit([t._impl for t in ins], [t._impl for t in self.state],
+                                   [t._impl for t in self.captured], self.cuda_graph,
+                                   [t._impl for t in outs])
