@@ -63,6 +63,12 @@ class DeviceProgram:
         self.graph = self.key = None
         self.captures = self.replays = self.launches = self.captured_commands = 0
         self._copy = None
+        self.offsets = (0,)                 # per input register, where its arrays start in
+        #                                     the inputs submit is given (op actors: per port)
+        refs = [r for st in program.steps for r in st.ins] + \
+            [r for _, r in (*program.copies, *program.assigns)]
+        self.writes = sorted({i for i, _ in program.assigns})   # the state it writes back,
+        self.reads = sorted({r[1] for r in refs if r[0] == "state"} - set(self.writes))  # reads
 
     def submit(self, ins: list, state: list, captured: list, cuda_graph: bool,
                outs: list | None = None) -> list:
@@ -73,8 +79,10 @@ class DeviceProgram:
         if outs is None:
             outs = [TensorImpl.new(s.shape, s.dtype, s.device)
                     for s in self.program.out_spec.specs]
-        state_blobs = tuple(t.blob for t in state)
-        consts = tuple(t.blob for t in (*ins, *captured, *self.consts))
+        live = (*state, *captured)          # (what "state" refs index)
+        state_blobs = tuple(live[i].blob for i in self.writes)
+        consts = tuple(t.blob for t in (*ins, *self.consts)) + \
+            tuple(live[i].blob for i in self.reads)
         muts = tuple(o.blob for o in outs) + state_blobs
         cost = sum(b.nbytes for b in muts) >> 2
         instr = Instruction(PROGRAM, self.name, self.backend.compute, consts, muts, self._run,
@@ -138,11 +146,12 @@ class DeviceProgram:
         ``timed(op name)`` after each kernel while a profile is on."""
         tmp = self.tmp
         consts = self.consts
+        offsets = self.offsets
 
         def get(ref):
             kind, i, j, meta = ref
             if kind == "in":
-                a = ins[j]
+                a = ins[offsets[i] + j]
             elif kind == "tmp":
                 a = _darray(tmp[i])
             elif kind == "out":
@@ -207,22 +216,27 @@ def _kept(instr, state_blobs, read) -> None:
 
 class DeviceSteps:
     """A ``DeviceProgram`` as the program of an op actor whose registers are on the device
-    (``nn.Graph.run(..., fused=True)`` on a CUDA device: ``DeviceOpActor``): each act
-    issues one step reading the input register's tensors and writing the output
-    register's (``DeviceProgram.submit``: captured and replayed as ``step()`` is), and the
-    actor awaits its completion. The state is the tensors ``attach`` hands it, written in
-    place every act (``writes_state``: one act at a time)."""
+    (``DeviceOpActor``): each act issues the program once, reading the input registers'
+    tensors and writing the output register's (``DeviceProgram.submit``), and the actor
+    awaits its completion. Two uses: ``nn.Graph.run(..., fused=True)``'s whole step
+    (captured and replayed as ``step()`` is; its state and captured tensors handed in by
+    ``attach`` before each run), and one op of ``nn.Graph.run()``'s actor per op, or one
+    state's write-back (``state``: the list the graph shares, states then captured
+    tensors, filled before each run; launched, not captured). ``writes_state``: it
+    writes state back (one act at a time)."""
 
     tmp_specs: list = []
-    writes_state = True
 
-    def __init__(self, device_program, in_spec, cuda_graph: bool = True):
+    def __init__(self, device_program, in_spec=None, cuda_graph: bool = True,
+                 state: list | None = None):
         self.device_program = dp = device_program
-        self.in_bytes = in_spec.nbytes      # (the layout of the input register it reads)
+        self.in_bytes = in_spec.nbytes if in_spec is not None else 0
         self.out_spec = dp.program.out_spec
         self.name = dp.program.name
         self.cuda_graph = cuda_graph
-        self.state = self.captured = ()
+        self.state = state if state is not None else ()
+        self.captured = ()
+        self.writes_state = bool(dp.writes)
 
     @property
     def device(self):
@@ -230,9 +244,9 @@ class DeviceSteps:
 
     @property
     def workspace_bytes(self) -> int:
-        """The device memory the step keeps besides its registers: its intermediates, and
-        with a CUDA graph its static input and output buffers (counted by the plan against
-        the device's budget; the device's allocator gives them at the first act)."""
+        """The device memory the program keeps besides its registers: its intermediates,
+        and with a CUDA graph its static input and output buffers (counted by the plan
+        against the device's budget; the device's allocator gives them at the first act)."""
         p = self.device_program.program
         n = sum(s.nbytes for s in p.tmp_specs)
         if self.cuda_graph:
@@ -240,7 +254,7 @@ class DeviceSteps:
         return n
 
     def attach(self, state: list, captured: list, cuda_graph: bool) -> None:
-        """The state's and the captured tensors' impls the next acts read and write."""
+        """The state's and the captured tensors the next acts read and write."""
         self.state, self.captured, self.cuda_graph = list(state), list(captured), cuda_graph
 
     def bind(self, budget, name: str) -> None:
@@ -253,10 +267,17 @@ class DeviceSteps:
         return f"{self.name} on {self.device}"
 
     def submit(self, outs: list, ins: list) -> None:
-        """One act: issues the step on ``ins`` (the input registers' tensors, in the
-        program's input order) into ``outs`` (the output register's). A kernel's fault
-        poisons ``outs`` (the state keeps its values, as ``DeviceProgram``'s module doc
-        says): the act's wait for them raises it."""
+        """One act: issues the program on ``ins`` (per input register, its tensors) into
+        ``outs`` (the output register's). A kernel's fault poisons ``outs`` (the state
+        keeps its values, as ``DeviceProgram``'s module doc says): the act's wait for them
+        raises it."""
+        dp = self.device_program
+        if len(ins) > 1 and len(dp.offsets) != len(ins):
+            at = [0]
+            for i in ins[:-1]:
+                at.append(at[-1] + len(i))
+            dp.offsets = tuple(at)
+        ins = [t for i in ins for t in i]
         self.device_program.submit([t._impl for t in ins], [t._impl for t in self.state],
                                    [t._impl for t in self.captured], self.cuda_graph,
                                    [t._impl for t in outs])

@@ -400,7 +400,7 @@ class DeviceOpActor(OpActor):
         # host values put on the device, the program run, its outputs read back
         self.infer()
         dev = str(self.device)
-        read = [x if isinstance(x, Tensor) else wrap_host(x).to(dev) for i in ins for x in i]
+        read = [[x if isinstance(x, Tensor) else wrap_host(x).to(dev) for x in i] for i in ins]
         outs = [wrap(TensorImpl.new(s.shape, s.dtype, s.device)) for s in self.out_spec.specs]
         self.program.submit(outs, read)
         return [_host_leaf(t) for t in outs]
@@ -411,9 +411,8 @@ class DeviceOpActor(OpActor):
                               f"graph with device actors is planned before it runs")
         if await _stored_cached(self, piece, outs):
             return None
-        read = [t for i in ins for t in i if t is not None]
-        self.program.submit([t for t in outs if t is not None], read)
-        await _settled(list(outs) + read)
+        self.program.submit(list(outs), ins)
+        await _settled(list(outs) + [t for i in ins for t in i])
         return None
 
 
