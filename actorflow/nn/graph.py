@@ -230,14 +230,21 @@ class Graph:
             fn, state, opt_rows, names = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             added: list = []
+            device = _device_of(self._traced.params, [])
+            traced = spec if device is None else _placed(spec, device)
 
             def source(g):
+                if device is not None:
+                    node, reads = self._device_input(g, spec, device, loader)
+                    added.append(reads)
+                    return node
                 added.append(loader.actors_into(g, spec))
                 return added[0].node
             try:
                 g, shared, captured = stateful_graph(
-                    fn, spec, specs, type(self).__name__, dict(memory=memory, buffers=buffers),
-                    names, None if loader is None else source)
+                    fn, traced, specs, type(self).__name__,
+                    dict(memory=memory, buffers=buffers), names,
+                    None if loader is None and device is None else source)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
@@ -279,10 +286,25 @@ class Graph:
         the compute stream (``DeviceSteps``) into its device register, and a copy of that to
         the host (``to_host``) for what the run yields: host arrays, as on the cpu."""
         from ..tracing.device import DeviceSteps
-        on = PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device) for s in spec.specs])
+        on = _placed(spec, device)
         step = self._compile((on,), settings)
         program = DeviceSteps(self._device_program(step, device), on)
         g = ActorGraph(memory=memory, buffers=buffers)
+        inp, reads = self._device_input(g, spec, device, loader)
+        out = g.op_program(program, inp, name="step")
+        if program.out_spec.specs:
+            out = g.copy(out, "cpu", name="to_host")
+        g.sink(out)
+        got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
+                                              graph=g, captured=step.captured, reads=reads)
+        return got
+
+    def _device_input(self, g, spec, device, loader):
+        """Adds to ``g`` the actors whose device register holds a batch of layout ``spec``
+        for a step on ``device``: a loader's (``loader.actors_into``) or a fed input (its
+        register on the device when ``spec`` is: cuda batches stored as they are), then,
+        for batches on the host, a copy actor to the device (``to_device``, on its copy
+        stream). Returns ``(actor, the loader's actors or None)``."""
         reads = None
         if loader is not None:
             reads = loader.actors_into(g, spec)
@@ -292,13 +314,7 @@ class Graph:
                           name=f"inputs of {type(self).__name__}")
         if getattr(inp, "device", None) is None:        # host batches: copied over
             inp = g.copy(inp, device, name="to_device")
-        out = g.op_program(program, inp, name="step")
-        if program.out_spec.specs:
-            out = g.copy(out, "cpu", name="to_host")
-        g.sink(out)
-        got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                              graph=g, captured=step.captured, reads=reads)
-        return got
+        return inp, reads
 
     def _arrays(self, state, opt_rows, captured) -> list:
         """The state's arrays, once every eager write to them is done, then the captured
@@ -504,13 +520,6 @@ class Graph:
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
         device = _device_of(self._traced.params, [])
-        if device is not None and not fused:
-            raise PlanError(
-                f"{type(self).__name__}.run(): the step's parameters are on {device}; an actor "
-                f"per op on a CUDA device (each op's kernel issued on the compute stream, the "
-                f"state's readers and writers there) is not built yet. Run it as one op actor "
-                f"with run(..., fused=True) (the step on the device, captured as a CUDA graph, "
-                f"the batches in device registers), or call step() per batch")
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
                                                                   settings, loader)
         if c.graph.running:                 # (before anything of the running one changes)
@@ -518,9 +527,12 @@ class Graph:
                 f"{type(self).__name__}.run(): a run of this step on this input layout is "
                 f"still going (an earlier run() not iterated to its end or closed); one "
                 f"step's runs take turns: finish or close() the other first")
-        if device is not None:
+        if device is not None:              # (the state's and captured tensors)
             self._fresh_state(c.state, c.opt_rows)
-            c.program.attach(c.state, c.captured, bool(self.cuda_graph))
+            if fused:
+                c.program.attach(c.state, c.captured, bool(self.cuda_graph))
+            else:
+                c.shared[:] = list(c.state) + list(c.captured)
         elif fused:
             c.program.state_arrays = self._arrays(c.state, c.opt_rows, c.captured)
         else:
@@ -807,6 +819,11 @@ def _device_of(params, leaves):
         if not b.host_memory:
             return t._impl.meta.device
     return None
+
+
+def _placed(spec, device):
+    """``spec``'s layout on ``device``."""
+    return PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device) for s in spec.specs])
 
 
 def _layout(item, device):
