@@ -1,12 +1,14 @@
-"""nn.Graph.run(..., fused=True) on cuda:0, on the CUDA emulator: the batches live in device
-registers (cuda tensors stored as they are, host batches and a host DataLoader's copied
-there by a copy actor on the h2d stream, a DataLoader(device="cuda:0")'s own copy), the
-step's op actor issues the compiled step on the compute stream (replayed as a CUDA graph)
-and its act ends on the step's completion, and the losses come back through a copy on the
-d2h stream: host arrays, as on the cpu, equal to the cpu's bit for bit with the same
-parameters after; the copy of batch k+1 is issued while step k is held on the device; a
-plan over the device's budget is refused before any step; a kernel fault stops the run
-with ActorError, the parameters keep the steps before it, and training goes on."""
+"""nn.Graph.run() on cuda:0, on the CUDA emulator: the batches live in device registers
+(cuda tensors stored as they are, host batches and a host DataLoader's copied there by a
+copy actor on the h2d stream, a DataLoader(device="cuda:0")'s own copy); with fused=True
+the step's op actor issues the compiled step on the compute stream (replayed as a CUDA
+graph), with an actor per op each op's actor launches its kernel there and each state's
+writer writes it back there; acts end on the device work's completion, and the losses come
+back through a copy on the d2h stream: host arrays, as on the cpu, equal to the cpu's bit
+for bit with the same parameters after, under random stream delays too; the copy of batch
+k+1 is issued while step k is held on the device; a plan over the device's budget is
+refused before any step; a kernel fault stops the run with ActorError, the parameters keep
+the steps before it, and training goes on."""
 
 from collections import Counter
 
@@ -39,26 +41,43 @@ def _feed(kind, data):
     return data
 
 
-@pytest.mark.parametrize("cuda_graph", [True, False], ids=["captured", "launched"])
+MODES = {"fused, captured": dict(fused=True), "fused, launched": dict(fused=True),
+         "an actor per op": dict(fused=False)}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("kind", ["cuda tensors", "numpy", "cpu tensors"])
 @pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
-def test_a_fused_run_on_cuda_equals_cpu_bit_for_bit(cuda, opt_name, kwargs, kind,
-                                                    cuda_graph):
+def test_a_run_on_cuda_equals_cpu_bit_for_bit(cuda, opt_name, kwargs, kind, mode):
     data = batches(5, seed=7)
     want, want_params, _ = train("cpu", opt_name, kwargs, data)
-    model, step = make(CUDA, opt_name, kwargs, cuda_graph=cuda_graph)
-    outs = list(step.run(_feed(kind, data), fused=True))
+    model, step = make(CUDA, opt_name, kwargs, cuda_graph=mode != "fused, launched")
+    outs = list(step.run(_feed(kind, data), **MODES[mode]))
     assert all(type(o) is np.ndarray and o.shape == () for o in outs)   # as the cpu's run
     assert [float(o) for o in outs] == want
     _same(want_params, model)
     names = set(step.stats().actors)
-    assert "step" in names and "to_host" in names
     assert ("to_device" in names) is (kind != "cuda tensors")    # cuda batches: no copy
+    if mode == "an actor per op":
+        assert "set state 0" in names and any(n.endswith(" to host") for n in names)
+        return
+    assert "step" in names and "to_host" in names
     run = program_of(step)
-    if cuda_graph:
+    if mode == "fused, captured":
         assert (run.captures, run.replays) == (1, 4)
     else:
         assert (run.captures, run.replays) == (0, 0)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "an actor per op"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_run_under_random_stream_delays_equals_cpu(emu, fused, seed):
+    emu(delay=2e-4, seed=seed)
+    data = batches(4, seed=seed)
+    want, want_params, _ = train("cpu", "Adam", dict(lr=1e-2), data)
+    model, step = make(CUDA, "Adam", dict(lr=1e-2))
+    assert [float(v) for v in step.run(data, fused=fused)] == want
+    _same(want_params, model)
 
 
 def test_the_work_is_on_its_streams_with_no_round_trip_through_the_host(cuda):
@@ -96,23 +115,25 @@ def _loader(device=None, **kw):
                               seed=1, device=device, **kw)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "an actor per op"])
 @pytest.mark.parametrize("device", [None, CUDA], ids=["host loader", "cuda loader"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_fused_run_on_cuda_from_a_dataloader_equals_cpu(cuda, device, workers):
+def test_a_run_on_cuda_from_a_dataloader_equals_cpu(cuda, device, workers, fused):
     cpu_model, cpu_step = make("cpu", "SGD", dict(lr=0.1, momentum=0.9))
     want = [float(v) for e in range(2) for v in cpu_step.run(_loader(workers=workers),
-                                                              fused=True)]
+                                                              fused=fused)]
     model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
     got = [float(v) for e in range(2) for v in step.run(_loader(device, workers=workers),
-                                                        fused=True)]
+                                                        fused=fused)]
     assert len(got) == 10 and got == want
     _same([p.numpy() for p in cpu_model.parameters()], model)
     names = set(step.stats().actors)
     assert "to_device" in names and "load" in names
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "an actor per op"])
 @pytest.mark.parametrize("buffers", [2, 1])
-def test_h2d_of_the_next_batch_is_issued_while_the_step_is_held(cuda, buffers):
+def test_h2d_of_the_next_batch_is_issued_while_the_step_is_held(cuda, buffers, fused):
     """The compute stream is held at step 0's first command until the copy actor has
     issued its copy of batch 1 (one array a batch): with two registers it does (batch 1
     goes to the second register while step 0 reads the first); with one, batch 1 waits
@@ -131,10 +152,10 @@ def test_h2d_of_the_next_batch_is_issued_while_the_step_is_held(cuda, buffers):
     model = nn.Linear(8, 2, device=CUDA)
     step = Fit(model, optim.SGD(model.parameters(), lr=0.1))
     data = [x for x, _ in batches(6, seed=3)]
-    want = [float(v) for v in step.run(data, fused=True, buffers=buffers)]  # (compiled)
+    want = [float(v) for v in step.run(data, fused=fused, buffers=buffers)]  # (compiled)
     cuda.hold_for = 5.0 if buffers == 2 else 0.5
     cuda.armed = True
-    got = [float(v) for v in step.run(data, fused=True, buffers=buffers)]
+    got = [float(v) for v in step.run(data, fused=fused, buffers=buffers)]
     assert len(got) == 6 and cuda.gated
     assert cuda.held_out is (buffers == 1)
     assert got != want                               # (trained on: the parameters moved)
@@ -156,12 +177,13 @@ def test_a_plan_over_the_cuda_budget_is_refused_before_any_step(cuda):
     _same(want_params, model)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "an actor per op"])
 @pytest.mark.parametrize("kind", ["numpy", "cuda tensors"])
-def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(cuda, kind):
+def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(cuda, kind, fused):
     data = batches(6, seed=5)
     model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
     items = _feed(kind, data)
-    list(step.run(items[:1], fused=True))            # (compiled and captured)
+    list(step.run(items[:1], fused=fused))           # (compiled and captured)
 
     def faulty():
         for k, item in enumerate(items[1:]):
@@ -169,8 +191,8 @@ def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(cuda, kind):
                 cuda.fail_kernel("relu")             # a step of the run's fails
             yield item
     with pytest.raises(ActorError) as e:
-        list(step.run(faulty(), fused=True))
-    assert e.value.actor == "step"
+        list(step.run(faulty(), fused=fused))
+    assert e.value.actor == ("step" if fused else "relu")
     assert isinstance(e.value.original, KernelError)
     assert "injected fault in kernel relu" in str(e.value)
     failed = 1 + e.value.piece                       # (the index in data)
@@ -179,7 +201,7 @@ def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(cuda, kind):
     # the steps before the failed one were applied, it and those after it were not
     _, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data[:failed])
     _same(want_params, model)
-    rest = [float(v) for v in step.run(items[failed:], fused=True)]    # training goes on
+    rest = [float(v) for v in step.run(items[failed:], fused=fused)]   # training goes on
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert rest == want[failed:]
     _same(want_params, model)
