@@ -21,8 +21,15 @@ On a CUDA device (parameters on ``cuda:0``) ``step()`` issues the compiled step 
 instruction on the device's compute stream (``tracing.device.DeviceProgram``) and returns
 its outputs as tensors there at once (reading one is the wait); a static step is captured
 as a CUDA graph once and replayed (``cuda_graph=False`` launches its kernels one by one).
-``run(..., fused=True)`` runs the same step in its op actor, the batches' registers on the
-host (``HostSteps``); an actor per op on a CUDA device is refused.
+``run(...)`` there keeps the batches in device registers: cuda tensors are stored as they
+are (a device source), host batches (arrays, cpu tensors, a host DataLoader's) are copied
+over by a copy actor on the device's copy stream (``to_device``, double-buffered: batch
+i+1's copy overlaps step i), a ``DataLoader(device="cuda:0")``'s own copy is read as it is.
+With ``fused=True`` the step's op actor issues the compiled step there (``DeviceSteps``,
+captured and replayed as ``step()`` is); with an actor per op each op's actor launches its
+kernel there and each state's writer copies its new value over on the device. An act ends
+when its device work completed (no host wait). The outputs are copied to the host
+(``to_host``): the run yields host arrays, as on the cpu.
 
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
@@ -450,7 +457,15 @@ class Graph:
         to the modules, the optimizers or their hyperparameters while the run goes on
         stops it with TraceError (change them between runs). An op that fails stops the run
         with ActorError naming the first op of the step that fails on that piece (the one
-        ``step()`` names) and holding its KernelError."""
+        ``step()`` names) and holding its KernelError.
+
+        On a CUDA device (the parameters on ``cuda:0``) the batches are held in registers
+        there (``memory={"cuda:0": ...}`` budgets them, with the step's workspace): items
+        of cuda tensors as they are, host items (and a host DataLoader's batches) copied
+        over by a copy actor while the step before runs; the run still yields host arrays
+        (each output copied back on the device's copy stream). A kernel fault stops the run
+        with ActorError holding its KernelError; the steps before it were applied, its own
+        and later ones were not, and the next run goes on from there."""
         name = type(self).__name__
         _local_engine(engine, name)
         if timeout is not None:

@@ -2,10 +2,10 @@
 ``nn.Graph``'s step on ``cuda:0``.
 
 ``DeviceProgram.submit`` makes one step one VM instruction on the device's compute stream:
-it reads the step's input tensors, the tensors the program captures and its constants, and
-writes its output tensors and its state (the parameters' and the optimizer's own storage,
-in place). When the VM dispatches it, its work is issued on the compute stream's driver
-stream: each op's kernel through ``vm.opcall.launch_kernel`` (the VM's own launch of an
+it reads the step's input tensors, the state and captured tensors its kernels read and its
+constants, and writes its output tensors and the state it writes back (the parameters' and
+the optimizer's own storage, in place). When the VM dispatches it, its work is issued on
+the compute stream's driver stream: each op's kernel through ``vm.opcall.launch_kernel`` (the VM's own launch of an
 op's ``DeviceKernel``), into a workspace of device memory the program keeps, then the new
 state copied over the old, last. The instruction completes on the event the VM records
 after it (no host wait per op, none per step): the step's outputs are tensors on the
@@ -18,6 +18,10 @@ and its outputs out of static output buffers after it (a captured graph holds ad
 so it reads the new inputs only through those copies), and the state in place. A later step
 is one replay (``Graph.launch``). The capture holds the state's addresses: when a state
 tensor is replaced (an optimizer's state loaded anew...) the step is captured again.
+
+``DeviceSteps`` makes such a program an op actor's: ``nn.Graph.run(..., fused=True)``'s
+whole step over device registers, or one op (one state's write-back) of ``run()``'s actor
+per op, launched one by one.
 
 A fault of a kernel is the driver stream's sticky error: the commands after it (the state's
 write-back among them) are skipped, so the state keeps its values; the instruction fails,
