@@ -219,9 +219,7 @@ class CopyActor(Actor):
         return [_host_leaf(x) for x in leaves]
 
     async def compute_async(self, piece, ins, outs):
-        if outs is None:
-            raise DeviceError(f"copy {self.name!r}: its registers are not allocated; a graph "
-                              f"with device actors is planned before it runs")
+        _planned(outs, f"copy {self.name!r}")
         b = self.backend
         caching = b.caching()
         src = self.cached.pop(piece, None)
@@ -299,9 +297,7 @@ class DeviceStage(StageActor):
                              ".to({name!r})")
 
     async def compute_async(self, piece, ins, outs):
-        if outs is None:
-            raise DeviceError(f"actor {self.name!r}: its registers are not allocated; a graph "
-                              f"with device actors is planned before it runs")
+        _planned(outs, f"actor {self.name!r}")
         if await _stored_cached(self, piece, outs):
             return None
         read = [t for i in ins for t in flatten(i)[0] if isinstance(t, Tensor)]
@@ -351,9 +347,7 @@ class DeviceSource(SourceActor):
         return False
 
     async def compute_async(self, piece, ins, outs):
-        if outs is None:
-            raise DeviceError(f"source {self.name!r}: its registers are not allocated; a "
-                              f"graph with device actors is planned before it runs")
+        _planned(outs, f"source {self.name!r}")
         try:
             value = await self.it.__anext__() if self.items_async else next(self.it)
         except (StopIteration, StopAsyncIteration):
@@ -406,9 +400,7 @@ class DeviceOpActor(OpActor):
         return [_host_leaf(t) for t in outs]
 
     async def compute_async(self, piece, ins, outs):
-        if outs is None:
-            raise DeviceError(f"op actor {self.name!r}: its registers are not allocated; a "
-                              f"graph with device actors is planned before it runs")
+        _planned(outs, f"op actor {self.name!r}")
         if await _stored_cached(self, piece, outs):
             return None
         self.program.submit(list(outs), ins)
@@ -417,6 +409,13 @@ class DeviceOpActor(OpActor):
 
 
 DEVICE_ACTORS = (CopyActor, DeviceStage, DeviceSource, DeviceOpActor)   # (planned first)
+
+
+def _planned(outs, what: str) -> None:
+    """Raises DeviceError when a device actor acts with no register (``outs`` None)."""
+    if outs is None:
+        raise DeviceError(f"{what}: its registers are not allocated; a graph with device "
+                          f"actors is planned before it runs")
 
 
 async def _stored_cached(actor, piece: int, outs: list) -> bool:
