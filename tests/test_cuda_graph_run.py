@@ -19,12 +19,32 @@ import actorflow as af
 from actorflow import nn, optim
 from actorflow.errors import ActorError, KernelError, PlanError
 
-from test_cuda_actors import cuda, emu  # noqa: F401 - the logged emulator's fixtures
+from actorflow.backends.cuda.selection import driver_for, use_driver
+from test_cuda_actors import LoggedDriver, _settle
 from test_cuda_graph_mode import _after_fault, batches, make, program_of, train
 
 pytestmark = pytest.mark.timeout(120)
 
 CUDA = "cuda:0"
+
+
+@pytest.fixture
+def emu():
+    """Puts cuda:0 on a fresh logged emulator (``test_cuda_actors.LoggedDriver``: its
+    commands logged, its compute stream held when armed); ``emu(**kw)`` starts over with
+    those options. Returns the driver."""
+    def start(**kw):
+        _settle()
+        use_driver(lambda dev: LoggedDriver(dev, **kw))
+        return driver_for(CUDA)
+    yield start
+    _settle()
+    use_driver(None)
+
+
+@pytest.fixture
+def cuda(emu):
+    return emu()
 OPTS = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=1e-2))]
 
 

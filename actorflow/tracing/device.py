@@ -5,9 +5,9 @@
 it reads the step's input tensors, the state and captured tensors its kernels read and its
 constants, and writes its output tensors and the state it writes back (the parameters' and
 the optimizer's own storage, in place). When the VM dispatches it, its work is issued on
-the compute stream's driver stream: each op's kernel through ``vm.opcall.launch_kernel`` (the VM's own launch of an
-op's ``DeviceKernel``), into a workspace of device memory the program keeps, then the new
-state copied over the old, last. The instruction completes on the event the VM records
+the compute stream's driver stream: each op's kernel through ``vm.opcall.launch_kernel``
+(the VM's own launch of an op's ``DeviceKernel``), into a workspace of device memory the
+program keeps, then the new state copied over the old, last. The instruction completes on the event the VM records
 after it (no host wait per op, none per step): the step's outputs are tensors on the
 device, and reading one is the caller's sync.
 
