@@ -18,7 +18,7 @@ and awaiting it (``async`` acts: several in flight, up to their registers):
   the device tensors its items hold into its register the same way.
 - ``DeviceOpActor`` (``ActorGraph.op_program`` on inputs on the device) hands its input and
   output registers' tensors to a program that issues its work on the compute stream (a
-  ``DeviceSteps``: ``nn.Graph.run(..., fused=True)``'s step), one act at a time.
+  ``DeviceSteps``: ``nn.Graph.run``'s fused step, or one of its ops or state writers).
 
 An act ends when the device work it issued completed: a copy's driver event
 (``Event.then``, handed to the loop with ``call_soon_threadsafe``), a stage's VM
@@ -383,8 +383,9 @@ class DeviceOpActor(OpActor):
             raise PlanError(
                 f"op actor {name!r}: its inputs are on {device}, but its program "
                 f"{getattr(program, 'name', program)!r} runs on the host; an op actor on a "
-                f"CUDA device runs a program compiled for it (nn.Graph.run(..., fused=True)); "
-                f"copy its inputs to the host first (g.copy(x, 'cpu'))")
+                f"CUDA device runs a program compiled for it (tracing.device.DeviceSteps, "
+                f"what nn.Graph.run makes there); copy its inputs to the host first "
+                f"(g.copy(x, 'cpu'))")
         super().__init__(name, inputs, program=program, **kw)
         self.device = device
         self.acts_at_once = 1 if getattr(program, "writes_state", False) else 1 << 30
