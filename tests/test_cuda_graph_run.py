@@ -225,3 +225,10 @@ def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(cuda, kind, fused)
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert rest == want[failed:]
     _same(want_params, model)
+
+
+def test_a_traced_op_actor_on_cuda_registers_is_refused_naming_a_stage(cuda):
+    g = af.ActorGraph()
+    up = g.copy(g.source([np.ones(4, np.float32)]), CUDA)
+    with pytest.raises(PlanError, match=r"g\.actor"):
+        g.op(af.relu, up)

@@ -227,6 +227,11 @@ class ActorGraph:
                 raise PlanError(f"op actor {a.name!r} cannot run on inputs "
                                 f"{', '.join(s.describe() for s in specs)}: "
                                 f"{type(e).__name__}: {e}") from e
+        on = placed_on([p for p in inputs if isinstance(p, Actor)])
+        if on is not None:
+            raise PlanError(f"g.op({getattr(fn, '__name__', fn)}): its inputs are on {on}, "
+                            f"where a traced op actor does not run yet; use g.actor(fn, ...) "
+                            f"(a stage on {on}: it gets and returns tensors there)")
         a = OpActor(self._name(name, getattr(fn, "__name__", "op")), list(inputs),
                     build=build, buffers=buffers, resources=resources, inline=inline,
                     time=time)
