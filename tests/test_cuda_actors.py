@@ -53,7 +53,7 @@ class LoggedStream(EmuStream):
         if d.armed:
             d.h2d_in_run += 1
             if d.h2d_in_run >= 2:
-                d.free.set()
+                d.let_go.set()
 
     def copy_d2h(self, dst, src):
         self._note("copy_d2h")
@@ -70,7 +70,7 @@ class LoggedStream(EmuStream):
             d.gated = True
 
             def hold(s):            # (on this stream's thread: the device is held there)
-                if not d.free.wait(d.hold_for):
+                if not d.let_go.wait(d.hold_for):
                     d.held_out = True
             self._issue(lambda: (1, hold, "hold"))
 
@@ -81,7 +81,7 @@ class LoggedDriver(EmuDriver):
         self.log, self.log_lock = [], threading.Lock()
         self.armed = self.gated = self.held_out = False
         self.h2d_in_run = 0
-        self.free = threading.Event()
+        self.let_go = threading.Event()      # (not "free": the driver's free() of a block)
         self.hold_for = 5.0
         self.pinned_made = []
 

@@ -266,10 +266,13 @@ def test_a_fused_run_on_cuda_trains_as_cpu_from_cuda_tensors_and_a_loader(cuda):
     assert len(got) == 3 and got == want                              # (the last smaller)
 
 
-def test_a_run_with_an_actor_per_op_on_cuda_is_refused_naming_fused(cuda):
-    _, step = make(CUDA, "SGD", dict(lr=0.1))
-    with pytest.raises(af.errors.PlanError, match=r"fused=True"):
-        list(step.run(batches(2)))
+def test_a_run_with_an_actor_per_op_on_cuda_trains_as_cpu(cuda):
+    data = batches(3, seed=8)
+    want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
+    model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
+    assert [float(v) for v in step.run(data)] == want
+    for a, p in zip(want_params, model.parameters()):
+        np.testing.assert_array_equal(a, p.numpy())
 
 
 def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu):

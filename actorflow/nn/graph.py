@@ -21,8 +21,15 @@ On a CUDA device (parameters on ``cuda:0``) ``step()`` issues the compiled step 
 instruction on the device's compute stream (``tracing.device.DeviceProgram``) and returns
 its outputs as tensors there at once (reading one is the wait); a static step is captured
 as a CUDA graph once and replayed (``cuda_graph=False`` launches its kernels one by one).
-``run(..., fused=True)`` runs the same step in its op actor, the batches' registers on the
-host (``HostSteps``); an actor per op on a CUDA device is refused.
+``run(...)`` there keeps the batches in device registers: cuda tensors are stored as they
+are (a device source), host batches (arrays, cpu tensors, a host DataLoader's) are copied
+over by a copy actor on the device's copy stream (``to_device``, double-buffered: batch
+i+1's copy overlaps step i), a ``DataLoader(device="cuda:0")``'s own copy is read as it is.
+With ``fused=True`` the step's op actor issues the compiled step there (``DeviceSteps``,
+captured and replayed as ``step()`` is); with an actor per op each op's actor launches its
+kernel there and each state's writer copies its new value over on the device. An act ends
+when its device work completed (no host wait). The outputs are copied to the host
+(``to_host``): the run yields host arrays, as on the cpu.
 
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
@@ -230,14 +237,21 @@ class Graph:
             fn, state, opt_rows, names = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             added: list = []
+            device = _device_of(self._traced.params, [])
+            traced = spec if device is None else _placed(spec, device)
 
             def source(g):
+                if device is not None:
+                    node, reads = self._device_input(g, spec, device, loader)
+                    added.append(reads)
+                    return node
                 added.append(loader.actors_into(g, spec))
                 return added[0].node
             try:
                 g, shared, captured = stateful_graph(
-                    fn, spec, specs, type(self).__name__, dict(memory=memory, buffers=buffers),
-                    names, None if loader is None else source)
+                    fn, traced, specs, type(self).__name__,
+                    dict(memory=memory, buffers=buffers), names,
+                    None if loader is None and device is None else source)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
@@ -247,21 +261,17 @@ class Graph:
 
     def _fused_graph(self, spec, buffers, memory, settings, loader=None):
         """The step as one op actor running the program ``step()`` runs, fed as
-        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors)."""
+        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors). On a CUDA
+        device every register the step reads or writes is there (``_on_device_graph``)."""
         key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
             device = _device_of(self._traced.params, [])
-            if device is None:
-                step = self._compile((spec,), settings)
-                program = step.program
-            else:                           # the step on the device, its registers on the host
-                from ..tracing.device import HostSteps
-                step = self._compile((PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device)
-                                                                 for s in spec.specs]),),
-                                     settings)
-                program = HostSteps(self._device_program(step, device))
+            if device is not None:
+                return self._on_device_graph(key, device, spec, buffers, memory, settings,
+                                             loader)
+            step = self._compile((spec,), settings)
             g = ActorGraph(memory=memory, buffers=buffers)
             reads = None
             if loader is None:
@@ -270,11 +280,48 @@ class Graph:
             else:
                 reads = loader.actors_into(g, spec)
                 inp = reads.node
-            g.sink(g.op_program(program, inp, name="step"))
-            got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                                  graph=g, captured=step.captured,
-                                                  reads=reads)
+            g.sink(g.op_program(step.program, inp, name="step"))
+            got = self._compiled[key] = _Compiled(step.state, step.opt_rows,
+                                                  program=step.program, graph=g,
+                                                  captured=step.captured, reads=reads)
         return got
+
+    def _on_device_graph(self, key, device, spec, buffers, memory, settings, loader):
+        """``_fused_graph`` on a CUDA device: the batches in device registers (cuda tensors
+        fed as they are, a DataLoader's on the device; host batches copied there by a copy
+        actor on the copy stream, ``to_device``), the step's op actor issuing the step on
+        the compute stream (``DeviceSteps``) into its device register, and a copy of that to
+        the host (``to_host``) for what the run yields: host arrays, as on the cpu."""
+        from ..tracing.device import DeviceSteps
+        on = _placed(spec, device)
+        step = self._compile((on,), settings)
+        program = DeviceSteps(self._device_program(step, device), on)
+        g = ActorGraph(memory=memory, buffers=buffers)
+        inp, reads = self._device_input(g, spec, device, loader)
+        out = g.op_program(program, inp, name="step")
+        if program.out_spec.specs:
+            out = g.copy(out, "cpu", name="to_host")
+        g.sink(out)
+        got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
+                                              graph=g, captured=step.captured, reads=reads)
+        return got
+
+    def _device_input(self, g, spec, device, loader):
+        """Adds to ``g`` the actors whose device register holds a batch of layout ``spec``
+        for a step on ``device``: a loader's (``loader.actors_into``) or a fed input (its
+        register on the device when ``spec`` is: cuda batches stored as they are), then,
+        for batches on the host, a copy actor to the device (``to_device``, on its copy
+        stream). Returns ``(actor, the loader's actors or None)``."""
+        reads = None
+        if loader is not None:
+            reads = loader.actors_into(g, spec)
+            inp = reads.node
+        else:
+            inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
+                          name=f"inputs of {type(self).__name__}")
+        if getattr(inp, "device", None) is None:        # host batches: copied over
+            inp = g.copy(inp, device, name="to_device")
+        return inp, reads
 
     def _arrays(self, state, opt_rows, captured) -> list:
         """The state's arrays, once every eager write to them is done, then the captured
@@ -410,7 +457,15 @@ class Graph:
         to the modules, the optimizers or their hyperparameters while the run goes on
         stops it with TraceError (change them between runs). An op that fails stops the run
         with ActorError naming the first op of the step that fails on that piece (the one
-        ``step()`` names) and holding its KernelError."""
+        ``step()`` names) and holding its KernelError.
+
+        On a CUDA device (the parameters on ``cuda:0``) the batches are held in registers
+        there (``memory={"cuda:0": ...}`` budgets them, with the step's workspace): items
+        of cuda tensors as they are, host items (and a host DataLoader's batches) copied
+        over by a copy actor while the step before runs; the run still yields host arrays
+        (each output copied back on the device's copy stream). A kernel fault stops the run
+        with ActorError holding its KernelError; the steps before it were applied, its own
+        and later ones were not, and the next run goes on from there."""
         name = type(self).__name__
         _local_engine(engine, name)
         if timeout is not None:
@@ -443,15 +498,18 @@ class Graph:
                     iterable = iterable.iter_arrays()   # (no whole batch)
         it = iter(iterable)
         item = next(it, _NONE)
+        if item is not _NONE:
+            self._check()
+        device = _device_of(self._traced.params, []) if item is not _NONE else None
         while item is not _NONE:            # a run per layout: a register has one size
-            spec = PieceSpec.of(item, "nn.Graph.run")
+            spec = _layout(item, device)
             key = (spec.structure, tuple(spec.specs))
             later: list = []
 
             def same_layout(first=item, key=key, later=later):
                 yield first
                 for x in it:
-                    s = PieceSpec.of(x, "nn.Graph.run")
+                    s = _layout(x, device)
                     if (s.structure, tuple(s.specs)) != key:
                         later.append(x)     # (the last, smaller batch of a loader...)
                         return
@@ -477,13 +535,6 @@ class Graph:
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
         device = _device_of(self._traced.params, [])
-        if device is not None and not fused:
-            raise PlanError(
-                f"{type(self).__name__}.run(): the step's parameters are on {device}; an actor "
-                f"per op on a CUDA device needs registers in device memory, not built yet. "
-                f"Run it as one op actor with run(..., fused=True) (the step on the device, "
-                f"captured as a CUDA graph; each batch copied there by the act), or call "
-                f"step() per batch")
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
                                                                   settings, loader)
         if c.graph.running:                 # (before anything of the running one changes)
@@ -491,9 +542,12 @@ class Graph:
                 f"{type(self).__name__}.run(): a run of this step on this input layout is "
                 f"still going (an earlier run() not iterated to its end or closed); one "
                 f"step's runs take turns: finish or close() the other first")
-        if device is not None:
+        if device is not None:              # (the state's and captured tensors)
             self._fresh_state(c.state, c.opt_rows)
-            c.program.attach(c.state, c.captured, bool(self.cuda_graph))
+            if fused:
+                c.program.attach(c.state, c.captured, bool(self.cuda_graph))
+            else:
+                c.shared[:] = list(c.state) + list(c.captured)
         elif fused:
             c.program.state_arrays = self._arrays(c.state, c.opt_rows, c.captured)
         else:
@@ -507,10 +561,6 @@ class Graph:
             a.timeout = timeout             # when timed (else inline as planned)
             if a.name == "step":
                 a.inline = a.inline_given = False if timeout is not None else None
-        if device is not None:              # (its act waits for the device: on a thread)
-            for a in g.actors:
-                if a.name == "step":
-                    a.inline = a.inline_given = False
         self._graph = g
         nothing = g.yields_nothing
         waiting: dict = {}                  # piece -> its item, until its output is out
@@ -784,6 +834,22 @@ def _device_of(params, leaves):
         if not b.host_memory:
             return t._impl.meta.device
     return None
+
+
+def _placed(spec, device):
+    """``spec``'s layout on ``device``."""
+    return PieceSpec(spec.structure, [Spec(s.shape, s.dtype, device) for s in spec.specs])
+
+
+def _layout(item, device):
+    """A fed item's layout: on ``device`` (the step's CUDA device, or None) when its tensors
+    are there (they are stored in device registers as they are; host items are copied
+    over by the run's copy actor)."""
+    if device is not None:
+        leaves, _ = flatten(item)
+        if any(isinstance(x, Tensor) and x._impl.meta.device == device for x in leaves):
+            return PieceSpec.of(item, "nn.Graph.run", device)
+    return PieceSpec.of(item, "nn.Graph.run")
 
 
 def _on_device(x, device):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import KernelError, TraceError
 from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, unflatten
 from ..vm.opcall import kernel_of
 from .program import Program, Step
@@ -50,6 +51,8 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
     rec = Recording(body, spec.specs, lambda leaves: [unflatten(spec.structure, leaves)],
                     state_specs=state_specs, live=True, state_names=state_names)
     g = ActorGraph(**graph_kwargs)
+    device = next((s.device for s in (*spec.specs, *state_specs) if device_memory(s.device)),
+                  None)
     if source is None:
         inp = g.input(out=unflatten(spec.structure, list(spec.specs)), name=f"inputs of {name}")
     else:
@@ -57,9 +60,10 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
     shared: list = [None] * len(rec.state_specs)
     # a training step is many small kernels: each acts on the graph's loop, where a hop to
     # a thread would cost more than most of them (measured in bench_training)
-    actor_of = _node_actors(g, rec, inp, shared, inline=True)
+    actor_of = _node_actors(g, rec, inp, shared, inline=True, device=device)
     ops = [actor_of[n] for n in range(len(rec.nodes))]
-    g.replay = lambda arrays: replay_piece(ops, inp, arrays)
+    if device is None:                      # (on a device, the failed op's own act names it)
+        g.replay = lambda arrays: replay_piece(ops, inp, arrays)
     for i, t in enumerate(new_states):
         if t is None:
             continue
@@ -74,8 +78,8 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
         program = Program([], PieceSpec((tuple, ()), []), [], [], [])
         program.state_specs, program.state_arrays = [state_specs[i]], shared
         program.assigns = [(i, ref)]
-        g.op_program(program, _producer(src, inp, actor_of), name=f"set state {i}",
-                     state_writes=(f"state {i}",))
+        g.op_program(_on_device(program, device, shared), _producer(src, inp, actor_of),
+                     name=f"set state {i}", state_writes=(f"state {i}",))
     _outputs(g, rec, inp, actor_of, copy_input=False)
     return g, shared, rec.captured
 
@@ -102,9 +106,21 @@ def _producer(src, inp, actor_of: dict):
     return inp if src[0] == "in" else actor_of[src[1]]
 
 
-def _node_actors(g, rec: Recording, inp, shared, inline=None) -> dict:
-    """One op actor per recorded node (``shared``: the state arrays, for stateful ones;
-    ``inline``: as ``g.op_program``'s)."""
+def _on_device(program, device, shared):
+    """``program`` as its op actor runs it: as it is on the host; on a CUDA device
+    (``device``) a ``DeviceSteps`` whose kernels are launched on the compute stream, reading
+    and writing the graph's state through ``shared`` (the state tensors, then the captured
+    ones, filled before each run)."""
+    if device is None:
+        return program
+    from .device import DeviceProgram, DeviceSteps
+    return DeviceSteps(DeviceProgram(program, device, program.name), cuda_graph=False,
+                       state=shared)
+
+
+def _node_actors(g, rec: Recording, inp, shared, inline=None, device=None) -> dict:
+    """One op actor per recorded node (``shared``: the state arrays, for stateful ones, or
+    on a CUDA ``device`` the state tensors; ``inline``: as ``g.op_program``'s)."""
     actor_of = {}                           # node index -> its OpActor
 
     for n, node in enumerate(rec.nodes):
@@ -138,7 +154,8 @@ def _node_actors(g, rec: Recording, inp, shared, inline=None) -> dict:
         if shared is not None:
             program.state_arrays = shared
         reads = sorted({f"state {src[1]}" for src, _ in node.refs if src[0] == "state"})
-        actor_of[n] = g.op_program(program, *ports, inline=inline, state_reads=reads)
+        actor_of[n] = g.op_program(_on_device(program, device, shared), *ports, inline=inline,
+                                   state_reads=reads)
     return actor_of
 
 
@@ -151,12 +168,17 @@ def _outputs(g, rec: Recording, inp, actor_of, copy_input: bool = True) -> None:
             g._set_outputs([inp], [], None, yields_nothing=True)
         return
     picks, sinks = [], []
+    host: dict = {}                         # a register on a device -> its copy to the host
     for t in rec.outputs:
         src = rec.source(t._impl)
         if src[0] in ("const", "state"):
             raise TraceError("a traced function's output does not depend on its inputs; "
                              "return something computed from them")
         a = _producer(src, inp, actor_of)
+        if getattr(a, "device", None) is not None:      # (the run yields host arrays)
+            if a not in host:
+                host[a] = g.copy(a, "cpu", name=f"{a.name} to host")
+            a = host[a]
         if a not in sinks:
             sinks.append(a)
         meta = t._impl.meta

@@ -2,12 +2,12 @@
 ``nn.Graph``'s step on ``cuda:0``.
 
 ``DeviceProgram.submit`` makes one step one VM instruction on the device's compute stream:
-it reads the step's input tensors, the tensors the program captures and its constants, and
-writes its output tensors and its state (the parameters' and the optimizer's own storage,
-in place). When the VM dispatches it, its work is issued on the compute stream's driver
-stream: each op's kernel through ``vm.opcall.launch_kernel`` (the VM's own launch of an
-op's ``DeviceKernel``), into a workspace of device memory the program keeps, then the new
-state copied over the old, last. The instruction completes on the event the VM records
+it reads the step's input tensors, the state and captured tensors its kernels read and its
+constants, and writes its output tensors and the state it writes back (the parameters' and
+the optimizer's own storage, in place). When the VM dispatches it, its work is issued on
+the compute stream's driver stream: each op's kernel through ``vm.opcall.launch_kernel``
+(the VM's own launch of an op's ``DeviceKernel``), into a workspace of device memory the
+program keeps, then the new state copied over the old, last. The instruction completes on the event the VM records
 after it (no host wait per op, none per step): the step's outputs are tensors on the
 device, and reading one is the caller's sync.
 
@@ -18,6 +18,10 @@ and its outputs out of static output buffers after it (a captured graph holds ad
 so it reads the new inputs only through those copies), and the state in place. A later step
 is one replay (``Graph.launch``). The capture holds the state's addresses: when a state
 tensor is replaced (an optimizer's state loaded anew...) the step is captured again.
+
+``DeviceSteps`` makes such a program an op actor's: ``nn.Graph.run(..., fused=True)``'s
+whole step over device registers, or one op (one state's write-back) of ``run()``'s actor
+per op, launched one by one.
 
 A fault of a kernel is the driver stream's sticky error: the commands after it (the state's
 write-back among them) are skipped, so the state keeps its values; the instruction fails,
@@ -63,14 +67,26 @@ class DeviceProgram:
         self.graph = self.key = None
         self.captures = self.replays = self.launches = self.captured_commands = 0
         self._copy = None
+        self.offsets = (0,)                 # per input register, where its arrays start in
+        #                                     the inputs submit is given (op actors: per port)
+        refs = [r for st in program.steps for r in st.ins] + \
+            [r for _, r in (*program.copies, *program.assigns)]
+        self.writes = sorted({i for i, _ in program.assigns})   # the state it writes back,
+        self.reads = sorted({r[1] for r in refs if r[0] == "state"} - set(self.writes))  # reads
 
-    def submit(self, ins: list, state: list, captured: list, cuda_graph: bool) -> list:
+    def submit(self, ins: list, state: list, captured: list, cuda_graph: bool,
+               outs: list | None = None) -> list:
         """Issues one step: ``ins`` the input tensors' impls (contiguous, on the device, in
         the program's input order), ``state`` the state's, ``captured`` those of the tensors
-        the program reads live. Returns the output impls (written when the step runs)."""
-        outs = [TensorImpl.new(s.shape, s.dtype, s.device) for s in self.program.out_spec.specs]
-        state_blobs = tuple(t.blob for t in state)
-        consts = tuple(t.blob for t in (*ins, *captured, *self.consts))
+        the program reads live; ``outs`` the impls to write (an op actor's register), else
+        new ones. Returns the output impls (written when the step runs)."""
+        if outs is None:
+            outs = [TensorImpl.new(s.shape, s.dtype, s.device)
+                    for s in self.program.out_spec.specs]
+        live = (*state, *captured)          # (what "state" refs index)
+        state_blobs = tuple(live[i].blob for i in self.writes)
+        consts = tuple(t.blob for t in (*ins, *self.consts)) + \
+            tuple(live[i].blob for i in self.reads)
         muts = tuple(o.blob for o in outs) + state_blobs
         cost = sum(b.nbytes for b in muts) >> 2
         instr = Instruction(PROGRAM, self.name, self.backend.compute, consts, muts, self._run,
@@ -134,11 +150,12 @@ class DeviceProgram:
         ``timed(op name)`` after each kernel while a profile is on."""
         tmp = self.tmp
         consts = self.consts
+        offsets = self.offsets
 
         def get(ref):
             kind, i, j, meta = ref
             if kind == "in":
-                a = ins[j]
+                a = ins[offsets[i] + j]
             elif kind == "tmp":
                 a = _darray(tmp[i])
             elif kind == "out":
@@ -201,25 +218,29 @@ def _kept(instr, state_blobs, read) -> None:
         err.kernel_traceback = tb
 
 
-class HostSteps:
-    """A ``DeviceProgram`` as an op actor's program whose registers are on the host
-    (``nn.Graph.run(..., fused=True)`` on a CUDA device, fed by a source or a DataLoader
-    whose registers are host memory): each act copies its input register to the device,
-    issues the step (``DeviceProgram.submit``: captured and replayed as ``step()`` is) and
-    copies the outputs back into its output register, so the act ends when the step has
-    run (one wait per act, none per op). The state is the tensors ``attach`` hands it."""
+class DeviceSteps:
+    """A ``DeviceProgram`` as the program of an op actor whose registers are on the device
+    (``DeviceOpActor``): each act issues the program once, reading the input registers'
+    tensors and writing the output register's (``DeviceProgram.submit``), and the actor
+    awaits its completion. Two uses: ``nn.Graph.run(..., fused=True)``'s whole step
+    (captured and replayed as ``step()`` is; its state and captured tensors handed in by
+    ``attach`` before each run), and one op of ``nn.Graph.run()``'s actor per op, or one
+    state's write-back (``state``: the list the graph shares, states then captured
+    tensors, filled before each run; launched, not captured). ``writes_state``: it
+    writes state back (one act at a time)."""
 
     tmp_specs: list = []
 
-    def __init__(self, device_program, cuda_graph: bool = True):
-        from ..runtime.plan.spec import PieceSpec, Spec
+    def __init__(self, device_program, in_spec=None, cuda_graph: bool = True,
+                 state: list | None = None):
         self.device_program = dp = device_program
-        p = dp.program
-        self.out_spec = PieceSpec(p.out_spec.structure,
-                                  [Spec(s.shape, s.dtype, "cpu") for s in p.out_spec.specs])
-        self.name = p.name
+        self.in_bytes = in_spec.nbytes if in_spec is not None else 0
+        self.out_spec = dp.program.out_spec
+        self.name = dp.program.name
         self.cuda_graph = cuda_graph
-        self.state = self.captured = ()
+        self.state = state if state is not None else ()
+        self.captured = ()
+        self.writes_state = bool(dp.writes)
 
     @property
     def device(self):
@@ -227,10 +248,17 @@ class HostSteps:
 
     @property
     def workspace_bytes(self) -> int:
-        return 0                            # device memory: the device's allocator counts it
+        """The device memory the program keeps besides its registers: its intermediates,
+        and with a CUDA graph its static input and output buffers (counted by the plan
+        against the device's budget; the device's allocator gives them at the first act)."""
+        p = self.device_program.program
+        n = sum(s.nbytes for s in p.tmp_specs)
+        if self.cuda_graph:
+            n += self.in_bytes + p.out_spec.nbytes
+        return n
 
     def attach(self, state: list, captured: list, cuda_graph: bool) -> None:
-        """The state's and the captured tensors' impls the next acts read and write."""
+        """The state's and the captured tensors the next acts read and write."""
         self.state, self.captured, self.cuda_graph = list(state), list(captured), cuda_graph
 
     def bind(self, budget, name: str) -> None:
@@ -242,29 +270,18 @@ class HostSteps:
     def describe(self) -> str:
         return f"{self.name} on {self.device}"
 
-    def run_new(self, ins: list, write_back: bool = True) -> list:
-        import numpy as np
-        outs = [np.empty(s.shape, s.dtype.np) for s in self.out_spec.specs]
-        self.run(outs, ins, write_back)
-        return outs
-
-    def run(self, outs: list, ins: list, write_back: bool = True) -> None:
-        """One act: ``ins`` per input its host arrays, ``outs`` the output register's.
-
-        Raises:
-            KernelError: a kernel of the step failed (its outputs raise it; the state keeps
-                its values, as ``DeviceProgram``'s module doc says)."""
-        import numpy as np
-
-        from ..creation import from_numpy
-        from ..tensor.tensor import wrap
-        if not write_back:
-            raise NotImplementedError(f"{self.name}: a step on {self.device} writes its state "
-                                      f"back every act")
-        dev = str(self.device)
-        leaves = [from_numpy(np.ascontiguousarray(a))._impl for i in ins for a in i]
-        leaves = [wrap(t).to(dev)._impl for t in leaves]
-        got = self.device_program.submit(leaves, [t._impl for t in self.state],
-                                         [t._impl for t in self.captured], self.cuda_graph)
-        for o, impl in zip(outs, got):
-            np.copyto(o, wrap(impl).numpy().reshape(o.shape))
+    def submit(self, outs: list, ins: list) -> None:
+        """One act: issues the program on ``ins`` (per input register, its tensors) into
+        ``outs`` (the output register's). A kernel's fault poisons ``outs`` (the state
+        keeps its values, as ``DeviceProgram``'s module doc says): the act's wait for them
+        raises it."""
+        dp = self.device_program
+        if len(ins) > 1 and len(dp.offsets) != len(ins):
+            at = [0]
+            for i in ins[:-1]:
+                at.append(at[-1] + len(i))
+            dp.offsets = tuple(at)
+        ins = [t for i in ins for t in i]
+        self.device_program.submit([t._impl for t in ins], [t._impl for t in self.state],
+                                   [t._impl for t in self.captured], self.cuda_graph,
+                                   [t._impl for t in outs])

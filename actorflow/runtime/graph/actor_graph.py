@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import threading
 
-from ...errors import ActorflowError, PlanError, TraceError
+from ...errors import ActorflowError, DeviceError, PlanError, TraceError
 from ..sched import driving
 from ..observe import hooks as observe
 from ..sched import loop as loop_module
 from .actors import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
-from .device_acts import CopyActor, DeviceStage, placed_on
+from .device_acts import (DEVICE_ACTORS, CopyActor, DeviceOpActor, DeviceSource,
+                          DeviceStage, device_memory, placed_on)
 from ..plan.sizing import plan_graph
 from ..plan.registers import MemoryBudget
 from .source import SourceActor
@@ -152,8 +153,13 @@ class ActorGraph:
         """A source whose items are given to ``run(feed=...)`` (``one_argument``: as for
         ``source``)."""
         spec = PieceSpec.from_user(out) if out is not None else None
-        return self._add(SourceActor(self._name(name or "input", "source"), None, fed=True,
-                                     buffers=buffers, out=spec, one_argument=one_argument))
+        name = self._name(name or "input", "source")
+        on = _device_of_spec(spec)
+        if on is not None:              # its pieces are device tensors: stored on the device
+            return self._add(DeviceSource(name, None, on, fed=True, buffers=buffers, out=spec,
+                                          one_argument=one_argument))
+        return self._add(SourceActor(name, None, fed=True, buffers=buffers, out=spec,
+                                     one_argument=one_argument))
 
     def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
               inline=False, time=None, timeout=None, replicas: int = 1) -> Actor:
@@ -221,6 +227,11 @@ class ActorGraph:
                 raise PlanError(f"op actor {a.name!r} cannot run on inputs "
                                 f"{', '.join(s.describe() for s in specs)}: "
                                 f"{type(e).__name__}: {e}") from e
+        on = placed_on([p for p in inputs if isinstance(p, Actor)])
+        if on is not None:
+            raise PlanError(f"g.op({getattr(fn, '__name__', fn)}): its inputs are on {on}, "
+                            f"where a traced op actor does not run yet; use g.actor(fn, ...) "
+                            f"(a stage on {on}: it gets and returns tensors there)")
         a = OpActor(self._name(name, getattr(fn, "__name__", "op")), list(inputs),
                     build=build, buffers=buffers, resources=resources, inline=inline,
                     time=time)
@@ -232,9 +243,21 @@ class ActorGraph:
         ``tracing.Program``: what ``g.op`` would trace, an ``nn.Graph`` step), into its
         register each piece. ``name`` defaults to the program's (its ops' names).
         ``state_reads`` / ``state_writes``: the states it reads and the one it writes across
-        pieces, kept in piece order (``gates.py``)."""
-        a = OpActor(self._name(name, program.name), list(inputs), program=program,
-                    buffers=buffers, resources=resources, inline=inline, time=time)
+        pieces, kept in piece order (``gates.py``). On inputs whose registers are on a CUDA
+        device, a program compiled for it (``tracing.device.DeviceSteps``) whose work the
+        actor issues there (``DeviceOpActor``)."""
+        name = self._name(name, program.name)
+        self._check_inputs(name, inputs)
+        on = placed_on(inputs)
+        if on is None and hasattr(program, "submit"):
+            raise DeviceError(f"op actor {name!r} runs {program.describe()}, whose registers "
+                              f"are on its device, but its inputs are on the host; copy them "
+                              f"there first: g.copy(x, {str(program.device)!r})")
+        if on is not None:              # its registers are on the device: it issues its
+            a = DeviceOpActor(name, list(inputs), program, on, buffers=buffers)  # work there
+        else:
+            a = OpActor(name, list(inputs), program=program, buffers=buffers,
+                        resources=resources, inline=inline, time=time)
         a.state_reads, a.state_writes = tuple(state_reads), tuple(state_writes)
         return self._add(a)
 
@@ -286,7 +309,7 @@ class ActorGraph:
         needs it, as ``plan()`` would: with a budget and ``share="auto"``) or "lazy" (each
         stage's registers allocated the moment its piece 0 exists: nothing to share)."""
         if self._tuned() or self.share is True or any(
-                isinstance(a, (CopyActor, DeviceStage)) for a in self.actors):
+                isinstance(a, DEVICE_ACTORS) for a in self.actors):
             return "probe"              # (device registers are allocated before the run)
         if self.share == "auto" and any(b is not None for b in self.memory.values()):
             return "whole"
@@ -425,3 +448,15 @@ class ActorGraph:
         if self._last is None:
             raise RuntimeError("stats(): the graph has not run yet")
         return self._last
+
+
+def _device_of_spec(spec):
+    """The device with its own memory (cuda) a declared layout's arrays are on, or None
+    (the host's)."""
+    devs = {s.device for s in spec.specs} if spec is not None else set()
+    on = [d for d in devs if device_memory(d)]
+    if on and len(devs) > 1:
+        raise DeviceError(f"out={spec.describe()}: a register is on one device, and these "
+                          f"arrays are on {', '.join(sorted(map(str, devs)))}; give a source "
+                          f"per device, or copy the host arrays over (g.copy(src, {str(on[0])!r}))")
+    return on[0] if on else None

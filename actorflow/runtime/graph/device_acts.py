@@ -14,6 +14,11 @@ and awaiting it (``async`` acts: several in flight, up to their registers):
 - ``DeviceStage`` (a stage whose input is on the device) calls its function with the
   input registers' tensors and stores the tensors it returns into its register by a copy
   on the device's compute stream (the VM's).
+- ``DeviceSource`` (``ActorGraph.input`` or ``source`` with ``out=`` on the device) stores
+  the device tensors its items hold into its register the same way.
+- ``DeviceOpActor`` (``ActorGraph.op_program`` on inputs on the device) hands its input and
+  output registers' tensors to a program that issues its work on the compute stream (a
+  ``DeviceSteps``: ``nn.Graph.run``'s fused step, or one of its ops or state writers).
 
 An act ends when the device work it issued completed: a copy's driver event
 (``Event.then``, handed to the loop with ``call_soon_threadsafe``), a stage's VM
@@ -31,14 +36,16 @@ import numpy as np
 
 from ...backends import get_backend
 from ...device import device as as_device
-from ...errors import DeviceError, DTypeError, ShapeError
+from ...errors import DeviceError, DTypeError, PlanError, ShapeError
 from ...tensor.blob import Blob
 from ...tensor.impl import TensorImpl
 from ...tensor.meta import TensorMeta, contiguous_strides
 from ...tensor.tensor import Tensor, wrap
+from ..plan.registers import EOS
 from ..plan.spec import NOTHING, PieceSpec, Spec, check_piece, flatten, unflatten
 from ..sched.loop import run_on_graph_loop
-from .actors import Actor, StageActor
+from .actors import Actor, OpActor, StageActor
+from .source import SourceActor, one_argument
 
 _SETTLED: list = [None, None]    # awaiting / waiting for tensors' pending VM work
 
@@ -139,6 +146,36 @@ def _host_leaf(x) -> np.ndarray:
     return np.array(x, order="C", copy=True)
 
 
+def device_leaves(actor, value, what: str, fix: str) -> list:
+    """The tensors of ``value`` (what ``actor``, whose register is on ``actor.device``,
+    stores), each checked to be on that device and, once the register is sized, of its
+    shape and dtype. ``fix``: what to do about a leaf elsewhere (``{device}`` and ``{name}``
+    filled in)."""
+    leaves, structure = flatten(value)
+    spec = actor.out_spec
+    dev = actor.device
+    if spec is not None and structure != spec.structure:
+        check_piece(value, spec, what, actor.declared)      # raises, naming the difference
+    for i, x in enumerate(leaves):
+        on = x._impl.meta.device if isinstance(x, Tensor) else None
+        if on is not dev:
+            got = f"a tensor on {on}" if on is not None else f"a {type(x).__name__}"
+            raise DeviceError(f"{what} returned {got} (array {i}), but its register is on "
+                              f"{dev}: " + fix.format(device=dev, name=str(dev)))
+        if spec is not None:
+            s, m = spec.specs[i], x._impl.meta
+            if m.shape != s.shape:
+                raise ShapeError(f"{what} returned {m.dtype.name}{list(m.shape)} but its "
+                                 f"register holds {s.dtype.name}{list(s.shape)}; return "
+                                 f"the same shape for every piece, or declare "
+                                 f"out=af.Spec(...)")
+            if m.dtype is not s.dtype:
+                raise DTypeError(f"{what} returned {m.dtype.name}{list(m.shape)} but its "
+                                 f"register holds {s.dtype.name}{list(s.shape)}; cast it "
+                                 f"(.to(af.{s.dtype.name})) or declare out=af.Spec(...)")
+    return leaves
+
+
 class CopyActor(Actor):
     """Copies each piece of ``src`` to ``device``: host to device on the device's ``h2d``
     stream into its device registers, or device to host on ``d2h`` into its cpu registers
@@ -182,9 +219,7 @@ class CopyActor(Actor):
         return [_host_leaf(x) for x in leaves]
 
     async def compute_async(self, piece, ins, outs):
-        if outs is None:
-            raise DeviceError(f"copy {self.name!r}: its registers are not allocated; a graph "
-                              f"with device actors is planned before it runs")
+        _planned(outs, f"copy {self.name!r}")
         b = self.backend
         caching = b.caching()
         src = self.cached.pop(piece, None)
@@ -256,45 +291,14 @@ class DeviceStage(StageActor):
         return self.device
 
     def _leaves(self, value, piece: int) -> list:
-        """The tensors of ``value``, each checked to be on the stage's device (and, once the
-        register is sized, of its shape and dtype)."""
-        what = f"actor {self.name!r} (piece {piece})"
-        leaves, structure = flatten(value)
-        spec = self.out_spec
-        if spec is not None and structure != spec.structure:
-            check_piece(value, spec, what, self.declared)      # raises, naming the difference
-        for i, x in enumerate(leaves):
-            on = x._impl.meta.device if isinstance(x, Tensor) else None
-            if on is not self.device:
-                got = f"a tensor on {on}" if on is not None else f"a {type(x).__name__}"
-                raise DeviceError(
-                    f"{what} returned {got} (array {i}), but its register is on "
-                    f"{self.device}: a stage on {self.device} returns tensors on it; compute "
-                    f"from its inputs (they are {self.device} tensors), or move the value "
-                    f"with .to({str(self.device)!r})")
-            if spec is not None:
-                s, m = spec.specs[i], x._impl.meta
-                if m.shape != s.shape:
-                    raise ShapeError(f"{what} returned {m.dtype.name}{list(m.shape)} but its "
-                                     f"register holds {s.dtype.name}{list(s.shape)}; return "
-                                     f"the same shape for every piece, or declare "
-                                     f"out=af.Spec(...)")
-                if m.dtype is not s.dtype:
-                    raise DTypeError(f"{what} returned {m.dtype.name}{list(m.shape)} but its "
-                                     f"register holds {s.dtype.name}{list(s.shape)}; cast it "
-                                     f"(.to(af.{s.dtype.name})) or declare out=af.Spec(...)")
-        return leaves
+        return device_leaves(self, value, f"actor {self.name!r} (piece {piece})",
+                             "a stage on {device} returns tensors on it; compute from its "
+                             "inputs (they are {device} tensors), or move the value with "
+                             ".to({name!r})")
 
     async def compute_async(self, piece, ins, outs):
-        if outs is None:
-            raise DeviceError(f"actor {self.name!r}: its registers are not allocated; a graph "
-                              f"with device actors is planned before it runs")
-        cached = self.cached.pop(piece, None)
-        if cached is not None:                  # piece 0, computed while planning
-            for dst, x in zip(outs, cached):
-                if dst is not None:
-                    dst.copy_(wrap_host(x).to(str(self.device)))
-            await _settled(outs)
+        _planned(outs, f"actor {self.name!r}")
+        if await _stored_cached(self, piece, outs):
             return None
         read = [t for i in ins for t in flatten(i)[0] if isinstance(t, Tensor)]
         writes = [t._impl.blob.last_write for t in read]     # (a write in place replaces it)
@@ -316,9 +320,121 @@ class DeviceStage(StageActor):
         return f"stage on {self.device} {getattr(self.fn, '__name__', type(self.fn).__name__)}"
 
 
+class DeviceSource(SourceActor):
+    """A source whose register is on ``device``: each item holds tensors on it (a fed
+    ``run(feed=...)`` of device tensors, ``nn.Graph.run`` over cuda batches), stored into
+    its register by a copy on the device's compute stream; its act ends when that copy
+    completed. Its layout is declared (``out=``): a device register is sized before the
+    run."""
+
+    def __init__(self, name, source, device, **kw):
+        super().__init__(name, source, **kw)
+        if self.out_spec is None:
+            raise PlanError(f"source {name!r} on {device}: give out=af.Spec(..., "
+                            f"device={str(device)!r}) (a device register is sized before the "
+                            f"run, never from piece 0)")
+        self.device = device
+        self.is_async = True
+        self.items_async = False
+
+    def start(self) -> None:
+        if self.it is None:
+            super().start()
+            self.items_async = self.is_async
+            self.is_async = True
+
+    def needs_probe(self) -> bool:
+        return False
+
+    async def compute_async(self, piece, ins, outs):
+        _planned(outs, f"source {self.name!r}")
+        try:
+            value = await self.it.__anext__() if self.items_async else next(self.it)
+        except (StopIteration, StopAsyncIteration):
+            return EOS
+        if self.single_argument:
+            value = one_argument(value)
+        leaves = device_leaves(self, value, self._what(piece),
+                               "give tensors on {device} (af.tensor(x, device={name!r})), or "
+                               "host arrays to a source on the host followed by a copy "
+                               "(g.copy(src, {name!r}))")
+        for dst, x in zip(outs, leaves):
+            if dst is not None:
+                dst.copy_(x)
+        await _settled(outs)
+        return None
+
+    def describe(self) -> str:
+        return f"source on {self.device}"
+
+
+class DeviceOpActor(OpActor):
+    """An op actor whose registers are on ``device``: its program (``DeviceSteps``) issues
+    one piece's work on the device's compute stream reading its input registers' tensors
+    and writing its output register's; the act ends when that work completed (awaited on
+    the VM's completion of it: no host wait). A program that writes state across pieces
+    acts one piece at a time (``acts_at_once``), so that a piece that failed stops the
+    next, as on the host."""
+
+    is_async = True
+
+    def __init__(self, name, inputs, program, device, **kw):
+        if not hasattr(program, "submit"):
+            raise PlanError(
+                f"op actor {name!r}: its inputs are on {device}, but its program "
+                f"{getattr(program, 'name', program)!r} runs on the host; an op actor on a "
+                f"CUDA device runs a program compiled for it (tracing.device.DeviceSteps, "
+                f"what nn.Graph.run makes there); copy its inputs to the host first "
+                f"(g.copy(x, 'cpu'))")
+        super().__init__(name, inputs, program=program, **kw)
+        self.device = device
+        self.acts_at_once = 1 if getattr(program, "writes_state", False) else 1 << 30
+
+    def probe(self, ins):
+        # piece 0 while planning (the graph reads piece 0 through every actor): its inputs'
+        # host values put on the device, the program run, its outputs read back
+        self.infer()
+        dev = str(self.device)
+        read = [[x if isinstance(x, Tensor) else wrap_host(x).to(dev) for x in i] for i in ins]
+        outs = [wrap(TensorImpl.new(s.shape, s.dtype, s.device)) for s in self.out_spec.specs]
+        self.program.submit(outs, read)
+        return [_host_leaf(t) for t in outs]
+
+    async def compute_async(self, piece, ins, outs):
+        _planned(outs, f"op actor {self.name!r}")
+        if await _stored_cached(self, piece, outs):
+            return None
+        self.program.submit(list(outs), ins)
+        await _settled(list(outs) + [t for i in ins for t in i])
+        return None
+
+
+DEVICE_ACTORS = (CopyActor, DeviceStage, DeviceSource, DeviceOpActor)   # (planned first)
+
+
+def _planned(outs, what: str) -> None:
+    """Raises DeviceError when a device actor acts with no register (``outs`` None)."""
+    if outs is None:
+        raise DeviceError(f"{what}: its registers are not allocated; a graph with device "
+                          f"actors is planned before it runs")
+
+
+async def _stored_cached(actor, piece: int, outs: list) -> bool:
+    """Piece 0 computed while planning (host arrays), if ``actor`` has it: copied into its
+    device register ``outs``; True then."""
+    cached = actor.cached.pop(piece, None)
+    if cached is None:
+        return False
+    for dst, x in zip(outs, cached):
+        if dst is not None:
+            dst.copy_(wrap_host(x).to(str(actor.device)))
+    await _settled(outs)
+    return True
+
+
 def wrap_host(array: np.ndarray) -> Tensor:
     """A cpu tensor over a host array (planning's piece 0), put on a device with ``.to``."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")       # (0-d stays 0-d)
     spec = Spec(array.shape, array.dtype, "cpu")
     return register_tensor(array, spec)
 

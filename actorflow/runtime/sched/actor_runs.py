@@ -73,7 +73,8 @@ def make_actor_runs(plan, gates: dict, serial: bool = False) -> list:
         else:
             mode = "thread"
         if mode == "async":             # a stage's acts overlap (each holds a register); a
-            limit = 1 if isinstance(actor, SourceActor) else 1 << 30   # source's cannot
+            limit = 1 if isinstance(actor, SourceActor) else getattr(   # source's cannot,
+                actor, "acts_at_once", 1 << 30)         # nor a device step's (its state)
         else:                           # (each replica of a stage: one act at a time)
             limit = actor.replicas if (mode != "thread" or actor.resources
                                        or actor.time is not None
