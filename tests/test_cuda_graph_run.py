@@ -21,7 +21,7 @@ from actorflow.errors import ActorError, KernelError, PlanError
 
 from actorflow.backends.cuda.selection import driver_for, use_driver
 from test_cuda_actors import LoggedDriver, _settle
-from test_cuda_graph_mode import _after_fault, batches, make, program_of, train
+from test_cuda_graph_mode import _settle, batches, make, program_of, train
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -217,7 +217,7 @@ def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(cuda, kind, fused)
     assert "injected fault in kernel relu" in str(e.value)
     failed = 1 + e.value.piece                       # (the index in data)
     assert 1 <= failed < len(data)
-    _after_fault()
+    _settle()
     # the steps before the failed one were applied, it and those after it were not
     _, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data[:failed])
     _same(want_params, model)
