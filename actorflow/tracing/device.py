@@ -5,11 +5,14 @@
 it reads the step's input tensors, the tensors the program captures and its constants, and
 writes its output tensors and its state (the parameters' and the optimizer's own storage,
 in place). When the VM dispatches it, its work is issued on the compute stream's driver
-stream: each op's kernel through ``vm.opcall.launch_kernel`` (the VM's own launch of an
-op's ``DeviceKernel``), into a workspace of device memory the program keeps, then the new
-state copied over the old, last. The instruction completes on the event the VM records
-after it (no host wait per op, none per step): the step's outputs are tensors on the
-device, and reading one is the caller's sync.
+stream: the launches planned on the first step (``_plan``: shapes are static), each a
+``vm.opcall.Launch`` (the op's generated kernel, as an eager call on the device takes it,
+or its reference form; a chain of elementwise steps fused into one generated kernel, whose
+intermediates stay in registers and get no memory), into a workspace of device memory the
+program keeps, then the new state copied over the old, last. A run only packs the device
+arrays. The instruction completes on the event the VM records after it (no host wait per
+op, none per step): the step's outputs are tensors on the device, and reading one is the
+caller's sync.
 
 CUDA graphs (``cuda_graph=True``, the default): a step's launches are captured once
 (``Stream.begin_capture``/``end_capture``) after a first, uncaptured run of them, over
@@ -154,7 +157,14 @@ class DeviceProgram:
                         by_key[key] = r
                         keys.append(key)
                     parts.append((launch, keys))
-                launch, keys = fuse(parts)
+                fused = fuse(parts)
+                if fused is None:           # (the generator refused the run: step by step)
+                    for c in range(k, b + 1):
+                        plan.append(singles[c][0])
+                        slots.append([_slot(r) for r in singles[c][1]])
+                    k = b + 1
+                    continue
+                launch, keys = fused
                 refs = [by_key[key] for key in keys]
                 dropped |= {r[1] for r in chain}
             plan.append(launch)

@@ -3,6 +3,14 @@ device (``kernel_of``), and what a kernel's exception becomes (``kernel_error``)
 VM's op calls and for a compiled ``Program``'s steps (``actorflow.tracing``, locally and in
 a Ray process) alike.
 
+On a device with its own memory (cuda) an op's kernel is a ``DeviceKernel``, launched in
+its generated form (CUDA C of ``backends/cuda/kernels.py`` with a numpy reference over the
+same packed arguments) or its reference form, planned by one code for both callers: an
+eager call (``device_call_op``: the plan cached by the operands' metas and attrs) and a
+compiled program's step (``plan_launch``: a ``Launch`` planned once, each run packing only
+the device arrays; ``fuse``: a chain of such steps as one generated kernel). An integer
+division's zero flag is issued the same way for both (``_issue_zero``).
+
 The VM's op call (a plain tuple, see ``instruction.py``): allocate outputs from the
 device's allocator (on first write), hand the kernel numpy views (``call_op``; a dynamic op
 returns its arrays, adopted with their shapes), run a small op through its fresh kernel
@@ -39,7 +47,8 @@ def kernel_of(op, device):
 
 class DeviceKernel:
     """An op's kernel on a CUDA device (``OpDef.kernel_for("cuda")`` makes it), launched on
-    the device's driver stream by ``device_call_op`` in one of two forms:
+    the device's driver stream by ``device_call_op`` (an eager call) or as a planned
+    ``Launch`` (a compiled program's step, ``plan_launch``) in one of two forms:
 
     - generated (``generated``): an elementwise op that ``kernels.py`` covers, whose outputs
       and inputs are contiguous and each input either every element (``full``) or one
@@ -427,7 +436,8 @@ def fuse(parts: list) -> tuple:
     run, once. The float4 form when every value is float32. Its numpy reference runs each
     part's own reference in turn over the packed arguments, each value in a numpy array of
     its dtype (rounded as the op's kernel rounds it). Returns ``(launch, keys of its
-    operands)``: the last part's output, then the run's inputs in first-read order."""
+    operands)``: the last part's output, then the run's inputs in first-read order; None
+    where the generator refuses the run."""
     values, steps, inputs, operands, at = {}, [], [], [], []
     plan = []                            # per part: its reference, its values, scalar count
     for k, (launch, keys) in enumerate(parts):
@@ -449,8 +459,11 @@ def fuse(parts: list) -> tuple:
                      out, np.dtype(g.dtype), len(launch.scalars)))
     last, _ = parts[-1]
     run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
-    src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
-    shapes = {v.name: v.layout for v in inputs}
+    try:
+        src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
+    except (DeviceError, DTypeError, ValueError):
+        return None                      # (each step's own kernel took it: not expected)
+    layouts = {v.name: v.layout for v in inputs}
     zero_ds = {name: zd for name, _, zd in values.values()}
     names = [v.name for v in inputs]
 
@@ -458,7 +471,7 @@ def fuse(parts: list) -> tuple:
         n = int(args[-1])
         vals = {}
         for nm, a in zip(names, args):
-            vals[nm] = a.reshape(n) if shapes[nm] == "full" else a if zero_ds[nm] else \
+            vals[nm] = a.reshape(n) if layouts[nm] == "full" else a if zero_ds[nm] else \
                 a.reshape(1)
         scal = args[len(names):-1]
         s = 0
