@@ -177,6 +177,55 @@ def test_every_fused_source_launched_compiles_with_nvrtc(launches):
                            for s, k in sources.items())
 
 
+@pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
+def test_fused_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch, tmp_path,
+                                                                      opt_name, kwargs):
+    """Each fused kernel the MLP's steps launch, its CUDA C built by the host's C++
+    compiler (tests/test_cuda_kernels.py's shim), run on the arguments the emulator packed
+    for it, writes what its numpy reference wrote (bit for bit but libm's functions)."""
+    import ctypes
+    import dataclasses
+
+    from test_cuda_kernels import _CTYPE, _assert_same, _host_library
+    records = []
+    launch = EmuStream.launch
+
+    def recording(self, kernel, args, grid=None, block=None):
+        if kernel.source and "+" in kernel.name:
+            ref = kernel.reference
+
+            def reference(*a, kernel=kernel):
+                before = [x.copy() if isinstance(x, np.ndarray) else x for x in a]
+                ref(*a)
+                records.append((kernel, before, a[0].copy()))
+            kernel = dataclasses.replace(kernel, reference=reference)
+        return launch(self, kernel, args, grid, block)
+    monkeypatch.setattr(EmuStream, "launch", recording)
+    _settle()
+    use_driver(lambda dev: EmuDriver(dev))
+    try:
+        train(CUDA, opt_name, kwargs, batches(2), cuda_graph=False)
+        _settle()
+    finally:
+        use_driver(None)
+    assert records
+    lib = _host_library([K.KernelSource(k.entry, k.source, (), k.params)
+                         for k, _, _ in records], tmp_path)
+    for kernel, args, want in records:
+        got = np.full_like(want, 7)
+        packed = [ctypes.c_void_p(got.ctypes.data)]
+        for (_, kind, t), a in zip(kernel.params[1:], args[1:]):
+            if kind == "in":
+                packed.append(ctypes.c_void_p(a.ctypes.data))
+            elif kind == "scalar":
+                packed.append(getattr(ctypes, _CTYPE[t])(a.item()))
+            else:
+                packed.append(ctypes.c_longlong(int(a)))
+        getattr(lib, kernel.entry)(*packed)
+        _assert_same(got.reshape(-1), want.reshape(-1), kernel.name)
+    assert len({k.name for k, _, _ in records}) >= (4 if opt_name == "SGD" else 8)
+
+
 class Chain(nn.Graph):
     """x -> a = x * 2 -> b = a + 1 -> c = b.exp() -> d = c - x, returning d and also
     ``also`` (a, b or c), which then must be written: the chain is cut there."""
