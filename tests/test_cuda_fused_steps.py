@@ -8,78 +8,30 @@ launched compiles with NVRTC; a chain is cut where an intermediate is also a pro
 output or a state's new value; ops the generator does not cover launch their reference
 form."""
 
-import gc
-
 import numpy as np
 import pytest
+from test_cuda_generated import launches  # noqa: F401, F811 - the fixture: kernels launched
+from test_cuda_graph_mode import OPTS, _settle, batches, make, program_of
 
 import actorflow as af
-from actorflow import nn, optim
+from actorflow import nn
 from actorflow.backends import get_backend
 from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda import nvrtc
 from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import use_driver
-from actorflow.errors import DivisionByZeroError, KernelError
+from actorflow.errors import DivisionByZeroError
 
 pytestmark = pytest.mark.timeout(120)
 
 CUDA = "cuda:0"
 
 
-def _settle():
-    try:
-        af.synchronize(30)
-    except KernelError:
-        pass
-    gc.collect()
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """cuda:0 on a fresh emulator; returns the list of kernels launched there, in order."""
-    seen = []
-    launch = EmuStream.launch
-
-    def counted(self, kernel, args, grid=None, block=None):
-        seen.append(kernel)
-        return launch(self, kernel, args, grid, block)
-    monkeypatch.setattr(EmuStream, "launch", counted)
-    _settle()
-    use_driver(lambda dev: EmuDriver(dev))
-    yield seen
-    _settle()
-    use_driver(None)
-
-
-class TrainStep(nn.Graph):
-    def __init__(self, model, opt, **kw):
-        super().__init__(**kw)
-        self.model = model
-        self.loss = nn.CrossEntropyLoss()
-        self.add_optimizer(opt)
-
-    def build(self, x, y):
-        loss = self.loss(self.model(x), y)
-        loss.backward()
-        return loss
-
-
-def batches(n, b=6, seed=0):
-    rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b))
-            for _ in range(n)]
-
-
 def train(device, opt_name, kwargs, data, seen=None, **graph_kw):
-    """Trains the MLP on ``data``: (losses, parameters, the Graph). ``seen``: the launches
-    list, emptied once the model and the batches are on the device (it then holds the
-    steps' launches only)."""
-    af.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16, device=device), nn.ReLU(),
-                          nn.Linear(16, 3, device=device))
-    opt = getattr(optim, opt_name)(model.parameters(), **kwargs)
-    step = TrainStep(model, opt, **graph_kw)
+    """Trains test_cuda_graph_mode's MLP on ``data``: (losses, parameters, the Graph).
+    ``seen``: the launches list, emptied once the model and the batches are on the device
+    (it then holds the steps' launches only)."""
+    model, step = make(device, opt_name, kwargs, **graph_kw)
     items = [(af.tensor(x, device=device), af.tensor(y, device=device)) for x, y in data]
     if seen is not None:
         af.synchronize(30)
@@ -88,17 +40,11 @@ def train(device, opt_name, kwargs, data, seen=None, **graph_kw):
     return [float(v) for v in losses], [p.numpy() for p in model.parameters()], step
 
 
-def program_of(graph):
-    (c,) = [c for c in graph._compiled.values() if c.device is not None]
-    return c.device
-
-
 def fused_kernels(seen):
     """The launched kernels that are fused runs (their names join their ops by '+')."""
     return [k for k in seen if k.source and "+" in k.name]
 
 
-OPTS = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=1e-2))]
 # launches of one MLP step: one per op before fusion, per planned launch now
 LAUNCHES = {"SGD": (52, 39), "Adam": (116, 56)}
 
