@@ -1,9 +1,9 @@
 """A compiled step on cuda:0 (nn.Graph.step, on the CUDA emulator) launches generated
-kernels, planned once per program, and fuses each chain of consecutive elementwise steps
-whose intermediates are temporaries read only inside it into ONE generated kernel
+kernels, made once per program, and makes each chain of consecutive elementwise steps
+whose intermediates are temporaries read only inside it ONE generated kernel, a run
 (kernels.fused): fewer launches per step, values equal to cpu's graph mode bit for bit
-(the emulator runs each fused kernel's numpy reference, which computes the chain step by
-step from the packed arguments), captured or launched one by one; every fused source
+(the emulator runs each run kernel's numpy reference, which computes the chain step by
+step from the packed arguments), captured or launched one by one; every run's source
 launched compiles with NVRTC; a chain is cut where an intermediate is also a program
 output or a state's new value; ops the generator does not cover launch their reference
 form."""
@@ -40,8 +40,8 @@ def train(device, opt_name, kwargs, data, seen=None, **graph_kw):
     return [float(v) for v in losses], [p.numpy() for p in model.parameters()], step
 
 
-def fused_kernels(seen):
-    """The launched kernels that are fused runs (their names join their ops by '+')."""
+def run_kernels(seen):
+    """The launched kernels that are runs of several ops (their names join the ops by '+')."""
     return [k for k in seen if k.source and "+" in k.name]
 
 
@@ -62,22 +62,22 @@ def test_a_step_fuses_its_elementwise_chains_and_equals_cpu(launches, opt_name, 
         np.testing.assert_array_equal(a, b)
     run = program_of(step)
     before, after = LAUNCHES[opt_name]
-    assert (len(run.program.steps), len(run.plan)) == (before, after)
-    fused = [launch for launch in run.plan if launch.fused]
-    assert fused and all(launch.kernel.source for launch in fused)
+    assert (len(run.program.steps), len(run.kernels)) == (before, after)
+    chains = [launch for launch in run.kernels if launch.ops > 1]
+    assert chains and all(launch.kernel.source for launch in chains)
     # the kernels launched by the steps (a capture records its launches once: they run
     # again at each replay without a launch call), the generated ones carrying a source
-    runs = 2 if cuda_graph else 5            # (the first run and its capture, or 5 runs)
-    mine = {id(launch.kernel) for launch in run.plan}
+    times = 2 if cuda_graph else 5           # (the first run and its capture, or 5 runs)
+    mine = {id(launch.kernel) for launch in run.kernels}
     launches = [k for k in launches if id(k) in mine]    # (not the state's eager creation)
-    assert len(launches) == runs * after
-    assert len(fused_kernels(launches)) == runs * len(fused)
-    assert sum(1 for k in launches if k.source) == runs * sum(1 for launch in run.plan
+    assert len(launches) == times * after
+    assert len(run_kernels(launches)) == times * len(chains)
+    assert sum(1 for k in launches if k.source) == times * sum(1 for launch in run.kernels
                                                               if launch.kernel.source)
-    # the generated kernels (fused or not) are most of a step's launches
-    assert sum(1 for launch in run.plan if launch.kernel.source) > after // 2
-    # the intermediates of the fused chains got no memory
-    assert sum(t is None for t in run.tmp) == sum(launch.fused - 1 for launch in fused)
+    # the generated kernels (a run or one op) are most of a step's launches
+    assert sum(1 for launch in run.kernels if launch.kernel.source) > after // 2
+    # the intermediates of the chains got no memory
+    assert sum(t is None for t in run.tmp) == sum(launch.ops - 1 for launch in chains)
 
 
 def test_a_chain_is_cut_at_a_state_written_back(launches):
@@ -88,15 +88,15 @@ def test_a_chain_is_cut_at_a_state_written_back(launches):
     for x, y in zip(want_params, got_params):
         np.testing.assert_array_equal(x, y)
     run = program_of(step)
-    names = [launch.name for launch in run.plan if launch.fused]
+    names = [launch.name for launch in run.kernels if launch.ops > 1]
     # buf = buf * 0.9 + grad is a state's new value, read by the next step too: the chain
     # ends there (a weight's grad, a copy of a matmul's output read only by the chain's
-    # add, is fused in too when it comes just before); then p = p - buf * 0.1
+    # add, joins the chain too when it comes just before); then p = p - buf * 0.1
     assert sum(n.endswith("mul_scalar+add") for n in names) == 4
     assert names.count("copy+mul_scalar+add") == 1 and names.count("mul_scalar+sub") == 4
     news = {("tmp", ref[1]) for _, ref in run.program.assigns}
-    for launch, slots in zip(run.plan, run._slots):
-        if launch.fused:
+    for launch, slots in zip(run.kernels, run._slots):
+        if launch.ops > 1:
             assert launch.name.endswith("mul_scalar+add") == (slots[0] in news) or \
                 launch.name == "mul_scalar+sub"
         if launch.name.endswith("mul_scalar+add") or launch.name == "mul_scalar+sub":
@@ -105,7 +105,7 @@ def test_a_chain_is_cut_at_a_state_written_back(launches):
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed: pip install -e "
                     "'.[nvrtc]' to compile the launched kernels without a GPU")
-def test_every_fused_source_launched_compiles_with_nvrtc(launches):
+def test_every_run_source_launched_compiles_with_nvrtc(launches):
     for opt_name, kwargs in OPTS:
         train(CUDA, opt_name, kwargs, batches(2))
     x = af.tensor(np.arange(8, dtype=np.float16), device=CUDA)
@@ -115,7 +115,7 @@ def test_every_fused_source_launched_compiles_with_nvrtc(launches):
             return ((x * 2 + 1).relu() - x).abs().sum()
     float(Half()(x))
     _settle()
-    sources = {k.source: k for k in fused_kernels(launches)}
+    sources = {k.source: k for k in run_kernels(launches)}
     assert len(sources) >= 8
     assert any(k.entry.endswith("_v4") for k in sources.values())          # float4 form
     assert any(not k.entry.endswith("_v4") for k in sources.values())
@@ -124,9 +124,9 @@ def test_every_fused_source_launched_compiles_with_nvrtc(launches):
 
 
 @pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
-def test_fused_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch, tmp_path,
+def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch, tmp_path,
                                                                       opt_name, kwargs):
-    """Each fused kernel the MLP's steps launch, its CUDA C built by the host's C++
+    """Each run kernel the MLP's steps launch, its CUDA C built by the host's C++
     compiler (tests/test_cuda_kernels.py's shim), run on the arguments the emulator packed
     for it, writes what its numpy reference wrote (bit for bit but libm's functions)."""
     import ctypes
@@ -210,7 +210,7 @@ def test_a_chain_is_cut_where_an_intermediate_is_a_step_output(launches, also):
             np.testing.assert_array_equal(got[1].numpy(), vals[also].numpy())
     run = program_of(g)
     cut = {None: [4], "a": [1, 3], "b": [2, 2], "c": [3, 1]}[also]
-    assert [launch.fused or 1 for launch in run.plan] == cut
+    assert [launch.ops for launch in run.kernels] == cut
 
 
 def test_ops_the_generator_does_not_cover_launch_their_reference_form(launches):
@@ -227,11 +227,11 @@ def test_ops_the_generator_does_not_cover_launch_their_reference_form(launches):
     want = ((af.tensor(x) + af.tensor(b)) * 2).T.exp().sum(0).add(1).relu().numpy()
     for v in got:
         np.testing.assert_array_equal(v, want)
-    plan = program_of(g).plan
+    plan = program_of(g).kernels
     by_name = {launch.name: launch for launch in plan}
     assert not by_name["add"].kernel.source          # the broadcast: reference form
     assert not by_name["sum"].kernel.source
-    assert by_name["add_scalar+relu"].kernel.source and by_name["add_scalar+relu"].fused == 2
+    assert by_name["add_scalar+relu"].kernel.source and by_name["add_scalar+relu"].ops == 2
 
 
 class Div(nn.Graph):
@@ -264,7 +264,7 @@ def test_an_integer_division_by_zero_in_a_step_raises(launches, cuda_graph):
     got = g(af.tensor(a, device=CUDA), af.tensor(good, device=CUDA)).numpy()
     np.testing.assert_array_equal(got, (a // good + 1) * 2)
     run = program_of(g)
-    assert [launch.name for launch in run.plan] == ["floor_divide", "add_scalar+mul_scalar"]
+    assert [launch.name for launch in run.kernels] == ["floor_divide", "add_scalar+mul_scalar"]
     assert (run.captures, run.replays) == ((1, 3) if cuda_graph else (0, 0))
     del g, run
     _after_fault()

@@ -5,9 +5,9 @@
 it reads the step's input tensors, the tensors the program captures and its constants, and
 writes its output tensors and its state (the parameters' and the optimizer's own storage,
 in place). When the VM dispatches it, its work is issued on the compute stream's driver
-stream: the launches planned on the first step (``_plan``: shapes are static), each a
+stream: the launches made on the first step (``_prepare``: shapes are static), each a
 ``vm.opcall.Launch`` (the op's generated kernel, as an eager call on the device takes it,
-or its reference form; a chain of elementwise steps fused into one generated kernel, whose
+or its reference form; a chain of elementwise steps as one generated kernel, a run, whose
 intermediates stay in registers and get no memory), into a workspace of device memory the
 program keeps, then the new state copied over the old, last. A run only packs the device
 arrays. The instruction completes on the event the VM records after it (no host wait per
@@ -38,7 +38,7 @@ from ..errors import KernelError
 from ..ops.registry import get as get_op
 from ..tensor.impl import TensorImpl
 from ..vm.instruction import Instruction
-from ..vm.opcall import allocate, fuse, kernel_of, plan_launch
+from ..vm.opcall import allocate, kernel_of, launch_of, run_launch
 from ..vm.scheduler import get_vm
 
 PROGRAM = "program"                 # the kind of a compiled program's instruction
@@ -51,8 +51,8 @@ def _darray(impl):
 class DeviceProgram:
     """``program`` (a stateful ``Program`` traced on ``device``) run on the device's compute
     stream, one instruction per step (see the module doc). ``name``: what the instruction,
-    its errors and a profile call it. ``plan``: the launches of one step, in order (planned
-    on the first step, see ``_plan``). Counts, for tests and profiles: ``captures`` (graphs
+    its errors and a profile call it. ``kernels``: the launches of one step, in order (made
+    on the first step, see ``_prepare``). Counts, for tests and profiles: ``captures`` (graphs
     captured), ``replays`` (steps that were one replay), ``launches`` (kernels launched
     one by one, outside a replay), ``captured_commands`` (the last graph's commands)."""
 
@@ -69,7 +69,7 @@ class DeviceProgram:
         self.static_ins = self.static_outs = None
         self.graph = self.key = None
         self.captures = self.replays = self.launches = self.captured_commands = 0
-        self.plan = None                    # [Launch], and per launch its operands' slots
+        self.kernels = None                 # [Launch], and per launch its operands' slots
         self._slots = self._writes = self._tmp = self._const = None
         self._flags: list = []              # the zero flags' device memory
 
@@ -89,12 +89,12 @@ class DeviceProgram:
         return outs
 
     # -- planning, once ----------------------------------------------------------------------
-    def _plan(self, ins: list, outs: list, state: list) -> None:
+    def _prepare(self, ins: list, outs: list, state: list) -> None:
         """Plans the step's launches from its operands' metas (static: a new layout is a
-        new program): each step's launch (``vm.opcall.plan_launch``: its generated kernel
+        new program): each step's launch (``vm.opcall.launch_of``: its generated kernel
         and packed attrs, or the reference form), then each chain of consecutive steps with
         generated kernels (no integer division) over one element count whose intermediates
-        are temporaries read only inside the chain as ONE launch (``vm.opcall.fuse``):
+        are temporaries read only inside the chain as ONE launch (``vm.opcall.run_launch``):
         those intermediates stay in registers and get no memory. A chain is cut after a
         step whose output is a program output, a state's new value or read after the
         chain. Then the output copies and the state's write-back. ``ins``, ``outs``,
@@ -110,7 +110,7 @@ class DeviceProgram:
         for s in p.steps:
             refs = (*s.outs, *s.ins)
             written = {_slot(r) for r in s.outs}
-            singles.append((plan_launch(s.kernel, len(s.outs), [meta(r) for r in refs],
+            singles.append((launch_of(s.kernel, len(s.outs), [meta(r) for r in refs],
                                         [r[3] for r in refs], s.attrs,
                                         tuple(_slot(r) in written for r in s.ins)), refs))
         readers: dict = {}                  # slot -> index of the last step reading it
@@ -126,7 +126,7 @@ class DeviceProgram:
         def inner(k):                       # step k's output may stay in registers
             out = singles[k][1][0]
             return out[0] == "tmp" and _slot(out) not in kept
-        plan, slots, dropped = [], [], set()
+        kernels, slots, dropped = [], [], set()
         k = 0
         while k < len(p.steps):
             b = k
@@ -157,17 +157,17 @@ class DeviceProgram:
                         by_key[key] = r
                         keys.append(key)
                     parts.append((launch, keys))
-                fused = fuse(parts)
-                if fused is None:           # (the generator refused the run: step by step)
+                one = run_launch(parts)
+                if one is None:           # (the generator refused the run: step by step)
                     for c in range(k, b + 1):
-                        plan.append(singles[c][0])
+                        kernels.append(singles[c][0])
                         slots.append([_slot(r) for r in singles[c][1]])
                     k = b + 1
                     continue
-                launch, keys = fused
+                launch, keys = one
                 refs = [by_key[key] for key in keys]
                 dropped |= {r[1] for r in chain}
-            plan.append(launch)
+            kernels.append(launch)
             slots.append([_slot(r) for r in refs])
             k = b + 1
         writes = []                         # (kind, destination slot, source slot, launch)
@@ -181,12 +181,12 @@ class DeviceProgram:
             if copy is None:
                 copy = kernel_of(get_op("copy"), self.device)
             writes.append((_slot(dst), _slot(ref),
-                           plan_launch(copy, 1, [dm, src], [None, ref[3]], {})))
-        for launch in plan + [w[2] for w in writes if w[2] is not None]:
+                           launch_of(copy, 1, [dm, src], [None, ref[3]], {})))
+        for launch in kernels + [w[2] for w in writes if w[2] is not None]:
             if launch.needs_zero:
                 self._zero_flag(launch)
         self.tmp = [None if i in dropped else t for i, t in enumerate(self.tmp)]
-        self.plan, self._slots, self._writes = plan, slots, writes
+        self.kernels, self._slots, self._writes = kernels, slots, writes
 
     def _zero_flag(self, launch) -> None:
         """A generated integer division's zero flag, the program's own: an int32 of device
@@ -204,8 +204,8 @@ class DeviceProgram:
         ins, outs, state, captured, cuda_graph = instr.args
         instr.result = True                 # (it ran: a failure from now on is the device's)
         stream = self.backend.current
-        if self.plan is None:
-            self._plan(ins, outs, [*state, *captured])
+        if self.kernels is None:
+            self._prepare(ins, outs, [*state, *captured])
         allocate(outs, self.name)
         if self._tmp is None:
             live = [t for t in self.tmp if t is not None]
@@ -261,12 +261,12 @@ class DeviceProgram:
         device arrays of its operands' slots."""
         arrays = {"in": ins, "out": outs, "state": state, "tmp": self._tmp,
                   "const": self._const}
-        for launch, slots in zip(self.plan, self._slots):
+        for launch, slots in zip(self.kernels, self._slots):
             launch.issue(stream, [arrays[kind][i] for kind, i in slots])
             if timed is not None:
                 timed(launch.name)
         if counted:
-            self.launches += len(self.plan)
+            self.launches += len(self.kernels)
         for (dk, di), (sk, si), launch in self._writes:   # the state, once every kernel read it
             dst, src = arrays[dk][di], arrays[sk][si]
             if launch is None:

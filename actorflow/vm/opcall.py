@@ -7,8 +7,8 @@ On a device with its own memory (cuda) an op's kernel is a ``DeviceKernel``, lau
 its generated form (CUDA C of ``backends/cuda/kernels.py`` with a numpy reference over the
 same packed arguments) or its reference form, planned by one code for both callers: an
 eager call (``device_call_op``: the plan cached by the operands' metas and attrs) and a
-compiled program's step (``plan_launch``: a ``Launch`` planned once, each run packing only
-the device arrays; ``fuse``: a chain of such steps as one generated kernel). An integer
+compiled program's step (``launch_of``: a ``Launch`` made once, each step packing only
+the device arrays; ``run_launch``: a run of such steps as one generated kernel). An integer
 division's zero flag is issued the same way for both (``_issue_zero``).
 
 The VM's op call (a plain tuple, see ``instruction.py``): allocate outputs from the
@@ -48,7 +48,7 @@ def kernel_of(op, device):
 class DeviceKernel:
     """An op's kernel on a CUDA device (``OpDef.kernel_for("cuda")`` makes it), launched on
     the device's driver stream by ``device_call_op`` (an eager call) or as a planned
-    ``Launch`` (a compiled program's step, ``plan_launch``) in one of two forms:
+    ``Launch`` (a compiled program's step, ``launch_of``) in one of two forms:
 
     - generated (``generated``): an elementwise op that ``kernels.py`` covers, whose outputs
       and inputs are contiguous and each input either every element (``full``) or one
@@ -96,7 +96,7 @@ class DeviceKernel:
 
     def generated(self, ins, outs, attrs):
         """The generated kernel for this call and its packed arguments but the zero flag,
-        ``(_Generated, args)``, or None when the call takes the reference form (``plan``
+        ``(_Generated, args)``, or None when the call takes the reference form (``generated_for``
         refuses the operands, an output overlaps an input otherwise than element by
         element, a Python int attr is out of its parameter's range)."""
         if self._generated is None:
@@ -105,7 +105,7 @@ class DeviceKernel:
         metas = [out.meta]
         for t in ins:
             metas.append(t.meta)
-        plan = self.plan(metas, attrs)
+        plan = self.generated_for(metas, attrs)
         if plan is None:
             return None
         g, alias_ok, scalars, n64 = plan
@@ -120,7 +120,7 @@ class DeviceKernel:
         args.append(n64)
         return g, args
 
-    def plan(self, metas: list, attrs):
+    def generated_for(self, metas: list, attrs):
         """The generated kernel's plan for operands of ``metas`` (the output's, then each
         input's) and ``attrs``: ``(_Generated, whether each input may be the output's
         memory, scalar parameters, n as int64)``, or None where the generator cannot take
@@ -146,7 +146,7 @@ class DeviceKernel:
         return None if plan is _NO_PLAN else plan
 
     def _plan(self, in_metas, m, attrs):
-        """``plan``'s plan for inputs of ``in_metas`` and an output of meta ``m``, or None
+        """``generated_for``'s plan for inputs of ``in_metas`` and an output of meta ``m``, or None
         where the generator cannot take them."""
         n = m.numel
         if not n or not m.is_contiguous or m.dtype.name not in KG.CTYPE:
@@ -236,7 +236,7 @@ def _strided(a, meta):
 class _Generated:
     """One signature's generated kernel: ``kernel`` (a driver Kernel with the source and a
     reference over the packed arguments), ``scalar_params`` ((attr, parameter dtype) in
-    launch order), ``zero`` (whether it takes the zero flag); for ``fuse``: ``step`` (the
+    launch order), ``zero`` (whether it takes the zero flag); for ``run_launch``: ``step`` (the
     op as a ``kernels.Step`` over inputs ``a0, a1...``), ``ins`` ((dtype, layout, 0-d) per
     input) and ``dtype`` (the output's)."""
 
@@ -370,23 +370,24 @@ def _issue_zero(stream, g, packed: list, flag: DeviceArray, seen, zero) -> None:
 
 class Launch:
     """One launch of a kernel on a device, planned once for operands of fixed metas and
-    attrs (``plan_launch``: a compiled program's step; ``fuse``: a run of them). Each
+    attrs (``launch_of``: a compiled program's step; ``run_launch``: a run of them). Each
     ``issue`` only packs the operands' device arrays (the whole arrays, outputs first):
     ``head``, then each array (seen through its contiguous view in ``at``, or whole where
-    that is None), then ``tail``. ``name``: the op's (the ops' joined by ``+`` for a fused
+    that is None), then ``tail``. ``name``: the op's (the ops' joined by ``+`` for a
     run: what the profiler and an injected fault name); ``gen``: the ``_Generated`` of a
-    generated launch (None for the reference form and a fused run), ``scalars`` its packed
-    attrs and ``n`` its element count (what ``fuse`` takes); ``zero``: the
+    generated launch (None for the reference form and a run), ``scalars`` its packed
+    attrs and ``n`` its element count (what ``run_launch`` takes); ``ops``: how many op
+    steps it computes (more than 1: a run); ``zero``: the
     ``(flag, seen, zero)`` buffers of a generated integer division (``_issue_zero``),
     given by the caller before the first issue (``needs_zero``)."""
 
     __slots__ = ("name", "kernel", "head", "tail", "at", "gen", "scalars", "n", "zero",
-                 "fused")
+                 "ops")
 
     def __init__(self, name: str, kernel, head: tuple, tail: tuple, at: tuple, gen=None,
-                 scalars: tuple = (), n=None, fused: int = 0):
+                 scalars: tuple = (), n=None, ops: int = 1):
         self.name, self.kernel, self.head, self.tail, self.at = name, kernel, head, tail, at
-        self.gen, self.scalars, self.n, self.fused = gen, scalars, n, fused
+        self.gen, self.scalars, self.n, self.ops = gen, scalars, n, ops
         self.zero = None
 
     @property
@@ -406,18 +407,18 @@ class Launch:
             _issue_zero(stream, self.gen, packed, flag.blob.array.darray, seen, zero)
 
 
-def plan_launch(kernel, n_out: int, metas: list, views: list, attrs,
+def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
                 aliased: tuple = ()) -> Launch:
     """The launch of ``kernel`` (an op's ``DeviceKernel``) over ``n_out`` outputs and then
     its inputs, planned once: each operand's meta ``metas`` (the view it is read through,
     else its whole array's), ``views`` (each one's view, None for the whole array),
     ``aliased`` (per input, whether it is the output's memory). The generated kernel where
-    ``DeviceKernel.plan`` takes these operands and the attrs fit their parameters, else
+    ``DeviceKernel.generated_for`` takes these operands and the attrs fit their parameters, else
     the reference form (the op's numpy kernel over the views). The one planning of an op's
     launch on a device besides an eager call's (``generated``, the same plan and packing)."""
     name = kernel.op.name
     if n_out == 1 and isinstance(kernel, DeviceKernel):
-        plan = kernel.plan(list(metas), attrs)
+        plan = kernel.generated_for(list(metas), attrs)
         if plan is not None:
             g, alias_ok, scalars, n64 = plan
             packed: list = []
@@ -428,8 +429,8 @@ def plan_launch(kernel, n_out: int, metas: list, views: list, attrs,
     return Launch(name, kernel.kernel, (n_out, tuple(views), attrs), (), (None,) * len(views))
 
 
-def fuse(parts: list) -> tuple:
-    """One launch of ``kernels.fused`` for consecutive generated launches ``parts`` of one
+def run_launch(parts: list) -> tuple:
+    """One launch of ``kernels.fused`` (a run) for consecutive generated launches ``parts`` of one
     element count (none an integer division): ``[(launch, keys)]``, ``keys`` naming each
     operand's memory (the output first): an input whose key an earlier part's output has
     is that value, kept in registers (never written); any other key is an operand of the
@@ -439,7 +440,7 @@ def fuse(parts: list) -> tuple:
     operands)``: the last part's output, then the run's inputs in first-read order; None
     where the generator refuses the run."""
     values, steps, inputs, operands, at = {}, [], [], [], []
-    plan = []                            # per part: its reference, its values, scalar count
+    order = []                           # per part: its reference, its values, scalar count
     for k, (launch, keys) in enumerate(parts):
         g = launch.gen
         args = []
@@ -455,7 +456,7 @@ def fuse(parts: list) -> tuple:
         steps.append(KG.Step(out, g.step.op, tuple(args), g.step.dtype, g.step.scalars,
                              g.step.attrs, g.step.compute))
         values[keys[0]] = (out, "full", False)
-        plan.append((g.kernel.reference, tuple(values[key][0] for key in keys[1:]),
+        order.append((g.kernel.reference, tuple(values[key][0] for key in keys[1:]),
                      out, np.dtype(g.dtype), len(launch.scalars)))
     last, _ = parts[-1]
     run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
@@ -475,7 +476,7 @@ def fuse(parts: list) -> tuple:
                 a.reshape(1)
         scal = args[len(names):-1]
         s = 0
-        for ref, ins, o, dt, n_scal in plan:
+        for ref, ins, o, dt, n_scal in order:
             dst = out.reshape(n) if o == steps[-1].out else np.empty(n, dt)
             ref(dst, *[vals[nm] for nm in ins], *scal[s:s + n_scal], n)
             s += n_scal
@@ -484,7 +485,7 @@ def fuse(parts: list) -> tuple:
     scalars = tuple(v for launch, _ in parts for v in launch.scalars)
     kernel = Kernel(name, entry=src.name, reference=reference, source=src.source,
                     params=src.params)
-    return (Launch(name, kernel, (), (*scalars, last.n), (last.at[0], *at), fused=len(parts)),
+    return (Launch(name, kernel, (), (*scalars, last.n), (last.at[0], *at), ops=len(parts)),
             [parts[-1][1][0], *operands])
 
 
