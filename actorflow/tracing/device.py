@@ -88,9 +88,9 @@ class DeviceProgram:
         get_vm().submit(instr)
         return outs
 
-    # -- planning, once ----------------------------------------------------------------------
+    # -- the launches, made once -----------------------------------------------------------
     def _prepare(self, ins: list, outs: list, state: list) -> None:
-        """Plans the step's launches from its operands' metas (static: a new layout is a
+        """Makes the step's launches from its operands' metas (static: a new layout is a
         new program): each step's launch (``vm.opcall.launch_of``: its generated kernel
         and packed attrs, or the reference form), then each chain of consecutive steps with
         generated kernels (no integer division) over one element count whose intermediates
@@ -111,36 +111,41 @@ class DeviceProgram:
             refs = (*s.outs, *s.ins)
             written = {_slot(r) for r in s.outs}
             singles.append((launch_of(s.kernel, len(s.outs), [meta(r) for r in refs],
-                                        [r[3] for r in refs], s.attrs,
-                                        tuple(_slot(r) in written for r in s.ins)), refs))
+                                      [r[3] for r in refs], s.attrs,
+                                      tuple(_slot(r) in written for r in s.ins)), refs))
         readers: dict = {}                  # slot -> index of the last step reading it
         for k, s in enumerate(p.steps):
             for r in s.ins:
                 readers[_slot(r)] = k
         kept = {_slot(r) for _, r in (*p.copies, *p.assigns)}
 
-        def fusable(k):
+        def joins(k):                       # step k may be part of a run
             launch = singles[k][0]
             return launch.gen is not None and not launch.gen.zero
 
         def inner(k):                       # step k's output may stay in registers
             out = singles[k][1][0]
             return out[0] == "tmp" and _slot(out) not in kept
+
+        def chain_end(k):                   # the last step of the chain from step k
+            b = k
+            if not joins(k):
+                return b
+            n = singles[k][0].n
+            while b + 1 < len(p.steps) and inner(b) and joins(b + 1) \
+                    and singles[b + 1][0].n == n:
+                b += 1
+            c = k
+            while c < b:                    # cut where an intermediate is read later
+                if readers.get(_slot(singles[c][1][0]), -1) > b:
+                    b, c = c, k
+                else:
+                    c += 1
+            return b
         kernels, slots, dropped = [], [], set()
         k = 0
         while k < len(p.steps):
-            b = k
-            if fusable(k):
-                n = singles[k][0].n
-                while b + 1 < len(p.steps) and inner(b) and fusable(b + 1) \
-                        and singles[b + 1][0].n == n:
-                    b += 1
-                c = k
-                while c < b:                # cut where an intermediate is read later
-                    if readers.get(_slot(singles[c][1][0]), -1) > b:
-                        b, c = c, k
-                    else:
-                        c += 1
+            b = chain_end(k)
             if b == k:
                 launch, refs = singles[k]
             else:
@@ -151,9 +156,9 @@ class DeviceProgram:
                 for c in range(k, b + 1):
                     launch, refs = singles[c]
                     keys = []
-                    for r in refs:
-                        key = _slot(r) if _slot(r) in inside or r is refs[0] else (*_slot(r),
-                                                                                  r[3])
+                    for r in refs:          # an intermediate by its slot, else by its view
+                        at = _slot(r)
+                        key = at if at in inside or r is refs[0] else (*at, r[3])
                         by_key[key] = r
                         keys.append(key)
                     parts.append((launch, keys))
