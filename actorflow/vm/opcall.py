@@ -369,7 +369,7 @@ def _issue_zero(stream, g, packed: list, flag: DeviceArray, seen, zero) -> None:
 
 
 class Launch:
-    """One launch of a kernel on a device, planned once for operands of fixed metas and
+    """One launch of a kernel on a device, made once for operands of fixed metas and
     attrs (``launch_of``: a compiled program's step; ``run_launch``: a run of them). Each
     ``issue`` only packs the operands' device arrays (the whole arrays, outputs first):
     ``head``, then each array (seen through its contiguous view in ``at``, or whole where
@@ -377,9 +377,9 @@ class Launch:
     run: what the profiler and an injected fault name); ``gen``: the ``_Generated`` of a
     generated launch (None for the reference form and a run), ``scalars`` its packed
     attrs and ``n`` its element count (what ``run_launch`` takes); ``ops``: how many op
-    steps it computes (more than 1: a run); ``zero``: the
-    ``(flag, seen, zero)`` buffers of a generated integer division (``_issue_zero``),
-    given by the caller before the first issue (``needs_zero``)."""
+    steps it computes (more than 1: a run); ``zero``: the ``(flag, seen, zero)`` buffers
+    of a generated integer division (``_issue_zero``), given by the caller before the
+    first issue (``needs_zero``)."""
 
     __slots__ = ("name", "kernel", "head", "tail", "at", "gen", "scalars", "n", "zero",
                  "ops")
@@ -408,14 +408,14 @@ class Launch:
 
 
 def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
-                aliased: tuple = ()) -> Launch:
+              aliased: tuple = ()) -> Launch:
     """The launch of ``kernel`` (an op's ``DeviceKernel``) over ``n_out`` outputs and then
-    its inputs, planned once: each operand's meta ``metas`` (the view it is read through,
+    its inputs, made once: each operand's meta ``metas`` (the view it is read through,
     else its whole array's), ``views`` (each one's view, None for the whole array),
     ``aliased`` (per input, whether it is the output's memory). The generated kernel where
-    ``DeviceKernel.generated_for`` takes these operands and the attrs fit their parameters, else
-    the reference form (the op's numpy kernel over the views). The one planning of an op's
-    launch on a device besides an eager call's (``generated``, the same plan and packing)."""
+    ``DeviceKernel.generated_for`` takes these operands and the attrs fit their
+    parameters, else the reference form (the op's numpy kernel over the views). An eager
+    call (``generated``) takes the same plan and packing."""
     name = kernel.op.name
     if n_out == 1 and isinstance(kernel, DeviceKernel):
         plan = kernel.generated_for(list(metas), attrs)
@@ -430,8 +430,8 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
 
 
 def run_launch(parts: list) -> tuple:
-    """One launch of ``kernels.fused`` (a run) for consecutive generated launches ``parts`` of one
-    element count (none an integer division): ``[(launch, keys)]``, ``keys`` naming each
+    """One launch of ``kernels.fused`` (a run) for consecutive generated launches
+    ``parts`` of one element count (none an integer division): ``[(launch, keys)]``, ``keys`` naming each
     operand's memory (the output first): an input whose key an earlier part's output has
     is that value, kept in registers (never written); any other key is an operand of the
     run, once. The float4 form when every value is float32. Its numpy reference runs each
@@ -457,7 +457,7 @@ def run_launch(parts: list) -> tuple:
                              g.step.attrs, g.step.compute))
         values[keys[0]] = (out, "full", False)
         order.append((g.kernel.reference, tuple(values[key][0] for key in keys[1:]),
-                     out, np.dtype(g.dtype), len(launch.scalars)))
+                      out, np.dtype(g.dtype), len(launch.scalars)))
     last, _ = parts[-1]
     run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
     try:
