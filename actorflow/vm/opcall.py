@@ -275,9 +275,8 @@ class _Generated:
         reverse = scalar_form and name[:-7] not in KG.BINARY_OPS
         g.divisor = None if not g.zero else 1 if len(ins) == 2 else 0 if reverse else None
         g.division = name[1 if reverse else 0:-7 if scalar_form else None]
-        g.kernel = Kernel(name, entry=src.name, reference=g._reference(dk.fn, len(ins), ins, scalars,
-                                                            dict(fixed)),
-                          source=src.source, params=src.params)
+        g.kernel = Kernel(name, entry=src.name, source=src.source, params=src.params,
+                          reference=g._reference(dk.fn, len(ins), ins, scalars, dict(fixed)))
         return g
 
     def _reference(self, fn, n_in: int, ins, scalars, fixed):
@@ -431,10 +430,10 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
 
 def run_launch(parts: list) -> tuple:
     """One launch of ``kernels.fused`` (a run) for consecutive generated launches
-    ``parts`` of one element count (none an integer division): ``[(launch, keys)]``, ``keys`` naming each
-    operand's memory (the output first): an input whose key an earlier part's output has
-    is that value, kept in registers (never written); any other key is an operand of the
-    run, once. The float4 form when every value is float32. Its numpy reference runs each
+    ``parts`` of one element count (none an integer division): ``[(launch, keys)]``,
+    ``keys`` naming each operand's memory (the output first): an input whose key an
+    earlier part's output has is that value, kept in registers (never written); any other
+    key is an operand of the run, once. The float4 form when every value is float32. Its numpy reference runs each
     part's own reference in turn over the packed arguments, each value in a numpy array of
     its dtype (rounded as the op's kernel rounds it). Returns ``(launch, keys of its
     operands)``: the last part's output, then the run's inputs in first-read order; None
