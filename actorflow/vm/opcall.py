@@ -435,9 +435,9 @@ def run_launch(parts: list) -> tuple:
     earlier part's output has is that value, kept in registers (never written); any other
     key is an operand of the run, once. The float4 form when every value is float32. Its
     numpy reference runs each part's own reference in turn over the packed arguments, each
-    value in a numpy array of its dtype (rounded as the op's kernel rounds it). Returns ``(launch, keys of its
-    operands)``: the last part's output, then the run's inputs in first-read order; None
-    where the generator refuses the run."""
+    value in a numpy array of its dtype (rounded as the op's kernel rounds it). Returns
+    ``(launch, keys of its operands)``: the last part's output, then the run's inputs in
+    first-read order; None where the generator refuses the run."""
     values, steps, inputs, operands, at = {}, [], [], [], []
     order = []                           # per part: its reference, its values, scalar count
     for k, (launch, keys) in enumerate(parts):
