@@ -106,7 +106,7 @@ def test_a_step_on_cuda_trains_as_cpu_graph_mode_bit_for_bit(cuda, opt_name, kwa
     if cuda_graph:
         assert (run.captures, run.replays) == (1, 4)
     else:
-        assert (run.captures, run.replays, run.launches) == (0, 0, 5 * len(run.program.steps))
+        assert (run.captures, run.replays, run.launches) == (0, 0, 5 * len(run.kernels))
 
 
 def test_a_captured_step_is_one_replay_per_step_and_reads_each_steps_inputs(cuda):
@@ -115,7 +115,7 @@ def test_a_captured_step_is_one_replay_per_step_and_reads_each_steps_inputs(cuda
     got, _, step = train(CUDA, "SGD", dict(lr=0.1, momentum=0.9), data)
     assert got == want
     run = program_of(step)
-    kernels = len(run.program.steps)
+    kernels = len(run.kernels)               # (a run of elementwise steps is one)
     # captured once (after the first step's own launches), then one replay per step: no
     # kernel was launched one by one after the first step
     assert run.captures == 1 and run.replays == len(data) - 1
@@ -221,7 +221,7 @@ def test_profile_on_cuda_lists_the_kernels_of_a_step(cuda):
         loss = step(af.tensor(data[1][0], device=CUDA), af.tensor(data[1][1], device=CUDA))
         z = af.ones(4, device=CUDA) * 3
         float(loss), z.numpy()
-    names = [s.op.name for s in program_of(step).program.steps]
+    names = [launch.name for launch in program_of(step).kernels]    # (a run: add+mul...)
     kernels = [e for e in prof.events() if e.get("cat") == "op"]
     by_name = [e["name"] for e in kernels]
     step_ev = next(e for e in kernels if e["name"] == "TrainStep.step")

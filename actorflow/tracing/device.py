@@ -4,12 +4,15 @@
 ``DeviceProgram.submit`` makes one step one VM instruction on the device's compute stream:
 it reads the step's input tensors, the state and captured tensors its kernels read and its
 constants, and writes its output tensors and the state it writes back (the parameters' and
-the optimizer's own storage, in place). When the VM dispatches it, its work is issued on
-the compute stream's driver stream: each op's kernel through ``vm.opcall.launch_kernel``
-(the VM's own launch of an op's ``DeviceKernel``), into a workspace of device memory the
-program keeps, then the new state copied over the old, last. The instruction completes on the event the VM records
-after it (no host wait per op, none per step): the step's outputs are tensors on the
-device, and reading one is the caller's sync.
+the optimizer's own storage, in place). When the VM dispatches it, its work is issued on the compute stream's driver
+stream: the launches made on the first step (``_prepare``: shapes are static), each a
+``vm.opcall.Launch`` (the op's generated kernel, as an eager call on the device takes it,
+or its reference form; a chain of elementwise steps as one generated kernel, a run, whose
+intermediates stay in registers and get no memory), into a workspace of device memory the
+program keeps, then the new state copied over the old, last. A run only packs the device
+arrays. The instruction completes on the event the VM records after it (no host wait per
+op, none per step): the step's outputs are tensors on the device, and reading one is the
+caller's sync.
 
 CUDA graphs (``cuda_graph=True``, the default): a step's launches are captured once
 (``Stream.begin_capture``/``end_capture``) after a first, uncaptured run of them, over
@@ -31,12 +34,15 @@ step runs as usual, as on the cpu.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..backends import get_backend
+from ..dtype import int32
 from ..errors import KernelError
 from ..ops.registry import get as get_op
 from ..tensor.impl import TensorImpl
 from ..vm.instruction import Instruction
-from ..vm.opcall import allocate, kernel_of, launch_kernel
+from ..vm.opcall import allocate, kernel_of, launch_of, run_launch
 from ..vm.scheduler import get_vm
 
 PROGRAM = "program"                 # the kind of a compiled program's instruction
@@ -49,7 +55,8 @@ def _darray(impl):
 class DeviceProgram:
     """``program`` (a stateful ``Program`` traced on ``device``) run on the device's compute
     stream, one instruction per step (see the module doc). ``name``: what the instruction,
-    its errors and a profile call it. Counts, for tests and profiles: ``captures`` (graphs
+    its errors and a profile call it. ``kernels``: the launches of one step, in order (made
+    on the first step, see ``_prepare``). Counts, for tests and profiles: ``captures`` (graphs
     captured), ``replays`` (steps that were one replay), ``launches`` (kernels launched
     one by one, outside a replay), ``captured_commands`` (the last graph's commands)."""
 
@@ -66,13 +73,15 @@ class DeviceProgram:
         self.static_ins = self.static_outs = None
         self.graph = self.key = None
         self.captures = self.replays = self.launches = self.captured_commands = 0
-        self._copy = None
         self.offsets = (0,)                 # per input register, where its arrays start in
         #                                     the inputs submit is given (op actors: per port)
         refs = [r for st in program.steps for r in st.ins] + \
             [r for _, r in (*program.copies, *program.assigns)]
         self.writes = sorted({i for i, _ in program.assigns})   # the state it writes back,
         self.reads = sorted({r[1] for r in refs if r[0] == "state"} - set(self.writes))  # reads
+        self.kernels = None                 # [Launch], and per launch its operands' slots
+        self._slots = self._writes = self._tmp = self._const = None
+        self._flags: list = []              # the zero flags' device memory
 
     def submit(self, ins: list, state: list, captured: list, cuda_graph: bool,
                outs: list | None = None) -> list:
@@ -95,13 +104,137 @@ class DeviceProgram:
         get_vm().submit(instr)
         return outs
 
+    # -- the launches, made once -----------------------------------------------------------
+    def _prepare(self, ins: list, outs: list, state: list) -> None:
+        """Makes the step's launches from its operands' metas (static: a new layout is a
+        new program): each step's launch (``vm.opcall.launch_of``: its generated kernel
+        and packed attrs, or the reference form), then each chain of consecutive steps with
+        generated kernels (no integer division) over one element count whose intermediates
+        are temporaries read only inside the chain as ONE launch (``vm.opcall.run_launch``):
+        those intermediates stay in registers and get no memory. A chain is cut after a
+        step whose output is a program output, a state's new value or read after the
+        chain. Then the output copies and the state's write-back. ``ins``, ``outs``,
+        ``state``: the first step's impls (the state's, then the captured tensors')."""
+        p = self.program
+        offsets = self.offsets
+        whole = {"in": [t.meta for t in ins], "out": [o.meta for o in outs],
+                 "tmp": [t.meta for t in self.tmp], "state": [t.meta for t in state],
+                 "const": [t.meta for t in self.consts]}
+
+        def meta(ref):
+            return ref[3] if ref[3] is not None else whole[ref[0]][_slot(ref, offsets)[1]]
+        singles = []
+        for s in p.steps:
+            refs = (*s.outs, *s.ins)
+            written = {_slot(r, offsets) for r in s.outs}
+            singles.append((launch_of(s.kernel, len(s.outs), [meta(r) for r in refs],
+                                      [r[3] for r in refs], s.attrs,
+                                      tuple(_slot(r, offsets) in written for r in s.ins)),
+                            refs))
+        readers: dict = {}                  # slot -> index of the last step reading it
+        for k, s in enumerate(p.steps):
+            for r in s.ins:
+                readers[_slot(r, offsets)] = k
+        kept = {_slot(r, offsets) for _, r in (*p.copies, *p.assigns)}
+
+        def joins(k):                       # step k may be part of a run
+            launch = singles[k][0]
+            return launch.gen is not None and not launch.gen.zero
+
+        def inner(k):                       # step k's output may stay in registers
+            out = singles[k][1][0]
+            return out[0] == "tmp" and _slot(out, offsets) not in kept
+
+        def chain_end(k):                   # the last step of the chain from step k
+            b = k
+            if not joins(k):
+                return b
+            n = singles[k][0].n
+            while b + 1 < len(p.steps) and inner(b) and joins(b + 1) \
+                    and singles[b + 1][0].n == n:
+                b += 1
+            c = k
+            while c < b:                    # cut where an intermediate is read later
+                if readers.get(_slot(singles[c][1][0], offsets), -1) > b:
+                    b, c = c, k
+                else:
+                    c += 1
+            return b
+        kernels, slots, dropped = [], [], set()
+        k = 0
+        while k < len(p.steps):
+            b = chain_end(k)
+            if b == k:
+                launch, refs = singles[k]
+            else:
+                chain = [singles[c][1][0] for c in range(k, b)]
+                inside = {_slot(r, offsets) for r in chain}
+                by_key: dict = {}
+                parts = []
+                for c in range(k, b + 1):
+                    launch, refs = singles[c]
+                    keys = []
+                    for r in refs:          # an intermediate by its slot, else by its view
+                        at = _slot(r, offsets)
+                        key = at if at in inside or r is refs[0] else (*at, r[3])
+                        by_key[key] = r
+                        keys.append(key)
+                    parts.append((launch, keys))
+                one = run_launch(parts)
+                if one is None:           # (the generator refused the run: step by step)
+                    for c in range(k, b + 1):
+                        kernels.append(singles[c][0])
+                        slots.append([_slot(r, offsets) for r in singles[c][1]])
+                    k = b + 1
+                    continue
+                launch, keys = one
+                refs = [by_key[key] for key in keys]
+                dropped |= {r[1] for r in chain}
+            kernels.append(launch)
+            slots.append([_slot(r, offsets) for r in refs])
+            k = b + 1
+        writes = []                         # (kind, destination slot, source slot, launch)
+        copy = None
+        for dst, ref in [(("out", j, 0, None), r) for j, r in p.copies] + \
+                        [(("state", i, 0, None), r) for i, r in p.assigns]:
+            src, dm = meta(ref), meta(dst)
+            if ref[3] is None and src.numel == dm.numel and src.dtype == dm.dtype:
+                writes.append((_slot(dst, offsets), _slot(ref, offsets), None))
+                continue
+            if copy is None:
+                copy = kernel_of(get_op("copy"), self.device)
+            writes.append((_slot(dst, offsets), _slot(ref, offsets),
+                           launch_of(copy, 1, [dm, src], [None, ref[3]], {})))
+        for launch in kernels + [w[2] for w in writes if w[2] is not None]:
+            if launch.needs_zero:
+                self._zero_flag(launch)
+        self.tmp = [None if i in dropped else t for i, t in enumerate(self.tmp)]
+        self.kernels, self._slots, self._writes = kernels, slots, writes
+
+    def _zero_flag(self, launch) -> None:
+        """A generated integer division's zero flag, the program's own: an int32 of device
+        memory and two pinned host buffers (0, and the flag read back), so that the step's
+        commands hold no allocation (a captured graph replays them)."""
+        drv = self.backend.driver()
+        flag = TensorImpl.new((1,), int32, self.device)
+        seen, zero = drv.pinned((1,), np.int32), drv.pinned((1,), np.int32)
+        zero[...] = 0
+        self._flags.append(flag)
+        launch.zero = (flag, seen, zero)
+
     # -- on the VM's loop, when the step is dispatched -------------------------------------
     def _run(self, instr) -> None:
         ins, outs, state, captured, cuda_graph = instr.args
         instr.result = True                 # (it ran: a failure from now on is the device's)
         stream = self.backend.current
+        if self.kernels is None:
+            self._prepare(ins, outs, [*state, *captured])
         allocate(outs, self.name)
-        allocate(self.tmp, self.name)
+        if self._tmp is None:
+            live = [t for t in self.tmp if t is not None]
+            allocate(live + self._flags + self.consts, self.name)
+            self._tmp = [None if t is None else _darray(t) for t in self.tmp]
+            self._const = [_darray(t) for t in self.consts]
         st = [_darray(t) for t in (*state, *captured)]
         out_arrays = [_darray(o) for o in outs]
         in_arrays = [_darray(i) for i in ins]
@@ -146,49 +279,29 @@ class DeviceProgram:
 
     def _body(self, stream, outs: list, ins: list, state: list, counted: bool = True,
               timed=None) -> None:
-        """Issues the program's kernels, its output copies, then its state's write-back;
-        ``timed(op name)`` after each kernel while a profile is on."""
-        tmp = self.tmp
-        consts = self.consts
-        offsets = self.offsets
-
-        def get(ref):
-            kind, i, j, meta = ref
-            if kind == "in":
-                a = ins[offsets[i] + j]
-            elif kind == "tmp":
-                a = _darray(tmp[i])
-            elif kind == "out":
-                a = outs[i]
-            elif kind == "state":
-                a = state[i]
-            else:
-                a = _darray(consts[i])
-            return a, meta
-        p = self.program
-        for s in p.steps:
-            arrays, views = [], []
-            for r in (*s.outs, *s.ins):
-                a, m = get(r)
-                arrays.append(a)
-                views.append(m)
-            launch_kernel(s.kernel, stream, len(s.outs), views, s.attrs, arrays)
+        """Issues the planned launches, the output copies, then the state's write-back;
+        ``timed(name)`` after each launch while a profile is on. Each launch only packs the
+        device arrays of its operands' slots."""
+        arrays = {"in": ins, "out": outs, "state": state, "tmp": self._tmp,
+                  "const": self._const}
+        for launch, slots in zip(self.kernels, self._slots):
+            launch.issue(stream, [arrays[kind][i] for kind, i in slots])
             if timed is not None:
-                timed(s.op.name)
+                timed(launch.name)
         if counted:
-            self.launches += len(p.steps)
-        for j, ref in p.copies:
-            self._copy_into(stream, outs[j], *get(ref))
-        for i, ref in p.assigns:            # the state, once every kernel has read it
-            self._copy_into(stream, state[i], *get(ref))
+            self.launches += len(self.kernels)
+        for (dk, di), (sk, si), launch in self._writes:   # the state, once every kernel read it
+            dst, src = arrays[dk][di], arrays[sk][si]
+            if launch is None:
+                stream.copy_d2d(dst, src)
+            else:
+                launch.issue(stream, [dst, src])
 
-    def _copy_into(self, stream, dst, src, meta) -> None:
-        if meta is None and src.nbytes == dst.nbytes and src.dtype == dst.dtype:
-            stream.copy_d2d(dst, src)
-            return
-        if self._copy is None:
-            self._copy = kernel_of(get_op("copy"), self.device)
-        launch_kernel(self._copy, stream, 1, [None, meta], {}, [dst, src])
+
+def _slot(ref, offsets) -> tuple:
+    """Where a ref's whole array is: ``(kind, index)``; an input's by its leaf among the
+    inputs of every register (``offsets``: where each register's start)."""
+    return (ref[0], offsets[ref[1]] + ref[2] if ref[0] == "in" else ref[1])
 
 
 def _kept(instr, state_blobs, read) -> None:

@@ -3,6 +3,14 @@ device (``kernel_of``), and what a kernel's exception becomes (``kernel_error``)
 VM's op calls and for a compiled ``Program``'s steps (``actorflow.tracing``, locally and in
 a Ray process) alike.
 
+On a device with its own memory (cuda) an op's kernel is a ``DeviceKernel``, launched in
+its generated form (CUDA C of ``backends/cuda/kernels.py`` with a numpy reference over the
+same packed arguments) or its reference form, planned by one code for both callers: an
+eager call (``device_call_op``: the plan cached by the operands' metas and attrs) and a
+compiled program's step (``launch_of``: a ``Launch`` made once, each step packing only
+the device arrays; ``run_launch``: a run of such steps as one generated kernel). An integer
+division's zero flag is issued the same way for both (``_issue_zero``).
+
 The VM's op call (a plain tuple, see ``instruction.py``): allocate outputs from the
 device's allocator (on first write), hand the kernel numpy views (``call_op``; a dynamic op
 returns its arrays, adopted with their shapes), run a small op through its fresh kernel
@@ -39,7 +47,8 @@ def kernel_of(op, device):
 
 class DeviceKernel:
     """An op's kernel on a CUDA device (``OpDef.kernel_for("cuda")`` makes it), launched on
-    the device's driver stream by ``device_call_op`` in one of two forms:
+    the device's driver stream by ``device_call_op`` (an eager call) or as a planned
+    ``Launch`` (a compiled program's step, ``launch_of``) in one of two forms:
 
     - generated (``generated``): an elementwise op that ``kernels.py`` covers, whose outputs
       and inputs are contiguous and each input either every element (``full``) or one
@@ -87,16 +96,40 @@ class DeviceKernel:
 
     def generated(self, ins, outs, attrs):
         """The generated kernel for this call and its packed arguments but the zero flag,
-        ``(_Generated, args)``, or None when the call takes the reference form. The plan
-        (kernel, layouts, parameter types) is cached by the operands' metas and the attrs
-        (a Python number by its type: its value is a launch parameter)."""
+        ``(_Generated, args)``, or None when the call takes the reference form (``generated_for``
+        refuses the operands, an output overlaps an input otherwise than element by
+        element, a Python int attr is out of its parameter's range)."""
+        if self._generated is None:
+            return None
+        out = outs[0]
+        metas = [out.meta]
+        for t in ins:
+            metas.append(t.meta)
+        plan = self.generated_for(metas, attrs)
+        if plan is None:
+            return None
+        g, alias_ok, scalars, n64 = plan
+        oblob = out.blob
+        args = [_device_array(out)]
+        for t, ok in zip(ins, alias_ok):
+            if t.blob is oblob and not ok:
+                return None              # an output overlapping an input otherwise
+            args.append(_device_array(t))
+        if scalars and not _pack_scalars(scalars, attrs, args):
+            return None
+        args.append(n64)
+        return g, args
+
+    def generated_for(self, metas: list, attrs):
+        """The generated kernel's plan for operands of ``metas`` (the output's, then each
+        input's) and ``attrs``: ``(_Generated, whether each input may be the output's
+        memory, scalar parameters, n as int64)``, or None where the generator cannot take
+        them. Cached by the metas and the attrs (a Python number by its type: its value
+        is a launch parameter, packed by ``_pack_scalars``)."""
         if self._generated is None:
             return None
         cache = self._plans
-        out = outs[0]
-        key = [out.meta]
-        for t in ins:
-            key.append(t.meta)
+        key = metas.copy()
         for k, v in attrs.items():
             c = v.__class__
             key.append(k)
@@ -109,38 +142,17 @@ class DeviceKernel:
         if plan is None:
             if len(cache) >= _PLANS_MAX:
                 cache.clear()
-            plan = cache[key] = self._plan(ins, out.meta, attrs) or _NO_PLAN
-        if plan is _NO_PLAN:
-            return None
-        g, alias_ok, scalars, n64 = plan
-        oblob = out.blob
-        args = [_device_array(out)]
-        for t, ok in zip(ins, alias_ok):
-            if t.blob is oblob and not ok:
-                return None              # an output overlapping an input otherwise
-            args.append(_device_array(t))
-        for attr, typ, lo, hi, f16 in scalars:
-            v = attrs[attr]
-            if lo is not None and not lo <= v < hi:
-                return None              # a Python int out of the parameter's range
-            try:
-                v = typ(v)
-            except OverflowError:        # (an int past float64: the numpy kernel says so)
-                return None
-            args.append(v.view(np.uint16) if f16 else v)
-        args.append(n64)
-        return g, args
+            plan = cache[key] = self._plan(metas[1:], metas[0], attrs) or _NO_PLAN
+        return None if plan is _NO_PLAN else plan
 
-    def _plan(self, ins, m, attrs):
-        """``generated``'s plan for operands like these (output meta ``m``), or None where
-        the generator cannot take them: ``(_Generated, whether each input may be the
-        output's memory, scalar parameters, n as int64)``."""
+    def _plan(self, in_metas, m, attrs):
+        """``generated_for``'s plan for inputs of ``in_metas`` and an output of meta ``m``, or None
+        where the generator cannot take them."""
         n = m.numel
         if not n or not m.is_contiguous or m.dtype.name not in KG.CTYPE:
             return None
         sig, alias_ok = [m.dtype.name], []
-        for t in ins:
-            im = t.meta
+        for im in in_metas:
             if not im.is_contiguous or im.dtype.name not in KG.CTYPE:
                 return None
             layout = "full" if im.numel == n else "scalar" if im.numel == 1 else None
@@ -180,13 +192,31 @@ _ZERO32 = np.zeros(1, np.int32)          # the zero flag's initial value (never 
 _ZERO32.flags.writeable = False
 
 
+def _pack_scalars(scalars, attrs, args: list) -> bool:
+    """Appends to ``args`` the Python-number ``attrs`` as a plan's ``scalars`` say (each a
+    numpy scalar of its parameter's dtype, float16 as its 16 bits); False where a value does
+    not fit its parameter (the call then takes the reference form)."""
+    for attr, typ, lo, hi, f16 in scalars:
+        v = attrs[attr]
+        if lo is not None and not lo <= v < hi:
+            return False                 # a Python int out of the parameter's range
+        try:
+            v = typ(v)
+        except OverflowError:            # (an int past float64: the numpy kernel says so)
+            return False
+        args.append(v.view(np.uint16) if f16 else v)
+    return True
+
+
 def _device_array(t) -> DeviceArray:
     """Contiguous tensor ``t`` as a device array: its storage's own when it is not a view,
     else one of its shape at the view's offset."""
     d = t.blob.array.darray
-    if t.base is None:
-        return d
-    m = t.meta
+    return d if t.base is None else _at(d, t.meta)
+
+
+def _at(d: DeviceArray, m) -> DeviceArray:
+    """The contiguous view ``m`` (a TensorMeta) of the whole device array ``d``."""
     return DeviceArray(d.memory, d.offset + m.offset * d.dtype.itemsize, m.shape, d.dtype)
 
 
@@ -206,9 +236,12 @@ def _strided(a, meta):
 class _Generated:
     """One signature's generated kernel: ``kernel`` (a driver Kernel with the source and a
     reference over the packed arguments), ``scalar_params`` ((attr, parameter dtype) in
-    launch order), ``zero`` (whether it takes the zero flag)."""
+    launch order), ``zero`` (whether it takes the zero flag); for ``run_launch``: ``step`` (the
+    op as a ``kernels.Step`` over inputs ``a0, a1...``), ``ins`` ((dtype, layout, 0-d) per
+    input) and ``dtype`` (the output's)."""
 
-    __slots__ = ("kernel", "scalar_params", "zero", "divisor", "division")
+    __slots__ = ("kernel", "scalar_params", "zero", "divisor", "division", "step", "ins",
+                 "dtype")
 
     @staticmethod
     def make(dk: DeviceKernel, sig, scalars, fixed):
@@ -221,17 +254,18 @@ class _Generated:
         if name in KG.COMPARE_OPS and len(ins) == 2:
             a, b = (np.empty(() if zd else (1,), np.dtype(dt)) for dt, _, zd in ins)
             compute = from_numpy_dtype(_common_np(a, b)).name
-        # all float32: the float4 form (it checks the pointers' alignment itself)
-        f32 = out_dtype == "float32" and all(dt == "float32" for dt, _, _ in ins)
+        step = KG.Step("out", name, tuple(f"a{j}" for j in range(len(ins))), out_dtype,
+                       tuple(scalars), tuple((k, v) for k, v in fixed if isinstance(v, str)),
+                       compute)
+        run = KG.FusedRun(tuple(KG.Value(a, dt, lay) for a, (dt, lay, _) in zip(step.args, ins)),
+                          (step,), ("out",))
         try:
-            src = KG.elementwise(
-                name, out_dtype, tuple(dt for dt, _, _ in ins), tuple(lay for _, lay, _ in ins),
-                scalars=tuple(scalars),
-                attrs=tuple((k, v) for k, v in fixed if isinstance(v, str)),
-                compute=compute, vector=4 if f32 else 1)
+            # all float32: the float4 form (it checks the pointers' alignment itself)
+            src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
         except (DeviceError, DTypeError, ValueError):
             return None
         g = _Generated()
+        g.step, g.ins, g.dtype = step, tuple(ins), out_dtype
         g.scalar_params = tuple((p.split("_", 1)[1], t) for p, kind, t in src.params
                                 if kind == "scalar")
         g.zero = any(kind == "zero" for _, kind, _ in src.params)
@@ -241,9 +275,8 @@ class _Generated:
         reverse = scalar_form and name[:-7] not in KG.BINARY_OPS
         g.divisor = None if not g.zero else 1 if len(ins) == 2 else 0 if reverse else None
         g.division = name[1 if reverse else 0:-7 if scalar_form else None]
-        g.kernel = Kernel(name, entry=src.name, reference=g._reference(dk.fn, len(ins), ins, scalars,
-                                                            dict(fixed)),
-                          source=src.source, params=src.params)
+        g.kernel = Kernel(name, entry=src.name, source=src.source, params=src.params,
+                          reference=g._reference(dk.fn, len(ins), ins, scalars, dict(fixed)))
         return g
 
     def _reference(self, fn, n_in: int, ins, scalars, fixed):
@@ -295,9 +328,8 @@ def device_call_op(args, stream) -> None:
     with its own memory: allocates the outputs, then launches the op's generated kernel
     when it takes this call (``DeviceKernel.generated``), else its reference kernel over the
     operands' device arrays (views described by their metas, applied where it runs). A
-    generated integer division also issues its zero flag's reset before the launch, and
-    after it a copy of the flag to the host and a host function that raises
-    DivisionByZeroError (the stream's sticky error) when it is set."""
+    generated integer division checks its zero flag (``_issue_zero``; the flag is a block
+    of the device's cache, freed once issued: reused after this stream's work)."""
     kernel, ins, outs, attrs, dynamic, name = args
     allocate(outs, name)
     gen = kernel.generated(ins, outs, attrs)
@@ -310,13 +342,8 @@ def device_call_op(args, stream) -> None:
         caching = backend.caching()
         block = caching.malloc(4, stream)
         try:
-            flag = block.array((1,), np.int32)
-            stream.copy_h2d(flag, _ZERO32)
-            stream.launch(g.kernel, (*packed, flag))
-            seen = backend.driver().pinned((1,), np.int32)
-            stream.copy_d2h(seen, flag)
-            dtype = outs[0].meta.dtype.name
-            stream.add_callback(lambda: _check_zero(seen, g.division, dtype))
+            _issue_zero(stream, g, packed, block.array((1,), np.int32),
+                        backend.driver().pinned((1,), np.int32), _ZERO32)
         finally:
             caching.free(block)          # reused after this stream's work (allocator.py)
         return
@@ -324,15 +351,141 @@ def device_call_op(args, stream) -> None:
     for t in (*outs, *ins):
         arrays.append(t.blob.array.darray)
         views.append(None if t.base is None else t.meta)
-    launch_kernel(kernel, stream, len(outs), views, attrs, arrays)
+    stream.launch(kernel.kernel, (len(outs), views, attrs, *arrays))
 
 
-def launch_kernel(kernel, stream, n_out: int, views: list, attrs, arrays: list) -> None:
-    """Launches ``kernel`` (a ``DeviceKernel``) on the driver ``stream`` over ``arrays``
-    (device arrays, its ``n_out`` outputs first), each seen through its view in ``views``
-    (a ``TensorMeta``, or None for the whole array): the one launch of an op's kernel on a
-    device, for the VM's op calls and a compiled ``Program``'s steps alike."""
-    stream.launch(kernel.kernel, (n_out, views, attrs, *arrays))
+def _issue_zero(stream, g, packed: list, flag: DeviceArray, seen, zero) -> None:
+    """Issues generated integer division ``g`` with its zero flag: ``flag`` (an int32 in
+    device memory) set from ``zero`` (host memory holding 0) before the launch, copied to
+    ``seen`` (pinned host memory) after it, and a host function that raises
+    DivisionByZeroError (the stream's sticky error) when it is set. Every command is one
+    a CUDA graph captures (no allocation, no host sync)."""
+    stream.copy_h2d(flag, zero)
+    stream.launch(g.kernel, (*packed, flag))
+    stream.copy_d2h(seen, flag)
+    division, dtype = g.division, g.dtype
+    stream.add_callback(lambda: _check_zero(seen, division, dtype))
+
+
+class Launch:
+    """One launch of a kernel on a device, made once for operands of fixed metas and
+    attrs (``launch_of``: a compiled program's step; ``run_launch``: a run of them). Each
+    ``issue`` only packs the operands' device arrays (the whole arrays, outputs first):
+    ``head``, then each array (seen through its contiguous view in ``at``, or whole where
+    that is None), then ``tail``. ``name``: the op's (the ops' joined by ``+`` for a
+    run: what the profiler and an injected fault name); ``gen``: the ``_Generated`` of a
+    generated launch (None for the reference form and a run), ``scalars`` its packed
+    attrs and ``n`` its element count (what ``run_launch`` takes); ``ops``: how many op
+    steps it computes (more than 1: a run); ``zero``: the ``(flag, seen, zero)`` buffers
+    of a generated integer division (``_issue_zero``), given by the caller before the
+    first issue (``needs_zero``)."""
+
+    __slots__ = ("name", "kernel", "head", "tail", "at", "gen", "scalars", "n", "zero",
+                 "ops")
+
+    def __init__(self, name: str, kernel, head: tuple, tail: tuple, at: tuple, gen=None,
+                 scalars: tuple = (), n=None, ops: int = 1):
+        self.name, self.kernel, self.head, self.tail, self.at = name, kernel, head, tail, at
+        self.gen, self.scalars, self.n, self.ops = gen, scalars, n, ops
+        self.zero = None
+
+    @property
+    def needs_zero(self) -> bool:
+        return self.gen is not None and self.gen.zero
+
+    def issue(self, stream, arrays: list) -> None:
+        """Launches on the driver ``stream`` over ``arrays`` (device arrays, whole)."""
+        packed = list(self.head)
+        for a, m in zip(arrays, self.at):
+            packed.append(a if m is None else _at(a, m))
+        packed.extend(self.tail)
+        if self.zero is None:
+            stream.launch(self.kernel, tuple(packed))
+        else:
+            flag, seen, zero = self.zero
+            _issue_zero(stream, self.gen, packed, flag.blob.array.darray, seen, zero)
+
+
+def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
+              aliased: tuple = ()) -> Launch:
+    """The launch of ``kernel`` (an op's ``DeviceKernel``) over ``n_out`` outputs and then
+    its inputs, made once: each operand's meta ``metas`` (the view it is read through,
+    else its whole array's), ``views`` (each one's view, None for the whole array),
+    ``aliased`` (per input, whether it is the output's memory). The generated kernel where
+    ``DeviceKernel.generated_for`` takes these operands and the attrs fit their
+    parameters, else the reference form (the op's numpy kernel over the views). An eager
+    call (``generated``) takes the same plan and packing."""
+    name = kernel.op.name
+    if n_out == 1 and isinstance(kernel, DeviceKernel):
+        plan = kernel.generated_for(list(metas), attrs)
+        if plan is not None:
+            g, alias_ok, scalars, n64 = plan
+            packed: list = []
+            if all(ok or not a for a, ok in zip(aliased, alias_ok)) \
+                    and _pack_scalars(scalars, attrs, packed):
+                return Launch(name, g.kernel, (), (*packed, n64), tuple(views), g,
+                              tuple(packed), n64)
+    return Launch(name, kernel.kernel, (n_out, tuple(views), attrs), (), (None,) * len(views))
+
+
+def run_launch(parts: list) -> tuple:
+    """One launch of ``kernels.fused`` (a run) for consecutive generated launches
+    ``parts`` of one element count (none an integer division): ``[(launch, keys)]``,
+    ``keys`` naming each operand's memory (the output first): an input whose key an
+    earlier part's output has is that value, kept in registers (never written); any other
+    key is an operand of the run, once. The float4 form when every value is float32. Its
+    numpy reference runs each part's own reference in turn over the packed arguments, each
+    value in a numpy array of its dtype (rounded as the op's kernel rounds it). Returns
+    ``(launch, keys of its operands)``: the last part's output, then the run's inputs in
+    first-read order; None where the generator refuses the run."""
+    values, steps, inputs, operands, at = {}, [], [], [], []
+    order = []                           # per part: its reference, its values, scalar count
+    for k, (launch, keys) in enumerate(parts):
+        g = launch.gen
+        args = []
+        for j, key in enumerate(keys[1:]):
+            if key not in values:
+                dt, layout, zero_d = g.ins[j]
+                values[key] = (f"i{len(inputs)}", layout, zero_d)
+                inputs.append(KG.Value(f"i{len(inputs)}", dt, layout))
+                operands.append(key)
+                at.append(launch.at[1 + j])
+            args.append(values[key][0])
+        out = f"t{k}"
+        steps.append(KG.Step(out, g.step.op, tuple(args), g.step.dtype, g.step.scalars,
+                             g.step.attrs, g.step.compute))
+        values[keys[0]] = (out, "full", False)
+        order.append((g.kernel.reference, tuple(values[key][0] for key in keys[1:]),
+                      out, np.dtype(g.dtype), len(launch.scalars)))
+    last, _ = parts[-1]
+    run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
+    try:
+        src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
+    except (DeviceError, DTypeError, ValueError):
+        return None                      # (each step's own kernel took it: not expected)
+    layouts = {v.name: v.layout for v in inputs}
+    zero_ds = {name: zd for name, _, zd in values.values()}
+    names = [v.name for v in inputs]
+
+    def reference(out, *args):
+        n = int(args[-1])
+        vals = {}
+        for nm, a in zip(names, args):
+            vals[nm] = a.reshape(n) if layouts[nm] == "full" else a if zero_ds[nm] else \
+                a.reshape(1)
+        scal = args[len(names):-1]
+        s = 0
+        for ref, ins, o, dt, n_scal in order:
+            dst = out.reshape(n) if o == steps[-1].out else np.empty(n, dt)
+            ref(dst, *[vals[nm] for nm in ins], *scal[s:s + n_scal], n)
+            s += n_scal
+            vals[o] = dst
+    name = "+".join(launch.name for launch, _ in parts)
+    scalars = tuple(v for launch, _ in parts for v in launch.scalars)
+    kernel = Kernel(name, entry=src.name, reference=reference, source=src.source,
+                    params=src.params)
+    return (Launch(name, kernel, (), (*scalars, last.n), (last.at[0], *at), ops=len(parts)),
+            [parts[-1][1][0], *operands])
 
 
 def _check_zero(seen, op: str, dtype: str) -> None:
