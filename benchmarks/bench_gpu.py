@@ -18,6 +18,14 @@ result checked against numpy):
    median over 200: actorflow ``await af.synchronize_async()`` against CuPy's
    ``launch_host_func`` + ``call_soon_threadsafe``. Goal: <= 40 us.
 
+5. ``pipeline``: ``[host source, Copy("cuda:0"), 4 x (matmul + relu), Copy("cpu")]`` on
+   actors with 2 registers an edge, against the ideal overlap max(copy only, compute only),
+   each measured the same way; CuPy by hand (two streams, two buffers, events) the same.
+   Goal: >= 0.97 of the ideal.
+6. ``mlp``: an MLP 784-256-10 training step (SGD with momentum, batch 128): actorflow eager
+   and ``nn.Graph`` (a CUDA graph after its first step) against torch eager and torch's whole
+   step captured as a CUDA graph. Goals: eager <= torch eager; graph <= torch's graph.
+
 On a machine without a GPU, ``--emu`` runs the actorflow rows on the CPU emulator of the
 CUDA driver (``AF_CUDA=emu``): those figures are the host's cost of issuing and completing
 CUDA work through the runtime (what launch-ahead and the completion path cost the CPU), not
@@ -265,6 +273,256 @@ def completion_latency(af, cupy, count: int) -> dict:
                 "count": len(v)} for k, v in out.items()}
 
 
+# -- 5. a copy/compute pipeline on actors --------------------------------------------------
+
+def _compute(x, w):
+    """The compute stage: a few matmuls over the piece (x: [rows, 1024], w: [1024, 1024])."""
+    for _ in range(4):
+        x = (x @ w).relu()
+    return x.sum(0)
+
+
+def pipeline_contenders(af, cupy, pieces: int, rows: int) -> tuple[list, dict]:
+    """actorflow: ``[host source, Copy(cuda), compute, Copy(cpu)]`` with 2 registers an edge,
+    and the same with only the copy (the compute a tiny op) and only the compute (a one-number
+    piece copied over, the compute on a tensor already on the device); the ideal is
+    max(copy only, compute only). CuPy by hand: two streams,
+    two device buffers, events between them (issue 12 measured 1.004 of the ideal)."""
+    rng = np.random.default_rng(1)
+    host = [rng.standard_normal((rows, 1024), dtype=np.float32) for _ in range(2)]
+    wh = (rng.standard_normal((1024, 1024), dtype=np.float32) / 32).astype(np.float32)
+    ref = []
+    for i in range(pieces):
+        x = host[i % 2]
+        for _ in range(4):
+            x = np.maximum(x @ wh, 0)
+        ref.append(x.sum(0))
+    w = af.tensor(wh, device="cuda:0")
+    dev = [af.tensor(h, device="cuda:0") for h in host]
+
+    def source():
+        for i in range(pieces):
+            yield host[i % 2]
+
+    def check(out, want):
+        if len(out) != len(want):
+            return f"{len(out)} pieces, not {len(want)}"
+        for a, b in zip(out, want):
+            bad = close(np.asarray(a), b) if np.ndim(b) else None
+            if bad:
+                return bad
+        return None
+
+    def run(stages):
+        return list(af.Pipeline(stages, buffers=2).run())
+
+    full = harness.Contender(
+        "actorflow copy+compute",
+        lambda: run([source(), af.Copy("cuda:0"), lambda x: _compute(x, w), af.Copy("cpu")]),
+        check, ref=ref, note="source -> Copy(cuda) -> compute -> Copy(cpu), buffers=2")
+    copy_only = harness.Contender(
+        "actorflow copy only",
+        lambda: run([source(), af.Copy("cuda:0"), lambda x: x[:1, :1] * 1, af.Copy("cpu")]),
+        lambda out, _: None if len(out) == pieces else f"{len(out)} pieces")
+    compute_only = harness.Contender(
+        "actorflow compute only",
+        lambda: run([(np.array([i % 2], np.int64) for i in range(pieces)), af.Copy("cuda:0"),
+                     lambda _i: _compute(dev[0], w),      # (the piece only paces it)
+                     af.Copy("cpu")]),
+        lambda out, want: check(out, [want[0]] * len(want)), ref=ref)
+    cs = [full, copy_only, compute_only]
+    if cupy is not None:
+        wc = cupy.asarray(wh)
+        pinned = [cupy.cuda.alloc_pinned_memory(h.nbytes) for h in host]
+        staged = [np.frombuffer(p, np.float32, h.size).reshape(h.shape)
+                  for p, h in zip(pinned, host)]
+        for s_, h in zip(staged, host):
+            s_[...] = h
+        bufs = [cupy.empty((rows, 1024), np.float32) for _ in range(2)]
+
+        def cupy_pipeline(copy=True, compute=True):
+            cs_, ks = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+            copied = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
+            free = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
+            outs = []
+            for i in range(pieces):
+                b = i % 2
+                if copy:
+                    cs_.wait_event(free[b]) if i >= 2 else None
+                    bufs[b].set(staged[b], stream=cs_)
+                    copied[b].record(cs_)
+                    ks.wait_event(copied[b])
+                if compute:
+                    with ks:
+                        x = bufs[b]
+                        for _ in range(4):
+                            x = cupy.maximum(x @ wc, 0)
+                        outs.append(x.sum(0))
+                free[b].record(ks)
+            ks.synchronize()
+            cs_.synchronize()
+            return [cupy.asnumpy(o) for o in outs] if compute else [None] * pieces
+        cs += [harness.Contender("cupy copy+compute", cupy_pipeline, check, ref=ref,
+                                 baseline=True, note="two streams, two buffers, events"),
+               harness.Contender("cupy copy only", lambda: cupy_pipeline(compute=False),
+                                 lambda out, _: None, baseline=True),
+               harness.Contender("cupy compute only", lambda: cupy_pipeline(copy=False),
+                                 check, ref=ref, baseline=True)]
+    return cs, {"pieces": pieces, "rows": rows}
+
+
+def overlap_ratios(rows: dict) -> dict:
+    """Each side's copy+compute time over max(copy only, compute only): 1.0 is the ideal."""
+    out = {}
+    for side in ("actorflow", "cupy"):
+        t = {k: rows.get(f"{side} {k}", {}).get("best_s")
+             for k in ("copy+compute", "copy only", "compute only")}
+        if all(t.values()):
+            out[side] = t["copy+compute"] / max(t["copy only"], t["compute only"])
+    return out
+
+
+# -- 6. an MLP training step ---------------------------------------------------------------
+
+def mlp_contenders(af, torch, steps: int, batch: int) -> list:
+    """MLP 784-256-10, CrossEntropyLoss, SGD (lr 0.01, momentum 0.9), the same initial
+    weights and batch everywhere: ``steps`` steps, then the loss read. actorflow eager and
+    ``nn.Graph`` (captured as a CUDA graph after its first step); torch eager and torch's
+    whole step captured as a CUDA graph."""
+    from actorflow import nn, optim
+    rng = np.random.default_rng(2)
+    xh = rng.standard_normal((batch, 784), dtype=np.float32)
+    yh = rng.integers(0, 10, batch)
+    init = [(rng.standard_normal((256, 784)) / 28).astype(np.float32),
+            np.zeros(256, np.float32),
+            (rng.standard_normal((10, 256)) / 16).astype(np.float32), np.zeros(10, np.float32)]
+
+    def af_model():
+        m = nn.Sequential(nn.Linear(784, 256, device="cuda:0"), nn.ReLU(),
+                          nn.Linear(256, 10, device="cuda:0"))
+        with af.no_grad():
+            for p, v in zip(m.parameters(), init):
+                p.copy_(af.tensor(v, device="cuda:0"))
+        return m
+
+    class Step(nn.Graph):
+        def __init__(self, model, opt):
+            super().__init__()
+            self.model, self.loss = model, nn.CrossEntropyLoss()
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = self.loss(self.model(x), y)
+            loss.backward()
+            return loss
+
+    x, y = af.tensor(xh, device="cuda:0"), af.tensor(yh, device="cuda:0")
+
+    def af_eager():
+        m = af_model()
+        opt, lossf = optim.SGD(m.parameters(), lr=0.01, momentum=0.9), nn.CrossEntropyLoss()
+        af.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = lossf(m(x), y)
+            loss.backward()
+            opt.step()
+        out = float(loss)
+        return time.perf_counter() - t0, out
+
+    def af_graph():
+        m = af_model()
+        step = Step(m, optim.SGD(m.parameters(), lr=0.01, momentum=0.9))
+        float(step(x, y))                     # compiles and captures, outside the clock
+        af.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps - 1):
+            loss = step(x, y)
+        out = float(loss)
+        return time.perf_counter() - t0, out
+
+    cs = [("actorflow eager", af_eager, steps), ("actorflow graph (CUDA graph)", af_graph,
+                                                 steps - 1)]
+    if torch is not None:
+        def torch_model():
+            m = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10)).cuda()
+            with torch.no_grad():
+                for p, v in zip(m.parameters(), init):
+                    p.copy_(torch.from_numpy(v))
+            return m
+        tx, ty = torch.from_numpy(xh).cuda(), torch.from_numpy(yh).cuda()
+
+        def torch_eager():
+            m = torch_model()
+            opt, lossf = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), \
+                torch.nn.CrossEntropyLoss()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                opt.zero_grad()
+                loss = lossf(m(tx), ty)
+                loss.backward()
+                opt.step()
+            out = float(loss)
+            return time.perf_counter() - t0, out
+
+        def torch_graph():
+            m = torch_model()
+            opt, lossf = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), \
+                torch.nn.CrossEntropyLoss()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):              # warm-up, as torch's docs ask
+                for _ in range(1):
+                    opt.zero_grad(set_to_none=True)
+                    lossf(m(tx), ty).backward()
+                    opt.step()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(g):
+                static_loss = lossf(m(tx), ty)
+                static_loss.backward()
+                opt.step()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps - 1):
+                g.replay()
+            out = float(static_loss)
+            return time.perf_counter() - t0, out
+        cs += [("torch eager", torch_eager, steps),
+               ("torch CUDA graph", torch_graph, steps - 1)]
+    return cs
+
+
+def run_mlp(contenders: list, repeat: int) -> dict:
+    """Best and median microseconds a step over ``repeat`` interleaved rounds (each round a
+    fresh model; the clock inside each contender covers its steps and the final read)."""
+    times = {name: [] for name, _, _ in contenders}
+    losses, errors = {}, {}
+    for r in range(repeat + 1):                       # round 0: the warm-up
+        for name, fn, n in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+            if name in errors:
+                continue
+            try:
+                t, loss = fn()
+            except Exception as e:  # noqa: BLE001 - recorded, reported
+                errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            if not np.isfinite(loss):
+                errors[name] = f"the loss is {loss}"
+            losses[name] = loss
+            if r:
+                times[name].append(t / n)
+    return {name: ({"best_us_per_step": min(v) * 1e6,
+                    "median_us_per_step": statistics.median(v) * 1e6,
+                    "last_loss": losses.get(name), "ok": name not in errors}
+                   if v else {"ok": False, "error": errors.get(name, "no run")})
+            for name, v in times.items()}
+
+
 # -- the run -------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -277,6 +535,8 @@ def main(argv=None) -> int:
     p.add_sized("--elements", 1 << 28, 1 << 24,
                 "bandwidth elements (default {full}, quick {quick})")
     p.add_sized("--h2d-mib", 64, 16, "host-to-device MiB (default {full}, quick {quick})")
+    p.add_sized("--pieces", 64, 16, "pipeline pieces (default {full}, quick {quick})")
+    p.add_sized("--mlp-steps", 50, 10, "MLP steps a round (default {full}, quick {quick})")
     p.add_out("bench_gpu")
     args = p.parse_args(argv)
     if args.emu:
@@ -336,6 +596,16 @@ def main(argv=None) -> int:
 
     rows["completion"] = completion_latency(af, cupy, 50 if args.quick else 200)
 
+    pipe, pipe_params = pipeline_contenders(af, cupy, args.pieces,
+                                            256 if args.emu else 8192)
+    harness.run_rounds(pipe, args.repeat, "pipeline")
+    rows["pipeline"] = {c.name: c.summary() for c in pipe}
+    rows["pipeline_params"] = pipe_params
+    everyone += pipe
+
+    rows["mlp"] = run_mlp(mlp_contenders(af, torch, args.mlp_steps, 128), args.repeat)
+    mlp_failed = [k for k, v in rows["mlp"].items() if not v["ok"]]
+
     print(f"\nGPU: {gpu}" + (f"\nbaselines skipped: {why}" if why else ""))
     print(f"\nchain, {args.steps} dependent steps of relu(t + 1) on 1,000 float32 "
           f"(goal <= {CHAIN_GOAL_US} us a step, below torch):")
@@ -354,7 +624,19 @@ def main(argv=None) -> int:
     print(f"\ncompletion into asyncio (goal <= {COMPLETION_GOAL_US} us median):")
     for k, v in rows["completion"].items():
         print(f"  {k:<30} median {v['median_us']:8.1f} us   best {v['best_us']:8.1f} us")
-    ratios = {}
+    print(f"\ncopy/compute pipeline, {args.pieces} pieces (goal >= 0.97 of the ideal, "
+          f"i.e. a ratio <= 1.03):")
+    harness.print_table(rows["pipeline"], [
+        harness.Column("best ms", 10, "best_s", ".2f", scale=1e3)], 26)
+    overlap = overlap_ratios(rows["pipeline"])
+    for side, r in overlap.items():
+        print(f"  {side}: copy+compute / max(copy only, compute only) = {r:.3f}")
+    print(f"\nMLP 784-256-10 training step, batch 128, {args.mlp_steps} steps:")
+    for k, v in rows["mlp"].items():
+        print(f"  {k:<30} " + (f"best {v['best_us_per_step']:9.1f} us/step   median "
+                               f"{v['median_us_per_step']:9.1f}   loss {v['last_loss']:.5f}"
+                               if v["ok"] else f"FAIL {v.get('error')}"))
+    ratios = {f"overlap_{k}": v for k, v in overlap.items()}
     ch = rows["chain"]
     if "torch cuda" in ch and ch["torch cuda"].get("best_s") and ch["actorflow cuda:0"].get(
             "best_s"):
@@ -369,9 +651,19 @@ def main(argv=None) -> int:
     if args.emu:
         print("\n(emulator: the host's cost of issuing and completing the work; a GPU "
               "figure needs a GPU)")
-    return harness.finish(args.out, result, everyone, t_start,
-                          harness.environment(), "computed a wrong result",
-                          {"rows": rows, "ratios": ratios})
+    m = rows["mlp"]
+    for mine, theirs in (("actorflow eager", "torch eager"),
+                         ("actorflow graph (CUDA graph)", "torch CUDA graph")):
+        if m.get(mine, {}).get("ok") and m.get(theirs, {}).get("ok"):
+            ratios[f"mlp {mine} / {theirs}"] = (m[mine]["best_us_per_step"]
+                                                 / m[theirs]["best_us_per_step"])
+    status = harness.finish(args.out, result, everyone, t_start,
+                            harness.environment(), "computed a wrong result",
+                            {"rows": rows, "ratios": ratios})
+    if mlp_failed:
+        print(f"ERROR: MLP rows failed: {mlp_failed}", file=sys.stderr)
+        return 1
+    return status
 
 
 if __name__ == "__main__":
