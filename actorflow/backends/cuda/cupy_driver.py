@@ -248,10 +248,13 @@ class CupyStream(Stream):
         src = event._stream
         if src is None:
             return
+        self._next()                        # the wait is a command: an event recorded
+        #                                     before it does not see what it passes on
         err = src._error_before(event._seq) if src is not self else None
-        if err is not None and not self._broken():
+        if err is not None:
             with self._lock:
-                self._errors.append((self._seq, err))    # a fault before the record
+                if not self._errors:
+                    self._errors.append((self._seq, err))    # a fault before the record
         with self._driver._dev:
             self._s.wait_event(event._ev)
 

@@ -1,0 +1,70 @@
+"""The CuPy driver's host-side bookkeeping (actorflow/backends/cuda/cupy_driver.py) over a
+fake CUDA layer, so that it runs without a GPU or CuPy: every command "completes" at once,
+and what is checked is which event raises which stream's sticky error, and what a stream
+keeps running. The driver's CUDA calls themselves run only on a GPU (test_cuda_driver.py,
+``pytest -m gpu``)."""
+
+import contextlib
+import threading
+
+import pytest
+
+from actorflow.backends.cuda import cupy_driver as CD
+from actorflow.errors import KernelError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Ev:
+    done = True
+
+    def record(self, s):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _S:
+    done = True
+    ptr = 0
+
+    def wait_event(self, e):
+        pass
+
+
+class _Drv:
+    device = "cuda:0"
+    _dev = contextlib.nullcontext()
+
+    def event(self):
+        e = object.__new__(CD.CupyEvent)
+        e._driver, e._ev, e._stream, e._seq = self, _Ev(), None, 0
+        return e
+
+
+def _stream(name):
+    s = object.__new__(CD.CupyStream)
+    s.name, s._driver, s._s = name, _Drv(), _S()
+    s._seq, s._errors, s._lock, s._queue, s._capturing = 0, [], threading.Lock(), None, False
+    s._closed = False
+    return s
+
+
+def _faulted_stream():
+    side = _stream("side")
+    side._next()
+    side._fail("bad_kernel", RuntimeError("boom"))
+    return side, side.record()
+
+
+def test_an_event_recorded_before_a_wait_does_not_raise_the_waited_streams_fault():
+    side, faulted = _faulted_stream()
+    compute = _stream("compute")
+    compute._next()                       # an op's kernel
+    before = compute.record()             # what the VM waits on for that op
+    compute.wait(faulted)                 # the next op depends on the faulted work
+    after = compute.record()
+    assert before.query() is True
+    with pytest.raises(KernelError, match="bad_kernel"):
+        after.query()
