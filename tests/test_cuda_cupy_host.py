@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from actorflow.backends.cuda import cupy_driver as CD
-from actorflow.errors import KernelError
+from actorflow.errors import DeviceError, KernelError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,6 +36,7 @@ class _S:
 class _Drv:
     device = "cuda:0"
     _dev = contextlib.nullcontext()
+    _late = CD.CupyDriver._late
 
     def event(self):
         e = object.__new__(CD.CupyEvent)
@@ -68,3 +69,23 @@ def test_an_event_recorded_before_a_wait_does_not_raise_the_waited_streams_fault
     assert before.query() is True
     with pytest.raises(KernelError, match="bad_kernel"):
         after.query()
+
+
+def test_a_closed_stream_ends_its_waiter_thread_and_refuses_work():
+    s = _stream("compute")
+    s._driver = drv = _Drv()
+    drv._streams = [s]
+    drv._lock, drv._late_q = threading.Lock(), None
+    seen = threading.Event()
+    s.record().then(seen.set)
+    assert seen.wait(10)
+    thread = next(t for t in threading.enumerate() if t.name == "af-cupy-cuda:0-compute")
+    s.close()
+    thread.join(10)
+    assert not thread.is_alive() and drv._streams == []
+    with pytest.raises(DeviceError, match="closed"):
+        s.add_callback(lambda: None)
+    late = threading.Event()
+    s.record().then(late.set)            # a record still marks the end of its work
+    assert late.wait(10)
+    drv._late_q.put(None)

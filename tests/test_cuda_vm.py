@@ -5,6 +5,8 @@ fault surfacing at synchronize with the runtime going on, out of memory under a 
 budget, and mixed devices refused."""
 
 import gc
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -327,6 +329,24 @@ def test_a_kernel_fault_surfaces_at_synchronize_and_the_runtime_goes_on(cuda):
     assert_same(w.numpy(), np.array([0, 1, 2], np.float32))
     assert_same((x * 2).numpy(), np.array([2, 4, 6], np.float32))     # new work runs
     af.synchronize(30)                            # the error was reported once
+
+
+def _emu_threads() -> int:
+    return sum(t.name.startswith(f"af-emu-{CUDA}-") for t in threading.enumerate())
+
+
+def test_faults_leave_no_driver_streams_or_threads_behind(cuda):
+    a = af.tensor(np.arange(1, 9), device=CUDA)
+    for _ in range(50):
+        cuda.fail_kernel("add_scalar")
+        with pytest.raises(KernelError):
+            (a + 1).numpy()
+        assert_same((a * 2).numpy(), np.arange(2, 18, 2))      # new work runs
+    assert len(cuda._streams) <= 4          # compute, h2d, d2h (and one more at most)
+    deadline = time.monotonic() + 20
+    while _emu_threads() > 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _emu_threads() <= 4
 
 
 def test_out_of_memory_under_a_small_device_budget(cuda):

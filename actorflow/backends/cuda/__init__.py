@@ -196,8 +196,11 @@ class CudaBackend(Backend):
 
     def reset(self) -> None:
         """After a kernel fault (a driver stream's sticky error): work issued from now on
-        goes to fresh driver streams."""
-        self._drv_streams = {}
+        goes to fresh driver streams; the old ones are closed (each stops once what was
+        issued on it ran, so no fault leaves a driver stream or thread behind)."""
+        old, self._drv_streams = self._drv_streams, {}
+        for s in old.values():
+            s.close()
 
     # -- DLPack ------------------------------------------------------------------------------
     def dlpack_device(self, what: str = "__dlpack_device__") -> tuple:

@@ -114,7 +114,7 @@ class CupyEvent(Event):
                 raise s._device_fault(e) from None
         else:
             done = threading.Event()
-            s._waiter().put((self._ev, done.set))
+            s._wait_then(self._ev, done.set)
             if not done.wait(timeout):
                 raise DeviceError(f"{self._driver.device}: an event was not reached in "
                                   f"{timeout} s: a stream is stuck or far behind")
@@ -127,7 +127,7 @@ class CupyEvent(Event):
         if s is None:
             fn()
             return
-        s._waiter().put((self._ev, fn))
+        s._wait_then(self._ev, fn)
 
 
 class CupyGraph(Graph):
@@ -155,6 +155,7 @@ class CupyStream(Stream):
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._capturing = False
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"CupyStream({self._driver.device}:{self.name})"
@@ -182,7 +183,14 @@ class CupyStream(Stream):
         self._fail(f"a kernel on stream {self.name}", e)
         return self._errors[0][1].to_raise()
 
+    def _open(self) -> None:
+        if self._closed:
+            raise DeviceError(f"stream {self.name} of {self._driver.device} is closed (a fault "
+                              f"reset its device's streams): issue on a stream of the "
+                              f"driver's making")
+
     def _next(self) -> None:
+        self._open()
         with self._lock:
             self._seq += 1
 
@@ -291,36 +299,37 @@ class CupyStream(Stream):
                               f"not allowed until end_capture()")
         self.record().synchronize(timeout)
 
-    def _waiter(self) -> queue.SimpleQueue:
-        """The queue of this stream's waiter thread (started on first use): it synchronizes
-        on each ``(cupy event, fn)`` in turn, then calls ``fn``."""
-        q = self._queue
-        if q is None:
-            with self._lock:
-                if self._queue is None:
-                    self._queue = queue.SimpleQueue()
-                    threading.Thread(target=self._wait_loop, args=(self._queue,), daemon=True,
-                                     name=f"af-cupy-{self._driver.device}-{self.name}").start()
+    def _wait_then(self, ev, fn) -> None:
+        """Calls ``fn`` once cupy event ``ev`` completed, on this stream's waiter thread
+        (started on first use), or once closed on the driver's (``_late``)."""
+        with self._lock:
+            if not self._closed:
                 q = self._queue
-        return q
-
-    def _wait_loop(self, q: queue.SimpleQueue) -> None:
-        while True:
-            item = q.get()
-            if item is None:
+                if q is None:
+                    q = self._queue = queue.SimpleQueue()
+                    threading.Thread(target=_wait_loop, args=(q,), daemon=True,
+                                     name=f"af-cupy-{self._driver.device}-{self.name}").start()
+                q.put((self, ev, fn))
                 return
-            ev, fn = item
-            try:
-                ev.synchronize()
-            except Exception as e:  # noqa: BLE001 - a device fault: fn's query raises it
-                self._fail(f"a kernel on stream {self.name}", e)
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - fn's own error is its caller's to report
-                pass
+        self._driver._late().put((self, ev, fn))
+
+    def close(self) -> None:
+        d = self._driver
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._queue is not None:
+                self._queue.put(None)        # its thread ends after what was queued
+        self._capturing = False
+        try:
+            d._streams.remove(self)
+        except ValueError:
+            pass
 
     # -- capture ------------------------------------------------------------------------------
     def begin_capture(self) -> None:
+        self._open()
         if self._capturing:
             raise DeviceError(f"stream {self.name} is capturing a graph already")
         with self._driver._dev:
@@ -334,9 +343,24 @@ class CupyStream(Stream):
         with self._driver._dev:
             return CupyGraph(self._s.end_capture())
 
-    def _close(self) -> None:
-        if self._queue is not None:
-            self._queue.put(None)
+
+
+def _wait_loop(q: queue.SimpleQueue) -> None:
+    """A waiter thread: synchronizes on each ``(stream, cupy event, fn)`` in turn, then
+    calls ``fn``; ends at None."""
+    while True:
+        item = q.get()
+        if item is None:
+            return
+        s, ev, fn = item
+        try:
+            ev.synchronize()
+        except Exception as e:  # noqa: BLE001 - a device fault: fn's query raises it
+            s._fail(f"a kernel on stream {s.name}", e)
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - fn's own error is its caller's to report
+            pass
 
 
 def _host_ptr(a: np.ndarray, op: str) -> int:
@@ -380,6 +404,8 @@ class CupyDriver(Driver):
         self._streams: list = []
         self._kernels: dict = {}            # Kernel -> RawKernel (the launch's fast path)
         self._by_source: dict = {}          # SHA-256 of a source -> RawKernel
+        self._late_q: queue.SimpleQueue | None = None
+        self._lock = threading.Lock()
         self._closed = False
         self.set_limit(limit)
 
@@ -394,14 +420,27 @@ class CupyDriver(Driver):
     def event(self) -> CupyEvent:
         return CupyEvent(self)
 
+    def _late(self) -> queue.SimpleQueue:
+        """The queue of the waiter thread for closed streams' events (one per driver,
+        started on first use)."""
+        with self._lock:
+            if self._late_q is None:
+                self._late_q = queue.SimpleQueue()
+                threading.Thread(target=_wait_loop, args=(self._late_q,), daemon=True,
+                                 name=f"af-cupy-{self.device}-closed").start()
+            return self._late_q
+
     def close(self) -> None:
         """Stops the streams' waiter threads once they have run what was queued; later use
         raises DeviceError. Memory goes back to the pool as its blocks are freed."""
         if self._closed:
             return
         self._closed = True
-        for s in self._streams:
-            s._close()
+        for s in list(self._streams):
+            s.close()
+        with self._lock:
+            if self._late_q is not None:
+                self._late_q.put(None)
 
     # -- memory ------------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> DeviceMemory:

@@ -243,6 +243,14 @@ class Stream(ABC):
         stream's sticky error (a ``KernelError`` naming the kernel) if one failed."""
 
     @abstractmethod
+    def close(self) -> None:
+        """Stops the stream once the commands issued so far have run (its driver forgets it;
+        its thread, where it has one, ends). Later work on it (kernels, copies, waits, host
+        functions, capture) raises DeviceError; ``record`` still works, and marks the end of
+        what was issued (an event completes, with the stream's sticky error, once all of it
+        ran). Closing twice is a no-op."""
+
+    @abstractmethod
     def begin_capture(self) -> None:
         """Commands issued on this stream from now on are captured, not run."""
 

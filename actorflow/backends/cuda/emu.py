@@ -142,6 +142,7 @@ class EmuStream(Stream):
         self._issued = self._done = 0
         self._error = None                  # the sticky error: the first kernel fault
         self._capture: list | None = None
+        self._closed = None                 # once closed: the event recorded last
         self._delay = driver.delay
         self._rng = random.Random(f"{driver.seed}:{index}") if driver.delay else None
         self.delays: list = []              # the delays drawn, in order (with delay= only)
@@ -159,6 +160,10 @@ class EmuStream(Stream):
         if self._capture is not None:
             self._capture.append(make)
             return
+        if self._closed is not None:
+            raise DeviceError(f"stream {self.name} of {self._driver.device} is closed (a fault "
+                              f"reset its device's streams): issue on a stream of the "
+                              f"driver's making")
         cmd = make()
         with self._driver._cv:
             if self._driver._closed:
@@ -203,6 +208,11 @@ class EmuStream(Stream):
 
     def record(self, event: EmuEvent | None = None) -> EmuEvent:
         ev = self._driver.event() if event is None else event
+        last = self._closed
+        if last is not None:                 # closed: reached once its last record is
+            n = ev._bump()
+            last.then(lambda: ev._complete(n, self._error))
+            return ev
 
         def make():
             n = ev._bump()
@@ -259,6 +269,17 @@ class EmuStream(Stream):
                                   f"commands in {d._limit(timeout)} s")
         if self._error is not None:
             raise_sticky(self._error)
+
+    def close(self) -> None:
+        d = self._driver
+        with d._cv:
+            if self._closed is not None or d._closed or self not in d._streams:
+                return
+            d._streams.remove(self)
+        self._capture = None
+        last = self.record()
+        self._closed = last
+        self._q.put(None)                    # the thread ends after what was issued
 
     # -- capture -----------------------------------------------------------------------------
     def begin_capture(self) -> None:
