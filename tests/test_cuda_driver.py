@@ -171,6 +171,21 @@ def test_a_host_function_that_raises_is_the_streams_sticky_error(make):
     assert isinstance(e.value.original, ZeroDivisionError) and ran == [1]
 
 
+def test_a_wait_passes_a_fault_on_unless_it_orders_only(make):
+    d = make()
+    bad, inherits, orders = d.stream("bad"), d.stream("inherits"), d.stream("orders")
+    bad.add_callback(lambda: 1 / 0)
+    ev = bad.record()
+    inherits.wait(ev)
+    orders.wait(ev, errors=False)
+    ran = []
+    orders.add_callback(lambda: ran.append(1))
+    with pytest.raises(KernelError):
+        inherits.synchronize(30)
+    orders.synchronize(30)                                  # ordered, not faulted
+    assert ran == [1]
+
+
 def test_capture_and_replay(make):
     d = make()
     s = d.stream("capture")

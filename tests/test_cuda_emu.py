@@ -373,6 +373,26 @@ def test_a_reuse_on_another_stream_waits_on_the_device_not_the_host(emu):
     a.synchronize(10)
 
 
+def test_a_reuse_waits_for_a_faulted_streams_uses_and_does_not_take_its_fault(emu):
+    d = emu()
+    a, b = d.stream("a"), d.stream("b")
+    al = CachingAllocator(d)
+    gate = threading.Event()
+    log = []
+    blk = al.malloc(64, a)
+    a.add_callback(lambda: 1 / 0)              # a's sticky error (as a zero flag raises)
+    a.add_callback(lambda: (gate.wait(10), log.append("a's last use")))   # still runs
+    al.free(blk)
+    again = al.malloc(64, b)
+    assert again is blk and al.stats().reuse_waits == 1
+    b.add_callback(lambda: log.append("b's reuse"))
+    gate.set()
+    b.synchronize(10)                           # b's work ran, with no fault of a's
+    assert log == ["a's last use", "b's reuse"]
+    with pytest.raises(KernelError):
+        a.synchronize(10)
+
+
 def run_recycling(driver, allocator, ops, rounds):
     """Writes a value into blocks on stream w, reads each on stream r, frees it (told that r
     used it) and takes blocks again from the cache, ``rounds`` times; returns the values read

@@ -8,7 +8,9 @@ stream that uses it is told with ``record_stream``. ``free`` records an event on
 that used the block, after everything issued there so far. A reuse on stream S then needs
 nothing for S's own uses (S runs in order) and, for each other stream's event that has not
 completed, makes S wait on it: a wait on the device, never on the host, so reuse costs no
-round trip and no extra memory. A block given back to the driver (to make room under the
+round trip and no extra memory. The wait orders only (``errors=False``): a stream that
+faulted still ends its uses before the reuse (on CUDA, work queued after a host function's
+error still runs), and its fault is not handed to the reusing stream. A block given back to the driver (to make room under the
 budget, or ``empty_cache``) first waits on the host for its events.
 """
 
@@ -29,17 +31,6 @@ def _done(event) -> bool:
         return event.query()
     except KernelError:
         return True
-
-
-def _faulted(stream) -> bool:
-    """Whether ``stream`` has a sticky error: its work after the fault is skipped, so a
-    block it used is free of it at once (waiting on its event would hand the fault to the
-    waiting stream, and so to work that has nothing to do with it)."""
-    try:
-        stream.query()
-    except KernelError:
-        return True
-    return False
 
 
 def _rounded(nbytes: int) -> int:
@@ -181,8 +172,8 @@ class CachingAllocator:
         for s, ev in block.events:
             if _done(ev):
                 self._spare_events.append(ev)    # its record is reached: reusable
-            elif s is not stream and not _faulted(s):
-                stream.wait(ev)              # the device waits; the host goes on
+            elif s is not stream:            # the device waits; the host goes on. Order
+                stream.wait(ev, errors=False)    # only: a fault there is not the reuser's
                 self._waits += 1             # (an event still pending is not recorded
             #                                  again: it is dropped with the wait's use)
         block.events = []

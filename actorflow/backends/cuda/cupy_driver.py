@@ -252,13 +252,13 @@ class CupyStream(Stream):
         ev._stream, ev._seq = self, self._seq
         return ev
 
-    def wait(self, event: CupyEvent) -> None:
+    def wait(self, event: CupyEvent, errors: bool = True) -> None:
         src = event._stream
         if src is None:
             return
         self._next()                        # the wait is a command: an event recorded
         #                                     before it does not see what it passes on
-        err = src._error_before(event._seq) if src is not self else None
+        err = src._error_before(event._seq) if errors and src is not self else None
         if err is not None:
             with self._lock:
                 if not self._errors:

@@ -9,7 +9,7 @@ The interface, in CUDA's terms:
   stream). Commands: ``launch`` (a kernel), ``copy_h2d`` / ``copy_d2h`` / ``copy_d2d``
   (asynchronous: a copy reads its source when the stream reaches it, so a source must stay
   alive and unchanged until an event recorded after the copy has completed), ``record`` /
-  ``wait`` (events), ``add_callback`` (a host function run when the stream reaches it).
+  ``wait`` (events; ``errors=False`` orders only), ``add_callback`` (a host function run when the stream reaches it).
   ``synchronize`` and ``query`` raise the stream's sticky error, a kernel's fault.
 - ``Event``: recorded in a stream's order; another stream's ``wait`` on it blocks that stream
   only, never the host; ``query``, ``synchronize``, and ``then(fn)``: ``fn()`` called on a
@@ -225,9 +225,12 @@ class Stream(ABC):
         """Records ``event`` (a new one if None) here; returns it."""
 
     @abstractmethod
-    def wait(self, event: Event) -> None:
+    def wait(self, event: Event, errors: bool = True) -> None:
         """Makes this stream's later commands wait for ``event``'s latest record. The host
-        does not wait."""
+        does not wait. ``errors``: a sticky error the recording stream had at the record
+        becomes this stream's too (a dependency: work computed from faulted work must not
+        run); False orders only (the allocator's reuse waits: a block's next user waits for
+        its last uses, never takes on their faults)."""
 
     @abstractmethod
     def add_callback(self, fn: Callable[[], None]) -> None:
