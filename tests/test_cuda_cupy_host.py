@@ -7,6 +7,7 @@ keeps running. The driver's CUDA calls themselves run only on a GPU (test_cuda_d
 import contextlib
 import threading
 
+import numpy as np
 import pytest
 
 from actorflow.backends.cuda import cupy_driver as CD
@@ -89,3 +90,43 @@ def test_a_closed_stream_ends_its_waiter_thread_and_refuses_work():
     s.record().then(late.set)            # a record still marks the end of its work
     assert late.wait(10)
     drv._late_q.put(None)
+
+
+def test_adopt_imports_with_the_consumer_stream_current():
+    """CuPy hands its current stream to the producer's ``__dlpack__(stream=...)``: the
+    import must run with the stream that reads the memory current."""
+    current = []
+
+    class _Current(_S):
+        def __enter__(self):
+            current.append(self)
+
+        def __exit__(self, *a):
+            current.pop()
+
+    seen = []
+
+    class _X:
+        nbytes, shape, dtype, strides = 32, (8,), np.dtype(np.float32), (4,)
+
+        class device:
+            id = 0
+
+        class flags:
+            c_contiguous = True
+
+        class data:
+            ptr = 1 << 20
+
+    class _Cp:
+        @staticmethod
+        def from_dlpack(obj):
+            seen.append(current[-1] if current else None)
+            return _X()
+
+    d = object.__new__(CD.CupyDriver)
+    d.device, d.index, d._dev, d._cp = "cuda:0", 0, contextlib.nullcontext(), _Cp()
+    s = _stream("compute")
+    s._s = _Current()
+    a = d.adopt(object(), s)
+    assert seen == [s._s] and a.shape == (8,) and a.ptr == 1 << 20

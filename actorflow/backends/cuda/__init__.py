@@ -221,11 +221,13 @@ class CudaBackend(Backend):
         return self._driver.export(array.darray, array.lease)
 
     def adopt(self, obj) -> CudaArray:
-        """Another library's CUDA memory (DLPack producer ``obj``) as storage, no copy."""
+        """Another library's CUDA memory (DLPack producer ``obj``) as storage, no copy; the
+        producer's pending writes are ordered before the compute stream (DLPack's consumer
+        stream), where ops run unless ``use_stream`` names another."""
         d = self.driver()
         if not d.dlpack:
             raise d._no_dlpack("from_dlpack")
-        darray = d.adopt(obj)
+        darray = d.adopt(obj, self.driver_stream(self.compute))
         return CudaArray(Block(darray.memory, darray.memory.nbytes, None), darray.shape,
                          darray.dtype)
 

@@ -524,11 +524,16 @@ class CupyDriver(Driver):
         mem = cp.cuda.UnownedMemory(array.ptr, array.nbytes, owner, self.index)
         return cp.ndarray(array.shape, array.dtype, cp.cuda.MemoryPointer(mem, 0))
 
-    def adopt(self, obj) -> DeviceArray:
-        """``obj``'s memory through ``cupy.from_dlpack`` (no copy; CuPy orders the
-        producer's stream before this device's current one)."""
+    def adopt(self, obj, stream: CupyStream | None = None) -> DeviceArray:
+        """``obj``'s memory through ``cupy.from_dlpack`` (no copy). CuPy hands its current
+        stream to the producer's ``__dlpack__(stream=...)``, which orders its pending writes
+        before it: ``stream`` is made current for the import (else CuPy's current one)."""
         with self._dev:
-            x = self._cp.from_dlpack(obj)
+            if stream is None:
+                x = self._cp.from_dlpack(obj)
+            else:
+                with stream._s:
+                    x = self._cp.from_dlpack(obj)
         if x.device.id != self.index:
             raise DeviceError(f"from_dlpack: the array is on cuda:{x.device.id}, not "
                               f"{self.device}")

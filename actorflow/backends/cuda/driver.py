@@ -325,9 +325,11 @@ class Driver(ABC):
         where the memory is not a GPU's (the emulator)."""
         raise self._no_dlpack("__dlpack__")
 
-    def adopt(self, obj) -> DeviceArray:
+    def adopt(self, obj, stream: Stream | None = None) -> DeviceArray:
         """The device memory of DLPack producer ``obj`` (a CuPy or torch CUDA tensor on
         this device), without a copy: a DeviceArray whose block keeps ``obj``'s memory
-        alive; never freed to this driver's pool. Raises DeviceError where the memory is
-        not a GPU's (the emulator), or for a producer on another device or not contiguous."""
+        alive; never freed to this driver's pool. ``stream``: the stream that reads it
+        first (DLPack's consumer stream): the producer's pending writes are ordered before
+        that stream's later commands. Raises DeviceError where the memory is not a GPU's
+        (the emulator), or for a producer on another device or not contiguous."""
         raise self._no_dlpack("from_dlpack")
