@@ -130,3 +130,39 @@ def test_adopt_imports_with_the_consumer_stream_current():
     s._s = _Current()
     a = d.adopt(object(), s)
     assert seen == [s._s] and a.shape == (8,) and a.ptr == 1 << 20
+
+
+def test_the_limit_counts_blocks_in_use_not_cupys_cached_chunks():
+    """CuPy's pool keeps freed chunks (a split one whole) and its own limit counts them:
+    the driver's limit is its count of the blocks in use alone."""
+    class _Pool:
+        limit = total = 0
+
+        def set_limit(self, size=0):
+            self.limit = size
+
+        def malloc(self, n):                # caches every chunk: nothing goes back
+            if self.limit and self.total + n > self.limit:
+                raise MemoryError(f"pool: {n} more past {self.limit}")
+            self.total += n
+
+            class _Ptr:
+                ptr = (1 << 20) + self.total
+            return _Ptr()
+
+    class _Cuda:
+        class memory:
+            OutOfMemoryError = MemoryError
+
+    class _Cp:
+        cuda = _Cuda
+
+    d = object.__new__(CD.CupyDriver)
+    d.device, d._dev, d._cp, d._pool = "cuda:0", contextlib.nullcontext(), _Cp(), _Pool()
+    d._count = CD.PoolCount(d.device)
+    d.set_limit(1024)
+    for _ in range(4):                      # 4 x 512 bytes in turn, 512 in use at most
+        d.free(d.malloc(512))
+    assert d.memory().in_use == 0 and d.memory().peak == 512
+    with pytest.raises(CD.OutOfMemoryError):
+        d.malloc(2048)

@@ -8,9 +8,12 @@ In CUDA's terms:
   ``cupy.cuda.Event`` without timing, recorded and waited on (``cudaStreamWaitEvent``) in
   the streams' order, never the host's;
 - device memory comes from a ``cupy.cuda.MemoryPool`` of the device, with the driver's own
-  byte count and limit (the pool's ``set_limit`` too): past it, actorflow's
-  ``OutOfMemoryError`` with the bytes asked, in use and the limit, as the emulator raises
-  it (CuPy's own ``OutOfMemoryError``, the device refusing, becomes the same);
+  byte count and limit: past it, actorflow's ``OutOfMemoryError`` with the bytes asked, in
+  use and the limit, as the emulator raises it (CuPy's own ``OutOfMemoryError``, the device
+  refusing after CuPy gave back its cached blocks and tried again, becomes the same). The
+  limit counts the bytes allocated and not freed, never CuPy's cached chunks: the pool's
+  own ``set_limit`` is not used, since it counts those too (a chunk split for a smaller
+  block stays whole in it), and would refuse what the limit allows;
 - pinned host buffers are ``cupyx.empty_pinned``; copies are ``cudaMemcpyAsync`` on the
   stream (h2d, d2h, d2d), reading their source when the stream gets there;
 - a ``Kernel`` with CUDA C ``source`` (the generated kernels, ``kernels.py``) is compiled once
@@ -469,10 +472,8 @@ class CupyDriver(Driver):
         return cupyx.empty_pinned(shape, dtype)
 
     def set_limit(self, nbytes: int | None) -> None:
-        with self._count.lock:
+        with self._count.lock:               # (not the pool's set_limit: see the module doc)
             self._count.limit = nbytes
-            with self._dev:
-                self._pool.set_limit(size=nbytes or 0)
 
     def memory(self) -> MemoryInfo:
         return self._count.info()
