@@ -10,8 +10,9 @@ nothing for S's own uses (S runs in order) and, for each other stream's event th
 completed, makes S wait on it: a wait on the device, never on the host, so reuse costs no
 round trip and no extra memory. The wait orders only (``errors=False``): a stream that
 faulted still ends its uses before the reuse (on CUDA, work queued after a host function's
-error still runs), and its fault is not handed to the reusing stream. A block given back to the driver (to make room under the
-budget, or ``empty_cache``) first waits on the host for its events.
+error still runs), and its fault is not handed to the reusing stream. A block given back to
+the driver (to make room under the budget, or ``empty_cache``) first waits on the host for
+its events.
 """
 
 from __future__ import annotations
