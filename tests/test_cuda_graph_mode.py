@@ -316,3 +316,42 @@ def test_eager_adam_on_cuda_equals_cpu(cuda):
     assert a == b
     for x, y in zip(pa, pb):
         np.testing.assert_array_equal(x, y)
+
+
+class _NoCaptureOfAllocations(EmuDriver):
+    """A driver that, as CuPy's, cannot capture a reference form's allocations."""
+    captures_allocations = False
+
+
+def test_a_step_with_reference_forms_is_launched_one_by_one_where_the_driver_cannot_capture(
+        emu):
+    _settle()
+    use_driver(lambda dev: _NoCaptureOfAllocations(dev))
+    data = batches(5)
+    want, want_params, _ = train("cpu", "SGD", dict(lr=0.1), data)
+    got, got_params, step = train(CUDA, "SGD", dict(lr=0.1), data)
+    assert got == want
+    for a, b in zip(want_params, got_params):
+        np.testing.assert_array_equal(a, b)
+    run = program_of(step)
+    assert run.reference_launches                    # (matmul's, at least)
+    assert (run.captures, run.replays, run.uncaptured) == (0, 0, 5)
+    assert run.launches == 5 * len(run.kernels)
+
+
+class Affine(nn.Graph):
+    def build(self, x):
+        return x * 2.0 + 1.0
+
+
+def test_a_step_of_generated_kernels_is_captured_on_such_a_driver_too(emu):
+    _settle()
+    use_driver(lambda dev: _NoCaptureOfAllocations(dev))
+    step = Affine()
+    x = np.arange(6, dtype=np.float32)
+    for k in range(3):
+        out = step(af.tensor(x + k, device=CUDA))
+        np.testing.assert_array_equal(out.numpy(), (x + k) * 2 + 1)
+    run = program_of(step)
+    assert run.reference_launches == ()
+    assert (run.captures, run.replays, run.uncaptured) == (1, 2, 0)

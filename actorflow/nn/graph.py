@@ -70,7 +70,11 @@ class Graph:
 
     ``cuda_graph``: on a CUDA device, capture a static step as a CUDA graph and replay it
     (the default); False launches its kernels one by one every step. It may be set on the
-    graph at any time (``self.cuda_graph = False``) without compiling the step again."""
+    graph at any time (``self.cuda_graph = False``) without compiling the step again. On a
+    GPU (the CuPy driver) a step with an op in the reference form (its numpy kernel over
+    the device arrays: a strided view, an op the kernel generator does not cover) is not
+    captured, since those calls may allocate memory during a capture: it is launched one
+    by one every step, as with False."""
 
     def __init__(self, cuda_graph: bool = True):
         self.cuda_graph = cuda_graph        # on a CUDA device: a static step is one replay

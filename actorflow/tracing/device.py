@@ -20,7 +20,12 @@ static buffers: the step's inputs are copied into static input buffers before ea
 and its outputs out of static output buffers after it (a captured graph holds addresses,
 so it reads the new inputs only through those copies), and the state in place. A later step
 is one replay (``Graph.launch``). The capture holds the state's addresses: when a state
-tensor is replaced (an optimizer's state loaded anew...) the step is captured again.
+tensor is replaced (an optimizer's state loaded anew...) the step is captured again. A step
+with a launch in the reference form (an op's numpy kernel over the device arrays) is
+captured only where the driver says a capture may hold its allocations
+(``Driver.captures_allocations``: the emulator, not CuPy, whose numpy-over-cupy calls
+may allocate temporaries that its pool reuses after the capture): elsewhere it is
+launched one by one every step, counted in ``uncaptured``.
 
 ``DeviceSteps`` makes such a program an op actor's: ``nn.Graph.run(..., fused=True)``'s
 whole step over device registers, or one op (one state's write-back) of ``run()``'s actor
@@ -58,7 +63,10 @@ class DeviceProgram:
     its errors and a profile call it. ``kernels``: the launches of one step, in order (made
     on the first step, see ``_prepare``). Counts, for tests and profiles: ``captures`` (graphs
     captured), ``replays`` (steps that were one replay), ``launches`` (kernels launched
-    one by one, outside a replay), ``captured_commands`` (the last graph's commands)."""
+    one by one, outside a replay), ``captured_commands`` (the last graph's commands),
+    ``uncaptured`` (steps with ``cuda_graph`` on launched one by one, because a launch in
+    the reference form cannot be captured on the driver: ``reference_launches`` names
+    them)."""
 
     def __init__(self, program, device, name: str):
         self.program = program
@@ -73,6 +81,8 @@ class DeviceProgram:
         self.static_ins = self.static_outs = None
         self.graph = self.key = None
         self.captures = self.replays = self.launches = self.captured_commands = 0
+        self.uncaptured = 0
+        self.reference_launches: tuple = ()
         self.offsets = (0,)                 # per input register, where its arrays start in
         #                                     the inputs submit is given (op actors: per port)
         refs = [r for st in program.steps for r in st.ins] + \
@@ -210,6 +220,9 @@ class DeviceProgram:
                 self._zero_flag(launch)
         self.tmp = [None if i in dropped else t for i, t in enumerate(self.tmp)]
         self.kernels, self._slots, self._writes = kernels, slots, writes
+        self.reference_launches = tuple(
+            launch.name for launch in kernels + [w[2] for w in writes if w[2] is not None]
+            if not launch.kernel.source)
 
     def _zero_flag(self, launch) -> None:
         """A generated integer division's zero flag, the program's own: an int32 of device
@@ -245,6 +258,10 @@ class DeviceProgram:
             self._body(stream, out_arrays, in_arrays, st, timed=timed)
             return
         if not cuda_graph:
+            self._body(stream, out_arrays, in_arrays, st)
+            return
+        if self.reference_launches and not self.backend.driver().captures_allocations:
+            self.uncaptured += 1            # (see the module doc)
             self._body(stream, out_arrays, in_arrays, st)
             return
         if self.static_ins is None:

@@ -382,6 +382,7 @@ class CupyDriver(Driver):
     ``AF_CUDA=emu``)."""
 
     name = "cupy"
+    captures_allocations = False        # a reference form's cupy temporaries (driver.py)
 
     def __init__(self, device: str = "cuda:0", limit: int | None = None):
         self.device = str(device)

@@ -9,7 +9,8 @@ The interface, in CUDA's terms:
   stream). Commands: ``launch`` (a kernel), ``copy_h2d`` / ``copy_d2h`` / ``copy_d2d``
   (asynchronous: a copy reads its source when the stream reaches it, so a source must stay
   alive and unchanged until an event recorded after the copy has completed), ``record`` /
-  ``wait`` (events; ``errors=False`` orders only), ``add_callback`` (a host function run when the stream reaches it).
+  ``wait`` (events; ``errors=False`` orders only), ``add_callback`` (a host function run
+  when the stream reaches it), ``close``.
   ``synchronize`` and ``query`` raise the stream's sticky error, a kernel's fault.
 - ``Event``: recorded in a stream's order; another stream's ``wait`` on it blocks that stream
   only, never the host; ``query``, ``synchronize``, and ``then(fn)``: ``fn()`` called on a
@@ -300,6 +301,14 @@ class Driver(ABC):
         """The pool's bytes."""
 
     _streams: list               # every stream made, in order
+
+    # Whether a graph capture on this driver may hold a launch of a kernel's numpy
+    # ``reference`` (the reference form): the emulator runs it anew at each replay, on host
+    # memory; on a GPU its numpy-over-device-array calls may allocate temporaries during
+    # the capture, which the driver's pool hands out again once the capture ends, so a
+    # replay would write into memory in use. A capture on a driver without it holds
+    # compiled kernels and copies only.
+    captures_allocations: bool = False
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits for every stream of this driver; raises the first sticky error."""

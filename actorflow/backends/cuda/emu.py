@@ -337,6 +337,7 @@ class EmuDriver(Driver):
     """
 
     name = "emu"
+    captures_allocations = True          # a replay runs each reference anew, on host memory
 
     def __init__(self, device: str = "cuda:0", limit: int | None = None, delay: float = 0.0,
                  seed: int = 0, timeout: float = 60.0):
