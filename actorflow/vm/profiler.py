@@ -13,8 +13,10 @@ While a profile is on, the VM hands every kernel it runs to a ``Recorder`` (its
   last slice's end, and the members of a run share the run's span;
 - on a device with its own memory (cuda), the host only issues the work: the timing
   wrapper records a driver event before and after it on the stream it is issued on, and
-  the record's span is from the first event's completion to the second's (the device's
-  times, told by ``Event.then``; the issue to the driver is ``launched``); a compiled
+  the record's span is from the first event's completion to the second's, as the host saw
+  them (the time ``Event.then`` called back: the callback's latency is in it, so a span is
+  not the device's own clock, and a kernel shorter than that latency shows it; the issue
+  to the driver is ``launched``); a compiled
   program's instruction (``nn.Graph``'s step) adds a record per kernel it launches
   (``device_kernel``), timed by an event after each, inside its own span (the summary
   counts its kernels, not it).
