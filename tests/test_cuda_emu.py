@@ -121,6 +121,17 @@ async def test_completion_reaches_asyncio_without_polling(emu):
     assert s.query()
 
 
+def test_a_stream_is_done_with_a_record_when_its_then_is_called(emu):
+    s = emu().stream()
+    seen = []
+    for _ in range(5):
+        s.launch(NOOP, ())
+        called = threading.Event()
+        s.record().then(lambda: (seen.append(s.query()), called.set()))
+        assert called.wait(10)
+    assert seen == [True] * 5
+
+
 def test_a_host_callback_that_raises_is_the_streams_sticky_error(emu):
     s = emu().stream()
     s.add_callback(lambda: {}["missing"])

@@ -73,9 +73,14 @@ class EmuEvent(Event):
     def _error_at(self, n: int):
         return self._errors.get(n)
 
-    def _complete(self, n: int, error) -> None:
+    def _complete(self, n: int, error, stream: "EmuStream | None" = None) -> bool:
+        """Record ``n`` is reached (``error``: the stream's sticky error then); ``stream``:
+        the stream whose worker reached it, whose command count goes up with it, so that a
+        ``then`` callback sees the stream done with it. Returns True (counted)."""
         cv = self._driver._cv
         with cv:
+            if stream is not None:
+                stream._done += 1
             if error is not None:
                 self._errors[n] = error
             self._ahead.add(n)
@@ -88,6 +93,7 @@ class EmuEvent(Event):
             cv.notify_all()
         for fn in ready:
             fn()
+        return True
 
     def query(self) -> bool:
         with self._driver._cv:
@@ -216,7 +222,7 @@ class EmuStream(Stream):
 
         def make():
             n = ev._bump()
-            return _CONTROL, lambda s: ev._complete(n, s._error), "record"
+            return _CONTROL, lambda s: ev._complete(n, s._error, s), "record"
         self._issue(make)
         return ev
 
@@ -310,7 +316,8 @@ class EmuStream(Stream):
                 self.delays.append(t)
                 time.sleep(t)
             if kind == _CONTROL:
-                fn(self)
+                if fn(self) is True:         # a record: counted as it completed
+                    continue
             elif self._error is None:
                 try:
                     fn(self)
