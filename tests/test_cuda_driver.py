@@ -356,12 +356,8 @@ class _CudaProducer:
         raise AssertionError("not read: the emulator refuses first")
 
 
-@pytest.fixture
-def emu_cuda():
-    yield from _cuda_on(lambda dev: EmuDriver(dev))
-
-
-def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu_cuda):
+def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu):
+    emu()
     t = af.arange(6, dtype=af.float32, device="cuda:0")
     for fn in (t.__dlpack__, t.__dlpack_device__, lambda: np.from_dlpack(t),
                lambda: af.from_dlpack(_CudaProducer())):
