@@ -1,11 +1,12 @@
-"""Actor graphs on cuda:0, on the CUDA emulator (no GPU): a Pipeline load -> copy to cuda:0
--> compute there -> copy to cpu equal to the same stages on cpu under random delays of the
-driver's streams; copies on the copy streams and compute on the compute stream; the copy of
-piece k+1 issued while piece k's compute is held on the device (two registers per edge);
-a plan over the device's budget refused before anything runs; DataLoader(device="cuda:0");
-and the errors: a stage giving an array of the wrong side of the host boundary, a stage
-writing its input, a copy that crosses nothing, a kernel fault stopping the run with the
-runtime going on."""
+"""Actor graphs on cuda:0, on the CUDA emulator (and, for the tests taking the ``cuda``
+fixture, on the GPU too: ``pytest -m gpu``; cuda_fixtures.py): a Pipeline load -> copy to
+cuda:0 -> compute there -> copy to cpu equal to the same stages on cpu under random delays
+of the driver's streams; copies on the copy streams and compute on the compute stream; the
+copy of piece k+1 issued while piece k's compute is held on the device (two registers per
+edge); a plan over the device's budget refused before anything runs;
+DataLoader(device="cuda:0"); and the errors: a stage giving an array of the wrong side of
+the host boundary, a stage writing its input, a copy that crosses nothing, a kernel fault
+stopping the run with the runtime going on."""
 
 import threading
 

@@ -1,8 +1,10 @@
-"""nn.Graph on cuda:0, on the CUDA emulator: a compiled step is one instruction on the
-device's compute stream, equal to cpu's graph mode bit for bit; a static step is captured
-once as a CUDA graph and replayed, reading each step's new inputs through its static input
-buffers; a new layout compiles anew; a kernel fault inside a replayed step surfaces at the
-loss read and leaves the parameters as they were; af.profile lists the step's kernels."""
+"""nn.Graph on cuda:0, on the CUDA emulator (and, for the tests taking the ``cuda`` fixture, on
+the GPU too, equal to cpu within a few ulp there; cuda_fixtures.py): a compiled step is one
+instruction on the device's compute stream, equal to cpu's graph mode bit for bit; a static
+step is captured once as a CUDA graph and replayed, reading each step's new inputs through
+its static input buffers; a new layout compiles anew; a kernel fault inside a replayed step
+surfaces at the loss read and leaves the parameters as they were; af.profile lists the
+step's kernels."""
 
 import numpy as np
 import pytest

@@ -1,14 +1,15 @@
-"""nn.Graph.run() on cuda:0, on the CUDA emulator: the batches live in device registers
-(cuda tensors stored as they are, host batches and a host DataLoader's copied there by a
-copy actor on the h2d stream, a DataLoader(device="cuda:0")'s own copy); with fused=True
-the step's op actor issues the compiled step on the compute stream (replayed as a CUDA
-graph), with an actor per op each op's actor launches its kernel there and each state's
-writer writes it back there; acts end on the device work's completion, and the losses come
-back through a copy on the d2h stream: host arrays, as on the cpu, equal to the cpu's bit
-for bit with the same parameters after, under random stream delays too; the copy of batch
-k+1 is issued while step k is held on the device; a plan over the device's budget is
-refused before any step; a kernel fault stops the run with ActorError, the parameters keep
-the steps before it, and training goes on."""
+"""nn.Graph.run() on cuda:0, on the CUDA emulator (and, for the tests taking the ``cuda``
+fixture, on the GPU too, equal to cpu within a few ulp there; cuda_fixtures.py): the batches
+live in device registers (cuda tensors stored as they are, host batches and a host
+DataLoader's copied there by a copy actor on the h2d stream, a DataLoader(device="cuda:0")'s
+own copy); with fused=True the step's op actor issues the compiled step on the compute
+stream (replayed as a CUDA graph), with an actor per op each op's actor launches its kernel
+there and each state's writer writes it back there; acts end on the device work's
+completion, and the losses come back through a copy on the d2h stream: host arrays, as on
+the cpu, equal to the cpu's bit for bit with the same parameters after, under random stream
+delays too; the copy of batch k+1 is issued while step k is held on the device; a plan over
+the device's budget is refused before any step; a kernel fault stops the run with
+ActorError, the parameters keep the steps before it, and training goes on."""
 
 from collections import Counter
 

@@ -1,5 +1,6 @@
-"""The eager VM on cuda:0, on the CUDA emulator (no GPU, no CuPy): tensors made on and copied
-to and from the device, every registered elementwise op and the reduce and matmul families
+"""The eager VM on cuda:0, on the CUDA emulator (and, for the tests taking the ``cuda``
+fixture, on the GPU too: ``pytest -m gpu``; cuda_fixtures.py): tensors made on and copied to
+and from the device, every registered elementwise op and the reduce and matmul families
 equal to the same op on cpu, a chain under random delays of the driver's streams, a kernel
 fault surfacing at synchronize with the runtime going on, out of memory under a device
 budget, and mixed devices refused."""
@@ -137,6 +138,17 @@ def test_af_cuda_emu_selects_the_emulator(monkeypatch):
 
 
 # -- every op family on cuda:0 equals cpu -----------------------------------------------------
+def test_assert_same_is_bit_for_bit_on_the_emulator_whatever_the_op():
+    one = np.ones(3, np.float32)
+    next_up = np.nextafter(one, np.float32(2))          # one ulp apart
+    for exact in (True, False):
+        with pytest.raises(AssertionError):
+            assert_same(next_up, one, exact=exact)
+        with pytest.raises(AssertionError):             # the dtype counts too
+            assert_same(one.astype(np.float64), one, exact=exact)
+    assert_same(one.copy(), one, exact=False)
+
+
 def _inputs(op, dtype):
     rng = np.random.default_rng(0)
     vals = rng.uniform(0.5, 4.0, size=(3, 4))
