@@ -9,7 +9,9 @@ tests/test_cuda_*.py (loaded by conftest.py as a plugin):
 - ``cuda``: cuda:0 working, on each driver: ``"emu"`` (the module's emulator, as ``emu()``)
   always, ``"cupy"`` (the CuPy driver on the GPU) marked ``gpu``, so ``pytest -m gpu``
   runs the driver-independent tests on a real GPU; skipped with ``gpu_missing()``'s reason
-  where there is none. Returns the driver.
+  where there is none. Returns the driver. A GPU-only test takes ``cuda`` under ``ON_GPU``
+  (its ``"cupy"`` case only), marked ``gpu`` and ``af_gpu`` itself.
+- ``launches``: cuda:0 on a fresh ``EmuDriver``; the list of the kernels launched there.
 - ``assert_same``: a device's result against cpu's, exact on the emulator (it runs the
   numpy kernels) and exact on a GPU where IEEE arithmetic makes it so.
 """
@@ -22,7 +24,7 @@ import numpy as np
 import pytest
 
 import actorflow as af
-from actorflow.backends.cuda.emu import EmuDriver
+from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.errors import KernelError
 from actorflow.testing import gpu_missing
@@ -33,6 +35,8 @@ CUDA = "cuda:0"
 # libm (exp, log, tanh, pow...), another order of a reduction, cuBLAS's matmul
 GPU_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5,
             np.dtype(np.float64): 1e-12}
+
+ON_GPU = pytest.mark.parametrize("cuda", ["cupy"], indirect=True)   # the cupy case only
 
 _ON = {"driver": "emu"}          # the driver the `cuda` fixture put on cuda:0
 
@@ -87,6 +91,20 @@ def emu(request):
     yield lambda **kw: _start(lambda dev: cls(dev, **kw))
     settle()
     use_driver(None)
+
+
+@pytest.fixture
+def launches(emu, monkeypatch):
+    """cuda:0 on a fresh emulator; returns the list of kernels launched there, in order."""
+    seen = []
+    launch = EmuStream.launch
+
+    def counted(self, kernel, args, grid=None, block=None):
+        seen.append(kernel)
+        return launch(self, kernel, args, grid, block)
+    monkeypatch.setattr(EmuStream, "launch", counted)
+    emu()
+    return seen
 
 
 @pytest.fixture(params=["emu", pytest.param("cupy", marks=[pytest.mark.gpu,

@@ -14,7 +14,6 @@ import pytest
 import actorflow as af
 from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda import nvrtc
-from actorflow.backends.cuda.emu import EmuStream
 from actorflow.eager.interpreter import apply
 from actorflow.errors import DivisionByZeroError, DTypeError, KernelError
 from actorflow.ops.registry import all_ops
@@ -25,20 +24,6 @@ pytestmark = pytest.mark.timeout(120)
 
 DTYPES = [af.bool, af.int32, af.int64, af.float16, af.float32, af.float64]
 PYVALUES = {"bool": True, "int": 3, "float": -1.5}
-
-
-@pytest.fixture
-def launches(emu, monkeypatch):
-    """cuda:0 on a fresh emulator; returns the list of kernels launched there, in order."""
-    seen = []
-    launch = EmuStream.launch
-
-    def counted(self, kernel, args, grid=None, block=None):
-        seen.append(kernel)
-        return launch(self, kernel, args, grid, block)
-    monkeypatch.setattr(EmuStream, "launch", counted)
-    emu()
-    return seen
 
 
 def _values(dtype, shape=(3, 4), seed=0):
