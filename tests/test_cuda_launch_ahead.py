@@ -29,6 +29,14 @@ def _backend():
     return get_backend(af.device(CUDA))
 
 
+def _settled_compute():
+    """cuda:0's backend and its compute stream (the driver's), once every command issued
+    before has completed."""
+    af.synchronize(30)
+    b = _backend()
+    return b, b.driver_stream(b.compute)
+
+
 class Gate:
     """Holds a driver stream: a host callback on it waits until ``open()`` (or 60 s)."""
 
@@ -57,9 +65,7 @@ def _queued(dstream) -> int:
 def test_a_chain_of_200_dependent_ops_is_issued_before_the_first_completes(emu):
     emu()
     x = af.ones(1000, device=CUDA)
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     completed = VM.stats()["completed"]
     gate = Gate(compute)
     base = compute._issued
@@ -81,9 +87,7 @@ def test_a_chain_issued_ahead_reuses_its_temporaries_memory_as_it_goes(emu):
     issued behind a held stream need a few blocks, not 100."""
     emu()
     x = af.ones(1 << 14, device=CUDA)
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     before = b.caching().stats()
     gate = Gate(compute)
     base = compute._issued
@@ -203,9 +207,7 @@ def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_af
     x = af.tensor(np.arange(256, dtype=np.float32), device=CUDA)
     ones = af.ones(256, device=CUDA)
     side = af.lowlevel.stream(CUDA, "side")
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     waits, frees = b.caching().stats().reuse_waits, b.caching().stats().frees
     gate = Gate(compute)
     try:
@@ -263,9 +265,7 @@ def test_released_memory_is_reused_safely_under_random_delays(emu, seed):
 def test_max_in_flight_bounds_what_is_issued_ahead(emu):
     emu()
     x = af.ones(16, device=CUDA)
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     limit, VM.max_in_flight = VM.max_in_flight, 40
     gate = Gate(compute)
     out = []
