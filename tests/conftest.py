@@ -2,7 +2,7 @@ import pytest
 
 import actorflow as af
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "cuda_fixtures"]    # cuda_fixtures: emu, cuda (tests/)
 
 
 @pytest.fixture(autouse=True)

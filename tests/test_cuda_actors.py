@@ -1,13 +1,13 @@
-"""Actor graphs on cuda:0, on the CUDA emulator (no GPU): a Pipeline load -> copy to cuda:0
--> compute there -> copy to cpu equal to the same stages on cpu under random delays of the
-driver's streams; copies on the copy streams and compute on the compute stream; the copy of
-piece k+1 issued while piece k's compute is held on the device (two registers per edge);
-a plan over the device's budget refused before anything runs; DataLoader(device="cuda:0");
-and the errors: a stage giving an array of the wrong side of the host boundary, a stage
-writing its input, a copy that crosses nothing, a kernel fault stopping the run with the
-runtime going on."""
+"""Actor graphs on cuda:0, on the CUDA emulator (and, for the tests taking the ``cuda``
+fixture, on the GPU too: ``pytest -m gpu``; cuda_fixtures.py): a Pipeline load -> copy to
+cuda:0 -> compute there -> copy to cpu equal to the same stages on cpu under random delays
+of the driver's streams; copies on the copy streams and compute on the compute stream; the
+copy of piece k+1 issued while piece k's compute is held on the device (two registers per
+edge); a plan over the device's budget refused before anything runs;
+DataLoader(device="cuda:0"); and the errors: a stage giving an array of the wrong side of
+the host boundary, a stage writing its input, a copy that crosses nothing, a kernel fault
+stopping the run with the runtime going on."""
 
-import gc
 import threading
 
 import numpy as np
@@ -15,20 +15,10 @@ import pytest
 
 import actorflow as af
 from actorflow.backends.cuda.emu import EmuDriver, EmuStream
-from actorflow.backends.cuda.selection import driver_for, use_driver
-from actorflow.errors import ActorError, DeviceError, KernelError, PlanError
+from actorflow.errors import ActorError, DeviceError, PlanError
+from cuda_fixtures import CUDA, settle
 
 pytestmark = pytest.mark.timeout(120)
-
-CUDA = "cuda:0"
-
-
-def _settle() -> None:
-    try:
-        af.synchronize(30)
-    except KernelError:
-        pass
-    gc.collect()
 
 
 class LoggedStream(EmuStream):
@@ -97,22 +87,7 @@ class LoggedDriver(EmuDriver):
         return s
 
 
-@pytest.fixture
-def emu():
-    """Puts cuda:0 on a fresh (logged) emulator; ``emu(**kw)`` starts over with those
-    options (``delay``, ``seed``, ``limit``...). Returns the driver."""
-    def start(**kw):
-        _settle()
-        use_driver(lambda dev: LoggedDriver(dev, **kw))
-        return driver_for(CUDA)
-    yield start
-    _settle()
-    use_driver(None)
-
-
-@pytest.fixture
-def cuda(emu):
-    return emu()
+EMU_DRIVER = LoggedDriver          # the emu and cuda fixtures' emulator (cuda_fixtures)
 
 
 def _pieces(n, seed=0, shape=(8, 16)):
@@ -176,7 +151,8 @@ def test_register_is_written_again_only_after_its_device_reads(emu, seed):
 
 
 # -- streams and overlap ---------------------------------------------------------------------
-def test_copies_on_copy_streams_compute_on_compute_stream(cuda):
+def test_copies_on_copy_streams_compute_on_compute_stream(emu):
+    cuda = emu()
     pipe = af.Pipeline([_pieces(12), af.Copy(CUDA), _compute, af.Copy("cpu")],
                        memory={CUDA: "1MiB"})
     pipe.plan()
@@ -193,11 +169,12 @@ def test_copies_on_copy_streams_compute_on_compute_stream(cuda):
 
 
 @pytest.mark.parametrize("buffers", [2, 1])
-def test_h2d_of_next_piece_issued_while_compute_is_held(cuda, buffers):
+def test_h2d_of_next_piece_issued_while_compute_is_held(emu, buffers):
     """The compute stream is held at piece 0's first command until the copy actor has
     issued its copy of piece 1: two registers per edge let it (the copy of piece 1 goes to
     the second register while piece 0's compute reads the first); with one, the copy
     waits for piece 0's register to come home, after its compute completed."""
+    cuda = emu()
     cuda.hold_for = 5.0 if buffers == 2 else 0.5
     g = af.ActorGraph(buffers=buffers)
     src = g.source(_pieces(6), out=af.Spec((8, 16)))
@@ -210,7 +187,8 @@ def test_h2d_of_next_piece_issued_while_compute_is_held(cuda, buffers):
     assert cuda.held_out is (buffers == 1)
 
 
-def test_host_registers_that_copies_read_or_write_are_pinned(cuda):
+def test_host_registers_that_copies_read_or_write_are_pinned(emu):
+    cuda = emu()
     g = af.ActorGraph(buffers=2)
     src = g.source(_pieces(4), out=af.Spec((8, 16)))
     stage = g.actor(_compute, g.copy(src, CUDA), out=af.Spec((8,)))
@@ -240,7 +218,7 @@ def test_plan_over_the_cuda_budget_is_refused_before_the_run(cuda):
     assert e.value.needed == 2 * (256 * 256 + 256) * 4
     assert "cuda:0 budget" in msg and "buffers=1" in msg
     assert "sharing" not in msg                 # (device registers never share an arena)
-    _settle()                                   # (piece 0 was computed there to size it)
+    settle()                                   # (piece 0 was computed there to size it)
     assert af.lowlevel.memory_stats(CUDA).in_use == 0   # no register was allocated
     pipe = af.Pipeline([_pieces(3, shape=(256, 256)), af.Copy(CUDA), _compute, af.Copy("cpu")],
                        buffers=1, memory={CUDA: "300KiB"})
@@ -315,7 +293,9 @@ def test_copy_that_crosses_no_boundary_is_refused(cuda):
         g.copy(up, "cuda:0")
 
 
-def test_kernel_fault_in_a_stage_stops_the_run_and_the_runtime_goes_on(cuda):
+def test_kernel_fault_in_a_stage_stops_the_run_and_the_runtime_goes_on(emu):
+    cuda = emu()
+
     def build():
         g = af.ActorGraph()
         src = g.source(_pieces(8), out=af.Spec((8, 16)))
@@ -329,7 +309,7 @@ def test_kernel_fault_in_a_stage_stops_the_run_and_the_runtime_goes_on(cuda):
         list(g.run())
     assert e.value.actor == "compute"
     assert "injected fault" in str(e.value)
-    _settle()
+    settle()
     want = [_compute(x) for x in _pieces(8)]
     for got, w in zip(build().run(), want):
         np.testing.assert_allclose(got, w, rtol=1e-6)

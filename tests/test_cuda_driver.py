@@ -20,6 +20,7 @@ from actorflow.backends.cuda.emu import EmuDriver
 from actorflow.backends.cuda.selection import use_driver
 from actorflow.errors import DeviceError, KernelError, OutOfMemoryError
 from actorflow.testing import gpu_missing
+from cuda_fixtures import ON_GPU
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -255,24 +256,10 @@ def test_with_cupy_but_no_device_the_driver_refuses():
 
 
 # -- GPU only ----------------------------------------------------------------------------------
-def _cuda_on(factory):
-    """cuda devices on the drivers ``factory`` makes, for one test."""
-    af.synchronize(30)
-    use_driver(factory)
-    yield
-    af.synchronize(30)
-    use_driver(None)
-
-
-@pytest.fixture
-def on_cupy():
-    from actorflow.backends.cuda.cupy_driver import CupyDriver
-    yield from _cuda_on(lambda dev: CupyDriver(dev))
-
-
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(on_cupy):
+@ON_GPU
+def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(cuda):
     import test_cuda_generated as G
     from actorflow.ops.registry import all_ops
     ran = 0
@@ -325,32 +312,17 @@ def test_pinned_buffers_are_page_locked_and_a_large_copy_round_trips():
         d.close()
 
 
-def test_cupy_compiles_every_generated_source_with_its_launch_options():
+def test_cupy_compiles_every_generated_source_with_its_launch_options(launches):
     """CuPy's own NVRTC path, with the options RawKernel adds (an explicit architecture:
     no device is needed), on every source the op calls launch (CuPy installed only)."""
     pytest.importorskip("cupy", reason="CuPy is not installed (the cuda extra)")
     from cupy.cuda import compiler       # (_NVRTCProgram: CuPy's compile without a device)
     import test_cuda_generated as G
-    from actorflow.backends.cuda.emu import EmuStream
     from actorflow.ops.registry import all_ops
-    seen = []
-    launch = EmuStream.launch
-
-    def counted(self, kernel, args, grid=None, block=None):
-        seen.append(kernel)
-        return launch(self, kernel, args, grid, block)
-    af.synchronize(30)
-    use_driver(lambda dev: EmuDriver(dev))
-    EmuStream.launch = counted
-    try:
-        for name in G.COVERED:
-            for arrays, dtypes, attrs in G._cases(name):
-                G._run(all_ops()[name], arrays, dtypes, attrs, "cuda:0")
-    finally:
-        EmuStream.launch = launch
-        af.synchronize(30)
-        use_driver(None)
-    bodies = {k.source[len(K.PRELUDE):] for k in seen if k.source}
+    for name in G.COVERED:
+        for arrays, dtypes, attrs in G._cases(name):
+            G._run(all_ops()[name], arrays, dtypes, attrs, "cuda:0")
+    bodies = {k.source[len(K.PRELUDE):] for k in launches if k.source}
     assert len(bodies) > 300
     prog = compiler._NVRTCProgram(K.PRELUDE + "".join(sorted(bodies)), "", (), (),
                                   name_expressions=None, method="ptx")
@@ -371,12 +343,8 @@ class _CudaProducer:
         raise AssertionError("not read: the emulator refuses first")
 
 
-@pytest.fixture
-def emu_cuda():
-    yield from _cuda_on(lambda dev: EmuDriver(dev))
-
-
-def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu_cuda):
+def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu):
+    emu()
     t = af.arange(6, dtype=af.float32, device="cuda:0")
     for fn in (t.__dlpack__, t.__dlpack_device__, lambda: np.from_dlpack(t),
                lambda: af.from_dlpack(_CudaProducer())):
@@ -389,7 +357,8 @@ def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu_c
 
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory(on_cupy):
+@ON_GPU
+def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory(cuda):
     import cupy
     t = af.arange(12, dtype=af.float32, device="cuda:0").reshape(3, 4) * 2
     assert t.__dlpack_device__() == (2, 0)
@@ -413,7 +382,8 @@ def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory(on_cupy):
 
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-def test_dlpack_to_and_from_torch_cuda_on_the_gpu(on_cupy):
+@ON_GPU
+def test_dlpack_to_and_from_torch_cuda_on_the_gpu(cuda):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch here has no CUDA")

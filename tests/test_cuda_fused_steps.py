@@ -10,8 +10,8 @@ form."""
 
 import numpy as np
 import pytest
-from test_cuda_generated import launches  # noqa: F401, F811 - the fixture: kernels launched
-from test_cuda_graph_mode import OPTS, _settle, batches, make, program_of
+from cuda_fixtures import CUDA, settle
+from test_cuda_graph_mode import OPTS, batches, make, program_of
 
 import actorflow as af
 from actorflow import nn
@@ -23,7 +23,6 @@ from actorflow.errors import DivisionByZeroError
 
 pytestmark = pytest.mark.timeout(120)
 
-CUDA = "cuda:0"
 
 
 def train(device, opt_name, kwargs, data, seen=None, **graph_kw):
@@ -113,7 +112,7 @@ def test_every_run_source_launched_compiles_with_nvrtc(launches):
         def build(self, x):
             return ((x * 2 + 1).relu() - x).abs().sum()
     float(Half()(x))
-    _settle()
+    settle()
     sources = {k.source: k for k in run_kernels(launches)}
     assert len(sources) >= 8
     assert any(k.entry.endswith("_v4") for k in sources.values())          # float4 form
@@ -146,11 +145,11 @@ def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch,
             kernel = dataclasses.replace(kernel, reference=reference)
         return launch(self, kernel, args, grid, block)
     monkeypatch.setattr(EmuStream, "launch", recording)
-    _settle()
+    settle()
     use_driver(lambda dev: EmuDriver(dev))
     try:
         train(CUDA, opt_name, kwargs, batches(2), cuda_graph=False)
-        _settle()
+        settle()
     finally:
         use_driver(None)
     assert records
@@ -251,11 +250,11 @@ def test_an_integer_division_by_zero_in_a_step_raises(launches, cuda_graph):
         out.numpy()
     assert "Div.step" in str(e.value) and "nothing was written back" in str(e.value)
     del out
-    _settle()
+    settle()
     got = g(af.tensor(a, device=CUDA), af.tensor(good, device=CUDA)).numpy()
     np.testing.assert_array_equal(got, (a // good + 1) * 2)
     run = program_of(g)
     assert [launch.name for launch in run.kernels] == ["floor_divide", "add_scalar+mul_scalar"]
     assert (run.captures, run.replays) == ((1, 3) if cuda_graph else (0, 0))
     del g, run
-    _settle()
+    settle()

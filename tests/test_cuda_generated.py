@@ -8,51 +8,22 @@ in-place write over a one-element view of itself) fall back to the op's numpy ke
 equal cpu too; an integer division by zero raises DivisionByZeroError through the zero
 flag; every source launched compiles with NVRTC."""
 
-import gc
-
 import numpy as np
 import pytest
 
 import actorflow as af
 from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda import nvrtc
-from actorflow.backends.cuda.emu import EmuDriver, EmuStream
-from actorflow.backends.cuda.selection import use_driver
 from actorflow.eager.interpreter import apply
 from actorflow.errors import DivisionByZeroError, DTypeError, KernelError
 from actorflow.ops.registry import all_ops
 from actorflow.tensor.tensor import wrap
+from cuda_fixtures import CUDA
 
 pytestmark = pytest.mark.timeout(120)
 
-CUDA = "cuda:0"
 DTYPES = [af.bool, af.int32, af.int64, af.float16, af.float32, af.float64]
 PYVALUES = {"bool": True, "int": 3, "float": -1.5}
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """cuda:0 on a fresh emulator; returns the list of kernels launched there, in order."""
-    seen = []
-    launch = EmuStream.launch
-
-    def counted(self, kernel, args, grid=None, block=None):
-        seen.append(kernel)
-        return launch(self, kernel, args, grid, block)
-    monkeypatch.setattr(EmuStream, "launch", counted)
-    _settle()
-    use_driver(lambda dev: EmuDriver(dev))
-    yield seen
-    _settle()
-    use_driver(None)
-
-
-def _settle():
-    try:
-        af.synchronize(30)
-    except KernelError:
-        pass
-    gc.collect()
 
 
 def _values(dtype, shape=(3, 4), seed=0):

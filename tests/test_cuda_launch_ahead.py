@@ -18,7 +18,7 @@ from actorflow.backends.cuda.driver import Kernel
 from actorflow.backends.cuda.selection import driver_for
 from actorflow.errors import KernelError
 from actorflow.eager.interpreter import use_stream
-from test_cuda_vm import CUDA, assert_same, cuda, emu  # noqa: F401 - fixtures
+from cuda_fixtures import CUDA, assert_same
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,6 +27,14 @@ VM = af.lowlevel.get_vm()
 
 def _backend():
     return get_backend(af.device(CUDA))
+
+
+def _settled_compute():
+    """cuda:0's backend and its compute stream (the driver's), once every command issued
+    before has completed."""
+    af.synchronize(30)
+    b = _backend()
+    return b, b.driver_stream(b.compute)
 
 
 class Gate:
@@ -54,11 +62,10 @@ def _queued(dstream) -> int:
     return dstream._issued - dstream._done
 
 
-def test_a_chain_of_200_dependent_ops_is_issued_before_the_first_completes(cuda):
+def test_a_chain_of_200_dependent_ops_is_issued_before_the_first_completes(emu):
+    emu()
     x = af.ones(1000, device=CUDA)
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     completed = VM.stats()["completed"]
     gate = Gate(compute)
     base = compute._issued
@@ -75,13 +82,12 @@ def test_a_chain_of_200_dependent_ops_is_issued_before_the_first_completes(cuda)
     np.testing.assert_allclose(y.numpy(), np.full(1000, 1.01 ** 200, np.float32), rtol=1e-4)
 
 
-def test_a_chain_issued_ahead_reuses_its_temporaries_memory_as_it_goes(cuda):
+def test_a_chain_issued_ahead_reuses_its_temporaries_memory_as_it_goes(emu):
     """A dead temporary's block is freed once its uses are issued, not completed: 100 ops
     issued behind a held stream need a few blocks, not 100."""
+    emu()
     x = af.ones(1 << 14, device=CUDA)
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     before = b.caching().stats()
     gate = Gate(compute)
     base = compute._issued
@@ -99,7 +105,8 @@ def test_a_chain_issued_ahead_reuses_its_temporaries_memory_as_it_goes(cuda):
     assert_same(y.numpy(), np.full(1 << 14, 101, np.float32))
 
 
-def test_a_dependency_across_streams_is_a_wait_on_the_device(cuda):
+def test_a_dependency_across_streams_is_a_wait_on_the_device(emu):
+    emu()
     x = af.tensor(np.arange(8, dtype=np.float32), device=CUDA)
     side = af.lowlevel.stream(CUDA, "side")
     af.synchronize(30)
@@ -147,7 +154,8 @@ def test_values_equal_cpu_under_random_delays(emu, seed):
     assert sum(len(s.delays) for s in driver._streams) > 100
 
 
-def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(cuda):
+def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(emu):
+    cuda = emu()
     x = af.tensor(np.arange(4, dtype=np.float32), device=CUDA)
     other = af.tensor(np.ones(4, np.float32), device=CUDA)
     af.synchronize(30)
@@ -190,17 +198,16 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(cud
 
 
 def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(
-        cuda):
+        emu):
     """A dead tensor's block is freed once its uses are issued (stream-ordered): reused at
     once for a write on another stream, that write waits on the device for the reads still
     queued (the allocator's event). Without it (``_skip_reuse_events``) the write lands
     first and the queued read sees it."""
+    emu()
     x = af.tensor(np.arange(256, dtype=np.float32), device=CUDA)
     ones = af.ones(256, device=CUDA)
     side = af.lowlevel.stream(CUDA, "side")
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     waits, frees = b.caching().stats().reuse_waits, b.caching().stats().frees
     gate = Gate(compute)
     try:
@@ -255,11 +262,10 @@ def test_released_memory_is_reused_safely_under_random_delays(emu, seed):
     assert _backend().caching().stats().hits > 0          # blocks were reused
 
 
-def test_max_in_flight_bounds_what_is_issued_ahead(cuda):
+def test_max_in_flight_bounds_what_is_issued_ahead(emu):
+    emu()
     x = af.ones(16, device=CUDA)
-    af.synchronize(30)
-    b = _backend()
-    compute = b.driver_stream(b.compute)
+    b, compute = _settled_compute()
     limit, VM.max_in_flight = VM.max_in_flight, 40
     gate = Gate(compute)
     out = []
