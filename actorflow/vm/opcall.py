@@ -428,6 +428,33 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
     return Launch(name, kernel.kernel, (n_out, tuple(views), attrs), (), (None,) * len(views))
 
 
+def eager_part(args):
+    """An eager op call's part of a run (``run_launch``): ``(launch, keys)`` where the call
+    ``args`` (as ``call_op``'s; one output) takes its generated kernel, not an integer
+    division, else None. ``keys`` name each operand's memory, the output first: a whole
+    tensor by its blob (an earlier member's output read whole is that value), a view by its
+    blob and meta."""
+    kernel, ins, outs, attrs, dynamic, _ = args
+    if dynamic or len(outs) != 1 or kernel.__class__ is not DeviceKernel \
+            or kernel._generated is None:
+        return None
+    out = outs[0]
+    ob = out.blob
+    metas, views, keys, aliased = [out.meta], [None if out.base is None else out.meta], \
+        [ob if out.base is None else (ob, out.meta)], []
+    for t in ins:
+        m = t.meta
+        metas.append(m)
+        whole = t.base is None
+        views.append(None if whole else m)
+        keys.append(t.blob if whole else (t.blob, m))
+        aliased.append(t.blob is ob)
+    launch = launch_of(kernel, 1, metas, views, attrs, tuple(aliased))
+    if launch.gen is None or launch.gen.zero:
+        return None
+    return launch, keys
+
+
 def run_launch(parts: list) -> tuple:
     """One launch of ``kernels.fused`` (a run) for consecutive generated launches
     ``parts`` of one element count (none an integer division): ``[(launch, keys)]``,

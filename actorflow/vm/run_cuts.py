@@ -30,8 +30,9 @@ import threading
 import numpy as np
 
 from ..tensor.meta import contiguous_strides
+from .deps import first_error
 from .instruction import DYNAMIC, OUTPUTS, Split
-from .opcall import allocate, split_op
+from .opcall import allocate, eager_part, split_op
 
 MAX_SLOTS = 16          # tile buffers per worker; further dead intermediates get real memory
 # Reference counts tell when a tensor is gone only on CPython with the GIL.
@@ -256,6 +257,50 @@ class RunPlanner:
         size = self.shape[axis]
         lead = (slice(None),) * ax if ax >= 0 and a.shape[ax] == size and size != 1 else None
         return (None, a, lead)
+
+
+class DeviceRunPlanner(RunPlanner):
+    """Admits op calls on a device with its own memory (cuda) into a run launched as one
+    generated kernel (``opcall.run_launch``): the rules above, and each member takes its
+    generated kernel (``opcall.eager_part``; kept in ``parts``) and, after a kernel has
+    failed (``errors``), reads and writes no poisoned blob (it then runs alone and fails
+    as it would). ``cut`` ends the run at its first member whose output outlives it: the
+    run's kernel writes one output, its last member's; the others are dead intermediates,
+    kept in registers, which never get memory."""
+
+    def __init__(self, shape: tuple, device, errors: bool):
+        super().__init__(shape, device)
+        self.parts: list = []
+        self.errors = errors
+
+    def admit(self, instr) -> bool:
+        if instr.split is not ELEMENTWISE or (self.errors and first_error(instr) is not None):
+            return False
+        part = eager_part(instr.args)
+        if part is None or not super().admit(instr):
+            return False
+        self.parts.append(part)
+        return True
+
+    def cut(self, members: list) -> list:
+        """``members`` (the op calls ``admit`` took, in order) cut after the last member
+        ``c`` such that every member before it writes a dead intermediate (``_dead``) that
+        no member after ``c`` touches; the outputs before ``c`` are counted in
+        ``elided``. Fewer than two members: no run."""
+        dead = self._dead() if self.owner else ()
+        last = self.last
+        best, reach = 0, 0
+        for c in range(1, len(members)):
+            b = members[c - 1].args[OUTPUTS][0].blob
+            if b not in dead:
+                break
+            reach = max(reach, last[b])
+            if reach <= c:
+                best = c
+        del members[best + 1:]
+        del self.parts[best + 1:]
+        self.elided = best
+        return members
 
 
 _SCRATCH = threading.local()

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from ..errors import OutOfMemoryError
 from .deps import first_error
-from .instruction import OP_CALL, RELEASE
+from .instruction import OP_CALL, OUTPUTS, RELEASE
+from .opcall import run_launch
+from .run_cuts import DeviceRunPlanner
 from .workers import Countdown
 
 
@@ -84,6 +86,7 @@ class Runs:
         self.fuse_max = 1024
         self.tile_bytes = 1 << 20
         self.thread_min_work = 1 << 22
+        self.device_max = 64          # members per run on a device (cuda); 0 turns them off
         self.ops = self.count = self.elided = 0
         self._no_run_until = None     # after a run found no memory: the last member it tried
 
@@ -130,6 +133,35 @@ class Runs:
         for s in slices:
             send(self._run_slice, run, s)
         return True
+
+    def device_run(self, head):
+        """On a device with its own memory (cuda): the run led by op call ``head``, to be
+        issued as one launch, ``(members, launch, keys)`` (``opcall.run_launch``: the
+        launch and the memory of its operands, the output first); None when no run of two
+        op calls or more forms (nothing was changed then). Its members: the op calls issued
+        after ``head`` on its stream that wait only on members (``collect``) and take their
+        generated kernels, up to the first whose output outlives the run
+        (``DeviceRunPlanner.cut``). On the VM's loop thread, off while profiling (each op
+        call is its own launch then)."""
+        if self.device_max < 2 or self.vm.profiler is not None:
+            return None
+        vm = self.vm
+        errors = vm._any_error
+        m = head.args[OUTPUTS][0].meta      # (no reference to the tensor: see _dead)
+        planner = DeviceRunPlanner(m.shape, m.device, errors)
+        if not planner.admit(head):
+            return None
+        with vm._lock:
+            members, _ = collect(head, planner, self.device_max, errors)
+        if len(members) < 2 or len(planner.cut(members)) < 2:
+            return None
+        made = run_launch(planner.parts)
+        if made is None:
+            return None
+        self.ops += len(members)
+        self.count += 1
+        self.elided += planner.elided
+        return members, made[0], made[1]
 
     def _poisoned(self, instr) -> bool:
         return self.vm._any_error and first_error(instr) is not None
