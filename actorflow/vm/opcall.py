@@ -493,6 +493,16 @@ def run_launch(parts: list) -> tuple:
     layouts = {v.name: v.layout for v in inputs}
     zero_ds = {name: zd for name, _, zd in values.values()}
     names = [v.name for v in inputs]
+    # after each step, the intermediates read for the last time (their buffers are reused)
+    last_read = {}
+    for k, (_, ins, o, _, _) in enumerate(order):
+        last_read[o] = k
+        for nm in ins:
+            last_read[nm] = k
+    done_after = [[] for _ in order]
+    for k, (_, _, o, _, _) in enumerate(order):
+        if o != steps[-1].out:
+            done_after[last_read[o]].append(o)
 
     def reference(out, *args):
         n = int(args[-1])
@@ -502,11 +512,18 @@ def run_launch(parts: list) -> tuple:
                 a.reshape(1)
         scal = args[len(names):-1]
         s = 0
-        for ref, ins, o, dt, n_scal in order:
-            dst = out.reshape(n) if o == steps[-1].out else np.empty(n, dt)
+        spare: dict = {}                 # dtype -> buffers of intermediates no longer read
+        for (ref, ins, o, dt, n_scal), done in zip(order, done_after):
+            if o == steps[-1].out:
+                dst = out.reshape(n)
+            else:
+                free = spare.get(dt)
+                dst = free.pop() if free else np.empty(n, dt)
             ref(dst, *[vals[nm] for nm in ins], *scal[s:s + n_scal], n)
             s += n_scal
             vals[o] = dst
+            for nm in done:
+                spare.setdefault(vals[nm].dtype, []).append(vals.pop(nm))
     name = "+".join(launch.name for launch, _ in parts)
     scalars = tuple(v for launch, _ in parts for v in launch.scalars)
     kernel = Kernel(name, entry=src.name, reference=reference, source=src.source,
