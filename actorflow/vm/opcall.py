@@ -462,37 +462,72 @@ def run_launch(parts: list) -> tuple:
     earlier part's output has is that value, kept in registers (never written); any other
     key is an operand of the run, once. The float4 form when every value is float32. Its
     numpy reference runs each part's own reference in turn over the packed arguments, each
-    value in a numpy array of its dtype (rounded as the op's kernel rounds it). Returns
+    value in a numpy array of its dtype (rounded as the op's kernel rounds it). The kernel
+    is made once per shape of run (its parts' generated kernels and which value each reads:
+    ``_RUN_KERNELS``), so an eager run that recurs generates no source again. Returns
     ``(launch, keys of its operands)``: the last part's output, then the run's inputs in
     first-read order; None where the generator refuses the run."""
-    values, steps, inputs, operands, at = {}, [], [], [], []
-    order = []                           # per part: its reference, its values, scalar count
+    values, operands, at, shape = {}, [], [], []
     for k, (launch, keys) in enumerate(parts):
-        g = launch.gen
         args = []
         for j, key in enumerate(keys[1:]):
-            if key not in values:
-                dt, layout, zero_d = g.ins[j]
-                values[key] = (f"i{len(inputs)}", layout, zero_d)
-                inputs.append(KG.Value(f"i{len(inputs)}", dt, layout))
+            v = values.get(key)
+            if v is None:
+                v = values[key] = len(operands)         # the run's input i<v>
                 operands.append(key)
                 at.append(launch.at[1 + j])
-            args.append(values[key][0])
-        out = f"t{k}"
-        steps.append(KG.Step(out, g.step.op, tuple(args), g.step.dtype, g.step.scalars,
-                             g.step.attrs, g.step.compute))
-        values[keys[0]] = (out, "full", False)
-        order.append((g.kernel.reference, tuple(values[key][0] for key in keys[1:]),
-                      out, np.dtype(g.dtype), len(launch.scalars)))
+            args.append(v)
+        values[keys[0]] = -1 - k                         # the value of part k
+        shape.append((launch.gen, tuple(args)))
+    shape = tuple(shape)
+    made = _RUN_KERNELS.get(shape)
+    if made is None:
+        made = _run_kernel(shape, len(operands))
+        if len(_RUN_KERNELS) >= _RUN_KERNELS_MAX:
+            _RUN_KERNELS.clear()
+        _RUN_KERNELS[shape] = made
+    if made is _NO_PLAN:
+        return None
     last, _ = parts[-1]
+    scalars = tuple(v for launch, _ in parts for v in launch.scalars)
+    return (Launch(made.name, made, (), (*scalars, last.n), (last.at[0], *at), ops=len(parts)),
+            [parts[-1][1][0], *operands])
+
+
+_RUN_KERNELS: dict = {}                  # a run's shape (run_launch) -> its Kernel
+_RUN_KERNELS_MAX = 512
+
+
+def _run_kernel(shape: tuple, n_in: int):
+    """The Kernel of a run of ``shape``: per part, its ``_Generated`` and what each of its
+    inputs is (``v >= 0``: the run's input ``i<v>``; ``v < 0``: the value of part ``-1 - v``);
+    ``n_in`` inputs. ``_NO_PLAN`` where the generator refuses it."""
+    inputs: list = [None] * n_in
+    layout_of, steps, order = {}, [], []
+    for k, (g, args) in enumerate(shape):
+        names = []
+        for j, v in enumerate(args):
+            if v >= 0:
+                nm = f"i{v}"
+                if inputs[v] is None:
+                    dt, layout, zero_d = g.ins[j]
+                    inputs[v] = KG.Value(nm, dt, layout)
+                    layout_of[nm] = (layout, zero_d)
+            else:
+                nm = f"t{-1 - v}"
+            names.append(nm)
+        out = f"t{k}"
+        steps.append(KG.Step(out, g.step.op, tuple(names), g.step.dtype, g.step.scalars,
+                             g.step.attrs, g.step.compute))
+        order.append((g.kernel.reference, tuple(names), out, np.dtype(g.dtype),
+                      len(g.scalar_params)))
     run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
     try:
         src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
     except (DeviceError, DTypeError, ValueError):
-        return None                      # (each step's own kernel took it: not expected)
-    layouts = {v.name: v.layout for v in inputs}
-    zero_ds = {name: zd for name, _, zd in values.values()}
+        return _NO_PLAN                  # (each step's own kernel took it: not expected)
     names = [v.name for v in inputs]
+    final = steps[-1].out
     # after each step, the intermediates read for the last time (their buffers are reused)
     last_read = {}
     for k, (_, ins, o, _, _) in enumerate(order):
@@ -501,20 +536,20 @@ def run_launch(parts: list) -> tuple:
             last_read[nm] = k
     done_after = [[] for _ in order]
     for k, (_, _, o, _, _) in enumerate(order):
-        if o != steps[-1].out:
+        if o != final:
             done_after[last_read[o]].append(o)
 
     def reference(out, *args):
         n = int(args[-1])
         vals = {}
         for nm, a in zip(names, args):
-            vals[nm] = a.reshape(n) if layouts[nm] == "full" else a if zero_ds[nm] else \
-                a.reshape(1)
+            layout, zero_d = layout_of[nm]
+            vals[nm] = a.reshape(n) if layout == "full" else a if zero_d else a.reshape(1)
         scal = args[len(names):-1]
         s = 0
         spare: dict = {}                 # dtype -> buffers of intermediates no longer read
         for (ref, ins, o, dt, n_scal), done in zip(order, done_after):
-            if o == steps[-1].out:
+            if o == final:
                 dst = out.reshape(n)
             else:
                 free = spare.get(dt)
@@ -524,12 +559,9 @@ def run_launch(parts: list) -> tuple:
             vals[o] = dst
             for nm in done:
                 spare.setdefault(vals[nm].dtype, []).append(vals.pop(nm))
-    name = "+".join(launch.name for launch, _ in parts)
-    scalars = tuple(v for launch, _ in parts for v in launch.scalars)
-    kernel = Kernel(name, entry=src.name, reference=reference, source=src.source,
-                    params=src.params)
-    return (Launch(name, kernel, (), (*scalars, last.n), (last.at[0], *at), ops=len(parts)),
-            [parts[-1][1][0], *operands])
+    name = "+".join(g.step.op for g, _ in shape)
+    return Kernel(name, entry=src.name, reference=reference, source=src.source,
+                  params=src.params)
 
 
 def _check_zero(seen, op: str, dtype: str) -> None:
