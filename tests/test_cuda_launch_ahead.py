@@ -4,7 +4,8 @@ counts and the emulator's queues, never timings: a stream held by a closed gate 
 callback that waits) shows how much work the VM issued behind it. Also: a dependency across
 streams is a wait on the device, values equal cpu under random delays, a fault in a chain
 issued ahead fails what was issued after it with the first error, memory released and
-reused under random delays keeps every value, and ``max_in_flight`` still bounds."""
+reused under random delays keeps every value, and ``max_in_flight`` still bounds. Each op
+call is its own launch here (runs of them: ``test_cuda_eager_runs.py``)."""
 
 import threading
 import time
@@ -23,6 +24,13 @@ from test_cuda_vm import CUDA, assert_same, cuda, emu  # noqa: F401 - fixtures
 pytestmark = pytest.mark.timeout(120)
 
 VM = af.lowlevel.get_vm()
+
+
+@pytest.fixture(autouse=True)
+def one_launch_per_op(monkeypatch):
+    """Every op call its own launch (no runs of elementwise calls, test_cuda_eager_runs.py):
+    these tests count and fault single launches."""
+    monkeypatch.setattr(VM.runs, "device_max", 0)
 
 
 def _backend():
