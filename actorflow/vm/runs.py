@@ -11,6 +11,12 @@ still waits for it. What goes away is the meeting of the workers after every op 
 wake-up costs tens of microseconds, as much as a slice of a big kernel) and, for
 intermediates released inside the run, their memory.
 
+On a device with its own memory (cuda), a run is one launch instead (``Runs.device_run``):
+the same walk behind an elementwise op call being dispatched, members that take their
+generated kernels, cut at the first output that outlives the run; ``opcall.run_launch``
+makes its kernel (a compiled step's chains use the same), the VM issues it
+(``VM._issue_run``) and every member completes when the event after it does.
+
 ``Runs`` is the VM's component for them: it owns the settings of runs and their counts, and
 is handed the VM, whose lock, workers and loop a run uses; the members complete on the VM
 (``VM._finish_run``), as every instruction does.
@@ -76,6 +82,7 @@ class _Run(Countdown):
 class Runs:
     """Forms runs behind large instructions and sends their slices to the workers, for
     ``vm`` (``VM.runs``). Settings: ``fuse_max`` (members per run; 0 turns runs off),
+    ``device_max`` (members per run on a device: one launch; 0 turns them off),
     ``tile_bytes`` (bytes of one output tile a worker computes at a time) and
     ``thread_min_work`` (elements x ops per slice from which a run spawns threads of its
     own). Counts: ``ops`` (op calls run as members), ``count`` (runs), ``elided``

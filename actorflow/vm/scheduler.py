@@ -27,7 +27,9 @@
   and an op call that overwrites a poisoned blob entirely, without reading it, clears it.
 - ``wait`` and ``synchronize`` wait on its instructions under its lock; the kernel errors a
   sync point raises are kept by its ``errors`` (``sync.py``). Runs of elementwise op calls
-  are formed by its ``runs`` (``runs.py``) and complete here (``_finish_run``).
+  are formed by its ``runs`` (``runs.py``) and complete here (``_finish_run``); on a
+  device (cuda), a run is issued as one launch of a generated kernel (``_issue_run``) and
+  its members complete as device instructions do.
 - While ``af.profile()`` is on, ``profiler`` (``profiler.py``) sees every kernel issued, run
   inline or cut into slices; off, it is None and costs one test per instruction.
 """
@@ -317,7 +319,9 @@ class VM:
         blocks (``end_issue``). A RELEASE frees its blob when every use is issued: the
         caching allocator orders the block's reuse after them on the device (``deps.py``).
         Copies across the host boundary are joined to the stream by events it waits on, on
-        the device."""
+        the device. An elementwise op call with calls queued behind it may lead a run, issued
+        as one launch (``runs.device_run``, ``_issue_run``); a member of a run issued
+        already is skipped here."""
         if instr.done or instr.issued is not None:
             return                                    # a member of a run, issued with it
         if instr.split is ELEMENTWISE and instr.next is not None:
