@@ -172,7 +172,8 @@ def test_a_fault_in_a_run_fails_every_member_with_one_error_and_work_goes_on(cud
     assert e.value.more_errors == 0 and "injected fault" in str(e.value)
     assert len(failed) == 13                                 # the run's 12, then later
     err = failed[0][1]
-    assert err is not None and err.op == "mul_scalar" and err.original is e.value.original
+    assert err is not None and err.original is e.value.original
+    assert err.op == "+".join(["mul_scalar", "add_scalar", "relu"] * 4)    # the run's ops
     assert all(er is err for _, er in failed)                # every member: the one error
     for t in (out, later):
         assert t._impl.blob.error is err

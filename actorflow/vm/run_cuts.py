@@ -263,10 +263,10 @@ class DeviceRunPlanner(RunPlanner):
     """Admits op calls on a device with its own memory (cuda) into a run launched as one
     generated kernel (``opcall.run_launch``): the rules above, and each member takes its
     generated kernel (``opcall.eager_part``; kept in ``parts``) and, after a kernel has
-    failed (``errors``), reads and writes no poisoned blob (it then runs alone and fails
-    as it would). ``cut`` ends the run at its first member whose output outlives it: the
-    run's kernel writes one output, its last member's; the others are dead intermediates,
-    kept in registers, which never get memory."""
+    failed (``errors``), reads no poisoned blob and writes no blob with an error (it then
+    runs alone, as ``deps.error_to_run`` has it). ``cut`` ends the run where an output
+    outlives it: the run's kernel writes one output, its last member's; the others are
+    dead intermediates, kept in registers, which never get memory."""
 
     def __init__(self, shape: tuple, device, errors: bool):
         super().__init__(shape, device)
@@ -274,7 +274,7 @@ class DeviceRunPlanner(RunPlanner):
         self.errors = errors
 
     def admit(self, instr) -> bool:
-        if instr.split is not ELEMENTWISE or (self.errors and first_error(instr) is not None):
+        if instr.split is not ELEMENTWISE or (self.errors and _errors_on(instr)):
             return False
         part = eager_part(instr.args)
         if part is None or not super().admit(instr):
@@ -301,6 +301,17 @@ class DeviceRunPlanner(RunPlanner):
         del self.parts[best + 1:]
         self.elided = best
         return members
+
+
+def _errors_on(instr) -> bool:
+    """Whether ``instr`` reads a poisoned blob or writes a blob with an error (poison or a
+    note: ``deps.error_to_run`` decides what an op call alone does with those)."""
+    if first_error(instr) is not None:
+        return True
+    for b in instr.muts:
+        if b.error is not None:
+            return True
+    return False
 
 
 _SCRATCH = threading.local()

@@ -372,7 +372,8 @@ class VM:
         last member's output first, which is allocated here (the other members' outputs
         are dead intermediates: no memory). Every member is issued at once, with the one
         event recorded after the launch, and completes in issue order when it completes;
-        a fault (or an issue that failed) fails every member with the one error."""
+        a fault (or an issue that failed) fails every member with the one error, named
+        after the run's ops (the launch's name, which the head takes)."""
         head, last = members[0], members[-1]
         backend = head.stream.backend
         ev = dstream = err = None
@@ -395,6 +396,7 @@ class VM:
         else:
             backend.end_issue()
             dstream = None                            # nothing was issued to wait for
+        head.name = launch.name      # a fault on the device is the run's: named after its ops
         for m in members:
             m.args = m.run = None
             if err is not None:
