@@ -2,7 +2,8 @@
 faster than the VM dispatches them become runs, each ONE launch of a generated kernel
 (opcall.run_launch, as a compiled step's chains): values equal cpu bit for bit, under
 random delays of the driver's streams too; a chain takes far fewer launches, each carrying
-its fused source; its dead intermediates never get device memory; a fault in a run fails
+its fused source; its dead intermediates never get device memory, and an intermediate a
+tensor still holds is written as another output of the run; a fault in a run fails
 every member with the one error and later work runs; every run source launched compiles
 with NVRTC. The VM's loop is held while a chain is submitted (``held``), so the whole
 chain is queued when it dispatches: the counts do not depend on timing."""
@@ -117,20 +118,23 @@ def test_values_equal_cpu_under_random_delays(emu, seed):
         assert_same(g, w)
 
 
-def test_a_live_intermediate_ends_the_run_and_is_written(launches):
+def test_a_live_intermediate_is_written_as_another_output_of_the_run(launches):
     x0 = _data()
     x = af.tensor(x0, device=CUDA)
     af.synchronize(30)
     del launches[:]
     with held():
-        a = (x * 2 + 1).relu()                    # live: the first run's output
-        b = (a - 3).abs() * 0.25                  # the second run reads it from memory
+        a = (x * 2 + 1).relu()                    # live: written by the run
+        b = (a - 3).abs() * 0.25                  # reads it in registers
+        x.mul_(0.5)                               # in place, after its reads: written too
     c = af.tensor(x0)
     ca = (c * 2 + 1).relu()
     assert_same(b.numpy(), ((ca - 3).abs() * 0.25).numpy())
     assert_same(a.numpy(), ca.numpy())
-    assert [k.name for k in launches if k.source] == ["mul_scalar+add_scalar+relu",
-                                                     "sub_scalar+abs+mul_scalar"]
+    assert_same(x.numpy(), (c * 0.5).numpy())
+    (run,) = launches
+    assert run.name == "mul_scalar+add_scalar+relu+sub_scalar+abs+mul_scalar+mul_scalar"
+    assert [p for p, kind, _ in run.params if kind == "out"] == ["out0", "out1", "out2"]
 
 
 def test_dead_intermediates_get_no_device_memory(cuda):
@@ -164,16 +168,16 @@ def test_a_fault_in_a_run_fails_every_member_with_one_error_and_work_goes_on(cud
     monkeypatch.setattr(VM, "_complete", seen)
     with held():
         cuda.fail_kernel()                       # the next launch faults: the run's
-        out = chain(x, 4)                        # 12 op calls, one run
-        later = out + 1                          # issued after it, reads its output
+        out = chain(x, 4)                        # 13 op calls, one run writing two
+        later = out + 1                          # tensors
     with pytest.raises(KernelError) as e:
         af.synchronize(30)
     monkeypatch.setattr(VM, "_complete", complete)
     assert e.value.more_errors == 0 and "injected fault" in str(e.value)
-    assert len(failed) == 13                                 # the run's 12, then later
+    assert len(failed) == 13                                 # the run's members
     err = failed[0][1]
     assert err is not None and err.original is e.value.original
-    assert err.op == "+".join(["mul_scalar", "add_scalar", "relu"] * 4)    # the run's ops
+    assert err.op == "+".join(["mul_scalar", "add_scalar", "relu"] * 4 + ["add_scalar"])
     assert all(er is err for _, er in failed)                # every member: the one error
     for t in (out, later):
         assert t._impl.blob.error is err
@@ -190,14 +194,17 @@ def test_every_run_source_launched_compiles_with_nvrtc(launches):
     y = af.tensor(_data(seed=3), device=CUDA)
     h = af.tensor(np.arange(8, dtype=np.float16), device=CUDA)
     i = af.tensor(np.arange(8, dtype=np.int32), device=CUDA)
-    with held():
-        outs = [chain(x, 3, y), chain(x, 2), ((h * 2 + 1).relu() - h).abs(),
-                (i * 3 + 1) - (i + 2)]
-    for o in outs:
-        o.numpy()
+    for make in (lambda: [chain(x, 3, y)], lambda: [chain(x, 2)],
+                 lambda: [((h * 2 + 1).relu() - h).abs()], lambda: [(i * 3 + 1) - (i + 2)],
+                 lambda: [x * 2, (x * 2 + y).relu()]):            # two outputs
+        with held():
+            outs = make()
+        for o in outs:
+            o.numpy()
     sources = {k.source: k for k in runs_of(launches)}
-    assert len(sources) >= 4
+    assert len(sources) == 5
     assert any(k.entry.endswith("_v4") for k in sources.values())          # float4 form
     assert any(not k.entry.endswith("_v4") for k in sources.values())
+    assert any(sum(kind == "out" for _, kind, _ in k.params) == 2 for k in sources.values())
     nvrtc.compile_together(K.KernelSource(k.entry, s, (), k.params)
                            for s, k in sources.items())

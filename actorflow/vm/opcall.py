@@ -431,23 +431,24 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
 def eager_part(args):
     """An eager op call's part of a run (``run_launch``): ``(launch, keys)`` where the call
     ``args`` (as ``call_op``'s; one output) takes its generated kernel, not an integer
-    division, else None. ``keys`` name each operand's memory, the output first: a whole
-    tensor by its blob (an earlier member's output read whole is that value), a view by its
-    blob and meta."""
+    division, else None. ``keys`` name each operand's memory, the output first: a tensor
+    over all of its blob by the blob (so an earlier member's output read whole is that
+    value), any other view by its blob and meta."""
     kernel, ins, outs, attrs, dynamic, _ = args
     if dynamic or len(outs) != 1 or kernel.__class__ is not DeviceKernel \
             or kernel._generated is None:
         return None
     out = outs[0]
     ob = out.blob
-    metas, views, keys, aliased = [out.meta], [None if out.base is None else out.meta], \
-        [ob if out.base is None else (ob, out.meta)], []
-    for t in ins:
+    metas, views, keys, aliased = [], [], [], []
+    for t in (out, *ins):
         m = t.meta
+        b = t.blob
         metas.append(m)
-        whole = t.base is None
-        views.append(None if whole else m)
-        keys.append(t.blob if whole else (t.blob, m))
+        views.append(None if t.base is None else m)
+        keys.append(b if not m.offset and m.is_contiguous
+                    and m.numel * m.dtype.itemsize == b.nbytes else (b, m))
+    for t in ins:
         aliased.append(t.blob is ob)
     launch = launch_of(kernel, 1, metas, views, attrs, tuple(aliased))
     if launch.gen is None or launch.gen.zero:
@@ -455,18 +456,22 @@ def eager_part(args):
     return launch, keys
 
 
-def run_launch(parts: list) -> tuple:
+def run_launch(parts: list, writes: tuple | None = None) -> tuple:
     """One launch of ``kernels.fused`` (a run) for consecutive generated launches
     ``parts`` of one element count (none an integer division): ``[(launch, keys)]``,
     ``keys`` naming each operand's memory (the output first): an input whose key an
-    earlier part's output has is that value, kept in registers (never written); any other
-    key is an operand of the run, once. The float4 form when every value is float32. Its
-    numpy reference runs each part's own reference in turn over the packed arguments, each
-    value in a numpy array of its dtype (rounded as the op's kernel rounds it). The kernel
-    is made once per shape of run (its parts' generated kernels and which value each reads:
-    ``_RUN_KERNELS``), so an eager run that recurs generates no source again. Returns
-    ``(launch, keys of its operands)``: the last part's output, then the run's inputs in
-    first-read order; None where the generator refuses the run."""
+    earlier part's output has is that value, kept in registers; any other key is an
+    operand of the run, once. ``writes``: the parts whose outputs the run writes to memory,
+    in order (default: the last part's); the others stay in registers. The float4 form
+    when every value is float32. Its numpy reference runs each part's own reference in turn
+    over the packed arguments, each value in a numpy array of its dtype (rounded as the
+    op's kernel rounds it). The kernel is made once per shape of run (its parts' generated
+    kernels, which value each reads, what it writes: ``_RUN_KERNELS``), so a run that
+    recurs generates no source again. Returns ``(launch, keys of its operands)``: the
+    written outputs', then the run's inputs in first-read order; None where the generator
+    refuses the run."""
+    if writes is None:
+        writes = (len(parts) - 1,)
     values, operands, at, shape = {}, [], [], []
     for k, (launch, keys) in enumerate(parts):
         args = []
@@ -479,29 +484,30 @@ def run_launch(parts: list) -> tuple:
             args.append(v)
         values[keys[0]] = -1 - k                         # the value of part k
         shape.append((launch.gen, tuple(args)))
-    shape = tuple(shape)
+    shape = (tuple(shape), writes)
     made = _RUN_KERNELS.get(shape)
     if made is None:
-        made = _run_kernel(shape, len(operands))
+        made = _run_kernel(*shape, len(operands))
         if len(_RUN_KERNELS) >= _RUN_KERNELS_MAX:
             _RUN_KERNELS.clear()
         _RUN_KERNELS[shape] = made
     if made is _NO_PLAN:
         return None
-    last, _ = parts[-1]
     scalars = tuple(v for launch, _ in parts for v in launch.scalars)
-    return (Launch(made.name, made, (), (*scalars, last.n), (last.at[0], *at), ops=len(parts)),
-            [parts[-1][1][0], *operands])
+    return (Launch(made.name, made, (), (*scalars, parts[-1][0].n),
+                   (*[parts[k][0].at[0] for k in writes], *at), ops=len(parts)),
+            [*[parts[k][1][0] for k in writes], *operands])
 
 
 _RUN_KERNELS: dict = {}                  # a run's shape (run_launch) -> its Kernel
 _RUN_KERNELS_MAX = 512
 
 
-def _run_kernel(shape: tuple, n_in: int):
+def _run_kernel(shape: tuple, writes: tuple, n_in: int):
     """The Kernel of a run of ``shape``: per part, its ``_Generated`` and what each of its
     inputs is (``v >= 0``: the run's input ``i<v>``; ``v < 0``: the value of part ``-1 - v``);
-    ``n_in`` inputs. ``_NO_PLAN`` where the generator refuses it."""
+    ``writes``: the parts whose outputs it writes; ``n_in`` inputs. ``_NO_PLAN`` where the
+    generator refuses it."""
     inputs: list = [None] * n_in
     layout_of, steps, order = {}, [], []
     for k, (g, args) in enumerate(shape):
@@ -521,13 +527,15 @@ def _run_kernel(shape: tuple, n_in: int):
                              g.step.attrs, g.step.compute))
         order.append((g.kernel.reference, tuple(names), out, np.dtype(g.dtype),
                       len(g.scalar_params)))
-    run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
+    outputs = tuple(steps[k].out for k in writes)
+    run = KG.FusedRun(tuple(inputs), tuple(steps), outputs)
     try:
         src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
     except (DeviceError, DTypeError, ValueError):
         return _NO_PLAN                  # (each step's own kernel took it: not expected)
     names = [v.name for v in inputs]
-    final = steps[-1].out
+    n_out = len(outputs)
+    written = {o: j for j, o in enumerate(outputs)}
     # after each step, the intermediates read for the last time (their buffers are reused)
     last_read = {}
     for k, (_, ins, o, _, _) in enumerate(order):
@@ -536,21 +544,23 @@ def _run_kernel(shape: tuple, n_in: int):
             last_read[nm] = k
     done_after = [[] for _ in order]
     for k, (_, _, o, _, _) in enumerate(order):
-        if o != final:
+        if o not in written:
             done_after[last_read[o]].append(o)
 
-    def reference(out, *args):
+    def reference(*args):
         n = int(args[-1])
+        outs = args[:n_out]
         vals = {}
-        for nm, a in zip(names, args):
+        for nm, a in zip(names, args[n_out:]):
             layout, zero_d = layout_of[nm]
             vals[nm] = a.reshape(n) if layout == "full" else a if zero_d else a.reshape(1)
-        scal = args[len(names):-1]
+        scal = args[n_out + len(names):-1]
         s = 0
         spare: dict = {}                 # dtype -> buffers of intermediates no longer read
         for (ref, ins, o, dt, n_scal), done in zip(order, done_after):
-            if o == final:
-                dst = out.reshape(n)
+            j = written.get(o)
+            if j is not None:
+                dst = outs[j].reshape(n)
             else:
                 free = spare.get(dt)
                 dst = free.pop() if free else np.empty(n, dt)

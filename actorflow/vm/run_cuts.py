@@ -264,9 +264,9 @@ class DeviceRunPlanner(RunPlanner):
     generated kernel (``opcall.run_launch``): the rules above, and each member takes its
     generated kernel (``opcall.eager_part``; kept in ``parts``) and, after a kernel has
     failed (``errors``), reads no poisoned blob and writes no blob with an error (it then
-    runs alone, as ``deps.error_to_run`` has it). ``cut`` ends the run where an output
-    outlives it: the run's kernel writes one output, its last member's; the others are
-    dead intermediates, kept in registers, which never get memory."""
+    runs alone, as ``deps.error_to_run`` has it). ``writes`` says which outputs the run's
+    kernel writes: those that outlive it; the dead intermediates stay in registers and
+    never get memory."""
 
     def __init__(self, shape: tuple, device, errors: bool):
         super().__init__(shape, device)
@@ -282,25 +282,22 @@ class DeviceRunPlanner(RunPlanner):
         self.parts.append(part)
         return True
 
-    def cut(self, members: list) -> list:
-        """``members`` (the op calls ``admit`` took, in order) cut after the last member
-        ``c`` such that every member before it writes a dead intermediate (``_dead``) that
-        no member after ``c`` touches; the outputs before ``c`` are counted in
-        ``elided``. Fewer than two members: no run."""
+    def writes(self, members: list) -> tuple:
+        """The members (indices into ``members``, the op calls ``admit`` took, in order)
+        whose outputs the run writes to memory: for each blob written in the run that is
+        not a dead intermediate (``_dead``), the last member that writes it (the last
+        member's when every one is dead). The dead ones, counted in ``elided``, stay in
+        registers and never get memory."""
         dead = self._dead() if self.owner else ()
-        last = self.last
-        best, reach = 0, 0
-        for c in range(1, len(members)):
-            b = members[c - 1].args[OUTPUTS][0].blob
-            if b not in dead:
-                break
-            reach = max(reach, last[b])
-            if reach <= c:
-                best = c
-        del members[best + 1:]
-        del self.parts[best + 1:]
-        self.elided = best
-        return members
+        last_write: dict = {}
+        for k, m in enumerate(members):
+            last_write[m.args[OUTPUTS][0].blob] = k
+        writes = tuple(sorted(k for b, k in last_write.items() if b not in dead))
+        self.elided = len(last_write) - len(writes)
+        if not writes:
+            writes = (len(members) - 1,)
+            self.elided -= 1
+        return writes
 
 
 def _errors_on(instr) -> bool:

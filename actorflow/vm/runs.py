@@ -13,8 +13,9 @@ intermediates released inside the run, their memory.
 
 On a device with its own memory (cuda), a run is one launch instead (``Runs.device_run``):
 the same walk behind an elementwise op call being dispatched, members that take their
-generated kernels, cut at the first output that outlives the run; ``opcall.run_launch``
-makes its kernel (a compiled step's chains use the same), the VM issues it
+generated kernels; it writes the outputs that outlive it (an intermediate no tensor holds
+stays in registers); ``opcall.run_launch`` makes its kernel (a compiled step's chains use
+the same), the VM issues it
 (``VM._issue_run``) and every member completes when the event after it does.
 
 ``Runs`` is the VM's component for them: it owns the settings of runs and their counts, and
@@ -143,12 +144,12 @@ class Runs:
 
     def device_run(self, head):
         """On a device with its own memory (cuda): the run led by op call ``head``, to be
-        issued as one launch, ``(members, launch, keys)`` (``opcall.run_launch``: the
-        launch and the memory of its operands, the output first); None when no run of two
-        op calls or more forms (nothing was changed then). Its members: the op calls issued
-        after ``head`` on its stream that wait only on members (``collect``) and take their
-        generated kernels, up to the first whose output outlives the run
-        (``DeviceRunPlanner.cut``). On the VM's loop thread, off while profiling (each op
+        issued as one launch, ``(members, writers, launch, keys)``: ``writers``, the
+        members whose outputs it writes (``DeviceRunPlanner.writes``: those that outlive
+        the run), ``opcall.run_launch``'s launch and the memory of its operands, the
+        outputs first; None when no run of two op calls or more forms (nothing was changed
+        then). Its members: the op calls issued after ``head`` on its stream that wait only
+        on members (``collect``) and take their generated kernels. On the VM's loop thread, off while profiling (each op
         call is its own launch then)."""
         if self.device_max < 2 or self.vm.profiler is not None:
             return None
@@ -160,15 +161,16 @@ class Runs:
             return None
         with vm._lock:
             members, _ = collect(head, planner, self.device_max, errors)
-        if len(members) < 2 or len(planner.cut(members)) < 2:
+        if len(members) < 2:
             return None
-        made = run_launch(planner.parts)
+        writes = planner.writes(members)
+        made = run_launch(planner.parts, writes)
         if made is None:
             return None
         self.ops += len(members)
         self.count += 1
         self.elided += planner.elided
-        return members, made[0], made[1]
+        return members, [members[k] for k in writes], made[0], made[1]
 
     def _poisoned(self, instr) -> bool:
         return self.vm._any_error and first_error(instr) is not None

@@ -365,16 +365,16 @@ class VM:
         if more:
             self._drain()
 
-    def _issue_run(self, members: list, launch, keys: list) -> None:
+    def _issue_run(self, members: list, writers: list, launch, keys: list) -> None:
         """On the loop: issues a run of device op calls (``runs.device_run``) as
         ``dispatch_device`` issues one, with ``launch`` (one generated kernel) for all their
         work: ``keys`` name its operands' memory (a blob, or a view's ``(blob, meta)``), the
-        last member's output first, which is allocated here (the other members' outputs
-        are dead intermediates: no memory). Every member is issued at once, with the one
+        outputs of ``writers`` first, allocated here (the other members' outputs are dead
+        intermediates: no memory). Every member is issued at once, with the one
         event recorded after the launch, and completes in issue order when it completes;
         a fault (or an issue that failed) fails every member with the one error, named
         after the run's ops (the launch's name, which the head takes)."""
-        head, last = members[0], members[-1]
+        head = members[0]
         backend = head.stream.backend
         ev = dstream = err = None
         try:
@@ -382,7 +382,8 @@ class VM:
             for m in members:
                 if m.after:
                     self._join(m, dstream)
-            allocate(last.args[OUTPUTS], last.name)
+            for m in writers:
+                allocate(m.args[OUTPUTS], m.name)
             arrays = []
             for k in keys:
                 b = k if k.__class__ is Blob else k[0]
