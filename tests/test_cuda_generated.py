@@ -22,6 +22,7 @@ from actorflow.eager.interpreter import apply
 from actorflow.errors import DivisionByZeroError, DTypeError, KernelError
 from actorflow.ops.registry import all_ops
 from actorflow.tensor.tensor import wrap
+from test_cuda_vm import one_launch_per_op  # noqa: F401 - autouse: one launch per op call
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,18 +19,11 @@ from actorflow.backends.cuda.driver import Kernel
 from actorflow.backends.cuda.selection import driver_for
 from actorflow.errors import KernelError
 from actorflow.eager.interpreter import use_stream
-from test_cuda_vm import CUDA, assert_same, cuda, emu  # noqa: F401 - fixtures
+from test_cuda_vm import CUDA, assert_same, cuda, emu, one_launch_per_op  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
 
 VM = af.lowlevel.get_vm()
-
-
-@pytest.fixture(autouse=True)
-def one_launch_per_op(monkeypatch):
-    """Every op call its own launch (no runs of elementwise calls, test_cuda_eager_runs.py):
-    these tests count and fault single launches."""
-    monkeypatch.setattr(VM.runs, "device_max", 0)
 
 
 def _backend():

@@ -2,7 +2,8 @@
 to and from the device, every registered elementwise op and the reduce and matmul families
 equal to the same op on cpu, a chain under random delays of the driver's streams, a kernel
 fault surfacing at synchronize with the runtime going on, out of memory under a device
-budget, and mixed devices refused."""
+budget, and mixed devices refused. Each op call is its own launch here (runs of them:
+test_cuda_eager_runs.py)."""
 
 import gc
 
@@ -50,6 +51,14 @@ def emu():
 @pytest.fixture
 def cuda(emu):
     return emu()
+
+
+@pytest.fixture(autouse=True)
+def one_launch_per_op(monkeypatch):
+    """Every eager op call its own launch: no runs of queued elementwise calls (whether
+    they form depends on how far the caller is ahead of the VM; test_cuda_eager_runs.py
+    tests them). Here and where imported, tests that count, name or fault single launches."""
+    monkeypatch.setattr(af.lowlevel.get_vm().runs, "device_max", 0)
 
 
 def both(fn):
