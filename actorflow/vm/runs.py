@@ -15,8 +15,8 @@ On a device with its own memory (cuda), a run is one launch instead (``Runs.devi
 the same walk behind an elementwise op call being dispatched, members that take their
 generated kernels; it writes the outputs that outlive it (an intermediate no tensor holds
 stays in registers); ``opcall.run_launch`` makes its kernel (a compiled step's chains use
-the same), the VM issues it
-(``VM._issue_run``) and every member completes when the event after it does.
+the same), the VM issues it (``VM._issue_run``) and every member completes when the event
+after it does. Off while profiling: each op call is its own launch then.
 
 ``Runs`` is the VM's component for them: it owns the settings of runs and their counts, and
 is handed the VM, whose lock, workers and loop a run uses; the members complete on the VM
@@ -149,8 +149,8 @@ class Runs:
         the run), ``opcall.run_launch``'s launch and the memory of its operands, the
         outputs first; None when no run of two op calls or more forms (nothing was changed
         then). Its members: the op calls issued after ``head`` on its stream that wait only
-        on members (``collect``) and take their generated kernels. On the VM's loop thread, off while profiling (each op
-        call is its own launch then)."""
+        on members (``collect``) and take their generated kernels. On the VM's loop
+        thread; off while profiling (each op call is its own launch then)."""
         if self.device_max < 2 or self.vm.profiler is not None:
             return None
         vm = self.vm
