@@ -125,3 +125,12 @@ def cuda(request, emu):
         yield _start(lambda dev: CupyDriver(dev))
     finally:
         _ON["driver"] = "emu"
+
+
+@pytest.fixture
+def one_launch_per_op(monkeypatch):
+    """Every eager op call its own launch: no runs of queued elementwise calls (whether they
+    form depends on how far the caller is ahead of the VM; test_cuda_eager_runs.py tests
+    them), for the modules whose tests count, name or fault single launches
+    (``pytestmark = pytest.mark.usefixtures("one_launch_per_op")``)."""
+    monkeypatch.setattr(af.lowlevel.get_vm().runs, "device_max", 0)

@@ -20,7 +20,7 @@ from actorflow.ops.registry import all_ops
 from actorflow.tensor.tensor import wrap
 from cuda_fixtures import CUDA
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_launch_per_op")]
 
 DTYPES = [af.bool, af.int32, af.int64, af.float16, af.float32, af.float64]
 PYVALUES = {"bool": True, "int": 3, "float": -1.5}

@@ -4,7 +4,8 @@ counts and the emulator's queues, never timings: a stream held by a closed gate 
 callback that waits) shows how much work the VM issued behind it. Also: a dependency across
 streams is a wait on the device, values equal cpu under random delays, a fault in a chain
 issued ahead fails what was issued after it with the first error, memory released and
-reused under random delays keeps every value, and ``max_in_flight`` still bounds."""
+reused under random delays keeps every value, and ``max_in_flight`` still bounds. Each op
+call is its own launch here (runs of them: ``test_cuda_eager_runs.py``)."""
 
 import threading
 import time
@@ -20,7 +21,7 @@ from actorflow.errors import KernelError
 from actorflow.eager.interpreter import use_stream
 from cuda_fixtures import CUDA, assert_same
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_launch_per_op")]
 
 VM = af.lowlevel.get_vm()
 

@@ -3,7 +3,8 @@ fixture, on the GPU too: ``pytest -m gpu``; cuda_fixtures.py): tensors made on a
 and from the device, every registered elementwise op and the reduce and matmul families
 equal to the same op on cpu, a chain under random delays of the driver's streams, a kernel
 fault surfacing at synchronize with the runtime going on, out of memory under a device
-budget, and mixed devices refused."""
+budget, and mixed devices refused. Each op call is its own launch here (runs of them:
+test_cuda_eager_runs.py)."""
 
 import threading
 import time
@@ -24,7 +25,7 @@ from actorflow.tensor.tensor import wrap
 from actorflow.testing import gpu_missing
 from cuda_fixtures import CUDA, assert_same, on_emulator, settle
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("one_launch_per_op")]
 
 
 def both(fn):

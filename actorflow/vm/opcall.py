@@ -428,64 +428,150 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
     return Launch(name, kernel.kernel, (n_out, tuple(views), attrs), (), (None,) * len(views))
 
 
-def run_launch(parts: list) -> tuple:
+def eager_part(args):
+    """An eager op call's part of a run (``run_launch``): ``(launch, keys)`` where the call
+    ``args`` (as ``call_op``'s; one output) takes its generated kernel, not an integer
+    division, else None. ``keys`` name each operand's memory, the output first: a tensor
+    over all of its blob by the blob (so an earlier member's output read whole is that
+    value), any other view by its blob and meta."""
+    kernel, ins, outs, attrs, dynamic, _ = args
+    if dynamic or len(outs) != 1 or kernel.__class__ is not DeviceKernel \
+            or kernel._generated is None:
+        return None
+    out = outs[0]
+    ob = out.blob
+    metas, views, keys, aliased = [], [], [], []
+    for t in (out, *ins):
+        m = t.meta
+        b = t.blob
+        metas.append(m)
+        views.append(None if t.base is None else m)
+        keys.append(b if not m.offset and m.is_contiguous
+                    and m.numel * m.dtype.itemsize == b.nbytes else (b, m))
+    for t in ins:
+        aliased.append(t.blob is ob)
+    launch = launch_of(kernel, 1, metas, views, attrs, tuple(aliased))
+    if launch.gen is None or launch.gen.zero:
+        return None
+    return launch, keys
+
+
+def run_launch(parts: list, writes: tuple | None = None) -> tuple:
     """One launch of ``kernels.fused`` (a run) for consecutive generated launches
     ``parts`` of one element count (none an integer division): ``[(launch, keys)]``,
     ``keys`` naming each operand's memory (the output first): an input whose key an
-    earlier part's output has is that value, kept in registers (never written); any other
-    key is an operand of the run, once. The float4 form when every value is float32. Its
-    numpy reference runs each part's own reference in turn over the packed arguments, each
-    value in a numpy array of its dtype (rounded as the op's kernel rounds it). Returns
-    ``(launch, keys of its operands)``: the last part's output, then the run's inputs in
-    first-read order; None where the generator refuses the run."""
-    values, steps, inputs, operands, at = {}, [], [], [], []
-    order = []                           # per part: its reference, its values, scalar count
+    earlier part's output has is that value, kept in registers; any other key is an
+    operand of the run, once. ``writes``: the parts whose outputs the run writes to memory,
+    in order (default: the last part's); the others stay in registers. The float4 form
+    when every value is float32. Its numpy reference runs each part's own reference in turn
+    over the packed arguments, each value in a numpy array of its dtype (rounded as the
+    op's kernel rounds it). The kernel is made once per shape of run (its parts' generated
+    kernels, which value each reads, what it writes: ``_RUN_KERNELS``), so a run that
+    recurs generates no source again. Returns ``(launch, keys of its operands)``: the
+    written outputs', then the run's inputs in first-read order; None where the generator
+    refuses the run."""
+    if writes is None:
+        writes = (len(parts) - 1,)
+    values, operands, at, shape = {}, [], [], []
     for k, (launch, keys) in enumerate(parts):
-        g = launch.gen
         args = []
         for j, key in enumerate(keys[1:]):
-            if key not in values:
-                dt, layout, zero_d = g.ins[j]
-                values[key] = (f"i{len(inputs)}", layout, zero_d)
-                inputs.append(KG.Value(f"i{len(inputs)}", dt, layout))
+            v = values.get(key)
+            if v is None:
+                v = values[key] = len(operands)         # the run's input i<v>
                 operands.append(key)
                 at.append(launch.at[1 + j])
-            args.append(values[key][0])
+            args.append(v)
+        values[keys[0]] = -1 - k                         # the value of part k
+        shape.append((launch.gen, tuple(args)))
+    shape = (tuple(shape), writes)
+    made = _RUN_KERNELS.get(shape)
+    if made is None:
+        made = _run_kernel(*shape, len(operands))
+        if len(_RUN_KERNELS) >= _RUN_KERNELS_MAX:
+            _RUN_KERNELS.clear()
+        _RUN_KERNELS[shape] = made
+    if made is _NO_PLAN:
+        return None
+    scalars = tuple(v for launch, _ in parts for v in launch.scalars)
+    return (Launch(made.name, made, (), (*scalars, parts[-1][0].n),
+                   (*[parts[k][0].at[0] for k in writes], *at), ops=len(parts)),
+            [*[parts[k][1][0] for k in writes], *operands])
+
+
+_RUN_KERNELS: dict = {}                  # a run's shape (run_launch) -> its Kernel
+_RUN_KERNELS_MAX = 512
+
+
+def _run_kernel(shape: tuple, writes: tuple, n_in: int):
+    """The Kernel of a run of ``shape``: per part, its ``_Generated`` and what each of its
+    inputs is (``v >= 0``: the run's input ``i<v>``; ``v < 0``: the value of part ``-1 - v``);
+    ``writes``: the parts whose outputs it writes; ``n_in`` inputs. ``_NO_PLAN`` where the
+    generator refuses it."""
+    inputs: list = [None] * n_in
+    layout_of, steps, order = {}, [], []
+    for k, (g, args) in enumerate(shape):
+        names = []
+        for j, v in enumerate(args):
+            if v >= 0:
+                nm = f"i{v}"
+                if inputs[v] is None:
+                    dt, layout, zero_d = g.ins[j]
+                    inputs[v] = KG.Value(nm, dt, layout)
+                    layout_of[nm] = (layout, zero_d)
+            else:
+                nm = f"t{-1 - v}"
+            names.append(nm)
         out = f"t{k}"
-        steps.append(KG.Step(out, g.step.op, tuple(args), g.step.dtype, g.step.scalars,
+        steps.append(KG.Step(out, g.step.op, tuple(names), g.step.dtype, g.step.scalars,
                              g.step.attrs, g.step.compute))
-        values[keys[0]] = (out, "full", False)
-        order.append((g.kernel.reference, tuple(values[key][0] for key in keys[1:]),
-                      out, np.dtype(g.dtype), len(launch.scalars)))
-    last, _ = parts[-1]
-    run = KG.FusedRun(tuple(inputs), tuple(steps), (steps[-1].out,))
+        order.append((g.kernel.reference, tuple(names), out, np.dtype(g.dtype),
+                      len(g.scalar_params)))
+    outputs = tuple(steps[k].out for k in writes)
+    run = KG.FusedRun(tuple(inputs), tuple(steps), outputs)
     try:
         src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
     except (DeviceError, DTypeError, ValueError):
-        return None                      # (each step's own kernel took it: not expected)
-    layouts = {v.name: v.layout for v in inputs}
-    zero_ds = {name: zd for name, _, zd in values.values()}
+        return _NO_PLAN                  # (each step's own kernel took it: not expected)
     names = [v.name for v in inputs]
+    n_out = len(outputs)
+    written = {o: j for j, o in enumerate(outputs)}
+    # after each step, the intermediates read for the last time (their buffers are reused)
+    last_read = {}
+    for k, (_, ins, o, _, _) in enumerate(order):
+        last_read[o] = k
+        for nm in ins:
+            last_read[nm] = k
+    done_after = [[] for _ in order]
+    for k, (_, _, o, _, _) in enumerate(order):
+        if o not in written:
+            done_after[last_read[o]].append(o)
 
-    def reference(out, *args):
+    def reference(*args):
         n = int(args[-1])
+        outs = args[:n_out]
         vals = {}
-        for nm, a in zip(names, args):
-            vals[nm] = a.reshape(n) if layouts[nm] == "full" else a if zero_ds[nm] else \
-                a.reshape(1)
-        scal = args[len(names):-1]
+        for nm, a in zip(names, args[n_out:]):
+            layout, zero_d = layout_of[nm]
+            vals[nm] = a.reshape(n) if layout == "full" else a if zero_d else a.reshape(1)
+        scal = args[n_out + len(names):-1]
         s = 0
-        for ref, ins, o, dt, n_scal in order:
-            dst = out.reshape(n) if o == steps[-1].out else np.empty(n, dt)
+        spare: dict = {}                 # dtype -> buffers of intermediates no longer read
+        for (ref, ins, o, dt, n_scal), done in zip(order, done_after):
+            j = written.get(o)
+            if j is not None:
+                dst = outs[j].reshape(n)
+            else:
+                free = spare.get(dt)
+                dst = free.pop() if free else np.empty(n, dt)
             ref(dst, *[vals[nm] for nm in ins], *scal[s:s + n_scal], n)
             s += n_scal
             vals[o] = dst
-    name = "+".join(launch.name for launch, _ in parts)
-    scalars = tuple(v for launch, _ in parts for v in launch.scalars)
-    kernel = Kernel(name, entry=src.name, reference=reference, source=src.source,
-                    params=src.params)
-    return (Launch(name, kernel, (), (*scalars, last.n), (last.at[0], *at), ops=len(parts)),
-            [parts[-1][1][0], *operands])
+            for nm in done:
+                spare.setdefault(vals[nm].dtype, []).append(vals.pop(nm))
+    name = "+".join(g.step.op for g, _ in shape)
+    return Kernel(name, entry=src.name, reference=reference, source=src.source,
+                  params=src.params)
 
 
 def _check_zero(seen, op: str, dtype: str) -> None:

@@ -7,6 +7,8 @@ issued before it, where it needs only its blob's uses issued, see ``deps.py``)."
 
 from __future__ import annotations
 
+import threading
+
 from ..tensor.blob import RELEASED
 from .deps import issued_uses, launches_ahead
 from .instruction import RELEASE, Instruction
@@ -30,8 +32,23 @@ def collect(vm, submit_pending: bool = True) -> bool:
 
     ``submit_pending=False`` (the allocator's reclaim, which may run under the VM lock)
     frees only what is idle and leaves the rest queued."""
-    if not RELEASED:
-        return False
+    if not RELEASED or _COLLECTING.on:
+        return False                 # (a RELEASE submitted below collects: this loop goes on)
+    _COLLECTING.on = True
+    try:
+        return _collect(vm, submit_pending)
+    finally:
+        _COLLECTING.on = False
+
+
+class _Collecting(threading.local):
+    on = False                       # this thread is inside collect
+
+
+_COLLECTING = _Collecting()
+
+
+def _collect(vm, submit_pending: bool) -> bool:
     frees: dict = {}
     pending = []
     while RELEASED:

@@ -30,8 +30,9 @@ import threading
 import numpy as np
 
 from ..tensor.meta import contiguous_strides
+from .deps import first_error
 from .instruction import DYNAMIC, OUTPUTS, Split
-from .opcall import allocate, split_op
+from .opcall import allocate, eager_part, split_op
 
 MAX_SLOTS = 16          # tile buffers per worker; further dead intermediates get real memory
 # Reference counts tell when a tensor is gone only on CPython with the GIL.
@@ -256,6 +257,58 @@ class RunPlanner:
         size = self.shape[axis]
         lead = (slice(None),) * ax if ax >= 0 and a.shape[ax] == size and size != 1 else None
         return (None, a, lead)
+
+
+class DeviceRunPlanner(RunPlanner):
+    """Admits op calls on a device with its own memory (cuda) into a run launched as one
+    generated kernel (``opcall.run_launch``): the rules above, and each member takes its
+    generated kernel (``opcall.eager_part``; kept in ``parts``) and, after a kernel has
+    failed (``errors``), reads no poisoned blob and writes no blob with an error (it then
+    runs alone, as ``deps.error_to_run`` has it). ``writes`` says which outputs the run's
+    kernel writes: those that outlive it; the dead intermediates stay in registers and
+    never get memory."""
+
+    def __init__(self, shape: tuple, device, errors: bool):
+        super().__init__(shape, device)
+        self.parts: list = []
+        self.errors = errors
+
+    def admit(self, instr) -> bool:
+        if instr.split is not ELEMENTWISE or (self.errors and _errors_on(instr)):
+            return False
+        part = eager_part(instr.args)
+        if part is None or not super().admit(instr):
+            return False
+        self.parts.append(part)
+        return True
+
+    def writes(self, members: list) -> tuple:
+        """The members (indices into ``members``, the op calls ``admit`` took, in order)
+        whose outputs the run writes to memory: for each blob written in the run that is
+        not a dead intermediate (``_dead``), the last member that writes it (the last
+        member's when every one is dead). The dead ones, counted in ``elided``, stay in
+        registers and never get memory."""
+        dead = self._dead() if self.owner else ()
+        last_write: dict = {}
+        for k, m in enumerate(members):
+            last_write[m.args[OUTPUTS][0].blob] = k
+        writes = tuple(sorted(k for b, k in last_write.items() if b not in dead))
+        self.elided = len(last_write) - len(writes)
+        if not writes:
+            writes = (len(members) - 1,)
+            self.elided -= 1
+        return writes
+
+
+def _errors_on(instr) -> bool:
+    """Whether ``instr`` reads a poisoned blob or writes a blob with an error (poison or a
+    note: ``deps.error_to_run`` decides what an op call alone does with those)."""
+    if first_error(instr) is not None:
+        return True
+    for b in instr.muts:
+        if b.error is not None:
+            return True
+    return False
 
 
 _SCRATCH = threading.local()

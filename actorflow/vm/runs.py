@@ -11,6 +11,13 @@ still waits for it. What goes away is the meeting of the workers after every op 
 wake-up costs tens of microseconds, as much as a slice of a big kernel) and, for
 intermediates released inside the run, their memory.
 
+On a device with its own memory (cuda), a run is one launch instead (``Runs.device_run``):
+the same walk behind an elementwise op call being dispatched, members that take their
+generated kernels; it writes the outputs that outlive it (an intermediate no tensor holds
+stays in registers); ``opcall.run_launch`` makes its kernel (a compiled step's chains use
+the same), the VM issues it (``VM._issue_run``) and every member completes when the event
+after it does. Off while profiling: each op call is its own launch then.
+
 ``Runs`` is the VM's component for them: it owns the settings of runs and their counts, and
 is handed the VM, whose lock, workers and loop a run uses; the members complete on the VM
 (``VM._finish_run``), as every instruction does.
@@ -20,7 +27,9 @@ from __future__ import annotations
 
 from ..errors import OutOfMemoryError
 from .deps import first_error
-from .instruction import OP_CALL, RELEASE
+from .instruction import OP_CALL, OUTPUTS, RELEASE
+from .opcall import run_launch
+from .run_cuts import DeviceRunPlanner
 from .workers import Countdown
 
 
@@ -74,6 +83,7 @@ class _Run(Countdown):
 class Runs:
     """Forms runs behind large instructions and sends their slices to the workers, for
     ``vm`` (``VM.runs``). Settings: ``fuse_max`` (members per run; 0 turns runs off),
+    ``device_max`` (members per run on a device: one launch; 0 turns them off),
     ``tile_bytes`` (bytes of one output tile a worker computes at a time) and
     ``thread_min_work`` (elements x ops per slice from which a run spawns threads of its
     own). Counts: ``ops`` (op calls run as members), ``count`` (runs), ``elided``
@@ -84,6 +94,7 @@ class Runs:
         self.fuse_max = 1024
         self.tile_bytes = 1 << 20
         self.thread_min_work = 1 << 22
+        self.device_max = 64          # members per run on a device (cuda); 0 turns them off
         self.ops = self.count = self.elided = 0
         self._no_run_until = None     # after a run found no memory: the last member it tried
 
@@ -130,6 +141,36 @@ class Runs:
         for s in slices:
             send(self._run_slice, run, s)
         return True
+
+    def device_run(self, head):
+        """On a device with its own memory (cuda): the run led by op call ``head``, to be
+        issued as one launch, ``(members, writers, launch, keys)``: ``writers``, the
+        members whose outputs it writes (``DeviceRunPlanner.writes``: those that outlive
+        the run), ``opcall.run_launch``'s launch and the memory of its operands, the
+        outputs first; None when no run of two op calls or more forms (nothing was changed
+        then). Its members: the op calls issued after ``head`` on its stream that wait only
+        on members (``collect``) and take their generated kernels. On the VM's loop
+        thread; off while profiling (each op call is its own launch then)."""
+        if self.device_max < 2 or self.vm.profiler is not None:
+            return None
+        vm = self.vm
+        errors = vm._any_error
+        m = head.args[OUTPUTS][0].meta      # (no reference to the tensor: see _dead)
+        planner = DeviceRunPlanner(m.shape, m.device, errors)
+        if not planner.admit(head):
+            return None
+        with vm._lock:
+            members, _ = collect(head, planner, self.device_max, errors)
+        if len(members) < 2:
+            return None
+        writes = planner.writes(members)
+        made = run_launch(planner.parts, writes)
+        if made is None:
+            return None
+        self.ops += len(members)
+        self.count += 1
+        self.elided += planner.elided
+        return members, [members[k] for k in writes], made[0], made[1]
 
     def _poisoned(self, instr) -> bool:
         return self.vm._any_error and first_error(instr) is not None

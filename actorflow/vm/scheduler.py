@@ -27,7 +27,9 @@
   and an op call that overwrites a poisoned blob entirely, without reading it, clears it.
 - ``wait`` and ``synchronize`` wait on its instructions under its lock; the kernel errors a
   sync point raises are kept by its ``errors`` (``sync.py``). Runs of elementwise op calls
-  are formed by its ``runs`` (``runs.py``) and complete here (``_finish_run``).
+  are formed by its ``runs`` (``runs.py``) and complete here (``_finish_run``); on a
+  device (cuda), a run is issued as one launch of a generated kernel (``_issue_run``) and
+  its members complete as device instructions do.
 - While ``af.profile()`` is on, ``profiler`` (``profiler.py``) sees every kernel issued, run
   inline or cut into slices; off, it is None and costs one test per instruction.
 """
@@ -47,11 +49,12 @@ from time import perf_counter
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
-from ..tensor.blob import RELEASED
+from ..tensor.blob import RELEASED, Blob
 from .deps import error_to_run, first_error, launched, record, settled, wrote_nothing
 from .runs import Runs
-from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
-from .opcall import device_call_op, kernel_error, run_op
+from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
+from .opcall import allocate, device_call_op, kernel_error, run_op
+from .run_cuts import ELEMENTWISE
 from .release import collect
 from .sync import KeptErrors
 from .workers import Countdown, Workers
@@ -316,7 +319,16 @@ class VM:
         blocks (``end_issue``). A RELEASE frees its blob when every use is issued: the
         caching allocator orders the block's reuse after them on the device (``deps.py``).
         Copies across the host boundary are joined to the stream by events it waits on, on
-        the device."""
+        the device. An elementwise op call with calls queued behind it may lead a run, issued
+        as one launch (``runs.device_run``, ``_issue_run``); a member of a run issued
+        already is skipped here."""
+        if instr.done or instr.issued is not None:
+            return                                    # a member of a run, issued with it
+        if instr.split is ELEMENTWISE and instr.next is not None:
+            run = self.runs.device_run(instr)
+            if run is not None:
+                self._issue_run(*run)
+                return
         if instr.kind == RELEASE:
             self._execute(instr)
             with self._lock:
@@ -350,6 +362,58 @@ class VM:
             launched(instr, self._ready)
             more = bool(self._ready) and not self._wake_pending
         ev.then(partial(self._device_done, instr, ev))
+        if more:
+            self._drain()
+
+    def _issue_run(self, members: list, writers: list, launch, keys: list) -> None:
+        """On the loop: issues a run of device op calls (``runs.device_run``) as
+        ``dispatch_device`` issues one, with ``launch`` (one generated kernel) for all their
+        work: ``keys`` name its operands' memory (a blob, or a view's ``(blob, meta)``), the
+        outputs of ``writers`` first, allocated here (the other members' outputs are dead
+        intermediates: no memory). Every member is issued at once, with the one
+        event recorded after the launch, and completes in issue order when it completes;
+        a fault (or an issue that failed) fails every member with the one error, named
+        after the run's ops (the launch's name, which the head takes)."""
+        head = members[0]
+        backend = head.stream.backend
+        ev = dstream = err = None
+        try:
+            dstream = backend.issue_on(head.stream)
+            for m in members:
+                if m.after:
+                    self._join(m, dstream)
+            for m in writers:
+                allocate(m.args[OUTPUTS], m.name)
+            arrays = []
+            for k in keys:
+                b = k if k.__class__ is Blob else k[0]
+                arrays.append(b.array.darray)
+            launch.issue(dstream, arrays)
+            ev = dstream.record()
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: surfaced at a sync
+            err = self._kernel_error(_Named(launch.name, head.stream), e)
+        if err is None:
+            backend.end_issue(*[blobs for m in members for blobs in (m.consts, m.muts)])
+        else:
+            backend.end_issue()
+            dstream = None                            # nothing was issued to wait for
+        head.name = launch.name      # a fault on the device is the run's: named after its ops
+        for m in members:
+            m.args = m.run = None
+            if err is not None:
+                self._fail(m, err)
+        with self._lock:
+            for m in members:
+                m.issued = (dstream, ev)
+            for m in members:
+                launched(m, self._ready)
+            more = bool(self._ready) and not self._wake_pending
+        if err is not None:
+            for m in members:
+                self._settle_device(m, None)          # each after its predecessors
+            return
+        for m in members:
+            ev.then(partial(self._device_done, m, ev))
         if more:
             self._drain()
 
