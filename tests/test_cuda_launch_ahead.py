@@ -121,6 +121,42 @@ def test_a_dependency_across_streams_is_a_wait_on_the_device(cuda):
     assert_same(d.numpy(), (np.arange(8, dtype=np.float32) * 2 + 1) * 3)
 
 
+def test_a_copy_from_the_host_waits_for_the_copy_to_the_host_it_reads(cuda):
+    """``h = a.to("cpu")`` is an instruction of the device whose host blob is written by a
+    host function on the d2h stream, after it was issued: ``h.to(cuda)`` reads that host
+    memory when it is issued, so it waits for ``h``'s completion, not its issue."""
+    a = af.tensor(np.full(8, 7, np.float32), device=CUDA)
+    af.synchronize(30)
+    b = _backend()
+    d2h = b.driver_stream(b.stream("d2h"))
+    gate = Gate(d2h)
+    try:
+        h = a.to("cpu")                      # its data lands behind the gate
+        d = h.to(CUDA)                       # reads h on the host
+        e = d + 1                            # and on: a device-memory link to d
+        _until(lambda: h._impl.blob.last_write is not None
+               and h._impl.blob.last_write.issued is not None, "the copy to the host issued")
+        w = d._impl.blob.last_write
+        assert w is not None and w.issued is None and not w.done     # held for h's completion
+        assert w.after is not None and h._impl.blob.last_write not in w.after
+    finally:
+        gate.open()
+    assert_same(d.numpy(), np.full(8, 7, np.float32))
+    assert_same(e.numpy(), np.full(8, 8, np.float32))
+    assert_same(h.numpy(), np.full(8, 7, np.float32))
+
+
+def test_a_host_round_trip_issued_ahead_keeps_its_values_under_random_delays(emu):
+    emu(delay=0.001, seed=3)
+    for v in range(1, 6):
+        a = af.tensor(np.full(8, v, np.float32), device=CUDA)
+        junk = af.tensor(np.full(8, -1, np.float32), device=CUDA)   # memory h may reuse
+        h = (a * 1).to("cpu")
+        d = h.to(CUDA) + 0
+        del junk
+        assert_same(d.numpy(), np.full(8, v, np.float32))
+
+
 def _mixed(dev, data):
     """A chain mixing streams, in-place ops and views; on cpu the side stream is cpu's."""
     x = af.tensor(data, device=dev)
