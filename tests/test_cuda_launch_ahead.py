@@ -225,6 +225,41 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(cud
     assert_same((chain[30] * 2).numpy(), (np.arange(4, dtype=np.float32) + 30) * 2)
 
 
+def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cuda,
+                                                                            monkeypatch):
+    """An op whose error is known only when it completes (as an integer division's zero
+    flag read back) fails the work issued ahead of it that computed from its outputs, on its
+    stream and across streams, with that error, though their own work succeeded; work that
+    does not read them (issued after it on its stream) gets its values."""
+    x = af.tensor(np.arange(4, dtype=np.float32), device=CUDA)
+    af.synchronize(30)
+    side = af.lowlevel.stream(CUDA, "side")
+    b = _backend()
+    gate = Gate(b.driver_stream(b.compute))
+    finish = VM._finish_device
+
+    def failing_at_completion(instr, ev):
+        if instr.name == "mul_scalar" and instr.error is None:
+            VM._fail(instr, VM._kernel_error(instr, RuntimeError("found at completion")))
+        finish(instr, ev)
+
+    monkeypatch.setattr(VM, "_finish_device", failing_at_completion)
+    try:
+        y = x * 2                            # fails when it completes
+        z = y + 1                            # issued ahead, same stream
+        with use_stream(side):
+            w = z - 1                        # issued ahead, another stream
+        v = x + 5                            # reads no output of it
+        _until(lambda: w._impl.blob.last_write.issued is not None, "w issued")
+    finally:
+        gate.open()
+    for t in (y, z, w):
+        with pytest.raises(KernelError, match="found at completion"):
+            t.numpy()
+    assert z._impl.blob.error is y._impl.blob.error is w._impl.blob.error is not None
+    assert_same(v.numpy(), np.arange(4, dtype=np.float32) + 5)
+
+
 def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(
         cuda):
     """A dead tensor's block is freed once its uses are issued (stream-ordered): reused at

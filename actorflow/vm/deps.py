@@ -163,6 +163,25 @@ def settled(stream, consts, muts) -> bool:
     return True
 
 
+def failed_before(instr):
+    """For a device instruction about to complete without an error of its own: the error of
+    a predecessor it was issued ahead of (in ``after``) that failed once ``instr`` was
+    issued (an error known at completion: a zero flag, a fault the device did not pass on)
+    and poisoned a blob ``instr`` reads or writes, else None. ``instr`` computed from those
+    values, so it fails with that error, as on the CPU it would not have run."""
+    after = instr.after
+    if not after:
+        return None
+    for blobs in (instr.consts, instr.muts):
+        for b in blobs:
+            e = b.error
+            if e is not None and not e.intact:
+                for p in after:
+                    if p.error is e:
+                        return e
+    return None
+
+
 def first_error(instr):
     """The error of the first operand blob whose writer failed, or None. (An ``intact``
     error is only a note on a blob the failed op left as it was: it does not count.)"""

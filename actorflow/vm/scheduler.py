@@ -49,7 +49,8 @@ from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED
-from .deps import error_to_run, first_error, launched, record, settled, wrote_nothing
+from .deps import (error_to_run, failed_before, first_error, launched, record, settled,
+                   wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
 from .opcall import device_call_op, kernel_error, run_op
@@ -396,7 +397,10 @@ class VM:
     def _settle_device(self, instr: Instruction, fault) -> None:
         """Completes device ``instr`` (its event completed with ``fault``, the driver's
         error or None) once every predecessor it was issued ahead of has completed, and then
-        the ones that were waiting for it to. The poison rule: a fault is sticky on its
+        the ones that were waiting for it to. The poison rules: an instruction whose
+        predecessor in ``after`` failed after it was issued, poisoning a blob it reads or
+        writes, fails with that error whatever its own work did (``deps.failed_before``);
+        and a fault is sticky on its
         driver stream, and a stream that waits on an event recorded after it inherits it, so
         the work issued there after the faulting kernel never runs; each such instruction
         fails with the first error, the faulting kernel's (``_fault_error``), poisoning what
@@ -414,7 +418,12 @@ class VM:
                 with self._lock:
                     self._add_waiter(gate, partial(self._gated.append, (instr, fault)))
                 continue
-            if fault is not None:
+            if fault is None:
+                if instr.error is None and instr.kind != RELEASE:
+                    err = failed_before(instr)
+                    if err is not None:
+                        self._fail(instr, err)
+            else:
                 if instr.error is None:
                     self._fail(instr, self._fault_error(instr, fault))
                 dstream = instr.issued[0] if instr.issued is not None else None
