@@ -29,7 +29,12 @@ per op, launched one by one.
 A fault of a kernel is the driver stream's sticky error: the commands after it (the state's
 write-back among them) are skipped, so the state keeps its values; the instruction fails,
 its outputs raise the error when read, and the state is not poisoned (``_kept``): the next
-step runs as usual, as on the cpu.
+step runs as usual, as on the cpu. An integer division by zero in a step is such an error
+too, on purpose (its zero flag is checked by a host function on the stream, ``Launch`` with
+``_issue_zero(..., sticky=True)``): that skips the write-back, but it also fails the work
+issued on the compute stream behind the step before the step completed (the error message
+says so). An eager division checks its flag when its instruction completes instead
+(``vm.opcall.ZeroCheck``) and fails only itself and what is computed from it.
 """
 
 from __future__ import annotations

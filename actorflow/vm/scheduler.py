@@ -53,7 +53,7 @@ from .deps import (error_to_run, failed_before, first_error, launched, record, s
                    wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
-from .opcall import device_call_op, kernel_error, run_op
+from .opcall import ZeroCheck, device_call_op, kernel_error, run_op
 from .release import collect
 from .sync import KeptErrors
 from .workers import Countdown, Workers
@@ -374,6 +374,13 @@ class VM:
             fault = None
         except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
             fault = e
+        check = instr.result
+        if check.__class__ is ZeroCheck:    # an eager integer division's zero flag: only
+            instr.result = None             # this op fails (and what reads its outputs)
+            if fault is None and instr.error is None:
+                e = check.error()
+                if e is not None:
+                    self._fail(instr, self._kernel_error(instr, e))
         self._settle_device(instr, fault)
 
     def _device_done(self, instr, ev) -> None:
@@ -679,7 +686,7 @@ class VM:
 
 
 def _run_on_device(instr) -> None:
-    device_call_op(instr.args, instr.stream.backend.current)
+    instr.result = device_call_op(instr.args, instr.stream.backend.current)
 
 
 def _set_done(fut) -> None:
