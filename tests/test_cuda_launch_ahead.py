@@ -260,6 +260,44 @@ def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cud
     assert_same(v.numpy(), np.arange(4, dtype=np.float32) + 5)
 
 
+def test_a_compiled_step_issued_ahead_of_a_failing_division_keeps_its_error_on_the_state(cuda):
+    """A step issued ahead of an eager division whose zero flag fails it at completion ran
+    whole on the failed values and wrote its state back: the state keeps the error (it is
+    not cleared as for a step whose commands the device skipped), so no later step silently
+    trains on those values."""
+    from actorflow import nn, optim
+
+    class Step(nn.Graph):
+        def __init__(self, model, opt):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.model(x).sum()
+            loss.backward()
+            return loss
+
+    af.manual_seed(0)
+    model = nn.Linear(4, 1, device=CUDA)
+    g = Step(model, optim.SGD(model.parameters(), lr=0.1))
+    ones = af.tensor(np.ones((2, 4), np.float32), device=CUDA)
+    g(ones).numpy()
+    a = af.tensor(np.full((2, 4), 4), device=CUDA)
+    z = af.tensor(np.array([[1, 0, 1, 1], [1, 1, 1, 1]]), device=CUDA)
+    af.synchronize(30)
+    b = _backend()
+    gate = Gate(b.driver_stream(b.compute))
+    try:
+        loss = g((a // z).float())           # the step reads the division's output
+    finally:
+        gate.open()
+    for t in (loss, model.weight):
+        with pytest.raises(KernelError, match="floor_divide: integer division by zero"):
+            t.numpy()
+    af.synchronize(30)
+
+
 def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(
         cuda):
     """A dead tensor's block is freed once its uses are issued (stream-ordered): reused at

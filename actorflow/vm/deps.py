@@ -163,12 +163,19 @@ def settled(stream, consts, muts) -> bool:
     return True
 
 
+# ``result`` of an instruction failed by ``failed_before``: its work ran whole on values that
+# failed, so everything it wrote keeps the error (a compiled step's state too: its write-back
+# ran, unlike a step that faulted, whose later commands the device skipped).
+RAN_ON_FAILED = "ran on failed values"
+
+
 def failed_before(instr):
     """For a device instruction about to complete without an error of its own: the error of
     a predecessor it was issued ahead of (in ``after``) that failed once ``instr`` was
     issued (an error known at completion: a zero flag, a fault the device did not pass on)
     and poisoned a blob ``instr`` reads or writes, else None. ``instr`` computed from those
-    values, so it fails with that error, as on the CPU it would not have run."""
+    values, so it fails with that error, as on the CPU it would not have run (the caller
+    sets its ``result`` to ``RAN_ON_FAILED``)."""
     after = instr.after
     if not after:
         return None

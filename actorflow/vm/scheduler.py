@@ -49,8 +49,8 @@ from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED
-from .deps import (error_to_run, failed_before, first_error, launched, record, settled,
-                   wrote_nothing)
+from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, launched, record,
+                   settled, wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, RELEASE, Instruction, Named as _Named
 from .opcall import ZeroCheck, device_call_op, kernel_error, run_op
@@ -430,6 +430,7 @@ class VM:
                     err = failed_before(instr)
                     if err is not None:
                         self._fail(instr, err)
+                        instr.result = RAN_ON_FAILED
             else:
                 if instr.error is None:
                     self._fail(instr, self._fault_error(instr, fault))
