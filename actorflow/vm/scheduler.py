@@ -12,9 +12,9 @@
 - On a device whose driver orders the work (cuda, ``deps.launches_ahead``), an instruction
   is issued on its driver stream as soon as its predecessors on the device are issued
   there, not completed, where the stream or the device's memory links them (a link through
-  host memory waits for the completion: ``deps.py``; ``_dispatch_device``): a chain of dependent ops is queued on the
-  device while the first still runs, and a dependency across streams is a wait on an event,
-  on the device. It still completes after its predecessors (``_settle_device``), so waits
+  host memory waits for the completion: ``deps.py``; ``_dispatch_device``): a chain of
+  dependent ops is queued on the device while the first still runs, and a dependency across
+  streams is a wait on an event, on the device. It still completes after its predecessors (``_settle_device``), so waits
   and ``synchronize`` see the same order as on the CPU. A dead blob's block is freed once
   its uses are issued, stream-ordered: the caching allocator reuses it only after them. A
   kernel fault fails the work issued after it on its driver stream (or waiting on its
