@@ -72,7 +72,7 @@ def getitem(t: Tensor, key):
 
 def setitem(t: Tensor, key, value) -> None:
     from .functional import copy_, fill_
-    from .functional.common import number as _number
+    from .functional.common import number as _number, readable_on
     items = key if isinstance(key, tuple) else (key,)
     if not isinstance(value, Tensor) and isinstance(value, (list, np.ndarray)):
         from .creation import tensor
@@ -88,7 +88,7 @@ def setitem(t: Tensor, key, value) -> None:
     target = t._impl
     attrs = {"key": template, "masked": masked}
     if isinstance(value, Tensor):
-        ins = [target, value._impl] + impls
+        ins = [target, readable_on("setitem", value._impl, target.meta.device)] + impls
         attrs.update(has_value=1, scalar=None)
     else:
         ins = [target] + impls

@@ -249,6 +249,7 @@ def test_an_integer_division_by_zero_in_a_step_raises(launches, cuda_graph):
     with pytest.raises(DivisionByZeroError, match="floor_divide") as e:
         out.numpy()
     assert "Div.step" in str(e.value) and "nothing was written back" in str(e.value)
+    assert "the stream's sticky error" in str(e.value)      # unlike an eager division
     del out
     settle()
     got = g(af.tensor(a, device=CUDA), af.tensor(good, device=CUDA)).numpy()

@@ -208,6 +208,37 @@ def test_integer_division_by_zero_raises_through_the_zero_flag(launches, expr, d
     af.synchronize(30)
 
 
+def test_an_integer_division_by_zero_fails_only_the_op_and_what_is_computed_from_it(launches):
+    """As on cpu: the eager zero flag is checked when the op completes, not as the stream's
+    sticky error, so an op issued after it on its stream that does not read its output runs;
+    the ops issued ahead of the check that read it (on its stream and across) fail with its
+    error. The compute stream is held, so that all of them are issued before the check."""
+    import threading
+    from actorflow.backends import get_backend
+    from actorflow.eager.interpreter import use_stream
+    a = af.tensor(np.arange(1, 9, dtype=np.int64), device=CUDA)
+    z = af.tensor(np.array([1, 0, 1, 1, 1, 1, 1, 1], np.int64), device=CUDA)
+    side = af.lowlevel.stream(CUDA, "side")
+    af.synchronize(30)
+    b = get_backend(af.device(CUDA))
+    gate = threading.Event()
+    b.driver_stream(b.compute).add_callback(lambda: gate.wait(60))
+    try:
+        x = a // z                           # divides by zero
+        y = x + 1                            # computed from it, same stream
+        with use_stream(side):
+            w = y * 2                        # and across streams
+        v = a * 3                            # reads only a, after it on its stream
+    finally:
+        gate.set()
+    for t in (x, y, w):
+        with pytest.raises(DivisionByZeroError, match="floor_divide: integer division by zero"):
+            t.numpy()
+    np.testing.assert_array_equal(v.numpy(), np.arange(1, 9) * 3)
+    np.testing.assert_array_equal((a + 1).numpy(), np.arange(2, 10))
+    af.synchronize(30)                       # reported once, by the reads
+
+
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed: pip install -e "
                     "'.[nvrtc]' to compile the launched kernels without a GPU")
 def test_every_source_launched_compiles_with_nvrtc(launches):

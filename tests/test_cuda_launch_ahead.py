@@ -129,6 +129,42 @@ def test_a_dependency_across_streams_is_a_wait_on_the_device(emu):
     assert_same(d.numpy(), (np.arange(8, dtype=np.float32) * 2 + 1) * 3)
 
 
+def test_a_copy_from_the_host_waits_for_the_copy_to_the_host_it_reads(cuda):
+    """``h = a.to("cpu")`` is an instruction of the device whose host blob is written by a
+    host function on the d2h stream, after it was issued: ``h.to(cuda)`` reads that host
+    memory when it is issued, so it waits for ``h``'s completion, not its issue."""
+    a = af.tensor(np.full(8, 7, np.float32), device=CUDA)
+    af.synchronize(30)
+    b = _backend()
+    d2h = b.driver_stream(b.stream("d2h"))
+    gate = Gate(d2h)
+    try:
+        h = a.to("cpu")                      # its data lands behind the gate
+        d = h.to(CUDA)                       # reads h on the host
+        e = d + 1                            # and on: a device-memory link to d
+        _until(lambda: h._impl.blob.last_write is not None
+               and h._impl.blob.last_write.issued is not None, "the copy to the host issued")
+        w = d._impl.blob.last_write
+        assert w is not None and w.issued is None and not w.done     # held for h's completion
+        assert w.after is not None and h._impl.blob.last_write not in w.after
+    finally:
+        gate.open()
+    assert_same(d.numpy(), np.full(8, 7, np.float32))
+    assert_same(e.numpy(), np.full(8, 8, np.float32))
+    assert_same(h.numpy(), np.full(8, 7, np.float32))
+
+
+def test_a_host_round_trip_issued_ahead_keeps_its_values_under_random_delays(emu):
+    emu(delay=0.001, seed=3)
+    for v in range(1, 6):
+        a = af.tensor(np.full(8, v, np.float32), device=CUDA)
+        junk = af.tensor(np.full(8, -1, np.float32), device=CUDA)   # memory h may reuse
+        h = (a * 1).to("cpu")
+        d = h.to(CUDA) + 0
+        del junk
+        assert_same(d.numpy(), np.full(8, v, np.float32))
+
+
 def _mixed(dev, data):
     """A chain mixing streams, in-place ops and views; on cpu the side stream is cpu's."""
     x = af.tensor(data, device=dev)
@@ -196,6 +232,79 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(emu
         assert_same(t.numpy(), np.arange(4, dtype=np.float32) + i)
     assert_same((other * 2 + 1).numpy(), np.full(4, 3, np.float32))    # later work runs
     assert_same((chain[30] * 2).numpy(), (np.arange(4, dtype=np.float32) + 30) * 2)
+
+
+def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cuda,
+                                                                            monkeypatch):
+    """An op whose error is known only when it completes (as an integer division's zero
+    flag read back) fails the work issued ahead of it that computed from its outputs, on its
+    stream and across streams, with that error, though their own work succeeded; work that
+    does not read them (issued after it on its stream) gets its values."""
+    x = af.tensor(np.arange(4, dtype=np.float32), device=CUDA)
+    af.synchronize(30)
+    side = af.lowlevel.stream(CUDA, "side")
+    b = _backend()
+    gate = Gate(b.driver_stream(b.compute))
+    finish = VM._finish_device
+
+    def failing_at_completion(instr, ev):
+        if instr.name == "mul_scalar" and instr.error is None:
+            VM._fail(instr, VM._kernel_error(instr, RuntimeError("found at completion")))
+        finish(instr, ev)
+
+    monkeypatch.setattr(VM, "_finish_device", failing_at_completion)
+    try:
+        y = x * 2                            # fails when it completes
+        z = y + 1                            # issued ahead, same stream
+        with use_stream(side):
+            w = z - 1                        # issued ahead, another stream
+        v = x + 5                            # reads no output of it
+        _until(lambda: w._impl.blob.last_write.issued is not None, "w issued")
+    finally:
+        gate.open()
+    for t in (y, z, w):
+        with pytest.raises(KernelError, match="found at completion"):
+            t.numpy()
+    assert z._impl.blob.error is y._impl.blob.error is w._impl.blob.error is not None
+    assert_same(v.numpy(), np.arange(4, dtype=np.float32) + 5)
+
+
+def test_a_compiled_step_issued_ahead_of_a_failing_division_keeps_its_error_on_the_state(cuda):
+    """A step issued ahead of an eager division whose zero flag fails it at completion ran
+    whole on the failed values and wrote its state back: the state keeps the error (it is
+    not cleared as for a step whose commands the device skipped), so no later step silently
+    trains on those values."""
+    from actorflow import nn, optim
+
+    class Step(nn.Graph):
+        def __init__(self, model, opt):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+
+        def build(self, x):
+            loss = self.model(x).sum()
+            loss.backward()
+            return loss
+
+    af.manual_seed(0)
+    model = nn.Linear(4, 1, device=CUDA)
+    g = Step(model, optim.SGD(model.parameters(), lr=0.1))
+    ones = af.tensor(np.ones((2, 4), np.float32), device=CUDA)
+    g(ones).numpy()
+    a = af.tensor(np.full((2, 4), 4), device=CUDA)
+    z = af.tensor(np.array([[1, 0, 1, 1], [1, 1, 1, 1]]), device=CUDA)
+    af.synchronize(30)
+    b = _backend()
+    gate = Gate(b.driver_stream(b.compute))
+    try:
+        loss = g((a // z).float())           # the step reads the division's output
+    finally:
+        gate.open()
+    for t in (loss, model.weight):
+        with pytest.raises(KernelError, match="floor_divide: integer division by zero"):
+            t.numpy()
+    af.synchronize(30)
 
 
 def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(

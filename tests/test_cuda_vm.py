@@ -57,6 +57,35 @@ def test_views_copy_both_ways(cuda):
     assert_same(c[2].numpy(), data[2])
 
 
+def test_copy_and_setitem_across_the_host_boundary_go_through_the_transfer(emu):
+    """``copy_`` and ``x[...] = v`` from a tensor on the other side of the host boundary, both
+    ways, as PyTorch allows: the source goes through the transfer ``.to()`` makes first
+    (broadcast and dtype conversion then happen on the destination's device)."""
+    emu(delay=1e-3, seed=5)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    h = af.zeros(2, 3)
+    h.copy_(af.tensor(data, device=CUDA))                       # cuda into cpu
+    assert_same(h.numpy(), data)
+    d = af.zeros(2, 3, dtype=af.float64, device=CUDA)
+    d.copy_(af.tensor(data[1].astype(np.int64)))                # cpu into cuda, broadcast, cast
+    assert_same(d.numpy(), np.broadcast_to(data[1], (2, 3)).astype(np.float64))
+    d = af.zeros(2, 3, device=CUDA)
+    d[:] = af.tensor(data)                                      # setitem, basic key
+    d[0, 1:] = af.tensor([7.0, 8.0])
+    assert_same(d.numpy(), np.array([[0, 7, 8], [3, 4, 5]], np.float32))
+    d[[1, 1], [0, 2]] = af.tensor([9.0, 9.5])                   # setitem, advanced key
+    assert_same(d.numpy(), np.array([[0, 7, 8], [9, 4, 9.5]], np.float32))
+    h = af.zeros(2, 3)
+    h[1] = af.tensor(data[0], device=CUDA)
+    h[[0], [2]] = af.tensor([6.0], device=CUDA)
+    assert_same(h.numpy(), np.array([[0, 0, 6], [0, 1, 2]], np.float32))
+    a = af.tensor(data, device=CUDA)
+    d.copy_(a.to("cpu"))                                        # a round trip issued ahead
+    assert_same(d.numpy(), data)
+    with pytest.raises(DeviceError, match=r"copy_\(\).*cuda:1 to cuda:0.*\.to\('cpu'\)"):
+        d.copy_(af.zeros(2, 3, device="cuda:1"))
+
+
 def test_copies_run_on_the_copy_streams(cuda):
     backend = get_backend(af.device(CUDA))
     af.tensor([1.0, 2.0], device=CUDA).to("cpu").numpy()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
-from ..eager.interpreter import resolve
+from ..backends import get_backend
+from ..eager.interpreter import resolve, transfer
 from ..errors import DeviceError
 from ..tensor.tensor import Tensor
 
@@ -89,6 +90,24 @@ def resolved(impl):
 def no_data(op, device):
     return DeviceError(f"{op}: the {device} device has no data to read; null tensors have only "
                        f"shapes, dtypes and bytes (use cpu for values)")
+
+
+def readable_on(name: str, impl, device):
+    """``impl`` where an op on ``device`` can read it as it is (the same device, host memory
+    on both sides as cpu and null, or a side without data), else its copy on ``device`` made
+    by the transfer across the host boundary, as ``.to(device)`` makes it: what ``to``, and a
+    copy into a tensor of ``device`` (``copy_``, ``x[...] = v``), read from another device.
+    ``name``: the op, for errors.
+
+    Raises:
+        DeviceError: both devices have their own memory (cuda:0 and cuda:1): the message
+            names the op, the devices and the way through the host."""
+    if impl.meta.device is device:
+        return impl
+    src, dst = impl.blob.backend, get_backend(device)
+    if not (src.has_data and dst.has_data) or (src.host_memory and dst.host_memory):
+        return impl
+    return transfer(impl, device, name)
 
 
 COPY = op_def("copy")

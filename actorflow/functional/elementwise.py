@@ -11,8 +11,8 @@ from ..eager.interpreter import apply
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
-from .common import (CAST, COPY, NO_ATTRS, NUMBER, no_data, number, op_def, refuse_out,
-                     resolved, tensor_arg, tensor_like)
+from .common import (CAST, COPY, NO_ATTRS, NUMBER, no_data, number, op_def, readable_on,
+                     refuse_out, resolved, tensor_arg, tensor_like)
 from .joining import nonzero
 
 
@@ -308,9 +308,15 @@ def zero_(input):
 
 
 def copy_(input, other, non_blocking: bool = False):
-    """Copies ``other`` (broadcast to ``input``'s shape, any dtype, cpu or null) into
-    ``input``. ``non_blocking`` is accepted for PyTorch's signature: every copy is queued
-    and ordered like any other op."""
+    """Copies ``other`` (broadcast to ``input``'s shape, any dtype, any device: from
+    across the host boundary, cuda to cpu or cpu to cuda, through the transfer ``.to()``
+    makes, ``readable_on``) into ``input``. ``non_blocking`` is accepted for PyTorch's
+    signature: every copy is queued and ordered like any other op.
+
+    Raises:
+        DeviceError: ``other`` is on a device without data (null) and ``input`` is not, or
+            both are on devices with their own memory (the message says how to go
+            through the host)."""
     dst = tensor_arg("copy_", input)._impl
     s = tensor_arg("copy_", other, "other")._impl
     resolved(dst), resolved(s)
@@ -324,6 +330,7 @@ def copy_(input, other, non_blocking: bool = False):
     if not ok:
         raise ShapeError(f"copy_: source of shape {s.meta.shape} cannot be broadcast to the "
                          f"destination's shape {dst.meta.shape}")
+    s = readable_on("copy_", s, dst.meta.device)
     apply(COPY, [s], NO_ATTRS, device=dst.meta.device, outs=[dst])
     return input
 

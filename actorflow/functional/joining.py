@@ -6,14 +6,14 @@ from __future__ import annotations
 from ..backends import get_backend
 from ..device import device as as_device
 from ..dtype import FLOAT, as_dtype
-from ..eager.interpreter import apply, transfer
+from ..eager.interpreter import apply
 from ..errors import ShapeError
 from ..ops.common import normalize_dim
 from ..ops.shape import promote_all
 from ..tensor import views
 from ..tensor.tensor import Tensor, wrap
-from .common import (CAST, COPY, NO_ATTRS, dim_alias, no_data, op_def, refuse_out, resolved,
-                     tensor_arg)
+from .common import (CAST, COPY, NO_ATTRS, dim_alias, no_data, op_def, readable_on, refuse_out,
+                     resolved, tensor_arg)
 from .common import check_memory_format
 
 
@@ -95,8 +95,9 @@ def to_device(input, device):
     dst = get_backend(dev)
     if not impl.blob.backend.has_data and dst.has_data:
         raise no_data("to", impl.meta.device)
-    if dst.has_data and not (dst.host_memory and impl.blob.backend.host_memory):
-        return wrap(transfer(impl, dev))             # across the host boundary (cuda)
+    moved = readable_on("to", impl, dev)
+    if moved is not impl:
+        return wrap(moved)                           # across the host boundary (cuda)
     return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
 
 
@@ -139,4 +140,4 @@ __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "annotations", "namedtuple", "np", "ops", "apply", "resolve", "Tensor", "wrap", "FLOAT",
     "DeviceError", "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax",
     "get_backend", "as_device", "as_dtype", "promote_all", "views", "dim_alias", "refuse_out",
-    "resolved", "check_memory_format")]
+    "resolved", "check_memory_format", "readable_on")]

@@ -34,7 +34,14 @@ per op, launched one by one.
 A fault of a kernel is the driver stream's sticky error: the commands after it (the state's
 write-back among them) are skipped, so the state keeps its values; the instruction fails,
 its outputs raise the error when read, and the state is not poisoned (``_kept``): the next
-step runs as usual, as on the cpu.
+step runs as usual, as on the cpu. An integer division by zero in a step is such an error
+too, on purpose (its zero flag is checked by a host function on the stream, ``Launch`` with
+``_issue_zero(..., sticky=True)``): that skips the write-back, but it also fails the work
+issued on the compute stream behind the step before the step completed (the error message
+says so). An eager division checks its flag when its instruction completes instead
+(``vm.opcall.ZeroCheck``) and fails only itself and what is computed from it: a step issued
+ahead of that check, reading its output, ran whole on the failed values, so its outputs and
+the state it wrote back keep the error (load the state anew to go on).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from ..dtype import int32
 from ..errors import KernelError
 from ..ops.registry import get as get_op
 from ..tensor.impl import TensorImpl
+from ..vm.deps import RAN_ON_FAILED
 from ..vm.instruction import Instruction
 from ..vm.opcall import allocate, kernel_of, launch_of, run_launch
 from ..vm.scheduler import get_vm
@@ -326,11 +334,14 @@ def _kept(instr, state_blobs, read) -> None:
     the device skipped its state's write-back (the stream's sticky error skips every later
     command), and a step that did not run because an input it reads (``read``) was poisoned
     wrote nothing: either way its state keeps its values, and the error stays on its outputs
-    only. (A step that did not run because its state was poisoned leaves that as it is.)"""
+    only. (A step that did not run because its state was poisoned leaves that as it is; a
+    step issued ahead of an eager op whose error was known only at its completion, a zero
+    flag, ran whole on the values that failed and wrote its state back: that keeps the
+    error, ``vm.deps.RAN_ON_FAILED``.)"""
     err = instr.error
-    if err is None:
-        return
-    ran = instr.result is True
+    if err is None or instr.result is RAN_ON_FAILED:
+        return                              # (it ran whole on inputs that failed after it was
+    ran = instr.result is True              #  issued: its write-back ran, the state keeps it)
     if not ran and not any(b.error is err for b in read):
         return
     for b in state_blobs:

@@ -4,14 +4,19 @@ A blob's ``reads`` is None when no read is recorded since its last write.
 A read waits for the last write of its blob; a write waits for the last write and for every
 read issued since; an instruction waits for the one issued before it on its stream.
 
-What "waits for" means depends on where the two run. On a device whose driver orders the
-work itself (``launches_ahead``: cuda), an instruction that waits for another on the same
-device may be issued as soon as that one is issued on a driver stream (``launched``): the
-device keeps the order (the same driver stream: stream order; another stream: it waits on
-the event recorded after the predecessor, on the device, never on the host). Such a link is
+What "waits for" means depends on where the two run and what links them. On a device whose
+driver orders the work itself (``launches_ahead``: cuda), an instruction may be issued as
+soon as a predecessor is issued on a driver stream (``launched``) when both are on that
+device and the link is the stream order or a blob in that device's memory: the device keeps
+the order (the same driver stream: stream order; another stream: it waits on the event
+recorded after the predecessor, on the device, never on the host). Such a predecessor is
 kept in the later one's ``after``: its event waits when it is issued, and it completes only
-once they completed. Every other link (a predecessor on the host or on another device)
-waits for the predecessor to complete, as on the CPU. A RELEASE of a device blob is issued
+once they completed. Every other link waits for the predecessor to complete, as on the CPU:
+a predecessor on the host or on another device, and a link through a blob in host memory
+even between two instructions of the same device (a copy to the host writes its blob from
+a host function, after its instruction was issued; a copy from the host reads its blob on
+the host when it is issued). A pair linked both ways waits for the completion, and the
+predecessor is then not in ``after``. A RELEASE of a device blob is issued
 once every use of the blob is issued: the device's caching allocator orders the block's
 reuse after those uses (stream order, or events recorded at the free), as CUDA's
 stream-ordered allocators do; it completes once they completed.
@@ -36,8 +41,8 @@ def launches_ahead(stream) -> bool:
 
 def record(instr) -> int:
     """Links ``instr`` after its unfinished predecessors; returns how many it waits for
-    (a predecessor already issued on the same launch-ahead device is not waited for: it
-    goes to ``instr.after`` only)."""
+    (a predecessor already issued on the same launch-ahead device, linked by the stream or
+    that device's memory, is not waited for: it goes to ``instr.after`` only)."""
     s = instr.stream
     after = None
     if s.simulated and s.backend.has_data:       # (launches_ahead, inline)
@@ -45,7 +50,7 @@ def record(instr) -> int:
     n = 0
     for b in instr.consts:
         w = b.last_write
-        if w is not None and not w.done and (after is None or _behind(w, instr, after)):
+        if w is not None and not w.done and (after is None or _behind(w, instr, after, b)):
             w.dependents.append(instr)
             n += 1
         reads = b.reads
@@ -60,13 +65,13 @@ def record(instr) -> int:
         reads.append(instr)
     for b in instr.muts:
         w = b.last_write
-        if w is not None and not w.done and (after is None or _behind(w, instr, after)):
+        if w is not None and not w.done and (after is None or _behind(w, instr, after, b)):
             w.dependents.append(instr)
             n += 1
         if b.reads:
             for r in b.reads:
                 if not r.done and r is not instr and (after is None
-                                                      or _behind(r, instr, after)):
+                                                      or _behind(r, instr, after, b)):
                     r.dependents.append(instr)
                     n += 1
             b.reads = None
@@ -82,13 +87,24 @@ def record(instr) -> int:
     return n
 
 
-def _behind(pred, instr, after) -> bool:
+def _behind(pred, instr, after, blob=None) -> bool:
     """For a launch-ahead ``instr`` (``after``: its list): whether it must wait for
     unfinished ``pred`` to be issued or to complete (True: the caller links them), or may
-    be issued now (``pred`` is issued on the same device already). A predecessor on the
-    same device goes to ``after`` either way."""
-    if pred.after is None or pred.stream.backend is not instr.stream.backend:
+    be issued now (``pred`` is issued on the same device already). ``blob``: the blob that
+    links them (None: the stream order). A predecessor on the same device goes to ``after``
+    unless the pair is linked through other memory (see the module doc): ``launched``
+    releases at issue only the dependents whose ``after`` holds it."""
+    backend = instr.stream.backend
+    if pred.after is None or pred.stream.backend is not backend:
         return True                       # on the host or another device: its completion
+    if blob is not None and blob.backend is not backend:
+        while pred in after:              # through host memory: its completion, for every
+            after.remove(pred)            # link of the pair
+        return True
+    if pred not in after:
+        deps = pred.dependents
+        if deps and deps[-1] is instr:    # (linked above through host memory: record holds
+            return True                   #  the lock, so the last dependent is this one)
     after.append(pred)
     return pred.issued is None
 
@@ -109,14 +125,15 @@ def issued_uses(blob) -> bool:
 
 
 def launched(instr, ready) -> None:
-    """``instr`` was issued on its device's driver stream: each dependent on the same
-    launch-ahead device (linked by ``record``, its ``after`` holds ``instr``) has one
-    predecessor fewer, and goes to ``ready`` when it waits for nothing more; the others
-    (host work, another device) stay for ``instr``'s completion."""
-    backend = instr.stream.backend
+    """``instr`` was issued on its device's driver stream: each dependent linked to it at
+    issue (on the same launch-ahead device, by the stream or the device's memory: its
+    ``after`` holds ``instr``, see ``record``) has one predecessor fewer, and goes to
+    ``ready`` when it waits for nothing more; the others (host work, another device, a link
+    through host memory) stay for ``instr``'s completion."""
     keep = []
     for d in instr.dependents:
-        if d.after is not None and d.stream.backend is backend:
+        a = d.after
+        if a is not None and instr in a:
             d.pending -= 1
             if d.pending == 0 and not d.done:
                 ready.append(d)
@@ -144,6 +161,32 @@ def settled(stream, consts, muts) -> bool:
                 return False
             b.last_write = b.reads = None
     return True
+
+
+# ``result`` of an instruction failed by ``failed_before``: its work ran whole on values that
+# failed, so everything it wrote keeps the error (a compiled step's state too: its write-back
+# ran, unlike a step that faulted, whose later commands the device skipped).
+RAN_ON_FAILED = "ran on failed values"
+
+
+def failed_before(instr):
+    """For a device instruction about to complete without an error of its own: the error of
+    a predecessor it was issued ahead of (in ``after``) that failed once ``instr`` was
+    issued (an error known at completion: a zero flag, a fault the device did not pass on)
+    and poisoned a blob ``instr`` reads or writes, else None. ``instr`` computed from those
+    values, so it fails with that error, as on the CPU it would not have run (the caller
+    sets its ``result`` to ``RAN_ON_FAILED``)."""
+    after = instr.after
+    if not after:
+        return None
+    for blobs in (instr.consts, instr.muts):
+        for b in blobs:
+            e = b.error
+            if e is not None and not e.intact:
+                for p in after:
+                    if p.error is e:
+                        return e
+    return None
 
 
 def first_error(instr):

@@ -9,7 +9,9 @@ same packed arguments) or its reference form, planned by one code for both calle
 eager call (``device_call_op``: the plan cached by the operands' metas and attrs) and a
 compiled program's step (``launch_of``: a ``Launch`` made once, each step packing only
 the device arrays; ``run_launch``: a run of such steps as one generated kernel). An integer
-division's zero flag is issued the same way for both (``_issue_zero``).
+division's zero flag is issued the same way for both (``_issue_zero``) and checked
+differently: for an eager call when its instruction completes (``ZeroCheck``: only the op
+fails), in a compiled step by a host function on the stream (its sticky error).
 
 The VM's op call (a plain tuple, see ``instruction.py``): allocate outputs from the
 device's allocator (on first write), hand the kernel numpy views (``call_op``; a dynamic op
@@ -323,13 +325,14 @@ def _device_kernel(op):
 DERIVED["cuda"] = _device_kernel
 
 
-def device_call_op(args, stream) -> None:
+def device_call_op(args, stream) -> "ZeroCheck | None":
     """Issues one op call (``args`` as ``call_op``'s) on the driver ``stream`` of a device
     with its own memory: allocates the outputs, then launches the op's generated kernel
     when it takes this call (``DeviceKernel.generated``), else its reference kernel over the
     operands' device arrays (views described by their metas, applied where it runs). A
-    generated integer division checks its zero flag (``_issue_zero``; the flag is a block
-    of the device's cache, freed once issued: reused after this stream's work)."""
+    generated integer division reads its zero flag back (``_issue_zero``; the flag is a
+    block of the device's cache, freed once issued: reused after this stream's work) and
+    returns its ``ZeroCheck``, which the VM runs when the instruction completes; else None."""
     kernel, ins, outs, attrs, dynamic, name = args
     allocate(outs, name)
     gen = kernel.generated(ins, outs, attrs)
@@ -337,34 +340,54 @@ def device_call_op(args, stream) -> None:
         g, packed = gen
         if not g.zero:
             stream.launch(g.kernel, tuple(packed))
-            return
+            return None
         backend = outs[0].blob.backend
         caching = backend.caching()
         block = caching.malloc(4, stream)
+        seen = backend.driver().pinned((1,), np.int32)
         try:
-            _issue_zero(stream, g, packed, block.array((1,), np.int32),
-                        backend.driver().pinned((1,), np.int32), _ZERO32)
+            _issue_zero(stream, g, packed, block.array((1,), np.int32), seen, _ZERO32)
         finally:
             caching.free(block)          # reused after this stream's work (allocator.py)
-        return
+        return ZeroCheck(seen, g.division, g.dtype)
     arrays, views = [], []
     for t in (*outs, *ins):
         arrays.append(t.blob.array.darray)
         views.append(None if t.base is None else t.meta)
     stream.launch(kernel.kernel, (len(outs), views, attrs, *arrays))
+    return None
 
 
-def _issue_zero(stream, g, packed: list, flag: DeviceArray, seen, zero) -> None:
+def _issue_zero(stream, g, packed: list, flag: DeviceArray, seen, zero,
+                sticky: bool = False) -> None:
     """Issues generated integer division ``g`` with its zero flag: ``flag`` (an int32 in
-    device memory) set from ``zero`` (host memory holding 0) before the launch, copied to
-    ``seen`` (pinned host memory) after it, and a host function that raises
-    DivisionByZeroError (the stream's sticky error) when it is set. Every command is one
-    a CUDA graph captures (no allocation, no host sync)."""
+    device memory) set from ``zero`` (host memory holding 0) before the launch and copied
+    to ``seen`` (pinned host memory) after it. ``sticky`` (a compiled step): then a host
+    function that raises DivisionByZeroError when it is set, the stream's sticky error,
+    which skips the stream's later commands; else the caller checks ``seen`` once the
+    stream passed it (``ZeroCheck``), which fails only this op. Every command is one a
+    CUDA graph captures (no allocation, no host sync)."""
     stream.copy_h2d(flag, zero)
     stream.launch(g.kernel, (*packed, flag))
     stream.copy_d2h(seen, flag)
-    division, dtype = g.division, g.dtype
-    stream.add_callback(lambda: _check_zero(seen, division, dtype))
+    if sticky:
+        division, dtype = g.division, g.dtype
+        stream.add_callback(lambda: _check_zero(seen, division, dtype))
+
+
+class ZeroCheck:
+    """An eager integer division's zero flag, read back into pinned host memory ``seen``:
+    the VM asks ``error()`` on its loop once the instruction's event completed (the flag is
+    there then), and fails only that op (and, by the poison rules, what is computed from
+    its outputs), as on cpu: no sticky stream error, so unrelated work goes on."""
+    __slots__ = ("seen", "division", "dtype")
+
+    def __init__(self, seen, division: str, dtype: str):
+        self.seen, self.division, self.dtype = seen, division, dtype
+
+    def error(self):
+        """DivisionByZeroError when the kernel set the flag, else None."""
+        return zero_division(self.division, self.dtype, True) if self.seen[0] else None
 
 
 class Launch:
@@ -403,7 +426,7 @@ class Launch:
             stream.launch(self.kernel, tuple(packed))
         else:
             flag, seen, zero = self.zero
-            _issue_zero(stream, self.gen, packed, flag.blob.array.darray, seen, zero)
+            _issue_zero(stream, self.gen, packed, flag.blob.array.darray, seen, zero, True)
 
 
 def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
@@ -574,11 +597,21 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
                   params=src.params)
 
 
+_STICKY_ZERO = (" [in a compiled step on cuda the zero flag is checked by a host function on "
+                "the device's stream, so this is the stream's sticky error: the step's later "
+                "commands (its state's write-back) were skipped, and the work issued on that "
+                "stream behind the step before it completed fails with this error too; an "
+                "eager division fails only itself and what is computed from it]")
+
+
 def _check_zero(seen, op: str, dtype: str) -> None:
-    """A generated integer division's host function: raises the op's cpu error,
-    DivisionByZeroError, when the kernel set the zero flag."""
+    """A compiled step's integer division's host function: raises the op's cpu error,
+    DivisionByZeroError, saying that it is the stream's sticky error, when the kernel set
+    the zero flag."""
     if seen[0]:
-        raise zero_division(op, dtype, True)
+        e = zero_division(op, dtype, True)
+        e.args = (e.args[0] + _STICKY_ZERO,)
+        raise e
 
 
 def kernel_error(op: str, device, e: BaseException, intact: bool = False,

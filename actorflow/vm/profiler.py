@@ -154,7 +154,7 @@ class Rec:
 
 
 def _device_op(instr) -> None:
-    device_call_op(instr.args, instr.stream.backend.current)
+    instr.result = device_call_op(instr.args, instr.stream.backend.current)
 
 
 def _rec_of(instr):

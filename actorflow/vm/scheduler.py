@@ -11,9 +11,10 @@
   elementwise kernels across cores.
 - On a device whose driver orders the work (cuda, ``deps.launches_ahead``), an instruction
   is issued on its driver stream as soon as its predecessors on the device are issued
-  there, not completed (``_dispatch_device``): a chain of dependent ops is queued on the
-  device while the first still runs, and a dependency across streams is a wait on an event,
-  on the device. It still completes after its predecessors (``_settle_device``), so waits
+  there, not completed, where the stream or the device's memory links them (a link through
+  host memory waits for the completion: ``deps.py``; ``_dispatch_device``): a chain of
+  dependent ops is queued on the device while the first still runs, and a dependency across
+  streams is a wait on an event, on the device. It still completes after its predecessors (``_settle_device``), so waits
   and ``synchronize`` see the same order as on the CPU. A dead blob's block is freed once
   its uses are issued, stream-ordered: the caching allocator reuses it only after them. A
   kernel fault fails the work issued after it on its driver stream (or waiting on its
@@ -50,10 +51,11 @@ from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED, Blob
-from .deps import error_to_run, first_error, launched, record, settled, wrote_nothing
+from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, launched, record,
+                   settled, wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
-from .opcall import allocate, device_call_op, kernel_error, run_op
+from .opcall import ZeroCheck, allocate, device_call_op, kernel_error, run_op
 from .run_cuts import ELEMENTWISE
 from .release import collect
 from .sync import KeptErrors
@@ -436,6 +438,13 @@ class VM:
             fault = None
         except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
             fault = e
+        check = instr.result
+        if check.__class__ is ZeroCheck:    # an eager integer division's zero flag: only
+            instr.result = None             # this op fails (and what reads its outputs)
+            if fault is None and instr.error is None:
+                e = check.error()
+                if e is not None:
+                    self._fail(instr, self._kernel_error(instr, e))
         self._settle_device(instr, fault)
 
     def _device_done(self, instr, ev) -> None:
@@ -459,7 +468,10 @@ class VM:
     def _settle_device(self, instr: Instruction, fault) -> None:
         """Completes device ``instr`` (its event completed with ``fault``, the driver's
         error or None) once every predecessor it was issued ahead of has completed, and then
-        the ones that were waiting for it to. The poison rule: a fault is sticky on its
+        the ones that were waiting for it to. The poison rules: an instruction whose
+        predecessor in ``after`` failed after it was issued, poisoning a blob it reads or
+        writes, fails with that error whatever its own work did (``deps.failed_before``);
+        and a fault is sticky on its
         driver stream, and a stream that waits on an event recorded after it inherits it, so
         the work issued there after the faulting kernel never runs; each such instruction
         fails with the first error, the faulting kernel's (``_fault_error``), poisoning what
@@ -477,7 +489,13 @@ class VM:
                 with self._lock:
                     self._add_waiter(gate, partial(self._gated.append, (instr, fault)))
                 continue
-            if fault is not None:
+            if fault is None:
+                if instr.error is None and instr.kind != RELEASE:
+                    err = failed_before(instr)
+                    if err is not None:
+                        self._fail(instr, err)
+                        instr.result = RAN_ON_FAILED
+            else:
                 if instr.error is None:
                     self._fail(instr, self._fault_error(instr, fault))
                 dstream = instr.issued[0] if instr.issued is not None else None
@@ -733,7 +751,7 @@ class VM:
 
 
 def _run_on_device(instr) -> None:
-    device_call_op(instr.args, instr.stream.backend.current)
+    instr.result = device_call_op(instr.args, instr.stream.backend.current)
 
 
 def _set_done(fut) -> None:
