@@ -15,21 +15,9 @@ from actorflow.backends.cuda.emu import EmuDriver
 from actorflow.backends.cuda.selection import use_driver
 from actorflow.errors import KernelError
 from cuda_fixtures import CUDA, assert_same, settle
+from test_graph_mode import TrainStep
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class TrainStep(nn.Graph):
-    def __init__(self, model, opt, **kw):
-        super().__init__(**kw)
-        self.model = model
-        self.loss = nn.CrossEntropyLoss()
-        self.add_optimizer(opt)
-
-    def build(self, x, y):
-        loss = self.loss(self.model(x), y)
-        loss.backward()
-        return loss
 
 
 def batches(n, b=6, seed=0):

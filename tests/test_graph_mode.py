@@ -22,8 +22,8 @@ def make(opt_name, kwargs, seed=0):
 
 
 class TrainStep(nn.Graph):
-    def __init__(self, model, opt):
-        super().__init__()
+    def __init__(self, model, opt, **graph_kw):
+        super().__init__(**graph_kw)
         self.model = model
         self.loss = nn.CrossEntropyLoss()
         self.add_optimizer(opt)
