@@ -271,9 +271,15 @@ class Tensor:
     def fill_(self, value: _Number) -> Tensor:
         """Writes ``value`` to every element of ``input`` (a view writes through)."""
     def copy_(self, other: Tensor, non_blocking: builtins.bool = False) -> Tensor:
-        """Copies ``other`` (broadcast to ``input``'s shape, any dtype, cpu or null) into
-        ``input``. ``non_blocking`` is accepted for PyTorch's signature: every copy is queued
-        and ordered like any other op.
+        """Copies ``other`` (broadcast to ``input``'s shape, any dtype, any device: from
+        across the host boundary, cuda to cpu or cpu to cuda, through the transfer ``.to()``
+        makes, ``readable_on``) into ``input``. ``non_blocking`` is accepted for PyTorch's
+        signature: every copy is queued and ordered like any other op.
+
+        Raises:
+            DeviceError: ``other`` is on a device without data (null) and ``input`` is not, or
+                both are on devices with their own memory (the message says how to go
+                through the host).
         """
     def neg(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
         """Elementwise neg of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
