@@ -462,7 +462,7 @@ async def stop_somehow(g, how, after, probe):
             n += 1
             if n >= after:
                 reached.set()
-                if how == "consumer break":         # and close it, as the README says
+                if how == "consumer break":         # and close it, as docs/actor-graphs.md says
                     break
                 if how == "consumer raise":
                     raise KeyError("stop")
