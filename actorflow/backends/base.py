@@ -316,15 +316,18 @@ class NoDataAllocator(Allocator):
 class Stream:
     """An in-order queue of instructions on one device: each instruction on a stream starts
     after the one issued before it on that stream completes. ``tail`` is the last issued;
-    ``simulated``: the backend's (its work never runs inline on the issuing thread)."""
+    ``simulated`` and ``launches_ahead``: the backend's, read on every op call (one
+    attribute here, not two through the backend)."""
 
-    __slots__ = ("device", "backend", "name", "simulated", "tail", "__weakref__")
+    __slots__ = ("device", "backend", "name", "simulated", "launches_ahead", "tail",
+                 "__weakref__")
 
     def __init__(self, backend, name: str):
         self.device = backend.device
         self.backend = backend
         self.name = name
         self.simulated = backend.simulated
+        self.launches_ahead = backend.launches_ahead
         self.tail = None
 
     def __repr__(self) -> str:
@@ -339,6 +342,9 @@ class Backend:
     simulated = False
     has_data = True
     host_memory = True          # its arrays are numpy arrays the host reads (cuda: False)
+    launches_ahead = False      # its driver orders its work (streams, events), so work that
+    #                             depends on it may be issued before it completes (cuda;
+    #                             vm/deps.py)
 
     def __init__(self, device):
         self.device = device

@@ -5,7 +5,7 @@ A read waits for the last write of its blob; a write waits for the last write an
 read issued since; an instruction waits for the one issued before it on its stream.
 
 What "waits for" means depends on where the two run and what links them. On a device whose
-driver orders the work itself (``launches_ahead``: cuda), an instruction may be issued as
+driver orders the work itself (``Stream.launches_ahead``: cuda), an instruction may be issued as
 soon as a predecessor is issued on a driver stream (``launched``) when both are on that
 device and the link is the stream order or a blob in that device's memory: the device keeps
 the order (the same driver stream: stream order; another stream: it waits on the event
@@ -33,19 +33,13 @@ from .instruction import INPUTS, OUTPUTS
 _PRUNE_AT = 8
 
 
-def launches_ahead(stream) -> bool:
-    """Whether work on ``stream`` is issued on a device that orders it (a driver's
-    streams and events), so that work depending on it may be issued before it completes."""
-    return stream.simulated and stream.backend.has_data
-
-
 def record(instr) -> int:
     """Links ``instr`` after its unfinished predecessors; returns how many it waits for
     (a predecessor already issued on the same launch-ahead device, linked by the stream or
     that device's memory, is not waited for: it goes to ``instr.after`` only)."""
     s = instr.stream
     after = None
-    if s.simulated and s.backend.has_data:       # (launches_ahead, inline)
+    if s.launches_ahead:
         after = instr.after = []
     n = 0
     for b in instr.consts:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from ..tensor.blob import RELEASED
-from .deps import issued_uses, launches_ahead
+from .deps import issued_uses
 from .instruction import RELEASE, Instruction
 
 
@@ -66,7 +66,7 @@ def _collect(vm, submit_pending: bool) -> bool:
                 blob.released = True
         elif submit_pending:
             stream = blob.backend.compute
-            if launches_ahead(stream):
+            if stream.launches_ahead:
                 stream = blob.backend.stream(RELEASES)
             vm.submit(Instruction(RELEASE, "release", stream, (), (blob,), _release, None))
         else:

@@ -9,7 +9,7 @@
 - Everything else goes to the ready queue; the loop is woken once per batch of submissions,
   runs tiny kernels itself and sends larger ones to CPU worker threads, splitting large
   elementwise kernels across cores.
-- On a device whose driver orders the work (cuda, ``deps.launches_ahead``), an instruction
+- On a device whose driver orders the work (cuda, ``Stream.launches_ahead``), an instruction
   is issued on its driver stream as soon as its predecessors on the device are issued
   there, not completed, where the stream or the device's memory links them (a link through
   host memory waits for the completion: ``deps.py``; ``_dispatch_device``): a chain of
@@ -273,7 +273,7 @@ class VM:
     def _dispatch(self, instr: Instruction, force_pool: bool) -> None:
         stream = instr.stream
         if stream.simulated:
-            if stream.backend.has_data:           # a device whose driver runs the work
+            if stream.launches_ahead:              # a device whose driver runs the work
                 self._dispatch_device(instr)
                 return
             nbytes = sum(b.nbytes for b in instr.muts)

@@ -134,6 +134,7 @@ class CudaBackend(Backend):
     arrays are device memory, which only copies and kernels on its streams touch."""
 
     simulated = True               # the host never runs its work inline: the driver does
+    launches_ahead = True          # the driver orders it: dependents are issued ahead
     host_memory = False
 
     def __init__(self, device):
