@@ -63,7 +63,7 @@ def digits_as_pngs(root: pathlib.Path) -> tuple[list, np.ndarray]:
         root.parent.mkdir(parents=True, exist_ok=True)
         part = pathlib.Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
         for i, img in enumerate(pixels):
-            Image.fromarray(img, mode="L").save(part / f"{i:04d}.png")
+            Image.fromarray(img).save(part / f"{i:04d}.png")
         (part / "labels.txt").write_text("".join(f"{i:04d}.png {t}\n"
                                                  for i, t in enumerate(digits.target)))
         try:                            # whole or not at all: another run may race us
