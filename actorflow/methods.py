@@ -299,6 +299,8 @@ METHODS = {
     "amin": F.amin, "argmax": F.argmax, "argmin": F.argmin,
     "softmax": F.softmax, "log_softmax": F.log_softmax, "nonzero": F.nonzero,
     "where": _where,
+    "gather": F.gather, "scatter_add": F.scatter_add, "scatter_add_": F.scatter_add_,
+    "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk,
 }
 
 # (op, operator, reflected operator): functional's prebuilt operator functions
