@@ -11,7 +11,7 @@ from ..dtype import as_dtype
 from ..eager.interpreter import apply
 from ..ops.common import normalize_dim
 from ..tensor.tensor import wrap
-from .common import number, op_def, refuse_out, resolved, tensor_arg
+from .common import dim_alias, number, op_def, refuse_out, resolved, tensor_arg
 
 # PyTorch's torch.return_types: a named tuple (values, indices)
 Sort = namedtuple("sort", ["values", "indices"])
@@ -21,11 +21,22 @@ _GATHER, _SCATTER_ADD, _CUMSUM = op_def("gather"), op_def("scatter_add"), op_def
 _SORT, _TOPK, _PAD = op_def("sort"), op_def("topk"), op_def("pad")
 
 
-def _dim(name, impl, dim) -> int:
+def _dim(name, impl, dim, axis=None, default=None) -> int:
+    """``dim`` (or its alias ``axis``) normalized for the tensor ``impl``; a TypeError
+    when neither is given to a function that needs one."""
+    dim = dim_alias(name, dim, axis, default)
+    if dim is None:
+        raise TypeError(f"{name}(): missing the 'dim' argument (the dim to work along)")
     return normalize_dim(name, dim, len(resolved(impl).shape))
 
 
-def gather(input, dim, index, *, sparse_grad: bool = False, out=None):
+def _required(name, value, arg):
+    if value is None:
+        raise TypeError(f"{name}(): missing the '{arg}' argument")
+    return tensor_arg(name, value, arg)._impl
+
+
+def gather(input, dim=None, index=None, *, sparse_grad: bool = False, out=None, axis=None):
     """``out[i][j] = input[index[i][j]][j]`` (dim 0; likewise along any dim): ``index`` has
     the input's number of dims, is int64 and no larger than the input in the other dims; its
     values must be in [0, input.shape[dim]). ``sparse_grad`` is taken and ignored (the
@@ -33,69 +44,75 @@ def gather(input, dim, index, *, sparse_grad: bool = False, out=None):
     if out is not None:
         refuse_out("gather", out)
     x = tensor_arg("gather", input)._impl
-    i = tensor_arg("gather", index, "index")._impl
-    return wrap(apply(_GATHER, [x, i], {"dim": _dim("gather", x, dim)})[0])
+    i = _required("gather", index, "index")
+    return wrap(apply(_GATHER, [x, i], {"dim": _dim("gather", x, dim, axis)})[0])
 
 
-def _scatter_args(name, input, dim, index, src):
+def _scatter_args(name, input, dim, index, src, axis):
     x = tensor_arg(name, input)._impl
-    i = tensor_arg(name, index, "index")._impl
-    s = tensor_arg(name, src, "src")._impl
-    return [x, i, s], {"dim": _dim(name, x, dim)}
+    i = _required(name, index, "index")
+    s = _required(name, src, "src")
+    return [x, i, s], {"dim": _dim(name, x, dim, axis)}
 
 
-def scatter_add(input, dim, index, src):
+def scatter_add(input, dim=None, index=None, src=None, *, out=None, axis=None):
     """A copy of ``input`` with ``src[i][j]`` added at ``[index[i][j]][j]`` (dim 0; likewise
     along any dim), repeated indices summed. ``index``: int64, the input's number of dims, no
     larger than ``src`` in any dim nor than the input in the dims but ``dim``; its values in
     [0, input.shape[dim])."""
-    impls, attrs = _scatter_args("scatter_add", input, dim, index, src)
+    if out is not None:
+        refuse_out("scatter_add", out)
+    impls, attrs = _scatter_args("scatter_add", input, dim, index, src, axis)
     return wrap(apply(_SCATTER_ADD, impls, attrs)[0])
 
 
-def scatter_add_(input, dim, index, src):
+def scatter_add_(input, dim=None, index=None, src=None, *, axis=None):
     """``scatter_add`` written into ``input``."""
-    impls, attrs = _scatter_args("scatter_add_", input, dim, index, src)
+    impls, attrs = _scatter_args("scatter_add_", input, dim, index, src, axis)
     apply(_SCATTER_ADD, impls, attrs, outs=[impls[0]])
     return input
 
 
-def cumsum(input, dim, *, dtype=None, out=None):
+def cumsum(input, dim=None, *, dtype=None, out=None, axis=None):
     """The cumulative sum along ``dim``; bools and ints sum to int64 unless ``dtype`` says
     otherwise (the input is then summed in it, as in PyTorch)."""
     if out is not None:
         refuse_out("cumsum", out)
     x = tensor_arg("cumsum", input)._impl
-    attrs = {"dim": _dim("cumsum", x, dim), "reverse": False,
+    attrs = {"dim": _dim("cumsum", x, dim, axis), "reverse": False,
              "dtype": None if dtype is None else as_dtype(dtype)}
     return wrap(apply(_CUMSUM, [x], attrs)[0])
 
 
-def _sorting(name, op, input, dim, descending, k=None):
+def _sorting(name, op, input, dim, axis, descending, k=None):
     x = tensor_arg(name, input)._impl
-    attrs = {"dim": _dim(name, x, dim), "descending": bool(descending)}
+    attrs = {"dim": _dim(name, x, dim, axis, -1), "descending": bool(descending)}
     if k is not None:
         attrs["k"] = k
     vals, idx = apply(op, [x], attrs)
     return wrap(vals), wrap(idx)
 
 
-def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None):
+def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None,
+         axis=None):
     """``(values, indices)`` of ``input`` sorted along ``dim``. The sort is always stable
     (equal values keep their order, descending too; ``stable`` is taken for PyTorch's
     signature); NaN sorts above every number, as in PyTorch."""
     if out is not None:
         refuse_out("sort", out)
-    return Sort(*_sorting("sort", _SORT, input, dim, descending))
+    return Sort(*_sorting("sort", _SORT, input, dim, axis, descending))
 
 
-def argsort(input, dim=-1, descending: bool = False, *, stable: bool = False):
+def argsort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None,
+            axis=None):
     """The indices of ``sort(input, dim, descending)`` (stable, as there)."""
-    return _sorting("argsort", _SORT, input, dim, descending)[1]
+    if out is not None:
+        refuse_out("argsort", out)
+    return _sorting("argsort", _SORT, input, dim, axis, descending)[1]
 
 
 def topk(input, k, dim=-1, largest: bool = True, sorted: bool = True, *,  # noqa: A002
-         out=None):
+         out=None, axis=None):
     """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
     along ``dim``, sorted; among equal values the first ones come first (``sorted=False``
     gives the same order, one PyTorch allows).
@@ -106,7 +123,7 @@ def topk(input, k, dim=-1, largest: bool = True, sorted: bool = True, *,  # noqa
         refuse_out("topk", out)
     if isinstance(k, bool) or not isinstance(k, int):
         k = int(number("topk", k, "k"))
-    return TopK(*_sorting("topk", _TOPK, input, dim, largest, k))
+    return TopK(*_sorting("topk", _TOPK, input, dim, axis, largest, k))
 
 
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
