@@ -45,11 +45,12 @@ float32 = DType("float32", np.float32, FLOAT)
 float64 = DType("float64", np.float64, FLOAT)
 bfloat16 = DType("bfloat16", np.uint16, FLOAT)       # stored as uint16 bits: see above
 
-ALL = (bool_, int32, int64, float16, bfloat16, float32, float64)
-_BY_NAME = {d.name: d for d in ALL}
+ALL = (bool_, int32, int64, float16, float32, float64)     # numpy's own: computed as they are
+STORAGE_ONLY = (bfloat16,)                                 # computed in float32
+_BY_NAME = {d.name: d for d in ALL + STORAGE_ONLY}
 _BY_NAME.update({"float": float32, "double": float64, "half": float16, "int": int32,
                  "long": int64, "bool_": bool_})
-_BY_NP = {d.np: d for d in ALL if d is not bfloat16}     # a uint16 array is no bfloat16
+_BY_NP = {d.np: d for d in ALL}
 _BY_PY = {bool: bool_, int: int64, float: float32}
 
 default_float = float32
@@ -76,7 +77,7 @@ def as_dtype(value) -> DType:
         if d is not None:
             return d
     raise DTypeError(f"unsupported dtype {value!r}; actorflow supports "
-                     f"{', '.join(x.name for x in ALL)}")
+                     f"{', '.join(x.name for x in ALL + STORAGE_ONLY)}")
 
 
 def from_numpy_dtype(np_dtype, op: str = "from_numpy") -> DType:

@@ -67,6 +67,9 @@ class Bfloat16Kernel:
 
     def __call__(self, outs, ins, attrs):
         ins = [bfloat16_values(a) if a.dtype == _BITS else a for a in ins]
+        if type(attrs.get("scalar")) is float:      # a number meets a bfloat16 tensor in
+            attrs = dict(attrs)                     # bfloat16, as in PyTorch
+            attrs["scalar"] = float(bfloat16_values(bfloat16_bits([attrs["scalar"]]))[0])
         if outs is None:                # a dynamic op returns its outputs
             res = self.kernel(None, ins, attrs)
             return [bfloat16_bits(r) if n else r for r, n in zip(res, self.narrow)]
