@@ -49,6 +49,9 @@ def test_cumsum_equals_pytorchs_with_its_dtypes(dtype):
         got, want = af.cumsum(a, dim), torch.cumsum(t, dim)
         assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+    h = af.tensor(np.full(3000, 0.1, np.float16))         # half sums in float32, as PyTorch
+    np.testing.assert_array_equal(af.cumsum(h, 0).numpy(),
+                                  torch.cumsum(torch.tensor(h.numpy()), 0).numpy())
     got = a.cumsum(1, dtype=af.float64)
     assert got.dtype is af.float64
     np.testing.assert_allclose(got.numpy(), torch.cumsum(t, 1, dtype=torch.float64).numpy())

@@ -23,11 +23,14 @@ def _k_cumsum(outs, ins, attrs):
         o[...] = x
         return
     dim = attrs["dim"]
+    acc = np.float32 if o.dtype == np.float16 else o.dtype  # half sums in float32, as PyTorch
     if attrs["reverse"]:
         flip = (slice(None),) * dim + (slice(None, None, -1),)
-        np.cumsum(x[flip], axis=dim, dtype=o.dtype, out=o[flip])
+        o[flip] = np.cumsum(x[flip], axis=dim, dtype=acc)
+    elif acc is o.dtype:
+        np.cumsum(x, axis=dim, dtype=acc, out=o)
     else:
-        np.cumsum(x, axis=dim, dtype=o.dtype, out=o)
+        o[...] = np.cumsum(x, axis=dim, dtype=acc)
 
 
 register(OpDef("cumsum", ("x",), _cumsum_infer, {"cpu": _k_cumsum},
