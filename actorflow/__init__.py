@@ -7,8 +7,8 @@ from .creation import (arange, empty, empty_like, from_dlpack, from_numpy, full,
                        manual_seed, ones, ones_like, rand, rand_like, randn, randn_like, tensor,
                        zeros, zeros_like)
 from .device import Device, device
-from .dtype import (DType, bool_, float16, float32, float64, int32, int64, promote_types,
-                    result_type)
+from .dtype import (DType, bfloat16, bool_, float16, float32, float64, int32, int64,
+                    promote_types, result_type)
 from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError,
                      DivisionByZeroError, DTypeError, IndexOutOfBoundsError, InvalidInputError,
                      KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
@@ -21,6 +21,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          remainder, remainder_, sigmoid, softmax, sqrt, stack, sub, sub_, sum,
                          tanh, where,
                          zero_)
+from .functional import (argsort, cumsum, gather, scatter_add, sort, topk)
 from .tracing import trace
 from . import data, distributed, nn, optim, testing
 from .serialization import load, save
@@ -47,7 +48,8 @@ __all__ = [
     "rand", "randn", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
     "randn_like", "manual_seed",
     # dtypes and devices
-    "DType", "bool", "bool_", "int32", "int64", "float16", "float32", "float64", "float",
+    "DType", "bool", "bool_", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+    "float",
     "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
     # ops
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
@@ -57,6 +59,7 @@ __all__ = [
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
     "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
+    "argsort", "cumsum", "gather", "scatter_add", "sort", "topk",
     # autograd
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running

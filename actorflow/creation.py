@@ -10,7 +10,8 @@ import numpy as np
 from . import ops
 from .backends import get_backend
 from .device import device as as_device
-from .dtype import as_dtype, default_float, from_numpy_dtype, int64, scalar_dtype
+from .dtype import (as_dtype, bfloat16, bfloat16_bits, default_float, from_numpy_dtype, int64,
+                    scalar_dtype)
 from .eager.interpreter import access, apply
 from .errors import DTypeError
 from .tensor.impl import TensorImpl
@@ -60,6 +61,8 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     Example: ``af.tensor([[1., -1.], [1., -1.]])``
     """
     if isinstance(data, Tensor):
+        if dtype is None:
+            dtype = data.dtype              # (a bfloat16 tensor's numpy() is float32)
         data = data.numpy()
     try:
         arr = np.array(data, copy=True) if isinstance(data, np.ndarray) else np.asarray(data)
@@ -72,6 +75,8 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     dev = as_device(device if device is not None else "cpu")
     impl = apply(_EMPTY, [], {"shape": arr.shape, "dtype": dt, "device": dev}, device=dev)[0]
     backend = get_backend(dev)
+    if dt is bfloat16:
+        arr = bfloat16_bits(arr)            # the storage: bits rounded from float32
     if backend.has_data:
         copy_in = backend.allocator.copy_in
         access(impl, lambda dst: copy_in(dst, arr), write=True, name="copy_in")

@@ -43,9 +43,11 @@ int64 = DType("int64", np.int64, INT)
 float16 = DType("float16", np.float16, FLOAT)
 float32 = DType("float32", np.float32, FLOAT)
 float64 = DType("float64", np.float64, FLOAT)
+bfloat16 = DType("bfloat16", np.uint16, FLOAT)       # stored as uint16 bits: see above
 
-ALL = (bool_, int32, int64, float16, float32, float64)
-_BY_NAME = {d.name: d for d in ALL}
+ALL = (bool_, int32, int64, float16, float32, float64)     # numpy's own: computed as they are
+STORAGE_ONLY = (bfloat16,)                                 # computed in float32
+_BY_NAME = {d.name: d for d in ALL + STORAGE_ONLY}
 _BY_NAME.update({"float": float32, "double": float64, "half": float16, "int": int32,
                  "long": int64, "bool_": bool_})
 _BY_NP = {d.np: d for d in ALL}
@@ -75,7 +77,7 @@ def as_dtype(value) -> DType:
         if d is not None:
             return d
     raise DTypeError(f"unsupported dtype {value!r}; actorflow supports "
-                     f"{', '.join(x.name for x in ALL)}")
+                     f"{', '.join(x.name for x in ALL + STORAGE_ONLY)}")
 
 
 def from_numpy_dtype(np_dtype, op: str = "from_numpy") -> DType:
@@ -92,6 +94,8 @@ def promote_types(a: DType, b: DType) -> DType:
         return a
     if a.category != b.category:
         return a if a.category > b.category else b
+    if a.itemsize == b.itemsize and a.category == FLOAT:
+        return float32                  # bfloat16 and float16: neither holds the other
     return a if a.itemsize >= b.itemsize else b
 
 
@@ -136,3 +140,30 @@ def result_type(*operands) -> DType:
     if out is None:
         raise DTypeError("result_type needs at least one operand")
     return out
+
+
+# -- bfloat16 storage --------------------------------------------------------------------
+
+_U32 = np.dtype(np.uint32)
+
+
+def bfloat16_bits(values) -> np.ndarray:
+    """The bfloat16 bits (uint16) nearest to ``values`` (read as float32 first), ties to
+    even, as PyTorch's conversion: NaN becomes 0x7FC0, values past the largest bfloat16
+    round to infinity."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = np.ascontiguousarray(values, dtype=np.float32)
+        bits = f.view(_U32)
+        rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
+    out = rounded.astype(np.uint16)
+    nan = f != f
+    if nan.any():
+        out[nan] = 0x7FC0
+    return out
+
+
+def bfloat16_values(bits) -> np.ndarray:
+    """The float32 values of bfloat16 ``bits`` (uint16), exactly."""
+    wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32)
+    np.left_shift(wide, 16, out=wide)           # (in place: a 0-d array stays an array)
+    return wide.view(np.float32)

@@ -17,7 +17,7 @@ import numpy as np
 from . import autograd
 from . import functional as F
 from . import indexing
-from .dtype import DType, as_dtype
+from .dtype import DType, as_dtype, bfloat16, bfloat16_bits, bfloat16_values
 from .eager.interpreter import read, read_async, resolve
 from .errors import DeviceError
 from .functional.common import check_memory_format
@@ -39,8 +39,10 @@ def _read(self, fn, name):
 def numpy(self, *, force: bool = False):
     """A numpy copy of the values, taken after every write issued before this call.
     Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``.
-    ``force`` is PyTorch's (a copy even where it would share memory): this is always one."""
-    return _read(self, self._impl.blob.backend.allocator.copy_out, "numpy")
+    ``force`` is PyTorch's (a copy even where it would share memory): this is always one.
+    A bfloat16 tensor's values come as float32 (exactly: numpy has no bfloat16)."""
+    a = _read(self, self._impl.blob.backend.allocator.copy_out, "numpy")
+    return bfloat16_values(a) if self._impl.meta.dtype is bfloat16 else a
 
 
 async def numpy_async(self):
@@ -48,7 +50,8 @@ async def numpy_async(self):
     impl = self._impl
     if not impl.blob.backend.has_data:
         raise DeviceError(f"numpy_async(): the {impl.meta.device} device has no data")
-    return await read_async(impl, impl.blob.backend.allocator.copy_out, "numpy")
+    a = await read_async(impl, impl.blob.backend.allocator.copy_out, "numpy")
+    return bfloat16_values(a) if impl.meta.dtype is bfloat16 else a
 
 
 def _array(self, dtype=None, copy=None):
@@ -168,8 +171,8 @@ def _setitem(self, key, value) -> None:
     indexing.setitem(self, key, value)
 
 
-_DTYPE_NAMES = {"bool", "int32", "int64", "float16", "float32", "float64", "float", "double",
-                "half", "int", "long"}
+_DTYPE_NAMES = {"bool", "int32", "int64", "float16", "bfloat16", "float32", "float64", "float",
+                "double", "half", "int", "long"}
 
 
 def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: bool = False,
@@ -278,6 +281,7 @@ METHODS = {
     "to": to, "cpu": cpu, "type": _type,
     **{name: _converter(name, dtype) for name, dtype in (
         ("float", "float32"), ("double", "float64"), ("half", "float16"),
+        ("bfloat16", "bfloat16"),
         ("int", "int32"), ("long", "int64"), ("bool", "bool"))},
     "clone": F.clone, "contiguous": contiguous, "reshape": reshape, "flatten": flatten,
     "__pow__": F.pow, "__matmul__": F.matmul, "__rmatmul__": _rmatmul, "__pos__": _pos,
@@ -299,6 +303,8 @@ METHODS = {
     "amin": F.amin, "argmax": F.argmax, "argmin": F.argmin,
     "softmax": F.softmax, "log_softmax": F.log_softmax, "nonzero": F.nonzero,
     "where": _where,
+    "gather": F.gather, "scatter_add": F.scatter_add, "scatter_add_": F.scatter_add_,
+    "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk,
 }
 
 # (op, operator, reflected operator): functional's prebuilt operator functions

@@ -10,21 +10,24 @@ import os
 import numpy as np
 
 from .creation import tensor
+from .dtype import bfloat16, bfloat16_bits, bfloat16_values
 from .tensor.tensor import Tensor
 
 _SEP = "/"
 _PLAIN = "#"            # marks a plain value (number, string, None, list): JSON text
 _INT_KEY = "%"          # marks an int key (an optimizer's state by parameter index)
+_BFLOAT16 = "!"         # marks a bfloat16 tensor, saved as its bits (uint16: numpy has no
+                        # bfloat16)
 
 
 def _key(k, prefix: str) -> str:
     if isinstance(k, int) and not isinstance(k, bool):
         return f"{_INT_KEY}{k}"
-    if (not isinstance(k, str) or _SEP in k or not k or k[0] in (_PLAIN, _INT_KEY)
+    if (not isinstance(k, str) or _SEP in k or not k or k[0] in (_PLAIN, _INT_KEY, _BFLOAT16)
             or _item_index(k) is not None):
         raise ValueError(f"af.save: keys must be ints or non-empty strings without {_SEP!r} "
-                         f"that do not start with {_PLAIN!r} or {_INT_KEY!r} and are not "
-                         f"written like a list's item ('[0]', '(0)'); got {k!r} at "
+                         f"that do not start with {_PLAIN!r}, {_INT_KEY!r} or {_BFLOAT16!r} "
+                         f"and are not written like a list's item ('[0]', '(0)'); got {k!r} at "
                          f"{prefix or 'the top'!r}")
     return k
 
@@ -56,7 +59,10 @@ def _flatten(obj, prefix: str, out: dict) -> None:
         if not obj._impl.blob.backend.has_data:
             raise ValueError(f"af.save: {prefix!r} is on the {obj.device} device, which has "
                              f"no data")
-        out[prefix] = obj.detach().numpy()
+        if obj.dtype is bfloat16:
+            out[_BFLOAT16 + prefix] = bfloat16_bits(obj.detach().numpy())   # (exact)
+        else:
+            out[prefix] = obj.detach().numpy()
     elif isinstance(obj, (np.ndarray, np.generic)):
         out[prefix] = np.asarray(obj)
     elif _plain(obj):
@@ -104,6 +110,8 @@ def load(path) -> dict:
             a = data[key]
             if key.startswith(_PLAIN):
                 key, value = key[1:], json.loads(str(a))
+            elif key.startswith(_BFLOAT16):
+                key, value = key[1:], tensor(bfloat16_values(a), dtype=bfloat16)
             else:
                 value = tensor(a)
             d = out

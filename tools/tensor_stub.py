@@ -72,7 +72,8 @@ TYPES = {
     "copy": "bool", "non_blocking": "bool", "key": "Any", "args": "Any", "kwargs": "Any",
     "sizes": "_Shape", "shape": "_Shape", "dims": "_Shape", "gradient": "Tensor | None",
     "impl": "TensorImpl", "fn": "Any", "name": "str", "stream": "Any", "t": "Tensor",
-    "arg": "Any",
+    "arg": "Any", "index": "Tensor", "src": "Tensor", "descending": "bool", "stable": "bool",
+    "k": "int", "largest": "bool", "sorted": "bool", "sparse_grad": "bool",
 }
 
 # (function, parameter) -> type, where the name alone does not say it.
@@ -86,7 +87,13 @@ TYPES_IN = {
     ("grad", "value"): "Tensor | None", ("expand_as", "other"): "Tensor",
     ("__array__", "dtype"): "Any", ("__array__", "copy"): "bool | None",
     ("type", "dtype"): "_DTypeLike", ("reshape", "shape"): "Sequence[int] | None",
-    ("shape_args", "args"): "tuple[Any, ...]",
+    ("shape_args", "args"): "tuple[Any, ...]", ("cumsum", "dim"): "int | None",
+    ("gather", "dim"): "int | None", ("scatter_add", "dim"): "int | None",
+    ("scatter_add_", "dim"): "int | None", ("gather", "index"): "Tensor | None",
+    ("scatter_add", "index"): "Tensor | None", ("scatter_add_", "index"): "Tensor | None",
+    ("scatter_add", "src"): "Tensor | None", ("scatter_add_", "src"): "Tensor | None",
+    ("cumsum", "axis"): "int | None", ("sort", "dim"): "int", ("argsort", "dim"): "int",
+    ("topk", "dim"): "int",
 }
 
 # A result's type, where the function does not annotate it (or says less than this).
@@ -97,7 +104,8 @@ RETURNS = {
     "__str__": "str", "__dlpack__": "Any", "__dlpack_device__": "tuple[int, int]",
     "__iter__": "Iterator[Tensor]", "grad": "Tensor | None", "grad_fn": "Any",
     "backward": "None", "shape_args": "tuple[int, ...]",
-    "stride": "tuple[int, ...] | int",
+    "stride": "tuple[int, ...] | int", "sort": "tuple[Tensor, Tensor]",
+    "topk": "tuple[Tensor, Tensor]",
 }
 
 # Overloads: per variant, what some parameters are declared as (type, and default if

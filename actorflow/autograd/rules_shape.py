@@ -218,3 +218,72 @@ class _ViewRule:
 
 VIEW_RULES.update(reshape=_ViewRule(_view_reshape), permute=_ViewRule(_view_permute),
                   expand=_ViewRule(_view_expand), index=_ViewRule(_view_index))
+
+
+# -- gathers and scatters along a dim, cumsum, sort/topk, pad --------------------------------
+
+_GATHER, _SCATTER_ADD, _CUMSUM = op_def("gather"), op_def("scatter_add"), op_def("cumsum")
+_PAD, _PAD_BACKWARD = op_def("pad"), op_def("pad_backward")
+
+
+def _scatter_into_zeros(shape, dtype, device, dim, index, g):
+    """zeros(shape) with ``g`` added at ``index`` along ``dim`` (the scatter_add that is a
+    gather's gradient; its kernel checks the index's bounds, as the gather's did)."""
+    z = zeros(shape, dtype=dtype, device=device)
+    if g.dtype is not dtype:
+        g = F.cast(g, dtype)
+    return wrap(apply(_SCATTER_ADD, [z._impl, index._impl, g._impl], {"dim": dim})[0])
+
+
+@rule("gather", saves="x")
+def _gather(ctx, g):
+    x = ctx.x(0)
+    return (_scatter_into_zeros(ctx.shape(0), x.dtype, x.device, ctx.attrs["dim"], ctx.x(1), g),
+            None)
+
+
+@rule("scatter_add", saves="x", unread_written=True)
+def _scatter_add(ctx, g):
+    """The input's gradient is g; src's is g gathered at the index, zero where src reaches
+    past the index's shape."""
+    gsrc = None
+    if ctx.needs[2]:
+        index = ctx.x(1)
+        gsrc = wrap(apply(_GATHER, [g._impl, index._impl], {"dim": ctx.attrs["dim"]})[0])
+        src_shape = ctx.shape(2)
+        if gsrc.shape != src_shape:
+            pads = tuple((0, s - n) for s, n in zip(src_shape, gsrc.shape))
+            gsrc = wrap(apply(_PAD, [gsrc._impl], {"pads": pads, "mode": "constant",
+                                                   "value": 0.0})[0])
+    return (g if ctx.needs[0] else None), None, gsrc
+
+
+@rule("cumsum")
+def _cumsum(ctx, g):
+    a = ctx.attrs
+    if len(ctx.shape(0)) == 0:
+        return (g,)
+    return (wrap(apply(_CUMSUM, [g._impl], {"dim": a["dim"], "reverse": not a["reverse"],
+                                             "dtype": None})[0]),)
+
+
+@rule("sort", "topk", saves="y")
+def _sort(ctx, g, _g_indices=None):
+    """The values' gradient scattered back through the indices."""
+    if len(ctx.shape(0)) == 0:
+        return (g,)
+    return (_scatter_into_zeros(ctx.shape(0), g.dtype, g.device, ctx.attrs["dim"], ctx.y(1),
+                                g),)
+
+
+@rule("pad")
+def _pad(ctx, g):
+    """Constant padding's gradient is the pad by the negated amounts (the padding cut off,
+    zeros where the input was cropped); the other modes' sums g back through their maps."""
+    a = ctx.attrs
+    if a["mode"] == "constant":
+        neg = tuple((-b, -e) for b, e in a["pads"])
+        return (wrap(apply(_PAD, [g._impl], {"pads": neg, "mode": "constant",
+                                             "value": 0.0})[0]),)
+    return (wrap(apply(_PAD_BACKWARD, [g._impl], {"pads": a["pads"], "mode": a["mode"],
+                                                  "shape": tuple(ctx.shape(0))})[0]),)

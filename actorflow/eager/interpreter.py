@@ -8,13 +8,15 @@ import threading
 from contextlib import contextmanager
 
 from ..backends import get_backend
+from ..dtype import bfloat16 as BF16
 from ..errors import DeviceError, TraceError, VMError
 from ..ops import get as _op
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from ..vm.opcall import allocate, call_fresh, call_op, null_kernel, run_access, run_op
+from ..vm.opcall import (allocate, call_fresh, call_op, null_kernel, run_access, run_op,
+                         wide_kernel)
 from ..vm.run_cuts import ELEMENTWISE
 
 
@@ -104,6 +106,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
     consts = ()             # (tuples grown by concatenation: cheaper than list + tuple())
     cost = 0
     dev = None
+    wide = False            # a bfloat16 operand: the kernel computes in float32
     for i in inputs:
         m = i.meta
         if m.shape is None:
@@ -113,6 +116,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
             dev = m.device
         elif m.device is not dev:
             check_same_device(inputs, op.name)
+        if m.dtype is BF16:
+            wide = True
         metas.append(m)
         b = i.blob
         consts += (b,)
@@ -126,6 +131,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
         outs = []
         muts = ()
         for shape, dtype in specs:
+            if dtype is BF16:
+                wide = True
             if shape is None:
                 b = Blob(dev, backend, 0)
                 o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)), b)
@@ -141,7 +148,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
             muts += (b,)
         # a fresh kernel (single-output ops only: see OpDef) for a small output (b, dtype: its
         # blob and dtype); run_inline itself turns down costs too large to run on the spot
-        if op.fresh:
+        if op.fresh and not wide:
             alloc = backend.allocator
             if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:
                 fresh = op.fresh.get(dev.type)
@@ -151,6 +158,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
         for o in outs:
             m = o.meta
             cost += o.blob.nbytes if o.base is None else numel(m.shape) * m.dtype.itemsize
+            if m.dtype is BF16:
+                wide = True
     if op.dynamic and not backend.has_data:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
@@ -166,6 +175,8 @@ def apply(op, inputs, attrs, device=None, outs=None):
     # the kernel is looked up only now: most small ops ran through their fresh kernel above
     kernel = ((op.kernels.get(dev.type) or op.kernel_for(dev.type)) if backend.has_data
               else null_kernel)
+    if wide and backend.has_data:
+        kernel = wide_kernel(op, kernel, dev, [o.meta.dtype for o in outs])
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
                                                args):

@@ -2,7 +2,8 @@
 that name the op, the values and the fix, then dispatch to the interpreter. One module per
 family: ``elementwise`` (unary, binary and their prebuilt operator functions, in-place
 forms, fill/zero/copy, clamp, where, matmul), ``reduce`` (reductions, softmax-like),
-``joining`` (cat, stack, cast, to_device, clone, nonzero), on ``common``'s checks.
+``joining`` (cat, stack, cast, to_device, clone, nonzero), ``ordering`` (gather,
+scatter_add, cumsum, sort, argsort, topk, pad), on ``common``'s checks.
 
 Every function takes tensors and returns new tensors unless it ends in ``_`` or takes
 ``inplace=True``, which write the first argument and return it.
@@ -21,6 +22,8 @@ from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, 
                           remainder_, sigmoid, sqrt, sub, sub_, subtract, tanh, true_divide,
                           where, zero_)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
+from .ordering import (Sort, TopK, argsort, cumsum, gather, pad, scatter_add, scatter_add_,
+                       sort, topk)
 from .reduce import (MinMax, amax, amin, argmax, argmin, log_softmax, max, mean, min,
                      softmax, sum)
 
@@ -33,4 +36,6 @@ __all__ = [
     "MinMax", "mul", "mul_", "multiply", "ne", "neg", "nonzero", "pow", "prebuilt_operator",
     "relu", "remainder", "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_",
     "subtract", "sum", "tanh", "to_device", "true_divide", "where", "zero_",
+    "Sort", "TopK", "argsort", "cumsum", "gather", "pad", "scatter_add", "scatter_add_", "sort",
+    "topk",
 ]

@@ -18,6 +18,7 @@ sigmoid = F.sigmoid
 gelu = F.gelu
 softmax = F.softmax
 log_softmax = F.log_softmax
+pad = F.pad
 
 
 def _tensor(name, x, arg="input") -> Tensor:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from .. import functional as F
 from ..autograd import no_grad, zero_grad
 from ..creation import tensor as _tensor
+from ..dtype import DType, as_dtype, bfloat16, float16, float32, float64
 from ..tensor.tensor import Tensor
 
 
@@ -91,6 +92,9 @@ class _Registry(OrderedDict):
 class IncompatibleKeys(NamedTuple):
     missing_keys: list
     unexpected_keys: list
+
+
+_DTYPE_NAMES = {"float16", "bfloat16", "float32", "float64", "float", "double", "half"}
 
 
 class Module:
@@ -306,6 +310,58 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grad(self.parameters(), set_to_none)
+
+    # -- dtype and device ----------------------------------------------------------------
+    def to(self, *args, device=None, dtype=None, non_blocking: bool = False) -> "Module":
+        """Converts the floating-point parameters and buffers to ``dtype`` and moves every
+        one to ``device``, in place (the Parameter objects stay: an optimizer holding them
+        sees the new values; a gradient is converted too): ``m.to(af.bfloat16)``,
+        ``m.to("cuda:0")``, ``m.to(device, dtype)``, ``m.to(tensor)``, as PyTorch's."""
+        for a in args:
+            if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
+                dtype = a
+            elif isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            else:
+                device = a
+        dtype = None if dtype is None else as_dtype(dtype)
+        if dtype is not None and not dtype.is_floating_point:
+            raise TypeError(f"Module.to: only floating point dtypes are allowed, got {dtype}; "
+                            f"a module's integer buffers keep their dtype")
+
+        def convert(t):
+            if dtype is not None and t.dtype.is_floating_point and t.dtype is not dtype:
+                t = F.cast(t, dtype)
+            return t if device is None else F.to_device(t, device)
+        with no_grad():
+            for m in self.modules():
+                for name, p in m._parameters.items():
+                    if p is None:
+                        continue
+                    new = convert(p)
+                    if new is not p:
+                        ag = p._impl.ag
+                        p._impl = new._impl
+                        p._impl.ag = ag
+                        if ag is not None and ag.grad is not None:
+                            ag.grad = convert(ag.grad)
+                for name, b in list(m._buffers.items()):
+                    if b is not None:
+                        m._buffers[name] = convert(b)
+        changed()
+        return self
+
+    def float(self) -> "Module":  # noqa: A003
+        return self.to(float32)
+
+    def double(self) -> "Module":
+        return self.to(float64)
+
+    def half(self) -> "Module":
+        return self.to(float16)
+
+    def bfloat16(self) -> "Module":
+        return self.to(bfloat16)
 
     # -- printing ------------------------------------------------------------------------
     def extra_repr(self) -> str:

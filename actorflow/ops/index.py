@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..dtype import bool_, int64
-from ..errors import IndexOutOfBoundsError, ShapeError
+from ..errors import DTypeError, IndexOutOfBoundsError, ShapeError
 from .registry import OpDef, register
 
 
@@ -219,3 +219,89 @@ register(OpDef("nonzero", ("x",), lambda metas, attrs: [(None, int64)], {"cpu": 
                dynamic=True))
 register(OpDef("index_put", ("x", "value?", "indices*"), _index_put_infer,
                {"cpu": _k_index_put}, attrs=("key", "masked", "has_value", "scalar")))
+
+
+# -- gather and scatter_add along one dim ---------------------------------------------------
+# torch.gather / torch.scatter_add: ``index`` has the input's number of dims; out[i][j] =
+# x[index[i][j]][j] (dim 0). Its values must be in [0, n) of ``dim``'s size n (none count from
+# the end, as in PyTorch); the kernels check them before they write anything.
+
+def along_shape(op: str, x, dim: int, index, src=None) -> None:
+    """Checks the shapes of a gather (``src`` None) or a scatter along ``dim``: the same
+    number of dims, and ``index`` no larger than ``x`` (than ``src`` too, for a scatter) in
+    every dim but ``dim`` (in every dim, for ``src``)."""
+    if index.dtype is not int64:
+        raise DTypeError(f"{op}(): index must be an int64 tensor, got {index.dtype}; convert "
+                         f"it with index.long()")
+    xs, ix = x.shape, index.shape
+    if len(ix) != len(xs) and not (len(ix) <= 1 and len(xs) <= 1):
+        raise ShapeError(f"{op}(): index has {len(ix)} dims but the input has {len(xs)} "
+                         f"(index shape {ix}, input shape {xs}); they must have the same "
+                         f"number of dims")
+    for d, (i, s) in enumerate(zip(ix, xs)):
+        if d != dim and i > s:
+            raise ShapeError(f"{op}(): index shape {ix} is larger than the input's {xs} in "
+                             f"dim {d} ({i} > {s}); only dim {dim} may be larger")
+    if src is not None:
+        ss = src.shape
+        if len(ss) != len(ix) or any(i > s for i, s in zip(ix, ss)):
+            raise ShapeError(f"{op}(): index shape {ix} must be no larger than src's {ss} in "
+                             f"every dim (and have as many dims)")
+
+
+def _along(op: str, dim: int, size: int) -> Bounds:
+    return Bounds(size, f"{op}: index", f" (the size of dim {dim}); negative indices do not "
+                                        f"count from the end here")
+
+
+def _gather_infer(metas, attrs):
+    x, index = metas
+    along_shape("gather", x, attrs["dim"], index)
+    return [(index.shape, x.dtype)]
+
+
+def _along_key(index: np.ndarray, dim: int) -> tuple:
+    """The key that picks ``x[..., index, ...]`` along ``dim`` with the other dims' own
+    positions: one broadcast index array per dim (no copies: aranges of one dim each)."""
+    nd = index.ndim
+    return tuple(index if d == dim else
+                 np.arange(s).reshape((1,) * d + (s,) + (1,) * (nd - d - 1))
+                 for d, s in enumerate(index.shape))
+
+
+def _k_gather(outs, ins, attrs):
+    x, index = ins
+    dim = attrs["dim"]
+    check_bounds(_along("gather", dim, x.shape[dim] if x.ndim else 1), index)
+    if x.ndim == 0:
+        outs[0][...] = x
+        return
+    outs[0][...] = x[_along_key(index, dim)]
+
+
+def _scatter_add_infer(metas, attrs):
+    x, index, src = metas
+    along_shape("scatter_add", x, attrs["dim"], index, src)
+    if src.dtype is not x.dtype:
+        raise DTypeError(f"scatter_add(): src is {src.dtype} but the input is {x.dtype}; "
+                         f"cast src with .to({x.dtype})")
+    return [(x.shape, x.dtype)]
+
+
+def _k_scatter_add(outs, ins, attrs):
+    x, index, src = ins
+    dim = attrs["dim"]
+    check_bounds(_along("scatter_add", dim, x.shape[dim] if x.ndim else 1), index)
+    o = outs[0]
+    o[...] = x
+    if x.ndim == 0:
+        if index.size:
+            o += src
+        return
+    picked = src[tuple(slice(0, s) for s in index.shape)]
+    np.add.at(o, _along_key(index, dim), picked)
+
+
+register(OpDef("gather", ("x", "index"), _gather_infer, {"cpu": _k_gather}, attrs=("dim",)))
+register(OpDef("scatter_add", ("x", "index", "src"), _scatter_add_infer,
+               {"cpu": _k_scatter_add}, attrs=("dim",)))

@@ -94,6 +94,7 @@ class Tensor:
         """A numpy copy of the values, taken after every write issued before this call.
         Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``.
         ``force`` is PyTorch's (a copy even where it would share memory): this is always one.
+        A bfloat16 tensor's values come as float32 (exactly: numpy has no bfloat16).
         """
     async def numpy_async(self) -> np.ndarray:
         """Like ``numpy()``, awaiting the result without blocking the running event loop."""
@@ -131,6 +132,7 @@ class Tensor:
     def float(self) -> Tensor: ...
     def double(self) -> Tensor: ...
     def half(self) -> Tensor: ...
+    def bfloat16(self) -> Tensor: ...
     def int(self) -> Tensor: ...
     def long(self) -> Tensor: ...
     def bool(self) -> Tensor: ...
@@ -438,6 +440,60 @@ class Tensor:
     @overload
     def nonzero(self, *, out: None = None, as_tuple: Literal[True]) -> tuple[Tensor, ...]: ...
     def where(self, condition: Tensor, other: _Operand) -> Tensor: ...
+    def gather(
+        self, dim: builtins.int | None = None, index: Tensor | None = None, *,
+        sparse_grad: builtins.bool = False, out: None = None, axis: builtins.int | None = None,
+    ) -> Tensor:
+        """``out[i][j] = input[index[i][j]][j]`` (dim 0; likewise along any dim): ``index`` has
+        the input's number of dims, is int64 and no larger than the input in the other dims; its
+        values must be in [0, input.shape[dim]). ``sparse_grad`` is taken and ignored (the
+        gradient is dense).
+        """
+    def scatter_add(
+        self, dim: builtins.int | None = None, index: Tensor | None = None,
+        src: Tensor | None = None, *, out: None = None, axis: builtins.int | None = None,
+    ) -> Tensor:
+        """A copy of ``input`` with ``src[i][j]`` added at ``[index[i][j]][j]`` (dim 0; likewise
+        along any dim), repeated indices summed. ``index``: int64, the input's number of dims, no
+        larger than ``src`` in any dim nor than the input in the dims but ``dim``; its values in
+        [0, input.shape[dim]).
+        """
+    def scatter_add_(
+        self, dim: builtins.int | None = None, index: Tensor | None = None,
+        src: Tensor | None = None, *, axis: builtins.int | None = None,
+    ) -> Tensor:
+        """``scatter_add`` written into ``input``."""
+    def cumsum(
+        self, dim: builtins.int | None = None, *, dtype: _DTypeLike | None = None,
+        out: None = None, axis: builtins.int | None = None,
+    ) -> Tensor:
+        """The cumulative sum along ``dim``; bools and ints sum to int64 unless ``dtype`` says
+        otherwise (the input is then summed in it, as in PyTorch).
+        """
+    def sort(
+        self, dim: builtins.int = -1, descending: builtins.bool = False, *,
+        stable: builtins.bool = False, out: None = None, axis: builtins.int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(values, indices)`` of ``input`` sorted along ``dim``. The sort is always stable
+        (equal values keep their order, descending too; ``stable`` is taken for PyTorch's
+        signature); NaN sorts above every number, as in PyTorch.
+        """
+    def argsort(
+        self, dim: builtins.int = -1, descending: builtins.bool = False, *,
+        stable: builtins.bool = False, out: None = None, axis: builtins.int | None = None,
+    ) -> Tensor:
+        """The indices of ``sort(input, dim, descending)`` (stable, as there)."""
+    def topk(
+        self, k: builtins.int, dim: builtins.int = -1, largest: builtins.bool = True,
+        sorted: builtins.bool = True, *, out: None = None, axis: builtins.int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
+        along ``dim``, sorted; among equal values the first ones come first (``sorted=False``
+        gives the same order, one PyTorch allows).
+
+        Raises:
+            ShapeError: k outside [0, size of dim].
+        """
 
     # -- bound by actorflow.methods from autograd.METHODS
     def requires_grad_(self, requires_grad: builtins.bool = True) -> Tensor:

@@ -145,7 +145,8 @@ def _node_actors(g, rec: Recording, inp, shared, inline=None, device=None) -> di
         refs = [(k, remap[i], j, m) if k == "const" else (k, i, j, m) for k, i, j, m in refs]
         outs = [("out", k, 0, None) for k in range(len(node.metas))]
         dev = node.metas[0].device
-        step = Step(node.op, kernel_of(node.op, dev), refs, node.attrs, outs)
+        kernel = kernel_of(node.op, dev, [m for _, m in node.refs] + list(node.metas))
+        step = Step(node.op, kernel, refs, node.attrs, outs)
         leaves = [Spec(m.shape, m.dtype, m.device) for m in node.metas]
         structure_n = 0 if len(leaves) == 1 else (tuple, (0,) * len(leaves))
         all_consts = rec.const_arrays() if consts else []

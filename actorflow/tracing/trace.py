@@ -89,7 +89,7 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
         dev = node.metas[0].device if node.metas else None
         ins = [rec.ref(src, meta, port_of) for src, meta in node.refs]
         outs = [port_of(("node", n, k)) + (None,) for k in range(len(node.metas))]
-        kernel = kernel_of(node.op, dev)
+        kernel = kernel_of(node.op, dev, [m for _, m in node.refs] + list(node.metas))
         steps.append(Step(node.op, kernel, ins, node.attrs, outs))
     copies = []
     for j, (t, src) in enumerate(zip(out_leaves, out_srcs)):

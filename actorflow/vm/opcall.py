@@ -26,7 +26,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.cuda import kernels as KG
 from ..backends.cuda.driver import DeviceArray, Kernel
-from ..dtype import from_numpy_dtype
+from ..dtype import bfloat16, bfloat16_bits, bfloat16_values, from_numpy_dtype
 from ..errors import DeviceError, DTypeError, KernelError
 from ..ops.division import zero_division
 from ..ops.elementwise import _common_np
@@ -36,15 +36,63 @@ from ..tensor.meta import contiguous_meta, strided
 _ND = np.ndarray
 
 
-def kernel_of(op, device):
+def kernel_of(op, device, metas=()):
     """The kernel ``op`` runs on ``device``: its kernel for the device type (on cuda, a
     ``DeviceKernel`` made of its numpy kernel), or ``null_kernel`` on a device without data.
+    ``metas``: the call's inputs' then outputs' metas, for ``wide_kernel`` (bfloat16).
 
     Raises:
         DeviceError: the op has no kernel for the device type (names the ones it has)."""
     if not (device.backend or get_backend(device)).has_data:
         return null_kernel
-    return op.kernels.get(device.type) or op.kernel_for(device.type)
+    kernel = op.kernels.get(device.type) or op.kernel_for(device.type)
+    if any(m.dtype is bfloat16 for m in metas):
+        n_out = len(op.outputs)
+        kernel = wide_kernel(op, kernel, device, [m.dtype for m in metas[len(metas) - n_out:]])
+    return kernel
+
+
+class Bfloat16Kernel:
+    """An op's numpy kernel on bfloat16 operands (numpy has no bfloat16: its arrays hold the
+    bits, uint16): it hands the kernel the inputs as float32, the bfloat16 outputs as
+    float32 copies (an in-place op reads them), and rounds those back to bfloat16 after
+    (``dtype.bfloat16_bits``). Only calls with a bfloat16 operand take it: the eager
+    interpreter and a traced step pick it from the metas (``wide_kernel``)."""
+
+    __slots__ = ("kernel", "narrow")
+
+    def __init__(self, kernel, narrow):
+        self.kernel = kernel
+        self.narrow = narrow            # per output: whether it is bfloat16
+
+    def __call__(self, outs, ins, attrs):
+        ins = [bfloat16_values(a) if a.dtype == _BITS else a for a in ins]
+        if type(attrs.get("scalar")) is float:      # a number meets a bfloat16 tensor in
+            attrs = dict(attrs)                     # bfloat16, as in PyTorch
+            attrs["scalar"] = float(bfloat16_values(bfloat16_bits([attrs["scalar"]]))[0])
+        if outs is None:                # a dynamic op returns its outputs
+            res = self.kernel(None, ins, attrs)
+            return [bfloat16_bits(r) if n else r for r, n in zip(res, self.narrow)]
+        wide = [bfloat16_values(o) if n else o for o, n in zip(outs, self.narrow)]
+        self.kernel(wide, ins, attrs)
+        for o, w, n in zip(outs, wide, self.narrow):
+            if n:
+                o[...] = bfloat16_bits(w)
+
+
+_BITS = np.dtype(np.uint16)
+
+
+def wide_kernel(op, kernel, device, out_dtypes):
+    """``kernel`` computing in float32 for a call with a bfloat16 operand
+    (``Bfloat16Kernel``).
+
+    Raises:
+        DTypeError: on a device other than cpu (bfloat16 is computed on cpu only)."""
+    if device.type != "cpu":
+        raise DTypeError(f"{op.name}: bfloat16 tensors are computed on cpu only, not on "
+                         f"{device}; move them with .to('cpu') or convert with .float()")
+    return Bfloat16Kernel(kernel, tuple(d is bfloat16 for d in out_dtypes))
 
 
 class DeviceKernel:
