@@ -20,16 +20,18 @@ def bias_corrections(t, group: dict) -> tuple:
 
 
 def adam_update(p, g, state: dict, group: dict, corrections: tuple, decoupled: bool,
-                writes: Writes = OUT_OF_PLACE):
+                writes: Writes = OUT_OF_PLACE, values: dict | None = None):
     """One Adam step of ``p`` with gradient ``g``: ``(p', state')`` (the moments; the
     count is the caller's). ``state``: ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq``
     with ``amsgrad``); ``corrections``: ``bias_corrections`` at this step; ``decoupled``:
     weight decay as ``p *= 1 - lr * weight_decay`` (AdamW) instead of ``g += weight_decay
-    * p`` (Adam's L2); ``writes``: where results go."""
+    * p`` (Adam's L2); ``writes``: where results go; ``values``: the options as the step
+    reads them (``Optimizer.rates``), ``group`` if None."""
     step_size, c2 = corrections
     if group["maximize"]:
         g = F.neg(g)
-    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+    v = group if values is None else values
+    lr, (b1, b2), eps, wd = v["lr"], v["betas"], group["eps"], group["weight_decay"]
     if wd:
         if decoupled:
             p = writes.mul(p, 1.0 - lr * wd)
@@ -61,7 +63,9 @@ class Adam(Optimizer):
                                       maximize=maximize))
         self._corrections: dict = {}    # eager: (count, lr, betas) -> bias_corrections
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE):
+    scheduled = ("lr", "betas")         # (OneCycleLR cycles beta1)
+
+    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
         n = state["step"]
         if writes is IN_PLACE:      # eager: the count an int (a graph step leaves a tensor)
             n = (int(n.item()) if isinstance(n, Tensor) else n) + 1
@@ -76,8 +80,9 @@ class Adam(Optimizer):
                 corrections = self._corrections[key] = bias_corrections(t, group)
         else:                       # traced: the count a float64 tensor, state of the step
             n = F.add(n, 1.0)
-            corrections = bias_corrections(n, group)
-        p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes)
+            corrections = bias_corrections(n, self.rates(group, rates))
+        p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes,
+                             self.rates(group, rates))
         new["step"] = n
         return p, new
 
