@@ -8,8 +8,7 @@ import numpy as np
 
 from .. import functional as F
 from ..creation import from_numpy, zeros_like
-from ..tensor.tensor import Tensor
-from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes
+from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes, next_count
 
 
 def bias_corrections(t, group: dict) -> tuple:
@@ -66,9 +65,8 @@ class Adam(Optimizer):
     scheduled = ("lr", "betas")         # (OneCycleLR cycles beta1)
 
     def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
-        n = state["step"]
-        if writes is IN_PLACE:      # eager: the count an int (a graph step leaves a tensor)
-            n = (int(n.item()) if isinstance(n, Tensor) else n) + 1
+        n = next_count(state["step"], writes)
+        if writes is IN_PLACE:      # eager: the count an int
             key = (n, group["lr"], group["betas"], p.device)
             corrections = self._corrections.get(key)
             if corrections is None:     # once per count, options and device, not per parameter
@@ -79,7 +77,6 @@ class Adam(Optimizer):
                     t = t.to(str(p.device))                         # (where p's ops run)
                 corrections = self._corrections[key] = bias_corrections(t, group)
         else:                       # traced: the count a float64 tensor, state of the step
-            n = F.add(n, 1.0)
             corrections = bias_corrections(n, self.rates(group, rates))
         p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes,
                              self.rates(group, rates))

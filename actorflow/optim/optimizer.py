@@ -25,6 +25,14 @@ def _max_into(a, b):
     return F.copy_(a, F.maximum(a, b))
 
 
+def next_count(n, writes):
+    """This step's count from the state's count ``n``: an int in eager mode (``IN_PLACE``;
+    a graph step may have left a tensor), a float64 0-d tensor in a graph step."""
+    if writes is IN_PLACE:
+        return (int(n.item()) if isinstance(n, Tensor) else n) + 1
+    return F.add(n, 1.0)
+
+
 class Writes:
     """How an update's results are written: the ops that produce a new parameter or state
     value from the old one (``mul(a, x)``, ``add(a, x)``, ``sub(a, x)``, ``maximum(a, x)``,
