@@ -380,3 +380,27 @@ def test_clip_grad_value_and_the_edge_cases_match_pytorch():
         nn.utils.clip_grad_norm_([p], 1.0, error_if_nonfinite=True)
     with pytest.raises(TypeError, match="parameters must be tensors"):
         nn.utils.clip_grad_norm_([1.0], 1.0)
+
+
+def test_a_schedule_and_clipping_in_a_graph_step_on_cuda_equal_cpu(cuda):
+    from cuda_fixtures import CUDA, assert_same
+
+    def train(device):
+        af.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16, device=device), nn.Tanh(),
+                              nn.Linear(16, 3, device=device))
+        opt = optim.RMSprop(model.parameters(), lr=0.01, momentum=0.5)
+        s = sched.OneCycleLR(opt, 0.05, total_steps=6)
+        step = TrainStep(model, opt, clip=(2.0, 0.5))
+        out = []
+        for x, y in batches(5, seed=6):
+            out += [float(v) for v in step(af.tensor(x, device=device),
+                                           af.tensor(y, device=device))]
+            s.step()
+        return out, [p.numpy() for p in model.parameters()], len(step._compiled)
+    got, params, compiled = train(CUDA)
+    want, want_params, _ = train("cpu")
+    assert compiled == 1
+    assert_same(got, want, exact=False)
+    for p, q in zip(params, want_params):
+        assert_same(p, q, exact=False)

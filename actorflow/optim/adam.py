@@ -27,17 +27,21 @@ def adam_update(p, g, state: dict, group: dict, corrections: tuple, decoupled: b
     * p`` (Adam's L2); ``writes``: where results go; ``values``: the options as the step
     reads them (``Optimizer.rates``), ``group`` if None."""
     step_size, c2 = corrections
-    if group["maximize"]:
-        g = F.neg(g)
     v = group if values is None else values
     lr, (b1, b2), eps, wd = v["lr"], v["betas"], group["eps"], group["weight_decay"]
+    # the scalars first (0-d tensors in a graph step), so that the elementwise ops over the
+    # parameter that follow come one after another: a CUDA step launches them as one chain
+    r1, r2 = 1.0 - b1, 1.0 - b2
+    decay = 1.0 - lr * wd if wd and decoupled else None
+    if group["maximize"]:
+        g = F.neg(g)
     if wd:
         if decoupled:
-            p = writes.mul(p, 1.0 - lr * wd)
+            p = writes.mul(p, decay)
         else:
             g = F.add(g, F.mul(p, wd))
-    m = writes.add(writes.mul(state["exp_avg"], b1), F.mul(g, 1.0 - b1))
-    v = writes.add(writes.mul(state["exp_avg_sq"], b2), F.mul(F.mul(g, g), 1.0 - b2))
+    m = writes.add(writes.mul(state["exp_avg"], b1), F.mul(g, r1))
+    v = writes.add(writes.mul(state["exp_avg_sq"], b2), F.mul(F.mul(g, g), r2))
     new = {"exp_avg": m, "exp_avg_sq": v}
     if group["amsgrad"]:
         v = new["max_exp_avg_sq"] = writes.maximum(state["max_exp_avg_sq"], v)
