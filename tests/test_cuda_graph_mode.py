@@ -105,7 +105,7 @@ def test_a_replay_reads_new_inputs_not_the_captured_ones(cuda):
     assert float(g(host)) == 40.0
 
 
-def test_a_new_layout_or_learning_rate_compiles_and_captures_anew(cuda):
+def test_a_new_layout_or_option_compiles_and_captures_anew(cuda):
     model, step = make(CUDA, "SGD", dict(lr=0.1))
     big, small = batches(3, b=6), batches(2, b=4, seed=1)
     for x, y in big + small + big[:1]:
@@ -114,8 +114,11 @@ def test_a_new_layout_or_learning_rate_compiles_and_captures_anew(cuda):
     runs = [step._compiled[k].device for k in step._compiled]
     assert len(runs) == 2                    # one per layout, kept
     assert sorted((r.captures, r.replays) for r in runs) == [(1, 1), (1, 3)]
-    step._optimizers[0].param_groups[0]["lr"] = 0.05
-    x, y = big[0]
+    step._optimizers[0].param_groups[0]["lr"] = 0.05    # a new rate: state the replay
+    x, y = big[0]                                       # reads, nothing compiled anew
+    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
+    assert len(step._compiled) == 2
+    step._optimizers[0].param_groups[0]["weight_decay"] = 0.1   # a new option: compiled
     step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     assert len(step._compiled) == 3
     model.eval()                             # a new mode: compiled and captured anew too

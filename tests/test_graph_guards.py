@@ -216,9 +216,13 @@ def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
         g.step(x)
     assert takes == [] and len(compiles) == 1
     for i in range(3):
-        opt.param_groups[0]["lr"] = 0.1 / (i + 2)        # a schedule: a compile per value,
-        g.step(x)                                        # each taking what build read after
-    assert len(compiles) == 4 and len(takes) == 3
+        opt.param_groups[0]["lr"] = 0.1 / (i + 2)        # a schedule: the step reads the
+        g.step(x)                                        # rate as state, compiles nothing
+    assert len(compiles) == 1 and takes == []
+    for i in range(3):
+        opt.param_groups[0]["weight_decay"] = 0.1 * (i + 1)   # another option: a compile per
+        g.step(x)                                        # value, each taking what build
+    assert len(compiles) == 4 and len(takes) == 3        # read after
     unrelated = nn.Linear(2, 2)                           # some other module changes...
     unrelated.weight = nn.Parameter(af.zeros(2, 2))
     g.step(x)

@@ -1,7 +1,7 @@
 """Neural-network modules with PyTorch's habits: ``Module``, ``Parameter``, the layers,
-the losses, ``nn.functional`` and ``nn.init``."""
+the losses, ``nn.functional``, ``nn.init`` and ``nn.utils``."""
 
-from . import functional, init
+from . import functional, init, utils
 from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
                      LogSoftmax, ModuleDict, ModuleList, ReLU, Sequential, Sigmoid, Softmax,
                      Tanh)
@@ -11,4 +11,5 @@ from .module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
-           "Flatten", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init"]
+           "Flatten", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init",
+           "utils"]

@@ -38,7 +38,10 @@ hooks), the optimizers' parameter groups and the globals and closure variables `
 reads; a change compiles the step anew. Checking costs a few comparisons per step: the
 modules count their changes (``module.structure_version``) and are walked again only when
 that count moved. Per compiled step, its key also holds the input layout, the train/eval
-modes, the optimizers' hyperparameters and which parameters require grad. A tensor
+modes, the optimizers' options (``graph_key``) and which parameters require grad. The
+options a scheduler changes per step (``Optimizer.scheduled``: ``lr``, SGD's momentum,
+Adam's betas) are state the step reads (``graph_rates``: a float64 tensor each, written
+from the group before every step and run), so a schedule compiles nothing anew. A tensor
 ``build`` captures from outside (not a parameter or buffer) is read live at every step.
 """
 
@@ -137,9 +140,10 @@ class Graph:
         optimizer rows ``(optimizer, group, param, {name: state tensor})`` and what each
         state is, in words (for error messages)."""
         params = self._params()
-        opt_rows = []
+        opt_rows = []                   # per group its rates (param None), then its params
         for o in self._optimizers:
             for g in o.param_groups:
+                opt_rows.append((o, g, None, o.graph_rates(g)))
                 for p in g["params"]:
                     opt_rows.append((o, g, p, o.graph_state(p, g)))
         state = list(params) + [t for *_, st in opt_rows for t in st.values()]
@@ -156,8 +160,10 @@ class Graph:
                     for o, g, p, st in opt_rows:
                         names = list(st)
                         mine = dict(zip(names, states[at:at + len(names)]))
-                        if p.grad is not None:
-                            new_p, new_st = o.update(p, p.grad, g, mine)
+                        if p is None:           # the group's rates: read, never written
+                            rates = mine
+                        elif p.grad is not None:
+                            new_p, new_st = o.update(p, p.grad, g, mine, rates=rates)
                             new[pos[id(p)]] = new_p
                             for k, name in enumerate(names):
                                 new[at + k] = new_st.get(name)
@@ -176,10 +182,14 @@ class Graph:
                 for n, b in v.named_buffers(k):
                     names.setdefault(id(b), f"buffer {n!r}")
         out = [names.get(id(p), "a parameter of an optimizer") for p in params]
-        for o, _, p, st in opt_rows:
+        for o, g, p, st in opt_rows:
             for name in st:
-                out.append(f"{type(o).__name__} state {name!r} of "
-                           f"{names.get(id(p), 'a parameter')}")
+                if p is None:
+                    at = next(i for i, x in enumerate(o.param_groups) if x is g)
+                    out.append(f"{type(o).__name__} group {at}'s {name!r}")
+                else:
+                    out.append(f"{type(o).__name__} state {name!r} of "
+                               f"{names.get(id(p), 'a parameter')}")
         return out
 
     # -- what a compiled step holds ----------------------------------------------------------
@@ -189,12 +199,13 @@ class Graph:
         kept by besides its input layout: each module's train/eval mode, each optimizer
         group's hyperparameters (a new ``lr`` compiles anew) and which parameters require
         grad. A few comparisons when nothing changed: the modules are walked again only
-        when ``structure_version`` moved."""
+        when ``structure_version`` moved. The rates a schedule changes (``lr``...) are not
+        among them: the step reads them as state (``graph_rates``)."""
         t = self._traced
         groups = [g for o in self._optimizers for g in o.param_groups]
         if t is None or t.version != structure_version[0] or t.moved(groups):
             t = self._take_again()
-        hyper = tuple(repr([kv for kv in g.items() if kv[0] != "params"]) for g in groups)
+        hyper = tuple(o.graph_key(g) for o in self._optimizers for g in o.param_groups)
         return t.modes, hyper, tuple(p.requires_grad for p in t.params)
 
     def _take_again(self):
@@ -340,10 +351,14 @@ class Graph:
         at = len(state) - sum(len(st) for *_, st in opt_rows)
         with no_grad():
             for o, g, p, st in opt_rows:
-                mine = o.graph_state(p, g)
+                mine = o.graph_rates(g) if p is None else o.graph_state(p, g)
                 for name in st:
                     state[at] = mine[name]
                     at += 1
+
+    def _rates_now(self) -> list:
+        """The values of the rates a step reads as state (``Optimizer.scheduled``), now."""
+        return [[g[k] for k in o.scheduled] for o in self._optimizers for g in o.param_groups]
 
     def _done(self, state) -> None:
         written_outside(state)              # (saved tensors see it, as an in-place write)
@@ -538,6 +553,7 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
+        rates = self._rates_now()           # (read once, when the run starts)
         device = _device_of(self._traced.params, [])
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
                                                                   settings, loader)
@@ -582,14 +598,16 @@ class Graph:
                 waiting.pop(n, None)
                 n += 1
                 yield None if nothing else out
-                if self._check() != settings or not self._compiled:
+                if self._check() != settings or not self._compiled or \
+                        self._rates_now() != rates:
                     raise TraceError(
                         f"{type(self).__name__}.run(): the modules (their parameters, "
                         f"buffers, children, attributes or modes), the optimizers or their "
                         f"hyperparameters changed while the run was going (after piece "
-                        f"{n - 1}); the run computes the step compiled when it started, so "
-                        f"it was stopped rather than train on what is no longer there. "
-                        f"Change them between runs (once the loop over run() has ended), "
+                        f"{n - 1}); the run computes the step compiled when it started, "
+                        f"with the learning rates of then, so it was stopped rather than "
+                        f"train on what is no longer there. Change them between runs (once "
+                        f"the loop over run() has ended: a scheduler stepped per epoch), "
                         f"or call step() per batch")
             if reads is not None:
                 rest.extend(reads.rest())

@@ -8,8 +8,7 @@ import numpy as np
 
 from .. import functional as F
 from ..creation import from_numpy, zeros_like
-from ..tensor.tensor import Tensor
-from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes
+from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes, next_count
 
 
 def bias_corrections(t, group: dict) -> tuple:
@@ -20,23 +19,29 @@ def bias_corrections(t, group: dict) -> tuple:
 
 
 def adam_update(p, g, state: dict, group: dict, corrections: tuple, decoupled: bool,
-                writes: Writes = OUT_OF_PLACE):
+                writes: Writes = OUT_OF_PLACE, values: dict | None = None):
     """One Adam step of ``p`` with gradient ``g``: ``(p', state')`` (the moments; the
     count is the caller's). ``state``: ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq``
     with ``amsgrad``); ``corrections``: ``bias_corrections`` at this step; ``decoupled``:
     weight decay as ``p *= 1 - lr * weight_decay`` (AdamW) instead of ``g += weight_decay
-    * p`` (Adam's L2); ``writes``: where results go."""
+    * p`` (Adam's L2); ``writes``: where results go; ``values``: the options as the step
+    reads them (``Optimizer.rates``), ``group`` if None."""
     step_size, c2 = corrections
+    v = group if values is None else values
+    lr, (b1, b2), eps, wd = v["lr"], v["betas"], group["eps"], group["weight_decay"]
+    # the scalars first (0-d tensors in a graph step), so that the elementwise ops over the
+    # parameter that follow come one after another: a CUDA step launches them as one chain
+    r1, r2 = 1.0 - b1, 1.0 - b2
+    decay = 1.0 - lr * wd if wd and decoupled else None
     if group["maximize"]:
         g = F.neg(g)
-    lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
     if wd:
         if decoupled:
-            p = writes.mul(p, 1.0 - lr * wd)
+            p = writes.mul(p, decay)
         else:
             g = F.add(g, F.mul(p, wd))
-    m = writes.add(writes.mul(state["exp_avg"], b1), F.mul(g, 1.0 - b1))
-    v = writes.add(writes.mul(state["exp_avg_sq"], b2), F.mul(F.mul(g, g), 1.0 - b2))
+    m = writes.add(writes.mul(state["exp_avg"], b1), F.mul(g, r1))
+    v = writes.add(writes.mul(state["exp_avg_sq"], b2), F.mul(F.mul(g, g), r2))
     new = {"exp_avg": m, "exp_avg_sq": v}
     if group["amsgrad"]:
         v = new["max_exp_avg_sq"] = writes.maximum(state["max_exp_avg_sq"], v)
@@ -61,10 +66,11 @@ class Adam(Optimizer):
                                       maximize=maximize))
         self._corrections: dict = {}    # eager: (count, lr, betas) -> bias_corrections
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE):
-        n = state["step"]
-        if writes is IN_PLACE:      # eager: the count an int (a graph step leaves a tensor)
-            n = (int(n.item()) if isinstance(n, Tensor) else n) + 1
+    scheduled = ("lr", "betas")         # (OneCycleLR cycles beta1)
+
+    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
+        n = next_count(state["step"], writes)
+        if writes is IN_PLACE:      # eager: the count an int
             key = (n, group["lr"], group["betas"], p.device)
             corrections = self._corrections.get(key)
             if corrections is None:     # once per count, options and device, not per parameter
@@ -75,9 +81,9 @@ class Adam(Optimizer):
                     t = t.to(str(p.device))                         # (where p's ops run)
                 corrections = self._corrections[key] = bias_corrections(t, group)
         else:                       # traced: the count a float64 tensor, state of the step
-            n = F.add(n, 1.0)
-            corrections = bias_corrections(n, group)
-        p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes)
+            corrections = bias_corrections(n, self.rates(group, rates))
+        p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes,
+                             self.rates(group, rates))
         new["step"] = n
         return p, new
 

@@ -25,6 +25,14 @@ def _max_into(a, b):
     return F.copy_(a, F.maximum(a, b))
 
 
+def next_count(n, writes):
+    """This step's count from the state's count ``n``: an int in eager mode (``IN_PLACE``;
+    a graph step may have left a tensor), a float64 0-d tensor in a graph step."""
+    if writes is IN_PLACE:
+        return (int(n.item()) if isinstance(n, Tensor) else n) + 1
+    return F.add(n, 1.0)
+
+
 class Writes:
     """How an update's results are written: the ops that produce a new parameter or state
     value from the old one (``mul(a, x)``, ``add(a, x)``, ``sub(a, x)``, ``maximum(a, x)``,
@@ -52,6 +60,7 @@ class Optimizer:
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
         self.state: dict = {}
+        self._rates: dict = {}      # id(group) -> (group, graph_rates' tensors, values in them)
         self.param_groups: list = []
         if isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
@@ -107,11 +116,14 @@ class Optimizer:
                         st.update(self.update(p, p.grad, g, st, IN_PLACE)[1])
         return loss
 
-    def update(self, p, grad, group: dict, state: dict, writes: Writes = OUT_OF_PLACE):
+    def update(self, p, grad, group: dict, state: dict, writes: Writes = OUT_OF_PLACE,
+               rates: dict | None = None):
         """The optimizer's formula for one parameter: ``(p', state')`` from ``p``, its
         gradient, its state (as ``_state`` makes it) and its group's options, written as
         ``writes`` says (``IN_PLACE``: ``p'`` is ``p`` and the state tensors are written in
-        place). ``nn.Graph`` traces it ``OUT_OF_PLACE``."""
+        place). ``nn.Graph`` traces it ``OUT_OF_PLACE``, with ``rates``: the stand-ins of
+        ``graph_rates``' tensors, read in place of the ``scheduled`` options' values (the
+        group's own values still decide which ops run)."""
         raise NotImplementedError
 
     def _state(self, p, group: dict) -> dict:
@@ -128,6 +140,48 @@ class Optimizer:
     # -- graph mode ------------------------------------------------------------------------
     counts: tuple = ()      # state entries that count steps: ints in eager mode
     flags: tuple = ()       # state entries that are float64 scalars in both modes
+    scheduled: tuple = ("lr",)  # options a scheduler changes per step: read as state
+
+    def graph_key(self, group: dict) -> str:
+        """The options of ``group`` a compiled step is kept by (they decide its ops): all but
+        the ``scheduled`` ones, which the step reads as state (``graph_rates``), so a
+        schedule changes them without compiling the step anew."""
+        return repr([kv for kv in group.items()
+                     if kv[0] != "params" and kv[0] not in self.scheduled])
+
+    def graph_rates(self, group: dict) -> dict:
+        """``group``'s ``scheduled`` options as the float64 0-d tensors an ``nn.Graph`` step
+        reads them from (a tuple option, ``betas``, one tensor per item: ``betas.0``...),
+        written from the group's values now. Called when the step compiles and before
+        every step and run, so each step reads the values the group holds then. The
+        tensors are the group's own, made once and written in place."""
+        got = self._rates.get(id(group))
+        if got is None or got[0] is not group:
+            device = group["params"][0].device if group["params"] else None
+            got = self._rates[id(group)] = (group, {}, {})
+            for name, v in _flat_rates(group, self.scheduled):
+                got[1][name] = tensor(float(v), dtype="float64", device=device)
+                got[2][name] = float(v)
+        _, tensors, written = got
+        with no_grad():
+            for name, v in _flat_rates(group, self.scheduled):
+                if written[name] != v:
+                    F.fill_(tensors[name], float(v))
+                    written[name] = float(v)
+        return dict(tensors)
+
+    def rates(self, group: dict, traced: dict | None) -> dict:
+        """The options an update reads: ``group`` itself (eager), or with ``traced`` (a
+        graph step's stand-ins for ``graph_rates``' tensors) in place of the ``scheduled``
+        values."""
+        if traced is None:
+            return group
+        out = dict(group)
+        for name in self.scheduled:
+            v = group[name]
+            out[name] = (tuple(traced[f"{name}.{i}"] for i in range(len(v)))
+                         if isinstance(v, tuple) else traced[name])
+        return out
 
     def graph_state(self, p, group: dict) -> dict:
         """``p``'s state as the tensors an ``nn.Graph`` step reads and then writes in
@@ -203,3 +257,14 @@ class Optimizer:
                 if k != "params":
                     lines.append(f"    {k}: {g[k]}")
         return "\n".join(lines) + "\n)"
+
+
+def _flat_rates(group: dict, names: tuple):
+    """``(name, value)`` per scheduled option of ``group``, a tuple's items as ``name.i``."""
+    for name in names:
+        v = group[name]
+        if isinstance(v, tuple):
+            for i, x in enumerate(v):
+                yield f"{name}.{i}", x
+        else:
+            yield name, v

@@ -8,20 +8,24 @@ from ..creation import tensor, zeros_like
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes
 
 
-def sgd_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE):
+def sgd_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE,
+               values: dict | None = None):
     """One SGD step of ``p`` with gradient ``g``: ``(p', state')``.
 
     ``state``: ``momentum_buffer`` (zeros before the first step) when ``momentum``, and
     with ``dampening`` also ``started`` (a float64 0 or 1: the first step takes the
     gradient undamped, as PyTorch's buffer starts as a copy of it: ``0 * momentum + 1 * g``
-    is that copy exactly). ``group``: the options. ``writes``: where results go."""
+    is that copy exactly). ``group``: the options (they decide the ops); ``values``: the
+    options as the step reads them (``Optimizer.rates``: the scheduled ones tensors in a
+    graph step), ``group`` if None. ``writes``: where results go."""
+    v = group if values is None else values
     if group["maximize"]:
         g = F.neg(g)
     if group["weight_decay"]:
         g = F.add(g, F.mul(p, group["weight_decay"]))
     new = {}
-    mom = group["momentum"]
-    if mom:
+    mom = v["momentum"]
+    if group["momentum"]:
         damped = g
         if group["dampening"]:
             started = state["started"]
@@ -30,11 +34,12 @@ def sgd_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE):
         buf = writes.add(writes.mul(state["momentum_buffer"], mom), damped)
         new["momentum_buffer"] = buf
         g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
-    return writes.sub(p, F.mul(g, group["lr"])), new
+    return writes.sub(p, F.mul(g, v["lr"])), new
 
 
 class SGD(Optimizer):
     flags = ("started",)
+    scheduled = ("lr", "momentum")      # (OneCycleLR cycles the momentum)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
@@ -44,8 +49,11 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize))
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE):
-        return sgd_update(p, grad, state, group, writes)
+    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
+        return sgd_update(p, grad, state, group, writes, self.rates(group, rates))
+
+    def graph_key(self, group) -> str:
+        return super().graph_key(group) + repr(bool(group["momentum"]))   # (a buffer or not)
 
     def _fill(self, p, group, state) -> None:
         if not group["momentum"]:
