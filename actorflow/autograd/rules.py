@@ -249,6 +249,28 @@ def _tanh(ctx, g):
     return (F.mul(g, F.sub(1.0, F.mul(y, y))),)
 
 
+@rule("sin", saves="x")
+def _sin(ctx, g):
+    return (F.mul(g, F.cos(ctx.x(0))),)
+
+
+@rule("cos", saves="x")
+def _cos(ctx, g):
+    return (F.neg(F.mul(g, F.sin(ctx.x(0)))),)
+
+
+@rule("rsqrt", saves="y")
+def _rsqrt(ctx, g):                         # d(x^-1/2) = -1/2 x^-3/2 = -1/2 y^3
+    y = ctx.y(0)
+    return (F.mul(F.mul(g, F.mul(F.mul(y, y), y)), -0.5),)
+
+
+@rule("erf", saves="x")
+def _erf(ctx, g):                           # 2/sqrt(pi) exp(-x^2)
+    x = ctx.x(0)
+    return (F.mul(g, F.mul(F.exp(F.neg(F.mul(x, x))), 2.0 / math.sqrt(math.pi))),)
+
+
 @rule("sigmoid", saves="y")
 def _sigmoid(ctx, g):
     y = ctx.y(0)

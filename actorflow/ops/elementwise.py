@@ -89,6 +89,18 @@ def _k_gelu(outs, ins, attrs):
     np.copyto(outs[0], res, casting="unsafe")
 
 
+def _k_rsqrt(outs, ins, attrs):
+    o = outs[0]
+    with np.errstate(all="ignore"):         # 0 gives inf, a negative number nan, as PyTorch
+        np.sqrt(in_dtype(ins[0], o.dtype), out=o)
+        np.reciprocal(o, out=o)
+
+
+def _k_erf(outs, ins, attrs):
+    o = outs[0]
+    np.copyto(o, _erf(in_dtype(ins[0], o.dtype)), casting="unsafe")
+
+
 def in_dtype(x, dtype):
     """x in ``dtype``: ops compute in their result dtype (as PyTorch), not numpy's choice."""
     return x if x.dtype is dtype else x.astype(dtype)
@@ -150,6 +162,10 @@ UNARY = {
     "log": (_ufunc_kernel(np.log, quiet=True), _floating, _ufunc_fresh(np.log, quiet=True)),
     "sqrt": (_ufunc_kernel(np.sqrt, quiet=True), _floating, _ufunc_fresh(np.sqrt, quiet=True)),
     "tanh": (_ufunc_kernel(np.tanh), _floating, _ufunc_fresh(np.tanh)),
+    "sin": (_ufunc_kernel(np.sin, quiet=True), _floating, _ufunc_fresh(np.sin, quiet=True)),
+    "cos": (_ufunc_kernel(np.cos, quiet=True), _floating, _ufunc_fresh(np.cos, quiet=True)),
+    "rsqrt": (_k_rsqrt, _floating, None),
+    "erf": (_k_erf, _floating, None),
     "relu": (_k_relu, _no_bool("relu"), _f_relu),
     "sigmoid": (_k_sigmoid, _floating, None),
     "gelu": (_k_gelu, _floating, None),
