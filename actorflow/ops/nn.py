@@ -1,12 +1,13 @@
-"""Neural-network ops: softmax and log_softmax along a dim (numerically stable), and the
-backward of gelu (autograd's rule for gelu runs it)."""
+"""Neural-network ops: softmax and log_softmax along a dim (numerically stable), the
+backward of gelu (autograd's rule for gelu runs it), and batch norm's training forward (the
+batch's statistics per channel) and its backward."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..dtype import FLOAT
-from ..errors import DTypeError
+from ..errors import DTypeError, ShapeError
 from .elementwise import _erf
 from .registry import OpDef, register
 
@@ -75,3 +76,102 @@ def _k_gelu_backward(outs, ins, attrs):
 
 register(OpDef("gelu_backward", ("grad", "x"), _gelu_backward_infer,
                {"cpu": _k_gelu_backward}, attrs=("approximate",)))
+
+
+# -- batch norm (training): the batch's statistics per channel, and the backward ----------
+# x is (N, C, *): a channel's statistics are over N and every dim after C. The op normalizes
+# with the biased variance and returns the statistics it used (mean, biased var), which the
+# caller folds into its running ones; its backward is PyTorch's closed form, one pass.
+
+def _channel_axes(ndim):
+    return (0,) + tuple(range(2, ndim))
+
+
+def _check_channel_param(op, name, m, c, dtype):
+    if m.shape != (c,):
+        raise ShapeError(f"{op}: {name} must hold one value per channel: shape ({c},) for an "
+                         f"input of {c} channels, got shape {m.shape}")
+    if m.dtype is not dtype:
+        raise DTypeError(f"{op}: {name} is {m.dtype} but the input is {dtype}; convert it "
+                         f"with .to({dtype.name})")
+
+
+def _batch_norm_infer(metas, attrs):
+    x = metas[0]
+    if x.dtype.category != FLOAT:
+        raise DTypeError(f"batch_norm: needs a floating point input, got {x.dtype}; convert "
+                         f"with .float() first")
+    if len(x.shape) < 2:
+        raise ShapeError(f"batch_norm: expected an input (N, C, ...) of 2 dims or more, got "
+                         f"shape {x.shape}")
+    c = x.shape[1]
+    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"]) if on],
+                       metas[1:]):
+        _check_channel_param("batch_norm", name, m, c, x.dtype)
+    return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
+
+
+def _per_channel(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _compute(x):
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _k_batch_norm(outs, ins, attrs):
+    y, mean_out, var_out = outs
+    x = _compute(ins[0])
+    axes, nd = _channel_axes(x.ndim), x.ndim
+    mean = np.mean(x, axis=axes)
+    xc = x - _per_channel(mean, nd)
+    var = np.mean(xc * xc, axis=axes)
+    scale = 1.0 / np.sqrt(var + x.dtype.type(attrs["eps"]))
+    rest = iter(ins[1:])
+    has_w, has_b = attrs["affine"]
+    if has_w:
+        scale = scale * _compute(next(rest))
+    np.multiply(xc, _per_channel(scale, nd), out=y, casting="unsafe")
+    if has_b:
+        np.add(y, _per_channel(_compute(next(rest)), nd), out=y, casting="unsafe")
+    mean_out[...] = mean
+    var_out[...] = var
+
+
+register(OpDef("batch_norm", ("x", "weight", "bias"), _batch_norm_infer,
+               {"cpu": _k_batch_norm}, outputs=("out", "mean", "var"),
+               attrs=("eps", "affine")))
+
+
+def _batch_norm_backward_infer(metas, attrs):
+    g, x = metas[0], metas[1]
+    if g.shape != x.shape or g.dtype is not x.dtype:
+        raise DTypeError(f"batch_norm_backward: the gradient ({g.dtype}{list(g.shape)}) and "
+                         f"the input ({x.dtype}{list(x.shape)}) must match")
+    c = x.shape[1]
+    return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
+
+
+def _k_batch_norm_backward(outs, ins, attrs):
+    """gx = w * invstd * (g - mean(g) - xhat * mean(g * xhat)); gweight = sum(g * xhat);
+    gbias = sum(g), the sums over every dim but the channels'."""
+    gx, gw, gb = outs
+    g, x, mean, var = (_compute(a) for a in ins[:4])
+    axes, nd = _channel_axes(x.ndim), x.ndim
+    m = x.size // x.shape[1] if x.size else 1
+    invstd = 1.0 / np.sqrt(var + x.dtype.type(attrs["eps"]))
+    xhat = (x - _per_channel(mean, nd)) * _per_channel(invstd, nd)
+    sum_g = np.sum(g, axis=axes)
+    sum_gx = np.sum(g * xhat, axis=axes)
+    scale = invstd if len(ins) == 4 else invstd * _compute(ins[4])
+    t = xhat * _per_channel(sum_gx / m, nd)
+    t += _per_channel(sum_g / m, nd)
+    np.subtract(g, t, out=t)
+    np.multiply(t, _per_channel(scale, nd), out=gx, casting="unsafe")
+    gw[...] = sum_gx
+    gb[...] = sum_g
+
+
+register(OpDef("batch_norm_backward", ("grad", "x", "mean", "var", "weight"),
+               _batch_norm_backward_infer, {"cpu": _k_batch_norm_backward},
+               outputs=("grad_x", "grad_weight", "grad_bias"), attrs=("eps",)))
