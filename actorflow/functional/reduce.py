@@ -62,16 +62,14 @@ def mean(input, dim=None, keepdim: bool = False, *, dtype=None, out=None, axis=N
 
 def _correction(name, unbiased, correction) -> float:
     """PyTorch's two spellings of the variance's divisor: ``correction`` (N - correction),
-    or the older ``unbiased`` (True: 1, False: 0); default 1."""
-    if unbiased is not None and correction is not None:
-        raise TypeError(f"{name}(): got unbiased={unbiased!r} and correction={correction!r}; "
-                        f"pass one (unbiased=False is correction=0)")
-    if unbiased is not None:
-        if not isinstance(unbiased, bool):
-            raise TypeError(f"{name}(): unbiased must be a bool, got {unbiased!r}")
-        return 1 if unbiased else 0
+    else the older ``unbiased`` (True, the default: 1; False: 0)."""
+    if not isinstance(unbiased, bool):
+        raise TypeError(f"{name}(): unbiased must be a bool, got {unbiased!r}")
     if correction is None:
-        return 1
+        return 1 if unbiased else 0
+    if not unbiased:
+        raise TypeError(f"{name}(): got unbiased=False and correction={correction!r}; pass "
+                        f"one (unbiased=False is correction=0)")
     if isinstance(correction, bool) or not isinstance(correction, (int, float)):
         raise TypeError(f"{name}(): correction must be a number, got {correction!r}")
     return correction
@@ -101,8 +99,8 @@ def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdi
     return binary("div", ss, float(n - c if n - c > 0 else 0))
 
 
-def var(input, dim=None, unbiased=None, keepdim: bool = False, *, correction=None, out=None,
-        axis=None, keepdims=None):
+def var(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
+        correction: float | None = None, out=None, axis=None, keepdims=None):
     """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
     (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
     (``var(x, True)``, ``var(x, dim, False)``). N - correction <= 0 gives inf (nan for
@@ -110,8 +108,8 @@ def var(input, dim=None, unbiased=None, keepdim: bool = False, *, correction=Non
     return _variance("var", input, dim, unbiased, keepdim, correction, out, axis, keepdims)
 
 
-def std(input, dim=None, unbiased=None, keepdim: bool = False, *, correction=None, out=None,
-        axis=None, keepdims=None):
+def std(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
+        correction: float | None = None, out=None, axis=None, keepdims=None):
     """Standard deviation: sqrt of ``var`` with the same arguments."""
     v = _variance("std", input, dim, unbiased, keepdim, correction, out, axis, keepdims)
     return wrap(apply(_SQRT, [v._impl], {})[0])
