@@ -119,6 +119,28 @@ CASES = [
     ("index", lambda a: a[:, 1] * af.tensor(np.arange(3.)), [rand(3, 4)]),
     ("reshape", lambda a: a.unsqueeze(1).squeeze(1).flatten() * af.tensor(np.arange(6.)),
      [rand(2, 3)]),
+    # normalization and the math ops: sin, cos, rsqrt, erf; var/std, silu and group_norm
+    # (compositions); batch_norm (training: its own op and backward; eval: a composition)
+    ("sin", lambda a: a.sin(), [rand(3, 4)]),
+    ("cos", lambda a: a.cos(), [rand(3, 4)]),
+    ("rsqrt", lambda a: a.rsqrt(), [rand(3, 4, positive=True)]),
+    ("erf", lambda a: a.erf(), [rand(3, 4)]),
+    ("var", lambda a: a.var(dim=1) + a.std(), [rand(3, 4)]),
+    ("var", lambda a: a.var(0, False, True) * a.std(dim=(0, 1), correction=2), [rand(3, 4)]),
+    ("silu", lambda a: af.nn.functional.silu(a), [rand(3, 4)]),
+    ("group_norm", lambda a, w, b: af.nn.functional.group_norm(a, 2, w, b),
+     [rand(2, 4, 3), rand(4), rand(4)]),
+    ("batch_norm", lambda a, w, b: af.nn.functional.batch_norm(a, None, None, w, b, True),
+     [rand(4, 3), rand(3), rand(3)]),
+    ("batch_norm", lambda a: af.nn.functional.batch_norm(a, None, None, training=True),
+     [rand(2, 3, 2, 2)]),
+    ("batch_norm", lambda a, w: af.nn.functional.batch_norm(a, None, None, w, training=True),
+     [rand(3, 2, 4), rand(2)]),
+    ("batch_norm", lambda a, b: af.nn.functional.batch_norm(a, None, None, None, b, True),
+     [rand(3, 2, 4), rand(2)]),
+    ("batch_norm", lambda a, w, b: af.nn.functional.batch_norm(
+        a, af.tensor(np.array([0.3, -0.2, 0.1])), af.tensor(np.array([0.5, 1.5, 2.0])), w, b),
+     [rand(4, 3, 2), rand(3), rand(3)]),
 ]
 
 
@@ -218,7 +240,7 @@ def _torch_version(fn, torch):
         clamp=torch.clamp, div=torch.div, where=lambda c, a, b: torch.where(c, _t(torch, a, c), _t(torch, b, c)),
         softmax=lambda a, dim: torch.softmax(a, dim), log_softmax=lambda a, dim: torch.log_softmax(a, dim),
         cat=lambda xs, dim: torch.cat(xs, dim), stack=lambda xs, dim: torch.stack(xs, dim),
-        tensor=lambda a: torch.tensor(a))
+        tensor=lambda a: torch.tensor(a), nn=torch.nn)
     shim.maximum = lambda a, b: torch.maximum(_t(torch, a, b), _t(torch, b, a))
     shim.minimum = lambda a, b: torch.minimum(_t(torch, a, b), _t(torch, b, a))
     g = dict(fn.__globals__)

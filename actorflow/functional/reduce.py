@@ -86,7 +86,7 @@ def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdi
     impl = tensor_arg(name, input)._impl
     meta = resolved(impl)
     if not meta.dtype.is_floating_point:
-        raise DTypeError(f"{name}: needs a floating point tensor, got {meta.dtype}; convert "
+        raise DTypeError(f"{name}: needs a floating point tensor, got {meta.dtype.name}; convert "
                          f"with .float() first")
     ndim = len(meta.shape)
     dims = normalize_dims(name, dim, ndim) if ndim else None

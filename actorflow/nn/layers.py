@@ -179,7 +179,7 @@ class LayerNorm(Module):
 
 class _BatchNorm(Module):
     """Batch norm over the channels (dim 1), as PyTorch's: parameters ``weight`` (ones) and
-    ``bias`` (zeros) when ``affine``; buffers ``running_mean`` (zeros), ``running_var``
+    ``bias`` (zeros, unless ``bias=False``) when ``affine``; buffers ``running_mean`` (zeros), ``running_var``
     (ones) and ``num_batches_tracked`` (an int64 count) when ``track_running_stats``.
     Training normalizes by the batch's statistics and updates the running ones (by
     ``momentum``, or a cumulative average when it is None); eval() uses the running ones
@@ -189,7 +189,7 @@ class _BatchNorm(Module):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1,
                  affine: bool = True, track_running_stats: bool = True, device=None,
-                 dtype=None):
+                 dtype=None, *, bias: bool = True):
         super().__init__()
         if isinstance(num_features, bool) or not isinstance(num_features, int) \
                 or num_features <= 0:
@@ -199,7 +199,10 @@ class _BatchNorm(Module):
         self.affine, self.track_running_stats = affine, track_running_stats
         if affine:
             self.weight = Parameter(ones(num_features, dtype=dtype, device=device))
-            self.bias = Parameter(zeros(num_features, dtype=dtype, device=device))
+            if bias:
+                self.bias = Parameter(zeros(num_features, dtype=dtype, device=device))
+            else:
+                self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -225,7 +228,8 @@ class _BatchNorm(Module):
         if self.affine:
             with no_grad():
                 F.fill_(self.weight, 1)
-                F.zero_(self.bias)
+                if self.bias is not None:
+                    F.zero_(self.bias)
 
     def _check_input_dim(self, x) -> None:
         if x.ndim not in self._dims:
@@ -249,7 +253,8 @@ class _BatchNorm(Module):
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+                f"affine={self.affine}, bias={self.bias is not None}, "
+                f"track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
@@ -266,10 +271,11 @@ class BatchNorm2d(_BatchNorm):
 
 class GroupNorm(Module):
     """Normalizes groups of ``num_channels // num_groups`` channels per sample; ``weight``
-    (ones) and ``bias`` (zeros) per channel when ``affine``, as PyTorch's."""
+    (ones) and ``bias`` (zeros, unless ``bias=False``) per channel when ``affine``, as
+    PyTorch's."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
-                 affine: bool = True, device=None, dtype=None):
+                 affine: bool = True, device=None, dtype=None, *, bias: bool = True):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups <= 0 or num_channels % num_groups:
             raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by "
@@ -278,7 +284,10 @@ class GroupNorm(Module):
                                                                       eps, affine)
         if affine:
             self.weight = Parameter(ones(num_channels, dtype=dtype, device=device))
-            self.bias = Parameter(zeros(num_channels, dtype=dtype, device=device))
+            if bias:
+                self.bias = Parameter(zeros(num_channels, dtype=dtype, device=device))
+            else:
+                self.register_parameter("bias", None)
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
@@ -287,7 +296,8 @@ class GroupNorm(Module):
         return NF.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
+                f"affine={self.affine}, bias={self.bias is not None}")
 
 
 class Embedding(Module):
