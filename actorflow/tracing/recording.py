@@ -68,6 +68,7 @@ class Tracer(Interpreter):
     def __init__(self, live: bool = False, first_live: int = 0, state_names=None):
         self.nodes: list = []
         self.where: dict = {}
+        self.states: dict = {}        # a given state's placeholder blob -> its index
         self.consts: dict = {}        # id(impl) -> (const index, TensorImpl kept alive)
         self.live = live
         self.first_live = first_live
@@ -90,6 +91,7 @@ class Tracer(Interpreter):
         (``nn.Graph``'s parameters and optimizer state), held across pieces."""
         t = self.placeholder(spec, -1)
         self.where[t._impl.blob] = ("state", i)
+        self.states[t._impl.blob] = i
         return t
 
     def source(self, impl):
@@ -169,10 +171,7 @@ class Tracer(Interpreter):
         """Is this in-place write one of a whole given state (a module's buffer, as batch
         norm's running statistics; a parameter under no_grad)? Captured tensors are not."""
         t = outs[0]
-        if len(outs) != 1 or not t.blob.traced or t.base is not None:
-            return False
-        src = self.where.get(t.blob)
-        return src is not None and src[0] == "state" and src[1] < self.first_live
+        return len(outs) == 1 and t.base is None and t.blob in self.states
 
     def _renew_state(self, op, inputs, attrs, device, target):
         """Records an in-place write of a whole state out of place: the op's output (cast
@@ -306,10 +305,7 @@ class Recording:
         """Is this in-place write one of a whole given state (a module's buffer, as batch
         norm's running statistics; a parameter under no_grad)? Captured tensors are not."""
         t = outs[0]
-        if len(outs) != 1 or not t.blob.traced or t.base is not None:
-            return False
-        src = self.where.get(t.blob)
-        return src is not None and src[0] == "state" and src[1] < self.first_live
+        return len(outs) == 1 and t.base is None and t.blob in self.states
 
     def _renew_state(self, op, inputs, attrs, device, target):
         """Records an in-place write of a whole state out of place: the op's output (cast
