@@ -11,4 +11,6 @@ from .module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
-           "Flatten", "BatchNorm1d", "BatchNorm2d", "GroupNorm", "SiLU", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init"]
+           "Flatten", "BatchNorm1d", "BatchNorm2d", "GroupNorm", "SiLU", "ModuleList",
+           "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional",
+           "init"]

@@ -298,11 +298,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
         raise TypeError(f"batch_norm: momentum must be a float, got {momentum!r} (None, the "
                         f"cumulative average, is the BatchNorm layers' own)")
-    return batch_norm_with(input, running_mean, running_var, weight, bias, training,
+    return _batch_norm_with(input, running_mean, running_var, weight, bias, training,
                            float(momentum), eps)
 
 
-def batch_norm_with(input, running_mean, running_var, weight, bias, training: bool,
+def _batch_norm_with(input, running_mean, running_var, weight, bias, training: bool,
                     factor, eps: float):
     """``batch_norm`` whose momentum ``factor`` may be a 0-d tensor (the layers'
     cumulative average: 1 / num_batches_tracked, a value a traced step reads as state)."""

@@ -179,8 +179,9 @@ class LayerNorm(Module):
 
 class _BatchNorm(Module):
     """Batch norm over the channels (dim 1), as PyTorch's: parameters ``weight`` (ones) and
-    ``bias`` (zeros, unless ``bias=False``) when ``affine``; buffers ``running_mean`` (zeros), ``running_var``
-    (ones) and ``num_batches_tracked`` (an int64 count) when ``track_running_stats``.
+    ``bias`` (zeros, unless ``bias=False``) when ``affine``; buffers ``running_mean``
+    (zeros), ``running_var`` (ones) and ``num_batches_tracked`` (an int64 count) when
+    ``track_running_stats``.
     Training normalizes by the batch's statistics and updates the running ones (by
     ``momentum``, or a cumulative average when it is None); eval() uses the running ones
     (or the batch's, without them)."""
@@ -247,7 +248,7 @@ class _BatchNorm(Module):
                 factor = F.div(1.0, F.cast(self.num_batches_tracked, self.running_mean.dtype))
         use_batch = self.training or self.running_mean is None
         track = not self.training or self.track_running_stats
-        return NF.batch_norm_with(x, self.running_mean if track else None,
+        return NF._batch_norm_with(x, self.running_mean if track else None,
                                   self.running_var if track else None, self.weight, self.bias,
                                   use_batch, factor, self.eps)
 
