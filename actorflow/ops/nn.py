@@ -83,10 +83,6 @@ register(OpDef("gelu_backward", ("grad", "x"), _gelu_backward_infer,
 # with the biased variance and returns the statistics it used (mean, biased var), which the
 # caller folds into its running ones; its backward is PyTorch's closed form, one pass.
 
-def _channel_axes(ndim):
-    return (0,) + tuple(range(2, ndim))
-
-
 def _check_channel_param(op, name, m, c, dtype):
     if m.shape != (c,):
         raise ShapeError(f"{op}: {name} must hold one value per channel: shape ({c},) for an "
@@ -111,29 +107,41 @@ def _batch_norm_infer(metas, attrs):
     return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
 
 
-def _per_channel(v, ndim):
-    return v.reshape((1, -1) + (1,) * (ndim - 2))
-
-
 def _compute(x):
     return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
+def _by_channel(x):
+    """x (N, C, ...) as (N, C, S): a channel's values are [:, c, :], the last dim contiguous
+    (a view of a contiguous array)."""
+    return x.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _channel_sum(a3):
+    """Per channel sum of an (N, C, S) array: along the contiguous dim first (numpy's
+    pairwise summation), then over the batch."""
+    return a3.sum(axis=2).sum(axis=0)
+
+
 def _k_batch_norm(outs, ins, attrs):
     y, mean_out, var_out = outs
-    x = _compute(ins[0])
-    axes, nd = _channel_axes(x.ndim), x.ndim
-    mean = np.mean(x, axis=axes)
-    xc = x - _per_channel(mean, nd)
-    var = np.mean(xc * xc, axis=axes)
-    scale = 1.0 / np.sqrt(var + x.dtype.type(attrs["eps"]))
+    x3 = _by_channel(_compute(ins[0]))
+    m = x3.shape[0] * x3.shape[2]
+    mean = _channel_sum(x3) / m
+    direct = y.dtype == x3.dtype and y.flags.c_contiguous
+    y3 = _by_channel(y) if direct else np.empty_like(x3)
+    np.subtract(x3, mean[:, None], out=y3)
+    var = _channel_sum(np.square(y3)) / m
+    scale = 1.0 / np.sqrt(var + x3.dtype.type(attrs["eps"]))
     rest = iter(ins[1:])
     has_w, has_b = attrs["affine"]
     if has_w:
         scale = scale * _compute(next(rest))
-    np.multiply(xc, _per_channel(scale, nd), out=y, casting="unsafe")
+    y3 *= scale[:, None]
     if has_b:
-        np.add(y, _per_channel(_compute(next(rest)), nd), out=y, casting="unsafe")
+        y3 += _compute(next(rest))[:, None]
+    if not direct:                          # (a float16 output: computed in float32)
+        np.copyto(y, y3.reshape(y.shape), casting="unsafe")
     mean_out[...] = mean
     var_out[...] = var
 
@@ -156,18 +164,20 @@ def _k_batch_norm_backward(outs, ins, attrs):
     """gx = w * invstd * (g - mean(g) - xhat * mean(g * xhat)); gweight = sum(g * xhat);
     gbias = sum(g), the sums over every dim but the channels'."""
     gx, gw, gb = outs
-    g, x, mean, var = (_compute(a) for a in ins[:4])
-    axes, nd = _channel_axes(x.ndim), x.ndim
-    m = x.size // x.shape[1] if x.size else 1
-    invstd = 1.0 / np.sqrt(var + x.dtype.type(attrs["eps"]))
-    xhat = (x - _per_channel(mean, nd)) * _per_channel(invstd, nd)
-    sum_g = np.sum(g, axis=axes)
-    sum_gx = np.sum(g * xhat, axis=axes)
+    g3, x3 = _by_channel(_compute(ins[0])), _by_channel(_compute(ins[1]))
+    mean, var = _compute(ins[2]), _compute(ins[3])
+    m = max(1, x3.shape[0] * x3.shape[2])
+    invstd = 1.0 / np.sqrt(var + x3.dtype.type(attrs["eps"]))
+    t = np.subtract(x3, mean[:, None])
+    t *= invstd[:, None]                    # xhat
+    sum_g = _channel_sum(g3)
+    sum_gx = _channel_sum(g3 * t)
     scale = invstd if len(ins) == 4 else invstd * _compute(ins[4])
-    t = xhat * _per_channel(sum_gx / m, nd)
-    t += _per_channel(sum_g / m, nd)
-    np.subtract(g, t, out=t)
-    np.multiply(t, _per_channel(scale, nd), out=gx, casting="unsafe")
+    t *= (sum_gx / m)[:, None]
+    t += (sum_g / m)[:, None]
+    np.subtract(g3, t, out=t)
+    t *= scale[:, None]
+    np.copyto(gx, t.reshape(gx.shape), casting="unsafe")
     gw[...] = sum_gx
     gb[...] = sum_g
 
