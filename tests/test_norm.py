@@ -261,10 +261,19 @@ def test_functional_batch_norm_refuses_a_momentum_of_none_as_torch():
 
 # -- graph mode: the running statistics are state ----------------------------------------------
 
+class _Math(nn.Module):
+    """The math ops and var/std in one layer."""
+
+    def forward(self, x):
+        return x.sin() * x.erf() + x.cos() + (x.var(dim=1, keepdim=True) + 1).rsqrt() * \
+            x.std(dim=0, keepdim=True, correction=0)
+
+
 def _cnn(momentum):
     af.manual_seed(3)
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=momentum), nn.ReLU(),
-                         nn.Linear(6, 6), nn.BatchNorm1d(6), nn.SiLU(), nn.Linear(6, 2))
+                         nn.Linear(6, 6), nn.BatchNorm1d(6), nn.SiLU(), _Math(),
+                         nn.GroupNorm(2, 6), nn.Linear(6, 2))
 
 
 class _Train(nn.Graph):
@@ -390,6 +399,16 @@ def test_a_graph_under_no_grad_normalizes_with_batch_statistics_and_updates_them
         expect = want(af.tensor(x))
     assert np.array_equal(got.numpy(), expect.numpy())
     assert np.array_equal(model.running_var.numpy(), want.running_var.numpy())
+
+
+def test_the_layers_under_no_grad_compute_the_same_values_and_record_nothing():
+    model = _cnn(0.1)
+    x = af.tensor(_DATA[0][0])
+    with af.no_grad():
+        y = model(x)
+    want = _cnn(0.1)(x)
+    assert not y.requires_grad and want.requires_grad
+    assert np.array_equal(y.numpy(), want.numpy())
 
 
 # -- the cuda device (emulator) ----------------------------------------------------------------
