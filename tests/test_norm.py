@@ -431,3 +431,24 @@ def test_norm_layers_and_math_ops_on_cuda_equal_cpu(emu, one_launch_per_op):
                                                   bn(xt), xt.var(dim=1), xt.std())]
     for got, want in zip(out["cuda:0"], out["cpu"]):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_graph_step_on_cuda_trains_batch_norm_as_on_cpu(emu):
+    emu()
+    got, start = {}, None
+    for dev in ("cpu", "cuda:0"):
+        af.manual_seed(3)
+        model = nn.Sequential(nn.Linear(4, 6, device=dev),
+                              nn.BatchNorm1d(6, momentum=None, device=dev), nn.ReLU(), _Math(),
+                              nn.GroupNorm(2, 6, device=dev), nn.Linear(6, 2, device=dev))
+        if start is None:
+            start = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        else:                                           # the same initial weights
+            model.load_state_dict(start)
+        g = _Train(model, optim.SGD(model.parameters(), lr=0.1))
+        losses = [float(g.step(af.tensor(x, device=dev), af.tensor(y, device=dev)))
+                  for x, y in _DATA]
+        got[dev] = losses, {k: v.to("cpu").numpy() for k, v in model.state_dict().items()}
+    assert got["cpu"][0] == got["cuda:0"][0]
+    for k, v in got["cpu"][1].items():
+        assert np.array_equal(got["cuda:0"][1][k], v), k
