@@ -186,7 +186,7 @@ class Tracer(Interpreter):
                              f"has its shape {tuple(m.shape)}, not {tuple(new.meta.shape)})")
         if new.meta.dtype is not m.dtype:
             new = self.apply(_CAST, [new], {"dtype": m.dtype})[0]
-        self.where[target.blob] = self.where[new.blob]
+        self.where[target.blob] = self.source(new)
         return [target]
 
     def const_arrays(self) -> list:
@@ -300,28 +300,6 @@ class Recording:
     def source(self, impl):
         """What made the tensor ``impl`` (see the class doc)."""
         return self.tracer.source(impl)
-
-    def _state_written(self, outs) -> bool:
-        """Is this in-place write one of a whole given state (a module's buffer, as batch
-        norm's running statistics; a parameter under no_grad)? Captured tensors are not."""
-        t = outs[0]
-        return len(outs) == 1 and t.base is None and t.blob in self.states
-
-    def _renew_state(self, op, inputs, attrs, device, target):
-        """Records an in-place write of a whole state out of place: the op's output (cast
-        to the state's dtype as the write would) is the state's value from here on, for
-        the ops recorded after it and as what the step writes back (its source), while
-        the ops recorded before it read the value the piece started with."""
-        m = target.meta
-        new = self.apply(op, inputs, attrs, device or m.device)[0]
-        if new.meta.shape != m.shape:
-            raise TraceError(self.inplace_error(op, target) + f" (a whole state written in "
-                             f"place is recorded as its new value only when the op's result "
-                             f"has its shape {tuple(m.shape)}, not {tuple(new.meta.shape)})")
-        if new.meta.dtype is not m.dtype:
-            new = self.apply(_CAST, [new], {"dtype": m.dtype})[0]
-        self.where[target.blob] = self.where[new.blob]
-        return [target]
 
     def const_arrays(self) -> list:
         """The values of the constants, by constant index."""
