@@ -254,6 +254,15 @@ def test_training_on_one_value_per_channel_is_refused_as_torch_and_eval_takes_it
     assert nn.BatchNorm1d(3)(af.ones(1, 3, 2)).shape == (1, 3, 2)    # two values per channel
 
 
+def test_batch_norm_refuses_integers_and_mixed_dtypes_naming_them():
+    with pytest.raises(af.DTypeError, match=r"batch_norm: needs a floating point input, got "
+                                            r"int64; convert with .float\(\)"):
+        NF.batch_norm(af.zeros(2, 3, dtype=af.int64), None, None, training=True)
+    with pytest.raises(af.DTypeError, match=r"batch_norm: weight is float64 but the input is "
+                                            r"float32; convert it with .to\(af.float32\)"):
+        NF.batch_norm(af.zeros(2, 3), None, None, af.ones(3, dtype=af.float64), training=True)
+
+
 def test_functional_batch_norm_refuses_a_momentum_of_none_as_torch():
     with pytest.raises(TypeError, match=r"momentum must be a float, got None"):
         NF.batch_norm(af.zeros(2, 3), af.zeros(3), af.ones(3), training=True, momentum=None)

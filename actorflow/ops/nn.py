@@ -88,15 +88,15 @@ def _check_channel_param(op, name, m, c, dtype):
         raise ShapeError(f"{op}: {name} must hold one value per channel: shape ({c},) for an "
                          f"input of {c} channels, got shape {m.shape}")
     if m.dtype is not dtype:
-        raise DTypeError(f"{op}: {name} is {m.dtype} but the input is {dtype}; convert it "
-                         f"with .to({dtype.name})")
+        raise DTypeError(f"{op}: {name} is {m.dtype.name} but the input is {dtype.name}; "
+                         f"convert it with .to(af.{dtype.name})")
 
 
 def _batch_norm_infer(metas, attrs):
     x = metas[0]
     if x.dtype.category != FLOAT:
-        raise DTypeError(f"batch_norm: needs a floating point input, got {x.dtype}; convert "
-                         f"with .float() first")
+        raise DTypeError(f"batch_norm: needs a floating point input, got {x.dtype.name}; "
+                         f"convert with .float() first")
     if len(x.shape) < 2:
         raise ShapeError(f"batch_norm: expected an input (N, C, ...) of 2 dims or more, got "
                          f"shape {x.shape}")
@@ -154,8 +154,8 @@ register(OpDef("batch_norm", ("x", "weight", "bias"), _batch_norm_infer,
 def _batch_norm_backward_infer(metas, attrs):
     g, x = metas[0], metas[1]
     if g.shape != x.shape or g.dtype is not x.dtype:
-        raise DTypeError(f"batch_norm_backward: the gradient ({g.dtype}{list(g.shape)}) and "
-                         f"the input ({x.dtype}{list(x.shape)}) must match")
+        raise DTypeError(f"batch_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
+                         f"and the input ({x.dtype.name}{list(x.shape)}) must match")
     c = x.shape[1]
     return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
 
