@@ -119,8 +119,9 @@ CASES = [
     ("index", lambda a: a[:, 1] * af.tensor(np.arange(3.)), [rand(3, 4)]),
     ("reshape", lambda a: a.unsqueeze(1).squeeze(1).flatten() * af.tensor(np.arange(6.)),
      [rand(2, 3)]),
-    # normalization and the math ops: sin, cos, rsqrt, erf; var/std, silu and group_norm
-    # (compositions); batch_norm (training: its own op and backward; eval: a composition)
+    # normalization and the math ops: sin, cos, rsqrt, erf, silu (ops); var/std and
+    # group_norm (compositions); batch_norm (training: its own op and backward; eval: a
+    # composition)
     ("sin", lambda a: a.sin(), [rand(3, 4)]),
     ("cos", lambda a: a.cos(), [rand(3, 4)]),
     ("rsqrt", lambda a: a.rsqrt(), [rand(3, 4, positive=True)]),

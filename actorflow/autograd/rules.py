@@ -294,6 +294,17 @@ def _gelu(ctx, g):
                        {"approximate": ctx.attrs.get("approximate", "none")})[0]),)
 
 
+_SILU_BACKWARD = op_def("silu_backward")
+
+
+@rule("silu", saves="x")
+def _silu(ctx, g):
+    x = ctx.x(0)
+    if g.dtype is not x.dtype:
+        g = F.cast(g, x.dtype)
+    return (wrap(apply(_SILU_BACKWARD, [g._impl, x._impl], {})[0]),)
+
+
 @rule("clamp", saves="x")
 def _clamp(ctx, g):                         # to x where min <= x <= max, as PyTorch
     x, lo, hi = ctx.x(0), ctx.attrs.get("min"), ctx.attrs.get("max")

@@ -19,7 +19,7 @@ from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, 
                           floor_divide, floor_divide_, ge, gelu, gt, le, log, logical_and,
                           logical_not, logical_or, lt, matmul, maximum, minimum, mul, mul_,
                           multiply, ne, neg, pow, prebuilt_operator, relu, remainder,
-                          remainder_, rsqrt, sigmoid, sin, sqrt, sub, sub_, subtract, tanh,
+                          remainder_, rsqrt, sigmoid, silu, sin, sqrt, sub, sub_, subtract, tanh,
                           true_divide,
                           where, zero_)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
@@ -33,7 +33,7 @@ __all__ = [
     "floor_divide_", "ge", "gelu", "gt", "is_floating_point", "le", "log", "log_softmax",
     "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum", "mean", "min",
     "minimum", "MinMax", "mul", "mul_", "multiply", "ne", "neg", "nonzero", "pow",
-    "prebuilt_operator", "relu", "remainder", "remainder_", "rsqrt", "sigmoid", "sin",
+    "prebuilt_operator", "relu", "remainder", "remainder_", "rsqrt", "sigmoid", "silu", "sin",
     "softmax", "sqrt", "stack", "std", "sub", "sub_", "subtract", "sum", "tanh", "to_device",
     "true_divide", "var", "where", "zero_",
 ]

@@ -19,6 +19,7 @@ relu = F.relu
 tanh = F.tanh
 sigmoid = F.sigmoid
 gelu = F.gelu
+silu = F.silu
 softmax = F.softmax
 log_softmax = F.log_softmax
 
@@ -366,11 +367,3 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
         y = F.add(y, _per_channel(bias, len(shape)))
     return y
 
-
-def silu(input, inplace: bool = False):
-    """x * sigmoid(x) (swish); ``inplace=True`` writes the input."""
-    _tensor("silu", input)
-    s = F.sigmoid(input)
-    if inplace:
-        return F.mul_(input, s)
-    return F.mul(input, s)

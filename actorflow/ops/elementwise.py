@@ -89,6 +89,17 @@ def _k_gelu(outs, ins, attrs):
     np.copyto(outs[0], res, casting="unsafe")
 
 
+def _k_silu(outs, ins, attrs):
+    # x / (1 + exp(-x)), each step rounded to the output dtype (the CUDA C does the same);
+    # x is read once more after the temporaries, so an in-place call (o is x) is safe
+    o = outs[0]
+    x = in_dtype(ins[0], o.dtype)
+    with np.errstate(over="ignore"):
+        t = np.exp(np.negative(x))
+    t += 1
+    np.divide(x, t, out=o)
+
+
 def _k_rsqrt(outs, ins, attrs):
     o = outs[0]
     with np.errstate(all="ignore"):         # 0 gives inf, a negative number nan, as PyTorch
@@ -168,6 +179,7 @@ UNARY = {
     "erf": (_k_erf, _floating, None),
     "relu": (_k_relu, _no_bool("relu"), _f_relu),
     "sigmoid": (_k_sigmoid, _floating, None),
+    "silu": (_k_silu, _floating, None),
     "gelu": (_k_gelu, _floating, None),
     "logical_not": (_ufunc_kernel(np.logical_not), lambda d: bool_, None),
     "bitwise_not": (_ufunc_kernel(np.invert), _no_float("bitwise_not"), None),

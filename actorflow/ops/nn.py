@@ -1,5 +1,5 @@
 """Neural-network ops: softmax and log_softmax along a dim (numerically stable), the
-backward of gelu (autograd's rule for gelu runs it), and batch norm's training forward (the
+backwards of gelu and silu (autograd's rules for them run these), and batch norm's training forward (the
 batch's statistics per channel) and its backward."""
 
 from __future__ import annotations
@@ -50,12 +50,15 @@ register(OpDef("log_softmax", ("x",), _softmax_infer("log_softmax"), {"cpu": _k_
                attrs=("dim",)))
 
 
-def _gelu_backward_infer(metas, attrs):
-    g, x = metas
-    if g.shape != x.shape or g.dtype is not x.dtype:
-        raise DTypeError(f"gelu_backward: the gradient ({g.dtype}{list(g.shape)}) and the "
-                         f"input ({x.dtype}{list(x.shape)}) must match")
-    return [(x.shape, x.dtype)]
+def _grad_infer(op):
+    """An activation's backward op (gradient, input) -> the input's gradient."""
+    def infer(metas, attrs):
+        g, x = metas
+        if g.shape != x.shape or g.dtype is not x.dtype:
+            raise DTypeError(f"{op}: the gradient ({g.dtype}{list(g.shape)}) and the "
+                             f"input ({x.dtype}{list(x.shape)}) must match")
+        return [(x.shape, x.dtype)]
+    return infer
 
 
 def _k_gelu_backward(outs, ins, attrs):
@@ -74,8 +77,28 @@ def _k_gelu_backward(outs, ins, attrs):
     np.multiply(g, d, out=outs[0], casting="unsafe")
 
 
-register(OpDef("gelu_backward", ("grad", "x"), _gelu_backward_infer,
+register(OpDef("gelu_backward", ("grad", "x"), _grad_infer("gelu_backward"),
                {"cpu": _k_gelu_backward}, attrs=("approximate",)))
+
+
+def _k_silu_backward(outs, ins, attrs):
+    """g * s * (1 + x * (1 - s)), s = sigmoid(x)."""
+    g, x = ins
+    if x.dtype == np.float16:
+        x, g = x.astype(np.float32), g.astype(np.float32)
+    with np.errstate(over="ignore"):
+        s = np.exp(np.negative(x))
+    s += 1
+    np.reciprocal(s, out=s)
+    d = np.subtract(1, s)
+    d *= x
+    d += 1
+    d *= s
+    np.multiply(g, d, out=outs[0], casting="unsafe")
+
+
+register(OpDef("silu_backward", ("grad", "x"), _grad_infer("silu_backward"),
+               {"cpu": _k_silu_backward}))
 
 
 # -- batch norm (training): the batch's statistics per channel, and the backward ----------

@@ -127,7 +127,7 @@ class FusedRun:
 # bool result (comparisons, logical and/or on truth values), as the numpy kernels do.
 
 UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "tanh", "sin", "cos", "rsqrt", "erf", "relu",
-             "sigmoid", "gelu", "logical_not", "bitwise_not")
+             "sigmoid", "silu", "gelu", "logical_not", "bitwise_not")
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
               "gt", "ge", "logical_and", "logical_or", "floor_divide", "remainder",
               "trunc_divide", "bitwise_and", "bitwise_or", "bitwise_xor")
@@ -276,7 +276,7 @@ class _Emitter:
     def unary(self, op: str, x: str, o: str, attrs: dict) -> str:
         fl = o in MATH
         if op in ("exp", "log", "sqrt", "tanh", "sin", "cos", "rsqrt", "erf", "sigmoid",
-                  "gelu") and not fl:
+                  "silu", "gelu") and not fl:
             raise _unsupported(op, o)
         if op == "neg":
             if o == "bool":
@@ -314,6 +314,15 @@ class _Emitter:
             self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
             self.lines.append(f"{t} = {r(f'({m})1 / {t}')};")
             return self.store(t, o)
+        if op == "silu":
+            # the numpy kernel: t = -x; t = exp(t); t += 1; o = x / t, each rounded to o
+            m = MATH[o]
+            t = self.fresh()
+            r = (lambda e: f"af_round_h({e})") if o == "float16" else (lambda e: e)
+            self.lines.append(f"{m} {t} = {r('-' + self.math(x, o))};")
+            self.lines.append(f"{t} = {r(f'af_exp({t})')};")
+            self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
+            return self.store(f"{self.math(x, o)} / {t}", o)
         if op == "gelu":
             tanh = attrs.get("approximate", "none") == "tanh"
             fn = {"float16": "af_gelu_h", "float32": "af_gelu_f", "float64": "af_gelu_d"}[o]
