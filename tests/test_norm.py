@@ -344,6 +344,18 @@ def test_a_graph_trains_batch_norm_as_eager_mode_running_statistics_included(how
     assert int(model.state_dict()["1.num_batches_tracked"]) == len(_DATA)
 
 
+def test_one_graph_follows_train_and_eval_of_its_batch_norm():
+    model, want = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    g = _Eval(model)
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    for mode in ("train", "eval", "train"):
+        getattr(model, mode)()
+        getattr(want, mode)()
+        assert np.array_equal(g.step(x).numpy(), want(af.tensor(x)).numpy())
+        assert np.array_equal(model.running_var.numpy(), want.running_var.numpy())
+    assert int(model.num_batches_tracked) == 2
+
+
 class _Counts(nn.Module):
     """A module writing its buffers in place in forward, as batch norm does."""
 
