@@ -282,27 +282,26 @@ def _relu(ctx, g):
     return (F.where(F.gt(ctx.y(0), 0), g, 0.0),)
 
 
-_GELU_BACKWARD = op_def("gelu_backward")
+_GELU_BACKWARD, _SILU_BACKWARD = op_def("gelu_backward"), op_def("silu_backward")
+
+
+def _by_backward_op(op, ctx, g, attrs):
+    """An activation's gradient by its backward op (gradient, input), one kernel."""
+    x = ctx.x(0)
+    if g.dtype is not x.dtype:
+        g = F.cast(g, x.dtype)
+    return (wrap(apply(op, [g._impl, x._impl], attrs)[0]),)
 
 
 @rule("gelu", saves="x")
 def _gelu(ctx, g):
-    x = ctx.x(0)
-    if g.dtype is not x.dtype:
-        g = F.cast(g, x.dtype)
-    return (wrap(apply(_GELU_BACKWARD, [g._impl, x._impl],
-                       {"approximate": ctx.attrs.get("approximate", "none")})[0]),)
-
-
-_SILU_BACKWARD = op_def("silu_backward")
+    return _by_backward_op(_GELU_BACKWARD, ctx, g,
+                           {"approximate": ctx.attrs.get("approximate", "none")})
 
 
 @rule("silu", saves="x")
 def _silu(ctx, g):
-    x = ctx.x(0)
-    if g.dtype is not x.dtype:
-        g = F.cast(g, x.dtype)
-    return (wrap(apply(_SILU_BACKWARD, [g._impl, x._impl], {})[0]),)
+    return _by_backward_op(_SILU_BACKWARD, ctx, g, {})
 
 
 @rule("clamp", saves="x")

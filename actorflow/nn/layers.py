@@ -61,32 +61,29 @@ Sigmoid = _activation("Sigmoid", F.sigmoid, "Elementwise logistic sigmoid.")
 Identity = _activation("Identity", lambda x: x, "Returns its input.")
 
 
-class SiLU(Module):
-    """x * sigmoid(x) elementwise; ``inplace=True`` writes the input."""
+class _InPlaceActivation(Module):
+    """An elementwise activation that may write its input (``inplace=True``)."""
 
     def __init__(self, inplace: bool = False):
         super().__init__()
         self.inplace = inplace
-
-    def forward(self, x):
-        return NF.silu(x, inplace=self.inplace)
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
 
 
-class ReLU(Module):
+class ReLU(_InPlaceActivation):
     """max(x, 0) elementwise; ``inplace=True`` writes the input."""
-
-    def __init__(self, inplace: bool = False):
-        super().__init__()
-        self.inplace = inplace
 
     def forward(self, x):
         return F.relu(x, inplace=self.inplace)
 
-    def extra_repr(self) -> str:
-        return "inplace=True" if self.inplace else ""
+
+class SiLU(_InPlaceActivation):
+    """x * sigmoid(x) elementwise; ``inplace=True`` writes the input."""
+
+    def forward(self, x):
+        return NF.silu(x, inplace=self.inplace)
 
 
 class GELU(Module):
@@ -151,6 +148,19 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+def _affine(module, affine: bool, bias: bool, shape, dtype, device) -> None:
+    """A norm layer's ``weight`` (ones) and ``bias`` (zeros) of ``shape``, registered as
+    None where ``affine`` (or ``bias``) is off, as PyTorch's."""
+    if affine:
+        module.weight = Parameter(ones(shape, dtype=dtype, device=device))
+        if bias:
+            module.bias = Parameter(zeros(shape, dtype=dtype, device=device))
+            return
+    else:
+        module.register_parameter("weight", None)
+    module.register_parameter("bias", None)
+
+
 class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, dtype=None, device=None):
@@ -159,15 +169,7 @@ class LayerNorm(Module):
             normalized_shape)
         self.normalized_shape, self.eps = shape, eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = Parameter(ones(shape, dtype=dtype, device=device))
-            if bias:
-                self.bias = Parameter(zeros(shape, dtype=dtype, device=device))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, elementwise_affine, bias, shape, dtype, device)
 
     def forward(self, x):
         return NF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -198,15 +200,7 @@ class _BatchNorm(Module):
                              f"{num_features!r}")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        if affine:
-            self.weight = Parameter(ones(num_features, dtype=dtype, device=device))
-            if bias:
-                self.bias = Parameter(zeros(num_features, dtype=dtype, device=device))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, affine, bias, num_features, dtype, device)
         if track_running_stats:
             self.register_buffer("running_mean", zeros(num_features, dtype=dtype,
                                                        device=device))
@@ -283,15 +277,7 @@ class GroupNorm(Module):
                              f"num_groups ({num_groups})")
         self.num_groups, self.num_channels, self.eps, self.affine = (num_groups, num_channels,
                                                                       eps, affine)
-        if affine:
-            self.weight = Parameter(ones(num_channels, dtype=dtype, device=device))
-            if bias:
-                self.bias = Parameter(zeros(num_channels, dtype=dtype, device=device))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, affine, bias, num_channels, dtype, device)
 
     def forward(self, x):
         return NF.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)

@@ -306,22 +306,11 @@ class _Emitter:
             return self.binary("maximum", x, zero, o, o)
         if op == "sigmoid":
             # the numpy kernel: o = -x; o = exp(o); o += 1; o = 1 / o, each rounded to o
-            m = MATH[o]
-            t = self.fresh()
-            r = (lambda e: f"af_round_h({e})") if o == "float16" else (lambda e: e)
-            self.lines.append(f"{m} {t} = {r('-' + self.math(x, o))};")
-            self.lines.append(f"{t} = {r(f'af_exp({t})')};")
-            self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
-            self.lines.append(f"{t} = {r(f'({m})1 / {t}')};")
-            return self.store(t, o)
+            t = self.one_plus_exp_neg(x, o)
+            return self.store(f"({MATH[o]})1 / {t}", o)
         if op == "silu":
             # the numpy kernel: t = -x; t = exp(t); t += 1; o = x / t, each rounded to o
-            m = MATH[o]
-            t = self.fresh()
-            r = (lambda e: f"af_round_h({e})") if o == "float16" else (lambda e: e)
-            self.lines.append(f"{m} {t} = {r('-' + self.math(x, o))};")
-            self.lines.append(f"{t} = {r(f'af_exp({t})')};")
-            self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
+            t = self.one_plus_exp_neg(x, o)
             return self.store(f"{self.math(x, o)} / {t}", o)
         if op == "gelu":
             tanh = attrs.get("approximate", "none") == "tanh"
@@ -334,6 +323,17 @@ class _Emitter:
                 raise _unsupported(op, o)
             return f"!{x}" if o == "bool" else f"~{x}"
         raise AssertionError(op)
+
+    def one_plus_exp_neg(self, x: str, o: str) -> str:
+        """A temporary holding 1 + exp(-x) in ``o``'s math type, each step rounded to
+        ``o`` (sigmoid's and silu's common part, as their numpy kernels compute it)."""
+        m = MATH[o]
+        t = self.fresh()
+        r = (lambda e: f"af_round_h({e})") if o == "float16" else (lambda e: e)
+        self.lines.append(f"{m} {t} = {r('-' + self.math(x, o))};")
+        self.lines.append(f"{t} = {r(f'af_exp({t})')};")
+        self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
+        return t
 
     def binary(self, op: str, a: str, b: str, ct: str, o: str) -> str:
         """``a op b`` with both operands of dtype ``ct``, the result of dtype ``o``."""
