@@ -6,16 +6,20 @@ from __future__ import annotations
 import numbers
 
 from .. import functional as F
+from ..autograd import no_grad
 from ..creation import arange, rand
+from ..eager.interpreter import apply
 from ..errors import ShapeError
 from ..indexing import class_targets, take
+from ..ops import get as op_def
 from ..ops.index import Bounds
-from ..tensor.tensor import Tensor
+from ..tensor.tensor import Tensor, wrap
 
 relu = F.relu
 tanh = F.tanh
 sigmoid = F.sigmoid
 gelu = F.gelu
+silu = F.silu
 softmax = F.softmax
 log_softmax = F.log_softmax
 pad = F.pad
@@ -250,3 +254,117 @@ def mse_loss(input, target, reduction: str = "mean"):
     _tensor("mse_loss", input)
     d = F.sub(input, target)
     return _reduce(F.mul(d, d), reduction, "mse_loss")
+
+
+# -- normalization -----------------------------------------------------------------------------
+
+_BATCH_NORM = op_def("batch_norm")
+
+
+def _channels(name: str, input) -> int:
+    if input.ndim < 2:
+        raise ShapeError(f"{name}: expected an input (N, C) or (N, C, ...) with the channels "
+                         f"in dim 1, got shape {input.shape}")
+    return input.shape[1]
+
+
+def _check_per_channel(name: str, arg: str, t, input, c: int) -> None:
+    if t is not None and tuple(t.shape) != (c,):
+        raise ShapeError(f"{name}: the input has {c} channels (shape {input.shape}, channels "
+                         f"in dim 1) but {arg} has shape {tuple(t.shape)}: one value per "
+                         f"channel, shape ({c},), is expected; make the layer with "
+                         f"num_features={c} or feed it inputs of {t.shape[0] if t.ndim else 1} "
+                         f"channels")
+
+
+def _per_channel(t, ndim: int):
+    """A (C,) tensor shaped to broadcast over (N, C, ...)."""
+    return t.reshape((1, t.shape[0]) + (1,) * (ndim - 2))
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5):
+    """Normalizes each channel (dim 1) of ``input`` (N, C, ...), then scales by ``weight``
+    and shifts by ``bias``, as PyTorch. Training (or with no running statistics): by the
+    batch's mean and biased variance over every dim but the channels', and the running
+    ones (when given) are updated in place: ``running = (1 - momentum) * running +
+    momentum * batch``, the unbiased variance into ``running_var``. Otherwise: by
+    ``running_mean`` and ``running_var``.
+
+    Raises:
+        ShapeError: an input with no channel dim, or statistics, weight or bias not of one
+            value per channel (the message names both shapes).
+        ValueError: training on one value per channel (a batch of one, nothing spatial),
+            whose variance is undefined, as PyTorch refuses."""
+    _tensor("batch_norm", input)
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+        raise TypeError(f"batch_norm: momentum must be a float, got {momentum!r} (None, the "
+                        f"cumulative average, is the BatchNorm layers' own)")
+    return _batch_norm_with(input, running_mean, running_var, weight, bias, training,
+                           float(momentum), eps)
+
+
+def _batch_norm_with(input, running_mean, running_var, weight, bias, training: bool,
+                    factor, eps: float):
+    """``batch_norm`` whose momentum ``factor`` may be a 0-d tensor (the layers'
+    cumulative average: 1 / num_batches_tracked, a value a traced step reads as state)."""
+    c = _channels("batch_norm", input)
+    for arg, t in (("running_mean", running_mean), ("running_var", running_var),
+                   ("weight", weight), ("bias", bias)):
+        _check_per_channel("batch_norm", arg, t, input, c)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: pass both running_mean and running_var, or neither")
+    if not training and running_mean is not None:
+        scale = F.rsqrt(F.add(running_var, eps))
+        if weight is not None:
+            scale = F.mul(scale, weight)
+        shift = F.neg(F.mul(running_mean, scale))
+        if bias is not None:
+            shift = F.add(shift, bias)
+        return F.add(F.mul(input, _per_channel(scale, input.ndim)),
+                     _per_channel(shift, input.ndim))
+    n = input.numel() // c if c else 0
+    if training and n <= 1:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
+                         f"got input of shape {input.shape} ({n} per channel); use a batch "
+                         f"of 2 or more, or eval() mode")
+    ins = [input._impl] + [t._impl for t in (weight, bias) if t is not None]
+    y, mean, var = apply(_BATCH_NORM, ins, {"eps": float(eps),
+                                            "affine": (weight is not None, bias is not None)})
+    if training and running_mean is not None:
+        with no_grad():
+            mean, var = wrap(mean), F.mul(wrap(var), n / (n - 1))
+            keep = F.sub(1.0, factor) if isinstance(factor, Tensor) else 1.0 - factor
+            for run, batch in ((running_mean, mean), (running_var, var)):
+                new = F.add(F.mul(run, keep), F.mul(batch, factor))
+                F.copy_(run, new)
+    return wrap(y)
+
+
+def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
+    """Normalizes each group of ``num_groups`` consecutive channels of ``input`` (N, C, ...)
+    by its mean and biased variance (per sample), then scales by ``weight`` and shifts by
+    ``bias`` (per channel), as PyTorch.
+
+    Raises: ShapeError for a channel count ``num_groups`` does not divide or a weight or
+    bias not of one value per channel."""
+    _tensor("group_norm", input)
+    c = _channels("group_norm", input)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0 \
+            or c % num_groups:
+        raise ShapeError(f"group_norm: num_groups={num_groups!r} must be an int > 0 that "
+                         f"divides the {c} channels (input shape {input.shape})")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        _check_per_channel("group_norm", arg, t, input, c)
+    shape = input.shape
+    x = input.reshape(shape[0], num_groups, -1)
+    mu = F.mean(x, dim=2, keepdim=True)
+    xc = F.sub(x, mu)
+    var = F.mean(F.mul(xc, xc), dim=2, keepdim=True)
+    y = F.mul(xc, F.rsqrt(F.add(var, eps))).reshape(shape)
+    if weight is not None:
+        y = F.mul(y, _per_channel(weight, len(shape)))
+    if bias is not None:
+        y = F.add(y, _per_channel(bias, len(shape)))
+    return y
+

@@ -313,6 +313,26 @@ class Tensor:
 
         Example: ``af.tanh(af.tensor([1., -1.]))``
         """
+    def sin(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise sin of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.sin(af.tensor([1., -1.]))``
+        """
+    def cos(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise cos of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.cos(af.tensor([1., -1.]))``
+        """
+    def rsqrt(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise rsqrt of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.rsqrt(af.tensor([1., -1.]))``
+        """
+    def erf(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise erf of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.erf(af.tensor([1., -1.]))``
+        """
     def relu(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
         """Elementwise relu of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
 
@@ -365,6 +385,24 @@ class Tensor:
         keepdims: builtins.bool | None = None,
     ) -> Tensor:
         """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
+    def var(
+        self, dim: builtins.int | None = None, unbiased: builtins.bool = True,
+        keepdim: builtins.bool = False, *, correction: builtins.float | None = None,
+        out: None = None, axis: builtins.int | None = None,
+        keepdims: builtins.bool | None = None,
+    ) -> Tensor:
+        """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
+        (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
+        (``var(x, True)``, ``var(x, dim, False)``). N - correction <= 0 gives inf (nan for
+        0 / 0), as PyTorch.
+        """
+    def std(
+        self, dim: builtins.int | None = None, unbiased: builtins.bool = True,
+        keepdim: builtins.bool = False, *, correction: builtins.float | None = None,
+        out: None = None, axis: builtins.int | None = None,
+        keepdims: builtins.bool | None = None,
+    ) -> Tensor:
+        """Standard deviation: sqrt of ``var`` with the same arguments."""
     @overload
     def max(
         self, dim: None = None, keepdim: builtins.bool = False, *, out: None = None,
