@@ -21,6 +21,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          remainder, remainder_, sigmoid, softmax, sqrt, stack, sub, sub_, sum,
                          tanh, where,
                          zero_)
+from .functional import masked_fill, tril, triu
 from .tracing import trace
 from . import data, distributed, nn, optim, testing
 from .serialization import load, save
@@ -57,6 +58,7 @@ __all__ = [
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
     "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
+    "masked_fill", "tril", "triu",
     # autograd
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running
