@@ -6,9 +6,11 @@ from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Lin
                      LogSoftmax, ModuleDict, ModuleList, ReLU, Sequential, Sigmoid, Softmax,
                      Tanh)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .graph import Graph
 from .module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
-           "Flatten", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init"]
+           "Flatten", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init",
+           "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder"]
