@@ -266,7 +266,7 @@ def _pos(self) -> Tensor:
     return self
 
 
-def _deepcopy(self, memo) -> Tensor:
+def _deepcopy(self, memo: dict) -> Tensor:
     """``copy.deepcopy``: a copy of a leaf's values (and of its gradient) with its
     requires_grad, as PyTorch's; a computed tensor is refused, as there."""
     if not self.is_leaf:

@@ -119,6 +119,11 @@ CASES = [
     ("index", lambda a: a[:, 1] * af.tensor(np.arange(3.)), [rand(3, 4)]),
     ("reshape", lambda a: a.unsqueeze(1).squeeze(1).flatten() * af.tensor(np.arange(6.)),
      [rand(2, 3)]),
+    # attention's helpers: triangles of a (batch of) matrices
+    ("triu", lambda a: a.triu(1), [rand(2, 3, 4)]),
+    ("triu", lambda a: a.triu(-1), [rand(4, 3)]),
+    ("tril", lambda a: a.tril(), [rand(3, 4)]),
+    ("tril", lambda a: a.tril(-2), [rand(2, 4, 4)]),
 ]
 
 

@@ -87,6 +87,7 @@ TYPES_IN = {
     ("__array__", "dtype"): "Any", ("__array__", "copy"): "bool | None",
     ("type", "dtype"): "_DTypeLike", ("reshape", "shape"): "Sequence[int] | None",
     ("shape_args", "args"): "tuple[Any, ...]",
+    ("masked_fill", "mask"): "Tensor", ("masked_fill", "value"): "_Number | Tensor",
 }
 
 # A result's type, where the function does not annotate it (or says less than this).

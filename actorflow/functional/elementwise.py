@@ -443,7 +443,7 @@ def _broadcasts_to(shape, target) -> bool:
     return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
 
 
-def _triangle(name: str):
+def _triangle(name: str, doc: str):
     op = op_def(name)
 
     def triangle(input, diagonal: int = 0, *, out=None):
@@ -454,16 +454,19 @@ def _triangle(name: str):
             raise TypeError(f"{name}(): diagonal must be an int, got {diagonal!r}")
         return wrap(apply(op, [x._impl], {"diagonal": int(diagonal)})[0])
     triangle.__name__ = triangle.__qualname__ = name
+    triangle.__doc__ = doc
     return triangle
 
 
-triu = _triangle("triu")
-triu.__doc__ = ("The upper triangle of the last two dims (a batch of matrices before them): "
-                "the entries on and above ``diagonal`` (0: the main diagonal, > 0 above, < 0 "
-                "below) kept, the rest zero.")
-tril = _triangle("tril")
-tril.__doc__ = ("The lower triangle of the last two dims: the entries on and below "
-                "``diagonal`` kept, the rest zero.")
+triu = _triangle("triu", """The upper triangle of the last two dims (a batch of matrices
+    before them): the entries on and above ``diagonal`` (0: the main diagonal, > 0 above,
+    < 0 below) kept, the rest zero.
+
+    Raises: ShapeError for a tensor of fewer than 2 dims.""")
+tril = _triangle("tril", """The lower triangle of the last two dims: the entries on and
+    below ``diagonal`` kept, the rest zero.
+
+    Raises: ShapeError for a tensor of fewer than 2 dims.""")
 
 
 _MATMUL = op_def("matmul")
