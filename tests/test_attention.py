@@ -5,6 +5,8 @@ gradients of every input and parameter, with masks, causal, key padding, batch_f
 norm_first; dropout's statistics; a tiny causal language model in eager mode, under
 no_grad, in nn.Graph (step and run, fused or not) and on the cuda emulator; the errors."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -264,6 +266,9 @@ def test_encoder_deep_copies_the_layer_with_pytorchs_keys_and_values():
     al = nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, batch_first=True, dtype=af.float64)
     ae = nn.TransformerEncoder(al, 2, norm=nn.LayerNorm(E, dtype=af.float64))
     assert ae.layers[0].linear1.weight is not ae.layers[1].linear1.weight
+    assert isinstance(ae.layers[1].linear1.weight, nn.Parameter)
+    with pytest.raises(RuntimeError, match="deepcopy: only tensors made by the user"):
+        copy.deepcopy(al.linear1.weight * 2)
     assert np.array_equal(ae.layers[0].linear1.weight.numpy(), al.linear1.weight.numpy())
     assert "layers.1.self_attn.in_proj_weight" in ae.state_dict()
     load_from_torch(ae, te)
@@ -354,10 +359,11 @@ def test_tiny_lm_graph_step_and_runs_equal_eager():
     want, m1 = eager_lm(data)
     assert want[-1] < want[0]
     model, opt = make_lm()
+    x0 = af.tensor(data[0][0])
     with af.no_grad():                       # no_grad: the same forward, nothing recorded
-        x0 = af.tensor(data[0][0])
         y0 = model(x0)
-        assert y0.grad_fn is None and not y0.requires_grad
+    assert y0.grad_fn is None and not y0.requires_grad
+    assert np.array_equal(y0.numpy(), model(x0).detach().numpy())
     step = LMStep(model, opt)
     got = [float(step(af.tensor(x), af.tensor(y))) for x, y in data[:2]]
     got += [float(v) for v in step.run(data[2:4])]                  # an actor per op
