@@ -58,8 +58,9 @@ def _mask_float():
     return m
 
 
-SDPA = [("plain", {}), ("causal", dict(is_causal=True)), ("bool mask", dict(attn_mask=_mask_bool())),
-        ("float mask", dict(attn_mask=_mask_float())), ("scale", dict(scale=0.3))]
+SDPA = [("plain", {}), ("causal", dict(is_causal=True)),
+        ("bool mask", dict(attn_mask=_mask_bool())), ("float mask", dict(attn_mask=_mask_float())),
+        ("scale", dict(scale=0.3))]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -11,8 +11,8 @@ from ..eager.interpreter import apply
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
-from .common import (CAST, COPY, NO_ATTRS, NUMBER, no_data, number, op_def, readable_on,
-                     refuse_out, resolved, tensor_arg, tensor_like)
+from .common import (CAST, COPY, NO_ATTRS, NUMBER, broadcasts_to, no_data, number, op_def,
+                     readable_on, refuse_out, resolved, tensor_arg, tensor_like)
 from .joining import cast, nonzero
 
 
@@ -425,7 +425,7 @@ def masked_fill(input, mask, value):
     if m.dtype is not bool_:
         raise DTypeError(f"masked_fill: mask must be a bool tensor, got {m.dtype}; compare "
                          f"first, e.g. x.masked_fill(x > 0, 0.0)")
-    if not _broadcasts_to(m.shape, x.shape):
+    if not broadcasts_to(m.shape, x.shape):
         raise ShapeError(f"masked_fill: the mask's shape {m.shape} does not broadcast to the "
                          f"input's shape {x.shape}")
     if isinstance(value, Tensor):
@@ -435,12 +435,6 @@ def masked_fill(input, mask, value):
         if value.dtype is not x.dtype:
             value = cast(value, x.dtype)        # the input's dtype, as PyTorch's
     return where(m, value, x)
-
-
-def _broadcasts_to(shape, target) -> bool:
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
 
 
 def _triangle(name: str, doc: str):

@@ -10,6 +10,7 @@ from .. import functional as F
 from ..creation import arange, ones, rand
 from ..dtype import bool_
 from ..errors import DTypeError, ShapeError
+from ..functional.common import broadcasts_to
 from ..indexing import class_targets, take
 from ..ops.index import Bounds
 from ..tensor.tensor import Tensor
@@ -80,12 +81,6 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 # attention (numbers in the commit that added this); the time is numpy's matmul, exp and
 # the (B, H, L, S) temporaries, which one op would compute the same way.
 
-def _broadcastable(shape, target) -> bool:
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(shape[::-1], target[::-1]))
-
-
 def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="attention"):
     """softmax(query @ key^T * scale + mask) over the last dim, shape (..., L, S): the
     weights ``scaled_dot_product_attention`` and ``MultiheadAttention`` multiply the values
@@ -101,7 +96,7 @@ def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="
         mask = ones(L, S, dtype=bool_, device=query.device).tril()
     if mask is None:
         return F.softmax(scores, dim=-1)
-    if not _broadcastable(tuple(mask.shape), tuple(scores.shape)):
+    if not broadcasts_to(mask.shape, scores.shape):
         raise ShapeError(f"{name}: the mask's shape {tuple(mask.shape)} does not broadcast to "
                          f"the attention weights' shape {tuple(scores.shape)} (batch..., L, "
                          f"S) for query {tuple(query.shape)} and key {tuple(key.shape)}; give "
