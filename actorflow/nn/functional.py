@@ -75,11 +75,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 
 # -- attention -------------------------------------------------------------------------------
 # A composition of matmul, where/add, softmax and dropout, not one op with a backward of its
-# own: autograd differentiates it through their rules, nn.Graph traces it, and the cuda
-# device runs it, with nothing new. At the tiny transformer's size (batch 32, 4 heads,
-# context 64, head dim 16-32) forward + backward takes about as long as PyTorch's CPU
-# attention (numbers in the commit that added this); the time is numpy's matmul, exp and
-# the (B, H, L, S) temporaries, which one op would compute the same way.
+# own: autograd differentiates it through their rules, nn.Graph traces it and the cuda
+# device runs it, with nothing new, and it is the faster of the two here. Measured forward +
+# backward, causal, float32, batch 32, 4 heads, context 64 (2 shared cores, best of 3x30):
+# head dim 16: this 6.6-7.0 ms, the same math as one numpy function (what a single op's
+# kernel and backward would run) 10-20 ms, PyTorch's CPU kernel 1.5 ms; head dim 32: 7.9-8.3,
+# 13-17 and 2.0-2.4 ms. The composition wins over one op because the VM cuts the
+# (B, H, L, S) elementwise steps into slices for its workers; PyTorch's lead is its fused,
+# vectorised kernel. Nearly half the time is softmax (numpy's max and sum over rows of 64).
 
 def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="attention"):
     """softmax(query @ key^T * scale + mask) over the last dim, shape (..., L, S): the
