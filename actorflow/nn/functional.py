@@ -36,8 +36,16 @@ def linear(input, weight, bias=None):
         raise ShapeError(f"linear: the input's last dim is {input.shape[-1] if input.shape else '-'}"
                          f" (shape {input.shape}) but the weight takes in_features="
                          f"{weight.shape[1]} (weight shape {weight.shape})")
+    lead = None
+    if input.ndim > 2 and input.is_contiguous():
+        # (..., in) as one (n, in) matrix: one product instead of one per leading index
+        # (numpy's matmul loops over them), forward and for the weight's gradient
+        lead = input.shape[:-1]
+        input = input.reshape(-1, input.shape[-1])
     out = F.matmul(input, weight.T)
-    return out if bias is None else F.add(out, bias)
+    if bias is not None:
+        out = F.add(out, bias)
+    return out if lead is None else out.reshape(*lead, out.shape[-1])
 
 
 def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
