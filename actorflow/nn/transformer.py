@@ -72,6 +72,8 @@ class MultiheadAttention(Module):
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.kdim = self.vdim = embed_dim
         self._qkv_same_embed_dim = True
+        self.bias_k = self.bias_v = None                    # (add_bias_kv's, as PyTorch's)
+        self.add_zero_attn = False
         self.dropout, self.batch_first = dropout, batch_first
         self.head_dim = embed_dim // num_heads
         self.in_proj_weight = Parameter(empty(3 * embed_dim, embed_dim, dtype=dtype,
