@@ -211,10 +211,13 @@ def test_multihead_attention_unbatched_init_and_no_bias():
     load_from_torch(am, tm)
     x = RNG.standard_normal((L, E))
     (xa,), (xt,) = both(x)
-    ya, wa = am(xa, xa, xa)
+    ya, wa = am(xa, xa, xa)                 # self-attention: one packed projection
     yt, wt = tm(xt, xt, xt)
     close(ya, yt)
     close(wa, wt)
+    backward_both(ya, yt)
+    close(xa.grad, xt.grad)
+    check_param_grads(am, tm)
 
 
 def test_multihead_attention_refusals_name_the_values():
