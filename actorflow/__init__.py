@@ -22,6 +22,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          sub, sub_, sum, tanh, var, where,
                          zero_)
 from .functional import (argsort, cumsum, gather, scatter_add, sort, topk)
+from .functional import masked_fill, tril, triu
 from .tracing import trace
 from . import data, distributed, nn, optim, testing
 from .serialization import load, save
@@ -61,6 +62,7 @@ __all__ = [
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
     "rsqrt", "sin", "softmax", "sqrt", "stack", "std", "sub", "sub_", "sum", "tanh", "var",
     "where", "zero_", "argsort", "cumsum", "gather", "scatter_add", "sort", "topk",
+    "masked_fill", "tril", "triu",
     # autograd
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running

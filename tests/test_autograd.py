@@ -164,6 +164,11 @@ CASES = [
     ("batch_norm", lambda a, w, b: af.nn.functional.batch_norm(
         a, af.tensor(np.array([0.3, -0.2, 0.1])), af.tensor(np.array([0.5, 1.5, 2.0])), w, b),
      [rand(4, 3, 2), rand(3), rand(3)]),
+    # attention's helpers: triangles of a (batch of) matrices
+    ("triu", lambda a: a.triu(1), [rand(2, 3, 4)]),
+    ("triu", lambda a: a.triu(-1), [rand(4, 3)]),
+    ("tril", lambda a: a.tril(), [rand(3, 4)]),
+    ("tril", lambda a: a.tril(-2), [rand(2, 4, 4)]),
 ]
 
 

@@ -359,3 +359,9 @@ def _where(ctx, g):
         picked = F.where(cond, g, 0.0) if is_x else F.where(cond, 0.0, g)
         out.append(sum_to(picked, ctx.shape(k)))
     return tuple(out)
+
+
+@rule("triu", "tril")
+def _triangle(ctx, g):                      # the kept triangle's gradient, zeros elsewhere
+    tri = F.triu if ctx.name == "triu" else F.tril
+    return (tri(g, ctx.attrs["diagonal"]),)

@@ -18,11 +18,10 @@ from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, 
                           clamp, clamp_, clip, clip_, copy_, cos, div, div_, divide, eq, erf, exp,
                           fill_,
                           floor_divide, floor_divide_, ge, gelu, gt, le, log, logical_and,
-                          logical_not, logical_or, lt, matmul, maximum, minimum, mul, mul_,
+                          logical_not, logical_or, lt, masked_fill, matmul, maximum, minimum, mul, mul_,
                           multiply, ne, neg, pow, prebuilt_operator, relu, remainder,
                           remainder_, rsqrt, sigmoid, silu, sin, sqrt, sub, sub_, subtract, tanh,
-                          true_divide,
-                          where, zero_)
+                          tril, triu, true_divide, where, zero_)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
 from .ordering import (Sort, TopK, argsort, cumsum, gather, pad, scatter_add, scatter_add_,
                        sort, topk)
@@ -41,4 +40,5 @@ __all__ = [
     "true_divide", "var", "where", "zero_",
     "Sort", "TopK", "argsort", "cumsum", "gather", "pad", "scatter_add", "scatter_add_", "sort",
     "topk",
+    "masked_fill", "tril", "triu",
 ]

@@ -6,6 +6,7 @@ from .layers import (GELU, BatchNorm1d, BatchNorm2d, Dropout, Embedding, Flatten
                      Identity, LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
                      Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .graph import Graph
 from .module import Module, Parameter
 
@@ -14,4 +15,5 @@ __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "
            "Flatten", "BatchNorm1d", "BatchNorm2d", "GroupNorm", "SiLU", "ModuleList",
            "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional",
            "init",
-           "utils"]
+           "utils", "MultiheadAttention", "TransformerEncoderLayer",
+           "TransformerEncoder"]
