@@ -13,15 +13,16 @@ from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError,
                      DivisionByZeroError, DTypeError, IndexOutOfBoundsError, InvalidInputError,
                      KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
-                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
-                         div, div_, eq, exp, fill_, floor_divide, floor_divide_, ge, gelu, gt,
+                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_, cos,
+                         div, div_, eq, erf, exp, fill_, floor_divide, floor_divide_, ge, gelu, gt,
                          is_floating_point, le, log,
                          log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
                          maximum, mean, min, minimum, mul, mul_, ne, neg, nonzero, pow, relu,
-                         remainder, remainder_, sigmoid, softmax, sqrt, stack, sub, sub_, sum,
-                         tanh, where,
+                         remainder, remainder_, rsqrt, sigmoid, sin, softmax, sqrt, stack, std,
+                         sub, sub_, sum, tanh, var, where,
                          zero_)
 from .functional import (argsort, cumsum, gather, scatter_add, sort, topk)
+from .functional import masked_fill, tril, triu
 from .tracing import trace
 from . import data, distributed, nn, optim, testing
 from .serialization import load, save
@@ -53,13 +54,15 @@ __all__ = [
     "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
     # ops
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
-    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "floor_divide",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "cos", "erf",
+    "floor_divide",
     "floor_divide_", "remainder", "remainder_",
     "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
     "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
-    "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
-    "argsort", "cumsum", "gather", "scatter_add", "sort", "topk",
+    "rsqrt", "sin", "softmax", "sqrt", "stack", "std", "sub", "sub_", "sum", "tanh", "var",
+    "where", "zero_", "argsort", "cumsum", "gather", "scatter_add", "sort", "topk",
+    "masked_fill", "tril", "triu",
     # autograd
     "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     # running

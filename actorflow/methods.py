@@ -269,6 +269,21 @@ def _pos(self) -> Tensor:
     return self
 
 
+def _deepcopy(self, memo: dict) -> Tensor:
+    """``copy.deepcopy``: a copy of a leaf's values (and of its gradient) with its
+    requires_grad, as PyTorch's; a computed tensor is refused, as there."""
+    if not self.is_leaf:
+        raise RuntimeError("deepcopy: only tensors made by the user (leaves) can be deep "
+                           "copied, not one computed with autograd; detach() it first")
+    c = F.clone(self.detach())
+    if self.requires_grad:
+        c.requires_grad_(True)
+    if self.grad is not None:
+        c.grad = F.clone(self.grad)
+    memo[id(self)] = c
+    return c
+
+
 # Tensor method -> what it is. A functional function whose first parameter is the tensor
 # is bound as it is (no forwarding call).
 METHODS = {
@@ -296,15 +311,18 @@ METHODS = {
     "floor_divide_": F.floor_divide_, "remainder_": F.remainder_,
     "zero_": F.zero_, "fill_": F.fill_, "copy_": F.copy_,
     "neg": F.neg, "abs": F.abs, "exp": F.exp, "log": F.log, "sqrt": F.sqrt, "tanh": F.tanh,
+    "sin": F.sin, "cos": F.cos, "rsqrt": F.rsqrt, "erf": F.erf,
     "relu": F.relu, "relu_": _relu_, "clamp": F.clamp, "clamp_": F.clamp_, "clip": F.clip,
     "clip_": F.clip_, "sigmoid": F.sigmoid, "gelu": F.gelu,
     "logical_not": F.logical_not,
-    "sum": F.sum, "mean": F.mean, "max": F.max, "min": F.min, "amax": F.amax,
+    "sum": F.sum, "mean": F.mean, "var": F.var, "std": F.std, "max": F.max, "min": F.min,
+    "amax": F.amax,
     "amin": F.amin, "argmax": F.argmax, "argmin": F.argmin,
     "softmax": F.softmax, "log_softmax": F.log_softmax, "nonzero": F.nonzero,
-    "where": _where,
+    "where": _where, "__deepcopy__": _deepcopy,
     "gather": F.gather, "scatter_add": F.scatter_add, "scatter_add_": F.scatter_add_,
     "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk,
+    "masked_fill": F.masked_fill, "triu": F.triu, "tril": F.tril,
 }
 
 # (op, operator, reflected operator): functional's prebuilt operator functions

@@ -141,6 +141,34 @@ CASES = [
     ("pad", lambda a: af.nn.functional.pad(a, (2, 1, 1, 2), mode="reflect"), [rand(1, 3, 4)]),
     ("pad", lambda a: af.nn.functional.pad(a, (2, 1), mode="replicate"), [rand(2, 3)]),
     ("pad", lambda a: af.nn.functional.pad(a, (1, 3, 2, 0), mode="circular"), [rand(1, 3, 4)]),
+    # normalization and the math ops: sin, cos, rsqrt, erf, silu (ops); var/std and
+    # group_norm (compositions); batch_norm (training: its own op and backward; eval: a
+    # composition)
+    ("sin", lambda a: a.sin(), [rand(3, 4)]),
+    ("cos", lambda a: a.cos(), [rand(3, 4)]),
+    ("rsqrt", lambda a: a.rsqrt(), [rand(3, 4, positive=True)]),
+    ("erf", lambda a: a.erf(), [rand(3, 4)]),
+    ("var", lambda a: a.var(dim=1) + a.std(), [rand(3, 4)]),
+    ("var", lambda a: a.var(0, False, True) * a.std(dim=(0, 1), correction=2), [rand(3, 4)]),
+    ("silu", lambda a: af.nn.functional.silu(a), [rand(3, 4)]),
+    ("group_norm", lambda a, w, b: af.nn.functional.group_norm(a, 2, w, b),
+     [rand(2, 4, 3), rand(4), rand(4)]),
+    ("batch_norm", lambda a, w, b: af.nn.functional.batch_norm(a, None, None, w, b, True),
+     [rand(4, 3), rand(3), rand(3)]),
+    ("batch_norm", lambda a: af.nn.functional.batch_norm(a, None, None, training=True),
+     [rand(2, 3, 2, 2)]),
+    ("batch_norm", lambda a, w: af.nn.functional.batch_norm(a, None, None, w, training=True),
+     [rand(3, 2, 4), rand(2)]),
+    ("batch_norm", lambda a, b: af.nn.functional.batch_norm(a, None, None, None, b, True),
+     [rand(3, 2, 4), rand(2)]),
+    ("batch_norm", lambda a, w, b: af.nn.functional.batch_norm(
+        a, af.tensor(np.array([0.3, -0.2, 0.1])), af.tensor(np.array([0.5, 1.5, 2.0])), w, b),
+     [rand(4, 3, 2), rand(3), rand(3)]),
+    # attention's helpers: triangles of a (batch of) matrices
+    ("triu", lambda a: a.triu(1), [rand(2, 3, 4)]),
+    ("triu", lambda a: a.triu(-1), [rand(4, 3)]),
+    ("tril", lambda a: a.tril(), [rand(3, 4)]),
+    ("tril", lambda a: a.tril(-2), [rand(2, 4, 4)]),
 ]
 
 

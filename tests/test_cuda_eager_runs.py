@@ -136,6 +136,26 @@ def test_a_live_intermediate_is_written_as_another_output_of_the_run(launches):
     assert [p for p, kind, _ in run.params if kind == "out"] == ["out0", "out1", "out2"]
 
 
+@pytest.mark.parametrize("backward_queued", [True, False])
+def test_saved_outputs_of_a_run_are_kept_for_backward(launches, backward_queued):
+    """sigmoid and exp save their outputs for backward; their tensors die in the forward
+    expression, but autograd's pin (before backward) and backward's own reads (once it is
+    queued behind the run) keep them: the run writes them to memory."""
+    x0 = np.linspace(-1, 1, 64).astype(np.float32)
+    want_x = af.tensor(x0, requires_grad=True)
+    (want_x.sigmoid() + want_x.exp()).sum().backward()
+    x = af.tensor(x0, device=CUDA, requires_grad=True)
+    af.synchronize(30)
+    with held():
+        y = (x.sigmoid() + x.exp()).sum()
+        if backward_queued:
+            y.backward()
+    if not backward_queued:
+        af.synchronize(30)                        # the forward's run ran before backward
+        y.backward()
+    assert_same(x.grad.numpy(), want_x.grad.numpy())
+
+
 def test_dead_intermediates_get_no_device_memory(emu):
     emu()
     alloc = get_backend(af.device(CUDA)).allocator

@@ -476,7 +476,7 @@ def _roles(op):
 
 # ops whose float results come from libm (numpy) or CUDA's math library: a few ulp apart;
 # every other result must be equal bit for bit (NaN where NaN)
-_LIBM = ("exp", "log", "tanh", "sigmoid", "gelu", "pow")
+_LIBM = ("exp", "log", "tanh", "sin", "cos", "erf", "sigmoid", "silu", "gelu", "pow")
 
 
 def _assert_same(got, want, label):

@@ -94,6 +94,7 @@ TYPES_IN = {
     ("scatter_add", "src"): "Tensor | None", ("scatter_add_", "src"): "Tensor | None",
     ("cumsum", "axis"): "int | None", ("sort", "dim"): "int", ("argsort", "dim"): "int",
     ("topk", "dim"): "int",
+    ("masked_fill", "mask"): "Tensor", ("masked_fill", "value"): "_Number | Tensor",
 }
 
 # A result's type, where the function does not annotate it (or says less than this).

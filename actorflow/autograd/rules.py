@@ -249,6 +249,28 @@ def _tanh(ctx, g):
     return (F.mul(g, F.sub(1.0, F.mul(y, y))),)
 
 
+@rule("sin", saves="x")
+def _sin(ctx, g):
+    return (F.mul(g, F.cos(ctx.x(0))),)
+
+
+@rule("cos", saves="x")
+def _cos(ctx, g):
+    return (F.neg(F.mul(g, F.sin(ctx.x(0)))),)
+
+
+@rule("rsqrt", saves="y")
+def _rsqrt(ctx, g):                         # d(x^-1/2) = -1/2 x^-3/2 = -1/2 y^3
+    y = ctx.y(0)
+    return (F.mul(F.mul(g, F.mul(F.mul(y, y), y)), -0.5),)
+
+
+@rule("erf", saves="x")
+def _erf(ctx, g):                           # 2/sqrt(pi) exp(-x^2)
+    x = ctx.x(0)
+    return (F.mul(g, F.mul(F.exp(F.neg(F.mul(x, x))), 2.0 / math.sqrt(math.pi))),)
+
+
 @rule("sigmoid", saves="y")
 def _sigmoid(ctx, g):
     y = ctx.y(0)
@@ -260,16 +282,26 @@ def _relu(ctx, g):
     return (F.where(F.gt(ctx.y(0), 0), g, 0.0),)
 
 
-_GELU_BACKWARD = op_def("gelu_backward")
+_GELU_BACKWARD, _SILU_BACKWARD = op_def("gelu_backward"), op_def("silu_backward")
+
+
+def _by_backward_op(op, ctx, g, attrs):
+    """An activation's gradient by its backward op (gradient, input), one kernel."""
+    x = ctx.x(0)
+    if g.dtype is not x.dtype:
+        g = F.cast(g, x.dtype)
+    return (wrap(apply(op, [g._impl, x._impl], attrs)[0]),)
 
 
 @rule("gelu", saves="x")
 def _gelu(ctx, g):
-    x = ctx.x(0)
-    if g.dtype is not x.dtype:
-        g = F.cast(g, x.dtype)
-    return (wrap(apply(_GELU_BACKWARD, [g._impl, x._impl],
-                       {"approximate": ctx.attrs.get("approximate", "none")})[0]),)
+    return _by_backward_op(_GELU_BACKWARD, ctx, g,
+                           {"approximate": ctx.attrs.get("approximate", "none")})
+
+
+@rule("silu", saves="x")
+def _silu(ctx, g):
+    return _by_backward_op(_SILU_BACKWARD, ctx, g, {})
 
 
 @rule("clamp", saves="x")
@@ -327,3 +359,9 @@ def _where(ctx, g):
         picked = F.where(cond, g, 0.0) if is_x else F.where(cond, 0.0, g)
         out.append(sum_to(picked, ctx.shape(k)))
     return tuple(out)
+
+
+@rule("triu", "tril")
+def _triangle(ctx, g):                      # the kept triangle's gradient, zeros elsewhere
+    tri = F.triu if ctx.name == "triu" else F.tril
+    return (tri(g, ctx.attrs["diagonal"]),)

@@ -1,5 +1,5 @@
-"""Grad rules of the ops that change shapes: reductions, softmax-like, matmul, joining,
-gathers, and the views (reshape, permute, expand, basic indexing), as in ``rules.py``."""
+"""Grad rules of the ops that change shapes: reductions, softmax-like, batch norm, matmul,
+joining, gathers, and the views (reshape, permute, expand, basic indexing), as in ``rules.py``."""
 
 from __future__ import annotations
 
@@ -85,6 +85,28 @@ def _softmax(ctx, g):
 def _log_softmax(ctx, g):
     y, d = ctx.y(0), ctx.attrs["dim"]
     return (F.sub(g, F.mul(F.exp(y), F.sum(g, dim=d, keepdim=True))),)
+
+
+_BATCH_NORM_BACKWARD = op_def("batch_norm_backward")
+
+
+@rule("batch_norm", saves="xy")
+def _batch_norm(ctx, g, _g_mean=None, _g_var=None):
+    """PyTorch's closed form, one op (``batch_norm_backward``). The statistics the op also
+    returns (mean, biased var) get no gradient, as PyTorch's saved statistics: the caller
+    reads them only to update running ones, under no_grad."""
+    x = ctx.x(0)
+    has_w, has_b = ctx.attrs["affine"]
+    ins = [g._impl, x._impl, ctx.y(1)._impl, ctx.y(2)._impl]
+    if has_w:
+        ins.append(ctx.x(1)._impl)
+    gx, gw, gb = (wrap(t) for t in apply(_BATCH_NORM_BACKWARD, ins, {"eps": ctx.attrs["eps"]}))
+    out = [gx if ctx.needs[0] else None]
+    if has_w:
+        out.append(gw if ctx.needs[len(out)] else None)
+    if has_b:
+        out.append(gb if ctx.needs[len(out)] else None)
+    return tuple(out)
 
 
 def _mT(t):

@@ -15,27 +15,30 @@ lists, with reasons, what is not taken yet.
 """
 
 from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
-                          clamp, clamp_, clip, clip_, copy_, div, div_, divide, eq, exp, fill_,
+                          clamp, clamp_, clip, clip_, copy_, cos, div, div_, divide, eq, erf, exp,
+                          fill_,
                           floor_divide, floor_divide_, ge, gelu, gt, le, log, logical_and,
-                          logical_not, logical_or, lt, matmul, maximum, minimum, mul, mul_,
+                          logical_not, logical_or, lt, masked_fill, matmul, maximum, minimum, mul, mul_,
                           multiply, ne, neg, pow, prebuilt_operator, relu, remainder,
-                          remainder_, sigmoid, sqrt, sub, sub_, subtract, tanh, true_divide,
-                          where, zero_)
+                          remainder_, rsqrt, sigmoid, silu, sin, sqrt, sub, sub_, subtract, tanh,
+                          tril, triu, true_divide, where, zero_)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
 from .ordering import (Sort, TopK, argsort, cumsum, gather, pad, scatter_add, scatter_add_,
                        sort, topk)
 from .reduce import (MinMax, amax, amin, argmax, argmin, log_softmax, max, mean, min,
-                     softmax, sum)
+                     softmax, std, sum, var)
 
 __all__ = [
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
     "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clamp_", "clip", "clip_", "clone",
-    "copy_", "div", "div_", "divide", "eq", "exp", "fill_", "floor_divide", "floor_divide_",
-    "ge", "gelu", "gt", "is_floating_point", "le", "log", "log_softmax", "logical_and",
-    "logical_not", "logical_or", "lt", "matmul", "max", "maximum", "mean", "min", "minimum",
-    "MinMax", "mul", "mul_", "multiply", "ne", "neg", "nonzero", "pow", "prebuilt_operator",
-    "relu", "remainder", "remainder_", "sigmoid", "softmax", "sqrt", "stack", "sub", "sub_",
-    "subtract", "sum", "tanh", "to_device", "true_divide", "where", "zero_",
+    "copy_", "cos", "div", "div_", "divide", "eq", "erf", "exp", "fill_", "floor_divide",
+    "floor_divide_", "ge", "gelu", "gt", "is_floating_point", "le", "log", "log_softmax",
+    "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "MinMax", "mul", "mul_", "multiply", "ne", "neg", "nonzero", "pow",
+    "prebuilt_operator", "relu", "remainder", "remainder_", "rsqrt", "sigmoid", "silu", "sin",
+    "softmax", "sqrt", "stack", "std", "sub", "sub_", "subtract", "sum", "tanh", "to_device",
+    "true_divide", "var", "where", "zero_",
     "Sort", "TopK", "argsort", "cumsum", "gather", "pad", "scatter_add", "scatter_add_", "sort",
     "topk",
+    "masked_fill", "tril", "triu",
 ]

@@ -75,6 +75,13 @@ def check_memory_format(op: str, value) -> None:
                      f"row-major (contiguous): leave memory_format out")
 
 
+def broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` (a mask to the tensor it masks)."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(tuple(shape)[::-1], tuple(target)[::-1]))
+
+
 def tensor_like(value, like: Tensor) -> Tensor:
     from ..creation import tensor
     return tensor(value, device=like.device)

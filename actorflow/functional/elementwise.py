@@ -1,5 +1,5 @@
 """Elementwise functors: unary, binary (and the prebuilt operator functions), in-place,
-fill/zero/copy, clamp, where and matmul."""
+fill/zero/copy, clamp, where, masked_fill, triu/tril and matmul."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from ..eager.interpreter import apply
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
-from .common import (CAST, COPY, NO_ATTRS, NUMBER, no_data, number, op_def, readable_on,
-                     refuse_out, resolved, tensor_arg, tensor_like)
-from .joining import nonzero
+from .common import (CAST, COPY, NO_ATTRS, NUMBER, broadcasts_to, no_data, number, op_def,
+                     readable_on, refuse_out, resolved, tensor_arg, tensor_like)
+from .joining import cast, nonzero
 
 
 # -- unary -----------------------------------------------------------------------------
@@ -43,8 +43,13 @@ exp = _unary("exp")
 log = _unary("log")
 sqrt = _unary("sqrt")
 tanh = _unary("tanh")
+sin = _unary("sin")
+cos = _unary("cos")
+rsqrt = _unary("rsqrt")
+erf = _unary("erf")
 relu = _unary("relu")
 sigmoid = _unary("sigmoid")
+silu = _unary("silu")
 logical_not = _unary("logical_not")
 bitwise_not = _unary("bitwise_not")
 _GELU = op_def("gelu")
@@ -412,6 +417,55 @@ def where(condition, input=None, other=None, *, out=None):
         else:
             attrs[key] = number("where", v, "input" if key == "x" else "other")
     return wrap(apply(_WHERE, impls, attrs)[0])
+
+
+def masked_fill(input, mask, value):
+    """``value`` where the bool ``mask`` is True, ``input`` elsewhere (the mask broadcasts
+    to the input's shape); ``value`` is a number or a 0-d tensor, as in PyTorch.
+
+    Raises: DTypeError for a mask that is not bool; ShapeError for a mask that does not
+    broadcast to the input, or a value tensor that is not 0-d."""
+    x = tensor_arg("masked_fill", input)
+    m = tensor_arg("masked_fill", mask, "mask")
+    if m.dtype is not bool_:
+        raise DTypeError(f"masked_fill: mask must be a bool tensor, got {m.dtype}; compare "
+                         f"first, e.g. x.masked_fill(x > 0, 0.0)")
+    if not broadcasts_to(m.shape, x.shape):
+        raise ShapeError(f"masked_fill: the mask's shape {m.shape} does not broadcast to the "
+                         f"input's shape {x.shape}")
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got a "
+                             f"tensor of shape {value.shape}")
+        if value.dtype is not x.dtype:
+            value = cast(value, x.dtype)        # the input's dtype, as PyTorch's
+    return where(m, value, x)
+
+
+def _triangle(name: str, doc: str):
+    op = op_def(name)
+
+    def triangle(input, diagonal: int = 0, *, out=None):
+        if out is not None:
+            refuse_out(name, out)
+        x = tensor_arg(name, input)
+        if isinstance(diagonal, bool) or not isinstance(diagonal, (int, np.integer)):
+            raise TypeError(f"{name}(): diagonal must be an int, got {diagonal!r}")
+        return wrap(apply(op, [x._impl], {"diagonal": int(diagonal)})[0])
+    triangle.__name__ = triangle.__qualname__ = name
+    triangle.__doc__ = doc
+    return triangle
+
+
+triu = _triangle("triu", """The upper triangle of the last two dims (a batch of matrices
+    before them): the entries on and above ``diagonal`` (0: the main diagonal, > 0 above,
+    < 0 below) kept, the rest zero.
+
+    Raises: ShapeError for a tensor of fewer than 2 dims.""")
+tril = _triangle("tril", """The lower triangle of the last two dims: the entries on and
+    below ``diagonal`` kept, the rest zero.
+
+    Raises: ShapeError for a tensor of fewer than 2 dims.""")
 
 
 _MATMUL = op_def("matmul")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 from ..dtype import as_dtype
+from ..errors import DTypeError
 from ..eager.interpreter import apply
 from ..ops.common import normalize_dim, normalize_dims
 from ..tensor.tensor import Tensor, wrap
@@ -18,6 +19,7 @@ MinMax = namedtuple("MinMax", ["values", "indices"])
 # -- reductions ------------------------------------------------------------------------
 
 _SUM, _MEAN, _AMAX, _AMIN = op_def("sum"), op_def("mean"), op_def("amax"), op_def("amin")
+_SQRT = op_def("sqrt")
 _ARGMAX, _ARGMIN, _MAXD, _MIND = op_def("argmax"), op_def("argmin"), op_def("max_dim"), op_def("min_dim")
 
 
@@ -56,6 +58,61 @@ def mean(input, dim=None, keepdim: bool = False, *, dtype=None, out=None, axis=N
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("mean", dim, keepdim, out, axis, keepdims)
     return _reduce(_MEAN, "mean", input, dim, keepdim, dtype)
+
+
+def _correction(name, unbiased, correction) -> float:
+    """PyTorch's two spellings of the variance's divisor: ``correction`` (N - correction),
+    else the older ``unbiased`` (True, the default: 1; False: 0)."""
+    if not isinstance(unbiased, bool):
+        raise TypeError(f"{name}(): unbiased must be a bool, got {unbiased!r}")
+    if correction is None:
+        return 1 if unbiased else 0
+    if not unbiased:
+        raise TypeError(f"{name}(): got unbiased=False and correction={correction!r}; pass "
+                        f"one (unbiased=False is correction=0)")
+    if isinstance(correction, bool) or not isinstance(correction, (int, float)):
+        raise TypeError(f"{name}(): correction must be a number, got {correction!r}")
+    return correction
+
+
+def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdims):
+    """sum((x - mean)^2) / max(0, N - correction) over ``dim``: a composition of mean, sub,
+    mul and sum, so autograd, graph mode and the cuda device take it as it is."""
+    if out is not None or axis is not None or keepdims is not None:
+        dim, keepdim = _aliased(name, dim, keepdim, out, axis, keepdims)
+    if isinstance(dim, bool):           # var(x, True): the unbiased overload
+        unbiased, dim = dim, None
+    c = _correction(name, unbiased, correction)
+    impl = tensor_arg(name, input)._impl
+    meta = resolved(impl)
+    if not meta.dtype.is_floating_point:
+        raise DTypeError(f"{name}: needs a floating point tensor, got {meta.dtype.name}; convert "
+                         f"with .float() first")
+    ndim = len(meta.shape)
+    dims = normalize_dims(name, dim, ndim) if ndim else None
+    n = 1
+    for d in range(ndim) if dims is None else dims:
+        n *= meta.shape[d]
+    mu = mean(input, dim=dims, keepdim=True)
+    d = binary("sub", input, mu)
+    ss = sum(binary("mul", d, d), dim=dims, keepdim=bool(keepdim))
+    return binary("div", ss, float(n - c if n - c > 0 else 0))
+
+
+def var(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
+        correction: float | None = None, out=None, axis=None, keepdims=None):
+    """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
+    (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
+    (``var(x, True)``, ``var(x, dim, False)``). N - correction <= 0 gives inf (nan for
+    0 / 0), as PyTorch."""
+    return _variance("var", input, dim, unbiased, keepdim, correction, out, axis, keepdims)
+
+
+def std(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
+        correction: float | None = None, out=None, axis=None, keepdims=None):
+    """Standard deviation: sqrt of ``var`` with the same arguments."""
+    v = _variance("std", input, dim, unbiased, keepdim, correction, out, axis, keepdims)
+    return wrap(apply(_SQRT, [v._impl], {})[0])
 
 
 def _minmax(name, amop, dimop, binop, input, dim, keepdim, other):

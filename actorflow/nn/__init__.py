@@ -2,14 +2,18 @@
 the losses, ``nn.functional``, ``nn.init`` and ``nn.utils``."""
 
 from . import functional, init, utils
-from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
-                     LogSoftmax, ModuleDict, ModuleList, ReLU, Sequential, Sigmoid, Softmax,
-                     Tanh)
+from .layers import (GELU, BatchNorm1d, BatchNorm2d, Dropout, Embedding, Flatten, GroupNorm,
+                     Identity, LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
+                     Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .graph import Graph
 from .module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",
-           "Flatten", "ModuleList", "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional", "init",
-           "utils"]
+           "Flatten", "BatchNorm1d", "BatchNorm2d", "GroupNorm", "SiLU", "ModuleList",
+           "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional",
+           "init",
+           "utils", "MultiheadAttention", "TransformerEncoderLayer",
+           "TransformerEncoder"]

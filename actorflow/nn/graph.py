@@ -168,6 +168,9 @@ class Graph:
                             for k, name in enumerate(names):
                                 new[at + k] = new_st.get(name)
                         at += len(names)
+                for i, t in enumerate(new):     # a state build wrote in place (a buffer)
+                    if t is None:
+                        new[i] = states[i]
                 return out, new
         return fn, state, opt_rows, self._state_names(params, opt_rows)
 

@@ -1,5 +1,6 @@
 """The layers: Linear, the activations, Softmax/LogSoftmax, Sequential, Dropout,
-LayerNorm, Embedding, Identity, Flatten (PyTorch's parameter layouts and default inits)."""
+LayerNorm, BatchNorm1d/2d, GroupNorm, Embedding, Identity, Flatten (PyTorch's parameter
+layouts, buffers and default inits)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import math
 from collections import OrderedDict
 
 from .. import functional as F
-from ..creation import empty, ones, zeros
+from ..autograd import no_grad
+from ..creation import empty, ones, tensor, zeros
+from ..dtype import int64
 from . import functional as NF
 from . import init
 from .module import Module, Parameter
@@ -58,18 +61,29 @@ Sigmoid = _activation("Sigmoid", F.sigmoid, "Elementwise logistic sigmoid.")
 Identity = _activation("Identity", lambda x: x, "Returns its input.")
 
 
-class ReLU(Module):
-    """max(x, 0) elementwise; ``inplace=True`` writes the input."""
+class _InPlaceActivation(Module):
+    """An elementwise activation that may write its input (``inplace=True``)."""
 
     def __init__(self, inplace: bool = False):
         super().__init__()
         self.inplace = inplace
 
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class ReLU(_InPlaceActivation):
+    """max(x, 0) elementwise; ``inplace=True`` writes the input."""
+
     def forward(self, x):
         return F.relu(x, inplace=self.inplace)
 
-    def extra_repr(self) -> str:
-        return "inplace=True" if self.inplace else ""
+
+class SiLU(_InPlaceActivation):
+    """x * sigmoid(x) elementwise; ``inplace=True`` writes the input."""
+
+    def forward(self, x):
+        return NF.silu(x, inplace=self.inplace)
 
 
 class GELU(Module):
@@ -134,6 +148,19 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+def _affine(module, affine: bool, bias: bool, shape, dtype, device) -> None:
+    """A norm layer's ``weight`` (ones) and ``bias`` (zeros) of ``shape``, registered as
+    None where ``affine`` (or ``bias``) is off, as PyTorch's."""
+    if affine:
+        module.weight = Parameter(ones(shape, dtype=dtype, device=device))
+        if bias:
+            module.bias = Parameter(zeros(shape, dtype=dtype, device=device))
+            return
+    else:
+        module.register_parameter("weight", None)
+    module.register_parameter("bias", None)
+
+
 class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, dtype=None, device=None):
@@ -142,15 +169,7 @@ class LayerNorm(Module):
             normalized_shape)
         self.normalized_shape, self.eps = shape, eps
         self.elementwise_affine = elementwise_affine
-        if elementwise_affine:
-            self.weight = Parameter(ones(shape, dtype=dtype, device=device))
-            if bias:
-                self.bias = Parameter(zeros(shape, dtype=dtype, device=device))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, elementwise_affine, bias, shape, dtype, device)
 
     def forward(self, x):
         return NF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -158,6 +177,114 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}")
+
+
+class _BatchNorm(Module):
+    """Batch norm over the channels (dim 1), as PyTorch's: parameters ``weight`` (ones) and
+    ``bias`` (zeros, unless ``bias=False``) when ``affine``; buffers ``running_mean``
+    (zeros), ``running_var`` (ones) and ``num_batches_tracked`` (an int64 count) when
+    ``track_running_stats``.
+    Training normalizes by the batch's statistics and updates the running ones (by
+    ``momentum``, or a cumulative average when it is None); eval() uses the running ones
+    (or the batch's, without them)."""
+
+    _dims: tuple = ()
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1,
+                 affine: bool = True, track_running_stats: bool = True, device=None,
+                 dtype=None, *, bias: bool = True):
+        super().__init__()
+        if isinstance(num_features, bool) or not isinstance(num_features, int) \
+                or num_features <= 0:
+            raise ValueError(f"{type(self).__name__}: num_features must be an int > 0, got "
+                             f"{num_features!r}")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        _affine(self, affine, bias, num_features, dtype, device)
+        if track_running_stats:
+            self.register_buffer("running_mean", zeros(num_features, dtype=dtype,
+                                                       device=device))
+            self.register_buffer("running_var", ones(num_features, dtype=dtype, device=device))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype=int64, device=device))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            with no_grad():
+                F.zero_(self.running_mean)
+                F.fill_(self.running_var, 1)
+                F.zero_(self.num_batches_tracked)
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.affine:
+            with no_grad():
+                F.fill_(self.weight, 1)
+                if self.bias is not None:
+                    F.zero_(self.bias)
+
+    def _check_input_dim(self, x) -> None:
+        if x.ndim not in self._dims:
+            dims = " or ".join(f"{d}D" for d in self._dims)
+            raise ValueError(f"{type(self).__name__}: expected {dims} input (got {x.ndim}D "
+                             f"input of shape {x.shape}); {self._layout}")
+
+    def forward(self, x):
+        self._check_input_dim(x)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            with no_grad():
+                F.add_(self.num_batches_tracked, 1)
+            if self.momentum is None:            # cumulative: 1 / batches seen, read as state
+                factor = F.div(1.0, F.cast(self.num_batches_tracked, self.running_mean.dtype))
+        use_batch = self.training or self.running_mean is None
+        track = not self.training or self.track_running_stats
+        return NF._batch_norm_with(x, self.running_mean if track else None,
+                                  self.running_var if track else None, self.weight, self.bias,
+                                  use_batch, factor, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, bias={self.bias is not None}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    __doc__ = _BatchNorm.__doc__ + " Input (N, C) or (N, C, L)."
+    _dims = (2, 3)
+    _layout = "BatchNorm1d takes (N, C) or (N, C, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    __doc__ = _BatchNorm.__doc__ + " Input (N, C, H, W)."
+    _dims = (4,)
+    _layout = "BatchNorm2d takes (N, C, H, W)"
+
+
+class GroupNorm(Module):
+    """Normalizes groups of ``num_channels // num_groups`` channels per sample; ``weight``
+    (ones) and ``bias`` (zeros, unless ``bias=False``) per channel when ``affine``, as
+    PyTorch's."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True, device=None, dtype=None, *, bias: bool = True):
+        super().__init__()
+        if not isinstance(num_groups, int) or num_groups <= 0 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by "
+                             f"num_groups ({num_groups})")
+        self.num_groups, self.num_channels, self.eps, self.affine = (num_groups, num_channels,
+                                                                      eps, affine)
+        _affine(self, affine, bias, num_channels, dtype, device)
+
+    def forward(self, x):
+        return NF.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
+                f"affine={self.affine}, bias={self.bias is not None}")
 
 
 class Embedding(Module):

@@ -47,6 +47,14 @@ class Parameter(Tensor):
     def __reduce_ex__(self, proto):
         raise TypeError("a Parameter is not pickled; save a state_dict with af.save")
 
+    def __deepcopy__(self, memo):
+        """A Parameter holding a copy of the values (and gradient), as PyTorch's."""
+        p = Parameter(F.clone(self.detach()), self.requires_grad)
+        if self.grad is not None:
+            p.grad = F.clone(self.grad)
+        memo[id(self)] = p
+        return p
+
 
 structure_version = [0]         # bumped by every change below (see the module doc)
 

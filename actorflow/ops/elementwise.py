@@ -89,6 +89,29 @@ def _k_gelu(outs, ins, attrs):
     np.copyto(outs[0], res, casting="unsafe")
 
 
+def _k_silu(outs, ins, attrs):
+    # x / (1 + exp(-x)), each step rounded to the output dtype (the CUDA C does the same);
+    # x is read once more after the temporaries, so an in-place call (o is x) is safe
+    o = outs[0]
+    x = in_dtype(ins[0], o.dtype)
+    with np.errstate(over="ignore"):
+        t = np.exp(np.negative(x))
+    t += 1
+    np.divide(x, t, out=o)
+
+
+def _k_rsqrt(outs, ins, attrs):
+    o = outs[0]
+    with np.errstate(all="ignore"):         # 0 gives inf, a negative number nan, as PyTorch
+        np.sqrt(in_dtype(ins[0], o.dtype), out=o)
+        np.reciprocal(o, out=o)
+
+
+def _k_erf(outs, ins, attrs):
+    o = outs[0]
+    np.copyto(o, _erf(in_dtype(ins[0], o.dtype)), casting="unsafe")
+
+
 def in_dtype(x, dtype):
     """x in ``dtype``: ops compute in their result dtype (as PyTorch), not numpy's choice."""
     return x if x.dtype is dtype else x.astype(dtype)
@@ -150,8 +173,13 @@ UNARY = {
     "log": (_ufunc_kernel(np.log, quiet=True), _floating, _ufunc_fresh(np.log, quiet=True)),
     "sqrt": (_ufunc_kernel(np.sqrt, quiet=True), _floating, _ufunc_fresh(np.sqrt, quiet=True)),
     "tanh": (_ufunc_kernel(np.tanh), _floating, _ufunc_fresh(np.tanh)),
+    "sin": (_ufunc_kernel(np.sin, quiet=True), _floating, _ufunc_fresh(np.sin, quiet=True)),
+    "cos": (_ufunc_kernel(np.cos, quiet=True), _floating, _ufunc_fresh(np.cos, quiet=True)),
+    "rsqrt": (_k_rsqrt, _floating, None),
+    "erf": (_k_erf, _floating, None),
     "relu": (_k_relu, _no_bool("relu"), _f_relu),
     "sigmoid": (_k_sigmoid, _floating, None),
+    "silu": (_k_silu, _floating, None),
     "gelu": (_k_gelu, _floating, None),
     "logical_not": (_ufunc_kernel(np.logical_not), lambda d: bool_, None),
     "bitwise_not": (_ufunc_kernel(np.invert), _no_float("bitwise_not"), None),

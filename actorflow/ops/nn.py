@@ -1,12 +1,13 @@
-"""Neural-network ops: softmax and log_softmax along a dim (numerically stable), and the
-backward of gelu (autograd's rule for gelu runs it)."""
+"""Neural-network ops: softmax and log_softmax along a dim (numerically stable), the
+backwards of gelu and silu (autograd's rules for them run these), and batch norm's training forward (the
+batch's statistics per channel) and its backward."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..dtype import FLOAT
-from ..errors import DTypeError
+from ..errors import DTypeError, ShapeError
 from .elementwise import _erf
 from .registry import OpDef, register
 
@@ -49,12 +50,15 @@ register(OpDef("log_softmax", ("x",), _softmax_infer("log_softmax"), {"cpu": _k_
                attrs=("dim",)))
 
 
-def _gelu_backward_infer(metas, attrs):
-    g, x = metas
-    if g.shape != x.shape or g.dtype is not x.dtype:
-        raise DTypeError(f"gelu_backward: the gradient ({g.dtype}{list(g.shape)}) and the "
-                         f"input ({x.dtype}{list(x.shape)}) must match")
-    return [(x.shape, x.dtype)]
+def _grad_infer(op):
+    """An activation's backward op (gradient, input) -> the input's gradient."""
+    def infer(metas, attrs):
+        g, x = metas
+        if g.shape != x.shape or g.dtype is not x.dtype:
+            raise DTypeError(f"{op}: the gradient ({g.dtype}{list(g.shape)}) and the "
+                             f"input ({x.dtype}{list(x.shape)}) must match")
+        return [(x.shape, x.dtype)]
+    return infer
 
 
 def _k_gelu_backward(outs, ins, attrs):
@@ -73,5 +77,134 @@ def _k_gelu_backward(outs, ins, attrs):
     np.multiply(g, d, out=outs[0], casting="unsafe")
 
 
-register(OpDef("gelu_backward", ("grad", "x"), _gelu_backward_infer,
+register(OpDef("gelu_backward", ("grad", "x"), _grad_infer("gelu_backward"),
                {"cpu": _k_gelu_backward}, attrs=("approximate",)))
+
+
+def _k_silu_backward(outs, ins, attrs):
+    """g * s * (1 + x * (1 - s)), s = sigmoid(x)."""
+    g, x = ins
+    if x.dtype == np.float16:
+        x, g = x.astype(np.float32), g.astype(np.float32)
+    with np.errstate(over="ignore"):
+        s = np.exp(np.negative(x))
+    s += 1
+    np.reciprocal(s, out=s)
+    d = np.subtract(1, s)
+    d *= x
+    d += 1
+    d *= s
+    np.multiply(g, d, out=outs[0], casting="unsafe")
+
+
+register(OpDef("silu_backward", ("grad", "x"), _grad_infer("silu_backward"),
+               {"cpu": _k_silu_backward}))
+
+
+# -- batch norm (training): the batch's statistics per channel, and the backward ----------
+# x is (N, C, *): a channel's statistics are over N and every dim after C. The op normalizes
+# with the biased variance and returns the statistics it used (mean, biased var), which the
+# caller folds into its running ones; its backward is PyTorch's closed form, one pass.
+
+def _check_channel_param(op, name, m, c, dtype):
+    if m.shape != (c,):
+        raise ShapeError(f"{op}: {name} must hold one value per channel: shape ({c},) for an "
+                         f"input of {c} channels, got shape {m.shape}")
+    if m.dtype is not dtype:
+        raise DTypeError(f"{op}: {name} is {m.dtype.name} but the input is {dtype.name}; "
+                         f"convert it with .to(af.{dtype.name})")
+
+
+def _batch_norm_infer(metas, attrs):
+    x = metas[0]
+    if x.dtype.category != FLOAT:
+        raise DTypeError(f"batch_norm: needs a floating point input, got {x.dtype.name}; "
+                         f"convert with .float() first")
+    if len(x.shape) < 2:
+        raise ShapeError(f"batch_norm: expected an input (N, C, ...) of 2 dims or more, got "
+                         f"shape {x.shape}")
+    c = x.shape[1]
+    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"]) if on],
+                       metas[1:]):
+        _check_channel_param("batch_norm", name, m, c, x.dtype)
+    return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
+
+
+def _compute(x):
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _by_channel(x):
+    """x (N, C, ...) as (N, C, S): a channel's values are [:, c, :], the last dim contiguous
+    (a view of a contiguous array)."""
+    return x.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _channel_sum(a3):
+    """Per channel sum of an (N, C, S) array: along the contiguous dim first (numpy's
+    pairwise summation), then over the batch."""
+    return a3.sum(axis=2).sum(axis=0)
+
+
+def _k_batch_norm(outs, ins, attrs):
+    y, mean_out, var_out = outs
+    x3 = _by_channel(_compute(ins[0]))
+    m = x3.shape[0] * x3.shape[2]
+    mean = _channel_sum(x3) / m
+    direct = y.dtype == x3.dtype and y.flags.c_contiguous
+    y3 = _by_channel(y) if direct else np.empty_like(x3)
+    np.subtract(x3, mean[:, None], out=y3)
+    var = _channel_sum(np.square(y3)) / m
+    scale = 1.0 / np.sqrt(var + x3.dtype.type(attrs["eps"]))
+    rest = iter(ins[1:])
+    has_w, has_b = attrs["affine"]
+    if has_w:
+        scale = scale * _compute(next(rest))
+    y3 *= scale[:, None]
+    if has_b:
+        y3 += _compute(next(rest))[:, None]
+    if not direct:                          # (a float16 output: computed in float32)
+        np.copyto(y, y3.reshape(y.shape), casting="unsafe")
+    mean_out[...] = mean
+    var_out[...] = var
+
+
+register(OpDef("batch_norm", ("x", "weight", "bias"), _batch_norm_infer,
+               {"cpu": _k_batch_norm}, outputs=("out", "mean", "var"),
+               attrs=("eps", "affine")))
+
+
+def _batch_norm_backward_infer(metas, attrs):
+    g, x = metas[0], metas[1]
+    if g.shape != x.shape or g.dtype is not x.dtype:
+        raise DTypeError(f"batch_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
+                         f"and the input ({x.dtype.name}{list(x.shape)}) must match")
+    c = x.shape[1]
+    return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
+
+
+def _k_batch_norm_backward(outs, ins, attrs):
+    """gx = w * invstd * (g - mean(g) - xhat * mean(g * xhat)); gweight = sum(g * xhat);
+    gbias = sum(g), the sums over every dim but the channels'."""
+    gx, gw, gb = outs
+    g3, x3 = _by_channel(_compute(ins[0])), _by_channel(_compute(ins[1]))
+    mean, var = _compute(ins[2]), _compute(ins[3])
+    m = max(1, x3.shape[0] * x3.shape[2])
+    invstd = 1.0 / np.sqrt(var + x3.dtype.type(attrs["eps"]))
+    t = np.subtract(x3, mean[:, None])
+    t *= invstd[:, None]                    # xhat
+    sum_g = _channel_sum(g3)
+    sum_gx = _channel_sum(g3 * t)
+    scale = invstd if len(ins) == 4 else invstd * _compute(ins[4])
+    t *= (sum_gx / m)[:, None]
+    t += (sum_g / m)[:, None]
+    np.subtract(g3, t, out=t)
+    t *= scale[:, None]
+    np.copyto(gx, t.reshape(gx.shape), casting="unsafe")
+    gw[...] = sum_gx
+    gb[...] = sum_g
+
+
+register(OpDef("batch_norm_backward", ("grad", "x", "mean", "var", "weight"),
+               _batch_norm_backward_infer, {"cpu": _k_batch_norm_backward},
+               outputs=("grad_x", "grad_weight", "grad_bias"), attrs=("eps",)))

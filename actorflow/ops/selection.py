@@ -1,11 +1,12 @@
-"""Selection and conversion ops: where, clamp, cast and copy (elementwise, one output)."""
+"""Selection and conversion ops: where, clamp, cast and copy (elementwise, one output);
+triu and tril (a triangle of the last two dims)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..dtype import bool_, result_type
-from ..errors import DTypeError
+from ..errors import DTypeError, ShapeError
 from .common import broadcast_shapes
 from .elementwise import in_dtype
 from .registry import OpDef, register
@@ -93,3 +94,29 @@ register(OpDef("cast", ("x",), lambda metas, attrs: [(metas[0].shape, attrs["dty
                {"cpu": _k_cast}, attrs=("dtype",), elementwise=True))
 register(OpDef("copy", ("x",), lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
                {"cpu": _k_cast}, elementwise=True))
+
+
+# triu / tril: the upper / lower triangle of the last two dims (the others are a batch),
+# from ``diagonal`` up / down (0: the main diagonal, > 0 above it, < 0 below), zeros
+# elsewhere; PyTorch's.
+
+def _triangle_infer(op):
+    def infer(metas, attrs):
+        m = metas[0]
+        if len(m.shape) < 2:
+            raise ShapeError(f"{op}: needs a tensor of at least 2 dims (a matrix or a batch "
+                             f"of them), got shape {m.shape}; reshape it first")
+        return [(m.shape, m.dtype)]
+    return infer
+
+
+def _k_triu(outs, ins, attrs):
+    np.copyto(outs[0], np.triu(ins[0], attrs["diagonal"]))
+
+
+def _k_tril(outs, ins, attrs):
+    np.copyto(outs[0], np.tril(ins[0], attrs["diagonal"]))
+
+
+register(OpDef("triu", ("x",), _triangle_infer("triu"), {"cpu": _k_triu}, attrs=("diagonal",)))
+register(OpDef("tril", ("x",), _triangle_infer("tril"), {"cpu": _k_tril}, attrs=("diagonal",)))

@@ -313,6 +313,26 @@ class Tensor:
 
         Example: ``af.tanh(af.tensor([1., -1.]))``
         """
+    def sin(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise sin of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.sin(af.tensor([1., -1.]))``
+        """
+    def cos(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise cos of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.cos(af.tensor([1., -1.]))``
+        """
+    def rsqrt(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise rsqrt of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.rsqrt(af.tensor([1., -1.]))``
+        """
+    def erf(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
+        """Elementwise erf of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
+
+        Example: ``af.erf(af.tensor([1., -1.]))``
+        """
     def relu(self, inplace: builtins.bool = False, *, out: None = None) -> Tensor:
         """Elementwise relu of a tensor; ``inplace=True`` writes the input (``out=`` is refused).
 
@@ -365,6 +385,24 @@ class Tensor:
         keepdims: builtins.bool | None = None,
     ) -> Tensor:
         """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
+    def var(
+        self, dim: builtins.int | None = None, unbiased: builtins.bool = True,
+        keepdim: builtins.bool = False, *, correction: builtins.float | None = None,
+        out: None = None, axis: builtins.int | None = None,
+        keepdims: builtins.bool | None = None,
+    ) -> Tensor:
+        """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
+        (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
+        (``var(x, True)``, ``var(x, dim, False)``). N - correction <= 0 gives inf (nan for
+        0 / 0), as PyTorch.
+        """
+    def std(
+        self, dim: builtins.int | None = None, unbiased: builtins.bool = True,
+        keepdim: builtins.bool = False, *, correction: builtins.float | None = None,
+        out: None = None, axis: builtins.int | None = None,
+        keepdims: builtins.bool | None = None,
+    ) -> Tensor:
+        """Standard deviation: sqrt of ``var`` with the same arguments."""
     @overload
     def max(
         self, dim: None = None, keepdim: builtins.bool = False, *, out: None = None,
@@ -440,6 +478,10 @@ class Tensor:
     @overload
     def nonzero(self, *, out: None = None, as_tuple: Literal[True]) -> tuple[Tensor, ...]: ...
     def where(self, condition: Tensor, other: _Operand) -> Tensor: ...
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """``copy.deepcopy``: a copy of a leaf's values (and of its gradient) with its
+        requires_grad, as PyTorch's; a computed tensor is refused, as there.
+        """
     def gather(
         self, dim: builtins.int | None = None, index: Tensor | None = None, *,
         sparse_grad: builtins.bool = False, out: None = None, axis: builtins.int | None = None,
@@ -493,6 +535,26 @@ class Tensor:
 
         Raises:
             ShapeError: k outside [0, size of dim].
+        """
+    def masked_fill(self, mask: Tensor, value: _Number | Tensor) -> Tensor:
+        """``value`` where the bool ``mask`` is True, ``input`` elsewhere (the mask broadcasts
+        to the input's shape); ``value`` is a number or a 0-d tensor, as in PyTorch.
+
+        Raises: DTypeError for a mask that is not bool; ShapeError for a mask that does not
+        broadcast to the input, or a value tensor that is not 0-d.
+        """
+    def triu(self, diagonal: builtins.int = 0, *, out: None = None) -> Tensor:
+        """The upper triangle of the last two dims (a batch of matrices
+        before them): the entries on and above ``diagonal`` (0: the main diagonal, > 0 above,
+        < 0 below) kept, the rest zero.
+
+        Raises: ShapeError for a tensor of fewer than 2 dims.
+        """
+    def tril(self, diagonal: builtins.int = 0, *, out: None = None) -> Tensor:
+        """The lower triangle of the last two dims: the entries on and
+        below ``diagonal`` kept, the rest zero.
+
+        Raises: ShapeError for a tensor of fewer than 2 dims.
         """
 
     # -- bound by actorflow.methods from autograd.METHODS

@@ -13,7 +13,9 @@ once when traced (``af.trace``, ``ActorGraph.op``). A recording made with ``live
 (``nn.Graph``'s step) reads it as state instead, from its own storage every piece, so later
 writes to it are seen as in eager mode: every op on it is recorded (none runs once at trace
 time), and writing into it in place is refused. Writing in place into a traced tensor is
-always refused (``inplace_error`` says why and the out-of-place form).
+refused (``inplace_error`` says why and the out-of-place form), except into a whole given
+state (``nn.Graph``'s buffers: batch norm's running statistics): that write is recorded out
+of place and its result is the state's value from then on, written back by the step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..backends import get_backend
 from ..eager.interpreter import (EagerInterpreter, Interpreter, check_same_device,
                                  use_interpreter)
 from ..errors import TraceError
+from ..ops import get as op_get
 from ..runtime.plan.spec import Spec, flatten
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
@@ -33,6 +36,7 @@ from ..tensor.tensor import Tensor, wrap
 
 
 _RANDOM = ("rand", "randn")
+_CAST = op_get("cast")
 
 
 class TracedBlob(Blob):
@@ -64,6 +68,7 @@ class Tracer(Interpreter):
     def __init__(self, live: bool = False, first_live: int = 0, state_names=None):
         self.nodes: list = []
         self.where: dict = {}
+        self.states: dict = {}        # a given state's placeholder blob -> its index
         self.consts: dict = {}        # id(impl) -> (const index, TensorImpl kept alive)
         self.live = live
         self.first_live = first_live
@@ -86,6 +91,7 @@ class Tracer(Interpreter):
         (``nn.Graph``'s parameters and optimizer state), held across pieces."""
         t = self.placeholder(spec, -1)
         self.where[t._impl.blob] = ("state", i)
+        self.states[t._impl.blob] = i
         return t
 
     def source(self, impl):
@@ -136,6 +142,8 @@ class Tracer(Interpreter):
                 self.made.update(o.blob for o in out_impls)
             return out_impls
         if outs is not None:
+            if self._state_written(outs):
+                return self._renew_state(op, inputs, attrs, device, outs[0])
             raise TraceError(self.inplace_error(op, outs[0]))
         if op.dynamic:
             raise TraceError(f"{op.name}: its output shape depends on the values, so it "
@@ -158,6 +166,28 @@ class Tracer(Interpreter):
         self.nodes.append(Node(op, refs, attrs, [o.blob for o in out_impls],
                                [o.meta for o in out_impls]))
         return out_impls
+
+    def _state_written(self, outs) -> bool:
+        """Is this in-place write one of a whole given state (a module's buffer, as batch
+        norm's running statistics; a parameter under no_grad)? Captured tensors are not."""
+        t = outs[0]
+        return len(outs) == 1 and t.base is None and t.blob in self.states
+
+    def _renew_state(self, op, inputs, attrs, device, target):
+        """Records an in-place write of a whole state out of place: the op's output (cast
+        to the state's dtype as the write would) is the state's value from here on, for
+        the ops recorded after it and as what the step writes back (its source), while
+        the ops recorded before it read the value the piece started with."""
+        m = target.meta
+        new = self.apply(op, inputs, attrs, device or m.device)[0]
+        if new.meta.shape != m.shape:
+            raise TraceError(self.inplace_error(op, target) + f" (a whole state written in "
+                             f"place is recorded as its new value only when the op's result "
+                             f"has its shape {tuple(m.shape)}, not {tuple(new.meta.shape)})")
+        if new.meta.dtype is not m.dtype:
+            new = self.apply(_CAST, [new], {"dtype": m.dtype})[0]
+        self.where[target.blob] = self.source(new)
+        return [target]
 
     def const_arrays(self) -> list:
         ordered = sorted(self.consts.values(), key=lambda e: e[0])

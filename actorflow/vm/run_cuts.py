@@ -190,12 +190,17 @@ class RunPlanner:
 
     def _dead(self) -> set:
         """Blobs first written in the run whose tensor is gone: released in the run, or
-        referred to by nothing but the run's argument lists."""
+        referred to by nothing but the run's argument lists. Never a pinned one (autograd
+        reads a saved output through its pin after the tensor is gone), nor one that work
+        issued after the run's members reads or writes (a backward rule's reads of a saved
+        output come through a tensor of their own over the blob)."""
         owner, uses, released = self.owner, self.uses, self.released
+        members = {step[0] for step in self.steps}
         dead = set()
         for b in owner:
             n = uses[b]
-            if n is None:
+            if n is None or b.pins or b.last_write not in members or (
+                    b.reads and any(r not in members for r in b.reads)):
                 continue
             # references: the n list entries, ``owner`` and getrefcount's own argument
             if b in released or (_REFCOUNTS and sys.getrefcount(owner[b]) == n + 2):

@@ -126,8 +126,8 @@ class FusedRun:
 # floor, remainder, trunc, with the zero flag for integers), or to their common dtype for a
 # bool result (comparisons, logical and/or on truth values), as the numpy kernels do.
 
-UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "tanh", "relu", "sigmoid", "gelu",
-             "logical_not", "bitwise_not")
+UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "tanh", "sin", "cos", "rsqrt", "erf", "relu",
+             "sigmoid", "silu", "gelu", "logical_not", "bitwise_not")
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
               "gt", "ge", "logical_and", "logical_or", "floor_divide", "remainder",
               "trunc_divide", "bitwise_and", "bitwise_or", "bitwise_xor")
@@ -275,7 +275,8 @@ class _Emitter:
 
     def unary(self, op: str, x: str, o: str, attrs: dict) -> str:
         fl = o in MATH
-        if op in ("exp", "log", "sqrt", "tanh", "sigmoid", "gelu") and not fl:
+        if op in ("exp", "log", "sqrt", "tanh", "sin", "cos", "rsqrt", "erf", "sigmoid",
+                  "silu", "gelu") and not fl:
             raise _unsupported(op, o)
         if op == "neg":
             if o == "bool":
@@ -285,8 +286,19 @@ class _Emitter:
             if o == "bool":
                 return x
             return self.store(f"af_abs({self.math(x, o)})", o) if fl else f"af_abs({x})"
-        if op in ("exp", "log", "sqrt", "tanh"):
+        if op in ("exp", "log", "sqrt", "tanh", "sin", "cos"):
             return self.store(f"af_{op}({self.math(x, o)})", o)
+        if op == "rsqrt":
+            # the numpy kernel: o = sqrt(x); o = 1 / o, each rounded to o
+            m = MATH[o]
+            t = self.fresh()
+            self.lines.append(f"{CTYPE[o]} {t} = {self.store(f'af_sqrt({self.math(x, o)})', o)};")
+            return self.store(f"({m})1 / {self.math(t, o)}", o)
+        if op == "erf":
+            # the numpy kernel: exact in float64, else Abramowitz-Stegun in float32
+            if o == "float64":
+                return f"erf({x})"
+            return self.store(f"af_erf_as({self.math(x, o)})", o)
         if op == "relu":
             if o == "bool":
                 raise _unsupported(op, o)
@@ -294,14 +306,12 @@ class _Emitter:
             return self.binary("maximum", x, zero, o, o)
         if op == "sigmoid":
             # the numpy kernel: o = -x; o = exp(o); o += 1; o = 1 / o, each rounded to o
-            m = MATH[o]
-            t = self.fresh()
-            r = (lambda e: f"af_round_h({e})") if o == "float16" else (lambda e: e)
-            self.lines.append(f"{m} {t} = {r('-' + self.math(x, o))};")
-            self.lines.append(f"{t} = {r(f'af_exp({t})')};")
-            self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
-            self.lines.append(f"{t} = {r(f'({m})1 / {t}')};")
-            return self.store(t, o)
+            t = self.one_plus_exp_neg(x, o)
+            return self.store(f"({MATH[o]})1 / {t}", o)
+        if op == "silu":
+            # the numpy kernel: t = -x; t = exp(t); t += 1; o = x / t, each rounded to o
+            t = self.one_plus_exp_neg(x, o)
+            return self.store(f"{self.math(x, o)} / {t}", o)
         if op == "gelu":
             tanh = attrs.get("approximate", "none") == "tanh"
             fn = {"float16": "af_gelu_h", "float32": "af_gelu_f", "float64": "af_gelu_d"}[o]
@@ -313,6 +323,17 @@ class _Emitter:
                 raise _unsupported(op, o)
             return f"!{x}" if o == "bool" else f"~{x}"
         raise AssertionError(op)
+
+    def one_plus_exp_neg(self, x: str, o: str) -> str:
+        """A temporary holding 1 + exp(-x) in ``o``'s math type, each step rounded to
+        ``o`` (sigmoid's and silu's common part, as their numpy kernels compute it)."""
+        m = MATH[o]
+        t = self.fresh()
+        r = (lambda e: f"af_round_h({e})") if o == "float16" else (lambda e: e)
+        self.lines.append(f"{m} {t} = {r('-' + self.math(x, o))};")
+        self.lines.append(f"{t} = {r(f'af_exp({t})')};")
+        self.lines.append(f"{t} = {r(f'{t} + ({m})1')};")
+        return t
 
     def binary(self, op: str, a: str, b: str, ct: str, o: str) -> str:
         """``a op b`` with both operands of dtype ``ct``, the result of dtype ``o``."""
@@ -451,6 +472,8 @@ __device__ __forceinline__ T af_exp(T a) { return exp##SFX(a); } \
 __device__ __forceinline__ T af_log(T a) { return log##SFX(a); } \
 __device__ __forceinline__ T af_sqrt(T a) { return sqrt##SFX(a); } \
 __device__ __forceinline__ T af_tanh(T a) { return tanh##SFX(a); } \
+__device__ __forceinline__ T af_sin(T a) { return sin##SFX(a); } \
+__device__ __forceinline__ T af_cos(T a) { return cos##SFX(a); } \
 __device__ __forceinline__ T af_pow(T a, T b) { return pow##SFX(a, b); } \
 __device__ __forceinline__ T af_maximum(T a, T b) { return (a > b || a != a) ? a : b; } \
 __device__ __forceinline__ T af_minimum(T a, T b) { return (a < b || a != a) ? a : b; } \
