@@ -13,7 +13,8 @@ from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError,
                      DivisionByZeroError, DTypeError, IndexOutOfBoundsError, InvalidInputError,
                      KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
-                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_,
+                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, conv2d,
+                         conv_transpose2d, copy_,
                          div, div_, eq, exp, fill_, floor_divide, floor_divide_, ge, gelu, gt,
                          is_floating_point, le, log,
                          log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
@@ -21,6 +22,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          remainder, remainder_, sigmoid, softmax, sqrt, stack, sub, sub_, sum,
                          tanh, where,
                          zero_)
+from .functional import max_pool2d_values as max_pool2d
 from .tracing import trace
 from . import data, distributed, nn, optim, testing
 from .serialization import load, save
@@ -51,10 +53,12 @@ __all__ = [
     "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
     # ops
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
-    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "floor_divide",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "conv2d", "conv_transpose2d",
+    "copy_", "floor_divide",
     "floor_divide_", "remainder", "remainder_",
     "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
-    "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
+    "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "max_pool2d",
+    "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
     "softmax", "sqrt", "stack", "sub", "sub_", "sum", "tanh", "where", "zero_",
     # autograd

@@ -18,6 +18,13 @@ sigmoid = F.sigmoid
 gelu = F.gelu
 softmax = F.softmax
 log_softmax = F.log_softmax
+conv2d = F.conv2d
+conv_transpose2d = F.conv_transpose2d
+max_pool2d = F.max_pool2d
+avg_pool2d = F.avg_pool2d
+adaptive_avg_pool2d = F.adaptive_avg_pool2d
+unfold = F.unfold
+fold = F.fold
 
 
 def _tensor(name, x, arg="input") -> Tensor:

@@ -1,6 +1,6 @@
 """The op registry and one file per op family (importing this registers them all)."""
 
-from . import elementwise, factory, index, matmul, nn, reduce, selection, shape  # noqa: F401
+from . import conv, elementwise, factory, index, matmul, nn, reduce, selection, shape  # noqa: F401
 from .registry import OpDef, all_ops, get, register
 
 __all__ = ["OpDef", "all_ops", "get", "register"]
