@@ -86,6 +86,12 @@ def test_pools_forward_and_indices_equal_pytorch(dtype):
            TF.avg_pool2d(tx, 3, 2, 1, divisor_override=5), dtype)
     _close(af.max_pool2d(x[0], 3, padding=1).numpy(), torch.max_pool2d(tx[0], 3, padding=1),
            dtype)
+    nan = x.numpy().copy()
+    nan[0, 0, 1, 1] = nan[0, 0, 2, 2] = nan[1, 2, 5, 0] = np.nan       # NaN wins, the last one
+    v, i = NF.max_pool2d(af.tensor(nan), 3, 1, 1, return_indices=True)
+    tv, ti = TF.max_pool2d(torch.tensor(nan), 3, 1, 1, return_indices=True)
+    np.testing.assert_array_equal(v.numpy(), tv.numpy())
+    np.testing.assert_array_equal(i.numpy(), ti.numpy())
     for size in (1, 4, (3, 5), (None, 3), (9, 8)):
         _close(NF.adaptive_avg_pool2d(x, size).numpy(), TF.adaptive_avg_pool2d(tx, size), dtype)
     _close(NF.adaptive_avg_pool2d(x[1], (2, 3)).numpy(), TF.adaptive_avg_pool2d(tx[1], (2, 3)),

@@ -203,6 +203,7 @@ def _k_conv_transpose2d(outs, ins, attrs):
     _, og, kh, kw = w.shape
     k = og * kh * kw
     wt = w.reshape(g, ci // g, k).transpose(0, 2, 1)               # (g, k, ci/g)
+    x = np.ascontiguousarray(x)           # (a broadcast gradient: BLAS needs real strides)
     cols = np.matmul(wt, x.reshape(n, g, ci // g, h * wd))          # (n, g, k, h*w)
     col2im_into(out, cols.reshape(n, g * og, kh, kw, h, wd), stride, pads, dilation)
 
@@ -219,6 +220,7 @@ def _k_conv2d_weight(outs, ins, attrs):
     out = outs[0]
     stride, pads, dilation, g = _conv_attrs(attrs)
     kernel = attrs["kernel"]
+    gy = np.ascontiguousarray(gy)         # (a broadcast gradient: BLAS needs real strides)
     n, c = x.shape[:2]
     o, oh, ow = gy.shape[1:]
     v = windows(padded(x, pads), kernel, stride, dilation, (oh, ow))
@@ -339,6 +341,9 @@ def _pool_infer(op):
 
 
 def _k_max_pool2d(outs, ins, attrs):
+    """One pass per kernel offset over the strided slice of the padded input it sees (no
+    window copy): a later value replaces the best so far where it is greater or NaN, so the
+    first maximum and the last NaN win, as in PyTorch's CPU kernel."""
     x = ins[0]
     vals, idx = outs
     n, c, h, w = x.shape
@@ -346,10 +351,23 @@ def _k_max_pool2d(outs, ins, attrs):
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
                                               attrs["dilation"])
     xp = padded(x, _pool_pads(attrs, (h, w), (oh, ow)), -np.inf)
-    flat = windows(xp, (kh, kw), (sh, sw), (dh, dw), (oh, ow)).reshape(n, c, kh * kw, oh, ow)
-    a = np.argmax(flat, axis=2)                          # the first maximum, as PyTorch
-    vals[...] = np.take_along_axis(flat, a[:, :, None], 2)[:, :, 0]
-    di, dj = np.divmod(a, kw)
+    best = arg = take = nan = None
+    for i in range(kh):
+        ys = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
+        for j in range(kw):
+            s = xp[:, :, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+            if best is None:
+                best = s.copy()
+                arg = np.zeros(best.shape, dtype=np.int64)
+                take, nan = np.empty(best.shape, bool), np.empty(best.shape, bool)
+                continue
+            np.greater(s, best, out=take)
+            np.not_equal(s, s, out=nan)
+            take |= nan
+            np.copyto(best, s, where=take)
+            np.copyto(arg, i * kw + j, where=take)
+    vals[...] = best
+    di, dj = np.divmod(arg, kw)
     rows = (np.arange(oh) * sh - ph)[:, None] + di * dh
     np.add(rows * w, (np.arange(ow) * sw - pw) + dj * dw, out=idx)
 
