@@ -92,7 +92,8 @@ def im2col(x, kernel, stride, pads, dilation, out_hw):
 def col2im_into(out, cols6, stride, pads, dilation):
     """Adds each window of ``cols6`` (N, C, kh, kw, oh, ow; broadcasting allowed) at its
     place in the padded plane and writes the part inside ``pads`` to ``out`` (N, C, H, W):
-    the adjoint of ``im2col``."""
+    the adjoint of ``im2col``. The adds run with the batch as the innermost dim when it is
+    longer than a short row (small images: numpy's cost is per inner run, not per element)."""
     n, c, kh, kw, oh, ow = cols6.shape
     (sh, sw), (dh, dw) = stride, dilation
     pt, pb, pl, pr = pads
@@ -100,12 +101,21 @@ def col2im_into(out, cols6, stride, pads, dilation):
     hb = max((oh - 1) * sh + dh * (kh - 1) + 1, pt + h)
     wb = max((ow - 1) * sw + dw * (kw - 1) + 1, pl + w)
     acc = np.float32 if out.dtype == np.float16 else out.dtype
-    buf = np.zeros((out.shape[0], out.shape[1], hb, wb), dtype=acc)
+    batch_last = ow < 16 and n > ow
+    if batch_last:
+        cols6 = cols6.transpose(1, 2, 3, 4, 5, 0)            # (C, kh, kw, oh, ow, N)
+        buf = np.zeros((c, hb, wb, n), dtype=acc)
+        plane = buf
+    else:
+        buf = np.zeros((n, c, hb, wb), dtype=acc)
+        plane = buf.transpose(1, 2, 3, 0)                     # indexed as (C, H, W, N) too
+        cols6 = cols6.transpose(1, 2, 3, 4, 5, 0)
     for i in range(kh):
         ys = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
         for j in range(kw):
-            buf[:, :, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw] += cols6[:, :, i, j]
-    np.copyto(out, buf[:, :, pt:pt + h, pl:pl + w], casting="unsafe")
+            plane[:, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw] += cols6[:, i, j]
+    inner = plane[:, pt:pt + h, pl:pl + w].transpose(3, 0, 1, 2)
+    np.copyto(out, inner, casting="unsafe")
 
 
 def _into(out, shape):
@@ -342,8 +352,9 @@ def _pool_infer(op):
 
 def _k_max_pool2d(outs, ins, attrs):
     """One pass per kernel offset over the strided slice of the padded input it sees (no
-    window copy): a later value replaces the best so far where it is greater or NaN, so the
-    first maximum and the last NaN win, as in PyTorch's CPU kernel."""
+    window copy: numpy's argmax over short windows costs more than the passes): the maxima
+    first (a NaN propagates), then the first offset holding each maximum, and where the
+    maximum is NaN the last NaN's offset, as PyTorch's CPU kernel picks them."""
     x = ins[0]
     vals, idx = outs
     n, c, h, w = x.shape
@@ -351,22 +362,23 @@ def _k_max_pool2d(outs, ins, attrs):
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
                                               attrs["dilation"])
     xp = padded(x, _pool_pads(attrs, (h, w), (oh, ow)), -np.inf)
-    best = arg = take = nan = None
-    for i in range(kh):
-        ys = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
-        for j in range(kw):
-            s = xp[:, :, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw]
-            if best is None:
-                best = s.copy()
-                arg = np.zeros(best.shape, dtype=np.int64)
-                take, nan = np.empty(best.shape, bool), np.empty(best.shape, bool)
-                continue
-            np.greater(s, best, out=take)
-            np.not_equal(s, s, out=nan)
-            take |= nan
-            np.copyto(best, s, where=take)
-            np.copyto(arg, i * kw + j, where=take)
-    vals[...] = best
+    slices = [xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+              for i in range(kh) for j in range(kw)]
+    np.copyto(vals, slices[0])
+    for s in slices[1:]:
+        np.maximum(vals, s, out=vals)
+    arg = np.zeros(vals.shape, dtype=np.uint8 if len(slices) < 256 else np.int64)
+    found = np.zeros(vals.shape, dtype=bool)
+    hit = np.empty(vals.shape, dtype=bool)
+    for k, s in enumerate(slices):
+        np.equal(s, vals, out=hit)
+        hit &= ~found
+        found |= hit
+        if k:
+            arg += hit * arg.dtype.type(k)
+    if not found.all():                                     # NaN maxima: the last NaN
+        for k, s in enumerate(slices):
+            np.copyto(arg, k, where=np.isnan(s), casting="unsafe")
     di, dj = np.divmod(arg, kw)
     rows = (np.arange(oh) * sh - ph)[:, None] + di * dh
     np.add(rows * w, (np.arange(ow) * sw - pw) + dj * dw, out=idx)
