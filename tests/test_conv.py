@@ -110,6 +110,13 @@ GRAD_CASES = [
     ("adaptive_avg_pool2d", lambda f, x: f.adaptive_avg_pool2d(x, (3, 5)), [(2, 3, 8, 7)]),
     ("unfold", lambda f, x: f.unfold(x, 3, padding=1, stride=2), [(2, 3, 6, 5)]),
     ("fold", lambda f, x: f.fold(x, (5, 4), 2, stride=(2, 1)), [(2, 8, 6)]),
+    # batches longer than the planes' rows: the kernels' batch-innermost layouts
+    ("conv2d_batch_last", lambda f, x, w, b: f.conv2d(x, w, b, padding=1, groups=2),
+     [(9, 4, 3, 3), (6, 2, 3, 3), (6,)]),
+    ("conv_transpose2d_batch_last", lambda f, x, w: f.conv_transpose2d(x, w, None, 2, 1, 1),
+     [(9, 4, 3, 2), (4, 3, 3, 3)]),
+    ("avg_pool2d_batch_last", lambda f, x: f.avg_pool2d(x, 2, 1, 1), [(7, 2, 3, 3)]),
+    ("fold_batch_last", lambda f, x: f.fold(x, (3, 3), 2), [(5, 8, 4)]),
 ]
 
 

@@ -89,33 +89,51 @@ def im2col(x, kernel, stride, pads, dilation, out_hw):
     return v.reshape(n, c * kernel[0] * kernel[1], out_hw[0] * out_hw[1])
 
 
-def col2im_into(out, cols6, stride, pads, dilation):
-    """Adds each window of ``cols6`` (N, C, kh, kw, oh, ow; broadcasting allowed) at its
-    place in the padded plane and writes the part inside ``pads`` to ``out`` (N, C, H, W):
-    the adjoint of ``im2col``. The adds run with the batch as the innermost dim when it is
-    longer than a short row (small images: numpy's cost is per inner run, not per element)."""
-    n, c, kh, kw, oh, ow = cols6.shape
+# Rows shorter than these run with the batch as the innermost dim (when the batch is longer):
+# numpy's cost on small planes is per inner run, not per element. Measured on 4x4 and 8x8
+# planes (the digits CNN's) against 32x32 ones.
+SHORT_ROW_IM2COL = 8
+SHORT_ROW_COL2IM = 16
+
+
+def batch_last(n: int, ow: int, short: int) -> bool:
+    return ow < short and n > ow
+
+
+def im2col_batch_last(x, kernel, stride, pads, dilation, out_hw):
+    """(C*kh*kw, oh*ow*N): ``im2col`` with the batch innermost (one transposing copy into
+    the padded (C, H, W, N) plane, one copy of the windows with runs of N)."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
+    pt, pb, pl, pr = pads
+    xp = np.zeros((c, h + pt + pb, w + pl + pr, n), dtype=x.dtype)
+    xp[:, pt:pt + h, pl:pl + w] = x.transpose(1, 2, 3, 0)
+    sc, sy, sx, sn = xp.strides
+    v = as_strided(xp, (c, kh, kw, oh, ow, n), (sc, sy * dh, sx * dw, sy * sh, sx * sw, sn),
+                   writeable=False)
+    return v.reshape(c * kh * kw, oh * ow * n)
+
+
+def col2im_into(out, cols, stride, pads, dilation):
+    """Adds each window of ``cols`` (C, kh, kw, oh, ow, N: any strides, broadcasting
+    allowed) at its place in the padded plane and writes the part inside ``pads`` to
+    ``out`` (N, C, H, W): the adjoint of ``im2col``."""
+    c, kh, kw, oh, ow, n = cols.shape
     (sh, sw), (dh, dw) = stride, dilation
     pt, pb, pl, pr = pads
     h, w = out.shape[2:]
     hb = max((oh - 1) * sh + dh * (kh - 1) + 1, pt + h)
     wb = max((ow - 1) * sw + dw * (kw - 1) + 1, pl + w)
     acc = np.float32 if out.dtype == np.float16 else out.dtype
-    batch_last = ow < 16 and n > ow
-    if batch_last:
-        cols6 = cols6.transpose(1, 2, 3, 4, 5, 0)            # (C, kh, kw, oh, ow, N)
-        buf = np.zeros((c, hb, wb, n), dtype=acc)
-        plane = buf
-    else:
-        buf = np.zeros((n, c, hb, wb), dtype=acc)
-        plane = buf.transpose(1, 2, 3, 0)                     # indexed as (C, H, W, N) too
-        cols6 = cols6.transpose(1, 2, 3, 4, 5, 0)
+    if batch_last(n, ow, SHORT_ROW_COL2IM):
+        plane = np.zeros((c, hb, wb, n), dtype=acc)
+    else:                                   # (N, C, H, W) memory, indexed as (C, H, W, N)
+        plane = np.zeros((n, c, hb, wb), dtype=acc).transpose(1, 2, 3, 0)
     for i in range(kh):
         ys = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
         for j in range(kw):
-            plane[:, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw] += cols6[:, i, j]
-    inner = plane[:, pt:pt + h, pl:pl + w].transpose(3, 0, 1, 2)
-    np.copyto(out, inner, casting="unsafe")
+            plane[:, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw] += cols[:, i, j]
+    np.copyto(out, plane[:, pt:pt + h, pl:pl + w].transpose(3, 0, 1, 2), casting="unsafe")
 
 
 def _into(out, shape):
@@ -173,8 +191,13 @@ def _k_conv2d(outs, ins, attrs):
     n = x.shape[0]
     o, cg, kh, kw = w.shape
     oh, ow = out.shape[2:]
-    cols = im2col(x, (kh, kw), stride, pads, dilation, (oh, ow))
     k = cg * kh * kw
+    if batch_last(n, ow, SHORT_ROW_IM2COL):
+        cols = im2col_batch_last(x, (kh, kw), stride, pads, dilation, (oh, ow))
+        y = np.matmul(w.reshape(g, o // g, k), cols.reshape(g, k, oh * ow * n))
+        np.copyto(out, y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2))
+        return
+    cols = im2col(x, (kh, kw), stride, pads, dilation, (oh, ow))
     _matmul_into(out, (n, g, o // g, oh * ow), w.reshape(g, o // g, k),
                  cols.reshape(n, g, k, oh * ow))
 
@@ -213,9 +236,15 @@ def _k_conv_transpose2d(outs, ins, attrs):
     _, og, kh, kw = w.shape
     k = og * kh * kw
     wt = w.reshape(g, ci // g, k).transpose(0, 2, 1)               # (g, k, ci/g)
-    x = np.ascontiguousarray(x)           # (a broadcast gradient: BLAS needs real strides)
-    cols = np.matmul(wt, x.reshape(n, g, ci // g, h * wd))          # (n, g, k, h*w)
-    col2im_into(out, cols.reshape(n, g * og, kh, kw, h, wd), stride, pads, dilation)
+    if batch_last(n, wd, SHORT_ROW_IM2COL):
+        xt = x.transpose(1, 2, 3, 0).reshape(g, ci // g, h * wd * n)     # (a copy)
+        cols = np.matmul(wt, np.ascontiguousarray(xt))                  # (g, k, h*w*n)
+        cols = cols.reshape(g * og, kh, kw, h, wd, n)
+    else:
+        x = np.ascontiguousarray(x)       # (a broadcast gradient: BLAS needs real strides)
+        cols = np.matmul(wt, x.reshape(n, g, ci // g, h * wd))          # (n, g, k, h*w)
+        cols = cols.reshape(n, g * og, kh, kw, h, wd).transpose(1, 2, 3, 4, 5, 0)
+    col2im_into(out, cols, stride, pads, dilation)
 
 
 def _conv2d_weight_infer(metas, attrs):
@@ -233,10 +262,16 @@ def _k_conv2d_weight(outs, ins, attrs):
     gy = np.ascontiguousarray(gy)         # (a broadcast gradient: BLAS needs real strides)
     n, c = x.shape[:2]
     o, oh, ow = gy.shape[1:]
-    v = windows(padded(x, pads), kernel, stride, dilation, (oh, ow))
     k = c // g * kernel[0] * kernel[1]
-    cols = v.transpose(1, 2, 3, 0, 4, 5).reshape(g, k, n * oh * ow)
-    a = gy.reshape(n, g, o // g, oh * ow).transpose(1, 2, 0, 3).reshape(g, o // g, n * oh * ow)
+    if batch_last(n, ow, SHORT_ROW_IM2COL):
+        cols = im2col_batch_last(x, kernel, stride, pads, dilation, (oh, ow))
+        cols = cols.reshape(g, k, oh * ow * n)
+        a = gy.transpose(1, 2, 3, 0).reshape(g, o // g, oh * ow * n)
+    else:
+        v = windows(padded(x, pads), kernel, stride, dilation, (oh, ow))
+        cols = v.transpose(1, 2, 3, 0, 4, 5).reshape(g, k, n * oh * ow)
+        a = gy.reshape(n, g, o // g, oh * ow).transpose(1, 2, 0, 3).reshape(g, o // g,
+                                                                              n * oh * ow)
     if a.dtype != out.dtype:
         a = a.astype(out.dtype)
     _matmul_into(out, (g, o // g, k), a, cols.transpose(0, 2, 1))
@@ -302,8 +337,8 @@ def _k_fold(outs, ins, attrs):
     out = outs[0]
     kh, kw = attrs["kernel"]
     c, oh, ow = fold_blocks("fold", x.shape, attrs)
-    col2im_into(out, x.reshape(x.shape[0], c, kh, kw, oh, ow), attrs["stride"],
-                attrs["padding"], attrs["dilation"])
+    col2im_into(out, x.reshape(x.shape[0], c, kh, kw, oh, ow).transpose(1, 2, 3, 4, 5, 0),
+                attrs["stride"], attrs["padding"], attrs["dilation"])
 
 
 register(OpDef("unfold", ("x",), _unfold_infer, {"cpu": _k_unfold},
@@ -446,8 +481,8 @@ def _k_avg_pool2d_backward(outs, ins, attrs):
     share = g.astype(acc, copy=False) / _avg_divisor(attrs, hw, (oh, ow), np.dtype(acc))
     n, c = g.shape[:2]
     kh, kw = attrs["kernel"]
-    cols6 = np.broadcast_to(share[:, :, None, None], (n, c, kh, kw, oh, ow))
-    col2im_into(out, cols6, attrs["stride"], _pool_pads(attrs, hw, (oh, ow)), (1, 1))
+    cols = np.broadcast_to(share.transpose(1, 2, 3, 0)[:, None, None], (c, kh, kw, oh, ow, n))
+    col2im_into(out, cols, attrs["stride"], _pool_pads(attrs, hw, (oh, ow)), (1, 1))
 
 
 _POOL = ("kernel", "stride", "padding", "dilation", "ceil_mode")
