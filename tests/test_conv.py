@@ -179,6 +179,9 @@ def test_conv2d_init_and_state_dict_match_pytorch():
     for p in (m.weight.numpy(), m.bias.numpy()):
         assert np.abs(p).max() <= bound and np.abs(p).max() > 0.8 * bound
     assert nn.Conv2d(3, 4, 3, bias=False).bias is None
+    for args, kw in [((1, 4, 3), dict(padding="same", bias=False)),
+                     ((2, 4, (3, 2)), dict(stride=2, padding=1, dilation=(1, 2), groups=2))]:
+        assert repr(nn.Conv2d(*args, **kw)) == repr(torch.nn.Conv2d(*args, **kw))
     assert repr(nn.MaxPool2d(2)) == repr(torch.nn.MaxPool2d(2))
     assert repr(nn.AdaptiveAvgPool2d((1, 1))) == repr(torch.nn.AdaptiveAvgPool2d((1, 1)))
 
