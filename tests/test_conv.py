@@ -103,6 +103,8 @@ GRAD_CASES = [
                                            dilation=(1, 2), groups=2),
      [(2, 4, 7, 6), (6, 2, 3, 2), (6,)]),
     ("conv2d_same", lambda f, x, w: f.conv2d(x, w, padding="same"), [(2, 3, 5, 6), (4, 3, 2, 3)]),
+    ("conv2d_unbatched", lambda f, x, w: f.conv2d(x, w, padding=1), [(3, 5, 4), (4, 3, 3, 3)]),
+    ("max_pool2d_unbatched", lambda f, x: f.max_pool2d(x, 2), [(3, 5, 4)]),
     ("conv_transpose2d", lambda f, x, w, b: f.conv_transpose2d(x, w, b, 2, 1, 1, 2, 1),
      [(2, 4, 4, 3), (4, 3, 3, 2), (6,)]),
     ("max_pool2d", lambda f, x: f.max_pool2d(x, 3, 2, 1, ceil_mode=True), [(2, 3, 8, 7)]),
