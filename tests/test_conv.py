@@ -88,6 +88,7 @@ def test_pools_forward_and_indices_equal_pytorch(dtype):
            dtype)
     nan = x.numpy().copy()
     nan[0, 0, 1, 1] = nan[0, 0, 2, 2] = nan[1, 2, 5, 0] = np.nan       # NaN wins, the last one
+    nan[1, 1, :2, :2] = nan[0, 1, -1, -3:] = -np.inf     # a -inf maximum: a real position
     v, i = NF.max_pool2d(af.tensor(nan), 3, 1, 1, return_indices=True)
     tv, ti = TF.max_pool2d(torch.tensor(nan), 3, 1, 1, return_indices=True)
     np.testing.assert_array_equal(v.numpy(), tv.numpy())

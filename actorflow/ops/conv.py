@@ -412,8 +412,13 @@ def _k_max_pool2d(outs, ins, attrs):
     arg = np.zeros(vals.shape, dtype=np.uint8 if len(slices) < 256 else np.int64)
     found = np.zeros(vals.shape, dtype=bool)
     hit = np.empty(vals.shape, dtype=bool)
+    rows, cols = np.arange(oh) * sh - ph, np.arange(ow) * sw - pw
     for k, s in enumerate(slices):
         np.equal(s, vals, out=hit)
+        r, q = rows + (k // kw) * dh, cols + (k % kw) * dw
+        if r.min() < 0 or r.max() >= h or q.min() < 0 or q.max() >= w:
+            # a -inf maximum is a real position's, never the padding's (as PyTorch's)
+            hit &= ((r >= 0) & (r < h))[:, None] & ((q >= 0) & (q < w))[None, :]
         hit &= ~found
         found |= hit
         if k:
@@ -422,8 +427,7 @@ def _k_max_pool2d(outs, ins, attrs):
         for k, s in enumerate(slices):
             np.copyto(arg, k, where=np.isnan(s), casting="unsafe")
     di, dj = np.divmod(arg, kw)
-    rows = (np.arange(oh) * sh - ph)[:, None] + di * dh
-    np.add(rows * w, (np.arange(ow) * sw - pw) + dj * dw, out=idx)
+    np.add((rows[:, None] + di * dh) * w, cols + dj * dw, out=idx)
 
 
 def _max_pool2d_backward_infer(metas, attrs):
