@@ -41,7 +41,13 @@ that count moved. Per compiled step, its key also holds the input layout, the tr
 modes, the optimizers' options (``graph_key``) and which parameters require grad. The
 options a scheduler changes per step (``Optimizer.scheduled``: ``lr``, SGD's momentum,
 Adam's betas) are state the step reads (``graph_rates``: a float64 tensor each, written
-from the group before every step and run), so a schedule compiles nothing anew. A tensor
+from the group before every step and run), so a schedule compiles nothing anew. A
+scheduler given to ``add_optimizer(opt, lr_sch=...)`` is stepped by the graph after every
+step: after each ``step()``, and inside a ``run()`` per piece, where the rates are inputs
+of the piece instead (``_Schedules``: the run's source side takes step k's rates as it
+makes piece k, a float64 scalar per scheduled option per group, then steps the scheduler;
+a loader's batches get theirs in a stage after its loading actor), so a per-batch schedule
+(OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A tensor
 ``build`` captures from outside (not a parameter or buffer) is read live at every step.
 """
 
@@ -55,7 +61,6 @@ from pathlib import Path
 from ..autograd import enable_grad, no_grad
 from ..creation import from_numpy
 from ..errors import ActorError, KernelError, PlanError, TraceError
-from ..optim.lr_scheduler import LRScheduler
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
@@ -65,6 +70,9 @@ from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
+# what a learning-rate scheduler has (``optim.lr_scheduler.LRScheduler``, a layer beside)
+_SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict",
+              "load_state_dict")
 # the Graph's own bookkeeping: setting these is not a change to what build reads
 _INTERNAL = frozenset({"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph",
                        "cuda_graph"})
@@ -128,7 +136,7 @@ class Graph:
             raise TypeError(f"add_optimizer: expected an actorflow optimizer, got "
                             f"{type(optimizer).__name__}")
         if lr_sch is not None:
-            if not isinstance(lr_sch, LRScheduler):
+            if not all(hasattr(lr_sch, k) for k in _SCHEDULER):
                 raise TypeError(f"add_optimizer: lr_sch must be a learning-rate scheduler "
                                 f"(an af.optim.lr_scheduler.LRScheduler), got "
                                 f"{type(lr_sch).__name__}; give one made for this optimizer, "
@@ -419,9 +427,12 @@ class Graph:
                     state[at] = mine[name]
                     at += 1
 
-    def _rates_now(self) -> list:
-        """The values of the rates a step reads as state (``Optimizer.scheduled``), now."""
-        return [[g[k] for k in o.scheduled] for o in self._optimizers for g in o.param_groups]
+    def _rates_now(self, optimizers=None) -> list:
+        """The values of the rates a step reads as state (``Optimizer.scheduled``), now (of
+        ``optimizers``' groups; default all)."""
+        return [[g[k] for k in o.scheduled]
+                for o in (self._optimizers if optimizers is None else optimizers)
+                for g in o.param_groups]
 
     def _rate_values(self) -> list:
         """``_rates_now`` flat, as floats (a tuple option's items one by one): the order of
@@ -550,7 +561,11 @@ class Graph:
 
         The step is the one compiled for what ``build`` read when the run starts: a change
         to the modules, the optimizers or their hyperparameters while the run goes on
-        stops it with TraceError (change them between runs). An op that fails stops the run
+        stops it with TraceError (change them between runs). A scheduler given to
+        ``add_optimizer(opt, lr_sch=...)`` is the exception: the run steps it once per
+        piece as it makes the piece, piece k carrying the rates of step k, so the run
+        trains as an eager loop stepping it per batch and leaves it (and the groups) as
+        that loop does; a run stopped early sets it back to the pieces it wrote back. An op that fails stops the run
         with ActorError naming the first op of the step that fails on that piece (the one
         ``step()`` names) and holding its KernelError.
 
@@ -629,7 +644,9 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
-        rates = self._rates_now()           # (read once, when the run starts)
+        free = [o for o in self._optimizers if all(s.optimizer is not o for s in self._lr_sch)]
+        rates = self._rates_now(free)       # (read once, when the run starts; a scheduler
+        #                                      given to add_optimizer changes its own)
         device = _device_of(self._traced.params, [])
         sched = _Schedules(self) if self._lr_sch else None
         rated = sched.count if sched is not None else 0
@@ -681,7 +698,7 @@ class Graph:
                 n += 1
                 yield None if nothing else out
                 if self._check() != settings or not self._compiled or \
-                        (sched is None and self._rates_now() != rates):
+                        self._rates_now(free) != rates:
                     raise TraceError(
                         f"{type(self).__name__}.run(): the modules (their parameters, "
                         f"buffers, children, attributes or modes), the optimizers or their "
@@ -690,7 +707,8 @@ class Graph:
                         f"with the learning rates of then, so it was stopped rather than "
                         f"train on what is no longer there. Change them between runs (once "
                         f"the loop over run() has ended: a scheduler stepped per epoch), "
-                        f"or call step() per batch")
+                        f"give the scheduler to add_optimizer(opt, lr_sch=...) to step it per "
+                        f"batch inside a run, or call step() per batch")
             if reads is not None:
                 rest.extend(reads.rest())
         except ActorError as e:
