@@ -565,9 +565,9 @@ class Graph:
         ``add_optimizer(opt, lr_sch=...)`` is the exception: the run steps it once per
         piece as it makes the piece, piece k carrying the rates of step k, so the run
         trains as an eager loop stepping it per batch and leaves it (and the groups) as
-        that loop does; a run stopped early sets it back to the pieces it wrote back. An op that fails stops the run
-        with ActorError naming the first op of the step that fails on that piece (the one
-        ``step()`` names) and holding its KernelError.
+        that loop does; a run stopped early sets it back to the pieces it wrote back. An
+        op that fails stops the run with ActorError naming the first op of the step that
+        fails on that piece (the one ``step()`` names) and holding its KernelError.
 
         On a CUDA device (the parameters on ``cuda:0``) the batches are held in registers
         there (``memory={"cuda:0": ...}`` budgets them, with the step's workspace): items
@@ -767,9 +767,9 @@ class _Compiled:
     actor per op and its ``shared`` state arrays (``run()``), or ``graph`` running
     ``program`` as one op actor (``run(fused=True)``). Each holds the state tensors and
     optimizer rows it was traced with, the tensors ``build`` captures (read live), and
-    for a graph fed by a DataLoader its actors (``reads``, bound to the run's loader); ``port``: a run's
-    ``_Schedules`` while it goes (``port[0]``), for the stage giving a loader's batches
-    their rates."""
+    for a graph fed by a DataLoader its actors (``reads``, bound to the run's loader);
+    ``port``: a run's ``_Schedules`` while it goes (``port[0]``), for the stage giving a
+    loader's batches their rates."""
 
     __slots__ = ("state", "opt_rows", "program", "graph", "shared", "captured", "reads",
                  "device", "port")
