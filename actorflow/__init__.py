@@ -13,7 +13,8 @@ from .errors import (ActorError, ActorflowError, DeadlockError, DeviceError,
                      DivisionByZeroError, DTypeError, IndexOutOfBoundsError, InvalidInputError,
                      KernelError, OutOfMemoryError, PlanError, ShapeError, TraceError, VMError)
 from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and, bitwise_not,
-                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, copy_, cos,
+                         bitwise_or, bitwise_xor, cast, cat, clamp, clone, conv2d,
+                         conv_transpose2d, copy_, cos,
                          div, div_, eq, erf, exp, fill_, floor_divide, floor_divide_, ge, gelu, gt,
                          is_floating_point, le, log,
                          log_softmax, logical_and, logical_not, logical_or, lt, matmul, max,
@@ -23,6 +24,7 @@ from .functional import (abs, add, add_, amax, amin, argmax, argmin, bitwise_and
                          zero_)
 from .functional import (argsort, cumsum, gather, scatter_add, sort, topk)
 from .functional import masked_fill, tril, triu
+from .functional import max_pool2d_values as max_pool2d
 from .tracing import trace
 from . import data, distributed, nn, optim, testing
 from .serialization import load, save
@@ -54,11 +56,13 @@ __all__ = [
     "double", "half", "long", "int", "promote_types", "result_type", "Device", "device",
     # ops
     "abs", "add", "add_", "amax", "amin", "argmax", "argmin", "bitwise_and", "bitwise_not",
-    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "copy_", "cos", "erf",
+    "bitwise_or", "bitwise_xor", "cast", "cat", "clamp", "clone", "conv2d", "conv_transpose2d",
+    "copy_", "cos", "erf",
     "floor_divide",
     "floor_divide_", "remainder", "remainder_",
     "div", "div_", "eq", "exp", "fill_", "ge", "gelu", "gt", "is_floating_point", "le", "log",
-    "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "maximum",
+    "log_softmax", "logical_and", "logical_not", "logical_or", "lt", "matmul", "max", "max_pool2d",
+    "maximum",
     "mean", "min", "minimum", "mul", "mul_", "ne", "neg", "nonzero", "pow", "relu", "sigmoid",
     "rsqrt", "sin", "softmax", "sqrt", "stack", "std", "sub", "sub_", "sum", "tanh", "var",
     "where", "zero_", "argsort", "cumsum", "gather", "scatter_add", "sort", "topk",

@@ -169,6 +169,28 @@ CASES = [
     ("triu", lambda a: a.triu(-1), [rand(4, 3)]),
     ("tril", lambda a: a.tril(), [rand(3, 4)]),
     ("tril", lambda a: a.tril(-2), [rand(2, 4, 4)]),
+    # convolution and pooling
+    ("conv2d", lambda a, w, b: af.nn.functional.conv2d(a, w, b, stride=(2, 1), padding=(1, 0),
+                                                       dilation=(1, 2), groups=2),
+     [rand(1, 2, 5, 5), rand(4, 1, 2, 2), rand(4)]),
+    ("conv2d", lambda a, w: af.nn.functional.conv2d(a, w, padding="same"),
+     [rand(2, 2, 3, 4), rand(2, 2, 2, 3)]),
+    ("conv_transpose2d", lambda a, w, b: af.nn.functional.conv_transpose2d(
+        a, w, b, stride=2, padding=1, output_padding=1, groups=2),
+     [rand(1, 2, 3, 2), rand(2, 2, 2, 3), rand(4)]),
+    ("max_pool2d", lambda a: af.nn.functional.max_pool2d(a, 2, 1, 1, ceil_mode=True),
+     [rand(2, 2, 3, 4, spread=True)]),
+    ("max_pool2d", lambda a: af.nn.functional.max_pool2d(a, (2, 3), 2, dilation=(1, 2)),
+     [rand(1, 2, 4, 6, spread=True)]),
+    ("avg_pool2d", lambda a: af.nn.functional.avg_pool2d(a, 3, 2, 1, True, False),
+     [rand(1, 2, 5, 4)]),
+    ("avg_pool2d", lambda a: af.nn.functional.avg_pool2d(a, 2, divisor_override=3),
+     [rand(2, 1, 4, 4)]),
+    ("adaptive_avg_pool2d", lambda a: af.nn.functional.adaptive_avg_pool2d(a, (2, 3)),
+     [rand(1, 2, 5, 4)]),
+    ("unfold", lambda a: af.nn.functional.unfold(a, 2, padding=1, stride=(2, 1)),
+     [rand(1, 2, 3, 3)]),
+    ("fold", lambda a: af.nn.functional.fold(a, (3, 4), 2, stride=(1, 2)), [rand(1, 4, 4)]),
 ]
 
 

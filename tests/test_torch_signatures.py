@@ -311,6 +311,8 @@ ALLOWED = {
     "Tensor.stride(axis)": "stride(dim): the axis= alias is not taken",
     "Tensor.squeeze(axis)": "squeeze(dim): the axis= alias is not taken",
     "Tensor.unsqueeze(axis)": "unsqueeze(dim): the axis= alias is not taken",
+    "torch.conv2d(padding)": "torch's overloads default padding to 0 (ints) and 'valid' "
+                             "(strings), the same padding; af.conv2d takes both, default 0",
 }
 
 

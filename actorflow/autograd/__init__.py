@@ -18,6 +18,7 @@ from .nodes import Meta, Node, record, record_view, use_rules
 from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .rules import RULES
 from .rules_shape import VIEW_RULES
+from . import rules_conv  # noqa: F401 - registers the convolution and pooling rules
 
 use_rules(RULES, VIEW_RULES)
 _ARMED = [False]

@@ -3,7 +3,8 @@ that name the op, the values and the fix, then dispatch to the interpreter. One 
 family: ``elementwise`` (unary, binary and their prebuilt operator functions, in-place
 forms, fill/zero/copy, clamp, where, matmul), ``reduce`` (reductions, softmax-like),
 ``joining`` (cat, stack, cast, to_device, clone, nonzero), ``ordering`` (gather,
-scatter_add, cumsum, sort, argsort, topk, pad), on ``common``'s checks.
+scatter_add, cumsum, sort, argsort, topk, pad), ``conv`` (convolution and
+pooling over NCHW), on ``common``'s checks.
 
 Every function takes tensors and returns new tensors unless it ends in ``_`` or takes
 ``inplace=True``, which write the first argument and return it.
@@ -22,6 +23,8 @@ from .elementwise import (abs, add, add_, bitwise_and, bitwise_not, bitwise_or, 
                           multiply, ne, neg, pow, prebuilt_operator, relu, remainder,
                           remainder_, rsqrt, sigmoid, silu, sin, sqrt, sub, sub_, subtract, tanh,
                           tril, triu, true_divide, where, zero_)
+from .conv import (adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, fold,
+                   max_pool2d, max_pool2d_values, unfold)
 from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
 from .ordering import (Sort, TopK, argsort, cumsum, gather, pad, scatter_add, scatter_add_,
                        sort, topk)
@@ -41,4 +44,6 @@ __all__ = [
     "Sort", "TopK", "argsort", "cumsum", "gather", "pad", "scatter_add", "scatter_add_", "sort",
     "topk",
     "masked_fill", "tril", "triu",
+    "adaptive_avg_pool2d", "avg_pool2d", "conv2d", "conv_transpose2d", "fold", "max_pool2d",
+    "max_pool2d_values", "unfold",
 ]

@@ -5,6 +5,7 @@ from . import functional, init, utils
 from .layers import (GELU, BatchNorm1d, BatchNorm2d, Dropout, Embedding, Flatten, GroupNorm,
                      Identity, LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
                      Sequential, Sigmoid, SiLU, Softmax, Tanh)
+from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .graph import Graph
@@ -16,4 +17,5 @@ __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "
            "ModuleDict", "CrossEntropyLoss", "NLLLoss", "MSELoss", "Graph", "functional",
            "init",
            "utils", "MultiheadAttention", "TransformerEncoderLayer",
-           "TransformerEncoder"]
+           "TransformerEncoder", "Conv2d", "MaxPool2d", "AvgPool2d",
+           "AdaptiveAvgPool2d"]

@@ -26,6 +26,13 @@ silu = F.silu
 softmax = F.softmax
 log_softmax = F.log_softmax
 pad = F.pad
+conv2d = F.conv2d
+conv_transpose2d = F.conv_transpose2d
+max_pool2d = F.max_pool2d
+avg_pool2d = F.avg_pool2d
+adaptive_avg_pool2d = F.adaptive_avg_pool2d
+unfold = F.unfold
+fold = F.fold
 
 
 def _tensor(name, x, arg="input") -> Tensor:

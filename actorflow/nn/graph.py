@@ -41,12 +41,19 @@ that count moved. Per compiled step, its key also holds the input layout, the tr
 modes, the optimizers' options (``graph_key``) and which parameters require grad. The
 options a scheduler changes per step (``Optimizer.scheduled``: ``lr``, SGD's momentum,
 Adam's betas) are state the step reads (``graph_rates``: a float64 tensor each, written
-from the group before every step and run), so a schedule compiles nothing anew. A tensor
+from the group before every step and run), so a schedule compiles nothing anew. A
+scheduler given to ``add_optimizer(opt, lr_sch=...)`` is stepped by the graph after every
+step: after each ``step()``, and inside a ``run()`` per piece, where the rates are inputs
+of the piece instead (``_Schedules``: the run's source side takes step k's rates as it
+makes piece k, a float64 scalar per scheduled option per group, then steps the scheduler;
+a loader's batches get theirs in a stage after its loading actor), so a per-batch schedule
+(OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A tensor
 ``build`` captures from outside (not a parameter or buffer) is read live at every step.
 """
 
 from __future__ import annotations
 
+import copy
 import dis
 import weakref
 from pathlib import Path
@@ -63,8 +70,12 @@ from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
+# what a learning-rate scheduler has (``optim.lr_scheduler.LRScheduler``, a layer beside)
+_SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict",
+              "load_state_dict")
 # the Graph's own bookkeeping: setting these is not a change to what build reads
-_INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph", "cuda_graph"})
+_INTERNAL = frozenset({"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph",
+                       "cuda_graph"})
 
 
 class Graph:
@@ -82,6 +93,7 @@ class Graph:
     def __init__(self, cuda_graph: bool = True):
         self.cuda_graph = cuda_graph        # on a CUDA device: a static step is one replay
         self._optimizers: list = []
+        self._lr_sch: list = []             # the schedulers the graph steps after each step
         self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
         self._traced = None                 # _Traced: what the compiled steps were traced with
         self._graph = None                  # the last run()'s ActorGraph
@@ -105,10 +117,37 @@ class Graph:
         return name not in _INTERNAL and (isinstance(value, Module) or isinstance(old, Module)
                                           or name in _attrs_read(type(self)))
 
-    def add_optimizer(self, optimizer) -> None:
+    def add_optimizer(self, optimizer, *, lr_sch=None) -> None:
+        """Trains with ``optimizer``: each step runs its update on the parameters of its
+        groups.
+
+        Args:
+            optimizer: an actorflow optimizer.
+            lr_sch: a scheduler of ``optimizer`` (``af.optim.lr_scheduler``) the graph
+                steps once after every step, as an eager loop calls ``sched.step()`` after
+                ``opt.step()``: after each ``step()``, and inside a ``run()`` per piece
+                (piece k trains with the rates of step k: a per-batch schedule such as
+                OneCycleLR, or warm-up then cosine, within one run).
+
+        Raises:
+            TypeError: ``optimizer`` is not an optimizer, or ``lr_sch`` not a scheduler.
+            ValueError: ``lr_sch`` schedules another optimizer."""
         if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_state")):
             raise TypeError(f"add_optimizer: expected an actorflow optimizer, got "
                             f"{type(optimizer).__name__}")
+        if lr_sch is not None:
+            if not all(hasattr(lr_sch, k) for k in _SCHEDULER):
+                raise TypeError(f"add_optimizer: lr_sch must be a learning-rate scheduler "
+                                f"(an af.optim.lr_scheduler.LRScheduler), got "
+                                f"{type(lr_sch).__name__}; give one made for this optimizer, "
+                                f"e.g. af.optim.lr_scheduler.OneCycleLR(optimizer, ...)")
+            if lr_sch.optimizer is not optimizer:
+                raise ValueError(f"add_optimizer: lr_sch ({type(lr_sch).__name__}) schedules "
+                                 f"another optimizer ({type(lr_sch.optimizer).__name__} at "
+                                 f"{id(lr_sch.optimizer):#x}), not this "
+                                 f"{type(optimizer).__name__} ({id(optimizer):#x}); give the "
+                                 f"scheduler made for this optimizer")
+            self._lr_sch.append(lr_sch)
         self._optimizers.append(optimizer)
         self._compiled.clear()
         self._traced = None
@@ -134,11 +173,14 @@ class Graph:
                 out.append(p)
         return out
 
-    def _step_fn(self):
+    def _step_fn(self, rated: bool = False):
         """What one step records: ``fn(piece, states=[...]) -> (output, new states)``, the
         state tensors (parameters, then each optimizer's per-parameter state), the
         optimizer rows ``(optimizer, group, param, {name: state tensor})`` and what each
-        state is, in words (for error messages)."""
+        state is, in words (for error messages). ``rated``: a piece is ``(item, rates)``,
+        the rates its step reads in place of the ``graph_rates`` state (a float64 scalar
+        per scheduled option per group, in ``_rate_values``' order: a run's per-batch
+        schedule, ``_Schedules``)."""
         params = self._params()
         opt_rows = []                   # per group its rates (param None), then its params
         for o in self._optimizers:
@@ -151,6 +193,9 @@ class Graph:
         pos = {id(p): i for i, p in enumerate(params)}
 
         def fn(piece, states):
+            if rated:
+                piece, given = piece
+                given = iter(given)
             with standing_in(params, states[:len(params)]):
                 with enable_grad():     # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
@@ -161,7 +206,7 @@ class Graph:
                         names = list(st)
                         mine = dict(zip(names, states[at:at + len(names)]))
                         if p is None:           # the group's rates: read, never written
-                            rates = mine
+                            rates = mine if not rated else {n: next(given) for n in names}
                         elif p.grad is not None:
                             new_p, new_st = o.update(p, p.grad, g, mine, rates=rates)
                             new[pos[id(p)]] = new_p
@@ -228,12 +273,14 @@ class Graph:
     def _traced_error(self, e: TraceError) -> TraceError:
         return TraceError(f"{type(self).__name__}.build: {e}")
 
-    def _compile(self, in_specs: tuple, settings: tuple):
-        """The step as one Program (``step()``), per input layout."""
-        key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings)
+    def _compile(self, in_specs: tuple, settings: tuple, rated: bool = False):
+        """The step as one Program (``step()``), per input layout (``rated``: a piece with
+        its rates, ``_step_fn``'s)."""
+        key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings,
+               rated)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names = self._step_fn()
+            fn, state, opt_rows, names = self._step_fn(rated)
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
                 program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
@@ -243,28 +290,32 @@ class Graph:
             got = self._keep(key, _Compiled(state, opt_rows, program=program))
         return got
 
-    def _compile_graph(self, spec, buffers, memory, settings, loader=None):
+    def _compile_graph(self, spec, buffers, memory, settings, loader=None, rated=0):
         """The step as an ActorGraph with an actor per op (``run()``), per input layout: fed
         by ``run(feed=...)``, or reading the register of a loader's actors (``loader``: one
         with ``actors_into``; the graph is kept for any loader of the same ``actors_key``,
-        bound to ``loader`` for the run)."""
+        bound to ``loader`` for the run). ``rated``: the number of rates each piece carries
+        (a per-batch schedule: pieces ``(item, rates)``, a loader's batches given theirs by
+        ``_with_rates``)."""
         key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
-               loader.actors_key if loader is not None else None)
+               loader.actors_key if loader is not None else None, rated)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names = self._step_fn()
+            fn, state, opt_rows, names = self._step_fn(bool(rated))
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             added: list = []
+            port: list = [None]
             device = _device_of(self._traced.params, [])
-            traced = spec if device is None else _placed(spec, device)
+            full = _rated_spec(spec, rated, device)
+            traced = full if device is None else _placed(full, device)
 
             def source(g):
                 if device is not None:
-                    node, reads = self._device_input(g, spec, device, loader)
+                    node, reads = self._device_input(g, spec, device, loader, rated, port)
                     added.append(reads)
                     return node
                 added.append(loader.actors_into(g, spec))
-                return added[0].node
+                return self._with_rates(g, added[0].node, spec, rated, port)
             try:
                 g, shared, captured = stateful_graph(
                     fn, traced, specs, type(self).__name__,
@@ -274,72 +325,92 @@ class Graph:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
                                             captured=captured,
-                                            reads=added[0] if added else None))
+                                            reads=added[0] if added else None, port=port))
         return got
 
-    def _fused_graph(self, spec, buffers, memory, settings, loader=None):
+    def _fused_graph(self, spec, buffers, memory, settings, loader=None, rated=0):
         """The step as one op actor running the program ``step()`` runs, fed as
-        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors). On a CUDA
-        device every register the step reads or writes is there (``_on_device_graph``)."""
+        ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors; ``rated``
+        as there). On a CUDA device every register the step reads or writes is there
+        (``_on_device_graph``)."""
         key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
-               loader.actors_key if loader is not None else None)
+               loader.actors_key if loader is not None else None, rated)
         got = self._compiled.get(key)
         if got is None:
             device = _device_of(self._traced.params, [])
             if device is not None:
                 return self._on_device_graph(key, device, spec, buffers, memory, settings,
-                                             loader)
-            step = self._compile((spec,), settings)
+                                             loader, rated)
+            full = _rated_spec(spec, rated, None)
+            step = self._compile((full,), settings, bool(rated))
             g = ActorGraph(memory=memory, buffers=buffers)
-            reads = None
+            reads, port = None, [None]
             if loader is None:
-                inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
+                inp = g.input(out=unflatten(full.structure, list(full.specs)),
                               name=f"inputs of {type(self).__name__}")
             else:
                 reads = loader.actors_into(g, spec)
-                inp = reads.node
+                inp = self._with_rates(g, reads.node, spec, rated, port)
             g.sink(g.op_program(step.program, inp, name="step"))
             got = self._compiled[key] = _Compiled(step.state, step.opt_rows,
                                                   program=step.program, graph=g,
-                                                  captured=step.captured, reads=reads)
+                                                  captured=step.captured, reads=reads,
+                                                  port=port)
         return got
 
-    def _on_device_graph(self, key, device, spec, buffers, memory, settings, loader):
+    def _on_device_graph(self, key, device, spec, buffers, memory, settings, loader,
+                         rated=0):
         """``_fused_graph`` on a CUDA device: the batches in device registers (cuda tensors
         fed as they are, a DataLoader's on the device; host batches copied there by a copy
         actor on the copy stream, ``to_device``), the step's op actor issuing the step on
         the compute stream (``DeviceSteps``) into its device register, and a copy of that to
         the host (``to_host``) for what the run yields: host arrays, as on the cpu."""
         from ..tracing.device import DeviceSteps
-        on = _placed(spec, device)
-        step = self._compile((on,), settings)
+        on = _placed(_rated_spec(spec, rated, device), device)
+        step = self._compile((on,), settings, bool(rated))
         program = DeviceSteps(self._device_program(step, device), on)
         g = ActorGraph(memory=memory, buffers=buffers)
-        inp, reads = self._device_input(g, spec, device, loader)
+        port: list = [None]
+        inp, reads = self._device_input(g, spec, device, loader, rated, port)
         out = g.op_program(program, inp, name="step")
         if program.out_spec.specs:
             out = g.copy(out, "cpu", name="to_host")
         g.sink(out)
         got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                              graph=g, captured=step.captured, reads=reads)
+                                              graph=g, captured=step.captured, reads=reads,
+                                              port=port)
         return got
 
-    def _device_input(self, g, spec, device, loader):
+    def _device_input(self, g, spec, device, loader, rated=0, port=None):
         """Adds to ``g`` the actors whose device register holds a batch of layout ``spec``
         for a step on ``device``: a loader's (``loader.actors_into``) or a fed input (its
         register on the device when ``spec`` is: cuda batches stored as they are), then,
         for batches on the host, a copy actor to the device (``to_device``, on its copy
-        stream). Returns ``(actor, the loader's actors or None)``."""
+        stream). With ``rated`` a piece carries its rates (``_with_rates``: a loader's
+        batches get theirs on the host, before the copy). Returns ``(actor, the loader's
+        actors or None)``."""
         reads = None
         if loader is not None:
-            reads = loader.actors_into(g, spec)
-            inp = reads.node
+            reads = loader.actors_into(g, spec, to_device=not rated)
+            inp = self._with_rates(g, reads.node, spec, rated, port)
         else:
-            inp = g.input(out=unflatten(spec.structure, list(spec.specs)),
+            full = _rated_spec(spec, rated, device)
+            inp = g.input(out=unflatten(full.structure, list(full.specs)),
                           name=f"inputs of {type(self).__name__}")
         if getattr(inp, "device", None) is None:        # host batches: copied over
             inp = g.copy(inp, device, name="to_device")
         return inp, reads
+
+    @staticmethod
+    def _with_rates(g, node, spec, rated: int, port: list):
+        """``node`` (a loader's batches, of layout ``spec``) as it is, or with ``rated``
+        rates: then a stage after it giving each batch its step's rates, ``(batch, rates)``
+        (``port[0]``: the run's ``_Schedules``, taken in piece order on the source side)."""
+        if not rated:
+            return node
+        full = _rated_spec(spec, rated, None)
+        return g.actor(lambda batch: (batch, port[0]()), node, name="lr_sch", inline=True,
+                       out=unflatten(full.structure, list(full.specs)))
 
     def _arrays(self, state, opt_rows, captured) -> list:
         """The state's arrays, once every eager write to them is done, then the captured
@@ -359,9 +430,23 @@ class Graph:
                     state[at] = mine[name]
                     at += 1
 
-    def _rates_now(self) -> list:
-        """The values of the rates a step reads as state (``Optimizer.scheduled``), now."""
-        return [[g[k] for k in o.scheduled] for o in self._optimizers for g in o.param_groups]
+    def _rates_now(self, optimizers=None) -> list:
+        """The values of the rates a step reads as state (``Optimizer.scheduled``), now (of
+        ``optimizers``' groups; default all)."""
+        return [[g[k] for k in o.scheduled]
+                for o in (self._optimizers if optimizers is None else optimizers)
+                for g in o.param_groups]
+
+    def _rate_values(self) -> list:
+        """``_rates_now`` flat, as floats (a tuple option's items one by one): the order of
+        the rates a piece carries (``_step_fn(rated=True)``)."""
+        return [float(x) for row in self._rates_now() for v in row
+                for x in (v if isinstance(v, tuple) else (v,))]
+
+    def _step_schedules(self) -> None:
+        """After a step: the schedulers given to ``add_optimizer`` step once."""
+        for s in self._lr_sch:
+            s.step()
 
     def _done(self, state) -> None:
         written_outside(state)              # (saved tensors see it, as an in-place write)
@@ -400,6 +485,7 @@ class Graph:
         except KernelError as e:
             raise self._step_error(e, len(program.steps)) from e.original
         self._done(state)
+        self._step_schedules()
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
 
     def _step_on(self, device, leaves, structure, settings):
@@ -415,6 +501,7 @@ class Graph:
         outs = run.submit([t._impl for t in leaves], [t._impl for t in step.state],
                           [t._impl for t in step.captured], bool(self.cuda_graph))
         self._done(step.state)
+        self._step_schedules()
         return unflatten(step.program.out_spec.structure, [wrap(o) for o in outs])
 
     def _device_program(self, step, device):
@@ -477,9 +564,13 @@ class Graph:
 
         The step is the one compiled for what ``build`` read when the run starts: a change
         to the modules, the optimizers or their hyperparameters while the run goes on
-        stops it with TraceError (change them between runs). An op that fails stops the run
-        with ActorError naming the first op of the step that fails on that piece (the one
-        ``step()`` names) and holding its KernelError.
+        stops it with TraceError (change them between runs). A scheduler given to
+        ``add_optimizer(opt, lr_sch=...)`` is the exception: the run steps it once per
+        piece as it makes the piece, piece k carrying the rates of step k, so the run
+        trains as an eager loop stepping it per batch and leaves it (and the groups) as
+        that loop does; a run stopped early sets it back to the pieces it wrote back. An
+        op that fails stops the run with ActorError naming the first op of the step that
+        fails on that piece (the one ``step()`` names) and holding its KernelError.
 
         On a CUDA device (the parameters on ``cuda:0``) the batches are held in registers
         there (``memory={"cuda:0": ...}`` budgets them, with the step's workspace): items
@@ -556,10 +647,14 @@ class Graph:
         ``loader`` (``feed`` None): a pass of it, its actors in the step's graph; what the
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
-        rates = self._rates_now()           # (read once, when the run starts)
+        free = [o for o in self._optimizers if all(s.optimizer is not o for s in self._lr_sch)]
+        rates = self._rates_now(free)       # (read once, when the run starts; a scheduler
+        #                                      given to add_optimizer changes its own)
         device = _device_of(self._traced.params, [])
+        sched = _Schedules(self) if self._lr_sch else None
+        rated = sched.count if sched is not None else 0
         c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
-                                                                  settings, loader)
+                                                                  settings, loader, rated)
         if c.graph.running:                 # (before anything of the running one changes)
             raise RuntimeError(
                 f"{type(self).__name__}.run(): a run of this step on this input layout is "
@@ -578,6 +673,8 @@ class Graph:
         g, reads, state = c.graph, c.reads, c.state
         if reads is not None:
             reads.bind(loader)              # (the run's loader: its pass, its last batch)
+        c.port[0] = sched                   # (a loader's batches: their rates' stage reads it)
+        on = device if rated and any(s.device == device for s in spec.specs) else None
         timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + \
             (list(reads.actors) if reads is not None else [])
         for a in timed:                     # the loader, and the fused step on a thread
@@ -591,6 +688,8 @@ class Graph:
 
         def fed():
             for x in feed:
+                if sched is not None:       # (the piece and the rates of its step)
+                    x = (x, sched(on))
                 waiting[count[0]] = x
                 count[0] += 1
                 yield x
@@ -602,7 +701,7 @@ class Graph:
                 n += 1
                 yield None if nothing else out
                 if self._check() != settings or not self._compiled or \
-                        self._rates_now() != rates:
+                        self._rates_now(free) != rates:
                     raise TraceError(
                         f"{type(self).__name__}.run(): the modules (their parameters, "
                         f"buffers, children, attributes or modes), the optimizers or their "
@@ -611,13 +710,14 @@ class Graph:
                         f"with the learning rates of then, so it was stopped rather than "
                         f"train on what is no longer there. Change them between runs (once "
                         f"the loop over run() has ended: a scheduler stepped per epoch), "
-                        f"or call step() per batch")
+                        f"give the scheduler to add_optimizer(opt, lr_sch=...) to step it per "
+                        f"batch inside a run, or call step() per batch")
             if reads is not None:
                 rest.extend(reads.rest())
         except ActorError as e:
             run.close()
             g.join()
-            item = waiting.get(e.piece) if reads is None else _reload(reads, e.piece)
+            item = waiting.get(e.piece) if reads is None else _reload(reads, e.piece, sched)
             err = self._run_error(e, g, fused, spec, item)
             if err is e:
                 raise
@@ -626,6 +726,9 @@ class Graph:
             run.close()
             g.join()
             self._done(state)
+            c.port[0] = None
+            if sched is not None:           # (the pieces made ahead of a stopped run)
+                sched.settle(_trained(g, n))
             if reads is not None:
                 reads.loader = None         # (the compiled step keeps no dataset alive)
 
@@ -667,17 +770,20 @@ class _Compiled:
     actor per op and its ``shared`` state arrays (``run()``), or ``graph`` running
     ``program`` as one op actor (``run(fused=True)``). Each holds the state tensors and
     optimizer rows it was traced with, the tensors ``build`` captures (read live), and
-    for a graph fed by a DataLoader its actors (``reads``, bound to the run's loader)."""
+    for a graph fed by a DataLoader its actors (``reads``, bound to the run's loader);
+    ``port``: a run's ``_Schedules`` while it goes (``port[0]``), for the stage giving a
+    loader's batches their rates."""
 
     __slots__ = ("state", "opt_rows", "program", "graph", "shared", "captured", "reads",
-                 "device")
+                 "device", "port")
 
     def __init__(self, state, opt_rows, program=None, graph=None, shared=None, captured=(),
-                 reads=None):
+                 reads=None, port=None):
         self.state, self.opt_rows = state, opt_rows
         self.program, self.graph, self.shared = program, graph, shared
         self.captured = program.captured if program is not None and not captured else captured
         self.reads = reads
+        self.port = port if port is not None else [None]
         self.device = None                  # step() on a CUDA device: its DeviceProgram
 
 
@@ -842,13 +948,81 @@ def _local_engine(engine, name: str) -> None:
 _NONE = object()
 
 
-def _reload(reads, piece: int):
+def _reload(reads, piece: int, sched=None):
     """Batch ``piece`` of a loader's run, loaded again to name the op that fails on it
-    (None when it cannot be)."""
+    (None when it cannot be); with ``sched`` (a per-batch schedule) with rates (the
+    groups' now: which op fails does not depend on them)."""
     try:
-        return reads.batch(piece)
+        batch = reads.batch(piece)
     except Exception:  # noqa: BLE001 - only names the op; the run's own error stands
         return None
+    return batch if sched is None else (batch, sched.now())
+
+
+def _trained(g, yielded: int) -> int:
+    """How many pieces a run that stopped wrote back: its step actor's acts (fused), else
+    the fewest of its state writers' (``yielded``, the pieces it gave out, when there are
+    none)."""
+    acts = [a["acts"] for name, a in g.stats().actors.items()
+            if name == "step" or name.startswith("set state")]
+    return min(acts) if acts else yielded
+
+
+class _Schedules:
+    """A run's per-batch schedule (``add_optimizer(lr_sch=...)``), on its source side: as
+    piece k is made (fed, or a loader's batch k given its rates) it takes the rates the
+    groups hold (``Graph._rate_values``: step k's) and steps the schedulers once, as an
+    eager loop steps them after each optimizer step. A schedule depends on the step count
+    only, so running ahead of the training is exact; ``settle`` sets a stopped run's
+    schedulers back to the pieces it trained."""
+
+    def __init__(self, graph: Graph):
+        self.graph, self.made = graph, 0
+        self.count = len(graph._rate_values())
+        self.saved = [copy.deepcopy(s.state_dict()) for s in graph._lr_sch]
+        self.groups = [(g, {k: g[k] for k in o.scheduled})
+                       for o in graph._optimizers for g in o.param_groups]
+
+    def now(self) -> tuple:
+        """The rates the groups hold now, as float64 scalars."""
+        import numpy as np
+        return tuple(np.full((), v, np.float64) for v in self.graph._rate_values())
+
+    def __call__(self, device=None) -> tuple:
+        """The next piece's rates (float64 scalars; tensors on ``device`` when given: a
+        piece of cuda tensors), then the schedulers stepped."""
+        out = self.now()
+        if device is not None:
+            out = tuple(from_numpy(a).to(str(device)) for a in out)
+        self.graph._step_schedules()
+        self.made += 1
+        return out
+
+    def settle(self, done: int) -> None:
+        """After a run that trained ``done`` of the ``made`` pieces (stopped early, or
+        failed): the schedulers and groups as after ``done`` steps from the run's start."""
+        if done == self.made:
+            return
+        for s, st in zip(self.graph._lr_sch, self.saved):
+            s.load_state_dict(copy.deepcopy(st))
+        for g, values in self.groups:
+            g.update(values)
+        self.made = 0
+        for _ in range(done):
+            self.graph._step_schedules()
+            self.made += 1
+
+
+def _rated_spec(spec, rated: int, device):
+    """``spec`` (an item's layout) with ``rated`` float64 scalars after it, the layout of a
+    piece ``(item, rates)`` (a per-batch schedule's); the scalars on ``device`` when the
+    item's arrays are there (cuda tensors fed as they are). ``spec`` when ``rated`` is 0."""
+    if not rated:
+        return spec
+    on = device if device is not None and any(s.device == device for s in spec.specs) \
+        else "cpu"
+    return PieceSpec((tuple, (spec.structure, (tuple, (0,) * rated))),
+                     list(spec.specs) + [Spec((), "float64", on)] * rated)
 
 
 def _device_of(params, leaves):

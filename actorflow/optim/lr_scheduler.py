@@ -7,7 +7,8 @@ A scheduler writes each parameter group's ``lr`` (and OneCycleLR its ``momentum`
 the group's current value where PyTorch uses it, the closed form where it does), so the
 rates are the same floats as PyTorch's. An ``nn.Graph`` step reads those options as state
 (``Optimizer.graph_rates``): stepping a scheduler compiles nothing anew; a ``run()`` reads
-them when it starts, so a schedule steps between runs (per epoch).
+them when it starts, so a schedule steps between runs (per epoch), or, given to
+``nn.Graph.add_optimizer(opt, lr_sch=...)``, per batch inside a run (the graph steps it).
 """
 
 from __future__ import annotations
