@@ -16,11 +16,12 @@ once by ``nn.Graph``, clipping included, called per batch behind the loader). Pe
 the training loss, the validation loss and next-character accuracy, with a progress bar;
 at the end a seeded sample of text from the model (``--temperature 0``: greedy).
 
-Goal: the validation loss falls below 2.6 nats per character (from ln 97 = 4.57 for
-uniform guessing) with the defaults (4 epochs of 200,000 characters: 180,000 to train,
-batch 32, about 350 steps), in about a minute on 2 cores.
+Goal: with the defaults (2 epochs of 200,000 characters: 180,000 to train, 174 steps of
+batch 32) the validation loss falls below 2.5 nats per character (uniform guessing: ln 97
+= 4.57) in about a minute on 2 cores. Measured: 2.36 (next-character accuracy 36%),
+eager and graph mode alike; 50-70 s per mode on a shared 2-core machine.
 
-    python examples/train_tiny_transformer.py [--epochs 4] [--chars 200000] [--modes eager,graph]
+    python examples/train_tiny_transformer.py [--epochs 2] [--chars 200000] [--modes eager,graph]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ VOCAB = "\n" + "".join(chr(c) for c in range(32, 127)) + "\0"     # "\0": any ot
 UNKNOWN = len(VOCAB) - 1
 CONTEXT, WIDTH, HEADS, LAYERS, BATCH = 64, 64, 4, 2, 32
 MODES = ("eager", "graph")
-GOAL = 2.6                  # validation loss, nats per character, with the defaults
+GOAL = 2.5                  # validation loss, nats per character, with the defaults
 
 
 def stdlib_text(chars: int) -> str:
@@ -217,10 +218,10 @@ def train(mode: str, train_set: Windows, val: tuple, args, bar: bool) -> tuple:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--chars", type=int, default=200_000,
                    help="characters of the joined sources to use (a tenth for validation)")
-    p.add_argument("--lr", type=float, default=3e-3, help="the peak learning rate")
+    p.add_argument("--lr", type=float, default=1e-2, help="the peak learning rate")
     p.add_argument("--clip", type=float, default=1.0, help="the gradients' norm at most")
     p.add_argument("--modes", default="eager,graph",
                    help=f"comma-separated, of {', '.join(MODES)}")
@@ -251,6 +252,10 @@ def main(argv=None) -> int:
     for mode, (_, history, secs) in results.items():
         print(f"{mode}: loss {history[0][0]:.4f} -> {history[-1][0]:.4f}, validation loss "
               f"{history[-1][1]:.4f}, accuracy {history[-1][2]:.1%}, {secs:.1f} s")
+    if all(getattr(args, k) == p.get_default(k) for k in ("epochs", "chars", "lr", "clip")):
+        best = min(h[-1][1] for _, h, _ in results.values())
+        print(f"goal with the defaults, validation loss below {GOAL}: "
+              f"{'reached' if best < GOAL else 'not reached'} ({best:.4f})")
     model = results[modes[-1]][0]
     prompt = "def "
     print(f"sample ({modes[-1]} model, temperature {args.temperature}, seed 0):")

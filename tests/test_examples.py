@@ -103,7 +103,7 @@ def test_digits_are_written_as_png_files_once_and_read_back_with_seeded_shifts(d
 
 @needs_examples_extra
 def test_train_digits_cnn_learns_in_eager_and_graph_mode_with_the_same_losses(digits_dir):
-    r = run("examples/train_digits_cnn.py", "--epochs", "2", "--samples", "384",
+    r = run("examples/train_digits_cnn.py", "--epochs", "2", "--samples", "640",
             "--data", str(digits_dir), "--modes", "eager,graph,fused")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "eager, graph, fused give the same losses: True" in r.stdout
@@ -112,7 +112,7 @@ def test_train_digits_cnn_learns_in_eager_and_graph_mode_with_the_same_losses(di
     for line in lines.values():
         first, last = (float(v) for v in line.split("loss ")[1].split(",")[0].split(" -> "))
         assert last < first
-        assert float(line.split("test accuracy ")[1].split("%")[0]) > 80  # chance is 10%
+        assert float(line.split("test accuracy ")[1].split("%")[0]) > 70  # chance is 10%
     assert len(list(digits_dir.glob("*.png"))) == 1797
 
 
@@ -125,7 +125,7 @@ def test_train_tiny_transformer_learns_in_eager_and_graph_mode_and_samples_text(
     assert len(lines) == 2
     for line in lines.values():
         first, last = (float(v) for v in line.split("loss ")[1].split(",")[0].split(" -> "))
-        assert last < first < 4.6                       # ln 97 = 4.57: uniform guessing
-        assert float(line.split("validation loss ")[1].split(",")[0]) < 3.5
+        assert last < first
+        assert float(line.split("validation loss ")[1].split(",")[0]) < 3.2  # ln 97 = 4.57
     sample = r.stdout.split("seed 0):\n")[1]
     assert sample.startswith("def ") and len(sample.split("\neager, graph")[0]) == 44
