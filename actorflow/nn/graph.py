@@ -52,7 +52,7 @@ import weakref
 from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
-from ..creation import from_numpy
+from ..creation import _next_seed, from_numpy
 from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
@@ -64,7 +64,8 @@ from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
 # the Graph's own bookkeeping: setting these is not a change to what build reads
-_INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph", "cuda_graph"})
+_INTERNAL = frozenset({"_optimizers", "_compiled", "_traced", "_graph", "cuda_graph", "_seed",
+                       "_count"})
 
 
 class Graph:
@@ -85,6 +86,8 @@ class Graph:
         self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
         self._traced = None                 # _Traced: what the compiled steps were traced with
         self._graph = None                  # the last run()'s ActorGraph
+        self._seed = None                   # the random ops' seed, drawn when first traced
+        self._count = None                  # the steps run, as the random ops read it
 
     def __setattr__(self, name: str, value) -> None:
         old = self.__dict__.get(name)
@@ -136,9 +139,10 @@ class Graph:
 
     def _step_fn(self):
         """What one step records: ``fn(piece, states=[...]) -> (output, new states)``, the
-        state tensors (parameters, then each optimizer's per-parameter state), the
-        optimizer rows ``(optimizer, group, param, {name: state tensor})`` and what each
-        state is, in words (for error messages)."""
+        state tensors (parameters and buffers, the step count, then each optimizer's
+        per-parameter state), the optimizer rows ``(optimizer, group, param, {name: state
+        tensor})``, what each state is, in words (for error messages), and the step
+        count's index among them (what random ops read: ``_step_count``)."""
         params = self._params()
         opt_rows = []                   # per group its rates (param None), then its params
         for o in self._optimizers:
@@ -146,7 +150,8 @@ class Graph:
                 opt_rows.append((o, g, None, o.graph_rates(g)))
                 for p in g["params"]:
                     opt_rows.append((o, g, p, o.graph_state(p, g)))
-        state = list(params) + [t for *_, st in opt_rows for t in st.values()]
+        state = list(params) + [self._step_count(params)] + \
+            [t for *_, st in opt_rows for t in st.values()]
         build = self.build
         pos = {id(p): i for i, p in enumerate(params)}
 
@@ -155,7 +160,7 @@ class Graph:
                 with enable_grad():     # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
                 new = [None] * len(states)
-                at = len(params)
+                at = len(params) + 1
                 with no_grad():
                     for o, g, p, st in opt_rows:
                         names = list(st)
@@ -172,7 +177,30 @@ class Graph:
                     if t is None:
                         new[i] = states[i]
                 return out, new
-        return fn, state, opt_rows, self._state_names(params, opt_rows)
+        return fn, state, opt_rows, self._state_names(params, opt_rows), len(params)
+
+    def _step_count(self, params: list):
+        """The steps this graph ran that drew random values, an int64 scalar on the
+        parameters' device: state every compiled step reads (its random ops draw from
+        ``rand_step``'s counter-based generator at this count) and adds one to, in piece
+        order, so ``step()``, ``run()`` and ``run(fused=True)`` draw the same values for
+        the same step. Made once, moved with the parameters."""
+        from ..creation import zeros
+        from ..dtype import int64
+        device = params[0].device if params else "cpu"
+        if self._count is None:
+            self._count = zeros((), dtype=int64, device=device)
+        elif self._count.device != device:
+            self._count = self._count.to(device)
+        return self._count
+
+    def _random_seed(self) -> int:
+        """The seed of the step's random ops (with their place in the step, their key):
+        drawn from ``af.manual_seed``'s generator when a step with a random op is first
+        traced, then kept, so every compiled form of the step draws the same values."""
+        if self._seed is None:
+            self._seed = _next_seed()
+        return self._seed
 
     def _state_names(self, params: list, opt_rows: list) -> list:
         """Per state, what it is: ``parameter 'model.0.weight'``, ``buffer ...``, ``Adam
@@ -185,6 +213,7 @@ class Graph:
                 for n, b in v.named_buffers(k):
                     names.setdefault(id(b), f"buffer {n!r}")
         out = [names.get(id(p), "a parameter of an optimizer") for p in params]
+        out.append(f"the step count of {type(self).__name__}'s random ops")
         for o, g, p, st in opt_rows:
             for name in st:
                 if p is None:
@@ -233,11 +262,11 @@ class Graph:
         key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names = self._step_fn()
+            fn, state, opt_rows, names, count = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
                 program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
-                                           specs, names)
+                                           specs, names, count, self._random_seed)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, program=program))
@@ -252,7 +281,7 @@ class Graph:
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names = self._step_fn()
+            fn, state, opt_rows, names, count = self._step_fn()
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             added: list = []
             device = _device_of(self._traced.params, [])
@@ -269,7 +298,8 @@ class Graph:
                 g, shared, captured = stateful_graph(
                     fn, traced, specs, type(self).__name__,
                     dict(memory=memory, buffers=buffers), names,
-                    None if loader is None and device is None else source)
+                    None if loader is None and device is None else source, count,
+                    self._random_seed)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
