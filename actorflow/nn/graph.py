@@ -137,12 +137,13 @@ class Graph:
                 out.append(p)
         return out
 
-    def _step_fn(self):
+    def _step_fn(self, inputs: list):
         """What one step records: ``fn(piece, states=[...]) -> (output, new states)``, the
         state tensors (parameters and buffers, the step count, then each optimizer's
         per-parameter state), the optimizer rows ``(optimizer, group, param, {name: state
         tensor})``, what each state is, in words (for error messages), and the step
-        count's index among them (what random ops read: ``_step_count``)."""
+        count's index among them (what random ops read: ``_step_count``). ``inputs``: the
+        step's input specs (the count is on the first one's device when no parameter is)."""
         params = self._params()
         opt_rows = []                   # per group its rates (param None), then its params
         for o in self._optimizers:
@@ -150,7 +151,8 @@ class Graph:
                 opt_rows.append((o, g, None, o.graph_rates(g)))
                 for p in g["params"]:
                     opt_rows.append((o, g, p, o.graph_state(p, g)))
-        state = list(params) + [self._step_count(params)] + \
+        where = params[0].device if params else (inputs[0].device if inputs else "cpu")
+        state = list(params) + [self._step_count(where)] + \
             [t for *_, st in opt_rows for t in st.values()]
         build = self.build
         pos = {id(p): i for i, p in enumerate(params)}
@@ -179,15 +181,14 @@ class Graph:
                 return out, new
         return fn, state, opt_rows, self._state_names(params, opt_rows), len(params)
 
-    def _step_count(self, params: list):
-        """The steps this graph ran that drew random values, an int64 scalar on the
-        parameters' device: state every compiled step reads (its random ops draw from
+    def _step_count(self, device):
+        """The steps this graph ran that drew random values, an int64 scalar on the step's
+        ``device``: state a compiled step with random ops reads (they draw from
         ``rand_step``'s counter-based generator at this count) and adds one to, in piece
         order, so ``step()``, ``run()`` and ``run(fused=True)`` draw the same values for
-        the same step. Made once, moved with the parameters."""
+        the same step. Made once, moved with the step."""
         from ..creation import zeros
         from ..dtype import int64
-        device = params[0].device if params else "cpu"
         if self._count is None:
             self._count = zeros((), dtype=int64, device=device)
         elif self._count.device != device:
@@ -262,7 +263,8 @@ class Graph:
         key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names, count = self._step_fn()
+            fn, state, opt_rows, names, count = self._step_fn(
+                [s for ps in in_specs for s in ps.specs])
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
                 program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
@@ -281,11 +283,11 @@ class Graph:
                loader.actors_key if loader is not None else None)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names, count = self._step_fn()
-            specs = [Spec(t.shape, t.dtype, t.device) for t in state]
-            added: list = []
             device = _device_of(self._traced.params, [])
             traced = spec if device is None else _placed(spec, device)
+            fn, state, opt_rows, names, count = self._step_fn(list(traced.specs))
+            specs = [Spec(t.shape, t.dtype, t.device) for t in state]
+            added: list = []
 
             def source(g):
                 if device is not None:
