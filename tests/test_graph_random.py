@@ -219,14 +219,17 @@ def test_random_ops_are_refused_where_no_step_counts():
 
 
 def test_dropout_graph_on_cuda_equals_cpu(cuda):
-    data = batches(4)
+    data = batches(5)
     want, m1, _ = losses_by_steps(data)
     model, opt = make(device=CUDA)
     step = TrainStep(model, opt)
     got = [float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)))
-           for x, y in data[:2]]
-    got += [float(v) for v in step.run(data[2:3])]
-    got += [float(v) for v in step.run(data[3:], fused=True)]
+           for x, y in data[:3]]                # launched, then captured and replayed
+    (compiled,) = step._compiled.values()
+    assert (compiled.device.captures, compiled.device.replays) == (1, 2)
+    got += [float(v) for v in step.run(data[3:4])]
+    got += [float(v) for v in step.run(data[4:], fused=True)]
     assert_same(np.array(got), np.array(want), exact=False, rtol=1e-5)
     for a, b in zip(m1.parameters(), model.parameters()):
         assert_same(b.numpy(), a.numpy(), exact=False, rtol=1e-5)
+    assert int(step._count) == 5

@@ -34,6 +34,7 @@ from ..backends import get_backend
 from ..eager.interpreter import (EagerInterpreter, Interpreter, check_same_device,
                                  use_interpreter)
 from ..errors import TraceError
+from ..functional import add
 from ..ops import get as op_get
 from ..runtime.plan.spec import Spec, flatten
 from ..tensor.blob import Blob
@@ -202,7 +203,6 @@ class Tracer(Interpreter):
         writes back to it); None when none did."""
         if not self.draws:
             return None
-        from ..functional import add
         return add(self._count, 1)
 
     def _state_written(self, outs) -> bool:
