@@ -62,6 +62,36 @@ def test_dropout_draws_new_masks_every_step_and_the_same_after_the_same_seed():
     assert [float(again(af.tensor(x), af.tensor(y))) for _ in range(3)] == [a, b, third]
 
 
+def test_a_graphs_seed_follows_manual_seed_and_leaves_eager_draws_alone():
+    class Noise(nn.Graph):
+        def build(self, x):
+            return x + af.rand(4)
+
+    x = af.zeros(4)
+    af.manual_seed(3)
+    want = af.rand(4).numpy()
+    af.manual_seed(3)
+    a, b = Noise(), Noise()                     # the first and second graph after the seed
+    assert np.array_equal(af.rand(4).numpy(), want)     # eager draws: as without graphs
+    first = a(x).numpy()
+    assert not np.array_equal(first, b(x).numpy())
+    af.manual_seed(3)
+    af.rand(100)                                # eager draws between: no matter
+    assert np.array_equal(Noise()(x).numpy(), first)
+
+
+def test_a_run_from_a_data_loader_draws_as_steps_do():
+    from actorflow.data import DataLoader, TensorDataset
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((20, 8)).astype(np.float32), rng.integers(0, 3, 20)
+    want, _, _ = losses_by_steps([(x[i:i + 8], y[i:i + 8]) for i in range(0, 20, 8)])
+    for fused in (False, True):
+        model, opt = make()
+        step = TrainStep(model, opt)
+        loader = DataLoader(TensorDataset(x, y), batch_size=8, workers=2)
+        assert [float(v) for v in step.run(loader, fused=fused)] == want
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["op-actors", "fused"])
 def test_steps_equal_runs_bit_for_bit(fused):
     data = batches(6)

@@ -52,7 +52,7 @@ import weakref
 from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
-from ..creation import _next_seed, from_numpy
+from ..creation import from_numpy, spawned_seed
 from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
@@ -86,7 +86,7 @@ class Graph:
         self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
         self._traced = None                 # _Traced: what the compiled steps were traced with
         self._graph = None                  # the last run()'s ActorGraph
-        self._seed = None                   # the random ops' seed, drawn when first traced
+        self._seed = spawned_seed()         # the random ops' seed (see _random_seed)
         self._count = None                  # the steps run, as the random ops read it
 
     def __setattr__(self, name: str, value) -> None:
@@ -196,11 +196,12 @@ class Graph:
         return self._count
 
     def _random_seed(self) -> int:
-        """The seed of the step's random ops (with their place in the step, their key):
-        drawn from ``af.manual_seed``'s generator when a step with a random op is first
-        traced, then kept, so every compiled form of the step draws the same values."""
-        if self._seed is None:
-            self._seed = _next_seed()
+        """The seed of the step's random ops (with their place in the step, their key),
+        taken when the graph is made from a child of ``af.manual_seed``'s generator
+        (``creation.spawned_seed``): every compiled form of the step draws the same
+        values, and the n-th graph made after ``af.manual_seed(s)`` draws the same values
+        whatever eager random ops (weight inits, a loader's shuffle seed) drew meanwhile,
+        whose values it leaves as they were."""
         return self._seed
 
     def _state_names(self, params: list, opt_rows: list) -> list:
