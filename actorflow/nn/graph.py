@@ -43,6 +43,18 @@ options a scheduler changes per step (``Optimizer.scheduled``: ``lr``, SGD's mom
 Adam's betas) are state the step reads (``graph_rates``: a float64 tensor each, written
 from the group before every step and run), so a schedule compiles nothing anew. A tensor
 ``build`` captures from outside (not a parameter or buffer) is read live at every step.
+
+Random ops in ``build`` (dropout in training mode, ``scaled_dot_product_attention``'s
+``dropout_p``, ``af.rand``/``af.randn``) draw new values every step: each is recorded as a
+counter-based draw (numpy's Philox, ``rand_step``) keyed by the graph's seed (``_seed``,
+taken when the graph is made from a child of ``af.manual_seed``'s generator) and its place
+among the step's random ops, its counter the graph's step count (``_count``, an int64 state
+every such step reads and adds one to, written back in piece order like the parameters).
+So the k-th step draws the same values as ``step()``, as a piece of ``run()`` (whose op
+actors may act on piece k+1 before piece k is done), fused or not, and on a CUDA device.
+The values are not eager mode's (an eager op draws from ``af.manual_seed``'s generator
+itself), as PyTorch's compiled graphs draw otherwise than its eager ops. In eval mode
+dropout is the identity: nothing random is traced and the count stays.
 """
 
 from __future__ import annotations
@@ -86,7 +98,11 @@ class Graph:
         self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
         self._traced = None                 # _Traced: what the compiled steps were traced with
         self._graph = None                  # the last run()'s ActorGraph
-        self._seed = spawned_seed()         # the random ops' seed (see _random_seed)
+        # the seed of the step's random ops (their key: it and their place in the step),
+        # from a child of af.manual_seed's generator (creation.spawned_seed): every compiled
+        # form of the step draws the same values, and the n-th graph made after
+        # manual_seed(s) the same whatever eager ops (inits, a loader's seed) drew meanwhile
+        self._seed = spawned_seed()
         self._count = None                  # the steps run, as the random ops read it
 
     def __setattr__(self, name: str, value) -> None:
@@ -195,14 +211,6 @@ class Graph:
             self._count = self._count.to(device)
         return self._count
 
-    def _random_seed(self) -> int:
-        """The seed of the step's random ops (with their place in the step, their key),
-        taken when the graph is made from a child of ``af.manual_seed``'s generator
-        (``creation.spawned_seed``): every compiled form of the step draws the same
-        values, and the n-th graph made after ``af.manual_seed(s)`` draws the same values
-        whatever eager random ops (weight inits, a loader's shuffle seed) drew meanwhile,
-        whose values it leaves as they were."""
-        return self._seed
 
     def _state_names(self, params: list, opt_rows: list) -> list:
         """Per state, what it is: ``parameter 'model.0.weight'``, ``buffer ...``, ``Adam
@@ -269,7 +277,7 @@ class Graph:
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
                 program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
-                                           specs, names, count, self._random_seed)
+                                           specs, names, count, self._seed)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, program=program))
@@ -302,7 +310,7 @@ class Graph:
                     fn, traced, specs, type(self).__name__,
                     dict(memory=memory, buffers=buffers), names,
                     None if loader is None and device is None else source, count,
-                    self._random_seed)
+                    self._seed)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,

@@ -19,9 +19,8 @@ of place and its result is the state's value from then on, written back by the s
 
 A random op (``rand``, ``randn``: dropout's mask) is recorded only where the recording has
 a step count (``count``: ``nn.Graph``'s step, whose state it is): as ``rand_step`` /
-``randn_step`` reading that count, keyed by ``seed()`` (asked once, at the first random op)
-and the op's place among the recording's random ops, and the step adds one to the count
-(``counted``). Elsewhere (``af.trace``, ``ActorGraph.op``) a random op is refused: it would
+``randn_step`` reading that count, keyed by ``seed`` (the graph's) and the op's place among
+the recording's random ops, and the step adds one to the count (``counted``). Elsewhere (``af.trace``, ``ActorGraph.op``) a random op is refused: it would
 run once, while tracing, and repeat its values every piece.
 """
 
@@ -74,8 +73,7 @@ class Tracer(Interpreter):
     constants the function made while traced (eager ops on nothing captured), which stay
     constants. ``state_names``: what each state is, for error messages. ``count``: the
     index of the state holding the step's count, which random ops read (None: they are
-    refused); ``seed()``: their key's seed, asked at the first; ``draws``: how many were
-    recorded."""
+    refused); ``seed``: their key's seed; ``draws``: how many were recorded."""
 
     def __init__(self, live: bool = False, first_live: int = 0, state_names=None,
                  count=None, seed=None):
@@ -91,7 +89,7 @@ class Tracer(Interpreter):
         self.state_names = list(state_names or ())
         self._grads: dict = {}        # id(Meta) -> (Meta, its grad): see restore_grads
         self._eager = EagerInterpreter()
-        self.count, self._seed, self.seed = count, seed, None
+        self.count, self.seed = count, seed
         self.draws = 0
         self._count = None            # the count's placeholder
 
@@ -191,8 +189,6 @@ class Tracer(Interpreter):
                              f"piece; af.trace and ActorGraph.op record no step count to draw "
                              f"new values from (nn.Graph's build does): make the random "
                              f"values outside and pass them in, or train in nn.Graph")
-        if self.seed is None:
-            self.seed = int(self._seed())
         step = dict(attrs, key=(self.seed, self.draws))
         step.pop("seed", None)
         self.draws += 1

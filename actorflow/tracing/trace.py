@@ -44,7 +44,8 @@ def stateful_program(fn, in_specs: list, state_specs: list, state_names=None, co
     program's state after ``state_specs``, listed in ``Program.captured``; the caller
     attaches their arrays after the others'. ``state_names``: what each state is, for
     error messages. ``count``: the state holding the step's count, which the random ops
-    ``fn`` calls read (``Recording``'s), with ``seed``; the step adds one to it."""
+    ``fn`` calls read (``Recording``'s), with ``seed`` their key's seed; the step adds one
+    to it."""
     flat = [(k, j, s) for k, ps in enumerate(in_specs) for j, s in enumerate(ps.specs)]
     new_states: list = []
 
