@@ -20,8 +20,9 @@ of place and its result is the state's value from then on, written back by the s
 A random op (``rand``, ``randn``: dropout's mask) is recorded only where the recording has
 a step count (``count``: ``nn.Graph``'s step, whose state it is): as ``rand_step`` /
 ``randn_step`` reading that count, keyed by ``seed`` (the graph's) and the op's place among
-the recording's random ops, and the step adds one to the count (``counted``). Elsewhere (``af.trace``, ``ActorGraph.op``) a random op is refused: it would
-run once, while tracing, and repeat its values every piece.
+the recording's random ops, and the step adds one to the count (``counted``). Elsewhere
+(``af.trace``, ``ActorGraph.op``) a random op is refused: it would run once, while tracing,
+and repeat its values every piece.
 """
 
 from __future__ import annotations
