@@ -32,6 +32,14 @@ def _next_seed() -> int:
     return int(_SEEDS[0].integers(0, 2**63 - 1))
 
 
+def spawned_seed() -> int:
+    """A seed for a random stream of its own (``nn.Graph``'s random ops): from the next
+    child of ``manual_seed``'s generator (``Generator.spawn``), so the n-th one asked for
+    after ``manual_seed(s)`` is always the same, and the values eager random ops draw do
+    not change."""
+    return int(_SEEDS[0].spawn(1)[0].integers(0, 2**63 - 1))
+
+
 def _finish(impl, requires_grad: bool) -> Tensor:
     t = wrap(impl)
     if requires_grad:

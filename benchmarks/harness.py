@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
+import importlib
 import json
 import os
 import platform
@@ -253,8 +254,10 @@ def print_contention(c: dict | None, label: str = "") -> None:
 
 
 def try_import(name):
+    """The module ``name`` (a dotted name gives the submodule), or None when it does not
+    import."""
     try:
-        return __import__(name)
+        return importlib.import_module(name)
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return None
 

@@ -174,7 +174,7 @@ def test_run_is_an_actor_per_op_planned_under_a_budget():
     assert {"matmul", "log_softmax", "gelu_backward"} <= set(ops)
 
 
-def test_random_ops_inside_build_are_refused_with_the_reason():
+def test_random_ops_inside_build_draw_in_train_mode_and_none_trace_in_eval():
     af.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.5))
     opt = optim.SGD(model.parameters(), lr=0.1)
@@ -189,10 +189,15 @@ def test_random_ops_inside_build_are_refused_with_the_reason():
             loss = self.model(x).sum()
             loss.backward()
             return loss
-    with pytest.raises(af.TraceError, match="random op.*same values for every piece"):
-        Step()(af.ones(2, 8))
-    model.eval()                                  # dropout off: the step traces
-    assert Step()(af.ones(2, 8)).shape == ()
+    step = Step()
+    drawn = step(af.ones(2, 8))                   # dropout drawn per step (test_graph_random)
+    assert drawn.shape == () and int(step._count) == 1
+    model.eval()                                  # dropout off: nothing random is traced
+    ev = Step()
+    assert ev(af.ones(2, 8)).shape == ()
+    (compiled,) = ev._compiled.values()
+    assert "rand_step" not in [s.op.name for s in compiled.program.steps]
+    assert int(ev._count) == 0
 
 
 def test_graph_leaves_eager_grads_alone_and_build_is_required():

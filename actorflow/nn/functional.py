@@ -62,7 +62,8 @@ def linear(input, weight, bias=None):
 
 def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
     """Zeroes each element with probability ``p`` and scales the rest by 1/(1-p) while
-    training; the identity otherwise. Seeded by ``af.manual_seed``."""
+    training; the identity otherwise. Seeded by ``af.manual_seed``; inside ``nn.Graph``
+    drawn anew every step from the graph's own counter-based generator (``nn.graph``)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout: p must be in [0, 1], got {p}")
     if not training or p == 0.0:

@@ -49,6 +49,18 @@ makes piece k, a float64 scalar per scheduled option per group, then steps the s
 a loader's batches get theirs in a stage after its loading actor), so a per-batch schedule
 (OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A tensor
 ``build`` captures from outside (not a parameter or buffer) is read live at every step.
+
+Random ops in ``build`` (dropout in training mode, ``scaled_dot_product_attention``'s
+``dropout_p``, ``af.rand``/``af.randn``) draw new values every step: each is recorded as a
+counter-based draw (numpy's Philox, ``rand_step``) keyed by the graph's seed (``_seed``,
+taken when the graph is made from a child of ``af.manual_seed``'s generator) and its place
+among the step's random ops, its counter the graph's step count (``_count``, an int64 state
+every such step reads and adds one to, written back in piece order like the parameters).
+So the k-th step draws the same values as ``step()``, as a piece of ``run()`` (whose op
+actors may act on piece k+1 before piece k is done), fused or not, and on a CUDA device.
+The values are not eager mode's (an eager op draws from ``af.manual_seed``'s generator
+itself), as PyTorch's compiled graphs draw otherwise than its eager ops. In eval mode
+dropout is the identity: nothing random is traced and the count stays.
 """
 
 from __future__ import annotations
@@ -59,7 +71,7 @@ import weakref
 from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
-from ..creation import from_numpy
+from ..creation import from_numpy, spawned_seed
 from ..errors import ActorError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
@@ -75,7 +87,7 @@ _SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict",
               "load_state_dict")
 # the Graph's own bookkeeping: setting these is not a change to what build reads
 _INTERNAL = frozenset({"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph",
-                       "cuda_graph"})
+                       "cuda_graph", "_seed", "_count"})
 
 
 class Graph:
@@ -97,6 +109,12 @@ class Graph:
         self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
         self._traced = None                 # _Traced: what the compiled steps were traced with
         self._graph = None                  # the last run()'s ActorGraph
+        # the seed of the step's random ops (their key: it and their place in the step),
+        # from a child of af.manual_seed's generator (creation.spawned_seed): every compiled
+        # form of the step draws the same values, and the n-th graph made after
+        # manual_seed(s) the same whatever eager ops (inits, a loader's seed) drew meanwhile
+        self._seed = spawned_seed()
+        self._count = None                  # the steps run, as the random ops read it
 
     def __setattr__(self, name: str, value) -> None:
         old = self.__dict__.get(name)
@@ -173,14 +191,16 @@ class Graph:
                 out.append(p)
         return out
 
-    def _step_fn(self, rated: bool = False):
+    def _step_fn(self, inputs: list, rated: bool = False):
         """What one step records: ``fn(piece, states=[...]) -> (output, new states)``, the
-        state tensors (parameters, then each optimizer's per-parameter state), the
-        optimizer rows ``(optimizer, group, param, {name: state tensor})`` and what each
-        state is, in words (for error messages). ``rated``: a piece is ``(item, rates)``,
-        the rates its step reads in place of the ``graph_rates`` state (a float64 scalar
-        per scheduled option per group, in ``_rate_values``' order: a run's per-batch
-        schedule, ``_Schedules``)."""
+        state tensors (parameters and buffers, the step count, then each optimizer's
+        per-parameter state), the optimizer rows ``(optimizer, group, param, {name: state
+        tensor})``, what each state is, in words (for error messages), and the step
+        count's index among them (what random ops read: ``_step_count``). ``inputs``: the
+        step's input specs (the count is on the first one's device when no parameter is).
+        ``rated``: a piece is ``(item, rates)``, the rates its step reads in place of the
+        ``graph_rates`` state (a float64 scalar per scheduled option per group, in
+        ``_rate_values``' order: a run's per-batch schedule, ``_Schedules``)."""
         params = self._params()
         opt_rows = []                   # per group its rates (param None), then its params
         for o in self._optimizers:
@@ -188,7 +208,9 @@ class Graph:
                 opt_rows.append((o, g, None, o.graph_rates(g)))
                 for p in g["params"]:
                     opt_rows.append((o, g, p, o.graph_state(p, g)))
-        state = list(params) + [t for *_, st in opt_rows for t in st.values()]
+        where = params[0].device if params else (inputs[0].device if inputs else "cpu")
+        state = list(params) + [self._step_count(where)] + \
+            [t for *_, st in opt_rows for t in st.values()]
         build = self.build
         pos = {id(p): i for i, p in enumerate(params)}
 
@@ -200,7 +222,7 @@ class Graph:
                 with enable_grad():     # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
                 new = [None] * len(states)
-                at = len(params)
+                at = len(params) + 1
                 with no_grad():
                     for o, g, p, st in opt_rows:
                         names = list(st)
@@ -217,7 +239,22 @@ class Graph:
                     if t is None:
                         new[i] = states[i]
                 return out, new
-        return fn, state, opt_rows, self._state_names(params, opt_rows)
+        return fn, state, opt_rows, self._state_names(params, opt_rows), len(params)
+
+    def _step_count(self, device):
+        """The steps this graph ran that drew random values, an int64 scalar on the step's
+        ``device``: state a compiled step with random ops reads (they draw from
+        ``rand_step``'s counter-based generator at this count) and adds one to, in piece
+        order, so ``step()``, ``run()`` and ``run(fused=True)`` draw the same values for
+        the same step. Made once, moved with the step."""
+        from ..creation import zeros
+        from ..dtype import int64
+        if self._count is None:
+            self._count = zeros((), dtype=int64, device=device)
+        elif self._count.device != device:
+            self._count = self._count.to(device)
+        return self._count
+
 
     def _state_names(self, params: list, opt_rows: list) -> list:
         """Per state, what it is: ``parameter 'model.0.weight'``, ``buffer ...``, ``Adam
@@ -230,6 +267,7 @@ class Graph:
                 for n, b in v.named_buffers(k):
                     names.setdefault(id(b), f"buffer {n!r}")
         out = [names.get(id(p), "a parameter of an optimizer") for p in params]
+        out.append(f"the step count of {type(self).__name__}'s random ops")
         for o, g, p, st in opt_rows:
             for name in st:
                 if p is None:
@@ -280,11 +318,12 @@ class Graph:
                rated)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names = self._step_fn(rated)
+            fn, state, opt_rows, names, count = self._step_fn(
+                [s for ps in in_specs for s in ps.specs], rated)
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
                 program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
-                                           specs, names)
+                                           specs, names, count, self._seed)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, program=program))
@@ -301,13 +340,13 @@ class Graph:
                loader.actors_key if loader is not None else None, rated)
         got = self._compiled.get(key)
         if got is None:
-            fn, state, opt_rows, names = self._step_fn(bool(rated))
-            specs = [Spec(t.shape, t.dtype, t.device) for t in state]
-            added: list = []
-            port: list = [None]
             device = _device_of(self._traced.params, [])
             full = _rated_spec(spec, rated, device)
             traced = full if device is None else _placed(full, device)
+            fn, state, opt_rows, names, count = self._step_fn(list(traced.specs), bool(rated))
+            specs = [Spec(t.shape, t.dtype, t.device) for t in state]
+            added: list = []
+            port: list = [None]
 
             def source(g):
                 if device is not None:
@@ -320,7 +359,8 @@ class Graph:
                 g, shared, captured = stateful_graph(
                     fn, traced, specs, type(self).__name__,
                     dict(memory=memory, buffers=buffers), names,
-                    None if loader is None and device is None else source)
+                    None if loader is None and device is None else source, count,
+                    self._seed)
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,

@@ -31,7 +31,7 @@ def traced_graph(traced, specs, source, graph_kwargs) -> ActorGraph:
 
 
 def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwargs: dict,
-                   state_names=None, source=None):
+                   state_names=None, source=None, count=None, seed=None):
     """``fn(piece, states=[...]) -> (output, new states)`` as an ActorGraph fed by
     ``run(feed=...)``, or by the actors ``source(graph)`` adds (it returns the one whose
     register holds a piece of ``spec``: a loader's): an actor per op, reading that register,
@@ -41,7 +41,8 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
     list object every program reads) with the states' arrays, then the captured tensors',
     before a run. ``graph.replay(arrays)`` runs one piece through the op actors in the
     order the ops were recorded (``replay_piece``). ``state_names``: what each state is,
-    for error messages."""
+    for error messages. ``count``, ``seed``: as ``stateful_program``'s (the random ops'
+    step count, a state read and written in piece order like the others)."""
     new_states: list = []
 
     def body(piece, states):
@@ -49,7 +50,10 @@ def stateful_graph(fn, spec: PieceSpec, state_specs: list, name: str, graph_kwar
         new_states.extend(new)
         return out
     rec = Recording(body, spec.specs, lambda leaves: [unflatten(spec.structure, leaves)],
-                    state_specs=state_specs, live=True, state_names=state_names)
+                    state_specs=state_specs, live=True, state_names=state_names,
+                    count=count, seed=seed)
+    if rec.counted is not None:
+        new_states[count] = rec.counted
     g = ActorGraph(**graph_kwargs)
     device = next((s.device for s in (*spec.specs, *state_specs) if device_memory(s.device)),
                   None)

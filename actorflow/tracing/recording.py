@@ -16,6 +16,13 @@ time), and writing into it in place is refused. Writing in place into a traced t
 refused (``inplace_error`` says why and the out-of-place form), except into a whole given
 state (``nn.Graph``'s buffers: batch norm's running statistics): that write is recorded out
 of place and its result is the state's value from then on, written back by the step.
+
+A random op (``rand``, ``randn``: dropout's mask) is recorded only where the recording has
+a step count (``count``: ``nn.Graph``'s step, whose state it is): as ``rand_step`` /
+``randn_step`` reading that count, keyed by ``seed`` (the graph's) and the op's place among
+the recording's random ops, and the step adds one to the count (``counted``). Elsewhere
+(``af.trace``, ``ActorGraph.op``) a random op is refused: it would run once, while tracing,
+and repeat its values every piece.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from ..backends import get_backend
 from ..eager.interpreter import (EagerInterpreter, Interpreter, check_same_device,
                                  use_interpreter)
 from ..errors import TraceError
+from ..functional import add
 from ..ops import get as op_get
 from ..runtime.plan.spec import Spec, flatten
 from ..tensor.blob import Blob
@@ -36,6 +44,7 @@ from ..tensor.tensor import Tensor, wrap
 
 
 _RANDOM = ("rand", "randn")
+_STEP_FORM = {"rand": op_get("rand_step"), "randn": op_get("randn_step")}
 _CAST = op_get("cast")
 
 
@@ -63,9 +72,12 @@ class Tracer(Interpreter):
     ``live``: captured tensors are state read every piece (``captured``: their TensorImpls,
     state ``first_live + c`` for the c-th), not constants; ``made`` holds the blobs of the
     constants the function made while traced (eager ops on nothing captured), which stay
-    constants. ``state_names``: what each state is, for error messages."""
+    constants. ``state_names``: what each state is, for error messages. ``count``: the
+    index of the state holding the step's count, which random ops read (None: they are
+    refused); ``seed``: their key's seed; ``draws``: how many were recorded."""
 
-    def __init__(self, live: bool = False, first_live: int = 0, state_names=None):
+    def __init__(self, live: bool = False, first_live: int = 0, state_names=None,
+                 count=None, seed=None):
         self.nodes: list = []
         self.where: dict = {}
         self.states: dict = {}        # a given state's placeholder blob -> its index
@@ -78,6 +90,9 @@ class Tracer(Interpreter):
         self.state_names = list(state_names or ())
         self._grads: dict = {}        # id(Meta) -> (Meta, its grad): see restore_grads
         self._eager = EagerInterpreter()
+        self.count, self.seed = count, seed
+        self.draws = 0
+        self._count = None            # the count's placeholder
 
     def placeholder(self, spec: Spec, j: int) -> Tensor:
         dev = spec.device
@@ -92,6 +107,8 @@ class Tracer(Interpreter):
         t = self.placeholder(spec, -1)
         self.where[t._impl.blob] = ("state", i)
         self.states[t._impl.blob] = i
+        if i == self.count:
+            self._count = t
         return t
 
     def source(self, impl):
@@ -133,10 +150,7 @@ class Tracer(Interpreter):
         touched = inputs if outs is None else list(inputs) + list(outs)
         if not any(self._recorded(i) for i in touched):
             if op.name in _RANDOM:
-                raise TraceError(f"{op.name}: a random op inside a traced function would run "
-                                 f"once, while tracing, and repeat the same values for every "
-                                 f"piece; make the random values outside and pass them in "
-                                 f"(or use dropout outside graph mode)")
+                return self._draw(op, attrs, device)
             out_impls = self._eager.apply(op, inputs, attrs, device, outs)
             if self.live:
                 self.made.update(o.blob for o in out_impls)
@@ -166,6 +180,27 @@ class Tracer(Interpreter):
         self.nodes.append(Node(op, refs, attrs, [o.blob for o in out_impls],
                                [o.meta for o in out_impls]))
         return out_impls
+
+    def _draw(self, op, attrs, device):
+        """Records random op ``op`` in its step form, reading the step's count (see the
+        module doc); refused where there is no count."""
+        if self._count is None:
+            raise TraceError(f"{op.name}: a random op inside a traced function would run "
+                             f"once, while tracing, and repeat the same values for every "
+                             f"piece; af.trace and ActorGraph.op record no step count to draw "
+                             f"new values from (nn.Graph's build does): make the random "
+                             f"values outside and pass them in, or train in nn.Graph")
+        step = dict(attrs, key=(self.seed, self.draws))
+        step.pop("seed", None)
+        self.draws += 1
+        return self.apply(_STEP_FORM[op.name], [self._count._impl], step, device)
+
+    def counted(self):
+        """The step's count plus one, recorded, when a random op read it (what the step
+        writes back to it); None when none did."""
+        if not self.draws:
+            return None
+        return add(self._count, 1)
 
     def _state_written(self, outs) -> bool:
         """Is this in-place write one of a whole given state (a module's buffer, as batch
@@ -271,13 +306,14 @@ class Recording:
     i)``, ``("state", i)`` or ``("const", c)``. With ``live`` (see the module doc),
     ``captured`` lists the tensors read live, in the order of their state indices after
     the given ones, and ``state_specs`` ends with their specs; ``state_names`` name the
-    given states in error messages."""
+    given states in error messages. ``count`` and ``seed``: as ``Tracer``'s (random ops
+    read state ``count``); ``counted``: what the step writes back to it (None: keep it)."""
 
     def __init__(self, fn, leaf_specs, args_of, kwargs=None, state_specs=None, live=False,
-                 state_names=None):
+                 state_names=None, count=None, seed=None):
         self.leaf_specs = list(leaf_specs)
         self.state_specs = list(state_specs or ())
-        self.tracer = rec = Tracer(live, len(self.state_specs), state_names)
+        self.tracer = rec = Tracer(live, len(self.state_specs), state_names, count, seed)
         args = args_of([rec.placeholder(s, j) for j, s in enumerate(self.leaf_specs)])
         kwargs = dict(kwargs or {})
         if state_specs is not None:     # fn(*args, states=[placeholder per state], **kwargs)
@@ -285,6 +321,7 @@ class Recording:
         try:
             with use_interpreter(rec):
                 result = fn(*args, **kwargs)
+                self.counted = rec.counted()
         finally:
             rec.restore_grads()
         self.captured = [wrap(impl) for impl in rec.captured]

@@ -33,7 +33,8 @@ def op_program(fn, in_specs: list, kwargs: dict) -> Program:
     return _program(rec, flat)
 
 
-def stateful_program(fn, in_specs: list, state_specs: list, state_names=None) -> Program:
+def stateful_program(fn, in_specs: list, state_specs: list, state_names=None, count=None,
+                     seed=None) -> Program:
     """Traces ``fn(*pieces, states=[placeholder per state])``, which returns ``(output,
     new_states)`` (per state its new value, or None to keep it), into one Program whose
     state (``Program.state_arrays``, attached by the caller) is read by its steps and
@@ -42,7 +43,9 @@ def stateful_program(fn, in_specs: list, state_specs: list, state_names=None) ->
     The tensors ``fn`` captures are read live (``Recording``'s ``live``): they are the
     program's state after ``state_specs``, listed in ``Program.captured``; the caller
     attaches their arrays after the others'. ``state_names``: what each state is, for
-    error messages."""
+    error messages. ``count``: the state holding the step's count, which the random ops
+    ``fn`` calls read (``Recording``'s), with ``seed`` their key's seed; the step adds one
+    to it."""
     flat = [(k, j, s) for k, ps in enumerate(in_specs) for j, s in enumerate(ps.specs)]
     new_states: list = []
 
@@ -51,7 +54,9 @@ def stateful_program(fn, in_specs: list, state_specs: list, state_names=None) ->
         new_states.extend(new)
         return out
     rec = Recording(body, [f[2] for f in flat], _args_of(in_specs), state_specs=state_specs,
-                    live=True, state_names=state_names)
+                    live=True, state_names=state_names, count=count, seed=seed)
+    if rec.counted is not None:
+        new_states[count] = rec.counted
     program = _program(rec, flat, new_states)
     program.captured = rec.captured
     return program
