@@ -11,8 +11,12 @@ The model: a token embedding plus a learned positional embedding, 2
 Training: windows of 65 characters (64 in, the same shifted by one as the targets) from
 an ``af.data.DataLoader`` on worker threads (new offsets each epoch, seeded), AdamW with a
 cosine schedule (``optim.lr_scheduler.CosineAnnealingLR``, stepped per batch) and gradient
-clipping (``nn.utils.clip_grad_norm_``), in eager mode and in graph mode (the step traced
-once by ``nn.Graph``, clipping included, called per batch behind the loader). Per epoch:
+clipping (``nn.utils.clip_grad_norm_``), in each mode asked for: ``eager`` (a plain loop),
+``graph`` (the step traced once by ``nn.Graph``, clipping included, run by
+``nn.Graph.run`` as an op actor per op behind the loader's actors, the graph stepping the
+schedule per piece: ``add_optimizer(opt, lr_sch=sched)``), ``fused``
+(``nn.Graph.run(fused=True)``: the step as one actor) and ``step`` (``nn.Graph.step``
+called per batch of a loop over the loader). Per epoch:
 the training loss, the validation loss and next-character accuracy, with a progress bar;
 at the end a seeded sample of text from the model (``--temperature 0``: greedy).
 
@@ -45,7 +49,7 @@ SOURCES = ("argparse.py", "textwrap.py", "functools.py", "dataclasses.py", "insp
 VOCAB = "\n" + "".join(chr(c) for c in range(32, 127)) + "\0"     # "\0": any other char
 UNKNOWN = len(VOCAB) - 1
 CONTEXT, WIDTH, HEADS, LAYERS, BATCH = 64, 64, 4, 2, 32
-MODES = ("eager", "graph")
+MODES = ("eager", "graph", "fused", "step")
 GOAL = 2.5                  # validation loss, nats per character, with the defaults
 
 
@@ -125,12 +129,13 @@ def lm_loss(logits, targets):
 
 
 class TrainStep(nn.Graph):
-    """Forward, backward, clipping and the optimizer's update, traced once."""
+    """Forward, backward, clipping and the optimizer's update, traced once; the graph steps
+    the schedule after every step (in a run, piece k trains with step k's rate)."""
 
-    def __init__(self, model, opt, clip: float):
+    def __init__(self, model, opt, sched, clip: float):
         super().__init__()
         self.model, self.clip = model, clip
-        self.add_optimizer(opt)
+        self.add_optimizer(opt, lr_sch=sched)
 
     def build(self, x, y):
         loss = lm_loss(self.model(x), y)
@@ -184,31 +189,38 @@ def train(mode: str, train_set: Windows, val: tuple, args, bar: bool) -> tuple:
     loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True,
                         workers=2, buffers=4)
     sched = optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader))
-    step = TrainStep(model, opt, args.clip) if mode == "graph" else None
+    step = TrainStep(model, opt, sched, args.clip) if mode != "eager" else None
     print(f"{mode} mode:")
     history, t_all = [], time.perf_counter()
     for epoch in range(args.epochs):
         train_set.set_epoch(epoch)
         t0 = time.perf_counter()
         total, losses = len(loader), []
-        batches = loader
-        if bar:
-            from tqdm import tqdm
-            batches = tqdm(loader, desc=f"  epoch {epoch + 1}", unit="batch")
-        for x, y in batches:
-            if step is None:
+        if mode in ("graph", "fused"):      # the loader's actors and the step's, one graph
+            shown = {"desc": f"  epoch {epoch + 1}", "unit": "batch"} if bar else False
+            batches = step.run(loader, buffers=2, memory={"cpu": "256MiB"},
+                               fused=mode == "fused", progress=shown)
+        else:
+            batches = loader
+            if bar:
+                from tqdm import tqdm
+                batches = tqdm(loader, desc=f"  epoch {epoch + 1}", unit="batch")
+        for item in batches:
+            if mode == "eager":
+                x, y = item
                 opt.zero_grad()
                 loss = lm_loss(model(x), y)
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                 opt.step()
+                sched.step()
+            elif mode == "step":
+                loss = step(*item)          # steps the schedule too
             else:
-                loss = step(x, y)
-            losses.append(loss.item())
-            lr = opt.param_groups[0]["lr"]
-            sched.step()
-            if not bar:
-                progress(len(losses), total, losses[-1], lr, t0)
+                loss = item
+            losses.append(float(loss))
+            if not bar:                     # (in a run, the rate of a step further on)
+                progress(len(losses), total, losses[-1], sched.get_last_lr()[0], t0)
         val_loss, val_acc = evaluate(model, *val)
         history.append((float(np.mean(losses)), val_loss, val_acc))
         print(f"\n  epoch {epoch + 1}: loss {history[-1][0]:.4f}, validation loss "
