@@ -65,6 +65,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402 - the shared timing harness, next to this file
+from trainers import AfTrainer, LossChecks, TorchTrainer, rel  # noqa: E402 - next to this file
 
 SEED = 0
 GRAPH_VS_TORCH = 1.0         # graph mode per step <= 1.0x PyTorch eager
@@ -139,105 +140,6 @@ def batch_for(model: str, seed: int = SEED):
     return x, y
 
 
-def rel(a: float, b: float) -> float:
-    return abs(a - b) / max(abs(b), 1e-30)
-
-
-# -- trainers ------------------------------------------------------------------------------
-
-def make_train_step(af):
-    class TrainStep(af.nn.Graph):
-        def __init__(self, model, opt):
-            super().__init__()
-            self.model = model
-            self.loss = af.nn.CrossEntropyLoss()
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = self.loss(self.model(x), y)
-            loss.backward()
-            return loss
-    return TrainStep
-
-
-class AfTrainer:
-    """An actorflow model and optimizer (and an ``nn.Graph`` step in graph mode), reset to
-    the saved weights and a fresh optimizer state before every timed run. A compiled step
-    holds the optimizer's state tensors, so graph mode zeroes them in place (a fresh
-    Adam or momentum state is all zeros, its step count included)."""
-
-    def __init__(self, af, spec: dict, saved: dict, graph: bool):
-        self.af, self.spec, self.saved, self.graph = af, spec, saved, graph
-        self.model = spec["make"](af)
-        self.model.train()
-        self.opt = self.new_optimizer()
-        self.lossf = af.nn.CrossEntropyLoss()
-        self.step = make_train_step(af)(self.model, self.opt) if graph else None
-        self.reset()
-
-    def new_optimizer(self):
-        return getattr(self.af.optim, self.spec["optim"])(self.model.parameters(),
-                                                          **self.spec["options"])
-
-    def reset(self) -> None:
-        af = self.af
-        self.model.load_state_dict({k: af.tensor(v) for k, v in self.saved.items()})
-        if self.graph:
-            with af.no_grad():
-                for st in self.opt.state.values():
-                    for v in st.values():
-                        if isinstance(v, af.Tensor):
-                            v.zero_()
-        else:
-            self.opt = self.new_optimizer()
-        af.synchronize()
-
-    def eager_steps(self, x, y, k: int) -> float:
-        model, opt, lossf = self.model, self.opt, self.lossf
-        loss = None
-        for _ in range(k):
-            opt.zero_grad()
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-        return loss.item()
-
-    def graph_steps(self, x, y, k: int) -> float:
-        loss = None
-        for _ in range(k):
-            loss = self.step(x, y)
-        return loss.item()
-
-    def graph_run(self, batches: list, fused: bool) -> float:
-        losses = [float(v) for v in self.step.run(batches, buffers=2, fused=fused)]
-        return losses[-1]
-
-
-class TorchTrainer:
-    def __init__(self, torch, spec: dict, saved: dict):
-        self.torch, self.spec = torch, spec
-        self.model = spec["make"](torch)
-        self.model.train()
-        self.saved = {k: torch.from_numpy(v.copy()) for k, v in saved.items()}
-        self.lossf = torch.nn.CrossEntropyLoss()
-        self.reset()
-
-    def reset(self) -> None:
-        self.model.load_state_dict(self.saved)
-        self.opt = getattr(self.torch.optim, self.spec["optim"])(self.model.parameters(),
-                                                                 **self.spec["options"])
-
-    def steps(self, x, y, k: int) -> float:
-        model, opt, lossf = self.model, self.opt, self.lossf
-        loss = None
-        for _ in range(k):
-            opt.zero_grad()
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-        return loss.item()
-
-
 # -- part 1 --------------------------------------------------------------------------------
 
 def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
@@ -267,23 +169,9 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
     for t in (eager, graph, run, fused) + ((tt,) if tt else ()):
         t.reset()
 
-    last_loss = {}
 
-    def check_for(cname):
-        seen = []
-
-        def check(loss, _ref):
-            if not isinstance(loss, float) or not math.isfinite(loss):
-                return f"loss after {k} steps is {loss!r}, not a finite float"
-            if not seen:
-                seen.append(loss)
-                last_loss[cname] = loss
-                return None
-            if rel(loss, seen[0]) > REPEAT_RTOL:
-                return (f"loss after {k} steps {loss!r} != {seen[0]!r} of the warm-up run "
-                        f"(not the same work from the same start)")
-            return None
-        return check
+    checks = LossChecks(k, REPEAT_RTOL)
+    check_for, last_loss = checks.check_for, checks.last_loss
 
     C = harness.Contender
     contenders = []
@@ -304,11 +192,7 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
           check_for("actorflow graph run, fused"), setup=fused.reset, steps=k,
           note="step.run(batches, fused=True): the step as one op actor"),
     ]
-    for c in contenders:
-        if rel(first[c.name], first[ref_name]) > FIRST_LOSS_RTOL:
-            c.check_failures.append(
-                f"first step's loss {first[c.name]!r} != {ref_name}'s {first[ref_name]!r} "
-                f"within {FIRST_LOSS_RTOL} relative")
+    checks.first_steps(contenders, first, ref_name, FIRST_LOSS_RTOL)
 
     cc = harness.CpuContention()
     harness.run_rounds(contenders, repeat, f"{name} steps x{k}")

@@ -75,7 +75,6 @@ contender raised (the JSON is written either way).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import statistics
 import sys
@@ -86,6 +85,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402 - the shared timing harness, next to this file
+from trainers import AfTrainer, LossChecks, TorchTrainer, rel  # noqa: E402 - next to this file
 
 IN, HIDDEN, CLASSES = 784, 256, 10
 BATCH = 128
@@ -102,105 +102,13 @@ REPEAT_RTOL = 1e-5          # a contender's K-step loss vs its own warm-up run
 
 # -- models --------------------------------------------------------------------------------
 
-def af_mlp(af):
-    nn = af.nn
+def mlp(lib):
+    """The model, in actorflow or torch (``lib``)."""
+    nn = lib.nn
     return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
-def make_train_step(af):
-    class TrainStep(af.nn.Graph):
-        def __init__(self, model, opt):
-            super().__init__()
-            self.model = model
-            self.loss = af.nn.CrossEntropyLoss()
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = self.loss(self.model(x), y)
-            loss.backward()
-            return loss
-    return TrainStep
-
-
-class AfTrainer:
-    """An actorflow model with its optimizer (and, for graph mode, its nn.Graph step), reset
-    to the saved weights and a fresh momentum state before every timed run."""
-
-    def __init__(self, af, saved: dict, graph: bool):
-        self.af, self.saved, self.graph = af, saved, graph
-        self.model = af_mlp(af)
-        self.opt = af.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
-        self.lossf = af.nn.CrossEntropyLoss()
-        self.step = make_train_step(af)(self.model, self.opt) if graph else None
-        self.reset()
-
-    def reset(self) -> None:
-        af = self.af
-        self.model.load_state_dict(self.saved)
-        if self.graph:
-            # The compiled step holds the optimizer's momentum buffers as its state (they
-            # are also opt.state's after a step): zero them in place. With dampening 0 the
-            # next update is then buf = 0.9 * 0 + g = g, the first step's update exactly.
-            with af.no_grad():
-                for p in self.model.parameters():
-                    buf = self.opt.state.get(p, {}).get("momentum_buffer")
-                    if buf is not None:
-                        buf.zero_()
-        else:
-            self.opt = af.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
-        af.synchronize()
-
-    def eager_steps(self, x, y, k: int) -> float:
-        af, model, opt, lossf = self.af, self.model, self.opt, self.lossf
-        loss = None
-        for _ in range(k):
-            opt.zero_grad()
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-        af.synchronize()                    # the last update done, not just queued
-        return loss.item()
-
-    def graph_steps(self, x, y, k: int) -> float:
-        step, loss = self.step, None
-        for _ in range(k):
-            loss = step(x, y)
-        return loss.item()
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for k, v in self.model.state_dict().items():
-            h.update(k.encode())
-            h.update(np.ascontiguousarray(v.numpy()).tobytes())
-        return h.hexdigest()[:16]
-
-
-class TorchTrainer:
-    def __init__(self, torch, saved: dict):
-        self.torch = torch
-        nn = torch.nn
-        self.model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
-        self.saved = {k: torch.from_numpy(v.copy()) for k, v in saved.items()}
-        self.lossf = nn.CrossEntropyLoss()
-        self.reset()
-
-    def reset(self) -> None:
-        self.model.load_state_dict(self.saved)      # copies: same layout as actorflow's
-        self.opt = self.torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
-
-    def steps(self, x, y, k: int) -> float:
-        model, opt, lossf = self.model, self.opt, self.lossf
-        loss = None
-        for _ in range(k):
-            opt.zero_grad()
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-        return loss.item()
-
-
-def rel(a: float, b: float) -> float:
-    return abs(a - b) / max(abs(b), 1e-30)
+MLP = dict(make=mlp, optim="SGD", options=dict(lr=LR, momentum=MOMENTUM))
 
 
 # -- part 1: time per step -----------------------------------------------------------------
@@ -208,9 +116,9 @@ def rel(a: float, b: float) -> float:
 def part_steps(args, af, torch, saved, X, Y) -> tuple[dict, list]:
     k, repeat = args.steps, args.repeat
     x, y = af.tensor(X), af.tensor(Y)
-    eager = AfTrainer(af, saved, graph=False)
-    graph = AfTrainer(af, saved, graph=True)
-    tt = TorchTrainer(torch, saved) if torch is not None else None
+    eager = AfTrainer(af, MLP, saved, graph=False)
+    graph = AfTrainer(af, MLP, saved, graph=True)
+    tt = TorchTrainer(torch, MLP, saved) if torch is not None else None
 
     # The check, once, outside the clock: the first step from the shared weights.
     first = {}
@@ -225,23 +133,9 @@ def part_steps(args, af, torch, saved, X, Y) -> tuple[dict, list]:
     for t in (eager, graph) + ((tt,) if tt else ()):
         t.reset()
 
-    last_loss = {}                          # the warm-up run's loss after K steps
 
-    def check_for(name):
-        seen = []
-
-        def check(loss, _ref):
-            if not isinstance(loss, float) or not math.isfinite(loss):
-                return f"loss after {k} steps is {loss!r}, not a finite float"
-            if not seen:
-                seen.append(loss)           # the warm-up run: the reference for the rest
-                last_loss[name] = loss
-                return None
-            if rel(loss, seen[0]) > REPEAT_RTOL:
-                return (f"loss after {k} steps {loss!r} != {seen[0]!r} of the warm-up run "
-                        f"(not the same work from the same start)")
-            return None
-        return check
+    checks = LossChecks(k, REPEAT_RTOL)
+    check_for, last_loss = checks.check_for, checks.last_loss
 
     contenders = []
     if tt is not None:
@@ -258,11 +152,7 @@ def part_steps(args, af, torch, saved, X, Y) -> tuple[dict, list]:
         "actorflow graph", lambda: graph.graph_steps(x, y, k), check_for("actorflow graph"),
         setup=graph.reset, steps=k,
         note="nn.Graph TrainStep.step(x, y), compiled by an earlier call"))
-    for c in contenders:
-        if rel(first[c.name], first[ref_name]) > FIRST_LOSS_RTOL:
-            c.check_failures.append(
-                f"first step's loss {first[c.name]!r} != {ref_name}'s {first[ref_name]!r} "
-                f"within {FIRST_LOSS_RTOL} relative (not the same initial weights or math)")
+    checks.first_steps(contenders, first, ref_name, FIRST_LOSS_RTOL)
 
     cc = harness.CpuContention()
     harness.run_rounds(contenders, repeat, f"steps x{k}")
@@ -391,9 +281,9 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
     reps, tanh_pass_s = calibrate_tanh(raw[0], load_target_s)
     loaders = make_loaders(n, xs, ys, raw, load_target_s, reps)
 
-    plain = AfTrainer(af, saved, graph=True)
-    piped = AfTrainer(af, saved, graph=True)
-    fused = AfTrainer(af, saved, graph=True)
+    plain = AfTrainer(af, MLP, saved, graph=True)
+    piped = AfTrainer(af, MLP, saved, graph=True)
+    fused = AfTrainer(af, MLP, saved, graph=True)
 
     # The reference epoch: N step() calls straight from the arrays (compiles plain's step).
     plain.reset()
@@ -456,7 +346,7 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
             return xs[i], ys[i]
     data_loader = af.data.DataLoader(SleepyBatches(), batch_size=1,
                                      collate_fn=lambda samples: samples[0])
-    loaded = AfTrainer(af, saved, graph=True)
+    loaded = AfTrainer(af, MLP, saved, graph=True)
 
     def pipelined_data_loader(_loader, _times):
         return [float(v) for v in loaded.step.run(data_loader, buffers=2)]
@@ -617,7 +507,7 @@ def main(argv=None) -> int:
               flush=True)
 
     af.manual_seed(SEED)
-    saved = {k: v.numpy().copy() for k, v in af_mlp(af).state_dict().items()}
+    saved = {k: v.numpy().copy() for k, v in mlp(af).state_dict().items()}
     rng = np.random.default_rng(SEED)
     X = rng.standard_normal((BATCH, IN), dtype=np.float32)
     Y = rng.integers(0, CLASSES, BATCH).astype(np.int64)
