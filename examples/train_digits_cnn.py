@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         best = max(r["accuracy"] for r in results.values())
         print(f"goal with the defaults, test accuracy >= {GOAL:.0%}: "
               f"{'reached' if best >= GOAL else 'not reached'} ({best:.1%})")
-    ok = all(r["losses"][-1] < r["losses"][0] for r in results.values())
+    ok = args.epochs == 1 or all(r["losses"][-1] < r["losses"][0] for r in results.values())
     if len(results) > 1:
         first = next(iter(results.values()))["losses"]
         same = all(r["losses"] == first for r in results.values())
