@@ -117,15 +117,15 @@ def test_train_digits_cnn_learns_in_eager_and_graph_mode_with_the_same_losses(di
 
 
 def test_train_tiny_transformer_learns_in_eager_and_graph_mode_and_samples_text():
-    r = run("examples/train_tiny_transformer.py", "--epochs", "2", "--chars", "12000",
-            "--sample", "40", "--modes", "eager,graph,step")
+    r = run("examples/train_tiny_transformer.py", "--epochs", "2", "--chars", "8000",
+            "--sample", "40")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "eager, graph, step give the same losses: True" in r.stdout
-    lines = final_lines(r.stdout, "eager", "graph", "step")
-    assert len(lines) == 3
+    assert "eager, graph give the same losses: True" in r.stdout
+    lines = final_lines(r.stdout, "eager", "graph")
+    assert len(lines) == 2
     for line in lines.values():
         first, last = (float(v) for v in line.split("loss ")[1].split(",")[0].split(" -> "))
         assert last < first
         assert float(line.split("validation loss ")[1].split(",")[0]) < 3.2  # ln 97 = 4.57
     sample = r.stdout.split("seed 0):\n")[1]
-    assert sample.startswith("def ") and len(sample.split("\neager, graph, step")[0]) == 44
+    assert sample.startswith("def ") and len(sample.split("\neager, graph")[0]) == 44
