@@ -253,7 +253,8 @@ def main(argv=None) -> int:
     cut = len(ids) * 9 // 10
     train_set = Windows(ids[:cut], seed=0)
     if args.epochs < 1 or len(train_set) < BATCH or len(ids) - cut < CONTEXT + 1:
-        p.error(f"--epochs must be >= 1 and --chars at least {(BATCH + 2) * CONTEXT * 10 // 9}")
+        least = -(-((BATCH + 1) * CONTEXT + 1) * 10 // 9)     # a batch of windows to train
+        p.error(f"--epochs must be >= 1 and --chars at least {least}")
     held = ids[cut:]
     starts = np.arange(0, len(held) - CONTEXT, CONTEXT)[:256]
     val = (np.stack([held[s:s + CONTEXT] for s in starts]),
