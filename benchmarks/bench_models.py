@@ -8,14 +8,15 @@ The models are the examples' (``examples/train_digits_cnn.py``,
 ``examples/train_tiny_transformer.py``), built here in both frameworks with the same
 architecture, so one ``state_dict`` (numpy arrays) loads into either:
 
-- ``cnn``: ``Conv2d(1, 16, 3, padding=1), BatchNorm2d(16), ReLU, MaxPool2d(2),
-  Conv2d(16, 32, 3, padding=1), BatchNorm2d(32), ReLU, MaxPool2d(2), Flatten,
-  Linear(128, 10)`` on 8x8 one-channel images, batch 128, ``CrossEntropyLoss``, SGD
-  (lr 0.05, momentum 0.9);
+- ``cnn``: ``Conv2d(1, 32, 3, padding=1), BatchNorm2d(32), ReLU, MaxPool2d(2),
+  Conv2d(32, 64, 3, padding=1), BatchNorm2d(64), ReLU, MaxPool2d(2), Flatten,
+  Linear(256, 10)`` on 8x8 one-channel images, batch 64, ``CrossEntropyLoss``, Adam
+  (lr 3e-3);
 - ``transformer``: a character-level language model: token and position ``Embedding``
-  (vocabulary 96, width 128, context 64), two ``TransformerEncoderLayer(128, 4, 512,
-  dropout=0, batch_first=True, norm_first=True)`` under a causal mask, ``Linear(128, 96)``;
-  batch 32 sequences, ``CrossEntropyLoss`` over every position, AdamW (lr 1e-3).
+  (vocabulary 97, width 64, context 64), two ``TransformerEncoderLayer(64, 4, 256,
+  dropout=0, batch_first=True, norm_first=True)`` under a causal mask, ``LayerNorm``,
+  ``Linear(64, 97)``; batch 32 sequences, ``CrossEntropyLoss`` over every position, AdamW
+  (lr 1e-2, weight decay 0.01).
 
 Part 1, time per training step (zero_grad, forward, loss, backward, step), the same batch
 for every contender, each timed run K steps from the same weights and a fresh optimizer
@@ -33,14 +34,14 @@ Checks: every contender's first step's loss equals PyTorch's within 1e-4 relativ
 outside the clock); every run's last loss is finite and equal (1e-5 relative) to the
 contender's warm-up run. Goal (MET / NOT MET): graph mode <= 1.0x PyTorch eager.
 
-Part 2 (``cnn`` only), an epoch of N batches read from PNG files written once to a temp
-folder (the digits, 8x8, as the example does; random digits-like images when
-scikit-learn is missing): a map-style ``af.data.DataLoader`` whose items open and decode a
-file with Pillow and shift it by a random pixel, batched, on ``--workers`` threads, fed to
-``step.run`` (the loader's actors in the step's graph). Its costs, the load of a batch
-(the loader alone) and ``step()`` on a batch, are measured alone around the rounds; the
-bound is ``max(load, step) x N``. Goal: the pipelined epoch within 1.15x of it. Without
-Pillow, part 2 is skipped (said in the output and the JSON).
+Part 2 (``cnn`` only, with the ``examples`` extra: scikit-learn and Pillow), an epoch of
+N batches read from the PNG files the example writes once (its ``digits_as_pngs``) by the
+example's dataset (``DigitFiles``: each item a file opened and decoded by Pillow, shifted
+by a seeded random pixel), batched by an ``af.data.DataLoader`` on ``--workers`` threads
+and fed to ``step.run`` (the loader's actors in the step's graph). Its costs, the load of
+a batch (the loader alone) and ``step()`` on a batch, are measured alone around the
+rounds; the bound is ``max(load, step) x N``. Goal: the pipelined epoch within 1.15x of
+it. Without the extra, part 2 is skipped (said in the output).
 
 Usage::
 
@@ -73,8 +74,8 @@ PIPE_VS_BOUND = 1.15         # pipelined epoch <= 1.15x max(load, step) x N
 FIRST_LOSS_RTOL = 1e-4
 REPEAT_RTOL = 1e-5
 
-CNN_BATCH, CNN_CLASSES = 128, 10
-VOCAB, WIDTH, HEADS, FF, CONTEXT, LAYERS, LM_BATCH = 96, 128, 4, 512, 64, 2, 32
+CNN_BATCH, CNN_CLASSES = 64, 10
+VOCAB, WIDTH, HEADS, FF, CONTEXT, LAYERS, LM_BATCH = 97, 64, 4, 256, 64, 2, 32
 
 
 # -- the models, in either framework (``lib`` is actorflow or torch) ------------------------
@@ -82,9 +83,9 @@ VOCAB, WIDTH, HEADS, FF, CONTEXT, LAYERS, LM_BATCH = 96, 128, 4, 512, 64, 2, 32
 def cnn(lib):
     nn = lib.nn
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 2 * 2, CNN_CLASSES))
+        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 2 * 2, CNN_CLASSES))
 
 
 def causal_mask(lib, n: int):
@@ -118,14 +119,14 @@ def transformer(lib):
 
 
 MODELS = {
-    "cnn": dict(make=cnn, optim="SGD", options=dict(lr=0.05, momentum=0.9),
-                describe="conv(1,16,3)-bn-relu-pool-conv(16,32,3)-bn-relu-pool-linear(128,10), "
-                         f"8x8 images, batch {CNN_BATCH}, SGD(lr=0.05, momentum=0.9), float32"),
-    "transformer": dict(make=transformer, optim="AdamW", options=dict(lr=1e-3),
+    "cnn": dict(make=cnn, optim="Adam", options=dict(lr=3e-3),
+                describe="conv(1,32,3)-bn-relu-pool-conv(32,64,3)-bn-relu-pool-linear(256,10), "
+                         f"8x8 images, batch {CNN_BATCH}, Adam(lr=3e-3), float32"),
+    "transformer": dict(make=transformer, optim="AdamW", options=dict(lr=1e-2, weight_decay=0.01),
                         describe=f"char LM: embedding {VOCAB}x{WIDTH} + positions {CONTEXT}, "
                                  f"{LAYERS} x TransformerEncoderLayer({WIDTH}, {HEADS}, {FF}, "
                                  f"norm_first), causal, batch {LM_BATCH}x{CONTEXT}, "
-                                 f"AdamW(lr=1e-3), float32"),
+                                 f"AdamW(lr=1e-2, weight_decay=0.01), float32"),
 }
 
 
@@ -220,50 +221,17 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
 
 # -- part 2: the CNN's epoch from PNG files ------------------------------------------------
 
-def digits_images(n: int):
-    """``n`` 8x8 digit images as uint8 (0..255) and their labels: scikit-learn's bundled
-    digits (repeated to ``n``), or seeded random images when scikit-learn is missing."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        rng = np.random.default_rng(SEED)
-        return (rng.integers(0, 256, (n, 8, 8)).astype(np.uint8),
-                rng.integers(0, 10, n).astype(np.int64), "random images (no scikit-learn)")
-    d = load_digits()
-    idx = np.arange(n) % len(d.target)
-    imgs = (d.images[idx] * (255.0 / 16.0)).round().astype(np.uint8)
-    return imgs, d.target[idx].astype(np.int64), "scikit-learn digits"
-
-
-def part_epoch(args, af, Image) -> tuple[dict, list]:
+def part_epoch(args, af, example) -> tuple[dict, list]:
     spec = MODELS["cnn"]
     n, repeat, workers = args.batches, args.repeat, args.workers
     af.manual_seed(SEED)
     saved = {key: v.numpy().copy() for key, v in spec["make"](af).state_dict().items()}
     count = n * CNN_BATCH
-    imgs, labels, source = digits_images(count)
-    folder = Path(tempfile.mkdtemp(prefix="af_bench_digits_"))
-    files = []
-    for i, im in enumerate(imgs):
-        f = folder / f"{i:06d}.png"
-        Image.fromarray(im).save(f)
-        files.append(f)
-
-    class PngDigits(af.data.Dataset):
-        """Item i: file i opened and decoded (Pillow), scaled to [0, 1], shifted by a
-        random pixel (seeded per item, so every epoch reads the same batches)."""
-
-        def __len__(self):
-            return count
-
-        def __getitem__(self, i):
-            with Image.open(files[i]) as im:
-                a = np.asarray(im, dtype=np.float32) * (1.0 / 255.0)
-            r = np.random.default_rng(i)
-            a = np.roll(a, (int(r.integers(-1, 2)), int(r.integers(-1, 2))), axis=(0, 1))
-            return a[None], labels[i]
-
-    loader = af.data.DataLoader(PngDigits(), batch_size=CNN_BATCH, workers=workers)
+    paths, labels = example.digits_as_pngs(Path(tempfile.gettempdir()) / "actorflow-digits")
+    if count > len(paths):
+        raise SystemExit(f"--batches {n} needs {count} digits; there are {len(paths)}")
+    dataset = example.DigitFiles(paths[:count], labels[:count], augment=True, seed=SEED)
+    loader = af.data.DataLoader(dataset, batch_size=CNN_BATCH, workers=workers)
     piped = AfTrainer(af, spec, saved, graph=True)
     fused = AfTrainer(af, spec, saved, graph=True)
     reference = AfTrainer(af, spec, saved, graph=True)
@@ -319,7 +287,7 @@ def part_epoch(args, af, Image) -> tuple[dict, list]:
         rows[c.name] = s
     best = min((s["ratio_vs_bound"] for s in rows.values() if "ratio_vs_bound" in s),
                default=None)
-    return {"batches": n, "workers": workers, "images": source, "folder": str(folder),
+    return {"batches": n, "workers": workers, "images": f"scikit-learn digits, {count} PNG files",
             "load_per_batch_s": load_s, "step_per_batch_s": step_s, "bound_s": bound,
             "serial_s": (load_s + step_s) * n, "contenders": rows,
             "goals": {"pipelined_vs_bound_at_most": PIPE_VS_BOUND, "pipelined_vs_bound": best,
@@ -337,7 +305,7 @@ def main(argv=None) -> int:
     p = harness.ArgumentParser(__doc__, "5 steps per run, 6 batches, best of 2")
     p.add_argument("--model", choices=("cnn", "transformer", "both"), default="both")
     p.add_sized("--steps", 20, 5, "training steps per timed run (default {full}, quick {quick})")
-    p.add_sized("--batches", 24, 6, "batches per epoch, part 2 (default {full}, quick {quick})")
+    p.add_sized("--batches", 22, 6, "batches per epoch, part 2 (default {full}, quick {quick})")
     p.add_sized("--workers", 2, 2, "loader worker threads, part 2 (default {full})")
     p.add_repeat(5, 2)
     p.add_out("bench_models")
@@ -356,12 +324,16 @@ def main(argv=None) -> int:
         parts[name], cs = part_steps(args, af, torch, name)
         everyone += cs
     epoch = None
-    Image = harness.try_import("PIL.Image")
-    if "cnn" in names and Image is not None:
-        epoch, cs = part_epoch(args, af, Image)
+    example = None
+    if harness.try_import("PIL.Image") and harness.try_import("sklearn.datasets"):
+        sys.path.insert(0, str(harness.REPO / "examples"))
+        import train_digits_cnn as example
+    if "cnn" in names and example is not None:
+        epoch, cs = part_epoch(args, af, example)
         everyone += cs
     elif "cnn" in names:
-        print("[models] Pillow is not installed: no part 2 (the PNG-decoding epoch)", flush=True)
+        print("[models] scikit-learn or Pillow is missing (pip install -e '.[examples]'): no "
+              "part 2, the PNG-decoding epoch", flush=True)
 
     Col = harness.Column
     for name, r in parts.items():
