@@ -416,7 +416,8 @@ def _host_library(sources, tmp_path):
     cc = tmp_path / "kernels.cc"
     cc.write_text("".join(parts))
     lib = tmp_path / "kernels.so"
-    r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", str(cc), "-o",
+    # -O0: the values are IEEE's either way, and the one large file builds in half the time
+    r = subprocess.run([cxx, "-std=c++17", "-O0", "-shared", "-fPIC", "-w", str(cc), "-o",
                         str(lib)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return ctypes.CDLL(str(lib))
