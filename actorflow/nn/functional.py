@@ -74,23 +74,25 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False)
     return F.mul(input, F.mul(keep, 1.0 / (1.0 - p)))
 
 
+_LAYER_NORM = op_def("layer_norm")
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     """Normalizes over the last ``len(normalized_shape)`` dims (biased variance), then
-    scales by ``weight`` and shifts by ``bias``."""
+    scales by ``weight`` and shifts by ``bias`` (each of ``normalized_shape``): one op
+    (``layer_norm``) with its own backward.
+
+    Raises: ShapeError for a normalized_shape that is not the input's last dims, or a
+    weight or bias not of that shape; DTypeError for an integer input, or a weight or bias
+    of another dtype than the input's."""
+    _tensor("layer_norm", input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(input.shape[len(input.shape) - len(shape):]) != shape:
+    if len(shape) > input.ndim or tuple(input.shape[input.ndim - len(shape):]) != shape:
         raise ShapeError(f"layer_norm: normalized_shape {shape} must be the last dims of the "
                          f"input, whose shape is {input.shape}")
-    dims = tuple(range(len(input.shape) - len(shape), len(input.shape)))
-    mu = F.mean(input, dim=dims, keepdim=True)
-    xc = F.sub(input, mu)
-    var = F.mean(F.mul(xc, xc), dim=dims, keepdim=True)
-    y = F.mul(xc, F.pow(F.add(var, eps), -0.5))
-    if weight is not None:
-        y = F.mul(y, weight)
-    if bias is not None:
-        y = F.add(y, bias)
-    return y
+    ins = [input._impl] + [t._impl for t in (weight, bias) if t is not None]
+    return wrap(apply(_LAYER_NORM, ins, {"eps": float(eps), "dims": len(shape),
+                                         "affine": (weight is not None, bias is not None)})[0])
 
 
 # -- attention -------------------------------------------------------------------------------

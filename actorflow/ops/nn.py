@@ -1,6 +1,7 @@
 """Neural-network ops: softmax and log_softmax along a dim (numerically stable), the
-backwards of gelu and silu (autograd's rules for them run these), and batch norm's training forward (the
-batch's statistics per channel) and its backward."""
+backwards of gelu and silu (autograd's rules for them run these), batch norm's training forward (the
+batch's statistics per channel) and its backward, and layer norm (each row's statistics over
+the last dims) and its backward."""
 
 from __future__ import annotations
 
@@ -208,3 +209,107 @@ def _k_batch_norm_backward(outs, ins, attrs):
 register(OpDef("batch_norm_backward", ("grad", "x", "mean", "var", "weight"),
                _batch_norm_backward_infer, {"cpu": _k_batch_norm_backward},
                outputs=("grad_x", "grad_weight", "grad_bias"), attrs=("eps",)))
+
+
+# -- layer norm: the statistics of each row of the last ``dims`` dims ----------------------
+# x (*lead, *norm) is seen as (M, D) rows; the op returns y and each row's mean and 1/std
+# (shape lead), which its backward reads (x is not normalized again by a composition: the
+# op and its backward each run a few passes where mean/sub/mul/pow/... ran ~24 ops).
+
+def _layer_norm_infer(metas, attrs):
+    x = metas[0]
+    k = attrs["dims"]
+    if x.dtype.category != FLOAT:
+        raise DTypeError(f"layer_norm: needs a floating point input, got {x.dtype.name}; "
+                         f"convert with .float() first")
+    norm = tuple(x.shape[len(x.shape) - k:])
+    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"]) if on],
+                       metas[1:]):
+        if tuple(m.shape) != norm:
+            raise ShapeError(f"layer_norm: {name} must have the normalized shape {norm} (the "
+                             f"input's last {k} dims, input shape {x.shape}), got shape "
+                             f"{m.shape}")
+        if m.dtype is not x.dtype:
+            raise DTypeError(f"layer_norm: {name} is {m.dtype.name} but the input is "
+                             f"{x.dtype.name}; convert it with .to(af.{x.dtype.name})")
+    lead = tuple(x.shape[:len(x.shape) - k])
+    return [(x.shape, x.dtype), (lead, x.dtype), (lead, x.dtype)]
+
+
+def _rows(a, dims):
+    """``a`` as (M, D): D the product of its last ``dims`` dims (computed in float32 when
+    narrower)."""
+    if a.dtype.itemsize < 4:
+        a = a.astype(np.float32)
+    d = int(np.prod(a.shape[a.ndim - dims:], dtype=np.int64))
+    return a.reshape(-1, d) if d else a.reshape(a.size, 0)
+
+
+def _k_layer_norm(outs, ins, attrs):
+    y, mean_out, rstd_out = outs
+    x2 = _rows(ins[0], attrs["dims"])
+    d = max(1, x2.shape[1])
+    direct = y.dtype == x2.dtype and y.flags.c_contiguous
+    y2 = y.reshape(x2.shape) if direct else np.empty_like(x2)
+    mean = np.add.reduce(x2, axis=1)
+    mean *= 1.0 / d
+    np.subtract(x2, mean[:, None], out=y2)
+    rstd = np.einsum("ij,ij->i", y2, y2)            # the sum of squares, no temporary
+    rstd *= 1.0 / d
+    rstd += x2.dtype.type(attrs["eps"])
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    y2 *= rstd[:, None]
+    rest = iter(ins[1:])
+    has_w, has_b = attrs["affine"]
+    if has_w:
+        y2 *= _rows(next(rest), attrs["dims"]).reshape(-1)
+    if has_b:
+        y2 += _rows(next(rest), attrs["dims"]).reshape(-1)
+    if not direct:
+        np.copyto(y, y2.reshape(y.shape), casting="unsafe")
+    np.copyto(mean_out, mean.reshape(mean_out.shape), casting="unsafe")
+    np.copyto(rstd_out, rstd.reshape(rstd_out.shape), casting="unsafe")
+
+
+register(OpDef("layer_norm", ("x", "weight", "bias"), _layer_norm_infer,
+               {"cpu": _k_layer_norm}, outputs=("out", "mean", "rstd"),
+               attrs=("eps", "affine", "dims")))
+
+
+def _layer_norm_backward_infer(metas, attrs):
+    g, x = metas[0], metas[1]
+    if g.shape != x.shape or g.dtype is not x.dtype:
+        raise DTypeError(f"layer_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
+                         f"and the input ({x.dtype.name}{list(x.shape)}) must match")
+    norm = tuple(x.shape[len(x.shape) - attrs["dims"]:])
+    return [(x.shape, x.dtype), (norm, x.dtype), (norm, x.dtype)]
+
+
+def _k_layer_norm_backward(outs, ins, attrs):
+    """xhat = (x - mean) * rstd; gweight = sum over rows of g * xhat, gbias = sum of g;
+    gx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) per row, gw = g * weight."""
+    gx, gweight, gbias = outs
+    dims = attrs["dims"]
+    g2, x2 = _rows(ins[0], dims), _rows(ins[1], dims)
+    d = max(1, x2.shape[1])
+    mean, rstd = _rows(ins[2], 0).reshape(-1), _rows(ins[3], 0).reshape(-1)
+    xh = np.subtract(x2, mean[:, None])
+    xh *= rstd[:, None]
+    np.copyto(gweight, np.einsum("ij,ij->j", g2, xh).reshape(gweight.shape), casting="unsafe")
+    np.copyto(gbias, np.add.reduce(g2, axis=0).reshape(gbias.shape), casting="unsafe")
+    gw = g2 * _rows(ins[4], dims).reshape(-1) if len(ins) == 5 else g2
+    a = np.add.reduce(gw, axis=1)
+    a *= 1.0 / d
+    c = np.einsum("ij,ij->i", gw, xh)
+    c *= 1.0 / d
+    xh *= c[:, None]
+    xh += a[:, None]
+    np.subtract(gw, xh, out=xh)
+    xh *= rstd[:, None]
+    np.copyto(gx, xh.reshape(gx.shape), casting="unsafe")
+
+
+register(OpDef("layer_norm_backward", ("grad", "x", "mean", "rstd", "weight"),
+               _layer_norm_backward_infer, {"cpu": _k_layer_norm_backward},
+               outputs=("grad_x", "grad_weight", "grad_bias"), attrs=("dims",)))
