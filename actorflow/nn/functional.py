@@ -127,7 +127,13 @@ def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="
                          f"S) for query {tuple(query.shape)} and key {tuple(key.shape)}; give "
                          f"a mask of shape (L, S) = ({L}, {S}) or one with the batch dims")
     if is_causal:                                   # a causal row always keeps its first key
-        return F.softmax(F.where(mask, scores, -math.inf), dim=-1)
+        # added as 0 / -inf (the (L, S) mask made once): the add's gradient is the scores'
+        # as it is (softmax's is 0 where masked), where a where's is one more select
+        if mask.dtype is bool_:
+            mask = F.where(mask, 0.0, -math.inf)
+        if mask.dtype is not scores.dtype:
+            mask = F.cast(mask, scores.dtype)
+        return F.softmax(F.add(scores, mask), dim=-1)
     if mask.dtype is bool_:
         # a row with nothing to attend to attends to everything here, then is zeroed: no
         # -inf row reaches softmax (its NaN would reach the gradients too); the test is on
