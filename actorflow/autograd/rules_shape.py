@@ -74,11 +74,15 @@ def _arange_along(shape, d, device):
     return reshape(r, tuple(shape[d] if i == d else 1 for i in range(len(shape))))
 
 
+_SOFTMAX_BACKWARD = op_def("softmax_backward")
+
+
 @rule("softmax", saves="y")
-def _softmax(ctx, g):
-    y, d = ctx.y(0), ctx.attrs["dim"]
-    gy = F.mul(g, y)
-    return (F.sub(gy, F.mul(y, F.sum(gy, dim=d, keepdim=True))),)
+def _softmax(ctx, g):                       # (g - sum(g * y)) * y, one op
+    y = ctx.y(0)
+    if g.dtype is not y.dtype:
+        g = F.cast(g, y.dtype)
+    return (wrap(apply(_SOFTMAX_BACKWARD, [g._impl, y._impl], {"dim": ctx.attrs["dim"]})[0]),)
 
 
 @rule("log_softmax", saves="y")

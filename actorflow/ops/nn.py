@@ -1,7 +1,7 @@
-"""Neural-network ops: softmax and log_softmax along a dim (numerically stable), the
-backwards of gelu and silu (autograd's rules for them run these), batch norm's training forward (the
-batch's statistics per channel) and its backward, and layer norm (each row's statistics over
-the last dims) and its backward."""
+"""Neural-network ops: softmax and log_softmax along a dim (numerically stable) and
+softmax's backward; the backwards of gelu and silu (autograd's rules for them run these);
+batch norm's training forward (the batch's statistics per channel) and its backward; layer
+norm (each row's statistics over the last dims) and its backward."""
 
 from __future__ import annotations
 
@@ -31,8 +31,51 @@ def _shifted(x, dim):
     return x - np.max(x, axis=dim, keepdims=True)
 
 
+# Rows at most this long, this many or more, take the fast path along the last dim: numpy's
+# reductions along a contiguous dim pay per row (max over rows of 64: ~110 ns a row, 8x the
+# elements' cost), so the row max is two halvings then a reduction across rows, and the
+# row sums an einsum (measured 32x4x64x64 float32: max 1.17 -> 0.43 ms, sum 0.24 ->
+# 0.06 ms; the whole softmax 3.2 -> ~1.3 ms).
+SHORT_ROWS, MANY_ROWS = 512, 64
+
+
+def _last_rows(x, dim, out):
+    """``x`` and ``out`` as (M, n) rows along the last dim, when that is ``dim``, the rows
+    are short and many, and both are contiguous of one float dtype (float32 or float64);
+    else None."""
+    nd = x.ndim
+    if nd == 0 or dim not in (-1, nd - 1) or x.dtype != out.dtype or x.dtype.itemsize < 4:
+        return None
+    n = x.shape[-1]
+    if n == 0 or n > SHORT_ROWS or x.size < MANY_ROWS * n or not out.flags.c_contiguous:
+        return None
+    return np.ascontiguousarray(x).reshape(-1, n), out.reshape(-1, n)
+
+
+def _row_max(x2):
+    """The max of each row of a contiguous (M, n) array (NaN where a row holds one)."""
+    a = x2
+    for _ in range(2):
+        h = a.shape[1] // 2
+        if a.shape[1] % 2 or h < 4:
+            break
+        a = np.maximum(a[:, :h], a[:, h:])
+    return np.maximum.reduce(np.ascontiguousarray(a.T), axis=0)
+
+
+def _row_sum(a2):
+    return np.einsum("ij->i", a2)
+
+
 def _k_softmax(outs, ins, attrs):
     dim = attrs["dim"]
+    rows = _last_rows(ins[0], dim, outs[0])
+    if rows is not None:
+        x2, o2 = rows
+        np.subtract(x2, _row_max(x2)[:, None], out=o2)
+        np.exp(o2, out=o2)
+        o2 /= _row_sum(o2)[:, None]
+        return
     e = np.exp(_shifted(ins[0], dim))
     np.divide(e, np.sum(e, axis=dim, keepdims=True) if e.ndim else e, out=outs[0],
               casting="unsafe")
@@ -40,6 +83,14 @@ def _k_softmax(outs, ins, attrs):
 
 def _k_log_softmax(outs, ins, attrs):
     dim = attrs["dim"]
+    rows = _last_rows(ins[0], dim, outs[0])
+    if rows is not None:
+        x2, o2 = rows
+        np.subtract(x2, _row_max(x2)[:, None], out=o2)
+        with np.errstate(divide="ignore"):
+            lse = np.log(_row_sum(np.exp(o2)))
+        o2 -= lse[:, None]
+        return
     z = _shifted(ins[0], dim)
     with np.errstate(divide="ignore"):           # an empty dim sums to 0: log gives -inf
         lse = np.log(np.sum(np.exp(z), axis=dim, keepdims=True)) if z.ndim else np.log(np.exp(z))
@@ -49,6 +100,36 @@ def _k_log_softmax(outs, ins, attrs):
 register(OpDef("softmax", ("x",), _softmax_infer("softmax"), {"cpu": _k_softmax}, attrs=("dim",)))
 register(OpDef("log_softmax", ("x",), _softmax_infer("log_softmax"), {"cpu": _k_log_softmax},
                attrs=("dim",)))
+
+
+def _softmax_backward_infer(metas, attrs):
+    g, y = metas
+    if g.shape != y.shape or g.dtype is not y.dtype:
+        raise DTypeError(f"softmax_backward: the gradient ({g.dtype.name}{list(g.shape)}) and "
+                         f"the output ({y.dtype.name}{list(y.shape)}) must match")
+    return [(y.shape, y.dtype)]
+
+
+def _k_softmax_backward(outs, ins, attrs):
+    """(g - sum(g * y, dim)) * y, y softmax's output: one sum, two passes."""
+    g, y = ins
+    o = outs[0]
+    dim = attrs["dim"]
+    rows = _last_rows(y, dim, o)
+    if rows is not None and g.dtype == y.dtype:
+        y2, o2 = rows
+        g2 = np.ascontiguousarray(g).reshape(y2.shape)
+        np.subtract(g2, np.einsum("ij,ij->i", g2, y2)[:, None], out=o2)
+        o2 *= y2
+        return
+    if y.dtype == np.float16:
+        g, y = g.astype(np.float32), y.astype(np.float32)
+    s = np.sum(g * y, axis=dim, keepdims=True) if y.ndim else g * y
+    np.multiply(np.subtract(g, s), y, out=o, casting="unsafe")
+
+
+register(OpDef("softmax_backward", ("grad", "y"), _softmax_backward_infer,
+               {"cpu": _k_softmax_backward}, attrs=("dim",)))
 
 
 def _grad_infer(op):
