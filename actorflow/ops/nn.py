@@ -222,10 +222,14 @@ def _by_channel(x):
     return x.reshape(x.shape[0], x.shape[1], -1)
 
 
-def _channel_sum(a3):
-    """Per channel sum of an (N, C, S) array: along the contiguous dim first (numpy's
-    pairwise summation), then over the batch."""
-    return a3.sum(axis=2).sum(axis=0)
+def _channel_sum(a3, b3=None):
+    """Per channel sum of an (N, C, S) array (of its product with ``b3``, without the
+    product's temporary): einsum, whose vectorised accumulators keep float32 sums of a
+    channel's N*S values within ~1e-6 relative, 4-6x faster than sum(axis=2).sum(axis=0)
+    (which pays per row of S: measured 128x16x64 and 128x32x16 float32)."""
+    if b3 is None:
+        return np.einsum("ncs->c", a3)
+    return np.einsum("ncs,ncs->c", a3, b3)
 
 
 def _k_batch_norm(outs, ins, attrs):
@@ -236,7 +240,7 @@ def _k_batch_norm(outs, ins, attrs):
     direct = y.dtype == x3.dtype and y.flags.c_contiguous
     y3 = _by_channel(y) if direct else np.empty_like(x3)
     np.subtract(x3, mean[:, None], out=y3)
-    var = _channel_sum(np.square(y3)) / m
+    var = _channel_sum(y3, y3) / m
     scale = 1.0 / np.sqrt(var + x3.dtype.type(attrs["eps"]))
     rest = iter(ins[1:])
     has_w, has_b = attrs["affine"]
@@ -276,7 +280,7 @@ def _k_batch_norm_backward(outs, ins, attrs):
     t = np.subtract(x3, mean[:, None])
     t *= invstd[:, None]                    # xhat
     sum_g = _channel_sum(g3)
-    sum_gx = _channel_sum(g3 * t)
+    sum_gx = _channel_sum(g3, t)
     scale = invstd if len(ins) == 4 else invstd * _compute(ins[4])
     t *= (sum_gx / m)[:, None]
     t += (sum_g / m)[:, None]
