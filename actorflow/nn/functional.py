@@ -104,7 +104,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 # kernel and backward would run) 10-20 ms, PyTorch's CPU kernel 1.5 ms; head dim 32: 7.9-8.3,
 # 13-17 and 2.0-2.4 ms. The composition wins over one op because the VM cuts the
 # (B, H, L, S) elementwise steps into slices for its workers; PyTorch's lead is its fused,
-# vectorised kernel. Nearly half the time is softmax (numpy's max and sum over rows of 64).
+# vectorised kernel. Nearly half the time was softmax (numpy's max and sum over rows of 64),
+# before its last-dim fast path and one-op backward (ops/nn.py: ~3x less for both).
 
 def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="attention"):
     """softmax(query @ key^T * scale + mask) over the last dim, shape (..., L, S): the
