@@ -191,6 +191,14 @@ CASES = [
     ("unfold", lambda a: af.nn.functional.unfold(a, 2, padding=1, stride=(2, 1)),
      [rand(1, 2, 3, 3)]),
     ("fold", lambda a: af.nn.functional.fold(a, (3, 4), 2, stride=(1, 2)), [rand(1, 4, 4)]),
+    # layer norm: its own op and backward (affine or not, one or two normalized dims)
+    ("layer_norm", lambda a, w, b: af.nn.functional.layer_norm(a, (4,), w, b),
+     [rand(3, 4), rand(4), rand(4)]),
+    ("layer_norm", lambda a: af.nn.functional.layer_norm(a, (2, 3)), [rand(2, 2, 3)]),
+    ("layer_norm", lambda a, w: af.nn.functional.layer_norm(a, [3], w, eps=1e-3),
+     [rand(2, 1, 3), rand(3)]),
+    ("layer_norm", lambda a, b: af.nn.functional.layer_norm(a, (5,), None, b),
+     [rand(5), rand(5)]),
 ]
 
 

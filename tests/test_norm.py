@@ -1,7 +1,7 @@
 """Normalization and the math ops against PyTorch: sin, cos, rsqrt, erf, var/std, silu
 (forward in float32 and float64); batch_norm (training and eval, affine or not, 1d and 2d,
 momentum None, without running statistics), BatchNorm1d/2d's buffers and state_dict,
-GroupNorm; the errors; batch norm's running statistics as state in nn.Graph (step, run
+GroupNorm, layer_norm (its op and backward); the errors; batch norm's running statistics as state in nn.Graph (step, run
 fused and not); and on the cuda emulator. Gradients are checked in tests/test_autograd.py's
 CASES (finite differences and PyTorch)."""
 
@@ -473,3 +473,82 @@ def test_a_graph_step_on_cuda_trains_batch_norm_as_on_cpu(emu):
     assert got["cpu"][0] == got["cuda:0"][0]
     for k, v in got["cpu"][1].items():
         assert np.array_equal(got["cuda:0"][1][k], v), k
+
+
+# -- layer norm: one op with its own backward ---------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, normalized, affine", [
+    ((3, 4, 8), (8,), True), ((2, 3, 4), (3, 4), True), ((5,), (5,), False),
+    ((2, 6), (6,), False),
+])
+def test_layer_norm_matches_torch_with_gradients(shape, normalized, affine, dtype):
+    x = (RNG.standard_normal(shape) * 3 + 1).astype(dtype)
+    w = RNG.standard_normal(normalized).astype(dtype) if affine else None
+    b = RNG.standard_normal(normalized).astype(dtype) if affine else None
+    gy = RNG.standard_normal(shape).astype(dtype)
+    ours = [af.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
+    theirs = [torch.tensor(a, requires_grad=True) for a in (x, w, b) if a is not None]
+    y = NF.layer_norm(*ours[:1], normalized, *ours[1:], eps=1e-4)
+    ty = torch.nn.functional.layer_norm(*theirs[:1], normalized, *theirs[1:], eps=1e-4)
+    (y * af.tensor(gy)).sum().backward()
+    (ty * torch.tensor(gy)).sum().backward()
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=tol, atol=tol)
+    for a, t in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=tol, atol=tol * 10)
+    with af.no_grad():                              # the same values, nothing recorded
+        z = NF.layer_norm(*ours[:1], normalized, *ours[1:], eps=1e-4)
+    assert not z.requires_grad and np.array_equal(z.numpy(), y.numpy())
+
+
+def test_layer_norm_refuses_bad_shapes_and_dtypes_naming_them():
+    with pytest.raises(af.ShapeError, match=r"layer_norm: normalized_shape \(3,\) must be the "
+                                            r"last dims of the input"):
+        NF.layer_norm(af.zeros(2, 4), (3,))
+    with pytest.raises(af.ShapeError, match=r"layer_norm: weight must have the normalized "
+                                            r"shape \(4,\).*got shape \(3,\)"):
+        NF.layer_norm(af.zeros(2, 4), (4,), af.ones(3))
+    with pytest.raises(af.DTypeError, match=r"layer_norm: bias is float64 but the input is "
+                                            r"float32; convert it with .to\(af.float32\)"):
+        NF.layer_norm(af.zeros(2, 4), (4,), None, af.zeros(4, dtype=af.float64))
+    with pytest.raises(af.DTypeError, match=r"layer_norm: needs a floating point input, got "
+                                            r"int64; convert with .float\(\) first"):
+        NF.layer_norm(af.zeros(2, 4, dtype=af.int64), (4,))
+
+
+def _ln_model():
+    af.manual_seed(5)
+    return nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.ReLU(),
+                         nn.LayerNorm(6, elementwise_affine=False), nn.Linear(6, 2))
+
+
+@pytest.mark.parametrize("how", ["step", "run", "run-fused"])
+def test_a_graph_trains_layer_norm_as_eager_mode(how):
+    want_model = _ln_model()
+    want = _eager(want_model, optim.Adam(want_model.parameters(), lr=0.05))
+    model = _ln_model()
+    g = _Train(model, optim.Adam(model.parameters(), lr=0.05))
+    if how == "step":
+        got = [float(g.step(x, y)) for x, y in _DATA]
+    else:
+        got = [float(np.asarray(out)) for out in g.run(_DATA, fused=how == "run-fused")]
+    assert got == want
+    wsd = want_model.state_dict()
+    for k, v in model.state_dict().items():
+        assert np.array_equal(v.numpy(), wsd[k].numpy()), k
+
+
+def test_layer_norm_on_cuda_equals_cpu(emu):
+    emu()
+    x = RNG.standard_normal((3, 5, 6)).astype(np.float32)
+    out = {}
+    for dev in ("cpu", "cuda:0"):
+        af.manual_seed(2)
+        ln = nn.LayerNorm(6, device=dev)
+        xt = af.tensor(x, device=dev, requires_grad=True)
+        y = ln(xt)
+        (y * y.sin()).sum().backward()
+        out[dev] = [a.to("cpu").numpy() for a in (y, xt.grad, ln.weight.grad, ln.bias.grad)]
+    for got, want in zip(out["cuda:0"], out["cpu"]):
+        np.testing.assert_array_equal(got, want)

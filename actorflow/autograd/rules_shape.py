@@ -74,11 +74,15 @@ def _arange_along(shape, d, device):
     return reshape(r, tuple(shape[d] if i == d else 1 for i in range(len(shape))))
 
 
+_SOFTMAX_BACKWARD = op_def("softmax_backward")
+
+
 @rule("softmax", saves="y")
-def _softmax(ctx, g):
-    y, d = ctx.y(0), ctx.attrs["dim"]
-    gy = F.mul(g, y)
-    return (F.sub(gy, F.mul(y, F.sum(gy, dim=d, keepdim=True))),)
+def _softmax(ctx, g):                       # (g - sum(g * y)) * y, one op
+    y = ctx.y(0)
+    if g.dtype is not y.dtype:
+        g = F.cast(g, y.dtype)
+    return (wrap(apply(_SOFTMAX_BACKWARD, [g._impl, y._impl], {"dim": ctx.attrs["dim"]})[0]),)
 
 
 @rule("log_softmax", saves="y")
@@ -101,6 +105,30 @@ def _batch_norm(ctx, g, _g_mean=None, _g_var=None):
     if has_w:
         ins.append(ctx.x(1)._impl)
     gx, gw, gb = (wrap(t) for t in apply(_BATCH_NORM_BACKWARD, ins, {"eps": ctx.attrs["eps"]}))
+    out = [gx if ctx.needs[0] else None]
+    if has_w:
+        out.append(gw if ctx.needs[len(out)] else None)
+    if has_b:
+        out.append(gb if ctx.needs[len(out)] else None)
+    return tuple(out)
+
+
+_LAYER_NORM_BACKWARD = op_def("layer_norm_backward")
+
+
+@rule("layer_norm", saves="xy")
+def _layer_norm(ctx, g, _g_mean=None, _g_rstd=None):
+    """One op (``layer_norm_backward``) from the row statistics the forward returned; those
+    get no gradient (they are read by the backward only)."""
+    x = ctx.x(0)
+    has_w, has_b = ctx.attrs["affine"]
+    if g.dtype is not x.dtype:
+        g = F.cast(g, x.dtype)
+    ins = [g._impl, x._impl, ctx.y(1)._impl, ctx.y(2)._impl]
+    if has_w:
+        ins.append(ctx.x(1)._impl)
+    gx, gw, gb = (wrap(t) for t in apply(_LAYER_NORM_BACKWARD, ins,
+                                         {"dims": ctx.attrs["dims"]}))
     out = [gx if ctx.needs[0] else None]
     if has_w:
         out.append(gw if ctx.needs[len(out)] else None)

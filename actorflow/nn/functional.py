@@ -75,23 +75,25 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False)
     return F.mul(input, F.mul(keep, 1.0 / (1.0 - p)))
 
 
+_LAYER_NORM = op_def("layer_norm")
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     """Normalizes over the last ``len(normalized_shape)`` dims (biased variance), then
-    scales by ``weight`` and shifts by ``bias``."""
+    scales by ``weight`` and shifts by ``bias`` (each of ``normalized_shape``): one op
+    (``layer_norm``) with its own backward.
+
+    Raises: ShapeError for a normalized_shape that is not the input's last dims, or a
+    weight or bias not of that shape; DTypeError for an integer input, or a weight or bias
+    of another dtype than the input's."""
+    _tensor("layer_norm", input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(input.shape[len(input.shape) - len(shape):]) != shape:
+    if len(shape) > input.ndim or tuple(input.shape[input.ndim - len(shape):]) != shape:
         raise ShapeError(f"layer_norm: normalized_shape {shape} must be the last dims of the "
                          f"input, whose shape is {input.shape}")
-    dims = tuple(range(len(input.shape) - len(shape), len(input.shape)))
-    mu = F.mean(input, dim=dims, keepdim=True)
-    xc = F.sub(input, mu)
-    var = F.mean(F.mul(xc, xc), dim=dims, keepdim=True)
-    y = F.mul(xc, F.pow(F.add(var, eps), -0.5))
-    if weight is not None:
-        y = F.mul(y, weight)
-    if bias is not None:
-        y = F.add(y, bias)
-    return y
+    ins = [input._impl] + [t._impl for t in (weight, bias) if t is not None]
+    return wrap(apply(_LAYER_NORM, ins, {"eps": float(eps), "dims": len(shape),
+                                         "affine": (weight is not None, bias is not None)})[0])
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -103,7 +105,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 # kernel and backward would run) 10-20 ms, PyTorch's CPU kernel 1.5 ms; head dim 32: 7.9-8.3,
 # 13-17 and 2.0-2.4 ms. The composition wins over one op because the VM cuts the
 # (B, H, L, S) elementwise steps into slices for its workers; PyTorch's lead is its fused,
-# vectorised kernel. Nearly half the time is softmax (numpy's max and sum over rows of 64).
+# vectorised kernel. Nearly half the time was softmax (numpy's max and sum over rows of 64),
+# before its last-dim fast path and one-op backward (ops/nn.py: ~3x less for both).
 
 def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="attention"):
     """softmax(query @ key^T * scale + mask) over the last dim, shape (..., L, S): the
@@ -126,7 +129,13 @@ def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="
                          f"S) for query {tuple(query.shape)} and key {tuple(key.shape)}; give "
                          f"a mask of shape (L, S) = ({L}, {S}) or one with the batch dims")
     if is_causal:                                   # a causal row always keeps its first key
-        return F.softmax(F.where(mask, scores, -math.inf), dim=-1)
+        # added as 0 / -inf (the (L, S) mask made once): the add's gradient is the scores'
+        # as it is (softmax's is 0 where masked), where a where's is one more select
+        if mask.dtype is bool_:
+            mask = F.where(mask, 0.0, -math.inf)
+        if mask.dtype is not scores.dtype:
+            mask = F.cast(mask, scores.dtype)
+        return F.softmax(F.add(scores, mask), dim=-1)
     if mask.dtype is bool_:
         # a row with nothing to attend to attends to everything here, then is zeroed: no
         # -inf row reaches softmax (its NaN would reach the gradients too); the test is on

@@ -104,16 +104,12 @@ class MultiheadAttention(Module):
         return y.permute(0, 2, 1, 3) if self.batch_first else y.permute(1, 2, 0, 3)
 
     def _self_heads(self, x):
-        """Query, key and value of self-attention (all ``x``) split into heads, from one
-        product with the whole in_proj_weight (measured ~5% faster than three)."""
-        y = NF.linear(x, self.in_proj_weight, self.in_proj_bias)
-        h, d = self.num_heads, self.head_dim
-        if y.ndim == 2:                                             # (L, 3E)
-            y = y.reshape(y.shape[0], 3, h, d).permute(1, 2, 0, 3)
-        else:
-            y = y.reshape(y.shape[0], y.shape[1], 3, h, d)
-            y = y.permute(2, 0, 3, 1, 4) if self.batch_first else y.permute(2, 1, 3, 0, 4)
-        return y[0], y[1], y[2]
+        """Query, key and value of self-attention (all ``x``) split into heads: three
+        products with slices of in_proj_weight. (One product with the whole weight, split
+        after, is ~5% faster forward but its split's gradient is three scatters into zeros
+        of the whole product, summed: measured ~4% slower per training step, transformer
+        of width 128, batch 32x64.)"""
+        return self._heads(x, 0), self._heads(x, 1), self._heads(x, 2)
 
     def _check(self, query, key, value, key_padding_mask, attn_mask):
         name = "MultiheadAttention"

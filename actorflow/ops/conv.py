@@ -392,6 +392,11 @@ def _pool_infer(op):
     return infer
 
 
+# Output rows shorter than this read each offset's slice once into a contiguous block
+# (measured 2x2/2 pools of 8x8 and 4x4 planes, batch 128: ~2x faster).
+SHORT_ROW_POOL = 16
+
+
 def _k_max_pool2d(outs, ins, attrs):
     """One pass per kernel offset over the strided slice of the padded input it sees (no
     window copy: numpy's argmax over short windows costs more than the passes): the maxima
@@ -406,6 +411,13 @@ def _k_max_pool2d(outs, ins, attrs):
     xp = padded(x, _pool_pads(attrs, (h, w), (oh, ow)), -np.inf)
     slices = [xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
               for i in range(kh) for j in range(kw)]
+    if ow < SHORT_ROW_POOL:
+        # short strided rows: numpy pays per row, so each offset's slice is copied once
+        # into a contiguous block and every later pass runs flat
+        win = np.empty((len(slices),) + vals.shape, dtype=x.dtype)
+        for k, s in enumerate(slices):
+            win[k] = s
+        slices = list(win)
     np.copyto(vals, slices[0])
     for s in slices[1:]:
         np.maximum(vals, s, out=vals)
@@ -426,8 +438,9 @@ def _k_max_pool2d(outs, ins, attrs):
     if not found.all():                                     # NaN maxima: the last NaN
         for k, s in enumerate(slices):
             np.copyto(arg, k, where=np.isnan(s), casting="unsafe")
-    di, dj = np.divmod(arg, kw)
-    np.add((rows[:, None] + di * dh) * w, cols + dj * dw, out=idx)
+    k = np.arange(len(slices))                 # offset k's flat shift, then the window's
+    np.copyto(idx, np.take((k // kw * dh) * w + k % kw * dw, arg), casting="unsafe")
+    idx += rows[:, None] * w + cols
 
 
 def _max_pool2d_backward_infer(metas, attrs):

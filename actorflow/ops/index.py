@@ -163,6 +163,36 @@ def _k_index_put(outs, ins, attrs):
     o[key] = value
 
 
+# Row scatters with this many indices or more sum equal rows after a sort: np.add.at walks
+# the indices one row at a time (an embedding's gradient, 2048 rows of 128 float32: 2.4 ms
+# add.at, 0.4 ms sorted).
+ROWS_BY_SORT = 256
+
+
+def _rows_key(key, o, value) -> bool:
+    """Whether ``o[key] += value`` adds whole rows of ``o`` (contiguous) picked by one
+    integer array (``key`` is that array alone), many enough to sort."""
+    if len(key) != 1 or o.ndim < 2 or value.dtype != o.dtype or not o.flags.c_contiguous:
+        return False
+    k = key[0]
+    return (isinstance(k, np.ndarray) and k.dtype.kind in "iu" and k.size >= ROWS_BY_SORT
+            and value.shape == k.shape + o.shape[1:])
+
+
+def _add_rows(o, idx, value):
+    """``np.add.at(o, idx, value)`` for rows: the rows sorted by index (stable), each run
+    of one index summed in order, added once."""
+    idx = idx.ravel()
+    if idx.min() < 0:
+        idx = np.where(idx < 0, idx + o.shape[0], idx)
+    rows = value.reshape(idx.size, -1)
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
+    sums = np.add.reduceat(rows[order], starts, axis=0)
+    o.reshape(o.shape[0], -1)[sorted_idx[starts]] += sums
+
+
 def _k_index_add(outs, ins, attrs):
     # ins: [x, value, index tensors...]: out = x, then out[key] += value with repeated
     # indices summed (the backward of a gather or a basic index: autograd's rules run it,
@@ -174,7 +204,9 @@ def _k_index_add(outs, ins, attrs):
     o = outs[0]
     check_key("index_add", o.shape, key)
     o[...] = ins[0]
-    if any(isinstance(k, np.ndarray) and k.dtype != np.bool_ for k in key):
+    if _rows_key(key, o, ins[1]):
+        _add_rows(o, key[0], ins[1])
+    elif any(isinstance(k, np.ndarray) and k.dtype != np.bool_ for k in key):
         np.add.at(o, key, ins[1])
     else:
         o[key] += ins[1]             # basic keys and masks select each element once

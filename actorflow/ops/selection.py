@@ -3,6 +3,8 @@ triu and tril (a triangle of the last two dims)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtype import bool_, result_type
@@ -24,13 +26,49 @@ def _where_infer(metas, attrs):
     return [(shape, result_type(*vals))]
 
 
+# Outputs this large (elements) select by bits: a masked copy branches per element, which
+# costs ~10 ns each on a random condition (relu's gradient, a causal mask); the and/xor of
+# the values' bits with an all-ones-or-zeros mask runs vectorised (measured 1M float32:
+# 10.2 ms masked copy, 5.5 ms np.where, 0.9 ms by bits against a zero, 2.0 ms two arrays).
+WHERE_BY_BITS = 4096
+_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _as_bits(v, dtype, bits):
+    """``v`` (an array or a number) in ``dtype``, seen as the signed integers of its bits."""
+    a = np.asarray(v)
+    if a.dtype != dtype:
+        a = a.astype(dtype)
+    return a.view(bits)
+
+
+def _is_zero_bits(v) -> bool:
+    return not isinstance(v, np.ndarray) and v == 0 and not math.copysign(1.0, v) < 0
+
+
 def _k_where(outs, ins, attrs):
     it = iter(ins[1:])
     x = attrs["x"] if "x" in attrs else next(it)
     y = attrs["y"] if "y" in attrs else next(it)
     o = outs[0]
-    np.copyto(o, y, casting="unsafe")
-    np.copyto(o, x, casting="unsafe", where=ins[0])
+    bits = _BITS.get(o.dtype.itemsize)
+    if bits is None or o.size < WHERE_BY_BITS or o.dtype.kind not in "fiu":
+        np.copyto(o, y, casting="unsafe")
+        np.copyto(o, x, casting="unsafe", where=ins[0])
+        return
+    ob = o.view(bits)
+    m = np.empty(o.shape, bits)
+    np.negative(ins[0].view(np.int8), out=m, casting="unsafe")     # True: all ones
+    if _is_zero_bits(y):                                            # x & m
+        np.bitwise_and(_as_bits(x, o.dtype, bits), m, out=ob)
+    elif _is_zero_bits(x):                                          # y & ~m
+        np.invert(m, out=m)
+        np.bitwise_and(_as_bits(y, o.dtype, bits), m, out=ob)
+    else:                                                           # y ^ ((x ^ y) & m)
+        yb = _as_bits(y, o.dtype, bits)
+        np.bitwise_xor(_as_bits(x, o.dtype, bits), yb, out=ob)
+        ob &= m
+        ob ^= yb
 
 
 register(OpDef("where", ("condition", "x?", "y?"), _where_infer, {"cpu": _k_where},
