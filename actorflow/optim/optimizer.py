@@ -137,6 +137,10 @@ class Optimizer:
     def _fill(self, p, group: dict, state: dict) -> None:
         """Adds what ``state`` lacks of what ``update`` reads under ``group``'s options."""
 
+    def _holds(self, group: dict, name: str) -> bool:
+        """Whether the state of a parameter of ``group`` holds ``name``."""
+        return any(self.state.get(p, {}).get(name) is not None for p in group["params"])
+
     # -- graph mode ------------------------------------------------------------------------
     counts: tuple = ()      # state entries that count steps: ints in eager mode
     flags: tuple = ()       # state entries that are float64 scalars in both modes
