@@ -271,3 +271,41 @@ def test_a_momentum_scheduled_through_0_keeps_the_buffer_as_pytorch(monkeypatch,
         np.testing.assert_allclose(p.numpy(), w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(o.state[p]["momentum_buffer"].numpy(), buf, rtol=1e-5,
                                    atol=1e-6)
+
+
+def eager_until_the_schedule_fails(data):
+    m, o = make("SGD", dict(lr=0.1, momentum=0.9), groups=True)
+    s = sched.OneCycleLR(o, [0.3, 0.2], total_steps=4)
+    with pytest.raises(ValueError, match="past total_steps=4"):
+        eager_steps(m, o, data, s)                      # 5 steps, then the 5th step() fails
+    return m, o, s
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("source", ["list", "loader"])
+def test_a_scheduler_failing_in_a_run_fails_after_the_pieces_eager_trains(fused, source):
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((42, 8)).astype(np.float32), rng.integers(0, 3, 42)
+    data = [(x[i:i + 6], y[i:i + 6]) for i in range(0, 42, 6)]
+    m1, o1, s1 = eager_until_the_schedule_fails(data)
+    assert (s1.last_epoch, s1._step_count) == (5, 6)
+    m2, o2 = make("SGD", dict(lr=0.1, momentum=0.9), groups=True)
+    s2 = sched.OneCycleLR(o2, [0.3, 0.2], total_steps=4)
+    feed = data if source == "list" else DataLoader(TensorDataset(x, y), batch_size=6)
+    got = []
+    with pytest.raises(ValueError, match="past total_steps=4"):     # the scheduler's own
+        for v in Step(m2, o2, s2).run(feed, fused=fused):
+            got.append(float(v))
+    k = s2.last_epoch
+    if source == "list":                                # the 5 pieces eager trained
+        assert len(got) == k == 5
+    else:                   # (a loader's next batch failed: those before it that trained)
+        assert len(got) <= k <= 5
+    if k < 5:
+        m1, o1 = make("SGD", dict(lr=0.1, momentum=0.9), groups=True)
+        s1 = sched.OneCycleLR(o1, [0.3, 0.2], total_steps=4)
+        eager_steps(m1, o1, data[:k], s1)
+    same_schedule(s1, o1, s2, o2)
+    assert s2._step_count == s1._step_count
+    if fused or k == 5:     # (not fused, a stopped run may have written part of a piece)
+        same_params(m1, m2)
