@@ -321,3 +321,20 @@ def test_a_step_of_generated_kernels_is_captured_on_such_a_driver_too(emu):
     run = program_of(step)
     assert run.reference_launches == ()
     assert (run.captures, run.replays, run.uncaptured) == (1, 2, 0)
+
+
+def test_the_rates_follow_the_parameters_moved_to_cuda(emu):
+    emu()
+    data = batches(4, seed=3)
+    want, want_params, _ = train("cpu", "SGD", dict(lr=0.1), data)
+    af.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    step = TrainStep(model, opt)
+    got = [float(step(af.tensor(x), af.tensor(y))) for x, y in data[:2]]   # rates on cpu
+    model.to("cuda:0")                      # (the same graph: compiled anew there)
+    got += [float(step(af.tensor(x, device="cuda:0"), af.tensor(y, device="cuda:0")))
+            for x, y in data[2:]]
+    assert got == want
+    for p, w in zip(model.parameters(), want_params):
+        assert_same(p.numpy(), w)

@@ -223,3 +223,89 @@ def test_a_loaders_last_smaller_batch_goes_on_with_the_schedule():
     assert got == want
     same_params(m1, m2)
     same_schedule(s1, o1, s2, o2)
+
+
+def torch_loop(model, name, kw, data, **sch):
+    """PyTorch's eager loop on a copy of ``model`` (one Linear): its parameters, momentum
+    buffers and the momenta its steps used."""
+    import torch
+    w = torch.tensor(model.weight.numpy(), requires_grad=True)
+    b = torch.tensor(model.bias.numpy(), requires_grad=True)
+    opt = getattr(torch.optim, name)([w, b], **kw)
+    s = torch.optim.lr_scheduler.OneCycleLR(opt, **sch)
+    used = []
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(torch.tensor(x) @ w.T + b, torch.tensor(y)).backward()
+        used.append(opt.param_groups[0]["momentum"])
+        opt.step()
+        s.step()
+    return [w.detach().numpy(), b.detach().numpy()], \
+        [opt.state[p]["momentum_buffer"].numpy() for p in (w, b)], used
+
+
+@pytest.mark.parametrize("how", ["step", "run", "run-fused"])
+@pytest.mark.parametrize("name,kw", [("SGD", dict(lr=0.1, momentum=0.9)),
+                                     ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.3)),
+                                     ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+                                     ("RMSprop", dict(lr=0.01, momentum=0.5))])
+def test_a_momentum_scheduled_through_0_keeps_the_buffer_as_pytorch(monkeypatch, name, kw,
+                                                                     how):
+    pytest.importorskip("torch")
+    data = batches(10, seed=9)
+    sch = dict(max_lr=0.3, total_steps=10, base_momentum=0.0, max_momentum=0.9)
+    af.manual_seed(0)
+    m = nn.Linear(8, 3)
+    want, bufs, used = torch_loop(m, name, kw, data, **sch)
+    assert 0.0 in used and used[0] > 0                  # (a step with momentum 0, a buffer)
+    compiles = counting(monkeypatch, "stateful_graph" if how == "run" else "stateful_program")
+    o = getattr(optim, name)(m.parameters(), **kw)
+    step = Step(m, o, sched.OneCycleLR(o, **sch))
+    if how == "step":
+        for x, y in data:
+            step(af.tensor(x), af.tensor(y))
+    else:
+        assert len(list(step.run(data, fused=how == "run-fused"))) == 10
+    assert len(compiles) == 1
+    for p, w, buf in zip(m.parameters(), want, bufs):
+        np.testing.assert_allclose(p.numpy(), w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(o.state[p]["momentum_buffer"].numpy(), buf, rtol=1e-5,
+                                   atol=1e-6)
+
+
+def eager_until_the_schedule_fails(data):
+    m, o = make("SGD", dict(lr=0.1, momentum=0.9), groups=True)
+    s = sched.OneCycleLR(o, [0.3, 0.2], total_steps=4)
+    with pytest.raises(ValueError, match="past total_steps=4"):
+        eager_steps(m, o, data, s)                      # 5 steps, then the 5th step() fails
+    return m, o, s
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("source", ["list", "loader"])
+def test_a_scheduler_failing_in_a_run_fails_after_the_pieces_eager_trains(fused, source):
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((42, 8)).astype(np.float32), rng.integers(0, 3, 42)
+    data = [(x[i:i + 6], y[i:i + 6]) for i in range(0, 42, 6)]
+    m1, o1, s1 = eager_until_the_schedule_fails(data)
+    assert (s1.last_epoch, s1._step_count) == (5, 6)
+    m2, o2 = make("SGD", dict(lr=0.1, momentum=0.9), groups=True)
+    s2 = sched.OneCycleLR(o2, [0.3, 0.2], total_steps=4)
+    feed = data if source == "list" else DataLoader(TensorDataset(x, y), batch_size=6)
+    got = []
+    with pytest.raises(ValueError, match="past total_steps=4"):     # the scheduler's own
+        for v in Step(m2, o2, s2).run(feed, fused=fused):
+            got.append(float(v))
+    k = s2.last_epoch
+    if source == "list":                                # the 5 pieces eager trained
+        assert len(got) == k == 5
+    else:                   # (a loader's next batch failed: those before it that trained)
+        assert len(got) <= k <= 5
+    if k < 5:
+        m1, o1 = make("SGD", dict(lr=0.1, momentum=0.9), groups=True)
+        s1 = sched.OneCycleLR(o1, [0.3, 0.2], total_steps=4)
+        eager_steps(m1, o1, data[:k], s1)
+    same_schedule(s1, o1, s2, o2)
+    assert s2._step_count == s1._step_count
+    if fused or k == 5:     # (not fused, a stopped run may have written part of a piece)
+        same_params(m1, m2)

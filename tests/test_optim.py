@@ -346,22 +346,24 @@ def test_clipping_traces_into_the_step_and_equals_eager(clip):
 
 # -- gradient clipping against PyTorch -----------------------------------------------------------
 
-@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, "inf", 3.0, 0.5])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, "inf", -math.inf, 3.0, 0.5, 0.0])
 @pytest.mark.parametrize("max_norm", [0.5, 100.0])
-def test_clip_grad_norm_matches_pytorch(norm_type, max_norm):
+@pytest.mark.parametrize("with_grad", [1, 2])               # (one: the norm of one norm)
+def test_clip_grad_norm_matches_pytorch(norm_type, max_norm, with_grad):
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(s) for s in ((3, 4), (4,), (2, 2))]
+    grads[0][0, :2] = 0.0                                   # (order 0 counts the others)
     ps = [af.zeros(g.shape, dtype="float64", requires_grad=True) for g in grads]
     tps = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
-    for p, tp, g in zip(ps[:2], tps[:2], grads):          # the last one has no gradient
+    for p, tp, g in zip(ps[:with_grad], tps[:with_grad], grads):    # the rest have none
         p.grad, tp.grad = af.tensor(g), torch.tensor(g)
     total = nn.utils.clip_grad_norm_(ps, max_norm, norm_type)
     want = torch.nn.utils.clip_grad_norm_(tps, max_norm, norm_type, foreach=False)
     np.testing.assert_allclose(total.numpy(), want.numpy(), rtol=1e-12)
     assert total.shape == () and total.dtype == af.float64
-    for p, tp in zip(ps[:2], tps):
+    for p, tp in zip(ps[:with_grad], tps):
         np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-12)
-    assert ps[2].grad is None
+    assert all(p.grad is None for p in ps[with_grad:])
 
 
 def test_clip_grad_value_and_the_edge_cases_match_pytorch():

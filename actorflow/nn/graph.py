@@ -733,6 +733,8 @@ class Graph:
                 waiting[count[0]] = x
                 count[0] += 1
                 yield x
+                if sched is not None and sched.error is not None:
+                    return                  # (the pieces made train; then its error)
         run = g.run(feed=fed() if feed is not None else None, trace=trace, progress=progress)
         n = 0
         try:
@@ -754,9 +756,13 @@ class Graph:
                         f"batch inside a run, or call step() per batch")
             if reads is not None:
                 rest.extend(reads.rest())
+            if sched is not None:           # (its scheduler failed after the last piece)
+                sched.raise_pending()
         except ActorError as e:
             run.close()
             g.join()
+            if sched is not None and sched.error is not None and e.original is sched.error:
+                raise sched.error from e    # (the scheduler's own error, as eager's)
             item = waiting.get(e.piece) if reads is None else _reload(reads, e.piece, sched)
             err = self._run_error(e, g, fused, spec, item)
             if err is e:
@@ -1014,10 +1020,14 @@ class _Schedules:
     groups hold (``Graph._rate_values``: step k's) and steps the schedulers once, as an
     eager loop steps them after each optimizer step. A schedule depends on the step count
     only, so running ahead of the training is exact; ``settle`` sets a stopped run's
-    schedulers back to the pieces it trained."""
+    schedulers back to the pieces it trained. A scheduler that raises as it steps after
+    piece k (OneCycleLR past ``total_steps``) fails as in an eager loop: piece k is made
+    and trained, and the run raises the error at its end (fed items: no more are made) or
+    as the next piece is made (a loader's batches: then the pieces a run that is not
+    fused trains are those before the failure, ``settle``'s)."""
 
     def __init__(self, graph: Graph):
-        self.graph, self.made = graph, 0
+        self.graph, self.made, self.error = graph, 0, None
         self.count = len(graph._rate_values())
         self.saved = [copy.deepcopy(s.state_dict()) for s in graph._lr_sch]
         self.groups = [(g, {k: g[k] for k in o.scheduled})
@@ -1031,18 +1041,28 @@ class _Schedules:
     def __call__(self, device=None) -> tuple:
         """The next piece's rates (float64 scalars; tensors on ``device`` when given: a
         piece of cuda tensors), then the schedulers stepped."""
+        self.raise_pending()
         out = self.now()
         if device is not None:
             out = tuple(from_numpy(a).to(str(device)) for a in out)
-        self.graph._step_schedules()
+        try:
+            self.graph._step_schedules()
+        except Exception as e:  # noqa: BLE001 - raised after this piece, as eager does
+            self.error = e
         self.made += 1
         return out
+
+    def raise_pending(self) -> None:
+        """Raises the error a scheduler raised as it stepped after the last piece made."""
+        if self.error is not None:
+            raise self.error
 
     def settle(self, done: int) -> None:
         """After a run that trained ``done`` of the ``made`` pieces (stopped early, or
         failed): the schedulers and groups as after ``done`` steps from the run's start."""
         if done == self.made:
             return
+        self.error = None                   # (stepped again up to the pieces trained)
         for s, st in zip(self.graph._lr_sch, self.saved):
             s.load_state_dict(copy.deepcopy(st))
         for g, values in self.groups:

@@ -60,7 +60,8 @@ class Optimizer:
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
         self.state: dict = {}
-        self._rates: dict = {}      # id(group) -> (group, graph_rates' tensors, values in them)
+        self._rates: dict = {}      # id(group) -> (group, graph_rates' tensors, values in
+        #                             them, their device)
         self.param_groups: list = []
         if isinstance(params, Tensor):
             raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
@@ -137,6 +138,10 @@ class Optimizer:
     def _fill(self, p, group: dict, state: dict) -> None:
         """Adds what ``state`` lacks of what ``update`` reads under ``group``'s options."""
 
+    def _holds(self, group: dict, name: str) -> bool:
+        """Whether the state of a parameter of ``group`` holds ``name``."""
+        return any(self.state.get(p, {}).get(name) is not None for p in group["params"])
+
     # -- graph mode ------------------------------------------------------------------------
     counts: tuple = ()      # state entries that count steps: ints in eager mode
     flags: tuple = ()       # state entries that are float64 scalars in both modes
@@ -154,15 +159,16 @@ class Optimizer:
         reads them from (a tuple option, ``betas``, one tensor per item: ``betas.0``...),
         written from the group's values now. Called when the step compiles and before
         every step and run, so each step reads the values the group holds then. The
-        tensors are the group's own, made once and written in place."""
+        tensors are the group's own, made on its parameters' device and written in place;
+        made anew there when the parameters moved (``Module.to``)."""
         got = self._rates.get(id(group))
-        if got is None or got[0] is not group:
-            device = group["params"][0].device if group["params"] else None
-            got = self._rates[id(group)] = (group, {}, {})
+        device = group["params"][0].device if group["params"] else None
+        if got is None or got[0] is not group or got[3] != device:
+            got = self._rates[id(group)] = (group, {}, {}, device)
             for name, v in _flat_rates(group, self.scheduled):
                 got[1][name] = tensor(float(v), dtype="float64", device=device)
                 got[2][name] = float(v)
-        _, tensors, written = got
+        _, tensors, written, _ = got
         with no_grad():
             for name, v in _flat_rates(group, self.scheduled):
                 if written[name] != v:

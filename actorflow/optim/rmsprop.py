@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from ..creation import zeros_like
+from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes, next_count
 
 
@@ -32,6 +33,13 @@ def rmsprop_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE
     else:
         avg = F.sqrt(sq)
     avg = F.add(avg, group["eps"])
+    mom = v["momentum"]
+    if isinstance(mom, Tensor) and "momentum_buffer" in state:
+        on = F.gt(mom, 0.0)                     # (scheduled through 0: PyTorch skips the
+        step = F.div(g, avg)                    # buffer at a step with momentum 0)
+        buf = state["momentum_buffer"]
+        buf = new["momentum_buffer"] = F.where(on, F.add(F.mul(buf, mom), step), buf)
+        return F.sub(p, F.mul(F.where(on, buf, step), v["lr"])), new
     if group["momentum"] > 0:
         buf = writes.add(writes.mul(state["momentum_buffer"], v["momentum"]), F.div(g, avg))
         new["momentum_buffer"] = buf
@@ -64,11 +72,16 @@ class RMSprop(Optimizer):
         return p, new
 
     def graph_key(self, group) -> str:
-        return super().graph_key(group) + repr(group["momentum"] > 0)   # (a buffer or not)
+        return super().graph_key(group) + repr(self._buffered(group))
+
+    def _buffered(self, group) -> bool:
+        """Whether ``group``'s step keeps a momentum buffer: its momentum is above 0, or a
+        step made one (a momentum scheduled through 0 keeps it, as PyTorch does)."""
+        return group["momentum"] > 0 or self._holds(group, "momentum_buffer")
 
     def _fill(self, p, group, state) -> None:
         state.setdefault("step", 0)
-        for k, wanted in (("square_avg", True), ("momentum_buffer", group["momentum"] > 0),
+        for k, wanted in (("square_avg", True), ("momentum_buffer", self._buffered(group)),
                           ("grad_avg", group["centered"])):
             if wanted and k not in state:
                 state[k] = zeros_like(p)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from ..creation import tensor, zeros_like
+from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes
 
 
@@ -25,6 +26,8 @@ def sgd_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE,
         g = F.add(g, F.mul(p, group["weight_decay"]))
     new = {}
     mom = v["momentum"]
+    if isinstance(mom, Tensor) and "momentum_buffer" in state:
+        return _sgd_scheduled(p, g, state, group, v, new)
     if group["momentum"]:
         damped = g
         if group["dampening"]:
@@ -35,6 +38,24 @@ def sgd_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE,
         new["momentum_buffer"] = buf
         g = F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf
     return writes.sub(p, F.mul(g, v["lr"])), new
+
+
+def _sgd_scheduled(p, g, state: dict, group: dict, v: dict, new: dict):
+    """``sgd_update`` in a graph step whose momentum is read as a tensor (it may be
+    scheduled through 0): PyTorch skips the buffer at a step with momentum 0, so each
+    result is selected on ``momentum != 0``: the buffer (and ``started``) kept and the
+    plain gradient taken when it is 0."""
+    mom = v["momentum"]
+    on = F.ne(mom, 0.0)
+    damped = g
+    if group["dampening"]:
+        started = state["started"]
+        damped = F.mul(g, F.sub(1.0, F.mul(started, group["dampening"])))
+        new["started"] = F.where(on, OUT_OF_PLACE.fill(started, 1.0), started)
+    buf = state["momentum_buffer"]
+    buf = new["momentum_buffer"] = F.where(on, F.add(F.mul(buf, mom), damped), buf)
+    g = F.where(on, F.add(g, F.mul(buf, mom)) if group["nesterov"] else buf, g)
+    return F.sub(p, F.mul(g, v["lr"])), new
 
 
 class SGD(Optimizer):
@@ -53,10 +74,15 @@ class SGD(Optimizer):
         return sgd_update(p, grad, state, group, writes, self.rates(group, rates))
 
     def graph_key(self, group) -> str:
-        return super().graph_key(group) + repr(bool(group["momentum"]))   # (a buffer or not)
+        return super().graph_key(group) + repr(self._buffered(group))
+
+    def _buffered(self, group) -> bool:
+        """Whether ``group``'s step keeps a momentum buffer: its momentum is not 0, or a
+        step made one (a momentum scheduled through 0 keeps it, as PyTorch does)."""
+        return bool(group["momentum"]) or self._holds(group, "momentum_buffer")
 
     def _fill(self, p, group, state) -> None:
-        if not group["momentum"]:
+        if not self._buffered(group):
             return
         fresh = state.get("momentum_buffer") is None
         if fresh:

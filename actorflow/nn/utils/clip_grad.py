@@ -86,7 +86,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
             return tensor(0.0)
         grads = [p.grad for p in params]
         norms = [_norm(g, norm_type) for g in grads]
-        total = norms[0] if len(norms) == 1 else _norm(F.stack(norms), norm_type)
+        total = _norm(F.stack(norms), norm_type)   # (also of one: order 0 counts it 1)
         if error_if_nonfinite:
             if any(_traced(g) for g in grads):
                 raise TraceError("clip_grad_norm_(error_if_nonfinite=True) reads the total "
