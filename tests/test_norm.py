@@ -215,6 +215,25 @@ def test_group_norm_matches_torch(shape, groups, affine, dtype):
     _close(m(af.tensor(x.astype(dtype))).numpy(), t(torch.tensor(x.astype(dtype))), dtype)
 
 
+def test_half_statistics_are_computed_in_float32_as_torch():
+    # deviations of 300 square past float16's 65504: torch computes the statistics in float32
+    x = np.array([[[0., 600., 0., 600.], [0., 600., 0., 600.]]], np.float32)
+    w = RNG.standard_normal(2).astype(np.float32)
+    b = RNG.standard_normal(2).astype(np.float32)
+    got = NF.group_norm(af.tensor(x).half(), 1, af.tensor(w).half(), af.tensor(b).half())
+    want = torch.nn.functional.group_norm(torch.tensor(x).half(), 1, torch.tensor(w).half(),
+                                          torch.tensor(b).half())
+    assert got.dtype == af.float16
+    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+    y = RNG.standard_normal((3, 8)).astype(np.float32) * 300
+    for f in ("std", "var"):
+        for dim in (None, 1):
+            got = getattr(af, f)(af.tensor(y).half(), dim)
+            want = getattr(torch, f)(torch.tensor(y).half(), dim)
+            assert got.dtype == af.float16
+            np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=1e-3)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 def test_a_wrong_channel_count_names_both_shapes():
