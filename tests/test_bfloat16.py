@@ -90,6 +90,28 @@ def test_ops_compute_in_float32_and_round_their_outputs_as_pytorch():
                                   ta.gather(1, torch.tensor([[0, 5]] * 4)).float().numpy())
 
 
+def test_a_number_meets_a_bfloat16_tensor_bit_for_bit_as_pytorch():
+    # mul and div take the number unrounded (float32), add and sub round it to bfloat16
+    # first, number / x is x's reciprocal (rounded) times the number: as PyTorch's cpu kernels
+    x = (RNG.standard_normal(2000) * RNG.choice([1e-3, 1.0, 30.0, 1e4], 2000)
+         ).astype(np.float32)
+    a, t = af.tensor(x).bfloat16(), torch.tensor(x).bfloat16()
+    ops = [lambda p, s: p + s, lambda p, s: p - s, lambda p, s: p * s, lambda p, s: p / s,
+           lambda p, s: s + p, lambda p, s: s - p, lambda p, s: s * p, lambda p, s: s / p,
+           lambda p, s: p // s]
+    for s in (0.9, 3.3333, 1.1, 0.1234, -2.71828, 1e-3, 123.456, 1 / 3, 7, 257):
+        for i, f in enumerate(ops):
+            got, want = f(a, s), f(t, s)
+            assert got.dtype is af.bfloat16
+            np.testing.assert_array_equal(bits(got),
+                                          want.view(torch.int16).numpy().view(np.uint16),
+                                          err_msg=f"op {i}, number {s}")
+    z, tz = a.clone(), t.clone()        # in place
+    z *= 0.9
+    tz *= 0.9
+    np.testing.assert_array_equal(bits(z), tz.view(torch.int16).numpy().view(np.uint16))
+
+
 def test_numpy_item_tolist_and_factories():
     t = af.tensor([1.0, 2.5, 1.00390625], dtype=af.bfloat16)
     a = t.numpy()
