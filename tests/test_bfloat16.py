@@ -187,6 +187,30 @@ def test_a_bfloat16_model_in_an_inference_graph_equals_eager():
     np.testing.assert_array_equal(got.numpy(), want)
 
 
+def test_bfloat16_step_inputs_and_outputs_are_refused_naming_the_fix():
+    m, _ = _models(1)
+    m.bfloat16()
+
+    class Infer(nn.Graph):
+        def __init__(self, cast):
+            super().__init__()
+            self.m, self.cast = m, cast
+
+        def build(self, x):
+            return self.m(x.bfloat16() if self.cast else x)
+    x = af.tensor(RNG.standard_normal((4, 8)).astype(np.float32))
+    fix = r"numpy has no bfloat16\); feed float32 and cast inside build \(x\.bfloat16\(\)\)"
+    for call in (lambda: Infer(False)(x.bfloat16()),
+                 lambda: list(Infer(False).run([x.bfloat16()]))):
+        with pytest.raises(af.DTypeError, match=r"Infer: build's input 0 is bfloat16.*" + fix):
+            call()
+    for call in (lambda: Infer(True)(x), lambda: list(Infer(True).run([x])),
+                 lambda: list(Infer(True).run([x], fused=True))):
+        with pytest.raises(af.DTypeError, match=r"Infer: build's output 0 is bfloat16.*"
+                                                r"return float32 \(y\.float\(\)\)"):
+            call()
+
+
 def test_bfloat16_is_refused_on_cuda_naming_cpu(emu):
     emu()
     t = af.ones(2, dtype=af.float32, device="cuda:0")
