@@ -69,6 +69,16 @@ def test_var_with_no_degrees_of_freedom_is_inf_or_nan_as_torch():
             want = torch.var(torch.tensor(x), correction=c).item()
             got = af.var(af.tensor(x), correction=c).item()
             assert np.isnan(got) == np.isnan(want) and (np.isnan(got) or got == want)
+        # the gradient: PyTorch's 2 (x - mean) / (N - correction), +-inf for N == correction
+        x = np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]])
+        for name in ("var", "std"):
+            for c in (3, 3.5, 4):
+                a = af.tensor(x, requires_grad=True)
+                t = torch.tensor(x, requires_grad=True)
+                getattr(af, name)(a, dim=1, correction=c).sum().backward()
+                getattr(torch, name)(t, dim=1, correction=c).sum().backward()
+                np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=1e-12,
+                                           err_msg=f"{name}, correction={c}")
 
 
 def test_var_refuses_integers_and_two_divisors():

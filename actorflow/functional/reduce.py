@@ -99,10 +99,15 @@ def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdi
     low = meta.dtype.name in ("float16", "bfloat16")
     if low:
         input = cast(input, "float32")
-    mu = mean(input, dim=dims, keepdim=True)
+    dof = n - c
+    # N - correction <= 0: the value is inf (nan for 0 / 0), the gradient PyTorch's
+    # 2 (x - mean) / (N - correction) (the mean's share, zero, is left out: inf - inf)
+    mu = mean(input if dof > 0 else input.detach(), dim=dims, keepdim=True)
     d = binary("sub", input, mu)
     ss = sum(binary("mul", d, d), dim=dims, keepdim=bool(keepdim))
-    v = binary("div", ss, float(n - c if n - c > 0 else 0))
+    v = binary("div", ss, float(dof))
+    if dof < 0:
+        v = binary("add", v, binary("sub", binary("div", ss, 0.0), v).detach())
     if root:
         v = wrap(apply(_SQRT, [v._impl], {})[0])
     return cast(v, meta.dtype) if low else v
