@@ -136,6 +136,19 @@ def test_triu_tril_masked_fill_equal_pytorchs(diagonal):
         a.masked_fill(af.ones(5, dtype=af.bool), 0.0)
 
 
+def test_masked_fill_casts_a_number_to_the_inputs_dtype_as_pytorch():
+    m = np.array([True, False, True])
+    for x, value in [([1, 2, 3], 2.7), ([1, 2, 3], -2.7), ([True, False, False], 0),
+                     ([True, False, False], 2.5), ([1.5, 2.0, 3.0], 1), ([4, 5, 6], True)]:
+        got = af.tensor(x).masked_fill(af.tensor(m), value)
+        want = torch.tensor(x).masked_fill(torch.tensor(m), value)
+        assert got.dtype.name == str(want.dtype).split(".")[-1], (x, value)
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    with pytest.raises(ValueError, match=r"masked_fill: value nan cannot be converted to the "
+                                         r"input's int64"):
+        af.tensor([1, 2, 3]).masked_fill(af.tensor(m), float("nan"))
+
+
 # -- MultiheadAttention ------------------------------------------------------------------------
 
 def load_from_torch(amod, tmod):

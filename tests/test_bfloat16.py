@@ -90,6 +90,28 @@ def test_ops_compute_in_float32_and_round_their_outputs_as_pytorch():
                                   ta.gather(1, torch.tensor([[0, 5]] * 4)).float().numpy())
 
 
+def test_a_number_meets_a_bfloat16_tensor_bit_for_bit_as_pytorch():
+    # mul and div take the number unrounded (float32), add and sub round it to bfloat16
+    # first, number / x is x's reciprocal (rounded) times the number: as PyTorch's cpu kernels
+    x = (RNG.standard_normal(2000) * RNG.choice([1e-3, 1.0, 30.0, 1e4], 2000)
+         ).astype(np.float32)
+    a, t = af.tensor(x).bfloat16(), torch.tensor(x).bfloat16()
+    ops = [lambda p, s: p + s, lambda p, s: p - s, lambda p, s: p * s, lambda p, s: p / s,
+           lambda p, s: s + p, lambda p, s: s - p, lambda p, s: s * p, lambda p, s: s / p,
+           lambda p, s: p // s]
+    for s in (0.9, 3.3333, 1.1, 0.1234, -2.71828, 1e-3, 123.456, 1 / 3, 7, 257):
+        for i, f in enumerate(ops):
+            got, want = f(a, s), f(t, s)
+            assert got.dtype is af.bfloat16
+            np.testing.assert_array_equal(bits(got),
+                                          want.view(torch.int16).numpy().view(np.uint16),
+                                          err_msg=f"op {i}, number {s}")
+    z, tz = a.clone(), t.clone()        # in place
+    z *= 0.9
+    tz *= 0.9
+    np.testing.assert_array_equal(bits(z), tz.view(torch.int16).numpy().view(np.uint16))
+
+
 def test_numpy_item_tolist_and_factories():
     t = af.tensor([1.0, 2.5, 1.00390625], dtype=af.bfloat16)
     a = t.numpy()
@@ -163,6 +185,30 @@ def test_a_bfloat16_model_in_an_inference_graph_equals_eager():
         want = m(x.bfloat16()).numpy()
     got = Infer()(x)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_bfloat16_step_inputs_and_outputs_are_refused_naming_the_fix():
+    m, _ = _models(1)
+    m.bfloat16()
+
+    class Infer(nn.Graph):
+        def __init__(self, cast):
+            super().__init__()
+            self.m, self.cast = m, cast
+
+        def build(self, x):
+            return self.m(x.bfloat16() if self.cast else x)
+    x = af.tensor(RNG.standard_normal((4, 8)).astype(np.float32))
+    fix = r"numpy has no bfloat16\); feed float32 and cast inside build \(x\.bfloat16\(\)\)"
+    for call in (lambda: Infer(False)(x.bfloat16()),
+                 lambda: list(Infer(False).run([x.bfloat16()]))):
+        with pytest.raises(af.DTypeError, match=r"Infer: build's input 0 is bfloat16.*" + fix):
+            call()
+    for call in (lambda: Infer(True)(x), lambda: list(Infer(True).run([x])),
+                 lambda: list(Infer(True).run([x], fused=True))):
+        with pytest.raises(af.DTypeError, match=r"Infer: build's output 0 is bfloat16.*"
+                                                r"return float32 \(y\.float\(\)\)"):
+            call()
 
 
 def test_bfloat16_is_refused_on_cuda_naming_cpu(emu):

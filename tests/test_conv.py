@@ -119,6 +119,11 @@ GRAD_CASES = [
     ("conv_transpose2d_batch_last", lambda f, x, w: f.conv_transpose2d(x, w, None, 2, 1, 1),
      [(9, 4, 3, 2), (4, 3, 3, 3)]),
     ("avg_pool2d_batch_last", lambda f, x: f.avg_pool2d(x, 2, 1, 1), [(7, 2, 3, 3)]),
+    # output_padding not smaller than the stride but than the dilation: rows past the windows
+    ("conv_transpose2d_output_padding", lambda f, x, w, b: f.conv_transpose2d(
+        x, w, b, 1, 0, (1, 2), 1, (2, 3)), [(2, 4, 4, 5), (4, 3, 3, 3), (3,)]),
+    ("conv_transpose2d_output_padding_batch_last", lambda f, x, w: f.conv_transpose2d(
+        x, w, None, (1, 2), 1, (2, 1), 2, 3), [(9, 4, 3, 2), (4, 3, 3, 2)]),
     ("fold_batch_last", lambda f, x: f.fold(x, (3, 3), 2), [(5, 8, 4)]),
 ]
 

@@ -69,6 +69,16 @@ def test_var_with_no_degrees_of_freedom_is_inf_or_nan_as_torch():
             want = torch.var(torch.tensor(x), correction=c).item()
             got = af.var(af.tensor(x), correction=c).item()
             assert np.isnan(got) == np.isnan(want) and (np.isnan(got) or got == want)
+        # the gradient: PyTorch's 2 (x - mean) / (N - correction), +-inf for N == correction
+        x = np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0]])
+        for name in ("var", "std"):
+            for c in (3, 3.5, 4):
+                a = af.tensor(x, requires_grad=True)
+                t = torch.tensor(x, requires_grad=True)
+                getattr(af, name)(a, dim=1, correction=c).sum().backward()
+                getattr(torch, name)(t, dim=1, correction=c).sum().backward()
+                np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=1e-12,
+                                           err_msg=f"{name}, correction={c}")
 
 
 def test_var_refuses_integers_and_two_divisors():
@@ -213,6 +223,25 @@ def test_group_norm_matches_torch(shape, groups, affine, dtype):
     x = RNG.standard_normal(shape)
     t = t.to(torch.float64 if dtype == np.float64 else torch.float32)
     _close(m(af.tensor(x.astype(dtype))).numpy(), t(torch.tensor(x.astype(dtype))), dtype)
+
+
+def test_half_statistics_are_computed_in_float32_as_torch():
+    # deviations of 300 square past float16's 65504: torch computes the statistics in float32
+    x = np.array([[[0., 600., 0., 600.], [0., 600., 0., 600.]]], np.float32)
+    w = RNG.standard_normal(2).astype(np.float32)
+    b = RNG.standard_normal(2).astype(np.float32)
+    got = NF.group_norm(af.tensor(x).half(), 1, af.tensor(w).half(), af.tensor(b).half())
+    want = torch.nn.functional.group_norm(torch.tensor(x).half(), 1, torch.tensor(w).half(),
+                                          torch.tensor(b).half())
+    assert got.dtype == af.float16
+    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+    y = RNG.standard_normal((3, 8)).astype(np.float32) * 300
+    for f in ("std", "var"):
+        for dim in (None, 1):
+            got = getattr(af, f)(af.tensor(y).half(), dim)
+            want = getattr(torch, f)(torch.tensor(y).half(), dim)
+            assert got.dtype == af.float16
+            np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=1e-3)
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -125,6 +125,44 @@ def test_pad_equals_pytorchs(dtype):
                                           tf.pad(t[0], pad, mode=mode).numpy())
 
 
+def _torch_pad(x, pad, mode):
+    try:
+        return torch.nn.functional.pad(x, pad, mode=mode)
+    except RuntimeError:
+        return None
+
+
+def test_pad_modes_accept_refuse_values_and_gradients_as_pytorch():
+    # larger than the dim (replicate), negative amounts (cropping) and mixed signs; circular
+    # wraps the part cropping leaves (torch reads unset memory, or refuses, or gives an empty
+    # result when that wraps more than once: refused here, so those cases are left out)
+    g = RNG.standard_normal(64)
+    for mode in ("reflect", "replicate", "circular"):
+        for n, b, a in [(n, b, a) for n in (1, 2, 3, 4) for b in range(-5, 6)
+                        for a in (-4, -1, 0, 2, 5)]:
+            x = np.arange(1.0, n + 1).reshape(1, 1, n)
+            t = torch.tensor(x, requires_grad=True)
+            want = _torch_pad(t, (b, a), mode)
+            kept = n - max(-b, 0) - max(-a, 0)
+            if mode == "circular" and n + b + a >= 0 and max(b, a, 0) > kept:
+                continue
+            try:
+                v = af.tensor(x, requires_grad=True)
+                got = F.pad(v, (b, a), mode=mode)
+            except ValueError as e:
+                assert want is None, (mode, n, b, a, str(e))
+                assert f"padding ({b}, {a}) of dim 2 (size {n})" in str(e)
+                continue
+            assert want is not None, (mode, n, b, a)
+            np.testing.assert_array_equal(got.numpy(), want.detach().numpy(),
+                                          err_msg=str((mode, b, a)))
+            if want.numel():
+                w = g[:want.numel()].reshape(want.shape)
+                (got * af.tensor(w)).sum().backward()
+                (want * torch.tensor(w)).sum().backward()
+                np.testing.assert_allclose(v.grad.numpy(), t.grad.numpy(), rtol=1e-12)
+
+
 # -- errors ----------------------------------------------------------------------------------
 
 def test_an_index_out_of_range_is_refused_by_the_kernel_naming_value_and_size():
@@ -169,8 +207,14 @@ def test_wrong_index_dtype_shape_and_dim_are_refused_with_the_fix():
         F.pad(x, (1, 1, 1, 1, 1, 1))
     with pytest.raises(ValueError, match="unknown mode 'edge'"):
         F.pad(x, (1, 1), mode="edge")
-    with pytest.raises(ValueError, match=r"reflect padding \(4, 0\) of dim 2 \(size 4\)"):
+    with pytest.raises(ValueError, match=r"reflect padding \(4, 0\) of dim 2 \(size 4\) must be "
+                                         r"less than the dim's size"):
         F.pad(af.zeros(1, 3, 4), (4, 0), mode="reflect")
+    with pytest.raises(ValueError, match=r"circular padding \(-2, 3\) of dim 2 \(size 4\) wraps "
+                                         r"the 2 elements left after cropping more than once"):
+        F.pad(af.zeros(1, 3, 4), (-2, 3), mode="circular")
+    with pytest.raises(ValueError, match=r"mode 'replicate' needs non-empty channel"):
+        F.pad(af.zeros(1, 0, 4), (1, 1), mode="replicate")
     with pytest.raises(af.ShapeError, match=r"leaves -1 elements"):
         F.pad(x, (-3, -2))
 

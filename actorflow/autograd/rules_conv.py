@@ -50,7 +50,12 @@ def _conv_transpose2d(ctx, g):
     x, w = ctx.x(0), ctx.x(1)
     g = _like(g, x)
     a = ctx.attrs
-    gx = wrap(apply(_CONV, [g._impl, w._impl], _conv(a))[0]) if ctx.needs[0] else None
+    gx = None
+    if ctx.needs[0]:
+        gx = wrap(apply(_CONV, [g._impl, w._impl], _conv(a))[0])
+        h, wd = x.shape[2:]
+        if tuple(gx.shape[2:]) != (h, wd):      # output_padding past the stride: the rows
+            gx = gx[:, :, :h, :wd]              # it added convolve to more than the input
     gw = _weight_grad(g, x, a, tuple(w.shape[2:])) if ctx.needs[1] else None
     return gx, gw
 

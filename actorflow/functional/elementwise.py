@@ -439,6 +439,13 @@ def masked_fill(input, mask, value):
                              f"tensor of shape {value.shape}")
         if value.dtype is not x.dtype:
             value = cast(value, x.dtype)        # the input's dtype, as PyTorch's
+    elif x.dtype is bool_:                      # a number: cast to the input's dtype too
+        value = bool(value)
+    elif not x.dtype.is_floating_point and isinstance(value, (float, np.floating)):
+        if not np.isfinite(value):
+            raise ValueError(f"masked_fill: value {value} cannot be converted to the input's "
+                             f"{x.dtype.name}; fill a float tensor (x.float()) instead")
+        value = int(value)                      # toward zero, as PyTorch
     return where(m, value, x)
 
 

@@ -129,6 +129,28 @@ def topk(input, k, dim=-1, largest: bool = True, sorted: bool = True, *,  # noqa
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
+def _check_pad_mode(mode, d, n, b, a):
+    """PyTorch's limits on a non-constant mode's (before, after) amounts for dim ``d`` of
+    size ``n`` (negative amounts crop): reflect pads less than ``n`` on each side,
+    replicate any amount, both leaving at least one element; circular wraps the part left
+    after cropping around at most once."""
+    m = n + b + a
+    if mode == "circular" and m >= 0:
+        kept = n - max(-b, 0) - max(-a, 0)
+        if max(b, a, 0) <= kept:
+            return
+        raise ValueError(f"pad: circular padding ({b}, {a}) of dim {d} (size {n}) wraps the "
+                         f"{max(kept, 0)} elements left after cropping more than once; each "
+                         f"positive amount must be at most {max(kept, 0)}")
+    if mode == "reflect" and max(b, a) >= n:
+        raise ValueError(f"pad: reflect padding ({b}, {a}) of dim {d} (size {n}) must be less "
+                         f"than the dim's size on each side")
+    least = 0 if mode == "circular" else 1
+    if m < least:
+        raise ValueError(f"pad: {mode} padding ({b}, {a}) of dim {d} (size {n}) leaves {m} "
+                         f"elements; mode {mode!r} must leave at least {least}")
+
+
 def pad(input, pad, mode: str = "constant", value=None):
     """``input`` padded: ``pad`` = (left, right) of the last dim, then (top, bottom) of the
     one before, and so on (at most the input's number of dims pairs); negative amounts crop.
@@ -138,7 +160,9 @@ def pad(input, pad, mode: str = "constant", value=None):
 
     Raises:
         ValueError: an odd-length ``pad``, more pairs than dims, an unknown mode, a value
-            with a non-constant mode, or a pad too large for reflect/circular."""
+            with a non-constant mode, or amounts past a mode's limits (reflect: less than the
+            dim's size; circular: at most what cropping leaves; reflect and replicate
+            leave at least one element)."""
     x = tensor_arg("pad", input)._impl
     shape = resolved(x).shape
     amounts = [int(p) for p in pad]
@@ -164,12 +188,13 @@ def pad(input, pad, mode: str = "constant", value=None):
         raise ValueError(f"pad: mode {mode!r} pads the last 1-3 dims of a (batch,) channel, "
                          f"... input: {npairs} pairs need {npairs + 1} or {npairs + 2} dims, "
                          f"got shape {shape}")
+    first = len(shape) - npairs - 1                  # the channel dim
+    if mode != "circular" and 0 in shape[first:]:
+        raise ValueError(f"pad: mode {mode!r} needs non-empty channel and padded dims, got "
+                         f"shape {shape} (only a batch dim may be 0)")
     for d, (b, a) in enumerate(pads):
-        n = shape[d]
-        limit = n - 1 if mode == "reflect" else n
-        if b < 0 or a < 0 or ((b or a) and max(b, a) > limit) or ((b or a) and n == 0):
-            raise ValueError(f"pad: {mode} padding ({b}, {a}) of dim {d} (size {n}) must be "
-                             f"in [0, {limit}] for mode {mode!r}")
+        if b or a:
+            _check_pad_mode(mode, d, shape[d], b, a)
     return wrap(apply(_PAD, [x], {"pads": pads, "mode": mode, "value": 0.0})[0])
 
 

@@ -75,9 +75,12 @@ def _correction(name, unbiased, correction) -> float:
     return correction
 
 
-def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdims):
-    """sum((x - mean)^2) / max(0, N - correction) over ``dim``: a composition of mean, sub,
-    mul and sum, so autograd, graph mode and the cuda device take it as it is."""
+def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdims,
+              root=False):
+    """sum((x - mean)^2) / max(0, N - correction) over ``dim`` (its square root for
+    ``root``): a composition of mean, sub, mul and sum, so autograd, graph mode and the cuda
+    device take it as it is. float16 and bfloat16 inputs are computed in float32 and the
+    result cast back, as PyTorch (their squares overflow past 256 in float16)."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased(name, dim, keepdim, out, axis, keepdims)
     if isinstance(dim, bool):           # var(x, True): the unbiased overload
@@ -93,10 +96,21 @@ def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdi
     n = 1
     for d in range(ndim) if dims is None else dims:
         n *= meta.shape[d]
-    mu = mean(input, dim=dims, keepdim=True)
+    low = meta.dtype.name in ("float16", "bfloat16")
+    if low:
+        input = cast(input, "float32")
+    dof = n - c
+    # N - correction <= 0: the value is inf (nan for 0 / 0), the gradient PyTorch's
+    # 2 (x - mean) / (N - correction) (the mean's share, zero, is left out: inf - inf)
+    mu = mean(input if dof > 0 else input.detach(), dim=dims, keepdim=True)
     d = binary("sub", input, mu)
     ss = sum(binary("mul", d, d), dim=dims, keepdim=bool(keepdim))
-    return binary("div", ss, float(n - c if n - c > 0 else 0))
+    v = binary("div", ss, float(dof))
+    if dof < 0:
+        v = binary("add", v, binary("sub", binary("div", ss, 0.0), v).detach())
+    if root:
+        v = wrap(apply(_SQRT, [v._impl], {})[0])
+    return cast(v, meta.dtype) if low else v
 
 
 def var(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
@@ -111,8 +125,8 @@ def var(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
 def std(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
         correction: float | None = None, out=None, axis=None, keepdims=None):
     """Standard deviation: sqrt of ``var`` with the same arguments."""
-    v = _variance("std", input, dim, unbiased, keepdim, correction, out, axis, keepdims)
-    return wrap(apply(_SQRT, [v._impl], {})[0])
+    return _variance("std", input, dim, unbiased, keepdim, correction, out, axis, keepdims,
+                     root=True)
 
 
 def _minmax(name, amop, dimop, binop, input, dim, keepdim, other):

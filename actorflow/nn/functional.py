@@ -474,14 +474,16 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
     for arg, t in (("weight", weight), ("bias", bias)):
         _check_per_channel("group_norm", arg, t, input, c)
     shape = input.shape
-    x = input.reshape(shape[0], num_groups, -1)
+    dtype = input.dtype
+    low = dtype.name in ("float16", "bfloat16")     # statistics in float32, as PyTorch
+    x = (F.cast(input, "float32") if low else input).reshape(shape[0], num_groups, -1)
     mu = F.mean(x, dim=2, keepdim=True)
     xc = F.sub(x, mu)
     var = F.mean(F.mul(xc, xc), dim=2, keepdim=True)
     y = F.mul(xc, F.rsqrt(F.add(var, eps))).reshape(shape)
     if weight is not None:
-        y = F.mul(y, _per_channel(weight, len(shape)))
+        y = F.mul(y, _per_channel(F.cast(weight, "float32") if low else weight, len(shape)))
     if bias is not None:
-        y = F.add(y, _per_channel(bias, len(shape)))
-    return y
+        y = F.add(y, _per_channel(F.cast(bias, "float32") if low else bias, len(shape)))
+    return F.cast(y, dtype) if low else y
 

@@ -72,7 +72,8 @@ from pathlib import Path
 
 from ..autograd import enable_grad, no_grad
 from ..creation import from_numpy, spawned_seed
-from ..errors import ActorError, KernelError, PlanError, TraceError
+from ..dtype import bfloat16
+from ..errors import ActorError, DTypeError, KernelError, PlanError, TraceError
 from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
@@ -88,6 +89,17 @@ _SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict",
 # the Graph's own bookkeeping: setting these is not a change to what build reads
 _INTERNAL = frozenset({"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph",
                        "cuda_graph", "_seed", "_count"})
+
+
+def _no_bfloat16(graph, what: str, leaves) -> None:
+    """Refuses a bfloat16 tensor (or Spec) among a step's inputs or outputs: they are numpy
+    arrays, and numpy has no bfloat16."""
+    for i, x in enumerate(leaves):
+        if getattr(x, "dtype", None) is bfloat16:
+            raise DTypeError(f"{type(graph).__name__}: build's {what} {i} is bfloat16, which a "
+                             f"step's inputs and outputs cannot be (numpy has no bfloat16); "
+                             f"feed float32 and cast inside build (x.bfloat16()), and return "
+                             f"float32 (y.float())")
 
 
 class Graph:
@@ -201,6 +213,7 @@ class Graph:
         ``rated``: a piece is ``(item, rates)``, the rates its step reads in place of the
         ``graph_rates`` state (a float64 scalar per scheduled option per group, in
         ``_rate_values``' order: a run's per-batch schedule, ``_Schedules``)."""
+        _no_bfloat16(self, "input", inputs)
         params = self._params()
         opt_rows = []                   # per group its rates (param None), then its params
         for o in self._optimizers:
@@ -221,6 +234,7 @@ class Graph:
             with standing_in(params, states[:len(params)]):
                 with enable_grad():     # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
+                _no_bfloat16(self, "output", flatten(out)[0])
                 new = [None] * len(states)
                 at = len(params) + 1
                 with no_grad():
@@ -507,6 +521,7 @@ class Graph:
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
         leaves, structure = flatten(args)
+        _no_bfloat16(self, "input", leaves)
         settings = self._check()
         device = _device_of(self._traced.params, leaves)
         if device is not None:

@@ -225,13 +225,17 @@ def _conv_transpose2d_infer(metas, attrs):
                          f"the weight {w.shape} with groups={g} expects {ci} (weight.shape[0], "
                          f"divisible by groups); make the input's channels equal in_channels")
     oh, ow = attrs["output_size"]
-    if oh <= 0 or ow <= 0 or conv_out(oh, kh, sh, pt, pb, dh) != h \
-            or conv_out(ow, kw, sw, pl, pr, dw) != wd:
-        raise ShapeError(f"conv_transpose2d: an output of {oh}x{ow} does not convolve back to "
-                         f"the input's {h}x{wd} (input shape {x.shape}, weight {w.shape}, "
+    # the windows reach lo; output_padding adds rows past them (zeros) up to
+    # max(stride, dilation) - 1 (then the output can convolve back to more than the input)
+    loh = (h - 1) * sh - pt - pb + dh * (kh - 1) + 1
+    low = (wd - 1) * sw - pl - pr + dw * (kw - 1) + 1
+    if oh <= 0 or ow <= 0 or not 0 <= oh - loh < max(sh, dh) \
+            or not 0 <= ow - low < max(sw, dw):
+        raise ShapeError(f"conv_transpose2d: an output of {oh}x{ow} is not one the input's "
+                         f"{h}x{wd} transposes to (input shape {x.shape}, weight {w.shape}, "
                          f"stride {attrs['stride']}, padding {attrs['padding']}, dilation "
-                         f"{attrs['dilation']}); output_padding must be smaller than stride or "
-                         f"dilation")
+                         f"{attrs['dilation']}): it must be {loh}x{low} plus an output_padding "
+                         f"smaller than stride or dilation, and more than 0")
     return [((n, og * g, oh, ow), x.dtype)]
 
 

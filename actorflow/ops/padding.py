@@ -27,11 +27,14 @@ def padded_shape(op: str, shape: tuple, pads: tuple) -> tuple:
 def pad_map(mode: str, n: int, before: int, after: int) -> np.ndarray:
     """The input position each output position of a dim of size ``n`` reads, for a
     non-constant ``mode``."""
+    if mode == "circular":               # the cropped part, wrapped around (as PyTorch)
+        lo = max(-before, 0)
+        m = n - lo - max(-after, 0)
+        j = np.arange(-max(before, 0), m + max(after, 0))
+        return lo + j % m if m > 0 else lo + j
     j = np.arange(-before, n + after)
     if mode == "replicate":
         return np.clip(j, 0, n - 1)
-    if mode == "circular":
-        return j % n
     period = 2 * (n - 1)                 # reflect: ... 2 1 | 0 1 2 ... n-1 | n-2 ...
     m = np.abs(j) % period if period else np.zeros_like(j)
     return np.where(m >= n, period - m, m)

@@ -59,16 +59,22 @@ class Bfloat16Kernel:
     (``dtype.bfloat16_bits``). Only calls with a bfloat16 operand take it: the eager
     interpreter and a traced step pick it from the metas (``wide_kernel``)."""
 
-    __slots__ = ("kernel", "narrow")
+    __slots__ = ("kernel", "narrow", "scalar")
 
-    def __init__(self, kernel, narrow):
+    def __init__(self, kernel, narrow, scalar=None):
         self.kernel = kernel
         self.narrow = narrow            # per output: whether it is bfloat16
+        self.scalar = scalar            # a Python number: None, "keep" or "reciprocal"
 
     def __call__(self, outs, ins, attrs):
         ins = [bfloat16_values(a) if a.dtype == _BITS else a for a in ins]
-        if type(attrs.get("scalar")) is float:      # a number meets a bfloat16 tensor in
-            attrs = dict(attrs)                     # bfloat16, as in PyTorch
+        if self.scalar == "reciprocal":             # number / x: x's reciprocal in bfloat16
+            with np.errstate(divide="ignore", invalid="ignore"):    # times the number
+                r = bfloat16_values(bfloat16_bits(np.float32(1) / ins[0]))
+                outs[0][...] = bfloat16_bits(r * np.float32(attrs["scalar"]))
+            return
+        if self.scalar is None and type(attrs.get("scalar")) in (int, float):
+            attrs = dict(attrs)         # a number meets a bfloat16 tensor in bfloat16, as
             attrs["scalar"] = float(bfloat16_values(bfloat16_bits([attrs["scalar"]]))[0])
         if outs is None:                # a dynamic op returns its outputs
             res = self.kernel(None, ins, attrs)
@@ -81,6 +87,10 @@ class Bfloat16Kernel:
 
 
 _BITS = np.dtype(np.uint16)
+# PyTorch's cpu kernels take a number unrounded (in float32) in these; the others round it
+# to bfloat16 first; number / x is x's reciprocal (rounded) times the number
+_SCALAR_KEPT = {"mul_scalar": "keep", "rmul_scalar": "keep", "div_scalar": "keep",
+                "floor_divide_scalar": "keep", "rdiv_scalar": "reciprocal"}
 
 
 def wide_kernel(op, kernel, device, out_dtypes):
@@ -92,7 +102,8 @@ def wide_kernel(op, kernel, device, out_dtypes):
     if device.type != "cpu":
         raise DTypeError(f"{op.name}: bfloat16 tensors are computed on cpu only, not on "
                          f"{device}; move them with .to('cpu') or convert with .float()")
-    return Bfloat16Kernel(kernel, tuple(d is bfloat16 for d in out_dtypes))
+    return Bfloat16Kernel(kernel, tuple(d is bfloat16 for d in out_dtypes),
+                          _SCALAR_KEPT.get(op.name))
 
 
 class DeviceKernel:
