@@ -21,6 +21,7 @@ from .dtype import DType, as_dtype, bfloat16, bfloat16_bits, bfloat16_values
 from .eager.interpreter import read, read_async, resolve
 from .errors import DeviceError
 from .functional.common import check_memory_format
+from .ops.common import normalize_dim
 from .tensor.tensor import Tensor, shape_args, viewed
 from .tensor import views
 
@@ -247,8 +248,25 @@ def reshape(self, *sizes, shape=None) -> Tensor:
     return viewed(c, views.view(c._impl, shape, "reshape"), "reshape", None)
 
 
-def flatten(self) -> Tensor:
-    return self.reshape(-1)
+def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Dims ``start_dim`` to ``end_dim`` (both included; negative ones count from the end)
+    as one, as PyTorch's: a view where the tensor is contiguous, else a copy; a 0-d tensor
+    gives shape (1,).
+
+    Raises:
+        IndexError: a dim out of range. ValueError: ``start_dim`` after ``end_dim``."""
+    shape = self.shape
+    s = normalize_dim("flatten", start_dim, len(shape))
+    e = normalize_dim("flatten", end_dim, len(shape))
+    if not shape:
+        return self.reshape(1)
+    if s > e:
+        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} "
+                         f"for a tensor of shape {tuple(shape)}; give start_dim <= end_dim")
+    n = 1
+    for d in shape[s:e + 1]:
+        n *= d
+    return self.reshape(tuple(shape[:s]) + (n,) + tuple(shape[e + 1:]))
 
 
 # -- op methods whose argument order or defaults differ from their functions ----------------

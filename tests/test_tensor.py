@@ -896,3 +896,24 @@ def test_kernel_error_surfaces_on_read_and_runtime_recovers():
         (bad + 1).numpy()                           # and so does whatever uses the result
     still_works()
     af.synchronize()                                # nothing left unreported
+
+
+def test_flatten_takes_start_and_end_dims_as_pytorch():
+    torch = pytest.importorskip("torch")
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    for start, end in [(0, -1), (1, -1), (1, 2), (-2, -1), (2, 2), (0, 0), (-4, 1)]:
+        want = torch.from_numpy(a).flatten(start, end)
+        got = af.tensor(a).flatten(start, end)
+        assert got.shape == tuple(want.shape), (start, end)
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    t = af.tensor(a).permute(0, 2, 1, 3)                 # not contiguous: a copy
+    np.testing.assert_array_equal(t.flatten(1).numpy(),
+                                  torch.from_numpy(a).permute(0, 2, 1, 3).flatten(1).numpy())
+    assert af.tensor(3.0).flatten().shape == (1,)
+    with pytest.raises(IndexError, match=r"flatten: dimension out of range .* got 4"):
+        af.tensor(a).flatten(4)
+    with pytest.raises(ValueError, match="start_dim 2 comes after end_dim 1"):
+        af.tensor(a).flatten(2, 1)
+    x = af.tensor(a, requires_grad=True)                 # a view in autograd
+    (x.flatten(1, 2) * 2).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(a.shape, 2.0, np.float32))

@@ -297,10 +297,6 @@ ALLOWED = {
                                            "taken",
     "Tensor.expand(size)": "the sizes are taken as *sizes or one sequence, not by size=",
     "Tensor.expand(implicit)": "implicit= (a tracing detail of PyTorch's) is not taken",
-    "Tensor.flatten(start_dim)": "flatten() flattens every dim; start_dim/end_dim not taken "
-                                 "yet (use reshape)",
-    "Tensor.flatten(end_dim)": "flatten() flattens every dim; start_dim/end_dim not taken "
-                               "yet (use reshape)",
     "Tensor.permute(dims)": "the dims are taken as *dims or one sequence, not by dims=",
     "Tensor.view(size)": "the shape is taken as *shape or one sequence, not by size=",
     "Tensor.view(dtype)": "view(dtype) (reinterpreting the bytes) is not supported",

@@ -121,12 +121,7 @@ class Flatten(Module):
         self.start_dim, self.end_dim = start_dim, end_dim
 
     def forward(self, x):
-        shape = x.shape
-        s, e = self.start_dim % len(shape), self.end_dim % len(shape)
-        n = 1
-        for d in shape[s:e + 1]:
-            n *= d
-        return x.reshape(shape[:s] + (n,) + shape[e + 1:])
+        return x.flatten(self.start_dim, self.end_dim)
 
     def extra_repr(self) -> str:
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

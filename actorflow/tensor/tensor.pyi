@@ -148,7 +148,14 @@ class Tensor:
         """``t.reshape(2, 3)``, ``t.reshape((2, 3))`` or ``t.reshape(shape=(2, 3))``: a view
         when ``self`` is contiguous, else a copy.
         """
-    def flatten(self) -> Tensor: ...
+    def flatten(self, start_dim: builtins.int = 0, end_dim: builtins.int = -1) -> Tensor:
+        """Dims ``start_dim`` to ``end_dim`` (both included; negative ones count from the end)
+        as one, as PyTorch's: a view where the tensor is contiguous, else a copy; a 0-d tensor
+        gives shape (1,).
+
+        Raises:
+            IndexError: a dim out of range. ValueError: ``start_dim`` after ``end_dim``.
+        """
     def __pow__(self, exponent: _Operand, *, out: None = None) -> Tensor:
         """``input ** exponent`` elementwise with broadcasting; either may be a Python number.
         Integers to negative integer powers are refused, as in PyTorch.
