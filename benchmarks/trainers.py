@@ -15,6 +15,17 @@ import math
 import numpy as np
 
 
+def eager_steps(model, opt, lossf, x, y, k: int):
+    """``k`` training steps of an eager loop, in either framework: the last loss."""
+    loss = None
+    for _ in range(k):
+        opt.zero_grad()
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+    return loss
+
+
 def make_train_step(af):
     """``TrainStep(model, opt)``: an ``nn.Graph`` whose ``build(x, y)`` computes the loss,
     runs backward and returns the loss, the optimizer added."""
@@ -68,13 +79,7 @@ class AfTrainer:
     def eager_steps(self, x, y, k: int) -> float:
         """``k`` eager steps; the loss's ``item()`` waits for the last update (ops are
         asynchronous: the time includes finishing it, not just queueing it)."""
-        model, opt, lossf = self.model, self.opt, self.lossf
-        loss = None
-        for _ in range(k):
-            opt.zero_grad()
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
+        loss = eager_steps(self.model, self.opt, self.lossf, x, y, k)
         self.af.synchronize()
         return loss.item()
 
@@ -116,14 +121,7 @@ class TorchTrainer:
                                                                  **self.spec["options"])
 
     def steps(self, x, y, k: int) -> float:
-        model, opt, lossf = self.model, self.opt, self.lossf
-        loss = None
-        for _ in range(k):
-            opt.zero_grad()
-            loss = lossf(model(x), y)
-            loss.backward()
-            opt.step()
-        return loss.item()
+        return eager_steps(self.model, self.opt, self.lossf, x, y, k).item()
 
 
 def rel(a: float, b: float) -> float:

@@ -165,14 +165,19 @@ def _conv_attrs(a):
     return a["stride"], a["padding"], a["dilation"], a["groups"]
 
 
+def _conv_operands(op: str, x, w) -> None:
+    """An input and a weight a convolution takes: floating point, 4-D, one dtype."""
+    _float_input(op, x)
+    _needs_4d(op, x)
+    _needs_4d(op, w, "weight")
+    if w.dtype is not x.dtype:
+        raise DTypeError(f"{op}: the input ({x.dtype}) and the weight ({w.dtype}) must have "
+                         f"the same dtype; convert one with .to(dtype)")
+
+
 def _conv2d_infer(metas, attrs):
     x, w = metas
-    _float_input("conv2d", x)
-    _needs_4d("conv2d", x)
-    _needs_4d("conv2d", w, "weight")
-    if w.dtype is not x.dtype:
-        raise DTypeError(f"conv2d: the input ({x.dtype}) and the weight ({w.dtype}) must have "
-                         f"the same dtype; convert one with .to(dtype)")
+    _conv_operands("conv2d", x, w)
     (sh, sw), (pt, pb, pl, pr), (dh, dw), g = _conv_attrs(attrs)
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -211,12 +216,7 @@ def _k_conv2d(outs, ins, attrs):
 
 def _conv_transpose2d_infer(metas, attrs):
     x, w = metas
-    _float_input("conv_transpose2d", x)
-    _needs_4d("conv_transpose2d", x)
-    _needs_4d("conv_transpose2d", w, "weight")
-    if w.dtype is not x.dtype:
-        raise DTypeError(f"conv_transpose2d: the input ({x.dtype}) and the weight ({w.dtype}) "
-                         f"must have the same dtype; convert one with .to(dtype)")
+    _conv_operands("conv_transpose2d", x, w)
     (sh, sw), (pt, pb, pl, pr), (dh, dw), g = _conv_attrs(attrs)
     n, c, h, wd = x.shape
     ci, og, kh, kw = w.shape
