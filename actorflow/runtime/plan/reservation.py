@@ -51,6 +51,7 @@ class Plan:
         self._rows: dict = {}           # actor -> its row, built when first read
         self._row_list = None           # ``rows`` in graph order, until a size changes it
         self.row_builds = 0             # rows built (each at most once per size: counted)
+        self.reused = 0                 # actors sized by the run as the last run sized them
         self.allocated = False
         self.filled = False             # some register is allocated (none may share now)
         self.whole = False              # registers wait for every size (see defer())
@@ -88,7 +89,7 @@ class Plan:
         sizing a graph is linear in its actors)."""
         totals, n = self.totals, self.buffers[a]
         if self.sharing is None or a not in self.sharing.members:
-            for d, b in a.out_spec.bytes_on().items():
+            for d, b in _bytes_on(a).items():
                 totals[d] = totals.get(d, 0) + b * n
         prog = getattr(a, "program", None)
         ws = prog.workspace_bytes if prog is not None else 0
@@ -265,6 +266,7 @@ class Plan:
         actors sized. Raises PlanError if the registers sized so far do not fit. (A plan
         made whole (``defer``): the registers wait for the last size, see ``unpend``.)"""
         if self.whole:
+            self._remember(actor)
             self.ports[actor].spec = actor.out_spec     # (its next act waits for registers)
             return self.unpend(actor)
         sized, todo = [], [actor]
@@ -272,6 +274,7 @@ class Plan:
             a = todo.pop()
             self.pending.discard(a)
             port = self.ports[a]
+            self._remember(a)
             port.spec = a.out_spec
             if a in self.default:
                 default_counts([a], self.default, self.buffers, self.budget, self.measured,
@@ -287,6 +290,16 @@ class Plan:
                     if c.out_spec is not None:
                         todo.append(c)
         return sized
+
+    def _remember(self, a) -> None:
+        """The run sized ``a`` from piece 0: with the layout the last run sized it by, that
+        size is reused (counted in ``reused``); else the new one is kept for the next."""
+        last = a.sized_as
+        if last is not None and last[0] == a.out_spec:
+            a.out_spec = last[0]
+            self.reused += 1
+        elif a.out_spec is not None and not a.declared:
+            a.sized_as = (a.out_spec, a.out_spec.bytes_on())
 
     def unpend(self, actor) -> list:
         """A plan made whole (``defer``): ``actor`` is sized, or ended before its piece 0.
@@ -375,6 +388,14 @@ class Plan:
         return self.table()
 
     __str__ = __repr__
+
+
+def _bytes_on(a) -> dict:
+    """``{Device: bytes}`` of one register of sized actor ``a``: kept with the layout the
+    run sized it by (``Plan.size``), so a rerun whose piece 0 has that layout again reuses
+    it; any other layout is sized afresh."""
+    last = a.sized_as
+    return last[1] if last is not None and last[0] is a.out_spec else a.out_spec.bytes_on()
 
 
 def system_memory():
