@@ -160,7 +160,11 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
 def floor_of(a) -> int:
     """Registers the default gives ``a`` at least: FLOOR, or as many as its replicas or a
     reader's replicas can take at once."""
-    return max(FLOOR, a.replicas, *(c.replicas for c in a.consumers))
+    n = max(FLOOR, a.replicas)
+    for c in a.consumers:
+        if c.replicas > n:
+            n = c.replicas
+    return n
 
 
 def default_counts(nodes: list, default: set, buffers: dict, budget, measured: dict,
@@ -183,20 +187,24 @@ def default_counts(nodes: list, default: set, buffers: dict, budget, measured: d
             else:
                 times[a] = (a.time or 0.0) + (a.probe_s or 0.0)
         return times[a]
-    mine = [a for a in nodes if a in default]
-    for a in mine:
-        buffers[a] = floor_of(a)
+    bytes_of = {}
+    for a in nodes:
+        if a in default:
+            buffers[a] = floor_of(a)
+            if (a.out_spec is not None and not isinstance(a, DEVICE_ACTORS)
+                    and (_on_thread(a) or any(_on_thread(c) for c in a.consumers))):
+                on = a.out_spec.bytes_on()
+                if on and all(d.type == "cpu" and n <= SMALL_BYTES for d, n in on.items()):
+                    bytes_of[a] = on            # (small host registers: may get more)
+    host = list(bytes_of)
+    if not host:
+        return []
     hold = {}
-    for a in mine:
+    for a in host:
         for x in (a, *a.consumers):
             if x not in hold and not isinstance(x, Collector):
                 hold[x] = t(x) + max((t(c) for c in x.consumers
                                       if not isinstance(c, Collector)), default=0.0)
-    host = [a for a in mine if not isinstance(a, DEVICE_ACTORS) and a.out_spec is not None
-            and all(d.type == "cpu" for d in a.out_spec.bytes_on())]
-    if not host:
-        return []
-    bytes_of = {a: a.out_spec.bytes_on() for a in host}
     used: dict = {}
     if not lazy:
         for a in nodes:
@@ -242,15 +250,19 @@ def _hand_offs(nodes, auto, hold, bytes_of, buffers, fits, grow) -> list:
     return handoff
 
 
+def _on_thread(a) -> bool:
+    """A stage acting on a thread of its own (not inline, not async, not a source)."""
+    return not (a.inline or getattr(a, "is_async", False)
+                or isinstance(a, (SourceActor, Collector)))
+
+
 def _short_thread_act(a, hold: float) -> bool:
     """A stage on its own thread whose acts are short: there, handing a piece from thread
     to thread costs more than the work (a GIL turn each), and more registers on its input
     and output let each thread take several pieces per turn (measured in
     ``benchmarks/bench_plan.py``: 16 registers run a chain of tiny stages 3-4x faster than
     2). The tuner gives them only to small registers, which cost next to nothing."""
-    if a.inline or getattr(a, "is_async", False) or isinstance(a, (SourceActor, Collector)):
-        return False
-    return hold < SHORT_ACT_S
+    return _on_thread(a) and hold < SHORT_ACT_S
 
 
 def _explain(tu, nodes, auto, hold, buffers, slowest, stop, used) -> list:

@@ -399,8 +399,14 @@ def _bytes_on(a) -> dict:
 
 
 def system_memory():
-    """Bytes of physical memory on this machine, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+    """Bytes of physical memory on this machine, or None where the OS does not say (asked
+    once: every actor sized in a run checks against it)."""
+    if not _MACHINE:
+        try:
+            _MACHINE.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):
+            _MACHINE.append(None)
+    return _MACHINE[0]
+
+
+_MACHINE: list = []
