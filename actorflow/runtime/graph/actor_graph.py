@@ -25,6 +25,7 @@ from .actors import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
 from .device_acts import (DEVICE_ACTORS, CopyActor, DeviceOpActor, DeviceSource,
                           DeviceStage, device_memory, placed_on)
+from ..plan.autotune import FLOOR
 from ..plan.sizing import plan_graph
 from ..plan.registers import MemoryBudget
 from .source import SourceActor
@@ -105,6 +106,8 @@ class ActorGraph:
         self._current = None              # (scheduler, plan) of the run going on
         self._stragglers = None           # the last run's ledger (see join())
         self._measured: dict = {}         # actor name -> seconds per act, last run
+        self._local = True                # plans are for this process's engine (else the
+        #                                   default is its floor: see run())
 
     def _set_outputs(self, sinks: list, picks: list, structure,
                      yields_nothing: bool = False) -> None:
@@ -297,8 +300,9 @@ class ActorGraph:
             return self._make_plan(feed, lazy=False)
 
     def _make_plan(self, feed, lazy: bool, whole: bool = False):
+        default = self.buffers if self.buffers is not None or self._local else FLOOR
         self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
-                                self.buffers, MemoryBudget(self.memory), self.resources,
+                                default, MemoryBudget(self.memory), self.resources,
                                 share=self.share, measured=self._measured, whole=whole)
         return self._plan
 
@@ -432,7 +436,13 @@ class ActorGraph:
                     raise ValueError(f"run(engine={engine!r}): the engines are 'local' and "
                                      f"{', '.join(repr(k) for k in _ENGINES) or 'none else'}")
                 engine = _ENGINES[engine]()
-            return engine.run(self, feed=feed, trace=trace, progress=progress)
+            # the default's hand-off registers are for threads in this process: elsewhere
+            # (processes, where a register is an object in flight) it is its floor, 2
+            self._local = False
+            try:
+                return engine.run(self, feed=feed, trace=trace, progress=progress)
+            finally:
+                self._local = True
         return driving.run_blocking(self, feed, trace, progress)
 
     def run_async(self, feed=None, trace=None, progress=False):
