@@ -17,8 +17,9 @@ and the cost of an act of a threaded Python stage.
    throughput at least the best uniform choice's, its memory at most that choice's (or,
    where the budget allows only one register each, more throughput within the budget).
 3. **Threaded stages.** A source and 7 Python stages ``lambda a: -a`` on their own threads
-   over 5,000 pieces of 4 floats, against 8 hand-written threads joined by
-   ``queue.Queue(maxsize=2)``, in the same rounds: microseconds per act.
+   over 5,000 pieces of 4 floats (``buffers`` 2, 4, 16, "auto" and left out: the
+   default), against 8 hand-written threads joined by ``queue.Queue(maxsize=2)``, in the
+   same rounds: microseconds per act.
 4. **Sizing without ``out=``.** Chains of 100, 300 and 1,000 actors (a source and inline
    stages ``lambda v: v + 1`` on float32[4], one piece) run without ``out=``, so the run
    sizes every stage from piece 0 as it flows (``Plan.size``), against the same chains
@@ -149,13 +150,13 @@ def threaded(af, repeat: int, pieces: int) -> dict:
     ref = -np.stack(items) if CHAIN % 2 else np.stack(items)
 
     def chain(buffers):
-        g = af.ActorGraph(buffers=buffers)
+        g = af.ActorGraph() if buffers is None else af.ActorGraph(buffers=buffers)
         x = g.source(lambda: iter(items), out=af.Spec((4,), af.float32), inline=True)
         for i in range(CHAIN):
             x = g.actor(lambda a: -a, x, name=f"neg{i}")
         g.sink(x)
         return g
-    g, g4, g16, ga = chain(2), chain(4), chain(16), chain("auto")
+    g, g4, g16, ga, gd = chain(2), chain(4), chain(16), chain("auto"), chain(None)
 
     def check(out, want):
         got = np.stack([np.asarray(v) for v in out])
@@ -167,6 +168,8 @@ def threaded(af, repeat: int, pieces: int) -> dict:
         harness.Contender("actorflow thread stages, buffers=16", lambda: list(g16.run()),
                           check, ref=ref),
         harness.Contender("actorflow thread stages, buffers=auto", lambda: list(ga.run()),
+                          check, ref=ref),
+        harness.Contender("actorflow thread stages, the default", lambda: list(gd.run()),
                           check, ref=ref),
         harness.Contender("threads + queue", lambda: harness.threads_queue(
             lambda: map(np.ndarray.copy, items), [np.negative] * CHAIN, 2), check, ref=ref),
@@ -186,7 +189,10 @@ def threaded(af, repeat: int, pieces: int) -> dict:
                                 / rows["threads + queue, maxsize=14"]["best_s"])
     rows["ratio_auto"] = (rows["actorflow thread stages, buffers=auto"]["best_s"]
                           / rows["threads + queue"]["best_s"])
+    rows["ratio_default"] = (rows["actorflow thread stages, the default"]["best_s"]
+                             / rows["threads + queue"]["best_s"])
     rows["auto_buffers"] = {r["name"]: r["buffers"] for r in ga.plan().rows}
+    rows["default_buffers"] = {r["name"]: r["buffers"] for r in gd.plan().rows}
     rows["modes"] = sorted({r["mode"] for n, r in g.stats().actors.items()
                             if n.startswith("neg")})
     return rows
@@ -337,7 +343,7 @@ def main(argv=None) -> int:
     a4 = thr["actorflow thread stages, buffers=4"]
     print(f"\n3. threaded Python stages (mode {', '.join(thr['modes'])}), "
           f"{args.thread_pieces} pieces x 8 acts, us/act best (median):")
-    print(f"  actorflow, buffers=2 (the default) {a['us_per_act']:.1f} "
+    print(f"  actorflow, buffers=2               {a['us_per_act']:.1f} "
           f"({a['median_us_per_act']:.1f}): {thr['ratio']:.2f}x threads + queue")
     print(f"  actorflow, buffers=4               {a4['us_per_act']:.1f} "
           f"({a4['median_us_per_act']:.1f}): {thr['ratio_buffers_4']:.2f}x threads + queue "
@@ -354,10 +360,16 @@ def main(argv=None) -> int:
     print(f"  actorflow, buffers=\"auto\"          {aa['us_per_act']:.1f} "
           f"({aa['median_us_per_act']:.1f}): {thr['ratio_auto']:.2f}x threads + "
           f"queue(maxsize=2); chose {thr['auto_buffers']}")
+    ad = thr["actorflow thread stages, the default"]
+    print(f"  actorflow, the default             {ad['us_per_act']:.1f} "
+          f"({ad['median_us_per_act']:.1f}): {thr['ratio_default']:.2f}x threads + "
+          f"queue(maxsize=2); chose {thr['default_buffers']}")
     met_auto = thr["ratio_auto"] <= 1 and aa["us_per_act"] <= 10
     print(f"  goal: <= threads + queue and <= 10 us/act -> "
-          f"{'MET' if thr['ratio'] <= 1 and a['us_per_act'] <= 10 else 'NOT MET'} at the "
-          f"default buffers=2, {'MET' if met_auto else 'NOT MET'} with buffers=\"auto\"; at "
+          f"{'MET' if thr['ratio'] <= 1 and a['us_per_act'] <= 10 else 'NOT MET'} at "
+          f"buffers=2, {'MET' if met_auto else 'NOT MET'} with buffers=\"auto\", "
+          f"{'MET' if thr['ratio_default'] <= 1 and ad['us_per_act'] <= 10 else 'NOT MET'} "
+          f"at the default; at "
           f"as many pieces per edge as the queues hold: {thr['ratio_buffers_4']:.2f}x and "
           f"{thr['ratio_buffers_16']:.2f}x")
 
@@ -374,6 +386,10 @@ def main(argv=None) -> int:
                              "sizing_met": size["goal_met"],
                              "autotune_met": goal_tune,
                              "threaded_met": thr["ratio"] <= 1 and a["us_per_act"] <= 10,
+                             "threaded_default_met": (
+                                 thr["ratio_default"] <= 1 and thr[
+                                     "actorflow thread stages, the default"]["us_per_act"]
+                                 <= 10),
                              "threaded_auto_met": (
                                  thr["ratio_auto"] <= 1 and thr[
                                      "actorflow thread stages, buffers=auto"]["us_per_act"]
