@@ -26,11 +26,13 @@ from ..graph.source import SourceActor
 
 
 class Plan:
-    """What a run will hold. ``rows``: per actor ``{name, kind, output, buffers,
-    register_bytes, workspace_bytes, bytes, device}``; ``totals``: ``{device: bytes}``;
-    ``budgets``: ``{device: bytes or None}``; ``sharing``: the registers that share memory
-    by lifetime (a ``Sharing``), when the budget needed it (``share="auto"``) or the graph
-    asked for it (``share=True``), else None."""
+    """What a run will hold. ``rows``: per sized actor ``{name, kind, output, buffers, auto,
+    register_bytes, workspace_bytes, bytes, device, shared}`` (built when read);
+    ``totals``: ``{device: bytes}``, kept as each actor is sized (sizing is linear in the
+    graph's size); ``budgets``: ``{device: bytes or None}``; ``sharing``: the registers
+    that share memory by lifetime (a ``Sharing``), when the budget needed it
+    (``share="auto"``) or the graph asked for it (``share=True``), else None. ``chosen``:
+    the actors whose count the plan chose (``buffers="auto"``, or no ``buffers`` given)."""
 
     def __init__(self, actors: list, buffers: dict, budget: MemoryBudget, resources: dict,
                  share="auto", chosen=()):
