@@ -22,7 +22,8 @@ class Pipeline:
 
     Args:
         stages: the source, then the functions.
-        buffers: registers per stage (an int, or one int per stage).
+        buffers: registers per stage (an int, or one int per stage; None, the default:
+            chosen by the plan, at least 2: see ActorGraph).
         memory: byte budgets per device, as for ActorGraph.
         resources: shared tokens, as for ActorGraph; ``stage_resources`` gives each
             stage's (a list, one dict or None per stage).
@@ -32,7 +33,7 @@ class Pipeline:
             with one entry per stage, None or 1 for the source): see ActorGraph.actor.
     """
 
-    def __init__(self, stages, buffers=2, memory=None, resources=None,
+    def __init__(self, stages, buffers=None, memory=None, resources=None,
                  stage_resources=None, out=None, seed=None, names=None, replicas=None):
         stages = list(stages)
         if len(stages) < 2:

@@ -33,11 +33,20 @@ row's ``stats()`` of its best run (per actor busy fraction, waits, memory).
 Goals (printed as MET / NOT MET): actorflow within 1 % of the bound, and actorflow no
 slower than threads + queue.
 
+**Tiny pieces** (a second part, ``--tiny-pieces``): 10,000 pieces of 4 float32 from a
+source through 4 stages ``x + 1`` on threads, where handing a piece over costs more than
+the work. Contenders, interleaved in the same rounds (best of N, medians recorded):
+``af.Pipeline`` as a user writes it (the default ``buffers``), ``buffers=2``,
+``buffers="auto"``, and threads + ``queue.Queue(maxsize=2)``; pieces/s and each row's
+ratio to threads + queue (above 1: faster). Goal: the default ahead of threads + queue.
+Every run is checked: the pieces in order, piece ``i`` equal to ``i + 4``.
+
 Usage::
 
     python benchmarks/bench_pipeline.py              # full run (~50 s on 2 cores)
     python benchmarks/bench_pipeline.py --quick      # smoke run (~10 s: 60 items, best of 3)
     python benchmarks/bench_pipeline.py --items 400 --repeat 9 --out /tmp/pipe.json
+    python benchmarks/bench_pipeline.py --items 0      # the tiny pieces only
 
 Exit status: 0 when every run of every contender was correct, 1 when a check failed or a
 contender raised (the JSON is written either way).
@@ -62,6 +71,8 @@ QUEUE_SIZE = 2                      # threads + queue: Queue(maxsize=2), like bu
 # Goals stated by the project.
 BOUND_SLACK = 0.01                  # actorflow <= bound x 1.01
 VS_THREADS = 1.0                    # actorflow <= threads + queue x 1.0
+TINY_STAGES = 4                     # tiny pieces: stages x + 1 on threads after the source
+TINY_PIECE = 4                      # ...float32 elements per piece
 
 
 # -- the workload --------------------------------------------------------------------------
@@ -164,6 +175,75 @@ def environment() -> dict:
     return harness.environment(runtime={"graph_event_loop": harness.graph_event_loop()})
 
 
+# -- tiny pieces ---------------------------------------------------------------------------
+
+def tiny_pieces(af, n: int, repeat: int) -> dict:
+    """The tiny-pieces part: pieces/s of each contender, best and median, and the ratios
+    to threads + queue (the pieces/s quotient: above 1 is faster)."""
+    items = [np.full(TINY_PIECE, i, np.float32) for i in range(n)]
+    ref = list(np.arange(n, dtype=np.float32)[:, None] + np.float32(TINY_STAGES)
+               + np.zeros(TINY_PIECE, np.float32))
+
+    def inc(x):
+        return x + 1
+
+    def source():
+        return iter(items)
+
+    fns = [inc] * TINY_STAGES
+    names = ["source"] + [f"inc{k}" for k in range(TINY_STAGES)]
+    pipes = {"actorflow default": af.Pipeline([source] + fns, names=names),
+             "actorflow buffers=2": af.Pipeline([source] + fns, buffers=2, names=names),
+             "actorflow buffers=auto": af.Pipeline([source] + fns, buffers="auto",
+                                                   names=names)}
+    contenders = [Contender(name, lambda p=p: list(p.run()), ref,
+                            note=f"af.Pipeline, {name.split(' ', 1)[1]}")
+                  for name, p in pipes.items()]
+    contenders.append(Contender(
+        "threads + queue", lambda: harness.threads_queue(source, fns, QUEUE_SIZE), ref,
+        note=f"{TINY_STAGES + 1} threads, queue.Queue(maxsize={QUEUE_SIZE}) between them"))
+    harness.run_rounds(contenders, repeat, "tiny pieces")
+    rows = {}
+    base = contenders[-1]
+    for c in contenders:
+        s = c.summary(per=n, unit="piece")
+        if c.times:
+            s["pieces_per_s"] = n / s["best_s"]
+            s["median_pieces_per_s"] = n / s["median_s"]
+            if base.times:
+                s["speed_vs_threads_queue"] = min(base.times) / s["best_s"]
+                s["median_speed_vs_threads_queue"] = (statistics.median(base.times)
+                                                      / s["median_s"])
+        rows[c.name] = s
+    for name, p in pipes.items():          # what each plan chose (the default: the plan's)
+        rows[name]["buffers"] = {r["name"]: r["buffers"] for r in p.plan().rows}
+    r = rows["actorflow default"].get("speed_vs_threads_queue")
+    return {"pieces": n, "stages": TINY_STAGES, "piece": f"float32[{TINY_PIECE}]",
+            "contenders": rows, "contender_objects": contenders,
+            "goal": {"default_ahead_of_threads_queue": None if r is None else r > 1,
+                     "default_speed_vs_threads_queue": r}}
+
+
+def print_tiny(t: dict) -> None:
+    print()
+    print(f"Tiny pieces: {t['pieces']} x {t['piece']} through {t['stages']} stages x + 1 on "
+          f"threads (best of N; pieces/s, median in brackets; speed vs threads + queue)")
+    for name, s in t["contenders"].items():
+        if "pieces_per_s" not in s:
+            print(f"  {name:<24} {harness.status(s)}")
+            continue
+        chose = s.get("buffers")
+        print(f"  {name:<24} {s['pieces_per_s']:>9.0f}/s ({s['median_pieces_per_s']:.0f})  "
+              f"{harness.fmt(s.get('speed_vs_threads_queue'), '.2f')}x "
+              f"({harness.fmt(s.get('median_speed_vs_threads_queue'), '.2f')}x)"
+              + (f"  buffers {sorted(set(chose.values()))}" if chose else "")
+              + f"  {harness.status(s)}")
+    g = t["goal"]
+    print(f"  goal: the default ahead of threads + queue -> "
+          f"{harness.fmt(g['default_speed_vs_threads_queue'], '.2f')}x "
+          f"({'MET' if g['default_ahead_of_threads_queue'] else 'NOT MET'})")
+
+
 # -- main ----------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -175,13 +255,26 @@ def main(argv=None) -> int:
     p.add_out("bench_pipeline")
     p.add_argument("--no-diagnostics", action="store_true",
                    help="skip the diagnostic 'actorflow (out= declared)' row")
+    p.add_sized("--tiny-pieces", 10_000, 2_000,
+                "pieces of the tiny-pieces part (default {full}, quick {quick}; 0 skips it)")
     args = p.parse_args(argv)
     q, n, repeat, calls = args.quick, args.items, args.repeat, args.calls
-    if n < 1 or repeat < 1 or calls < 2:
-        p.error("--items and --repeat must be >= 1, --calls >= 2")
+    if n < 0 or repeat < 1 or calls < 2 or args.tiny_pieces < 0 or not (n or args.tiny_pieces):
+        p.error("--repeat must be >= 1, --calls >= 2, --items and --tiny-pieces >= 0 "
+                "(not both 0)")
 
     t_start = time.perf_counter()
     import actorflow as af
+
+    tiny = tiny_pieces(af, args.tiny_pieces, max(5, repeat)) if args.tiny_pieces else None
+    if not n:
+        print_tiny(tiny)
+        env = environment()
+        result = harness.document("bench_pipeline", argv, q, "tiny pieces in order, piece "
+                                  "i == i + 4", tiny_pieces=args.tiny_pieces, repeat=max(5, repeat))
+        objs = tiny.pop("contender_objects")
+        result["tiny_pieces"] = tiny
+        return harness.finish(args.out, result, objs, t_start, env, "produced wrong items")
 
     stage_s = tuple(ms / 1e3 for ms in STAGE_MS)
     stages = make_workload(n, stage_s)
@@ -285,6 +378,8 @@ def main(argv=None) -> int:
     print(f"  goal: actorflow no slower than threads + queue -> {harness.fmt(r_thr, '.3f')}x "
           f"({'MET' if goals['threads_met'] else 'NOT MET'})")
     harness.print_contention(contention)
+    if tiny is not None:
+        print_tiny(tiny)
     print(f"env: {env['cpu_count']} CPUs, python {env['python']}, numpy {env['numpy']}, "
           f"uvloop installed {env['uvloop_installed']}, graph loop {env['graph_event_loop']}")
 
@@ -303,7 +398,12 @@ def main(argv=None) -> int:
         "goals": goals,
         "cpu_contention": contention,
     })
-    return harness.finish(args.out, result, contenders, t_start, env, "produced wrong items")
+    objs = []
+    if tiny is not None:
+        objs = tiny.pop("contender_objects")
+        result["tiny_pieces"] = tiny
+    return harness.finish(args.out, result, contenders + objs, t_start, env,
+                          "produced wrong items")
 
 
 if __name__ == "__main__":

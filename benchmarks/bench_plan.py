@@ -17,8 +17,17 @@ and the cost of an act of a threaded Python stage.
    throughput at least the best uniform choice's, its memory at most that choice's (or,
    where the budget allows only one register each, more throughput within the budget).
 3. **Threaded stages.** A source and 7 Python stages ``lambda a: -a`` on their own threads
-   over 5,000 pieces of 4 floats, against 8 hand-written threads joined by
-   ``queue.Queue(maxsize=2)``, in the same rounds: microseconds per act.
+   over 5,000 pieces of 4 floats (``buffers`` 2, 4, 16, "auto" and left out: the
+   default), against 8 hand-written threads joined by ``queue.Queue(maxsize=2)``, in the
+   same rounds: microseconds per act.
+4. **Sizing without ``out=``.** Chains of 100, 300 and 1,000 actors (a source and inline
+   stages ``lambda v: v + 1`` on float32[4], one piece) run without ``out=``, so the run
+   sizes every stage from piece 0 as it flows (``Plan.size``), against the same chains
+   with ``out=`` declared (sized while planning). Reported: the milliseconds the run spends
+   sizing and allocating its registers (inside ``plan_graph``, ``Plan.allocate`` and
+   ``Plan.size``, timed by wrapping them), on a graph's first run and on a rerun of the
+   same graph, interleaved, best of N (medians recorded).
+   Goal: 1,000 actors sized in under 50 ms, first run and rerun.
 
 Usage::
 
@@ -40,6 +49,8 @@ import harness  # noqa: E402 - the shared timing harness, next to this file
 
 MiB = 1 << 20
 PLAN_GOAL_S = 1.0
+SIZING_GOAL_S = 0.05                # 1,000 actors without out= sized in under 50 ms
+SIZING_ACTORS = (100, 300, 1000)
 STAGES = [("load", 4, 0.0005), ("crop", 0.25, 0.0005), ("decode", 1, 0.003),
           ("augment", 0.25, 0.003), ("compute", 0.25, 0.003)]
 CHAIN = 7
@@ -139,13 +150,13 @@ def threaded(af, repeat: int, pieces: int) -> dict:
     ref = -np.stack(items) if CHAIN % 2 else np.stack(items)
 
     def chain(buffers):
-        g = af.ActorGraph(buffers=buffers)
+        g = af.ActorGraph() if buffers is None else af.ActorGraph(buffers=buffers)
         x = g.source(lambda: iter(items), out=af.Spec((4,), af.float32), inline=True)
         for i in range(CHAIN):
             x = g.actor(lambda a: -a, x, name=f"neg{i}")
         g.sink(x)
         return g
-    g, g4, g16, ga = chain(2), chain(4), chain(16), chain("auto")
+    g, g4, g16, ga, gd = chain(2), chain(4), chain(16), chain("auto"), chain(None)
 
     def check(out, want):
         got = np.stack([np.asarray(v) for v in out])
@@ -157,6 +168,8 @@ def threaded(af, repeat: int, pieces: int) -> dict:
         harness.Contender("actorflow thread stages, buffers=16", lambda: list(g16.run()),
                           check, ref=ref),
         harness.Contender("actorflow thread stages, buffers=auto", lambda: list(ga.run()),
+                          check, ref=ref),
+        harness.Contender("actorflow thread stages, the default", lambda: list(gd.run()),
                           check, ref=ref),
         harness.Contender("threads + queue", lambda: harness.threads_queue(
             lambda: map(np.ndarray.copy, items), [np.negative] * CHAIN, 2), check, ref=ref),
@@ -176,10 +189,92 @@ def threaded(af, repeat: int, pieces: int) -> dict:
                                 / rows["threads + queue, maxsize=14"]["best_s"])
     rows["ratio_auto"] = (rows["actorflow thread stages, buffers=auto"]["best_s"]
                           / rows["threads + queue"]["best_s"])
+    rows["ratio_default"] = (rows["actorflow thread stages, the default"]["best_s"]
+                             / rows["threads + queue"]["best_s"])
     rows["auto_buffers"] = {r["name"]: r["buffers"] for r in ga.plan().rows}
+    rows["default_buffers"] = {r["name"]: r["buffers"] for r in gd.plan().rows}
     rows["modes"] = sorted({r["mode"] for n, r in g.stats().actors.items()
                             if n.startswith("neg")})
     return rows
+
+
+class SizingClock:
+    """Seconds a run spends sizing and allocating its registers: in ``plan_graph`` (every
+    run start), ``Plan.allocate`` (the registers of the sized actors) and ``Plan.size`` (a
+    stage sized by piece 0 in the run, its registers allocated then), all three wrapped."""
+
+    def __init__(self):
+        from actorflow.runtime.graph import actor_graph
+        from actorflow.runtime.plan import reservation
+        self.spent = 0.0
+        plan_graph, size = actor_graph.plan_graph, reservation.Plan.size
+        allocate = reservation.Plan.allocate
+
+        def timed(fn):
+            def wrapper(*args, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kw)
+                finally:
+                    self.spent += time.perf_counter() - t0
+            return wrapper
+        actor_graph.plan_graph = timed(plan_graph)
+        reservation.Plan.size = timed(size)
+        reservation.Plan.allocate = timed(allocate)
+        self.undo = lambda: (setattr(actor_graph, "plan_graph", plan_graph),
+                             setattr(reservation.Plan, "size", size),
+                             setattr(reservation.Plan, "allocate", allocate))
+
+    def run(self, g) -> float:
+        """Runs ``g`` (checking its one output) and returns the seconds it spent sizing."""
+        self.spent = 0.0
+        out = list(g.run())
+        if len(out) != 1 or float(out[0][0]) != len(g.actors) - 1:
+            raise AssertionError(f"a chain of {len(g.actors)} actors gave {out!r}")
+        return self.spent
+
+
+def sizing_chain(af, n: int, declared: bool):
+    spec = af.Spec((4,), af.float32)
+    g = af.ActorGraph()
+    x = g.source(lambda: iter([np.zeros(4, np.float32)]), out=spec if declared else None,
+                 inline=True, name="source")
+    for i in range(n - 1):
+        x = g.actor(lambda v: v + 1, x, out=spec if declared else None, inline=True,
+                    name=f"s{i}")
+    g.sink(x)
+    return g
+
+
+def sizing(af, repeat: int) -> dict:
+    """Per chain length: ms spent sizing, best and median, for a first run (a new graph
+    each round), a rerun (the same graph again) and ``out=`` declared (a rerun)."""
+    clock = SizingClock()
+    rows = {}
+    try:
+        for n in SIZING_ACTORS:
+            again, declared = sizing_chain(af, n, False), sizing_chain(af, n, True)
+            clock.run(again)                # (the rerun's first run, and a warm-up)
+            clock.run(declared)
+            runs = {"first run": lambda n=n: clock.run(sizing_chain(af, n, False)),
+                    "rerun": lambda g=again: clock.run(g),
+                    "out= declared": lambda g=declared: clock.run(g)}
+            times = {k: [] for k in runs}
+            names = list(runs)
+            for r in range(repeat):
+                k = r % len(names)
+                for name in names[k:] + names[:k]:
+                    times[name].append(runs[name]())
+            rows[n] = {k: {"best_ms": min(v) * 1e3, "median_ms": sorted(v)[len(v) // 2] * 1e3,
+                           "times_ms": [t * 1e3 for t in v]} for k, v in times.items()}
+            print(f"[sizing] {n} actors: " + ", ".join(
+                f"{k} {v['best_ms']:.1f} ms" for k, v in rows[n].items()), flush=True)
+    finally:
+        clock.undo()
+    big = rows[SIZING_ACTORS[-1]]
+    met = (big["first run"]["best_ms"] < SIZING_GOAL_S * 1e3
+           and big["rerun"]["best_ms"] < SIZING_GOAL_S * 1e3)
+    return {"actors": rows, "goal_ms": SIZING_GOAL_S * 1e3, "goal_met": met}
 
 
 def main(argv=None) -> int:
@@ -187,11 +282,22 @@ def main(argv=None) -> int:
     p.add_repeat(5, 2)
     p.add_sized("--pieces", 200, 60, "pipeline pieces (default {full}, quick {quick})")
     p.add_sized("--thread-pieces", 5000, 1000, "threaded-stage pieces (default {full})")
+    p.add_argument("--only-sizing", action="store_true",
+                   help="run part 4 (sizing without out=) alone")
     p.add_out("bench_plan")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     import actorflow as af
 
+    size = sizing(af, max(5, args.repeat))
+    if args.only_sizing:
+        print_sizing(size)
+        env = harness.environment(runtime={"graph_event_loop": harness.graph_event_loop()})
+        result = harness.document("bench_plan", argv, args.quick, "every chain gives its "
+                                  "one piece, equal to the actors - 1", repeat=max(5, args.repeat))
+        result.update({"sizing": size, "goals": {"sizing_1000_under_ms": SIZING_GOAL_S * 1e3,
+                                                 "sizing_met": size["goal_met"]}})
+        return harness.finish(args.out, result, [], t_start, env, "produced wrong pieces")
     plans = planning(af, args.repeat)
     tune = autotune(af, args.repeat, args.pieces)
     thr = threaded(af, args.repeat, args.thread_pieces)
@@ -237,7 +343,7 @@ def main(argv=None) -> int:
     a4 = thr["actorflow thread stages, buffers=4"]
     print(f"\n3. threaded Python stages (mode {', '.join(thr['modes'])}), "
           f"{args.thread_pieces} pieces x 8 acts, us/act best (median):")
-    print(f"  actorflow, buffers=2 (the default) {a['us_per_act']:.1f} "
+    print(f"  actorflow, buffers=2               {a['us_per_act']:.1f} "
           f"({a['median_us_per_act']:.1f}): {thr['ratio']:.2f}x threads + queue")
     print(f"  actorflow, buffers=4               {a4['us_per_act']:.1f} "
           f"({a4['median_us_per_act']:.1f}): {thr['ratio_buffers_4']:.2f}x threads + queue "
@@ -254,21 +360,36 @@ def main(argv=None) -> int:
     print(f"  actorflow, buffers=\"auto\"          {aa['us_per_act']:.1f} "
           f"({aa['median_us_per_act']:.1f}): {thr['ratio_auto']:.2f}x threads + "
           f"queue(maxsize=2); chose {thr['auto_buffers']}")
+    ad = thr["actorflow thread stages, the default"]
+    print(f"  actorflow, the default             {ad['us_per_act']:.1f} "
+          f"({ad['median_us_per_act']:.1f}): {thr['ratio_default']:.2f}x threads + "
+          f"queue(maxsize=2); chose {thr['default_buffers']}")
     met_auto = thr["ratio_auto"] <= 1 and aa["us_per_act"] <= 10
     print(f"  goal: <= threads + queue and <= 10 us/act -> "
-          f"{'MET' if thr['ratio'] <= 1 and a['us_per_act'] <= 10 else 'NOT MET'} at the "
-          f"default buffers=2, {'MET' if met_auto else 'NOT MET'} with buffers=\"auto\"; at "
+          f"{'MET' if thr['ratio'] <= 1 and a['us_per_act'] <= 10 else 'NOT MET'} at "
+          f"buffers=2, {'MET' if met_auto else 'NOT MET'} with buffers=\"auto\", "
+          f"{'MET' if thr['ratio_default'] <= 1 and ad['us_per_act'] <= 10 else 'NOT MET'} "
+          f"at the default; at "
           f"as many pieces per edge as the queues hold: {thr['ratio_buffers_4']:.2f}x and "
           f"{thr['ratio_buffers_16']:.2f}x")
+
+    print_sizing(size)
 
     env = harness.environment(runtime={"graph_event_loop": harness.graph_event_loop()})
     result = harness.document("bench_plan", argv, args.quick,
                               "every run delivers all its pieces (threaded stages: equal "
                               "to the numpy reference)", repeat=args.repeat)
     result.update({"planning": plans, "autotune": tune, "threaded_stages": thr,
+                   "sizing": size,
                    "goals": {"plan_1000_under_s": PLAN_GOAL_S, "plan_met": goal_plan,
+                             "sizing_1000_under_ms": SIZING_GOAL_S * 1e3,
+                             "sizing_met": size["goal_met"],
                              "autotune_met": goal_tune,
                              "threaded_met": thr["ratio"] <= 1 and a["us_per_act"] <= 10,
+                             "threaded_default_met": (
+                                 thr["ratio_default"] <= 1 and thr[
+                                     "actorflow thread stages, the default"]["us_per_act"]
+                                 <= 10),
                              "threaded_auto_met": (
                                  thr["ratio_auto"] <= 1 and thr[
                                      "actorflow thread stages, buffers=auto"]["us_per_act"]
@@ -277,6 +398,19 @@ def main(argv=None) -> int:
     if wrong:
         print("ERROR: a planned graph did not run", file=sys.stderr)
     return harness.finish(args.out, result, [], t_start, env, "produced wrong pieces") or wrong
+
+
+def print_sizing(size: dict) -> None:
+    print("\n4. sizing stages without out= (ms the run spends sizing and allocating its "
+          "registers, best of N (median))")
+    print(f"  {'actors':>7} {'first run':>16} {'rerun':>16} {'out= declared':>16}")
+    for n, r in size["actors"].items():
+        print(f"  {n:>7} " + " ".join(f"{r[k]['best_ms']:>7.1f} ({r[k]['median_ms']:>6.1f})"
+                                      for k in ("first run", "rerun", "out= declared")))
+    big = size["actors"][SIZING_ACTORS[-1]]
+    print(f"  goal: {SIZING_ACTORS[-1]:,} actors sized in under {size['goal_ms']:g} ms -> "
+          f"first run {big['first run']['best_ms']:.1f} ms, rerun {big['rerun']['best_ms']:.1f}"
+          f" ms ({'MET' if size['goal_met'] else 'NOT MET'})")
 
 
 if __name__ == "__main__":

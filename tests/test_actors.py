@@ -87,8 +87,9 @@ def test_measured_peak_equals_plan_and_fits_budget(no_leftovers):
     g = simple_graph(8, memory={"cpu": 1000})
     list(g.run())
     m = g.stats().memory["cpu"]
-    assert m["peak"] == m["planned"] == 3 * 2 * 48
-    assert m["peak"] <= m["budget"] == 1000
+    # the default: at least 2 registers of 48 B per actor, more where the budget allows
+    assert m["peak"] == m["planned"] and m["planned"] % 48 == 0
+    assert 3 * 2 * 48 <= m["peak"] <= m["budget"] == 1000
 
 
 def test_plan_refused_names_actors_total_budget_and_buffers():
@@ -426,7 +427,7 @@ def test_run_sizes_stages_as_piece_0_flows(no_leftovers):
         calls.append(int(x[0, 0]))
         return np.concatenate([x, x])
 
-    g = af.ActorGraph(memory={"cpu": 10_000})
+    g = af.ActorGraph(memory={"cpu": 10_000}, buffers=2)     # (the sizes, counted below)
     g.sink(g.op(af.neg, g.actor(stage, g.source(batches(4)), name="stage"), name="neg"))
     outs = list(g.run())
     assert calls == [0, 1, 2, 3]

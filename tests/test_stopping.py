@@ -199,7 +199,7 @@ def test_a_budget_not_given_per_device_is_refused_with_the_form_to_use():
 
 def test_graph_level_arguments_are_checked_as_the_graph_is_made():
     with pytest.raises(af.PlanError, match="ActorGraph: buffers must be an int >= 1"):
-        af.ActorGraph(buffers=None)
+        af.ActorGraph(buffers=0)
     with pytest.raises(TypeError, match="whole numbers"):
         af.Spec((2.5,))
     with pytest.raises(TypeError, match="zeros"):

@@ -78,7 +78,7 @@ def test_virtual_clock_runs_simulated_time_in_order(keep_all):
 
 
 async def test_wait_all_actors_blocked_on_a_slow_consumer():
-    g = fan(pieces=100, output_buffers=2)
+    g = fan(pieces=100, output_buffers=2, buffers=2)     # (two registers per edge, as counted)
     run = g.run_async()
     first = await run.__anext__()
     await af.testing.wait_all_actors_blocked(g)

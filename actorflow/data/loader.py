@@ -90,8 +90,10 @@ class DataLoader:
             read, and batched, by the source actor, in order.)
         buffers: registers per actor (batches ready ahead of the consumer), an int >= 1 or
             ``"auto"`` (chosen under the budget, as for ActorGraph). Every worker holds a
-            register while it loads, so an int must be at least ``workers``; left out, it
-            is ``max(2, workers)`` (PyTorch's ``prefetch_factor`` counts per worker too).
+            register while it loads, so an int must be at least ``workers``; left out,
+            the plan chooses at least ``max(2, workers)`` (more for small batches, as
+            ActorGraph's default does; in a graph with a fixed default, exactly that;
+            PyTorch's ``prefetch_factor`` counts per worker too).
         memory: byte budgets per device for the batches in flight, as for ActorGraph
             (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
@@ -129,9 +131,8 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
-        self.buffers = check_buffers(max(2, self.workers) if buffers is None else buffers,
-                                     "DataLoader")
-        if self.buffers != "auto" and self.buffers < self.workers:
+        self.buffers = None if buffers is None else check_buffers(buffers, "DataLoader")
+        if self.buffers not in (None, "auto") and self.buffers < self.workers:
             raise ValueError(f"DataLoader: buffers={buffers} is fewer than workers={workers}: "
                              f"each worker holds a register (a batch) while it loads, so "
                              f"{workers} workers need at least {workers}; give buffers >= "
@@ -172,18 +173,21 @@ class DataLoader:
             LoaderActors: its ``node`` is the actor whose register holds a batch."""
         actors = LoaderActors(self)
         actors.layout = layout
+        buffers = self.buffers          # (left out: the graph's default, at least the workers)
+        if buffers is None and g.buffers is not None:
+            buffers = max(2, self.workers)
         out = unflatten(layout.structure, list(layout.specs)) if layout is not None else None
         if self.map_style:              # indices -> samples -> a batch, on the workers
-            src = g.source(actors.batches, name="sampler", buffers=self.buffers)
+            src = g.source(actors.batches, name="sampler", buffers=buffers)
             actors.node = g.actor(actors.load, src, name="load", out=out,
-                                  replicas=max(1, self.workers), buffers=self.buffers)
+                                  replicas=max(1, self.workers), buffers=buffers)
             actors.actors = [src, actors.node]
         else:                           # an iterable is read in order: the source batches
-            actors.node = g.source(actors.batches, name="load", out=out, buffers=self.buffers)
+            actors.node = g.source(actors.batches, name="load", out=out, buffers=buffers)
             actors.actors = [actors.node]
         if self.on_device and to_device:    # double-buffered: a batch's copy overlaps the
             actors.node = g.copy(actors.node, self.device, name="to_device",   # next load
-                                 buffers=self.buffers)
+                                 buffers=buffers)
             actors.actors.append(actors.node)
         return actors
 

@@ -25,6 +25,7 @@ from .actors import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
 from .device_acts import (DEVICE_ACTORS, CopyActor, DeviceOpActor, DeviceSource,
                           DeviceStage, device_memory, placed_on)
+from ..plan.autotune import FLOOR
 from ..plan.sizing import plan_graph
 from ..plan.registers import MemoryBudget
 from .source import SourceActor
@@ -56,8 +57,13 @@ class ActorGraph:
         memory: byte budgets per device, e.g. ``{"cpu": "64MiB"}`` (ints or strings).
         resources: shared tokens, e.g. ``{"disk": 1}``; an actor declaring
             ``resources={"disk": 1}`` takes one for each act (all of its tokens at once).
-        buffers: default registers per actor output (2: double buffering; "auto": chosen
-            for throughput under the budget when the plan is made, from the stage times).
+        buffers: registers per actor output where an actor gives none: None (the
+            default) chooses them as "auto" does with double buffering as the floor: 2
+            each, up to 16 for small host registers next to short acts on threads where
+            the budget allows (the plan's rows say the count and ``auto``); an int is
+            exactly that many (2: double buffering); "auto" chooses them for throughput
+            under the budget when the plan is made, from the stage times (piece 0 is
+            computed before the run to time it).
         seed: seeds the order in which simultaneously ready actors are tried (tests).
         output_buffers: outputs ``run()`` may have delivered but the caller not taken yet.
         share: registers whose lifetimes never overlap share memory, in an order the run
@@ -66,7 +72,7 @@ class ActorGraph:
     """
 
     def __init__(self, memory: dict | None = None, resources: dict | None = None,
-                 buffers: int = 2, seed=None, output_buffers: int = 16, share="auto"):
+                 buffers=None, seed=None, output_buffers: int = 16, share="auto"):
         MemoryBudget(memory)                            # validates the budgets now
         self.memory = dict(memory or {})
         self.resources = {}
@@ -75,7 +81,7 @@ class ActorGraph:
                 raise PlanError(f"resources={{{name!r}: {n!r}}}: a resource needs a whole "
                                 f"number of tokens >= 1")
             self.resources[name] = n
-        self.buffers = check_buffers(buffers, "ActorGraph")
+        self.buffers = None if buffers is None else check_buffers(buffers, "ActorGraph")
         self.seed = seed
         if not isinstance(output_buffers, int) or isinstance(output_buffers, bool) \
                 or output_buffers < 1:
@@ -100,6 +106,8 @@ class ActorGraph:
         self._current = None              # (scheduler, plan) of the run going on
         self._stragglers = None           # the last run's ledger (see join())
         self._measured: dict = {}         # actor name -> seconds per act, last run
+        self._local = True                # plans are for this process's engine (else the
+        #                                   default is its floor: see run())
 
     def _set_outputs(self, sinks: list, picks: list, structure,
                      yields_nothing: bool = False) -> None:
@@ -193,7 +201,7 @@ class ActorGraph:
         the device's memory, under its budget ``memory={"cuda:0": ...}``), or from one to
         ``"cpu"`` (on ``d2h``). The stages reading a device copy run on the device: they
         get its registers as tensors there (read-only) and return tensors there. Each
-        act ends when its copy completed on the device; with ``buffers=2`` (the default)
+        act ends when its copy completed on the device; with 2 registers (the default's)
         one piece's copy overlaps the next stage's work on the piece before.
 
         Raises DeviceError when ``src`` is on ``device``'s side already."""
@@ -292,8 +300,9 @@ class ActorGraph:
             return self._make_plan(feed, lazy=False)
 
     def _make_plan(self, feed, lazy: bool, whole: bool = False):
+        default = self.buffers if self.buffers is not None or self._local else FLOOR
         self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
-                                self.buffers, MemoryBudget(self.memory), self.resources,
+                                default, MemoryBudget(self.memory), self.resources,
                                 share=self.share, measured=self._measured, whole=whole)
         return self._plan
 
@@ -427,7 +436,13 @@ class ActorGraph:
                     raise ValueError(f"run(engine={engine!r}): the engines are 'local' and "
                                      f"{', '.join(repr(k) for k in _ENGINES) or 'none else'}")
                 engine = _ENGINES[engine]()
-            return engine.run(self, feed=feed, trace=trace, progress=progress)
+            # the default's hand-off registers are for threads in this process: elsewhere
+            # (processes, where a register is an object in flight) it is its floor, 2
+            self._local = False
+            try:
+                return engine.run(self, feed=feed, trace=trace, progress=progress)
+            finally:
+                self._local = True
         return driving.run_blocking(self, feed, trace, progress)
 
     def run_async(self, feed=None, trace=None, progress=False):

@@ -58,6 +58,7 @@ class Actor:
         self.declared = out is not None     # the user gave out=
         self.cached: dict = {}              # piece -> output leaves computed while planning
         self.probe_s = None                 # seconds piece 0 took while planning
+        self.sized_as = None                # (layout, bytes per device) a run sized it by
         self.state_reads: tuple = ()        # state names read / written across pieces
         self.state_writes: tuple = ()       # (gates.py: kept in piece order)
         self.consumers: list = []           # actors reading this one

@@ -11,6 +11,12 @@ the slowest edge as far as memory allows (no other choice of counts does better 
 the model). With memory left, the edges within 25% of the bound get one more each (stage
 times jitter), cheapest first.
 
+The default (``buffers`` given nowhere) is "auto" with double buffering as its floor
+(``default_counts``): two registers per output (as many as a stage's replicas, or its
+readers', can use at once), and up to HANDOFF for small host registers next to short acts
+on threads, where the budget allows. It reads no stage time it would have to compute: a
+stage whose time is unknown counts as short.
+
 Stage times come from the last run of the graph (measured per act: the tuner re-tunes on
 every plan, so the counts follow the times as they drift), else ``time=`` (the average of
 the first pieces when it is a function), else the time to compute piece 0 while planning;
@@ -23,9 +29,11 @@ import math
 
 from ...errors import PlanError, format_bytes
 from ..graph.actors import Collector
+from ..graph.device_acts import DEVICE_ACTORS
 from ..graph.source import SourceActor
 
 AUTO = "auto"
+FLOOR = 2               # registers per output the default gives at least: double buffering
 MAX_AUTO = 16           # registers per output the tuner gives at most
 JITTER = 1.25           # with memory left, edges within this of the bound get one more
 SHORT_ACT_S = 1e-3      # thread stages whose register is held less than this per act...
@@ -141,10 +149,97 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
         for a in spare:
             if fits(a):
                 grow(a)
-    short = {a for a in nodes if _short_thread_act(a, hold[a])}
+    handoff = _hand_offs(nodes, auto, hold, bytes_of, buffers, fits, grow)
+    tu.handoff = [a.name for a in handoff]
+    tu.rate = min((rate(a) for a in nodes if hold[a] > 0), default=None)
+    tu.buffers = {a: buffers[a] for a in nodes}
+    tu.lines = _explain(tu, nodes, auto, hold, buffers, slowest, stop, used)
+    return tu
+
+
+def floor_of(a) -> int:
+    """Registers the default gives ``a`` at least: FLOOR, or as many as its replicas or a
+    reader's replicas can take at once."""
+    n = max(FLOOR, a.replicas)
+    for c in a.consumers:
+        if c.replicas > n:
+            n = c.replicas
+    return n
+
+
+def default_counts(nodes: list, default: set, buffers: dict, budget, measured: dict,
+                   lazy: bool = False) -> list:
+    """Chooses ``buffers[a]`` for the actors of ``nodes`` (sized ones, plan order) in
+    ``default`` (no ``buffers`` given): ``floor_of(a)``, then up to HANDOFF for small host
+    registers next to short acts on threads (``_hand_offs``), as far as each device's
+    budget allows with every register of ``nodes`` counted (``lazy``: registers sized one
+    at a time, so only on devices without a budget). A stage's time is the last run's,
+    or its ``time=`` when a number; unknown counts as short, and a ``time=`` function as
+    long (it is not read). Returns the actors given more than their floor."""
+    times: dict = {}
+
+    def t(a):
+        if a not in times:
+            if a.name in measured:
+                times[a] = measured[a.name]
+            elif callable(a.time):
+                times[a] = math.inf
+            else:
+                times[a] = (a.time or 0.0) + (a.probe_s or 0.0)
+        return times[a]
+    bytes_of = {}
+    for a in nodes:
+        if a in default:
+            buffers[a] = floor_of(a)
+            if (a.out_spec is not None and not isinstance(a, DEVICE_ACTORS)
+                    and (_on_thread(a) or any(_on_thread(c) for c in a.consumers))):
+                on = a.out_spec.bytes_on()
+                if on and all(d.type == "cpu" and n <= SMALL_BYTES for d, n in on.items()):
+                    bytes_of[a] = on            # (small host registers: may get more)
+    host = list(bytes_of)
+    if not host:
+        return []
+    hold = {}
+    for a in host:
+        for x in (a, *a.consumers):
+            if x not in hold and not isinstance(x, Collector):
+                hold[x] = t(x) + max((t(c) for c in x.consumers
+                                      if not isinstance(c, Collector)), default=0.0)
+    used: dict = {}
+    if not lazy:
+        for a in nodes:
+            if a.out_spec is not None and not isinstance(a, Collector):
+                for d, n in a.out_spec.bytes_on().items():
+                    used[d] = used.get(d, 0) + n * buffers[a]
+            prog = getattr(a, "program", None)
+            if prog is not None and prog.workspace_bytes:
+                used[prog.device] = used.get(prog.device, 0) + prog.workspace_bytes
+
+    def fits(a):
+        for d, n in bytes_of[a].items():
+            cap = budget.budget(d)
+            if cap is not None and (lazy or used.get(d, 0) + n > cap):
+                return False
+        return True
+
+    def grow(a):
+        buffers[a] += 1
+        for d, n in bytes_of[a].items():
+            used[d] = used.get(d, 0) + n
+    floors = {a: buffers[a] for a in host}
+    _hand_offs(host, default, hold, bytes_of, buffers, fits, grow)
+    return [a for a in host if buffers[a] > floors[a]]
+
+
+def _hand_offs(nodes, auto, hold, bytes_of, buffers, fits, grow) -> list:
+    """Gives the actors in ``auto`` whose registers are small and sit next to a short act
+    on a thread (``_short_thread_act``) one more register each in turn, cheapest first,
+    up to HANDOFF and as far as ``fits`` allows; returns them."""
+    def short(a):
+        return a in hold and _short_thread_act(a, hold[a])
     handoff = [a for a in nodes if a in auto and a.out_spec is not None
                and all(b <= SMALL_BYTES for b in bytes_of[a].values())
-               and (a in short or any(c in short for c in a.consumers))]
+               and (short(a) or any(short(c) for c in a.consumers))]
     grew = True
     while grew:                         # one more each in turn, as far as memory goes
         grew = False
@@ -152,11 +247,13 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
             if buffers[a] < HANDOFF and fits(a):
                 grow(a)
                 grew = True
-    tu.handoff = [a.name for a in handoff]
-    tu.rate = min((rate(a) for a in nodes if hold[a] > 0), default=None)
-    tu.buffers = {a: buffers[a] for a in nodes}
-    tu.lines = _explain(tu, nodes, auto, hold, buffers, slowest, stop, used)
-    return tu
+    return handoff
+
+
+def _on_thread(a) -> bool:
+    """A stage acting on a thread of its own (not inline, not async, not a source)."""
+    return not (a.inline or getattr(a, "is_async", False)
+                or isinstance(a, (SourceActor, Collector)))
 
 
 def _short_thread_act(a, hold: float) -> bool:
@@ -165,9 +262,7 @@ def _short_thread_act(a, hold: float) -> bool:
     and output let each thread take several pieces per turn (measured in
     ``benchmarks/bench_plan.py``: 16 registers run a chain of tiny stages 3-4x faster than
     2). The tuner gives them only to small registers, which cost next to nothing."""
-    if a.inline or getattr(a, "is_async", False) or isinstance(a, (SourceActor, Collector)):
-        return False
-    return hold < SHORT_ACT_S
+    return _on_thread(a) and hold < SHORT_ACT_S
 
 
 def _explain(tu, nodes, auto, hold, buffers, slowest, stop, used) -> list:

@@ -19,21 +19,28 @@ import traceback
 from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Collector, OpActor, read_piece
 from ..graph.device_acts import pinned_for, register_arrays, release_registers
+from .autotune import FLOOR, HANDOFF, SMALL_BYTES, default_counts
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
 from ..graph.source import SourceActor
 
 
 class Plan:
-    """What a run will hold. ``rows``: per actor ``{name, kind, output, buffers,
-    register_bytes, workspace_bytes, bytes, device}``; ``totals``: ``{device: bytes}``;
-    ``budgets``: ``{device: bytes or None}``; ``sharing``: the registers that share memory
-    by lifetime (a ``Sharing``), when the budget needed it (``share="auto"``) or the graph
-    asked for it (``share=True``), else None."""
+    """What a run will hold. ``rows``: per sized actor ``{name, kind, output, buffers, auto,
+    register_bytes, workspace_bytes, bytes, device, shared}`` (built when read);
+    ``totals``: ``{device: bytes}``, kept as each actor is sized (sizing is linear in the
+    graph's size); ``budgets``: ``{device: bytes or None}``; ``sharing``: the registers
+    that share memory by lifetime (a ``Sharing``), when the budget needed it
+    (``share="auto"``) or the graph asked for it (``share=True``), else None. ``chosen``:
+    the actors whose count the plan chose (``buffers="auto"``, or no ``buffers`` given)."""
 
     def __init__(self, actors: list, buffers: dict, budget: MemoryBudget, resources: dict,
-                 share="auto"):
+                 share="auto", chosen=()):
         self.actors = actors
+        self.chosen = set(chosen)       # actors whose count the plan chose (buffers="auto")
+        self.default: set = set()       # ...of them, those on the default (autotune.py's
+        self.measured: dict = {}        # default_counts, from these times): sized later,
+        #                                 they get their count when sized
         self.share = share
         self.sharing = None
         self.tuning = None              # what buffers="auto" chose, and why (autotune.py)
@@ -42,8 +49,11 @@ class Plan:
         self.resources = dict(resources)
         self.ports: dict = {}
         self.in_ports: dict = {}
-        self.rows: list = []
         self.totals: dict = {}
+        self._rows: dict = {}           # actor -> its row, built when first read
+        self._row_list = None           # ``rows`` in graph order, until a size changes it
+        self.row_builds = 0             # rows built (each at most once per size: counted)
+        self.reused = 0                 # actors sized by the run as the last run sized them
         self.allocated = False
         self.filled = False             # some register is allocated (none may share now)
         self.whole = False              # registers wait for every size (see defer())
@@ -64,30 +74,58 @@ class Plan:
         self._tally()
 
     def _tally(self) -> None:
-        """Rows and totals of the actors sized so far, in graph order."""
-        self.rows, self.totals = [], {}
+        """The totals of the actors sized so far, from scratch (a new plan, a plan made
+        whole, registers now shared); their rows are built again when read."""
+        self.totals = {}
+        self._rows.clear()
+        self._row_list = None
         for a in self.actors:
-            if isinstance(a, Collector) or a in self.pending:
-                continue
-            reg = a.out_spec.nbytes
-            ws = a.program.workspace_bytes if getattr(a, "program", None) else 0
-            n = self.buffers[a]
-            dev = (a.out_spec.specs[0].device if a.out_spec.specs       # (no output: where
-                   else getattr(getattr(a, "program", None), "device", None))  # its state is)
-            if self.sharing is None or a not in self.sharing.members:
-                for d, b in a.out_spec.bytes_on().items():
-                    self.totals[d] = self.totals.get(d, 0) + b * n
-            if ws:
-                self.totals[dev] = self.totals.get(dev, 0) + ws
-            self.rows.append({"name": a.name, "kind": a.describe(),
-                              "output": a.out_spec.describe(sizes=False), "buffers": n,
-                              "register_bytes": reg, "workspace_bytes": ws,
-                              "bytes": reg * n + ws, "device": str(dev) if dev else "-",
-                              "shared": self.sharing is not None
-                              and a in self.sharing.members})
+            if not isinstance(a, Collector) and a not in self.pending:
+                self._count(a)
         if self.sharing is not None:
             for d, b in self.sharing.arenas.items():
                 self.totals[d] = self.totals.get(d, 0) + b
+
+    def _count(self, a) -> None:
+        """Adds sized actor ``a``'s registers and workspace to the totals (once per size:
+        sizing a graph is linear in its actors)."""
+        totals, n = self.totals, self.buffers[a]
+        if self.sharing is None or a not in self.sharing.members:
+            for d, b in _bytes_on(a).items():
+                totals[d] = totals.get(d, 0) + b * n
+        prog = getattr(a, "program", None)
+        ws = prog.workspace_bytes if prog is not None else 0
+        if ws:
+            dev = a.out_spec.specs[0].device if a.out_spec.specs else prog.device
+            totals[dev] = totals.get(dev, 0) + ws
+        self._row_list = None
+
+    @property
+    def rows(self) -> list:
+        """Per sized actor, in graph order: ``{name, kind, output, buffers, auto,
+        register_bytes, workspace_bytes, bytes, device, shared}`` (``auto``: the count was
+        chosen by the plan, not given). Each row is built the first time it is read after
+        its actor is sized, and kept: sizing builds none."""
+        if self._row_list is None:
+            rows = self._rows
+            self._row_list = [rows.get(a) or self._row(a) for a in self.actors
+                              if not isinstance(a, Collector) and a not in self.pending]
+        return self._row_list
+
+    def _row(self, a) -> dict:
+        self.row_builds += 1
+        prog = getattr(a, "program", None)
+        ws = prog.workspace_bytes if prog is not None else 0
+        n, reg = self.buffers[a], a.out_spec.nbytes
+        dev = (a.out_spec.specs[0].device if a.out_spec.specs       # (no output: where
+               else getattr(prog, "device", None))                  # its state is)
+        shared = self.sharing is not None and a in self.sharing.members
+        row = {"name": a.name, "kind": a.describe(),
+               "output": a.out_spec.describe(sizes=False), "buffers": n,
+               "auto": a in self.chosen, "register_bytes": reg, "workspace_bytes": ws,
+               "bytes": reg * n + ws, "device": str(dev) if dev else "-", "shared": shared}
+        self._rows[a] = row
+        return row
 
     def check(self) -> None:
         """Raises PlanError when a device's registers do not fit its budget, even shared
@@ -230,6 +268,7 @@ class Plan:
         actors sized. Raises PlanError if the registers sized so far do not fit. (A plan
         made whole (``defer``): the registers wait for the last size, see ``unpend``.)"""
         if self.whole:
+            self._remember(actor)
             self.ports[actor].spec = actor.out_spec     # (its next act waits for registers)
             return self.unpend(actor)
         sized, todo = [], [actor]
@@ -237,8 +276,13 @@ class Plan:
             a = todo.pop()
             self.pending.discard(a)
             port = self.ports[a]
+            self._remember(a)
             port.spec = a.out_spec
-            self._tally()
+            if a in self.default:
+                default_counts([a], self.default, self.buffers, self.budget, self.measured,
+                               lazy=True)
+                port.buffers = self.buffers[a]
+            self._count(a)
             self.check()
             self._fill(a, port)
             sized.append(a)
@@ -248,6 +292,16 @@ class Plan:
                     if c.out_spec is not None:
                         todo.append(c)
         return sized
+
+    def _remember(self, a) -> None:
+        """The run sized ``a`` from piece 0: with the layout the last run sized it by, that
+        size is reused (counted in ``reused``); else the new one is kept for the next."""
+        last = a.sized_as
+        if last is not None and last[0] == a.out_spec:
+            a.out_spec = last[0]
+            self.reused += 1
+        elif a.out_spec is not None and not a.declared:
+            a.sized_as = (a.out_spec, a.out_spec.bytes_on())
 
     def unpend(self, actor) -> list:
         """A plan made whole (``defer``): ``actor`` is sized, or ended before its piece 0.
@@ -259,6 +313,11 @@ class Plan:
         if self.pending or not self.whole:
             return []
         self.whole = False
+        if self.default:
+            default_counts([a for a in self.actors if not isinstance(a, Collector)],
+                           self.default, self.buffers, self.budget, self.measured)
+            for a, port in self.ports.items():
+                port.buffers = self.buffers[a]
         self._tally()
         self.check()
         if self.sharing is not None:
@@ -303,13 +362,20 @@ class Plan:
         lines = ["Plan", head, "-" * len(head)]
         for r in self.rows:
             out = r["output"] if len(r["output"]) <= 30 else r["output"][:29] + "~"
+            n = f"{r['buffers']} auto" if r["auto"] else r["buffers"]
             lines.append(f"{r['name']:<{w}} {r['kind']:<{k}} {out:<30} "
-                         f"{format_bytes(r['register_bytes']):>10} {r['buffers']:>7} "
+                         f"{format_bytes(r['register_bytes']):>10} {n:>7} "
                          f"{format_bytes(r['bytes']):>10}" + (" shared" if r["shared"] else ""))
         for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
             b = self.budget.budget(dev)
             against = f" of {format_bytes(b)} budget" if b is not None else " (no budget)"
             lines.append(f"total on {dev}: {format_bytes(total)}{against}")
+        if self.default:
+            lines.append("buffers: the default, \"auto\" with double buffering as its floor: "
+                         f"{FLOOR} per output (or a stage's replicas), up to {HANDOFF} for "
+                         f"registers of at most {format_bytes(SMALL_BYTES)} on the host next "
+                         f"to short acts on threads, where the budget allows; buffers=2 "
+                         f"gives exactly 2")
         if self.tuning is not None:
             lines += self.tuning.lines
         if self.sharing is not None:
@@ -326,9 +392,23 @@ class Plan:
     __str__ = __repr__
 
 
+def _bytes_on(a) -> dict:
+    """``{Device: bytes}`` of one register of sized actor ``a``: kept with the layout the
+    run sized it by (``Plan.size``), so a rerun whose piece 0 has that layout again reuses
+    it; any other layout is sized afresh."""
+    last = a.sized_as
+    return last[1] if last is not None and last[0] is a.out_spec else a.out_spec.bytes_on()
+
+
 def system_memory():
-    """Bytes of physical memory on this machine, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+    """Bytes of physical memory on this machine, or None where the OS does not say (asked
+    once: every actor sized in a run checks against it)."""
+    if not _MACHINE:
+        try:
+            _MACHINE.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):
+            _MACHINE.append(None)
+    return _MACHINE[0]
+
+
+_MACHINE: list = []

@@ -9,7 +9,7 @@ import traceback
 
 from ...errors import ActorError, PlanError
 from ..graph.actors import Collector, OpActor, read_piece
-from .autotune import AUTO, stage_time, tune
+from .autotune import AUTO, FLOOR, default_counts, stage_time, tune
 from .reservation import Plan
 from .registers import EOS, MemoryBudget
 from ..graph.source import SourceActor
@@ -37,7 +37,7 @@ def topo_order(actors: list) -> list:
     return order
 
 
-def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers: int,
+def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers,
                budget: MemoryBudget, resources: dict, check: bool = True,
                share="auto", measured: dict | None = None, whole: bool = False) -> Plan:
     """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
@@ -96,12 +96,14 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
     return plan
 
 
-def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
+def build_plan(actors: list, default_buffers, budget: MemoryBudget,
                resources: dict, lazy: bool = False, check: bool = True,
                share="auto", measured: dict | None = None, whole: bool = False) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
     not declared), chooses the ``buffers="auto"`` counts (from ``measured``: actor name ->
-    seconds per act of the last run, else ``time=`` or piece 0 timed here), checks the
+    seconds per act of the last run, else ``time=`` or piece 0 timed here) and those of
+    the default (``default_buffers`` None and no ``buffers=``: ``default_counts``; an
+    actor sized by the run gets its count when sized), checks the
     budgets (unless ``check`` is False) and returns the Plan. ``lazy``: leave the stages
     that need piece 0 unsized; the run sizes them as piece 0 flows (``Plan.size``).
     ``whole`` (with ``lazy``): when a stage is left unsized, no register is allocated
@@ -136,12 +138,23 @@ def build_plan(actors: list, default_buffers: int, budget: MemoryBudget,
                                 f"computing piece 0; give it out=af.Spec(shape, dtype)")
             a.out_spec = NOTHING      # a source yielded nothing: never used
     buffers = {}
-    for a in order:
+    default = set()                          # no buffers= anywhere: the default, "auto"
+    for a in order:                          # with double buffering as its floor
         buffers[a] = default_buffers if a.buffers is None else a.buffers
+        if buffers[a] is None:
+            buffers[a] = FLOOR
+            if not isinstance(a, Collector):
+                default.add(a)
         if isinstance(a, Collector) and buffers[a] == AUTO:
             buffers[a] = 1                   # (the run's output holds no register)
+    sized = [a for a in order if a.out_spec is not None and not isinstance(a, Collector)]
+    waits = lazy and any(a.out_spec is None for a in order       # (a size comes from the
+                         if not isinstance(a, Collector))           # run: Plan.size)
+    if default and not (waits and whole):    # (a plan made whole chooses in unpend)
+        default_counts(sized, default, buffers, budget, measured or {}, lazy=waits)
     tuning = tune(order, auto, buffers, budget, measured or {}) if auto else None
-    plan = Plan(order, buffers, budget, resources, share)
+    plan = Plan(order, buffers, budget, resources, share, chosen=auto | default)
+    plan.default, plan.measured = default, measured or {}
     plan.tuning = tuning
     plan.empty_sources = empty
     if whole and lazy and plan.pending:
