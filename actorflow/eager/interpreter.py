@@ -8,9 +8,12 @@ import threading
 from contextlib import contextmanager
 
 from ..backends import get_backend
+from ..device import Device
+from ..dtype import DType
 from ..dtype import bfloat16 as BF16
 from ..errors import DeviceError, TraceError, VMError
 from ..ops import get as _op
+from ..ops.registry import NO_MEMO
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
@@ -101,6 +104,266 @@ def apply(op, inputs, attrs, device=None, outs=None):
         interp = STATE.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
+    if outs is None and device is None and inputs:
+        key = attrs_key(op, attrs)
+        if key is not None:
+            plan = plan_of(op, inputs, attrs, key)
+            if plan is not None:
+                if plan.single:
+                    return [_run1(plan, op, inputs, attrs, overridden)]
+                return _run(plan, op, inputs, attrs, overridden)
+    return _apply(op, inputs, attrs, device, outs, overridden)
+
+
+def apply1(op, x, attrs, key):
+    """``apply(op, [x], attrs)[0]`` for an op with one output, with the signature's attrs
+    part ``key`` given by the caller (``()`` for no attrs; see ``attrs_key``): the
+    functional layer's hot functions call it. Returns the output TensorImpl."""
+    if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
+        return apply(op, [x], attrs)[0]
+    m = x.meta
+    memo = op.plans[0]              # the latest signature's (meta, key, plan): a chain of
+    if memo[0] is m and memo[1] == key:     # calls asks the same; identity is cheapest
+        return _run1(memo[2], op, (x,), attrs, 0)
+    plan = plan_of(op, [x], attrs, key)
+    if plan is None or not plan.single:
+        return apply(op, [x], attrs)[0]
+    op.plans[0] = (m, key, plan)
+    return _run1(plan, op, (x,), attrs, 0)
+
+
+def apply2(op, a, b, attrs, key):
+    """``apply1`` for an op of two tensor inputs."""
+    if (_GRAD[0] is not None and (a.ag is not None or b.ag is not None)) or _OVERRIDES[0]:
+        return apply(op, [a, b], attrs)[0]
+    ma = a.meta
+    mb = b.meta
+    memo = op.plans[1]
+    if memo[0] is ma and memo[1] is mb and memo[2] == key:
+        return _run1(memo[3], op, (a, b), attrs, 0)
+    plan = plan_of(op, [a, b], attrs, key)
+    if plan is None or not plan.single:
+        return apply(op, [a, b], attrs)[0]
+    op.plans[1] = (ma, mb, key, plan)
+    return _run1(plan, op, (a, b), attrs, 0)
+
+
+# -- the dispatch cache ----------------------------------------------------------------------
+#
+# What an eager op call decides from its signature (the op, its inputs' metas, its attrs) is
+# kept in a ``Plan``, per op (``OpDef.plans``): the device, the backend, each output's meta
+# and bytes, whether a bfloat16 operand makes the kernel compute in float32, the fresh
+# kernel, the kernel, the cost. A call with a signature seen before makes its outputs and
+# runs at once. Everything in a plan is a pure function of the signature (metas are
+# immutable NamedTuples, devices and dtypes singletons, ``infer`` pure); what may change
+# between two calls of one signature is read per call: the allocator's budget and small-block
+# bound (a fresh kernel runs only without a budget), the device's backend (forgotten when a
+# CUDA driver is switched), the VM's inline limit, profiler and errors, ``use_stream``,
+# autograd's recorder and the installed interpreter. A signature that cannot be keyed (an
+# attr that is not a plain value, an input whose shape is not computed yet, an op whose
+# output shapes depend on values) takes the uncached path. The cache is bounded: an op's
+# dict starts over once it holds ``PLANS_MAX`` signatures.
+
+PLANS_MAX = 256
+_PLAIN = frozenset((bool, int, float, str, type(None), complex))
+_SINGLETONS = (DType, Device)   # dtypes and devices: one object per value
+STATS = {"hits": 0, "misses": 0, "uncached": 0}
+
+
+class Plan:
+    """What an op call decided for one signature (see above). ``outs``: ``(meta, nbytes)``
+    per output; ``fresh``: the fresh kernel for the one output, where the op has one and no
+    operand is bfloat16; ``kernel``: looked up at first need."""
+
+    __slots__ = ("dev", "backend", "outs", "single", "meta", "nbytes", "wide", "fresh",
+                 "np_dtype", "cost", "kernel", "elementwise")
+
+    def __init__(self, dev, backend, outs, wide, fresh, cost, elementwise):
+        self.dev = dev
+        self.backend = backend
+        self.outs = outs
+        self.single = len(outs) == 1
+        self.meta, self.nbytes = outs[0] if outs else (None, 0)
+        self.wide = wide
+        self.fresh = fresh if self.single else None
+        self.np_dtype = self.meta.dtype.np if self.single else None
+        self.cost = cost
+        self.kernel = None
+        self.elementwise = elementwise
+
+
+def _plain_key(v):
+    """A hashable key of an attr's value with the types of its parts (1, 1.0 and True are
+    equal in Python, not to an op's dtype inference), or raises TypeError."""
+    t = type(v)
+    if t in _PLAIN or t in _SINGLETONS:
+        return (t, v)
+    if t is tuple:
+        return (t,) + tuple([_plain_key(x) for x in v])
+    raise TypeError(t)
+
+
+def attrs_key(op, attrs):
+    """The attrs' part of a call's signature, or None where it cannot be keyed: ``()`` for
+    none, else each attr's name and value with its type (``OpDef.typed_attrs``: the type
+    alone, where the op's decisions depend on nothing else). Values that are not plain
+    (numbers, strings, None, dtypes, devices, tuples of them) are never keyed: a list, an
+    array, a tensor take the uncached path."""
+    if not attrs:
+        return ()
+    typed = op.typed_attrs
+    key = []
+    try:
+        for k, v in attrs.items():
+            key.append((k, type(v)) if k in typed else (k, _plain_key(v)))
+    except TypeError:
+        return None
+    return tuple(key)
+
+
+def plan_of(op, inputs, attrs, key):
+    """The op's plan for this call's signature: found, or decided and kept; None for a call
+    the cache does not take (see above). Raises what the uncached call raises: a device
+    mismatch, ``infer``'s errors."""
+    metas = []
+    for i in inputs:
+        m = i.meta
+        if m.shape is None:
+            STATS["uncached"] += 1
+            return None
+        metas.append(m)
+    metas.append(key)
+    k = tuple(metas)
+    plans = op.plans[2]
+    plan = plans.get(k)
+    if plan is not None:
+        if plan.dev.backend is plan.backend:
+            STATS["hits"] += 1
+            return plan
+    STATS["misses"] += 1
+    plan = _decide(op, inputs, metas[:-1], attrs)
+    if plan is not None:
+        if len(plans) >= PLANS_MAX:
+            plans.clear()
+        plans[k] = plan
+    return plan
+
+
+def _decide(op, inputs, metas, attrs):
+    if op.dynamic:
+        return None
+    dev = None
+    wide = False
+    cost = 0
+    for m in metas:
+        if dev is None:
+            dev = m.device
+        elif m.device is not dev:
+            check_same_device(inputs, op.name)
+        if m.dtype is BF16:
+            wide = True
+        cost += numel(m.shape) * m.dtype.itemsize
+    backend = dev.backend or get_backend(dev)
+    outs = []
+    for shape, dtype in op.infer(metas, attrs):
+        if shape is None:
+            return None
+        if dtype is BF16:
+            wide = True
+        nbytes = dtype.itemsize
+        for s in shape:
+            nbytes *= s
+        cost += nbytes
+        outs.append((dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
+                     nbytes))
+    fresh = op.fresh.get(dev.type) if op.fresh and not wide else None
+    return Plan(dev, backend, tuple(outs), wide, fresh, cost >> 2, op.elementwise)
+
+
+def _kernel(plan, op):
+    """The plan's kernel (looked up at first need: most small calls run a fresh kernel)."""
+    k = plan.kernel
+    if k is None:
+        dev = plan.dev
+        if not plan.backend.has_data:
+            k = null_kernel
+        else:
+            k = op.kernels.get(dev.type) or op.kernel_for(dev.type)
+            if plan.wide:
+                k = wide_kernel(op, k, dev, [m.dtype for m, _ in plan.outs])
+        plan.kernel = k
+    return k
+
+
+def _run1(plan, op, inputs, attrs, overridden):
+    """Runs a call of a one-output plan: its output tensor made from the plan, then the
+    fresh kernel on the spot where it may, else the op call inline or as an instruction.
+    Returns the output TensorImpl."""
+    backend = plan.backend
+    dev = plan.dev
+    if dev.backend is not backend:          # forgotten since: decided again
+        op.plans[0] = op.plans[1] = NO_MEMO
+        return apply(op, list(inputs), attrs)[0]
+    nbytes = plan.nbytes
+    b = Blob(dev, backend, nbytes)
+    o = TensorImpl(plan.meta, b)
+    if len(inputs) == 1:
+        consts = (inputs[0].blob,)
+    else:
+        consts = tuple([i.blob for i in inputs])
+    if overridden:
+        streams = STATE.streams
+        stream = (streams and streams.get(dev)) or backend.compute
+    else:
+        stream = backend.compute
+    fresh = plan.fresh
+    if fresh is not None:
+        alloc = backend.allocator       # (a budget set since: the kernel writes allocated
+        if alloc.budget is None and nbytes < alloc.cache_min_bytes:     # memory instead)
+            if _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
+                             plan.np_dtype, alloc):
+                return o
+        else:
+            fresh = None
+    args = (_kernel(plan, op), inputs if inputs.__class__ is list else list(inputs), [o],
+            attrs, False, op.name)
+    muts = (b,)
+    if fresh is not None or not _VM.run_inline(stream, consts, muts, plan.cost, op.name,
+                                               call_op, args):
+        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
+                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
+    return o
+
+
+def _run(plan, op, inputs, attrs, overridden):
+    """``_run1`` for a plan of several outputs (no fresh kernel). Returns the outputs."""
+    backend = plan.backend
+    dev = plan.dev
+    if dev.backend is not backend:
+        return _apply(op, inputs, attrs, None, None, overridden)
+    outs = []
+    muts = ()
+    for meta, nbytes in plan.outs:
+        b = Blob(dev, backend, nbytes)
+        outs.append(TensorImpl(meta, b))
+        muts += (b,)
+    consts = tuple([i.blob for i in inputs])
+    if overridden:
+        streams = STATE.streams
+        stream = (streams and streams.get(dev)) or backend.compute
+    else:
+        stream = backend.compute
+    args = (_kernel(plan, op), inputs, outs, attrs, False, op.name)
+    if not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op, args):
+        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
+                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
+    return outs
+
+
+def _apply(op, inputs, attrs, device, outs, overridden):
+    """The uncached eager call: in place (``outs``), on a given ``device`` (factories), with
+    an input whose shape is not computed yet, an op of value-dependent shapes or attrs that
+    cannot be keyed."""
     # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
     metas = []
     consts = ()             # (tuples grown by concatenation: cheaper than list + tuple())

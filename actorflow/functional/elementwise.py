@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import ops
 from ..dtype import FLOAT, bool_
-from ..eager.interpreter import apply
+from ..eager.interpreter import apply, apply1, apply2, attrs_key
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
@@ -30,7 +30,7 @@ def _unary(name: str):
             _check_inplace(name, op, [impl], NO_ATTRS, impl)
             apply(op, [impl], NO_ATTRS, outs=[impl])
             return input
-        return wrap(apply(op, [impl], NO_ATTRS)[0])
+        return wrap(apply1(op, impl, NO_ATTRS, ()))
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
                   f"(``out=`` is refused).\n\nExample: ``af.{name}(af.tensor([1., -1.]))``")
@@ -92,17 +92,23 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
     one Python call before the interpreter instead of two; operands other than tensors and
     Python numbers go through ``_binary``."""
     op, sop, rop = _BIN[name]
+    # the signature's attrs part: the scalar's type where that alone decides (see attrs_key)
+    rtyped, styped = bool(rop.typed_attrs), bool(sop.typed_attrs)
     if reflected:
         def fn(self, other):
-            if type(other) in NUMBER:
-                return wrap(apply(rop, [self._impl], {"scalar": other})[0])
+            t = type(other)
+            if t in NUMBER:
+                return wrap(apply1(rop, self._impl, {"scalar": other},
+                                   t if rtyped else attrs_key(rop, {"scalar": other})))
             return binary(name, other, self)
     else:
         def fn(self, other):
             if isinstance(other, Tensor):
-                return wrap(apply(op, [self._impl, other._impl], NO_ATTRS)[0])
-            if type(other) in NUMBER:
-                return wrap(apply(sop, [self._impl], {"scalar": other})[0])
+                return wrap(apply2(op, self._impl, other._impl, NO_ATTRS, ()))
+            t = type(other)
+            if t in NUMBER:
+                return wrap(apply1(sop, self._impl, {"scalar": other},
+                                   t if styped else attrs_key(sop, {"scalar": other})))
             return binary(name, self, other)
     fn.__name__ = method
     fn.__qualname__ = "Tensor." + method

@@ -726,7 +726,7 @@ def call_fresh(args) -> None:
     r = fresh(in_arrays, attrs, dtype)
     if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1
                                                           and not r.flags.c_contiguous):
-        r = np.array(r, dtype=dtype, order="C")      # a 0-d result, an unusual layout
+        r = fresh_array(r, dtype)
     b.array = r
     b.allocated = True
     if b.nbytes:
@@ -734,6 +734,12 @@ def call_fresh(args) -> None:
         log.append(b.nbytes)
         if len(log) > alloc.fold_at:
             alloc.fold()
+
+
+def fresh_array(r, dtype):
+    """A fresh kernel's result ``r`` as the C-contiguous ndarray of ``dtype`` a blob holds
+    (a 0-d result, a numpy scalar, an unusual layout)."""
+    return np.array(r, dtype=dtype, order="C")
 
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:
