@@ -33,6 +33,7 @@ STATE = _State()
 _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips the lookups
 _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
+_new_impl = TensorImpl.__new__
 _VM = get_vm()
 _GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
 _COPY = _op("copy")
@@ -121,14 +122,26 @@ def apply1(op, x, attrs, key):
     functional layer's hot functions call it. Returns the output TensorImpl."""
     if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
         return apply(op, [x], attrs)[0]
-    m = x.meta
     memo = op.plans[0]              # the latest signature's (meta, key, plan): a chain of
-    if memo[0] is m and memo[1] == key:     # calls asks the same; identity is cheapest
-        return _run1(memo[2], op, (x,), attrs, 0)
-    plan = plan_of(op, [x], attrs, key)
-    if plan is None or not plan.single:
-        return apply(op, [x], attrs)[0]
-    op.plans[0] = (m, key, plan)
+    if memo[0] is not x.meta or memo[1] != key:     # calls asks the same; identity first
+        memo = _memo(op, (x,), attrs, key)
+        if memo is None:
+            return apply(op, [x], attrs)[0]
+    dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
+    if fresh is not None and dev.backend is backend:
+        alloc = backend.allocator
+        if alloc.budget is None and nbytes < alloc.cache_min_bytes:
+            b = Blob(dev, backend, nbytes)
+            o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
+            o.meta = meta
+            o.blob = b
+            o.base = o.ag = None
+            ins = (x,)
+            consts = (x.blob,)
+            if not _VM.run_fresh(backend.compute, consts, b, cost, op.name, fresh, ins, attrs,
+                                 dtype, alloc):
+                _issue(plan, op, ins, attrs, o, backend.compute, consts, False)
+            return o
     return _run1(plan, op, (x,), attrs, 0)
 
 
@@ -136,16 +149,44 @@ def apply2(op, a, b, attrs, key):
     """``apply1`` for an op of two tensor inputs."""
     if (_GRAD[0] is not None and (a.ag is not None or b.ag is not None)) or _OVERRIDES[0]:
         return apply(op, [a, b], attrs)[0]
-    ma = a.meta
-    mb = b.meta
     memo = op.plans[1]
-    if memo[0] is ma and memo[1] is mb and memo[2] == key:
-        return _run1(memo[3], op, (a, b), attrs, 0)
-    plan = plan_of(op, [a, b], attrs, key)
-    if plan is None or not plan.single:
-        return apply(op, [a, b], attrs)[0]
-    op.plans[1] = (ma, mb, key, plan)
+    if memo[0] is not a.meta or memo[1] is not b.meta or memo[2] != key:
+        memo = _memo(op, (a, b), attrs, key)
+        if memo is None:
+            return apply(op, [a, b], attrs)[0]
+    dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
+    if fresh is not None and dev.backend is backend:
+        alloc = backend.allocator
+        if alloc.budget is None and nbytes < alloc.cache_min_bytes:
+            ob = Blob(dev, backend, nbytes)
+            o = _new_impl(TensorImpl)       # (TensorImpl(meta, ob) without its __init__)
+            o.meta = meta
+            o.blob = ob
+            o.base = o.ag = None
+            ins = (a, b)
+            consts = (a.blob, b.blob)
+            if not _VM.run_fresh(backend.compute, consts, ob, cost, op.name, fresh, ins, attrs,
+                                 dtype, alloc):
+                _issue(plan, op, ins, attrs, o, backend.compute, consts, False)
+            return o
     return _run1(plan, op, (a, b), attrs, 0)
+
+
+def _memo(op, inputs, attrs, key):
+    """The memo of ``apply1``/``apply2`` for this call's signature, made from its plan and
+    kept as the op's latest; None where the cache does not take the call."""
+    plan = plan_of(op, inputs, attrs, key)
+    if plan is None or not plan.single:
+        return None
+    fast = (plan.dev, plan.backend, plan.meta, plan.nbytes, plan.fresh, plan.np_dtype,
+            plan.cost, plan)
+    if len(inputs) == 1:
+        memo = (inputs[0].meta, key, fast)
+        op.plans[0] = memo
+    else:
+        memo = (inputs[0].meta, inputs[1].meta, key, fast)
+        op.plans[1] = memo
+    return memo
 
 
 # -- the dispatch cache ----------------------------------------------------------------------
@@ -307,10 +348,7 @@ def _run1(plan, op, inputs, attrs, overridden):
     nbytes = plan.nbytes
     b = Blob(dev, backend, nbytes)
     o = TensorImpl(plan.meta, b)
-    if len(inputs) == 1:
-        consts = (inputs[0].blob,)
-    else:
-        consts = tuple([i.blob for i in inputs])
+    consts = tuple([i.blob for i in inputs])
     if overridden:
         streams = STATE.streams
         stream = (streams and streams.get(dev)) or backend.compute
@@ -320,19 +358,24 @@ def _run1(plan, op, inputs, attrs, overridden):
     if fresh is not None:
         alloc = backend.allocator       # (a budget set since: the kernel writes allocated
         if alloc.budget is None and nbytes < alloc.cache_min_bytes:     # memory instead)
-            if _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
-                             plan.np_dtype, alloc):
-                return o
-        else:
-            fresh = None
+            if not _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
+                                 plan.np_dtype, alloc):
+                _issue(plan, op, inputs, attrs, o, stream, consts, False)
+            return o
+    _issue(plan, op, inputs, attrs, o, stream, consts, True)
+    return o
+
+
+def _issue(plan, op, inputs, attrs, o, stream, consts, inline):
+    """The op call of a one-output plan writing ``o`` as the VM runs it: on the spot where
+    ``inline`` and nothing it touches is pending, else as an instruction."""
     args = (_kernel(plan, op), inputs if inputs.__class__ is list else list(inputs), [o],
             attrs, False, op.name)
-    muts = (b,)
-    if fresh is not None or not _VM.run_inline(stream, consts, muts, plan.cost, op.name,
-                                               call_op, args):
+    muts = (o.blob,)
+    if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op,
+                                        args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
                                plan.cost, (), ELEMENTWISE if plan.elementwise else None))
-    return o
 
 
 def _run(plan, op, inputs, attrs, overridden):

@@ -30,7 +30,9 @@ def _unary(name: str):
             _check_inplace(name, op, [impl], NO_ATTRS, impl)
             apply(op, [impl], NO_ATTRS, outs=[impl])
             return input
-        return wrap(apply1(op, impl, NO_ATTRS, ()))
+        t = _new(Tensor)           # (wrap, inline)
+        t._impl = apply1(op, impl, NO_ATTRS, ())
+        return t
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
                   f"(``out=`` is refused).\n\nExample: ``af.{name}(af.tensor([1., -1.]))``")
@@ -65,6 +67,8 @@ def gelu(input, approximate: str = "none"):
 
 # -- binary ----------------------------------------------------------------------------
 
+_new = Tensor.__new__
+
 _BIN = {name: (op_def(name), op_def(name + "_scalar"), op_def("r" + name + "_scalar"))
         for name in ops.elementwise.BINARY}
 
@@ -96,19 +100,25 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
     rtyped, styped = bool(rop.typed_attrs), bool(sop.typed_attrs)
     if reflected:
         def fn(self, other):
-            t = type(other)
-            if t in NUMBER:
-                return wrap(apply1(rop, self._impl, {"scalar": other},
-                                   t if rtyped else attrs_key(rop, {"scalar": other})))
+            k = type(other)
+            if k in NUMBER:
+                t = _new(Tensor)           # (wrap, inline)
+                t._impl = apply1(rop, self._impl, {"scalar": other},
+                                 k if rtyped else attrs_key(rop, {"scalar": other}))
+                return t
             return binary(name, other, self)
     else:
         def fn(self, other):
+            k = type(other)
+            if k in NUMBER:
+                t = _new(Tensor)
+                t._impl = apply1(sop, self._impl, {"scalar": other},
+                                 k if styped else attrs_key(sop, {"scalar": other}))
+                return t
             if isinstance(other, Tensor):
-                return wrap(apply2(op, self._impl, other._impl, NO_ATTRS, ()))
-            t = type(other)
-            if t in NUMBER:
-                return wrap(apply1(sop, self._impl, {"scalar": other},
-                                   t if styped else attrs_key(sop, {"scalar": other})))
+                t = _new(Tensor)
+                t._impl = apply2(op, self._impl, other._impl, NO_ATTRS, ())
+                return t
             return binary(name, self, other)
     fn.__name__ = method
     fn.__qualname__ = "Tensor." + method

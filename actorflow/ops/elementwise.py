@@ -147,8 +147,15 @@ def _ufunc_fresh(ufunc, quiet=False):
     return fresh
 
 
+_ZERO: dict = {}        # numpy dtype -> its 0-d zero (a Python 0 is converted on every call)
+
+
 def _f_relu(ins, attrs, dtype):
-    return np.maximum(ins[0], 0)
+    x = ins[0]
+    zero = _ZERO.get(x.dtype)
+    if zero is None:
+        zero = _ZERO[x.dtype] = np.zeros((), x.dtype)
+    return np.maximum(x, zero)
 
 
 def _unary_infer(rule):

@@ -162,11 +162,8 @@ class VM:
         record yet, so only ``consts`` and the stream can be pending): the same checks and
         the same call, without packing them for the general path. Returns False where the
         call must be submitted instead."""
-        if cost > self._inline_limit or stream.simulated:
-            return False
-        if RELEASED:
-            self.collect_releases()
-        if self._any_error or self.profiler is not None:
+        if (RELEASED or self._any_error or self.profiler is not None
+                or cost > self._inline_limit or stream.simulated):
             return self.run_inline(stream, consts, (out,), cost, name, call_fresh,
                                    (fresh, ins, out, attrs, dtype, alloc))
         lock = self._lock
