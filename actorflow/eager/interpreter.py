@@ -113,6 +113,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
                 if plan.single:
                     return [_run1(plan, op, inputs, attrs, overridden)]
                 return _run(plan, op, inputs, attrs, overridden)
+    STATS["uncached"] += 1
     return _apply(op, inputs, attrs, device, outs, overridden)
 
 
@@ -208,7 +209,9 @@ def _memo(op, inputs, attrs, key):
 PLANS_MAX = 256
 _PLAIN = frozenset((bool, int, float, str, type(None), complex))
 _SINGLETONS = (DType, Device)   # dtypes and devices: one object per value
-STATS = {"hits": 0, "misses": 0, "uncached": 0}
+# counts for diagnostics and tests: signatures decided (the cache's misses; every other call
+# of a cached signature is a hit) and calls the cache did not take
+STATS = {"decided": 0, "uncached": 0}
 
 
 class Plan:
@@ -270,20 +273,17 @@ def plan_of(op, inputs, attrs, key):
     for i in inputs:
         m = i.meta
         if m.shape is None:
-            STATS["uncached"] += 1
             return None
         metas.append(m)
     metas.append(key)
     k = tuple(metas)
     plans = op.plans[2]
     plan = plans.get(k)
-    if plan is not None:
-        if plan.dev.backend is plan.backend:
-            STATS["hits"] += 1
-            return plan
-    STATS["misses"] += 1
+    if plan is not None and plan.dev.backend is plan.backend:
+        return plan
     plan = _decide(op, inputs, metas[:-1], attrs)
     if plan is not None:
+        STATS["decided"] += 1
         if len(plans) >= PLANS_MAX:
             plans.clear()
         plans[k] = plan
