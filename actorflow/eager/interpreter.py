@@ -18,7 +18,7 @@ from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from ..vm.opcall import (allocate, call_fresh, call_op, null_kernel, run_access, run_op,
+from ..vm.opcall import (allocate, call_op, null_kernel, run_access, run_op,
                          wide_kernel)
 from ..vm.run_cuts import ELEMENTWISE
 
@@ -105,29 +105,46 @@ def apply(op, inputs, attrs, device=None, outs=None):
         interp = STATE.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
-    if outs is None and device is None and inputs:
-        key = attrs_key(op, attrs)
-        if key is not None:
-            plan = plan_of(op, inputs, attrs, key)
-            if plan is not None:
-                if plan.single:
-                    return [_run1(plan, op, inputs, attrs, overridden)]
-                return _run(plan, op, inputs, attrs, overridden)
-    STATS["uncached"] += 1
+    if outs is None and not op.dynamic:
+        plan = None
+        if device is None and inputs:
+            key = attrs_key(op, attrs)
+            if key is not None:
+                plan = plan_of(op, inputs, attrs, key)
+        if plan is None:                # decided for this call alone
+            STATS["uncached"] += 1
+            plan = _decide(op, inputs, attrs, device)
+        if plan is not None:
+            return _run(plan, op, inputs, attrs, overridden)
     return _apply(op, inputs, attrs, device, outs, overridden)
 
 
-def apply1(op, x, attrs, key):
-    """``apply(op, [x], attrs)[0]`` for an op with one output, with the signature's attrs
-    part ``key`` given by the caller (``()`` for no attrs; see ``attrs_key``): the
-    functional layer's hot functions call it. Returns the output TensorImpl."""
-    if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
-        return apply(op, [x], attrs)[0]
-    memo = op.plans[0]              # the latest signature's (meta, key, plan): a chain of
-    if memo[0] is not x.meta or memo[1] != key:     # calls asks the same; identity first
-        memo = _memo(op, (x,), attrs, key)
-        if memo is None:
+def apply1(op, x, y, attrs, key):
+    """``apply(op, [x], attrs)[0]``, or ``apply(op, [x, y], attrs)[0]`` where ``y`` is not
+    None, for an op with one output, with the signature's attrs part ``key`` given by the
+    caller (``()`` for no attrs; see ``attrs_key``): the functional layer's hot functions
+    call it. Returns the output TensorImpl."""
+    if y is None:
+        if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
             return apply(op, [x], attrs)[0]
+        memo = op.plans[0]          # the latest one-input signature's: a chain of calls
+        if memo[0] is not x.meta or memo[1] != key:     # asks the same; identity first
+            memo = _memo(op, (x,), attrs, key)
+            if memo is None:
+                return apply(op, [x], attrs)[0]
+        ins = (x,)
+        consts = (x.blob,)
+    else:
+        if ((_GRAD[0] is not None and (x.ag is not None or y.ag is not None))
+                or _OVERRIDES[0]):
+            return apply(op, [x, y], attrs)[0]
+        memo = op.plans[1]
+        if memo[0] is not x.meta or memo[1] is not y.meta or memo[2] != key:
+            memo = _memo(op, (x, y), attrs, key)
+            if memo is None:
+                return apply(op, [x, y], attrs)[0]
+        ins = (x, y)
+        consts = (x.blob, y.blob)
     dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
     if fresh is not None and dev.backend is backend:
         alloc = backend.allocator
@@ -137,44 +154,15 @@ def apply1(op, x, attrs, key):
             o.meta = meta
             o.blob = b
             o.base = o.ag = None
-            ins = (x,)
-            consts = (x.blob,)
             if not _VM.run_fresh(backend.compute, consts, b, cost, op.name, fresh, ins, attrs,
                                  dtype, alloc):
-                _issue(plan, op, ins, attrs, o, backend.compute, consts, False)
+                _issue(plan, op, ins, attrs, [o], (b,), backend.compute, consts, False)
             return o
-    return _run1(plan, op, (x,), attrs, 0)
-
-
-def apply2(op, a, b, attrs, key):
-    """``apply1`` for an op of two tensor inputs."""
-    if (_GRAD[0] is not None and (a.ag is not None or b.ag is not None)) or _OVERRIDES[0]:
-        return apply(op, [a, b], attrs)[0]
-    memo = op.plans[1]
-    if memo[0] is not a.meta or memo[1] is not b.meta or memo[2] != key:
-        memo = _memo(op, (a, b), attrs, key)
-        if memo is None:
-            return apply(op, [a, b], attrs)[0]
-    dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
-    if fresh is not None and dev.backend is backend:
-        alloc = backend.allocator
-        if alloc.budget is None and nbytes < alloc.cache_min_bytes:
-            ob = Blob(dev, backend, nbytes)
-            o = _new_impl(TensorImpl)       # (TensorImpl(meta, ob) without its __init__)
-            o.meta = meta
-            o.blob = ob
-            o.base = o.ag = None
-            ins = (a, b)
-            consts = (a.blob, b.blob)
-            if not _VM.run_fresh(backend.compute, consts, ob, cost, op.name, fresh, ins, attrs,
-                                 dtype, alloc):
-                _issue(plan, op, ins, attrs, o, backend.compute, consts, False)
-            return o
-    return _run1(plan, op, (a, b), attrs, 0)
+    return _run(plan, op, ins, attrs, 0)[0]
 
 
 def _memo(op, inputs, attrs, key):
-    """The memo of ``apply1``/``apply2`` for this call's signature, made from its plan and
+    """The memo of ``apply1`` for this call's signature, made from its plan and
     kept as the op's latest; None where the cache does not take the call."""
     plan = plan_of(op, inputs, attrs, key)
     if plan is None or not plan.single:
@@ -281,7 +269,7 @@ def plan_of(op, inputs, attrs, key):
     plan = plans.get(k)
     if plan is not None and plan.dev.backend is plan.backend:
         return plan
-    plan = _decide(op, inputs, metas[:-1], attrs)
+    plan = _decide(op, inputs, attrs)
     if plan is not None:
         STATS["decided"] += 1
         if len(plans) >= PLANS_MAX:
@@ -290,20 +278,38 @@ def plan_of(op, inputs, attrs, key):
     return plan
 
 
-def _decide(op, inputs, metas, attrs):
-    if op.dynamic:
-        return None
+def _operands(op, inputs):
+    """One pass over an op call's inputs: ``(metas, device, wide, nbytes)``: their metas
+    (waiting for a value-dependent shape first), their common device, whether one is
+    bfloat16 (the kernel then computes in float32), the bytes they span. Raises DeviceError
+    naming the first two inputs on different devices."""
+    metas = []
     dev = None
     wide = False
     cost = 0
-    for m in metas:
+    for i in inputs:
+        m = i.meta
+        if m.shape is None:
+            resolve(i)
+            m = i.meta
         if dev is None:
             dev = m.device
         elif m.device is not dev:
             check_same_device(inputs, op.name)
         if m.dtype is BF16:
             wide = True
+        metas.append(m)
         cost += numel(m.shape) * m.dtype.itemsize
+    return metas, dev, wide, cost
+
+
+def _decide(op, inputs, attrs, device=None):
+    """The plan of an op call that makes new outputs (``device``: where, for calls that
+    say, such as factories; else the inputs'), or None for outputs whose shapes depend on
+    values."""
+    metas, dev, wide, cost = _operands(op, inputs)
+    if device is not None:
+        dev = device
     backend = dev.backend or get_backend(dev)
     outs = []
     for shape, dtype in op.infer(metas, attrs):
@@ -336,54 +342,15 @@ def _kernel(plan, op):
     return k
 
 
-def _run1(plan, op, inputs, attrs, overridden):
-    """Runs a call of a one-output plan: its output tensor made from the plan, then the
-    fresh kernel on the spot where it may, else the op call inline or as an instruction.
-    Returns the output TensorImpl."""
-    backend = plan.backend
-    dev = plan.dev
-    if dev.backend is not backend:          # forgotten since: decided again
-        op.plans[0] = op.plans[1] = NO_MEMO
-        return apply(op, list(inputs), attrs)[0]
-    nbytes = plan.nbytes
-    b = Blob(dev, backend, nbytes)
-    o = TensorImpl(plan.meta, b)
-    consts = tuple([i.blob for i in inputs])
-    if overridden:
-        streams = STATE.streams
-        stream = (streams and streams.get(dev)) or backend.compute
-    else:
-        stream = backend.compute
-    fresh = plan.fresh
-    if fresh is not None:
-        alloc = backend.allocator       # (a budget set since: the kernel writes allocated
-        if alloc.budget is None and nbytes < alloc.cache_min_bytes:     # memory instead)
-            if not _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
-                                 plan.np_dtype, alloc):
-                _issue(plan, op, inputs, attrs, o, stream, consts, False)
-            return o
-    _issue(plan, op, inputs, attrs, o, stream, consts, True)
-    return o
-
-
-def _issue(plan, op, inputs, attrs, o, stream, consts, inline):
-    """The op call of a one-output plan writing ``o`` as the VM runs it: on the spot where
-    ``inline`` and nothing it touches is pending, else as an instruction."""
-    args = (_kernel(plan, op), inputs if inputs.__class__ is list else list(inputs), [o],
-            attrs, False, op.name)
-    muts = (o.blob,)
-    if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op,
-                                        args):
-        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
-                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
-
-
 def _run(plan, op, inputs, attrs, overridden):
-    """``_run1`` for a plan of several outputs (no fresh kernel). Returns the outputs."""
+    """Runs a call of ``plan``: its output tensors made from the plan, then the fresh kernel
+    on the spot where it may, else the op call inline or as an instruction. Returns the
+    outputs."""
     backend = plan.backend
     dev = plan.dev
-    if dev.backend is not backend:
-        return _apply(op, inputs, attrs, None, None, overridden)
+    if dev.backend is not backend:          # forgotten since: the backend the device has now
+        op.plans[0] = op.plans[1] = NO_MEMO
+        return _apply(op, inputs, attrs, dev, None, overridden)
     outs = []
     muts = ()
     for meta, nbytes in plan.outs:
@@ -391,73 +358,67 @@ def _run(plan, op, inputs, attrs, overridden):
         outs.append(TensorImpl(meta, b))
         muts += (b,)
     consts = tuple([i.blob for i in inputs])
-    if overridden:
-        streams = STATE.streams
-        stream = (streams and streams.get(dev)) or backend.compute
-    else:
-        stream = backend.compute
-    args = (_kernel(plan, op), inputs, outs, attrs, False, op.name)
-    if not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op, args):
-        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
-                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
+    stream = _stream(dev, backend, overridden)
+    inline = True
+    fresh = plan.fresh
+    if fresh is not None:
+        alloc = backend.allocator       # (a budget set since: the kernel writes allocated
+        if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:   # memory instead)
+            if _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
+                             plan.np_dtype, alloc):
+                return outs
+            inline = False              # (it waits for pending work: no use trying again)
+    _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
     return outs
 
 
+def _stream(dev, backend, overridden):
+    """The stream an op call on ``dev`` goes to: this thread's ``use_stream`` choice, else
+    the backend's compute stream."""
+    if overridden:
+        streams = STATE.streams
+        return (streams and streams.get(dev)) or backend.compute
+    return backend.compute
+
+
+def _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline):
+    """The op call of ``plan`` writing ``outs`` as the VM runs it: on the spot where
+    ``inline`` and nothing it touches is pending, else as an instruction."""
+    args = (_kernel(plan, op), inputs if inputs.__class__ is list else list(inputs), outs,
+            attrs, False, op.name)
+    if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op,
+                                        args):
+        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
+                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
+
+
 def _apply(op, inputs, attrs, device, outs, overridden):
-    """The uncached eager call: in place (``outs``), on a given ``device`` (factories), with
-    an input whose shape is not computed yet, an op of value-dependent shapes or attrs that
-    cannot be keyed."""
-    # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
-    metas = []
-    consts = ()             # (tuples grown by concatenation: cheaper than list + tuple())
-    cost = 0
-    dev = None
-    wide = False            # a bfloat16 operand: the kernel computes in float32
-    for i in inputs:
-        m = i.meta
-        if m.shape is None:
-            resolve(i)
-            m = i.meta
-        if dev is None:
-            dev = m.device
-        elif m.device is not dev:
-            check_same_device(inputs, op.name)
-        if m.dtype is BF16:
-            wide = True
-        metas.append(m)
-        b = i.blob
-        consts += (b,)
-        cost += b.nbytes if i.base is None else numel(m.shape) * m.dtype.itemsize
+    """The eager call no plan covers: in place (``outs``: the op writes those tensors), or
+    an op whose output shapes depend on values (``op.dynamic``: outputs without a shape
+    until it ran). Returns the outputs."""
+    metas, dev, wide, cost = _operands(op, inputs)
+    consts = tuple([i.blob for i in inputs])
     if device is not None:
         dev = device
     backend = dev.backend or get_backend(dev)
     specs = op.infer(metas, attrs)
-    fresh = None
     if outs is None:
         outs = []
-        muts = ()
         for shape, dtype in specs:
             if dtype is BF16:
                 wide = True
             if shape is None:
-                b = Blob(dev, backend, 0)
-                o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)), b)
+                o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)),
+                               Blob(dev, backend, 0))
             else:
                 nbytes = dtype.itemsize
                 for s in shape:
                     nbytes *= s
-                b = Blob(dev, backend, nbytes)
                 o = TensorImpl(dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
-                               b)
+                               Blob(dev, backend, nbytes))
                 cost += nbytes
             outs.append(o)
-            muts += (b,)
-        # a fresh kernel (single-output ops only: see OpDef) for a small output (b, dtype: its
-        # blob and dtype); run_inline itself turns down costs too large to run on the spot
-        if op.fresh and not wide:
-            alloc = backend.allocator
-            if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:
-                fresh = op.fresh.get(dev.type)
+        muts = tuple([o.blob for o in outs])
     else:
         muts = tuple([o.blob for o in outs])
         consts = tuple([b for b in consts if b not in muts])
@@ -469,23 +430,14 @@ def _apply(op, inputs, attrs, device, outs, overridden):
     if op.dynamic and not backend.has_data:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
-    if overridden:
-        streams = STATE.streams
-        stream = (streams and streams.get(dev)) or backend.compute
-    else:
-        stream = backend.compute
+    stream = _stream(dev, backend, overridden)
     cost >>= 2
-    if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
-                                            (fresh, inputs, b, attrs, dtype.np, alloc)):
-        return outs
-    # the kernel is looked up only now: most small ops ran through their fresh kernel above
     kernel = ((op.kernels.get(dev.type) or op.kernel_for(dev.type)) if backend.has_data
               else null_kernel)
     if wide and backend.has_data:
         kernel = wide_kernel(op, kernel, dev, [o.meta.dtype for o in outs])
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
-    if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
-                                               args):
+    if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
                                muts if op.dynamic else (), ELEMENTWISE if op.elementwise else None))
     return outs

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import ops
 from ..dtype import FLOAT, bool_
-from ..eager.interpreter import apply, apply1, apply2, attrs_key
+from ..eager.interpreter import apply, apply1, attrs_key
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
@@ -31,7 +31,7 @@ def _unary(name: str):
             apply(op, [impl], NO_ATTRS, outs=[impl])
             return input
         t = _new(Tensor)           # (wrap, inline)
-        t._impl = apply1(op, impl, NO_ATTRS, ())
+        t._impl = apply1(op, impl, None, NO_ATTRS, ())
         return t
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
@@ -103,7 +103,7 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
             k = type(other)
             if k in NUMBER:
                 t = _new(Tensor)           # (wrap, inline)
-                t._impl = apply1(rop, self._impl, {"scalar": other},
+                t._impl = apply1(rop, self._impl, None, {"scalar": other},
                                  k if rtyped else attrs_key(rop, {"scalar": other}))
                 return t
             return binary(name, other, self)
@@ -112,12 +112,12 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
             k = type(other)
             if k in NUMBER:
                 t = _new(Tensor)
-                t._impl = apply1(sop, self._impl, {"scalar": other},
+                t._impl = apply1(sop, self._impl, None, {"scalar": other},
                                  k if styped else attrs_key(sop, {"scalar": other}))
                 return t
             if isinstance(other, Tensor):
                 t = _new(Tensor)
-                t._impl = apply2(op, self._impl, other._impl, NO_ATTRS, ())
+                t._impl = apply1(op, self._impl, other._impl, NO_ATTRS, ())
                 return t
             return binary(name, self, other)
     fn.__name__ = method

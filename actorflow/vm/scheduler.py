@@ -47,7 +47,6 @@ from collections import deque
 from functools import partial
 from time import perf_counter
 
-import numpy as np
 
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
@@ -57,14 +56,12 @@ from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, laun
                    settled, wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
-from .opcall import (ZeroCheck, allocate, call_fresh, device_call_op, fresh_array, kernel_error,
+from .opcall import (ZeroCheck, allocate, call_fresh, device_call_op, fresh_into, kernel_error,
                      run_op)
 from .run_cuts import ELEMENTWISE
 from .release import collect
 from .sync import KeptErrors
 from .workers import Countdown, Workers
-
-_ND = np.ndarray
 
 
 class VM:
@@ -159,9 +156,9 @@ class VM:
     def run_fresh(self, stream, consts: tuple, out, cost: int, name: str, fresh, ins, attrs,
                   dtype, alloc) -> bool:
         """``run_inline`` of ``opcall.call_fresh`` for one fresh output blob ``out`` (no
-        record yet, so only ``consts`` and the stream can be pending): the same checks and
-        the same call, without packing them for the general path. Returns False where the
-        call must be submitted instead."""
+        record yet: nothing can be pending on it): the same checks and the same call,
+        without packing them for the general path. Returns False where the call must be
+        submitted instead."""
         if (RELEASED or self._any_error or self.profiler is not None
                 or cost > self._inline_limit or stream.simulated):
             return self.run_inline(stream, consts, (out,), cost, name, call_fresh,
@@ -169,30 +166,10 @@ class VM:
         lock = self._lock
         lock.acquire()
         try:
-            t = stream.tail
-            if t is not None and not t.done:
+            if not settled(stream, consts, ()):
                 return False
-            for b in consts:
-                w = b.last_write
-                if w is not None and not w.done:
-                    return False
-            try:            # (opcall.call_fresh, unpacked: this runs once per small op)
-                if len(ins) == 1:
-                    i = ins[0]
-                    arrays = [i.blob.array if i.base is None else i.array()]
-                else:
-                    arrays = [i.blob.array if i.base is None else i.array() for i in ins]
-                r = fresh(arrays, attrs, dtype)
-                if r.__class__ is not _ND or r.dtype is not dtype or (
-                        r.ndim > 1 and not r.flags.c_contiguous):
-                    r = fresh_array(r, dtype)
-                out.array = r
-                out.allocated = True
-                if out.nbytes:
-                    log = alloc.log
-                    log.append(out.nbytes)
-                    if len(log) > alloc.fold_at:
-                        alloc.fold()
+            try:
+                fresh_into(fresh, ins, out, attrs, dtype, alloc)
             except BaseException as e:
                 self._inline_failed(name, stream, (out,), None, e)
             self.inlined += 1
