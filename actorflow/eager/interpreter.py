@@ -127,8 +127,8 @@ def apply1(op, x, y, attrs, key):
     if y is None:
         if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
             return apply(op, [x], attrs)[0]
-        memo = op.plans[0]          # the latest one-input signature's: a chain of calls
-        if memo[0] is not x.meta or memo[1] != key:     # asks the same; identity first
+        memo = op.plans[0]          # the latest one-input signature's: a chain of calls asks
+        if memo[0] is not x.meta or (memo[1] is not key and memo[1] != key):   # the same
             memo = _memo(op, (x,), attrs, key)
             if memo is None:
                 return apply(op, [x], attrs)[0]
@@ -139,7 +139,8 @@ def apply1(op, x, y, attrs, key):
                 or _OVERRIDES[0]):
             return apply(op, [x, y], attrs)[0]
         memo = op.plans[1]
-        if memo[0] is not x.meta or memo[1] is not y.meta or memo[2] != key:
+        if (memo[0] is not x.meta or memo[1] is not y.meta
+                or (memo[2] is not key and memo[2] != key)):
             memo = _memo(op, (x, y), attrs, key)
             if memo is None:
                 return apply(op, [x, y], attrs)[0]
