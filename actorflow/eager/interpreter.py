@@ -1,6 +1,8 @@
 """Interpreters turn an op call into work. The eager one checks devices, infers output
 metadata, makes the output tensors and hands the VM an instruction; a lazy (tracing)
-interpreter records the call instead. The interpreter is chosen per call, per thread."""
+interpreter records the call instead. The interpreter is chosen per call, per thread.
+What the eager one decides from a call's signature is kept in the op's dispatch cache (see
+``Plan``): a call seen before makes its outputs and runs at once."""
 
 from __future__ import annotations
 
@@ -121,9 +123,11 @@ def apply(op, inputs, attrs, device=None, outs=None):
 
 def apply1(op, x, y, attrs, key):
     """``apply(op, [x], attrs)[0]``, or ``apply(op, [x, y], attrs)[0]`` where ``y`` is not
-    None, for an op with one output, with the signature's attrs part ``key`` given by the
-    caller (``()`` for no attrs; see ``attrs_key``): the functional layer's hot functions
-    call it. Returns the output TensorImpl."""
+    None, for an op with one output: the functional layer's hot functions call it. ``key``
+    stands for the attrs in the signature: ``attrs_key(op, attrs)``, or a cheaper value the
+    caller knows to stand for them alone for this op (``()`` for no attrs, a scalar's type
+    for a ``typed_attrs`` scalar, cast's dtype); never one of ``attrs_key``'s tuples for
+    other attrs. Returns the output TensorImpl."""
     if y is None:
         if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
             return apply(op, [x], attrs)[0]
@@ -196,8 +200,9 @@ def _memo(op, inputs, attrs, key):
 # dict starts over once it holds ``PLANS_MAX`` signatures.
 
 PLANS_MAX = 256
-_PLAIN = frozenset((bool, int, float, str, type(None), complex))
-_SINGLETONS = (DType, Device)   # dtypes and devices: one object per value
+# attr types keyed by value (with the type: 1, 1.0 and True are equal in Python, not to an
+# op's dtype inference); dtypes and devices are singletons
+_PLAIN = frozenset((bool, int, float, str, type(None), complex, DType, Device))
 # counts for diagnostics and tests: signatures decided (the cache's misses; every other call
 # of a cached signature is a hit) and calls the cache did not take
 STATS = {"decided": 0, "uncached": 0}
@@ -226,10 +231,10 @@ class Plan:
 
 
 def _plain_key(v):
-    """A hashable key of an attr's value with the types of its parts (1, 1.0 and True are
-    equal in Python, not to an op's dtype inference), or raises TypeError."""
+    """A hashable key of an attr's value with the types of its parts, or raises TypeError
+    where a part is not plain (see ``_PLAIN``)."""
     t = type(v)
-    if t in _PLAIN or t in _SINGLETONS:
+    if t in _PLAIN:
         return (t, v)
     if t is tuple:
         return (t,) + tuple([_plain_key(x) for x in v])
@@ -238,20 +243,33 @@ def _plain_key(v):
 
 def attrs_key(op, attrs):
     """The attrs' part of a call's signature, or None where it cannot be keyed: ``()`` for
-    none, else each attr's name and value with its type (``OpDef.typed_attrs``: the type
-    alone, where the op's decisions depend on nothing else). Values that are not plain
-    (numbers, strings, None, dtypes, devices, tuples of them) are never keyed: a list, an
-    array, a tensor take the uncached path."""
+    none, else each attr's name, its value's type and the value (1, 1.0 and True are equal
+    in Python, not to an op's dtype inference; a tuple's parts are typed too), or for
+    ``OpDef.typed_attrs`` the name and type alone, where the op's decisions depend on
+    nothing else. One flat tuple: read name by name it decodes one way, since an op's typed
+    attrs are fixed. Values that are not plain (numbers, strings, None, dtypes, devices,
+    tuples of them) are never keyed: a list, an array, a tensor take the uncached path."""
     if not attrs:
         return ()
     typed = op.typed_attrs
-    key = []
-    try:
-        for k, v in attrs.items():
-            key.append((k, type(v)) if k in typed else (k, _plain_key(v)))
-    except TypeError:
-        return None
-    return tuple(key)
+    key = ()
+    for k, v in attrs.items():
+        t = type(v)
+        if k in typed:
+            key += (k, t)
+        elif t in _PLAIN:
+            key += (k, t, v)
+        elif t is tuple:
+            types = tuple(map(type, v))         # (a shape, dims: ints, in one C pass)
+            if not _PLAIN.issuperset(types):
+                try:
+                    types = _plain_key(v)       # nested tuples
+                except TypeError:
+                    return None
+            key += (k, types, v)
+        else:
+            return None
+    return key
 
 
 def plan_of(op, inputs, attrs, key):
@@ -359,7 +377,7 @@ def _run(plan, op, inputs, attrs, overridden):
         outs.append(TensorImpl(meta, b))
         muts += (b,)
     consts = tuple([i.blob for i in inputs])
-    stream = _stream(dev, backend, overridden)
+    stream = _stream(dev, backend, overridden) if overridden else backend.compute
     inline = True
     fresh = plan.fresh
     if fresh is not None:
@@ -385,8 +403,8 @@ def _stream(dev, backend, overridden):
 def _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline):
     """The op call of ``plan`` writing ``outs`` as the VM runs it: on the spot where
     ``inline`` and nothing it touches is pending, else as an instruction."""
-    args = (_kernel(plan, op), inputs if inputs.__class__ is list else list(inputs), outs,
-            attrs, False, op.name)
+    args = (plan.kernel or _kernel(plan, op), inputs if inputs.__class__ is list
+            else list(inputs), outs, attrs, False, op.name)
     if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op,
                                         args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
@@ -464,7 +482,9 @@ def use_autograd(recorder) -> None:
     to record (no input needs a gradient, or the call comes from inside the recorder:
     ``below_grad``) and the call then runs as usual, or runs the call below it and returns
     its outputs with their backward node attached. Autograd lives above and hands
-    its recorder in; an unarmed process pays nothing for it."""
+    its recorder in; an unarmed process pays nothing for it. (A call that writes nothing in
+    place and none of whose inputs has an autograd record, ``ag``, has nothing to record:
+    ``apply1`` does not hand it over.)"""
     _GRAD[0] = recorder
 
 

@@ -77,7 +77,7 @@ def binary(name: str, a, b):
     op, sop, rop = _BIN[name]
     if isinstance(a, Tensor):
         if isinstance(b, Tensor):
-            return wrap(apply(op, [a._impl, b._impl], NO_ATTRS)[0])
+            return wrap(apply1(op, a._impl, b._impl, NO_ATTRS, ()))
         if isinstance(b, np.ndarray) and b.ndim:
             return binary(name, a, tensor_like(b, a))
         s = b if type(b) in NUMBER else number(name, b)
