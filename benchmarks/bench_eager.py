@@ -198,6 +198,24 @@ class Contender(harness.Contender):
         return super().summary(per=self.n_ops, unit="op")
 
 
+def dispatch_delta(vm, fn) -> dict | None:
+    """The eager dispatch cache over one call of ``fn``: VM calls (ops inline or issued, and
+    the read at the end), signatures decided (the cache's misses; every other call of a
+    signature is a hit) and calls the cache did not take. None where this actorflow has no
+    dispatch cache."""
+    import importlib
+    stats = getattr(importlib.import_module("actorflow.eager.interpreter"), "STATS", None)
+    if stats is None:
+        return None
+    vm.synchronize()
+    s0, d0 = vm.stats(), dict(stats)
+    fn()
+    vm.synchronize()
+    s1 = vm.stats()
+    return {"op_calls": s1["issued"] - s0["issued"],     # (inline calls count as issued)
+            **{k: stats[k] - d0[k] for k in d0}}
+
+
 def vm_delta(vm, fn) -> dict:
     """Instruction counts of one call of ``fn``: issued, run inline, run as members of runs
     (and how many runs), intermediates of runs that never got memory."""
@@ -284,6 +302,7 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
 
     # Instruction counts of one run each, so the JSON shows the inline path was (not) taken.
     af_default.extra["vm_counts_one_run"] = vm_delta(vm, af_default.fn)
+    af_default.extra["dispatch_one_run"] = dispatch_delta(vm, af_default.fn)
     no_inline()
     try:
         af_loop.extra["vm_counts_one_run"] = vm_delta(vm, af_loop.fn)
@@ -305,6 +324,11 @@ def bench_chain(args, af, torch, dask_array) -> tuple[dict, list]:
                                           / base.summary()["median_us_per_op"])
         rows[c.name] = s
     r = rows["actorflow"].get("ratio_vs_numpy")
+    if "torch" in rows and rows["torch"].get("best_us_per_op"):
+        rows["actorflow"]["ratio_vs_torch"] = (rows["actorflow"]["best_us_per_op"]
+                                               / rows["torch"]["best_us_per_op"])
+        rows["actorflow"]["median_ratio_vs_torch"] = (rows["actorflow"]["median_us_per_op"]
+                                                      / rows["torch"]["median_us_per_op"])
     rp = rows["actorflow (profiled)"]
     if af_prof.times and af_default.times:
         rp["ratio_vs_actorflow"] = (rp["best_us_per_op"]
@@ -509,6 +533,13 @@ def main(argv=None) -> int:
                 f"goal: actorflow <= {CHAIN_GOAL:g}x numpy -> "
                 f"{harness.fmt(chain['goal']['actorflow_ratio'], '.2f')}x "
                 f"({'MET' if chain['goal']['met'] else 'NOT MET'})")
+    ra = chain["contenders"]["actorflow"]
+    if ra.get("ratio_vs_torch") is not None or ra.get("dispatch_one_run"):
+        d = ra.get("dispatch_one_run")
+        print(f"  dispatch: actorflow {harness.fmt(ra.get('ratio_vs_torch'), '.2f')}x torch per op "
+              f"(median {harness.fmt(ra.get('median_ratio_vs_torch'), '.2f')}x)"
+              + (f"; one run: {d['op_calls']} VM calls, {d['decided']} signatures decided "
+                 f"(the rest cache hits), {d['uncached']} calls uncached" if d else ""))
     rp = chain["contenders"]["actorflow (profiled)"]
     if rp.get("ratio_vs_actorflow") is not None:
         tr = rp["trace"]

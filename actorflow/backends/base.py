@@ -10,12 +10,15 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
+from itertools import accumulate, repeat
+from operator import call as _call
 from dataclasses import dataclass
 
 from ..errors import OutOfMemoryError
 
 
 _FOLD_AT = 4096
+_POSITIVE = (0).__lt__
 _RECLAIM: list = [None]
 
 
@@ -210,19 +213,19 @@ class Allocator:
             reclaim()
 
     def _fold(self) -> None:
-        # caller holds the lock; applies the lock-free log in order
+        # caller holds the lock; applies the lock-free log in order. The entries are taken
+        # one by one from the left (appenders may be adding on the right meanwhile) and
+        # summed in C: this runs every ``fold_at`` small tensors made and freed.
         log = self.log
-        cur, peak, allocs = self._in_use, self._peak, self._allocs
-        while log:
-            n = log.popleft()
-            cur += n
-            if n > 0:
-                allocs += 1
-                if cur > peak:
-                    peak = cur
-            else:
-                self._frees += 1
-        self._in_use, self._peak, self._allocs = cur, peak, allocs
+        n = len(log)
+        if not n:
+            return
+        entries = list(map(_call, repeat(log.popleft, n)))
+        allocs = sum(map(_POSITIVE, entries))       # (entries are never 0: see class doc)
+        self._peak = max(self._peak, max(accumulate(entries, initial=self._in_use)))
+        self._in_use += sum(entries)
+        self._allocs += allocs
+        self._frees += n - allocs
 
     def _reserve(self, nbytes: int, what: str) -> None:
         # caller holds the lock

@@ -1,6 +1,8 @@
 """Interpreters turn an op call into work. The eager one checks devices, infers output
 metadata, makes the output tensors and hands the VM an instruction; a lazy (tracing)
-interpreter records the call instead. The interpreter is chosen per call, per thread."""
+interpreter records the call instead. The interpreter is chosen per call, per thread.
+What the eager one decides from a call's signature is kept in the op's dispatch cache (see
+``Plan``): a call seen before makes its outputs and runs at once."""
 
 from __future__ import annotations
 
@@ -8,14 +10,17 @@ import threading
 from contextlib import contextmanager
 
 from ..backends import get_backend
+from ..device import Device
+from ..dtype import DType
 from ..dtype import bfloat16 as BF16
 from ..errors import DeviceError, TraceError, VMError
 from ..ops import get as _op
+from ..ops.registry import NO_MEMO
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from ..vm.opcall import (allocate, call_fresh, call_op, null_kernel, run_access, run_op,
+from ..vm.opcall import (allocate, call_op, null_kernel, run_access, run_op,
                          wide_kernel)
 from ..vm.run_cuts import ELEMENTWISE
 
@@ -30,6 +35,7 @@ STATE = _State()
 _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips the lookups
 _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
+_new_impl = TensorImpl.__new__
 _VM = get_vm()
 _GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
 _COPY = _op("copy")
@@ -101,12 +107,205 @@ def apply(op, inputs, attrs, device=None, outs=None):
         interp = STATE.interpreter
         if interp is not None:
             return interp.apply(op, inputs, attrs, device, outs)
-    # The eager per-op hot path: one pass over the inputs (metas, device check, cost).
+    if outs is None and not op.dynamic:
+        plan = None
+        if device is None and inputs:
+            key = attrs_key(op, attrs)
+            if key is not None:
+                plan = plan_of(op, inputs, attrs, key)
+        if plan is None:                # decided for this call alone
+            STATS["uncached"] += 1
+            plan = _decide(op, inputs, attrs, device)
+        if plan is not None:
+            return _run(plan, op, inputs, attrs, overridden)
+    return _apply(op, inputs, attrs, device, outs, overridden)
+
+
+def apply1(op, x, y, attrs, key):
+    """``apply(op, [x], attrs)[0]``, or ``apply(op, [x, y], attrs)[0]`` where ``y`` is not
+    None, for an op with one output: the functional layer's hot functions call it. ``key``
+    stands for the attrs in the signature: ``attrs_key(op, attrs)``, or a cheaper value the
+    caller knows to stand for them alone for this op (``()`` for no attrs, a scalar's type
+    for a ``typed_attrs`` scalar, cast's dtype); never one of ``attrs_key``'s tuples for
+    other attrs. Returns the output TensorImpl."""
+    if y is None:
+        if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
+            return apply(op, [x], attrs)[0]
+        memo = op.plans[0]          # the latest one-input signature's: a chain of calls asks
+        if memo[0] is not x.meta or (memo[1] is not key and memo[1] != key):   # the same
+            memo = _memo(op, (x,), attrs, key)
+            if memo is None:
+                return apply(op, [x], attrs)[0]
+        ins = (x,)
+        consts = (x.blob,)
+    else:
+        if ((_GRAD[0] is not None and (x.ag is not None or y.ag is not None))
+                or _OVERRIDES[0]):
+            return apply(op, [x, y], attrs)[0]
+        memo = op.plans[1]
+        if (memo[0] is not x.meta or memo[1] is not y.meta
+                or (memo[2] is not key and memo[2] != key)):
+            memo = _memo(op, (x, y), attrs, key)
+            if memo is None:
+                return apply(op, [x, y], attrs)[0]
+        ins = (x, y)
+        consts = (x.blob, y.blob)
+    dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
+    if fresh is not None and dev.backend is backend:
+        alloc = backend.allocator
+        if alloc.budget is None and nbytes < alloc.cache_min_bytes:
+            b = Blob(dev, backend, nbytes)
+            o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
+            o.meta = meta
+            o.blob = b
+            o.base = o.ag = None
+            if not _VM.run_fresh(backend.compute, consts, b, cost, op.name, fresh, ins, attrs,
+                                 dtype, alloc):
+                _issue(plan, op, ins, attrs, [o], (b,), backend.compute, consts, False)
+            return o
+    return _run(plan, op, ins, attrs, 0)[0]
+
+
+def _memo(op, inputs, attrs, key):
+    """The memo of ``apply1`` for this call's signature, made from its plan and
+    kept as the op's latest; None where the cache does not take the call."""
+    plan = plan_of(op, inputs, attrs, key)
+    if plan is None or not plan.single:
+        return None
+    fast = (plan.dev, plan.backend, plan.meta, plan.nbytes, plan.fresh, plan.np_dtype,
+            plan.cost, plan)
+    if len(inputs) == 1:
+        memo = (inputs[0].meta, key, fast)
+        op.plans[0] = memo
+    else:
+        memo = (inputs[0].meta, inputs[1].meta, key, fast)
+        op.plans[1] = memo
+    return memo
+
+
+# -- the dispatch cache ----------------------------------------------------------------------
+#
+# What an eager op call decides from its signature (the op, its inputs' metas, its attrs) is
+# kept in a ``Plan``, per op (``OpDef.plans``): the device, the backend, each output's meta
+# and bytes, whether a bfloat16 operand makes the kernel compute in float32, the fresh
+# kernel, the kernel, the cost. A call with a signature seen before makes its outputs and
+# runs at once. Everything in a plan is a pure function of the signature (metas are
+# immutable NamedTuples, devices and dtypes singletons, ``infer`` pure); what may change
+# between two calls of one signature is read per call: the allocator's budget and small-block
+# bound (a fresh kernel runs only without a budget), the device's backend (forgotten when a
+# CUDA driver is switched), the VM's inline limit, profiler and errors, ``use_stream``,
+# autograd's recorder and the installed interpreter. A signature that cannot be keyed (an
+# attr that is not a plain value, an input whose shape is not computed yet, an op whose
+# output shapes depend on values) takes the uncached path. The cache is bounded: an op's
+# dict starts over once it holds ``PLANS_MAX`` signatures.
+
+PLANS_MAX = 256
+# attr types keyed by value (with the type: 1, 1.0 and True are equal in Python, not to an
+# op's dtype inference); dtypes and devices are singletons
+_PLAIN = frozenset((bool, int, float, str, type(None), complex, DType, Device))
+# counts for diagnostics and tests: signatures decided (the cache's misses; every other call
+# of a cached signature is a hit) and calls the cache did not take
+STATS = {"decided": 0, "uncached": 0}
+
+
+class Plan:
+    """What an op call decided for one signature (see above). ``outs``: ``(meta, nbytes)``
+    per output; ``fresh``: the fresh kernel for the one output, where the op has one and no
+    operand is bfloat16; ``kernel``: looked up at first need."""
+
+    __slots__ = ("dev", "backend", "outs", "single", "meta", "nbytes", "wide", "fresh",
+                 "np_dtype", "cost", "kernel", "elementwise")
+
+    def __init__(self, dev, backend, outs, wide, fresh, cost, elementwise):
+        self.dev = dev
+        self.backend = backend
+        self.outs = outs
+        self.single = len(outs) == 1
+        self.meta, self.nbytes = outs[0] if outs else (None, 0)
+        self.wide = wide
+        self.fresh = fresh if self.single else None
+        self.np_dtype = self.meta.dtype.np if self.single else None
+        self.cost = cost
+        self.kernel = None
+        self.elementwise = elementwise
+
+
+def _plain_key(v):
+    """A hashable key of an attr's value with the types of its parts, or raises TypeError
+    where a part is not plain (see ``_PLAIN``)."""
+    t = type(v)
+    if t in _PLAIN:
+        return (t, v)
+    if t is tuple:
+        return (t,) + tuple([_plain_key(x) for x in v])
+    raise TypeError(t)
+
+
+def attrs_key(op, attrs):
+    """The attrs' part of a call's signature, or None where it cannot be keyed: ``()`` for
+    none, else each attr's name, its value's type and the value (1, 1.0 and True are equal
+    in Python, not to an op's dtype inference; a tuple's parts are typed too), or for
+    ``OpDef.typed_attrs`` the name and type alone, where the op's decisions depend on
+    nothing else. One flat tuple: read name by name it decodes one way, since an op's typed
+    attrs are fixed. Values that are not plain (numbers, strings, None, dtypes, devices,
+    tuples of them) are never keyed: a list, an array, a tensor take the uncached path."""
+    if not attrs:
+        return ()
+    typed = op.typed_attrs
+    key = ()
+    for k, v in attrs.items():
+        t = type(v)
+        if k in typed:
+            key += (k, t)
+        elif t in _PLAIN:
+            key += (k, t, v)
+        elif t is tuple:
+            types = tuple(map(type, v))         # (a shape, dims: ints, in one C pass)
+            if not _PLAIN.issuperset(types):
+                try:
+                    types = _plain_key(v)       # nested tuples
+                except TypeError:
+                    return None
+            key += (k, types, v)
+        else:
+            return None
+    return key
+
+
+def plan_of(op, inputs, attrs, key):
+    """The op's plan for this call's signature: found, or decided and kept; None for a call
+    the cache does not take (see above). Raises what the uncached call raises: a device
+    mismatch, ``infer``'s errors."""
     metas = []
-    consts = ()             # (tuples grown by concatenation: cheaper than list + tuple())
-    cost = 0
+    for i in inputs:
+        m = i.meta
+        if m.shape is None:
+            return None
+        metas.append(m)
+    metas.append(key)
+    k = tuple(metas)
+    plans = op.plans[2]
+    plan = plans.get(k)
+    if plan is not None and plan.dev.backend is plan.backend:
+        return plan
+    plan = _decide(op, inputs, attrs)
+    if plan is not None:
+        STATS["decided"] += 1
+        if len(plans) >= PLANS_MAX:
+            plans.clear()
+        plans[k] = plan
+    return plan
+
+
+def _operands(op, inputs):
+    """One pass over an op call's inputs: ``(metas, device, wide, nbytes)``: their metas
+    (waiting for a value-dependent shape first), their common device, whether one is
+    bfloat16 (the kernel then computes in float32), the bytes they span. Raises DeviceError
+    naming the first two inputs on different devices."""
+    metas = []
     dev = None
-    wide = False            # a bfloat16 operand: the kernel computes in float32
+    wide = False
+    cost = 0
     for i in inputs:
         m = i.meta
         if m.shape is None:
@@ -119,39 +318,126 @@ def apply(op, inputs, attrs, device=None, outs=None):
         if m.dtype is BF16:
             wide = True
         metas.append(m)
-        b = i.blob
-        consts += (b,)
-        cost += b.nbytes if i.base is None else numel(m.shape) * m.dtype.itemsize
+        cost += numel(m.shape) * m.dtype.itemsize
+    return metas, dev, wide, cost
+
+
+def _decide(op, inputs, attrs, device=None):
+    """The plan of an op call that makes new outputs (``device``: where, for calls that
+    say, such as factories; else the inputs'), or None for outputs whose shapes depend on
+    values."""
+    metas, dev, wide, cost = _operands(op, inputs)
+    if device is not None:
+        dev = device
+    backend = dev.backend or get_backend(dev)
+    outs = []
+    for shape, dtype in op.infer(metas, attrs):
+        if shape is None:
+            return None
+        if dtype is BF16:
+            wide = True
+        nbytes = dtype.itemsize
+        for s in shape:
+            nbytes *= s
+        cost += nbytes
+        outs.append((dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
+                     nbytes))
+    fresh = op.fresh.get(dev.type) if op.fresh and not wide else None
+    return Plan(dev, backend, tuple(outs), wide, fresh, cost >> 2, op.elementwise)
+
+
+def _kernel(plan, op):
+    """The plan's kernel (looked up at first need: most small calls run a fresh kernel)."""
+    k = plan.kernel
+    if k is None:
+        dev = plan.dev
+        if not plan.backend.has_data:
+            k = null_kernel
+        else:
+            k = op.kernels.get(dev.type) or op.kernel_for(dev.type)
+            if plan.wide:
+                k = wide_kernel(op, k, dev, [m.dtype for m, _ in plan.outs])
+        plan.kernel = k
+    return k
+
+
+def _run(plan, op, inputs, attrs, overridden):
+    """Runs a call of ``plan``: its output tensors made from the plan, then the fresh kernel
+    on the spot where it may, else the op call inline or as an instruction. Returns the
+    outputs."""
+    backend = plan.backend
+    dev = plan.dev
+    if dev.backend is not backend:          # forgotten since: the backend the device has now
+        op.plans[0] = op.plans[1] = NO_MEMO
+        return _apply(op, inputs, attrs, dev, None, overridden)
+    outs = []
+    muts = ()
+    for meta, nbytes in plan.outs:
+        b = Blob(dev, backend, nbytes)
+        outs.append(TensorImpl(meta, b))
+        muts += (b,)
+    consts = tuple([i.blob for i in inputs])
+    stream = _stream(dev, backend, overridden) if overridden else backend.compute
+    inline = True
+    fresh = plan.fresh
+    if fresh is not None:
+        alloc = backend.allocator       # (a budget set since: the kernel writes allocated
+        if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:   # memory instead)
+            if _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
+                             plan.np_dtype, alloc):
+                return outs
+            inline = False              # (it waits for pending work: no use trying again)
+    _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
+    return outs
+
+
+def _stream(dev, backend, overridden):
+    """The stream an op call on ``dev`` goes to: this thread's ``use_stream`` choice, else
+    the backend's compute stream."""
+    if overridden:
+        streams = STATE.streams
+        return (streams and streams.get(dev)) or backend.compute
+    return backend.compute
+
+
+def _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline):
+    """The op call of ``plan`` writing ``outs`` as the VM runs it: on the spot where
+    ``inline`` and nothing it touches is pending, else as an instruction."""
+    args = (plan.kernel or _kernel(plan, op), inputs if inputs.__class__ is list
+            else list(inputs), outs, attrs, False, op.name)
+    if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op,
+                                        args):
+        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
+                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
+
+
+def _apply(op, inputs, attrs, device, outs, overridden):
+    """The eager call no plan covers: in place (``outs``: the op writes those tensors), or
+    an op whose output shapes depend on values (``op.dynamic``: outputs without a shape
+    until it ran). Returns the outputs."""
+    metas, dev, wide, cost = _operands(op, inputs)
+    consts = tuple([i.blob for i in inputs])
     if device is not None:
         dev = device
     backend = dev.backend or get_backend(dev)
     specs = op.infer(metas, attrs)
-    fresh = None
     if outs is None:
         outs = []
-        muts = ()
         for shape, dtype in specs:
             if dtype is BF16:
                 wide = True
             if shape is None:
-                b = Blob(dev, backend, 0)
-                o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)), b)
+                o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)),
+                               Blob(dev, backend, 0))
             else:
                 nbytes = dtype.itemsize
                 for s in shape:
                     nbytes *= s
-                b = Blob(dev, backend, nbytes)
                 o = TensorImpl(dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
-                               b)
+                               Blob(dev, backend, nbytes))
                 cost += nbytes
             outs.append(o)
-            muts += (b,)
-        # a fresh kernel (single-output ops only: see OpDef) for a small output (b, dtype: its
-        # blob and dtype); run_inline itself turns down costs too large to run on the spot
-        if op.fresh and not wide:
-            alloc = backend.allocator
-            if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:
-                fresh = op.fresh.get(dev.type)
+        muts = tuple([o.blob for o in outs])
     else:
         muts = tuple([o.blob for o in outs])
         consts = tuple([b for b in consts if b not in muts])
@@ -163,23 +449,14 @@ def apply(op, inputs, attrs, device=None, outs=None):
     if op.dynamic and not backend.has_data:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
-    if overridden:
-        streams = STATE.streams
-        stream = (streams and streams.get(dev)) or backend.compute
-    else:
-        stream = backend.compute
+    stream = _stream(dev, backend, overridden)
     cost >>= 2
-    if fresh is not None and _VM.run_inline(stream, consts, muts, cost, op.name, call_fresh,
-                                            (fresh, inputs, b, attrs, dtype.np, alloc)):
-        return outs
-    # the kernel is looked up only now: most small ops ran through their fresh kernel above
     kernel = ((op.kernels.get(dev.type) or op.kernel_for(dev.type)) if backend.has_data
               else null_kernel)
     if wide and backend.has_data:
         kernel = wide_kernel(op, kernel, dev, [o.meta.dtype for o in outs])
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
-    if fresh is not None or not _VM.run_inline(stream, consts, muts, cost, op.name, call_op,
-                                               args):
+    if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
                                muts if op.dynamic else (), ELEMENTWISE if op.elementwise else None))
     return outs
@@ -205,7 +482,9 @@ def use_autograd(recorder) -> None:
     to record (no input needs a gradient, or the call comes from inside the recorder:
     ``below_grad``) and the call then runs as usual, or runs the call below it and returns
     its outputs with their backward node attached. Autograd lives above and hands
-    its recorder in; an unarmed process pays nothing for it."""
+    its recorder in; an unarmed process pays nothing for it. (A call that writes nothing in
+    place and none of whose inputs has an autograd record, ``ag``, has nothing to record:
+    ``apply1`` does not hand it over.)"""
     _GRAD[0] = recorder
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import ops
 from ..dtype import FLOAT, bool_
-from ..eager.interpreter import apply
+from ..eager.interpreter import apply, apply1, attrs_key
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
@@ -30,7 +30,9 @@ def _unary(name: str):
             _check_inplace(name, op, [impl], NO_ATTRS, impl)
             apply(op, [impl], NO_ATTRS, outs=[impl])
             return input
-        return wrap(apply(op, [impl], NO_ATTRS)[0])
+        t = _new(Tensor)           # (wrap, inline)
+        t._impl = apply1(op, impl, None, NO_ATTRS, ())
+        return t
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
                   f"(``out=`` is refused).\n\nExample: ``af.{name}(af.tensor([1., -1.]))``")
@@ -65,6 +67,8 @@ def gelu(input, approximate: str = "none"):
 
 # -- binary ----------------------------------------------------------------------------
 
+_new = Tensor.__new__
+
 _BIN = {name: (op_def(name), op_def(name + "_scalar"), op_def("r" + name + "_scalar"))
         for name in ops.elementwise.BINARY}
 
@@ -73,7 +77,7 @@ def binary(name: str, a, b):
     op, sop, rop = _BIN[name]
     if isinstance(a, Tensor):
         if isinstance(b, Tensor):
-            return wrap(apply(op, [a._impl, b._impl], NO_ATTRS)[0])
+            return wrap(apply1(op, a._impl, b._impl, NO_ATTRS, ()))
         if isinstance(b, np.ndarray) and b.ndim:
             return binary(name, a, tensor_like(b, a))
         s = b if type(b) in NUMBER else number(name, b)
@@ -92,17 +96,29 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
     one Python call before the interpreter instead of two; operands other than tensors and
     Python numbers go through ``_binary``."""
     op, sop, rop = _BIN[name]
+    # the signature's attrs part: the scalar's type where that alone decides (see attrs_key)
+    rtyped, styped = bool(rop.typed_attrs), bool(sop.typed_attrs)
     if reflected:
         def fn(self, other):
-            if type(other) in NUMBER:
-                return wrap(apply(rop, [self._impl], {"scalar": other})[0])
+            k = type(other)
+            if k in NUMBER:
+                t = _new(Tensor)           # (wrap, inline)
+                t._impl = apply1(rop, self._impl, None, {"scalar": other},
+                                 k if rtyped else attrs_key(rop, {"scalar": other}))
+                return t
             return binary(name, other, self)
     else:
         def fn(self, other):
+            k = type(other)
+            if k in NUMBER:
+                t = _new(Tensor)
+                t._impl = apply1(sop, self._impl, None, {"scalar": other},
+                                 k if styped else attrs_key(sop, {"scalar": other}))
+                return t
             if isinstance(other, Tensor):
-                return wrap(apply(op, [self._impl, other._impl], NO_ATTRS)[0])
-            if type(other) in NUMBER:
-                return wrap(apply(sop, [self._impl], {"scalar": other})[0])
+                t = _new(Tensor)
+                t._impl = apply1(op, self._impl, other._impl, NO_ATTRS, ())
+                return t
             return binary(name, self, other)
     fn.__name__ = method
     fn.__qualname__ = "Tensor." + method

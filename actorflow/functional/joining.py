@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..backends import get_backend
 from ..device import device as as_device
 from ..dtype import FLOAT, as_dtype
-from ..eager.interpreter import apply
+from ..eager.interpreter import apply, apply1
 from ..errors import ShapeError
 from ..ops.common import normalize_dim
 from ..ops.shape import promote_all
@@ -83,7 +83,7 @@ def cast(input, dtype):
     """A copy of ``input`` converted to ``dtype``."""
     impl = tensor_arg("cast", input)._impl
     dt = as_dtype(dtype)
-    return wrap(apply(CAST, [impl], {"dtype": dt})[0])
+    return wrap(apply1(CAST, impl, None, {"dtype": dt}, dt))   # (the dtype: the attrs' key)
 
 
 def to_device(input, device):

@@ -11,7 +11,7 @@ import numpy as np
 from ..dtype import (FLOAT, bool_, combine_categories, default_float, from_numpy_dtype,
                      promote_types, result_type)
 from ..errors import DTypeError
-from .common import broadcast_shapes
+from .common import broadcast_shapes, quietly
 from .division import (INT_DIVISION, division_kernel, division_scalar_kernel,
                        nonzero_divisor, trunc_divide)
 from .registry import OpDef, register
@@ -137,8 +137,7 @@ def _ufunc_fresh(ufunc, quiet=False):
             x = ins[0]
             if x.dtype is not dtype:
                 x = x.astype(dtype)
-            with np.errstate(all="ignore"):
-                return ufunc(x)
+            return quietly(ufunc, x)
     else:
         def fresh(ins, attrs, dtype):
             x = ins[0]
@@ -148,8 +147,15 @@ def _ufunc_fresh(ufunc, quiet=False):
     return fresh
 
 
+_ZERO: dict = {}        # numpy dtype -> its 0-d zero (a Python 0 is converted on every call)
+
+
 def _f_relu(ins, attrs, dtype):
-    return np.maximum(ins[0], 0)
+    x = ins[0]
+    zero = _ZERO.get(x.dtype)
+    if zero is None:
+        zero = _ZERO[x.dtype] = np.zeros((), x.dtype)
+    return np.maximum(x, zero)
 
 
 def _unary_infer(rule):
@@ -336,8 +342,7 @@ def _binary_fresh(ufunc, quiet):
         if a.dtype is not dtype or b.dtype is not dtype:
             a, b = in_dtype(a, dtype), in_dtype(b, dtype)
         if quiet:
-            with np.errstate(all="ignore"):
-                return ufunc(a, b)
+            return quietly(ufunc, a, b)
         return ufunc(a, b)
     return fresh
 
@@ -349,8 +354,8 @@ def _scalar_fresh(ufunc, quiet, reverse):
         if x.dtype is not dtype:
             x = x.astype(dtype)
         if quiet:
-            with np.errstate(all="ignore"):
-                return ufunc(attrs["scalar"], x) if reverse else ufunc(x, attrs["scalar"])
+            s = attrs["scalar"]
+            return quietly(ufunc, s, x) if reverse else quietly(ufunc, x, s)
         return ufunc(attrs["scalar"], x) if reverse else ufunc(x, attrs["scalar"])
     return fresh
 
@@ -409,4 +414,6 @@ for _name, (_uf, _kind) in BINARY.items():
                        fresh=({"cpu": _scalar_fresh(_uf, _name in _QUIET, _rev)}
                               if _has_fresh else {}),
                        attrs=("scalar",),
+                       # (x // s, x % s: a zero s is refused by inference, so by value)
+                       typed_attrs=() if _div and not _rev else ("scalar",),
                        elementwise=True))

@@ -20,6 +20,9 @@ from typing import Callable
 from ..errors import DeviceError
 
 
+NO_MEMO = (None, None, None, None)     # an op's dispatch memo before its first call
+
+
 @dataclass(frozen=True, eq=False)
 class OpDef:
     name: str
@@ -32,6 +35,14 @@ class OpDef:
     dynamic: bool = False
     elementwise: bool = False      # kernel may run on matching slices of outputs and inputs
     grad: Callable | None = None   # grad rule slot: grad(out_grads, inputs, outputs, attrs)
+    # attrs whose type alone decides inference and kernel choice (a scalar operand's): the
+    # eager dispatch cache keys them by type, not value (see eager/interpreter.attrs_key)
+    typed_attrs: tuple = ()
+    # the eager dispatch cache of this op, kept by eager/interpreter: [the latest one-input
+    # call's (meta, key, plan), the latest two-input call's (meta, meta, key, plan), a dict
+    # signature -> plan]
+    plans: list = field(default_factory=lambda: [NO_MEMO, NO_MEMO, {}], compare=False,
+                        repr=False)
 
     def __post_init__(self):
         # the eager interpreter relies on this: it runs a fresh kernel for the one output

@@ -27,16 +27,16 @@ class Blob:
         self.device = device
         self.backend = backend
         self.nbytes = nbytes
-        self.array = None        # numpy array (cpu), None until allocated or on the null device
         self.owned = True        # allocated by our allocator (may be cached when freed)
-        self.allocated = False
-        self.last_write = None
-        self.reads = None        # reads issued since last_write (None: none)
-        self.error = None
-        self.released = False
-        self.version = 0         # in-place writes seen by autograd (saved tensors check it)
-        self.pins = 0            # holders besides its tensors (autograd's saved outputs)
-        self.orphaned = False    # its owning tensor is gone while pinned: freed at unpin
+        # (chained: one blob per op call is made)
+        # array: numpy array (cpu), None until allocated or on the null device;
+        # reads: reads issued since last_write (None: none)
+        self.array = self.last_write = self.reads = self.error = None
+        # orphaned: its owning tensor is gone while pinned: freed at unpin
+        self.allocated = self.released = self.orphaned = False
+        # version: in-place writes seen by autograd (saved tensors check it);
+        # pins: holders besides its tensors (autograd's saved outputs)
+        self.version = self.pins = 0
 
     def pin(self) -> None:
         """Keeps the storage past its owning tensor (see ``unpin``)."""

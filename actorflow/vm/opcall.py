@@ -715,14 +715,22 @@ def call_op(args) -> None:
 
 
 def call_fresh(args) -> None:
+    """``fresh_into`` with its arguments packed: ``args`` is ``(fresh, ins, out_blob, attrs,
+    numpy dtype, allocator)``, an op call as ``VM.run_inline`` runs it."""
+    fresh_into(*args)
+
+
+def fresh_into(fresh, ins, b, attrs, dtype, allocator) -> None:
     """Runs a small op call through its fresh kernel, which returns the output array (numpy
-    allocates it): ``args`` is ``(fresh, ins, out_blob, attrs, numpy dtype, allocator)``.
-    The array is counted in the log as ``empty`` would have (small arrays are never cached,
-    only counted)."""
-    fresh, ins, b, attrs, dtype, alloc = args
-    in_arrays = []              # (a loop, not a comprehension: no function object per call)
-    for i in ins:
-        in_arrays.append(i.blob.array if i.base is None else i.array())
+    allocates it), and gives it to the output blob ``b``. The array is counted in the
+    allocator's log as ``empty`` would have (small arrays are never cached, only counted)."""
+    if len(ins) == 1:           # (no comprehension: no function object per call)
+        i = ins[0]
+        in_arrays = [i.blob.array if i.base is None else i.array()]
+    else:
+        in_arrays = []
+        for i in ins:
+            in_arrays.append(i.blob.array if i.base is None else i.array())
     r = fresh(in_arrays, attrs, dtype)
     if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1
                                                           and not r.flags.c_contiguous):
@@ -730,10 +738,10 @@ def call_fresh(args) -> None:
     b.array = r
     b.allocated = True
     if b.nbytes:
-        log = alloc.log
+        log = allocator.log
         log.append(b.nbytes)
-        if len(log) > alloc.fold_at:
-            alloc.fold()
+        if len(log) > allocator.fold_at:
+            allocator.fold()
 
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:

@@ -47,6 +47,7 @@ from collections import deque
 from functools import partial
 from time import perf_counter
 
+
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
@@ -55,7 +56,8 @@ from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, laun
                    settled, wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
-from .opcall import ZeroCheck, allocate, device_call_op, kernel_error, run_op
+from .opcall import (ZeroCheck, allocate, call_fresh, device_call_op, fresh_into, kernel_error,
+                     run_op)
 from .run_cuts import ELEMENTWISE
 from .release import collect
 from .sync import KeptErrors
@@ -130,7 +132,9 @@ class VM:
             return False
         if RELEASED:
             self.collect_releases()
-        with self._lock:
+        lock = self._lock
+        lock.acquire()      # (not ``with``: this runs once per op, and ``with`` costs more)
+        try:
             if not settled(stream, consts, muts):
                 return False
             err = error_to_run(consts, muts, args) if self._any_error else None
@@ -139,21 +143,55 @@ class VM:
             if err is None:
                 try:
                     fn(args)
-                except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
-                    err = self._kernel_error(_Named(name, stream), e,
-                                             wrote_nothing(e, muts, args))
-                except BaseException as e:  # Ctrl-C: poison the outputs, then let it go
-                    err = self._kernel_error(_Named(name, stream), e)
-                    for b in muts:
-                        b.error = err
-                        b.last_write = b.reads = None
-                    self.inlined += 1
-                    raise
-            if err is not None:
+                except BaseException as e:
+                    self._inline_failed(name, stream, muts, args, e)
+            else:
                 for b in muts:
                     b.error = err
             self.inlined += 1          # counted as issued and completed too (see stats)
+        finally:
+            lock.release()
         return True
+
+    def run_fresh(self, stream, consts: tuple, out, cost: int, name: str, fresh, ins, attrs,
+                  dtype, alloc) -> bool:
+        """``run_inline`` of ``opcall.call_fresh`` for one fresh output blob ``out`` (no
+        record yet: nothing can be pending on it): the same checks and the same call,
+        without packing them for the general path. Returns False where the call must be
+        submitted instead."""
+        if (RELEASED or self._any_error or self.profiler is not None
+                or cost > self._inline_limit or stream.simulated):
+            return self.run_inline(stream, consts, (out,), cost, name, call_fresh,
+                                   (fresh, ins, out, attrs, dtype, alloc))
+        lock = self._lock
+        lock.acquire()
+        try:
+            if not settled(stream, consts, ()):
+                return False
+            try:
+                fresh_into(fresh, ins, out, attrs, dtype, alloc)
+            except BaseException as e:
+                self._inline_failed(name, stream, (out,), None, e)
+            self.inlined += 1
+        finally:
+            lock.release()
+        return True
+
+    def _inline_failed(self, name: str, stream, muts: tuple, args, e: BaseException) -> None:
+        """An inline call raised ``e`` (caller holds the lock): its outputs are poisoned and
+        the error kept for the next sync point; an interrupt (not an ``Exception``) is counted
+        and raised on (the caller is raising it already)."""
+        if isinstance(e, Exception):
+            err = self._kernel_error(_Named(name, stream), e, wrote_nothing(e, muts, args))
+            for b in muts:
+                b.error = err
+            return
+        err = self._kernel_error(_Named(name, stream), e)
+        for b in muts:
+            b.error = err
+            b.last_write = b.reads = None
+        self.inlined += 1
+        raise e
 
     def _wait_for_room(self) -> None:
         # caller holds the lock; the loop thread never blocks here
