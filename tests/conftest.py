@@ -41,3 +41,12 @@ def ray_engine(request):
     eng.start()
     yield eng
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's command), every Ray test
+    runs in one worker: one local Ray cluster at a time, while the other worker runs the
+    rest of the suite."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
