@@ -95,6 +95,14 @@ class DataLoader:
         memory: byte budgets per device for the batches in flight, as for ActorGraph
             (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
+        processes: load on ``workers`` worker processes instead of threads (PyTorch's
+            workers, ``persistent_workers=True``): spawned at the first pass and kept
+            across passes until ``close()`` (or garbage collection, or the interpreter's
+            exit); each writes its batches straight into the loading stage's registers,
+            which are shared memory, so only the indices cross a pipe. The dataset and
+            ``collate_fn`` must pickle (cloudpickle when installed); the workers load them
+            as they are at the first pass (again when either is another object). For
+            loaders whose Python code holds the interpreter lock (decoding, augmenting).
         device: where batches arrive: ``"cpu"`` (default), or a device with its own memory
             (``"cuda:0"``): each batch is then copied there by a copy actor (``to_device``,
             host to device on the device's copy stream, ``buffers`` registers in device
@@ -104,12 +112,13 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, workers: int = 0, buffers=None, memory=None,
-                 collate_fn=None, seed=None, device=None):
+                 collate_fn=None, seed=None, device=None, processes: bool = False):
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(workers, numbers.Integral) or not 0 <= workers <= 64:
             raise ValueError(f"DataLoader: workers must be an int from 0 to 64, got {workers!r}")
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
+                           ("processes", processes)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DataLoader: {name} must be True or False, got {flag!r}")
         if collate_fn is not None and not callable(collate_fn):
@@ -140,6 +149,19 @@ class DataLoader:
             raise PlanError(f"DataLoader: memory takes a byte budget per device, e.g. "
                             f"memory={{'cpu': {memory!r}}}, got {memory!r}")
         self.memory = memory
+        self.procs = None               # the worker processes (processes=True)
+        if processes:
+            if workers < 1:
+                raise ValueError(f"DataLoader: processes=True loads on worker processes, "
+                                 f"and workers={workers}; give workers >= 1 (the number of "
+                                 f"processes)")
+            if not self.map_style:
+                raise ValueError("DataLoader: processes=True needs a map-style dataset "
+                                 "(__len__ and __getitem__): an iterable one is read in "
+                                 "order, here")
+            from ..runtime.sched.processes import StageProcesses
+            self.procs = StageProcesses(self.workers, "DataLoader")
+        self._layout = []               # (processes: the batch layout, found once)
         self.device = as_device(device if device is not None else "cpu")
         self.on_device = device_memory(self.device)
         if not self.on_device and self.device.type != "cpu":
@@ -150,7 +172,10 @@ class DataLoader:
 
     def _graph(self, to_device: bool = True) -> tuple:
         g = ActorGraph(memory=self.memory, buffers=self.buffers)
-        actors = self.actors_into(g, to_device=to_device)
+        if self.procs is not None and not self._layout:     # (declared: piece 0 is
+            self._layout.append(self.layout())              # not loaded here)
+        layout = self._layout[0] if self.procs is not None else None
+        actors = self.actors_into(g, layout, to_device=to_device)
         g.sink(actors.node)
         return g, actors
 
@@ -175,8 +200,12 @@ class DataLoader:
         out = unflatten(layout.structure, list(layout.specs)) if layout is not None else None
         if self.map_style:              # indices -> samples -> a batch, on the workers
             src = g.source(actors.batches, name="sampler", buffers=self.buffers)
-            actors.node = g.actor(actors.load, src, name="load", out=out,
-                                  replicas=max(1, self.workers), buffers=self.buffers)
+            if self.procs is not None:  # (its processes write the registers)
+                actors.node = g.actor(actors.load, src, name="load", out=out,
+                                      processes=self.procs, buffers=self.buffers)
+            else:
+                actors.node = g.actor(actors.load, src, name="load", out=out,
+                                      replicas=max(1, self.workers), buffers=self.buffers)
             actors.actors = [src, actors.node]
         else:                           # an iterable is read in order: the source batches
             actors.node = g.source(actors.batches, name="load", out=out, buffers=self.buffers)
@@ -191,7 +220,8 @@ class DataLoader:
     def actors_key(self) -> tuple:
         """What the actors ``actors_into`` adds depend on: a loader with the same key may be
         read by them (``LoaderActors.bind``)."""
-        return (self.map_style, self.workers, self.buffers, self.device)
+        return (self.map_style, self.workers, self.buffers, self.device,
+                self.procs is not None)
 
     def layout(self) -> PieceSpec | None:
         """The layout of a whole batch, from metadata: with ``default_collate``, the first
@@ -283,6 +313,24 @@ class DataLoader:
         """The last pass's per-actor statistics (``ActorGraph.stats``)."""
         return self.graph.stats()
 
+    def close(self) -> None:
+        """Ends the worker processes (``processes=True``); a pass after this is refused."""
+        if self.procs is not None:
+            self.procs.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        """What a worker process loads batches with: the loader without its graph and
+        processes."""
+        state = dict(self.__dict__)
+        state["graph"] = state["procs"] = None
+        return state
+
 
 class LoaderActors:
     """What ``DataLoader.actors_into`` added to a graph, reading passes of ``loader``:
@@ -296,6 +344,16 @@ class LoaderActors:
         self.layout = None              # the declared layout of a batch, if any
         self.epoch = None               # the last run's pass, and what it left out
         self.tail: list = []
+
+    def __getstate__(self) -> dict:
+        """What a worker process needs to run ``load`` (processes=True): the loader (without
+        its graph) and the declared layout."""
+        return {"loader": self.loader, "key": self.key, "layout": self.layout}
+
+    def process_key(self) -> tuple:
+        """What ``load`` computes with: a worker loads it again when one of these is
+        another object (``LoaderActors.bind`` to another loader)."""
+        return (self.loader, self.loader.dataset, self.loader.collate_fn, self.layout)
 
     def bind(self, loader: DataLoader) -> None:
         """The next runs read passes of ``loader`` (whose ``actors_key`` is this one's)."""

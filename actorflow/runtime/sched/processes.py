@@ -1,0 +1,343 @@
+"""A stage's worker processes (``ActorGraph.actor(processes=k)``, ``DataLoader(workers=k,
+processes=True)``): ``k`` processes, spawned once and kept across runs (PyTorch's
+``persistent_workers``) until ``close()``, garbage collection or the interpreter's exit.
+
+The credit scheduler stays in this process and decides, as for any stage, when the stage
+acts and which register it writes: the stage's ``replicas`` threads each hand an act to an
+idle worker (a small message: piece, register index, the input piece) and wait for its
+answer. The stage's registers are a ``SharedBlock`` (``plan/registers.py``) that every
+worker maps, so the worker writes the piece once, in place, checked with ``check_piece``
+as a local act's is, and the next actor reads it there: no array crosses a pipe but the
+input piece (a DataLoader's indices). A worker that dies fails the act (``WorkerDied``,
+which the run reports as ``ActorError`` naming the stage and the piece) and is replaced
+at its next act.
+
+What a worker runs is the stage's function pickled (cloudpickle when installed, as Ray
+does, else pickle) when a plan is made, sent again only when it is another object. A
+function that does not pickle is refused then, with ``PlanError``. Processes start with
+``spawn``: safe with the threads of this process (the graph loop, actor threads)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import traceback
+import weakref
+from multiprocessing import get_context
+from multiprocessing.reduction import recv_handle, send_handle
+from queue import SimpleQueue
+
+from ...errors import PlanError
+
+FN, MAP, ACT = 0, 1, 2          # what a message to a worker carries
+START_METHOD = "spawn"
+JOIN_S = 2.0                    # how long close() waits for a worker before killing it
+
+
+class WorkerDied(RuntimeError):
+    """A stage's worker process ended while computing a piece: its exit code says how
+    (negative: the signal that killed it)."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an error raised in a worker process (the ``__cause__`` of the error
+    re-raised here, so that the run's ActorError shows where it happened)."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f"\n(in the worker process)\n{self.tb}"
+
+
+def dumps(fn) -> bytes:
+    """``fn`` as a worker loads it: by cloudpickle when installed (functions of
+    ``__main__``, lambdas, closures by value), else by pickle."""
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle.dumps(fn, protocol=5)
+    return cloudpickle.dumps(fn, protocol=5)
+
+
+def _same(a, b) -> bool:
+    return type(a) is tuple and type(b) is tuple and len(a) == len(b) and all(
+        x is y for x, y in zip(a, b)) or a is b
+
+
+def function_key(fn):
+    """What tells whether a worker's copy of ``fn`` is still the one to run: ``fn`` itself,
+    or for a bound method whose object says what it computes with (``process_key()``, a
+    tuple of objects: a DataLoader's dataset and collate function), those."""
+    owner = getattr(fn, "__self__", None)
+    key = getattr(owner, "process_key", None)
+    return (getattr(fn, "__func__", fn), owner) + tuple(key()) if key is not None else fn
+
+
+class _Worker:
+    """One worker process and this side of its pipe, with what it holds: the version of
+    the function it loaded and the shared blocks it mapped."""
+
+    def __init__(self, ctx):
+        here, there = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=worker_main, args=(there,), daemon=True,
+                                   name="actorflow-stage-worker")
+        self.process.start()
+        there.close()
+        self.conn = here
+        self.fn_version = 0
+        self.blocks: set = set()
+        self.dead = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exit_code(self):
+        """The process's exit code once it ended (waits a moment for the OS to say)."""
+        self.process.join(JOIN_S)
+        return self.process.exitcode
+
+    def stop(self) -> None:
+        """Ends the process: its pipe closed (it exits at the end of its act), then, if it
+        does not, killed."""
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        p = self.process
+        p.join(JOIN_S)
+        if p.exitcode is None:
+            p.kill()
+            p.join(JOIN_S)
+
+
+def _stop_all(workers: list) -> None:
+    for w in list(workers):
+        w.stop()
+    workers.clear()
+
+
+class StageProcesses:
+    """The ``n`` worker processes of a stage (or of a DataLoader, shared by the graphs
+    that read it), started at the first plan that needs them and kept until ``close()``.
+
+    ``pids``: the processes' ids; ``spawned``: processes started so far (a dead one is
+    replaced); ``sent`` / ``received``: bytes through the pipes (messages, not arrays)."""
+
+    def __init__(self, n: int, name: str = "stage"):
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise ValueError(f"{name}: processes must be an int from 1 to 64, got {n!r}")
+        self.n, self.name = n, name
+        self.workers: list = []
+        self.idle: SimpleQueue = SimpleQueue()
+        self.lock = threading.Lock()
+        self.fn_key = None
+        self.fn_bytes = b""
+        self.fn_version = 0
+        self.spawned = 0
+        self.sent = self.received = 0
+        self.live: dict = {}            # block id -> SharedBlock of a run going on
+        self.closed = False
+        self._ctx = get_context(START_METHOD)
+        self._finalizer = weakref.finalize(self, _stop_all, self.workers)
+
+    @property
+    def pids(self) -> list:
+        return [w.pid for w in self.workers]
+
+    def prepare(self, actor) -> None:
+        """Before a plan of ``actor`` (a stage on these processes): its function pickled
+        if it is not the one the workers hold, and the processes started (a dead one
+        replaced). Raises PlanError when the function does not pickle or the processes
+        were closed."""
+        if self.closed:
+            raise PlanError(f"actor {actor.name!r}: its worker processes were closed "
+                            f"(close()); make a new graph or loader to run it again")
+        key = function_key(actor.fn)
+        if not _same(key, self.fn_key):
+            try:
+                data = dumps(actor.fn)
+            except Exception as e:  # noqa: BLE001 - named with the stage and the fix
+                raise PlanError(
+                    f"actor {actor.name!r}: processes= runs its function in worker processes, "
+                    f"which need it pickled, and it does not pickle ({type(e).__name__}: {e}); "
+                    f"define it (and what it reads) at module level, leave out what cannot "
+                    f"cross a process (locks, open files, generators, sockets), or run the "
+                    f"stage on threads (replicas=) instead") from e
+            with self.lock:
+                self.fn_key, self.fn_bytes = key, data
+                self.fn_version += 1
+        with self.lock:
+            for w in [w for w in self.workers if w.dead or not w.process.is_alive()]:
+                self._replace(w)
+            while len(self.workers) < self.n:
+                w = _Worker(self._ctx)
+                self.spawned += 1
+                self.workers.append(w)
+                self.idle.put(w)
+
+    def _replace(self, w: _Worker) -> _Worker:
+        """A new process in place of ``w`` (dead), under ``self.lock``."""
+        w.stop()
+        new = _Worker(self._ctx)
+        self.spawned += 1
+        self.workers[self.workers.index(w)] = new
+        return new
+
+    def registers(self, actor, buffers: int) -> list:
+        """The ``buffers`` registers of ``actor``'s output, in a new shared block (kept
+        for the run: ``release``)."""
+        from ..plan.registers import SharedBlock
+        block = SharedBlock(actor.out_spec, buffers, f"actor {actor.name!r}")
+        block.stage = (actor.name, actor.out_spec, actor.declared)
+        with self.lock:
+            self.live[block.id] = block
+        return block.registers
+
+    def release(self, registers) -> None:
+        """The run that held these registers is over."""
+        for arrays in registers:
+            block = getattr(arrays, "block", None)
+            if block is not None:
+                with self.lock:
+                    self.live.pop(block.id, None)
+                block.release()
+
+    def act(self, piece: int, ins: list, outs) -> None:
+        """Piece ``piece`` computed by an idle worker from ``ins`` (the input pieces) into
+        the shared register ``outs``. Raises what the function raised there (its traceback
+        as the cause), or WorkerDied."""
+        w = self.idle.get()
+        try:
+            if w.dead:
+                with self.lock:
+                    w = self._replace(w)
+            self._bring(w, outs.block)
+            msg = pickle.dumps((ACT, piece, outs.block.id, outs.index, ins), protocol=5)
+            w.conn.send_bytes(msg)
+            self.sent += len(msg)
+            reply = w.conn.recv_bytes()
+            self.received += len(reply)
+        except (EOFError, OSError) as e:
+            w.dead = True
+            code = w.exit_code()
+            how = (f"killed by signal {-code} ({_signal_name(-code)})" if code and code < 0
+                   else f"exit code {code}")
+            raise WorkerDied(f"the worker process (pid {w.pid}) of stage "
+                             f"{outs.block.stage[0]!r} died while computing piece {piece}: "
+                             f"{how}; a new process takes its place at the next act") from e
+        finally:
+            self.idle.put(w)
+        if reply:
+            words, tb, data = pickle.loads(reply)
+            try:
+                error = pickle.loads(data)
+            except Exception:  # noqa: BLE001 - pickled there, not loadable here: its words
+                error = RuntimeError(words)
+            error.__cause__ = RemoteTraceback(tb)
+            raise error
+
+    def _bring(self, w: _Worker, block) -> None:
+        """What ``w`` needs before an act on ``block``: the function, the block mapped
+        (its descriptor passed over the pipe); blocks of runs that ended unmapped."""
+        if w.fn_version != self.fn_version:
+            with self.lock:
+                data, version = self.fn_bytes, self.fn_version
+            msg = pickle.dumps((FN, data), protocol=5)
+            w.conn.send_bytes(msg)
+            self.sent += len(msg)
+            w.fn_version = version
+        if block.id not in w.blocks:
+            with self.lock:
+                drop = [b for b in w.blocks if b not in self.live]
+            name, spec, declared = block.stage
+            msg = pickle.dumps((MAP, block.id, block.size, block.layout, name, spec,
+                                declared, drop), protocol=5)
+            w.conn.send_bytes(msg)
+            self.sent += len(msg)
+            send_handle(w.conn, block.fd, w.pid)
+            w.blocks.difference_update(drop)
+            w.blocks.add(block.id)
+
+    def close(self) -> None:
+        """Ends the processes (each finishes the act it runs, if any)."""
+        self.closed = True
+        with self.lock:
+            self._finalizer()
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+# -- in the worker process -----------------------------------------------------------------
+
+def worker_main(conn) -> None:
+    """A worker's loop: loads the function (FN), maps shared blocks (MAP), computes pieces
+    into them (ACT), answering each act with b"" or the pickled error. Ends when the pipe
+    closes (its stage's processes were closed, or this process's parent is gone)."""
+    import mmap
+
+    import numpy as np
+
+    from ..plan.registers import view_of
+    from ..plan.spec import check_piece, flatten, unflatten
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # (Ctrl-C is the parent's to handle)
+    fn, blocks, stages = None, {}, {}
+    while True:
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == FN:
+            fn = pickle.loads(msg[1])
+        elif kind == MAP:
+            _, bid, size, layout, name, spec, declared, drop = msg
+            for b in drop:
+                blocks.pop(b, None)
+                stages.pop(b, None)
+            fd = recv_handle(conn)
+            try:
+                m = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            blocks[bid] = [[view_of(m, off, shape, dt) for off, shape, dt in reg]
+                           for reg in layout]
+            stages[bid] = (name, spec, declared)
+        else:
+            _, piece, bid, index, ins = msg
+            try:
+                name, spec, declared = stages[bid]
+                leaves, structure = flatten(ins)
+                for a in leaves:                    # read-only, as a local stage's inputs
+                    if isinstance(a, np.ndarray):
+                        a.flags.writeable = False
+                value = fn(*unflatten(structure, leaves))
+                for d, v in zip(blocks[bid][index], check_piece(
+                        value, spec, f"actor {name!r} (piece {piece})", declared)):
+                    if d is not None:
+                        np.copyto(d, v, casting="no")
+                reply = b""
+            except BaseException as e:  # noqa: BLE001 - handed to the parent's act
+                reply = _error_reply(e)
+            conn.send_bytes(reply)
+
+
+def _error_reply(e: BaseException) -> bytes:
+    """An act's error as the parent re-raises it: its words, its traceback, and the error
+    pickled (b"" when it does not pickle: the parent raises its words instead)."""
+    try:
+        data = pickle.dumps(e, protocol=5)
+    except Exception:  # noqa: BLE001 - an error that does not pickle
+        data = b""
+    return pickle.dumps((f"{type(e).__name__}: {e}", traceback.format_exc(), data),
+                        protocol=5)
