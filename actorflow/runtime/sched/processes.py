@@ -74,7 +74,7 @@ def function_key(fn):
     tuple of objects: a DataLoader's dataset and collate function), those."""
     owner = getattr(fn, "__self__", None)
     key = getattr(owner, "process_key", None)
-    return (getattr(fn, "__func__", fn), owner) + tuple(key()) if key is not None else fn
+    return (getattr(fn, "__func__", fn),) + tuple(key()) if key is not None else fn
 
 
 class _Worker:
@@ -116,6 +116,12 @@ class _Worker:
 
 
 def _stop_all(workers: list) -> None:
+    """Every worker's pipe closed first (they end together), then each waited for."""
+    for w in workers:
+        try:
+            w.conn.close()
+        except OSError:
+            pass
     for w in list(workers):
         w.stop()
     workers.clear()
@@ -133,7 +139,7 @@ class StageProcesses:
             raise ValueError(f"{name}: processes must be an int from 1 to 64, got {n!r}")
         self.n, self.name = n, name
         self.workers: list = []
-        self.idle: SimpleQueue = SimpleQueue()
+        self.idle: SimpleQueue = SimpleQueue()  # indices of workers not acting now
         self.lock = threading.Lock()
         self.fn_key = None
         self.fn_bytes = b""
@@ -172,21 +178,20 @@ class StageProcesses:
                 self.fn_key, self.fn_bytes = key, data
                 self.fn_version += 1
         with self.lock:
-            for w in [w for w in self.workers if w.dead or not w.process.is_alive()]:
-                self._replace(w)
+            for i, w in enumerate(self.workers):
+                if w.dead or not w.process.is_alive():
+                    self._replace(i)
             while len(self.workers) < self.n:
-                w = _Worker(self._ctx)
+                self.workers.append(_Worker(self._ctx))
                 self.spawned += 1
-                self.workers.append(w)
-                self.idle.put(w)
+                self.idle.put(len(self.workers) - 1)
 
-    def _replace(self, w: _Worker) -> _Worker:
-        """A new process in place of ``w`` (dead), under ``self.lock``."""
-        w.stop()
-        new = _Worker(self._ctx)
+    def _replace(self, i: int) -> _Worker:
+        """A new process in place of worker ``i`` (dead), under ``self.lock``."""
+        self.workers[i].stop()
+        self.workers[i] = w = _Worker(self._ctx)
         self.spawned += 1
-        self.workers[self.workers.index(w)] = new
-        return new
+        return w
 
     def registers(self, actor, buffers: int) -> list:
         """The ``buffers`` registers of ``actor``'s output, in a new shared block (kept
@@ -211,11 +216,12 @@ class StageProcesses:
         """Piece ``piece`` computed by an idle worker from ``ins`` (the input pieces) into
         the shared register ``outs``. Raises what the function raised there (its traceback
         as the cause), or WorkerDied."""
-        w = self.idle.get()
+        i = self.idle.get()
+        w = self.workers[i]
         try:
             if w.dead:
                 with self.lock:
-                    w = self._replace(w)
+                    w = self._replace(i)
             self._bring(w, outs.block)
             msg = pickle.dumps((ACT, piece, outs.block.id, outs.index, ins), protocol=5)
             w.conn.send_bytes(msg)
@@ -225,13 +231,13 @@ class StageProcesses:
         except (EOFError, OSError) as e:
             w.dead = True
             code = w.exit_code()
-            how = (f"killed by signal {-code} ({_signal_name(-code)})" if code and code < 0
-                   else f"exit code {code}")
+            how = f"exit code {code}" + (f" (killed by {_signal_name(-code)})"
+                                         if code is not None and code < 0 else "")
             raise WorkerDied(f"the worker process (pid {w.pid}) of stage "
                              f"{outs.block.stage[0]!r} died while computing piece {piece}: "
                              f"{how}; a new process takes its place at the next act") from e
         finally:
-            self.idle.put(w)
+            self.idle.put(i)
         if reply:
             words, tb, data = pickle.loads(reply)
             try:
@@ -272,7 +278,7 @@ class StageProcesses:
 
 def _signal_name(n: int) -> str:
     try:
-        return signal.Signals(n).name
+        return f"signal {n}, {signal.Signals(n).name}"
     except ValueError:
         return f"signal {n}"
 
