@@ -615,9 +615,10 @@ def part_loaders(args, af, torch, saved, load_target_s: float) -> tuple[dict, li
             def run_af(trainer=trainer, dl=dl):
                 return [float(v) for v in trainer.step.run(dl, buffers=2, fused=True)]
             what = "processes=True" if procs else "threads"
+            run_af, cpu = with_cpu(run_af)
             contenders.append(harness.Contender(
                 f"{kind}: af workers={k} {what}", run_af, check, ref=ref["af"],
-                setup=trainer.reset, loader=kind, framework="af",
+                setup=trainer.reset, after=cpu, loader=kind, framework="af",
                 note=f"step.run(DataLoader(workers={k}{', processes=True' if procs else ''}),"
                      f" fused=True)"))
         if tt is None:
@@ -629,9 +630,10 @@ def part_loaders(args, af, torch, saved, load_target_s: float) -> tuple[dict, li
 
             def run_torch(tdl=tdl):
                 return torch_epoch(tt, tdl)
+            run_torch, cpu = with_cpu(run_torch)
             contenders.append(harness.Contender(
                 f"{kind}: torch workers={w}", run_torch, check, ref=ref["torch"],
-                setup=tt.reset, loader=kind, framework="torch",
+                setup=tt.reset, after=cpu, loader=kind, framework="torch",
                 note=f"torch.utils.data.DataLoader(num_workers={w}"
                      f"{', persistent_workers=True' if w else ''}) + a torch step"))
 
@@ -662,6 +664,8 @@ def part_loaders(args, af, torch, saved, load_target_s: float) -> tuple[dict, li
         if c.times:
             s["ratio_vs_bound"] = s["best_s"] / s["bound_s"]
             s["median_ratio_vs_bound"] = s["median_s"] / s["bound_s"]
+            cpus = [v for v in c.after_values if v is not None]
+            s["main_process_cpu_s_median"] = statistics.median(cpus) if cpus else None
         rows[c.name] = s
     for kind in datasets:
         torch_k = rows.get(f"{kind}: torch workers={k}", {})
@@ -679,6 +683,20 @@ def part_loaders(args, af, torch, saved, load_target_s: float) -> tuple[dict, li
     return {"batches": n, "workers": k, "costs_alone_median_s": costs,
             "gil_spin_loops_per_sample": datasets["gil"].loops, "nogil_tanh_reps": reps,
             "contenders": rows, "goals": goals, "cpu_contention": contention}, contenders
+
+
+def with_cpu(fn):
+    """``fn`` timed in CPU seconds of this process (every thread of it, not the loader's
+    worker processes), and what reads that of the last call (a Contender's ``after``)."""
+    box = [None]
+
+    def run():
+        c0 = time.process_time()
+        try:
+            return fn()
+        finally:
+            box[0] = time.process_time() - c0
+    return run, lambda: box[0]
 
 
 def torch_epoch(tt, batches) -> list:
@@ -833,7 +851,8 @@ def main(argv=None) -> int:
          Col("bound ms", 10, "bound_s", ".1f", 1e3),
          Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
          Col("med/bound", 11, "median_ratio_vs_bound", ".3f", suffix="x"),
-         Col("vs torch", 10, "ratio_vs_torch_same_workers", ".3f", suffix="x")], 34)
+         Col("vs torch", 10, "ratio_vs_torch_same_workers", ".3f", suffix="x"),
+         Col("cpu-s here", 12, "main_process_cpu_s_median", ".3f")], 34)
     lg = loaders["goals"]
     print(f"  goal: GIL-bound epoch with loader processes <= {PROCS_VS_BOUND}x its bound -> "
           f"{harness.fmt(lg['gil_processes_vs_bound'], '.3f')}x "

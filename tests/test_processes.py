@@ -1,6 +1,7 @@
 """Stages and loaders in worker processes (``processes=``): kept across runs, registers in
 shared memory written in place by the workers, credits counted by the scheduler here."""
 
+import mmap
 import os
 import signal
 import threading
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 
 import actorflow as af
-from actorflow.runtime.plan.registers import RegisterArrays
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,23 +95,33 @@ def test_loader_in_processes_gives_the_threads_values_and_keeps_its_workers(load
     assert made and no_block_left(made)
 
 
+def in_shared_memory(batch):
+    """Whether the batch a stage reads is a view of a shared block's mapping."""
+    x = batch[0]
+    while isinstance(x, np.ndarray):
+        x = x.base
+    return np.array(isinstance(x, mmap.mmap))
+
+
 def test_batches_are_written_in_shared_memory_and_no_array_is_pickled(loader, made):
     sent, received = loader.procs.sent, loader.procs.received
-    it = loader.iter_arrays()
-    first = next(it)
-    sched, plan = loader.graph._current
-    load = next(a for a in plan.actors if a.name == "load")
-    regs = plan.ports[load].registers
-    assert all(type(r.arrays) is RegisterArrays for r in regs)
-    assert len({r.arrays.block.id for r in regs}) == 1     # one block for the stage
-    rest = list(it)
-    assert len(rest) + 1 == 4 and first[0].nbytes == 8 * 1024 * 4
-    # 3 batches of 32 KiB (and piece 0, declared: loaded there too) went through the
-    # registers; through the pipes only messages: indices (8 int64) and a header each
-    assert loader.procs.received == received                # an act answers b""
-    per_act = (loader.procs.sent - sent) / 4
+    v0 = loader.procs.fn_version
+    g = af.ActorGraph()
+    actors = loader.actors_into(g, loader.layout())
+    g.sink(g.actor(in_shared_memory, actors.node))
+    assert [bool(v) for v in g.run()] == [True] * 3     # read in place by the next actor
+    assert [bool(v) for v in g.run()] == [True] * 3
+    # 6 batches of 32 KiB went through the registers; through the pipes only messages:
+    # indices (8 int64) and a header each; an act answers b""
+    assert loader.procs.received == received
+    per_act = (loader.procs.sent - sent) / 6
     assert per_act < 2048, per_act       # (a batch: 32 KiB)
+    assert loader.procs.fn_version == v0 + 1 and len(loader.procs.pids) == 2  # (a new layout)
     assert no_block_left(made)
+    threads = af.data.DataLoader(Samples(), batch_size=8, workers=2)
+    g = af.ActorGraph()
+    g.sink(g.actor(in_shared_memory, threads.actors_into(g).node))
+    assert [bool(v) for v in g.run()] == [False] * 3
 
 
 def test_a_killed_worker_is_an_actor_error_and_the_next_run_has_a_new_one(pipe, made,
@@ -173,5 +183,5 @@ def test_processes_arguments_are_checked():
     src = g.source(PIECES)
     with pytest.raises(ValueError, match="not both"):
         g.actor(wrong_shape, src, replicas=2, processes=2)
-    with pytest.raises(ValueError, match="from 1 to 64"):
+    with pytest.raises(ValueError, match="from 1 to 32"):
         g.actor(wrong_shape, src, processes=0)

@@ -91,7 +91,9 @@ class DataLoader:
         buffers: registers per actor (batches ready ahead of the consumer), an int >= 1 or
             ``"auto"`` (chosen under the budget, as for ActorGraph). Every worker holds a
             register while it loads, so an int must be at least ``workers``; left out, it
-            is ``max(2, workers)`` (PyTorch's ``prefetch_factor`` counts per worker too).
+            is ``max(2, workers)`` (PyTorch's ``prefetch_factor`` counts per worker too),
+            with ``processes`` ``2 * workers + 1`` (two batches in each worker's pipe, as
+            PyTorch's default ``prefetch_factor=2``, and the one being read).
         memory: byte budgets per device for the batches in flight, as for ActorGraph
             (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
@@ -138,8 +140,8 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
-        self.buffers = check_buffers(max(2, self.workers) if buffers is None else buffers,
-                                     "DataLoader")
+        default = 2 * self.workers + 1 if processes else max(2, self.workers)
+        self.buffers = check_buffers(default if buffers is None else buffers, "DataLoader")
         if self.buffers != "auto" and self.buffers < self.workers:
             raise ValueError(f"DataLoader: buffers={buffers} is fewer than workers={workers}: "
                              f"each worker holds a register (a batch) while it loads, so "

@@ -186,7 +186,7 @@ class ActorGraph:
         procs = owns = None
         if processes is not None:
             procs, owns = _stage_processes(processes, replicas, name)
-            replicas = procs.n
+            replicas = procs.n * procs.depth    # (threads waiting for the workers' acts)
             if on is not None:
                 raise ValueError(f"actor {name!r}: its inputs are on {on}; processes= is for "
                                  f"stages on the host (copy after the stage instead)")

@@ -169,8 +169,8 @@ class StageActor(Actor):
     """Calls ``fn(*pieces)``: one argument per input, arrays in, arrays out. An ``async
     def`` function is awaited on the run's loop instead of called on a thread, several acts
     at once (up to its registers: each act holds one). ``procs``: its worker processes
-    (``sched/processes.py``), one per replica thread: each act is sent to one of them,
-    which writes the piece into the register (a shared block) itself; ``owns_procs``: the
+    (``sched/processes.py``), its replica threads handing each act to one of them, which
+    writes the piece into the register (a shared block) itself; ``owns_procs``: the
     actor made them (closed with its graph), else they are a DataLoader's."""
 
     def __init__(self, name, fn, inputs, procs=None, owns_procs=False, **kw):

@@ -3,9 +3,10 @@ processes=True)``): ``k`` processes, spawned once and kept across runs (PyTorch'
 ``persistent_workers``) until ``close()``, garbage collection or the interpreter's exit.
 
 The credit scheduler stays in this process and decides, as for any stage, when the stage
-acts and which register it writes: the stage's ``replicas`` threads each hand an act to an
-idle worker (a small message: piece, register index, the input piece) and wait for its
-answer. The stage's registers are a ``SharedBlock`` (``plan/registers.py``) that every
+acts and which register it writes: the stage's threads (``DEPTH`` per worker) each hand an
+act to a worker (a small message: piece, register index, the input piece) and wait for its
+answer; a worker has up to ``DEPTH`` acts in its pipe, so it starts the next one without
+waiting for this process. The stage's registers are a ``SharedBlock`` (``plan/registers.py``) that every
 worker maps, so the worker writes the piece once, in place, checked with ``check_piece``
 as a local act's is, and the next actor reads it there: no array crosses a pipe but the
 input piece (a DataLoader's indices). A worker that dies fails the act (``WorkerDied``,
@@ -33,6 +34,9 @@ from ...errors import PlanError
 
 FN, MAP, ACT = 0, 1, 2          # what a message to a worker carries
 START_METHOD = "spawn"
+DEPTH = 2                       # acts sent to a worker at once: the next is in its pipe
+#                                 when it ends one, so it never waits for this process
+#                                 (whose threads may wait for the interpreter lock)
 JOIN_S = 2.0                    # how long close() waits for a worker before killing it
 
 
@@ -91,6 +95,9 @@ class _Worker:
         self.fn_version = 0
         self.blocks: set = set()
         self.dead = False
+        self.sending = threading.Lock()     # one message at a time into the pipe
+        self.turn = threading.Condition()   # answers come in the order acts were sent:
+        self.sent_acts = self.answered = 0  # each act's thread reads its own in turn
 
     @property
     def pid(self) -> int:
@@ -135,9 +142,9 @@ class StageProcesses:
     replaced); ``sent`` / ``received``: bytes through the pipes (messages, not arrays)."""
 
     def __init__(self, n: int, name: str = "stage"):
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
-            raise ValueError(f"{name}: processes must be an int from 1 to 64, got {n!r}")
-        self.n, self.name = n, name
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 32:
+            raise ValueError(f"{name}: processes must be an int from 1 to 32, got {n!r}")
+        self.n, self.name, self.depth = n, name, DEPTH
         self.workers: list = []
         self.idle: SimpleQueue = SimpleQueue()  # indices of workers not acting now
         self.lock = threading.Lock()
@@ -184,7 +191,8 @@ class StageProcesses:
             while len(self.workers) < self.n:
                 self.workers.append(_Worker(self._ctx))
                 self.spawned += 1
-                self.idle.put(len(self.workers) - 1)
+                for _ in range(DEPTH):
+                    self.idle.put(len(self.workers) - 1)
 
     def _replace(self, i: int) -> _Worker:
         """A new process in place of worker ``i`` (dead), under ``self.lock``."""
@@ -213,31 +221,15 @@ class StageProcesses:
                 block.release()
 
     def act(self, piece: int, ins: list, outs) -> None:
-        """Piece ``piece`` computed by an idle worker from ``ins`` (the input pieces) into
-        the shared register ``outs``. Raises what the function raised there (its traceback
-        as the cause), or WorkerDied."""
-        i = self.idle.get()
-        w = self.workers[i]
-        try:
-            if w.dead:
-                with self.lock:
-                    w = self._replace(i)
-            self._bring(w, outs.block)
-            msg = pickle.dumps((ACT, piece, outs.block.id, outs.index, ins), protocol=5)
-            w.conn.send_bytes(msg)
-            self.sent += len(msg)
-            reply = w.conn.recv_bytes()
-            self.received += len(reply)
-        except (EOFError, OSError) as e:
-            w.dead = True
-            code = w.exit_code()
-            how = f"exit code {code}" + (f" (killed by {_signal_name(-code)})"
-                                         if code is not None and code < 0 else "")
-            raise WorkerDied(f"the worker process (pid {w.pid}) of stage "
-                             f"{outs.block.stage[0]!r} died while computing piece {piece}: "
-                             f"{how}; a new process takes its place at the next act") from e
-        finally:
-            self.idle.put(i)
+        """Piece ``piece`` computed by a worker from ``ins`` (the input pieces) into the
+        shared register ``outs``. Raises what the function raised there (its traceback as
+        the cause), or WorkerDied when the worker died computing it (an act queued behind
+        that one in its pipe is sent again, to the process that takes its place)."""
+        msg = pickle.dumps((ACT, piece, outs.block.id, outs.index, ins), protocol=5)
+        while True:
+            reply = self._round_trip(piece, msg, outs.block)
+            if reply is not None:
+                break
         if reply:
             words, tb, data = pickle.loads(reply)
             try:
@@ -246,6 +238,48 @@ class StageProcesses:
                 error = RuntimeError(words)
             error.__cause__ = RemoteTraceback(tb)
             raise error
+
+    def _round_trip(self, piece: int, msg: bytes, block):
+        """``msg`` (an act) sent to a worker, and its answer; None when an act sent before
+        it found the worker dead (this one never started)."""
+        i = self.idle.get()
+        w = self.workers[i]
+        try:
+            with self.lock:
+                if w.dead:
+                    w = self._replace(i)
+            with w.sending:
+                self._bring(w, block)
+                w.conn.send_bytes(msg)
+                self.sent += len(msg)
+                ticket = w.sent_acts
+                w.sent_acts += 1
+            with w.turn:                    # (answers come in the order of the acts)
+                while w.answered != ticket:
+                    w.turn.wait()
+                try:
+                    if w.dead:
+                        return None
+                    try:
+                        reply = w.conn.recv_bytes()
+                    except (EOFError, OSError):
+                        w.dead = True       # (before the next act's turn: it is resent)
+                        raise
+                finally:
+                    w.answered += 1
+                    w.turn.notify_all()
+            self.received += len(reply)
+            return reply
+        except (EOFError, OSError) as e:
+            w.dead = True
+            code = w.exit_code()
+            how = f"exit code {code}" + (f" (killed by {_signal_name(-code)})"
+                                         if code is not None and code < 0 else "")
+            raise WorkerDied(f"the worker process (pid {w.pid}) of stage {block.stage[0]!r} "
+                             f"died while computing piece {piece}: {how}; a new process "
+                             f"takes its place at the next act") from e
+        finally:
+            self.idle.put(i)
 
     def _bring(self, w: _Worker, block) -> None:
         """What ``w`` needs before an act on ``block``: the function, the block mapped
