@@ -1,6 +1,7 @@
 """Stages and loaders in worker processes (``processes=``): kept across runs, registers in
 shared memory written in place by the workers, credits counted by the scheduler here."""
 
+import gc
 import mmap
 import os
 import signal
@@ -36,6 +37,10 @@ class DieOnce:
             os.remove(self.marker)
             os.kill(os.getpid(), signal.SIGKILL)
         return x + 1
+
+
+def add_one(x):
+    return x + 1
 
 
 def wrong_shape(x):
@@ -166,6 +171,36 @@ def test_close_ends_the_workers_and_leaves_no_block(made):
     assert no_block_left(made)
     with pytest.raises(af.PlanError, match="closed"):
         list(p.run())
+
+
+def test_the_workers_end_when_their_graph_is_collected(made):
+    p = af.Pipeline([PIECES, add_one], processes=1)
+    p.plan()                            # (started; a run's graph the test plugin keeps)
+    workers = list(p.graph.actors[1].procs.workers)
+    assert workers[0].process.is_alive()
+    del p
+    gc.collect()
+    assert workers and all(not w.process.is_alive() for w in workers)
+    assert no_block_left(made)
+
+
+def test_graph_run_reads_a_loader_in_processes_bit_for_bit(made):
+    from test_graph_mode import TrainStep
+    rng = np.random.default_rng(0)
+    ds = af.data.TensorDataset(rng.standard_normal((64, 8)).astype(np.float32),
+                               rng.integers(0, 3, 64).astype(np.int64))
+    m1, m2 = af.nn.Linear(8, 3), af.nn.Linear(8, 3)
+    m2.load_state_dict(m1.state_dict())
+    o1, o2 = (af.optim.SGD(m.parameters(), lr=0.1) for m in (m1, m2))
+    threads = af.data.DataLoader(ds, batch_size=16, shuffle=True, seed=1, workers=2)
+    want = [float(v) for _ in range(2) for v in TrainStep(m1, o1).run(threads, fused=True)]
+    with af.data.DataLoader(ds, batch_size=16, shuffle=True, seed=1, workers=1,
+                            processes=True) as dl:
+        step = TrainStep(m2, o2)
+        got = [float(v) for _ in range(2) for v in step.run(dl, fused=True)]
+        assert dl.procs.spawned == 1 and dl.procs.fn_version == 1
+    assert got == want and len(got) == 8
+    assert no_block_left(made)
 
 
 def test_a_function_that_does_not_pickle_is_refused_when_planned():
