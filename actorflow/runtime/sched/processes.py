@@ -353,7 +353,10 @@ def worker_main(conn) -> None:
             return
         kind = msg[0]
         if kind == FN:
-            fn = pickle.loads(msg[1])
+            try:
+                fn = pickle.loads(msg[1])
+            except BaseException as e:  # noqa: BLE001 - said at each act, with the fix
+                fn = _unloadable(e, traceback.format_exc())
         elif kind == MAP:
             _, bid, size, layout, name, spec, declared, drop = msg
             for b in drop:
@@ -384,6 +387,17 @@ def worker_main(conn) -> None:
             except BaseException as e:  # noqa: BLE001 - handed to the parent's act
                 reply = _error_reply(e)
             conn.send_bytes(reply)
+
+
+def _unloadable(e: BaseException, tb: str):
+    """What a worker runs when the stage's function did not load there: raises why."""
+    def fn(*_):
+        raise RuntimeError(f"the stage's function, pickled in the parent process, does not "
+                           f"load in its worker process ({type(e).__name__}: {e}): a worker "
+                           f"imports the modules it was pickled by reference from; make "
+                           f"them importable there (installed, or on sys.path before the "
+                           f"first plan) or define the function in __main__\n{tb}")
+    return fn
 
 
 def _error_reply(e: BaseException) -> bytes:
