@@ -39,6 +39,10 @@ class DieOnce:
         return x + 1
 
 
+def pid_of(x):
+    return np.array([os.getpid()], np.int64)
+
+
 def add_one(x):
     return x + 1
 
@@ -158,6 +162,17 @@ def test_a_wrong_piece_in_a_worker_is_the_local_engines_error(pipe):
     assert got.value.piece == local.value.piece == 2
     assert str(got.value).splitlines()[0] == str(local.value).splitlines()[0]
     assert "(in the worker process)" in str(got.value)
+
+
+def test_piece_0_that_sizes_the_registers_is_computed_in_a_worker_too(pipe, made):
+    stage = pipe.graph.actors[1]
+    stage.fn = pid_of
+    lazy = [int(o[0]) for o in pipe.run()]          # piece 0 sizes the registers
+    pipe.plan()                                     # piece 0 computed while planning
+    planned = [int(o[0]) for o in pipe.run()]
+    assert len(lazy) == len(planned) == 6
+    assert set(lazy + planned) <= set(stage.procs.pids) and os.getpid() not in lazy + planned
+    assert no_block_left(made)
 
 
 def test_close_ends_the_workers_and_leaves_no_block(made):

@@ -198,6 +198,8 @@ class StageActor(Actor):
                              f"(buffers=)")
 
     def probe(self, ins):
+        if self.procs is not None:  # computed and checked by a worker, in shared memory
+            return self.procs.first(self, 0, ins)
         if self.is_async:           # piece 0 while planning: awaited on the graph loop
             value = run_on_graph_loop(self._call_async(ins))
         else:
@@ -207,9 +209,12 @@ class StageActor(Actor):
     def compute(self, piece, ins, outs):
         if outs is not None and self.cached and self._copy_cached(piece, outs):
             return None
-        if type(outs) is RegisterArrays:        # written in place by a worker process
-            self.procs.act(piece, ins, outs)
-            return None
+        if self.procs is not None:
+            if type(outs) is RegisterArrays:    # written in place by a worker process
+                self.procs.act(piece, ins, outs)
+                return None
+            if outs is None:                    # piece 0 sizes the registers: a worker
+                return Sized(self.procs.first(self, piece, ins))    # computes it too
         value = self._call(ins)
         if outs is not None and type(value) is np.ndarray and self.out_spec.structure == 0:
             s = self.out_spec.specs[0]                  # the common case, checked inline

@@ -220,14 +220,11 @@ class SharedBlock:
         shm = shared_memory.SharedMemory(create=True, size=self.size)
         try:
             self.fd = os.dup(shm._fd)
-            self.map = mmap.mmap(self.fd, self.size)
         finally:
             shm.close()
             shm.unlink()                # (the memory stays while mapped or fd is open)
         self.registers = []
-        for i, reg in enumerate(self.layout):
-            arrays = RegisterArrays(view_of(self.map, off, shape, dtype)
-                                    for off, shape, dtype in reg)
+        for i, arrays in enumerate(mapped(self.fd, self.size, self.layout)):
             arrays.block, arrays.index = self, i
             self.registers.append(arrays)
 
@@ -239,6 +236,10 @@ class SharedBlock:
             os.close(fd)
 
 
-def view_of(buffer, offset: int, shape: tuple, dtype: str) -> np.ndarray:
-    """A register's array at ``offset`` in a shared block (``buffer``: its mapping)."""
-    return np.ndarray(shape, np.dtype(dtype), buffer=buffer, offset=offset)
+def mapped(fd: int, size: int, layout: list) -> list:
+    """The registers of a shared block (its descriptor ``fd``, ``size`` bytes, ``layout``
+    as ``SharedBlock``'s), mapped into this process: per register, its arrays (a
+    ``RegisterArrays``). The mapping lives as long as one of them."""
+    m = mmap.mmap(fd, size)
+    return [RegisterArrays(np.ndarray(shape, np.dtype(dt), buffer=m, offset=off)
+                           for off, shape, dt in reg) for reg in layout]

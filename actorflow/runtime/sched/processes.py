@@ -35,8 +35,9 @@ from multiprocessing.reduction import recv_handle, send_handle
 from queue import SimpleQueue
 
 from ...errors import PlanError
+from ..plan.registers import SharedBlock, mapped
 
-FN, MAP, ACT = 0, 1, 2          # what a message to a worker carries
+FN, MAP, ACT, FIRST = 0, 1, 2, 3   # what a message to a worker carries
 PRELOAD = ["actorflow.runtime.sched.processes"]     # (the fork server imports actorflow)
 DEPTH = 2                       # acts sent to a worker at once: the next is in its pipe
 #                                 when it ends one, so it never waits for this process
@@ -208,7 +209,6 @@ class StageProcesses:
     def registers(self, actor, buffers: int) -> list:
         """The ``buffers`` registers of ``actor``'s output, in a new shared block (kept
         for the run: ``release``)."""
-        from ..plan.registers import SharedBlock
         block = SharedBlock(actor.out_spec, buffers, f"actor {actor.name!r}")
         block.stage = (actor.name, actor.out_spec, actor.declared)
         with self.lock:
@@ -230,22 +230,40 @@ class StageProcesses:
         the cause), or WorkerDied when the worker died computing it (an act queued behind
         that one in its pipe is sent again, to the process that takes its place)."""
         msg = pickle.dumps((ACT, piece, outs.block.id, outs.index, ins), protocol=5)
-        while True:
-            reply = self._round_trip(piece, msg, outs.block)
-            if reply is not None:
-                break
-        if reply:
-            words, tb, data = pickle.loads(reply)
-            try:
-                error = pickle.loads(data)
-            except Exception:  # noqa: BLE001 - pickled there, not loadable here: its words
-                error = RuntimeError(words)
-            error.__cause__ = RemoteTraceback(tb)
-            raise error
+        _raise_error(self._answer(piece, msg, outs.block, outs.block.stage[0]))
 
-    def _round_trip(self, piece: int, msg: bytes, block):
+    def first(self, actor, piece: int, ins: list) -> list:
+        """Piece ``piece`` computed by a worker before ``actor``'s registers exist (piece
+        0 sizes them): the worker checks it (against ``out=`` if declared) and writes it
+        into a shared block of its own, which this process maps. Returns the piece's
+        arrays (views of that block), having set ``actor.out_spec`` if it was unknown."""
+        spec = actor.out_spec if actor.declared else None
+        msg = pickle.dumps((FIRST, piece, ins, actor.name, spec), protocol=5)
+        reply = self._answer(piece, msg, None, actor.name, first=True)
+        if not isinstance(reply, tuple):
+            _raise_error(reply)
+        layout, size, spec, fd = reply
+        try:
+            arrays = mapped(fd, size, [layout])[0]
+        finally:
+            os.close(fd)
+        if actor.out_spec is None:
+            actor.out_spec = spec
+        return list(arrays)
+
+    def _answer(self, piece: int, msg: bytes, block, name: str, first: bool = False):
+        """The worker's answer to ``msg``, sent again when the worker it went to died
+        before starting it."""
+        while True:
+            reply = self._round_trip(piece, msg, block, name, first)
+            if reply is not None:
+                return reply
+
+    def _round_trip(self, piece: int, msg: bytes, block, name: str, first: bool):
         """``msg`` (an act) sent to a worker, and its answer; None when an act sent before
-        it found the worker dead (this one never started)."""
+        it found the worker dead (this one never started). ``first``: an act on piece 0
+        before the registers exist, answered, when it succeeds, with ``(layout, size,
+        spec, fd)`` of the worker's block."""
         i = self.idle.get()
         w = self.workers[i]
         try:
@@ -266,20 +284,24 @@ class StageProcesses:
                         return None
                     try:
                         reply = w.conn.recv_bytes()
+                        if first and reply[:1] != b"":
+                            got = pickle.loads(reply)
+                            if got[0] == "first":
+                                reply = got[1:] + (recv_handle(w.conn),)
                     except (EOFError, OSError):
                         w.dead = True       # (before the next act's turn: it is resent)
                         raise
                 finally:
                     w.answered += 1
                     w.turn.notify_all()
-            self.received += len(reply)
+            self.received += len(reply) if type(reply) is bytes else 0
             return reply
         except (EOFError, OSError) as e:
             w.dead = True
             code = w.exit_code()
             how = f"exit code {code}" + (f" (killed by {_signal_name(-code)})"
                                          if code is not None and code < 0 else "")
-            raise WorkerDied(f"the worker process (pid {w.pid}) of stage {block.stage[0]!r} "
+            raise WorkerDied(f"the worker process (pid {w.pid}) of stage {name!r} "
                              f"died while computing piece {piece}: {how}; a new process "
                              f"takes its place at the next act") from e
         finally:
@@ -295,7 +317,7 @@ class StageProcesses:
             w.conn.send_bytes(msg)
             self.sent += len(msg)
             w.fn_version = version
-        if block.id not in w.blocks:
+        if block is not None and block.id not in w.blocks:
             with self.lock:
                 drop = [b for b in w.blocks if b not in self.live]
             name, spec, declared = block.stage
@@ -312,6 +334,19 @@ class StageProcesses:
         self.closed = True
         with self.lock:
             self._finalizer()
+
+
+def _raise_error(reply: bytes) -> None:
+    """An act's answer: b"" (done), or the error it raised there, raised here with the
+    worker's traceback as its cause."""
+    if reply:
+        words, tb, data = pickle.loads(reply)
+        try:
+            error = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - pickled there, not loadable here: its words
+            error = RuntimeError(words)
+        error.__cause__ = RemoteTraceback(tb)
+        raise error
 
 
 def _context():
@@ -335,17 +370,28 @@ def _signal_name(n: int) -> str:
 
 def worker_main(conn) -> None:
     """A worker's loop: loads the function (FN), maps shared blocks (MAP), computes pieces
-    into them (ACT), answering each act with b"" or the pickled error. Ends when the pipe
-    closes (its stage's processes were closed, or this process's parent is gone)."""
-    import mmap
-
+    into them (ACT), answering each act with b"" or the pickled error, or piece 0 into a
+    block of its own (FIRST: answered with its layout, then its descriptor). Ends when the
+    pipe closes (its stage's processes were closed, or this process's parent is gone)."""
     import numpy as np
 
-    from ..plan.registers import view_of
-    from ..plan.spec import check_piece, flatten, unflatten
+    from ..plan.spec import PieceSpec, check_piece, flatten, unflatten
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # (Ctrl-C is the parent's to handle)
     fn, blocks, stages = None, {}, {}
+
+    def call(ins):
+        leaves, structure = flatten(ins)
+        for a in leaves:                            # read-only, as a local stage's inputs
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+        return fn(*unflatten(structure, leaves))
+
+    def store(into, leaves):
+        for d, v in zip(into, leaves):
+            if d is not None:
+                np.copyto(d, v, casting="no")
+
     while True:
         try:
             msg = pickle.loads(conn.recv_bytes())
@@ -364,29 +410,39 @@ def worker_main(conn) -> None:
                 stages.pop(b, None)
             fd = recv_handle(conn)
             try:
-                m = mmap.mmap(fd, size)
+                blocks[bid] = mapped(fd, size, layout)
             finally:
                 os.close(fd)
-            blocks[bid] = [[view_of(m, off, shape, dt) for off, shape, dt in reg]
-                           for reg in layout]
             stages[bid] = (name, spec, declared)
-        else:
+        elif kind == ACT:
             _, piece, bid, index, ins = msg
             try:
                 name, spec, declared = stages[bid]
-                leaves, structure = flatten(ins)
-                for a in leaves:                    # read-only, as a local stage's inputs
-                    if isinstance(a, np.ndarray):
-                        a.flags.writeable = False
-                value = fn(*unflatten(structure, leaves))
-                for d, v in zip(blocks[bid][index], check_piece(
-                        value, spec, f"actor {name!r} (piece {piece})", declared)):
-                    if d is not None:
-                        np.copyto(d, v, casting="no")
+                store(blocks[bid][index], check_piece(
+                    call(ins), spec, f"actor {name!r} (piece {piece})", declared))
                 reply = b""
             except BaseException as e:  # noqa: BLE001 - handed to the parent's act
                 reply = _error_reply(e)
             conn.send_bytes(reply)
+        else:                                       # FIRST: before the registers exist
+            _, piece, ins, name, spec = msg
+            block = None
+            try:
+                what = f"actor {name!r} (piece {piece})"
+                value = call(ins)
+                declared = spec is not None
+                if not declared:
+                    spec = PieceSpec.of(value, what)
+                leaves = check_piece(value, spec, what, declared)
+                block = SharedBlock(spec, 1, what)
+                store(block.registers[0], leaves)
+                reply = pickle.dumps(("first", block.layout[0], block.size, spec), protocol=5)
+            except BaseException as e:  # noqa: BLE001 - handed to the parent's act
+                reply = _error_reply(e)
+            conn.send_bytes(reply)
+            if block is not None:
+                send_handle(conn, block.fd, os.getppid())
+                block.release()                     # (this side's arrays go with block)
 
 
 def _unloadable(e: BaseException, tb: str):
