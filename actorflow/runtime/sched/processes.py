@@ -6,12 +6,13 @@ The credit scheduler stays in this process and decides, as for any stage, when t
 acts and which register it writes: the stage's threads (``DEPTH`` per worker) each hand an
 act to a worker (a small message: piece, register index, the input piece) and wait for its
 answer; a worker has up to ``DEPTH`` acts in its pipe, so it starts the next one without
-waiting for this process. The stage's registers are a ``SharedBlock`` (``plan/registers.py``) that every
-worker maps, so the worker writes the piece once, in place, checked with ``check_piece``
-as a local act's is, and the next actor reads it there: no array crosses a pipe but the
-input piece (a DataLoader's indices). A worker that dies fails the act (``WorkerDied``,
-which the run reports as ``ActorError`` naming the stage and the piece) and is replaced
-at its next act.
+waiting for this process. The stage's registers are a ``SharedBlock``
+(``plan/registers.py``) that every worker maps, so the worker writes the piece once, in
+place, checked with ``check_piece`` as a local act's is, and the next actor reads it there:
+no array crosses a pipe but the input piece (a DataLoader's indices). Piece 0 of a stage
+sized by it is computed by a worker too, into a block of its own that this process maps.
+A worker that dies fails the act (``WorkerDied``, which the run reports as ``ActorError``
+naming the stage, the piece and the exit code) and is replaced at its next act.
 
 What a worker runs is the stage's function pickled (cloudpickle when installed, as Ray
 does, else pickle) when a plan is made, sent again only when it is another object. A
