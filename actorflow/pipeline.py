@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from .runtime.graph.actor_graph import ActorGraph
 from .runtime.graph.device_acts import Copy
+from .runtime.sched.processes import OwnsProcesses
 
 
-class Pipeline:
+class Pipeline(OwnsProcesses):
     """A chain of stages: the first entry is the source (an iterable, async iterable or
     zero-argument callable returning one), each later entry a function of one piece, or
     ``af.Copy(device)``: a copy of each piece to a device (``"cuda:0"``) or back to
@@ -116,12 +117,6 @@ class Pipeline:
     def close(self) -> None:
         """Ends the stages' worker processes (``processes=``), as ``ActorGraph.close``."""
         self.graph.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _no_feed(feed, method: str) -> None:

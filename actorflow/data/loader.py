@@ -20,6 +20,7 @@ from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
+from ..runtime.sched.processes import OwnsProcesses
 from ..tensor.tensor import Tensor
 
 
@@ -76,7 +77,7 @@ def default_collate(samples: list):
     return unflatten(structure, [np.stack([np.asarray(v) for v in c]) for c in cols])
 
 
-class DataLoader:
+class DataLoader(OwnsProcesses):
     """Batches of a dataset, a new pass per ``for`` loop.
 
     Args:
@@ -319,12 +320,6 @@ class DataLoader:
         """Ends the worker processes (``processes=True``); a pass after this is refused."""
         if self.procs is not None:
             self.procs.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __getstate__(self) -> dict:
         """What a worker process loads batches with: the loader without its graph and

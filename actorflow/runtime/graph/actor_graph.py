@@ -29,6 +29,7 @@ from ..plan.sizing import plan_graph
 from ..plan.registers import MemoryBudget
 from .source import SourceActor
 from ..plan.spec import PieceSpec
+from ..sched.processes import OwnsProcesses
 from ..observe.stats import RunStats
 
 _OP_TRACER: list = [None]
@@ -49,7 +50,7 @@ def use_op_tracer(op_program) -> None:
     _OP_TRACER[0] = op_program
 
 
-class ActorGraph:
+class ActorGraph(OwnsProcesses):
     """A graph of actors with credit-based registers.
 
     Args:
@@ -463,12 +464,6 @@ class ActorGraph:
         for a in self.actors:
             if getattr(a, "owns_procs", False):
                 a.procs.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def stats(self) -> RunStats:
         """Per actor of the last run (during a run: a live snapshot of it): acts, compute

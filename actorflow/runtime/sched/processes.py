@@ -46,6 +46,20 @@ DEPTH = 2                       # acts sent to a worker at once: the next is in 
 JOIN_S = 2.0                    # how long close() waits for a worker before killing it
 
 
+class OwnsProcesses:
+    """What owns worker processes (a graph, a Pipeline, a DataLoader): ``close()`` ends
+    them, and so does the end of a ``with`` block over it."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class WorkerDied(RuntimeError):
     """A stage's worker process ended while computing a piece: its exit code says how
     (negative: the signal that killed it)."""
