@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from .runtime.graph.actor_graph import ActorGraph
 from .runtime.graph.device_acts import Copy
+from .runtime.sched.processes import OwnsProcesses
 
 
-class Pipeline:
+class Pipeline(OwnsProcesses):
     """A chain of stages: the first entry is the source (an iterable, async iterable or
     zero-argument callable returning one), each later entry a function of one piece, or
     ``af.Copy(device)``: a copy of each piece to a device (``"cuda:0"``) or back to
@@ -31,10 +32,14 @@ class Pipeline:
         seed: seeds the scheduling order of ties (tests).
         replicas: threads per stage (an int for every stage after the source, or a list
             with one entry per stage, None or 1 for the source): see ActorGraph.actor.
+        processes: worker processes per stage instead of threads (an int for every stage
+            after the source, or a list with one entry per stage, None for the source and
+            for stages on threads): see ActorGraph.actor. ``close()`` ends them.
     """
 
     def __init__(self, stages, buffers=None, memory=None, resources=None,
-                 stage_resources=None, out=None, seed=None, names=None, replicas=None):
+                 stage_resources=None, out=None, seed=None, names=None, replicas=None,
+                 processes=None):
         stages = list(stages)
         if len(stages) < 2:
             raise ValueError(f"Pipeline: give a source and at least one stage, got "
@@ -58,6 +63,16 @@ class Pipeline:
                              f"source, which reads one iterator in order: give None (or 1) "
                              f"there, e.g. replicas={[None] + list(reps[1:])!r}; replicas "
                              f"are for the stages after it")
+        if isinstance(processes, (list, tuple)) and len(processes) != n:
+            raise ValueError(f"Pipeline: processes has {len(processes)} entries "
+                             f"({list(processes)!r}) but needs {n}, one per entry of stages "
+                             f"(None for the source), e.g. processes="
+                             f"{[None] + [2] * (n - 1)!r}; or an int for every stage")
+        procs = ([None] + [processes] * (n - 1) if isinstance(processes, int)
+                 else _per_stage(processes, n, "processes"))
+        if procs[0] is not None:
+            raise ValueError(f"Pipeline: processes[0] is {procs[0]!r}, but entry 0 is the "
+                             f"source, read here in order: give None there")
         self.graph = ActorGraph(memory=memory, resources=resources, seed=seed)
         g = self.graph
         node = g.source(stages[0], out=outs[0], buffers=per[0], resources=res[0],
@@ -72,7 +87,7 @@ class Pipeline:
                 raise TypeError(f"Pipeline: stage {i} must be a function of one piece or a "
                                 f"copy (af.Copy('cuda:0')), got {type(fn).__name__}")
             node = g.actor(fn, node, out=outs[i], buffers=per[i], resources=res[i],
-                           name=names[i], replicas=reps[i] or 1)
+                           name=names[i], replicas=reps[i] or 1, processes=procs[i])
             self.actors.append(node)
         g.sink(node)
 
@@ -99,6 +114,10 @@ class Pipeline:
 
     def stats(self):
         return self.graph.stats()
+
+    def close(self) -> None:
+        """Ends the stages' worker processes (``processes=``), as ``ActorGraph.close``."""
+        self.graph.close()
 
 
 def _no_feed(feed, method: str) -> None:

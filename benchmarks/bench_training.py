@@ -46,6 +46,19 @@ y int64 [128]). Contenders:
   GIL): on 2 cores this loader competes with the step's BLAS threads for the CPU, so the
   ideal bound below does not hold for them; no goal applies.
 
+Part 2 also times loaders whose work is in Python or numpy, each a map-style dataset whose
+item i is batch i (the same x and y): ``gil``: a GIL-bound Python transform per sample
+(a pure-Python loop per sample, 128 per batch, calibrated to one step per batch); ``nogil``:
+``np.tanh`` passes over the batch (the GIL released). For each, in the same rounds:
+``af DataLoader(workers=2)`` on threads and with ``processes=True`` (kept worker processes
+writing shared-memory registers) feeding ``step.run(loader, fused=True)``, and PyTorch's
+``torch.utils.data.DataLoader`` with ``num_workers`` 0 and 2 (``persistent_workers=True``)
+feeding a PyTorch training step of the same model. The bound of a row is
+``max(load, step) x N + min(load, step)``, with ``load`` the median of ``dataset[i]`` and
+``step`` the median of its framework's step, both alone in this process (half before and
+half after the rounds). Goal (MET / NOT MET): the GIL-bound epoch with processes <= 1.15x
+its bound, and ahead of PyTorch's DataLoader with 2 workers.
+
 The ideal bound is ``max(load, step) x N + min(load, step)`` and the serial sum
 ``(load + step) x N``, with ``load`` and ``step`` the medians of the loader's ``next()`` and
 of ``step()`` as timed inside the plain loop's timed runs (three ``perf_counter`` reads
@@ -95,6 +108,8 @@ SEED = 0
 # Goals stated by the project.
 GRAPH_VS_TORCH = 1.5        # actorflow graph per step <= 1.5x PyTorch eager
 PIPE_VS_BOUND = 1.25        # pipelined epoch <= 1.25x max(load, step) x N + min(load, step)
+PROCS_VS_BOUND = 1.15       # the GIL-bound epoch with loader processes <= 1.15x its bound
+LOADER_WORKERS = 2          # workers of the loader rows, actorflow's and PyTorch's
 
 FIRST_LOSS_RTOL = 1e-4      # first step's loss of every contender vs PyTorch's
 REPEAT_RTOL = 1e-5          # a contender's K-step loss vs its own warm-up run
@@ -472,6 +487,230 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
     return result, contenders
 
 
+# -- part 2, loaders with work: threads, processes, PyTorch's DataLoader ------------------
+
+def spin(loops: int) -> int:
+    """Pure-Python work (holds the GIL): the stand-in for a per-sample transform."""
+    s = 0
+    for k in range(loops):
+        s += k * k
+    return s
+
+
+class GilBoundBatches:
+    """Item i is batch i (xs[i], ys[i]) after a pure-Python transform of each of its
+    samples (``spin(loops)`` per sample). Map-style for both frameworks' DataLoaders."""
+
+    def __init__(self, xs, ys, loops: int):
+        self.xs, self.ys, self.loops = xs, ys, loops
+
+    def __len__(self):
+        return len(self.xs)
+
+    def __getitem__(self, i):
+        for _ in range(BATCH):
+            spin(self.loops)
+        return self.xs[i], self.ys[i]
+
+
+class GilFreeBatches:
+    """Item i is batch i, x = tanh(raw[i]) computed ``reps`` times (numpy, the GIL
+    released), y = ys[i]."""
+
+    def __init__(self, raw, ys, reps: int):
+        self.raw, self.ys, self.reps = raw, ys, reps
+
+    def __len__(self):
+        return len(self.raw)
+
+    def __getitem__(self, i):
+        x = np.empty((BATCH, IN), np.float32)
+        for _ in range(self.reps):
+            np.tanh(self.raw[i], out=x)
+        return x, self.ys[i]
+
+
+def first_item(samples):
+    return samples[0]
+
+
+def calibrate_spin(target_s: float) -> int:
+    """Loops of ``spin`` per sample so that a batch (BATCH samples) costs ``target_s``."""
+    loops = 1000
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(BATCH):
+            spin(loops)
+        loops = max(10, int(loops * target_s / (time.perf_counter() - t0)))
+    return loops
+
+
+def per_get(dataset, calls: int) -> list:
+    out = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        dataset[i % len(dataset)]
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def torch_per_step(tt, xs, ys, calls: int) -> list:
+    torch = tt.torch
+    tt.reset()
+    out = []
+    for i in range(calls):
+        x, y = torch.from_numpy(xs[i % len(xs)]), torch.from_numpy(ys[i % len(ys)])
+        t0 = time.perf_counter()
+        tt.opt.zero_grad()
+        tt.lossf(tt.model(x), y).backward()
+        tt.opt.step()
+        out.append(time.perf_counter() - t0)
+    tt.reset()
+    return out
+
+
+def part_loaders(args, af, torch, saved, load_target_s: float) -> tuple[dict, list]:
+    """The loader rows of part 2 (see the module's docstring)."""
+    n, repeat, calls, k = args.batches, args.repeat, args.calls, LOADER_WORKERS
+    rng = np.random.default_rng(SEED + 1)       # (part 2's batches: the same reference)
+    raw = rng.standard_normal((n, BATCH, IN), dtype=np.float32)
+    xs = np.tanh(raw)
+    ys = rng.integers(0, CLASSES, (n, BATCH)).astype(np.int64)
+    reps, _ = calibrate_tanh(raw[0], load_target_s)
+    datasets = {"gil": GilBoundBatches(xs, ys, calibrate_spin(load_target_s)),
+                "nogil": GilFreeBatches(raw, ys, reps)}
+
+    ref_t = AfTrainer(af, MLP, saved, graph=True)
+    ref_t.reset()
+    ref = {"af": {"losses": [ref_t.step(xs[i], ys[i]).item() for i in range(n)],
+                  "digest": ref_t.digest()}}
+    tt = TorchTrainer(torch, MLP, saved) if torch is not None else None
+    if tt is not None:
+        tt.reset()
+        ref["torch"] = {"losses": torch_epoch(tt, ((torch.from_numpy(xs[i]),
+                                                    torch.from_numpy(ys[i]))
+                                                   for i in range(n)))}
+
+    def check(losses, want):
+        if len(losses) != n:
+            return f"{len(losses)} losses, expected {n}"
+        if "digest" in want:                    # graph mode: bit for bit
+            if losses != want["losses"]:
+                i = next(i for i, (a, b) in enumerate(zip(losses, want["losses"])) if a != b)
+                return f"loss {i} is {losses[i]!r}, the reference epoch's {want['losses'][i]!r}"
+            return None
+        bad = [i for i, (a, b) in enumerate(zip(losses, want["losses"]))
+               if not math.isfinite(a) or rel(a, b) > REPEAT_RTOL]
+        return None if not bad else (f"loss {bad[0]} is {losses[bad[0]]!r}, the reference "
+                                     f"epoch's {want['losses'][bad[0]]!r}")
+
+    contenders, keep = [], []
+    for kind, ds in datasets.items():
+        for procs in (False, True):
+            trainer = AfTrainer(af, MLP, saved, graph=True)
+            dl = af.data.DataLoader(ds, batch_size=1, collate_fn=first_item, workers=k,
+                                    processes=procs)
+            keep.append(dl)
+
+            def run_af(trainer=trainer, dl=dl):
+                return [float(v) for v in trainer.step.run(dl, buffers=2, fused=True)]
+            what = "processes=True" if procs else "threads"
+            run_af, cpu = with_cpu(run_af)
+            contenders.append(harness.Contender(
+                f"{kind}: af workers={k} {what}", run_af, check, ref=ref["af"],
+                setup=trainer.reset, after=cpu, loader=kind, framework="af",
+                note=f"step.run(DataLoader(workers={k}{', processes=True' if procs else ''}),"
+                     f" fused=True)"))
+        if tt is None:
+            continue
+        for w in (0, k):
+            tdl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=w,
+                                              persistent_workers=w > 0)
+            keep.append(tdl)
+
+            def run_torch(tdl=tdl):
+                return torch_epoch(tt, tdl)
+            run_torch, cpu = with_cpu(run_torch)
+            contenders.append(harness.Contender(
+                f"{kind}: torch workers={w}", run_torch, check, ref=ref["torch"],
+                setup=tt.reset, after=cpu, loader=kind, framework="torch",
+                note=f"torch.utils.data.DataLoader(num_workers={w}"
+                     f"{', persistent_workers=True' if w else ''}) + a torch step"))
+
+    half = max(1, calls // 2)
+    print(f"[loaders] measuring the datasets' items and the steps alone ({half} calls "
+          f"each) ...", flush=True)
+    before = {"af": per_step(ref_t, xs, ys, half),
+              **({"torch": torch_per_step(tt, xs, ys, half)} if tt else {}),
+              **{kind: per_get(ds, half) for kind, ds in datasets.items()}}
+    cc = harness.CpuContention()
+    harness.run_rounds(contenders, repeat, f"loaders x{n}")
+    contention = cc.result()
+    after = {"af": per_step(ref_t, xs, ys, calls - half),
+             **({"torch": torch_per_step(tt, xs, ys, calls - half)} if tt else {}),
+             **{kind: per_get(ds, calls - half) for kind, ds in datasets.items()}}
+    for obj in keep:
+        if hasattr(obj, "close"):
+            obj.close()
+    keep.clear()
+    costs = {key: statistics.median(before[key] + after[key]) for key in before}
+
+    rows = {}
+    for c in contenders:
+        s = c.summary(per=n, unit="batch")
+        load_s, step_s = costs[c.fields["loader"]], costs[c.fields["framework"]]
+        s["load_s"], s["step_s"] = load_s, step_s
+        s["bound_s"] = bound_of(load_s, step_s, n)
+        if c.times:
+            s["ratio_vs_bound"] = s["best_s"] / s["bound_s"]
+            s["median_ratio_vs_bound"] = s["median_s"] / s["bound_s"]
+            cpus = [v for v in c.after_values if v is not None]
+            s["main_process_cpu_s_median"] = statistics.median(cpus) if cpus else None
+        rows[c.name] = s
+    for kind in datasets:
+        torch_k = rows.get(f"{kind}: torch workers={k}", {})
+        for name in (f"{kind}: af workers={k} threads", f"{kind}: af workers={k} processes=True"):
+            r = rows.get(name, {})
+            if r.get("best_s") and torch_k.get("best_s"):
+                r["ratio_vs_torch_same_workers"] = r["best_s"] / torch_k["best_s"]
+                r["median_ratio_vs_torch_same_workers"] = r["median_s"] / torch_k["median_s"]
+    g = rows.get(f"gil: af workers={k} processes=True", {})
+    rb, rt = g.get("ratio_vs_bound"), g.get("ratio_vs_torch_same_workers")
+    goals = {"gil_processes_vs_bound_at_most": PROCS_VS_BOUND, "gil_processes_vs_bound": rb,
+             "met_bound": None if rb is None else rb <= PROCS_VS_BOUND,
+             "gil_processes_vs_torch_workers": rt,
+             "met_torch": None if rt is None else rt < 1.0}
+    return {"batches": n, "workers": k, "costs_alone_median_s": costs,
+            "gil_spin_loops_per_sample": datasets["gil"].loops, "nogil_tanh_reps": reps,
+            "contenders": rows, "goals": goals, "cpu_contention": contention}, contenders
+
+
+def with_cpu(fn):
+    """``fn`` timed in CPU seconds of this process (every thread of it, not the loader's
+    worker processes), and what reads that of the last call (a Contender's ``after``)."""
+    box = [None]
+
+    def run():
+        c0 = time.process_time()
+        try:
+            return fn()
+        finally:
+            box[0] = time.process_time() - c0
+    return run, lambda: box[0]
+
+
+def torch_epoch(tt, batches) -> list:
+    """An epoch of PyTorch steps over ``batches`` (x, y tensors): the losses."""
+    losses = []
+    for x, y in batches:
+        tt.opt.zero_grad()
+        loss = tt.lossf(tt.model(x), y)
+        loss.backward()
+        tt.opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 # -- main ----------------------------------------------------------------------------------
 
 def environment(af, torch) -> dict:
@@ -516,6 +755,7 @@ def main(argv=None) -> int:
     g_row = steps["contenders"]["actorflow graph"]
     load_target = (g_row.get("median_us_per_step") or 5000.0) / 1e6
     epoch, epoch_c = part_epoch(args, af, saved, load_target)
+    loaders, loaders_c = part_loaders(args, af, torch, saved, load_target)
 
     # -- report ----------------------------------------------------------------------------
     env = environment(af, torch)
@@ -599,6 +839,28 @@ def main(argv=None) -> int:
           f"({ {True: 'MET', False: 'NOT MET'}.get(eg['met_with_in_run_step'], 'n/a')}; "
           f"information)")
     harness.print_contention(epoch["cpu_contention"])
+    lo = loaders["costs_alone_median_s"]
+    print(f"  loaders with work ({loaders['workers']} workers), costs alone (median): "
+          f"gil item {lo['gil'] * 1e3:.3f} ms, nogil item {lo['nogil'] * 1e3:.3f} ms, af "
+          f"step {lo['af'] * 1e3:.3f} ms" + (f", torch step {lo['torch'] * 1e3:.3f} ms"
+                                             if "torch" in lo else ""))
+    harness.print_table(
+        loaders["contenders"],
+        [Col("best ms", 10, "best_s", ".1f", 1e3),
+         Col("median ms", 11, "median_s", ".1f", 1e3),
+         Col("bound ms", 10, "bound_s", ".1f", 1e3),
+         Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
+         Col("med/bound", 11, "median_ratio_vs_bound", ".3f", suffix="x"),
+         Col("vs torch", 10, "ratio_vs_torch_same_workers", ".3f", suffix="x"),
+         Col("cpu-s here", 12, "main_process_cpu_s_median", ".3f")], 34)
+    lg = loaders["goals"]
+    print(f"  goal: GIL-bound epoch with loader processes <= {PROCS_VS_BOUND}x its bound -> "
+          f"{harness.fmt(lg['gil_processes_vs_bound'], '.3f')}x "
+          f"({ {True: 'MET', False: 'NOT MET'}.get(lg['met_bound'], 'not measured')}); "
+          f"vs torch with {loaders['workers']} workers "
+          f"{harness.fmt(lg['gil_processes_vs_torch_workers'], '.3f')}x "
+          f"({ {True: 'MET', False: 'NOT MET'}.get(lg['met_torch'], 'not measured')})")
+    harness.print_contention(loaders["cpu_contention"])
     print(f"env: {env['cpu_count']} CPUs, python {env['python']}, numpy {env['numpy']}, torch "
           f"{env['torch']} ({env['torch_num_threads']} threads), uvloop installed "
           f"{env['uvloop_installed']}, graph loop {env['graph_event_loop']}")
@@ -612,9 +874,10 @@ def main(argv=None) -> int:
         steps=k, batches=n, repeat=args.repeat, calls=args.calls,
         model=f"Linear({IN},{HIDDEN}) ReLU Linear({HIDDEN},{CLASSES}), CrossEntropyLoss, "
               f"SGD(lr={LR}, momentum={MOMENTUM}), batch {BATCH}, float32")
-    result.update({"part1_steps": steps, "part2_epoch": epoch,
-                   "goals": {"graph_vs_pytorch": steps["goals"], "pipelined_vs_bound": eg}})
-    return harness.finish(args.out, result, steps_c + epoch_c, t_start, env,
+    result.update({"part1_steps": steps, "part2_epoch": epoch, "part2_loaders": loaders,
+                   "goals": {"graph_vs_pytorch": steps["goals"], "pipelined_vs_bound": eg,
+                             "loader_processes": lg}})
+    return harness.finish(args.out, result, steps_c + epoch_c + loaders_c, t_start, env,
                           "computed wrong losses")
 
 

@@ -20,6 +20,7 @@ from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
+from ..runtime.sched.processes import OwnsProcesses
 from ..tensor.tensor import Tensor
 
 
@@ -76,7 +77,7 @@ def default_collate(samples: list):
     return unflatten(structure, [np.stack([np.asarray(v) for v in c]) for c in cols])
 
 
-class DataLoader:
+class DataLoader(OwnsProcesses):
     """Batches of a dataset, a new pass per ``for`` loop.
 
     Args:
@@ -93,10 +94,20 @@ class DataLoader:
             register while it loads, so an int must be at least ``workers``; left out,
             the plan chooses at least ``max(2, workers)`` (more for small batches, as
             ActorGraph's default does; in a graph with a fixed default, exactly that;
-            PyTorch's ``prefetch_factor`` counts per worker too).
+            PyTorch's ``prefetch_factor`` counts per worker too); with ``processes``,
+            ``2 * workers + 1`` (two batches in each worker's pipe, as PyTorch's default
+            ``prefetch_factor=2``, and the one being read).
         memory: byte budgets per device for the batches in flight, as for ActorGraph
             (``{"cpu": "64MiB"}``).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``).
+        processes: load on ``workers`` worker processes instead of threads (PyTorch's
+            workers, ``persistent_workers=True``): spawned at the first pass and kept
+            across passes until ``close()`` (or garbage collection, or the interpreter's
+            exit); each writes its batches straight into the loading stage's registers,
+            which are shared memory, so only the indices cross a pipe. The dataset and
+            ``collate_fn`` must pickle (cloudpickle when installed); the workers load them
+            as they are at the first pass (again when either is another object). For
+            loaders whose Python code holds the interpreter lock (decoding, augmenting).
         device: where batches arrive: ``"cpu"`` (default), or a device with its own memory
             (``"cuda:0"``): each batch is then copied there by a copy actor (``to_device``,
             host to device on the device's copy stream, ``buffers`` registers in device
@@ -106,12 +117,13 @@ class DataLoader:
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, workers: int = 0, buffers=None, memory=None,
-                 collate_fn=None, seed=None, device=None):
+                 collate_fn=None, seed=None, device=None, processes: bool = False):
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(workers, numbers.Integral) or not 0 <= workers <= 64:
             raise ValueError(f"DataLoader: workers must be an int from 0 to 64, got {workers!r}")
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
+                           ("processes", processes)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DataLoader: {name} must be True or False, got {flag!r}")
         if collate_fn is not None and not callable(collate_fn):
@@ -131,6 +143,8 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
+        if buffers is None and processes:    # (two in each worker's pipe, one read)
+            buffers = 2 * self.workers + 1
         self.buffers = None if buffers is None else check_buffers(buffers, "DataLoader")
         if self.buffers not in (None, "auto") and self.buffers < self.workers:
             raise ValueError(f"DataLoader: buffers={buffers} is fewer than workers={workers}: "
@@ -141,6 +155,19 @@ class DataLoader:
             raise PlanError(f"DataLoader: memory takes a byte budget per device, e.g. "
                             f"memory={{'cpu': {memory!r}}}, got {memory!r}")
         self.memory = memory
+        self.procs = None               # the worker processes (processes=True)
+        if processes:
+            if workers < 1:
+                raise ValueError(f"DataLoader: processes=True loads on worker processes, "
+                                 f"and workers={workers}; give workers >= 1 (the number of "
+                                 f"processes)")
+            if not self.map_style:
+                raise ValueError("DataLoader: processes=True needs a map-style dataset "
+                                 "(__len__ and __getitem__): an iterable one is read in "
+                                 "order, here")
+            from ..runtime.sched.processes import StageProcesses
+            self.procs = StageProcesses(self.workers, "DataLoader")
+        self._layout = []               # (processes: the batch layout, found once)
         self.device = as_device(device if device is not None else "cpu")
         self.on_device = device_memory(self.device)
         if not self.on_device and self.device.type != "cpu":
@@ -151,7 +178,10 @@ class DataLoader:
 
     def _graph(self, to_device: bool = True) -> tuple:
         g = ActorGraph(memory=self.memory, buffers=self.buffers)
-        actors = self.actors_into(g, to_device=to_device)
+        if self.procs is not None and not self._layout:     # (declared: piece 0 is
+            self._layout.append(self.layout())              # not loaded here)
+        layout = self._layout[0] if self.procs is not None else None
+        actors = self.actors_into(g, layout, to_device=to_device)
         g.sink(actors.node)
         return g, actors
 
@@ -179,8 +209,12 @@ class DataLoader:
         out = unflatten(layout.structure, list(layout.specs)) if layout is not None else None
         if self.map_style:              # indices -> samples -> a batch, on the workers
             src = g.source(actors.batches, name="sampler", buffers=buffers)
-            actors.node = g.actor(actors.load, src, name="load", out=out,
-                                  replicas=max(1, self.workers), buffers=buffers)
+            if self.procs is not None:  # (its processes write the registers)
+                actors.node = g.actor(actors.load, src, name="load", out=out,
+                                      processes=self.procs, buffers=buffers)
+            else:
+                actors.node = g.actor(actors.load, src, name="load", out=out,
+                                      replicas=max(1, self.workers), buffers=buffers)
             actors.actors = [src, actors.node]
         else:                           # an iterable is read in order: the source batches
             actors.node = g.source(actors.batches, name="load", out=out, buffers=buffers)
@@ -195,7 +229,8 @@ class DataLoader:
     def actors_key(self) -> tuple:
         """What the actors ``actors_into`` adds depend on: a loader with the same key may be
         read by them (``LoaderActors.bind``)."""
-        return (self.map_style, self.workers, self.buffers, self.device)
+        return (self.map_style, self.workers, self.buffers, self.device,
+                self.procs is not None)
 
     def layout(self) -> PieceSpec | None:
         """The layout of a whole batch, from metadata: with ``default_collate``, the first
@@ -287,6 +322,18 @@ class DataLoader:
         """The last pass's per-actor statistics (``ActorGraph.stats``)."""
         return self.graph.stats()
 
+    def close(self) -> None:
+        """Ends the worker processes (``processes=True``); a pass after this is refused."""
+        if self.procs is not None:
+            self.procs.close()
+
+    def __getstate__(self) -> dict:
+        """What a worker process loads batches with: the loader without its graph and
+        processes."""
+        state = dict(self.__dict__)
+        state["graph"] = state["procs"] = None
+        return state
+
 
 class LoaderActors:
     """What ``DataLoader.actors_into`` added to a graph, reading passes of ``loader``:
@@ -300,6 +347,16 @@ class LoaderActors:
         self.layout = None              # the declared layout of a batch, if any
         self.epoch = None               # the last run's pass, and what it left out
         self.tail: list = []
+
+    def __getstate__(self) -> dict:
+        """What a worker process needs to run ``load`` (processes=True): the loader (without
+        its graph) and the declared layout."""
+        return {"loader": self.loader, "key": self.key, "layout": self.layout}
+
+    def process_key(self) -> tuple:
+        """What ``load`` computes with: a worker loads it again when one of these is
+        another object (``LoaderActors.bind`` to another loader)."""
+        return (self.loader, self.loader.dataset, self.loader.collate_fn, self.layout)
 
     def bind(self, loader: DataLoader) -> None:
         """The next runs read passes of ``loader`` (whose ``actors_key`` is this one's)."""

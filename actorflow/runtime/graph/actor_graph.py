@@ -30,6 +30,7 @@ from ..plan.sizing import plan_graph
 from ..plan.registers import MemoryBudget
 from .source import SourceActor
 from ..plan.spec import PieceSpec
+from ..sched.processes import OwnsProcesses
 from ..observe.stats import RunStats
 
 _OP_TRACER: list = [None]
@@ -50,7 +51,7 @@ def use_op_tracer(op_program) -> None:
     _OP_TRACER[0] = op_program
 
 
-class ActorGraph:
+class ActorGraph(OwnsProcesses):
     """A graph of actors with credit-based registers.
 
     Args:
@@ -170,7 +171,8 @@ class ActorGraph:
                                      one_argument=one_argument))
 
     def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
-              inline=False, time=None, timeout=None, replicas: int = 1) -> Actor:
+              inline=False, time=None, timeout=None, replicas: int = 1,
+              processes=None) -> Actor:
         """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
         actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions);
         an ``async def`` one is awaited on the run's loop, several acts at once.
@@ -179,11 +181,24 @@ class ActorGraph:
         extra seconds per act (float or ``f(piece)``), for experiments and tests.
         ``timeout``: seconds one act may take; past it the run fails with ActorError and
         the act is abandoned (it frees its registers when it returns). ``replicas``: threads
-        the stage acts on at once (acts still leave in piece order; up to its registers)."""
+        the stage acts on at once (acts still leave in piece order; up to its registers).
+        ``processes``: the stage acts in that many worker processes instead (an int >= 1,
+        or a ``StageProcesses`` to share), spawned once and kept across runs until
+        ``close()``; its registers are shared memory the workers write in place (only the
+        input piece and the indices travel through pipes), its credits counted here as for
+        any stage. ``fn`` (and what it reads) must pickle; it runs in the workers as
+        pickled when a plan is made (sent again when ``fn`` is another object)."""
         spec = PieceSpec.from_user(out) if out is not None else None
         name = self._name(name, getattr(fn, "__name__", "stage"))
         self._check_inputs(name, inputs)
         on = placed_on(inputs)
+        procs = owns = None
+        if processes is not None:
+            procs, owns = _stage_processes(processes, replicas, name)
+            replicas = procs.n * procs.depth    # (threads waiting for the workers' acts)
+            if on is not None:
+                raise ValueError(f"actor {name!r}: its inputs are on {on}; processes= is for "
+                                 f"stages on the host (copy after the stage instead)")
         if on is not None:              # its inputs are on a device: it runs there
             if inline or time is not None or timeout is not None or resources:
                 raise ValueError(f"actor {name!r}: its inputs are on {on}, where a stage "
@@ -193,7 +208,8 @@ class ActorGraph:
                                          out=spec, replicas=replicas))
         return self._add(StageActor(name, fn, list(inputs), buffers=buffers,
                                     resources=resources, inline=inline, time=time, out=spec,
-                                    timeout=timeout, replicas=replicas))
+                                    timeout=timeout, replicas=replicas, procs=procs,
+                                    owns_procs=bool(owns)))
 
     def copy(self, src, device, name=None, buffers=None) -> Actor:
         """An actor copying each piece of ``src`` across the host boundary: to a device
@@ -300,6 +316,9 @@ class ActorGraph:
             return self._make_plan(feed, lazy=False)
 
     def _make_plan(self, feed, lazy: bool, whole: bool = False):
+        for a in self.actors:           # (stages in worker processes: started, and their
+            if getattr(a, "procs", None) is not None:       # functions sent, now)
+                a.procs.prepare(a)
         default = self.buffers if self.buffers is not None or self._local else FLOOR
         self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
                                 default, MemoryBudget(self.memory), self.resources,
@@ -453,6 +472,14 @@ class ActorGraph:
         ``trace``, ``progress``: as for ``run``."""
         return driving.run_async(self, feed, trace, progress)
 
+    def close(self) -> None:
+        """Ends the worker processes of this graph's stages (``processes=``); a DataLoader's
+        are its own (``DataLoader.close``). They end by themselves when the graph is
+        garbage collected, and at the interpreter's exit."""
+        for a in self.actors:
+            if getattr(a, "owns_procs", False):
+                a.procs.close()
+
     def stats(self) -> RunStats:
         """Per actor of the last run (during a run: a live snapshot of it): acts, compute
         time, time waiting on input, credit and resources; memory planned and measured per
@@ -463,6 +490,18 @@ class ActorGraph:
         if self._last is None:
             raise RuntimeError("stats(): the graph has not run yet")
         return self._last
+
+
+def _stage_processes(processes, replicas, name: str) -> tuple:
+    """``(StageProcesses, made here)`` for ``actor(processes=...)``."""
+    from ..sched.processes import StageProcesses
+    if replicas != 1:
+        raise ValueError(f"actor {name!r}: give replicas= (threads) or processes= (worker "
+                         f"processes), not both: processes={processes!r} acts in that many "
+                         f"processes at once already")
+    if isinstance(processes, StageProcesses):
+        return processes, False
+    return StageProcesses(processes, f"actor {name!r}"), True
 
 
 def _device_of_spec(spec):

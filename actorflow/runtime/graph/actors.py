@@ -20,6 +20,7 @@ from ...tensor.meta import strided
 from .checks import (check_buffers, check_replicas, check_resources, check_time,
                      check_timeout, seconds)
 from ..sched.loop import run_on_graph_loop
+from ..plan.registers import RegisterArrays
 from ..plan.spec import (NOTHING, PieceSpec, check_piece, flatten, none_is_fine, own_copy,
                    refuse_awaitable, refuse_device_tensor, unflatten)
 
@@ -168,10 +169,14 @@ def read_piece(arrays: list, spec: PieceSpec):
 class StageActor(Actor):
     """Calls ``fn(*pieces)``: one argument per input, arrays in, arrays out. An ``async
     def`` function is awaited on the run's loop instead of called on a thread, several acts
-    at once (up to its registers: each act holds one)."""
+    at once (up to its registers: each act holds one). ``procs``: its worker processes
+    (``sched/processes.py``), its replica threads handing each act to one of them, which
+    writes the piece into the register (a shared block) itself; ``owns_procs``: the
+    actor made them (closed with its graph), else they are a DataLoader's."""
 
-    def __init__(self, name, fn, inputs, **kw):
+    def __init__(self, name, fn, inputs, procs=None, owns_procs=False, **kw):
         super().__init__(name, inputs, **kw)
+        self.procs, self.owns_procs = procs, owns_procs
         if not callable(fn):
             raise TypeError(f"actor {name!r}: expected a function of pieces, got "
                             f"{type(fn).__name__}")
@@ -184,12 +189,18 @@ class StageActor(Actor):
                 f"source (g.source(fn), or the first entry of a Pipeline)")
         self.fn = fn
         self.is_async = is_async_function(fn)
+        if procs is not None and (self.is_async or self.inline):
+            raise ValueError(f"actor {name!r}: processes= runs a plain function in worker "
+                             f"processes; an async def or inline stage acts on the run's "
+                             f"loop: drop {'inline=True' if self.inline else 'processes='}")
         if self.is_async and self.replicas > 1:
             raise ValueError(f"actor {name!r}: replicas= is for stages on threads; an async "
                              f"def stage already has as many acts in flight as registers "
                              f"(buffers=)")
 
     def probe(self, ins):
+        if self.procs is not None:  # computed and checked by a worker, in shared memory
+            return self.procs.first(self, 0, ins)
         if self.is_async:           # piece 0 while planning: awaited on the graph loop
             value = run_on_graph_loop(self._call_async(ins))
         else:
@@ -199,6 +210,12 @@ class StageActor(Actor):
     def compute(self, piece, ins, outs):
         if outs is not None and self.cached and self._copy_cached(piece, outs):
             return None
+        if self.procs is not None:
+            if type(outs) is RegisterArrays:    # written in place by a worker process
+                self.procs.act(piece, ins, outs)
+                return None
+            if outs is None:                    # piece 0 sizes the registers: a worker
+                return Sized(self.procs.first(self, piece, ins))    # computes it too
         value = self._call(ins)
         if outs is not None and type(value) is np.ndarray and self.out_spec.structure == 0:
             s = self.out_spec.specs[0]                  # the common case, checked inline

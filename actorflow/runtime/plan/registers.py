@@ -8,8 +8,13 @@ end-of-stream mark) it has been sent, in piece order.
 
 from __future__ import annotations
 
+import itertools
+import mmap
+import os
 import threading
 from collections import deque
+
+import numpy as np
 
 from ...backends import get_backend
 from ...device import device as as_device
@@ -171,3 +176,70 @@ class MemoryBudget:
         devs = set(self.in_use) | set(self.budgets)
         return {str(d): {"in_use": self.in_use.get(d, 0), "peak": self.peak.get(d, 0),
                          "budget": self.budgets.get(d)} for d in sorted(devs, key=str)}
+
+
+class RegisterArrays(list):
+    """The arrays of one register kept in a ``SharedBlock``: a list as any register's,
+    which also says where it lives (``block``, ``index``), so that a worker process told
+    the index writes it in place."""
+
+    __slots__ = ("block", "index")
+
+
+_BLOCK_IDS = itertools.count(1)
+ALIGN = 64          # each array of a shared register starts on a cache line
+
+
+class SharedBlock:
+    """The registers of one actor output in one block of shared memory
+    (``multiprocessing.shared_memory``), for a stage whose worker processes write them
+    (``sched/processes.py``). The block's name is unlinked the moment it is made: its
+    memory lives while a mapping or the descriptor ``fd`` holds it (this process's arrays,
+    the workers' maps), so nothing is left in ``/dev/shm`` after a run, an error, or a
+    crash. ``layout``: per register, ``(offset, shape, dtype string)`` per array; ``fd``
+    is what a worker maps (sent over its pipe), closed by ``release()`` at the run's end."""
+
+    def __init__(self, spec, buffers: int, what: str):
+        from multiprocessing import shared_memory
+        for s in spec.specs:
+            if s.device.type != "cpu":
+                raise PlanError(f"{what}: a stage in worker processes (processes=) writes "
+                                f"registers on the host, but its output has an array on "
+                                f"{s.device}; copy it to the device after the stage "
+                                f"(g.copy(stage, {str(s.device)!r}))")
+        self.id = next(_BLOCK_IDS)
+        self.spec = spec
+        self.layout, at = [], 0
+        for _ in range(buffers):
+            reg = []
+            for s in spec.specs:
+                reg.append((at, tuple(s.shape), s.dtype.np.str))
+                at += -(-s.nbytes // ALIGN) * ALIGN
+            self.layout.append(reg)
+        self.size = max(at, ALIGN)
+        shm = shared_memory.SharedMemory(create=True, size=self.size)
+        try:
+            self.fd = os.dup(shm._fd)
+        finally:
+            shm.close()
+            shm.unlink()                # (the memory stays while mapped or fd is open)
+        self.registers = []
+        for i, arrays in enumerate(mapped(self.fd, self.size, self.layout)):
+            arrays.block, arrays.index = self, i
+            self.registers.append(arrays)
+
+    def release(self) -> None:
+        """The run is over: no new worker maps it now (the memory goes with the last
+        array and map)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def mapped(fd: int, size: int, layout: list) -> list:
+    """The registers of a shared block (its descriptor ``fd``, ``size`` bytes, ``layout``
+    as ``SharedBlock``'s), mapped into this process: per register, its arrays (a
+    ``RegisterArrays``). The mapping lives as long as one of them."""
+    m = mmap.mmap(fd, size)
+    return [RegisterArrays(np.ndarray(shape, np.dtype(dt), buffer=m, offset=off)
+                           for off, shape, dt in reg) for reg in layout]

@@ -248,8 +248,13 @@ class Plan:
         self.filled = True
         shared = self.sharing is not None and a in self.sharing.members
         pinned = pinned_for(a)          # (host registers a device's copies read or write)
+        procs = getattr(a, "procs", None)
+        blocks = procs.registers(a, port.buffers) if procs is not None and not shared \
+            else None                   # (written by worker processes: shared memory)
         for i in range(port.buffers):
-            if shared:
+            if blocks is not None:
+                arrays, nbytes = blocks[i], a.out_spec.nbytes
+            elif shared:
                 arrays, nbytes = self.sharing.arrays(a, i), a.out_spec.nbytes
             else:
                 arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
@@ -338,6 +343,9 @@ class Plan:
         for a in self.actors:
             if a not in busy:
                 self.release_actor(a)
+            procs = getattr(a, "procs", None)
+            if procs is not None and a in self.ports:      # (its shared block: no new
+                procs.release(r.arrays for r in self.ports[a].registers)  # worker maps it)
         release_registers(r for p in self.ports.values() for r in p.registers)
         self.budget.release_all(keep)
         self.ports.clear()

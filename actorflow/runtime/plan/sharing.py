@@ -67,7 +67,8 @@ class Sharing:
         k = counts.most_common(1)[0][0]
         members = {a: index[a] for a in nodes          # (device memory is not viewed
                    if buffers[a] == k and _layout_bytes(a.out_spec)     # into arenas)
-                   and all(get_backend(sp.device).host_memory for sp in a.out_spec.specs)}
+                   and all(get_backend(sp.device).host_memory for sp in a.out_spec.specs)
+                   and getattr(a, "procs", None) is None}   # (processes': a shared block)
         sizes = [_layout_bytes(a.out_spec) if a in members else {} for a in nodes]
         inputs = [[index[p] for p in a.inputs] for a in nodes]
         after = [[index[r] for r in _readers_before(a, nodes)] for a in nodes]
