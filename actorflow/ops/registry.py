@@ -70,6 +70,14 @@ class OpDef:
                               f"move the inputs with .to(...)")
         return k
 
+    def __getstate__(self) -> dict:
+        # the dispatch cache is this process's (its plans hold backends, and those hold locks): a
+        # copy sent to another process (a Ray worker's program) starts with an empty one, so
+        # an unchanged op pickles to the same bytes whatever ran here
+        state = dict(self.__dict__)
+        state["plans"] = [NO_MEMO, NO_MEMO, {}]
+        return state
+
     def __repr__(self) -> str:
         return f"OpDef({self.name!r}, inputs={self.inputs}, attrs={self.attrs})"
 
