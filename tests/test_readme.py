@@ -10,7 +10,8 @@ fence names one, and a Python fence is spelled ```python, so no block is skipped
 Why this collector and not pytest-markdown-docs (measured: its 0.9.2 runs the same 13
 blocks of README.md and docs/ in the same 1.8 s, all passing, with ``--markdown-docs`` and the
 paths given): it collects only with that flag and the Markdown paths on the command line,
-while the project's test command is ``python -m pytest -q`` over ``testpaths = ["tests"]``;
+while the project's test command is ``python -m pytest -q -n 2 --dist loadgroup`` over
+``testpaths = ["tests"]``;
 it runs every block in the test process with no teardown of its own, so the environment and
 the CUDA driver a block selects with ``AF_CUDA`` would stay for the tests after it unless a
 hook of ours put them back anyway; and it would be one more test dependency for what is a
