@@ -48,6 +48,17 @@ from ..tensor.meta import is_contiguous, strided
 
 _WHERE, _COPY, _CAST = "where", "copy", "cast"
 
+# Ops whose cpu kernel is one numpy ufunc call (or copy) over same-shape operands: they may
+# write over an input (numpy reads each element before writing it), and they raise
+# nothing on floats (so a step may write state in place once only they are left).
+_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum")
+INPLACE = frozenset(_ARITH + tuple(f"{n}_scalar" for n in _ARITH)
+                    + tuple(f"r{n}_scalar" for n in _ARITH)
+                    + ("neg", "abs", "sqrt", "exp", "log", "tanh", "relu", "copy", "cast"))
+_CMP = ("eq", "ne", "lt", "le", "gt", "ge")
+_SAFE = INPLACE | frozenset(_CMP + tuple(f"{n}_scalar" for n in _CMP)
+                             + (_WHERE, "pow", "pow_scalar", "rpow_scalar"))
+
 # Set to False to run every Program op by op as recorded (what a program compiled without
 # this pass does); tests compare the two.
 ENABLED = True
@@ -129,6 +140,7 @@ class Compiled:
         self.ins_of = {ins.index: ins_of[ins.index] for ins in self.instrs}
         self._selects(specs)
         self.buffer_of = self._plan(specs)
+        self.state_of = self._states_in_place(specs)
         self.buffers = len(set(self.buffer_of.values()))
         self.groups = self._groups()
         self.kernels = len(self.groups)
@@ -219,6 +231,7 @@ class Compiled:
                 elif r[0] == "tmp":
                     o |= origins.get(r[1], set())
             origins[ins.value] = o
+        self.origins = origins
         for i, r in self.assigns:           # a state written from another's array: copied
             if r[0] == "tmp" and origins.get(r[1], set()) - {i}:
                 for ins in self.instrs:
@@ -227,7 +240,9 @@ class Compiled:
 
     def _plan(self, specs) -> dict:
         """Workspace value -> the index of the ``Program.tmp`` array it is written into:
-        values of one shape and dtype share an array when their lifetimes do not meet."""
+        values of one shape and dtype share an array when their lifetimes do not meet,
+        and an elementwise ufunc writes over an input read for the last time (``INPLACE``:
+        an out= chain, the chain's intermediates in one hot buffer)."""
         last: dict = {}
         end = len(self.instrs)
         for k, ins in enumerate(self.instrs):
@@ -242,21 +257,72 @@ class Compiled:
                 for r in self.ins_of[ins.index][1:]:
                     if r[0] == "tmp":
                         last[r[1]] = max(last.get(r[1], 0), last.get(ins.value, 0))
-        free: dict = {}                     # (shape, dtype) -> [(free from k, array index)]
+        self.last = last
+        picked = {ins.value for ins in self.instrs if ins.select}
+        busy: dict = {}                     # array index -> [key, last reader's instr]
+        of_key: dict = {}                   # key -> the array indices of that key
         buffer_of: dict = {}
-        releases: dict = {}                 # k -> [(key, array index)] free after instr k
+        self.in_place = 0
         for k, ins in enumerate(self.instrs):
             for o in ins.step.outs:
                 if o[0] != "tmp":
                     continue
                 t = o[1]
                 key = (tuple(specs[t].shape), specs[t].dtype.np)
-                pool = free.get(key)
-                buffer_of[t] = pool.pop() if pool else t
-                releases.setdefault(max(last.get(t, k), k), []).append((key, buffer_of[t]))
-            for key, b in releases.pop(k, ()):
-                free.setdefault(key, []).append(b)
+                b = None
+                if not ins.select and ins.step.op.name in INPLACE:
+                    for r in self.ins_of[ins.index]:
+                        if r[0] == "tmp" and r[3] is None and r[1] in buffer_of \
+                                and r[1] not in picked and last.get(r[1]) == k \
+                                and busy[buffer_of[r[1]]] == [key, k]:
+                            b = buffer_of[r[1]]
+                            self.in_place += 1
+                            break
+                if b is None:
+                    b = next((a for a in of_key.get(key, ()) if busy[a][1] < k), None)
+                if b is None:
+                    b = t
+                    of_key.setdefault(key, []).append(b)
+                busy[b] = [key, max(last.get(t, k), k)]
+                buffer_of[t] = b
         return buffer_of
+
+    def _states_in_place(self, specs) -> dict:
+        """Workspace value -> the state it is written into directly, instead of a buffer
+        copied into the state after the last step: a state's new value made by one of the
+        last steps (``_SAFE``: from the first of them on, no kernel raises, so a step that
+        fails still writes no state), read by no later step as the state's old value."""
+        instrs, n = self.instrs, len(self.instrs)
+        tail = n
+        for k in range(n - 1, -1, -1):
+            st = instrs[k].step
+            if not (instrs[k].select or st.op.name in _SAFE and all(
+                    o[0] != "tmp" or specs[o[1]].dtype.np.kind in "fb" for o in st.outs)):
+                break
+            tail = k
+        producer = {o[1]: k for k, ins in enumerate(instrs) for o in ins.step.outs
+                    if o[0] == "tmp"}
+        sources = [r[1] for _, r in self.assigns if r[0] == "tmp"]
+        p = self.program
+        state_of: dict = {}
+        for i, r in self.assigns:
+            t = r[1]
+            k = producer.get(t)
+            if r[0] != "tmp" or r[3] is not None or sources.count(t) != 1 or k is None \
+                    or k < tail or instrs[k].select or i >= len(p.state_specs):
+                continue
+            s = p.state_specs[i]
+            if (tuple(s.shape), s.dtype.np) != (tuple(specs[t].shape), specs[t].dtype.np):
+                continue
+
+            def reads_old(a, i=i, t=t):
+                return (a[0] == "state" and a[1] == i) or \
+                    (a[0] == "tmp" and a[1] != t and i in self.origins.get(a[1], ()))
+            if any(reads_old(a) for ins in instrs[k + 1:] for a in self.ins_of[ins.index]) \
+                    or any(reads_old(a) for _, a in self.assigns + self.copies):
+                continue
+            state_of[t] = i
+        return state_of
 
     def _groups(self) -> list:
         """The instructions as kernels: a run of consecutive elementwise ones is one."""
@@ -284,7 +350,7 @@ class Compiled:
             if kind == "tmp":
                 if i in self.folded:
                     return strided(self.folded[i], m)
-                if i in picked:
+                if i in picked or i in self.state_of:
                     return None
                 return strided(tmp[self.buffer_of[i]], m)
             if kind == "const":
@@ -311,6 +377,10 @@ class Compiled:
         """One run (as ``Program.run``'s, the program bound); on a kernel's error the
         program runs again op by op to raise the error it raises (nothing written back)."""
         p = self.program
+        state_of = self.state_of
+        if state_of and not write_back:     # (its last steps would write the state)
+            p.run_steps(outs, ins, write_back)
+            return
         if self._bound is None or self._bound[0] is not p.tmp or self._bound[1] is not p.const_arrays:
             self._bind()
         picks: dict = {}
@@ -327,8 +397,8 @@ class Compiled:
             elif kind == "out":
                 base = outs[i]
             elif kind == "tmp":
-                base = picks[i] if i in picks else \
-                    tmp[buffer_of[i]] if i in buffer_of else self.folded[i]
+                base = picks[i] if i in picks else state[state_of[i]] if i in state_of \
+                    else tmp[buffer_of[i]] if i in buffer_of else self.folded[i]
             else:
                 base = p.const_arrays[i]
             return strided(base, m)
