@@ -118,14 +118,16 @@ def test_the_pass_on_an_mlp_step(monkeypatch):
     *_, g = _train("mlp", True, monkeypatch, steps=1)
     p = _program(g)
     c = p.compiled
-    # 64 recorded ops: 4 copies of contiguous gradients drop; the optimizer's 8 wheres on
-    # momentum != 0 pick (6 whole-array ones; 2 read a view of a bias gradient);
-    # consecutive elementwise ops run as one kernel each
+    # 64 recorded ops: 4 copies of contiguous gradients drop; SGD's momentum != 0, made
+    # per parameter, is made once (3 merged); its 8 wheres on it pick (6 whole-array
+    # ones; 2 read a view of a bias gradient); consecutive elementwise ops run as one
+    # kernel each; the 4 parameters' updates are written into them
     assert len(p.steps) == 64
-    assert c.copies_dropped == 4 and c.dropped == 0 and c.folded_steps == 0
+    assert c.copies_dropped == 4 and c.merged == 3 and c.dropped == 0 and c.folded_steps == 0
     assert sum(i.select for i in c.instrs) == 6
-    assert len(c.instrs) == 60 and c.kernels == 23
-    assert c.buffers < len(p.tmp_specs)
+    assert len(c.instrs) == 57 and c.kernels == 23
+    assert sorted(c.state_of.values()) == [0, 1, 2, 3]
+    assert c.buffers < len(p.tmp_specs) and c.in_place > 0
 
 
 def test_workspace_is_planned_once_and_reused(monkeypatch):

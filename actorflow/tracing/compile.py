@@ -6,6 +6,10 @@ What the pass does, in order:
 
 - **constants fold**: a step reading only constants (or values folded before it) runs once,
   here; its outputs are constants from then on;
+- **equal values merge**: an elementwise step computing what an earlier one computed
+  (the same op on the same values with the same attributes: an optimizer's
+  ``momentum != 0`` or bias correction, once per parameter) is dropped; its readers read
+  the earlier value;
 - **copies drop**: a ``copy`` (or a ``cast`` to the same dtype) of a contiguous value,
   whose every reader reads it whole, is dropped; its readers read the value copied;
 - **selects**: a ``where`` whose condition is a single element (an optimizer's
@@ -90,7 +94,7 @@ class Instr:
 class Compiled:
     """The compiled form of ``program`` (see the module doc). ``kernels``: the kernels one
     run calls (a fused chain counts one); ``folded_steps``, ``dropped``,
-    ``copies_dropped``, ``in_place`` (values written over an input), ``state_of`` (values
+    ``copies_dropped``, ``merged``, ``in_place`` (values written over an input), ``state_of`` (values
     written into their state): what the pass did; an instruction's ``select``: a pick;
     ``buffers``: the workspace arrays the plan uses (of ``len(program.tmp_specs)``).
     Compiling costs about 1 ms per 100 recorded ops (traced once per step layout)."""
@@ -105,12 +109,18 @@ class Compiled:
         self.copies_dropped = 0
         self.folded_steps = 0
 
+        same: dict = {}                     # tmp index -> the equal value computed before
+        seen: dict = {}                     # (op, inputs, attrs) -> the step's outputs
+        self.merged = 0
+
         def rename(ref):
-            while ref[0] == "tmp" and ref[1] in alias:
-                a = alias[ref[1]]
-                if ref[3] is not None:      # (only whole reads are renamed: see below)
+            while ref[0] == "tmp":
+                if ref[1] in same:          # (same spec: read through the same view)
+                    ref = ("tmp", same[ref[1]], 0, ref[3])
+                elif ref[1] in alias and ref[3] is None:    # (whole reads only: below)
+                    ref = alias[ref[1]]
+                else:
                     break
-                ref = a
             return ref
 
         readers = _readers(program)
@@ -118,6 +128,15 @@ class Compiled:
         for n, st in enumerate(steps):
             ins = [rename(r) for r in st.ins]
             ins_of.append(ins)
+            key = _key(st, ins)
+            if key is not None:
+                if key in seen:             # computed already, from the same values
+                    for o, o0 in zip(st.outs, seen[key]):
+                        same[o[1]] = o0[1]
+                    keep[n] = False
+                    self.merged += 1
+                    continue
+                seen[key] = st.outs
             if self._fold(st, ins, specs):
                 keep[n] = False
                 self.folded_steps += 1
@@ -447,6 +466,21 @@ class Compiled:
                 src = get(ref)
                 if src is not state[i]:
                     np.copyto(state[i], src, casting="no")
+
+
+def _key(st, ins):
+    """What makes step ``st`` (reading ``ins``) compute the same value as another: its op,
+    inputs and attributes (typed: 1 and 1.0 differ); None for a step not merged (one
+    that may raise, or writes an output, or is not a pure elementwise kernel)."""
+    if st.op.name not in _SAFE or any(o[0] != "tmp" for o in st.outs):
+        return None
+    try:
+        key = (st.op.name, tuple(ins),
+               tuple(sorted((k, type(v), v) for k, v in st.attrs.items())))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _readers(program) -> dict:
