@@ -1,15 +1,15 @@
 """Compiling a host Program (``nn.Graph``'s step): a pass over its recorded steps that gives
 the same results bit for bit with fewer kernels, fewer passes over memory and no
-allocation after the first run (``compile_program``, ``Compiled``).
+workspace allocated after the first run (a kernel's own temporaries, as ``where``'s mask,
+remain) (``compile_program``, ``Compiled``).
 
 What the pass does, in order:
 
+- **equal values merge**: an elementwise step computing what an earlier one computed
+  (the same op on the same values with the same attributes: SGD's ``momentum != 0``,
+  made once per parameter) is dropped; its readers read the earlier value;
 - **constants fold**: a step reading only constants (or values folded before it) runs once,
   here; its outputs are constants from then on;
-- **equal values merge**: an elementwise step computing what an earlier one computed
-  (the same op on the same values with the same attributes: an optimizer's
-  ``momentum != 0`` or bias correction, once per parameter) is dropped; its readers read
-  the earlier value;
 - **copies drop**: a ``copy`` (or a ``cast`` to the same dtype) of a contiguous value,
   whose every reader reads it whole, is dropped; its readers read the value copied;
 - **selects**: a ``where`` whose condition is a single element (an optimizer's
@@ -28,10 +28,11 @@ What the pass does, in order:
   the state's old value, is written into the state itself instead of a buffer copied
   into it after the last kernel (an optimizer's update of a parameter);
 - **elementwise chains fuse**: consecutive elementwise steps (forward, backward and the
-  optimizer's updates) become one kernel, a chain of numpy ufuncs each writing into its
-  planned buffer (``out=``), so that the chain's intermediates are buffers that were hot
-  in cache a moment before; every other step is one kernel, its output written into its
-  planned buffer (matmuls included: ``np.matmul(..., out=)``).
+  optimizer's updates) run as one kernel of the compiled program, a chain of numpy
+  ufuncs called in turn, each writing into its planned buffer (``out=``, over its input
+  where it may), so that the chain's intermediates are buffers that were hot in cache a
+  moment before; every other step is one kernel, its output written into its planned
+  buffer (matmuls included: ``np.matmul(..., out=)``).
 
 The kernels stay numpy's, chosen by measurement (2 cores, shared; float32, the MLP step's
 SGD-with-momentum update of one 784x256 weight, 200 runs, best): numpy ``out=`` chain of
@@ -44,6 +45,9 @@ graphs would pay minutes). The selects above take the update's two ``where`` pas
 (each four bitwise passes), which is most of what a fused loop gains there, with numpy's
 kernels and so results equal bit for bit to the recorded program's by construction: the
 same float32 operations in the same order, no fused multiply-add, no wider intermediates.
+Measured with the pass (1 BLAS thread, one process, interleaved with the step run op by
+op): the MLP 784-256-10 step 0.66x the time, bench_models' CNN 0.90x, its transformer
+0.80x. The pass itself takes about 1 ms per 100 recorded ops, once per compiled step.
 
 A kernel that raises makes the step run again op by op (``Program``'s own interpreter,
 nothing written back) so that the error names the op and its place as without the pass.
@@ -96,8 +100,7 @@ class Compiled:
     run calls (a fused chain counts one); ``folded_steps``, ``dropped``,
     ``copies_dropped``, ``merged``, ``in_place`` (values written over an input), ``state_of`` (values
     written into their state): what the pass did; an instruction's ``select``: a pick;
-    ``buffers``: the workspace arrays the plan uses (of ``len(program.tmp_specs)``).
-    Compiling costs about 1 ms per 100 recorded ops (traced once per step layout)."""
+    ``buffers``: the workspace arrays the plan uses (of ``len(program.tmp_specs)``)."""
 
     def __init__(self, program):
         self.program = program
