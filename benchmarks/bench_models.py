@@ -309,7 +309,9 @@ def main(argv=None) -> int:
     p.add_sized("--workers", 2, 2, "loader worker threads, part 2 (default {full})")
     p.add_repeat(5, 2)
     p.add_out("bench_models")
+    p.add_threads()
     args = p.parse_args(argv)
+    pinned = harness.pin_threads(args.threads, argv)
     if min(args.steps, args.batches, args.repeat, args.workers) < 1:
         p.error("--steps, --batches, --workers and --repeat must be >= 1")
 
@@ -318,6 +320,8 @@ def main(argv=None) -> int:
     torch = harness.try_import("torch")
     if torch is None:
         print("[models] torch is not installed: no 'pytorch eager' rows, no ratios", flush=True)
+    harness.pin_torch(torch, args.threads)
+    print(f"[models] threads: {pinned['threads_note']}", flush=True)
     names = ("cnn", "transformer") if args.model == "both" else (args.model,)
     parts, everyone = {}, []
     for name in names:
@@ -368,7 +372,7 @@ def main(argv=None) -> int:
         harness.print_contention(epoch["cpu_contention"])
     env = harness.environment(libraries={
         "torch": getattr(torch, "__version__", None) if torch else None,
-        "torch_num_threads": torch.get_num_threads() if torch else None},
+        "torch_num_threads": torch.get_num_threads() if torch else None, **pinned},
         runtime={"graph_event_loop": harness.graph_event_loop()})
     result = harness.document(
         "bench_models", argv, args.quick,

@@ -158,7 +158,8 @@ def part_steps(args, af, torch, saved, X, Y) -> tuple[dict, list]:
         contenders.append(harness.Contender(
             "pytorch eager", lambda: tt.steps(tx, ty, k), check_for("pytorch eager"),
             setup=tt.reset, steps=k,
-            note=f"torch.nn + torch.optim.SGD, {torch.get_num_threads()} threads (default)"))
+            note=f"torch.nn + torch.optim.SGD, {torch.get_num_threads()} threads "
+             f"({'default' if args.threads is None else 'pinned'})"))
     contenders.append(harness.Contender(
         "actorflow eager", lambda: eager.eager_steps(x, y, k), check_for("actorflow eager"),
         setup=eager.reset, steps=k,
@@ -713,12 +714,14 @@ def torch_epoch(tt, batches) -> list:
 
 # -- main ----------------------------------------------------------------------------------
 
-def environment(af, torch) -> dict:
+def environment(af, torch, pinned: dict) -> dict:
     return harness.environment(
         libraries={
             "torch": getattr(torch, "__version__", None) if torch else None,
             "torch_num_threads": torch.get_num_threads() if torch else None,
-            "torch_num_threads_note": "PyTorch default (not changed by this benchmark)",
+            "torch_num_threads_note": ("PyTorch default (not changed by this benchmark)"
+                                       if pinned["threads"] is None else pinned["threads_note"]),
+            **pinned,
         },
         runtime={"graph_event_loop": harness.graph_event_loop()})
 
@@ -734,7 +737,9 @@ def main(argv=None) -> int:
     p.add_out("bench_training")
     p.add_argument("--no-diagnostics", action="store_true",
                    help="skip part 2's diagnostic rows (the numpy-work loader)")
+    p.add_threads()
     args = p.parse_args(argv)
+    pinned = harness.pin_threads(args.threads, argv)
     if args.steps < 1 or args.batches < 1 or args.repeat < 1 or args.calls < 2:
         p.error("--steps, --batches and --repeat must be >= 1, --calls >= 2")
 
@@ -744,6 +749,8 @@ def main(argv=None) -> int:
     if torch is None:
         print("[training] torch is not installed: no 'pytorch eager' row, no ratios to it",
               flush=True)
+    harness.pin_torch(torch, args.threads)
+    print(f"[training] threads: {pinned['threads_note']}", flush=True)
 
     af.manual_seed(SEED)
     saved = {k: v.numpy().copy() for k, v in mlp(af).state_dict().items()}
@@ -758,7 +765,7 @@ def main(argv=None) -> int:
     loaders, loaders_c = part_loaders(args, af, torch, saved, load_target)
 
     # -- report ----------------------------------------------------------------------------
-    env = environment(af, torch)
+    env = environment(af, torch, pinned)
     k, n = args.steps, args.batches
     Col = harness.Column
     print()

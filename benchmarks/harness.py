@@ -337,6 +337,15 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_sized("--repeat", full, quick,
                        "timed rounds per contender (best-of-N); default {full}, quick {quick}")
 
+    def add_threads(self) -> None:
+        """``--threads N``: BLAS (and every contender's own kernels) pinned to N threads,
+        for every contender alike (see ``pin_threads``)."""
+        self.add_argument("--threads", type=int, default=None,
+                          help="pin BLAS to N threads for every contender: OMP_NUM_THREADS, "
+                               "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS set before numpy loads "
+                               "(the benchmark restarts itself with them) and "
+                               "torch.set_num_threads(N); default: each library's own")
+
     def add_out(self, benchmark: str) -> None:
         default = RESULTS / f"{benchmark}.json"
         self.add_argument("--out", type=Path, default=default,
@@ -348,6 +357,39 @@ class ArgumentParser(argparse.ArgumentParser):
             if getattr(ns, dest) is None:
                 setattr(ns, dest, quick if ns.quick else full)
         return ns
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pin_threads(threads, argv) -> dict:
+    """Pins BLAS to ``threads`` threads (None: leaves each library's default) for every
+    contender: the thread variables must be set before numpy loads its BLAS, so a process
+    started without them restarts itself with them (only when run as a script: ``argv``
+    None; a caller passing ``argv`` sets them itself). ``torch.set_num_threads`` is
+    ``pin_torch``'s. Returns what the JSON and the output say about it."""
+    if threads is None:
+        return {"threads": None, "threads_note": "each library's default thread count"}
+    want = str(threads)
+    if any(os.environ.get(v) != want for v in THREAD_VARS):
+        if argv is not None:
+            raise SystemExit(f"--threads {threads}: set {', '.join(THREAD_VARS)}={want} in the "
+                             f"environment before numpy loads (or run the benchmark as a "
+                             f"script)")
+        for v in THREAD_VARS:
+            os.environ[v] = want
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    return {"threads": threads,
+            "threads_note": f"BLAS pinned to {threads} thread(s) for every contender: "
+                            f"{', '.join(THREAD_VARS)}={want} set before numpy loaded, "
+                            f"torch.set_num_threads({threads})"}
+
+
+def pin_torch(torch, threads) -> None:
+    """``torch.set_num_threads(threads)`` when the benchmark pins threads."""
+    if torch is not None and threads is not None:
+        torch.set_num_threads(threads)
 
 
 # -- report --------------------------------------------------------------------------------

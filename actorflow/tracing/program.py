@@ -51,6 +51,7 @@ class Program:
         self.state_arrays: list = []        # refs ("state", i), written back by assigns
         self.assigns: list = []             # [(state i, ref of its new value)]
         self.captured: list = []            # tensors read live: the last states (nn.Graph)
+        self.compiled = None                # its compiled form, when compiled (compile.py)
 
     @property
     def device(self):
@@ -132,7 +133,20 @@ class Program:
             return
         self._run(outs, ins, write_back)
 
+    def compile(self) -> None:
+        """Runs the steps through the compiler pass (``tracing.compile``) from now on, on
+        the host: same results bit for bit, fewer kernels."""
+        from .compile import compile_program
+        self.compiled = compile_program(self)
+
     def _run(self, outs, ins, write_back: bool = True) -> None:
+        if self.compiled is not None:
+            self.compiled.run(outs, ins, write_back)
+        else:
+            self.run_steps(outs, ins, write_back)
+
+    def run_steps(self, outs, ins, write_back: bool = True) -> None:
+        """``run``'s work, op by op as recorded (the program bound)."""
         get = self._get
         st = None
         try:

@@ -59,6 +59,7 @@ def stateful_program(fn, in_specs: list, state_specs: list, state_names=None, co
         new_states[count] = rec.counted
     program = _program(rec, flat, new_states)
     program.captured = rec.captured
+    program.compile()
     return program
 
 
