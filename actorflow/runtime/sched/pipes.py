@@ -5,14 +5,19 @@ it to the thread, and the thread posts its completion back. For a *piped* actor 
 does neither: its thread takes its own acts (the next register from its producer, then a
 free register of its own, its credit), hands the input register back and sends its output
 on, straight to the neighbour's queue where that neighbour is piped too, else through the
-loop's inbox. The registers, the credits and back-pressure are the same; the loop still
-allocates every register, sees every piece that enters or leaves a chain of piped actors,
-handles errors, end of stream and stopping, and counts acts and waits per actor.
+loop's inbox. The source feeding a piped stage is piped too (its thread writes its
+registers and hands them on), and so is the run's output when ``run()`` is iterated from
+plain code and its one sink comes from a piped actor: that actor's thread copies each
+piece out and delivers it (``RunOutput.hand_over``), with the caller's credits handed back
+from the caller's thread. The registers, the credits and back-pressure are the same; the
+loop still allocates every register, handles errors, end of stream and stopping, and
+counts acts and waits per actor, but a chain from source to output sized up front passes
+no piece through it.
 
 Which actors are piped (``pipe_actors``): in a graph fed by one source (so every actor
 sees the same end of stream and none stops early), a plain thread stage with one input
 and one consumer that acts one piece at a time, with no tokens, state gates, shared
-bytes, simulated time or timeout.
+bytes, simulated time or timeout; and such a source whose consumer is piped.
 """
 
 from __future__ import annotations
