@@ -312,3 +312,21 @@ def test_a_piped_output_records_each_act_in_the_trace(tmp_path):
     assert acts == {"load": 30, "s0": 30, "s1": 30, "(output)": 30}
     starts = {e["id"] for e in evs if e["ph"] == "s"}
     assert starts == {e["id"] for e in evs if e["ph"] == "f"}     # every register read
+
+
+def test_an_error_copying_a_piped_output_names_the_output(monkeypatch):
+    from actorflow.runtime.graph.actors import Collector
+    part = Collector.part
+
+    def bad(self, k, x):
+        if float(x[0]) == 5.0:
+            raise RuntimeError("bad copy")
+        return part(self, k, x)
+    monkeypatch.setattr(Collector, "part", bad)
+    g = chain(n=1, pieces=20)
+    with pytest.raises(af.ActorError, match="bad copy") as info:
+        list(g.run())
+    assert info.value.actor == "(output)" and info.value.piece == 5
+    assert g.join(10) and g.stats().state == "failed"
+    monkeypatch.setattr(Collector, "part", part)
+    assert len(list(g.run())) == 20

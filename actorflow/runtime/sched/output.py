@@ -163,13 +163,21 @@ class RunOutput:
                 + self.back_direct <= 0:
             if not self._wait(piece, thread):
                 return False
-        actor = st.actor
+        actor, jobs = st.actor, thread.state.jobs
+        with thread.claim:              # (filed, as the thread's act: a stop now leaves
+            if thread.abandoned:        # ``reg`` held until the copy is done)
+                return False
+            jobs[piece] = ([], reg)
         t0 = time.perf_counter()
         try:
             value = actor.part(0, reg.arrays if st.raw else reg.view)
         except BaseException as e:  # noqa: BLE001 - as an act's error
+            del jobs[piece]
             thread._post((None, st, piece, None, None, None, (e, traceback.format_exc()), 0.0))
             return False
+        if thread.abandoned:            # the run stopped meanwhile: nobody takes it
+            return False
+        del jobs[piece]
         t1 = time.perf_counter()
         st.compute_s += t1 - t0
         if self._timeline is not None:
