@@ -319,7 +319,7 @@ def test_an_error_copying_a_piped_output_names_the_output(monkeypatch):
     part = Collector.part
 
     def bad(self, k, x):
-        if float(x[0]) == 5.0:
+        if float(x[0]) == 6.0:           # piece 5 (+ 1)
             raise RuntimeError("bad copy")
         return part(self, k, x)
     monkeypatch.setattr(Collector, "part", bad)
