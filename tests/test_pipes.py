@@ -197,3 +197,136 @@ def test_a_stall_among_piped_stages_is_named_not_a_hang():
     # the loop knows where each register of the chain is: s1's two are with s2
     assert "s1 waits for a free register (#0 at s2 (piece 0), #1 at s2 (piece 1))" \
         in str(info.value)
+
+
+# -- the source and the output of a piped chain ---------------------------------------------
+
+def loop_handled(monkeypatch):
+    """Counts what the loop does per piece: acts it sends to a thread, registers it sends
+    on or takes home."""
+    from actorflow.runtime.sched.credit import CreditScheduler
+    n = [0]
+    for meth in ("_dispatch", "_send", "_hand_back"):
+        orig = getattr(CreditScheduler, meth)
+
+        def counted(self, *a, _orig=orig):
+            n[0] += 1
+            return _orig(self, *a)
+        monkeypatch.setattr(CreditScheduler, meth, counted)
+    return n
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_the_source_and_output_of_a_piped_chain_do_not_go_through_the_loop(
+        monkeypatch, declared):
+    g = chain(n=3, pieces=200, buffers=2, out=declared)
+    n = loop_handled(monkeypatch)
+    outs = [float(o[0]) for o in g.run()]
+    assert outs == [p + 3.0 for p in range(200)]
+    # registers sized up front: the loop handles no piece; sized by piece 0: only piece 0
+    # (the loop used to send each act to the source's thread and two registers on)
+    assert n[0] == 0 if declared else n[0] <= 3 * 4, n[0]
+    s = g.stats()
+    assert modes(g)["load"] == "pipe"
+    assert s.actors["load"]["acts"] == 200 and s.actors["(output)"]["acts"] == 200
+    assert s.memory["cpu"]["peak"] == s.memory["cpu"]["planned"]
+
+
+def test_a_piped_source_and_output_keep_credits_and_the_callers_room():
+    import time
+    taken, ahead = [0], [0]
+
+    def src():
+        for p in range(60):
+            ahead[0] = max(ahead[0], p + 1 - taken[0])     # made (this one too), not taken
+            yield np.full(8, float(p))
+    g = af.ActorGraph(buffers=2, output_buffers=3)
+    spec = af.Spec((8,), af.float64)
+    x = g.source(src, out=spec, name="load")
+    for i in range(2):
+        x = g.actor(lambda v: v + 1.0, x, name=f"s{i}", out=spec)
+    g.sink(x, "out")
+    outs = []
+    for o in g.run():
+        time.sleep(0.002)               # a slow caller: every credit and the room fill up
+        outs.append(float(o[0]))
+        taken[0] += 1
+    assert outs == [p + 2.0 for p in range(60)]
+    assert modes(g)["load"] == "pipe"
+    # 2 registers each for load, s0, s1, 3 outputs delivered and not taken, and the one
+    # the caller works on (its credit went back as it took it)
+    assert 6 < ahead[0] <= 6 + 3 + 1
+    assert g.stats().actors["(output)"]["wait_credit_s"] > 0
+
+
+def test_an_error_in_a_piped_source_names_it():
+    def src():
+        for p in range(20):
+            if p == 6:
+                raise KeyError("six")
+            yield np.full(8, float(p))
+    g = af.ActorGraph(buffers=2)
+    x = g.source(src, out=af.Spec((8,), af.float64), name="load")
+    g.sink(g.actor(lambda v: v, x, name="s0", out=af.Spec((8,), af.float64)), "out")
+    got = []
+    with pytest.raises(af.ActorError, match="six") as info:
+        for o in g.run():
+            got.append(float(o[0]))
+    assert info.value.actor == "load" and info.value.piece == 6
+    assert got == [float(p) for p in range(len(got))]
+    assert modes(g)["load"] == "pipe"
+
+
+@pytest.mark.parametrize("how", ["break", "close"])
+def test_stopping_a_piped_output_leaves_no_thread_behind(how):
+    g = chain(n=2, pieces=100_000, buffers=2)
+    g.output_buffers = 2
+    it = g.run()
+    for k, _ in enumerate(it):
+        if k == 5:
+            break
+    if how == "close":
+        it.close()
+    else:
+        del it
+    assert g.join(10)
+    names = {"actorflow-load", "actorflow-s0", "actorflow-s1"}
+    for _ in range(100):
+        if not any(t.name in names for t in threading.enumerate()):
+            break
+        threading.Event().wait(0.05)
+    assert not any(t.name in names for t in threading.enumerate())
+    assert g.stats().state == "stopped"
+    assert [float(o[0]) for o in chain(n=2, pieces=7).run()] == [p + 2.0 for p in range(7)]
+
+
+def test_a_piped_output_records_each_act_in_the_trace(tmp_path):
+    import json
+    from collections import Counter
+    g = chain(n=2, pieces=30, out=False)
+    assert len(list(g.run(trace=tmp_path / "t.json"))) == 30
+    evs = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    named = {e["tid"]: e["args"]["name"] for e in evs
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    acts = Counter(named[e["tid"]] for e in evs if e["ph"] == "X" and e["cat"] == "act")
+    assert acts == {"load": 30, "s0": 30, "s1": 30, "(output)": 30}
+    starts = {e["id"] for e in evs if e["ph"] == "s"}
+    assert starts == {e["id"] for e in evs if e["ph"] == "f"}     # every register read
+
+
+def test_an_error_copying_a_piped_output_names_the_output(monkeypatch):
+    from actorflow.runtime.graph.actors import Collector
+    part = Collector.part
+
+    def bad(self, k, x):
+        if float(x[0]) == 6.0:           # piece 5 (+ 1)
+            raise RuntimeError("bad copy")
+        return part(self, k, x)
+    monkeypatch.setattr(Collector, "part", bad)
+    g = chain(n=1, pieces=20)
+    with pytest.raises(af.ActorError, match="bad copy") as info:
+        list(g.run())
+    assert info.value.actor == "(output)" and info.value.piece == 5
+    assert g.join(10) and g.stats().state == "failed"
+    monkeypatch.setattr(Collector, "part", part)
+    assert len(list(g.run())) == 20

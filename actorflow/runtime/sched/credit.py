@@ -95,7 +95,7 @@ class CreditScheduler:
         self._collect = self.output.collect         # (on every try of the collector)
         self.timed = TimedActs(self)
         if not serial and not self.deferred:
-            pipe_actors(self.actor_runs)
+            pipe_actors(self.actor_runs, self.output)
 
     # -- running ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -148,16 +148,16 @@ class CreditScheduler:
         on. Each such actor acted on piece 0 through the loop and its thread is idle (no
         act is sent before an actor has registers): that thread exits and a piped one takes
         over, with what its input holds moved to its pipe."""
-        pipe_actors(self.actor_runs)
+        pipe_actors(self.actor_runs, self.output)
         piped = [st for st in self.actor_runs if st.piped]
         now = time.perf_counter()
         for st in piped:
             if st.cause is not None:    # (its thread counts its own waits from now)
                 st.waits[st.cause] += now - st.since
                 st.cause = None
-            port = st.ins[0]
-            while port.queue:
-                port.pipe.put(port.queue.popleft())
+            for port in st.ins:         # (a source has none)
+                while port.queue:
+                    port.pipe.put(port.queue.popleft())
             old = st.thread
             if old is not None:
                 self.threads.remove(old)

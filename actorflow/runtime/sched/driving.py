@@ -83,7 +83,7 @@ def run_blocking(g, feed=None, trace=None, progress=False):
                 raise item.error
             owed += 1                     # hand credits back in batches: fewer wake-ups
             if owed >= batch or out.empty():
-                loop.call_soon_threadsafe(sched.output.credit_back, owed)
+                sched.output.caller_took(owed)
                 owed = 0
             yield item
             refuse_on_graph_loop("a run started elsewhere was advanced (next())")

@@ -5,14 +5,19 @@ it to the thread, and the thread posts its completion back. For a *piped* actor 
 does neither: its thread takes its own acts (the next register from its producer, then a
 free register of its own, its credit), hands the input register back and sends its output
 on, straight to the neighbour's queue where that neighbour is piped too, else through the
-loop's inbox. The registers, the credits and back-pressure are the same; the loop still
-allocates every register, sees every piece that enters or leaves a chain of piped actors,
-handles errors, end of stream and stopping, and counts acts and waits per actor.
+loop's inbox. The source feeding a piped stage is piped too (its thread writes its
+registers and hands them on), and so is the run's output when ``run()`` is iterated from
+plain code and its one sink comes from a piped actor: that actor's thread copies each
+piece out and delivers it (``RunOutput.hand_over``), with the caller's credits handed back
+from the caller's thread. The registers, the credits and back-pressure are the same; the
+loop still allocates every register, handles errors, end of stream and stopping, and
+counts acts and waits per actor, but a chain from source to output sized up front passes
+no piece through it.
 
 Which actors are piped (``pipe_actors``): in a graph fed by one source (so every actor
 sees the same end of stream and none stops early), a plain thread stage with one input
 and one consumer that acts one piece at a time, with no tokens, state gates, shared
-bytes, simulated time or timeout.
+bytes, simulated time or timeout; and such a source whose consumer is piped.
 """
 
 from __future__ import annotations
@@ -30,26 +35,46 @@ from ..observe.timeline import record, record_failed
 from ..observe.watchdog import stalled
 
 
-def pipe_actors(states: list) -> None:
+def _pipeable(st) -> bool:
+    """A plain actor on a thread of its own, one act at a time, with one consumer and
+    nothing else the loop keeps for it (tokens, state gates, shared bytes, simulated time,
+    a timeout)."""
+    a = st.actor
+    return (st.mode == "thread" and not st.ended and not isinstance(a, Collector)
+            and a.replicas == 1 and not st.tokens and st.gates is None and st.share is None
+            and a.time is None and a.timeout is None and st.out is not None
+            and len(st.out.consumers) == 1)
+
+
+def _pipe(st) -> None:
+    st.piped = True
+    st.in_flight = 1                    # acting, as far as the loop knows, until its end
+    st.out.pipe = SimpleQueue()
+    while st.out.free:
+        st.out.pipe.put(st.out.free.popleft())
+
+
+def pipe_actors(states: list, output=None) -> None:
     """Marks the piped actors of a run and gives their ports queues: an OutPort's ``pipe``
-    holds its free registers, an InPort's ``pipe`` what its producer sent."""
+    holds its free registers, an InPort's ``pipe`` what its producer sent. The source is
+    piped when its consumer is (its thread writes its registers and hands them on); the
+    run's ``output`` is piped (``RunOutput.hand_over``) when it may be delivered from any
+    thread and its one sink is made by a piped actor."""
     # (a stage with no inputs is a source too, one that never ends by itself)
     if sum(1 for st in states if not st.ins and not isinstance(st.actor, Collector)) != 1:
         return
     for st in states:
-        a = st.actor
-        if (st.mode == "thread" and not st.ended
-                and not isinstance(a, (SourceActor, Collector))
-                and a.replicas == 1 and not st.tokens and st.gates is None
-                and st.share is None and a.time is None and a.timeout is None
-                and len(st.ins) == 1 and st.out is not None
-                and len(st.out.consumers) == 1):
-            st.piped = True
-            st.in_flight = 1            # acting, as far as the loop knows, until its end
-            st.out.pipe = SimpleQueue()
-            while st.out.free:
-                st.out.pipe.put(st.out.free.popleft())
+        if len(st.ins) == 1 and not isinstance(st.actor, SourceActor) and _pipeable(st):
+            _pipe(st)
             st.ins[0].pipe = SimpleQueue()
+    for st in states:
+        if (isinstance(st.actor, SourceActor) and not st.ins and _pipeable(st)
+                and st.out.consumers[0].pipe is not None):
+            _pipe(st)
+    c = None if output is None else output.st
+    if (c is not None and output.from_threads and not c.ended and len(c.ins) == 1
+            and c.ins[0].producer.pipe is not None):
+        output.piped = True
 
 
 WATCH_S = 0.5       # how often a run with piped actors looks for a stall
@@ -86,39 +111,49 @@ def abandon(t, held) -> None:
         t.abandoned = True
     t.queue.put(None)
     t.state.out.pipe.put(None)
+    if t.output is not None:
+        t.output.woken.put(None)
 
 
 class PipedThread(ActorThread):
     """The thread of a piped actor (see the module's doc): takes the next register from
-    its input's queue, then a credit from its OutPort's, acts, and passes both on. Its act
-    is filed in ``state.jobs`` while it runs; ``claim`` orders that against the run's stop
-    (``abandon`` reads the jobs and marks the thread abandoned under it), so an act either
-    is filed and abandoned, or never starts."""
+    its input's queue (a source: none), then a credit from its OutPort's, acts, and passes
+    both on (the last of a chain feeding a piped output delivers the piece itself, and
+    takes its register home). Its act is filed in ``state.jobs`` while it runs; ``claim``
+    orders that against the run's stop (``abandon`` reads the jobs and marks the thread
+    abandoned under it), so an act either is filed and abandoned, or never starts."""
 
     def __init__(self, sched, state: ActorRun):
-        super().__init__(sched, state, state.ins[0].pipe)   # registers, EOS, or None
-        self.claim = threading.Lock()
+        super().__init__(sched, state, state.ins[0].pipe if state.ins else None)
+        self.claim = threading.Lock()   # (its queue: registers, EOS, or None)
+        out = sched.output
+        self.output = (out if out.piped and state.out.consumers[0].actor is out.st.actor
+                       else None)       # it delivers the run's output
 
     def _acts(self) -> None:
         st = self.state
-        actor, out, inq = st.actor, st.out, self.queue
+        actor, out = st.actor, st.out
+        inq = self.queue if st.ins else None    # None: a source, no input
         free = out.pipe
-        back = st.ins[0].producer.pipe          # None: the loop takes registers home
+        back = st.ins[0].producer.pipe if st.ins else None  # None: the loop takes them home
         fwd = out.consumers[0].pipe             # None: the loop sends the output on
         fwd_name = out.consumers[0].actor.name
+        output = self.output
         waits, raw, clock, claim = st.waits, st.raw, time.perf_counter, self.claim
         name = actor.name
+        reg = None
         while True:
             t0 = clock()
-            st.cause, st.since = INPUT, t0      # (a stop's stats count the wait under way)
-            reg = inq.get()
-            if reg is None or self.abandoned:
-                return
-            if reg is EOS:
-                waits[INPUT] += clock() - t0
-                st.cause = None
-                self._post((None, st, None, None, None, EOS, None, 0.0))
-                return
+            if inq is not None:
+                st.cause, st.since = INPUT, t0  # (a stop's stats count the wait under way)
+                reg = inq.get()
+                if reg is None or self.abandoned:
+                    return
+                if reg is EOS:
+                    waits[INPUT] += clock() - t0
+                    st.cause = None
+                    self._post((None, st, None, None, None, EOS, None, 0.0))
+                    return
             t1 = clock()
             waits[INPUT] += t1 - t0
             st.cause, st.since = CREDIT, t1
@@ -136,16 +171,24 @@ class PipedThread(ActorThread):
             with claim:
                 if self.abandoned:
                     return
-                st.jobs[piece] = ([reg], out_reg)
+                st.jobs[piece] = ([reg] if reg is not None else [], out_reg)
             err = result = None
             try:
-                result = actor.compute(piece, [reg.arrays if raw else reg.view],
-                                       out_reg.arrays if out_reg is not None else None)
+                result = actor.compute(piece, [] if reg is None else [
+                    reg.arrays if raw else reg.view],
+                    out_reg.arrays if out_reg is not None else None)
             except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
                 err = (e, traceback.format_exc())
             if self.abandoned:          # the run stopped meanwhile: drop the result
                 return
             t3 = clock()
+            del st.jobs[piece]
+            if result is EOS:           # a source ran out
+                if out_reg is not None:
+                    out_reg.at = None
+                    free.put(out_reg)
+                self._post((None, st, None, None, None, EOS, None, 0.0))
+                return
             st.compute_s += t3 - t2
             tl = self.sched.timeline
             if tl is not None:
@@ -158,12 +201,11 @@ class PipedThread(ActorThread):
                 else:
                     record_failed(tl, st, piece, t2, t3, err[0])
             st.next_piece = piece + 1
-            del st.jobs[piece]
             if err is not None:
                 self._post((None, st, piece, reg, out_reg, None, err, 0.0))
                 return
             loop_in = loop_out = None
-            if reg.index >= 0:
+            if reg is not None and reg.index >= 0:
                 if back is not None:
                     reg.at = None
                     back.put(reg)
@@ -175,6 +217,12 @@ class PipedThread(ActorThread):
                     out_reg.piece = piece
                     out_reg.at = fwd_name
                     fwd.put(out_reg)
+                elif output is not None:
+                    out_reg.piece = piece
+                    if not output.hand_over(piece, out_reg, self):
+                        return
+                    out_reg.at = None
+                    free.put(out_reg)
                 else:
                     loop_out = out_reg
             if loop_in is not None or loop_out is not None or type(result) is Sized:
