@@ -285,7 +285,18 @@ def _k_conv2d_weight(outs, ins, attrs):
                                                                               n * oh * ow)
     if a.dtype != out.dtype:
         a = a.astype(out.dtype)
-    _matmul_into(out, (g, o // g, k), a, cols.transpose(0, 2, 1))
+    if k <= o // g:
+        _matmul_into(out, (g, o // g, k), a, cols.transpose(0, 2, 1))
+        return
+    # more weights per output channel than channels: cols (g, k, L) @ a^T (g, L, o/g),
+    # transposed into out, which OpenBLAS runs ~15-25% faster than a @ cols^T (measured
+    # float32 64x1024 @ 1024x288 and 32x8192 @ 8192x144; slower for 32x4096 @ 4096x9)
+    wt = np.matmul(cols, a.transpose(0, 2, 1)).transpose(0, 2, 1)
+    o3 = _into(out, (g, o // g, k))
+    if o3 is not None:
+        np.copyto(o3, wt)
+    else:
+        out[...] = wt.reshape(out.shape)
 
 
 register(OpDef("conv2d", ("x", "weight"), _conv2d_infer, {"cpu": _k_conv2d},
