@@ -93,6 +93,12 @@ def test_pools_forward_and_indices_equal_pytorch(dtype):
     tv, ti = TF.max_pool2d(torch.tensor(nan), 3, 1, 1, return_indices=True)
     np.testing.assert_array_equal(v.numpy(), tv.numpy())
     np.testing.assert_array_equal(i.numpy(), ti.numpy())
+    nan[0, 2, :4, :4] = 1.0                              # ties: the first maximum's index
+    for k, s in ((2, 2), (3, 1)):                        # no padding: the one-pass kernel
+        v, i = NF.max_pool2d(af.tensor(nan), k, s, return_indices=True)
+        tv, ti = TF.max_pool2d(torch.tensor(nan), k, s, return_indices=True)
+        np.testing.assert_array_equal(v.numpy(), tv.numpy())
+        np.testing.assert_array_equal(i.numpy(), ti.numpy())
     for size in (1, 4, (3, 5), (None, 3), (9, 8)):
         _close(NF.adaptive_avg_pool2d(x, size).numpy(), TF.adaptive_avg_pool2d(tx, size), dtype)
     _close(NF.adaptive_avg_pool2d(x[1], (2, 3)).numpy(), TF.adaptive_avg_pool2d(tx[1], (2, 3)),
