@@ -113,17 +113,7 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
         for d, n in bytes_of[a].items():
             used[d] = used.get(d, 0) + n * b
 
-    def fits(a):
-        for d, n in bytes_of[a].items():
-            cap = budget.budget(d)
-            if cap is not None and used.get(d, 0) + n > cap:
-                return False
-        return True
-
-    def grow(a):
-        buffers[a] += 1
-        for d, n in bytes_of[a].items():
-            used[d] = used.get(d, 0) + n
+    fits, grow = _room(budget, used, bytes_of, buffers)
 
     def rate(a):
         return math.inf if hold[a] <= 0 else buffers[a] / hold[a]
@@ -215,6 +205,16 @@ def default_counts(nodes: list, default: set, buffers: dict, budget, measured: d
             if prog is not None and prog.workspace_bytes:
                 used[prog.device] = used.get(prog.device, 0) + prog.workspace_bytes
 
+    fits, grow = _room(budget, used, bytes_of, buffers, lazy)
+    floors = {a: buffers[a] for a in host}
+    _hand_offs(host, default, hold, bytes_of, buffers, fits, grow)
+    return [a for a in host if buffers[a] > floors[a]]
+
+
+def _room(budget, used: dict, bytes_of: dict, buffers: dict, lazy: bool = False):
+    """``(fits, grow)`` over the bytes ``used`` per device: whether one more register of an
+    actor fits its devices' budgets (never, on a budgeted device, while ``lazy``: the
+    others' sizes are not known yet), and taking it."""
     def fits(a):
         for d, n in bytes_of[a].items():
             cap = budget.budget(d)
@@ -226,9 +226,7 @@ def default_counts(nodes: list, default: set, buffers: dict, budget, measured: d
         buffers[a] += 1
         for d, n in bytes_of[a].items():
             used[d] = used.get(d, 0) + n
-    floors = {a: buffers[a] for a in host}
-    _hand_offs(host, default, hold, bytes_of, buffers, fits, grow)
-    return [a for a in host if buffers[a] > floors[a]]
+    return fits, grow
 
 
 def _hand_offs(nodes, auto, hold, bytes_of, buffers, fits, grow) -> list:
