@@ -136,8 +136,6 @@ def apply1(op, x, y, attrs, key):
             memo = _memo(op, (x,), attrs, key)
             if memo is None:
                 return apply(op, [x], attrs)[0]
-        ins = (x,)
-        consts = (x.blob,)
     else:
         if ((_GRAD[0] is not None and (x.ag is not None or y.ag is not None))
                 or _OVERRIDES[0]):
@@ -148,8 +146,6 @@ def apply1(op, x, y, attrs, key):
             memo = _memo(op, (x, y), attrs, key)
             if memo is None:
                 return apply(op, [x, y], attrs)[0]
-        ins = (x, y)
-        consts = (x.blob, y.blob)
     dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
     if fresh is not None and dev.backend is backend:
         alloc = backend.allocator
@@ -159,11 +155,13 @@ def apply1(op, x, y, attrs, key):
             o.meta = meta
             o.blob = b
             o.base = o.ag = None
-            if not _VM.run_fresh(backend.compute, consts, b, cost, op.name, fresh, ins, attrs,
-                                 dtype, alloc):
-                _issue(plan, op, ins, attrs, [o], (b,), backend.compute, consts, False)
+            if not _VM.run_fresh(backend.compute, x, y, b, cost, op.name, fresh, attrs, dtype,
+                                 alloc):
+                ins = (x,) if y is None else (x, y)
+                _issue(plan, op, ins, attrs, [o], (b,), backend.compute,
+                       tuple([i.blob for i in ins]), False)
             return o
-    return _run(plan, op, ins, attrs, 0)[0]
+    return _run(plan, op, (x,) if y is None else (x, y), attrs, 0)[0]
 
 
 def _memo(op, inputs, attrs, key):
@@ -383,8 +381,8 @@ def _run(plan, op, inputs, attrs, overridden):
     if fresh is not None:
         alloc = backend.allocator       # (a budget set since: the kernel writes allocated
         if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:   # memory instead)
-            if _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
-                             plan.np_dtype, alloc):
+            if _VM.run_fresh(stream, inputs[0], inputs[1] if len(inputs) > 1 else None, b,
+                             plan.cost, op.name, fresh, attrs, plan.np_dtype, alloc):
                 return outs
             inline = False              # (it waits for pending work: no use trying again)
     _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)

@@ -20,7 +20,8 @@ _PIN_LOCK = threading.Lock()
 
 class Blob:
     __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
-                 "last_write", "reads", "error", "released", "version", "pins", "orphaned")
+                 "last_write", "reads", "error", "released", "version", "pins", "orphaned",
+                 "__weakref__")           # (the VM tracks poisoned blobs by weak reference)
     traced = False               # a placeholder recorded by a tracer: it never holds data
 
     def __init__(self, device, backend, nbytes: int):
