@@ -140,3 +140,28 @@ def test_autograd_records_a_call_whose_signature_is_cached():
     y.sum().backward()
     np.testing.assert_array_equal(w.grad.numpy(), [3.0, 3.0, 3.0])
     assert (x * 3.0).grad_fn is None
+
+
+def test_the_poison_checks_stop_once_no_poisoned_tensor_lives(monkeypatch):
+    """After a kernel error, calls check their operands for poison only while a tensor the
+    error poisoned is alive; then the fresh-kernel path runs them on the spot again."""
+    vm = get_vm()
+    op, _ = _counting_op("plus_bad")
+    x = af.ones(4)
+    bad = _call(op, x, k="bad")          # numpy refuses a string: its output is poisoned
+    y = bad + 1                          # and so is what is computed from it
+    with pytest.raises(af.KernelError):
+        af.synchronize()
+    assert vm._any_error
+    with pytest.raises(af.KernelError):
+        (y * 2).numpy()                  # still poisoned while alive
+    del bad, y
+    gc.collect()
+    af.synchronize()
+    assert not vm._any_error
+    checked = []
+    run_inline = type(vm).run_inline
+    monkeypatch.setattr(type(vm), "run_inline",
+                        lambda self, *a: checked.append(a[4]) or run_inline(self, *a))
+    np.testing.assert_array_equal((x + 1).numpy(), [2.0] * 4)
+    assert checked == []                 # the fresh path, not the checked one
