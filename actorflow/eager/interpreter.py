@@ -16,7 +16,7 @@ from ..dtype import bfloat16 as BF16
 from ..errors import DeviceError, TraceError, VMError
 from ..ops import get as _op
 from ..ops.registry import NO_MEMO
-from ..tensor.blob import Blob
+from ..tensor.blob import FREE, Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
@@ -36,6 +36,7 @@ _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips
 _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _new_impl = TensorImpl.__new__
+_free_blob = FREE.pop
 _VM = get_vm()
 _GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
 _COPY = _op("copy")
@@ -150,7 +151,13 @@ def apply1(op, x, y, attrs, key):
     if fresh is not None and dev.backend is backend:
         alloc = backend.allocator
         if alloc.budget is None and nbytes < alloc.cache_min_bytes:
-            b = Blob(dev, backend, nbytes)
+            try:
+                b = _free_blob()            # a dead small tensor's (see ``blob.FREE``)
+                b.device = dev
+                b.backend = backend
+                b.nbytes = nbytes
+            except IndexError:
+                b = Blob(dev, backend, nbytes)
             o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
             o.meta = meta
             o.blob = b
