@@ -165,3 +165,34 @@ def test_the_poison_checks_stop_once_no_poisoned_tensor_lives(monkeypatch):
                         lambda self, *a: checked.append(a[4]) or run_inline(self, *a))
     np.testing.assert_array_equal((x + 1).numpy(), [2.0] * 4)
     assert checked == []                 # the fresh path, not the checked one
+
+
+def test_a_poisoned_tensor_written_whole_again_stops_the_poison_checks_at_synchronize():
+    vm = get_vm()
+    op, _ = _counting_op("plus_bad2")
+    bad = _call(op, af.ones(4), k="bad")
+    with pytest.raises(af.KernelError):
+        af.synchronize()
+    bad.fill_(3.0)                       # a whole write clears the poison
+    af.synchronize()
+    assert not vm._any_error
+    np.testing.assert_array_equal((bad + 1).numpy(), [4.0] * 4)
+
+
+def test_a_dead_small_tensors_blob_is_reused_only_when_nothing_else_holds_it():
+    from actorflow.tensor.blob import FREE
+    x = af.ones(8)
+    af.synchronize()
+    start = af.lowlevel.memory_stats("cpu").in_use
+    z = x * 2.0
+    n = len(FREE)
+    del z                                # nothing else holds its blob: kept for reuse
+    assert len(FREE) == n + 1
+    w = x * 3.0                          # and taken for the next output
+    assert len(FREE) == n
+    kept = w._impl.blob
+    del w                                # its blob is held: not reused
+    assert len(FREE) == n and kept.released and kept.array is None
+    np.testing.assert_array_equal((x * 4.0).numpy(), [4.0] * 8)
+    af.synchronize()
+    assert af.lowlevel.memory_stats("cpu").in_use == start

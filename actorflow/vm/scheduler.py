@@ -276,14 +276,22 @@ class VM:
                 k = id(b)
                 poisoned[k] = weakref.ref(b, partial(_forget, poisoned, k))
 
-    def _forget_errors(self) -> None:
-        """Turns the poison checks off again once no blob given an error is alive. (A blob
-        that outlives its error, overwritten whole, keeps them on until it dies: on only
-        costs a check per op.) ``_poison`` sets the flag under the same lock, so a blob
-        poisoned meanwhile keeps it on."""
-        if not self._poisoned:
+    def _forget_errors(self, scan: bool = False) -> None:
+        """Turns the poison checks off again once no blob given an error is alive
+        (``scan``: or alive with its error cleared since, overwritten whole: looked at
+        one by one, at a synchronize). ``_poison`` sets the flag under the same lock, so a
+        blob poisoned meanwhile keeps it on."""
+        poisoned = self._poisoned
+        if scan and poisoned:
             with self._poison_lock:
-                if not self._poisoned:
+                for k, r in list(poisoned.items()):
+                    b = r()
+                    if b is None or b.error is None:
+                        if poisoned.get(k) is r:
+                            poisoned.pop(k, None)
+        if not poisoned:
+            with self._poison_lock:
+                if not poisoned:
                     self._any_error = False
 
     def _complete(self, instr: Instruction) -> None:
@@ -745,7 +753,7 @@ class VM:
             self.wait(t, None if deadline is None else max(0.0, deadline - time.monotonic()))
         self.collect_releases()
         if self._any_error:
-            self._forget_errors()
+            self._forget_errors(scan=True)
         self.errors.raise_unreported()
 
     def synchronize_quietly(self) -> None:
