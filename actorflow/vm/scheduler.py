@@ -48,6 +48,8 @@ from collections import deque
 from functools import partial
 from time import perf_counter
 
+from numpy import ndarray as _ND
+
 
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
@@ -57,7 +59,7 @@ from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, laun
                    settled, wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
-from .opcall import (_ND, ZeroCheck, allocate, as_fresh, call_fresh, device_call_op, kernel_error,
+from .opcall import (ZeroCheck, allocate, as_fresh, call_fresh, device_call_op, kernel_error,
                      run_op)
 from .run_cuts import ELEMENTWISE
 from .release import collect
