@@ -378,7 +378,7 @@ def _run(plan, op, inputs, attrs, overridden):
     outs = []
     muts = ()
     for meta, nbytes in plan.outs:
-        b = Blob(dev, backend, nbytes)
+        b = _new_blob(dev, backend, nbytes)
         outs.append(TensorImpl(meta, b))
         muts += (b,)
     consts = tuple([i.blob for i in inputs])
@@ -394,6 +394,18 @@ def _run(plan, op, inputs, attrs, overridden):
             inline = False              # (it waits for pending work: no use trying again)
     _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
     return outs
+
+
+def _new_blob(dev, backend, nbytes):
+    """A Blob for a new output: a dead small tensor's where one is kept (``blob.FREE``)."""
+    try:
+        b = _free_blob()
+    except IndexError:
+        return Blob(dev, backend, nbytes)
+    b.device = dev
+    b.backend = backend
+    b.nbytes = nbytes
+    return b
 
 
 def _stream(dev, backend, overridden):
