@@ -151,12 +151,16 @@ def apply1(op, x, y, attrs, key):
     if fresh is not None and dev.backend is backend:
         alloc = backend.allocator
         if alloc.budget is None and nbytes < alloc.cache_min_bytes:
-            try:
-                b = _free_blob()            # a dead small tensor's (see ``blob.FREE``)
-                b.device = dev
-                b.backend = backend
-                b.nbytes = nbytes
-            except IndexError:
+            if FREE:                        # a dead small tensor's blob (``_new_blob``, inline)
+                try:
+                    b = _free_blob()
+                except IndexError:
+                    b = Blob(dev, backend, nbytes)
+                else:
+                    b.device = dev
+                    b.backend = backend
+                    b.nbytes = nbytes
+            else:
                 b = Blob(dev, backend, nbytes)
             o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
             o.meta = meta
@@ -164,9 +168,11 @@ def apply1(op, x, y, attrs, key):
             o.base = o.ag = None
             if not _VM.run_fresh(backend.compute, x, y, b, cost, op.name, fresh, attrs, dtype,
                                  alloc):
-                ins = (x,) if y is None else (x, y)
-                _issue(plan, op, ins, attrs, [o], (b,), backend.compute,
-                       tuple([i.blob for i in ins]), False)
+                if y is None:
+                    ins, consts = (x,), (x.blob,)
+                else:
+                    ins, consts = (x, y), (x.blob, y.blob)
+                _issue(plan, op, ins, attrs, [o], (b,), backend.compute, consts, False)
             return o
     return _run(plan, op, (x,) if y is None else (x, y), attrs, 0)[0]
 
@@ -400,7 +406,7 @@ def _new_blob(dev, backend, nbytes):
     """A Blob for a new output: a dead small tensor's where one is kept (``blob.FREE``)."""
     try:
         b = _free_blob()
-    except IndexError:
+    except IndexError:                  # (none, or taken by another thread meanwhile)
         return Blob(dev, backend, nbytes)
     b.device = dev
     b.backend = backend

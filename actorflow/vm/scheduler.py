@@ -172,9 +172,12 @@ class VM:
                 or cost > self._inline_limit or stream.simulated):
             if self._any_error:
                 self._forget_errors()
-            ins = (x,) if y is None else (x, y)
-            return self.run_inline(stream, tuple([i.blob for i in ins]), (out,), cost, name,
-                                   call_fresh, (fresh, ins, out, attrs, dtype, alloc))
+            if y is None:
+                ins, consts = (x,), (x.blob,)
+            else:
+                ins, consts = (x, y), (x.blob, y.blob)
+            return self.run_inline(stream, consts, (out,), cost, name, call_fresh,
+                                   (fresh, ins, out, attrs, dtype, alloc))
         lock = self._lock
         lock.acquire()
         try:
