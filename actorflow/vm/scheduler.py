@@ -144,7 +144,7 @@ class VM:
         try:
             if not settled(stream, consts, muts):
                 return False
-            if self._any_error:
+            if self._any_error and not self._poisoned:
                 self._forget_errors()
             err = error_to_run(consts, muts, args) if self._any_error else None
             if self.profiler is not None:
@@ -170,7 +170,7 @@ class VM:
         instead."""
         if (RELEASED or self._any_error or self.profiler is not None
                 or cost > self._inline_limit or stream.simulated):
-            if self._any_error:
+            if self._any_error and not self._poisoned:
                 self._forget_errors()
             if y is None:
                 ins, consts = (x,), (x.blob,)
@@ -283,7 +283,8 @@ class VM:
 
     def _forget_errors(self, scan: bool = False) -> None:
         """Turns the poison checks off again once no blob given an error is alive
-        (``scan``: or alive with its error cleared since, overwritten whole: looked at
+        (``scan``: or alive with its error cleared since, overwritten whole, or released,
+        its tensor gone while an instruction, the stream's last, still holds it: looked at
         one by one, at a synchronize). ``_poison`` sets the flag under the same lock, so a
         blob poisoned meanwhile keeps it on."""
         poisoned = self._poisoned
@@ -291,7 +292,7 @@ class VM:
             with self._poison_lock:
                 for k, r in list(poisoned.items()):
                     b = r()
-                    if b is None or b.error is None:
+                    if b is None or b.error is None or b.released:
                         if poisoned.get(k) is r:
                             poisoned.pop(k, None)
         if not poisoned:
