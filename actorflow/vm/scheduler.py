@@ -290,7 +290,9 @@ class VM:
         poisoned = self._poisoned
         if scan and poisoned:
             with self._poison_lock:
-                for k, r in list(poisoned.items()):
+                # (a copy in one C call: a blob dying meanwhile, on any thread or in the
+                # garbage collector, takes its entry out through its weakref's callback)
+                for k, r in poisoned.copy().items():
                     b = r()
                     if b is None or b.error is None or b.released:
                         if poisoned.get(k) is r:
