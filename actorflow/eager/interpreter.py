@@ -404,14 +404,16 @@ def _run(plan, op, inputs, attrs, overridden):
 
 def _new_blob(dev, backend, nbytes):
     """A Blob for a new output: a dead small tensor's where one is kept (``blob.FREE``)."""
-    try:
-        b = _free_blob()
-    except IndexError:                  # (none, or taken by another thread meanwhile)
-        return Blob(dev, backend, nbytes)
-    b.device = dev
-    b.backend = backend
-    b.nbytes = nbytes
-    return b
+    if FREE:                            # (testing first: raising IndexError costs a kernel)
+        try:
+            b = _free_blob()
+        except IndexError:              # (taken by another thread meanwhile)
+            return Blob(dev, backend, nbytes)
+        b.device = dev
+        b.backend = backend
+        b.nbytes = nbytes
+        return b
+    return Blob(dev, backend, nbytes)
 
 
 def _stream(dev, backend, overridden):
