@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..backends import get_backend
 from sys import getrefcount
 
+from ..backends import get_backend
 from .blob import FREE, FREE_MAX, RELEASED, _SMALL, Blob
 from .meta import TensorMeta, contiguous_strides, strided
 

@@ -50,7 +50,6 @@ from time import perf_counter
 
 from numpy import ndarray as _ND
 
-
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
