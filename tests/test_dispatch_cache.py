@@ -140,3 +140,59 @@ def test_autograd_records_a_call_whose_signature_is_cached():
     y.sum().backward()
     np.testing.assert_array_equal(w.grad.numpy(), [3.0, 3.0, 3.0])
     assert (x * 3.0).grad_fn is None
+
+
+def test_the_poison_checks_stop_once_no_poisoned_tensor_lives(monkeypatch):
+    """After a kernel error, calls check their operands for poison only while a tensor the
+    error poisoned is alive; then the fresh-kernel path runs them on the spot again."""
+    vm = get_vm()
+    op, _ = _counting_op("plus_bad")
+    x = af.ones(4)
+    bad = _call(op, x, k="bad")          # numpy refuses a string: its output is poisoned
+    y = bad + 1                          # and so is what is computed from it
+    with pytest.raises(af.KernelError):
+        af.synchronize()
+    assert vm._any_error
+    with pytest.raises(af.KernelError):
+        (y * 2).numpy()                  # still poisoned while alive
+    del bad, y
+    gc.collect()
+    af.synchronize()
+    assert not vm._any_error
+    checked = []
+    run_inline = type(vm).run_inline
+    monkeypatch.setattr(type(vm), "run_inline",
+                        lambda self, *a: checked.append(a[4]) or run_inline(self, *a))
+    np.testing.assert_array_equal((x + 1).numpy(), [2.0] * 4)
+    assert checked == []                 # the fresh path, not the checked one
+
+
+def test_a_poisoned_tensor_written_whole_again_stops_the_poison_checks_at_synchronize():
+    vm = get_vm()
+    op, _ = _counting_op("plus_bad2")
+    bad = _call(op, af.ones(4), k="bad")
+    with pytest.raises(af.KernelError):
+        af.synchronize()
+    bad.fill_(3.0)                       # a whole write clears the poison
+    af.synchronize()
+    assert not vm._any_error
+    np.testing.assert_array_equal((bad + 1).numpy(), [4.0] * 4)
+
+
+def test_a_dead_small_tensors_blob_is_reused_only_when_nothing_else_holds_it():
+    from actorflow.tensor.blob import FREE
+    x = af.ones(8)
+    af.synchronize()
+    start = af.lowlevel.memory_stats("cpu").in_use
+    z = x * 2.0
+    n = len(FREE)
+    del z                                # nothing else holds its blob: kept for reuse
+    assert len(FREE) == n + 1
+    w = x * 3.0                          # and taken for the next output
+    assert len(FREE) == n
+    kept = w._impl.blob
+    del w                                # its blob is held: not reused
+    assert len(FREE) == n and kept.released and kept.array is None
+    np.testing.assert_array_equal((x * 4.0).numpy(), [4.0] * 8)
+    af.synchronize()
+    assert af.lowlevel.memory_stats("cpu").in_use == start

@@ -16,7 +16,7 @@ from ..dtype import bfloat16 as BF16
 from ..errors import DeviceError, TraceError, VMError
 from ..ops import get as _op
 from ..ops.registry import NO_MEMO
-from ..tensor.blob import Blob
+from ..tensor.blob import FREE, Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
@@ -36,6 +36,7 @@ _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips
 _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _new_impl = TensorImpl.__new__
+_free_blob = FREE.pop
 _VM = get_vm()
 _GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
 _COPY = _op("copy")
@@ -136,8 +137,6 @@ def apply1(op, x, y, attrs, key):
             memo = _memo(op, (x,), attrs, key)
             if memo is None:
                 return apply(op, [x], attrs)[0]
-        ins = (x,)
-        consts = (x.blob,)
     else:
         if ((_GRAD[0] is not None and (x.ag is not None or y.ag is not None))
                 or _OVERRIDES[0]):
@@ -148,22 +147,34 @@ def apply1(op, x, y, attrs, key):
             memo = _memo(op, (x, y), attrs, key)
             if memo is None:
                 return apply(op, [x, y], attrs)[0]
-        ins = (x, y)
-        consts = (x.blob, y.blob)
     dev, backend, meta, nbytes, fresh, dtype, cost, plan = memo[-1]
     if fresh is not None and dev.backend is backend:
         alloc = backend.allocator
         if alloc.budget is None and nbytes < alloc.cache_min_bytes:
-            b = Blob(dev, backend, nbytes)
+            if FREE:                        # a dead small tensor's blob (``_new_blob``, inline)
+                try:
+                    b = _free_blob()
+                except IndexError:
+                    b = Blob(dev, backend, nbytes)
+                else:
+                    b.device = dev
+                    b.backend = backend
+                    b.nbytes = nbytes
+            else:
+                b = Blob(dev, backend, nbytes)
             o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
             o.meta = meta
             o.blob = b
             o.base = o.ag = None
-            if not _VM.run_fresh(backend.compute, consts, b, cost, op.name, fresh, ins, attrs,
-                                 dtype, alloc):
+            if not _VM.run_fresh(backend.compute, x, y, b, cost, op.name, fresh, attrs, dtype,
+                                 alloc):
+                if y is None:
+                    ins, consts = (x,), (x.blob,)
+                else:
+                    ins, consts = (x, y), (x.blob, y.blob)
                 _issue(plan, op, ins, attrs, [o], (b,), backend.compute, consts, False)
             return o
-    return _run(plan, op, ins, attrs, 0)[0]
+    return _run(plan, op, (x,) if y is None else (x, y), attrs, 0)[0]
 
 
 def _memo(op, inputs, attrs, key):
@@ -373,7 +384,7 @@ def _run(plan, op, inputs, attrs, overridden):
     outs = []
     muts = ()
     for meta, nbytes in plan.outs:
-        b = Blob(dev, backend, nbytes)
+        b = _new_blob(dev, backend, nbytes)
         outs.append(TensorImpl(meta, b))
         muts += (b,)
     consts = tuple([i.blob for i in inputs])
@@ -383,12 +394,26 @@ def _run(plan, op, inputs, attrs, overridden):
     if fresh is not None:
         alloc = backend.allocator       # (a budget set since: the kernel writes allocated
         if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:   # memory instead)
-            if _VM.run_fresh(stream, consts, b, plan.cost, op.name, fresh, inputs, attrs,
-                             plan.np_dtype, alloc):
+            if _VM.run_fresh(stream, inputs[0], inputs[1] if len(inputs) > 1 else None, b,
+                             plan.cost, op.name, fresh, attrs, plan.np_dtype, alloc):
                 return outs
             inline = False              # (it waits for pending work: no use trying again)
     _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
     return outs
+
+
+def _new_blob(dev, backend, nbytes):
+    """A Blob for a new output: a dead small tensor's where one is kept (``blob.FREE``)."""
+    if FREE:                            # (testing first: raising IndexError costs a kernel)
+        try:
+            b = _free_blob()
+        except IndexError:              # (taken by another thread meanwhile)
+            return Blob(dev, backend, nbytes)
+        b.device = dev
+        b.backend = backend
+        b.nbytes = nbytes
+        return b
+    return Blob(dev, backend, nbytes)
 
 
 def _stream(dev, backend, overridden):

@@ -15,12 +15,19 @@ from collections import deque
 # the VM frees them at its next step.
 RELEASED: deque = deque()
 _SMALL = 1 << 20          # blobs this large are queued so the allocator can cache them
+# Blobs of small tensors that died with nothing else holding them (``TensorImpl.__del__``
+# checks the reference count), as a fresh Blob would be but for device, backend and nbytes:
+# the eager interpreter takes one for a new output instead of making a Blob (a third of
+# the cost). Only appended and popped (atomic, from any thread); at most ``FREE_MAX``.
+FREE: list = []
+FREE_MAX = 64
 _PIN_LOCK = threading.Lock()
 
 
 class Blob:
     __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
-                 "last_write", "reads", "error", "released", "version", "pins", "orphaned")
+                 "last_write", "reads", "error", "released", "version", "pins", "orphaned",
+                 "__weakref__")           # (the VM tracks poisoned blobs by weak reference)
     traced = False               # a placeholder recorded by a tracer: it never holds data
 
     def __init__(self, device, backend, nbytes: int):

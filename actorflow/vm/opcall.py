@@ -734,7 +734,7 @@ def fresh_into(fresh, ins, b, attrs, dtype, allocator) -> None:
     r = fresh(in_arrays, attrs, dtype)
     if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1
                                                           and not r.flags.c_contiguous):
-        r = np.array(r, dtype=dtype, order="C")      # a 0-d result, an unusual layout
+        r = as_fresh(r, dtype)
     b.array = r
     b.allocated = True
     if b.nbytes:
@@ -742,6 +742,12 @@ def fresh_into(fresh, ins, b, attrs, dtype, allocator) -> None:
         log.append(b.nbytes)
         if len(log) > allocator.fold_at:
             allocator.fold()
+
+
+def as_fresh(r, dtype):
+    """A fresh kernel's result that is not a C-contiguous array of ``dtype`` (a 0-d
+    result, an unusual layout) as one."""
+    return np.array(r, dtype=dtype, order="C")
 
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:

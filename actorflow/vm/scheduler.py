@@ -43,10 +43,12 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections import deque
 from functools import partial
 from time import perf_counter
 
+from numpy import ndarray as _ND
 
 from ..backends.base import on_memory_pressure
 from ..errors import VMError
@@ -56,7 +58,7 @@ from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, laun
                    settled, wrote_nothing)
 from .runs import Runs
 from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
-from .opcall import (ZeroCheck, allocate, call_fresh, device_call_op, fresh_into, kernel_error,
+from .opcall import (ZeroCheck, allocate, as_fresh, call_fresh, device_call_op, kernel_error,
                      run_op)
 from .run_cuts import ELEMENTWISE
 from .release import collect
@@ -89,7 +91,11 @@ class VM:
         self.runs = Runs(self)              # runs of elementwise op calls (runs.py)
         self._blocked = 0
         self.errors = KeptErrors()          # kernel errors since the last synchronize
-        self._any_error = False             # until a kernel fails, skip the poison checks
+        # until a blob is poisoned, skip the poison checks; poisoned blobs alive by id, so
+        # the checks stop again once none is (``_forget_errors``)
+        self._any_error = False
+        self._poisoned: dict = {}
+        self._poison_lock = threading.Lock()
         self._max_delay = 0.0               # test hook: random delay before each kernel
         self.profiler = None                # while af.profile() is on: its Recorder (profiler.py)
         self.device_waits = 0               # waits on another driver stream's event (devices)
@@ -137,6 +143,8 @@ class VM:
         try:
             if not settled(stream, consts, muts):
                 return False
+            if self._any_error and not self._poisoned:
+                self._forget_errors()
             err = error_to_run(consts, muts, args) if self._any_error else None
             if self.profiler is not None:
                 fn = self.profiler.inline(name, stream, consts, muts, fn)
@@ -146,32 +154,64 @@ class VM:
                 except BaseException as e:
                     self._inline_failed(name, stream, muts, args, e)
             else:
-                for b in muts:
-                    b.error = err
+                self._poison(muts, err)
             self.inlined += 1          # counted as issued and completed too (see stats)
         finally:
             lock.release()
         return True
 
-    def run_fresh(self, stream, consts: tuple, out, cost: int, name: str, fresh, ins, attrs,
-                  dtype, alloc) -> bool:
-        """``run_inline`` of ``opcall.call_fresh`` for one fresh output blob ``out`` (no
-        record yet: nothing can be pending on it): the same checks and the same call,
-        without packing them for the general path. Returns False where the call must be
-        submitted instead."""
+    def run_fresh(self, stream, x, y, out, cost: int, name: str, fresh, attrs, dtype,
+                  alloc) -> bool:
+        """``run_inline`` of ``opcall.call_fresh`` for an op call on ``x`` (and ``y`` where
+        not None) making one fresh output blob ``out`` (no record yet: nothing can be pending
+        on it): the same checks and the same call (``deps.settled``, ``opcall.fresh_into``),
+        unrolled for one or two inputs. Returns False where the call must be submitted
+        instead."""
         if (RELEASED or self._any_error or self.profiler is not None
                 or cost > self._inline_limit or stream.simulated):
+            if self._any_error and not self._poisoned:
+                self._forget_errors()
+            if y is None:
+                ins, consts = (x,), (x.blob,)
+            else:
+                ins, consts = (x, y), (x.blob, y.blob)
             return self.run_inline(stream, consts, (out,), cost, name, call_fresh,
                                    (fresh, ins, out, attrs, dtype, alloc))
         lock = self._lock
         lock.acquire()
         try:
-            if not settled(stream, consts, ()):
+            t = stream.tail
+            if t is not None and not t.done:
                 return False
+            b = x.blob
+            w = b.last_write
+            if w is not None and not w.done:
+                return False
+            a = b.array if x.base is None else x.array()
+            if y is None:
+                arrays = [a]
+            else:
+                b = y.blob
+                w = b.last_write
+                if w is not None and not w.done:
+                    return False
+                arrays = [a, b.array if y.base is None else y.array()]
             try:
-                fresh_into(fresh, ins, out, attrs, dtype, alloc)
+                r = fresh(arrays, attrs, dtype)
+                if r.__class__ is not _ND or r.dtype is not dtype or (
+                        r.ndim > 1 and not r.flags.c_contiguous):
+                    r = as_fresh(r, dtype)
             except BaseException as e:
                 self._inline_failed(name, stream, (out,), None, e)
+            else:
+                out.array = r
+                out.allocated = True
+                n = out.nbytes
+                if n:
+                    log = alloc.log
+                    log.append(n)
+                    if len(log) > alloc.fold_at:
+                        alloc.fold()
             self.inlined += 1
         finally:
             lock.release()
@@ -183,12 +223,11 @@ class VM:
         and raised on (the caller is raising it already)."""
         if isinstance(e, Exception):
             err = self._kernel_error(_Named(name, stream), e, wrote_nothing(e, muts, args))
-            for b in muts:
-                b.error = err
+            self._poison(muts, err)
             return
         err = self._kernel_error(_Named(name, stream), e)
+        self._poison(muts, err)
         for b in muts:
-            b.error = err
             b.last_write = b.reads = None
         self.inlined += 1
         raise e
@@ -226,11 +265,41 @@ class VM:
         if err is not None:
             self._fail(instr, err)
 
-    @staticmethod
-    def _fail(instr, err) -> None:
+    def _fail(self, instr, err) -> None:
         instr.error = err
-        for b in instr.muts:
-            b.error = err
+        self._poison(instr.muts, err)
+
+    def _poison(self, blobs, err) -> None:
+        """Gives each blob the error ``err`` (from any thread): the poison checks are on
+        while one of them lives with it (``_forget_errors``)."""
+        poisoned = self._poisoned
+        with self._poison_lock:
+            self._any_error = True
+            for b in blobs:
+                b.error = err
+                k = id(b)
+                poisoned[k] = weakref.ref(b, partial(_forget, poisoned, k))
+
+    def _forget_errors(self, scan: bool = False) -> None:
+        """Turns the poison checks off again once no blob given an error is alive
+        (``scan``: or alive with its error cleared since, overwritten whole, or released,
+        its tensor gone while an instruction, the stream's last, still holds it: looked at
+        one by one, at a synchronize). ``_poison`` sets the flag under the same lock, so a
+        blob poisoned meanwhile keeps it on."""
+        poisoned = self._poisoned
+        if scan and poisoned:
+            with self._poison_lock:
+                # (a copy in one C call: a blob dying meanwhile, on any thread or in the
+                # garbage collector, takes its entry out through its weakref's callback)
+                for k, r in poisoned.copy().items():
+                    b = r()
+                    if b is None or b.error is None or b.released:
+                        if poisoned.get(k) is r:
+                            poisoned.pop(k, None)
+        if not poisoned:
+            with self._poison_lock:
+                if not poisoned:
+                    self._any_error = False
 
     def _complete(self, instr: Instruction) -> None:
         # caller holds the lock
@@ -690,6 +759,8 @@ class VM:
         for t in self.tails():
             self.wait(t, None if deadline is None else max(0.0, deadline - time.monotonic()))
         self.collect_releases()
+        if self._any_error:
+            self._forget_errors(scan=True)
         self.errors.raise_unreported()
 
     def synchronize_quietly(self) -> None:
@@ -805,3 +876,8 @@ on_memory_pressure(lambda: _VM.collect_releases(submit_pending=False))
 def get_vm() -> VM:
     return _VM
 
+
+def _forget(poisoned: dict, key: int, ref) -> None:
+    # a poisoned blob died (weakref callback, any thread)
+    if poisoned.get(key) is ref:
+        poisoned.pop(key, None)
