@@ -177,22 +177,3 @@ def test_a_poisoned_tensor_written_whole_again_stops_the_poison_checks_at_synchr
     af.synchronize()
     assert not vm._any_error
     np.testing.assert_array_equal((bad + 1).numpy(), [4.0] * 4)
-
-
-def test_a_dead_small_tensors_blob_is_reused_only_when_nothing_else_holds_it():
-    from actorflow.tensor.blob import FREE
-    x = af.ones(8)
-    af.synchronize()
-    start = af.lowlevel.memory_stats("cpu").in_use
-    z = x * 2.0
-    n = len(FREE)
-    del z                                # nothing else holds its blob: kept for reuse
-    assert len(FREE) == n + 1
-    w = x * 3.0                          # and taken for the next output
-    assert len(FREE) == n
-    kept = w._impl.blob
-    del w                                # its blob is held: not reused
-    assert len(FREE) == n and kept.released and kept.array is None
-    np.testing.assert_array_equal((x * 4.0).numpy(), [4.0] * 8)
-    af.synchronize()
-    assert af.lowlevel.memory_stats("cpu").in_use == start

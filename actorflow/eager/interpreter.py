@@ -16,7 +16,7 @@ from ..dtype import bfloat16 as BF16
 from ..errors import DeviceError, TraceError, VMError
 from ..ops import get as _op
 from ..ops.registry import NO_MEMO
-from ..tensor.blob import FREE, Blob
+from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
@@ -36,7 +36,6 @@ _OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips
 _OVERRIDES_LOCK = threading.Lock()
 _meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
 _new_impl = TensorImpl.__new__
-_free_blob = FREE.pop
 _VM = get_vm()
 _GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
 _COPY = _op("copy")
@@ -151,17 +150,7 @@ def apply1(op, x, y, attrs, key):
     if fresh is not None and dev.backend is backend:
         alloc = backend.allocator
         if alloc.budget is None and nbytes < alloc.cache_min_bytes:
-            if FREE:                        # a dead small tensor's blob (``_new_blob``, inline)
-                try:
-                    b = _free_blob()
-                except IndexError:
-                    b = Blob(dev, backend, nbytes)
-                else:
-                    b.device = dev
-                    b.backend = backend
-                    b.nbytes = nbytes
-            else:
-                b = Blob(dev, backend, nbytes)
+            b = Blob(dev, backend, nbytes)
             o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
             o.meta = meta
             o.blob = b
@@ -384,7 +373,7 @@ def _run(plan, op, inputs, attrs, overridden):
     outs = []
     muts = ()
     for meta, nbytes in plan.outs:
-        b = _new_blob(dev, backend, nbytes)
+        b = Blob(dev, backend, nbytes)
         outs.append(TensorImpl(meta, b))
         muts += (b,)
     consts = tuple([i.blob for i in inputs])
@@ -400,20 +389,6 @@ def _run(plan, op, inputs, attrs, overridden):
             inline = False              # (it waits for pending work: no use trying again)
     _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
     return outs
-
-
-def _new_blob(dev, backend, nbytes):
-    """A Blob for a new output: a dead small tensor's where one is kept (``blob.FREE``)."""
-    if FREE:                            # (testing first: raising IndexError costs a kernel)
-        try:
-            b = _free_blob()
-        except IndexError:              # (taken by another thread meanwhile)
-            return Blob(dev, backend, nbytes)
-        b.device = dev
-        b.backend = backend
-        b.nbytes = nbytes
-        return b
-    return Blob(dev, backend, nbytes)
 
 
 def _stream(dev, backend, overridden):

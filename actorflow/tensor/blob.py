@@ -15,12 +15,6 @@ from collections import deque
 # the VM frees them at its next step.
 RELEASED: deque = deque()
 _SMALL = 1 << 20          # blobs this large are queued so the allocator can cache them
-# Blobs of small tensors that died with nothing else holding them (``TensorImpl.__del__``
-# checks the reference count), as a fresh Blob would be but for device, backend and nbytes:
-# the eager interpreter takes one for a new output instead of making a Blob (a third of
-# the cost). Only appended and popped (atomic, from any thread); at most ``FREE_MAX``.
-FREE: list = []
-FREE_MAX = 64
 _PIN_LOCK = threading.Lock()
 
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from sys import getrefcount
-
 from ..backends import get_backend
-from .blob import FREE, FREE_MAX, RELEASED, _SMALL, Blob
+from .blob import RELEASED, _SMALL, Blob
 from .meta import TensorMeta, contiguous_strides, strided
 
 
@@ -59,13 +57,7 @@ class TensorImpl:
                         if b.nbytes:
                             b.backend.allocator.log.append(-b.nbytes)   # lock-free count
                     b.array = None
-                    # nothing else holds it (3: this tensor, ``b``, the call's argument):
-                    # kept for reuse as a new blob, if in its first state
-                    if (getrefcount(b) == 3 and b.error is None and not b.version
-                            and b.owned and b.__class__ is Blob and len(FREE) < FREE_MAX):
-                        FREE.append(b)
-                    else:
-                        b.released = True
+                    b.released = True
                 else:
                     RELEASED.append(b)
             except Exception:       # interpreter shutdown: module globals may be gone
