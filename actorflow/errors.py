@@ -106,12 +106,17 @@ class KernelError(ActorflowError, RuntimeError):
     def of(cls, op: str, device: str, original: BaseException, intact: bool = False,
            note: str = "") -> "KernelError":
         """The error for a kernel that raised ``original``: its traceback is kept as text
-        only (``kernel_traceback``) and taken off ``original``, whose frames hold the
-        kernel's arguments and would pin their memory for as long as the error lives."""
+        only (``kernel_traceback``) and taken off ``original`` and the errors it was raised
+        from, whose frames hold the kernel's arguments and would pin their memory for as
+        long as the error lives."""
         err = cls(op, device, original, intact, note)
         err.kernel_traceback = "".join(traceback.format_exception(type(original), original,
                                                                   original.__traceback__))
-        original.__traceback__ = None
+        e, seen = original, set()
+        while e is not None and id(e) not in seen:  # (and of the errors it was raised from)
+            seen.add(id(e))
+            e.__traceback__ = None
+            e = e.__cause__ or e.__context__
         err.__cause__ = original
         return err
 

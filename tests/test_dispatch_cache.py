@@ -177,3 +177,18 @@ def test_a_poisoned_tensor_written_whole_again_stops_the_poison_checks_at_synchr
     af.synchronize()
     assert not vm._any_error
     np.testing.assert_array_equal((bad + 1).numpy(), [4.0] * 4)
+
+
+def test_an_index_errors_tensors_die_with_it_and_the_poison_checks_stop():
+    # the kernel raised its error while handling numpy's IndexError: the frames of that one
+    # held the kernel's arguments, so the poisoned output lived as long as the error
+    vm = get_vm()
+    af.synchronize()
+    x = af.tensor(np.arange(4.0, dtype=np.float32))
+    y = x[af.tensor(np.array([7]))]
+    with pytest.raises(af.IndexOutOfBoundsError):
+        y.numpy()
+    del y
+    gc.collect()
+    af.synchronize()
+    assert not vm._any_error
