@@ -581,3 +581,17 @@ def test_layer_norm_on_cuda_equals_cpu(emu):
         out[dev] = [a.to("cpu").numpy() for a in (y, xt.grad, ln.weight.grad, ln.bias.grad)]
     for got, want in zip(out["cuda:0"], out["cpu"]):
         np.testing.assert_array_equal(got, want)
+
+
+def test_batch_norm_of_a_float16_channels_last_view_equals_its_contiguous_copy():
+    # a float16 output is computed in a float32 scratch array: made in the view's layout,
+    # its rows were a copy and the result was never written
+    xn = np.random.default_rng(0).standard_normal((2, 3, 3, 4)).astype(np.float16)
+    base = af.tensor(xn, requires_grad=True)
+    dense = af.tensor(np.ascontiguousarray(xn.transpose(0, 3, 1, 2)), requires_grad=True)
+    y = af.nn.functional.batch_norm(base.permute(0, 3, 1, 2), None, None, training=True)
+    z = af.nn.functional.batch_norm(dense, None, None, training=True)
+    np.testing.assert_array_equal(y.numpy(), z.numpy())
+    (y * y).sum().backward()
+    (z * z).sum().backward()
+    np.testing.assert_array_equal(base.grad.numpy().transpose(0, 3, 1, 2), dense.grad.numpy())
