@@ -235,9 +235,9 @@ class StageProcesses:
         for arrays in registers:
             block = getattr(arrays, "block", None)
             if block is not None:
-                with self.lock:
+                with self.lock:             # (_bring sends the descriptor under it)
                     self.live.pop(block.id, None)
-                block.release()
+                    block.release()
 
     def act(self, piece: int, ins: list, outs) -> None:
         """Piece ``piece`` computed by a worker from ``ins`` (the input pieces) into the
@@ -286,8 +286,15 @@ class StageProcesses:
                 if w.dead:
                     w = self._replace(i)
             with w.sending:
-                self._bring(w, block)
-                w.conn.send_bytes(msg)
+                try:
+                    if not self._bring(w, block):
+                        return b""          # (a stopped run's act: its block is gone)
+                    w.conn.send_bytes(msg)
+                except (EOFError, OSError):
+                    raise
+                except BaseException:
+                    w.dead = True           # (a message half sent: the pipe is out of step)
+                    raise
                 self.sent += len(msg)
                 ticket = w.sent_acts
                 w.sent_acts += 1
@@ -322,9 +329,11 @@ class StageProcesses:
         finally:
             self.idle.put(i)
 
-    def _bring(self, w: _Worker, block) -> None:
+    def _bring(self, w: _Worker, block) -> bool:
         """What ``w`` needs before an act on ``block``: the function, the block mapped
-        (its descriptor passed over the pipe); blocks of runs that ended unmapped."""
+        (its descriptor passed over the pipe); blocks of runs that ended unmapped. False
+        when ``block`` was released already: an act of a run that stopped (nothing reads
+        what it would write), not sent."""
         if w.fn_version != self.fn_version:
             with self.lock:
                 data, version = self.fn_bytes, self.fn_version
@@ -333,16 +342,19 @@ class StageProcesses:
             self.sent += len(msg)
             w.fn_version = version
         if block is not None and block.id not in w.blocks:
-            with self.lock:
+            with self.lock:                 # (release() closes the descriptor under it)
+                if block.id not in self.live or block.fd is None:
+                    return False
                 drop = [b for b in w.blocks if b not in self.live]
-            name, spec, declared = block.stage
-            msg = pickle.dumps((MAP, block.id, block.size, block.layout, name, spec,
-                                declared, drop), protocol=5)
-            w.conn.send_bytes(msg)
-            self.sent += len(msg)
-            send_handle(w.conn, block.fd, w.pid)
+                name, spec, declared = block.stage
+                msg = pickle.dumps((MAP, block.id, block.size, block.layout, name, spec,
+                                    declared, drop), protocol=5)
+                w.conn.send_bytes(msg)
+                self.sent += len(msg)
+                send_handle(w.conn, block.fd, w.pid)
             w.blocks.difference_update(drop)
             w.blocks.add(block.id)
+        return True
 
     def close(self) -> None:
         """Ends the processes (each finishes the act it runs, if any)."""
@@ -454,6 +466,9 @@ def worker_main(conn) -> None:
                 reply = pickle.dumps(("first", block.layout[0], block.size, spec), protocol=5)
             except BaseException as e:  # noqa: BLE001 - handed to the parent's act
                 reply = _error_reply(e)
+                if block is not None:               # (an error reply has no descriptor)
+                    block.release()
+                    block = None
             conn.send_bytes(reply)
             if block is not None:
                 send_handle(conn, block.fd, os.getppid())
