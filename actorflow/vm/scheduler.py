@@ -180,6 +180,8 @@ class VM:
         lock = self._lock
         lock.acquire()
         try:
+            if self._any_error:         # (an input poisoned since the look above: submitted,
+                return False            # the poison passes on there)
             t = stream.tail
             if t is not None and not t.done:
                 return False
