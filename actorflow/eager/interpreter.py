@@ -350,15 +350,19 @@ def _kernel(plan, op):
     """The plan's kernel (looked up at first need: most small calls run a fresh kernel)."""
     k = plan.kernel
     if k is None:
-        dev = plan.dev
-        if not plan.backend.has_data:
-            k = null_kernel
-        else:
-            k = op.kernels.get(dev.type) or op.kernel_for(dev.type)
-            if plan.wide:
-                k = wide_kernel(op, k, dev, [m.dtype for m, _ in plan.outs])
-        plan.kernel = k
+        k = plan.kernel = _kernel_of(op, plan.dev, plan.backend, plan.wide,
+                                     [m.dtype for m, _ in plan.outs])
     return k
+
+
+def _kernel_of(op, dev, backend, wide, dtypes):
+    """The kernel an op call on ``dev`` runs: the op's (on float32 copies where ``wide``:
+    a bfloat16 operand or output, ``dtypes`` the outputs'), or none where the device has no
+    data."""
+    if not backend.has_data:
+        return null_kernel
+    k = op.kernels.get(dev.type) or op.kernel_for(dev.type)
+    return wide_kernel(op, k, dev, dtypes) if wide else k
 
 
 def _run(plan, op, inputs, attrs, overridden):
@@ -377,7 +381,7 @@ def _run(plan, op, inputs, attrs, overridden):
         outs.append(TensorImpl(meta, b))
         muts += (b,)
     consts = tuple([i.blob for i in inputs])
-    stream = _stream(dev, backend, overridden) if overridden else backend.compute
+    stream = current_stream(backend) if overridden else backend.compute
     inline = True
     fresh = plan.fresh
     if fresh is not None:
@@ -389,15 +393,6 @@ def _run(plan, op, inputs, attrs, overridden):
             inline = False              # (it waits for pending work: no use trying again)
     _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
     return outs
-
-
-def _stream(dev, backend, overridden):
-    """The stream an op call on ``dev`` goes to: this thread's ``use_stream`` choice, else
-    the backend's compute stream."""
-    if overridden:
-        streams = STATE.streams
-        return (streams and streams.get(dev)) or backend.compute
-    return backend.compute
 
 
 def _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline):
@@ -449,12 +444,9 @@ def _apply(op, inputs, attrs, device, outs, overridden):
     if op.dynamic and not backend.has_data:
         raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
                           f"shape depends on tensor values cannot run there; use cpu")
-    stream = _stream(dev, backend, overridden)
+    stream = current_stream(backend) if overridden else backend.compute
     cost >>= 2
-    kernel = ((op.kernels.get(dev.type) or op.kernel_for(dev.type)) if backend.has_data
-              else null_kernel)
-    if wide and backend.has_data:
-        kernel = wide_kernel(op, kernel, dev, [o.meta.dtype for o in outs])
+    kernel = _kernel_of(op, dev, backend, wide, [o.meta.dtype for o in outs])
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
         _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
