@@ -30,8 +30,19 @@ class _S:
     done = True
     ptr = 0
 
+    def __init__(self):
+        self.host_funcs = []             # launched host functions, run when a test says
+
     def wait_event(self, e):
         pass
+
+    def launch_host_func(self, fn, arg):
+        self.host_funcs.append((fn, arg))
+
+    def run_host_funcs(self):
+        funcs, self.host_funcs = self.host_funcs, []
+        for fn, arg in funcs:
+            fn(arg)
 
 
 class _Drv:
@@ -49,6 +60,7 @@ def _stream(name):
     s = object.__new__(CD.CupyStream)
     s.name, s._driver, s._s = name, _Drv(), _S()
     s._seq, s._errors, s._lock, s._queue, s._capturing = 0, [], threading.Lock(), None, False
+    s._links = []
     s._closed = False
     return s
 
@@ -72,10 +84,52 @@ def test_an_event_recorded_before_a_wait_does_not_raise_the_waited_streams_fault
         after.query()
 
 
+def test_a_host_functions_error_set_after_a_wait_reaches_the_waiters_later_events():
+    """On a GPU a host function runs when its stream gets there, after the host issued
+    the waits on the event recorded after it: the fault is looked up when asked, not
+    copied at the wait (seen on the first GPU run: the waiter's synchronize did not raise)."""
+    bad, inherits, orders = _stream("bad"), _stream("inherits"), _stream("orders")
+    bad.add_callback(lambda: 1 / 0)
+    ev = bad.record()
+    inherits.wait(ev)
+    orders.wait(ev, errors=False)
+    before = bad.record()
+    assert inherits._errors == []                    # nothing known at the wait
+    bad._s.run_host_funcs()                          # the stream gets there
+    with pytest.raises(KernelError) as e:
+        inherits.record().query()
+    assert isinstance(e.value.original, ZeroDivisionError)
+    assert orders.record().query() is True           # ordered only
+    with pytest.raises(KernelError):
+        before.query()
+    assert inherits._links == [] and len(inherits._errors) == 1   # settled: kept, unlinked
+
+
+def test_a_host_function_runs_with_the_garbage_collector_paused():
+    """A host function runs on CUDA's own thread, where freeing a cupy object (device
+    memory, an event) is not permitted (seen on the first GPU run: cudaErrorNotPermitted
+    from a collection there): collection is off while it runs, and back on after."""
+    import gc
+    s = _stream("compute")
+    seen = []
+    s.add_callback(lambda: seen.append(gc.isenabled()))
+    s.add_callback(lambda: 1 / 0)                   # an error still turns collection on
+    assert gc.isenabled()
+    s._s.run_host_funcs()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:                                            # off before: stays off
+        s.add_callback(lambda: None)
+        s._s.run_host_funcs()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_a_closed_stream_ends_its_waiter_thread_and_refuses_work():
     s = _stream("compute")
     s._driver = drv = _Drv()
-    drv._streams = [s]
+    drv._streams, drv._retired = [s], []
     drv._lock, drv._late_q = threading.Lock(), None
     seen = threading.Event()
     s.record().then(seen.set)
@@ -83,13 +137,27 @@ def test_a_closed_stream_ends_its_waiter_thread_and_refuses_work():
     thread = next(t for t in threading.enumerate() if t.name == "af-cupy-cuda:0-compute")
     s.close()
     thread.join(10)
-    assert not thread.is_alive() and drv._streams == []
+    assert not thread.is_alive() and drv._streams == [] and drv._retired == [s]
     with pytest.raises(DeviceError, match="closed"):
         s.add_callback(lambda: None)
     late = threading.Event()
     s.record().then(late.set)            # a record still marks the end of its work
     assert late.wait(10)
     drv._late_q.put(None)
+
+
+def test_a_closed_streams_cuda_stream_is_kept_until_a_new_stream_reuses_it():
+    """A closed stream stays referenced by its driver (blocks freed later record on it; a
+    CUDA stream destroyed by the garbage collector under them crashed the process on a
+    GPU) until a new stream takes its CUDA stream over, once its work is done."""
+    drv = _Drv()
+    drv._retired, drv._lock = [], threading.Lock()
+    busy, done = _stream("busy"), _stream("done")
+    busy._s.done = False
+    drv._retired += [busy, done]
+    assert CD.CupyDriver._reusable(drv) is done._s
+    assert drv._retired == [busy]
+    assert CD.CupyDriver._reusable(drv) is None      # its work is still running
 
 
 def test_adopt_imports_with_the_consumer_stream_current():

@@ -258,7 +258,8 @@ def test_with_cupy_but_no_device_the_driver_refuses():
 # -- GPU only ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-@ON_GPU
+@pytest.mark.timeout(600)       # (hundreds of kernels compiled: 120 s was not enough on a GPU
+@ON_GPU                         # machine running 8 test workers)
 def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(cuda):
     import test_cuda_generated as G
     from actorflow.ops.registry import all_ops

@@ -356,6 +356,24 @@ def test_the_allocator_caches_blocks_by_size_within_its_budget(emu):
         al.free(c)
 
 
+def test_a_block_freed_after_its_driver_closed_touches_none_of_its_streams(emu):
+    """A tensor collected after ``use_driver`` replaced its driver hands its block back to
+    a closed driver's allocator: nothing of that driver is touched (on a GPU its CUDA
+    streams may be destroyed by then: recording an event there crashed the process)."""
+    d = emu()
+    s = d.stream()
+    al = CachingAllocator(d)
+    blk = al.malloc(1000, s)
+    recorded = []
+    s.record = lambda event=None: recorded.append(event)
+    d.close()
+    al.free(blk)
+    st_ = al.stats()
+    assert recorded == [] and (st_.in_use, st_.cached, st_.frees) == (0, 0, 1)
+    with pytest.raises(DeviceError, match="twice"):
+        al.free(blk)
+
+
 def test_the_allocator_gives_back_its_cache_when_the_driver_refuses(emu):
     d = emu(limit=2048)
     s = d.stream()

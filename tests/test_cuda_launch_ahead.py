@@ -39,14 +39,40 @@ def _settled_compute():
 
 
 class Gate:
-    """Holds a driver stream: a host callback on it waits until ``open()`` (or 60 s)."""
+    """Holds a driver stream until ``open()`` (or 60 s): on the emulator a host callback
+    that waits; on a GPU a kernel spinning on a flag in pinned host memory, since a host
+    function must not block there (CUDA runs a context's host functions on one thread of
+    its own, and the first GPU run saw this file's launch-ahead test stall behind one)."""
 
     def __init__(self, dstream):
         self.event = threading.Event()
-        dstream.add_callback(lambda: self.event.wait(60))
+        self.flag = None
+        if type(dstream).__name__ == "CupyStream":
+            self.flag = dstream._driver.pinned((1,), np.int32)
+            self.flag[0] = 0
+            _spin(dstream, self.flag)
+        else:
+            dstream.add_callback(lambda: self.event.wait(60))
 
     def open(self):
         self.event.set()
+        if self.flag is not None:
+            self.flag[0] = 1
+
+
+SPIN = r"""extern "C" __global__ void af_test_gate(volatile int* flag, long long limit) {
+    long long start = clock64();
+    while (*flag == 0 && clock64() - start < limit) { __nanosleep(1000); }
+}"""
+
+
+def _spin(dstream, flag):
+    """Launches on ``dstream`` a one-thread kernel that returns once ``flag[0]`` (pinned,
+    so mapped into the device's address space) is set, or after about a minute."""
+    import cupy
+    kernel = cupy.RawKernel(SPIN, "af_test_gate")
+    with dstream._driver._dev, dstream._s:
+        kernel((1,), (1,), (np.uintp(flag.ctypes.data), np.int64(120_000_000_000)))
 
 
 def _until(cond, what: str, limit: float = 30.0) -> None:

@@ -526,6 +526,22 @@ def test_integer_division_and_pow(dtype):
     assert_close(a ** 0.5, np.array([7 ** 0.5, np.nan, 0, 3 ** 0.5], np.float32), "float32")
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_tensor_powers_with_negative_exponents_are_pytorchs(dtype):
+    """A negative integer exponent in a tensor gives 0, or +-1 for a base of +-1, as PyTorch
+    computes it (and a CUDA device's generated kernel); numpy refuses it."""
+    a = [2, 3, -1, 1, -1, 0, 5, -2]
+    b = [-1, 2, -3, -2, -2, -1, 0, 3]
+    want = np.array([0, 9, -1, 1, 1, 0, 1, -8], NP[dtype])
+    assert_close(af.tensor(a, dtype=dtype) ** af.tensor(b, dtype=dtype), want)
+    assert_close(2 ** af.tensor(b, dtype=dtype), np.array([0, 4, 0, 0, 0, 0, 1, 8], NP[dtype]))
+    x = af.tensor(a, dtype=dtype)
+    x **= af.tensor(b, dtype=dtype)                         # in place: o is a
+    assert_close(x, want)
+    assert_close(af.tensor([True, False]) ** af.tensor([-1, 2], dtype=dtype),
+                 np.array([1, 0], NP[dtype]))
+
+
 def test_bool_pow_scalar_stays_bool():
     """PyTorch: bool_tensor ** True is a bool tensor (x ** True == x, x ** False == True)."""
     t = af.tensor([True, False])

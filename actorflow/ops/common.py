@@ -1,4 +1,8 @@
-"""Shared inference helpers: broadcasting and dims, with messages that name the op."""
+"""Shared inference helpers: broadcasting and dims, with messages that name the op; and the
+array helpers kernels share so that one kernel runs on numpy arrays and on device arrays
+(the CuPy driver runs an op's numpy kernel over cupy arrays: numpy's functions dispatch to
+CuPy, and a kernel must not ask for a numpy array where it has a device one; the CUDA
+emulator checks that in CI, ``backends/cuda/cupylike.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,54 @@ except (ImportError, AttributeError, TypeError):     # another numpy: the contex
     _ERRSTATE = None
 
 _BCAST: dict = {}
+
+
+def contiguous(a):
+    """``a`` C-contiguous: itself, or a copy by the array's own method, so a device array
+    stays one (``np.ascontiguousarray`` converts to numpy)."""
+    return a if a.flags.c_contiguous else a.copy()
+
+
+def host(a) -> np.ndarray:
+    """A kernel operand as a numpy array: itself, or a device array's copy (``get()``,
+    which waits for the stream the kernel runs on)."""
+    return a if isinstance(a, (np.ndarray, np.generic)) else a.get()
+
+
+def put(dst, h) -> None:
+    """Writes host array ``h`` into ``dst``: a numpy array, or a device array (CuPy's
+    ``set``, through a contiguous copy where ``dst`` is a strided view)."""
+    if dst is h:
+        return
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, h, casting="unsafe")
+    elif dst.flags.c_contiguous:
+        dst.set(np.ascontiguousarray(h, dst.dtype))
+    else:
+        tmp = dst.copy()
+        tmp.set(np.ascontiguousarray(h, dst.dtype))
+        dst[...] = tmp
+
+
+def add_at(o, key, value) -> None:
+    """``np.add.at(o, key, value)``: ``o[key] += value`` with repeated indices summed. A
+    device array goes through a host copy (CuPy's ufuncs take no ``at`` from numpy)."""
+    if isinstance(o, np.ndarray) and not any(is_array(k) and not isinstance(k, np.ndarray)
+                                             for k in (*key, value)):
+        np.add.at(o, key, value)
+        return
+    h = host(o).copy() if isinstance(o, np.ndarray) else host(o)
+    np.add.at(h, tuple(host(k) if is_array(k) else k for k in key),
+              host(value) if is_array(value) else value)
+    put(o, h)
+
+
+def is_array(k) -> bool:
+    """Whether ``k`` (a part of an index key, an operand) is an array, numpy's or a
+    device's, rather than a number, a slice, None or Ellipsis."""
+    return isinstance(k, np.ndarray) or (not isinstance(k, np.generic)
+                                         and hasattr(k, "__array_ufunc__")
+                                         and hasattr(k, "shape"))
 
 
 def broadcast_shapes(op: str, a: tuple, b: tuple) -> tuple:

@@ -300,12 +300,15 @@ def _k_conv2d_weight(outs, ins, attrs):
 
 
 register(OpDef("conv2d", ("x", "weight"), _conv2d_infer, {"cpu": _k_conv2d},
-               attrs=("stride", "padding", "dilation", "groups")))
+               attrs=("stride", "padding", "dilation", "groups"), host_only=True))
 register(OpDef("conv_transpose2d", ("x", "weight"), _conv_transpose2d_infer,
                {"cpu": _k_conv_transpose2d},
-               attrs=("stride", "padding", "dilation", "groups", "output_size")))
+               attrs=("stride", "padding", "dilation", "groups", "output_size"), host_only=True))
 register(OpDef("conv2d_weight", ("x", "grad"), _conv2d_weight_infer, {"cpu": _k_conv2d_weight},
-               attrs=("stride", "padding", "dilation", "groups", "kernel")))
+               attrs=("stride", "padding", "dilation", "groups", "kernel"), host_only=True))
+
+# (host_only, every op here: their kernels view windows with numpy's as_strided, which
+# needs host memory; a CUDA device runs them on host copies)
 
 # -- unfold / fold (im2col and col2im as ops) ------------------------------------------------
 
@@ -364,9 +367,9 @@ def _k_fold(outs, ins, attrs):
 
 
 register(OpDef("unfold", ("x",), _unfold_infer, {"cpu": _k_unfold},
-               attrs=("kernel", "stride", "padding", "dilation")))
+               attrs=("kernel", "stride", "padding", "dilation"), host_only=True))
 register(OpDef("fold", ("x",), _fold_infer, {"cpu": _k_fold},
-               attrs=("output_size", "kernel", "stride", "padding", "dilation")))
+               attrs=("output_size", "kernel", "stride", "padding", "dilation"), host_only=True))
 
 # -- pools -----------------------------------------------------------------------------------
 
@@ -560,13 +563,13 @@ _AVG = ("kernel", "stride", "padding", "dilation", "ceil_mode", "count_include_p
         "divisor_override")
 
 register(OpDef("max_pool2d", ("x",), _pool_infer("max_pool2d"), {"cpu": _k_max_pool2d},
-               outputs=("values", "indices"), attrs=_POOL))
+               outputs=("values", "indices"), attrs=_POOL, host_only=True))
 register(OpDef("max_pool2d_backward", ("grad", "indices"), _max_pool2d_backward_infer,
-               {"cpu": _k_max_pool2d_backward}, attrs=("input_hw",)))
+               {"cpu": _k_max_pool2d_backward}, attrs=("input_hw",), host_only=True))
 register(OpDef("avg_pool2d", ("x",), _pool_infer("avg_pool2d"), {"cpu": _k_avg_pool2d},
-               attrs=_AVG))
+               attrs=_AVG, host_only=True))
 register(OpDef("avg_pool2d_backward", ("grad",), _avg_backward_infer,
-               {"cpu": _k_avg_pool2d_backward}, attrs=_AVG + ("input_hw",)))
+               {"cpu": _k_avg_pool2d_backward}, attrs=_AVG + ("input_hw",), host_only=True))
 
 # -- adaptive average pooling ----------------------------------------------------------------
 
@@ -618,6 +621,6 @@ def _k_adaptive_avg_pool2d_backward(outs, ins, attrs):
 
 
 register(OpDef("adaptive_avg_pool2d", ("x",), _adaptive_infer,
-               {"cpu": _k_adaptive_avg_pool2d}, attrs=("output_size",)))
+               {"cpu": _k_adaptive_avg_pool2d}, attrs=("output_size",), host_only=True))
 register(OpDef("adaptive_avg_pool2d_backward", ("grad",), _adaptive_backward_infer,
-               {"cpu": _k_adaptive_avg_pool2d_backward}, attrs=("input_hw",)))
+               {"cpu": _k_adaptive_avg_pool2d_backward}, attrs=("input_hw",), host_only=True))

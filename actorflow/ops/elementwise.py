@@ -11,7 +11,7 @@ import numpy as np
 from ..dtype import (FLOAT, bool_, combine_categories, default_float, from_numpy_dtype,
                      promote_types, result_type)
 from ..errors import DTypeError
-from .common import broadcast_shapes, quietly
+from .common import broadcast_shapes, host, is_array, quietly
 from .division import (INT_DIVISION, division_kernel, division_scalar_kernel,
                        nonzero_divisor, trunc_divide)
 from .registry import OpDef, register
@@ -68,7 +68,12 @@ def _erf(x):
     """erf: exact (math.erf) for float64, Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7,
     below float32 resolution) for float32/float16."""
     if x.dtype == np.float64:
-        return np.asarray(_erf_exact(x), dtype=np.float64)
+        r = np.asarray(_erf_exact(host(x)), dtype=np.float64)   # (math.erf: on the host)
+        if not is_array(x) or isinstance(x, np.ndarray):
+            return r
+        d = x.copy()                # a device array: the result goes back to the device
+        d.set(r)
+        return d
     x = x.astype(np.float32, copy=False)
     s = np.sign(x)
     a = np.abs(x)
@@ -238,6 +243,11 @@ def binary_dtype(name: str, kind: str, a, b):
                          f"use logical ops on comparisons for floats")
     if kind == "div" and dtype.category != FLOAT:
         return default_float
+    if dtype is bool_ and name in INT_DIVISION:
+        how = "div(..., rounding_mode='trunc')" if name == "trunc_divide" else \
+            f"the `{INT_DIVISION[name]}` operator"
+        raise DTypeError(f"{name}: integer division ({how}) of bool operands is not "
+                         f"supported, as in PyTorch; convert with .int() or .float() first")
     return dtype
 
 
@@ -329,10 +339,33 @@ def _binary_kernel(ufunc, kind, quiet):
 
 
 def _apply(ufunc, a, b, o):
-    if o.dtype == np.bool_ and ufunc is np.power:     # numpy has no bool power loop
-        np.copyto(o, np.power(np.asarray(a, np.int8), np.asarray(b, np.int8)), casting="unsafe")
+    if ufunc is np.power and o.dtype.kind in "biu":
+        if o.dtype == np.bool_:                        # numpy has no bool power loop
+            np.copyto(o, np.power(_int8(a), _int8(b)), casting="unsafe")
+        else:
+            _int_power(a, b, o)
     else:
         ufunc(a, b, out=o)
+
+
+def _int_power(a, b, o):
+    """Integer ``a ** b`` into ``o`` as PyTorch computes it (and a CUDA device's generated
+    kernel): a negative exponent gives 0, or +-1 for a base of +-1, where numpy refuses."""
+    neg = np.less(b, 0)
+    if not neg.any():
+        np.power(a, b, out=o)
+        return
+    minus = np.equal(a, -1)
+    odd = np.not_equal(np.bitwise_and(b, 1), 0)
+    small = np.where(np.equal(a, 1) | (minus & ~odd), 1, np.where(minus, -1, 0))
+    r = np.power(a, np.where(neg, 0, b))              # (before o is written: o may be a)
+    np.copyto(o, np.where(neg, small, r), casting="unsafe")
+
+
+def _int8(v):
+    """A bool operand of ``**`` as int8: an array by its own method (a device array stays
+    one), a number as a numpy scalar."""
+    return v.astype(np.int8) if is_array(v) else np.int8(v)
 
 
 def _binary_fresh(ufunc, quiet):

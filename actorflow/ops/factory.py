@@ -75,10 +75,15 @@ def _step_infer(metas, attrs):
 _ATTRS = ("shape", "dtype", "device")
 register(OpDef("empty", (), _shape_infer, {"cpu": _k_empty}, attrs=_ATTRS))
 register(OpDef("full", (), _shape_infer, {"cpu": _k_full}, attrs=_ATTRS + ("value",)))
-register(OpDef("arange", (), _shape_infer, {"cpu": _k_arange}, attrs=_ATTRS + ("start", "step")))
-register(OpDef("rand", (), _shape_infer, {"cpu": _k_random(False)}, attrs=_ATTRS + ("seed",)))
-register(OpDef("randn", (), _shape_infer, {"cpu": _k_random(True)}, attrs=_ATTRS + ("seed",)))
+# (host_only: numpy's generators write into numpy arrays only; so a CUDA device draws the
+# same values as cpu, bit for bit)
+register(OpDef("arange", (), _shape_infer, {"cpu": _k_arange}, attrs=_ATTRS + ("start", "step"),
+               host_only=True))
+register(OpDef("rand", (), _shape_infer, {"cpu": _k_random(False)}, attrs=_ATTRS + ("seed",),
+               host_only=True))
+register(OpDef("randn", (), _shape_infer, {"cpu": _k_random(True)}, attrs=_ATTRS + ("seed",),
+               host_only=True))
 register(OpDef("rand_step", ("count",), _step_infer, {"cpu": _k_random_step(False)},
-               attrs=_ATTRS + ("key",)))
+               attrs=_ATTRS + ("key",), host_only=True))
 register(OpDef("randn_step", ("count",), _step_infer, {"cpu": _k_random_step(True)},
-               attrs=_ATTRS + ("key",)))
+               attrs=_ATTRS + ("key",), host_only=True))

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..dtype import bool_, int64
 from ..errors import DTypeError, IndexOutOfBoundsError, ShapeError
+from .common import add_at, host, is_array
 from .registry import OpDef, register
 
 
@@ -98,6 +99,9 @@ def _k_index(outs, ins, attrs):
     if bounds is not None:
         check_bounds(bounds, ins[1])
     key = fill_key(attrs["key"], ins[1:])
+    if not isinstance(x, np.ndarray) and bounds is None \
+            and any(is_array(k) for k in key):   # (a device's indexing does not raise on
+        check_key("getitem", x.shape, key)       # an index out of bounds: checked first)
     try:
         picked = x[key]
     except IndexError:
@@ -141,6 +145,7 @@ def check_key(op: str, shape: tuple, key: tuple) -> None:
     out of bounds, a mask of the wrong size). It indexes a zero-stride stand-in, so it reads
     the index arrays only: a kernel calls it before it writes anything."""
     dummy = np.broadcast_to(np.empty((), np.uint8), shape)
+    key = tuple(host(k) if is_array(k) else k for k in key)    # (a device's: read here)
     try:
         dummy[key]
     except IndexError as e:
@@ -206,8 +211,8 @@ def _k_index_add(outs, ins, attrs):
     o[...] = ins[0]
     if _rows_key(key, o, ins[1]):
         _add_rows(o, key[0], ins[1])
-    elif any(isinstance(k, np.ndarray) and k.dtype != np.bool_ for k in key):
-        np.add.at(o, key, ins[1])
+    elif any(is_array(k) and k.dtype != np.bool_ for k in key):
+        add_at(o, key, ins[1])
     else:
         o[key] += ins[1]             # basic keys and masks select each element once
 
@@ -294,10 +299,11 @@ def _gather_infer(metas, attrs):
 
 def _along_key(index: np.ndarray, dim: int) -> tuple:
     """The key that picks ``x[..., index, ...]`` along ``dim`` with the other dims' own
-    positions: one broadcast index array per dim (no copies: aranges of one dim each)."""
+    positions: one broadcast index array per dim (no copies: aranges of one dim each, made
+    where ``index`` lives: numpy's, or the device's by ``like=``)."""
     nd = index.ndim
     return tuple(index if d == dim else
-                 np.arange(s).reshape((1,) * d + (s,) + (1,) * (nd - d - 1))
+                 np.arange(s, like=index).reshape((1,) * d + (s,) + (1,) * (nd - d - 1))
                  for d, s in enumerate(index.shape))
 
 
@@ -331,7 +337,7 @@ def _k_scatter_add(outs, ins, attrs):
             o += src
         return
     picked = src[tuple(slice(0, s) for s in index.shape)]
-    np.add.at(o, _along_key(index, dim), picked)
+    add_at(o, _along_key(index, dim), picked)
 
 
 register(OpDef("gather", ("x", "index"), _gather_infer, {"cpu": _k_gather}, attrs=("dim",)))

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..dtype import FLOAT
 from ..errors import DTypeError, ShapeError
+from .common import contiguous
 from .elementwise import _erf
 from .registry import OpDef, register
 
@@ -49,7 +50,7 @@ def _last_rows(x, dim, out):
     n = x.shape[-1]
     if n == 0 or n > SHORT_ROWS or x.size < MANY_ROWS * n or not out.flags.c_contiguous:
         return None
-    return np.ascontiguousarray(x).reshape(-1, n), out.reshape(-1, n)
+    return contiguous(x).reshape(-1, n), out.reshape(-1, n)
 
 
 def _row_max(x2):
@@ -60,7 +61,7 @@ def _row_max(x2):
         if a.shape[1] % 2 or h < 4:
             break
         a = np.maximum(a[:, :h], a[:, h:])
-    return np.maximum.reduce(np.ascontiguousarray(a.T), axis=0)
+    return contiguous(a.T).max(axis=0)
 
 
 def _row_sum(a2):
@@ -118,7 +119,7 @@ def _k_softmax_backward(outs, ins, attrs):
     rows = _last_rows(y, dim, o)
     if rows is not None and g.dtype == y.dtype:
         y2, o2 = rows
-        g2 = np.ascontiguousarray(g).reshape(y2.shape)
+        g2 = contiguous(g).reshape(y2.shape)
         np.subtract(g2, np.einsum("ij,ij->i", g2, y2)[:, None], out=o2)
         o2 *= y2
         return

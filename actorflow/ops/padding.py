@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from .common import add_at
 from .registry import OpDef, register
 
 
@@ -73,8 +74,8 @@ def _k_pad_backward(outs, ins, attrs):
     for d in reversed(range(len(shape))):
         b, a = attrs["pads"][d]
         if b or a:
-            z = np.zeros(y.shape[:d] + (shape[d],) + y.shape[d + 1:], y.dtype)
-            np.add.at(z, (slice(None),) * d + (pad_map(attrs["mode"], shape[d], b, a),), y)
+            z = np.zeros_like(y, shape=y.shape[:d] + (shape[d],) + y.shape[d + 1:])
+            add_at(z, (slice(None),) * d + (pad_map(attrs["mode"], shape[d], b, a),), y)
             y = z
     outs[0][...] = y
 

@@ -69,7 +69,7 @@ def _k_sum(outs, ins, attrs):
         # the leading dim first, one vectorised pass over whole rows, then the rest of a
         # small array: numpy's multi-axis sum pays per innermost run (a per channel sum
         # of (N, C, H, W) over (0, 2, 3): ~5x faster on 8x8 and 4x4 planes)
-        first = np.add.reduce(x, axis=0)
+        first = x.sum(axis=0)
         rest = np.sum(first, axis=tuple(d - 1 for d in dims[1:]), keepdims=attrs["keepdim"])
         np.copyto(o, rest.reshape(o.shape))
         return
@@ -87,17 +87,23 @@ def _k_mean(outs, ins, attrs):
         np.mean(x, axis=_axis(attrs), dtype=o.dtype, out=o, keepdims=attrs["keepdim"])
 
 
-def _reducer(fn):
+def _reducer(method: str):
+    # a device array (CuPy's) reduces into a new array, copied into the output: CuPy's
+    # min(out=) of a whole array into a 0-dim output raised a TypeError on a GPU
     def kernel(outs, ins, attrs):
-        fn(ins[0], axis=_axis(attrs), out=outs[0], keepdims=attrs["keepdim"])
+        x, o = ins[0], outs[0]
+        if isinstance(o, np.ndarray):
+            getattr(x, method)(axis=_axis(attrs), out=o, keepdims=attrs["keepdim"])
+        else:
+            o[...] = getattr(x, method)(axis=_axis(attrs), keepdims=attrs["keepdim"])
     return kernel
 
 
 register(OpDef("sum", ("x",), _sum_infer, {"cpu": _k_sum}, attrs=("dims", "keepdim", "dtype")))
 register(OpDef("mean", ("x",), _mean_infer, {"cpu": _k_mean}, attrs=("dims", "keepdim", "dtype")))
-register(OpDef("amax", ("x",), _minmax_infer("max"), {"cpu": _reducer(np.max)},
+register(OpDef("amax", ("x",), _minmax_infer("max"), {"cpu": _reducer("max")},
                attrs=("dims", "keepdim")))
-register(OpDef("amin", ("x",), _minmax_infer("min"), {"cpu": _reducer(np.min)},
+register(OpDef("amin", ("x",), _minmax_infer("min"), {"cpu": _reducer("min")},
                attrs=("dims", "keepdim")))
 
 # -- arg reductions and max/min with indices --------------------------------------------

@@ -4,7 +4,8 @@
 TensorMetas; it raises ShapeError/DTypeError with a message naming the op and the fix.
 A kernel is ``kernel(outs, ins, attrs)``: it writes into the preallocated numpy arrays
 ``outs`` from ``ins``. A ``dynamic`` op's output shapes are known only after compute: its
-kernel returns the output arrays instead (the VM writes them with Access.MUT2).
+kernel returns the output arrays instead (the VM writes them with Access.MUT2). A
+``host_only`` op's kernel needs numpy arrays: a CUDA device runs it on host copies.
 
 ``fresh`` kernels are an optional fast form for single-output ops: ``fresh(ins, attrs,
 dtype)`` returns a new array of the inferred shape in numpy ``dtype`` (numpy allocates it).
@@ -34,6 +35,10 @@ class OpDef:
     attrs: tuple = ()
     dynamic: bool = False
     elementwise: bool = False      # kernel may run on matching slices of outputs and inputs
+    # its numpy kernel needs host arrays (a random generator writing into ``out=``): on a
+    # device with its own memory it runs on host copies of its operands, its outputs copied
+    # back (vm/opcall.DeviceKernel), which the CuPy driver's numpy-over-cupy form cannot do
+    host_only: bool = False
     grad: Callable | None = None   # grad rule slot: grad(out_grads, inputs, outputs, attrs)
     # attrs whose type alone decides inference and kernel choice (a scalar operand's): the
     # eager dispatch cache keys them by type, not value (see eager/interpreter.attrs_key)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dtype import bool_, result_type
 from ..errors import DTypeError, ShapeError
-from .common import broadcast_shapes
+from .common import broadcast_shapes, is_array
 from .elementwise import in_dtype
 from .registry import OpDef, register
 
@@ -36,14 +36,15 @@ _BITS = {2: np.int16, 4: np.int32, 8: np.int64}
 
 def _as_bits(v, dtype, bits):
     """``v`` (an array or a number) in ``dtype``, seen as the signed integers of its bits."""
-    a = np.asarray(v)
-    if a.dtype != dtype:
-        a = a.astype(dtype)
+    if is_array(v):
+        a = v if v.dtype == dtype else v.astype(dtype)
+    else:                   # a numpy scalar: a device's kernel takes one beside its arrays
+        a = np.asarray(v, dtype)[()]
     return a.view(bits)
 
 
 def _is_zero_bits(v) -> bool:
-    return not isinstance(v, np.ndarray) and v == 0 and not math.copysign(1.0, v) < 0
+    return not is_array(v) and v == 0 and not math.copysign(1.0, v) < 0
 
 
 def _k_where(outs, ins, attrs):

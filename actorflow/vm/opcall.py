@@ -29,6 +29,8 @@ from ..backends.cuda.driver import DeviceArray, Kernel
 from ..dtype import bfloat16, bfloat16_bits, bfloat16_values, from_numpy_dtype
 from ..errors import DeviceError, DTypeError, KernelError
 from ..ops.division import zero_division
+from ..ops.common import host as to_host
+from ..ops.common import put
 from ..ops.elementwise import _common_np
 from ..ops.registry import DERIVED
 from ..tensor.meta import contiguous_meta, strided
@@ -125,7 +127,9 @@ class DeviceKernel:
       as on cpu (the elements divided by zero hold 0; on cpu nothing is written).
     - reference (``kernel``): anything else (a strided view, a broadcast neither full nor one
       element, an op the generator does not cover): the op's numpy kernel over the device
-      arrays (the emulator's numpy views, the CuPy driver's cupy arrays). Its launch
+      arrays (the emulator's numpy views, the CuPy driver's cupy arrays); a ``host_only``
+      op's over host copies of them (read when the stream gets there: the host waits for
+      it), its outputs copied back. Its launch
       arguments: the number of outputs, each operand's view (None: the whole block), the
       attrs, then the device arrays, outputs first.
 
@@ -144,7 +148,14 @@ class DeviceKernel:
         def reference(n_out, views, attrs, *arrays):
             arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views)]
             fn(arrays[:n_out], arrays[n_out:], attrs)
-        self.kernel = Kernel(op.name, reference=reference)
+
+        def on_host(n_out, views, attrs, *arrays):
+            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views)]
+            host = [to_host(a) for a in arrays]
+            fn(host[:n_out], host[n_out:], attrs)
+            for dst, h in zip(arrays[:n_out], host[:n_out]):
+                put(dst, h)
+        self.kernel = Kernel(op.name, reference=on_host if op.host_only else reference)
         self.op, self.fn = op, fn
         # signature (dtypes, layouts, attrs) -> _Generated, or None where the generator
         # refuses it; _plans: the operands' metas and attrs -> _plan's plan (a bounded cache)

@@ -136,6 +136,10 @@ class CachingAllocator:
             if not block.live:
                 raise DeviceError(f"{self.device}: {block!r} freed twice")
             block.live = False
+            if self.driver.closed:          # its memory went with the driver: nothing of it
+                self._in_use -= block.nbytes    # is touched (its streams and events may be
+                self._frees += 1                # gone: a tensor freed by the collector
+                return                          # after use_driver, seen on a GPU)
             if not self._skip_reuse_events:
                 block.events = [(s, self._record(s)) for s in (block.stream, *block.streams)]
             block.streams = set()

@@ -42,6 +42,7 @@ tests (tests/test_cuda_driver.py) run it when CuPy sees a device (``pytest -m gp
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import queue
 import threading
@@ -91,8 +92,9 @@ class CupyEvent(Event):
         self._seq = 0
 
     def _error(self):
+        """The sticky error before the record (asked once the event completed)."""
         s = self._stream
-        return None if s is None else s._error_before(self._seq)
+        return None if s is None else s._error_before(self._seq, settled=True)
 
     def query(self) -> bool:
         if self._stream is None:
@@ -147,14 +149,18 @@ class CupyGraph(Graph):
 class CupyStream(Stream):
     """A non-blocking ``cupy.cuda.Stream`` of the driver's device."""
 
-    def __init__(self, driver: "CupyDriver", name: str):
+    def __init__(self, driver: "CupyDriver", name: str, cuda_stream=None):
         self.name = name
         self._driver = driver
         cp = driver._cp
-        with driver._dev:
-            self._s = cp.cuda.Stream(non_blocking=True)
+        if cuda_stream is not None:         # a retired stream's, its work done (_retire)
+            self._s = cuda_stream
+        else:
+            with driver._dev:
+                self._s = cp.cuda.Stream(non_blocking=True)
         self._seq = 0                       # commands issued
         self._errors: list = []             # (seq, error): the sticky error and when
+        self._links: list = []              # (seq, stream, its seq): waits that pass faults on
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._capturing = False
@@ -163,13 +169,32 @@ class CupyStream(Stream):
     def __repr__(self) -> str:
         return f"CupyStream({self._driver.device}:{self.name})"
 
-    # -- sticky errors ----------------------------------------------------------------------
-    def _error_before(self, seq: int):
+    # -- sticky errors ---------------------------------------------------------------------
+    def _error_before(self, seq: int, settled: bool = False):
+        """The sticky error of the commands up to ``seq``: this stream's own, else one
+        passed on by a wait (``_links``, looked up now: a source stream's host function
+        may set its error after the wait was issued, before the waited event completes).
+        ``settled``: the commands up to ``seq`` completed, so the links up to there are
+        final: their errors become this stream's own and the links are dropped (a long run
+        keeps no list of every wait)."""
         with self._lock:
-            for at, err in self._errors:
-                if at <= seq:
-                    return err
-        return None
+            own = next(((at, err) for at, err in self._errors if at <= seq), None)
+            links = [link for link in self._links if link[0] <= seq]
+        found = own
+        for at, src, src_seq in links:      # in issue order; each names an earlier time
+            if found is not None and found[0] <= at:
+                break
+            err = src._error_before(src_seq, settled)
+            if err is not None:
+                found = (at, err)
+                break
+        if settled and links:
+            with self._lock:
+                if found is not None and found is not own:
+                    self._errors.append(found)
+                    self._errors.sort(key=lambda e: e[0])
+                self._links = [link for link in self._links if link[0] > seq]
+        return None if found is None else found[1]
 
     def _fail(self, what: str, e: BaseException) -> None:
         err = e if isinstance(e, KernelError) else KernelError.of(what, self._driver.device, e)
@@ -261,37 +286,44 @@ class CupyStream(Stream):
             return
         self._next()                        # the wait is a command: an event recorded
         #                                     before it does not see what it passes on
-        err = src._error_before(event._seq) if errors and src is not self else None
-        if err is not None:
-            with self._lock:
-                if not self._errors:
-                    self._errors.append((self._seq, err))    # a fault before the record
+        if errors and src is not self:
+            with self._lock:                # a fault before the record, looked up when
+                self._links.append((self._seq, src, event._seq))   # asked (_error_before)
         with self._driver._dev:
             self._s.wait_event(event._ev)
 
     def add_callback(self, fn) -> None:
+        """A host function (``cudaLaunchHostFunc``): the stream waits for it, and a graph
+        capture holds it. ``fn`` runs on CUDA's callback thread, where no CUDA call is
+        allowed: it must touch host memory only (the callers copy pinned buffers or read a
+        flag), and the garbage collector is paused while it runs, since collecting a cupy
+        object there would free device memory or destroy an event (``_no_collection``)."""
         self._next()
         seq = self._seq
 
         def run(_):
+            _no_collection(True)
             try:
                 fn()
             except Exception as e:  # noqa: BLE001 - a host function must not kill CUDA's thread
                 err = e if isinstance(e, KernelError) else KernelError.of(
                     "host callback", self._driver.device, e)
                 with self._lock:
-                    if not self._errors or self._errors[0][0] > seq:
-                        self._errors.insert(0, (seq, err))
+                    self._errors.append((seq, err))
+                    self._errors.sort(key=lambda item: item[0])
+            finally:
+                _no_collection(False)
         with self._driver._dev:
             self._s.launch_host_func(run, None)
 
     # -- waiting ---------------------------------------------------------------------------
     def query(self) -> bool:
+        seq = self._seq
         try:
             done = self._s.done
         except Exception as e:  # noqa: BLE001
             raise self._device_fault(e) from None
-        err = self._error_before(self._seq)
+        err = self._error_before(seq, settled=done)
         if err is not None:
             raise_sticky(err)
         return done
@@ -325,10 +357,12 @@ class CupyStream(Stream):
             if self._queue is not None:
                 self._queue.put(None)        # its thread ends after what was queued
         self._capturing = False
-        try:
-            d._streams.remove(self)
-        except ValueError:
-            pass
+        with d._lock:
+            try:
+                d._streams.remove(self)
+            except ValueError:
+                pass
+            d._retired.append(self)
 
     # -- capture ------------------------------------------------------------------------------
     def begin_capture(self) -> None:
@@ -364,6 +398,26 @@ def _wait_loop(q: queue.SimpleQueue) -> None:
             fn()
         except Exception:  # noqa: BLE001 - fn's own error is its caller's to report
             pass
+
+
+_GC_LOCK = threading.Lock()
+_GC_PAUSE = [0, False]           # host functions running now; whether collection was on
+
+
+def _no_collection(pause: bool) -> None:
+    """Pauses automatic garbage collection while host functions run (counted: several
+    streams' host functions may overlap), and turns it back on after the last one if it
+    was on before."""
+    with _GC_LOCK:
+        if pause:
+            if _GC_PAUSE[0] == 0:
+                _GC_PAUSE[1] = gc.isenabled()
+                gc.disable()
+            _GC_PAUSE[0] += 1
+        else:
+            _GC_PAUSE[0] -= 1
+            if _GC_PAUSE[0] == 0 and _GC_PAUSE[1]:
+                gc.enable()
 
 
 def _host_ptr(a: np.ndarray, op: str) -> int:
@@ -406,6 +460,8 @@ class CupyDriver(Driver):
             self._sms = self._rt.getDeviceProperties(index)["multiProcessorCount"]
         self._count = PoolCount(self.device)    # blocks -> their cupy MemoryPointer
         self._streams: list = []
+        self._retired: list = []            # closed streams: kept until their CUDA stream
+        #                                     is reused (_reusable), never destroyed
         self._kernels: dict = {}            # Kernel -> RawKernel (the launch's fast path)
         self._by_source: dict = {}          # SHA-256 of a source -> RawKernel
         self._late_q: queue.SimpleQueue | None = None
@@ -415,11 +471,31 @@ class CupyDriver(Driver):
 
     # -- streams and events ------------------------------------------------------------------
     def stream(self, name: str = "compute") -> CupyStream:
+        """A new stream, on the CUDA stream of a closed one whose work is done where there
+        is one (see ``_retired``)."""
         if self._closed:
             raise DeviceError(f"{self.device}: the driver is closed; make a new one")
-        s = CupyStream(self, name)
-        self._streams.append(s)
+        s = CupyStream(self, name, self._reusable())
+        with self._lock:
+            self._streams.append(s)
         return s
+
+    def _reusable(self):
+        """The CUDA stream of a closed stream whose commands all ran, taken off
+        ``_retired``; None when there is none. (A closed stream stays referenced by the
+        driver until then: blocks freed later still record on it, and a CUDA stream
+        destroyed by the garbage collector under them crashed the process on a GPU, when a
+        collected tensor handed its block back after its stream's last reference went.)"""
+        with self._lock:
+            for i, old in enumerate(self._retired):
+                try:
+                    done = old._s.done
+                except Exception:  # noqa: BLE001 - a faulted context: not reused
+                    continue
+                if done:
+                    del self._retired[i]
+                    return old._s
+        return None
 
     def event(self) -> CupyEvent:
         return CupyEvent(self)

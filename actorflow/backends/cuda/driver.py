@@ -264,10 +264,17 @@ class Stream(ABC):
 
 
 class Driver(ABC):
-    """One CUDA device behind the seam: its streams, events, memory pool and host buffers."""
+    """One CUDA device behind the seam: its streams, events, memory pool and host buffers.
+    ``closed``: ``close()`` was called (``use_driver`` closes the drivers it replaces);
+    nothing may touch its streams or events after that (the allocator drops its blocks)."""
 
     name: str = "?"
     device: str
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._closed)
 
     @abstractmethod
     def stream(self, name: str = "compute") -> Stream:

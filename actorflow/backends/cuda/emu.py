@@ -13,7 +13,9 @@ It models ordering and memory, not SMs:
 - device memory is per-block numpy buffers counted against one limit, apart from host memory;
   an allocation past the limit raises ``OutOfMemoryError`` with the bytes asked, in use and
   the limit (CuPy's ``OutOfMemoryError`` is a MemoryError naming the same three);
-- a kernel runs its numpy ``reference`` on the stream's thread; an exception becomes the
+- a kernel runs its numpy ``reference`` on the stream's thread (an op's numpy kernel, the
+  form CuPy runs over cupy arrays, over ``cupylike.CupyLikeArray``s: what CuPy refuses
+  fails here too); an exception becomes the
   stream's sticky ``KernelError``, raised by its next ``synchronize``/``query`` (and by an
   event recorded after it); later kernels and copies on that stream are skipped, events and
   callbacks still complete, so nobody waits forever;
@@ -36,6 +38,7 @@ import time
 import numpy as np
 
 from ...errors import DeviceError, KernelError, OutOfMemoryError
+from .cupylike import CupyLikeArray
 from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
                      PoolCount, Stream, check_copy, raise_sticky)
 
@@ -183,7 +186,9 @@ class EmuStream(Stream):
             raise DeviceError(f"kernel {kernel.name!r} has no numpy reference: the CUDA "
                               f"emulator runs a kernel's reference; give Kernel(reference=...)")
         d = self._driver
-        view = d._view
+        # an op's numpy kernel (no CUDA C source: what CuPy runs over cupy arrays) sees
+        # arrays under CuPy's rules (cupylike.py); a generated kernel's reference, numpy views
+        view = d._view if kernel.source or not d.strict else d._cupylike_view
         args = tuple(args)
         for a in args:
             if isinstance(a, DeviceArray):
@@ -340,15 +345,19 @@ class EmuDriver(Driver):
 
     Args: ``device`` ('cuda:N'), ``limit`` (the pool's byte limit, None: none),
     ``delay`` (seconds: each command first sleeps a random time up to it), ``seed`` (the
-    delays' seed), ``timeout`` (seconds any wait lasts at most before it raises).
+    delays' seed), ``timeout`` (seconds any wait lasts at most before it raises),
+    ``strict`` (default True: an op's numpy kernel run as a reference form sees
+    ``cupylike.CupyLikeArray``s, which refuse what CuPy refuses, so a kernel that could not
+    run on a GPU fails here too; False: plain numpy views).
     """
 
     name = "emu"
     captures_allocations = True          # a replay runs each reference anew, on host memory
 
     def __init__(self, device: str = "cuda:0", limit: int | None = None, delay: float = 0.0,
-                 seed: int = 0, timeout: float = 60.0):
+                 seed: int = 0, timeout: float = 60.0, strict: bool = True):
         self.device = str(device)
+        self.strict = strict
         self.delay, self.seed, self.timeout = float(delay), seed, timeout
         self._cv = threading.Condition()     # guards counts and events; notified on completion
         self._pool = PoolCount(self.device, limit)
@@ -426,6 +435,10 @@ class EmuDriver(Driver):
     @staticmethod
     def _view(a: DeviceArray) -> np.ndarray:
         return a.memory.handle[a.offset:a.offset + a.nbytes].view(a.dtype).reshape(a.shape)
+
+    @classmethod
+    def _cupylike_view(cls, a: DeviceArray) -> CupyLikeArray:
+        return CupyLikeArray.of(cls._view(a), a.memory.handle, a.offset)
 
     # -- injected faults -----------------------------------------------------------------------
     def fail_kernel(self, name: str | None = None, error: Exception | None = None,

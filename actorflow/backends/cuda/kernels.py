@@ -29,7 +29,7 @@ out-of-range value cast to an integer (undefined in both; numpy warns). Where nu
 from inside its loop the kernel cannot: an integer division by a zero divisor writes 0 and
 sets the ``zero`` flag (a launch parameter, an int in device memory) for the driver to raise
 DivisionByZeroError after the launch; an integer power with a negative exponent gives
-PyTorch's value (0, or +-1 for a base of +-1) where numpy refuses.
+PyTorch's value (0, or +-1 for a base of +-1), as the cpu kernel does (numpy refuses it).
 
 Launch. A grid-stride loop: any grid works (256 threads a block is the suggested size). The
 parameters are listed in ``KernelSource.params``, in order. An output may be an input's
