@@ -363,6 +363,61 @@ def _setitem(t):
     return x
 
 
+def _nchw(t):
+    return t.reshape(8, 5, 16, 8)
+
+
+# The same on a (64, 80) tensor: the kernels' fast paths for larger arrays (where by bits,
+# softmax over many short rows, sums over leading dims, batch norm planes, scatter of many
+# rows), each of which must run on a GPU too.
+SWEEP_BIG = {
+    "where_by_bits": (lambda t: af.where(t > 0, t, 0.0) + af.where(t < 0, 1.0, t), True),
+    "softmax_rows": (lambda t: F.softmax(t, 1) + F.log_softmax(t, 1), False),
+    "sum_leading": (lambda t: _nchw(t).sum((0, 2, 3)), False),
+    "batch_norm_4d": (lambda t: nn.functional.batch_norm(_nchw(t), None, None,
+                                                         training=True), False),
+    "batch_norm_channels_last": (lambda t: nn.functional.batch_norm(
+        _nchw(t).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), None, None,
+        training=True), False),
+    "layer_norm": (lambda t: nn.functional.layer_norm(t, (80,)), False),
+    "embedding_rows": (lambda t: nn.functional.embedding(
+        (t[:, :8].abs() * 7).long().reshape(-1) % 64, t), True),
+    "cross_entropy": (lambda t: nn.functional.cross_entropy(
+        t, (t[:, 0].abs() * 9).long() % 80), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWEEP_BIG))
+def test_an_op_sweep_on_larger_tensors_on_cuda_equals_cpu(cuda, name):
+    fn, exact = SWEEP_BIG[name]
+    data = np.random.default_rng(6).standard_normal((64, 80)).astype(np.float32)
+    a, b = both(lambda dev: fn(af.tensor(data, device=dev)))
+    assert_same(b, a, exact=exact)
+
+
+BIG_GRADS = {
+    "softmax_rows": lambda t: (F.softmax(t, 1) * t).sum(),
+    "batch_norm_4d": lambda t: (nn.functional.batch_norm(_nchw(t), None, None,
+                                                         training=True) * _nchw(t)).sum(),
+    "layer_norm": lambda t: (nn.functional.layer_norm(t, (80,)) * t).sum(),
+    "embedding_rows": lambda t: nn.functional.embedding(
+        af.tensor(np.arange(512) % 64, device=t.device), t).sum(),
+    "where": lambda t: af.where(t > 0, t, t * 0.5).sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BIG_GRADS))
+def test_gradients_on_larger_tensors_on_cuda_equal_cpu(cuda, name):
+    data = np.random.default_rng(7).standard_normal((64, 80)).astype(np.float32)
+
+    def grad(dev):
+        t = af.tensor(data, device=dev, requires_grad=True)
+        BIG_GRADS[name](t).backward()
+        return t.grad
+    a, b = both(grad)
+    assert_same(b, a, exact=False)
+
+
 @pytest.mark.parametrize("name", sorted(SWEEP))
 def test_an_op_sweep_on_cuda_equals_cpu(cuda, name):
     fn, exact = SWEEP[name]

@@ -250,7 +250,7 @@ def _k_batch_norm(outs, ins, attrs):
     m = x3.shape[0] * x3.shape[2]
     mean = _channel_sum(x3) / m
     direct = y.dtype == x3.dtype and y.flags.c_contiguous
-    y3 = _by_channel(y) if direct else np.empty(x3.shape, x3.dtype)    # (C order: _flat views it)
+    y3 = _by_channel(y) if direct else np.empty_like(x3, order="C")    # (_flat views it)
     s, y2 = x3.shape[2], _flat(y3)
     np.subtract(_flat(x3), _spread(mean, s), out=y2)
     var = _channel_sum(y3, y3) / m
@@ -293,7 +293,7 @@ def _k_batch_norm_backward(outs, ins, attrs):
     # xhat's sums without xhat: sum(g * xhat) = invstd * (sum(g * x) - mean * sum(g))
     # cancels when |mean| >> std, so xhat is formed, in gx's memory when it can be
     direct = gx.dtype == x3.dtype and gx.flags.c_contiguous
-    t = _by_channel(gx) if direct else np.empty(x3.shape, x3.dtype)    # (C order: _flat views it)
+    t = _by_channel(gx) if direct else np.empty_like(x3, order="C")    # (_flat views it)
     s, t2 = x3.shape[2], _flat(t)
     np.subtract(_flat(x3), _spread(mean, s), out=t2)
     sum_g = _channel_sum(g3)

@@ -58,7 +58,7 @@ def _k_where(outs, ins, attrs):
         np.copyto(o, x, casting="unsafe", where=ins[0])
         return
     ob = o.view(bits)
-    m = np.empty(o.shape, bits)
+    m = np.empty_like(ob)                       # (where o lives: numpy's or the device's)
     np.negative(ins[0].view(np.int8), out=m, casting="unsafe")     # True: all ones
     if _is_zero_bits(y):                                            # x & m
         np.bitwise_and(_as_bits(x, o.dtype, bits), m, out=ob)
