@@ -85,7 +85,8 @@ def _count(what: str):
         try:
             n = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a whole number, got {text!r}") from None
         if n < 1:
             raise argparse.ArgumentTypeError(f"{what} must be at least 1, got {n}")
         return n

@@ -10,8 +10,15 @@ import numpy as np
 from . import ops
 from .backends import get_backend
 from .device import device as as_device
-from .dtype import (as_dtype, bfloat16, bfloat16_bits, default_float, from_numpy_dtype, int64,
-                    scalar_dtype)
+from .dtype import (
+    as_dtype,
+    bfloat16,
+    bfloat16_bits,
+    default_float,
+    from_numpy_dtype,
+    int64,
+    scalar_dtype,
+)
 from .eager.interpreter import access, apply
 from .errors import DTypeError
 from .tensor.impl import TensorImpl

@@ -104,7 +104,7 @@ class KernelError(ActorflowError, RuntimeError):
 
     @classmethod
     def of(cls, op: str, device: str, original: BaseException, intact: bool = False,
-           note: str = "") -> "KernelError":
+           note: str = "") -> KernelError:
         """The error for a kernel that raised ``original``: its traceback is kept as text
         only (``kernel_traceback``) and taken off ``original`` and the errors it was raised
         from, whose frames hold the kernel's arguments and would pin their memory for as
@@ -121,7 +121,7 @@ class KernelError(ActorflowError, RuntimeError):
         return err
 
     def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
-                 kept: int = 0) -> "KernelError":
+                 kept: int = 0) -> KernelError:
         """A copy to raise at a sync point. The runtime keeps this one; raising the copy
         keeps the caller's frames (and the tensors they hold) off the stored error.
         ``more_errors``/``dropped_errors``: see the class doc (synchronize sets them);

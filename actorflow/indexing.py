@@ -72,7 +72,8 @@ def getitem(t: Tensor, key):
 
 def setitem(t: Tensor, key, value) -> None:
     from .functional import copy_, fill_
-    from .functional.common import number as _number, readable_on
+    from .functional.common import number as _number
+    from .functional.common import readable_on
     items = key if isinstance(key, tuple) else (key,)
     if not isinstance(value, Tensor) and isinstance(value, (list, np.ndarray)):
         from .creation import tensor

@@ -1,23 +1,26 @@
 """Power-user names: the VM, instructions, streams, allocators and scheduler settings; the
 actor runtime's registers, ports, budgets, planner and credit scheduler; the tracer."""
 
-from .backends import get_backend, loaded_backends as _loaded_backends
+from .backends import get_backend
+from .backends import loaded_backends as _loaded_backends
 from .backends.base import Allocator, AllocatorStats, Backend, Stream
 from .device import device as _device
 from .eager.interpreter import EagerInterpreter, Interpreter, apply, use_interpreter, use_stream
 from .errors import parse_bytes as _parse_bytes
-from .tracing.program import Program
-from .tracing.recording import Tracer
-from .runtime.sched.credit import CreditScheduler
 from .experiments.naive import NaiveOp, NaiveResult, NaiveScheduler, ops_from_graph
+from .ops import OpDef, all_ops
+from .ops import get as get_op
+from .ops import register as register_op
+from .runtime.observe.watchdog import WaitFor
+from .runtime.plan.registers import InPort, MemoryBudget, OutPort, Register
 from .runtime.plan.reservation import Plan
 from .runtime.plan.sizing import build_plan
-from .runtime.plan.registers import InPort, MemoryBudget, OutPort, Register
-from .runtime.observe.watchdog import WaitFor
-from .ops import OpDef, all_ops, get as get_op, register as register_op
+from .runtime.sched.credit import CreditScheduler
 from .tensor.blob import Blob
 from .tensor.impl import TensorImpl
 from .tensor.meta import TensorMeta
+from .tracing.program import Program
+from .tracing.recording import Tracer
 from .vm import VM, Access, Instruction, Operand, get_vm
 
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import autograd
+from . import autograd, indexing
 from . import functional as F
-from . import indexing
-from .dtype import DType, as_dtype, bfloat16, bfloat16_bits, bfloat16_values
+from .dtype import DType, as_dtype, bfloat16, bfloat16_values
 from .eager.interpreter import read, read_async, resolve
 from .errors import DeviceError
 from .functional.common import check_memory_format
 from .ops.common import normalize_dim
-from .tensor.tensor import Tensor, shape_args, viewed
 from .tensor import views
+from .tensor.tensor import Tensor, shape_args, viewed
 
 # -- reading values --------------------------------------------------------------------------
 
@@ -33,7 +32,7 @@ def _read(self, fn, name):
     if not impl.blob.backend.has_data:
         raise DeviceError(f"{name}(): the {impl.meta.device} device has no data; null "
                           f"tensors have only shapes, dtypes and bytes")
-    self._meta
+    self._wait_shape()
     return read(impl, fn, name)
 
 
@@ -163,12 +162,12 @@ def _iter(self):
         yield self[i]
 
 def _getitem(self, key) -> Tensor:
-    self._meta
+    self._wait_shape()
     return indexing.getitem(self, key)
 
 
 def _setitem(self, key, value) -> None:
-    self._meta
+    self._wait_shape()
     indexing.setitem(self, key, value)
 
 

@@ -162,7 +162,7 @@ def _stats_figure(plt, stats, title):
         widths = [min(stats.actors[n][key] / wall, 1.0) for n in names]
         ax.barh(range(len(names)), widths, left=left, color=color, label=label,
                 alpha=1.0 if key == "compute_s" else 0.6)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel("share of the run")

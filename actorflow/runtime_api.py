@@ -5,8 +5,8 @@ it there (``peek_array``)."""
 
 from __future__ import annotations
 
-from .errors import DeviceError
 from .eager.interpreter import read
+from .errors import DeviceError
 from .runtime.graph.device_acts import use_settled
 from .vm import get_vm
 

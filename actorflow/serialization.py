@@ -131,7 +131,7 @@ def _lists(d):
     if items and all(items):
         kind = {b for b, _ in items}
         if len(kind) == 1 and sorted(i for _, i in items) == list(range(len(items))):
-            by_index = {i: v for (_, i), v in zip(items, d.values())}
+            by_index = {i: v for (_, i), v in zip(items, d.values(), strict=True)}
             values = [by_index[i] for i in range(len(items))]
             return values if kind == {"["} else tuple(values)
     return d

@@ -19,7 +19,7 @@ nanosecond.
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring_ascii as quote     # a str as JSON, as dumps does
+from json.encoder import encode_basestring_ascii as quote  # a str as JSON, as dumps does
 from pathlib import Path
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -101,7 +101,7 @@ class TraceEvents:
         """A counter's values over time: ``{key: values[i]}`` at ``times[i]``."""
         head = f'{{"ph":"C","name":{self.quoted[name]},"pid":{pid},"tid":{tid},"ts":'
         tail = f',"args":{{{quote(key)}:'
-        self.body += [f"{head}{ts}{tail}{v}}}}}" for ts, v in zip(times, values)]
+        self.body += [f"{head}{ts}{tail}{v}}}}}" for ts, v in zip(times, values, strict=True)]
 
     def events(self) -> list:
         """The events as dicts (Chrome trace format), metadata first: what ``write``

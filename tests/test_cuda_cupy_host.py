@@ -105,6 +105,39 @@ def test_a_host_functions_error_set_after_a_wait_reaches_the_waiters_later_event
     assert inherits._links == [] and len(inherits._errors) == 1   # settled: kept, unlinked
 
 
+def test_a_wait_on_a_stream_faulted_already_skips_the_waiters_later_work():
+    """A fault the waited stream has at the wait is the waiter's at once, so its later
+    kernels and copies are skipped (as on the emulator), not run on the failed values."""
+    side, faulted = _faulted_stream()
+    compute = _stream("compute")
+    compute.wait(faulted)
+    assert compute._broken()
+    with pytest.raises(KernelError, match="bad_kernel"):
+        compute.record().query()
+
+
+def test_streams_waiting_on_each_other_over_and_over_are_looked_up_once_each():
+    """Two streams joined back and forth (every copy in and out does so) while nothing
+    completed: a query looks each (stream, command) up once, not once per path to it."""
+    a, b = _stream("compute"), _stream("h2d")
+    a._s.done = b._s.done = False
+    for _ in range(40):
+        b.wait(a.record())
+        a.wait(b.record())
+    calls = []
+    lookup = CD.CupyStream._error_before
+
+    def counted(self, *args, **kw):
+        calls.append(1)
+        return lookup(self, *args, **kw)
+    CD.CupyStream._error_before = counted
+    try:
+        assert a.query() is False
+    finally:
+        CD.CupyStream._error_before = lookup
+    assert len(calls) <= 4 * 40 + 2
+
+
 def test_a_host_function_runs_with_the_garbage_collector_paused():
     """A host function runs on CUDA's own thread, where freeing a cupy object (device
     memory, an event) is not permitted (seen on the first GPU run: cudaErrorNotPermitted

@@ -351,6 +351,7 @@ SWEEP = {
     "amin_dim": (lambda t: t.amin(1), True), "argmin_all": (lambda t: t.argmin(), True),
     "arange": (lambda t: af.arange(5, device=t.device), True),
     "randn": (lambda t: (af.manual_seed(7), af.randn(3, 4, device=t.device))[1], True),
+    "rand_0d": (lambda t: (af.manual_seed(8), af.rand((), device=t.device))[1], True),
     "erf64": (lambda t: af.erf(t.double()[:, ::2]), False),
     "where_scalar": (lambda t: af.where(t > 0, t, 0.0), True),
     "pow_bool": (lambda t: (t > 0) ** (t < 1), True),

@@ -110,6 +110,23 @@ async def test_an_async_source_raising_cancelled_is_an_actor_error_in_run_async(
     assert len(got) <= 3
 
 
+@pytest.mark.timeout(30)
+def test_a_run_whose_sources_fail_to_start_raises_instead_of_ending_empty(monkeypatch):
+    """An error before the loop takes the run (its sources' start) reaches the caller; the
+    run's cleanup must not swallow it (a ``return`` in its ``finally`` did: the caller's
+    loop just ended, with no output and no error)."""
+    from actorflow.runtime.sched.credit import CreditScheduler
+
+    def failing(self, loop):
+        raise RuntimeError("sources could not start")
+    monkeypatch.setattr(CreditScheduler, "start_sources", failing)
+    pipe = af.Pipeline([lambda: iter([np.ones(2)] * 3), lambda y: y * 3])
+    with pytest.raises(RuntimeError, match="sources could not start"):
+        list(pipe.run())
+    monkeypatch.undo()
+    assert [o.tolist() for o in pipe.run()] == [[3.0, 3.0]] * 3      # usable again
+
+
 # -- 3. run() on the graph loop thread is refused, and the loop keeps working -------------
 
 @pytest.mark.timeout(20)

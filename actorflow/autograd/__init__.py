@@ -9,16 +9,16 @@ the grad rule of each op, ``engine.py`` runs backward; the Tensor's autograd met
 from __future__ import annotations
 
 from ..creation import ones_like
-from ..functional import cast
 from ..eager import interpreter
+from ..functional import cast
 from ..tensor import tensor as tensor_module
 from ..tensor.tensor import Tensor
+from . import rules_conv  # noqa: F401 - registers the convolution and pooling rules
 from .engine import run_backward
-from .nodes import Meta, Node, record, record_view, use_rules
 from .mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .nodes import Meta, Node, record, record_view, use_rules
 from .rules import RULES
 from .rules_shape import VIEW_RULES
-from . import rules_conv  # noqa: F401 - registers the convolution and pooling rules
 
 use_rules(RULES, VIEW_RULES)
 _ARMED = [False]

@@ -14,8 +14,8 @@ import heapq
 from .. import functional as F
 from ..tensor.impl import pinned
 from ..tensor.tensor import wrap
-from .nodes import Meta, Node
 from .mode import no_grad
+from .nodes import Meta, Node
 
 
 class Ctx:
@@ -54,7 +54,7 @@ def _check_saved(node: Node) -> None:
             f"to run backward twice")
     saved = [(t.blob, t.meta) if t is not None else None for t in node.saved_in or ()]
     saved += list(node.saved_out or ())
-    pairs = list(zip(saved, node.versions))
+    pairs = list(zip(saved, node.versions, strict=True))
     if node.watch is not None:
         impl, v = node.watch
         pairs.append(((impl.blob, impl.meta), v))
@@ -120,7 +120,7 @@ def run_backward(roots: list, grads: list, retain_graph: bool = False) -> None:
         deps = _graph([m.grad_fn for m in roots if m.grad_fn is not None])
         buffers: dict = {}
         shared = {id(g) for g in grads}     # tensors more than one place may hold
-        for meta, g in zip(roots, grads):
+        for meta, g in zip(roots, grads, strict=True):
             if meta.grad_fn is None:        # a leaf itself
                 _accumulate(meta, g, shared)
             else:
@@ -152,14 +152,14 @@ def _run(node: Node, got: list, buffers, heap, deps, retain_graph, shared) -> No
                            f"through it; compute that part under af.no_grad() or detach() "
                            f"its inputs")
     _check_saved(node)
-    grads = [g if g is not None else _zeros(m) for g, m in zip(got, node.outs)]
+    grads = [g if g is not None else _zeros(m) for g, m in zip(got, node.outs, strict=True)]
     out = rule.fn(Ctx(node, needs), *grads)
     if len(out) != len(node.edges):
         raise RuntimeError(f"internal error: the grad rule of {node.name!r} gave "
                            f"{len(out)} gradients for {len(node.edges)} inputs")
     if not retain_graph:
         node.release()
-    for k, (edge, g) in enumerate(zip(node.edges, out)):
+    for k, (edge, g) in enumerate(zip(node.edges, out, strict=True)):
         if edge is None:
             continue
         if g is None:                       # (the target still counts on this delivery)

@@ -302,7 +302,7 @@ def _scatter_add(ctx, g):
         gsrc = wrap(apply(_GATHER, [g._impl, index._impl], {"dim": ctx.attrs["dim"]})[0])
         src_shape = ctx.shape(2)
         if gsrc.shape != src_shape:
-            pads = tuple((0, s - n) for s, n in zip(src_shape, gsrc.shape))
+            pads = tuple((0, s - n) for s, n in zip(src_shape, gsrc.shape, strict=True))
             gsrc = wrap(apply(_PAD, [gsrc._impl], {"pads": pads, "mode": "constant",
                                                    "value": 0.0})[0])
     return (g if ctx.needs[0] else None), None, gsrc

@@ -10,12 +10,11 @@ from __future__ import annotations
 import sys
 import threading
 from collections import deque
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import call as _call
-from dataclasses import dataclass
 
 from ..errors import OutOfMemoryError
-
 
 _FOLD_AT = 4096
 _POSITIVE = (0).__lt__

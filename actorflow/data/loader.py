@@ -16,8 +16,8 @@ import numpy as np
 from ..creation import _next_seed, from_numpy
 from ..device import device as as_device
 from ..errors import PlanError, ShapeError
-from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime.sched.processes import OwnsProcesses
@@ -72,7 +72,7 @@ def default_collate(samples: list):
         if st != structure:
             raise TypeError(f"collate: samples differ in structure ({type(first).__name__} "
                             f"vs {type(s).__name__}); every sample must have the same form")
-        for c, leaf in zip(cols, leaves):
+        for c, leaf in zip(cols, leaves, strict=True):
             c.append(leaf.numpy() if isinstance(leaf, Tensor) else leaf)
     return unflatten(structure, [np.stack([np.asarray(v) for v in c]) for c in cols])
 
@@ -187,7 +187,7 @@ class DataLoader(OwnsProcesses):
         return g, actors
 
     def actors_into(self, g: ActorGraph, layout: PieceSpec | None = None,
-                    to_device: bool = True) -> "LoaderActors":
+                    to_device: bool = True) -> LoaderActors:
         """Adds this loader's actors to ``g``: for a map-style dataset a ``sampler`` source
         (batches of indices) and a ``load`` stage on ``workers`` replicas (the samples,
         collated), for an iterable one a ``load`` source reading and collating in order.
@@ -387,7 +387,7 @@ class LoaderActors:
         want = self.layout
         leaves, structure = flatten(batch)
         if structure == want.structure and len(leaves) == len(want.specs):
-            for a, s in zip(leaves, want.specs):
+            for a, s in zip(leaves, want.specs, strict=True):
                 if type(a) is np.ndarray:
                     if a.shape != s.shape or a.dtype != s.dtype.np:
                         break

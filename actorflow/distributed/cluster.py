@@ -44,7 +44,7 @@ class Nodes:
 
     def describe(self) -> str:
         return ", ".join(f"node:{k} {a} ({i[:8]})"
-                         for k, (a, i) in enumerate(zip(self.addresses, self.ids)))
+                         for k, (a, i) in enumerate(zip(self.addresses, self.ids, strict=True)))
 
 
 def budget_keys(memory: dict, nodes: Nodes, have: dict) -> dict:

@@ -23,6 +23,7 @@ from ..errors import PlanError
 from .cluster import check_budgets
 from .worker import AsyncWorker, Worker
 
+
 class Kept(NamedTuple):
     """A finished run's processes of one unit, kept for the next run of its graph:
     ``made`` (what starting them took: worker class, Ray options, node, replicas, the

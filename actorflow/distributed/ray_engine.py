@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from ..errors import parse_bytes
 from ..runtime.graph.source import SourceActor
-from .rayplan import driver_path, plan_for_ray, ray_module
 from ..runtime.observe.progress import tqdm_class
 from .procs import kill
+from .rayplan import driver_path, plan_for_ray, ray_module
 from .run import RayRun
 
 

@@ -111,7 +111,7 @@ class RayRun:
                     self.plan.sinks):
                 parts = self.parts.pop(self.next_out)
                 self.next_out += 1
-                for piece in zip(*(parts[k] for k in range(len(parts)))):
+                for piece in zip(*(parts[k] for k in range(len(parts))), strict=False):  # as before
                     self.delivered += 1
                     yield self.plan.collector.assemble(list(piece))
                 if self.bar is not None:
@@ -194,7 +194,7 @@ class RayRun:
                 record_ref = value_refs[-1]
                 self.pending[record_ref] = (a, j, r)
                 set_deadline(self, a, unit, r, record_ref, self.lens.get(j, batch))
-                for c, ref in zip(chain, value_refs):
+                for c, ref in zip(chain, value_refs, strict=False):   # (the record is last)
                     self._take(c, j, ref, self.where[unit][r][1])
                 if isinstance(a, SourceActor):  # (its readers, and those of the stages
                     self.unready.update((c, j) for c in chain)  # fused after it, wait
@@ -263,9 +263,9 @@ class RayRun:
                 self.unready.discard((c, j))
                 self._release(c, j)
         else:
-            for c, t in zip(chain, times):
+            for c, t in zip(chain, times, strict=True):
                 self._acted(c, j, r, t, pid, node)
-            for c, t in zip(chain[1:], times[1:]):
+            for c, t in zip(chain[1:], times[1:], strict=True):
                 self.fused[c] += len(t)
 
     def _acted(self, a, j: int, r: int, times: list, pid, node) -> None:

@@ -42,7 +42,7 @@ class Stage:
         self.name, self.fn, self.spec, self.declared = name, fn, spec, declared
         self.sim = sim
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None))
+            getattr(fn, "__call__", None))  # noqa: B004 - whether __call__ is async
 
     def simulated(self, piece: int) -> float:
         t = self.sim
@@ -220,7 +220,7 @@ class Worker:
         out, times = [], []
         if isinstance(stage, SourceStage):
             return self._read(stage, first)
-        for k, args in enumerate(zip(*ins)):
+        for k, args in enumerate(zip(*ins, strict=False)):   # (the shortest input: its end)
             piece = first + k
             t0 = time.time()
             try:
@@ -262,7 +262,7 @@ class Worker:
             times.append((t0, time.time()))
         return out, (times, self.pid, self.node)
 
-    def _failed(self, stage: Stage, piece: int, e: BaseException) -> "StageFailed":
+    def _failed(self, stage: Stage, piece: int, e: BaseException) -> StageFailed:
         return StageFailed(stage.name, piece, self.where(), e, traceback.format_exc())
 
 
@@ -291,7 +291,7 @@ class AsyncWorker(Worker):
                 raise self._failed(stage, piece, e) from None
             return value, (t0, time.time())
 
-        done = await asyncio.gather(*(one(k, args) for k, args in enumerate(zip(*ins))))
+        done = await asyncio.gather(*(one(k, args) for k, args in enumerate(zip(*ins, strict=False))))
         return [v for v, _ in done], ([t for _, t in done], self.pid, self.node)
 
 

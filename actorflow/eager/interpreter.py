@@ -20,8 +20,7 @@ from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
-from ..vm.opcall import (allocate, call_op, null_kernel, run_access, run_op,
-                         wide_kernel)
+from ..vm.opcall import allocate, call_op, null_kernel, run_access, run_op, wide_kernel
 from ..vm.run_cuts import ELEMENTWISE
 
 

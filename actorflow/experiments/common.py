@@ -14,7 +14,7 @@ def table(headers: list, rows: list) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     last = len(headers) - 1
     lines = ["  ".join(c.ljust(w) if i == 0 or i == last else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in cells]
+                       for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from ..device import device
 from ..errors import PlanError
 from ..runtime.graph.actor_graph import ActorGraph
-from .naive import NaiveOp, NaiveScheduler
 from .common import RESULT_WORDS, MiB, null_chain, save, table, trace_path
 from .common import figure as figure_of
+from .naive import NaiveOp, NaiveScheduler
 
 STAGES = [  # name, output bytes, seconds, device, stream
     ("load", 4 * MiB, 0.001, "cpu", "cpu:0"),
@@ -132,7 +132,7 @@ def figure(data: dict):
     def draw(left, right):
         left.barh(ys, [r[1] for r in rows], color="tab:blue")
         bound = data["bound_pieces_per_s"]
-        for y, r in zip(ys, rows):
+        for y, r in zip(ys, rows, strict=True):
             if r[1]:                        # its rate, inside the end of its bar
                 left.text(min(r[1], bound * 1.1) - bound * 0.02, y, r[2], va="center",
                           ha="right", color="white")

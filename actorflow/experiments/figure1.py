@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from ..errors import PlanError
 from ..runtime.graph.actor_graph import ActorGraph
-from .naive import NaiveOp, NaiveScheduler
 from ..runtime.plan.spec import Spec
 from .common import RESULT_WORDS, MiB, save, table, trace_path
-from .random_dags import min_peak
 from .common import figure as figure_of
+from .naive import NaiveOp, NaiveScheduler
+from .random_dags import min_peak
 
 SIZES = {"M1": 1 * MiB, "M2": 3 * MiB, "O1": 5 * MiB, "O2": 1 * MiB}
 CAPACITY = 8 * MiB
@@ -143,7 +143,7 @@ def figure(data: dict):
         colors = {"ok": "tab:green", "deadlock": "tab:red", "out of memory": "tab:orange"}
         right.barh(ys, [r[1] for r in rows],
                    color=[colors.get(r[2].split(",")[0], "tab:gray") for r in rows])
-        for y, r in zip(ys, rows):
+        for y, r in zip(ys, rows, strict=True):
             right.text(r[1] + 0.2, y, r[2], va="center", fontsize="small", zorder=3,
                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
         right.axvline(cap, color="gray", linestyle="--")

@@ -32,9 +32,9 @@ from collections import deque
 
 from ..errors import DeadlockError, OutOfMemoryError, format_bytes, parse_bytes
 from ..eventloop import new_event_loop
-from ..runtime.plan.sizing import plan_graph
-from ..runtime.plan.registers import MemoryBudget
 from ..runtime.observe.watchdog import WaitFor, deadlock
+from ..runtime.plan.registers import MemoryBudget
+from ..runtime.plan.sizing import plan_graph
 
 POLICIES = ("fifo", "lifo", "random")
 MODES = ("wait", "fail", "double-buffer")
@@ -235,7 +235,7 @@ class NaiveScheduler:
                         inst.since = time.perf_counter()
                         self.stalls += 1
                     self.waiting.append(inst)
-        for sname, stream in self.streams.items():
+        for stream in self.streams.values():
             if not stream or stream[0].state == "running":
                 continue
             head = stream[0]

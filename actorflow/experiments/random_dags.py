@@ -15,16 +15,16 @@ counts the control edges it added.
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import cache
 
-from ..runtime.observe.progress import tqdm_class
 from ..device import device
 from ..errors import PlanError
 from ..runtime.graph.actor_graph import ActorGraph
-from .naive import NaiveOp, NaiveScheduler
+from ..runtime.observe.progress import tqdm_class
 from ..runtime.plan.spec import Spec
 from .common import OUTCOME_COLORS, save, table
 from .common import figure as figure_of
+from .naive import NaiveOp, NaiveScheduler
 
 UNIT = 1 << 16          # sizes are multiples of 64 KiB
 NULL = device("null")
@@ -54,7 +54,7 @@ def min_peak(ops) -> int:
                 total += ops[i].nbytes
         return total
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(done):
         if done == full:
             return 0
@@ -187,11 +187,11 @@ def figure(data: dict):
             widths = [counts[outcome] for _, counts in rows]
             ax.barh(ys, widths, left=left, color=color,
                     label="refused (plan over budget)" if outcome == "refused" else outcome)
-            for y, x0, w in zip(ys, left, widths):
+            for y, x0, w in zip(ys, left, widths, strict=True):
                 if w:
                     ax.text(x0 + w / 2, y, str(w), ha="center", va="center", color="white",
                             fontsize="small")
-            left = [a + b for a, b in zip(left, widths)]
+            left = [a + b for a, b in zip(left, widths, strict=True)]
         ax.set_yticks(ys, [label for label, _ in rows])
         ax.invert_yaxis()                   # top to bottom as in the table
         ax.set_xlim(0, data["dags"])

@@ -79,7 +79,7 @@ def broadcasts_to(shape, target) -> bool:
     """Whether ``shape`` broadcasts to ``target`` (a mask to the tensor it masks)."""
     if len(shape) > len(target):
         return False
-    return all(s in (1, t) for s, t in zip(tuple(shape)[::-1], tuple(target)[::-1]))
+    return all(s in (1, t) for s, t in zip(tuple(shape)[::-1], tuple(target)[::-1], strict=False))  # trailing dims
 
 
 def tensor_like(value, like: Tensor) -> Tensor:

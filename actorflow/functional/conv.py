@@ -10,7 +10,7 @@ import numbers
 
 from ..eager.interpreter import apply
 from ..errors import ShapeError
-from ..tensor.tensor import Tensor, wrap
+from ..tensor.tensor import wrap
 from .common import op_def, tensor_arg
 from .elementwise import add
 from .joining import clone
@@ -67,7 +67,7 @@ def _bias(op: str, out, bias, channels: int):
 def _same_padding(kernel, dilation) -> tuple:
     """'same' as PyTorch pads it: total d*(k-1) per dim, the odd one at the bottom/right."""
     pads = []
-    for k, d in zip(kernel, dilation):
+    for k, d in zip(kernel, dilation, strict=True):
         total = d * (k - 1)
         pads += [total // 2, total - total // 2]
     return pads[0], pads[1], pads[2], pads[3]

@@ -11,10 +11,22 @@ from ..eager.interpreter import apply, apply1, attrs_key
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
 from ..tensor.tensor import Tensor, wrap
-from .common import (CAST, COPY, NO_ATTRS, NUMBER, broadcasts_to, no_data, number, op_def,
-                     readable_on, refuse_out, resolved, tensor_arg, tensor_like)
+from .common import (
+    CAST,
+    COPY,
+    NO_ATTRS,
+    NUMBER,
+    broadcasts_to,
+    no_data,
+    number,
+    op_def,
+    readable_on,
+    refuse_out,
+    resolved,
+    tensor_arg,
+    tensor_like,
+)
 from .joining import cast, nonzero
-
 
 # -- unary -----------------------------------------------------------------------------
 

@@ -12,10 +12,19 @@ from ..ops.common import normalize_dim
 from ..ops.shape import promote_all
 from ..tensor import views
 from ..tensor.tensor import Tensor, wrap
-from .common import (CAST, COPY, NO_ATTRS, dim_alias, no_data, op_def, readable_on, refuse_out,
-                     resolved, tensor_arg)
-from .common import check_memory_format
-
+from .common import (
+    CAST,
+    COPY,
+    NO_ATTRS,
+    check_memory_format,
+    dim_alias,
+    no_data,
+    op_def,
+    readable_on,
+    refuse_out,
+    resolved,
+    tensor_arg,
+)
 
 # -- joining, casting, copying ---------------------------------------------------------
 

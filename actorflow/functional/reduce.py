@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import namedtuple
 
 from ..dtype import as_dtype
-from ..errors import DTypeError
 from ..eager.interpreter import apply
+from ..errors import DTypeError
 from ..ops.common import normalize_dim, normalize_dims
 from ..tensor.tensor import Tensor, wrap
 from .common import dim_alias, keepdim_alias, op_def, refuse_out, resolved, tensor_arg

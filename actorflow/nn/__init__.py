@@ -2,14 +2,32 @@
 the losses, ``nn.functional``, ``nn.init`` and ``nn.utils``."""
 
 from . import functional, init, utils
-from .layers import (GELU, BatchNorm1d, BatchNorm2d, Dropout, Embedding, Flatten, GroupNorm,
-                     Identity, LayerNorm, Linear, LogSoftmax, ModuleDict, ModuleList, ReLU,
-                     Sequential, Sigmoid, SiLU, Softmax, Tanh)
 from .conv import AdaptiveAvgPool2d, AvgPool2d, Conv2d, MaxPool2d
-from .loss import CrossEntropyLoss, MSELoss, NLLLoss
-from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .graph import Graph
+from .layers import (
+                     GELU,
+                     BatchNorm1d,
+                     BatchNorm2d,
+                     Dropout,
+                     Embedding,
+                     Flatten,
+                     GroupNorm,
+                     Identity,
+                     LayerNorm,
+                     Linear,
+                     LogSoftmax,
+                     ModuleDict,
+                     ModuleList,
+                     ReLU,
+                     Sequential,
+                     Sigmoid,
+                     SiLU,
+                     Softmax,
+                     Tanh,
+)
+from .loss import CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module, Parameter
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["Module", "Parameter", "Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Softmax",
            "LogSoftmax", "Sequential", "Dropout", "LayerNorm", "Embedding", "Identity",

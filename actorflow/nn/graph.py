@@ -74,8 +74,8 @@ from ..autograd import enable_grad, no_grad
 from ..creation import from_numpy, spawned_seed
 from ..dtype import bfloat16
 from ..errors import ActorError, DTypeError, KernelError, PlanError, TraceError
-from ..runtime.graph.checks import check_timeout
 from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.graph.checks import check_timeout
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import lend_arrays, peek_array, written_outside
 from ..tensor.tensor import Tensor, wrap
@@ -240,7 +240,7 @@ class Graph:
                 with no_grad():
                     for o, g, p, st in opt_rows:
                         names = list(st)
-                        mine = dict(zip(names, states[at:at + len(names)]))
+                        mine = dict(zip(names, states[at:at + len(names)], strict=True))
                         if p is None:           # the group's rates: read, never written
                             rates = mine if not rated else {n: next(given) for n in names}
                         elif p.grad is not None:
@@ -984,7 +984,7 @@ def _names_read(fn) -> list:
         return []
     glb = fn.__globals__
     out = [(glb, n, glb[n]) for n in _loaded(code, ("LOAD_GLOBAL", "LOAD_NAME")) if n in glb]
-    for n, cell in zip(code.co_freevars, fn.__closure__ or ()):
+    for n, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
         v = _lookup(cell, n)
         if v is not _NONE:
             out.append((cell, n, v))
@@ -1078,7 +1078,7 @@ class _Schedules:
         if done == self.made:
             return
         self.error = None                   # (stepped again up to the pieces trained)
-        for s, st in zip(self.graph._lr_sch, self.saved):
+        for s, st in zip(self.graph._lr_sch, self.saved, strict=True):
             s.load_state_dict(copy.deepcopy(st))
         for g, values in self.groups:
             g.update(values)
@@ -1144,7 +1144,7 @@ def _empty(spec):
 def spec_arrays(arrays, spec):
     """The arrays of a piece, contiguous and in their spec's dtype (as a register holds)."""
     import numpy as np
-    return [np.ascontiguousarray(a, dtype=s.dtype.np) for a, s in zip(arrays, spec.specs)]
+    return [np.ascontiguousarray(a, dtype=s.dtype.np) for a, s in zip(arrays, spec.specs, strict=True)]
 
 
 __all__ = ["Graph"]

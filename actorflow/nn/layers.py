@@ -352,7 +352,7 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._modules.values())
 
-    def append(self, module) -> "Sequential":
+    def append(self, module) -> Sequential:
         self.add_module(str(len(self._modules)), module)
         return self
 
@@ -371,11 +371,11 @@ class ModuleList(Module):
             raise TypeError(f"ModuleList: {where} is a {type(m).__name__}, not a Module")
         return m
 
-    def append(self, module) -> "ModuleList":
+    def append(self, module) -> ModuleList:
         self.add_module(str(len(self._modules)), self._check(module, "the entry"))
         return self
 
-    def extend(self, modules) -> "ModuleList":
+    def extend(self, modules) -> ModuleList:
         for m in modules:
             self.append(m)
         return self

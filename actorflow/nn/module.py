@@ -265,7 +265,7 @@ class Module:
             yield b
 
     # -- state ---------------------------------------------------------------------------
-    def state_dict(self) -> "OrderedDict":
+    def state_dict(self) -> OrderedDict:
         """Every parameter and buffer by dotted name (detached tensors sharing storage)."""
         out = OrderedDict()
         for mp, m in self._every_module():
@@ -302,16 +302,16 @@ class Module:
                 F.copy_(t, v)
         return IncompatibleKeys(missing, unexpected)
 
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         changed()
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         return self.train(False)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
@@ -320,7 +320,7 @@ class Module:
         zero_grad(self.parameters(), set_to_none)
 
     # -- dtype and device ----------------------------------------------------------------
-    def to(self, *args, device=None, dtype=None, non_blocking: bool = False) -> "Module":
+    def to(self, *args, device=None, dtype=None, non_blocking: bool = False) -> Module:
         """Converts the floating-point parameters and buffers to ``dtype`` and moves every
         one to ``device``, in place (the Parameter objects stay: an optimizer holding them
         sees the new values; a gradient is converted too): ``m.to(af.bfloat16)``,
@@ -343,7 +343,7 @@ class Module:
             return t if device is None else F.to_device(t, device)
         with no_grad():
             for m in self.modules():
-                for name, p in m._parameters.items():
+                for p in m._parameters.values():
                     if p is None:
                         continue
                     new = convert(p)
@@ -359,16 +359,16 @@ class Module:
         changed()
         return self
 
-    def float(self) -> "Module":  # noqa: A003
+    def float(self) -> Module:  # noqa: A003
         return self.to(float32)
 
-    def double(self) -> "Module":
+    def double(self) -> Module:
         return self.to(float64)
 
-    def half(self) -> "Module":
+    def half(self) -> Module:
         return self.to(float16)
 
-    def bfloat16(self) -> "Module":
+    def bfloat16(self) -> Module:
         return self.to(bfloat16)
 
     # -- printing ------------------------------------------------------------------------

@@ -40,10 +40,10 @@ def put(dst, h) -> None:
     if isinstance(dst, np.ndarray):
         np.copyto(dst, h, casting="unsafe")
     elif dst.flags.c_contiguous:
-        dst.set(np.ascontiguousarray(h, dst.dtype))
+        dst.set(np.asarray(h, dst.dtype, order="C"))    # (a 0-dim array stays one)
     else:
         tmp = dst.copy()
-        tmp.set(np.ascontiguousarray(h, dst.dtype))
+        tmp.set(np.asarray(h, dst.dtype, order="C"))
         dst[...] = tmp
 
 
@@ -79,7 +79,7 @@ def broadcast_shapes(op: str, a: tuple, b: tuple) -> tuple:
     n = max(len(a), len(b))
     pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
     out = []
-    for i, (x, y) in enumerate(zip(pa, pb)):
+    for i, (x, y) in enumerate(zip(pa, pb, strict=True)):
         if x == y or y == 1:
             out.append(x)
         elif x == 1:

@@ -515,7 +515,7 @@ def _avg_divisor(attrs, hw, out_hw, dtype):
     if override:
         return dtype.type(override)
     per = []
-    for k, s, p, n, o in zip(attrs["kernel"], attrs["stride"], attrs["padding"], hw, out_hw):
+    for k, s, p, n, o in zip(attrs["kernel"], attrs["stride"], attrs["padding"], hw, out_hw, strict=True):
         start = np.arange(o) * s - p
         end = np.minimum(start + k, n + p)
         pool = end - start

@@ -8,12 +8,24 @@ import math
 
 import numpy as np
 
-from ..dtype import (FLOAT, bool_, combine_categories, default_float, from_numpy_dtype,
-                     promote_types, result_type)
+from ..dtype import (
+    FLOAT,
+    bool_,
+    combine_categories,
+    default_float,
+    from_numpy_dtype,
+    promote_types,
+    result_type,
+)
 from ..errors import DTypeError
 from .common import broadcast_shapes, host, is_array, quietly
-from .division import (INT_DIVISION, division_kernel, division_scalar_kernel,
-                       nonzero_divisor, trunc_divide)
+from .division import (
+    INT_DIVISION,
+    division_kernel,
+    division_scalar_kernel,
+    nonzero_divisor,
+    trunc_divide,
+)
 from .registry import OpDef, register
 
 # -- dtype rules -----------------------------------------------------------------------

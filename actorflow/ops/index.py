@@ -275,13 +275,13 @@ def along_shape(op: str, x, dim: int, index, src=None) -> None:
         raise ShapeError(f"{op}(): index has {len(ix)} dims but the input has {len(xs)} "
                          f"(index shape {ix}, input shape {xs}); they must have the same "
                          f"number of dims")
-    for d, (i, s) in enumerate(zip(ix, xs)):
+    for d, (i, s) in enumerate(zip(ix, xs, strict=False)):   # (0-dim against 1-dim: none)
         if d != dim and i > s:
             raise ShapeError(f"{op}(): index shape {ix} is larger than the input's {xs} in "
                              f"dim {d} ({i} > {s}); only dim {dim} may be larger")
     if src is not None:
         ss = src.shape
-        if len(ss) != len(ix) or any(i > s for i, s in zip(ix, ss)):
+        if len(ss) != len(ix) or any(i > s for i, s in zip(ix, ss, strict=True)):
             raise ShapeError(f"{op}(): index shape {ix} must be no larger than src's {ss} in "
                              f"every dim (and have as many dims)")
 

@@ -207,8 +207,8 @@ def _batch_norm_infer(metas, attrs):
         raise ShapeError(f"batch_norm: expected an input (N, C, ...) of 2 dims or more, got "
                          f"shape {x.shape}")
     c = x.shape[1]
-    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"]) if on],
-                       metas[1:]):
+    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"], strict=True) if on],
+                       metas[1:], strict=False):    # (the running statistics follow)
         _check_channel_param("batch_norm", name, m, c, x.dtype)
     return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
 
@@ -327,8 +327,8 @@ def _layer_norm_infer(metas, attrs):
         raise DTypeError(f"layer_norm: needs a floating point input, got {x.dtype.name}; "
                          f"convert with .float() first")
     norm = tuple(x.shape[len(x.shape) - k:])
-    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"]) if on],
-                       metas[1:]):
+    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"], strict=True) if on],
+                       metas[1:], strict=True):
         if tuple(m.shape) != norm:
             raise ShapeError(f"layer_norm: {name} must have the normalized shape {norm} (the "
                              f"input's last {k} dims, input shape {x.shape}), got shape "

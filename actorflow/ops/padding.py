@@ -16,7 +16,7 @@ from .registry import OpDef, register
 
 def padded_shape(op: str, shape: tuple, pads: tuple) -> tuple:
     out = []
-    for d, (n, (b, a)) in enumerate(zip(shape, pads)):
+    for d, (n, (b, a)) in enumerate(zip(shape, pads, strict=True)):
         m = n + b + a
         if m < 0:
             raise ShapeError(f"{op}: padding ({b}, {a}) of dim {d} (size {n}) leaves "
@@ -51,7 +51,7 @@ def _k_pad(outs, ins, attrs):
     mode = attrs["mode"]
     if mode == "constant":
         src, dst = [], []
-        for n, (b, a) in zip(x.shape, attrs["pads"]):
+        for n, (b, a) in zip(x.shape, attrs["pads"], strict=True):
             lo, hi = max(0, -b), n - max(0, -a)
             src.append(slice(lo, max(lo, hi)))
             dst.append(slice(max(0, b), max(0, b) + max(0, hi - lo)))

@@ -15,11 +15,10 @@ would cost more than the kernel; it must compute exactly what the kernel compute
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..errors import DeviceError
-
 
 NO_MEMO = (None, None, None, None)     # an op's dispatch memo before its first call
 

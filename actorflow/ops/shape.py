@@ -27,7 +27,7 @@ def _cat_infer(metas, attrs):
         if len(s) != len(first):
             raise ShapeError(f"cat: tensors must have the same number of dimensions: got "
                              f"{len(first)} and {len(s)} (shapes {first} and {s}, tensor {i})")
-        for d, (x, y) in enumerate(zip(first, s)):
+        for d, (x, y) in enumerate(zip(first, s, strict=True)):
             if d != dim and x != y:
                 raise ShapeError(f"cat: sizes of tensors must match except in dimension {dim}; "
                                  f"expected size {x} but got size {y} for tensor {i} in "

@@ -83,7 +83,7 @@ class LRScheduler:
             self.last_epoch = epoch
             closed = getattr(self, "_get_closed_form_lr", None)
             values = closed() if closed is not None else self.get_lr()
-        for group, lr in zip(self.optimizer.param_groups, values):
+        for group, lr in zip(self.optimizer.param_groups, values, strict=True):
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
@@ -134,7 +134,7 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list:
-        return [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs)]
+        return [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs, strict=True)]
 
     def state_dict(self) -> dict:
         """As the base's, each lambda as None (a function) or its ``__dict__`` (a callable
@@ -148,7 +148,7 @@ class LambdaLR(LRScheduler):
         state_dict = dict(state_dict)
         lambdas = state_dict.pop("lr_lambdas")
         self.__dict__.update(state_dict)
-        for f, saved in zip(self.lr_lambdas, lambdas):
+        for f, saved in zip(self.lr_lambdas, lambdas, strict=True):
             if saved is not None:
                 f.__dict__.update(saved)
 
@@ -244,7 +244,7 @@ class CosineAnnealingLR(LRScheduler):
                     for base in self.base_lrs]
         if (t - 1 - n) % (2 * n) == 0:
             return [lr + (base - lo) * (1 - math.cos(math.pi / n)) / 2
-                    for base, lr in zip(self.base_lrs, self._current())]
+                    for base, lr in zip(self.base_lrs, self._current(), strict=True)]
         return [(1 + math.cos(math.pi * t / n)) / (1 + math.cos(math.pi * (t - 1) / n))
                 * (lr - lo) + lo for lr in self._current()]
 
@@ -304,7 +304,7 @@ class SequentialLR(LRScheduler):
         state_dict = dict(state_dict)
         saved = state_dict.pop("_schedulers")
         self.__dict__.update(state_dict)
-        for s, st in zip(self._schedulers, saved):
+        for s, st in zip(self._schedulers, saved, strict=True):
             s.load_state_dict(st)
 
 
@@ -363,7 +363,7 @@ class OneCycleLR(LRScheduler):
         self._anneal_func_type = anneal_strategy
         max_lrs = _per_group("max_lr", optimizer, max_lr)
         if last_epoch == -1:
-            for lr, group in zip(max_lrs, optimizer.param_groups):
+            for lr, group in zip(max_lrs, optimizer.param_groups, strict=True):
                 group["initial_lr"] = lr / div_factor
                 group["max_lr"] = lr
                 group["min_lr"] = group["initial_lr"] / final_div_factor
@@ -377,7 +377,7 @@ class OneCycleLR(LRScheduler):
             if last_epoch == -1:
                 for hi, lo, group in zip(_per_group("max_momentum", optimizer, max_momentum),
                                          _per_group("base_momentum", optimizer, base_momentum),
-                                         optimizer.param_groups):
+                                         optimizer.param_groups, strict=True):
                     if self.use_beta1:
                         group["betas"] = (hi, *group["betas"][1:])
                     else:

@@ -225,13 +225,13 @@ class Optimizer:
         parameters of the same shapes, in the same groups: options and state are copied."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
-                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups, strict=True)):
             raise ValueError(f"{type(self).__name__}.load_state_dict: the saved groups hold "
                              f"{[len(g['params']) for g in groups]} parameters, this optimizer's "
                              f"{[len(g['params']) for g in self.param_groups]}")
         by_index = {}
-        for saved, mine in zip(groups, self.param_groups):
-            for i, p in zip(saved["params"], mine["params"]):
+        for saved, mine in zip(groups, self.param_groups, strict=True):
+            for i, p in zip(saved["params"], mine["params"], strict=True):
                 by_index[int(i)] = p
             for k, v in saved.items():
                 if k != "params":

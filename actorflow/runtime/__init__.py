@@ -2,8 +2,8 @@
 
 from .graph.actor_graph import ActorGraph
 from .graph.device_acts import Copy
+from .observe.stats import RunStats
 from .plan.reservation import Plan
 from .plan.spec import Spec
-from .observe.stats import RunStats
 
 __all__ = ["ActorGraph", "Copy", "Plan", "Spec", "RunStats"]

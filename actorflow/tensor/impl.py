@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..backends import get_backend
-from .blob import RELEASED, _SMALL, Blob
+from .blob import _SMALL, RELEASED, Blob
 from .meta import TensorMeta, contiguous_strides, strided
 
 
@@ -14,14 +14,14 @@ class TensorImpl:
 
     __slots__ = ("meta", "blob", "base", "ag", "__weakref__")
 
-    def __init__(self, meta: TensorMeta | None, blob: Blob, base: "TensorImpl | None" = None):
+    def __init__(self, meta: TensorMeta | None, blob: Blob, base: TensorImpl | None = None):
         self.meta = meta
         self.blob = blob
         self.base = base
         self.ag = None
 
     @staticmethod
-    def new(shape: tuple, dtype, device) -> "TensorImpl":
+    def new(shape: tuple, dtype, device) -> TensorImpl:
         """A fresh contiguous tensor whose blob the VM allocates when its writer runs."""
         nbytes = dtype.itemsize
         for s in shape:
@@ -29,7 +29,7 @@ class TensorImpl:
         blob = Blob(device, get_backend(device), nbytes)
         return TensorImpl(TensorMeta(shape, dtype, device, contiguous_strides(shape), 0), blob)
 
-    def view(self, shape: tuple, strides: tuple, offset: int) -> "TensorImpl":
+    def view(self, shape: tuple, strides: tuple, offset: int) -> TensorImpl:
         m = self.meta
         return TensorImpl(TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob,
                           self.base or self)

@@ -73,7 +73,7 @@ def numel(shape: tuple) -> int:
 def is_contiguous(shape: tuple, strides: tuple) -> bool:
     """True when the strides are row-major for the shape (size-1 dims may have any stride)."""
     acc = 1
-    for n, st in zip(reversed(shape), reversed(strides)):
+    for n, st in zip(reversed(shape), reversed(strides), strict=True):
         if n == 0:
             return True
         if n != 1 and st != acc:

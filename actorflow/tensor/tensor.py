@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .meta import is_contiguous, numel
 from .impl import detached
+from .meta import is_contiguous, numel
 
 
-def wrap(impl) -> "Tensor":
+def wrap(impl) -> Tensor:
     t = Tensor.__new__(Tensor)
     t._impl = impl
     return t
@@ -25,7 +25,7 @@ def wrap(impl) -> "Tensor":
 GRAD_VIEW: list = [None]    # autograd's recorder of views, set when it is armed
 
 
-def viewed(t: "Tensor", impl, kind: str, arg) -> "Tensor":
+def viewed(t: Tensor, impl, kind: str, arg) -> Tensor:
     """``impl`` (a view of ``t``) as a Tensor; when ``t`` is in autograd, the view gets its
     backward node (``kind``: "reshape", "permute", "expand" or "index"; ``arg`` its key)."""
     out = wrap(impl)
@@ -51,6 +51,13 @@ class Tensor:
         if impl.meta.shape is None:
             self._resolve(impl)             # a value-dependent shape: wait for it
         return impl.meta
+
+    def _wait_shape(self) -> None:
+        """Waits for a value-dependent shape (an op's output whose shape is known only once
+        it ran); returns at once for any other tensor."""
+        impl = self._impl
+        if impl.meta.shape is None:
+            self._resolve(impl)
 
     @property
     def shape(self) -> tuple:
@@ -98,22 +105,22 @@ class Tensor:
     def __hash__(self) -> int:
         return id(self)
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         """A tensor sharing this one's storage, outside autograd: writing it in place
         changes this tensor too (as in PyTorch), and a gradient rule that saved this tensor
         then refuses to run on the changed values."""
         impl = self._impl
         if impl.meta is None or impl.meta.shape is None:
-            self._meta
+            self._wait_shape()
         return wrap(detached(impl))
 
     # -- views --------------------------------------------------------------------------
-    def view(self, *shape) -> "Tensor":
-        self._meta
+    def view(self, *shape) -> Tensor:
+        self._wait_shape()
         return viewed(self, _views().view(self._impl, shape_args(shape)), "reshape", None)
 
-    def transpose(self, dim0: int, dim1: int) -> "Tensor":
-        self._meta
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        self._wait_shape()
         out = _views().transpose(self._impl, dim0, dim1)
         order = list(range(len(out.meta.shape)))
         if order:
@@ -121,34 +128,34 @@ class Tensor:
             order[a], order[b] = order[b], order[a]
         return viewed(self, out, "permute", tuple(order))
 
-    def permute(self, *dims) -> "Tensor":
-        self._meta
+    def permute(self, *dims) -> Tensor:
+        self._wait_shape()
         dims = shape_args(dims)
         out = _views().permute(self._impl, dims)
         return viewed(self, out, "permute", tuple(d % len(dims) for d in dims))
 
     @property
-    def T(self) -> "Tensor":
+    def T(self) -> Tensor:
         nd = self.ndim
         return self.permute(*reversed(range(nd)))
 
     @property
-    def mT(self) -> "Tensor":
+    def mT(self) -> Tensor:
         return self.transpose(-2, -1)
 
-    def unsqueeze(self, dim: int) -> "Tensor":
-        self._meta
+    def unsqueeze(self, dim: int) -> Tensor:
+        self._wait_shape()
         return viewed(self, _views().unsqueeze(self._impl, dim), "reshape", None)
 
-    def squeeze(self, dim=None) -> "Tensor":
-        self._meta
+    def squeeze(self, dim=None) -> Tensor:
+        self._wait_shape()
         return viewed(self, _views().squeeze(self._impl, dim), "reshape", None)
 
-    def expand(self, *sizes) -> "Tensor":
-        self._meta
+    def expand(self, *sizes) -> Tensor:
+        self._wait_shape()
         return viewed(self, _views().expand(self._impl, shape_args(sizes)), "expand", None)
 
-    def expand_as(self, other) -> "Tensor":
+    def expand_as(self, other) -> Tensor:
         return self.expand(*other.shape)
 
     def is_floating_point(self) -> bool:

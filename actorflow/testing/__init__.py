@@ -25,9 +25,9 @@ import threading
 from ..backends import get_backend
 from ..device import device as _device
 from ..errors import ActorError, DeadlockError, format_bytes, parse_bytes
-from ..runtime.observe import hooks as observe
-from ..runtime.graph.checks import positive_seconds
 from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.graph.checks import positive_seconds
+from ..runtime.observe import hooks as observe
 from ..runtime.observe.stats import RunStats
 from ..runtime.observe.watchdog import describe_waits
 

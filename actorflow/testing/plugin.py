@@ -18,12 +18,12 @@ import zlib
 
 import pytest
 
-from . import assert_peak_within, gpu_missing, null_latency, seeded
-from ..device import device as _device
 from ..backends import get_backend
+from ..device import device as _device
 from ..errors import parse_bytes
 from ..runtime.observe import hooks as observe
 from ..runtime.observe.watchdog import describe_waits, failure_of
+from . import assert_peak_within, gpu_missing, null_latency, seeded
 
 RUNS_SHOWN = 3                  # the last runs of a failing test that its report shows
 

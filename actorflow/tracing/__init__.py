@@ -4,8 +4,8 @@ Importing it lets ``ActorGraph.op`` trace: the runtime, below this package, neve
 it is handed ``op_program`` here."""
 
 from ..runtime.graph.actor_graph import use_op_tracer
-from .recording import Recording
 from .build import stateful_graph
+from .recording import Recording
 from .trace import Traced, op_program, stateful_program, trace
 
 use_op_tracer(op_program)

@@ -134,7 +134,7 @@ class Compiled:
             key = _key(st, ins)
             if key is not None:
                 if key in seen:             # computed already, from the same values
-                    for o, o0 in zip(st.outs, seen[key]):
+                    for o, o0 in zip(st.outs, seen[key], strict=True):
                         same[o[1]] = o0[1]
                     keep[n] = False
                     self.merged += 1
@@ -194,7 +194,7 @@ class Compiled:
             st.kernel(outs, args, st.attrs)
         except Exception:  # noqa: BLE001 - raised again, as the op's error, when it runs
             return False
-        for o, a in zip(st.outs, outs):
+        for o, a in zip(st.outs, outs, strict=True):
             self.folded[o[1]] = a
         return True
 

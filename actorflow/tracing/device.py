@@ -282,7 +282,7 @@ class DeviceProgram:
         allocate(self.static_outs, self.name)
         sins = [_darray(t) for t in self.static_ins]
         souts = [_darray(t) for t in self.static_outs]
-        for dst, src in zip(sins, in_arrays):
+        for dst, src in zip(sins, in_arrays, strict=True):
             stream.copy_d2d(dst, src)
         key = tuple(a.ptr for a in st)
         if self.graph is None or key != self.key:
@@ -299,7 +299,7 @@ class DeviceProgram:
         else:
             self.graph.launch(stream)
             self.replays += 1
-        for dst, src in zip(out_arrays, souts):
+        for dst, src in zip(out_arrays, souts, strict=True):
             stream.copy_d2d(dst, src)
 
     def _body(self, stream, outs: list, ins: list, state: list, counted: bool = True,
@@ -309,7 +309,7 @@ class DeviceProgram:
         device arrays of its operands' slots."""
         arrays = {"in": ins, "out": outs, "state": state, "tmp": self._tmp,
                   "const": self._const}
-        for launch, slots in zip(self.kernels, self._slots):
+        for launch, slots in zip(self.kernels, self._slots, strict=True):
             launch.issue(stream, [arrays[kind][i] for kind, i in slots])
             if timed is not None:
                 timed(launch.name)

@@ -16,7 +16,6 @@ strides and offset (in elements) make the view the op reads (``x.T``, ``x[1:]``.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..errors import KernelError, format_bytes
@@ -79,7 +78,7 @@ class Program:
                           else "cpu") for c in self.consts]
             arrays, _ = budget.allocate(PieceSpec(None, specs), f"constants of {name!r}",
                                         key=(name, "constants"))
-            for dst, src in zip(arrays, self.consts):
+            for dst, src in zip(arrays, self.consts, strict=True):
                 if dst is not None:
                     np.copyto(dst, src)
             self.const_arrays = arrays

@@ -31,8 +31,7 @@ import contextlib
 
 from ..autograd.nodes import Meta
 from ..backends import get_backend
-from ..eager.interpreter import (EagerInterpreter, Interpreter, check_same_device,
-                                 use_interpreter)
+from ..eager.interpreter import EagerInterpreter, Interpreter, check_same_device, use_interpreter
 from ..errors import TraceError
 from ..functional import add
 from ..ops import get as op_get
@@ -41,7 +40,6 @@ from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import contiguous_meta, is_contiguous
 from ..tensor.tensor import Tensor, wrap
-
 
 _RANDOM = ("rand", "randn")
 _STEP_FORM = {"rand": op_get("rand_step"), "randn": op_get("randn_step")}
@@ -276,13 +274,13 @@ def standing_in(tensors: list, placeholders: list):
     tensor is itself again on leaving, whatever happened inside."""
     own = [t._impl for t in tensors]
     try:
-        for t, ph in zip(tensors, placeholders):
+        for t, ph in zip(tensors, placeholders, strict=True):
             if t.requires_grad:
                 ph._impl.ag = Meta()
             t._impl = ph._impl
         yield
     finally:
-        for t, impl in zip(tensors, own):
+        for t, impl in zip(tensors, own, strict=True):
             t._impl = impl
 
 

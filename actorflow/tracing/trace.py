@@ -68,7 +68,7 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
     out_srcs = [rec.source(t._impl) for t in out_leaves]
     # node outputs that are program outputs (read whole) go straight into the register
     direct = {}
-    for j, (t, src) in enumerate(zip(out_leaves, out_srcs)):
+    for j, (t, src) in enumerate(zip(out_leaves, out_srcs, strict=True)):
         m = t._impl.meta
         if src[0] == "node" and src not in direct and t._impl.base is None \
                 and is_contiguous(m.shape, m.strides) and m.offset == 0:
@@ -98,7 +98,7 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
         kernel = kernel_of(node.op, dev, [m for _, m in node.refs] + list(node.metas))
         steps.append(Step(node.op, kernel, ins, node.attrs, outs))
     copies = []
-    for j, (t, src) in enumerate(zip(out_leaves, out_srcs)):
+    for j, (t, src) in enumerate(zip(out_leaves, out_srcs, strict=True)):
         if direct.get(src) != j:
             copies.append((j, rec.ref(src, t._impl.meta, port_of)))
     out_spec = PieceSpec(structure, [Spec(t._impl.meta.shape, t._impl.meta.dtype,

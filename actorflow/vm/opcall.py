@@ -21,6 +21,8 @@ workers run in parallel (``split_op``)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..backends import get_backend
@@ -28,9 +30,9 @@ from ..backends.cuda import kernels as KG
 from ..backends.cuda.driver import DeviceArray, Kernel
 from ..dtype import bfloat16, bfloat16_bits, bfloat16_values, from_numpy_dtype
 from ..errors import DeviceError, DTypeError, KernelError
-from ..ops.division import zero_division
 from ..ops.common import host as to_host
 from ..ops.common import put
+from ..ops.division import zero_division
 from ..ops.elementwise import _common_np
 from ..ops.registry import DERIVED
 from ..tensor.meta import contiguous_meta, strided
@@ -80,10 +82,10 @@ class Bfloat16Kernel:
             attrs["scalar"] = float(bfloat16_values(bfloat16_bits([attrs["scalar"]]))[0])
         if outs is None:                # a dynamic op returns its outputs
             res = self.kernel(None, ins, attrs)
-            return [bfloat16_bits(r) if n else r for r, n in zip(res, self.narrow)]
-        wide = [bfloat16_values(o) if n else o for o, n in zip(outs, self.narrow)]
+            return [bfloat16_bits(r) if n else r for r, n in zip(res, self.narrow, strict=True)]
+        wide = [bfloat16_values(o) if n else o for o, n in zip(outs, self.narrow, strict=True)]
         self.kernel(wide, ins, attrs)
-        for o, w, n in zip(outs, wide, self.narrow):
+        for o, w, n in zip(outs, wide, self.narrow, strict=True):
             if n:
                 o[...] = bfloat16_bits(w)
 
@@ -146,14 +148,15 @@ class DeviceKernel:
                               f"(x.to('cpu')) and move the result back with .to(...)")
 
         def reference(n_out, views, attrs, *arrays):
-            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views)]
+            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views, strict=True)]
             fn(arrays[:n_out], arrays[n_out:], attrs)
 
         def on_host(n_out, views, attrs, *arrays):
-            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views)]
-            host = [to_host(a) for a in arrays]
+            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views, strict=True)]
+            host = [np.empty(a.shape, a.dtype) if i < n_out else to_host(a)   # (outputs:
+                    for i, a in enumerate(arrays)]                          # written whole)
             fn(host[:n_out], host[n_out:], attrs)
-            for dst, h in zip(arrays[:n_out], host[:n_out]):
+            for dst, h in zip(arrays[:n_out], host[:n_out], strict=True):
                 put(dst, h)
         self.kernel = Kernel(op.name, reference=on_host if op.host_only else reference)
         self.op, self.fn = op, fn
@@ -183,7 +186,7 @@ class DeviceKernel:
         g, alias_ok, scalars, n64 = plan
         oblob = out.blob
         args = [_device_array(out)]
-        for t, ok in zip(ins, alias_ok):
+        for t, ok in zip(ins, alias_ok, strict=True):
             if t.blob is oblob and not ok:
                 return None              # an output overlapping an input otherwise
             args.append(_device_array(t))
@@ -329,7 +332,7 @@ class _Generated:
         step = KG.Step("out", name, tuple(f"a{j}" for j in range(len(ins))), out_dtype,
                        tuple(scalars), tuple((k, v) for k, v in fixed if isinstance(v, str)),
                        compute)
-        run = KG.FusedRun(tuple(KG.Value(a, dt, lay) for a, (dt, lay, _) in zip(step.args, ins)),
+        run = KG.FusedRun(tuple(KG.Value(a, dt, lay) for a, (dt, lay, _) in zip(step.args, ins, strict=True)),
                           (step,), ("out",))
         try:
             # all float32: the float4 form (it checks the pointers' alignment itself)
@@ -367,9 +370,9 @@ class _Generated:
             out = args[0]
             xs = list(args[1:first])
             if any_zero_d:
-                xs = [a.reshape(()) if z else a for a, z in zip(xs, zero_d)]
+                xs = [a.reshape(()) if z else a for a, z in zip(xs, zero_d, strict=True)]
             attrs = dict(fixed)
-            for (attr, f16, py), v in zip(convs, args[first:last]):
+            for (attr, f16, py), v in zip(convs, args[first:last], strict=True):
                 attrs[attr] = py(v.view(np.float16) if f16 else v)
             if divisor is not None:
                 flag = args[-1]
@@ -395,7 +398,7 @@ def _device_kernel(op):
 DERIVED["cuda"] = _device_kernel
 
 
-def device_call_op(args, stream) -> "ZeroCheck | None":
+def device_call_op(args, stream) -> ZeroCheck | None:
     """Issues one op call (``args`` as ``call_op``'s) on the driver ``stream`` of a device
     with its own memory: allocates the outputs, then launches the op's generated kernel
     when it takes this call (``DeviceKernel.generated``), else its reference kernel over the
@@ -489,7 +492,7 @@ class Launch:
     def issue(self, stream, arrays: list) -> None:
         """Launches on the driver ``stream`` over ``arrays`` (device arrays, whole)."""
         packed = list(self.head)
-        for a, m in zip(arrays, self.at):
+        for a, m in zip(arrays, self.at, strict=True):
             packed.append(a if m is None else _at(a, m))
         packed.extend(self.tail)
         if self.zero is None:
@@ -514,7 +517,7 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
         if plan is not None:
             g, alias_ok, scalars, n64 = plan
             packed: list = []
-            if all(ok or not a for a, ok in zip(aliased, alias_ok)) \
+            if all(ok or not a for a, ok in zip(aliased, alias_ok, strict=True)) \
                     and _pack_scalars(scalars, attrs, packed):
                 return Launch(name, g.kernel, (), (*packed, n64), tuple(views), g,
                               tuple(packed), n64)
@@ -636,7 +639,7 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
         for nm in ins:
             last_read[nm] = k
     done_after = [[] for _ in order]
-    for k, (_, _, o, _, _) in enumerate(order):
+    for _, _, o, _, _ in order:
         if o not in written:
             done_after[last_read[o]].append(o)
 
@@ -644,13 +647,13 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
         n = int(args[-1])
         outs = args[:n_out]
         vals = {}
-        for nm, a in zip(names, args[n_out:]):
+        for nm, a in zip(names, args[n_out:], strict=False):    # (the scalars and n follow)
             layout, zero_d = layout_of[nm]
             vals[nm] = a.reshape(n) if layout == "full" else a if zero_d else a.reshape(1)
         scal = args[n_out + len(names):-1]
         s = 0
         spare: dict = {}                 # dtype -> buffers of intermediates no longer read
-        for (ref, ins, o, dt, n_scal), done in zip(order, done_after):
+        for (ref, ins, o, dt, n_scal), done in zip(order, done_after, strict=True):
             j = written.get(o)
             if j is not None:
                 dst = outs[j].reshape(n)
@@ -763,7 +766,7 @@ def as_fresh(r, dtype):
 
 def _run_dynamic(name, kernel, ins, outs, attrs) -> None:
     results = kernel(None, [i.array() for i in ins], attrs)
-    for o, arr in zip(outs, results):
+    for o, arr in zip(outs, results, strict=True):
         b = o.blob
         m = o.meta
         b.backend.allocator.adopt(arr.nbytes, name)
@@ -802,7 +805,7 @@ def split_op(instr, n: int, first_share: float = 0.0):
         bounds = [size * k // n for k in range(n + 1)]
     lead = (slice(None),) * axis
     pieces = []
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         sl = lead + (slice(lo, hi),)
         part_ins = []
         for a in arrays:

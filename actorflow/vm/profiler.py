@@ -271,7 +271,7 @@ class Profile:
         self._records = self._samples = self._trace = self._events = None
         self._threads: dict = {}
 
-    def __enter__(self) -> "Profile":
+    def __enter__(self) -> Profile:
         from .scheduler import get_vm
         if self.t0 is not None:
             raise RuntimeError("this af.profile() was entered already; a profile records one "

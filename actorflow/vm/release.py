@@ -13,7 +13,6 @@ from ..tensor.blob import RELEASED
 from .deps import issued_uses
 from .instruction import RELEASE, Instruction
 
-
 RELEASES = "releases"           # the stream of RELEASEs on a launch-ahead device
 
 

@@ -24,6 +24,7 @@ then, and nothing can come to refer to it again.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 
@@ -177,7 +178,7 @@ class RunPlanner:
         tile_shape = shape[:axis] + (tile,) + shape[axis + 1:]
         bounds = [size * k // n for k in range(n + 1)]
         return [_Slice(steps, axis, lo, hi, tile, tile_shape, dtypes, skip, fail)
-                for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+                for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
     def undo(self) -> None:
         """Gives back the memory ``prepare`` allocated."""

@@ -54,14 +54,22 @@ from ..backends.base import on_memory_pressure
 from ..errors import VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED, Blob
-from .deps import (RAN_ON_FAILED, error_to_run, failed_before, first_error, launched, record,
-                   settled, wrote_nothing)
-from .runs import Runs
-from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction, Named as _Named
-from .opcall import (ZeroCheck, allocate, as_fresh, call_fresh, device_call_op, kernel_error,
-                     run_op)
-from .run_cuts import ELEMENTWISE
+from .deps import (
+    RAN_ON_FAILED,
+    error_to_run,
+    failed_before,
+    first_error,
+    launched,
+    record,
+    settled,
+    wrote_nothing,
+)
+from .instruction import OP_CALL, OUTPUTS, RELEASE, Instruction
+from .instruction import Named as _Named
+from .opcall import ZeroCheck, allocate, as_fresh, call_fresh, device_call_op, kernel_error, run_op
 from .release import collect
+from .run_cuts import ELEMENTWISE
+from .runs import Runs
 from .sync import KeptErrors
 from .workers import Countdown, Workers
 

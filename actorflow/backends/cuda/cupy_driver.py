@@ -50,8 +50,19 @@ import threading
 import numpy as np
 
 from ...errors import DeviceError, KernelError, OutOfMemoryError
-from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
-                     PoolCount, Stream, check_copy, raise_sticky)
+from .driver import (
+    DeviceArray,
+    DeviceMemory,
+    Driver,
+    Event,
+    Graph,
+    Kernel,
+    MemoryInfo,
+    PoolCount,
+    Stream,
+    check_copy,
+    raise_sticky,
+)
 
 THREADS = 256                   # threads per block of a generated kernel's launch
 BLOCKS_PER_SM = 32              # the grid's cap, per SM (the kernels stride over the rest)
@@ -84,7 +95,7 @@ class CupyEvent(Event):
 
     __slots__ = ("_driver", "_ev", "_stream", "_seq")
 
-    def __init__(self, driver: "CupyDriver"):
+    def __init__(self, driver: CupyDriver):
         self._driver = driver
         with driver._dev:
             self._ev = driver._cp.cuda.Event(disable_timing=True)
@@ -141,7 +152,7 @@ class CupyGraph(Graph):
     def __init__(self, graph):
         self._graph = graph
 
-    def launch(self, stream: "CupyStream") -> None:
+    def launch(self, stream: CupyStream) -> None:
         with stream._driver._dev:
             self._graph.launch(stream._s)
 
@@ -149,7 +160,7 @@ class CupyGraph(Graph):
 class CupyStream(Stream):
     """A non-blocking ``cupy.cuda.Stream`` of the driver's device."""
 
-    def __init__(self, driver: "CupyDriver", name: str, cuda_stream=None):
+    def __init__(self, driver: CupyDriver, name: str, cuda_stream=None):
         self.name = name
         self._driver = driver
         cp = driver._cp
@@ -170,21 +181,28 @@ class CupyStream(Stream):
         return f"CupyStream({self._driver.device}:{self.name})"
 
     # -- sticky errors ---------------------------------------------------------------------
-    def _error_before(self, seq: int, settled: bool = False):
+    def _error_before(self, seq: int, settled: bool = False, seen: dict | None = None):
         """The sticky error of the commands up to ``seq``: this stream's own, else one
         passed on by a wait (``_links``, looked up now: a source stream's host function
         may set its error after the wait was issued, before the waited event completes).
         ``settled``: the commands up to ``seq`` completed, so the links up to there are
         final: their errors become this stream's own and the links are dropped (a long run
-        keeps no list of every wait)."""
+        keeps no list of every wait). ``seen``: per stream, the latest seq this lookup found
+        clean, so that streams waiting on each other over and over have each wait looked at
+        once (else the lookup grows exponentially with the waits)."""
+        if seen is None:
+            seen = {}
+        clean = seen.get(id(self), -1)
+        if seq <= clean:
+            return None
         with self._lock:
             own = next(((at, err) for at, err in self._errors if at <= seq), None)
-            links = [link for link in self._links if link[0] <= seq]
+            links = [link for link in self._links if clean < link[0] <= seq]
         found = own
         for at, src, src_seq in links:      # in issue order; each names an earlier time
             if found is not None and found[0] <= at:
                 break
-            err = src._error_before(src_seq, settled)
+            err = src._error_before(src_seq, settled, seen)
             if err is not None:
                 found = (at, err)
                 break
@@ -194,7 +212,10 @@ class CupyStream(Stream):
                     self._errors.append(found)
                     self._errors.sort(key=lambda e: e[0])
                 self._links = [link for link in self._links if link[0] > seq]
-        return None if found is None else found[1]
+        if found is None:
+            seen[id(self)] = seq
+            return None
+        return found[1]
 
     def _fail(self, what: str, e: BaseException) -> None:
         err = e if isinstance(e, KernelError) else KernelError.of(what, self._driver.device, e)
@@ -287,8 +308,14 @@ class CupyStream(Stream):
         self._next()                        # the wait is a command: an event recorded
         #                                     before it does not see what it passes on
         if errors and src is not self:
-            with self._lock:                # a fault before the record, looked up when
-                self._links.append((self._seq, src, event._seq))   # asked (_error_before)
+            with src._lock:                 # a fault the source has already: this
+                known = next((e for at, e in src._errors if at <= event._seq), None)
+            with self._lock:                # stream's now, so its later work is skipped;
+                if known is not None:       # one set later (a host function) is looked
+                    if not self._errors:    # up when asked (_links, _error_before)
+                        self._errors.append((self._seq, known))
+                else:
+                    self._links.append((self._seq, src, event._seq))
         with self._driver._dev:
             self._s.wait_event(event._ev)
 
@@ -581,7 +608,7 @@ class CupyDriver(Driver):
         """Grid-stride sizing: the element count (the ``n`` parameter) over 256 threads a
         block, capped at 32 blocks per SM; at least one block."""
         n = 0
-        for (_, kind, _), a in zip(kernel.params, args):
+        for (_, kind, _), a in zip(kernel.params, args, strict=False):  # one to one
             if kind == "n":
                 n = int(a)
         return max(1, min(-(-n // THREADS), self._sms * BLOCKS_PER_SM)), THREADS

@@ -44,7 +44,7 @@ class Pointer:
     def __init__(self, buf: np.ndarray, off: int):
         self.buf, self.off = buf, off
 
-    def __add__(self, n: int) -> "Pointer":
+    def __add__(self, n: int) -> Pointer:
         return Pointer(self.buf, self.off + int(n))
 
 
@@ -84,6 +84,8 @@ class CupyLikeArray(NDArrayOperatorsMixin):
     def set(self, host) -> None:
         if not isinstance(host, np.ndarray) or host.shape != self.a.shape:
             raise ValueError(f"set: a numpy array of shape {self.a.shape} is needed")
+        if host.dtype != self.a.dtype:          # (CuPy's set does not convert either)
+            raise TypeError(f"set: a {host.dtype} array into a {self.a.dtype} one")
         if not self.a.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
         np.copyto(self.a, host, casting="unsafe")

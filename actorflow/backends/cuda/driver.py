@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -67,12 +67,12 @@ class DeviceMemory:
     """One block of device memory from a driver's pool: ``nbytes`` at address ``ptr``
     (a real address on a GPU, a made-up aligned one on the emulator). ``handle`` is the
     driver's own object for it."""
-    driver: "Driver"
+    driver: Driver
     ptr: int
     nbytes: int
     handle: object = field(default=None, repr=False)
 
-    def array(self, shape, dtype, offset: int = 0) -> "DeviceArray":
+    def array(self, shape, dtype, offset: int = 0) -> DeviceArray:
         """A typed view of this block: ``shape`` of ``dtype`` from byte ``offset``.
         Raises ValueError when it does not fit in the block."""
         dtype = np.dtype(dtype)
@@ -136,13 +136,13 @@ class PoolCount:
                                    f"device memory ({nbytes:,} bytes asked, "
                                    f"{self.in_use:,} in use, limit {limit:,})")
 
-    def add(self, mem: "DeviceMemory", own=None) -> None:
+    def add(self, mem: DeviceMemory, own=None) -> None:
         """Counts block ``mem`` (``own``: what keeps it allocated; hold ``lock``)."""
         self.blocks[mem.ptr] = (mem, own)
         self.in_use += mem.nbytes
         self.peak = max(self.peak, self.in_use)
 
-    def remove(self, mem: "DeviceMemory"):
+    def remove(self, mem: DeviceMemory):
         """Forgets block ``mem``; returns its ``own``. Raises DeviceError for a block not
         allocated (freed twice, or another driver's)."""
         with self.lock:
@@ -154,11 +154,11 @@ class PoolCount:
             self.in_use -= mem.nbytes
             return entry[1]
 
-    def live(self, mem: "DeviceMemory") -> bool:
+    def live(self, mem: DeviceMemory) -> bool:
         entry = self.blocks.get(mem.ptr)
         return entry is not None and entry[0] is mem
 
-    def info(self) -> "MemoryInfo":
+    def info(self) -> MemoryInfo:
         with self.lock:
             return MemoryInfo(self.device, self.in_use, self.peak, self.limit)
 
@@ -195,7 +195,7 @@ class Graph(ABC):
     """A stream's commands captured by ``begin_capture``/``end_capture``."""
 
     @abstractmethod
-    def launch(self, stream: "Stream") -> None:
+    def launch(self, stream: Stream) -> None:
         """Replays the captured commands on ``stream``, in their order."""
 
 
@@ -322,7 +322,7 @@ class Driver(ABC):
         for s in list(self._streams):
             s.synchronize(timeout)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op by default, not abstract
         """Releases the driver's threads and memory (a no-op where there are none)."""
 
     # -- DLPack: device memory shared with other libraries, without a copy -----------------

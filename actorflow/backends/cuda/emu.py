@@ -39,8 +39,19 @@ import numpy as np
 
 from ...errors import DeviceError, KernelError, OutOfMemoryError
 from .cupylike import CupyLikeArray
-from .driver import (DeviceArray, DeviceMemory, Driver, Event, Graph, Kernel, MemoryInfo,
-                     PoolCount, Stream, check_copy, raise_sticky)
+from .driver import (
+    DeviceArray,
+    DeviceMemory,
+    Driver,
+    Event,
+    Graph,
+    Kernel,
+    MemoryInfo,
+    PoolCount,
+    Stream,
+    check_copy,
+    raise_sticky,
+)
 
 _ALIGN = 256                    # cudaMalloc's alignment; the emulator's made-up addresses keep it
 _WORK, _CONTROL = 0, 1          # a sticky error skips work (kernels, copies), never control
@@ -57,7 +68,7 @@ class EmuEvent(Event):
 
     __slots__ = ("_driver", "_recorded", "_low", "_ahead", "_errors", "_waiters")
 
-    def __init__(self, driver: "EmuDriver"):
+    def __init__(self, driver: EmuDriver):
         self._driver = driver
         self._recorded = self._low = 0
         self._ahead: set = set()
@@ -76,7 +87,7 @@ class EmuEvent(Event):
     def _error_at(self, n: int):
         return self._errors.get(n)
 
-    def _complete(self, n: int, error, stream: "EmuStream | None" = None) -> bool:
+    def _complete(self, n: int, error, stream: EmuStream | None = None) -> bool:
         """Record ``n`` is reached (``error``: the stream's sticky error then); ``stream``:
         the stream whose worker reached it, whose command count goes up with it, so that a
         ``then`` callback sees the stream done with it. Returns True (counted)."""
@@ -136,7 +147,7 @@ class EmuGraph(Graph):
     def __len__(self) -> int:
         return len(self._makes)
 
-    def launch(self, stream: "EmuStream") -> None:
+    def launch(self, stream: EmuStream) -> None:
         for make in self._makes:
             stream._issue(make)
 
@@ -144,7 +155,7 @@ class EmuGraph(Graph):
 class EmuStream(Stream):
     """A stream of the emulator: a daemon thread running its commands in order."""
 
-    def __init__(self, driver: "EmuDriver", name: str, index: int):
+    def __init__(self, driver: EmuDriver, name: str, index: int):
         self.name = name
         self._driver = driver
         self._q: queue.SimpleQueue = queue.SimpleQueue()

@@ -647,7 +647,7 @@ def elementwise(op: str, dtype: str, inputs: tuple, layouts: tuple | None = None
     these dtypes)."""
     layouts = layouts or ("full",) * len(inputs)
     names = [f"a{j}" for j in range(len(inputs))]
-    run = FusedRun(tuple(Value(nm, t, lay) for nm, t, lay in zip(names, inputs, layouts)),
+    run = FusedRun(tuple(Value(nm, t, lay) for nm, t, lay in zip(names, inputs, layouts, strict=True)),
                    (Step("out", op, tuple(names), dtype, tuple(scalars), tuple(attrs),
                          compute),), ("out",))
     return fused(run, vector)

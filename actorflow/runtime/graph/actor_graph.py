@@ -18,20 +18,27 @@ from __future__ import annotations
 import threading
 
 from ...errors import ActorflowError, DeviceError, PlanError, TraceError
-from ..sched import driving
 from ..observe import hooks as observe
+from ..observe.stats import RunStats
+from ..plan.autotune import FLOOR
+from ..plan.registers import MemoryBudget
+from ..plan.sizing import plan_graph
+from ..plan.spec import PieceSpec
+from ..sched import driving
 from ..sched import loop as loop_module
+from ..sched.processes import OwnsProcesses
 from .actors import COLLECTOR_NAME, Actor, OpActor, StageActor
 from .checks import check_buffers
-from .device_acts import (DEVICE_ACTORS, CopyActor, DeviceOpActor, DeviceSource,
-                          DeviceStage, device_memory, placed_on)
-from ..plan.autotune import FLOOR
-from ..plan.sizing import plan_graph
-from ..plan.registers import MemoryBudget
+from .device_acts import (
+    DEVICE_ACTORS,
+    CopyActor,
+    DeviceOpActor,
+    DeviceSource,
+    DeviceStage,
+    device_memory,
+    placed_on,
+)
 from .source import SourceActor
-from ..plan.spec import PieceSpec
-from ..sched.processes import OwnsProcesses
-from ..observe.stats import RunStats
 
 _OP_TRACER: list = [None]
 

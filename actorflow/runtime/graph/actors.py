@@ -17,12 +17,27 @@ import numpy as np
 
 from ...device import device as as_device
 from ...tensor.meta import strided
-from .checks import (check_buffers, check_replicas, check_resources, check_time,
-                     check_timeout, seconds)
-from ..sched.loop import run_on_graph_loop
 from ..plan.registers import RegisterArrays
-from ..plan.spec import (NOTHING, PieceSpec, check_piece, flatten, none_is_fine, own_copy,
-                   refuse_awaitable, refuse_device_tensor, unflatten)
+from ..plan.spec import (
+    NOTHING,
+    PieceSpec,
+    check_piece,
+    flatten,
+    none_is_fine,
+    own_copy,
+    refuse_awaitable,
+    refuse_device_tensor,
+    unflatten,
+)
+from ..sched.loop import run_on_graph_loop
+from .checks import (
+    check_buffers,
+    check_replicas,
+    check_resources,
+    check_time,
+    check_timeout,
+    seconds,
+)
 
 CPU = as_device("cpu")
 
@@ -93,7 +108,7 @@ class Actor:
         leaves = self.cached.pop(piece, None)
         if leaves is None:
             return False
-        for d, v in zip(outs, leaves):
+        for d, v in zip(outs, leaves, strict=True):
             if d is not None:
                 np.copyto(d, v, casting="no")
         return True
@@ -106,7 +121,7 @@ class Actor:
                 if outs[0] is not None:
                     np.copyto(outs[0], value)
                 return
-        for d, v in zip(outs, check_piece(value, spec, what, self.declared)):
+        for d, v in zip(outs, check_piece(value, spec, what, self.declared), strict=True):
             if d is not None:
                 np.copyto(d, v, casting="no")
 
@@ -151,7 +166,8 @@ class Actor:
 def is_async_function(fn) -> bool:
     """``async def`` functions (also partials of them, and objects whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(fn) or (
-        not inspect.isroutine(fn) and inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
+        not inspect.isroutine(fn)
+        and inspect.iscoroutinefunction(getattr(fn, "__call__", None)))  # noqa: B004 - is it async
 
 
 def read_piece(arrays: list, spec: PieceSpec):
@@ -181,7 +197,7 @@ class StageActor(Actor):
             raise TypeError(f"actor {name!r}: expected a function of pieces, got "
                             f"{type(fn).__name__}")
         if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(
-                getattr(fn, "__call__", None)):
+                getattr(fn, "__call__", None)):  # noqa: B004 - is __call__ an async generator
             raise TypeError(
                 f"actor {name!r}: {getattr(fn, '__name__', fn)!r} is an async generator "
                 f"function, which yields many items; a stage gives one piece per input piece. "
@@ -344,7 +360,7 @@ class Collector(Actor):
             return unflatten(self.structure, leaves)
         if len(parts) == 1:
             return parts[0]
-        return dict(zip(self.names, parts))
+        return dict(zip(self.names, parts, strict=True))
 
 
 def _copy_out(piece):

@@ -86,7 +86,7 @@ def register_arrays(arrays: list, spec: PieceSpec) -> list:
     """A register's arrays as actors use them: a tensor over each one on a device the host
     does not read (``register_tensor``), numpy arrays as they are."""
     out = []
-    for a, s in zip(arrays, spec.specs):
+    for a, s in zip(arrays, spec.specs, strict=True):
         if a is not None and not isinstance(a, np.ndarray):
             a = register_tensor(a, s)
         out.append(a)
@@ -228,7 +228,7 @@ class CopyActor(Actor):
         if self.h2d:
             await _settled([t for t in outs if t is not None])  # reads of the last piece
             stream = b.driver_stream(b.stream("h2d"))
-            for dst, x in zip(outs, src):
+            for dst, x in zip(outs, src, strict=True):
                 if dst is None:
                     continue
                 block = dst._impl.blob.array
@@ -236,7 +236,7 @@ class CopyActor(Actor):
                 caching.record_stream(block.block, stream)
         else:
             stream = b.driver_stream(b.stream("d2h"))
-            for dst, x in zip(outs, src):
+            for dst, x in zip(outs, src, strict=True):
                 if dst is None:
                     continue
                 if isinstance(x, np.ndarray):           # piece 0, computed while planning
@@ -303,11 +303,11 @@ class DeviceStage(StageActor):
         read = [t for i in ins for t in flatten(i)[0] if isinstance(t, Tensor)]
         writes = [t._impl.blob.last_write for t in read]     # (a write in place replaces it)
         leaves = self._leaves(await self._value(ins), piece)
-        for dst, x in zip(outs, leaves):
+        for dst, x in zip(outs, leaves, strict=True):
             if dst is not None:
                 dst.copy_(x)
         await _settled(list(outs) + read)
-        for t, w in zip(read, writes):
+        for t, w in zip(read, writes, strict=True):
             if t._impl.blob.last_write is not w:
                 raise ValueError(
                     f"actor {self.name!r} (piece {piece}) wrote into an input in place, and "
@@ -358,7 +358,7 @@ class DeviceSource(SourceActor):
                                "give tensors on {device} (af.tensor(x, device={name!r})), or "
                                "host arrays to a source on the host followed by a copy "
                                "(g.copy(src, {name!r}))")
-        for dst, x in zip(outs, leaves):
+        for dst, x in zip(outs, leaves, strict=True):
             if dst is not None:
                 dst.copy_(x)
         await _settled(outs)
@@ -425,7 +425,7 @@ async def _stored_cached(actor, piece: int, outs: list) -> bool:
     cached = actor.cached.pop(piece, None)
     if cached is None:
         return False
-    for dst, x in zip(outs, cached):
+    for dst, x in zip(outs, cached, strict=True):
         if dst is not None:
             dst.copy_(wrap_host(x).to(str(actor.device)))
     await _settled(outs)

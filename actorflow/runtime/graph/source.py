@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import inspect
 
-from .actors import Actor, Sized
-from ..sched.loop import run_on_graph_loop
 from ..plan.registers import EOS
+from ..sched.loop import run_on_graph_loop
+from .actors import Actor, Sized
 
 
 def _one_shot(src) -> bool:

@@ -63,7 +63,7 @@ class WaitFor:
 
     def describe(self, cycle: list) -> str:
         parts = []
-        for a, b, reason in cycle:
+        for a, _b, reason in cycle:
             note = self.notes.get(a)
             parts.append(f"{note}; {reason}" if note and note != reason else reason)
         return "; ".join(parts)

@@ -30,8 +30,16 @@ import time
 
 import numpy as np
 
-from .placement import (PACKERS, consumers_of, exact_pack, greedy_order, intervals,
-                        live_peaks, min_live, pack)
+from .placement import (
+    PACKERS,
+    consumers_of,
+    exact_pack,
+    greedy_order,
+    intervals,
+    live_peaks,
+    min_live,
+    pack,
+)
 
 ALIGN = 8               # every register starts on an 8-byte boundary (any dtype can view it)
 EXACT_MAX = 12          # graphs up to this many nodes are planned exactly

@@ -5,7 +5,7 @@ exact branch and bound)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def pack(size: list, ivs: list, key, fit: str = "best") -> tuple[int, list]:
         if n > 64:
             mask = (offs >= 0) & (start <= e) & (end >= s)
             lo = offs[mask]
-            busy = sorted(zip(lo.tolist(), (lo + sz[mask]).tolist()))
+            busy = sorted(zip(lo.tolist(), (lo + sz[mask]).tolist(), strict=True))
         else:
             busy = sorted((off[j], off[j] + size[j]) for j in placed
                           if not (ivs[j][1] < s or e < ivs[j][0]))
@@ -187,7 +187,7 @@ def min_live(sizes: list, inputs: list, cons: list, scale: dict, order_in=None):
                     h[d] += b
         return h
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(done):
         if done == full:
             return 0.0, -1

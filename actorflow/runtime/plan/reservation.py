@@ -19,10 +19,10 @@ import traceback
 from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Collector, OpActor, read_piece
 from ..graph.device_acts import pinned_for, register_arrays, release_registers
+from ..graph.source import SourceActor
 from .autotune import FLOOR, HANDOFF, SMALL_BYTES, default_counts
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
-from ..graph.source import SourceActor
 
 
 class Plan:
@@ -152,7 +152,7 @@ class Plan:
             if self.sharing is not None:
                 per_buffer += self.sharing.region.get(dev, 0)   # a wave of shared registers
 
-            def need(n):
+            def need(n, fixed=fixed, per_buffer=per_buffer):
                 return fixed + per_buffer * n
             fits = None
             n = max(r["buffers"] for r, _ in mine) if mine else 1

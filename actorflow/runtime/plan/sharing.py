@@ -54,7 +54,7 @@ class Sharing:
         self.base: dict = {}        # device -> the arena's array (None on null devices)
 
     @staticmethod
-    def make(actors: list, buffers: dict, budget) -> "Sharing | None":
+    def make(actors: list, buffers: dict, budget) -> Sharing | None:
         """Plans sharing for the sized actors of a plan (``actors`` in plan order, the
         collector excluded); None when no two registers could share. Each device's arena
         is weighed against what its budget leaves after the bytes that do not share (the
@@ -95,7 +95,7 @@ class Sharing:
         arrays, _ = budget.allocate(PieceSpec(list(range(len(specs))), specs),
                                     "shared registers", key=SHARED_KEY)
         self.base = {s.device: None if a is None else a.view(np.uint8)
-                     for s, a in zip(specs, arrays)}
+                     for s, a in zip(specs, arrays, strict=True)}
 
     def arrays(self, actor, j: int) -> list:
         """Register ``j`` of ``actor``: views into its wave's region of the arenas."""

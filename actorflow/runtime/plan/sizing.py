@@ -9,10 +9,10 @@ import traceback
 
 from ...errors import ActorError, PlanError
 from ..graph.actors import Collector, OpActor, read_piece
-from .autotune import AUTO, FLOOR, default_counts, stage_time, tune
-from .reservation import Plan
-from .registers import EOS, MemoryBudget
 from ..graph.source import SourceActor
+from .autotune import AUTO, FLOOR, default_counts, stage_time, tune
+from .registers import EOS, MemoryBudget
+from .reservation import Plan
 from .spec import NOTHING
 
 

@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from ...device import Device, device as as_device
+from ...device import Device
+from ...device import device as as_device
 from ...dtype import DType, as_dtype, float32, from_numpy_dtype
 from ...errors import DeviceError, DTypeError, ShapeError, format_bytes
 from ...tensor.meta import as_shape
@@ -50,7 +51,7 @@ class Spec:
         return math.prod(self.shape) * self.dtype.itemsize
 
     @staticmethod
-    def of(value, device=None) -> "Spec":
+    def of(value, device=None) -> Spec:
         """The Spec of an array, tensor or Python scalar."""
         if isinstance(value, Tensor):
             m = value._impl.meta
@@ -107,7 +108,7 @@ def _unflatten(s, it):
     if s == 0:
         return next(it)
     if s[0] is dict:
-        return {k: _unflatten(c, it) for k, c in zip(s[1], s[2])}
+        return {k: _unflatten(c, it) for k, c in zip(s[1], s[2], strict=True)}
     kind, children = s
     items = [_unflatten(c, it) for c in children]
     return tuple(items) if kind is tuple else items
@@ -138,8 +139,8 @@ def structure_difference(got, want, at: str = ""):
             or (got[0] is not dict and len(got[1]) != len(want[1]))):
         return at, structure_words(got), structure_words(want)
     keys = got[1] if got[0] is dict else range(len(got[1]))
-    children = zip(got[-1], want[-1])
-    for k, (a, b) in zip(keys, children):
+    children = zip(got[-1], want[-1], strict=True)
+    for k, (a, b) in zip(keys, children, strict=True):
         found = structure_difference(a, b, f"{at}[{k!r}]")
         if found is not None:
             return found
@@ -209,7 +210,7 @@ class PieceSpec:
         self.specs = tuple(specs)
 
     @staticmethod
-    def of(piece, what: str, device=None) -> "PieceSpec":
+    def of(piece, what: str, device=None) -> PieceSpec:
         leaves, structure = flatten(piece)
         specs = []
         for i, leaf in enumerate(leaves):
@@ -227,7 +228,7 @@ class PieceSpec:
         return PieceSpec(structure, specs)
 
     @staticmethod
-    def from_user(out) -> "PieceSpec":
+    def from_user(out) -> PieceSpec:
         """``out=`` as given by a user: a Spec, or a tuple/list/dict of Specs."""
         leaves, structure = flatten(out)
         for leaf in leaves:
@@ -295,7 +296,7 @@ def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
         raise TypeError(structure_mismatch(what, structure, spec.structure, origin)
                         + f" (got {_spec_words(value)}, the register holds {spec!r})")
     return [_checked_leaf(v, s, f"{what} (array {i})", what)
-            for i, (v, s) in enumerate(zip(leaves, spec.specs))]
+            for i, (v, s) in enumerate(zip(leaves, spec.specs, strict=True))]
 
 
 def refuse_device_tensor(v, device, what: str) -> None:

@@ -10,9 +10,9 @@ import traceback
 from queue import SimpleQueue
 
 from ..graph.actors import OpActor
-from ..plan.registers import EOS
 from ..graph.source import SourceActor
 from ..observe.timeline import record_act
+from ..plan.registers import EOS
 
 INPUT, CREDIT, RESOURCE = "input", "credit", "resource"
 

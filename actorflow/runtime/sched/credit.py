@@ -36,18 +36,18 @@ from collections import deque
 from ...errors import ActorError
 from ..graph.actors import Collector, Sized, read_piece
 from ..graph.source import SourceActor
-from .state_gates import gates_open, gates_passed, make_gates
 from ..observe.hooks import VirtualClock
-from .output import RunOutput
-from ..plan.registers import EOS, Register
-from ..plan.sharing import bind_gates, gate_open, taken, untaken, went_home
-from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
-from ..plan.spec import NOTHING
-from .actor_runs import CREDIT, INPUT, RESOURCE, ActorRun, ActorThread, make_actor_runs
-from .stragglers import Stragglers
-from .timed import TimedActs
 from ..observe.timeline import Timeline, delayed, record_act
 from ..observe.watchdog import stalled
+from ..plan.registers import EOS, Register
+from ..plan.sharing import bind_gates, gate_open, taken, untaken, went_home
+from ..plan.spec import NOTHING
+from .actor_runs import CREDIT, INPUT, RESOURCE, ActorRun, ActorThread, make_actor_runs
+from .output import RunOutput
+from .pipes import PipedThread, abandon, pipe_actors, watch_pipes
+from .state_gates import gates_open, gates_passed, make_gates
+from .stragglers import Stragglers
+from .timed import TimedActs
 
 DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
 

@@ -8,11 +8,11 @@ import asyncio
 import threading
 from queue import SimpleQueue
 
-from . import loop as loop_module
 from ..observe import hooks as observe
+from ..observe.progress import ProgressBar, tqdm_class
+from . import loop as loop_module
 from .credit import CreditScheduler
 from .loop import ConsumerWatch, graph_loop, on_graph_loop, refuse_on_graph_loop
-from ..observe.progress import ProgressBar, tqdm_class
 
 _END = object()
 
@@ -88,24 +88,32 @@ def run_blocking(g, feed=None, trace=None, progress=False):
             yield item
             refuse_on_graph_loop("a run started elsewhere was advanced (next())")
     finally:
-        if done is None:                  # interrupted before the loop took the run
+        # (no return in here: it would swallow the error on its way out, a source that
+        # failed to start or a Ctrl-C, and the caller's loop would just end)
+        if done is None:                  # stopped before the loop took the run
             sched.stopping = True
             sched.let_go()
             g._finish(plan, sched)
-            return
-        if not finished:
-            loop.call_soon_threadsafe(sched.stop, None)
-        interrupted = None
-        while not on_graph_loop():        # the run ended and its memory is settled (on
-            #                               the loop, closed or refused there: it ends
-            #                               there once the act returns, unwaited)
-            try:
-                done.result()
-                break
-            except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
-                interrupted = e
-        if interrupted is not None:
-            raise interrupted
+        else:
+            _settle(loop, sched, done, finished)
+
+
+def _settle(loop, sched, done, finished: bool) -> None:
+    """After ``run_blocking``'s loop: stops the run if it did not finish, and waits until
+    it ended and its memory is settled (on the graph loop, closed or refused there: it
+    ends there once the act returns, unwaited); a second Ctrl-C while waiting is raised
+    once that is done."""
+    if not finished:
+        loop.call_soon_threadsafe(sched.stop, None)
+    interrupted = None
+    while not on_graph_loop():
+        try:
+            done.result()
+            break
+        except KeyboardInterrupt as e:    # a second Ctrl-C: clean up, then raise it
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
 
 
 def start_async(g, feed):

@@ -28,11 +28,11 @@ import traceback
 from queue import SimpleQueue
 
 from ..graph.actors import Collector, Sized
-from ..plan.registers import EOS
 from ..graph.source import SourceActor
-from .actor_runs import CREDIT, INPUT, ActorRun, ActorThread
 from ..observe.timeline import record, record_failed
 from ..observe.watchdog import stalled
+from ..plan.registers import EOS
+from .actor_runs import CREDIT, INPUT, ActorRun, ActorThread
 
 
 def _pipeable(st) -> bool:

@@ -89,7 +89,7 @@ def dumps(fn) -> bytes:
 
 def _same(a, b) -> bool:
     return type(a) is tuple and type(b) is tuple and len(a) == len(b) and all(
-        x is y for x, y in zip(a, b)) or a is b
+        x is y for x, y in zip(a, b, strict=True)) or a is b
 
 
 def function_key(fn):
@@ -415,7 +415,7 @@ def worker_main(conn) -> None:
         return fn(*unflatten(structure, leaves))
 
     def store(into, leaves):
-        for d, v in zip(into, leaves):
+        for d, v in zip(into, leaves, strict=True):
             if d is not None:
                 np.copyto(d, v, casting="no")
 

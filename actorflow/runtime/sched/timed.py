@@ -11,9 +11,9 @@ import time
 import traceback
 
 from ...errors import ActorError
+from ..observe.timeline import record, record_failed
 from ..plan.registers import EOS
 from .actor_runs import ActorRun
-from ..observe.timeline import record, record_failed
 
 
 class TimedActs:
