@@ -61,9 +61,9 @@ def _size(op: str, size) -> tuple:
 
 
 def _infer_data_dtype(data, arr) -> object:
-    if not isinstance(data, (np.ndarray, np.generic)):   # Python numbers and lists of them
+    if not isinstance(data, (np.ndarray, np.generic)):  # Python numbers and lists of them
         if arr.dtype.kind == "f":
-            return default_float      # Python floats become float32, as in PyTorch
+            return default_float  # Python floats become float32, as in PyTorch
         if arr.dtype.kind in "iu":
             return int64
     return from_numpy_dtype(arr.dtype, "tensor")
@@ -77,21 +77,25 @@ def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor
     """
     if isinstance(data, Tensor):
         if dtype is None:
-            dtype = data.dtype              # (a bfloat16 tensor's numpy() is float32)
+            dtype = data.dtype  # (a bfloat16 tensor's numpy() is float32)
         data = data.numpy()
     try:
         arr = np.array(data, copy=True) if isinstance(data, np.ndarray) else np.asarray(data)
     except (ValueError, TypeError) as e:
-        raise TypeError(f"tensor(): could not read data of type {type(data).__name__}: {e}") from None
+        raise TypeError(
+            f"tensor(): could not read data of type {type(data).__name__}: {e}"
+        ) from None
     if arr.dtype == object or arr.dtype.kind not in "biuf":
-        raise TypeError(f"tensor(): data must be numbers (nested lists of bool, int or float), "
-                        f"got elements of type {arr.dtype}")
+        raise TypeError(
+            f"tensor(): data must be numbers (nested lists of bool, int or float), "
+            f"got elements of type {arr.dtype}"
+        )
     dt = as_dtype(dtype) if dtype is not None else _infer_data_dtype(data, arr)
     dev = as_device(device if device is not None else "cpu")
     impl = apply(_EMPTY, [], {"shape": arr.shape, "dtype": dt, "device": dev}, device=dev)[0]
     backend = get_backend(dev)
     if dt is bfloat16:
-        arr = bfloat16_bits(arr)            # the storage: bits rounded from float32
+        arr = bfloat16_bits(arr)  # the storage: bits rounded from float32
     if backend.has_data:
         copy_in = backend.allocator.copy_in
         access(impl, lambda dst: copy_in(dst, arr), write=True, name="copy_in")
@@ -127,7 +131,7 @@ def from_dlpack(obj) -> Tensor:
     kind = getattr(obj, "__dlpack_device__", None)
     if kind is not None:
         dev_type, index = kind()
-        if dev_type == 2:                                   # kDLCUDA
+        if dev_type == 2:  # kDLCUDA
             dev = as_device(f"cuda:{index}")
             array = get_backend(dev).adopt(obj)
             impl = TensorImpl.new(array.shape, from_numpy_dtype(array.dtype), dev)
@@ -180,8 +184,10 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool
         raise ValueError("arange(): step must be nonzero")
     n = int(np.ceil((end - start) / step))
     if n < 0:
-        raise ValueError(f"arange(): upper bound and step sign are inconsistent "
-                         f"(start={start}, end={end}, step={step})")
+        raise ValueError(
+            f"arange(): upper bound and step sign are inconsistent "
+            f"(start={start}, end={end}, step={step})"
+        )
     ints = all(isinstance(v, numbers.Integral) for v in (start, end, step))
     dt = as_dtype(dtype) if dtype is not None else (int64 if ints else default_float)
     impl = _factory(_ARANGE, (n,), dt, device, {"start": start, "step": step})
@@ -223,8 +229,9 @@ def empty_like(input, dtype=None, device=None, requires_grad: bool = False):
 
 
 def full_like(input, fill_value, dtype=None, device=None, requires_grad: bool = False):
-    return full(input.shape, fill_value, dtype or input.dtype, device or input.device,
-                requires_grad)
+    return full(
+        input.shape, fill_value, dtype or input.dtype, device or input.device, requires_grad
+    )
 
 
 def rand_like(input, dtype=None, device=None, requires_grad: bool = False):
@@ -233,4 +240,3 @@ def rand_like(input, dtype=None, device=None, requires_grad: bool = False):
 
 def randn_like(input, dtype=None, device=None, requires_grad: bool = False):
     return _like(randn, input, dtype, device, requires_grad=requires_grad)
-

@@ -21,8 +21,8 @@ class Device:
         self.type, self.index = type, index
         self._str = f"{type}:{index}" if type == "cuda" or index else type
         self._hash = hash(self._str)
-        self.backend = None      # set by actorflow.backends.get_backend on first use
-        self.metas = {}          # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
+        self.backend = None  # set by actorflow.backends.get_backend on first use
+        self.metas = {}  # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
 
     def __repr__(self) -> str:
         return f"device(type='{self.type}', index={self.index})"
@@ -45,7 +45,7 @@ class Device:
         return (device, (self._str,))
 
 
-_CACHE: dict = {}     # (spec, index) as given -> Device
+_CACHE: dict = {}  # (spec, index) as given -> Device
 _INTERNED: dict = {}  # (type, index) -> Device
 
 
@@ -65,8 +65,9 @@ def device(spec="cpu", index: int | None = None) -> Device:
     text = spec.strip().lower()
     kind, _, idx = text.partition(":")
     if kind not in KNOWN_TYPES:
-        raise DeviceError(f"unknown device {spec!r}; use 'cpu', 'cuda', 'cuda:N', 'null' or "
-                          f"'null:N'")
+        raise DeviceError(
+            f"unknown device {spec!r}; use 'cpu', 'cuda', 'cuda:N', 'null' or 'null:N'"
+        )
     if idx:
         if not idx.isdigit() or index is not None:
             raise DeviceError(f"cannot read a device index from {spec!r}; write e.g. 'cuda:0'")
@@ -80,4 +81,3 @@ def device(spec="cpu", index: int | None = None) -> Device:
         d = _INTERNED[(kind, index)] = Device(kind, index)
     _CACHE[key_in] = d
     return d
-

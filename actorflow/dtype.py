@@ -43,13 +43,21 @@ int64 = DType("int64", np.int64, INT)
 float16 = DType("float16", np.float16, FLOAT)
 float32 = DType("float32", np.float32, FLOAT)
 float64 = DType("float64", np.float64, FLOAT)
-bfloat16 = DType("bfloat16", np.uint16, FLOAT)       # stored as uint16 bits: see above
+bfloat16 = DType("bfloat16", np.uint16, FLOAT)  # stored as uint16 bits: see above
 
-ALL = (bool_, int32, int64, float16, float32, float64)     # numpy's own: computed as they are
-STORAGE_ONLY = (bfloat16,)                                 # computed in float32
+ALL = (bool_, int32, int64, float16, float32, float64)  # numpy's own: computed as they are
+STORAGE_ONLY = (bfloat16,)  # computed in float32
 _BY_NAME = {d.name: d for d in ALL + STORAGE_ONLY}
-_BY_NAME.update({"float": float32, "double": float64, "half": float16, "int": int32,
-                 "long": int64, "bool_": bool_})
+_BY_NAME.update(
+    {
+        "float": float32,
+        "double": float64,
+        "half": float16,
+        "int": int32,
+        "long": int64,
+        "bool_": bool_,
+    }
+)
 _BY_NP = {d.np: d for d in ALL}
 _BY_PY = {bool: bool_, int: int64, float: float32}
 
@@ -76,15 +84,19 @@ def as_dtype(value) -> DType:
             d = None
         if d is not None:
             return d
-    raise DTypeError(f"unsupported dtype {value!r}; actorflow supports "
-                     f"{', '.join(x.name for x in ALL + STORAGE_ONLY)}")
+    raise DTypeError(
+        f"unsupported dtype {value!r}; actorflow supports "
+        f"{', '.join(x.name for x in ALL + STORAGE_ONLY)}"
+    )
 
 
 def from_numpy_dtype(np_dtype, op: str = "from_numpy") -> DType:
     d = _BY_NP.get(np_dtype)
     if d is None:
-        raise DTypeError(f"{op}: numpy dtype {np_dtype} is not supported; convert the array with "
-                         f".astype(...) to one of {', '.join(x.name for x in ALL)}")
+        raise DTypeError(
+            f"{op}: numpy dtype {np_dtype} is not supported; convert the array with "
+            f".astype(...) to one of {', '.join(x.name for x in ALL)}"
+        )
     return d
 
 
@@ -95,7 +107,7 @@ def promote_types(a: DType, b: DType) -> DType:
     if a.category != b.category:
         return a if a.category > b.category else b
     if a.itemsize == b.itemsize and a.category == FLOAT:
-        return float32                  # bfloat16 and float16: neither holds the other
+        return float32  # bfloat16 and float16: neither holds the other
     return a if a.itemsize >= b.itemsize else b
 
 
@@ -107,7 +119,9 @@ def scalar_dtype(value) -> DType:
         return int64
     if isinstance(value, float):
         return default_float
-    raise DTypeError(f"expected a tensor or a Python bool, int or float, got {type(value).__name__}")
+    raise DTypeError(
+        f"expected a tensor or a Python bool, int or float, got {type(value).__name__}"
+    )
 
 
 def combine_categories(higher: DType | None, lower: DType | None) -> DType | None:
@@ -165,5 +179,5 @@ def bfloat16_bits(values) -> np.ndarray:
 def bfloat16_values(bits) -> np.ndarray:
     """The float32 values of bfloat16 ``bits`` (uint16), exactly."""
     wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32)
-    np.left_shift(wide, 16, out=wide)           # (in place: a 0-d array stays an array)
+    np.left_shift(wide, 16, out=wide)  # (in place: a 0-d array stays an array)
     return wide.view(np.float32)

@@ -36,29 +36,41 @@ class OutOfMemoryError(ActorflowError, MemoryError):
 
     impossible = False
 
-    def __init__(self, device: str, requested: int, in_use: int, budget: int, what: str = "",
-                 impossible: str = "", reason: str = ""):
+    def __init__(
+        self,
+        device: str,
+        requested: int,
+        in_use: int,
+        budget: int,
+        what: str = "",
+        impossible: str = "",
+        reason: str = "",
+    ):
         self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
         self._made_of = (device, requested, in_use, budget, what, impossible, reason)
         who = f" for {what}" if what else ""
-        if impossible:          # what was asked for, e.g. "a tensor of shape ... and dtype ..."
+        if impossible:  # what was asked for, e.g. "a tensor of shape ... and dtype ..."
             self.impossible = True
-            super().__init__(f"{device}: impossible allocation{who}: {impossible} "
-                             f"({requested:,} bytes, {format_bytes(requested)}{reason}): no "
-                             f"array can have that size or shape on any machine; check the "
-                             f"shape (a size computed wrongly?) and use smaller tensors")
+            super().__init__(
+                f"{device}: impossible allocation{who}: {impossible} "
+                f"({requested:,} bytes, {format_bytes(requested)}{reason}): no "
+                f"array can have that size or shape on any machine; check the "
+                f"shape (a size computed wrongly?) and use smaller tensors"
+            )
             return
-        if not budget:                         # the system itself refused
-            super().__init__(f"{device}: out of memory{who}: the system could not provide "
-                             f"{format_bytes(requested)} ({format_bytes(in_use)} in use by "
-                             f"actorflow); free tensors or use smaller ones")
+        if not budget:  # the system itself refused
+            super().__init__(
+                f"{device}: out of memory{who}: the system could not provide "
+                f"{format_bytes(requested)} ({format_bytes(in_use)} in use by "
+                f"actorflow); free tensors or use smaller ones"
+            )
             return
         super().__init__(
             f"{device}: out of memory{who}: asked for {format_bytes(requested)}, "
             f"{format_bytes(in_use)} in use of a {format_bytes(budget)} budget "
             f"({format_bytes(max(budget - in_use, 0))} free); free tensors you no longer need "
-            f"or raise the budget with actorflow.lowlevel.set_memory_budget({device!r}, ...)")
-
+            f"or raise the budget with actorflow.lowlevel.set_memory_budget({device!r}, ...)"
+        )
 
     def __reduce__(self):
         return (OutOfMemoryError, self._made_of)
@@ -78,40 +90,50 @@ class KernelError(ActorflowError, RuntimeError):
     those were not kept (the VM keeps the first ``actorflow.vm.sync.MAX_KEPT_ERRORS``).
     """
 
-    _reported = False              # raised to the user once (then never again)
-    intact = False                 # the op wrote nothing: see InvalidInputError
+    _reported = False  # raised to the user once (then never again)
+    intact = False  # the op wrote nothing: see InvalidInputError
     more_errors = dropped_errors = 0
-    _dropped_in = None             # the VM's tally of dropped errors, if this one is counted
-    _kinds: tuple = ()             # (kind, subclass) pairs: see of_kind
-    step = None                    # the op's position in a compiled program
+    _dropped_in = None  # the VM's tally of dropped errors, if this one is counted
+    _kinds: tuple = ()  # (kind, subclass) pairs: see of_kind
+    step = None  # the op's position in a compiled program
 
-    def __new__(cls, op: str, device: str, original: BaseException, intact: bool = False,
-                note: str = ""):
+    def __new__(
+        cls, op: str, device: str, original: BaseException, intact: bool = False, note: str = ""
+    ):
         return super().__new__(of_kind(cls, original))
 
-    def __init__(self, op: str, device: str, original: BaseException, intact: bool = False,
-                 note: str = ""):
+    def __init__(
+        self, op: str, device: str, original: BaseException, intact: bool = False, note: str = ""
+    ):
         self.op, self.original = op, original
         self.intact, self.note = intact, note
         take_kind(self, original)
         self.device = device
-        self.kernel_traceback = ""     # the kernel's traceback, as text
-        what = note or (("nothing was written: the tensors it writes in place keep their "
-                         "values" if intact else "tensors computed from its outputs raise "
-                         "this error too") + "; other work goes on")
-        Exception.__init__(self, f"op '{op}' failed on {device}: {type(original).__name__}: "
-                                 f"{original} ({what})")
+        self.kernel_traceback = ""  # the kernel's traceback, as text
+        what = note or (
+            (
+                "nothing was written: the tensors it writes in place keep their values"
+                if intact
+                else "tensors computed from its outputs raise this error too"
+            )
+            + "; other work goes on"
+        )
+        Exception.__init__(
+            self, f"op '{op}' failed on {device}: {type(original).__name__}: {original} ({what})"
+        )
 
     @classmethod
-    def of(cls, op: str, device: str, original: BaseException, intact: bool = False,
-           note: str = "") -> KernelError:
+    def of(
+        cls, op: str, device: str, original: BaseException, intact: bool = False, note: str = ""
+    ) -> KernelError:
         """The error for a kernel that raised ``original``: its traceback is kept as text
         only (``kernel_traceback``) and taken off ``original`` and the errors it was raised
         from, whose frames hold the kernel's arguments and would pin their memory for as
         long as the error lives."""
         err = cls(op, device, original, intact, note)
-        err.kernel_traceback = "".join(traceback.format_exception(type(original), original,
-                                                                  original.__traceback__))
+        err.kernel_traceback = "".join(
+            traceback.format_exception(type(original), original, original.__traceback__)
+        )
         e, seen = original, set()
         while e is not None and id(e) not in seen:  # (and of the errors it was raised from)
             seen.add(id(e))
@@ -120,14 +142,13 @@ class KernelError(ActorflowError, RuntimeError):
         err.__cause__ = original
         return err
 
-    def to_raise(self, more_errors: int = 0, dropped_errors: int = 0,
-                 kept: int = 0) -> KernelError:
+    def to_raise(self, more_errors: int = 0, dropped_errors: int = 0, kept: int = 0) -> KernelError:
         """A copy to raise at a sync point. The runtime keeps this one; raising the copy
         keeps the caller's frames (and the tensors they hold) off the stored error.
         ``more_errors``/``dropped_errors``: see the class doc (synchronize sets them);
         ``kept``: how many errors the VM keeps."""
         self._reported = True
-        tally = self.__dict__.pop("_dropped_in", None)      # (atomic: counted off once)
+        tally = self.__dict__.pop("_dropped_in", None)  # (atomic: counted off once)
         if tally is not None:
             tally.reported_one()
         err = KernelError(self.op, self.device, self.original, self.intact, self.note)
@@ -137,18 +158,25 @@ class KernelError(ActorflowError, RuntimeError):
         if more_errors:
             err.more_errors, err.dropped_errors = more_errors, dropped_errors
             s = "s" if more_errors != 1 else ""
-            note = (f"{more_errors} more kernel error{s} since the last synchronize "
-                    f"{'were' if s else 'was'} not raised")
+            note = (
+                f"{more_errors} more kernel error{s} since the last synchronize "
+                f"{'were' if s else 'was'} not raised"
+            )
             if dropped_errors:
-                note += (f"; {dropped_errors} of them {'were' if dropped_errors != 1 else 'was'}"
-                         f" dropped unreported (the VM keeps the first {kept} between "
-                         f"synchronize calls)")
+                note += (
+                    f"; {dropped_errors} of them {'were' if dropped_errors != 1 else 'was'}"
+                    f" dropped unreported (the VM keeps the first {kept} between "
+                    f"synchronize calls)"
+                )
             err.args = (f"{err.args[0]}\n({note}; synchronize more often to see each one)",)
         return err
 
     def __reduce__(self):
-        return (KernelError, (self.op, self.device, self.original, self.intact, self.note),
-                self.__dict__)
+        return (
+            KernelError,
+            (self.op, self.device, self.original, self.intact, self.note),
+            self.__dict__,
+        )
 
 
 class InvalidInputError(ActorflowError):
@@ -197,24 +225,39 @@ def parse_bytes(value) -> int:
         return int(value)
     if not isinstance(value, str):
         raise TypeError(f"expected a byte count as an int or a string like '64MiB', got {value!r}")
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    units = {
+        "": 1,
+        "b": 1,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+    }
     text = value.strip().lower().replace(" ", "")
     i = len(text)
     while i > 0 and text[i - 1].isalpha():
         i -= 1
     number, unit = text[:i], text[i:]
     if unit in ("k", "m", "g", "t") and number:
-        raise ValueError(f"{value!r}: a bare {unit!r} could mean 1000 or 1024; write "
-                         f"{number}{unit.upper()}iB (IEC, powers of 1024) or "
-                         f"{number}{unit.upper()}B (SI, powers of 1000)")
+        raise ValueError(
+            f"{value!r}: a bare {unit!r} could mean 1000 or 1024; write "
+            f"{number}{unit.upper()}iB (IEC, powers of 1024) or "
+            f"{number}{unit.upper()}B (SI, powers of 1000)"
+        )
     if unit not in units or not number:
-        raise ValueError(f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' or '2GiB'")
+        raise ValueError(
+            f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' or '2GiB'"
+        )
     try:
         amount = decimal.Decimal(number) * units[unit]
     except decimal.InvalidOperation:
-        raise ValueError(f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' "
-                         f"or '2GiB'") from None
+        raise ValueError(
+            f"cannot read {value!r} as a byte count; write e.g. 4096, '64MiB' or '2GiB'"
+        ) from None
     if not amount.is_finite() or amount >= 2**63:
         raise ValueError(f"{value!r} is more bytes than any device has (at most 2**63 - 1)")
     if amount < 0:
@@ -234,9 +277,15 @@ class PlanError(ActorflowError, ValueError):
     ``buffers`` that fits, or None when even one register per output does not).
     """
 
-    def __init__(self, message: str, device: str | None = None, needed: int | None = None,
-                 budget: int | None = None, actors: dict | None = None,
-                 fitting_buffers: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        device: str | None = None,
+        needed: int | None = None,
+        budget: int | None = None,
+        actors: dict | None = None,
+        fitting_buffers: int | None = None,
+    ):
         self.device, self.needed, self.budget = device, needed, budget
         self.actors = dict(actors or {})
         self.fitting_buffers = fitting_buffers
@@ -251,7 +300,7 @@ class ActorError(ActorflowError, RuntimeError):
     ``actor_traceback`` (the original traceback as text, included in the message).
     """
 
-    _kinds: tuple = ()             # (kind, subclass) pairs: see of_kind
+    _kinds: tuple = ()  # (kind, subclass) pairs: see of_kind
 
     def __new__(cls, actor: str, piece, original: BaseException, actor_traceback: str = ""):
         return super().__new__(of_kind(cls, original))
@@ -261,8 +310,10 @@ class ActorError(ActorflowError, RuntimeError):
         take_kind(self, original)
         self.actor_traceback = actor_traceback
         where = f"piece {piece}" if piece is not None else "its setup"
-        text = (f"actor '{actor}' failed on {where}: {type(original).__name__}: {original}"
-                f"\n(the run was stopped; each register is freed once no running act uses it)")
+        text = (
+            f"actor '{actor}' failed on {where}: {type(original).__name__}: {original}"
+            f"\n(the run was stopped; each register is freed once no running act uses it)"
+        )
         if actor_traceback:
             text += "\n\nOriginal traceback:\n" + actor_traceback.rstrip()
         Exception.__init__(self, text)
@@ -277,6 +328,7 @@ class ActorError(ActorflowError, RuntimeError):
 # and that error is also an OutOfMemoryError, an IndexOutOfBoundsError (an IndexError) or a
 # DivisionByZeroError: ``except af.OutOfMemoryError`` (or ``pytest.raises``) catches the
 # fault however it was run, eagerly, in a compiled step or in an actor graph.
+
 
 class KernelOutOfMemoryError(KernelError, OutOfMemoryError):
     """A kernel that failed for lack of memory (``requested``, ``in_use``, ``budget`` and
@@ -304,12 +356,16 @@ class ActorDivisionByZeroError(ActorError, DivisionByZeroError):
     """An actor whose work failed on an integer division by zero."""
 
 
-KernelError._kinds = ((OutOfMemoryError, KernelOutOfMemoryError),
-                      (IndexOutOfBoundsError, KernelIndexOutOfBoundsError),
-                      (DivisionByZeroError, KernelDivisionByZeroError))
-ActorError._kinds = ((OutOfMemoryError, ActorOutOfMemoryError),
-                     (IndexOutOfBoundsError, ActorIndexOutOfBoundsError),
-                     (DivisionByZeroError, ActorDivisionByZeroError))
+KernelError._kinds = (
+    (OutOfMemoryError, KernelOutOfMemoryError),
+    (IndexOutOfBoundsError, KernelIndexOutOfBoundsError),
+    (DivisionByZeroError, KernelDivisionByZeroError),
+)
+ActorError._kinds = (
+    (OutOfMemoryError, ActorOutOfMemoryError),
+    (IndexOutOfBoundsError, ActorIndexOutOfBoundsError),
+    (DivisionByZeroError, ActorDivisionByZeroError),
+)
 
 
 def of_kind(cls: type, original: BaseException) -> type:

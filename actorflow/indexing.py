@@ -24,8 +24,12 @@ _INTP_MAX = np.iinfo(np.intp).max
 
 
 def _is_basic(k) -> bool:
-    return (k is None or k is Ellipsis or isinstance(k, slice)
-            or (isinstance(k, numbers.Integral) and not isinstance(k, (bool, np.bool_))))
+    return (
+        k is None
+        or k is Ellipsis
+        or isinstance(k, slice)
+        or (isinstance(k, numbers.Integral) and not isinstance(k, (bool, np.bool_)))
+    )
 
 
 def _split_key(key):
@@ -36,27 +40,35 @@ def _split_key(key):
         if isinstance(k, Tensor):
             dtype = k.dtype
             if dtype.is_floating_point:
-                raise IndexError(f"tensors used as indices must be long, int or bool, got a "
-                                 f"tensor of {dtype} (shape {k.shape}); convert it with "
-                                 f".long()")
+                raise IndexError(
+                    f"tensors used as indices must be long, int or bool, got a "
+                    f"tensor of {dtype} (shape {k.shape}); convert it with "
+                    f".long()"
+                )
             template.append(Slot(len(impls)))
             impls.append(k._impl)
             masked |= dtype is bool_
         elif isinstance(k, (list, np.ndarray)) or isinstance(k, (bool, np.bool_)):
             arr = np.asarray(k)
             if arr.dtype.kind not in "biu":
-                raise IndexError(f"tensors used as indices must be long, int or bool, got "
-                                 f"an array of {arr.dtype}")
+                raise IndexError(
+                    f"tensors used as indices must be long, int or bool, got "
+                    f"an array of {arr.dtype}"
+                )
             if arr.dtype.kind == "u" and arr.size and arr.max() > _INTP_MAX:
-                raise IndexError(f"index {arr.max()} is out of bounds: it does not fit an "
-                                 f"int64 (an array of {arr.dtype})")
+                raise IndexError(
+                    f"index {arr.max()} is out of bounds: it does not fit an "
+                    f"int64 (an array of {arr.dtype})"
+                )
             masked |= arr.dtype.kind == "b"
             template.append(arr if arr.dtype.kind == "b" else arr.astype(np.intp))
         elif _is_basic(k):
             template.append(k)
         else:
-            raise IndexError(f"only integers, slices, None, Ellipsis, lists, arrays and tensors "
-                             f"are valid indices, got {type(k).__name__}")
+            raise IndexError(
+                f"only integers, slices, None, Ellipsis, lists, arrays and tensors "
+                f"are valid indices, got {type(k).__name__}"
+            )
     return tuple(template), impls, masked
 
 
@@ -74,9 +86,11 @@ def setitem(t: Tensor, key, value) -> None:
     from .functional import copy_, fill_
     from .functional.common import number as _number
     from .functional.common import readable_on
+
     items = key if isinstance(key, tuple) else (key,)
     if not isinstance(value, Tensor) and isinstance(value, (list, np.ndarray)):
         from .creation import tensor
+
         value = tensor(value, dtype=t.dtype, device=t.device)
     if all(_is_basic(k) for k in items):
         target = wrap(views.basic_index(t._impl, items))

@@ -30,8 +30,10 @@ from .tensor.tensor import Tensor, shape_args, viewed
 def _read(self, fn, name):
     impl = self._impl
     if not impl.blob.backend.has_data:
-        raise DeviceError(f"{name}(): the {impl.meta.device} device has no data; null "
-                          f"tensors have only shapes, dtypes and bytes")
+        raise DeviceError(
+            f"{name}(): the {impl.meta.device} device has no data; null "
+            f"tensors have only shapes, dtypes and bytes"
+        )
     self._wait_shape()
     return read(impl, fn, name)
 
@@ -55,7 +57,7 @@ async def numpy_async(self):
 
 
 def _array(self, dtype=None, copy=None):
-    a = self.numpy()                   # always a fresh copy, whatever ``copy`` asks
+    a = self.numpy()  # always a fresh copy, whatever ``copy`` asks
     return a if dtype is None else a.astype(dtype)
 
 
@@ -67,16 +69,20 @@ def item(self):
     """The value of a one-element tensor as a Python number."""
     n = self.numel()
     if n != 1:
-        raise ValueError(f"a Tensor with {n} elements cannot be converted to Scalar; "
-                         f"index it first or use .tolist()")
+        raise ValueError(
+            f"a Tensor with {n} elements cannot be converted to Scalar; "
+            f"index it first or use .tolist()"
+        )
     return self.numpy().item()
 
 
 def _bool(self) -> bool:
     n = self.numel()
     if n != 1:
-        raise RuntimeError(f"Boolean value of Tensor with {n} elements is ambiguous; use "
-                           f".any() or .all() reductions, or index one element")
+        raise RuntimeError(
+            f"Boolean value of Tensor with {n} elements is ambiguous; use "
+            f".any() or .all() reductions, or index one element"
+        )
     return bool(self.item())
 
 
@@ -111,13 +117,18 @@ def _repr(self) -> str:
         a = self.numpy()
     except Exception as e:  # noqa: BLE001 - show the failure rather than raise in repr
         return f"tensor(<failed: {type(e).__name__}: {e}>{extra})"
-    body = np.array2string(a, separator=", ", prefix="tensor(",
-                           formatter=None if a.dtype.kind != "b" else {"bool": str})
+    body = np.array2string(
+        a,
+        separator=", ",
+        prefix="tensor(",
+        formatter=None if a.dtype.kind != "b" else {"bool": str},
+    )
     return f"tensor({body}{extra})"
 
 
 class _Export:
     """Access callback for DLPack: the storage itself, never to be reused by the cache."""
+
     __slots__ = ("blob",)
 
     def __init__(self, blob):
@@ -137,7 +148,7 @@ def _dlpack(self, stream=None, **kwargs):
         t = self if self._impl.base is None else self.contiguous()
         blob = t._impl.blob
         backend = blob.backend
-        backend.dlpack_device("__dlpack__")      # refused on the emulator, before any read
+        backend.dlpack_device("__dlpack__")  # refused on the emulator, before any read
         array = _read(t, lambda a: backend.export(_Export(blob)(a)), "dlpack")
         return array.__dlpack__(stream=stream, **kwargs)
     if dev.type != "cpu":
@@ -150,16 +161,19 @@ def _dlpack_device(self):
     if dev.type == "cuda":
         return self._impl.blob.backend.dlpack_device()
     if dev.type != "cpu":
-        raise DeviceError(f"__dlpack_device__: only cpu and cuda tensors can be exported, "
-                          f"got {dev}")
+        raise DeviceError(
+            f"__dlpack_device__: only cpu and cuda tensors can be exported, got {dev}"
+        )
     return (1, 0)
 
 
 # -- indexing and conversions ----------------------------------------------------------------
 
+
 def _iter(self):
     for i in range(len(self)):
         yield self[i]
+
 
 def _getitem(self, key) -> Tensor:
     self._wait_shape()
@@ -171,12 +185,32 @@ def _setitem(self, key, value) -> None:
     indexing.setitem(self, key, value)
 
 
-_DTYPE_NAMES = {"bool", "int32", "int64", "float16", "bfloat16", "float32", "float64", "float",
-                "double", "half", "int", "long"}
+_DTYPE_NAMES = {
+    "bool",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "float",
+    "double",
+    "half",
+    "int",
+    "long",
+}
 
 
-def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: bool = False,
-       memory_format=None, tensor=None) -> Tensor:
+def to(
+    self,
+    *args,
+    device=None,
+    dtype=None,
+    non_blocking: bool = False,
+    copy: bool = False,
+    memory_format=None,
+    tensor=None,
+) -> Tensor:
     """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``, ``t.to(other)``
     (its dtype and device): PyTorch's forms. Positional booleans after these are
     ``non_blocking`` then ``copy``. ``copy=True`` returns a new tensor even when nothing
@@ -192,8 +226,9 @@ def to(self, *args, device=None, dtype=None, non_blocking: bool = False, copy: b
         else:
             device = a
     if len(flags) > 2:
-        raise TypeError(f"to(): too many positional booleans {flags}; they are non_blocking "
-                        f"and copy")
+        raise TypeError(
+            f"to(): too many positional booleans {flags}; they are non_blocking and copy"
+        )
     if len(flags) == 2:
         copy = flags[1]
     if tensor is not None:
@@ -215,8 +250,10 @@ def cpu(self) -> Tensor:
 
 def _converter(name: str, dtype: str):
     """``t.float()``, ``t.long()``...: ``t.to(dtype=dtype)``."""
+
     def convert(self) -> Tensor:
         return self.to(dtype=dtype)
+
     convert.__name__ = name
     convert.__qualname__ = "Tensor." + name
     return convert
@@ -260,15 +297,18 @@ def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if not shape:
         return self.reshape(1)
     if s > e:
-        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} "
-                         f"for a tensor of shape {tuple(shape)}; give start_dim <= end_dim")
+        raise ValueError(
+            f"flatten: start_dim {start_dim} comes after end_dim {end_dim} "
+            f"for a tensor of shape {tuple(shape)}; give start_dim <= end_dim"
+        )
     n = 1
-    for d in shape[s:e + 1]:
+    for d in shape[s : e + 1]:
         n *= d
-    return self.reshape(tuple(shape[:s]) + (n,) + tuple(shape[e + 1:]))
+    return self.reshape(tuple(shape[:s]) + (n,) + tuple(shape[e + 1 :]))
 
 
 # -- op methods whose argument order or defaults differ from their functions ----------------
+
 
 def _relu_(self) -> Tensor:
     return F.relu(self, inplace=True)
@@ -290,8 +330,10 @@ def _deepcopy(self, memo: dict) -> Tensor:
     """``copy.deepcopy``: a copy of a leaf's values (and of its gradient) with its
     requires_grad, as PyTorch's; a computed tensor is refused, as there."""
     if not self.is_leaf:
-        raise RuntimeError("deepcopy: only tensors made by the user (leaves) can be deep "
-                           "copied, not one computed with autograd; detach() it first")
+        raise RuntimeError(
+            "deepcopy: only tensors made by the user (leaves) can be deep "
+            "copied, not one computed with autograd; detach() it first"
+        )
     c = F.clone(self.detach())
     if self.requires_grad:
         c.requires_grad_(True)
@@ -304,53 +346,145 @@ def _deepcopy(self, memo: dict) -> Tensor:
 # Tensor method -> what it is. A functional function whose first parameter is the tensor
 # is bound as it is (no forwarding call).
 METHODS = {
-    "_resolve": staticmethod(resolve), "_read": _read,
-    "numpy": numpy, "numpy_async": numpy_async, "__array__": _array, "tolist": tolist,
-    "item": item, "__bool__": _bool, "__float__": _float, "__int__": _int,
-    "__index__": _index, "__repr__": _repr, "__str__": _repr,
-    "__dlpack__": _dlpack, "__dlpack_device__": _dlpack_device,
-    "__getitem__": _getitem, "__setitem__": _setitem, "__iter__": _iter,
-    "to": to, "cpu": cpu, "type": _type,
-    **{name: _converter(name, dtype) for name, dtype in (
-        ("float", "float32"), ("double", "float64"), ("half", "float16"),
-        ("bfloat16", "bfloat16"),
-        ("int", "int32"), ("long", "int64"), ("bool", "bool"))},
-    "clone": F.clone, "contiguous": contiguous, "reshape": reshape, "flatten": flatten,
-    "__pow__": F.pow, "__matmul__": F.matmul, "__rmatmul__": _rmatmul, "__pos__": _pos,
-    "__neg__": F.neg, "__abs__": F.abs, "__invert__": F.bitwise_not,
-    "__iadd__": F.add_, "__isub__": F.sub_, "__imul__": F.mul_, "__itruediv__": F.div_,
-    "__ifloordiv__": F.floor_divide_, "__imod__": F.remainder_,
-    "add": F.add, "sub": F.sub, "mul": F.mul, "div": F.div, "pow": F.pow,
-    "matmul": F.matmul, "maximum": F.maximum, "minimum": F.minimum,
-    "eq": F.eq, "ne": F.ne, "lt": F.lt, "le": F.le, "gt": F.gt, "ge": F.ge,
-    "add_": F.add_, "sub_": F.sub_, "mul_": F.mul_, "div_": F.div_,
-    "floor_divide": F.floor_divide, "remainder": F.remainder,
-    "floor_divide_": F.floor_divide_, "remainder_": F.remainder_,
-    "zero_": F.zero_, "fill_": F.fill_, "copy_": F.copy_,
-    "neg": F.neg, "abs": F.abs, "exp": F.exp, "log": F.log, "sqrt": F.sqrt, "tanh": F.tanh,
-    "sin": F.sin, "cos": F.cos, "rsqrt": F.rsqrt, "erf": F.erf,
-    "relu": F.relu, "relu_": _relu_, "clamp": F.clamp, "clamp_": F.clamp_, "clip": F.clip,
-    "clip_": F.clip_, "sigmoid": F.sigmoid, "gelu": F.gelu,
+    "_resolve": staticmethod(resolve),
+    "_read": _read,
+    "numpy": numpy,
+    "numpy_async": numpy_async,
+    "__array__": _array,
+    "tolist": tolist,
+    "item": item,
+    "__bool__": _bool,
+    "__float__": _float,
+    "__int__": _int,
+    "__index__": _index,
+    "__repr__": _repr,
+    "__str__": _repr,
+    "__dlpack__": _dlpack,
+    "__dlpack_device__": _dlpack_device,
+    "__getitem__": _getitem,
+    "__setitem__": _setitem,
+    "__iter__": _iter,
+    "to": to,
+    "cpu": cpu,
+    "type": _type,
+    **{
+        name: _converter(name, dtype)
+        for name, dtype in (
+            ("float", "float32"),
+            ("double", "float64"),
+            ("half", "float16"),
+            ("bfloat16", "bfloat16"),
+            ("int", "int32"),
+            ("long", "int64"),
+            ("bool", "bool"),
+        )
+    },
+    "clone": F.clone,
+    "contiguous": contiguous,
+    "reshape": reshape,
+    "flatten": flatten,
+    "__pow__": F.pow,
+    "__matmul__": F.matmul,
+    "__rmatmul__": _rmatmul,
+    "__pos__": _pos,
+    "__neg__": F.neg,
+    "__abs__": F.abs,
+    "__invert__": F.bitwise_not,
+    "__iadd__": F.add_,
+    "__isub__": F.sub_,
+    "__imul__": F.mul_,
+    "__itruediv__": F.div_,
+    "__ifloordiv__": F.floor_divide_,
+    "__imod__": F.remainder_,
+    "add": F.add,
+    "sub": F.sub,
+    "mul": F.mul,
+    "div": F.div,
+    "pow": F.pow,
+    "matmul": F.matmul,
+    "maximum": F.maximum,
+    "minimum": F.minimum,
+    "eq": F.eq,
+    "ne": F.ne,
+    "lt": F.lt,
+    "le": F.le,
+    "gt": F.gt,
+    "ge": F.ge,
+    "add_": F.add_,
+    "sub_": F.sub_,
+    "mul_": F.mul_,
+    "div_": F.div_,
+    "floor_divide": F.floor_divide,
+    "remainder": F.remainder,
+    "floor_divide_": F.floor_divide_,
+    "remainder_": F.remainder_,
+    "zero_": F.zero_,
+    "fill_": F.fill_,
+    "copy_": F.copy_,
+    "neg": F.neg,
+    "abs": F.abs,
+    "exp": F.exp,
+    "log": F.log,
+    "sqrt": F.sqrt,
+    "tanh": F.tanh,
+    "sin": F.sin,
+    "cos": F.cos,
+    "rsqrt": F.rsqrt,
+    "erf": F.erf,
+    "relu": F.relu,
+    "relu_": _relu_,
+    "clamp": F.clamp,
+    "clamp_": F.clamp_,
+    "clip": F.clip,
+    "clip_": F.clip_,
+    "sigmoid": F.sigmoid,
+    "gelu": F.gelu,
     "logical_not": F.logical_not,
-    "sum": F.sum, "mean": F.mean, "var": F.var, "std": F.std, "max": F.max, "min": F.min,
+    "sum": F.sum,
+    "mean": F.mean,
+    "var": F.var,
+    "std": F.std,
+    "max": F.max,
+    "min": F.min,
     "amax": F.amax,
-    "amin": F.amin, "argmax": F.argmax, "argmin": F.argmin,
-    "softmax": F.softmax, "log_softmax": F.log_softmax, "nonzero": F.nonzero,
-    "where": _where, "__deepcopy__": _deepcopy,
-    "gather": F.gather, "scatter_add": F.scatter_add, "scatter_add_": F.scatter_add_,
-    "cumsum": F.cumsum, "sort": F.sort, "argsort": F.argsort, "topk": F.topk,
-    "masked_fill": F.masked_fill, "triu": F.triu, "tril": F.tril,
+    "amin": F.amin,
+    "argmax": F.argmax,
+    "argmin": F.argmin,
+    "softmax": F.softmax,
+    "log_softmax": F.log_softmax,
+    "nonzero": F.nonzero,
+    "where": _where,
+    "__deepcopy__": _deepcopy,
+    "gather": F.gather,
+    "scatter_add": F.scatter_add,
+    "scatter_add_": F.scatter_add_,
+    "cumsum": F.cumsum,
+    "sort": F.sort,
+    "argsort": F.argsort,
+    "topk": F.topk,
+    "masked_fill": F.masked_fill,
+    "triu": F.triu,
+    "tril": F.tril,
 }
 
 # (op, operator, reflected operator): functional's prebuilt operator functions
 OPERATORS = (
-    ("add", "__add__", "__radd__"), ("sub", "__sub__", "__rsub__"),
-    ("mul", "__mul__", "__rmul__"), ("div", "__truediv__", "__rtruediv__"),
-    ("pow", None, "__rpow__"), ("floor_divide", "__floordiv__", "__rfloordiv__"),
-    ("remainder", "__mod__", "__rmod__"), ("bitwise_and", "__and__", "__rand__"),
-    ("bitwise_or", "__or__", "__ror__"), ("bitwise_xor", "__xor__", "__rxor__"),
-    ("eq", "__eq__", None), ("ne", "__ne__", None), ("lt", "__lt__", None),
-    ("le", "__le__", None), ("gt", "__gt__", None), ("ge", "__ge__", None),
+    ("add", "__add__", "__radd__"),
+    ("sub", "__sub__", "__rsub__"),
+    ("mul", "__mul__", "__rmul__"),
+    ("div", "__truediv__", "__rtruediv__"),
+    ("pow", None, "__rpow__"),
+    ("floor_divide", "__floordiv__", "__rfloordiv__"),
+    ("remainder", "__mod__", "__rmod__"),
+    ("bitwise_and", "__and__", "__rand__"),
+    ("bitwise_or", "__or__", "__ror__"),
+    ("bitwise_xor", "__xor__", "__rxor__"),
+    ("eq", "__eq__", None),
+    ("ne", "__ne__", None),
+    ("lt", "__lt__", None),
+    ("le", "__le__", None),
+    ("gt", "__gt__", None),
+    ("ge", "__ge__", None),
 )
 
 

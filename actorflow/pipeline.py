@@ -37,13 +37,25 @@ class Pipeline(OwnsProcesses):
             for stages on threads): see ActorGraph.actor. ``close()`` ends them.
     """
 
-    def __init__(self, stages, buffers=None, memory=None, resources=None,
-                 stage_resources=None, out=None, seed=None, names=None, replicas=None,
-                 processes=None):
+    def __init__(
+        self,
+        stages,
+        buffers=None,
+        memory=None,
+        resources=None,
+        stage_resources=None,
+        out=None,
+        seed=None,
+        names=None,
+        replicas=None,
+        processes=None,
+    ):
         stages = list(stages)
         if len(stages) < 2:
-            raise ValueError(f"Pipeline: give a source and at least one stage, got "
-                             f"{len(stages)} entr{'y' if len(stages) == 1 else 'ies'}")
+            raise ValueError(
+                f"Pipeline: give a source and at least one stage, got "
+                f"{len(stages)} entr{'y' if len(stages) == 1 else 'ies'}"
+            )
         n = len(stages)
         per = _per_stage(buffers, n, "buffers")
         res = _per_stage(stage_resources, n, "stage_resources")
@@ -55,28 +67,42 @@ class Pipeline(OwnsProcesses):
                 f"needs {n}, one per entry of stages: entry 0 is the source (None or 1: it "
                 f"reads one iterator in order), then one per stage, e.g. replicas="
                 f"{[None] + [2] * (n - 1)!r}; or an int for every stage after the source "
-                f"(replicas=2)")
-        reps = ([None] + [replicas] * (n - 1) if isinstance(replicas, int)
-                else _per_stage(replicas, n, "replicas"))
+                f"(replicas=2)"
+            )
+        reps = (
+            [None] + [replicas] * (n - 1)
+            if isinstance(replicas, int)
+            else _per_stage(replicas, n, "replicas")
+        )
         if reps[0] not in (None, 1):
-            raise ValueError(f"Pipeline: replicas[0] is {reps[0]!r}, but entry 0 is the "
-                             f"source, which reads one iterator in order: give None (or 1) "
-                             f"there, e.g. replicas={[None] + list(reps[1:])!r}; replicas "
-                             f"are for the stages after it")
+            raise ValueError(
+                f"Pipeline: replicas[0] is {reps[0]!r}, but entry 0 is the "
+                f"source, which reads one iterator in order: give None (or 1) "
+                f"there, e.g. replicas={[None] + list(reps[1:])!r}; replicas "
+                f"are for the stages after it"
+            )
         if isinstance(processes, (list, tuple)) and len(processes) != n:
-            raise ValueError(f"Pipeline: processes has {len(processes)} entries "
-                             f"({list(processes)!r}) but needs {n}, one per entry of stages "
-                             f"(None for the source), e.g. processes="
-                             f"{[None] + [2] * (n - 1)!r}; or an int for every stage")
-        procs = ([None] + [processes] * (n - 1) if isinstance(processes, int)
-                 else _per_stage(processes, n, "processes"))
+            raise ValueError(
+                f"Pipeline: processes has {len(processes)} entries "
+                f"({list(processes)!r}) but needs {n}, one per entry of stages "
+                f"(None for the source), e.g. processes="
+                f"{[None] + [2] * (n - 1)!r}; or an int for every stage"
+            )
+        procs = (
+            [None] + [processes] * (n - 1)
+            if isinstance(processes, int)
+            else _per_stage(processes, n, "processes")
+        )
         if procs[0] is not None:
-            raise ValueError(f"Pipeline: processes[0] is {procs[0]!r}, but entry 0 is the "
-                             f"source, read here in order: give None there")
+            raise ValueError(
+                f"Pipeline: processes[0] is {procs[0]!r}, but entry 0 is the "
+                f"source, read here in order: give None there"
+            )
         self.graph = ActorGraph(memory=memory, resources=resources, seed=seed)
         g = self.graph
-        node = g.source(stages[0], out=outs[0], buffers=per[0], resources=res[0],
-                        name=names[0] or "source")
+        node = g.source(
+            stages[0], out=outs[0], buffers=per[0], resources=res[0], name=names[0] or "source"
+        )
         self.actors = [node]
         for i, fn in enumerate(stages[1:], start=1):
             if isinstance(fn, Copy):
@@ -84,10 +110,20 @@ class Pipeline(OwnsProcesses):
                 self.actors.append(node)
                 continue
             if not callable(fn):
-                raise TypeError(f"Pipeline: stage {i} must be a function of one piece or a "
-                                f"copy (af.Copy('cuda:0')), got {type(fn).__name__}")
-            node = g.actor(fn, node, out=outs[i], buffers=per[i], resources=res[i],
-                           name=names[i], replicas=reps[i] or 1, processes=procs[i])
+                raise TypeError(
+                    f"Pipeline: stage {i} must be a function of one piece or a "
+                    f"copy (af.Copy('cuda:0')), got {type(fn).__name__}"
+                )
+            node = g.actor(
+                fn,
+                node,
+                out=outs[i],
+                buffers=per[i],
+                resources=res[i],
+                name=names[i],
+                replicas=reps[i] or 1,
+                processes=procs[i],
+            )
             self.actors.append(node)
         g.sink(node)
 
@@ -123,10 +159,12 @@ class Pipeline(OwnsProcesses):
 def _no_feed(feed, method: str) -> None:
     """``feed=`` is ActorGraph's for graphs with ``g.input()``; a Pipeline has none."""
     if feed is not None:
-        raise ValueError(f"Pipeline.{method}(feed={type(feed).__name__}): a Pipeline reads "
-                         f"its pieces from its first entry, the source; give the pieces "
-                         f"there (Pipeline([pieces, ...])), or build an ActorGraph with "
-                         f"g.input() to feed them per run")
+        raise ValueError(
+            f"Pipeline.{method}(feed={type(feed).__name__}): a Pipeline reads "
+            f"its pieces from its first entry, the source; give the pieces "
+            f"there (Pipeline([pieces, ...])), or build an ActorGraph with "
+            f"g.input() to feed them per run"
+        )
 
 
 def _per_stage(value, n: int, what: str) -> list:
@@ -140,5 +178,7 @@ def _per_stage(value, n: int, what: str) -> list:
         return [None] * n
     if what in ("buffers", "stage_resources"):
         return [value] * n
-    raise TypeError(f"Pipeline: {what}= takes a list with one entry per stage (None where "
-                    f"not given), got {type(value).__name__}")
+    raise TypeError(
+        f"Pipeline: {what}= takes a list with one entry per stage (None where "
+        f"not given), got {type(value).__name__}"
+    )

@@ -24,11 +24,11 @@ def plot_timeline(source, path=None, title: str | None = None):
     returns the figure. Raises ImportError naming the extra when matplotlib is missing."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ImportError("plot_timeline needs matplotlib: pip install 'actorflow[plot]'") \
-            from e
+        raise ImportError("plot_timeline needs matplotlib: pip install 'actorflow[plot]'") from e
     if hasattr(source, "actors") and hasattr(source, "wall_s"):
         fig = _stats_figure(plt, source, title)
     else:
@@ -48,16 +48,22 @@ def _trace(source) -> dict:
 
 
 def _trace_figure(plt, evs: list, other: dict, title):
-    names = {e["tid"]: e["args"]["name"] for e in evs
-             if e["ph"] == "M" and e["name"] == "thread_name"}
+    names = {
+        e["tid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     rows = {tid: i for i, tid in enumerate(sorted(names))}
     free, memory = _counters(evs)
-    if memory:      # (it says what the free registers said, in bytes, and reads better)
+    if memory:  # (it says what the free registers said, in bytes, and reads better)
         free = {}
     panels = [max(len(rows), 1)] + ([2.6] if memory else []) + ([1.6] if free else [])
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained",
-                             figsize=(11, 1.2 + 0.55 * len(rows) + 1.1 * sum(panels[1:])),
-                             gridspec_kw={"height_ratios": panels})
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        sharex=True,
+        layout="constrained",
+        figsize=(11, 1.2 + 0.55 * len(rows) + 1.1 * sum(panels[1:])),
+        gridspec_kw={"height_ratios": panels},
+    )
     axes = list(axes) if len(panels) > 1 else [axes]
     _gantt(plt, axes[0], evs, names, rows)
     if memory:
@@ -65,10 +71,10 @@ def _trace_figure(plt, evs: list, other: dict, title):
     if free:
         _free(axes[-1], free)
     axes[-1].set_xlabel("time (ms)")
-    beneath = " and ".join(w for w, c in (("memory in use", memory), ("free registers", free))
-                           if c)
-    text = title or ("Run timeline: acts and waits per actor"
-                     + (f", {beneath} beneath" if beneath else ""))
+    beneath = " and ".join(w for w, c in (("memory in use", memory), ("free registers", free)) if c)
+    text = title or (
+        "Run timeline: acts and waits per actor" + (f", {beneath} beneath" if beneath else "")
+    )
     fig.suptitle("\n".join(textwrap.wrap(text, 100)))
     return fig
 
@@ -83,10 +89,12 @@ def _counters(evs: list):
         args = e.get("args", {})
         if "free" in args:
             free.setdefault(e["name"].replace(" free registers", ""), []).append(
-                (e["ts"] / 1e3, args["free"]))
+                (e["ts"] / 1e3, args["free"])
+            )
         elif "bytes in use" in args and e["name"].startswith("memory "):
-            memory.setdefault(e["name"][len("memory "):], []).append(
-                (e["ts"] / 1e3, args["bytes in use"]))
+            memory.setdefault(e["name"][len("memory ") :], []).append(
+                (e["ts"] / 1e3, args["bytes in use"])
+            )
     for points in list(free.values()) + list(memory.values()):
         points.sort(key=lambda p: p[0])
     return free, memory
@@ -97,44 +105,71 @@ def _gantt(plt, top, evs, names, rows) -> None:
     for e in evs:
         if e["ph"] != "X" or e["tid"] not in rows:
             continue
-        span = (e["ts"] / 1e3, e["dur"] / 1e3)          # milliseconds
+        span = (e["ts"] / 1e3, e["dur"] / 1e3)  # milliseconds
         if e["cat"] == "act":
             acts.setdefault(e["tid"], []).append(span)
         else:
             waits.setdefault((e["tid"], e["args"]["cause"]), []).append(span)
     for (tid, cause), spans in waits.items():
-        top.broken_barh(spans, (rows[tid] - 0.3, 0.6), color=WAIT_COLORS.get(cause, "grey"),
-                        alpha=0.35, linewidth=0)
+        top.broken_barh(
+            spans,
+            (rows[tid] - 0.3, 0.6),
+            color=WAIT_COLORS.get(cause, "grey"),
+            alpha=0.35,
+            linewidth=0,
+        )
     for tid, spans in acts.items():
         top.broken_barh(spans, (rows[tid] - 0.3, 0.6), color="tab:blue", linewidth=0)
     top.set_yticks(list(rows.values()), [names[t] for t in rows])
     top.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color="tab:blue", label="acting")]
-    handles += [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.35, label=f"waiting on {k}")
-                for k, c in WAIT_COLORS.items()]
-    top.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4,
-               frameon=False, fontsize="small")
+    handles += [
+        plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.35, label=f"waiting on {k}")
+        for k, c in WAIT_COLORS.items()
+    ]
+    top.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.0),
+        ncol=4,
+        frameon=False,
+        fontsize="small",
+    )
 
 
 def _memory(ax, memory: dict, plans: dict) -> None:
     """Bytes in use per device (steps), each device's planned bytes dashed in its colour."""
-    peak = max([n for pts in memory.values() for _, n in pts]
-               + [p.get("planned") or 0 for p in plans.values()] + [1])
-    unit, div = next((u, d) for u, d in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1024),
-                                         ("bytes", 1)) if peak >= d)
+    peak = max(
+        [n for pts in memory.values() for _, n in pts]
+        + [p.get("planned") or 0 for p in plans.values()]
+        + [1]
+    )
+    unit, div = next(
+        (u, d)
+        for u, d in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1024), ("bytes", 1))
+        if peak >= d
+    )
     end = max(t for pts in memory.values() for t, _ in pts)
     for dev in sorted(memory):
         pts = memory[dev]
         top = max(n for _, n in pts)
-        line, = ax.step([t for t, _ in pts] + [end], [n / div for _, n in pts]
-                        + [pts[-1][1] / div], where="post",
-                        label=f"{dev}: in use, at most {_amount(top, unit, div)}")
+        (line,) = ax.step(
+            [t for t, _ in pts] + [end],
+            [n / div for _, n in pts] + [pts[-1][1] / div],
+            where="post",
+            label=f"{dev}: in use, at most {_amount(top, unit, div)}",
+        )
         plan = plans.get(dev) or {}
         if plan.get("planned"):
             budget = plan.get("budget")
-            ax.axhline(plan["planned"] / div, color=line.get_color(), linestyle="--",
-                       linewidth=1, label=f"{dev}: planned {_amount(plan['planned'], unit, div)}"
-                       + (f" of {_amount(budget, unit, div)} budget" if budget else ""))
+            ax.axhline(
+                plan["planned"] / div,
+                color=line.get_color(),
+                linestyle="--",
+                linewidth=1,
+                label=f"{dev}: planned {_amount(plan['planned'], unit, div)}"
+                + (f" of {_amount(budget, unit, div)} budget" if budget else ""),
+            )
     ax.set_ylim(0, peak / div * 1.15)
     ax.set_ylabel(f"memory in use ({unit})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
@@ -157,17 +192,25 @@ def _stats_figure(plt, stats, title):
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(names)), layout="constrained")
     left = [0.0] * len(names)
     parts = [("acting", "compute_s", "tab:blue")] + [
-        (f"waiting on {k}", f"wait_{k}_s", c) for k, c in WAIT_COLORS.items()]
+        (f"waiting on {k}", f"wait_{k}_s", c) for k, c in WAIT_COLORS.items()
+    ]
     for label, key, color in parts:
         widths = [min(stats.actors[n][key] / wall, 1.0) for n in names]
-        ax.barh(range(len(names)), widths, left=left, color=color, label=label,
-                alpha=1.0 if key == "compute_s" else 0.6)
+        ax.barh(
+            range(len(names)),
+            widths,
+            left=left,
+            color=color,
+            label=label,
+            alpha=1.0 if key == "compute_s" else 0.6,
+        )
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel("share of the run")
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False,
-              fontsize="small")
+    ax.legend(
+        loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False, fontsize="small"
+    )
     neck = stats.bottleneck()
     text = title or ("Run: " + (neck or "acting and waiting per actor"))
     fig.suptitle("\n".join(textwrap.wrap(text, 95)), fontsize="medium")

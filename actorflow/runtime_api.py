@@ -55,8 +55,10 @@ def peek_array(t, stand_in: bool = False):
     if not blob.backend.has_data:
         if stand_in:
             return impl.array()
-        raise DeviceError(f"numpy(): the {impl.meta.device} device has no data; null "
-                          f"tensors have only shapes, dtypes and bytes")
+        raise DeviceError(
+            f"numpy(): the {impl.meta.device} device has no data; null "
+            f"tensors have only shapes, dtypes and bytes"
+        )
     if blob.allocated and blob.error is None and blob.idle() and impl.meta.shape is not None:
         return impl.array()
     return read(impl, blob.backend.allocator.copy_out, "numpy")

@@ -14,29 +14,35 @@ from .dtype import bfloat16, bfloat16_bits, bfloat16_values
 from .tensor.tensor import Tensor
 
 _SEP = "/"
-_PLAIN = "#"            # marks a plain value (number, string, None, list): JSON text
-_INT_KEY = "%"          # marks an int key (an optimizer's state by parameter index)
-_BFLOAT16 = "!"         # marks a bfloat16 tensor, saved as its bits (uint16: numpy has no
-                        # bfloat16)
+_PLAIN = "#"  # marks a plain value (number, string, None, list): JSON text
+_INT_KEY = "%"  # marks an int key (an optimizer's state by parameter index)
+_BFLOAT16 = "!"  # marks a bfloat16 tensor, saved as its bits (uint16: numpy has no
+# bfloat16)
 
 
 def _key(k, prefix: str) -> str:
     if isinstance(k, int) and not isinstance(k, bool):
         return f"{_INT_KEY}{k}"
-    if (not isinstance(k, str) or _SEP in k or not k or k[0] in (_PLAIN, _INT_KEY, _BFLOAT16)
-            or _item_index(k) is not None):
-        raise ValueError(f"af.save: keys must be ints or non-empty strings without {_SEP!r} "
-                         f"that do not start with {_PLAIN!r}, {_INT_KEY!r} or {_BFLOAT16!r} "
-                         f"and are not written like a list's item ('[0]', '(0)'); got {k!r} at "
-                         f"{prefix or 'the top'!r}")
+    if (
+        not isinstance(k, str)
+        or _SEP in k
+        or not k
+        or k[0] in (_PLAIN, _INT_KEY, _BFLOAT16)
+        or _item_index(k) is not None
+    ):
+        raise ValueError(
+            f"af.save: keys must be ints or non-empty strings without {_SEP!r} "
+            f"that do not start with {_PLAIN!r}, {_INT_KEY!r} or {_BFLOAT16!r} "
+            f"and are not written like a list's item ('[0]', '(0)'); got {k!r} at "
+            f"{prefix or 'the top'!r}"
+        )
     return k
 
 
 def _item_index(part: str):
     """``('[', 3)`` for ``'[3]'`` (an item of a list), ``('(', 3)`` for ``'(3)'`` (of a
     tuple); None for any other key."""
-    if len(part) > 2 and (part[0], part[-1]) in (("[", "]"), ("(", ")")) and \
-            part[1:-1].isdigit():
+    if len(part) > 2 and (part[0], part[-1]) in (("[", "]"), ("(", ")")) and part[1:-1].isdigit():
         return part[0], int(part[1:-1])
     return None
 
@@ -57,25 +63,28 @@ def _flatten(obj, prefix: str, out: dict) -> None:
         return
     if isinstance(obj, Tensor):
         if not obj._impl.blob.backend.has_data:
-            raise ValueError(f"af.save: {prefix!r} is on the {obj.device} device, which has "
-                             f"no data")
+            raise ValueError(
+                f"af.save: {prefix!r} is on the {obj.device} device, which has no data"
+            )
         if obj.dtype is bfloat16:
-            out[_BFLOAT16 + prefix] = bfloat16_bits(obj.detach().numpy())   # (exact)
+            out[_BFLOAT16 + prefix] = bfloat16_bits(obj.detach().numpy())  # (exact)
         else:
             out[prefix] = obj.detach().numpy()
     elif isinstance(obj, (np.ndarray, np.generic)):
         out[prefix] = np.asarray(obj)
     elif _plain(obj):
-        out[_PLAIN + prefix] = np.array(json.dumps(obj))    # comes back as it was (a tuple
-    elif isinstance(obj, (list, tuple)):                    # as a list)
+        out[_PLAIN + prefix] = np.array(json.dumps(obj))  # comes back as it was (a tuple
+    elif isinstance(obj, (list, tuple)):  # as a list)
         # a list or tuple holding tensors, arrays or dicts (param_groups): item by item
         form = "[{}]" if isinstance(obj, list) else "({})"
         for i, x in enumerate(obj):
             _flatten(x, f"{prefix}{_SEP}{form.format(i)}", out)
     else:
-        raise TypeError(f"af.save: {prefix or 'the object'!r} is a {type(obj).__name__}; a "
-                        f"saved state holds tensors, arrays, numbers, strings, None, and "
-                        f"lists, tuples and dicts of them")
+        raise TypeError(
+            f"af.save: {prefix or 'the object'!r} is a {type(obj).__name__}; a "
+            f"saved state holds tensors, arrays, numbers, strings, None, and "
+            f"lists, tuples and dicts of them"
+        )
 
 
 def save(obj: dict, path) -> None:
@@ -93,7 +102,7 @@ def save(obj: dict, path) -> None:
     arrays: dict = {}
     _flatten(obj, "", arrays)
     path = os.fspath(path)
-    with open(path, "wb") as f:         # (np.savez would append .npz to a bare name)
+    with open(path, "wb") as f:  # (np.savez would append .npz to a bare name)
         np.savez(f, **arrays)
 
 

@@ -45,8 +45,8 @@ class TraceEvents:
 
     def __init__(self, t0: float = 0.0):
         self.t0 = t0
-        self.head: list = []            # metadata events, JSON text
-        self.body: list = []            # every other event, JSON text
+        self.head: list = []  # metadata events, JSON text
+        self.body: list = []  # every other event, JSON text
         self.quoted = _Quoted()
 
     def __len__(self) -> int:
@@ -58,44 +58,56 @@ class TraceEvents:
 
     def process(self, pid: int, name: str, **args) -> None:
         """Names process ``pid`` (``args``: more to show with the name)."""
-        self.head.append(f'{{"ph":"M","name":"process_name","ts":0,"pid":{pid},"tid":0,'
-                         f'"args":{_dumps({"name": name, **args})}}}')
+        self.head.append(
+            f'{{"ph":"M","name":"process_name","ts":0,"pid":{pid},"tid":0,'
+            f'"args":{_dumps({"name": name, **args})}}}'
+        )
 
     def thread(self, pid: int, tid: int, name: str, sort: int | None = None) -> None:
         """Names track ``tid`` of process ``pid``; ``sort``: its place among the tracks."""
         add = self.head.append
-        add(f'{{"ph":"M","name":"thread_name","ts":0,"pid":{pid},"tid":{tid},'
-            f'"args":{{"name":{quote(name)}}}}}')
+        add(
+            f'{{"ph":"M","name":"thread_name","ts":0,"pid":{pid},"tid":{tid},'
+            f'"args":{{"name":{quote(name)}}}}}'
+        )
         if sort is not None:
-            add(f'{{"ph":"M","name":"thread_sort_index","ts":0,"pid":{pid},"tid":{tid},'
-                f'"args":{{"sort_index":{sort}}}}}')
+            add(
+                f'{{"ph":"M","name":"thread_sort_index","ts":0,"pid":{pid},"tid":{tid},'
+                f'"args":{{"sort_index":{sort}}}}}'
+            )
 
-    def complete(self, pid: int, tid: int, cat: str, name: str, ts: float, dur: float,
-                 args) -> None:
+    def complete(
+        self, pid: int, tid: int, cat: str, name: str, ts: float, dur: float, args
+    ) -> None:
         """A complete event (``ph: "X"``): from ``ts`` for ``dur``."""
         if args.__class__ is not str:
             args = _dumps(args)
         q = self.quoted
-        self.body.append(f'{{"ph":"X","cat":{q[cat]},"name":{q[name]},"ts":{ts},'
-                         f'"dur":{dur},"pid":{pid},"tid":{tid},"args":{args}}}')
+        self.body.append(
+            f'{{"ph":"X","cat":{q[cat]},"name":{q[name]},"ts":{ts},'
+            f'"dur":{dur},"pid":{pid},"tid":{tid},"args":{args}}}'
+        )
 
-    def flow(self, pid: int, tid: int, cat: str, name: str, id, ts: float,
-             start: bool) -> None:
+    def flow(self, pid: int, tid: int, cat: str, name: str, id, ts: float, start: bool) -> None:
         """One end of a flow arrow ``id`` (an int or a str): its start (``ph: "s"``, on the
         event that ends there) or an end (``ph: "f"``, bound to the event that starts
         there)."""
         ph = '"s"' if start else '"f","bp":"e"'
         q = self.quoted
-        self.body.append(f'{{"ph":{ph},"cat":{q[cat]},"name":{q[name]},'
-                         f'"id":{id if id.__class__ is int else quote(id)},"ts":{ts},'
-                         f'"pid":{pid},"tid":{tid}}}')
+        self.body.append(
+            f'{{"ph":{ph},"cat":{q[cat]},"name":{q[name]},'
+            f'"id":{id if id.__class__ is int else quote(id)},"ts":{ts},'
+            f'"pid":{pid},"tid":{tid}}}'
+        )
 
     def counter(self, pid: int, tid: int, name: str, ts: float, args) -> None:
         """A counter (``ph: "C"``): its values at ``ts`` (``args``, ``{series: number}``)."""
         if args.__class__ is not str:
             args = _dumps(args)
-        self.body.append(f'{{"ph":"C","name":{self.quoted[name]},"ts":{ts},"pid":{pid},'
-                         f'"tid":{tid},"args":{args}}}')
+        self.body.append(
+            f'{{"ph":"C","name":{self.quoted[name]},"ts":{ts},"pid":{pid},'
+            f'"tid":{tid},"args":{args}}}'
+        )
 
     def series(self, pid: int, tid: int, name: str, key: str, times, values) -> None:
         """A counter's values over time: ``{key: values[i]}`` at ``times[i]``."""

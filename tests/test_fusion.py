@@ -443,7 +443,8 @@ def test_fresh_kernels_compute_exactly_what_the_kernels_compute(name, other, dty
 def test_fresh_outputs_are_counted_by_the_allocator():
     stats = af.lowlevel.memory_stats
     x = af.tensor(np.ones(1000, dtype=np.float32))
-    af.synchronize()
+    gc.collect()                                # (an earlier test's garbage freed now, not
+    af.synchronize()                            # between the two counts)
     before = stats("cpu").in_use
     z = af.tanh(x * 2.0)                        # two fresh outputs, one still held
     assert stats("cpu").in_use == before + 4000

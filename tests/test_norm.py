@@ -228,13 +228,17 @@ def test_group_norm_matches_torch(shape, groups, affine, dtype):
 def test_half_statistics_are_computed_in_float32_as_torch():
     # deviations of 300 square past float16's 65504: torch computes the statistics in float32
     x = np.array([[[0., 600., 0., 600.], [0., 600., 0., 600.]]], np.float32)
-    w = RNG.standard_normal(2).astype(np.float32)
-    b = RNG.standard_normal(2).astype(np.float32)
-    got = NF.group_norm(af.tensor(x).half(), 1, af.tensor(w).half(), af.tensor(b).half())
-    want = torch.nn.functional.group_norm(torch.tensor(x).half(), 1, torch.tensor(w).half(),
-                                          torch.tensor(b).half())
-    assert got.dtype == af.float16
-    np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+    rng = np.random.default_rng(11)           # (its own: the data must not depend on order)
+    for _ in range(20):
+        w = rng.standard_normal(2).astype(np.float32)
+        b = rng.standard_normal(2).astype(np.float32)
+        got = NF.group_norm(af.tensor(x).half(), 1, af.tensor(w).half(), af.tensor(b).half())
+        want = torch.nn.functional.group_norm(torch.tensor(x).half(), 1,
+                                              torch.tensor(w).half(), torch.tensor(b).half())
+        assert got.dtype == af.float16
+        # within one float16 ulp: PyTorch's cpu kernel rounds its affine step its own way
+        # (about 1 draw in 25 of the weight and bias differs by one ulp from float32 math)
+        np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=1e-3)
     y = RNG.standard_normal((3, 8)).astype(np.float32) * 300
     for f in ("std", "var"):
         for dim in (None, 1):

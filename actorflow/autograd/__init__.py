@@ -34,14 +34,17 @@ def arm() -> None:
 
 # -- the Tensor's autograd face (bound by actorflow.methods) ---------------------------------
 
+
 def requires_grad_(self, requires_grad: bool = True) -> Tensor:
     """Marks a leaf tensor as needing ``.grad`` after ``backward()`` (floating point only)."""
     impl = self._impl
     ag = impl.ag
     if requires_grad:
         if not self.dtype.is_floating_point:
-            raise RuntimeError(f"only tensors of floating point dtype can require gradients, "
-                               f"got {self.dtype}; convert with .float() first")
+            raise RuntimeError(
+                f"only tensors of floating point dtype can require gradients, "
+                f"got {self.dtype}; convert with .float() first"
+            )
         if ag is None:
             arm()
             impl.ag = Meta()
@@ -49,8 +52,10 @@ def requires_grad_(self, requires_grad: bool = True) -> Tensor:
             ag.requires_grad = True
         return self
     if ag is not None and ag.grad_fn is not None:
-        raise RuntimeError("requires_grad_(False) on a tensor computed from tensors that "
-                           "require grad; use .detach() to get one outside autograd")
+        raise RuntimeError(
+            "requires_grad_(False) on a tensor computed from tensors that "
+            "require grad; use .detach() to get one outside autograd"
+        )
     if ag is not None:
         ag.requires_grad = False
     return self
@@ -75,8 +80,9 @@ def _set_grad(self, value) -> None:
     if value is not None and not isinstance(value, Tensor):
         raise TypeError(f"grad must be a Tensor or None, got {type(value).__name__}")
     if value is not None and value.shape != self.shape:
-        raise RuntimeError(f"assigned grad has shape {value.shape}, but the tensor has "
-                           f"shape {self.shape}")
+        raise RuntimeError(
+            f"assigned grad has shape {value.shape}, but the tensor has shape {self.shape}"
+        )
     if ag is None:
         if value is None:
             return
@@ -101,7 +107,7 @@ def retain_grad(self) -> None:
     if ag is None or not ag.requires_grad:
         raise RuntimeError("retain_grad() on a tensor that does not require grad")
     if ag.grad_fn is None:
-        return                          # a leaf keeps its gradient anyway
+        return  # a leaf keeps its gradient anyway
     node = ag.grad_fn
     if node.retained is None:
         node.retained = {}
@@ -114,24 +120,31 @@ def backward(self, gradient=None, retain_graph: bool = False, create_graph: bool
     and adds it to their ``.grad``. ``gradient``: d(something)/d(this tensor), needed
     unless it has one element."""
     if create_graph:
-        raise NotImplementedError("backward(create_graph=True): gradients of gradients are "
-                                  "not supported yet")
+        raise NotImplementedError(
+            "backward(create_graph=True): gradients of gradients are not supported yet"
+        )
     ag = self._impl.ag
     if ag is None or not ag.requires_grad:
-        raise RuntimeError("backward(): this tensor does not require grad and has no "
-                           "grad_fn; nothing it was computed from requires grad (set "
-                           "requires_grad=True on the parameters, and compute outside "
-                           "af.no_grad())")
+        raise RuntimeError(
+            "backward(): this tensor does not require grad and has no "
+            "grad_fn; nothing it was computed from requires grad (set "
+            "requires_grad=True on the parameters, and compute outside "
+            "af.no_grad())"
+        )
     if gradient is None:
         if self.numel() != 1:
-            raise RuntimeError(f"backward(): grad can be implicitly created only for "
-                               f"one-element outputs, and this one has shape {self.shape}; "
-                               f"pass gradient= (a tensor of that shape) or reduce it first "
-                               f"(loss.sum() or loss.mean())")
+            raise RuntimeError(
+                f"backward(): grad can be implicitly created only for "
+                f"one-element outputs, and this one has shape {self.shape}; "
+                f"pass gradient= (a tensor of that shape) or reduce it first "
+                f"(loss.sum() or loss.mean())"
+            )
         gradient = ones_like(self)
     elif not isinstance(gradient, Tensor) or gradient.shape != self.shape:
-        raise RuntimeError(f"backward(gradient=...): expected a tensor of shape {self.shape}, "
-                           f"got {getattr(gradient, 'shape', type(gradient).__name__)}")
+        raise RuntimeError(
+            f"backward(gradient=...): expected a tensor of shape {self.shape}, "
+            f"got {getattr(gradient, 'shape', type(gradient).__name__)}"
+        )
     elif gradient.dtype is not self.dtype:
         with no_grad():
             gradient = cast(gradient, self.dtype)
@@ -170,5 +183,14 @@ METHODS = {
     "detach_": detach_,
 }
 
-__all__ = ["no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "Node", "Meta",
-           "arm", "zero_grad", "METHODS"]
+__all__ = [
+    "no_grad",
+    "enable_grad",
+    "set_grad_enabled",
+    "is_grad_enabled",
+    "Node",
+    "Meta",
+    "arm",
+    "zero_grad",
+    "METHODS",
+]

@@ -51,7 +51,8 @@ def _check_saved(node: Node) -> None:
         raise RuntimeError(
             f"backward through {node.name!r} a second time: its saved tensors were freed by "
             f"the first backward(); pass retain_graph=True to the first call if you need "
-            f"to run backward twice")
+            f"to run backward twice"
+        )
     saved = [(t.blob, t.meta) if t is not None else None for t in node.saved_in or ()]
     saved += list(node.saved_out or ())
     pairs = list(zip(saved, node.versions, strict=True))
@@ -65,7 +66,8 @@ def _check_saved(node: Node) -> None:
                 f"one of the tensors {node.name!r} saved for backward ({m.dtype}{list(m.shape)}) "
                 f"was modified by an in-place operation after it was saved (version {v}, now "
                 f"{blob.version}); compute out of place (x = x * 2, not x.mul_(2)) or clone "
-                f"it before modifying it")
+                f"it before modifying it"
+            )
 
 
 def _fit(g, meta, node: Node, k: int):
@@ -73,8 +75,10 @@ def _fit(g, meta, node: Node, k: int):
     and on its device."""
     gm = g._impl.meta
     if gm.shape != meta.shape:
-        raise RuntimeError(f"internal error: the grad rule of {node.name!r} gave input {k} a "
-                           f"gradient of shape {gm.shape}, expected {meta.shape}")
+        raise RuntimeError(
+            f"internal error: the grad rule of {node.name!r} gave input {k} a "
+            f"gradient of shape {gm.shape}, expected {meta.shape}"
+        )
     if gm.dtype is not meta.dtype:
         g = F.cast(g, meta.dtype)
     if gm.device is not meta.device:
@@ -119,9 +123,9 @@ def run_backward(roots: list, grads: list, retain_graph: bool = False) -> None:
     with no_grad():
         deps = _graph([m.grad_fn for m in roots if m.grad_fn is not None])
         buffers: dict = {}
-        shared = {id(g) for g in grads}     # tensors more than one place may hold
+        shared = {id(g) for g in grads}  # tensors more than one place may hold
         for meta, g in zip(roots, grads, strict=True):
-            if meta.grad_fn is None:        # a leaf itself
+            if meta.grad_fn is None:  # a leaf itself
                 _accumulate(meta, g, shared)
             else:
                 _deliver(buffers, meta.grad_fn, meta.output_nr, g)
@@ -148,21 +152,25 @@ def _run(node: Node, got: list, buffers, heap, deps, retain_graph, shared) -> No
     needs = tuple(e is not None for e in node.edges)
     rule = node.rule
     if rule is None:
-        raise RuntimeError(f"no gradient rule for op {node.name!r}: backward() cannot go "
-                           f"through it; compute that part under af.no_grad() or detach() "
-                           f"its inputs")
+        raise RuntimeError(
+            f"no gradient rule for op {node.name!r}: backward() cannot go "
+            f"through it; compute that part under af.no_grad() or detach() "
+            f"its inputs"
+        )
     _check_saved(node)
     grads = [g if g is not None else _zeros(m) for g, m in zip(got, node.outs, strict=True)]
     out = rule.fn(Ctx(node, needs), *grads)
     if len(out) != len(node.edges):
-        raise RuntimeError(f"internal error: the grad rule of {node.name!r} gave "
-                           f"{len(out)} gradients for {len(node.edges)} inputs")
+        raise RuntimeError(
+            f"internal error: the grad rule of {node.name!r} gave "
+            f"{len(out)} gradients for {len(node.edges)} inputs"
+        )
     if not retain_graph:
         node.release()
     for k, (edge, g) in enumerate(zip(node.edges, out, strict=True)):
         if edge is None:
             continue
-        if g is None:                       # (the target still counts on this delivery)
+        if g is None:  # (the target still counts on this delivery)
             g = _zeros(node.ins[k])
         g = _fit(g, node.ins[k], node, k)
         target, nr = edge
@@ -178,4 +186,5 @@ def _run(node: Node, got: list, buffers, heap, deps, retain_graph, shared) -> No
 
 def _zeros(meta):
     from ..creation import zeros
+
     return zeros(meta.shape, dtype=meta.dtype, device=meta.device)

@@ -30,7 +30,7 @@ class _GradMode:
 
     def __new__(cls, *args):
         if cls is not set_grad_enabled and len(args) == 1 and callable(args[0]):
-            return cls()(args[0])           # used bare: @af.no_grad
+            return cls()(args[0])  # used bare: @af.no_grad
         return super().__new__(cls)
 
     def __enter__(self):
@@ -48,6 +48,7 @@ class _GradMode:
     def __call__(self, fn):
         mode = self.mode
         if inspect.isgeneratorfunction(fn):
+
             @functools.wraps(fn)
             def gen(*args, **kwargs):
                 it = fn(*args, **kwargs)
@@ -62,6 +63,7 @@ class _GradMode:
                     finally:
                         MODE.enabled = prev
                     value = yield item
+
             return gen
 
         @functools.wraps(fn)
@@ -72,6 +74,7 @@ class _GradMode:
                 return fn(*args, **kwargs)
             finally:
                 MODE.enabled = prev
+
         return wrapper
 
 
@@ -95,16 +98,17 @@ class set_grad_enabled(_GradMode):
 
     def __init__(self, mode: bool):
         if not isinstance(mode, bool):
-            raise TypeError(f"set_grad_enabled(mode): mode must be a bool, got "
-                            f"{type(mode).__name__}")
+            raise TypeError(
+                f"set_grad_enabled(mode): mode must be a bool, got {type(mode).__name__}"
+            )
         self.mode = mode
         self.prev = MODE.enabled
         MODE.enabled = mode
 
     def __enter__(self):
-        MODE.enabled = self.mode        # (prev: the mode when it was called)
+        MODE.enabled = self.mode  # (prev: the mode when it was called)
         return self
 
     def __call__(self, fn):
-        MODE.enabled = self.prev        # a decorator changes nothing until a call
+        MODE.enabled = self.prev  # a decorator changes nothing until a call
         return super().__call__(fn)

@@ -44,23 +44,37 @@ class Meta:
 class Node:
     """The backward of one op call (``name``: the op's, as in ``grad_fn=<mul>``)."""
 
-    __slots__ = ("name", "rule", "attrs", "edges", "ins", "outs", "saved_in", "saved_out",
-                 "versions", "seq", "released", "retained", "watch", "__weakref__")
+    __slots__ = (
+        "name",
+        "rule",
+        "attrs",
+        "edges",
+        "ins",
+        "outs",
+        "saved_in",
+        "saved_out",
+        "versions",
+        "seq",
+        "released",
+        "retained",
+        "watch",
+        "__weakref__",
+    )
 
     def __init__(self, name, rule, attrs, edges, ins, outs):
         self.name = name
-        self.rule = rule            # rules.Rule, or None: no gradient formula for this op
+        self.rule = rule  # rules.Rule, or None: no gradient formula for this op
         self.attrs = attrs
-        self.edges = edges          # per input: (Node or leaf Meta, output_nr) or None
-        self.ins = ins              # per input: its TensorMeta (shape, dtype, device)
-        self.outs = outs            # per output: its TensorMeta
-        self.saved_in = None        # TensorImpls the rule reads (None: none)
+        self.edges = edges  # per input: (Node or leaf Meta, output_nr) or None
+        self.ins = ins  # per input: its TensorMeta (shape, dtype, device)
+        self.outs = outs  # per output: its TensorMeta
+        self.saved_in = None  # TensorImpls the rule reads (None: none)
         self.saved_out = None
         self.versions = ()
-        self.seq = next(_SEQ)       # later nodes run first in backward
+        self.seq = next(_SEQ)  # later nodes run first in backward
         self.released = False
-        self.retained = None        # {output_nr: Meta} of outputs that retain their grad
-        self.watch = None           # (impl, version): a view's base, not to change since
+        self.retained = None  # {output_nr: Meta} of outputs that retain their grad
+        self.watch = None  # (impl, version): a view's base, not to change since
 
     def save(self, inputs, outputs) -> None:
         rule = self.rule
@@ -75,9 +89,9 @@ class Node:
             for o in outputs:
                 o.blob.pin()
             self.saved_out = tuple((o.blob, o.meta) for o in outputs)
-        self.versions = tuple(t.blob.version if t is not None else 0
-                              for t in (self.saved_in or ())) + tuple(
-            b.version for b, _ in (self.saved_out or ()))
+        self.versions = tuple(
+            t.blob.version if t is not None else 0 for t in (self.saved_in or ())
+        ) + tuple(b.version for b, _ in (self.saved_out or ()))
 
     def release(self) -> None:
         """After its backward (unless retain_graph): the saved tensors go (a node that
@@ -122,7 +136,7 @@ def _needs_grad(inputs) -> bool:
 def record(op, inputs, attrs, device, outs):
     """The recorder ``eager.interpreter.apply`` calls while autograd is armed; None when
     nothing needs recording (the call then runs as usual)."""
-    need = False                    # the common case first: nothing requires grad
+    need = False  # the common case first: nothing requires grad
     for i in inputs:
         ag = i.ag
         if ag is not None and ag.requires_grad:
@@ -130,7 +144,7 @@ def record(op, inputs, attrs, device, outs):
             break
     if outs is None and not need:
         return None
-    if _STATE.below_grad:           # the call the recorder itself runs
+    if _STATE.below_grad:  # the call the recorder itself runs
         return None
     enabled = MODE.enabled
     if outs is not None:
@@ -151,7 +165,7 @@ def record(op, inputs, attrs, device, outs):
     ins = tuple([i.meta for i in inputs])
     rule = _RULES.get(op.name)
     st = _STATE
-    st.below_grad = True            # (a flag, not a context manager: this runs per op)
+    st.below_grad = True  # (a flag, not a context manager: this runs per op)
     try:
         saved = inputs
         if outs is not None and rule is not None and rule.saves_inputs:
@@ -189,14 +203,16 @@ def _check_inplace(name, inputs, outs) -> None:
             raise RuntimeError(
                 f"{name}: a leaf tensor that requires grad is being written in place; that "
                 f"would lose what backward() needs. Update parameters under "
-                f"'with af.no_grad():' (as the optimizers do), or write into a copy")
+                f"'with af.no_grad():' (as the optimizers do), or write into a copy"
+            )
         base = o.base
         if base is not None and _needs_grad(list(inputs) + [o, base]):
             raise RuntimeError(
                 f"{name}: writing in place into a view (a slice, x[i] = ...) of a tensor is "
                 f"not supported when either side requires grad: the gradient would be lost. "
                 f"Build the result out of place (af.cat, af.stack, af.where, or index "
-                f"assignment with a tensor index), or write under 'with af.no_grad():'")
+                f"assignment with a tensor index), or write under 'with af.no_grad():'"
+            )
 
 
 def record_view(t, out, kind: str, arg) -> None:
@@ -206,8 +222,14 @@ def record_view(t, out, kind: str, arg) -> None:
     edge = edge_of(impl)
     if edge is None or not MODE.enabled:
         return
-    node = Node(kind, _VIEW_RULES[kind], {"key": arg, "view": out._impl.meta}, (edge,),
-                (impl.meta,), (out._impl.meta,))
+    node = Node(
+        kind,
+        _VIEW_RULES[kind],
+        {"key": arg, "view": out._impl.meta},
+        (edge,),
+        (impl.meta,),
+        (out._impl.meta,),
+    )
     node.watch = (impl, impl.blob.version)  # a later write into the base: backward raises
     out._impl.ag = Meta(node, 0)
 

@@ -29,21 +29,24 @@ class Rule:
         self.fn = fn
         self.saves_inputs = "x" in saves
         self.saves_outputs = "y" in saves
-        self.unread_written = unread_written    # never reads an input the op overwrites
+        self.unread_written = unread_written  # never reads an input the op overwrites
 
 
 def rule(*names, saves: str = "", unread_written: bool = False):
     """Registers ``fn`` as the grad rule of the ops ``names``; ``saves``: "x" (it reads the
     inputs), "y" (the outputs), "xy", or "" (shapes only). An in-place call's input that the
     op overwrites is saved as a copy made before the write, unless ``unread_written``."""
+
     def register(fn):
         for n in names:
             RULES[n] = Rule(fn, saves, unread_written)
         return fn
+
     return register
 
 
 # -- helpers -------------------------------------------------------------------------------
+
 
 def reshape(t, shape):
     shape = tuple(shape)
@@ -61,8 +64,9 @@ def sum_to(g, shape):
     if gs == shape:
         return g
     lead = len(gs) - len(shape)
-    dims = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape)
-                                      if s == 1 and gs[i + lead] != 1)
+    dims = tuple(range(lead)) + tuple(
+        i + lead for i, s in enumerate(shape) if s == 1 and gs[i + lead] != 1
+    )
     if dims:
         g = F.sum(g, dim=dims, keepdim=True)
     return reshape(g, shape)
@@ -82,6 +86,7 @@ def _float(mask, like):
 
 # -- binary --------------------------------------------------------------------------------
 
+
 @rule("add")
 def _add(ctx, g):
     return sum_to(g, ctx.shape(0)), sum_to(g, ctx.shape(1))
@@ -95,8 +100,10 @@ def _sub(ctx, g):
 @rule("mul", saves="x")
 def _mul(ctx, g):
     a, b = ctx.x(0), ctx.x(1)
-    return (sum_to(F.mul(g, b), ctx.shape(0)) if ctx.needs[0] else None,
-            sum_to(F.mul(g, a), ctx.shape(1)) if ctx.needs[1] else None)
+    return (
+        sum_to(F.mul(g, b), ctx.shape(0)) if ctx.needs[0] else None,
+        sum_to(F.mul(g, a), ctx.shape(1)) if ctx.needs[1] else None,
+    )
 
 
 @rule("div", saves="x")
@@ -111,11 +118,11 @@ def _div(ctx, g):
 def _pow(ctx, g):
     a, b, y = ctx.x(0), ctx.x(1), ctx.y(0)
     ga = gb = None
-    if ctx.needs[0]:                        # (an exponent of 0 contributes nothing, as
-        zero_b = F.eq(b, 0)                 # in PyTorch, even at a base of 0: 1 stands in)
+    if ctx.needs[0]:  # (an exponent of 0 contributes nothing, as
+        zero_b = F.eq(b, 0)  # in PyTorch, even at a base of 0: 1 stands in)
         d = F.mul(g, F.mul(b, F.pow(F.where(zero_b, 1.0, a), F.sub(b, 1))))
         ga = sum_to(d, ctx.shape(0))
-    if ctx.needs[1]:                        # (a base of 0 gives 0, not 0 * -inf)
+    if ctx.needs[1]:  # (a base of 0 gives 0, not 0 * -inf)
         zero_a = F.eq(a, 0)
         d = F.mul(g, F.mul(y, F.log(F.where(zero_a, 1.0, a))))
         gb = sum_to(d, ctx.shape(1))
@@ -144,15 +151,15 @@ def _minimum(ctx, g):
 
 
 @rule("remainder", saves="x")
-def _remainder(ctx, g):                     # a - floor(a / b) * b, away from its jumps
+def _remainder(ctx, g):  # a - floor(a / b) * b, away from its jumps
     a, b = ctx.x(0), ctx.x(1)
     ga = sum_to(g, ctx.shape(0)) if ctx.needs[0] else None
-    gb = (sum_to(F.neg(F.mul(g, F.floor_divide(a, b))), ctx.shape(1))
-          if ctx.needs[1] else None)
+    gb = sum_to(F.neg(F.mul(g, F.floor_divide(a, b))), ctx.shape(1)) if ctx.needs[1] else None
     return ga, gb
 
 
 # -- with a scalar (x op s, and the reflected s op x) --------------------------------------
+
 
 @rule("add_scalar", "radd_scalar", "sub_scalar", "remainder_scalar")
 def _add_s(ctx, g):
@@ -175,18 +182,18 @@ def _div_s(ctx, g):
 
 
 @rule("rremainder_scalar", saves="x")
-def _rremainder_s(ctx, g):                  # s - floor(s / x) * x
+def _rremainder_s(ctx, g):  # s - floor(s / x) * x
     return (F.neg(F.mul(g, F.floor_divide(ctx.attrs["scalar"], ctx.x(0)))),)
 
 
 @rule("rdiv_scalar", saves="x")
-def _rdiv_s(ctx, g):                        # d(s / x) = -s / x^2
+def _rdiv_s(ctx, g):  # d(s / x) = -s / x^2
     x = ctx.x(0)
     return (F.mul(F.div(g, F.mul(x, x)), -ctx.attrs["scalar"]),)
 
 
 @rule("pow_scalar", saves="x")
-def _pow_s(ctx, g):                         # d(x^s) = s x^(s-1)
+def _pow_s(ctx, g):  # d(x^s) = s x^(s-1)
     s = ctx.attrs["scalar"]
     if s == 0:
         return (F.mul(g, 0.0),)
@@ -194,15 +201,21 @@ def _pow_s(ctx, g):                         # d(x^s) = s x^(s-1)
 
 
 @rule("rpow_scalar", saves="y")
-def _rpow_s(ctx, g):                        # d(s^x) = s^x log s (0 for s = 0, as PyTorch)
+def _rpow_s(ctx, g):  # d(s^x) = s^x log s (0 for s = 0, as PyTorch)
     s = ctx.attrs["scalar"]
     log_s = math.log(s) if s > 0 else (0.0 if s == 0 else math.nan)
     return (F.mul(F.mul(g, ctx.y(0)), log_s),)
 
 
-@rule("floor_divide", "floor_divide_scalar", "rfloor_divide_scalar", "trunc_divide",
-      "trunc_divide_scalar", "rtrunc_divide_scalar")
-def _floor_divide(ctx, g):                  # piecewise constant: zero almost everywhere
+@rule(
+    "floor_divide",
+    "floor_divide_scalar",
+    "rfloor_divide_scalar",
+    "trunc_divide",
+    "trunc_divide_scalar",
+    "rtrunc_divide_scalar",
+)
+def _floor_divide(ctx, g):  # piecewise constant: zero almost everywhere
     return tuple(F.mul(g, 0.0) if ctx.needs[k] else None for k in range(len(ctx.needs)))
 
 
@@ -215,6 +228,7 @@ def _pick_s(ctx, g):
 
 
 # -- unary ---------------------------------------------------------------------------------
+
 
 @rule("neg")
 def _neg(ctx, g):
@@ -260,13 +274,13 @@ def _cos(ctx, g):
 
 
 @rule("rsqrt", saves="y")
-def _rsqrt(ctx, g):                         # d(x^-1/2) = -1/2 x^-3/2 = -1/2 y^3
+def _rsqrt(ctx, g):  # d(x^-1/2) = -1/2 x^-3/2 = -1/2 y^3
     y = ctx.y(0)
     return (F.mul(F.mul(g, F.mul(F.mul(y, y), y)), -0.5),)
 
 
 @rule("erf", saves="x")
-def _erf(ctx, g):                           # 2/sqrt(pi) exp(-x^2)
+def _erf(ctx, g):  # 2/sqrt(pi) exp(-x^2)
     x = ctx.x(0)
     return (F.mul(g, F.mul(F.exp(F.neg(F.mul(x, x))), 2.0 / math.sqrt(math.pi))),)
 
@@ -295,8 +309,9 @@ def _by_backward_op(op, ctx, g, attrs):
 
 @rule("gelu", saves="x")
 def _gelu(ctx, g):
-    return _by_backward_op(_GELU_BACKWARD, ctx, g,
-                           {"approximate": ctx.attrs.get("approximate", "none")})
+    return _by_backward_op(
+        _GELU_BACKWARD, ctx, g, {"approximate": ctx.attrs.get("approximate", "none")}
+    )
 
 
 @rule("silu", saves="x")
@@ -305,7 +320,7 @@ def _silu(ctx, g):
 
 
 @rule("clamp", saves="x")
-def _clamp(ctx, g):                         # to x where min <= x <= max, as PyTorch
+def _clamp(ctx, g):  # to x where min <= x <= max, as PyTorch
     x, lo, hi = ctx.x(0), ctx.attrs.get("min"), ctx.attrs.get("max")
     keep = None
     if lo is not None:
@@ -323,26 +338,30 @@ def _clamp_tensor(ctx, g):
     x, bounds = ctx.x(0), ctx.attrs["bounds"]
     if bounds == "both":
         lo, hi = ctx.x(1), ctx.x(2)
-        picks = (F.logical_and(F.ge(x, lo), F.le(x, hi)),
-                 F.logical_and(F.lt(x, lo), F.lt(lo, hi)) if ctx.needs[1] else None,
-                 F.logical_or(F.gt(x, hi), F.lt(hi, lo)) if ctx.needs[2] else None)
+        picks = (
+            F.logical_and(F.ge(x, lo), F.le(x, hi)),
+            F.logical_and(F.lt(x, lo), F.lt(lo, hi)) if ctx.needs[1] else None,
+            F.logical_or(F.gt(x, hi), F.lt(hi, lo)) if ctx.needs[2] else None,
+        )
     elif bounds == "min":
         lo = ctx.x(1)
         picks = (F.ge(x, lo), F.lt(x, lo))
     else:
         hi = ctx.x(1)
         picks = (F.le(x, hi), F.gt(x, hi))
-    return tuple(sum_to(F.where(p, g, 0.0), ctx.shape(k)) if ctx.needs[k] and p is not None
-                 else None for k, p in enumerate(picks))
+    return tuple(
+        sum_to(F.where(p, g, 0.0), ctx.shape(k)) if ctx.needs[k] and p is not None else None
+        for k, p in enumerate(picks)
+    )
 
 
 @rule("cast")
 def _cast(ctx, g):
-    return (g,)                             # (the engine casts it back to the input's dtype)
+    return (g,)  # (the engine casts it back to the input's dtype)
 
 
 @rule("copy")
-def _copy(ctx, g):                          # clone, to(device), copy_ (the source's part)
+def _copy(ctx, g):  # clone, to(device), copy_ (the source's part)
     return (sum_to(g, ctx.shape(0)),)
 
 
@@ -362,6 +381,6 @@ def _where(ctx, g):
 
 
 @rule("triu", "tril")
-def _triangle(ctx, g):                      # the kept triangle's gradient, zeros elsewhere
+def _triangle(ctx, g):  # the kept triangle's gradient, zeros elsewhere
     tri = F.triu if ctx.name == "triu" else F.tril
     return (tri(g, ctx.attrs["diagonal"]),)

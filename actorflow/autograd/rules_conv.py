@@ -23,8 +23,12 @@ def _like(g, x):
 
 
 def _conv(a) -> dict:
-    return {"stride": a["stride"], "padding": a["padding"], "dilation": a["dilation"],
-            "groups": a["groups"]}
+    return {
+        "stride": a["stride"],
+        "padding": a["padding"],
+        "dilation": a["dilation"],
+        "groups": a["groups"],
+    }
 
 
 def _weight_grad(inp, grad, a, kernel):
@@ -54,15 +58,19 @@ def _conv_transpose2d(ctx, g):
     if ctx.needs[0]:
         gx = wrap(apply(_CONV, [g._impl, w._impl], _conv(a))[0])
         h, wd = x.shape[2:]
-        if tuple(gx.shape[2:]) != (h, wd):      # output_padding past the stride: the rows
-            gx = gx[:, :, :h, :wd]              # it added convolve to more than the input
+        if tuple(gx.shape[2:]) != (h, wd):  # output_padding past the stride: the rows
+            gx = gx[:, :, :h, :wd]  # it added convolve to more than the input
     gw = _weight_grad(g, x, a, tuple(w.shape[2:])) if ctx.needs[1] else None
     return gx, gw
 
 
 def _blocks(a) -> dict:
-    return {"kernel": a["kernel"], "stride": a["stride"], "padding": a["padding"],
-            "dilation": a["dilation"]}
+    return {
+        "kernel": a["kernel"],
+        "stride": a["stride"],
+        "padding": a["padding"],
+        "dilation": a["dilation"],
+    }
 
 
 @rule("unfold")

@@ -52,7 +52,7 @@ def _amax(ctx, g):
     a, shape = ctx.attrs, ctx.shape(0)
     x = ctx.x(0)
     y = _kept(ctx.y(0), shape, a["dims"], a["keepdim"])
-    hit = F.cast(F.eq(x, y), g.dtype)               # ties share the gradient evenly
+    hit = F.cast(F.eq(x, y), g.dtype)  # ties share the gradient evenly
     n = F.sum(hit, dim=a["dims"], keepdim=True) if a["dims"] is not None else F.sum(hit)
     g = _kept(g, shape, a["dims"], a["keepdim"])
     return (F.mul(hit, F.div(g, n)),)
@@ -70,6 +70,7 @@ def _max_dim(ctx, g, _g_indices=None):
 
 def _arange_along(shape, d, device):
     from ..creation import arange
+
     r = arange(shape[d], device=device)
     return reshape(r, tuple(shape[d] if i == d else 1 for i in range(len(shape))))
 
@@ -78,7 +79,7 @@ _SOFTMAX_BACKWARD = op_def("softmax_backward")
 
 
 @rule("softmax", saves="y")
-def _softmax(ctx, g):                       # (g - sum(g * y)) * y, one op
+def _softmax(ctx, g):  # (g - sum(g * y)) * y, one op
     y = ctx.y(0)
     if g.dtype is not y.dtype:
         g = F.cast(g, y.dtype)
@@ -127,8 +128,7 @@ def _layer_norm(ctx, g, _g_mean=None, _g_rstd=None):
     ins = [g._impl, x._impl, ctx.y(1)._impl, ctx.y(2)._impl]
     if has_w:
         ins.append(ctx.x(1)._impl)
-    gx, gw, gb = (wrap(t) for t in apply(_LAYER_NORM_BACKWARD, ins,
-                                         {"dims": ctx.attrs["dims"]}))
+    gx, gw, gb = (wrap(t) for t in apply(_LAYER_NORM_BACKWARD, ins, {"dims": ctx.attrs["dims"]}))
     out = [gx if ctx.needs[0] else None]
     if has_w:
         out.append(gw if ctx.needs[len(out)] else None)
@@ -145,7 +145,7 @@ def _mT(t):
 def _matmul(ctx, g):
     a, b = ctx.x(0), ctx.x(1)
     sa, sb = ctx.shape(0), ctx.shape(1)
-    if len(sa) == 1 and len(sb) == 1:               # a dot product
+    if len(sa) == 1 and len(sb) == 1:  # a dot product
         return (F.mul(g, b) if ctx.needs[0] else None, F.mul(g, a) if ctx.needs[1] else None)
     a2 = reshape(a, (1,) + sa) if len(sa) == 1 else a
     b2 = reshape(b, sb + (1,)) if len(sb) == 1 else b
@@ -188,8 +188,10 @@ def _cat(ctx, g):
 @rule("stack")
 def _stack(ctx, g):
     d = ctx.attrs["dim"]
-    return tuple(wrap(views.basic_index(g._impl, (slice(None),) * d + (k,)))
-                 if ctx.needs[k] else None for k in range(len(ctx.needs)))
+    return tuple(
+        wrap(views.basic_index(g._impl, (slice(None),) * d + (k,))) if ctx.needs[k] else None
+        for k in range(len(ctx.needs))
+    )
 
 
 _INDEX_ADD = op_def("index_add")
@@ -224,8 +226,12 @@ def _index_put(ctx, g):
     out = [None] * len(ctx.needs)
     if ctx.needs[0]:
         gx = F.clone(g)
-        apply(_PUT, [gx._impl] + idx, {"key": a["key"], "masked": a["masked"], "has_value": 0,
-                                        "scalar": 0}, outs=[gx._impl])
+        apply(
+            _PUT,
+            [gx._impl] + idx,
+            {"key": a["key"], "masked": a["masked"], "has_value": 0, "scalar": 0},
+            outs=[gx._impl],
+        )
         out[0] = gx
     if nv and ctx.needs[1]:
         op = op_def("masked_index" if a["masked"] else "index")
@@ -236,12 +242,13 @@ def _index_put(ctx, g):
 
 # -- views ---------------------------------------------------------------------------------
 
+
 def _view_reshape(ctx, g):
     return (reshape(g, ctx.shape(0)),)
 
 
 def _view_permute(ctx, g):
-    order = ctx.attrs["key"]                        # view dim i is input dim order[i]
+    order = ctx.attrs["key"]  # view dim i is input dim order[i]
     inverse = tuple(int(i) for i in np.argsort(order))
     return (wrap(views.permute(g._impl, inverse)),)
 
@@ -266,8 +273,12 @@ class _ViewRule:
         self.saves_inputs = self.saves_outputs = self.unread_written = False
 
 
-VIEW_RULES.update(reshape=_ViewRule(_view_reshape), permute=_ViewRule(_view_permute),
-                  expand=_ViewRule(_view_expand), index=_ViewRule(_view_index))
+VIEW_RULES.update(
+    reshape=_ViewRule(_view_reshape),
+    permute=_ViewRule(_view_permute),
+    expand=_ViewRule(_view_expand),
+    index=_ViewRule(_view_index),
+)
 
 
 # -- gathers and scatters along a dim, cumsum, sort/topk, pad --------------------------------
@@ -288,8 +299,10 @@ def _scatter_into_zeros(shape, dtype, device, dim, index, g):
 @rule("gather", saves="x")
 def _gather(ctx, g):
     x = ctx.x(0)
-    return (_scatter_into_zeros(ctx.shape(0), x.dtype, x.device, ctx.attrs["dim"], ctx.x(1), g),
-            None)
+    return (
+        _scatter_into_zeros(ctx.shape(0), x.dtype, x.device, ctx.attrs["dim"], ctx.x(1), g),
+        None,
+    )
 
 
 @rule("scatter_add", saves="x", unread_written=True)
@@ -303,8 +316,9 @@ def _scatter_add(ctx, g):
         src_shape = ctx.shape(2)
         if gsrc.shape != src_shape:
             pads = tuple((0, s - n) for s, n in zip(src_shape, gsrc.shape, strict=True))
-            gsrc = wrap(apply(_PAD, [gsrc._impl], {"pads": pads, "mode": "constant",
-                                                   "value": 0.0})[0])
+            gsrc = wrap(
+                apply(_PAD, [gsrc._impl], {"pads": pads, "mode": "constant", "value": 0.0})[0]
+            )
     return (g if ctx.needs[0] else None), None, gsrc
 
 
@@ -313,8 +327,13 @@ def _cumsum(ctx, g):
     a = ctx.attrs
     if len(ctx.shape(0)) == 0:
         return (g,)
-    return (wrap(apply(_CUMSUM, [g._impl], {"dim": a["dim"], "reverse": not a["reverse"],
-                                             "dtype": None})[0]),)
+    return (
+        wrap(
+            apply(
+                _CUMSUM, [g._impl], {"dim": a["dim"], "reverse": not a["reverse"], "dtype": None}
+            )[0]
+        ),
+    )
 
 
 @rule("sort", "topk", saves="y")
@@ -322,8 +341,7 @@ def _sort(ctx, g, _g_indices=None):
     """The values' gradient scattered back through the indices."""
     if len(ctx.shape(0)) == 0:
         return (g,)
-    return (_scatter_into_zeros(ctx.shape(0), g.dtype, g.device, ctx.attrs["dim"], ctx.y(1),
-                                g),)
+    return (_scatter_into_zeros(ctx.shape(0), g.dtype, g.device, ctx.attrs["dim"], ctx.y(1), g),)
 
 
 @rule("pad")
@@ -333,7 +351,13 @@ def _pad(ctx, g):
     a = ctx.attrs
     if a["mode"] == "constant":
         neg = tuple((-b, -e) for b, e in a["pads"])
-        return (wrap(apply(_PAD, [g._impl], {"pads": neg, "mode": "constant",
-                                             "value": 0.0})[0]),)
-    return (wrap(apply(_PAD_BACKWARD, [g._impl], {"pads": a["pads"], "mode": a["mode"],
-                                                  "shape": tuple(ctx.shape(0))})[0]),)
+        return (wrap(apply(_PAD, [g._impl], {"pads": neg, "mode": "constant", "value": 0.0})[0]),)
+    return (
+        wrap(
+            apply(
+                _PAD_BACKWARD,
+                [g._impl],
+                {"pads": a["pads"], "mode": a["mode"], "shape": tuple(ctx.shape(0))},
+            )[0]
+        ),
+    )

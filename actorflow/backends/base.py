@@ -26,7 +26,9 @@ def on_memory_pressure(reclaim) -> None:
     ``reclaim()`` frees memory nothing can reach any more (the VM hands in its release of
     dead tensors; backends sit below it and never import it)."""
     _RECLAIM[0] = reclaim
-_MAX_BYTES = sys.maxsize       # no array may hold more bytes (numpy indexes bytes with intp)
+
+
+_MAX_BYTES = sys.maxsize  # no array may hold more bytes (numpy indexes bytes with intp)
 
 
 def _prod(shape) -> int:
@@ -39,6 +41,7 @@ def _prod(shape) -> int:
 @dataclass(frozen=True)
 class AllocatorStats:
     """Bytes counted by one device's allocator (in use excludes cached free blocks)."""
+
     device: str
     in_use: int
     peak: int
@@ -61,8 +64,8 @@ class Allocator:
     exact numbers are needed, so in-use and peak stay exact.
     """
 
-    cache_min_bytes = 1 << 20      # blocks at least this large are cached when freed
-    cache_max_bytes = 1 << 30      # never cache more than this in all
+    cache_min_bytes = 1 << 20  # blocks at least this large are cached when freed
+    cache_max_bytes = 1 << 30  # never cache more than this in all
 
     def __init__(self, device: str, budget: int | None = None):
         self.device = device
@@ -70,7 +73,7 @@ class Allocator:
         self._lock = threading.Lock()
         self._in_use = self._peak = self._cached = self._allocs = self._frees = 0
         self._cache: dict[int, list] = {}
-        self.log: deque = deque()        # signed byte counts not yet folded into the totals
+        self.log: deque = deque()  # signed byte counts not yet folded into the totals
 
     # -- public face --------------------------------------------------------------------
     def empty(self, shape, dtype, nbytes: int, what: str = ""):
@@ -79,20 +82,20 @@ class Allocator:
         system refuses it or if its size is impossible. However the allocation fails, its
         bytes are given back: the counts stay as they were."""
         if nbytes < self.cache_min_bytes and self.budget is None:
-            log = self.log                         # the common case: no lock (see class doc)
+            log = self.log  # the common case: no lock (see class doc)
             if nbytes:
                 log.append(nbytes)
             if len(log) > _FOLD_AT:
                 self.fold()
             try:
                 return self._alloc_small(shape, dtype)
-            except BaseException as e:             # (a 0-byte shape numpy refuses, Ctrl-C...)
+            except BaseException as e:  # (a 0-byte shape numpy refuses, Ctrl-C...)
                 with self._lock:
                     peak = self._peak
-                    self._fold()              # apply this block's entry, then take it back
+                    self._fold()  # apply this block's entry, then take it back
                     self._unreserve(nbytes, peak)
                 raise self._refused(e, shape, dtype, nbytes, what) from None
-        if nbytes > _MAX_BYTES:                    # reserve nothing, whatever the budget
+        if nbytes > _MAX_BYTES:  # reserve nothing, whatever the budget
             raise self._impossible(shape, dtype, nbytes, what, "")
         block = None
         if self.budget is not None:
@@ -108,7 +111,7 @@ class Allocator:
         if block is None:
             try:
                 return self._alloc_array(shape, dtype, nbytes)
-            except BaseException as e:    # refused, impossible, interrupted: give it back
+            except BaseException as e:  # refused, impossible, interrupted: give it back
                 with self._lock:
                     self._unreserve(nbytes, peak)
                 raise self._refused(e, shape, dtype, nbytes, what) from None
@@ -128,8 +131,15 @@ class Allocator:
 
     def _impossible(self, shape, dtype, nbytes: int, what: str, reason: str):
         name = getattr(dtype, "name", dtype)
-        return OutOfMemoryError(self.device, nbytes, self.stats().in_use, self.budget or 0, what,
-                                f"a tensor of shape {tuple(shape)} and dtype {name}", reason)
+        return OutOfMemoryError(
+            self.device,
+            nbytes,
+            self.stats().in_use,
+            self.budget or 0,
+            what,
+            f"a tensor of shape {tuple(shape)} and dtype {name}",
+            reason,
+        )
 
     def adopt(self, nbytes: int, what: str = "") -> None:
         """Counts ``nbytes`` of memory the allocator did not make (a zero-copy numpy array)."""
@@ -148,15 +158,19 @@ class Allocator:
             self._fold()
             for array, nbytes, owned in blocks:
                 if not nbytes:
-                    continue                   # empty blocks are not counted
+                    continue  # empty blocks are not counted
                 self._in_use -= nbytes
                 self._frees += 1
-                if (owned and array is not None and nbytes >= self.cache_min_bytes
-                        and self._cached + nbytes <= self._cache_limit()):
+                if (
+                    owned
+                    and array is not None
+                    and nbytes >= self.cache_min_bytes
+                    and self._cached + nbytes <= self._cache_limit()
+                ):
                     self._cache.setdefault(nbytes, []).append(self._block_of(array))
                     self._cached += nbytes
 
-    fold_at = _FOLD_AT             # log entries that make whoever appends fold the log
+    fold_at = _FOLD_AT  # log entries that make whoever appends fold the log
 
     def fold(self) -> None:
         """Applies the lock-free log to the totals. Whoever appends to ``log`` (``empty``, a
@@ -199,8 +213,15 @@ class Allocator:
     def stats(self) -> AllocatorStats:
         with self._lock:
             self._fold()
-            return AllocatorStats(self.device, self._in_use, self._peak, self._cached,
-                                  self.budget, self._allocs, self._frees)
+            return AllocatorStats(
+                self.device,
+                self._in_use,
+                self._peak,
+                self._cached,
+                self.budget,
+                self._allocs,
+                self._frees,
+            )
 
     # -- internals ----------------------------------------------------------------------
     def _fit(self, nbytes: int) -> None:
@@ -220,7 +241,7 @@ class Allocator:
         if not n:
             return
         entries = list(map(_call, repeat(log.popleft, n)))
-        allocs = sum(map(_POSITIVE, entries))       # (entries are never 0: see class doc)
+        allocs = sum(map(_POSITIVE, entries))  # (entries are never 0: see class doc)
         self._peak = max(self._peak, max(accumulate(entries, initial=self._in_use)))
         self._in_use += sum(entries)
         self._allocs += allocs
@@ -321,8 +342,7 @@ class Stream:
     ``simulated`` and ``launches_ahead``: the backend's, read on every op call (one
     attribute here, not two through the backend)."""
 
-    __slots__ = ("device", "backend", "name", "simulated", "launches_ahead", "tail",
-                 "__weakref__")
+    __slots__ = ("device", "backend", "name", "simulated", "launches_ahead", "tail", "__weakref__")
 
     def __init__(self, backend, name: str):
         self.device = backend.device
@@ -343,10 +363,10 @@ class Backend:
 
     simulated = False
     has_data = True
-    host_memory = True          # its arrays are numpy arrays the host reads (cuda: False)
-    launches_ahead = False      # its driver orders its work (streams, events), so work that
-    #                             depends on it may be issued before it completes (cuda;
-    #                             vm/deps.py)
+    host_memory = True  # its arrays are numpy arrays the host reads (cuda: False)
+    launches_ahead = False  # its driver orders its work (streams, events), so work that
+    #                         depends on it may be issued before it completes (cuda;
+    #                         vm/deps.py)
 
     def __init__(self, device):
         self.device = device

@@ -10,10 +10,10 @@ _U8 = np.dtype(np.uint8)
 
 
 class CpuAllocator(Allocator):
-    _alloc_small = staticmethod(np.empty)     # small blocks: numpy's own allocator
+    _alloc_small = staticmethod(np.empty)  # small blocks: numpy's own allocator
 
     def _alloc_array(self, shape, dtype, nbytes: int):
-        if nbytes < self.cache_min_bytes:          # small: numpy's own allocator is fastest
+        if nbytes < self.cache_min_bytes:  # small: numpy's own allocator is fastest
             return np.empty(shape, dtype)
         return self._view(self._alloc(nbytes), shape, dtype)
 
@@ -21,7 +21,7 @@ class CpuAllocator(Allocator):
         return np.empty(nbytes, _U8)
 
     def _free(self, block) -> None:
-        pass                                        # the array's refcount returns the memory
+        pass  # the array's refcount returns the memory
 
     def _view(self, block, shape, dtype):
         return block.view(dtype).reshape(shape)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .base import Allocator, Backend, NoDataAllocator
 
-_LATENCY: list = [0.0]      # shared by every null device
+_LATENCY: list = [0.0]  # shared by every null device
 
 
 class NullBackend(Backend):

@@ -51,8 +51,9 @@ class TensorDataset(Dataset):
         self.arrays = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in arrays]
         n = {len(a) for a in self.arrays}
         if len(n) != 1:
-            raise ValueError(f"TensorDataset: the arrays' first dims differ: "
-                             f"{[len(a) for a in self.arrays]}")
+            raise ValueError(
+                f"TensorDataset: the arrays' first dims differ: {[len(a) for a in self.arrays]}"
+            )
 
     def __getitem__(self, i):
         return tuple(a[i] for a in self.arrays)
@@ -70,8 +71,10 @@ def default_collate(samples: list):
     for s in samples:
         leaves, st = flatten(s)
         if st != structure:
-            raise TypeError(f"collate: samples differ in structure ({type(first).__name__} "
-                            f"vs {type(s).__name__}); every sample must have the same form")
+            raise TypeError(
+                f"collate: samples differ in structure ({type(first).__name__} "
+                f"vs {type(s).__name__}); every sample must have the same form"
+            )
         for c, leaf in zip(cols, leaves, strict=True):
             c.append(leaf.numpy() if isinstance(leaf, Tensor) else leaf)
     return unflatten(structure, [np.stack([np.asarray(v) for v in c]) for c in cols])
@@ -116,78 +119,110 @@ class DataLoader(OwnsProcesses):
             comes as tensors on it.
     """
 
-    def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, workers: int = 0, buffers=None, memory=None,
-                 collate_fn=None, seed=None, device=None, processes: bool = False):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        workers: int = 0,
+        buffers=None,
+        memory=None,
+        collate_fn=None,
+        seed=None,
+        device=None,
+        processes: bool = False,
+    ):
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(workers, numbers.Integral) or not 0 <= workers <= 64:
             raise ValueError(f"DataLoader: workers must be an int from 0 to 64, got {workers!r}")
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
-                           ("processes", processes)):
+        for name, flag in (
+            ("shuffle", shuffle),
+            ("drop_last", drop_last),
+            ("processes", processes),
+        ):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"DataLoader: {name} must be True or False, got {flag!r}")
         if collate_fn is not None and not callable(collate_fn):
-            raise TypeError(f"DataLoader: collate_fn must be a function of a list of samples, "
-                            f"got {collate_fn!r}")
+            raise TypeError(
+                f"DataLoader: collate_fn must be a function of a list of samples, "
+                f"got {collate_fn!r}"
+            )
         if seed is not None and not isinstance(seed, numbers.Integral):
             raise TypeError(f"DataLoader: seed must be an int or None, got {seed!r}")
         self.map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
         if not self.map_style and not hasattr(dataset, "__iter__"):
-            raise TypeError(f"DataLoader: the dataset must define __len__ and __getitem__, or "
-                            f"__iter__; got {type(dataset).__name__}")
+            raise TypeError(
+                f"DataLoader: the dataset must define __len__ and __getitem__, or "
+                f"__iter__; got {type(dataset).__name__}"
+            )
         if shuffle and not self.map_style:
-            raise ValueError("DataLoader: shuffle needs a map-style dataset (__len__ and "
-                             "__getitem__); shuffle an iterable dataset yourself")
+            raise ValueError(
+                "DataLoader: shuffle needs a map-style dataset (__len__ and "
+                "__getitem__); shuffle an iterable dataset yourself"
+            )
         self.dataset, self.batch_size = dataset, int(batch_size)
         self.shuffle, self.drop_last, self.workers = shuffle, drop_last, int(workers)
         self.collate_fn = collate_fn or default_collate
         self.seed = int(seed) if seed is not None else _next_seed()
         self.epoch = 0
-        if buffers is None and processes:    # (two in each worker's pipe, one read)
+        if buffers is None and processes:  # (two in each worker's pipe, one read)
             buffers = 2 * self.workers + 1
         self.buffers = None if buffers is None else check_buffers(buffers, "DataLoader")
         if self.buffers not in (None, "auto") and self.buffers < self.workers:
-            raise ValueError(f"DataLoader: buffers={buffers} is fewer than workers={workers}: "
-                             f"each worker holds a register (a batch) while it loads, so "
-                             f"{workers} workers need at least {workers}; give buffers >= "
-                             f"{workers}, or leave buffers out (it is then max(2, workers))")
+            raise ValueError(
+                f"DataLoader: buffers={buffers} is fewer than workers={workers}: "
+                f"each worker holds a register (a batch) while it loads, so "
+                f"{workers} workers need at least {workers}; give buffers >= "
+                f"{workers}, or leave buffers out (it is then max(2, workers))"
+            )
         if memory is not None and not isinstance(memory, dict):
-            raise PlanError(f"DataLoader: memory takes a byte budget per device, e.g. "
-                            f"memory={{'cpu': {memory!r}}}, got {memory!r}")
+            raise PlanError(
+                f"DataLoader: memory takes a byte budget per device, e.g. "
+                f"memory={{'cpu': {memory!r}}}, got {memory!r}"
+            )
         self.memory = memory
-        self.procs = None               # the worker processes (processes=True)
+        self.procs = None  # the worker processes (processes=True)
         if processes:
             if workers < 1:
-                raise ValueError(f"DataLoader: processes=True loads on worker processes, "
-                                 f"and workers={workers}; give workers >= 1 (the number of "
-                                 f"processes)")
+                raise ValueError(
+                    f"DataLoader: processes=True loads on worker processes, "
+                    f"and workers={workers}; give workers >= 1 (the number of "
+                    f"processes)"
+                )
             if not self.map_style:
-                raise ValueError("DataLoader: processes=True needs a map-style dataset "
-                                 "(__len__ and __getitem__): an iterable one is read in "
-                                 "order, here")
+                raise ValueError(
+                    "DataLoader: processes=True needs a map-style dataset "
+                    "(__len__ and __getitem__): an iterable one is read in "
+                    "order, here"
+                )
             from ..runtime.sched.processes import StageProcesses
+
             self.procs = StageProcesses(self.workers, "DataLoader")
-        self._layout = []               # (processes: the batch layout, found once)
+        self._layout = []  # (processes: the batch layout, found once)
         self.device = as_device(device if device is not None else "cpu")
         self.on_device = device_memory(self.device)
         if not self.on_device and self.device.type != "cpu":
-            raise ValueError(f"DataLoader: device={str(self.device)!r}: batches come on the "
-                             f"host ('cpu') or on a device with its own memory ('cuda:0')")
-        self.graph = self._graph()[0]   # (checks the budgets now; each pass has its own
-        #                                 graph, so passes may overlap: zip(dl, dl))
+            raise ValueError(
+                f"DataLoader: device={str(self.device)!r}: batches come on the "
+                f"host ('cpu') or on a device with its own memory ('cuda:0')"
+            )
+        self.graph = self._graph()[0]  # (checks the budgets now; each pass has its own
+        #                                graph, so passes may overlap: zip(dl, dl))
 
     def _graph(self, to_device: bool = True) -> tuple:
         g = ActorGraph(memory=self.memory, buffers=self.buffers)
-        if self.procs is not None and not self._layout:     # (declared: piece 0 is
-            self._layout.append(self.layout())              # not loaded here)
+        if self.procs is not None and not self._layout:  # (declared: piece 0 is
+            self._layout.append(self.layout())  # not loaded here)
         layout = self._layout[0] if self.procs is not None else None
         actors = self.actors_into(g, layout, to_device=to_device)
         g.sink(actors.node)
         return g, actors
 
-    def actors_into(self, g: ActorGraph, layout: PieceSpec | None = None,
-                    to_device: bool = True) -> LoaderActors:
+    def actors_into(
+        self, g: ActorGraph, layout: PieceSpec | None = None, to_device: bool = True
+    ) -> LoaderActors:
         """Adds this loader's actors to ``g``: for a map-style dataset a ``sampler`` source
         (batches of indices) and a ``load`` stage on ``workers`` replicas (the samples,
         collated), for an iterable one a ``load`` source reading and collating in order.
@@ -204,25 +239,36 @@ class DataLoader(OwnsProcesses):
             LoaderActors: its ``node`` is the actor whose register holds a batch."""
         actors = LoaderActors(self)
         actors.layout = layout
-        buffers = self.buffers          # (left out: at least the workers, double buffered)
+        buffers = self.buffers  # (left out: at least the workers, double buffered)
         if buffers is None:
             buffers = max(2, self.workers)
         out = unflatten(layout.structure, list(layout.specs)) if layout is not None else None
-        if self.map_style:              # indices -> samples -> a batch, on the workers
+        if self.map_style:  # indices -> samples -> a batch, on the workers
             src = g.source(actors.batches, name="sampler", buffers=buffers)
             if self.procs is not None:  # (its processes write the registers)
-                actors.node = g.actor(actors.load, src, name="load", out=out,
-                                      processes=self.procs, buffers=buffers)
+                actors.node = g.actor(
+                    actors.load, src, name="load", out=out, processes=self.procs, buffers=buffers
+                )
             else:
-                actors.node = g.actor(actors.load, src, name="load", out=out,
-                                      replicas=max(1, self.workers), buffers=buffers)
+                actors.node = g.actor(
+                    actors.load,
+                    src,
+                    name="load",
+                    out=out,
+                    replicas=max(1, self.workers),
+                    buffers=buffers,
+                )
             actors.actors = [src, actors.node]
-        else:                           # an iterable is read in order: the source batches
+        else:  # an iterable is read in order: the source batches
             actors.node = g.source(actors.batches, name="load", out=out, buffers=buffers)
             actors.actors = [actors.node]
-        if self.on_device and to_device:    # double-buffered: a batch's copy overlaps the
-            actors.node = g.copy(actors.node, self.device, name="to_device",   # next load
-                                 buffers=buffers)
+        if self.on_device and to_device:  # double-buffered: a batch's copy overlaps the
+            actors.node = g.copy(
+                actors.node,
+                self.device,
+                name="to_device",  # next load
+                buffers=buffers,
+            )
             actors.actors.append(actors.node)
         return actors
 
@@ -230,8 +276,7 @@ class DataLoader(OwnsProcesses):
     def actors_key(self) -> tuple:
         """What the actors ``actors_into`` adds depend on: a loader with the same key may be
         read by them (``LoaderActors.bind``)."""
-        return (self.map_style, self.workers, self.buffers, self.device,
-                self.procs is not None)
+        return (self.map_style, self.workers, self.buffers, self.device, self.procs is not None)
 
     def layout(self) -> PieceSpec | None:
         """The layout of a whole batch, from metadata: with ``default_collate``, the first
@@ -254,7 +299,7 @@ class DataLoader(OwnsProcesses):
             return PieceSpec.of(self.collate_fn(first), "DataLoader: collate_fn's batch")
         leaves, structure = flatten(first[0])
         specs = []
-        for leaf in leaves:             # as default_collate stacks them
+        for leaf in leaves:  # as default_collate stacks them
             if isinstance(leaf, Tensor):
                 m = leaf._impl.meta
                 specs.append(Spec((b,) + tuple(m.shape), m.dtype))
@@ -285,7 +330,7 @@ class DataLoader(OwnsProcesses):
             idx = self.order(epoch)
             full = len(idx) - len(idx) % b
             for s in range(0, full, b):
-                yield idx[s:s + b]
+                yield idx[s : s + b]
             if full < len(idx) and not self.drop_last:
                 tail.append(("idx", idx[full:]))
             return
@@ -307,7 +352,7 @@ class DataLoader(OwnsProcesses):
                 yield _tensors(batch)
             return
         self.graph, actors = g, actors = self._graph()
-        yield from g.run()              # (the run's output: copies of the device registers)
+        yield from g.run()  # (the run's output: copies of the device registers)
         dev = str(self.device)
         for batch in actors.rest():
             yield _tensors(batch, dev)
@@ -345,8 +390,8 @@ class LoaderActors:
         self.key = loader.actors_key
         self.node = None
         self.actors: list = []
-        self.layout = None              # the declared layout of a batch, if any
-        self.epoch = None               # the last run's pass, and what it left out
+        self.layout = None  # the declared layout of a batch, if any
+        self.epoch = None  # the last run's pass, and what it left out
         self.tail: list = []
 
     def __getstate__(self) -> dict:
@@ -362,9 +407,11 @@ class LoaderActors:
     def bind(self, loader: DataLoader) -> None:
         """The next runs read passes of ``loader`` (whose ``actors_key`` is this one's)."""
         if loader.actors_key != self.key:
-            raise ValueError(f"LoaderActors.bind: these actors were made for a loader of "
-                             f"(map_style, workers, buffers) = {self.key}, not "
-                             f"{loader.actors_key}; add the other loader's own actors")
+            raise ValueError(
+                f"LoaderActors.bind: these actors were made for a loader of "
+                f"(map_style, workers, buffers) = {self.key}, not "
+                f"{loader.actors_key}; add the other loader's own actors"
+            )
         self.loader = loader
 
     def batches(self):
@@ -396,16 +443,20 @@ class LoaderActors:
             else:
                 return batch
         got = PieceSpec(structure, [Spec.of(a) for a in leaves])
-        raise ShapeError(f"DataLoader: a batch is {got.describe(False)} where the first batch "
-                         f"was {want.describe(False)}; a loader's whole batches share one "
-                         f"register layout: collate every batch to the same shapes and "
-                         f"dtypes (pad to a fixed length)")
+        raise ShapeError(
+            f"DataLoader: a batch is {got.describe(False)} where the first batch "
+            f"was {want.describe(False)}; a loader's whole batches share one "
+            f"register layout: collate every batch to the same shapes and "
+            f"dtypes (pad to a fixed length)"
+        )
 
     def rest(self) -> list:
         """The batches the last run left out (its last, smaller one), collated."""
         loader = self.loader
-        return [loader.collate_fn(r if kind == "samples" else
-                                  [loader.dataset[int(i)] for i in r]) for kind, r in self.tail]
+        return [
+            loader.collate_fn(r if kind == "samples" else [loader.dataset[int(i)] for i in r])
+            for kind, r in self.tail
+        ]
 
     def batch(self, piece: int):
         """Batch ``piece`` of the last run, loaded again (the same samples, collated); None
@@ -414,13 +465,14 @@ class LoaderActors:
         if not loader.map_style or self.epoch is None:
             return None
         b = loader.batch_size
-        return loader._load(loader.order(self.epoch)[piece * b:(piece + 1) * b])
+        return loader._load(loader.order(self.epoch)[piece * b : (piece + 1) * b])
 
 
 def _tensors(batch, device=None):
     leaves, structure = flatten(batch)
-    leaves = [from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
-              for a in leaves]
+    leaves = [
+        from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in leaves
+    ]
     if device is not None:
         leaves = [a.to(device) if isinstance(a, Tensor) else a for a in leaves]
     return unflatten(structure, leaves)

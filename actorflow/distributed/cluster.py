@@ -14,8 +14,14 @@ class Nodes:
     def __init__(self, ray):
         here = ray.get_runtime_context().get_node_id()
         alive = [n for n in ray.nodes() if n.get("Alive")]
-        alive.sort(key=lambda n: (n["NodeID"] != here, n.get("NodeManagerAddress", ""),
-                                  n.get("NodeManagerPort", 0), n["NodeID"]))
+        alive.sort(
+            key=lambda n: (
+                n["NodeID"] != here,
+                n.get("NodeManagerAddress", ""),
+                n.get("NodeManagerPort", 0),
+                n["NodeID"],
+            )
+        )
         self.ids = [n["NodeID"] for n in alive]
         self.addresses = [n.get("NodeManagerAddress", "") for n in alive]
         self.resources = [n.get("Resources", {}) for n in alive]
@@ -36,15 +42,22 @@ class Nodes:
         hits = [k for k, a in enumerate(self.addresses) if a and a == tail]
         if len(hits) == 1:
             return hits[0]
-        said = (f"{len(hits)} nodes have address {tail!r}; name one by node:K or NodeID"
-                if hits else f"it is not one of this cluster's {len(self.ids)} nodes")
-        raise PlanError(f"engine='ray': {what}: node {node!r}: {said} (node:0 ... "
-                        f"node:{len(self.ids) - 1}, node:0 the driver's; "
-                        f"{self.describe()})")
+        said = (
+            f"{len(hits)} nodes have address {tail!r}; name one by node:K or NodeID"
+            if hits
+            else f"it is not one of this cluster's {len(self.ids)} nodes"
+        )
+        raise PlanError(
+            f"engine='ray': {what}: node {node!r}: {said} (node:0 ... "
+            f"node:{len(self.ids) - 1}, node:0 the driver's; "
+            f"{self.describe()})"
+        )
 
     def describe(self) -> str:
-        return ", ".join(f"node:{k} {a} ({i[:8]})"
-                         for k, (a, i) in enumerate(zip(self.addresses, self.ids, strict=True)))
+        return ", ".join(
+            f"node:{k} {a} ({i[:8]})"
+            for k, (a, i) in enumerate(zip(self.addresses, self.ids, strict=True))
+        )
 
 
 def budget_keys(memory: dict, nodes: Nodes, have: dict) -> dict:
@@ -58,10 +71,11 @@ def budget_keys(memory: dict, nodes: Nodes, have: dict) -> dict:
             if key in have:
                 label = key
             else:
-                raise PlanError(f"engine='ray': memory= names {key!r}, which is neither a "
-                                f"node nor a Ray resource of the cluster ({e.args[0]}; "
-                                f"resources: {sorted(k for k in have if not k.startswith('node:'))})"
-                                ) from None
+                raise PlanError(
+                    f"engine='ray': memory= names {key!r}, which is neither a "
+                    f"node nor a Ray resource of the cluster ({e.args[0]}; "
+                    f"resources: {sorted(k for k in have if not k.startswith('node:'))})"
+                ) from None
         out[label] = budget
     return out
 
@@ -88,8 +102,15 @@ def check_budgets(held: list, budgets: dict, batch: int, when: str) -> dict:
         raise PlanError(
             f"engine='ray': the registers on {where} need {format_bytes(need[key])} "
             f"({said}), over its {format_bytes(budget)} budget{when}; "
-            + (f"buffers={fit} would fit" if fit else
-               "even one register (a batch of pieces) per actor does not fit: raise the "
-               "budget, lower batch= or place actors on other nodes"),
-            device=key, needed=need[key], budget=budget, fitting_buffers=fit or None)
+            + (
+                f"buffers={fit} would fit"
+                if fit
+                else "even one register (a batch of pieces) per actor does not fit: raise the "
+                "budget, lower batch= or place actors on other nodes"
+            ),
+            device=key,
+            needed=need[key],
+            budget=budget,
+            fitting_buffers=fit or None,
+        )
     return need

@@ -41,38 +41,46 @@ def start_processes(run) -> None:
     (unit -> [(pid, node label, host)])."""
     ray, plan, engine = run.ray, run.plan, run.engine
     others = [k for k in engine.kept if k[0] != id(run.g)]
-    if others:                          # another graph's warm processes hold CPUs this
-        for k in others:                # run's need (kept for one graph at a time)
+    if others:  # another graph's warm processes hold CPUs this
+        for k in others:  # run's need (kept for one graph at a time)
             kill(ray, engine.kept.pop(k).workers)
     renewed = set()
     for u in plan.units.values():
         program, digest, modules = pickled(ray, u.stages(plan.batch))
-        made = ((AsyncWorker if u.is_async else Worker).__name__, u.options, u.node,
-                u.replicas, modules)
-        kept = engine.kept.pop((id(run.g), u.name), None)   # (keep_workers=True: warm)
+        made = (
+            (AsyncWorker if u.is_async else Worker).__name__,
+            u.options,
+            u.node,
+            u.replicas,
+            modules,
+        )
+        kept = engine.kept.pop((id(run.g), u.name), None)  # (keep_workers=True: warm)
         reuse = kept is not None and kept.made == made
         if u.replicas > 1 and not (reuse and kept.digest == digest):
             program = ray.put(program)  # (sent to each of its processes: stored once)
         where = None
         if reuse:
-            where = renew(ray, kept.workers, digest,
-                          None if kept.digest == digest else program, engine.start_timeout)
+            where = renew(
+                ray,
+                kept.workers,
+                digest,
+                None if kept.digest == digest else program,
+                engine.start_timeout,
+            )
         if where is not None:
             run.procs[u] = kept.workers
-            run.where[u] = [(pid, plan.nodes.label_of_id(node), host)
-                            for pid, node, host in where]
+            run.where[u] = [(pid, plan.nodes.label_of_id(node), host) for pid, node, host in where]
             renewed.add(u)
         else:
             if kept is not None:
                 kill(ray, kept.workers)
-            run.procs[u] = []           # (filled one by one: a failure kills those made)
+            run.procs[u] = []  # (filled one by one: a failure kills those made)
             for _ in range(u.replicas):
                 run.procs[u].append(_make(ray, u, program, digest, plan.nodes))
         run.made[u] = (made, digest)
         for a in u.members:
-            a.cached.clear()            # (piece 0 computed while planning: redone there)
-    started = [(u, w.where.remote()) for u, ws in run.procs.items() if u not in renewed
-               for w in ws]
+            a.cached.clear()  # (piece 0 computed while planning: redone there)
+    started = [(u, w.where.remote()) for u, ws in run.procs.items() if u not in renewed for w in ws]
     wait = engine.start_timeout
     ready, _ = ray.wait([r for _, r in started], num_returns=len(started), timeout=wait)
     if len(ready) < len(started):
@@ -83,22 +91,30 @@ def start_processes(run) -> None:
             f"the cluster has {ray.available_resources().get('CPU', 0):g} of its "
             f"{ray.cluster_resources().get('CPU', 0):g} CPUs free (other Ray actors "
             f"hold the rest?) and these ask {u.options}; ask less in placement=, end what "
-            f"holds them, or raise start_timeout=")
+            f"holds them, or raise start_timeout="
+        )
     for u, ref in started:
         try:
             pid, node, host = ray.get(ref)
         except Exception as e:  # noqa: BLE001 - it died starting (an import that failed...)
-            raise PlanError(f"engine='ray': the Ray actor process of {u.name!r} "
-                            f"({', '.join(a.name for a in u.members)}) died while starting: "
-                            f"{type(e).__name__}: {_first_lines(e)}; can the workers import "
-                            f"the stages' functions and their modules?") from e
+            raise PlanError(
+                f"engine='ray': the Ray actor process of {u.name!r} "
+                f"({', '.join(a.name for a in u.members)}) died while starting: "
+                f"{type(e).__name__}: {_first_lines(e)}; can the workers import "
+                f"the stages' functions and their modules?"
+            ) from e
         run.where.setdefault(u, []).append((pid, plan.nodes.label_of_id(node), host))
 
     def nodes_of(a):
         u = plan.unit_of.get(a)
-        return ["node:0"] if u is None else [n for _, n, _ in run.where[u][:a.replicas]]
-    plan.need = check_budgets(plan.held(nodes_of), plan.budgets, plan.batch,
-                              " (on the nodes Ray placed the stages' processes)")
+        return ["node:0"] if u is None else [n for _, n, _ in run.where[u][: a.replicas]]
+
+    plan.need = check_budgets(
+        plan.held(nodes_of),
+        plan.budgets,
+        plan.batch,
+        " (on the nodes Ray placed the stages' processes)",
+    )
 
 
 def keep_or_kill(run, keep: bool) -> None:
@@ -115,14 +131,15 @@ def _make(ray, u, program, digest: str, nodes):
     opts = dict(u.options)
     if u.node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes.ids[u.node],
-                                                                     soft=False)
+
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes.ids[u.node], soft=False)
     opts.setdefault("max_restarts", 0)
     try:
         remote = ray.remote(AsyncWorker if u.is_async else Worker).options(**opts)
     except (TypeError, ValueError) as e:
-        raise PlanError(f"engine='ray': placement of {u.name!r}: Ray refuses the options "
-                        f"{u.options}: {e}") from e
+        raise PlanError(
+            f"engine='ray': placement of {u.name!r}: Ray refuses the options {u.options}: {e}"
+        ) from e
     return remote.remote(program, digest)
 
 
@@ -139,31 +156,33 @@ def pickled(ray, stages: list) -> tuple:
     Raises:
         PlanError: a stage or source that does not pickle, named."""
     import numpy as np
+
     buf, buffers = io.BytesIO(), []
     pickler = _pickler_class(ray)(buf, buffers.append)
     try:
         pickler.dump(stages)
     except Exception as e:  # noqa: BLE001 - a function or source that does not pickle
         bad = stages[0]
-        for s in stages:                # (which one: each alone)
+        for s in stages:  # (which one: each alone)
             try:
                 ray.cloudpickle.dumps(s)
             except Exception:  # noqa: BLE001 - this one
                 bad = s
                 break
-        raise PlanError(f"engine='ray': {bad.name!r} cannot be sent to a Ray actor "
-                        f"process ({type(e).__name__}: {e}); what a process runs must "
-                        f"pickle: a source as a function returning its iterator "
-                        f"(g.source(read), not g.source(read())) or a list, a stage "
-                        f"as a function") from e
+        raise PlanError(
+            f"engine='ray': {bad.name!r} cannot be sent to a Ray actor "
+            f"process ({type(e).__name__}: {e}); what a process runs must "
+            f"pickle: a source as a function returning its iterator "
+            f"(g.source(read), not g.source(read())) or a list, a stage "
+            f"as a function"
+        ) from e
     stream = buf.getvalue()
-    arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]     # (views, no copy)
+    arrays = [np.frombuffer(b.raw(), np.uint8) for b in buffers]  # (views, no copy)
     digest = hashlib.blake2b(stream, digest_size=20)
     for a in arrays:
         digest.update(len(a).to_bytes(8, "little"))
         digest.update(a)
-    return ((stream, arrays), digest.hexdigest(),
-            tuple(_stamp(m) for m in sorted(pickler.modules)))
+    return ((stream, arrays), digest.hexdigest(), tuple(_stamp(m) for m in sorted(pickler.modules)))
 
 
 _PICKLER: list = []
@@ -182,12 +201,13 @@ def _pickler_class(ray):
 
         def reducer_override(self, obj):
             out = super().reducer_override(obj)
-            if out is NotImplemented:   # (by reference, or not a function or class)
+            if out is NotImplemented:  # (by reference, or not a function or class)
                 if isinstance(obj, types.ModuleType):
                     self.modules.add(obj.__name__)
                 elif isinstance(obj, (type, types.FunctionType)):
                     self.modules.add(getattr(obj, "__module__", None) or "")
             return out
+
     _PICKLER.append(Noting)
     return Noting
 

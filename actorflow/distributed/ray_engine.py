@@ -81,27 +81,36 @@ class RayEngine:
             they import the modules the stage functions come from).
     """
 
-    def __init__(self, address=None, placement: dict | None = None,
-                 memory: dict | None = None, init: dict | None = None, batch: int = 4,
-                 keep_workers: bool = False, start_timeout: float = 60.0,
-                 groups: dict | None = None, fuse: bool = True):
-        if batch != "auto" and (not isinstance(batch, int) or isinstance(batch, bool)
-                                or batch < 1):
-            raise ValueError(f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
-                             f"whole number >= 1, or \"auto\"")
+    def __init__(
+        self,
+        address=None,
+        placement: dict | None = None,
+        memory: dict | None = None,
+        init: dict | None = None,
+        batch: int = 4,
+        keep_workers: bool = False,
+        start_timeout: float = 60.0,
+        groups: dict | None = None,
+        fuse: bool = True,
+    ):
+        if batch != "auto" and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
+            raise ValueError(
+                f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
+                f'whole number >= 1, or "auto"'
+            )
         self.batch = batch
         self.keep_workers = keep_workers
         self.start_timeout = float(start_timeout)
-        self.kept: dict = {}            # (graph, unit name) -> procs.Kept
+        self.kept: dict = {}  # (graph, unit name) -> procs.Kept
         self.address = address
         self.placement = dict(placement or {})
         self.fuse = bool(fuse)
         self.groups = {}
         for k, v in (groups or {}).items():
-            if not isinstance(v, (list, tuple)) or not v or not all(
-                    isinstance(n, str) for n in v):
-                raise ValueError(f"RayEngine(groups={{{k!r}: {v!r}}}): a group is a list of "
-                                 f"stage names")
+            if not isinstance(v, (list, tuple)) or not v or not all(isinstance(n, str) for n in v):
+                raise ValueError(
+                    f"RayEngine(groups={{{k!r}: {v!r}}}): a group is a list of stage names"
+                )
             self.groups[str(k)] = list(v)
         self.memory = {str(k): parse_bytes(v) for k, v in (memory or {}).items()}
         self.init = dict(init or {})
@@ -133,14 +142,14 @@ class RayEngine:
     def run(self, g, feed=None, trace=None, progress=False):
         """Yields the graph's outputs in piece order, as ``ActorGraph.run`` does."""
         if progress:
-            tqdm_class()                # (missing: said before the run starts)
-        if g._running:                  # (before planning reads piece 0 of its source)
+            tqdm_class()  # (missing: said before the run starts)
+        if g._running:  # (before planning reads piece 0 of its source)
             raise RuntimeError("this graph is already running; wait for that run to end")
         ray = self.start()
         try:
             plan = plan_for_ray(g, feed, self, ray)
         except BaseException:
-            for a in g.actors:          # (planning opened the sources and read piece 0)
+            for a in g.actors:  # (planning opened the sources and read piece 0)
                 if isinstance(a, SourceActor):
                     a.close()
             raise

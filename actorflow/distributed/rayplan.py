@@ -13,9 +13,9 @@ from ..runtime.plan.spec import unflatten
 from .cluster import Nodes, budget_keys, check_budgets
 from .worker import END, Items, OpCall, SourceStage, Stage, StageFailed, source_piece
 
-PER_REPLICA = 2         # calls queued on one Ray actor at once (hides the round trip)
-AUTO_CALL_BYTES = 4 << 20   # batch="auto": a call carries about this much of the largest
-AUTO_MAX_BATCH = 64         # register's pieces (at most this many pieces)
+PER_REPLICA = 2  # calls queued on one Ray actor at once (hides the round trip)
+AUTO_CALL_BYTES = 4 << 20  # batch="auto": a call carries about this much of the largest
+AUTO_MAX_BATCH = 64  # register's pieces (at most this many pieces)
 
 
 def ray_module():
@@ -29,6 +29,7 @@ def ray_module():
 def driver_path() -> str:
     import os
     import sys
+
     return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
 
 
@@ -41,15 +42,18 @@ class Unit:
         self.replicas = max(a.replicas for a in members)
         self.is_async = any(getattr(a, "is_async", False) for a in members)
         self.options: dict = {}
-        self.node = None            # the index of the node it is pinned to, or None
+        self.node = None  # the index of the node it is pinned to, or None
 
     def stages(self, batch: int) -> list:
         """What its processes host: a ``Stage`` per member (a ``SourceStage`` per source)."""
         out = []
         for a in self.members:
             if isinstance(a, SourceActor):
-                out.append(SourceStage(a.name, a.source, a.out_spec, a.declared, a.fed,
-                                       batch, a.single_argument))
+                out.append(
+                    SourceStage(
+                        a.name, a.source, a.out_spec, a.declared, a.fed, batch, a.single_argument
+                    )
+                )
                 continue
             fn = OpCall(a.program) if isinstance(a, OpActor) else a.fn
             out.append(Stage(a.name, fn, a.out_spec, a.declared, a.time))
@@ -89,17 +93,23 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
     actors = [a for a in plan.actors if not isinstance(a, Collector)]
     for a in actors:
         if any(s.device.type != "cpu" for s in a.out_spec.specs):
-            raise PlanError(f"engine='ray': actor {a.name!r} writes "
-                            f"{a.out_spec.describe()}; Ray runs move data between processes, "
-                            f"so registers are on cpu (the null device has none)")
+            raise PlanError(
+                f"engine='ray': actor {a.name!r} writes "
+                f"{a.out_spec.describe()}; Ray runs move data between processes, "
+                f"so registers are on cpu (the null device has none)"
+            )
         if a.state_reads or a.state_writes:
-            raise PlanError(f"engine='ray': actor {a.name!r} reads or writes state across "
-                            f"pieces ({', '.join(a.state_reads + a.state_writes)}), which "
-                            f"lives in one process's memory; run it with the local engine "
-                            f"(nn.Graph.run)")
+            raise PlanError(
+                f"engine='ray': actor {a.name!r} reads or writes state across "
+                f"pieces ({', '.join(a.state_reads + a.state_writes)}), which "
+                f"lives in one process's memory; run it with the local engine "
+                f"(nn.Graph.run)"
+            )
         if not isinstance(a, (SourceActor, StageActor, OpActor)):
-            raise PlanError(f"engine='ray': actor {a.name!r} is {a.describe()}, which Ray "
-                            f"runs do not take; run it with the local engine")
+            raise PlanError(
+                f"engine='ray': actor {a.name!r} is {a.describe()}, which Ray "
+                f"runs do not take; run it with the local engine"
+            )
     names = {a.name: a for a in actors}
     units, unit_of = make_units(engine, actors, names)
     sources = [a for a in actors if isinstance(a, SourceActor) and a not in unit_of]
@@ -112,21 +122,29 @@ def plan_for_ray(g, feed, engine, ray) -> RayPlan:
     have = ray.cluster_resources()
     check_resources(have, list(units.values()))
     collector = next(a for a in plan.actors if isinstance(a, Collector))
-    rp = RayPlan(actors, {a: plan.buffers[a] for a in actors},
-                 {a: a.out_spec.nbytes for a in actors}, sources, list(collector.inputs),
-                 collector, units, unit_of)
+    rp = RayPlan(
+        actors,
+        {a: plan.buffers[a] for a in actors},
+        {a: a.out_spec.nbytes for a in actors},
+        sources,
+        list(collector.inputs),
+        collector,
+        units,
+        unit_of,
+    )
     rp.nodes = nodes
     rp.fuse_next = fuse_chains(units.values(), actors) if engine.fuse else {}
     rp.fuse_prev = {b: a for a, b in rp.fuse_next.items()}
     rp.budgets = budget_keys(engine.memory, nodes, have)
 
-    def where(a):                   # before the processes start: pinned, or one node
+    def where(a):  # before the processes start: pinned, or one node
         u = unit_of.get(a)
         if u is None:
-            return ["node:0"]       # a source: read on the driver
+            return ["node:0"]  # a source: read on the driver
         if u.node is not None:
             return [f"node:{u.node}"]
         return ["node:0"] if len(nodes.ids) == 1 else []
+
     rp.batch = engine.batch if engine.batch != "auto" else auto_batch(rp, where)
     rp.need = check_budgets(rp.held(where), rp.budgets, rp.batch, "")
     return rp
@@ -154,17 +172,23 @@ def make_units(engine, actors: list, names: dict):
     units, unit_of, grouped = {}, {}, {}
     for group, members in engine.groups.items():
         if group in names:
-            raise PlanError(f"engine='ray': group {group!r} has the name of an actor; give "
-                            f"groups names of their own")
+            raise PlanError(
+                f"engine='ray': group {group!r} has the name of an actor; give "
+                f"groups names of their own"
+            )
         for m in members:
             a = names.get(m)
             if a is None:
-                raise PlanError(f"engine='ray': group {group!r} names {m!r}, which is not "
-                                f"an actor of this graph; its actors: {sorted(names)}")
+                raise PlanError(
+                    f"engine='ray': group {group!r} names {m!r}, which is not "
+                    f"an actor of this graph; its actors: {sorted(names)}"
+                )
             _on_a_worker(a)
             if a in unit_of:
-                raise PlanError(f"engine='ray': {m!r} is in groups {unit_of[a]!r} and "
-                                f"{group!r}; a stage acts in one process kind")
+                raise PlanError(
+                    f"engine='ray': {m!r} is in groups {unit_of[a]!r} and "
+                    f"{group!r}; a stage acts in one process kind"
+                )
             unit_of[a] = group
             grouped.setdefault(group, []).append(a)
     for group, members in grouped.items():
@@ -179,11 +203,15 @@ def make_units(engine, actors: list, names: dict):
             continue
         a = names.get(key)
         if a is not None and a in unit_of:
-            raise PlanError(f"engine='ray': placement= names {key!r}, which acts in group "
-                            f"{unit_of[a].name!r}'s processes; place the group")
-        raise PlanError(f"engine='ray': placement= names {key!r}, which this graph does not "
-                        f"have; it places {sorted(units)} (and sources, to read them in a "
-                        f"Ray actor process)")
+            raise PlanError(
+                f"engine='ray': placement= names {key!r}, which acts in group "
+                f"{unit_of[a].name!r}'s processes; place the group"
+            )
+        raise PlanError(
+            f"engine='ray': placement= names {key!r}, which this graph does not "
+            f"have; it places {sorted(units)} (and sources, to read them in a "
+            f"Ray actor process)"
+        )
     return units, unit_of
 
 
@@ -212,8 +240,10 @@ def fuse_chains(units, actors: list) -> dict:
 def _on_a_worker(a) -> None:
     """A source read in a Ray actor process is opened there: not one fed by the caller."""
     if isinstance(a, SourceActor) and a.fed:
-        raise PlanError(f"engine='ray': input {a.name!r} takes its pieces from "
-                        f"run(feed=...) on the driver; it cannot be placed or grouped")
+        raise PlanError(
+            f"engine='ray': input {a.name!r} takes its pieces from "
+            f"run(feed=...) on the driver; it cannot be placed or grouped"
+        )
 
 
 def check_resources(have: dict, units: list) -> None:
@@ -229,22 +259,27 @@ def check_resources(have: dict, units: list) -> None:
     else:
         share = cpus / max(1, sum(u.replicas for u in units))
     share = min(1.0, share)
-    share = int(share * 100) / 100            # (Ray counts CPUs to 1/10,000)
+    share = int(share * 100) / 100  # (Ray counts CPUs to 1/10,000)
     asked: dict = {}
     for u in units:
         u.options.setdefault("num_cpus", share)
-        want = {"CPU": u.options["num_cpus"], "GPU": u.options.get("num_gpus", 0),
-                **u.options.get("resources", {})}
+        want = {
+            "CPU": u.options["num_cpus"],
+            "GPU": u.options.get("num_gpus", 0),
+            **u.options.get("resources", {}),
+        }
         for k, v in want.items():
             asked.setdefault(k, []).append((u.name, u.replicas, v))
     for k, rows in asked.items():
         total = sum(r * v for _, r, v in rows)
         if total > have.get(k, 0) + 1e-9:
             says = ", ".join(f"{name} {r} x {v:g}" for name, r, v in rows if v)
-            raise PlanError(f"engine='ray': the stages' Ray actors ask {total:g} {k} "
-                            f"({says}) and the cluster has {have.get(k, 0):g}; their "
-                            f"creation would wait forever. Ask less in placement= "
-                            f"(e.g. {{'name': {{'num_cpus': 0.5}}}}) or add nodes")
+            raise PlanError(
+                f"engine='ray': the stages' Ray actors ask {total:g} {k} "
+                f"({says}) and the cluster has {have.get(k, 0):g}; their "
+                f"creation would wait forever. Ask less in placement= "
+                f"(e.g. {{'name': {{'num_cpus': 0.5}}}}) or add nodes"
+            )
 
 
 def source_items(src: SourceActor):
@@ -265,8 +300,9 @@ def source_items(src: SourceActor):
                 if value is END:
                     return
                 try:
-                    value = source_piece(src.name, piece, value, spec, src.declared, src.fed,
-                                         src.single_argument)
+                    value = source_piece(
+                        src.name, piece, value, spec, src.declared, src.fed, src.single_argument
+                    )
                 except Exception as e:  # noqa: BLE001 - the local engine's error, as there
                     raise ActorError(src.name, piece, e, traceback.format_exc()) from e
             yield value
@@ -282,8 +318,12 @@ def actor_error(e, where_of) -> ActorError:
     if isinstance(e, StageFailed) or isinstance(cause, StageFailed):
         f = e if isinstance(e, StageFailed) else cause
         pid, node, host = f.where
-        err = ActorError(f.name, f.piece, f.original,
-                         f"(on node {node} ({host}), Ray actor process {pid})\n{f.tb}")
+        err = ActorError(
+            f.name,
+            f.piece,
+            f.original,
+            f"(on node {node} ({host}), Ray actor process {pid})\n{f.tb}",
+        )
         err.node = node
         err.__cause__ = f.original
         return err
@@ -291,8 +331,9 @@ def actor_error(e, where_of) -> ActorError:
     during = f"piece {piece}" if last == piece else f"pieces {piece} to {last} (one call)"
     if fused:
         during += f", in a call that acts for {fused} (fused)"
-    dead = RuntimeError(f"its Ray actor process on {node} died during {during} "
-                        f"({type(e).__name__}: {e})")
+    dead = RuntimeError(
+        f"its Ray actor process on {node} died during {during} ({type(e).__name__}: {e})"
+    )
     err = ActorError(name, piece, dead)
     err.node = node
     err.__cause__ = e

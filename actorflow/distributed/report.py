@@ -16,8 +16,8 @@ class RayRunStats(RunStats):
     driver's view: no input yet, or no credit), busy, ``most_held`` (the most pieces it
     had out at once: at most its ``buffers``) and ``processes`` (the pids its acts ran
     in), ``nodes`` (their nodes) and ``fused_acts`` (acts in a call sent for the stage
-    before it in its group); memory per node: planned, and the most register bytes out at once (``peak``,
-    counted by the driver)."""
+    before it in its group); memory per node: planned, and the most register bytes out at
+    once (``peak``, counted by the driver)."""
 
     def __init__(self, run, wall: float):
         self.wall_s = wall
@@ -25,18 +25,32 @@ class RayRunStats(RunStats):
         for a in run.actors:
             w = run.waits[a]
             self.actors[a.name] = {
-                "kind": a.kind, "mode": "ray", "acts": run.acts[a],
-                "replicas": getattr(a, "replicas", 1), "compute_s": run.compute[a],
-                "wait_input_s": w["input"], "wait_credit_s": w["credit"],
+                "kind": a.kind,
+                "mode": "ray",
+                "acts": run.acts[a],
+                "replicas": getattr(a, "replicas", 1),
+                "compute_s": run.compute[a],
+                "wait_input_s": w["input"],
+                "wait_credit_s": w["credit"],
                 "wait_resource_s": w["resource"],
                 "busy": run.compute[a] / (wall * max(1, getattr(a, "replicas", 1)))
-                if wall > 0 else 0.0, "most_held": run.peak_held[a],
-                "processes": _where(run, a, 0), "nodes": _where(run, a, 1),
-                "fused_acts": run.fused[a]}
+                if wall > 0
+                else 0.0,
+                "most_held": run.peak_held[a],
+                "processes": _where(run, a, 0),
+                "nodes": _where(run, a, 1),
+                "fused_acts": run.fused[a],
+            }
         plan = run.plan
-        self.memory = {key: {"planned": need, "peak": run.node_peak.get(key),
-                             "budget": plan.budgets.get(key), "live": None}
-                       for key, need in plan.need.items()}
+        self.memory = {
+            key: {
+                "planned": need,
+                "peak": run.node_peak.get(key),
+                "budget": plan.budgets.get(key),
+                "live": None,
+            }
+            for key, need in plan.need.items()
+        }
         self.abandoned = []
         self.trace = None
         self.state = run.state
@@ -47,9 +61,11 @@ class RayRunStats(RunStats):
     def table(self) -> str:
         if self.startup_s is None:
             return super().table()
-        return (super().table() + f"\nRay actor processes of the run up after "
-                f"{self.startup_s:.3f} s (counted in the run's time); calls of "
-                f"{self.batch} pieces")
+        return (
+            super().table() + f"\nRay actor processes of the run up after "
+            f"{self.startup_s:.3f} s (counted in the run's time); calls of "
+            f"{self.batch} pieces"
+        )
 
     def as_dict(self) -> dict:
         return {**super().as_dict(), "startup_s": self.startup_s, "batch": self.batch}
@@ -59,8 +75,8 @@ def _where(run, a, k: int) -> list:
     """Per replica of ``a`` its process id (k=0) or node (k=1); a source: the driver's."""
     u = run.plan.unit_of.get(a)
     if u is None:
-        return [os.getpid(), "node:0"][k:k + 1]
-    return [w[k] for w in run.where.get(u, [])[:a.replicas]]
+        return [os.getpid(), "node:0"][k : k + 1]
+    return [w[k] for w in run.where.get(u, [])[: a.replicas]]
 
 
 def write_trace(run, path) -> dict:
@@ -80,8 +96,15 @@ def write_trace(run, path) -> dict:
         if pid not in pids:
             pids.add(pid)
             tr.process(pid, f"Ray actor process {pid} on node {node}")
-        tr.complete(pid, tids[key], "act", name, us(s), round(max(e - s, 0) * 1e6, 3),
-                    f'{{"piece":{piece}}}')
+        tr.complete(
+            pid,
+            tids[key],
+            "act",
+            name,
+            us(s),
+            round(max(e - s, 0) * 1e6, 3),
+            f'{{"piece":{piece}}}',
+        )
     for s, node, n in run.memory_points:
         tr.counter(0, 0, f"memory {node}", us(s), f'{{"bytes in use":{n}}}')
     p = tr.write(path)
@@ -94,6 +117,7 @@ class RunBar:
 
     def __init__(self, run):
         from ..runtime.observe.progress import open_bar, total_of_source
+
         self.run = run
         sources = [a for a in run.actors if isinstance(a, SourceActor)]
         known = [n for n in map(total_of_source, sources) if n is not None]

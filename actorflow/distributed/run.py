@@ -24,45 +24,44 @@ class RayRun:
         # reads of each actor's output per piece: one per input slot that names it (a stage
         # may take one input twice) and one per sink (an actor may be sunk twice)
         self.reads = {a: sum(c.inputs.count(a) for c in self.actors) for a in self.actors}
-        self.sink_index: dict = {}      # actor -> its sink indexes
+        self.sink_index: dict = {}  # actor -> its sink indexes
         for k, a in enumerate(plan.sinks):
             self.sink_index.setdefault(a, []).append(k)
-        self.procs: dict = {}           # unit -> its Ray actor handles (one per replica)
-        self.made: dict = {}            # unit -> what its processes host (to keep them)
-        self.where: dict = {}           # unit -> [(pid, node label, host)] per replica
-        self.busy: dict = {}            # (unit, replica) -> calls queued on that process
-        self.limit: dict = {}           # unit -> calls queued per process at most
+        self.procs: dict = {}  # unit -> its Ray actor handles (one per replica)
+        self.made: dict = {}  # unit -> what its processes host (to keep them)
+        self.where: dict = {}  # unit -> [(pid, node label, host)] per replica
+        self.busy: dict = {}  # (unit, replica) -> calls queued on that process
+        self.limit: dict = {}  # unit -> calls queued per process at most
         self.tokens = dict(g.resources)  # the graph's shared tokens free now
-        self.unready: set = set()       # (source, batch) sent to its process, not read yet
-        self.chains: dict = {}          # act record ref -> the actors of a fused call
-        self.recorded: set = set()      # (actor, batch) whose act's record came in
-        self.node_of: dict = {}         # (actor, batch) -> node label of its register
+        self.unready: set = set()  # (source, batch) sent to its process, not read yet
+        self.chains: dict = {}  # act record ref -> the actors of a fused call
+        self.recorded: set = set()  # (actor, batch) whose act's record came in
+        self.node_of: dict = {}  # (actor, batch) -> node label of its register
         self.next_piece = {a: 0 for a in self.actors}
-        self.held = {a: 0 for a in self.actors}     # batches out, not finished by a reader
+        self.held = {a: 0 for a in self.actors}  # batches out, not finished by a reader
         self.peak_held = {a: 0 for a in self.actors}
-        self.ended_at: dict = {}        # actor -> pieces it gives in all
-        self.refs: dict = {}            # (actor, batch) -> object ref of its outputs
-        self.left: dict = {}            # (actor, batch) -> readers not finished
-        self.pending: dict = {}         # act record ref -> (actor, batch, replica)
-        self.deadline: dict = {}        # act record ref -> when it overran (timeout=)
-        self.free_at = collections.defaultdict(float)   # (actor, replica) -> last deadline
-        self.parts: dict = {}           # piece -> {sink index: the part copied out}
-        self.next_out = 0               # the next batch to deliver
-        self.delivered = 0              # pieces delivered
-        self.lens: dict = {}            # batch -> its pieces
-        self.records: list = []         # (actor, piece, replica, t0, t1, pid, node)
+        self.ended_at: dict = {}  # actor -> pieces it gives in all
+        self.refs: dict = {}  # (actor, batch) -> object ref of its outputs
+        self.left: dict = {}  # (actor, batch) -> readers not finished
+        self.pending: dict = {}  # act record ref -> (actor, batch, replica)
+        self.deadline: dict = {}  # act record ref -> when it overran (timeout=)
+        self.free_at = collections.defaultdict(float)  # (actor, replica) -> last deadline
+        self.parts: dict = {}  # piece -> {sink index: the part copied out}
+        self.next_out = 0  # the next batch to deliver
+        self.delivered = 0  # pieces delivered
+        self.lens: dict = {}  # batch -> its pieces
+        self.records: list = []  # (actor, piece, replica, t0, t1, pid, node)
         self.acts = {a: 0 for a in self.actors}
-        self.fused = {a: 0 for a in self.actors}   # acts in a call sent for the one before
+        self.fused = {a: 0 for a in self.actors}  # acts in a call sent for the one before
         self.compute = {a: 0.0 for a in self.actors}
-        self.waits = {a: {"input": 0.0, "credit": 0.0, "resource": 0.0}
-                      for a in self.actors}
-        self.cause: dict = {}           # actor -> (cause, since)
-        self.node_bytes: dict = {}      # node -> bytes of registers out now
+        self.waits = {a: {"input": 0.0, "credit": 0.0, "resource": 0.0} for a in self.actors}
+        self.cause: dict = {}  # actor -> (cause, since)
+        self.node_bytes: dict = {}  # node -> bytes of registers out now
         self.node_peak: dict = {}
-        self.memory_points: list = []   # (time, node, bytes)
+        self.memory_points: list = []  # (time, node, bytes)
         self.state = "running"
         self.t0 = time.time()
-        self.started_s = None           # seconds until every Ray actor process was up
+        self.started_s = None  # seconds until every Ray actor process was up
 
     # -- the run ---------------------------------------------------------------------------
     def outputs(self):
@@ -91,14 +90,15 @@ class RayRun:
 
     def _start(self) -> None:
         self.items = {src: source_items(src) for src in self.plan.sources}
-        for a in self.actors:                   # (a source read in a process: its own)
+        for a in self.actors:  # (a source read in a process: its own)
             if isinstance(a, SourceActor) and a not in self.items:
                 a.close()
         start_processes(self)
         for u in self.procs:
             hosted = PER_REPLICA * len(u.members)
-            self.limit[u] = (sum(self.plan.buffers[a] for a in u.members) + hosted
-                             if u.is_async else hosted)
+            self.limit[u] = (
+                sum(self.plan.buffers[a] for a in u.members) + hosted if u.is_async else hosted
+            )
             for r in range(u.replicas):
                 self.busy[(u, r)] = 0
         self.started_s = time.time() - self.t0
@@ -108,7 +108,8 @@ class RayRun:
         while True:
             self._dispatch()
             while self.next_out in self.parts and len(self.parts[self.next_out]) == len(
-                    self.plan.sinks):
+                self.plan.sinks
+            ):
                 parts = self.parts.pop(self.next_out)
                 self.next_out += 1
                 for piece in zip(*(parts[k] for k in range(len(parts))), strict=False):  # as before
@@ -116,13 +117,19 @@ class RayRun:
                     yield self.plan.collector.assemble(list(piece))
                 if self.bar is not None:
                     self.bar.show()
-            total = min((self.ended_at.get(a) for a in self.plan.sinks), default=None,
-                        key=lambda n: float("inf") if n is None else n)
+            total = min(
+                (self.ended_at.get(a) for a in self.plan.sinks),
+                default=None,
+                key=lambda n: float("inf") if n is None else n,
+            )
             if total is not None and self.next_out >= total and not self.pending:
                 return
             if not self.pending:
-                raise DeadlockError("the Ray run stalled with nothing running (a bug in the "
-                                    "coordinator): " + self._who_waits(), [])
+                raise DeadlockError(
+                    "the Ray run stalled with nothing running (a bug in the "
+                    "coordinator): " + self._who_waits(),
+                    [],
+                )
             done, _ = ray.wait(list(self.pending), num_returns=1, timeout=wait_s(self))
             if not done:
                 overran(self)
@@ -135,7 +142,7 @@ class RayRun:
             if a in self.ended_at:
                 continue
             head = self.plan.fuse_prev.get(a)
-            if head is not None:            # fused: acts in its head's calls only
+            if head is not None:  # fused: acts in its head's calls only
                 if head in self.ended_at:
                     self.ended_at[a] = self.ended_at[head]
                 continue
@@ -144,7 +151,7 @@ class RayRun:
                 if self.held[a] >= self.plan.buffers[a]:
                     self._blocked(a, "credit")
                     break
-                if a in self.items:             # a source read on the driver
+                if a in self.items:  # a source read on the driver
                     if not self._tokens(a, +1):
                         break
                     values = list(itertools.islice(self.items[a], batch))
@@ -163,9 +170,12 @@ class RayRun:
                 ins = []
                 for u in a.inputs:
                     ref = self.refs.get((u, j))
-                    if ref is None or (u, j) in self.unready or (
-                            a.timeout is not None and (u, j) not in self.recorded):
-                        break               # (timed from its send: inputs computed first)
+                    if (
+                        ref is None
+                        or (u, j) in self.unready
+                        or (a.timeout is not None and (u, j) not in self.recorded)
+                    ):
+                        break  # (timed from its send: inputs computed first)
                     ins.append(ref)
                 if len(ins) < len(a.inputs):
                     if any(u in self.ended_at and j >= self.ended_at[u] for u in a.inputs):
@@ -176,29 +186,34 @@ class RayRun:
                 unit = self.plan.unit_of[a]
                 r = min(range(a.replicas), key=lambda k: self.busy[(unit, k)])
                 if self.busy[(unit, r)] >= self.limit[unit]:
-                    break                   # its processes have work queued: acting
+                    break  # its processes have work queued: acting
                 chain = self._chain(a)
                 if chain is None:
-                    break                   # a stage fused after it has no free register
+                    break  # a stage fused after it has no free register
                 if not self._tokens(a, +1):
                     break
                 self.busy[(unit, r)] += 1
                 if len(chain) == 1:
-                    value_refs = self.procs[unit][r].act.options(
-                        num_returns=2).remote(a.name, j * batch, *ins)
-                else:                       # (fused: one call acts for the whole chain)
-                    value_refs = self.procs[unit][r].act_chain.options(
-                        num_returns=len(chain) + 1).remote([c.name for c in chain],
-                                                           j * batch, *ins)
+                    value_refs = (
+                        self.procs[unit][r]
+                        .act.options(num_returns=2)
+                        .remote(a.name, j * batch, *ins)
+                    )
+                else:  # (fused: one call acts for the whole chain)
+                    value_refs = (
+                        self.procs[unit][r]
+                        .act_chain.options(num_returns=len(chain) + 1)
+                        .remote([c.name for c in chain], j * batch, *ins)
+                    )
                     self.chains[value_refs[-1]] = chain
                 record_ref = value_refs[-1]
                 self.pending[record_ref] = (a, j, r)
                 set_deadline(self, a, unit, r, record_ref, self.lens.get(j, batch))
-                for c, ref in zip(chain, value_refs, strict=False):   # (the record is last)
+                for c, ref in zip(chain, value_refs, strict=False):  # (the record is last)
                     self._take(c, j, ref, self.where[unit][r][1])
                 if isinstance(a, SourceActor):  # (its readers, and those of the stages
-                    self.unready.update((c, j) for c in chain)  # fused after it, wait
-                    #                            for its record: it says where it ended)
+                    # fused after it, wait for its record: it says where it ended)
+                    self.unready.update((c, j) for c in chain)
 
     def _chain(self, a):
         """``a`` and the stages of its group fused after it (``RayPlan.fuse_next``), which
@@ -242,22 +257,36 @@ class RayRun:
         unit = self.plan.unit_of[a]
         self.deadline.pop(ref, None)
         self.busy[(unit, r)] -= 1
-        self._tokens(a, -1)             # (a call holds its stage's tokens until it ends)
+        self._tokens(a, -1)  # (a call holds its stage's tokens until it ends)
         chain = self.chains.pop(ref, None)
         try:
             times, pid, node = self.ray.get(ref)
         except Exception as e:  # noqa: BLE001 - the stage raised, or its process died
             # (a process that died fails every call queued on it: the first batch it
             # had is the one it died on)
-            first = min([j] + [p for b, p, q in self.pending.values()
-                               if self.plan.unit_of[b] is unit and q == r])
+            first = min(
+                [j]
+                + [
+                    p
+                    for b, p, q in self.pending.values()
+                    if self.plan.unit_of[b] is unit and q == r
+                ]
+            )
             b = self.plan.batch
             fused = None if chain is None else " and ".join(repr(c.name) for c in chain)
-            raise actor_error(e, (a.name, first * b, first * b + self.lens.get(first, b) - 1,
-                                  self.where[unit][r][1], fused)) from None
+            raise actor_error(
+                e,
+                (
+                    a.name,
+                    first * b,
+                    first * b + self.lens.get(first, b) - 1,
+                    self.where[unit][r][1],
+                    fused,
+                ),
+            ) from None
         if chain is None:
             self._acted(a, j, r, times, pid, node)
-        elif (a, j) in self.unready and not times[0]:   # (a source's call past its end)
+        elif (a, j) in self.unready and not times[0]:  # (a source's call past its end)
             self._sourced(a, j, 0)
             for c in chain:
                 self.unready.discard((c, j))
@@ -270,12 +299,12 @@ class RayRun:
 
     def _acted(self, a, j: int, r: int, times: list, pid, node) -> None:
         """``a``'s act on batch ``j`` ended (its record: per piece its start and end)."""
-        if (a, j) in self.unready:          # a source read in a process: its batch is in
+        if (a, j) in self.unready:  # a source read in a process: its batch is in
             if not isinstance(a, SourceActor):
-                self.unready.discard((a, j))    # (fused after one)
+                self.unready.discard((a, j))  # (fused after one)
             else:
                 self._sourced(a, j, len(times))
-                if not times:               # (a call past its end: its credit comes home)
+                if not times:  # (a call past its end: its credit comes home)
                     self._release(a, j)
                     return
         self.recorded.add((a, j))
@@ -289,8 +318,8 @@ class RayRun:
             self._read(u, j)
         if a in self.sink_index:
             self._collect(a, j, self.ray.get(self.refs[(a, j)]))
-        elif self.left.get((a, j)) == 0:    # nobody reads it: its credit comes home now
-            self._release(a, j)             # (absent: its readers' records came in first)
+        elif self.left.get((a, j)) == 0:  # nobody reads it: its credit comes home now
+            self._release(a, j)  # (absent: its readers' records came in first)
 
     def _sourced(self, a, j: int, n: int) -> None:
         """A source's batch ``j`` read in its process: ``n`` pieces (fewer at its end: it
@@ -305,8 +334,8 @@ class RayRun:
     def _collect(self, a, j: int, values: list) -> None:
         collector = self.plan.collector
         part = collector.part
-        if collector.raw:                   # a traced graph's outputs are picked from the
-            values = [flatten(v)[0] for v in values]    # register's leaves, as locally
+        if collector.raw:  # a traced graph's outputs are picked from the
+            values = [flatten(v)[0] for v in values]  # register's leaves, as locally
         for k in self.sink_index[a]:
             self.parts.setdefault(j, {})[k] = [part(k, v) for v in values]
             self._read(a, j)

@@ -21,9 +21,9 @@ def set_deadline(run, a, unit, r: int, ref, n: int) -> None:
     over ``n`` pieces (None: ``a`` has no ``timeout=``)."""
     if a.timeout is None:
         run.deadline[ref] = None
-    elif unit.is_async:                 # (its calls run at once)
+    elif unit.is_async:  # (its calls run at once)
         run.deadline[ref] = time.perf_counter() + a.timeout * n
-    else:                               # (after the calls queued before it)
+    else:  # (after the calls queued before it)
         run.deadline[ref] = max(time.perf_counter(), run.free_at[(unit, r)]) + a.timeout * n
         run.free_at[(unit, r)] = run.deadline[ref]
 
@@ -31,8 +31,12 @@ def set_deadline(run, a, unit, r: int, ref, n: int) -> None:
 def timed_out(run, a, piece: int, took: float, node) -> None:
     """A piece's act took longer than ``timeout=`` (found in its call's record; a call
     still running is found by its deadline, ``overran``)."""
-    _stop(a, piece, f"took {took:.3g} s on piece {piece}, longer than timeout="
-                    f"{a.timeout:g} s (on {run.plan.nodes.label_of_id(node)})")
+    _stop(
+        a,
+        piece,
+        f"took {took:.3g} s on piece {piece}, longer than timeout="
+        f"{a.timeout:g} s (on {run.plan.nodes.label_of_id(node)})",
+    )
 
 
 def overran(run) -> None:
@@ -45,8 +49,12 @@ def overran(run) -> None:
             first = j * run.plan.batch
             node = run.where[run.plan.unit_of[a]][r][1]
             last = first + run.lens.get(j, run.plan.batch) - 1
-            _stop(a, first, f"took longer than timeout={a.timeout:g} s per piece on pieces "
-                            f"{first} to {last} (one Ray call, on {node})")
+            _stop(
+                a,
+                first,
+                f"took longer than timeout={a.timeout:g} s per piece on pieces "
+                f"{first} to {last} (one Ray call, on {node})",
+            )
 
 
 def _stop(a, piece: int, said: str):

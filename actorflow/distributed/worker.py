@@ -28,6 +28,7 @@ import time
 import traceback
 
 from ..eventloop import new_event_loop
+from ..runtime.graph.actors import call_method
 from ..runtime.graph.source import one_argument, source_words
 from ..runtime.plan.spec import check_piece, flatten, unflatten
 
@@ -42,7 +43,8 @@ class Stage:
         self.name, self.fn, self.spec, self.declared = name, fn, spec, declared
         self.sim = sim
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None))  # noqa: B004 - whether __call__ is async
+            call_method(fn)
+        )
 
     def simulated(self, piece: int) -> float:
         t = self.sim
@@ -52,8 +54,10 @@ class Stage:
         """The value with its leaves as arrays, as a local register holds them, checked
         as the local engine checks it (``check_piece``: same errors, same words)."""
         spec = self.spec
-        return unflatten(spec.structure, check_piece(
-            value, spec, f"actor {self.name!r} (piece {piece})", self.declared))
+        return unflatten(
+            spec.structure,
+            check_piece(value, spec, f"actor {self.name!r} (piece {piece})", self.declared),
+        )
 
 
 class SourceStage:
@@ -65,18 +69,27 @@ class SourceStage:
     is_async = False
     sim = None
 
-    def __init__(self, name: str, source, spec, declared: bool, fed: bool, batch: int,
-                 single_argument: bool = False):
+    def __init__(
+        self,
+        name: str,
+        source,
+        spec,
+        declared: bool,
+        fed: bool,
+        batch: int,
+        single_argument: bool = False,
+    ):
         self.name, self.source, self.spec, self.declared = name, source, spec, declared
         self.fed, self.single_argument = fed, single_argument
         self.fn = source
         self.batch = batch
-        self.items = None           # Items of this run's iterator
-        self.turn = None            # (an async process: the calls' turns to read)
-        self.at = 0                 # the first piece of the next call (async process)
+        self.items = None  # Items of this run's iterator
+        self.turn = None  # (an async process: the calls' turns to read)
+        self.at = 0  # the first piece of the next call (async process)
 
     def open(self) -> None:
         from ..runtime.graph.source import open_items
+
         self.at = 0
         self.close()
         self.items = Items(open_items(self.source, self.name))
@@ -88,20 +101,29 @@ class SourceStage:
             items.close()
 
     def check(self, value, piece: int):
-        return source_piece(self.name, piece, value, self.spec, self.declared, self.fed,
-                            self.single_argument)
+        return source_piece(
+            self.name, piece, value, self.spec, self.declared, self.fed, self.single_argument
+        )
 
 
-def source_piece(name: str, piece: int, value, spec, declared: bool, fed: bool = False,
-                 single_argument: bool = False):
+def source_piece(
+    name: str,
+    piece: int,
+    value,
+    spec,
+    declared: bool,
+    fed: bool = False,
+    single_argument: bool = False,
+):
     """A source's piece with its leaves as the arrays a register holds (a Python float is
     float32, a tensor its numpy data), checked as the local engine checks it
     (``check_piece``: same errors, same words). ``single_argument``: the source feeds a
     traced function of one input, whose items may be 1-tuples (``one_argument``)."""
     if single_argument:
         value = one_argument(value)
-    return unflatten(spec.structure,
-                     check_piece(value, spec, source_words(name, piece, fed), declared))
+    return unflatten(
+        spec.structure, check_piece(value, spec, source_words(name, piece, fed), declared)
+    )
 
 
 END = object()
@@ -178,6 +200,7 @@ class Worker:
         self.host = socket.gethostname()
         try:
             import ray
+
             self.node = ray.get_runtime_context().get_node_id()
         except Exception:  # noqa: BLE001 - outside Ray (tests of the class itself)
             self.node = None
@@ -197,8 +220,10 @@ class Worker:
         if program is not None:
             self.program, self.digest = program, digest
         elif self.digest != digest:
-            raise RuntimeError(f"this process keeps stages {self.digest[:12]}, the run's "
-                               f"are {digest[:12]}; send them")
+            raise RuntimeError(
+                f"this process keeps stages {self.digest[:12]}, the run's "
+                f"are {digest[:12]}; send them"
+            )
         self._load()
         return self.where()
 
@@ -220,7 +245,7 @@ class Worker:
         out, times = [], []
         if isinstance(stage, SourceStage):
             return self._read(stage, first)
-        for k, args in enumerate(zip(*ins, strict=False)):   # (the shortest input: its end)
+        for k, args in enumerate(zip(*ins, strict=False)):  # (the shortest input: its end)
             piece = first + k
             t0 = time.time()
             try:
@@ -291,9 +316,10 @@ class AsyncWorker(Worker):
                 raise self._failed(stage, piece, e) from None
             return value, (t0, time.time())
 
-        done = await asyncio.gather(*(one(k, args) for k, args in enumerate(zip(*ins, strict=False))))
+        done = await asyncio.gather(
+            *(one(k, args) for k, args in enumerate(zip(*ins, strict=False)))
+        )
         return [v for v, _ in done], ([t for _, t in done], self.pid, self.node)
-
 
     async def _aread(self, src: SourceStage, first: int):
         """A source's act in an async process, whose calls run at once: each waits for its
@@ -331,6 +357,7 @@ class StageFailed(Exception):
         self.name, self.piece, self.where, self.tb = name, piece, where, tb
         try:
             import pickle
+
             pickle.dumps(original)
             self.original = original
         except Exception:  # noqa: BLE001 - an exception that does not pickle: its text

@@ -25,18 +25,18 @@ from ..vm.run_cuts import ELEMENTWISE
 
 
 class _State(threading.local):
-    interpreter = None      # None: eager
-    streams = None          # {Device: Stream} overrides of the default compute streams
-    below_grad = False      # inside autograd's recorder: the call is not recorded again
+    interpreter = None  # None: eager
+    streams = None  # {Device: Stream} overrides of the default compute streams
+    below_grad = False  # inside autograd's recorder: the call is not recorded again
 
 
 STATE = _State()
-_OVERRIDES = [0]            # threads inside use_interpreter/use_stream: 0 skips the lookups
+_OVERRIDES = [0]  # threads inside use_interpreter/use_stream: 0 skips the lookups
 _OVERRIDES_LOCK = threading.Lock()
-_meta = tuple.__new__        # builds a TensorMeta without its Python-level __new__
+_meta = tuple.__new__  # builds a TensorMeta without its Python-level __new__
 _new_impl = TensorImpl.__new__
 _VM = get_vm()
-_GRAD: list = [None]        # autograd's recorder, once armed (use_autograd)
+_GRAD: list = [None]  # autograd's recorder, once armed (use_autograd)
 _COPY = _op("copy")
 
 
@@ -59,7 +59,8 @@ def check_same_device(inputs, op_name: str = ""):
                 f"Expected all tensors to be on the same device, but found at least two "
                 f"devices, {first} (positional 0) and {d} (positional {i})! "
                 f"{'(op ' + repr(op_name) + ') ' if op_name else ''}"
-                f"Move one with .to({str(first)!r}) or .to({str(d)!r}).")
+                f"Move one with .to({str(first)!r}) or .to({str(d)!r})."
+            )
     return dev
 
 
@@ -69,7 +70,7 @@ def resolve(impl) -> None:
     if w is not None:
         _VM.wait(w)
     err = impl.blob.error
-    if err is not None and not err.intact:     # (an intact note: the values are there)
+    if err is not None and not err.intact:  # (an intact note: the values are there)
         raise err.to_raise()
     if impl.meta.shape is None:
         raise VMError("internal error: a dynamic-shape tensor was never computed")
@@ -92,13 +93,12 @@ class EagerInterpreter(Interpreter):
             STATE.interpreter = prev
 
 
-
 def apply(op, inputs, attrs, device=None, outs=None):
     """Runs ``op`` through the current thread's interpreter (eager unless one is installed
     with ``use_interpreter``); returns the output TensorImpls."""
     rec = _GRAD[0]
     if rec is not None:
-        recorded = rec(op, inputs, attrs, device, outs)   # None: nothing to record
+        recorded = rec(op, inputs, attrs, device, outs)  # None: nothing to record
         if recorded is not None:
             return recorded
     overridden = _OVERRIDES[0]
@@ -112,7 +112,7 @@ def apply(op, inputs, attrs, device=None, outs=None):
             key = attrs_key(op, attrs)
             if key is not None:
                 plan = plan_of(op, inputs, attrs, key)
-        if plan is None:                # decided for this call alone
+        if plan is None:  # decided for this call alone
             STATS["uncached"] += 1
             plan = _decide(op, inputs, attrs, device)
         if plan is not None:
@@ -130,18 +130,20 @@ def apply1(op, x, y, attrs, key):
     if y is None:
         if (_GRAD[0] is not None and x.ag is not None) or _OVERRIDES[0]:
             return apply(op, [x], attrs)[0]
-        memo = op.plans[0]          # the latest one-input signature's: a chain of calls asks
-        if memo[0] is not x.meta or (memo[1] is not key and memo[1] != key):   # the same
+        memo = op.plans[0]  # the latest one-input signature's: a chain of calls asks
+        if memo[0] is not x.meta or (memo[1] is not key and memo[1] != key):  # the same
             memo = _memo(op, (x,), attrs, key)
             if memo is None:
                 return apply(op, [x], attrs)[0]
     else:
-        if ((_GRAD[0] is not None and (x.ag is not None or y.ag is not None))
-                or _OVERRIDES[0]):
+        if (_GRAD[0] is not None and (x.ag is not None or y.ag is not None)) or _OVERRIDES[0]:
             return apply(op, [x, y], attrs)[0]
         memo = op.plans[1]
-        if (memo[0] is not x.meta or memo[1] is not y.meta
-                or (memo[2] is not key and memo[2] != key)):
+        if (
+            memo[0] is not x.meta
+            or memo[1] is not y.meta
+            or (memo[2] is not key and memo[2] != key)
+        ):
             memo = _memo(op, (x, y), attrs, key)
             if memo is None:
                 return apply(op, [x, y], attrs)[0]
@@ -150,12 +152,13 @@ def apply1(op, x, y, attrs, key):
         alloc = backend.allocator
         if alloc.budget is None and nbytes < alloc.cache_min_bytes:
             b = Blob(dev, backend, nbytes)
-            o = _new_impl(TensorImpl)       # (TensorImpl(meta, b) without its __init__)
+            o = _new_impl(TensorImpl)  # (TensorImpl(meta, b) without its __init__)
             o.meta = meta
             o.blob = b
             o.base = o.ag = None
-            if not _VM.run_fresh(backend.compute, x, y, b, cost, op.name, fresh, attrs, dtype,
-                                 alloc):
+            if not _VM.run_fresh(
+                backend.compute, x, y, b, cost, op.name, fresh, attrs, dtype, alloc
+            ):
                 if y is None:
                     ins, consts = (x,), (x.blob,)
                 else:
@@ -171,8 +174,16 @@ def _memo(op, inputs, attrs, key):
     plan = plan_of(op, inputs, attrs, key)
     if plan is None or not plan.single:
         return None
-    fast = (plan.dev, plan.backend, plan.meta, plan.nbytes, plan.fresh, plan.np_dtype,
-            plan.cost, plan)
+    fast = (
+        plan.dev,
+        plan.backend,
+        plan.meta,
+        plan.nbytes,
+        plan.fresh,
+        plan.np_dtype,
+        plan.cost,
+        plan,
+    )
     if len(inputs) == 1:
         memo = (inputs[0].meta, key, fast)
         op.plans[0] = memo
@@ -212,8 +223,20 @@ class Plan:
     per output; ``fresh``: the fresh kernel for the one output, where the op has one and no
     operand is bfloat16; ``kernel``: looked up at first need."""
 
-    __slots__ = ("dev", "backend", "outs", "single", "meta", "nbytes", "wide", "fresh",
-                 "np_dtype", "cost", "kernel", "elementwise")
+    __slots__ = (
+        "dev",
+        "backend",
+        "outs",
+        "single",
+        "meta",
+        "nbytes",
+        "wide",
+        "fresh",
+        "np_dtype",
+        "cost",
+        "kernel",
+        "elementwise",
+    )
 
     def __init__(self, dev, backend, outs, wide, fresh, cost, elementwise):
         self.dev = dev
@@ -259,10 +282,10 @@ def attrs_key(op, attrs):
         elif t in _PLAIN:
             key += (k, t, v)
         elif t is tuple:
-            types = tuple(map(type, v))         # (a shape, dims: ints, in one C pass)
+            types = tuple(map(type, v))  # (a shape, dims: ints, in one C pass)
             if not _PLAIN.issuperset(types):
                 try:
-                    types = _plain_key(v)       # nested tuples
+                    types = _plain_key(v)  # nested tuples
                 except TypeError:
                     return None
             key += (k, types, v)
@@ -339,8 +362,7 @@ def _decide(op, inputs, attrs, device=None):
         for s in shape:
             nbytes *= s
         cost += nbytes
-        outs.append((dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
-                     nbytes))
+        outs.append((dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev), nbytes))
     fresh = op.fresh.get(dev.type) if op.fresh and not wide else None
     return Plan(dev, backend, tuple(outs), wide, fresh, cost >> 2, op.elementwise)
 
@@ -349,8 +371,9 @@ def _kernel(plan, op):
     """The plan's kernel (looked up at first need: most small calls run a fresh kernel)."""
     k = plan.kernel
     if k is None:
-        k = plan.kernel = _kernel_of(op, plan.dev, plan.backend, plan.wide,
-                                     [m.dtype for m, _ in plan.outs])
+        k = plan.kernel = _kernel_of(
+            op, plan.dev, plan.backend, plan.wide, [m.dtype for m, _ in plan.outs]
+        )
     return k
 
 
@@ -370,7 +393,7 @@ def _run(plan, op, inputs, attrs, overridden):
     outputs."""
     backend = plan.backend
     dev = plan.dev
-    if dev.backend is not backend:          # forgotten since: the backend the device has now
+    if dev.backend is not backend:  # forgotten since: the backend the device has now
         op.plans[0] = op.plans[1] = NO_MEMO
         return _apply(op, inputs, attrs, dev, None, overridden)
     outs = []
@@ -384,12 +407,22 @@ def _run(plan, op, inputs, attrs, overridden):
     inline = True
     fresh = plan.fresh
     if fresh is not None:
-        alloc = backend.allocator       # (a budget set since: the kernel writes allocated
-        if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:   # memory instead)
-            if _VM.run_fresh(stream, inputs[0], inputs[1] if len(inputs) > 1 else None, b,
-                             plan.cost, op.name, fresh, attrs, plan.np_dtype, alloc):
+        alloc = backend.allocator  # (a budget set since: the kernel writes allocated
+        if alloc.budget is None and b.nbytes < alloc.cache_min_bytes:  # memory instead)
+            if _VM.run_fresh(
+                stream,
+                inputs[0],
+                inputs[1] if len(inputs) > 1 else None,
+                b,
+                plan.cost,
+                op.name,
+                fresh,
+                attrs,
+                plan.np_dtype,
+                alloc,
+            ):
                 return outs
-            inline = False              # (it waits for pending work: no use trying again)
+            inline = False  # (it waits for pending work: no use trying again)
     _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline)
     return outs
 
@@ -397,12 +430,29 @@ def _run(plan, op, inputs, attrs, overridden):
 def _issue(plan, op, inputs, attrs, outs, muts, stream, consts, inline):
     """The op call of ``plan`` writing ``outs`` as the VM runs it: on the spot where
     ``inline`` and nothing it touches is pending, else as an instruction."""
-    args = (plan.kernel or _kernel(plan, op), inputs if inputs.__class__ is list
-            else list(inputs), outs, attrs, False, op.name)
-    if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op,
-                                        args):
-        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args,
-                               plan.cost, (), ELEMENTWISE if plan.elementwise else None))
+    args = (
+        plan.kernel or _kernel(plan, op),
+        inputs if inputs.__class__ is list else list(inputs),
+        outs,
+        attrs,
+        False,
+        op.name,
+    )
+    if not inline or not _VM.run_inline(stream, consts, muts, plan.cost, op.name, call_op, args):
+        _VM.submit(
+            Instruction(
+                OP_CALL,
+                op.name,
+                stream,
+                consts,
+                muts,
+                run_op,
+                args,
+                plan.cost,
+                (),
+                ELEMENTWISE if plan.elementwise else None,
+            )
+        )
 
 
 def _apply(op, inputs, attrs, device, outs, overridden):
@@ -421,14 +471,17 @@ def _apply(op, inputs, attrs, device, outs, overridden):
             if dtype is BF16:
                 wide = True
             if shape is None:
-                o = TensorImpl(_meta(TensorMeta, (None, dtype, dev, None, 0)),
-                               Blob(dev, backend, 0))
+                o = TensorImpl(
+                    _meta(TensorMeta, (None, dtype, dev, None, 0)), Blob(dev, backend, 0)
+                )
             else:
                 nbytes = dtype.itemsize
                 for s in shape:
                     nbytes *= s
-                o = TensorImpl(dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
-                               Blob(dev, backend, nbytes))
+                o = TensorImpl(
+                    dev.metas.get((shape, dtype)) or contiguous_meta(shape, dtype, dev),
+                    Blob(dev, backend, nbytes),
+                )
                 cost += nbytes
             outs.append(o)
         muts = tuple([o.blob for o in outs])
@@ -441,15 +494,29 @@ def _apply(op, inputs, attrs, device, outs, overridden):
             if m.dtype is BF16:
                 wide = True
     if op.dynamic and not backend.has_data:
-        raise DeviceError(f"{op.name}: the {dev} device has no data, so an op whose output "
-                          f"shape depends on tensor values cannot run there; use cpu")
+        raise DeviceError(
+            f"{op.name}: the {dev} device has no data, so an op whose output "
+            f"shape depends on tensor values cannot run there; use cpu"
+        )
     stream = current_stream(backend) if overridden else backend.compute
     cost >>= 2
     kernel = _kernel_of(op, dev, backend, wide, [o.meta.dtype for o in outs])
     args = (kernel, inputs, outs, attrs, op.dynamic, op.name)
     if not _VM.run_inline(stream, consts, muts, cost, op.name, call_op, args):
-        _VM.submit(Instruction(OP_CALL, op.name, stream, consts, muts, run_op, args, cost,
-                               muts if op.dynamic else (), ELEMENTWISE if op.elementwise else None))
+        _VM.submit(
+            Instruction(
+                OP_CALL,
+                op.name,
+                stream,
+                consts,
+                muts,
+                run_op,
+                args,
+                cost,
+                muts if op.dynamic else (),
+                ELEMENTWISE if op.elementwise else None,
+            )
+        )
     return outs
 
 
@@ -500,12 +567,22 @@ def access(impl, fn, write: bool, name: str = "access"):
     earlier writes (and, for a write, reads) are done. Returns the instruction."""
     blob = impl.blob
     if blob.traced:
-        raise TraceError(f"{name}: this tensor is being traced, so it has no values yet; "
-                         f"return it from the traced function instead of reading it")
+        raise TraceError(
+            f"{name}: this tensor is being traced, so it has no values yet; "
+            f"return it from the traced function instead of reading it"
+        )
     backend = blob.backend
     consts, muts = ((), (blob,)) if write else ((blob,), ())
-    instr = Instruction(ACCESS, name, current_stream(backend), consts, muts, run_access,
-                        (impl, fn), blob.nbytes >> 2)
+    instr = Instruction(
+        ACCESS,
+        name,
+        current_stream(backend),
+        consts,
+        muts,
+        run_access,
+        (impl, fn),
+        blob.nbytes >> 2,
+    )
     _VM.submit(instr)
     return instr
 
@@ -528,12 +605,22 @@ def transfer(impl, dev, name: str = "to"):
     out = TensorImpl.new(m.shape, m.dtype, dev)
     src_b, dst_b = impl.blob.backend, out.blob.backend
     if not src_b.host_memory and not dst_b.host_memory:
-        raise DeviceError(f"{name}(): copies between two devices with their own memory "
-                          f"({m.device} to {dev}) are not built yet; go through the host: "
-                          f".to('cpu').to({str(dev)!r})")
+        raise DeviceError(
+            f"{name}(): copies between two devices with their own memory "
+            f"({m.device} to {dev}) are not built yet; go through the host: "
+            f".to('cpu').to({str(dev)!r})"
+        )
     device_b = dst_b if src_b.host_memory else src_b
-    instr = Instruction(ACCESS, name, current_stream(device_b), (impl.blob,), (out.blob,),
-                        _run_transfer, (impl, out), (impl.blob.nbytes + out.blob.nbytes) >> 2)
+    instr = Instruction(
+        ACCESS,
+        name,
+        current_stream(device_b),
+        (impl.blob,),
+        (out.blob,),
+        _run_transfer,
+        (impl, out),
+        (impl.blob.nbytes + out.blob.nbytes) >> 2,
+    )
     _VM.submit(instr)
     return out
 
@@ -581,5 +668,5 @@ def _result(instr, blob):
         raise err.to_raise()
     err = blob.error
     if err is not None and err.intact and not err._reported:
-        raise err.to_raise()       # a failed write left it as it was: said once, here
+        raise err.to_raise()  # a failed write left it as it was: said once, here
     return instr.result

@@ -13,14 +13,14 @@ from pathlib import Path
 from . import double_buffering, figure1, random_dags
 from .common import save, write_json
 
-EXPERIMENTS = {"figure1": figure1, "double-buffering": double_buffering,
-               "random": random_dags}
-TRACED = ("figure1", "double-buffering")     # those with a timeline= option
-PROGRESS = ("double-buffering", "random")    # those with a progress= option
+EXPERIMENTS = {"figure1": figure1, "double-buffering": double_buffering, "random": random_dags}
+TRACED = ("figure1", "double-buffering")  # those with a timeline= option
+PROGRESS = ("double-buffering", "random")  # those with a progress= option
 
 
-def main(name: str, seed: int = 0, out: str = "experiments-out", timeline=None,
-         draw=None, **kw) -> dict:
+def main(
+    name: str, seed: int = 0, out: str = "experiments-out", timeline=None, draw=None, **kw
+) -> dict:
     """Runs one experiment: prints its table, writes NAME.json and NAME.png under ``out``.
     ``timeline`` (a folder; figure1 and double-buffering): the actors runs also write their
     traces there, and ``draw(trace, png, title)`` (``af.plot_timeline``, which the command
@@ -30,11 +30,12 @@ def main(name: str, seed: int = 0, out: str = "experiments-out", timeline=None,
     mod = EXPERIMENTS[name]
     if timeline is not None:
         if name not in TRACED:
-            raise SystemExit(f"--timeline: {name!r} writes no trace; only "
-                             f"{' and '.join(TRACED)} do")
+            raise SystemExit(
+                f"--timeline: {name!r} writes no trace; only {' and '.join(TRACED)} do"
+            )
         kw["timeline"] = timeline
     if kw.get("progress") and name not in PROGRESS:
-        kw.pop("progress")                  # (figure1 is one piece: nothing to show)
+        kw.pop("progress")  # (figure1 is one piece: nothing to show)
     data = mod.run(seed=seed, **kw)
     print(data["table"])
     out_dir = Path(out)

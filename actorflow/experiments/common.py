@@ -13,8 +13,13 @@ def table(headers: list, rows: list) -> str:
     cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     last = len(headers) - 1
-    lines = ["  ".join(c.ljust(w) if i == 0 or i == last else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip() for r in cells]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 or i == last else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -48,6 +53,7 @@ def pyplot():
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -57,8 +63,13 @@ def figure(title: str, draw, panels: int = 1, size=(7, 3.5), widths=None):
     plt = pyplot()
     if plt is None:
         return None
-    fig, axes = plt.subplots(1, panels, figsize=size, layout="constrained",
-                             gridspec_kw={"width_ratios": widths} if widths else None)
+    fig, axes = plt.subplots(
+        1,
+        panels,
+        figsize=size,
+        layout="constrained",
+        gridspec_kw={"width_ratios": widths} if widths else None,
+    )
     draw(*([axes] if panels == 1 else list(axes)))
     fig.suptitle(title)
     return fig
@@ -78,10 +89,13 @@ def save_figure(path, title: str, draw, **kw) -> bool:
     return save(figure(title, draw, **kw), path)
 
 
-RESULT_WORDS = {"ok": "ok", "deadlock": "deadlock", "oom": "out of memory",
-                "refused": "refused"}
-OUTCOME_COLORS = {"ran": "tab:green", "deadlocked": "tab:red", "out of memory": "tab:orange",
-                  "refused": "tab:gray"}
+RESULT_WORDS = {"ok": "ok", "deadlock": "deadlock", "oom": "out of memory", "refused": "refused"}
+OUTCOME_COLORS = {
+    "ran": "tab:green",
+    "deadlocked": "tab:red",
+    "out of memory": "tab:orange",
+    "refused": "tab:gray",
+}
 
 
 MiB = 1 << 20
@@ -94,6 +108,7 @@ def null_chain(stages, pieces: int, **graph):
     memory=, share=...). The experiments, benchmarks and tests build their pipelines so."""
     from ..runtime.graph.actor_graph import ActorGraph
     from ..runtime.plan.spec import Spec
+
     g = ActorGraph(**graph)
     node = None
     for name, nbytes, t, dev in stages:

@@ -27,15 +27,21 @@ CAPACITY = 8 * MiB
 
 
 def ops(time: float):
-    return [NaiveOp("M1", [], SIZES["M1"], time), NaiveOp("M2", [], SIZES["M2"], time),
-            NaiveOp("O1", ["M1"], SIZES["O1"], time), NaiveOp("O2", ["M2"], SIZES["O2"], time)]
+    return [
+        NaiveOp("M1", [], SIZES["M1"], time),
+        NaiveOp("M2", [], SIZES["M2"], time),
+        NaiveOp("O1", ["M1"], SIZES["O1"], time),
+        NaiveOp("O2", ["M2"], SIZES["O2"], time),
+    ]
 
 
 def actor_graph(budget: int, share="auto", time: float | None = None) -> ActorGraph:
     """The four ops as actors on the null device, one piece; ``time``: each act's
     simulated duration (what the naive runs give every op)."""
+
     def spec(name):
         return Spec((SIZES[name] // 4,), "float32", "null")
+
     g = ActorGraph(memory={"null": budget}, buffers=1, share=share)
     m1 = g.source([None], out=spec("M1"), name="M1", inline=True, time=time)
     m2 = g.source([None], out=spec("M2"), name="M2", inline=True, time=time)
@@ -52,44 +58,88 @@ def run(seed: int = 0, time: float = 0.002, timeline=None) -> dict:
     ``figure1-actors-side-by-side-10MiB.json``), listed under "traces" with a title for
     each picture."""
     rows, runs, traces = [], {}, []
-    for label, order in (("O2 first", ["M1", "M2", "O2", "O1"]),
-                         ("O1 first", ["M1", "M2", "O1", "O2"])):
+    for label, order in (
+        ("O2 first", ["M1", "M2", "O2", "O1"]),
+        ("O1 first", ["M1", "M2", "O1", "O2"]),
+    ):
         for mode in ("wait", "fail"):
             r = NaiveScheduler(ops(time), CAPACITY, policy=order, mode=mode, seed=seed).run()
             runs[f"naive, {label}, {mode}"] = r
-            rows.append([f"naive, {label}", mode, r.status, r.peak["cpu"] / MiB,
-                         "" if r.detect_s is None else f"{r.detect_s * 1e3:.2f} ms",
-                         str(r.error or "")])
-    for budget, share, how in ((CAPACITY, "auto", "shared by lifetime"),
-                               (CAPACITY, False, "side by side"),
-                               (10 * MiB, False, "side by side")):
+            rows.append(
+                [
+                    f"naive, {label}",
+                    mode,
+                    r.status,
+                    r.peak["cpu"] / MiB,
+                    "" if r.detect_s is None else f"{r.detect_s * 1e3:.2f} ms",
+                    str(r.error or ""),
+                ]
+            )
+    for budget, share, how in (
+        (CAPACITY, "auto", "shared by lifetime"),
+        (CAPACITY, False, "side by side"),
+        (10 * MiB, False, "side by side"),
+    ):
         g = actor_graph(budget, share, time or None)
         label = f"actors, {how}, budget {budget // MiB} MiB"
         try:
             plan = g.plan()
-            trace = trace_path(timeline, f"figure1-actors-{how.replace(' ', '-')}-"
-                                         f"{budget // MiB}MiB")
+            trace = trace_path(
+                timeline, f"figure1-actors-{how.replace(' ', '-')}-{budget // MiB}MiB"
+            )
             outs = list(g.run(trace=trace))
             if trace is not None:
-                traces.append({"path": str(trace), "title": (
-                    f"Figure 1 on actors, registers {how} in {budget // MiB} MiB: "
-                    + ("O1 and its copy out before M2 and O2 reuse its bytes" if share
-                       else "every register has its own bytes"))})
+                traces.append(
+                    {
+                        "path": str(trace),
+                        "title": (
+                            f"Figure 1 on actors, registers {how} in {budget // MiB} MiB: "
+                            + (
+                                "O1 and its copy out before M2 and O2 reuse its bytes"
+                                if share
+                                else "every register has its own bytes"
+                            )
+                        ),
+                    }
+                )
             m = g.stats().memory["null"]
             edges = ""
             if plan.sharing is not None:
                 names = [a.name for a in plan.sharing.nodes]
                 edges = ", control edge " + ", ".join(
-                    f"{names[j]} -> {names[i]}" for j, i in plan.sharing.share.edges)
-            rows.append([label, "plan", "ok", m["peak"] / MiB, "",
-                         f"{len(outs)} piece, planned {m['planned'] / MiB:g} MiB{edges}"])
+                    f"{names[j]} -> {names[i]}" for j, i in plan.sharing.share.edges
+                )
+            rows.append(
+                [
+                    label,
+                    "plan",
+                    "ok",
+                    m["peak"] / MiB,
+                    "",
+                    f"{len(outs)} piece, planned {m['planned'] / MiB:g} MiB{edges}",
+                ]
+            )
         except PlanError as e:
-            rows.append([label, "plan", "refused", 0.0, "",
-                         str(e).splitlines()[0] + " " + str(e).splitlines()[-1]])
+            rows.append(
+                [
+                    label,
+                    "plan",
+                    "refused",
+                    0.0,
+                    "",
+                    str(e).splitlines()[0] + " " + str(e).splitlines()[-1],
+                ]
+            )
     headers = ["scheduler", "mode", "result", "peak MiB", "detected in", "reason"]
-    data = {"capacity": CAPACITY, "sizes": SIZES, "headers": headers, "rows": rows,
-            "min_peak": min_peak(ops(0)),
-            "timelines": {k: r.timeline for k, r in runs.items()}, "traces": traces}
+    data = {
+        "capacity": CAPACITY,
+        "sizes": SIZES,
+        "headers": headers,
+        "rows": rows,
+        "min_peak": min_peak(ops(0)),
+        "timelines": {k: r.timeline for k, r in runs.items()},
+        "traces": traces,
+    }
     data["table"] = table(headers, rows)
     return data
 
@@ -106,8 +156,11 @@ def bars(data: dict) -> list:
             if "shared" in r[0]:
                 text = f"ok, shared: {r[3]:g} MiB of its {r[0].split('budget ')[1]}"
         if r[2] == "refused":
-            text = "refused: " + ("the plan needs " + r[5].split("registers need ")[1]
-                                  .split(" (")[0] if "registers need " in r[5] else "see table")
+            text = "refused: " + (
+                "the plan needs " + r[5].split("registers need ")[1].split(" (")[0]
+                if "registers need " in r[5]
+                else "see table"
+            )
         out.append((label, r[3], text))
     return out
 
@@ -122,37 +175,58 @@ def figure(data: dict):
 
     def draw(left, right):
         end = max(tl[-1][0] for tl in data["timelines"].values()) * 1e3
-        for key, name in (("naive, O2 first, wait", "O2 first: ok"),
-                          ("naive, O1 first, wait", "O1 first: deadlock (wait) or out of "
-                                                    "memory (fail)")):
+        for key, name in (
+            ("naive, O2 first, wait", "O2 first: ok"),
+            ("naive, O1 first, wait", "O1 first: deadlock (wait) or out of memory (fail)"),
+        ):
             tl = data["timelines"][key]
-            line, = left.step([t * 1e3 for t, _, _ in tl], [b / MiB for _, _, b in tl],
-                              where="post", label=name)
-        left.hlines(tl[-1][2] / MiB, tl[-1][0] * 1e3, end, color=line.get_color(),
-                    linestyle=":")                 # O1 first: stuck from there on
-        left.annotate("O1 needs 5 MiB, 4 MiB free;\nO2 waits behind it",
-                      xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB), xytext=(0.05, 0.6),
-                      textcoords="axes fraction",      # (where, whatever the run's times)
-                      arrowprops={"arrowstyle": "->"})
+            (line,) = left.step(
+                [t * 1e3 for t, _, _ in tl], [b / MiB for _, _, b in tl], where="post", label=name
+            )
+        left.hlines(
+            tl[-1][2] / MiB, tl[-1][0] * 1e3, end, color=line.get_color(), linestyle=":"
+        )  # O1 first: stuck from there on
+        left.annotate(
+            "O1 needs 5 MiB, 4 MiB free;\nO2 waits behind it",
+            xy=(tl[-1][0] * 1e3, tl[-1][2] / MiB),
+            xytext=(0.05, 0.6),
+            textcoords="axes fraction",  # (where, whatever the run's times)
+            arrowprops={"arrowstyle": "->"},
+        )
         left.axhline(cap, color="gray", linestyle="--", label=f"pool: {cap:.0f} MiB")
         left.set_ylim(0, 11)
         left.set_xlabel("time (ms)")
         left.set_ylabel("memory in use (MiB)")
-        left.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
-                    fontsize="small")
+        left.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize="small")
         colors = {"ok": "tab:green", "deadlock": "tab:red", "out of memory": "tab:orange"}
-        right.barh(ys, [r[1] for r in rows],
-                   color=[colors.get(r[2].split(",")[0], "tab:gray") for r in rows])
+        right.barh(
+            ys,
+            [r[1] for r in rows],
+            color=[colors.get(r[2].split(",")[0], "tab:gray") for r in rows],
+        )
         for y, r in zip(ys, rows, strict=True):
-            right.text(r[1] + 0.2, y, r[2], va="center", fontsize="small", zorder=3,
-                       bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+            right.text(
+                r[1] + 0.2,
+                y,
+                r[2],
+                va="center",
+                fontsize="small",
+                zorder=3,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+            )
         right.axvline(cap, color="gray", linestyle="--")
         right.set_yticks(ys, [r[0] for r in rows])
-        right.invert_yaxis()                # top to bottom as in the table
+        right.invert_yaxis()  # top to bottom as in the table
         right.set_xlim(0, 18)
         right.set_xlabel("peak MiB (dashed: the 8 MiB pool)")
-    return figure_of("Figure 1: the issue order decides whether O1 fits; actors plan it",
-                     draw, panels=2, size=(13, 4), widths=[1, 1.2])
+
+    return figure_of(
+        "Figure 1: the issue order decides whether O1 fits; actors plan it",
+        draw,
+        panels=2,
+        size=(13, 4),
+        widths=[1, 1.2],
+    )
 
 
 def plot(data: dict, path) -> bool:

@@ -44,13 +44,20 @@ class NaiveOp:
     """One op of a naive graph: ``inputs`` (names of ops), output size (bytes or a string),
     duration in seconds, and the device whose stream and pool it uses."""
 
-    def __init__(self, name: str, inputs=(), nbytes=0, time: float = 0.001,
-                 device: str = "cpu", stream: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        inputs=(),
+        nbytes=0,
+        time: float = 0.001,
+        device: str = "cpu",
+        stream: str | None = None,
+    ):
         self.name = name
         self.inputs = list(inputs)
         self.nbytes = parse_bytes(nbytes)
         self.time = float(time)
-        self.device = str(device)                   # whose memory pool its output uses
+        self.device = str(device)  # whose memory pool its output uses
         self.stream = stream or f"{self.device}:0"  # where it runs, in issue order
 
     def __repr__(self) -> str:
@@ -65,9 +72,9 @@ class _Inst:
     def __init__(self, op, piece, multi):
         self.op, self.piece = op, piece
         self.name = f"{op.name}[{piece}]" if multi else op.name
-        self.state = "pending"          # pending -> issued -> running -> done
-        self.left = 0                   # consumers still to finish with its output
-        self.block = False              # its output is allocated
+        self.state = "pending"  # pending -> issued -> running -> done
+        self.left = 0  # consumers still to finish with its output
+        self.block = False  # its output is allocated
         self.since = None
 
 
@@ -86,8 +93,10 @@ class NaiveResult:
         return d
 
     def __repr__(self) -> str:
-        return (f"NaiveResult({self.status}, {self.completed} ops done, "
-                f"{self.elapsed_s:.4f} s, peak {self.peak})")
+        return (
+            f"NaiveResult({self.status}, {self.completed} ops done, "
+            f"{self.elapsed_s:.4f} s, peak {self.peak})"
+        )
 
 
 class NaiveScheduler:
@@ -103,13 +112,23 @@ class NaiveScheduler:
         time_scale: multiplies every duration (0 runs them back to back).
     """
 
-    def __init__(self, ops, capacity, policy="fifo", mode: str = "wait", seed=None,
-                 pieces: int = 1, buffers: int = 2, time_scale: float = 1.0):
+    def __init__(
+        self,
+        ops,
+        capacity,
+        policy="fifo",
+        mode: str = "wait",
+        seed=None,
+        pieces: int = 1,
+        buffers: int = 2,
+        time_scale: float = 1.0,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if isinstance(policy, str) and policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES} or a list of op names, "
-                             f"got {policy!r}")
+            raise ValueError(
+                f"policy must be one of {POLICIES} or a list of op names, got {policy!r}"
+            )
         self.ops = list(ops)
         names = [o.name for o in self.ops]
         by_name = {o.name: o for o in self.ops}
@@ -125,8 +144,10 @@ class NaiveScheduler:
             for name in policy:
                 late = [i for i in by_name[name].inputs if i not in seen]
                 if late:
-                    raise ValueError(f"the order issues {name!r} before its input {late[0]!r}; "
-                                     f"an op is issued only once its inputs exist")
+                    raise ValueError(
+                        f"the order issues {name!r} before its input {late[0]!r}; "
+                        f"an op is issued only once its inputs exist"
+                    )
                 seen.add(name)
         self.policy, self.mode, self.buffers = policy, mode, buffers
         self.rng = random.Random(seed)
@@ -135,8 +156,10 @@ class NaiveScheduler:
         if isinstance(capacity, dict):
             missing = [d for d in devices if d not in capacity]
             if missing:
-                raise ValueError(f"capacity has no pool for device {missing[0]!r}; give one "
-                                 f"for each of {devices}")
+                raise ValueError(
+                    f"capacity has no pool for device {missing[0]!r}; give one "
+                    f"for each of {devices}"
+                )
             self.capacity = {d: parse_bytes(capacity[d]) for d in devices}
         else:
             self.capacity = {d: parse_bytes(capacity) for d in devices}
@@ -156,8 +179,7 @@ class NaiveScheduler:
     async def run_async(self) -> NaiveResult:
         """Runs once from the start (each call is a fresh run of the same ops)."""
         multi = self.pieces > 1
-        self.insts = {(o.name, p): _Inst(o, p, multi) for p in range(self.pieces)
-                      for o in self.ops}
+        self.insts = {(o.name, p): _Inst(o, p, multi) for p in range(self.pieces) for o in self.ops}
         self._pending_ready = []
         self.loop = asyncio.get_running_loop()
         self.t0 = time.perf_counter()
@@ -165,9 +187,9 @@ class NaiveScheduler:
         self.peak = dict(self.in_use)
         self.timeline = [(0.0, d, 0) for d in self.capacity]
         self.streams = {o.stream: deque() for o in self.ops}
-        self.waiting = deque()          # double-buffer mode: ops set aside until memory frees
+        self.waiting = deque()  # double-buffer mode: ops set aside until memory frees
         self.running = 0
-        self.live = {o.name: 0 for o in self.ops}       # live outputs per op (figure 3)
+        self.live = {o.name: 0 for o in self.ops}  # live outputs per op (figure 3)
         self.stalls, self.stall_s, self.done_count = 0, 0.0, 0
         self.last_event = time.perf_counter()
         self.finished = self.loop.create_future()
@@ -182,11 +204,19 @@ class NaiveScheduler:
             detect = time.perf_counter() - self.last_event
         except OutOfMemoryError as e:
             status, error = "oom", e
-        return NaiveResult(status=status, error=error,
-                           elapsed_s=time.perf_counter() - self.t0, peak=dict(self.peak),
-                           capacity=dict(self.capacity), timeline=self.timeline,
-                           stalls=self.stalls, stall_s=self.stall_s, completed=self.done_count,
-                           total=len(self.insts), detect_s=detect)
+        return NaiveResult(
+            status=status,
+            error=error,
+            elapsed_s=time.perf_counter() - self.t0,
+            peak=dict(self.peak),
+            capacity=dict(self.capacity),
+            timeline=self.timeline,
+            stalls=self.stalls,
+            stall_s=self.stall_s,
+            completed=self.done_count,
+            total=len(self.insts),
+            detect_s=detect,
+        )
 
     def _issue(self, ready: list) -> None:
         """Puts newly ready ops on their streams, in the policy's order."""
@@ -196,7 +226,7 @@ class NaiveScheduler:
                 name = self.order[self.next_in_order]
                 inst = next((i for i in self._pending_ready if i.op.name == name), None)
                 if inst is None:
-                    break                    # the next in order is not ready: wait for it
+                    break  # the next in order is not ready: wait for it
                 self._pending_ready.remove(inst)
                 self._put(inst)
                 self.next_in_order += 1
@@ -225,7 +255,8 @@ class NaiveScheduler:
             # front of its stream; an op that cannot start is set aside, not blocking it
             for inst in list(self.waiting):
                 if self._fits(inst) and not any(
-                        i.state == "running" for i in self.streams[inst.op.stream]):
+                    i.state == "running" for i in self.streams[inst.op.stream]
+                ):
                     self.waiting.remove(inst)
                     self.streams[inst.op.stream].appendleft(inst)
             for stream in self.streams.values():
@@ -245,14 +276,17 @@ class NaiveScheduler:
             short = op.nbytes > free
             counted = self.mode == "double-buffer" and self.live[op.name] >= self.buffers
             if short and self.mode == "fail":
-                err = OutOfMemoryError(dev, op.nbytes, self.in_use[dev], self.capacity[dev],
-                                       f"op {head.name}")
-                err.args = (f"{dev}: out of memory: op {head.name} asked for "
-                            f"{format_bytes(op.nbytes)} when it started, "
-                            f"{format_bytes(self.in_use[dev])} of the "
-                            f"{format_bytes(self.capacity[dev])} pool in use ({format_bytes(free)}"
-                            f" free); the naive scheduler allocates outputs when ops start, "
-                            f"in issue order, whatever memory the others will need",)
+                err = OutOfMemoryError(
+                    dev, op.nbytes, self.in_use[dev], self.capacity[dev], f"op {head.name}"
+                )
+                err.args = (
+                    f"{dev}: out of memory: op {head.name} asked for "
+                    f"{format_bytes(op.nbytes)} when it started, "
+                    f"{format_bytes(self.in_use[dev])} of the "
+                    f"{format_bytes(self.capacity[dev])} pool in use ({format_bytes(free)}"
+                    f" free); the naive scheduler allocates outputs when ops start, "
+                    f"in issue order, whatever memory the others will need",
+                )
                 self._fail(err)
                 return
             if short or counted:
@@ -307,7 +341,7 @@ class NaiveScheduler:
         consumers = self.consumers[inst.op.name]
         inst.left = len(consumers)
         if not consumers:
-            self._free(inst)                         # delivered: nobody else reads it
+            self._free(inst)  # delivered: nobody else reads it
         for name in inst.op.inputs:
             src = self.insts[(name, inst.piece)]
             src.left -= 1
@@ -316,8 +350,9 @@ class NaiveScheduler:
         ready = []
         for c in consumers:
             ci = self.insts[(c.name, inst.piece)]
-            if ci.state == "pending" and all(self.insts[(n, inst.piece)].state == "done"
-                                             for n in c.inputs):
+            if ci.state == "pending" and all(
+                self.insts[(n, inst.piece)].state == "done" for n in c.inputs
+            ):
                 ready.append(ci)
         self._issue(ready)
         self._advance()
@@ -326,7 +361,7 @@ class NaiveScheduler:
     def _deadlock(self) -> DeadlockError:
         g = WaitFor()
         stalled = []
-        for inst in self.waiting:                     # double-buffer mode's set-aside ops
+        for inst in self.waiting:  # double-buffer mode's set-aside ops
             stalled.append(inst.name)
             self._waits(g, inst, self.live[inst.op.name] >= self.buffers)
         for sname, stream in self.streams.items():
@@ -335,11 +370,15 @@ class NaiveScheduler:
             head = stream[0]
             stalled.append(head.name)
             dev = head.op.device
-            self._waits(g, head, head.op.nbytes <= self.capacity[dev] - self.in_use[dev],
-                        f" on {dev}")
+            self._waits(
+                g, head, head.op.nbytes <= self.capacity[dev] - self.in_use[dev], f" on {dev}"
+            )
             for behind in list(stream)[1:]:
-                g.add(behind.name, head.name,
-                      f"{behind.name} waits behind {head.name} on stream {sname}")
+                g.add(
+                    behind.name,
+                    head.name,
+                    f"{behind.name} waits behind {head.name} on stream {sname}",
+                )
         for i in self.insts.values():
             if i.state == "pending":
                 for n in i.op.inputs:
@@ -357,10 +396,16 @@ class NaiveScheduler:
             held = [i for i in self.insts.values() if i.block and i.op is op]
         else:
             free = self.capacity[dev] - self.in_use[dev]
-            g.note(inst.name, f"{inst.name} waits for {format_bytes(op.nbytes)} on {dev} "
-                              f"({format_bytes(free)} free)")
-            held = [i for i in self.insts.values()
-                    if i.block and i.op.device == dev and i.state == "done"]
+            g.note(
+                inst.name,
+                f"{inst.name} waits for {format_bytes(op.nbytes)} on {dev} "
+                f"({format_bytes(free)} free)",
+            )
+            held = [
+                i
+                for i in self.insts.values()
+                if i.block and i.op.device == dev and i.state == "done"
+            ]
         self._holders(g, inst, held)
 
     def _holders(self, g, waiter, held) -> None:
@@ -368,9 +413,12 @@ class NaiveScheduler:
             for c in self.consumers[blk.op.name]:
                 ci = self.insts[(c.name, blk.piece)]
                 if ci.state != "done" and ci is not waiter:
-                    g.add(waiter.name, ci.name,
-                          f"{format_bytes(blk.op.nbytes)} is held by {blk.name}'s output, "
-                          f"freed when {ci.name} finishes")
+                    g.add(
+                        waiter.name,
+                        ci.name,
+                        f"{format_bytes(blk.op.nbytes)} is held by {blk.name}'s output, "
+                        f"freed when {ci.name} finishes",
+                    )
 
 
 def ops_from_graph(graph, device_of=None, feed=None) -> list:
@@ -381,19 +429,35 @@ def ops_from_graph(graph, device_of=None, feed=None) -> list:
     without ``out=`` compute piece 0 to be sized. For stand-ins use null-device Specs: a
     stage then gets None for each null input array and returns None (or a null tensor or
     array of its Spec's shape and dtype, checked); ``"null:1"``... budget other memories."""
-    graph._wait_abandoned()            # as plan(): the last run's abandoned acts return
+    graph._wait_abandoned()  # as plan(): the last run's abandoned acts return
     if graph._running:
         raise RuntimeError("ops_from_graph: this graph is running; call it before or after")
-    plan = plan_graph(graph.actors, graph.sinks, graph._picks, feed, False, graph.buffers,
-                      MemoryBudget(graph.memory), graph.resources, check=False)
-    graph._plan = None                 # unchecked: the next plan() or run() plans again
+    plan = plan_graph(
+        graph.actors,
+        graph.sinks,
+        graph._picks,
+        feed,
+        False,
+        graph.buffers,
+        MemoryBudget(graph.memory),
+        graph.resources,
+        check=False,
+    )
+    graph._plan = None  # unchecked: the next plan() or run() plans again
     sizes = {r["name"]: r["register_bytes"] for r in plan.rows}
     ops = []
     for a in plan.actors:
         if a.name not in sizes:
-            continue                             # the run's output collector
+            continue  # the run's output collector
         t = a.time if isinstance(a.time, (int, float)) else 0.0
         dev = a.out_spec.specs[0].device if a.out_spec.specs else "cpu"
-        ops.append(NaiveOp(a.name, [p.name for p in a.inputs], sizes[a.name], t,
-                           device_of(a) if device_of else str(dev)))
+        ops.append(
+            NaiveOp(
+                a.name,
+                [p.name for p in a.inputs],
+                sizes[a.name],
+                t,
+                device_of(a) if device_of else str(dev),
+            )
+        )
     return ops

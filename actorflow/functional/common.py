@@ -25,8 +25,9 @@ def number(op: str, value, arg: str = "other"):
         return value
     if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
         return value.item()
-    raise TypeError(f"{op}(): argument '{arg}' must be a Tensor or a number, "
-                    f"not {type(value).__name__}")
+    raise TypeError(
+        f"{op}(): argument '{arg}' must be a Tensor or a number, not {type(value).__name__}"
+    )
 
 
 def tensor_arg(op: str, value, arg: str = "input") -> Tensor:
@@ -38,9 +39,11 @@ def tensor_arg(op: str, value, arg: str = "input") -> Tensor:
 def refuse_out(op: str, out):
     """TypeError for ``out=``, which the functions take (PyTorch's signatures) and refuse:
     actorflow ops return new tensors."""
-    raise TypeError(f"{op}(): out= is not supported (got {type(out).__name__}); actorflow ops "
-                    f"return a new tensor: assign the result, or write it into an existing "
-                    f"tensor with out.copy_({op}(...))")
+    raise TypeError(
+        f"{op}(): out= is not supported (got {type(out).__name__}); actorflow ops "
+        f"return a new tensor: assign the result, or write it into an existing "
+        f"tensor with out.copy_({op}(...))"
+    )
 
 
 def dim_alias(op: str, dim, axis, default=None):
@@ -61,8 +64,12 @@ def keepdim_alias(op: str, keepdim, keepdims):
     return keepdims
 
 
-_LAYOUTS_KEPT = {"torch.preserve_format", "torch.contiguous_format", "contiguous_format",
-                 "preserve_format"}
+_LAYOUTS_KEPT = {
+    "torch.preserve_format",
+    "torch.contiguous_format",
+    "contiguous_format",
+    "preserve_format",
+}
 
 
 def check_memory_format(op: str, value) -> None:
@@ -71,19 +78,24 @@ def check_memory_format(op: str, value) -> None:
     another (channels_last...) is refused, naming it."""
     if value is None or str(value) in _LAYOUTS_KEPT:
         return
-    raise ValueError(f"{op}(): memory_format={value} is not supported; actorflow tensors are "
-                     f"row-major (contiguous): leave memory_format out")
+    raise ValueError(
+        f"{op}(): memory_format={value} is not supported; actorflow tensors are "
+        f"row-major (contiguous): leave memory_format out"
+    )
 
 
 def broadcasts_to(shape, target) -> bool:
     """Whether ``shape`` broadcasts to ``target`` (a mask to the tensor it masks)."""
     if len(shape) > len(target):
         return False
-    return all(s in (1, t) for s, t in zip(tuple(shape)[::-1], tuple(target)[::-1], strict=False))  # trailing dims
+    return all(
+        s in (1, t) for s, t in zip(tuple(shape)[::-1], tuple(target)[::-1], strict=False)
+    )  # trailing dims
 
 
 def tensor_like(value, like: Tensor) -> Tensor:
     from ..creation import tensor
+
     return tensor(value, device=like.device)
 
 
@@ -95,8 +107,10 @@ def resolved(impl):
 
 
 def no_data(op, device):
-    return DeviceError(f"{op}: the {device} device has no data to read; null tensors have only "
-                       f"shapes, dtypes and bytes (use cpu for values)")
+    return DeviceError(
+        f"{op}: the {device} device has no data to read; null tensors have only "
+        f"shapes, dtypes and bytes (use cpu for values)"
+    )
 
 
 def readable_on(name: str, impl, device):

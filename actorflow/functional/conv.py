@@ -26,8 +26,11 @@ def _pair(op: str, arg: str, v, low: int = 1) -> tuple:
         p = (int(v), int(v))
     elif isinstance(v, (tuple, list)) and len(v) == 1 and isinstance(v[0], numbers.Integral):
         p = (int(v[0]), int(v[0]))
-    elif isinstance(v, (tuple, list)) and len(v) == 2 and all(
-            isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in v):
+    elif (
+        isinstance(v, (tuple, list))
+        and len(v) == 2
+        and all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in v)
+    ):
         p = (int(v[0]), int(v[1]))
     else:
         raise TypeError(f"{op}(): {arg} must be an int or a pair of ints (h, w), got {v!r}")
@@ -41,8 +44,10 @@ def _batched(op: str, input, ndims=(3, 4), what="(N, C, H, W) or unbatched (C, H
     tensor_arg(op, input)
     nd = len(input.shape)
     if nd not in ndims:
-        raise ShapeError(f"{op}: expected a {'-D or '.join(str(n) for n in ndims)}-D input "
-                         f"{what}, got shape {input.shape}")
+        raise ShapeError(
+            f"{op}: expected a {'-D or '.join(str(n) for n in ndims)}-D input "
+            f"{what}, got shape {input.shape}"
+        )
     if nd == ndims[0]:
         return input.unsqueeze(0), True
     return input, False
@@ -57,8 +62,10 @@ def _bias(op: str, out, bias, channels: int):
         return out
     tensor_arg(op, bias, "bias")
     if tuple(bias.shape) != (channels,):
-        raise ShapeError(f"{op}: bias must have shape ({channels},), one value per output "
-                         f"channel, got {bias.shape}")
+        raise ShapeError(
+            f"{op}: bias must have shape ({channels},), one value per output "
+            f"channel, got {bias.shape}"
+        )
     if not bias.is_contiguous():
         bias = clone(bias)
     return add(out, bias.view(channels, 1, 1))
@@ -79,11 +86,14 @@ def _conv_padding(op, padding, kernel, stride, dilation) -> tuple:
             return 0, 0, 0, 0
         if padding == "same":
             if stride != (1, 1):
-                raise ValueError(f"{op}(): padding='same' is not supported for strided "
-                                 f"convolutions (stride {stride}); pass the padding as ints")
+                raise ValueError(
+                    f"{op}(): padding='same' is not supported for strided "
+                    f"convolutions (stride {stride}); pass the padding as ints"
+                )
             return _same_padding(kernel, dilation)
-        raise ValueError(f"{op}(): padding must be 'valid', 'same', an int or a pair, got "
-                         f"{padding!r}")
+        raise ValueError(
+            f"{op}(): padding must be 'valid', 'same', an int or a pair, got {padding!r}"
+        )
     ph, pw = _pair(op, "padding", padding, 0)
     return ph, ph, pw, pw
 
@@ -113,18 +123,25 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     x, was = _batched("conv2d", input)
     tensor_arg("conv2d", weight, "weight")
     if len(weight.shape) != 4:
-        raise ShapeError(f"conv2d: expected a 4-D weight (out_channels, in_channels/groups, "
-                         f"kh, kw), got shape {weight.shape}")
+        raise ShapeError(
+            f"conv2d: expected a 4-D weight (out_channels, in_channels/groups, "
+            f"kh, kw), got shape {weight.shape}"
+        )
     stride, dilation = _pair("conv2d", "stride", stride), _pair("conv2d", "dilation", dilation)
     pads = _conv_padding("conv2d", padding, weight.shape[2:], stride, dilation)
-    attrs = {"stride": stride, "padding": pads, "dilation": dilation,
-             "groups": _groups("conv2d", groups)}
+    attrs = {
+        "stride": stride,
+        "padding": pads,
+        "dilation": dilation,
+        "groups": _groups("conv2d", groups),
+    }
     out = wrap(apply(_CONV, [x._impl, weight._impl], attrs)[0])
     return _unbatched(_bias("conv2d", out, bias, weight.shape[0]), was)
 
 
-def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
-                     groups=1, dilation=1):
+def conv_transpose2d(
+    input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
+):
     """The transpose of conv2d (its gradient with respect to its input), with ``weight``
     (C_in, C_out/groups, kh, kw) as PyTorch's: the output is
     (H-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1 per dim.
@@ -136,36 +153,56 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     x, was = _batched("conv_transpose2d", input)
     tensor_arg("conv_transpose2d", weight, "weight")
     if len(weight.shape) != 4:
-        raise ShapeError(f"conv_transpose2d: expected a 4-D weight (in_channels, "
-                         f"out_channels/groups, kh, kw), got shape {weight.shape}")
+        raise ShapeError(
+            f"conv_transpose2d: expected a 4-D weight (in_channels, "
+            f"out_channels/groups, kh, kw), got shape {weight.shape}"
+        )
     op = "conv_transpose2d"
     stride, dilation = _pair(op, "stride", stride), _pair(op, "dilation", dilation)
     ph, pw = _pair(op, "padding", padding, 0)
     oph, opw = _pair(op, "output_padding", output_padding, 0)
     for o, s, d, name in ((oph, stride[0], dilation[0], "h"), (opw, stride[1], dilation[1], "w")):
         if o >= s and o >= d:
-            raise ValueError(f"{op}(): output_padding ({oph}, {opw}) must be smaller than "
-                             f"stride {stride} or dilation {dilation} (dim {name})")
+            raise ValueError(
+                f"{op}(): output_padding ({oph}, {opw}) must be smaller than "
+                f"stride {stride} or dilation {dilation} (dim {name})"
+            )
     kh, kw = weight.shape[2:]
     h, w = x.shape[2:]
-    size = ((h - 1) * stride[0] - 2 * ph + dilation[0] * (kh - 1) + oph + 1,
-            (w - 1) * stride[1] - 2 * pw + dilation[1] * (kw - 1) + opw + 1)
-    attrs = {"stride": stride, "padding": (ph, ph, pw, pw), "dilation": dilation,
-             "groups": _groups(op, groups), "output_size": size}
+    size = (
+        (h - 1) * stride[0] - 2 * ph + dilation[0] * (kh - 1) + oph + 1,
+        (w - 1) * stride[1] - 2 * pw + dilation[1] * (kw - 1) + opw + 1,
+    )
+    attrs = {
+        "stride": stride,
+        "padding": (ph, ph, pw, pw),
+        "dilation": dilation,
+        "groups": _groups(op, groups),
+        "output_size": size,
+    }
     out = wrap(apply(_CONV_T, [x._impl, weight._impl], attrs)[0])
     return _unbatched(_bias(op, out, bias, weight.shape[1] * attrs["groups"]), was)
 
 
 def _pool_attrs(op, kernel_size, stride, padding, dilation, ceil_mode) -> dict:
     kernel = _pair(op, "kernel_size", kernel_size)
-    stride = kernel if stride is None or (isinstance(stride, (tuple, list)) and not stride) \
+    stride = (
+        kernel
+        if stride is None or (isinstance(stride, (tuple, list)) and not stride)
         else _pair(op, "stride", stride)
-    return {"kernel": kernel, "stride": stride, "padding": _pair(op, "padding", padding, 0),
-            "dilation": _pair(op, "dilation", dilation), "ceil_mode": bool(ceil_mode)}
+    )
+    return {
+        "kernel": kernel,
+        "stride": stride,
+        "padding": _pair(op, "padding", padding, 0),
+        "dilation": _pair(op, "dilation", dilation),
+        "ceil_mode": bool(ceil_mode),
+    }
 
 
-def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-               return_indices=False):
+def max_pool2d(
+    input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
+):
     """The maximum of each window (padding counts as -inf); with ``return_indices`` also
     where it was, as flat indices into each input plane (h * W + w), PyTorch's. ``stride``
     defaults to ``kernel_size``.
@@ -186,8 +223,15 @@ def max_pool2d_values(input, kernel_size, stride=(), padding=0, dilation=1, ceil
     return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
-               count_include_pad=True, divisor_override=None):
+def avg_pool2d(
+    input,
+    kernel_size,
+    stride=None,
+    padding=0,
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
     """The mean of each window: the sum over the window divided by its size with the
     padding (``count_include_pad``), without it, or by ``divisor_override``, as PyTorch's.
 
@@ -197,12 +241,18 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
         DTypeError: a non-floating input."""
     x, was = _batched("avg_pool2d", input)
     attrs = _pool_attrs("avg_pool2d", kernel_size, stride, padding, 1, ceil_mode)
-    if divisor_override is not None and (isinstance(divisor_override, bool) or not isinstance(
-            divisor_override, numbers.Integral) or divisor_override == 0):
-        raise ValueError(f"avg_pool2d(): divisor_override must be a non-zero int, got "
-                         f"{divisor_override!r}")
-    attrs.update(count_include_pad=bool(count_include_pad),
-                 divisor_override=None if divisor_override is None else int(divisor_override))
+    if divisor_override is not None and (
+        isinstance(divisor_override, bool)
+        or not isinstance(divisor_override, numbers.Integral)
+        or divisor_override == 0
+    ):
+        raise ValueError(
+            f"avg_pool2d(): divisor_override must be a non-zero int, got {divisor_override!r}"
+        )
+    attrs.update(
+        count_include_pad=bool(count_include_pad),
+        divisor_override=None if divisor_override is None else int(divisor_override),
+    )
     return _unbatched(wrap(apply(_AVG, [x._impl], attrs)[0]), was)
 
 
@@ -212,16 +262,19 @@ def adaptive_avg_pool2d(input, output_size):
     pair, or a pair with None (that dim keeps the input's size)."""
     x, was = _batched("adaptive_avg_pool2d", input)
     if isinstance(output_size, (tuple, list)) and len(output_size) == 2:
-        output_size = tuple(x.shape[2 + i] if s is None else s
-                            for i, s in enumerate(output_size))
+        output_size = tuple(x.shape[2 + i] if s is None else s for i, s in enumerate(output_size))
     size = _pair("adaptive_avg_pool2d", "output_size", output_size, 0)
     return _unbatched(wrap(apply(_ADAPTIVE, [x._impl], {"output_size": size})[0]), was)
 
 
 def _fold_attrs(op, kernel_size, dilation, padding, stride) -> dict:
     ph, pw = _pair(op, "padding", padding, 0)
-    return {"kernel": _pair(op, "kernel_size", kernel_size), "stride": _pair(op, "stride", stride),
-            "padding": (ph, ph, pw, pw), "dilation": _pair(op, "dilation", dilation)}
+    return {
+        "kernel": _pair(op, "kernel_size", kernel_size),
+        "stride": _pair(op, "stride", stride),
+        "padding": (ph, ph, pw, pw),
+        "dilation": _pair(op, "dilation", dilation),
+    }
 
 
 def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
@@ -241,5 +294,13 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
     return _unbatched(wrap(apply(_FOLD, [x._impl], attrs)[0]), was)
 
 
-__all__ = ["conv2d", "conv_transpose2d", "max_pool2d", "max_pool2d_values", "avg_pool2d",
-           "adaptive_avg_pool2d", "unfold", "fold"]
+__all__ = [
+    "conv2d",
+    "conv_transpose2d",
+    "max_pool2d",
+    "max_pool2d_values",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "unfold",
+    "fold",
+]

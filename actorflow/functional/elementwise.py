@@ -30,6 +30,7 @@ from .joining import cast, nonzero
 
 # -- unary -----------------------------------------------------------------------------
 
+
 def _unary(name: str):
     op = op_def(name)
 
@@ -42,12 +43,15 @@ def _unary(name: str):
             _check_inplace(name, op, [impl], NO_ATTRS, impl)
             apply(op, [impl], NO_ATTRS, outs=[impl])
             return input
-        t = _new(Tensor)           # (wrap, inline)
+        t = _new(Tensor)  # (wrap, inline)
         t._impl = apply1(op, impl, None, NO_ATTRS, ())
         return t
+
     fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = (f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
-                  f"(``out=`` is refused).\n\nExample: ``af.{name}(af.tensor([1., -1.]))``")
+    fn.__doc__ = (
+        f"Elementwise {name} of a tensor; ``inplace=True`` writes the input "
+        f"(``out=`` is refused).\n\nExample: ``af.{name}(af.tensor([1., -1.]))``"
+    )
     return fn
 
 
@@ -81,8 +85,10 @@ def gelu(input, approximate: str = "none"):
 
 _new = Tensor.__new__
 
-_BIN = {name: (op_def(name), op_def(name + "_scalar"), op_def("r" + name + "_scalar"))
-        for name in ops.elementwise.BINARY}
+_BIN = {
+    name: (op_def(name), op_def(name + "_scalar"), op_def("r" + name + "_scalar"))
+    for name in ops.elementwise.BINARY
+}
 
 
 def binary(name: str, a, b):
@@ -98,8 +104,10 @@ def binary(name: str, a, b):
         if isinstance(a, np.ndarray) and a.ndim:
             return binary(name, tensor_like(a, b), b)
         return wrap(apply(rop, [b._impl], {"scalar": number(name, a, "input")})[0])
-    raise TypeError(f"{name}(): expected at least one Tensor argument, got "
-                    f"{type(a).__name__} and {type(b).__name__}")
+    raise TypeError(
+        f"{name}(): expected at least one Tensor argument, got "
+        f"{type(a).__name__} and {type(b).__name__}"
+    )
 
 
 def prebuilt_operator(name: str, method: str, reflected: bool = False):
@@ -111,27 +119,40 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
     # the signature's attrs part: the scalar's type where that alone decides (see attrs_key)
     rtyped, styped = bool(rop.typed_attrs), bool(sop.typed_attrs)
     if reflected:
+
         def fn(self, other):
             k = type(other)
             if k in NUMBER:
-                t = _new(Tensor)           # (wrap, inline)
-                t._impl = apply1(rop, self._impl, None, {"scalar": other},
-                                 k if rtyped else attrs_key(rop, {"scalar": other}))
+                t = _new(Tensor)  # (wrap, inline)
+                t._impl = apply1(
+                    rop,
+                    self._impl,
+                    None,
+                    {"scalar": other},
+                    k if rtyped else attrs_key(rop, {"scalar": other}),
+                )
                 return t
             return binary(name, other, self)
     else:
+
         def fn(self, other):
             k = type(other)
             if k in NUMBER:
                 t = _new(Tensor)
-                t._impl = apply1(sop, self._impl, None, {"scalar": other},
-                                 k if styped else attrs_key(sop, {"scalar": other}))
+                t._impl = apply1(
+                    sop,
+                    self._impl,
+                    None,
+                    {"scalar": other},
+                    k if styped else attrs_key(sop, {"scalar": other}),
+                )
                 return t
             if isinstance(other, Tensor):
                 t = _new(Tensor)
                 t._impl = apply1(op, self._impl, other._impl, NO_ATTRS, ())
                 return t
             return binary(name, self, other)
+
     fn.__name__ = method
     fn.__qualname__ = "Tensor." + method
     return fn
@@ -142,12 +163,16 @@ def _check_inplace(name, op, impls, attrs, target):
     shape, dtype = op.infer([resolved(i) for i in impls], attrs)[0]
     m = target.meta
     if shape != m.shape:
-        raise ShapeError(f"{name}_: output with shape {m.shape} doesn't match the broadcast "
-                         f"shape {shape}; in-place ops cannot change the shape of the tensor "
-                         f"written")
+        raise ShapeError(
+            f"{name}_: output with shape {m.shape} doesn't match the broadcast "
+            f"shape {shape}; in-place ops cannot change the shape of the tensor "
+            f"written"
+        )
     if dtype.category > m.dtype.category:
-        raise DTypeError(f"{name}_: result type {dtype} can't be cast to the desired output "
-                         f"type {m.dtype}; use the out-of-place {name}() instead")
+        raise DTypeError(
+            f"{name}_: result type {dtype} can't be cast to the desired output "
+            f"type {m.dtype}; use the out-of-place {name}() instead"
+        )
 
 
 def _binary_inplace(name: str, x, other):
@@ -167,10 +192,13 @@ def _binary_fn(name: str):
         if out is not None:
             refuse_out(name, out)
         return binary(name, input, other)
+
     fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = (f"Elementwise {name} with broadcasting; either argument may be a Python "
-                  f"number (``out=`` is refused).\n\n"
-                  f"Example: ``af.{name}(af.ones(2, 3), af.ones(3))``")
+    fn.__doc__ = (
+        f"Elementwise {name} with broadcasting; either argument may be a Python "
+        f"number (``out=`` is refused).\n\n"
+        f"Example: ``af.{name}(af.ones(2, 3), af.ones(3))``"
+    )
     return fn
 
 
@@ -188,18 +216,25 @@ def pow(input, exponent, *, out=None):  # noqa: A001 - PyTorch's name
     Integers to negative integer powers are refused, as in PyTorch."""
     if out is not None:
         refuse_out("pow", out)
-    if (isinstance(input, Tensor) and input.dtype.category == 1 and type(exponent) is int
-            and exponent < 0):
-        raise DTypeError(f"pow: integers to negative integer powers are not allowed "
-                         f"({input.dtype} tensor ** {exponent}); convert with .float() first")
+    if (
+        isinstance(input, Tensor)
+        and input.dtype.category == 1
+        and type(exponent) is int
+        and exponent < 0
+    ):
+        raise DTypeError(
+            f"pow: integers to negative integer powers are not allowed "
+            f"({input.dtype} tensor ** {exponent}); convert with .float() first"
+        )
     return binary("pow", input, exponent)
 
 
 # -- add and sub (with alpha), div (with rounding_mode) --------------------------------
 
-_ONE = 1    # alpha's default; CPython keeps one object per small int, so the test of an
-#             alpha of 1 is an identity test, the cheapest. Any other alpha (1.0, True...)
-#             takes the checked path, which gives the same result for a 1.
+_ONE = 1  # alpha's default; CPython keeps one object per small int, so the test of an
+#           alpha of 1 is an identity test, the cheapest. Any other alpha (1.0, True...)
+#           takes the checked path, which gives the same result for a 1.
+
 
 def add(input, other, *, alpha=1, out=None):
     """``input + alpha * other`` elementwise with broadcasting; either of ``input`` and
@@ -238,8 +273,9 @@ def _times_alpha(name, input, other, alpha):
     checks of ``alpha``; ``other`` itself when ``alpha`` is 1."""
     if type(alpha) not in NUMBER and not isinstance(alpha, np.generic):
         hint = "; pass alpha=t.item()" if isinstance(alpha, Tensor) else ""
-        raise TypeError(f"{name}(): argument 'alpha' must be a number, not "
-                        f"{type(alpha).__name__}{hint}")
+        raise TypeError(
+            f"{name}(): argument 'alpha' must be a number, not {type(alpha).__name__}{hint}"
+        )
     a = number(name, alpha, "alpha")
     if isinstance(other, np.ndarray) and other.ndim and isinstance(input, Tensor):
         other = tensor_like(other, input)
@@ -247,15 +283,22 @@ def _times_alpha(name, input, other, alpha):
     x = tensor_like(input, like) if isinstance(input, np.ndarray) and input.ndim else input
     x, y = _operand(name, x, "input"), _operand(name, other, "other")
     op = name.rstrip("_")
-    dtype = (binary_dtype(op, "arith", x, y) if isinstance(input, Tensor)
-             else binary_dtype(op, "arith", y, x))
+    dtype = (
+        binary_dtype(op, "arith", x, y)
+        if isinstance(input, Tensor)
+        else binary_dtype(op, "arith", y, x)
+    )
     if type(a) is bool and dtype is not bool_:
-        raise DTypeError(f"{name}(): a bool alpha is only supported for bool results (got "
-                         f"alpha={a} for a {dtype} result); pass alpha as an int or float")
+        raise DTypeError(
+            f"{name}(): a bool alpha is only supported for bool results (got "
+            f"alpha={a} for a {dtype} result); pass alpha as an int or float"
+        )
     if type(a) is float and dtype.category != FLOAT:
-        raise DTypeError(f"{name}(): for integral input tensors, argument alpha must not be "
-                         f"a floating point number (got alpha={a} for a {dtype} result); "
-                         f"pass an int alpha, or convert the inputs with .float() first")
+        raise DTypeError(
+            f"{name}(): for integral input tensors, argument alpha must not be "
+            f"a floating point number (got alpha={a} for a {dtype} result); "
+            f"pass an int alpha, or convert the inputs with .float() first"
+        )
     if dtype is bool_:
         a = bool(a)
     if not isinstance(other, Tensor):
@@ -283,8 +326,10 @@ def _rounded(name, rounding_mode) -> str:
         return "trunc_divide"
     if rounding_mode == "floor":
         return "floor_divide"
-    raise ValueError(f"{name}(): expected rounding_mode to be one of None, 'trunc', or "
-                     f"'floor' but found {rounding_mode!r}")
+    raise ValueError(
+        f"{name}(): expected rounding_mode to be one of None, 'trunc', or "
+        f"'floor' but found {rounding_mode!r}"
+    )
 
 
 true_divide = divide = div
@@ -331,8 +376,18 @@ def fill_(input, value):
     """Writes ``value`` to every element of ``input`` (a view writes through)."""
     t = tensor_arg("fill_", input)._impl
     m = resolved(t)
-    apply(_FULL, [], {"shape": m.shape, "dtype": m.dtype, "device": m.device,
-                      "value": number("fill_", value, "value")}, device=m.device, outs=[t])
+    apply(
+        _FULL,
+        [],
+        {
+            "shape": m.shape,
+            "dtype": m.dtype,
+            "device": m.device,
+            "value": number("fill_", value, "value"),
+        },
+        device=m.device,
+        outs=[t],
+    )
     return input
 
 
@@ -361,8 +416,10 @@ def copy_(input, other, non_blocking: bool = False):
     except ValueError:
         ok = False
     if not ok:
-        raise ShapeError(f"copy_: source of shape {s.meta.shape} cannot be broadcast to the "
-                         f"destination's shape {dst.meta.shape}")
+        raise ShapeError(
+            f"copy_: source of shape {s.meta.shape} cannot be broadcast to the "
+            f"destination's shape {dst.meta.shape}"
+        )
     s = readable_on("copy_", s, dst.meta.device)
     apply(COPY, [s], NO_ATTRS, device=dst.meta.device, outs=[dst])
     return input
@@ -379,7 +436,7 @@ def _clamp_call(name, input, min, max):  # noqa: A002
         if min is None and max is None:
             raise ValueError(f"{name}(): at least one of 'min' or 'max' must not be None")
         return _CLAMP, [impl], {"min": min, "max": max}
-    if not (_has_dims(min) or _has_dims(max)):          # numpy scalars, 0-dim arrays
+    if not (_has_dims(min) or _has_dims(max)):  # numpy scalars, 0-dim arrays
         lo = None if min is None else number(name, min, "min")
         hi = None if max is None else number(name, max, "max")
         return _CLAMP, [impl], {"min": lo, "max": hi}
@@ -435,8 +492,10 @@ def where(condition, input=None, other=None, *, out=None):
         return nonzero(condition, as_tuple=True)
     if input is None or other is None:
         missing = "input" if input is None else "other"
-        raise TypeError(f"where(): missing the '{missing}' argument; pass both input and "
-                        f"other, or neither (where(condition) gives the indices)")
+        raise TypeError(
+            f"where(): missing the '{missing}' argument; pass both input and "
+            f"other, or neither (where(condition) gives the indices)"
+        )
     cond = tensor_arg("where", condition, "condition")
     impls, attrs = [cond._impl], {}
     for key, v in (("x", input), ("y", other)):
@@ -456,24 +515,32 @@ def masked_fill(input, mask, value):
     x = tensor_arg("masked_fill", input)
     m = tensor_arg("masked_fill", mask, "mask")
     if m.dtype is not bool_:
-        raise DTypeError(f"masked_fill: mask must be a bool tensor, got {m.dtype}; compare "
-                         f"first, e.g. x.masked_fill(x > 0, 0.0)")
+        raise DTypeError(
+            f"masked_fill: mask must be a bool tensor, got {m.dtype}; compare "
+            f"first, e.g. x.masked_fill(x > 0, 0.0)"
+        )
     if not broadcasts_to(m.shape, x.shape):
-        raise ShapeError(f"masked_fill: the mask's shape {m.shape} does not broadcast to the "
-                         f"input's shape {x.shape}")
+        raise ShapeError(
+            f"masked_fill: the mask's shape {m.shape} does not broadcast to the "
+            f"input's shape {x.shape}"
+        )
     if isinstance(value, Tensor):
         if value.ndim != 0:
-            raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got a "
-                             f"tensor of shape {value.shape}")
+            raise ShapeError(
+                f"masked_fill: value must be a number or a 0-d tensor, got a "
+                f"tensor of shape {value.shape}"
+            )
         if value.dtype is not x.dtype:
-            value = cast(value, x.dtype)        # the input's dtype, as PyTorch's
-    elif x.dtype is bool_:                      # a number: cast to the input's dtype too
+            value = cast(value, x.dtype)  # the input's dtype, as PyTorch's
+    elif x.dtype is bool_:  # a number: cast to the input's dtype too
         value = bool(value)
     elif not x.dtype.is_floating_point and isinstance(value, (float, np.floating)):
         if not np.isfinite(value):
-            raise ValueError(f"masked_fill: value {value} cannot be converted to the input's "
-                             f"{x.dtype.name}; fill a float tensor (x.float()) instead")
-        value = int(value)                      # toward zero, as PyTorch
+            raise ValueError(
+                f"masked_fill: value {value} cannot be converted to the input's "
+                f"{x.dtype.name}; fill a float tensor (x.float()) instead"
+            )
+        value = int(value)  # toward zero, as PyTorch
     return where(m, value, x)
 
 
@@ -487,20 +554,27 @@ def _triangle(name: str, doc: str):
         if isinstance(diagonal, bool) or not isinstance(diagonal, (int, np.integer)):
             raise TypeError(f"{name}(): diagonal must be an int, got {diagonal!r}")
         return wrap(apply(op, [x._impl], {"diagonal": int(diagonal)})[0])
+
     triangle.__name__ = triangle.__qualname__ = name
     triangle.__doc__ = doc
     return triangle
 
 
-triu = _triangle("triu", """The upper triangle of the last two dims (a batch of matrices
+triu = _triangle(
+    "triu",
+    """The upper triangle of the last two dims (a batch of matrices
     before them): the entries on and above ``diagonal`` (0: the main diagonal, > 0 above,
     < 0 below) kept, the rest zero.
 
-    Raises: ShapeError for a tensor of fewer than 2 dims.""")
-tril = _triangle("tril", """The lower triangle of the last two dims: the entries on and
+    Raises: ShapeError for a tensor of fewer than 2 dims.""",
+)
+tril = _triangle(
+    "tril",
+    """The lower triangle of the last two dims: the entries on and
     below ``diagonal`` kept, the rest zero.
 
-    Raises: ShapeError for a tensor of fewer than 2 dims.""")
+    Raises: ShapeError for a tensor of fewer than 2 dims.""",
+)
 
 
 _MATMUL = op_def("matmul")

@@ -52,7 +52,7 @@ def cat(tensors, dim: int = 0, *, out=None, axis=None):
     ts = _tensor_list("cat", tensors)
     for t in ts:
         shape = resolved(t._impl).shape
-        if len(shape) < 2 and (not shape or not shape[0]):     # (0,) or ()
+        if len(shape) < 2 and (not shape or not shape[0]):  # (0,) or ()
             return _cat_skipping(ts, dim)
     d = normalize_dim("cat", dim, len(ts[0]._impl.meta.shape))
     return wrap(apply(_CAT, [t._impl for t in ts], {"dim": d})[0])
@@ -65,14 +65,16 @@ def _cat_skipping(ts, dim):
     shapes = [m.shape for m in metas]
     keep = [i for i, s in enumerate(shapes) if s != (0,)]
     attrs = {}
-    if not keep:                                        # all empty: joined along their dim
+    if not keep:  # all empty: joined along their dim
         keep, dim = list(range(len(ts))), 0
     elif len(keep) < len(ts):
         attrs["dtype"] = promote_all(metas)
     for i in keep:
         if not shapes[i]:
-            raise ShapeError(f"cat: zero-dimensional tensor (at position {i}) cannot be "
-                             f"concatenated; use stack, or unsqueeze first")
+            raise ShapeError(
+                f"cat: zero-dimensional tensor (at position {i}) cannot be "
+                f"concatenated; use stack, or unsqueeze first"
+            )
     attrs["dim"] = normalize_dim("cat", dim, len(shapes[keep[0]]))
     return wrap(apply(_CAT, [ts[i]._impl for i in keep], attrs)[0])
 
@@ -92,7 +94,7 @@ def cast(input, dtype):
     """A copy of ``input`` converted to ``dtype``."""
     impl = tensor_arg("cast", input)._impl
     dt = as_dtype(dtype)
-    return wrap(apply1(CAST, impl, None, {"dtype": dt}, dt))   # (the dtype: the attrs' key)
+    return wrap(apply1(CAST, impl, None, {"dtype": dt}, dt))  # (the dtype: the attrs' key)
 
 
 def to_device(input, device):
@@ -106,7 +108,7 @@ def to_device(input, device):
         raise no_data("to", impl.meta.device)
     moved = readable_on("to", impl, dev)
     if moved is not impl:
-        return wrap(moved)                           # across the host boundary (cuda)
+        return wrap(moved)  # across the host boundary (cuda)
     return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
 
 
@@ -133,20 +135,49 @@ def nonzero(input, *, out=None, as_tuple: bool = False):
     impl = tensor_arg("nonzero", input)._impl
     if not as_tuple:
         return wrap(apply(_NONZERO, [impl], NO_ATTRS)[0])
-    if not resolved(impl).shape:                        # a 0-dim input counts as 1-dim
+    if not resolved(impl).shape:  # a 0-dim input counts as 1-dim
         impl = views.view(impl, (1,))
     idx = apply(_NONZERO, [impl], NO_ATTRS)[0]
     resolved(idx)
-    return tuple(wrap(views.basic_index(idx, (slice(None), k)))
-                 for k in range(len(impl.meta.shape)))
+    return tuple(
+        wrap(views.basic_index(idx, (slice(None), k))) for k in range(len(impl.meta.shape))
+    )
 
 
 def is_floating_point(input) -> bool:
     return tensor_arg("is_floating_point", input).dtype.category == FLOAT
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "annotations", "namedtuple", "np", "ops", "apply", "resolve", "Tensor", "wrap", "FLOAT",
-    "DeviceError", "DTypeError", "ShapeError", "normalize_dim", "normalize_dims", "MinMax",
-    "get_backend", "as_device", "as_dtype", "promote_all", "views", "dim_alias", "refuse_out",
-    "resolved", "check_memory_format", "readable_on")]
+__all__ = [
+    n
+    for n in dir()
+    if not n.startswith("_")
+    and n
+    not in (
+        "annotations",
+        "namedtuple",
+        "np",
+        "ops",
+        "apply",
+        "resolve",
+        "Tensor",
+        "wrap",
+        "FLOAT",
+        "DeviceError",
+        "DTypeError",
+        "ShapeError",
+        "normalize_dim",
+        "normalize_dims",
+        "MinMax",
+        "get_backend",
+        "as_device",
+        "as_dtype",
+        "promote_all",
+        "views",
+        "dim_alias",
+        "refuse_out",
+        "resolved",
+        "check_memory_format",
+        "readable_on",
+    )
+]

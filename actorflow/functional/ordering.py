@@ -79,8 +79,11 @@ def cumsum(input, dim=None, *, dtype=None, out=None, axis=None):
     if out is not None:
         refuse_out("cumsum", out)
     x = tensor_arg("cumsum", input)._impl
-    attrs = {"dim": _dim("cumsum", x, dim, axis), "reverse": False,
-             "dtype": None if dtype is None else as_dtype(dtype)}
+    attrs = {
+        "dim": _dim("cumsum", x, dim, axis),
+        "reverse": False,
+        "dtype": None if dtype is None else as_dtype(dtype),
+    }
     return wrap(apply(_CUMSUM, [x], attrs)[0])
 
 
@@ -93,8 +96,7 @@ def _sorting(name, op, input, dim, axis, descending, k=None):
     return wrap(vals), wrap(idx)
 
 
-def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None,
-         axis=None):
+def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None, axis=None):
     """``(values, indices)`` of ``input`` sorted along ``dim``. The sort is always stable
     (equal values keep their order, descending too; ``stable`` is taken for PyTorch's
     signature); NaN sorts above every number, as in PyTorch."""
@@ -103,16 +105,23 @@ def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=N
     return Sort(*_sorting("sort", _SORT, input, dim, axis, descending))
 
 
-def argsort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None,
-            axis=None):
+def argsort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None, axis=None):
     """The indices of ``sort(input, dim, descending)`` (stable, as there)."""
     if out is not None:
         refuse_out("argsort", out)
     return _sorting("argsort", _SORT, input, dim, axis, descending)[1]
 
 
-def topk(input, k, dim=-1, largest: bool = True, sorted: bool = True, *,  # noqa: A002
-         out=None, axis=None):
+def topk(
+    input,
+    k,
+    dim=-1,
+    largest: bool = True,
+    sorted: bool = True,
+    *,  # noqa: A002
+    out=None,
+    axis=None,
+):
     """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
     along ``dim``, sorted; among equal values the first ones come first (``sorted=False``
     gives the same order, one PyTorch allows).
@@ -139,16 +148,22 @@ def _check_pad_mode(mode, d, n, b, a):
         kept = n - max(-b, 0) - max(-a, 0)
         if max(b, a, 0) <= kept:
             return
-        raise ValueError(f"pad: circular padding ({b}, {a}) of dim {d} (size {n}) wraps the "
-                         f"{max(kept, 0)} elements left after cropping more than once; each "
-                         f"positive amount must be at most {max(kept, 0)}")
+        raise ValueError(
+            f"pad: circular padding ({b}, {a}) of dim {d} (size {n}) wraps the "
+            f"{max(kept, 0)} elements left after cropping more than once; each "
+            f"positive amount must be at most {max(kept, 0)}"
+        )
     if mode == "reflect" and max(b, a) >= n:
-        raise ValueError(f"pad: reflect padding ({b}, {a}) of dim {d} (size {n}) must be less "
-                         f"than the dim's size on each side")
+        raise ValueError(
+            f"pad: reflect padding ({b}, {a}) of dim {d} (size {n}) must be less "
+            f"than the dim's size on each side"
+        )
     least = 0 if mode == "circular" else 1
     if m < least:
-        raise ValueError(f"pad: {mode} padding ({b}, {a}) of dim {d} (size {n}) leaves {m} "
-                         f"elements; mode {mode!r} must leave at least {least}")
+        raise ValueError(
+            f"pad: {mode} padding ({b}, {a}) of dim {d} (size {n}) leaves {m} "
+            f"elements; mode {mode!r} must leave at least {least}"
+        )
 
 
 def pad(input, pad, mode: str = "constant", value=None):
@@ -167,36 +182,57 @@ def pad(input, pad, mode: str = "constant", value=None):
     shape = resolved(x).shape
     amounts = [int(p) for p in pad]
     if len(amounts) % 2:
-        raise ValueError(f"pad: the padding length must be even (pairs of left, right), got "
-                         f"{len(amounts)}: {tuple(pad)}")
+        raise ValueError(
+            f"pad: the padding length must be even (pairs of left, right), got "
+            f"{len(amounts)}: {tuple(pad)}"
+        )
     npairs = len(amounts) // 2
     if npairs > len(shape):
-        raise ValueError(f"pad: {npairs} (left, right) pairs for an input of {len(shape)} "
-                         f"dims (shape {shape}); pass at most one pair per dim")
+        raise ValueError(
+            f"pad: {npairs} (left, right) pairs for an input of {len(shape)} "
+            f"dims (shape {shape}); pass at most one pair per dim"
+        )
     if mode not in _PAD_MODES:
         raise ValueError(f"pad: unknown mode {mode!r}; use one of {', '.join(_PAD_MODES)}")
     pads = [(0, 0)] * (len(shape) - npairs) + [
-        (amounts[2 * k], amounts[2 * k + 1]) for k in reversed(range(npairs))]
+        (amounts[2 * k], amounts[2 * k + 1]) for k in reversed(range(npairs))
+    ]
     pads = tuple(pads)
     if mode == "constant":
         v = 0.0 if value is None else number("pad", value, "value")
         return wrap(apply(_PAD, [x], {"pads": pads, "mode": mode, "value": v})[0])
     if value is not None and value != 0:
-        raise ValueError(f"pad: value={value} is for mode='constant'; mode={mode!r} pads with "
-                         f"the input's own elements")
+        raise ValueError(
+            f"pad: value={value} is for mode='constant'; mode={mode!r} pads with "
+            f"the input's own elements"
+        )
     if not 1 <= npairs <= 3 or not npairs + 1 <= len(shape) <= npairs + 2:
-        raise ValueError(f"pad: mode {mode!r} pads the last 1-3 dims of a (batch,) channel, "
-                         f"... input: {npairs} pairs need {npairs + 1} or {npairs + 2} dims, "
-                         f"got shape {shape}")
-    first = len(shape) - npairs - 1                  # the channel dim
+        raise ValueError(
+            f"pad: mode {mode!r} pads the last 1-3 dims of a (batch,) channel, "
+            f"... input: {npairs} pairs need {npairs + 1} or {npairs + 2} dims, "
+            f"got shape {shape}"
+        )
+    first = len(shape) - npairs - 1  # the channel dim
     if mode != "circular" and 0 in shape[first:]:
-        raise ValueError(f"pad: mode {mode!r} needs non-empty channel and padded dims, got "
-                         f"shape {shape} (only a batch dim may be 0)")
+        raise ValueError(
+            f"pad: mode {mode!r} needs non-empty channel and padded dims, got "
+            f"shape {shape} (only a batch dim may be 0)"
+        )
     for d, (b, a) in enumerate(pads):
         if b or a:
             _check_pad_mode(mode, d, shape[d], b, a)
     return wrap(apply(_PAD, [x], {"pads": pads, "mode": mode, "value": 0.0})[0])
 
 
-__all__ = ["Sort", "TopK", "argsort", "cumsum", "gather", "pad", "scatter_add",
-           "scatter_add_", "sort", "topk"]
+__all__ = [
+    "Sort",
+    "TopK",
+    "argsort",
+    "cumsum",
+    "gather",
+    "pad",
+    "scatter_add",
+    "scatter_add_",
+    "sort",
+    "topk",
+]

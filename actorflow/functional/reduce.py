@@ -20,7 +20,12 @@ MinMax = namedtuple("MinMax", ["values", "indices"])
 
 _SUM, _MEAN, _AMAX, _AMIN = op_def("sum"), op_def("mean"), op_def("amax"), op_def("amin")
 _SQRT = op_def("sqrt")
-_ARGMAX, _ARGMIN, _MAXD, _MIND = op_def("argmax"), op_def("argmin"), op_def("max_dim"), op_def("min_dim")
+_ARGMAX, _ARGMIN, _MAXD, _MIND = (
+    op_def("argmax"),
+    op_def("argmin"),
+    op_def("max_dim"),
+    op_def("min_dim"),
+)
 
 
 def _reduce(op, name, input, dim, keepdim, dtype=None):
@@ -28,7 +33,7 @@ def _reduce(op, name, input, dim, keepdim, dtype=None):
     ndim = len(input.shape)
     dims = normalize_dims(name, dim, ndim)
     if ndim == 0:
-        dims = None                     # a 0-dim tensor reduces over "all" of its no dims
+        dims = None  # a 0-dim tensor reduces over "all" of its no dims
     attrs = {"dims": dims, "keepdim": bool(keepdim)}
     if dtype is not None:
         attrs["dtype"] = as_dtype(dtype)
@@ -38,22 +43,30 @@ def _reduce(op, name, input, dim, keepdim, dtype=None):
 # Every reduction takes PyTorch's keywords: ``dim`` and ``keepdim``, their numpy names
 # ``axis`` and ``keepdims`` (as PyTorch does), and ``out``, refused.
 
+
 def _aliased(name, dim, keepdim, out, axis, keepdims):
     if out is not None:
         refuse_out(name, out)
     return dim_alias(name, dim, axis), keepdim_alias(name, keepdim, keepdims)
 
 
-def sum(input, dim=None, keepdim: bool = False, *, dtype=None, out=None,  # noqa: A001
-        axis=None, keepdims=None):
+def sum(
+    input,
+    dim=None,
+    keepdim: bool = False,
+    *,
+    dtype=None,
+    out=None,  # noqa: A001
+    axis=None,
+    keepdims=None,
+):
     """Sum over ``dim`` (an int, a tuple, or None for all). Ints and bools sum to int64."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("sum", dim, keepdim, out, axis, keepdims)
     return _reduce(_SUM, "sum", input, dim, keepdim, dtype)
 
 
-def mean(input, dim=None, keepdim: bool = False, *, dtype=None, out=None, axis=None,
-         keepdims=None):
+def mean(input, dim=None, keepdim: bool = False, *, dtype=None, out=None, axis=None, keepdims=None):
     """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("mean", dim, keepdim, out, axis, keepdims)
@@ -68,29 +81,32 @@ def _correction(name, unbiased, correction) -> float:
     if correction is None:
         return 1 if unbiased else 0
     if not unbiased:
-        raise TypeError(f"{name}(): got unbiased=False and correction={correction!r}; pass "
-                        f"one (unbiased=False is correction=0)")
+        raise TypeError(
+            f"{name}(): got unbiased=False and correction={correction!r}; pass "
+            f"one (unbiased=False is correction=0)"
+        )
     if isinstance(correction, bool) or not isinstance(correction, (int, float)):
         raise TypeError(f"{name}(): correction must be a number, got {correction!r}")
     return correction
 
 
-def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdims,
-              root=False):
+def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdims, root=False):
     """sum((x - mean)^2) / max(0, N - correction) over ``dim`` (its square root for
     ``root``): a composition of mean, sub, mul and sum, so autograd, graph mode and the cuda
     device take it as it is. float16 and bfloat16 inputs are computed in float32 and the
     result cast back, as PyTorch (their squares overflow past 256 in float16)."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased(name, dim, keepdim, out, axis, keepdims)
-    if isinstance(dim, bool):           # var(x, True): the unbiased overload
+    if isinstance(dim, bool):  # var(x, True): the unbiased overload
         unbiased, dim = dim, None
     c = _correction(name, unbiased, correction)
     impl = tensor_arg(name, input)._impl
     meta = resolved(impl)
     if not meta.dtype.is_floating_point:
-        raise DTypeError(f"{name}: needs a floating point tensor, got {meta.dtype.name}; convert "
-                         f"with .float() first")
+        raise DTypeError(
+            f"{name}: needs a floating point tensor, got {meta.dtype.name}; convert "
+            f"with .float() first"
+        )
     ndim = len(meta.shape)
     dims = normalize_dims(name, dim, ndim) if ndim else None
     n = 1
@@ -113,8 +129,17 @@ def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdi
     return cast(v, meta.dtype) if low else v
 
 
-def var(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
-        correction: float | None = None, out=None, axis=None, keepdims=None):
+def var(
+    input,
+    dim=None,
+    unbiased: bool = True,
+    keepdim: bool = False,
+    *,
+    correction: float | None = None,
+    out=None,
+    axis=None,
+    keepdims=None,
+):
     """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
     (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
     (``var(x, True)``, ``var(x, dim, False)``). N - correction <= 0 gives inf (nan for
@@ -122,37 +147,59 @@ def var(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
     return _variance("var", input, dim, unbiased, keepdim, correction, out, axis, keepdims)
 
 
-def std(input, dim=None, unbiased: bool = True, keepdim: bool = False, *,
-        correction: float | None = None, out=None, axis=None, keepdims=None):
+def std(
+    input,
+    dim=None,
+    unbiased: bool = True,
+    keepdim: bool = False,
+    *,
+    correction: float | None = None,
+    out=None,
+    axis=None,
+    keepdims=None,
+):
     """Standard deviation: sqrt of ``var`` with the same arguments."""
-    return _variance("std", input, dim, unbiased, keepdim, correction, out, axis, keepdims,
-                     root=True)
+    return _variance(
+        "std", input, dim, unbiased, keepdim, correction, out, axis, keepdims, root=True
+    )
 
 
 def _minmax(name, amop, dimop, binop, input, dim, keepdim, other):
     if other is not None:
         if dim is not None:
-            raise TypeError(f"{name}(): got dim={dim!r} and other=; pass one ({name}(x, dim) "
-                            f"reduces, {name}(x, other) compares elementwise)")
+            raise TypeError(
+                f"{name}(): got dim={dim!r} and other=; pass one ({name}(x, dim) "
+                f"reduces, {name}(x, other) compares elementwise)"
+            )
         dim = other
     if isinstance(dim, Tensor):
         return binary(binop, input, dim)
     if other is not None:
-        raise TypeError(f"{name}(): argument 'other' must be a Tensor, not "
-                        f"{type(other).__name__}; use {binop}() or clamp() for numbers")
+        raise TypeError(
+            f"{name}(): argument 'other' must be a Tensor, not "
+            f"{type(other).__name__}; use {binop}() or clamp() for numbers"
+        )
     if dim is None:
         return _reduce(amop, name, input, None, keepdim)
     impl = tensor_arg(name, input)._impl
     ndim = len(input.shape)
     d = normalize_dim(name, dim, ndim)
-    if ndim == 0:                       # along the only "dim" of a 0-dim tensor: itself, 0
+    if ndim == 0:  # along the only "dim" of a 0-dim tensor: itself, 0
         return MinMax(clone(input), _arg(_ARGMAX, name, input, None, False))
     vals, idx = apply(dimop, [impl], {"dim": d, "keepdim": bool(keepdim)})
     return MinMax(wrap(vals), wrap(idx))
 
 
-def max(input, dim=None, keepdim: bool = False, *, out=None, other=None,  # noqa: A001
-        axis=None, keepdims=None):
+def max(
+    input,
+    dim=None,
+    keepdim: bool = False,
+    *,
+    out=None,
+    other=None,  # noqa: A001
+    axis=None,
+    keepdims=None,
+):
     """Largest element; with ``dim``, ``(values, indices)`` along it; with a tensor (in
     ``dim``'s place, or as ``other=``), maximum."""
     if out is not None or axis is not None or keepdims is not None:
@@ -160,8 +207,16 @@ def max(input, dim=None, keepdim: bool = False, *, out=None, other=None,  # noqa
     return _minmax("max", _AMAX, _MAXD, "maximum", input, dim, keepdim, other)
 
 
-def min(input, dim=None, keepdim: bool = False, *, out=None, other=None,  # noqa: A001
-        axis=None, keepdims=None):
+def min(
+    input,
+    dim=None,
+    keepdim: bool = False,
+    *,
+    out=None,
+    other=None,  # noqa: A001
+    axis=None,
+    keepdims=None,
+):
     """Smallest element; with ``dim``, ``(values, indices)`` along it; with a tensor (in
     ``dim``'s place, or as ``other=``), minimum."""
     if out is not None or axis is not None or keepdims is not None:
@@ -217,10 +272,11 @@ def _softmax_like(op, name, input, dim, dtype, out, axis):
     dim = dim_alias(name, dim, axis)
     impl = tensor_arg(name, input)._impl
     if dim is None:
-        raise TypeError(f"{name}(): missing the 'dim' argument; say which dim sums to 1, "
-                        f"e.g. {name}(x, dim=-1)")
+        raise TypeError(
+            f"{name}(): missing the 'dim' argument; say which dim sums to 1, e.g. {name}(x, dim=-1)"
+        )
     d = normalize_dim(name, dim, len(resolved(impl).shape))
-    if dtype is not None:                   # the input is cast first, as in PyTorch
+    if dtype is not None:  # the input is cast first, as in PyTorch
         impl = cast(input, dtype)._impl
     return wrap(apply(op, [impl], {"dim": d})[0])
 

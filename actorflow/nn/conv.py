@@ -27,40 +27,60 @@ class Conv2d(Module):
             padding='same' with a stride.
         NotImplementedError: a padding_mode other than 'zeros'."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if groups <= 0:
             raise ValueError(f"Conv2d: groups must be a positive integer, got {groups}")
         if in_channels % groups:
-            raise ValueError(f"Conv2d: in_channels ({in_channels}) must be divisible by "
-                             f"groups ({groups})")
+            raise ValueError(
+                f"Conv2d: in_channels ({in_channels}) must be divisible by groups ({groups})"
+            )
         if out_channels % groups:
-            raise ValueError(f"Conv2d: out_channels ({out_channels}) must be divisible by "
-                             f"groups ({groups})")
+            raise ValueError(
+                f"Conv2d: out_channels ({out_channels}) must be divisible by groups ({groups})"
+            )
         if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
-            raise ValueError(f"Conv2d: padding_mode must be one of 'zeros', 'reflect', "
-                             f"'replicate' or 'circular', got {padding_mode!r}")
+            raise ValueError(
+                f"Conv2d: padding_mode must be one of 'zeros', 'reflect', "
+                f"'replicate' or 'circular', got {padding_mode!r}"
+            )
         if padding_mode != "zeros":
-            raise NotImplementedError(f"Conv2d: padding_mode={padding_mode!r} is not supported "
-                                      f"yet; only 'zeros' is (pad the input yourself and pass "
-                                      f"padding=0)")
+            raise NotImplementedError(
+                f"Conv2d: padding_mode={padding_mode!r} is not supported "
+                f"yet; only 'zeros' is (pad the input yourself and pass "
+                f"padding=0)"
+            )
         if isinstance(padding, str):
             if padding not in ("valid", "same"):
-                raise ValueError(f"Conv2d: padding must be 'valid', 'same', an int or a pair, "
-                                 f"got {padding!r}")
+                raise ValueError(
+                    f"Conv2d: padding must be 'valid', 'same', an int or a pair, got {padding!r}"
+                )
             if padding == "same" and _pair(stride) != (1, 1):
-                raise ValueError("Conv2d: padding='same' is not supported for strided "
-                                 "convolutions")
+                raise ValueError("Conv2d: padding='same' is not supported for strided convolutions")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
         self.padding = padding if isinstance(padding, str) else _pair(padding)
         self.dilation, self.groups = _pair(dilation), groups
         self.padding_mode = padding_mode
         self.output_padding, self.transposed = (0, 0), False
-        self.weight = Parameter(empty(out_channels, in_channels // groups, *self.kernel_size,
-                                      dtype=dtype, device=device))
+        self.weight = Parameter(
+            empty(
+                out_channels, in_channels // groups, *self.kernel_size, dtype=dtype, device=device
+            )
+        )
         if bias:
             self.bias = Parameter(empty(out_channels, dtype=dtype, device=device))
         else:
@@ -75,12 +95,15 @@ class Conv2d(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x):
-        return NF.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                         self.groups)
+        return NF.conv2d(
+            x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
+        )
 
     def extra_repr(self) -> str:
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}")
+        s = (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}"
+        )
         if self.padding != (0, 0):
             s += f", padding={self.padding}"
         if self.dilation != (1, 1):
@@ -96,8 +119,15 @@ class MaxPool2d(Module):
     """The maximum of each window; ``return_indices`` also gives where it was (flat per
     plane, PyTorch's indices). ``stride`` defaults to ``kernel_size``."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1,
-                 return_indices: bool = False, ceil_mode: bool = False):
+    def __init__(
+        self,
+        kernel_size,
+        stride=None,
+        padding=0,
+        dilation=1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ):
         super().__init__()
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
@@ -105,20 +135,36 @@ class MaxPool2d(Module):
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, x):
-        return NF.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation,
-                             ceil_mode=self.ceil_mode, return_indices=self.return_indices)
+        return NF.max_pool2d(
+            x,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            ceil_mode=self.ceil_mode,
+            return_indices=self.return_indices,
+        )
 
     def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
-                f"dilation={self.dilation}, ceil_mode={self.ceil_mode}")
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
+        )
 
 
 class AvgPool2d(Module):
     """The mean of each window (``count_include_pad``, ``divisor_override`` as PyTorch's);
     ``stride`` defaults to ``kernel_size``."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
-                 count_include_pad: bool = True, divisor_override=None):
+    def __init__(
+        self,
+        kernel_size,
+        stride=None,
+        padding=0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override=None,
+    ):
         super().__init__()
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
@@ -126,8 +172,15 @@ class AvgPool2d(Module):
         self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
 
     def forward(self, x):
-        return NF.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad, self.divisor_override)
+        return NF.avg_pool2d(
+            x,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.ceil_mode,
+            self.count_include_pad,
+            self.divisor_override,
+        )
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"

@@ -45,9 +45,11 @@ def linear(input, weight, bias=None):
     """``input @ weight.T + bias``; weight is (out_features, in_features), as PyTorch's."""
     _tensor("linear", input)
     if input.shape[-1:] != weight.shape[1:]:
-        raise ShapeError(f"linear: the input's last dim is {input.shape[-1] if input.shape else '-'}"
-                         f" (shape {input.shape}) but the weight takes in_features="
-                         f"{weight.shape[1]} (weight shape {weight.shape})")
+        raise ShapeError(
+            f"linear: the input's last dim is {input.shape[-1] if input.shape else '-'}"
+            f" (shape {input.shape}) but the weight takes in_features="
+            f"{weight.shape[1]} (weight shape {weight.shape})"
+        )
     lead = None
     if input.ndim > 2 and input.is_contiguous():
         # (..., in) as one (n, in) matrix: one product instead of one per leading index
@@ -70,8 +72,7 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False)
         return input
     if p == 1.0:
         return F.mul(input, 0.0)
-    keep = F.cast(F.ge(rand(input.shape, dtype=input.dtype, device=input.device), p),
-                  input.dtype)
+    keep = F.cast(F.ge(rand(input.shape, dtype=input.dtype, device=input.device), p), input.dtype)
     return F.mul(input, F.mul(keep, 1.0 / (1.0 - p)))
 
 
@@ -88,12 +89,23 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     of another dtype than the input's."""
     _tensor("layer_norm", input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if len(shape) > input.ndim or tuple(input.shape[input.ndim - len(shape):]) != shape:
-        raise ShapeError(f"layer_norm: normalized_shape {shape} must be the last dims of the "
-                         f"input, whose shape is {input.shape}")
+    if len(shape) > input.ndim or tuple(input.shape[input.ndim - len(shape) :]) != shape:
+        raise ShapeError(
+            f"layer_norm: normalized_shape {shape} must be the last dims of the "
+            f"input, whose shape is {input.shape}"
+        )
     ins = [input._impl] + [t._impl for t in (weight, bias) if t is not None]
-    return wrap(apply(_LAYER_NORM, ins, {"eps": float(eps), "dims": len(shape),
-                                         "affine": (weight is not None, bias is not None)})[0])
+    return wrap(
+        apply(
+            _LAYER_NORM,
+            ins,
+            {
+                "eps": float(eps),
+                "dims": len(shape),
+                "affine": (weight is not None, bias is not None),
+            },
+        )[0]
+    )
 
 
 # -- attention -------------------------------------------------------------------------------
@@ -108,6 +120,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 # vectorised kernel. Nearly half the time was softmax (numpy's max and sum over rows of 64),
 # before its last-dim fast path and one-op backward (ops/nn.py: ~3x less for both).
 
+
 def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="attention"):
     """softmax(query @ key^T * scale + mask) over the last dim, shape (..., L, S): the
     weights ``scaled_dot_product_attention`` and ``MultiheadAttention`` multiply the values
@@ -117,18 +130,22 @@ def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="
 
     Raises: ShapeError naming the shapes for a mask that does not broadcast."""
     L, S = query.shape[-2], key.shape[-2]
-    scores = F.matmul(F.mul(query, 1.0 / math.sqrt(query.shape[-1]) if scale is None
-                            else scale), key.transpose(-2, -1))
+    scores = F.matmul(
+        F.mul(query, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale),
+        key.transpose(-2, -1),
+    )
     if is_causal and mask is None:
         mask = ones(L, S, dtype=bool_, device=query.device).tril()
     if mask is None:
         return F.softmax(scores, dim=-1)
     if not broadcasts_to(mask.shape, scores.shape):
-        raise ShapeError(f"{name}: the mask's shape {tuple(mask.shape)} does not broadcast to "
-                         f"the attention weights' shape {tuple(scores.shape)} (batch..., L, "
-                         f"S) for query {tuple(query.shape)} and key {tuple(key.shape)}; give "
-                         f"a mask of shape (L, S) = ({L}, {S}) or one with the batch dims")
-    if is_causal:                                   # a causal row always keeps its first key
+        raise ShapeError(
+            f"{name}: the mask's shape {tuple(mask.shape)} does not broadcast to "
+            f"the attention weights' shape {tuple(scores.shape)} (batch..., L, "
+            f"S) for query {tuple(query.shape)} and key {tuple(key.shape)}; give "
+            f"a mask of shape (L, S) = ({L}, {S}) or one with the batch dims"
+        )
+    if is_causal:  # a causal row always keeps its first key
         # added as 0 / -inf (the (L, S) mask made once): the add's gradient is the scores'
         # as it is (softmax's is 0 where masked), where a where's is one more select
         if mask.dtype is bool_:
@@ -150,8 +167,16 @@ def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="
     return F.where(dead, 0.0, w)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
-                                 is_causal: bool = False, scale=None, enable_gqa: bool = False):
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale=None,
+    enable_gqa: bool = False,
+):
     """``softmax(query @ key^T * scale + mask) @ value``, as PyTorch's: query (..., L, E),
     key (..., S, E), value (..., S, Ev) -> (..., L, Ev), the leading (batch, head) dims
     broadcast. ``attn_mask``: bool (True: may attend) or float (added to the scores),
@@ -167,33 +192,44 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     for arg, t in (("query", query), ("key", key), ("value", value)):
         _tensor(name, t, arg)
         if t.ndim < 2:
-            raise ShapeError(f"{name}: {arg} needs at least 2 dims (..., seq, features), got "
-                             f"shape {tuple(t.shape)}")
+            raise ShapeError(
+                f"{name}: {arg} needs at least 2 dims (..., seq, features), got "
+                f"shape {tuple(t.shape)}"
+            )
     if enable_gqa:
-        raise NotImplementedError(f"{name}: enable_gqa=True (grouped query attention) is not "
-                                  f"supported; repeat the key and value heads to the query's")
+        raise NotImplementedError(
+            f"{name}: enable_gqa=True (grouped query attention) is not "
+            f"supported; repeat the key and value heads to the query's"
+        )
     if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
-        raise ShapeError(f"{name}: query (..., L, E), key (..., S, E) and value (..., S, Ev) "
-                         f"must agree on E and S, got query {tuple(query.shape)}, key "
-                         f"{tuple(key.shape)}, value {tuple(value.shape)}")
+        raise ShapeError(
+            f"{name}: query (..., L, E), key (..., S, E) and value (..., S, Ev) "
+            f"must agree on E and S, got query {tuple(query.shape)}, key "
+            f"{tuple(key.shape)}, value {tuple(value.shape)}"
+        )
     if is_causal and attn_mask is not None:
-        raise ValueError(f"{name}: give either attn_mask or is_causal=True, not both (a "
-                         f"causal mask is made from is_causal)")
+        raise ValueError(
+            f"{name}: give either attn_mask or is_causal=True, not both (a "
+            f"causal mask is made from is_causal)"
+        )
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"{name}: dropout_p must be in [0, 1], got {dropout_p}")
     if attn_mask is not None:
         _tensor(name, attn_mask, "attn_mask")
         if attn_mask.dtype is not bool_ and not attn_mask.dtype.is_floating_point:
-            raise DTypeError(f"{name}: attn_mask must be bool (True: attend) or floating "
-                             f"point (added to the scores), got {attn_mask.dtype}")
+            raise DTypeError(
+                f"{name}: attn_mask must be bool (True: attend) or floating "
+                f"point (added to the scores), got {attn_mask.dtype}"
+            )
     w = attention_weights(query, key, attn_mask, scale, is_causal, name)
     if dropout_p > 0.0:
         w = dropout(w, dropout_p)
     return F.matmul(w, value)
 
 
-_EMBEDDING_FIX = (" (num_embeddings, the weight's first dim; negative indices do not count "
-                  "from the end)")
+_EMBEDDING_FIX = (
+    " (num_embeddings, the weight's first dim; negative indices do not count from the end)"
+)
 
 
 def embedding(input, weight, padding_idx=None):
@@ -208,20 +244,26 @@ def embedding(input, weight, padding_idx=None):
     _tensor("embedding", input)
     _tensor("embedding", weight, "weight")
     if input.dtype.is_floating_point or input.dtype.name == "bool":
-        raise TypeError(f"embedding: indices must be an integer tensor (int64 or int32), got "
-                        f"{input.dtype}; convert them with .long()")
+        raise TypeError(
+            f"embedding: indices must be an integer tensor (int64 or int32), got "
+            f"{input.dtype}; convert them with .long()"
+        )
     if weight.ndim != 2:
-        raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, embedding_dim), got "
-                         f"shape {weight.shape}")
+        raise ShapeError(
+            f"embedding: weight must be 2-D (num_embeddings, embedding_dim), got "
+            f"shape {weight.shape}"
+        )
     n = weight.shape[0]
     out = take(weight, input, Bounds(n, "embedding: index", _EMBEDDING_FIX))
     if padding_idx is not None:
         if not -n <= padding_idx < n:
-            raise ValueError(f"embedding: padding_idx {padding_idx} is outside the {n} "
-                             f"embeddings (weight shape {weight.shape}); it must be in "
-                             f"[-{n}, {n})")
+            raise ValueError(
+                f"embedding: padding_idx {padding_idx} is outside the {n} "
+                f"embeddings (weight shape {weight.shape}); it must be in "
+                f"[-{n}, {n})"
+            )
         keep = F.ne(input, padding_idx % n).unsqueeze(-1)
-        out = F.where(keep, out, out.detach())     # the same values, no gradient there
+        out = F.where(keep, out, out.detach())  # the same values, no gradient there
     return out
 
 
@@ -246,11 +288,13 @@ def _weighted_mean(loss, w):
 def _class_last(input, target, name: str):
     """Input (N, C, d1, ...) and index target (N, d1, ...) as (M, C) and (M,), and the
     shape a per-element loss has: PyTorch's K-dimensional losses."""
-    if input.ndim == 1:                             # one sample: (C,) and a 0-d target
+    if input.ndim == 1:  # one sample: (C,) and a 0-d target
         return input.unsqueeze(0), target.reshape(1), ()
     if target.shape != input.shape[:1] + input.shape[2:]:
-        raise ShapeError(f"{name}: expected input (N, C, ...) and target (N, ...) with the "
-                         f"same extra dims, got input {input.shape} and target {target.shape}")
+        raise ShapeError(
+            f"{name}: expected input (N, C, ...) and target (N, ...) with the "
+            f"same extra dims, got input {input.shape} and target {target.shape}"
+        )
     if input.ndim == 2:
         return input, target, target.shape
     c = input.shape[1]
@@ -264,22 +308,25 @@ def _check_targets(name: str, input, target, weight, ignore_index, reduction: st
     and an unknown reduction (the targets' values are checked when the kernel runs: see
     ``indexing.class_targets``)."""
     if input.ndim == 0:
-        raise ShapeError(f"{name}: expected input (C,) or (N, C, ...) with a class dim, got a "
-                         f"0-d input")
+        raise ShapeError(
+            f"{name}: expected input (C,) or (N, C, ...) with a class dim, got a 0-d input"
+        )
     classes = input.shape[1 if input.ndim >= 2 else 0]
     if target.dtype.is_floating_point or target.dtype.name == "bool":
-        raise TypeError(f"{name}: target must hold class indices (an integer tensor), got "
-                        f"{target.dtype}"
-                        + ("; for probabilities use cross_entropy" if name == "nll_loss"
-                           else ""))
+        raise TypeError(
+            f"{name}: target must hold class indices (an integer tensor), got "
+            f"{target.dtype}"
+            + ("; for probabilities use cross_entropy" if name == "nll_loss" else "")
+        )
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"{name}: ignore_index must be an int, got {ignore_index!r}")
     if weight is not None and tuple(weight.shape) != (classes,):
-        raise ShapeError(f"{name}: weight must hold one value per class: shape ({classes},) "
-                         f"for an input of {classes} classes, got shape {weight.shape}")
+        raise ShapeError(
+            f"{name}: weight must hold one value per class: shape ({classes},) "
+            f"for an input of {classes} classes, got shape {weight.shape}"
+        )
     if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got "
-                         f"{reduction!r}")
+        raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def _nll(input, target, weight, ignore_index: int, reduction: str, name: str):
@@ -316,8 +363,14 @@ def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: st
     return loss.reshape(shape) if reduction == "none" else loss
 
 
-def cross_entropy(input, target, weight=None, ignore_index: int = -100,
-                  reduction: str = "mean", label_smoothing: float = 0.0):
+def cross_entropy(
+    input,
+    target,
+    weight=None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+):
     """Cross-entropy of logits ``input`` (N, C) (or (N, C, d...)) against class indices
     (N,) (or (N, d...)) or class probabilities of the input's shape: ``log_softmax`` over
     the class dim, then ``nll_loss``.
@@ -328,17 +381,19 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
     _tensor("cross_entropy", input)
     _tensor("cross_entropy", target, "target")
     if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got "
-                         f"{label_smoothing}")
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     cdim = 1 if input.ndim >= 2 else 0
-    if target.dtype.is_floating_point:              # probabilities
+    if target.dtype.is_floating_point:  # probabilities
         if target.shape != input.shape:
-            raise ShapeError(f"cross_entropy: probability targets must have the input's "
-                             f"shape {input.shape}, got {target.shape}")
+            raise ShapeError(
+                f"cross_entropy: probability targets must have the input's "
+                f"shape {input.shape}, got {target.shape}"
+            )
         logp = F.log_softmax(input, dim=cdim)
         if label_smoothing:
-            target = F.add(F.mul(target, 1.0 - label_smoothing),
-                           label_smoothing / input.shape[cdim])
+            target = F.add(
+                F.mul(target, 1.0 - label_smoothing), label_smoothing / input.shape[cdim]
+            )
         if weight is not None:
             shape = [1] * input.ndim
             shape[cdim] = input.shape[cdim]
@@ -347,8 +402,9 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100,
         return _reduce(per, reduction, "cross_entropy")
     _check_targets("cross_entropy", input, target, weight, ignore_index, reduction)
     if label_smoothing and weight is not None:
-        raise NotImplementedError("cross_entropy: label_smoothing with class weights is not "
-                                  "supported yet")
+        raise NotImplementedError(
+            "cross_entropy: label_smoothing with class weights is not supported yet"
+        )
     logp = F.log_softmax(input, dim=cdim)
     flat, flat_t, shape = _class_last(logp, target, "cross_entropy")
     loss, keep = _nll(flat, flat_t, weight, ignore_index, reduction, "cross_entropy")
@@ -380,18 +436,22 @@ _BATCH_NORM = op_def("batch_norm")
 
 def _channels(name: str, input) -> int:
     if input.ndim < 2:
-        raise ShapeError(f"{name}: expected an input (N, C) or (N, C, ...) with the channels "
-                         f"in dim 1, got shape {input.shape}")
+        raise ShapeError(
+            f"{name}: expected an input (N, C) or (N, C, ...) with the channels "
+            f"in dim 1, got shape {input.shape}"
+        )
     return input.shape[1]
 
 
 def _check_per_channel(name: str, arg: str, t, input, c: int) -> None:
     if t is not None and tuple(t.shape) != (c,):
-        raise ShapeError(f"{name}: the input has {c} channels (shape {input.shape}, channels "
-                         f"in dim 1) but {arg} has shape {tuple(t.shape)}: one value per "
-                         f"channel, shape ({c},), is expected; make the layer with "
-                         f"num_features={c} or feed it inputs of {t.shape[0] if t.ndim else 1} "
-                         f"channels")
+        raise ShapeError(
+            f"{name}: the input has {c} channels (shape {input.shape}, channels "
+            f"in dim 1) but {arg} has shape {tuple(t.shape)}: one value per "
+            f"channel, shape ({c},), is expected; make the layer with "
+            f"num_features={c} or feed it inputs of {t.shape[0] if t.ndim else 1} "
+            f"channels"
+        )
 
 
 def _per_channel(t, ndim: int):
@@ -399,8 +459,16 @@ def _per_channel(t, ndim: int):
     return t.reshape((1, t.shape[0]) + (1,) * (ndim - 2))
 
 
-def batch_norm(input, running_mean, running_var, weight=None, bias=None,
-               training: bool = False, momentum: float = 0.1, eps: float = 1e-5):
+def batch_norm(
+    input,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+):
     """Normalizes each channel (dim 1) of ``input`` (N, C, ...), then scales by ``weight``
     and shifts by ``bias``, as PyTorch. Training (or with no running statistics): by the
     batch's mean and biased variance over every dim but the channels', and the running
@@ -415,19 +483,27 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None,
             whose variance is undefined, as PyTorch refuses."""
     _tensor("batch_norm", input)
     if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
-        raise TypeError(f"batch_norm: momentum must be a float, got {momentum!r} (None, the "
-                        f"cumulative average, is the BatchNorm layers' own)")
-    return _batch_norm_with(input, running_mean, running_var, weight, bias, training,
-                           float(momentum), eps)
+        raise TypeError(
+            f"batch_norm: momentum must be a float, got {momentum!r} (None, the "
+            f"cumulative average, is the BatchNorm layers' own)"
+        )
+    return _batch_norm_with(
+        input, running_mean, running_var, weight, bias, training, float(momentum), eps
+    )
 
 
-def _batch_norm_with(input, running_mean, running_var, weight, bias, training: bool,
-                    factor, eps: float):
+def _batch_norm_with(
+    input, running_mean, running_var, weight, bias, training: bool, factor, eps: float
+):
     """``batch_norm`` whose momentum ``factor`` may be a 0-d tensor (the layers'
     cumulative average: 1 / num_batches_tracked, a value a traced step reads as state)."""
     c = _channels("batch_norm", input)
-    for arg, t in (("running_mean", running_mean), ("running_var", running_var),
-                   ("weight", weight), ("bias", bias)):
+    for arg, t in (
+        ("running_mean", running_mean),
+        ("running_var", running_var),
+        ("weight", weight),
+        ("bias", bias),
+    ):
         _check_per_channel("batch_norm", arg, t, input, c)
     if (running_mean is None) != (running_var is None):
         raise ValueError("batch_norm: pass both running_mean and running_var, or neither")
@@ -438,16 +514,18 @@ def _batch_norm_with(input, running_mean, running_var, weight, bias, training: b
         shift = F.neg(F.mul(running_mean, scale))
         if bias is not None:
             shift = F.add(shift, bias)
-        return F.add(F.mul(input, _per_channel(scale, input.ndim)),
-                     _per_channel(shift, input.ndim))
+        return F.add(F.mul(input, _per_channel(scale, input.ndim)), _per_channel(shift, input.ndim))
     n = input.numel() // c if c else 0
     if training and n <= 1:
-        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
-                         f"got input of shape {input.shape} ({n} per channel); use a batch "
-                         f"of 2 or more, or eval() mode")
+        raise ValueError(
+            f"batch_norm: expected more than 1 value per channel when training, "
+            f"got input of shape {input.shape} ({n} per channel); use a batch "
+            f"of 2 or more, or eval() mode"
+        )
     ins = [input._impl] + [t._impl for t in (weight, bias) if t is not None]
-    y, mean, var = apply(_BATCH_NORM, ins, {"eps": float(eps),
-                                            "affine": (weight is not None, bias is not None)})
+    y, mean, var = apply(
+        _BATCH_NORM, ins, {"eps": float(eps), "affine": (weight is not None, bias is not None)}
+    )
     if training and running_mean is not None:
         with no_grad():
             mean, var = wrap(mean), F.mul(wrap(var), n / (n - 1))
@@ -467,15 +545,21 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
     bias not of one value per channel."""
     _tensor("group_norm", input)
     c = _channels("group_norm", input)
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0 \
-            or c % num_groups:
-        raise ShapeError(f"group_norm: num_groups={num_groups!r} must be an int > 0 that "
-                         f"divides the {c} channels (input shape {input.shape})")
+    if (
+        isinstance(num_groups, bool)
+        or not isinstance(num_groups, int)
+        or num_groups <= 0
+        or c % num_groups
+    ):
+        raise ShapeError(
+            f"group_norm: num_groups={num_groups!r} must be an int > 0 that "
+            f"divides the {c} channels (input shape {input.shape})"
+        )
     for arg, t in (("weight", weight), ("bias", bias)):
         _check_per_channel("group_norm", arg, t, input, c)
     shape = input.shape
     dtype = input.dtype
-    low = dtype.name in ("float16", "bfloat16")     # statistics in float32, as PyTorch
+    low = dtype.name in ("float16", "bfloat16")  # statistics in float32, as PyTorch
     x = (F.cast(input, "float32") if low else input).reshape(shape[0], num_groups, -1)
     mu = F.mean(x, dim=2, keepdim=True)
     xc = F.sub(x, mu)
@@ -486,4 +570,3 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
     if bias is not None:
         y = F.add(y, _per_channel(F.cast(bias, "float32") if low else bias, len(shape)))
     return F.cast(y, dtype) if low else y
-

@@ -84,11 +84,11 @@ from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
 # what a learning-rate scheduler has (``optim.lr_scheduler.LRScheduler``, a layer beside)
-_SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict",
-              "load_state_dict")
+_SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict", "load_state_dict")
 # the Graph's own bookkeeping: setting these is not a change to what build reads
-_INTERNAL = frozenset({"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph",
-                       "cuda_graph", "_seed", "_count"})
+_INTERNAL = frozenset(
+    {"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph", "cuda_graph", "_seed", "_count"}
+)
 
 
 def _no_bfloat16(graph, what: str, leaves) -> None:
@@ -96,10 +96,12 @@ def _no_bfloat16(graph, what: str, leaves) -> None:
     arrays, and numpy has no bfloat16."""
     for i, x in enumerate(leaves):
         if getattr(x, "dtype", None) is bfloat16:
-            raise DTypeError(f"{type(graph).__name__}: build's {what} {i} is bfloat16, which a "
-                             f"step's inputs and outputs cannot be (numpy has no bfloat16); "
-                             f"feed float32 and cast inside build (x.bfloat16()), and return "
-                             f"float32 (y.float())")
+            raise DTypeError(
+                f"{type(graph).__name__}: build's {what} {i} is bfloat16, which a "
+                f"step's inputs and outputs cannot be (numpy has no bfloat16); "
+                f"feed float32 and cast inside build (x.bfloat16()), and return "
+                f"float32 (y.float())"
+            )
 
 
 class Graph:
@@ -115,24 +117,24 @@ class Graph:
     by one every step, as with False."""
 
     def __init__(self, cuda_graph: bool = True):
-        self.cuda_graph = cuda_graph        # on a CUDA device: a static step is one replay
+        self.cuda_graph = cuda_graph  # on a CUDA device: a static step is one replay
         self._optimizers: list = []
-        self._lr_sch: list = []             # the schedulers the graph steps after each step
-        self._compiled: dict = {}           # (kind, layout, settings) -> what was compiled
-        self._traced = None                 # _Traced: what the compiled steps were traced with
-        self._graph = None                  # the last run()'s ActorGraph
+        self._lr_sch: list = []  # the schedulers the graph steps after each step
+        self._compiled: dict = {}  # (kind, layout, settings) -> what was compiled
+        self._traced = None  # _Traced: what the compiled steps were traced with
+        self._graph = None  # the last run()'s ActorGraph
         # the seed of the step's random ops (their key: it and their place in the step),
         # from a child of af.manual_seed's generator (creation.spawned_seed): every compiled
         # form of the step draws the same values, and the n-th graph made after
         # manual_seed(s) the same whatever eager ops (inits, a loader's seed) drew meanwhile
         self._seed = spawned_seed()
-        self._count = None                  # the steps run, as the random ops read it
+        self._count = None  # the steps run, as the random ops read it
 
     def __setattr__(self, name: str, value) -> None:
         old = self.__dict__.get(name)
         object.__setattr__(self, name, value)
         if self._watched(name, value, old):
-            changed()                       # build may read it: checked at the next step
+            changed()  # build may read it: checked at the next step
 
     def __delattr__(self, name: str) -> None:
         old = self.__dict__.get(name)
@@ -144,8 +146,9 @@ class Graph:
         """Whether setting ``name`` changes what ``_Traced`` compares: a module, or an
         attribute the class's methods read (a counter the training loop keeps on the Graph
         is not, and costs no walk of the modules at the next step)."""
-        return name not in _INTERNAL and (isinstance(value, Module) or isinstance(old, Module)
-                                          or name in _attrs_read(type(self)))
+        return name not in _INTERNAL and (
+            isinstance(value, Module) or isinstance(old, Module) or name in _attrs_read(type(self))
+        )
 
     def add_optimizer(self, optimizer, *, lr_sch=None) -> None:
         """Trains with ``optimizer``: each step runs its update on the parameters of its
@@ -163,28 +166,35 @@ class Graph:
             TypeError: ``optimizer`` is not an optimizer, or ``lr_sch`` not a scheduler.
             ValueError: ``lr_sch`` schedules another optimizer."""
         if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_state")):
-            raise TypeError(f"add_optimizer: expected an actorflow optimizer, got "
-                            f"{type(optimizer).__name__}")
+            raise TypeError(
+                f"add_optimizer: expected an actorflow optimizer, got {type(optimizer).__name__}"
+            )
         if lr_sch is not None:
             if not all(hasattr(lr_sch, k) for k in _SCHEDULER):
-                raise TypeError(f"add_optimizer: lr_sch must be a learning-rate scheduler "
-                                f"(an af.optim.lr_scheduler.LRScheduler), got "
-                                f"{type(lr_sch).__name__}; give one made for this optimizer, "
-                                f"e.g. af.optim.lr_scheduler.OneCycleLR(optimizer, ...)")
+                raise TypeError(
+                    f"add_optimizer: lr_sch must be a learning-rate scheduler "
+                    f"(an af.optim.lr_scheduler.LRScheduler), got "
+                    f"{type(lr_sch).__name__}; give one made for this optimizer, "
+                    f"e.g. af.optim.lr_scheduler.OneCycleLR(optimizer, ...)"
+                )
             if lr_sch.optimizer is not optimizer:
-                raise ValueError(f"add_optimizer: lr_sch ({type(lr_sch).__name__}) schedules "
-                                 f"another optimizer ({type(lr_sch.optimizer).__name__} at "
-                                 f"{id(lr_sch.optimizer):#x}), not this "
-                                 f"{type(optimizer).__name__} ({id(optimizer):#x}); give the "
-                                 f"scheduler made for this optimizer")
+                raise ValueError(
+                    f"add_optimizer: lr_sch ({type(lr_sch).__name__}) schedules "
+                    f"another optimizer ({type(lr_sch.optimizer).__name__} at "
+                    f"{id(lr_sch.optimizer):#x}), not this "
+                    f"{type(optimizer).__name__} ({id(optimizer):#x}); give the "
+                    f"scheduler made for this optimizer"
+                )
             self._lr_sch.append(lr_sch)
         self._optimizers.append(optimizer)
         self._compiled.clear()
         self._traced = None
 
     def build(self, *args):
-        raise NotImplementedError(f"{type(self).__name__} has no build(); define "
-                                  f"build(self, ...) with what one step computes")
+        raise NotImplementedError(
+            f"{type(self).__name__} has no build(); define "
+            f"build(self, ...) with what one step computes"
+        )
 
     # -- what the graph holds --------------------------------------------------------------
     def _modules(self) -> list:
@@ -196,8 +206,11 @@ class Graph:
         seen, out = set(), []
         mods = self._modules()
         groups = [p for o in self._optimizers for g in o.param_groups for p in g["params"]]
-        for p in [p for m in mods for p in m.parameters()] + groups + \
-                [b for m in mods for b in m.buffers()]:
+        for p in (
+            [p for m in mods for p in m.parameters()]
+            + groups
+            + [b for m in mods for b in m.buffers()]
+        ):
             if id(p) not in seen:
                 seen.add(id(p))
                 out.append(p)
@@ -215,15 +228,18 @@ class Graph:
         ``_rate_values``' order: a run's per-batch schedule, ``_Schedules``)."""
         _no_bfloat16(self, "input", inputs)
         params = self._params()
-        opt_rows = []                   # per group its rates (param None), then its params
+        opt_rows = []  # per group its rates (param None), then its params
         for o in self._optimizers:
             for g in o.param_groups:
                 opt_rows.append((o, g, None, o.graph_rates(g)))
                 for p in g["params"]:
                     opt_rows.append((o, g, p, o.graph_state(p, g)))
         where = params[0].device if params else (inputs[0].device if inputs else "cpu")
-        state = list(params) + [self._step_count(where)] + \
-            [t for *_, st in opt_rows for t in st.values()]
+        state = (
+            list(params)
+            + [self._step_count(where)]
+            + [t for *_, st in opt_rows for t in st.values()]
+        )
         build = self.build
         pos = {id(p): i for i, p in enumerate(params)}
 
@@ -231,8 +247,8 @@ class Graph:
             if rated:
                 piece, given = piece
                 given = iter(given)
-            with standing_in(params, states[:len(params)]):
-                with enable_grad():     # one piece: build's arguments, or its one argument
+            with standing_in(params, states[: len(params)]):
+                with enable_grad():  # one piece: build's arguments, or its one argument
                     out = build(*piece) if isinstance(piece, (tuple, list)) else build(piece)
                 _no_bfloat16(self, "output", flatten(out)[0])
                 new = [None] * len(states)
@@ -240,8 +256,8 @@ class Graph:
                 with no_grad():
                     for o, g, p, st in opt_rows:
                         names = list(st)
-                        mine = dict(zip(names, states[at:at + len(names)], strict=True))
-                        if p is None:           # the group's rates: read, never written
+                        mine = dict(zip(names, states[at : at + len(names)], strict=True))
+                        if p is None:  # the group's rates: read, never written
                             rates = mine if not rated else {n: next(given) for n in names}
                         elif p.grad is not None:
                             new_p, new_st = o.update(p, p.grad, g, mine, rates=rates)
@@ -249,10 +265,11 @@ class Graph:
                             for k, name in enumerate(names):
                                 new[at + k] = new_st.get(name)
                         at += len(names)
-                for i, t in enumerate(new):     # a state build wrote in place (a buffer)
+                for i, t in enumerate(new):  # a state build wrote in place (a buffer)
                     if t is None:
                         new[i] = states[i]
                 return out, new
+
         return fn, state, opt_rows, self._state_names(params, opt_rows), len(params)
 
     def _step_count(self, device):
@@ -263,12 +280,12 @@ class Graph:
         the same step. Made once, moved with the step."""
         from ..creation import zeros
         from ..dtype import int64
+
         if self._count is None:
             self._count = zeros((), dtype=int64, device=device)
         elif self._count.device != device:
             self._count = self._count.to(device)
         return self._count
-
 
     def _state_names(self, params: list, opt_rows: list) -> list:
         """Per state, what it is: ``parameter 'model.0.weight'``, ``buffer ...``, ``Adam
@@ -288,8 +305,9 @@ class Graph:
                     at = next(i for i, x in enumerate(o.param_groups) if x is g)
                     out.append(f"{type(o).__name__} group {at}'s {name!r}")
                 else:
-                    out.append(f"{type(o).__name__} state {name!r} of "
-                               f"{names.get(id(p), 'a parameter')}")
+                    out.append(
+                        f"{type(o).__name__} state {name!r} of {names.get(id(p), 'a parameter')}"
+                    )
         return out
 
     # -- what a compiled step holds ----------------------------------------------------------
@@ -311,7 +329,7 @@ class Graph:
     def _take_again(self):
         t = _Traced(self)
         if self._traced is None or t.ident != self._traced.ident:
-            self._compiled.clear()          # traced with what is no longer there
+            self._compiled.clear()  # traced with what is no longer there
         self._traced = t
         return t
 
@@ -328,16 +346,22 @@ class Graph:
     def _compile(self, in_specs: tuple, settings: tuple, rated: bool = False):
         """The step as one Program (``step()``), per input layout (``rated``: a piece with
         its rates, ``_step_fn``'s)."""
-        key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings,
-               rated)
+        key = ("step", tuple((ps.structure, tuple(ps.specs)) for ps in in_specs), settings, rated)
         got = self._compiled.get(key)
         if got is None:
             fn, state, opt_rows, names, count = self._step_fn(
-                [s for ps in in_specs for s in ps.specs], rated)
+                [s for ps in in_specs for s in ps.specs], rated
+            )
             specs = [Spec(t.shape, t.dtype, t.device) for t in state]
             try:
-                program = stateful_program(lambda *a, states: fn(a[0], states), list(in_specs),
-                                           specs, names, count, self._seed)
+                program = stateful_program(
+                    lambda *a, states: fn(a[0], states),
+                    list(in_specs),
+                    specs,
+                    names,
+                    count,
+                    self._seed,
+                )
             except TraceError as e:
                 raise self._traced_error(e) from e
             got = self._keep(key, _Compiled(state, opt_rows, program=program))
@@ -350,8 +374,16 @@ class Graph:
         bound to ``loader`` for the run). ``rated``: the number of rates each piece carries
         (a per-batch schedule: pieces ``(item, rates)``, a loader's batches given theirs by
         ``_with_rates``)."""
-        key = ("graph", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
-               loader.actors_key if loader is not None else None, rated)
+        key = (
+            "graph",
+            spec.structure,
+            tuple(spec.specs),
+            buffers,
+            repr(memory),
+            settings,
+            loader.actors_key if loader is not None else None,
+            rated,
+        )
         got = self._compiled.get(key)
         if got is None:
             device = _device_of(self._traced.params, [])
@@ -369,17 +401,33 @@ class Graph:
                     return node
                 added.append(loader.actors_into(g, spec))
                 return self._with_rates(g, added[0].node, spec, rated, port)
+
             try:
                 g, shared, captured = stateful_graph(
-                    fn, traced, specs, type(self).__name__,
-                    dict(memory=memory, buffers=buffers), names,
-                    None if loader is None and device is None else source, count,
-                    self._seed)
+                    fn,
+                    traced,
+                    specs,
+                    type(self).__name__,
+                    dict(memory=memory, buffers=buffers),
+                    names,
+                    None if loader is None and device is None else source,
+                    count,
+                    self._seed,
+                )
             except TraceError as e:
                 raise self._traced_error(e) from e
-            got = self._keep(key, _Compiled(state, opt_rows, graph=g, shared=shared,
-                                            captured=captured,
-                                            reads=added[0] if added else None, port=port))
+            got = self._keep(
+                key,
+                _Compiled(
+                    state,
+                    opt_rows,
+                    graph=g,
+                    shared=shared,
+                    captured=captured,
+                    reads=added[0] if added else None,
+                    port=port,
+                ),
+            )
         return got
 
     def _fused_graph(self, spec, buffers, memory, settings, loader=None, rated=0):
@@ -387,39 +435,55 @@ class Graph:
         ``_compile_graph``'s graph is (``run(feed=...)``, or a loader's actors; ``rated``
         as there). On a CUDA device every register the step reads or writes is there
         (``_on_device_graph``)."""
-        key = ("fused", spec.structure, tuple(spec.specs), buffers, repr(memory), settings,
-               loader.actors_key if loader is not None else None, rated)
+        key = (
+            "fused",
+            spec.structure,
+            tuple(spec.specs),
+            buffers,
+            repr(memory),
+            settings,
+            loader.actors_key if loader is not None else None,
+            rated,
+        )
         got = self._compiled.get(key)
         if got is None:
             device = _device_of(self._traced.params, [])
             if device is not None:
-                return self._on_device_graph(key, device, spec, buffers, memory, settings,
-                                             loader, rated)
+                return self._on_device_graph(
+                    key, device, spec, buffers, memory, settings, loader, rated
+                )
             full = _rated_spec(spec, rated, None)
             step = self._compile((full,), settings, bool(rated))
             g = ActorGraph(memory=memory, buffers=buffers)
             reads, port = None, [None]
             if loader is None:
-                inp = g.input(out=unflatten(full.structure, list(full.specs)),
-                              name=f"inputs of {type(self).__name__}")
+                inp = g.input(
+                    out=unflatten(full.structure, list(full.specs)),
+                    name=f"inputs of {type(self).__name__}",
+                )
             else:
                 reads = loader.actors_into(g, spec)
                 inp = self._with_rates(g, reads.node, spec, rated, port)
             g.sink(g.op_program(step.program, inp, name="step"))
-            got = self._compiled[key] = _Compiled(step.state, step.opt_rows,
-                                                  program=step.program, graph=g,
-                                                  captured=step.captured, reads=reads,
-                                                  port=port)
+            got = self._compiled[key] = _Compiled(
+                step.state,
+                step.opt_rows,
+                program=step.program,
+                graph=g,
+                captured=step.captured,
+                reads=reads,
+                port=port,
+            )
         return got
 
-    def _on_device_graph(self, key, device, spec, buffers, memory, settings, loader,
-                         rated=0):
+    def _on_device_graph(self, key, device, spec, buffers, memory, settings, loader, rated=0):
         """``_fused_graph`` on a CUDA device: the batches in device registers (cuda tensors
         fed as they are, a DataLoader's on the device; host batches copied there by a copy
         actor on the copy stream, ``to_device``), the step's op actor issuing the step on
         the compute stream (``DeviceSteps``) into its device register, and a copy of that to
         the host (``to_host``) for what the run yields: host arrays, as on the cpu."""
         from ..tracing.device import DeviceSteps
+
         on = _placed(_rated_spec(spec, rated, device), device)
         step = self._compile((on,), settings, bool(rated))
         program = DeviceSteps(self._device_program(step, device), on)
@@ -430,9 +494,15 @@ class Graph:
         if program.out_spec.specs:
             out = g.copy(out, "cpu", name="to_host")
         g.sink(out)
-        got = self._compiled[key] = _Compiled(step.state, step.opt_rows, program=program,
-                                              graph=g, captured=step.captured, reads=reads,
-                                              port=port)
+        got = self._compiled[key] = _Compiled(
+            step.state,
+            step.opt_rows,
+            program=program,
+            graph=g,
+            captured=step.captured,
+            reads=reads,
+            port=port,
+        )
         return got
 
     def _device_input(self, g, spec, device, loader, rated=0, port=None):
@@ -449,9 +519,11 @@ class Graph:
             inp = self._with_rates(g, reads.node, spec, rated, port)
         else:
             full = _rated_spec(spec, rated, device)
-            inp = g.input(out=unflatten(full.structure, list(full.specs)),
-                          name=f"inputs of {type(self).__name__}")
-        if getattr(inp, "device", None) is None:        # host batches: copied over
+            inp = g.input(
+                out=unflatten(full.structure, list(full.specs)),
+                name=f"inputs of {type(self).__name__}",
+            )
+        if getattr(inp, "device", None) is None:  # host batches: copied over
             inp = g.copy(inp, device, name="to_device")
         return inp, reads
 
@@ -463,8 +535,13 @@ class Graph:
         if not rated:
             return node
         full = _rated_spec(spec, rated, None)
-        return g.actor(lambda batch: (batch, port[0]()), node, name="lr_sch", inline=True,
-                       out=unflatten(full.structure, list(full.specs)))
+        return g.actor(
+            lambda batch: (batch, port[0]()),
+            node,
+            name="lr_sch",
+            inline=True,
+            out=unflatten(full.structure, list(full.specs)),
+        )
 
     def _arrays(self, state, opt_rows, captured) -> list:
         """The state's arrays, once every eager write to them is done, then the captured
@@ -487,15 +564,21 @@ class Graph:
     def _rates_now(self, optimizers=None) -> list:
         """The values of the rates a step reads as state (``Optimizer.scheduled``), now (of
         ``optimizers``' groups; default all)."""
-        return [[g[k] for k in o.scheduled]
-                for o in (self._optimizers if optimizers is None else optimizers)
-                for g in o.param_groups]
+        return [
+            [g[k] for k in o.scheduled]
+            for o in (self._optimizers if optimizers is None else optimizers)
+            for g in o.param_groups
+        ]
 
     def _rate_values(self) -> list:
         """``_rates_now`` flat, as floats (a tuple option's items one by one): the order of
         the rates a piece carries (``_step_fn(rated=True)``)."""
-        return [float(x) for row in self._rates_now() for v in row
-                for x in (v if isinstance(v, tuple) else (v,))]
+        return [
+            float(x)
+            for row in self._rates_now()
+            for v in row
+            for x in (v if isinstance(v, tuple) else (v,))
+        ]
 
     def _step_schedules(self) -> None:
         """After a step: the schedulers given to ``add_optimizer`` step once."""
@@ -503,7 +586,7 @@ class Graph:
             s.step()
 
     def _done(self, state) -> None:
-        written_outside(state)              # (saved tensors see it, as an in-place write)
+        written_outside(state)  # (saved tensors see it, as an in-place write)
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, *args):
@@ -531,7 +614,7 @@ class Graph:
         step = self._compile((spec,), settings)
         program, state, opt_rows = step.program, step.state, step.opt_rows
         program.state_arrays = self._arrays(state, opt_rows, program.captured)
-        if not program.bound:               # its workspace, kept for the next steps
+        if not program.bound:  # its workspace, kept for the next steps
             program.tmp = [_empty(s) for s in program.tmp_specs]
             program.bound = True
         outs = [_empty(s) for s in program.out_spec.specs]
@@ -553,8 +636,12 @@ class Graph:
         step = self._compile((spec,), settings)
         run = self._device_program(step, device)
         self._fresh_state(step.state, step.opt_rows)
-        outs = run.submit([t._impl for t in leaves], [t._impl for t in step.state],
-                          [t._impl for t in step.captured], bool(self.cuda_graph))
+        outs = run.submit(
+            [t._impl for t in leaves],
+            [t._impl for t in step.state],
+            [t._impl for t in step.captured],
+            bool(self.cuda_graph),
+        )
         self._done(step.state)
         self._step_schedules()
         return unflatten(step.program.out_spec.structure, [wrap(o) for o in outs])
@@ -564,29 +651,45 @@ class Graph:
         run = step.device
         if run is None:
             from ..tracing.device import DeviceProgram
+
             for t in step.state:
                 if t._impl.base is not None:
-                    raise TypeError(f"{type(self).__name__}.step() on {device}: a state "
-                                    f"tensor of shape {tuple(t.shape)} is a view of another; "
-                                    f"a compiled step on a CUDA device writes whole tensors "
-                                    f"(make it a tensor of its own with .clone())")
-            run = step.device = DeviceProgram(step.program, device,
-                                              f"{type(self).__name__}.step")
+                    raise TypeError(
+                        f"{type(self).__name__}.step() on {device}: a state "
+                        f"tensor of shape {tuple(t.shape)} is a view of another; "
+                        f"a compiled step on a CUDA device writes whole tensors "
+                        f"(make it a tensor of its own with .clone())"
+                    )
+            run = step.device = DeviceProgram(step.program, device, f"{type(self).__name__}.step")
         return run
 
     def _step_error(self, e: KernelError, ops: int) -> KernelError:
         """``step()``'s error for the failed op ``e``: the KernelError eager mode raises
         for it, saying that the step wrote nothing back."""
         at = f"op {e.step + 1} of the {ops} of " if e.step is not None else ""
-        err = KernelError(e.op, e.device, e.original, True,
-                          f"{at}{type(self).__name__}.step(); nothing was written back: the "
-                          f"parameters, buffers and optimizer state keep their values, and "
-                          f"the next step runs as usual")
+        err = KernelError(
+            e.op,
+            e.device,
+            e.original,
+            True,
+            f"{at}{type(self).__name__}.step(); nothing was written back: the "
+            f"parameters, buffers and optimizer state keep their values, and "
+            f"the next step runs as usual",
+        )
         err.kernel_traceback, err.step = e.kernel_traceback, e.step
         return err
 
-    def run(self, iterable, buffers: int = 2, memory=None, fused: bool = False,
-            trace=None, progress=False, timeout=None, engine=None):
+    def run(
+        self,
+        iterable,
+        buffers: int = 2,
+        memory=None,
+        fused: bool = False,
+        trace=None,
+        progress=False,
+        timeout=None,
+        engine=None,
+    ):
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
         returning an iterable...) as an ActorGraph: an actor per op of the step, and one
         per state written back, fed by a source actor reading the iterable, so the next
@@ -646,30 +749,40 @@ class Graph:
             if "total" not in progress and hasattr(iterable, "__len__"):
                 try:
                     progress["total"] = len(iterable)
-                except TypeError:           # (a DataLoader over an iterable dataset)
+                except TypeError:  # (a DataLoader over an iterable dataset)
                     pass
         runs = done = 0
-        if hasattr(iterable, "actors_into"):    # a DataLoader
+        if hasattr(iterable, "actors_into"):  # a DataLoader
             if timeout is not None and iterable.workers > 1:
-                iterable = iterable.iter_arrays()       # read as an iterable, by a source
-            else:                                       # its actors join the step's graph
+                iterable = iterable.iter_arrays()  # read as an iterable, by a source
+            else:  # its actors join the step's graph
                 layout = iterable.layout()
                 rest: list = []
                 if layout is not None:
-                    for out in self._run_layout(layout, None, buffers, memory, fused, trace,
-                                                progress, timeout, iterable, rest):
+                    for out in self._run_layout(
+                        layout,
+                        None,
+                        buffers,
+                        memory,
+                        fused,
+                        trace,
+                        progress,
+                        timeout,
+                        iterable,
+                        rest,
+                    ):
                         done += 1
                         yield out
                     runs += 1
-                    iterable = rest         # (its last, smaller batch: a run of its own)
+                    iterable = rest  # (its last, smaller batch: a run of its own)
                 else:
-                    iterable = iterable.iter_arrays()   # (no whole batch)
+                    iterable = iterable.iter_arrays()  # (no whole batch)
         it = iter(iterable)
         item = next(it, _NONE)
         if item is not _NONE:
             self._check()
         device = _device_of(self._traced.params, []) if item is not _NONE else None
-        while item is not _NONE:            # a run per layout: a register has one size
+        while item is not _NONE:  # a run per layout: a register has one size
             spec = _layout(item, device)
             key = (spec.structure, tuple(spec.specs))
             later: list = []
@@ -679,23 +792,36 @@ class Graph:
                 for x in it:
                     s = _layout(x, device)
                     if (s.structure, tuple(s.specs)) != key:
-                        later.append(x)     # (the last, smaller batch of a loader...)
+                        later.append(x)  # (the last, smaller batch of a loader...)
                         return
                     yield x
+
             path = trace
             if trace is not None and runs:
                 p = Path(trace)
                 path = p.with_name(f"{p.stem}.{runs}{p.suffix}")
-            shown = dict(progress, initial=done) if progress else False   # (one bar's
-            for out in self._run_layout(spec, same_layout(), buffers, memory, fused, path,
-                                        shown, timeout):                   # count on)
+            shown = dict(progress, initial=done) if progress else False  # (one bar's
+            for out in self._run_layout(
+                spec, same_layout(), buffers, memory, fused, path, shown, timeout
+            ):  # count on)
                 done += 1
                 yield out
             runs += 1
             item = later[0] if later else _NONE
 
-    def _run_layout(self, spec, feed, buffers, memory, fused, trace=None, progress=False,
-                    timeout=None, loader=None, rest=None):
+    def _run_layout(
+        self,
+        spec,
+        feed,
+        buffers,
+        memory,
+        fused,
+        trace=None,
+        progress=False,
+        timeout=None,
+        loader=None,
+        rest=None,
+    ):
         """One run of the items of one layout (``feed``), as ``run()`` says: compiled for
         what build reads now, stopped by a change to it, an op's failure named as
         ``step()`` names it. The state is handed back to the optimizers at the end.
@@ -703,19 +829,21 @@ class Graph:
         run leaves out (its last, smaller batch) is added to ``rest``."""
         settings = self._check()
         free = [o for o in self._optimizers if all(s.optimizer is not o for s in self._lr_sch)]
-        rates = self._rates_now(free)       # (read once, when the run starts; a scheduler
-        #                                      given to add_optimizer changes its own)
+        rates = self._rates_now(free)  # (read once, when the run starts; a scheduler
+        #                                given to add_optimizer changes its own)
         device = _device_of(self._traced.params, [])
         sched = _Schedules(self) if self._lr_sch else None
         rated = sched.count if sched is not None else 0
-        c = (self._fused_graph if fused else self._compile_graph)(spec, buffers, memory,
-                                                                  settings, loader, rated)
-        if c.graph.running:                 # (before anything of the running one changes)
+        c = (self._fused_graph if fused else self._compile_graph)(
+            spec, buffers, memory, settings, loader, rated
+        )
+        if c.graph.running:  # (before anything of the running one changes)
             raise RuntimeError(
                 f"{type(self).__name__}.run(): a run of this step on this input layout is "
                 f"still going (an earlier run() not iterated to its end or closed); one "
-                f"step's runs take turns: finish or close() the other first")
-        if device is not None:              # (the state's and captured tensors)
+                f"step's runs take turns: finish or close() the other first"
+            )
+        if device is not None:  # (the state's and captured tensors)
             self._fresh_state(c.state, c.opt_rows)
             if fused:
                 c.program.attach(c.state, c.captured, bool(self.cuda_graph))
@@ -727,29 +855,31 @@ class Graph:
             c.shared[:] = self._arrays(c.state, c.opt_rows, c.captured)
         g, reads, state = c.graph, c.reads, c.state
         if reads is not None:
-            reads.bind(loader)              # (the run's loader: its pass, its last batch)
-        c.port[0] = sched                   # (a loader's batches: their rates' stage reads it)
+            reads.bind(loader)  # (the run's loader: its pass, its last batch)
+        c.port[0] = sched  # (a loader's batches: their rates' stage reads it)
         on = device if rated and any(s.device == device for s in spec.specs) else None
-        timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + \
-            (list(reads.actors) if reads is not None else [])
-        for a in timed:                     # the loader, and the fused step on a thread
-            a.timeout = timeout             # when timed (else inline as planned)
+        timed = [a for a in g.actors if getattr(a, "fed", False) or a.name == "step"] + (
+            list(reads.actors) if reads is not None else []
+        )
+        for a in timed:  # the loader, and the fused step on a thread
+            a.timeout = timeout  # when timed (else inline as planned)
             if a.name == "step":
                 a.inline = a.inline_given = False if timeout is not None else None
         self._graph = g
         nothing = g.yields_nothing
-        waiting: dict = {}                  # piece -> its item, until its output is out
+        waiting: dict = {}  # piece -> its item, until its output is out
         count = [0]
 
         def fed():
             for x in feed:
-                if sched is not None:       # (the piece and the rates of its step)
+                if sched is not None:  # (the piece and the rates of its step)
                     x = (x, sched(on))
                 waiting[count[0]] = x
                 count[0] += 1
                 yield x
                 if sched is not None and sched.error is not None:
-                    return                  # (the pieces made train; then its error)
+                    return  # (the pieces made train; then its error)
+
         run = g.run(feed=fed() if feed is not None else None, trace=trace, progress=progress)
         n = 0
         try:
@@ -757,8 +887,11 @@ class Graph:
                 waiting.pop(n, None)
                 n += 1
                 yield None if nothing else out
-                if self._check() != settings or not self._compiled or \
-                        self._rates_now(free) != rates:
+                if (
+                    self._check() != settings
+                    or not self._compiled
+                    or self._rates_now(free) != rates
+                ):
                     raise TraceError(
                         f"{type(self).__name__}.run(): the modules (their parameters, "
                         f"buffers, children, attributes or modes), the optimizers or their "
@@ -768,16 +901,17 @@ class Graph:
                         f"train on what is no longer there. Change them between runs (once "
                         f"the loop over run() has ended: a scheduler stepped per epoch), "
                         f"give the scheduler to add_optimizer(opt, lr_sch=...) to step it per "
-                        f"batch inside a run, or call step() per batch")
+                        f"batch inside a run, or call step() per batch"
+                    )
             if reads is not None:
                 rest.extend(reads.rest())
-            if sched is not None:           # (its scheduler failed after the last piece)
+            if sched is not None:  # (its scheduler failed after the last piece)
                 sched.raise_pending()
         except ActorError as e:
             run.close()
             g.join()
             if sched is not None and sched.error is not None and e.original is sched.error:
-                raise sched.error from e    # (the scheduler's own error, as eager's)
+                raise sched.error from e  # (the scheduler's own error, as eager's)
             item = waiting.get(e.piece) if reads is None else _reload(reads, e.piece, sched)
             err = self._run_error(e, g, fused, spec, item)
             if err is e:
@@ -788,10 +922,10 @@ class Graph:
             g.join()
             self._done(state)
             c.port[0] = None
-            if sched is not None:           # (the pieces made ahead of a stopped run)
+            if sched is not None:  # (the pieces made ahead of a stopped run)
                 sched.settle(_trained(g, n))
             if reads is not None:
-                reads.loader = None         # (the compiled step keeps no dataset alive)
+                reads.loader = None  # (the compiled step keeps no dataset alive)
 
     def _run_error(self, e: ActorError, g, fused: bool, spec, item) -> ActorError:
         """``run()``'s error for an op that failed: the actor of the first op of the step
@@ -811,7 +945,7 @@ class Graph:
                 if k.actor != actor:
                     actor, first, tb = k.actor, k, k.kernel_traceback
             except Exception:  # noqa: BLE001 - the replay only names the op; the run's
-                pass           # own error stands
+                pass  # own error stands
         if first is e.original:
             return e
         return ActorError(actor, e.piece, first, tb)
@@ -821,8 +955,11 @@ class Graph:
         return self._graph.stats()
 
     def __repr__(self) -> str:
-        mods = [f"({k}): {v!r}".replace("\n", "\n  ") for k, v in vars(self).items()
-                if isinstance(v, Module)]
+        mods = [
+            f"({k}): {v!r}".replace("\n", "\n  ")
+            for k, v in vars(self).items()
+            if isinstance(v, Module)
+        ]
         return f"{type(self).__name__}(\n  " + "\n  ".join(mods) + "\n)"
 
 
@@ -835,17 +972,35 @@ class _Compiled:
     ``port``: a run's ``_Schedules`` while it goes (``port[0]``), for the stage giving a
     loader's batches their rates."""
 
-    __slots__ = ("state", "opt_rows", "program", "graph", "shared", "captured", "reads",
-                 "device", "port")
+    __slots__ = (
+        "state",
+        "opt_rows",
+        "program",
+        "graph",
+        "shared",
+        "captured",
+        "reads",
+        "device",
+        "port",
+    )
 
-    def __init__(self, state, opt_rows, program=None, graph=None, shared=None, captured=(),
-                 reads=None, port=None):
+    def __init__(
+        self,
+        state,
+        opt_rows,
+        program=None,
+        graph=None,
+        shared=None,
+        captured=(),
+        reads=None,
+        port=None,
+    ):
         self.state, self.opt_rows = state, opt_rows
         self.program, self.graph, self.shared = program, graph, shared
         self.captured = program.captured if program is not None and not captured else captured
         self.reads = reads
         self.port = port if port is not None else [None]
-        self.device = None                  # step() on a CUDA device: its DeviceProgram
+        self.device = None  # step() on a CUDA device: its DeviceProgram
 
 
 class _Traced:
@@ -910,8 +1065,9 @@ class _Traced:
         return False
 
 
-_OWN = frozenset({"training", "_parameters", "_buffers", "_modules", "_forward_hooks",
-                  "_forward_pre_hooks"})      # a module's own: in _Traced one by one
+_OWN = frozenset(
+    {"training", "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"}
+)  # a module's own: in _Traced one by one
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
@@ -929,11 +1085,11 @@ def _lookup(ns, name):
         return ns.get(name, _NONE)
     try:
         return ns.cell_contents
-    except ValueError:                      # (an emptied cell)
+    except ValueError:  # (an emptied cell)
         return _NONE
 
 
-_ATTRS = weakref.WeakKeyDictionary()          # Graph subclass -> the attribute names it reads
+_ATTRS = weakref.WeakKeyDictionary()  # Graph subclass -> the attribute names it reads
 
 
 def _attrs_read(cls) -> frozenset:
@@ -965,14 +1121,14 @@ def _loaded(code, opnames: tuple) -> tuple:
         for ins in dis.get_instructions(code):
             if ins.opname in opnames and ins.argval not in found:
                 found.append(ins.argval)
-        for c in code.co_consts:                # lambdas, comprehensions, inner functions
+        for c in code.co_consts:  # lambdas, comprehensions, inner functions
             if hasattr(c, "co_code"):
                 found += [n for n in _loaded(c, opnames) if n not in found]
         names = mine[opnames] = tuple(found)
     return names
 
 
-_LOADED = weakref.WeakKeyDictionary()         # code object -> {opnames: the names loaded}
+_LOADED = weakref.WeakKeyDictionary()  # code object -> {opnames: the names loaded}
 
 
 def _names_read(fn) -> list:
@@ -996,14 +1152,18 @@ def _local_engine(engine, name: str) -> None:
     if engine is None or engine == "local":
         return
     if isinstance(engine, str) and engine != "ray":
-        raise ValueError(f"{name}.run(engine={engine!r}): the engines are 'local' and 'ray'; "
-                         f"nn.Graph runs with 'local' (the default)")
+        raise ValueError(
+            f"{name}.run(engine={engine!r}): the engines are 'local' and 'ray'; "
+            f"nn.Graph runs with 'local' (the default)"
+        )
     what = repr(engine) if isinstance(engine, str) else type(engine).__name__
-    raise PlanError(f"{name}.run(engine={what}): a training step reads and writes its "
-                    f"parameters and optimizer state across pieces, state held in this "
-                    f"process's memory, which Ray runs do not take yet (they run stateless "
-                    f"stages and op actors in other processes); run it with engine='local' "
-                    f"(the default), where every op of the step is an actor of this process")
+    raise PlanError(
+        f"{name}.run(engine={what}): a training step reads and writes its "
+        f"parameters and optimizer state across pieces, state held in this "
+        f"process's memory, which Ray runs do not take yet (they run stateless "
+        f"stages and op actors in other processes); run it with engine='local' "
+        f"(the default), where every op of the step is an actor of this process"
+    )
 
 
 _NONE = object()
@@ -1024,8 +1184,11 @@ def _trained(g, yielded: int) -> int:
     """How many pieces a run that stopped wrote back: its step actor's acts (fused), else
     the fewest of its state writers' (``yielded``, the pieces it gave out, when there are
     none)."""
-    acts = [a["acts"] for name, a in g.stats().actors.items()
-            if name == "step" or name.startswith("set state")]
+    acts = [
+        a["acts"]
+        for name, a in g.stats().actors.items()
+        if name == "step" or name.startswith("set state")
+    ]
     return min(acts) if acts else yielded
 
 
@@ -1045,12 +1208,14 @@ class _Schedules:
         self.graph, self.made, self.error = graph, 0, None
         self.count = len(graph._rate_values())
         self.saved = [copy.deepcopy(s.state_dict()) for s in graph._lr_sch]
-        self.groups = [(g, {k: g[k] for k in o.scheduled})
-                       for o in graph._optimizers for g in o.param_groups]
+        self.groups = [
+            (g, {k: g[k] for k in o.scheduled}) for o in graph._optimizers for g in o.param_groups
+        ]
 
     def now(self) -> tuple:
         """The rates the groups hold now, as float64 scalars."""
         import numpy as np
+
         return tuple(np.full((), v, np.float64) for v in self.graph._rate_values())
 
     def __call__(self, device=None) -> tuple:
@@ -1077,7 +1242,7 @@ class _Schedules:
         failed): the schedulers and groups as after ``done`` steps from the run's start."""
         if done == self.made:
             return
-        self.error = None                   # (stepped again up to the pieces trained)
+        self.error = None  # (stepped again up to the pieces trained)
         for s, st in zip(self.graph._lr_sch, self.saved, strict=True):
             s.load_state_dict(copy.deepcopy(st))
         for g, values in self.groups:
@@ -1094,10 +1259,11 @@ def _rated_spec(spec, rated: int, device):
     item's arrays are there (cuda tensors fed as they are). ``spec`` when ``rated`` is 0."""
     if not rated:
         return spec
-    on = device if device is not None and any(s.device == device for s in spec.specs) \
-        else "cpu"
-    return PieceSpec((tuple, (spec.structure, (tuple, (0,) * rated))),
-                     list(spec.specs) + [Spec((), "float64", on)] * rated)
+    on = device if device is not None and any(s.device == device for s in spec.specs) else "cpu"
+    return PieceSpec(
+        (tuple, (spec.structure, (tuple, (0,) * rated))),
+        list(spec.specs) + [Spec((), "float64", on)] * rated,
+    )
 
 
 def _device_of(params, leaves):
@@ -1130,6 +1296,7 @@ def _on_device(x, device):
     """A step's input as a contiguous tensor of its own on ``device``."""
     if not isinstance(x, Tensor):
         from ..runtime.plan.spec import as_array
+
         return from_numpy(as_array(x, "nn.Graph.step")).to(str(device))
     if x._impl.meta.device != device:
         return x.to(str(device))
@@ -1138,13 +1305,17 @@ def _on_device(x, device):
 
 def _empty(spec):
     import numpy as np
+
     return np.empty(spec.shape, spec.dtype.np)
 
 
 def spec_arrays(arrays, spec):
     """The arrays of a piece, contiguous and in their spec's dtype (as a register holds)."""
     import numpy as np
-    return [np.ascontiguousarray(a, dtype=s.dtype.np) for a, s in zip(arrays, spec.specs, strict=True)]
+
+    return [
+        np.ascontiguousarray(a, dtype=s.dtype.np) for a, s in zip(arrays, spec.specs, strict=True)
+    ]
 
 
 __all__ = ["Graph"]

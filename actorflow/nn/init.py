@@ -13,8 +13,9 @@ from ..creation import rand, randn
 def _fans(t):
     shape = t.shape
     if len(shape) < 2:
-        raise ValueError(f"fan in and fan out need a tensor with at least 2 dims, got shape "
-                         f"{shape}")
+        raise ValueError(
+            f"fan in and fan out need a tensor with at least 2 dims, got shape {shape}"
+        )
     receptive = 1
     for s in shape[2:]:
         receptive *= s
@@ -50,8 +51,11 @@ def ones_(t):
 def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu"):
     fan_in, fan_out = _fans(t)
     fan = fan_in if mode == "fan_in" else fan_out
-    gain = math.sqrt(2.0 / (1 + a * a)) if nonlinearity == "leaky_relu" else (
-        math.sqrt(2.0) if nonlinearity == "relu" else 1.0)
+    gain = (
+        math.sqrt(2.0 / (1 + a * a))
+        if nonlinearity == "leaky_relu"
+        else (math.sqrt(2.0) if nonlinearity == "relu" else 1.0)
+    )
     bound = math.sqrt(3.0) * gain / math.sqrt(fan) if fan else 0.0
     return uniform_(t, -bound, bound)
 

@@ -20,8 +20,9 @@ class Linear(Module):
     """``y = x @ weight.T + bias``; weight (out_features, in_features) and bias drawn from
     U(-1/sqrt(in_features), 1/sqrt(in_features)), as PyTorch's default."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None,
-                 device=None):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, dtype=None, device=None
+    ):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -43,14 +44,17 @@ class Linear(Module):
         return NF.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
 
 
 def _activation(name: str, fn, doc: str):
     class Act(Module):
         def forward(self, x):
             return fn(x)
+
     Act.__name__ = Act.__qualname__ = name
     Act.__doc__ = doc
     return Act
@@ -157,11 +161,19 @@ def _affine(module, affine: bool, bias: bool, shape, dtype, device) -> None:
 
 
 class LayerNorm(Module):
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, dtype=None, device=None):
+    def __init__(
+        self,
+        normalized_shape,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        dtype=None,
+        device=None,
+    ):
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(
-            normalized_shape)
+        shape = (
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
         self.normalized_shape, self.eps = shape, eps
         self.elementwise_affine = elementwise_affine
         _affine(self, elementwise_affine, bias, shape, dtype, device)
@@ -170,8 +182,9 @@ class LayerNorm(Module):
         return NF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"elementwise_affine={self.elementwise_affine}")
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
 
 
 class _BatchNorm(Module):
@@ -185,20 +198,28 @@ class _BatchNorm(Module):
 
     _dims: tuple = ()
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1,
-                 affine: bool = True, track_running_stats: bool = True, device=None,
-                 dtype=None, *, bias: bool = True):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum=0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ):
         super().__init__()
-        if isinstance(num_features, bool) or not isinstance(num_features, int) \
-                or num_features <= 0:
-            raise ValueError(f"{type(self).__name__}: num_features must be an int > 0, got "
-                             f"{num_features!r}")
+        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features <= 0:
+            raise ValueError(
+                f"{type(self).__name__}: num_features must be an int > 0, got {num_features!r}"
+            )
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         _affine(self, affine, bias, num_features, dtype, device)
         if track_running_stats:
-            self.register_buffer("running_mean", zeros(num_features, dtype=dtype,
-                                                       device=device))
+            self.register_buffer("running_mean", zeros(num_features, dtype=dtype, device=device))
             self.register_buffer("running_var", ones(num_features, dtype=dtype, device=device))
             self.register_buffer("num_batches_tracked", tensor(0, dtype=int64, device=device))
         else:
@@ -224,8 +245,10 @@ class _BatchNorm(Module):
     def _check_input_dim(self, x) -> None:
         if x.ndim not in self._dims:
             dims = " or ".join(f"{d}D" for d in self._dims)
-            raise ValueError(f"{type(self).__name__}: expected {dims} input (got {x.ndim}D "
-                             f"input of shape {x.shape}); {self._layout}")
+            raise ValueError(
+                f"{type(self).__name__}: expected {dims} input (got {x.ndim}D "
+                f"input of shape {x.shape}); {self._layout}"
+            )
 
     def forward(self, x):
         self._check_input_dim(x)
@@ -233,18 +256,27 @@ class _BatchNorm(Module):
         if self.training and self.track_running_stats:
             with no_grad():
                 F.add_(self.num_batches_tracked, 1)
-            if self.momentum is None:            # cumulative: 1 / batches seen, read as state
+            if self.momentum is None:  # cumulative: 1 / batches seen, read as state
                 factor = F.div(1.0, F.cast(self.num_batches_tracked, self.running_mean.dtype))
         use_batch = self.training or self.running_mean is None
         track = not self.training or self.track_running_stats
-        return NF._batch_norm_with(x, self.running_mean if track else None,
-                                  self.running_var if track else None, self.weight, self.bias,
-                                  use_batch, factor, self.eps)
+        return NF._batch_norm_with(
+            x,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            use_batch,
+            factor,
+            self.eps,
+        )
 
     def extra_repr(self) -> str:
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-                f"affine={self.affine}, bias={self.bias is not None}, "
-                f"track_running_stats={self.track_running_stats}")
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, bias={self.bias is not None}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
 
 
 class BatchNorm1d(_BatchNorm):
@@ -264,43 +296,63 @@ class GroupNorm(Module):
     (ones) and ``bias`` (zeros, unless ``bias=False``) per channel when ``affine``, as
     PyTorch's."""
 
-    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
-                 affine: bool = True, device=None, dtype=None, *, bias: bool = True):
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        bias: bool = True,
+    ):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups <= 0 or num_channels % num_groups:
-            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by "
-                             f"num_groups ({num_groups})")
-        self.num_groups, self.num_channels, self.eps, self.affine = (num_groups, num_channels,
-                                                                      eps, affine)
+            raise ValueError(
+                f"GroupNorm: num_channels ({num_channels}) must be divisible by "
+                f"num_groups ({num_groups})"
+            )
+        self.num_groups, self.num_channels, self.eps, self.affine = (
+            num_groups,
+            num_channels,
+            eps,
+            affine,
+        )
         _affine(self, affine, bias, num_channels, dtype, device)
 
     def forward(self, x):
         return NF.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
-                f"affine={self.affine}, bias={self.bias is not None}")
+        return (
+            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, "
+            f"affine={self.affine}, bias={self.bias is not None}"
+        )
 
 
 class Embedding(Module):
     """A table of ``num_embeddings`` vectors of ``embedding_dim``, drawn from N(0, 1); the
     ``padding_idx`` row starts at zero and gets no gradient."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None,
-                 dtype=None, device=None):
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, padding_idx=None, dtype=None, device=None
+    ):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"Embedding: padding_idx {padding_idx} is outside the "
-                                 f"{num_embeddings} embeddings")
+                raise ValueError(
+                    f"Embedding: padding_idx {padding_idx} is outside the "
+                    f"{num_embeddings} embeddings"
+                )
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
-        self.weight = Parameter(empty(num_embeddings, embedding_dim, dtype=dtype,
-                                      device=device))
+        self.weight = Parameter(empty(num_embeddings, embedding_dim, dtype=dtype, device=device))
         init.normal_(self.weight)
         if padding_idx is not None:
             from ..autograd import no_grad
+
             with no_grad():
                 F.zero_(self.weight[padding_idx])
 
@@ -323,8 +375,7 @@ class Sequential(Module):
         else:
             for i, m in enumerate(modules):
                 if not isinstance(m, Module):
-                    raise TypeError(f"Sequential: entry {i} is a {type(m).__name__}, not a "
-                                    f"Module")
+                    raise TypeError(f"Sequential: entry {i} is a {type(m).__name__}, not a Module")
                 self.add_module(str(i), m)
 
     def forward(self, x):
@@ -342,8 +393,9 @@ class Sequential(Module):
 
     def __setitem__(self, i: int, module) -> None:
         if not isinstance(module, Module):
-            raise TypeError(f"Sequential: entry {i} would be a {type(module).__name__}, not a "
-                            f"Module")
+            raise TypeError(
+                f"Sequential: entry {i} would be a {type(module).__name__}, not a Module"
+            )
         self._modules[list(self._modules)[i]] = module
 
     def __len__(self) -> int:

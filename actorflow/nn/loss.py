@@ -10,8 +10,10 @@ class _Loss(Module):
     def __init__(self, reduction: str = "mean"):
         super().__init__()
         if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"{type(self).__name__}: reduction must be 'mean', 'sum' or "
-                             f"'none', got {reduction!r}")
+            raise ValueError(
+                f"{type(self).__name__}: reduction must be 'mean', 'sum' or "
+                f"'none', got {reduction!r}"
+            )
         self.reduction = reduction
 
     def extra_repr(self) -> str:
@@ -21,14 +23,20 @@ class _Loss(Module):
 class CrossEntropyLoss(_Loss):
     """Logits (N, C) against class indices (N,) or class probabilities (N, C)."""
 
-    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0):
+    def __init__(
+        self,
+        weight=None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ):
         super().__init__(reduction)
         self.weight, self.ignore_index, self.label_smoothing = weight, ignore_index, label_smoothing
 
     def forward(self, input, target):
-        return NF.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction,
-                                self.label_smoothing)
+        return NF.cross_entropy(
+            input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing
+        )
 
 
 class NLLLoss(_Loss):

@@ -56,7 +56,7 @@ class Parameter(Tensor):
         return p
 
 
-structure_version = [0]         # bumped by every change below (see the module doc)
+structure_version = [0]  # bumped by every change below (see the module doc)
 
 
 def changed() -> None:
@@ -120,23 +120,31 @@ class Module:
     # -- attributes ----------------------------------------------------------------------
     def __setattr__(self, name: str, value) -> None:
         if "_parameters" not in self.__dict__:
-            raise AttributeError(f"cannot assign {name!r} before Module.__init__() is called; "
-                                 f"call super().__init__() first in {type(self).__name__}")
+            raise AttributeError(
+                f"cannot assign {name!r} before Module.__init__() is called; "
+                f"call super().__init__() first in {type(self).__name__}"
+            )
         params, mods, bufs = self._parameters, self._modules, self._buffers
         if name in params and value is not None and not isinstance(value, Parameter):
-            raise TypeError(f"cannot assign a {type(value).__name__} as parameter {name!r} of "
-                            f"{type(self).__name__} (a Parameter or None is expected); wrap "
-                            f"it: nn.Parameter(tensor)")
+            raise TypeError(
+                f"cannot assign a {type(value).__name__} as parameter {name!r} of "
+                f"{type(self).__name__} (a Parameter or None is expected); wrap "
+                f"it: nn.Parameter(tensor)"
+            )
         if name in mods and value is not None and not isinstance(value, Module):
-            raise TypeError(f"cannot assign a {type(value).__name__} as child module {name!r} "
-                            f"of {type(self).__name__} (a Module or None is expected)")
+            raise TypeError(
+                f"cannot assign a {type(value).__name__} as child module {name!r} "
+                f"of {type(self).__name__} (a Module or None is expected)"
+            )
         if name in bufs and value is not None and not isinstance(value, Tensor):
-            raise TypeError(f"cannot assign a {type(value).__name__} as buffer {name!r} of "
-                            f"{type(self).__name__} (a Tensor or None is expected)")
+            raise TypeError(
+                f"cannot assign a {type(value).__name__} as buffer {name!r} of "
+                f"{type(self).__name__} (a Tensor or None is expected)"
+            )
         if isinstance(value, Parameter) or name in params:
             mods.pop(name, None)
             bufs.pop(name, None)
-            params[name] = value            # (a name already there keeps its place)
+            params[name] = value  # (a name already there keeps its place)
         elif isinstance(value, Module) or name in mods:
             params.pop(name, None)
             bufs.pop(name, None)
@@ -166,8 +174,10 @@ class Module:
 
     def register_parameter(self, name: str, param) -> None:
         if param is not None and not isinstance(param, Parameter):
-            raise TypeError(f"register_parameter({name!r}): expected a Parameter or None, got "
-                            f"{type(param).__name__}")
+            raise TypeError(
+                f"register_parameter({name!r}): expected a Parameter or None, got "
+                f"{type(param).__name__}"
+            )
         self._parameters[name] = param
 
     def register_buffer(self, name: str, value) -> None:
@@ -176,14 +186,15 @@ class Module:
 
     def add_module(self, name: str, module) -> None:
         if module is not None and not isinstance(module, Module):
-            raise TypeError(f"add_module({name!r}): expected a Module, got "
-                            f"{type(module).__name__}")
+            raise TypeError(f"add_module({name!r}): expected a Module, got {type(module).__name__}")
         self._modules[name] = module
 
     # -- calling -------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} has no forward(); define "
-                                  f"forward(self, ...) to say what it computes")
+        raise NotImplementedError(
+            f"{type(self).__name__} has no forward(); define "
+            f"forward(self, ...) to say what it computes"
+        )
 
     def __call__(self, *args, **kwargs):
         for hook in self._forward_pre_hooks:
@@ -287,9 +298,11 @@ class Module:
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict for {type(self).__name__}: missing keys "
-                           f"{missing}, unexpected keys {unexpected}; pass strict=False to "
-                           f"load what matches")
+            raise KeyError(
+                f"load_state_dict for {type(self).__name__}: missing keys "
+                f"{missing}, unexpected keys {unexpected}; pass strict=False to "
+                f"load what matches"
+            )
         with no_grad():
             for k, t in own.items():
                 if k not in state_dict:
@@ -297,8 +310,10 @@ class Module:
                 v = state_dict[k]
                 v = v if isinstance(v, Tensor) else _tensor(v)
                 if tuple(v.shape) != tuple(t.shape):
-                    raise ValueError(f"load_state_dict: {k!r} has shape {tuple(v.shape)} in "
-                                     f"the state_dict but {tuple(t.shape)} in the module")
+                    raise ValueError(
+                        f"load_state_dict: {k!r} has shape {tuple(v.shape)} in "
+                        f"the state_dict but {tuple(t.shape)} in the module"
+                    )
                 F.copy_(t, v)
         return IncompatibleKeys(missing, unexpected)
 
@@ -334,13 +349,16 @@ class Module:
                 device = a
         dtype = None if dtype is None else as_dtype(dtype)
         if dtype is not None and not dtype.is_floating_point:
-            raise TypeError(f"Module.to: only floating point dtypes are allowed, got {dtype}; "
-                            f"a module's integer buffers keep their dtype")
+            raise TypeError(
+                f"Module.to: only floating point dtypes are allowed, got {dtype}; "
+                f"a module's integer buffers keep their dtype"
+            )
 
         def convert(t):
             if dtype is not None and t.dtype.is_floating_point and t.dtype is not dtype:
                 t = F.cast(t, dtype)
             return t if device is None else F.to_device(t, device)
+
         with no_grad():
             for m in self.modules():
                 for p in m._parameters.values():

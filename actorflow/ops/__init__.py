@@ -1,17 +1,17 @@
 """The op registry and one file per op family (importing this registers them all)."""
 
 from . import (  # noqa: F401
-               conv,
-               elementwise,
-               factory,
-               index,
-               matmul,
-               nn,
-               ordering,
-               padding,
-               reduce,
-               selection,
-               shape,
+    conv,
+    elementwise,
+    factory,
+    index,
+    matmul,
+    nn,
+    ordering,
+    padding,
+    reduce,
+    selection,
+    shape,
 )
 from .registry import OpDef, all_ops, get, register
 

@@ -10,11 +10,12 @@ import numpy as np
 
 from ..errors import ShapeError
 
-try:        # numpy's floating-point error state, a context variable since numpy 2
+try:  # numpy's floating-point error state, a context variable since numpy 2
     from numpy._core._ufunc_config import _extobj_contextvar as _ERRSTATE
     from numpy._core.umath import _make_extobj
+
     _IGNORE = _make_extobj(all="ignore")
-except (ImportError, AttributeError, TypeError):     # another numpy: the context manager
+except (ImportError, AttributeError, TypeError):  # another numpy: the context manager
     _ERRSTATE = None
 
 _BCAST: dict = {}
@@ -40,7 +41,7 @@ def put(dst, h) -> None:
     if isinstance(dst, np.ndarray):
         np.copyto(dst, h, casting="unsafe")
     elif dst.flags.c_contiguous:
-        dst.set(np.asarray(h, dst.dtype, order="C"))    # (a 0-dim array stays one)
+        dst.set(np.asarray(h, dst.dtype, order="C"))  # (a 0-dim array stays one)
     else:
         tmp = dst.copy()
         tmp.set(np.asarray(h, dst.dtype, order="C"))
@@ -50,22 +51,26 @@ def put(dst, h) -> None:
 def add_at(o, key, value) -> None:
     """``np.add.at(o, key, value)``: ``o[key] += value`` with repeated indices summed. A
     device array goes through a host copy (CuPy's ufuncs take no ``at`` from numpy)."""
-    if isinstance(o, np.ndarray) and not any(is_array(k) and not isinstance(k, np.ndarray)
-                                             for k in (*key, value)):
+    if isinstance(o, np.ndarray) and not any(
+        is_array(k) and not isinstance(k, np.ndarray) for k in (*key, value)
+    ):
         np.add.at(o, key, value)
         return
     h = host(o).copy() if isinstance(o, np.ndarray) else host(o)
-    np.add.at(h, tuple(host(k) if is_array(k) else k for k in key),
-              host(value) if is_array(value) else value)
+    np.add.at(
+        h,
+        tuple(host(k) if is_array(k) else k for k in key),
+        host(value) if is_array(value) else value,
+    )
     put(o, h)
 
 
 def is_array(k) -> bool:
     """Whether ``k`` (a part of an index key, an operand) is an array, numpy's or a
     device's, rather than a number, a slice, None or Ellipsis."""
-    return isinstance(k, np.ndarray) or (not isinstance(k, np.generic)
-                                         and hasattr(k, "__array_ufunc__")
-                                         and hasattr(k, "shape"))
+    return isinstance(k, np.ndarray) or (
+        not isinstance(k, np.generic) and hasattr(k, "__array_ufunc__") and hasattr(k, "shape")
+    )
 
 
 def broadcast_shapes(op: str, a: tuple, b: tuple) -> tuple:
@@ -85,8 +90,10 @@ def broadcast_shapes(op: str, a: tuple, b: tuple) -> tuple:
         elif x == 1:
             out.append(y)
         else:
-            raise ShapeError(f"{op}: shapes {a} and {b} cannot be broadcast together "
-                             f"(dimension {i - n}: {x} vs {y}); make the sizes equal or 1")
+            raise ShapeError(
+                f"{op}: shapes {a} and {b} cannot be broadcast together "
+                f"(dimension {i - n}: {x} vs {y}); make the sizes equal or 1"
+            )
     r = tuple(out)
     if len(_BCAST) < 4096:
         _BCAST[key] = r
@@ -99,8 +106,10 @@ def normalize_dim(op: str, dim: int, ndim: int) -> int:
         raise TypeError(f"{op}: dim must be an int, got {dim!r}")
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(f"{op}: dimension out of range (expected to be in range of "
-                         f"[{-n}, {n - 1}], but got {dim})")
+        raise IndexError(
+            f"{op}: dimension out of range (expected to be in range of "
+            f"[{-n}, {n - 1}], but got {dim})"
+        )
     return dim % n
 
 
@@ -112,7 +121,7 @@ def normalize_dims(op: str, dim, ndim: int) -> tuple | None:
         return (normalize_dim(op, dim, ndim),)
     dims = tuple(normalize_dim(op, d, ndim) for d in dim)
     if not dims:
-        return None                      # dim=() means every dim, as in PyTorch
+        return None  # dim=() means every dim, as in PyTorch
     if len(set(dims)) != len(dims):
         raise ValueError(f"{op}: dim {tuple(dim)} names a dimension twice")
     return tuple(sorted(dims))

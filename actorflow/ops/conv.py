@@ -56,8 +56,9 @@ def pool_out(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
 
 def _float_input(op, m, what="input"):
     if m.dtype.category != FLOAT:
-        raise DTypeError(f"{op}: needs a floating point {what}, got {m.dtype}; convert with "
-                         f".float() first")
+        raise DTypeError(
+            f"{op}: needs a floating point {what}, got {m.dtype}; convert with .float() first"
+        )
 
 
 def _needs_4d(op, m, what="input"):
@@ -76,7 +77,7 @@ def padded(x, pads, value=0.0):
         return x
     n, c, h, w = x.shape
     out = np.full((n, c, h + pt + pb, w + pl + pr), value, dtype=x.dtype)
-    out[:, :, pt:pt + h, pl:pl + w] = x
+    out[:, :, pt : pt + h, pl : pl + w] = x
     return out
 
 
@@ -84,8 +85,12 @@ def windows(xp, kernel, stride, dilation, out_hw):
     """The read-only strided view (N, C, kh, kw, oh, ow) of ``xp``'s windows."""
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
     sn, sc, sy, sx = xp.strides
-    return as_strided(xp, xp.shape[:2] + (kh, kw, oh, ow),
-                      (sn, sc, sy * dh, sx * dw, sy * sh, sx * sw), writeable=False)
+    return as_strided(
+        xp,
+        xp.shape[:2] + (kh, kw, oh, ow),
+        (sn, sc, sy * dh, sx * dw, sy * sh, sx * sw),
+        writeable=False,
+    )
 
 
 def im2col(x, kernel, stride, pads, dilation, out_hw):
@@ -114,10 +119,11 @@ def im2col_batch_last(x, kernel, stride, pads, dilation, out_hw):
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, stride, dilation, out_hw
     pt, pb, pl, pr = pads
     xp = np.zeros((c, h + pt + pb, w + pl + pr, n), dtype=x.dtype)
-    xp[:, pt:pt + h, pl:pl + w] = x.transpose(1, 2, 3, 0)
+    xp[:, pt : pt + h, pl : pl + w] = x.transpose(1, 2, 3, 0)
     sc, sy, sx, sn = xp.strides
-    v = as_strided(xp, (c, kh, kw, oh, ow, n), (sc, sy * dh, sx * dw, sy * sh, sx * sw, sn),
-                   writeable=False)
+    v = as_strided(
+        xp, (c, kh, kw, oh, ow, n), (sc, sy * dh, sx * dw, sy * sh, sx * sw, sn), writeable=False
+    )
     return v.reshape(c * kh * kw, oh * ow * n)
 
 
@@ -134,13 +140,13 @@ def col2im_into(out, cols, stride, pads, dilation):
     acc = np.float32 if out.dtype == np.float16 else out.dtype
     if batch_last(n, ow, SHORT_ROW_COL2IM):
         plane = np.zeros((c, hb, wb, n), dtype=acc)
-    else:                                   # (N, C, H, W) memory, indexed as (C, H, W, N)
+    else:  # (N, C, H, W) memory, indexed as (C, H, W, N)
         plane = np.zeros((n, c, hb, wb), dtype=acc).transpose(1, 2, 3, 0)
     for i in range(kh):
         ys = slice(i * dh, i * dh + (oh - 1) * sh + 1, sh)
         for j in range(kw):
-            plane[:, ys, j * dw:j * dw + (ow - 1) * sw + 1:sw] += cols[:, i, j]
-    np.copyto(out, plane[:, pt:pt + h, pl:pl + w].transpose(3, 0, 1, 2), casting="unsafe")
+            plane[:, ys, j * dw : j * dw + (ow - 1) * sw + 1 : sw] += cols[:, i, j]
+    np.copyto(out, plane[:, pt : pt + h, pl : pl + w].transpose(3, 0, 1, 2), casting="unsafe")
 
 
 def _into(out, shape):
@@ -171,8 +177,10 @@ def _conv_operands(op: str, x, w) -> None:
     _needs_4d(op, x)
     _needs_4d(op, w, "weight")
     if w.dtype is not x.dtype:
-        raise DTypeError(f"{op}: the input ({x.dtype}) and the weight ({w.dtype}) must have "
-                         f"the same dtype; convert one with .to(dtype)")
+        raise DTypeError(
+            f"{op}: the input ({x.dtype}) and the weight ({w.dtype}) must have "
+            f"the same dtype; convert one with .to(dtype)"
+        )
 
 
 def _conv2d_infer(metas, attrs):
@@ -182,17 +190,20 @@ def _conv2d_infer(metas, attrs):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     if c != cg * g or o % g:
-        raise ShapeError(f"conv2d: the input has {c} channels (shape {x.shape}) but the weight "
-                         f"{w.shape} with groups={g} expects {cg * g} (weight.shape[1] * groups)"
-                         + (f"; and out_channels {o} is not divisible by groups={g}"
-                            if o % g else "")
-                         + "; make the input's channels equal in_channels")
+        raise ShapeError(
+            f"conv2d: the input has {c} channels (shape {x.shape}) but the weight "
+            f"{w.shape} with groups={g} expects {cg * g} (weight.shape[1] * groups)"
+            + (f"; and out_channels {o} is not divisible by groups={g}" if o % g else "")
+            + "; make the input's channels equal in_channels"
+        )
     oh, ow = conv_out(h, kh, sh, pt, pb, dh), conv_out(wd, kw, sw, pl, pr, dw)
     if oh <= 0 or ow <= 0:
-        raise ShapeError(f"conv2d: the kernel ({kh}x{kw}, dilation ({dh}, {dw})) is larger "
-                         f"than the padded input ({h + pt + pb}x{wd + pl + pr}, input shape "
-                         f"{x.shape}, padding {attrs['padding']}); pad more or use a smaller "
-                         f"kernel")
+        raise ShapeError(
+            f"conv2d: the kernel ({kh}x{kw}, dilation ({dh}, {dw})) is larger "
+            f"than the padded input ({h + pt + pb}x{wd + pl + pr}, input shape "
+            f"{x.shape}, padding {attrs['padding']}); pad more or use a smaller "
+            f"kernel"
+        )
     return [((n, o, oh, ow), x.dtype)]
 
 
@@ -210,8 +221,9 @@ def _k_conv2d(outs, ins, attrs):
         np.copyto(out, y.reshape(o, oh, ow, n).transpose(3, 0, 1, 2))
         return
     cols = im2col(x, (kh, kw), stride, pads, dilation, (oh, ow))
-    _matmul_into(out, (n, g, o // g, oh * ow), w.reshape(g, o // g, k),
-                 cols.reshape(n, g, k, oh * ow))
+    _matmul_into(
+        out, (n, g, o // g, oh * ow), w.reshape(g, o // g, k), cols.reshape(n, g, k, oh * ow)
+    )
 
 
 def _conv_transpose2d_infer(metas, attrs):
@@ -221,21 +233,24 @@ def _conv_transpose2d_infer(metas, attrs):
     n, c, h, wd = x.shape
     ci, og, kh, kw = w.shape
     if c != ci or ci % g:
-        raise ShapeError(f"conv_transpose2d: the input has {c} channels (shape {x.shape}) but "
-                         f"the weight {w.shape} with groups={g} expects {ci} (weight.shape[0], "
-                         f"divisible by groups); make the input's channels equal in_channels")
+        raise ShapeError(
+            f"conv_transpose2d: the input has {c} channels (shape {x.shape}) but "
+            f"the weight {w.shape} with groups={g} expects {ci} (weight.shape[0], "
+            f"divisible by groups); make the input's channels equal in_channels"
+        )
     oh, ow = attrs["output_size"]
     # the windows reach lo; output_padding adds rows past them (zeros) up to
     # max(stride, dilation) - 1 (then the output can convolve back to more than the input)
     loh = (h - 1) * sh - pt - pb + dh * (kh - 1) + 1
     low = (wd - 1) * sw - pl - pr + dw * (kw - 1) + 1
-    if oh <= 0 or ow <= 0 or not 0 <= oh - loh < max(sh, dh) \
-            or not 0 <= ow - low < max(sw, dw):
-        raise ShapeError(f"conv_transpose2d: an output of {oh}x{ow} is not one the input's "
-                         f"{h}x{wd} transposes to (input shape {x.shape}, weight {w.shape}, "
-                         f"stride {attrs['stride']}, padding {attrs['padding']}, dilation "
-                         f"{attrs['dilation']}): it must be {loh}x{low} plus an output_padding "
-                         f"smaller than stride or dilation, and more than 0")
+    if oh <= 0 or ow <= 0 or not 0 <= oh - loh < max(sh, dh) or not 0 <= ow - low < max(sw, dw):
+        raise ShapeError(
+            f"conv_transpose2d: an output of {oh}x{ow} is not one the input's "
+            f"{h}x{wd} transposes to (input shape {x.shape}, weight {w.shape}, "
+            f"stride {attrs['stride']}, padding {attrs['padding']}, dilation "
+            f"{attrs['dilation']}): it must be {loh}x{low} plus an output_padding "
+            f"smaller than stride or dilation, and more than 0"
+        )
     return [((n, og * g, oh, ow), x.dtype)]
 
 
@@ -246,14 +261,14 @@ def _k_conv_transpose2d(outs, ins, attrs):
     n, ci, h, wd = x.shape
     _, og, kh, kw = w.shape
     k = og * kh * kw
-    wt = w.reshape(g, ci // g, k).transpose(0, 2, 1)               # (g, k, ci/g)
+    wt = w.reshape(g, ci // g, k).transpose(0, 2, 1)  # (g, k, ci/g)
     if batch_last(n, wd, SHORT_ROW_IM2COL):
-        xt = x.transpose(1, 2, 3, 0).reshape(g, ci // g, h * wd * n)     # (a copy)
-        cols = np.matmul(wt, np.ascontiguousarray(xt))                  # (g, k, h*w*n)
+        xt = x.transpose(1, 2, 3, 0).reshape(g, ci // g, h * wd * n)  # (a copy)
+        cols = np.matmul(wt, np.ascontiguousarray(xt))  # (g, k, h*w*n)
         cols = cols.reshape(g * og, kh, kw, h, wd, n)
     else:
-        x = np.ascontiguousarray(x)       # (a broadcast gradient: BLAS needs real strides)
-        cols = np.matmul(wt, x.reshape(n, g, ci // g, h * wd))          # (n, g, k, h*w)
+        x = np.ascontiguousarray(x)  # (a broadcast gradient: BLAS needs real strides)
+        cols = np.matmul(wt, x.reshape(n, g, ci // g, h * wd))  # (n, g, k, h*w)
         cols = cols.reshape(n, g * og, kh, kw, h, wd).transpose(1, 2, 3, 4, 5, 0)
     col2im_into(out, cols, stride, pads, dilation)
 
@@ -270,7 +285,7 @@ def _k_conv2d_weight(outs, ins, attrs):
     out = outs[0]
     stride, pads, dilation, g = _conv_attrs(attrs)
     kernel = attrs["kernel"]
-    gy = np.ascontiguousarray(gy)         # (a broadcast gradient: BLAS needs real strides)
+    gy = np.ascontiguousarray(gy)  # (a broadcast gradient: BLAS needs real strides)
     n, c = x.shape[:2]
     o, oh, ow = gy.shape[1:]
     k = c // g * kernel[0] * kernel[1]
@@ -281,8 +296,7 @@ def _k_conv2d_weight(outs, ins, attrs):
     else:
         v = windows(padded(x, pads), kernel, stride, dilation, (oh, ow))
         cols = v.transpose(1, 2, 3, 0, 4, 5).reshape(g, k, n * oh * ow)
-        a = gy.reshape(n, g, o // g, oh * ow).transpose(1, 2, 0, 3).reshape(g, o // g,
-                                                                              n * oh * ow)
+        a = gy.reshape(n, g, o // g, oh * ow).transpose(1, 2, 0, 3).reshape(g, o // g, n * oh * ow)
     if a.dtype != out.dtype:
         a = a.astype(out.dtype)
     if k <= o // g:
@@ -299,13 +313,36 @@ def _k_conv2d_weight(outs, ins, attrs):
         out[...] = wt.reshape(out.shape)
 
 
-register(OpDef("conv2d", ("x", "weight"), _conv2d_infer, {"cpu": _k_conv2d},
-               attrs=("stride", "padding", "dilation", "groups"), host_only=True))
-register(OpDef("conv_transpose2d", ("x", "weight"), _conv_transpose2d_infer,
-               {"cpu": _k_conv_transpose2d},
-               attrs=("stride", "padding", "dilation", "groups", "output_size"), host_only=True))
-register(OpDef("conv2d_weight", ("x", "grad"), _conv2d_weight_infer, {"cpu": _k_conv2d_weight},
-               attrs=("stride", "padding", "dilation", "groups", "kernel"), host_only=True))
+register(
+    OpDef(
+        "conv2d",
+        ("x", "weight"),
+        _conv2d_infer,
+        {"cpu": _k_conv2d},
+        attrs=("stride", "padding", "dilation", "groups"),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "conv_transpose2d",
+        ("x", "weight"),
+        _conv_transpose2d_infer,
+        {"cpu": _k_conv_transpose2d},
+        attrs=("stride", "padding", "dilation", "groups", "output_size"),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "conv2d_weight",
+        ("x", "grad"),
+        _conv2d_weight_infer,
+        {"cpu": _k_conv2d_weight},
+        attrs=("stride", "padding", "dilation", "groups", "kernel"),
+        host_only=True,
+    )
+)
 
 # (host_only, every op here: their kernels view windows with numpy's as_strided, which
 # needs host memory; a CUDA device runs them on host copies)
@@ -316,21 +353,31 @@ register(OpDef("conv2d_weight", ("x", "grad"), _conv2d_weight_infer, {"cpu": _k_
 def _unfold_infer(metas, attrs):
     x = metas[0]
     _needs_4d("unfold", x)
-    (kh, kw), (sh, sw), pads, (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
-                                          attrs["dilation"])
+    (kh, kw), (sh, sw), pads, (dh, dw) = (
+        attrs["kernel"],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
     n, c, h, w = x.shape
     oh, ow = conv_out(h, kh, sh, pads[0], pads[1], dh), conv_out(w, kw, sw, pads[2], pads[3], dw)
     if oh <= 0 or ow <= 0:
-        raise ShapeError(f"unfold: the kernel ({kh}x{kw}, dilation ({dh}, {dw})) is larger "
-                         f"than the padded input (input shape {x.shape}, padding "
-                         f"{pads[0]}x{pads[2]}); pad more or use a smaller kernel")
+        raise ShapeError(
+            f"unfold: the kernel ({kh}x{kw}, dilation ({dh}, {dw})) is larger "
+            f"than the padded input (input shape {x.shape}, padding "
+            f"{pads[0]}x{pads[2]}); pad more or use a smaller kernel"
+        )
     return [((n, c * kh * kw, oh * ow), x.dtype)]
 
 
 def _k_unfold(outs, ins, attrs):
     x = ins[0]
-    (kh, kw), (sh, sw), pads, (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
-                                          attrs["dilation"])
+    (kh, kw), (sh, sw), pads, (dh, dw) = (
+        attrs["kernel"],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
     h, w = x.shape[2:]
     out_hw = (conv_out(h, kh, sh, pads[0], pads[1], dh), conv_out(w, kw, sw, pads[2], pads[3], dw))
     outs[0][...] = im2col(x, (kh, kw), (sh, sw), pads, (dh, dw), out_hw)
@@ -339,15 +386,21 @@ def _k_unfold(outs, ins, attrs):
 def fold_blocks(op, shape, attrs):
     """(C, oh, ow) of fold's input (N, C*kh*kw, L) for output_size (H, W); ShapeError when L
     is not the count of blocks or the channels do not divide."""
-    (h, w), (kh, kw), (sh, sw), pads, (dh, dw) = (attrs["output_size"], attrs["kernel"],
-                                                  attrs["stride"], attrs["padding"],
-                                                  attrs["dilation"])
+    (h, w), (kh, kw), (sh, sw), pads, (dh, dw) = (
+        attrs["output_size"],
+        attrs["kernel"],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
     oh, ow = conv_out(h, kh, sh, pads[0], pads[1], dh), conv_out(w, kw, sw, pads[2], pads[3], dw)
     if len(shape) != 3 or shape[1] % (kh * kw) or oh <= 0 or ow <= 0 or shape[2] != oh * ow:
-        raise ShapeError(f"{op}: expected an input (N, C*{kh}*{kw}, {max(oh, 0) * max(ow, 0)}) "
-                         f"for output_size {(h, w)}, kernel_size {(kh, kw)}, stride "
-                         f"{(sh, sw)}, padding {(pads[0], pads[2])}, dilation {(dh, dw)}; got "
-                         f"shape {shape}")
+        raise ShapeError(
+            f"{op}: expected an input (N, C*{kh}*{kw}, {max(oh, 0) * max(ow, 0)}) "
+            f"for output_size {(h, w)}, kernel_size {(kh, kw)}, stride "
+            f"{(sh, sw)}, padding {(pads[0], pads[2])}, dilation {(dh, dw)}; got "
+            f"shape {shape}"
+        )
     return shape[1] // (kh * kw), oh, ow
 
 
@@ -362,21 +415,46 @@ def _k_fold(outs, ins, attrs):
     out = outs[0]
     kh, kw = attrs["kernel"]
     c, oh, ow = fold_blocks("fold", x.shape, attrs)
-    col2im_into(out, x.reshape(x.shape[0], c, kh, kw, oh, ow).transpose(1, 2, 3, 4, 5, 0),
-                attrs["stride"], attrs["padding"], attrs["dilation"])
+    col2im_into(
+        out,
+        x.reshape(x.shape[0], c, kh, kw, oh, ow).transpose(1, 2, 3, 4, 5, 0),
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
 
 
-register(OpDef("unfold", ("x",), _unfold_infer, {"cpu": _k_unfold},
-               attrs=("kernel", "stride", "padding", "dilation"), host_only=True))
-register(OpDef("fold", ("x",), _fold_infer, {"cpu": _k_fold},
-               attrs=("output_size", "kernel", "stride", "padding", "dilation"), host_only=True))
+register(
+    OpDef(
+        "unfold",
+        ("x",),
+        _unfold_infer,
+        {"cpu": _k_unfold},
+        attrs=("kernel", "stride", "padding", "dilation"),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "fold",
+        ("x",),
+        _fold_infer,
+        {"cpu": _k_fold},
+        attrs=("output_size", "kernel", "stride", "padding", "dilation"),
+        host_only=True,
+    )
+)
 
 # -- pools -----------------------------------------------------------------------------------
 
 
 def _pool_hw(attrs, hw):
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
-                                              attrs["dilation"])
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (
+        attrs["kernel"],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
     ceil = attrs["ceil_mode"]
     return pool_out(hw[0], kh, sh, ph, dh, ceil), pool_out(hw[1], kw, sw, pw, dw, ceil)
 
@@ -384,8 +462,12 @@ def _pool_hw(attrs, hw):
 def _pool_pads(attrs, hw, out_hw):
     """(top, bottom, left, right): the padding, and the rows and columns past it the last
     window of ceil_mode reads (the kernel treats them as padding)."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
-                                              attrs["dilation"])
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (
+        attrs["kernel"],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
     bottom = max(ph, (out_hw[0] - 1) * sh + dh * (kh - 1) + 1 - hw[0] - ph)
     right = max(pw, (out_hw[1] - 1) * sw + dw * (kw - 1) + 1 - hw[1] - pw)
     return ph, bottom, pw, right
@@ -398,15 +480,20 @@ def _pool_infer(op):
         _needs_4d(op, x)
         (kh, kw), (ph, pw), (dh, dw) = attrs["kernel"], attrs["padding"], attrs["dilation"]
         if ph > (dh * (kh - 1) + 1) // 2 or pw > (dw * (kw - 1) + 1) // 2:
-            raise ShapeError(f"{op}: padding {(ph, pw)} must be at most half of the "
-                             f"(dilated) kernel size {(kh, kw)}")
+            raise ShapeError(
+                f"{op}: padding {(ph, pw)} must be at most half of the "
+                f"(dilated) kernel size {(kh, kw)}"
+            )
         oh, ow = _pool_hw(attrs, x.shape[2:])
         if oh <= 0 or ow <= 0:
-            raise ShapeError(f"{op}: the kernel {(kh, kw)} is larger than the padded input "
-                             f"(input shape {x.shape}, padding {(ph, pw)}); pad more or use "
-                             f"a smaller kernel_size")
+            raise ShapeError(
+                f"{op}: the kernel {(kh, kw)} is larger than the padded input "
+                f"(input shape {x.shape}, padding {(ph, pw)}); pad more or use "
+                f"a smaller kernel_size"
+            )
         shape = x.shape[:2] + (oh, ow)
         return [(shape, x.dtype), (shape, int64)] if op == "max_pool2d" else [(shape, x.dtype)]
+
     return infer
 
 
@@ -447,12 +534,19 @@ def _k_max_pool2d(outs, ins, attrs):
     vals, idx = outs
     n, c, h, w = x.shape
     oh, ow = vals.shape[2:]
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (attrs["kernel"], attrs["stride"], attrs["padding"],
-                                              attrs["dilation"])
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (
+        attrs["kernel"],
+        attrs["stride"],
+        attrs["padding"],
+        attrs["dilation"],
+    )
     pads = _pool_pads(attrs, (h, w), (oh, ow))
     xp = padded(x, pads, -np.inf)
-    slices = [xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
-              for i in range(kh) for j in range(kw)]
+    slices = [
+        xp[:, :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+        for i in range(kh)
+        for j in range(kw)
+    ]
     if ow < SHORT_ROW_POOL:
         # short strided rows: numpy pays per row, so each offset's slice is copied once
         # into a contiguous block and every later pass runs flat
@@ -478,10 +572,10 @@ def _k_max_pool2d(outs, ins, attrs):
         nan = np.isnan(vals).any()
     else:
         nan = _first_max(slices, vals, arg, rows, cols, kw, (dh, dw), (h, w))
-    if nan:                                                 # NaN maxima: the last NaN
+    if nan:  # NaN maxima: the last NaN
         for k, s in enumerate(slices):
             np.copyto(arg, k, where=np.isnan(s), casting="unsafe")
-    k = np.arange(len(slices))                 # offset k's flat shift, then the window's
+    k = np.arange(len(slices))  # offset k's flat shift, then the window's
     shifts = (k // kw * dh) * w + k % kw * dw
     if idx.dtype == np.intp and idx.flags.c_contiguous:
         # the offsets widened in place, then looked up in place (no temporaries)
@@ -515,7 +609,9 @@ def _avg_divisor(attrs, hw, out_hw, dtype):
     if override:
         return dtype.type(override)
     per = []
-    for k, s, p, n, o in zip(attrs["kernel"], attrs["stride"], attrs["padding"], hw, out_hw, strict=True):
+    for k, s, p, n, o in zip(
+        attrs["kernel"], attrs["stride"], attrs["padding"], hw, out_hw, strict=True
+    ):
         start = np.arange(o) * s - p
         end = np.minimum(start + k, n + p)
         pool = end - start
@@ -535,9 +631,10 @@ def _k_avg_pool2d(outs, ins, attrs):
     total = np.zeros(out.shape, dtype=acc)
     for i in range(kh):
         for j in range(kw):
-            total += xp[:, :, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
-    np.divide(total, _avg_divisor(attrs, (h, w), (oh, ow), np.dtype(acc)), out=out,
-              casting="unsafe")
+            total += xp[:, :, i : i + (oh - 1) * sh + 1 : sh, j : j + (ow - 1) * sw + 1 : sw]
+    np.divide(
+        total, _avg_divisor(attrs, (h, w), (oh, ow), np.dtype(acc)), out=out, casting="unsafe"
+    )
 
 
 def _avg_backward_infer(metas, attrs):
@@ -559,17 +656,57 @@ def _k_avg_pool2d_backward(outs, ins, attrs):
 
 
 _POOL = ("kernel", "stride", "padding", "dilation", "ceil_mode")
-_AVG = ("kernel", "stride", "padding", "dilation", "ceil_mode", "count_include_pad",
-        "divisor_override")
+_AVG = (
+    "kernel",
+    "stride",
+    "padding",
+    "dilation",
+    "ceil_mode",
+    "count_include_pad",
+    "divisor_override",
+)
 
-register(OpDef("max_pool2d", ("x",), _pool_infer("max_pool2d"), {"cpu": _k_max_pool2d},
-               outputs=("values", "indices"), attrs=_POOL, host_only=True))
-register(OpDef("max_pool2d_backward", ("grad", "indices"), _max_pool2d_backward_infer,
-               {"cpu": _k_max_pool2d_backward}, attrs=("input_hw",), host_only=True))
-register(OpDef("avg_pool2d", ("x",), _pool_infer("avg_pool2d"), {"cpu": _k_avg_pool2d},
-               attrs=_AVG, host_only=True))
-register(OpDef("avg_pool2d_backward", ("grad",), _avg_backward_infer,
-               {"cpu": _k_avg_pool2d_backward}, attrs=_AVG + ("input_hw",), host_only=True))
+register(
+    OpDef(
+        "max_pool2d",
+        ("x",),
+        _pool_infer("max_pool2d"),
+        {"cpu": _k_max_pool2d},
+        outputs=("values", "indices"),
+        attrs=_POOL,
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "max_pool2d_backward",
+        ("grad", "indices"),
+        _max_pool2d_backward_infer,
+        {"cpu": _k_max_pool2d_backward},
+        attrs=("input_hw",),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "avg_pool2d",
+        ("x",),
+        _pool_infer("avg_pool2d"),
+        {"cpu": _k_avg_pool2d},
+        attrs=_AVG,
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "avg_pool2d_backward",
+        ("grad",),
+        _avg_backward_infer,
+        {"cpu": _k_avg_pool2d_backward},
+        attrs=_AVG + ("input_hw",),
+        host_only=True,
+    )
+)
 
 # -- adaptive average pooling ----------------------------------------------------------------
 
@@ -590,8 +727,9 @@ def _adaptive_infer(metas, attrs):
     _needs_4d("adaptive_avg_pool2d", x)
     oh, ow = attrs["output_size"]
     if x.shape[2] == 0 or x.shape[3] == 0:
-        raise ShapeError(f"adaptive_avg_pool2d: the input's height and width must be > 0, "
-                         f"got shape {x.shape}")
+        raise ShapeError(
+            f"adaptive_avg_pool2d: the input's height and width must be > 0, got shape {x.shape}"
+        )
     return [(x.shape[:2] + (oh, ow), x.dtype)]
 
 
@@ -620,7 +758,23 @@ def _k_adaptive_avg_pool2d_backward(outs, ins, attrs):
     np.copyto(out, np.matmul(np.matmul(ah.T, g.astype(acc, copy=False)), aw), casting="unsafe")
 
 
-register(OpDef("adaptive_avg_pool2d", ("x",), _adaptive_infer,
-               {"cpu": _k_adaptive_avg_pool2d}, attrs=("output_size",), host_only=True))
-register(OpDef("adaptive_avg_pool2d_backward", ("grad",), _adaptive_backward_infer,
-               {"cpu": _k_adaptive_avg_pool2d_backward}, attrs=("input_hw",), host_only=True))
+register(
+    OpDef(
+        "adaptive_avg_pool2d",
+        ("x",),
+        _adaptive_infer,
+        {"cpu": _k_adaptive_avg_pool2d},
+        attrs=("output_size",),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "adaptive_avg_pool2d_backward",
+        ("grad",),
+        _adaptive_backward_infer,
+        {"cpu": _k_adaptive_avg_pool2d_backward},
+        attrs=("input_hw",),
+        host_only=True,
+    )
+)

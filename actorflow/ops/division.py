@@ -26,7 +26,7 @@ def trunc_divide(a, b, out):
         np.true_divide(a, b, out=out)
         np.trunc(out, out=out)
         return
-    fix = np.remainder(a, b) != 0               # (before out is written: it may be a)
+    fix = np.remainder(a, b) != 0  # (before out is written: it may be a)
     fix &= np.less(a, 0) != np.less(b, 0)
     np.floor_divide(a, b, out=out)
     np.add(out, fix, out=out, casting="unsafe")
@@ -40,11 +40,13 @@ def zero_division(name: str, dtype, tensor_divisor: bool) -> DivisionByZeroError
     return DivisionByZeroError(
         f"{name}: integer division by zero (ZeroDivisionError, as in PyTorch): {what}, in "
         f"{dtype}. Divide by nonzero values (e.g. af.where(d == 0, 1, d)), or convert to "
-        f"float first (x.float() {sym} 0 gives inf or nan)")
+        f"float first (x.float() {sym} 0 gives inf or nan)"
+    )
 
 
 def division_kernel(name: str, ufunc):
     """The tensor-tensor kernel: an integer divisor is checked for zeros first."""
+
     def kernel(outs, ins, attrs):
         a, b = ins
         o = outs[0]
@@ -55,11 +57,13 @@ def division_kernel(name: str, ufunc):
             raise zero_division(name, dt, True)
         with np.errstate(all="ignore"):
             ufunc(a, b, out=o)
+
     return kernel
 
 
 def division_scalar_kernel(name: str, ufunc, reverse: bool):
     """The tensor-scalar kernels: ``x // s`` checks the scalar, ``s // x`` the tensor."""
+
     def kernel(outs, ins, attrs):
         o = outs[0]
         dt = o.dtype
@@ -77,15 +81,18 @@ def division_scalar_kernel(name: str, ufunc, reverse: bool):
                 ufunc(s, x, out=o)
             else:
                 ufunc(x, s, out=o)
+
     return kernel
 
 
 def nonzero_divisor(name: str, infer):
     """Wraps the inference of ``x // s`` / ``x % s``: a zero ``s`` on an integer (or bool)
     result raises at the call, before anything is issued."""
+
     def checked(metas, attrs):
         specs = infer(metas, attrs)
         if attrs["scalar"] == 0 and specs[0][1].category != FLOAT:
             raise zero_division(name, specs[0][1].name, False)
         return specs
+
     return checked

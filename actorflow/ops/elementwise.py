@@ -42,9 +42,12 @@ def _floating(dtype):
 def _no_bool(op):
     def rule(dtype):
         if dtype is bool_:
-            raise DTypeError(f"{op}: not supported for bool tensors; convert with .int() or "
-                             f".float() first (use logical ops to invert a mask)")
+            raise DTypeError(
+                f"{op}: not supported for bool tensors; convert with .int() or "
+                f".float() first (use logical ops to invert a mask)"
+            )
         return dtype
+
     return rule
 
 
@@ -53,10 +56,12 @@ def _no_float(op):
         if dtype.category == FLOAT:
             raise DTypeError(f"{op}: only integer and bool tensors are supported, got {dtype}")
         return dtype
+
     return rule
 
 
 # -- unary -----------------------------------------------------------------------------
+
 
 def _k_relu(outs, ins, attrs):
     np.maximum(ins[0], 0, out=outs[0])
@@ -80,10 +85,10 @@ def _erf(x):
     """erf: exact (math.erf) for float64, Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7,
     below float32 resolution) for float32/float16."""
     if x.dtype == np.float64:
-        r = np.asarray(_erf_exact(host(x)), dtype=np.float64)   # (math.erf: on the host)
+        r = np.asarray(_erf_exact(host(x)), dtype=np.float64)  # (math.erf: on the host)
         if not is_array(x) or isinstance(x, np.ndarray):
             return r
-        d = x.copy()                # a device array: the result goes back to the device
+        d = x.copy()  # a device array: the result goes back to the device
         d.set(r)
         return d
     x = x.astype(np.float32, copy=False)
@@ -99,7 +104,7 @@ def _k_gelu(outs, ins, attrs):
     if x.dtype.kind != "f":
         x = x.astype(outs[0].dtype)
     if attrs.get("approximate", "none") == "tanh":
-        inner = np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + x.dtype.type(0.044715) * x ** 3)
+        inner = np.sqrt(2.0 / np.pi).astype(x.dtype) * (x + x.dtype.type(0.044715) * x**3)
         res = 0.5 * x * (1.0 + np.tanh(inner))
     else:
         res = 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
@@ -119,7 +124,7 @@ def _k_silu(outs, ins, attrs):
 
 def _k_rsqrt(outs, ins, attrs):
     o = outs[0]
-    with np.errstate(all="ignore"):         # 0 gives inf, a negative number nan, as PyTorch
+    with np.errstate(all="ignore"):  # 0 gives inf, a negative number nan, as PyTorch
         np.sqrt(in_dtype(ins[0], o.dtype), out=o)
         np.reciprocal(o, out=o)
 
@@ -136,35 +141,41 @@ def in_dtype(x, dtype):
 
 def _ufunc_kernel(ufunc, quiet=False):
     if quiet:
+
         def kernel(outs, ins, attrs):
             o = outs[0]
             with np.errstate(all="ignore"):
                 ufunc(in_dtype(ins[0], o.dtype), out=o)
     else:
+
         def kernel(outs, ins, attrs):
             o = outs[0]
             ufunc(in_dtype(ins[0], o.dtype), out=o)
+
     return kernel
 
 
 def _ufunc_fresh(ufunc, quiet=False):
     """The fresh form of ``_ufunc_kernel``: the same cast, the same loop, a new output."""
     if quiet:
+
         def fresh(ins, attrs, dtype):
             x = ins[0]
             if x.dtype is not dtype:
                 x = x.astype(dtype)
             return quietly(ufunc, x)
     else:
+
         def fresh(ins, attrs, dtype):
             x = ins[0]
             if x.dtype is not dtype:
                 x = x.astype(dtype)
             return ufunc(x)
+
     return fresh
 
 
-_ZERO: dict = {}        # numpy dtype -> its 0-d zero (a Python 0 is converted on every call)
+_ZERO: dict = {}  # numpy dtype -> its 0-d zero (a Python 0 is converted on every call)
 
 
 def _f_relu(ins, attrs, dtype):
@@ -176,7 +187,7 @@ def _f_relu(ins, attrs, dtype):
 
 
 def _unary_infer(rule):
-    last = [(None, None)]   # (meta, specs) of the latest call (see _binary_infer)
+    last = [(None, None)]  # (meta, specs) of the latest call (see _binary_infer)
 
     def infer(metas, attrs):
         m = metas[0]
@@ -185,6 +196,7 @@ def _unary_infer(rule):
             specs = [(m.shape, rule(m.dtype))]
             last[0] = (m, specs)
         return specs
+
     return infer
 
 
@@ -209,24 +221,43 @@ UNARY = {
 }
 
 for _name, (_kernel, _rule, _fresh) in UNARY.items():
-    register(OpDef(_name, ("x",), _unary_infer(_rule), {"cpu": _kernel},
-                   fresh={"cpu": _fresh} if _fresh else {}, elementwise=True,
-                   attrs=("approximate",) if _name == "gelu" else ()))
+    register(
+        OpDef(
+            _name,
+            ("x",),
+            _unary_infer(_rule),
+            {"cpu": _kernel},
+            fresh={"cpu": _fresh} if _fresh else {},
+            elementwise=True,
+            attrs=("approximate",) if _name == "gelu" else (),
+        )
+    )
 
 # -- binary ----------------------------------------------------------------------------
 
 BINARY = {
     # name: (ufunc, kind) ; kind: "arith" keeps the promoted dtype, "div" makes it floating,
     # "cmp" gives bool
-    "add": (np.add, "arith"), "sub": (np.subtract, "arith"), "mul": (np.multiply, "arith"),
-    "div": (np.true_divide, "div"), "pow": (np.power, "arith"),
-    "maximum": (np.maximum, "arith"), "minimum": (np.minimum, "arith"),
-    "eq": (np.equal, "cmp"), "ne": (np.not_equal, "cmp"), "lt": (np.less, "cmp"),
-    "le": (np.less_equal, "cmp"), "gt": (np.greater, "cmp"), "ge": (np.greater_equal, "cmp"),
-    "logical_and": (np.logical_and, "cmp"), "logical_or": (np.logical_or, "cmp"),
-    "floor_divide": (np.floor_divide, "arith"), "remainder": (np.remainder, "arith"),
+    "add": (np.add, "arith"),
+    "sub": (np.subtract, "arith"),
+    "mul": (np.multiply, "arith"),
+    "div": (np.true_divide, "div"),
+    "pow": (np.power, "arith"),
+    "maximum": (np.maximum, "arith"),
+    "minimum": (np.minimum, "arith"),
+    "eq": (np.equal, "cmp"),
+    "ne": (np.not_equal, "cmp"),
+    "lt": (np.less, "cmp"),
+    "le": (np.less_equal, "cmp"),
+    "gt": (np.greater, "cmp"),
+    "ge": (np.greater_equal, "cmp"),
+    "logical_and": (np.logical_and, "cmp"),
+    "logical_or": (np.logical_or, "cmp"),
+    "floor_divide": (np.floor_divide, "arith"),
+    "remainder": (np.remainder, "arith"),
     "trunc_divide": (trunc_divide, "arith"),
-    "bitwise_and": (np.bitwise_and, "bitwise"), "bitwise_or": (np.bitwise_or, "bitwise"),
+    "bitwise_and": (np.bitwise_and, "bitwise"),
+    "bitwise_or": (np.bitwise_or, "bitwise"),
     "bitwise_xor": (np.bitwise_xor, "bitwise"),
 }
 _QUIET = {"div", "pow", "floor_divide", "remainder", "trunc_divide"}
@@ -247,19 +278,27 @@ def binary_dtype(name: str, kind: str, a, b):
         dtype = da
     else:
         dtype = result_type(a, b)
-    if name == "sub" and (da is bool_ or b is True or b is False
-                          or getattr(b, "dtype", None) is bool_):
+    if name == "sub" and (
+        da is bool_ or b is True or b is False or getattr(b, "dtype", None) is bool_
+    ):
         raise _bool_subtraction(da, b)
     if kind == "bitwise" and dtype.category == FLOAT:
-        raise DTypeError(f"{name}: only integer and bool tensors are supported, got {dtype}; "
-                         f"use logical ops on comparisons for floats")
+        raise DTypeError(
+            f"{name}: only integer and bool tensors are supported, got {dtype}; "
+            f"use logical ops on comparisons for floats"
+        )
     if kind == "div" and dtype.category != FLOAT:
         return default_float
     if dtype is bool_ and name in INT_DIVISION:
-        how = "div(..., rounding_mode='trunc')" if name == "trunc_divide" else \
-            f"the `{INT_DIVISION[name]}` operator"
-        raise DTypeError(f"{name}: integer division ({how}) of bool operands is not "
-                         f"supported, as in PyTorch; convert with .int() or .float() first")
+        how = (
+            "div(..., rounding_mode='trunc')"
+            if name == "trunc_divide"
+            else f"the `{INT_DIVISION[name]}` operator"
+        )
+        raise DTypeError(
+            f"{name}: integer division ({how}) of bool operands is not "
+            f"supported, as in PyTorch; convert with .int() or .float() first"
+        )
     return dtype
 
 
@@ -267,19 +306,23 @@ def _bool_subtraction(da, b) -> DTypeError:
     """PyTorch refuses ``-`` with a bool operand (a tensor or a Python bool), as here."""
     db = b.dtype if hasattr(b, "dtype") else type(b).__name__
     if da is bool_ and (db is bool_ or db == "bool"):
-        return DTypeError("sub: subtraction, the `-` operator, with two bool tensors is not "
-                          "supported; use the `^` operator (bitwise_xor) instead")
-    return DTypeError(f"sub: subtraction, the `-` operator, with a bool tensor is not "
-                      f"supported (operands {da} and {db}); to invert a mask use the `~` "
-                      f"operator or logical_not(), otherwise convert with .int() or "
-                      f".float() first")
+        return DTypeError(
+            "sub: subtraction, the `-` operator, with two bool tensors is not "
+            "supported; use the `^` operator (bitwise_xor) instead"
+        )
+    return DTypeError(
+        f"sub: subtraction, the `-` operator, with a bool tensor is not "
+        f"supported (operands {da} and {db}); to invert a mask use the `~` "
+        f"operator or logical_not(), otherwise convert with .int() or "
+        f".float() first"
+    )
 
 
 _CACHE_MAX = 1024
 
 
 def _binary_infer(name, kind):
-    cache: dict = {}        # (shapes, dtypes, dims) -> specs: results depend on nothing else
+    cache: dict = {}  # (shapes, dtypes, dims) -> specs: results depend on nothing else
     # Before the cache, the latest call's (a, b, specs): metas are immutable and tensors of
     # one shape, dtype and device share one (TensorMeta cache), so a chain of ops asks the
     # same question again and again; an identity check is much cheaper than the key's hash.
@@ -299,12 +342,13 @@ def _binary_infer(name, kind):
                 cache[key] = specs
         last[0] = (a, b, specs)
         return specs
+
     return infer
 
 
 def _scalar_infer(name, kind):
-    cache: dict = {}        # (shape, dtype, scalar type) -> specs
-    last = [(None, None, None)]     # (meta, scalar type, specs): see _binary_infer
+    cache: dict = {}  # (shape, dtype, scalar type) -> specs
+    last = [(None, None, None)]  # (meta, scalar type, specs): see _binary_infer
 
     def infer(metas, attrs):
         a = metas[0]
@@ -320,6 +364,7 @@ def _scalar_infer(name, kind):
                 cache[key] = specs
         last[0] = (a, t, specs)
         return specs
+
     return infer
 
 
@@ -347,12 +392,13 @@ def _binary_kernel(ufunc, kind, quiet):
                 _apply(ufunc, a, b, o)
         else:
             ufunc(a, b, out=o)
+
     return kernel
 
 
 def _apply(ufunc, a, b, o):
     if ufunc is np.power and o.dtype.kind in "biu":
-        if o.dtype == np.bool_:                        # numpy has no bool power loop
+        if o.dtype == np.bool_:  # numpy has no bool power loop
             np.copyto(o, np.power(_int8(a), _int8(b)), casting="unsafe")
         else:
             _int_power(a, b, o)
@@ -370,7 +416,7 @@ def _int_power(a, b, o):
     minus = np.equal(a, -1)
     odd = np.not_equal(np.bitwise_and(b, 1), 0)
     small = np.where(np.equal(a, 1) | (minus & ~odd), 1, np.where(minus, -1, 0))
-    r = np.power(a, np.where(neg, 0, b))              # (before o is written: o may be a)
+    r = np.power(a, np.where(neg, 0, b))  # (before o is written: o may be a)
     np.copyto(o, np.where(neg, small, r), casting="unsafe")
 
 
@@ -382,6 +428,7 @@ def _int8(v):
 
 def _binary_fresh(ufunc, quiet):
     """The fresh form of ``_binary_kernel`` for arithmetic kinds (not comparisons)."""
+
     def fresh(ins, attrs, dtype):
         a, b = ins
         if a.dtype is not dtype or b.dtype is not dtype:
@@ -389,11 +436,13 @@ def _binary_fresh(ufunc, quiet):
         if quiet:
             return quietly(ufunc, a, b)
         return ufunc(a, b)
+
     return fresh
 
 
 def _scalar_fresh(ufunc, quiet, reverse):
     """The fresh form of ``_scalar_kernel`` for arithmetic kinds (not comparisons)."""
+
     def fresh(ins, attrs, dtype):
         x = ins[0]
         if x.dtype is not dtype:
@@ -402,6 +451,7 @@ def _scalar_fresh(ufunc, quiet, reverse):
             s = attrs["scalar"]
             return quietly(ufunc, s, x) if reverse else quietly(ufunc, x, s)
         return ufunc(attrs["scalar"], x) if reverse else ufunc(x, attrs["scalar"])
+
     return fresh
 
 
@@ -415,16 +465,19 @@ def _scalar_kernel(ufunc, kind, quiet, reverse):
         return (attrs["scalar"], x) if reverse else (x, attrs["scalar"])
 
     if quiet:
+
         def kernel(outs, ins, attrs):
             o = outs[0]
             a, b = operands(ins, attrs, o)
             with np.errstate(all="ignore"):
                 _apply(ufunc, a, b, o)
     elif kind == "cmp":
+
         def kernel(outs, ins, attrs):
             a, b = operands(ins, attrs, outs[0])
             ufunc(a, b, out=outs[0])
     elif reverse:
+
         def kernel(outs, ins, attrs):
             o = outs[0]
             x = ins[0]
@@ -432,33 +485,55 @@ def _scalar_kernel(ufunc, kind, quiet, reverse):
                 x = x.astype(o.dtype)
             ufunc(attrs["scalar"], x, out=o)
     else:
-        def kernel(outs, ins, attrs):               # the common case: kept flat
+
+        def kernel(outs, ins, attrs):  # the common case: kept flat
             o = outs[0]
             x = ins[0]
             if x.dtype is not o.dtype:
                 x = x.astype(o.dtype)
             ufunc(x, attrs["scalar"], out=o)
+
     return kernel
 
 
 for _name, (_uf, _kind) in BINARY.items():
     _has_fresh = _name in _FRESH_BINARY
     _div = _name in INT_DIVISION
-    register(OpDef(_name, ("a", "b"), _binary_infer(_name, _kind),
-                   {"cpu": (division_kernel(_name, _uf) if _div
-                            else _binary_kernel(_uf, _kind, _name in _QUIET))},
-                   fresh={"cpu": _binary_fresh(_uf, _name in _QUIET)} if _has_fresh else {},
-                   elementwise=True))
+    register(
+        OpDef(
+            _name,
+            ("a", "b"),
+            _binary_infer(_name, _kind),
+            {
+                "cpu": (
+                    division_kernel(_name, _uf)
+                    if _div
+                    else _binary_kernel(_uf, _kind, _name in _QUIET)
+                )
+            },
+            fresh={"cpu": _binary_fresh(_uf, _name in _QUIET)} if _has_fresh else {},
+            elementwise=True,
+        )
+    )
     # tensor op scalar, and scalar op tensor ("r" ops, for the reflected Python operators)
     for _prefix, _rev in (("", False), ("r", True)):
         _infer = _scalar_infer(_name, _kind)
-        register(OpDef(_prefix + _name + "_scalar", ("a",),
-                       nonzero_divisor(_name, _infer) if _div and not _rev else _infer,
-                       {"cpu": (division_scalar_kernel(_name, _uf, _rev) if _div
-                                else _scalar_kernel(_uf, _kind, _name in _QUIET, _rev))},
-                       fresh=({"cpu": _scalar_fresh(_uf, _name in _QUIET, _rev)}
-                              if _has_fresh else {}),
-                       attrs=("scalar",),
-                       # (x // s, x % s: a zero s is refused by inference, so by value)
-                       typed_attrs=() if _div and not _rev else ("scalar",),
-                       elementwise=True))
+        register(
+            OpDef(
+                _prefix + _name + "_scalar",
+                ("a",),
+                nonzero_divisor(_name, _infer) if _div and not _rev else _infer,
+                {
+                    "cpu": (
+                        division_scalar_kernel(_name, _uf, _rev)
+                        if _div
+                        else _scalar_kernel(_uf, _kind, _name in _QUIET, _rev)
+                    )
+                },
+                fresh=({"cpu": _scalar_fresh(_uf, _name in _QUIET, _rev)} if _has_fresh else {}),
+                attrs=("scalar",),
+                # (x // s, x % s: a zero s is refused by inference, so by value)
+                typed_attrs=() if _div and not _rev else ("scalar",),
+                elementwise=True,
+            )
+        )

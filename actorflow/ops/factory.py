@@ -42,7 +42,7 @@ def _k_arange(outs, ins, attrs):
 def _k_random(normal):
     def kernel(outs, ins, attrs):
         o = outs[0]
-        gen = np.random.default_rng(attrs["seed"])     # (a seed, or a Generator)
+        gen = np.random.default_rng(attrs["seed"])  # (a seed, or a Generator)
         if o.dtype in (np.float32, np.float64):
             if normal:
                 gen.standard_normal(dtype=o.dtype, out=o)
@@ -50,6 +50,7 @@ def _k_random(normal):
                 gen.random(dtype=o.dtype, out=o)
         else:
             o[...] = gen.standard_normal(o.shape) if normal else gen.random(o.shape)
+
     return kernel
 
 
@@ -58,17 +59,22 @@ def _k_random_step(normal):
 
     def kernel(outs, ins, attrs):
         seed, index = attrs["key"]
-        bits = np.random.Philox(key=np.array([seed, index], dtype=np.uint64),
-                                counter=np.array([0, 0, 0, int(ins[0])], dtype=np.uint64))
+        bits = np.random.Philox(
+            key=np.array([seed, index], dtype=np.uint64),
+            counter=np.array([0, 0, 0, int(ins[0])], dtype=np.uint64),
+        )
         base(outs, ins, {"seed": np.random.Generator(bits)})
+
     return kernel
 
 
 def _step_infer(metas, attrs):
     m = metas[0]
     if m.shape != () or m.dtype.name != "int64":
-        raise DTypeError(f"rand_step/randn_step: the step's count must be an int64 scalar, "
-                         f"got shape {tuple(m.shape)} and dtype {m.dtype.name}")
+        raise DTypeError(
+            f"rand_step/randn_step: the step's count must be an int64 scalar, "
+            f"got shape {tuple(m.shape)} and dtype {m.dtype.name}"
+        )
     return [(attrs["shape"], attrs["dtype"])]
 
 
@@ -77,13 +83,53 @@ register(OpDef("empty", (), _shape_infer, {"cpu": _k_empty}, attrs=_ATTRS))
 register(OpDef("full", (), _shape_infer, {"cpu": _k_full}, attrs=_ATTRS + ("value",)))
 # (host_only: numpy's generators write into numpy arrays only; so a CUDA device draws the
 # same values as cpu, bit for bit)
-register(OpDef("arange", (), _shape_infer, {"cpu": _k_arange}, attrs=_ATTRS + ("start", "step"),
-               host_only=True))
-register(OpDef("rand", (), _shape_infer, {"cpu": _k_random(False)}, attrs=_ATTRS + ("seed",),
-               host_only=True))
-register(OpDef("randn", (), _shape_infer, {"cpu": _k_random(True)}, attrs=_ATTRS + ("seed",),
-               host_only=True))
-register(OpDef("rand_step", ("count",), _step_infer, {"cpu": _k_random_step(False)},
-               attrs=_ATTRS + ("key",), host_only=True))
-register(OpDef("randn_step", ("count",), _step_infer, {"cpu": _k_random_step(True)},
-               attrs=_ATTRS + ("key",), host_only=True))
+register(
+    OpDef(
+        "arange",
+        (),
+        _shape_infer,
+        {"cpu": _k_arange},
+        attrs=_ATTRS + ("start", "step"),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "rand",
+        (),
+        _shape_infer,
+        {"cpu": _k_random(False)},
+        attrs=_ATTRS + ("seed",),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "randn",
+        (),
+        _shape_infer,
+        {"cpu": _k_random(True)},
+        attrs=_ATTRS + ("seed",),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "rand_step",
+        ("count",),
+        _step_infer,
+        {"cpu": _k_random_step(False)},
+        attrs=_ATTRS + ("key",),
+        host_only=True,
+    )
+)
+register(
+    OpDef(
+        "randn_step",
+        ("count",),
+        _step_infer,
+        {"cpu": _k_random_step(True)},
+        attrs=_ATTRS + ("key",),
+        host_only=True,
+    )
+)

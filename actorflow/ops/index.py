@@ -23,6 +23,7 @@ from .registry import OpDef, register
 
 class Slot(NamedTuple):
     """Stands in a key for the index tensor at ``ins[first + index]``."""
+
     index: int
 
 
@@ -30,12 +31,13 @@ class Bounds(NamedTuple):
     """An ``index`` op's attr, for a gather by one index tensor (the key ``ROWS``): its
     values must be in [0, size), none counting from the end. The kernel's error reads
     ``f"{what} {value} is out of bounds: valid values are in [0, {size}){fix}"``."""
+
     size: int
-    what: str        # the op and the index, e.g. "embedding: index"
-    fix: str         # e.g. " (num_embeddings...)": what the size is, how to get in range
+    what: str  # the op and the index, e.g. "embedding: index"
+    fix: str  # e.g. " (num_embeddings...)": what the size is, how to get in range
 
 
-ROWS = (Slot(0),)       # the key of a gather by one index tensor (``indexing.take``)
+ROWS = (Slot(0),)  # the key of a gather by one index tensor (``indexing.take``)
 
 
 def fill_key(key: tuple, arrays: list) -> tuple:
@@ -66,8 +68,10 @@ def _index_infer(metas, attrs):
     return [(index_shape("index", metas[0].shape, attrs["key"], metas[1:]), metas[0].dtype)]
 
 
-_UNSIGNED = {np.dtype(t): np.dtype(t).newbyteorder("=").str.replace("i", "u")
-             for t in (np.int8, np.int16, np.int32, np.int64)}
+_UNSIGNED = {
+    np.dtype(t): np.dtype(t).newbyteorder("=").str.replace("i", "u")
+    for t in (np.int8, np.int16, np.int32, np.int64)
+}
 
 
 def _nonnegative(arr: np.ndarray) -> np.ndarray:
@@ -80,8 +84,9 @@ def _nonnegative(arr: np.ndarray) -> np.ndarray:
 def _out_of_range(bad: np.ndarray, total: int, size: int, what: str, fix: str):
     """The IndexOutOfBoundsError for ``bad``, the values out of [0, size) among ``total``."""
     more = f" ({bad.size} of {total} values are)" if bad.size > 1 else ""
-    return IndexOutOfBoundsError(f"{what} {bad.flat[0]} is out of bounds{more}: valid values "
-                                 f"are in [0, {size}){fix}")
+    return IndexOutOfBoundsError(
+        f"{what} {bad.flat[0]} is out of bounds{more}: valid values are in [0, {size}){fix}"
+    )
 
 
 def check_bounds(bounds: Bounds, arr: np.ndarray) -> None:
@@ -89,8 +94,7 @@ def check_bounds(bounds: Bounds, arr: np.ndarray) -> None:
     [0, bounds.size). One pass over ``arr`` when it is."""
     n = bounds.size
     if arr.size and _nonnegative(arr).max() >= n:
-        raise _out_of_range(arr[(arr < 0) | (arr >= n)], arr.size, n, bounds.what,
-                            bounds.fix)
+        raise _out_of_range(arr[(arr < 0) | (arr >= n)], arr.size, n, bounds.what, bounds.fix)
 
 
 def _k_index(outs, ins, attrs):
@@ -99,13 +103,14 @@ def _k_index(outs, ins, attrs):
     if bounds is not None:
         check_bounds(bounds, ins[1])
     key = fill_key(attrs["key"], ins[1:])
-    if not isinstance(x, np.ndarray) and bounds is None \
-            and any(is_array(k) for k in key):   # (a device's indexing does not raise on
-        check_key("getitem", x.shape, key)       # an index out of bounds: checked first)
+    if (
+        not isinstance(x, np.ndarray) and bounds is None and any(is_array(k) for k in key)
+    ):  # (a device's indexing does not raise on
+        check_key("getitem", x.shape, key)  # an index out of bounds: checked first)
     try:
         picked = x[key]
     except IndexError:
-        check_key("getitem", x.shape, key)      # raises IndexOutOfBoundsError, naming it
+        check_key("getitem", x.shape, key)  # raises IndexOutOfBoundsError, naming it
         raise
     outs[0][...] = picked
 
@@ -116,8 +121,8 @@ def _k_masked(outs, ins, attrs):
     try:
         picked = x[key]
     except IndexError:
-        check_key("getitem", x.shape, key)      # a mask of the wrong size, an index out
-        raise                                   # of bounds
+        check_key("getitem", x.shape, key)  # a mask of the wrong size, an index out
+        raise  # of bounds
     return [np.ascontiguousarray(picked)]
 
 
@@ -129,14 +134,15 @@ def _index_put_infer(metas, attrs):
     # metas: [target, value?, index tensors...]; the target is written in place
     target = metas[0]
     nvalue = attrs["has_value"]
-    shape = index_shape("setitem", target.shape, attrs["key"], metas[1 + nvalue:])
-    if nvalue and not attrs["masked"]:     # a mask selects a data-dependent count
+    shape = index_shape("setitem", target.shape, attrs["key"], metas[1 + nvalue :])
+    if nvalue and not attrs["masked"]:  # a mask selects a data-dependent count
         v = metas[1].shape
         try:
             np.broadcast_shapes(v, shape)
         except ValueError:
-            raise ShapeError(f"setitem: cannot assign a value of shape {v} to a selection of "
-                             f"shape {shape}") from None
+            raise ShapeError(
+                f"setitem: cannot assign a value of shape {v} to a selection of shape {shape}"
+            ) from None
     return [(target.shape, target.dtype)]
 
 
@@ -145,13 +151,14 @@ def check_key(op: str, shape: tuple, key: tuple) -> None:
     out of bounds, a mask of the wrong size). It indexes a zero-stride stand-in, so it reads
     the index arrays only: a kernel calls it before it writes anything."""
     dummy = np.broadcast_to(np.empty((), np.uint8), shape)
-    key = tuple(host(k) if is_array(k) else k for k in key)    # (a device's: read here)
+    key = tuple(host(k) if is_array(k) else k for k in key)  # (a device's: read here)
     try:
         dummy[key]
     except IndexError as e:
         raise IndexOutOfBoundsError(
             f"{op}: {e} (a tensor of shape {shape}); valid indices of a dimension of size n "
-            f"are -n to n-1") from None
+            f"are -n to n-1"
+        ) from None
 
 
 def _k_index_put(outs, ins, attrs):
@@ -159,11 +166,11 @@ def _k_index_put(outs, ins, attrs):
     nvalue = attrs["has_value"]
     value = ins[1] if nvalue else attrs["scalar"]
     template = attrs["key"]
-    key = fill_key(template, ins[1 + nvalue:])
+    key = fill_key(template, ins[1 + nvalue :])
     o = outs[0]
     for k in template:
-        if type(k) is Slot:          # index tensors' values: known only now (the rest of the
-            check_key("setitem", o.shape, key)    # key was checked when the op was issued)
+        if type(k) is Slot:  # index tensors' values: known only now (the rest of the
+            check_key("setitem", o.shape, key)  # key was checked when the op was issued)
             break
     o[key] = value
 
@@ -180,8 +187,12 @@ def _rows_key(key, o, value) -> bool:
     if len(key) != 1 or o.ndim < 2 or value.dtype != o.dtype or not o.flags.c_contiguous:
         return False
     k = key[0]
-    return (isinstance(k, np.ndarray) and k.dtype.kind in "iu" and k.size >= ROWS_BY_SORT
-            and value.shape == k.shape + o.shape[1:])
+    return (
+        isinstance(k, np.ndarray)
+        and k.dtype.kind in "iu"
+        and k.size >= ROWS_BY_SORT
+        and value.shape == k.shape + o.shape[1:]
+    )
 
 
 def _add_rows(o, idx, value):
@@ -214,7 +225,7 @@ def _k_index_add(outs, ins, attrs):
     elif any(is_array(k) and k.dtype != np.bool_ for k in key):
         add_at(o, key, ins[1])
     else:
-        o[key] += ins[1]             # basic keys and masks select each element once
+        o[key] += ins[1]  # basic keys and masks select each element once
 
 
 def _class_index_infer(metas, attrs):
@@ -233,29 +244,66 @@ def _k_class_index(outs, ins, attrs):
     if wrong.any():
         bad = t[wrong]
         ignore = attrs["ignore_index"]
-        raise _out_of_range(bad, t.size, classes, f"{attrs['loss']}: Target",
-                            f" (the input's {classes} classes; negative targets do not count "
-                            f"from the end) or ignore_index ({ignore}), whose targets are "
-                            f"skipped; if {bad.flat[0]} marks targets to skip, pass "
-                            f"ignore_index={bad.flat[0]}")
-    np.multiply(t, keep, out=index)         # an ignored target picks class 0, weighted 0
+        raise _out_of_range(
+            bad,
+            t.size,
+            classes,
+            f"{attrs['loss']}: Target",
+            f" (the input's {classes} classes; negative targets do not count "
+            f"from the end) or ignore_index ({ignore}), whose targets are "
+            f"skipped; if {bad.flat[0]} marks targets to skip, pass "
+            f"ignore_index={bad.flat[0]}",
+        )
+    np.multiply(t, keep, out=index)  # an ignored target picks class 0, weighted 0
     np.copyto(keep_out, keep)
 
 
-register(OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index},
-               attrs=("key", "bounds")))
-register(OpDef("class_index", ("target",), _class_index_infer, {"cpu": _k_class_index},
-               outputs=("index", "keep"), attrs=("classes", "ignore_index", "dtype", "loss")))
-register(OpDef("index_add", ("x", "value", "indices*"),
-               lambda metas, attrs: [(metas[0].shape, metas[0].dtype)], {"cpu": _k_index_add},
-               attrs=("key", "bounds")))
-register(OpDef("masked_index", ("x", "indices*"),
-               lambda metas, attrs: [(None, metas[0].dtype)], {"cpu": _k_masked},
-               attrs=("key",), dynamic=True))
-register(OpDef("nonzero", ("x",), lambda metas, attrs: [(None, int64)], {"cpu": _k_nonzero},
-               dynamic=True))
-register(OpDef("index_put", ("x", "value?", "indices*"), _index_put_infer,
-               {"cpu": _k_index_put}, attrs=("key", "masked", "has_value", "scalar")))
+register(
+    OpDef("index", ("x", "indices*"), _index_infer, {"cpu": _k_index}, attrs=("key", "bounds"))
+)
+register(
+    OpDef(
+        "class_index",
+        ("target",),
+        _class_index_infer,
+        {"cpu": _k_class_index},
+        outputs=("index", "keep"),
+        attrs=("classes", "ignore_index", "dtype", "loss"),
+    )
+)
+register(
+    OpDef(
+        "index_add",
+        ("x", "value", "indices*"),
+        lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+        {"cpu": _k_index_add},
+        attrs=("key", "bounds"),
+    )
+)
+register(
+    OpDef(
+        "masked_index",
+        ("x", "indices*"),
+        lambda metas, attrs: [(None, metas[0].dtype)],
+        {"cpu": _k_masked},
+        attrs=("key",),
+        dynamic=True,
+    )
+)
+register(
+    OpDef(
+        "nonzero", ("x",), lambda metas, attrs: [(None, int64)], {"cpu": _k_nonzero}, dynamic=True
+    )
+)
+register(
+    OpDef(
+        "index_put",
+        ("x", "value?", "indices*"),
+        _index_put_infer,
+        {"cpu": _k_index_put},
+        attrs=("key", "masked", "has_value", "scalar"),
+    )
+)
 
 
 # -- gather and scatter_add along one dim ---------------------------------------------------
@@ -263,32 +311,44 @@ register(OpDef("index_put", ("x", "value?", "indices*"), _index_put_infer,
 # x[index[i][j]][j] (dim 0). Its values must be in [0, n) of ``dim``'s size n (none count from
 # the end, as in PyTorch); the kernels check them before they write anything.
 
+
 def along_shape(op: str, x, dim: int, index, src=None) -> None:
     """Checks the shapes of a gather (``src`` None) or a scatter along ``dim``: the same
     number of dims, and ``index`` no larger than ``x`` (than ``src`` too, for a scatter) in
     every dim but ``dim`` (in every dim, for ``src``)."""
     if index.dtype is not int64:
-        raise DTypeError(f"{op}(): index must be an int64 tensor, got {index.dtype}; convert "
-                         f"it with index.long()")
+        raise DTypeError(
+            f"{op}(): index must be an int64 tensor, got {index.dtype}; convert "
+            f"it with index.long()"
+        )
     xs, ix = x.shape, index.shape
     if len(ix) != len(xs) and not (len(ix) <= 1 and len(xs) <= 1):
-        raise ShapeError(f"{op}(): index has {len(ix)} dims but the input has {len(xs)} "
-                         f"(index shape {ix}, input shape {xs}); they must have the same "
-                         f"number of dims")
-    for d, (i, s) in enumerate(zip(ix, xs, strict=False)):   # (0-dim against 1-dim: none)
+        raise ShapeError(
+            f"{op}(): index has {len(ix)} dims but the input has {len(xs)} "
+            f"(index shape {ix}, input shape {xs}); they must have the same "
+            f"number of dims"
+        )
+    for d, (i, s) in enumerate(zip(ix, xs, strict=False)):  # (0-dim against 1-dim: none)
         if d != dim and i > s:
-            raise ShapeError(f"{op}(): index shape {ix} is larger than the input's {xs} in "
-                             f"dim {d} ({i} > {s}); only dim {dim} may be larger")
+            raise ShapeError(
+                f"{op}(): index shape {ix} is larger than the input's {xs} in "
+                f"dim {d} ({i} > {s}); only dim {dim} may be larger"
+            )
     if src is not None:
         ss = src.shape
         if len(ss) != len(ix) or any(i > s for i, s in zip(ix, ss, strict=True)):
-            raise ShapeError(f"{op}(): index shape {ix} must be no larger than src's {ss} in "
-                             f"every dim (and have as many dims)")
+            raise ShapeError(
+                f"{op}(): index shape {ix} must be no larger than src's {ss} in "
+                f"every dim (and have as many dims)"
+            )
 
 
 def _along(op: str, dim: int, size: int) -> Bounds:
-    return Bounds(size, f"{op}: index", f" (the size of dim {dim}); negative indices do not "
-                                        f"count from the end here")
+    return Bounds(
+        size,
+        f"{op}: index",
+        f" (the size of dim {dim}); negative indices do not count from the end here",
+    )
 
 
 def _gather_infer(metas, attrs):
@@ -302,9 +362,12 @@ def _along_key(index: np.ndarray, dim: int) -> tuple:
     positions: one broadcast index array per dim (no copies: aranges of one dim each, made
     where ``index`` lives: numpy's, or the device's by ``like=``)."""
     nd = index.ndim
-    return tuple(index if d == dim else
-                 np.arange(s, like=index).reshape((1,) * d + (s,) + (1,) * (nd - d - 1))
-                 for d, s in enumerate(index.shape))
+    return tuple(
+        index
+        if d == dim
+        else np.arange(s, like=index).reshape((1,) * d + (s,) + (1,) * (nd - d - 1))
+        for d, s in enumerate(index.shape)
+    )
 
 
 def _k_gather(outs, ins, attrs):
@@ -321,8 +384,10 @@ def _scatter_add_infer(metas, attrs):
     x, index, src = metas
     along_shape("scatter_add", x, attrs["dim"], index, src)
     if src.dtype is not x.dtype:
-        raise DTypeError(f"scatter_add(): src is {src.dtype} but the input is {x.dtype}; "
-                         f"cast src with .to({x.dtype})")
+        raise DTypeError(
+            f"scatter_add(): src is {src.dtype} but the input is {x.dtype}; "
+            f"cast src with .to({x.dtype})"
+        )
     return [(x.shape, x.dtype)]
 
 
@@ -341,5 +406,12 @@ def _k_scatter_add(outs, ins, attrs):
 
 
 register(OpDef("gather", ("x", "index"), _gather_infer, {"cpu": _k_gather}, attrs=("dim",)))
-register(OpDef("scatter_add", ("x", "index", "src"), _scatter_add_infer,
-               {"cpu": _k_scatter_add}, attrs=("dim",)))
+register(
+    OpDef(
+        "scatter_add",
+        ("x", "index", "src"),
+        _scatter_add_infer,
+        {"cpu": _k_scatter_add},
+        attrs=("dim",),
+    )
+)

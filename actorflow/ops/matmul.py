@@ -13,14 +13,18 @@ from .registry import OpDef, register
 
 def matmul_shape(a: tuple, b: tuple) -> tuple:
     if not a or not b:
-        raise ShapeError(f"matmul: both arguments need at least 1 dimension, got shapes {a} "
-                         f"and {b}; use mul (*) for scalars")
+        raise ShapeError(
+            f"matmul: both arguments need at least 1 dimension, got shapes {a} "
+            f"and {b}; use mul (*) for scalars"
+        )
     ka = a[-1]
     kb = b[0] if len(b) == 1 else b[-2]
     if ka != kb:
-        raise ShapeError(f"matmul: shapes {a} and {b} cannot be multiplied ({ka} != {kb}); "
-                         f"the last dim of the first must equal the "
-                         f"{'only' if len(b) == 1 else 'second-to-last'} dim of the second")
+        raise ShapeError(
+            f"matmul: shapes {a} and {b} cannot be multiplied ({ka} != {kb}); "
+            f"the last dim of the first must equal the "
+            f"{'only' if len(b) == 1 else 'second-to-last'} dim of the second"
+        )
     if len(a) == 1 and len(b) == 1:
         return ()
     if len(a) == 1:

@@ -18,9 +18,11 @@ def _softmax_infer(op):
     def infer(metas, attrs):
         m = metas[0]
         if m.dtype.category != FLOAT:
-            raise DTypeError(f"{op}: needs a floating point tensor, got {m.dtype}; "
-                             f"convert with .float() first")
+            raise DTypeError(
+                f"{op}: needs a floating point tensor, got {m.dtype}; convert with .float() first"
+            )
         return [(m.shape, m.dtype)]
+
     return infer
 
 
@@ -78,8 +80,7 @@ def _k_softmax(outs, ins, attrs):
         o2 /= _row_sum(o2)[:, None]
         return
     e = np.exp(_shifted(ins[0], dim))
-    np.divide(e, np.sum(e, axis=dim, keepdims=True) if e.ndim else e, out=outs[0],
-              casting="unsafe")
+    np.divide(e, np.sum(e, axis=dim, keepdims=True) if e.ndim else e, out=outs[0], casting="unsafe")
 
 
 def _k_log_softmax(outs, ins, attrs):
@@ -93,21 +94,30 @@ def _k_log_softmax(outs, ins, attrs):
         o2 -= lse[:, None]
         return
     z = _shifted(ins[0], dim)
-    with np.errstate(divide="ignore"):           # an empty dim sums to 0: log gives -inf
+    with np.errstate(divide="ignore"):  # an empty dim sums to 0: log gives -inf
         lse = np.log(np.sum(np.exp(z), axis=dim, keepdims=True)) if z.ndim else np.log(np.exp(z))
     np.subtract(z, lse, out=outs[0], casting="unsafe")
 
 
 register(OpDef("softmax", ("x",), _softmax_infer("softmax"), {"cpu": _k_softmax}, attrs=("dim",)))
-register(OpDef("log_softmax", ("x",), _softmax_infer("log_softmax"), {"cpu": _k_log_softmax},
-               attrs=("dim",)))
+register(
+    OpDef(
+        "log_softmax",
+        ("x",),
+        _softmax_infer("log_softmax"),
+        {"cpu": _k_log_softmax},
+        attrs=("dim",),
+    )
+)
 
 
 def _softmax_backward_infer(metas, attrs):
     g, y = metas
     if g.shape != y.shape or g.dtype is not y.dtype:
-        raise DTypeError(f"softmax_backward: the gradient ({g.dtype.name}{list(g.shape)}) and "
-                         f"the output ({y.dtype.name}{list(y.shape)}) must match")
+        raise DTypeError(
+            f"softmax_backward: the gradient ({g.dtype.name}{list(g.shape)}) and "
+            f"the output ({y.dtype.name}{list(y.shape)}) must match"
+        )
     return [(y.shape, y.dtype)]
 
 
@@ -129,18 +139,29 @@ def _k_softmax_backward(outs, ins, attrs):
     np.multiply(np.subtract(g, s), y, out=o, casting="unsafe")
 
 
-register(OpDef("softmax_backward", ("grad", "y"), _softmax_backward_infer,
-               {"cpu": _k_softmax_backward}, attrs=("dim",)))
+register(
+    OpDef(
+        "softmax_backward",
+        ("grad", "y"),
+        _softmax_backward_infer,
+        {"cpu": _k_softmax_backward},
+        attrs=("dim",),
+    )
+)
 
 
 def _grad_infer(op):
     """An activation's backward op (gradient, input) -> the input's gradient."""
+
     def infer(metas, attrs):
         g, x = metas
         if g.shape != x.shape or g.dtype is not x.dtype:
-            raise DTypeError(f"{op}: the gradient ({g.dtype}{list(g.shape)}) and the "
-                             f"input ({x.dtype}{list(x.shape)}) must match")
+            raise DTypeError(
+                f"{op}: the gradient ({g.dtype}{list(g.shape)}) and the "
+                f"input ({x.dtype}{list(x.shape)}) must match"
+            )
         return [(x.shape, x.dtype)]
+
     return infer
 
 
@@ -151,7 +172,7 @@ def _k_gelu_backward(outs, ins, attrs):
     if attrs["approximate"] == "tanh":
         c = np.sqrt(2.0 / np.pi).astype(x.dtype)
         k = x.dtype.type(0.044715)
-        t = np.tanh(c * (x + k * x ** 3))
+        t = np.tanh(c * (x + k * x**3))
         d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x * x)
     else:
         cdf = 0.5 * (1.0 + _erf(x / np.sqrt(2.0).astype(x.dtype)))
@@ -160,8 +181,15 @@ def _k_gelu_backward(outs, ins, attrs):
     np.multiply(g, d, out=outs[0], casting="unsafe")
 
 
-register(OpDef("gelu_backward", ("grad", "x"), _grad_infer("gelu_backward"),
-               {"cpu": _k_gelu_backward}, attrs=("approximate",)))
+register(
+    OpDef(
+        "gelu_backward",
+        ("grad", "x"),
+        _grad_infer("gelu_backward"),
+        {"cpu": _k_gelu_backward},
+        attrs=("approximate",),
+    )
+)
 
 
 def _k_silu_backward(outs, ins, attrs):
@@ -180,8 +208,9 @@ def _k_silu_backward(outs, ins, attrs):
     np.multiply(g, d, out=outs[0], casting="unsafe")
 
 
-register(OpDef("silu_backward", ("grad", "x"), _grad_infer("silu_backward"),
-               {"cpu": _k_silu_backward}))
+register(
+    OpDef("silu_backward", ("grad", "x"), _grad_infer("silu_backward"), {"cpu": _k_silu_backward})
+)
 
 
 # -- batch norm (training): the batch's statistics per channel, and the backward ----------
@@ -189,26 +218,37 @@ register(OpDef("silu_backward", ("grad", "x"), _grad_infer("silu_backward"),
 # with the biased variance and returns the statistics it used (mean, biased var), which the
 # caller folds into its running ones; its backward is PyTorch's closed form, one pass.
 
+
 def _check_channel_param(op, name, m, c, dtype):
     if m.shape != (c,):
-        raise ShapeError(f"{op}: {name} must hold one value per channel: shape ({c},) for an "
-                         f"input of {c} channels, got shape {m.shape}")
+        raise ShapeError(
+            f"{op}: {name} must hold one value per channel: shape ({c},) for an "
+            f"input of {c} channels, got shape {m.shape}"
+        )
     if m.dtype is not dtype:
-        raise DTypeError(f"{op}: {name} is {m.dtype.name} but the input is {dtype.name}; "
-                         f"convert it with .to(af.{dtype.name})")
+        raise DTypeError(
+            f"{op}: {name} is {m.dtype.name} but the input is {dtype.name}; "
+            f"convert it with .to(af.{dtype.name})"
+        )
 
 
 def _batch_norm_infer(metas, attrs):
     x = metas[0]
     if x.dtype.category != FLOAT:
-        raise DTypeError(f"batch_norm: needs a floating point input, got {x.dtype.name}; "
-                         f"convert with .float() first")
+        raise DTypeError(
+            f"batch_norm: needs a floating point input, got {x.dtype.name}; "
+            f"convert with .float() first"
+        )
     if len(x.shape) < 2:
-        raise ShapeError(f"batch_norm: expected an input (N, C, ...) of 2 dims or more, got "
-                         f"shape {x.shape}")
+        raise ShapeError(
+            f"batch_norm: expected an input (N, C, ...) of 2 dims or more, got shape {x.shape}"
+        )
     c = x.shape[1]
-    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"], strict=True) if on],
-                       metas[1:], strict=False):    # (the running statistics follow)
+    for name, m in zip(
+        [n for n, on in zip(("weight", "bias"), attrs["affine"], strict=True) if on],
+        metas[1:],
+        strict=False,
+    ):  # (the running statistics follow)
         _check_channel_param("batch_norm", name, m, c, x.dtype)
     return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
 
@@ -250,7 +290,7 @@ def _k_batch_norm(outs, ins, attrs):
     m = x3.shape[0] * x3.shape[2]
     mean = _channel_sum(x3) / m
     direct = y.dtype == x3.dtype and y.flags.c_contiguous
-    y3 = _by_channel(y) if direct else np.empty_like(x3, order="C")    # (_flat views it)
+    y3 = _by_channel(y) if direct else np.empty_like(x3, order="C")  # (_flat views it)
     s, y2 = x3.shape[2], _flat(y3)
     np.subtract(_flat(x3), _spread(mean, s), out=y2)
     var = _channel_sum(y3, y3) / m
@@ -262,22 +302,31 @@ def _k_batch_norm(outs, ins, attrs):
     y2 *= _spread(scale, s)
     if has_b:
         y2 += _spread(_compute(next(rest)), s)
-    if not direct:                          # (a float16 output: computed in float32)
+    if not direct:  # (a float16 output: computed in float32)
         np.copyto(y, y3.reshape(y.shape), casting="unsafe")
     mean_out[...] = mean
     var_out[...] = var
 
 
-register(OpDef("batch_norm", ("x", "weight", "bias"), _batch_norm_infer,
-               {"cpu": _k_batch_norm}, outputs=("out", "mean", "var"),
-               attrs=("eps", "affine")))
+register(
+    OpDef(
+        "batch_norm",
+        ("x", "weight", "bias"),
+        _batch_norm_infer,
+        {"cpu": _k_batch_norm},
+        outputs=("out", "mean", "var"),
+        attrs=("eps", "affine"),
+    )
+)
 
 
 def _batch_norm_backward_infer(metas, attrs):
     g, x = metas[0], metas[1]
     if g.shape != x.shape or g.dtype is not x.dtype:
-        raise DTypeError(f"batch_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
-                         f"and the input ({x.dtype.name}{list(x.shape)}) must match")
+        raise DTypeError(
+            f"batch_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
+            f"and the input ({x.dtype.name}{list(x.shape)}) must match"
+        )
     c = x.shape[1]
     return [(x.shape, x.dtype), ((c,), x.dtype), ((c,), x.dtype)]
 
@@ -293,11 +342,11 @@ def _k_batch_norm_backward(outs, ins, attrs):
     # xhat's sums without xhat: sum(g * xhat) = invstd * (sum(g * x) - mean * sum(g))
     # cancels when |mean| >> std, so xhat is formed, in gx's memory when it can be
     direct = gx.dtype == x3.dtype and gx.flags.c_contiguous
-    t = _by_channel(gx) if direct else np.empty_like(x3, order="C")    # (_flat views it)
+    t = _by_channel(gx) if direct else np.empty_like(x3, order="C")  # (_flat views it)
     s, t2 = x3.shape[2], _flat(t)
     np.subtract(_flat(x3), _spread(mean, s), out=t2)
     sum_g = _channel_sum(g3)
-    sum_gx = _channel_sum(g3, t) * invstd   # sum(g * xhat), xhat = t * invstd
+    sum_gx = _channel_sum(g3, t) * invstd  # sum(g * xhat), xhat = t * invstd
     scale = invstd if len(ins) == 4 else invstd * _compute(ins[4])
     # gx = scale * (g - sum_g / m - t * invstd * sum_gx / m), t scaled in place
     t2 *= _spread(-invstd * sum_gx / m, s)
@@ -310,9 +359,16 @@ def _k_batch_norm_backward(outs, ins, attrs):
     gb[...] = sum_g
 
 
-register(OpDef("batch_norm_backward", ("grad", "x", "mean", "var", "weight"),
-               _batch_norm_backward_infer, {"cpu": _k_batch_norm_backward},
-               outputs=("grad_x", "grad_weight", "grad_bias"), attrs=("eps",)))
+register(
+    OpDef(
+        "batch_norm_backward",
+        ("grad", "x", "mean", "var", "weight"),
+        _batch_norm_backward_infer,
+        {"cpu": _k_batch_norm_backward},
+        outputs=("grad_x", "grad_weight", "grad_bias"),
+        attrs=("eps",),
+    )
+)
 
 
 # -- layer norm: the statistics of each row of the last ``dims`` dims ----------------------
@@ -320,23 +376,33 @@ register(OpDef("batch_norm_backward", ("grad", "x", "mean", "var", "weight"),
 # (shape lead), which its backward reads (x is not normalized again by a composition: the
 # op and its backward each run a few passes where mean/sub/mul/pow/... ran ~24 ops).
 
+
 def _layer_norm_infer(metas, attrs):
     x = metas[0]
     k = attrs["dims"]
     if x.dtype.category != FLOAT:
-        raise DTypeError(f"layer_norm: needs a floating point input, got {x.dtype.name}; "
-                         f"convert with .float() first")
-    norm = tuple(x.shape[len(x.shape) - k:])
-    for name, m in zip([n for n, on in zip(("weight", "bias"), attrs["affine"], strict=True) if on],
-                       metas[1:], strict=True):
+        raise DTypeError(
+            f"layer_norm: needs a floating point input, got {x.dtype.name}; "
+            f"convert with .float() first"
+        )
+    norm = tuple(x.shape[len(x.shape) - k :])
+    for name, m in zip(
+        [n for n, on in zip(("weight", "bias"), attrs["affine"], strict=True) if on],
+        metas[1:],
+        strict=True,
+    ):
         if tuple(m.shape) != norm:
-            raise ShapeError(f"layer_norm: {name} must have the normalized shape {norm} (the "
-                             f"input's last {k} dims, input shape {x.shape}), got shape "
-                             f"{m.shape}")
+            raise ShapeError(
+                f"layer_norm: {name} must have the normalized shape {norm} (the "
+                f"input's last {k} dims, input shape {x.shape}), got shape "
+                f"{m.shape}"
+            )
         if m.dtype is not x.dtype:
-            raise DTypeError(f"layer_norm: {name} is {m.dtype.name} but the input is "
-                             f"{x.dtype.name}; convert it with .to(af.{x.dtype.name})")
-    lead = tuple(x.shape[:len(x.shape) - k])
+            raise DTypeError(
+                f"layer_norm: {name} is {m.dtype.name} but the input is "
+                f"{x.dtype.name}; convert it with .to(af.{x.dtype.name})"
+            )
+    lead = tuple(x.shape[: len(x.shape) - k])
     return [(x.shape, x.dtype), (lead, x.dtype), (lead, x.dtype)]
 
 
@@ -345,7 +411,7 @@ def _rows(a, dims):
     narrower)."""
     if a.dtype.itemsize < 4:
         a = a.astype(np.float32)
-    d = int(np.prod(a.shape[a.ndim - dims:], dtype=np.int64))
+    d = int(np.prod(a.shape[a.ndim - dims :], dtype=np.int64))
     return a.reshape(-1, d) if d else a.reshape(a.size, 0)
 
 
@@ -355,10 +421,10 @@ def _k_layer_norm(outs, ins, attrs):
     d = max(1, x2.shape[1])
     direct = y.dtype == x2.dtype and y.flags.c_contiguous
     y2 = y.reshape(x2.shape) if direct else np.empty_like(x2)
-    mean = np.einsum("ij->i", x2)                    # (add.reduce pays per short row)
+    mean = np.einsum("ij->i", x2)  # (add.reduce pays per short row)
     mean *= 1.0 / d
     np.subtract(x2, mean[:, None], out=y2)
-    rstd = np.einsum("ij,ij->i", y2, y2)            # the sum of squares, no temporary
+    rstd = np.einsum("ij,ij->i", y2, y2)  # the sum of squares, no temporary
     rstd *= 1.0 / d
     rstd += x2.dtype.type(attrs["eps"])
     np.sqrt(rstd, out=rstd)
@@ -376,17 +442,26 @@ def _k_layer_norm(outs, ins, attrs):
     np.copyto(rstd_out, rstd.reshape(rstd_out.shape), casting="unsafe")
 
 
-register(OpDef("layer_norm", ("x", "weight", "bias"), _layer_norm_infer,
-               {"cpu": _k_layer_norm}, outputs=("out", "mean", "rstd"),
-               attrs=("eps", "affine", "dims")))
+register(
+    OpDef(
+        "layer_norm",
+        ("x", "weight", "bias"),
+        _layer_norm_infer,
+        {"cpu": _k_layer_norm},
+        outputs=("out", "mean", "rstd"),
+        attrs=("eps", "affine", "dims"),
+    )
+)
 
 
 def _layer_norm_backward_infer(metas, attrs):
     g, x = metas[0], metas[1]
     if g.shape != x.shape or g.dtype is not x.dtype:
-        raise DTypeError(f"layer_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
-                         f"and the input ({x.dtype.name}{list(x.shape)}) must match")
-    norm = tuple(x.shape[len(x.shape) - attrs["dims"]:])
+        raise DTypeError(
+            f"layer_norm_backward: the gradient ({g.dtype.name}{list(g.shape)}) "
+            f"and the input ({x.dtype.name}{list(x.shape)}) must match"
+        )
+    norm = tuple(x.shape[len(x.shape) - attrs["dims"] :])
     return [(x.shape, x.dtype), (norm, x.dtype), (norm, x.dtype)]
 
 
@@ -420,6 +495,13 @@ def _k_layer_norm_backward(outs, ins, attrs):
         np.copyto(gx, gx2.reshape(gx.shape), casting="unsafe")
 
 
-register(OpDef("layer_norm_backward", ("grad", "x", "mean", "rstd", "weight"),
-               _layer_norm_backward_infer, {"cpu": _k_layer_norm_backward},
-               outputs=("grad_x", "grad_weight", "grad_bias"), attrs=("dims",)))
+register(
+    OpDef(
+        "layer_norm_backward",
+        ("grad", "x", "mean", "rstd", "weight"),
+        _layer_norm_backward_infer,
+        {"cpu": _k_layer_norm_backward},
+        outputs=("grad_x", "grad_weight", "grad_bias"),
+        attrs=("dims",),
+    )
+)

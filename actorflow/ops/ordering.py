@@ -33,8 +33,9 @@ def _k_cumsum(outs, ins, attrs):
         o[...] = np.cumsum(x, axis=dim, dtype=acc)
 
 
-register(OpDef("cumsum", ("x",), _cumsum_infer, {"cpu": _k_cumsum},
-               attrs=("dim", "reverse", "dtype")))
+register(
+    OpDef("cumsum", ("x",), _cumsum_infer, {"cpu": _k_cumsum}, attrs=("dim", "reverse", "dtype"))
+)
 
 
 def sort_order(x: np.ndarray, dim: int, descending: bool) -> np.ndarray:
@@ -73,15 +74,33 @@ def _topk_infer(metas, attrs):
     dim, k = attrs["dim"], attrs["k"]
     size = m.shape[dim] if m.shape else 1
     if not 0 <= k <= size:
-        raise ShapeError(f"topk: k ({k}) is out of range for dim {dim} of size {size} (input "
-                         f"shape {m.shape}); pass k in [0, {size}]")
-    shape = m.shape[:dim] + (k,) + m.shape[dim + 1:] if m.shape else ()
+        raise ShapeError(
+            f"topk: k ({k}) is out of range for dim {dim} of size {size} (input "
+            f"shape {m.shape}); pass k in [0, {size}]"
+        )
+    shape = m.shape[:dim] + (k,) + m.shape[dim + 1 :] if m.shape else ()
     return [(shape, m.dtype), (shape, int64)]
 
 
-register(OpDef("sort", ("x",), _sort_infer, {"cpu": _k_sort}, outputs=("values", "indices"),
-               attrs=("dim", "descending")))
+register(
+    OpDef(
+        "sort",
+        ("x",),
+        _sort_infer,
+        {"cpu": _k_sort},
+        outputs=("values", "indices"),
+        attrs=("dim", "descending"),
+    )
+)
 # topk: the first k of the stable sort (largest: descending); ``sorted=False`` is allowed
 # any order by PyTorch, and gets this one
-register(OpDef("topk", ("x",), _topk_infer, {"cpu": _k_sort}, outputs=("values", "indices"),
-               attrs=("dim", "descending", "k")))
+register(
+    OpDef(
+        "topk",
+        ("x",),
+        _topk_infer,
+        {"cpu": _k_sort},
+        outputs=("values", "indices"),
+        attrs=("dim", "descending", "k"),
+    )
+)

@@ -19,8 +19,10 @@ def padded_shape(op: str, shape: tuple, pads: tuple) -> tuple:
     for d, (n, (b, a)) in enumerate(zip(shape, pads, strict=True)):
         m = n + b + a
         if m < 0:
-            raise ShapeError(f"{op}: padding ({b}, {a}) of dim {d} (size {n}) leaves "
-                             f"{m} elements; the result's sizes must be >= 0")
+            raise ShapeError(
+                f"{op}: padding ({b}, {a}) of dim {d} (size {n}) leaves "
+                f"{m} elements; the result's sizes must be >= 0"
+            )
         out.append(m)
     return tuple(out)
 
@@ -28,7 +30,7 @@ def padded_shape(op: str, shape: tuple, pads: tuple) -> tuple:
 def pad_map(mode: str, n: int, before: int, after: int) -> np.ndarray:
     """The input position each output position of a dim of size ``n`` reads, for a
     non-constant ``mode``."""
-    if mode == "circular":               # the cropped part, wrapped around (as PyTorch)
+    if mode == "circular":  # the cropped part, wrapped around (as PyTorch)
         lo = max(-before, 0)
         m = n - lo - max(-after, 0)
         j = np.arange(-max(before, 0), m + max(after, 0))
@@ -36,7 +38,7 @@ def pad_map(mode: str, n: int, before: int, after: int) -> np.ndarray:
     j = np.arange(-before, n + after)
     if mode == "replicate":
         return np.clip(j, 0, n - 1)
-    period = 2 * (n - 1)                 # reflect: ... 2 1 | 0 1 2 ... n-1 | n-2 ...
+    period = 2 * (n - 1)  # reflect: ... 2 1 | 0 1 2 ... n-1 | n-2 ...
     m = np.abs(j) % period if period else np.zeros_like(j)
     return np.where(m >= n, period - m, m)
 
@@ -74,12 +76,19 @@ def _k_pad_backward(outs, ins, attrs):
     for d in reversed(range(len(shape))):
         b, a = attrs["pads"][d]
         if b or a:
-            z = np.zeros_like(y, shape=y.shape[:d] + (shape[d],) + y.shape[d + 1:])
+            z = np.zeros_like(y, shape=y.shape[:d] + (shape[d],) + y.shape[d + 1 :])
             add_at(z, (slice(None),) * d + (pad_map(attrs["mode"], shape[d], b, a),), y)
             y = z
     outs[0][...] = y
 
 
 register(OpDef("pad", ("x",), _pad_infer, {"cpu": _k_pad}, attrs=("pads", "mode", "value")))
-register(OpDef("pad_backward", ("grad",), _pad_backward_infer, {"cpu": _k_pad_backward},
-             attrs=("pads", "mode", "shape")))
+register(
+    OpDef(
+        "pad_backward",
+        ("grad",),
+        _pad_backward_infer,
+        {"cpu": _k_pad_backward},
+        attrs=("pads", "mode", "shape"),
+    )
+)

@@ -21,8 +21,10 @@ def reduced_shape(shape: tuple, dims, keepdim: bool) -> tuple:
 def _check_nonempty(op, shape, dims):
     if dims is None:
         if 0 in shape:
-            raise ShapeError(f"{op}: cannot reduce an empty tensor of shape {shape} "
-                             f"(the operation has no identity); pass dim= over non-empty dims")
+            raise ShapeError(
+                f"{op}: cannot reduce an empty tensor of shape {shape} "
+                f"(the operation has no identity); pass dim= over non-empty dims"
+            )
     elif any(shape[d] == 0 for d in dims):
         raise ShapeError(f"{op}: cannot reduce over an empty dimension of shape {shape}")
 
@@ -37,8 +39,10 @@ def _mean_infer(metas, attrs):
     m = metas[0]
     dtype = attrs.get("dtype") or m.dtype
     if dtype.category != FLOAT:
-        raise DTypeError(f"mean: could not infer output dtype; input dtype must be floating "
-                         f"point, got {m.dtype}; convert with .float() or pass dtype=")
+        raise DTypeError(
+            f"mean: could not infer output dtype; input dtype must be floating "
+            f"point, got {m.dtype}; convert with .float() or pass dtype="
+        )
     return [(reduced_shape(m.shape, attrs["dims"], attrs["keepdim"]), dtype)]
 
 
@@ -47,6 +51,7 @@ def _minmax_infer(op):
         m = metas[0]
         _check_nonempty(op, m.shape, attrs["dims"])
         return [(reduced_shape(m.shape, attrs["dims"], attrs["keepdim"]), m.dtype)]
+
     return infer
 
 
@@ -63,9 +68,16 @@ SHORT_LEAD = 1024
 def _k_sum(outs, ins, attrs):
     o = outs[0]
     x, dims = ins[0], attrs["dims"]
-    if (dims is not None and len(dims) > 1 and dims[0] == 0 and x.dtype == o.dtype
-            and x.dtype.kind == "f" and x.dtype.itemsize >= 4 and x.flags.c_contiguous
-            and x.shape[0] <= SHORT_LEAD):
+    if (
+        dims is not None
+        and len(dims) > 1
+        and dims[0] == 0
+        and x.dtype == o.dtype
+        and x.dtype.kind == "f"
+        and x.dtype.itemsize >= 4
+        and x.flags.c_contiguous
+        and x.shape[0] <= SHORT_LEAD
+    ):
         # the leading dim first, one vectorised pass over whole rows, then the rest of a
         # small array: numpy's multi-axis sum pays per innermost run (a per channel sum
         # of (N, C, H, W) over (0, 2, 3): ~5x faster on 8x8 and 4x4 planes)
@@ -79,9 +91,9 @@ def _k_sum(outs, ins, attrs):
 def _k_mean(outs, ins, attrs):
     o = outs[0]
     x = ins[0]
-    if x.size == 0:                  # the mean of nothing is nan (quietly, as elsewhere)
+    if x.size == 0:  # the mean of nothing is nan (quietly, as elsewhere)
         o[...] = np.nan
-    elif x.dtype == np.float16:     # accumulate half in float32, as other frameworks do
+    elif x.dtype == np.float16:  # accumulate half in float32, as other frameworks do
         o[...] = np.mean(x, axis=_axis(attrs), dtype=np.float32, keepdims=attrs["keepdim"])
     else:
         np.mean(x, axis=_axis(attrs), dtype=o.dtype, out=o, keepdims=attrs["keepdim"])
@@ -96,15 +108,18 @@ def _reducer(method: str):
             getattr(x, method)(axis=_axis(attrs), out=o, keepdims=attrs["keepdim"])
         else:
             o[...] = getattr(x, method)(axis=_axis(attrs), keepdims=attrs["keepdim"])
+
     return kernel
 
 
 register(OpDef("sum", ("x",), _sum_infer, {"cpu": _k_sum}, attrs=("dims", "keepdim", "dtype")))
 register(OpDef("mean", ("x",), _mean_infer, {"cpu": _k_mean}, attrs=("dims", "keepdim", "dtype")))
-register(OpDef("amax", ("x",), _minmax_infer("max"), {"cpu": _reducer("max")},
-               attrs=("dims", "keepdim")))
-register(OpDef("amin", ("x",), _minmax_infer("min"), {"cpu": _reducer("min")},
-               attrs=("dims", "keepdim")))
+register(
+    OpDef("amax", ("x",), _minmax_infer("max"), {"cpu": _reducer("max")}, attrs=("dims", "keepdim"))
+)
+register(
+    OpDef("amin", ("x",), _minmax_infer("min"), {"cpu": _reducer("min")}, attrs=("dims", "keepdim"))
+)
 
 # -- arg reductions and max/min with indices --------------------------------------------
 
@@ -119,6 +134,7 @@ def _arg_infer(op):
         else:
             shape = reduced_shape(m.shape, (dim,), attrs["keepdim"])
         return [(shape, int64)]
+
     return infer
 
 
@@ -131,13 +147,28 @@ def _arg_kernel(fn):
         else:
             res = fn(x, axis=dim, keepdims=attrs["keepdim"])
         outs[0][...] = res
+
     return kernel
 
 
-register(OpDef("argmax", ("x",), _arg_infer("argmax"), {"cpu": _arg_kernel(np.argmax)},
-               attrs=("dim", "keepdim")))
-register(OpDef("argmin", ("x",), _arg_infer("argmin"), {"cpu": _arg_kernel(np.argmin)},
-               attrs=("dim", "keepdim")))
+register(
+    OpDef(
+        "argmax",
+        ("x",),
+        _arg_infer("argmax"),
+        {"cpu": _arg_kernel(np.argmax)},
+        attrs=("dim", "keepdim"),
+    )
+)
+register(
+    OpDef(
+        "argmin",
+        ("x",),
+        _arg_infer("argmin"),
+        {"cpu": _arg_kernel(np.argmin)},
+        attrs=("dim", "keepdim"),
+    )
+)
 
 
 def _minmax_dim_infer(op):
@@ -147,6 +178,7 @@ def _minmax_dim_infer(op):
         _check_nonempty(op, m.shape, (dim,))
         shape = reduced_shape(m.shape, (dim,), attrs["keepdim"])
         return [(shape, m.dtype), (shape, int64)]
+
     return infer
 
 
@@ -161,10 +193,27 @@ def _minmax_dim_kernel(argfn):
             vals = np.squeeze(vals, axis=dim)
         outs[0][...] = vals
         outs[1][...] = idx
+
     return kernel
 
 
-register(OpDef("max_dim", ("x",), _minmax_dim_infer("max"), {"cpu": _minmax_dim_kernel(np.argmax)},
-               outputs=("values", "indices"), attrs=("dim", "keepdim")))
-register(OpDef("min_dim", ("x",), _minmax_dim_infer("min"), {"cpu": _minmax_dim_kernel(np.argmin)},
-               outputs=("values", "indices"), attrs=("dim", "keepdim")))
+register(
+    OpDef(
+        "max_dim",
+        ("x",),
+        _minmax_dim_infer("max"),
+        {"cpu": _minmax_dim_kernel(np.argmax)},
+        outputs=("values", "indices"),
+        attrs=("dim", "keepdim"),
+    )
+)
+register(
+    OpDef(
+        "min_dim",
+        ("x",),
+        _minmax_dim_infer("min"),
+        {"cpu": _minmax_dim_kernel(np.argmin)},
+        outputs=("values", "indices"),
+        attrs=("dim", "keepdim"),
+    )
+)

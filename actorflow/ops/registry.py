@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..errors import DeviceError
 
-NO_MEMO = (None, None, None, None)     # an op's dispatch memo before its first call
+NO_MEMO = (None, None, None, None)  # an op's dispatch memo before its first call
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,30 +29,31 @@ class OpDef:
     inputs: tuple
     infer: Callable
     kernels: dict = field(default_factory=dict)
-    fresh: dict = field(default_factory=dict)   # device type -> fresh(ins, attrs, dtype)
+    fresh: dict = field(default_factory=dict)  # device type -> fresh(ins, attrs, dtype)
     outputs: tuple = ("out",)
     attrs: tuple = ()
     dynamic: bool = False
-    elementwise: bool = False      # kernel may run on matching slices of outputs and inputs
+    elementwise: bool = False  # kernel may run on matching slices of outputs and inputs
     # its numpy kernel needs host arrays (a random generator writing into ``out=``): on a
     # device with its own memory it runs on host copies of its operands, its outputs copied
     # back (vm/opcall.DeviceKernel), which the CuPy driver's numpy-over-cupy form cannot do
     host_only: bool = False
-    grad: Callable | None = None   # grad rule slot: grad(out_grads, inputs, outputs, attrs)
+    grad: Callable | None = None  # grad rule slot: grad(out_grads, inputs, outputs, attrs)
     # attrs whose type alone decides inference and kernel choice (a scalar operand's): the
     # eager dispatch cache keys them by type, not value (see eager/interpreter.attrs_key)
     typed_attrs: tuple = ()
     # the eager dispatch cache of this op, kept by eager/interpreter: [the latest one-input
     # call's (meta, key, plan), the latest two-input call's (meta, meta, key, plan), a dict
     # signature -> plan]
-    plans: list = field(default_factory=lambda: [NO_MEMO, NO_MEMO, {}], compare=False,
-                        repr=False)
+    plans: list = field(default_factory=lambda: [NO_MEMO, NO_MEMO, {}], compare=False, repr=False)
 
     def __post_init__(self):
         # the eager interpreter relies on this: it runs a fresh kernel for the one output
         if self.fresh and (len(self.outputs) != 1 or self.dynamic):
-            raise ValueError(f"op '{self.name}': fresh kernels are for ops with one output "
-                             f"whose shape is known before compute")
+            raise ValueError(
+                f"op '{self.name}': fresh kernels are for ops with one output "
+                f"whose shape is known before compute"
+            )
 
     def kernel_for(self, device_type: str):
         """The op's kernel for ``device_type``: its own, else one ``DERIVED[device_type]``
@@ -69,9 +70,11 @@ class OpDef:
             if k is not None:
                 _DERIVED_KERNELS[(self.name, device_type)] = k
                 return k
-            raise DeviceError(f"op '{self.name}' has no kernel for device type "
-                              f"'{device_type}'; it runs on {', '.join(self.kernels) or 'no device'}; "
-                              f"move the inputs with .to(...)")
+            raise DeviceError(
+                f"op '{self.name}' has no kernel for device type "
+                f"'{device_type}'; it runs on {', '.join(self.kernels) or 'no device'}; "
+                f"move the inputs with .to(...)"
+            )
         return k
 
     def __getstate__(self) -> dict:

@@ -25,18 +25,22 @@ def _cat_infer(metas, attrs):
     for i, m in enumerate(metas):
         s = m.shape
         if len(s) != len(first):
-            raise ShapeError(f"cat: tensors must have the same number of dimensions: got "
-                             f"{len(first)} and {len(s)} (shapes {first} and {s}, tensor {i})")
+            raise ShapeError(
+                f"cat: tensors must have the same number of dimensions: got "
+                f"{len(first)} and {len(s)} (shapes {first} and {s}, tensor {i})"
+            )
         for d, (x, y) in enumerate(zip(first, s, strict=True)):
             if d != dim and x != y:
-                raise ShapeError(f"cat: sizes of tensors must match except in dimension {dim}; "
-                                 f"expected size {x} but got size {y} for tensor {i} in "
-                                 f"dimension {d} (shapes {first} and {s})")
+                raise ShapeError(
+                    f"cat: sizes of tensors must match except in dimension {dim}; "
+                    f"expected size {x} but got size {y} for tensor {i} in "
+                    f"dimension {d} (shapes {first} and {s})"
+                )
         total += s[dim]
-    dtype = attrs.get("dtype")                          # (given: skipped inputs count too)
+    dtype = attrs.get("dtype")  # (given: skipped inputs count too)
     if dtype is None:
         dtype = promote_all(metas)
-    return [(first[:dim] + (total,) + first[dim + 1:], dtype)]
+    return [(first[:dim] + (total,) + first[dim + 1 :], dtype)]
 
 
 def _k_cat(outs, ins, attrs):
@@ -47,8 +51,10 @@ def _stack_infer(metas, attrs):
     first = metas[0].shape
     for i, m in enumerate(metas):
         if m.shape != first:
-            raise ShapeError(f"stack: expects each tensor to be equal size, but got {first} at "
-                             f"entry 0 and {m.shape} at entry {i}")
+            raise ShapeError(
+                f"stack: expects each tensor to be equal size, but got {first} at "
+                f"entry 0 and {m.shape} at entry {i}"
+            )
     dim = attrs["dim"]
     return [(first[:dim] + (len(metas),) + first[dim:], promote_all(metas))]
 

@@ -8,8 +8,9 @@ from ..creation import full_like
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes, next_count
 
 
-def adagrad_update(p, g, state: dict, group: dict, n, writes: Writes = OUT_OF_PLACE,
-                   values: dict | None = None):
+def adagrad_update(
+    p, g, state: dict, group: dict, n, writes: Writes = OUT_OF_PLACE, values: dict | None = None
+):
     """One Adagrad step of ``p`` with gradient ``g`` at step ``n`` (counting this one: an
     int in eager mode, a float64 0-d tensor in a graph step): ``(p', state')``.
 
@@ -37,17 +38,36 @@ class Adagrad(Optimizer):
 
     counts = ("step",)
 
-    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0, weight_decay: float = 0,
-                 initial_accumulator_value: float = 0, eps: float = 1e-10,
-                 maximize: bool = False):
-        for name, val in (("lr", lr), ("lr_decay", lr_decay), ("weight_decay", weight_decay),
-                          ("initial_accumulator_value", initial_accumulator_value),
-                          ("eps", eps)):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-2,
+        lr_decay: float = 0,
+        weight_decay: float = 0,
+        initial_accumulator_value: float = 0,
+        eps: float = 1e-10,
+        maximize: bool = False,
+    ):
+        for name, val in (
+            ("lr", lr),
+            ("lr_decay", lr_decay),
+            ("weight_decay", weight_decay),
+            ("initial_accumulator_value", initial_accumulator_value),
+            ("eps", eps),
+        ):
             if val < 0:
                 raise ValueError(f"Adagrad: invalid {name} {val} (it must be >= 0)")
-        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
-                                      initial_accumulator_value=initial_accumulator_value,
-                                      eps=eps, maximize=maximize))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                lr_decay=lr_decay,
+                weight_decay=weight_decay,
+                initial_accumulator_value=initial_accumulator_value,
+                eps=eps,
+                maximize=maximize,
+            ),
+        )
         for group in self.param_groups:
             for p in group["params"]:
                 self._state(p, group)

@@ -18,8 +18,16 @@ def bias_corrections(t, group: dict) -> tuple:
     return F.div(group["lr"], F.sub(1.0, F.pow(b1, t))), F.sqrt(F.sub(1.0, F.pow(b2, t)))
 
 
-def adam_update(p, g, state: dict, group: dict, corrections: tuple, decoupled: bool,
-                writes: Writes = OUT_OF_PLACE, values: dict | None = None):
+def adam_update(
+    p,
+    g,
+    state: dict,
+    group: dict,
+    corrections: tuple,
+    decoupled: bool,
+    writes: Writes = OUT_OF_PLACE,
+    values: dict | None = None,
+):
     """One Adam step of ``p`` with gradient ``g``: ``(p', state')`` (the moments; the
     count is the caller's). ``state``: ``exp_avg``, ``exp_avg_sq`` (and ``max_exp_avg_sq``
     with ``amsgrad``); ``corrections``: ``bias_corrections`` at this step; ``decoupled``:
@@ -55,41 +63,58 @@ class Adam(Optimizer):
     decoupled = False
     counts = ("step",)
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        maximize: bool = False,
+    ):
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
         if eps < 0:
             raise ValueError(f"{type(self).__name__}: invalid eps {eps}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize))
-        self._corrections: dict = {}    # eager: (count, lr, betas) -> bias_corrections
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=tuple(betas),
+                eps=eps,
+                weight_decay=weight_decay,
+                amsgrad=amsgrad,
+                maximize=maximize,
+            ),
+        )
+        self._corrections: dict = {}  # eager: (count, lr, betas) -> bias_corrections
 
-    scheduled = ("lr", "betas")         # (OneCycleLR cycles beta1)
+    scheduled = ("lr", "betas")  # (OneCycleLR cycles beta1)
 
     def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
         n = next_count(state["step"], writes)
-        if writes is IN_PLACE:      # eager: the count an int
+        if writes is IN_PLACE:  # eager: the count an int
             key = (n, group["lr"], group["betas"], p.device)
             corrections = self._corrections.get(key)
-            if corrections is None:     # once per count, options and device, not per parameter
+            if corrections is None:  # once per count, options and device, not per parameter
                 if len(self._corrections) > 8:
                     self._corrections.clear()
-                t = from_numpy(np.array(float(n)))                  # float64, 0-d
+                t = from_numpy(np.array(float(n)))  # float64, 0-d
                 if p.device.type != "cpu":
-                    t = t.to(str(p.device))                         # (where p's ops run)
+                    t = t.to(str(p.device))  # (where p's ops run)
                 corrections = self._corrections[key] = bias_corrections(t, group)
-        else:                       # traced: the count a float64 tensor, state of the step
+        else:  # traced: the count a float64 tensor, state of the step
             corrections = bias_corrections(n, self.rates(group, rates))
-        p, new = adam_update(p, grad, state, group, corrections, self.decoupled, writes,
-                             self.rates(group, rates))
+        p, new = adam_update(
+            p, grad, state, group, corrections, self.decoupled, writes, self.rates(group, rates)
+        )
         new["step"] = n
         return p, new
 
     def _fill(self, p, group, state) -> None:
         if "step" not in state:
             state["step"] = 0
-        for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")[:3 if group["amsgrad"] else 2]:
+        for k in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")[: 3 if group["amsgrad"] else 2]:
             if k not in state:
                 state[k] = zeros_like(p)

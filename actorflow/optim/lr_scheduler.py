@@ -43,10 +43,12 @@ class LRScheduler:
         else:
             for i, group in enumerate(optimizer.param_groups):
                 if "initial_lr" not in group:
-                    raise KeyError(f"{type(self).__name__}: param_groups[{i}] has no "
-                                   f"'initial_lr' while resuming with last_epoch="
-                                   f"{last_epoch}; load the optimizer's state_dict first, or "
-                                   f"start with last_epoch=-1")
+                    raise KeyError(
+                        f"{type(self).__name__}: param_groups[{i}] has no "
+                        f"'initial_lr' while resuming with last_epoch="
+                        f"{last_epoch}; load the optimizer's state_dict first, or "
+                        f"start with last_epoch=-1"
+                    )
         self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
         self._initial_step()
@@ -104,16 +106,20 @@ class LRScheduler:
 
 def _check_optimizer(name: str, optimizer) -> None:
     if not (hasattr(optimizer, "param_groups") and hasattr(optimizer, "graph_state")):
-        raise TypeError(f"{name}: {type(optimizer).__name__} is not an Optimizer; give an "
-                        f"actorflow optimizer (af.optim.SGD(...), ...)")
+        raise TypeError(
+            f"{name}: {type(optimizer).__name__} is not an Optimizer; give an "
+            f"actorflow optimizer (af.optim.SGD(...), ...)"
+        )
 
 
 def _per_group(name: str, optimizer, value) -> list:
     """``value`` per parameter group: a list or tuple of one per group, or one for all."""
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
-            raise ValueError(f"expected {len(optimizer.param_groups)} values for {name} (one "
-                             f"per parameter group), got {len(value)}")
+            raise ValueError(
+                f"expected {len(optimizer.param_groups)} values for {name} (one "
+                f"per parameter group), got {len(value)}"
+            )
         return list(value)
     return [value] * len(optimizer.param_groups)
 
@@ -126,22 +132,28 @@ class LambdaLR(LRScheduler):
         self.optimizer = optimizer
         if isinstance(lr_lambda, (list, tuple)):
             if len(lr_lambda) != len(optimizer.param_groups):
-                raise ValueError(f"LambdaLR: expected {len(optimizer.param_groups)} "
-                                 f"lr_lambdas (one per parameter group), got {len(lr_lambda)}")
+                raise ValueError(
+                    f"LambdaLR: expected {len(optimizer.param_groups)} "
+                    f"lr_lambdas (one per parameter group), got {len(lr_lambda)}"
+                )
             self.lr_lambdas = list(lr_lambda)
         else:
             self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list:
-        return [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs, strict=True)]
+        return [
+            base * f(self.last_epoch)
+            for f, base in zip(self.lr_lambdas, self.base_lrs, strict=True)
+        ]
 
     def state_dict(self) -> dict:
         """As the base's, each lambda as None (a function) or its ``__dict__`` (a callable
         object's), as PyTorch's."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
-        out["lr_lambdas"] = [None if isinstance(f, types.FunctionType) else dict(f.__dict__)
-                             for f in self.lr_lambdas]
+        out["lr_lambdas"] = [
+            None if isinstance(f, types.FunctionType) else dict(f.__dict__) for f in self.lr_lambdas
+        ]
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -167,8 +179,7 @@ class StepLR(LRScheduler):
         return [lr * self.gamma for lr in self._current()]
 
     def _get_closed_form_lr(self) -> list:
-        return [base * self.gamma ** (self.last_epoch // self.step_size)
-                for base in self.base_lrs]
+        return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
 
 
 class MultiStepLR(LRScheduler):
@@ -187,8 +198,9 @@ class MultiStepLR(LRScheduler):
 
     def _get_closed_form_lr(self) -> list:
         milestones = sorted(self.milestones.elements())
-        return [base * self.gamma ** bisect_right(milestones, self.last_epoch)
-                for base in self.base_lrs]
+        return [
+            base * self.gamma ** bisect_right(milestones, self.last_epoch) for base in self.base_lrs
+        ]
 
 
 class LinearLR(LRScheduler):
@@ -198,8 +210,14 @@ class LinearLR(LRScheduler):
     Raises:
         ValueError: ``start_factor`` not in (0, 1] or ``end_factor`` not in [0, 1]."""
 
-    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
-                 total_iters: int = 5, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer,
+        start_factor: float = 1.0 / 3,
+        end_factor: float = 1.0,
+        total_iters: int = 5,
+        last_epoch: int = -1,
+    ):
         if not 0 < start_factor <= 1.0:
             raise ValueError(f"LinearLR: start_factor must be in (0, 1], got {start_factor}")
         if not 0 <= end_factor <= 1.0:
@@ -215,22 +233,35 @@ class LinearLR(LRScheduler):
         if self._is_initial or self.last_epoch > self.total_iters:
             return self._current()
         d = self.end_factor - self.start_factor
-        return [lr * (1.0 + d / (self.total_iters * self.start_factor
-                                 + (self.last_epoch - 1) * d))
-                for lr in self._current()]
+        return [
+            lr * (1.0 + d / (self.total_iters * self.start_factor + (self.last_epoch - 1) * d))
+            for lr in self._current()
+        ]
 
     def _get_closed_form_lr(self) -> list:
-        return [base * (self.start_factor + (self.end_factor - self.start_factor)
-                        * min(self.total_iters, self.last_epoch) / self.total_iters)
-                for base in self.base_lrs]
+        return [
+            base
+            * (
+                self.start_factor
+                + (self.end_factor - self.start_factor)
+                * min(self.total_iters, self.last_epoch)
+                / self.total_iters
+            )
+            for base in self.base_lrs
+        ]
 
 
 class CosineAnnealingLR(LRScheduler):
     """Cosine annealing from the initial rate to ``eta_min`` over ``T_max`` epochs (and back
     up over the next ``T_max``), in PyTorch's recursive form."""
 
-    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803 - PyTorch's
-                 last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer,
+        T_max: int,
+        eta_min: float = 0.0,  # noqa: N803 - PyTorch's
+        last_epoch: int = -1,
+    ):
         self.T_max = T_max
         self.eta_min = eta_min
         super().__init__(optimizer, last_epoch)
@@ -240,18 +271,25 @@ class CosineAnnealingLR(LRScheduler):
         if self._is_initial:
             return self._current()
         if self._step_count == 1 and t > 0:
-            return [lo + (base - lo) * (1 + math.cos(t * math.pi / n)) / 2
-                    for base in self.base_lrs]
+            return [
+                lo + (base - lo) * (1 + math.cos(t * math.pi / n)) / 2 for base in self.base_lrs
+            ]
         if (t - 1 - n) % (2 * n) == 0:
-            return [lr + (base - lo) * (1 - math.cos(math.pi / n)) / 2
-                    for base, lr in zip(self.base_lrs, self._current(), strict=True)]
-        return [(1 + math.cos(math.pi * t / n)) / (1 + math.cos(math.pi * (t - 1) / n))
-                * (lr - lo) + lo for lr in self._current()]
+            return [
+                lr + (base - lo) * (1 - math.cos(math.pi / n)) / 2
+                for base, lr in zip(self.base_lrs, self._current(), strict=True)
+            ]
+        return [
+            (1 + math.cos(math.pi * t / n)) / (1 + math.cos(math.pi * (t - 1) / n)) * (lr - lo) + lo
+            for lr in self._current()
+        ]
 
     def _get_closed_form_lr(self) -> list:
-        return [self.eta_min + (base - self.eta_min)
-                * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
-                for base in self.base_lrs]
+        return [
+            self.eta_min
+            + (base - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+            for base in self.base_lrs
+        ]
 
 
 class SequentialLR(LRScheduler):
@@ -267,18 +305,22 @@ class SequentialLR(LRScheduler):
             raise ValueError("SequentialLR expects at least one scheduler, got none")
         for i, s in enumerate(schedulers):
             if getattr(s, "optimizer", None) is not optimizer:
-                raise ValueError(f"SequentialLR: scheduler {i} ({type(s).__name__}) belongs "
-                                 f"to another optimizer; give schedulers of this one")
+                raise ValueError(
+                    f"SequentialLR: scheduler {i} ({type(s).__name__}) belongs "
+                    f"to another optimizer; give schedulers of this one"
+                )
         if len(milestones) != len(schedulers) - 1:
-            raise ValueError(f"SequentialLR expects one milestone fewer than schedulers: "
-                             f"{len(schedulers)} schedulers, {len(milestones)} milestones")
+            raise ValueError(
+                f"SequentialLR expects one milestone fewer than schedulers: "
+                f"{len(schedulers)} schedulers, {len(milestones)} milestones"
+            )
         self._schedulers = list(schedulers)
         self._milestones = list(milestones)
         self.last_epoch = last_epoch + 1
         self.optimizer = optimizer
-        for group in optimizer.param_groups:            # back to the initial rates
+        for group in optimizer.param_groups:  # back to the initial rates
             group["lr"] = group["initial_lr"]
-        for s in self._schedulers:                      # undo their own first steps
+        for s in self._schedulers:  # undo their own first steps
             s.last_epoch -= 1
         first = self._schedulers[bisect_right(self._milestones, 0)]
         first._initial_step()
@@ -321,18 +363,30 @@ class OneCycleLR(LRScheduler):
             ``pct_start`` or ``anneal_strategy``, ``cycle_momentum`` with an optimizer
             without momentum (Adagrad), or a step past ``total_steps``."""
 
-    def __init__(self, optimizer, max_lr, total_steps: int | None = None,
-                 epochs: int | None = None, steps_per_epoch: int | None = None,
-                 pct_start: float = 0.3, anneal_strategy: str = "cos",
-                 cycle_momentum: bool = True, base_momentum=0.85, max_momentum=0.95,
-                 div_factor: float = 25.0, final_div_factor: float = 1e4,
-                 three_phase: bool = False, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer,
+        max_lr,
+        total_steps: int | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        pct_start: float = 0.3,
+        anneal_strategy: str = "cos",
+        cycle_momentum: bool = True,
+        base_momentum=0.85,
+        max_momentum=0.95,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        three_phase: bool = False,
+        last_epoch: int = -1,
+    ):
         _check_optimizer("OneCycleLR", optimizer)
         self.optimizer = optimizer
         if total_steps is not None:
             if not isinstance(total_steps, int) or total_steps <= 0:
-                raise ValueError(f"OneCycleLR: expected a positive integer total_steps, got "
-                                 f"{total_steps}")
+                raise ValueError(
+                    f"OneCycleLR: expected a positive integer total_steps, got {total_steps}"
+                )
             self.total_steps = total_steps
         elif epochs is not None and steps_per_epoch is not None:
             for name, v in (("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
@@ -344,22 +398,39 @@ class OneCycleLR(LRScheduler):
         n = self.total_steps
         if three_phase:
             self._schedule_phases = [
-                _phase(float(pct_start * n) - 1, "initial_lr", "max_lr", "max_momentum",
-                       "base_momentum"),
-                _phase(float(2 * pct_start * n) - 2, "max_lr", "initial_lr", "base_momentum",
-                       "max_momentum"),
-                _phase(n - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum")]
+                _phase(
+                    float(pct_start * n) - 1,
+                    "initial_lr",
+                    "max_lr",
+                    "max_momentum",
+                    "base_momentum",
+                ),
+                _phase(
+                    float(2 * pct_start * n) - 2,
+                    "max_lr",
+                    "initial_lr",
+                    "base_momentum",
+                    "max_momentum",
+                ),
+                _phase(n - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"),
+            ]
         else:
             self._schedule_phases = [
-                _phase(float(pct_start * n) - 1, "initial_lr", "max_lr", "max_momentum",
-                       "base_momentum"),
-                _phase(n - 1, "max_lr", "min_lr", "base_momentum", "max_momentum")]
+                _phase(
+                    float(pct_start * n) - 1,
+                    "initial_lr",
+                    "max_lr",
+                    "max_momentum",
+                    "base_momentum",
+                ),
+                _phase(n - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"),
+            ]
         if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
-            raise ValueError(f"OneCycleLR: expected a float pct_start in [0, 1], got "
-                             f"{pct_start!r}")
+            raise ValueError(f"OneCycleLR: expected a float pct_start in [0, 1], got {pct_start!r}")
         if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got "
-                             f"{anneal_strategy!r}")
+            raise ValueError(
+                f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}"
+            )
         self._anneal_func_type = anneal_strategy
         max_lrs = _per_group("max_lr", optimizer, max_lr)
         if last_epoch == -1:
@@ -370,14 +441,19 @@ class OneCycleLR(LRScheduler):
         self.cycle_momentum = cycle_momentum
         if cycle_momentum:
             if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError(f"OneCycleLR: cycle_momentum needs an optimizer with "
-                                 f"momentum or betas, {type(optimizer).__name__} has neither; "
-                                 f"pass cycle_momentum=False")
+                raise ValueError(
+                    f"OneCycleLR: cycle_momentum needs an optimizer with "
+                    f"momentum or betas, {type(optimizer).__name__} has neither; "
+                    f"pass cycle_momentum=False"
+                )
             self.use_beta1 = "betas" in optimizer.defaults
             if last_epoch == -1:
-                for hi, lo, group in zip(_per_group("max_momentum", optimizer, max_momentum),
-                                         _per_group("base_momentum", optimizer, base_momentum),
-                                         optimizer.param_groups, strict=True):
+                for hi, lo, group in zip(
+                    _per_group("max_momentum", optimizer, max_momentum),
+                    _per_group("base_momentum", optimizer, base_momentum),
+                    optimizer.param_groups,
+                    strict=True,
+                ):
                     if self.use_beta1:
                         group["betas"] = (hi, *group["betas"][1:])
                     else:
@@ -394,9 +470,11 @@ class OneCycleLR(LRScheduler):
     def get_lr(self) -> list:
         step = self.last_epoch
         if step > self.total_steps:
-            raise ValueError(f"OneCycleLR: stepped {step} times, past total_steps="
-                             f"{self.total_steps}; make total_steps (or epochs * "
-                             f"steps_per_epoch) the number of batches trained")
+            raise ValueError(
+                f"OneCycleLR: stepped {step} times, past total_steps="
+                f"{self.total_steps}; make total_steps (or epochs * "
+                f"steps_per_epoch) the number of batches trained"
+            )
         lrs = []
         last = len(self._schedule_phases) - 1
         for group in self.optimizer.param_groups:
@@ -407,8 +485,9 @@ class OneCycleLR(LRScheduler):
                     pct = (step - start) / (end - start)
                     lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
                     if self.cycle_momentum:
-                        mom = self._anneal(group[phase["start_momentum"]],
-                                           group[phase["end_momentum"]], pct)
+                        mom = self._anneal(
+                            group[phase["start_momentum"]], group[phase["end_momentum"]], pct
+                        )
                     break
                 start = phase["end_step"]
             lrs.append(lr)
@@ -421,9 +500,22 @@ class OneCycleLR(LRScheduler):
 
 
 def _phase(end_step, start_lr, end_lr, start_momentum, end_momentum) -> dict:
-    return dict(end_step=end_step, start_lr=start_lr, end_lr=end_lr,
-                start_momentum=start_momentum, end_momentum=end_momentum)
+    return dict(
+        end_step=end_step,
+        start_lr=start_lr,
+        end_lr=end_lr,
+        start_momentum=start_momentum,
+        end_momentum=end_momentum,
+    )
 
 
-__all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "LinearLR",
-           "CosineAnnealingLR", "SequentialLR", "OneCycleLR"]
+__all__ = [
+    "LRScheduler",
+    "LambdaLR",
+    "StepLR",
+    "MultiStepLR",
+    "LinearLR",
+    "CosineAnnealingLR",
+    "SequentialLR",
+    "OneCycleLR",
+]

@@ -60,12 +60,14 @@ class Optimizer:
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
         self.state: dict = {}
-        self._rates: dict = {}      # id(group) -> (group, graph_rates' tensors, values in
-        #                             them, their device)
+        self._rates: dict = {}  # id(group) -> (group, graph_rates' tensors, values in
+        #                         them, their device)
         self.param_groups: list = []
         if isinstance(params, Tensor):
-            raise TypeError(f"{type(self).__name__}: params must be an iterable of tensors "
-                            f"(model.parameters()), got a single Tensor; wrap it in a list")
+            raise TypeError(
+                f"{type(self).__name__}: params must be an iterable of tensors "
+                f"(model.parameters()), got a single Tensor; wrap it in a list"
+            )
         groups = list(params)
         if not groups:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
@@ -81,8 +83,7 @@ class Optimizer:
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         for p in params:
             if not isinstance(p, Tensor):
-                raise TypeError(f"{type(self).__name__}: expected tensors, got "
-                                f"{type(p).__name__}")
+                raise TypeError(f"{type(self).__name__}: expected tensors, got {type(p).__name__}")
             if id(p) in seen:
                 raise ValueError(f"{type(self).__name__}: a parameter appears in two groups")
         for k, v in self.defaults.items():
@@ -107,6 +108,7 @@ class Optimizer:
         loss = None
         if closure is not None:
             from ..autograd import enable_grad
+
             with enable_grad():
                 loss = closure()
         with no_grad():
@@ -117,8 +119,15 @@ class Optimizer:
                         st.update(self.update(p, p.grad, g, st, IN_PLACE)[1])
         return loss
 
-    def update(self, p, grad, group: dict, state: dict, writes: Writes = OUT_OF_PLACE,
-               rates: dict | None = None):
+    def update(
+        self,
+        p,
+        grad,
+        group: dict,
+        state: dict,
+        writes: Writes = OUT_OF_PLACE,
+        rates: dict | None = None,
+    ):
         """The optimizer's formula for one parameter: ``(p', state')`` from ``p``, its
         gradient, its state (as ``_state`` makes it) and its group's options, written as
         ``writes`` says (``IN_PLACE``: ``p'`` is ``p`` and the state tensors are written in
@@ -143,16 +152,17 @@ class Optimizer:
         return any(self.state.get(p, {}).get(name) is not None for p in group["params"])
 
     # -- graph mode ------------------------------------------------------------------------
-    counts: tuple = ()      # state entries that count steps: ints in eager mode
-    flags: tuple = ()       # state entries that are float64 scalars in both modes
+    counts: tuple = ()  # state entries that count steps: ints in eager mode
+    flags: tuple = ()  # state entries that are float64 scalars in both modes
     scheduled: tuple = ("lr",)  # options a scheduler changes per step: read as state
 
     def graph_key(self, group: dict) -> str:
         """The options of ``group`` a compiled step is kept by (they decide its ops): all but
         the ``scheduled`` ones, which the step reads as state (``graph_rates``), so a
         schedule changes them without compiling the step anew."""
-        return repr([kv for kv in group.items()
-                     if kv[0] != "params" and kv[0] not in self.scheduled])
+        return repr(
+            [kv for kv in group.items() if kv[0] != "params" and kv[0] not in self.scheduled]
+        )
 
     def graph_rates(self, group: dict) -> dict:
         """``group``'s ``scheduled`` options as the float64 0-d tensors an ``nn.Graph`` step
@@ -185,8 +195,11 @@ class Optimizer:
         out = dict(group)
         for name in self.scheduled:
             v = group[name]
-            out[name] = (tuple(traced[f"{name}.{i}"] for i in range(len(v)))
-                         if isinstance(v, tuple) else traced[name])
+            out[name] = (
+                tuple(traced[f"{name}.{i}"] for i in range(len(v)))
+                if isinstance(v, tuple)
+                else traced[name]
+            )
         return out
 
     def graph_state(self, p, group: dict) -> dict:
@@ -210,25 +223,30 @@ class Optimizer:
         for g in self.param_groups:
             ids = [index.setdefault(id(p), len(index)) for p in g["params"]]
             groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": ids})
-        state = {index[id(p)]: self._saved(st) for p, st in self.state.items()
-                 if id(p) in index}
+        state = {index[id(p)]: self._saved(st) for p, st in self.state.items() if id(p) in index}
         return {"state": state, "param_groups": groups}
 
     def _saved(self, st: dict) -> dict:
         """A parameter's state as ``state_dict`` gives it: the counts as ints (a graph step
         keeps them as tensors)."""
-        return {k: int(v.item()) if k in self.counts and isinstance(v, Tensor) else v
-                for k, v in st.items()}
+        return {
+            k: int(v.item()) if k in self.counts and isinstance(v, Tensor) else v
+            for k, v in st.items()
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Takes what ``state_dict()`` gave (or ``af.load`` read back) for an optimizer over
         parameters of the same shapes, in the same groups: options and state are copied."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
-                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups, strict=True)):
-            raise ValueError(f"{type(self).__name__}.load_state_dict: the saved groups hold "
-                             f"{[len(g['params']) for g in groups]} parameters, this optimizer's "
-                             f"{[len(g['params']) for g in self.param_groups]}")
+            len(a["params"]) != len(b["params"])
+            for a, b in zip(groups, self.param_groups, strict=True)
+        ):
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: the saved groups hold "
+                f"{[len(g['params']) for g in groups]} parameters, this optimizer's "
+                f"{[len(g['params']) for g in self.param_groups]}"
+            )
         by_index = {}
         for saved, mine in zip(groups, self.param_groups, strict=True):
             for i, p in zip(saved["params"], mine["params"], strict=True):
@@ -241,16 +259,17 @@ class Optimizer:
             p = by_index[int(i)]
             mine = {}
             for k, v in st.items():
-                if k in self.counts:            # (PyTorch saves them as tensors)
+                if k in self.counts:  # (PyTorch saves them as tensors)
                     v = int(v.item() if isinstance(v, Tensor) else v)
                 elif k in self.flags:
-                    v = tensor(float(v.item() if isinstance(v, Tensor) else v),
-                               dtype="float64")
+                    v = tensor(float(v.item() if isinstance(v, Tensor) else v), dtype="float64")
                 elif isinstance(v, Tensor):
                     if tuple(v.shape) != tuple(p.shape) and v.ndim:
-                        raise ValueError(f"{type(self).__name__}.load_state_dict: state "
-                                         f"{k!r} of parameter {i} has shape {tuple(v.shape)}, "
-                                         f"the parameter {tuple(p.shape)}")
+                        raise ValueError(
+                            f"{type(self).__name__}.load_state_dict: state "
+                            f"{k!r} of parameter {i} has shape {tuple(v.shape)}, "
+                            f"the parameter {tuple(p.shape)}"
+                        )
                     v = v.to(p.dtype).clone()
                 mine[k] = v
             self.state[p] = mine

@@ -9,8 +9,9 @@ from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes, next_count
 
 
-def rmsprop_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE,
-                   values: dict | None = None):
+def rmsprop_update(
+    p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE, values: dict | None = None
+):
     """One RMSprop step of ``p`` with gradient ``g``: ``(p', state')`` (the averages and
     the momentum buffer; the count is the caller's).
 
@@ -27,7 +28,7 @@ def rmsprop_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE
     sq = writes.add(writes.mul(state["square_avg"], alpha), F.mul(F.mul(g, g), 1.0 - alpha))
     new = {"square_avg": sq}
     if group["centered"]:
-        ga = F.sub(g, state["grad_avg"])                # (lerp towards g by 1 - alpha)
+        ga = F.sub(g, state["grad_avg"])  # (lerp towards g by 1 - alpha)
         ga = new["grad_avg"] = writes.add(state["grad_avg"], F.mul(ga, 1.0 - alpha))
         avg = F.sqrt(F.sub(sq, F.mul(ga, ga)))
     else:
@@ -35,8 +36,8 @@ def rmsprop_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE
     avg = F.add(avg, group["eps"])
     mom = v["momentum"]
     if isinstance(mom, Tensor) and "momentum_buffer" in state:
-        on = F.gt(mom, 0.0)                     # (scheduled through 0: PyTorch skips the
-        step = F.div(g, avg)                    # buffer at a step with momentum 0)
+        on = F.gt(mom, 0.0)  # (scheduled through 0: PyTorch skips the
+        step = F.div(g, avg)  # buffer at a step with momentum 0)
         buf = state["momentum_buffer"]
         buf = new["momentum_buffer"] = F.where(on, F.add(F.mul(buf, mom), step), buf)
         return F.sub(p, F.mul(F.where(on, buf, step), v["lr"])), new
@@ -52,18 +53,40 @@ class RMSprop(Optimizer):
     normalizes by their variance, ``momentum`` a buffer of the scaled steps."""
 
     counts = ("step",)
-    scheduled = ("lr", "momentum")      # (OneCycleLR cycles the momentum)
+    scheduled = ("lr", "momentum")  # (OneCycleLR cycles the momentum)
 
-    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0, momentum: float = 0, centered: bool = False,
-                 maximize: bool = False):
-        for name, val in (("lr", lr), ("alpha", alpha), ("eps", eps),
-                          ("weight_decay", weight_decay), ("momentum", momentum)):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        momentum: float = 0,
+        centered: bool = False,
+        maximize: bool = False,
+    ):
+        for name, val in (
+            ("lr", lr),
+            ("alpha", alpha),
+            ("eps", eps),
+            ("weight_decay", weight_decay),
+            ("momentum", momentum),
+        ):
             if val < 0:
                 raise ValueError(f"RMSprop: invalid {name} {val} (it must be >= 0)")
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
-                                      momentum=momentum, centered=centered,
-                                      maximize=maximize))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                alpha=alpha,
+                eps=eps,
+                weight_decay=weight_decay,
+                momentum=momentum,
+                centered=centered,
+                maximize=maximize,
+            ),
+        )
 
     def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
         n = next_count(state["step"], writes)
@@ -81,7 +104,10 @@ class RMSprop(Optimizer):
 
     def _fill(self, p, group, state) -> None:
         state.setdefault("step", 0)
-        for k, wanted in (("square_avg", True), ("momentum_buffer", self._buffered(group)),
-                          ("grad_avg", group["centered"])):
+        for k, wanted in (
+            ("square_avg", True),
+            ("momentum_buffer", self._buffered(group)),
+            ("grad_avg", group["centered"]),
+        ):
             if wanted and k not in state:
                 state[k] = zeros_like(p)

@@ -9,8 +9,9 @@ from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes
 
 
-def sgd_update(p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE,
-               values: dict | None = None):
+def sgd_update(
+    p, g, state: dict, group: dict, writes: Writes = OUT_OF_PLACE, values: dict | None = None
+):
     """One SGD step of ``p`` with gradient ``g``: ``(p', state')``.
 
     ``state``: ``momentum_buffer`` (zeros before the first step) when ``momentum``, and
@@ -60,15 +61,31 @@ def _sgd_scheduled(p, g, state: dict, group: dict, v: dict, new: dict):
 
 class SGD(Optimizer):
     flags = ("started",)
-    scheduled = ("lr", "momentum")      # (OneCycleLR cycles the momentum)
+    scheduled = ("lr", "momentum")  # (OneCycleLR cycles the momentum)
 
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, maximize: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        maximize: bool = False,
+    ):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening 0")
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
-                                      weight_decay=weight_decay, nesterov=nesterov,
-                                      maximize=maximize))
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                momentum=momentum,
+                dampening=dampening,
+                weight_decay=weight_decay,
+                nesterov=nesterov,
+                maximize=maximize,
+            ),
+        )
 
     def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
         return sgd_update(p, grad, state, group, writes, self.rates(group, rates))
@@ -87,5 +104,5 @@ class SGD(Optimizer):
         fresh = state.get("momentum_buffer") is None
         if fresh:
             state["momentum_buffer"] = zeros_like(p)
-        if group["dampening"] and "started" not in state:   # (a buffer from before: a
-            state["started"] = tensor(0.0 if fresh else 1.0, dtype="float64")   # step made it)
+        if group["dampening"] and "started" not in state:  # (a buffer from before: a
+            state["started"] = tensor(0.0 if fresh else 1.0, dtype="float64")  # step made it)

@@ -14,21 +14,34 @@ from collections import deque
 # It only appends here (atomic, safe from any thread and from inside the garbage collector);
 # the VM frees them at its next step.
 RELEASED: deque = deque()
-_SMALL = 1 << 20          # blobs this large are queued so the allocator can cache them
+_SMALL = 1 << 20  # blobs this large are queued so the allocator can cache them
 _PIN_LOCK = threading.Lock()
 
 
 class Blob:
-    __slots__ = ("device", "backend", "nbytes", "array", "owned", "allocated",
-                 "last_write", "reads", "error", "released", "version", "pins", "orphaned",
-                 "__weakref__")           # (the VM tracks poisoned blobs by weak reference)
-    traced = False               # a placeholder recorded by a tracer: it never holds data
+    __slots__ = (
+        "device",
+        "backend",
+        "nbytes",
+        "array",
+        "owned",
+        "allocated",
+        "last_write",
+        "reads",
+        "error",
+        "released",
+        "version",
+        "pins",
+        "orphaned",
+        "__weakref__",
+    )  # (the VM tracks poisoned blobs by weak reference)
+    traced = False  # a placeholder recorded by a tracer: it never holds data
 
     def __init__(self, device, backend, nbytes: int):
         self.device = device
         self.backend = backend
         self.nbytes = nbytes
-        self.owned = True        # allocated by our allocator (may be cached when freed)
+        self.owned = True  # allocated by our allocator (may be cached when freed)
         # (chained: one blob per op call is made)
         # array: numpy array (cpu), None until allocated or on the null device;
         # reads: reads issued since last_write (None: none)

@@ -31,8 +31,9 @@ class TensorImpl:
 
     def view(self, shape: tuple, strides: tuple, offset: int) -> TensorImpl:
         m = self.meta
-        return TensorImpl(TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob,
-                          self.base or self)
+        return TensorImpl(
+            TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob, self.base or self
+        )
 
     def array(self):
         """The numpy array this tensor sees. Only valid inside an instruction's kernel."""
@@ -50,17 +51,17 @@ class TensorImpl:
             b = self.blob
             try:
                 if b.pins and b.orphan():
-                    return                  # autograd still holds it: freed at its unpin
+                    return  # autograd still holds it: freed at its unpin
                 if b.last_write is None and b.reads is None and b.nbytes < _SMALL:
                     if b.allocated:
                         b.allocated = False
                         if b.nbytes:
-                            b.backend.allocator.log.append(-b.nbytes)   # lock-free count
+                            b.backend.allocator.log.append(-b.nbytes)  # lock-free count
                     b.array = None
                     b.released = True
                 else:
                     RELEASED.append(b)
-            except Exception:       # interpreter shutdown: module globals may be gone
+            except Exception:  # interpreter shutdown: module globals may be gone
                 pass
 
 

@@ -13,6 +13,7 @@ from ..dtype import DType
 
 class TensorMeta(NamedTuple):
     """Immutable metadata of a tensor; a view shares its base's blob with other strides."""
+
     shape: tuple
     dtype: DType
     device: Device
@@ -49,6 +50,7 @@ def as_shape(value, what: str) -> tuple:
     """``value`` (an int or an iterable of ints) as a shape tuple; TypeError or ShapeError
     naming ``what`` otherwise."""
     from ..errors import ShapeError
+
     if isinstance(value, numbers.Integral):
         value = (value,)
     try:
@@ -105,5 +107,6 @@ def strided(base, meta: TensorMeta):
     if 0 in meta.shape:
         return np.empty(meta.shape, base.dtype)
     size = base.itemsize
-    return np.ndarray(meta.shape, base.dtype, base, meta.offset * size,
-                      tuple(s * size for s in meta.strides))
+    return np.ndarray(
+        meta.shape, base.dtype, base, meta.offset * size, tuple(s * size for s in meta.strides)
+    )

@@ -22,14 +22,14 @@ def wrap(impl) -> Tensor:
     return t
 
 
-GRAD_VIEW: list = [None]    # autograd's recorder of views, set when it is armed
+GRAD_VIEW: list = [None]  # autograd's recorder of views, set when it is armed
 
 
 def viewed(t: Tensor, impl, kind: str, arg) -> Tensor:
     """``impl`` (a view of ``t``) as a Tensor; when ``t`` is in autograd, the view gets its
     backward node (``kind``: "reshape", "permute", "expand" or "index"; ``arg`` its key)."""
     out = wrap(impl)
-    if t._impl.ag is not None:          # (set only by autograd, so it is armed)
+    if t._impl.ag is not None:  # (set only by autograd, so it is armed)
         GRAD_VIEW[0](t, out, kind, arg)
     return out
 
@@ -38,18 +38,20 @@ class Tensor:
     """An n-dimensional array on a device. Make one with ``af.tensor``, ``af.zeros``..."""
 
     __slots__ = ("_impl", "__weakref__")
-    __array_priority__ = 1000          # numpy defers binary operators to Tensor
+    __array_priority__ = 1000  # numpy defers binary operators to Tensor
 
     def __init__(self, *args, **kwargs) -> None:
-        raise TypeError("make tensors with actorflow.tensor(data), actorflow.zeros(...), "
-                        "actorflow.from_numpy(array), ...")
+        raise TypeError(
+            "make tensors with actorflow.tensor(data), actorflow.zeros(...), "
+            "actorflow.from_numpy(array), ..."
+        )
 
     # -- metadata -----------------------------------------------------------------------
     @property
     def _meta(self):
         impl = self._impl
         if impl.meta.shape is None:
-            self._resolve(impl)             # a value-dependent shape: wait for it
+            self._resolve(impl)  # a value-dependent shape: wait for it
         return impl.meta
 
     def _wait_shape(self) -> None:
@@ -68,6 +70,7 @@ class Tensor:
         if dim is None:
             return shape
         from ..ops.common import normalize_dim
+
         return shape[normalize_dim("size", dim, len(shape))]
 
     @property
@@ -181,4 +184,5 @@ def shape_args(args) -> tuple:
 
 def _views():
     from . import views
+
     return views

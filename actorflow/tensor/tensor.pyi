@@ -45,6 +45,10 @@ class Tensor:
     def __init__(self, *args: Any, **kwargs: Any) -> None: ...
     @property
     def _meta(self) -> TensorMeta: ...
+    def _wait_shape(self) -> None:
+        """Waits for a value-dependent shape (an op's output whose shape is known only once
+        it ran); returns at once for any other tensor.
+        """
     @property
     def shape(self) -> tuple[builtins.int, ...]: ...
     @overload

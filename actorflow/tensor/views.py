@@ -19,7 +19,7 @@ def infer_shape(op: str, shape, total: int) -> tuple:
         rest = numel(tuple(s for s in shape if s != -1))
         if rest == 0 or total % rest:
             raise ShapeError(f"{op}: shape {shape} is invalid for input of size {total}")
-        shape = shape[:neg[0]] + (total // rest,) + shape[neg[0] + 1:]
+        shape = shape[: neg[0]] + (total // rest,) + shape[neg[0] + 1 :]
     if numel(shape) != total:
         raise ShapeError(f"{op}: shape {shape} is invalid for input of size {total}")
     return shape
@@ -30,9 +30,11 @@ def view(impl, shape, op: str = "view"):
     m = impl.meta
     shape = infer_shape(op, shape, numel(m.shape))
     if not is_contiguous(m.shape, m.strides):
-        raise ShapeError(f"{op}: view size is not compatible with input tensor's size and "
-                         f"stride (shape {m.shape}, strides {m.strides}); use .reshape(...) "
-                         f"or call .contiguous() first")
+        raise ShapeError(
+            f"{op}: view size is not compatible with input tensor's size and "
+            f"stride (shape {m.shape}, strides {m.strides}); use .reshape(...) "
+            f"or call .contiguous() first"
+        )
     return impl.view(shape, contiguous_strides(shape), m.offset)
 
 
@@ -41,8 +43,10 @@ def permute(impl, dims):
     nd = len(m.shape)
     dims = tuple(normalize_dim("permute", d, nd) for d in dims)
     if len(dims) != nd or sorted(dims) != list(range(nd)):
-        raise ShapeError(f"permute: dims {dims} must be a permutation of the {nd} dims of a "
-                         f"tensor of shape {m.shape}")
+        raise ShapeError(
+            f"permute: dims {dims} must be a permutation of the {nd} dims of a "
+            f"tensor of shape {m.shape}"
+        )
     return impl.view(tuple(m.shape[d] for d in dims), tuple(m.strides[d] for d in dims), m.offset)
 
 
@@ -61,8 +65,11 @@ def unsqueeze(impl, dim: int):
     m = impl.meta
     dim = normalize_dim("unsqueeze", dim, len(m.shape) + 1)
     stride = m.strides[dim] * m.shape[dim] if dim < len(m.shape) else 1
-    return impl.view(m.shape[:dim] + (1,) + m.shape[dim:],
-                     m.strides[:dim] + (stride,) + m.strides[dim:], m.offset)
+    return impl.view(
+        m.shape[:dim] + (1,) + m.shape[dim:],
+        m.strides[:dim] + (stride,) + m.strides[dim:],
+        m.offset,
+    )
 
 
 def squeeze(impl, dim=None):
@@ -80,8 +87,10 @@ def expand(impl, sizes):
     m = impl.meta
     sizes = tuple(int(s) for s in sizes)
     if len(sizes) < len(m.shape):
-        raise ShapeError(f"expand: the number of sizes provided ({len(sizes)}) must be greater "
-                         f"or equal to the number of dimensions in the tensor ({len(m.shape)})")
+        raise ShapeError(
+            f"expand: the number of sizes provided ({len(sizes)}) must be greater "
+            f"or equal to the number of dimensions in the tensor ({len(m.shape)})"
+        )
     if any(s < -1 for s in sizes):
         raise ShapeError(f"expand: sizes must be >= 0 or -1 (keep the size), got {sizes}")
     lead = len(sizes) - len(m.shape)
@@ -101,9 +110,11 @@ def expand(impl, sizes):
             shape.append(s)
             strides.append(0)
         else:
-            raise ShapeError(f"expand: the expanded size of the tensor ({s}) must match the "
-                             f"existing size ({cur}) at non-singleton dimension {i}; target "
-                             f"sizes {sizes}, tensor shape {m.shape}")
+            raise ShapeError(
+                f"expand: the expanded size of the tensor ({s}) must match the "
+                f"existing size ({cur}) at non-singleton dimension {i}; target "
+                f"sizes {sizes}, tensor shape {m.shape}"
+            )
     return impl.view(tuple(shape), tuple(strides), m.offset)
 
 
@@ -112,8 +123,9 @@ def basic_index(impl, key: tuple):
     m = impl.meta
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if n_real > len(m.shape):
-        raise IndexError(f"too many indices for tensor of dimension {len(m.shape)} "
-                         f"(shape {m.shape}, key {key})")
+        raise IndexError(
+            f"too many indices for tensor of dimension {len(m.shape)} (shape {m.shape}, key {key})"
+        )
     if sum(1 for k in key if k is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     shape, strides, offset, d = [], [], m.offset, 0
@@ -129,8 +141,10 @@ def basic_index(impl, key: tuple):
         elif isinstance(k, slice):
             start, stop, step = k.indices(m.shape[d])
             if step <= 0:
-                raise ValueError(f"step must be greater than zero, got {k.step}; flip the "
-                                 f"tensor instead of slicing it backwards")
+                raise ValueError(
+                    f"step must be greater than zero, got {k.step}; flip the "
+                    f"tensor instead of slicing it backwards"
+                )
             length = max(0, (stop - start + step - 1) // step)
             offset += start * m.strides[d] if length else 0
             shape.append(length)

@@ -31,8 +31,16 @@ from ..runtime.observe import hooks as observe
 from ..runtime.observe.stats import RunStats
 from ..runtime.observe.watchdog import describe_waits
 
-__all__ = ["acts", "assert_no_deadlock", "assert_peak_within", "describe_runs",
-           "gpu_missing", "null_latency", "seeded", "wait_all_actors_blocked"]
+__all__ = [
+    "acts",
+    "assert_no_deadlock",
+    "assert_peak_within",
+    "describe_runs",
+    "gpu_missing",
+    "null_latency",
+    "seeded",
+    "wait_all_actors_blocked",
+]
 
 
 @contextlib.contextmanager
@@ -61,8 +69,10 @@ def acts(g: ActorGraph) -> list:
     ``--af-last-acts`` of them."""
     tl = _timeline_of(g)
     if tl is None:
-        raise RuntimeError("acts(): the run kept no record of its acts; run it with "
-                           "trace=..., or in a test under the actorflow plugin")
+        raise RuntimeError(
+            "acts(): the run kept no record of its acts; run it with "
+            "trace=..., or in a test under the actorflow plugin"
+        )
     recs = [r for r in list(tl.records) if r[0] != 1]
     recs.sort(key=lambda r: r[3])
     return [(r[1], r[2]) for r in recs]
@@ -83,26 +93,33 @@ def _quiet(sched) -> bool:
     for st in sched.actor_runs:
         if st.ended:
             continue
-        if st.piped:                  # (its thread sets the cause before it looks)
-            if (st.cause is None or st.cause == "credit" and st.out.pipe.qsize()
-                    or st.cause == "input" and st.ins[0].pipe.qsize()):
+        if st.piped:  # (its thread sets the cause before it looks)
+            if (
+                st.cause is None
+                or st.cause == "credit"
+                and st.out.pipe.qsize()
+                or st.cause == "input"
+                and st.ins[0].pipe.qsize()
+            ):
                 return False
         elif st.in_flight:
             if st.mode != "async" and not (sched.clock is not None and sched.clock.held):
-                return False          # acting (on its thread, or simulated time; a serial
-                                      # run's virtual clock waits for the caller: blocked)
+                return False  # acting (on its thread, or simulated time; a serial
+                # run's virtual clock waits for the caller: blocked)
         elif st.cause is None:
             return False
     return True
 
 
 def _snapshot(runs) -> tuple:
-    return tuple((id(s), tuple((st.acts, st.in_flight, st.cause) for st in s.actor_runs))
-                 for _, s in runs)
+    return tuple(
+        (id(s), tuple((st.acts, st.in_flight, st.cause) for st in s.actor_runs)) for _, s in runs
+    )
 
 
-async def wait_all_actors_blocked(graph: ActorGraph | None = None, timeout: float = 10.0,
-                                  settle: int = 3) -> None:
+async def wait_all_actors_blocked(
+    graph: ActorGraph | None = None, timeout: float = 10.0, settle: int = 3
+) -> None:
     """Returns once every actor of the runs in progress (of ``graph`` only, when given:
     then, if it never ran, it first waits for its run to start) is blocked: waiting for
     input, a credit or a resource, with no act running and nothing queued, unchanged over
@@ -110,12 +127,13 @@ async def wait_all_actors_blocked(graph: ActorGraph | None = None, timeout: floa
     so does an act in simulated time on a serial run's virtual clock held for the
     caller). A run that ended counts as blocked. Raises TimeoutError after ``timeout``
     seconds, saying who acts."""
-    timeout = positive_seconds(timeout, "wait_all_actors_blocked: timeout=",
-                               "the seconds to wait", "give e.g. timeout=10")
+    timeout = positive_seconds(
+        timeout, "wait_all_actors_blocked: timeout=", "the seconds to wait", "give e.g. timeout=10"
+    )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     for _ in range(3):
-        await asyncio.sleep(0)          # tasks just created start their runs
+        await asyncio.sleep(0)  # tasks just created start their runs
     same, last, spins = 0, None, 0
     while True:
         runs = [(g, s) for g, s in observe.running() if graph is None or g is graph]
@@ -129,10 +147,12 @@ async def wait_all_actors_blocked(graph: ActorGraph | None = None, timeout: floa
         else:
             same, last = 0, None
         if loop.time() > deadline:
-            raise TimeoutError(f"wait_all_actors_blocked: after {timeout:g} s the actors "
-                               f"still act:\n{describe_runs(runs)}")
+            raise TimeoutError(
+                f"wait_all_actors_blocked: after {timeout:g} s the actors "
+                f"still act:\n{describe_runs(runs)}"
+            )
         spins += 1
-        await asyncio.sleep(0 if spins % 20 else 0.001)   # let threads come back too
+        await asyncio.sleep(0 if spins % 20 else 0.001)  # let threads come back too
 
 
 def describe_runs(runs=None) -> str:
@@ -141,8 +161,10 @@ def describe_runs(runs=None) -> str:
     runs = observe.running() if runs is None else runs
     if not runs:
         return "(no run in progress)"
-    return "\n".join(f"run of {len(s.actor_runs)} actors:\n  "
-                     + describe_waits(s).replace("\n", "\n  ") for _, s in runs)
+    return "\n".join(
+        f"run of {len(s.actor_runs)} actors:\n  " + describe_waits(s).replace("\n", "\n  ")
+        for _, s in runs
+    )
 
 
 def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
@@ -155,23 +177,29 @@ def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
     actor's ActorError), or a NaiveResult whose status is "deadlock", fails the same way.
     ``timeout``: seconds > 0."""
     try:
-        timeout = positive_seconds(timeout, "assert_no_deadlock: timeout=",
-                                   "the seconds the run may take", "give e.g. timeout=30")
+        timeout = positive_seconds(
+            timeout,
+            "assert_no_deadlock: timeout=",
+            "the seconds the run may take",
+            "give e.g. timeout=30",
+        )
     except (TypeError, ValueError):
         if inspect.iscoroutine(target):
-            target.close()              # (never awaited: closed, so it warns of nothing)
+            target.close()  # (never awaited: closed, so it warns of nothing)
         raise
     if inspect.isawaitable(target) or hasattr(target, "__aiter__"):
         return _no_deadlock_async(target, timeout)
     if isinstance(target, ActorGraph):
         return _run_graph(target, timeout, feed)
     if not callable(target):
-        raise TypeError(f"assert_no_deadlock: expected an ActorGraph, a callable, an "
-                        f"awaitable or an async iterator, got {type(target).__name__}")
+        raise TypeError(
+            f"assert_no_deadlock: expected an ActorGraph, a callable, an "
+            f"awaitable or an async iterator, got {type(target).__name__}"
+        )
     with _deadlock_fails():
         result = target()
     if inspect.isawaitable(result) or hasattr(result, "__aiter__"):
-        return _no_deadlock_async(result, timeout)      # (an async def function)
+        return _no_deadlock_async(result, timeout)  # (an async def function)
     return _check_result(result)
 
 
@@ -191,8 +219,9 @@ def _nested_deadlock(e: ActorError) -> AssertionError | None:
     inner = _deadlock_inside(e.original)
     if inner is None:
         return None
-    return AssertionError(f"deadlock in a run that actor {e.actor!r} iterated on piece "
-                          f"{e.piece}: {inner}")
+    return AssertionError(
+        f"deadlock in a run that actor {e.actor!r} iterated on piece {e.piece}: {inner}"
+    )
 
 
 @contextlib.contextmanager
@@ -235,14 +264,15 @@ def _run_graph(g: ActorGraph, timeout: float, feed):
     try:
         with _deadlock_fails():
             outs = list(g.run(feed))
-        if said:                # it ended, but only after the timeout (its stop came late)
+        if said:  # it ended, but only after the timeout (its stop came late)
             raise TimeoutError
         return outs
     except TimeoutError:
         if not said:
             raise
-        raise AssertionError(f"the run did not end within {timeout:g} s; then:\n"
-                             + said[0]) from None
+        raise AssertionError(
+            f"the run did not end within {timeout:g} s; then:\n" + said[0]
+        ) from None
     finally:
         timer.cancel()
 
@@ -276,8 +306,10 @@ def assert_peak_within(source, budget, device: str | None = None) -> None:
         return
     stats = source.stats() if isinstance(source, ActorGraph) else source
     if not isinstance(stats, RunStats):
-        raise TypeError(f"assert_peak_within: expected an ActorGraph, RunStats or a device "
-                        f"name, got {type(source).__name__}")
+        raise TypeError(
+            f"assert_peak_within: expected an ActorGraph, RunStats or a device "
+            f"name, got {type(source).__name__}"
+        )
     for dev, m in stats.memory.items():
         if device is not None and dev != str(_device(device)):
             continue
@@ -292,8 +324,10 @@ def _check(dev: str, peak: int, budget, what: str) -> None:
         budget = next(v for k, v in budget.items() if str(_device(k)) == dev)
     limit = parse_bytes(budget)
     if peak > limit:
-        raise AssertionError(f"memory on {dev}: {what} peaked at {format_bytes(peak)} "
-                             f"({peak} bytes), over the {format_bytes(limit)} allowed")
+        raise AssertionError(
+            f"memory on {dev}: {what} peaked at {format_bytes(peak)} "
+            f"({peak} bytes), over the {format_bytes(limit)} allowed"
+        )
 
 
 def null_latency(latency):

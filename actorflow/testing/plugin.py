@@ -25,18 +25,18 @@ from ..runtime.observe import hooks as observe
 from ..runtime.observe.watchdog import describe_waits, failure_of
 from . import assert_peak_within, gpu_missing, null_latency, seeded
 
-RUNS_SHOWN = 3                  # the last runs of a failing test that its report shows
+RUNS_SHOWN = 3  # the last runs of a failing test that its report shows
 
 
 class _Runs:
     """The runs started during the current test (a watcher of ``observe``)."""
 
     def __init__(self):
-        self.runs: list = []            # [{"n", "graph", "sched", "said", "stats"}]: the last 50
+        self.runs: list = []  # [{"n", "graph", "sched", "said", "stats"}]: the last 50
         self.seed = None
-        self.count = 0                  # runs started in the test
-        self.ended_stats: list = []     # [(n, RunStats)] of every run that ended in it
-        self.numbers: dict = {}         # sched -> n, while it runs
+        self.count = 0  # runs started in the test
+        self.ended_stats: list = []  # [(n, RunStats)] of every run that ended in it
+        self.numbers: dict = {}  # sched -> n, while it runs
 
     def clear(self) -> None:
         self.runs, self.seed, self.count, self.ended_stats, self.numbers = [], None, 0, [], {}
@@ -44,27 +44,35 @@ class _Runs:
     def started(self, g, sched) -> None:
         self.count += 1
         self.numbers[sched] = self.count
-        self.runs.append({"n": self.count, "graph": g, "sched": sched, "said": None,
-                          "stats": None, "failure": None})
+        self.runs.append(
+            {
+                "n": self.count,
+                "graph": g,
+                "sched": sched,
+                "said": None,
+                "stats": None,
+                "failure": None,
+            }
+        )
         del self.runs[:-50]
 
     def ended(self, g, sched) -> None:
         n = self.numbers.pop(sched, None)
         if n is None:
-            return                      # (started before this test)
+            return  # (started before this test)
         self.ended_stats.append((n, g._last))
         for r in reversed(self.runs):
             if r["sched"] is sched:
                 r["stats"] = g._last
                 r["said"] = _report(sched, g._last, ended=True)
                 r["failure"] = _failure(sched)
-                r["sched"] = None       # (the run's state is not kept past its end)
+                r["sched"] = None  # (the run's state is not kept past its end)
                 return
 
     def report(self) -> str:
         parts = []
         shown = self.runs[-RUNS_SHOWN:]
-        for r in shown:                 # what stopped a run first: the test's likely cause
+        for r in shown:  # what stopped a run first: the test's likely cause
             failure = r["failure"] if r["sched"] is None else _failure(r["sched"])
             if failure is not None:
                 parts.append(f"run {r['n']} was stopped by an error: {failure}")
@@ -99,8 +107,11 @@ def _report(sched, stats, ended: bool) -> str:
         head = "still running when the test failed"
     else:
         state = getattr(stats, "state", "ended")
-        head = {"finished": "finished", "stopped": "stopped before its end",
-                "failed": "stopped by an error"}.get(state, state)
+        head = {
+            "finished": "finished",
+            "stopped": "stopped before its end",
+            "failed": "stopped by an error",
+        }.get(state, state)
         if stats is not None:
             head += f" after {stats.pieces} pieces"
     lines = [head]
@@ -113,29 +124,39 @@ def _report(sched, stats, ended: bool) -> str:
         acts.sort(key=lambda r: r[3])
         acts = acts[-keep:]
         lines.append(f"last {len(acts)} acts (ms from the start: actor, piece, ms):")
-        lines += [f"  {(r[3] - tl.t0) * 1e3:10.3f}  {r[1]}  piece {r[2]}  "
-                  f"{(r[4] - r[3]) * 1e3:.3f}" + (f"  raised {r[6]}" if r[0] == 2 else "")
-                  for r in acts]
+        lines += [
+            f"  {(r[3] - tl.t0) * 1e3:10.3f}  {r[1]}  piece {r[2]}  "
+            f"{(r[4] - r[3]) * 1e3:.3f}" + (f"  raised {r[6]}" if r[0] == 2 else "")
+            for r in acts
+        ]
     return "\n".join(lines)
 
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("actorflow")
-    group.addoption("--af-seed", type=int, default=None,
-                    help="the seed of every af_seed schedule (replays a failing test)")
-    group.addoption("--af-last-acts", type=int, default=None,
-                    help="acts of each actor-graph run kept to print when a test fails "
-                         "(default 50; 0 keeps none)")
-    parser.addini("af_last_acts", "acts of each run kept to print when a test fails",
-                  default="50")
+    group.addoption(
+        "--af-seed",
+        type=int,
+        default=None,
+        help="the seed of every af_seed schedule (replays a failing test)",
+    )
+    group.addoption(
+        "--af-last-acts",
+        type=int,
+        default=None,
+        help="acts of each actor-graph run kept to print when a test fails "
+        "(default 50; 0 keeps none)",
+    )
+    parser.addini("af_last_acts", "acts of each run kept to print when a test fails", default="50")
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "af_gpu: the test needs a CUDA GPU (skipped with "
-                                       "the reason where there is none)")
+    config.addinivalue_line(
+        "markers", "af_gpu: the test needs a CUDA GPU (skipped with the reason where there is none)"
+    )
     config.addinivalue_line("markers", "af_seed(n): the seed of the test's af_seed fixture")
     n = config.getoption("--af-last-acts")
-    sch = observe.SCHEDULE              # (a session inside a session, pytester's: its tests
+    sch = observe.SCHEDULE  # (a session inside a session, pytester's: its tests
     _CONFIGS.append((sch.keep_acts, sch.seed, sch.serial, RUNS.__dict__.copy()))  # start
     sch.seed, sch.serial = None, False  # clean, and the outer test gets its own back)
     RUNS.clear()
@@ -240,5 +261,4 @@ def af_memory_budget():
         try:
             assert_peak_within(stats, budgets)
         except AssertionError as e:
-            pytest.fail(f"af_memory_budget: run {i} of this test went over: {e}",
-                        pytrace=False)
+            pytest.fail(f"af_memory_budget: run {i} of this test went over: {e}", pytrace=False)

@@ -67,12 +67,16 @@ _WHERE, _COPY, _CAST = "where", "copy", "cast"
 # write over an input (numpy reads each element before writing it), and they raise
 # nothing on floats (so a step may write state in place once only they are left).
 _ARITH = ("add", "sub", "mul", "div", "maximum", "minimum")
-INPLACE = frozenset(_ARITH + tuple(f"{n}_scalar" for n in _ARITH)
-                    + tuple(f"r{n}_scalar" for n in _ARITH)
-                    + ("neg", "abs", "sqrt", "exp", "log", "tanh", "relu", "copy", "cast"))
+INPLACE = frozenset(
+    _ARITH
+    + tuple(f"{n}_scalar" for n in _ARITH)
+    + tuple(f"r{n}_scalar" for n in _ARITH)
+    + ("neg", "abs", "sqrt", "exp", "log", "tanh", "relu", "copy", "cast")
+)
 _CMP = ("eq", "ne", "lt", "le", "gt", "ge")
-_SAFE = INPLACE | frozenset(_CMP + tuple(f"{n}_scalar" for n in _CMP)
-                             + (_WHERE, "pow", "pow_scalar", "rpow_scalar"))
+_SAFE = INPLACE | frozenset(
+    _CMP + tuple(f"{n}_scalar" for n in _CMP) + (_WHERE, "pow", "pow_scalar", "rpow_scalar")
+)
 
 # Set to False to run every Program op by op as recorded (what a program compiled without
 # this pass does); tests compare the two.
@@ -97,30 +101,30 @@ class Instr:
 
 class Compiled:
     """The compiled form of ``program`` (see the module doc). ``kernels``: the kernels one
-    run calls (a fused chain counts one); ``folded_steps``, ``dropped``,
-    ``copies_dropped``, ``merged``, ``in_place`` (values written over an input), ``state_of`` (values
-    written into their state): what the pass did; an instruction's ``select``: a pick;
-    ``buffers``: the workspace arrays the plan uses (of ``len(program.tmp_specs)``)."""
+    run calls (a fused chain counts one); ``folded_steps``, ``dropped``, ``copies_dropped``,
+    ``merged``, ``in_place`` (values written over an input), ``state_of`` (values written
+    into their state): what the pass did; an instruction's ``select``: a pick; ``buffers``:
+    the workspace arrays the plan uses (of ``len(program.tmp_specs)``)."""
 
     def __init__(self, program):
         self.program = program
         steps = program.steps
         specs = program.tmp_specs
-        self.folded: dict = {}              # tmp index -> its array (a constant)
-        alias: dict = {}                    # tmp index -> the ref it reads instead
+        self.folded: dict = {}  # tmp index -> its array (a constant)
+        alias: dict = {}  # tmp index -> the ref it reads instead
         keep = [True] * len(steps)
         self.copies_dropped = 0
         self.folded_steps = 0
 
-        same: dict = {}                     # tmp index -> the equal value computed before
-        seen: dict = {}                     # (op, inputs, attrs) -> the step's outputs
+        same: dict = {}  # tmp index -> the equal value computed before
+        seen: dict = {}  # (op, inputs, attrs) -> the step's outputs
         self.merged = 0
 
         def rename(ref):
             while ref[0] == "tmp":
-                if ref[1] in same:          # (same spec: read through the same view)
+                if ref[1] in same:  # (same spec: read through the same view)
                     ref = ("tmp", same[ref[1]], 0, ref[3])
-                elif ref[1] in alias and ref[3] is None:    # (whole reads only: below)
+                elif ref[1] in alias and ref[3] is None:  # (whole reads only: below)
                     ref = alias[ref[1]]
                 else:
                     break
@@ -133,7 +137,7 @@ class Compiled:
             ins_of.append(ins)
             key = _key(st, ins)
             if key is not None:
-                if key in seen:             # computed already, from the same values
+                if key in seen:  # computed already, from the same values
                     for o, o0 in zip(st.outs, seen[key], strict=True):
                         same[o[1]] = o0[1]
                     keep[n] = False
@@ -181,14 +185,14 @@ class Compiled:
     def _fold(self, st, ins, specs) -> bool:
         """Runs ``st`` now when it reads only constants and writes workspace values; keeps
         its outputs in ``folded``. A kernel that raises is left to raise at run time."""
-        if not ins or any(r[0] != "const" and not (r[0] == "tmp" and r[1] in self.folded)
-                          for r in ins):
+        if not ins or any(
+            r[0] != "const" and not (r[0] == "tmp" and r[1] in self.folded) for r in ins
+        ):
             return False
         if any(o[0] != "tmp" for o in st.outs) or st.op.dynamic:
             return False
         consts = self.program.consts
-        args = [strided(consts[r[1]] if r[0] == "const" else self.folded[r[1]], r[3])
-                for r in ins]
+        args = [strided(consts[r[1]] if r[0] == "const" else self.folded[r[1]], r[3]) for r in ins]
         outs = [np.empty(specs[o[1]].shape, specs[o[1]].dtype.np) for o in st.outs]
         try:
             st.kernel(outs, args, st.attrs)
@@ -207,16 +211,17 @@ class Compiled:
         spec = specs[st.outs[0][1]]
         src = ins[0]
         if src[0] in ("in", "out") or src[0] == "tmp" and src[1] in self.folded:
-            return None                     # (an input's layout is the caller's)
+            return None  # (an input's layout is the caller's)
         shape, dtype = self._shape_dtype(src)
         if shape != spec.shape or dtype != spec.dtype.np:
             return None
         m = src[3]
         if m is not None and not is_contiguous(m.shape, m.strides):
             return None
-        if src[0] == "state" and any(r[1] == st.outs[0][1] and r[0] == "tmp"
-                                     for _, r in self.program.assigns):
-            return None                     # (a state written from another's array)
+        if src[0] == "state" and any(
+            r[1] == st.outs[0][1] and r[0] == "tmp" for _, r in self.program.assigns
+        ):
+            return None  # (a state written from another's array)
         return src
 
     def _shape_dtype(self, ref):
@@ -240,7 +245,7 @@ class Compiled:
 
     def _selects(self, specs) -> None:
         """Marks the ``where`` steps that pick a whole value (see the module doc)."""
-        origins: dict = {}                  # select's tmp index -> states it may pick
+        origins: dict = {}  # select's tmp index -> states it may pick
         for ins in self.instrs:
             st = ins.step
             args = self.ins_of[ins.index]
@@ -250,9 +255,12 @@ class Compiled:
             cshape, _ = self._shape_dtype(args[0])
             if cshape is None or int(np.prod(cshape)) != 1:
                 continue
-            if not all(r[3] is None and r[0] in ("tmp", "state", "const")
-                       and self._shape_dtype(r) == (tuple(out.shape), out.dtype.np)
-                       for r in args[1:]):
+            if not all(
+                r[3] is None
+                and r[0] in ("tmp", "state", "const")
+                and self._shape_dtype(r) == (tuple(out.shape), out.dtype.np)
+                for r in args[1:]
+            ):
                 continue
             ins.select, ins.value = True, st.outs[0][1]
             o = set()
@@ -263,7 +271,7 @@ class Compiled:
                     o |= origins.get(r[1], set())
             origins[ins.value] = o
         self.origins = origins
-        for i, r in self.assigns:           # a state written from another's array: copied
+        for i, r in self.assigns:  # a state written from another's array: copied
             if r[0] == "tmp" and origins.get(r[1], set()) - {i}:
                 for ins in self.instrs:
                     if ins.value == r[1]:
@@ -283,15 +291,15 @@ class Compiled:
         for _, r in self.assigns + self.copies:
             if r[0] == "tmp":
                 last[r[1]] = end
-        for ins in reversed(self.instrs):   # a pick keeps what it may pick alive
+        for ins in reversed(self.instrs):  # a pick keeps what it may pick alive
             if ins.select:
                 for r in self.ins_of[ins.index][1:]:
                     if r[0] == "tmp":
                         last[r[1]] = max(last.get(r[1], 0), last.get(ins.value, 0))
         self.last = last
         picked = {ins.value for ins in self.instrs if ins.select}
-        busy: dict = {}                     # array index -> [key, last reader's instr]
-        of_key: dict = {}                   # key -> the array indices of that key
+        busy: dict = {}  # array index -> [key, last reader's instr]
+        of_key: dict = {}  # key -> the array indices of that key
         buffer_of: dict = {}
         self.in_place = 0
         for k, ins in enumerate(self.instrs):
@@ -303,9 +311,14 @@ class Compiled:
                 b = None
                 if not ins.select and ins.step.op.name in INPLACE:
                     for r in self.ins_of[ins.index]:
-                        if r[0] == "tmp" and r[3] is None and r[1] in buffer_of \
-                                and r[1] not in picked and last.get(r[1]) == k \
-                                and busy[buffer_of[r[1]]] == [key, k]:
+                        if (
+                            r[0] == "tmp"
+                            and r[3] is None
+                            and r[1] in buffer_of
+                            and r[1] not in picked
+                            and last.get(r[1]) == k
+                            and busy[buffer_of[r[1]]] == [key, k]
+                        ):
                             b = buffer_of[r[1]]
                             self.in_place += 1
                             break
@@ -327,14 +340,16 @@ class Compiled:
         tail = n
         for k in range(n - 1, -1, -1):
             st = instrs[k].step
-            if not (instrs[k].select or st.op.name in _SAFE and all(
-                    o[0] != "tmp" or specs[o[1]].dtype.np.kind in "fb" for o in st.outs)):
+            if not (
+                instrs[k].select
+                or st.op.name in _SAFE
+                and all(o[0] != "tmp" or specs[o[1]].dtype.np.kind in "fb" for o in st.outs)
+            ):
                 break
             tail = k
-        producer = {o[1]: k for k, ins in enumerate(instrs) for o in ins.step.outs
-                    if o[0] == "tmp"}
+        producer = {o[1]: k for k, ins in enumerate(instrs) for o in ins.step.outs if o[0] == "tmp"}
         sources = Counter(r[1] for _, r in self.assigns if r[0] == "tmp")
-        last_read: dict = {}                # state -> the last instr reading its old value
+        last_read: dict = {}  # state -> the last instr reading its old value
         for k, ins in enumerate(instrs):
             for a in self.ins_of[ins.index]:
                 if a[0] == "state":
@@ -342,8 +357,8 @@ class Compiled:
                 elif a[0] == "tmp":
                     for i in self.origins.get(a[1], ()):
                         last_read[i] = k
-        read_after = {}                     # state -> values written back or out that may
-        for _, a in self.assigns + self.copies:         # be its old array (picks of it)
+        read_after = {}  # state -> values written back or out that may
+        for _, a in self.assigns + self.copies:  # be its old array (picks of it)
             if a[0] == "tmp":
                 for i in self.origins.get(a[1], ()):
                     read_after.setdefault(i, set()).add(a[1])
@@ -352,14 +367,21 @@ class Compiled:
         for i, r in self.assigns:
             t = r[1]
             k = producer.get(t)
-            if r[0] != "tmp" or r[3] is not None or sources[t] != 1 or k is None \
-                    or k < tail or instrs[k].select or i >= len(p.state_specs):
+            if (
+                r[0] != "tmp"
+                or r[3] is not None
+                or sources[t] != 1
+                or k is None
+                or k < tail
+                or instrs[k].select
+                or i >= len(p.state_specs)
+            ):
                 continue
             s = p.state_specs[i]
             if (tuple(s.shape), s.dtype.np) != (tuple(specs[t].shape), specs[t].dtype.np):
                 continue
             if last_read.get(i, -1) > k or read_after.get(i, set()) - {t}:
-                continue                    # (the kernel at k may read it: elementwise)
+                continue  # (the kernel at k may read it: elementwise)
             state_of[t] = i
         return state_of
 
@@ -395,6 +417,7 @@ class Compiled:
             if kind == "const":
                 return strided(consts[i], m)
             return None
+
         for ins in self.instrs:
             st, dyn = ins.step, []
             outs = []
@@ -417,10 +440,14 @@ class Compiled:
         program runs again op by op to raise the error it raises (nothing written back)."""
         p = self.program
         state_of = self.state_of
-        if state_of and not write_back:     # (its last steps would write the state)
+        if state_of and not write_back:  # (its last steps would write the state)
             p.run_steps(outs, ins, write_back)
             return
-        if self._bound is None or self._bound[0] is not p.tmp or self._bound[1] is not p.const_arrays:
+        if (
+            self._bound is None
+            or self._bound[0] is not p.tmp
+            or self._bound[1] is not p.const_arrays
+        ):
             self._bind()
         picks: dict = {}
         state = p.state_arrays
@@ -436,11 +463,19 @@ class Compiled:
             elif kind == "out":
                 base = outs[i]
             elif kind == "tmp":
-                base = picks[i] if i in picks else state[state_of[i]] if i in state_of \
-                    else tmp[buffer_of[i]] if i in buffer_of else self.folded[i]
+                base = (
+                    picks[i]
+                    if i in picks
+                    else state[state_of[i]]
+                    if i in state_of
+                    else tmp[buffer_of[i]]
+                    if i in buffer_of
+                    else self.folded[i]
+                )
             else:
                 base = p.const_arrays[i]
             return strided(base, m)
+
         ins_ = None
         try:
             for group in self.groups:
@@ -478,8 +513,7 @@ def _key(st, ins):
     if st.op.name not in _SAFE or any(o[0] != "tmp" for o in st.outs):
         return None
     try:
-        key = (st.op.name, tuple(ins),
-               tuple(sorted((k, type(v), v) for k, v in st.attrs.items())))
+        key = (st.op.name, tuple(ins), tuple(sorted((k, type(v), v) for k, v in st.attrs.items())))
         hash(key)
     except TypeError:
         return None

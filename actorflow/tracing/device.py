@@ -4,14 +4,15 @@
 ``DeviceProgram.submit`` makes one step one VM instruction on the device's compute stream:
 it reads the step's input tensors, the state and captured tensors its kernels read and its
 constants, and writes its output tensors and the state it writes back (the parameters' and
-the optimizer's own storage, in place). When the VM dispatches it, its work is issued on the compute stream's driver
-stream: the launches made on the first step (``_prepare``: shapes are static), each a
-``vm.opcall.Launch`` (the op's generated kernel, as an eager call on the device takes it,
-or its reference form; a chain of elementwise steps as one generated kernel, a run, whose
-intermediates stay in registers and get no memory), into a workspace of device memory the
-program keeps, then the new state copied over the old, last. A run only packs the device
-arrays. The instruction completes on the event the VM records after it (no host wait per
-op, none per step): the step's outputs are tensors on the device, and reading one is the
+the optimizer's own storage, in place). When the VM dispatches it, its work is issued on the
+compute stream's driver stream: the launches made on the first step (``_prepare``: shapes
+are static), each a ``vm.opcall.Launch`` (the op's generated kernel, as an eager call on the
+device takes it, or its reference form; a chain of elementwise steps as one generated
+kernel, a run, whose intermediates stay in registers and get no memory), into a workspace of
+device memory the program keeps, then the new state copied over the old, last. A run only
+packs the device arrays. The instruction completes on the event the VM records after it (no
+host wait per op, none per step): the step's outputs are tensors on the device, and reading
+one is the
 caller's sync.
 
 CUDA graphs (``cuda_graph=True``, the default): a step's launches are captured once
@@ -58,7 +59,7 @@ from ..vm.instruction import Instruction
 from ..vm.opcall import allocate, kernel_of, launch_of, run_launch
 from ..vm.scheduler import get_vm
 
-PROGRAM = "program"                 # the kind of a compiled program's instruction
+PROGRAM = "program"  # the kind of a compiled program's instruction
 
 
 def _darray(impl):
@@ -82,42 +83,53 @@ class DeviceProgram:
         self.name = name
         self.backend = get_backend(device)
         self.tmp = [TensorImpl.new(s.shape, s.dtype, device) for s in program.tmp_specs]
-        self.consts = []                    # the constants, copied to the device once
+        self.consts = []  # the constants, copied to the device once
         if program.consts:
             from ..creation import from_numpy
+
             self.consts = [from_numpy(c).to(str(device))._impl for c in program.consts]
         self.static_ins = self.static_outs = None
         self.graph = self.key = None
         self.captures = self.replays = self.launches = self.captured_commands = 0
         self.uncaptured = 0
         self.reference_launches: tuple = ()
-        self.offsets = (0,)                 # per input register, where its arrays start in
-        #                                     the inputs submit is given (op actors: per port)
-        refs = [r for st in program.steps for r in st.ins] + \
-            [r for _, r in (*program.copies, *program.assigns)]
-        self.writes = sorted({i for i, _ in program.assigns})   # the state it writes back,
+        self.offsets = (0,)  # per input register, where its arrays start in
+        #                      the inputs submit is given (op actors: per port)
+        refs = [r for st in program.steps for r in st.ins] + [
+            r for _, r in (*program.copies, *program.assigns)
+        ]
+        self.writes = sorted({i for i, _ in program.assigns})  # the state it writes back,
         self.reads = sorted({r[1] for r in refs if r[0] == "state"} - set(self.writes))  # reads
-        self.kernels = None                 # [Launch], and per launch its operands' slots
+        self.kernels = None  # [Launch], and per launch its operands' slots
         self._slots = self._writes = self._tmp = self._const = None
-        self._flags: list = []              # the zero flags' device memory
+        self._flags: list = []  # the zero flags' device memory
 
-    def submit(self, ins: list, state: list, captured: list, cuda_graph: bool,
-               outs: list | None = None) -> list:
+    def submit(
+        self, ins: list, state: list, captured: list, cuda_graph: bool, outs: list | None = None
+    ) -> list:
         """Issues one step: ``ins`` the input tensors' impls (contiguous, on the device, in
         the program's input order), ``state`` the state's, ``captured`` those of the tensors
         the program reads live; ``outs`` the impls to write (an op actor's register), else
         new ones. Returns the output impls (written when the step runs)."""
         if outs is None:
-            outs = [TensorImpl.new(s.shape, s.dtype, s.device)
-                    for s in self.program.out_spec.specs]
-        live = (*state, *captured)          # (what "state" refs index)
+            outs = [TensorImpl.new(s.shape, s.dtype, s.device) for s in self.program.out_spec.specs]
+        live = (*state, *captured)  # (what "state" refs index)
         state_blobs = tuple(live[i].blob for i in self.writes)
-        consts = tuple(t.blob for t in (*ins, *self.consts)) + \
-            tuple(live[i].blob for i in self.reads)
+        consts = tuple(t.blob for t in (*ins, *self.consts)) + tuple(
+            live[i].blob for i in self.reads
+        )
         muts = tuple(o.blob for o in outs) + state_blobs
         cost = sum(b.nbytes for b in muts) >> 2
-        instr = Instruction(PROGRAM, self.name, self.backend.compute, consts, muts, self._run,
-                            (ins, outs, state, captured, cuda_graph), cost)
+        instr = Instruction(
+            PROGRAM,
+            self.name,
+            self.backend.compute,
+            consts,
+            muts,
+            self._run,
+            (ins, outs, state, captured, cuda_graph),
+            cost,
+        )
         instr.waiters = [lambda: _kept(instr, state_blobs, consts)]
         get_vm().submit(instr)
         return outs
@@ -135,49 +147,63 @@ class DeviceProgram:
         ``state``: the first step's impls (the state's, then the captured tensors')."""
         p = self.program
         offsets = self.offsets
-        whole = {"in": [t.meta for t in ins], "out": [o.meta for o in outs],
-                 "tmp": [t.meta for t in self.tmp], "state": [t.meta for t in state],
-                 "const": [t.meta for t in self.consts]}
+        whole = {
+            "in": [t.meta for t in ins],
+            "out": [o.meta for o in outs],
+            "tmp": [t.meta for t in self.tmp],
+            "state": [t.meta for t in state],
+            "const": [t.meta for t in self.consts],
+        }
 
         def meta(ref):
             return ref[3] if ref[3] is not None else whole[ref[0]][_slot(ref, offsets)[1]]
+
         singles = []
         for s in p.steps:
             refs = (*s.outs, *s.ins)
             written = {_slot(r, offsets) for r in s.outs}
-            singles.append((launch_of(s.kernel, len(s.outs), [meta(r) for r in refs],
-                                      [r[3] for r in refs], s.attrs,
-                                      tuple(_slot(r, offsets) in written for r in s.ins)),
-                            refs))
-        readers: dict = {}                  # slot -> index of the last step reading it
+            singles.append(
+                (
+                    launch_of(
+                        s.kernel,
+                        len(s.outs),
+                        [meta(r) for r in refs],
+                        [r[3] for r in refs],
+                        s.attrs,
+                        tuple(_slot(r, offsets) in written for r in s.ins),
+                    ),
+                    refs,
+                )
+            )
+        readers: dict = {}  # slot -> index of the last step reading it
         for k, s in enumerate(p.steps):
             for r in s.ins:
                 readers[_slot(r, offsets)] = k
         kept = {_slot(r, offsets) for _, r in (*p.copies, *p.assigns)}
 
-        def joins(k):                       # step k may be part of a run
+        def joins(k):  # step k may be part of a run
             launch = singles[k][0]
             return launch.gen is not None and not launch.gen.zero
 
-        def inner(k):                       # step k's output may stay in registers
+        def inner(k):  # step k's output may stay in registers
             out = singles[k][1][0]
             return out[0] == "tmp" and _slot(out, offsets) not in kept
 
-        def chain_end(k):                   # the last step of the chain from step k
+        def chain_end(k):  # the last step of the chain from step k
             b = k
             if not joins(k):
                 return b
             n = singles[k][0].n
-            while b + 1 < len(p.steps) and inner(b) and joins(b + 1) \
-                    and singles[b + 1][0].n == n:
+            while b + 1 < len(p.steps) and inner(b) and joins(b + 1) and singles[b + 1][0].n == n:
                 b += 1
             c = k
-            while c < b:                    # cut where an intermediate is read later
+            while c < b:  # cut where an intermediate is read later
                 if readers.get(_slot(singles[c][1][0], offsets), -1) > b:
                     b, c = c, k
                 else:
                     c += 1
             return b
+
         kernels, slots, dropped = [], [], set()
         k = 0
         while k < len(p.steps):
@@ -192,14 +218,14 @@ class DeviceProgram:
                 for c in range(k, b + 1):
                     launch, refs = singles[c]
                     keys = []
-                    for r in refs:          # an intermediate by its slot, else by its view
+                    for r in refs:  # an intermediate by its slot, else by its view
                         at = _slot(r, offsets)
                         key = at if at in inside or r is refs[0] else (*at, r[3])
                         by_key[key] = r
                         keys.append(key)
                     parts.append((launch, keys))
                 one = run_launch(parts)
-                if one is None:           # (the generator refused the run: step by step)
+                if one is None:  # (the generator refused the run: step by step)
                     for c in range(k, b + 1):
                         kernels.append(singles[c][0])
                         slots.append([_slot(r, offsets) for r in singles[c][1]])
@@ -211,26 +237,34 @@ class DeviceProgram:
             kernels.append(launch)
             slots.append([_slot(r, offsets) for r in refs])
             k = b + 1
-        writes = []                         # (kind, destination slot, source slot, launch)
+        writes = []  # (kind, destination slot, source slot, launch)
         copy = None
-        for dst, ref in [(("out", j, 0, None), r) for j, r in p.copies] + \
-                        [(("state", i, 0, None), r) for i, r in p.assigns]:
+        for dst, ref in [(("out", j, 0, None), r) for j, r in p.copies] + [
+            (("state", i, 0, None), r) for i, r in p.assigns
+        ]:
             src, dm = meta(ref), meta(dst)
             if ref[3] is None and src.numel == dm.numel and src.dtype == dm.dtype:
                 writes.append((_slot(dst, offsets), _slot(ref, offsets), None))
                 continue
             if copy is None:
                 copy = kernel_of(get_op("copy"), self.device)
-            writes.append((_slot(dst, offsets), _slot(ref, offsets),
-                           launch_of(copy, 1, [dm, src], [None, ref[3]], {})))
+            writes.append(
+                (
+                    _slot(dst, offsets),
+                    _slot(ref, offsets),
+                    launch_of(copy, 1, [dm, src], [None, ref[3]], {}),
+                )
+            )
         for launch in kernels + [w[2] for w in writes if w[2] is not None]:
             if launch.needs_zero:
                 self._zero_flag(launch)
         self.tmp = [None if i in dropped else t for i, t in enumerate(self.tmp)]
         self.kernels, self._slots, self._writes = kernels, slots, writes
         self.reference_launches = tuple(
-            launch.name for launch in kernels + [w[2] for w in writes if w[2] is not None]
-            if not launch.kernel.source)
+            launch.name
+            for launch in kernels + [w[2] for w in writes if w[2] is not None]
+            if not launch.kernel.source
+        )
 
     def _zero_flag(self, launch) -> None:
         """A generated integer division's zero flag, the program's own: an int32 of device
@@ -246,7 +280,7 @@ class DeviceProgram:
     # -- on the VM's loop, when the step is dispatched -------------------------------------
     def _run(self, instr) -> None:
         ins, outs, state, captured, cuda_graph = instr.args
-        instr.result = True                 # (it ran: a failure from now on is the device's)
+        instr.result = True  # (it ran: a failure from now on is the device's)
         stream = self.backend.current
         if self.kernels is None:
             self._prepare(ins, outs, [*state, *captured])
@@ -260,7 +294,7 @@ class DeviceProgram:
         out_arrays = [_darray(o) for o in outs]
         in_arrays = [_darray(i) for i in ins]
         prof = get_vm().profiler
-        if prof is not None:                # each kernel timed: launched one by one
+        if prof is not None:  # each kernel timed: launched one by one
             last: list = [None]
             timed = lambda name: prof.device_kernel(instr, name, stream, last)  # noqa: E731
             self._body(stream, out_arrays, in_arrays, st, timed=timed)
@@ -269,15 +303,17 @@ class DeviceProgram:
             self._body(stream, out_arrays, in_arrays, st)
             return
         if self.reference_launches and not self.backend.driver().captures_allocations:
-            self.uncaptured += 1            # (see the module doc)
+            self.uncaptured += 1  # (see the module doc)
             self._body(stream, out_arrays, in_arrays, st)
             return
         if self.static_ins is None:
             p = self.program
-            self.static_ins = [TensorImpl.new(a.shape, a.dtype, self.device)
-                               for a in [t.meta for t in ins]]
-            self.static_outs = [TensorImpl.new(s.shape, s.dtype, self.device)
-                                for s in p.out_spec.specs]
+            self.static_ins = [
+                TensorImpl.new(a.shape, a.dtype, self.device) for a in [t.meta for t in ins]
+            ]
+            self.static_outs = [
+                TensorImpl.new(s.shape, s.dtype, self.device) for s in p.out_spec.specs
+            ]
         allocate(self.static_ins, self.name)
         allocate(self.static_outs, self.name)
         sins = [_darray(t) for t in self.static_ins]
@@ -286,7 +322,7 @@ class DeviceProgram:
             stream.copy_d2d(dst, src)
         key = tuple(a.ptr for a in st)
         if self.graph is None or key != self.key:
-            self._body(stream, souts, sins, st)         # a first run, then the capture
+            self._body(stream, souts, sins, st)  # a first run, then the capture
             self.graph = None
             stream.begin_capture()
             try:
@@ -302,20 +338,20 @@ class DeviceProgram:
         for dst, src in zip(out_arrays, souts, strict=True):
             stream.copy_d2d(dst, src)
 
-    def _body(self, stream, outs: list, ins: list, state: list, counted: bool = True,
-              timed=None) -> None:
+    def _body(
+        self, stream, outs: list, ins: list, state: list, counted: bool = True, timed=None
+    ) -> None:
         """Issues the planned launches, the output copies, then the state's write-back;
         ``timed(name)`` after each launch while a profile is on. Each launch only packs the
         device arrays of its operands' slots."""
-        arrays = {"in": ins, "out": outs, "state": state, "tmp": self._tmp,
-                  "const": self._const}
+        arrays = {"in": ins, "out": outs, "state": state, "tmp": self._tmp, "const": self._const}
         for launch, slots in zip(self.kernels, self._slots, strict=True):
             launch.issue(stream, [arrays[kind][i] for kind, i in slots])
             if timed is not None:
                 timed(launch.name)
         if counted:
             self.launches += len(self.kernels)
-        for (dk, di), (sk, si), launch in self._writes:   # the state, once every kernel read it
+        for (dk, di), (sk, si), launch in self._writes:  # the state, once every kernel read it
             dst, src = arrays[dk][di], arrays[sk][si]
             if launch is None:
                 stream.copy_d2d(dst, src)
@@ -340,8 +376,8 @@ def _kept(instr, state_blobs, read) -> None:
     error, ``vm.deps.RAN_ON_FAILED``.)"""
     err = instr.error
     if err is None or instr.result is RAN_ON_FAILED:
-        return                              # (it ran whole on inputs that failed after it was
-    ran = instr.result is True              #  issued: its write-back ran, the state keeps it)
+        return  # (it ran whole on inputs that failed after it was
+    ran = instr.result is True  #  issued: its write-back ran, the state keeps it)
     if not ran and not any(b.error is err for b in read):
         return
     for b in state_blobs:
@@ -349,13 +385,19 @@ def _kept(instr, state_blobs, read) -> None:
             b.error = None
     if not ran:
         return
-    if not err._reported:                   # (says so where the outputs raise it)
+    if not err._reported:  # (says so where the outputs raise it)
         tb = err.kernel_traceback
-        KernelError.__init__(err, err.op, err.device, err.original, False,
-                             "a kernel of the step failed on the device, so the step's later "
-                             "commands were skipped: nothing was written back, the "
-                             "parameters, buffers and optimizer state keep their values, and "
-                             "the next step runs as usual; its outputs raise this error")
+        KernelError.__init__(
+            err,
+            err.op,
+            err.device,
+            err.original,
+            False,
+            "a kernel of the step failed on the device, so the step's later "
+            "commands were skipped: nothing was written back, the "
+            "parameters, buffers and optimizer state keep their values, and "
+            "the next step runs as usual; its outputs raise this error",
+        )
         err.kernel_traceback = tb
 
 
@@ -372,8 +414,9 @@ class DeviceSteps:
 
     tmp_specs: list = []
 
-    def __init__(self, device_program, in_spec=None, cuda_graph: bool = True,
-                 state: list | None = None):
+    def __init__(
+        self, device_program, in_spec=None, cuda_graph: bool = True, state: list | None = None
+    ):
         self.device_program = dp = device_program
         self.in_bytes = in_spec.nbytes if in_spec is not None else 0
         self.out_spec = dp.program.out_spec
@@ -423,6 +466,10 @@ class DeviceSteps:
                 at.append(at[-1] + len(i))
             dp.offsets = tuple(at)
         ins = [t for i in ins for t in i]
-        self.device_program.submit([t._impl for t in ins], [t._impl for t in self.state],
-                                   [t._impl for t in self.captured], self.cuda_graph,
-                                   [t._impl for t in outs])
+        self.device_program.submit(
+            [t._impl for t in ins],
+            [t._impl for t in self.state],
+            [t._impl for t in self.captured],
+            self.cuda_graph,
+            [t._impl for t in outs],
+        )

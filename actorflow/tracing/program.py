@@ -35,22 +35,23 @@ class Program:
     """Steps over refs; ``out_spec`` the register it fills; ``tmp_specs`` its workspace;
     ``consts`` the captured arrays; ``copies`` outputs that are inputs or views (copied)."""
 
-    def __init__(self, steps: list, out_spec: PieceSpec, tmp_specs: list, consts: list,
-                 copies: list):
+    def __init__(
+        self, steps: list, out_spec: PieceSpec, tmp_specs: list, consts: list, copies: list
+    ):
         self.steps = steps
         self.out_spec = out_spec
         self.tmp_specs = tmp_specs
         self.consts = consts
-        self.copies = copies                 # [(out leaf j, ref)]
+        self.copies = copies  # [(out leaf j, ref)]
         self.null = bool(out_spec.specs) and out_spec.specs[0].device.type == "null"
         self.tmp: list = [None] * len(tmp_specs)
         self.const_arrays: list = list(consts)
         self.bound = False
-        self.state_specs: list = []         # state held across pieces (nn.Graph): read by
-        self.state_arrays: list = []        # refs ("state", i), written back by assigns
-        self.assigns: list = []             # [(state i, ref of its new value)]
-        self.captured: list = []            # tensors read live: the last states (nn.Graph)
-        self.compiled = None                # its compiled form, when compiled (compile.py)
+        self.state_specs: list = []  # state held across pieces (nn.Graph): read by
+        self.state_arrays: list = []  # refs ("state", i), written back by assigns
+        self.assigns: list = []  # [(state i, ref of its new value)]
+        self.captured: list = []  # tensors read live: the last states (nn.Graph)
+        self.compiled = None  # its compiled form, when compiled (compile.py)
 
     @property
     def device(self):
@@ -63,21 +64,27 @@ class Program:
     def workspace_bytes(self) -> int:
         """Workspace, constants and state (state is the caller's memory, not allocated by
         ``bind``, but the plan counts it)."""
-        return (sum(s.nbytes for s in self.tmp_specs)
-                + sum(getattr(c, "nbytes", 0) for c in self.consts)
-                + sum(s.nbytes for s in self.state_specs))
+        return (
+            sum(s.nbytes for s in self.tmp_specs)
+            + sum(getattr(c, "nbytes", 0) for c in self.consts)
+            + sum(s.nbytes for s in self.state_specs)
+        )
 
     def bind(self, budget, name: str) -> None:
         """Allocates the workspace (and a copy of each constant) under the graph's budget."""
         if self.tmp_specs:
-            arrays, _ = budget.allocate(PieceSpec(None, self.tmp_specs), f"workspace of {name!r}",
-                                        key=(name, "workspace"))
+            arrays, _ = budget.allocate(
+                PieceSpec(None, self.tmp_specs), f"workspace of {name!r}", key=(name, "workspace")
+            )
             self.tmp = arrays
         if self.consts:
-            specs = [Spec(c.shape, c.dtype, self.out_spec.specs[0].device if self.null
-                          else "cpu") for c in self.consts]
-            arrays, _ = budget.allocate(PieceSpec(None, specs), f"constants of {name!r}",
-                                        key=(name, "constants"))
+            specs = [
+                Spec(c.shape, c.dtype, self.out_spec.specs[0].device if self.null else "cpu")
+                for c in self.consts
+            ]
+            arrays, _ = budget.allocate(
+                PieceSpec(None, specs), f"constants of {name!r}", key=(name, "constants")
+            )
             for dst, src in zip(arrays, self.consts, strict=True):
                 if dst is not None:
                     np.copyto(dst, src)
@@ -93,8 +100,10 @@ class Program:
         """One act into new output arrays, which it returns (None for a leaf on a device
         without data): what an op actor computes piece 0 with while planning, what a Ray
         process runs per piece, what a replay runs. Raises as ``run``."""
-        outs = [None if s.device.type == "null" else np.empty(s.shape, s.dtype.np)
-                for s in self.out_spec.specs]
+        outs = [
+            None if s.device.type == "null" else np.empty(s.shape, s.dtype.np)
+            for s in self.out_spec.specs
+        ]
         self.run(outs, ins, write_back)
         return outs
 
@@ -121,7 +130,7 @@ class Program:
             KernelError: a kernel raised; it names the op and holds the kernel's error
                 (``original``, also ``__cause__``)."""
         if self.null:
-            return                           # no data: only the simulated time counts
+            return  # no data: only the simulated time counts
         if not self.bound and self.tmp_specs:
             self.tmp = [np.empty(s.shape, s.dtype.np) for s in self.tmp_specs]  # (probe)
             self.bound = True
@@ -136,6 +145,7 @@ class Program:
         """Runs the steps through the compiler pass (``tracing.compile``) from now on, on
         the host: same results bit for bit, fewer kernels."""
         from .compile import compile_program
+
         self.compiled = compile_program(self)
 
     def _run(self, outs, ins, write_back: bool = True) -> None:
@@ -152,7 +162,7 @@ class Program:
             for st in self.steps:
                 args = []
                 for r in st.ins:
-                    if r[0] == "in" and r[3] is None:       # the common case: a whole input
+                    if r[0] == "in" and r[3] is None:  # the common case: a whole input
                         args.append(ins[r[1]][r[2]])
                     else:
                         args.append(get(r, outs, ins))
@@ -162,7 +172,7 @@ class Program:
         for j, ref in self.copies:
             np.copyto(outs[j], get(ref, outs, ins))
         if write_back:
-            for i, ref in self.assigns:        # state written back once every step has read
+            for i, ref in self.assigns:  # state written back once every step has read
                 np.copyto(self.state_arrays[i], get(ref, outs, ins), casting="no")
 
     def kernel_error(self, k: int, e: Exception) -> KernelError:
@@ -175,9 +185,13 @@ class Program:
             where.append(f"op {k + 1} of the {len(self.steps)} this program runs")
         if self.assigns:
             where.append("nothing was written back to its state")
-        err = kernel_error(self.steps[k].op.name, dev if dev is not None else "cpu", e,
-                           note="; ".join(where) or "no later op of its program ran")
-        if err is not e:                    # (one the kernel raised itself stays as it is)
+        err = kernel_error(
+            self.steps[k].op.name,
+            dev if dev is not None else "cpu",
+            e,
+            note="; ".join(where) or "no later op of its program ran",
+        )
+        if err is not e:  # (one the kernel raised itself stays as it is)
             err.step = k
         return err
 

@@ -74,28 +74,31 @@ class Tracer(Interpreter):
     index of the state holding the step's count, which random ops read (None: they are
     refused); ``seed``: their key's seed; ``draws``: how many were recorded."""
 
-    def __init__(self, live: bool = False, first_live: int = 0, state_names=None,
-                 count=None, seed=None):
+    def __init__(
+        self, live: bool = False, first_live: int = 0, state_names=None, count=None, seed=None
+    ):
         self.nodes: list = []
         self.where: dict = {}
-        self.states: dict = {}        # a given state's placeholder blob -> its index
-        self.consts: dict = {}        # id(impl) -> (const index, TensorImpl kept alive)
+        self.states: dict = {}  # a given state's placeholder blob -> its index
+        self.consts: dict = {}  # id(impl) -> (const index, TensorImpl kept alive)
         self.live = live
         self.first_live = first_live
-        self.captured: list = []      # TensorImpls read live (kept alive with the program)
-        self._live_of: dict = {}      # id(impl) -> state index
-        self.made: set = set()        # blobs of the constants made while tracing (live)
+        self.captured: list = []  # TensorImpls read live (kept alive with the program)
+        self._live_of: dict = {}  # id(impl) -> state index
+        self.made: set = set()  # blobs of the constants made while tracing (live)
         self.state_names = list(state_names or ())
-        self._grads: dict = {}        # id(Meta) -> (Meta, its grad): see restore_grads
+        self._grads: dict = {}  # id(Meta) -> (Meta, its grad): see restore_grads
         self._eager = EagerInterpreter()
         self.count, self.seed = count, seed
         self.draws = 0
-        self._count = None            # the count's placeholder
+        self._count = None  # the count's placeholder
 
     def placeholder(self, spec: Spec, j: int) -> Tensor:
         dev = spec.device
-        impl = TensorImpl(contiguous_meta(spec.shape, spec.dtype, dev),
-                          TracedBlob(dev, get_backend(dev), spec.nbytes))
+        impl = TensorImpl(
+            contiguous_meta(spec.shape, spec.dtype, dev),
+            TracedBlob(dev, get_backend(dev), spec.nbytes),
+        )
         self.where[impl.blob] = ("in", j)
         return wrap(impl)
 
@@ -114,19 +117,20 @@ class Tracer(Interpreter):
         if blob.traced:
             src = self.where.get(blob)
             if src is None:
-                raise TraceError("a tensor traced by another trace was used here; trace one "
-                                 "function at a time")
+                raise TraceError(
+                    "a tensor traced by another trace was used here; trace one function at a time"
+                )
             return src
         ag = impl.ag
         if ag is not None and id(ag) not in self._grads:
             self._grads[id(ag)] = (ag, ag.grad)
         if self.live and blob not in self.made:
-            i = self._live_of.get(id(impl))         # one state per tensor (views included)
+            i = self._live_of.get(id(impl))  # one state per tensor (views included)
             if i is None:
                 i = self._live_of[id(impl)] = self.first_live + len(self.captured)
                 self.captured.append(impl)
             return ("state", i)
-        entry = self.consts.get(id(impl))          # one copy per tensor (views included)
+        entry = self.consts.get(id(impl))  # one copy per tensor (views included)
         if entry is None:
             entry = (len(self.consts), impl)
             self.consts[id(impl)] = entry
@@ -158,9 +162,11 @@ class Tracer(Interpreter):
                 return self._renew_state(op, inputs, attrs, device, outs[0])
             raise TraceError(self.inplace_error(op, outs[0]))
         if op.dynamic:
-            raise TraceError(f"{op.name}: its output shape depends on the values, so it "
-                             f"cannot be planned ahead; run it eagerly outside the traced "
-                             f"function")
+            raise TraceError(
+                f"{op.name}: its output shape depends on the values, so it "
+                f"cannot be planned ahead; run it eagerly outside the traced "
+                f"function"
+            )
         metas = [i.meta for i in inputs]
         dev = device or check_same_device(inputs, op.name)
         refs = [(self.source(i), i.meta) for i in inputs]
@@ -175,19 +181,22 @@ class Tracer(Interpreter):
             impl = TensorImpl(contiguous_meta(shape, dtype, dev), TracedBlob(dev, backend, nbytes))
             self.where[impl.blob] = ("node", n, k)
             out_impls.append(impl)
-        self.nodes.append(Node(op, refs, attrs, [o.blob for o in out_impls],
-                               [o.meta for o in out_impls]))
+        self.nodes.append(
+            Node(op, refs, attrs, [o.blob for o in out_impls], [o.meta for o in out_impls])
+        )
         return out_impls
 
     def _draw(self, op, attrs, device):
         """Records random op ``op`` in its step form, reading the step's count (see the
         module doc); refused where there is no count."""
         if self._count is None:
-            raise TraceError(f"{op.name}: a random op inside a traced function would run "
-                             f"once, while tracing, and repeat the same values for every "
-                             f"piece; af.trace and ActorGraph.op record no step count to draw "
-                             f"new values from (nn.Graph's build does): make the random "
-                             f"values outside and pass them in, or train in nn.Graph")
+            raise TraceError(
+                f"{op.name}: a random op inside a traced function would run "
+                f"once, while tracing, and repeat the same values for every "
+                f"piece; af.trace and ActorGraph.op record no step count to draw "
+                f"new values from (nn.Graph's build does): make the random "
+                f"values outside and pass them in, or train in nn.Graph"
+            )
         step = dict(attrs, key=(self.seed, self.draws))
         step.pop("seed", None)
         self.draws += 1
@@ -214,9 +223,11 @@ class Tracer(Interpreter):
         m = target.meta
         new = self.apply(op, inputs, attrs, device or m.device)[0]
         if new.meta.shape != m.shape:
-            raise TraceError(self.inplace_error(op, target) + f" (a whole state written in "
-                             f"place is recorded as its new value only when the op's result "
-                             f"has its shape {tuple(m.shape)}, not {tuple(new.meta.shape)})")
+            raise TraceError(
+                self.inplace_error(op, target) + f" (a whole state written in "
+                f"place is recorded as its new value only when the op's result "
+                f"has its shape {tuple(m.shape)}, not {tuple(new.meta.shape)})"
+            )
         if new.meta.dtype is not m.dtype:
             new = self.apply(_CAST, [new], {"dtype": m.dtype})[0]
         self.where[target.blob] = self.source(new)
@@ -232,14 +243,18 @@ class Tracer(Interpreter):
         what = f"a tensor of shape {tuple(m.shape)} and dtype {m.dtype.name}"
         if impl.base is not None:
             b = impl.base.meta
-            what = (f"a view of shape {tuple(m.shape)} into a tensor of shape "
-                    f"{tuple(b.shape)} and dtype {b.dtype.name}")
+            what = (
+                f"a view of shape {tuple(m.shape)} into a tensor of shape "
+                f"{tuple(b.shape)} and dtype {b.dtype.name}"
+            )
         blob = impl.blob
         if not blob.traced:
             if self.live and blob not in self.made:
-                return (f"{what} captured from outside the traced function (a global, a "
-                        f"closure variable or an attribute that is not a parameter or "
-                        f"buffer), which it reads but never writes")
+                return (
+                    f"{what} captured from outside the traced function (a global, a "
+                    f"closure variable or an attribute that is not a parameter or "
+                    f"buffer), which it reads but never writes"
+                )
             return f"{what} made inside the traced function"
         src = self.where.get(blob, ("?",))
         if src[0] == "in":
@@ -254,14 +269,16 @@ class Tracer(Interpreter):
 
     def inplace_error(self, op, target) -> str:
         """Why an in-place op cannot be recorded, what it wrote into, and the way out."""
-        return (f"in-place ops are refused in a traced function: op '{op.name}' "
-                f"({_inplace_form(op.name)}) writes into {self.describe(target)}. A traced "
-                f"function is recorded once, as out-of-place kernels that each write a new "
-                f"output, so an in-place write cannot be recorded (later pieces would not "
-                f"repeat it, and what was recorded before it reads the old value). Use the "
-                f"out-of-place form and its result: y = x + 1 instead of x.add_(1) or "
-                f"x += 1, af.where(mask, v, x) instead of x[mask] = v, af.zeros_like(x) "
-                f"instead of x.zero_()")
+        return (
+            f"in-place ops are refused in a traced function: op '{op.name}' "
+            f"({_inplace_form(op.name)}) writes into {self.describe(target)}. A traced "
+            f"function is recorded once, as out-of-place kernels that each write a new "
+            f"output, so an in-place write cannot be recorded (later pieces would not "
+            f"repeat it, and what was recorded before it reads the old value). Use the "
+            f"out-of-place form and its result: y = x + 1 instead of x.add_(1) or "
+            f"x += 1, af.where(mask, v, x) instead of x[mask] = v, af.zeros_like(x) "
+            f"instead of x.zero_()"
+        )
 
 
 @contextlib.contextmanager
@@ -290,7 +307,7 @@ def _inplace_form(name: str) -> str:
         return "as x.fill_(v), x.zero_() or x[i] = v do"
     if name == "copy":
         return "as x.copy_(y) or x[i] = y do"
-    base = name[:-len("_scalar")] if name.endswith("_scalar") else name
+    base = name[: -len("_scalar")] if name.endswith("_scalar") else name
     return f"as x.{base}_(...) or an in-place operator (x += y, x *= y...) does"
 
 
@@ -307,14 +324,24 @@ class Recording:
     given states in error messages. ``count`` and ``seed``: as ``Tracer``'s (random ops
     read state ``count``); ``counted``: what the step writes back to it (None: keep it)."""
 
-    def __init__(self, fn, leaf_specs, args_of, kwargs=None, state_specs=None, live=False,
-                 state_names=None, count=None, seed=None):
+    def __init__(
+        self,
+        fn,
+        leaf_specs,
+        args_of,
+        kwargs=None,
+        state_specs=None,
+        live=False,
+        state_names=None,
+        count=None,
+        seed=None,
+    ):
         self.leaf_specs = list(leaf_specs)
         self.state_specs = list(state_specs or ())
         self.tracer = rec = Tracer(live, len(self.state_specs), state_names, count, seed)
         args = args_of([rec.placeholder(s, j) for j, s in enumerate(self.leaf_specs)])
         kwargs = dict(kwargs or {})
-        if state_specs is not None:     # fn(*args, states=[placeholder per state], **kwargs)
+        if state_specs is not None:  # fn(*args, states=[placeholder per state], **kwargs)
             kwargs["states"] = [rec.state(s, i) for i, s in enumerate(self.state_specs)]
         try:
             with use_interpreter(rec):
@@ -327,8 +354,10 @@ class Recording:
         leaves, self.structure = flatten(result)
         for x in leaves:
             if not isinstance(x, Tensor):
-                raise TraceError(f"a traced function must return tensors (or tuples/lists/"
-                                 f"dicts of them), got {type(x).__name__}")
+                raise TraceError(
+                    f"a traced function must return tensors (or tuples/lists/"
+                    f"dicts of them), got {type(x).__name__}"
+                )
         self.outputs = leaves
         self.nodes = rec.nodes
 
@@ -358,9 +387,13 @@ class Recording:
         when the whole array is read as it is."""
         kind, i, j = port_of(src)
         if kind == "const" or (kind == "state" and src[1] >= self.tracer.first_live):
-            return (kind, i, j, None)               # captured as the tensor reads it
+            return (kind, i, j, None)  # captured as the tensor reads it
         whole = self.meta_of(src)
-        if whole is not None and meta.shape == whole.shape and meta.offset == 0 \
-                and is_contiguous(meta.shape, meta.strides):
-            meta = None                             # the whole array, as it is
+        if (
+            whole is not None
+            and meta.shape == whole.shape
+            and meta.offset == 0
+            and is_contiguous(meta.shape, meta.strides)
+        ):
+            meta = None  # the whole array, as it is
         return (kind, i, j, meta)

@@ -19,9 +19,10 @@ def _args_of(in_specs: list):
     def args_of(leaves):
         args, at = [], 0
         for ps in in_specs:
-            args.append(unflatten(ps.structure, leaves[at:at + len(ps.specs)]))
+            args.append(unflatten(ps.structure, leaves[at : at + len(ps.specs)]))
             at += len(ps.specs)
         return args
+
     return args_of
 
 
@@ -33,8 +34,9 @@ def op_program(fn, in_specs: list, kwargs: dict) -> Program:
     return _program(rec, flat)
 
 
-def stateful_program(fn, in_specs: list, state_specs: list, state_names=None, count=None,
-                     seed=None) -> Program:
+def stateful_program(
+    fn, in_specs: list, state_specs: list, state_names=None, count=None, seed=None
+) -> Program:
     """Traces ``fn(*pieces, states=[placeholder per state])``, which returns ``(output,
     new_states)`` (per state its new value, or None to keep it), into one Program whose
     state (``Program.state_arrays``, attached by the caller) is read by its steps and
@@ -53,8 +55,17 @@ def stateful_program(fn, in_specs: list, state_specs: list, state_names=None, co
         out, new = fn(*args, states=states)
         new_states.extend(new)
         return out
-    rec = Recording(body, [f[2] for f in flat], _args_of(in_specs), state_specs=state_specs,
-                    live=True, state_names=state_names, count=count, seed=seed)
+
+    rec = Recording(
+        body,
+        [f[2] for f in flat],
+        _args_of(in_specs),
+        state_specs=state_specs,
+        live=True,
+        state_names=state_names,
+        count=count,
+        seed=seed,
+    )
     if rec.counted is not None:
         new_states[count] = rec.counted
     program = _program(rec, flat, new_states)
@@ -70,8 +81,13 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
     direct = {}
     for j, (t, src) in enumerate(zip(out_leaves, out_srcs, strict=True)):
         m = t._impl.meta
-        if src[0] == "node" and src not in direct and t._impl.base is None \
-                and is_contiguous(m.shape, m.strides) and m.offset == 0:
+        if (
+            src[0] == "node"
+            and src not in direct
+            and t._impl.base is None
+            and is_contiguous(m.shape, m.strides)
+            and m.offset == 0
+        ):
             direct[src] = j
     tmp_specs, tmp_of = [], {}
     for n, node in enumerate(rec.nodes):
@@ -101,8 +117,10 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
     for j, (t, src) in enumerate(zip(out_leaves, out_srcs, strict=True)):
         if direct.get(src) != j:
             copies.append((j, rec.ref(src, t._impl.meta, port_of)))
-    out_spec = PieceSpec(structure, [Spec(t._impl.meta.shape, t._impl.meta.dtype,
-                                          t._impl.meta.device) for t in out_leaves])
+    out_spec = PieceSpec(
+        structure,
+        [Spec(t._impl.meta.shape, t._impl.meta.dtype, t._impl.meta.device) for t in out_leaves],
+    )
     program = Program(steps, out_spec, tmp_specs, rec.const_arrays(), copies)
     if new_states is not None:
         program.state_specs = list(rec.state_specs)

@@ -64,8 +64,7 @@ def record(instr) -> int:
             n += 1
         if b.reads:
             for r in b.reads:
-                if not r.done and r is not instr and (after is None
-                                                      or _behind(r, instr, after, b)):
+                if not r.done and r is not instr and (after is None or _behind(r, instr, after, b)):
                     r.dependents.append(instr)
                     n += 1
             b.reads = None
@@ -90,15 +89,15 @@ def _behind(pred, instr, after, blob=None) -> bool:
     releases at issue only the dependents whose ``after`` holds it."""
     backend = instr.stream.backend
     if pred.after is None or pred.stream.backend is not backend:
-        return True                       # on the host or another device: its completion
+        return True  # on the host or another device: its completion
     if blob is not None and blob.backend is not backend:
-        while pred in after:              # through host memory: its completion, for every
-            after.remove(pred)            # link of the pair
+        while pred in after:  # through host memory: its completion, for every
+            after.remove(pred)  # link of the pair
         return True
     if pred not in after:
         deps = pred.dependents
-        if deps and deps[-1] is instr:    # (linked above through host memory: record holds
-            return True                   #  the lock, so the last dependent is this one)
+        if deps and deps[-1] is instr:  # (linked above through host memory: record holds
+            return True  #  the lock, so the last dependent is this one)
     after.append(pred)
     return pred.issued is None
 
@@ -150,7 +149,7 @@ def settled(stream, consts, muts) -> bool:
         if w is not None and not w.done:
             return False
     for b in muts:
-        if b.last_write is not None or b.reads is not None:   # (fresh outputs: none)
+        if b.last_write is not None or b.reads is not None:  # (fresh outputs: none)
             if not b.idle():
                 return False
             b.last_write = b.reads = None
@@ -224,9 +223,12 @@ def overwrites(blob, args) -> bool:
     for o in args[OUTPUTS]:
         if o.blob is blob:
             m = o.meta
-            return (m.shape is not None and not m.offset
-                    and m.strides == contiguous_strides(m.shape)
-                    and numel(m.shape) * m.dtype.itemsize == blob.nbytes)
+            return (
+                m.shape is not None
+                and not m.offset
+                and m.strides == contiguous_strides(m.shape)
+                and numel(m.shape) * m.dtype.itemsize == blob.nbytes
+            )
     return False
 
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 class Access(enum.IntEnum):
     """How an instruction uses a blob: read it (CONST), write it (MUT), or write it with a
     shape known only after compute (MUT2: consumers must wait for compute to learn it)."""
+
     CONST = 0
     MUT = 1
     MUT2 = 2
@@ -34,6 +35,7 @@ KERNEL, INPUTS, OUTPUTS, ATTRS, DYNAMIC, NAME = range(6)
 class Named:
     """What a kernel error names when no Instruction was made (the inline path): an op's
     name and its stream."""
+
     __slots__ = ("name", "stream")
 
     def __init__(self, name, stream):
@@ -66,29 +68,58 @@ class Instruction:
     issued there, until it completes.
     """
 
-    __slots__ = ("kind", "name", "stream", "consts", "muts", "mut2", "run", "args", "cost",
-                 "split", "pending", "dependents", "done", "error", "waiters", "result", "next",
-                 "after", "issued")
+    __slots__ = (
+        "kind",
+        "name",
+        "stream",
+        "consts",
+        "muts",
+        "mut2",
+        "run",
+        "args",
+        "cost",
+        "split",
+        "pending",
+        "dependents",
+        "done",
+        "error",
+        "waiters",
+        "result",
+        "next",
+        "after",
+        "issued",
+    )
 
-    def __init__(self, kind: str, name: str, stream, consts: tuple, muts: tuple, run, args,
-                 cost: int = 0, mut2: tuple = (), split=None):
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        stream,
+        consts: tuple,
+        muts: tuple,
+        run,
+        args,
+        cost: int = 0,
+        mut2: tuple = (),
+        split=None,
+    ):
         self.kind = kind
         self.name = name
         self.stream = stream
-        self.consts = consts      # blobs read
-        self.muts = muts          # blobs written (MUT2 ones are in mut2 too)
+        self.consts = consts  # blobs read
+        self.muts = muts  # blobs written (MUT2 ones are in mut2 too)
         self.mut2 = mut2
         self.run = run
         self.args = args
         self.cost = cost
-        self.split = split        # a Split, or None: the instruction runs whole
+        self.split = split  # a Split, or None: the instruction runs whole
         self.pending = 0
         self.dependents = []
         self.done = False
         self.error = None
         self.waiters = None
         self.result = None
-        self.next = None          # the instruction issued after this one on its stream
+        self.next = None  # the instruction issued after this one on its stream
         self.after = self.issued = None
 
     @property
@@ -99,6 +130,11 @@ class Instruction:
         return out
 
     def __repr__(self) -> str:
-        state = ("done" if self.done else "issued" if self.issued is not None
-                 else f"pending={self.pending}")
+        state = (
+            "done"
+            if self.done
+            else "issued"
+            if self.issued is not None
+            else f"pending={self.pending}"
+        )
         return f"Instruction({self.kind} {self.name!r} on {self.stream}, {state})"

@@ -52,7 +52,7 @@ def kernel_of(op, device, metas=()):
     kernel = op.kernels.get(device.type) or op.kernel_for(device.type)
     if any(m.dtype is bfloat16 for m in metas):
         n_out = len(op.outputs)
-        kernel = wide_kernel(op, kernel, device, [m.dtype for m in metas[len(metas) - n_out:]])
+        kernel = wide_kernel(op, kernel, device, [m.dtype for m in metas[len(metas) - n_out :]])
     return kernel
 
 
@@ -67,20 +67,20 @@ class Bfloat16Kernel:
 
     def __init__(self, kernel, narrow, scalar=None):
         self.kernel = kernel
-        self.narrow = narrow            # per output: whether it is bfloat16
-        self.scalar = scalar            # a Python number: None, "keep" or "reciprocal"
+        self.narrow = narrow  # per output: whether it is bfloat16
+        self.scalar = scalar  # a Python number: None, "keep" or "reciprocal"
 
     def __call__(self, outs, ins, attrs):
         ins = [bfloat16_values(a) if a.dtype == _BITS else a for a in ins]
-        if self.scalar == "reciprocal":             # number / x: x's reciprocal in bfloat16
-            with np.errstate(divide="ignore", invalid="ignore"):    # times the number
+        if self.scalar == "reciprocal":  # number / x: x's reciprocal in bfloat16
+            with np.errstate(divide="ignore", invalid="ignore"):  # times the number
                 r = bfloat16_values(bfloat16_bits(np.float32(1) / ins[0]))
                 outs[0][...] = bfloat16_bits(r * np.float32(attrs["scalar"]))
             return
         if self.scalar is None and type(attrs.get("scalar")) in (int, float):
-            attrs = dict(attrs)         # a number meets a bfloat16 tensor in bfloat16, as
+            attrs = dict(attrs)  # a number meets a bfloat16 tensor in bfloat16, as
             attrs["scalar"] = float(bfloat16_values(bfloat16_bits([attrs["scalar"]]))[0])
-        if outs is None:                # a dynamic op returns its outputs
+        if outs is None:  # a dynamic op returns its outputs
             res = self.kernel(None, ins, attrs)
             return [bfloat16_bits(r) if n else r for r, n in zip(res, self.narrow, strict=True)]
         wide = [bfloat16_values(o) if n else o for o, n in zip(outs, self.narrow, strict=True)]
@@ -93,8 +93,13 @@ class Bfloat16Kernel:
 _BITS = np.dtype(np.uint16)
 # PyTorch's cpu kernels take a number unrounded (in float32) in these; the others round it
 # to bfloat16 first; number / x is x's reciprocal (rounded) times the number
-_SCALAR_KEPT = {"mul_scalar": "keep", "rmul_scalar": "keep", "div_scalar": "keep",
-                "floor_divide_scalar": "keep", "rdiv_scalar": "reciprocal"}
+_SCALAR_KEPT = {
+    "mul_scalar": "keep",
+    "rmul_scalar": "keep",
+    "div_scalar": "keep",
+    "floor_divide_scalar": "keep",
+    "rdiv_scalar": "reciprocal",
+}
 
 
 def wide_kernel(op, kernel, device, out_dtypes):
@@ -104,10 +109,13 @@ def wide_kernel(op, kernel, device, out_dtypes):
     Raises:
         DTypeError: on a device other than cpu (bfloat16 is computed on cpu only)."""
     if device.type != "cpu":
-        raise DTypeError(f"{op.name}: bfloat16 tensors are computed on cpu only, not on "
-                         f"{device}; move them with .to('cpu') or convert with .float()")
-    return Bfloat16Kernel(kernel, tuple(d is bfloat16 for d in out_dtypes),
-                          _SCALAR_KEPT.get(op.name))
+        raise DTypeError(
+            f"{op.name}: bfloat16 tensors are computed on cpu only, not on "
+            f"{device}; move them with .to('cpu') or convert with .float()"
+        )
+    return Bfloat16Kernel(
+        kernel, tuple(d is bfloat16 for d in out_dtypes), _SCALAR_KEPT.get(op.name)
+    )
 
 
 class DeviceKernel:
@@ -143,21 +151,30 @@ class DeviceKernel:
 
     def __init__(self, op, fn, device_type: str = "cuda"):
         if op.dynamic:
-            raise DeviceError(f"op '{op.name}': its output shape depends on the values, "
-                              f"which {device_type} devices cannot run yet; run it on cpu "
-                              f"(x.to('cpu')) and move the result back with .to(...)")
+            raise DeviceError(
+                f"op '{op.name}': its output shape depends on the values, "
+                f"which {device_type} devices cannot run yet; run it on cpu "
+                f"(x.to('cpu')) and move the result back with .to(...)"
+            )
 
         def reference(n_out, views, attrs, *arrays):
-            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views, strict=True)]
+            arrays = [
+                a if m is None else _strided(a, m) for a, m in zip(arrays, views, strict=True)
+            ]
             fn(arrays[:n_out], arrays[n_out:], attrs)
 
         def on_host(n_out, views, attrs, *arrays):
-            arrays = [a if m is None else _strided(a, m) for a, m in zip(arrays, views, strict=True)]
-            host = [np.empty(a.shape, a.dtype) if i < n_out else to_host(a)   # (outputs:
-                    for i, a in enumerate(arrays)]                          # written whole)
+            arrays = [
+                a if m is None else _strided(a, m) for a, m in zip(arrays, views, strict=True)
+            ]
+            host = [
+                np.empty(a.shape, a.dtype) if i < n_out else to_host(a)  # (outputs:
+                for i, a in enumerate(arrays)
+            ]  # written whole)
             fn(host[:n_out], host[n_out:], attrs)
             for dst, h in zip(arrays[:n_out], host[:n_out], strict=True):
                 put(dst, h)
+
         self.kernel = Kernel(op.name, reference=on_host if op.host_only else reference)
         self.op, self.fn = op, fn
         # signature (dtypes, layouts, attrs) -> _Generated, or None where the generator
@@ -166,8 +183,10 @@ class DeviceKernel:
         self._plans: dict = {}
 
     def __call__(self, outs, ins, attrs):
-        raise DeviceError(f"op '{self.kernel.name}': a CUDA kernel runs on its device's "
-                          f"stream (device_call_op), never on host arrays")
+        raise DeviceError(
+            f"op '{self.kernel.name}': a CUDA kernel runs on its device's "
+            f"stream (device_call_op), never on host arrays"
+        )
 
     def generated(self, ins, outs, attrs):
         """The generated kernel for this call and its packed arguments but the zero flag,
@@ -188,7 +207,7 @@ class DeviceKernel:
         args = [_device_array(out)]
         for t, ok in zip(ins, alias_ok, strict=True):
             if t.blob is oblob and not ok:
-                return None              # an output overlapping an input otherwise
+                return None  # an output overlapping an input otherwise
             args.append(_device_array(t))
         if scalars and not _pack_scalars(scalars, attrs, args):
             return None
@@ -212,7 +231,7 @@ class DeviceKernel:
         key = tuple(key)
         try:
             plan = cache.get(key)
-        except TypeError:                # an attr that is not hashable
+        except TypeError:  # an attr that is not hashable
             return None
         if plan is None:
             if len(cache) >= _PLANS_MAX:
@@ -232,7 +251,7 @@ class DeviceKernel:
                 return None
             layout = "full" if im.numel == n else "scalar" if im.numel == 1 else None
             if layout is None:
-                return None              # a broadcast of another shape
+                return None  # a broadcast of another shape
             sig.append((im.dtype.name, layout, not im.shape))
             alias_ok.append(layout == "full" and im.offset == m.offset)
         scalars, fixed = [], []
@@ -241,7 +260,7 @@ class DeviceKernel:
             if c is bool or c is int or c is float:
                 scalars.append((k, _PYTYPE[c]))
             elif isinstance(v, (int, float, complex, np.generic)):
-                return None              # a number the generator takes no parameter for
+                return None  # a number the generator takes no parameter for
             else:
                 fixed.append((k, v))
         sig_key = (tuple(sig), tuple(scalars), tuple(fixed))
@@ -261,9 +280,9 @@ class DeviceKernel:
 
 
 _PYTYPE = {bool: "bool", int: "int", float: "float"}
-_NO_PLAN = ()                            # a cached "the generator cannot take these"
-_PLANS_MAX = 1024                        # plans kept per op (shapes seen), then started over
-_ZERO32 = np.zeros(1, np.int32)          # the zero flag's initial value (never written)
+_NO_PLAN = ()  # a cached "the generator cannot take these"
+_PLANS_MAX = 1024  # plans kept per op (shapes seen), then started over
+_ZERO32 = np.zeros(1, np.int32)  # the zero flag's initial value (never written)
 _ZERO32.flags.writeable = False
 
 
@@ -274,10 +293,10 @@ def _pack_scalars(scalars, attrs, args: list) -> bool:
     for attr, typ, lo, hi, f16 in scalars:
         v = attrs[attr]
         if lo is not None and not lo <= v < hi:
-            return False                 # a Python int out of the parameter's range
+            return False  # a Python int out of the parameter's range
         try:
             v = typ(v)
-        except OverflowError:            # (an int past float64: the numpy kernel says so)
+        except OverflowError:  # (an int past float64: the numpy kernel says so)
             return False
         args.append(v.view(np.uint16) if f16 else v)
     return True
@@ -304,8 +323,9 @@ def _strided(a, meta):
     size = a.itemsize
     if 0 in meta.shape:
         return a[:0].reshape(meta.shape)
-    return a.__class__(meta.shape, a.dtype, a.data + meta.offset * size,
-                       tuple(s * size for s in meta.strides))
+    return a.__class__(
+        meta.shape, a.dtype, a.data + meta.offset * size, tuple(s * size for s in meta.strides)
+    )
 
 
 class _Generated:
@@ -315,8 +335,7 @@ class _Generated:
     op as a ``kernels.Step`` over inputs ``a0, a1...``), ``ins`` ((dtype, layout, 0-d) per
     input) and ``dtype`` (the output's)."""
 
-    __slots__ = ("kernel", "scalar_params", "zero", "divisor", "division", "step", "ins",
-                 "dtype")
+    __slots__ = ("kernel", "scalar_params", "zero", "divisor", "division", "step", "ins", "dtype")
 
     @staticmethod
     def make(dk: DeviceKernel, sig, scalars, fixed):
@@ -329,11 +348,20 @@ class _Generated:
         if name in KG.COMPARE_OPS and len(ins) == 2:
             a, b = (np.empty(() if zd else (1,), np.dtype(dt)) for dt, _, zd in ins)
             compute = from_numpy_dtype(_common_np(a, b)).name
-        step = KG.Step("out", name, tuple(f"a{j}" for j in range(len(ins))), out_dtype,
-                       tuple(scalars), tuple((k, v) for k, v in fixed if isinstance(v, str)),
-                       compute)
-        run = KG.FusedRun(tuple(KG.Value(a, dt, lay) for a, (dt, lay, _) in zip(step.args, ins, strict=True)),
-                          (step,), ("out",))
+        step = KG.Step(
+            "out",
+            name,
+            tuple(f"a{j}" for j in range(len(ins))),
+            out_dtype,
+            tuple(scalars),
+            tuple((k, v) for k, v in fixed if isinstance(v, str)),
+            compute,
+        )
+        run = KG.FusedRun(
+            tuple(KG.Value(a, dt, lay) for a, (dt, lay, _) in zip(step.args, ins, strict=True)),
+            (step,),
+            ("out",),
+        )
         try:
             # all float32: the float4 form (it checks the pointers' alignment itself)
             src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
@@ -341,17 +369,23 @@ class _Generated:
             return None
         g = _Generated()
         g.step, g.ins, g.dtype = step, tuple(ins), out_dtype
-        g.scalar_params = tuple((p.split("_", 1)[1], t) for p, kind, t in src.params
-                                if kind == "scalar")
+        g.scalar_params = tuple(
+            (p.split("_", 1)[1], t) for p, kind, t in src.params if kind == "scalar"
+        )
         g.zero = any(kind == "zero" for _, kind, _ in src.params)
         # the operand whose zeros divide by zero: b of a // b, x of s // x (x // s: s is
         # never 0 here, the op's inference refuses it); the division's name, for the error
         scalar_form = name.endswith("_scalar")
         reverse = scalar_form and name[:-7] not in KG.BINARY_OPS
         g.divisor = None if not g.zero else 1 if len(ins) == 2 else 0 if reverse else None
-        g.division = name[1 if reverse else 0:-7 if scalar_form else None]
-        g.kernel = Kernel(name, entry=src.name, source=src.source, params=src.params,
-                          reference=g._reference(dk.fn, len(ins), ins, scalars, dict(fixed)))
+        g.division = name[1 if reverse else 0 : -7 if scalar_form else None]
+        g.kernel = Kernel(
+            name,
+            entry=src.name,
+            source=src.source,
+            params=src.params,
+            reference=g._reference(dk.fn, len(ins), ins, scalars, dict(fixed)),
+        )
         return g
 
     def _reference(self, fn, n_in: int, ins, scalars, fixed):
@@ -361,8 +395,10 @@ class _Generated:
         zero_d = [zd for _, _, zd in ins]
         any_zero_d = any(zero_d)
         ptypes = dict(scalars)
-        convs = [(attr, t == "float16", {"bool": bool, "int": int, "float": float}[ptypes[attr]])
-                 for attr, t in self.scalar_params]
+        convs = [
+            (attr, t == "float16", {"bool": bool, "int": int, "float": float}[ptypes[attr]])
+            for attr, t in self.scalar_params
+        ]
         first, last = 1 + n_in, 1 + n_in + len(convs)
         divisor = self.divisor
 
@@ -385,6 +421,7 @@ class _Generated:
                     out[np.broadcast_to(hit, out.shape)] = 0
                     return
             fn([out], xs, attrs)
+
         return reference
 
 
@@ -421,7 +458,7 @@ def device_call_op(args, stream) -> ZeroCheck | None:
         try:
             _issue_zero(stream, g, packed, block.array((1,), np.int32), seen, _ZERO32)
         finally:
-            caching.free(block)          # reused after this stream's work (allocator.py)
+            caching.free(block)  # reused after this stream's work (allocator.py)
         return ZeroCheck(seen, g.division, g.dtype)
     arrays, views = [], []
     for t in (*outs, *ins):
@@ -431,8 +468,9 @@ def device_call_op(args, stream) -> ZeroCheck | None:
     return None
 
 
-def _issue_zero(stream, g, packed: list, flag: DeviceArray, seen, zero,
-                sticky: bool = False) -> None:
+def _issue_zero(
+    stream, g, packed: list, flag: DeviceArray, seen, zero, sticky: bool = False
+) -> None:
     """Issues generated integer division ``g`` with its zero flag: ``flag`` (an int32 in
     device memory) set from ``zero`` (host memory holding 0) before the launch and copied
     to ``seen`` (pinned host memory) after it. ``sticky`` (a compiled step): then a host
@@ -453,6 +491,7 @@ class ZeroCheck:
     the VM asks ``error()`` on its loop once the instruction's event completed (the flag is
     there then), and fails only that op (and, by the poison rules, what is computed from
     its outputs), as on cpu: no sticky stream error, so unrelated work goes on."""
+
     __slots__ = ("seen", "division", "dtype")
 
     def __init__(self, seen, division: str, dtype: str):
@@ -476,11 +515,20 @@ class Launch:
     of a generated integer division (``_issue_zero``), given by the caller before the
     first issue (``needs_zero``)."""
 
-    __slots__ = ("name", "kernel", "head", "tail", "at", "gen", "scalars", "n", "zero",
-                 "ops")
+    __slots__ = ("name", "kernel", "head", "tail", "at", "gen", "scalars", "n", "zero", "ops")
 
-    def __init__(self, name: str, kernel, head: tuple, tail: tuple, at: tuple, gen=None,
-                 scalars: tuple = (), n=None, ops: int = 1):
+    def __init__(
+        self,
+        name: str,
+        kernel,
+        head: tuple,
+        tail: tuple,
+        at: tuple,
+        gen=None,
+        scalars: tuple = (),
+        n=None,
+        ops: int = 1,
+    ):
         self.name, self.kernel, self.head, self.tail, self.at = name, kernel, head, tail, at
         self.gen, self.scalars, self.n, self.ops = gen, scalars, n, ops
         self.zero = None
@@ -502,8 +550,7 @@ class Launch:
             _issue_zero(stream, self.gen, packed, flag.blob.array.darray, seen, zero, True)
 
 
-def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
-              aliased: tuple = ()) -> Launch:
+def launch_of(kernel, n_out: int, metas: list, views: list, attrs, aliased: tuple = ()) -> Launch:
     """The launch of ``kernel`` (an op's ``DeviceKernel``) over ``n_out`` outputs and then
     its inputs, made once: each operand's meta ``metas`` (the view it is read through,
     else its whole array's), ``views`` (each one's view, None for the whole array),
@@ -517,10 +564,12 @@ def launch_of(kernel, n_out: int, metas: list, views: list, attrs,
         if plan is not None:
             g, alias_ok, scalars, n64 = plan
             packed: list = []
-            if all(ok or not a for a, ok in zip(aliased, alias_ok, strict=True)) \
-                    and _pack_scalars(scalars, attrs, packed):
-                return Launch(name, g.kernel, (), (*packed, n64), tuple(views), g,
-                              tuple(packed), n64)
+            if all(ok or not a for a, ok in zip(aliased, alias_ok, strict=True)) and _pack_scalars(
+                scalars, attrs, packed
+            ):
+                return Launch(
+                    name, g.kernel, (), (*packed, n64), tuple(views), g, tuple(packed), n64
+                )
     return Launch(name, kernel.kernel, (n_out, tuple(views), attrs), (), (None,) * len(views))
 
 
@@ -531,8 +580,12 @@ def eager_part(args):
     over all of its blob by the blob (so an earlier member's output read whole is that
     value), any other view by its blob and meta."""
     kernel, ins, outs, attrs, dynamic, _ = args
-    if dynamic or len(outs) != 1 or kernel.__class__ is not DeviceKernel \
-            or kernel._generated is None:
+    if (
+        dynamic
+        or len(outs) != 1
+        or kernel.__class__ is not DeviceKernel
+        or kernel._generated is None
+    ):
         return None
     out = outs[0]
     ob = out.blob
@@ -542,8 +595,11 @@ def eager_part(args):
         b = t.blob
         metas.append(m)
         views.append(None if t.base is None else m)
-        keys.append(b if not m.offset and m.is_contiguous
-                    and m.numel * m.dtype.itemsize == b.nbytes else (b, m))
+        keys.append(
+            b
+            if not m.offset and m.is_contiguous and m.numel * m.dtype.itemsize == b.nbytes
+            else (b, m)
+        )
     for t in ins:
         aliased.append(t.blob is ob)
     launch = launch_of(kernel, 1, metas, views, attrs, tuple(aliased))
@@ -574,11 +630,11 @@ def run_launch(parts: list, writes: tuple | None = None) -> tuple:
         for j, key in enumerate(keys[1:]):
             v = values.get(key)
             if v is None:
-                v = values[key] = len(operands)         # the run's input i<v>
+                v = values[key] = len(operands)  # the run's input i<v>
                 operands.append(key)
                 at.append(launch.at[1 + j])
             args.append(v)
-        values[keys[0]] = -1 - k                         # the value of part k
+        values[keys[0]] = -1 - k  # the value of part k
         shape.append((launch.gen, tuple(args)))
     shape = (tuple(shape), writes)
     made = _RUN_KERNELS.get(shape)
@@ -590,12 +646,20 @@ def run_launch(parts: list, writes: tuple | None = None) -> tuple:
     if made is _NO_PLAN:
         return None
     scalars = tuple(v for launch, _ in parts for v in launch.scalars)
-    return (Launch(made.name, made, (), (*scalars, parts[-1][0].n),
-                   (*[parts[k][0].at[0] for k in writes], *at), ops=len(parts)),
-            [*[parts[k][1][0] for k in writes], *operands])
+    return (
+        Launch(
+            made.name,
+            made,
+            (),
+            (*scalars, parts[-1][0].n),
+            (*[parts[k][0].at[0] for k in writes], *at),
+            ops=len(parts),
+        ),
+        [*[parts[k][1][0] for k in writes], *operands],
+    )
 
 
-_RUN_KERNELS: dict = {}                  # a run's shape (run_launch) -> its Kernel
+_RUN_KERNELS: dict = {}  # a run's shape (run_launch) -> its Kernel
 _RUN_KERNELS_MAX = 512
 
 
@@ -619,16 +683,26 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
                 nm = f"t{-1 - v}"
             names.append(nm)
         out = f"t{k}"
-        steps.append(KG.Step(out, g.step.op, tuple(names), g.step.dtype, g.step.scalars,
-                             g.step.attrs, g.step.compute))
-        order.append((g.kernel.reference, tuple(names), out, np.dtype(g.dtype),
-                      len(g.scalar_params)))
+        steps.append(
+            KG.Step(
+                out,
+                g.step.op,
+                tuple(names),
+                g.step.dtype,
+                g.step.scalars,
+                g.step.attrs,
+                g.step.compute,
+            )
+        )
+        order.append(
+            (g.kernel.reference, tuple(names), out, np.dtype(g.dtype), len(g.scalar_params))
+        )
     outputs = tuple(steps[k].out for k in writes)
     run = KG.FusedRun(tuple(inputs), tuple(steps), outputs)
     try:
         src = KG.fused(run, 4 if KG.vectorizable(run) else 1)
     except (DeviceError, DTypeError, ValueError):
-        return _NO_PLAN                  # (each step's own kernel took it: not expected)
+        return _NO_PLAN  # (each step's own kernel took it: not expected)
     names = [v.name for v in inputs]
     n_out = len(outputs)
     written = {o: j for j, o in enumerate(outputs)}
@@ -647,12 +721,12 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
         n = int(args[-1])
         outs = args[:n_out]
         vals = {}
-        for nm, a in zip(names, args[n_out:], strict=False):    # (the scalars and n follow)
+        for nm, a in zip(names, args[n_out:], strict=False):  # (the scalars and n follow)
             layout, zero_d = layout_of[nm]
             vals[nm] = a.reshape(n) if layout == "full" else a if zero_d else a.reshape(1)
-        scal = args[n_out + len(names):-1]
+        scal = args[n_out + len(names) : -1]
         s = 0
-        spare: dict = {}                 # dtype -> buffers of intermediates no longer read
+        spare: dict = {}  # dtype -> buffers of intermediates no longer read
         for (ref, ins, o, dt, n_scal), done in zip(order, done_after, strict=True):
             j = written.get(o)
             if j is not None:
@@ -660,21 +734,23 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
             else:
                 free = spare.get(dt)
                 dst = free.pop() if free else np.empty(n, dt)
-            ref(dst, *[vals[nm] for nm in ins], *scal[s:s + n_scal], n)
+            ref(dst, *[vals[nm] for nm in ins], *scal[s : s + n_scal], n)
             s += n_scal
             vals[o] = dst
             for nm in done:
                 spare.setdefault(vals[nm].dtype, []).append(vals.pop(nm))
+
     name = "+".join(g.step.op for g, _ in shape)
-    return Kernel(name, entry=src.name, reference=reference, source=src.source,
-                  params=src.params)
+    return Kernel(name, entry=src.name, reference=reference, source=src.source, params=src.params)
 
 
-_STICKY_ZERO = (" [in a compiled step on cuda the zero flag is checked by a host function on "
-                "the device's stream, so this is the stream's sticky error: the step's later "
-                "commands (its state's write-back) were skipped, and the work issued on that "
-                "stream behind the step before it completed fails with this error too; an "
-                "eager division fails only itself and what is computed from it]")
+_STICKY_ZERO = (
+    " [in a compiled step on cuda the zero flag is checked by a host function on "
+    "the device's stream, so this is the stream's sticky error: the step's later "
+    "commands (its state's write-back) were skipped, and the work issued on that "
+    "stream behind the step before it completed fails with this error too; an "
+    "eager division fails only itself and what is computed from it]"
+)
 
 
 def _check_zero(seen, op: str, dtype: str) -> None:
@@ -687,8 +763,9 @@ def _check_zero(seen, op: str, dtype: str) -> None:
         raise e
 
 
-def kernel_error(op: str, device, e: BaseException, intact: bool = False,
-                 note: str = "") -> KernelError:
+def kernel_error(
+    op: str, device, e: BaseException, intact: bool = False, note: str = ""
+) -> KernelError:
     """What op ``op``'s kernel raising ``e`` on ``device`` becomes: ``e`` itself when it is
     a KernelError already (a kernel that ran ops of its own), else ``KernelError.of`` (the
     kind of fault kept, the traceback as text only). ``intact``: the op wrote nothing;
@@ -738,7 +815,7 @@ def fresh_into(fresh, ins, b, attrs, dtype, allocator) -> None:
     """Runs a small op call through its fresh kernel, which returns the output array (numpy
     allocates it), and gives it to the output blob ``b``. The array is counted in the
     allocator's log as ``empty`` would have (small arrays are never cached, only counted)."""
-    if len(ins) == 1:           # (no comprehension: no function object per call)
+    if len(ins) == 1:  # (no comprehension: no function object per call)
         i = ins[0]
         in_arrays = [i.blob.array if i.base is None else i.array()]
     else:
@@ -746,8 +823,7 @@ def fresh_into(fresh, ins, b, attrs, dtype, allocator) -> None:
         for i in ins:
             in_arrays.append(i.blob.array if i.base is None else i.array())
     r = fresh(in_arrays, attrs, dtype)
-    if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1
-                                                          and not r.flags.c_contiguous):
+    if r.__class__ is not _ND or r.dtype is not dtype or (r.ndim > 1 and not r.flags.c_contiguous):
         r = as_fresh(r, dtype)
     b.array = r
     b.allocated = True

@@ -48,15 +48,15 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
     """The trace of ``recs`` (in issue order) and the memory ``samples``."""
     tr = TraceEvents(t0)
     us = tr.us
-    tracks: dict = {}                  # stream label -> tid
+    tracks: dict = {}  # stream label -> tid
     for r in recs:
         tracks.setdefault(_label(r.stream), len(tracks) + 1)
-    lanes: dict = defaultdict(list)    # stream label -> the end (us) of each wait lane
-    lane_tids: dict = {}               # (label, lane) -> tid
+    lanes: dict = defaultdict(list)  # stream label -> the end (us) of each wait lane
+    lane_tids: dict = {}  # (label, lane) -> tid
     left_out = 0
-    writer: dict = {}                  # blob -> the last record that wrote it
-    prev_end: dict = {}                # stream label -> end of the kernel before, seconds
-    runs: dict = defaultdict(list)     # run id -> its member records
+    writer: dict = {}  # blob -> the last record that wrote it
+    prev_end: dict = {}  # stream label -> end of the kernel before, seconds
+    runs: dict = defaultdict(list)  # run id -> its member records
     flow = 0
     linked = set()
     for r in recs:
@@ -75,14 +75,20 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
                     continue
                 if p.end > r.issue:
                     cause = "inputs"
-                key = (p.run if p.run is not None else id(p),
-                       r.run if r.run is not None else id(r))
+                key = (p.run if p.run is not None else id(p), r.run if r.run is not None else id(r))
                 if key in linked:
                     continue
                 linked.add(key)
                 flow += 1
-                tr.flow(PID, tracks[_label(p.stream)], "flow", "blob", flow,
-                        max(us(p.start), us(p.end) - 0.001), True)
+                tr.flow(
+                    PID,
+                    tracks[_label(p.stream)],
+                    "flow",
+                    "blob",
+                    flow,
+                    max(us(p.start), us(p.end) - 0.001),
+                    True,
+                )
                 tr.flow(PID, tid, "flow", "blob", flow, ts, False)
             for b in r.muts:
                 writer[b] = r
@@ -107,13 +113,22 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
                 wtid = lane_tids.get((label, lane))
                 if wtid is None:
                     wtid = lane_tids[(label, lane)] = len(tracks) + len(lane_tids) + 1
-                tr.complete(PID, wtid, "wait", f"{r.name} waits for {cause}", ti, waited,
-                            f'{{"op":{quote(r.name)},"id":{r.seq},"for":"{cause}"}}')
+                tr.complete(
+                    PID,
+                    wtid,
+                    "wait",
+                    f"{r.name} waits for {cause}",
+                    ti,
+                    waited,
+                    f'{{"op":{quote(r.name)},"id":{r.seq},"for":"{cause}"}}',
+                )
         dur = round(max(te - ts, 0.0), 3)
         thread = _thread_names(r.thread, threads)
-        if r.run is None:               # (args as JSON text: an event per kernel)
-            args = (f'{{"op":{quote(r.name)},"id":{r.seq},"bytes":{r.nbytes},'
-                    f'"thread":{quote(thread)},"waited_us":{waited}')
+        if r.run is None:  # (args as JSON text: an event per kernel)
+            args = (
+                f'{{"op":{quote(r.name)},"id":{r.seq},"bytes":{r.nbytes},'
+                f'"thread":{quote(thread)},"waited_us":{waited}'
+            )
             if r.launched is not None:
                 args += f',"launched_us":{round(us(r.launched), 3)}'
             if r.inner:
@@ -121,14 +136,24 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
             if r.skipped:
                 args += ',"skipped":"its inputs were poisoned by a failed kernel"'
             elif r.failed:
-                args += (',"failed":"the kernel raised (the error surfaces at the next sync '
-                         'point)"')
+                args += ',"failed":"the kernel raised (the error surfaces at the next sync point)"'
             tr.complete(PID, tid, "op", r.name, ts, dur, args + "}")
         elif runs[r.run][0] is r:
             members = runs[r.run]
-            tr.complete(PID, tid, "op", f"run of {len(members)} ops", ts, dur,
-                        {"ops": [m.name for m in members], "ids": [m.seq for m in members],
-                         "bytes": sum(m.nbytes for m in members), "thread": thread})
+            tr.complete(
+                PID,
+                tid,
+                "op",
+                f"run of {len(members)} ops",
+                ts,
+                dur,
+                {
+                    "ops": [m.name for m in members],
+                    "ids": [m.seq for m in members],
+                    "bytes": sum(m.nbytes for m in members),
+                    "thread": thread,
+                },
+            )
     for t, device, n in samples:
         tr.counter(PID, 0, f"memory {device}", max(us(t), 0.0), f'{{"bytes in use":{n}}}')
     tr.process(PID, "actorflow eager VM", **({"waits_left_out": left_out} if left_out else {}))
@@ -139,15 +164,19 @@ def build_trace(recs: list, samples: list, t0: float, threads: dict) -> TraceEve
         tr.thread(PID, tid, label, sort)
         for lane in range(len(lanes.get(label, ()))):
             sort += 1
-            tr.thread(PID, lane_tids[(label, lane)],
-                      f"{label} waits" + (f" {lane + 1}" if lane else ""), sort)
+            tr.thread(
+                PID,
+                lane_tids[(label, lane)],
+                f"{label} waits" + (f" {lane + 1}" if lane else ""),
+                sort,
+            )
     return tr
 
 
 def summary_table(recs: list, window_ms: float) -> str:
     """Per op name: count, total kernel ms, mean us, share of all kernel time (a member of a
     run of elementwise ops is counted with the run's time shared equally)."""
-    recs = [r for r in recs if not r.inner]     # (a compiled program's: its kernels count)
+    recs = [r for r in recs if not r.inner]  # (a compiled program's: its kernels count)
     per_run: dict = defaultdict(int)
     for r in recs:
         if r.run is not None:
@@ -161,17 +190,20 @@ def summary_table(recs: list, window_ms: float) -> str:
         totals[r.name] = (n + 1, t + s)
     all_s = sum(t for _, t in totals.values())
     streams = len({_label(r.stream) for r in recs})
-    lines = [f"af.profile: {len(recs)} kernels on {streams} stream"
-             f"{'' if streams == 1 else 's'} in {window_ms:.3f} ms "
-             f"(kernel time {all_s * 1e3:.3f} ms)"]
+    lines = [
+        f"af.profile: {len(recs)} kernels on {streams} stream"
+        f"{'' if streams == 1 else 's'} in {window_ms:.3f} ms "
+        f"(kernel time {all_s * 1e3:.3f} ms)"
+    ]
     width = max([len("op")] + [len(k) for k in totals])
-    lines.append(f"{'op':<{width}}  {'count':>7}  {'total ms':>10}  {'mean us':>10}  "
-                 f"{'share':>6}")
+    lines.append(f"{'op':<{width}}  {'count':>7}  {'total ms':>10}  {'mean us':>10}  {'share':>6}")
     for name, (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         share = t / all_s * 100 if all_s > 0 else 0.0
-        lines.append(f"{name:<{width}}  {n:>7}  {t * 1e3:>10.3f}  {t / n * 1e6:>10.1f}  "
-                     f"{share:>5.1f}%")
+        lines.append(
+            f"{name:<{width}}  {n:>7}  {t * 1e3:>10.3f}  {t / n * 1e6:>10.1f}  {share:>5.1f}%"
+        )
     if per_run:
-        lines.append(f"({len(per_run)} runs of elementwise ops: their members share the "
-                     f"run's time equally)")
+        lines.append(
+            f"({len(per_run)} runs of elementwise ops: their members share the run's time equally)"
+        )
     return "\n".join(lines)

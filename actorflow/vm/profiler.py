@@ -63,21 +63,41 @@ class Rec:
     the thread that ran it (a tuple when slices ran on several); ``run`` the id of the run
     of elementwise ops it was a member of (None: it ran alone)."""
 
-    __slots__ = ("rec", "seq", "kind", "name", "stream", "consts", "muts", "issue", "start",
-                 "end", "thread", "parts", "run", "nbytes", "done", "skipped", "failed", "fn",
-                 "launched", "device", "inner")
+    __slots__ = (
+        "rec",
+        "seq",
+        "kind",
+        "name",
+        "stream",
+        "consts",
+        "muts",
+        "issue",
+        "start",
+        "end",
+        "thread",
+        "parts",
+        "run",
+        "nbytes",
+        "done",
+        "skipped",
+        "failed",
+        "fn",
+        "launched",
+        "device",
+        "inner",
+    )
 
     def __init__(self, rec, kind, name, stream, consts, muts, fn, issue):
         self.rec, self.kind, self.name, self.stream = rec, kind, name, stream
         self.consts, self.muts, self.fn = consts, muts, fn
-        self.seq = len(rec.records)     # (made and appended under the VM lock)
+        self.seq = len(rec.records)  # (made and appended under the VM lock)
         self.issue = self.start = self.end = issue
         self.thread = self.parts = self.run = None
         self.nbytes = 0
         self.done = self.skipped = self.failed = False
-        self.launched = None            # (device work) when the host issued it to the driver
-        self.device = None              # (device work) [start, end] told by its events
-        self.inner = 0                  # kernels recorded inside it (a compiled program's)
+        self.launched = None  # (device work) when the host issued it to the driver
+        self.device = None  # (device work) [start, end] told by its events
+        self.inner = 0  # kernels recorded inside it (a compiled program's)
 
     def call(self, instr) -> None:
         """``instr.run`` while profiled: the kernel, timed on whichever thread runs it (on a
@@ -86,8 +106,8 @@ class Rec:
         t = _perf()
         backend = self.stream.backend
         dstream = None
-        if not backend.host_memory and backend.current is not None:   # (a device RELEASE
-            dstream = backend.current                                   # is host work)
+        if not backend.host_memory and backend.current is not None:  # (a device RELEASE
+            dstream = backend.current  # is host work)
             self.device = times = [None, None]
             dstream.record().then(lambda: times.__setitem__(0, _perf()))
         try:
@@ -113,7 +133,7 @@ class Rec:
         except BaseException:
             self.failed = True
             raise
-        finally:                        # (finish, inlined: this runs once per small op)
+        finally:  # (finish, inlined: this runs once per small op)
             self.end = end = _perf()
             self.start = self.issue = t
             rec = self.rec
@@ -134,15 +154,15 @@ class Rec:
             self.end = max(p[1] for p in parts)
             ids = tuple(sorted({p[2] for p in parts}))
             self.thread = ids[0] if len(ids) == 1 else ids
-        if self.start is None:          # never ran: its inputs were poisoned
+        if self.start is None:  # never ran: its inputs were poisoned
             self.start = self.end = now
             self.skipped = True
-        elif self.device is not None:   # the device's times, where its events told them
+        elif self.device is not None:  # the device's times, where its events told them
             start, end = self.device
             self.start = self.start if start is None else start
             self.end = now if end is None else end
         elif self.stream.simulated:
-            self.end = now              # the simulated kernel ends when the timer fires
+            self.end = now  # the simulated kernel ends when the timer fires
         if self.kind != RELEASE and not self.skipped:
             n = 0
             for b in self.muts:
@@ -164,6 +184,7 @@ def _rec_of(instr):
 
 class _Timed:
     """A slice of a kernel or of a run, noting ``(start, end, thread)`` when it runs."""
+
     __slots__ = ("parts", "fn", "threads")
 
     def __init__(self, parts, fn, threads):
@@ -174,7 +195,7 @@ class _Timed:
         try:
             self.fn()
         finally:
-            self.parts.append((t, _perf(), _thread(self.threads)))   # (atomic append)
+            self.parts.append((t, _perf(), _thread(self.threads)))  # (atomic append)
 
 
 class Recorder:
@@ -182,19 +203,18 @@ class Recorder:
 
     def __init__(self):
         self.records: list = []
-        self.samples: list = []          # (time, device, bytes in use), when it changed
-        self.last: dict = {}             # allocator -> bytes in use at its last sample
-        self.threads: dict = {}          # thread ident -> name
+        self.samples: list = []  # (time, device, bytes in use), when it changed
+        self.last: dict = {}  # allocator -> bytes in use at its last sample
+        self.threads: dict = {}  # thread ident -> name
         self.runs = itertools.count()
-        self.windows = 0                 # profiles open on it
+        self.windows = 0  # profiles open on it
 
     def issue(self, instr) -> None:
         run = instr.run
         if run is run_op and not instr.stream.backend.host_memory:
-            run = _device_op                # (what the VM's dispatch runs on such a device)
-        r = Rec(self, instr.kind, instr.name, instr.stream, instr.consts, instr.muts, run,
-                _perf())
-        r.start = None                  # (set when it runs)
+            run = _device_op  # (what the VM's dispatch runs on such a device)
+        r = Rec(self, instr.kind, instr.name, instr.stream, instr.consts, instr.muts, run, _perf())
+        r.start = None  # (set when it runs)
         instr.run = r.call
         if instr.waiters is None:
             instr.waiters = [r.finish]
@@ -204,7 +224,7 @@ class Recorder:
 
     def inline(self, name, stream, consts, muts, fn):
         r = Rec(self, OP_CALL, name, stream, consts, muts, fn, _perf())
-        r.skipped = r.done = True       # until it runs (it does not when poisoned)
+        r.skipped = r.done = True  # until it runs (it does not when poisoned)
         self.records.append(r)
         return r.call_inline
 
@@ -248,6 +268,7 @@ class Recorder:
             r.start = r.issue if start is None else start
             r.end = last[0] = now
             r.done = True
+
         dstream.record().then(done)
 
     def sample(self, allocator, now: float) -> None:
@@ -273,9 +294,12 @@ class Profile:
 
     def __enter__(self) -> Profile:
         from .scheduler import get_vm
+
         if self.t0 is not None:
-            raise RuntimeError("this af.profile() was entered already; a profile records one "
-                               "block: make a new one with af.profile(...)")
+            raise RuntimeError(
+                "this af.profile() was entered already; a profile records one "
+                "block: make a new one with af.profile(...)"
+            )
         vm = get_vm()
         with vm._lock:
             rec = vm.profiler
@@ -290,16 +314,18 @@ class Profile:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         from .scheduler import get_vm
+
         vm = get_vm()
         rec = self._recorder
         try:
-            vm.synchronize_quietly()        # every kernel recorded so far finishes
+            vm.synchronize_quietly()  # every kernel recorded so far finishes
         finally:
             with vm._lock:
                 self.t1 = _perf()
-                self._records = [r for r in rec.records[self._first:] if r.done]
-                self._samples = (self._start_memory + rec.samples[self._first_sample:]
-                                 + _memory(self.t1))
+                self._records = [r for r in rec.records[self._first :] if r.done]
+                self._samples = (
+                    self._start_memory + rec.samples[self._first_sample :] + _memory(self.t1)
+                )
                 self._threads = dict(rec.threads)
                 rec.windows -= 1
                 if rec.windows == 0 and vm.profiler is rec:
@@ -309,13 +335,15 @@ class Profile:
             try:
                 self._built().write(self.path)
             except OSError as e:
-                err = OSError(f"af.profile({str(self.path)!r}): the block ran and its "
-                              f"{len(self._records)} kernels are kept on the profile "
-                              f"(prof.events(), prof.summary()), but the trace could not be "
-                              f"written there: {e}; give a path in a folder you can write")
+                err = OSError(
+                    f"af.profile({str(self.path)!r}): the block ran and its "
+                    f"{len(self._records)} kernels are kept on the profile "
+                    f"(prof.events(), prof.summary()), but the trace could not be "
+                    f"written there: {e}; give a path in a folder you can write"
+                )
                 if exc is None:
                     raise err from e
-                exc.add_note(str(err))      # the block's own error goes on
+                exc.add_note(str(err))  # the block's own error goes on
         return False
 
     def events(self) -> list:
@@ -323,13 +351,17 @@ class Profile:
         ended, or so far while it runs."""
         if self._events is not None:
             return self._events
-        if self._records is None:            # still on: what has completed so far
+        if self._records is None:  # still on: what has completed so far
             rec = self._recorder
             if rec is None:
                 return []
-            recs = [r for r in rec.records[self._first:] if r.done]
-            return build_trace(recs, self._start_memory + rec.samples[self._first_sample:],
-                               self.t0, dict(rec.threads)).events()
+            recs = [r for r in rec.records[self._first :] if r.done]
+            return build_trace(
+                recs,
+                self._start_memory + rec.samples[self._first_sample :],
+                self.t0,
+                dict(rec.threads),
+            ).events()
         self._events = self._built().events()
         return self._events
 

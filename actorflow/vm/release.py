@@ -13,7 +13,7 @@ from ..tensor.blob import RELEASED
 from .deps import issued_uses
 from .instruction import RELEASE, Instruction
 
-RELEASES = "releases"           # the stream of RELEASEs on a launch-ahead device
+RELEASES = "releases"  # the stream of RELEASEs on a launch-ahead device
 
 
 def _release(instr) -> None:
@@ -32,7 +32,7 @@ def collect(vm, submit_pending: bool = True) -> bool:
     ``submit_pending=False`` (the allocator's reclaim, which may run under the VM lock)
     frees only what is idle and leaves the rest queued."""
     if not RELEASED or _COLLECTING.on:
-        return False                 # (a RELEASE submitted below collects: this loop goes on)
+        return False  # (a RELEASE submitted below collects: this loop goes on)
     _COLLECTING.on = True
     try:
         return _collect(vm, submit_pending)
@@ -41,7 +41,7 @@ def collect(vm, submit_pending: bool = True) -> bool:
 
 
 class _Collecting(threading.local):
-    on = False                       # this thread is inside collect
+    on = False  # this thread is inside collect
 
 
 _COLLECTING = _Collecting()
@@ -57,8 +57,11 @@ def _collect(vm, submit_pending: bool) -> bool:
             break
         if blob.released:
             continue
-        if ((blob.last_write is None and blob.reads is None) or blob.idle()
-                or (not blob.backend.host_memory and issued_uses(blob))):
+        if (
+            (blob.last_write is None and blob.reads is None)
+            or blob.idle()
+            or (not blob.backend.host_memory and issued_uses(blob))
+        ):
             if blob.allocated:
                 frees.setdefault(blob.backend.allocator, []).append(blob.detach())
             else:

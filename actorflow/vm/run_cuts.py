@@ -35,16 +35,18 @@ from .deps import first_error
 from .instruction import DYNAMIC, OUTPUTS, Split
 from .opcall import allocate, eager_part, split_op
 
-MAX_SLOTS = 16          # tile buffers per worker; further dead intermediates get real memory
+MAX_SLOTS = 16  # tile buffers per worker; further dead intermediates get real memory
 # Reference counts tell when a tensor is gone only on CPython with the GIL.
-_REFCOUNTS = (sys.implementation.name == "cpython"
-              and getattr(sys, "_is_gil_enabled", lambda: True)())
+_REFCOUNTS = (
+    sys.implementation.name == "cpython" and getattr(sys, "_is_gil_enabled", lambda: True)()
+)
 
 
 class Elementwise(Split):
     """The ``Split`` of an elementwise op call: ``split(instr, n, first_share)`` cuts one call
     into slices; ``planner(head)`` starts planning a run led by ``head`` (None if it cannot
     lead one)."""
+
     __slots__ = ()
 
     def __call__(self, instr, n: int, first_share: float = 0.0):
@@ -56,7 +58,7 @@ class Elementwise(Split):
             return None
         out = args[OUTPUTS][0].meta
         if 0 in out.shape or not any(s > 1 for s in out.shape):
-            return None                     # nothing to cut
+            return None  # nothing to cut
         p = RunPlanner(out.shape, out.device)
         return p if p.admit(head) else None
 
@@ -70,30 +72,33 @@ class RunPlanner:
 
     def __init__(self, shape: tuple, device):
         self.shape = shape
-        self.device = device         # every tensor a member touches is on it
+        self.device = device  # every tensor a member touches is on it
         self.strides = contiguous_strides(shape)
         self.numel = 1
         for s in shape:
             self.numel *= s
-        self.steps: list = []        # (instr, kernel, attrs, outs, ins) of each member op call
-        self.written: set = set()    # blobs written in the run
-        self.partial: set = set()    # blobs read as something else than the whole S tensor
-        self.read: set = set()       # blobs with no memory read in the run before any write
-        self.owner: dict = {}        # blob first written in the run, with no memory before
-        #                              it -> the tensor that owns it
-        self.uses: dict = {}         # such blob -> how often the run's argument lists hold
-        #                              its tensor (None: a view of it is used too)
-        self.last: dict = {}         # such blob -> index of the last member that touches it
-        self.released: set = set()   # blobs whose release is in the run
-        self.elided = 0              # intermediates prepare() kept in tile buffers only
-        self._allocated: list = []   # output tensors prepare() allocated (undone on failure)
+        self.steps: list = []  # (instr, kernel, attrs, outs, ins) of each member op call
+        self.written: set = set()  # blobs written in the run
+        self.partial: set = set()  # blobs read as something else than the whole S tensor
+        self.read: set = set()  # blobs with no memory read in the run before any write
+        self.owner: dict = {}  # blob first written in the run, with no memory before
+        #                        it -> the tensor that owns it
+        self.uses: dict = {}  # such blob -> how often the run's argument lists hold
+        #                       its tensor (None: a view of it is used too)
+        self.last: dict = {}  # such blob -> index of the last member that touches it
+        self.released: set = set()  # blobs whose release is in the run
+        self.elided = 0  # intermediates prepare() kept in tile buffers only
+        self._allocated: list = []  # output tensors prepare() allocated (undone on failure)
 
     def _whole(self, impl) -> bool:
         m = impl.meta
-        return ((m.shape is self.shape or m.shape == self.shape) and not m.offset
-                and (m.strides is self.strides or m.strides == self.strides)
-                and impl.blob.nbytes == self.numel * m.dtype.itemsize
-                and m.device is self.device)
+        return (
+            (m.shape is self.shape or m.shape == self.shape)
+            and not m.offset
+            and (m.strides is self.strides or m.strides == self.strides)
+            and impl.blob.nbytes == self.numel * m.dtype.itemsize
+            and m.device is self.device
+        )
 
     def admit(self, instr) -> bool:
         """Adds ``instr`` to the run if the rules above allow it; changes nothing if not."""
@@ -111,7 +116,7 @@ class RunPlanner:
         for i in ins:
             if not self._whole(i):
                 if i.meta.device is not self.device:
-                    return False        # a copy between devices: not a slice-wise kernel
+                    return False  # a copy between devices: not a slice-wise kernel
                 b = i.blob
                 if b in written or b is ob:
                     return False
@@ -175,10 +180,13 @@ class RunPlanner:
         tile = max(1, min(tile_bytes // max(1, inner * itemsize), -(-size // n)))
         seen: dict = {}
         steps = [self._sources(step, axis, slots, seen) for step in self.steps]
-        tile_shape = shape[:axis] + (tile,) + shape[axis + 1:]
+        tile_shape = shape[:axis] + (tile,) + shape[axis + 1 :]
         bounds = [size * k // n for k in range(n + 1)]
-        return [_Slice(steps, axis, lo, hi, tile, tile_shape, dtypes, skip, fail)
-                for lo, hi in itertools.pairwise(bounds) if hi > lo]
+        return [
+            _Slice(steps, axis, lo, hi, tile, tile_shape, dtypes, skip, fail)
+            for lo, hi in itertools.pairwise(bounds)
+            if hi > lo
+        ]
 
     def undo(self) -> None:
         """Gives back the memory ``prepare`` allocated."""
@@ -200,8 +208,12 @@ class RunPlanner:
         dead = set()
         for b in owner:
             n = uses[b]
-            if n is None or b.pins or b.last_write not in members or (
-                    b.reads and any(r not in members for r in b.reads)):
+            if (
+                n is None
+                or b.pins
+                or b.last_write not in members
+                or (b.reads and any(r not in members for r in b.reads))
+            ):
                 continue
             # references: the n list entries, ``owner`` and getrefcount's own argument
             if b in released or (_REFCOUNTS and sys.getrefcount(owner[b]) == n + 2):
@@ -219,7 +231,7 @@ class RunPlanner:
         slots: dict = {}
         dtypes: list = []
         free: dict = {}
-        ends: dict = {}                # member index -> slots free after it
+        ends: dict = {}  # member index -> slots free after it
         for k, step in enumerate(self.steps):
             out = step[3][0]
             b = out.blob
@@ -232,7 +244,7 @@ class RunPlanner:
                     slot = len(dtypes)
                     dtypes.append(dt)
                 else:
-                    continue           # out of tile buffers: this one gets real memory
+                    continue  # out of tile buffers: this one gets real memory
                 slots[b] = slot
                 ends.setdefault(last[b], []).append(slot)
             for slot in ends.pop(k, ()):
@@ -335,6 +347,7 @@ def _scratch(slot: int, nbytes: int):
 
 class _Slice:
     """One worker's share of a run: rows ``[lo, hi)`` of ``axis``, tile by tile."""
+
     __slots__ = ("steps", "axis", "lo", "hi", "tile", "tile_shape", "dtypes", "skip", "fail")
 
     def __init__(self, steps, axis, lo, hi, tile, tile_shape, dtypes, skip, fail):
@@ -346,8 +359,12 @@ class _Slice:
         n_tile = 1
         for s in self.tile_shape:
             n_tile *= s
-        scratch = [_scratch(k, n_tile * np.dtype(dt).itemsize)[:n_tile * np.dtype(dt).itemsize]
-                   .view(dt).reshape(self.tile_shape) for k, dt in enumerate(self.dtypes)]
+        scratch = [
+            _scratch(k, n_tile * np.dtype(dt).itemsize)[: n_tile * np.dtype(dt).itemsize]
+            .view(dt)
+            .reshape(self.tile_shape)
+            for k, dt in enumerate(self.dtypes)
+        ]
         lead = (slice(None),) * self.axis
         skip, fail = self.skip, self.fail
         for t0 in range(self.lo, self.hi, self.tile):

@@ -40,7 +40,7 @@ def collect(head, planner, limit: int, errors: bool = False) -> tuple[list, int]
     it runs alone (deps.error_to_run: a whole overwrite clears the poison; in a run, the
     members' checks tile by tile must see one state, so nothing is cleared)."""
     members = [head]
-    waits: dict = {}              # instruction -> how many run members it waits on
+    waits: dict = {}  # instruction -> how many run members it waits on
     for d in head.dependents:
         waits[d] = waits.get(d, 0) + 1
     stream = head.stream
@@ -73,6 +73,7 @@ def _writes_poisoned(instr) -> bool:
 
 class _Run(Countdown):
     """A run's members and the count of its slices still running."""
+
     __slots__ = ("members",)
 
     def __init__(self, members, n_slices: int):
@@ -94,9 +95,9 @@ class Runs:
         self.fuse_max = 1024
         self.tile_bytes = 1 << 20
         self.thread_min_work = 1 << 22
-        self.device_max = 64          # members per run on a device (cuda); 0 turns them off
+        self.device_max = 64  # members per run on a device (cuda); 0 turns them off
         self.ops = self.count = self.elided = 0
-        self._no_run_until = None     # after a run found no memory: the last member it tried
+        self._no_run_until = None  # after a run found no memory: the last member it tried
 
     def dispatch(self, head) -> bool:
         """Dispatches ``head`` as the first member of a run; False if no run of two op calls
@@ -105,7 +106,7 @@ class Runs:
             return False
         if self._no_run_until is not None:
             if not self._no_run_until.done:
-                return False            # those members run one by one (no retry per member)
+                return False  # those members run one by one (no retry per member)
             self._no_run_until = None
         vm = self.vm
         if vm._any_error and first_error(head) is not None:
@@ -119,11 +120,15 @@ class Runs:
             return False
         run = _Run(members, 0)
         try:
-            slices = planner.prepare(vm.workers, self.tile_bytes, self._poisoned,
-                                     lambda instr, e: self._run_error(run, instr, e))
+            slices = planner.prepare(
+                vm.workers,
+                self.tile_bytes,
+                self._poisoned,
+                lambda instr, e: self._run_error(run, instr, e),
+            )
         except OutOfMemoryError:
             self._no_run_until = members[-1]
-            return False                # run the head alone: its own allocation decides
+            return False  # run the head alone: its own allocation decides
         run.left = len(slices)
         if vm.profiler is not None:
             slices = vm.profiler.run(members, slices)
@@ -136,8 +141,9 @@ class Runs:
         # Measured on 100 ops of 1M elements, interleaved in one process: new threads 0.60x
         # and 0.71x numpy's median time, pool workers 0.75x and 0.81x.
         pool = vm._pool
-        send = (pool.spawn if planner.numel * ops >= self.thread_min_work * len(slices)
-                else pool.submit)
+        send = (
+            pool.spawn if planner.numel * ops >= self.thread_min_work * len(slices) else pool.submit
+        )
         for s in slices:
             send(self._run_slice, run, s)
         return True
@@ -155,7 +161,7 @@ class Runs:
             return None
         vm = self.vm
         errors = vm._any_error
-        m = head.args[OUTPUTS][0].meta      # (no reference to the tensor: see _dead)
+        m = head.args[OUTPUTS][0].meta  # (no reference to the tensor: see _dead)
         planner = DeviceRunPlanner(m.shape, m.device, errors)
         if not planner.admit(head):
             return None
@@ -183,7 +189,7 @@ class Runs:
 
     def _run_slice(self, run, piece) -> None:
         try:
-            piece()                      # catches its kernels' errors itself
+            piece()  # catches its kernels' errors itself
         except BaseException as e:  # noqa: BLE001 - e.g. no memory for a tile buffer
             for m in run.members:
                 if m.kind == OP_CALL:

@@ -14,11 +14,11 @@
   there, not completed, where the stream or the device's memory links them (a link through
   host memory waits for the completion: ``deps.py``; ``_dispatch_device``): a chain of
   dependent ops is queued on the device while the first still runs, and a dependency across
-  streams is a wait on an event, on the device. It still completes after its predecessors (``_settle_device``), so waits
-  and ``synchronize`` see the same order as on the CPU. A dead blob's block is freed once
-  its uses are issued, stream-ordered: the caching allocator reuses it only after them. A
-  kernel fault fails the work issued after it on its driver stream (or waiting on its
-  events) with the first error.
+  streams is a wait on an event, on the device. It still completes after its predecessors
+  (``_settle_device``), so waits and ``synchronize`` see the same order as on the CPU. A
+  dead blob's block is freed once its uses are issued, stream-ordered: the caching allocator
+  reuses it only after them. A kernel fault fails the work issued after it on its driver
+  stream (or waiting on its events) with the first error.
 - ``submit`` blocks the caller while ``max_in_flight`` instructions are unfinished (issued
   ahead on a device counts as unfinished).
 - A failing kernel poisons the blobs it writes; the error surfaces at the next sync point.
@@ -84,33 +84,33 @@ class VM:
         self._room = threading.Condition(self._lock)
         self._ready: deque = deque()
         self._wake_pending = False
-        self._draining = False               # inside _drain (loop thread only)
+        self._draining = False  # inside _drain (loop thread only)
         self._loop = None
         self._thread = None
         self._pool = None
         self.workers = workers or os.cpu_count() or 1
         self.max_in_flight = 40_000
-        self._rng = None                    # test hook: seeded random dispatch order
-        self.inline_max_cost = 1 << 16      # elements touched; below this run without a hop
-        self.parallel_min_cost = 1 << 18     # elementwise kernels above this are split
-        self.loop_share = 0.6                # of a split kernel, run by the loop thread
-        self.issued = self.completed = 0    # through submit
-        self.inlined = 0                    # through run_inline (issued and completed at once)
-        self.runs = Runs(self)              # runs of elementwise op calls (runs.py)
+        self._rng = None  # test hook: seeded random dispatch order
+        self.inline_max_cost = 1 << 16  # elements touched; below this run without a hop
+        self.parallel_min_cost = 1 << 18  # elementwise kernels above this are split
+        self.loop_share = 0.6  # of a split kernel, run by the loop thread
+        self.issued = self.completed = 0  # through submit
+        self.inlined = 0  # through run_inline (issued and completed at once)
+        self.runs = Runs(self)  # runs of elementwise op calls (runs.py)
         self._blocked = 0
-        self.errors = KeptErrors()          # kernel errors since the last synchronize
+        self.errors = KeptErrors()  # kernel errors since the last synchronize
         # until a blob is poisoned, skip the poison checks; poisoned blobs alive by id, so
         # the checks stop again once none is (``_forget_errors``)
         self._any_error = False
         self._poisoned: dict = {}
         self._poison_lock = threading.Lock()
-        self._max_delay = 0.0               # test hook: random delay before each kernel
-        self.profiler = None                # while af.profile() is on: its Recorder (profiler.py)
-        self.device_waits = 0               # waits on another driver stream's event (devices)
-        self._gated: list = []              # (device instr, fault) whose predecessor completed
-        self._faults: dict = {}             # a driver's fault (its exception) -> its KernelError
+        self._max_delay = 0.0  # test hook: random delay before each kernel
+        self.profiler = None  # while af.profile() is on: its Recorder (profiler.py)
+        self.device_waits = 0  # waits on another driver stream's event (devices)
+        self._gated: list = []  # (device instr, fault) whose predecessor completed
+        self._faults: dict = {}  # a driver's fault (its exception) -> its KernelError
         self._device_queue: deque = deque()  # (instr, event) completed, for the loop
-        self._device_wake = False           # a _device_completions call is pending
+        self._device_wake = False  # a _device_completions call is pending
 
     # -- submission ---------------------------------------------------------------------
     def submit(self, instr: Instruction) -> None:
@@ -136,7 +136,9 @@ class VM:
             self._execute(instr)
             self._complete(instr)
 
-    def run_inline(self, stream, consts: tuple, muts: tuple, cost: int, name: str, fn, args) -> bool:
+    def run_inline(
+        self, stream, consts: tuple, muts: tuple, cost: int, name: str, fn, args
+    ) -> bool:
         """The fast path of ``submit``: if nothing the work touches is pending (every write
         of ``consts``, every use of ``muts``, the stream's last instruction), runs
         ``fn(args)`` now and returns True; else returns False and the caller submits an
@@ -147,7 +149,7 @@ class VM:
         if RELEASED:
             self.collect_releases()
         lock = self._lock
-        lock.acquire()      # (not ``with``: this runs once per op, and ``with`` costs more)
+        lock.acquire()  # (not ``with``: this runs once per op, and ``with`` costs more)
         try:
             if not settled(stream, consts, muts):
                 return False
@@ -163,33 +165,46 @@ class VM:
                     self._inline_failed(name, stream, muts, args, e)
             else:
                 self._poison(muts, err)
-            self.inlined += 1          # counted as issued and completed too (see stats)
+            self.inlined += 1  # counted as issued and completed too (see stats)
         finally:
             lock.release()
         return True
 
-    def run_fresh(self, stream, x, y, out, cost: int, name: str, fresh, attrs, dtype,
-                  alloc) -> bool:
+    def run_fresh(
+        self, stream, x, y, out, cost: int, name: str, fresh, attrs, dtype, alloc
+    ) -> bool:
         """``run_inline`` of ``opcall.call_fresh`` for an op call on ``x`` (and ``y`` where
         not None) making one fresh output blob ``out`` (no record yet: nothing can be pending
         on it): the same checks and the same call (``deps.settled``, ``opcall.fresh_into``),
         unrolled for one or two inputs. Returns False where the call must be submitted
         instead."""
-        if (RELEASED or self._any_error or self.profiler is not None
-                or cost > self._inline_limit or stream.simulated):
+        if (
+            RELEASED
+            or self._any_error
+            or self.profiler is not None
+            or cost > self._inline_limit
+            or stream.simulated
+        ):
             if self._any_error and not self._poisoned:
                 self._forget_errors()
             if y is None:
                 ins, consts = (x,), (x.blob,)
             else:
                 ins, consts = (x, y), (x.blob, y.blob)
-            return self.run_inline(stream, consts, (out,), cost, name, call_fresh,
-                                   (fresh, ins, out, attrs, dtype, alloc))
+            return self.run_inline(
+                stream,
+                consts,
+                (out,),
+                cost,
+                name,
+                call_fresh,
+                (fresh, ins, out, attrs, dtype, alloc),
+            )
         lock = self._lock
         lock.acquire()
         try:
-            if self._any_error:         # (an input poisoned since the look above: submitted,
-                return False            # the poison passes on there)
+            if self._any_error:  # (an input poisoned since the look above: submitted,
+                return False  # the poison passes on there)
             t = stream.tail
             if t is not None and not t.done:
                 return False
@@ -208,8 +223,11 @@ class VM:
                 arrays = [a, b.array if y.base is None else y.array()]
             try:
                 r = fresh(arrays, attrs, dtype)
-                if r.__class__ is not _ND or r.dtype is not dtype or (
-                        r.ndim > 1 and not r.flags.c_contiguous):
+                if (
+                    r.__class__ is not _ND
+                    or r.dtype is not dtype
+                    or (r.ndim > 1 and not r.flags.c_contiguous)
+                ):
                     r = as_fresh(r, dtype)
             except BaseException as e:
                 self._inline_failed(name, stream, (out,), None, e)
@@ -260,15 +278,18 @@ class VM:
     def _execute(self, instr: Instruction) -> None:
         """Runs the instruction's work on the current thread, turning failures into a
         KernelError that poisons the blobs it writes (see the module doc)."""
-        err = (error_to_run(instr.consts, instr.muts, instr.args if instr.kind == OP_CALL
-                            else None)
-               if self._any_error and instr.kind != RELEASE else None)
+        err = (
+            error_to_run(instr.consts, instr.muts, instr.args if instr.kind == OP_CALL else None)
+            if self._any_error and instr.kind != RELEASE
+            else None
+        )
         if err is None:
             try:
                 instr.run(instr)
             except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
-                err = self._kernel_error(instr, e, instr.kind == OP_CALL
-                                         and wrote_nothing(e, instr.muts, instr.args))
+                err = self._kernel_error(
+                    instr, e, instr.kind == OP_CALL and wrote_nothing(e, instr.muts, instr.args)
+                )
             except BaseException as e:  # Ctrl-C on an inline kernel: fail it, then let it go
                 self._fail(instr, self._kernel_error(instr, e))
                 raise
@@ -317,7 +338,7 @@ class VM:
         self.completed += 1
         for d in instr.dependents:
             d.pending -= 1
-            if d.pending == 0 and not d.done:     # (done: a member of the same run)
+            if d.pending == 0 and not d.done:  # (done: a member of the same run)
                 self._ready.append(d)
         instr.dependents = []
         instr.next = None
@@ -362,7 +383,7 @@ class VM:
     def _drain_loop(self) -> None:
         lock = self._lock
         while True:
-            if RELEASED:          # return dead blocks to the cache while they are still hot
+            if RELEASED:  # return dead blocks to the cache while they are still hot
                 self.collect_releases()
             with lock:
                 self._wake_pending = False
@@ -373,8 +394,9 @@ class VM:
             if self._rng is not None:
                 self._rng.shuffle(batch)
                 for instr in batch:
-                    self._loop.call_later(self._rng.uniform(0.0, self._max_delay),
-                                          self._dispatch_guarded, instr, True)
+                    self._loop.call_later(
+                        self._rng.uniform(0.0, self._max_delay), self._dispatch_guarded, instr, True
+                    )
                 continue
             for instr in batch:
                 self._dispatch_guarded(instr, False)
@@ -390,14 +412,16 @@ class VM:
     def _dispatch(self, instr: Instruction, force_pool: bool) -> None:
         stream = instr.stream
         if stream.simulated:
-            if stream.launches_ahead:              # a device whose driver runs the work
+            if stream.launches_ahead:  # a device whose driver runs the work
                 self._dispatch_device(instr)
                 return
             nbytes = sum(b.nbytes for b in instr.muts)
             delay = stream.backend.kernel_time(instr.name, nbytes)
             if not delay >= 0:
-                raise ValueError(f"the null device's latency for '{instr.name}' is {delay!r}; "
-                                 f"set_null_latency needs seconds >= 0")
+                raise ValueError(
+                    f"the null device's latency for '{instr.name}' is {delay!r}; "
+                    f"set_null_latency needs seconds >= 0"
+                )
             self._execute(instr)
             self._loop.call_later(delay, self._finish_simulated, instr, perf_counter() + delay)
             return
@@ -414,7 +438,7 @@ class VM:
         if pieces is None:
             self._pool.submit(self._execute_then_finish, instr)
             return
-        if not pieces:                       # the split failed (the error is recorded)
+        if not pieces:  # the split failed (the error is recorded)
             self._finish(instr)
             return
         # Workers take all slices but the first, which the loop thread runs itself while
@@ -442,7 +466,7 @@ class VM:
         as one launch (``runs.device_run``, ``_issue_run``); a member of a run issued
         already is skipped here."""
         if instr.done or instr.issued is not None:
-            return                                    # a member of a run, issued with it
+            return  # a member of a run, issued with it
         if instr.split is ELEMENTWISE and instr.next is not None:
             run = self.runs.device_run(instr)
             if run is not None:
@@ -451,9 +475,9 @@ class VM:
         if instr.kind == RELEASE:
             self._execute(instr)
             with self._lock:
-                instr.issued = (None, None)           # nothing on a driver stream
+                instr.issued = (None, None)  # nothing on a driver stream
                 launched(instr, self._ready)
-            self._settle_device(instr, None)          # completes after the uses
+            self._settle_device(instr, None)  # completes after the uses
             return
         ev = dstream = None
         backend = instr.stream.backend
@@ -461,7 +485,7 @@ class VM:
             dstream = backend.issue_on(instr.stream)
             if instr.after:
                 self._join(instr, dstream)
-            if instr.run is run_op:         # (profiled, its wrapper runs the device's op call)
+            if instr.run is run_op:  # (profiled, its wrapper runs the device's op call)
                 instr.run = _run_on_device
             self._execute(instr)
             if instr.error is None:
@@ -470,7 +494,7 @@ class VM:
             if instr.error is None:
                 self._fail(instr, self._kernel_error(instr, e))
         backend.end_issue(*(() if instr.error is not None else (instr.consts, instr.muts)))
-        if instr.error is not None:           # nothing was issued to wait for
+        if instr.error is not None:  # nothing was issued to wait for
             self._settle_device(instr, None)
             return
         # the work is on the stream: the host's tensors go now, so that a dead one's block is
@@ -515,8 +539,8 @@ class VM:
             backend.end_issue(*[blobs for m in members for blobs in (m.consts, m.muts)])
         else:
             backend.end_issue()
-            dstream = None                            # nothing was issued to wait for
-        head.name = launch.name      # a fault on the device is the run's: named after its ops
+            dstream = None  # nothing was issued to wait for
+        head.name = launch.name  # a fault on the device is the run's: named after its ops
         for m in members:
             m.args = m.run = None
             if err is not None:
@@ -529,7 +553,7 @@ class VM:
             more = bool(self._ready) and not self._wake_pending
         if err is not None:
             for m in members:
-                self._settle_device(m, None)          # each after its predecessors
+                self._settle_device(m, None)  # each after its predecessors
             return
         for m in members:
             ev.then(partial(self._device_done, m, ev))
@@ -541,7 +565,7 @@ class VM:
         # (the same driver stream runs in order; a completed one needs nothing, nor a
         # RELEASE: it has no work on a stream)
         for p in instr.after:
-            if not p.done:                   # (device work completes on the loop: no race)
+            if not p.done:  # (device work completes on the loop: no race)
                 issued = p.issued
                 if issued is not None and issued[1] is not None and issued[0] is not dstream:
                     dstream.wait(issued[1])
@@ -556,8 +580,8 @@ class VM:
         except Exception as e:  # noqa: BLE001 - surfaced at the next sync point
             fault = e
         check = instr.result
-        if check.__class__ is ZeroCheck:    # an eager integer division's zero flag: only
-            instr.result = None             # this op fails (and what reads its outputs)
+        if check.__class__ is ZeroCheck:  # an eager integer division's zero flag: only
+            instr.result = None  # this op fails (and what reads its outputs)
             if fault is None and instr.error is None:
                 e = check.error()
                 if e is not None:
@@ -602,7 +626,7 @@ class VM:
                 if not p.done:
                     gate = p
                     break
-            if gate is not None:             # completes once that one has (a waiter)
+            if gate is not None:  # completes once that one has (a waiter)
                 with self._lock:
                     self._add_waiter(gate, partial(self._gated.append, (instr, fault)))
                 continue
@@ -657,7 +681,7 @@ class VM:
         try:
             piece()
         except BaseException as e:  # noqa: BLE001 - surfaced at the next sync point
-            with countdown.lock:    # one error per op: slices failing at once raced here
+            with countdown.lock:  # one error per op: slices failing at once raced here
                 if instr.error is None:
                     self._fail(instr, self._kernel_error(instr, e))
         if countdown.finish_one():
@@ -705,7 +729,7 @@ class VM:
                     self._fail(m, err)
         with self._lock:
             for m in members:
-                m.done = True             # so completing one never readies another
+                m.done = True  # so completing one never readies another
             for m in members:
                 self._complete(m)
             more = bool(self._ready) and not self._wake_pending
@@ -719,8 +743,10 @@ class VM:
             if instr.done:
                 return
             if threading.current_thread() is self._thread:
-                raise VMError("cannot wait for a result on the actorflow VM thread (inside a "
-                              "kernel or a completion callback); wait from user code instead")
+                raise VMError(
+                    "cannot wait for a result on the actorflow VM thread (inside a "
+                    "kernel or a completion callback); wait from user code instead"
+                )
             ev = threading.Event()
             self._add_waiter(instr, ev.set)
         if not ev.wait(timeout):
@@ -738,7 +764,7 @@ class VM:
         try:
             await fut
         finally:
-            if not fut.done():                  # cancelled: forget this waiter
+            if not fut.done():  # cancelled: forget this waiter
                 with self._lock:
                     if instr.waiters and waiter in instr.waiters:
                         instr.waiters.remove(waiter)
@@ -753,6 +779,7 @@ class VM:
     def tails(self) -> list:
         """The last instruction issued on every stream that is not done yet."""
         from ..backends import loaded_backends
+
         out = []
         with self._lock:
             for backend in loaded_backends():
@@ -798,9 +825,9 @@ class VM:
             return err
         self._any_error = True
         if isinstance(e, Exception):
-            self.errors.keep(err)     # (its own lock: callers may hold the VM's)
+            self.errors.keep(err)  # (its own lock: callers may hold the VM's)
         else:
-            err._reported = True      # the caller is raising the interrupt itself
+            err._reported = True  # the caller is raising the interrupt itself
         return err
 
     # -- test hooks and settings --------------------------------------------------------
@@ -844,15 +871,20 @@ class VM:
         with self._lock:
             self._rng = None if seed is None else random.Random(seed)
             self._max_delay = float(max_delay)
-            self.inline_max_cost = self._inline_max_cost      # (the limit follows the hook)
+            self.inline_max_cost = self._inline_max_cost  # (the limit follows the hook)
 
     def stats(self) -> dict:
         with self._lock:
-            return {"issued": self.issued + self.inlined,
-                    "completed": self.completed + self.inlined,
-                    "in_flight": self.issued - self.completed, "inlined": self.inlined,
-                    "fused": self.runs.ops, "fused_runs": self.runs.count,
-                    "elided": self.runs.elided, "unreported_errors": self.errors.unreported()}
+            return {
+                "issued": self.issued + self.inlined,
+                "completed": self.completed + self.inlined,
+                "in_flight": self.issued - self.completed,
+                "inlined": self.inlined,
+                "fused": self.runs.ops,
+                "fused_runs": self.runs.count,
+                "elided": self.runs.elided,
+                "unreported_errors": self.errors.unreported(),
+            }
 
     def shutdown(self) -> None:
         """Stops the loop thread and the CPU workers (at exit)."""

@@ -15,12 +15,13 @@ MAX_KEPT_ERRORS = 100
 class Dropped:
     """The kernel errors past ``MAX_KEPT_ERRORS`` since the last synchronize: a count (less
     those reported since, by reading a tensor they poisoned) and the latest one."""
+
     __slots__ = ("count", "last", "lock")
 
     def __init__(self, lock):
         self.count = 0
         self.last = None
-        self.lock = lock          # the KeptErrors' lock
+        self.lock = lock  # the KeptErrors' lock
 
     def reported_one(self) -> None:
         with self.lock:
@@ -72,5 +73,5 @@ class KeptErrors:
         n = dropped.count
         if errs:
             raise errs[0].to_raise(len(errs) - 1 + n, n, MAX_KEPT_ERRORS)
-        if n > 0:           # every kept error was reported on a read: the latest dropped one
+        if n > 0:  # every kept error was reported on a read: the latest dropped one
             raise dropped.last.to_raise(n - 1, n - 1, MAX_KEPT_ERRORS)

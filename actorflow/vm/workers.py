@@ -12,6 +12,7 @@ _STOP = object()
 class Countdown:
     """Counts the slices of split work still running (thread-safe): ``finish_one()`` is True
     for the slice that finishes last."""
+
     __slots__ = ("left", "lock")
 
     def __init__(self, n: int):
@@ -31,8 +32,9 @@ class Workers:
     def __init__(self, n: int, name: str = "actorflow-cpu"):
         self._name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-                         for i in range(n)]
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(n)
+        ]
         for t in self._threads:
             t.start()
 
@@ -47,7 +49,7 @@ class Workers:
                 return
             fn, args = task
             fn(*args)
-            del task, fn, args        # hold nothing of a finished task while waiting
+            del task, fn, args  # hold nothing of a finished task while waiting
 
     def spawn(self, fn, *args) -> None:
         """Runs ``fn(*args)`` on a new daemon thread of its own (for long work: the OS puts a

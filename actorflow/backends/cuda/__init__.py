@@ -57,8 +57,8 @@ class CudaAllocator(Allocator):
     from the device's ``CachingAllocator`` (which caches freed blocks, safely across
     streams): the base class's own cache and lock-free path are off."""
 
-    cache_min_bytes = 0            # every allocation takes the counted path (no numpy fast path)
-    cache_max_bytes = 0            # the CachingAllocator caches, not the base class
+    cache_min_bytes = 0  # every allocation takes the counted path (no numpy fast path)
+    cache_max_bytes = 0  # the CachingAllocator caches, not the base class
 
     def __init__(self, backend):
         super().__init__(str(backend.device))
@@ -66,27 +66,27 @@ class CudaAllocator(Allocator):
 
     def _alloc_array(self, shape, dtype, nbytes: int):
         b = self.backend
-        stream = b.current or b.driver_stream(b.compute)     # the stream that writes it
+        stream = b.current or b.driver_stream(b.compute)  # the stream that writes it
         return CudaArray(b.caching().malloc(nbytes, stream), shape, dtype)
 
-    _alloc_small = None            # never taken: cache_min_bytes is 0
+    _alloc_small = None  # never taken: cache_min_bytes is 0
 
     def free_many(self, blocks) -> None:
         blocks = list(blocks)
         super().free_many(blocks)
-        caching = self.backend._caching        # (no driver lookup: freeing never fails)
+        caching = self.backend._caching  # (no driver lookup: freeing never fails)
         for array, _, owned in blocks:
             # not owned: exported by DLPack (its lease frees it) or another library's memory
             if owned and array is not None and array.block.memory.driver is caching.driver:
                 try:
                     caching.free(array.block)
-                except DeviceError:             # its driver was closed (use_driver): the
-                    pass                        # memory went with it
+                except DeviceError:  # its driver was closed (use_driver): the
+                    pass  # memory went with it
 
     def set_budget(self, budget: int | None) -> None:
         super().set_budget(budget)
         if budget is not None:
-            self.backend.caching().empty_cache()    # cached blocks hold device memory too
+            self.backend.caching().empty_cache()  # cached blocks hold device memory too
 
     def empty_cache(self) -> None:
         self.backend.caching().empty_cache()
@@ -100,11 +100,11 @@ class CudaAllocator(Allocator):
         staging = d.pinned(dst.shape, dst.dtype)
         np.copyto(staging, np.broadcast_to(src, dst.shape), casting="unsafe")
         join, h2d = b.current, b.driver_stream(b.stream("h2d"))
-        h2d.wait(join.record())                  # dst may still be in use on the issuing stream
+        h2d.wait(join.record())  # dst may still be in use on the issuing stream
         h2d.copy_h2d(dst.darray, staging)
         b.caching().record_stream(dst.block, h2d)
         done = h2d.record()
-        done.then(lambda: staging)               # keeps the staging buffer until the copy ran
+        done.then(lambda: staging)  # keeps the staging buffer until the copy ran
         join.wait(done)
 
     def _copyout(self, src: CudaArray):
@@ -133,8 +133,8 @@ class CudaBackend(Backend):
     """A CUDA device on its driver (see the module doc). ``host_memory`` is False: its
     arrays are device memory, which only copies and kernels on its streams touch."""
 
-    simulated = True               # the host never runs its work inline: the driver does
-    launches_ahead = True          # the driver orders it: dependents are issued ahead
+    simulated = True  # the host never runs its work inline: the driver does
+    launches_ahead = True  # the driver orders it: dependents are issued ahead
     host_memory = False
 
     def __init__(self, device):
@@ -143,12 +143,13 @@ class CudaBackend(Backend):
         except DeviceError as e:
             raise DeviceError(
                 f"{e}; or use 'cpu' to compute, or 'null' for shapes, memory and simulated "
-                f"time without data") from None
+                f"time without data"
+            ) from None
         self._driver = None
         self._drv_streams: dict = {}
         self._caching = None
-        self.current = None        # the driver stream of the instruction being issued (None
-        #                            between issues: an allocation then is the compute stream's)
+        self.current = None  # the driver stream of the instruction being issued (None
+        #                      between issues: an allocation then is the compute stream's)
         super().__init__(device)
 
     def _make_allocator(self) -> Allocator:
@@ -229,8 +230,9 @@ class CudaBackend(Backend):
         if not d.dlpack:
             raise d._no_dlpack("from_dlpack")
         darray = d.adopt(obj, self.driver_stream(self.compute))
-        return CudaArray(Block(darray.memory, darray.memory.nbytes, None), darray.shape,
-                         darray.dtype)
+        return CudaArray(
+            Block(darray.memory, darray.memory.nbytes, None), darray.shape, darray.dtype
+        )
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Waits on the host for every driver stream (a test's helper; the VM waits on its

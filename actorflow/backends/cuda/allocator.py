@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ...errors import DeviceError, KernelError, OutOfMemoryError
 from ..base import AllocatorStats
 
-_ROUND = 512                     # block sizes are multiples of this (CUDA's pools round too)
+_ROUND = 512  # block sizes are multiples of this (CUDA's pools round too)
 
 
 def _done(event) -> bool:
@@ -45,6 +45,7 @@ class CachingStats(AllocatorStats):
     allocations served from the cache; ``mallocs``/``releases``: blocks taken from / given
     back to the driver; ``reuse_waits``: device-side waits a reuse on another stream
     needed."""
+
     hits: int
     mallocs: int
     releases: int
@@ -59,8 +60,8 @@ class Block:
 
     def __init__(self, memory, nbytes: int, stream):
         self.memory, self.nbytes, self.stream = memory, nbytes, stream
-        self.streams: set = set()         # other streams that used it since it was handed out
-        self.events: list = []            # (stream, event) recorded at free, pending reuse
+        self.streams: set = set()  # other streams that used it since it was handed out
+        self.events: list = []  # (stream, event) recorded at free, pending reuse
         self.live = True
 
     def array(self, shape, dtype, offset: int = 0):
@@ -85,11 +86,11 @@ class CachingAllocator:
         self.device = driver.device
         self.budget = budget
         self._lock = threading.Lock()
-        self._cache: dict = {}            # rounded size -> [Block], last freed last
+        self._cache: dict = {}  # rounded size -> [Block], last freed last
         self._in_use = self._peak = self._cached = 0
         self._allocs = self._frees = self._hits = self._mallocs = 0
         self._releases = self._waits = 0
-        self._spare_events: list = []     # events whose record is settled, to record again
+        self._spare_events: list = []  # events whose record is settled, to record again
 
     # -- public face -----------------------------------------------------------------------
     def malloc(self, nbytes: int, stream, what: str = "") -> Block:
@@ -99,8 +100,13 @@ class CachingAllocator:
         size = _rounded(int(nbytes))
         with self._lock:
             if self.budget is not None and self._in_use + size > self.budget:
-                raise OutOfMemoryError(self.device, size, self._in_use, self.budget,
-                                       what or "the CUDA caching allocator")
+                raise OutOfMemoryError(
+                    self.device,
+                    size,
+                    self._in_use,
+                    self.budget,
+                    what or "the CUDA caching allocator",
+                )
             blocks = self._cache.get(size)
             if blocks:
                 block = blocks.pop()
@@ -136,10 +142,10 @@ class CachingAllocator:
             if not block.live:
                 raise DeviceError(f"{self.device}: {block!r} freed twice")
             block.live = False
-            if self.driver.closed:          # its memory went with the driver: nothing of it
-                self._in_use -= block.nbytes    # is touched (its streams and events may be
-                self._frees += 1                # gone: a tensor freed by the collector
-                return                          # after use_driver, seen on a GPU)
+            if self.driver.closed:  # its memory went with the driver: nothing of it
+                self._in_use -= block.nbytes  # is touched (its streams and events may be
+                self._frees += 1  # gone: a tensor freed by the collector
+                return  # after use_driver, seen on a GPU)
             if not self._skip_reuse_events:
                 block.events = [(s, self._record(s)) for s in (block.stream, *block.streams)]
             block.streams = set()
@@ -161,9 +167,19 @@ class CachingAllocator:
 
     def stats(self) -> CachingStats:
         with self._lock:
-            return CachingStats(self.device, self._in_use, self._peak, self._cached,
-                                self.budget, self._allocs, self._frees, self._hits,
-                                self._mallocs, self._releases, self._waits)
+            return CachingStats(
+                self.device,
+                self._in_use,
+                self._peak,
+                self._cached,
+                self.budget,
+                self._allocs,
+                self._frees,
+                self._hits,
+                self._mallocs,
+                self._releases,
+                self._waits,
+            )
 
     # -- internals (the caller holds the lock unless said) --------------------------------
     def _account(self, size: int) -> None:
@@ -176,11 +192,11 @@ class CachingAllocator:
         self._account(block.nbytes)
         for s, ev in block.events:
             if _done(ev):
-                self._spare_events.append(ev)    # its record is reached: reusable
-            elif s is not stream:            # the device waits; the host goes on. Order
-                stream.wait(ev, errors=False)    # only: a fault there is not the reuser's
-                self._waits += 1             # (an event still pending is not recorded
-            #                                  again: it is dropped with the wait's use)
+                self._spare_events.append(ev)  # its record is reached: reusable
+            elif s is not stream:  # the device waits; the host goes on. Order
+                stream.wait(ev, errors=False)  # only: a fault there is not the reuser's
+                self._waits += 1  # (an event still pending is not recorded
+            #                       again: it is dropped with the wait's use)
         block.events = []
         block.stream, block.live = stream, True
 
@@ -210,7 +226,7 @@ class CachingAllocator:
                 for _, ev in block.events:
                     try:
                         ev.synchronize()
-                    except KernelError:      # the stream faulted: its later work is skipped
+                    except KernelError:  # the stream faulted: its later work is skipped
                         pass
                     self._spare_events.append(ev)
                 block.events = []

@@ -64,8 +64,8 @@ from .driver import (
     raise_sticky,
 )
 
-THREADS = 256                   # threads per block of a generated kernel's launch
-BLOCKS_PER_SM = 32              # the grid's cap, per SM (the kernels stride over the rest)
+THREADS = 256  # threads per block of a generated kernel's launch
+BLOCKS_PER_SM = 32  # the grid's cap, per SM (the kernels stride over the rest)
 EMULATOR = "set AF_CUDA=emu to run CUDA devices on the CPU emulator"
 INSTALL = f"pip install 'actorflow[cuda]' (CuPy for CUDA 12: cupy-cuda12x), or {EMULATOR}"
 
@@ -76,8 +76,9 @@ def _cupy(device: str):
     try:
         import cupy
     except ImportError as e:
-        raise DeviceError(f"device {device}: the CuPy driver needs CuPy, which is not "
-                          f"installed ({e}): {INSTALL}") from None
+        raise DeviceError(
+            f"device {device}: the CuPy driver needs CuPy, which is not installed ({e}): {INSTALL}"
+        ) from None
     return cupy
 
 
@@ -132,8 +133,10 @@ class CupyEvent(Event):
             done = threading.Event()
             s._wait_then(self._ev, done.set)
             if not done.wait(timeout):
-                raise DeviceError(f"{self._driver.device}: an event was not reached in "
-                                  f"{timeout} s: a stream is stuck or far behind")
+                raise DeviceError(
+                    f"{self._driver.device}: an event was not reached in "
+                    f"{timeout} s: a stream is stuck or far behind"
+                )
         err = self._error()
         if err is not None:
             raise_sticky(err)
@@ -164,14 +167,14 @@ class CupyStream(Stream):
         self.name = name
         self._driver = driver
         cp = driver._cp
-        if cuda_stream is not None:         # a retired stream's, its work done (_retire)
+        if cuda_stream is not None:  # a retired stream's, its work done (_retire)
             self._s = cuda_stream
         else:
             with driver._dev:
                 self._s = cp.cuda.Stream(non_blocking=True)
-        self._seq = 0                       # commands issued
-        self._errors: list = []             # (seq, error): the sticky error and when
-        self._links: list = []              # (seq, stream, its seq): waits that pass faults on
+        self._seq = 0  # commands issued
+        self._errors: list = []  # (seq, error): the sticky error and when
+        self._links: list = []  # (seq, stream, its seq): waits that pass faults on
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._capturing = False
@@ -199,7 +202,7 @@ class CupyStream(Stream):
             own = next(((at, err) for at, err in self._errors if at <= seq), None)
             links = [link for link in self._links if clean < link[0] <= seq]
         found = own
-        for at, src, src_seq in links:      # in issue order; each names an earlier time
+        for at, src, src_seq in links:  # in issue order; each names an earlier time
             if found is not None and found[0] <= at:
                 break
             err = src._error_before(src_seq, settled, seen)
@@ -234,9 +237,11 @@ class CupyStream(Stream):
 
     def _open(self) -> None:
         if self._closed:
-            raise DeviceError(f"stream {self.name} of {self._driver.device} is closed (a fault "
-                              f"reset its device's streams): issue on a stream of the "
-                              f"driver's making")
+            raise DeviceError(
+                f"stream {self.name} of {self._driver.device} is closed (a fault "
+                f"reset its device's streams): issue on a stream of the "
+                f"driver's making"
+            )
 
     def _next(self) -> None:
         self._open()
@@ -255,15 +260,19 @@ class CupyStream(Stream):
                 launch_args = tuple(d._arg(a) for a in args)
                 if grid is None:
                     grid, block = d._grid(kernel, args)
-                with d._dev, self._s:       # the launch's stream is the current one
-                    fn((grid,) if isinstance(grid, int) else grid,
-                       (block,) if isinstance(block, int) else block, launch_args)
+                with d._dev, self._s:  # the launch's stream is the current one
+                    fn(
+                        (grid,) if isinstance(grid, int) else grid,
+                        (block,) if isinstance(block, int) else block,
+                        launch_args,
+                    )
                 return
             if kernel.reference is None:
-                raise DeviceError(f"kernel {kernel.name!r} has neither CUDA C source nor a "
-                                  f"numpy reference to run")
+                raise DeviceError(
+                    f"kernel {kernel.name!r} has neither CUDA C source nor a numpy reference to run"
+                )
             views = [d._view(a) if isinstance(a, DeviceArray) else a for a in args]
-            with d._dev, self._s:           # a synchronous call: nothing awaits inside
+            with d._dev, self._s:  # a synchronous call: nothing awaits inside
                 kernel.reference(*views)
         except Exception as e:  # noqa: BLE001 - the stream's sticky error
             self._fail(kernel.name, e)
@@ -281,18 +290,29 @@ class CupyStream(Stream):
 
     def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
         check_copy(dst, src, "copy_h2d")
-        self._memcpy(dst.ptr, _host_ptr(src, "copy_h2d"), dst.nbytes,
-                     self._driver._rt.memcpyHostToDevice, "copy_h2d")
+        self._memcpy(
+            dst.ptr,
+            _host_ptr(src, "copy_h2d"),
+            dst.nbytes,
+            self._driver._rt.memcpyHostToDevice,
+            "copy_h2d",
+        )
 
     def copy_d2h(self, dst: np.ndarray, src: DeviceArray) -> None:
         check_copy(src, dst, "copy_d2h")
-        self._memcpy(_host_ptr(dst, "copy_d2h"), src.ptr, src.nbytes,
-                     self._driver._rt.memcpyDeviceToHost, "copy_d2h")
+        self._memcpy(
+            _host_ptr(dst, "copy_d2h"),
+            src.ptr,
+            src.nbytes,
+            self._driver._rt.memcpyDeviceToHost,
+            "copy_d2h",
+        )
 
     def copy_d2d(self, dst: DeviceArray, src: DeviceArray) -> None:
         check_copy(dst, src, "copy_d2d")
-        self._memcpy(dst.ptr, src.ptr, dst.nbytes, self._driver._rt.memcpyDeviceToDevice,
-                     "copy_d2d")
+        self._memcpy(
+            dst.ptr, src.ptr, dst.nbytes, self._driver._rt.memcpyDeviceToDevice, "copy_d2d"
+        )
 
     def record(self, event: CupyEvent | None = None) -> CupyEvent:
         ev = self._driver.event() if event is None else event
@@ -305,14 +325,14 @@ class CupyStream(Stream):
         src = event._stream
         if src is None:
             return
-        self._next()                        # the wait is a command: an event recorded
-        #                                     before it does not see what it passes on
+        self._next()  # the wait is a command: an event recorded
+        #               before it does not see what it passes on
         if errors and src is not self:
-            with src._lock:                 # a fault the source has already: this
+            with src._lock:  # a fault the source has already: this
                 known = next((e for at, e in src._errors if at <= event._seq), None)
-            with self._lock:                # stream's now, so its later work is skipped;
-                if known is not None:       # one set later (a host function) is looked
-                    if not self._errors:    # up when asked (_links, _error_before)
+            with self._lock:  # stream's now, so its later work is skipped;
+                if known is not None:  # one set later (a host function) is looked
+                    if not self._errors:  # up when asked (_links, _error_before)
                         self._errors.append((self._seq, known))
                 else:
                     self._links.append((self._seq, src, event._seq))
@@ -333,13 +353,17 @@ class CupyStream(Stream):
             try:
                 fn()
             except Exception as e:  # noqa: BLE001 - a host function must not kill CUDA's thread
-                err = e if isinstance(e, KernelError) else KernelError.of(
-                    "host callback", self._driver.device, e)
+                err = (
+                    e
+                    if isinstance(e, KernelError)
+                    else KernelError.of("host callback", self._driver.device, e)
+                )
                 with self._lock:
                     self._errors.append((seq, err))
                     self._errors.sort(key=lambda item: item[0])
             finally:
                 _no_collection(False)
+
         with self._driver._dev:
             self._s.launch_host_func(run, None)
 
@@ -357,8 +381,10 @@ class CupyStream(Stream):
 
     def synchronize(self, timeout: float | None = None) -> None:
         if self._capturing:
-            raise DeviceError(f"stream {self.name} is capturing a graph: synchronizing it is "
-                              f"not allowed until end_capture()")
+            raise DeviceError(
+                f"stream {self.name} is capturing a graph: synchronizing it is "
+                f"not allowed until end_capture()"
+            )
         self.record().synchronize(timeout)
 
     def _wait_then(self, ev, fn) -> None:
@@ -369,8 +395,12 @@ class CupyStream(Stream):
                 q = self._queue
                 if q is None:
                     q = self._queue = queue.SimpleQueue()
-                    threading.Thread(target=_wait_loop, args=(q,), daemon=True,
-                                     name=f"af-cupy-{self._driver.device}-{self.name}").start()
+                    threading.Thread(
+                        target=_wait_loop,
+                        args=(q,),
+                        daemon=True,
+                        name=f"af-cupy-{self._driver.device}-{self.name}",
+                    ).start()
                 q.put((self, ev, fn))
                 return
         self._driver._late().put((self, ev, fn))
@@ -382,7 +412,7 @@ class CupyStream(Stream):
                 return
             self._closed = True
             if self._queue is not None:
-                self._queue.put(None)        # its thread ends after what was queued
+                self._queue.put(None)  # its thread ends after what was queued
         self._capturing = False
         with d._lock:
             try:
@@ -408,7 +438,6 @@ class CupyStream(Stream):
             return CupyGraph(self._s.end_capture())
 
 
-
 def _wait_loop(q: queue.SimpleQueue) -> None:
     """A waiter thread: synchronizes on each ``(stream, cupy event, fn)`` in turn, then
     calls ``fn``; ends at None."""
@@ -428,7 +457,7 @@ def _wait_loop(q: queue.SimpleQueue) -> None:
 
 
 _GC_LOCK = threading.Lock()
-_GC_PAUSE = [0, False]           # host functions running now; whether collection was on
+_GC_PAUSE = [0, False]  # host functions running now; whether collection was on
 
 
 def _no_collection(pause: bool) -> None:
@@ -449,9 +478,11 @@ def _no_collection(pause: bool) -> None:
 
 def _host_ptr(a: np.ndarray, op: str) -> int:
     if not a.flags.c_contiguous:
-        raise ValueError(f"{op}: the host array must be C-contiguous (a copy reads or writes "
-                         f"its bytes in order); pass np.ascontiguousarray(...) and keep it "
-                         f"alive until the copy's event completes")
+        raise ValueError(
+            f"{op}: the host array must be C-contiguous (a copy reads or writes "
+            f"its bytes in order); pass np.ascontiguousarray(...) and keep it "
+            f"alive until the copy's event completes"
+        )
     return a.ctypes.data
 
 
@@ -463,7 +494,7 @@ class CupyDriver(Driver):
     ``AF_CUDA=emu``)."""
 
     name = "cupy"
-    captures_allocations = False        # a reference form's cupy temporaries (driver.py)
+    captures_allocations = False  # a reference form's cupy temporaries (driver.py)
 
     def __init__(self, device: str = "cuda:0", limit: int | None = None):
         self.device = str(device)
@@ -473,24 +504,28 @@ class CupyDriver(Driver):
         try:
             count = self._rt.getDeviceCount()
         except Exception as e:  # noqa: BLE001 - no driver, no device: the reason is the text
-            raise DeviceError(f"device {self.device}: CuPy sees no CUDA device "
-                              f"({type(e).__name__}: {e}); on a machine with a GPU check "
-                              f"its driver, else {EMULATOR}") from None
+            raise DeviceError(
+                f"device {self.device}: CuPy sees no CUDA device "
+                f"({type(e).__name__}: {e}); on a machine with a GPU check "
+                f"its driver, else {EMULATOR}"
+            ) from None
         if not 0 <= index < count:
-            raise DeviceError(f"device {self.device}: CuPy sees {count} CUDA device(s) "
-                              f"(cuda:0 to cuda:{count - 1}); name one of those, or set "
-                              f"AF_CUDA=emu for the CPU emulator")
+            raise DeviceError(
+                f"device {self.device}: CuPy sees {count} CUDA device(s) "
+                f"(cuda:0 to cuda:{count - 1}); name one of those, or set "
+                f"AF_CUDA=emu for the CPU emulator"
+            )
         self.index = index
         self._dev = cp.cuda.Device(index)
         with self._dev:
             self._pool = cp.cuda.MemoryPool()
             self._sms = self._rt.getDeviceProperties(index)["multiProcessorCount"]
-        self._count = PoolCount(self.device)    # blocks -> their cupy MemoryPointer
+        self._count = PoolCount(self.device)  # blocks -> their cupy MemoryPointer
         self._streams: list = []
-        self._retired: list = []            # closed streams: kept until their CUDA stream
-        #                                     is reused (_reusable), never destroyed
-        self._kernels: dict = {}            # Kernel -> RawKernel (the launch's fast path)
-        self._by_source: dict = {}          # SHA-256 of a source -> RawKernel
+        self._retired: list = []  # closed streams: kept until their CUDA stream
+        #                           is reused (_reusable), never destroyed
+        self._kernels: dict = {}  # Kernel -> RawKernel (the launch's fast path)
+        self._by_source: dict = {}  # SHA-256 of a source -> RawKernel
         self._late_q: queue.SimpleQueue | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -533,8 +568,12 @@ class CupyDriver(Driver):
         with self._lock:
             if self._late_q is None:
                 self._late_q = queue.SimpleQueue()
-                threading.Thread(target=_wait_loop, args=(self._late_q,), daemon=True,
-                                 name=f"af-cupy-{self.device}-closed").start()
+                threading.Thread(
+                    target=_wait_loop,
+                    args=(self._late_q,),
+                    daemon=True,
+                    name=f"af-cupy-{self.device}-closed",
+                ).start()
             return self._late_q
 
     def close(self) -> None:
@@ -561,22 +600,28 @@ class CupyDriver(Driver):
                 with self._dev:
                     mp = self._pool.malloc(max(nbytes, 1))
             except self._cp.cuda.memory.OutOfMemoryError as e:
-                raise OutOfMemoryError(self.device, nbytes, count.in_use, count.limit or 0,
-                                       f"device memory, refused by the device ({nbytes:,} "
-                                       f"bytes asked, {count.in_use:,} in use: {e})") from None
+                raise OutOfMemoryError(
+                    self.device,
+                    nbytes,
+                    count.in_use,
+                    count.limit or 0,
+                    f"device memory, refused by the device ({nbytes:,} "
+                    f"bytes asked, {count.in_use:,} in use: {e})",
+                ) from None
             mem = DeviceMemory(self, mp.ptr, nbytes)
             count.add(mem, mp)
         return mem
 
     def free(self, memory: DeviceMemory) -> None:
-        self._count.remove(memory)          # the MemoryPointer dropped: back to CuPy's pool
+        self._count.remove(memory)  # the MemoryPointer dropped: back to CuPy's pool
 
     def pinned(self, shape, dtype) -> np.ndarray:
         import cupyx
+
         return cupyx.empty_pinned(shape, dtype)
 
     def set_limit(self, nbytes: int | None) -> None:
-        with self._count.lock:               # (not the pool's set_limit: see the module doc)
+        with self._count.lock:  # (not the pool's set_limit: see the module doc)
             self._count.limit = nbytes
 
     def memory(self) -> MemoryInfo:
@@ -592,8 +637,9 @@ class CupyDriver(Driver):
             fn = self._by_source.get(key)
             if fn is None:
                 with self._dev:
-                    fn = self._cp.RawKernel(kernel.source, kernel.entry or kernel.name,
-                                            options=("--std=c++17",))
+                    fn = self._cp.RawKernel(
+                        kernel.source, kernel.entry or kernel.name, options=("--std=c++17",)
+                    )
                 self._by_source[key] = fn
             self._kernels[kernel] = fn
         return fn
@@ -640,10 +686,11 @@ class CupyDriver(Driver):
                 with stream._s:
                     x = self._cp.from_dlpack(obj)
         if x.device.id != self.index:
-            raise DeviceError(f"from_dlpack: the array is on cuda:{x.device.id}, not "
-                              f"{self.device}")
+            raise DeviceError(f"from_dlpack: the array is on cuda:{x.device.id}, not {self.device}")
         if not x.flags.c_contiguous:
-            raise DeviceError(f"from_dlpack: a {x.shape} array with strides {x.strides} is "
-                              f"not C-contiguous; make it so first (.contiguous() in torch, "
-                              f"cupy.ascontiguousarray in CuPy)")
+            raise DeviceError(
+                f"from_dlpack: a {x.shape} array with strides {x.strides} is "
+                f"not C-contiguous; make it so first (.contiguous() in torch, "
+                f"cupy.ascontiguousarray in CuPy)"
+            )
         return DeviceMemory(self, x.data.ptr, x.nbytes, x).array(x.shape, x.dtype)

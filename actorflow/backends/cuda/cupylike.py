@@ -32,13 +32,16 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
-            "construct a NumPy array explicitly.")
+IMPLICIT = (
+    "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+    "construct a NumPy array explicitly."
+)
 
 
 class Pointer:
     """A device pointer as CuPy's ``MemoryPointer``: a buffer (a flat uint8 numpy array)
     and a byte offset into it; ``+ n`` moves it."""
+
     __slots__ = ("buf", "off")
 
     def __init__(self, buf: np.ndarray, off: int):
@@ -60,8 +63,7 @@ class CupyLikeArray(NDArrayOperatorsMixin):
         if memptr is None:
             self.a, self._ptr = np.empty(shape, dtype), None
         else:
-            self.a = np.ndarray(shape, dtype, buffer=memptr.buf, offset=memptr.off,
-                                strides=strides)
+            self.a = np.ndarray(shape, dtype, buffer=memptr.buf, offset=memptr.off, strides=strides)
             self._ptr = memptr
 
     @classmethod
@@ -74,8 +76,9 @@ class CupyLikeArray(NDArrayOperatorsMixin):
     @property
     def data(self) -> Pointer:
         if self._ptr is None:
-            raise TypeError("this array was made by a kernel, not over device memory: it has "
-                            "no pointer to view")
+            raise TypeError(
+                "this array was made by a kernel, not over device memory: it has no pointer to view"
+            )
         return self._ptr
 
     def get(self) -> np.ndarray:
@@ -84,7 +87,7 @@ class CupyLikeArray(NDArrayOperatorsMixin):
     def set(self, host) -> None:
         if not isinstance(host, np.ndarray) or host.shape != self.a.shape:
             raise ValueError(f"set: a numpy array of shape {self.a.shape} is needed")
-        if host.dtype != self.a.dtype:          # (CuPy's set does not convert either)
+        if host.dtype != self.a.dtype:  # (CuPy's set does not convert either)
             raise TypeError(f"set: a {host.dtype} array into a {self.a.dtype} one")
         if not self.a.flags.c_contiguous:
             raise RuntimeError("Cannot set to non-contiguous array")
@@ -95,9 +98,10 @@ class CupyLikeArray(NDArrayOperatorsMixin):
         raise TypeError(IMPLICIT)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        if method != "__call__":            # (CuPy: "`cupy_maximum.reduce` is not supported
-            raise NotImplementedError(      # yet"; no ``at`` through numpy at all)
-                f"`cupy_{ufunc.__name__}.{method}` is not supported through numpy")
+        if method != "__call__":  # (CuPy: "`cupy_maximum.reduce` is not supported
+            raise NotImplementedError(  # yet"; no ``at`` through numpy at all)
+                f"`cupy_{ufunc.__name__}.{method}` is not supported through numpy"
+            )
         args = [_unwrap(x, ufunc.__name__) for x in inputs]
         out = kwargs.get("out")
         if out is not None:
@@ -116,12 +120,14 @@ class CupyLikeArray(NDArrayOperatorsMixin):
         return _wrap(func(*args, **kwargs))
 
     def __getattr__(self, name):
-        if name.startswith("__"):       # (__array_interface__, __array_struct__, __dlpack__:
+        if name.startswith("__"):  # (__array_interface__, __array_struct__, __dlpack__:
             raise AttributeError(name)  # numpy would convert through them)
         value = getattr(self.a, name)
         if callable(value):
+
             def method(*args, **kwargs):
                 return _wrap(value(*_unwrap(args, name), **_unwrap(kwargs, name)))
+
             return method
         return _wrap(value)
 
@@ -129,8 +135,7 @@ class CupyLikeArray(NDArrayOperatorsMixin):
         return _wrap(self.a[_unwrap(key, "indexing", numpy_ok=True)])
 
     def __setitem__(self, key, value):
-        self.a[_unwrap(key, "indexing", numpy_ok=True)] = _unwrap(value, "setitem",
-                                                                   numpy_ok=True)
+        self.a[_unwrap(key, "indexing", numpy_ok=True)] = _unwrap(value, "setitem", numpy_ok=True)
 
     def __len__(self) -> int:
         return len(self.a)
@@ -168,8 +173,10 @@ def _unwrap(x, where: str, numpy_ok: bool = False):
     if cls is dict:
         return {k: _unwrap(v, where, numpy_ok) for k, v in x.items()}
     if isinstance(x, np.ndarray) and not numpy_ok:
-        raise TypeError(f"Unsupported type {np.ndarray} (a numpy array given to {where} "
-                        f"beside device arrays: CuPy refuses it)")
+        raise TypeError(
+            f"Unsupported type {np.ndarray} (a numpy array given to {where} "
+            f"beside device arrays: CuPy refuses it)"
+        )
     return x
 
 

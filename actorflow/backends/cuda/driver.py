@@ -51,6 +51,7 @@ class Kernel:
     a compiled driver packs each argument as); ``entry``: the ``extern "C"`` function of
     ``source`` when it is not ``name`` (a generated kernel is named by its op, for
     messages and injected faults)."""
+
     name: str
     reference: Callable | None = None
     source: str = ""
@@ -67,6 +68,7 @@ class DeviceMemory:
     """One block of device memory from a driver's pool: ``nbytes`` at address ``ptr``
     (a real address on a GPU, a made-up aligned one on the emulator). ``handle`` is the
     driver's own object for it."""
+
     driver: Driver
     ptr: int
     nbytes: int
@@ -81,14 +83,17 @@ class DeviceMemory:
         for s in shape:
             n *= s
         if offset < 0 or offset + n > self.nbytes:
-            raise ValueError(f"a {shape} {dtype.name} view at byte {offset} needs {offset + n} "
-                             f"bytes; the block at {self.ptr:#x} has {self.nbytes}")
+            raise ValueError(
+                f"a {shape} {dtype.name} view at byte {offset} needs {offset + n} "
+                f"bytes; the block at {self.ptr:#x} has {self.nbytes}"
+            )
         return DeviceArray(self, offset, shape, dtype)
 
 
 @dataclass(frozen=True, eq=False)
 class DeviceArray:
     """A contiguous typed view of device memory: what copies and kernels take."""
+
     memory: DeviceMemory
     offset: int
     shape: tuple
@@ -111,9 +116,11 @@ def raise_sticky(err: BaseException):
 def check_copy(dev: DeviceArray, other, op: str) -> None:
     """A copy's two sides must have the same bytes and dtype. Raises ValueError naming both."""
     if dev.nbytes != other.nbytes or dev.dtype != other.dtype:
-        raise ValueError(f"{op}: the device array is {dev.shape} {dev.dtype.name} "
-                         f"({dev.nbytes} bytes), the other side {tuple(other.shape)} "
-                         f"{other.dtype.name} ({other.nbytes} bytes); they must match")
+        raise ValueError(
+            f"{op}: the device array is {dev.shape} {dev.dtype.name} "
+            f"({dev.nbytes} bytes), the other side {tuple(other.shape)} "
+            f"{other.dtype.name} ({other.nbytes} bytes); they must match"
+        )
 
 
 class PoolCount:
@@ -125,16 +132,20 @@ class PoolCount:
     def __init__(self, device: str, limit: int | None = None):
         self.device, self.limit = device, limit
         self.lock = threading.Lock()
-        self.blocks: dict = {}              # ptr -> (DeviceMemory, the driver's own object)
+        self.blocks: dict = {}  # ptr -> (DeviceMemory, the driver's own object)
         self.in_use = self.peak = 0
 
     def check(self, nbytes: int) -> None:
         """Raises OutOfMemoryError when ``nbytes`` more would pass the limit (hold ``lock``)."""
         limit = self.limit
         if limit is not None and self.in_use + nbytes > limit:
-            raise OutOfMemoryError(self.device, nbytes, self.in_use, limit,
-                                   f"device memory ({nbytes:,} bytes asked, "
-                                   f"{self.in_use:,} in use, limit {limit:,})")
+            raise OutOfMemoryError(
+                self.device,
+                nbytes,
+                self.in_use,
+                limit,
+                f"device memory ({nbytes:,} bytes asked, {self.in_use:,} in use, limit {limit:,})",
+            )
 
     def add(self, mem: DeviceMemory, own=None) -> None:
         """Counts block ``mem`` (``own``: what keeps it allocated; hold ``lock``)."""
@@ -148,8 +159,10 @@ class PoolCount:
         with self.lock:
             entry = self.blocks.get(mem.ptr)
             if entry is None or entry[0] is not mem:
-                raise DeviceError(f"{self.device}: free of a block at {mem.ptr:#x} that is "
-                                  f"not allocated (freed twice, or another driver's)")
+                raise DeviceError(
+                    f"{self.device}: free of a block at {mem.ptr:#x} that is "
+                    f"not allocated (freed twice, or another driver's)"
+                )
             del self.blocks[mem.ptr]
             self.in_use -= mem.nbytes
             return entry[1]
@@ -167,6 +180,7 @@ class PoolCount:
 class MemoryInfo:
     """A driver pool's bytes: ``in_use`` (allocated, not freed), ``peak``, ``limit`` (None:
     the device's own size)."""
+
     device: str
     in_use: int
     peak: int
@@ -307,7 +321,7 @@ class Driver(ABC):
     def memory(self) -> MemoryInfo:
         """The pool's bytes."""
 
-    _streams: list               # every stream made, in order
+    _streams: list  # every stream made, in order
 
     # Whether a graph capture on this driver may hold a launch of a kernel's numpy
     # ``reference`` (the reference form): the emulator runs it anew at each replay, on host
@@ -326,14 +340,15 @@ class Driver(ABC):
         """Releases the driver's threads and memory (a no-op where there are none)."""
 
     # -- DLPack: device memory shared with other libraries, without a copy -----------------
-    dlpack = False      # whether its memory is a GPU's, which DLPack consumers can read
+    dlpack = False  # whether its memory is a GPU's, which DLPack consumers can read
 
     def _no_dlpack(self, what: str) -> DeviceError:
         return DeviceError(
             f"{what}: {self.device} runs on the {self.name} driver, whose device memory is "
             f"not a GPU's: no DLPack consumer could read it as CUDA memory. Go through the "
             f"host: t.to('cpu') exports a cpu tensor (kDLCPU), and a host array comes in "
-            f"with af.tensor(...) (or af.from_dlpack(x) of a cpu array, then .to(...))")
+            f"with af.tensor(...) (or af.from_dlpack(x) of a cpu array, then .to(...))"
+        )
 
     def export(self, array: DeviceArray, owner) -> object:
         """An object with ``__dlpack__``/``__dlpack_device__`` viewing ``array`` without a

@@ -53,8 +53,8 @@ from .driver import (
     raise_sticky,
 )
 
-_ALIGN = 256                    # cudaMalloc's alignment; the emulator's made-up addresses keep it
-_WORK, _CONTROL = 0, 1          # a sticky error skips work (kernels, copies), never control
+_ALIGN = 256  # cudaMalloc's alignment; the emulator's made-up addresses keep it
+_WORK, _CONTROL = 0, 1  # a sticky error skips work (kernels, copies), never control
 
 
 class EmuEvent(Event):
@@ -73,7 +73,7 @@ class EmuEvent(Event):
         self._recorded = self._low = 0
         self._ahead: set = set()
         self._errors: dict = {}
-        self._waiters: list = []           # (record number, fn) for then()
+        self._waiters: list = []  # (record number, fn) for then()
 
     def _bump(self) -> int:
         with self._driver._cv:
@@ -123,8 +123,10 @@ class EmuEvent(Event):
         with d._cv:
             n = self._recorded
             if not d._cv.wait_for(lambda: self._reached(n), d._limit(timeout)):
-                raise DeviceError(f"{d.device}: an event was not reached in "
-                                  f"{d._limit(timeout)} s: a stream is stuck or far behind")
+                raise DeviceError(
+                    f"{d.device}: an event was not reached in "
+                    f"{d._limit(timeout)} s: a stream is stuck or far behind"
+                )
             err = self._error_at(n)
         if err is not None:
             raise_sticky(err)
@@ -160,14 +162,15 @@ class EmuStream(Stream):
         self._driver = driver
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._issued = self._done = 0
-        self._error = None                  # the sticky error: the first kernel fault
+        self._error = None  # the sticky error: the first kernel fault
         self._capture: list | None = None
-        self._closed = None                 # once closed: the event recorded last
+        self._closed = None  # once closed: the event recorded last
         self._delay = driver.delay
         self._rng = random.Random(f"{driver.seed}:{index}") if driver.delay else None
-        self.delays: list = []              # the delays drawn, in order (with delay= only)
-        self._thread = threading.Thread(target=self._work, daemon=True,
-                                        name=f"af-emu-{driver.device}-{name}")
+        self.delays: list = []  # the delays drawn, in order (with delay= only)
+        self._thread = threading.Thread(
+            target=self._work, daemon=True, name=f"af-emu-{driver.device}-{name}"
+        )
         self._thread.start()
 
     def __repr__(self) -> str:
@@ -181,9 +184,11 @@ class EmuStream(Stream):
             self._capture.append(make)
             return
         if self._closed is not None:
-            raise DeviceError(f"stream {self.name} of {self._driver.device} is closed (a fault "
-                              f"reset its device's streams): issue on a stream of the "
-                              f"driver's making")
+            raise DeviceError(
+                f"stream {self.name} of {self._driver.device} is closed (a fault "
+                f"reset its device's streams): issue on a stream of the "
+                f"driver's making"
+            )
         cmd = make()
         with self._driver._cv:
             if self._driver._closed:
@@ -194,8 +199,10 @@ class EmuStream(Stream):
     def launch(self, kernel: Kernel, args: tuple, grid=None, block=None) -> None:
         ref = kernel.reference
         if ref is None:
-            raise DeviceError(f"kernel {kernel.name!r} has no numpy reference: the CUDA "
-                              f"emulator runs a kernel's reference; give Kernel(reference=...)")
+            raise DeviceError(
+                f"kernel {kernel.name!r} has no numpy reference: the CUDA "
+                f"emulator runs a kernel's reference; give Kernel(reference=...)"
+            )
         d = self._driver
         # an op's numpy kernel (no CUDA C source: what CuPy runs over cupy arrays) sees
         # arrays under CuPy's rules (cupylike.py); a generated kernel's reference, numpy views
@@ -208,30 +215,42 @@ class EmuStream(Stream):
         def run(stream):
             d._maybe_fail(kernel.name)
             ref(*[view(a) if isinstance(a, DeviceArray) else a for a in args])
+
         self._issue(lambda: (_WORK, run, kernel.name))
 
     def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
         _same(dst, src, "copy_h2d")
         view = self._driver._view
-        self._issue(lambda: (_WORK, lambda s: np.copyto(view(dst), src.reshape(dst.shape),
-                                                        casting="no"), "copy_h2d"))
+        self._issue(
+            lambda: (
+                _WORK,
+                lambda s: np.copyto(view(dst), src.reshape(dst.shape), casting="no"),
+                "copy_h2d",
+            )
+        )
 
     def copy_d2h(self, dst: np.ndarray, src: DeviceArray) -> None:
         _same(src, dst, "copy_d2h")
         view = self._driver._view
-        self._issue(lambda: (_WORK, lambda s: np.copyto(dst, view(src).reshape(dst.shape),
-                                                        casting="no"), "copy_d2h"))
+        self._issue(
+            lambda: (
+                _WORK,
+                lambda s: np.copyto(dst, view(src).reshape(dst.shape), casting="no"),
+                "copy_d2h",
+            )
+        )
 
     def copy_d2d(self, dst: DeviceArray, src: DeviceArray) -> None:
         _same(dst, src, "copy_d2d")
         view = self._driver._view
-        self._issue(lambda: (_WORK, lambda s: np.copyto(view(dst), view(src), casting="no"),
-                             "copy_d2d"))
+        self._issue(
+            lambda: (_WORK, lambda s: np.copyto(view(dst), view(src), casting="no"), "copy_d2d")
+        )
 
     def record(self, event: EmuEvent | None = None) -> EmuEvent:
         ev = self._driver.event() if event is None else event
         last = self._closed
-        if last is not None:                 # closed: reached once its last record is
+        if last is not None:  # closed: reached once its last record is
             n = ev._bump()
             last.then(lambda: ev._complete(n, self._error))
             return ev
@@ -239,6 +258,7 @@ class EmuStream(Stream):
         def make():
             n = ev._bump()
             return _CONTROL, lambda s: ev._complete(n, s._error, s), "record"
+
         self._issue(make)
         return ev
 
@@ -254,21 +274,29 @@ class EmuStream(Stream):
                     ok = d._cv.wait_for(lambda: event._reached(n), d.timeout)
                     err = event._error_at(n)
                 if not ok:
-                    err = KernelError.of("wait", d.device, DeviceError(
-                        f"stream {s.name} waited {d.timeout} s for an event that no stream "
-                        f"reached"))
+                    err = KernelError.of(
+                        "wait",
+                        d.device,
+                        DeviceError(
+                            f"stream {s.name} waited {d.timeout} s for an event that no stream "
+                            f"reached"
+                        ),
+                    )
                 if err is not None and s._error is None and (errors or not ok):
-                    s._error = err           # a fault before the record reaches its waiters
+                    s._error = err  # a fault before the record reaches its waiters
+
             return _CONTROL, run, "wait"
+
         self._issue(make)
 
     def add_callback(self, fn) -> None:
         def run(s):
             try:
                 fn()
-            except Exception as e:           # a host function must not kill the stream
+            except Exception as e:  # a host function must not kill the stream
                 if s._error is None:
                     s._error = KernelError.of("host callback", self._driver.device, e)
+
         self._issue(lambda: (_CONTROL, run, "callback"))
 
     # -- waiting ---------------------------------------------------------------------------
@@ -282,13 +310,17 @@ class EmuStream(Stream):
     def synchronize(self, timeout: float | None = None) -> None:
         d = self._driver
         if self._capture is not None:
-            raise DeviceError(f"stream {self.name} is capturing a graph: synchronizing it is "
-                              f"not allowed until end_capture()")
+            raise DeviceError(
+                f"stream {self.name} is capturing a graph: synchronizing it is "
+                f"not allowed until end_capture()"
+            )
         with d._cv:
             n = self._issued
             if not d._cv.wait_for(lambda: self._done >= n, d._limit(timeout)):
-                raise DeviceError(f"{d.device}: stream {self.name} did not finish its "
-                                  f"commands in {d._limit(timeout)} s")
+                raise DeviceError(
+                    f"{d.device}: stream {self.name} did not finish its "
+                    f"commands in {d._limit(timeout)} s"
+                )
         if self._error is not None:
             raise_sticky(self._error)
 
@@ -301,7 +333,7 @@ class EmuStream(Stream):
         self._capture = None
         last = self.record()
         self._closed = last
-        self._q.put(None)                    # the thread ends after what was issued
+        self._q.put(None)  # the thread ends after what was issued
 
     # -- capture -----------------------------------------------------------------------------
     def begin_capture(self) -> None:
@@ -332,7 +364,7 @@ class EmuStream(Stream):
                 self.delays.append(t)
                 time.sleep(t)
             if kind == _CONTROL:
-                if fn(self) is True:         # a record: counted as it completed
+                if fn(self) is True:  # a record: counted as it completed
                     continue
             elif self._error is None:
                 try:
@@ -363,20 +395,27 @@ class EmuDriver(Driver):
     """
 
     name = "emu"
-    captures_allocations = True          # a replay runs each reference anew, on host memory
+    captures_allocations = True  # a replay runs each reference anew, on host memory
 
-    def __init__(self, device: str = "cuda:0", limit: int | None = None, delay: float = 0.0,
-                 seed: int = 0, timeout: float = 60.0, strict: bool = True):
+    def __init__(
+        self,
+        device: str = "cuda:0",
+        limit: int | None = None,
+        delay: float = 0.0,
+        seed: int = 0,
+        timeout: float = 60.0,
+        strict: bool = True,
+    ):
         self.device = str(device)
         self.strict = strict
         self.delay, self.seed, self.timeout = float(delay), seed, timeout
-        self._cv = threading.Condition()     # guards counts and events; notified on completion
+        self._cv = threading.Condition()  # guards counts and events; notified on completion
         self._pool = PoolCount(self.device, limit)
-        self._mem_lock = self._pool.lock     # (the injected faults' lock too)
+        self._mem_lock = self._pool.lock  # (the injected faults' lock too)
         self._next_ptr = 1 << 32
         self._streams: list = []
         self._closed = False
-        self._kernel_faults: list = []       # [name or None, error, count]
+        self._kernel_faults: list = []  # [name or None, error, count]
         self._alloc_faults = 0
 
     def _limit(self, timeout):
@@ -416,8 +455,13 @@ class EmuDriver(Driver):
         with pool.lock:
             if self._alloc_faults:
                 self._alloc_faults -= 1
-                raise OutOfMemoryError(self.device, nbytes, pool.in_use, pool.limit or 0,
-                                       "device memory (an injected fault)")
+                raise OutOfMemoryError(
+                    self.device,
+                    nbytes,
+                    pool.in_use,
+                    pool.limit or 0,
+                    "device memory (an injected fault)",
+                )
             pool.check(nbytes)
             ptr = self._next_ptr
             self._next_ptr += max(-(-nbytes // _ALIGN), 1) * _ALIGN
@@ -440,20 +484,23 @@ class EmuDriver(Driver):
 
     def _check_live(self, a: DeviceArray, op: str) -> None:
         if not self._pool.live(a.memory):
-            raise DeviceError(f"{op}: device memory at {a.memory.ptr:#x} is not allocated on "
-                              f"{self.device} (used after free, or another device's)")
+            raise DeviceError(
+                f"{op}: device memory at {a.memory.ptr:#x} is not allocated on "
+                f"{self.device} (used after free, or another device's)"
+            )
 
     @staticmethod
     def _view(a: DeviceArray) -> np.ndarray:
-        return a.memory.handle[a.offset:a.offset + a.nbytes].view(a.dtype).reshape(a.shape)
+        return a.memory.handle[a.offset : a.offset + a.nbytes].view(a.dtype).reshape(a.shape)
 
     @classmethod
     def _cupylike_view(cls, a: DeviceArray) -> CupyLikeArray:
         return CupyLikeArray.of(cls._view(a), a.memory.handle, a.offset)
 
     # -- injected faults -----------------------------------------------------------------------
-    def fail_kernel(self, name: str | None = None, error: Exception | None = None,
-                    count: int = 1) -> None:
+    def fail_kernel(
+        self, name: str | None = None, error: Exception | None = None, count: int = 1
+    ) -> None:
         """The next ``count`` runs of kernel ``name`` (any kernel if None) raise ``error``
         (a RuntimeError by default) on their stream instead of running."""
         err = error or RuntimeError(f"injected fault in kernel {name or '(any)'}")

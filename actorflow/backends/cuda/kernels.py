@@ -56,9 +56,15 @@ from ...errors import DeviceError, DTypeError
 
 # -- what a kernel is -----------------------------------------------------------------
 
-CTYPE = {"bool": "bool", "int32": "int", "int64": "long long", "float16": "af_half",
-         "float32": "float", "float64": "double"}
-MATH = {"float16": "float", "float32": "float", "float64": "double"}   # float math type
+CTYPE = {
+    "bool": "bool",
+    "int32": "int",
+    "int64": "long long",
+    "float16": "af_half",
+    "float32": "float",
+    "float64": "double",
+}
+MATH = {"float16": "float", "float32": "float", "float64": "double"}  # float math type
 DTYPES = tuple(CTYPE)
 
 
@@ -71,6 +77,7 @@ class KernelSource:
     as a uint16), ``"n"`` the element count as int64, ``"zero"`` a pointer to an int32 the
     kernel sets to 1 on an integer division by zero) and ``vector`` (elements per thread in
     the main loop: 4 for the float4 form, else 1)."""
+
     name: str
     source: str
     dtypes: tuple
@@ -91,6 +98,7 @@ class KernelSource:
 class Value:
     """An input of a run: ``name``, ``dtype`` (a dtype name) and ``layout`` (``"full"`` or
     ``"scalar"``)."""
+
     name: str
     dtype: str
     layout: str = "full"
@@ -104,6 +112,7 @@ class Step:
     it); ``attrs``: the attributes fixed in the source (gelu's ``approximate``,
     clamp_tensor's ``bounds``); ``compute``: a comparison's operand dtype when a 0-d
     operand ranks below a dimensioned one (the caller's ``_common_np``), else None."""
+
     out: str
     op: str
     args: tuple
@@ -116,6 +125,7 @@ class Step:
 @dataclass(frozen=True)
 class FusedRun:
     """A chain of elementwise ops over named values (see the module docstring)."""
+
     inputs: tuple
     steps: tuple
     outputs: tuple = field(default=())
@@ -126,24 +136,62 @@ class FusedRun:
 # floor, remainder, trunc, with the zero flag for integers), or to their common dtype for a
 # bool result (comparisons, logical and/or on truth values), as the numpy kernels do.
 
-UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "tanh", "sin", "cos", "rsqrt", "erf", "relu",
-             "sigmoid", "silu", "gelu", "logical_not", "bitwise_not")
-BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
-              "gt", "ge", "logical_and", "logical_or", "floor_divide", "remainder",
-              "trunc_divide", "bitwise_and", "bitwise_or", "bitwise_xor")
+UNARY_OPS = (
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "tanh",
+    "sin",
+    "cos",
+    "rsqrt",
+    "erf",
+    "relu",
+    "sigmoid",
+    "silu",
+    "gelu",
+    "logical_not",
+    "bitwise_not",
+)
+BINARY_OPS = (
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "floor_divide",
+    "remainder",
+    "trunc_divide",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+)
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _LOGIC = {"logical_and": "&&", "logical_or": "||"}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _INTDIV = ("floor_divide", "remainder", "trunc_divide")
-COMPARE_OPS = tuple(_CMP) + tuple(_LOGIC)    # binary ops computing in the operands' common dtype
+COMPARE_OPS = tuple(_CMP) + tuple(_LOGIC)  # binary ops computing in the operands' common dtype
 OTHER_OPS = ("clamp", "clamp_tensor", "where", "cast", "copy")
 SCALAR_OPS = tuple(p + b + "_scalar" for b in BINARY_OPS for p in ("", "r"))
 OPS = UNARY_OPS + BINARY_OPS + SCALAR_OPS + OTHER_OPS
 
 
 def _unsupported(op, dtype, why="") -> DTypeError:
-    return DTypeError(f"CUDA kernel for '{op}' in {dtype}: not supported{why}; the numpy "
-                      f"kernel does not compute it either (see actorflow/ops/)")
+    return DTypeError(
+        f"CUDA kernel for '{op}' in {dtype}: not supported{why}; the numpy "
+        f"kernel does not compute it either (see actorflow/ops/)"
+    )
 
 
 class _Emitter:
@@ -151,10 +199,10 @@ class _Emitter:
 
     def __init__(self, run: FusedRun):
         self.run = run
-        self.types: dict = {}          # value name -> dtype name
+        self.types: dict = {}  # value name -> dtype name
         self.lines: list = []
-        self.params: list = []         # scalar params: (name, dtype)
-        self.zero = False              # an integer division: the zero flag is needed
+        self.params: list = []  # scalar params: (name, dtype)
+        self.zero = False  # an integer division: the zero flag is needed
         self.tmp = 0
 
     def var(self, name: str) -> str:
@@ -183,33 +231,41 @@ class _Emitter:
     def emit(self) -> None:
         for v in self.run.inputs:
             if v.dtype not in CTYPE or v.layout not in ("full", "scalar"):
-                raise DTypeError(f"CUDA kernel input {v.name!r}: dtype {v.dtype!r} / layout "
-                                 f"{v.layout!r}; dtypes {', '.join(DTYPES)}, layouts full or "
-                                 f"scalar")
+                raise DTypeError(
+                    f"CUDA kernel input {v.name!r}: dtype {v.dtype!r} / layout "
+                    f"{v.layout!r}; dtypes {', '.join(DTYPES)}, layouts full or "
+                    f"scalar"
+                )
             self._define(v.name, v.dtype, "input")
         for k, s in enumerate(self.run.steps):
             if s.op not in OPS:
-                raise DeviceError(f"no CUDA kernel for op '{s.op}': the generator covers "
-                                  f"the elementwise ops {', '.join(OPS)}; run the op on "
-                                  f"'cpu'")
+                raise DeviceError(
+                    f"no CUDA kernel for op '{s.op}': the generator covers "
+                    f"the elementwise ops {', '.join(OPS)}; run the op on "
+                    f"'cpu'"
+                )
             for a in s.args:
                 if a not in self.types:
-                    raise ValueError(f"run step {k} ({s.op}): value {a!r} is not defined "
-                                     f"before it")
+                    raise ValueError(f"run step {k} ({s.op}): value {a!r} is not defined before it")
             if s.dtype not in CTYPE:
-                raise DTypeError(f"run step {k} ({s.op}): dtype {s.dtype!r}; the kernels "
-                                 f"cover {', '.join(DTYPES)}")
+                raise DTypeError(
+                    f"run step {k} ({s.op}): dtype {s.dtype!r}; the kernels "
+                    f"cover {', '.join(DTYPES)}"
+                )
             expr = self.step(k, s)
             self._define(s.out, s.dtype, f"step {k} ({s.op})")
             self.lines.append(f"{CTYPE[s.dtype]} {self.var(s.out)} = {expr};")
 
     def _define(self, name: str, dtype: str, what: str) -> None:
         if not (name.isidentifier() and name.isascii()):
-            raise ValueError(f"run {what}: value name {name!r} is not an identifier; name "
-                             f"values with letters, digits and _")
+            raise ValueError(
+                f"run {what}: value name {name!r} is not an identifier; name "
+                f"values with letters, digits and _"
+            )
         if name in self.types:
-            raise ValueError(f"run {what}: value {name!r} is defined twice; each step "
-                             f"writes a new value")
+            raise ValueError(
+                f"run {what}: value {name!r} is defined twice; each step writes a new value"
+            )
         self.types[name] = dtype
 
     # -- one step -------------------------------------------------------------------------
@@ -224,7 +280,7 @@ class _Emitter:
         if op.endswith("_scalar"):
             rev = op.startswith("r") and op[1:-7] in BINARY_OPS and op[:-7] not in BINARY_OPS
             base = op[1:-7] if rev else op[:-7]
-            (x, xt), = args
+            ((x, xt),) = args
             pt = scal["scalar"]
             if base in _CMP or base in _LOGIC:
                 ct = _weak(xt, pt)
@@ -275,8 +331,23 @@ class _Emitter:
 
     def unary(self, op: str, x: str, o: str, attrs: dict) -> str:
         fl = o in MATH
-        if op in ("exp", "log", "sqrt", "tanh", "sin", "cos", "rsqrt", "erf", "sigmoid",
-                  "silu", "gelu") and not fl:
+        if (
+            op
+            in (
+                "exp",
+                "log",
+                "sqrt",
+                "tanh",
+                "sin",
+                "cos",
+                "rsqrt",
+                "erf",
+                "sigmoid",
+                "silu",
+                "gelu",
+            )
+            and not fl
+        ):
             raise _unsupported(op, o)
         if op == "neg":
             if o == "bool":
@@ -538,8 +609,9 @@ def _name(run: FusedRun, vector: int) -> str:
 
 def vectorizable(run: FusedRun) -> bool:
     """Every value of the run is float32 (then the float4 form applies)."""
-    return (all(v.dtype == "float32" for v in run.inputs)
-            and all(s.dtype == "float32" for s in run.steps))
+    return all(v.dtype == "float32" for v in run.inputs) and all(
+        s.dtype == "float32" for s in run.steps
+    )
 
 
 def fused(run: FusedRun, vector: int = 1) -> KernelSource:
@@ -553,8 +625,10 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
         raise ValueError("a run needs at least one step")
     outputs = tuple(run.outputs) or (run.steps[-1].out,)
     if vector not in (1, 4) or (vector == 4 and not vectorizable(run)):
-        raise ValueError(f"vector={vector}: the float4 form is for runs whose values are all "
-                         f"float32; use vector=1")
+        raise ValueError(
+            f"vector={vector}: the float4 form is for runs whose values are all "
+            f"float32; use vector=1"
+        )
     em = _Emitter(run)
     em.emit()
     for o in outputs:
@@ -564,19 +638,23 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
     ins = run.inputs
     full = [v for v in ins if v.layout == "full"]
     # element function: inputs by value, outputs by reference
-    sig = ([f"{CTYPE[v.dtype]} {em.var(v.name)}" for v in ins]
-           + [f"{CTYPE[t]} {p}" for p, t in em.params]
-           + [f"{CTYPE[em.types[o]]}& r{j}" for j, o in enumerate(outputs)]
-           + ["int* zero"])
+    sig = (
+        [f"{CTYPE[v.dtype]} {em.var(v.name)}" for v in ins]
+        + [f"{CTYPE[t]} {p}" for p, t in em.params]
+        + [f"{CTYPE[em.types[o]]}& r{j}" for j, o in enumerate(outputs)]
+        + ["int* zero"]
+    )
     body = [f"static __device__ __forceinline__ void {name}_elem({', '.join(sig)}) {{"]
     body += ["    " + ln for ln in em.lines]
     body += [f"    r{j} = {em.var(o)};" for j, o in enumerate(outputs)]
     body.append("}")
-    params = ([(f"out{j}", "out", em.types[o]) for j, o in enumerate(outputs)]
-              + [(f"in_{v.name}", "in", v.dtype) for v in ins]
-              + [(p, "scalar", t) for p, t in em.params]
-              + [("n", "n", "int64")]
-              + ([("zero", "zero", "int32")] if em.zero else []))
+    params = (
+        [(f"out{j}", "out", em.types[o]) for j, o in enumerate(outputs)]
+        + [(f"in_{v.name}", "in", v.dtype) for v in ins]
+        + [(p, "scalar", t) for p, t in em.params]
+        + [("n", "n", "int64")]
+        + ([("zero", "zero", "int32")] if em.zero else [])
+    )
     cparams = []
     for p, kind, t in params:
         if kind == "out":
@@ -590,17 +668,27 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
         else:
             cparams.append("int* zero")
     k = [f'extern "C" __global__ void {name}({", ".join(cparams)}) {{']
-    k += [f"    const {CTYPE[v.dtype]} sc_{v.name} = in_{v.name}[0];"
-          for v in ins if v.layout == "scalar"]
+    k += [
+        f"    const {CTYPE[v.dtype]} sc_{v.name} = in_{v.name}[0];"
+        for v in ins
+        if v.layout == "scalar"
+    ]
     if not em.zero:
         k.append("    int* zero = nullptr;")
     k.append("    long long stride = (long long)gridDim.x * blockDim.x;")
     k.append("    long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
 
     def call(index: str, lane: str = "") -> list:
-        args = [(f"in_{v.name}[{index}]" if v.layout == "full" and not lane
-                 else f"x_{v.name}{lane}" if v.layout == "full" else f"sc_{v.name}")
-                for v in ins]
+        args = [
+            (
+                f"in_{v.name}[{index}]"
+                if v.layout == "full" and not lane
+                else f"x_{v.name}{lane}"
+                if v.layout == "full"
+                else f"sc_{v.name}"
+            )
+            for v in ins
+        ]
         args += [p for p, _ in em.params]
         if lane:
             args += [f"y{j}{lane}" for j in range(len(outputs))]
@@ -612,13 +700,15 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
     if vector == 4:
         ptrs = [f"out{j}" for j in range(len(outputs))] + [f"in_{v.name}" for v in full]
         k.append("    long long n4 = 0;")
-        k.append("    if (((" + " | ".join(f"(unsigned long long){p}" for p in ptrs)
-                 + ") & 15) == 0) {")
+        k.append(
+            "    if (((" + " | ".join(f"(unsigned long long){p}" for p in ptrs) + ") & 15) == 0) {"
+        )
         k.append("        n4 = n / 4;")
         k.append("        for (long long j = first; j < n4; j += stride) {")
         for v in full:
-            k.append(f"            float4 x_{v.name} = "
-                     f"reinterpret_cast<const float4*>(in_{v.name})[j];")
+            k.append(
+                f"            float4 x_{v.name} = reinterpret_cast<const float4*>(in_{v.name})[j];"
+            )
         for j in range(len(outputs)):
             k.append(f"            float4 y{j};")
         for lane in (".x", ".y", ".z", ".w"):
@@ -637,9 +727,16 @@ def fused(run: FusedRun, vector: int = 1) -> KernelSource:
     return KernelSource(name, source, dtypes, tuple(params), vector)
 
 
-def elementwise(op: str, dtype: str, inputs: tuple, layouts: tuple | None = None,
-                scalars: tuple = (), attrs: tuple = (), compute: str | None = None,
-                vector: int = 1) -> KernelSource:
+def elementwise(
+    op: str,
+    dtype: str,
+    inputs: tuple,
+    layouts: tuple | None = None,
+    scalars: tuple = (),
+    attrs: tuple = (),
+    compute: str | None = None,
+    vector: int = 1,
+) -> KernelSource:
     """The kernel of one op: ``dtype`` is its output dtype (the registry's inference),
     ``inputs`` the dtype names of its tensor inputs in the registry's order, ``layouts``
     each one's layout (all ``"full"`` by default); ``scalars``, ``attrs`` and ``compute``
@@ -647,7 +744,9 @@ def elementwise(op: str, dtype: str, inputs: tuple, layouts: tuple | None = None
     these dtypes)."""
     layouts = layouts or ("full",) * len(inputs)
     names = [f"a{j}" for j in range(len(inputs))]
-    run = FusedRun(tuple(Value(nm, t, lay) for nm, t, lay in zip(names, inputs, layouts, strict=True)),
-                   (Step("out", op, tuple(names), dtype, tuple(scalars), tuple(attrs),
-                         compute),), ("out",))
+    run = FusedRun(
+        tuple(Value(nm, t, lay) for nm, t, lay in zip(names, inputs, layouts, strict=True)),
+        (Step("out", op, tuple(names), dtype, tuple(scalars), tuple(attrs), compute),),
+        ("out",),
+    )
     return fused(run, vector)

@@ -15,17 +15,18 @@ import threading
 
 from ...errors import DeviceError, KernelCompileError
 
-_CACHE: dict = {}          # (source key, arch) -> PTX bytes
+_CACHE: dict = {}  # (source key, arch) -> PTX bytes
 _LOCK = threading.Lock()
 _CACHE_MAX = 4096
-_CHECKED: set = set()    # (source key, arch) compiled in a batch of compile_together
+_CHECKED: set = set()  # (source key, arch) compiled in a batch of compile_together
 
 
 def _nvrtc():
     try:
         from cuda.bindings import nvrtc
+
         nvrtc.nvrtcVersion()
-    except Exception as e:      # noqa: BLE001 - ImportError, or the library not found
+    except Exception as e:  # noqa: BLE001 - ImportError, or the library not found
         raise DeviceError(
             f"NVRTC is not available ({type(e).__name__}: {e}); install the nvrtc extra: "
             f"pip install 'actorflow[nvrtc]' (cuda-bindings 12 and nvidia-cuda-nvrtc-cu12)"
@@ -73,13 +74,16 @@ def compile_ptx(src, arch: str = "compute_90") -> bytes:
         return ptx
     nvrtc = _nvrtc()
     filename = f"{src.name}.cu".encode()
-    prog, = _check(nvrtc, nvrtc.nvrtcCreateProgram(src.source.encode(), filename, 0, [], []),
-                   "nvrtcCreateProgram")
+    (prog,) = _check(
+        nvrtc,
+        nvrtc.nvrtcCreateProgram(src.source.encode(), filename, 0, [], []),
+        "nvrtcCreateProgram",
+    )
     try:
         opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
-        result, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            size, = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            (size,) = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
             log = b" " * size
             _check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
             log = log.rstrip(b"\x00 ").decode(errors="replace")
@@ -87,8 +91,9 @@ def compile_ptx(src, arch: str = "compute_90") -> bytes:
                 f"CUDA kernel {src.name} does not compile for {arch} ({result.name}); "
                 f"NVRTC's log:\n{log}\nsource ({src.name}.cu):\n{numbered(src.source)}\n"
                 f"This is a bug in the kernel generator "
-                f"(actorflow/backends/cuda/kernels.py); please report it with this message")
-        size, = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+                f"(actorflow/backends/cuda/kernels.py); please report it with this message"
+            )
+        (size,) = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
         ptx = b" " * size
         _check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
     finally:
@@ -114,6 +119,7 @@ def compile_together(sources, arch: str = "compute_90") -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from .kernels import PRELUDE, KernelSource
+
     todo, seen = [], set()
     for s in sources:
         if s.key in seen or (s.key, arch) in _CACHE or (s.key, arch) in _CHECKED:
@@ -130,9 +136,12 @@ def compile_together(sources, arch: str = "compute_90") -> None:
 
     def check(k: int) -> None:
         chunk = chunks[k]
-        together = KernelSource(f"af_batch_{k}_{len(chunk)}",
-                                PRELUDE + "".join(s.source[len(PRELUDE):] for s in chunk),
-                                (), ())
+        together = KernelSource(
+            f"af_batch_{k}_{len(chunk)}",
+            PRELUDE + "".join(s.source[len(PRELUDE) :] for s in chunk),
+            (),
+            (),
+        )
         try:
             compile_ptx(together, arch)
         except KernelCompileError:
@@ -144,6 +153,7 @@ def compile_together(sources, arch: str = "compute_90") -> None:
             if len(_CHECKED) + len(chunk) > _CACHE_MAX * 4:
                 _CHECKED.clear()
             _CHECKED.update((s.key, arch) for s in chunk)
+
     if n == 1:
         check(0)
         return

@@ -14,7 +14,7 @@ from ...errors import DeviceError
 from .. import forget_backends
 from .driver import Driver
 
-_FACTORY: list = [None]          # what use_driver set: a callable(device) -> Driver, or None
+_FACTORY: list = [None]  # what use_driver set: a callable(device) -> Driver, or None
 _DRIVERS: dict = {}
 _LOCK = threading.Lock()
 
@@ -56,9 +56,13 @@ def _make(device: str) -> Driver:
     choice = os.environ.get("AF_CUDA", "").strip().lower()
     if choice == "emu":
         from .emu import EmuDriver
+
         return EmuDriver(device)
     if choice not in ("", "cupy"):
-        raise DeviceError(f"AF_CUDA={choice!r} names no CUDA driver: use AF_CUDA=emu for the "
-                          f"CPU emulator, or leave it unset (or AF_CUDA=cupy) for CuPy")
+        raise DeviceError(
+            f"AF_CUDA={choice!r} names no CUDA driver: use AF_CUDA=emu for the "
+            f"CPU emulator, or leave it unset (or AF_CUDA=cupy) for CuPy"
+        )
     from .cupy_driver import CupyDriver
+
     return CupyDriver(device)

@@ -24,8 +24,9 @@ def _with_grads(name: str, parameters) -> list:
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     for p in params:
         if not isinstance(p, Tensor):
-            raise TypeError(f"{name}: parameters must be tensors (model.parameters()), got "
-                            f"{type(p).__name__}")
+            raise TypeError(
+                f"{name}: parameters must be tensors (model.parameters()), got {type(p).__name__}"
+            )
     return [p for p in params if p.grad is not None]
 
 
@@ -58,8 +59,13 @@ def _norm(g, p: float):
     return F.pow(F.sum(F.pow(F.abs(g), p)), 1.0 / p)
 
 
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False, foreach=None):
+def clip_grad_norm_(
+    parameters,
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach=None,
+):
     """Scales the gradients of ``parameters`` (those that have one) by ``min(1, max_norm /
     (total + 1e-6))``, where ``total`` is the ``norm_type`` norm of all of them together
     (the norm of their norms; ``inf`` the largest magnitude), as PyTorch's.
@@ -86,18 +92,22 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
             return tensor(0.0)
         grads = [p.grad for p in params]
         norms = [_norm(g, norm_type) for g in grads]
-        total = _norm(F.stack(norms), norm_type)   # (also of one: order 0 counts it 1)
+        total = _norm(F.stack(norms), norm_type)  # (also of one: order 0 counts it 1)
         if error_if_nonfinite:
             if any(_traced(g) for g in grads):
-                raise TraceError("clip_grad_norm_(error_if_nonfinite=True) reads the total "
-                                 "norm's value, which a traced nn.Graph step does not have; "
-                                 "pass error_if_nonfinite=False inside build (and check the "
-                                 "norm the step returns)")
+                raise TraceError(
+                    "clip_grad_norm_(error_if_nonfinite=True) reads the total "
+                    "norm's value, which a traced nn.Graph step does not have; "
+                    "pass error_if_nonfinite=False inside build (and check the "
+                    "norm the step returns)"
+                )
             value = total.item()
             if math.isnan(value) or math.isinf(value):
-                raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of "
-                                   f"the gradients is {value}, so it cannot be clipped; pass "
-                                   f"error_if_nonfinite=False to scale them by it anyway")
+                raise RuntimeError(
+                    f"clip_grad_norm_: the total norm of order {norm_type} of "
+                    f"the gradients is {value}, so it cannot be clipped; pass "
+                    f"error_if_nonfinite=False to scale them by it anyway"
+                )
         coef = F.clamp(F.div(max_norm, F.add(total, 1e-6)), max=1.0)
         for p in params:
             _set(p, lambda g: F.mul(g, coef), lambda g: F.mul_(g, coef))
@@ -110,5 +120,8 @@ def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
     clip_value = float(clip_value)
     with no_grad():
         for p in _with_grads("clip_grad_value_", parameters):
-            _set(p, lambda g: F.clamp(g, -clip_value, clip_value),
-                 lambda g: F.clamp_(g, -clip_value, clip_value))
+            _set(
+                p,
+                lambda g: F.clamp(g, -clip_value, clip_value),
+                lambda g: F.clamp_(g, -clip_value, clip_value),
+            )

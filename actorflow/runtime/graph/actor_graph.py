@@ -79,20 +79,31 @@ class ActorGraph(OwnsProcesses):
             budget, ``True`` always, ``False`` never (the plan is refused instead).
     """
 
-    def __init__(self, memory: dict | None = None, resources: dict | None = None,
-                 buffers=None, seed=None, output_buffers: int = 16, share="auto"):
-        MemoryBudget(memory)                            # validates the budgets now
+    def __init__(
+        self,
+        memory: dict | None = None,
+        resources: dict | None = None,
+        buffers=None,
+        seed=None,
+        output_buffers: int = 16,
+        share="auto",
+    ):
+        MemoryBudget(memory)  # validates the budgets now
         self.memory = dict(memory or {})
         self.resources = {}
         for name, n in (resources or {}).items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise PlanError(f"resources={{{name!r}: {n!r}}}: a resource needs a whole "
-                                f"number of tokens >= 1")
+                raise PlanError(
+                    f"resources={{{name!r}: {n!r}}}: a resource needs a whole number of tokens >= 1"
+                )
             self.resources[name] = n
         self.buffers = None if buffers is None else check_buffers(buffers, "ActorGraph")
         self.seed = seed
-        if not isinstance(output_buffers, int) or isinstance(output_buffers, bool) \
-                or output_buffers < 1:
+        if (
+            not isinstance(output_buffers, int)
+            or isinstance(output_buffers, bool)
+            or output_buffers < 1
+        ):
             raise ValueError(f"output_buffers must be an int >= 1, got {output_buffers!r}")
         self.output_buffers = output_buffers
         if share not in ("auto", True, False):
@@ -107,18 +118,19 @@ class ActorGraph(OwnsProcesses):
         self._running = False
         self._lock = threading.Lock()
         self._picks = None
-        self.yields_nothing = False       # a traced function that returns nothing: a run
-        #                                   yields None per piece (nn.Graph's step)
-        self.replay = None                # set by the builder of a traced step: runs one
-        #                                   piece through the op actors in recorded order
-        self._current = None              # (scheduler, plan) of the run going on
-        self._stragglers = None           # the last run's ledger (see join())
-        self._measured: dict = {}         # actor name -> seconds per act, last run
-        self._local = True                # plans are for this process's engine (else the
-        #                                   default is its floor: see run())
+        self.yields_nothing = False  # a traced function that returns nothing: a run
+        #                              yields None per piece (nn.Graph's step)
+        self.replay = None  # set by the builder of a traced step: runs one
+        #                     piece through the op actors in recorded order
+        self._current = None  # (scheduler, plan) of the run going on
+        self._stragglers = None  # the last run's ledger (see join())
+        self._measured: dict = {}  # actor name -> seconds per act, last run
+        self._local = True  # plans are for this process's engine (else the
+        #                     default is its floor: see run())
 
-    def _set_outputs(self, sinks: list, picks: list, structure,
-                     yields_nothing: bool = False) -> None:
+    def _set_outputs(
+        self, sinks: list, picks: list, structure, yields_nothing: bool = False
+    ) -> None:
         """Runs yield ``structure`` from ``picks`` of the sinks (a traced function's value);
         ``yields_nothing``: the function returns nothing (the caller yields None)."""
         self.sinks = [(a, a.name) for a in sinks]
@@ -129,8 +141,10 @@ class ActorGraph(OwnsProcesses):
     def _add(self, actor: Actor) -> Actor:
         for p in actor.inputs:
             if not isinstance(p, Actor) or p not in self.actors:
-                raise TypeError(f"actor {actor.name!r}: its inputs must be actors of this graph "
-                                f"(what source/actor/op returned), got {p!r}")
+                raise TypeError(
+                    f"actor {actor.name!r}: its inputs must be actors of this graph "
+                    f"(what source/actor/op returned), got {p!r}"
+                )
         self.actors.append(actor)
         self._names.add(actor.name)
         for p in actor.inputs:
@@ -152,8 +166,18 @@ class ActorGraph(OwnsProcesses):
             cand = f"{base}_{n}"
         return cand
 
-    def source(self, source, out=None, name=None, resources=None, buffers=None,
-               inline=False, time=None, timeout=None, one_argument: bool = False) -> Actor:
+    def source(
+        self,
+        source,
+        out=None,
+        name=None,
+        resources=None,
+        buffers=None,
+        inline=False,
+        time=None,
+        timeout=None,
+        one_argument: bool = False,
+    ) -> Actor:
         """An actor yielding the items of ``source`` (iterable, async iterable, or a
         zero-argument callable returning one). Each item is a piece: an array or tensor,
         or a tuple/list/dict of them. ``out``: its Spec (else piece 0 sizes it).
@@ -161,9 +185,19 @@ class ActorGraph(OwnsProcesses):
         ``one_argument``: it feeds a function of one argument, so an item ``(x,)`` is
         taken as ``x`` (a traced graph's inputs)."""
         spec = PieceSpec.from_user(out) if out is not None else None
-        return self._add(SourceActor(self._name(name, "source"), source, buffers=buffers,
-                                     resources=resources, inline=inline, time=time, out=spec,
-                                     timeout=timeout, one_argument=one_argument))
+        return self._add(
+            SourceActor(
+                self._name(name, "source"),
+                source,
+                buffers=buffers,
+                resources=resources,
+                inline=inline,
+                time=time,
+                out=spec,
+                timeout=timeout,
+                one_argument=one_argument,
+            )
+        )
 
     def input(self, out, name=None, buffers=None, one_argument: bool = False) -> Actor:
         """A source whose items are given to ``run(feed=...)`` (``one_argument``: as for
@@ -171,15 +205,30 @@ class ActorGraph(OwnsProcesses):
         spec = PieceSpec.from_user(out) if out is not None else None
         name = self._name(name or "input", "source")
         on = _device_of_spec(spec)
-        if on is not None:              # its pieces are device tensors: stored on the device
-            return self._add(DeviceSource(name, None, on, fed=True, buffers=buffers, out=spec,
-                                          one_argument=one_argument))
-        return self._add(SourceActor(name, None, fed=True, buffers=buffers, out=spec,
-                                     one_argument=one_argument))
+        if on is not None:  # its pieces are device tensors: stored on the device
+            return self._add(
+                DeviceSource(
+                    name, None, on, fed=True, buffers=buffers, out=spec, one_argument=one_argument
+                )
+            )
+        return self._add(
+            SourceActor(name, None, fed=True, buffers=buffers, out=spec, one_argument=one_argument)
+        )
 
-    def actor(self, fn, *inputs, out=None, name=None, resources=None, buffers=None,
-              inline=False, time=None, timeout=None, replicas: int = 1,
-              processes=None) -> Actor:
+    def actor(
+        self,
+        fn,
+        *inputs,
+        out=None,
+        name=None,
+        resources=None,
+        buffers=None,
+        inline=False,
+        time=None,
+        timeout=None,
+        replicas: int = 1,
+        processes=None,
+    ) -> Actor:
         """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
         actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions);
         an ``async def`` one is awaited on the run's loop, several acts at once.
@@ -202,21 +251,40 @@ class ActorGraph(OwnsProcesses):
         procs = owns = None
         if processes is not None:
             procs, owns = _stage_processes(processes, replicas, name)
-            replicas = procs.n * procs.depth    # (threads waiting for the workers' acts)
+            replicas = procs.n * procs.depth  # (threads waiting for the workers' acts)
             if on is not None:
-                raise ValueError(f"actor {name!r}: its inputs are on {on}; processes= is for "
-                                 f"stages on the host (copy after the stage instead)")
-        if on is not None:              # its inputs are on a device: it runs there
+                raise ValueError(
+                    f"actor {name!r}: its inputs are on {on}; processes= is for "
+                    f"stages on the host (copy after the stage instead)"
+                )
+        if on is not None:  # its inputs are on a device: it runs there
             if inline or time is not None or timeout is not None or resources:
-                raise ValueError(f"actor {name!r}: its inputs are on {on}, where a stage "
-                                 f"issues device work from the run's loop; inline=, time=, "
-                                 f"timeout= and resources= are for stages on the host")
-            return self._add(DeviceStage(name, fn, list(inputs), on, buffers=buffers,
-                                         out=spec, replicas=replicas))
-        return self._add(StageActor(name, fn, list(inputs), buffers=buffers,
-                                    resources=resources, inline=inline, time=time, out=spec,
-                                    timeout=timeout, replicas=replicas, procs=procs,
-                                    owns_procs=bool(owns)))
+                raise ValueError(
+                    f"actor {name!r}: its inputs are on {on}, where a stage "
+                    f"issues device work from the run's loop; inline=, time=, "
+                    f"timeout= and resources= are for stages on the host"
+                )
+            return self._add(
+                DeviceStage(
+                    name, fn, list(inputs), on, buffers=buffers, out=spec, replicas=replicas
+                )
+            )
+        return self._add(
+            StageActor(
+                name,
+                fn,
+                list(inputs),
+                buffers=buffers,
+                resources=resources,
+                inline=inline,
+                time=time,
+                out=spec,
+                timeout=timeout,
+                replicas=replicas,
+                procs=procs,
+                owns_procs=bool(owns),
+            )
+        )
 
     def copy(self, src, device, name=None, buffers=None) -> Actor:
         """An actor copying each piece of ``src`` across the host boundary: to a device
@@ -236,40 +304,68 @@ class ActorGraph(OwnsProcesses):
     def _check_inputs(name: str, inputs) -> None:
         for p in inputs:
             if not isinstance(p, Actor):
-                raise TypeError(f"actor {name!r}: its inputs must be actors of this graph "
-                                f"(what source/actor/op returned), got {p!r}")
+                raise TypeError(
+                    f"actor {name!r}: its inputs must be actors of this graph "
+                    f"(what source/actor/op returned), got {p!r}"
+                )
 
-    def op(self, fn, *inputs, name=None, buffers=None, inline=None, time=None,
-           resources=None, **kwargs) -> Actor:
+    def op(
+        self, fn, *inputs, name=None, buffers=None, inline=None, time=None, resources=None, **kwargs
+    ) -> Actor:
         """A built-in op (or a function of tensors) as an actor: ``fn`` is traced on the
         inputs' specs once, and its kernels run straight into the actor's register each
         piece. ``kwargs`` go to ``fn`` (e.g. ``dim=1``)."""
+
         def build(specs):
             op_program = _OP_TRACER[0]
             if op_program is None:
-                raise PlanError("g.op needs actorflow's tracing: import actorflow (or "
-                                "actorflow.tracing) first")
+                raise PlanError(
+                    "g.op needs actorflow's tracing: import actorflow (or actorflow.tracing) first"
+                )
             try:
                 return op_program(fn, specs, kwargs)
             except TraceError as e:
-                raise TraceError(f"op actor {a.name!r}: {e} (g.op traces functions of "
-                                 f"actorflow tensors; for numpy code use g.actor)") from e
+                raise TraceError(
+                    f"op actor {a.name!r}: {e} (g.op traces functions of "
+                    f"actorflow tensors; for numpy code use g.actor)"
+                ) from e
             except (ActorflowError, ValueError, TypeError, IndexError) as e:
-                raise PlanError(f"op actor {a.name!r} cannot run on inputs "
-                                f"{', '.join(s.describe() for s in specs)}: "
-                                f"{type(e).__name__}: {e}") from e
+                raise PlanError(
+                    f"op actor {a.name!r} cannot run on inputs "
+                    f"{', '.join(s.describe() for s in specs)}: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+
         on = placed_on([p for p in inputs if isinstance(p, Actor)])
         if on is not None:
-            raise PlanError(f"g.op({getattr(fn, '__name__', fn)}): its inputs are on {on}, "
-                            f"where a traced op actor does not run yet; use g.actor(fn, ...) "
-                            f"(a stage on {on}: it gets and returns tensors there)")
-        a = OpActor(self._name(name, getattr(fn, "__name__", "op")), list(inputs),
-                    build=build, buffers=buffers, resources=resources, inline=inline,
-                    time=time)
+            raise PlanError(
+                f"g.op({getattr(fn, '__name__', fn)}): its inputs are on {on}, "
+                f"where a traced op actor does not run yet; use g.actor(fn, ...) "
+                f"(a stage on {on}: it gets and returns tensors there)"
+            )
+        a = OpActor(
+            self._name(name, getattr(fn, "__name__", "op")),
+            list(inputs),
+            build=build,
+            buffers=buffers,
+            resources=resources,
+            inline=inline,
+            time=time,
+        )
         return self._add(a)
 
-    def op_program(self, program, *inputs, name=None, buffers=None, inline=None, time=None,
-                   resources=None, state_reads=(), state_writes=()) -> Actor:
+    def op_program(
+        self,
+        program,
+        *inputs,
+        name=None,
+        buffers=None,
+        inline=None,
+        time=None,
+        resources=None,
+        state_reads=(),
+        state_writes=(),
+    ) -> Actor:
         """An op actor running ``program``, already compiled for these inputs (a
         ``tracing.Program``: what ``g.op`` would trace, an ``nn.Graph`` step), into its
         register each piece. ``name`` defaults to the program's (its ops' names).
@@ -281,14 +377,23 @@ class ActorGraph(OwnsProcesses):
         self._check_inputs(name, inputs)
         on = placed_on(inputs)
         if on is None and hasattr(program, "submit"):
-            raise DeviceError(f"op actor {name!r} runs {program.describe()}, whose registers "
-                              f"are on its device, but its inputs are on the host; copy them "
-                              f"there first: g.copy(x, {str(program.device)!r})")
-        if on is not None:              # its registers are on the device: it issues its
+            raise DeviceError(
+                f"op actor {name!r} runs {program.describe()}, whose registers "
+                f"are on its device, but its inputs are on the host; copy them "
+                f"there first: g.copy(x, {str(program.device)!r})"
+            )
+        if on is not None:  # its registers are on the device: it issues its
             a = DeviceOpActor(name, list(inputs), program, on, buffers=buffers)  # work there
         else:
-            a = OpActor(name, list(inputs), program=program, buffers=buffers,
-                        resources=resources, inline=inline, time=time)
+            a = OpActor(
+                name,
+                list(inputs),
+                program=program,
+                buffers=buffers,
+                resources=resources,
+                inline=inline,
+                time=time,
+            )
         a.state_reads, a.state_writes = tuple(state_reads), tuple(state_writes)
         return self._add(a)
 
@@ -323,13 +428,23 @@ class ActorGraph(OwnsProcesses):
             return self._make_plan(feed, lazy=False)
 
     def _make_plan(self, feed, lazy: bool, whole: bool = False):
-        for a in self.actors:           # (stages in worker processes: started, and their
-            if getattr(a, "procs", None) is not None:       # functions sent, now)
+        for a in self.actors:  # (stages in worker processes: started, and their
+            if getattr(a, "procs", None) is not None:  # functions sent, now)
                 a.procs.prepare(a)
         default = self.buffers if self.buffers is not None or self._local else FLOOR
-        self._plan = plan_graph(self.actors, self.sinks, self._picks, feed, lazy,
-                                default, MemoryBudget(self.memory), self.resources,
-                                share=self.share, measured=self._measured, whole=whole)
+        self._plan = plan_graph(
+            self.actors,
+            self.sinks,
+            self._picks,
+            feed,
+            lazy,
+            default,
+            MemoryBudget(self.memory),
+            self.resources,
+            share=self.share,
+            measured=self._measured,
+            whole=whole,
+        )
         return self._plan
 
     def _tuned(self) -> bool:
@@ -343,9 +458,12 @@ class ActorGraph(OwnsProcesses):
         are planned at once when every size is known, shared by lifetime where the budget
         needs it, as ``plan()`` would: with a budget and ``share="auto"``) or "lazy" (each
         stage's registers allocated the moment its piece 0 exists: nothing to share)."""
-        if self._tuned() or self.share is True or any(
-                isinstance(a, DEVICE_ACTORS) for a in self.actors):
-            return "probe"              # (device registers are allocated before the run)
+        if (
+            self._tuned()
+            or self.share is True
+            or any(isinstance(a, DEVICE_ACTORS) for a in self.actors)
+        ):
+            return "probe"  # (device registers are allocated before the run)
         if self.share == "auto" and any(b is not None for b in self.memory.values()):
             return "whole"
         return "lazy"
@@ -362,15 +480,16 @@ class ActorGraph(OwnsProcesses):
                 raise RuntimeError("this graph is already running; wait for that run to end")
             self._running = True
         try:
-            if feed is None and any(getattr(a, "fed", False) and a.source is None
-                                    for a in self.actors):
+            if feed is None and any(
+                getattr(a, "fed", False) and a.source is None for a in self.actors
+            ):
                 raise PlanError("this graph reads its pieces from run(feed=...); pass feed=")
             if self._plan is not None and feed is None:
-                plan = self._plan             # made by plan(): piece 0 was computed there
+                plan = self._plan  # made by plan(): piece 0 was computed there
             else:
                 mode = self._start_mode()
                 plan = self._make_plan(feed, lazy=mode != "probe", whole=mode == "whole")
-            self._plan = None                 # the next run plans (and reads piece 0) again
+            self._plan = None  # the next run plans (and reads piece 0) again
             plan.allocate()
         except BaseException:
             self._running = False
@@ -393,19 +512,24 @@ class ActorGraph(OwnsProcesses):
         try:
             sched.stragglers.settle()
             self._last = RunStats(sched, plan)
-            self._last_timeline = sched.timeline      # (af.testing.acts)
+            self._last_timeline = sched.timeline  # (af.testing.acts)
             if sched.trace_path is not None:
                 try:
                     sched.timeline.write(sched.trace_path)
                 except OSError as e:
-                    raise OSError(f"run(trace={str(sched.trace_path)!r}): the run ended "
-                                  f"({self._last.state}) but its timeline could not be "
-                                  f"written there: {e}; give a path in a folder you can "
-                                  f"write") from e
+                    raise OSError(
+                        f"run(trace={str(sched.trace_path)!r}): the run ended "
+                        f"({self._last.state}) but its timeline could not be "
+                        f"written there: {e}; give a path in a folder you can "
+                        f"write"
+                    ) from e
                 self._last.trace["write_s"] = sched.timeline.write_s
             if self._last.state == "finished":
-                self._measured = {n: r["compute_s"] / r["acts"] for n, r in
-                                  self._last.actors.items() if r["acts"] and n != COLLECTOR_NAME}
+                self._measured = {
+                    n: r["compute_s"] / r["acts"]
+                    for n, r in self._last.actors.items()
+                    if r["acts"] and n != COLLECTOR_NAME
+                }
             for a in self.actors:
                 if isinstance(a, SourceActor) and a.fed:
                     a.source = None
@@ -421,7 +545,7 @@ class ActorGraph(OwnsProcesses):
             self._finish(plan, sched)
 
     def _finish_unstarted(self, plan, sched, task) -> None:
-        if task.cancelled() and not sched.finished:   # before its first step: nothing ran
+        if task.cancelled() and not sched.finished:  # before its first step: nothing ran
             sched.let_go()
             self._finish(plan, sched)
 
@@ -459,8 +583,10 @@ class ActorGraph(OwnsProcesses):
         if engine is not None and engine != "local":
             if isinstance(engine, str):
                 if engine not in _ENGINES:
-                    raise ValueError(f"run(engine={engine!r}): the engines are 'local' and "
-                                     f"{', '.join(repr(k) for k in _ENGINES) or 'none else'}")
+                    raise ValueError(
+                        f"run(engine={engine!r}): the engines are 'local' and "
+                        f"{', '.join(repr(k) for k in _ENGINES) or 'none else'}"
+                    )
                 engine = _ENGINES[engine]()
             # the default's hand-off registers are for threads in this process: elsewhere
             # (processes, where a register is an object in flight) it is its floor, 2
@@ -502,10 +628,13 @@ class ActorGraph(OwnsProcesses):
 def _stage_processes(processes, replicas, name: str) -> tuple:
     """``(StageProcesses, made here)`` for ``actor(processes=...)``."""
     from ..sched.processes import StageProcesses
+
     if replicas != 1:
-        raise ValueError(f"actor {name!r}: give replicas= (threads) or processes= (worker "
-                         f"processes), not both: processes={processes!r} acts in that many "
-                         f"processes at once already")
+        raise ValueError(
+            f"actor {name!r}: give replicas= (threads) or processes= (worker "
+            f"processes), not both: processes={processes!r} acts in that many "
+            f"processes at once already"
+        )
     if isinstance(processes, StageProcesses):
         return processes, False
     return StageProcesses(processes, f"actor {name!r}"), True
@@ -517,7 +646,9 @@ def _device_of_spec(spec):
     devs = {s.device for s in spec.specs} if spec is not None else set()
     on = [d for d in devs if device_memory(d)]
     if on and len(devs) > 1:
-        raise DeviceError(f"out={spec.describe()}: a register is on one device, and these "
-                          f"arrays are on {', '.join(sorted(map(str, devs)))}; give a source "
-                          f"per device, or copy the host arrays over (g.copy(src, {str(on[0])!r}))")
+        raise DeviceError(
+            f"out={spec.describe()}: a register is on one device, and these "
+            f"arrays are on {', '.join(sorted(map(str, devs)))}; give a source "
+            f"per device, or copy the host arrays over (g.copy(src, {str(on[0])!r}))"
+        )
     return on[0] if on else None

@@ -42,7 +42,6 @@ from .checks import (
 CPU = as_device("cpu")
 
 
-
 class Sized:
     """What an act returns when it computed piece 0 before the actor's registers existed
     (the run sizes them from it): the piece's arrays."""
@@ -58,26 +57,36 @@ class Actor:
 
     kind = "stage"
 
-    def __init__(self, name: str, inputs: list, buffers: int | None = None,
-                 resources: dict | None = None, inline: bool = False, time=None,
-                 out: PieceSpec | None = None, timeout=None, replicas: int = 1):
+    def __init__(
+        self,
+        name: str,
+        inputs: list,
+        buffers: int | None = None,
+        resources: dict | None = None,
+        inline: bool = False,
+        time=None,
+        out: PieceSpec | None = None,
+        timeout=None,
+        replicas: int = 1,
+    ):
         self.name = name
         self.replicas = check_replicas(replicas, name, inline, timeout)
-        self.timeout = check_timeout(timeout, inline, name)   # seconds per act, or None
-        self.inputs = list(inputs)          # upstream actors
-        self.buffers = check_buffers(buffers, f"actor {name!r}") if buffers is not None \
-            else None                       # None: the graph's default
+        self.timeout = check_timeout(timeout, inline, name)  # seconds per act, or None
+        self.inputs = list(inputs)  # upstream actors
+        self.buffers = (
+            check_buffers(buffers, f"actor {name!r}") if buffers is not None else None
+        )  # None: the graph's default
         self.resources = check_resources(resources, name)
-        self.inline = inline                # act on the scheduler's loop, not a thread
+        self.inline = inline  # act on the scheduler's loop, not a thread
         self.time = check_time(time, name)  # simulated seconds per act (float or f(piece))
-        self.out_spec = out                 # PieceSpec once known
-        self.declared = out is not None     # the user gave out=
-        self.cached: dict = {}              # piece -> output leaves computed while planning
-        self.probe_s = None                 # seconds piece 0 took while planning
-        self.sized_as = None                # (layout, bytes per device) a run sized it by
-        self.state_reads: tuple = ()        # state names read / written across pieces
-        self.state_writes: tuple = ()       # (gates.py: kept in piece order)
-        self.consumers: list = []           # actors reading this one
+        self.out_spec = out  # PieceSpec once known
+        self.declared = out is not None  # the user gave out=
+        self.cached: dict = {}  # piece -> output leaves computed while planning
+        self.probe_s = None  # seconds piece 0 took while planning
+        self.sized_as = None  # (layout, bytes per device) a run sized it by
+        self.state_reads: tuple = ()  # state names read / written across pieces
+        self.state_writes: tuple = ()  # (gates.py: kept in piece order)
+        self.consumers: list = []  # actors reading this one
 
     # -- what one act does -------------------------------------------------------------
     def compute(self, piece: int, ins: list, outs: list):
@@ -115,8 +124,8 @@ class Actor:
 
     def _store(self, value, outs, what: str) -> None:
         spec = self.out_spec
-        if type(value) is np.ndarray and spec.structure == 0:        # the common case,
-            s = spec.specs[0]                                       # inline (every act)
+        if type(value) is np.ndarray and spec.structure == 0:  # the common case,
+            s = spec.specs[0]  # inline (every act)
             if value.shape == s.shape and value.dtype == s.dtype.np:
                 if outs[0] is not None:
                     np.copyto(outs[0], value)
@@ -166,8 +175,14 @@ class Actor:
 def is_async_function(fn) -> bool:
     """``async def`` functions (also partials of them, and objects whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(fn) or (
-        not inspect.isroutine(fn)
-        and inspect.iscoroutinefunction(getattr(fn, "__call__", None)))  # noqa: B004 - is it async
+        not inspect.isroutine(fn) and inspect.iscoroutinefunction(call_method(fn))
+    )
+
+
+def call_method(fn):
+    """What calling object ``fn`` runs: its ``__call__`` attribute (None where it has
+    none), to ask whether that is an async function or an async generator."""
+    return getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not a test
 
 
 def read_piece(arrays: list, spec: PieceSpec):
@@ -194,30 +209,35 @@ class StageActor(Actor):
         super().__init__(name, inputs, **kw)
         self.procs, self.owns_procs = procs, owns_procs
         if not callable(fn):
-            raise TypeError(f"actor {name!r}: expected a function of pieces, got "
-                            f"{type(fn).__name__}")
-        if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(
-                getattr(fn, "__call__", None)):  # noqa: B004 - is __call__ an async generator
+            raise TypeError(
+                f"actor {name!r}: expected a function of pieces, got {type(fn).__name__}"
+            )
+        if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(call_method(fn)):
             raise TypeError(
                 f"actor {name!r}: {getattr(fn, '__name__', fn)!r} is an async generator "
                 f"function, which yields many items; a stage gives one piece per input piece. "
                 f"Write the stage as 'async def' with 'return', or make the generator a "
-                f"source (g.source(fn), or the first entry of a Pipeline)")
+                f"source (g.source(fn), or the first entry of a Pipeline)"
+            )
         self.fn = fn
         self.is_async = is_async_function(fn)
         if procs is not None and (self.is_async or self.inline):
-            raise ValueError(f"actor {name!r}: processes= runs a plain function in worker "
-                             f"processes; an async def or inline stage acts on the run's "
-                             f"loop: drop {'inline=True' if self.inline else 'processes='}")
+            raise ValueError(
+                f"actor {name!r}: processes= runs a plain function in worker "
+                f"processes; an async def or inline stage acts on the run's "
+                f"loop: drop {'inline=True' if self.inline else 'processes='}"
+            )
         if self.is_async and self.replicas > 1:
-            raise ValueError(f"actor {name!r}: replicas= is for stages on threads; an async "
-                             f"def stage already has as many acts in flight as registers "
-                             f"(buffers=)")
+            raise ValueError(
+                f"actor {name!r}: replicas= is for stages on threads; an async "
+                f"def stage already has as many acts in flight as registers "
+                f"(buffers=)"
+            )
 
     def probe(self, ins):
         if self.procs is not None:  # computed and checked by a worker, in shared memory
             return self.procs.first(self, 0, ins)
-        if self.is_async:           # piece 0 while planning: awaited on the graph loop
+        if self.is_async:  # piece 0 while planning: awaited on the graph loop
             value = run_on_graph_loop(self._call_async(ins))
         else:
             value = self._call(ins)
@@ -227,14 +247,14 @@ class StageActor(Actor):
         if outs is not None and self.cached and self._copy_cached(piece, outs):
             return None
         if self.procs is not None:
-            if type(outs) is RegisterArrays:    # written in place by a worker process
+            if type(outs) is RegisterArrays:  # written in place by a worker process
                 self.procs.act(piece, ins, outs)
                 return None
-            if outs is None:                    # piece 0 sizes the registers: a worker
-                return Sized(self.procs.first(self, piece, ins))    # computes it too
+            if outs is None:  # piece 0 sizes the registers: a worker
+                return Sized(self.procs.first(self, piece, ins))  # computes it too
         value = self._call(ins)
         if outs is not None and type(value) is np.ndarray and self.out_spec.structure == 0:
-            s = self.out_spec.specs[0]                  # the common case, checked inline
+            s = self.out_spec.specs[0]  # the common case, checked inline
             if value.shape == s.shape and value.dtype == s.dtype.np:
                 if outs[0] is not None:
                     np.copyto(outs[0], value)
@@ -263,10 +283,12 @@ class StageActor(Actor):
 
     def _read_only(self, e: ValueError) -> None:
         if "read-only" in str(e):
-            raise ValueError(f"{e}: actor {self.name!r} wrote into an input, and its inputs "
-                             f"are read-only views of the producers' registers (other actors "
-                             f"read them too); copy what you change (x = x.copy()) or write "
-                             f"into a new array") from e
+            raise ValueError(
+                f"{e}: actor {self.name!r} wrote into an input, and its inputs "
+                f"are read-only views of the producers' registers (other actors "
+                f"read them too); copy what you change (x = x.copy()) or write "
+                f"into a new array"
+            ) from e
 
     def describe(self) -> str:
         kind = "async stage" if self.is_async else "stage"
@@ -283,18 +305,20 @@ class OpActor(Actor):
 
     def __init__(self, name, inputs, build=None, program=None, **kw):
         if (build is None) == (program is None):
-            raise TypeError(f"op actor {name!r}: give either build= (a function of the input "
-                            f"specs that makes the program) or program= (a compiled one)")
+            raise TypeError(
+                f"op actor {name!r}: give either build= (a function of the input "
+                f"specs that makes the program) or program= (a compiled one)"
+            )
         super().__init__(name, inputs, **kw)
-        self.build = build          # f([PieceSpec per input]) -> program, or None
-        self.compiled = program     # the program given, used by every plan
+        self.build = build  # f([PieceSpec per input]) -> program, or None
+        self.compiled = program  # the program given, used by every plan
         self.inline_given = self.inline  # None: decided from the register size when planned
         self.program = program
 
     def infer(self):
         specs = [a.out_spec for a in self.inputs]
         if any(s is None or s is NOTHING for s in specs):
-            return                  # not known yet, or an input ends before piece 0
+            return  # not known yet, or an input ends before piece 0
         if self.program is None:
             self.program = self.compiled if self.build is None else self.build(specs)
         if self.out_spec is None:
@@ -312,7 +336,7 @@ class OpActor(Actor):
         return self.program.run_new(ins)
 
     def compute(self, piece, ins, outs):
-        if outs is None:            # piece 0 before any register exists (Plan.defer)
+        if outs is None:  # piece 0 before any register exists (Plan.defer)
             return Sized(self.probe(ins))
         if self._copy_cached(piece, outs):
             return None
@@ -323,7 +347,7 @@ class OpActor(Actor):
         return f"op {self.program.describe() if self.program else '?'}"
 
 
-COLLECTOR_NAME = "(output)"     # reserved: no user actor can collide with it in the stats
+COLLECTOR_NAME = "(output)"  # reserved: no user actor can collide with it in the stats
 
 
 class Collector(Actor):
@@ -335,7 +359,7 @@ class Collector(Actor):
     def __init__(self, sinks: list, names: list, picks=None, structure=None):
         super().__init__(COLLECTOR_NAME, list(sinks), inline=True)
         self.names = names
-        self.picks = picks              # [(input k, array j, view meta)]: a traced output
+        self.picks = picks  # [(input k, array j, view meta)]: a traced output
         self.structure = structure
         self.raw = picks is not None
 
@@ -348,9 +372,12 @@ class Collector(Actor):
     def part(self, k: int, x):
         """A copy of what sink ``k``'s register holds (the run copies each part out as
         soon as it arrives, so the register goes home at once)."""
-        if self.picks is not None:          # one copy per output picked (two views of
-            return {i: np.array(strided(x[j], meta))    # one array are two outputs)
-                    for i, (kk, j, meta) in enumerate(self.picks) if kk == k}
+        if self.picks is not None:  # one copy per output picked (two views of
+            return {
+                i: np.array(strided(x[j], meta))  # one array are two outputs)
+                for i, (kk, j, meta) in enumerate(self.picks)
+                if kk == k
+            }
         return _copy_out(x)
 
     def assemble(self, parts: list):
@@ -365,6 +392,11 @@ class Collector(Actor):
 
 def _copy_out(piece):
     leaves, structure = flatten(piece)
-    return unflatten(structure, [None if a is None else np.array(a) if isinstance(a, np.ndarray)
-                                 else a.clone() for a in leaves])     # (a device register's
-    #                                                                   tensor: a copy there)
+    return unflatten(
+        structure,
+        [
+            None if a is None else np.array(a) if isinstance(a, np.ndarray) else a.clone()
+            for a in leaves
+        ],
+    )  # (a device register's
+    #    tensor: a copy there)

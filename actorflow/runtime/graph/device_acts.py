@@ -47,7 +47,7 @@ from ..sched.loop import run_on_graph_loop
 from .actors import Actor, OpActor, StageActor
 from .source import SourceActor, one_argument
 
-_SETTLED: list = [None, None]    # awaiting / waiting for tensors' pending VM work
+_SETTLED: list = [None, None]  # awaiting / waiting for tensors' pending VM work
 
 
 def use_settled(wait_async, wait) -> None:
@@ -113,8 +113,10 @@ def placed_on(actors) -> object:
     if len(devs) <= 1:
         return next(iter(devs), None)
     names = ", ".join(f"{a.name!r} on {getattr(a, 'device', None) or 'cpu'}" for a in actors)
-    raise DeviceError(f"the inputs {names} are on different devices; a stage reads all of "
-                      f"its inputs on one device: add g.copy(x, device) for the others")
+    raise DeviceError(
+        f"the inputs {names} are on different devices; a stage reads all of "
+        f"its inputs on one device: add g.copy(x, device) for the others"
+    )
 
 
 async def _reached(event) -> None:
@@ -155,24 +157,30 @@ def device_leaves(actor, value, what: str, fix: str) -> list:
     spec = actor.out_spec
     dev = actor.device
     if spec is not None and structure != spec.structure:
-        check_piece(value, spec, what, actor.declared)      # raises, naming the difference
+        check_piece(value, spec, what, actor.declared)  # raises, naming the difference
     for i, x in enumerate(leaves):
         on = x._impl.meta.device if isinstance(x, Tensor) else None
         if on is not dev:
             got = f"a tensor on {on}" if on is not None else f"a {type(x).__name__}"
-            raise DeviceError(f"{what} returned {got} (array {i}), but its register is on "
-                              f"{dev}: " + fix.format(device=dev, name=str(dev)))
+            raise DeviceError(
+                f"{what} returned {got} (array {i}), but its register is on "
+                f"{dev}: " + fix.format(device=dev, name=str(dev))
+            )
         if spec is not None:
             s, m = spec.specs[i], x._impl.meta
             if m.shape != s.shape:
-                raise ShapeError(f"{what} returned {m.dtype.name}{list(m.shape)} but its "
-                                 f"register holds {s.dtype.name}{list(s.shape)}; return "
-                                 f"the same shape for every piece, or declare "
-                                 f"out=af.Spec(...)")
+                raise ShapeError(
+                    f"{what} returned {m.dtype.name}{list(m.shape)} but its "
+                    f"register holds {s.dtype.name}{list(s.shape)}; return "
+                    f"the same shape for every piece, or declare "
+                    f"out=af.Spec(...)"
+                )
             if m.dtype is not s.dtype:
-                raise DTypeError(f"{what} returned {m.dtype.name}{list(m.shape)} but its "
-                                 f"register holds {s.dtype.name}{list(s.shape)}; cast it "
-                                 f"(.to(af.{s.dtype.name})) or declare out=af.Spec(...)")
+                raise DTypeError(
+                    f"{what} returned {m.dtype.name}{list(m.shape)} but its "
+                    f"register holds {s.dtype.name}{list(s.shape)}; cast it "
+                    f"(.to(af.{s.dtype.name})) or declare out=af.Spec(...)"
+                )
     return leaves
 
 
@@ -194,11 +202,12 @@ class CopyActor(Actor):
             raise DeviceError(
                 f"copy {name!r}: {src.name!r} is on {frm}, so a copy to {dev} crosses no "
                 f"host boundary; copy host pieces to a device ('cuda:0') and device pieces "
-                f"to 'cpu'")
+                f"to 'cpu'"
+            )
         self.target = dev
-        self.device = dev if to_dev else None       # where its registers are (None: host)
+        self.device = dev if to_dev else None  # where its registers are (None: host)
         self.h2d = to_dev
-        self.backend = get_backend(here or dev)     # the device's backend, either way
+        self.backend = get_backend(here or dev)  # the device's backend, either way
 
     def infer(self) -> None:
         spec = self.inputs[0].out_spec
@@ -207,8 +216,9 @@ class CopyActor(Actor):
         if spec is NOTHING:
             self.out_spec = NOTHING
             return
-        self.out_spec = PieceSpec(spec.structure,
-                                  [Spec(s.shape, s.dtype, self.target) for s in spec.specs])
+        self.out_spec = PieceSpec(
+            spec.structure, [Spec(s.shape, s.dtype, self.target) for s in spec.specs]
+        )
 
     def needs_probe(self) -> bool:
         return False
@@ -239,7 +249,7 @@ class CopyActor(Actor):
             for dst, x in zip(outs, src, strict=True):
                 if dst is None:
                     continue
-                if isinstance(x, np.ndarray):           # piece 0, computed while planning
+                if isinstance(x, np.ndarray):  # piece 0, computed while planning
                     np.copyto(dst, x, casting="no")
                     continue
                 block = x._impl.blob.array
@@ -261,16 +271,22 @@ class DeviceStage(StageActor):
     def __init__(self, name, fn, inputs, device, **kw):
         super().__init__(name, fn, inputs, **kw)
         if self.replicas > 1:
-            raise ValueError(f"actor {name!r}: replicas= is for stages on threads; a stage on "
-                             f"{device} issues its work from the loop and has as many acts in "
-                             f"flight as registers (buffers=)")
+            raise ValueError(
+                f"actor {name!r}: replicas= is for stages on threads; a stage on "
+                f"{device} issues its work from the loop and has as many acts in "
+                f"flight as registers (buffers=)"
+            )
         self.device = device
         self.fn_async = self.is_async
         self.is_async = True
-        if self.out_spec is not None:       # out=af.Spec(shape, dtype): on the stage's device
-            self.out_spec = PieceSpec(self.out_spec.structure, [
-                Spec(s.shape, s.dtype, device) if s.device.type == "cpu" else s
-                for s in self.out_spec.specs])
+        if self.out_spec is not None:  # out=af.Spec(shape, dtype): on the stage's device
+            self.out_spec = PieceSpec(
+                self.out_spec.structure,
+                [
+                    Spec(s.shape, s.dtype, device) if s.device.type == "cpu" else s
+                    for s in self.out_spec.specs
+                ],
+            )
 
     async def _value(self, ins):
         if self.fn_async:
@@ -280,9 +296,10 @@ class DeviceStage(StageActor):
     def probe(self, ins):
         # piece 0 while planning: its inputs' host values, put on the device
         dev = str(self.device)
-        ins = [unflatten(s, [wrap_host(x).to(dev) if isinstance(x, np.ndarray) else x
-                             for x in leaves])
-               for leaves, s in (flatten(i) for i in ins)]
+        ins = [
+            unflatten(s, [wrap_host(x).to(dev) if isinstance(x, np.ndarray) else x for x in leaves])
+            for leaves, s in (flatten(i) for i in ins)
+        ]
         value = run_on_graph_loop(self._call_async(ins)) if self.fn_async else self._call(ins)
         self._leaves(value, 0)
         return self._checked_leaves(value, f"actor {self.name!r} (piece 0)")
@@ -291,17 +308,21 @@ class DeviceStage(StageActor):
         return self.device
 
     def _leaves(self, value, piece: int) -> list:
-        return device_leaves(self, value, f"actor {self.name!r} (piece {piece})",
-                             "a stage on {device} returns tensors on it; compute from its "
-                             "inputs (they are {device} tensors), or move the value with "
-                             ".to({name!r})")
+        return device_leaves(
+            self,
+            value,
+            f"actor {self.name!r} (piece {piece})",
+            "a stage on {device} returns tensors on it; compute from its "
+            "inputs (they are {device} tensors), or move the value with "
+            ".to({name!r})",
+        )
 
     async def compute_async(self, piece, ins, outs):
         _planned(outs, f"actor {self.name!r}")
         if await _stored_cached(self, piece, outs):
             return None
         read = [t for i in ins for t in flatten(i)[0] if isinstance(t, Tensor)]
-        writes = [t._impl.blob.last_write for t in read]     # (a write in place replaces it)
+        writes = [t._impl.blob.last_write for t in read]  # (a write in place replaces it)
         leaves = self._leaves(await self._value(ins), piece)
         for dst, x in zip(outs, leaves, strict=True):
             if dst is not None:
@@ -313,7 +334,8 @@ class DeviceStage(StageActor):
                     f"actor {self.name!r} (piece {piece}) wrote into an input in place, and "
                     f"its inputs are read-only: they are the producers' registers (other "
                     f"actors read them too); compute a new tensor (x = x * 2, not x.mul_(2)) "
-                    f"or clone what you change (x = x.clone())")
+                    f"or clone what you change (x = x.clone())"
+                )
         return None
 
     def describe(self) -> str:
@@ -330,9 +352,11 @@ class DeviceSource(SourceActor):
     def __init__(self, name, source, device, **kw):
         super().__init__(name, source, **kw)
         if self.out_spec is None:
-            raise PlanError(f"source {name!r} on {device}: give out=af.Spec(..., "
-                            f"device={str(device)!r}) (a device register is sized before the "
-                            f"run, never from piece 0)")
+            raise PlanError(
+                f"source {name!r} on {device}: give out=af.Spec(..., "
+                f"device={str(device)!r}) (a device register is sized before the "
+                f"run, never from piece 0)"
+            )
         self.device = device
         self.is_async = True
         self.items_async = False
@@ -354,10 +378,14 @@ class DeviceSource(SourceActor):
             return EOS
         if self.single_argument:
             value = one_argument(value)
-        leaves = device_leaves(self, value, self._what(piece),
-                               "give tensors on {device} (af.tensor(x, device={name!r})), or "
-                               "host arrays to a source on the host followed by a copy "
-                               "(g.copy(src, {name!r}))")
+        leaves = device_leaves(
+            self,
+            value,
+            self._what(piece),
+            "give tensors on {device} (af.tensor(x, device={name!r})), or "
+            "host arrays to a source on the host followed by a copy "
+            "(g.copy(src, {name!r}))",
+        )
         for dst, x in zip(outs, leaves, strict=True):
             if dst is not None:
                 dst.copy_(x)
@@ -385,7 +413,8 @@ class DeviceOpActor(OpActor):
                 f"{getattr(program, 'name', program)!r} runs on the host; an op actor on a "
                 f"CUDA device runs a program compiled for it (tracing.device.DeviceSteps, "
                 f"what nn.Graph.run makes there); copy its inputs to the host first "
-                f"(g.copy(x, 'cpu'))")
+                f"(g.copy(x, 'cpu'))"
+            )
         super().__init__(name, inputs, program=program, **kw)
         self.device = device
         self.acts_at_once = 1 if getattr(program, "writes_state", False) else 1 << 30
@@ -409,14 +438,16 @@ class DeviceOpActor(OpActor):
         return None
 
 
-DEVICE_ACTORS = (CopyActor, DeviceStage, DeviceSource, DeviceOpActor)   # (planned first)
+DEVICE_ACTORS = (CopyActor, DeviceStage, DeviceSource, DeviceOpActor)  # (planned first)
 
 
 def _planned(outs, what: str) -> None:
     """Raises DeviceError when a device actor acts with no register (``outs`` None)."""
     if outs is None:
-        raise DeviceError(f"{what}: its registers are not allocated; a graph with device "
-                          f"actors is planned before it runs")
+        raise DeviceError(
+            f"{what}: its registers are not allocated; a graph with device "
+            f"actors is planned before it runs"
+        )
 
 
 async def _stored_cached(actor, piece: int, outs: list) -> bool:
@@ -434,7 +465,7 @@ async def _stored_cached(actor, piece: int, outs: list) -> bool:
 
 def wrap_host(array: np.ndarray) -> Tensor:
     """A cpu tensor over a host array (planning's piece 0), put on a device with ``.to``."""
-    array = np.asarray(array, order="C")       # (0-d stays 0-d)
+    array = np.asarray(array, order="C")  # (0-d stays 0-d)
     spec = Spec(array.shape, array.dtype, "cpu")
     return register_tensor(array, spec)
 

@@ -29,15 +29,15 @@ def source_words(name: str, piece: int, fed: bool = False) -> str:
 def open_items(src, name: str):
     """The iterator a source reads in a run: ``src`` called first when it is a factory (a
     zero-argument callable, a class too), then iterated (``__aiter__`` for an async one)."""
-    if isinstance(src, type) or (callable(src) and not hasattr(src, "__iter__")
-                                 and not hasattr(src, "__aiter__")):
-        src = src()                 # a factory: a fresh iterable per run
+    if isinstance(src, type) or (
+        callable(src) and not hasattr(src, "__iter__") and not hasattr(src, "__aiter__")
+    ):
+        src = src()  # a factory: a fresh iterable per run
     if hasattr(src, "__aiter__"):
         return src.__aiter__()
     if hasattr(src, "__iter__"):
         return iter(src)
-    raise TypeError(f"source {name!r}: the callable returned {type(src).__name__}, not an "
-                    f"iterable")
+    raise TypeError(f"source {name!r}: the callable returned {type(src).__name__}, not an iterable")
 
 
 async def _next_of(it):
@@ -55,15 +55,18 @@ class SourceActor(Actor):
         ``one_argument``: its items are argument tuples of a function of one argument (a
         traced function's inputs): ``(x,)`` is taken as ``x``, as ``(x, w)`` is for two."""
         super().__init__(name, [], **kw)
-        if not fed and not (callable(source) or hasattr(source, "__iter__")
-                            or hasattr(source, "__aiter__")):
-            raise TypeError(f"source {name!r}: expected an iterable, an async iterable or a "
-                            f"zero-argument callable returning one, got {type(source).__name__}")
+        if not fed and not (
+            callable(source) or hasattr(source, "__iter__") or hasattr(source, "__aiter__")
+        ):
+            raise TypeError(
+                f"source {name!r}: expected an iterable, an async iterable or a "
+                f"zero-argument callable returning one, got {type(source).__name__}"
+            )
         self.source = None if fed else source
         self.fed = fed
         self.it = None
         self.is_async = False
-        self.spent = False          # a one-shot iterator an earlier run used (and closed)
+        self.spent = False  # a one-shot iterator an earlier run used (and closed)
         self.single_argument = one_argument
 
     def start(self) -> None:
@@ -76,7 +79,8 @@ class SourceActor(Actor):
                 f"source {self.name!r} is a one-shot iterator ({type(src).__name__}) that an "
                 f"earlier run (or plan) used up; give the graph something it can iterate again: a "
                 f"function returning a fresh iterator (g.source(read_batches), not "
-                f"g.source(read_batches())), or a list")
+                f"g.source(read_batches())), or a list"
+            )
         self.it = open_items(src, self.name)
         self.is_async = hasattr(self.it, "__anext__")
 
@@ -96,10 +100,10 @@ class SourceActor(Actor):
 
     def probe(self, ins):
         self.start()
-        if 0 in self.cached:                 # read by an earlier plan() of this graph
+        if 0 in self.cached:  # read by an earlier plan() of this graph
             return self.cached[0]
         try:
-            if self.is_async:       # read on the graph loop (plan() is plain code)
+            if self.is_async:  # read on the graph loop (plan() is plain code)
                 value = run_on_graph_loop(_next_of(self.it))
             else:
                 value = next(self.it)
@@ -111,7 +115,7 @@ class SourceActor(Actor):
 
     def compute(self, piece, ins, outs):
         if outs is None and piece in self.cached:
-            return Sized(self.cached.pop(piece))     # read by plan(), sizing the run now
+            return Sized(self.cached.pop(piece))  # read by plan(), sizing the run now
         if outs is not None and self._copy_cached(piece, outs):
             return None
         try:

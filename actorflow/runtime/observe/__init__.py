@@ -1,1 +1,2 @@
-"""Watching runs: hooks and the test schedule, timelines, statistics, progress bars, the deadlock detector."""
+"""Watching runs: hooks and the test schedule, timelines, statistics, progress bars, the
+deadlock detector."""

@@ -29,7 +29,7 @@ class Schedule:
 
 SCHEDULE = Schedule()
 _WATCHERS: list = []
-_RUNNING: dict = {}                     # sched -> graph, for runs in progress
+_RUNNING: dict = {}  # sched -> graph, for runs in progress
 
 
 def watch(watcher) -> None:
@@ -92,7 +92,7 @@ class VirtualClock:
         if not self.heap:
             return
         if self.hold is not None and self.hold():
-            self.held = True            # (resume() goes on)
+            self.held = True  # (resume() goes on)
             return
         when, _, callback, args = heapq.heappop(self.heap)
         self.now = max(self.now, when)

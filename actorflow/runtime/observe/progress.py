@@ -16,15 +16,17 @@ from . import hooks as observe
 from .stats import RunStats
 
 REFRESH_S = 0.25
-NECK_EVERY = 4                          # the bottleneck line is recomputed every 4 refreshes
+NECK_EVERY = 4  # the bottleneck line is recomputed every 4 refreshes
 
 
 def tqdm_class():
     try:
         from tqdm import tqdm
     except ImportError as e:
-        raise ImportError("run(progress=True) draws its bar with tqdm: pip install "
-                          "'actorflow[progress]' (or pip install tqdm)") from e
+        raise ImportError(
+            "run(progress=True) draws its bar with tqdm: pip install "
+            "'actorflow[progress]' (or pip install tqdm)"
+        ) from e
     return tqdm
 
 
@@ -73,8 +75,7 @@ class ProgressBar:
         self.neck = None
         self.over = threading.Event()
         observe.watch(self)
-        self.thread = threading.Thread(target=self._main, name="actorflow-progress",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._main, name="actorflow-progress", daemon=True)
         self.thread.start()
 
     def _main(self) -> None:
@@ -107,5 +108,5 @@ class ProgressBar:
         observe.unwatch(self)
         self.over.set()
         self.thread.join()
-        self._show(True)               # the final count and bottleneck
+        self._show(True)  # the final count and bottleneck
         self.bar.close()

@@ -47,23 +47,27 @@ class Timeline:
         # ``keep`` acts only (3 x keep records: waits take room too; a test's record)
         self.records = deque(maxlen=3 * keep) if keep else []
         self.names = [st.actor.name for st in states]
-        self.readers = {st.actor.name: len(st.out.consumers) if st.out is not None else 0
-                        for st in states}
-        self.plan = plan                # its bytes per device go in the trace (otherData)
+        self.readers = {
+            st.actor.name: len(st.out.consumers) if st.out is not None else 0 for st in states
+        }
+        self.plan = plan  # its bytes per device go in the trace (otherData)
         self.outs = {st.actor.name: st.out for st in states if st.out is not None}
         whole = plan is not None and plan.whole
-        self.lazy = {st.actor.name for st in states if st.out is not None
-                     and st.out.spec is None
-                     and (whole or not isinstance(st.actor, OpActor))}
+        self.lazy = {
+            st.actor.name
+            for st in states
+            if st.out is not None
+            and st.out.spec is None
+            and (whole or not isinstance(st.actor, OpActor))
+        }
         # (stages sized by piece 0: that piece travels outside the plan; op actors sized
         # then are sized by inference, before their own piece 0, into a register; in a
         # plan made whole, every actor's piece 0 travels outside it: Plan.defer)
-        self.write_s = 0.0              # how long writing the file took
-        self.started: dict = {}         # (name, piece) -> start of an act whose simulated
+        self.write_s = 0.0  # how long writing the file took
+        self.started: dict = {}  # (name, piece) -> start of an act whose simulated
         # time (time=) ends when the loop's timer fires: recorded then (``delayed``)
 
-    def act(self, name: str, piece: int, start: float, end: float, inputs=(),
-            free=None) -> None:
+    def act(self, name: str, piece: int, start: float, end: float, inputs=(), free=None) -> None:
         """One act of ``name`` on ``piece`` from ``start`` to ``end`` (perf_counter
         seconds), reading the registers of ``inputs`` (producer names) for that piece;
         ``free``: its free registers when it started."""
@@ -91,17 +95,18 @@ class Timeline:
         complete, flow, counter = tr.complete, tr.flow, tr.counter
         for kind, name, what, start, end, inputs, free in list(self.records):
             tid = tids[name]
-            ts = round((start - t0) * 1e6, 3)           # (tr.us, inlined: once per record)
+            ts = round((start - t0) * 1e6, 3)  # (tr.us, inlined: once per record)
             te = round((end - t0) * 1e6, 3)
             dur = te - ts if te > ts else 0.0
             if kind == 1:
-                complete(PID, tid, "wait", f"waits for {what}", ts, dur,
-                         f'{{"cause":{quote(what)}}}')
+                complete(
+                    PID, tid, "wait", f"waits for {what}", ts, dur, f'{{"cause":{quote(what)}}}'
+                )
                 continue
             if kind == 2:
                 complete(PID, tid, "act", name, ts, dur, {"piece": what, "error": free})
                 continue
-            ts = repr(ts)                               # (as text once, for its events)
+            ts = repr(ts)  # (as text once, for its events)
             complete(PID, tid, "act", name, ts, dur, f'{{"piece":{what}}}')
             for p in inputs:
                 flow(PID, tid, "register", "register", f"{p}/{what}", ts, False)
@@ -116,10 +121,9 @@ class Timeline:
     def memory(self) -> dict:
         """``{device name: (times, bytes in use)}``, in time order from 0 at the start, one
         entry per change: see the module's doc for what counts."""
-        sizes = {}                      # actor -> {device name: bytes per register}
+        sizes = {}  # actor -> {device name: bytes per register}
         for name, out in self.outs.items():
-            b = {} if out.spec is None else {str(d): n for d, n in out.spec.bytes_on().items()
-                                             if n}
+            b = {} if out.spec is None else {str(d): n for d, n in out.spec.bytes_on().items() if n}
             if b:
                 sizes[name] = b
         return memory_in_use(list(self.records), sizes, self.readers, self.lazy, self.t0)
@@ -130,8 +134,12 @@ class Timeline:
         plan = self.plan
         if plan is None:
             return {}
-        return {"memory": {str(d): {"planned": n, "budget": plan.budget.budget(d)}
-                           for d, n in sorted(plan.totals.items(), key=lambda kv: str(kv[0]))}}
+        return {
+            "memory": {
+                str(d): {"planned": n, "budget": plan.budget.budget(d)}
+                for d, n in sorted(plan.totals.items(), key=lambda kv: str(kv[0]))
+            }
+        }
 
     def write(self, path) -> Path:
         """Writes the trace JSON (``build()``, with ``other()`` as its ``otherData``)."""
@@ -141,8 +149,9 @@ class Timeline:
         return path
 
 
-def record_act(timeline: Timeline, st, piece: int, start: float, end: float,
-               delay: float, err=None) -> None:
+def record_act(
+    timeline: Timeline, st, piece: int, start: float, end: float, delay: float, err=None
+) -> None:
     """Records an act, or (with simulated time) its start, to be recorded once the loop's
     timer ends it (``delayed``): the real end, which its readers start after. ``err``: the
     act raised (``(exception, traceback text)``): recorded as failed (``record_failed``)."""
@@ -152,19 +161,37 @@ def record_act(timeline: Timeline, st, piece: int, start: float, end: float,
     if delay > 0:
         timeline.started[(st.actor.name, piece)] = start
         return
-    out = st.out                        # (record() inlined: this runs once per act)
-    timeline.records.append((0, st.actor.name, piece, start, end, st.in_names, None
-                             if out is None else out.pipe.qsize() if out.pipe is not None
-                             else len(out.free)))
+    out = st.out  # (record() inlined: this runs once per act)
+    timeline.records.append(
+        (
+            0,
+            st.actor.name,
+            piece,
+            start,
+            end,
+            st.in_names,
+            None if out is None else out.pipe.qsize() if out.pipe is not None else len(out.free),
+        )
+    )
 
 
-def record_failed(timeline: Timeline, st, piece: int, start: float, end: float,
-                  error: BaseException) -> None:
+def record_failed(
+    timeline: Timeline, st, piece: int, start: float, end: float, error: BaseException
+) -> None:
     """Records an act that raised (kind 2): what a failing test's report and the trace
     show as the act the run stopped at, with its error."""
     said = str(error).strip().splitlines()
-    timeline.records.append((2, st.actor.name, piece, start, end, st.in_names,
-                             type(error).__name__ + (f": {said[0]}" if said else "")))
+    timeline.records.append(
+        (
+            2,
+            st.actor.name,
+            piece,
+            start,
+            end,
+            st.in_names,
+            type(error).__name__ + (f": {said[0]}" if said else ""),
+        )
+    )
 
 
 def delayed(timeline: Timeline, st, piece: int) -> None:
@@ -197,7 +224,7 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
     names = list(sizes)
     index = {n: i for i, n in enumerate(names)}
     m = len(names)
-    okey, ostart, ckey, cend = [], [], [], []     # writes (key, start), reads (key, end)
+    okey, ostart, ckey, cend = [], [], [], []  # writes (key, start), reads (key, end)
     last = t0
     for kind, name, piece, start, end, inputs, _ in records:
         if end > last:
@@ -208,7 +235,7 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
         if i is not None and not (piece == 0 and name in lazy):
             okey.append(piece * m + i)
             ostart.append(start)
-            if not readers.get(name):           # nobody reads it: home after its act
+            if not readers.get(name):  # nobody reads it: home after its act
                 ckey.append(piece * m + i)
                 cend.append(end)
         for p in inputs:
@@ -222,7 +249,7 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
     ckey, cend = ckey[order], cend[order]
     final = np.ones(len(ckey), bool)
     final[:-1] = ckey[1:] != ckey[:-1]
-    ckey, cend = ckey[final], cend[final]       # each register's last read
+    ckey, cend = ckey[final], cend[final]  # each register's last read
     if len(ckey):
         at = np.minimum(np.searchsorted(ckey, okey), len(ckey) - 1)
         oend = np.where(ckey[at] == okey, cend[at], last)
@@ -233,7 +260,7 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
     t = np.concatenate([ostart[live], oend[live]])
     up = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
     who = np.concatenate([okey[live] % m] * 2)
-    o = np.lexsort((up, t))                     # (at the same time: homes before takes)
+    o = np.lexsort((up, t))  # (at the same time: homes before takes)
     t, up, who = t[o], up[o], who[o]
     out = {}
     for d in sorted({d for b in sizes.values() for d in b}):
@@ -241,7 +268,6 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
         mine = nb != 0
         td, level = t[mine], np.cumsum(up[mine] * nb[mine])
         final = np.ones(len(td), bool)
-        final[:-1] = td[1:] != td[:-1]          # one entry per time: the level after it
-        out[d] = ([0.0] + np.round((td[final] - t0) * 1e6, 3).tolist(),
-                  [0] + level[final].tolist())
+        final[:-1] = td[1:] != td[:-1]  # one entry per time: the level after it
+        out[d] = ([0.0] + np.round((td[final] - t0) * 1e6, 3).tolist(), [0] + level[final].tolist())
     return out

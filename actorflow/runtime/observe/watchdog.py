@@ -25,7 +25,7 @@ class WaitFor:
 
     def __init__(self):
         self.edges: dict = {}
-        self.notes: dict = {}           # a -> text said before its edges (what it waits for)
+        self.notes: dict = {}  # a -> text said before its edges (what it waits for)
 
     def add(self, a, b, reason: str) -> None:
         self.edges.setdefault(a, []).append((b, reason))
@@ -75,8 +75,9 @@ def deadlock(graph: WaitFor, what: str, stalled: list) -> DeadlockError:
     cycle = graph.find_cycle()
     if cycle:
         text = graph.describe(cycle)
-        return DeadlockError(f"{what} deadlocked: {text}", [(str(a), str(b), r)
-                                                           for a, b, r in cycle])
+        return DeadlockError(
+            f"{what} deadlocked: {text}", [(str(a), str(b), r) for a, b, r in cycle]
+        )
     waits = "; ".join(graph.notes.get(a, f"{a} waits") for a in stalled)
     return DeadlockError(f"{what} stalled with nothing running: {waits}", [])
 
@@ -107,11 +108,14 @@ def describe_waits(sched) -> str:
         elif st.in_flight and not st.piped:
             clock = getattr(sched, "clock", None)
             if clock is not None and clock.held and st.mode != "thread":
-                lines.append(f"{name} has {st.in_flight} act(s) in simulated time, which "
-                             f"stands still until the caller takes the outputs it was given")
+                lines.append(
+                    f"{name} has {st.in_flight} act(s) in simulated time, which "
+                    f"stands still until the caller takes the outputs it was given"
+                )
                 continue
-            lines.append(f"{name} is acting ({st.in_flight} act(s) in flight; next piece "
-                         f"{st.next_piece})")
+            lines.append(
+                f"{name} is acting ({st.in_flight} act(s) in flight; next piece {st.next_piece})"
+            )
         elif name in g.notes:
             lines.append(g.notes[name])
         elif st.cause is not None:
@@ -121,10 +125,14 @@ def describe_waits(sched) -> str:
     if not lines:
         lines.append("every actor has ended")
     cycle = g.find_cycle()
-    if cycle and not any(st.in_flight and not st.piped or st.piped and st.cause is None
-                         for st in sched.actor_runs if not st.ended):
-        lines.append("wait-for cycle: " + " -> ".join(str(a) for a, _, _ in cycle)
-                     + f" -> {cycle[0][0]}")
+    if cycle and not any(
+        st.in_flight and not st.piped or st.piped and st.cause is None
+        for st in sched.actor_runs
+        if not st.ended
+    ):
+        lines.append(
+            "wait-for cycle: " + " -> ".join(str(a) for a, _, _ in cycle) + f" -> {cycle[0][0]}"
+        )
     return "\n".join(lines)
 
 
@@ -136,8 +144,10 @@ def failure_of(sched):
         return None
     first = str(e.original).strip().splitlines()
     where = f"piece {e.piece}" if e.piece is not None else "its setup"
-    return e.actor, (f"{e.actor} failed on {where}: {type(e.original).__name__}"
-                     + (f": {first[0]}" if first else ""))
+    return e.actor, (
+        f"{e.actor} failed on {where}: {type(e.original).__name__}"
+        + (f": {first[0]}" if first else "")
+    )
 
 
 def wait_graph(sched) -> tuple:
@@ -151,9 +161,9 @@ def wait_graph(sched) -> tuple:
             continue
         name = st.actor.name
         waiting.append(name)
-        if st.piped:                            # a piped thread blocked on its queues
+        if st.piped:  # a piped thread blocked on its queues
             if st.cause is None:
-                continue                        # (acting)
+                continue  # (acting)
             if st.cause == "input":
                 prod = st.ins[0].producer.actor.name
                 g.note(name, f"{name} waits for piece {st.next_piece} from {prod}")
@@ -162,43 +172,59 @@ def wait_graph(sched) -> tuple:
                 held = []
                 for r in st.out.registers:
                     at = r.at
-                    if at is None or at == name:    # (handed to the loop: a queue there?)
-                        at = next((c.actor.name for c in st.out.consumers if r in c.queue),
-                                  None)
+                    if at is None or at == name:  # (handed to the loop: a queue there?)
+                        at = next((c.actor.name for c in st.out.consumers if r in c.queue), None)
                     if at is None:
                         continue
-                    held.append(f"#{r.index} at {at}" + ("" if r.piece is None else
-                                                         f" (piece {r.piece})"))
-                    g.add(name, at, f"{name} waits for its register #{r.index}, which {at} "
-                                    f"has not handed back")
-                g.note(name, f"{name} waits for a free register ("
-                             + (", ".join(held) if held else "none is with a piped actor")
-                             + ")")
+                    held.append(
+                        f"#{r.index} at {at}" + ("" if r.piece is None else f" (piece {r.piece})")
+                    )
+                    g.add(
+                        name,
+                        at,
+                        f"{name} waits for its register #{r.index}, which {at} has not handed back",
+                    )
+                g.note(
+                    name,
+                    f"{name} waits for a free register ("
+                    + (", ".join(held) if held else "none is with a piped actor")
+                    + ")",
+                )
             continue
         for p in st.ins:
             if not p.queue:
-                g.note(name, f"{name} waits for piece {st.next_piece} from "
-                             f"{p.producer.actor.name}")
-                g.add(name, p.producer.actor.name,
-                      f"{name} waits for piece {st.next_piece} from {p.producer.actor.name}")
+                g.note(name, f"{name} waits for piece {st.next_piece} from {p.producer.actor.name}")
+                g.add(
+                    name,
+                    p.producer.actor.name,
+                    f"{name} waits for piece {st.next_piece} from {p.producer.actor.name}",
+                )
         if st.out is not None and not st.out.free:
             if name not in g.notes:
-                g.note(name, f"{name} waits for a free register (0 of {st.out.buffers} free, "
-                             f"{len(st.out.registers)} allocated)")
+                g.note(
+                    name,
+                    f"{name} waits for a free register (0 of {st.out.buffers} free, "
+                    f"{len(st.out.registers)} allocated)",
+                )
             for reg in st.out.registers:
                 for c in st.out.consumers:
                     if reg in c.queue:
-                        g.add(name, c.actor.name,
-                              f"{name} waits for a free register; one (piece {reg.piece}) is "
-                              f"queued at {c.actor.name}")
+                        g.add(
+                            name,
+                            c.actor.name,
+                            f"{name} waits for a free register; one (piece {reg.piece}) is "
+                            f"queued at {c.actor.name}",
+                        )
         if st.cause == "resource":
             g.note(name, f"{name} waits for tokens {dict(st.tokens)}")
         share = st.share
         if share is not None and st.out is not None and st.out.free:
             for other in share.preds + share.succs:
                 if not other.ended:
-                    why = (f"{name} waits for the bytes its register shares with "
-                           f"{other.actor.name}'s (a control edge of the memory plan)")
+                    why = (
+                        f"{name} waits for the bytes its register shares with "
+                        f"{other.actor.name}'s (a control edge of the memory plan)"
+                    )
                     g.note(name, why)
                     g.add(name, other.actor.name, why)
     return g, waiting

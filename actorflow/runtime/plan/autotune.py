@@ -33,12 +33,12 @@ from ..graph.device_acts import DEVICE_ACTORS
 from ..graph.source import SourceActor
 
 AUTO = "auto"
-FLOOR = 2               # registers per output the default gives at least: double buffering
-MAX_AUTO = 16           # registers per output the tuner gives at most
-JITTER = 1.25           # with memory left, edges within this of the bound get one more
-SHORT_ACT_S = 1e-3      # thread stages whose register is held less than this per act...
+FLOOR = 2  # registers per output the default gives at least: double buffering
+MAX_AUTO = 16  # registers per output the tuner gives at most
+JITTER = 1.25  # with memory left, edges within this of the bound get one more
+SHORT_ACT_S = 1e-3  # thread stages whose register is held less than this per act...
 SMALL_BYTES = 64 << 10  # ...and whose register is at most this big get HANDOFF registers:
-HANDOFF = 16            # a thread then takes several pieces per turn on the GIL
+HANDOFF = 16  # a thread then takes several pieces per turn on the GIL
 
 
 class Tuning:
@@ -53,7 +53,7 @@ class Tuning:
         self.rate = None
         self.times: dict = {}
         self.sources: dict = {}
-        self.handoff: list = []         # actors given registers for cheaper hand-offs
+        self.handoff: list = []  # actors given registers for cheaper hand-offs
         self.lines: list = []
 
 
@@ -66,14 +66,16 @@ def stage_time(a, measured: dict):
         own = getattr(a, "probe_s", 0.0) or 0.0
         if callable(t):
             seen = []
-            for p in range(8):          # (a function of a short run may stop early)
+            for p in range(8):  # (a function of a short run may stop early)
                 try:
                     seen.append(float(t(p)))
                 except Exception as e:  # noqa: BLE001 - said with the actor on piece 0
                     if not seen:
-                        raise PlanError(f"actor {a.name!r}: time= raised on piece 0 while "
-                                        f"buffers=\"auto\" read it: {type(e).__name__}: "
-                                        f"{e}") from e
+                        raise PlanError(
+                            f"actor {a.name!r}: time= raised on piece 0 while "
+                            f'buffers="auto" read it: {type(e).__name__}: '
+                            f"{e}"
+                        ) from e
                     break
             return sum(seen) / len(seen) + own, f"time= (first {len(seen)} pieces)"
         return float(t) + own, "time="
@@ -96,14 +98,13 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
         readers = [times[c] for c in a.consumers if c in times]
         hold[a] = times[a] + max(readers, default=0.0)
     # an async stage's acts overlap (as many as its registers): only its edge bounds it
-    steady = [a for a in nodes if not getattr(a, "is_async", False)
-              or isinstance(a, SourceActor)]
+    steady = [a for a in nodes if not getattr(a, "is_async", False) or isinstance(a, SourceActor)]
     slowest = max(steady, key=lambda a: times[a] / max(1, a.replicas), default=None)
     if slowest is not None and times[slowest] > 0:
         tu.bound = max(1, slowest.replicas) / times[slowest]
     bytes_of = {a: a.out_spec.bytes_on() if a.out_spec is not None else {} for a in nodes}
     used: dict = {}
-    for a in nodes:                     # op workspaces count against the budget too
+    for a in nodes:  # op workspaces count against the budget too
         prog = getattr(a, "program", None)
         if prog is not None and prog.workspace_bytes:
             used[prog.device] = used.get(prog.device, 0) + prog.workspace_bytes
@@ -133,9 +134,10 @@ def tune(actors: list, auto: set, buffers: dict, budget, measured: dict) -> Tuni
             break
         grow(a)
     if tu.bound is not None and stop.startswith("every edge"):
-        spare = sorted((a for a in tunable if rate(a) < tu.bound * JITTER
-                        and buffers[a] < MAX_AUTO),
-                       key=lambda a: sum(bytes_of[a].values()))
+        spare = sorted(
+            (a for a in tunable if rate(a) < tu.bound * JITTER and buffers[a] < MAX_AUTO),
+            key=lambda a: sum(bytes_of[a].values()),
+        )
         for a in spare:
             if fits(a):
                 grow(a)
@@ -157,8 +159,9 @@ def floor_of(a) -> int:
     return n
 
 
-def default_counts(nodes: list, default: set, buffers: dict, budget, measured: dict,
-                   lazy: bool = False) -> list:
+def default_counts(
+    nodes: list, default: set, buffers: dict, budget, measured: dict, lazy: bool = False
+) -> list:
     """Chooses ``buffers[a]`` for the actors of ``nodes`` (sized ones, plan order) in
     ``default`` (no ``buffers`` given): ``floor_of(a)``, then up to HANDOFF for small host
     registers next to short acts on threads (``_hand_offs``), as far as each device's
@@ -177,15 +180,19 @@ def default_counts(nodes: list, default: set, buffers: dict, budget, measured: d
             else:
                 times[a] = (a.time or 0.0) + (a.probe_s or 0.0)
         return times[a]
+
     bytes_of = {}
     for a in nodes:
         if a in default:
             buffers[a] = floor_of(a)
-            if (a.out_spec is not None and not isinstance(a, DEVICE_ACTORS)
-                    and (_on_thread(a) or any(_on_thread(c) for c in a.consumers))):
+            if (
+                a.out_spec is not None
+                and not isinstance(a, DEVICE_ACTORS)
+                and (_on_thread(a) or any(_on_thread(c) for c in a.consumers))
+            ):
                 on = a.out_spec.bytes_on()
                 if on and all(d.type == "cpu" and n <= SMALL_BYTES for d, n in on.items()):
-                    bytes_of[a] = on            # (small host registers: may get more)
+                    bytes_of[a] = on  # (small host registers: may get more)
     host = list(bytes_of)
     if not host:
         return []
@@ -193,8 +200,9 @@ def default_counts(nodes: list, default: set, buffers: dict, budget, measured: d
     for a in host:
         for x in (a, *a.consumers):
             if x not in hold and not isinstance(x, Collector):
-                hold[x] = t(x) + max((t(c) for c in x.consumers
-                                      if not isinstance(c, Collector)), default=0.0)
+                hold[x] = t(x) + max(
+                    (t(c) for c in x.consumers if not isinstance(c, Collector)), default=0.0
+                )
     used: dict = {}
     if not lazy:
         for a in nodes:
@@ -215,6 +223,7 @@ def _room(budget, used: dict, bytes_of: dict, buffers: dict, lazy: bool = False)
     """``(fits, grow)`` over the bytes ``used`` per device: whether one more register of an
     actor fits its devices' budgets (never, on a budgeted device, while ``lazy``: the
     others' sizes are not known yet), and taking it."""
+
     def fits(a):
         for d, n in bytes_of[a].items():
             cap = budget.budget(d)
@@ -226,6 +235,7 @@ def _room(budget, used: dict, bytes_of: dict, buffers: dict, lazy: bool = False)
         buffers[a] += 1
         for d, n in bytes_of[a].items():
             used[d] = used.get(d, 0) + n
+
     return fits, grow
 
 
@@ -233,13 +243,20 @@ def _hand_offs(nodes, auto, hold, bytes_of, buffers, fits, grow) -> list:
     """Gives the actors in ``auto`` whose registers are small and sit next to a short act
     on a thread (``_short_thread_act``) one more register each in turn, cheapest first,
     up to HANDOFF and as far as ``fits`` allows; returns them."""
+
     def short(a):
         return a in hold and _short_thread_act(a, hold[a])
-    handoff = [a for a in nodes if a in auto and a.out_spec is not None
-               and all(b <= SMALL_BYTES for b in bytes_of[a].values())
-               and (short(a) or any(short(c) for c in a.consumers))]
+
+    handoff = [
+        a
+        for a in nodes
+        if a in auto
+        and a.out_spec is not None
+        and all(b <= SMALL_BYTES for b in bytes_of[a].values())
+        and (short(a) or any(short(c) for c in a.consumers))
+    ]
     grew = True
-    while grew:                         # one more each in turn, as far as memory goes
+    while grew:  # one more each in turn, as far as memory goes
         grew = False
         for a in sorted(handoff, key=lambda a: sum(bytes_of[a].values())):
             if buffers[a] < HANDOFF and fits(a):
@@ -250,8 +267,9 @@ def _hand_offs(nodes, auto, hold, bytes_of, buffers, fits, grow) -> list:
 
 def _on_thread(a) -> bool:
     """A stage acting on a thread of its own (not inline, not async, not a source)."""
-    return not (a.inline or getattr(a, "is_async", False)
-                or isinstance(a, (SourceActor, Collector)))
+    return not (
+        a.inline or getattr(a, "is_async", False) or isinstance(a, (SourceActor, Collector))
+    )
 
 
 def _short_thread_act(a, hold: float) -> bool:
@@ -264,24 +282,32 @@ def _short_thread_act(a, hold: float) -> bool:
 
 
 def _explain(tu, nodes, auto, hold, buffers, slowest, stop, used) -> list:
-    lines = ["buffers chosen for throughput under the budget (buffers=\"auto\"):"]
+    lines = ['buffers chosen for throughput under the budget (buffers="auto"):']
     if tu.bound is not None:
-        lines.append(f"  the slowest stage is {slowest.name!r}: {tu.times[slowest.name] * 1e3:.3g}"
-                     f" ms per act, at most {tu.bound:.4g} pieces/s")
+        lines.append(
+            f"  the slowest stage is {slowest.name!r}: {tu.times[slowest.name] * 1e3:.3g}"
+            f" ms per act, at most {tu.bound:.4g} pieces/s"
+        )
     for a in nodes:
         if a not in auto:
             continue
-        r = (f"{buffers[a] / hold[a]:.4g} pieces/s" if hold[a] > 0 else "no time")
-        lines.append(f"  {a.name}: {buffers[a]} register(s), each held {hold[a] * 1e3:.3g} ms "
-                     f"(its act and its slowest reader's): the edge passes {r}; times: "
-                     f"{tu.sources[a.name]}")
+        r = f"{buffers[a] / hold[a]:.4g} pieces/s" if hold[a] > 0 else "no time"
+        lines.append(
+            f"  {a.name}: {buffers[a]} register(s), each held {hold[a] * 1e3:.3g} ms "
+            f"(its act and its slowest reader's): the edge passes {r}; times: "
+            f"{tu.sources[a.name]}"
+        )
     if stop:
         lines.append(f"  stopped because {stop}")
     if tu.handoff:
-        lines.append(f"  small registers into or out of short acts on threads "
-                     f"({', '.join(tu.handoff)}): up to {HANDOFF} each, so a thread takes "
-                     f"several pieces per turn instead of one hand-off per piece")
+        lines.append(
+            f"  small registers into or out of short acts on threads "
+            f"({', '.join(tu.handoff)}): up to {HANDOFF} each, so a thread takes "
+            f"several pieces per turn instead of one hand-off per piece"
+        )
     if used:
-        lines.append("  registers: " + ", ".join(f"{format_bytes(n)} on {d}"
-                                                  for d, n in sorted(used.items(), key=str)))
+        lines.append(
+            "  registers: "
+            + ", ".join(f"{format_bytes(n)} on {d}" for d, n in sorted(used.items(), key=str))
+        )
     return lines

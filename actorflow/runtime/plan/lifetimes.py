@@ -41,9 +41,9 @@ from .placement import (
     pack,
 )
 
-ALIGN = 8               # every register starts on an 8-byte boundary (any dtype can view it)
-EXACT_MAX = 12          # graphs up to this many nodes are planned exactly
-WORK = 200_000          # search steps the exact planner may take before it keeps its best
+ALIGN = 8  # every register starts on an 8-byte boundary (any dtype can view it)
+EXACT_MAX = 12  # graphs up to this many nodes are planned exactly
+WORK = 200_000  # search steps the exact planner may take before it keeps its best
 
 
 def aligned(nbytes: int) -> int:
@@ -93,7 +93,7 @@ class _Search:
 
     def __init__(self, sizes, cons, devs, scale):
         self.sizes, self.cons, self.devs, self.scale = sizes, cons, devs, scale
-        self.best = None            # (score, total, order, ivs, offsets, arenas, method)
+        self.best = None  # (score, total, order, ivs, offsets, arenas, method)
         self.tried: dict = {}
 
     def score(self, arenas: dict) -> float:
@@ -170,6 +170,7 @@ class _Search:
                 if self.best[0] <= lower + 1e-12:
                     return True
             return complete
+
         return rec(0, 0.0)
 
     def _exact_place(self, order: list, budget: list) -> None:
@@ -185,9 +186,14 @@ class _Search:
         self.offer(order, ivs, offsets, arenas, "searched order, exact placement")
 
 
-def plan_sharing(sizes: list, inputs: list, scale: dict | None = None,
-                 exact_max: int = EXACT_MAX, work: int = WORK,
-                 after: list | None = None) -> SharePlan:
+def plan_sharing(
+    sizes: list,
+    inputs: list,
+    scale: dict | None = None,
+    exact_max: int = EXACT_MAX,
+    work: int = WORK,
+    after: list | None = None,
+) -> SharePlan:
     """Plans shared registers for nodes ``0..n-1`` given in a topological order
     (``inputs[i]`` and ``after[i]`` hold indices below ``i``); ``sizes[i]``: ``{device:
     bytes}``; ``scale``: what a device's bytes are weighed against (what its budget leaves
@@ -203,17 +209,20 @@ def plan_sharing(sizes: list, inputs: list, scale: dict | None = None,
     order_in = [sorted(set(inputs[i]) | set(after[i] if after else ())) for i in range(n)]
     s = _Search(sizes, cons, devs, scale)
     s.evaluate(list(range(n)), "graph", note=True)
-    s.evaluate(greedy_order(sizes, inputs, cons, scale, order_in=order_in), "memory-aware",
-               note=True)
-    s.evaluate(greedy_order(sizes, inputs, cons, scale, depth_first=True, order_in=order_in),
-               "depth-first", note=True)
+    s.evaluate(
+        greedy_order(sizes, inputs, cons, scale, order_in=order_in), "memory-aware", note=True
+    )
+    s.evaluate(
+        greedy_order(sizes, inputs, cons, scale, depth_first=True, order_in=order_in),
+        "depth-first",
+        note=True,
+    )
     plan = SharePlan()
     if n <= exact_max:
         lower, order = min_live(sizes, inputs, cons, scale, order_in)
         plan.lower = lower
         s.evaluate(order, "least-live")
-        plan.exact = (s.best[0] <= lower + 1e-12
-                      or s.search(inputs, lower, [work], order_in))
+        plan.exact = s.best[0] <= lower + 1e-12 or s.search(inputs, lower, [work], order_in)
     plan.score, _, plan.order, plan.intervals, plan.offsets, plan.arenas, plan.method = s.best
     plan.tried = s.tried
     plan.scale = scale
@@ -253,8 +262,10 @@ def waits(sizes: list, order: list, offsets: dict, devs: list) -> tuple[list, li
                     if cut != uncovered:
                         group[i].add(j)
                         uncovered = cut
-    return ([sorted(p, key=lambda j: pos[j]) for p in preds],
-            [sorted(p, key=lambda j: pos[j]) for p in succs])
+    return (
+        [sorted(p, key=lambda j: pos[j]) for p in preds],
+        [sorted(p, key=lambda j: pos[j]) for p in succs],
+    )
 
 
 def _subtract(segments: list, a: int, b: int) -> list:

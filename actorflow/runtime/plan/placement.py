@@ -51,7 +51,7 @@ def pack(size: list, ivs: list, key, fit: str = "best") -> tuple[int, list]:
     n = len(size)
     off = [-1] * n
     top = 0
-    if n > 64:                                     # numpy finds who is live at once
+    if n > 64:  # numpy finds who is live at once
         start = np.array([s for s, _ in ivs])
         end = np.array([e for _, e in ivs])
         sz = np.array(size, dtype=np.int64)
@@ -64,8 +64,9 @@ def pack(size: list, ivs: list, key, fit: str = "best") -> tuple[int, list]:
             lo = offs[mask]
             busy = sorted(zip(lo.tolist(), (lo + sz[mask]).tolist(), strict=True))
         else:
-            busy = sorted((off[j], off[j] + size[j]) for j in placed
-                          if not (ivs[j][1] < s or e < ivs[j][0]))
+            busy = sorted(
+                (off[j], off[j] + size[j]) for j in placed if not (ivs[j][1] < s or e < ivs[j][0])
+            )
         cur, best = 0, None
         for a, b in busy:
             gap = a - cur
@@ -84,15 +85,18 @@ def pack(size: list, ivs: list, key, fit: str = "best") -> tuple[int, list]:
 
 
 PACKERS = {
-    "size-first best fit": (lambda size, ivs: (lambda i: (-size[i], ivs[i][0])), "best"),
-    "time-line first fit": (lambda size, ivs: (lambda i: (ivs[i][0], -size[i])), "first"),
-    "largest area first": (lambda size, ivs: (lambda i: (-size[i] * (ivs[i][1] - ivs[i][0]
-                                                                     + 1), ivs[i][0])), "best"),
+    "size-first best fit": (lambda size, ivs: lambda i: (-size[i], ivs[i][0]), "best"),
+    "time-line first fit": (lambda size, ivs: lambda i: (ivs[i][0], -size[i]), "first"),
+    "largest area first": (
+        lambda size, ivs: lambda i: (-size[i] * (ivs[i][1] - ivs[i][0] + 1), ivs[i][0]),
+        "best",
+    ),
 }
 
 
-def exact_pack(size: list, ivs: list, bound: int, budget: list,
-               floor: int = 0) -> tuple[int, list] | None:
+def exact_pack(
+    size: list, ivs: list, bound: int, budget: list, floor: int = 0
+) -> tuple[int, list] | None:
     """The smallest arena of any placement below ``bound`` (or None if none is), found by
     branch and bound: registers are placed in the order of their offsets, each at its
     lowest free offset. (Any placement can be pushed down until nothing moves; placing its
@@ -115,20 +119,22 @@ def exact_pack(size: list, ivs: list, bound: int, budget: list,
             if i in off:
                 continue
             s, e = ivs[i]
-            busy = sorted((off[j], off[j] + size[j]) for j in off
-                          if not (ivs[j][1] < s or e < ivs[j][0]))
+            busy = sorted(
+                (off[j], off[j] + size[j]) for j in off if not (ivs[j][1] < s or e < ivs[j][0])
+            )
             cur = 0
             for a, b in busy:
                 if a - cur >= size[i]:
                     break
                 cur = max(cur, b)
             if (cur, i) < last:
-                continue                # the same placement comes from another order
+                continue  # the same placement comes from another order
             off[i] = cur
             rec(max(height, cur + size[i]), (cur, i))
             del off[i]
             if best[0] <= floor:
                 return
+
     rec(0, (-1, -1))
     if best[1] is None:
         return None
@@ -136,8 +142,9 @@ def exact_pack(size: list, ivs: list, bound: int, budget: list,
 
 
 # -- orders --------------------------------------------------------------------------------
-def greedy_order(sizes: list, inputs: list, cons: list, scale: dict, depth_first=False,
-                 order_in=None):
+def greedy_order(
+    sizes: list, inputs: list, cons: list, scale: dict, depth_first=False, order_in=None
+):
     """A memory-aware list schedule: among the nodes ready, the one whose act adds the
     least (its output, less the inputs it is the last reader of); ``depth_first``: the
     one readied last (chains run through before the next starts). ``order_in[i]``: what

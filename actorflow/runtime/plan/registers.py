@@ -20,7 +20,7 @@ from ...backends import get_backend
 from ...device import device as as_device
 from ...errors import OutOfMemoryError, PlanError, format_bytes, parse_bytes
 
-EOS = "end of stream"     # the mark queued on an InPort after the last piece
+EOS = "end of stream"  # the mark queued on an InPort after the last piece
 
 
 class Register:
@@ -31,21 +31,23 @@ class Register:
     __slots__ = ("owner", "index", "arrays", "nbytes", "piece", "pending", "view", "key", "at")
 
     def __init__(self, owner, index: int, arrays: list, nbytes: int, view=None, key=None):
-        self.owner = owner          # the OutPort it belongs to
-        self.key = (owner.actor.name, index) if key is None else key   # what its memory is
+        self.owner = owner  # the OutPort it belongs to
+        self.key = (owner.actor.name, index) if key is None else key  # what its memory is
         # filed under in the graph's MemoryBudget (registers sharing an arena: the arena's)
         self.index = index
         self.arrays = arrays
         self.nbytes = nbytes
-        self.view = view            # the piece as consumers read it (read-only views), made once
+        self.view = view  # the piece as consumers read it (read-only views), made once
         self.piece = None
         self.pending = 0
-        self.at = None              # inside a chain of piped actors: the actor writing or
+        self.at = None  # inside a chain of piped actors: the actor writing or
         # reading it now (None: free), kept by their threads for the watchdog (pipes.py)
 
     def __repr__(self) -> str:
-        return (f"Register({self.owner.actor.name}#{self.index}, piece {self.piece}, "
-                f"{format_bytes(self.nbytes)})")
+        return (
+            f"Register({self.owner.actor.name}#{self.index}, piece {self.piece}, "
+            f"{format_bytes(self.nbytes)})"
+        )
 
 
 class OutPort:
@@ -55,12 +57,12 @@ class OutPort:
 
     def __init__(self, actor, spec, buffers: int):
         self.actor = actor
-        self.spec = spec            # PieceSpec
+        self.spec = spec  # PieceSpec
         self.buffers = buffers
         self.registers: list = []
         self.free: deque = deque()
-        self.consumers: list = []   # InPorts
-        self.pipe = None            # a piped actor's free registers (a SimpleQueue): its
+        self.consumers: list = []  # InPorts
+        self.pipe = None  # a piped actor's free registers (a SimpleQueue): its
         # thread takes its credits there, and they come home there (see state.PipedThread)
 
     def home(self) -> bool:
@@ -80,7 +82,7 @@ class InPort:
         self.producer = producer
         self.queue: deque = deque()
         self.closed = False
-        self.pipe = None            # a piped actor's input: registers go to its thread here
+        self.pipe = None  # a piped actor's input: registers go to its thread here
 
 
 class MemoryBudget:
@@ -93,8 +95,9 @@ class MemoryBudget:
     def __init__(self, budgets: dict | None = None):
         self.budgets: dict = {}
         if budgets is not None and not isinstance(budgets, dict):
-            raise PlanError(f"memory={budgets!r}: memory takes a budget per device, e.g. "
-                            f"{{'cpu': {budgets!r}}}")
+            raise PlanError(
+                f"memory={budgets!r}: memory takes a budget per device, e.g. {{'cpu': {budgets!r}}}"
+            )
         for dev, value in (budgets or {}).items():
             d = as_device(dev)
             try:
@@ -103,8 +106,8 @@ class MemoryBudget:
                 raise PlanError(f"memory={{{dev!r}: {value!r}}}: {e}") from None
         self.in_use: dict = {}
         self.peak: dict = {}
-        self._blocks: dict = {}         # key -> [(device, array, nbytes, owned)]
-        self._lock = threading.Lock()   # frees may come from an abandoned act's thread
+        self._blocks: dict = {}  # key -> [(device, array, nbytes, owned)]
+        self._lock = threading.Lock()  # frees may come from an abandoned act's thread
 
     def budget(self, device):
         return self.budgets.get(device)
@@ -144,7 +147,7 @@ class MemoryBudget:
                 arrays.append(arr)
                 total += nbytes
         except BaseException:
-            self._free_blocks(blocks)          # the arrays of this register made so far
+            self._free_blocks(blocks)  # the arrays of this register made so far
             raise
         with self._lock:
             self._blocks.setdefault(key, []).extend(blocks)
@@ -174,8 +177,14 @@ class MemoryBudget:
     def stats(self) -> dict:
         """``{device name: {"in_use", "peak", "budget"}}`` in bytes."""
         devs = set(self.in_use) | set(self.budgets)
-        return {str(d): {"in_use": self.in_use.get(d, 0), "peak": self.peak.get(d, 0),
-                         "budget": self.budgets.get(d)} for d in sorted(devs, key=str)}
+        return {
+            str(d): {
+                "in_use": self.in_use.get(d, 0),
+                "peak": self.peak.get(d, 0),
+                "budget": self.budgets.get(d),
+            }
+            for d in sorted(devs, key=str)
+        }
 
 
 class RegisterArrays(list):
@@ -187,7 +196,7 @@ class RegisterArrays(list):
 
 
 _BLOCK_IDS = itertools.count(1)
-ALIGN = 64          # each array of a shared register starts on a cache line
+ALIGN = 64  # each array of a shared register starts on a cache line
 
 
 class SharedBlock:
@@ -201,12 +210,15 @@ class SharedBlock:
 
     def __init__(self, spec, buffers: int, what: str):
         from multiprocessing import shared_memory
+
         for s in spec.specs:
             if s.device.type != "cpu":
-                raise PlanError(f"{what}: a stage in worker processes (processes=) writes "
-                                f"registers on the host, but its output has an array on "
-                                f"{s.device}; copy it to the device after the stage "
-                                f"(g.copy(stage, {str(s.device)!r}))")
+                raise PlanError(
+                    f"{what}: a stage in worker processes (processes=) writes "
+                    f"registers on the host, but its output has an array on "
+                    f"{s.device}; copy it to the device after the stage "
+                    f"(g.copy(stage, {str(s.device)!r}))"
+                )
         self.id = next(_BLOCK_IDS)
         self.spec = spec
         self.layout, at = [], 0
@@ -222,7 +234,7 @@ class SharedBlock:
             self.fd = os.dup(shm._fd)
         finally:
             shm.close()
-            shm.unlink()                # (the memory stays while mapped or fd is open)
+            shm.unlink()  # (the memory stays while mapped or fd is open)
         self.registers = []
         for i, arrays in enumerate(mapped(self.fd, self.size, self.layout)):
             arrays.block, arrays.index = self, i
@@ -241,5 +253,9 @@ def mapped(fd: int, size: int, layout: list) -> list:
     as ``SharedBlock``'s), mapped into this process: per register, its arrays (a
     ``RegisterArrays``). The mapping lives as long as one of them."""
     m = mmap.mmap(fd, size)
-    return [RegisterArrays(np.ndarray(shape, np.dtype(dt), buffer=m, offset=off)
-                           for off, shape, dt in reg) for reg in layout]
+    return [
+        RegisterArrays(
+            np.ndarray(shape, np.dtype(dt), buffer=m, offset=off) for off, shape, dt in reg
+        )
+        for reg in layout
+    ]

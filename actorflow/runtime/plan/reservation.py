@@ -34,32 +34,40 @@ class Plan:
     (``share="auto"``) or the graph asked for it (``share=True``), else None. ``chosen``:
     the actors whose count the plan chose (``buffers="auto"``, or no ``buffers`` given)."""
 
-    def __init__(self, actors: list, buffers: dict, budget: MemoryBudget, resources: dict,
-                 share="auto", chosen=()):
+    def __init__(
+        self,
+        actors: list,
+        buffers: dict,
+        budget: MemoryBudget,
+        resources: dict,
+        share="auto",
+        chosen=(),
+    ):
         self.actors = actors
-        self.chosen = set(chosen)       # actors whose count the plan chose (buffers="auto")
-        self.default: set = set()       # ...of them, those on the default (autotune.py's
-        self.measured: dict = {}        # default_counts, from these times): sized later,
-        #                                 they get their count when sized
+        self.chosen = set(chosen)  # actors whose count the plan chose (buffers="auto")
+        self.default: set = set()  # ...of them, those on the default (autotune.py's
+        self.measured: dict = {}  # default_counts, from these times): sized later,
+        #                           they get their count when sized
         self.share = share
         self.sharing = None
-        self.tuning = None              # what buffers="auto" chose, and why (autotune.py)
+        self.tuning = None  # what buffers="auto" chose, and why (autotune.py)
         self.buffers = buffers
         self.budget = budget
         self.resources = dict(resources)
         self.ports: dict = {}
         self.in_ports: dict = {}
         self.totals: dict = {}
-        self._rows: dict = {}           # actor -> its row, built when first read
-        self._row_list = None           # ``rows`` in graph order, until a size changes it
-        self.row_builds = 0             # rows built (each at most once per size: counted)
-        self.reused = 0                 # actors sized by the run as the last run sized them
+        self._rows: dict = {}  # actor -> its row, built when first read
+        self._row_list = None  # ``rows`` in graph order, until a size changes it
+        self.row_builds = 0  # rows built (each at most once per size: counted)
+        self.reused = 0  # actors sized by the run as the last run sized them
         self.allocated = False
-        self.filled = False             # some register is allocated (none may share now)
-        self.whole = False              # registers wait for every size (see defer())
+        self.filled = False  # some register is allocated (none may share now)
+        self.whole = False  # registers wait for every size (see defer())
         self.empty_sources: list = []
-        self.pending: set = {a for a in actors
-                             if a.out_spec is None and not isinstance(a, Collector)}
+        self.pending: set = {
+            a for a in actors if a.out_spec is None and not isinstance(a, Collector)
+        }
         self._tally()
 
     def defer(self) -> None:
@@ -108,8 +116,11 @@ class Plan:
         its actor is sized, and kept: sizing builds none."""
         if self._row_list is None:
             rows = self._rows
-            self._row_list = [rows.get(a) or self._row(a) for a in self.actors
-                              if not isinstance(a, Collector) and a not in self.pending]
+            self._row_list = [
+                rows.get(a) or self._row(a)
+                for a in self.actors
+                if not isinstance(a, Collector) and a not in self.pending
+            ]
         return self._row_list
 
     def _row(self, a) -> dict:
@@ -117,24 +128,41 @@ class Plan:
         prog = getattr(a, "program", None)
         ws = prog.workspace_bytes if prog is not None else 0
         n, reg = self.buffers[a], a.out_spec.nbytes
-        dev = (a.out_spec.specs[0].device if a.out_spec.specs       # (no output: where
-               else getattr(prog, "device", None))                  # its state is)
+        dev = (
+            a.out_spec.specs[0].device
+            if a.out_spec.specs  # (no output: where
+            else getattr(prog, "device", None)
+        )  # its state is)
         shared = self.sharing is not None and a in self.sharing.members
-        row = {"name": a.name, "kind": a.describe(),
-               "output": a.out_spec.describe(sizes=False), "buffers": n,
-               "auto": a in self.chosen, "register_bytes": reg, "workspace_bytes": ws,
-               "bytes": reg * n + ws, "device": str(dev) if dev else "-", "shared": shared}
+        row = {
+            "name": a.name,
+            "kind": a.describe(),
+            "output": a.out_spec.describe(sizes=False),
+            "buffers": n,
+            "auto": a in self.chosen,
+            "register_bytes": reg,
+            "workspace_bytes": ws,
+            "bytes": reg * n + ws,
+            "device": str(dev) if dev else "-",
+            "shared": shared,
+        }
         self._rows[a] = row
         return row
 
     def check(self) -> None:
         """Raises PlanError when a device's registers do not fit its budget, even shared
         by lifetime (``share="auto"``: tried only when side by side they do not fit)."""
-        over = any(self.budget.budget(d) is not None and t > self.budget.budget(d)
-                   for d, t in self.totals.items())
-        if (self.sharing is None and not self.pending and not self.filled
-                and self.share is not False
-                and (over or self.share is True)):
+        over = any(
+            self.budget.budget(d) is not None and t > self.budget.budget(d)
+            for d, t in self.totals.items()
+        )
+        if (
+            self.sharing is None
+            and not self.pending
+            and not self.filled
+            and self.share is not False
+            and (over or self.share is True)
+        ):
             self.sharing = Sharing.make(self.actors, self.buffers, self.budget)
             if self.sharing is not None:
                 self._tally()
@@ -147,13 +175,17 @@ class Plan:
                 continue
             mine = [(r, None) for r in self.rows if r["device"] == str(dev)]
             fixed = sum(r["workspace_bytes"] for r, _ in mine)
-            per_buffer = sum(r["register_bytes"] for r, _ in mine
-                             if not (r["shared"] and self.sharing.region.get(dev)))
+            per_buffer = sum(
+                r["register_bytes"]
+                for r, _ in mine
+                if not (r["shared"] and self.sharing.region.get(dev))
+            )
             if self.sharing is not None:
-                per_buffer += self.sharing.region.get(dev, 0)   # a wave of shared registers
+                per_buffer += self.sharing.region.get(dev, 0)  # a wave of shared registers
 
             def need(n, fixed=fixed, per_buffer=per_buffer):
                 return fixed + per_buffer * n
+
             fits = None
             n = max(r["buffers"] for r, _ in mine) if mine else 1
             while n >= 1:
@@ -161,53 +193,76 @@ class Plan:
                     fits = n
                     break
                 n -= 1
-            lines = [f"  {r['name']}: {r['buffers']} x {format_bytes(r['register_bytes'])}"
-                     + (f" + {format_bytes(r['workspace_bytes'])} workspace"
-                        if r["workspace_bytes"] else "")
-                     + f" = {format_bytes(r['bytes'])}" for r, _ in mine]
+            lines = [
+                f"  {r['name']}: {r['buffers']} x {format_bytes(r['register_bytes'])}"
+                + (
+                    f" + {format_bytes(r['workspace_bytes'])} workspace"
+                    if r["workspace_bytes"]
+                    else ""
+                )
+                + f" = {format_bytes(r['bytes'])}"
+                for r, _ in mine
+            ]
             if fits is not None:
-                hint = (f"buffers={fits} for every actor would fit ({format_bytes(need(fits))});"
-                        f" or raise the budget to {format_bytes(total)}")
+                hint = (
+                    f"buffers={fits} for every actor would fit ({format_bytes(need(fits))});"
+                    f" or raise the budget to {format_bytes(total)}"
+                )
             else:
-                hint = (f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
-                        f"least that, or make the pieces smaller")
+                hint = (
+                    f"even buffers=1 needs {format_bytes(need(1))}; raise the budget to at "
+                    f"least that, or make the pieces smaller"
+                )
             if self.sharing is not None and self.sharing.arenas.get(dev):
-                s = self.sharing            # (registers there share: device memory does not)
+                s = self.sharing  # (registers there share: device memory does not)
                 got = s.arenas.get(dev, 0)
-                found = ("the smallest any order and placement allow"
-                         if s.share.exact and len(s.arenas) == 1
-                         else "the smallest the planner found")
+                found = (
+                    "the smallest any order and placement allow"
+                    if s.share.exact and len(s.arenas) == 1
+                    else "the smallest the planner found"
+                )
                 on = sum(1 for i in s.members.values() if dev in s.sizes[i])
-                hint = (f"sharing registers by lifetime, the {on} actors' registers there "
-                        f"need {format_bytes(got)} ({got} B) instead of "
-                        f"{format_bytes(s.unshared.get(dev, 0))} side by side: {found} "
-                        f"(order {' -> '.join(s.nodes[i].name for i in s.share.order)}); "
-                        + hint)
+                hint = (
+                    f"sharing registers by lifetime, the {on} actors' registers there "
+                    f"need {format_bytes(got)} ({got} B) instead of "
+                    f"{format_bytes(s.unshared.get(dev, 0))} side by side: {found} "
+                    f"(order {' -> '.join(s.nodes[i].name for i in s.share.order)}); " + hint
+                )
             if self.pending:
-                hint += (f" (sized while running piece 0; {len(self.pending)} more actor(s) "
-                         f"not sized yet)")
+                hint += (
+                    f" (sized while running piece 0; {len(self.pending)} more actor(s) "
+                    f"not sized yet)"
+                )
             raise PlanError(
                 f"the plan does not fit the {dev} budget: its registers need "
                 f"{format_bytes(total)} ({total} B) but the budget is {format_bytes(budget)} "
                 f"({budget} B):\n" + "\n".join(lines) + f"\n{hint}",
-                device=str(dev), needed=total, budget=budget,
-                actors={r["name"]: r["bytes"] for r, _ in mine}, fitting_buffers=fits)
+                device=str(dev),
+                needed=total,
+                budget=budget,
+                actors={r["name"]: r["bytes"] for r, _ in mine},
+                fitting_buffers=fits,
+            )
 
     def _check_machine(self, dev, total: int) -> None:
         """With no budget, a plan still cannot hold more than the machine's memory."""
         have = system_memory() if dev.type == "cpu" else None
         if have is None or total <= have:
             return
-        rows = sorted((r for r in self.rows if r["device"] == str(dev)),
-                      key=lambda r: -r["bytes"])
-        biggest = ", ".join(f"{r['name']}: {r['buffers']} x "
-                            f"{format_bytes(r['register_bytes'])}" for r in rows[:3])
+        rows = sorted((r for r in self.rows if r["device"] == str(dev)), key=lambda r: -r["bytes"])
+        biggest = ", ".join(
+            f"{r['name']}: {r['buffers']} x {format_bytes(r['register_bytes'])}" for r in rows[:3]
+        )
         raise PlanError(
             f"the plan cannot be allocated: its registers on {dev} need {format_bytes(total)} "
             f"({total} B) but this machine has {format_bytes(have)} of memory (largest: "
             f"{biggest}); make the pieces smaller or use fewer buffers",
-            device=str(dev), needed=total, budget=have,
-            actors={r["name"]: r["bytes"] for r in rows}, fitting_buffers=None)
+            device=str(dev),
+            needed=total,
+            budget=have,
+            actors={r["name"]: r["bytes"] for r in rows},
+            fitting_buffers=None,
+        )
 
     # -- memory ----------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -222,8 +277,7 @@ class Plan:
             for a in self.actors:
                 if isinstance(a, Collector):
                     continue
-                port = OutPort(a, None if a in self.pending else a.out_spec,
-                               self.buffers[a])
+                port = OutPort(a, None if a in self.pending else a.out_spec, self.buffers[a])
                 self.ports[a] = port
                 if isinstance(a, SourceActor):
                     try:
@@ -247,21 +301,29 @@ class Plan:
     def _fill(self, a, port) -> None:
         self.filled = True
         shared = self.sharing is not None and a in self.sharing.members
-        pinned = pinned_for(a)          # (host registers a device's copies read or write)
+        pinned = pinned_for(a)  # (host registers a device's copies read or write)
         procs = getattr(a, "procs", None)
-        blocks = procs.registers(a, port.buffers) if procs is not None and not shared \
-            else None                   # (written by worker processes: shared memory)
+        blocks = (
+            procs.registers(a, port.buffers) if procs is not None and not shared else None
+        )  # (written by worker processes: shared memory)
         for i in range(port.buffers):
             if blocks is not None:
                 arrays, nbytes = blocks[i], a.out_spec.nbytes
             elif shared:
                 arrays, nbytes = self.sharing.arrays(a, i), a.out_spec.nbytes
             else:
-                arrays, nbytes = self.budget.allocate(a.out_spec, f"register of {a.name!r}",
-                                                      key=(a.name, i), pinned=pinned)
-                arrays = register_arrays(arrays, a.out_spec)    # (device memory: tensors)
-            reg = Register(port, i, arrays, nbytes, read_piece(arrays, a.out_spec),
-                           key=SHARED_KEY if shared else None)
+                arrays, nbytes = self.budget.allocate(
+                    a.out_spec, f"register of {a.name!r}", key=(a.name, i), pinned=pinned
+                )
+                arrays = register_arrays(arrays, a.out_spec)  # (device memory: tensors)
+            reg = Register(
+                port,
+                i,
+                arrays,
+                nbytes,
+                read_piece(arrays, a.out_spec),
+                key=SHARED_KEY if shared else None,
+            )
             port.registers.append(reg)
             port.free.append(reg)
         if isinstance(a, OpActor) and a.program is not None:
@@ -274,7 +336,7 @@ class Plan:
         made whole (``defer``): the registers wait for the last size, see ``unpend``.)"""
         if self.whole:
             self._remember(actor)
-            self.ports[actor].spec = actor.out_spec     # (its next act waits for registers)
+            self.ports[actor].spec = actor.out_spec  # (its next act waits for registers)
             return self.unpend(actor)
         sized, todo = [], [actor]
         while todo:
@@ -284,14 +346,15 @@ class Plan:
             self._remember(a)
             port.spec = a.out_spec
             if a in self.default:
-                default_counts([a], self.default, self.buffers, self.budget, self.measured,
-                               lazy=True)
+                default_counts(
+                    [a], self.default, self.buffers, self.budget, self.measured, lazy=True
+                )
                 port.buffers = self.buffers[a]
             self._count(a)
             self.check()
             self._fill(a, port)
             sized.append(a)
-            for c in a.consumers:               # (one entry per edge: add(s, s) has two)
+            for c in a.consumers:  # (one entry per edge: add(s, s) has two)
                 if isinstance(c, OpActor) and c in self.pending and c not in todo:
                     c.infer()
                     if c.out_spec is not None:
@@ -319,8 +382,13 @@ class Plan:
             return []
         self.whole = False
         if self.default:
-            default_counts([a for a in self.actors if not isinstance(a, Collector)],
-                           self.default, self.buffers, self.budget, self.measured)
+            default_counts(
+                [a for a in self.actors if not isinstance(a, Collector)],
+                self.default,
+                self.buffers,
+                self.budget,
+                self.measured,
+            )
             for a, port in self.ports.items():
                 port.buffers = self.buffers[a]
         self._tally()
@@ -344,7 +412,7 @@ class Plan:
             if a not in busy:
                 self.release_actor(a)
             procs = getattr(a, "procs", None)
-            if procs is not None and a in self.ports:      # (its shared block: no new
+            if procs is not None and a in self.ports:  # (its shared block: no new
                 procs.release(r.arrays for r in self.ports[a].registers)  # worker maps it)
         release_registers(r for p in self.ports.values() for r in p.registers)
         self.budget.release_all(keep)
@@ -365,25 +433,31 @@ class Plan:
     def table(self) -> str:
         w = max([16] + [len(r["name"]) for r in self.rows])
         k = max([20] + [len(r["kind"]) for r in self.rows])
-        head = (f"{'actor':<{w}} {'kind':<{k}} {'output':<30} {'register':>10} {'buffers':>7} "
-                f"{'bytes':>10}")
+        head = (
+            f"{'actor':<{w}} {'kind':<{k}} {'output':<30} {'register':>10} {'buffers':>7} "
+            f"{'bytes':>10}"
+        )
         lines = ["Plan", head, "-" * len(head)]
         for r in self.rows:
             out = r["output"] if len(r["output"]) <= 30 else r["output"][:29] + "~"
             n = f"{r['buffers']} auto" if r["auto"] else r["buffers"]
-            lines.append(f"{r['name']:<{w}} {r['kind']:<{k}} {out:<30} "
-                         f"{format_bytes(r['register_bytes']):>10} {n:>7} "
-                         f"{format_bytes(r['bytes']):>10}" + (" shared" if r["shared"] else ""))
+            lines.append(
+                f"{r['name']:<{w}} {r['kind']:<{k}} {out:<30} "
+                f"{format_bytes(r['register_bytes']):>10} {n:>7} "
+                f"{format_bytes(r['bytes']):>10}" + (" shared" if r["shared"] else "")
+            )
         for dev, total in sorted(self.totals.items(), key=lambda kv: str(kv[0])):
             b = self.budget.budget(dev)
             against = f" of {format_bytes(b)} budget" if b is not None else " (no budget)"
             lines.append(f"total on {dev}: {format_bytes(total)}{against}")
         if self.default:
-            lines.append("buffers: the default, \"auto\" with double buffering as its floor: "
-                         f"{FLOOR} per output (or a stage's replicas), up to {HANDOFF} for "
-                         f"registers of at most {format_bytes(SMALL_BYTES)} on the host next "
-                         f"to short acts on threads, where the budget allows; buffers=2 "
-                         f"gives exactly 2")
+            lines.append(
+                'buffers: the default, "auto" with double buffering as its floor: '
+                f"{FLOOR} per output (or a stage's replicas), up to {HANDOFF} for "
+                f"registers of at most {format_bytes(SMALL_BYTES)} on the host next "
+                f"to short acts on threads, where the budget allows; buffers=2 "
+                f"gives exactly 2"
+            )
         if self.tuning is not None:
             lines += self.tuning.lines
         if self.sharing is not None:

@@ -30,7 +30,7 @@ from ..graph.actors import Collector
 from .lifetimes import aligned, plan_sharing
 from .spec import PieceSpec, Spec
 
-SHARED_KEY = ("shared registers",)      # the arenas' memory key in the MemoryBudget
+SHARED_KEY = ("shared registers",)  # the arenas' memory key in the MemoryBudget
 
 
 class Sharing:
@@ -51,7 +51,7 @@ class Sharing:
         for i in members.values():
             for d, b in sizes[i].items():
                 self.unshared[d] = self.unshared.get(d, 0) + b * k
-        self.base: dict = {}        # device -> the arena's array (None on null devices)
+        self.base: dict = {}  # device -> the arena's array (None on null devices)
 
     @staticmethod
     def make(actors: list, buffers: dict, budget) -> Sharing | None:
@@ -65,10 +65,14 @@ class Sharing:
         if not counts:
             return None
         k = counts.most_common(1)[0][0]
-        members = {a: index[a] for a in nodes          # (device memory is not viewed
-                   if buffers[a] == k and _layout_bytes(a.out_spec)     # into arenas)
-                   and all(get_backend(sp.device).host_memory for sp in a.out_spec.specs)
-                   and getattr(a, "procs", None) is None}   # (processes': a shared block)
+        members = {
+            a: index[a]
+            for a in nodes  # (device memory is not viewed
+            if buffers[a] == k
+            and _layout_bytes(a.out_spec)  # into arenas)
+            and all(get_backend(sp.device).host_memory for sp in a.out_spec.specs)
+            and getattr(a, "procs", None) is None
+        }  # (processes': a shared block)
         sizes = [_layout_bytes(a.out_spec) if a in members else {} for a in nodes]
         inputs = [[index[p] for p in a.inputs] for a in nodes]
         after = [[index[r] for r in _readers_before(a, nodes)] for a in nodes]
@@ -92,10 +96,13 @@ class Sharing:
     def allocate(self, budget) -> None:
         """Takes the arenas (one per device, all filed under SHARED_KEY)."""
         specs = [Spec((b // 8,), "int64", d) for d, b in self.arenas.items() if b]
-        arrays, _ = budget.allocate(PieceSpec(list(range(len(specs))), specs),
-                                    "shared registers", key=SHARED_KEY)
-        self.base = {s.device: None if a is None else a.view(np.uint8)
-                     for s, a in zip(specs, arrays, strict=True)}
+        arrays, _ = budget.allocate(
+            PieceSpec(list(range(len(specs))), specs), "shared registers", key=SHARED_KEY
+        )
+        self.base = {
+            s.device: None if a is None else a.view(np.uint8)
+            for s, a in zip(specs, arrays, strict=True)
+        }
 
     def arrays(self, actor, j: int) -> list:
         """Register ``j`` of ``actor``: views into its wave's region of the arenas."""
@@ -109,37 +116,51 @@ class Sharing:
             if base is None:
                 out.append(None)
             else:
-                out.append(base[o:o + s.nbytes].view(s.dtype.np).reshape(s.shape))
+                out.append(base[o : o + s.nbytes].view(s.dtype.np).reshape(s.shape))
         return out
 
     def ranges(self, actor, j: int) -> dict:
         """``{device: (first byte, end)}`` of register ``j`` of ``actor`` in the arenas."""
         i = self.members[actor]
-        return {d: (self.region[d] * j + self.share.offsets[d][i],
-                    self.region[d] * j + self.share.offsets[d][i] + b)
-                for d, b in self.sizes[i].items()}
+        return {
+            d: (
+                self.region[d] * j + self.share.offsets[d][i],
+                self.region[d] * j + self.share.offsets[d][i] + b,
+            )
+            for d, b in self.sizes[i].items()
+        }
 
     # -- display ---------------------------------------------------------------------------
     def lines(self) -> list:
         s, names = self.share, [a.name for a in self.nodes]
-        how = "exact: the smallest any order and placement allow" if s.exact else \
-            "the best of the heuristics"
-        out = [f"shared registers: {len(self.members)} actors' registers share memory by "
-               f"lifetime ({how}; {s.method}; planned in {s.seconds * 1e3:.1f} ms)"]
+        how = (
+            "exact: the smallest any order and placement allow"
+            if s.exact
+            else "the best of the heuristics"
+        )
+        out = [
+            f"shared registers: {len(self.members)} actors' registers share memory by "
+            f"lifetime ({how}; {s.method}; planned in {s.seconds * 1e3:.1f} ms)"
+        ]
         for d in sorted(self.arenas, key=str):
-            out.append(f"  {d}: {format_bytes(self.arenas[d])} for what needs "
-                       f"{format_bytes(self.unshared[d])} side by side"
-                       + (f" ({self.k} waves of {format_bytes(self.region[d])})"
-                          if self.k > 1 else ""))
+            out.append(
+                f"  {d}: {format_bytes(self.arenas[d])} for what needs "
+                f"{format_bytes(self.unshared[d])} side by side"
+                + (f" ({self.k} waves of {format_bytes(self.region[d])})" if self.k > 1 else "")
+            )
         out.append("  order: " + " -> ".join(names[i] for i in s.order))
         if s.edges:
-            out.append("  control edges (the readers of the first are done before the second "
-                       "writes): " + ", ".join(f"{names[j]} -> {names[i]}" for j, i in s.edges))
+            out.append(
+                "  control edges (the readers of the first are done before the second "
+                "writes): " + ", ".join(f"{names[j]} -> {names[i]}" for j, i in s.edges)
+            )
         cross = sum(len(x) for x in s.succs)
         if cross:
-            out.append(f"  across pieces: {cross} register(s) wait for a later actor's "
-                       f"previous piece in their wave before writing (the cost in overlap: "
-                       f"a wave's pieces pass those bytes in turn)")
+            out.append(
+                f"  across pieces: {cross} register(s) wait for a later actor's "
+                f"previous piece in their wave before writing (the cost in overlap: "
+                f"a wave's pieces pass those bytes in turn)"
+            )
         return out
 
 
@@ -183,12 +204,12 @@ class MemoryGate:
 
     def __init__(self, k: int, ranges: list, live: dict):
         self.k = k
-        self.preds: list = []           # ActorStates
+        self.preds: list = []  # ActorStates
         self.succs: list = []
         self.homes = [0] * k
         self.waiters: set = set()
-        self.ranges = ranges            # per register index: {device: (start, end)}
-        self.live = live                # the run's LiveBytes
+        self.ranges = ranges  # per register index: {device: (start, end)}
+        self.live = live  # the run's LiveBytes
 
 
 class LiveBytes:
@@ -207,8 +228,7 @@ def bind_gates(sharing: Sharing, by_actor: dict) -> LiveBytes:
     states = {}
     for a in sharing.members:
         st = by_actor[a]
-        st.share = MemoryGate(sharing.k, [sharing.ranges(a, j) for j in range(sharing.k)],
-                              live)
+        st.share = MemoryGate(sharing.k, [sharing.ranges(a, j) for j in range(sharing.k)], live)
         states[sharing.members[a]] = st
     s = sharing.share
     for a, i in sharing.members.items():
@@ -237,7 +257,7 @@ def gate_open(st) -> bool:
         if free[0].index == j:
             return True
         free.rotate(-1)
-    return False                        # (its own register j is not home yet)
+    return False  # (its own register j is not home yet)
 
 
 def _done(y, j: int, u: int, waiter) -> bool:
@@ -266,9 +286,11 @@ def taken(st, reg) -> None:
         ranges = live.ranges[d]
         for (x, y), who in ranges.items():
             if x < b and a < y:
-                raise RuntimeError(f"memory sharing broke: {st.actor.name!r} (register "
-                                   f"{reg.index}) would write bytes {a}-{b} on {d} while "
-                                   f"{who} holds {x}-{y}; please report this")
+                raise RuntimeError(
+                    f"memory sharing broke: {st.actor.name!r} (register "
+                    f"{reg.index}) would write bytes {a}-{b} on {d} while "
+                    f"{who} holds {x}-{y}; please report this"
+                )
         ranges[(a, b)] = f"{st.actor.name!r} (register {reg.index})"
         live.used[d] += b - a
         if live.used[d] > live.peak[d]:

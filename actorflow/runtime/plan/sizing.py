@@ -32,14 +32,26 @@ def topo_order(actors: list) -> list:
             visit(p, path + [a])
         state[a] = 2
         order.append(a)
+
     for a in actors:
         visit(a, [])
     return order
 
 
-def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default_buffers,
-               budget: MemoryBudget, resources: dict, check: bool = True,
-               share="auto", measured: dict | None = None, whole: bool = False) -> Plan:
+def plan_graph(
+    graph_actors: list,
+    sinks: list,
+    picks,
+    feed,
+    lazy: bool,
+    default_buffers,
+    budget: MemoryBudget,
+    resources: dict,
+    check: bool = True,
+    share="auto",
+    measured: dict | None = None,
+    whole: bool = False,
+) -> Plan:
     """Plans a graph's actors for a run (``ActorGraph.plan`` and a run's start): points fed
     inputs at ``feed``, adds the collector of the ``sinks`` (``picks``: a traced graph's
     outputs), forgets what the last plan sized (a source keeps a piece 0 it already read),
@@ -48,16 +60,19 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
     ``build_plan``). On failure nothing stays cached and the sources are closed."""
     if not graph_actors:
         raise PlanError("the graph has no actors; add a source first")
-    if feed is not None and not (callable(feed) or hasattr(feed, "__iter__")
-                                 or hasattr(feed, "__aiter__")):
-        raise PlanError(f"run(feed={feed!r}): feed takes the pieces: an iterable (a list, a "
-                        f"generator), an async iterable, or a function returning one; got "
-                        f"{type(feed).__name__}")
+    if feed is not None and not (
+        callable(feed) or hasattr(feed, "__iter__") or hasattr(feed, "__aiter__")
+    ):
+        raise PlanError(
+            f"run(feed={feed!r}): feed takes the pieces: an iterable (a list, a "
+            f"generator), an async iterable, or a function returning one; got "
+            f"{type(feed).__name__}"
+        )
     for a in graph_actors:
         if isinstance(a, SourceActor) and a.fed:
             if feed is None:
                 if a.declared:
-                    a.source = None          # sized by its Spec: plan() needs no pieces
+                    a.source = None  # sized by its Spec: plan() needs no pieces
                     continue
                 raise PlanError(f"{a.name!r} reads its pieces from run(feed=...); pass feed=")
             a.source, a.it, a.spent = feed, None, False
@@ -71,19 +86,20 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
     elif sinks:
         actors.append(Collector([s for s, _ in sinks], names))
     for a in graph_actors:
-        if not isinstance(a, SourceActor):       # a source keeps the piece 0 it already read
+        if not isinstance(a, SourceActor):  # a source keeps the piece 0 it already read
             a.cached.clear()
         if isinstance(a, OpActor):
             a.program = None
             if a.inline_given is None:
-                a.inline = None                  # decided again once sized (this run's shapes)
+                a.inline = None  # decided again once sized (this run's shapes)
             if not a.declared:
                 a.out_spec = None
         elif not a.declared and not (isinstance(a, SourceActor) and 0 in a.cached):
             a.out_spec = None
     try:
-        plan = build_plan(actors, default_buffers, budget, resources, lazy, check, share,
-                          measured, whole)
+        plan = build_plan(
+            actors, default_buffers, budget, resources, lazy, check, share, measured, whole
+        )
     except BaseException:
         for a in graph_actors:
             a.cached.clear()
@@ -96,9 +112,17 @@ def plan_graph(graph_actors: list, sinks: list, picks, feed, lazy: bool, default
     return plan
 
 
-def build_plan(actors: list, default_buffers, budget: MemoryBudget,
-               resources: dict, lazy: bool = False, check: bool = True,
-               share="auto", measured: dict | None = None, whole: bool = False) -> Plan:
+def build_plan(
+    actors: list,
+    default_buffers,
+    budget: MemoryBudget,
+    resources: dict,
+    lazy: bool = False,
+    check: bool = True,
+    share="auto",
+    measured: dict | None = None,
+    whole: bool = False,
+) -> Plan:
     """Sizes every register (reading piece 0 through the graph if a stage's output size is
     not declared), chooses the ``buffers="auto"`` counts (from ``measured``: actor name ->
     seconds per act of the last run, else ``time=`` or piece 0 timed here) and those of
@@ -113,19 +137,29 @@ def build_plan(actors: list, default_buffers, budget: MemoryBudget,
     for a in order:
         for name, n in a.resources.items():
             if name not in resources:
-                raise PlanError(f"actor {a.name!r} takes resource {name!r}, which the graph "
-                                f"does not declare; add resources={{{name!r}: ...}} to the "
-                                f"graph")
+                raise PlanError(
+                    f"actor {a.name!r} takes resource {name!r}, which the graph "
+                    f"does not declare; add resources={{{name!r}: ...}} to the "
+                    f"graph"
+                )
             if n > resources[name]:
-                raise PlanError(f"actor {a.name!r} takes {n} of resource {name!r} but only "
-                                f"{resources[name]} exist, so it could never act")
+                raise PlanError(
+                    f"actor {a.name!r} takes {n} of resource {name!r} but only "
+                    f"{resources[name]} exist, so it could never act"
+                )
         a.infer()
     empty = []
-    auto = {a for a in order if not isinstance(a, Collector)
-            and (a.buffers == AUTO or (a.buffers is None and default_buffers == AUTO))}
-    untimed = any(stage_time(a, measured or {})[1].startswith("unknown") for a in order
-                  if not isinstance(a, Collector)) and not any(
-        isinstance(a, SourceActor) and a.fed and a.source is None for a in order)
+    auto = {
+        a
+        for a in order
+        if not isinstance(a, Collector)
+        and (a.buffers == AUTO or (a.buffers is None and default_buffers == AUTO))
+    }
+    untimed = any(
+        stage_time(a, measured or {})[1].startswith("unknown")
+        for a in order
+        if not isinstance(a, Collector)
+    ) and not any(isinstance(a, SourceActor) and a.fed and a.source is None for a in order)
     # (a graph fed by run(feed=...) planned without its feed cannot time piece 0)
     if not lazy and (any(a.needs_probe() for a in order) or (auto and untimed)):
         empty = _probe(order)
@@ -134,23 +168,28 @@ def build_plan(actors: list, default_buffers, budget: MemoryBudget,
     for a in order:
         if a.out_spec is None and not isinstance(a, Collector) and not lazy:
             if not _downstream_of(a, empty):
-                raise PlanError(f"actor {a.name!r}: the size of its output is unknown after "
-                                f"computing piece 0; give it out=af.Spec(shape, dtype)")
-            a.out_spec = NOTHING      # a source yielded nothing: never used
+                raise PlanError(
+                    f"actor {a.name!r}: the size of its output is unknown after "
+                    f"computing piece 0; give it out=af.Spec(shape, dtype)"
+                )
+            a.out_spec = NOTHING  # a source yielded nothing: never used
     buffers = {}
-    default = set()                          # no buffers= anywhere: the default, "auto"
-    for a in order:                          # with double buffering as its floor
+    default = set()  # no buffers= anywhere: the default, "auto"
+    for a in order:  # with double buffering as its floor
         buffers[a] = default_buffers if a.buffers is None else a.buffers
         if buffers[a] is None:
             buffers[a] = FLOOR
             if not isinstance(a, Collector):
                 default.add(a)
         if isinstance(a, Collector) and buffers[a] == AUTO:
-            buffers[a] = 1                   # (the run's output holds no register)
+            buffers[a] = 1  # (the run's output holds no register)
     sized = [a for a in order if a.out_spec is not None and not isinstance(a, Collector)]
-    waits = lazy and any(a.out_spec is None for a in order       # (a size comes from the
-                         if not isinstance(a, Collector))           # run: Plan.size)
-    if default and not (waits and whole):    # (a plan made whole chooses in unpend)
+    waits = lazy and any(
+        a.out_spec is None
+        for a in order  # (a size comes from the
+        if not isinstance(a, Collector)
+    )  # run: Plan.size)
+    if default and not (waits and whole):  # (a plan made whole chooses in unpend)
         default_counts(sized, default, buffers, budget, measured or {}, lazy=waits)
     tuning = tune(order, auto, buffers, budget, measured or {}) if auto else None
     plan = Plan(order, buffers, budget, resources, share, chosen=auto | default)
@@ -173,7 +212,7 @@ def _probe(order: list) -> list:
         if isinstance(a, Collector):
             continue
         if any(p not in values for p in a.inputs):
-            continue                         # downstream of an empty source
+            continue  # downstream of an empty source
         ins = []
         for p in a.inputs:
             leaves = values[p]
@@ -190,7 +229,7 @@ def _probe(order: list) -> list:
         if out is EOS:
             empty.append(a.name)
             continue
-        if out is None:                      # an async source with a declared spec
+        if out is None:  # an async source with a declared spec
             continue
         values[a] = out
         a.cached[0] = out

@@ -60,8 +60,12 @@ class Spec:
         return Spec(arr.shape, from_numpy_dtype(arr.dtype, "Spec.of"), device or "cpu")
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, Spec) and self.shape == other.shape
-                and self.dtype is other.dtype and self.device is other.device)
+        return (
+            isinstance(other, Spec)
+            and self.shape == other.shape
+            and self.dtype is other.dtype
+            and self.device is other.device
+        )
 
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype, self.device))
@@ -76,6 +80,7 @@ class Spec:
 
 
 # -- pieces as trees of arrays -------------------------------------------------------------
+
 
 def flatten(piece) -> tuple[list, object]:
     """``(leaves, structure)``: the arrays of a piece in a fixed order, and how to rebuild it.
@@ -134,9 +139,15 @@ def structure_difference(got, want, at: str = ""):
     words (``structure_words``); None when they are the same."""
     if got == want:
         return None
-    if (got is None or want is None or got == 0 or want == 0 or got[0] is not want[0]
-            or (got[0] is dict and got[1] != want[1])
-            or (got[0] is not dict and len(got[1]) != len(want[1]))):
+    if (
+        got is None
+        or want is None
+        or got == 0
+        or want == 0
+        or got[0] is not want[0]
+        or (got[0] is dict and got[1] != want[1])
+        or (got[0] is not dict and len(got[1]) != len(want[1]))
+    ):
         return at, structure_words(got), structure_words(want)
     keys = got[1] if got[0] is dict else range(len(got[1]))
     children = zip(got[-1], want[-1], strict=True)
@@ -153,8 +164,9 @@ def structure_mismatch(what: str, got, want, origin: str) -> str:
     difference in words, then the fix."""
     at, g, w = structure_difference(got, want)
     if at:
-        text = (f"{what} gave {structure_words(got)} whose item {at} is {g}, where "
-                f"{origin} {w} there")
+        text = (
+            f"{what} gave {structure_words(got)} whose item {at} is {g}, where {origin} {w} there"
+        )
     else:
         text = f"{what} gave {g} where {origin} {w}"
     if not at and w == "an array" and got[0] in (tuple, list) and len(got[1]) == 1:
@@ -195,8 +207,10 @@ def as_array(leaf, what: str) -> np.ndarray:
     except Exception:  # noqa: BLE001 - reported with the value's type below
         arr = None
     if arr is None or arr.dtype == object:
-        raise DTypeError(f"{what} is a {type(leaf).__name__}; a piece holds arrays, tensors, "
-                         f"numbers, or tuples/lists/dicts of them")
+        raise DTypeError(
+            f"{what} is a {type(leaf).__name__}; a piece holds arrays, tensors, "
+            f"numbers, or tuples/lists/dicts of them"
+        )
     return arr
 
 
@@ -214,16 +228,16 @@ class PieceSpec:
         leaves, structure = flatten(piece)
         specs = []
         for i, leaf in enumerate(leaves):
-            if isinstance(leaf, Tensor):             # from its metadata: nothing is read
+            if isinstance(leaf, Tensor):  # from its metadata: nothing is read
                 m = leaf._impl.meta
-                if m.device.type == "null":          # a stand-in: on its device
+                if m.device.type == "null":  # a stand-in: on its device
                     specs.append(Spec(m.shape, m.dtype, device or m.device))
                     continue
                 if m.shape is not None:
                     specs.append(Spec(m.shape, m.dtype, device or "cpu"))
                     continue
             arr = as_array(leaf, f"{what} (array {i})")
-            from_numpy_dtype(arr.dtype, what)        # raises DTypeError naming what to do
+            from_numpy_dtype(arr.dtype, what)  # raises DTypeError naming what to do
             specs.append(Spec(arr.shape, arr.dtype, device or "cpu"))
         return PieceSpec(structure, specs)
 
@@ -233,8 +247,10 @@ class PieceSpec:
         leaves, structure = flatten(out)
         for leaf in leaves:
             if not isinstance(leaf, Spec):
-                raise TypeError(f"out= takes an af.Spec or a tuple/list/dict of them, got "
-                                f"{type(leaf).__name__} {leaf!r}")
+                raise TypeError(
+                    f"out= takes an af.Spec or a tuple/list/dict of them, got "
+                    f"{type(leaf).__name__} {leaf!r}"
+                )
         return PieceSpec(structure, leaves)
 
     @property
@@ -256,8 +272,11 @@ class PieceSpec:
         return "(" + ", ".join(s.describe(sizes) for s in self.specs) + ")"
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, PieceSpec) and self.structure == other.structure
-                and self.specs == other.specs)
+        return (
+            isinstance(other, PieceSpec)
+            and self.structure == other.structure
+            and self.specs == other.specs
+        )
 
     def __repr__(self) -> str:
         return repr(unflatten(self.structure, self.specs))
@@ -285,7 +304,7 @@ def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
     """
     if value is None and none_is_fine(spec, what):
         return [None] * len(spec.specs)
-    if type(value) is np.ndarray and spec.structure == 0:        # the common case
+    if type(value) is np.ndarray and spec.structure == 0:  # the common case
         s = spec.specs[0]
         if value.shape == s.shape and value.dtype == s.dtype.np:
             return [value]
@@ -293,10 +312,14 @@ def check_piece(value, spec: PieceSpec, what: str, declared: bool) -> list:
     leaves, structure = flatten(value)
     if structure != spec.structure:
         origin = "its declared Spec (out=) is" if declared else "piece 0 gave"
-        raise TypeError(structure_mismatch(what, structure, spec.structure, origin)
-                        + f" (got {_spec_words(value)}, the register holds {spec!r})")
-    return [_checked_leaf(v, s, f"{what} (array {i})", what)
-            for i, (v, s) in enumerate(zip(leaves, spec.specs, strict=True))]
+        raise TypeError(
+            structure_mismatch(what, structure, spec.structure, origin)
+            + f" (got {_spec_words(value)}, the register holds {spec!r})"
+        )
+    return [
+        _checked_leaf(v, s, f"{what} (array {i})", what)
+        for i, (v, s) in enumerate(zip(leaves, spec.specs, strict=True))
+    ]
 
 
 def refuse_device_tensor(v, device, what: str) -> None:
@@ -310,7 +333,8 @@ def refuse_device_tensor(v, device, what: str) -> None:
                 f"{what} returned a tensor on {on}, but its register is on {device}; return "
                 f"a host array (a stage on the host), or keep the stage on {on} and copy its "
                 f"output to the host with a copy actor: g.copy(x, {str(device)!r}) "
-                f"(a Pipeline entry af.Copy({str(device)!r}))")
+                f"(a Pipeline entry af.Copy({str(device)!r}))"
+            )
 
 
 def _checked_leaf(v, s: Spec, leaf_what: str, what: str):
@@ -320,19 +344,25 @@ def _checked_leaf(v, s: Spec, leaf_what: str, what: str):
         arr = as_array(v, leaf_what)
         shape, dtype, got = arr.shape, arr.dtype, f"{arr.dtype}{list(arr.shape)}"
     elif s.device.type != "null":
-        raise DeviceError(f"{what} returned a tensor on {meta.device}, which has no data, "
-                          f"but its register is on {s.device}; return an array or a "
-                          f"{s.device} tensor")
+        raise DeviceError(
+            f"{what} returned a tensor on {meta.device}, which has no data, "
+            f"but its register is on {s.device}; return an array or a "
+            f"{s.device} tensor"
+        )
     else:
         shape, dtype = meta.shape, meta.dtype.np
         got = f"{meta.dtype.name}{list(shape)} on {meta.device}"
     want = f"{s.dtype.name}{list(s.shape)}"
     if shape != s.shape:
-        raise ShapeError(f"{what} returned {got} but its register holds {want}; return the "
-                         f"same shape for every piece, or declare out=af.Spec(...)")
+        raise ShapeError(
+            f"{what} returned {got} but its register holds {want}; return the "
+            f"same shape for every piece, or declare out=af.Spec(...)"
+        )
     if dtype != s.dtype.np:
-        raise DTypeError(f"{what} returned {got} but its register holds {want}; cast it "
-                         f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)")
+        raise DTypeError(
+            f"{what} returned {got} but its register holds {want}; cast it "
+            f"(.astype(numpy.{s.dtype.np.name})) or declare out=af.Spec(...)"
+        )
     return arr
 
 
@@ -342,10 +372,12 @@ def none_is_fine(spec: PieceSpec | None, what: str) -> bool:
     that forgot to return), raised as TypeError with the fix."""
     if spec is not None and all(s.device.type == "null" for s in spec.specs):
         return True
-    raise TypeError(f"{what} returned None; a stage or source gives its output piece (an "
-                    f"array, a tensor, a number, or a tuple/list/dict of them): did the "
-                    f"function forget to return? If it has no output, declare out=() "
-                    f"and None is accepted")
+    raise TypeError(
+        f"{what} returned None; a stage or source gives its output piece (an "
+        f"array, a tensor, a number, or a tuple/list/dict of them): did the "
+        f"function forget to return? If it has no output, declare out=() "
+        f"and None is accepted"
+    )
 
 
 def refuse_awaitable(value, what: str) -> None:
@@ -354,10 +386,12 @@ def refuse_awaitable(value, what: str) -> None:
     if inspect.isawaitable(value):
         if inspect.iscoroutine(value):
             value.close()
-        raise TypeError(f"{what} returned a {type(value).__name__} instead of a piece: the "
-                        f"function is not 'async def' but gives an awaitable; declare it "
-                        f"'async def' (async def f(x): return await g(x)) so the run awaits it "
-                        f"on its loop")
+        raise TypeError(
+            f"{what} returned a {type(value).__name__} instead of a piece: the "
+            f"function is not 'async def' but gives an awaitable; declare it "
+            f"'async def' (async def f(x): return await g(x)) so the run awaits it "
+            f"on its loop"
+        )
 
 
 def _spec_words(value) -> str:

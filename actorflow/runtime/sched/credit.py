@@ -49,7 +49,7 @@ from .state_gates import gates_open, gates_passed, make_gates
 from .stragglers import Stragglers
 from .timed import TimedActs
 
-DRAIN_TURN = 4096       # ready actors tried in one turn of the loop before it gets one
+DRAIN_TURN = 4096  # ready actors tried in one turn of the loop before it gets one
 
 
 class CreditScheduler:
@@ -62,11 +62,10 @@ class CreditScheduler:
     caller's room), ``timed`` (``TimedActs``: timeouts, the async acts' tasks),
     ``stragglers`` (acts a stop abandoned), ``timeline`` (what a trace records)."""
 
-    def __init__(self, plan, deliver, room: int, seed=None, trace=None, serial=False,
-                 keep_acts=0):
+    def __init__(self, plan, deliver, room: int, seed=None, trace=None, serial=False, keep_acts=0):
         self.plan = plan
         self.rng = random.Random(seed) if seed is not None else None
-        self.serial = serial            # a test schedule: see observe.py
+        self.serial = serial  # a test schedule: see observe.py
         self.clock = VirtualClock(self._held) if serial else None
         self.actor_runs = make_actor_runs(plan, make_gates(plan.actors), serial)
         self.by_actor = {st.actor: st for st in self.actor_runs}
@@ -80,19 +79,25 @@ class CreditScheduler:
         self.done = None
         self.start_time = self.end_time = None
         self.threads: list = []
-        self.finished = False           # run() returned: messages are ignored from now on
+        self.finished = False  # run() returned: messages are ignored from now on
         self.stragglers = Stragglers(plan)
-        self.inbox: deque = deque()     # completions posted by actor threads
+        self.inbox: deque = deque()  # completions posted by actor threads
         self.inbox_woken = False
-        self.collector = next((st for st in self.actor_runs if isinstance(st.actor, Collector)), None)
-        self.live = (bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None
-                     else None)         # the shared registers' bytes in use (sharing.py)
-        self.deferred = plan.whole      # a plan made whole: registers come once all are sized
-        self.trace_path = trace         # run(trace=...): where the timeline is written
-        self.timeline = (Timeline(self.actor_runs, plan, 0 if trace else keep_acts)
-                         if trace or keep_acts else None)
+        self.collector = next(
+            (st for st in self.actor_runs if isinstance(st.actor, Collector)), None
+        )
+        self.live = (
+            bind_gates(plan.sharing, self.by_actor) if plan.sharing is not None else None
+        )  # the shared registers' bytes in use (sharing.py)
+        self.deferred = plan.whole  # a plan made whole: registers come once all are sized
+        self.trace_path = trace  # run(trace=...): where the timeline is written
+        self.timeline = (
+            Timeline(self.actor_runs, plan, 0 if trace else keep_acts)
+            if trace or keep_acts
+            else None
+        )
         self.output = RunOutput(self, self.collector, deliver, room, serial)
-        self._collect = self.output.collect         # (on every try of the collector)
+        self._collect = self.output.collect  # (on every try of the collector)
         self.timed = TimedActs(self)
         if not serial and not self.deferred:
             pipe_actors(self.actor_runs, self.output)
@@ -106,14 +111,14 @@ class CreditScheduler:
         self.done = self.loop.create_future()
         self.start_time = time.perf_counter()
         try:
-            if self.stopping:           # stopped before the loop took the run over
+            if self.stopping:  # stopped before the loop took the run over
                 self.done.set_result(None)
             for st in self.actor_runs:
                 self.wake(st)
-            self.read_inbox()           # what the sources did already; the first acts start
+            self.read_inbox()  # what the sources did already; the first acts start
             if any(st.piped for st in self.actor_runs):
-                watch_pipes(self)       # (their waits never reach the loop: see pipes.py)
-            for st in self.actor_runs:      # the other threads start while those acts run
+                watch_pipes(self)  # (their waits never reach the loop: see pipes.py)
+            for st in self.actor_runs:  # the other threads start while those acts run
                 if st.mode == "thread" and st.thread is None and not st.ended:
                     self._start_thread(st)
             await self.done
@@ -152,10 +157,10 @@ class CreditScheduler:
         piped = [st for st in self.actor_runs if st.piped]
         now = time.perf_counter()
         for st in piped:
-            if st.cause is not None:    # (its thread counts its own waits from now)
+            if st.cause is not None:  # (its thread counts its own waits from now)
                 st.waits[st.cause] += now - st.since
                 st.cause = None
-            for port in st.ins:         # (a source has none)
+            for port in st.ins:  # (a source has none)
                 while port.queue:
                     port.pipe.put(port.queue.popleft())
             old = st.thread
@@ -185,7 +190,7 @@ class CreditScheduler:
         self.stopping = True
         if error is not None and self.error is None:
             self.error = error
-        self.timed.cancel()             # async acts, async sources awaiting their next item
+        self.timed.cancel()  # async acts, async sources awaiting their next item
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
@@ -210,13 +215,13 @@ class CreditScheduler:
                 abandon(t, held)
                 continue
             jobs = t.state.jobs
-            if jobs:                    # sent, not seen to complete: may be running now
+            if jobs:  # sent, not seen to complete: may be running now
                 t.token = held.hold(t.state.actor, [(p, r, o) for p, (r, o) in jobs.items()])
-            t.abandoned = True          # (after the token: see ActorThread)
+            t.abandoned = True  # (after the token: see ActorThread)
             t.queue.put(None)
         for t in self.threads:
             if t.token is None:
-                t.thread.join()         # nothing sent to it is running: it exits at once
+                t.thread.join()  # nothing sent to it is running: it exits at once
         self.threads.clear()
         self.timed.let_go(held)
 
@@ -231,8 +236,8 @@ class CreditScheduler:
             return
         self.draining = True
         ready, rng = self.ready, self.rng
-        turn = DRAIN_TURN               # tries before the loop gets a turn (no run holds
-        try:                            # it forever: a stop, a timeout can come in)
+        turn = DRAIN_TURN  # tries before the loop gets a turn (no run holds
+        try:  # it forever: a stop, a timeout can come in)
             while ready and not self.stopping:
                 turn -= 1
                 if turn < 0:
@@ -246,7 +251,7 @@ class CreditScheduler:
         finally:
             self.draining = False
         if self.clock is not None and self.clock.held and not self.output.caller_behind():
-            self.clock.resume()         # (it held while acts were ready)
+            self.clock.resume()  # (it held while acts were ready)
         if not self.stopping:
             self._check_quiet()
 
@@ -258,7 +263,7 @@ class CreditScheduler:
         if st is self.collector:
             self._collect()
             return
-        if st.piped:                    # its thread takes its own acts
+        if st.piped:  # its thread takes its own acts
             return
         ins, out = st.ins, st.out
         while st.in_flight < st.max_in_flight and not st.ended and not self.stopping:
@@ -274,15 +279,15 @@ class CreditScheduler:
             if out is not None:
                 if not out.free:
                     if out.spec is None and st.next_piece == 0 and st.in_flight == 0:
-                        sizing = True          # piece 0 sizes the registers (lazy plan)
+                        sizing = True  # piece 0 sizes the registers (lazy plan)
                     else:
                         self._blocked(st, CREDIT)
                         return
                 elif st.share is not None and not gate_open(st):
-                    self._blocked(st, CREDIT)       # its bytes are not free yet
+                    self._blocked(st, CREDIT)  # its bytes are not free yet
                     return
             if st.gates is not None and not gates_open(st):
-                self._blocked(st, RESOURCE)     # state another piece has not passed yet
+                self._blocked(st, RESOURCE)  # state another piece has not passed yet
                 return
             if st.tokens and not self._take_tokens(st):
                 self._blocked(st, RESOURCE)
@@ -290,9 +295,10 @@ class CreditScheduler:
             if st.cause is not None:
                 now = time.perf_counter()
                 st.waits[st.cause] += now - st.since
-                if self.timeline is not None:       # (Timeline.wait, inlined)
-                    self.timeline.records.append((1, st.actor.name, st.cause, st.since,
-                                                  now, (), None))
+                if self.timeline is not None:  # (Timeline.wait, inlined)
+                    self.timeline.records.append(
+                        (1, st.actor.name, st.cause, st.since, now, (), None)
+                    )
                 st.cause = None
             regs = [p.queue.popleft() for p in ins]
             out_reg = out.free.popleft() if out is not None and not sizing else None
@@ -339,8 +345,9 @@ class CreditScheduler:
         err = result = None
         delay = 0.0
         try:
-            result = st.actor.compute(piece, self.inputs_of(st, regs),
-                                      out_reg.arrays if out_reg is not None else None)
+            result = st.actor.compute(
+                piece, self.inputs_of(st, regs), out_reg.arrays if out_reg is not None else None
+            )
             delay = st.actor.sim_time(piece)
         except BaseException as e:  # noqa: BLE001 - reported as ActorError, as on a thread
             err = (e, traceback.format_exc())
@@ -348,9 +355,10 @@ class CreditScheduler:
         if self.timeline is not None and result is not EOS:
             record_act(self.timeline, st, piece, t0, t0 + dt, delay, err)
         if delay > 0:
-            (self.clock or self.loop).call_later(delay, self.completed, st, piece, regs,
-                                                 out_reg, result, err, dt + delay)
-        elif st.ordered:                # (replicas acting serially: earlier pieces may
+            (self.clock or self.loop).call_later(
+                delay, self.completed, st, piece, regs, out_reg, result, err, dt + delay
+            )
+        elif st.ordered:  # (replicas acting serially: earlier pieces may
             self._in_order(st, piece, regs, out_reg, result, err, dt)  # still be timed)
         else:
             self._complete(st, piece, regs, out_reg, result, err, dt)
@@ -361,7 +369,7 @@ class CreditScheduler:
         cleared before reading, so a completion appended after the last read wakes again.)"""
         self.inbox_woken = False
         if self.done is None or self.finished:
-            return      # not set off on the loop yet (run() reads it then), or over
+            return  # not set off on the loop yet (run() reads it then), or over
         inbox = self.inbox
         try:
             while inbox:
@@ -369,8 +377,9 @@ class CreditScheduler:
                 if delay is None:
                     self._piped(st, piece, regs, out_reg, result, err)
                 elif delay > 0:
-                    (self.clock or self.loop).call_later(delay, self.completed, st, piece,
-                                                         regs, out_reg, result, err, dt + delay)
+                    (self.clock or self.loop).call_later(
+                        delay, self.completed, st, piece, regs, out_reg, result, err, dt + delay
+                    )
                 elif st.ordered:
                     self._in_order(st, piece, regs, out_reg, result, err, dt)
                 else:
@@ -384,7 +393,7 @@ class CreditScheduler:
         if self.finished:
             return
         if self.timeline is not None and self.timeline.started:
-            delayed(self.timeline, st, piece)      # (an act with simulated time ends now)
+            delayed(self.timeline, st, piece)  # (an act with simulated time ends now)
         try:
             if st.ordered:
                 self._in_order(st, piece, regs, out_reg, result, err, dt)
@@ -485,8 +494,7 @@ class CreditScheduler:
             self.stop(e)
             return
         spec = st.actor.out_spec
-        reg = Register(st.out, -1, result.leaves, spec.nbytes,
-                       read_piece(result.leaves, spec))
+        reg = Register(st.out, -1, result.leaves, spec.nbytes, read_piece(result.leaves, spec))
         st.acts += 1
         self._send(st, reg, piece)
         self._allocated(sized)
@@ -501,13 +509,13 @@ class CreditScheduler:
                 self.live = bind_gates(self.plan.sharing, self.by_actor)
                 for st in self.actor_runs:
                     if st.share is not None:
-                        st.share.homes[0] = 1   # (piece 0 used its own arrays: done)
+                        st.share.homes[0] = 1  # (piece 0 used its own arrays: done)
             if not self.serial:
                 self.pipe_late()
         for a in sized:
             sa = self.by_actor[a]
             pipe = sa.out.pipe
-            while pipe is not None and sa.out.free:      # a piped actor's credits
+            while pipe is not None and sa.out.free:  # a piped actor's credits
                 pipe.put(sa.out.free.popleft())
             if sa.mode == "undecided" and not sa.ended:
                 a.inline = a.small()
@@ -561,11 +569,11 @@ class CreditScheduler:
         if st.ended:
             return
         st.ended = True
-        if st.share is not None:        # who waits on its bytes waits no more
+        if st.share is not None:  # who waits on its bytes waits no more
             waiters = st.share.waiters
             while waiters:
                 self.wake(waiters.pop())
-        if st.actor in self.plan.pending:       # ended before piece 0: never sized, holds none
+        if st.actor in self.plan.pending:  # ended before piece 0: never sized, holds none
             if st.actor.out_spec is None:
                 st.actor.out_spec = NOTHING
             try:
@@ -576,7 +584,7 @@ class CreditScheduler:
             self._allocated(sized)
             if not self.plan.pending and self.collector is not None:
                 self.wake(self.collector)
-        if st.thread is not None:       # no act comes after the end: its threads may exit
+        if st.thread is not None:  # no act comes after the end: its threads may exit
             for _ in range(st.actor.replicas):
                 st.thread.queue.put(None)
         for p in st.ins:

@@ -27,13 +27,12 @@ def new_run(g, plan, deliver, trace, progress) -> CreditScheduler:
     (``observe.SCHEDULE``); watchers told it started; a progress bar when asked."""
     sch = observe.SCHEDULE
     seed = g.seed if g.seed is not None else sch.seed
-    sched = CreditScheduler(plan, deliver, g.output_buffers, seed, trace, sch.serial,
-                            sch.keep_acts)
+    sched = CreditScheduler(plan, deliver, g.output_buffers, seed, trace, sch.serial, sch.keep_acts)
     if progress:
         try:
             ProgressBar(sched, progress)
-        except BaseException:           # (tqdm refused its arguments): nothing ran; the
-            sched.stopping = True       # plan is freed and the graph may run again
+        except BaseException:  # (tqdm refused its arguments): nothing ran; the
+            sched.stopping = True  # plan is freed and the graph may run again
             sched.let_go()
             g._finish(plan, sched)
             raise
@@ -52,12 +51,12 @@ def run_blocking(g, feed=None, trace=None, progress=False):
     output would wait for this very thread; the run is stopped."""
     refuse_on_graph_loop()
     if progress:
-        tqdm_class()                    # (missing: said before the run starts)
+        tqdm_class()  # (missing: said before the run starts)
     g._wait_abandoned()
     plan = g._start(feed)
     out = SimpleQueue()
     sched = new_run(g, plan, out.put, trace, progress)
-    g._stragglers = sched.stragglers           # join() waits for this run from now
+    g._stragglers = sched.stragglers  # join() waits for this run from now
     g._current = (sched, plan)
     loop = graph_loop()
 
@@ -81,7 +80,7 @@ def run_blocking(g, feed=None, trace=None, progress=False):
             if isinstance(item, _Failed):
                 finished = True
                 raise item.error
-            owed += 1                     # hand credits back in batches: fewer wake-ups
+            owed += 1  # hand credits back in batches: fewer wake-ups
             if owed >= batch or out.empty():
                 sched.output.caller_took(owed)
                 owed = 0
@@ -90,7 +89,7 @@ def run_blocking(g, feed=None, trace=None, progress=False):
     finally:
         # (no return in here: it would swallow the error on its way out, a source that
         # failed to start or a Ctrl-C, and the caller's loop would just end)
-        if done is None:                  # stopped before the loop took the run
+        if done is None:  # stopped before the loop took the run
             sched.stopping = True
             sched.let_go()
             g._finish(plan, sched)
@@ -110,7 +109,7 @@ def _settle(loop, sched, done, finished: bool) -> None:
         try:
             done.result()
             break
-        except KeyboardInterrupt as e:    # a second Ctrl-C: clean up, then raise it
+        except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
             interrupted = e
     if interrupted is not None:
         raise interrupted
@@ -146,7 +145,7 @@ def start_async(g, feed):
             error = e
         try:
             loop.call_soon_threadsafe(hand_over, plan, error)
-        except RuntimeError:            # the loop is closed: nobody takes the plan
+        except RuntimeError:  # the loop is closed: nobody takes the plan
             if plan is not None:
                 g._unstart(plan)
 
@@ -199,12 +198,13 @@ async def run_async(g, feed=None, trace=None, progress=False):
                 yield value
                 continue
             if task.done():
-                task.result()             # raises ActorError if an actor failed
+                task.result()  # raises ActorError if an actor failed
                 if watch.stopped_run:
                     raise RuntimeError(
                         "this run was stopped when the task iterating it ended (it was "
                         "cancelled or failed while the generator waited at a piece); "
-                        "iterate a run from one task to its end")
+                        "iterate a run from one task to its end"
+                    )
                 return
             waiter[0] = loop.create_future()
             await waiter[0]
@@ -213,8 +213,8 @@ async def run_async(g, feed=None, trace=None, progress=False):
         if task.done():
             g._finish_unstarted(plan, sched, task)
         else:
-            sched.stop(None)              # the run task ends now and frees the plan
+            sched.stop(None)  # the run task ends now and frees the plan
             try:
                 await asyncio.shield(task)
             except BaseException:  # noqa: BLE001 - stopped on purpose; a second cancel
-                pass               # leaves the task to finish (and free) on its own
+                pass  # leaves the task to finish (and free) on its own

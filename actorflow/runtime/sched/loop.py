@@ -45,11 +45,12 @@ def refuse_on_graph_loop(what: str = "run() was called") -> None:
             "thread to go on. From an async def stage, iterate the other graph with "
             "'async for out in g.run_async()'; from a plain stage, make it a thread stage "
             "(drop inline=True; under a test's serial schedule, af_seed or "
-            "af.testing.seeded, plain stages act on the loop too: seeded(n, serial=False))")
+            "af.testing.seeded, plain stages act on the loop too: seeded(n, serial=False))"
+        )
 
 
-_PLANNING = threading.local()           # .loop: where a plan made on this thread for a
-#                                         run_async run awaits async actors' piece 0
+_PLANNING = threading.local()  # .loop: where a plan made on this thread for a
+#                                run_async run awaits async actors' piece 0
 
 
 @contextlib.contextmanager
@@ -76,7 +77,8 @@ def run_on_graph_loop(coro):
                 "the graph loop): it computes piece 0 of an async source or stage by "
                 "awaiting it on that loop, which would wait for this very act. Give those "
                 "actors out=af.Spec(...), call plan() from plain code, or iterate "
-                "'async for out in g.run_async()' (it plans without blocking the loop)")
+                "'async for out in g.run_async()' (it plans without blocking the loop)"
+            )
         loop = graph_loop()
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
@@ -87,9 +89,13 @@ WAIT_WARN_S = 10.0
 def warn_waiting(stragglers) -> None:
     acts = ", ".join(f"{name!r} on piece {p}" for name, p in stragglers.running())
     if not acts:
-        return                  # they returned just now
-    warnings.warn(f"this graph's next run is waiting for acts its last run abandoned when "
-                  f"it stopped, still running: {acts}", RuntimeWarning, stacklevel=3)
+        return  # they returned just now
+    warnings.warn(
+        f"this graph's next run is waiting for acts its last run abandoned when "
+        f"it stopped, still running: {acts}",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 class ConsumerWatch:

@@ -34,16 +34,16 @@ class RunOutput:
         self.st = st
         self.deliver = deliver
         self.room0 = room
-        self.delivered = 0              # outputs delivered
-        self.back = 0                   # credits the caller handed back (on the loop)
-        self.back_direct = 0            # ... from its own thread (a piped output)
-        self.taken = 0                  # (serial: credits back, applied once caught up)
+        self.delivered = 0  # outputs delivered
+        self.back = 0  # credits the caller handed back (on the loop)
+        self.back_direct = 0  # ... from its own thread (a piped output)
+        self.taken = 0  # (serial: credits back, applied once caught up)
         self.serial = serial
         self.from_threads = isinstance(getattr(deliver, "__self__", None), SimpleQueue)
-        self.piped = False              # the last piped actor's thread delivers (pipes.py)
-        self.woken: SimpleQueue = SimpleQueue()     # wakes that thread waiting for room
-        self.waiting = False            # (it waits: whoever makes room puts on ``woken``)
-        self.direct = False             # that thread delivered: the loop delivers no more
+        self.piped = False  # the last piped actor's thread delivers (pipes.py)
+        self.woken: SimpleQueue = SimpleQueue()  # wakes that thread waiting for room
+        self.waiting = False  # (it waits: whoever makes room puts on ``woken``)
+        self.direct = False  # that thread delivered: the loop delivers no more
         # what collect() calls on every piece, bound once
         self._plan = sched.plan
         self._timeline = sched.timeline
@@ -62,7 +62,7 @@ class RunOutput:
         of it is in, in piece order. Ends once a sink's end of stream leaves no piece to
         complete."""
         st = self.st
-        if self._plan.pending:                  # (a lazy plan sizes registers first)
+        if self._plan.pending:  # (a lazy plan sizes registers first)
             self._blocked(st, CREDIT)
             return
         actor, parts, n = st.actor, st.parts, len(st.ins)
@@ -106,10 +106,10 @@ class RunOutput:
                 st.cause = None
             self.deliver(actor.assemble(slot[1]))
             self.delivered += 1
-            if self.waiting:            # (a piped output's thread waits for this one)
+            if self.waiting:  # (a piped output's thread waits for this one)
                 self.woken.put(True)
         if ends and not self.sched.stopping and st.next_piece >= min(st.got[k] for k in ends):
-            parts.clear()               # (parts of pieces a finished sink never sends)
+            parts.clear()  # (parts of pieces a finished sink never sends)
             self.sched._end(st)
             return
         if st.next_piece >= limit:
@@ -150,7 +150,7 @@ class RunOutput:
                 self.woken.put(True)
             if self.direct:
                 return
-            n = 0                       # (the loop may deliver yet: wake it)
+            n = 0  # (the loop may deliver yet: wake it)
         self.sched.loop.call_soon_threadsafe(self.credit_back, n)
 
     def hand_over(self, piece: int, reg, thread) -> bool:
@@ -159,13 +159,15 @@ class RunOutput:
         room; the thread takes ``reg`` home after. False when the run stopped meanwhile or
         the copy failed (the error is posted to the loop, naming the collector)."""
         st = self.st
-        if self.delivered != piece or self.room0 - self.delivered + self.back \
-                + self.back_direct <= 0:
+        if (
+            self.delivered != piece
+            or self.room0 - self.delivered + self.back + self.back_direct <= 0
+        ):
             if not self._wait(piece, thread):
                 return False
         actor, jobs = st.actor, thread.state.jobs
-        with thread.claim:              # (filed, as the thread's act: a stop now leaves
-            if thread.abandoned:        # ``reg`` held until the copy is done)
+        with thread.claim:  # (filed, as the thread's act: a stop now leaves
+            if thread.abandoned:  # ``reg`` held until the copy is done)
                 return False
             jobs[piece] = ([], reg)
         t0 = time.perf_counter()
@@ -175,7 +177,7 @@ class RunOutput:
             del jobs[piece]
             thread._post((None, st, piece, None, None, None, (e, traceback.format_exc()), 0.0))
             return False
-        if thread.abandoned:            # the run stopped meanwhile: nobody takes it
+        if thread.abandoned:  # the run stopped meanwhile: nobody takes it
             return False
         del jobs[piece]
         t1 = time.perf_counter()
@@ -201,13 +203,15 @@ class RunOutput:
         if st.cause is not None and st.cause != CREDIT:
             st.waits[st.cause] += t0 - st.since
         st.cause, st.since = CREDIT, t0
-        mine.cause, mine.since = CREDIT, t0     # (the stall detector sees it waiting)
+        mine.cause, mine.since = CREDIT, t0  # (the stall detector sees it waiting)
         woken = self.woken
         try:
             while True:
                 self.waiting = True
-                if self.delivered == piece and self.room0 - self.delivered + self.back \
-                        + self.back_direct > 0:
+                if (
+                    self.delivered == piece
+                    and self.room0 - self.delivered + self.back + self.back_direct > 0
+                ):
                     return True
                 if woken.get() is None or thread.abandoned:
                     return False

@@ -40,15 +40,24 @@ def _pipeable(st) -> bool:
     nothing else the loop keeps for it (tokens, state gates, shared bytes, simulated time,
     a timeout)."""
     a = st.actor
-    return (st.mode == "thread" and not st.ended and not isinstance(a, Collector)
-            and a.replicas == 1 and not st.tokens and st.gates is None and st.share is None
-            and a.time is None and a.timeout is None and st.out is not None
-            and len(st.out.consumers) == 1)
+    return (
+        st.mode == "thread"
+        and not st.ended
+        and not isinstance(a, Collector)
+        and a.replicas == 1
+        and not st.tokens
+        and st.gates is None
+        and st.share is None
+        and a.time is None
+        and a.timeout is None
+        and st.out is not None
+        and len(st.out.consumers) == 1
+    )
 
 
 def _pipe(st) -> None:
     st.piped = True
-    st.in_flight = 1                    # acting, as far as the loop knows, until its end
+    st.in_flight = 1  # acting, as far as the loop knows, until its end
     st.out.pipe = SimpleQueue()
     while st.out.free:
         st.out.pipe.put(st.out.free.popleft())
@@ -68,16 +77,25 @@ def pipe_actors(states: list, output=None) -> None:
             _pipe(st)
             st.ins[0].pipe = SimpleQueue()
     for st in states:
-        if (isinstance(st.actor, SourceActor) and not st.ins and _pipeable(st)
-                and st.out.consumers[0].pipe is not None):
+        if (
+            isinstance(st.actor, SourceActor)
+            and not st.ins
+            and _pipeable(st)
+            and st.out.consumers[0].pipe is not None
+        ):
             _pipe(st)
     c = None if output is None else output.st
-    if (c is not None and output.from_threads and not c.ended and len(c.ins) == 1
-            and c.ins[0].producer.pipe is not None):
+    if (
+        c is not None
+        and output.from_threads
+        and not c.ended
+        and len(c.ins) == 1
+        and c.ins[0].producer.pipe is not None
+    ):
         output.piped = True
 
 
-WATCH_S = 0.5       # how often a run with piped actors looks for a stall
+WATCH_S = 0.5  # how often a run with piped actors looks for a stall
 
 
 def watch_pipes(sched, last=None) -> None:
@@ -91,10 +109,15 @@ def watch_pipes(sched, last=None) -> None:
         return
     states = sched.actor_runs
     progress = tuple(st.acts for st in states)
-    quiet = (not sched.inbox and not sched.ready and not sched.timed.tasks
-             and (sched.collector is None or sched.output.room > 0)
-             and all(st.ended or (st.cause is not None if st.piped else st.in_flight == 0)
-                     for st in states))
+    quiet = (
+        not sched.inbox
+        and not sched.ready
+        and not sched.timed.tasks
+        and (sched.collector is None or sched.output.room > 0)
+        and all(
+            st.ended or (st.cause is not None if st.piped else st.in_flight == 0) for st in states
+        )
+    )
     if quiet and progress == last:
         sched.stop(stalled(sched))
         return
@@ -104,7 +127,7 @@ def watch_pipes(sched, last=None) -> None:
 def abandon(t, held) -> None:
     """The run stopped: files the act a piped thread runs (if any) with the Stragglers,
     marks it abandoned, and wakes it wherever it waits."""
-    with t.claim:                       # its act is filed, or it never starts
+    with t.claim:  # its act is filed, or it never starts
         jobs = dict(t.state.jobs)
         if jobs:
             t.token = held.hold(t.state.actor, [(p, r, o) for p, (r, o) in jobs.items()])
@@ -125,18 +148,19 @@ class PipedThread(ActorThread):
 
     def __init__(self, sched, state: ActorRun):
         super().__init__(sched, state, state.ins[0].pipe if state.ins else None)
-        self.claim = threading.Lock()   # (its queue: registers, EOS, or None)
+        self.claim = threading.Lock()  # (its queue: registers, EOS, or None)
         out = sched.output
-        self.output = (out if out.piped and state.out.consumers[0].actor is out.st.actor
-                       else None)       # it delivers the run's output
+        self.output = (
+            out if out.piped and state.out.consumers[0].actor is out.st.actor else None
+        )  # it delivers the run's output
 
     def _acts(self) -> None:
         st = self.state
         actor, out = st.actor, st.out
-        inq = self.queue if st.ins else None    # None: a source, no input
+        inq = self.queue if st.ins else None  # None: a source, no input
         free = out.pipe
         back = st.ins[0].producer.pipe if st.ins else None  # None: the loop takes them home
-        fwd = out.consumers[0].pipe             # None: the loop sends the output on
+        fwd = out.consumers[0].pipe  # None: the loop sends the output on
         fwd_name = out.consumers[0].actor.name
         output = self.output
         waits, raw, clock, claim = st.waits, st.raw, time.perf_counter, self.claim
@@ -158,15 +182,15 @@ class PipedThread(ActorThread):
             waits[INPUT] += t1 - t0
             st.cause, st.since = CREDIT, t1
             out_reg = None
-            if out.spec is not None or st.next_piece:   # (else piece 0 sizes its registers;
-                out_reg = free.get()                     # the loop then hands them over)
+            if out.spec is not None or st.next_piece:  # (else piece 0 sizes its registers;
+                out_reg = free.get()  # the loop then hands them over)
                 if out_reg is None or self.abandoned:
                     return
             t2 = clock()
             waits[CREDIT] += t2 - t1
             st.cause = None
             if out_reg is not None:
-                out_reg.at = name           # (where each register is: see Register.at)
+                out_reg.at = name  # (where each register is: see Register.at)
             piece = st.next_piece
             with claim:
                 if self.abandoned:
@@ -174,16 +198,18 @@ class PipedThread(ActorThread):
                 st.jobs[piece] = ([reg] if reg is not None else [], out_reg)
             err = result = None
             try:
-                result = actor.compute(piece, [] if reg is None else [
-                    reg.arrays if raw else reg.view],
-                    out_reg.arrays if out_reg is not None else None)
+                result = actor.compute(
+                    piece,
+                    [] if reg is None else [reg.arrays if raw else reg.view],
+                    out_reg.arrays if out_reg is not None else None,
+                )
             except BaseException as e:  # noqa: BLE001 - reported as ActorError on the loop
                 err = (e, traceback.format_exc())
-            if self.abandoned:          # the run stopped meanwhile: drop the result
+            if self.abandoned:  # the run stopped meanwhile: drop the result
                 return
             t3 = clock()
             del st.jobs[piece]
-            if result is EOS:           # a source ran out
+            if result is EOS:  # a source ran out
                 if out_reg is not None:
                     out_reg.at = None
                     free.put(out_reg)

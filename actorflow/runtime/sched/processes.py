@@ -38,12 +38,12 @@ from queue import SimpleQueue
 from ...errors import PlanError
 from ..plan.registers import SharedBlock, mapped
 
-FN, MAP, ACT, FIRST = 0, 1, 2, 3   # what a message to a worker carries
-PRELOAD = ["actorflow.runtime.sched.processes"]     # (the fork server imports actorflow)
-DEPTH = 2                       # acts sent to a worker at once: the next is in its pipe
-#                                 when it ends one, so it never waits for this process
-#                                 (whose threads may wait for the interpreter lock)
-JOIN_S = 2.0                    # how long close() waits for a worker before killing it
+FN, MAP, ACT, FIRST = 0, 1, 2, 3  # what a message to a worker carries
+PRELOAD = ["actorflow.runtime.sched.processes"]  # (the fork server imports actorflow)
+DEPTH = 2  # acts sent to a worker at once: the next is in its pipe
+#            when it ends one, so it never waits for this process
+#            (whose threads may wait for the interpreter lock)
+JOIN_S = 2.0  # how long close() waits for a worker before killing it
 
 
 class OwnsProcesses:
@@ -88,8 +88,13 @@ def dumps(fn) -> bytes:
 
 
 def _same(a, b) -> bool:
-    return type(a) is tuple and type(b) is tuple and len(a) == len(b) and all(
-        x is y for x, y in zip(a, b, strict=True)) or a is b
+    return (
+        type(a) is tuple
+        and type(b) is tuple
+        and len(a) == len(b)
+        and all(x is y for x, y in zip(a, b, strict=True))
+        or a is b
+    )
 
 
 def function_key(fn):
@@ -107,16 +112,17 @@ class _Worker:
 
     def __init__(self, ctx):
         here, there = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=worker_main, args=(there,), daemon=True,
-                                   name="actorflow-stage-worker")
+        self.process = ctx.Process(
+            target=worker_main, args=(there,), daemon=True, name="actorflow-stage-worker"
+        )
         self.process.start()
         there.close()
         self.conn = here
         self.fn_version = 0
         self.blocks: set = set()
         self.dead = False
-        self.sending = threading.Lock()     # one message at a time into the pipe
-        self.turn = threading.Condition()   # answers come in the order acts were sent:
+        self.sending = threading.Lock()  # one message at a time into the pipe
+        self.turn = threading.Condition()  # answers come in the order acts were sent:
         self.sent_acts = self.answered = 0  # each act's thread reads its own in turn
 
     @property
@@ -173,7 +179,7 @@ class StageProcesses:
         self.fn_version = 0
         self.spawned = 0
         self.sent = self.received = 0
-        self.live: dict = {}            # block id -> SharedBlock of a run going on
+        self.live: dict = {}  # block id -> SharedBlock of a run going on
         self.closed = False
         self._ctx = _context()
         self._finalizer = weakref.finalize(self, _stop_all, self.workers)
@@ -188,8 +194,10 @@ class StageProcesses:
         replaced). Raises PlanError when the function does not pickle or the processes
         were closed."""
         if self.closed:
-            raise PlanError(f"actor {actor.name!r}: its worker processes were closed "
-                            f"(close()); make a new graph or loader to run it again")
+            raise PlanError(
+                f"actor {actor.name!r}: its worker processes were closed "
+                f"(close()); make a new graph or loader to run it again"
+            )
         key = function_key(actor.fn)
         if not _same(key, self.fn_key):
             try:
@@ -200,7 +208,8 @@ class StageProcesses:
                     f"which need it pickled, and it does not pickle ({type(e).__name__}: {e}); "
                     f"define it (and what it reads) at module level, leave out what cannot "
                     f"cross a process (locks, open files, generators, sockets), or run the "
-                    f"stage on threads (replicas=) instead") from e
+                    f"stage on threads (replicas=) instead"
+                ) from e
             with self.lock:
                 self.fn_key, self.fn_bytes = key, data
                 self.fn_version += 1
@@ -235,7 +244,7 @@ class StageProcesses:
         for arrays in registers:
             block = getattr(arrays, "block", None)
             if block is not None:
-                with self.lock:             # (_bring sends the descriptor under it)
+                with self.lock:  # (_bring sends the descriptor under it)
                     self.live.pop(block.id, None)
                     block.release()
 
@@ -288,17 +297,17 @@ class StageProcesses:
             with w.sending:
                 try:
                     if not self._bring(w, block):
-                        return b""          # (a stopped run's act: its block is gone)
+                        return b""  # (a stopped run's act: its block is gone)
                     w.conn.send_bytes(msg)
                 except (EOFError, OSError):
                     raise
                 except BaseException:
-                    w.dead = True           # (a message half sent: the pipe is out of step)
+                    w.dead = True  # (a message half sent: the pipe is out of step)
                     raise
                 self.sent += len(msg)
                 ticket = w.sent_acts
                 w.sent_acts += 1
-            with w.turn:                    # (answers come in the order of the acts)
+            with w.turn:  # (answers come in the order of the acts)
                 while w.answered != ticket:
                     w.turn.wait()
                 try:
@@ -311,7 +320,7 @@ class StageProcesses:
                             if got[0] == "first":
                                 reply = got[1:] + (recv_handle(w.conn),)
                     except (EOFError, OSError):
-                        w.dead = True       # (before the next act's turn: it is resent)
+                        w.dead = True  # (before the next act's turn: it is resent)
                         raise
                 finally:
                     w.answered += 1
@@ -321,11 +330,14 @@ class StageProcesses:
         except (EOFError, OSError) as e:
             w.dead = True
             code = w.exit_code()
-            how = f"exit code {code}" + (f" (killed by {_signal_name(-code)})"
-                                         if code is not None and code < 0 else "")
-            raise WorkerDied(f"the worker process (pid {w.pid}) of stage {name!r} "
-                             f"died while computing piece {piece}: {how}; a new process "
-                             f"takes its place at the next act") from e
+            how = f"exit code {code}" + (
+                f" (killed by {_signal_name(-code)})" if code is not None and code < 0 else ""
+            )
+            raise WorkerDied(
+                f"the worker process (pid {w.pid}) of stage {name!r} "
+                f"died while computing piece {piece}: {how}; a new process "
+                f"takes its place at the next act"
+            ) from e
         finally:
             self.idle.put(i)
 
@@ -342,13 +354,15 @@ class StageProcesses:
             self.sent += len(msg)
             w.fn_version = version
         if block is not None and block.id not in w.blocks:
-            with self.lock:                 # (release() closes the descriptor under it)
+            with self.lock:  # (release() closes the descriptor under it)
                 if block.id not in self.live or block.fd is None:
                     return False
                 drop = [b for b in w.blocks if b not in self.live]
                 name, spec, declared = block.stage
-                msg = pickle.dumps((MAP, block.id, block.size, block.layout, name, spec,
-                                    declared, drop), protocol=5)
+                msg = pickle.dumps(
+                    (MAP, block.id, block.size, block.layout, name, spec, declared, drop),
+                    protocol=5,
+                )
                 w.conn.send_bytes(msg)
                 self.sent += len(msg)
                 send_handle(w.conn, block.fd, w.pid)
@@ -380,7 +394,7 @@ def _context():
     """The start method's context: forkserver (preloading actorflow), else spawn."""
     try:
         ctx = get_context("forkserver")
-    except ValueError:                  # (a platform without it)
+    except ValueError:  # (a platform without it)
         return get_context("spawn")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
@@ -395,6 +409,7 @@ def _signal_name(n: int) -> str:
 
 # -- in the worker process -----------------------------------------------------------------
 
+
 def worker_main(conn) -> None:
     """A worker's loop: loads the function (FN), maps shared blocks (MAP), computes pieces
     into them (ACT), answering each act with b"" or the pickled error, or piece 0 into a
@@ -404,12 +419,12 @@ def worker_main(conn) -> None:
 
     from ..plan.spec import PieceSpec, check_piece, flatten, unflatten
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # (Ctrl-C is the parent's to handle)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the parent's to handle)
     fn, blocks, stages = None, {}, {}
 
     def call(ins):
         leaves, structure = flatten(ins)
-        for a in leaves:                            # read-only, as a local stage's inputs
+        for a in leaves:  # read-only, as a local stage's inputs
             if isinstance(a, np.ndarray):
                 a.flags.writeable = False
         return fn(*unflatten(structure, leaves))
@@ -445,13 +460,15 @@ def worker_main(conn) -> None:
             _, piece, bid, index, ins = msg
             try:
                 name, spec, declared = stages[bid]
-                store(blocks[bid][index], check_piece(
-                    call(ins), spec, f"actor {name!r} (piece {piece})", declared))
+                store(
+                    blocks[bid][index],
+                    check_piece(call(ins), spec, f"actor {name!r} (piece {piece})", declared),
+                )
                 reply = b""
             except BaseException as e:  # noqa: BLE001 - handed to the parent's act
                 reply = _error_reply(e)
             conn.send_bytes(reply)
-        else:                                       # FIRST: before the registers exist
+        else:  # FIRST: before the registers exist
             _, piece, ins, name, spec = msg
             block = None
             try:
@@ -466,23 +483,27 @@ def worker_main(conn) -> None:
                 reply = pickle.dumps(("first", block.layout[0], block.size, spec), protocol=5)
             except BaseException as e:  # noqa: BLE001 - handed to the parent's act
                 reply = _error_reply(e)
-                if block is not None:               # (an error reply has no descriptor)
+                if block is not None:  # (an error reply has no descriptor)
                     block.release()
                     block = None
             conn.send_bytes(reply)
             if block is not None:
                 send_handle(conn, block.fd, os.getppid())
-                block.release()                     # (this side's arrays go with block)
+                block.release()  # (this side's arrays go with block)
 
 
 def _unloadable(e: BaseException, tb: str):
     """What a worker runs when the stage's function did not load there: raises why."""
+
     def fn(*_):
-        raise RuntimeError(f"the stage's function, pickled in the parent process, does not "
-                           f"load in its worker process ({type(e).__name__}: {e}): a worker "
-                           f"imports the modules it was pickled by reference from; make "
-                           f"them importable there (installed, or on sys.path before the "
-                           f"first plan) or define the function in __main__\n{tb}")
+        raise RuntimeError(
+            f"the stage's function, pickled in the parent process, does not "
+            f"load in its worker process ({type(e).__name__}: {e}): a worker "
+            f"imports the modules it was pickled by reference from; make "
+            f"them importable there (installed, or on sys.path before the "
+            f"first plan) or define the function in __main__\n{tb}"
+        )
+
     return fn
 
 
@@ -493,5 +514,4 @@ def _error_reply(e: BaseException) -> bytes:
         data = pickle.dumps(e, protocol=5)
     except Exception:  # noqa: BLE001 - an error that does not pickle
         data = b""
-    return pickle.dumps((f"{type(e).__name__}: {e}", traceback.format_exc(), data),
-                        protocol=5)
+    return pickle.dumps((f"{type(e).__name__}: {e}", traceback.format_exc(), data), protocol=5)

@@ -37,8 +37,10 @@ def make_gates(actors: list) -> dict:
     for a in actors:
         for s in getattr(a, "state_writes", ()):
             if s in writers:
-                raise ValueError(f"state {s!r} is written by {writers[s].name!r} and "
-                                 f"{a.name!r}; a state has one writer")
+                raise ValueError(
+                    f"state {s!r} is written by {writers[s].name!r} and "
+                    f"{a.name!r}; a state has one writer"
+                )
             writers[s] = a
     readers = {s: 0 for s in writers}
     for a in actors:

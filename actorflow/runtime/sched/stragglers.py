@@ -27,12 +27,12 @@ class Stragglers:
     def __init__(self, plan):
         self.plan = plan
         self.lock = threading.Lock()
-        self.acts: dict = {}            # token -> (actor, [piece], keys)
+        self.acts: dict = {}  # token -> (actor, [piece], keys)
         self.keys: Counter = Counter()  # memory key -> acts holding it
         self.settled = False
         self._next = 0
         self._done = threading.Event()
-        self._waiters: list = []        # (loop, future) of wait_async callers
+        self._waiters: list = []  # (loop, future) of wait_async callers
 
     def hold(self, actor, jobs: list) -> int:
         """Files acts of ``actor`` that may still be running: ``jobs`` as ``[(piece, input
@@ -67,7 +67,7 @@ class Stragglers:
             for k in keys:
                 if k in self.keys and self.keys[k] <= 0:
                     del self.keys[k]
-                    if self.settled:         # (before that, settle frees it with the rest)
+                    if self.settled:  # (before that, settle frees it with the rest)
                         self.plan.budget.free(k)
             if self.settled and all(a is not actor for a, _, _ in self.acts.values()):
                 self.plan.release_actor(actor)
@@ -84,7 +84,7 @@ class Stragglers:
             for loop, fut in self._waiters:
                 try:
                     loop.call_soon_threadsafe(_resolve, fut)
-                except RuntimeError:    # that loop is closed
+                except RuntimeError:  # that loop is closed
                     pass
             self._waiters.clear()
 

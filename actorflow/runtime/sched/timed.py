@@ -50,9 +50,11 @@ class TimedActs:
         if sched.finished or sched.stopping:
             return
         t = st.actor.timeout
-        e = TimeoutError(f"actor {st.actor.name!r} took longer than timeout={t:g} s on piece "
-                         f"{piece}; the act was abandoned (it frees its registers when it "
-                         f"returns)")
+        e = TimeoutError(
+            f"actor {st.actor.name!r} took longer than timeout={t:g} s on piece "
+            f"{piece}; the act was abandoned (it frees its registers when it "
+            f"returns)"
+        )
         error = ActorError(st.actor.name, piece, e, "")
         error.__cause__ = e
         sched.stop(error)
@@ -82,7 +84,7 @@ class TimedActs:
         for task, (st, piece, regs, out_reg, timer) in list(self.acts.items()):
             if timer is not None:
                 timer.cancel()
-            if not task.done():         # cancelled by stop(), or cancelled from outside
+            if not task.done():  # cancelled by stop(), or cancelled from outside
                 self.tokens[task] = held.hold(st.actor, [(piece, regs, out_reg)])
                 task.cancel()
 
@@ -92,7 +94,8 @@ class TimedActs:
         try:
             actor = st.actor
             result = await actor.compute_async(
-                piece, sched.inputs_of(st, regs), out_reg.arrays if out_reg is not None else None)
+                piece, sched.inputs_of(st, regs), out_reg.arrays if out_reg is not None else None
+            )
             delay = actor.sim_time(piece)
             if delay > 0:
                 await (sched.clock or asyncio).sleep(delay)
@@ -101,7 +104,7 @@ class TimedActs:
             return result, None, time.perf_counter() - t0
         except asyncio.CancelledError as e:
             if sched.stopping:
-                raise                   # the run cancelled it
+                raise  # the run cancelled it
             # the source raised CancelledError itself: an error, not end of stream
             return self._failed(st, piece, t0, e)
         except Exception as e:  # noqa: BLE001 - reported as ActorError
@@ -129,9 +132,11 @@ class TimedActs:
             sched.stragglers.release(token)
         if sched.finished or sched.stopping:
             return
-        if task.cancelled():            # cancelled from outside the run: not end of stream
-            e = asyncio.CancelledError(f"the act of async actor {st.actor.name!r} on piece "
-                                       f"{piece} was cancelled from outside the run")
+        if task.cancelled():  # cancelled from outside the run: not end of stream
+            e = asyncio.CancelledError(
+                f"the act of async actor {st.actor.name!r} on piece "
+                f"{piece} was cancelled from outside the run"
+            )
             result, err, dt = None, (e, ""), 0.0
         else:
             exc = task.exception()
