@@ -350,8 +350,7 @@ def main(argv=None) -> int:
     print()
     print(f"Pipeline of 4 GIL-free stages, {n} items (best of {repeat}; nominal stage ms "
           f"{'/'.join(f'{m:g}' for m in STAGE_MS)})")
-    print("  measured stage cost (median of {} calls; before -> after the rounds):".format(
-        calls))
+    print(f"  measured stage cost (median of {calls} calls; before -> after the rounds):")
     for k, name in enumerate(names):
         print(f"    {name:<10} {med[k] * 1e3:7.3f} ms   ({statistics.median(before[k]) * 1e3:.3f}"
               f" -> {statistics.median(after[k]) * 1e3:.3f}; mean {mean[k] * 1e3:.3f})"

@@ -45,10 +45,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import actorflow as af  # noqa: E402
 import bench_ray  # noqa: E402
 from bench_ray import calibrate, preprocess  # noqa: E402 - the calibrated Python stage
 from harness import environment, write  # noqa: E402
+
+import actorflow as af  # noqa: E402
 
 CHEAP = ["decode", "crop", "normalize"]
 

@@ -1,8 +1,8 @@
 """The actor runtime: graphs, plans, budgets, errors, cancellation and both front ends."""
 
 import asyncio
-import gc
 import contextlib
+import gc
 import os
 import signal
 import threading

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from cuda_fixtures import CUDA, assert_same
 
 import actorflow as af
 from actorflow.backends import get_backend
 from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda import nvrtc
 from actorflow.errors import KernelError
+from cuda_fixtures import CUDA, assert_same
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,8 +17,8 @@ from hypothesis.errors import FlakyFailure
 from actorflow.backends.cuda import selection as drv
 from actorflow.backends.cuda.allocator import CachingAllocator
 from actorflow.backends.cuda.driver import Kernel
-from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.backends.cuda.emu import EmuDriver
+from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.errors import DeviceError, KernelError, OutOfMemoryError
 
 pytestmark = pytest.mark.timeout(60)

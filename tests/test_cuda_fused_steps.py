@@ -10,8 +10,6 @@ form."""
 
 import numpy as np
 import pytest
-from cuda_fixtures import CUDA, settle
-from test_cuda_graph_mode import OPTS, batches, make, program_of
 
 import actorflow as af
 from actorflow import nn
@@ -20,6 +18,8 @@ from actorflow.backends.cuda import nvrtc
 from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import use_driver
 from actorflow.errors import DivisionByZeroError
+from cuda_fixtures import CUDA, settle
+from test_cuda_graph_mode import OPTS, batches, make, program_of
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -214,6 +214,7 @@ def test_an_integer_division_by_zero_fails_only_the_op_and_what_is_computed_from
     the ops issued ahead of the check that read it (on its stream and across) fail with its
     error. The compute stream is held, so that all of them are issued before the check."""
     import threading
+
     from actorflow.backends import get_backend
     from actorflow.eager.interpreter import use_stream
     a = af.tensor(np.arange(1, 9, dtype=np.int64), device=CUDA)

@@ -17,8 +17,8 @@ import actorflow as af
 from actorflow.backends import get_backend
 from actorflow.backends.cuda.driver import Kernel
 from actorflow.backends.cuda.selection import driver_for
-from actorflow.errors import KernelError
 from actorflow.eager.interpreter import use_stream
+from actorflow.errors import KernelError
 from cuda_fixtures import CUDA, assert_same
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_launch_per_op")]

@@ -20,7 +20,7 @@ from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.eager.interpreter import apply
-from actorflow.errors import DTypeError, DeviceError, KernelError, OutOfMemoryError
+from actorflow.errors import DeviceError, DTypeError, KernelError, OutOfMemoryError
 from actorflow.ops.registry import all_ops
 from actorflow.tensor.tensor import wrap
 from actorflow.testing import gpu_missing

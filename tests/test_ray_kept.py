@@ -200,7 +200,7 @@ def test_a_kept_process_is_restarted_when_a_module_of_its_stages_changed(engine,
     path = modules / "kept_stage_module.py"
     _write(path, "2.0")
     sys.modules.pop("kept_stage_module", None)
-    import kept_stage_module            # a module the workers import (pickled by reference)
+    import kept_stage_module  # a module the workers import (pickled by reference)
     try:
         g = af.ActorGraph()
         stage = g.actor(kept_stage_module.scale, g.source(items(4), name="load"),

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
-from actorflow.lowlevel import OpDef, get_vm, register_op
 from actorflow.eager.interpreter import access
+from actorflow.lowlevel import OpDef, get_vm, register_op
 
 pytestmark = pytest.mark.timeout(60)
 

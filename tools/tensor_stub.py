@@ -24,7 +24,6 @@ import sys
 if __name__ == "__main__":      # the actorflow next to this file, not an installed one
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import actorflow  # noqa: E402 - binds the methods
 from actorflow import autograd, methods  # noqa: E402
 from actorflow.tensor import tensor as tensor_module  # noqa: E402
 
