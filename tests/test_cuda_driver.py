@@ -272,7 +272,7 @@ def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(cuda):
             if isinstance(cpu, tuple) or isinstance(gpu, tuple):
                 assert cpu == gpu, (name, dtypes, attrs)
                 continue
-            for x, y in zip(cpu, gpu):
+            for x, y in zip(cpu, gpu, strict=True):
                 assert x.dtype == y.dtype and x.shape == y.shape
                 if x.dtype.kind == "f":          # libm and CUDA's functions: a few ulp
                     tol = 2e-3 if x.dtype == np.float16 else 1e-5

@@ -228,11 +228,11 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(emu
     gate = Gate(compute)
     try:
         chain = [x]
-        for i in range(30):
+        for _ in range(30):
             chain.append(chain[-1] + 1)
         cuda.fail_kernel("mul_scalar")
         chain.append(chain[-1] * 2)          # faults on the device
-        for i in range(30):
+        for _ in range(30):
             chain.append(chain[-1] + 1)      # computed from it
         after = other + 5                    # independent, issued after it on its stream
         with use_stream(side):

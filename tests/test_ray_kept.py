@@ -273,9 +273,9 @@ def test_a_pipeline_runs_on_ray_as_locally(engine):
     local = [o.copy() for o in pipe.run()]
     remote = list(pipe.run(engine=engine))
     assert len(remote) == len(local) == 10
-    assert all(np.array_equal(x, y) for x, y in zip(local, remote))
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote, strict=True))
     assert pipe.stats().actors["times"]["mode"] == "ray"
     with af.distributed.RayEngine(keep_workers=True, placement={
             "plus": QUARTER, "times": QUARTER}) as warm:
-        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm)))
-        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm)))
+        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm), strict=True))
+        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm), strict=True))
