@@ -154,7 +154,7 @@ def check_items(items, ref) -> str | None:
     """What is wrong with the items of a run against ``ref``, or None."""
     if len(items) != len(ref):
         return f"{len(items)} items, expected {len(ref)}"
-    for i, (got, want) in enumerate(zip(items, ref)):
+    for i, (got, want) in enumerate(zip(items, ref, strict=True)):
         got = np.asarray(got)
         if got.shape != want.shape or got.dtype != want.dtype or not np.array_equal(got, want):
             return (f"item {i}: {got.dtype}{list(got.shape)} {got.ravel()[:4]} != "
@@ -294,7 +294,8 @@ def main(argv=None) -> int:
                   note=f"4 threads, queue.Queue(maxsize={QUEUE_SIZE}) between stages"),
         Contender("actorflow", lambda: list(pipe.run()), ref,
                   after=lambda: pipe.stats().as_dict(),
-                  note="af.Pipeline(buffers=2); includes planning (stages sized by piece 0 while it flows)"),
+                  note="af.Pipeline(buffers=2); includes planning (stages sized by piece 0 "
+                       "while it flows)"),
     ]
     if not args.no_diagnostics:
         contenders.append(Contender(
@@ -309,7 +310,7 @@ def main(argv=None) -> int:
     print(f"[pipeline] measuring each stage's cost again ({calls - calls // 2} calls each) ...",
           flush=True)
     after = measure_stages(stages, calls - calls // 2)
-    pooled = [b + a for b, a in zip(before, after)]
+    pooled = [b + a for b, a in zip(before, after, strict=True)]
     med = [statistics.median(s) for s in pooled]
     mean = [statistics.fmean(s) for s in pooled]
     bound = bound_of(med, n)

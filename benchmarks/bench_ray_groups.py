@@ -120,7 +120,7 @@ def main(argv=None) -> int:
 
     def check(name, outs):
         assert len(outs) == len(reference), (name, len(outs))
-        for i, (a, b) in enumerate(zip(outs, reference)):
+        for i, (a, b) in enumerate(zip(outs, reference, strict=True)):
             assert np.array_equal(np.asarray(a), b), f"{name}: piece {i} differs from local"
 
     # the four engines' kept processes (14) live side by side: each asks 1/8 CPU (a
