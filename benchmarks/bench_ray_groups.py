@@ -45,11 +45,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_ray  # noqa: E402
+import bench_ray  # noqa: E402 - after the sys.path inserts
 from bench_ray import calibrate, preprocess  # noqa: E402 - the calibrated Python stage
-from harness import environment, write  # noqa: E402
+from harness import environment, write  # noqa: E402 - after the sys.path inserts
 
-import actorflow as af  # noqa: E402
+import actorflow as af  # noqa: E402 - after the sys.path inserts
 
 CHEAP = ["decode", "crop", "normalize"]
 

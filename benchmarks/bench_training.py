@@ -376,7 +376,9 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
             fetch=lambda losses: (losses, trainer.digest()), after=after,
             loader=loader_kind, note=note, diagnostic=diagnostic)
 
-    stats = lambda: piped.step.stats().as_dict()    # noqa: E731
+    def stats():
+        return piped.step.stats().as_dict()
+
     contenders = [
         contender("plain loop", plain_loop, plain, "sleep",
                   "for x, y in loader(): step(x, y)"),

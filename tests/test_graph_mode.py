@@ -318,8 +318,8 @@ def test_run_takes_a_loaders_last_smaller_batch():
     assert len(got) == 4 and got == want
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as hs  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - with its section
+from hypothesis import strategies as hs  # noqa: E402 - with its section
 
 ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 OPT_CHOICES = [("SGD", dict(lr=0.05)), ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
