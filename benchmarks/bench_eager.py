@@ -350,6 +350,7 @@ def trace_cost(af, fn) -> dict:
     """One more profiled run of ``fn``, outside the clock: the events it recorded and what
     building them (``trace_events.TraceEvents``) and writing the file cost, per event."""
     import tempfile
+
     from actorflow.vm.profile_events import build_trace
     with af.profile() as prof:
         fn()

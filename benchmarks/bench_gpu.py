@@ -264,7 +264,7 @@ def completion_latency(af, cupy, count: int) -> dict:
                     t0 = time.perf_counter()
                     a += 1
                     stream.launch_host_func(
-                        lambda _: loop.call_soon_threadsafe(fut.set_result, None), None)
+                        lambda _, fut=fut: loop.call_soon_threadsafe(fut.set_result, None), None)
                     await fut
                     times.append(time.perf_counter() - t0)
             return times
@@ -307,7 +307,7 @@ def pipeline_contenders(af, cupy, pieces: int, rows: int) -> tuple[list, dict]:
     def check(out, want):
         if len(out) != len(want):
             return f"{len(out)} pieces, not {len(want)}"
-        for a, b in zip(out, want):
+        for a, b in zip(out, want, strict=True):
             bad = close(np.asarray(a), b) if np.ndim(b) else None
             if bad:
                 return bad
@@ -335,11 +335,12 @@ def pipeline_contenders(af, cupy, pieces: int, rows: int) -> tuple[list, dict]:
         wc = cupy.asarray(wh)
         pinned = [cupy.cuda.alloc_pinned_memory(h.nbytes) for h in host]
         staged = [np.frombuffer(p, np.float32, h.size).reshape(h.shape)
-                  for p, h in zip(pinned, host)]
-        for s_, h in zip(staged, host):
+                  for p, h in zip(pinned, host, strict=True)]
+        for s_, h in zip(staged, host, strict=True):
             s_[...] = h
         bufs = [cupy.empty((rows, 1024), np.float32) for _ in range(2)]
-        for buf, h in zip(bufs, host):      # "compute only" reads them without copying:
+        # "compute only" reads them without copying:
+        for buf, h in zip(bufs, host, strict=True):
             buf.set(h)                      # their values are there before any run
         cupy.cuda.Device().synchronize()
 
@@ -404,7 +405,7 @@ def mlp_contenders(af, torch, steps: int, batch: int) -> list:
         m = nn.Sequential(nn.Linear(784, 256, device="cuda:0"), nn.ReLU(),
                           nn.Linear(256, 10, device="cuda:0"))
         with af.no_grad():
-            for p, v in zip(m.parameters(), init):
+            for p, v in zip(m.parameters(), init, strict=True):
                 p.copy_(af.tensor(v, device="cuda:0"))
         return m
 
@@ -452,7 +453,7 @@ def mlp_contenders(af, torch, steps: int, batch: int) -> list:
             m = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
                                     torch.nn.Linear(256, 10)).cuda()
             with torch.no_grad():
-                for p, v in zip(m.parameters(), init):
+                for p, v in zip(m.parameters(), init, strict=True):
                     p.copy_(torch.from_numpy(v))
             return m
         tx, ty = torch.from_numpy(xh).cuda(), torch.from_numpy(yh).cuda()

@@ -42,8 +42,9 @@ by a seeded random pixel), batched by an ``af.data.DataLoader`` on ``--workers``
 written into shared-memory registers) and fed to ``step.run`` (the loader's actors in the
 step's graph). Its costs, the load of a batch (the threads loader alone) and ``step()`` on
 a batch, are measured alone around the rounds; the bound is ``max(load, step) x N`` (the
-processes row can land under it: its load alone is not the threads loader's). Goal: the pipelined epoch within 1.15x of
-it. Without the extra, part 2 is skipped (said in the output).
+processes row can land under it: its load alone is not the threads loader's). Goal: the
+pipelined epoch within 1.15x of it. Without the extra, part 2 is skipped (said in the
+output).
 
 Usage::
 
@@ -210,7 +211,8 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
     for s in rows.values():
         if base.get("best_s") and s.get("best_s"):
             s["ratio_vs_pytorch"] = s["best_s"] / base["best_s"]
-    graph_rows = {n: rows[n].get("ratio_vs_pytorch") for n in rows if n.startswith("actorflow graph")}
+    graph_rows = {n: rows[n].get("ratio_vs_pytorch") for n in rows
+                  if n.startswith("actorflow graph")}
     best_graph = min((v for v in graph_rows.values() if v is not None), default=None)
     goals = {"graph_vs_pytorch_at_most": GRAPH_VS_TORCH, "graph_vs_pytorch": graph_rows,
              "best_graph_vs_pytorch": best_graph,
@@ -250,7 +252,7 @@ def part_epoch(args, af, example) -> tuple[dict, list]:
     def check(losses, ref):
         if len(losses) != n:
             return f"{len(losses)} losses, expected {n}"
-        for i, (a, b) in enumerate(zip(losses, ref)):
+        for i, (a, b) in enumerate(zip(losses, ref, strict=True)):
             if not math.isfinite(a) or rel(a, b) > REPEAT_RTOL:
                 return f"loss {i} is {a!r}, the reference epoch's {b!r}"
         return None

@@ -154,7 +154,7 @@ def check_items(items, ref) -> str | None:
     """What is wrong with the items of a run against ``ref``, or None."""
     if len(items) != len(ref):
         return f"{len(items)} items, expected {len(ref)}"
-    for i, (got, want) in enumerate(zip(items, ref)):
+    for i, (got, want) in enumerate(zip(items, ref, strict=True)):
         got = np.asarray(got)
         if got.shape != want.shape or got.dtype != want.dtype or not np.array_equal(got, want):
             return (f"item {i}: {got.dtype}{list(got.shape)} {got.ravel()[:4]} != "
@@ -294,7 +294,8 @@ def main(argv=None) -> int:
                   note=f"4 threads, queue.Queue(maxsize={QUEUE_SIZE}) between stages"),
         Contender("actorflow", lambda: list(pipe.run()), ref,
                   after=lambda: pipe.stats().as_dict(),
-                  note="af.Pipeline(buffers=2); includes planning (stages sized by piece 0 while it flows)"),
+                  note="af.Pipeline(buffers=2); includes planning (stages sized by piece 0 "
+                       "while it flows)"),
     ]
     if not args.no_diagnostics:
         contenders.append(Contender(
@@ -309,7 +310,7 @@ def main(argv=None) -> int:
     print(f"[pipeline] measuring each stage's cost again ({calls - calls // 2} calls each) ...",
           flush=True)
     after = measure_stages(stages, calls - calls // 2)
-    pooled = [b + a for b, a in zip(before, after)]
+    pooled = [b + a for b, a in zip(before, after, strict=True)]
     med = [statistics.median(s) for s in pooled]
     mean = [statistics.fmean(s) for s in pooled]
     bound = bound_of(med, n)
@@ -350,8 +351,7 @@ def main(argv=None) -> int:
     print()
     print(f"Pipeline of 4 GIL-free stages, {n} items (best of {repeat}; nominal stage ms "
           f"{'/'.join(f'{m:g}' for m in STAGE_MS)})")
-    print("  measured stage cost (median of {} calls; before -> after the rounds):".format(
-        calls))
+    print(f"  measured stage cost (median of {calls} calls; before -> after the rounds):")
     for k, name in enumerate(names):
         print(f"    {name:<10} {med[k] * 1e3:7.3f} ms   ({statistics.median(before[k]) * 1e3:.3f}"
               f" -> {statistics.median(after[k]) * 1e3:.3f}; mean {mean[k] * 1e3:.3f})"

@@ -309,8 +309,10 @@ def main(argv=None) -> int:
         lb = "-" if r["least_live"] is None else f"{r['least_live'] / 1024:.0f} KiB"
         print(f"  {n:>7} {r['plan_s']:>8.3f} {r['unshared'] / 1024:>9.0f} KiB "
               f"{r['planned'] / 1024:>6.0f} KiB {r['best_heuristic'] / 1024:>8.0f} KiB "
-              f"{r['live_of_order'] / 1024:>6.0f} KiB {lb:>11} {'yes' if r['exact'] else 'no':>6}  {r['method']}")
-    print("  (best single: the best of the 9 heuristic orders x placements alone; its order: the most bytes live at once in the order chosen, which no placement "
+              f"{r['live_of_order'] / 1024:>6.0f} KiB {lb:>11} "
+              f"{'yes' if r['exact'] else 'no':>6}  {r['method']}")
+    print("  (best single: the best of the 9 heuristic orders x placements alone; its order: "
+          "the most bytes live at once in the order chosen, which no placement "
           "beats; least live: "
           "the smallest peak of any order, a bound no placement beats; exact: the planned "
           "peak is proven the smallest)")

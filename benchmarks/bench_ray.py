@@ -46,8 +46,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import actorflow as af  # noqa: E402
-from harness import environment, write  # noqa: E402
+from harness import environment, write  # noqa: E402 - after the sys.path insert
+
+import actorflow as af  # noqa: E402 - after the sys.path insert
 
 LOOPS = [20000]             # calibrated: loop iterations for ~5 ms of pure Python
 

@@ -45,10 +45,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import actorflow as af  # noqa: E402
-import bench_ray  # noqa: E402
+import bench_ray  # noqa: E402 - after the sys.path inserts
 from bench_ray import calibrate, preprocess  # noqa: E402 - the calibrated Python stage
-from harness import environment, write  # noqa: E402
+from harness import environment, write  # noqa: E402 - after the sys.path inserts
+
+import actorflow as af  # noqa: E402 - after the sys.path inserts
 
 CHEAP = ["decode", "crop", "normalize"]
 
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
 
     def check(name, outs):
         assert len(outs) == len(reference), (name, len(outs))
-        for i, (a, b) in enumerate(zip(outs, reference)):
+        for i, (a, b) in enumerate(zip(outs, reference, strict=True)):
             assert np.array_equal(np.asarray(a), b), f"{name}: piece {i} differs from local"
 
     # the four engines' kept processes (14) live side by side: each asks 1/8 CPU (a

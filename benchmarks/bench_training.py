@@ -314,7 +314,7 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
         bad = [i for i, v in enumerate(losses) if not math.isfinite(v)]
         if bad:
             return f"loss {bad[0]} is {losses[bad[0]]!r}, not finite"
-        for i, (a, b) in enumerate(zip(losses, ref["losses"])):
+        for i, (a, b) in enumerate(zip(losses, ref["losses"], strict=True)):
             if a != b:
                 return (f"loss {i} is {a!r}, the reference epoch's is {b!r} (not bit for bit: "
                         f"not the same math or not the same start)")
@@ -376,7 +376,9 @@ def part_epoch(args, af, saved, load_target_s: float) -> tuple[dict, list]:
             fetch=lambda losses: (losses, trainer.digest()), after=after,
             loader=loader_kind, note=note, diagnostic=diagnostic)
 
-    stats = lambda: piped.step.stats().as_dict()    # noqa: E731
+    def stats():
+        return piped.step.stats().as_dict()
+
     contenders = [
         contender("plain loop", plain_loop, plain, "sleep",
                   "for x, y in loader(): step(x, y)"),
@@ -597,10 +599,11 @@ def part_loaders(args, af, torch, saved, load_target_s: float) -> tuple[dict, li
             return f"{len(losses)} losses, expected {n}"
         if "digest" in want:                    # graph mode: bit for bit
             if losses != want["losses"]:
-                i = next(i for i, (a, b) in enumerate(zip(losses, want["losses"])) if a != b)
+                i = next(i for i, (a, b) in enumerate(zip(losses, want["losses"], strict=True))
+                         if a != b)
                 return f"loss {i} is {losses[i]!r}, the reference epoch's {want['losses'][i]!r}"
             return None
-        bad = [i for i, (a, b) in enumerate(zip(losses, want["losses"]))
+        bad = [i for i, (a, b) in enumerate(zip(losses, want["losses"], strict=True))
                if not math.isfinite(a) or rel(a, b) > REPEAT_RTOL]
         return None if not bad else (f"loss {bad[0]} is {losses[bad[0]]!r}, the reference "
                                      f"epoch's {want['losses'][bad[0]]!r}")

@@ -236,7 +236,7 @@ class CpuContention:
         t1 = self._sample()
         if self.t0 is None or t1 is None:
             return None
-        total, busy, own, wall = (b - a for a, b in zip(self.t0, t1))
+        total, busy, own, wall = (b - a for a, b in zip(self.t0, t1, strict=True))
         other = max(busy - own, 0.0)
         return {"wall_s": round(wall, 3), "cpu_s_available": round(total, 2),
                 "cpu_s_busy_all": round(busy, 2), "cpu_s_this_process": round(own, 2),

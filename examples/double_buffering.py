@@ -40,20 +40,20 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")      # before numpy loads BLAS: compute uses one core
 
-import argparse  # noqa: E402
-import datetime as _dt  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import textwrap  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse  # noqa: E402 - after the BLAS variables
+import datetime as _dt  # noqa: E402 - after the BLAS variables
+import gc  # noqa: E402 - after the BLAS variables
+import json  # noqa: E402 - after the BLAS variables
+import platform  # noqa: E402 - after the BLAS variables
+import statistics  # noqa: E402 - after the BLAS variables
+import sys  # noqa: E402 - after the BLAS variables
+import textwrap  # noqa: E402 - after the BLAS variables
+import time  # noqa: E402 - after the BLAS variables
+from pathlib import Path  # noqa: E402 - after the BLAS variables
 
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402 - after the BLAS variables
 
-import actorflow as af  # noqa: E402
+import actorflow as af  # noqa: E402 - after the BLAS variables
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "double_buffering.json"

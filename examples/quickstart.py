@@ -6,7 +6,8 @@ import actorflow as af
 
 x = af.tensor([[1., -1.], [1., -1.]])          # float32 on cpu by default
 y = af.relu(x)                                 # returns at once: the work is queued
-print(y)                                       # tensor([[1., 0.], [1., 0.]], dtype=actorflow.float32)
+# prints: tensor([[1., 0.], [1., 0.]], dtype=actorflow.float32)
+print(y)
 z = (x @ x.T).sum(dim=1, keepdim=True) + 1
 print(z.numpy())
 af.synchronize()

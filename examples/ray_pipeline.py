@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         print(f"  {name}: processes {row['processes']}, acts in a call sent for the stage "
               f"before it: {row['fused_acts']}")
     same = len(local) == len(remote) and all(np.array_equal(a, b)
-                                             for a, b in zip(local, remote))
+                                             for a, b in zip(local, remote, strict=True))
     print("outputs equal to the local run:", same)
     return 0 if same else 1
 

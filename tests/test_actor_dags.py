@@ -116,7 +116,7 @@ def test_random_dags_match_reference(case):
         assert g.stats().memory["cpu"]["peak"] <= memory["cpu"]
     ref = reference(nodes, sinks)
     assert len(outs) == len(ref)
-    for got, want in zip(outs, ref):
+    for got, want in zip(outs, ref, strict=True):
         assert got.keys() == want.keys()
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-12)
@@ -133,7 +133,7 @@ def test_random_dags_match_reference(case):
             return node["length"]
         return min(available(j) for j in node["inputs"])
 
-    for i, node in enumerate(nodes):
+    for i in range(len(nodes)):
         acts = stats.actors[f"n{i}"]["acts"]
         # every delivered piece passed through every node; none acted on a piece twice
         # (a branch may run ahead of the shortest source by what its registers hold)
@@ -162,7 +162,9 @@ def test_random_dags_on_the_null_device(case):
     g = af.ActorGraph(seed=seed, memory={"null": "64KiB"})
     actors = []
     for i, node in enumerate(nodes):
-        delay = (lambda p, t=node["times"]: t[p % 3])
+        def delay(p, t=node["times"]):
+            return t[p % 3]
+
         if "length" in node:
             a = g.source([np.zeros(2)] * node["length"], name=f"n{i}", buffers=node["buffers"],
                          out=af.Spec((2,), af.float64, "null"), inline=True, time=delay)

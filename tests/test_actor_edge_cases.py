@@ -44,7 +44,7 @@ def test_non_contiguous_piece_0_feeds_ops_correctly():
     g = af.ActorGraph()
     t = g.actor(lambda x: x.T, g.source(xs, out=af.Spec((4, 3))))
     g.sink(g.op(lambda y: y[1:] + 0, t))
-    for x, o in zip(xs, g.run()):
+    for x, o in zip(xs, g.run(), strict=True):
         np.testing.assert_array_equal(o, x.T[1:])
 
 

@@ -1,8 +1,8 @@
 """The actor runtime: graphs, plans, budgets, errors, cancellation and both front ends."""
 
 import asyncio
-import gc
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -259,7 +259,7 @@ async def test_run_async_matches_run(no_leftovers):
     outs = [x async for x in simple_graph(5).run_async()]
     ref = list(simple_graph(5).run())
     assert len(outs) == 5
-    for a, b in zip(outs, ref):
+    for a, b in zip(outs, ref, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -298,7 +298,7 @@ async def test_async_source_and_aclosing(no_leftovers):
     g = af.ActorGraph()
     g.sink(g.actor(normalize, g.source(lambda: agen(), out=af.Spec((3,))), out=af.Spec((3,))))
     async with contextlib.aclosing(g.run_async()) as it:
-        async for x in it:
+        async for _ in it:
             break
     assert threads_now() == set()
 

@@ -344,8 +344,8 @@ def test_replicas_arguments_are_checked():
 
 # -- random mixes of stage kinds ------------------------------------------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as hs  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - with its section
+from hypothesis import strategies as hs  # noqa: E402 - with its section
 
 KINDS = ("thread", "inline", "async", "replicas")
 

@@ -386,7 +386,7 @@ def test_tiny_lm_graph_step_and_runs_equal_eager():
     got += [float(v) for v in step.run(data[2:4])]                  # an actor per op
     got += [float(v) for v in step.run(data[4:], fused=True)]       # one actor
     assert got == want                                              # bit for bit
-    for (name, a), b in zip(m1.named_parameters(), model.parameters()):
+    for (name, a), b in zip(m1.named_parameters(), model.parameters(), strict=True):
         assert np.array_equal(b.numpy(), a.numpy()), name
 
 
@@ -395,5 +395,5 @@ def test_tiny_lm_trains_on_cuda_as_on_cpu(cuda):
     want, m1 = eager_lm(data)
     got, m2 = eager_lm(data, CUDA)
     assert_same(np.array(got), np.array(want), exact=False, rtol=1e-4)
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert_same(b.numpy(), a.numpy(), exact=False, rtol=1e-4)

@@ -32,11 +32,14 @@ CASES = [
     ("mul", lambda a, b: a * b, [rand(2, 3), rand(2, 3)]),
     ("div", lambda a, b: a / b, [rand(2, 3), rand(3, positive=True)]),
     ("pow", lambda a, b: a ** b, [rand(2, 3, positive=True), rand(2, 3)]),
-    ("maximum", lambda a, b: af.maximum(a, b), [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
-    ("minimum", lambda a, b: af.minimum(a, b), [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
+    ("maximum", lambda a, b: af.maximum(a, b),
+     [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
+    ("minimum", lambda a, b: af.minimum(a, b),
+     [rand(3, 3, spread=True), rand(3, 3, spread=True) + 0.1]),
     ("remainder", lambda a, b: a % b, [rand(4, positive=True) * 3 + 0.05, rand(4, positive=True)]),
     ("remainder_scalar", lambda a: a % 0.7, [np.array([0.3, 1.1, 2.5, -0.4])]),
-    ("floor_divide", lambda a, b: a // b + a, [np.array([1.3, 2.6, 3.7]), np.array([0.7, 1.1, 1.6])]),
+    ("floor_divide", lambda a, b: a // b + a,
+     [np.array([1.3, 2.6, 3.7]), np.array([0.7, 1.1, 1.6])]),
     ("floor_divide_scalar", lambda a: a // 0.7 + a, [np.array([0.3, 1.1, 2.5])]),
     ("rfloor_divide_scalar", lambda a: 2.9 // a + a, [np.array([0.7, 1.3, 2.2])]),
     ("rremainder_scalar", lambda a: 2.9 % a, [np.array([0.7, 1.3, 2.2, 3.5])]),
@@ -229,7 +232,7 @@ def numeric(fn, arrays, eps=1e-6):
     for k, a in enumerate(arrays):
         g = np.zeros_like(a)
         for i in np.ndindex(a.shape):
-            def f(delta):
+            def f(delta, k=k, i=i):
                 b = [x.copy() for x in arrays]
                 b[k][i] += delta
                 y = fn(*[af.tensor(x) for x in b])
@@ -256,13 +259,13 @@ def test_gradient_matches_finite_differences(case):
     name, fn, arrays = case
     got, y = analytic(fn, arrays)
     want = numeric(fn, arrays, EPS.get(name, 1e-6))
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
 def test_every_rule_is_checked_by_a_case():
     covered = set()
-    for name, fn, arrays in CASES:
+    for _name, fn, arrays in CASES:
         xs = [af.tensor(a, requires_grad=True) for a in arrays]
         covered |= names_in(fn(*xs))
     missing = (set(_RULES) | set(_VIEW_RULES)) - covered
@@ -288,7 +291,7 @@ def test_gradient_matches_pytorch(case):
     ty = tfn(*ts)
     w = torch.tensor(np.random.default_rng(1).standard_normal(tuple(ty.shape)))
     (ty * w).sum().backward()
-    for g, t in zip(got, ts):
+    for g, t in zip(got, ts, strict=True):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-6, atol=1e-8)
 
 
@@ -299,8 +302,10 @@ def _torch_version(fn, torch):
         abs=torch.abs, exp=torch.exp, log=torch.log, sqrt=torch.sqrt, tanh=torch.tanh,
         sigmoid=torch.sigmoid, relu=torch.relu,
         gelu=lambda a, approximate="none": torch.nn.functional.gelu(a, approximate=approximate),
-        clamp=torch.clamp, div=torch.div, where=lambda c, a, b: torch.where(c, _t(torch, a, c), _t(torch, b, c)),
-        softmax=lambda a, dim: torch.softmax(a, dim), log_softmax=lambda a, dim: torch.log_softmax(a, dim),
+        clamp=torch.clamp, div=torch.div,
+        where=lambda c, a, b: torch.where(c, _t(torch, a, c), _t(torch, b, c)),
+        softmax=lambda a, dim: torch.softmax(a, dim),
+        log_softmax=lambda a, dim: torch.log_softmax(a, dim),
         cat=lambda xs, dim: torch.cat(xs, dim), stack=lambda xs, dim: torch.stack(xs, dim),
         tensor=lambda a: torch.tensor(a), nn=torch.nn, gather=torch.gather,
         scatter_add=torch.scatter_add, cumsum=torch.cumsum,

@@ -81,5 +81,5 @@ def test_random_programs_have_pytorchs_gradients(prog, seed, n_leaves):
         return [x.grad.numpy() if x.grad is not None else np.zeros((3, 4)) for x in xs]
 
     got, want = run(af), run(torch)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9)

@@ -50,7 +50,7 @@ def test_loss_modules_raise_on_negative_targets_as_on_too_large_ones():
     lg = af.tensor(LOGITS)
     for module in (nn.CrossEntropyLoss(), nn.NLLLoss()):
         for bad in (-1, -3, 3):
-            _kernel_error(lambda: float(module(lg, af.tensor([bad, 0]))))
+            _kernel_error(lambda module=module, bad=bad: float(module(lg, af.tensor([bad, 0]))))
     assert float(nn.CrossEntropyLoss()(lg, af.tensor([2, 0]))) == pytest.approx(0.4795253)
 
 
@@ -228,7 +228,7 @@ def test_advanced_indexing_takes_negative_indices_and_refuses_out_of_range():
     t2[torch.tensor([-1])] = 7.0
     np.testing.assert_array_equal(a2.numpy(), t2.numpy())
     for bad in (2, -3):
-        err = _kernel_error(lambda: a[af.tensor([bad])].numpy())
+        err = _kernel_error(lambda bad=bad: a[af.tensor([bad])].numpy())
         assert f"getitem: index {bad} is out of bounds for axis 0 with size 2" in str(err)
         with pytest.raises(IndexError):
             t[torch.tensor([bad])]

@@ -146,7 +146,7 @@ def test_gradients_equal_pytorch(case, dtype):
     (y * af.tensor(w)).sum().backward()
     (ty * torch.tensor(w)).sum().backward()
     _close(y.numpy(), ty, dtype)
-    for x, t in zip(xs, ts):
+    for x, t in zip(xs, ts, strict=True):
         _close(x.grad.numpy(), t.grad, dtype)
 
 
@@ -291,7 +291,7 @@ def test_a_conv_pool_model_trains_the_same_eagerly_and_in_graph_mode():
     got += [float(v) for v in step.run(data[2:4])]
     got += [float(v) for v in step.run(data[4:], fused=True)]
     assert got == want
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
     with af.no_grad():                                  # under no_grad: no graph, same values
         y = m1(af.tensor(data[0][0]))
@@ -312,5 +312,5 @@ def test_conv_and_pools_run_on_the_cuda_emulator(emu):
         z = NF.adaptive_avg_pool2d(NF.avg_pool2d(v, 2, 1, 1), 2)
         z.sum().backward()
         return [t.to("cpu").numpy() for t in (z, xt.grad, wt.grad)]
-    for got, want in zip(run("cuda:0"), run("cpu")):
+    for got, want in zip(run("cuda:0"), run("cpu"), strict=True):
         np.testing.assert_array_equal(got, want)

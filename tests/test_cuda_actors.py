@@ -109,7 +109,7 @@ def test_pipeline_on_cuda_equals_cpu_under_delays(emu, seed):
                        memory={CUDA: "1MiB"}, seed=seed)
     got = list(pipe.run())
     assert len(got) == 50
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert isinstance(g, np.ndarray)
         np.testing.assert_allclose(g, w, rtol=1e-6)
     assert pipe.graph.plan().totals[af.device(CUDA)] == 2 * (8 * 16 + 8) * 4
@@ -126,7 +126,7 @@ def test_graph_on_cuda_with_tuples_two_inputs_and_a_cuda_sink(cuda):
     g.sink(g.copy(both, "cpu", name="down"), name="host")
     outs = list(g.run())
     assert len(outs) == 6
-    for out, x in zip(outs, xs):
+    for out, x in zip(outs, xs, strict=True):
         t = out["dev"]
         assert isinstance(t, af.Tensor) and str(t.device) == CUDA      # a copy, on cuda:0
         np.testing.assert_allclose(t.numpy(), x[:, :4] + 1.0 - x[:, :4] * 3.0 + x[:, :4],
@@ -146,7 +146,7 @@ def test_register_is_written_again_only_after_its_device_reads(emu, seed):
     g.sink(g.copy(g.source(data), CUDA))
     outs = list(g.run())
     assert len(outs) == 30
-    for out, x in zip(outs, data):
+    for out, x in zip(outs, data, strict=True):
         np.testing.assert_array_equal(out.numpy(), x)
 
 
@@ -237,7 +237,7 @@ def test_dataloader_on_cuda_yields_cuda_tensors_equal_to_cpu(cuda, workers):
                             device=CUDA, memory={CUDA: "64KiB"})
     got = list(dl)
     assert len(got) == len(host) == 9
-    for (a, b), (ha, hb) in zip(got, host):
+    for (a, b), (ha, hb) in zip(got, host, strict=True):
         assert str(a.device) == CUDA and str(b.device) == CUDA
         np.testing.assert_array_equal(a.numpy(), ha)
         np.testing.assert_array_equal(b.numpy(), hb)
@@ -311,6 +311,6 @@ def test_kernel_fault_in_a_stage_stops_the_run_and_the_runtime_goes_on(emu):
     assert "injected fault" in str(e.value)
     settle()
     want = [_compute(x) for x in _pieces(8)]
-    for got, w in zip(build().run(), want):
+    for got, w in zip(build().run(), want, strict=True):
         np.testing.assert_allclose(got, w, rtol=1e-6)
     assert af.tensor([1.0, 2.0], device=CUDA).sum().item() == 3.0

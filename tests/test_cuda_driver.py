@@ -272,7 +272,7 @@ def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(cuda):
             if isinstance(cpu, tuple) or isinstance(gpu, tuple):
                 assert cpu == gpu, (name, dtypes, attrs)
                 continue
-            for x, y in zip(cpu, gpu):
+            for x, y in zip(cpu, gpu, strict=True):
                 assert x.dtype == y.dtype and x.shape == y.shape
                 if x.dtype.kind == "f":          # libm and CUDA's functions: a few ulp
                     tol = 2e-3 if x.dtype == np.float16 else 1e-5
@@ -290,6 +290,7 @@ def test_pinned_buffers_are_page_locked_and_a_large_copy_round_trips():
     import time
 
     import cupy
+
     from actorflow.backends.cuda.cupy_driver import CupyDriver
     d = CupyDriver("cuda:0")
     try:
@@ -317,7 +318,8 @@ def test_cupy_compiles_every_generated_source_with_its_launch_options(launches):
     """CuPy's own NVRTC path, with the options RawKernel adds (an explicit architecture:
     no device is needed), on every source the op calls launch (CuPy installed only)."""
     pytest.importorskip("cupy", reason="CuPy is not installed (the cuda extra)")
-    from cupy.cuda import compiler       # (_NVRTCProgram: CuPy's compile without a device)
+    from cupy.cuda import compiler  # (_NVRTCProgram: CuPy's compile without a device)
+
     import test_cuda_generated as G
     from actorflow.ops.registry import all_ops
     for name in G.COVERED:

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from cuda_fixtures import CUDA, assert_same
 
 import actorflow as af
 from actorflow.backends import get_backend
 from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda import nvrtc
 from actorflow.errors import KernelError
+from cuda_fixtures import CUDA, assert_same
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,12 +108,12 @@ def test_values_equal_cpu_under_random_delays(emu, seed):
         a = chain(x, 12, y)
         b = chain(x, 40)
     got = [a.numpy(), b.numpy()]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert_same(g, w)
     assert VM.stats()["fused_runs"] > before
     # not held: runs form as the loop falls behind, or not; the values are the same
     got = [chain(x, 12, y).numpy(), chain(x, 40).numpy()]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert_same(g, w)
 
 

@@ -17,8 +17,8 @@ from hypothesis.errors import FlakyFailure
 from actorflow.backends.cuda import selection as drv
 from actorflow.backends.cuda.allocator import CachingAllocator
 from actorflow.backends.cuda.driver import Kernel
-from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.backends.cuda.emu import EmuDriver
+from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.errors import DeviceError, KernelError, OutOfMemoryError
 
 pytestmark = pytest.mark.timeout(60)
@@ -116,7 +116,7 @@ async def test_completion_reaches_asyncio_without_polling(emu):
     for _ in range(3):
         s.launch(NOOP, ())
         fut = loop.create_future()
-        s.record().then(lambda: loop.call_soon_threadsafe(fut.set_result, "done"))
+        s.record().then(lambda fut=fut: loop.call_soon_threadsafe(fut.set_result, "done"))
         assert await asyncio.wait_for(fut, 10) == "done"
     assert s.query()
 
@@ -127,7 +127,7 @@ def test_a_stream_is_done_with_a_record_when_its_then_is_called(emu):
     for _ in range(5):
         s.launch(NOOP, ())
         called = threading.Event()
-        s.record().then(lambda: (seen.append(s.query()), called.set()))
+        s.record().then(lambda called=called: (seen.append(s.query()), called.set()))
         assert called.wait(10)
     assert seen == [True] * 5
 
@@ -331,7 +331,7 @@ def test_close_stops_the_threads_and_refuses_later_use(emu):
         s.launch(NOOP, ())
 
 
-# -- the caching allocator ---------------------------------------------------------------------------
+# -- the caching allocator -------------------------------------------------------------------------
 def test_the_allocator_caches_blocks_by_size_within_its_budget(emu):
     d = emu(limit=1 << 20)
     s = d.stream()
@@ -448,7 +448,7 @@ def run_recycling(driver, allocator, ops, rounds):
     for blk in held:
         allocator.free(blk)
     driver.synchronize(30)
-    return [(v, o.tolist()) for v, o in zip(expected, outs) if (o != v).any()]
+    return [(v, o.tolist()) for v, o in zip(expected, outs, strict=True) if (o != v).any()]
 
 
 programs = st.lists(st.tuples(st.sampled_from([1, 4, 64]), st.integers(0, 2)),

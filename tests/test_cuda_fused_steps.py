@@ -10,8 +10,6 @@ form."""
 
 import numpy as np
 import pytest
-from cuda_fixtures import CUDA, settle
-from test_cuda_graph_mode import OPTS, batches, make, program_of
 
 import actorflow as af
 from actorflow import nn
@@ -20,6 +18,8 @@ from actorflow.backends.cuda import nvrtc
 from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import use_driver
 from actorflow.errors import DivisionByZeroError
+from cuda_fixtures import CUDA, settle
+from test_cuda_graph_mode import OPTS, batches, make, program_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +58,7 @@ def test_a_step_fuses_its_elementwise_chains_and_equals_cpu(launches, opt_name, 
     got, got_params, step = train(CUDA, opt_name, kwargs, data, launches,
                                   cuda_graph=cuda_graph)
     assert got == want
-    for a, b in zip(want_params, got_params):
+    for a, b in zip(want_params, got_params, strict=True):
         np.testing.assert_array_equal(a, b)
     run = program_of(step)
     before, after = LAUNCHES[opt_name]
@@ -85,7 +85,7 @@ def test_a_chain_is_cut_at_a_state_written_back(launches):
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     got, got_params, step = train(CUDA, "SGD", dict(lr=0.1, momentum=0.9), data)
     assert got == want
-    for x, y in zip(want_params, got_params):
+    for x, y in zip(want_params, got_params, strict=True):
         np.testing.assert_array_equal(x, y)
     run = program_of(step)
     names = [launch.name for launch in run.kernels if launch.ops > 1]
@@ -95,7 +95,7 @@ def test_a_chain_is_cut_at_a_state_written_back(launches):
     # may take the momentum through 0: then the buffer is kept, as PyTorch's)
     assert names.count("mul+add+where") == 4 and names.count("where+mul+sub") == 4
     news = {("tmp", ref[1]) for _, ref in run.program.assigns}
-    for launch, slots in zip(run.kernels, run._slots):
+    for launch, slots in zip(run.kernels, run._slots, strict=True):
         if launch.ops > 1:                   # written: the write-back copies it
             assert (launch.name in ("mul+add+where", "where+mul+sub")) == (slots[0] in news)
 
@@ -157,7 +157,7 @@ def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch,
     for kernel, args, want in records:
         got = np.full_like(want, 7)
         packed = [ctypes.c_void_p(got.ctypes.data)]
-        for (_, kind, t), a in zip(kernel.params[1:], args[1:]):
+        for (_, kind, t), a in zip(kernel.params[1:], args[1:], strict=True):
             if kind == "in":
                 packed.append(ctypes.c_void_p(a.ctypes.data))
             elif kind == "scalar":

@@ -39,7 +39,8 @@ def _values(dtype, shape=(3, 4), seed=0):
 
 def _run(op, arrays, dtypes, attrs, device):
     """The op's outputs on ``device`` as numpy arrays, or the error's type."""
-    impls = [af.tensor(a, dtype=d, device=device)._impl for a, d in zip(arrays, dtypes)]
+    impls = [af.tensor(a, dtype=d, device=device)._impl
+             for a, d in zip(arrays, dtypes, strict=True)]
     try:
         out = apply(op, impls, dict(attrs))
     except (DTypeError, TypeError, ValueError) as e:
@@ -54,7 +55,7 @@ def _same(a, b):
     if isinstance(a, tuple) or isinstance(b, tuple):
         assert a == b
         return
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(x, y)
 
@@ -214,6 +215,7 @@ def test_an_integer_division_by_zero_fails_only_the_op_and_what_is_computed_from
     the ops issued ahead of the check that read it (on its stream and across) fail with its
     error. The compute stream is held, so that all of them are issued before the check."""
     import threading
+
     from actorflow.backends import get_backend
     from actorflow.eager.interpreter import use_stream
     a = af.tensor(np.arange(1, 9, dtype=np.int64), device=CUDA)

@@ -55,7 +55,7 @@ def _same_training(got, got_params, want, want_params) -> None:
     emulator, within 1e-4 on a GPU (the steps' matmuls, sums and exp/log, compounded)."""
     assert len(got) == len(want) and len(got_params) == len(want_params)
     assert_same(got, want, exact=False, rtol=1e-4)
-    for b, a in zip(got_params, want_params):
+    for b, a in zip(got_params, want_params, strict=True):
         assert_same(b, a, exact=False, rtol=1e-4)
 
 
@@ -178,13 +178,13 @@ def test_a_fault_in_a_replayed_step_surfaces_at_the_loss_and_keeps_the_parameter
     assert "TrainStep.step" in str(e.value) and "nothing was written back" in str(e.value)
     del loss
     settle()
-    for a, p in zip(before, model.parameters()):
+    for a, p in zip(before, model.parameters(), strict=True):
         np.testing.assert_array_equal(a, p.numpy())      # nothing was written back
     for x, y in data[2:]:                                 # the runtime goes on
         losses.append(float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))))
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert losses == want
-    for a, p in zip(want_params, model.parameters()):
+    for a, p in zip(want_params, model.parameters(), strict=True):
         np.testing.assert_array_equal(a, p.numpy())
     assert (af.ones(3, device=CUDA) + 1).numpy().tolist() == [2.0, 2.0, 2.0]
     assert program_of(step).captures == 1
@@ -196,7 +196,7 @@ def test_steps_under_random_stream_delays_equal_cpu(emu):
     want, want_params, _ = train("cpu", "Adam", dict(lr=1e-2), data)
     got, got_params, _ = train(CUDA, "Adam", dict(lr=1e-2), data)
     assert got == want
-    for a, b in zip(want_params, got_params):
+    for a, b in zip(want_params, got_params, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -215,8 +215,8 @@ def test_profile_on_cuda_lists_the_kernels_of_a_step(cuda):
     step_ev = next(e for e in kernels if e["name"] == "TrainStep.step")
     assert step_ev["args"]["kernels"] == len(names)
     inside = [e for e in kernels if e["name"] != "TrainStep.step"      # (its stream: a
-              and e["tid"] == step_ev["tid"] and step_ev["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step_ev["ts"]
-              + step_ev["dur"] + 0.01]
+              and e["tid"] == step_ev["tid"] and step_ev["ts"] <= e["ts"]
+              and e["ts"] + e["dur"] <= step_ev["ts"] + step_ev["dur"] + 0.01]
     assert [e["name"] for e in inside][:len(names)] == names     # release may overlap)
     assert "mul_scalar" in by_name or "mul" in by_name               # the eager op too
     table = prof.summary()
@@ -275,7 +275,7 @@ def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu)
         float(loss)
     del loss, bad
     settle()
-    for a, p in zip(before, model.parameters()):
+    for a, p in zip(before, model.parameters(), strict=True):
         np.testing.assert_array_equal(a, p.numpy())
     got = [first] + [float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)))
                      for x, y in data[1:]]
@@ -315,7 +315,7 @@ def test_a_step_with_reference_forms_is_launched_one_by_one_where_the_driver_can
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1), data)
     got, got_params, step = train(CUDA, "SGD", dict(lr=0.1), data)
     assert got == want
-    for a, b in zip(want_params, got_params):
+    for a, b in zip(want_params, got_params, strict=True):
         np.testing.assert_array_equal(a, b)
     run = program_of(step)
     assert run.reference_launches                    # (matmul's, at least)
@@ -354,5 +354,5 @@ def test_the_rates_follow_the_parameters_moved_to_cuda(emu):
     got += [float(step(af.tensor(x, device="cuda:0"), af.tensor(y, device="cuda:0")))
             for x, y in data[2:]]
     assert got == want
-    for p, w in zip(model.parameters(), want_params):
+    for p, w in zip(model.parameters(), want_params, strict=True):
         assert_same(p.numpy(), w)

@@ -33,7 +33,7 @@ OPTS = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=1e-2))]
 def _same(want_params, model) -> None:
     """``model``'s parameters equal ``want_params`` (cpu's after the same steps): bit for
     bit on the emulator, within 1e-4 on a GPU (the steps' matmuls, sums and exp/log)."""
-    for a, p in zip(want_params, model.parameters()):
+    for a, p in zip(want_params, model.parameters(), strict=True):
         assert_same(p.numpy(), a, exact=False, rtol=1e-4)
 
 

@@ -57,14 +57,15 @@ def _reference(op: str, in_dtypes, attrs, shapes=None):
     opdef = registry.get(op)
     shapes = shapes or [(4,)] * len(in_dtypes)
     try:
-        (shape, out), = opdef.infer([_meta(t, s) for t, s in zip(in_dtypes, shapes)], attrs)
+        (shape, out), = opdef.infer(
+            [_meta(t, s) for t, s in zip(in_dtypes, shapes, strict=True)], attrs)
     except DTypeError:
         return None
     o = np.empty(shape, out.np)
     try:
         with np.errstate(all="ignore"):
-            opdef.kernel_for("cpu")([o], [_sample(t, s) for t, s in zip(in_dtypes, shapes)],
-                                    attrs)
+            opdef.kernel_for("cpu")(
+                [o], [_sample(t, s) for t, s in zip(in_dtypes, shapes, strict=True)], attrs)
     except (TypeError, ValueError):
         return None             # numpy has no loop for it (e.g. bool // bool)
     return out.name
@@ -450,7 +451,8 @@ _CTYPE = {"bool": "c_bool", "int32": "c_int32", "int64": "c_int64", "float32": "
 def _launch(lib, src, outs, ins, scalars):
     import ctypes
     args = [ctypes.c_void_p(a.ctypes.data) for a in outs + ins]
-    for (name, _, t), v in zip([p for p in src.params if p[1] == "scalar"], scalars):
+    scalar_params = [p for p in src.params if p[1] == "scalar"]
+    for (_, _, t), v in zip(scalar_params, scalars, strict=True):
         if t == "float16":
             v = int(np.array(v, np.float16).view(np.uint16))
         else:
@@ -516,7 +518,7 @@ def test_kernels_compute_what_the_numpy_kernels_compute(tmp_path):
             continue        # NaN/inf/out-of-range float -> int: undefined (numpy warns)
         todo.append((label, op, dtype, kw))
     forms = []
-    for label, op, dtype, kw in todo:
+    for _label, op, dtype, kw in todo:
         f = [K.elementwise(op, dtype, **kw)]
         if f[0].dtypes == ("float32",) * len(f[0].dtypes) and not kw.get("layouts"):
             f.append(K.elementwise(op, dtype, vector=4, **kw))
@@ -525,12 +527,12 @@ def test_kernels_compute_what_the_numpy_kernels_compute(tmp_path):
     lib = _host_library([s for f in forms for s in f], tmp_path)
     print(f"host build of {sum(map(len, forms))} kernels: {time.perf_counter() - t0:.1f} s")
     checked = 0
-    for (label, op, dtype, kw), f in zip(todo, forms):
+    for (label, op, dtype, kw), f in zip(todo, forms, strict=True):
         roles = _roles(op)
         layouts = kw.get("layouts") or ("full",) * len(kw["inputs"])
         ins = [_values(t, rng, roles[j] if j < len(roles) else "",
                        (N,) if lay == "full" else ())
-               for j, (t, lay) in enumerate(zip(kw["inputs"], layouts))]
+               for j, (t, lay) in enumerate(zip(kw["inputs"], layouts, strict=True))]
         attrs = _attrs_of(op, kw)
         if op == "cast":
             attrs["dtype"] = _dt(dtype)
@@ -564,7 +566,7 @@ def test_fused_runs_compute_what_their_ops_compute_one_by_one(tmp_path):
         if label.startswith("int64"):
             env["b"] = np.abs(env["b"]) % 4 + 1      # a small positive exponent for pow
         scal = []
-        for k, s in enumerate(run.steps):
+        for s in run.steps:
             attrs = dict(s.attrs)
             for a, py in s.scalars:
                 attrs[a] = {"bool": True, "int": 2, "float": 0.75}[py]
@@ -581,7 +583,7 @@ def test_fused_runs_compute_what_their_ops_compute_one_by_one(tmp_path):
         outs = [np.full(N, 7, env[o].dtype) for o in run.outputs]
         ins = [np.ascontiguousarray(env[v.name]) for v in run.inputs]
         assert _launch(lib, src, outs, ins, scal) == 0, label
-        for o, got in zip(run.outputs, outs):
+        for o, got in zip(run.outputs, outs, strict=True):
             _assert_same(got, env[o], f"{label}: {o} ({' '.join(s.op for s in run.steps)})")
 
 

@@ -17,8 +17,8 @@ import actorflow as af
 from actorflow.backends import get_backend
 from actorflow.backends.cuda.driver import Kernel
 from actorflow.backends.cuda.selection import driver_for
-from actorflow.errors import KernelError
 from actorflow.eager.interpreter import use_stream
+from actorflow.errors import KernelError
 from cuda_fixtures import CUDA, assert_same
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_launch_per_op")]
@@ -228,11 +228,11 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(emu
     gate = Gate(compute)
     try:
         chain = [x]
-        for i in range(30):
+        for _ in range(30):
             chain.append(chain[-1] + 1)
         cuda.fail_kernel("mul_scalar")
         chain.append(chain[-1] * 2)          # faults on the device
-        for i in range(30):
+        for _ in range(30):
             chain.append(chain[-1] + 1)      # computed from it
         after = other + 5                    # independent, issued after it on its stream
         with use_stream(side):

@@ -20,7 +20,7 @@ from actorflow.backends.cuda import kernels as K
 from actorflow.backends.cuda.emu import EmuDriver, EmuStream
 from actorflow.backends.cuda.selection import driver_for, use_driver
 from actorflow.eager.interpreter import apply
-from actorflow.errors import DTypeError, DeviceError, KernelError, OutOfMemoryError
+from actorflow.errors import DeviceError, DTypeError, KernelError, OutOfMemoryError
 from actorflow.ops.registry import all_ops
 from actorflow.tensor.tensor import wrap
 from actorflow.testing import gpu_missing
@@ -255,7 +255,7 @@ def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name, monkeypatch):
         if len(results) == 2:
             ran += 1
             if isinstance(results[0], list):
-                for x, y in zip(*results):
+                for x, y in zip(*results, strict=True):
                     assert_same(y, x, exact=name not in TRANSCENDENTAL)
             else:
                 assert results[0] is results[1]
@@ -562,7 +562,7 @@ def test_autograd_on_cuda_equals_cpu(cuda):
         w = af.tensor(w0, dtype=af.float32, device=dev, requires_grad=True)
         (x @ w).relu().sum().backward()
         grads[dev] = (x.grad.numpy(), w.grad.numpy())
-    for a, b in zip(grads["cpu"], grads[CUDA]):
+    for a, b in zip(grads["cpu"], grads[CUDA], strict=True):
         assert_same(b, a, exact=False)                 # (a matmul and a sum)
 
 
@@ -581,5 +581,5 @@ def test_a_training_loop_on_cuda_equals_cpu(cuda):
             opt.step()
         return loss.item(), m.weight.numpy(), m.bias.numpy()
     cpu, gpu = train("cpu"), train(CUDA)
-    for a, b in zip(cpu, gpu):                         # (matmuls and means, 5 steps)
+    for a, b in zip(cpu, gpu, strict=True):                         # (matmuls and means, 5 steps)
         assert_same(b, a, exact=False, rtol=1e-4)

@@ -106,7 +106,7 @@ def test_errors_name_the_stage_and_the_loader_runs_again():
     assert ei.value.actor == "load" and ei.value.piece == 1
     fail[0] = False
     assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4, 5]]
-    for first in dl:                    # a pass left early: the next one starts afresh
+    for _ in dl:                        # a pass left early: the next one starts afresh
         break
     assert len(list(dl)) == 3
 
@@ -130,7 +130,7 @@ def test_passes_may_overlap():
     dl = DataLoader(TensorDataset(np.arange(6.0)), batch_size=2)
     inner = [[b.tolist() for (b,) in dl] for (_,) in dl]
     assert inner == [[[0, 1], [2, 3], [4, 5]]] * 3
-    assert [(a.tolist(), b.tolist()) for (a,), (b,) in zip(dl, dl)] == [
+    assert [(a.tolist(), b.tolist()) for (a,), (b,) in zip(dl, dl, strict=True)] == [
         ([0, 1], [0, 1]), ([2, 3], [2, 3]), ([4, 5], [4, 5])]
 
 

@@ -111,7 +111,8 @@ def test_against_torch():
     np.testing.assert_array_equal(x.clamp(min=-1, max=3).numpy(), t.clamp(min=-1, max=3).numpy())
     np.testing.assert_array_equal(x.clamp(min=3, max=-1).numpy(), t.clamp(min=3, max=-1).numpy())
     i = np.array([1, 5, 9])
-    assert af.clamp(af.from_numpy(i), max=6).tolist() == torch.clamp(torch.from_numpy(i), max=6).tolist()
+    assert (af.clamp(af.from_numpy(i), max=6).tolist()
+            == torch.clamp(torch.from_numpy(i), max=6).tolist())
     assert af.clamp(af.from_numpy(i), min=2.5).dtype == af.float32   # as torch: int + float bound
 
 

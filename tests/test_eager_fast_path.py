@@ -32,7 +32,7 @@ def test_operators_are_functional_prebuilt_functions():
     with pytest.raises(TypeError, match=r"sub\(\): argument 'input' must be a Tensor or a number"):
         "a" - x
     with pytest.raises(TypeError, match=r"eq\(\): argument 'other' must be a Tensor or a"):
-        x == None  # noqa: B015, E711
+        x == None  # noqa: B015, E711 - comparing with None must raise (not a None check)
     with pytest.raises(TypeError, match=r"relu\(\): argument 'input' must be a Tensor, not list"):
         af.relu([1.0])
 

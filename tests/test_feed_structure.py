@@ -31,7 +31,7 @@ def test_a_one_input_traced_graph_takes_1_tuples_as_two_inputs_take_pairs():
     for feed in ((x for x in xs), ((x,) for x in xs)):     # bare arrays, and 1-tuples
         outs = list(g.run(feed=feed))
         assert len(outs) == 3
-        for o, w in zip(outs, want):
+        for o, w in zip(outs, want, strict=True):
             np.testing.assert_allclose(o, w, rtol=1e-6)
     # a source of argument tuples (actor_graph(source=...)) too
     g = one.actor_graph(af.Spec((3, 4)), source=[(x,) for x in xs])
@@ -47,7 +47,7 @@ def test_a_one_input_traced_graph_matches_torch():
     torch = pytest.importorskip("torch")
     xs = pieces(seed=1)
     outs = list(one.actor_graph(af.Spec((3, 4))).run(feed=((x,) for x in xs)))
-    for o, x in zip(outs, xs):
+    for o, x in zip(outs, xs, strict=True):
         np.testing.assert_allclose(o, (torch.relu(torch.from_numpy(x)) * 2).numpy(),
                                    rtol=1e-6)
 

@@ -53,7 +53,7 @@ def _counts(vm):
 
 
 def _delta(vm, before):
-    return tuple(a - b for a, b in zip(_counts(vm), before))
+    return tuple(a - b for a, b in zip(_counts(vm), before, strict=True))
 
 
 # -- results ---------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def run_program(program, use_af: bool, before_reading=None):
 def _check(program, before_reading=None):
     got = run_program(program, use_af=True, before_reading=before_reading)
     want = run_program(program, use_af=False)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-12)
 
 
@@ -231,7 +231,7 @@ def test_intermediates_somebody_holds_are_materialized(runs):
             want_kept.append(ref)
         if k % 4 == 1:
             want_views.append(ref[::2])
-    for g, w in zip(kept + views + [z], want_kept + want_views + [ref]):
+    for g, w in zip(kept + views + [z], want_kept + want_views + [ref], strict=True):
         np.testing.assert_allclose(g.numpy(), w, rtol=1e-12)
 
 

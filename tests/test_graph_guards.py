@@ -192,7 +192,7 @@ def test_an_optimizer_given_more_parameters_compiles_the_step_anew(opt_name, kwa
     for mode in ("step", "run"):
         got, params = train_two(opt_name, kwargs, data, 2, mode, grow)
         assert got == want, mode
-        for p, q in zip(params, want_params):
+        for p, q in zip(params, want_params, strict=True):
             assert np.array_equal(p, q), mode
 
 
@@ -251,7 +251,7 @@ def test_a_change_while_run_goes_on_stops_it_with_the_reason():
                 m.weight = nn.Parameter(af.zeros(1, 3))
         assert len(got) == 1
         with pytest.raises(af.TraceError, match="hyperparameters changed"):
-            for v in g.run([X] * 6, fused=fused):
+            for _ in g.run([X] * 6, fused=fused):
                 opt.param_groups[0]["lr"] *= 0.5
     assert len(list(g.run([X] * 3))) == 3                 # and the next run goes on
 
@@ -419,13 +419,13 @@ def test_a_failing_op_in_step_raises_eager_modes_error_and_changes_nothing():
     assert "op 'floor_divide' failed on cpu" in str(e)
     assert "nothing was written back: the parameters, buffers and optimizer state keep " \
            "their values" in str(e)
-    for p, b, st in zip(m.parameters(), before, state):   # nothing half-updated
+    for p, b, st in zip(m.parameters(), before, state, strict=True):   # nothing half-updated
         assert np.array_equal(p.numpy(), b)
         assert opt.state[p]["step"] == st["step"] == 1
         assert np.array_equal(opt.state[p]["exp_avg"].numpy(), st["exp_avg"])
     # the graph and the module go on: as eager steps that skipped the bad batch
     assert float(g.step(X, n, good)) == want[1]
-    for p, q in zip(m.parameters(), m2.parameters()):
+    for p, q in zip(m.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(p.numpy(), q.numpy())
 
 

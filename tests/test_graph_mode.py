@@ -63,7 +63,7 @@ def test_graph_steps_equal_eager_steps_bit_for_bit(opt_name, kwargs):
     got += [float(loss) for loss in step.run(data[3:5])]                  # op actors
     got += [float(loss) for loss in step.run(data[5:], fused=True)]       # one actor
     assert got == want
-    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy()), name
 
 
@@ -83,7 +83,8 @@ def test_eager_and_graph_steps_interleave_on_one_optimizer_state(opt_name, kwarg
     got += eager_losses(m2, o2, data[4:5])                # and eager again
     got += [float(v) for v in step.run(data[5:])]         # and the same graph again
     assert got == want
-    for a, b in zip(m1.parameters(), m2.parameters()):    # (the last update counts too)
+    # (the last update counts too)
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
 
 
@@ -106,7 +107,7 @@ def test_bias_corrections_are_the_same_numbers_in_eager_and_graph_mode(opt_name)
     got = [step(af.tensor(x), af.tensor(y)).item() for x, y in data[:3]]
     got += [float(v) for v in step.run(data[3:])]
     assert got == want
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
     assert o2.state_dict()["state"][0]["step"] == 6
 
@@ -130,7 +131,7 @@ def test_optimizer_state_loaded_between_graph_steps_is_the_state_the_graph_uses(
     m2.load_state_dict(weights)
     o2.load_state_dict(saved)                         # ...the one loaded
     assert [float(v) for v in step.run(data[2:])] == want
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
     assert [st["step"] for st in o2.state_dict()["state"].values()] == [5] * 6
 
@@ -263,7 +264,7 @@ def test_a_new_learning_rate_or_mode_compiles_the_step_anew():
         want += eager_losses(m1, o1, [(x, y)])
         got.append(step(af.tensor(x), af.tensor(y)).item())
     assert got == want
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
 
 
@@ -317,8 +318,8 @@ def test_run_takes_a_loaders_last_smaller_batch():
     assert len(got) == 4 and got == want
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as hs  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - with its section
+from hypothesis import strategies as hs  # noqa: E402 - with its section
 
 ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 OPT_CHOICES = [("SGD", dict(lr=0.05)), ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
@@ -356,5 +357,5 @@ def test_random_models_train_the_same_in_graph_and_eager_mode(widths, acts, opt,
     else:
         got = [float(v) for v in step.run(data, fused=mode == "fused")]
     assert got == want
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())

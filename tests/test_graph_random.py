@@ -101,7 +101,7 @@ def test_steps_equal_runs_bit_for_bit(fused):
     got = [float(step(af.tensor(x), af.tensor(y))) for x, y in data[:2]]   # step()
     got += [float(v) for v in step.run(data[2:], fused=fused, buffers=3)]  # pipelined
     assert got == want
-    for (name, a), b in zip(m1.named_parameters(), model.parameters()):
+    for (name, a), b in zip(m1.named_parameters(), model.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy()), name
     assert int(step._count) == int(s1._count) == 6
 
@@ -193,7 +193,7 @@ def test_transformer_encoder_layer_with_dropout_trains_in_a_graph():
     got += [float(v) for v in h.run(data[4:7])]
     got += [float(v) for v in h.run(data[7:], fused=True)]
     assert got == want
-    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy()), name
     kinds = {s.op.name for c in g._compiled.values() for s in c.program.steps}
     assert "rand_step" in kinds and "rand" not in kinds
@@ -223,7 +223,7 @@ def test_attention_dropout_in_a_traced_step():
     assert not np.array_equal(steps[0][1], steps[1][1])
     b = graph(0.5)
     runs = list(b.run([x])) + list(b.run([x, x], fused=True))
-    for (l1, o1), (l2, o2) in zip(steps, runs):
+    for (l1, o1), (l2, o2) in zip(steps, runs, strict=True):
         assert l1 == l2 and np.array_equal(o1, o2)
     c = graph(0.0)                              # no dropout: the eager numbers
     af.manual_seed(0)
@@ -260,6 +260,6 @@ def test_dropout_graph_on_cuda_equals_cpu(cuda):
     got += [float(v) for v in step.run(data[3:4])]
     got += [float(v) for v in step.run(data[4:], fused=True)]
     assert_same(np.array(got), np.array(want), exact=False, rtol=1e-5)
-    for a, b in zip(m1.parameters(), model.parameters()):
+    for a, b in zip(m1.parameters(), model.parameters(), strict=True):
         assert_same(b.numpy(), a.numpy(), exact=False, rtol=1e-5)
     assert int(step._count) == 5

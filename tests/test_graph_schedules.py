@@ -161,7 +161,7 @@ def test_a_per_batch_schedule_in_a_run_on_cuda_equals_cpu(cuda, source):
         got, params, lr = train(CUDA, fused, source)
         assert lr == want_lr
         assert_same(got, want, exact=False)
-        for p, q in zip(params, want_params):
+        for p, q in zip(params, want_params, strict=True):
             assert_same(p, q, exact=False)
 
 
@@ -267,7 +267,7 @@ def test_a_momentum_scheduled_through_0_keeps_the_buffer_as_pytorch(monkeypatch,
     else:
         assert len(list(step.run(data, fused=how == "run-fused"))) == 10
     assert len(compiles) == 1
-    for p, w, buf in zip(m.parameters(), want, bufs):
+    for p, w, buf in zip(m.parameters(), want, bufs, strict=True):
         np.testing.assert_allclose(p.numpy(), w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(o.state[p]["momentum_buffer"].numpy(), buf, rtol=1e-5,
                                    atol=1e-6)

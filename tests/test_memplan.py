@@ -101,7 +101,6 @@ def test_waits_make_every_gated_schedule_safe(case, seed):
     off = plan.offsets[D]
     size = [memplan.aligned(s[D]) for s in sizes]
     done = set()                    # (node, piece) acted
-    home = {}                       # (node, piece) -> all readers done
     live = {}                       # (node, piece) -> (lo, hi) in the wave's region
 
     def is_home(j, p):

@@ -8,8 +8,8 @@ import pytest
 
 import actorflow as af
 from actorflow.experiments import double_buffering, figure1, random_dags
-from actorflow.runtime.sched.credit import CreditScheduler
 from actorflow.experiments.naive import NaiveOp, NaiveScheduler, ops_from_graph
+from actorflow.runtime.sched.credit import CreditScheduler
 
 MiB = 1 << 20
 FIG1_ORDER_BAD = ["M1", "M2", "O1", "O2"]

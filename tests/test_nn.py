@@ -248,7 +248,7 @@ def test_a_model_learns_a_separable_problem():
     opt = optim.Adam(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     first = None
-    for step in range(40):
+    for _ in range(40):
         opt.zero_grad()
         loss = loss_fn(model(xt), yt)
         loss.backward()
@@ -377,7 +377,7 @@ def test_optimizer_state_dict_round_trips_through_a_file(tmp_path):
     assert o2.param_groups[1]["lr"] == 0.05 and o2.param_groups[0]["betas"] == (0.8, 0.9)
     assert o2.state[m2.weight]["step"] == 3
     train(m2, o2, data[3:])                       # resumes exactly where it was saved
-    for a, b in zip(m1.parameters(), m2.parameters()):
+    for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
     with pytest.raises(ValueError, match="groups"):
         optim.Adam(m2.parameters()).load_state_dict(ck["opt"])

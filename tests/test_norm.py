@@ -1,9 +1,9 @@
 """Normalization and the math ops against PyTorch: sin, cos, rsqrt, erf, var/std, silu
 (forward in float32 and float64); batch_norm (training and eval, affine or not, 1d and 2d,
 momentum None, without running statistics), BatchNorm1d/2d's buffers and state_dict,
-GroupNorm, layer_norm (its op and backward); the errors; batch norm's running statistics as state in nn.Graph (step, run
-fused and not); and on the cuda emulator. Gradients are checked in tests/test_autograd.py's
-CASES (finite differences and PyTorch)."""
+GroupNorm, layer_norm (its op and backward); the errors; batch norm's running statistics as
+state in nn.Graph (step, run fused and not); and on the cuda emulator. Gradients are checked
+in tests/test_autograd.py's CASES (finite differences and PyTorch)."""
 
 import numpy as np
 import pytest
@@ -415,7 +415,7 @@ def test_in_place_writes_of_whole_buffers_in_build_are_state_written_in_piece_or
     else:
         got = [np.asarray(out) for out in g.run([x for x, _ in _DATA],
                                                  fused=how == "run-fused")]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert np.array_equal(a, b)
     assert int(graph.calls) == len(_DATA)
     assert np.array_equal(graph.total.numpy(), eager.total.numpy())
@@ -483,7 +483,7 @@ def test_norm_layers_and_math_ops_on_cuda_equal_cpu(emu, one_launch_per_op):
         bn.eval()
         out[dev] = [a.to("cpu").numpy() for a in (y, xt.grad, bn.running_mean, bn.running_var,
                                                   bn(xt), xt.var(dim=1), xt.std())]
-    for got, want in zip(out["cuda:0"], out["cpu"]):
+    for got, want in zip(out["cuda:0"], out["cpu"], strict=True):
         np.testing.assert_array_equal(got, want)
 
 
@@ -528,7 +528,7 @@ def test_layer_norm_matches_torch_with_gradients(shape, normalized, affine, dtyp
     (ty * torch.tensor(gy)).sum().backward()
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=tol, atol=tol)
-    for a, t in zip(ours, theirs):
+    for a, t in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), rtol=tol, atol=tol * 10)
     with af.no_grad():                              # the same values, nothing recorded
         z = NF.layer_norm(*ours[:1], normalized, *ours[1:], eps=1e-4)
@@ -583,7 +583,7 @@ def test_layer_norm_on_cuda_equals_cpu(emu):
         y = ln(xt)
         (y * y.sin()).sum().backward()
         out[dev] = [a.to("cpu").numpy() for a in (y, xt.grad, ln.weight.grad, ln.bias.grad)]
-    for got, want in zip(out["cuda:0"], out["cpu"]):
+    for got, want in zip(out["cuda:0"], out["cpu"], strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -263,7 +263,8 @@ def test_unary_special_values(dtype):
     x = af.tensor([0.0, -1.0, 4.0], dtype=dtype)
     assert_close(af.log(x), np.array([-np.inf, np.nan, math.log(4)], NP[dtype]))
     assert_close(af.sqrt(x), np.array([0.0, np.nan, 2.0], NP[dtype]))
-    assert_close(af.relu(af.tensor([-0.5, 0.0, 3.5], dtype=dtype)), np.array([0, 0, 3.5], NP[dtype]))
+    assert_close(af.relu(af.tensor([-0.5, 0.0, 3.5], dtype=dtype)),
+                 np.array([0, 0, 3.5], NP[dtype]))
     assert_close(af.sigmoid(af.tensor([-1e4, 0.0, 1e4] if dtype != "float16" else [-6e4, 0., 6e4],
                                       dtype=dtype)), np.array([0.0, 0.5, 1.0], NP[dtype]))
     assert_close(af.exp(af.tensor([-np.inf, 0.0], dtype=dtype)), np.array([0.0, 1.0], NP[dtype]))
@@ -349,7 +350,8 @@ def operand(name, dtype, shape, role):
     non-negative integer exponents, so integer powers neither overflow nor fail)."""
     if name == "pow":
         if role == "base":
-            return arrays(dtype, shape, -4, 4) if dtype not in FLOATS else arrays(dtype, shape, 0, 4)
+            return (arrays(dtype, shape, -4, 4) if dtype not in FLOATS
+                    else arrays(dtype, shape, 0, 4))
         return arrays(dtype, shape, 0, 3)
     if name in ("mul",):
         return arrays(dtype, shape, -50, 50)
@@ -391,7 +393,8 @@ def scalar_inputs(draw, name):
             x = draw(arrays(dtype, shape, 0, 3))
             s = draw(scalars(kind, 0, 4))
         else:
-            x = draw(arrays(dtype, shape, -4, 4) if dtype not in FLOATS else arrays(dtype, shape, 0, 4))
+            x = draw(arrays(dtype, shape, -4, 4) if dtype not in FLOATS
+                     else arrays(dtype, shape, 0, 4))
             s = draw(scalars(kind, 0, 3))
             if kind == "float" and dtype not in FLOATS:
                 assume(not (x < 0).any() or float(s).is_integer())
@@ -593,7 +596,7 @@ def test_python_operators(expr, fn):
 
 
 def test_python_operators_match_torch(torch):
-    for expr, fn in PY_CASES:
+    for _expr, fn in PY_CASES:
         ref = fn(torch.from_numpy(A.copy()), torch.from_numpy(B.copy()))
         assert_matches_torch(fn(af.tensor(A), af.tensor(B)), ref)
 
@@ -642,21 +645,26 @@ PROMOTION_CASES = [
     ("bool * 1.5", lambda: af.tensor([True]) * 1.5, "float32"),
     ("int32 + True", lambda: af.tensor([1], dtype=af.int32) + True, "int32"),
     ("int32 + 0-dim int64", lambda: af.tensor([1], dtype=af.int32) + af.tensor(5), "int32"),
-    ("int32 + 0-dim float64", lambda: af.tensor([1], dtype=af.int32) + af.tensor(5.0, dtype=af.float64), "float64"),
-    ("float16 + 0-dim float64", lambda: af.tensor([1.0], dtype=af.float16) + af.tensor(5.0, dtype=af.float64), "float16"),
+    ("int32 + 0-dim float64",
+     lambda: af.tensor([1], dtype=af.int32) + af.tensor(5.0, dtype=af.float64), "float64"),
+    ("float16 + 0-dim float64",
+     lambda: af.tensor([1.0], dtype=af.float16) + af.tensor(5.0, dtype=af.float64), "float16"),
     ("0-dim int32 + 0-dim int64", lambda: af.tensor(1, dtype=af.int32) + af.tensor(5), "int64"),
     ("0-dim int32 + 2.5", lambda: af.tensor(1, dtype=af.int32) + 2.5, "float32"),
     ("float16 + float32", lambda: af.tensor([1.0], dtype=af.float16) + af.tensor([1.0]), "float32"),
     ("int64 + float16", lambda: af.tensor([1]) + af.tensor([1.0], dtype=af.float16), "float16"),
     ("2 ** int32", lambda: 2 ** af.tensor([1], dtype=af.int32), "int32"),
     ("2.0 ** int32", lambda: 2.0 ** af.tensor([1], dtype=af.int32), "float32"),
-    ("int32 matmul", lambda: af.ones(2, 2, dtype=af.int32) @ af.ones(2, 2, dtype=af.int32), "int32"),
+    ("int32 matmul",
+     lambda: af.ones(2, 2, dtype=af.int32) @ af.ones(2, 2, dtype=af.int32), "int32"),
     ("exp int", lambda: af.exp(af.tensor([1])), "float32"),
     ("argmax", lambda: af.argmax(af.tensor([1.0, 2.0])), "int64"),
     ("mean float64", lambda: af.tensor([1.0], dtype=af.float64).mean(), "float64"),
     ("where(int, 1.5)", lambda: af.where(af.tensor([True]), af.tensor([1]), 1.5), "float32"),
     ("where(1, 2)", lambda: af.where(af.tensor([True]), 1, 2), "int64"),
-    ("cat int32 float16", lambda: af.cat([af.tensor([1], dtype=af.int32), af.tensor([1.0], dtype=af.float16)]), "float16"),
+    ("cat int32 float16",
+     lambda: af.cat([af.tensor([1], dtype=af.int32), af.tensor([1.0], dtype=af.float16)]),
+     "float16"),
 ]
 
 
@@ -913,7 +921,8 @@ def ref_sum(x, dim, keepdim):
     d = dname(x)
     if CATEGORY[d] < 2:
         return np.sum(x, axis=np_axis(dim), dtype=np.int64, keepdims=keepdim), "int64"
-    return np.asarray(np.sum(x.astype(np.float64), axis=np_axis(dim), keepdims=keepdim)).astype(x.dtype), d
+    total = np.sum(x.astype(np.float64), axis=np_axis(dim), keepdims=keepdim)
+    return np.asarray(total).astype(x.dtype), d
 
 
 @SETTINGS
@@ -932,7 +941,8 @@ def test_sum_matches_numpy(inputs):
 def test_mean_matches_numpy(inputs):
     x, dim, keepdim = inputs
     expected = np.asarray(np.mean(x.astype(np.float64), axis=np_axis(dim), keepdims=keepdim))
-    tol = (1e-2, 1e-2) if x.dtype == np.float16 else (1e-5, 1e-5) if x.dtype == np.float32 else (None, None)
+    tol = ((1e-2, 1e-2) if x.dtype == np.float16 else (1e-5, 1e-5) if x.dtype == np.float32
+           else (None, None))
     assert_close(af.mean(af.tensor(x), dim=dim, keepdim=keepdim), expected.astype(x.dtype),
                  dname(x), *tol)
 
@@ -990,7 +1000,8 @@ def test_reductions_match_torch(torch, name, data):
                                               allow_tuple=name in ("sum", "mean", "amax", "amin")))
     tx = to_torch(torch, x)
     t = af.tensor(x)
-    tol = (2e-2, 5e-2) if x.dtype == np.float16 else (1e-5, 1e-4) if x.dtype == np.float32 else (None, None)
+    tol = ((2e-2, 5e-2) if x.dtype == np.float16 else (1e-5, 1e-4) if x.dtype == np.float32
+           else (None, None))
     if name in ("max", "min") and dim is not None:
         ref = getattr(torch, name)(tx, dim=dim, keepdim=keepdim)
         values, indices = getattr(af, name)(t, dim=dim, keepdim=keepdim)
@@ -1100,7 +1111,8 @@ def test_softmax_matches_numpy(log, data):
     for dim in range(-x.ndim, x.ndim):
         fn = af.log_softmax if log else af.softmax
         out = fn(af.tensor(x), dim=dim)
-        tol = (1e-2, 1e-2) if dtype == "float16" else (1e-5, 1e-6) if dtype == "float32" else (None, None)
+        tol = ((1e-2, 1e-2) if dtype == "float16" else (1e-5, 1e-6) if dtype == "float32"
+               else (None, None))
         assert_close(out, ref_softmax(x, dim, log), dtype, *tol)
         if not log:
             np.testing.assert_allclose(out.numpy().astype(np.float64).sum(axis=dim), 1.0,
@@ -1331,7 +1343,8 @@ def test_boolean_mask_matches_numpy(data):
         s = (out * 2).sum()
         expected = (x[mask].astype(np.float64) * 2).sum()
         assert s.shape == ()
-        np.testing.assert_allclose(float(s.item()), expected, rtol=1e-2 if dtype == "float16" else 1e-5)
+        np.testing.assert_allclose(float(s.item()), expected,
+                                   rtol=1e-2 if dtype == "float16" else 1e-5)
 
 
 def test_boolean_mask_matches_torch(torch):

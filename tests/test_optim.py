@@ -54,10 +54,10 @@ def run_both(name, groups, steps, shapes=((4, 3), (3,))):
         for o, qs, T in ((opt, ps, af.tensor), (topt, tps, torch.tensor)):
             o.zero_grad()
             loss = sum((((q - T(t)) ** 2) * (step + 1.0) + q ** 3 * 0.1).sum()
-                       for q, t in zip(qs, tgt))
+                       for q, t in zip(qs, tgt, strict=True))
             loss.backward()
             o.step()
-        for a, b in zip(ps, tps):
+        for a, b in zip(ps, tps, strict=True):
             np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-9,
                                        atol=1e-12, err_msg=f"{name} step {step}")
     return opt, topt
@@ -133,7 +133,7 @@ def test_schedules_give_pytorchs_rates_step_for_step(kind, name):
     for step in range(60 if kind.startswith("onecycle") else 45):
         assert s.get_last_lr() == ts.get_last_lr(), (kind, step)
         assert s.last_epoch == ts.last_epoch
-        for g, tg in zip(opt.param_groups, topt.param_groups):
+        for g, tg in zip(opt.param_groups, topt.param_groups, strict=True):
             assert [g.get(k) for k in keys] == [tg.get(k) for k in keys], (kind, step)
         if step < 59:
             s.step()
@@ -247,7 +247,7 @@ def eager_steps(model, opt, data, schedule=None, clip=None, per_epoch=None):
 
 
 def same_params(m1, m2):
-    for (name, a), b in zip(m1.named_parameters(), m2.parameters()):
+    for (name, a), b in zip(m1.named_parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy()), name
 
 
@@ -355,13 +355,14 @@ def test_clip_grad_norm_matches_pytorch(norm_type, max_norm, with_grad):
     grads[0][0, :2] = 0.0                                   # (order 0 counts the others)
     ps = [af.zeros(g.shape, dtype="float64", requires_grad=True) for g in grads]
     tps = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
-    for p, tp, g in zip(ps[:with_grad], tps[:with_grad], grads):    # the rest have none
+    for p, tp, g in zip(ps[:with_grad], tps[:with_grad], grads[:with_grad],
+                        strict=True):                       # the rest have none
         p.grad, tp.grad = af.tensor(g), torch.tensor(g)
     total = nn.utils.clip_grad_norm_(ps, max_norm, norm_type)
     want = torch.nn.utils.clip_grad_norm_(tps, max_norm, norm_type, foreach=False)
     np.testing.assert_allclose(total.numpy(), want.numpy(), rtol=1e-12)
     assert total.shape == () and total.dtype == af.float64
-    for p, tp in zip(ps[:with_grad], tps):
+    for p, tp in zip(ps[:with_grad], tps[:with_grad], strict=True):
         np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-12)
     assert all(p.grad is None for p in ps[with_grad:])
 
@@ -404,5 +405,5 @@ def test_a_schedule_and_clipping_in_a_graph_step_on_cuda_equal_cpu(cuda):
     want, want_params, _ = train("cpu")
     assert compiled == 1
     assert_same(got, want, exact=False)
-    for p, q in zip(params, want_params):
+    for p, q in zip(params, want_params, strict=True):
         assert_same(p, q, exact=False)

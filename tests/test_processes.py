@@ -94,7 +94,7 @@ def test_loader_in_processes_gives_the_threads_values_and_keeps_its_workers(load
     for _ in range(2):                  # two passes (epochs): the same processes
         got, want = list(loader.iter_arrays()), list(threads.iter_arrays())
         assert len(got) == len(want) == 4
-        for (x, i), (x2, i2) in zip(got, want):
+        for (x, i), (x2, i2) in zip(got, want, strict=True):
             assert np.array_equal(x, x2) and np.array_equal(i, i2)
         assert pids is None or loader.procs.pids == pids
         pids = loader.procs.pids

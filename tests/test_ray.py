@@ -46,7 +46,7 @@ def test_the_same_outputs_as_the_local_run(engine):
     local = [o.copy() for o in g.run()]
     remote = list(g.run(engine=engine))
     assert len(remote) == len(local) == 24
-    assert all(np.array_equal(x, y) for x, y in zip(local, remote))
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote, strict=True))
     stats = g.stats()
     assert stats.state == "finished" and stats.pieces == 24
     assert {n: r["acts"] for n, r in stats.actors.items()} == {
@@ -79,7 +79,8 @@ def test_budgets_per_node_are_refused_before_the_first_act(engine):
     small = af.distributed.RayEngine(memory={"node:0": "200B"})
     with pytest.raises(af.PlanError, match=r"node:0 need .* over its 200 B budget"):
         list(g.run(engine=small))
-    with pytest.raises(af.PlanError, match="node 'node:3': it is not one of this cluster's 1 nodes"):
+    with pytest.raises(af.PlanError,
+                       match="node 'node:3': it is not one of this cluster's 1 nodes"):
         list(g.run(engine=af.distributed.RayEngine(placement={"join": {"node": "node:3"}})))
     with pytest.raises(af.PlanError, match=r"ask 7 CPU \(double 2 x 3, minus 1 x 0.5"):
         list(g.run(engine=af.distributed.RayEngine(placement={"double": {"num_cpus": 3}})))
@@ -242,7 +243,8 @@ def test_an_actor_sunk_twice_and_an_input_read_twice(engine):
     remote = list(g.run(engine=engine))
     assert len(remote) == len(local) == 6
     assert all(set(x) == set(y) == {"one", "two"} and
-               all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(local, remote))
+               all(np.array_equal(x[k], y[k]) for k in x)
+               for x, y in zip(local, remote, strict=True))
 
 
 def test_a_stage_nobody_reads_gives_its_credits_back(engine):
@@ -261,7 +263,7 @@ def test_python_numbers_are_stored_as_locally(engine):
     local = [o.copy() for o in g.run()]
     remote = list(g.run(engine=engine))
     assert [(o.dtype, o.shape) for o in remote] == [(np.dtype(np.float32), ())] * 6
-    assert all(np.array_equal(x, y) for x, y in zip(local, remote))
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote, strict=True))
 
 
 def same_error(g, engine) -> af.ActorError:
@@ -405,7 +407,7 @@ def test_a_one_input_traced_graph_takes_1_tuples_on_ray_as_locally(engine):
     for feed in ((x for x in xs), ((x,) for x in xs)):     # bare arrays, and 1-tuples
         outs = list(g.run(feed=feed, engine=engine))
         assert [o.shape for o in outs] == [(3, 4)] * 5
-        for o, w in zip(outs, want):
+        for o, w in zip(outs, want, strict=True):
             np.testing.assert_allclose(o, w, rtol=1e-6)
     g = relu_twice.actor_graph(af.Spec((3, 4)), source=[(x,) for x in xs])
     outs = list(g.run(engine=engine))
@@ -425,7 +427,7 @@ def test_a_traced_graph_with_several_outputs_gives_each_whole_on_ray(engine):
     local = list(g.run(feed=iter(xs)))
     remote = list(g.run(feed=iter(xs), engine=engine))
     assert len(remote) == 4
-    for (a, b, c), (x, y, z) in zip(local, remote):
+    for (a, b, c), (x, y, z) in zip(local, remote, strict=True):
         assert (x.shape, y.shape, z.shape) == ((3, 4), (4,), (4,))
         np.testing.assert_array_equal(x, a)
         np.testing.assert_array_equal(y, b)

@@ -55,7 +55,8 @@ def test_a_stage_pinned_to_another_node_acts_there(cluster):
     local = [o.copy() for o in g.run()]
     eng = engine(placement={"near": {"num_cpus": 0.5}, "far": {"node": "node:1"}})
     remote = list(g.run(engine=eng))
-    assert all(np.array_equal(x, y) for x, y in zip(local, remote)) and len(remote) == 24
+    assert len(remote) == 24
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote, strict=True))
     stats = g.stats()
     assert stats.actors["far"]["nodes"] == ["node:1"]
     assert stats.actors["near"]["nodes"] == ["node:0"]      # the one CPU of node 1 is taken

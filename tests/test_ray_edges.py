@@ -42,7 +42,8 @@ def test_a_fused_chain_headed_by_a_source_in_a_process_ends_cleanly(engine, n, b
     for _ in range(2):                                      # (a read past the end: timing)
         remote = list(g.run(engine=eng))
         assert len(remote) == len(local) == n
-        assert all(np.array_equal(x[k], y[k]) for x, y in zip(local, remote) for k in x)
+        assert all(np.array_equal(x[k], y[k])
+                   for x, y in zip(local, remote, strict=True) for k in x)
         rows = g.stats().actors
         assert rows["dbl"]["fused_acts"] == n and rows["load"]["acts"] == n
         assert max(rows["load"]["most_held"], rows["dbl"]["most_held"]) <= buffers

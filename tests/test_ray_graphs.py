@@ -32,7 +32,7 @@ def same_as_local(g, engine, **kw):
     local = [_copy(o) for o in g.run()]
     remote = list(g.run(engine=engine, **kw))
     assert len(remote) == len(local) > 0
-    for x, y in zip(local, remote):
+    for x, y in zip(local, remote, strict=True):
         if isinstance(x, dict):
             assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
         else:
@@ -166,7 +166,8 @@ def test_shared_tokens_hold_across_processes(engine, tmp_path):
             span[0], span[1] = min(span[0], e["ts"]), max(span[1], e["ts"] + e["dur"])
     spans = sorted(calls.values())
     assert len(spans) == 12                                 # 2 stages x 6 calls of 4
-    assert all(s[1] <= t[0] for s, t in zip(spans, spans[1:]))   # one holds the token
+    # one holds the token: each span ends before the next starts (consecutive pairs)
+    assert all(s[1] <= t[0] for s, t in zip(spans, spans[1:], strict=False))
     stats = g.stats().actors
     assert stats["read_a"]["wait_resource_s"] + stats["read_b"]["wait_resource_s"] > 0
 
@@ -296,7 +297,8 @@ def test_what_cannot_be_read_in_a_process_is_refused(engine):
                                     out=af.Spec((8,), af.float32), name="load"),
                    name="double"))
     with pytest.raises(af.PlanError, match=r"'load' cannot be sent to a Ray actor process "
-                                           r"\(TypeError: cannot pickle 'generator' object\).*g.source\(read\), not "
+                                           r"\(TypeError: cannot pickle 'generator' object\)"
+                                           r".*g.source\(read\), not "
                                            r"g.source\(read\(\)\)"):
         list(g.run(engine=af.distributed.RayEngine(placement={"load": {}})))
     h = af.ActorGraph()

@@ -200,7 +200,7 @@ def test_a_kept_process_is_restarted_when_a_module_of_its_stages_changed(engine,
     path = modules / "kept_stage_module.py"
     _write(path, "2.0")
     sys.modules.pop("kept_stage_module", None)
-    import kept_stage_module            # a module the workers import (pickled by reference)
+    import kept_stage_module  # a module the workers import (pickled by reference)
     try:
         g = af.ActorGraph()
         stage = g.actor(kept_stage_module.scale, g.source(items(4), name="load"),
@@ -273,9 +273,9 @@ def test_a_pipeline_runs_on_ray_as_locally(engine):
     local = [o.copy() for o in pipe.run()]
     remote = list(pipe.run(engine=engine))
     assert len(remote) == len(local) == 10
-    assert all(np.array_equal(x, y) for x, y in zip(local, remote))
+    assert all(np.array_equal(x, y) for x, y in zip(local, remote, strict=True))
     assert pipe.stats().actors["times"]["mode"] == "ray"
     with af.distributed.RayEngine(keep_workers=True, placement={
             "plus": QUARTER, "times": QUARTER}) as warm:
-        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm)))
-        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm)))
+        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm), strict=True))
+        assert all(np.array_equal(x, y) for x, y in zip(local, pipe.run(engine=warm), strict=True))

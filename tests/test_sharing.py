@@ -128,7 +128,7 @@ def test_random_dags_under_random_budgets_on_real_data(case):
     outs = [as_dict(o, case) for o in g.run()]
     ref = reference(case)
     assert len(outs) == len(ref)
-    for got, want in zip(outs, ref):
+    for got, want in zip(outs, ref, strict=True):
         assert got.keys() == want.keys()
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
@@ -250,7 +250,7 @@ def test_break_abandons_a_running_act_and_keeps_the_arena_until_it_returns():
             release.wait(10)
         return v + 1.0
     g = chain_graph({"cpu": "40KiB"}, stage_fn=slow, n=2)
-    for out in g.run():
+    for _ in g.run():
         if entered.wait(10):
             break
     held = g._stragglers.keys

@@ -337,7 +337,7 @@ def test_break_returns_while_a_stage_is_busy_and_the_next_run_waits_for_it():
 
     g = af.ActorGraph(buffers=1)
     g.sink(g.actor(stage, g.source(lambda: (np.full(N, i, np.float32) for i in range(4)))))
-    for out in g.run():
+    for _ in g.run():
         assert started.wait(30)
         break
     assert not g.join(0) and not gate.is_set()
@@ -404,7 +404,7 @@ class Probe:
                 if piece == node["block_at"] and not self.gate.is_set():
                     self.blocked.set()
                     self.gate.wait(30)
-            for x, v in zip(xs, seen):             # inputs untouched while it was held
+            for x, v in zip(xs, seen, strict=True):             # inputs untouched while it was held
                 if not (x[0] == v and x[-1] == v and v != 0.0):
                     self.bad.append((i, v, float(x[0]), float(x[-1])))
             return fn(*xs)

@@ -12,8 +12,8 @@ import pytest
 
 import actorflow as af
 from actorflow.experiments import figure1
-from actorflow.runtime.observe import hooks as observe
 from actorflow.experiments.naive import NaiveScheduler
+from actorflow.runtime.observe import hooks as observe
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "test_with_actorflow.py"
 

@@ -222,7 +222,6 @@ def test_a_trace_path_that_cannot_be_written_says_so_and_the_graph_runs_again(tm
 
 def test_an_nn_graph_run_traces_every_op_actor_and_each_layout(tmp_path):
     from actorflow import nn, optim
-
     from test_graph_mode import TrainStep
     af.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 3))

@@ -205,7 +205,7 @@ def test_nonzero_as_tuple_and_where_condition_match_torch(torch, values):
     for got in (af.nonzero(af.tensor(a), as_tuple=True), af.tensor(a).nonzero(as_tuple=True),
                 af.where(af.tensor(a) != 0)):
         assert isinstance(got, tuple) and len(got) == len(want)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             same(g, w)
     same(af.nonzero(af.tensor(a), as_tuple=False), torch.nonzero(t_of(torch, a)))
 
@@ -352,7 +352,7 @@ def test_out_is_refused_with_a_message_that_names_it(call):
     x, o = af.tensor([1.0, 2.0]), af.zeros(2)
     with pytest.raises(TypeError, match=r"\w+\(\): out= is not supported \(got Tensor\); "
                                         r"actorflow ops return a new tensor"):
-        eval(call)
+        eval(call, globals(), {"x": x, "o": o})
     np.testing.assert_array_equal(o.numpy(), [0.0, 0.0])
 
 

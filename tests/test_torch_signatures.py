@@ -65,7 +65,7 @@ def _stub_params(fn: ast.FunctionDef, method: bool) -> tuple[list, bool]:
             deprecated = True
     if a.vararg:
         out.append(Param(a.vararg.arg, "var"))
-    for p, d in zip(a.kwonlyargs, a.kw_defaults):
+    for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True):
         out.append(Param(p.arg, "kw", EMPTY if d is None else _value(d)))
     if a.kwarg:
         out.append(Param(a.kwarg.arg, "varkw"))
@@ -207,7 +207,7 @@ def differences(qual: str, mine: list, overloads: list) -> dict:
         n_positional = sum(1 for t in theirs if t.kind in ("pos", "posonly"))
         named = {t.name for t in theirs}
         if not any(t.kind == "var" for t in theirs):
-            for i, p in enumerate(mine):
+            for p in mine:
                 supplied = ((p.kind in ("pos", "posonly") and positional.index(p) < n_positional)
                             or p.name in named)
                 if p.default is EMPTY and p.kind in ("pos", "posonly", "kw") and not supplied:

@@ -22,7 +22,7 @@ def test_issue_example_equals_eager():
     assert names == ["inputs of forward", "matmul", "relu", "softmax"]
     outs = list(g.run())
     assert len(outs) == 5
-    for x, y in zip(xs, outs):
+    for x, y in zip(xs, outs, strict=True):
         ref = forward(af.from_numpy(x), af.from_numpy(w)).numpy()
         np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-7)
     assert g.stats().actors["matmul"]["acts"] == 5
@@ -41,7 +41,7 @@ def test_views_constants_multiple_outputs_and_scalars():
     xs = [rand(4, 5, seed=i) for i in range(3)]
     g = f.actor_graph(af.Spec((4, 5)), source=xs)
     outs = list(g.run())
-    for x, out in zip(xs, outs):
+    for x, out in zip(xs, outs, strict=True):
         ref = f(af.from_numpy(x))
         for k in ("y", "z", "w"):
             np.testing.assert_allclose(out[k], ref[k].numpy(), rtol=1e-5, atol=1e-6)
@@ -56,7 +56,7 @@ def test_returning_an_input_view():
 
     xs = [rand(2, 3, seed=i) for i in range(2)]
     outs = list(f.actor_graph(af.Spec((2, 3)), source=xs).run())
-    for x, (a, b) in zip(xs, outs):
+    for x, (a, b) in zip(xs, outs, strict=True):
         np.testing.assert_array_equal(a, x.T)
         np.testing.assert_array_equal(b, -x)
 
@@ -163,7 +163,7 @@ def test_op_actor_from_a_compiled_program():
     for _ in range(2):
         outs = list(g.run())
         assert a.program is program
-        for x, y in zip(xs, outs):
+        for x, y in zip(xs, outs, strict=True):
             np.testing.assert_array_equal(y, np.maximum(x, 0) * 2)
     with pytest.raises(TypeError, match="either build= .* or program="):
         OpActor("op", [src])

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
-from actorflow.lowlevel import OpDef, get_vm, register_op
 from actorflow.eager.interpreter import access
+from actorflow.lowlevel import OpDef, get_vm, register_op
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,7 +33,8 @@ def run_program(program, use_af: bool):
     slots = [af.tensor(b) for b in base] if use_af else [b.copy() for b in base]
     snaps = []
     for op, i, j, stream_name, v in program:
-        ctx = af.lowlevel.use_stream(af.lowlevel.stream("cpu", stream_name)) if use_af else _nullctx()
+        ctx = (af.lowlevel.use_stream(af.lowlevel.stream("cpu", stream_name)) if use_af
+               else _nullctx())
         with ctx:
             x, y = slots[i], slots[j]
             if op == "add":
@@ -89,24 +90,27 @@ class _nullctx:
         return False
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(program=st.lists(step, min_size=1, max_size=25), seed=st.integers(0, 2**16))
 def test_random_programs_match_one_by_one(program, seed, random_dispatch):
     random_dispatch(seed, max_delay=0.001)
     got, got_snaps = run_program(program, use_af=True)
     want, want_snaps = run_program(program, use_af=False)
-    for g, w in zip(got + got_snaps, want + want_snaps):
+    for g, w in zip(got + got_snaps, want + want_snaps, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-12)
 
 
 def test_random_programs_without_hooks_match_too():
     rng = np.random.default_rng(0)
-    ops = ["add", "mul", "add_", "mul_", "copy_", "fill_", "setitem", "snapshot", "relu_", "sub_view_"]
+    ops = ["add", "mul", "add_", "mul_", "copy_", "fill_", "setitem", "snapshot", "relu_",
+           "sub_view_"]
     program = [(ops[rng.integers(len(ops))], int(rng.integers(N_SLOTS)), int(rng.integers(N_SLOTS)),
-                STREAMS[rng.integers(3)], float(np.round(rng.uniform(-2, 2), 2))) for _ in range(300)]
+                STREAMS[rng.integers(3)], float(np.round(rng.uniform(-2, 2), 2)))
+               for _ in range(300)]
     got, gs = run_program(program, use_af=True)
     want, ws = run_program(program, use_af=False)
-    for g, w in zip(got + gs, want + ws):
+    for g, w in zip(got + gs, want + ws, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-12)
 
 
@@ -143,7 +147,8 @@ register_op(OpDef("test_record", ("x",), lambda metas, attrs: [(metas[0].shape, 
 def _record(x, tag, sleep=0.0):
     from actorflow.eager.interpreter import apply
     from actorflow.tensor.tensor import wrap
-    return wrap(apply(af.lowlevel.get_op("test_record"), [x._impl], {"tag": tag, "sleep": sleep})[0])
+    return wrap(apply(af.lowlevel.get_op("test_record"), [x._impl],
+                      {"tag": tag, "sleep": sleep})[0])
 
 
 def test_one_stream_keeps_issue_order(random_dispatch):
@@ -287,7 +292,8 @@ def test_unreported_errors_are_kept_up_to_a_bound_and_counted():
         af.synchronize()                           # the first one
     err = info.value
     assert err.more_errors == n - 1 and err.dropped_errors == n - bound
-    assert f"{n - 1} more kernel errors" in str(err) and f"{n - bound} of them were dropped unreported" in str(err)
+    assert f"{n - 1} more kernel errors" in str(err)
+    assert f"{n - bound} of them were dropped unreported" in str(err)
     assert af.lowlevel.vm_stats()["unreported_errors"] == 0 and len(vm.errors.kept) == 0
     af.synchronize()                               # all reported
     bad = x[af.tensor([7])]
@@ -461,7 +467,8 @@ def test_the_vm_and_the_graph_loop_run_on_threads_from_the_one_loop_start_up(mon
         assert graph_loop_module.on_graph_loop() is False
     finally:
         vm.shutdown()
-        for lp, t in zip(graph_loop_module._GRAPH_LOOP, graph_loop_module._GRAPH_THREAD):
+        for lp, t in zip(graph_loop_module._GRAPH_LOOP, graph_loop_module._GRAPH_THREAD,
+                         strict=True):
             lp.call_soon_threadsafe(lp.stop)
             t.join(5)
 

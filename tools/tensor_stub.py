@@ -24,9 +24,8 @@ import sys
 if __name__ == "__main__":      # the actorflow next to this file, not an installed one
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import actorflow  # noqa: E402 - binds the methods
-from actorflow import autograd, methods  # noqa: E402
-from actorflow.tensor import tensor as tensor_module  # noqa: E402
+from actorflow import autograd, methods  # noqa: E402 - after the sys.path insert
+from actorflow.tensor import tensor as tensor_module  # noqa: E402 - after the sys.path insert
 
 Tensor = tensor_module.Tensor
 STUB = pathlib.Path(tensor_module.__file__).with_suffix(".pyi")
