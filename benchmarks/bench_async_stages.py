@@ -90,27 +90,36 @@ def main(argv=None) -> int:
             async def one(i):
                 async with sem:
                     return await fetch(i)
+
             return await asyncio.gather(*(one(i) for i in range(n)))
+
         return asyncio.run(main())
 
     g_async = af.ActorGraph()
-    g_async.sink(g_async.actor(fetch, g_async.source(indices, buffers=k), buffers=k,
-                               name="fetch"))
+    g_async.sink(g_async.actor(fetch, g_async.source(indices, buffers=k), buffers=k, name="fetch"))
     g_thread = af.ActorGraph()
-    g_thread.sink(g_thread.actor(fetch_blocking, g_thread.source(indices, buffers=k),
-                                 buffers=k, name="fetch"))
+    g_thread.sink(
+        g_thread.actor(fetch_blocking, g_thread.source(indices, buffers=k), buffers=k, name="fetch")
+    )
 
     def contender(name, fn, note, after=None):
         return harness.Contender(name, fn, check_pieces, ref=n, after=after, note=note)
 
     contenders = [
-        contender("asyncio semaphore + gather", gather,
-                  f"asyncio.Semaphore({k}) + gather on asyncio.run"),
-        contender("actorflow async stage", lambda: list(g_async.run()),
-                  f"async def stage, buffers={k}",
-                  after=lambda: g_async.stats().as_dict()),
-        contender("actorflow thread stage", lambda: list(g_thread.run()),
-                  "plain function on the stage's thread (time.sleep), one act at a time"),
+        contender(
+            "asyncio semaphore + gather", gather, f"asyncio.Semaphore({k}) + gather on asyncio.run"
+        ),
+        contender(
+            "actorflow async stage",
+            lambda: list(g_async.run()),
+            f"async def stage, buffers={k}",
+            after=lambda: g_async.stats().as_dict(),
+        ),
+        contender(
+            "actorflow thread stage",
+            lambda: list(g_thread.run()),
+            "plain function on the stage's thread (time.sleep), one act at a time",
+        ),
     ]
     cc = harness.CpuContention()
     harness.run_rounds(contenders, repeat, "async stages")
@@ -127,27 +136,45 @@ def main(argv=None) -> int:
                 s["ratio_vs_gather"] = s["best_s"] / base
         rows[c.name] = s
     r = rows["actorflow async stage"].get("ratio_vs_gather")
-    goals = {"async_stage_vs_gather_at_most": VS_GATHER, "async_stage_vs_gather": r,
-             "met": None if r is None else r <= VS_GATHER}
+    goals = {
+        "async_stage_vs_gather_at_most": VS_GATHER,
+        "async_stage_vs_gather": r,
+        "met": None if r is None else r <= VS_GATHER,
+    }
 
     env = harness.environment(runtime={"graph_event_loop": harness.graph_event_loop()})
     print()
     print(f"{n} fetches of {FETCH_MS:g} ms, {k} in flight (best of {repeat})")
     Col = harness.Column
     harness.print_table(
-        rows, [Col("best ms", 10, "best_s", ".1f", 1e3),
-               Col("median ms", 11, "median_s", ".1f", 1e3),
-               Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
-               Col("vs gather", 11, "ratio_vs_gather", ".3f", suffix="x")], 28,
-        lead=[f"  {'bound (N / K x fetch)':<28}{bound * 1e3:>10.1f}"])
-    print(f"  goal: the async stage within {VS_GATHER}x of semaphore + gather -> "
-          f"{harness.fmt(r, '.3f')}x ({'MET' if goals['met'] else 'NOT MET'})")
+        rows,
+        [
+            Col("best ms", 10, "best_s", ".1f", 1e3),
+            Col("median ms", 11, "median_s", ".1f", 1e3),
+            Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
+            Col("vs gather", 11, "ratio_vs_gather", ".3f", suffix="x"),
+        ],
+        28,
+        lead=[f"  {'bound (N / K x fetch)':<28}{bound * 1e3:>10.1f}"],
+    )
+    print(
+        f"  goal: the async stage within {VS_GATHER}x of semaphore + gather -> "
+        f"{harness.fmt(r, '.3f')}x ({'MET' if goals['met'] else 'NOT MET'})"
+    )
     harness.print_contention(contention)
-    result = harness.document("bench_async_stages", argv, args.quick,
-                              f"{n} pieces in order, piece i == i (float32[{SIZE}])",
-                              pieces=n, in_flight=k, fetch_ms=FETCH_MS, repeat=repeat)
-    result.update({"bound_s": bound, "contenders": rows, "goals": goals,
-                   "cpu_contention": contention})
+    result = harness.document(
+        "bench_async_stages",
+        argv,
+        args.quick,
+        f"{n} pieces in order, piece i == i (float32[{SIZE}])",
+        pieces=n,
+        in_flight=k,
+        fetch_ms=FETCH_MS,
+        repeat=repeat,
+    )
+    result.update(
+        {"bound_s": bound, "contenders": rows, "goals": goals, "cpu_contention": contention}
+    )
     return harness.finish(args.out, result, contenders, t_start, env, "produced wrong pieces")
 
 

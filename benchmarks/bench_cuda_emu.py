@@ -74,9 +74,15 @@ def chain_per_op(n: int, repeat: int) -> dict:
             times.append(t / n * 1e6)
             cpu.append(c / n * 1e6)
     af.synchronize(60)
-    return {"us_per_op_best": min(times), "us_per_op_median": statistics.median(times),
-            "us_per_op_runs": times, "cpu_us_per_op_best": min(cpu),
-            "cpu_us_per_op_runs": cpu, "ok": ok, "actorflow": str(Path(af.__file__).parent)}
+    return {
+        "us_per_op_best": min(times),
+        "us_per_op_median": statistics.median(times),
+        "us_per_op_runs": times,
+        "cpu_us_per_op_best": min(cpu),
+        "cpu_us_per_op_runs": cpu,
+        "ok": ok,
+        "actorflow": str(Path(af.__file__).parent),
+    }
 
 
 def compare(against: str, runs: int, n: int, repeat: int) -> dict:
@@ -88,31 +94,43 @@ def compare(against: str, runs: int, n: int, repeat: int) -> dict:
         order = list(sides) if i % 2 == 0 else list(sides)[::-1]
         for side in order:
             env = dict(os.environ, PYTHONPATH=sides[side])
-            out = subprocess.run([sys.executable, __file__, "--child", "--n", str(n),
-                                  "--repeat", str(repeat)], env=env, capture_output=True,
-                                 text=True, timeout=600)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--n", str(n), "--repeat", str(repeat)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             if out.returncode:
                 raise RuntimeError(f"the {side} run failed:\n{out.stderr[-3000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[side].append(r)
-            print(f"run {i + 1} {side:8s} {r['us_per_op_best']:8.2f} us/op best, "
-                  f"{r['cpu_us_per_op_best']:6.2f} us CPU/op (all threads) "
-                  f"({r['actorflow']}) {'ok' if r['ok'] else 'WRONG'}")
+            print(
+                f"run {i + 1} {side:8s} {r['us_per_op_best']:8.2f} us/op best, "
+                f"{r['cpu_us_per_op_best']:6.2f} us CPU/op (all threads) "
+                f"({r['actorflow']}) {'ok' if r['ok'] else 'WRONG'}"
+            )
     summary = {}
     for side, rs in results.items():
         bests = [r["us_per_op_best"] for r in rs]
         cpus = [r["cpu_us_per_op_best"] for r in rs]
-        summary[side] = {"path": sides[side], "us_per_op_best": min(bests),
-                         "us_per_op_median": statistics.median(bests),
-                         "cpu_us_per_op_best": min(cpus), "runs": rs,
-                         "ok": all(r["ok"] for r in rs)}
+        summary[side] = {
+            "path": sides[side],
+            "us_per_op_best": min(bests),
+            "us_per_op_median": statistics.median(bests),
+            "cpu_us_per_op_best": min(cpus),
+            "runs": rs,
+            "ok": all(r["ok"] for r in rs),
+        }
     b, t = summary["baseline"], summary["this"]
     summary["ratio_best"] = b["us_per_op_best"] / t["us_per_op_best"]
     summary["ratio_median"] = b["us_per_op_median"] / t["us_per_op_median"]
     summary["ratio_cpu"] = b["cpu_us_per_op_best"] / t["cpu_us_per_op_best"]
-    print(f"baseline {b['us_per_op_best']:.2f} us/op, this {t['us_per_op_best']:.2f} us/op: "
-          f"{summary['ratio_best']:.2f}x (best), {summary['ratio_median']:.2f}x (median); "
-          f"CPU per op {summary['ratio_cpu']:.2f}x")
+    print(
+        f"baseline {b['us_per_op_best']:.2f} us/op, this {t['us_per_op_best']:.2f} us/op: "
+        f"{summary['ratio_best']:.2f}x (best), {summary['ratio_median']:.2f}x (median); "
+        f"CPU per op {summary['ratio_cpu']:.2f}x"
+    )
     return summary
 
 
@@ -120,37 +138,50 @@ def main(argv=None) -> int:
     p = harness.ArgumentParser(__doc__, "a shorter chain and fewer rounds")
     p.add_sized("--n", 2000, 300, "ops in the chain; default {full}, quick {quick}")
     p.add_repeat(5, 2)
-    p.add_sized("--runs", 3, 1, "child runs per side with --against; default {full}, "
-                                "quick {quick}")
+    p.add_sized("--runs", 3, 1, "child runs per side with --against; default {full}, quick {quick}")
     p.add_argument("--against", help="the actorflow checkout to compare with (its root)")
     p.add_argument("--child", action="store_true", help=argparse_suppress())
     p.add_out("bench_cuda_emu")
     args = p.parse_args(argv)
-    if args.child:                               # (PYTHONPATH says which actorflow)
+    if args.child:  # (PYTHONPATH says which actorflow)
         print(json.dumps(chain_per_op(args.n, args.repeat)))
         return 0
     if not os.environ.get("PYTHONPATH"):
-        sys.path.insert(1, str(harness.REPO))    # this repository's, alone
+        sys.path.insert(1, str(harness.REPO))  # this repository's, alone
     t_start = time.perf_counter()
-    result = harness.document("bench_cuda_emu", argv, args.quick,
-                              "each chain's numpy() against numpy (rtol 1e-4)",
-                              n=args.n, size=SIZE, repeat=args.repeat, runs=args.runs)
+    result = harness.document(
+        "bench_cuda_emu",
+        argv,
+        args.quick,
+        "each chain's numpy() against numpy (rtol 1e-4)",
+        n=args.n,
+        size=SIZE,
+        repeat=args.repeat,
+        runs=args.runs,
+    )
     if args.against:
         out = compare(args.against, args.runs, args.n, args.repeat)
         ok = out["baseline"]["ok"] and out["this"]["ok"]
     else:
         out = chain_per_op(args.n, args.repeat)
         ok = out["ok"]
-        print(f"chain of {args.n} on cuda:0 (emulator): {out['us_per_op_best']:.2f} us/op "
-              f"best, {out['us_per_op_median']:.2f} median")
-    result.update(chain=out, all_checks_ok=ok, wall_time_s=time.perf_counter() - t_start,
-                  environment=harness.environment())
+        print(
+            f"chain of {args.n} on cuda:0 (emulator): {out['us_per_op_best']:.2f} us/op "
+            f"best, {out['us_per_op_median']:.2f} median"
+        )
+    result.update(
+        chain=out,
+        all_checks_ok=ok,
+        wall_time_s=time.perf_counter() - t_start,
+        environment=harness.environment(),
+    )
     harness.write(args.out, result, result["wall_time_s"])
     return 0 if ok else 1
 
 
 def argparse_suppress():
     import argparse
+
     return argparse.SUPPRESS
 
 

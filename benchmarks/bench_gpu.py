@@ -114,14 +114,24 @@ def chain_contenders(af, cupy, torch, x0: np.ndarray, steps: int) -> list:
         for _ in range(steps):
             t = (t + 1).relu()
         return t.numpy()
-    cs.append(harness.Contender("actorflow cuda:0", af_chain, close, ref=ref,
-                                note="eager ops on cuda:0, read with numpy()"))
+
+    cs.append(
+        harness.Contender(
+            "actorflow cuda:0",
+            af_chain,
+            close,
+            ref=ref,
+            note="eager ops on cuda:0, read with numpy()",
+        )
+    )
     if cupy is not None:
+
         def cupy_ufuncs():
             t = cupy.asarray(x0)
             for _ in range(steps):
                 t = cupy.maximum(t + 1, 0)
             return cupy.asnumpy(t)
+
         kernel = cupy.RawKernel(RELU_ADD1, "relu_add1")
         n = x0.size
 
@@ -132,22 +142,36 @@ def chain_contenders(af, cupy, torch, x0: np.ndarray, steps: int) -> list:
                 kernel(((n + 255) // 256,), (256,), (a, b, np.int64(n)))
                 a, b = b, a
             return cupy.asnumpy(a)
-        cs.append(harness.Contender("cupy ufuncs", cupy_ufuncs, close, ref=ref,
-                                    note="two kernels a step", baseline=True))
-        cs.append(harness.Contender("cupy RawKernel", cupy_raw, close, ref=ref,
-                                    note="one cached kernel a step", baseline=True))
+
+        cs.append(
+            harness.Contender(
+                "cupy ufuncs", cupy_ufuncs, close, ref=ref, note="two kernels a step", baseline=True
+            )
+        )
+        cs.append(
+            harness.Contender(
+                "cupy RawKernel",
+                cupy_raw,
+                close,
+                ref=ref,
+                note="one cached kernel a step",
+                baseline=True,
+            )
+        )
     if torch is not None:
+
         def torch_chain():
             t = torch.from_numpy(x0).cuda()
             for _ in range(steps):
                 t = torch.relu(t + 1)
             return t.cpu().numpy()
-        cs.append(harness.Contender("torch cuda", torch_chain, close, ref=ref,
-                                    baseline=True))
+
+        cs.append(harness.Contender("torch cuda", torch_chain, close, ref=ref, baseline=True))
     return cs
 
 
 # -- 2. bandwidth --------------------------------------------------------------------------
+
 
 def bandwidth_contenders(af, cupy, torch, n: int) -> list:
     rng = np.random.default_rng(0)
@@ -160,16 +184,29 @@ def bandwidth_contenders(af, cupy, torch, n: int) -> list:
         y = x.relu()
         af.synchronize()
         return y
-    cs.append(harness.Contender("actorflow relu", af_relu, close, ref=ref,
-                                fetch=lambda y: y.numpy(), note="a fresh output each run"))
+
+    cs.append(
+        harness.Contender(
+            "actorflow relu",
+            af_relu,
+            close,
+            ref=ref,
+            fetch=lambda y: y.numpy(),
+            note="a fresh output each run",
+        )
+    )
     if cupy is not None:
         a = cupy.asarray(host)
         b = cupy.empty_like(a)
 
         def device_copy():
-            cupy.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, a.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToDevice,
-                                          cupy.cuda.get_current_stream().ptr)
+            cupy.cuda.runtime.memcpyAsync(
+                b.data.ptr,
+                a.data.ptr,
+                a.nbytes,
+                cupy.cuda.runtime.memcpyDeviceToDevice,
+                cupy.cuda.get_current_stream().ptr,
+            )
             cupy.cuda.get_current_stream().synchronize()
             return b
 
@@ -177,10 +214,23 @@ def bandwidth_contenders(af, cupy, torch, n: int) -> list:
             cupy.maximum(a, 0, out=b)
             cupy.cuda.get_current_stream().synchronize()
             return b
-        cs.append(harness.Contender("device copy", device_copy, close, ref=host,
-                                    fetch=cupy.asnumpy, note="the ceiling", baseline=True))
-        cs.append(harness.Contender("cupy ufunc", cupy_relu, close, ref=ref,
-                                    fetch=cupy.asnumpy, baseline=True))
+
+        cs.append(
+            harness.Contender(
+                "device copy",
+                device_copy,
+                close,
+                ref=host,
+                fetch=cupy.asnumpy,
+                note="the ceiling",
+                baseline=True,
+            )
+        )
+        cs.append(
+            harness.Contender(
+                "cupy ufunc", cupy_relu, close, ref=ref, fetch=cupy.asnumpy, baseline=True
+            )
+        )
     if torch is not None:
         ta = torch.from_numpy(host).cuda()
         tb = torch.empty_like(ta)
@@ -189,12 +239,22 @@ def bandwidth_contenders(af, cupy, torch, n: int) -> list:
             torch.clamp(ta, min=0, out=tb)
             torch.cuda.synchronize()
             return tb
-        cs.append(harness.Contender("torch relu", torch_relu, close, ref=ref,
-                                    fetch=lambda t: t.cpu().numpy(), baseline=True))
+
+        cs.append(
+            harness.Contender(
+                "torch relu",
+                torch_relu,
+                close,
+                ref=ref,
+                fetch=lambda t: t.cpu().numpy(),
+                baseline=True,
+            )
+        )
     return cs
 
 
 # -- 3. host to device ---------------------------------------------------------------------
+
 
 def h2d_contenders(af, cupy, torch, nbytes: int) -> list:
     host = np.arange(nbytes // 4, dtype=np.float32)
@@ -205,9 +265,17 @@ def h2d_contenders(af, cupy, torch, nbytes: int) -> list:
         y = src.to("cuda:0")
         af.synchronize()
         return y
-    cs.append(harness.Contender("actorflow .to('cuda:0')", af_h2d, close, ref=host,
-                                fetch=lambda y: y.numpy(),
-                                note="a private pinned copy, then the async copy"))
+
+    cs.append(
+        harness.Contender(
+            "actorflow .to('cuda:0')",
+            af_h2d,
+            close,
+            ref=host,
+            fetch=lambda y: y.numpy(),
+            note="a private pinned copy, then the async copy",
+        )
+    )
     if cupy is not None:
         pinned = cupy.cuda.alloc_pinned_memory(host.nbytes)
         staged = np.frombuffer(pinned, np.float32, host.size)
@@ -219,8 +287,12 @@ def h2d_contenders(af, cupy, torch, nbytes: int) -> list:
             dst.set(staged, stream=stream)
             stream.synchronize()
             return dst
-        cs.append(harness.Contender("cupy pinned", cupy_h2d, close, ref=host,
-                                    fetch=cupy.asnumpy, baseline=True))
+
+        cs.append(
+            harness.Contender(
+                "cupy pinned", cupy_h2d, close, ref=host, fetch=cupy.asnumpy, baseline=True
+            )
+        )
     if torch is not None:
         th = torch.from_numpy(host).pin_memory()
 
@@ -228,12 +300,22 @@ def h2d_contenders(af, cupy, torch, nbytes: int) -> list:
             y = th.to("cuda", non_blocking=True)
             torch.cuda.synchronize()
             return y
-        cs.append(harness.Contender("torch pinned", torch_h2d, close, ref=host,
-                                    fetch=lambda t: t.cpu().numpy(), baseline=True))
+
+        cs.append(
+            harness.Contender(
+                "torch pinned",
+                torch_h2d,
+                close,
+                ref=host,
+                fetch=lambda t: t.cpu().numpy(),
+                baseline=True,
+            )
+        )
     return cs
 
 
 # -- 4. completion into asyncio ------------------------------------------------------------
+
 
 def completion_latency(af, cupy, count: int) -> dict:
     """Median microseconds from issuing a tiny kernel to the coroutine resuming."""
@@ -251,8 +333,10 @@ def completion_latency(af, cupy, count: int) -> dict:
         if float(x.numpy()[0]) != count:
             raise AssertionError(f"the chain read {x.numpy()[0]}, not {count}")
         return times
+
     out["actorflow synchronize_async"] = asyncio.run(af_side())
     if cupy is not None:
+
         async def cupy_side():
             loop = asyncio.get_running_loop()
             stream = cupy.cuda.Stream(non_blocking=True)
@@ -264,16 +348,21 @@ def completion_latency(af, cupy, count: int) -> dict:
                     t0 = time.perf_counter()
                     a += 1
                     stream.launch_host_func(
-                        lambda _, fut=fut: loop.call_soon_threadsafe(fut.set_result, None), None)
+                        lambda _, fut=fut: loop.call_soon_threadsafe(fut.set_result, None), None
+                    )
                     await fut
                     times.append(time.perf_counter() - t0)
             return times
+
         out["cupy launch_host_func"] = asyncio.run(cupy_side())
-    return {k: {"median_us": statistics.median(v) * 1e6, "best_us": min(v) * 1e6,
-                "count": len(v)} for k, v in out.items()}
+    return {
+        k: {"median_us": statistics.median(v) * 1e6, "best_us": min(v) * 1e6, "count": len(v)}
+        for k, v in out.items()
+    }
 
 
 # -- 5. a copy/compute pipeline on actors --------------------------------------------------
+
 
 def _compute(x, w):
     """The compute stage: a few matmuls over the piece (x: [rows, 1024], w: [1024, 1024])."""
@@ -319,29 +408,42 @@ def pipeline_contenders(af, cupy, pieces: int, rows: int) -> tuple[list, dict]:
     full = harness.Contender(
         "actorflow copy+compute",
         lambda: run([source(), af.Copy("cuda:0"), lambda x: _compute(x, w), af.Copy("cpu")]),
-        check, ref=ref, note="source -> Copy(cuda) -> compute -> Copy(cpu), buffers=2")
+        check,
+        ref=ref,
+        note="source -> Copy(cuda) -> compute -> Copy(cpu), buffers=2",
+    )
     copy_only = harness.Contender(
         "actorflow copy only",
         lambda: run([source(), af.Copy("cuda:0"), lambda x: x[:1, :1] * 1, af.Copy("cpu")]),
-        lambda out, _: None if len(out) == pieces else f"{len(out)} pieces")
+        lambda out, _: None if len(out) == pieces else f"{len(out)} pieces",
+    )
     compute_only = harness.Contender(
         "actorflow compute only",
-        lambda: run([(np.array([i % 2], np.int64) for i in range(pieces)), af.Copy("cuda:0"),
-                     lambda _i: _compute(dev[0], w),      # (the piece only paces it)
-                     af.Copy("cpu")]),
-        lambda out, want: check(out, [want[0]] * len(want)), ref=ref)
+        lambda: run(
+            [
+                (np.array([i % 2], np.int64) for i in range(pieces)),
+                af.Copy("cuda:0"),
+                lambda _i: _compute(dev[0], w),  # (the piece only paces it)
+                af.Copy("cpu"),
+            ]
+        ),
+        lambda out, want: check(out, [want[0]] * len(want)),
+        ref=ref,
+    )
     cs = [full, copy_only, compute_only]
     if cupy is not None:
         wc = cupy.asarray(wh)
         pinned = [cupy.cuda.alloc_pinned_memory(h.nbytes) for h in host]
-        staged = [np.frombuffer(p, np.float32, h.size).reshape(h.shape)
-                  for p, h in zip(pinned, host, strict=True)]
+        staged = [
+            np.frombuffer(p, np.float32, h.size).reshape(h.shape)
+            for p, h in zip(pinned, host, strict=True)
+        ]
         for s_, h in zip(staged, host, strict=True):
             s_[...] = h
         bufs = [cupy.empty((rows, 1024), np.float32) for _ in range(2)]
         # "compute only" reads them without copying:
         for buf, h in zip(bufs, host, strict=True):
-            buf.set(h)                      # their values are there before any run
+            buf.set(h)  # their values are there before any run
         cupy.cuda.Device().synchronize()
 
         def cupy_pipeline(copy=True, compute=True):
@@ -366,12 +468,30 @@ def pipeline_contenders(af, cupy, pieces: int, rows: int) -> tuple[list, dict]:
             ks.synchronize()
             cs_.synchronize()
             return [cupy.asnumpy(o) for o in outs] if compute else [None] * pieces
-        cs += [harness.Contender("cupy copy+compute", cupy_pipeline, check, ref=ref,
-                                 baseline=True, note="two streams, two buffers, events"),
-               harness.Contender("cupy copy only", lambda: cupy_pipeline(compute=False),
-                                 lambda out, _: None, baseline=True),
-               harness.Contender("cupy compute only", lambda: cupy_pipeline(copy=False),
-                                 check, ref=ref, baseline=True)]
+
+        cs += [
+            harness.Contender(
+                "cupy copy+compute",
+                cupy_pipeline,
+                check,
+                ref=ref,
+                baseline=True,
+                note="two streams, two buffers, events",
+            ),
+            harness.Contender(
+                "cupy copy only",
+                lambda: cupy_pipeline(compute=False),
+                lambda out, _: None,
+                baseline=True,
+            ),
+            harness.Contender(
+                "cupy compute only",
+                lambda: cupy_pipeline(copy=False),
+                check,
+                ref=ref,
+                baseline=True,
+            ),
+        ]
     return cs, {"pieces": pieces, "rows": rows}
 
 
@@ -379,8 +499,10 @@ def overlap_ratios(rows: dict) -> dict:
     """Each side's copy+compute time over max(copy only, compute only): 1.0 is the ideal."""
     out = {}
     for side in ("actorflow", "cupy"):
-        t = {k: rows.get(f"{side} {k}", {}).get("best_s")
-             for k in ("copy+compute", "copy only", "compute only")}
+        t = {
+            k: rows.get(f"{side} {k}", {}).get("best_s")
+            for k in ("copy+compute", "copy only", "compute only")
+        }
         if all(t.values()):
             out[side] = t["copy+compute"] / max(t["copy only"], t["compute only"])
     return out
@@ -388,22 +510,28 @@ def overlap_ratios(rows: dict) -> dict:
 
 # -- 6. an MLP training step ---------------------------------------------------------------
 
+
 def mlp_contenders(af, torch, steps: int, batch: int) -> list:
     """MLP 784-256-10, CrossEntropyLoss, SGD (lr 0.01, momentum 0.9), the same initial
     weights and batch everywhere: ``steps`` steps, then the loss read. actorflow eager and
     ``nn.Graph`` (captured as a CUDA graph after its first step); torch eager and torch's
     whole step captured as a CUDA graph."""
     from actorflow import nn, optim
+
     rng = np.random.default_rng(2)
     xh = rng.standard_normal((batch, 784), dtype=np.float32)
     yh = rng.integers(0, 10, batch)
-    init = [(rng.standard_normal((256, 784)) / 28).astype(np.float32),
-            np.zeros(256, np.float32),
-            (rng.standard_normal((10, 256)) / 16).astype(np.float32), np.zeros(10, np.float32)]
+    init = [
+        (rng.standard_normal((256, 784)) / 28).astype(np.float32),
+        np.zeros(256, np.float32),
+        (rng.standard_normal((10, 256)) / 16).astype(np.float32),
+        np.zeros(10, np.float32),
+    ]
 
     def af_model():
-        m = nn.Sequential(nn.Linear(784, 256, device="cuda:0"), nn.ReLU(),
-                          nn.Linear(256, 10, device="cuda:0"))
+        m = nn.Sequential(
+            nn.Linear(784, 256, device="cuda:0"), nn.ReLU(), nn.Linear(256, 10, device="cuda:0")
+        )
         with af.no_grad():
             for p, v in zip(m.parameters(), init, strict=True):
                 p.copy_(af.tensor(v, device="cuda:0"))
@@ -438,7 +566,7 @@ def mlp_contenders(af, torch, steps: int, batch: int) -> list:
     def af_graph():
         m = af_model()
         step = Step(m, optim.SGD(m.parameters(), lr=0.01, momentum=0.9))
-        float(step(x, y))                     # compiles and captures, outside the clock
+        float(step(x, y))  # compiles and captures, outside the clock
         af.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps - 1):
@@ -446,22 +574,29 @@ def mlp_contenders(af, torch, steps: int, batch: int) -> list:
         out = float(loss)
         return time.perf_counter() - t0, out
 
-    cs = [("actorflow eager", af_eager, steps), ("actorflow graph (CUDA graph)", af_graph,
-                                                 steps - 1)]
+    cs = [
+        ("actorflow eager", af_eager, steps),
+        ("actorflow graph (CUDA graph)", af_graph, steps - 1),
+    ]
     if torch is not None:
+
         def torch_model():
-            m = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10)).cuda()
+            m = torch.nn.Sequential(
+                torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+            ).cuda()
             with torch.no_grad():
                 for p, v in zip(m.parameters(), init, strict=True):
                     p.copy_(torch.from_numpy(v))
             return m
+
         tx, ty = torch.from_numpy(xh).cuda(), torch.from_numpy(yh).cuda()
 
         def torch_eager():
             m = torch_model()
-            opt, lossf = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), \
-                torch.nn.CrossEntropyLoss()
+            opt, lossf = (
+                torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                torch.nn.CrossEntropyLoss(),
+            )
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -474,11 +609,13 @@ def mlp_contenders(af, torch, steps: int, batch: int) -> list:
 
         def torch_graph():
             m = torch_model()
-            opt, lossf = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), \
-                torch.nn.CrossEntropyLoss()
+            opt, lossf = (
+                torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                torch.nn.CrossEntropyLoss(),
+            )
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):              # warm-up, as torch's docs ask
+            with torch.cuda.stream(side):  # warm-up, as torch's docs ask
                 for _ in range(1):
                     opt.zero_grad(set_to_none=True)
                     lossf(m(tx), ty).backward()
@@ -496,8 +633,8 @@ def mlp_contenders(af, torch, steps: int, batch: int) -> list:
                 g.replay()
             out = float(static_loss)
             return time.perf_counter() - t0, out
-        cs += [("torch eager", torch_eager, steps),
-               ("torch CUDA graph", torch_graph, steps - 1)]
+
+        cs += [("torch eager", torch_eager, steps), ("torch CUDA graph", torch_graph, steps - 1)]
     return cs
 
 
@@ -506,8 +643,8 @@ def run_mlp(contenders: list, repeat: int) -> dict:
     fresh model; the clock inside each contender covers its steps and the final read)."""
     times = {name: [] for name, _, _ in contenders}
     losses, errors = {}, {}
-    for r in range(repeat + 1):                       # round 0: the warm-up
-        for name, fn, n in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+    for r in range(repeat + 1):  # round 0: the warm-up
+        for name, fn, n in contenders[r % len(contenders) :] + contenders[: r % len(contenders)]:
             if name in errors:
                 continue
             try:
@@ -520,24 +657,37 @@ def run_mlp(contenders: list, repeat: int) -> dict:
             losses[name] = loss
             if r:
                 times[name].append(t / n)
-    return {name: ({"best_us_per_step": min(v) * 1e6,
-                    "median_us_per_step": statistics.median(v) * 1e6,
-                    "last_loss": losses.get(name), "ok": name not in errors}
-                   if v else {"ok": False, "error": errors.get(name, "no run")})
-            for name, v in times.items()}
+    return {
+        name: (
+            {
+                "best_us_per_step": min(v) * 1e6,
+                "median_us_per_step": statistics.median(v) * 1e6,
+                "last_loss": losses.get(name),
+                "ok": name not in errors,
+            }
+            if v
+            else {"ok": False, "error": errors.get(name, "no run")}
+        )
+        for name, v in times.items()
+    }
 
 
 # -- the run -------------------------------------------------------------------------------
 
+
 def main(argv=None) -> int:
     p = harness.ArgumentParser(__doc__, "smaller sizes and fewer rounds (about a minute)")
-    p.add_argument("--emu", action="store_true",
-                   help="run actorflow's rows on the CPU emulator (AF_CUDA=emu): the host's "
-                        "cost, not GPU figures")
+    p.add_argument(
+        "--emu",
+        action="store_true",
+        help="run actorflow's rows on the CPU emulator (AF_CUDA=emu): the host's "
+        "cost, not GPU figures",
+    )
     p.add_repeat(7, 3)
     p.add_sized("--steps", 2000, 300, "chain steps (default {full}, quick {quick})")
-    p.add_sized("--elements", 1 << 28, 1 << 24,
-                "bandwidth elements (default {full}, quick {quick})")
+    p.add_sized(
+        "--elements", 1 << 28, 1 << 24, "bandwidth elements (default {full}, quick {quick})"
+    )
     p.add_sized("--h2d-mib", 64, 16, "host-to-device MiB (default {full}, quick {quick})")
     p.add_sized("--pieces", 64, 16, "pipeline pieces (default {full}, quick {quick})")
     p.add_sized("--mlp-steps", 50, 10, "MLP steps a round (default {full}, quick {quick})")
@@ -547,11 +697,13 @@ def main(argv=None) -> int:
         os.environ["AF_CUDA"] = "emu"
         if args.out == harness.RESULTS / "bench_gpu.json":
             args.out = harness.RESULTS / "bench_gpu_emu.json"
-        args.elements = min(args.elements, 1 << 22)   # numpy on the CPU: keep it short
+        args.elements = min(args.elements, 1 << 22)  # numpy on the CPU: keep it short
     cupy, torch, why = gpu_libraries(args.emu)
     if cupy is None and not args.emu:
-        print(f"no GPU: {why}. On a GPU machine run scripts/gpu_check.sh; here, "
-              f"--emu measures the host's side on the emulator.")
+        print(
+            f"no GPU: {why}. On a GPU machine run scripts/gpu_check.sh; here, "
+            f"--emu measures the host's side on the emulator."
+        )
         return 2
     import actorflow as af
 
@@ -559,20 +711,31 @@ def main(argv=None) -> int:
     gpu = {"driver": "emulator (AF_CUDA=emu)" if args.emu else "cupy"}
     if cupy is not None:
         props = cupy.cuda.runtime.getDeviceProperties(0)
-        gpu.update(name=props["name"].decode(), cupy=cupy.__version__,
-                   cuda_runtime=cupy.cuda.runtime.runtimeGetVersion())
+        gpu.update(
+            name=props["name"].decode(),
+            cupy=cupy.__version__,
+            cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(),
+        )
     if torch is not None:
         gpu.update(torch=torch.__version__)
-    result = harness.document("bench_gpu", argv, args.quick,
-                              "every result compared with numpy's (allclose)",
-                              steps=args.steps, elements=args.elements,
-                              h2d_mib=args.h2d_mib, repeat=args.repeat, gpu=gpu,
-                              baselines_skipped=why)
+    result = harness.document(
+        "bench_gpu",
+        argv,
+        args.quick,
+        "every result compared with numpy's (allclose)",
+        steps=args.steps,
+        elements=args.elements,
+        h2d_mib=args.h2d_mib,
+        repeat=args.repeat,
+        gpu=gpu,
+        baselines_skipped=why,
+    )
     everyone = []
     rows = {}
 
-    chain = chain_contenders(af, cupy, torch,
-                             np.linspace(-1, 1, 1000, dtype=np.float32), args.steps)
+    chain = chain_contenders(
+        af, cupy, torch, np.linspace(-1, 1, 1000, dtype=np.float32), args.steps
+    )
     harness.run_rounds(chain, args.repeat, "chain")
     rows["chain"] = {c.name: c.summary(per=args.steps, unit="step") for c in chain}
     everyone += chain
@@ -600,8 +763,7 @@ def main(argv=None) -> int:
 
     rows["completion"] = completion_latency(af, cupy, 50 if args.quick else 200)
 
-    pipe, pipe_params = pipeline_contenders(af, cupy, args.pieces,
-                                            256 if args.emu else 8192)
+    pipe, pipe_params = pipeline_contenders(af, cupy, args.pieces, 256 if args.emu else 8192)
     harness.run_rounds(pipe, args.repeat, "pipeline")
     rows["pipeline"] = {c.name: c.summary() for c in pipe}
     rows["pipeline_params"] = pipe_params
@@ -611,59 +773,105 @@ def main(argv=None) -> int:
     mlp_failed = [k for k, v in rows["mlp"].items() if not v["ok"]]
 
     print(f"\nGPU: {gpu}" + (f"\nbaselines skipped: {why}" if why else ""))
-    print(f"\nchain, {args.steps} dependent steps of relu(t + 1) on 1,000 float32 "
-          f"(goal <= {CHAIN_GOAL_US} us a step, below torch):")
-    harness.print_table(rows["chain"], [
-        harness.Column("best us/step", 14, "best_us_per_step", ".2f"),
-        harness.Column("median", 10, "median_us_per_step", ".2f")], 26)
-    print(f"\nbandwidth, relu over {args.elements:,} float32 (goal >= {BANDWIDTH_GOAL} of "
-          f"the device copy):")
-    harness.print_table(rows["bandwidth"], [
-        harness.Column("TB/s", 10, "tb_per_s", ".3f"),
-        harness.Column("best ms", 10, "best_s", ".3f", scale=1e3)], 26)
+    print(
+        f"\nchain, {args.steps} dependent steps of relu(t + 1) on 1,000 float32 "
+        f"(goal <= {CHAIN_GOAL_US} us a step, below torch):"
+    )
+    harness.print_table(
+        rows["chain"],
+        [
+            harness.Column("best us/step", 14, "best_us_per_step", ".2f"),
+            harness.Column("median", 10, "median_us_per_step", ".2f"),
+        ],
+        26,
+    )
+    print(
+        f"\nbandwidth, relu over {args.elements:,} float32 (goal >= {BANDWIDTH_GOAL} of "
+        f"the device copy):"
+    )
+    harness.print_table(
+        rows["bandwidth"],
+        [
+            harness.Column("TB/s", 10, "tb_per_s", ".3f"),
+            harness.Column("best ms", 10, "best_s", ".3f", scale=1e3),
+        ],
+        26,
+    )
     print(f"\nhost to device, {args.h2d_mib} MiB (goal >= {H2D_GOAL_GBS} GB/s):")
-    harness.print_table(rows["h2d"], [
-        harness.Column("GB/s", 10, "gb_per_s", ".1f"),
-        harness.Column("best ms", 10, "best_s", ".3f", scale=1e3)], 26)
+    harness.print_table(
+        rows["h2d"],
+        [
+            harness.Column("GB/s", 10, "gb_per_s", ".1f"),
+            harness.Column("best ms", 10, "best_s", ".3f", scale=1e3),
+        ],
+        26,
+    )
     print(f"\ncompletion into asyncio (goal <= {COMPLETION_GOAL_US} us median):")
     for k, v in rows["completion"].items():
         print(f"  {k:<30} median {v['median_us']:8.1f} us   best {v['best_us']:8.1f} us")
-    print(f"\ncopy/compute pipeline, {args.pieces} pieces (goal >= 0.97 of the ideal, "
-          f"i.e. a ratio <= 1.03):")
-    harness.print_table(rows["pipeline"], [
-        harness.Column("best ms", 10, "best_s", ".2f", scale=1e3)], 26)
+    print(
+        f"\ncopy/compute pipeline, {args.pieces} pieces (goal >= 0.97 of the ideal, "
+        f"i.e. a ratio <= 1.03):"
+    )
+    harness.print_table(
+        rows["pipeline"], [harness.Column("best ms", 10, "best_s", ".2f", scale=1e3)], 26
+    )
     overlap = overlap_ratios(rows["pipeline"])
     for side, r in overlap.items():
         print(f"  {side}: copy+compute / max(copy only, compute only) = {r:.3f}")
     print(f"\nMLP 784-256-10 training step, batch 128, {args.mlp_steps} steps:")
     for k, v in rows["mlp"].items():
-        print(f"  {k:<30} " + (f"best {v['best_us_per_step']:9.1f} us/step   median "
-                               f"{v['median_us_per_step']:9.1f}   loss {v['last_loss']:.5f}"
-                               if v["ok"] else f"FAIL {v.get('error')}"))
+        print(
+            f"  {k:<30} "
+            + (
+                f"best {v['best_us_per_step']:9.1f} us/step   median "
+                f"{v['median_us_per_step']:9.1f}   loss {v['last_loss']:.5f}"
+                if v["ok"]
+                else f"FAIL {v.get('error')}"
+            )
+        )
     ratios = {f"overlap_{k}": v for k, v in overlap.items()}
     ch = rows["chain"]
-    if "torch cuda" in ch and ch["torch cuda"].get("best_s") and ch["actorflow cuda:0"].get(
-            "best_s"):
+    if (
+        "torch cuda" in ch
+        and ch["torch cuda"].get("best_s")
+        and ch["actorflow cuda:0"].get("best_s")
+    ):
         ratios["chain_vs_torch"] = ch["actorflow cuda:0"]["best_s"] / ch["torch cuda"]["best_s"]
     b = rows["bandwidth"]
-    if "device copy" in b and b["device copy"].get("tb_per_s") and b["actorflow relu"].get(
-            "tb_per_s"):
-        ratios["bandwidth_vs_device_copy"] = (b["actorflow relu"]["tb_per_s"]
-                                              / b["device copy"]["tb_per_s"])
+    if (
+        "device copy" in b
+        and b["device copy"].get("tb_per_s")
+        and b["actorflow relu"].get("tb_per_s")
+    ):
+        ratios["bandwidth_vs_device_copy"] = (
+            b["actorflow relu"]["tb_per_s"] / b["device copy"]["tb_per_s"]
+        )
     if ratios:
         print("\nratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     if args.emu:
-        print("\n(emulator: the host's cost of issuing and completing the work; a GPU "
-              "figure needs a GPU)")
+        print(
+            "\n(emulator: the host's cost of issuing and completing the work; a GPU "
+            "figure needs a GPU)"
+        )
     m = rows["mlp"]
-    for mine, theirs in (("actorflow eager", "torch eager"),
-                         ("actorflow graph (CUDA graph)", "torch CUDA graph")):
+    for mine, theirs in (
+        ("actorflow eager", "torch eager"),
+        ("actorflow graph (CUDA graph)", "torch CUDA graph"),
+    ):
         if m.get(mine, {}).get("ok") and m.get(theirs, {}).get("ok"):
-            ratios[f"mlp {mine} / {theirs}"] = (m[mine]["best_us_per_step"]
-                                                 / m[theirs]["best_us_per_step"])
-    status = harness.finish(args.out, result, everyone, t_start,
-                            harness.environment(), "computed a wrong result",
-                            {"rows": rows, "ratios": ratios})
+            ratios[f"mlp {mine} / {theirs}"] = (
+                m[mine]["best_us_per_step"] / m[theirs]["best_us_per_step"]
+            )
+    status = harness.finish(
+        args.out,
+        result,
+        everyone,
+        t_start,
+        harness.environment(),
+        "computed a wrong result",
+        {"rows": rows, "ratios": ratios},
+    )
     if mlp_failed:
         print(f"ERROR: MLP rows failed: {mlp_failed}", file=sys.stderr)
         return 1

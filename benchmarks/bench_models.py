@@ -72,8 +72,8 @@ import harness  # noqa: E402 - the shared timing harness, next to this file
 from trainers import AfTrainer, LossChecks, TorchTrainer, rel  # noqa: E402 - next to this file
 
 SEED = 0
-GRAPH_VS_TORCH = 1.0         # graph mode per step <= 1.0x PyTorch eager
-PIPE_VS_BOUND = 1.15         # pipelined epoch <= 1.15x max(load, step) x N
+GRAPH_VS_TORCH = 1.0  # graph mode per step <= 1.0x PyTorch eager
+PIPE_VS_BOUND = 1.15  # pipelined epoch <= 1.15x max(load, step) x N
 FIRST_LOSS_RTOL = 1e-4
 REPEAT_RTOL = 1e-5
 
@@ -83,12 +83,21 @@ VOCAB, WIDTH, HEADS, FF, CONTEXT, LAYERS, LM_BATCH = 97, 64, 4, 256, 64, 2, 32
 
 # -- the models, in either framework (``lib`` is actorflow or torch) ------------------------
 
+
 def cnn(lib):
     nn = lib.nn
     return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 2 * 2, CNN_CLASSES))
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 2 * 2, CNN_CLASSES),
+    )
 
 
 def causal_mask(lib, n: int):
@@ -105,9 +114,14 @@ def transformer(lib):
             super().__init__()
             self.tok = nn.Embedding(VOCAB, WIDTH)
             self.pos = nn.Embedding(CONTEXT, WIDTH)
-            self.layers = nn.ModuleList([
-                nn.TransformerEncoderLayer(WIDTH, HEADS, FF, dropout=0.0, batch_first=True,
-                                           norm_first=True) for _ in range(LAYERS)])
+            self.layers = nn.ModuleList(
+                [
+                    nn.TransformerEncoderLayer(
+                        WIDTH, HEADS, FF, dropout=0.0, batch_first=True, norm_first=True
+                    )
+                    for _ in range(LAYERS)
+                ]
+            )
             self.norm = nn.LayerNorm(WIDTH)
             self.head = nn.Linear(WIDTH, VOCAB)
             self.mask = causal_mask(lib, CONTEXT)
@@ -118,18 +132,27 @@ def transformer(lib):
             for layer in self.layers:
                 h = layer(h, src_mask=self.mask, is_causal=True)
             return self.head(self.norm(h)).reshape(-1, VOCAB)
+
     return CharLM()
 
 
 MODELS = {
-    "cnn": dict(make=cnn, optim="Adam", options=dict(lr=3e-3),
-                describe="conv(1,32,3)-bn-relu-pool-conv(32,64,3)-bn-relu-pool-linear(256,10), "
-                         f"8x8 images, batch {CNN_BATCH}, Adam(lr=3e-3), float32"),
-    "transformer": dict(make=transformer, optim="AdamW", options=dict(lr=1e-2, weight_decay=0.01),
-                        describe=f"char LM: embedding {VOCAB}x{WIDTH} + positions {CONTEXT}, "
-                                 f"{LAYERS} x TransformerEncoderLayer({WIDTH}, {HEADS}, {FF}, "
-                                 f"norm_first), causal, batch {LM_BATCH}x{CONTEXT}, "
-                                 f"AdamW(lr=1e-2, weight_decay=0.01), float32"),
+    "cnn": dict(
+        make=cnn,
+        optim="Adam",
+        options=dict(lr=3e-3),
+        describe="conv(1,32,3)-bn-relu-pool-conv(32,64,3)-bn-relu-pool-linear(256,10), "
+        f"8x8 images, batch {CNN_BATCH}, Adam(lr=3e-3), float32",
+    ),
+    "transformer": dict(
+        make=transformer,
+        optim="AdamW",
+        options=dict(lr=1e-2, weight_decay=0.01),
+        describe=f"char LM: embedding {VOCAB}x{WIDTH} + positions {CONTEXT}, "
+        f"{LAYERS} x TransformerEncoderLayer({WIDTH}, {HEADS}, {FF}, "
+        f"norm_first), causal, batch {LM_BATCH}x{CONTEXT}, "
+        f"AdamW(lr=1e-2, weight_decay=0.01), float32",
+    ),
 }
 
 
@@ -145,6 +168,7 @@ def batch_for(model: str, seed: int = SEED):
 
 
 # -- part 1 --------------------------------------------------------------------------------
+
 
 def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
     spec = MODELS[name]
@@ -165,14 +189,13 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
         first["pytorch eager"] = tt.steps(torch.from_numpy(X), torch.from_numpy(Y), 1)
     first["actorflow eager"] = eager.eager_steps(x, y, 1)
     t0 = time.perf_counter()
-    first["actorflow graph"] = graph.graph_steps(x, y, 1)        # compiles the step
+    first["actorflow graph"] = graph.graph_steps(x, y, 1)  # compiles the step
     compile_s = time.perf_counter() - t0
     first["actorflow graph run"] = run.graph_run(batches[:1], fused=False)
     first["actorflow graph run, fused"] = fused.graph_run(batches[:1], fused=True)
     ref_name = "pytorch eager" if tt is not None else "actorflow eager"
     for t in (eager, graph, run, fused) + ((tt,) if tt else ()):
         t.reset()
-
 
     checks = LossChecks(k, REPEAT_RTOL)
     check_for, last_loss = checks.check_for, checks.last_loss
@@ -181,20 +204,49 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
     contenders = []
     if tt is not None:
         tx, ty = torch.from_numpy(X), torch.from_numpy(Y)
-        contenders.append(C("pytorch eager", lambda: tt.steps(tx, ty, k),
-                            check_for("pytorch eager"), setup=tt.reset, steps=k,
-                            note=f"torch.nn + torch.optim, {torch.get_num_threads()} threads"))
+        contenders.append(
+            C(
+                "pytorch eager",
+                lambda: tt.steps(tx, ty, k),
+                check_for("pytorch eager"),
+                setup=tt.reset,
+                steps=k,
+                note=f"torch.nn + torch.optim, {torch.get_num_threads()} threads",
+            )
+        )
     contenders += [
-        C("actorflow eager", lambda: eager.eager_steps(x, y, k), check_for("actorflow eager"),
-          setup=eager.reset, steps=k, note="af.nn + af.optim on the VM; ends with loss.item()"),
-        C("actorflow graph", lambda: graph.graph_steps(x, y, k), check_for("actorflow graph"),
-          setup=graph.reset, steps=k, note="nn.Graph step(x, y), compiled by an earlier call"),
-        C("actorflow graph run", lambda: run.graph_run(batches, False),
-          check_for("actorflow graph run"), setup=run.reset, steps=k,
-          note="step.run(batches): an actor per op"),
-        C("actorflow graph run, fused", lambda: fused.graph_run(batches, True),
-          check_for("actorflow graph run, fused"), setup=fused.reset, steps=k,
-          note="step.run(batches, fused=True): the step as one op actor"),
+        C(
+            "actorflow eager",
+            lambda: eager.eager_steps(x, y, k),
+            check_for("actorflow eager"),
+            setup=eager.reset,
+            steps=k,
+            note="af.nn + af.optim on the VM; ends with loss.item()",
+        ),
+        C(
+            "actorflow graph",
+            lambda: graph.graph_steps(x, y, k),
+            check_for("actorflow graph"),
+            setup=graph.reset,
+            steps=k,
+            note="nn.Graph step(x, y), compiled by an earlier call",
+        ),
+        C(
+            "actorflow graph run",
+            lambda: run.graph_run(batches, False),
+            check_for("actorflow graph run"),
+            setup=run.reset,
+            steps=k,
+            note="step.run(batches): an actor per op",
+        ),
+        C(
+            "actorflow graph run, fused",
+            lambda: fused.graph_run(batches, True),
+            check_for("actorflow graph run, fused"),
+            setup=fused.reset,
+            steps=k,
+            note="step.run(batches, fused=True): the step as one op actor",
+        ),
     ]
     checks.first_steps(contenders, first, ref_name, FIRST_LOSS_RTOL)
 
@@ -211,19 +263,31 @@ def part_steps(args, af, torch, name: str) -> tuple[dict, list]:
     for s in rows.values():
         if base.get("best_s") and s.get("best_s"):
             s["ratio_vs_pytorch"] = s["best_s"] / base["best_s"]
-    graph_rows = {n: rows[n].get("ratio_vs_pytorch") for n in rows
-                  if n.startswith("actorflow graph")}
+    graph_rows = {
+        n: rows[n].get("ratio_vs_pytorch") for n in rows if n.startswith("actorflow graph")
+    }
     best_graph = min((v for v in graph_rows.values() if v is not None), default=None)
-    goals = {"graph_vs_pytorch_at_most": GRAPH_VS_TORCH, "graph_vs_pytorch": graph_rows,
-             "best_graph_vs_pytorch": best_graph,
-             "met": None if best_graph is None else best_graph <= GRAPH_VS_TORCH,
-             "eager_vs_pytorch": rows["actorflow eager"].get("ratio_vs_pytorch")}
-    return {"model": spec["describe"], "steps_per_run": k, "repeat": repeat,
-            "compile_s": compile_s, "first_step_reference": ref_name, "contenders": rows,
-            "goals": goals, "cpu_contention": contention}, contenders
+    goals = {
+        "graph_vs_pytorch_at_most": GRAPH_VS_TORCH,
+        "graph_vs_pytorch": graph_rows,
+        "best_graph_vs_pytorch": best_graph,
+        "met": None if best_graph is None else best_graph <= GRAPH_VS_TORCH,
+        "eager_vs_pytorch": rows["actorflow eager"].get("ratio_vs_pytorch"),
+    }
+    return {
+        "model": spec["describe"],
+        "steps_per_run": k,
+        "repeat": repeat,
+        "compile_s": compile_s,
+        "first_step_reference": ref_name,
+        "contenders": rows,
+        "goals": goals,
+        "cpu_contention": contention,
+    }, contenders
 
 
 # -- part 2: the CNN's epoch from PNG files ------------------------------------------------
+
 
 def part_epoch(args, af, example) -> tuple[dict, list]:
     spec = MODELS["cnn"]
@@ -238,15 +302,23 @@ def part_epoch(args, af, example) -> tuple[dict, list]:
     loader = af.data.DataLoader(dataset, batch_size=CNN_BATCH, workers=workers)
     # the same batches loaded in kept worker processes, written into shared-memory registers
     # (Pillow's decoding of 8x8 files is Python holding the interpreter lock)
-    in_procs = af.data.DataLoader(dataset, batch_size=CNN_BATCH, workers=workers,
-                                  seed=loader.seed, processes=True)
+    in_procs = af.data.DataLoader(
+        dataset, batch_size=CNN_BATCH, workers=workers, seed=loader.seed, processes=True
+    )
     piped = AfTrainer(af, spec, saved, graph=True)
     fused = AfTrainer(af, spec, saved, graph=True)
     procs = AfTrainer(af, spec, saved, graph=True)
     reference = AfTrainer(af, spec, saved, graph=True)
-    batches = [(np.asarray(bx), np.asarray(by)) for bx, by in
-               ((b[0].numpy() if hasattr(b[0], "numpy") else b[0],
-                 b[1].numpy() if hasattr(b[1], "numpy") else b[1]) for b in loader)]
+    batches = [
+        (np.asarray(bx), np.asarray(by))
+        for bx, by in (
+            (
+                b[0].numpy() if hasattr(b[0], "numpy") else b[0],
+                b[1].numpy() if hasattr(b[1], "numpy") else b[1],
+            )
+            for b in loader
+        )
+    ]
     ref_losses = [reference.step(bx, by).item() for bx, by in batches]
 
     def check(losses, ref):
@@ -272,18 +344,30 @@ def part_epoch(args, af, example) -> tuple[dict, list]:
 
     before = [(load_alone(), step_alone()) for _ in range(2)]
     contenders = [
-        harness.Contender("pipelined graph", lambda: [float(v) for v in piped.step.run(loader)],
-                          check, ref=ref_losses, setup=piped.reset,
-                          note=f"step.run(DataLoader(workers={workers})): an actor per op"),
-        harness.Contender("pipelined graph, fused",
-                          lambda: [float(v) for v in fused.step.run(loader, fused=True)],
-                          check, ref=ref_losses, setup=fused.reset,
-                          note=f"step.run(DataLoader(workers={workers}), fused=True)"),
-        harness.Contender("pipelined graph, fused, processes",
-                          lambda: [float(v) for v in procs.step.run(in_procs, fused=True)],
-                          check, ref=ref_losses, setup=procs.reset,
-                          note=f"step.run(DataLoader(workers={workers}, processes=True), "
-                               f"fused=True)"),
+        harness.Contender(
+            "pipelined graph",
+            lambda: [float(v) for v in piped.step.run(loader)],
+            check,
+            ref=ref_losses,
+            setup=piped.reset,
+            note=f"step.run(DataLoader(workers={workers})): an actor per op",
+        ),
+        harness.Contender(
+            "pipelined graph, fused",
+            lambda: [float(v) for v in fused.step.run(loader, fused=True)],
+            check,
+            ref=ref_losses,
+            setup=fused.reset,
+            note=f"step.run(DataLoader(workers={workers}), fused=True)",
+        ),
+        harness.Contender(
+            "pipelined graph, fused, processes",
+            lambda: [float(v) for v in procs.step.run(in_procs, fused=True)],
+            check,
+            ref=ref_losses,
+            setup=procs.reset,
+            note=f"step.run(DataLoader(workers={workers}, processes=True), fused=True)",
+        ),
     ]
     cc = harness.CpuContention()
     harness.run_rounds(contenders, repeat, f"cnn epoch of {n} batches")
@@ -300,17 +384,27 @@ def part_epoch(args, af, example) -> tuple[dict, list]:
         if s.get("best_s"):
             s["ratio_vs_bound"] = s["best_s"] / bound
         rows[c.name] = s
-    best = min((s["ratio_vs_bound"] for s in rows.values() if "ratio_vs_bound" in s),
-               default=None)
-    return {"batches": n, "workers": workers, "images": f"scikit-learn digits, {count} PNG files",
-            "load_per_batch_s": load_s, "step_per_batch_s": step_s, "bound_s": bound,
-            "serial_s": (load_s + step_s) * n, "contenders": rows,
-            "goals": {"pipelined_vs_bound_at_most": PIPE_VS_BOUND, "pipelined_vs_bound": best,
-                      "met": None if best is None else best <= PIPE_VS_BOUND},
-            "cpu_contention": contention}, contenders
+    best = min((s["ratio_vs_bound"] for s in rows.values() if "ratio_vs_bound" in s), default=None)
+    return {
+        "batches": n,
+        "workers": workers,
+        "images": f"scikit-learn digits, {count} PNG files",
+        "load_per_batch_s": load_s,
+        "step_per_batch_s": step_s,
+        "bound_s": bound,
+        "serial_s": (load_s + step_s) * n,
+        "contenders": rows,
+        "goals": {
+            "pipelined_vs_bound_at_most": PIPE_VS_BOUND,
+            "pipelined_vs_bound": best,
+            "met": None if best is None else best <= PIPE_VS_BOUND,
+        },
+        "cpu_contention": contention,
+    }, contenders
 
 
 # -- main ----------------------------------------------------------------------------------
+
 
 def verdict(met) -> str:
     return {True: "MET", False: "NOT MET"}.get(met, "not measured")
@@ -332,6 +426,7 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     import actorflow as af
+
     torch = harness.try_import("torch")
     if torch is None:
         print("[models] torch is not installed: no 'pytorch eager' rows, no ratios", flush=True)
@@ -351,50 +446,83 @@ def main(argv=None) -> int:
         epoch, cs = part_epoch(args, af, example)
         everyone += cs
     elif "cnn" in names:
-        print("[models] scikit-learn or Pillow is missing (pip install -e '.[examples]'): no "
-              "part 2, the PNG-decoding epoch", flush=True)
+        print(
+            "[models] scikit-learn or Pillow is missing (pip install -e '.[examples]'): no "
+            "part 2, the PNG-decoding epoch",
+            flush=True,
+        )
 
     Col = harness.Column
     for name, r in parts.items():
         print()
-        print(f"Part 1, {name}: {r['model']} ({r['steps_per_run']} steps per run, best of "
-              f"{r['repeat']}; compile {r['compile_s'] * 1e3:.0f} ms, not timed)")
+        print(
+            f"Part 1, {name}: {r['model']} ({r['steps_per_run']} steps per run, best of "
+            f"{r['repeat']}; compile {r['compile_s'] * 1e3:.0f} ms, not timed)"
+        )
         harness.print_table(
             r["contenders"],
-            [Col("best ms/step", 14, "best_us_per_step", ".2f", 1e-3),
-             Col("median ms/step", 16, "median_us_per_step", ".2f", 1e-3),
-             Col("vs pytorch", 12, "ratio_vs_pytorch", ".2f", suffix="x"),
-             Col("first loss", 12, "first_step_loss", ".5f")], 28, notes=True)
+            [
+                Col("best ms/step", 14, "best_us_per_step", ".2f", 1e-3),
+                Col("median ms/step", 16, "median_us_per_step", ".2f", 1e-3),
+                Col("vs pytorch", 12, "ratio_vs_pytorch", ".2f", suffix="x"),
+                Col("first loss", 12, "first_step_loss", ".5f"),
+            ],
+            28,
+            notes=True,
+        )
         g = r["goals"]
-        print(f"  goal: graph mode <= {GRAPH_VS_TORCH}x pytorch eager -> best "
-              f"{harness.fmt(g['best_graph_vs_pytorch'], '.2f')}x ({verdict(g['met'])}); "
-              f"eager {harness.fmt(g['eager_vs_pytorch'], '.2f')}x")
+        print(
+            f"  goal: graph mode <= {GRAPH_VS_TORCH}x pytorch eager -> best "
+            f"{harness.fmt(g['best_graph_vs_pytorch'], '.2f')}x ({verdict(g['met'])}); "
+            f"eager {harness.fmt(g['eager_vs_pytorch'], '.2f')}x"
+        )
         harness.print_contention(r["cpu_contention"])
     if epoch is not None:
         print()
-        print(f"Part 2, cnn epoch of {epoch['batches']} batches from PNG files "
-              f"({epoch['images']}), DataLoader(workers={epoch['workers']})")
-        print(f"  alone: load {epoch['load_per_batch_s'] * 1e3:.2f} ms/batch, step() "
-              f"{epoch['step_per_batch_s'] * 1e3:.2f} ms/batch; bound max(load, step) x N = "
-              f"{epoch['bound_s'] * 1e3:.0f} ms; serial {epoch['serial_s'] * 1e3:.0f} ms")
-        harness.print_table(epoch["contenders"],
-                            [Col("best ms", 10, "best_s", ".0f", 1e3),
-                             Col("median ms", 11, "median_s", ".0f", 1e3),
-                             Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x")], 36)
+        print(
+            f"Part 2, cnn epoch of {epoch['batches']} batches from PNG files "
+            f"({epoch['images']}), DataLoader(workers={epoch['workers']})"
+        )
+        print(
+            f"  alone: load {epoch['load_per_batch_s'] * 1e3:.2f} ms/batch, step() "
+            f"{epoch['step_per_batch_s'] * 1e3:.2f} ms/batch; bound max(load, step) x N = "
+            f"{epoch['bound_s'] * 1e3:.0f} ms; serial {epoch['serial_s'] * 1e3:.0f} ms"
+        )
+        harness.print_table(
+            epoch["contenders"],
+            [
+                Col("best ms", 10, "best_s", ".0f", 1e3),
+                Col("median ms", 11, "median_s", ".0f", 1e3),
+                Col("vs bound", 10, "ratio_vs_bound", ".3f", suffix="x"),
+            ],
+            36,
+        )
         g = epoch["goals"]
-        print(f"  goal: pipelined within {PIPE_VS_BOUND}x of the bound -> "
-              f"{harness.fmt(g['pipelined_vs_bound'], '.3f')}x ({verdict(g['met'])})")
+        print(
+            f"  goal: pipelined within {PIPE_VS_BOUND}x of the bound -> "
+            f"{harness.fmt(g['pipelined_vs_bound'], '.3f')}x ({verdict(g['met'])})"
+        )
         harness.print_contention(epoch["cpu_contention"])
-    env = harness.environment(libraries={
-        "torch": getattr(torch, "__version__", None) if torch else None,
-        "torch_num_threads": torch.get_num_threads() if torch else None, **pinned},
-        runtime={"graph_event_loop": harness.graph_event_loop()})
+    env = harness.environment(
+        libraries={
+            "torch": getattr(torch, "__version__", None) if torch else None,
+            "torch_num_threads": torch.get_num_threads() if torch else None,
+            **pinned,
+        },
+        runtime={"graph_event_loop": harness.graph_event_loop()},
+    )
     result = harness.document(
-        "bench_models", argv, args.quick,
+        "bench_models",
+        argv,
+        args.quick,
         "part 1: first step's loss equals PyTorch's within 1e-4 relative; every run's last "
         "loss equal (1e-5 relative) to the warm-up run's; part 2: every epoch's losses equal "
         "(1e-5 relative) to a reference epoch of step() calls on the same batches",
-        steps=args.steps, batches=args.batches, repeat=args.repeat, workers=args.workers)
+        steps=args.steps,
+        batches=args.batches,
+        repeat=args.repeat,
+        workers=args.workers,
+    )
     result.update({"part1_steps": parts, "part2_epoch": epoch})
     return harness.finish(args.out, result, everyone, t_start, env, "computed wrong losses")
 

@@ -50,7 +50,7 @@ from harness import environment, write  # noqa: E402 - after the sys.path insert
 
 import actorflow as af  # noqa: E402 - after the sys.path insert
 
-LOOPS = [20000]             # calibrated: loop iterations for ~5 ms of pure Python
+LOOPS = [20000]  # calibrated: loop iterations for ~5 ms of pure Python
 
 
 def preprocess(x):
@@ -85,6 +85,7 @@ def hardware_ceiling(pieces: int) -> dict:
     """The stage's work on ``pieces`` pieces in one process, and split over two
     (multiprocessing, fork): how much two processes can gain on this machine at all."""
     import multiprocessing as mp
+
     t = time.perf_counter()
     _work(pieces)
     one = time.perf_counter() - t
@@ -102,10 +103,12 @@ def identity(x):
 
 def graph(pieces, size, replicas, buffers, fn=preprocess):
     g = af.ActorGraph(buffers=buffers)
-    src = g.source(lambda: (np.full(size, i % 97, np.float32) for i in range(pieces)),
-                   name="load", out=af.Spec((size,), af.float32))
-    g.sink(g.actor(fn, src, name="preprocess", replicas=replicas,
-                   out=af.Spec((size,), af.float32)))
+    src = g.source(
+        lambda: (np.full(size, i % 97, np.float32) for i in range(pieces)),
+        name="load",
+        out=af.Spec((size,), af.float32),
+    )
+    g.sink(g.actor(fn, src, name="preprocess", replicas=replicas, out=af.Spec((size,), af.float32)))
     return g
 
 
@@ -125,12 +128,13 @@ def main(argv=None) -> int:
     pieces = args.pieces or (120 if args.quick else 400)
     repeat = args.repeat or (2 if args.quick else 3)
     import ray
+
     t_start = time.perf_counter()
     stage_s = calibrate()
     ray.shutdown()
     engine = af.distributed.RayEngine(init={"num_cpus": 2})
     engine.start()
-    ray.get(ray.remote(lambda: LOOPS[0]).remote())      # warm the worker pool
+    ray.get(ray.remote(lambda: LOOPS[0]).remote())  # warm the worker pool
     nbytes = args.size * 4
 
     # every plain actor and task here asks a quarter CPU, actorflow's a tenth (a
@@ -166,8 +170,9 @@ def main(argv=None) -> int:
     engines = []
 
     def on_ray(buffers, batch, keep=False):
-        eng = af.distributed.RayEngine(batch=batch, keep_workers=keep,
-                                       placement={"preprocess": {"num_cpus": 0.1}})
+        eng = af.distributed.RayEngine(
+            batch=batch, keep_workers=keep, placement={"preprocess": {"num_cpus": 0.1}}
+        )
         engines.append(eng)
         g_kept = graph(pieces, args.size, 2, buffers)
 
@@ -175,6 +180,7 @@ def main(argv=None) -> int:
             g = g_kept if keep else graph(pieces, args.size, 2, buffers)
             outs = list(g.run(engine=eng))
             return outs, g.stats().memory["node:0"]["peak"]
+
         return run
 
     warm = [Pre.remote(LOOPS[0]) for _ in range(2)]
@@ -187,7 +193,7 @@ def main(argv=None) -> int:
     def plain_actors():
         actors = [Pre.remote(LOOPS[0]) for _ in range(2)]
         refs = [actors[i % 2].act.remote(ray.put(x)) for i, x in enumerate(items())]
-        held = 2 * len(refs) * nbytes            # every input and output pinned at once
+        held = 2 * len(refs) * nbytes  # every input and output pinned at once
         outs = [ray.get(r) for r in refs]
         for a in actors:
             ray.kill(a)
@@ -198,20 +204,23 @@ def main(argv=None) -> int:
         held = 2 * len(refs) * nbytes
         return [ray.get(r) for r in refs], held
 
-    contenders = {"actorflow local": local,
-                  "actorflow ray (batch=1)": on_ray(4, 1),
-                  "actorflow ray (batch=4)": on_ray(2, 4),
-                  "actorflow ray (batch=8)": on_ray(2, 8),
-                  "actorflow ray (batch=4, kept)": on_ray(2, 4, keep=True),
-                  "actorflow ray (batch=8, kept)": on_ray(2, 8, keep=True),
-                  "actorflow ray (batch=16, kept)": on_ray(2, 16, keep=True),
-                  "plain ray actors": plain_actors, "plain ray actors (kept)": plain_warm,
-                  "plain ray tasks": plain_tasks}
+    contenders = {
+        "actorflow local": local,
+        "actorflow ray (batch=1)": on_ray(4, 1),
+        "actorflow ray (batch=4)": on_ray(2, 4),
+        "actorflow ray (batch=8)": on_ray(2, 8),
+        "actorflow ray (batch=4, kept)": on_ray(2, 4, keep=True),
+        "actorflow ray (batch=8, kept)": on_ray(2, 8, keep=True),
+        "actorflow ray (batch=16, kept)": on_ray(2, 16, keep=True),
+        "plain ray actors": plain_actors,
+        "plain ray actors (kept)": plain_warm,
+        "plain ray tasks": plain_tasks,
+    }
     times = {k: [] for k in contenders}
     memory = {}
-    for r in range(repeat + 1):                  # round 0: untimed warm-up
+    for r in range(repeat + 1):  # round 0: untimed warm-up
         order = list(contenders)
-        order = order[r % len(order):] + order[:r % len(order)]
+        order = order[r % len(order) :] + order[: r % len(order)]
         for name in order:
             t = time.perf_counter()
             outs, held = contenders[name]()
@@ -220,11 +229,13 @@ def main(argv=None) -> int:
             if r:
                 times[name].append(dt)
                 memory[name] = held
-        print(f"[ray] round {r}/{repeat}: " + ", ".join(
-            f"{k}={times[k][-1] * 1e3:.0f}ms" for k in contenders if r and times[k]),
-            flush=True)
+        print(
+            f"[ray] round {r}/{repeat}: "
+            + ", ".join(f"{k}={times[k][-1] * 1e3:.0f}ms" for k in contenders if r and times[k]),
+            flush=True,
+        )
 
-    for eng in engines:                          # the kept processes end here
+    for eng in engines:  # the kept processes end here
         eng.close()
     for a in warm:
         ray.kill(a)
@@ -235,8 +246,11 @@ def main(argv=None) -> int:
 
     def over_ours():
         g = af.ActorGraph(buffers=8)
-        src = g.source(lambda: (np.full(4, i, np.float32) for i in range(tiny)), name="load",
-                       out=af.Spec((4,), af.float32))
+        src = g.source(
+            lambda: (np.full(4, i, np.float32) for i in range(tiny)),
+            name="load",
+            out=af.Spec((4,), af.float32),
+        )
         g.sink(g.actor(identity, src, name="id", out=af.Spec((4,), af.float32)))
         t = time.perf_counter()
         n = sum(1 for _ in g.run(engine=engine))
@@ -269,51 +283,80 @@ def main(argv=None) -> int:
     rate = {k: pieces / v for k, v in best.items()}
     plain_best = max(rate["plain ray actors"], rate["plain ray tasks"])
     warm_ratio = rate["actorflow ray (batch=4, kept)"] / rate["plain ray actors (kept)"]
-    ray_best = rate["actorflow ray (batch=4)"]          # the default batch
-    print(f"\nCPU-bound Python stage ({stage_s * 1e3:.2f} ms per piece measured alone), "
-          f"{pieces} pieces of {nbytes // 1024} KiB, 2 CPUs, best of {repeat}")
-    print(f"  {'contender':<30} {'best ms':>9} {'median ms':>10} {'pieces/s':>9} "
-          f"{'vs local':>9} {'vs plain':>9} {'memory held':>12}")
+    ray_best = rate["actorflow ray (batch=4)"]  # the default batch
+    print(
+        f"\nCPU-bound Python stage ({stage_s * 1e3:.2f} ms per piece measured alone), "
+        f"{pieces} pieces of {nbytes // 1024} KiB, 2 CPUs, best of {repeat}"
+    )
+    print(
+        f"  {'contender':<30} {'best ms':>9} {'median ms':>10} {'pieces/s':>9} "
+        f"{'vs local':>9} {'vs plain':>9} {'memory held':>12}"
+    )
     rows = {}
     for k in contenders:
-        rows[k] = {"best_s": best[k], "median_s": statistics.median(times[k]),
-                   "pieces_per_s": rate[k], "vs_local": rate[k] / rate["actorflow local"],
-                   "vs_plain_best": rate[k] / plain_best, "memory_bytes": memory[k]}
-        print(f"  {k:<30} {best[k] * 1e3:>9.0f} {rows[k]['median_s'] * 1e3:>10.0f} "
-              f"{rate[k]:>9.1f} {rows[k]['vs_local']:>8.2f}x {rows[k]['vs_plain_best']:>8.2f}x"
-              f" {memory[k] / 2**20:>9.1f} MiB")
-    print(f"  machine ceiling: the stage's work in 2 processes runs {ceiling['speedup']:.2f}x "
-          f"as fast as in 1 ({ceiling['two_processes_s'] * 1e3:.0f} against "
-          f"{ceiling['one_process_s'] * 1e3:.0f} ms, multiprocessing, no Ray)")
+        rows[k] = {
+            "best_s": best[k],
+            "median_s": statistics.median(times[k]),
+            "pieces_per_s": rate[k],
+            "vs_local": rate[k] / rate["actorflow local"],
+            "vs_plain_best": rate[k] / plain_best,
+            "memory_bytes": memory[k],
+        }
+        print(
+            f"  {k:<30} {best[k] * 1e3:>9.0f} {rows[k]['median_s'] * 1e3:>10.0f} "
+            f"{rate[k]:>9.1f} {rows[k]['vs_local']:>8.2f}x {rows[k]['vs_plain_best']:>8.2f}x"
+            f" {memory[k] / 2**20:>9.1f} MiB"
+        )
+    print(
+        f"  machine ceiling: the stage's work in 2 processes runs {ceiling['speedup']:.2f}x "
+        f"as fast as in 1 ({ceiling['two_processes_s'] * 1e3:.0f} against "
+        f"{ceiling['one_process_s'] * 1e3:.0f} ms, multiprocessing, no Ray)"
+    )
     goal_local = ray_best / rate["actorflow local"]
     goal_plain = ray_best / plain_best
     top = max((k for k in rate if k.startswith("actorflow ray")), key=rate.get)
     top_local = rate[top] / rate["actorflow local"]
-    print(f"  goal: actorflow ray >= 1.7x local -> {goal_local:.2f}x at the defaults "
-          f"({'MET' if goal_local >= 1.7 else 'NOT MET'}), {top_local:.2f}x with {top} "
-          f"({'MET' if top_local >= 1.7 else 'NOT MET'}); within 10% of plain Ray -> "
-          f"{goal_plain:.2f}x ({'MET' if goal_plain >= 0.9 else 'NOT MET'}); kept workers "
-          f"against kept plain actors: {warm_ratio:.2f}x")
+    print(
+        f"  goal: actorflow ray >= 1.7x local -> {goal_local:.2f}x at the defaults "
+        f"({'MET' if goal_local >= 1.7 else 'NOT MET'}), {top_local:.2f}x with {top} "
+        f"({'MET' if top_local >= 1.7 else 'NOT MET'}); within 10% of plain Ray -> "
+        f"{goal_plain:.2f}x ({'MET' if goal_plain >= 0.9 else 'NOT MET'}); kept workers "
+        f"against kept plain actors: {warm_ratio:.2f}x"
+    )
     ours_best = min(ours)
     per_ours = ours_best[0] / tiny * 1e6
     steady = min(o[3] for o in ours) / tiny * 1e6
-    print(f"  overhead per piece (identity stage, {tiny} tiny pieces): actorflow ray "
-          f"{per_ours:.0f} us/piece with the run's start ({steady:.0f} after its Ray actor "
-          f"processes are up; batches of 4), plain Ray actor calls pipelined "
-          f"{plain_p / tiny * 1e6:.0f} us/call, one at a time {plain_s / tiny * 1e6:.0f} us/call")
-    result = {"benchmark": "bench_ray", "argv": sys.argv[1:] if argv is None else argv,
-              "pieces": pieces, "piece_bytes": nbytes, "stage_s": stage_s, "repeat": repeat,
-              "contenders": rows,
-              "goals": {"ray_vs_local": goal_local, "ray_vs_plain": goal_plain,
-                        "best_ray": top, "best_ray_vs_local": top_local,
-                        "kept_vs_plain_kept": warm_ratio},
-              "machine_ceiling": ceiling,
-              "overhead_us_per_piece": {"actorflow_ray": per_ours,
-                                        "actorflow_ray_after_start": steady,
-                                        "plain_actor_pipelined": plain_p / tiny * 1e6,
-                                        "plain_actor_sync": plain_s / tiny * 1e6},
-              "env": environment({"ray": ray.__version__}),
-              "wall_s": time.perf_counter() - t_start}
+    print(
+        f"  overhead per piece (identity stage, {tiny} tiny pieces): actorflow ray "
+        f"{per_ours:.0f} us/piece with the run's start ({steady:.0f} after its Ray actor "
+        f"processes are up; batches of 4), plain Ray actor calls pipelined "
+        f"{plain_p / tiny * 1e6:.0f} us/call, one at a time {plain_s / tiny * 1e6:.0f} us/call"
+    )
+    result = {
+        "benchmark": "bench_ray",
+        "argv": sys.argv[1:] if argv is None else argv,
+        "pieces": pieces,
+        "piece_bytes": nbytes,
+        "stage_s": stage_s,
+        "repeat": repeat,
+        "contenders": rows,
+        "goals": {
+            "ray_vs_local": goal_local,
+            "ray_vs_plain": goal_plain,
+            "best_ray": top,
+            "best_ray_vs_local": top_local,
+            "kept_vs_plain_kept": warm_ratio,
+        },
+        "machine_ceiling": ceiling,
+        "overhead_us_per_piece": {
+            "actorflow_ray": per_ours,
+            "actorflow_ray_after_start": steady,
+            "plain_actor_pipelined": plain_p / tiny * 1e6,
+            "plain_actor_sync": plain_s / tiny * 1e6,
+        },
+        "env": environment({"ray": ray.__version__}),
+        "wall_s": time.perf_counter() - t_start,
+    }
     write(Path(args.out), result, result["wall_s"])
     ray.shutdown()
     return 0

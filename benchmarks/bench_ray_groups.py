@@ -82,9 +82,11 @@ def cheap_cost(size: int) -> dict:
 def graph(pieces: int, size: int):
     spec = af.Spec((size,), af.float32)
 
-    def read():                 # a zero-argument function: it pickles to a Ray process
-        return (np.full(size, i % 97, np.float32) + np.arange(size, dtype=np.float32)
-                for i in range(pieces))
+    def read():  # a zero-argument function: it pickles to a Ray process
+        return (
+            np.full(size, i % 97, np.float32) + np.arange(size, dtype=np.float32)
+            for i in range(pieces)
+        )
 
     g = af.ActorGraph()
     x = g.source(read, name="load", out=spec)
@@ -100,12 +102,14 @@ def main(argv=None) -> int:
     p.add_argument("--pieces", type=int, default=None)
     p.add_argument("--size", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=None)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"
-                                         / "bench_ray_groups.json"))
+    p.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "bench_ray_groups.json")
+    )
     args = p.parse_args(argv)
     pieces = args.pieces or (60 if args.quick else 240)
     repeat = args.repeat or (1 if args.quick else 3)
     import ray
+
     # bench_ray's functions go to the Ray processes by value, with the calibration made
     # here (by reference they would be imported there, uncalibrated)
     ray.cloudpickle.register_pickle_by_value(bench_ray)
@@ -127,20 +131,25 @@ def main(argv=None) -> int:
     # scheduling label, it does not slow anything), else the automatic equal share of
     # the first engine's run would hold the cluster's 2 CPUs and the others could not start
     def engine(units, **kw):
-        return af.distributed.RayEngine(keep_workers=True, **kw, placement={
-            u: {"num_cpus": 0.125} for u in units + ["preprocess"]})
+        return af.distributed.RayEngine(
+            keep_workers=True,
+            **kw,
+            placement={u: {"num_cpus": 0.125} for u in units + ["preprocess"]},
+        )
+
     engines = {
         "ray, a process per stage": engine(CHEAP),
         "ray, grouped, fuse=False": engine(["light"], groups={"light": CHEAP}, fuse=False),
         "ray, grouped, fused": engine(["light"], groups={"light": CHEAP}),
-        "ray, grouped with the source": engine(["io"], groups={"io": ["load"] + CHEAP})}
-    graphs = {k: graph(pieces, args.size) for k in engines}     # kept processes: per graph
+        "ray, grouped with the source": engine(["io"], groups={"io": ["load"] + CHEAP}),
+    }
+    graphs = {k: graph(pieces, args.size) for k in engines}  # kept processes: per graph
     graphs["local"] = graph(pieces, args.size)
     contenders = ["local"] + list(engines)
     times = {k: [] for k in contenders}
     procs, fused = {}, {}
-    for r in range(repeat + 1):                 # round 0: untimed warm-up
-        order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+    for r in range(repeat + 1):  # round 0: untimed warm-up
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for name in order:
             g = graphs[name]
             t = time.perf_counter()
@@ -149,21 +158,26 @@ def main(argv=None) -> int:
             check(name, outs)
             if name != "local":
                 rows = g.stats().actors
-                hosted = set(rows) if "load" in engines[name].groups.get("io", []) \
+                hosted = (
+                    set(rows)
+                    if "load" in engines[name].groups.get("io", [])
                     else set(rows) - {"load"}
+                )
                 procs[name] = len({pid for n in hosted for pid in rows[n]["processes"]})
                 fused[name] = sum(rows[n]["fused_acts"] for n in rows)
             if r:
                 times[name].append(dt)
-        print(f"[ray groups] round {r}/{repeat}: " + ", ".join(
-            f"{k}={times[k][-1] * 1e3:.0f}ms" for k in contenders if r and times[k]),
-            flush=True)
-    for eng in engines.values():                # the kept processes end here
+        print(
+            f"[ray groups] round {r}/{repeat}: "
+            + ", ".join(f"{k}={times[k][-1] * 1e3:.0f}ms" for k in contenders if r and times[k]),
+            flush=True,
+        )
+    for eng in engines.values():  # the kept processes end here
         eng.close()
 
     # smoke checks: the grouping and fusion did what they say
-    assert procs["ray, a process per stage"] == 5, procs      # 3 cheap + 2 replicas
-    assert procs["ray, grouped, fuse=False"] == 3, procs      # 1 group + 2 replicas
+    assert procs["ray, a process per stage"] == 5, procs  # 3 cheap + 2 replicas
+    assert procs["ray, grouped, fuse=False"] == 3, procs  # 1 group + 2 replicas
     assert procs["ray, grouped, fused"] == 3, procs
     assert procs["ray, grouped with the source"] == 3, procs  # the source in the group's
     assert fused["ray, a process per stage"] == 0 and fused["ray, grouped, fuse=False"] == 0
@@ -173,27 +187,46 @@ def main(argv=None) -> int:
     rate = {k: pieces / v for k, v in best.items()}
     apart = rate["ray, a process per stage"]
     alone = ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in cheap_s.items())
-    print(f"\n3 cheap numpy stages ({alone} per piece alone) then a pure-Python stage "
-          f"({stage_s * 1e3:.2f} ms per piece, "
-          f"replicas=2), {pieces} pieces of {nbytes // 1024} KiB, 2 CPUs, kept processes, "
-          f"best of {repeat}")
-    print(f"  {'contender':<30} {'best ms':>8} {'median ms':>10} {'pieces/s':>9} "
-          f"{'vs local':>9} {'vs apart':>9} {'Ray procs':>10} {'fused acts':>11}")
+    print(
+        f"\n3 cheap numpy stages ({alone} per piece alone) then a pure-Python stage "
+        f"({stage_s * 1e3:.2f} ms per piece, "
+        f"replicas=2), {pieces} pieces of {nbytes // 1024} KiB, 2 CPUs, kept processes, "
+        f"best of {repeat}"
+    )
+    print(
+        f"  {'contender':<30} {'best ms':>8} {'median ms':>10} {'pieces/s':>9} "
+        f"{'vs local':>9} {'vs apart':>9} {'Ray procs':>10} {'fused acts':>11}"
+    )
     rows = {}
     for k in contenders:
         med = statistics.median(times[k])
-        rows[k] = {"best_s": best[k], "median_s": med, "pieces_per_s": rate[k],
-                   "pieces_per_s_median": pieces / med,
-                   "vs_local": rate[k] / rate["local"], "vs_process_per_stage": rate[k] / apart,
-                   "ray_processes": procs.get(k, 0), "fused_acts": fused.get(k, 0)}
-        print(f"  {k:<30} {best[k] * 1e3:>8.0f} {med * 1e3:>10.0f} {rate[k]:>9.1f} "
-              f"{rows[k]['vs_local']:>8.2f}x {rows[k]['vs_process_per_stage']:>8.2f}x "
-              f"{rows[k]['ray_processes']:>10} {rows[k]['fused_acts']:>11}")
-    result = {"benchmark": "bench_ray_groups", "argv": sys.argv[1:] if argv is None else argv,
-              "pieces": pieces, "piece_bytes": nbytes, "stage_s": stage_s,
-              "cheap_stage_s": cheap_s, "repeat": repeat, "contenders": rows,
-              "env": environment({"ray": ray.__version__}),
-              "wall_s": time.perf_counter() - t_start}
+        rows[k] = {
+            "best_s": best[k],
+            "median_s": med,
+            "pieces_per_s": rate[k],
+            "pieces_per_s_median": pieces / med,
+            "vs_local": rate[k] / rate["local"],
+            "vs_process_per_stage": rate[k] / apart,
+            "ray_processes": procs.get(k, 0),
+            "fused_acts": fused.get(k, 0),
+        }
+        print(
+            f"  {k:<30} {best[k] * 1e3:>8.0f} {med * 1e3:>10.0f} {rate[k]:>9.1f} "
+            f"{rows[k]['vs_local']:>8.2f}x {rows[k]['vs_process_per_stage']:>8.2f}x "
+            f"{rows[k]['ray_processes']:>10} {rows[k]['fused_acts']:>11}"
+        )
+    result = {
+        "benchmark": "bench_ray_groups",
+        "argv": sys.argv[1:] if argv is None else argv,
+        "pieces": pieces,
+        "piece_bytes": nbytes,
+        "stage_s": stage_s,
+        "cheap_stage_s": cheap_s,
+        "repeat": repeat,
+        "contenders": rows,
+        "env": environment({"ray": ray.__version__}),
+        "wall_s": time.perf_counter() - t_start,
+    }
     write(Path(args.out), result, result["wall_s"])
     ray.shutdown()
     return 0

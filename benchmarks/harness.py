@@ -45,6 +45,7 @@ RESULTS = HERE / "results"
 
 # -- contenders and rounds -----------------------------------------------------------------
 
+
 class Contender:
     """One row of a benchmark: ``fn(*inputs)`` is the timed work, ``check(result, ref)`` says
     what is wrong with its result (a string) or returns None when it is right.
@@ -57,8 +58,20 @@ class Contender:
     given one. ``fields`` (note, baseline, ...) head the row's ``summary()``, in the order
     given; ``extra`` is appended to it."""
 
-    def __init__(self, name, fn, check, *, ref=None, fetch=None, setup=None, teardown=None,
-                 after=None, pause=0.0, **fields):
+    def __init__(
+        self,
+        name,
+        fn,
+        check,
+        *,
+        ref=None,
+        fetch=None,
+        setup=None,
+        teardown=None,
+        after=None,
+        pause=0.0,
+        **fields,
+    ):
         self.name, self.fn, self.check, self.ref = name, fn, check, ref
         self.fetch, self.setup, self.teardown = fetch, setup, teardown
         self.after, self.pause = after, pause
@@ -87,8 +100,9 @@ class Contender:
                 self.teardown()
         try:
             value = self.after() if self.after else None
-            failure = self.check(self.fetch(out) if self.fetch else out,
-                                 self.ref if ref is None else ref)
+            failure = self.check(
+                self.fetch(out) if self.fetch else out, self.ref if ref is None else ref
+            )
         except Exception as e:  # noqa: BLE001
             self.errors.append(f"fetching the result: {type(e).__name__}: {e}")
             traceback.print_exc()
@@ -121,9 +135,14 @@ class Contender:
     def summary(self, per: int | None = None, unit: str = "op") -> dict:
         """The row for the JSON; with ``per``, also ``best_us_per_<unit>`` and
         ``median_us_per_<unit>`` (the time divided by ``per``)."""
-        d = {**self.fields, "ok": self.ok, "checks_passed": self.checks_passed,
-             "check_failures": self.check_failures, "errors": self.errors,
-             "times_s": self.times}
+        d = {
+            **self.fields,
+            "ok": self.ok,
+            "checks_passed": self.checks_passed,
+            "check_failures": self.check_failures,
+            "errors": self.errors,
+            "times_s": self.times,
+        }
         if self.times:
             best, med = min(self.times), statistics.median(self.times)
             d.update(best_s=best, median_s=med)
@@ -134,8 +153,17 @@ class Contender:
         return d
 
 
-def run_rounds(contenders: list, repeat: int, label: str, *, inputs=(), ref=None,
-               warmup=None, warmup_note: str = "", ms_digits: int = 1) -> None:
+def run_rounds(
+    contenders: list,
+    repeat: int,
+    label: str,
+    *,
+    inputs=(),
+    ref=None,
+    warmup=None,
+    warmup_note: str = "",
+    ms_digits: int = 1,
+) -> None:
     """One untimed warm-up run each, then ``repeat`` interleaved timed rounds, the order
     rotated every round so no one always goes first. ``inputs`` and ``ref`` go to every
     ``run_once``; ``warmup`` is the warm-up's ``(inputs, ref)`` where it differs."""
@@ -148,9 +176,13 @@ def run_rounds(contenders: list, repeat: int, label: str, *, inputs=(), ref=None
         for c in contenders[k:] + contenders[:k]:
             if not c.errors:
                 c.run_once(True, inputs, ref)
-        print(f"[{label}] round {r + 1}/{repeat}: " + ", ".join(
-            f"{c.name}={c.times[-1] * 1e3:.{ms_digits}f}ms" for c in contenders if c.times),
-            flush=True)
+        print(
+            f"[{label}] round {r + 1}/{repeat}: "
+            + ", ".join(
+                f"{c.name}={c.times[-1] * 1e3:.{ms_digits}f}ms" for c in contenders if c.times
+            ),
+            flush=True,
+        )
 
 
 def threads_queue(source, fns, maxsize: int) -> list:
@@ -181,14 +213,16 @@ def threads_queue(source, fns, maxsize: int) -> list:
                 put(f(x))
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
-            while qin.get() is not end:   # drain so the producer never blocks forever
+            while qin.get() is not end:  # drain so the producer never blocks forever
                 pass
         finally:
             qout.put(end)
 
     threads = [threading.Thread(target=produce, daemon=True)]
-    threads += [threading.Thread(target=work, args=(f, qs[i], qs[i + 1]), daemon=True)
-                for i, f in enumerate(fns)]
+    threads += [
+        threading.Thread(target=work, args=(f, qs[i], qs[i + 1]), daemon=True)
+        for i, f in enumerate(fns)
+    ]
     for t in threads:
         t.start()
     out, get = [], qs[-1].get
@@ -206,6 +240,7 @@ def threads_queue(source, fns, maxsize: int) -> list:
 
 # -- the machine ---------------------------------------------------------------------------
 
+
 def loadavg() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
@@ -222,13 +257,18 @@ class CpuContention:
     def _sample():
         try:
             import resource
+
             with open("/proc/stat") as f:
                 vals = [int(v) for v in f.readline().split()[1:]]
             hz = os.sysconf("SC_CLK_TCK")
             idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
             ru = resource.getrusage(resource.RUSAGE_SELF)
-            return (sum(vals) / hz, (sum(vals) - idle) / hz, ru.ru_utime + ru.ru_stime,
-                    time.perf_counter())
+            return (
+                sum(vals) / hz,
+                (sum(vals) - idle) / hz,
+                ru.ru_utime + ru.ru_stime,
+                time.perf_counter(),
+            )
         except Exception:  # noqa: BLE001
             return None
 
@@ -238,19 +278,26 @@ class CpuContention:
             return None
         total, busy, own, wall = (b - a for a, b in zip(self.t0, t1, strict=True))
         other = max(busy - own, 0.0)
-        return {"wall_s": round(wall, 3), "cpu_s_available": round(total, 2),
-                "cpu_s_busy_all": round(busy, 2), "cpu_s_this_process": round(own, 2),
-                "cpu_s_other_processes": round(other, 2), "loadavg_1min_after": loadavg(),
-                "other_processes_fraction": round(other / max(total, 1e-9), 3)}
+        return {
+            "wall_s": round(wall, 3),
+            "cpu_s_available": round(total, 2),
+            "cpu_s_busy_all": round(busy, 2),
+            "cpu_s_this_process": round(own, 2),
+            "cpu_s_other_processes": round(other, 2),
+            "loadavg_1min_after": loadavg(),
+            "other_processes_fraction": round(other / max(total, 1e-9), 3),
+        }
 
 
 def print_contention(c: dict | None, label: str = "") -> None:
     """The report's line on a ``CpuContention.result()`` (nothing when there is none)."""
     if c:
         frac = c["other_processes_fraction"]
-        print(f"  {label}other processes used {c['cpu_s_other_processes']:.1f} of "
-              f"{c['cpu_s_available']:.1f} CPU-s available ({frac:.0%})"
-              + ("  <- machine was shared; timings are noisy" if frac > 0.1 else ""))
+        print(
+            f"  {label}other processes used {c['cpu_s_other_processes']:.1f} of "
+            f"{c['cpu_s_available']:.1f} CPU-s available ({frac:.0%})"
+            + ("  <- machine was shared; timings are noisy" if frac > 0.1 else "")
+        )
 
 
 def try_import(name):
@@ -265,8 +312,9 @@ def try_import(name):
 def git(*cmd) -> str | None:
     """``git *cmd`` in the repository: its output, None when git could not run."""
     try:
-        return subprocess.run(["git", *cmd], cwd=REPO, text=True, capture_output=True,
-                              timeout=5).stdout.strip()
+        return subprocess.run(
+            ["git", *cmd], cwd=REPO, text=True, capture_output=True, timeout=5
+        ).stdout.strip()
     except Exception:  # noqa: BLE001
         return None
 
@@ -278,6 +326,7 @@ def loop_type(loop) -> str | None:
 def graph_event_loop() -> str:
     """The type of the event loop an ActorGraph/Pipeline run uses (read only)."""
     from actorflow.eventloop import new_event_loop
+
     loop = new_event_loop()
     try:
         return loop_type(loop)
@@ -291,6 +340,7 @@ def environment(libraries: dict | None = None, runtime: dict | None = None) -> d
     contenders' versions) go after actorflow's entries, ``runtime`` (event loop, settings)
     after uvloop's."""
     import actorflow as af
+
     uvloop = try_import("uvloop")
     dirty = git("diff", "--name-only", "HEAD", "--", "actorflow")
     return {
@@ -315,41 +365,56 @@ def environment(libraries: dict | None = None, runtime: dict | None = None) -> d
 
 # -- command line --------------------------------------------------------------------------
 
+
 class ArgumentParser(argparse.ArgumentParser):
     """A benchmark's command line: described by the first paragraph of ``doc``, with
     ``--quick``; ``parse_args`` fills the options added by ``add_sized`` that were not given
     with their full or quick default."""
 
     def __init__(self, doc: str, quick_help: str):
-        super().__init__(description=doc.split("\n\n")[0],
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        super().__init__(
+            description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         self.add_argument("--quick", action="store_true", help=quick_help)
         self.sized: dict[str, tuple] = {}
 
     def add_sized(self, flag: str, full, quick, help: str, type=int) -> None:
         """An option defaulting to ``full``, or ``quick`` with --quick; ``help`` may name
         them as ``{full}`` and ``{quick}``."""
-        action = self.add_argument(flag, type=type, default=None,
-                                   help=help.format(full=full, quick=quick))
+        action = self.add_argument(
+            flag, type=type, default=None, help=help.format(full=full, quick=quick)
+        )
         self.sized[action.dest] = (full, quick)
 
     def add_repeat(self, full: int, quick: int) -> None:
-        self.add_sized("--repeat", full, quick,
-                       "timed rounds per contender (best-of-N); default {full}, quick {quick}")
+        self.add_sized(
+            "--repeat",
+            full,
+            quick,
+            "timed rounds per contender (best-of-N); default {full}, quick {quick}",
+        )
 
     def add_threads(self) -> None:
         """``--threads N``: BLAS (and every contender's own kernels) pinned to N threads,
         for every contender alike (see ``pin_threads``)."""
-        self.add_argument("--threads", type=int, default=None,
-                          help="pin BLAS to N threads for every contender: OMP_NUM_THREADS, "
-                               "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS set before numpy loads "
-                               "(the benchmark restarts itself with them) and "
-                               "torch.set_num_threads(N); default: each library's own")
+        self.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="pin BLAS to N threads for every contender: OMP_NUM_THREADS, "
+            "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS set before numpy loads "
+            "(the benchmark restarts itself with them) and "
+            "torch.set_num_threads(N); default: each library's own",
+        )
 
     def add_out(self, benchmark: str) -> None:
         default = RESULTS / f"{benchmark}.json"
-        self.add_argument("--out", type=Path, default=default,
-                          help=f"JSON results path (default {default.relative_to(REPO)})")
+        self.add_argument(
+            "--out",
+            type=Path,
+            default=default,
+            help=f"JSON results path (default {default.relative_to(REPO)})",
+        )
 
     def parse_args(self, args=None, namespace=None):
         ns = super().parse_args(args, namespace)
@@ -373,17 +438,21 @@ def pin_threads(threads, argv) -> dict:
     want = str(threads)
     if any(os.environ.get(v) != want for v in THREAD_VARS):
         if argv is not None:
-            raise SystemExit(f"--threads {threads}: set {', '.join(THREAD_VARS)}={want} in the "
-                             f"environment before numpy loads (or run the benchmark as a "
-                             f"script)")
+            raise SystemExit(
+                f"--threads {threads}: set {', '.join(THREAD_VARS)}={want} in the "
+                f"environment before numpy loads (or run the benchmark as a "
+                f"script)"
+            )
         for v in THREAD_VARS:
             os.environ[v] = want
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable] + sys.argv)
-    return {"threads": threads,
-            "threads_note": f"BLAS pinned to {threads} thread(s) for every contender: "
-                            f"{', '.join(THREAD_VARS)}={want} set before numpy loaded, "
-                            f"torch.set_num_threads({threads})"}
+    return {
+        "threads": threads,
+        "threads_note": f"BLAS pinned to {threads} thread(s) for every contender: "
+        f"{', '.join(THREAD_VARS)}={want} set before numpy loaded, "
+        f"torch.set_num_threads({threads})",
+    }
 
 
 def pin_torch(torch, threads) -> None:
@@ -393,6 +462,7 @@ def pin_torch(torch, threads) -> None:
 
 
 # -- report --------------------------------------------------------------------------------
+
 
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
@@ -419,34 +489,40 @@ def status(row: dict) -> str:
     return "ok" if row["ok"] else "FAIL " + "; ".join(row["errors"] + row["check_failures"])[:80]
 
 
-def print_table(rows: dict, columns: list, name_width: int, *, notes: bool = False,
-                lead=()) -> None:
+def print_table(
+    rows: dict, columns: list, name_width: int, *, notes: bool = False, lead=()
+) -> None:
     """Header, rule, then a line per row of ``rows`` (name -> ``summary()``): the name, the
     columns, the check; with ``notes``, the row's note on a line of its own. ``lead``:
     lines printed between the rule and the rows."""
-    hdr = f"  {'contender':<{name_width}}" + "".join(
-        f"{c.header:>{c.width}}" for c in columns) + "  check"
+    hdr = (
+        f"  {'contender':<{name_width}}"
+        + "".join(f"{c.header:>{c.width}}" for c in columns)
+        + "  check"
+    )
     print(hdr)
     print("  " + "-" * (len(hdr) - 2))
     for line in lead:
         print(line)
     for name, s in rows.items():
-        print(f"  {name:<{name_width}}" + "".join(c.cell(s) for c in columns)
-              + f"  {status(s)}")
+        print(f"  {name:<{name_width}}" + "".join(c.cell(s) for c in columns) + f"  {status(s)}")
         if notes and s.get("note"):
             print(f"  {'':<{name_width}}  ({s['note']})")
 
 
-def document(benchmark: str, argv, quick: bool, check: str, warmup: str = "",
-             **params) -> dict:
+def document(benchmark: str, argv, quick: bool, check: str, warmup: str = "", **params) -> dict:
     """The head of a results document: the benchmark, its arguments (``argv``, None for the
     command line's), ``quick``, the ``params`` (sizes, rounds), how it is timed (``warmup``
     qualifies the warm-up, e.g. " on a shorter stream") and how every run is checked."""
-    return {"benchmark": benchmark, "argv": sys.argv[1:] if argv is None else list(argv),
-            "quick": quick, **params,
-            "timing": "best of N interleaved rounds (order rotated each round) after one "
-                      f"untimed warm-up{warmup}; median recorded too",
-            "check": check}
+    return {
+        "benchmark": benchmark,
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "quick": quick,
+        **params,
+        "timing": "best of N interleaved rounds (order rotated each round) after one "
+        f"untimed warm-up{warmup}; median recorded too",
+        "check": check,
+    }
 
 
 def write(out: Path, result: dict, wall: float) -> None:
@@ -457,8 +533,15 @@ def write(out: Path, result: dict, wall: float) -> None:
     print(f"wrote {out}  (wall time {wall:.1f} s)")
 
 
-def finish(out: Path, result: dict, contenders: list, t_start: float, env: dict, wrong: str,
-           rest: dict | None = None) -> int:
+def finish(
+    out: Path,
+    result: dict,
+    contenders: list,
+    t_start: float,
+    env: dict,
+    wrong: str,
+    rest: dict | None = None,
+) -> int:
     """Completes ``result`` with ``all_checks_ok``, ``wall_time_s`` (since ``t_start``),
     ``environment`` and then ``rest``, writes it to ``out`` as JSON and returns the exit
     status: 0 when every contender is ok, else 1 with the failures on stderr (``wrong``:

@@ -29,6 +29,7 @@ def eager_steps(model, opt, lossf, x, y, k: int):
 def make_train_step(af):
     """``TrainStep(model, opt)``: an ``nn.Graph`` whose ``build(x, y)`` computes the loss,
     runs backward and returns the loss, the optimizer added."""
+
     class TrainStep(af.nn.Graph):
         def __init__(self, model, opt):
             super().__init__()
@@ -40,6 +41,7 @@ def make_train_step(af):
             loss = self.loss(self.model(x), y)
             loss.backward()
             return loss
+
     return TrainStep
 
 
@@ -60,8 +62,9 @@ class AfTrainer:
         self.reset()
 
     def new_optimizer(self):
-        return getattr(self.af.optim, self.spec["optim"])(self.model.parameters(),
-                                                          **self.spec["options"])
+        return getattr(self.af.optim, self.spec["optim"])(
+            self.model.parameters(), **self.spec["options"]
+        )
 
     def reset(self) -> None:
         af = self.af
@@ -116,9 +119,10 @@ class TorchTrainer:
         self.reset()
 
     def reset(self) -> None:
-        self.model.load_state_dict(self.saved)      # copies: same layout as actorflow's
-        self.opt = getattr(self.torch.optim, self.spec["optim"])(self.model.parameters(),
-                                                                 **self.spec["options"])
+        self.model.load_state_dict(self.saved)  # copies: same layout as actorflow's
+        self.opt = getattr(self.torch.optim, self.spec["optim"])(
+            self.model.parameters(), **self.spec["options"]
+        )
 
     def steps(self, x, y, k: int) -> float:
         return eager_steps(self.model, self.opt, self.lossf, x, y, k).item()
@@ -147,13 +151,16 @@ class LossChecks:
             if not isinstance(loss, float) or not math.isfinite(loss):
                 return f"loss after {self.k} steps is {loss!r}, not a finite float"
             if not seen:
-                seen.append(loss)           # the warm-up run: the reference for the rest
+                seen.append(loss)  # the warm-up run: the reference for the rest
                 self.last_loss[name] = loss
                 return None
             if rel(loss, seen[0]) > self.rtol:
-                return (f"loss after {self.k} steps {loss!r} != {seen[0]!r} of the warm-up "
-                        f"run (not the same work from the same start)")
+                return (
+                    f"loss after {self.k} steps {loss!r} != {seen[0]!r} of the warm-up "
+                    f"run (not the same work from the same start)"
+                )
             return None
+
         return check
 
     @staticmethod
@@ -163,4 +170,5 @@ class LossChecks:
                 c.check_failures.append(
                     f"first step's loss {first[c.name]!r} != {ref_name}'s "
                     f"{first[ref_name]!r} within {first_rtol} relative (not the same initial "
-                    f"weights or math)")
+                    f"weights or math)"
+                )

@@ -4,8 +4,8 @@ import asyncio
 
 import actorflow as af
 
-x = af.tensor([[1., -1.], [1., -1.]])          # float32 on cpu by default
-y = af.relu(x)                                 # returns at once: the work is queued
+x = af.tensor([[1.0, -1.0], [1.0, -1.0]])  # float32 on cpu by default
+y = af.relu(x)  # returns at once: the work is queued
 # prints: tensor([[1., 0.], [1., 0.]], dtype=actorflow.float32)
 print(y)
 z = (x @ x.T).sum(dim=1, keepdim=True) + 1
@@ -13,9 +13,9 @@ print(z.numpy())
 af.synchronize()
 
 
-async def main():                              # inside a running event loop
+async def main():  # inside a running event loop
     w = af.relu(x) * 2
-    print(await w.numpy_async())               # never blocks the loop
+    print(await w.numpy_async())  # never blocks the loop
 
 
 asyncio.run(main())

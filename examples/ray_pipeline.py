@@ -48,8 +48,7 @@ PIECES = [64]
 def graph() -> af.ActorGraph:
     g = af.ActorGraph(buffers=2)
     x = g.source(load, name="load", out=af.Spec((SIZE,), af.float32))
-    x = g.actor(preprocess, x, name="preprocess", replicas=2,
-                out=af.Spec((SIZE,), af.float32))
+    x = g.actor(preprocess, x, name="preprocess", replicas=2, out=af.Spec((SIZE,), af.float32))
     x = g.actor(augment, x, name="augment", out=af.Spec((SIZE,), af.float32))
     g.sink(g.actor(features, x, name="features", out=af.Spec((4,), af.float32)))
     return g
@@ -67,24 +66,30 @@ def main(argv=None) -> int:
     t_local = time.perf_counter() - t
     print(f"local: {len(local)} pieces in {t_local:.2f} s")
     engine = af.distributed.RayEngine(
-        address=args.address, init={"num_cpus": 2},
-        placement={"preprocess": {"num_cpus": 0.5},      # 2 replicas: 1 CPU in all
-                   "light": {"num_cpus": 0.5}},          # the group: one process
+        address=args.address,
+        init={"num_cpus": 2},
+        placement={
+            "preprocess": {"num_cpus": 0.5},  # 2 replicas: 1 CPU in all
+            "light": {"num_cpus": 0.5},
+        },  # the group: one process
         groups={"light": ["augment", "features"]},
-        memory={"node:0": "8MiB"})
+        memory={"node:0": "8MiB"},
+    )
     t = time.perf_counter()
     remote = list(g.run(engine=engine))
     t_ray = time.perf_counter() - t
     stats = g.stats()
-    print(f"ray:   {len(remote)} pieces in {t_ray:.2f} s (Ray actor processes started "
-          f"in the run)")
+    print(f"ray:   {len(remote)} pieces in {t_ray:.2f} s (Ray actor processes started in the run)")
     print(stats)
     for name in ("preprocess", "augment", "features"):
         row = stats.actors[name]
-        print(f"  {name}: processes {row['processes']}, acts in a call sent for the stage "
-              f"before it: {row['fused_acts']}")
-    same = len(local) == len(remote) and all(np.array_equal(a, b)
-                                             for a, b in zip(local, remote, strict=True))
+        print(
+            f"  {name}: processes {row['processes']}, acts in a call sent for the stage "
+            f"before it: {row['fused_acts']}"
+        )
+    same = len(local) == len(remote) and all(
+        np.array_equal(a, b) for a, b in zip(local, remote, strict=True)
+    )
     print("outputs equal to the local run:", same)
     return 0 if same else 1
 

@@ -40,7 +40,7 @@ def test_simulated_time_on_a_virtual_clock(af_seed):
     """Under af_seed, time= (simulated seconds per act) runs on a virtual clock: an hour
     of simulated acts takes no real hour."""
     g = af.ActorGraph()
-    src = g.source(range(60), name="load", time=60.0)          # a minute per piece
+    src = g.source(range(60), name="load", time=60.0)  # a minute per piece
     g.sink(g.actor(lambda x: x, src, name="work", time=30.0))
     assert len(list(g.run())) == 60
     assert g.stats().wall_s >= 3600
@@ -63,7 +63,7 @@ def test_null_device_latency(af_null):
     t = time.perf_counter()
     y = x @ x
     af.synchronize()
-    assert time.perf_counter() - t >= 0.01             # (a lower bound: no flaky upper one)
+    assert time.perf_counter() - t >= 0.01  # (a lower bound: no flaky upper one)
     assert y.shape == (256, 256) and y.device == dev
 
 
@@ -77,7 +77,7 @@ async def test_a_slow_consumer_blocks_every_actor():
     await af.testing.wait_all_actors_blocked(g)
     stats = g.stats()
     assert stats.state == "running"
-    assert stats.actors["load"]["acts"] < 100          # held back by its credits
+    assert stats.actors["load"]["acts"] < 100  # held back by its credits
     await run.aclose()
     assert float(first[0]) == 1.0
 
@@ -86,6 +86,7 @@ async def test_a_slow_consumer_blocks_every_actor():
 def test_on_a_gpu():
     """af_gpu: skipped, with the reason, where there is no CUDA GPU."""
     import cupy
+
     assert int(cupy.arange(4).sum()) == 6
 
 

@@ -1,6 +1,6 @@
 """The TinyModel of PyTorch's tutorials, on actorflow: print it, run it, train it a step.
 
-    python examples/tiny_model.py
+python examples/tiny_model.py
 """
 
 import actorflow as af

@@ -43,18 +43,22 @@ from actorflow import nn, optim
 from actorflow.data import DataLoader, Dataset
 
 CLASSES, SIDE, BATCH, WORKERS = 10, 8, 64, 2
-MEAN, STD = 0.3, 0.4            # of the digits' pixels scaled to [0, 1]
+MEAN, STD = 0.3, 0.4  # of the digits' pixels scaled to [0, 1]
 MODES = ("eager", "graph", "fused")
-GOAL = 0.97                     # test accuracy with the defaults
+GOAL = 0.97  # test accuracy with the defaults
 
 
 def need_extra() -> None:
     """Exits with the install line when scikit-learn or Pillow is missing."""
-    missing = [m for m, mod in (("scikit-learn", "sklearn"), ("Pillow", "PIL"))
-               if importlib.util.find_spec(mod) is None]
+    missing = [
+        m
+        for m, mod in (("scikit-learn", "sklearn"), ("Pillow", "PIL"))
+        if importlib.util.find_spec(mod) is None
+    ]
     if missing:
-        sys.exit(f"train_digits_cnn.py needs {' and '.join(missing)}: "
-                 f"pip install 'actorflow[examples]'")
+        sys.exit(
+            f"train_digits_cnn.py needs {' and '.join(missing)}: pip install 'actorflow[examples]'"
+        )
 
 
 def digits_as_pngs(root: pathlib.Path) -> tuple[list, np.ndarray]:
@@ -64,15 +68,17 @@ def digits_as_pngs(root: pathlib.Path) -> tuple[list, np.ndarray]:
     if not labels_file.exists():
         from PIL import Image
         from sklearn.datasets import load_digits
+
         digits = load_digits()
         pixels = np.round(digits.images * (255 / 16)).astype(np.uint8)
         root.parent.mkdir(parents=True, exist_ok=True)
         part = pathlib.Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
         for i, img in enumerate(pixels):
             Image.fromarray(img).save(part / f"{i:04d}.png")
-        (part / "labels.txt").write_text("".join(f"{i:04d}.png {t}\n"
-                                                 for i, t in enumerate(digits.target)))
-        try:                            # whole or not at all: another run may race us
+        (part / "labels.txt").write_text(
+            "".join(f"{i:04d}.png {t}\n" for i, t in enumerate(digits.target))
+        )
+        try:  # whole or not at all: another run may race us
             os.replace(part, root)
         except OSError:
             shutil.rmtree(part, ignore_errors=True)
@@ -85,6 +91,7 @@ def digits_as_pngs(root: pathlib.Path) -> tuple[list, np.ndarray]:
 def read_png(path) -> np.ndarray:
     """One file decoded by Pillow: an 8x8 uint8 array."""
     from PIL import Image
+
     with Image.open(path) as im:
         return np.asarray(im.convert("L"), dtype=np.uint8)
 
@@ -102,8 +109,9 @@ def shifted(pixels: np.ndarray, dy: int, dx: int) -> np.ndarray:
     (the background) move in."""
     out = np.zeros_like(pixels)
     h, w = pixels.shape
-    out[max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = \
-        pixels[max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)]
+    out[max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = pixels[
+        max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+    ]
     return out
 
 
@@ -136,9 +144,17 @@ class DigitFiles(Dataset):
 def model_and_optimizer(seed: int):
     af.manual_seed(seed)
     model = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * (SIDE // 4) ** 2, CLASSES))
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * (SIDE // 4) ** 2, CLASSES),
+    )
     return model, optim.Adam(model.parameters(), lr=3e-3)
 
 
@@ -159,8 +175,10 @@ def progress(done: int, total: int, loss: float, t0: float) -> None:
     width = 30
     fill = int(width * done / total)
     rate = done / max(time.perf_counter() - t0, 1e-9)
-    sys.stdout.write(f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
-                     f"loss {loss:.4f} {rate:.0f} batches/s")
+    sys.stdout.write(
+        f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
+        f"loss {loss:.4f} {rate:.0f} batches/s"
+    )
     sys.stdout.flush()
 
 
@@ -186,8 +204,15 @@ def load_seconds(stats, batches: int) -> float:
 
 def train(mode: str, train_set, test_x, test_y, epochs: int, bar: bool = False) -> dict:
     model, opt = model_and_optimizer(seed=0)
-    loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True,
-                        workers=WORKERS, buffers=2 * WORKERS)
+    loader = DataLoader(
+        train_set,
+        batch_size=BATCH,
+        shuffle=True,
+        seed=0,
+        drop_last=True,
+        workers=WORKERS,
+        buffers=2 * WORKERS,
+    )
     loss_fn = nn.CrossEntropyLoss()
     step = TrainStep(model, opt) if mode != "eager" else None
     print(f"{mode} mode:")
@@ -200,6 +225,7 @@ def train(mode: str, train_set, test_x, test_y, epochs: int, bar: bool = False) 
             batches = loader
             if bar:
                 from tqdm import tqdm
+
                 batches = tqdm(loader, desc=f"  epoch {epoch + 1}", unit="batch")
             for x, y in batches:
                 t = time.perf_counter()
@@ -215,51 +241,72 @@ def train(mode: str, train_set, test_x, test_y, epochs: int, bar: bool = False) 
         else:
             # with a bar: actorflow's own (tqdm), with batches/s and the run's bottleneck
             shown = {"desc": f"  epoch {epoch + 1}", "unit": "batch"} if bar else False
-            for loss in step.run(loader, buffers=2, memory={"cpu": "64MiB"},
-                                 fused=mode == "fused", progress=shown):
+            for loss in step.run(
+                loader, buffers=2, memory={"cpu": "64MiB"}, fused=mode == "fused", progress=shown
+            ):
                 losses.append(float(loss))
                 if not bar:
                     progress(len(losses), total, losses[-1], t0)
             stats = step.stats()
-            busy = sum(a["compute_s"] for name, a in stats.actors.items()
-                       if name not in ("sampler", "load"))
+            busy = sum(
+                a["compute_s"]
+                for name, a in stats.actors.items()
+                if name not in ("sampler", "load")
+            )
         epoch_s.append(time.perf_counter() - t0)
         load_s.append(load_seconds(stats, len(losses)))
         step_s.append(busy / len(losses))
         losses_per_epoch.append(float(np.mean(losses)))
-        print(f"\n  epoch {epoch + 1}: loss {losses_per_epoch[-1]:.4f}, test accuracy "
-              f"{accuracy(model, test_x, test_y):.1%} ({epoch_s[-1]:.1f} s)")
-    later = slice(1, None) if epochs > 1 else slice(None)     # the first compiles
-    return {"losses": losses_per_epoch, "accuracy": accuracy(model, test_x, test_y),
-            "seconds": sum(epoch_s), "batches": len(loader),
-            "epoch_s": float(np.mean(epoch_s[later])), "load_s": float(np.mean(load_s[later])),
-            "step_s": float(np.mean(step_s[later]))}
+        print(
+            f"\n  epoch {epoch + 1}: loss {losses_per_epoch[-1]:.4f}, test accuracy "
+            f"{accuracy(model, test_x, test_y):.1%} ({epoch_s[-1]:.1f} s)"
+        )
+    later = slice(1, None) if epochs > 1 else slice(None)  # the first compiles
+    return {
+        "losses": losses_per_epoch,
+        "accuracy": accuracy(model, test_x, test_y),
+        "seconds": sum(epoch_s),
+        "batches": len(loader),
+        "epoch_s": float(np.mean(epoch_s[later])),
+        "load_s": float(np.mean(load_s[later])),
+        "step_s": float(np.mean(step_s[later])),
+    }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--samples", type=int, default=None,
-                   help="training digits to use (default: all 1437 of the training split)")
-    p.add_argument("--data", type=pathlib.Path,
-                   default=pathlib.Path(tempfile.gettempdir()) / "actorflow-digits",
-                   help="where the PNG files are written once and read from")
-    p.add_argument("--modes", default="eager,graph",
-                   help=f"comma-separated, of {', '.join(MODES)}")
-    p.add_argument("--progress", choices=["auto", "bar", "line"], default="auto",
-                   help="bar: tqdm progress bars (graph modes: actorflow's, with the "
-                        "bottleneck); line: a plain line; auto: bar when tqdm is installed")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="training digits to use (default: all 1437 of the training split)",
+    )
+    p.add_argument(
+        "--data",
+        type=pathlib.Path,
+        default=pathlib.Path(tempfile.gettempdir()) / "actorflow-digits",
+        help="where the PNG files are written once and read from",
+    )
+    p.add_argument("--modes", default="eager,graph", help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument(
+        "--progress",
+        choices=["auto", "bar", "line"],
+        default="auto",
+        help="bar: tqdm progress bars (graph modes: actorflow's, with the "
+        "bottleneck); line: a plain line; auto: bar when tqdm is installed",
+    )
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
-        p.error(f"--modes takes a comma-separated list of {', '.join(MODES)}, "
-                f"got {args.modes!r}")
+        p.error(f"--modes takes a comma-separated list of {', '.join(MODES)}, got {args.modes!r}")
     need_extra()
     from sklearn.model_selection import train_test_split
 
     paths, labels = digits_as_pngs(args.data)
     train_paths, test_paths, train_y, test_y = train_test_split(
-        paths, labels, test_size=0.2, random_state=0, stratify=labels)
+        paths, labels, test_size=0.2, random_state=0, stratify=labels
+    )
     n = len(train_paths) if args.samples is None else args.samples
     if args.epochs < 1 or not BATCH <= n <= len(train_paths):
         p.error(f"--epochs must be >= 1 and --samples from {BATCH} to {len(train_paths)}")
@@ -269,19 +316,25 @@ def main(argv=None) -> int:
     bar = args.progress == "bar" or args.progress == "auto" and have_tqdm()
     results = {m: train(m, train_set, test_x, test_y, args.epochs, bar) for m in modes}
     for mode, r in results.items():
-        print(f"{mode}: loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, "
-              f"test accuracy {r['accuracy']:.1%}, {r['seconds']:.1f} s")
+        print(
+            f"{mode}: loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}, "
+            f"test accuracy {r['accuracy']:.1%}, {r['seconds']:.1f} s"
+        )
     for mode, r in results.items():
         bound = max(r["load_s"] / WORKERS, r["step_s"]) * r["batches"]
-        print(f"{mode} pipeline: load busy {r['load_s'] * 1e3:.2f} ms/batch on each of "
-              f"{WORKERS} workers, step {r['step_s'] * 1e3:.2f} ms/batch; epoch "
-              f"{r['epoch_s']:.3f} s vs max(load / workers, step) x {r['batches']} batches "
-              f"= {bound:.3f} s "
-              f"({r['epoch_s'] / bound:.2f}x)")
+        print(
+            f"{mode} pipeline: load busy {r['load_s'] * 1e3:.2f} ms/batch on each of "
+            f"{WORKERS} workers, step {r['step_s'] * 1e3:.2f} ms/batch; epoch "
+            f"{r['epoch_s']:.3f} s vs max(load / workers, step) x {r['batches']} batches "
+            f"= {bound:.3f} s "
+            f"({r['epoch_s'] / bound:.2f}x)"
+        )
     if args.epochs == p.get_default("epochs") and args.samples is None:
         best = max(r["accuracy"] for r in results.values())
-        print(f"goal with the defaults, test accuracy >= {GOAL:.0%}: "
-              f"{'reached' if best >= GOAL else 'not reached'} ({best:.1%})")
+        print(
+            f"goal with the defaults, test accuracy >= {GOAL:.0%}: "
+            f"{'reached' if best >= GOAL else 'not reached'} ({best:.1%})"
+        )
     ok = args.epochs == 1 or all(r["losses"][-1] < r["losses"][0] for r in results.values())
     if len(results) > 1:
         first = next(iter(results.values()))["losses"]

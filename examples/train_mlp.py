@@ -74,8 +74,10 @@ def progress(done: int, total: int, loss: float, t0: float) -> None:
     width = 30
     fill = int(width * done / total)
     rate = done / max(time.perf_counter() - t0, 1e-9)
-    sys.stdout.write(f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
-                     f"loss {loss:.4f} {rate:.0f} batches/s")
+    sys.stdout.write(
+        f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
+        f"loss {loss:.4f} {rate:.0f} batches/s"
+    )
     sys.stdout.flush()
 
 
@@ -92,8 +94,9 @@ def have_tqdm() -> bool:
 
 def train(mode: str, train_set, test_set, epochs: int, bar: bool = False) -> tuple:
     model, opt = model_and_optimizer(seed=0)
-    loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True,
-                        workers=2, buffers=4)
+    loader = DataLoader(
+        train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True, workers=2, buffers=4
+    )
     loss_fn = nn.CrossEntropyLoss()
     step = TrainStep(model, opt) if mode == "graph" else None
     print(f"{mode} mode:")
@@ -106,6 +109,7 @@ def train(mode: str, train_set, test_set, epochs: int, bar: bool = False) -> tup
             batches = loader
             if bar:
                 from tqdm import tqdm
+
                 batches = tqdm(loader, desc=f"  epoch {epoch + 1}", unit="batch")
             for x, y in batches:
                 opt.zero_grad()
@@ -118,16 +122,17 @@ def train(mode: str, train_set, test_set, epochs: int, bar: bool = False) -> tup
         else:
             # with a bar: actorflow's own (tqdm), with pieces/s and the run's bottleneck
             shown = {"desc": f"  epoch {epoch + 1}", "unit": "batch"} if bar else False
-            for loss in step.run(loader, buffers=2, memory={"cpu": "64MiB"},
-                                 progress=shown):
+            for loss in step.run(loader, buffers=2, memory={"cpu": "64MiB"}, progress=shown):
                 losses.append(float(loss))
                 if not bar:
                     progress(len(losses), total, losses[-1], t0)
         mean = float(np.mean(losses))
         first = mean if first is None else first
         last = mean
-        print(f"\n  epoch {epoch + 1}: loss {mean:.4f}, test accuracy "
-              f"{accuracy(model, test_set):.1%} ({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"\n  epoch {epoch + 1}: loss {mean:.4f}, test accuracy "
+            f"{accuracy(model, test_set):.1%} ({time.perf_counter() - t0:.1f} s)"
+        )
     return first, last, accuracy(model, test_set), time.perf_counter() - t_all
 
 
@@ -135,18 +140,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=8192)
-    p.add_argument("--progress", choices=["auto", "bar", "line"], default="auto",
-                   help="bar: tqdm progress bars (graph mode: actorflow's, with the "
-                        "bottleneck); line: a plain line; auto: bar when tqdm is installed")
+    p.add_argument(
+        "--progress",
+        choices=["auto", "bar", "line"],
+        default="auto",
+        help="bar: tqdm progress bars (graph mode: actorflow's, with the "
+        "bottleneck); line: a plain line; auto: bar when tqdm is installed",
+    )
     args = p.parse_args(argv)
     if args.epochs < 1 or args.samples < BATCH:
         p.error(f"--epochs must be >= 1 and --samples >= {BATCH}")
     x, y = make_task(args.samples + 2048, seed=1)
-    train_set = Clusters(x[:args.samples], y[:args.samples])
-    test_set = Clusters(x[args.samples:], y[args.samples:], train_set.mean, train_set.std)
+    train_set = Clusters(x[: args.samples], y[: args.samples])
+    test_set = Clusters(x[args.samples :], y[args.samples :], train_set.mean, train_set.std)
     bar = args.progress == "bar" or args.progress == "auto" and have_tqdm()
-    results = {mode: train(mode, train_set, test_set, args.epochs, bar)
-               for mode in ("eager", "graph")}
+    results = {
+        mode: train(mode, train_set, test_set, args.epochs, bar) for mode in ("eager", "graph")
+    }
     for mode, (first, last, acc, secs) in results.items():
         print(f"{mode}: loss {first:.4f} -> {last:.4f}, test accuracy {acc:.1%}, {secs:.1f} s")
     same = results["eager"][1] == results["graph"][1]

@@ -45,13 +45,23 @@ from actorflow import nn, optim
 from actorflow.data import DataLoader, Dataset
 
 # stable single-file modules of the standard library, in the order they are joined
-SOURCES = ("argparse.py", "textwrap.py", "functools.py", "dataclasses.py", "inspect.py",
-           "typing.py", "enum.py", "random.py", "shutil.py", "tempfile.py")
-VOCAB = "\n" + "".join(chr(c) for c in range(32, 127)) + "\0"     # "\0": any other char
+SOURCES = (
+    "argparse.py",
+    "textwrap.py",
+    "functools.py",
+    "dataclasses.py",
+    "inspect.py",
+    "typing.py",
+    "enum.py",
+    "random.py",
+    "shutil.py",
+    "tempfile.py",
+)
+VOCAB = "\n" + "".join(chr(c) for c in range(32, 127)) + "\0"  # "\0": any other char
 UNKNOWN = len(VOCAB) - 1
 CONTEXT, WIDTH, HEADS, LAYERS, BATCH = 64, 64, 4, 2, 32
 MODES = ("eager", "graph", "fused", "step")
-GOAL = 2.5                  # validation loss, nats per character, with the defaults
+GOAL = 2.5  # validation loss, nats per character, with the defaults
 
 
 def stdlib_text(chars: int) -> str:
@@ -94,7 +104,7 @@ class Windows(Dataset):
 
     def __getitem__(self, i):
         s = self.offset + CONTEXT * i
-        return self.ids[s:s + CONTEXT], self.ids[s + 1:s + CONTEXT + 1]
+        return self.ids[s : s + CONTEXT], self.ids[s + 1 : s + CONTEXT + 1]
 
 
 class CharTransformer(nn.Module):
@@ -105,16 +115,26 @@ class CharTransformer(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(len(VOCAB), WIDTH)
         self.positions = nn.Embedding(CONTEXT, WIDTH)
-        self.layers = nn.ModuleList([
-            nn.TransformerEncoderLayer(WIDTH, HEADS, dim_feedforward=4 * WIDTH, dropout=0.0,
-                                       batch_first=True, norm_first=True)
-            for _ in range(LAYERS)])
+        self.layers = nn.ModuleList(
+            [
+                nn.TransformerEncoderLayer(
+                    WIDTH,
+                    HEADS,
+                    dim_feedforward=4 * WIDTH,
+                    dropout=0.0,
+                    batch_first=True,
+                    norm_first=True,
+                )
+                for _ in range(LAYERS)
+            ]
+        )
         self.norm = nn.LayerNorm(WIDTH)
         self.head = nn.Linear(WIDTH, len(VOCAB))
         # a row may look at itself and before: -inf above the diagonal (not state: plain
         # attributes, as a causal mask and positions are no parameters nor buffers)
-        self.causal = [af.tensor(np.triu(np.full((t, t), -np.inf, np.float32), 1))
-                       for t in range(CONTEXT + 1)]
+        self.causal = [
+            af.tensor(np.triu(np.full((t, t), -np.inf, np.float32), 1)) for t in range(CONTEXT + 1)
+        ]
         self.steps = af.arange(CONTEXT)
 
     def forward(self, idx):
@@ -149,8 +169,10 @@ def progress(done: int, total: int, loss: float, lr: float, t0: float) -> None:
     width = 30
     fill = int(width * done / total)
     rate = done / max(time.perf_counter() - t0, 1e-9)
-    sys.stdout.write(f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
-                     f"loss {loss:.4f} lr {lr:.2e} {rate:.1f} batches/s")
+    sys.stdout.write(
+        f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} "
+        f"loss {loss:.4f} lr {lr:.2e} {rate:.1f} batches/s"
+    )
     sys.stdout.flush()
 
 
@@ -187,8 +209,9 @@ def train(mode: str, train_set: Windows, val: tuple, args, bar: bool) -> tuple:
     af.manual_seed(0)
     model = CharTransformer()
     opt = optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    loader = DataLoader(train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True,
-                        workers=2, buffers=4)
+    loader = DataLoader(
+        train_set, batch_size=BATCH, shuffle=True, seed=0, drop_last=True, workers=2, buffers=4
+    )
     sched = optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader))
     step = TrainStep(model, opt, sched, args.clip) if mode != "eager" else None
     print(f"{mode} mode:")
@@ -197,14 +220,16 @@ def train(mode: str, train_set: Windows, val: tuple, args, bar: bool) -> tuple:
         train_set.set_epoch(epoch)
         t0 = time.perf_counter()
         total, losses = len(loader), []
-        if mode in ("graph", "fused"):      # the loader's actors and the step's, one graph
+        if mode in ("graph", "fused"):  # the loader's actors and the step's, one graph
             shown = {"desc": f"  epoch {epoch + 1}", "unit": "batch"} if bar else False
-            batches = step.run(loader, buffers=2, memory={"cpu": "256MiB"},
-                               fused=mode == "fused", progress=shown)
+            batches = step.run(
+                loader, buffers=2, memory={"cpu": "256MiB"}, fused=mode == "fused", progress=shown
+            )
         else:
             batches = loader
             if bar:
                 from tqdm import tqdm
+
                 batches = tqdm(loader, desc=f"  epoch {epoch + 1}", unit="batch")
         for item in batches:
             if mode == "eager":
@@ -216,60 +241,75 @@ def train(mode: str, train_set: Windows, val: tuple, args, bar: bool) -> tuple:
                 opt.step()
                 sched.step()
             elif mode == "step":
-                loss = step(*item)          # steps the schedule too
+                loss = step(*item)  # steps the schedule too
             else:
                 loss = item
             losses.append(float(loss))
-            if not bar:                     # (in a run, the rate of a step further on)
+            if not bar:  # (in a run, the rate of a step further on)
                 progress(len(losses), total, losses[-1], sched.get_last_lr()[0], t0)
         val_loss, val_acc = evaluate(model, *val)
         history.append((float(np.mean(losses)), val_loss, val_acc))
-        print(f"\n  epoch {epoch + 1}: loss {history[-1][0]:.4f}, validation loss "
-              f"{val_loss:.4f}, accuracy {val_acc:.1%} ({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"\n  epoch {epoch + 1}: loss {history[-1][0]:.4f}, validation loss "
+            f"{val_loss:.4f}, accuracy {val_acc:.1%} ({time.perf_counter() - t0:.1f} s)"
+        )
     return model, history, time.perf_counter() - t_all
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--chars", type=int, default=200_000,
-                   help="characters of the joined sources to use (a tenth for validation)")
+    p.add_argument(
+        "--chars",
+        type=int,
+        default=200_000,
+        help="characters of the joined sources to use (a tenth for validation)",
+    )
     p.add_argument("--lr", type=float, default=1e-2, help="the peak learning rate")
     p.add_argument("--clip", type=float, default=1.0, help="the gradients' norm at most")
-    p.add_argument("--modes", default="eager,graph",
-                   help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", default="eager,graph", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--sample", type=int, default=200, help="characters to sample at the end")
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--progress", choices=["auto", "bar", "line"], default="auto",
-                   help="bar: tqdm progress bars; line: a plain line; auto: bar when tqdm "
-                        "is installed")
+    p.add_argument(
+        "--progress",
+        choices=["auto", "bar", "line"],
+        default="auto",
+        help="bar: tqdm progress bars; line: a plain line; auto: bar when tqdm is installed",
+    )
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
-        p.error(f"--modes takes a comma-separated list of {', '.join(MODES)}, "
-                f"got {args.modes!r}")
+        p.error(f"--modes takes a comma-separated list of {', '.join(MODES)}, got {args.modes!r}")
     text = stdlib_text(args.chars)
     ids = encode(text)
     cut = len(ids) * 9 // 10
     train_set = Windows(ids[:cut], seed=0)
     if args.epochs < 1 or len(train_set) < BATCH or len(ids) - cut < CONTEXT + 1:
-        least = -(-((BATCH + 1) * CONTEXT + 1) * 10 // 9)     # a batch of windows to train
+        least = -(-((BATCH + 1) * CONTEXT + 1) * 10 // 9)  # a batch of windows to train
         p.error(f"--epochs must be >= 1 and --chars at least {least}")
     held = ids[cut:]
     starts = np.arange(0, len(held) - CONTEXT, CONTEXT)[:256]
-    val = (np.stack([held[s:s + CONTEXT] for s in starts]),
-           np.stack([held[s + 1:s + CONTEXT + 1] for s in starts]))
-    print(f"text: {len(text)} characters of {len(SOURCES)} standard library modules, "
-          f"{len(train_set)} training windows of {CONTEXT}, {len(starts)} for validation")
+    val = (
+        np.stack([held[s : s + CONTEXT] for s in starts]),
+        np.stack([held[s + 1 : s + CONTEXT + 1] for s in starts]),
+    )
+    print(
+        f"text: {len(text)} characters of {len(SOURCES)} standard library modules, "
+        f"{len(train_set)} training windows of {CONTEXT}, {len(starts)} for validation"
+    )
     bar = args.progress == "bar" or args.progress == "auto" and have_tqdm()
     results = {m: train(m, train_set, val, args, bar) for m in modes}
     for mode, (_, history, secs) in results.items():
-        print(f"{mode}: loss {history[0][0]:.4f} -> {history[-1][0]:.4f}, validation loss "
-              f"{history[-1][1]:.4f}, accuracy {history[-1][2]:.1%}, {secs:.1f} s")
+        print(
+            f"{mode}: loss {history[0][0]:.4f} -> {history[-1][0]:.4f}, validation loss "
+            f"{history[-1][1]:.4f}, accuracy {history[-1][2]:.1%}, {secs:.1f} s"
+        )
     if all(getattr(args, k) == p.get_default(k) for k in ("epochs", "chars", "lr", "clip")):
         best = min(h[-1][1] for _, h, _ in results.values())
-        print(f"goal with the defaults, validation loss below {GOAL}: "
-              f"{'reached' if best < GOAL else 'not reached'} ({best:.4f})")
+        print(
+            f"goal with the defaults, validation loss below {GOAL}: "
+            f"{'reached' if best < GOAL else 'not reached'} ({best:.4f})"
+        )
     model = results[modes[-1]][0]
     prompt = "def "
     print(f"sample ({modes[-1]} model, temperature {args.temperature}, seed 0):")

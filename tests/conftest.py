@@ -2,7 +2,7 @@ import pytest
 
 import actorflow as af
 
-pytest_plugins = ["pytester", "cuda_fixtures"]    # cuda_fixtures: emu, cuda (tests/)
+pytest_plugins = ["pytester", "cuda_fixtures"]  # cuda_fixtures: emu, cuda (tests/)
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +25,7 @@ def random_dispatch():
 
     def enable(seed: int, max_delay: float = 0.002):
         vm.set_test_hooks(seed=seed, max_delay=max_delay)
+
     yield enable
     vm.set_test_hooks(None)
 

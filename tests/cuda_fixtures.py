@@ -33,12 +33,11 @@ CUDA = "cuda:0"
 
 # rtol (and atol) of a comparison that is not exact on a GPU, by dtype: a few ulp of CUDA's
 # libm (exp, log, tanh, pow...), another order of a reduction, cuBLAS's matmul
-GPU_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5,
-            np.dtype(np.float64): 1e-12}
+GPU_RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 
-ON_GPU = pytest.mark.parametrize("cuda", ["cupy"], indirect=True)   # the cupy case only
+ON_GPU = pytest.mark.parametrize("cuda", ["cupy"], indirect=True)  # the cupy case only
 
-_ON = {"driver": "emu"}          # the driver the `cuda` fixture put on cuda:0
+_ON = {"driver": "emu"}  # the driver the `cuda` fixture put on cuda:0
 
 
 def settle() -> None:
@@ -69,7 +68,8 @@ def assert_same(got, want, exact: bool = True, rtol: float | None = None) -> Non
     numbers compare as arrays."""
     got, want = np.asarray(got), np.asarray(want)
     assert got.dtype == want.dtype and got.shape == want.shape, (
-        f"got {got.dtype}{got.shape}, want {want.dtype}{want.shape}")
+        f"got {got.dtype}{got.shape}, want {want.dtype}{want.shape}"
+    )
     if exact or on_emulator() or want.dtype.kind not in "fc":
         np.testing.assert_array_equal(got, want)
         return
@@ -102,13 +102,13 @@ def launches(emu, monkeypatch):
     def counted(self, kernel, args, grid=None, block=None):
         seen.append(kernel)
         return launch(self, kernel, args, grid, block)
+
     monkeypatch.setattr(EmuStream, "launch", counted)
     emu()
     return seen
 
 
-@pytest.fixture(params=["emu", pytest.param("cupy", marks=[pytest.mark.gpu,
-                                                           pytest.mark.af_gpu])])
+@pytest.fixture(params=["emu", pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.af_gpu])])
 def cuda(request, emu):
     """cuda:0 working on each driver: the emulator (as ``emu()``), and the CuPy driver on
     a GPU (marked ``gpu``; skipped with the reason where there is none). Returns the
@@ -120,6 +120,7 @@ def cuda(request, emu):
     if why is not None:
         pytest.skip(why)
     from actorflow.backends.cuda.cupy_driver import CupyDriver
+
     _ON["driver"] = "cupy"
     try:
         yield _start(lambda dev: CupyDriver(dev))

@@ -25,8 +25,9 @@ def dags(draw):
     for node in nodes:
         node["buffers"] = draw(st.integers(1, 3))
         node["kind"] = draw(st.sampled_from(["stage", "inline", "op", "timed"]))
-        node["times"] = draw(st.lists(st.sampled_from([0.0, 0.0002, 0.001, 0.002]),
-                                      min_size=3, max_size=3))
+        node["times"] = draw(
+            st.lists(st.sampled_from([0.0, 0.0002, 0.001, 0.002]), min_size=3, max_size=3)
+        )
     consumed = {j for node in nodes for j in node["inputs"]}
     sinks = [i for i in range(n_nodes) if i not in consumed]
     extra = draw(st.sets(st.integers(0, n_nodes - 1), max_size=2))
@@ -42,6 +43,7 @@ def stage_fn(i):
         for x in xs[1:]:
             acc = acc + x
         return acc * 0.5 + float(i)
+
     f.__name__ = f"n{i}"
     return f
 
@@ -69,17 +71,28 @@ def build(nodes, sinks, seed, memory=None):
         delay = (lambda p, t=times: t[p % 3]) if node["kind"] in ("timed", "op") else None
         if "length" in node:
             items = [np.array([p, 100.0 * i]) for p in range(node["length"])]
-            a = g.source(items, name=f"n{i}", buffers=node["buffers"],
-                         out=af.Spec((2,), af.float64), inline=node["kind"] != "stage",
-                         time=delay)
+            a = g.source(
+                items,
+                name=f"n{i}",
+                buffers=node["buffers"],
+                out=af.Spec((2,), af.float64),
+                inline=node["kind"] != "stage",
+                time=delay,
+            )
         else:
             ins = [actors[j] for j in node["inputs"]]
             fn = stage_fn(i)
             if node["kind"] == "op":
                 a = g.op(fn, *ins, name=f"n{i}", buffers=node["buffers"], time=delay)
             else:
-                a = g.actor(fn, *ins, name=f"n{i}", buffers=node["buffers"],
-                            inline=node["kind"] != "stage", time=delay)
+                a = g.actor(
+                    fn,
+                    *ins,
+                    name=f"n{i}",
+                    buffers=node["buffers"],
+                    inline=node["kind"] != "stage",
+                    time=delay,
+                )
         actors.append(a)
     for i in sinks:
         g.sink(actors[i], f"s{i}")
@@ -96,8 +109,9 @@ def test_random_dags_match_reference(case):
     nodes, sinks, slack, seed = case
     planned = build(nodes, sinks, seed).plan()
     total = planned.totals[af.device("cpu")]
-    planned_graph_budget = {"exact": total, "short": total - 1, "loose": 10 * total,
-                            "none": None}[slack]
+    planned_graph_budget = {"exact": total, "short": total - 1, "loose": 10 * total, "none": None}[
+        slack
+    ]
     memory = {"cpu": planned_graph_budget} if planned_graph_budget is not None else None
     g = build(nodes, sinks, seed, memory)
     if slack == "short":
@@ -123,11 +137,12 @@ def test_random_dags_match_reference(case):
     stats = g.stats()
     m = stats.memory["cpu"]
     assert m["peak"] == m["planned"]
-    if ref and slack != "short":   # (an empty run never sizes what plan() would have)
+    if ref and slack != "short":  # (an empty run never sizes what plan() would have)
         assert m["planned"] == total
     if memory:
         assert m["peak"] <= m["budget"]
-    def available(i):        # pieces that can reach node i: its shortest ancestor source
+
+    def available(i):  # pieces that can reach node i: its shortest ancestor source
         node = nodes[i]
         if "length" in node:
             return node["length"]
@@ -162,15 +177,27 @@ def test_random_dags_on_the_null_device(case):
     g = af.ActorGraph(seed=seed, memory={"null": "64KiB"})
     actors = []
     for i, node in enumerate(nodes):
+
         def delay(p, t=node["times"]):
             return t[p % 3]
 
         if "length" in node:
-            a = g.source([np.zeros(2)] * node["length"], name=f"n{i}", buffers=node["buffers"],
-                         out=af.Spec((2,), af.float64, "null"), inline=True, time=delay)
+            a = g.source(
+                [np.zeros(2)] * node["length"],
+                name=f"n{i}",
+                buffers=node["buffers"],
+                out=af.Spec((2,), af.float64, "null"),
+                inline=True,
+                time=delay,
+            )
         else:
-            a = g.op(stage_fn(i), *[actors[j] for j in node["inputs"]], name=f"n{i}",
-                     buffers=node["buffers"], time=delay)
+            a = g.op(
+                stage_fn(i),
+                *[actors[j] for j in node["inputs"]],
+                name=f"n{i}",
+                buffers=node["buffers"],
+                time=delay,
+            )
         actors.append(a)
     for i in sinks:
         g.sink(actors[i], f"s{i}")

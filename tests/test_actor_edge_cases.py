@@ -23,7 +23,7 @@ def test_piece_0_is_copied_when_a_stage_returns_a_view_of_its_input():
 
     g = af.ActorGraph()
     s = g.source(gen(), out={"x": af.Spec((4, 3)), "y": af.Spec((), af.int64)})
-    pick = g.actor(lambda b: b["x"], s)                  # returns a view, sized by piece 0
+    pick = g.actor(lambda b: b["x"], s)  # returns a view, sized by piece 0
     g.sink(g.actor(lambda x: (time.sleep(0.01), x * 1)[1], pick))
     assert [float(o[0, 0]) for o in g.run()] == [0, 1, 2, 3, 4, 5]
 
@@ -135,8 +135,8 @@ def test_plan_then_edit_then_run_keeps_piece_0():
     g = af.ActorGraph()
     s = g.source(iter([np.full(2, i, np.float32) for i in range(5)]))
     a = g.actor(lambda x: x * 2, s)
-    g.plan()                                   # reads piece 0 of the iterator
-    g.sink(a)                                  # an edit: the next run plans again
+    g.plan()  # reads piece 0 of the iterator
+    g.sink(a)  # an edit: the next run plans again
     assert [float(o[0]) for o in g.run()] == [0, 2, 4, 6, 8]
 
 
@@ -167,7 +167,7 @@ def test_time_does_not_move_a_python_stage_onto_the_loop():
     inner = af.ActorGraph()
     inner.sink(inner.source(lambda: [np.ones((2,), np.float32)] * 2, out=af.Spec((2,))))
 
-    def stage(x):                               # runs another graph: needs the loop free
+    def stage(x):  # runs another graph: needs the loop free
         return x + sum(float(o[0]) for o in inner.run())
 
     g = af.ActorGraph()
@@ -196,13 +196,24 @@ def test_naive_input_checks_and_rerun():
 
 
 def test_naive_double_buffer_names_the_counter_that_binds():
-    ops = [NaiveOp("o0", [], 0, 0.0005, device="gpu"), NaiveOp("o1", [], 4 * MiB, 0),
-           NaiveOp("o2", [], 1 * MiB, 0), NaiveOp("o3", ["o2", "o1"], 0, 0.0005, device="gpu")]
-    r = NaiveScheduler(ops, {"cpu": 15 * MiB, "gpu": 0}, policy="random", mode="double-buffer",
-                       seed=205, pieces=3, buffers=1, time_scale=0).run()
+    ops = [
+        NaiveOp("o0", [], 0, 0.0005, device="gpu"),
+        NaiveOp("o1", [], 4 * MiB, 0),
+        NaiveOp("o2", [], 1 * MiB, 0),
+        NaiveOp("o3", ["o2", "o1"], 0, 0.0005, device="gpu"),
+    ]
+    r = NaiveScheduler(
+        ops,
+        {"cpu": 15 * MiB, "gpu": 0},
+        policy="random",
+        mode="double-buffer",
+        seed=205,
+        pieces=3,
+        buffers=1,
+        time_scale=0,
+    ).run()
     assert r.status == "deadlock"
-    assert "o1[1] waits for one of its 1 buffers; 4.0 MiB is held by o1[2]'s output" \
-        in str(r.error)
+    assert "o1[1] waits for one of its 1 buffers; 4.0 MiB is held by o1[2]'s output" in str(r.error)
 
 
 async def test_stats_pieces_counts_delivered_pieces():
@@ -222,21 +233,21 @@ def test_a_one_shot_iterator_source_says_so_on_its_second_run():
             yield np.full(2, i, np.float32)
 
     g = af.ActorGraph()
-    g.sink(g.source(batches(), name="load"))          # a generator object: one pass
+    g.sink(g.source(batches(), name="load"))  # a generator object: one pass
     assert len(list(g.run())) == 3
-    with pytest.raises(af.ActorError, match="one-shot iterator .*g.source\\(read_batches\\)") \
-            as info:
+    with pytest.raises(
+        af.ActorError, match="one-shot iterator .*g.source\\(read_batches\\)"
+    ) as info:
         list(g.run())
     assert info.value.actor == "load"
     g2 = af.ActorGraph()
-    g2.sink(g2.source(batches, name="load"))          # a function: a fresh pass per run
+    g2.sink(g2.source(batches, name="load"))  # a function: a fresh pass per run
     assert len(list(g2.run())) == len(list(g2.run())) == 3
 
 
 def test_a_stage_returning_none_is_an_error_unless_it_declared_no_output():
     src = [np.ones(2, np.float32)] * 3
-    with pytest.raises(af.ActorError, match="returned None.*forget to return.*out=\\(\\)") \
-            as info:
+    with pytest.raises(af.ActorError, match="returned None.*forget to return.*out=\\(\\)") as info:
         list(af.Pipeline([src, lambda a: None], names=["src", "forgot"]).run())
     assert info.value.actor == "forgot" and info.value.piece == 0
     assert list(af.Pipeline([src, lambda a: None], out=[None, ()]).run()) == [(), (), ()]
@@ -251,11 +262,21 @@ def test_writing_into_an_input_says_inputs_are_read_only_views():
         list(af.Pipeline([[np.ones(2)] * 2, bump]).run())
 
 
-@pytest.mark.parametrize("text, want", [("1KB", 1000), ("1KiB", 1024), ("2 MiB", 2 * 2**20),
-                                        ("3MB", 3 * 10**6), ("1e6", 10**6), ("512B", 512)])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("1KB", 1000),
+        ("1KiB", 1024),
+        ("2 MiB", 2 * 2**20),
+        ("3MB", 3 * 10**6),
+        ("1e6", 10**6),
+        ("512B", 512),
+    ],
+)
 def test_byte_counts_follow_one_rule(text, want):
     assert af.ActorGraph(memory={"cpu": text}).memory == {"cpu": text}
     from actorflow.runtime.plan.registers import MemoryBudget
+
     assert MemoryBudget({"cpu": text}).budget(af.device("cpu")) == want
 
 
@@ -267,9 +288,13 @@ def test_a_bare_k_m_g_is_refused_as_ambiguous(text):
 
 def test_stats_during_a_run_is_a_live_snapshot_and_says_how_the_run_ended():
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x + 1, g.source(lambda: iter([np.ones(2)] * 50),
-                                             name="a_source_with_a_really_long_name"),
-                   name="output"))                      # a user actor may be called "output"
+    g.sink(
+        g.actor(
+            lambda x: x + 1,
+            g.source(lambda: iter([np.ones(2)] * 50), name="a_source_with_a_really_long_name"),
+            name="output",
+        )
+    )  # a user actor may be called "output"
     for i, _ in enumerate(g.run()):
         if i == 5:
             live = g.stats()
@@ -279,9 +304,9 @@ def test_stats_during_a_run_is_a_live_snapshot_and_says_how_the_run_ended():
             break
     done = g.stats()
     assert done.state == "stopped" and "stopped before its end" in done.table()
-    assert done.actors["output"]["kind"] == "stage"              # not the run's own output
+    assert done.actors["output"]["kind"] == "stage"  # not the run's own output
     assert done.actors["(output)"]["kind"] == "output" and done.pieces >= 21
-    assert "a_source_with_a_really_long_name" in done.table()   # names are not cut
+    assert "a_source_with_a_really_long_name" in done.table()  # names are not cut
     g.join(30)
     g2 = af.ActorGraph()
     g2.sink(g2.source([np.ones(2)]))
@@ -297,18 +322,28 @@ def test_a_run_advanced_from_an_act_on_the_graph_loop_is_refused_at_every_next()
     """A run started off the loop, then advanced by an inline act (or any act under a
     test's serial schedule): its next() would wait for the thread it runs on."""
     inner = af.ActorGraph()
-    inner.sink(inner.source(lambda: (np.full(2, i, np.float32) for i in range(1000)),
-                            name="numbers"))
+    inner.sink(
+        inner.source(lambda: (np.full(2, i, np.float32) for i in range(1000)), name="numbers")
+    )
     it = inner.run()
-    assert next(it).tolist() == [0, 0]              # started here, off the loop: fine
+    assert next(it).tolist() == [0, 0]  # started here, off the loop: fine
     outer = af.ActorGraph()
-    outer.sink(outer.actor(lambda x: next(it), outer.source([np.zeros(2, np.float32)] * 100),
-                           name="advance", inline=True))   # (more than the run has ready)
+    outer.sink(
+        outer.actor(
+            lambda x: next(it),
+            outer.source([np.zeros(2, np.float32)] * 100),
+            name="advance",
+            inline=True,
+        )
+    )  # (more than the run has ready)
     with pytest.raises(af.ActorError) as info:
         list(outer.run())
     err = info.value.original
     assert isinstance(err, RuntimeError)
-    assert "a run started elsewhere was advanced (next()) on the thread that drives actor " \
-           "graphs" in str(err) and "run_async" in str(err)
-    assert inner.join(30)                           # that run was stopped, and ended
-    assert [x.tolist() for x in inner.run()][:2] == [[0, 0], [1, 1]]   # and runs again
+    assert (
+        "a run started elsewhere was advanced (next()) on the thread that drives actor graphs"
+        in str(err)
+        and "run_async" in str(err)
+    )
+    assert inner.join(30)  # that run was stopped, and ended
+    assert [x.tolist() for x in inner.run()][:2] == [[0, 0], [1, 1]]  # and runs again

@@ -24,24 +24,28 @@ def normalize(x):
 
 
 def threads_now():
-    return {t for t in threading.enumerate() if t.name.startswith("actorflow-")
-            and t.name not in ("actorflow-vm", "actorflow-graphs")
-            and not t.name.startswith("actorflow-cpu")}
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("actorflow-")
+        and t.name not in ("actorflow-vm", "actorflow-graphs")
+        and not t.name.startswith("actorflow-cpu")
+    }
 
 
 @pytest.fixture
 def no_leftovers():
     """The test must leave no actor thread running and no register allocated."""
-    gc.collect()                                 # earlier tests' dead tensors: freed first,
-    af.synchronize()                             # so that what is counted is this test's
+    gc.collect()  # earlier tests' dead tensors: freed first,
+    af.synchronize()  # so that what is counted is this test's
     af.lowlevel.get_vm().collect_releases()
     before = af.lowlevel.memory_stats("cpu").in_use
     yield
-    for t in threads_now():         # acts abandoned by a stop return, then free what they held
+    for t in threads_now():  # acts abandoned by a stop return, then free what they held
         t.join(timeout=30)
     assert threads_now() == set()
     af.synchronize()
-    af.lowlevel.get_vm().collect_releases()      # eager tensors the test dropped
+    af.lowlevel.get_vm().collect_releases()  # eager tensors the test dropped
     assert af.lowlevel.memory_stats("cpu").in_use == before
 
 
@@ -79,7 +83,7 @@ def test_plan_table_and_bytes():
     reg = 4 * 3 * 4
     assert plan.totals[af.device("cpu")] == 3 * 3 * reg
     assert "1.0 MiB budget" in text
-    list(g.run())          # the plan made by plan() is the one the run uses
+    list(g.run())  # the plan made by plan() is the one the run uses
     assert g.stats().memory["cpu"]["planned"] == 3 * 3 * reg
 
 
@@ -129,7 +133,7 @@ def test_budget_strings_and_bad_values():
 @pytest.mark.parametrize("n", [0, 1, 2, 3])
 def test_short_sources(n, no_leftovers):
     g = af.ActorGraph(buffers=3)
-    src = g.source(batches(n))          # sized from piece 0 (none when empty)
+    src = g.source(batches(n))  # sized from piece 0 (none when empty)
     g.sink(g.actor(normalize, src))
     assert len(list(g.run())) == n
 
@@ -175,8 +179,14 @@ def test_stage_changing_shape_or_dtype_is_a_clear_error(no_leftovers):
     assert "float32[2, 3]" in str(e) and "float32[1, 3]" in str(e)
 
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x.astype(np.float64), g.source(batches(2)), name="cast",
-                   out=af.Spec((4, 3), af.float32)))
+    g.sink(
+        g.actor(
+            lambda x: x.astype(np.float64),
+            g.source(batches(2)),
+            name="cast",
+            out=af.Spec((4, 3), af.float32),
+        )
+    )
     with pytest.raises(af.ActorError, match="cast") as info:
         list(g.run())
     assert isinstance(info.value.original, af.DTypeError)
@@ -310,10 +320,10 @@ async def test_async_source_sized_by_plan_on_the_graph_loop_and_by_a_run():
 
     g = af.ActorGraph()
     g.sink(g.source(agen))
-    assert "int64[3] on cpu" in str(g.plan())    # plan() awaits piece 0 on the graph loop
-    outs = [x async for x in g.run_async()]      # and the run starts from it
+    assert "int64[3] on cpu" in str(g.plan())  # plan() awaits piece 0 on the graph loop
+    outs = [x async for x in g.run_async()]  # and the run starts from it
     assert [int(o[0]) for o in outs] == [0, 1, 2]
-    outs = [x async for x in g.run_async()]      # a run without plan() sizes from piece 0
+    outs = [x async for x in g.run_async()]  # a run without plan() sizes from piece 0
     assert [int(o[0]) for o in outs] == [0, 1, 2]
 
 
@@ -326,6 +336,7 @@ def test_resources_are_exclusive_and_counted():
             time.sleep(0.003)
             spans[tag].append((t0, time.perf_counter()))
             return x
+
         return f
 
     g = af.ActorGraph(resources={"disk": 1})
@@ -381,11 +392,13 @@ def test_pipeline_front_end(no_leftovers):
         for i in range(7):
             yield np.arange(6, dtype=np.float32).reshape(2, 3) + i
 
-    pipe = af.Pipeline([read(), lambda x: x * 2, lambda x: float(x.sum())],
-                       memory={"cpu": "1MiB"}, buffers=[1, 2, 3])
+    pipe = af.Pipeline(
+        [read(), lambda x: x * 2, lambda x: float(x.sum())],
+        memory={"cpu": "1MiB"},
+        buffers=[1, 2, 3],
+    )
     assert [r["buffers"] for r in pipe.plan().rows] == [1, 2, 3]
-    assert [float(v) for v in pipe.run()] == [float((np.arange(6) + i).sum() * 2)
-                                              for i in range(7)]
+    assert [float(v) for v in pipe.run()] == [float((np.arange(6) + i).sum() * 2) for i in range(7)]
     assert pipe.stats().pieces == 7
     with pytest.raises(ValueError, match="at least one stage"):
         af.Pipeline([read()])
@@ -427,7 +440,7 @@ def test_run_sizes_stages_as_piece_0_flows(no_leftovers):
         calls.append(int(x[0, 0]))
         return np.concatenate([x, x])
 
-    g = af.ActorGraph(memory={"cpu": 10_000}, buffers=2)     # (the sizes, counted below)
+    g = af.ActorGraph(memory={"cpu": 10_000}, buffers=2)  # (the sizes, counted below)
     g.sink(g.op(af.neg, g.actor(stage, g.source(batches(4)), name="stage"), name="neg"))
     outs = list(g.run())
     assert calls == [0, 1, 2, 3]
@@ -439,7 +452,7 @@ def test_run_sizes_stages_as_piece_0_flows(no_leftovers):
 
 def test_lazy_sizing_refuses_before_delivering(no_leftovers):
     def grow(x):
-        return np.zeros((1000, 100), np.float32)       # 400 KB per register
+        return np.zeros((1000, 100), np.float32)  # 400 KB per register
 
     g = af.ActorGraph(memory={"cpu": "500KiB"})
     g.sink(g.actor(grow, g.source(batches(5)), name="grow"))

@@ -12,23 +12,37 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "actorflow"
 # lowest first; a module may import from a lower rank, or from its own top-level package
 RANKS = {
     "errors": 0,
-    "dtype": 1, "device": 1, "eventloop": 1, "trace_events": 1,
+    "dtype": 1,
+    "device": 1,
+    "eventloop": 1,
+    "trace_events": 1,
     "backends": 2,
     "ops": 3,
     "tensor": 4,
-    "vm": 5, "runtime": 5,          # side by side: neither imports the other
+    "vm": 5,
+    "runtime": 5,  # side by side: neither imports the other
     "eager": 6,
-    "creation": 7, "runtime_api": 7,
+    "creation": 7,
+    "runtime_api": 7,
     "functional": 8,
     "autograd": 9,
     "indexing": 10,
     "methods": 11,
     "tracing": 12,
-    "pipeline": 13, "experiments": 13, "nn": 13, "optim": 13, "serialization": 13,
-    "data": 13, "plots": 13, "distributed": 13,
-    "lowlevel": 14, "testing": 14,
-    "__init__": 15, "__main__": 16,
+    "pipeline": 13,
+    "experiments": 13,
+    "nn": 13,
+    "optim": 13,
+    "serialization": 13,
+    "data": 13,
+    "plots": 13,
+    "distributed": 13,
+    "lowlevel": 14,
+    "testing": 14,
+    "__init__": 15,
+    "__main__": 16,
 }
+
 
 def module_of(path: pathlib.Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
@@ -51,11 +65,11 @@ def imports() -> set:
             targets = []
             if isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""
-                for alias in node.names:          # `from . import x` names a module
+                for alias in node.names:  # `from . import x` names a module
                     sub = f"{target}.{alias.name}"
                     targets.append(sub if sub in mods else target)
             elif isinstance(node, ast.Import):
@@ -97,12 +111,13 @@ def test_no_import_circle():
         if state.get(m) == 2:
             return
         if state.get(m) == 1:
-            cycle = path[path.index(m):] + [m]
+            cycle = path[path.index(m) :] + [m]
             pytest.fail("import circle: " + " -> ".join(cycle))
         state[m] = 1
         for n in sorted(graph.get(m, ())):
             visit(n, path + [m])
         state[m] = 2
+
     for m in sorted(graph):
         visit(m, [])
 
@@ -110,11 +125,11 @@ def test_no_import_circle():
 def test_the_layer_checks_read_real_imports():
     """The import reader sees module-level and lazy imports, relative and absolute."""
     edges = imports()
-    assert ("actorflow.eager.interpreter", "actorflow.vm") in edges or \
-        any(a == "actorflow.eager.interpreter" and b.startswith("actorflow.vm")
-            for a, b in edges)
+    assert ("actorflow.eager.interpreter", "actorflow.vm") in edges or any(
+        a == "actorflow.eager.interpreter" and b.startswith("actorflow.vm") for a, b in edges
+    )
     assert ("actorflow.methods", "actorflow.functional") in edges
-    assert ("actorflow.tensor.tensor", "actorflow.tensor.views") in edges     # a lazy one
+    assert ("actorflow.tensor.tensor", "actorflow.tensor.views") in edges  # a lazy one
     assert rank("actorflow.runtime.graph.actor_graph")[0] < rank("actorflow.tracing.trace")[0]
 
 
@@ -122,6 +137,7 @@ def test_the_benchmark_harness_reads_the_runtime_it_describes():
     """The benchmarks reach into the runtime for what they report (the graph loop's type):
     a move in the package must not leave them broken."""
     import importlib.util
+
     path = ROOT.parent / "benchmarks" / "harness.py"
     spec = importlib.util.spec_from_file_location("bench_harness", path)
     harness = importlib.util.module_from_spec(spec)

@@ -16,6 +16,7 @@ def in_use():
     """Bytes in use on cpu once the VM has freed what dead tensors held (other tests'
     tensors are freed lazily: without this a measurement can move by their bytes)."""
     import gc
+
     gc.collect()
     af.synchronize()
     af.lowlevel.get_vm().collect_releases()
@@ -26,6 +27,7 @@ def numbers(n, size=4):
     def gen():
         for i in range(n):
             yield np.full(size, i, np.float32)
+
     return gen
 
 
@@ -66,7 +68,7 @@ def test_async_def_stage_runs_in_run_and_keeps_piece_order():
     rng = random.Random(0)
     delays = [rng.random() * 0.01 for _ in range(12)]
 
-    async def slow_double(x):           # later pieces often finish first
+    async def slow_double(x):  # later pieces often finish first
         await asyncio.sleep(delays[int(x[0])])
         return x * 2
 
@@ -97,11 +99,11 @@ async def test_async_def_stage_in_run_async():
 def test_acts_of_an_async_stage_overlap_up_to_its_registers(buffers):
     stage = Overlap(want=buffers)
     g = af.ActorGraph()
-    s = g.source(numbers(10), buffers=4)        # inputs are never what limits it
+    s = g.source(numbers(10), buffers=4)  # inputs are never what limits it
     g.sink(g.actor(stage, s, buffers=buffers, name="overlap"))
     outs = list(g.run())
     assert [int(o[0]) for o in outs] == [2 * i for i in range(10)]
-    assert stage.most == buffers                # as many as it has registers, never more
+    assert stage.most == buffers  # as many as it has registers, never more
 
 
 def test_resource_tokens_bound_the_overlap_of_an_async_stage():
@@ -121,21 +123,21 @@ def test_plan_reads_piece_zero_of_async_source_and_stage_once():
         return np.concatenate([x, x])
 
     g = af.ActorGraph(memory={"cpu": "1MiB"})
-    s = g.source(agen_numbers, name="load")     # no out=: piece 0 sizes it
+    s = g.source(agen_numbers, name="load")  # no out=: piece 0 sizes it
     g.sink(g.actor(scale, s, name="scale"))
     plan = g.plan()
     assert "float32[8] on cpu" in str(plan)
     assert calls == [0]
     outs = list(g.run())
     assert [int(o[0]) for o in outs] == [0, 1, 2, 3, 4]
-    assert calls == [0, 1, 2, 3, 4]             # piece 0 was not computed twice
+    assert calls == [0, 1, 2, 3, 4]  # piece 0 was not computed twice
 
 
 def test_async_source_without_spec_sizes_the_lazy_run():
     g = af.ActorGraph()
     g.sink(g.actor(lambda x: x * 3, g.source(agen_numbers)))
     assert [int(o[0]) for o in g.run()] == [0, 3, 6, 9, 12]
-    assert [int(o[0]) for o in g.run()] == [0, 3, 6, 9, 12]    # a factory: runs again
+    assert [int(o[0]) for o in g.run()] == [0, 3, 6, 9, 12]  # a factory: runs again
 
 
 def test_error_in_async_stage_names_actor_and_piece_and_graph_runs_again():
@@ -173,7 +175,7 @@ def test_timeout_of_an_async_act_fails_the_run_and_cancels_it():
     assert isinstance(ei.value.__cause__, TimeoutError)
     assert "stuck" in str(ei.value) and "timeout=0.05" in str(ei.value)
     assert g.join(5)
-    assert cancelled                            # the act was cancelled, not left running
+    assert cancelled  # the act was cancelled, not left running
     assert g.stats().state == "failed"
 
 
@@ -214,7 +216,7 @@ def test_simulated_time_on_an_async_stage_is_awaited_not_slept():
     g = af.ActorGraph(buffers=4)
     g.sink(g.actor(ident, g.source(numbers(4), buffers=4), time=0.01))
     assert len(list(g.run())) == 4
-    assert g.stats().actors["ident"]["compute_s"] >= 4 * 0.01 * 0.5   # counted per act
+    assert g.stats().actors["ident"]["compute_s"] >= 4 * 0.01 * 0.5  # counted per act
 
 
 def test_pipeline_takes_async_stages_and_async_generator_source():
@@ -268,17 +270,20 @@ def test_async_callable_object_and_partial_are_async_stages():
 
 # -- replicas: a thread stage on several threads -------------------------------------------
 
+
 class ThreadOverlap:
     """A thread stage that records how many of its acts run at once."""
 
     def __init__(self, delays=None):
         import threading
+
         self.lock = threading.Lock()
         self.active = self.most = 0
         self.delays = delays
 
     def __call__(self, x):
         import time
+
         with self.lock:
             self.active += 1
             self.most = max(self.most, self.active)
@@ -298,11 +303,12 @@ def test_replicas_overlap_up_to_their_registers_and_keep_order(replicas, buffers
     assert [int(o[0]) for o in g.run()] == [2 * i for i in range(16)]
     assert stage.most <= expect
     if expect > 1:
-        assert stage.most >= 2                   # they did overlap
+        assert stage.most >= 2  # they did overlap
 
 
 def test_an_error_in_a_replica_names_the_piece_and_stop_frees_everything():
     import threading
+
     gate = threading.Event()
 
     def stage(x):
@@ -313,8 +319,7 @@ def test_an_error_in_a_replica_names_the_piece_and_stop_frees_everything():
         return x
 
     g = af.ActorGraph(memory={"cpu": "1MiB"})
-    g.sink(g.actor(stage, g.source(numbers(12), buffers=6), buffers=6, replicas=3,
-                   name="rep"))
+    g.sink(g.actor(stage, g.source(numbers(12), buffers=6), buffers=6, replicas=3, name="rep"))
     base = in_use()
     with pytest.raises(af.ActorError) as ei:
         list(g.run())
@@ -322,7 +327,7 @@ def test_an_error_in_a_replica_names_the_piece_and_stop_frees_everything():
     gate.set()
     assert g.join(10)
     assert in_use() == base
-    with pytest.raises(af.ActorError):           # the graph runs again (and fails again)
+    with pytest.raises(af.ActorError):  # the graph runs again (and fails again)
         list(g.run())
 
 
@@ -338,6 +343,7 @@ def test_replicas_arguments_are_checked():
 
     async def a(x):
         return x
+
     with pytest.raises(ValueError, match="async def"):
         g.actor(a, s, replicas=2)
 
@@ -351,12 +357,16 @@ KINDS = ("thread", "inline", "async", "replicas")
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kinds=hs.lists(hs.sampled_from(KINDS), min_size=1, max_size=5),
-       buffers=hs.lists(hs.integers(1, 4), min_size=6, max_size=6),
-       n=hs.integers(0, 12), seed=hs.integers(0, 2**16), stop_at=hs.one_of(
-           hs.none(), hs.integers(0, 12)))
-def test_random_chains_of_stage_kinds_keep_order_and_free_everything(kinds, buffers, n, seed,
-                                                                     stop_at):
+@given(
+    kinds=hs.lists(hs.sampled_from(KINDS), min_size=1, max_size=5),
+    buffers=hs.lists(hs.integers(1, 4), min_size=6, max_size=6),
+    n=hs.integers(0, 12),
+    seed=hs.integers(0, 2**16),
+    stop_at=hs.one_of(hs.none(), hs.integers(0, 12)),
+)
+def test_random_chains_of_stage_kinds_keep_order_and_free_everything(
+    kinds, buffers, n, seed, stop_at
+):
     """A chain of thread, inline, async and replicated stages (random registers, a seeded
     scheduler, random short waits): every piece arrives once, in order, with the value the
     chain computes; stopping early (break) or running to the end frees every register."""
@@ -365,23 +375,33 @@ def test_random_chains_of_stage_kinds_keep_order_and_free_everything(kinds, buff
 
     def stage(k, kind):
         if kind == "async":
+
             async def f(x):
                 await asyncio.sleep(waits[k][int(x[0]) % 12])
                 return x + 1
+
             return f
 
         def g(x):
             if kind != "inline":
                 import time
+
                 time.sleep(waits[k][int(x[0]) % 12])
             return x + 1
+
         return g
 
     g = af.ActorGraph(seed=seed, memory={"cpu": "1MiB"})
     node = g.source(numbers(n), buffers=buffers[0])
     for k, kind in enumerate(kinds):
-        node = g.actor(stage(k, kind), node, buffers=buffers[k + 1], name=f"s{k}",
-                       inline=kind == "inline", replicas=3 if kind == "replicas" else 1)
+        node = g.actor(
+            stage(k, kind),
+            node,
+            buffers=buffers[k + 1],
+            name=f"s{k}",
+            inline=kind == "inline",
+            replicas=3 if kind == "replicas" else 1,
+        )
     g.sink(node)
     base = in_use()
     got = []
@@ -390,11 +410,11 @@ def test_random_chains_of_stage_kinds_keep_order_and_free_everything(kinds, buff
         if stop_at is not None and len(got) > stop_at:
             break
     want = [i + len(kinds) for i in range(n)]
-    assert got == want[:len(got)]
+    assert got == want[: len(got)]
     if stop_at is None or stop_at >= n:
         assert got == want
     assert g.join(10)
-    assert in_use() <= base     # (a leak holds more; an earlier test's may be freed meanwhile)
+    assert in_use() <= base  # (a leak holds more; an earlier test's may be freed meanwhile)
 
 
 def test_pipeline_stages_take_replicas():
@@ -416,6 +436,7 @@ def test_stats_show_replicas():
 
 # -- an async def stage iterating another graph's run_async() ------------------------------
 
+
 def inner_graph(n=3, **kw):
     g = af.ActorGraph(**kw)
     g.sink(g.actor(lambda x: x * 2, g.source([np.ones(2)] * n, name="isrc"), name="double"))
@@ -431,8 +452,12 @@ def outer_graph(make_inner, pieces=4):
         async for o in make_inner().run_async():
             s += float(o.sum())
         return x + s
-    g.sink(g.actor(total, g.source([np.full(2, float(i)) for i in range(pieces)],
-                                   name="src"), name="total"))
+
+    g.sink(
+        g.actor(
+            total, g.source([np.full(2, float(i)) for i in range(pieces)], name="src"), name="total"
+        )
+    )
     return g
 
 
@@ -450,8 +475,7 @@ def test_a_nested_run_replays_under_a_seeded_schedule():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kw", [{"memory": {"cpu": "1MiB"}}, {"buffers": "auto"},
-                                {"share": True}])
+@pytest.mark.parametrize("kw", [{"memory": {"cpu": "1MiB"}}, {"buffers": "auto"}, {"share": True}])
 def test_a_nested_run_sized_by_piece_0_of_async_actors(kw):
     # the inner graph's async source and stage have no out=: with a budget piece 0 flows
     # first; with buffers="auto" or share=True it is computed before the run, on a thread
@@ -461,7 +485,8 @@ def test_a_nested_run_sized_by_piece_0_of_async_actors(kw):
         g = af.ActorGraph(**kw)
         g.sink(g.actor(Overlap(1), g.source(agen_numbers, name="asrc"), name="aslow"))
         return g
-    alone = sum(float(o.sum()) for o in inner().run())        # the inner run by itself
+
+    alone = sum(float(o.sum()) for o in inner().run())  # the inner run by itself
     assert alone > 0
     outs = af.testing.assert_no_deadlock(outer_graph(inner), timeout=30)
     assert [float(o[0]) for o in outs] == [alone + i for i in range(4)]
@@ -474,6 +499,7 @@ def test_a_stalled_nested_run_is_named_as_a_cycle_not_a_hang():
     class DropsFirst(collections.deque):
         """An input queue that loses the first register sent to it (a bug the plan rules
         out, made here): its reader waits for it, and its producer for that register."""
+
         dropped = False
 
         def append(self, x):
@@ -493,6 +519,7 @@ def test_a_stalled_nested_run_is_named_as_a_cycle_not_a_hang():
             plan = start(feed)
             plan.in_ports[x][0].queue = DropsFirst()
             return plan
+
         g._start = losing
         return g
 
@@ -500,8 +527,9 @@ def test_a_stalled_nested_run_is_named_as_a_cycle_not_a_hang():
     with pytest.raises(AssertionError) as info:
         af.testing.assert_no_deadlock(g, timeout=30)
     text = str(info.value)
-    assert text.startswith("deadlock in a run that actor 'total' iterated on piece 0: "
-                           "the actor graph deadlocked:")
+    assert text.startswith(
+        "deadlock in a run that actor 'total' iterated on piece 0: the actor graph deadlocked:"
+    )
     assert "one (piece 0) is queued at x; x waits for piece 0 from y" in text
     assert g.join(10)
     assert g.stats().state == "failed"
@@ -512,12 +540,13 @@ def test_a_blocking_run_from_an_act_on_the_graph_loop_is_refused_with_the_fix():
         list(inner_graph().run())
         return x
 
-    for make in (lambda: list(inner_graph().run()) or None,      # an inline act
-                 blocking):                                    # an async def stage
+    for make in (
+        lambda: list(inner_graph().run()) or None,  # an inline act
+        blocking,
+    ):  # an async def stage
         g = af.ActorGraph()
         fn = make if make is blocking else (lambda x, make=make: make() or x)
-        g.sink(g.actor(fn, g.source([np.ones(2)]), name="nest",
-                       inline=make is not blocking))
+        g.sink(g.actor(fn, g.source([np.ones(2)]), name="nest", inline=make is not blocking))
         with pytest.raises(af.ActorError) as info:
             list(g.run())
         text = str(info.value)
@@ -525,9 +554,14 @@ def test_a_blocking_run_from_an_act_on_the_graph_loop_is_refused_with_the_fix():
         assert "run() was called on the thread that drives actor graphs" in text
         assert "iterate the other graph with 'async for out in g.run_async()'" in text
         assert "make it a thread stage (drop inline=True" in text
-    g = af.ActorGraph()                         # from a thread stage: a run of its own
-    g.sink(g.actor(lambda x: x + sum(float(o.sum()) for o in inner_graph().run()),
-                   g.source([np.zeros(2)]), name="nest"))
+    g = af.ActorGraph()  # from a thread stage: a run of its own
+    g.sink(
+        g.actor(
+            lambda x: x + sum(float(o.sum()) for o in inner_graph().run()),
+            g.source([np.zeros(2)]),
+            name="nest",
+        )
+    )
     assert [o.tolist() for o in g.run()] == [[12.0, 12.0]]
 
 
@@ -540,14 +574,18 @@ def test_plan_from_an_async_stage_says_why_it_cannot_await_there():
 
     g = af.ActorGraph()
     g.sink(g.actor(plans, g.source([np.ones(2)]), name="plans"))
-    with pytest.raises(af.ActorError, match=r"plan\(\) was called on the thread that drives "
-                                            r"actor graphs .* Give those actors out="):
+    with pytest.raises(
+        af.ActorError,
+        match=r"plan\(\) was called on the thread that drives "
+        r"actor graphs .* Give those actors out=",
+    ):
         list(g.run())
 
 
 @pytest.mark.timeout(60)
 async def test_run_async_cancelled_while_planning_frees_the_plan():
     import threading
+
     release = threading.Event()
     started = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -556,22 +594,22 @@ async def test_run_async_cancelled_while_planning_frees_the_plan():
 
     def slow(x):
         loop.call_soon_threadsafe(started.set)
-        released.append(release.wait(10))        # set by the loop: it is not held
+        released.append(release.wait(10))  # set by the loop: it is not held
         return x
 
-    g = af.ActorGraph(buffers="auto")            # piece 0 computed before the run
+    g = af.ActorGraph(buffers="auto")  # piece 0 computed before the run
     g.sink(g.actor(slow, g.source(numbers(3)), name="slow"))
 
     async def consume():
         return [o async for o in g.run_async()]
 
     task = asyncio.ensure_future(consume())
-    await asyncio.wait_for(started.wait(), 10)   # (the loop runs while piece 0 is made)
+    await asyncio.wait_for(started.wait(), 10)  # (the loop runs while piece 0 is made)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     release.set()
-    for _ in range(200):                          # the plan made after all is freed
+    for _ in range(200):  # the plan made after all is freed
         if not g._running:
             break
         await asyncio.sleep(0.01)

@@ -26,14 +26,17 @@ TOL = {np.float64: dict(rtol=1e-9, atol=1e-12), np.float32: dict(rtol=1e-4, atol
 
 def both(*arrays, grad=True):
     """The arrays as actorflow and torch tensors (leaves that require grad)."""
-    return ([af.tensor(a, requires_grad=grad) for a in arrays],
-            [torch.tensor(a, requires_grad=grad) for a in arrays])
+    return (
+        [af.tensor(a, requires_grad=grad) for a in arrays],
+        [torch.tensor(a, requires_grad=grad) for a in arrays],
+    )
 
 
 def close(got, want, dtype=np.float64):
     want = want.detach().numpy() if isinstance(want, torch.Tensor) else want
-    np.testing.assert_allclose(got.numpy() if isinstance(got, af.Tensor) else got, want,
-                               **TOL[dtype])
+    np.testing.assert_allclose(
+        got.numpy() if isinstance(got, af.Tensor) else got, want, **TOL[dtype]
+    )
 
 
 def backward_both(ya, yt):
@@ -45,30 +48,36 @@ def backward_both(ya, yt):
 
 # -- scaled_dot_product_attention --------------------------------------------------------------
 
+
 def _mask_bool():
     m = RNG.random((5, 6)) > 0.4
-    m[2] = False                        # a row that attends to nothing: zeros, as PyTorch
+    m[2] = False  # a row that attends to nothing: zeros, as PyTorch
     return m
 
 
 def _mask_float():
     m = RNG.standard_normal((3, 1, 6))  # per head, broadcast over the query rows
-    m[1, 0, :] = -np.inf                # the whole head masked: zeros
+    m[1, 0, :] = -np.inf  # the whole head masked: zeros
     m[0, 0, 2] = -np.inf
     return m
 
 
-SDPA = [("plain", {}), ("causal", dict(is_causal=True)),
-        ("bool mask", dict(attn_mask=_mask_bool())), ("float mask", dict(attn_mask=_mask_float())),
-        ("scale", dict(scale=0.3))]
+SDPA = [
+    ("plain", {}),
+    ("causal", dict(is_causal=True)),
+    ("bool mask", dict(attn_mask=_mask_bool())),
+    ("float mask", dict(attn_mask=_mask_float())),
+    ("scale", dict(scale=0.3)),
+]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("kind,kw", SDPA, ids=[k for k, _ in SDPA])
 def test_sdpa_values_and_gradients_equal_pytorchs(kind, kw, dtype):
     # batch dims broadcast: query (2, 3, L, E), key (1, 3, S, E), value (3, S, Ev)
-    q, k, v = (RNG.standard_normal(s).astype(dtype) for s in [(2, 3, 5, 4), (1, 3, 6, 4),
-                                                               (3, 6, 7)])
+    q, k, v = (
+        RNG.standard_normal(s).astype(dtype) for s in [(2, 3, 5, 4), (1, 3, 6, 4), (3, 6, 7)]
+    )
     (qa, ka, va), (qt, kt, vt) = both(q, k, v)
     akw = {n: af.tensor(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
     tkw = {n: torch.tensor(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
@@ -107,13 +116,15 @@ def test_sdpa_refuses_shapes_and_arguments_naming_them():
     with pytest.raises(af.ShapeError, match=r"query \(2, 5, 4\), key \(2, 5, 3\)"):
         NF.scaled_dot_product_attention(q, af.randn(2, 5, 3), q)
     with pytest.raises(ValueError, match="either attn_mask or is_causal"):
-        NF.scaled_dot_product_attention(q, q, q, attn_mask=af.ones(5, 5, dtype=af.bool),
-                                        is_causal=True)
+        NF.scaled_dot_product_attention(
+            q, q, q, attn_mask=af.ones(5, 5, dtype=af.bool), is_causal=True
+        )
     with pytest.raises(af.DTypeError, match="attn_mask must be bool.*int64"):
         NF.scaled_dot_product_attention(q, q, q, attn_mask=af.ones(5, 5, dtype=af.int64))
 
 
 # -- triu, tril, masked_fill ---------------------------------------------------------------
+
 
 @pytest.mark.parametrize("diagonal", [-1, 0, 2])
 def test_triu_tril_masked_fill_equal_pytorchs(diagonal):
@@ -121,12 +132,14 @@ def test_triu_tril_masked_fill_equal_pytorchs(diagonal):
     a, t = af.tensor(x), torch.tensor(x)
     close(af.triu(a, diagonal), torch.triu(t, diagonal))
     close(a.tril(diagonal), t.tril(diagonal))
-    close(af.ones(3, 4, dtype=af.bool).triu(diagonal).long(),
-          torch.ones(3, 4, dtype=torch.bool).triu(diagonal).long())
+    close(
+        af.ones(3, 4, dtype=af.bool).triu(diagonal).long(),
+        torch.ones(3, 4, dtype=torch.bool).triu(diagonal).long(),
+    )
     m = RNG.random((3, 4)) > 0.5
     close(a.masked_fill(af.tensor(m), -2.5), t.masked_fill(torch.tensor(m), -2.5))
     got = af.masked_fill(a.float(), af.tensor(m), af.tensor(7.0, dtype=af.float64))
-    assert got.dtype == af.float32                     # the input's dtype, as PyTorch
+    assert got.dtype == af.float32  # the input's dtype, as PyTorch
     close(got, torch.masked_fill(t.float(), torch.tensor(m), torch.tensor(7.0)), np.float32)
     with pytest.raises(af.ShapeError, match=r"triu: needs a tensor of at least 2 dims.*\(4,\)"):
         af.triu(af.ones(4))
@@ -138,18 +151,28 @@ def test_triu_tril_masked_fill_equal_pytorchs(diagonal):
 
 def test_masked_fill_casts_a_number_to_the_inputs_dtype_as_pytorch():
     m = np.array([True, False, True])
-    for x, value in [([1, 2, 3], 2.7), ([1, 2, 3], -2.7), ([True, False, False], 0),
-                     ([True, False, False], 2.5), ([1.5, 2.0, 3.0], 1), ([4, 5, 6], True)]:
+    for x, value in [
+        ([1, 2, 3], 2.7),
+        ([1, 2, 3], -2.7),
+        ([True, False, False], 0),
+        ([True, False, False], 2.5),
+        ([1.5, 2.0, 3.0], 1),
+        ([4, 5, 6], True),
+    ]:
         got = af.tensor(x).masked_fill(af.tensor(m), value)
         want = torch.tensor(x).masked_fill(torch.tensor(m), value)
         assert got.dtype.name == str(want.dtype).split(".")[-1], (x, value)
         np.testing.assert_array_equal(got.numpy(), want.numpy())
-    with pytest.raises(ValueError, match=r"masked_fill: value nan cannot be converted to the "
-                                         r"input's int64"):
+    with pytest.raises(
+        ValueError,
+        match=r"masked_fill: value nan cannot be converted to the "
+        r"input's int64",
+    ):
         af.tensor([1, 2, 3]).masked_fill(af.tensor(m), float("nan"))
 
 
 # -- MultiheadAttention ------------------------------------------------------------------------
+
 
 def load_from_torch(amod, tmod):
     """Copies ``tmod``'s weights into ``amod`` through numpy, checking keys and shapes."""
@@ -177,14 +200,26 @@ def _kpm():
     return m
 
 
-MHA = [("plain", {}, False), ("batch_first", {}, True),
-       ("bool attn_mask", dict(attn_mask=np.triu(np.ones((L, L), bool), 1)), False),
-       ("key_padding_mask", dict(key_padding_mask=_kpm()), True),
-       ("both masks, per head, weights per head",
-        dict(attn_mask=RNG.standard_normal((N * H, L, L)), key_padding_mask=_kpm(),
-             average_attn_weights=False), False),
-       ("is_causal hint", dict(attn_mask=np.triu(np.ones((L, L), bool), 1), is_causal=True,
-                               need_weights=False), True)]
+MHA = [
+    ("plain", {}, False),
+    ("batch_first", {}, True),
+    ("bool attn_mask", dict(attn_mask=np.triu(np.ones((L, L), bool), 1)), False),
+    ("key_padding_mask", dict(key_padding_mask=_kpm()), True),
+    (
+        "both masks, per head, weights per head",
+        dict(
+            attn_mask=RNG.standard_normal((N * H, L, L)),
+            key_padding_mask=_kpm(),
+            average_attn_weights=False,
+        ),
+        False,
+    ),
+    (
+        "is_causal hint",
+        dict(attn_mask=np.triu(np.ones((L, L), bool), 1), is_causal=True, need_weights=False),
+        True,
+    ),
+]
 
 
 @pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
@@ -216,7 +251,7 @@ def test_multihead_attention_unbatched_init_and_no_bias():
     af.manual_seed(0)
     am = nn.MultiheadAttention(E, H)
     w = am.in_proj_weight.numpy()
-    bound = np.sqrt(6.0 / (E + 3 * E))                 # Xavier uniform over (3E, E)
+    bound = np.sqrt(6.0 / (E + 3 * E))  # Xavier uniform over (3E, E)
     assert w.shape == (3 * E, E) and np.abs(w).max() <= bound and np.abs(w).max() > bound / 2
     assert not am.in_proj_bias.numpy().any() and not am.out_proj.bias.numpy().any()
     tm = torch.nn.MultiheadAttention(E, H, bias=False, dtype=torch.float64)
@@ -224,7 +259,7 @@ def test_multihead_attention_unbatched_init_and_no_bias():
     load_from_torch(am, tm)
     x = RNG.standard_normal((L, E))
     (xa,), (xt,) = both(x)
-    ya, wa = am(xa, xa, xa)                 # self-attention: one packed projection
+    ya, wa = am(xa, xa, xa)  # self-attention: one packed projection
     yt, wt = tm(xt, xt, xt)
     close(ya, yt)
     close(wa, wt)
@@ -242,8 +277,11 @@ def test_multihead_attention_refusals_name_the_values():
     x = af.randn(L, N, E)
     with pytest.raises(af.ShapeError, match=r"attn_mask must have shape \(5, 5\).*got \(4, 5\)"):
         m(x, x, x, attn_mask=af.ones(4, 5, dtype=af.bool))
-    with pytest.raises(af.ShapeError, match=r"key_padding_mask must have shape \(3, 5\).*"
-                                            r"got \(5, 3\)"):
+    with pytest.raises(
+        af.ShapeError,
+        match=r"key_padding_mask must have shape \(3, 5\).*"
+        r"got \(5, 3\)",
+    ):
         m(x, x, x, key_padding_mask=af.ones(5, 3, dtype=af.bool))
     with pytest.raises(af.ShapeError, match=r"embed_dim=8 features.*\(5, 3, 6\)"):
         m(x, af.randn(5, 3, 6), af.randn(5, 3, 6))
@@ -251,15 +289,24 @@ def test_multihead_attention_refusals_name_the_values():
 
 # -- TransformerEncoderLayer, TransformerEncoder -------------------------------------------
 
-LAYERS = [(False, False, "relu"), (False, True, "gelu"), (True, False, "gelu"),
-          (True, True, "relu")]
+LAYERS = [
+    (False, False, "relu"),
+    (False, True, "gelu"),
+    (True, False, "gelu"),
+    (True, True, "relu"),
+]
 
 
 @pytest.mark.parametrize("norm_first,batch_first,activation", LAYERS)
 def test_encoder_layer_equals_pytorchs_in_eval_with_masks(norm_first, batch_first, activation):
     torch.manual_seed(0)
-    kw = dict(dim_feedforward=16, dropout=0.1, activation=activation, batch_first=batch_first,
-              norm_first=norm_first)
+    kw = dict(
+        dim_feedforward=16,
+        dropout=0.1,
+        activation=activation,
+        batch_first=batch_first,
+        norm_first=norm_first,
+    )
     tl = torch.nn.TransformerEncoderLayer(E, H, dtype=torch.float64, **kw).eval()
     al = nn.TransformerEncoderLayer(E, H, dtype=af.float64, **kw).eval()
     load_from_torch(al, tl)
@@ -276,10 +323,12 @@ def test_encoder_layer_equals_pytorchs_in_eval_with_masks(norm_first, batch_firs
 
 def test_encoder_deep_copies_the_layer_with_pytorchs_keys_and_values():
     torch.manual_seed(0)
-    tl = torch.nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, batch_first=True,
-                                          dtype=torch.float64)
-    te = torch.nn.TransformerEncoder(tl, 2, norm=torch.nn.LayerNorm(E, dtype=torch.float64),
-                                     enable_nested_tensor=False)
+    tl = torch.nn.TransformerEncoderLayer(
+        E, H, 16, dropout=0.0, batch_first=True, dtype=torch.float64
+    )
+    te = torch.nn.TransformerEncoder(
+        tl, 2, norm=torch.nn.LayerNorm(E, dtype=torch.float64), enable_nested_tensor=False
+    )
     al = nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, batch_first=True, dtype=af.float64)
     ae = nn.TransformerEncoder(al, 2, norm=nn.LayerNorm(E, dtype=af.float64))
     assert ae.layers[0].linear1.weight is not ae.layers[1].linear1.weight
@@ -321,9 +370,16 @@ class TinyLM(nn.Module):
     def __init__(self, device=None):
         super().__init__()
         self.emb = nn.Embedding(V, D, device=device)
-        self.block = nn.TransformerEncoderLayer(D, 4, 32, dropout=0.0, batch_first=True,
-                                                norm_first=True, activation="gelu",
-                                                device=device)
+        self.block = nn.TransformerEncoderLayer(
+            D,
+            4,
+            32,
+            dropout=0.0,
+            batch_first=True,
+            norm_first=True,
+            activation="gelu",
+            device=device,
+        )
         self.head = nn.Linear(D, V, device=device)
 
     def forward(self, idx):
@@ -346,7 +402,7 @@ class LMStep(nn.Graph):
 def lm_batches(n, b=4):
     rng = np.random.default_rng(5)
     out = []
-    for _ in range(n):                  # counting mod V from a random start: learnable
+    for _ in range(n):  # counting mod V from a random start: learnable
         s = (rng.integers(0, V, (b, 1)) + np.arange(C + 1)) % V
         out.append((s[:, :-1], s[:, 1:]))
     return out
@@ -377,15 +433,15 @@ def test_tiny_lm_graph_step_and_runs_equal_eager():
     assert want[-1] < want[0]
     model, opt = make_lm()
     x0 = af.tensor(data[0][0])
-    with af.no_grad():                       # no_grad: the same forward, nothing recorded
+    with af.no_grad():  # no_grad: the same forward, nothing recorded
         y0 = model(x0)
     assert y0.grad_fn is None and not y0.requires_grad
     assert np.array_equal(y0.numpy(), model(x0).detach().numpy())
     step = LMStep(model, opt)
     got = [float(step(af.tensor(x), af.tensor(y))) for x, y in data[:2]]
-    got += [float(v) for v in step.run(data[2:4])]                  # an actor per op
-    got += [float(v) for v in step.run(data[4:], fused=True)]       # one actor
-    assert got == want                                              # bit for bit
+    got += [float(v) for v in step.run(data[2:4])]  # an actor per op
+    got += [float(v) for v in step.run(data[4:], fused=True)]  # one actor
+    assert got == want  # bit for bit
     for (name, a), b in zip(m1.named_parameters(), model.parameters(), strict=True):
         assert np.array_equal(b.numpy(), a.numpy()), name
 

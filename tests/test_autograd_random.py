@@ -43,7 +43,7 @@ def apply(lib, name, a, b=None):
         return a / (b * b + 1.0)
     if name == "maximum":
         return lib.maximum(a, b)
-    if name == "T":                         # matmul through transposed views: (3, 4)
+    if name == "T":  # matmul through transposed views: (3, 4)
         return (a @ b.T) @ a * 0.1
     if name == "sum0_keep":
         return a - a.sum(dim=0, keepdim=True) * 0.25
@@ -58,11 +58,13 @@ def apply(lib, name, a, b=None):
 
 program = st.lists(
     st.tuples(st.sampled_from(UNARY + BINARY + SHAPE), st.integers(0, 50), st.integers(0, 50)),
-    min_size=1, max_size=10)
+    min_size=1,
+    max_size=10,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prog=program, seed=st.integers(0, 2 ** 16), n_leaves=st.integers(1, 3))
+@given(prog=program, seed=st.integers(0, 2**16), n_leaves=st.integers(1, 3))
 def test_random_programs_have_pytorchs_gradients(prog, seed, n_leaves):
     rng = np.random.default_rng(seed)
     leaves = [rng.standard_normal((3, 4)) for _ in range(n_leaves)]

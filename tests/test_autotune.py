@@ -12,13 +12,22 @@ from actorflow.experiments.common import null_chain
 MiB = 1 << 20
 # (name, MiB per register, seconds per act): a big register on a fast edge, small ones
 # on the slow edges the pipeline is bound by
-STAGES = [("load", 4, 0.0005), ("crop", 0.25, 0.0005), ("decode", 1, 0.003),
-          ("augment", 0.25, 0.003), ("compute", 0.25, 0.003)]
+STAGES = [
+    ("load", 4, 0.0005),
+    ("crop", 0.25, 0.0005),
+    ("decode", 1, 0.003),
+    ("augment", 0.25, 0.003),
+    ("compute", 0.25, 0.003),
+]
 
 
 def pipeline(buffers, budget, pieces=6, stages=STAGES):
-    return null_chain([(name, mib * MiB, t, "null") for name, mib, t in stages], pieces,
-                      buffers=buffers, memory={"null": budget})
+    return null_chain(
+        [(name, mib * MiB, t, "null") for name, mib, t in stages],
+        pieces,
+        buffers=buffers,
+        memory={"null": budget},
+    )
 
 
 def counts(plan):
@@ -41,8 +50,8 @@ def test_auto_gives_registers_where_the_edges_need_them():
 
 
 def test_under_a_tight_budget_auto_still_beats_one_register_each():
-    plan = pipeline("auto", 8 * MiB).plan()     # uniform 2 needs 11.5 MiB: refused
-    one_each = 1 / (0.003 + 0.003)              # decode -> augment, one register: 167/s
+    plan = pipeline("auto", 8 * MiB).plan()  # uniform 2 needs 11.5 MiB: refused
+    one_each = 1 / (0.003 + 0.003)  # decode -> augment, one register: 167/s
     assert plan.tuning.rate > one_each * 1.5
     assert plan.totals[af.device("null")] <= 8 * MiB
     with pytest.raises(af.PlanError):
@@ -63,7 +72,7 @@ def test_a_fixed_count_is_kept_and_auto_per_actor():
     b = g.actor(lambda v: None, a, out=spec, name="b", time=0.003, buffers="auto")
     g.sink(g.actor(lambda v: None, b, out=spec, name="c", time=0.003))
     c = counts(g.plan())
-    assert c["a"] == 5 and c["c"] == 2 and c["b"] >= 2      # c keeps the graph's default
+    assert c["a"] == 5 and c["c"] == 2 and c["b"] >= 2  # c keeps the graph's default
 
 
 def test_times_come_from_the_last_run_and_the_counts_follow_them():
@@ -72,15 +81,17 @@ def test_times_come_from_the_last_run_and_the_counts_follow_them():
     def stage(v):
         time.sleep(slow["s"])
         return v + 1
+
     g = af.ActorGraph(buffers="auto", memory={"cpu": 64 * MiB})
-    x = g.source([np.zeros(1024) for _ in range(8)], out=af.Spec((1024,), af.float64),
-                 name="load", time=0.02)      # (the stage's probe must not pass it under load)
+    x = g.source(
+        [np.zeros(1024) for _ in range(8)], out=af.Spec((1024,), af.float64), name="load", time=0.02
+    )  # (the stage's probe must not pass it under load)
     g.sink(g.actor(stage, x, out=af.Spec((1024,), af.float64), name="stage"))
     first = g.plan()
     assert first.tuning.sources["stage"] == "piece 0 while planning"
-    assert "the slowest stage is 'load'" in first.table()       # the stage is fast
+    assert "the slowest stage is 'load'" in first.table()  # the stage is fast
     list(g.run())
-    slow["s"] = 0.03                           # now the stage is the bottleneck
+    slow["s"] = 0.03  # now the stage is the bottleneck
     list(g.run())
     plan = g.plan()
     assert plan.tuning.sources["stage"] == "measured in the last run"
@@ -98,10 +109,9 @@ def test_pipeline_takes_auto_and_bad_values_are_refused():
 
 
 def test_auto_counts_op_workspaces_against_the_budget():
-    spec = af.Spec((1024,), af.float64)          # 8 KiB a register
+    spec = af.Spec((1024,), af.float64)  # 8 KiB a register
     g = af.ActorGraph(buffers="auto", memory={"cpu": 40 * 1024})
-    x = g.source([np.full(1024, float(p)) for p in range(4)], out=spec, name="load",
-                 time=0.001)
+    x = g.source([np.full(1024, float(p)) for p in range(4)], out=spec, name="load", time=0.001)
     g.sink(g.op(lambda v: (v * 2 + 1) * 3 - v, x, name="fused", time=0.004))
     plan = g.plan()
     assert plan.totals[af.device("cpu")] <= 40 * 1024
@@ -120,23 +130,31 @@ def test_auto_reads_a_time_function_only_as_far_as_it_goes():
     times = [0.001, 0.002, 0.003]
     g = af.ActorGraph(buffers="auto")
     x = g.source([np.zeros(2)] * 3, out=af.Spec((2,), af.float64), name="load")
-    g.sink(g.actor(lambda v: v + 1, x, out=af.Spec((2,), af.float64), name="s",
-                   time=lambda p: times[p]))
+    g.sink(
+        g.actor(
+            lambda v: v + 1, x, out=af.Spec((2,), af.float64), name="s", time=lambda p: times[p]
+        )
+    )
     plan = g.plan()
     assert plan.tuning.sources["s"] == "time= (first 3 pieces)"
     assert len(list(g.run())) == 3
     bad = af.ActorGraph(buffers="auto")
     y = bad.source([np.zeros(2)], out=af.Spec((2,), af.float64), name="load")
-    bad.sink(bad.actor(lambda v: v, y, out=af.Spec((2,), af.float64), name="s",
-                       time=lambda p: 1 / 0))
+    bad.sink(
+        bad.actor(lambda v: v, y, out=af.Spec((2,), af.float64), name="s", time=lambda p: 1 / 0)
+    )
     with pytest.raises(af.PlanError, match="actor 's': time= raised on piece 0"):
         bad.plan()
 
 
 def tiny_chain(buffers="auto", memory=None, size=4, delay=None):
     g = af.ActorGraph(buffers=buffers, memory=memory)
-    x = g.source([np.zeros(size, np.float32)] * 20, out=af.Spec((size,), af.float32),
-                 inline=True, name="load")
+    x = g.source(
+        [np.zeros(size, np.float32)] * 20,
+        out=af.Spec((size,), af.float32),
+        inline=True,
+        name="load",
+    )
     for i in range(3):
         x = g.actor(lambda v: -v, x, name=f"n{i}", time=delay)
     g.sink(x)
@@ -153,11 +171,11 @@ def test_tiny_acts_on_threads_get_registers_for_cheaper_hand_offs():
 
 
 def test_no_hand_off_registers_for_big_registers_slow_acts_or_a_tight_budget():
-    big = counts(tiny_chain(size=32 * 1024).plan())          # 128 KiB registers
+    big = counts(tiny_chain(size=32 * 1024).plan())  # 128 KiB registers
     assert max(big.values()) < 16
-    slow = counts(tiny_chain(delay=0.002).plan())             # acts of 2 ms
+    slow = counts(tiny_chain(delay=0.002).plan())  # acts of 2 ms
     assert max(slow.values()) < 16
-    tight = tiny_chain(memory={"cpu": 4 * 16 * 6})           # room for 24 registers
+    tight = tiny_chain(memory={"cpu": 4 * 16 * 6})  # room for 24 registers
     # the acts' times as a last run would have measured them (20 us each: unbudgeted, every
     # stage gets 16), so the split does not hang on how long piece 0 took on a busy machine
     tight._measured = dict.fromkeys(("load", "n0", "n1", "n2"), 2e-5)

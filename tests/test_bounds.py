@@ -15,7 +15,7 @@ from test_graph_mode import TrainStep
 
 pytestmark = pytest.mark.timeout(60)
 
-LOGITS = np.array([[1., 2., 3.], [1., 0., 0.]], np.float32)
+LOGITS = np.array([[1.0, 2.0, 3.0], [1.0, 0.0, 0.0]], np.float32)
 
 
 def _kernel_error(fn):
@@ -28,11 +28,11 @@ def _kernel_error(fn):
 
 # -- cross_entropy and nll_loss ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
 @pytest.mark.parametrize("bad", [-1, -3, 3])
-def test_class_targets_out_of_range_raise_naming_the_loss_target_and_range(bad, loss,
-                                                                           reduction):
+def test_class_targets_out_of_range_raise_naming_the_loss_target_and_range(bad, loss, reduction):
     fn = getattr(NF, loss)
     out = fn(af.tensor(LOGITS), af.tensor([0, bad]), reduction=reduction)
     err = _kernel_error(out.numpy)
@@ -55,7 +55,7 @@ def test_loss_modules_raise_on_negative_targets_as_on_too_large_ones():
 
 
 def test_k_dim_targets_name_the_first_bad_one_and_count_them():
-    x = af.tensor(np.zeros((2, 3, 4), np.float32))              # (N, C, d)
+    x = af.tensor(np.zeros((2, 3, 4), np.float32))  # (N, C, d)
     t = np.array([[0, 1, -1, 2], [2, 7, 0, 1]])
     err = _kernel_error(lambda: NF.cross_entropy(x, af.tensor(t)).numpy())
     assert "Target -1 is out of bounds (2 of 8 values are)" in str(err)
@@ -65,12 +65,12 @@ def test_k_dim_targets_name_the_first_bad_one_and_count_them():
 
 
 def test_class_weights_with_a_bad_target_give_one_error():
-    lg, w = af.tensor(LOGITS), af.tensor([1., 2., 3.])
-    for bad in (-1, 3):                  # (the weight's gather reads the checked targets)
+    lg, w = af.tensor(LOGITS), af.tensor([1.0, 2.0, 3.0])
+    for bad in (-1, 3):  # (the weight's gather reads the checked targets)
         loss = NF.cross_entropy(lg, af.tensor([bad, 0]), weight=w)
         err = _kernel_error(loss.numpy)
         assert f"Target {bad}" in str(err)
-        af.synchronize()                 # nothing else failed
+        af.synchronize()  # nothing else failed
 
 
 @pytest.mark.parametrize("ignore_index", [-1, 5, -100])
@@ -81,10 +81,12 @@ def test_ignore_index_is_the_value_allowed_out_of_range(ignore_index, reduction)
     t = np.array([[0, ignore_index], [2, 1], [ignore_index, ignore_index], [1, 0]])
     w = np.array([0.5, 2.0, 1.5])
     a, ta = af.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-    got = NF.cross_entropy(a, af.tensor(t), weight=af.tensor(w), ignore_index=ignore_index,
-                           reduction=reduction)
-    want = torch.nn.functional.cross_entropy(ta, torch.tensor(t), weight=torch.tensor(w),
-                                             ignore_index=ignore_index, reduction=reduction)
+    got = NF.cross_entropy(
+        a, af.tensor(t), weight=af.tensor(w), ignore_index=ignore_index, reduction=reduction
+    )
+    want = torch.nn.functional.cross_entropy(
+        ta, torch.tensor(t), weight=torch.tensor(w), ignore_index=ignore_index, reduction=reduction
+    )
     np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-6, atol=1e-12)
     cot = np.random.default_rng(1).standard_normal(want.shape)
     (got * af.tensor(cot)).sum().backward()
@@ -120,7 +122,7 @@ def test_gradients_for_valid_targets_match_pytorch(case):
 def test_backward_through_a_bad_target_raises_and_autograd_goes_on():
     a = af.tensor(LOGITS, requires_grad=True)
     loss = NF.cross_entropy(a, af.tensor([-1, 0]))
-    loss.backward()                       # queued: the error is in the values
+    loss.backward()  # queued: the error is in the values
     _kernel_error(a.grad.numpy)
     a.grad = None
     loss = NF.cross_entropy(a, af.tensor([2, 0]))
@@ -137,9 +139,12 @@ def test_target_arguments_that_cannot_be_class_indices_are_refused_at_the_call()
         NF.cross_entropy(lg, af.tensor([True, False]))
     with pytest.raises(TypeError, match="ignore_index must be an int"):
         NF.cross_entropy(lg, af.tensor([0, 1]), ignore_index=-1.0)
-    with pytest.raises(af.errors.ShapeError, match=r"weight must hold one value per class: "
-                                                   r"shape \(3,\).*got shape \(2,\)"):
-        NF.cross_entropy(lg, af.tensor([0, 1]), weight=af.tensor([1., 2.]))
+    with pytest.raises(
+        af.errors.ShapeError,
+        match=r"weight must hold one value per class: "
+        r"shape \(3,\).*got shape \(2,\)",
+    ):
+        NF.cross_entropy(lg, af.tensor([0, 1]), weight=af.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="reduction must be"):
         NF.nll_loss(lg, af.tensor([0, 1]), reduction="avg")
     with pytest.raises(af.errors.ShapeError, match="with a class dim, got a 0-d input"):
@@ -147,6 +152,7 @@ def test_target_arguments_that_cannot_be_class_indices_are_refused_at_the_call()
 
 
 # -- embedding -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [-1, -3, 3, 100])
 def test_embedding_indices_out_of_range_raise(bad):
@@ -159,7 +165,7 @@ def test_embedding_indices_out_of_range_raise(bad):
 
 
 def test_embedding_with_padding_keeps_checking_and_its_gradient():
-    e = nn.Embedding(3, 2, padding_idx=-1)           # row 2, counted from the end
+    e = nn.Embedding(3, 2, padding_idx=-1)  # row 2, counted from the end
     _kernel_error(e(af.tensor([-1])).numpy)
     out = e(af.tensor([0, 2, 2]))
     np.testing.assert_array_equal(out.numpy()[1:], 0.0)
@@ -174,11 +180,11 @@ def test_embedding_with_padding_keeps_checking_and_its_gradient():
 
 def test_embedding_gradient_never_lands_on_a_wrapped_row():
     e = nn.Embedding(3, 2)
-    e(af.tensor([0, -1])).sum().backward()          # the forward's values never read
-    err = _kernel_error(e.weight.grad.numpy)        # (the gather's gradient checks too)
+    e(af.tensor([0, -1])).sum().backward()  # the forward's values never read
+    err = _kernel_error(e.weight.grad.numpy)  # (the gather's gradient checks too)
     assert err.op == "index_add" and "embedding: index -1 is out of bounds" in str(err)
     with pytest.raises(af.KernelError, match="op 'index' failed.*embedding: index -1"):
-        af.synchronize()                            # the forward's own error
+        af.synchronize()  # the forward's own error
     e.weight.grad = None
     e(af.tensor([0, 2, 2])).sum().backward()
     assert e.weight.grad.numpy().tolist() == [[1, 1], [0, 0], [2, 2]]
@@ -210,10 +216,11 @@ def test_embedding_matches_pytorch_for_valid_indices():
     (ty * torch.tensor(cot)).sum().backward()
     np.testing.assert_allclose(e.weight.grad.numpy(), te.weight.grad.numpy())
     with pytest.raises(IndexError):
-        te(torch.tensor([-1]))                       # what the error above mirrors
+        te(torch.tensor([-1]))  # what the error above mirrors
 
 
 # -- plain indexing keeps PyTorch's negative indices -----------------------------------------
+
 
 def test_advanced_indexing_takes_negative_indices_and_refuses_out_of_range():
     torch = pytest.importorskip("torch")
@@ -221,8 +228,9 @@ def test_advanced_indexing_takes_negative_indices_and_refuses_out_of_range():
     a, t = af.tensor(x), torch.tensor(x)
     idx = [-1, 0, -2]
     np.testing.assert_array_equal(a[af.tensor(idx)].numpy(), t[torch.tensor(idx)].numpy())
-    np.testing.assert_array_equal(a[:, af.tensor([-3, 2])].numpy(),
-                                  t[:, torch.tensor([-3, 2])].numpy())
+    np.testing.assert_array_equal(
+        a[:, af.tensor([-3, 2])].numpy(), t[:, torch.tensor([-3, 2])].numpy()
+    )
     a2, t2 = af.tensor(x), torch.tensor(x)
     a2[af.tensor([-1])] = 7.0
     t2[torch.tensor([-1])] = 7.0
@@ -241,7 +249,7 @@ def test_index_keys_that_cannot_index_are_refused_at_the_call():
     with pytest.raises(IndexError, match="tensors used as indices must be long, int or bool"):
         a[af.tensor([0.0])]
     with pytest.raises(IndexError, match="does not fit an int64"):
-        a[np.array([2 ** 64 - 1], np.uint64)]          # (not wrapped to -1)
+        a[np.array([2**64 - 1], np.uint64)]  # (not wrapped to -1)
     np.testing.assert_array_equal(a[np.array([1], np.uint64)].numpy(), [[3.0, 4.0, 5.0]])
 
 
@@ -268,8 +276,11 @@ def test_graph_step_raises_on_a_bad_target_and_leaves_the_parameters_alone():
     step.step(x, af.tensor([0, 1]))
     before = model[0].weight.numpy().copy()
     for bad in (-1, 3):
-        with pytest.raises(IndexOutOfBoundsError, match=f"cross_entropy: Target {bad} is out "
-                                                        r"of bounds: valid values are in \[0, 3\)"):
+        with pytest.raises(
+            IndexOutOfBoundsError,
+            match=f"cross_entropy: Target {bad} is out "
+            r"of bounds: valid values are in \[0, 3\)",
+        ):
             step.step(x, af.tensor([0, bad]))
     np.testing.assert_array_equal(model[0].weight.numpy(), before)
     assert np.isfinite(float(step.step(x, af.tensor([2, 1]))))

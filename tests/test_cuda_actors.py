@@ -59,9 +59,10 @@ class LoggedStream(EmuStream):
         if d.armed and not d.gated:
             d.gated = True
 
-            def hold(s):            # (on this stream's thread: the device is held there)
+            def hold(s):  # (on this stream's thread: the device is held there)
                 if not d.let_go.wait(d.hold_for):
                     d.held_out = True
+
             self._issue(lambda: (1, hold, "hold"))
 
 
@@ -71,7 +72,7 @@ class LoggedDriver(EmuDriver):
         self.log, self.log_lock = [], threading.Lock()
         self.armed = self.gated = self.held_out = False
         self.h2d_in_run = 0
-        self.let_go = threading.Event()      # (not "free": the driver's free() of a block)
+        self.let_go = threading.Event()  # (not "free": the driver's free() of a block)
         self.hold_for = 5.0
         self.pinned_made = []
 
@@ -87,7 +88,7 @@ class LoggedDriver(EmuDriver):
         return s
 
 
-EMU_DRIVER = LoggedDriver          # the emu and cuda fixtures' emulator (cuda_fixtures)
+EMU_DRIVER = LoggedDriver  # the emu and cuda fixtures' emulator (cuda_fixtures)
 
 
 def _pieces(n, seed=0, shape=(8, 16)):
@@ -105,8 +106,9 @@ def test_pipeline_on_cuda_equals_cpu_under_delays(emu, seed):
     emu(delay=0.001, seed=seed)
     data = _pieces(50, seed)
     want = list(af.Pipeline([data, _compute], buffers=2, seed=seed).run())
-    pipe = af.Pipeline([data, af.Copy(CUDA), _compute, af.Copy("cpu")], buffers=2,
-                       memory={CUDA: "1MiB"}, seed=seed)
+    pipe = af.Pipeline(
+        [data, af.Copy(CUDA), _compute, af.Copy("cpu")], buffers=2, memory={CUDA: "1MiB"}, seed=seed
+    )
     got = list(pipe.run())
     assert len(got) == 50
     for g, w in zip(got, want, strict=True):
@@ -128,9 +130,8 @@ def test_graph_on_cuda_with_tuples_two_inputs_and_a_cuda_sink(cuda):
     assert len(outs) == 6
     for out, x in zip(outs, xs, strict=True):
         t = out["dev"]
-        assert isinstance(t, af.Tensor) and str(t.device) == CUDA      # a copy, on cuda:0
-        np.testing.assert_allclose(t.numpy(), x[:, :4] + 1.0 - x[:, :4] * 3.0 + x[:, :4],
-                                   rtol=1e-6)
+        assert isinstance(t, af.Tensor) and str(t.device) == CUDA  # a copy, on cuda:0
+        np.testing.assert_allclose(t.numpy(), x[:, :4] + 1.0 - x[:, :4] * 3.0 + x[:, :4], rtol=1e-6)
         np.testing.assert_allclose(out["host"]["a"], x + 1.0, rtol=1e-6)
         np.testing.assert_allclose(out["host"]["b"], x[:, :4] * 3.0, rtol=1e-6)
 
@@ -153,8 +154,9 @@ def test_register_is_written_again_only_after_its_device_reads(emu, seed):
 # -- streams and overlap ---------------------------------------------------------------------
 def test_copies_on_copy_streams_compute_on_compute_stream(emu):
     cuda = emu()
-    pipe = af.Pipeline([_pieces(12), af.Copy(CUDA), _compute, af.Copy("cpu")],
-                       memory={CUDA: "1MiB"})
+    pipe = af.Pipeline(
+        [_pieces(12), af.Copy(CUDA), _compute, af.Copy("cpu")], memory={CUDA: "1MiB"}
+    )
     pipe.plan()
     del cuda.log[:]
     assert len(list(pipe.run())) == 12
@@ -163,7 +165,7 @@ def test_copies_on_copy_streams_compute_on_compute_stream(emu):
         where.setdefault(kind, set()).add(stream)
     counts = {k: sum(1 for kk, _ in cuda.log if kk == k) for k in where}
     assert where["copy_h2d"] == {"h2d"} and counts["copy_h2d"] >= 12
-    assert where["copy_d2h"] == {"d2h"} and counts["copy_d2h"] >= 11   # (piece 0: planned)
+    assert where["copy_d2h"] == {"d2h"} and counts["copy_d2h"] >= 11  # (piece 0: planned)
     assert where["launch"] == {"compute"} and counts["launch"] >= 12
     assert where.get("copy_d2d", {"compute"}) == {"compute"}
 
@@ -180,7 +182,7 @@ def test_h2d_of_next_piece_issued_while_compute_is_held(emu, buffers):
     src = g.source(_pieces(6), out=af.Spec((8, 16)))
     stage = g.actor(_compute, g.copy(src, CUDA), out=af.Spec((8,)))
     g.sink(g.copy(stage, "cpu"))
-    g.plan()                                # (no piece 0 computed while planning)
+    g.plan()  # (no piece 0 computed while planning)
     cuda.armed = True
     outs = list(g.run())
     assert len(outs) == 6 and cuda.gated
@@ -209,19 +211,25 @@ def test_host_registers_that_copies_read_or_write_are_pinned(emu):
 
 # -- memory ------------------------------------------------------------------------------------
 def test_plan_over_the_cuda_budget_is_refused_before_the_run(cuda):
-    pipe = af.Pipeline([_pieces(3, shape=(256, 256)), af.Copy(CUDA), _compute, af.Copy("cpu")],
-                       buffers=2, memory={CUDA: "300KiB"})
+    pipe = af.Pipeline(
+        [_pieces(3, shape=(256, 256)), af.Copy(CUDA), _compute, af.Copy("cpu")],
+        buffers=2,
+        memory={CUDA: "300KiB"},
+    )
     with pytest.raises(PlanError) as e:
         pipe.plan()
     msg = str(e.value)
     assert e.value.device == CUDA and e.value.budget == 300 * 1024
     assert e.value.needed == 2 * (256 * 256 + 256) * 4
     assert "cuda:0 budget" in msg and "buffers=1" in msg
-    assert "sharing" not in msg                 # (device registers never share an arena)
-    settle()                                   # (piece 0 was computed there to size it)
-    assert af.lowlevel.memory_stats(CUDA).in_use == 0   # no register was allocated
-    pipe = af.Pipeline([_pieces(3, shape=(256, 256)), af.Copy(CUDA), _compute, af.Copy("cpu")],
-                       buffers=1, memory={CUDA: "300KiB"})
+    assert "sharing" not in msg  # (device registers never share an arena)
+    settle()  # (piece 0 was computed there to size it)
+    assert af.lowlevel.memory_stats(CUDA).in_use == 0  # no register was allocated
+    pipe = af.Pipeline(
+        [_pieces(3, shape=(256, 256)), af.Copy(CUDA), _compute, af.Copy("cpu")],
+        buffers=1,
+        memory={CUDA: "300KiB"},
+    )
     assert len(list(pipe.run())) == 3
 
 
@@ -231,10 +239,13 @@ def test_dataloader_on_cuda_yields_cuda_tensors_equal_to_cpu(cuda, workers):
     x = np.arange(35 * 3, dtype=np.float32).reshape(35, 3)
     y = np.arange(35, dtype=np.int64)
     ds = af.data.TensorDataset(x, y)
-    host = [(a.numpy(), b.numpy()) for a, b in
-            af.data.DataLoader(ds, batch_size=4, shuffle=True, seed=3, workers=workers)]
-    dl = af.data.DataLoader(ds, batch_size=4, shuffle=True, seed=3, workers=workers,
-                            device=CUDA, memory={CUDA: "64KiB"})
+    host = [
+        (a.numpy(), b.numpy())
+        for a, b in af.data.DataLoader(ds, batch_size=4, shuffle=True, seed=3, workers=workers)
+    ]
+    dl = af.data.DataLoader(
+        ds, batch_size=4, shuffle=True, seed=3, workers=workers, device=CUDA, memory={CUDA: "64KiB"}
+    )
     got = list(dl)
     assert len(got) == len(host) == 9
     for (a, b), (ha, hb) in zip(got, host, strict=True):
@@ -250,9 +261,11 @@ def test_stage_on_cuda_returning_a_host_array_is_refused(cuda):
 
     def f(x):
         calls.append(1)
-        return x.numpy() if len(calls) == 4 else x * 2.0       # the 4th call: piece 3
-    pipe = af.Pipeline([_pieces(6), af.Copy(CUDA), f, af.Copy("cpu")], names=[
-        None, None, "scale", None])
+        return x.numpy() if len(calls) == 4 else x * 2.0  # the 4th call: piece 3
+
+    pipe = af.Pipeline(
+        [_pieces(6), af.Copy(CUDA), f, af.Copy("cpu")], names=[None, None, "scale", None]
+    )
     with pytest.raises(ActorError) as e:
         list(pipe.run())
     assert e.value.actor == "scale" and e.value.piece == 3
@@ -278,6 +291,7 @@ def test_stage_on_cuda_writing_its_input_is_refused(cuda):
     def f(x):
         x.mul_(2.0)
         return x + 1.0
+
     with pytest.raises(ActorError) as e:
         list(af.Pipeline([_pieces(3), af.Copy(CUDA), f, af.Copy("cpu")]).run())
     assert "read-only" in str(e.value) and "clone" in str(e.value)
@@ -302,6 +316,7 @@ def test_kernel_fault_in_a_stage_stops_the_run_and_the_runtime_goes_on(emu):
         stage = g.actor(_compute, g.copy(src, CUDA), out=af.Spec((8,)), name="compute")
         g.sink(g.copy(stage, "cpu"))
         return g
+
     g = build()
     g.plan()
     cuda.fail_kernel(None, RuntimeError("injected fault"))

@@ -31,7 +31,7 @@ class _S:
     ptr = 0
 
     def __init__(self):
-        self.host_funcs = []             # launched host functions, run when a test says
+        self.host_funcs = []  # launched host functions, run when a test says
 
     def wait_event(self, e):
         pass
@@ -75,9 +75,9 @@ def _faulted_stream():
 def test_an_event_recorded_before_a_wait_does_not_raise_the_waited_streams_fault():
     side, faulted = _faulted_stream()
     compute = _stream("compute")
-    compute._next()                       # an op's kernel
-    before = compute.record()             # what the VM waits on for that op
-    compute.wait(faulted)                 # the next op depends on the faulted work
+    compute._next()  # an op's kernel
+    before = compute.record()  # what the VM waits on for that op
+    compute.wait(faulted)  # the next op depends on the faulted work
     after = compute.record()
     assert before.query() is True
     with pytest.raises(KernelError, match="bad_kernel"):
@@ -94,15 +94,15 @@ def test_a_host_functions_error_set_after_a_wait_reaches_the_waiters_later_event
     inherits.wait(ev)
     orders.wait(ev, errors=False)
     before = bad.record()
-    assert inherits._errors == []                    # nothing known at the wait
-    bad._s.run_host_funcs()                          # the stream gets there
+    assert inherits._errors == []  # nothing known at the wait
+    bad._s.run_host_funcs()  # the stream gets there
     with pytest.raises(KernelError) as e:
         inherits.record().query()
     assert isinstance(e.value.original, ZeroDivisionError)
-    assert orders.record().query() is True           # ordered only
+    assert orders.record().query() is True  # ordered only
     with pytest.raises(KernelError):
         before.query()
-    assert inherits._links == [] and len(inherits._errors) == 1   # settled: kept, unlinked
+    assert inherits._links == [] and len(inherits._errors) == 1  # settled: kept, unlinked
 
 
 def test_a_wait_on_a_stream_faulted_already_skips_the_waiters_later_work():
@@ -130,6 +130,7 @@ def test_streams_waiting_on_each_other_over_and_over_are_looked_up_once_each():
     def counted(self, *args, **kw):
         calls.append(1)
         return lookup(self, *args, **kw)
+
     CD.CupyStream._error_before = counted
     try:
         assert a.query() is False
@@ -143,15 +144,16 @@ def test_a_host_function_runs_with_the_garbage_collector_paused():
     memory, an event) is not permitted (seen on the first GPU run: cudaErrorNotPermitted
     from a collection there): collection is off while it runs, and back on after."""
     import gc
+
     s = _stream("compute")
     seen = []
     s.add_callback(lambda: seen.append(gc.isenabled()))
-    s.add_callback(lambda: 1 / 0)                   # an error still turns collection on
+    s.add_callback(lambda: 1 / 0)  # an error still turns collection on
     assert gc.isenabled()
     s._s.run_host_funcs()
     assert seen == [False] and gc.isenabled()
     gc.disable()
-    try:                                            # off before: stays off
+    try:  # off before: stays off
         s.add_callback(lambda: None)
         s._s.run_host_funcs()
         assert not gc.isenabled()
@@ -174,7 +176,7 @@ def test_a_closed_stream_ends_its_waiter_thread_and_refuses_work():
     with pytest.raises(DeviceError, match="closed"):
         s.add_callback(lambda: None)
     late = threading.Event()
-    s.record().then(late.set)            # a record still marks the end of its work
+    s.record().then(late.set)  # a record still marks the end of its work
     assert late.wait(10)
     drv._late_q.put(None)
 
@@ -190,7 +192,7 @@ def test_a_closed_streams_cuda_stream_is_kept_until_a_new_stream_reuses_it():
     drv._retired += [busy, done]
     assert CD.CupyDriver._reusable(drv) is done._s
     assert drv._retired == [busy]
-    assert CD.CupyDriver._reusable(drv) is None      # its work is still running
+    assert CD.CupyDriver._reusable(drv) is None  # its work is still running
 
 
 def test_adopt_imports_with_the_consumer_stream_current():
@@ -236,19 +238,21 @@ def test_adopt_imports_with_the_consumer_stream_current():
 def test_the_limit_counts_blocks_in_use_not_cupys_cached_chunks():
     """CuPy's pool keeps freed chunks (a split one whole) and its own limit counts them:
     the driver's limit is its count of the blocks in use alone."""
+
     class _Pool:
         limit = total = 0
 
         def set_limit(self, size=0):
             self.limit = size
 
-        def malloc(self, n):                # caches every chunk: nothing goes back
+        def malloc(self, n):  # caches every chunk: nothing goes back
             if self.limit and self.total + n > self.limit:
                 raise MemoryError(f"pool: {n} more past {self.limit}")
             self.total += n
 
             class _Ptr:
                 ptr = (1 << 20) + self.total
+
             return _Ptr()
 
     class _Cuda:
@@ -262,7 +266,7 @@ def test_the_limit_counts_blocks_in_use_not_cupys_cached_chunks():
     d.device, d._dev, d._cp, d._pool = "cuda:0", contextlib.nullcontext(), _Cp(), _Pool()
     d._count = CD.PoolCount(d.device)
     d.set_limit(1024)
-    for _ in range(4):                      # 4 x 512 bytes in turn, 512 in use at most
+    for _ in range(4):  # 4 x 512 bytes in turn, 512 in use at most
         d.free(d.malloc(512))
     assert d.memory().in_use == 0 and d.memory().peak == 512
     with pytest.raises(CD.OutOfMemoryError):

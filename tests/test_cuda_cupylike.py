@@ -11,18 +11,21 @@ from actorflow.backends.cuda.cupylike import CupyLikeArray, Pointer
 def _arr(values):
     a = np.asarray(values, np.float32)
     buf = np.zeros(a.nbytes + 16, np.uint8)
-    view = buf[8:8 + a.nbytes].view(np.float32).reshape(a.shape)
+    view = buf[8 : 8 + a.nbytes].view(np.float32).reshape(a.shape)
     view[...] = a
     return CupyLikeArray.of(view, buf, 8)
 
 
 def test_an_implicit_conversion_is_refused_as_cupy_refuses_it():
     x = _arr([1, 2, 3])
-    for convert in (np.asarray, np.ascontiguousarray,
-                    lambda a: np.lib.stride_tricks.as_strided(a, (2,), (4,))):
+    for convert in (
+        np.asarray,
+        np.ascontiguousarray,
+        lambda a: np.lib.stride_tricks.as_strided(a, (2,), (4,)),
+    ):
         with pytest.raises(TypeError, match="Implicit conversion"):
             convert(x)
-    with pytest.raises((TypeError, ValueError)):        # a generator writes numpy arrays
+    with pytest.raises((TypeError, ValueError)):  # a generator writes numpy arrays
         np.random.default_rng(0).random(dtype=np.float32, out=x)
 
 
@@ -43,12 +46,12 @@ def test_ufunc_methods_are_refused():
         np.add.at(x, [0, 0], 1)
     with pytest.raises(NotImplementedError, match="cupy_maximum.reduce"):
         np.maximum.reduce(x)
-    assert float(x.max()) == 3.0 and int(x.argmax()) == 2       # the methods work
+    assert float(x.max()) == 3.0 and int(x.argmax()) == 2  # the methods work
 
 
 def test_views_by_cupys_constructor_and_copies_both_ways():
     x = _arr([[1, 2, 3], [4, 5, 6]])
-    col = CupyLikeArray((2,), np.float32, x.data + 4, (12,))     # column 1, as _strided
+    col = CupyLikeArray((2,), np.float32, x.data + 4, (12,))  # column 1, as _strided
     assert col.get().tolist() == [2, 5] and isinstance(x.data, Pointer)
     x[0] = 9
     assert x.get()[0].tolist() == [9, 9, 9]
@@ -57,5 +60,5 @@ def test_views_by_cupys_constructor_and_copies_both_ways():
     with pytest.raises(RuntimeError, match="non-contiguous"):
         x.T.set(np.zeros((3, 2), np.float32))
     out = _arr([0, 0, 0])
-    np.multiply(_arr([1, 2, 3]), 2, out=out)                     # out= writes in place
+    np.multiply(_arr([1, 2, 3]), 2, out=out)  # out= writes in place
     assert out.get().tolist() == [2, 4, 6]

@@ -31,6 +31,7 @@ def _make(kind, **kw):
     if kind == "emu":
         return EmuDriver("cuda:0", **kw)
     from actorflow.backends.cuda.cupy_driver import CupyDriver
+
     return CupyDriver("cuda:0", limit=kw.get("limit"))
 
 
@@ -44,6 +45,7 @@ def make(request):
         d = _make(request.param, **kw)
         made.append(d)
         return d
+
     yield start
     for d in made:
         try:
@@ -59,8 +61,10 @@ def _add_scalar():
 
     def reference(out, x, s, n):
         np.add(x, s, out=out)
-    return Kernel("add_scalar", reference=reference, source=src.source, params=src.params,
-                  entry=src.name)
+
+    return Kernel(
+        "add_scalar", reference=reference, source=src.source, params=src.params, entry=src.name
+    )
 
 
 ADD = _add_scalar()
@@ -74,7 +78,7 @@ def _put(d, s, a, values):
     host = d.pinned(a.shape, a.dtype)
     host[:] = values
     s.copy_h2d(a, host)
-    return host                          # keep it alive until the stream got there
+    return host  # keep it alive until the stream got there
 
 
 def _get(d, s, a):
@@ -133,7 +137,7 @@ def test_the_pool_limit_refuses_with_out_of_memory(make):
     msg = str(e.value)
     assert "600,000 bytes asked" in msg and "600,000 in use" in msg and "1,048,576" in msg
     d.free(first)
-    d.free(d.malloc(600_000))            # room again once freed
+    d.free(d.malloc(600_000))  # room again once freed
     assert d.memory().in_use == 0 and d.memory().limit == 1 << 20
     with pytest.raises(DeviceError, match="not allocated"):
         d.free(first)
@@ -147,15 +151,16 @@ def test_a_kernel_that_raises_is_the_streams_sticky_error(make):
 
     def bad(out, n):
         raise RuntimeError("bad kernel")
+
     s.launch(Kernel("bad", reference=bad), (a, np.int64(8)))
-    s.launch(ADD, (a, a, np.float32(1), np.int64(8)))      # skipped: the stream faulted
+    s.launch(ADD, (a, a, np.float32(1), np.int64(8)))  # skipped: the stream faulted
     ev = s.record()
     with pytest.raises(KernelError, match="bad") as e:
         s.synchronize(30)
     assert isinstance(e.value.original, RuntimeError)
     with pytest.raises(KernelError):
         ev.synchronize(30)
-    fresh = d.stream()                                     # other streams go on
+    fresh = d.stream()  # other streams go on
     np.testing.assert_array_equal(_get(d, fresh, a), np.zeros(8, np.float32))
     del keep
 
@@ -183,7 +188,7 @@ def test_a_wait_passes_a_fault_on_unless_it_orders_only(make):
     orders.add_callback(lambda: ran.append(1))
     with pytest.raises(KernelError):
         inherits.synchronize(30)
-    orders.synchronize(30)                                  # ordered, not faulted
+    orders.synchronize(30)  # ordered, not faulted
     assert ran == [1]
 
 
@@ -217,15 +222,16 @@ def test_then_is_called_once_the_record_completed(make):
     ev.then(lambda: (seen.append(ev.query()), called.set()))
     assert called.wait(30) and seen == [True]
     now = []
-    d.event().then(lambda: now.append(1))                  # never recorded: at once
+    d.event().then(lambda: now.append(1))  # never recorded: at once
     assert now == [1]
     del keep
 
 
 # -- the CuPy driver without CuPy ---------------------------------------------------------------
 def test_the_cupy_driver_refuses_without_cupy_naming_the_install_and_the_emulator(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", None)        # import cupy raises ImportError
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
     from actorflow.backends.cuda.cupy_driver import CupyDriver
+
     with pytest.raises(DeviceError) as e:
         CupyDriver("cuda:0")
     msg = str(e.value)
@@ -251,6 +257,7 @@ def test_with_cupy_but_no_device_the_driver_refuses():
     if gpu_missing() is None:
         pytest.skip("CuPy sees a GPU here")
     from actorflow.backends.cuda.cupy_driver import CupyDriver
+
     with pytest.raises(DeviceError, match="AF_CUDA=emu"):
         CupyDriver("cuda:0")
 
@@ -258,11 +265,12 @@ def test_with_cupy_but_no_device_the_driver_refuses():
 # -- GPU only ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.af_gpu
-@pytest.mark.timeout(600)       # (hundreds of kernels compiled: 120 s was not enough on a GPU
-@ON_GPU                         # machine running 8 test workers)
+@pytest.mark.timeout(600)  # (hundreds of kernels compiled: 120 s was not enough on a GPU
+@ON_GPU  # machine running 8 test workers)
 def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(cuda):
     import test_cuda_generated as G
     from actorflow.ops.registry import all_ops
+
     ran = 0
     for name in G.COVERED:
         op = all_ops()[name]
@@ -274,10 +282,11 @@ def test_generated_kernels_on_the_gpu_equal_the_numpy_kernels(cuda):
                 continue
             for x, y in zip(cpu, gpu, strict=True):
                 assert x.dtype == y.dtype and x.shape == y.shape
-                if x.dtype.kind == "f":          # libm and CUDA's functions: a few ulp
+                if x.dtype.kind == "f":  # libm and CUDA's functions: a few ulp
                     tol = 2e-3 if x.dtype == np.float16 else 1e-5
-                    np.testing.assert_allclose(y, x, rtol=tol, atol=tol,
-                                               err_msg=f"{name} {dtypes} {attrs}")
+                    np.testing.assert_allclose(
+                        y, x, rtol=tol, atol=tol, err_msg=f"{name} {dtypes} {attrs}"
+                    )
                 else:
                     np.testing.assert_array_equal(y, x, err_msg=f"{name} {dtypes}")
             ran += 1
@@ -292,12 +301,13 @@ def test_pinned_buffers_are_page_locked_and_a_large_copy_round_trips():
     import cupy
 
     from actorflow.backends.cuda.cupy_driver import CupyDriver
+
     d = CupyDriver("cuda:0")
     try:
         n = 64 << 20
         host = d.pinned((n,), np.uint8)
         attrs = cupy.cuda.runtime.pointerGetAttributes(host.ctypes.data)
-        assert attrs.type == cupy.cuda.runtime.memoryTypeHost      # pinned, not pageable
+        assert attrs.type == cupy.cuda.runtime.memoryTypeHost  # pinned, not pageable
         host[:] = np.arange(n, dtype=np.uint64).astype(np.uint8)
         a = d.malloc(n).array((n,), np.uint8)
         s = d.stream("h2d")
@@ -305,7 +315,7 @@ def test_pinned_buffers_are_page_locked_and_a_large_copy_round_trips():
         s.copy_h2d(a, host)
         s.synchronize(30)
         dt = time.perf_counter() - t0
-        print(f"h2d pinned: {n / dt / 1e9:.1f} GB/s")     # reported, not asserted
+        print(f"h2d pinned: {n / dt / 1e9:.1f} GB/s")  # reported, not asserted
         back = d.pinned((n,), np.uint8)
         s.copy_d2h(back, a)
         s.synchronize(30)
@@ -322,15 +332,18 @@ def test_cupy_compiles_every_generated_source_with_its_launch_options(launches):
 
     import test_cuda_generated as G
     from actorflow.ops.registry import all_ops
+
     for name in G.COVERED:
         for arrays, dtypes, attrs in G._cases(name):
             G._run(all_ops()[name], arrays, dtypes, attrs, "cuda:0")
-    bodies = {k.source[len(K.PRELUDE):] for k in launches if k.source}
+    bodies = {k.source[len(K.PRELUDE) :] for k in launches if k.source}
     assert len(bodies) > 300
-    prog = compiler._NVRTCProgram(K.PRELUDE + "".join(sorted(bodies)), "", (), (),
-                                  name_expressions=None, method="ptx")
-    ptx, _ = prog.compile(("-arch=compute_90", "--device-as-default-execution-space",
-                           "--std=c++17"), None)
+    prog = compiler._NVRTCProgram(
+        K.PRELUDE + "".join(sorted(bodies)), "", (), (), name_expressions=None, method="ptx"
+    )
+    ptx, _ = prog.compile(
+        ("-arch=compute_90", "--device-as-default-execution-space", "--std=c++17"), None
+    )
     assert ptx
 
 
@@ -349,13 +362,17 @@ class _CudaProducer:
 def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu):
     emu()
     t = af.arange(6, dtype=af.float32, device="cuda:0")
-    for fn in (t.__dlpack__, t.__dlpack_device__, lambda: np.from_dlpack(t),
-               lambda: af.from_dlpack(_CudaProducer())):
+    for fn in (
+        t.__dlpack__,
+        t.__dlpack_device__,
+        lambda: np.from_dlpack(t),
+        lambda: af.from_dlpack(_CudaProducer()),
+    ):
         with pytest.raises(DeviceError) as e:
             fn()
         assert "emu" in str(e.value) and ".to('cpu')" in str(e.value)
     np.testing.assert_array_equal(np.from_dlpack(t.to("cpu")), np.arange(6, dtype=np.float32))
-    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32))   # untouched
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32))  # untouched
 
 
 @pytest.mark.gpu
@@ -363,14 +380,15 @@ def test_dlpack_on_the_emulator_is_refused_naming_the_way_through_the_host(emu):
 @ON_GPU
 def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory(cuda):
     import cupy
+
     t = af.arange(12, dtype=af.float32, device="cuda:0").reshape(3, 4) * 2
     assert t.__dlpack_device__() == (2, 0)
     c = cupy.from_dlpack(t)
     cupy.testing.assert_array_equal(c, cupy.arange(12, dtype=cupy.float32).reshape(3, 4) * 2)
-    c += 1                                               # the same memory
+    c += 1  # the same memory
     cupy.cuda.Device(0).synchronize()
     np.testing.assert_array_equal(t.numpy(), np.arange(12).reshape(3, 4) * 2 + 1)
-    v = cupy.from_dlpack(t.T)                            # a view: a contiguous copy
+    v = cupy.from_dlpack(t.T)  # a view: a contiguous copy
     cupy.testing.assert_array_equal(v, c.T)
     x = cupy.arange(10, dtype=cupy.float64)
     a = af.from_dlpack(x)
@@ -378,7 +396,7 @@ def test_dlpack_to_and_from_cupy_on_the_gpu_shares_memory(cuda):
     np.testing.assert_array_equal((a + 1).numpy(), np.arange(10) + 1.0)
     x[0] = 100
     cupy.cuda.Device(0).synchronize()
-    assert a.numpy()[0] == 100                           # no copy was taken
+    assert a.numpy()[0] == 100  # no copy was taken
     with pytest.raises(DeviceError, match="contiguous"):
         af.from_dlpack(cupy.arange(12).reshape(3, 4).T)
 

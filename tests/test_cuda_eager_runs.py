@@ -31,12 +31,13 @@ def held():
     """Holds the VM's loop thread for the block: what is submitted meanwhile is queued,
     not dispatched (never read a value inside: that would wait for the loop)."""
     if VM._loop is None:
-        af.tensor([0.0], device=CUDA).numpy()      # (starts the loop)
+        af.tensor([0.0], device=CUDA).numpy()  # (starts the loop)
     entered, gate = threading.Event(), threading.Event()
 
     def hold():
         entered.set()
         gate.wait(30)
+
     VM._loop.call_soon_threadsafe(hold)
     assert entered.wait(30)
     try:
@@ -72,7 +73,7 @@ def test_a_chain_is_launched_as_runs_and_equals_cpu(launches):
     del launches[:]
     before = VM.stats()
     with held():
-        out = chain(x, 30, y)                      # 210 op calls
+        out = chain(x, 30, y)  # 210 op calls
     assert_same(out.numpy(), want)
     stats = VM.stats()
     runs = runs_of(launches)
@@ -82,7 +83,7 @@ def test_a_chain_is_launched_as_runs_and_equals_cpu(launches):
     assert sorted(k.name.count("+") + 1 for k in runs) == [18, 64, 64, 64]
     assert stats["fused"] - before["fused"] == 210
     assert stats["fused_runs"] - before["fused_runs"] == 4
-    assert stats["elided"] - before["elided"] == 206          # all but each run's output
+    assert stats["elided"] - before["elided"] == 206  # all but each run's output
     assert stats["in_flight"] == 0
 
 
@@ -123,9 +124,9 @@ def test_a_live_intermediate_is_written_as_another_output_of_the_run(launches):
     af.synchronize(30)
     del launches[:]
     with held():
-        a = (x * 2 + 1).relu()                    # live: written by the run
-        b = (a - 3).abs() * 0.25                  # reads it in registers
-        x.mul_(0.5)                               # in place, after its reads: written too
+        a = (x * 2 + 1).relu()  # live: written by the run
+        b = (a - 3).abs() * 0.25  # reads it in registers
+        x.mul_(0.5)  # in place, after its reads: written too
     c = af.tensor(x0)
     ca = (c * 2 + 1).relu()
     assert_same(b.numpy(), ((ca - 3).abs() * 0.25).numpy())
@@ -151,7 +152,7 @@ def test_saved_outputs_of_a_run_are_kept_for_backward(launches, backward_queued)
         if backward_queued:
             y.backward()
     if not backward_queued:
-        af.synchronize(30)                        # the forward's run ran before backward
+        af.synchronize(30)  # the forward's run ran before backward
         y.backward()
     assert_same(x.grad.numpy(), want_x.grad.numpy())
 
@@ -159,11 +160,11 @@ def test_saved_outputs_of_a_run_are_kept_for_backward(launches, backward_queued)
 def test_dead_intermediates_get_no_device_memory(emu):
     emu()
     alloc = get_backend(af.device(CUDA)).allocator
-    x = af.tensor(_data((1 << 18,)), device=CUDA)            # 1 MiB
+    x = af.tensor(_data((1 << 18,)), device=CUDA)  # 1 MiB
     af.synchronize(30)
     before = alloc.stats()
     with held():
-        out = chain(x, 20)                                   # 60 op calls, one run
+        out = chain(x, 20)  # 60 op calls, one run
     out.numpy()
     del out
     af.synchronize(30)
@@ -173,8 +174,7 @@ def test_dead_intermediates_get_no_device_memory(emu):
     assert after.peak <= before.in_use + 2 * x.numel() * 4
 
 
-def test_a_fault_in_a_run_fails_every_member_with_one_error_and_work_goes_on(emu,
-                                                                             monkeypatch):
+def test_a_fault_in_a_run_fails_every_member_with_one_error_and_work_goes_on(emu, monkeypatch):
     cuda = emu()
     x0 = _data()
     x = af.tensor(x0, device=CUDA)
@@ -186,46 +186,53 @@ def test_a_fault_in_a_run_fails_every_member_with_one_error_and_work_goes_on(emu
         if instr.kind == "op_call":
             failed.append((instr.name, instr.error))
         complete(instr)
+
     monkeypatch.setattr(VM, "_complete", seen)
     with held():
-        cuda.fail_kernel()                       # the next launch faults: the run's
-        out = chain(x, 4)                        # 13 op calls, one run writing two
-        later = out + 1                          # tensors
+        cuda.fail_kernel()  # the next launch faults: the run's
+        out = chain(x, 4)  # 13 op calls, one run writing two
+        later = out + 1  # tensors
     with pytest.raises(KernelError) as e:
         af.synchronize(30)
     monkeypatch.setattr(VM, "_complete", complete)
     assert e.value.more_errors == 0 and "injected fault" in str(e.value)
-    assert len(failed) == 13                                 # the run's members
+    assert len(failed) == 13  # the run's members
     err = failed[0][1]
     assert err is not None and err.original is e.value.original
     assert err.op == "+".join(["mul_scalar", "add_scalar", "relu"] * 4 + ["add_scalar"])
-    assert all(er is err for _, er in failed)                # every member: the one error
+    assert all(er is err for _, er in failed)  # every member: the one error
     for t in (out, later):
         assert t._impl.blob.error is err
         with pytest.raises(KernelError, match="injected fault"):
             t.numpy()
-    af.synchronize(30)                                       # raised once
-    assert_same(chain(x, 4).numpy(), chain(af.tensor(x0), 4).numpy())   # later work runs
+    af.synchronize(30)  # raised once
+    assert_same(chain(x, 4).numpy(), chain(af.tensor(x0), 4).numpy())  # later work runs
 
 
-@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed: pip install -e "
-                    "'.[nvrtc]' to compile the launched kernels without a GPU")
+@pytest.mark.skipif(
+    not nvrtc.available(),
+    reason="NVRTC is not installed: pip install -e "
+    "'.[nvrtc]' to compile the launched kernels without a GPU",
+)
 def test_every_run_source_launched_compiles_with_nvrtc(launches):
     x = af.tensor(_data(), device=CUDA)
     y = af.tensor(_data(seed=3), device=CUDA)
     h = af.tensor(np.arange(8, dtype=np.float16), device=CUDA)
     i = af.tensor(np.arange(8, dtype=np.int32), device=CUDA)
-    for make in (lambda: [chain(x, 3, y)], lambda: [chain(x, 2)],
-                 lambda: [((h * 2 + 1).relu() - h).abs()], lambda: [(i * 3 + 1) - (i + 2)],
-                 lambda: [x * 2, (x * 2 + y).relu()]):            # two outputs
+    for make in (
+        lambda: [chain(x, 3, y)],
+        lambda: [chain(x, 2)],
+        lambda: [((h * 2 + 1).relu() - h).abs()],
+        lambda: [(i * 3 + 1) - (i + 2)],
+        lambda: [x * 2, (x * 2 + y).relu()],
+    ):  # two outputs
         with held():
             outs = make()
         for o in outs:
             o.numpy()
     sources = {k.source: k for k in runs_of(launches)}
     assert len(sources) == 5
-    assert any(k.entry.endswith("_v4") for k in sources.values())          # float4 form
+    assert any(k.entry.endswith("_v4") for k in sources.values())  # float4 form
     assert any(not k.entry.endswith("_v4") for k in sources.values())
     assert any(sum(kind == "out" for _, kind, _ in k.params) == 2 for k in sources.values())
-    nvrtc.compile_together(K.KernelSource(k.entry, s, (), k.params)
-                           for s, k in sources.items())
+    nvrtc.compile_together(K.KernelSource(k.entry, s, (), k.params) for s, k in sources.items())

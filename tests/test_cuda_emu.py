@@ -36,6 +36,7 @@ def emu():
         d = EmuDriver("cuda:0", **kw)
         made.append(d)
         return d
+
     yield make
     for d in made:
         d.close()
@@ -64,11 +65,11 @@ def test_a_wait_on_an_event_blocks_that_stream_only(emu):
     gate, slow = gate_kernel()
     a.launch(slow, ())
     ev = a.record()
-    b.wait(ev)                               # returns at once: the host is not blocked
+    b.wait(ev)  # returns at once: the host is not blocked
     seen = []
     b.add_callback(lambda: seen.append("b"))
     c.add_callback(lambda: seen.append("c"))
-    c.synchronize(10)                        # c is not held by a's event
+    c.synchronize(10)  # c is not held by a's event
     time.sleep(0.05)
     assert seen == ["c"] and not ev.query() and not b.query()
     gate.set()
@@ -80,12 +81,12 @@ def test_a_wait_takes_the_record_issued_before_it(emu):
     d = emu()
     a, b = d.stream("a"), d.stream("b")
     ev = d.event()
-    assert ev.query()                        # never recorded: complete, as in CUDA
+    assert ev.query()  # never recorded: complete, as in CUDA
     a.record(ev)
     b.wait(ev)
     gate, slow = gate_kernel()
     a.launch(slow, ())
-    a.record(ev)                             # a later record: b's wait does not take it
+    a.record(ev)  # a later record: b's wait does not take it
     b.synchronize(10)
     assert not ev.query()
     gate.set()
@@ -104,12 +105,13 @@ def test_event_then_calls_back_once_the_record_completes(emu):
     gate.set()
     assert done.wait(10)
     now = []
-    ev.then(lambda: now.append(1))           # complete already: called at once
+    ev.then(lambda: now.append(1))  # complete already: called at once
     assert now == [1]
 
 
 async def test_completion_reaches_asyncio_without_polling(emu):
     import asyncio
+
     d = emu(delay=1e-3, seed=5)
     s = d.stream()
     loop = asyncio.get_running_loop()
@@ -165,7 +167,7 @@ def test_an_async_copy_reads_its_host_source_when_the_stream_gets_there(emu):
     s.launch(slow, ())
     s.copy_h2d(dev, host)
     s.copy_d2h(out, dev)
-    host[:] = 7                              # changed too early: the copy has not run yet
+    host[:] = 7  # changed too early: the copy has not run yet
     gate.set()
     s.synchronize(10)
     assert out.tolist() == [7, 7, 7, 7]
@@ -211,19 +213,19 @@ def test_a_kernel_fault_is_sticky_and_surfaces_at_the_next_synchronize(emu):
     dev = d.malloc(8).array(2, np.float32)
     out = np.full(2, -1, np.float32)
     d.fail_kernel("fill")
-    s.launch(FILL, (dev, 3.0))               # issuing succeeds: the fault is on the stream
+    s.launch(FILL, (dev, 3.0))  # issuing succeeds: the fault is on the stream
     s.launch(ADD1, (dev,))
-    s.copy_d2h(out, dev)                     # skipped after the fault
+    s.copy_d2h(out, dev)  # skipped after the fault
     ev = s.record()
     other.wait(ev)
     with pytest.raises(KernelError, match="op 'fill' failed on cuda:0.*injected fault"):
         s.synchronize(10)
     with pytest.raises(KernelError, match="fill"):
-        s.query()                            # sticky
+        s.query()  # sticky
     with pytest.raises(KernelError, match="fill"):
-        ev.synchronize(10)                   # an event after the fault carries it
+        ev.synchronize(10)  # an event after the fault carries it
     with pytest.raises(KernelError, match="fill"):
-        other.synchronize(10)                # and a stream that waited on that event
+        other.synchronize(10)  # and a stream that waited on that event
     assert out.tolist() == [-1, -1]
 
 
@@ -264,12 +266,12 @@ def test_a_captured_graph_replays_what_the_direct_run_computes(emu):
     graph = s.end_capture()
     assert len(graph) == 6
     s.synchronize(10)
-    assert replayed.tolist() == [0] * 6      # captured, not run
-    for _ in range(2):                       # each replay runs it all again, from x
+    assert replayed.tolist() == [0] * 6  # captured, not run
+    for _ in range(2):  # each replay runs it all again, from x
         gate, slow = gate_kernel()
         s.launch(slow, ())
         graph.launch(s)
-        t.wait(ev)                           # the replay's record is the one waited for
+        t.wait(ev)  # the replay's record is the one waited for
         assert not ev.query()
         gate.set()
         t.synchronize(10)
@@ -295,6 +297,7 @@ def test_delays_are_drawn_from_the_seed(emu):
             b.launch(NOOP, ())
         d.synchronize(10)
         return a.delays, b.delays
+
     first, again, other = delays(3), delays(3), delays(4)
     assert first == again and len(first[0]) == 20
     assert first != other and first[0] != first[1]
@@ -302,7 +305,7 @@ def test_delays_are_drawn_from_the_seed(emu):
 
 def test_the_driver_is_chosen_by_use_driver_or_af_cuda(monkeypatch):
     monkeypatch.delenv("AF_CUDA", raising=False)
-    monkeypatch.setitem(sys.modules, "cupy", None)      # CuPy missing: the CuPy driver refuses
+    monkeypatch.setitem(sys.modules, "cupy", None)  # CuPy missing: the CuPy driver refuses
     use_driver(None)
     with pytest.raises(DeviceError, match=r"CuPy.*actorflow\[cuda\].*AF_CUDA=emu"):
         driver_for("cuda:0")
@@ -310,7 +313,7 @@ def test_the_driver_is_chosen_by_use_driver_or_af_cuda(monkeypatch):
     d = driver_for("cuda:0")
     assert isinstance(d, EmuDriver) and driver_for("cuda:0") is d and d.device == "cuda:0"
     monkeypatch.setenv("AF_CUDA", "bogus")
-    use_driver(None)                         # forgets (and closes) the drivers made
+    use_driver(None)  # forgets (and closes) the drivers made
     with pytest.raises(DeviceError, match="AF_CUDA='bogus'"):
         driver_for("cuda:1")
     old = use_driver(lambda dev: EmuDriver(dev, limit=64))
@@ -340,14 +343,14 @@ def test_the_allocator_caches_blocks_by_size_within_its_budget(emu):
     assert a.nbytes == 1024
     al.free(a)
     b = al.malloc(1024, s)
-    assert b.memory is a.memory              # from the cache: the driver was not asked
+    assert b.memory is a.memory  # from the cache: the driver was not asked
     st_ = al.stats()
     assert (st_.hits, st_.mallocs, st_.in_use, st_.cached) == (1, 1, 1024, 0)
     with pytest.raises(OutOfMemoryError) as e:
         al.malloc(3584, s)
     assert (e.value.requested, e.value.in_use, e.value.budget) == (3584, 1024, 4096)
     al.free(b)
-    c = al.malloc(3584, s)                   # the cached 1 KiB goes back to make room
+    c = al.malloc(3584, s)  # the cached 1 KiB goes back to make room
     assert al.stats().releases == 1 and d.memory().in_use == 3584
     al.free(c)
     al.empty_cache()
@@ -380,7 +383,7 @@ def test_the_allocator_gives_back_its_cache_when_the_driver_refuses(emu):
     al = CachingAllocator(d)
     al.free(al.malloc(1024, s))
     al.free(al.malloc(512, s))
-    big = al.malloc(2048, s)                 # needs the cached blocks' memory
+    big = al.malloc(2048, s)  # needs the cached blocks' memory
     assert big.nbytes == 2048 and al.stats().cached == 0
 
 
@@ -390,14 +393,14 @@ def test_a_reuse_on_another_stream_waits_on_the_device_not_the_host(emu):
     al = CachingAllocator(d)
     gate, slow = gate_kernel()
     blk = al.malloc(64, a)
-    b.launch(slow, ())                       # b still "reads" the block
+    b.launch(slow, ())  # b still "reads" the block
     al.record_stream(blk, b)
     al.free(blk)
-    again = al.malloc(64, a)                 # returns at once
+    again = al.malloc(64, a)  # returns at once
     assert again is blk and al.stats().reuse_waits == 1
     a.launch(FILL, (again.array(16, np.float32), 1.0))
     time.sleep(0.05)
-    assert not a.query()                     # a waits for b's use
+    assert not a.query()  # a waits for b's use
     gate.set()
     a.synchronize(10)
 
@@ -409,14 +412,14 @@ def test_a_reuse_waits_for_a_faulted_streams_uses_and_does_not_take_its_fault(em
     gate = threading.Event()
     log = []
     blk = al.malloc(64, a)
-    a.add_callback(lambda: 1 / 0)              # a's sticky error (as a zero flag raises)
-    a.add_callback(lambda: (gate.wait(10), log.append("a's last use")))   # still runs
+    a.add_callback(lambda: 1 / 0)  # a's sticky error (as a zero flag raises)
+    a.add_callback(lambda: (gate.wait(10), log.append("a's last use")))  # still runs
     al.free(blk)
     again = al.malloc(64, b)
     assert again is blk and al.stats().reuse_waits == 1
     b.add_callback(lambda: log.append("b's reuse"))
     gate.set()
-    b.synchronize(10)                           # b's work ran, with no fault of a's
+    b.synchronize(10)  # b's work ran, with no fault of a's
     assert log == ["a's last use", "b's reuse"]
     with pytest.raises(KernelError):
         a.synchronize(10)
@@ -451,22 +454,30 @@ def run_recycling(driver, allocator, ops, rounds):
     return [(v, o.tolist()) for v, o in zip(expected, outs, strict=True) if (o != v).any()]
 
 
-programs = st.lists(st.tuples(st.sampled_from([1, 4, 64]), st.integers(0, 2)),
-                    min_size=1, max_size=6)
+programs = st.lists(
+    st.tuples(st.sampled_from([1, 4, 64]), st.integers(0, 2)), min_size=1, max_size=6
+)
 
 
 def recycling_search(make_driver, skip_events: bool, **extra):
     """The hypothesis search over recycling programs and delay seeds, checking every value;
     ``skip_events`` runs it with the allocator's reuse events skipped."""
+
     @given(ops=programs, seed=st.integers(0, 2**16), rounds=st.integers(1, 4))
-    @settings(max_examples=50, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow], **extra)
+    @settings(
+        max_examples=50,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        **extra,
+    )
     def search(ops, seed, rounds):
         d = make_driver(delay=2e-4, seed=seed)
         al = CachingAllocator(d)
         al._skip_reuse_events = skip_events
         assert run_recycling(d, al, ops, rounds) == []
         assert al.stats().in_use == 0
+
     return search
 
 
@@ -508,17 +519,17 @@ def test_a_reuse_wait_is_for_the_record_it_took_not_a_later_record_of_the_same_e
         a, b, c = d.stream("a"), d.stream("b"), d.stream("c")
         alloc = CachingAllocator(d)
         block = alloc.malloc(64, a)
-        b.launch(held, ())                  # b is still reading the block
+        b.launch(held, ())  # b is still reading the block
         alloc.record_stream(block, b)
         alloc.free(block)
-        again = alloc.malloc(64, a)         # a must wait for b's read
+        again = alloc.malloc(64, a)  # a must wait for b's read
         a.launch(fill, (again.array(16, np.float32), 1.0))
         other = alloc.malloc(1024, c)
-        alloc.free(other)                   # records an event on c, reached at once
+        alloc.free(other)  # records an event on c, reached at once
         c.synchronize(10)
         ev = a.record()
         with pytest.raises(DeviceError, match="not reached"):
-            ev.synchronize(0.5)             # a is still behind b's gated read
+            ev.synchronize(0.5)  # a is still behind b's gated read
         assert not a.query()
     finally:
         gate.set()

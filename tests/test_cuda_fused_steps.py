@@ -24,7 +24,6 @@ from test_cuda_graph_mode import OPTS, batches, make, program_of
 pytestmark = pytest.mark.timeout(120)
 
 
-
 def train(device, opt_name, kwargs, data, seen=None, **graph_kw):
     """Trains test_cuda_graph_mode's MLP on ``data``: (losses, parameters, the Graph).
     ``seen``: the launches list, emptied once the model and the batches are on the device
@@ -51,12 +50,10 @@ LAUNCHES = {"SGD": (64, 44), "Adam": (124, 64)}
 
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["launched", "captured"])
 @pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
-def test_a_step_fuses_its_elementwise_chains_and_equals_cpu(launches, opt_name, kwargs,
-                                                            cuda_graph):
+def test_a_step_fuses_its_elementwise_chains_and_equals_cpu(launches, opt_name, kwargs, cuda_graph):
     data = batches(5)
     want, want_params, _ = train("cpu", opt_name, kwargs, data)
-    got, got_params, step = train(CUDA, opt_name, kwargs, data, launches,
-                                  cuda_graph=cuda_graph)
+    got, got_params, step = train(CUDA, opt_name, kwargs, data, launches, cuda_graph=cuda_graph)
     assert got == want
     for a, b in zip(want_params, got_params, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -67,13 +64,14 @@ def test_a_step_fuses_its_elementwise_chains_and_equals_cpu(launches, opt_name, 
     assert chains and all(launch.kernel.source for launch in chains)
     # the kernels launched by the steps (a capture records its launches once: they run
     # again at each replay without a launch call), the generated ones carrying a source
-    times = 2 if cuda_graph else 5           # (the first run and its capture, or 5 runs)
+    times = 2 if cuda_graph else 5  # (the first run and its capture, or 5 runs)
     mine = {id(launch.kernel) for launch in run.kernels}
-    launches = [k for k in launches if id(k) in mine]    # (not the state's eager creation)
+    launches = [k for k in launches if id(k) in mine]  # (not the state's eager creation)
     assert len(launches) == times * after
     assert len(run_kernels(launches)) == times * len(chains)
-    assert sum(1 for k in launches if k.source) == times * sum(1 for launch in run.kernels
-                                                              if launch.kernel.source)
+    assert sum(1 for k in launches if k.source) == times * sum(
+        1 for launch in run.kernels if launch.kernel.source
+    )
     # the generated kernels (a run or one op) are most of a step's launches
     assert sum(1 for launch in run.kernels if launch.kernel.source) > after // 2
     # the intermediates of the chains got no memory
@@ -96,33 +94,37 @@ def test_a_chain_is_cut_at_a_state_written_back(launches):
     assert names.count("mul+add+where") == 4 and names.count("where+mul+sub") == 4
     news = {("tmp", ref[1]) for _, ref in run.program.assigns}
     for launch, slots in zip(run.kernels, run._slots, strict=True):
-        if launch.ops > 1:                   # written: the write-back copies it
+        if launch.ops > 1:  # written: the write-back copies it
             assert (launch.name in ("mul+add+where", "where+mul+sub")) == (slots[0] in news)
 
 
-@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed: pip install -e "
-                    "'.[nvrtc]' to compile the launched kernels without a GPU")
+@pytest.mark.skipif(
+    not nvrtc.available(),
+    reason="NVRTC is not installed: pip install -e "
+    "'.[nvrtc]' to compile the launched kernels without a GPU",
+)
 def test_every_run_source_launched_compiles_with_nvrtc(launches):
     for opt_name, kwargs in OPTS:
         train(CUDA, opt_name, kwargs, batches(2))
     x = af.tensor(np.arange(8, dtype=np.float16), device=CUDA)
 
-    class Half(nn.Graph):                    # a float16 chain: the scalar form
+    class Half(nn.Graph):  # a float16 chain: the scalar form
         def build(self, x):
             return ((x * 2 + 1).relu() - x).abs().sum()
+
     float(Half()(x))
     settle()
     sources = {k.source: k for k in run_kernels(launches)}
     assert len(sources) >= 8
-    assert any(k.entry.endswith("_v4") for k in sources.values())          # float4 form
+    assert any(k.entry.endswith("_v4") for k in sources.values())  # float4 form
     assert any(not k.entry.endswith("_v4") for k in sources.values())
-    nvrtc.compile_together(K.KernelSource(k.entry, s, (), k.params)
-                           for s, k in sources.items())
+    nvrtc.compile_together(K.KernelSource(k.entry, s, (), k.params) for s, k in sources.items())
 
 
 @pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
-def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch, tmp_path,
-                                                                      opt_name, kwargs):
+def test_run_sources_compute_on_the_host_what_the_emulator_computed(
+    monkeypatch, tmp_path, opt_name, kwargs
+):
     """Each run kernel the MLP's steps launch, its CUDA C built by the host's C++
     compiler (tests/test_cuda_kernels.py's shim), run on the arguments the emulator packed
     for it, writes what its numpy reference wrote (bit for bit but libm's functions)."""
@@ -130,6 +132,7 @@ def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch,
     import dataclasses
 
     from test_cuda_kernels import _CTYPE, _assert_same, _host_library
+
     records = []
     launch = EmuStream.launch
 
@@ -141,8 +144,10 @@ def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch,
                 before = [x.copy() if isinstance(x, np.ndarray) else x for x in a]
                 ref(*a)
                 records.append((kernel, before, a[0].copy()))
+
             kernel = dataclasses.replace(kernel, reference=reference)
         return launch(self, kernel, args, grid, block)
+
     monkeypatch.setattr(EmuStream, "launch", recording)
     settle()
     use_driver(lambda dev: EmuDriver(dev))
@@ -152,8 +157,9 @@ def test_run_sources_compute_on_the_host_what_the_emulator_computed(monkeypatch,
     finally:
         use_driver(None)
     assert records
-    lib = _host_library([K.KernelSource(k.entry, k.source, (), k.params)
-                         for k, _, _ in records], tmp_path)
+    lib = _host_library(
+        [K.KernelSource(k.entry, k.source, (), k.params) for k, _, _ in records], tmp_path
+    )
     for kernel, args, want in records:
         got = np.full_like(want, 7)
         packed = [ctypes.c_void_p(got.ctypes.data)]
@@ -197,7 +203,7 @@ def _eager_chain(x):
 def test_a_chain_is_cut_where_an_intermediate_is_a_step_output(launches, also):
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
     g = Chain(also)
-    for _ in range(2):                       # the first run, then a replay
+    for _ in range(2):  # the first run, then a replay
         got = g(af.tensor(x, device=CUDA))
         d, vals = _eager_chain(af.tensor(x))
         if also is None:
@@ -213,8 +219,8 @@ def test_a_chain_is_cut_where_an_intermediate_is_a_step_output(launches, also):
 def test_ops_the_generator_does_not_cover_launch_their_reference_form(launches):
     class Mixed(nn.Graph):
         def build(self, x, b):
-            y = (x + b) * 2            # a broadcast row: not a generated kernel's
-            z = y.T.exp()              # a strided view: the reference form
+            y = (x + b) * 2  # a broadcast row: not a generated kernel's
+            z = y.T.exp()  # a strided view: the reference form
             return (z.sum(0) + 1).relu()
 
     x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
@@ -226,7 +232,7 @@ def test_ops_the_generator_does_not_cover_launch_their_reference_form(launches):
         np.testing.assert_array_equal(v, want)
     plan = program_of(g).kernels
     by_name = {launch.name: launch for launch in plan}
-    assert not by_name["add"].kernel.source          # the broadcast: reference form
+    assert not by_name["add"].kernel.source  # the broadcast: reference form
     assert not by_name["sum"].kernel.source
     assert by_name["add_scalar+relu"].kernel.source and by_name["add_scalar+relu"].ops == 2
 
@@ -248,7 +254,7 @@ def test_an_integer_division_by_zero_in_a_step_raises(launches, cuda_graph):
     with pytest.raises(DivisionByZeroError, match="floor_divide") as e:
         out.numpy()
     assert "Div.step" in str(e.value) and "nothing was written back" in str(e.value)
-    assert "the stream's sticky error" in str(e.value)      # unlike an eager division
+    assert "the stream's sticky error" in str(e.value)  # unlike an eager division
     del out
     settle()
     got = g(af.tensor(a, device=CUDA), af.tensor(good, device=CUDA)).numpy()

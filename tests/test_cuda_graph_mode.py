@@ -22,14 +22,16 @@ pytestmark = pytest.mark.timeout(120)
 
 def batches(n, b=6, seed=0):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b))
-            for _ in range(n)]
+    return [
+        (rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b)) for _ in range(n)
+    ]
 
 
 def make(device, opt_name, kwargs, **graph_kw):
     af.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16, device=device), nn.ReLU(),
-                          nn.Linear(16, 3, device=device))
+    model = nn.Sequential(
+        nn.Linear(8, 16, device=device), nn.ReLU(), nn.Linear(16, 3, device=device)
+    )
     opt = getattr(optim, opt_name)(model.parameters(), **kwargs)
     return model, TrainStep(model, opt, **graph_kw)
 
@@ -79,8 +81,7 @@ def assert_captured(run, steps: int) -> None:
 
 @pytest.mark.parametrize("cuda_graph", [True, False], ids=["captured", "launched"])
 @pytest.mark.parametrize("opt_name,kwargs", OPTS, ids=[o for o, _ in OPTS])
-def test_a_step_on_cuda_trains_as_cpu_graph_mode_bit_for_bit(cuda, opt_name, kwargs,
-                                                             cuda_graph):
+def test_a_step_on_cuda_trains_as_cpu_graph_mode_bit_for_bit(cuda, opt_name, kwargs, cuda_graph):
     data = batches(5)
     want, want_params, _ = train("cpu", opt_name, kwargs, data)
     got, got_params, step = train(CUDA, opt_name, kwargs, data, cuda_graph=cuda_graph)
@@ -98,7 +99,7 @@ def test_a_captured_step_is_one_replay_per_step_and_reads_each_steps_inputs(cuda
     got, _, step = train(CUDA, "SGD", dict(lr=0.1, momentum=0.9), data)
     assert got == want
     run = program_of(step)
-    kernels = len(run.kernels)               # (a run of elementwise steps is one)
+    kernels = len(run.kernels)  # (a run of elementwise steps is one)
     # captured once (after the first step's own launches), then one replay per step: no
     # kernel was launched one by one after the first step
     assert_captured(run, len(data))
@@ -114,12 +115,13 @@ def test_a_replay_reads_new_inputs_not_the_captured_ones(cuda):
     class Double(nn.Graph):
         def build(self, x):
             return (x * 2).sum()
+
     g = Double()
     outs = [g(af.tensor(np.full(4, float(k), np.float32), device=CUDA)) for k in range(4)]
     assert [float(o) for o in outs] == [0.0, 8.0, 16.0, 24.0]
     run = program_of(g)
     assert_captured(run, 4)
-    host = np.full(4, 5.0, np.float32)       # a host input: copied to the device first
+    host = np.full(4, 5.0, np.float32)  # a host input: copied to the device first
     assert float(g(host)) == 40.0
 
 
@@ -128,18 +130,18 @@ def test_a_new_layout_or_option_compiles_and_captures_anew(cuda):
     big, small = batches(3, b=6), batches(2, b=4, seed=1)
     for x, y in big + small + big[:1]:
         step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
-    af.synchronize()                         # (the counts move as the steps run)
+    af.synchronize()  # (the counts move as the steps run)
     runs = [step._compiled[k].device for k in step._compiled]
-    assert len(runs) == 2                    # one per layout, kept
+    assert len(runs) == 2  # one per layout, kept
     assert sorted((r.captures, r.replays) for r in runs) == [(1, 1), (1, 3)]
-    step._optimizers[0].param_groups[0]["lr"] = 0.05    # a new rate: state the replay
-    x, y = big[0]                                       # reads, nothing compiled anew
+    step._optimizers[0].param_groups[0]["lr"] = 0.05  # a new rate: state the replay
+    x, y = big[0]  # reads, nothing compiled anew
     step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     assert len(step._compiled) == 2
-    step._optimizers[0].param_groups[0]["weight_decay"] = 0.1   # a new option: compiled
+    step._optimizers[0].param_groups[0]["weight_decay"] = 0.1  # a new option: compiled
     step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     assert len(step._compiled) == 3
-    model.eval()                             # a new mode: compiled and captured anew too
+    model.eval()  # a new mode: compiled and captured anew too
     step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     af.synchronize()
     assert len(step._compiled) == 4
@@ -152,7 +154,7 @@ def test_replaced_state_is_captured_again(cuda):
     for x, y in data[:2]:
         step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     opt = step._optimizers[0]
-    opt.load_state_dict(opt.state_dict())      # new state tensors: new addresses
+    opt.load_state_dict(opt.state_dict())  # new state tensors: new addresses
     for x, y in data[2:]:
         step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     af.synchronize()
@@ -170,7 +172,7 @@ def test_a_fault_in_a_replayed_step_surfaces_at_the_loss_and_keeps_the_parameter
     for x, y in data[:2]:
         losses.append(float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))))
     before = [p.numpy() for p in model.parameters()]
-    drv.fail_kernel("relu")                  # inside the replayed step
+    drv.fail_kernel("relu")  # inside the replayed step
     x, y = data[2]
     loss = step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))
     with pytest.raises(KernelError, match="injected fault in kernel relu") as e:
@@ -179,8 +181,8 @@ def test_a_fault_in_a_replayed_step_surfaces_at_the_loss_and_keeps_the_parameter
     del loss
     settle()
     for a, p in zip(before, model.parameters(), strict=True):
-        np.testing.assert_array_equal(a, p.numpy())      # nothing was written back
-    for x, y in data[2:]:                                 # the runtime goes on
+        np.testing.assert_array_equal(a, p.numpy())  # nothing was written back
+    for x, y in data[2:]:  # the runtime goes on
         losses.append(float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))))
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert losses == want
@@ -204,25 +206,30 @@ def test_profile_on_cuda_lists_the_kernels_of_a_step(cuda):
     data = batches(3)
     model, step = make(CUDA, "SGD", dict(lr=0.1))
     x, y = data[0]
-    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))      # compiled, captured
+    step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))  # compiled, captured
     with af.profile() as prof:
         loss = step(af.tensor(data[1][0], device=CUDA), af.tensor(data[1][1], device=CUDA))
         z = af.ones(4, device=CUDA) * 3
         float(loss), z.numpy()
-    names = [launch.name for launch in program_of(step).kernels]    # (a run: add+mul...)
+    names = [launch.name for launch in program_of(step).kernels]  # (a run: add+mul...)
     kernels = [e for e in prof.events() if e.get("cat") == "op"]
     by_name = [e["name"] for e in kernels]
     step_ev = next(e for e in kernels if e["name"] == "TrainStep.step")
     assert step_ev["args"]["kernels"] == len(names)
-    inside = [e for e in kernels if e["name"] != "TrainStep.step"      # (its stream: a
-              and e["tid"] == step_ev["tid"] and step_ev["ts"] <= e["ts"]
-              and e["ts"] + e["dur"] <= step_ev["ts"] + step_ev["dur"] + 0.01]
-    assert [e["name"] for e in inside][:len(names)] == names     # release may overlap)
-    assert "mul_scalar" in by_name or "mul" in by_name               # the eager op too
+    inside = [
+        e
+        for e in kernels
+        if e["name"] != "TrainStep.step"  # (its stream: a
+        and e["tid"] == step_ev["tid"]
+        and step_ev["ts"] <= e["ts"]
+        and e["ts"] + e["dur"] <= step_ev["ts"] + step_ev["dur"] + 0.01
+    ]
+    assert [e["name"] for e in inside][: len(names)] == names  # release may overlap)
+    assert "mul_scalar" in by_name or "mul" in by_name  # the eager op too
     table = prof.summary()
     assert "TrainStep.step" not in table and "matmul" in table
     for e in kernels:
-        if e["name"] == "release":          # a device blob's free: host work, no launch
+        if e["name"] == "release":  # a device blob's free: host work, no launch
             continue
         assert e["dur"] >= 0 and "launched_us" in e["args"]
         assert "skipped" not in e["args"] and "failed" not in e["args"]
@@ -234,22 +241,22 @@ def test_a_fused_run_on_cuda_trains_as_cpu_from_cuda_tensors_and_a_loader(cuda):
     model, step = make(CUDA, "Adam", dict(lr=1e-2))
     items = [(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)) for x, y in data]
     got = [float(v) for v in step.run(items[:2], fused=True)]
-    got += [float(v) for v in step.run(data[2:], fused=True)]       # host batches
+    got += [float(v) for v in step.run(data[2:], fused=True)]  # host batches
     _same_training(got, [p.numpy() for p in model.parameters()], want, want_params)
     run = program_of(step)
-    assert run.captures == 1 and run.replays == 3                    # one step, one graph
+    assert run.captures == 1 and run.replays == 3  # one step, one graph
 
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((40, 8)).astype(np.float32), rng.integers(0, 3, 40)
 
     def loader():
-        return af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=16, shuffle=True,
-                                  seed=1)
+        return af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=16, shuffle=True, seed=1)
+
     _, cpu_step = make("cpu", "SGD", dict(lr=0.1, momentum=0.9))
     _, cuda_step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
     want = [float(v) for v in cpu_step.run(loader(), fused=True)]
     got = [float(v) for v in cuda_step.run(loader(), fused=True)]
-    assert len(got) == 3                                              # (the last smaller)
+    assert len(got) == 3  # (the last smaller)
     _same_training(got, [], want, [])
 
 
@@ -269,7 +276,7 @@ def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu)
     first = float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)))
     before = [p.numpy() for p in model.parameters()]
     drv.fail_kernel("abs")
-    bad = af.abs(af.tensor(data[1][0], device=CUDA))        # poisoned by its failed kernel
+    bad = af.abs(af.tensor(data[1][0], device=CUDA))  # poisoned by its failed kernel
     loss = step(bad, af.tensor(data[1][1], device=CUDA))
     with pytest.raises(KernelError, match="abs"):
         float(loss)
@@ -277,8 +284,9 @@ def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu)
     settle()
     for a, p in zip(before, model.parameters(), strict=True):
         np.testing.assert_array_equal(a, p.numpy())
-    got = [first] + [float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA)))
-                     for x, y in data[1:]]
+    got = [first] + [
+        float(step(af.tensor(x, device=CUDA), af.tensor(y, device=CUDA))) for x, y in data[1:]
+    ]
     want, _, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert got == want
 
@@ -286,29 +294,32 @@ def test_a_poisoned_input_fails_the_step_and_leaves_the_parameters_readable(emu)
 def test_eager_adam_on_cuda_equals_cpu(cuda):
     def run(device):
         af.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16, device=device), nn.ReLU(),
-                              nn.Linear(16, 3, device=device))
+        model = nn.Sequential(
+            nn.Linear(8, 16, device=device), nn.ReLU(), nn.Linear(16, 3, device=device)
+        )
         opt = optim.Adam(model.parameters(), lr=1e-2)
         losses = []
         for x, y in batches(3):
             opt.zero_grad()
-            loss = nn.CrossEntropyLoss()(model(af.tensor(x, device=device)),
-                                         af.tensor(y, device=device))
+            loss = nn.CrossEntropyLoss()(
+                model(af.tensor(x, device=device)), af.tensor(y, device=device)
+            )
             loss.backward()
             opt.step()
             losses.append(float(loss))
         return losses, [p.numpy() for p in model.parameters()]
+
     (a, pa), (b, pb) = run("cpu"), run(CUDA)
     _same_training(b, pb, a, pa)
 
 
 class _NoCaptureOfAllocations(EmuDriver):
     """A driver that, as CuPy's, cannot capture a reference form's allocations."""
+
     captures_allocations = False
 
 
-def test_a_step_with_reference_forms_is_launched_one_by_one_where_the_driver_cannot_capture(
-        emu):
+def test_a_step_with_reference_forms_is_launched_one_by_one_where_the_driver_cannot_capture(emu):
     settle()
     use_driver(lambda dev: _NoCaptureOfAllocations(dev))
     data = batches(5)
@@ -318,7 +329,7 @@ def test_a_step_with_reference_forms_is_launched_one_by_one_where_the_driver_can
     for a, b in zip(want_params, got_params, strict=True):
         np.testing.assert_array_equal(a, b)
     run = program_of(step)
-    assert run.reference_launches                    # (matmul's, at least)
+    assert run.reference_launches  # (matmul's, at least)
     assert (run.captures, run.replays, run.uncaptured) == (0, 0, 5)
     assert run.launches == 5 * len(run.kernels)
 
@@ -349,10 +360,12 @@ def test_the_rates_follow_the_parameters_moved_to_cuda(emu):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
     opt = optim.SGD(model.parameters(), lr=0.1)
     step = TrainStep(model, opt)
-    got = [float(step(af.tensor(x), af.tensor(y))) for x, y in data[:2]]   # rates on cpu
-    model.to("cuda:0")                      # (the same graph: compiled anew there)
-    got += [float(step(af.tensor(x, device="cuda:0"), af.tensor(y, device="cuda:0")))
-            for x, y in data[2:]]
+    got = [float(step(af.tensor(x), af.tensor(y))) for x, y in data[:2]]  # rates on cpu
+    model.to("cuda:0")  # (the same graph: compiled anew there)
+    got += [
+        float(step(af.tensor(x, device="cuda:0"), af.tensor(y, device="cuda:0")))
+        for x, y in data[2:]
+    ]
     assert got == want
     for p, w in zip(model.parameters(), want_params, strict=True):
         assert_same(p.numpy(), w)

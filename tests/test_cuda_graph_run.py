@@ -25,7 +25,7 @@ from test_cuda_graph_mode import batches, make, program_of, train
 
 pytestmark = pytest.mark.timeout(120)
 
-EMU_DRIVER = LoggedDriver          # the emu and cuda fixtures' emulator (cuda_fixtures)
+EMU_DRIVER = LoggedDriver  # the emu and cuda fixtures' emulator (cuda_fixtures)
 
 OPTS = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=1e-2))]
 
@@ -50,8 +50,11 @@ def _feed(kind, data):
     return data
 
 
-MODES = {"fused, captured": dict(fused=True), "fused, launched": dict(fused=True),
-         "an actor per op": dict(fused=False)}
+MODES = {
+    "fused, captured": dict(fused=True),
+    "fused, launched": dict(fused=True),
+    "an actor per op": dict(fused=False),
+}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -62,11 +65,11 @@ def test_a_run_on_cuda_equals_cpu_bit_for_bit(cuda, opt_name, kwargs, kind, mode
     want, want_params, _ = train("cpu", opt_name, kwargs, data)
     model, step = make(CUDA, opt_name, kwargs, cuda_graph=mode != "fused, launched")
     outs = list(step.run(_feed(kind, data), **MODES[mode]))
-    assert all(type(o) is np.ndarray and o.shape == () for o in outs)   # as the cpu's run
+    assert all(type(o) is np.ndarray and o.shape == () for o in outs)  # as the cpu's run
     _same_losses(outs, want)
     _same(want_params, model)
     names = set(step.stats().actors)
-    assert ("to_device" in names) is (kind != "cuda tensors")    # cuda batches: no copy
+    assert ("to_device" in names) is (kind != "cuda tensors")  # cuda batches: no copy
     if mode == "an actor per op":
         assert "set state 0" in names and any(n.endswith(" to host") for n in names)
         return
@@ -93,16 +96,19 @@ def test_the_work_is_on_its_streams_with_no_round_trip_through_the_host(emu):
     cuda = emu()
     data = batches(4, seed=1)
     _, step = make(CUDA, "SGD", dict(lr=0.1))
-    list(step.run(data, fused=True))                # (compiled and captured)
+    list(step.run(data, fused=True))  # (compiled and captured)
     del cuda.log[:]
     assert len(list(step.run(data, fused=True))) == 4
     counts = Counter(cuda.log)
     # per batch: x and y copied up on h2d, the loss down on d2h; on the compute stream the
     # replay's static input and output copies only (the kernels are the replayed graph's)
-    assert counts == {("copy_h2d", "h2d"): 2 * 4, ("copy_d2d", "compute"): 3 * 4,
-                      ("copy_d2h", "d2h"): 4}
+    assert counts == {
+        ("copy_h2d", "h2d"): 2 * 4,
+        ("copy_d2d", "compute"): 3 * 4,
+        ("copy_d2h", "d2h"): 4,
+    }
     items = _feed("cuda tensors", data)
-    af.synchronize()                                 # (their own copies up: done)
+    af.synchronize()  # (their own copies up: done)
     del cuda.log[:]
     assert len(list(step.run(items, fused=True))) == 4
     counts = Counter(kind for kind, _ in cuda.log)
@@ -121,8 +127,9 @@ def test_one_run_of_cuda_then_host_batches_is_a_run_per_kind(cuda):
 def _loader(device=None, **kw):
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((40, 8)).astype(np.float32), rng.integers(0, 3, 40)
-    return af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=8, shuffle=True,
-                              seed=1, device=device, **kw)
+    return af.data.DataLoader(
+        af.data.TensorDataset(x, y), batch_size=8, shuffle=True, seed=1, device=device, **kw
+    )
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "an actor per op"])
@@ -130,11 +137,11 @@ def _loader(device=None, **kw):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_run_on_cuda_from_a_dataloader_equals_cpu(cuda, device, workers, fused):
     cpu_model, cpu_step = make("cpu", "SGD", dict(lr=0.1, momentum=0.9))
-    want = [float(v) for e in range(2) for v in cpu_step.run(_loader(workers=workers),
-                                                              fused=fused)]
+    want = [float(v) for e in range(2) for v in cpu_step.run(_loader(workers=workers), fused=fused)]
     model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
-    got = [float(v) for e in range(2) for v in step.run(_loader(device, workers=workers),
-                                                        fused=fused)]
+    got = [
+        float(v) for e in range(2) for v in step.run(_loader(device, workers=workers), fused=fused)
+    ]
     assert len(got) == 10
     _same_losses(got, want)
     _same([p.numpy() for p in cpu_model.parameters()], model)
@@ -150,6 +157,7 @@ def test_h2d_of_the_next_batch_is_issued_while_the_step_is_held(emu, buffers, fu
     goes to the second register while step 0 reads the first); with one, batch 1 waits
     for step 0's register, which comes home only when step 0 completed."""
     cuda = emu()
+
     class Fit(nn.Graph):
         def __init__(self, model, opt):
             super().__init__()
@@ -160,6 +168,7 @@ def test_h2d_of_the_next_batch_is_issued_while_the_step_is_held(emu, buffers, fu
             loss = (self.model(x) ** 2).mean()
             loss.backward()
             return loss
+
     af.manual_seed(0)
     model = nn.Linear(8, 2, device=CUDA)
     step = Fit(model, optim.SGD(model.parameters(), lr=0.1))
@@ -170,7 +179,7 @@ def test_h2d_of_the_next_batch_is_issued_while_the_step_is_held(emu, buffers, fu
     got = [float(v) for v in step.run(data, fused=fused, buffers=buffers)]
     assert len(got) == 6 and cuda.gated
     assert cuda.held_out is (buffers == 1)
-    assert got != want                               # (trained on: the parameters moved)
+    assert got != want  # (trained on: the parameters moved)
 
 
 def test_a_plan_over_the_cuda_budget_is_refused_before_any_step(cuda):
@@ -182,7 +191,7 @@ def test_a_plan_over_the_cuda_budget_is_refused_before_any_step(cuda):
     msg = str(e.value)
     assert e.value.device == CUDA and e.value.budget == 256
     assert "cuda:0 budget" in msg and "to_device" in msg and "workspace" in msg
-    _same(before, model)                             # no step ran
+    _same(before, model)  # no step ran
     assert program_of(step).launches == 0
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1), data)
     _same_losses(step.run(data, fused=True, memory={CUDA: "1MiB"}), want)
@@ -196,25 +205,26 @@ def test_a_kernel_fault_mid_run_stops_it_and_training_goes_on(emu, kind, fused):
     data = batches(6, seed=5)
     model, step = make(CUDA, "SGD", dict(lr=0.1, momentum=0.9))
     items = _feed(kind, data)
-    list(step.run(items[:1], fused=fused))           # (compiled and captured)
+    list(step.run(items[:1], fused=fused))  # (compiled and captured)
 
     def faulty():
         for k, item in enumerate(items[1:]):
             if k == 2:
-                cuda.fail_kernel("relu")             # a step of the run's fails
+                cuda.fail_kernel("relu")  # a step of the run's fails
             yield item
+
     with pytest.raises(ActorError) as e:
         list(step.run(faulty(), fused=fused))
     assert e.value.actor == ("step" if fused else "relu")
     assert isinstance(e.value.original, KernelError)
     assert "injected fault in kernel relu" in str(e.value)
-    failed = 1 + e.value.piece                       # (the index in data)
+    failed = 1 + e.value.piece  # (the index in data)
     assert 1 <= failed < len(data)
     settle()
     # the steps before the failed one were applied, it and those after it were not
     _, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data[:failed])
     _same(want_params, model)
-    rest = [float(v) for v in step.run(items[failed:], fused=fused)]   # training goes on
+    rest = [float(v) for v in step.run(items[failed:], fused=fused)]  # training goes on
     want, want_params, _ = train("cpu", "SGD", dict(lr=0.1, momentum=0.9), data)
     assert rest == want[failed:]
     _same(want_params, model)

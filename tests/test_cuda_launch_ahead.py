@@ -70,6 +70,7 @@ def _spin(dstream, flag):
     """Launches on ``dstream`` a one-thread kernel that returns once ``flag[0]`` (pinned,
     so mapped into the device's address space) is set, or after about a minute."""
     import cupy
+
     kernel = cupy.RawKernel(SPIN, "af_test_gate")
     with dstream._driver._dev, dstream._s:
         kernel((1,), (1,), (np.uintp(flag.ctypes.data), np.int64(120_000_000_000)))
@@ -98,15 +99,15 @@ def test_a_chain_of_200_dependent_ops_is_issued_before_the_first_completes(emu):
     base = compute._issued
     y = x
     for _ in range(200):
-        y = y * 1.01                         # each reads the one before
+        y = y * 1.01  # each reads the one before
     try:
         # each op: its kernel and the event after it, all on the held stream
         _until(lambda: compute._issued - base >= 400, "the chain issued behind the gate")
-        assert VM.stats()["completed"] == completed       # none completed, all issued
+        assert VM.stats()["completed"] == completed  # none completed, all issued
         assert _queued(compute) >= 401
     finally:
         gate.open()
-    np.testing.assert_allclose(y.numpy(), np.full(1000, 1.01 ** 200, np.float32), rtol=1e-4)
+    np.testing.assert_allclose(y.numpy(), np.full(1000, 1.01**200, np.float32), rtol=1e-4)
 
 
 def test_a_chain_issued_ahead_reuses_its_temporaries_memory_as_it_goes(emu):
@@ -142,14 +143,14 @@ def test_a_dependency_across_streams_is_a_wait_on_the_device(emu):
     waits = VM.device_waits
     gate = Gate(compute)
     try:
-        a = x * 2                            # on the held compute stream
+        a = x * 2  # on the held compute stream
         with use_stream(side):
-            c = a + 1                        # reads it on another stream
-            d = c * 3                        # same stream: stream order, no wait
+            c = a + 1  # reads it on another stream
+            d = c * 3  # same stream: stream order, no wait
         _until(lambda: other._issued >= 5, "the side stream's wait and work issued")
-        assert VM.device_waits == waits + 1        # one wait, on the device
-        assert not c._impl.blob.last_write.done    # issued while `a` could not complete
-        assert _queued(other) >= 1                 # the side stream waits on the device
+        assert VM.device_waits == waits + 1  # one wait, on the device
+        assert not c._impl.blob.last_write.done  # issued while `a` could not complete
+        assert _queued(other) >= 1  # the side stream waits on the device
     finally:
         gate.open()
     assert_same(d.numpy(), (np.arange(8, dtype=np.float32) * 2 + 1) * 3)
@@ -165,13 +166,17 @@ def test_a_copy_from_the_host_waits_for_the_copy_to_the_host_it_reads(cuda):
     d2h = b.driver_stream(b.stream("d2h"))
     gate = Gate(d2h)
     try:
-        h = a.to("cpu")                      # its data lands behind the gate
-        d = h.to(CUDA)                       # reads h on the host
-        e = d + 1                            # and on: a device-memory link to d
-        _until(lambda: h._impl.blob.last_write is not None
-               and h._impl.blob.last_write.issued is not None, "the copy to the host issued")
+        h = a.to("cpu")  # its data lands behind the gate
+        d = h.to(CUDA)  # reads h on the host
+        e = d + 1  # and on: a device-memory link to d
+        _until(
+            lambda: (
+                h._impl.blob.last_write is not None and h._impl.blob.last_write.issued is not None
+            ),
+            "the copy to the host issued",
+        )
         w = d._impl.blob.last_write
-        assert w is not None and w.issued is None and not w.done     # held for h's completion
+        assert w is not None and w.issued is None and not w.done  # held for h's completion
         assert w.after is not None and h._impl.blob.last_write not in w.after
     finally:
         gate.open()
@@ -184,7 +189,7 @@ def test_a_host_round_trip_issued_ahead_keeps_its_values_under_random_delays(emu
     emu(delay=0.001, seed=3)
     for v in range(1, 6):
         a = af.tensor(np.full(8, v, np.float32), device=CUDA)
-        junk = af.tensor(np.full(8, -1, np.float32), device=CUDA)   # memory h may reuse
+        junk = af.tensor(np.full(8, -1, np.float32), device=CUDA)  # memory h may reuse
         h = (a * 1).to("cpu")
         d = h.to(CUDA) + 0
         del junk
@@ -231,37 +236,38 @@ def test_a_fault_in_a_chain_issued_ahead_fails_the_rest_with_the_first_error(emu
         for _ in range(30):
             chain.append(chain[-1] + 1)
         cuda.fail_kernel("mul_scalar")
-        chain.append(chain[-1] * 2)          # faults on the device
+        chain.append(chain[-1] * 2)  # faults on the device
         for _ in range(30):
-            chain.append(chain[-1] + 1)      # computed from it
-        after = other + 5                    # independent, issued after it on its stream
+            chain.append(chain[-1] + 1)  # computed from it
+        after = other + 5  # independent, issued after it on its stream
         with use_stream(side):
-            before = other + 2               # on another stream: runs behind no gate
+            before = other + 2  # on another stream: runs behind no gate
             assert_same(before.numpy(), np.full(4, 3, np.float32))
-            across = chain[40] - 1           # waits there on an event after the fault
-            later = other - 1                # independent, after that wait on that stream
-        _until(lambda: compute._issued >= 2 * 62 + 1 and _queued(side_ds) >= 5,
-               "the chain issued behind the gate")
+            across = chain[40] - 1  # waits there on an event after the fault
+            later = other - 1  # independent, after that wait on that stream
+        _until(
+            lambda: compute._issued >= 2 * 62 + 1 and _queued(side_ds) >= 5,
+            "the chain issued behind the gate",
+        )
     finally:
         gate.open()
     with pytest.raises(KernelError) as e:
         af.synchronize(30)
-    assert e.value.op == "mul_scalar" and e.value.more_errors == 0    # raised once
+    assert e.value.op == "mul_scalar" and e.value.more_errors == 0  # raised once
     af.synchronize(30)
     first = chain[31]._impl.blob.error
     assert first is not None and first.op == "mul_scalar"
     for t in chain[31:] + [after, across, later]:
-        assert t._impl.blob.error is first   # the one first error, everywhere after it
+        assert t._impl.blob.error is first  # the one first error, everywhere after it
         with pytest.raises(KernelError, match="'mul_scalar'"):
             t.numpy()
-    for i, t in enumerate(chain[:31]):       # issued before it: values
+    for i, t in enumerate(chain[:31]):  # issued before it: values
         assert_same(t.numpy(), np.arange(4, dtype=np.float32) + i)
-    assert_same((other * 2 + 1).numpy(), np.full(4, 3, np.float32))    # later work runs
+    assert_same((other * 2 + 1).numpy(), np.full(4, 3, np.float32))  # later work runs
     assert_same((chain[30] * 2).numpy(), (np.arange(4, dtype=np.float32) + 30) * 2)
 
 
-def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cuda,
-                                                                            monkeypatch):
+def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cuda, monkeypatch):
     """An op whose error is known only when it completes (as an integer division's zero
     flag read back) fails the work issued ahead of it that computed from its outputs, on its
     stream and across streams, with that error, though their own work succeeded; work that
@@ -280,11 +286,11 @@ def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cud
 
     monkeypatch.setattr(VM, "_finish_device", failing_at_completion)
     try:
-        y = x * 2                            # fails when it completes
-        z = y + 1                            # issued ahead, same stream
+        y = x * 2  # fails when it completes
+        z = y + 1  # issued ahead, same stream
         with use_stream(side):
-            w = z - 1                        # issued ahead, another stream
-        v = x + 5                            # reads no output of it
+            w = z - 1  # issued ahead, another stream
+        v = x + 5  # reads no output of it
         _until(lambda: w._impl.blob.last_write.issued is not None, "w issued")
     finally:
         gate.open()
@@ -324,7 +330,7 @@ def test_a_compiled_step_issued_ahead_of_a_failing_division_keeps_its_error_on_t
     b = _backend()
     gate = Gate(b.driver_stream(b.compute))
     try:
-        loss = g((a // z).float())           # the step reads the division's output
+        loss = g((a // z).float())  # the step reads the division's output
     finally:
         gate.open()
     for t in (loss, model.weight):
@@ -333,8 +339,7 @@ def test_a_compiled_step_issued_ahead_of_a_failing_division_keeps_its_error_on_t
     af.synchronize(30)
 
 
-def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(
-        emu):
+def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_after_them(emu):
     """A dead tensor's block is freed once its uses are issued (stream-ordered): reused at
     once for a write on another stream, that write waits on the device for the reads still
     queued (the allocator's event). Without it (``_skip_reuse_events``) the write lands
@@ -347,18 +352,18 @@ def test_a_block_freed_while_its_reads_are_queued_is_reused_on_another_stream_af
     waits, frees = b.caching().stats().reuse_waits, b.caching().stats().frees
     gate = Gate(compute)
     try:
-        t = x + 1                            # held behind the gate, in a fresh block
-        u = t * 2                            # reads it, held too
-        del t                                # freed now: its uses are issued
+        t = x + 1  # held behind the gate, in a fresh block
+        u = t * 2  # reads it, held too
+        del t  # freed now: its uses are issued
         _until(lambda: b.caching().stats().frees > frees, "t's block freed")
         with use_stream(side):
-            w = ones + 100                   # a write on another stream: t's block again
+            w = ones + 100  # a write on another stream: t's block again
             _until(lambda: other_issued(b, side) >= 2, "w issued on the side stream")
     finally:
         gate.open()
     assert_same(u.numpy(), (np.arange(256, dtype=np.float32) + 1) * 2)
     assert_same(w.numpy(), np.full(256, 101, np.float32))
-    assert b.caching().stats().reuse_waits == waits + 1     # one wait, on the device
+    assert b.caching().stats().reuse_waits == waits + 1  # one wait, on the device
 
 
 def other_issued(backend, stream) -> int:
@@ -371,14 +376,14 @@ def test_released_memory_is_reused_safely_under_random_delays(emu, seed):
     VM.set_test_hooks(seed, 1e-4)
     rng = np.random.default_rng(seed)
     side = af.lowlevel.stream(CUDA, "side")
-    live: dict = {}                          # name -> (tensor, expected values)
+    live: dict = {}  # name -> (tensor, expected values)
     for step in range(120):
         k = int(rng.integers(0, 6))
         if k in live and rng.random() < 0.3:
-            del live[k]                      # its memory goes back for reuse
+            del live[k]  # its memory goes back for reuse
             continue
         if k in live and rng.random() < 0.15:
-            t, v = live[k]                   # a read: what was released before is freed
+            t, v = live[k]  # a read: what was released before is freed
             np.testing.assert_allclose(t.numpy(), v, rtol=1e-6)
             continue
         src = live.get(int(rng.integers(0, 6)))
@@ -395,7 +400,7 @@ def test_released_memory_is_reused_safely_under_random_delays(emu, seed):
             live[k] = (t - 1, v - np.float32(1))
     for t, v in live.values():
         np.testing.assert_allclose(t.numpy(), v, rtol=1e-6)
-    assert _backend().caching().stats().hits > 0          # blocks were reused
+    assert _backend().caching().stats().hits > 0  # blocks were reused
 
 
 def test_max_in_flight_bounds_what_is_issued_ahead(emu):
@@ -411,13 +416,14 @@ def test_max_in_flight_bounds_what_is_issued_ahead(emu):
         for _ in range(200):
             y = y + 1
         out.append(y)
+
     th = threading.Thread(target=chain, daemon=True)
     try:
         th.start()
         _until(lambda: VM._blocked == 1, "the issuing thread blocked on max_in_flight")
         s = VM.stats()
-        assert s["in_flight"] <= 2 * 40 + 1     # the ops, and a RELEASE of each dead one
-        #                                         (issued by the loop, which never blocks)
+        assert s["in_flight"] <= 2 * 40 + 1  # the ops, and a RELEASE of each dead one
+        #                                      (issued by the loop, which never blocks)
         # each op: its kernel, the event after it, the event recorded when its input's
         # block was freed; and the gate
         assert _queued(compute) <= 3 * 40 + 1
@@ -439,13 +445,13 @@ def test_the_emulator_runs_no_work_after_a_wait_on_a_faulted_streams_event(emu):
     b = d.malloc(8).array(2, np.float32)
     set_to = Kernel("set_to", reference=lambda x, v: x.fill(v))
     other.launch(set_to, (b, 1.0))
-    other.synchronize(10)                    # (ran before the fault is armed)
+    other.synchronize(10)  # (ran before the fault is armed)
     d.fail_kernel("set_to")
-    s.launch(set_to, (a, 2.0))               # faults
+    s.launch(set_to, (a, 2.0))  # faults
     other.wait(s.record())
-    other.launch(set_to, (b, 5.0))           # after the wait: skipped
+    other.launch(set_to, (b, 5.0))  # after the wait: skipped
     out = np.zeros(2, np.float32)
-    other.copy_d2h(out, b)                   # skipped too
+    other.copy_d2h(out, b)  # skipped too
     called = []
     other.add_callback(lambda: called.append(1))
     done = other.record()
@@ -455,7 +461,7 @@ def test_the_emulator_runs_no_work_after_a_wait_on_a_faulted_streams_event(emu):
     with pytest.raises(KernelError, match="set_to"):
         done.synchronize(10)
     assert out.tolist() == [0, 0]
-    assert d._view(b).tolist() == [1, 1]     # the value before the fault, never garbage
+    assert d._view(b).tolist() == [1, 1]  # the value before the fault, never garbage
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -52,9 +52,9 @@ def test_tensor_zeros_and_copies_both_ways(cuda, dtype):
 def test_views_copy_both_ways(cuda):
     data = np.arange(24, dtype=np.float32).reshape(4, 6)
     c = af.tensor(data, device=CUDA)
-    assert_same(c.T.numpy(), data.T)                           # a device view read
-    assert_same(c[1:, ::2].to("cpu").numpy(), data[1:, ::2])   # a device view copied out
-    assert_same(af.tensor(data).T.to(CUDA).numpy(), data.T)    # a host view copied in
+    assert_same(c.T.numpy(), data.T)  # a device view read
+    assert_same(c[1:, ::2].to("cpu").numpy(), data[1:, ::2])  # a device view copied out
+    assert_same(af.tensor(data).T.to(CUDA).numpy(), data.T)  # a host view copied in
     assert_same(c[2].numpy(), data[2])
 
 
@@ -65,23 +65,23 @@ def test_copy_and_setitem_across_the_host_boundary_go_through_the_transfer(emu):
     emu(delay=1e-3, seed=5)
     data = np.arange(6, dtype=np.float32).reshape(2, 3)
     h = af.zeros(2, 3)
-    h.copy_(af.tensor(data, device=CUDA))                       # cuda into cpu
+    h.copy_(af.tensor(data, device=CUDA))  # cuda into cpu
     assert_same(h.numpy(), data)
     d = af.zeros(2, 3, dtype=af.float64, device=CUDA)
-    d.copy_(af.tensor(data[1].astype(np.int64)))                # cpu into cuda, broadcast, cast
+    d.copy_(af.tensor(data[1].astype(np.int64)))  # cpu into cuda, broadcast, cast
     assert_same(d.numpy(), np.broadcast_to(data[1], (2, 3)).astype(np.float64))
     d = af.zeros(2, 3, device=CUDA)
-    d[:] = af.tensor(data)                                      # setitem, basic key
+    d[:] = af.tensor(data)  # setitem, basic key
     d[0, 1:] = af.tensor([7.0, 8.0])
     assert_same(d.numpy(), np.array([[0, 7, 8], [3, 4, 5]], np.float32))
-    d[[1, 1], [0, 2]] = af.tensor([9.0, 9.5])                   # setitem, advanced key
+    d[[1, 1], [0, 2]] = af.tensor([9.0, 9.5])  # setitem, advanced key
     assert_same(d.numpy(), np.array([[0, 7, 8], [9, 4, 9.5]], np.float32))
     h = af.zeros(2, 3)
     h[1] = af.tensor(data[0], device=CUDA)
     h[[0], [2]] = af.tensor([6.0], device=CUDA)
     assert_same(h.numpy(), np.array([[0, 0, 6], [0, 1, 2]], np.float32))
     a = af.tensor(data, device=CUDA)
-    d.copy_(a.to("cpu"))                                        # a round trip issued ahead
+    d.copy_(a.to("cpu"))  # a round trip issued ahead
     assert_same(d.numpy(), data)
     with pytest.raises(DeviceError, match=r"copy_\(\).*cuda:1 to cuda:0.*\.to\('cpu'\)"):
         d.copy_(af.zeros(2, 3, device="cuda:1"))
@@ -94,14 +94,14 @@ def test_copies_run_on_the_copy_streams(cuda):
 
 
 def test_a_copy_in_is_taken_before_the_source_changes(emu):
-    emu(delay=2e-3, seed=3)                 # copies reach their streams late
+    emu(delay=2e-3, seed=3)  # copies reach their streams late
     src = af.arange(1000, dtype=af.float32)
     c = src.to(CUDA)
-    src.add_(1)                              # issued right after the copy to the device
+    src.add_(1)  # issued right after the copy to the device
     data = np.arange(1000, dtype=np.float32)
     host = data.copy()
     d = af.tensor(host, device=CUDA)
-    host[:] = -1                             # the caller's buffer changes at once
+    host[:] = -1  # the caller's buffer changes at once
     assert_same(c.numpy(), data)
     assert_same(src.numpy(), data + 1)
     assert_same(d.numpy(), data)
@@ -133,19 +133,19 @@ def test_mixing_devices_in_one_op_is_refused_naming_both_and_the_fix(cuda):
 
 def cuda_device_count() -> int:
     import cupy
+
     return cupy.cuda.runtime.getDeviceCount()
 
 
 def test_a_copy_between_two_cuda_devices_is_refused_with_the_way_through_the_host(cuda):
     with pytest.raises(DeviceError) as e:
         af.ones(2, device=CUDA).to("cuda:1")
-    if not on_emulator() and cuda_device_count() < 2:   # a GPU machine with one device
+    if not on_emulator() and cuda_device_count() < 2:  # a GPU machine with one device
         assert "cuda:1" in str(e.value) and "CuPy sees 1 CUDA device(s)" in str(e.value)
         return
     assert "cuda:0 to cuda:1" in str(e.value) and ".to('cpu').to('cuda:1')" in str(e.value)
-    if on_emulator():                        # (a GPU machine may have no cuda:1)
-        assert_same(af.ones(2, device=CUDA).to("cpu").to("cuda:1").numpy(),
-                    np.ones(2, np.float32))
+    if on_emulator():  # (a GPU machine may have no cuda:1)
+        assert_same(af.ones(2, device=CUDA).to("cpu").to("cuda:1").numpy(), np.ones(2, np.float32))
 
 
 def test_an_op_with_a_value_dependent_shape_is_refused_with_the_fix(cuda):
@@ -182,11 +182,11 @@ def test_af_cuda_emu_selects_the_emulator(monkeypatch):
 # -- every op family on cuda:0 equals cpu -----------------------------------------------------
 def test_assert_same_is_bit_for_bit_on_the_emulator_whatever_the_op():
     one = np.ones(3, np.float32)
-    next_up = np.nextafter(one, np.float32(2))          # one ulp apart
+    next_up = np.nextafter(one, np.float32(2))  # one ulp apart
     for exact in (True, False):
         with pytest.raises(AssertionError):
             assert_same(next_up, one, exact=exact)
-        with pytest.raises(AssertionError):             # the dtype counts too
+        with pytest.raises(AssertionError):  # the dtype counts too
             assert_same(one.astype(np.float64), one, exact=exact)
     assert_same(one.copy(), one, exact=False)
 
@@ -200,7 +200,7 @@ def _inputs(op, dtype):
         a, b = vals > 2, vals < 3
     else:
         a, b = np.ceil(vals), np.ceil(vals[::-1].copy()) + 1
-    return [a.astype(dtype.np), b.astype(dtype.np)][:len(op.inputs)]
+    return [a.astype(dtype.np), b.astype(dtype.np)][: len(op.inputs)]
 
 
 def _elementwise_ops():
@@ -217,13 +217,30 @@ def _elementwise_ops():
 ELEMENTWISE = _elementwise_ops()
 # Not exact on a GPU: CUDA's libm rounds these within a few ulp of numpy's
 # (CUDA's sinf, cosf, erff and expf are within a few ulp of numpy's, not equal: seen on a GPU)
-TRANSCENDENTAL = {"exp", "log", "tanh", "sigmoid", "pow", "pow_scalar", "rpow_scalar", "sin",
-                  "cos", "erf", "silu", "gelu", "rsqrt", "log1p", "expm1", "softplus"}
+TRANSCENDENTAL = {
+    "exp",
+    "log",
+    "tanh",
+    "sigmoid",
+    "pow",
+    "pow_scalar",
+    "rpow_scalar",
+    "sin",
+    "cos",
+    "erf",
+    "silu",
+    "gelu",
+    "rsqrt",
+    "log1p",
+    "expm1",
+    "softplus",
+}
 
 
 def test_the_registry_gives_the_elementwise_families():
-    assert {"add", "mul_scalar", "rpow_scalar", "exp", "relu", "eq", "bitwise_xor",
-            "copy"} <= set(ELEMENTWISE)
+    assert {"add", "mul_scalar", "rpow_scalar", "exp", "relu", "eq", "bitwise_xor", "copy"} <= set(
+        ELEMENTWISE
+    )
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)
@@ -231,13 +248,14 @@ def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name, monkeypatch):
     op = all_ops()[name]
     attrs = {"scalar": 2} if op.attrs else {}
     ran = 0
-    generated = []                           # launches of the op's generated CUDA C kernel
+    generated = []  # launches of the op's generated CUDA C kernel
     launch = EmuStream.launch
 
     def counted(self, kernel, args, grid=None, block=None):
         if kernel.name == name and kernel.source:
             generated.append(kernel)
         return launch(self, kernel, args, grid, block)
+
     monkeypatch.setattr(EmuStream, "launch", counted)
     for dtype in (af.float32, af.int64, af.bool):
         arrays = _inputs(op, dtype)
@@ -246,7 +264,7 @@ def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name, monkeypatch):
             impls = [af.tensor(a, dtype=dtype, device=dev)._impl for a in arrays]
             try:
                 out = apply(op, impls, dict(attrs))
-            except (DTypeError, TypeError, ValueError):    # (a dtype the op refuses)
+            except (DTypeError, TypeError, ValueError):  # (a dtype the op refuses)
                 break
             try:
                 results.append([wrap(o).numpy() for o in out])
@@ -260,19 +278,27 @@ def test_every_elementwise_op_on_cuda_equals_cpu(cuda, name, monkeypatch):
             else:
                 assert results[0] is results[1]
     assert ran, f"{name}: no dtype ran"
-    assert generated or name not in K.OPS or not on_emulator(), (   # (counted on EmuStream)
-        f"{name}: the generated kernel was not launched")
+    assert generated or name not in K.OPS or not on_emulator(), (  # (counted on EmuStream)
+        f"{name}: the generated kernel was not launched"
+    )
 
 
 # exact on a GPU too: picking an element is IEEE-exact (sums, means and softmaxes are not)
 EXACT_REDUCE = {"amax", "amin", "argmax", "argmin", "max_dim", "min_dim_idx", "max"}
 REDUCE = {
-    "sum": lambda t: t.sum(), "sum_dim": lambda t: t.sum(1, keepdim=True),
-    "mean": lambda t: t.mean(0), "amax": lambda t: t.amax(1), "amin": lambda t: t.amin(),
-    "argmax": lambda t: t.argmax(1), "argmin": lambda t: t.argmin(0),
-    "max_dim": lambda t: t.max(1)[0], "min_dim_idx": lambda t: t.min(0)[1],
-    "softmax": lambda t: F.softmax(t, 1), "log_softmax": lambda t: F.log_softmax(t, 0),
-    "max": lambda t: t.max(), "mean_dims": lambda t: t.mean((0, 1), keepdim=True),
+    "sum": lambda t: t.sum(),
+    "sum_dim": lambda t: t.sum(1, keepdim=True),
+    "mean": lambda t: t.mean(0),
+    "amax": lambda t: t.amax(1),
+    "amin": lambda t: t.amin(),
+    "argmax": lambda t: t.argmax(1),
+    "argmin": lambda t: t.argmin(0),
+    "max_dim": lambda t: t.max(1)[0],
+    "min_dim_idx": lambda t: t.min(0)[1],
+    "softmax": lambda t: F.softmax(t, 1),
+    "log_softmax": lambda t: F.log_softmax(t, 0),
+    "max": lambda t: t.max(),
+    "mean_dims": lambda t: t.mean((0, 1), keepdim=True),
 }
 
 
@@ -283,15 +309,24 @@ def test_reduce_family_on_cuda_equals_cpu(cuda, name):
     assert_same(b, a, exact=name in EXACT_REDUCE)
 
 
-@pytest.mark.parametrize("shapes", [((4, 5), (5, 3)), ((2, 4, 5), (2, 5, 3)), ((5,), (5, 3)),
-                                    ((4, 5), (5,)), ((2, 1, 4, 5), (3, 5, 2))])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((4, 5), (5, 3)),
+        ((2, 4, 5), (2, 5, 3)),
+        ((5,), (5, 3)),
+        ((4, 5), (5,)),
+        ((2, 1, 4, 5), (3, 5, 2)),
+    ],
+)
 def test_matmul_family_on_cuda_equals_cpu(cuda, shapes):
     rng = np.random.default_rng(2)
     x, y = (rng.standard_normal(s).astype(np.float32) for s in shapes)
     a, b = both(lambda dev: af.tensor(x, device=dev) @ af.tensor(y, device=dev))
     assert_same(b, a, exact=False)
-    a, b = both(lambda dev: af.matmul(af.tensor(x, device=dev).double(),
-                                      af.tensor(y, device=dev).double()))
+    a, b = both(
+        lambda dev: af.matmul(af.tensor(x, device=dev).double(), af.tensor(y, device=dev).double())
+    )
     assert_same(b, a, exact=False)
     if len(shapes[0]) == 2 and len(shapes[1]) == 2:
         a, b = both(lambda dev: af.tensor(y, device=dev).T @ af.tensor(x, device=dev).T)
@@ -299,12 +334,17 @@ def test_matmul_family_on_cuda_equals_cpu(cuda, shapes):
 
 
 OTHERS = {
-    "where": lambda t: af.where(t > 0, t, t * 2), "clamp": lambda t: t.clamp(-0.5, 0.5),
-    "clamp_tensor": lambda t: t.clamp(min=t * 0.5), "cast": lambda t: t.to(af.int32),
-    "cat": lambda t: af.cat([t, t * 2], 1), "stack": lambda t: af.stack([t, -t]),
+    "where": lambda t: af.where(t > 0, t, t * 2),
+    "clamp": lambda t: t.clamp(-0.5, 0.5),
+    "clamp_tensor": lambda t: t.clamp(min=t * 0.5),
+    "cast": lambda t: t.to(af.int32),
+    "cat": lambda t: af.cat([t, t * 2], 1),
+    "stack": lambda t: af.stack([t, -t]),
     "index": lambda t: t[af.tensor([0, 2], device=t.device)],
-    "slice": lambda t: t[1:, ::2] + 1, "gelu": lambda t: F.gelu(t, approximate="tanh"),
-    "reshape": lambda t: t.T.reshape(-1), "contiguous": lambda t: t.T.contiguous(),
+    "slice": lambda t: t[1:, ::2] + 1,
+    "gelu": lambda t: F.gelu(t, approximate="tanh"),
+    "reshape": lambda t: t.T.reshape(-1),
+    "contiguous": lambda t: t.T.contiguous(),
     "rand": lambda t: (af.manual_seed(5), af.rand(3, 4, device=t.device))[1],
 }
 
@@ -313,7 +353,7 @@ OTHERS = {
 def test_other_ops_on_cuda_equal_cpu(cuda, name):
     data = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
     a, b = both(lambda dev: OTHERS[name](af.tensor(data, device=dev)))
-    assert_same(b, a, exact=name != "gelu")            # (gelu's tanh: CUDA's libm)
+    assert_same(b, a, exact=name != "gelu")  # (gelu's tanh: CUDA's libm)
 
 
 def _img(t):
@@ -329,12 +369,19 @@ def _idx(t, rows):
 # a kernel a GPU could not run fails in CI; on a GPU (``pytest -m gpu``) it runs on CuPy.
 # (name -> (function of a (3, 4) float32 tensor, exact on a GPU))
 SWEEP = {
-    "cumsum": (lambda t: t.cumsum(1), False), "sort": (lambda t: t.sort(1)[0], True),
-    "sort_indices": (lambda t: t.sort(1)[1], True), "topk": (lambda t: t.topk(2, dim=1)[0], True),
-    "tril": (lambda t: t.tril(), True), "triu": (lambda t: t.triu(1), True),
+    "cumsum": (lambda t: t.cumsum(1), False),
+    "sort": (lambda t: t.sort(1)[0], True),
+    "sort_indices": (lambda t: t.sort(1)[1], True),
+    "topk": (lambda t: t.topk(2, dim=1)[0], True),
+    "tril": (lambda t: t.tril(), True),
+    "triu": (lambda t: t.triu(1), True),
     "gather": (lambda t: t.gather(1, _idx(t, [[0, 1], [2, 3], [1, 1]])), True),
-    "scatter_add": (lambda t: af.zeros(3, 4, device=t.device).scatter_add(
-        1, _idx(t, [[0, 1], [2, 2], [1, 1]]), t[:, :2]), False),
+    "scatter_add": (
+        lambda t: af.zeros(3, 4, device=t.device).scatter_add(
+            1, _idx(t, [[0, 1], [2, 2], [1, 1]]), t[:, :2]
+        ),
+        False,
+    ),
     "setitem": (lambda t: _setitem(t), True),
     "index_rows": (lambda t: t[_idx(t, [2, 0, 2])], True),
     "pad": (lambda t: F.pad(t, (1, 2)), True),
@@ -348,7 +395,8 @@ SWEEP = {
     "avg_pool2d": (lambda t: nn.functional.avg_pool2d(_img(t), 2), False),
     "adaptive_avg_pool2d": (lambda t: nn.functional.adaptive_avg_pool2d(_img(t), 1), False),
     "unfold": (lambda t: nn.functional.unfold(_img(t), 2), True),
-    "amin_dim": (lambda t: t.amin(1), True), "argmin_all": (lambda t: t.argmin(), True),
+    "amin_dim": (lambda t: t.amin(1), True),
+    "argmin_all": (lambda t: t.argmin(), True),
     "arange": (lambda t: af.arange(5, device=t.device), True),
     "randn": (lambda t: (af.manual_seed(7), af.randn(3, 4, device=t.device))[1], True),
     "rand_0d": (lambda t: (af.manual_seed(8), af.rand((), device=t.device))[1], True),
@@ -375,16 +423,25 @@ SWEEP_BIG = {
     "where_by_bits": (lambda t: af.where(t > 0, t, 0.0) + af.where(t < 0, 1.0, t), True),
     "softmax_rows": (lambda t: F.softmax(t, 1) + F.log_softmax(t, 1), False),
     "sum_leading": (lambda t: _nchw(t).sum((0, 2, 3)), False),
-    "batch_norm_4d": (lambda t: nn.functional.batch_norm(_nchw(t), None, None,
-                                                         training=True), False),
-    "batch_norm_channels_last": (lambda t: nn.functional.batch_norm(
-        _nchw(t).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), None, None,
-        training=True), False),
+    "batch_norm_4d": (
+        lambda t: nn.functional.batch_norm(_nchw(t), None, None, training=True),
+        False,
+    ),
+    "batch_norm_channels_last": (
+        lambda t: nn.functional.batch_norm(
+            _nchw(t).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), None, None, training=True
+        ),
+        False,
+    ),
     "layer_norm": (lambda t: nn.functional.layer_norm(t, (80,)), False),
-    "embedding_rows": (lambda t: nn.functional.embedding(
-        (t[:, :8].abs() * 7).long().reshape(-1) % 64, t), True),
-    "cross_entropy": (lambda t: nn.functional.cross_entropy(
-        t, (t[:, 0].abs() * 9).long() % 80), False),
+    "embedding_rows": (
+        lambda t: nn.functional.embedding((t[:, :8].abs() * 7).long().reshape(-1) % 64, t),
+        True,
+    ),
+    "cross_entropy": (
+        lambda t: nn.functional.cross_entropy(t, (t[:, 0].abs() * 9).long() % 80),
+        False,
+    ),
 }
 
 
@@ -398,11 +455,13 @@ def test_an_op_sweep_on_larger_tensors_on_cuda_equals_cpu(cuda, name):
 
 BIG_GRADS = {
     "softmax_rows": lambda t: (F.softmax(t, 1) * t).sum(),
-    "batch_norm_4d": lambda t: (nn.functional.batch_norm(_nchw(t), None, None,
-                                                         training=True) * _nchw(t)).sum(),
+    "batch_norm_4d": lambda t: (
+        nn.functional.batch_norm(_nchw(t), None, None, training=True) * _nchw(t)
+    ).sum(),
     "layer_norm": lambda t: (nn.functional.layer_norm(t, (80,)) * t).sum(),
     "embedding_rows": lambda t: nn.functional.embedding(
-        af.tensor(np.arange(512) % 64, device=t.device), t).sum(),
+        af.tensor(np.arange(512) % 64, device=t.device), t
+    ).sum(),
     "where": lambda t: af.where(t > 0, t, t * 0.5).sum(),
 }
 
@@ -415,6 +474,7 @@ def test_gradients_on_larger_tensors_on_cuda_equal_cpu(cuda, name):
         t = af.tensor(data, device=dev, requires_grad=True)
         BIG_GRADS[name](t).backward()
         return t.grad
+
     a, b = both(grad)
     assert_same(b, a, exact=False)
 
@@ -428,16 +488,19 @@ def test_an_op_sweep_on_cuda_equals_cpu(cuda, name):
 
 
 GRADS = {
-    "index_and_gather": lambda t: (t[_idx(t, [2, 0, 2])].sum() + t.gather(
-        1, _idx(t, [[0, 1], [2, 3], [1, 1]])).sum()),
+    "index_and_gather": lambda t: (
+        t[_idx(t, [2, 0, 2])].sum() + t.gather(1, _idx(t, [[0, 1], [2, 3], [1, 1]])).sum()
+    ),
     "softmax_and_log_softmax": lambda t: (F.softmax(t, 1) * t).sum() + F.log_softmax(t, 0).sum(),
     "layer_norm": lambda t: (nn.functional.layer_norm(t, (4,)) * t).sum(),
     "batch_norm": lambda t: (nn.functional.batch_norm(t, None, None, training=True) * t).sum(),
     "cross_entropy": lambda t: nn.functional.cross_entropy(t, _idx(t, [0, 1, 3])),
-    "conv_and_pools": lambda t: (nn.functional.conv2d(_img(t), _img(t)[:, :, :2, :2]).sum()
-                                 + nn.functional.max_pool2d(_img(t), 2).sum()
-                                 + nn.functional.avg_pool2d(_img(t), 2).sum()
-                                 + nn.functional.adaptive_avg_pool2d(_img(t), 1).sum()),
+    "conv_and_pools": lambda t: (
+        nn.functional.conv2d(_img(t), _img(t)[:, :, :2, :2]).sum()
+        + nn.functional.max_pool2d(_img(t), 2).sum()
+        + nn.functional.avg_pool2d(_img(t), 2).sum()
+        + nn.functional.adaptive_avg_pool2d(_img(t), 1).sum()
+    ),
     "activations": lambda t: (F.gelu(t) + F.silu(t) + t.sigmoid() + t.tanh()).sum(),
     "pad_and_matmul": lambda t: (F.pad(t, (1, 1)) @ F.pad(t, (1, 1)).T).sum(),
 }
@@ -451,6 +514,7 @@ def test_gradients_on_cuda_equal_cpu(cuda, name):
         t = af.tensor(data, device=dev, requires_grad=True)
         GRADS[name](t).backward()
         return t.grad
+
     a, b = both(grad)
     assert_same(b, a, exact=False)
 
@@ -472,10 +536,10 @@ def test_a_chain_under_random_stream_delays_equals_cpu(emu, seed):
     driver = emu(delay=1e-3, seed=seed)
     data = np.random.default_rng(seed).standard_normal((6, 6)).astype(np.float32)
     expected = _chain("cpu", data).numpy()
-    af.lowlevel.get_vm().set_test_hooks(seed, 5e-4)    # the VM's dispatch order shuffled too
+    af.lowlevel.get_vm().set_test_hooks(seed, 5e-4)  # the VM's dispatch order shuffled too
     got = _chain(CUDA, data).to("cpu").numpy()
     assert_same(expected, got)
-    assert sum(len(s.delays) for s in driver._streams) > 50      # the delays were drawn
+    assert sum(len(s.delays) for s in driver._streams) > 50  # the delays were drawn
 
 
 def test_a_kernel_fault_surfaces_at_synchronize_and_the_runtime_goes_on(emu):
@@ -483,9 +547,9 @@ def test_a_kernel_fault_surfaces_at_synchronize_and_the_runtime_goes_on(emu):
     x = af.tensor([1.0, 2.0, 3.0], device=CUDA)
     ok = x + 1
     cuda.fail_kernel("mul_scalar")
-    w = x - 1                                   # independent of it, issued before it
-    y = x * 2                                   # faults on the device
-    z = y + 1                                   # computed from it: poisoned
+    w = x - 1  # independent of it, issued before it
+    y = x * 2  # faults on the device
+    z = y + 1  # computed from it: poisoned
     with pytest.raises(KernelError) as e:
         af.synchronize(30)
     assert e.value.op == "mul_scalar" and e.value.device == CUDA
@@ -493,8 +557,8 @@ def test_a_kernel_fault_surfaces_at_synchronize_and_the_runtime_goes_on(emu):
         z.numpy()
     assert_same(ok.numpy(), np.array([2, 3, 4], np.float32))
     assert_same(w.numpy(), np.array([0, 1, 2], np.float32))
-    assert_same((x * 2).numpy(), np.array([2, 4, 6], np.float32))     # new work runs
-    af.synchronize(30)                            # the error was reported once
+    assert_same((x * 2).numpy(), np.array([2, 4, 6], np.float32))  # new work runs
+    af.synchronize(30)  # the error was reported once
 
 
 def _emu_threads() -> int:
@@ -510,8 +574,8 @@ def test_faults_leave_no_driver_streams_or_threads_behind(emu):
         cuda.fail_kernel("add_scalar")
         with pytest.raises(KernelError):
             (a + 1).numpy()
-        assert_same((a * 2).numpy(), np.arange(2, 18, 2))      # new work runs
-    assert len(cuda._streams) <= 4          # compute, h2d, d2h (and one more at most)
+        assert_same((a * 2).numpy(), np.arange(2, 18, 2))  # new work runs
+    assert len(cuda._streams) <= 4  # compute, h2d, d2h (and one more at most)
     deadline = time.monotonic() + 20
     while _emu_threads() > 4 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -521,8 +585,8 @@ def test_faults_leave_no_driver_streams_or_threads_behind(emu):
 def test_out_of_memory_under_a_small_device_budget(cuda):
     af.lowlevel.set_memory_budget(CUDA, 4096)
     try:
-        small = af.ones(256, device=CUDA)                       # 1 KiB fits
-        big = af.zeros(2048, device=CUDA)                       # 8 KiB does not
+        small = af.ones(256, device=CUDA)  # 1 KiB fits
+        big = af.zeros(2048, device=CUDA)  # 8 KiB does not
         with pytest.raises(OutOfMemoryError) as e:
             big.numpy()
         assert "4.0 KiB budget" in str(e.value) and CUDA in str(e.value)
@@ -535,7 +599,7 @@ def test_out_of_memory_under_a_small_device_budget(cuda):
 def test_out_of_memory_when_the_device_refuses(emu):
     emu(limit=8192)
     with pytest.raises(OutOfMemoryError) as e:
-        af.zeros(4096, device=CUDA).numpy()                     # 16 KiB on an 8 KiB device
+        af.zeros(4096, device=CUDA).numpy()  # 16 KiB on an 8 KiB device
     assert CUDA in str(e.value)
     assert_same(af.ones(4, device=CUDA).numpy(), np.ones(4, np.float32))
 
@@ -563,7 +627,7 @@ def test_autograd_on_cuda_equals_cpu(cuda):
         (x @ w).relu().sum().backward()
         grads[dev] = (x.grad.numpy(), w.grad.numpy())
     for a, b in zip(grads["cpu"], grads[CUDA], strict=True):
-        assert_same(b, a, exact=False)                 # (a matmul and a sum)
+        assert_same(b, a, exact=False)  # (a matmul and a sum)
 
 
 def test_a_training_loop_on_cuda_equals_cpu(cuda):
@@ -580,6 +644,7 @@ def test_a_training_loop_on_cuda_equals_cpu(cuda):
             loss.backward()
             opt.step()
         return loss.item(), m.weight.numpy(), m.bias.numpy()
+
     cpu, gpu = train("cpu"), train(CUDA)
-    for a, b in zip(cpu, gpu, strict=True):                         # (matmuls and means, 5 steps)
+    for a, b in zip(cpu, gpu, strict=True):  # (matmuls and means, 5 steps)
         assert_same(b, a, exact=False, rtol=1e-4)

@@ -23,8 +23,10 @@ def test_len_batches_and_drop_last():
     assert len(DataLoader(dataset(10), batch_size=3)) == 4
     assert len(DataLoader(dataset(10), batch_size=3, drop_last=True)) == 3
     assert labels(DataLoader(dataset(10), batch_size=3)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
-    assert labels(DataLoader(dataset(10), batch_size=5, drop_last=True)) == [[0, 1, 2, 3, 4],
-                                                                         [5, 6, 7, 8, 9]]
+    assert labels(DataLoader(dataset(10), batch_size=5, drop_last=True)) == [
+        [0, 1, 2, 3, 4],
+        [5, 6, 7, 8, 9],
+    ]
     x, y = next(iter(DataLoader(dataset(10), batch_size=4)))
     assert isinstance(x, af.Tensor) and x.shape == (4, 1) and y.dtype is af.int64
     np.testing.assert_array_equal(x.numpy()[:, 0], [0, 10, 20, 30])
@@ -78,12 +80,15 @@ def test_iterable_dataset_and_dict_samples():
         def __iter__(self):
             for i in range(7):
                 yield {"x": np.full(3, i, np.float32), "y": i}
+
     dl = DataLoader(Stream(), batch_size=3)
     batches = list(dl)
     assert [b["y"].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5], [6]]
     assert batches[0]["x"].shape == (3, 3)
-    assert [b["y"].tolist() for b in DataLoader(Stream(), batch_size=3, drop_last=True)] == \
-        [[0, 1, 2], [3, 4, 5]]
+    assert [b["y"].tolist() for b in DataLoader(Stream(), batch_size=3, drop_last=True)] == [
+        [0, 1, 2],
+        [3, 4, 5],
+    ]
     with pytest.raises(TypeError, match="iterable dataset"):
         len(dl)
     with pytest.raises(ValueError, match="shuffle needs a map-style"):
@@ -99,6 +104,7 @@ def test_errors_name_the_stage_and_the_loader_runs_again():
             if i == 3 and fail[0]:
                 raise KeyError("sample 3 is missing")
             return np.float32(i)
+
     fail = [True]
     dl = DataLoader(Bad(), batch_size=2)
     with pytest.raises(af.ActorError) as ei:
@@ -106,7 +112,7 @@ def test_errors_name_the_stage_and_the_loader_runs_again():
     assert ei.value.actor == "load" and ei.value.piece == 1
     fail[0] = False
     assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4, 5]]
-    for _ in dl:                        # a pass left early: the next one starts afresh
+    for _ in dl:  # a pass left early: the next one starts afresh
         break
     assert len(list(dl)) == 3
 
@@ -131,19 +137,25 @@ def test_passes_may_overlap():
     inner = [[b.tolist() for (b,) in dl] for (_,) in dl]
     assert inner == [[[0, 1], [2, 3], [4, 5]]] * 3
     assert [(a.tolist(), b.tolist()) for (a,), (b,) in zip(dl, dl, strict=True)] == [
-        ([0, 1], [0, 1]), ([2, 3], [2, 3]), ([4, 5], [4, 5])]
+        ([0, 1], [0, 1]),
+        ([2, 3], [2, 3]),
+        ([4, 5], [4, 5]),
+    ]
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(memory="1MiB"), r"memory takes a byte budget per device, e\.g\. memory=\{'cpu'"),
-    (dict(memory={"cpu": "lots"}), "cannot read 'lots' as a byte count"),
-    (dict(buffers=0), r"DataLoader: buffers must be an int >= 1 .* or \"auto\""),
-    (dict(buffers="many"), "DataLoader: buffers"),
-    (dict(shuffle="yes"), "shuffle must be True or False"),
-    (dict(drop_last=1), "drop_last must be True or False"),
-    (dict(collate_fn=3), "collate_fn must be a function"),
-    (dict(seed="x"), "seed must be an int"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(memory="1MiB"), r"memory takes a byte budget per device, e\.g\. memory=\{'cpu'"),
+        (dict(memory={"cpu": "lots"}), "cannot read 'lots' as a byte count"),
+        (dict(buffers=0), r"DataLoader: buffers must be an int >= 1 .* or \"auto\""),
+        (dict(buffers="many"), "DataLoader: buffers"),
+        (dict(shuffle="yes"), "shuffle must be True or False"),
+        (dict(drop_last=1), "drop_last must be True or False"),
+        (dict(collate_fn=3), "collate_fn must be a function"),
+        (dict(seed="x"), "seed must be an int"),
+    ],
+)
 def test_dataloader_arguments_are_checked_by_name(kw, match):
     ds = TensorDataset(np.zeros((10, 2), np.float32))
     with pytest.raises((TypeError, ValueError), match=match):
@@ -152,7 +164,6 @@ def test_dataloader_arguments_are_checked_by_name(kw, match):
 
 def test_dataloader_takes_auto_buffers_and_a_budget_per_device():
     x = np.arange(40, dtype=np.float32).reshape(20, 2)
-    for kw in (dict(buffers="auto"), dict(buffers="auto", workers=2),
-               dict(memory={"cpu": "1MiB"})):
+    for kw in (dict(buffers="auto"), dict(buffers="auto", workers=2), dict(memory={"cpu": "1MiB"})):
         got = [b[0].numpy() for b in DataLoader(TensorDataset(x), batch_size=4, **kw)]
         np.testing.assert_array_equal(np.concatenate(got), x)

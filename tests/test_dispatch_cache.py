@@ -37,8 +37,7 @@ def _counting_op(name="plus_k"):
     def fresh(ins, attrs, dtype):
         return np.add(ins[0], k(attrs)).astype(dtype, copy=False)
 
-    return OpDef(name, ("x",), infer, {"cpu": kernel}, fresh={"cpu": fresh},
-                 attrs=("k",)), calls
+    return OpDef(name, ("x",), infer, {"cpu": kernel}, fresh={"cpu": fresh}, attrs=("k",)), calls
 
 
 def _call(op, x, **attrs):
@@ -50,7 +49,7 @@ def test_a_repeated_signature_is_decided_once():
     x = af.tensor([1.0, 2.0])
     decided = interpreter.STATS["decided"]
     outs = [_call(op, x, k=1.0) for _ in range(5)]
-    assert len(calls) == 1                      # inferred once, four calls were hits
+    assert len(calls) == 1  # inferred once, four calls were hits
     assert interpreter.STATS["decided"] == decided + 1
     for o in outs:
         np.testing.assert_array_equal(o.numpy(), [2.0, 3.0])
@@ -68,17 +67,17 @@ def test_a_changed_shape_dtype_attr_or_device_is_decided_again():
     x = af.tensor([1.0, 2.0])
     _call(op, x, k=1.0)
     changed = [
-        (af.tensor([1.0, 2.0, 3.0]), {"k": 1.0}, (3,), af.float32),   # shape
-        (x.double(), {"k": 1.0}, (2,), af.float64),                  # dtype
-        (x, {"k": 2.0}, (2,), af.float32),                           # attr value
-        (x, {"k": 2}, (2,), af.float32),                             # attr type (2 == 2.0)
+        (af.tensor([1.0, 2.0, 3.0]), {"k": 1.0}, (3,), af.float32),  # shape
+        (x.double(), {"k": 1.0}, (2,), af.float64),  # dtype
+        (x, {"k": 2.0}, (2,), af.float32),  # attr value
+        (x, {"k": 2}, (2,), af.float32),  # attr type (2 == 2.0)
         (af.zeros(2, device="null"), {"k": 1.0}, (2,), af.float32),  # device
     ]
     for n, (t, attrs, shape, dtype) in enumerate(changed, start=2):
         o = _call(op, t, **attrs)
         assert len(calls) == n, f"call {n} was not decided again"
         assert o.shape == shape and o.dtype is dtype and o.device == t.device
-    for t, attrs, _, _ in changed:              # each is cached now
+    for t, attrs, _, _ in changed:  # each is cached now
         _call(op, t, **attrs)
     assert len(calls) == 1 + len(changed)
     np.testing.assert_array_equal(_call(op, x, k=2).numpy(), [3.0, 4.0])
@@ -92,14 +91,14 @@ def test_a_budget_set_after_a_signature_was_decided_is_honoured():
     vm = get_vm()
     alloc = get_backend(af.device("cpu")).allocator
     old = alloc.budget
-    x = af.ones(1000)                           # outputs of 4000 bytes: fresh kernels
+    x = af.ones(1000)  # outputs of 4000 bytes: fresh kernels
     for _ in range(3):
         np.testing.assert_array_equal((x * 0.5).numpy(), np.full(1000, 0.5))
     vm.synchronize()
     gc.collect()
     vm.collect_releases()
     try:
-        alloc.set_budget(alloc.stats().in_use + 1000)   # room for no such output
+        alloc.set_budget(alloc.stats().in_use + 1000)  # room for no such output
         with pytest.raises(af.OutOfMemoryError):
             (x * 0.5).numpy()
     finally:
@@ -115,7 +114,7 @@ def test_attrs_that_are_not_plain_values_skip_the_cache(k):
     for _ in range(2):
         np.testing.assert_array_equal(_call(op, x, k=k).numpy(), [3.0, 4.0])
     assert interpreter.STATS["uncached"] == uncached + 2
-    assert len(calls) == 2                      # inferred on every call
+    assert len(calls) == 2  # inferred on every call
     assert interpreter.attrs_key(op, {"k": k}) is None
     assert interpreter.attrs_key(op, {"k": (1.0, [1.0])}) is None
     assert interpreter.attrs_key(op, {"k": (1, 2)}) != interpreter.attrs_key(op, {"k": (1.0, 2)})
@@ -133,7 +132,7 @@ def test_an_ops_cache_is_bounded(monkeypatch):
 def test_autograd_records_a_call_whose_signature_is_cached():
     x = af.ones(3)
     for _ in range(2):
-        x * 3.0                                 # cached: no input requires grad
+        x * 3.0  # cached: no input requires grad
     w = af.ones(3, requires_grad=True)
     y = w * 3.0
     assert y.grad_fn is not None
@@ -148,23 +147,24 @@ def test_the_poison_checks_stop_once_no_poisoned_tensor_lives(monkeypatch):
     vm = get_vm()
     op, _ = _counting_op("plus_bad")
     x = af.ones(4)
-    bad = _call(op, x, k="bad")          # numpy refuses a string: its output is poisoned
-    y = bad + 1                          # and so is what is computed from it
+    bad = _call(op, x, k="bad")  # numpy refuses a string: its output is poisoned
+    y = bad + 1  # and so is what is computed from it
     with pytest.raises(af.KernelError):
         af.synchronize()
     assert vm._any_error
     with pytest.raises(af.KernelError):
-        (y * 2).numpy()                  # still poisoned while alive
+        (y * 2).numpy()  # still poisoned while alive
     del bad, y
     gc.collect()
     af.synchronize()
     assert not vm._any_error
     checked = []
     run_inline = type(vm).run_inline
-    monkeypatch.setattr(type(vm), "run_inline",
-                        lambda self, *a: checked.append(a[4]) or run_inline(self, *a))
+    monkeypatch.setattr(
+        type(vm), "run_inline", lambda self, *a: checked.append(a[4]) or run_inline(self, *a)
+    )
     np.testing.assert_array_equal((x + 1).numpy(), [2.0] * 4)
-    assert checked == []                 # the fresh path, not the checked one
+    assert checked == []  # the fresh path, not the checked one
 
 
 def test_a_poisoned_tensor_written_whole_again_stops_the_poison_checks_at_synchronize():
@@ -173,7 +173,7 @@ def test_a_poisoned_tensor_written_whole_again_stops_the_poison_checks_at_synchr
     bad = _call(op, af.ones(4), k="bad")
     with pytest.raises(af.KernelError):
         af.synchronize()
-    bad.fill_(3.0)                       # a whole write clears the poison
+    bad.fill_(3.0)  # a whole write clears the poison
     af.synchronize()
     assert not vm._any_error
     np.testing.assert_array_equal((bad + 1).numpy(), [4.0] * 4)

@@ -12,10 +12,10 @@ from actorflow.lowlevel import get_vm
 
 pytestmark = pytest.mark.timeout(60)
 
-ints = hnp.arrays(np.int64, hnp.array_shapes(max_dims=2, max_side=5),
-                  elements=st.integers(-50, 50))
-floats = hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=5),
-                    elements=st.floats(-50, 50, width=32))
+ints = hnp.arrays(np.int64, hnp.array_shapes(max_dims=2, max_side=5), elements=st.integers(-50, 50))
+floats = hnp.arrays(
+    np.float32, hnp.array_shapes(max_dims=2, max_side=5), elements=st.floats(-50, 50, width=32)
+)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -23,8 +23,9 @@ floats = hnp.arrays(np.float32, hnp.array_shapes(max_dims=2, max_side=5),
 def test_floor_divide_and_remainder_match_numpy(a, d):
     x = af.from_numpy(a)
     np.testing.assert_array_equal((x // d).numpy(), a // a.dtype.type(d))
-    np.testing.assert_allclose((x % d).numpy(), np.remainder(a, a.dtype.type(d)), rtol=1e-6,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        (x % d).numpy(), np.remainder(a, a.dtype.type(d)), rtol=1e-6, atol=1e-5
+    )
     assert (x // d).dtype == x.dtype and (x % d).dtype == x.dtype
 
 
@@ -46,20 +47,20 @@ def test_integer_division_by_a_zero_scalar_raises_at_the_call(dtype):
     for op in (lambda: x // 0, lambda: x % 0, lambda: af.remainder(x, 0)):
         with pytest.raises(ZeroDivisionError, match=r"(floor_divide|remainder).*by zero"):
             op()
-    if dtype == "bool":             # bool // bool is refused first, as PyTorch refuses it
+    if dtype == "bool":  # bool // bool is refused first, as PyTorch refuses it
         with pytest.raises(af.DTypeError, match="bool operands"):
             af.floor_divide(x, False)
     else:
         with pytest.raises(ZeroDivisionError, match=r"floor_divide.*by zero"):
             af.floor_divide(x, False)
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):   # PyTorch's type, too
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # PyTorch's type, too
         x // 0
     if dtype != "bool":
         with pytest.raises(ZeroDivisionError, match=f"floor_divide.*x // 0, in {dtype}"):
             x //= 0
         with pytest.raises(ZeroDivisionError, match="remainder"):
             x.remainder_(0)
-    np.testing.assert_array_equal(x.numpy(), np.array([5, 0, 1], dtype))   # x unchanged
+    np.testing.assert_array_equal(x.numpy(), np.array([5, 0, 1], dtype))  # x unchanged
     np.testing.assert_array_equal((x // 1).numpy(), np.array([5, 0, 1], dtype) // 1)
 
 
@@ -68,18 +69,24 @@ def test_integer_division_by_a_zero_scalar_raises_at_the_call(dtype):
 def test_integer_division_by_a_zero_element_fails_the_op(dtype, queued):
     vm = get_vm()
     saved = vm.inline_max_cost
-    vm.inline_max_cost = -1 if queued else saved     # through the loop, or on the spot
+    vm.inline_max_cost = -1 if queued else saved  # through the loop, or on the spot
     try:
         x = af.tensor([7, -7, 9], dtype=dtype)
         zero = af.tensor([2, 0, 1], dtype=dtype)
-        for make, name in ((lambda: x // zero, "floor_divide"), (lambda: x % zero, "remainder"),
-                           (lambda: 10 // zero, "rfloor_divide_scalar"),
-                           (lambda: 10 % zero, "rremainder_scalar")):
-            with pytest.raises(af.KernelError, match=rf"'{name}'.*ZeroDivisionError.*"
-                                                     rf"divisor holds a 0, in {dtype}") as info:
+        for make, name in (
+            (lambda: x // zero, "floor_divide"),
+            (lambda: x % zero, "remainder"),
+            (lambda: 10 // zero, "rfloor_divide_scalar"),
+            (lambda: 10 % zero, "rremainder_scalar"),
+        ):
+            with pytest.raises(
+                af.KernelError,
+                match=rf"'{name}'.*ZeroDivisionError.*"
+                rf"divisor holds a 0, in {dtype}",
+            ) as info:
                 make().numpy()
             assert isinstance(info.value.original, ZeroDivisionError)
-        x //= zero                                   # in place: nothing is written
+        x //= zero  # in place: nothing is written
         with pytest.raises(af.KernelError, match="floor_divide"):
             x.numpy()
         np.testing.assert_array_equal(x.numpy(), np.array([7, -7, 9], dtype))
@@ -98,7 +105,7 @@ def test_float_division_by_zero_stays_inf_and_nan():
     x = af.tensor([5.0, -5.0, 0.0])
     np.testing.assert_array_equal((x // 0).numpy(), [np.inf, -np.inf, np.nan])
     np.testing.assert_array_equal((x % af.tensor([0.0, 0.0, 0.0])).numpy(), [np.nan] * 3)
-    np.testing.assert_array_equal((af.tensor([5]) // 0.0).numpy(), [np.inf])   # int // float
+    np.testing.assert_array_equal((af.tensor([5]) // 0.0).numpy(), [np.inf])  # int // float
     af.synchronize()
 
 
@@ -111,9 +118,11 @@ def test_against_torch():
     np.testing.assert_array_equal(x.clamp(min=-1, max=3).numpy(), t.clamp(min=-1, max=3).numpy())
     np.testing.assert_array_equal(x.clamp(min=3, max=-1).numpy(), t.clamp(min=3, max=-1).numpy())
     i = np.array([1, 5, 9])
-    assert (af.clamp(af.from_numpy(i), max=6).tolist()
-            == torch.clamp(torch.from_numpy(i), max=6).tolist())
-    assert af.clamp(af.from_numpy(i), min=2.5).dtype == af.float32   # as torch: int + float bound
+    assert (
+        af.clamp(af.from_numpy(i), max=6).tolist()
+        == torch.clamp(torch.from_numpy(i), max=6).tolist()
+    )
+    assert af.clamp(af.from_numpy(i), min=2.5).dtype == af.float32  # as torch: int + float bound
 
 
 def test_unary_plus_and_clamp_errors():
@@ -123,4 +132,4 @@ def test_unary_plus_and_clamp_errors():
         af.clamp(x)
     with pytest.raises(TypeError, match="min"):
         af.clamp(x, min="a")
-    assert af.clamp(x, min=0).tolist() == [1.0, 0.0]          # the runtime keeps working
+    assert af.clamp(x, min=0).tolist() == [1.0, 0.0]  # the runtime keeps working

@@ -16,12 +16,13 @@ pytestmark = pytest.mark.timeout(60)
 def test_operators_are_functional_prebuilt_functions():
     from actorflow import functional as F
     from actorflow.tensor.tensor import Tensor
+
     assert Tensor.__mul__.__module__ == F.elementwise.__name__
     assert Tensor.__rsub__.__qualname__ == "Tensor.__rsub__"
     x = af.tensor([1.0, 2.0])
     np.testing.assert_array_equal((2 - x).numpy(), [1.0, 0.0])
     np.testing.assert_array_equal((x / 2).numpy(), [0.5, 1.0])
-    np.testing.assert_array_equal((2 ** x).numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal((2**x).numpy(), [2.0, 4.0])
     np.testing.assert_array_equal((x == 1).numpy(), [True, False])
     # numpy scalars, 0-d and n-d arrays take the general path
     assert (x + np.float64(1)).dtype == af.float32
@@ -51,7 +52,7 @@ def test_outputs_of_one_shape_dtype_and_device_share_their_meta():
 def test_inference_memo_follows_the_scalar_type_and_the_metas():
     xi = af.tensor([1, 2, 3], dtype=af.int32)
     xf = af.tensor([1.0, 2.0, 3.0])
-    for _ in range(2):          # alternate so that every call changes the memo's entry
+    for _ in range(2):  # alternate so that every call changes the memo's entry
         assert (xi * 2).dtype == af.int32
         assert (xi * 2.5).dtype == af.float32
         assert (xi * True).dtype == af.int32
@@ -89,11 +90,15 @@ def test_fresh_outputs_are_counted_exactly():
 
 def test_fresh_kernels_are_for_single_output_static_ops():
     with pytest.raises(ValueError, match="fresh kernels are for ops with one output"):
-        OpDef("two_outs", ("x",), lambda m, a: [], fresh={"cpu": lambda i, a, d: None},
-              outputs=("a", "b"))
+        OpDef(
+            "two_outs",
+            ("x",),
+            lambda m, a: [],
+            fresh={"cpu": lambda i, a, d: None},
+            outputs=("a", "b"),
+        )
     with pytest.raises(ValueError, match="fresh kernels are for ops with one output"):
-        OpDef("dyn", ("x",), lambda m, a: [], fresh={"cpu": lambda i, a, d: None},
-              dynamic=True)
+        OpDef("dyn", ("x",), lambda m, a: [], fresh={"cpu": lambda i, a, d: None}, dynamic=True)
 
 
 def test_inline_limit_follows_the_setting_and_the_test_hook():
@@ -110,7 +115,7 @@ def test_inline_limit_follows_the_setting_and_the_test_hook():
         assert vm.stats()["inlined"] == before + 1
         vm.inline_max_cost = saved
         vm.set_test_hooks(seed=1)
-        vm.inline_max_cost = saved          # the hook still sends everything to the loop
+        vm.inline_max_cost = saved  # the hook still sends everything to the loop
         np.testing.assert_array_equal((x * 2).numpy(), [2.0, 4.0])
         assert vm.stats()["inlined"] == before + 1
         vm.set_test_hooks(None)

@@ -27,7 +27,7 @@ def cpu_budget():
 
 def test_an_eager_tensor_over_a_budget_raises_out_of_memory(cpu_budget):
     cpu_budget("64KiB")
-    x = af.zeros(1 << 20)                      # 4 MiB: queued, fails when it runs
+    x = af.zeros(1 << 20)  # 4 MiB: queued, fails when it runs
     with pytest.raises(af.OutOfMemoryError) as info:
         x.numpy()
     err = info.value
@@ -35,7 +35,7 @@ def test_an_eager_tensor_over_a_budget_raises_out_of_memory(cpu_budget):
     assert err.requested == 4 << 20 and err.budget == 64 << 10 and err.device == "cpu"
     assert "set_memory_budget" in str(err)
     cpu_budget(None)
-    np.testing.assert_array_equal((af.ones(3) * 2).numpy(), [2, 2, 2])   # still working
+    np.testing.assert_array_equal((af.ones(3) * 2).numpy(), [2, 2, 2])  # still working
 
 
 def test_the_plugin_budget_fixture_catches_eager_tensors(af_memory_budget):
@@ -54,7 +54,7 @@ def test_synchronize_raises_the_out_of_memory_error_too(cpu_budget):
 
 def test_an_actor_that_runs_out_of_memory_is_an_out_of_memory_error(cpu_budget):
     def big(x):
-        return (af.zeros(1 << 20) + x).sum()      # an eager tensor inside the stage
+        return (af.zeros(1 << 20) + x).sum()  # an eager tensor inside the stage
 
     g = af.Pipeline([lambda: iter(range(3)), big])
     cpu_budget("64KiB")
@@ -74,9 +74,8 @@ def test_a_kernel_error_is_also_an_index_or_division_error():
     a, b = af.tensor([4, 2]), af.tensor([0, 1])
     with pytest.raises(ZeroDivisionError) as info:
         (a // b).numpy()
-    assert isinstance(info.value, af.DivisionByZeroError) and isinstance(info.value,
-                                                                          af.KernelError)
-    with pytest.raises(af.KernelError) as info:   # any other fault: a plain KernelError
+    assert isinstance(info.value, af.DivisionByZeroError) and isinstance(info.value, af.KernelError)
+    with pytest.raises(af.KernelError) as info:  # any other fault: a plain KernelError
         _boom(x).numpy()
     assert not isinstance(info.value, (MemoryError, IndexError, ZeroDivisionError))
 
@@ -94,9 +93,14 @@ def _k_boom(outs, ins, attrs):
     raise ValueError("boom")
 
 
-register_op(OpDef("test_kind_boom", ("x",), lambda metas, attrs: [(metas[0].shape,
-                                                                    metas[0].dtype)],
-                  {"cpu": _k_boom}))
+register_op(
+    OpDef(
+        "test_kind_boom",
+        ("x",),
+        lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+        {"cpu": _k_boom},
+    )
+)
 
 
 def _boom(x):
@@ -119,6 +123,7 @@ def test_errors_of_a_kind_pickle_as_that_kind():
 class _Interrupt:
     """A kernel that raises KeyboardInterrupt the n-th time it runs, as Ctrl-C would land
     in a kernel running on the caller's thread."""
+
     n = 0
 
     def __call__(self, outs, ins, attrs):
@@ -128,9 +133,14 @@ class _Interrupt:
         outs[0][...] = ins[0] + 1
 
 
-register_op(OpDef("test_interrupted", ("x",), lambda metas, attrs: [(metas[0].shape,
-                                                                      metas[0].dtype)],
-                  {"cpu": _Interrupt()}))
+register_op(
+    OpDef(
+        "test_interrupted",
+        ("x",),
+        lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+        {"cpu": _Interrupt()},
+    )
+)
 
 
 def _interrupted(x):
@@ -145,8 +155,8 @@ def test_an_interrupted_kernel_raises_once_and_leaves_nothing_stale():
         y = x
         for _ in range(5):
             y = _interrupted(y)
-    af.synchronize()                          # the interrupt is not raised a second time
-    np.testing.assert_array_equal(y.numpy(), [3, 3, 3, 3])   # what ran before it is kept
+    af.synchronize()  # the interrupt is not raised a second time
+    np.testing.assert_array_equal(y.numpy(), [3, 3, 3, 3])  # what ran before it is kept
     np.testing.assert_array_equal((x * 2).numpy(), [2, 2, 2, 2])
     af.synchronize()
 
@@ -160,7 +170,7 @@ def test_a_real_ctrl_c_during_a_chain_of_eager_ops_is_raised_once():
         timer.start()
         with pytest.raises(KeyboardInterrupt):
             y = x
-            while True:                       # until the interrupt lands, wherever it does
+            while True:  # until the interrupt lands, wherever it does
                 y = y + 1
     finally:
         timer.cancel()

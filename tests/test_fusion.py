@@ -60,10 +60,26 @@ def _delta(vm, before):
 
 UNARY = ["relu", "tanh", "neg", "abs", "sigmoid"]
 step = st.tuples(
-    st.sampled_from(["add", "mul_s", "sub_row", "unary", "add_", "mul_", "keep", "view_add",
-                     "cast", "add_t", "add_row_of"]),
-    st.integers(0, 2), st.integers(0, 2), st.sampled_from(UNARY),
-    st.floats(-2, 2, allow_nan=False).map(lambda v: round(v, 2)))
+    st.sampled_from(
+        [
+            "add",
+            "mul_s",
+            "sub_row",
+            "unary",
+            "add_",
+            "mul_",
+            "keep",
+            "view_add",
+            "cast",
+            "add_t",
+            "add_row_of",
+        ]
+    ),
+    st.integers(0, 2),
+    st.integers(0, 2),
+    st.sampled_from(UNARY),
+    st.floats(-2, 2, allow_nan=False).map(lambda v: round(v, 2)),
+)
 
 
 def _np_unary(name, a):
@@ -93,7 +109,7 @@ def run_program(program, use_af: bool, before_reading=None):
         elif op == "mul_s":
             slots[i] = x * v
         elif op == "sub_row":
-            slots[i] = x - r                                  # broadcast input
+            slots[i] = x - r  # broadcast input
         elif op == "unary":
             slots[i] = getattr(af, un)(x) if use_af else _np_unary(un, x)
         elif op == "add_":
@@ -107,17 +123,20 @@ def run_program(program, use_af: bool, before_reading=None):
             else:
                 x *= v
         elif op == "keep":
-            kept.append(x)                                    # an intermediate somebody sees
+            kept.append(x)  # an intermediate somebody sees
         elif op == "view_add":
-            slots[i] = x[1:] + y[:-1] if use_af else x[1:] + y[:-1]   # partial reads
+            slots[i] = x[1:] + y[:-1] if use_af else x[1:] + y[:-1]  # partial reads
             slots[i] = af.cat([slots[i], x[:1]]) if use_af else np.concatenate([slots[i], x[:1]])
         elif op == "add_t":
-            slots[i] = x + y.T                                # same shape, other strides
+            slots[i] = x + y.T  # same shape, other strides
         elif op == "add_row_of":
-            slots[i] = x + y[3]                               # one row of y, broadcast
+            slots[i] = x + y[3]  # one row of y, broadcast
         elif op == "cast":
-            slots[i] = (x.to(af.float32) * 2).to(af.float64) if use_af else \
-                (x.astype(np.float32) * np.float32(2)).astype(np.float64)
+            slots[i] = (
+                (x.to(af.float32) * 2).to(af.float64)
+                if use_af
+                else (x.astype(np.float32) * np.float32(2)).astype(np.float64)
+            )
     if before_reading is not None:
         before_reading()
     if use_af:
@@ -132,8 +151,9 @@ def _check(program, before_reading=None):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-12)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(program=st.lists(step, min_size=1, max_size=30))
 def test_random_programs_in_runs_match_one_by_one(program, runs):
     gate = Gate()
@@ -159,11 +179,12 @@ def test_programs_behind_a_gate_do_run_as_runs(runs):
     np.testing.assert_allclose(z.numpy(), ref, rtol=1e-6)
     fused, n_runs, elided = _delta(runs, before)
     assert n_runs == 1 and fused == 30
-    assert elided == 29                      # every intermediate but the result
+    assert elided == 29  # every intermediate but the result
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(program=st.lists(step, min_size=1, max_size=20), seed=st.integers(0, 2**16))
 def test_random_programs_in_runs_under_random_dispatch(program, seed, runs, random_dispatch):
     random_dispatch(seed, max_delay=0.001)
@@ -190,6 +211,7 @@ def test_large_run_with_default_settings_matches_numpy():
 
 
 # -- memory ----------------------------------------------------------------------------
+
 
 def test_dead_intermediates_get_no_memory(runs):
     af.lowlevel.allocator("cpu").empty_cache()
@@ -220,9 +242,9 @@ def test_intermediates_somebody_holds_are_materialized(runs):
     for k in range(12):
         z = af.tanh(z * 2.0)
         if k % 3 == 0:
-            kept.append(z)                 # a tensor the user holds
+            kept.append(z)  # a tensor the user holds
         if k % 4 == 1:
-            views.append(z[::2])           # only a view of it survives
+            views.append(z[::2])  # only a view of it survives
     gate.open()
     ref, want_kept, want_views = np.linspace(-1, 1, 64), [], []
     for k in range(12):
@@ -240,7 +262,7 @@ def test_intermediate_read_by_another_stream_is_materialized(runs):
     x = af.tensor(np.linspace(-1, 1, 64))
     a = x * 3.0
     with af.lowlevel.use_stream(af.lowlevel.stream("cpu", "side")):
-        side = a + 1.0                     # waits for a, on another stream
+        side = a + 1.0  # waits for a, on another stream
     b = af.relu(a) - 1.0
     del a
     gate.open()
@@ -254,13 +276,13 @@ def test_an_op_waiting_on_another_stream_does_not_join_a_run(runs):
     side = af.lowlevel.stream("cpu", "side")
     with af.lowlevel.use_stream(side):
         side_gate = Gate()
-        w = x * 3.0                        # held back on the side stream
+        w = x * 3.0  # held back on the side stream
     gate = Gate()
     a = x * 2.0
-    b = a + w                              # needs a (compute) and w (side)
+    b = a + w  # needs a (compute) and w (side)
     c = af.relu(b) - 1.0
     writer = a._impl.blob.last_write
-    gate.open()                            # a may start (and a run with it); b waits for w
+    gate.open()  # a may start (and a run with it); b waits for w
     get_vm().wait(writer, timeout=5)
     side_gate.open()
     ref_b = np.linspace(-1, 1, 64) * 5.0
@@ -270,13 +292,13 @@ def test_an_op_waiting_on_another_stream_does_not_join_a_run(runs):
 
 
 def test_a_run_that_finds_no_memory_falls_back_to_one_by_one(runs):
-    n = 1 << 14                                        # 64 KiB per float32 tensor
+    n = 1 << 14  # 64 KiB per float32 tensor
     x = af.tensor(np.ones(n, dtype=np.float32))
     af.synchronize()
     gc.collect()
     gate = Gate()
     af.lowlevel.set_memory_budget("cpu", af.lowlevel.memory_stats("cpu").in_use + 3 * n * 4)
-    kept = [x * float(k) for k in range(5)]            # five results held: 5 x 64 KiB
+    kept = [x * float(k) for k in range(5)]  # five results held: 5 x 64 KiB
     gate.open()
     with pytest.raises(af.KernelError, match="out of memory"):
         af.synchronize()
@@ -291,15 +313,22 @@ def test_a_run_that_finds_no_memory_falls_back_to_one_by_one(runs):
 
 # -- errors ----------------------------------------------------------------------------
 
+
 def _boom(outs, ins, attrs):
     if (ins[0] > 100).any():
         raise ValueError("boom on a slice")
     np.copyto(outs[0], ins[0])
 
 
-register_op(OpDef("test_fused_boom", ("x",), lambda metas, attrs: [(metas[0].shape,
-                                                                    metas[0].dtype)],
-                  {"cpu": _boom}, elementwise=True))
+register_op(
+    OpDef(
+        "test_fused_boom",
+        ("x",),
+        lambda metas, attrs: [(metas[0].shape, metas[0].dtype)],
+        {"cpu": _boom},
+        elementwise=True,
+    )
+)
 
 
 def _boom_op(x):
@@ -310,11 +339,11 @@ def test_kernel_error_in_a_run_poisons_its_dependents_only(runs):
     before = _counts(runs)
     gate = Gate()
     data = np.zeros((8, 16))
-    data[6, 3] = 1000.0                                 # only one slice fails
+    data[6, 3] = 1000.0  # only one slice fails
     x = af.tensor(data)
     bad = _boom_op(x + 1.0)
     dep = af.relu(bad) * 2.0
-    fine = af.tanh(x) + 1.0                            # same run, independent of the failure
+    fine = af.tanh(x) + 1.0  # same run, independent of the failure
     gate.open()
     np.testing.assert_allclose(fine.numpy(), np.tanh(data) + 1.0)
     with pytest.raises(af.KernelError, match="boom on a slice") as info:
@@ -322,9 +351,9 @@ def test_kernel_error_in_a_run_poisons_its_dependents_only(runs):
     assert "test_fused_boom" in str(info.value)
     with pytest.raises(af.KernelError):
         bad.numpy()
-    assert _delta(runs, before)[1] >= 1               # it did run as a run
+    assert _delta(runs, before)[1] >= 1  # it did run as a run
     af.synchronize()
-    np.testing.assert_allclose((x * 2.0).numpy(), data * 2.0)   # the runtime keeps working
+    np.testing.assert_allclose((x * 2.0).numpy(), data * 2.0)  # the runtime keeps working
 
 
 def test_integer_division_by_zero_in_a_run_fails_the_op(runs):
@@ -332,44 +361,44 @@ def test_integer_division_by_zero_in_a_run_fails_the_op(runs):
     gate = Gate()
     a = np.arange(1, 129, dtype=np.int64).reshape(8, 16)
     d = np.full((8, 16), 3, np.int64)
-    d[6, 3] = 0                                      # only one slice meets the zero
+    d[6, 3] = 0  # only one slice meets the zero
     x, y = af.tensor(a), af.tensor(d)
     dep = ((x + 1) // y) * 2
-    fine = (x + 1) % 5                               # same run, valid
+    fine = (x + 1) % 5  # same run, valid
     z = x * 1
-    z %= y                                           # in place, cut into slices
+    z %= y  # in place, cut into slices
     gate.open()
     np.testing.assert_array_equal(fine.numpy(), (a + 1) % 5)
     with pytest.raises(af.KernelError, match=r"'floor_divide'.*ZeroDivisionError.*int64"):
         dep.numpy()
-    for _ in range(2):                               # other slices may have been written:
+    for _ in range(2):  # other slices may have been written:
         with pytest.raises(af.KernelError, match="'remainder'"):
-            z.numpy()                                # z stays poisoned
-    assert _delta(runs, before)[1] >= 1              # it did run as a run
+            z.numpy()  # z stays poisoned
+    assert _delta(runs, before)[1] >= 1  # it did run as a run
     af.synchronize()
     d[6, 3] = 1
     gate = Gate()
     q = (x + 1) // af.tensor(d)
     r = (x + 1) % af.tensor(d)
     gate.open()
-    np.testing.assert_array_equal(q.numpy(), (a + 1) // d)   # valid inputs: as numpy
+    np.testing.assert_array_equal(q.numpy(), (a + 1) // d)  # valid inputs: as numpy
     np.testing.assert_array_equal(r.numpy(), (a + 1) % d)
 
 
 def test_a_whole_overwrite_of_a_poisoned_tensor_runs_alone_and_clears_it(runs):
     data = np.arange(128, dtype=np.int64).reshape(8, 16)
     z = af.tensor(data)
-    x = z[af.tensor(np.full(8, 100))]                # out of bounds: x is poisoned
+    x = z[af.tensor(np.full(8, 100))]  # out of bounds: x is poisoned
     gate = Gate()
-    a = z + 1                                        # leads a run...
-    y = x + 1                                        # ...that reads x (fails in it)
-    x.copy_(z)                                       # writes all of x: ends the run
+    a = z + 1  # leads a run...
+    y = x + 1  # ...that reads x (fails in it)
+    x.copy_(z)  # writes all of x: ends the run
     w = x * 2
     gate.open()
     np.testing.assert_array_equal(a.numpy(), data + 1)
     with pytest.raises(af.KernelError, match="index 100 is out of bounds"):
         y.numpy()
-    np.testing.assert_array_equal(x.numpy(), data)   # usable again
+    np.testing.assert_array_equal(x.numpy(), data)  # usable again
     np.testing.assert_array_equal(w.numpy(), data * 2)
     af.synchronize()
 
@@ -389,10 +418,25 @@ def test_runs_are_off_with_fuse_max_zero(runs):
 # -- fresh kernels ---------------------------------------------------------------------
 
 FRESH_CASES = [
-    ("neg", None), ("abs", None), ("exp", None), ("log", None), ("sqrt", None),
-    ("tanh", None), ("relu", None), ("add", "t"), ("sub", "t"), ("mul", "t"), ("div", "t"),
-    ("maximum", "t"), ("minimum", "t"), ("add", 1.5), ("sub", 2), ("mul", 0.5), ("div", 3),
-    ("rsub", 2.5), ("rdiv", 1.5),
+    ("neg", None),
+    ("abs", None),
+    ("exp", None),
+    ("log", None),
+    ("sqrt", None),
+    ("tanh", None),
+    ("relu", None),
+    ("add", "t"),
+    ("sub", "t"),
+    ("mul", "t"),
+    ("div", "t"),
+    ("maximum", "t"),
+    ("minimum", "t"),
+    ("add", 1.5),
+    ("sub", 2),
+    ("mul", 0.5),
+    ("div", 3),
+    ("rsub", 2.5),
+    ("rdiv", 1.5),
 ]
 
 
@@ -422,7 +466,7 @@ def test_fresh_kernels_compute_exactly_what_the_kernels_compute(name, other, dty
     for inline in (True, False):
         x, y = af.tensor(a), af.tensor(b)
         if layout == "transposed":
-            x, y = x.T, y.T                   # F-ordered inputs: numpy's output would be too
+            x, y = x.T, y.T  # F-ordered inputs: numpy's output would be too
         saved = vm.inline_max_cost
         vm.inline_max_cost = saved if inline else -1
         try:
@@ -443,10 +487,10 @@ def test_fresh_kernels_compute_exactly_what_the_kernels_compute(name, other, dty
 def test_fresh_outputs_are_counted_by_the_allocator():
     stats = af.lowlevel.memory_stats
     x = af.tensor(np.ones(1000, dtype=np.float32))
-    gc.collect()                                # (an earlier test's garbage freed now, not
-    af.synchronize()                            # between the two counts)
+    gc.collect()  # (an earlier test's garbage freed now, not
+    af.synchronize()  # between the two counts)
     before = stats("cpu").in_use
-    z = af.tanh(x * 2.0)                        # two fresh outputs, one still held
+    z = af.tanh(x * 2.0)  # two fresh outputs, one still held
     assert stats("cpu").in_use == before + 4000
     del z
     gc.collect()
@@ -458,6 +502,6 @@ def test_a_long_loop_of_small_ops_keeps_the_allocator_log_bounded():
     x = af.tensor(np.ones(100, dtype=np.float32))
     z = x
     for _ in range(3 * alloc.fold_at):
-        z = z * 1.0                              # fresh outputs only: no other allocation
+        z = z * 1.0  # fresh outputs only: no other allocation
     assert len(alloc.log) <= alloc.fold_at + 2
     np.testing.assert_array_equal(z.numpy(), np.ones(100))

@@ -26,6 +26,7 @@ def _graph(model, opt):
             loss = self.loss(self.model(x), y)
             loss.backward()
             return loss
+
     return TrainStep()
 
 
@@ -37,8 +38,14 @@ def _mlp():
 
 def _cnn():
     nn = af.nn
-    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 2 * 2, 3))
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 2 * 2, 3),
+    )
     return model, af.optim.Adam(model.parameters(), lr=1e-2)
 
 
@@ -49,13 +56,15 @@ def _transformer():
         def __init__(self):
             super().__init__()
             self.tok = nn.Embedding(7, 8)
-            self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True,
-                                                    norm_first=True)
+            self.layer = nn.TransformerEncoderLayer(
+                8, 2, 16, dropout=0.0, batch_first=True, norm_first=True
+            )
             self.head = nn.Linear(8, 7)
             self.mask = af.tensor(np.triu(np.full((5, 5), -np.inf, np.float32), 1))
 
         def forward(self, x):
             return self.head(self.layer(self.tok(x), src_mask=self.mask)).reshape(-1, 7)
+
     model = LM()
     return model, af.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
 
@@ -110,8 +119,9 @@ def test_compiled_step_equals_the_recorded_one_bit_for_bit(kind, monkeypatch):
 
 
 def test_compiled_fused_run_equals_the_recorded_one(monkeypatch):
-    _same(_train("mlp", True, monkeypatch, fused=True),
-          _train("mlp", False, monkeypatch, fused=True))
+    _same(
+        _train("mlp", True, monkeypatch, fused=True), _train("mlp", False, monkeypatch, fused=True)
+    )
 
 
 def test_the_pass_on_an_mlp_step(monkeypatch):
@@ -139,14 +149,19 @@ def test_workspace_is_planned_once_and_reused(monkeypatch):
     c = _program(g).compiled
     bound = c._bound
 
-    def planned():                  # the arrays written where the plan says (not per run)
-        return [id(a) for i in c.instrs for k, a in enumerate(i.outs)
-                if (True, k) not in {d[:2] for d in i.dyn}]
+    def planned():  # the arrays written where the plan says (not per run)
+        return [
+            id(a)
+            for i in c.instrs
+            for k, a in enumerate(i.outs)
+            if (True, k) not in {d[:2] for d in i.dyn}
+        ]
+
     written = planned()
     for s in range(1, 3):
         x, y = _batch("mlp", s)
         g.step(af.tensor(x), af.tensor(y))
-    assert c._bound is bound and len(g._compiled) == 1         # not bound nor compiled anew
+    assert c._bound is bound and len(g._compiled) == 1  # not bound nor compiled anew
     assert planned() == written
     # values share buffers: fewer distinct arrays than values written
     assert len(set(written)) < len(written)
@@ -163,10 +178,12 @@ def _step(name, ins, outs, attrs=None):
 def test_constants_fold_and_dead_values_drop(monkeypatch):
     a = np.arange(4, dtype=np.float32)
     b = np.full(4, 0.5, np.float32)
-    steps = [_step("add", [("const", 0, 0, None), ("const", 1, 0, None)], [("tmp", 0, 0, None)]),
-             _step("mul", [("in", 0, 0, None), ("tmp", 0, 0, None)], [("out", 0, 0, None)]),
-             _step("neg", [("in", 0, 0, None)], [("tmp", 1, 0, None)]),          # read by none
-             _step("exp", [("tmp", 1, 0, None)], [("tmp", 2, 0, None)])]         # nor this
+    steps = [
+        _step("add", [("const", 0, 0, None), ("const", 1, 0, None)], [("tmp", 0, 0, None)]),
+        _step("mul", [("in", 0, 0, None), ("tmp", 0, 0, None)], [("out", 0, 0, None)]),
+        _step("neg", [("in", 0, 0, None)], [("tmp", 1, 0, None)]),  # read by none
+        _step("exp", [("tmp", 1, 0, None)], [("tmp", 2, 0, None)]),
+    ]  # nor this
     x = np.array([1.0, -2.0, 3.0, 0.25], np.float32)
     results = {}
     for on in (True, False):
@@ -192,7 +209,7 @@ def test_a_failing_op_is_named_as_without_the_pass(monkeypatch):
         g.step(af.tensor(x), af.tensor(np.zeros(6, np.int64)))
         before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         with pytest.raises(KernelError) as e:
-            g.step(af.tensor(x), af.tensor(np.full(6, 9, np.int64)))      # class 9 of 4
+            g.step(af.tensor(x), af.tensor(np.full(6, 9, np.int64)))  # class 9 of 4
         errors[on] = (str(e.value), e.value.op, e.value.step)
         after = {k: v.numpy() for k, v in model.state_dict().items()}
         assert all(before[k].tobytes() == after[k].tobytes() for k in before)

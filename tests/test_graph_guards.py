@@ -43,8 +43,11 @@ class Train(nn.Graph):
 
 def both(g, x=X):
     """What step() and run() (an actor per op, and fused) give for ``x``."""
-    return (float(g.step(af.tensor(x))), float(next(iter(g.run([x])))),
-            float(next(iter(g.run([x], fused=True)))))
+    return (
+        float(g.step(af.tensor(x))),
+        float(next(iter(g.run([x])))),
+        float(next(iter(g.run([x], fused=True)))),
+    )
 
 
 def eager(model, x=X):
@@ -54,12 +57,13 @@ def eager(model, x=X):
 
 # -- a compiled step is kept only while what build read holds -------------------------------
 
+
 def test_replacing_a_parameter_compiles_the_step_anew():
     m = nn.Linear(3, 1, bias=False)
     m.load_state_dict({"weight": af.full((1, 3), 2.0)})
     g = Sum(m)
     assert both(g) == (12.0, 12.0, 12.0)
-    m.weight = nn.Parameter(af.full((1, 3), 5.0))        # a new Parameter object
+    m.weight = nn.Parameter(af.full((1, 3), 5.0))  # a new Parameter object
     assert both(g) == (30.0, 30.0, 30.0) and eager(m) == 30.0
     m.load_state_dict({"weight": af.full((1, 3), 1.0)})  # in place: seen as before
     assert both(g) == (6.0, 6.0, 6.0)
@@ -77,9 +81,10 @@ def test_replacing_a_buffer_compiles_the_step_anew():
 
         def build(self, x):
             return (self.m(x) * self.m.scale).sum()
+
     g = Scaled()
     assert both(g) == (12.0, 12.0, 12.0)
-    m.scale = af.tensor(5.0)                             # a new tensor as the buffer
+    m.scale = af.tensor(5.0)  # a new tensor as the buffer
     assert both(g) == (30.0, 30.0, 30.0)
 
 
@@ -88,7 +93,7 @@ def test_swapping_a_submodule_compiles_the_step_anew():
     seq.load_state_dict({"0.weight": af.full((2, 3), -1.0)})
     g = Sum(seq)
     assert both(g) == (0.0, 0.0, 0.0)
-    seq[1] = nn.Tanh()                                   # Sequential sets its entry itself
+    seq[1] = nn.Tanh()  # Sequential sets its entry itself
     want = eager(seq)
     assert want == pytest.approx(4 * np.tanh(-3.0)) and both(g) == (want, want, want)
 
@@ -99,12 +104,13 @@ def test_swapping_a_submodule_compiles_the_step_anew():
 
         def forward(self, x):
             return self.act(-x)
+
     b = Block()
     g = Sum(b)
     assert both(g) == (0.0, 0.0, 0.0)
-    b.act = nn.Identity()                                # a child set as an attribute
+    b.act = nn.Identity()  # a child set as an attribute
     assert both(g) == (-6.0, -6.0, -6.0)
-    b.act.register_forward_hook(lambda mod, args, out: out * 2)   # a hook added
+    b.act.register_forward_hook(lambda mod, args, out: out * 2)  # a hook added
     assert both(g) == (-12.0, -12.0, -12.0)
 
 
@@ -116,18 +122,19 @@ def test_the_graphs_own_attributes_compile_the_step_anew():
             self.factor = 2.0
 
         def shifted(self, y):
-            return y + self.shift                        # read by a method build calls
+            return y + self.shift  # read by a method build calls
 
         def build(self, x):
             return self.shifted(self.m(x) * self.factor).sum()
+
     g = Scaled()
     g.shift = 0.0
     assert both(g) == (12.0, 12.0, 12.0)
-    g.factor = 5.0                                       # a number build reads
+    g.factor = 5.0  # a number build reads
     assert both(g) == (30.0, 30.0, 30.0)
     g.shift = 1.0
     assert both(g) == (36.0, 36.0, 36.0)
-    g.m = nn.ReLU()                                      # a module attribute replaced
+    g.m = nn.ReLU()  # a module attribute replaced
     assert both(g, -X) == (6.0, 6.0, 6.0)
 
 
@@ -138,9 +145,10 @@ def test_rebinding_a_global_that_build_reads_compiles_the_step_anew():
     class Offset(nn.Graph):
         def build(self, x):
             return (x + OFFSET).sum()
+
     g = Offset()
     assert both(g) == (12.0, 12.0, 12.0)
-    OFFSET = af.tensor(3.0)                              # the name now holds another tensor
+    OFFSET = af.tensor(3.0)  # the name now holds another tensor
     assert both(g) == (24.0, 24.0, 24.0)
 
 
@@ -162,6 +170,7 @@ def train_two(opt_name, kwargs, data, grow_at, graph, grow):
             loss = (self.b(self.a(x)) ** 2).mean()
             loss.backward()
             return loss
+
     g = Two()
     losses = []
     for i, x in enumerate(data):
@@ -183,11 +192,11 @@ def train_two(opt_name, kwargs, data, grow_at, graph, grow):
 
 
 @pytest.mark.parametrize("grow", ["group", "list"])
-@pytest.mark.parametrize("opt_name,kwargs", [("SGD", dict(lr=0.1, momentum=0.9)),
-                                             ("Adam", dict(lr=0.05))])
+@pytest.mark.parametrize(
+    "opt_name,kwargs", [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.05))]
+)
 def test_an_optimizer_given_more_parameters_compiles_the_step_anew(opt_name, kwargs, grow):
-    data = [np.random.default_rng(i).standard_normal((5, 4)).astype(np.float32)
-            for i in range(4)]
+    data = [np.random.default_rng(i).standard_normal((5, 4)).astype(np.float32) for i in range(4)]
     want, want_params = train_two(opt_name, kwargs, data, 2, "eager", grow)
     for mode in ("step", "run"):
         got, params = train_two(opt_name, kwargs, data, 2, mode, grow)
@@ -203,8 +212,9 @@ def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
     takes, compiles = [], []
     real_traced, real_program = graph_module._Traced, graph_module.stateful_program
     monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
-    monkeypatch.setattr(graph_module, "stateful_program",
-                        lambda *a: compiles.append(1) or real_program(*a))
+    monkeypatch.setattr(
+        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
+    )
     m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = optim.SGD(m.parameters(), lr=0.1)
     g = Train(m, opt)
@@ -216,24 +226,24 @@ def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
         g.step(x)
     assert takes == [] and len(compiles) == 1
     for i in range(3):
-        opt.param_groups[0]["lr"] = 0.1 / (i + 2)        # a schedule: the step reads the
-        g.step(x)                                        # rate as state, compiles nothing
+        opt.param_groups[0]["lr"] = 0.1 / (i + 2)  # a schedule: the step reads the
+        g.step(x)  # rate as state, compiles nothing
     assert len(compiles) == 1 and takes == []
     for i in range(3):
-        opt.param_groups[0]["weight_decay"] = 0.1 * (i + 1)   # another option: a compile per
-        g.step(x)                                        # value, each taking what build
-    assert len(compiles) == 4 and len(takes) == 3        # read after
-    unrelated = nn.Linear(2, 2)                           # some other module changes...
+        opt.param_groups[0]["weight_decay"] = 0.1 * (i + 1)  # another option: a compile per
+        g.step(x)  # value, each taking what build
+    assert len(compiles) == 4 and len(takes) == 3  # read after
+    unrelated = nn.Linear(2, 2)  # some other module changes...
     unrelated.weight = nn.Parameter(af.zeros(2, 2))
     g.step(x)
-    assert len(takes) == 4 and len(compiles) == 4         # ...one walk, the same step kept
+    assert len(takes) == 4 and len(compiles) == 4  # ...one walk, the same step kept
     g.step(x)
     assert len(takes) == 4 and len(compiles) == 4
     for i in range(3):
-        g.steps_done = i                                  # the loop's counter on the Graph:
-        g.step(x)                                         # build does not read it
-    assert len(compiles) == 4 and len(takes) == 4         # (nor is the model walked again)
-    m[2] = nn.Linear(4, 1)                                # what build reads changes
+        g.steps_done = i  # the loop's counter on the Graph:
+        g.step(x)  # build does not read it
+    assert len(compiles) == 4 and len(takes) == 4  # (nor is the model walked again)
+    m[2] = nn.Linear(4, 1)  # what build reads changes
     g.step(x)
     assert len(compiles) == 5
 
@@ -244,8 +254,11 @@ def test_a_change_while_run_goes_on_stops_it_with_the_reason():
     g = Train(m, opt)
     for fused in (False, True):
         got = []
-        with pytest.raises(af.TraceError, match=r"changed while the run was going .*piece 0"
-                                                r".*between runs"):
+        with pytest.raises(
+            af.TraceError,
+            match=r"changed while the run was going .*piece 0"
+            r".*between runs",
+        ):
             for v in g.run([X] * 6, fused=fused):
                 got.append(float(v))
                 m.weight = nn.Parameter(af.zeros(1, 3))
@@ -253,7 +266,7 @@ def test_a_change_while_run_goes_on_stops_it_with_the_reason():
         with pytest.raises(af.TraceError, match="hyperparameters changed"):
             for _ in g.run([X] * 6, fused=fused):
                 opt.param_groups[0]["lr"] *= 0.5
-    assert len(list(g.run([X] * 3))) == 3                 # and the next run goes on
+    assert len(list(g.run([X] * 3))) == 3  # and the next run goes on
 
 
 # -- captured tensors are read live -----------------------------------------------------------
@@ -268,11 +281,12 @@ def test_a_captured_tensor_is_read_live_by_step_and_run():
     class Captures(nn.Graph):
         def __init__(self):
             super().__init__()
-            self.shift = af.tensor(0.0)                  # a plain tensor: not a buffer
+            self.shift = af.tensor(0.0)  # a plain tensor: not a buffer
 
         def build(self, x):
-            doubled = closed * 2                         # eager ops on it are recorded too
+            doubled = closed * 2  # eager ops on it are recorded too
             return (x * SCALE * doubled + self.shift).sum()
+
     g = Captures()
     assert both(g) == (24.0, 24.0, 24.0)
     SCALE.fill_(3.0)
@@ -285,16 +299,16 @@ def test_a_captured_tensor_is_read_live_by_step_and_run():
 def test_a_captured_tensor_a_failed_op_poisoned_raises_its_error():
     bad = af.tensor([1.0, 2.0])
     g = Sum(nn.Identity())
-    g.build = lambda x: (x.sum() + bad.sum())             # captures ``bad``
+    g.build = lambda x: x.sum() + bad.sum()  # captures ``bad``
     assert float(g.step(af.tensor([1.0]))) == 4.0
     bad[af.tensor([0])] = af.tensor([5.0])
-    bad.copy_(af.tensor([1.0, 2.0])[af.tensor([7, 0])])   # an index out of bounds: poisoned
+    bad.copy_(af.tensor([1.0, 2.0])[af.tensor([7, 0])])  # an index out of bounds: poisoned
     with pytest.raises(af.IndexOutOfBoundsError):
-        bad.numpy()                                       # reported once (synchronize is
-    af.synchronize()                                      # quiet now)...
+        bad.numpy()  # reported once (synchronize is
+    af.synchronize()  # quiet now)...
     with pytest.raises(af.IndexOutOfBoundsError):
-        g.step(af.tensor([1.0]))                          # ...but never read stale values
-    bad.fill_(1.0)                                        # written whole: usable again
+        g.step(af.tensor([1.0]))  # ...but never read stale values
+    bad.fill_(1.0)  # written whole: usable again
     assert float(g.step(af.tensor([1.0]))) == 3.0
 
 
@@ -313,8 +327,9 @@ def test_a_captured_tensor_that_requires_grad_keeps_its_grad():
             loss = self.m(x * w).sum()
             loss.backward()
             return loss
+
     Train().step(af.tensor(X))
-    assert w.grad is None                                # not a traced placeholder
+    assert w.grad is None  # not a traced placeholder
     (w * 2).sum().backward()
     assert w.grad.numpy().tolist() == [2.0, 2.0, 2.0]
 
@@ -341,12 +356,13 @@ def test_inplace_ops_in_build_are_refused_naming_the_op_and_the_fix(form):
             y = x * 2
             write(y)
             return y.sum()
+
     with pytest.raises(af.TraceError) as info:
         InPlace().step(af.tensor(X))
     text = str(info.value)
     assert text.startswith("InPlace.build: in-place ops are refused in a traced function")
     assert f"op '{op}'" in text and "computed by op 'mul_scalar'" in text
-    assert "shape (2, 3) and dtype float32" in text      # (x[0] = v: a view into it)
+    assert "shape (2, 3) and dtype float32" in text  # (x[0] = v: a view into it)
     assert "y = x + 1 instead of x.add_(1) or x += 1" in text
 
 
@@ -355,15 +371,20 @@ def test_inplace_writes_into_a_captured_tensor_are_refused():
 
     class Counts(nn.Graph):
         def build(self, x):
-            counter.add_(1.0)                            # eager: once per call
+            counter.add_(1.0)  # eager: once per call
             return x.sum()
-    with pytest.raises(af.TraceError, match=r"op 'add_scalar'.*captured from outside the "
-                                            r"traced function.*reads but never writes"):
+
+    with pytest.raises(
+        af.TraceError,
+        match=r"op 'add_scalar'.*captured from outside the "
+        r"traced function.*reads but never writes",
+    ):
         Counts().step(af.tensor(X))
-    assert float(counter) == 0.0                         # nothing ran while tracing
+    assert float(counter) == 0.0  # nothing ran while tracing
 
 
 # -- one error for one fault: eager, step() and run() -----------------------------------------
+
 
 class Divides(nn.Graph):
     """A step whose first op to fail on a zero divisor is ``floor_divide``, recorded behind
@@ -375,7 +396,7 @@ class Divides(nn.Graph):
         self.add_optimizer(opt)
 
     def build(self, x, n, d):
-        t = (((n * 2 + 1) * 3 + 1) * 2 + 1)
+        t = ((n * 2 + 1) * 3 + 1) * 2 + 1
         q = af.floor_divide(t, d) + af.remainder(n, d)
         loss = (self.m(x) * q.float()).sum()
         loss.backward()
@@ -406,9 +427,11 @@ def test_a_failing_op_in_step_raises_eager_modes_error_and_changes_nothing():
     g = Divides(m, opt)
     assert float(g.step(X, n, good)) == want[0]
     before = [p.numpy().copy() for p in m.parameters()]
-    state = [{k: (v if k == "step" else v.numpy().copy()) for k, v in opt.state[p].items()}
-             for p in m.parameters()]
-    with pytest.raises(af.KernelError) as eager_info:   # eager mode's error for the fault
+    state = [
+        {k: (v if k == "step" else v.numpy().copy()) for k, v in opt.state[p].items()}
+        for p in m.parameters()
+    ]
+    with pytest.raises(af.KernelError) as eager_info:  # eager mode's error for the fault
         af.floor_divide(af.tensor(n) * 2 + 1, af.tensor(bad)).numpy()
     with pytest.raises(af.KernelError) as info:
         g.step(X, n, bad)
@@ -417,9 +440,11 @@ def test_a_failing_op_in_step_raises_eager_modes_error_and_changes_nothing():
     assert e.op == eager_info.value.op == "floor_divide" and e.intact
     assert isinstance(e.original, af.DivisionByZeroError) and e.__cause__ is e.original
     assert "op 'floor_divide' failed on cpu" in str(e)
-    assert "nothing was written back: the parameters, buffers and optimizer state keep " \
-           "their values" in str(e)
-    for p, b, st in zip(m.parameters(), before, state, strict=True):   # nothing half-updated
+    assert (
+        "nothing was written back: the parameters, buffers and optimizer state keep "
+        "their values" in str(e)
+    )
+    for p, b, st in zip(m.parameters(), before, state, strict=True):  # nothing half-updated
         assert np.array_equal(p.numpy(), b)
         assert opt.state[p]["step"] == st["step"] == 1
         assert np.array_equal(opt.state[p]["exp_avg"].numpy(), st["exp_avg"])
@@ -462,6 +487,7 @@ def test_an_index_out_of_bounds_names_one_op_in_eager_mode_step_and_run():
             loss = self.m(x)[af.arange(2), y].sum()
             loss.backward()
             return loss
+
     g = Picks()
     x, good, bad = np.ones((2, 5), np.float32), np.array([0, 1]), np.array([0, 7])
     g.step(x, good)
@@ -478,18 +504,22 @@ def test_an_index_out_of_bounds_names_one_op_in_eager_mode_step_and_run():
     assert isinstance(step_info.value, IndexError) and isinstance(run_info.value, IndexError)
     assert "7" in str(step_info.value) and "7" in str(run_info.value)
     w = m.weight.numpy().copy()
-    g.step(x, good)                                      # and the graph goes on
+    g.step(x, good)  # and the graph goes on
     assert not np.array_equal(m.weight.numpy(), w)
 
 
 # -- run() takes ActorGraph.run's arguments ---------------------------------------------------
 
+
 def test_run_takes_engine_and_timeout():
     g = Sum(nn.Linear(3, 1))
     assert len(list(g.run([X] * 2, engine="local"))) == 2
     for engine in ("ray", af.distributed.RayEngine()):
-        with pytest.raises(af.PlanError, match=r"Sum.run\(engine=.*parameters and optimizer "
-                                               r"state across pieces.*engine='local'"):
+        with pytest.raises(
+            af.PlanError,
+            match=r"Sum.run\(engine=.*parameters and optimizer "
+            r"state across pieces.*engine='local'",
+        ):
             list(g.run([X], engine=engine))
     with pytest.raises(ValueError, match="the engines are 'local' and 'ray'"):
         list(g.run([X], engine="elsewhere"))
@@ -498,8 +528,9 @@ def test_run_takes_engine_and_timeout():
 
     def slow_loader():
         yield X
-        time.sleep(2.0)                                  # a loader that hangs on item 1
+        time.sleep(2.0)  # a loader that hangs on item 1
         yield X
+
     for fused in (False, True):
         got = []
         with pytest.raises(af.ActorError, match="took longer than timeout=0.5") as info:

@@ -20,8 +20,9 @@ def dags(draw, max_n=7):
     inputs = []
     for i in range(n):
         k = draw(st.integers(0, min(2, i)))
-        inputs.append(sorted(draw(st.sets(st.integers(0, i - 1), min_size=k, max_size=k)))
-                      if k else [])
+        inputs.append(
+            sorted(draw(st.sets(st.integers(0, i - 1), min_size=k, max_size=k))) if k else []
+        )
     sizes = [{D: draw(st.integers(1, 8)) * 64} for _ in range(n)]
     return sizes, inputs
 
@@ -47,8 +48,11 @@ def brute_force(sizes, inputs):
         for perm in itertools.permutations(range(len(size))):
             off = {}
             for i in perm:
-                busy = sorted((off[j], off[j] + size[j]) for j in off
-                              if not (ivs[j][1] < ivs[i][0] or ivs[i][1] < ivs[j][0]))
+                busy = sorted(
+                    (off[j], off[j] + size[j])
+                    for j in off
+                    if not (ivs[j][1] < ivs[i][0] or ivs[i][1] < ivs[j][0])
+                )
                 cur = 0
                 for a, b in busy:
                     if a - cur >= size[i]:
@@ -100,8 +104,8 @@ def test_waits_make_every_gated_schedule_safe(case, seed):
     rng = random.Random(seed)
     off = plan.offsets[D]
     size = [memplan.aligned(s[D]) for s in sizes]
-    done = set()                    # (node, piece) acted
-    live = {}                       # (node, piece) -> (lo, hi) in the wave's region
+    done = set()  # (node, piece) acted
+    live = {}  # (node, piece) -> (lo, hi) in the wave's region
 
     def is_home(j, p):
         return all((c, p) in done for c in cons[j])
@@ -117,9 +121,15 @@ def test_waits_make_every_gated_schedule_safe(case, seed):
     while len(done) < n * pieces:
         for key in [x for x in live if is_home(*x)]:
             del live[key]
-        ready = [(i, p) for p in range(pieces) for i in range(n)
-                 if (i, p) not in done and ((i, p - 1) in done or p == 0)
-                 and all((j, p) in done for j in inputs[i]) and gate(i, p)]
+        ready = [
+            (i, p)
+            for p in range(pieces)
+            for i in range(n)
+            if (i, p) not in done
+            and ((i, p - 1) in done or p == 0)
+            and all((j, p) in done for j in inputs[i])
+            and gate(i, p)
+        ]
         assert ready, "the gates stalled a run the data allow"
         i, p = rng.choice(ready)
         lo = (p % k) * plan.arenas[D] + off[i]
@@ -132,8 +142,10 @@ def test_waits_make_every_gated_schedule_safe(case, seed):
 def test_heuristics_plan_a_thousand_nodes_and_stay_valid():
     rng = random.Random(3)
     n = 1000
-    inputs = [sorted(rng.sample(range(max(0, i - 30), i), min(i, rng.randint(1, 2))))
-              if i else [] for i in range(n)]
+    inputs = [
+        sorted(rng.sample(range(max(0, i - 30), i), min(i, rng.randint(1, 2)))) if i else []
+        for i in range(n)
+    ]
     sizes = [{D: rng.randint(1, 64) * 4096} for _ in range(n)]
     plan = plan_sharing(sizes, inputs)
     assert not plan.exact and plan.lower is None
@@ -158,7 +170,7 @@ def test_figure1_needs_a_control_edge_the_data_do_not_give():
     plan = plan_sharing(sizes, inputs)
     assert plan.exact and plan.arenas[D] == 6 * MiB
     assert plan.edges and all(j != i for j, i in plan.edges)
-    assert plan_sharing(sizes, inputs, exact_max=0).arenas[D] >= 6 * MiB   # heuristics
+    assert plan_sharing(sizes, inputs, exact_max=0).arenas[D] >= 6 * MiB  # heuristics
 
 
 def test_a_chain_alternates_two_slots():
@@ -166,7 +178,7 @@ def test_a_chain_alternates_two_slots():
     inputs = [[]] + [[i] for i in range(5)]
     plan = plan_sharing(sizes, inputs)
     assert plan.arenas[D] == 2 * 100 * 64
-    assert plan.edges == []        # a chain's data already order every reuse
+    assert plan.edges == []  # a chain's data already order every reuse
     assert all(len(p) <= 1 for p in plan.preds)
 
 
@@ -174,5 +186,5 @@ def test_devices_are_planned_apart():
     sizes = [{"a": 64, "b": 640}, {"a": 64}, {"b": 64}]
     inputs = [[], [0], [1]]
     plan = plan_sharing(sizes, inputs)
-    assert plan.arenas == {"a": 128, "b": 640}     # node 2 reuses node 0's bytes on b
+    assert plan.arenas == {"a": 128, "b": 640}  # node 2 reuses node 0's bytes on b
     assert overlaps(plan, sizes) == []

@@ -21,9 +21,11 @@ def test_o1_first_deadlocks_and_names_the_cycle():
     assert r.status == "deadlock" and r.completed == 2
     e = r.error
     assert isinstance(e, af.DeadlockError)
-    assert str(e) == ("the naive scheduler deadlocked: O1 waits for 5.0 MiB on cpu (4.0 MiB "
-                      "free); 3.0 MiB is held by M2's output, freed when O2 finishes; O2 waits "
-                      "behind O1 on stream cpu:0")
+    assert str(e) == (
+        "the naive scheduler deadlocked: O1 waits for 5.0 MiB on cpu (4.0 MiB "
+        "free); 3.0 MiB is held by M2's output, freed when O2 finishes; O2 waits "
+        "behind O1 on stream cpu:0"
+    )
     assert [(a, b) for a, b, _ in e.cycle] == [("O1", "O2"), ("O2", "O1")]
     assert r.detect_s < 1.0
     assert r.peak["cpu"] == 4 * MiB
@@ -40,7 +42,7 @@ def test_o2_first_completes(mode):
     r = NaiveScheduler(figure1.ops(0.001), "8MiB", policy=FIG1_ORDER_GOOD, mode=mode).run()
     assert r.status == "ok" and r.completed == 4 and r.error is None
     assert r.peak["cpu"] == 6 * MiB
-    assert r.timeline[-1][2] == 0                       # every output freed at the end
+    assert r.timeline[-1][2] == 0  # every output freed at the end
 
 
 def test_figure1_on_actors_is_refused_or_runs_under_its_plan():
@@ -51,7 +53,7 @@ def test_figure1_on_actors_is_refused_or_runs_under_its_plan():
     assert len(outs) == 1
     m = g.stats().memory["null"]
     assert m["peak"] == m["planned"] == 10 * MiB <= m["budget"]
-    assert m["live"] is None                            # nothing shared
+    assert m["live"] is None  # nothing shared
 
 
 def test_figure1_runs_on_actors_in_the_8_mib_pool():
@@ -59,7 +61,7 @@ def test_figure1_runs_on_actors_in_the_8_mib_pool():
     plan = g.plan()
     assert plan.sharing is not None and plan.sharing.share.exact
     assert plan.totals[af.device("null")] == 6 * MiB == random_dags.min_peak(figure1.ops(0))
-    assert plan.sharing.share.edges                     # the order is kept by control edges
+    assert plan.sharing.share.edges  # the order is kept by control edges
     outs = list(g.run())
     assert len(outs) == 1
     m = g.stats().memory["null"]
@@ -76,8 +78,11 @@ def test_figure1_below_the_minimum_is_refused_naming_it():
 
 
 def test_detector_does_not_fire_on_slow_but_live_runs():
-    ops = [NaiveOp("a", [], "1MiB", 0.3), NaiveOp("b", ["a"], "1MiB", 0.3),
-           NaiveOp("c", ["b"], "1MiB", 0.3)]
+    ops = [
+        NaiveOp("a", [], "1MiB", 0.3),
+        NaiveOp("b", ["a"], "1MiB", 0.3),
+        NaiveOp("c", ["b"], "1MiB", 0.3),
+    ]
     t0 = time.perf_counter()
     r = NaiveScheduler(ops, "2MiB").run()
     assert r.status == "ok" and time.perf_counter() - t0 >= 0.9
@@ -105,10 +110,11 @@ def test_pipeline_naive_deadlocks_and_figure3_allocator_fixes_it():
     assert r.status == "deadlock"
     assert "load[6] waits for 4.0 MiB on cpu (0 B free)" in str(r.error)
     assert "waits behind load[6] on stream cpu:0" in str(r.error)
-    r = NaiveScheduler(ops, double_buffering.CAPACITY, pieces=12, mode="double-buffer",
-                       time_scale=0.2).run()
+    r = NaiveScheduler(
+        ops, double_buffering.CAPACITY, pieces=12, mode="double-buffer", time_scale=0.2
+    ).run()
     assert r.status == "ok" and r.completed == 48 and r.stalls > 0
-    assert r.peak["cpu"] <= 4 * 4 * MiB                  # two buffers each for two ops
+    assert r.peak["cpu"] <= 4 * 4 * MiB  # two buffers each for two ops
 
 
 def test_double_buffering_experiment_claims():
@@ -118,7 +124,7 @@ def test_double_buffering_experiment_claims():
     assert rows["naive + figure 3 allocator (double-buffer)"][1] == "ok"
     one, two = rows["actors, buffers=1"], rows["actors, buffers=2"]
     assert one[1] == two[1] == "ok"
-    assert two[3] == 2 * one[3]                           # twice the registers
+    assert two[3] == 2 * one[3]  # twice the registers
     # (that two buffers keep compute busier is a time, shown by the experiment's table,
     # not asserted here: a loaded machine would make it flaky)
 
@@ -142,7 +148,9 @@ def test_ops_from_graph():
     g.sink(g.op(af.exp, s, name="e"))
     ops = ops_from_graph(g)
     assert [(o.name, o.inputs, o.nbytes, o.time) for o in ops] == [
-        ("s", [], 64, 0.001), ("e", ["s"], 64, 0.0)]
+        ("s", [], 64, 0.001),
+        ("e", ["s"], 64, 0.0),
+    ]
     assert NaiveScheduler(ops, "1KiB", pieces=2).run().status == "ok"
 
 
@@ -155,7 +163,7 @@ async def test_actor_runtime_names_a_stall_instead_of_hanging():
     plan = g.plan()
     plan.allocate()
     try:
-        plan.ports[s].free.clear()                       # the lost register
+        plan.ports[s].free.clear()  # the lost register
         sched = CreditScheduler(plan, lambda v: None, 4)
         with pytest.raises(af.DeadlockError, match="src waits for a free register|stalled"):
             await asyncio.wait_for(sched.run(), 1.0)
@@ -165,20 +173,25 @@ async def test_actor_runtime_names_a_stall_instead_of_hanging():
 
 def test_cli_writes_json(tmp_path, capsys):
     from actorflow.__main__ import main
+
     main(["experiments", "figure1", "--out", str(tmp_path), "--seed", "3"])
     out = capsys.readouterr().out
     assert "O1 waits for 5.0 MiB on cpu (4.0 MiB free)" in out
     assert (tmp_path / "figure1.json").exists()
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["experiments", "random", "--n", "-5"], "--n must be at least 1, got -5"),
-    (["experiments", "double-buffering", "--pieces", "-3"], "--pieces must be at least 1"),
-    (["experiments", "random", "--n", "many"], "--n must be a whole number"),
-    (["experiments", "figure1", "--out", "/proc/no/such/folder"], "cannot make that folder"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["experiments", "random", "--n", "-5"], "--n must be at least 1, got -5"),
+        (["experiments", "double-buffering", "--pieces", "-3"], "--pieces must be at least 1"),
+        (["experiments", "random", "--n", "many"], "--n must be a whole number"),
+        (["experiments", "figure1", "--out", "/proc/no/such/folder"], "cannot make that folder"),
+    ],
+)
 def test_cli_refuses_bad_arguments_with_a_message(argv, says, capsys):
     from actorflow.__main__ import main
+
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
@@ -188,6 +201,7 @@ def test_cli_refuses_bad_arguments_with_a_message(argv, says, capsys):
 
 def test_cli_says_its_version(capsys):
     from actorflow.__main__ import main
+
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
@@ -200,8 +214,9 @@ def test_ops_from_a_traced_graph():
         return af.softmax(af.relu(x @ w), dim=1)
 
     g = f.actor_graph(af.Spec((64, 100)), af.Spec((100, 10)))
-    ops = ops_from_graph(g, feed=[(np.zeros((64, 100), np.float32),
-                                   np.zeros((100, 10), np.float32))])
+    ops = ops_from_graph(
+        g, feed=[(np.zeros((64, 100), np.float32), np.zeros((100, 10), np.float32))]
+    )
     assert [o.name for o in ops] == ["inputs of f", "matmul", "relu", "softmax"]
     assert ops[0].nbytes == 4 * (6400 + 1000) and ops[1].nbytes == 4 * 640
     cap = sum(o.nbytes for o in ops[:2])
@@ -214,31 +229,33 @@ def test_ops_from_a_traced_graph():
 
 def test_the_demo_shows_eager_a_pipeline_and_the_named_deadlock(capsys):
     from actorflow.__main__ import main
+
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "relu(x) =" in out                                      # eager tensors
-    assert "Plan" in out and "Run: 40 pieces" in out               # a pipeline, plan, stats
-    assert "O1 waits for 5.0 MiB on cpu (4.0 MiB free)" in out     # the deadlock, named
-    assert "actors, shared by lifetime, budget 8 MiB" in out        # next to the actors
+    assert "relu(x) =" in out  # eager tensors
+    assert "Plan" in out and "Run: 40 pieces" in out  # a pipeline, plan, stats
+    assert "O1 waits for 5.0 MiB on cpu (4.0 MiB free)" in out  # the deadlock, named
+    assert "actors, shared by lifetime, budget 8 MiB" in out  # next to the actors
 
 
 def test_ops_from_graph_sizes_a_graph_the_actors_refuse():
     """Sized, not planned: a graph over its budget still gives its ops (built once)."""
-    g = af.ActorGraph(memory={"null": "3MiB"})            # 2 buffers x (1 + 2) MiB = 6 MiB
-    a = g.source([None] * 3, out=af.Spec((MiB // 4,), af.float32, "null"), name="a",
-                 time=0.001)
+    g = af.ActorGraph(memory={"null": "3MiB"})  # 2 buffers x (1 + 2) MiB = 6 MiB
+    a = g.source([None] * 3, out=af.Spec((MiB // 4,), af.float32, "null"), name="a", time=0.001)
     b = g.actor(lambda x: None, a, out=af.Spec((MiB // 2,), af.float32, "null"), name="b")
     g.sink(b)
     with pytest.raises(af.PlanError, match="budget is 3.0 MiB"):
         g.plan()
     ops = ops_from_graph(g)
     assert [(o.name, o.inputs, o.nbytes, o.time, o.device) for o in ops] == [
-        ("a", [], MiB, 0.001, "null"), ("b", ["a"], 2 * MiB, 0.0, "null")]
+        ("a", [], MiB, 0.001, "null"),
+        ("b", ["a"], 2 * MiB, 0.0, "null"),
+    ]
     r = NaiveScheduler(ops, "3MiB", pieces=3, time_scale=0).run()
     assert r.status == "deadlock" and "b[0] waits for 2.0 MiB on null (0 B free)" in str(r.error)
     assert NaiveScheduler(ops, "9MiB", pieces=3, time_scale=0).run().status == "ok"
     with pytest.raises(af.PlanError, match="budget is 3.0 MiB"):
-        list(g.run())                                   # the actors still refuse it
+        list(g.run())  # the actors still refuse it
 
 
 def _null_source(shape=(1024,), dtype=af.float32, n=3):
@@ -249,13 +266,14 @@ def test_null_tensors_stand_in_for_the_pieces_of_null_registers():
     spec = af.Spec((1024,), af.float32, "null")
     g = af.ActorGraph(memory={"null": "1MiB"})
     s = g.source(_null_source(), out=spec, name="s")
-    t = g.actor(lambda x: af.empty((1024,), device="null") if x is None else 1, s, out=spec,
-                name="t")
+    t = g.actor(
+        lambda x: af.empty((1024,), device="null") if x is None else 1, s, out=spec, name="t"
+    )
     g.sink(t)
-    assert list(g.run()) == [None] * 3                   # a null input arrives as None
-    g.plan()                                              # piece 0 read while planning
+    assert list(g.run()) == [None] * 3  # a null input arrives as None
+    g.plan()  # piece 0 read while planning
     assert list(g.run()) == [None] * 3
-    g = af.ActorGraph()                                   # undeclared: sized by the stand-in
+    g = af.ActorGraph()  # undeclared: sized by the stand-in
     s = g.source(_null_source((4, 8), af.int32), name="s")
     g.sink(g.actor(lambda x: af.zeros((2,), device="null"), s, name="t"))
     rows = {r["name"]: r for r in g.plan().rows}
@@ -264,15 +282,24 @@ def test_null_tensors_stand_in_for_the_pieces_of_null_registers():
     assert list(g.run()) == [None] * 3
 
 
-@pytest.mark.parametrize("out, says", [
-    (af.Spec((1000,), af.float32, "null"),
-     "source 's' (piece 0) returned float32[1024] on null but its register holds "
-     "float32[1000]"),
-    (af.Spec((1024,), af.float64, "null"), "returned float32[1024] on null but its register "
-                                           "holds float64[1024]"),
-    (af.Spec((1024,), af.float32), "returned a tensor on null, which has no data, but its "
-                                   "register is on cpu"),
-])
+@pytest.mark.parametrize(
+    "out, says",
+    [
+        (
+            af.Spec((1000,), af.float32, "null"),
+            "source 's' (piece 0) returned float32[1024] on null but its register holds "
+            "float32[1000]",
+        ),
+        (
+            af.Spec((1024,), af.float64, "null"),
+            "returned float32[1024] on null but its register holds float64[1024]",
+        ),
+        (
+            af.Spec((1024,), af.float32),
+            "returned a tensor on null, which has no data, but its register is on cpu",
+        ),
+    ],
+)
 def test_a_stand_in_is_checked_against_its_register(out, says):
     g = af.ActorGraph()
     g.sink(g.source(_null_source(), out=out, name="s"))

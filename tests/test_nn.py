@@ -36,7 +36,11 @@ def test_tiny_model_prints_as_pytorch_and_runs():
     assert y.shape == (4, 10)
     np.testing.assert_allclose(y.sum(dim=1).numpy(), np.ones(4), rtol=1e-5)
     assert [n for n, _ in m.named_parameters()] == [
-        "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"]
+        "linear1.weight",
+        "linear1.bias",
+        "linear2.weight",
+        "linear2.bias",
+    ]
     assert m.linear1.weight.shape == (200, 100) and m.linear1.bias.shape == (200,)
     assert [type(c).__name__ for c in m.children()] == ["Linear", "ReLU", "Linear", "Softmax"]
 
@@ -51,6 +55,7 @@ def test_tiny_model_repr_equals_torch():
             self.activation = torch.nn.ReLU()
             self.linear2 = torch.nn.Linear(200, 10)
             self.softmax = torch.nn.Softmax(dim=1)
+
     assert repr(T()).replace("T(", "TinyModel(", 1) == TINY_REPR
 
 
@@ -60,10 +65,10 @@ def test_linear_default_init_is_bounded_like_pytorch():
     w, b = lin.weight.numpy(), lin.bias.numpy()
     bound = 1 / np.sqrt(64)
     assert np.abs(w).max() <= bound and np.abs(b).max() <= bound
-    assert np.abs(w).max() > 0.9 * bound            # spread over the whole range
+    assert np.abs(w).max() > 0.9 * bound  # spread over the whole range
     assert lin.weight.requires_grad and isinstance(lin.weight, nn.Parameter)
     af.manual_seed(0)
-    assert np.array_equal(nn.Linear(64, 32).weight.numpy(), w)   # seeded
+    assert np.array_equal(nn.Linear(64, 32).weight.numpy(), w)  # seeded
 
 
 def test_sequential_indexing_state_dict_and_modes():
@@ -95,6 +100,7 @@ def test_setattr_before_init_and_hooks():
     class Bad(nn.Module):
         def __init__(self):
             self.lin = nn.Linear(2, 2)
+
     with pytest.raises(AttributeError, match=r"call super\(\)\.__init__\(\) first"):
         Bad()
     lin = nn.Linear(2, 2)
@@ -123,8 +129,21 @@ def _torch_pair(torch, shape, dtype=np.float64, seed=0):
     return af.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
 
 
-@pytest.mark.parametrize("kind", ["layer_norm", "embedding", "gelu_mlp", "nll", "ce",
-                                  "ce_weight_ignore", "ce_probs", "ce_smooth", "mse", "tanh"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "layer_norm",
+        "embedding",
+        "gelu_mlp",
+        "nll",
+        "ce",
+        "ce_weight_ignore",
+        "ce_probs",
+        "ce_smooth",
+        "mse",
+        "tanh",
+    ],
+)
 def test_layers_and_losses_match_pytorch_with_gradients(kind):
     torch = pytest.importorskip("torch")
     tF = torch.nn.functional
@@ -194,16 +213,19 @@ def test_layers_and_losses_match_pytorch_with_gradients(kind):
         np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("SGD", dict(lr=0.1)),
-    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
-    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
-    ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.3, maximize=True)),
-    ("Adam", dict(lr=0.01)),
-    ("Adam", dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)),
-    ("AdamW", dict(lr=0.01)),
-    ("AdamW", dict(lr=0.02, weight_decay=0.3, eps=1e-6)),
-])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("SGD", dict(lr=0.1)),
+        ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+        ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+        ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.3, maximize=True)),
+        ("Adam", dict(lr=0.01)),
+        ("Adam", dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)),
+        ("AdamW", dict(lr=0.01)),
+        ("AdamW", dict(lr=0.02, weight_decay=0.3, eps=1e-6)),
+    ],
+)
 def test_optimizers_match_pytorch_step_for_step(name, kwargs):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
@@ -218,8 +240,9 @@ def test_optimizers_match_pytorch_step_for_step(name, kwargs):
             loss = ((q - tgt) ** 2 * (step + 1.0)).sum()
             loss.backward()
             o.step()
-        np.testing.assert_allclose(p.detach().numpy(), tp.detach().numpy(), rtol=1e-9,
-                                   atol=1e-12, err_msg=f"step {step}")
+        np.testing.assert_allclose(
+            p.detach().numpy(), tp.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=f"step {step}"
+        )
 
 
 def test_optimizer_arguments_are_checked():
@@ -278,7 +301,7 @@ def test_save_and_load_a_state_dict(tmp_path):
         af.save([af.ones(2)], tmp_path / "x")
     with pytest.raises(TypeError, match="function"):
         af.save({"f": lambda: 0}, tmp_path / "x")
-    with np.load(path, allow_pickle=False) as data:      # plain arrays, no pickled objects
+    with np.load(path, allow_pickle=False) as data:  # plain arrays, no pickled objects
         assert all(data[k].dtype != object for k in data.files)
 
 
@@ -296,6 +319,7 @@ def test_zero_grad_to_none_or_to_zeros():
 
 # -- review regressions ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("probs", [False, True])
@@ -303,12 +327,16 @@ def test_cross_entropy_with_extra_dims_matches_pytorch(reduction, smoothing, pro
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 3))
-    t = (rng.dirichlet(np.ones(5), size=(2, 3)).transpose(0, 2, 1).copy() if probs
-         else rng.integers(0, 5, (2, 3)))
+    t = (
+        rng.dirichlet(np.ones(5), size=(2, 3)).transpose(0, 2, 1).copy()
+        if probs
+        else rng.integers(0, 5, (2, 3))
+    )
     a, ta = af.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
     got = NF.cross_entropy(a, af.tensor(t), reduction=reduction, label_smoothing=smoothing)
-    want = torch.nn.functional.cross_entropy(ta, torch.tensor(t), reduction=reduction,
-                                             label_smoothing=smoothing)
+    want = torch.nn.functional.cross_entropy(
+        ta, torch.tensor(t), reduction=reduction, label_smoothing=smoothing
+    )
     np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-9)
     got.sum().backward()
     want.sum().backward()
@@ -323,7 +351,7 @@ def test_all_targets_ignored_gives_nan_loss_but_zero_gradients():
 
 
 def test_embedding_padding_row_keeps_its_values_and_gets_no_gradient():
-    e = nn.Embedding(3, 2, padding_idx=-3)           # row 0, counted from the end
+    e = nn.Embedding(3, 2, padding_idx=-3)  # row 0, counted from the end
     with af.no_grad():
         af.fill_(e.weight, 1.0)
     out = e(af.tensor([0, 1]))
@@ -336,14 +364,15 @@ def test_module_attributes_keep_their_kinds_and_shared_modules_save_under_each_n
     lin = nn.Linear(2, 2)
     with pytest.raises(TypeError, match="Parameter or None"):
         lin.weight = af.zeros(2, 2)
-    lin.weight = nn.Parameter(af.zeros(2, 2))        # keeps its place
+    lin.weight = nn.Parameter(af.zeros(2, 2))  # keeps its place
     assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
 
     class AE(nn.Module):
         def __init__(self):
             super().__init__()
             self.enc = nn.Linear(2, 2)
-            self.dec = self.enc                      # tied
+            self.dec = self.enc  # tied
+
     ae = AE()
     assert list(ae.state_dict()) == ["enc.weight", "enc.bias", "dec.weight", "dec.bias"]
     ae.load_state_dict(ae.state_dict())
@@ -352,8 +381,13 @@ def test_module_attributes_keep_their_kinds_and_shared_modules_save_under_each_n
 
 def test_optimizer_state_dict_round_trips_through_a_file(tmp_path):
     rng = np.random.default_rng(0)
-    data = [(af.tensor(rng.standard_normal((4, 3)).astype(np.float32)),
-             af.tensor(rng.integers(0, 2, 4))) for _ in range(6)]
+    data = [
+        (
+            af.tensor(rng.standard_normal((4, 3)).astype(np.float32)),
+            af.tensor(rng.integers(0, 2, 4)),
+        )
+        for _ in range(6)
+    ]
 
     def train(model, opt, batches):
         for x, y in batches:
@@ -363,11 +397,12 @@ def test_optimizer_state_dict_round_trips_through_a_file(tmp_path):
 
     af.manual_seed(0)
     m1 = nn.Linear(3, 2)
-    o1 = optim.Adam([{"params": [m1.weight]}, {"params": [m1.bias], "lr": 0.05}], lr=0.01,
-                    betas=(0.8, 0.9))
+    o1 = optim.Adam(
+        [{"params": [m1.weight]}, {"params": [m1.bias], "lr": 0.05}], lr=0.01, betas=(0.8, 0.9)
+    )
     train(m1, o1, data[:3])
     af.save({"model": m1.state_dict(), "opt": o1.state_dict()}, tmp_path / "ckpt.npz")
-    train(m1, o1, data[3:])                       # the reference goes on
+    train(m1, o1, data[3:])  # the reference goes on
 
     ck = af.load(tmp_path / "ckpt.npz")
     m2 = nn.Linear(3, 2)
@@ -376,7 +411,7 @@ def test_optimizer_state_dict_round_trips_through_a_file(tmp_path):
     o2.load_state_dict(ck["opt"])
     assert o2.param_groups[1]["lr"] == 0.05 and o2.param_groups[0]["betas"] == (0.8, 0.9)
     assert o2.state[m2.weight]["step"] == 3
-    train(m2, o2, data[3:])                       # resumes exactly where it was saved
+    train(m2, o2, data[3:])  # resumes exactly where it was saved
     for a, b in zip(m1.parameters(), m2.parameters(), strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
     with pytest.raises(ValueError, match="groups"):
@@ -394,10 +429,16 @@ def test_module_list_and_dict_register_their_modules():
             for b in self.blocks:
                 x = b(x)
             return self.heads["a"](x)
+
     m = M()
     assert [n for n, _ in m.named_parameters()] == [
-        "blocks.0.weight", "blocks.0.bias", "blocks.1.weight", "blocks.1.bias",
-        "heads.a.weight", "heads.a.bias"]
+        "blocks.0.weight",
+        "blocks.0.bias",
+        "blocks.1.weight",
+        "blocks.1.bias",
+        "heads.a.weight",
+        "heads.a.bias",
+    ]
     m.blocks.append(nn.Linear(2, 2))
     assert len(m.blocks) == 3 and "a" in m.heads and list(m.heads) == ["a"]
     assert m(af.ones(1, 2)).shape == (1, 1)
@@ -409,9 +450,14 @@ def test_module_list_and_dict_register_their_modules():
 
 
 def test_save_and_load_lists_and_tuples_of_tensors(tmp_path):
-    state = {"a": [af.zeros(2), af.ones(2)], "t": (af.full((1,), 3.0), 3, "s", None),
-             "nested": [[af.ones(1)], {"x": af.zeros(1)}], "mixed": [1, af.arange(2)],
-             "plain": [1, 2], "empty": []}
+    state = {
+        "a": [af.zeros(2), af.ones(2)],
+        "t": (af.full((1,), 3.0), 3, "s", None),
+        "nested": [[af.ones(1)], {"x": af.zeros(1)}],
+        "mixed": [1, af.arange(2)],
+        "plain": [1, 2],
+        "empty": [],
+    }
     af.save(state, tmp_path / "l.npz")
     back = af.load(tmp_path / "l.npz")
     assert isinstance(back["a"], list) and isinstance(back["t"], tuple)
@@ -421,6 +467,6 @@ def test_save_and_load_lists_and_tuples_of_tensors(tmp_path):
     np.testing.assert_array_equal(back["nested"][1]["x"].numpy(), [0.0])
     assert back["mixed"][0] == 1 and back["mixed"][1].tolist() == [0, 1]
     assert back["plain"] == [1, 2] and back["empty"] == []
-    for key in ("[0]", "(1)"):              # would come back as a list: refused
+    for key in ("[0]", "(1)"):  # would come back as a list: refused
         with pytest.raises(ValueError, match="list's item"):
             af.save({key: af.ones(1)}, tmp_path / "k.npz")

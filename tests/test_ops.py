@@ -24,9 +24,17 @@ pytestmark = pytest.mark.timeout(60)
 
 # derandomize: the same examples every run, so that results do not change between runs of an
 # unchanged tree (known bugs have explicit tests below)
-SETTINGS = settings(max_examples=30, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 FEW = settings(SETTINGS, max_examples=15)
 
 DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
@@ -35,13 +43,20 @@ FLOATS = ["float16", "float32", "float64"]
 NUMERIC = INTS + FLOATS
 CATEGORY = {"bool": 0, "int32": 1, "int64": 1, "float16": 2, "float32": 2, "float64": 2}
 ITEMSIZE = {d: np.dtype(np.bool_ if d == "bool" else d).itemsize for d in DTYPES}
-AF = {"bool": af.bool, "int32": af.int32, "int64": af.int64, "float16": af.float16,
-      "float32": af.float32, "float64": af.float64}
+AF = {
+    "bool": af.bool,
+    "int32": af.int32,
+    "int64": af.int64,
+    "float16": af.float16,
+    "float32": af.float32,
+    "float64": af.float64,
+}
 NP = {d: np.dtype(np.bool_ if d == "bool" else d) for d in DTYPES}
 TOL = {"float16": (5e-3, 5e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-12)}
 
 
 # -- reference helpers -------------------------------------------------------------------
+
 
 def dname(x) -> str:
     """The dtype name of an af tensor, a numpy array/dtype or a torch tensor/dtype."""
@@ -50,9 +65,9 @@ def dname(x) -> str:
     if isinstance(x, af.DType):
         return x.name
     if hasattr(x, "dtype") and not isinstance(x, np.ndarray) and not isinstance(x, np.generic):
-        return str(x.dtype).replace("torch.", "")           # torch tensor
+        return str(x.dtype).replace("torch.", "")  # torch tensor
     if "torch" in type(x).__module__:
-        return str(x).replace("torch.", "")                   # torch dtype
+        return str(x).replace("torch.", "")  # torch dtype
     d = np.dtype(x.dtype if hasattr(x, "dtype") else x)
     return "bool" if d == np.bool_ else d.name
 
@@ -119,12 +134,17 @@ def assert_close(out, expected, dtype: str | None = None, rtol=None, atol=None):
         np.testing.assert_array_equal(got, expected.astype(NP[dtype]))
     else:
         r, a = TOL[dtype]
-        np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64),
-                                   rtol=r if rtol is None else rtol,
-                                   atol=a if atol is None else atol, equal_nan=True)
+        np.testing.assert_allclose(
+            got.astype(np.float64),
+            expected.astype(np.float64),
+            rtol=r if rtol is None else rtol,
+            atol=a if atol is None else atol,
+            equal_nan=True,
+        )
 
 
 # -- strategies --------------------------------------------------------------------------
+
 
 def elements(dtype: str, lo: float = -10, hi: float = 10):
     if dtype == "bool":
@@ -132,9 +152,10 @@ def elements(dtype: str, lo: float = -10, hi: float = 10):
     if dtype in INTS:
         return st.integers(int(math.ceil(lo)), int(math.floor(hi)))
     width = {"float16": 16, "float32": 32, "float64": 64}[dtype]
-    lo, hi = float(NP[dtype].type(lo)), float(NP[dtype].type(hi))     # representable bounds
-    return st.floats(lo, hi, width=width, allow_nan=False, allow_infinity=False,
-                     allow_subnormal=False)
+    lo, hi = float(NP[dtype].type(lo)), float(NP[dtype].type(hi))  # representable bounds
+    return st.floats(
+        lo, hi, width=width, allow_nan=False, allow_infinity=False, allow_subnormal=False
+    )
 
 
 def arrays(dtype: str, shape, lo: float = -10, hi: float = 10):
@@ -178,16 +199,23 @@ UNARY = ["neg", "abs", "relu", "logical_not"] + UNARY_FLOAT
 def _gelu_ref(x, approximate):
     x = x.astype(np.float64)
     if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     erf = np.vectorize(math.erf, otypes=[np.float64])
     return 0.5 * x * (1 + erf(x / math.sqrt(2))) if x.size else x
 
 
 REF_UNARY = {
-    "neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, x.dtype.type(0)),
-    "logical_not": np.logical_not, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "tanh": np.tanh, "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "gelu": lambda x: _gelu_ref(x, "none"), "gelu_tanh": lambda x: _gelu_ref(x, "tanh"),
+    "neg": np.negative,
+    "abs": np.abs,
+    "relu": lambda x: np.maximum(x, x.dtype.type(0)),
+    "logical_not": np.logical_not,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "gelu": lambda x: _gelu_ref(x, "none"),
+    "gelu_tanh": lambda x: _gelu_ref(x, "tanh"),
 }
 
 
@@ -227,7 +255,7 @@ def _unary_cases():
     for name in UNARY:
         for dtype in DTYPES:
             if dtype == "bool" and name in ("neg", "relu"):
-                continue                      # rejected; see test_unary_rejects_bool
+                continue  # rejected; see test_unary_rejects_bool
             yield name, dtype
 
 
@@ -245,8 +273,11 @@ def test_unary_matches_numpy(name, dtype, data):
 def test_unary_float_ops_on_bool_compute_in_float32(name):
     x = np.array([True, False, True])
     out = af_unary(name, af.tensor(x))
-    expected = REF_UNARY[name](x.astype(np.float64)).astype(np.float32) if name != "log" else \
-        np.array([0.0, -np.inf, 0.0], np.float32)
+    expected = (
+        REF_UNARY[name](x.astype(np.float64)).astype(np.float32)
+        if name != "log"
+        else np.array([0.0, -np.inf, 0.0], np.float32)
+    )
     assert_close(out, expected, "float32")
 
 
@@ -254,8 +285,10 @@ def test_unary_float_ops_on_bool_compute_in_float32(name):
 def test_unary_rejects_bool(name):
     with pytest.raises(af.DTypeError, match=name):
         getattr(af, name)(af.tensor([True, False]))
-    assert_close(getattr(af, name)(af.tensor([2, -3])), np.array([-2, 3]) if name == "neg"
-                 else np.array([2, 0]))
+    assert_close(
+        getattr(af, name)(af.tensor([2, -3])),
+        np.array([-2, 3]) if name == "neg" else np.array([2, 0]),
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -263,10 +296,15 @@ def test_unary_special_values(dtype):
     x = af.tensor([0.0, -1.0, 4.0], dtype=dtype)
     assert_close(af.log(x), np.array([-np.inf, np.nan, math.log(4)], NP[dtype]))
     assert_close(af.sqrt(x), np.array([0.0, np.nan, 2.0], NP[dtype]))
-    assert_close(af.relu(af.tensor([-0.5, 0.0, 3.5], dtype=dtype)),
-                 np.array([0, 0, 3.5], NP[dtype]))
-    assert_close(af.sigmoid(af.tensor([-1e4, 0.0, 1e4] if dtype != "float16" else [-6e4, 0., 6e4],
-                                      dtype=dtype)), np.array([0.0, 0.5, 1.0], NP[dtype]))
+    assert_close(
+        af.relu(af.tensor([-0.5, 0.0, 3.5], dtype=dtype)), np.array([0, 0, 3.5], NP[dtype])
+    )
+    assert_close(
+        af.sigmoid(
+            af.tensor([-1e4, 0.0, 1e4] if dtype != "float16" else [-6e4, 0.0, 6e4], dtype=dtype)
+        ),
+        np.array([0.0, 0.5, 1.0], NP[dtype]),
+    )
     assert_close(af.exp(af.tensor([-np.inf, 0.0], dtype=dtype)), np.array([0.0, 1.0], NP[dtype]))
 
 
@@ -274,12 +312,14 @@ def test_gelu_known_values_and_bad_approximate():
     vals = [-3.0, -1.0, 0.0, 1.0, 3.0]
     x = af.tensor(vals, dtype=af.float64)
     exact = [v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in vals]
-    assert abs(exact[3] - 0.8413447460685429) < 1e-15             # Phi(1)
+    assert abs(exact[3] - 0.8413447460685429) < 1e-15  # Phi(1)
     np.testing.assert_allclose(af.gelu(x).numpy(), exact, rtol=1e-12, atol=1e-15)
-    approx = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
-              for v in vals]
-    np.testing.assert_allclose(af.gelu(x, approximate="tanh").numpy(), approx, rtol=1e-12,
-                               atol=1e-15)
+    approx = [
+        0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in vals
+    ]
+    np.testing.assert_allclose(
+        af.gelu(x, approximate="tanh").numpy(), approx, rtol=1e-12, atol=1e-15
+    )
     # float32 (erf approximated): as close as float32 allows in the tail (torch is no closer)
     np.testing.assert_allclose(af.gelu(x.float()).numpy(), exact, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match="approximate"):
@@ -300,22 +340,53 @@ def test_unary_matches_torch(torch, name, dtype):
     else:
         x = rng.uniform(lo, hi, (3, 4)).astype(dtype)
     tx = to_torch(torch, x)
-    fn = {"gelu": lambda t: torch.nn.functional.gelu(t.float() if not t.is_floating_point() else t),
-          "gelu_tanh": lambda t: torch.nn.functional.gelu(
-              t.float() if not t.is_floating_point() else t, approximate="tanh")}
+    fn = {
+        "gelu": lambda t: torch.nn.functional.gelu(t.float() if not t.is_floating_point() else t),
+        "gelu_tanh": lambda t: torch.nn.functional.gelu(
+            t.float() if not t.is_floating_point() else t, approximate="tanh"
+        ),
+    }
     ref = fn[name](tx) if name in fn else getattr(torch, name)(tx)
     assert_matches_torch(af_unary(name, af.tensor(x)), ref)
 
 
 # == binary ==============================================================================
 
-BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
-          "gt", "ge", "logical_and", "logical_or"]
+BINARY = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+]
 CMP = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
-NP_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-             "pow": np.power, "maximum": np.maximum, "minimum": np.minimum, "eq": np.equal,
-             "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-             "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or}
+NP_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+}
 
 
 def binary_out_dtype(name, common):
@@ -350,8 +421,9 @@ def operand(name, dtype, shape, role):
     non-negative integer exponents, so integer powers neither overflow nor fail)."""
     if name == "pow":
         if role == "base":
-            return (arrays(dtype, shape, -4, 4) if dtype not in FLOATS
-                    else arrays(dtype, shape, 0, 4))
+            return (
+                arrays(dtype, shape, -4, 4) if dtype not in FLOATS else arrays(dtype, shape, 0, 4)
+            )
         return arrays(dtype, shape, 0, 3)
     if name in ("mul",):
         return arrays(dtype, shape, -50, 50)
@@ -362,8 +434,10 @@ def operand(name, dtype, shape, role):
 def binary_inputs(draw, name):
     da, db = draw(dtypes, label="dtype_a"), draw(dtypes, label="dtype_b")
     assume(_valid_pair(name, da, db))
-    shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3,
-                                                    max_side=3), label="shapes")
+    shapes = draw(
+        hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, max_side=3),
+        label="shapes",
+    )
     a = draw(operand(name, da, shapes.input_shapes[0], "base"), label="a")
     b = draw(operand(name, db, shapes.input_shapes[1], "exp"), label="b")
     return a, b
@@ -384,17 +458,18 @@ def scalar_inputs(draw, name):
     kind = draw(st.sampled_from(["bool", "int", "float"]), label="scalar kind")
     reverse = draw(st.booleans(), label="scalar first")
     if name == "sub" and (dtype == "bool" or kind == "bool"):
-        assume(False)                 # see _valid_pair
+        assume(False)  # see _valid_pair
     if name == "pow" and dtype == "bool" and kind == "bool":
         assume(False)
     shape = draw(SHAPES, label="shape")
     if name == "pow":
-        if reverse:       # scalar ** tensor: the tensor holds the exponent
+        if reverse:  # scalar ** tensor: the tensor holds the exponent
             x = draw(arrays(dtype, shape, 0, 3))
             s = draw(scalars(kind, 0, 4))
         else:
-            x = draw(arrays(dtype, shape, -4, 4) if dtype not in FLOATS
-                     else arrays(dtype, shape, 0, 4))
+            x = draw(
+                arrays(dtype, shape, -4, 4) if dtype not in FLOATS else arrays(dtype, shape, 0, 4)
+            )
             s = draw(scalars(kind, 0, 3))
             if kind == "float" and dtype not in FLOATS:
                 assume(not (x < 0).any() or float(s).is_integer())
@@ -424,14 +499,24 @@ def test_binary_tensor_scalar_matches_numpy(name, data):
 @given(data=st.data())
 def test_binary_tensor_tensor_matches_torch(torch, name, data):
     a, b = data.draw(binary_inputs(name))
-    assume(not (name == "sub" and "bool" in (dname(a), dname(b))))   # torch rejects bool -
+    assume(not (name == "sub" and "bool" in (dname(a), dname(b))))  # torch rejects bool -
     ref = getattr(torch, name)(to_torch(torch, a), to_torch(torch, b))
     assert_matches_torch(getattr(af, name)(af.tensor(a), af.tensor(b)), ref)
 
 
-PY_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
-          "div": operator.truediv, "pow": operator.pow, "eq": operator.eq, "ne": operator.ne,
-          "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge}
+PY_OPS = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "div": operator.truediv,
+    "pow": operator.pow,
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}
 
 
 @pytest.mark.parametrize("name", list(PY_OPS))
@@ -461,12 +546,13 @@ def test_sub_rejects_bool_tensor_and_bool_scalar(expr):
     a = af.tensor([True, False])
     with pytest.raises(af.DTypeError, match="sub"):
         r = eval(expr)
-        r.numpy()                     # if no error at the call, a deferred one shows here
+        r.numpy()  # if no error at the call, a deferred one shows here
     assert_close(a, np.array([True, False]))
 
 
-@pytest.mark.parametrize("name,expected", [("eq", True), ("ne", False), ("lt", False),
-                                           ("ge", True)])
+@pytest.mark.parametrize(
+    "name,expected", [("eq", True), ("ne", False), ("lt", False), ("ge", True)]
+)
 def test_comparisons_compute_in_the_common_dtype(name, expected):
     """PyTorch compares in the result dtype: a float16 tensor against a 0-dim float32 tensor
     compares as float16 (the 0-dim operand does not promote), so f16(0.1) == f32(0.1)."""
@@ -474,9 +560,9 @@ def test_comparisons_compute_in_the_common_dtype(name, expected):
     z = af.tensor(0.1, dtype=af.float32)
     assert af.result_type(h, z) is af.float16
     assert_close(getattr(af, name)(h, z), np.array([expected]))
-    assert_close(getattr(af, name)(h, 0.1), np.array([expected]))   # the scalar form agrees
+    assert_close(getattr(af, name)(h, 0.1), np.array([expected]))  # the scalar form agrees
     i = af.tensor([5], dtype=af.int32)
-    big = af.tensor(2 ** 32 + 5)                                     # 0-dim int64
+    big = af.tensor(2**32 + 5)  # 0-dim int64
     assert af.result_type(i, big) is af.int32
     assert_close(af.eq(i, big), np.array([True]))
 
@@ -495,14 +581,16 @@ def test_binary_broadcasting_explicit():
     b = np.arange(4, dtype=np.float32).reshape(4, 1)
     assert_close(af.add(af.tensor(a), af.tensor(b)), a + b)
     assert (af.tensor(a) * af.tensor(b)).shape == (2, 4, 3)
-    assert_close(af.tensor(a) - af.tensor(np.float32(2.0)), a - 2)          # 0-dim tensor
-    assert_close(af.maximum(af.zeros(3, 1), af.tensor([[-1.0, 2.0]])),
-                 np.maximum(np.zeros((3, 1), np.float32), [[-1.0, 2.0]]).astype(np.float32))
+    assert_close(af.tensor(a) - af.tensor(np.float32(2.0)), a - 2)  # 0-dim tensor
+    assert_close(
+        af.maximum(af.zeros(3, 1), af.tensor([[-1.0, 2.0]])),
+        np.maximum(np.zeros((3, 1), np.float32), [[-1.0, 2.0]]).astype(np.float32),
+    )
 
 
 def test_binary_with_numpy_operands():
-    a = np.array([1.0, 2.0])                     # float64 array
-    t = af.tensor([3.0, 4.0])                    # float32
+    a = np.array([1.0, 2.0])  # float64 array
+    t = af.tensor([3.0, 4.0])  # float32
     r1, r2 = t + a, a + t
     for r in (r1, r2):
         assert isinstance(r, af.Tensor)
@@ -524,9 +612,9 @@ def test_integer_division_and_pow(dtype):
     a = af.tensor([7, -7, 0, 3], dtype=dtype)
     b = af.tensor([2, 2, 0, 0], dtype=dtype)
     assert_close(a / b, np.array([3.5, -3.5, np.nan, np.inf], np.float32), "float32")
-    assert_close(a ** 2, np.array([49, 49, 0, 9], NP[dtype]))
+    assert_close(a**2, np.array([49, 49, 0, 9], NP[dtype]))
     assert_close(2 ** af.tensor([0, 1, 10], dtype=dtype), np.array([1, 2, 1024], NP[dtype]))
-    assert_close(a ** 0.5, np.array([7 ** 0.5, np.nan, 0, 3 ** 0.5], np.float32), "float32")
+    assert_close(a**0.5, np.array([7**0.5, np.nan, 0, 3**0.5], np.float32), "float32")
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
@@ -539,18 +627,19 @@ def test_integer_tensor_powers_with_negative_exponents_are_pytorchs(dtype):
     assert_close(af.tensor(a, dtype=dtype) ** af.tensor(b, dtype=dtype), want)
     assert_close(2 ** af.tensor(b, dtype=dtype), np.array([0, 4, 0, 0, 0, 0, 1, 8], NP[dtype]))
     x = af.tensor(a, dtype=dtype)
-    x **= af.tensor(b, dtype=dtype)                         # in place: o is a
+    x **= af.tensor(b, dtype=dtype)  # in place: o is a
     assert_close(x, want)
-    assert_close(af.tensor([True, False]) ** af.tensor([-1, 2], dtype=dtype),
-                 np.array([1, 0], NP[dtype]))
+    assert_close(
+        af.tensor([True, False]) ** af.tensor([-1, 2], dtype=dtype), np.array([1, 0], NP[dtype])
+    )
 
 
 def test_bool_pow_scalar_stays_bool():
     """PyTorch: bool_tensor ** True is a bool tensor (x ** True == x, x ** False == True)."""
     t = af.tensor([True, False])
-    assert_close(t ** True, np.array([True, False]))
-    assert_close(t ** False, np.array([True, True]))
-    assert_close(True ** t, np.array([True, True]))
+    assert_close(t**True, np.array([True, False]))
+    assert_close(t**False, np.array([True, True]))
+    assert_close(True**t, np.array([True, True]))
 
 
 def test_bool_pow_bool_tensors_fail_cleanly():
@@ -569,19 +658,33 @@ def test_bool_pow_bool_tensors_fail_cleanly():
 A = np.array([[1.5, -2.0, 0.5], [3.0, 0.25, -1.0]], np.float32)
 B = np.array([[2.0, 0.5, -1.5], [-3.0, 4.0, 2.0]], np.float32)
 PY_CASES = [
-    ("a + b", lambda a, b: a + b), ("a - b", lambda a, b: a - b),
-    ("a * b", lambda a, b: a * b), ("a / b", lambda a, b: a / b),
-    ("abs(a) ** b", lambda a, b: abs(a) ** b), ("a + 2", lambda a, b: a + 2),
-    ("2 + a", lambda a, b: 2 + a), ("a - 1.5", lambda a, b: a - 1.5),
-    ("1.5 - a", lambda a, b: 1.5 - a), ("3 * a", lambda a, b: 3 * a),
-    ("a * 3", lambda a, b: a * 3), ("a / 4", lambda a, b: a / 4),
-    ("4 / a", lambda a, b: 4 / a), ("abs(a) ** 2", lambda a, b: abs(a) ** 2),
-    ("2 ** a", lambda a, b: 2 ** a), ("-a", lambda a, b: -a), ("abs(a)", lambda a, b: abs(a)),
-    ("a @ b.T", lambda a, b: a @ b.T), ("a == b", lambda a, b: a == b),
-    ("a != b", lambda a, b: a != b), ("a < b", lambda a, b: a < b),
-    ("a <= b", lambda a, b: a <= b), ("a > b", lambda a, b: a > b),
-    ("a >= b", lambda a, b: a >= b), ("a < 0.5", lambda a, b: a < 0.5),
-    ("0.5 < a", lambda a, b: 0.5 < a), ("a == 3", lambda a, b: a == 3),
+    ("a + b", lambda a, b: a + b),
+    ("a - b", lambda a, b: a - b),
+    ("a * b", lambda a, b: a * b),
+    ("a / b", lambda a, b: a / b),
+    ("abs(a) ** b", lambda a, b: abs(a) ** b),
+    ("a + 2", lambda a, b: a + 2),
+    ("2 + a", lambda a, b: 2 + a),
+    ("a - 1.5", lambda a, b: a - 1.5),
+    ("1.5 - a", lambda a, b: 1.5 - a),
+    ("3 * a", lambda a, b: 3 * a),
+    ("a * 3", lambda a, b: a * 3),
+    ("a / 4", lambda a, b: a / 4),
+    ("4 / a", lambda a, b: 4 / a),
+    ("abs(a) ** 2", lambda a, b: abs(a) ** 2),
+    ("2 ** a", lambda a, b: 2**a),
+    ("-a", lambda a, b: -a),
+    ("abs(a)", lambda a, b: abs(a)),
+    ("a @ b.T", lambda a, b: a @ b.T),
+    ("a == b", lambda a, b: a == b),
+    ("a != b", lambda a, b: a != b),
+    ("a < b", lambda a, b: a < b),
+    ("a <= b", lambda a, b: a <= b),
+    ("a > b", lambda a, b: a > b),
+    ("a >= b", lambda a, b: a >= b),
+    ("a < 0.5", lambda a, b: a < 0.5),
+    ("0.5 < a", lambda a, b: 0.5 < a),
+    ("a == 3", lambda a, b: a == 3),
     ("(a > 0) & (b > 0)", lambda a, b: (a > 0) & (b > 0)),
     ("(a > 0) | (b > 0)", lambda a, b: (a > 0) | (b > 0)),
     ("~(a > 0)", lambda a, b: ~(a > 0)),
@@ -621,7 +724,7 @@ def test_inplace_python_operators(dtype):
             t /= 2
         with pytest.raises(af.DTypeError):
             t += 1.5
-        assert_close(alias, expected.astype(NP[dtype]), dtype)   # unchanged by the failures
+        assert_close(alias, expected.astype(NP[dtype]), dtype)  # unchanged by the failures
 
 
 # == result dtypes (PyTorch promotion) ===================================================
@@ -645,31 +748,43 @@ PROMOTION_CASES = [
     ("bool * 1.5", lambda: af.tensor([True]) * 1.5, "float32"),
     ("int32 + True", lambda: af.tensor([1], dtype=af.int32) + True, "int32"),
     ("int32 + 0-dim int64", lambda: af.tensor([1], dtype=af.int32) + af.tensor(5), "int32"),
-    ("int32 + 0-dim float64",
-     lambda: af.tensor([1], dtype=af.int32) + af.tensor(5.0, dtype=af.float64), "float64"),
-    ("float16 + 0-dim float64",
-     lambda: af.tensor([1.0], dtype=af.float16) + af.tensor(5.0, dtype=af.float64), "float16"),
+    (
+        "int32 + 0-dim float64",
+        lambda: af.tensor([1], dtype=af.int32) + af.tensor(5.0, dtype=af.float64),
+        "float64",
+    ),
+    (
+        "float16 + 0-dim float64",
+        lambda: af.tensor([1.0], dtype=af.float16) + af.tensor(5.0, dtype=af.float64),
+        "float16",
+    ),
     ("0-dim int32 + 0-dim int64", lambda: af.tensor(1, dtype=af.int32) + af.tensor(5), "int64"),
     ("0-dim int32 + 2.5", lambda: af.tensor(1, dtype=af.int32) + 2.5, "float32"),
     ("float16 + float32", lambda: af.tensor([1.0], dtype=af.float16) + af.tensor([1.0]), "float32"),
     ("int64 + float16", lambda: af.tensor([1]) + af.tensor([1.0], dtype=af.float16), "float16"),
     ("2 ** int32", lambda: 2 ** af.tensor([1], dtype=af.int32), "int32"),
     ("2.0 ** int32", lambda: 2.0 ** af.tensor([1], dtype=af.int32), "float32"),
-    ("int32 matmul",
-     lambda: af.ones(2, 2, dtype=af.int32) @ af.ones(2, 2, dtype=af.int32), "int32"),
+    (
+        "int32 matmul",
+        lambda: af.ones(2, 2, dtype=af.int32) @ af.ones(2, 2, dtype=af.int32),
+        "int32",
+    ),
     ("exp int", lambda: af.exp(af.tensor([1])), "float32"),
     ("argmax", lambda: af.argmax(af.tensor([1.0, 2.0])), "int64"),
     ("mean float64", lambda: af.tensor([1.0], dtype=af.float64).mean(), "float64"),
     ("where(int, 1.5)", lambda: af.where(af.tensor([True]), af.tensor([1]), 1.5), "float32"),
     ("where(1, 2)", lambda: af.where(af.tensor([True]), 1, 2), "int64"),
-    ("cat int32 float16",
-     lambda: af.cat([af.tensor([1], dtype=af.int32), af.tensor([1.0], dtype=af.float16)]),
-     "float16"),
+    (
+        "cat int32 float16",
+        lambda: af.cat([af.tensor([1], dtype=af.int32), af.tensor([1.0], dtype=af.float16)]),
+        "float16",
+    ),
 ]
 
 
-@pytest.mark.parametrize("desc,thunk,expected", PROMOTION_CASES,
-                         ids=[c[0] for c in PROMOTION_CASES])
+@pytest.mark.parametrize(
+    "desc,thunk,expected", PROMOTION_CASES, ids=[c[0] for c in PROMOTION_CASES]
+)
 def test_result_dtype_explicit(desc, thunk, expected):
     out = thunk()
     assert out.dtype is AF[expected], f"{desc}: got {out.dtype}, expected {expected}"
@@ -693,8 +808,8 @@ PROMOTION_OPERANDS = _promotion_operands()
 
 def test_result_type_matches_reference_grid():
     bad = []
-    for (na, a) in PROMOTION_OPERANDS:
-        for (nb, b) in PROMOTION_OPERANDS:
+    for na, a in PROMOTION_OPERANDS:
+        for nb, b in PROMOTION_OPERANDS:
             if not (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)):
                 continue
             got = af.result_type(as_af(a), as_af(b)).name
@@ -706,13 +821,16 @@ def test_result_type_matches_reference_grid():
 
 def test_result_type_matches_torch_grid(torch):
     bad = []
-    for (na, a) in PROMOTION_OPERANDS:
-        for (nb, b) in PROMOTION_OPERANDS:
+    for na, a in PROMOTION_OPERANDS:
+        for nb, b in PROMOTION_OPERANDS:
             if not (isinstance(a, np.ndarray) or isinstance(b, np.ndarray)):
                 continue
             got = af.result_type(as_af(a), as_af(b)).name
-            want = dname(torch.result_type(to_torch(torch, a) if isinstance(a, np.ndarray) else a,
-                                           to_torch(torch, b)))
+            want = dname(
+                torch.result_type(
+                    to_torch(torch, a) if isinstance(a, np.ndarray) else a, to_torch(torch, b)
+                )
+            )
             if got != want:
                 bad.append(f"{na} with {nb}: {got} != {want}")
     assert not bad, "\n".join(bad)
@@ -740,8 +858,8 @@ def test_binary_output_dtype_grid_matches_torch(torch, name):
     bad = []
     tfn = getattr(torch, name)
     pyop = PY_OPS.get(name)
-    for (na, a) in PROMOTION_OPERANDS:
-        for (nb, b) in PROMOTION_OPERANDS:
+    for na, a in PROMOTION_OPERANDS:
+        for nb, b in PROMOTION_OPERANDS:
             if not isinstance(a, np.ndarray) and not isinstance(b, np.ndarray):
                 continue
             ta = to_torch(torch, a)
@@ -751,7 +869,7 @@ def test_binary_output_dtype_grid_matches_torch(torch, name):
                     ref = tfn(ta, tb)
                 elif pyop is not None:
                     ref = pyop(ta, tb)
-                else:               # torch.maximum etc. take tensors only: wrap the scalar
+                else:  # torch.maximum etc. take tensors only: wrap the scalar
                     continue
             except (RuntimeError, TypeError, NotImplementedError):
                 continue
@@ -762,17 +880,20 @@ def test_binary_output_dtype_grid_matches_torch(torch, name):
                 bad.append(f"{na} {name} {nb}: raised {type(e).__name__}: {e}")
                 continue
             if dname(got) != dname(ref) or gv.tolist() != ref.tolist():
-                bad.append(f"{na} {name} {nb}: {dname(got)} {gv.tolist()} != "
-                           f"{dname(ref)} {ref.tolist()}")
+                bad.append(
+                    f"{na} {name} {nb}: {dname(got)} {gv.tolist()} != {dname(ref)} {ref.tolist()}"
+                )
     assert not bad, "\n".join(bad)
 
 
 # == where ===============================================================================
 
+
 @st.composite
 def where_inputs(draw):
-    shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3,
-                                                    max_side=3))
+    shapes = draw(
+        hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3, max_side=3)
+    )
     cs, xs, ys = shapes.input_shapes
     cond = draw(arrays("bool", cs), label="cond")
     vals = []
@@ -821,11 +942,16 @@ def test_where_explicit():
 
 # == matmul ==============================================================================
 
+
 @st.composite
 def matmul_inputs(draw, dtype=None):
     dtype = dtype or draw(st.sampled_from(NUMERIC), label="dtype")
-    shapes = draw(hnp.mutually_broadcastable_shapes(signature=np.matmul.signature, max_dims=2,
-                                                    min_side=1, max_side=4), label="shapes")
+    shapes = draw(
+        hnp.mutually_broadcastable_shapes(
+            signature=np.matmul.signature, max_dims=2, min_side=1, max_side=4
+        ),
+        label="shapes",
+    )
     lo, hi = (-5, 5) if dtype in INTS else (-2, 2)
     a = draw(arrays(dtype, shapes.input_shapes[0], lo, hi), label="a")
     b = draw(arrays(dtype, shapes.input_shapes[1], lo, hi), label="b")
@@ -861,10 +987,10 @@ def test_matmul_explicit_shapes():
     v = np.array([1.0, 2.0, 3.0], np.float32)
     m = np.arange(12, dtype=np.float32).reshape(3, 4)
     batch = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
-    assert_close(af.tensor(v) @ af.tensor(v), np.float32(14.0))        # 1-D @ 1-D -> 0-dim
-    assert_close(af.tensor(v) @ af.tensor(m), v @ m)                   # (3,) @ (3,4) -> (4,)
-    assert_close(af.tensor(m.T.copy()) @ af.tensor(v), m.T @ v)       # (4,3) @ (3,) -> (4,)
-    assert_close(af.tensor(batch) @ af.tensor(m), batch @ m)           # (2,4,3) @ (3,4)
+    assert_close(af.tensor(v) @ af.tensor(v), np.float32(14.0))  # 1-D @ 1-D -> 0-dim
+    assert_close(af.tensor(v) @ af.tensor(m), v @ m)  # (3,) @ (3,4) -> (4,)
+    assert_close(af.tensor(m.T.copy()) @ af.tensor(v), m.T @ v)  # (4,3) @ (3,) -> (4,)
+    assert_close(af.tensor(batch) @ af.tensor(m), batch @ m)  # (2,4,3) @ (3,4)
     b2 = np.ones((5, 1, 3, 2), np.float32)
     assert (af.tensor(batch) @ af.tensor(b2)).shape == (5, 2, 4, 2)
     assert_close(af.tensor(batch) @ af.tensor(b2), batch @ b2)
@@ -887,6 +1013,7 @@ def test_matmul_errors():
 
 # == reductions ==========================================================================
 
+
 @st.composite
 def reduce_inputs(draw, dtypes_=DTYPES, nonempty=True, allow_tuple=True, allow_none=True):
     dtype = draw(st.sampled_from(dtypes_), label="dtype")
@@ -907,8 +1034,14 @@ def reduce_inputs(draw, dtypes_=DTYPES, nonempty=True, allow_tuple=True, allow_n
     elif kind == "int":
         dim = draw(st.integers(-nd, nd - 1), label="dim")
     else:
-        dim = tuple(draw(st.lists(st.integers(-nd, nd - 1), min_size=1, max_size=nd,
-                                  unique_by=lambda d: d % nd), label="dims"))
+        dim = tuple(
+            draw(
+                st.lists(
+                    st.integers(-nd, nd - 1), min_size=1, max_size=nd, unique_by=lambda d: d % nd
+                ),
+                label="dims",
+            )
+        )
     keepdim = draw(st.booleans(), label="keepdim")
     return x, dim, keepdim
 
@@ -941,10 +1074,16 @@ def test_sum_matches_numpy(inputs):
 def test_mean_matches_numpy(inputs):
     x, dim, keepdim = inputs
     expected = np.asarray(np.mean(x.astype(np.float64), axis=np_axis(dim), keepdims=keepdim))
-    tol = ((1e-2, 1e-2) if x.dtype == np.float16 else (1e-5, 1e-5) if x.dtype == np.float32
-           else (None, None))
-    assert_close(af.mean(af.tensor(x), dim=dim, keepdim=keepdim), expected.astype(x.dtype),
-                 dname(x), *tol)
+    tol = (
+        (1e-2, 1e-2)
+        if x.dtype == np.float16
+        else (1e-5, 1e-5)
+        if x.dtype == np.float32
+        else (None, None)
+    )
+    assert_close(
+        af.mean(af.tensor(x), dim=dim, keepdim=keepdim), expected.astype(x.dtype), dname(x), *tol
+    )
 
 
 @pytest.mark.parametrize("name", ["amax", "amin"])
@@ -968,7 +1107,7 @@ def test_max_min_match_numpy(name, inputs):
     if dim is None:
         assert_close(out, np.asarray(fn(x, keepdims=keepdim)), dname(x))
         return
-    values, indices = out                              # a (values, indices) pair
+    values, indices = out  # a (values, indices) pair
     assert out.values is values and out.indices is indices
     assert_close(values, np.asarray(fn(x, axis=dim, keepdims=keepdim)), dname(x))
     assert_close(indices, np.asarray(argfn(x, axis=dim, keepdims=keepdim)), "int64")
@@ -996,12 +1135,18 @@ def test_argmax_argmin_match_numpy(name, inputs):
 @given(data=st.data())
 def test_reductions_match_torch(torch, name, data):
     allowed = FLOATS if name == "mean" else NUMERIC if name in ("argmax", "argmin") else DTYPES
-    x, dim, keepdim = data.draw(reduce_inputs(dtypes_=allowed,
-                                              allow_tuple=name in ("sum", "mean", "amax", "amin")))
+    x, dim, keepdim = data.draw(
+        reduce_inputs(dtypes_=allowed, allow_tuple=name in ("sum", "mean", "amax", "amin"))
+    )
     tx = to_torch(torch, x)
     t = af.tensor(x)
-    tol = ((2e-2, 5e-2) if x.dtype == np.float16 else (1e-5, 1e-4) if x.dtype == np.float32
-           else (None, None))
+    tol = (
+        (2e-2, 5e-2)
+        if x.dtype == np.float16
+        else (1e-5, 1e-4)
+        if x.dtype == np.float32
+        else (None, None)
+    )
     if name in ("max", "min") and dim is not None:
         ref = getattr(torch, name)(tx, dim=dim, keepdim=keepdim)
         values, indices = getattr(af, name)(t, dim=dim, keepdim=keepdim)
@@ -1022,13 +1167,17 @@ def test_reductions_match_torch(torch, name, data):
         else:
             gi = got.numpy() if keepdim else np.expand_dims(got.numpy(), dim)
             ri = ref.numpy() if keepdim else np.expand_dims(ref.numpy(), dim)
-            np.testing.assert_array_equal(np.take_along_axis(x, gi, dim),
-                                          np.take_along_axis(x, ri, dim))
+            np.testing.assert_array_equal(
+                np.take_along_axis(x, gi, dim), np.take_along_axis(x, ri, dim)
+            )
         return
     if dim is None:
         tname = {"max": "amax", "min": "amin"}.get(name, name)
-        ref = getattr(torch, name)(tx) if not keepdim else \
-            getattr(torch, tname)(tx, dim=tuple(range(x.ndim)), keepdim=True)
+        ref = (
+            getattr(torch, name)(tx)
+            if not keepdim
+            else getattr(torch, tname)(tx, dim=tuple(range(x.ndim)), keepdim=True)
+        )
     else:
         ref = getattr(torch, name)(tx, dim=dim, keepdim=keepdim)
     if dim is None and keepdim and x.ndim == 0:
@@ -1054,7 +1203,7 @@ def test_reductions_explicit():
     v, i = t.min(dim=0, keepdim=True)
     assert_close(v, np.array([[1.0, 2.0, 3.0]], np.float32))
     assert_close(i, np.array([[0, 1, 0]]))
-    assert_close(af.max(t, af.tensor([2.0, 2.0, 2.0])), np.maximum(x, 2))     # max with a tensor
+    assert_close(af.max(t, af.tensor([2.0, 2.0, 2.0])), np.maximum(x, 2))  # max with a tensor
     assert_close(af.min(t, af.tensor([2.0, 2.0, 2.0])), np.minimum(x, 2))
     assert_close(af.sum(af.tensor([1, 2, 3]), dtype=af.float32), np.float32(6))
     assert_close(af.mean(af.tensor([1, 2]), dtype=af.float64), np.float64(1.5))
@@ -1093,6 +1242,7 @@ def test_zero_dim_reductions_with_dim(dim):
 
 # == softmax / log_softmax ===============================================================
 
+
 def ref_softmax(x, dim, log):
     z = x.astype(np.float64)
     z = z - z.max(axis=dim, keepdims=True)
@@ -1111,12 +1261,20 @@ def test_softmax_matches_numpy(log, data):
     for dim in range(-x.ndim, x.ndim):
         fn = af.log_softmax if log else af.softmax
         out = fn(af.tensor(x), dim=dim)
-        tol = ((1e-2, 1e-2) if dtype == "float16" else (1e-5, 1e-6) if dtype == "float32"
-               else (None, None))
+        tol = (
+            (1e-2, 1e-2)
+            if dtype == "float16"
+            else (1e-5, 1e-6)
+            if dtype == "float32"
+            else (None, None)
+        )
         assert_close(out, ref_softmax(x, dim, log), dtype, *tol)
         if not log:
-            np.testing.assert_allclose(out.numpy().astype(np.float64).sum(axis=dim), 1.0,
-                                       rtol=1e-2 if dtype == "float16" else 1e-5)
+            np.testing.assert_allclose(
+                out.numpy().astype(np.float64).sum(axis=dim),
+                1.0,
+                rtol=1e-2 if dtype == "float16" else 1e-5,
+            )
 
 
 @pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
@@ -1128,15 +1286,17 @@ def test_softmax_matches_torch(torch, log, dtype):
     tol = (1e-2, 1e-2) if dtype == "float16" else (None, None)
     for dim in range(-3, 3):
         ref = torch.log_softmax(tx, dim=dim) if log else torch.softmax(tx, dim=dim)
-        out = (af.tensor(x).log_softmax(dim) if log else af.tensor(x).softmax(dim))
+        out = af.tensor(x).log_softmax(dim) if log else af.tensor(x).softmax(dim)
         assert_matches_torch(out, ref, *tol)
 
 
 def test_softmax_large_values_and_errors():
     x = af.tensor([[1000.0, 1000.0], [-1000.0, 0.0]])
     assert_close(af.softmax(x, dim=1), np.array([[0.5, 0.5], [0.0, 1.0]], np.float32))
-    assert_close(af.log_softmax(x, dim=1),
-                 np.array([[-math.log(2), -math.log(2)], [-1000.0, 0.0]], np.float32))
+    assert_close(
+        af.log_softmax(x, dim=1),
+        np.array([[-math.log(2), -math.log(2)], [-1000.0, 0.0]], np.float32),
+    )
     assert_close(af.softmax(af.tensor(3.0), dim=0), np.float32(1.0))
     with pytest.raises(af.DTypeError, match="floating"):
         af.softmax(af.tensor([1, 2]), dim=0)
@@ -1155,6 +1315,7 @@ def test_softmax_over_empty_dim():
 
 
 # == cat / stack =========================================================================
+
 
 @st.composite
 def join_inputs(draw, stack):
@@ -1200,11 +1361,15 @@ def test_stack_matches_numpy(inputs):
 @given(inputs=join_inputs(stack=False), stack_too=join_inputs(stack=True))
 def test_cat_stack_match_torch(torch, inputs, stack_too):
     arrs, dim = inputs
-    assert_matches_torch(af.cat([af.tensor(a) for a in arrs], dim=dim),
-                         torch.cat([to_torch(torch, a) for a in arrs], dim=dim))
+    assert_matches_torch(
+        af.cat([af.tensor(a) for a in arrs], dim=dim),
+        torch.cat([to_torch(torch, a) for a in arrs], dim=dim),
+    )
     arrs, dim = stack_too
-    assert_matches_torch(af.stack([af.tensor(a) for a in arrs], dim=dim),
-                         torch.stack([to_torch(torch, a) for a in arrs], dim=dim))
+    assert_matches_torch(
+        af.stack([af.tensor(a) for a in arrs], dim=dim),
+        torch.stack([to_torch(torch, a) for a in arrs], dim=dim),
+    )
 
 
 def test_cat_stack_explicit_and_errors():
@@ -1234,8 +1399,14 @@ def test_cat_stack_explicit_and_errors():
 
 # == casting, clone, contiguous ==========================================================
 
-CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "int": "int32",
-                "long": "int64", "bool": "bool"}
+CAST_METHODS = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "int": "int32",
+    "long": "int64",
+    "bool": "bool",
+}
 
 
 @pytest.mark.parametrize("src", DTYPES)
@@ -1253,7 +1424,7 @@ def test_cast_matches_numpy(src, data):
         assert_close(t.to(dtype=dst), expected, dst, 0, 0)
     for method, dst in CAST_METHODS.items():
         assert_close(getattr(t, method)(), x.astype(NP[dst]), dst, 0, 0)
-    np.testing.assert_array_equal(t.numpy(), x)                  # the source is unchanged
+    np.testing.assert_array_equal(t.numpy(), x)  # the source is unchanged
 
 
 def test_cast_matches_torch(torch):
@@ -1267,7 +1438,7 @@ def test_cast_matches_torch(torch):
 
 def test_cast_same_dtype_and_bad_dtype():
     t = af.tensor([1.0, 2.0])
-    assert t.to(af.float32) is t                     # no-op cast returns the tensor itself
+    assert t.to(af.float32) is t  # no-op cast returns the tensor itself
     assert t.float() is t
     with pytest.raises(af.DTypeError, match="supports"):
         t.to(dtype="complex64")
@@ -1292,7 +1463,7 @@ def test_clone_is_a_deep_copy(dtype):
     c2.zero_()
     assert_close(x, np.array([[1, 0], [3, 4]]).astype(NP[dtype]), dtype)
     assert_close(c, np.zeros((2, 2), NP[dtype]), dtype)
-    t = x.T.clone()                        # a clone of a view is a contiguous copy
+    t = x.T.clone()  # a clone of a view is a contiguous copy
     assert t.is_contiguous() and t.stride() == (2, 1)
     assert_close(t, np.array([[1, 3], [0, 4]]).astype(NP[dtype]), dtype)
 
@@ -1305,7 +1476,7 @@ def test_contiguous():
     c = y.contiguous()
     assert c.is_contiguous() and c.stride() == (2, 1)
     assert_close(c, np.arange(6).reshape(2, 3).T)
-    c[0, 0] = 100                          # a copy: x is untouched
+    c[0, 0] = 100  # a copy: x is untouched
     assert x[0, 0].item() == 0
     sliced = af.arange(10)[::2]
     assert not sliced.is_contiguous()
@@ -1314,12 +1485,15 @@ def test_contiguous():
 
 # == nonzero and boolean masks (dynamic shapes) ==========================================
 
+
 @SETTINGS
 @given(data=st.data())
 def test_nonzero_matches_numpy(data):
     dtype = data.draw(dtypes, label="dtype")
-    x = data.draw(arrays(dtype, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0,
-                                                 max_side=4), -2, 2), label="x")
+    x = data.draw(
+        arrays(dtype, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4), -2, 2),
+        label="x",
+    )
     out = af.nonzero(af.tensor(x))
     assert out.shape == (np.count_nonzero(x), x.ndim)
     assert_close(out, np.argwhere(x).astype(np.int64), "int64")
@@ -1330,21 +1504,23 @@ def test_nonzero_matches_numpy(data):
 @given(data=st.data())
 def test_boolean_mask_matches_numpy(data):
     dtype = data.draw(dtypes, label="dtype")
-    x = data.draw(arrays(dtype, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1,
-                                                 max_side=4)), label="x")
+    x = data.draw(
+        arrays(dtype, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)), label="x"
+    )
     lead = data.draw(st.integers(1, x.ndim), label="mask dims")
     mask = data.draw(arrays("bool", x.shape[:lead]), label="mask")
     t = af.tensor(x)
     out = t[af.tensor(mask)]
     assert_close(out, x[mask], dtype)
     assert out.ndim == x.ndim - lead + 1
-    assert_close(t[mask], x[mask], dtype)                    # a numpy bool array works too
-    if dtype != "bool":                                      # the dynamic shape flows into ops
+    assert_close(t[mask], x[mask], dtype)  # a numpy bool array works too
+    if dtype != "bool":  # the dynamic shape flows into ops
         s = (out * 2).sum()
         expected = (x[mask].astype(np.float64) * 2).sum()
         assert s.shape == ()
-        np.testing.assert_allclose(float(s.item()), expected,
-                                   rtol=1e-2 if dtype == "float16" else 1e-5)
+        np.testing.assert_allclose(
+            float(s.item()), expected, rtol=1e-2 if dtype == "float16" else 1e-5
+        )
 
 
 def test_boolean_mask_matches_torch(torch):
@@ -1373,12 +1549,13 @@ def test_dynamic_shapes_explicit():
 
 # == in-place ops ========================================================================
 
+
 @st.composite
 def shape_broadcasting_to(draw, target):
     """A shape that broadcasts to ``target`` without enlarging it: a suffix of its dims with
     some set to 1."""
     n = draw(st.integers(0, len(target)))
-    suffix = target[len(target) - n:]
+    suffix = target[len(target) - n :]
     return tuple(1 if draw(st.booleans()) else s for s in suffix)
 
 
@@ -1391,9 +1568,16 @@ def test_inplace_binary_matches_numpy(name, data):
     x = data.draw(arrays(dtype, shape, -20, 20), label="x")
     other_is_tensor = data.draw(st.booleans(), label="tensor other")
     if other_is_tensor:
-        odtype = data.draw(st.sampled_from([d for d in DTYPES if CATEGORY[d] <= CATEGORY[dtype]
-                                            and not (name == "sub_" and d == "bool")]),
-                           label="other dtype")             # (sub with a bool: refused)
+        odtype = data.draw(
+            st.sampled_from(
+                [
+                    d
+                    for d in DTYPES
+                    if CATEGORY[d] <= CATEGORY[dtype] and not (name == "sub_" and d == "bool")
+                ]
+            ),
+            label="other dtype",
+        )  # (sub with a bool: refused)
         oshape = data.draw(shape_broadcasting_to(shape), label="other shape")
         other = data.draw(arrays(odtype, oshape, 1, 5), label="other")
     else:
@@ -1461,7 +1645,7 @@ def test_inplace_on_views_changes_base():
     af.relu(y.T, inplace=True)
     assert_close(y, np.array([[1.0, 0.0], [0.0, 2.0]], np.float32))
     z = af.arange(6).reshape(2, 3)
-    z.T[0].mul_(10)                           # the first column through a transposed view
+    z.T[0].mul_(10)  # the first column through a transposed view
     assert_close(z, np.array([[0, 1, 2], [30, 4, 5]]))
 
 
@@ -1469,7 +1653,7 @@ def test_fill_zero_copy():
     x = af.zeros(2, 3, dtype=af.int32)
     assert x.fill_(7) is x
     assert_close(x, np.full((2, 3), 7, np.int32))
-    af.fill_(x, 2.9)                          # truncated as the dtype requires
+    af.fill_(x, 2.9)  # truncated as the dtype requires
     assert_close(x, np.full((2, 3), 2, np.int32))
     assert af.zero_(x) is x
     assert_close(x, np.zeros((2, 3), np.int32))
@@ -1503,14 +1687,14 @@ def test_inplace_dtype_and_shape_rules():
         af.tensor([True]).add_(1)
     with pytest.raises(af.ShapeError, match="add_"):
         af.zeros(3).add_(af.zeros(2, 3))
-    assert_close(i, np.array([1, 2], np.int32))               # untouched by the failures
-    i.add_(af.tensor([10, 20]))                               # int64 into int32: allowed
+    assert_close(i, np.array([1, 2], np.int32))  # untouched by the failures
+    i.add_(af.tensor([10, 20]))  # int64 into int32: allowed
     assert_close(i, np.array([11, 22], np.int32))
     h = af.tensor([1.0, 2.0], dtype=af.float16)
     h.mul_(af.tensor([1.5, 1.5], dtype=af.float64))
     assert_close(h, np.array([1.5, 3.0], np.float16))
     f = af.ones(2, 3)
-    f.add_(af.tensor([1.0, 2.0, 3.0]))                        # broadcast other
+    f.add_(af.tensor([1.0, 2.0, 3.0]))  # broadcast other
     assert_close(f, np.array([[2, 3, 4], [2, 3, 4]], np.float32))
 
 
@@ -1522,13 +1706,14 @@ def test_inplace_sequences_keep_order():
     for k in range(1, 6):
         ref = ref * 2 + k
     assert_close(x, ref)
-    y = x * 1                                  # a value read before later writes
+    y = x * 1  # a value read before later writes
     x.zero_()
     assert_close(y, ref)
     assert_close(x, np.zeros(4, np.float32))
 
 
 # == large tensors (worker threads, kernels split across cores) ===========================
+
 
 def test_large_elementwise_ops_on_worker_threads():
     """Tensors large enough to leave the inline path and to be cut into slices that several
@@ -1558,7 +1743,7 @@ def test_large_elementwise_ops_on_worker_threads():
     e = np.maximum(e, 0)
     assert_close(X, e)
     Y = af.tensor(a)
-    Y[1:].add_(Y[:-1])                        # overlapping read and write of one storage
+    Y[1:].add_(Y[:-1])  # overlapping read and write of one storage
     e = a.copy()
     e[1:] += a[:-1]
     assert_close(Y, e)

@@ -23,21 +23,26 @@ def both(a):
 def test_gather_and_scatter_add_equal_pytorchs(dtype):
     x = RNG.standard_normal((3, 5)).astype(dtype)
     index = np.array([[0, 4, 4], [1, 1, 0], [3, 2, 1]])
-    src = RNG.standard_normal((4, 4)).astype(dtype)        # larger than index: allowed
+    src = RNG.standard_normal((4, 4)).astype(dtype)  # larger than index: allowed
     (ax, tx), (ai, ti), (asrc, tsrc) = both(x), both(index), both(src)
     for dim in (0, 1, -1):
         i = np.minimum(index, x.shape[dim] - 1)
         ai, ti = both(i)
-        np.testing.assert_array_equal(af.gather(ax, dim, ai).numpy(),
-                                      torch.gather(tx, dim, ti).numpy())
-        np.testing.assert_allclose(af.scatter_add(ax, dim, ai, asrc).numpy(),
-                                   torch.scatter_add(tx, dim, ti, tsrc).numpy(), rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_array_equal(
+            af.gather(ax, dim, ai).numpy(), torch.gather(tx, dim, ti).numpy()
+        )
+        np.testing.assert_allclose(
+            af.scatter_add(ax, dim, ai, asrc).numpy(),
+            torch.scatter_add(tx, dim, ti, tsrc).numpy(),
+            rtol=1e-5,
+            atol=1e-6,
+        )
     y = ax.clone()
     assert y.scatter_add_(1, ai, asrc) is y
-    np.testing.assert_allclose(y.numpy(), tx.clone().scatter_add_(1, ti, tsrc).numpy(),
-                               rtol=1e-5, atol=1e-6)
-    ai, ti = both(np.minimum(index, 2)[:2])               # smaller than x in dim 1 too
+    np.testing.assert_allclose(
+        y.numpy(), tx.clone().scatter_add_(1, ti, tsrc).numpy(), rtol=1e-5, atol=1e-6
+    )
+    ai, ti = both(np.minimum(index, 2)[:2])  # smaller than x in dim 1 too
     np.testing.assert_array_equal(ax.gather(0, ai).numpy(), tx.gather(0, ti).numpy())
 
 
@@ -49,9 +54,10 @@ def test_cumsum_equals_pytorchs_with_its_dtypes(dtype):
         got, want = af.cumsum(a, dim), torch.cumsum(t, dim)
         assert str(got.dtype).split(".")[-1] == str(want.dtype).split(".")[-1]
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
-    h = af.tensor(np.full(3000, 0.1, np.float16))         # half sums in float32, as PyTorch
-    np.testing.assert_array_equal(af.cumsum(h, 0).numpy(),
-                                  torch.cumsum(torch.tensor(h.numpy()), 0).numpy())
+    h = af.tensor(np.full(3000, 0.1, np.float16))  # half sums in float32, as PyTorch
+    np.testing.assert_array_equal(
+        af.cumsum(h, 0).numpy(), torch.cumsum(torch.tensor(h.numpy()), 0).numpy()
+    )
     got = a.cumsum(1, dtype=af.float64)
     assert got.dtype is af.float64
     np.testing.assert_allclose(got.numpy(), torch.cumsum(t, 1, dtype=torch.float64).numpy())
@@ -59,7 +65,7 @@ def test_cumsum_equals_pytorchs_with_its_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
 def test_sort_and_argsort_equal_pytorchs_stable_sort_ties_included(dtype):
-    x = RNG.integers(0, 4, (3, 7)).astype(dtype)            # many ties
+    x = RNG.integers(0, 4, (3, 7)).astype(dtype)  # many ties
     a, t = both(x)
     for dim in (0, 1, -1):
         for desc in (False, True):
@@ -69,8 +75,9 @@ def test_sort_and_argsort_equal_pytorchs_stable_sort_ties_included(dtype):
             np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
             np.testing.assert_array_equal(
                 a.argsort(dim=dim, descending=desc).numpy(),
-                torch.argsort(t, dim=dim, descending=desc, stable=True).numpy())
-    values, indices = a.sort()                      # a named tuple, as PyTorch's
+                torch.argsort(t, dim=dim, descending=desc, stable=True).numpy(),
+            )
+    values, indices = a.sort()  # a named tuple, as PyTorch's
     assert type(a.sort()).__name__ == "sort"
     assert values.shape == (3, 7) and indices.dtype is af.int64
 
@@ -87,7 +94,7 @@ def test_sort_puts_nan_above_every_number_as_pytorch():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_topk_values_equal_pytorchs_and_indices_point_at_them(dtype):
-    x = RNG.integers(0, 5, (4, 9)).astype(dtype)            # ties: indices may differ
+    x = RNG.integers(0, 5, (4, 9)).astype(dtype)  # ties: indices may differ
     a, t = both(x)
     for dim in (0, 1):
         for largest in (True, False):
@@ -96,10 +103,11 @@ def test_topk_values_equal_pytorchs_and_indices_point_at_them(dtype):
                 want = torch.topk(t, k, dim=dim, largest=largest)
                 np.testing.assert_array_equal(got.values.numpy(), want.values.numpy())
                 idx = got.indices.numpy()
-                np.testing.assert_array_equal(np.take_along_axis(x, idx, axis=dim),
-                                              got.values.numpy())
+                np.testing.assert_array_equal(
+                    np.take_along_axis(x, idx, axis=dim), got.values.numpy()
+                )
                 rows = np.moveaxis(idx, dim, -1).reshape(-1, k) if k else []
-                assert all(len(set(row)) == k for row in rows)     # k distinct positions
+                assert all(len(set(row)) == k for row in rows)  # k distinct positions
     distinct = RNG.permutation(36).reshape(4, 9).astype(dtype)
     a, t = both(distinct)
     got, want = a.topk(4), t.topk(4)
@@ -114,15 +122,18 @@ def test_pad_equals_pytorchs(dtype):
     tf = torch.nn.functional
     for pad in [(1, 2), (0, 0, 2, 1), (1, 1, 1, 1, 1, 1, 1, 1), (-1, 2, 0, -2), (-2, -3)]:
         for value in (None, 0.5):
-            np.testing.assert_array_equal(F.pad(a, pad, value=value).numpy(),
-                                          tf.pad(t, pad, value=value).numpy())
+            np.testing.assert_array_equal(
+                F.pad(a, pad, value=value).numpy(), tf.pad(t, pad, value=value).numpy()
+            )
     for mode in ("reflect", "replicate", "circular"):
         for pad in [(1, 2, 0, 0), (2, 1, 0, 3), (3, 0, 1, 2), (1, 2, 1, 0, 2, 1)]:
-            np.testing.assert_array_equal(F.pad(a, pad, mode=mode).numpy(),
-                                          tf.pad(t, pad, mode=mode).numpy(), err_msg=mode)
-        for pad in [(1, 3), (1, 1, 2, 0)]:                  # an unbatched input
-            np.testing.assert_array_equal(F.pad(a[0], pad, mode=mode).numpy(),
-                                          tf.pad(t[0], pad, mode=mode).numpy())
+            np.testing.assert_array_equal(
+                F.pad(a, pad, mode=mode).numpy(), tf.pad(t, pad, mode=mode).numpy(), err_msg=mode
+            )
+        for pad in [(1, 3), (1, 1, 2, 0)]:  # an unbatched input
+            np.testing.assert_array_equal(
+                F.pad(a[0], pad, mode=mode).numpy(), tf.pad(t[0], pad, mode=mode).numpy()
+            )
 
 
 def _torch_pad(x, pad, mode):
@@ -138,8 +149,9 @@ def test_pad_modes_accept_refuse_values_and_gradients_as_pytorch():
     # result when that wraps more than once: refused here, so those cases are left out)
     g = RNG.standard_normal(64)
     for mode in ("reflect", "replicate", "circular"):
-        for n, b, a in [(n, b, a) for n in (1, 2, 3, 4) for b in range(-5, 6)
-                        for a in (-4, -1, 0, 2, 5)]:
+        for n, b, a in [
+            (n, b, a) for n in (1, 2, 3, 4) for b in range(-5, 6) for a in (-4, -1, 0, 2, 5)
+        ]:
             x = np.arange(1.0, n + 1).reshape(1, 1, n)
             t = torch.tensor(x, requires_grad=True)
             want = _torch_pad(t, (b, a), mode)
@@ -154,10 +166,11 @@ def test_pad_modes_accept_refuse_values_and_gradients_as_pytorch():
                 assert f"padding ({b}, {a}) of dim 2 (size {n})" in str(e)
                 continue
             assert want is not None, (mode, n, b, a)
-            np.testing.assert_array_equal(got.numpy(), want.detach().numpy(),
-                                          err_msg=str((mode, b, a)))
+            np.testing.assert_array_equal(
+                got.numpy(), want.detach().numpy(), err_msg=str((mode, b, a))
+            )
             if want.numel():
-                w = g[:want.numel()].reshape(want.shape)
+                w = g[: want.numel()].reshape(want.shape)
                 (got * af.tensor(w)).sum().backward()
                 (want * torch.tensor(w)).sum().backward()
                 np.testing.assert_allclose(v.grad.numpy(), t.grad.numpy(), rtol=1e-12)
@@ -165,12 +178,15 @@ def test_pad_modes_accept_refuse_values_and_gradients_as_pytorch():
 
 # -- errors ----------------------------------------------------------------------------------
 
+
 def test_an_index_out_of_range_is_refused_by_the_kernel_naming_value_and_size():
     x = af.zeros(3, 4)
     for bad in (4, -1):
         i = af.tensor(np.array([[0, bad], [1, 1]]))
-        with pytest.raises(af.IndexOutOfBoundsError,
-                           match=rf"gather: index {bad} is out of bounds.*\[0, 4\).*dim 1"):
+        with pytest.raises(
+            af.IndexOutOfBoundsError,
+            match=rf"gather: index {bad} is out of bounds.*\[0, 4\).*dim 1",
+        ):
             af.gather(x, 1, i).numpy()
         with pytest.raises(IndexError, match=rf"scatter_add: index {bad}.*\[0, 4\)"):
             af.scatter_add(x, 1, i, af.ones(2, 2)).numpy()
@@ -193,10 +209,13 @@ def test_wrong_index_dtype_shape_and_dim_are_refused_with_the_fix():
     with pytest.raises(af.ShapeError, match=r"no larger than src's \(1, 1\)"):
         af.scatter_add(x, 0, af.tensor(np.zeros((1, 2), np.int64)), af.ones(1, 1))
     with pytest.raises(af.DTypeError, match=r"src is actorflow.float64.*\.to\("):
-        af.scatter_add(x, 0, af.tensor(np.zeros((1, 2), np.int64)),
-                       af.ones(1, 2, dtype=af.float64))
-    for call in (lambda: af.gather(x, 2, af.zeros(1, 1, dtype=af.int64)),
-                 lambda: af.cumsum(x, -3), lambda: af.sort(x, 5), lambda: af.topk(x, 1, dim=2)):
+        af.scatter_add(x, 0, af.tensor(np.zeros((1, 2), np.int64)), af.ones(1, 2, dtype=af.float64))
+    for call in (
+        lambda: af.gather(x, 2, af.zeros(1, 1, dtype=af.int64)),
+        lambda: af.cumsum(x, -3),
+        lambda: af.sort(x, 5),
+        lambda: af.topk(x, 1, dim=2),
+    ):
         with pytest.raises(IndexError, match=r"dimension out of range"):
             call()
     with pytest.raises(af.ShapeError, match=r"topk: k \(5\) is out of range for dim 1 of size 4"):
@@ -207,11 +226,17 @@ def test_wrong_index_dtype_shape_and_dim_are_refused_with_the_fix():
         F.pad(x, (1, 1, 1, 1, 1, 1))
     with pytest.raises(ValueError, match="unknown mode 'edge'"):
         F.pad(x, (1, 1), mode="edge")
-    with pytest.raises(ValueError, match=r"reflect padding \(4, 0\) of dim 2 \(size 4\) must be "
-                                         r"less than the dim's size"):
+    with pytest.raises(
+        ValueError,
+        match=r"reflect padding \(4, 0\) of dim 2 \(size 4\) must be "
+        r"less than the dim's size",
+    ):
         F.pad(af.zeros(1, 3, 4), (4, 0), mode="reflect")
-    with pytest.raises(ValueError, match=r"circular padding \(-2, 3\) of dim 2 \(size 4\) wraps "
-                                         r"the 2 elements left after cropping more than once"):
+    with pytest.raises(
+        ValueError,
+        match=r"circular padding \(-2, 3\) of dim 2 \(size 4\) wraps "
+        r"the 2 elements left after cropping more than once",
+    ):
         F.pad(af.zeros(1, 3, 4), (-2, 3), mode="circular")
     with pytest.raises(ValueError, match=r"mode 'replicate' needs non-empty channel"):
         F.pad(af.zeros(1, 0, 4), (1, 1), mode="replicate")
@@ -220,6 +245,7 @@ def test_wrong_index_dtype_shape_and_dim_are_refused_with_the_fix():
 
 
 # -- modes: no_grad, nn.Graph, cuda ------------------------------------------------------------
+
 
 class Scatter(nn.Module):
     """A layer using every op of the family: its output depends on the parameter through
@@ -240,8 +266,10 @@ class Scatter(nn.Module):
 
 def _inputs(seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((3, 4)).astype(np.float32),
-            rng.integers(0, 4, (3, 2)).astype(np.int64))
+    return (
+        rng.standard_normal((3, 4)).astype(np.float32),
+        rng.integers(0, 4, (3, 2)).astype(np.int64),
+    )
 
 
 class Step(nn.Graph):

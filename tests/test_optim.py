@@ -18,17 +18,26 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(120)
 
 OPTIONS = {
-    "SGD": [dict(lr=0.1), dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
-            dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True)],
+    "SGD": [
+        dict(lr=0.1),
+        dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
+        dict(lr=0.05, momentum=0.9, nesterov=True, maximize=True),
+    ],
     "Adam": [dict(lr=0.01), dict(lr=0.02, betas=(0.8, 0.99), weight_decay=0.1, amsgrad=True)],
     "AdamW": [dict(lr=0.01), dict(lr=0.02, weight_decay=0.3, eps=1e-6, maximize=True)],
-    "RMSprop": [dict(), dict(lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.1),
-                dict(lr=0.01, momentum=0.9), dict(lr=0.01, centered=True),
-                dict(lr=0.005, momentum=0.5, centered=True, weight_decay=0.05,
-                     maximize=True)],
-    "Adagrad": [dict(), dict(lr=0.1, lr_decay=0.01), dict(lr=0.1, weight_decay=0.1,
-                                                           initial_accumulator_value=0.5),
-                dict(lr=0.05, lr_decay=0.001, eps=1e-6, maximize=True)],
+    "RMSprop": [
+        dict(),
+        dict(lr=0.01, alpha=0.9, eps=1e-6, weight_decay=0.1),
+        dict(lr=0.01, momentum=0.9),
+        dict(lr=0.01, centered=True),
+        dict(lr=0.005, momentum=0.5, centered=True, weight_decay=0.05, maximize=True),
+    ],
+    "Adagrad": [
+        dict(),
+        dict(lr=0.1, lr_decay=0.01),
+        dict(lr=0.1, weight_decay=0.1, initial_accumulator_value=0.5),
+        dict(lr=0.05, lr_decay=0.001, eps=1e-6, maximize=True),
+    ],
 }
 CASES = [(name, kw) for name, kws in OPTIONS.items() for kw in kws]
 IDS = [f"{name}-{i}" for name, kws in OPTIONS.items() for i in range(len(kws))]
@@ -53,18 +62,28 @@ def run_both(name, groups, steps, shapes=((4, 3), (3,))):
     for step in range(steps):
         for o, qs, T in ((opt, ps, af.tensor), (topt, tps, torch.tensor)):
             o.zero_grad()
-            loss = sum((((q - T(t)) ** 2) * (step + 1.0) + q ** 3 * 0.1).sum()
-                       for q, t in zip(qs, tgt, strict=True))
+            loss = sum(
+                (((q - T(t)) ** 2) * (step + 1.0) + q**3 * 0.1).sum()
+                for q, t in zip(qs, tgt, strict=True)
+            )
             loss.backward()
             o.step()
         for a, b in zip(ps, tps, strict=True):
-            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-9,
-                                       atol=1e-12, err_msg=f"{name} step {step}")
+            np.testing.assert_allclose(
+                a.detach().numpy(),
+                b.detach().numpy(),
+                rtol=1e-9,
+                atol=1e-12,
+                err_msg=f"{name} step {step}",
+            )
     return opt, topt
 
 
-@pytest.mark.parametrize("name,kw", [c for c in CASES if c[0] in ("RMSprop", "Adagrad")],
-                         ids=[i for i in IDS if i.split("-")[0] in ("RMSprop", "Adagrad")])
+@pytest.mark.parametrize(
+    "name,kw",
+    [c for c in CASES if c[0] in ("RMSprop", "Adagrad")],
+    ids=[i for i in IDS if i.split("-")[0] in ("RMSprop", "Adagrad")],
+)
 def test_rmsprop_and_adagrad_match_pytorch_step_for_step(name, kw):
     opt, topt = run_both(name, [((0, 1), kw)], 25)
     mine, theirs = opt.state_dict(), topt.state_dict()
@@ -74,8 +93,9 @@ def test_rmsprop_and_adagrad_match_pytorch_step_for_step(name, kw):
         assert mine["state"][i]["step"] == int(st["step"])
         for k, v in st.items():
             if k != "step":
-                np.testing.assert_allclose(mine["state"][i][k].numpy(), v.numpy(), rtol=1e-9,
-                                           atol=1e-12)
+                np.testing.assert_allclose(
+                    mine["state"][i][k].numpy(), v.numpy(), rtol=1e-9, atol=1e-12
+                )
 
 
 @pytest.mark.parametrize("name", list(OPTIONS))
@@ -86,6 +106,7 @@ def test_every_optimizer_takes_groups_of_different_options(name):
 
 # -- learning-rate schedules -------------------------------------------------------------------
 
+
 def schedulers(lib, opt, kind):
     S = lib.optim.lr_scheduler if lib is torch else sched
     if kind == "step":
@@ -95,21 +116,40 @@ def schedulers(lib, opt, kind):
     if kind == "cosine":
         return S.CosineAnnealingLR(opt, T_max=13, eta_min=0.001)
     if kind == "lambda":
-        return S.LambdaLR(opt, [lambda e: 0.95 ** e, lambda e: 1.0 / (e + 1)])
+        return S.LambdaLR(opt, [lambda e: 0.95**e, lambda e: 1.0 / (e + 1)])
     if kind == "linear":
         return S.LinearLR(opt, start_factor=0.25, end_factor=0.9, total_iters=17)
     if kind == "sequential":
-        return S.SequentialLR(opt, [S.LinearLR(opt, start_factor=0.1, total_iters=5),
-                                    S.CosineAnnealingLR(opt, T_max=20),
-                                    S.StepLR(opt, 4, 0.7)], milestones=[5, 25])
+        return S.SequentialLR(
+            opt,
+            [
+                S.LinearLR(opt, start_factor=0.1, total_iters=5),
+                S.CosineAnnealingLR(opt, T_max=20),
+                S.StepLR(opt, 4, 0.7),
+            ],
+            milestones=[5, 25],
+        )
     base, kw = kind.split(":") if ":" in kind else (kind, "")
-    kw = dict(anneal_strategy="linear" if "linear" in kw else "cos",
-              three_phase="three" in kw, cycle_momentum="nomom" not in kw)
+    kw = dict(
+        anneal_strategy="linear" if "linear" in kw else "cos",
+        three_phase="three" in kw,
+        cycle_momentum="nomom" not in kw,
+    )
     return S.OneCycleLR(opt, max_lr=[0.5, 0.2], total_steps=60, pct_start=0.25, **kw)
 
 
-KINDS = ["step", "multistep", "cosine", "lambda", "linear", "sequential", "onecycle",
-         "onecycle:linear", "onecycle:three", "onecycle:three-linear-nomom"]
+KINDS = [
+    "step",
+    "multistep",
+    "cosine",
+    "lambda",
+    "linear",
+    "sequential",
+    "onecycle",
+    "onecycle:linear",
+    "onecycle:three",
+    "onecycle:three-linear-nomom",
+]
 
 
 def two_groups(lib, name):
@@ -123,7 +163,7 @@ def two_groups(lib, name):
     return make([{"params": [ps[0]]}, {"params": [ps[1]], "lr": 0.03}], lr=0.1, **kw)
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of")     # (PyTorch's: no optimizer steps)
+@pytest.mark.filterwarnings("ignore:Detected call of")  # (PyTorch's: no optimizer steps)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", ["SGD", "Adam"])
 def test_schedules_give_pytorchs_rates_step_for_step(kind, name):
@@ -190,18 +230,25 @@ def test_schedule_arguments_are_checked():
 
 # -- graph mode ----------------------------------------------------------------------------------
 
+
 def batches(n, seed=0, b=6):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b))
-            for _ in range(n)]
+    return [
+        (rng.standard_normal((b, 8)).astype(np.float32), rng.integers(0, 3, b)) for _ in range(n)
+    ]
 
 
 def make(name, kw, groups=False, seed=0):
     af.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
-    params = ([{"params": model[0].parameters()},
-               {"params": model[2].parameters(), "lr": kw.get("lr", 0.01) / 2}]
-              if groups else model.parameters())
+    params = (
+        [
+            {"params": model[0].parameters()},
+            {"params": model[2].parameters(), "lr": kw.get("lr", 0.01) / 2},
+        ]
+        if groups
+        else model.parameters()
+    )
     return model, getattr(optim, name)(params, **kw)
 
 
@@ -252,11 +299,14 @@ def same_params(m1, m2):
 
 
 GRAPH_CASES = [c for c in CASES if c[0] in ("RMSprop", "Adagrad")] + [
-    ("SGD", dict(lr=0.1, momentum=0.9)), ("AdamW", dict(lr=0.01))]
+    ("SGD", dict(lr=0.1, momentum=0.9)),
+    ("AdamW", dict(lr=0.01)),
+]
 
 
-@pytest.mark.parametrize("name,kw", GRAPH_CASES, ids=[f"{n}-{i}" for i, (n, _) in
-                                                      enumerate(GRAPH_CASES)])
+@pytest.mark.parametrize(
+    "name,kw", GRAPH_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GRAPH_CASES)]
+)
 def test_graph_steps_equal_eager_steps_bit_for_bit(name, kw):
     data = batches(6)
     m1, o1 = make(name, kw, groups=True)
@@ -278,13 +328,18 @@ def counting(monkeypatch, name):
     return calls
 
 
-@pytest.mark.parametrize("name,kw,kind", [
-    ("SGD", dict(lr=0.1, momentum=0.9), "onecycle"),          # cycles SGD's momentum
-    ("Adam", dict(lr=0.01), "onecycle:three-linear"),         # cycles Adam's beta1
-    ("RMSprop", dict(lr=0.01, momentum=0.5), "cosine"),
-    ("Adagrad", dict(lr=0.1, lr_decay=0.01), "sequential")])
+@pytest.mark.parametrize(
+    "name,kw,kind",
+    [
+        ("SGD", dict(lr=0.1, momentum=0.9), "onecycle"),  # cycles SGD's momentum
+        ("Adam", dict(lr=0.01), "onecycle:three-linear"),  # cycles Adam's beta1
+        ("RMSprop", dict(lr=0.01, momentum=0.5), "cosine"),
+        ("Adagrad", dict(lr=0.1, lr_decay=0.01), "sequential"),
+    ],
+)
 def test_a_schedule_reaches_the_compiled_step_without_compiling_it_again(
-        monkeypatch, name, kw, kind):
+    monkeypatch, name, kw, kind
+):
     data = batches(20, seed=2)
     m1, o1 = make(name, kw, groups=True)
     kind = kind if name != "Adagrad" else kind
@@ -306,10 +361,11 @@ def test_a_schedule_reaches_the_compiled_step_without_compiling_it_again(
 @pytest.mark.parametrize("fused", [False, True])
 def test_run_over_a_loader_with_the_schedule_stepped_per_epoch(monkeypatch, fused):
     from actorflow.data import DataLoader, TensorDataset
+
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((24, 8)).astype(np.float32), rng.integers(0, 3, 24)
     m1, o1 = make("Adam", dict(lr=0.02))
-    data = [(x[i:i + 6], y[i:i + 6]) for i in range(0, 24, 6)] * 4
+    data = [(x[i : i + 6], y[i : i + 6]) for i in range(0, 24, 6)] * 4
     want = eager_steps(m1, o1, data, sched.StepLR(o1, 1, gamma=0.5), per_epoch=4)
     graphs = counting(monkeypatch, "stateful_graph" if not fused else "stateful_program")
     m2, o2 = make("Adam", dict(lr=0.02))
@@ -317,19 +373,20 @@ def test_run_over_a_loader_with_the_schedule_stepped_per_epoch(monkeypatch, fuse
     step = TrainStep(m2, o2)
     loader = DataLoader(TensorDataset(x, y), batch_size=6)
     got = []
-    for _ in range(4):                                  # epochs
+    for _ in range(4):  # epochs
         got += [float(v) for v in step.run(loader, fused=fused)]
         s2.step()
     assert len(graphs) == 1
     assert got == want
     same_params(m1, m2)
     with pytest.raises(af.TraceError, match="step it between runs|between runs"):
-        for _ in step.run(loader, fused=fused):          # per batch inside a run: refused
+        for _ in step.run(loader, fused=fused):  # per batch inside a run: refused
             s2.step()
 
 
-@pytest.mark.parametrize("clip", [("value", 0.05), (2.0, 0.5), (math.inf, 0.1), (1.0, 0.3),
-                                  (3.0, 0.2)])
+@pytest.mark.parametrize(
+    "clip", [("value", 0.05), (2.0, 0.5), (math.inf, 0.1), (1.0, 0.3), (3.0, 0.2)]
+)
 def test_clipping_traces_into_the_step_and_equals_eager(clip):
     data = batches(5, seed=4)
     m1, o1 = make("SGD", dict(lr=0.5, momentum=0.9))
@@ -337,8 +394,11 @@ def test_clipping_traces_into_the_step_and_equals_eager(clip):
     m2, o2 = make("SGD", dict(lr=0.5, momentum=0.9))
     step = TrainStep(m2, o2, clip=clip)
     got = []
-    for out in [step(af.tensor(x), af.tensor(y)) for x, y in data[:3]] + \
-            list(step.run(data[3:4])) + list(step.run(data[4:], fused=True)):
+    for out in (
+        [step(af.tensor(x), af.tensor(y)) for x, y in data[:3]]
+        + list(step.run(data[3:4]))
+        + list(step.run(data[4:], fused=True))
+    ):
         got += [float(v) for v in out] if isinstance(out, (tuple, list)) else [float(out)]
     assert got == want
     same_params(m1, m2)
@@ -346,17 +406,19 @@ def test_clipping_traces_into_the_step_and_equals_eager(clip):
 
 # -- gradient clipping against PyTorch -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, "inf", -math.inf, 3.0, 0.5, 0.0])
 @pytest.mark.parametrize("max_norm", [0.5, 100.0])
-@pytest.mark.parametrize("with_grad", [1, 2])               # (one: the norm of one norm)
+@pytest.mark.parametrize("with_grad", [1, 2])  # (one: the norm of one norm)
 def test_clip_grad_norm_matches_pytorch(norm_type, max_norm, with_grad):
     rng = np.random.default_rng(1)
     grads = [rng.standard_normal(s) for s in ((3, 4), (4,), (2, 2))]
-    grads[0][0, :2] = 0.0                                   # (order 0 counts the others)
+    grads[0][0, :2] = 0.0  # (order 0 counts the others)
     ps = [af.zeros(g.shape, dtype="float64", requires_grad=True) for g in grads]
     tps = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
-    for p, tp, g in zip(ps[:with_grad], tps[:with_grad], grads[:with_grad],
-                        strict=True):                       # the rest have none
+    for p, tp, g in zip(
+        ps[:with_grad], tps[:with_grad], grads[:with_grad], strict=True
+    ):  # the rest have none
         p.grad, tp.grad = af.tensor(g), torch.tensor(g)
     total = nn.utils.clip_grad_norm_(ps, max_norm, norm_type)
     want = torch.nn.utils.clip_grad_norm_(tps, max_norm, norm_type, foreach=False)
@@ -375,7 +437,7 @@ def test_clip_grad_value_and_the_edge_cases_match_pytorch():
     torch.nn.utils.clip_grad_value_(tp, 0.1)
     assert np.array_equal(p.grad.numpy(), tp.grad.numpy())
     grad = p.grad
-    nn.utils.clip_grad_norm_([p], 0.01)                  # in place, as PyTorch's
+    nn.utils.clip_grad_norm_([p], 0.01)  # in place, as PyTorch's
     assert p.grad is grad
     assert float(nn.utils.clip_grad_norm_([af.zeros(2, requires_grad=True)], 1.0)) == 0.0
     p.grad = af.tensor([[np.inf, 1.0], [0.0, 0.0]])
@@ -390,17 +452,20 @@ def test_a_schedule_and_clipping_in_a_graph_step_on_cuda_equal_cpu(cuda):
 
     def train(device):
         af.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16, device=device), nn.Tanh(),
-                              nn.Linear(16, 3, device=device))
+        model = nn.Sequential(
+            nn.Linear(8, 16, device=device), nn.Tanh(), nn.Linear(16, 3, device=device)
+        )
         opt = optim.RMSprop(model.parameters(), lr=0.01, momentum=0.5)
         s = sched.OneCycleLR(opt, 0.05, total_steps=6)
         step = TrainStep(model, opt, clip=(2.0, 0.5))
         out = []
         for x, y in batches(5, seed=6):
-            out += [float(v) for v in step(af.tensor(x, device=device),
-                                           af.tensor(y, device=device))]
+            out += [
+                float(v) for v in step(af.tensor(x, device=device), af.tensor(y, device=device))
+            ]
             s.step()
         return out, [p.numpy() for p in model.parameters()], len(step._compiled)
+
     got, params, compiled = train(CUDA)
     want, want_params, _ = train("cpu")
     assert compiled == 1

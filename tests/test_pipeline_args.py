@@ -47,7 +47,7 @@ def test_pipeline_run_hands_engine_and_trace_to_the_graph(tmp_path):
     assert json.loads((tmp_path / "local.json").read_text())["traceEvents"]
     with pytest.raises(ValueError, match=r"run\(engine='nowhere'\): the engines are 'local'"):
         pipe.run(engine="nowhere")
-    assert [float(o[0]) for o in pipe.run()] == local       # and it runs after the refusal
+    assert [float(o[0]) for o in pipe.run()] == local  # and it runs after the refusal
 
 
 def test_pipeline_run_async_hands_trace_to_the_graph(tmp_path):
@@ -55,6 +55,7 @@ def test_pipeline_run_async_hands_trace_to_the_graph(tmp_path):
 
     async def main():
         return [float(o[0]) async for o in pipe.run_async(trace=tmp_path / "a.json")]
+
     assert asyncio.run(main()) == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert json.loads((tmp_path / "a.json").read_text())["traceEvents"]
 
@@ -62,7 +63,10 @@ def test_pipeline_run_async_hands_trace_to_the_graph(tmp_path):
 @pytest.mark.parametrize("method", ["run", "run_async"])
 def test_pipeline_feed_is_refused_naming_the_source(method):
     pipe = af.Pipeline([pieces(), lambda x: x + 1])
-    with pytest.raises(ValueError, match=rf"Pipeline.{method}\(feed=list\): a Pipeline "
-                                         rf"reads its pieces from its first entry"):
+    with pytest.raises(
+        ValueError,
+        match=rf"Pipeline.{method}\(feed=list\): a Pipeline "
+        rf"reads its pieces from its first entry",
+    ):
         getattr(pipe, method)(feed=[np.zeros(3, np.float32)])
     assert len(list(pipe.run())) == 5

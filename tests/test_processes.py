@@ -58,12 +58,14 @@ PIECES = [np.full((4, 3), i, np.float32) for i in range(6)]
 def made():
     """The shared-memory blocks made meanwhile, by name (each must be gone from /dev/shm)."""
     from multiprocessing import shared_memory
+
     names, base = [], shared_memory.SharedMemory
 
     class Recorded(base):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             names.append(self.name)
+
     shared_memory.SharedMemory = Recorded
     yield names
     shared_memory.SharedMemory = base
@@ -71,8 +73,9 @@ def made():
 
 @pytest.fixture(scope="module")
 def loader(made):
-    dl = af.data.DataLoader(Samples(), batch_size=8, shuffle=True, seed=3, workers=2,
-                            processes=True)
+    dl = af.data.DataLoader(
+        Samples(), batch_size=8, shuffle=True, seed=3, workers=2, processes=True
+    )
     yield dl
     dl.close()
 
@@ -91,7 +94,7 @@ def no_block_left(names):
 def test_loader_in_processes_gives_the_threads_values_and_keeps_its_workers(loader, made):
     threads = af.data.DataLoader(Samples(), batch_size=8, shuffle=True, seed=3, workers=2)
     pids = None
-    for _ in range(2):                  # two passes (epochs): the same processes
+    for _ in range(2):  # two passes (epochs): the same processes
         got, want = list(loader.iter_arrays()), list(threads.iter_arrays())
         assert len(got) == len(want) == 4
         for (x, i), (x2, i2) in zip(got, want, strict=True):
@@ -99,7 +102,7 @@ def test_loader_in_processes_gives_the_threads_values_and_keeps_its_workers(load
         assert pids is None or loader.procs.pids == pids
         pids = loader.procs.pids
     assert loader.procs.spawned == 2 and len(set(pids)) == 2
-    assert loader.procs.fn_version == 1        # the dataset sent once, not per pass
+    assert loader.procs.fn_version == 1  # the dataset sent once, not per pass
     assert all(pid != os.getpid() for pid in pids)
     assert made and no_block_left(made)
 
@@ -118,13 +121,13 @@ def test_batches_are_written_in_shared_memory_and_no_array_is_pickled(loader, ma
     g = af.ActorGraph()
     actors = loader.actors_into(g, loader.layout())
     g.sink(g.actor(in_shared_memory, actors.node))
-    assert [bool(v) for v in g.run()] == [True] * 3     # read in place by the next actor
+    assert [bool(v) for v in g.run()] == [True] * 3  # read in place by the next actor
     assert [bool(v) for v in g.run()] == [True] * 3
     # 6 batches of 32 KiB went through the registers; through the pipes only messages:
     # indices (8 int64) and a header each; an act answers b""
     assert loader.procs.received == received
     per_act = (loader.procs.sent - sent) / 6
-    assert per_act < 2048, per_act       # (a batch: 32 KiB)
+    assert per_act < 2048, per_act  # (a batch: 32 KiB)
     assert loader.procs.fn_version == v0 + 1 and len(loader.procs.pids) == 2  # (a new layout)
     assert no_block_left(made)
     threads = af.data.DataLoader(Samples(), batch_size=8, workers=2)
@@ -133,8 +136,7 @@ def test_batches_are_written_in_shared_memory_and_no_array_is_pickled(loader, ma
     assert [bool(v) for v in g.run()] == [False] * 3
 
 
-def test_a_killed_worker_is_an_actor_error_and_the_next_run_has_a_new_one(pipe, made,
-                                                                          tmp_path):
+def test_a_killed_worker_is_an_actor_error_and_the_next_run_has_a_new_one(pipe, made, tmp_path):
     marker = tmp_path / "die"
     marker.write_text("")
     stage = pipe.graph.actors[1]
@@ -167,8 +169,8 @@ def test_a_wrong_piece_in_a_worker_is_the_local_engines_error(pipe):
 def test_piece_0_that_sizes_the_registers_is_computed_in_a_worker_too(pipe, made):
     stage = pipe.graph.actors[1]
     stage.fn = pid_of
-    lazy = [int(o[0]) for o in pipe.run()]          # piece 0 sizes the registers
-    pipe.plan()                                     # piece 0 computed while planning
+    lazy = [int(o[0]) for o in pipe.run()]  # piece 0 sizes the registers
+    pipe.plan()  # piece 0 computed while planning
     planned = [int(o[0]) for o in pipe.run()]
     assert len(lazy) == len(planned) == 6
     assert set(lazy + planned) <= set(stage.procs.pids) and os.getpid() not in lazy + planned
@@ -190,7 +192,7 @@ def test_close_ends_the_workers_and_leaves_no_block(made):
 
 def test_the_workers_end_when_their_graph_is_collected(made):
     p = af.Pipeline([PIECES, add_one], processes=1)
-    p.plan()                            # (started; a run's graph the test plugin keeps)
+    p.plan()  # (started; a run's graph the test plugin keeps)
     workers = list(p.graph.actors[1].procs.workers)
     assert workers[0].process.is_alive()
     del p
@@ -201,16 +203,19 @@ def test_the_workers_end_when_their_graph_is_collected(made):
 
 def test_graph_run_reads_a_loader_in_processes_bit_for_bit(made):
     from test_graph_mode import TrainStep
+
     rng = np.random.default_rng(0)
-    ds = af.data.TensorDataset(rng.standard_normal((64, 8)).astype(np.float32),
-                               rng.integers(0, 3, 64).astype(np.int64))
+    ds = af.data.TensorDataset(
+        rng.standard_normal((64, 8)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int64)
+    )
     m1, m2 = af.nn.Linear(8, 3), af.nn.Linear(8, 3)
     m2.load_state_dict(m1.state_dict())
     o1, o2 = (af.optim.SGD(m.parameters(), lr=0.1) for m in (m1, m2))
     threads = af.data.DataLoader(ds, batch_size=16, shuffle=True, seed=1, workers=2)
     want = [float(v) for _ in range(2) for v in TrainStep(m1, o1).run(threads, fused=True)]
-    with af.data.DataLoader(ds, batch_size=16, shuffle=True, seed=1, workers=1,
-                            processes=True) as dl:
+    with af.data.DataLoader(
+        ds, batch_size=16, shuffle=True, seed=1, workers=1, processes=True
+    ) as dl:
         step = TrainStep(m2, o2)
         got = [float(v) for _ in range(2) for v in step.run(dl, fused=True)]
         assert dl.procs.spawned == 1 and dl.procs.fn_version == 1

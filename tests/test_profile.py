@@ -42,17 +42,18 @@ def check_format(evs):
             side[e["id"]] = e
     assert set(starts) == set(ends), "every flow that starts ends, and only those"
     for i, s in starts.items():
-        assert ends[i]["ts"] >= s["ts"], (s, ends[i])         # read after it was written
+        assert ends[i]["ts"] >= s["ts"], (s, ends[i])  # read after it was written
         assert ends[i]["bp"] == "e"
-    named = {e["tid"]: e["args"]["name"] for e in evs
-             if e["ph"] == "M" and e["name"] == "thread_name"}
+    named = {
+        e["tid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     assert all(e["tid"] in named for e in evs), "a tid without a thread_name"
     assert any(e["ph"] == "M" and e["name"] == "process_name" for e in evs)
     tracks: dict = {}
     for e in evs:
         if e["ph"] == "X":
             tracks.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"]))
-    for tid, spans in tracks.items():                    # slices on one track nest
+    for tid, spans in tracks.items():  # slices on one track nest
         spans.sort(key=lambda s: (s[0], -s[1]))
         open_ = []
         for a, b in spans:
@@ -95,7 +96,7 @@ def test_every_kernel_is_there_with_its_name_stream_thread_and_bytes(inline):
     vm = get_vm()
     saved = vm.inline_max_cost
     if not inline:
-        vm.inline_max_cost = -1           # every op through the loop, kernels on workers
+        vm.inline_max_cost = -1  # every op through the loop, kernels on workers
     try:
         with af.profile() as prof:
             program()
@@ -124,8 +125,12 @@ def test_null_kernels_last_at_least_the_simulated_latency_and_waits_show_why():
     evs = prof.events()
     named = check_format(evs)
     kernels = ops(evs)
-    assert Counter(e["name"] for e in kernels) == {"randn": 2, "matmul": 1, "relu": 1,
-                                                   "add_scalar": 1}
+    assert Counter(e["name"] for e in kernels) == {
+        "randn": 2,
+        "matmul": 1,
+        "relu": 1,
+        "add_scalar": 1,
+    }
     assert {named[e["tid"]] for e in kernels} == {"null:compute"}
     assert all(e["dur"] >= 1000.0 for e in kernels), [e["dur"] for e in kernels]
     # matmul, relu and add were each issued while the kernel before them (whose output
@@ -164,15 +169,15 @@ def test_flows_go_from_the_writer_of_a_blob_to_its_readers(device):
 
 
 def test_memory_counters_follow_the_allocator():
-    gc.collect()                                  # no older tensor is freed in the block
+    gc.collect()  # no older tensor is freed in the block
     keep = []
     with af.profile() as prof:
-        keep.append(af.zeros(1 << 16))            # 256 KiB held past the block
+        keep.append(af.zeros(1 << 16))  # 256 KiB held past the block
         program()
     evs = prof.events()
     check_format(evs)
     counters = [e for e in evs if e["ph"] == "C" and e["name"] == "memory cpu"]
-    assert len(counters) >= 3                     # the block's start, kernels, its end
+    assert len(counters) >= 3  # the block's start, kernels, its end
     values = [e["args"]["bytes in use"] for e in counters]
     assert all(v >= 0 for v in values)
     assert values[-1] - values[0] >= (1 << 16) * 4
@@ -184,7 +189,7 @@ def test_nothing_is_recorded_after_the_block_and_its_work_is_waited_for():
     af.lowlevel.set_null_latency(0.005)
     x = af.randn(4, device="null")
     with af.profile() as prof:
-        y = af.relu(x)                            # still running when the block ends
+        y = af.relu(x)  # still running when the block ends
     assert get_vm().profiler is None
     before = json.dumps(prof.events())
     [k] = ops(prof.events())
@@ -216,7 +221,7 @@ def test_a_path_that_cannot_be_written_is_an_oserror_after_the_work(tmp_path):
         with af.profile(path) as prof:
             y = af.relu(af.tensor([-1.0, 2.0]))
     assert str(path) in str(info.value)
-    assert y.numpy().tolist() == [0.0, 2.0]       # the block's work was done
+    assert y.numpy().tolist() == [0.0, 2.0]  # the block's work was done
     assert Counter(e["name"] for e in ops(prof.events()))["relu"] == 1
     assert "relu" in str(prof)
     # with an error in the block, that error goes on and says where the trace did not go
@@ -244,7 +249,7 @@ def test_profiles_nest_and_one_profile_records_one_block():
         af.relu(x)
         with af.profile() as inner:
             af.exp(x)
-        assert get_vm().profiler is not None      # the outer one still records
+        assert get_vm().profiler is not None  # the outer one still records
         af.neg(x)
     assert get_vm().profiler is None
     assert [e["name"] for e in ops(outer.events())] == ["relu", "exp", "neg"]

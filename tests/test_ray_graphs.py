@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray", reason="engine='ray' needs Ray: pip install 'ac
 pytestmark = pytest.mark.ray
 
 
-RAY_RESOURCES = {"ssd": 2}         # (for the budgets per Ray resource)
+RAY_RESOURCES = {"ssd": 2}  # (for the budgets per Ray resource)
 
 
 @pytest.fixture(scope="module")
@@ -101,16 +101,18 @@ def test_a_group_of_cheap_stages_shares_its_processes(engine):
     b = g.actor(lambda p: (p[0] * 3, p[1]), a, name="crop", replicas=2)
     c = g.actor(lambda p: (p[0] - 1, p[1], np.int64(os.getpid())), b, name="scale")
     g.sink(c)
-    eng = af.distributed.RayEngine(groups={"light": ["decode", "crop", "scale"]},
-                                   placement={"light": {"num_cpus": 0.5}})
+    eng = af.distributed.RayEngine(
+        groups={"light": ["decode", "crop", "scale"]}, placement={"light": {"num_cpus": 0.5}}
+    )
     outs = list(g.run(engine=eng))
     assert [float(x[0]) for x, _, _ in outs] == [(i + 1) * 3.0 - 1 for i in range(24)]
     stats = g.stats().actors
     assert stats["decode"]["processes"] == stats["crop"]["processes"]
-    assert len(set(stats["decode"]["processes"])) == 2      # the group's two processes
+    assert len(set(stats["decode"]["processes"])) == 2  # the group's two processes
     assert stats["scale"]["processes"] == stats["decode"]["processes"][:1]
     assert {int(p) for _, p, _ in outs} | {int(q) for _, _, q in outs} <= set(
-        stats["decode"]["processes"])
+        stats["decode"]["processes"]
+    )
 
 
 def test_groups_and_their_placement_are_checked(engine):
@@ -121,14 +123,20 @@ def test_groups_and_their_placement_are_checked(engine):
     def refused(match, **kw):
         with pytest.raises(af.PlanError, match=match):
             list(g.run(engine=af.distributed.RayEngine(**kw)))
-    refused(r"group 'light' names 'c', which is not an actor of this graph; its actors: "
-            r"\['a', 'b', 'load'\]", groups={"light": ["a", "c"]})
+
+    refused(
+        r"group 'light' names 'c', which is not an actor of this graph; its actors: "
+        r"\['a', 'b', 'load'\]",
+        groups={"light": ["a", "c"]},
+    )
     refused(r"'a' is in groups 'x' and 'y'", groups={"x": ["a"], "y": ["a", "b"]})
     refused("group 'a' has the name of an actor", groups={"a": ["b"]})
-    refused(r"placement= names 'a', which acts in group 'x'.*place the group",
-            groups={"x": ["a", "b"]}, placement={"a": {"num_cpus": 1}})
-    refused(r"ask 3 CPU \(x 1 x 3\)", groups={"x": ["a", "b"]},
-            placement={"x": {"num_cpus": 3}})
+    refused(
+        r"placement= names 'a', which acts in group 'x'.*place the group",
+        groups={"x": ["a", "b"]},
+        placement={"a": {"num_cpus": 1}},
+    )
+    refused(r"ask 3 CPU \(x 1 x 3\)", groups={"x": ["a", "b"]}, placement={"x": {"num_cpus": 3}})
     with pytest.raises(ValueError, match="a group is a list of stage names"):
         af.distributed.RayEngine(groups={"x": "a"})
     assert len(list(g.run(engine=af.distributed.RayEngine(groups={"x": ["a", "b"]})))) == 4
@@ -146,6 +154,7 @@ def test_an_async_stage_in_a_group_with_a_plain_one(engine):
 
 def holding(x):
     import time
+
     time.sleep(0.004)
     return x
 
@@ -157,7 +166,7 @@ def test_shared_tokens_hold_across_processes(engine, tmp_path):
     b = g.actor(holding, src, name="read_b", resources={"disk": 1})
     g.sink(g.actor(lambda x, y: x + y, a, b, name="join"))
     same_as_local(g, engine, trace=tmp_path / "t.json")
-    calls: dict = {}            # (name, replica, first piece of its call) -> [start, end]
+    calls: dict = {}  # (name, replica, first piece of its call) -> [start, end]
     evs = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     for e in evs:
         if e["ph"] == "X" and e["name"] in ("read_a", "read_b"):
@@ -165,7 +174,7 @@ def test_shared_tokens_hold_across_processes(engine, tmp_path):
             span = calls.setdefault(key, [e["ts"], e["ts"] + e["dur"]])
             span[0], span[1] = min(span[0], e["ts"]), max(span[1], e["ts"] + e["dur"])
     spans = sorted(calls.values())
-    assert len(spans) == 12                                 # 2 stages x 6 calls of 4
+    assert len(spans) == 12  # 2 stages x 6 calls of 4
     # one holds the token: each span ends before the next starts (consecutive pairs)
     assert all(s[1] <= t[0] for s, t in zip(spans, spans[1:], strict=False))
     stats = g.stats().actors
@@ -181,7 +190,7 @@ async def numbers(n):
 def test_several_sources_an_async_one_and_fed_inputs(engine):
     g = af.ActorGraph()
     a = g.source(items(10), name="a")
-    b = g.source(lambda: numbers(7), name="b")            # the shorter one ends the run
+    b = g.source(lambda: numbers(7), name="b")  # the shorter one ends the run
     g.sink(g.actor(lambda x, y: x[:4] + y, a, b, name="add"))
     outs = same_as_local(g, engine)
     assert len(outs) == 7 and float(outs[6][0]) == 66.0
@@ -200,17 +209,22 @@ def test_budgets_per_ray_resource(engine):
     g.sink(g.actor(double, a, name="slow"))
     on_ssd = {"slow": {"resources": {"ssd": 1}}}
     eng = af.distributed.RayEngine(placement=on_ssd, memory={"ssd": "200B"})
-    with pytest.raises(af.PlanError, match=r"registers on the actors asking Ray resource "
-                                           r"'ssd' need 256 B \(slow 2 x 4 x 32 B\), over "
-                                           r"its 200 B budget; buffers=1 would fit") as info:
+    with pytest.raises(
+        af.PlanError,
+        match=r"registers on the actors asking Ray resource "
+        r"'ssd' need 256 B \(slow 2 x 4 x 32 B\), over "
+        r"its 200 B budget; buffers=1 would fit",
+    ) as info:
         list(g.run(engine=eng))
     assert info.value.fitting_buffers == 1
     ok = af.distributed.RayEngine(placement=on_ssd, memory={"ssd": "256B"})
     assert len(list(g.run(engine=ok))) == 24
-    assert g.stats().memory["ssd"] == {"planned": 256, "peak": None, "budget": 256,
-                                       "live": None}
-    with pytest.raises(af.PlanError, match=r"memory= names 'tape', which is neither a node "
-                                           r"nor a Ray resource.*'ssd'"):
+    assert g.stats().memory["ssd"] == {"planned": 256, "peak": None, "budget": 256, "live": None}
+    with pytest.raises(
+        af.PlanError,
+        match=r"memory= names 'tape', which is neither a node "
+        r"nor a Ray resource.*'ssd'",
+    ):
         list(g.run(engine=af.distributed.RayEngine(memory={"tape": "1MiB"})))
 
 
@@ -231,10 +245,11 @@ def read_with_pid(n):
     def read():
         for i in range(n):
             yield np.full(8, i, np.float32), np.int64(os.getpid())
+
     return read
 
 
-@pytest.mark.parametrize("n", [8, 10, 1])           # whole batches, a part, one piece
+@pytest.mark.parametrize("n", [8, 10, 1])  # whole batches, a part, one piece
 def test_a_placed_source_is_read_in_a_ray_process(engine, n):
     g = af.ActorGraph()
     src = g.source(read_with_pid(n), name="load")
@@ -254,8 +269,7 @@ def test_a_source_in_a_group_and_an_async_one_in_a_process(engine):
     a = g.source(lambda: numbers(9), name="a")
     b = g.source(items(12), name="b")
     g.sink(g.actor(lambda x, y: x + y[:4], a, b, name="add"))
-    eng = af.distributed.RayEngine(groups={"io": ["a", "add"]},
-                                   placement={"b": {"num_cpus": 0.25}})
+    eng = af.distributed.RayEngine(groups={"io": ["a", "add"]}, placement={"b": {"num_cpus": 0.25}})
     outs = same_as_local(g, eng)
     assert len(outs) == 9
     stats = g.stats().actors
@@ -269,6 +283,7 @@ def bad_source(n, bad_at, shape=False):
             if i == bad_at and not shape:
                 raise OSError(f"disk gone at {i}")
             yield np.full(4 if i == bad_at else 8, i, np.float32)
+
     return read
 
 
@@ -276,15 +291,19 @@ def test_a_placed_source_that_fails_names_its_piece(engine):
     placed = af.distributed.RayEngine(placement={"load": {}})
     g = af.ActorGraph()
     g.sink(g.actor(double, g.source(bad_source(12, 6), name="load"), name="double"))
-    with pytest.raises(af.ActorError, match=r"actor 'load' failed on piece 6.*OSError: disk "
-                                            r"gone at 6"):
+    with pytest.raises(
+        af.ActorError,
+        match=r"actor 'load' failed on piece 6.*OSError: disk "
+        r"gone at 6",
+    ):
         list(g.run(engine=placed))
     h = af.ActorGraph()
-    h.sink(h.actor(double, h.source(bad_source(12, 5, shape=True), name="load"),
-                   name="double"))
-    words = ("source 'load' (piece 5) returned float32[4] but its register holds "
-             "float32[8]; return the same shape for every piece, or declare out=af.Spec(...)")
-    for how in (None, placed, engine):        # local, in a process, read on the driver
+    h.sink(h.actor(double, h.source(bad_source(12, 5, shape=True), name="load"), name="double"))
+    words = (
+        "source 'load' (piece 5) returned float32[4] but its register holds "
+        "float32[8]; return the same shape for every piece, or declare out=af.Spec(...)"
+    )
+    for how in (None, placed, engine):  # local, in a process, read on the driver
         with pytest.raises(af.ActorError) as info:
             list(h.run(engine=how))
         assert info.value.piece == 5 and type(info.value.original) is af.ShapeError
@@ -293,13 +312,24 @@ def test_a_placed_source_that_fails_names_its_piece(engine):
 
 def test_what_cannot_be_read_in_a_process_is_refused(engine):
     g = af.ActorGraph()
-    g.sink(g.actor(double, g.source((np.full(8, i, np.float32) for i in range(4)),
-                                    out=af.Spec((8,), af.float32), name="load"),
-                   name="double"))
-    with pytest.raises(af.PlanError, match=r"'load' cannot be sent to a Ray actor process "
-                                           r"\(TypeError: cannot pickle 'generator' object\)"
-                                           r".*g.source\(read\), not "
-                                           r"g.source\(read\(\)\)"):
+    g.sink(
+        g.actor(
+            double,
+            g.source(
+                (np.full(8, i, np.float32) for i in range(4)),
+                out=af.Spec((8,), af.float32),
+                name="load",
+            ),
+            name="double",
+        )
+    )
+    with pytest.raises(
+        af.PlanError,
+        match=r"'load' cannot be sent to a Ray actor process "
+        r"\(TypeError: cannot pickle 'generator' object\)"
+        r".*g.source\(read\), not "
+        r"g.source\(read\(\)\)",
+    ):
         list(g.run(engine=af.distributed.RayEngine(placement={"load": {}})))
     h = af.ActorGraph()
     h.sink(h.actor(double, h.input(af.Spec((8,), af.float32), name="x"), name="double"))
@@ -314,22 +344,30 @@ def test_a_chain_in_a_group_acts_in_one_call_per_batch(engine, tmp_path):
     b = g.actor(lambda x: x * 3, a, name="crop")
     c = g.actor(lambda x: x - 2, b, name="scale")
     g.sink(c, name="out")
-    g.sink(b, name="crop")                              # a middle stage read outside too
-    g.sink(g.actor(double, a, name="side"), name="side")   # read by a stage elsewhere
+    g.sink(b, name="crop")  # a middle stage read outside too
+    g.sink(g.actor(double, a, name="side"), name="side")  # read by a stage elsewhere
     fused = af.distributed.RayEngine(groups={"light": ["load", "decode", "crop", "scale"]})
     same_as_local(g, fused, trace=tmp_path / "t.json")
     rows = g.stats().actors
     assert [rows[n]["fused_acts"] for n in ("load", "decode", "crop", "scale", "side")] == [
-        0, 24, 24, 24, 0]                               # every act in the source's calls
-    assert all(rows[n]["acts"] == 24 and rows[n]["most_held"] <= 2
-               for n in ("load", "decode", "crop", "scale", "side"))
-    assert len({p for n in ("load", "decode", "crop", "scale")
-                for p in rows[n]["processes"]}) == 1
-    names = [e["name"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
-             if e["ph"] == "X"]
+        0,
+        24,
+        24,
+        24,
+        0,
+    ]  # every act in the source's calls
+    assert all(
+        rows[n]["acts"] == 24 and rows[n]["most_held"] <= 2
+        for n in ("load", "decode", "crop", "scale", "side")
+    )
+    assert len({p for n in ("load", "decode", "crop", "scale") for p in rows[n]["processes"]}) == 1
+    names = [
+        e["name"]
+        for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+        if e["ph"] == "X"
+    ]
     assert all(names.count(n) == 24 for n in ("load", "decode", "crop", "scale"))
-    apart = af.distributed.RayEngine(groups={"light": ["decode", "crop", "scale"]},
-                                     fuse=False)
+    apart = af.distributed.RayEngine(groups={"light": ["decode", "crop", "scale"]}, fuse=False)
     same_as_local(g, apart)
     assert all(row["fused_acts"] == 0 for row in g.stats().actors.values())
 
@@ -340,19 +378,22 @@ def test_batch_auto_sizes_calls_by_bytes_and_budget(engine):
         src = g.source(lambda: (np.full(size, i, np.float32) for i in range(70)), name="load")
         g.sink(g.actor(double, src, name="double"))
         return g
-    small = graph(8)                                        # 32 B pieces: the most, 64
+
+    small = graph(8)  # 32 B pieces: the most, 64
     same_as_local(small, af.distributed.RayEngine(batch="auto"))
     assert small.stats().batch == 64 and "calls of 64 pieces" in small.stats().table()
-    big = graph(1 << 16)                                    # 256 KiB pieces: 16 per 4 MiB
+    big = graph(1 << 16)  # 256 KiB pieces: 16 per 4 MiB
     assert len(list(big.run(engine=af.distributed.RayEngine(batch="auto")))) == 70
     assert big.stats().batch == 16 and big.stats().as_dict()["batch"] == 16
     tight = af.distributed.RayEngine(batch="auto", memory={"node:0": "7MiB"})
-    assert len(list(big.run(engine=tight))) == 70           # 2 actors x 2 x B x 256 KiB
+    assert len(list(big.run(engine=tight))) == 70  # 2 actors x 2 x B x 256 KiB
     assert big.stats().batch == 4
-    with pytest.raises(af.PlanError, match=r"need 1.0 MiB \(load 2 x 1 x 256.0 KiB, double "
-                                           r"2 x 1 x 256.0 KiB\), over its 512.0 KiB budget; "
-                                           r"buffers=1 would fit"):
-        list(big.run(engine=af.distributed.RayEngine(batch="auto",
-                                                     memory={"node:0": "512KiB"})))
+    with pytest.raises(
+        af.PlanError,
+        match=r"need 1.0 MiB \(load 2 x 1 x 256.0 KiB, double "
+        r"2 x 1 x 256.0 KiB\), over its 512.0 KiB budget; "
+        r"buffers=1 would fit",
+    ):
+        list(big.run(engine=af.distributed.RayEngine(batch="auto", memory={"node:0": "512KiB"})))
     with pytest.raises(ValueError, match=r"a whole number >= 1, or \"auto\""):
         af.distributed.RayEngine(batch="big")

@@ -37,8 +37,7 @@ def python_blocks(path: pathlib.Path) -> list:
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
-BLOCKS = [(path, index, code)
-          for path in PAGES for index, code in enumerate(python_blocks(path))]
+BLOCKS = [(path, index, code) for path in PAGES for index, code in enumerate(python_blocks(path))]
 
 
 def block_id(path: pathlib.Path, index: int) -> str:
@@ -56,17 +55,19 @@ def test_the_readme_and_the_guide_have_python_blocks():
 def test_every_fence_says_whether_it_runs(path):
     """Opening fences name a language; Python is always ```python (which runs)."""
     opening = FENCE.findall(path.read_text())[::2]
-    assert "" not in [lang.strip() for lang in opening], \
+    assert "" not in [lang.strip() for lang in opening], (
         f"{path.name}: a fence without a language (use ```text for output)"
+    )
     for lang in opening:
-        assert lang.strip() not in ("py", "python3", "pycon", "Python"), \
+        assert lang.strip() not in ("py", "python3", "pycon", "Python"), (
             f"{path.name}: ```{lang} would not run in the tests: write ```python"
+        )
 
 
-@pytest.mark.parametrize("path,index,code", BLOCKS,
-                         ids=[block_id(p, i) for p, i, _ in BLOCKS])
+@pytest.mark.parametrize("path,index,code", BLOCKS, ids=[block_id(p, i) for p, i, _ in BLOCKS])
 def test_a_block_runs_as_pasted(path, index, code):
     from actorflow.backends.cuda.selection import use_driver
+
     compiled = compile(code, f"{block_id(path, index)} (python block)", "exec")
     env = dict(os.environ)
     try:
@@ -77,5 +78,6 @@ def test_a_block_runs_as_pasted(path, index, code):
         os.environ.update(env)
         if "AF_CUDA" in code:
             import actorflow as af
+
             af.synchronize(60)
-            use_driver(None)            # the drivers made under the block's AF_CUDA go
+            use_driver(None)  # the drivers made under the block's AF_CUDA go

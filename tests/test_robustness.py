@@ -22,18 +22,18 @@ def _in_use(device="cpu"):
 
 
 def test_cancelled_async_wait_on_a_closed_loop_does_not_stall_the_vm(random_dispatch):
-    random_dispatch(0, max_delay=0.3)               # the result takes a while
+    random_dispatch(0, max_delay=0.3)  # the result takes a while
     x = af.ones(100)
     y = x * 2
     with pytest.raises(asyncio.TimeoutError):
-        asyncio.run(asyncio.wait_for(y.numpy_async(), 0.001))   # its loop is gone after
+        asyncio.run(asyncio.wait_for(y.numpy_async(), 0.001))  # its loop is gone after
     z = y + 1
     af.synchronize(timeout=10)
     np.testing.assert_array_equal(z.numpy(), np.full(100, 3.0))
 
 
 def test_exported_dlpack_memory_is_never_reused_while_the_consumer_holds_it():
-    t = af.ones(1 << 18)                            # 1 MiB: a cacheable block
+    t = af.ones(1 << 18)  # 1 MiB: a cacheable block
     a = np.from_dlpack(t)
     del t
     af.synchronize()
@@ -46,18 +46,18 @@ def test_exported_dlpack_memory_is_never_reused_while_the_consumer_holds_it():
 def test_a_failed_kernel_does_not_pin_its_tensors():
     start = _in_use()
     af.lowlevel.set_memory_budget("cpu", start + 10_000_000)
-    x, y = af.ones(10**6), af.ones(10**6)           # 8 MB of 10
+    x, y = af.ones(10**6), af.ones(10**6)  # 8 MB of 10
     with pytest.raises(af.KernelError):
-        (x + y).numpy()                             # its 4 MB output does not fit
+        (x + y).numpy()  # its 4 MB output does not fit
     del x, y
     gc.collect()
     af.synchronize()
     assert _in_use() == start
-    assert af.ones(10**6).sum().item() == 10**6     # and the budget is usable again
+    assert af.ones(10**6).sum().item() == 10**6  # and the budget is usable again
     for _ in range(3):
         x = af.ones(10**6)
         with pytest.raises(af.KernelError):
-            x[af.tensor([10**7])].numpy()           # index out of bounds
+            x[af.tensor([10**7])].numpy()  # index out of bounds
         del x
     gc.collect()
     af.synchronize()
@@ -67,19 +67,19 @@ def test_a_failed_kernel_does_not_pin_its_tensors():
 def test_an_allocation_the_system_refuses_gives_its_bytes_back():
     start = _in_use()
     with pytest.raises(af.KernelError) as info:
-        af.empty(10**13).numpy()                    # 40 TB
+        af.empty(10**13).numpy()  # 40 TB
     assert isinstance(info.value.original, af.OutOfMemoryError)
     assert "could not provide" in str(info.value.original)
     assert _in_use() == start
-    assert af.lowlevel.memory_stats("cpu").peak < 10**12      # the refused bytes never count
+    assert af.lowlevel.memory_stats("cpu").peak < 10**12  # the refused bytes never count
     assert af.ones(10).sum().item() == 10
 
 
 @pytest.mark.parametrize("use", ["softmax", "add_", "copy_", "setitem", "fill_"])
 def test_dynamic_shape_outputs_are_resolved_before_use(use, random_dispatch):
-    random_dispatch(3, max_delay=0.05)              # the mask op is still pending below
+    random_dispatch(3, max_delay=0.05)  # the mask op is still pending below
     x = af.arange(10).float()
-    picked = x[x >= 5]                              # shape known only after compute
+    picked = x[x >= 5]  # shape known only after compute
     if use == "softmax":
         out = af.softmax(picked, 0)
         assert out.shape == (5,)
@@ -103,7 +103,7 @@ def test_a_failure_while_dispatching_fails_the_op_instead_of_hanging():
     af.lowlevel.set_null_latency(lambda op, n: 1 / 0 if op == "mul_scalar" else 1e-3)
     x = af.ones(10, device="null")
     y = x * 2
-    z = x + 1                                       # independent: must still run
+    z = x + 1  # independent: must still run
     with pytest.raises(af.KernelError, match="ZeroDivisionError"):
         af.synchronize(timeout=10)
     af.lowlevel.set_null_latency(float("nan"))
@@ -123,15 +123,15 @@ def test_views_of_empty_tensors():
 
 
 def test_an_error_met_while_resolving_a_dynamic_shape_is_reported_once():
-    m = af.ones(10**6)[af.tensor([True, False])]    # wrong mask length
+    m = af.ones(10**6)[af.tensor([True, False])]  # wrong mask length
     with pytest.raises(af.KernelError):
         m.numpy()
-    af.synchronize()                                # already reported: nothing raised
+    af.synchronize()  # already reported: nothing raised
 
 
 def test_small_api_edges():
     x = af.ones(2, 3)
-    assert x.sum(dim=()).item() == 6.0              # dim=() reduces every dim
+    assert x.sum(dim=()).item() == 6.0  # dim=() reduces every dim
     with pytest.raises(af.ShapeError):
         af.ones(1).expand(-2)
     before = af.lowlevel.memory_stats("cpu")
@@ -151,11 +151,13 @@ def test_synchronize_timeout_is_a_total(monkeypatch):
     # each stream's wait gets what is left of the one total (a clock that moves 0.15 s per
     # wait), not 0.2 s of its own
     import actorflow.vm.scheduler as scheduler_module
+
     clock, given = [100.0], []
 
     def wait(instr, timeout=None):
         given.append(timeout)
         clock[0] += 0.15
+
     vm = get_vm()
     monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(vm, "wait", wait)
@@ -168,11 +170,11 @@ def test_synchronize_timeout_is_a_total(monkeypatch):
     get_vm().synchronize()
 
 
-IMPOSSIBLE = {                                       # what to allocate -> the op that asks
-    "empty": (lambda x: af.empty(2**40, 2**40), "empty"),          # 2**82 bytes
+IMPOSSIBLE = {  # what to allocate -> the op that asks
+    "empty": (lambda x: af.empty(2**40, 2**40), "empty"),  # 2**82 bytes
     "zeros": (lambda x: af.zeros(2**40, 2**40), "full"),
-    "op output": (lambda x: x[None].expand(2**60, 1024) + 1, "add_scalar"),   # 2**72 bytes
-    "zero-sized": (lambda x: af.empty(0, 2**70), "empty"),         # a dimension numpy refuses
+    "op output": (lambda x: x[None].expand(2**60, 1024) + 1, "add_scalar"),  # 2**72 bytes
+    "zero-sized": (lambda x: af.empty(0, 2**70), "empty"),  # a dimension numpy refuses
 }
 
 
@@ -183,11 +185,11 @@ def test_an_impossible_allocation_gives_its_bytes_back_and_says_so(case):
     start = _in_use()
     with pytest.raises(af.KernelError) as info:
         make(x).numpy()
-    assert _in_use() == start                        # the reservation was given back
+    assert _in_use() == start  # the reservation was given back
     err = info.value.original
     assert isinstance(err, af.OutOfMemoryError)
     assert "impossible" in str(err) and f"for {op}" in str(err) and "float32" in str(err)
-    af.lowlevel.set_memory_budget("cpu", start + 10_000_000)     # a budget is usable again
+    af.lowlevel.set_memory_budget("cpu", start + 10_000_000)  # a budget is usable again
     assert af.ones(10**6).sum().item() == 10**6
     assert (x + 1).sum().item() == 2048
     af.lowlevel.set_memory_budget("cpu", None)
@@ -206,6 +208,6 @@ def test_the_allocator_refuses_impossible_sizes_on_every_path(shape, budget):
         alloc.empty(shape, dtype, nbytes, "register of 'x'")
     stats = alloc.stats()
     assert stats.in_use == start and stats.peak < 2**62
-    assert alloc.empty((4,), dtype, 32, "test").shape == (4,)   # and the next one works
+    assert alloc.empty((4,), dtype, 32, "test").shape == (4,)  # and the next one works
     alloc.free(None, 32, False)
     assert _in_use() == start

@@ -26,8 +26,14 @@ def dags(draw):
         length = draw(st.integers(1, 48))
         if i < n_sources:
             # sources of one length, or (sometimes) one that runs out earlier
-            nodes.append({"inputs": [], "len": length, "kind": "source",
-                          "pieces": pieces - (draw(st.integers(0, 1)) if i else 0)})
+            nodes.append(
+                {
+                    "inputs": [],
+                    "len": length,
+                    "kind": "source",
+                    "pieces": pieces - (draw(st.integers(0, 1)) if i else 0),
+                }
+            )
             continue
         k = draw(st.integers(1, min(2, i)))
         ins = sorted(draw(st.sets(st.integers(0, i - 1), min_size=k, max_size=k)))
@@ -38,8 +44,13 @@ def dags(draw):
         nodes.append({"inputs": ins, "len": length, "kind": kind})
     consumed = {j for node in nodes for j in node["inputs"]}
     sinks = [i for i in range(n) if i not in consumed]
-    return {"nodes": nodes, "sinks": sinks, "buffers": draw(st.integers(1, 3)),
-            "seed": draw(st.integers(0, 2**16)), "where": draw(st.integers(0, 20)) / 20}
+    return {
+        "nodes": nodes,
+        "sinks": sinks,
+        "buffers": draw(st.integers(1, 3)),
+        "seed": draw(st.integers(0, 2**16)),
+        "where": draw(st.integers(0, 20)) / 20,
+    }
 
 
 def build(case, memory=None, share="auto", device="cpu"):
@@ -54,10 +65,14 @@ def build(case, memory=None, share="auto", device="cpu"):
         elif node["kind"] == "op":
             a = g.op(lambda x, i=i: x * 0.5 + float(i), *ins, name=f"n{i}")
         else:
-            a = g.actor(stage(i, node["len"], node["kind"]), *ins, out=spec, name=f"n{i}",
-                        inline=node["kind"] == "inline",
-                        time=(lambda p: 0.0003 * (p % 3)) if node["kind"] == "timed"
-                        else None)
+            a = g.actor(
+                stage(i, node["len"], node["kind"]),
+                *ins,
+                out=spec,
+                name=f"n{i}",
+                inline=node["kind"] == "inline",
+                time=(lambda p: 0.0003 * (p % 3)) if node["kind"] == "timed" else None,
+            )
         made.append(a)
     for i in case["sinks"]:
         g.sink(made[i], f"s{i}")
@@ -66,16 +81,20 @@ def build(case, memory=None, share="auto", device="cpu"):
 
 def stage(i, length, kind):
     def value(xs):
-        if any(x is None for x in xs):              # the null device: no data
+        if any(x is None for x in xs):  # the null device: no data
             return None
         return np.full(length, sum(float(x.sum()) for x in xs) * 0.5 + i)
+
     if kind == "async":
+
         async def f(*xs):
             await asyncio.sleep(0)
             return value(xs)
     else:
+
         def f(*xs):
             return value(xs)
+
     return f
 
 
@@ -120,11 +139,11 @@ def test_random_dags_under_random_budgets_on_real_data(case):
     if budget < low:
         with pytest.raises(af.PlanError) as info:
             g.plan()
-        assert info.value.needed == low > budget           # it names the minimum found
+        assert info.value.needed == low > budget  # it names the minimum found
         return
     plan = g.plan()
     assert plan.totals[CPU] <= budget
-    assert (plan.sharing is not None) == (budget < high)   # shared only when needed
+    assert (plan.sharing is not None) == (budget < high)  # shared only when needed
     outs = [as_dict(o, case) for o in g.run()]
     ref = reference(case)
     assert len(outs) == len(ref)
@@ -143,7 +162,7 @@ def test_random_dags_under_random_budgets_on_real_data(case):
 def test_random_dags_under_random_budgets_on_the_null_device(case):
     for node in case["nodes"]:
         if node["kind"] == "op":
-            node["kind"] = "timed"                  # (ops compute; null has no data)
+            node["kind"] = "timed"  # (ops compute; null has no data)
     low, high = budgets(case, "null")
     budget = int(low + (high - low) * case["where"])
     g = build(case, memory={"null": budget}, device="null")
@@ -159,8 +178,11 @@ def chain_graph(memory, share="auto", stage_fn=None, n=4, pieces=6):
     """source -> s1 -> ... -> sink, every register 8 KiB: side by side n+1 of them per
     buffer, shared two per buffer."""
     g = af.ActorGraph(memory=memory, buffers=2, share=share)
-    x = g.source([np.full(1024, float(p)) for p in range(pieces)],
-                 out=af.Spec((1024,), af.float64), name="load")
+    x = g.source(
+        [np.full(1024, float(p)) for p in range(pieces)],
+        out=af.Spec((1024,), af.float64),
+        name="load",
+    )
     for i in range(n):
         fn = stage_fn or (lambda v: v + 1.0)
         x = g.actor(fn, x, out=af.Spec((1024,), af.float64), name=f"s{i}")
@@ -176,7 +198,7 @@ def test_a_budget_above_the_unshared_sum_changes_nothing():
 
 
 def test_a_chain_shares_two_registers_per_wave_and_keeps_its_values():
-    g = chain_graph({"cpu": "40KiB"})           # side by side: 5 x 2 x 8 KiB = 80 KiB
+    g = chain_graph({"cpu": "40KiB"})  # side by side: 5 x 2 x 8 KiB = 80 KiB
     plan = g.plan()
     assert plan.sharing is not None and plan.totals[CPU] == 32 * 1024
     text = plan.table()
@@ -199,7 +221,7 @@ def test_share_true_shares_even_when_it_fits_and_false_refuses():
 
 def test_below_the_minimum_the_plan_names_it_and_the_buffers_that_fit():
     with pytest.raises(af.PlanError) as info:
-        chain_graph({"cpu": "20KiB"}).plan()          # 2 waves x 16 KiB needed
+        chain_graph({"cpu": "20KiB"}).plan()  # 2 waves x 16 KiB needed
     msg = str(info.value)
     assert "need 32.0 KiB" in msg and "instead of 80.0 KiB side by side" in msg
     assert "the smallest any order and placement allow" in msg
@@ -216,7 +238,7 @@ def test_a_run_without_plan_sizes_from_piece_0_then_shares_as_plan_would():
     assert [float(o[0]) for o in g.run()] == [p + 4.0 for p in range(3)]
     m = g.stats().memory["cpu"]
     assert m["planned"] == m["peak"] == 32 * 1024 and m["live"] <= m["planned"]
-    g.plan()                                     # the same plan, sized before the run
+    g.plan()  # the same plan, sized before the run
     assert [float(o[0]) for o in g.run()] == [p + 4.0 for p in range(3)]
     assert g.stats().memory["cpu"]["planned"] == 32 * 1024
 
@@ -229,6 +251,7 @@ def test_an_error_in_a_shared_run_frees_the_arena_and_the_graph_runs_again():
         if calls["n"] == 3:
             raise ValueError("bad piece")
         return v + 1.0
+
     g = chain_graph({"cpu": "40KiB"}, stage_fn=flaky)
     with pytest.raises(af.ActorError, match="bad piece"):
         list(g.run())
@@ -241,6 +264,7 @@ def test_an_error_in_a_shared_run_frees_the_arena_and_the_graph_runs_again():
 
 def test_break_abandons_a_running_act_and_keeps_the_arena_until_it_returns():
     import threading
+
     release = threading.Event()
     entered = threading.Event()
 
@@ -249,12 +273,13 @@ def test_break_abandons_a_running_act_and_keeps_the_arena_until_it_returns():
             entered.set()
             release.wait(10)
         return v + 1.0
+
     g = chain_graph({"cpu": "40KiB"}, stage_fn=slow, n=2)
     for _ in g.run():
         if entered.wait(10):
             break
     held = g._stragglers.keys
-    assert SHARED_KEY in held                    # the running act's register is in it
+    assert SHARED_KEY in held  # the running act's register is in it
     release.set()
     assert g.join(10)
     outs = [float(o[0]) for o in chain_graph({"cpu": "40KiB"}, n=2).run()]
@@ -279,18 +304,20 @@ def test_sources_of_different_lengths_end_a_shared_run():
 
 # -- regressions found in review -------------------------------------------------------------
 
+
 def test_a_traced_output_and_a_view_of_it_come_out_as_two_arrays():
     @af.trace
     def f(x):
         t = x * 2.0
         return t, t[0], t
+
     g = f.actor_graph(af.Spec((3, 4), af.float32))
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     t, t0, again = next(iter(g.run(feed=[x])))
     assert t.shape == (3, 4) and t0.shape == (4,)
     np.testing.assert_array_equal(t, x * 2)
     np.testing.assert_array_equal(t0, x[0] * 2)
-    assert again is not t                     # each output its own copy, as before
+    assert again is not t  # each output its own copy, as before
 
 
 def test_state_gates_order_the_shared_plan():
@@ -307,7 +334,7 @@ def test_state_gates_order_the_shared_plan():
     rs = g.actor(lambda v: v[:1] * 1, r, out=small, name="S")
     g.sink(w, "w")
     g.sink(rs, "r")
-    plan = g.plan()                            # shared: R before W, or a stall
+    plan = g.plan()  # shared: R before W, or a stall
     assert plan.sharing is not None
     order = [plan.sharing.nodes[i].name for i in plan.sharing.share.order]
     assert order.index("R") < order.index("W")
@@ -325,6 +352,7 @@ def test_nn_graph_run_shares_registers_and_equals_the_unbudgeted_run():
 
             def forward(self, x):
                 return (x + self.w).sum()
+
         m = M()
         opt = optim.SGD(m.parameters(), lr=0.01)
 
@@ -338,14 +366,16 @@ def test_nn_graph_run_shares_registers_and_equals_the_unbudgeted_run():
                 loss = self.m(x)
                 loss.backward()
                 return loss
+
         return Step(), m
+
     xs = [np.full((4, 1024), 0.1, np.float32) for _ in range(4)]
     step, m = make()
     ref = [float(v) for v in step.run(xs, buffers=1)]
     w_ref = m.w.numpy().copy()
     step, m = make()
     got = [float(v) for v in step.run(xs, buffers=1, memory={"cpu": 42000})]
-    assert step._graph.stats().memory["cpu"]["live"] is not None       # it shared
+    assert step._graph.stats().memory["cpu"]["live"] is not None  # it shared
     assert got == ref and np.array_equal(m.w.numpy(), w_ref)
 
 
@@ -353,17 +383,18 @@ def test_two_devices_fit_exactly_what_sharing_on_them_needs():
     def build(memory=None, share="auto"):
         def s(n, d):
             return af.Spec((n,), af.float32, d)
+
         g = af.ActorGraph(memory=memory, buffers=1, share=share)
         n0 = g.source([None] * 7, out=(s(512, "null"), s(8, "null:1")), name="n0")
         n1 = g.source([None] * 6, out=s(512, "null"), name="n1", buffers=2)
-        n2 = g.actor(lambda *x: None, n0, n1, out=(s(512, "null"), s(512, "null:1")),
-                     name="n2")
+        n2 = g.actor(lambda *x: None, n0, n1, out=(s(512, "null"), s(512, "null:1")), name="n2")
         n3 = g.actor(lambda *x: None, n2, out=(s(8, "null"), s(8, "null:1")), name="n3")
         n4 = g.actor(lambda *x: None, n2, out=s(512, "null:1"), name="n4")
         n5 = g.actor(lambda *x: None, n0, n1, n4, out=s(64, "null:1"), name="n5")
         for a in (n0, n1, n2, n3, n5):
             g.sink(a)
         return g
+
     need = {str(d): b for d, b in build(share=True).plan().totals.items()}
     g = build(memory=need)
     assert {str(d): b for d, b in g.plan().totals.items()} == need

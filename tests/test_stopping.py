@@ -17,18 +17,22 @@ from hypothesis import strategies as st
 
 import actorflow as af
 
-N = 1 << 18                     # float32 elements: 1 MiB, so freed blocks are cached and reused
+N = 1 << 18  # float32 elements: 1 MiB, so freed blocks are cached and reused
 
 
 def actor_threads():
-    return {t for t in threading.enumerate() if t.name.startswith("actorflow-")
-            and t.name not in ("actorflow-vm", "actorflow-graphs")
-            and not t.name.startswith("actorflow-cpu")}
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("actorflow-")
+        and t.name not in ("actorflow-vm", "actorflow-graphs")
+        and not t.name.startswith("actorflow-cpu")
+    }
 
 
 def in_use(collect: bool = False):
-    if collect:                     # (earlier tests' dead tensors are freed lazily: a base
-        gc.collect()                # measured before they go would be too high)
+    if collect:  # (earlier tests' dead tensors are freed lazily: a base
+        gc.collect()  # measured before they go would be too high)
     af.synchronize()
     af.lowlevel.get_vm().collect_releases()
     return af.lowlevel.memory_stats("cpu").in_use
@@ -43,6 +47,7 @@ def settle(g, timeout=30):
 
 
 # -- 1. a second cancel must not free a register an act still writes ----------------------
+
 
 async def test_a_second_cancel_frees_nothing_a_running_act_holds():
     base = in_use(collect=True)
@@ -65,15 +70,15 @@ async def test_a_second_cancel_frees_nothing_a_running_act_holds():
     while not blocked.is_set():
         await asyncio.sleep(0.005)
     t.cancel()
-    for _ in range(5):              # the first cancel lands; the run's clean-up is under way
+    for _ in range(5):  # the first cancel lands; the run's clean-up is under way
         await asyncio.sleep(0)
     t.cancel()
     with pytest.raises(asyncio.CancelledError):
         await t
-    zs = [af.zeros(N) for _ in range(8)]       # would take the stage's register if freed
+    zs = [af.zeros(N) for _ in range(8)]  # would take the stage's register if freed
     af.synchronize()
     gate.set()
-    await asyncio.to_thread(settle, g)      # (the loop keeps running meanwhile)
+    await asyncio.to_thread(settle, g)  # (the loop keeps running meanwhile)
     assert all(float(np.abs(z.numpy()).max()) == 0.0 for z in zs)
     del zs
     assert in_use() == base
@@ -81,12 +86,14 @@ async def test_a_second_cancel_frees_nothing_a_running_act_holds():
 
 # -- 2. an async source raising CancelledError is an error, not end of stream ------------
 
+
 def cancelling_source():
     async def gen():
         for i in range(10):
             if i == 3:
                 raise asyncio.CancelledError("the source gave up")
             yield np.full(4, i, np.float32)
+
     return gen()
 
 
@@ -119,15 +126,17 @@ def test_a_run_whose_sources_fail_to_start_raises_instead_of_ending_empty(monkey
 
     def failing(self, loop):
         raise RuntimeError("sources could not start")
+
     monkeypatch.setattr(CreditScheduler, "start_sources", failing)
     pipe = af.Pipeline([lambda: iter([np.ones(2)] * 3), lambda y: y * 3])
     with pytest.raises(RuntimeError, match="sources could not start"):
         list(pipe.run())
     monkeypatch.undo()
-    assert [o.tolist() for o in pipe.run()] == [[3.0, 3.0]] * 3      # usable again
+    assert [o.tolist() for o in pipe.run()] == [[3.0, 3.0]] * 3  # usable again
 
 
 # -- 3. run() on the graph loop thread is refused, and the loop keeps working -------------
+
 
 @pytest.mark.timeout(20)
 def test_run_inside_an_inline_stage_is_refused_and_nothing_hangs():
@@ -141,24 +150,28 @@ def test_run_inside_an_inline_stage_is_refused_and_nothing_hangs():
     assert info.value.actor == "nest"
     out = list(af.Pipeline([lambda: iter([np.ones(2)]), lambda y: y * 3]).run())
     np.testing.assert_array_equal(out[0], [3.0, 3.0])
-    g2 = af.ActorGraph()          # a thread stage may run a graph of its own
+    g2 = af.ActorGraph()  # a thread stage may run a graph of its own
     g2.sink(g2.actor(nested, g2.source([np.zeros(3, np.float32)])))
     np.testing.assert_array_equal(list(g2.run())[0], [1.0, 1.0, 1.0])
 
 
 # -- 4 and 11. what cannot be right is refused with the reason ---------------------------
 
-@pytest.mark.parametrize("kw, match", [
-    ({"buffers": 10**9}, "more than the 1024"),
-    ({"buffers": 0}, "buffers must be an int >= 1"),
-    ({"time": float("inf")}, "finite number of seconds"),
-    ({"time": float("nan")}, "finite number of seconds"),
-    ({"time": -1}, "finite number of seconds"),
-    ({"time": "1s"}, "give seconds as a number"),
-    ({"resources": {"disk": -1}}, r"resources=\{'disk': -1\}"),
-    ({"resources": {"disk": 0}}, "whole number >= 1"),
-    ({"resources": {"disk": 0.5}}, "whole number >= 1"),
-])
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"buffers": 10**9}, "more than the 1024"),
+        ({"buffers": 0}, "buffers must be an int >= 1"),
+        ({"time": float("inf")}, "finite number of seconds"),
+        ({"time": float("nan")}, "finite number of seconds"),
+        ({"time": -1}, "finite number of seconds"),
+        ({"time": "1s"}, "give seconds as a number"),
+        ({"resources": {"disk": -1}}, r"resources=\{'disk': -1\}"),
+        ({"resources": {"disk": 0}}, "whole number >= 1"),
+        ({"resources": {"disk": 0.5}}, "whole number >= 1"),
+    ],
+)
 def test_bad_actor_arguments_are_refused_at_once(kw, match):
     g = af.ActorGraph(resources={"disk": 1})
     with pytest.raises((af.PlanError, ValueError, TypeError), match=match) as info:
@@ -168,8 +181,14 @@ def test_bad_actor_arguments_are_refused_at_once(kw, match):
 
 def test_a_time_function_returning_nan_is_an_actor_error():
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x, g.source([np.zeros(2)] * 3), name="st",
-                   time=lambda p: float("nan") if p == 1 else 0.0))
+    g.sink(
+        g.actor(
+            lambda x: x,
+            g.source([np.zeros(2)] * 3),
+            name="st",
+            time=lambda p: float("nan") if p == 1 else 0.0,
+        )
+    )
     with pytest.raises(af.ActorError, match="returned nan for piece 1") as info:
         list(g.run())
     assert info.value.actor == "st" and info.value.piece == 1
@@ -197,20 +216,26 @@ def test_two_acts_never_share_one_token():
     assert most[0] == 1
 
 
-@pytest.mark.parametrize("value, match", [
-    ("1e309", "more bytes than any device has"),
-    ("1.7B", "not a whole number of bytes"),
-    ("lots", "cannot read"),
-    (-1, ">= 0"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("1e309", "more bytes than any device has"),
+        ("1.7B", "not a whole number of bytes"),
+        ("lots", "cannot read"),
+        (-1, ">= 0"),
+    ],
+)
 def test_bad_budgets_are_refused(value, match):
     with pytest.raises(af.PlanError, match=match):
         af.ActorGraph(memory={"cpu": value})
 
 
 def test_a_budget_not_given_per_device_is_refused_with_the_form_to_use():
-    with pytest.raises(af.PlanError, match=r"memory takes a budget per device, e\.g\. "
-                                           r"\{'cpu': '1MiB'\}"):
+    with pytest.raises(
+        af.PlanError,
+        match=r"memory takes a budget per device, e\.g\. "
+        r"\{'cpu': '1MiB'\}",
+    ):
         af.ActorGraph(memory="1MiB")
 
 
@@ -237,6 +262,7 @@ def test_a_plan_larger_than_the_machine_is_refused_naming_the_actor():
 
 # -- 5. planned equals measured when one consumer reads an output on two edges ------------
 
+
 @pytest.mark.parametrize("plan_first", [False, True])
 def test_a_consumer_reading_one_output_twice_is_counted_once(plan_first):
     g = af.ActorGraph(memory={"cpu": 64})
@@ -252,6 +278,7 @@ def test_a_consumer_reading_one_output_twice_is_counted_once(plan_first):
 
 # -- 9. an empty source feeding an op is a run of 0 pieces, every time -------------------
 
+
 @pytest.mark.parametrize("empty_first", [True, False])
 def test_an_empty_source_feeding_an_op_is_an_empty_run(empty_first):
     for seed in range(40):
@@ -264,33 +291,36 @@ def test_an_empty_source_feeding_an_op_is_an_empty_run(empty_first):
 
 # -- 7. a cancel landing in the consumer's own code stops the run -------------------------
 
+
 async def test_a_cancel_in_the_consumers_own_code_stops_and_frees():
     base = in_use()
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(N, i, np.float32)
-                                                      for i in range(100)))))
-    agen = g.run_async()          # still referenced after the task ends
+    g.sink(
+        g.actor(lambda x: x + 1, g.source(lambda: (np.full(N, i, np.float32) for i in range(100))))
+    )
+    agen = g.run_async()  # still referenced after the task ends
     first = asyncio.Event()
 
     async def consume():
         async for _ in agen:
             first.set()
-            await asyncio.Event().wait()        # the cancel lands here, outside the run
+            await asyncio.Event().wait()  # the cancel lands here, outside the run
 
     t = asyncio.create_task(consume())
     await first.wait()
     t.cancel()
     with pytest.raises(asyncio.CancelledError):
         await t
-    await asyncio.sleep(0)          # the run's task ends on its own
+    await asyncio.sleep(0)  # the run's task ends on its own
     await g.join_async()
     await asyncio.to_thread(settle, g)
     assert in_use() == base
-    outs = [x async for x in g.run_async()]    # not "already running"
+    outs = [x async for x in g.run_async()]  # not "already running"
     assert len(outs) == 100 and float(outs[-1][0]) == 100.0
 
 
 # -- 10. an error reaches the caller while a sibling is still busy -----------------------
+
 
 @pytest.mark.parametrize("front", ["run", "run_async"])
 async def test_an_error_is_raised_while_a_sibling_stage_still_runs(front):
@@ -304,7 +334,7 @@ async def test_an_error_is_raised_while_a_sibling_stage_still_runs(front):
         return x
 
     def bad(x):
-        assert slow_started.wait(30)          # the sibling is inside its act now
+        assert slow_started.wait(30)  # the sibling is inside its act now
         raise ValueError("branch b fails")
 
     g = af.ActorGraph()
@@ -318,7 +348,7 @@ async def test_an_error_is_raised_while_a_sibling_stage_still_runs(front):
             async for _ in g.run_async():
                 pass
     assert info.value.actor == "bad"
-    assert not gate.is_set() and sibling_returned == []    # raised before the sibling ended
+    assert not gate.is_set() and sibling_returned == []  # raised before the sibling ended
     gate.set()
     await asyncio.to_thread(settle, g)
     assert sibling_returned == [True]
@@ -341,13 +371,14 @@ def test_break_returns_while_a_stage_is_busy_and_the_next_run_waits_for_it():
         assert started.wait(30)
         break
     assert not g.join(0) and not gate.is_set()
-    threading.Timer(0.05, gate.set).start()     # the next run must wait for that act
+    threading.Timer(0.05, gate.set).start()  # the next run must wait for that act
     outs = list(g.run())
     assert [float(o[0]) for o in outs] == [0.0, 2.0, 4.0, 6.0]
     settle(g)
 
 
 # -- random cancels against random graphs ------------------------------------------------
+
 
 @st.composite
 def cancel_cases(draw):
@@ -361,16 +392,28 @@ def cancel_cases(draw):
             continue
         k = draw(st.integers(1, min(2, i)))
         inputs = sorted(draw(st.sets(st.integers(0, i - 1), min_size=k, max_size=k)))
-        nodes.append({"inputs": inputs,
-                      "kind": draw(st.sampled_from(["thread", "thread", "inline", "op"]))})
+        nodes.append(
+            {"inputs": inputs, "kind": draw(st.sampled_from(["thread", "thread", "inline", "op"]))}
+        )
     for node in nodes:
         node["buffers"] = draw(st.integers(1, 3))
-        holdable = node["kind"] in ("thread", "async")      # (inline acts hold the loop)
+        holdable = node["kind"] in ("thread", "async")  # (inline acts hold the loop)
         node["block_at"] = draw(st.one_of(st.none(), st.integers(0, 4))) if holdable else None
     consumed = {j for node in nodes for j in node["inputs"]}
     sinks = [i for i in range(n_nodes) if i not in consumed]
-    how = draw(st.sampled_from(["outside", "outside twice", "consumer break", "consumer raise",
-                                "consumer own code", "aclose", "sync break"]))
+    how = draw(
+        st.sampled_from(
+            [
+                "outside",
+                "outside twice",
+                "consumer break",
+                "consumer raise",
+                "consumer own code",
+                "aclose",
+                "sync break",
+            ]
+        )
+    )
     after = draw(st.integers(0, 4))
     seed = draw(st.integers(0, 2**16))
     return nodes, sinks, how, after, seed
@@ -382,6 +425,7 @@ def value_fn(i):
         for x in xs[1:]:
             acc = acc + x
         return acc * 0.5 + float(i + 1)
+
     return f
 
 
@@ -404,10 +448,11 @@ class Probe:
                 if piece == node["block_at"] and not self.gate.is_set():
                     self.blocked.set()
                     self.gate.wait(30)
-            for x, v in zip(xs, seen, strict=True):             # inputs untouched while it was held
+            for x, v in zip(xs, seen, strict=True):  # inputs untouched while it was held
                 if not (x[0] == v and x[-1] == v and v != 0.0):
                     self.bad.append((i, v, float(x[0]), float(x[-1])))
             return fn(*xs)
+
         f.calls = 0
         f.__name__ = f"n{i}"
         return f
@@ -421,6 +466,7 @@ def build_cancel_graph(nodes, sinks, seed, probe):
         if "length" in node:
             n, start = node["length"], float(1000 * (i + 1))
             if node["kind"] == "async":
+
                 async def items(n=n, start=start, node=node):
                     for p in range(n):
                         if p == node["block_at"] and not probe.gate.is_set():
@@ -428,10 +474,13 @@ def build_cancel_graph(nodes, sinks, seed, probe):
                             while not probe.gate.is_set():
                                 await asyncio.sleep(0.002)
                         yield np.full(N, start + p, np.float32)
+
                 a = g.source(items, out=af.Spec((N,)), **kw)
             else:
+
                 def items(n=n, start=start):
                     return (np.full(N, start + p, np.float32) for p in range(n))
+
                 a = g.source(items, inline=node["kind"] == "inline", **kw)
         else:
             ins = [actors[j] for j in node["inputs"]]
@@ -469,8 +518,10 @@ async def stop_somehow(g, how, after, probe):
     is held on its gate (or the run ended)."""
     reached = asyncio.Event()
     loop = asyncio.get_running_loop()
-    threading.Thread(target=lambda: probe.blocked.wait(30) and
-                     loop.call_soon_threadsafe(reached.set), daemon=True).start()
+    threading.Thread(
+        target=lambda: probe.blocked.wait(30) and loop.call_soon_threadsafe(reached.set),
+        daemon=True,
+    ).start()
     agen = g.run_async()
 
     async def consume():
@@ -479,7 +530,7 @@ async def stop_somehow(g, how, after, probe):
             n += 1
             if n >= after:
                 reached.set()
-                if how == "consumer break":         # and close it, as docs/actor-graphs.md says
+                if how == "consumer break":  # and close it, as docs/actor-graphs.md says
                     break
                 if how == "consumer raise":
                     raise KeyError("stop")
@@ -490,10 +541,12 @@ async def stop_somehow(g, how, after, probe):
             await agen.aclose()
 
     if how == "sync break":
+
         def sync():
             for n, _ in enumerate(g.run(), 1):
                 if n >= after or probe.blocked.is_set():
                     break
+
         await asyncio.to_thread(sync)
         return
     if how == "aclose":
@@ -522,15 +575,18 @@ async def _enumerate(agen):
         yield n, x
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(cancel_cases())
 async def test_random_cancels_free_nothing_early_and_the_next_run_is_exact(case):
     nodes, sinks, how, after, seed = case
     base = in_use()
     probe = Probe()
     if how in ("sync break", "aclose"):
-        probe.gate.set()      # these consumers can stop only between pieces: hold nothing
+        probe.gate.set()  # these consumers can stop only between pieces: hold nothing
     g = build_cancel_graph(nodes, sinks, seed, probe)
     await stop_somehow(g, how, after, probe)
     # a register freed early would be handed to these (1 MiB blocks come from the cache)
@@ -551,6 +607,7 @@ async def test_random_cancels_free_nothing_early_and_the_next_run_is_exact(case)
 
 def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
     from actorflow.runtime.sched import loop as loop_module
+
     gate, started = threading.Event(), threading.Event()
     said = []
 
@@ -569,8 +626,11 @@ def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
     monkeypatch.setattr(loop_module, "WAIT_WARN_S", 0.001)
     monkeypatch.setattr(loop_module, "warn_waiting", warn_then_open)
     g = af.ActorGraph(buffers=1)
-    g.sink(g.actor(stage, g.source(lambda: (np.full(4, i, np.float32) for i in range(3))),
-                   name="slowpoke"))
+    g.sink(
+        g.actor(
+            stage, g.source(lambda: (np.full(4, i, np.float32) for i in range(3))), name="slowpoke"
+        )
+    )
     for _ in g.run():
         assert started.wait(30)
         break
@@ -583,14 +643,18 @@ def test_the_next_run_says_which_abandoned_act_it_waits_for(monkeypatch):
 
 # -- found by review: a task per item, plan() after a stop, a run task cancelled at once --
 
+
 async def test_a_task_per_item_does_not_stop_the_run():
     """Only a consumer task that is cancelled or fails stops the run; wait_for and a task
     per item each end normally after taking their piece."""
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(4, i, np.float32)
-                                                      for i in range(30)))))
-    for step in (lambda gen: asyncio.wait_for(gen.__anext__(), 30),
-                 lambda gen: asyncio.create_task(gen.__anext__())):
+    g.sink(
+        g.actor(lambda x: x + 1, g.source(lambda: (np.full(4, i, np.float32) for i in range(30))))
+    )
+    for step in (
+        lambda gen: asyncio.wait_for(gen.__anext__(), 30),
+        lambda gen: asyncio.create_task(gen.__anext__()),
+    ):
         gen, got = g.run_async(), []
         while True:
             try:
@@ -602,8 +666,9 @@ async def test_a_task_per_item_does_not_stop_the_run():
 
 async def test_resuming_a_run_stopped_by_its_task_ending_raises():
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(4, i, np.float32)
-                                                      for i in range(30)))))
+    g.sink(
+        g.actor(lambda x: x + 1, g.source(lambda: (np.full(4, i, np.float32) for i in range(30))))
+    )
     gen = g.run_async()
 
     async def take_one_then_fail():
@@ -645,23 +710,27 @@ def test_plan_waits_for_abandoned_acts_and_the_next_run_is_exact():
         break
     assert g.stats().abandoned == [("src", 2)]
     threading.Timer(0.05, gate.set).start()
-    g.plan()                     # waits for the source's act, then reads a fresh piece 0
+    g.plan()  # waits for the source's act, then reads a fresh piece 0
     assert [float(o[0]) for o in g.run()] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
 
 
 async def test_a_run_task_cancelled_before_its_first_step_frees_the_plan():
     base = in_use()
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: x + 1, g.source(lambda: (np.full(N, i, np.float32)
-                                                      for i in range(10)), out=af.Spec((N,))),
-                   out=af.Spec((N,))))
+    g.sink(
+        g.actor(
+            lambda x: x + 1,
+            g.source(lambda: (np.full(N, i, np.float32) for i in range(10)), out=af.Spec((N,))),
+            out=af.Spec((N,)),
+        )
+    )
     me = asyncio.current_task()
 
     async def consume():
         async for _ in g.run_async():
             pass
 
-    async def cancel_everything():      # a shutdown handler, right after consume's first step
+    async def cancel_everything():  # a shutdown handler, right after consume's first step
         for t in asyncio.all_tasks():
             if t is not asyncio.current_task() and t is not me:
                 t.cancel()
@@ -676,6 +745,7 @@ async def test_a_run_task_cancelled_before_its_first_step_frees_the_plan():
 
 # -- issue 10: a per-actor timeout --------------------------------------------------------
 
+
 @pytest.mark.parametrize("front", ["run", "run_async"])
 async def test_an_act_past_its_timeout_fails_the_run_naming_actor_piece_and_time(front):
     base = in_use()
@@ -688,10 +758,19 @@ async def test_an_act_past_its_timeout_fails_the_run_naming_actor_piece_and_time
         return x
 
     g = af.ActorGraph()
-    g.sink(g.actor(stage, g.source(lambda: (np.full(N, i, np.float32) for i in range(6))),
-                   name="stuck", timeout=0.2))
-    with pytest.raises(af.ActorError, match=r"'stuck' took longer than timeout=0.2 s on "
-                                            r"piece 2") as info:
+    g.sink(
+        g.actor(
+            stage,
+            g.source(lambda: (np.full(N, i, np.float32) for i in range(6))),
+            name="stuck",
+            timeout=0.2,
+        )
+    )
+    with pytest.raises(
+        af.ActorError,
+        match=r"'stuck' took longer than timeout=0.2 s on "
+        r"piece 2",
+    ) as info:
         if front == "run":
             list(g.run())
         else:
@@ -699,17 +778,22 @@ async def test_an_act_past_its_timeout_fails_the_run_naming_actor_piece_and_time
                 pass
     assert info.value.actor == "stuck" and info.value.piece == 2
     assert isinstance(info.value.original, TimeoutError)
-    assert held.is_set() and not gate.is_set()          # raised while the act still ran
+    assert held.is_set() and not gate.is_set()  # raised while the act still ran
     assert ("stuck", 2) in g.stats().abandoned
     gate.set()
     await asyncio.to_thread(settle, g)
     assert in_use() == base
-    assert len(list(g.run())) == 6                       # acts within the timeout: fine
+    assert len(list(g.run())) == 6  # acts within the timeout: fine
 
 
-@pytest.mark.parametrize("kw, match", [({"timeout": 0}, "> 0"),
-                                       ({"timeout": float("inf")}, "finite"),
-                                       ({"timeout": 1, "inline": True}, "needs an actor on a")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"timeout": 0}, "> 0"),
+        ({"timeout": float("inf")}, "finite"),
+        ({"timeout": 1, "inline": True}, "needs an actor on a"),
+    ],
+)
 def test_bad_timeouts_are_refused(kw, match):
     g = af.ActorGraph()
     with pytest.raises(ValueError, match=match):
@@ -722,15 +806,17 @@ def test_an_endless_run_on_the_loop_alone_can_be_stopped(schedule):
     schedule) and it has no sink, so nothing outside it ever waits: the loop still gets a
     turn now and then, so a timeout (and a stop) comes in instead of a hang."""
     import itertools
+
     g = af.ActorGraph()
     inline = schedule == "inline"
-    src = g.source(lambda: (np.zeros(2, np.float32) for _ in itertools.count()),
-                   name="load", inline=inline)
+    src = g.source(
+        lambda: (np.zeros(2, np.float32) for _ in itertools.count()), name="load", inline=inline
+    )
     g.actor(lambda x: x, src, name="eat", inline=inline)
     with af.testing.seeded(3) if schedule == "seeded" else contextlib.nullcontext():
         with pytest.raises(AssertionError, match=r"did not end within 0.3 s"):
             af.testing.assert_no_deadlock(g, timeout=0.3)
-    assert g.stats().actors["eat"]["acts"] > 4096         # (more than one turn's worth)
+    assert g.stats().actors["eat"]["acts"] > 4096  # (more than one turn's worth)
     g2 = af.ActorGraph()
     g2.sink(g2.actor(lambda x: x + 1, g2.source([np.ones(2, np.float32)]), inline=True))
-    assert [float(o[0]) for o in g2.run()] == [2.0]        # the runtime goes on
+    assert [float(o[0]) for o in g2.run()] == [2.0]  # the runtime goes on

@@ -15,13 +15,27 @@ import actorflow as af
 
 pytestmark = pytest.mark.timeout(60)
 
-SETTINGS = settings(max_examples=40, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                           HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
 
 DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
-AF = {"bool": af.bool, "int32": af.int32, "int64": af.int64, "float16": af.float16,
-      "float32": af.float32, "float64": af.float64}
+AF = {
+    "bool": af.bool,
+    "int32": af.int32,
+    "int64": af.int64,
+    "float16": af.float16,
+    "float32": af.float32,
+    "float64": af.float64,
+}
 NP = {d: np.dtype(np.bool_ if d == "bool" else d) for d in DTYPES}
 
 
@@ -48,18 +62,22 @@ def still_works():
 
 # == creation ============================================================================
 
-@pytest.mark.parametrize("data,dtype,shape", [
-    ([1.0, 2.0], "float32", (2,)),
-    ([[1, 2], [3, 4]], "int64", (2, 2)),
-    ([True, False], "bool", (2,)),
-    ([1, 2.5], "float32", (2,)),
-    ([[True, 2]], "int64", (1, 2)),
-    (3, "int64", ()),
-    (2.5, "float32", ()),
-    (True, "bool", ()),
-    ([], "float32", (0,)),
-    ([[[1.5]]], "float32", (1, 1, 1)),
-])
+
+@pytest.mark.parametrize(
+    "data,dtype,shape",
+    [
+        ([1.0, 2.0], "float32", (2,)),
+        ([[1, 2], [3, 4]], "int64", (2, 2)),
+        ([True, False], "bool", (2,)),
+        ([1, 2.5], "float32", (2,)),
+        ([[True, 2]], "int64", (1, 2)),
+        (3, "int64", ()),
+        (2.5, "float32", ()),
+        (True, "bool", ()),
+        ([], "float32", (0,)),
+        ([[[1.5]]], "float32", (1, 1, 1)),
+    ],
+)
 def test_tensor_infers_dtype_from_python_data(data, dtype, shape):
     t = af.tensor(data)
     assert t.dtype is AF[dtype]
@@ -73,14 +91,21 @@ def test_tensor_from_numpy_keeps_dtype_and_copies(dtype):
     t = af.tensor(a)
     assert t.dtype is AF[dtype]
     check(t, a.copy())
-    a[...] = 0                                  # af.tensor copies: the tensor is unaffected
+    a[...] = 0  # af.tensor copies: the tensor is unaffected
     check(t, (np.arange(6).reshape(2, 3) % 3).astype(NP[dtype]))
-    nc = np.arange(12).reshape(3, 4).astype(NP[dtype]).T[::2]          # non-contiguous
+    nc = np.arange(12).reshape(3, 4).astype(NP[dtype]).T[::2]  # non-contiguous
     check(af.tensor(nc), nc)
 
 
-@pytest.mark.parametrize("value,dtype", [(np.float64(1.5), "float64"), (np.int32(3), "int32"),
-                                         (np.float16(0.5), "float16"), (np.bool_(True), "bool")])
+@pytest.mark.parametrize(
+    "value,dtype",
+    [
+        (np.float64(1.5), "float64"),
+        (np.int32(3), "int32"),
+        (np.float16(0.5), "float16"),
+        (np.bool_(True), "bool"),
+    ],
+)
 def test_tensor_from_numpy_scalar_keeps_its_dtype(value, dtype):
     """As in PyTorch, torch.tensor(np.float64(1.5)).dtype is float64."""
     t = af.tensor(value)
@@ -96,7 +121,7 @@ def test_tensor_with_dtype_and_from_tensor():
     src = af.tensor([[1, 2], [3, 4]], dtype=af.int32)
     cp = af.tensor(src)
     check(cp, np.array([[1, 2], [3, 4]], np.int32))
-    cp.fill_(0)                                  # a copy: src is unchanged
+    cp.fill_(0)  # a copy: src is unchanged
     check(src, np.array([[1, 2], [3, 4]], np.int32))
     check(af.tensor(src.T), np.array([[1, 3], [2, 4]], np.int32))
     check(af.tensor(src, dtype=af.float16), np.array([[1, 2], [3, 4]], np.float16))
@@ -122,9 +147,9 @@ def test_from_numpy_is_zero_copy():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     t = af.from_numpy(a)
     assert t.dtype is af.float32 and t.shape == (2, 3)
-    a[0, 0] = 100.0                              # the array's change shows in the tensor
+    a[0, 0] = 100.0  # the array's change shows in the tensor
     check(t, np.array([[100, 1, 2], [3, 4, 5]], np.float32))
-    t.add_(1)                                    # and the tensor's in the array
+    t.add_(1)  # and the tensor's in the array
     af.synchronize()
     assert a[0, 0] == 101.0 and a[1, 2] == 6.0
     check(t * 2, np.array([[202, 4, 6], [8, 10, 12]], np.float32))
@@ -179,17 +204,20 @@ def test_empty_and_full():
     still_works()
 
 
-@pytest.mark.parametrize("args,kwargs,expected", [
-    ((5,), {}, np.arange(5)),
-    ((1, 10, 3), {}, np.arange(1, 10, 3)),
-    ((5, 0, -2), {}, np.arange(5, 0, -2)),
-    ((0, 1, 0.25), {}, np.arange(0, 1, 0.25, dtype=np.float32)),
-    ((2.0,), {}, np.arange(2.0, dtype=np.float32)),
-    ((3,), {"dtype": af.float64}, np.arange(3, dtype=np.float64)),
-    ((4,), {"dtype": af.int32}, np.arange(4, dtype=np.int32)),
-    ((0,), {}, np.arange(0)),
-    ((-3, 3), {}, np.arange(-3, 3)),
-])
+@pytest.mark.parametrize(
+    "args,kwargs,expected",
+    [
+        ((5,), {}, np.arange(5)),
+        ((1, 10, 3), {}, np.arange(1, 10, 3)),
+        ((5, 0, -2), {}, np.arange(5, 0, -2)),
+        ((0, 1, 0.25), {}, np.arange(0, 1, 0.25, dtype=np.float32)),
+        ((2.0,), {}, np.arange(2.0, dtype=np.float32)),
+        ((3,), {"dtype": af.float64}, np.arange(3, dtype=np.float64)),
+        ((4,), {"dtype": af.int32}, np.arange(4, dtype=np.int32)),
+        ((0,), {}, np.arange(0)),
+        ((-3, 3), {}, np.arange(-3, 3)),
+    ],
+)
 def test_arange(args, kwargs, expected):
     check(af.arange(*args, **kwargs), expected)
 
@@ -215,7 +243,7 @@ def test_random_shapes_dtypes_and_seed(fn):
     a2, b2 = fn(50).numpy(), fn(50).numpy()
     np.testing.assert_array_equal(a, a2)
     np.testing.assert_array_equal(b, b2)
-    assert not np.array_equal(a, b)              # successive draws differ
+    assert not np.array_equal(a, b)  # successive draws differ
     af.manual_seed(4321)
     assert not np.array_equal(fn(50).numpy(), a)
     with pytest.raises(af.DTypeError, match="floating"):
@@ -255,6 +283,7 @@ def test_like_factories():
 
 
 # == properties ==========================================================================
+
 
 def test_basic_properties():
     t = af.arange(24, dtype=af.float32).reshape(2, 3, 4)
@@ -320,7 +349,7 @@ def test_to_clone_detach_contiguous():
     assert t[0, 0].item() == 1.5
     d = t.detach()
     assert d.shape == t.shape and d.dtype is t.dtype
-    d[1, 1] = -7.0                                 # detach shares storage
+    d[1, 1] = -7.0  # detach shares storage
     assert t[1, 1].item() == -7.0
     tt = t.T
     assert not tt.is_contiguous() and tt.stride() == (1, 2)
@@ -332,19 +361,29 @@ def test_to_clone_detach_contiguous():
 
 # == repr ================================================================================
 
-@pytest.mark.parametrize("make,expected", [
-    (lambda: af.relu(af.tensor([[1., -1.], [1., -1.]])),
-     "tensor([[1., 0.],\n        [1., 0.]], dtype=actorflow.float32)"),
-    (lambda: af.tensor([1, 2]), "tensor([1, 2], dtype=actorflow.int64)"),
-    (lambda: af.tensor([[1, 2], [3, 4]], dtype=af.int32),
-     "tensor([[1, 2],\n        [3, 4]], dtype=actorflow.int32)"),
-    (lambda: af.tensor(1.5), "tensor(1.5, dtype=actorflow.float32)"),
-    (lambda: af.tensor([True, False]), "tensor([True, False], dtype=actorflow.bool)"),
-    (lambda: af.zeros(2, dtype=af.float16), "tensor([0., 0.], dtype=actorflow.float16)"),
-    (lambda: af.zeros(0), "tensor([], dtype=actorflow.float32)"),
-    (lambda: af.zeros(2, 3, device="null"),
-     "tensor(<no data>, shape=(2, 3), device='null', dtype=actorflow.float32)"),
-])
+
+@pytest.mark.parametrize(
+    "make,expected",
+    [
+        (
+            lambda: af.relu(af.tensor([[1.0, -1.0], [1.0, -1.0]])),
+            "tensor([[1., 0.],\n        [1., 0.]], dtype=actorflow.float32)",
+        ),
+        (lambda: af.tensor([1, 2]), "tensor([1, 2], dtype=actorflow.int64)"),
+        (
+            lambda: af.tensor([[1, 2], [3, 4]], dtype=af.int32),
+            "tensor([[1, 2],\n        [3, 4]], dtype=actorflow.int32)",
+        ),
+        (lambda: af.tensor(1.5), "tensor(1.5, dtype=actorflow.float32)"),
+        (lambda: af.tensor([True, False]), "tensor([True, False], dtype=actorflow.bool)"),
+        (lambda: af.zeros(2, dtype=af.float16), "tensor([0., 0.], dtype=actorflow.float16)"),
+        (lambda: af.zeros(0), "tensor([], dtype=actorflow.float32)"),
+        (
+            lambda: af.zeros(2, 3, device="null"),
+            "tensor(<no data>, shape=(2, 3), device='null', dtype=actorflow.float32)",
+        ),
+    ],
+)
 def test_repr(make, expected):
     t = make()
     assert repr(t) == expected
@@ -357,11 +396,10 @@ def test_repr_of_dtype_and_device():
     assert str(af.device("cuda:1")) == "cuda:1" and af.device("cuda:1").index == 1
 
 
-def test_a_cuda_tensor_without_cupy_is_refused_naming_the_install_and_the_emulator(
-        monkeypatch):
-    monkeypatch.setitem(sys.modules, "cupy", None)      # CuPy missing
+def test_a_cuda_tensor_without_cupy_is_refused_naming_the_install_and_the_emulator(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # CuPy missing
     monkeypatch.delenv("AF_CUDA", raising=False)
-    for _ in range(2):                          # the refusal is not cached as a backend
+    for _ in range(2):  # the refusal is not cached as a backend
         with pytest.raises(af.DeviceError, match="CuPy") as e:
             af.zeros(2, device="cuda")
         assert "pip install 'actorflow[cuda]'" in str(e.value)
@@ -370,6 +408,7 @@ def test_a_cuda_tensor_without_cupy_is_refused_naming_the_install_and_the_emulat
 
 
 # == views share storage ==================================================================
+
 
 def test_views_share_storage_and_writes_show_in_base():
     base = af.arange(24).reshape(2, 3, 4)
@@ -408,10 +447,12 @@ def test_views_share_storage_and_writes_show_in_base():
 def test_view_strides_match_numpy():
     a = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
     t = af.tensor(a)
-    for fv, fa in [(lambda x: x.transpose(0, 1), lambda x: x.transpose(1, 0, 2)),
-                   (lambda x: x[:, 1:, ::2], lambda x: x[:, 1:, ::2]),
-                   (lambda x: x.permute(2, 0, 1), lambda x: x.transpose(2, 0, 1)),
-                   (lambda x: x[1], lambda x: x[1])]:
+    for fv, fa in [
+        (lambda x: x.transpose(0, 1), lambda x: x.transpose(1, 0, 2)),
+        (lambda x: x[:, 1:, ::2], lambda x: x[:, 1:, ::2]),
+        (lambda x: x.permute(2, 0, 1), lambda x: x.transpose(2, 0, 1)),
+        (lambda x: x[1], lambda x: x[1]),
+    ]:
         v, e = fv(t), fa(a)
         assert v.stride() == tuple(s // a.itemsize for s in e.strides)
         assert v.is_contiguous() == e.flags.c_contiguous
@@ -440,7 +481,7 @@ def test_reshape_of_non_contiguous_copies():
     t = af.arange(6).reshape(2, 3)
     r = t.T.reshape(6)
     check(r, np.arange(6).reshape(2, 3).T.reshape(6))
-    r[0] = 99                                       # a copy: t unchanged
+    r[0] = 99  # a copy: t unchanged
     check(t, np.arange(6).reshape(2, 3))
     check(t.reshape(-1, 2), np.arange(6).reshape(3, 2))
     check(t.reshape((3, 2)), np.arange(6).reshape(3, 2))
@@ -451,7 +492,7 @@ def test_squeeze_unsqueeze_variants():
     assert t.squeeze().shape == (2, 3)
     assert t.squeeze(0).shape == (2, 1, 3)
     assert t.squeeze(-2).shape == (1, 2, 3)
-    assert t.squeeze(1).shape == (1, 2, 1, 3)             # not size 1: unchanged
+    assert t.squeeze(1).shape == (1, 2, 1, 3)  # not size 1: unchanged
     assert t.squeeze((0, 2)).shape == (2, 3)
     assert t.unsqueeze(0).shape == (1, 1, 2, 1, 3)
     assert t.unsqueeze(-1).shape == (1, 2, 1, 3, 1)
@@ -479,7 +520,7 @@ def test_basic_indexing_matches_numpy_and_is_a_view(case):
     expected = a[key]
     check(v, np.asarray(expected))
     if isinstance(expected, np.ndarray) and expected.size:
-        v.fill_(-1)                                 # a view: the write shows in t
+        v.fill_(-1)  # a view: the write shows in t
         b = a.copy()
         b[key] = -1
         check(t, b)
@@ -504,7 +545,7 @@ def test_getitem_integer_arrays():
         r = t[key]
         check(r, a[npkey])
     r = t[[0, 1]]
-    r.fill_(-5)                                     # a gather is a copy
+    r.fill_(-5)  # a gather is a copy
     check(t, a)
     with pytest.raises(IndexError):
         t[[7]].numpy()
@@ -517,8 +558,15 @@ def test_getitem_matches_torch():
     torch = pytest.importorskip("torch")
     a = np.arange(60).reshape(3, 4, 5)
     t, tt = af.tensor(a), torch.from_numpy(a.copy())
-    keys = [(1,), (slice(None), 2), (Ellipsis, 1), (None, 0), (slice(1, None), slice(None, 2), 3),
-            ([0, 2],), (slice(None), [3, 0], slice(1, 3))]
+    keys = [
+        (1,),
+        (slice(None), 2),
+        (Ellipsis, 1),
+        (None, 0),
+        (slice(1, None), slice(None, 2), 3),
+        ([0, 2],),
+        (slice(None), [3, 0], slice(1, 3)),
+    ]
     for key in keys:
         np.testing.assert_array_equal(t[key].numpy(), tt[key].numpy())
         assert t[key].shape == tuple(tt[key].shape)
@@ -571,16 +619,16 @@ def test_setitem(desc, key, value):
     expected[npkey] = value.numpy() if isinstance(value, af.Tensor) else value
     t[key] = value
     check(t, expected)
-    check(t + 1, expected + 1)                     # the runtime goes on using t
+    check(t + 1, expected + 1)  # the runtime goes on using t
 
 
 def test_setitem_float_tensor_and_views():
     t = af.zeros(3, 4)
     t[1] = af.tensor([1.0, 2.0, 3.0, 4.0])
     t[:, 0] = 9.5
-    t.T[3] = af.tensor([7, 7, 7])                  # an int tensor into a float view
+    t.T[3] = af.tensor([7, 7, 7])  # an int tensor into a float view
     v = t[2]
-    v[1:3] = -1.0                                  # through a view of t
+    v[1:3] = -1.0  # through a view of t
     e = np.zeros((3, 4), np.float32)
     e[1] = [1, 2, 3, 4]
     e[:, 0] = 9.5
@@ -604,21 +652,22 @@ def test_setitem_advanced_on_float_tensor():
 @pytest.mark.parametrize("queued", [False, True])
 def test_a_failed_setitem_leaves_its_target_as_it_was(queued, random_dispatch):
     if queued:
-        random_dispatch(4, max_delay=0.002)          # through the loop and the workers
+        random_dispatch(4, max_delay=0.002)  # through the loop and the workers
     x = af.tensor([1.0, 2.0, 3.0, 4.0])
-    x[af.tensor([0, 100])] = af.tensor([7.0, 8.0])   # index 100: only the kernel can tell
-    y = x + 1                                        # issued after the failed write
-    with pytest.raises(af.KernelError,
-                       match=r"'index_put'.*index 100 is out of bounds for axis 0 with size 4"):
-        x.numpy()                                    # reported once, at the next read
-    check(x, np.array([1, 2, 3, 4], np.float32))    # nothing was written, not even x[0]
+    x[af.tensor([0, 100])] = af.tensor([7.0, 8.0])  # index 100: only the kernel can tell
+    y = x + 1  # issued after the failed write
+    with pytest.raises(
+        af.KernelError, match=r"'index_put'.*index 100 is out of bounds for axis 0 with size 4"
+    ):
+        x.numpy()  # reported once, at the next read
+    check(x, np.array([1, 2, 3, 4], np.float32))  # nothing was written, not even x[0]
     check(y, np.array([2, 3, 4, 5], np.float32))
     check(x.clone(), np.array([1, 2, 3, 4], np.float32))
     x[af.tensor([100])] = 5.0
     x.fill_(1.0)
     check(x, np.ones(4, np.float32))
     with pytest.raises(af.KernelError, match="index 100"):
-        af.synchronize()                             # the second one was never read
+        af.synchronize()  # the second one was never read
     x[af.tensor([1, 3])] = af.tensor([5.0, 6.0])
     check(x, np.array([1, 5, 1, 6], np.float32))
     still_works()
@@ -631,10 +680,10 @@ def test_a_failed_setitem_never_read_is_reported_by_synchronize():
         af.synchronize()
     check(x, np.arange(6).reshape(2, 3))
     af.synchronize()
-    x[af.tensor([0, -3])] = af.tensor([[9, 9, 9]])   # rows 0 and -3 of 2
+    x[af.tensor([0, -3])] = af.tensor([[9, 9, 9]])  # rows 0 and -3 of 2
     with pytest.raises(af.KernelError, match="index -3 is out of bounds for axis 0 with size 2"):
         x.numpy()
-    check(x, np.arange(6).reshape(2, 3))             # row 0 was not written either
+    check(x, np.arange(6).reshape(2, 3))  # row 0 was not written either
 
 
 OVERWRITES = {
@@ -648,8 +697,8 @@ OVERWRITES = {
 
 @pytest.mark.parametrize("how", list(OVERWRITES))
 def test_a_whole_overwrite_makes_a_poisoned_tensor_usable_again(how):
-    x = af.tensor([2, 3]) // af.tensor([0, 1])      # the kernel fails: x has no value
-    x[0:1].fill_(5)                                  # a partial write leaves it poisoned
+    x = af.tensor([2, 3]) // af.tensor([0, 1])  # the kernel fails: x has no value
+    x[0:1].fill_(5)  # a partial write leaves it poisoned
     with pytest.raises(af.KernelError, match="floor_divide"):
         x.numpy()
     with pytest.raises(af.KernelError, match="floor_divide"):
@@ -658,11 +707,12 @@ def test_a_whole_overwrite_makes_a_poisoned_tensor_usable_again(how):
     expected = np.array([0, 0] if how == "zero_" else [7, 7], np.int64)
     check(x, expected)
     check(x.clone() + 1, expected + 1)
-    af.synchronize()                                 # the error was reported at the read
+    af.synchronize()  # the error was reported at the read
     still_works()
 
 
 # == DLPack ==============================================================================
+
 
 def test_dlpack_to_numpy_round_trip():
     t = af.tensor([[1.0, 2.0], [3.0, 4.0]])
@@ -670,7 +720,7 @@ def test_dlpack_to_numpy_round_trip():
     np.testing.assert_array_equal(a, [[1.0, 2.0], [3.0, 4.0]])
     assert a.dtype == np.float32
     assert t.__dlpack_device__() == (1, 0)
-    t.mul_(2)                                      # the export shares storage
+    t.mul_(2)  # the export shares storage
     af.synchronize()
     np.testing.assert_array_equal(a, [[2.0, 4.0], [6.0, 8.0]])
     back = af.from_dlpack(a)
@@ -713,6 +763,7 @@ def test_dlpack_null_device_raises():
 
 
 # == the null device ======================================================================
+
 
 def test_null_device_has_metadata_but_no_data():
     n = af.zeros(2, 3, device="null")
@@ -763,9 +814,12 @@ def test_null_device_ops_infer_shapes_and_dtypes():
 
 # == errors (and the runtime keeps working) ===============================================
 
+
 def test_device_mismatch_error():
-    msg = ("Expected all tensors to be on the same device, but found at least two devices, "
-           "cpu (positional 0) and null (positional 1)!")
+    msg = (
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        "cpu (positional 0) and null (positional 1)!"
+    )
     with pytest.raises(af.DeviceError) as e:
         af.zeros(2, 3) + af.zeros(2, 3, device="null")
     assert msg in str(e.value)
@@ -888,14 +942,14 @@ def test_errors_in_a_row_then_a_long_program():
 
 
 def test_kernel_error_surfaces_on_read_and_runtime_recovers():
-    bad = af.tensor([2, 3]) // af.tensor([0, 1])   # an integer division by zero fails (data-
-    #                                                dependent: only the kernel can tell)
+    bad = af.tensor([2, 3]) // af.tensor([0, 1])  # an integer division by zero fails (data-
+    #                                               dependent: only the kernel can tell)
     with pytest.raises(af.KernelError, match="floor_divide"):
         bad.numpy()
     with pytest.raises(af.KernelError):
-        (bad + 1).numpy()                           # and so does whatever uses the result
+        (bad + 1).numpy()  # and so does whatever uses the result
     still_works()
-    af.synchronize()                                # nothing left unreported
+    af.synchronize()  # nothing left unreported
 
 
 def test_flatten_takes_start_and_end_dims_as_pytorch():
@@ -906,14 +960,15 @@ def test_flatten_takes_start_and_end_dims_as_pytorch():
         got = af.tensor(a).flatten(start, end)
         assert got.shape == tuple(want.shape), (start, end)
         np.testing.assert_array_equal(got.numpy(), want.numpy())
-    t = af.tensor(a).permute(0, 2, 1, 3)                 # not contiguous: a copy
-    np.testing.assert_array_equal(t.flatten(1).numpy(),
-                                  torch.from_numpy(a).permute(0, 2, 1, 3).flatten(1).numpy())
+    t = af.tensor(a).permute(0, 2, 1, 3)  # not contiguous: a copy
+    np.testing.assert_array_equal(
+        t.flatten(1).numpy(), torch.from_numpy(a).permute(0, 2, 1, 3).flatten(1).numpy()
+    )
     assert af.tensor(3.0).flatten().shape == (1,)
     with pytest.raises(IndexError, match=r"flatten: dimension out of range .* got 4"):
         af.tensor(a).flatten(4)
     with pytest.raises(ValueError, match="start_dim 2 comes after end_dim 1"):
         af.tensor(a).flatten(2, 1)
-    x = af.tensor(a, requires_grad=True)                 # a view in autograd
+    x = af.tensor(a, requires_grad=True)  # a view in autograd
     (x.flatten(1, 2) * 2).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.full(a.shape, 2.0, np.float32))

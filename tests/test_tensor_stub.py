@@ -48,8 +48,9 @@ def disagreements(stub: set, bound: set, on_class: set) -> list:
     """What the stub and the class disagree on, in words."""
     out = []
     if bound - stub:
-        out.append(f"bound by actorflow.methods but not declared in tensor.pyi: "
-                   f"{sorted(bound - stub)}")
+        out.append(
+            f"bound by actorflow.methods but not declared in tensor.pyi: {sorted(bound - stub)}"
+        )
     if stub - on_class:
         out.append(f"declared in tensor.pyi but not on Tensor: {sorted(stub - on_class)}")
     if on_class - stub:
@@ -71,13 +72,23 @@ def class_names() -> set:
 def test_the_stub_declares_every_bound_method_and_nothing_the_class_lacks():
     problems = disagreements(declared(STUB.read_text()), bound_names(), class_names())
     assert not problems, "\n".join(problems) + "\nrun: python tools/tensor_stub.py"
-    assert {"numpy", "item", "add", "__add__", "__radd__", "backward", "grad", "view",
-            "_resolve"} <= declared(STUB.read_text())
+    assert {
+        "numpy",
+        "item",
+        "add",
+        "__add__",
+        "__radd__",
+        "backward",
+        "grad",
+        "view",
+        "_resolve",
+    } <= declared(STUB.read_text())
 
 
 def test_the_stub_is_what_the_generator_writes_now():
-    assert generator().render() == STUB.read_text(), \
+    assert generator().render() == STUB.read_text(), (
         "tensor.pyi is out of date: run python tools/tensor_stub.py"
+    )
 
 
 def test_a_drift_either_way_is_reported():
@@ -96,6 +107,7 @@ def test_a_method_bound_without_types_stops_the_generator(monkeypatch):
 
     def frobnicate(self, amount):
         return self
+
     monkeypatch.setitem(methods.METHODS, "frobnicate", frobnicate)
     monkeypatch.setattr(af.Tensor, "frobnicate", frobnicate, raising=False)
     with pytest.raises(gen.MissingType, match="Tensor.frobnicate: parameter 'amount'"):
@@ -106,8 +118,13 @@ def test_the_stub_is_a_valid_stub_whose_imports_resolve():
     tree = ast.parse(STUB.read_text())
     for node in tree.body:
         if isinstance(node, ast.ImportFrom):
-            base = node.module if not node.level else importlib.import_module(
-                "." * node.level + (node.module or ""), "actorflow.tensor").__name__
+            base = (
+                node.module
+                if not node.level
+                else importlib.import_module(
+                    "." * node.level + (node.module or ""), "actorflow.tensor"
+                ).__name__
+            )
             mod = importlib.import_module(base)
             for alias in node.names:
                 assert hasattr(mod, alias.name), f"tensor.pyi imports {alias.name} from {base}"
@@ -145,14 +162,22 @@ def test_tensor_py_calls_only_what_it_defines():
     used = set()
     for node in body:
         for n in ast.walk(node):
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and \
-                    n.value.id == "self":
+            if (
+                isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "self"
+            ):
                 used.add(n.attr)
-            elif isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and \
-                    n.value.id == "self":
+            elif (
+                isinstance(n, ast.Subscript)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "self"
+            ):
                 used.add("__setitem__" if isinstance(n.ctx, ast.Store) else "__getitem__")
-    assert used - defined == set(), ("tensor.py calls methods only actorflow.methods binds; "
-                                     "move the caller into the methods table")
+    assert used - defined == set(), (
+        "tensor.py calls methods only actorflow.methods binds; "
+        "move the caller into the methods table"
+    )
     assert "_resolve" in used
 
 
@@ -163,10 +188,16 @@ def test_the_moved_methods_behave_as_before():
     assert float(x[0, 1]) == 2.0 and int(x[1, 0]) == 3 and bool(x[0, 0])
     assert [r.tolist() for r in x] == [[1.0, 2.0], [3.0, 4.0]]
     assert x.flatten().tolist() == [1.0, 2.0, 3.0, 4.0]
-    assert [x.float().dtype, x.double().dtype, x.half().dtype, x.int().dtype,
-            x.long().dtype, x.bool().dtype, x.type("int64").dtype, x.cpu().dtype] == \
-        [af.float32, af.float64, af.float16, af.int32, af.int64, af.bool, af.int64,
-         af.float32]
+    assert [
+        x.float().dtype,
+        x.double().dtype,
+        x.half().dtype,
+        x.int().dtype,
+        x.long().dtype,
+        x.bool().dtype,
+        x.type("int64").dtype,
+        x.cpu().dtype,
+    ] == [af.float32, af.float64, af.float16, af.int32, af.int64, af.bool, af.int64, af.float32]
     assert [5, 6, 7][af.tensor(1)] == 6
     assert repr(x) == str(x) == "tensor([[1., 2.],\n        [3., 4.]], dtype=actorflow.float32)"
     assert np.asarray(x, dtype="float64").dtype == np.float64

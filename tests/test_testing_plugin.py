@@ -43,9 +43,9 @@ def order_of(seed):
 
 def test_a_seed_gives_one_order_of_acts_and_seeds_differ(keep_all):
     orders = {seed: {order_of(seed) for _ in range(3)} for seed in range(6)}
-    assert all(len(o) == 1 for o in orders.values())          # each seed replays
+    assert all(len(o) == 1 for o in orders.values())  # each seed replays
     assert len({next(iter(o)) for o in orders.values()}) > 1  # and the seed decides
-    assert len(next(iter(orders[0]))) == 12 * 6               # every act recorded
+    assert len(next(iter(orders[0]))) == 12 * 6  # every act recorded
 
 
 def test_serial_schedule_acts_on_the_loop():
@@ -54,7 +54,7 @@ def test_serial_schedule_acts_on_the_loop():
         list(g.run())
     assert {r["mode"] for r in g.stats().actors.values()} == {"inline"}
     g2 = fan()
-    list(g2.run())                                   # outside: thread stages again
+    list(g2.run())  # outside: thread stages again
     assert "thread" in {r["mode"] for r in g2.stats().actors.values()}
 
 
@@ -78,7 +78,7 @@ def test_virtual_clock_runs_simulated_time_in_order(keep_all):
 
 
 async def test_wait_all_actors_blocked_on_a_slow_consumer():
-    g = fan(pieces=100, output_buffers=2, buffers=2)     # (two registers per edge, as counted)
+    g = fan(pieces=100, output_buffers=2, buffers=2)  # (two registers per edge, as counted)
     run = g.run_async()
     first = await run.__anext__()
     await af.testing.wait_all_actors_blocked(g)
@@ -105,7 +105,7 @@ async def test_wait_all_actors_blocked_waits_for_a_run_to_start_and_end():
         return [o async for o in g.run_async()]
 
     task = asyncio.ensure_future(consume())
-    await af.testing.wait_all_actors_blocked(g)      # started, then ran to its end
+    await af.testing.wait_all_actors_blocked(g)  # started, then ran to its end
     assert len(await task) == 5
 
 
@@ -129,10 +129,16 @@ def test_assert_no_deadlock_passes_a_graph_and_names_a_naive_cycle():
     assert len(af.testing.assert_no_deadlock(fan(), timeout=30)) == 12
     order = ["M1", "M2", "O1", "O2"]
     with pytest.raises(AssertionError, match="deadlock: .*O1 waits for"):
-        af.testing.assert_no_deadlock(lambda: NaiveScheduler(
-            figure1.ops(0.0), figure1.CAPACITY, policy=order, mode="wait").run())
-    ok = af.testing.assert_no_deadlock(lambda: NaiveScheduler(
-        figure1.ops(0.0), figure1.CAPACITY, policy=["M1", "M2", "O2", "O1"]).run())
+        af.testing.assert_no_deadlock(
+            lambda: NaiveScheduler(
+                figure1.ops(0.0), figure1.CAPACITY, policy=order, mode="wait"
+            ).run()
+        )
+    ok = af.testing.assert_no_deadlock(
+        lambda: NaiveScheduler(
+            figure1.ops(0.0), figure1.CAPACITY, policy=["M1", "M2", "O2", "O1"]
+        ).run()
+    )
     assert ok.status == "ok"
 
 
@@ -142,13 +148,16 @@ def test_assert_no_deadlock_fails_a_run_that_does_not_end():
     src = g.source(range(3), name="load")
     g.sink(g.actor(lambda x: gate.wait(30) and x, src, name="stuck"))
     try:
-        with pytest.raises(AssertionError, match=r"(?s)did not end within 0.3 s.*stuck is "
-                                                 r"acting"):
+        with pytest.raises(
+            AssertionError,
+            match=r"(?s)did not end within 0.3 s.*stuck is "
+            r"acting",
+        ):
             af.testing.assert_no_deadlock(g, timeout=0.3)
     finally:
         gate.set()
         g.join(30)
-    assert len(af.testing.assert_no_deadlock(g, timeout=30)) == 3   # and it runs again
+    assert len(af.testing.assert_no_deadlock(g, timeout=30)) == 3  # and it runs again
 
 
 async def test_assert_no_deadlock_async():
@@ -170,12 +179,12 @@ def test_assert_peak_within():
     assert peak > 4096
     af.testing.assert_peak_within(g, peak)
     af.testing.assert_peak_within(g.stats(), {"cpu": "1MiB"})
-    af.testing.assert_peak_within(g, {"null": 1})                 # another device
+    af.testing.assert_peak_within(g, {"null": 1})  # another device
     with pytest.raises(AssertionError, match=r"memory on cpu: the run .* over the 4.0 KiB"):
         af.testing.assert_peak_within(g, "4KiB")
     alloc = af.lowlevel.allocator("cpu")
     alloc.reset_peak()
-    x = af.zeros((256, 1024))                                     # 1 MiB of eager tensor
+    x = af.zeros((256, 1024))  # 1 MiB of eager tensor
     x.numpy()
     with pytest.raises(AssertionError, match="eager tensors on cpu"):
         af.testing.assert_peak_within("cpu", "64KiB")
@@ -186,28 +195,29 @@ def test_progress_bar_counts_pieces_and_names_the_bottleneck():
     out = io.StringIO()
     g = fan(pieces=30)
     assert len(list(g.run(progress={"file": out, "desc": "fan"}))) == 30
-    last = out.getvalue().rstrip().split("\r")[-1]          # the bar as it was left
+    last = out.getvalue().rstrip().split("\r")[-1]  # the bar as it was left
     assert last.startswith("fan: 30piece"), last
-    assert "is busy" in last                                  # the bottleneck, in the postfix
+    assert "is busy" in last  # the bottleneck, in the postfix
     out = io.StringIO()
     g = af.ActorGraph()
     g.sink(g.actor(lambda x: x, g.source(list(range(7)), name="load"), name="x"))
     list(g.run(progress={"file": out}))
-    assert "7/7" in out.getvalue().split("\r")[-1]          # a sized source gives the total
+    assert "7/7" in out.getvalue().split("\r")[-1]  # a sized source gives the total
 
 
 def test_progress_without_tqdm_says_which_extra(monkeypatch):
     import sys
+
     monkeypatch.setitem(sys.modules, "tqdm", None)
     g = fan(pieces=3)
     with pytest.raises(ImportError, match=r"actorflow\[progress\]"):
         list(g.run(progress=True))
-    assert len(list(g.run())) == 3                 # the graph is not left running
+    assert len(list(g.run())) == 3  # the graph is not left running
 
 
 # -- the plugin, on small suites (pytester) -------------------------------------------------
 
-SUITE = '''
+SUITE = """
 import numpy as np
 import pytest
 import actorflow as af
@@ -245,7 +255,7 @@ def test_over_budget(af_memory_budget):
 @pytest.mark.af_gpu
 def test_gpu():
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -256,30 +266,32 @@ def suite(pytester):
 
 
 def test_plugin_prints_runs_of_a_failing_test(suite):
-    r = suite.runpytest("-p", "no:cacheprovider", "-k", "fails_after or actor_error",
-                        "--af-last-acts=7")
+    r = suite.runpytest(
+        "-p", "no:cacheprovider", "-k", "fails_after or actor_error", "--af-last-acts=7"
+    )
     r.assert_outcomes(failed=2)
     out = r.stdout.str()
     assert "actorflow (call)" in out
-    assert "schedule seed" in out and "--af-seed=" in out          # af_seed's replay line
+    assert "schedule seed" in out and "--af-seed=" in out  # af_seed's replay line
     assert "run 1: finished after 8 pieces" in out
-    assert "last 7 acts" in out                                    # --af-last-acts
+    assert "last 7 acts" in out  # --af-last-acts
     assert "stopped by an error" in out and "who waits for whom" in out
     assert "bad piece" in out
 
 
 def test_plugin_seed_option_replays_a_test(suite):
     for seed in (11, 11, 12):
-        suite.runpytest("-p", "no:cacheprovider", "-k", "order", f"--af-seed={seed}",
-                        "--af-last-acts=1000").assert_outcomes(passed=1)
+        suite.runpytest(
+            "-p", "no:cacheprovider", "-k", "order", f"--af-seed={seed}", "--af-last-acts=1000"
+        ).assert_outcomes(passed=1)
     lines = (suite.path / "order.txt").read_text().splitlines()
     assert len(lines) == 3 and lines[0] == lines[1]
-    assert lines[0].count("), (") + 1 == 8 * 5       # every act listed (the output too)
+    assert lines[0].count("), (") + 1 == 8 * 5  # every act listed (the output too)
 
 
 def test_plugin_memory_budget_fails_the_test(suite):
     r = suite.runpytest("-p", "no:cacheprovider", "-k", "over_budget")
-    r.assert_outcomes(failed=1)         # the registers are refused when the run allocates
+    r.assert_outcomes(failed=1)  # the registers are refused when the run allocates
     assert "OutOfMemoryError" in r.stdout.str() and "of a 16 B budget" in r.stdout.str()
 
 
@@ -306,10 +318,12 @@ def test_the_example_file_passes_in_both_asyncio_modes(pytester, mode):
 
 # -- regressions (review of the plugin) ------------------------------------------------------
 
+
 def test_a_seed_replays_simulated_time_whatever_the_caller_does(keep_all):
     # more pieces than output_buffers: the run waits for the caller, whose thread takes the
     # outputs when the OS lets it; the virtual clock must not move meanwhile
     import time
+
     seen = set()
     for slow in (0, 0.0005, 0, 0.0005):
         with af.testing.seeded(3):
@@ -340,8 +354,7 @@ async def test_a_caller_that_stops_reading_holds_the_virtual_clock():
 def test_serial_replicas_with_some_untimed_pieces_keep_piece_order():
     g = af.ActorGraph()
     src = g.source(range(8), name="load")
-    g.sink(g.actor(lambda x: x, src, name="w", replicas=2,
-                   time=lambda p: 0.0 if p % 2 else 1.0))
+    g.sink(g.actor(lambda x: x, src, name="w", replicas=2, time=lambda p: 0.0 if p % 2 else 1.0))
     with af.testing.seeded(1):
         outs = af.testing.assert_no_deadlock(g, timeout=10)
     assert [int(o) for o in outs] == list(range(8))
@@ -349,6 +362,7 @@ def test_serial_replicas_with_some_untimed_pieces_keep_piece_order():
 
 def test_serial_runs_keep_timeouts_and_assert_no_deadlock_keeps_its_limit():
     import time
+
     gate = threading.Event()
     g = af.ActorGraph()
     src = g.source(range(3), name="load")
@@ -363,9 +377,8 @@ def test_serial_runs_keep_timeouts_and_assert_no_deadlock_keeps_its_limit():
         gate.set()
         assert g.join(10)
     g = af.ActorGraph()
-    g.sink(g.actor(lambda x: time.sleep(0.2) or x, g.source(range(3), name="load"),
-                   name="slow"))
-    with af.testing.seeded(1):          # (inline: the stop lands only when the acts end)
+    g.sink(g.actor(lambda x: time.sleep(0.2) or x, g.source(range(3), name="load"), name="slow"))
+    with af.testing.seeded(1):  # (inline: the stop lands only when the acts end)
         with pytest.raises(AssertionError, match="did not end within 0.1 s"):
             af.testing.assert_no_deadlock(g, timeout=0.1)
     assert len(af.testing.assert_no_deadlock(g, timeout=30)) == 3
@@ -378,16 +391,16 @@ def test_progress_arguments_tqdm_refuses_leave_the_graph_runnable():
     assert len(list(g.run())) == 3
 
 
-INNER = '''
+INNER = """
 from actorflow.runtime.observe import hooks as observe
 def test_inner():
     assert observe.SCHEDULE.seed is None and not observe.SCHEDULE.serial
-'''
+"""
 
 
-def test_pytester_sessions_neither_inherit_nor_clear_the_outer_tests_schedule(af_seed,
-                                                                               pytester):
+def test_pytester_sessions_neither_inherit_nor_clear_the_outer_tests_schedule(af_seed, pytester):
     from actorflow.testing import plugin
+
     list(fan(pieces=2).run())
     pytester.makepyfile(test_inner=INNER)
     pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
@@ -396,7 +409,7 @@ def test_pytester_sessions_neither_inherit_nor_clear_the_outer_tests_schedule(af
     assert observe.SCHEDULE.seed == af_seed and observe.SCHEDULE.serial
 
 
-BUDGET_SUITE = '''
+BUDGET_SUITE = """
 import numpy as np
 import actorflow as af
 
@@ -411,7 +424,7 @@ def test_first_of_many_runs_over(af_memory_budget):
     for _ in range(60):
         run(4)
     af_memory_budget("64KiB")
-'''
+"""
 
 
 def test_memory_budget_checks_every_run_of_a_test(pytester):
@@ -430,26 +443,29 @@ def test_a_stage_that_fails_acts_no_more_in_a_serial_run():
         if x == 3:
             raise ValueError("bad piece")
         return x
+
     g = af.ActorGraph(buffers=4)
     g.sink(g.actor(bad, g.source(list(range(8)), name="load"), name="inc"))
     with af.testing.seeded(1):
         with pytest.raises(af.ActorError, match="bad piece"):
             list(g.run())
-    assert calls == [0, 1, 2, 3]        # (an error stops a run at once)
+    assert calls == [0, 1, 2, 3]  # (an error stops a run at once)
 
 
 async def test_assert_no_deadlock_times_an_async_def_function():
     async def never():
         await asyncio.Event().wait()
+
     with pytest.raises(AssertionError, match="did not end within 0.05 s"):
         await asyncio.wait_for(af.testing.assert_no_deadlock(never, timeout=0.05), 5)
 
     async def consume():
         return [o async for o in fan(pieces=3).run_async()]
+
     assert len(await af.testing.assert_no_deadlock(consume, timeout=30)) == 3
 
 
-TRACED_SUITE = '''
+TRACED_SUITE = """
 import actorflow as af
 
 def test_traced(tmp_path):
@@ -457,7 +473,7 @@ def test_traced(tmp_path):
     g.sink(g.actor(lambda x: x, g.source(range(200), name="load"), name="w"))
     list(g.run(trace=tmp_path / "t.json"))
     assert False
-'''
+"""
 
 
 def test_last_acts_zero_prints_no_acts_of_a_traced_run(pytester):
@@ -484,8 +500,9 @@ def test_nn_graph_progress_is_one_bar_across_batch_layouts():
             return loss
 
     m = nn.Linear(4, 2)
-    data = ([af.tensor(np.ones((3, 4), np.float32))] * 5
-            + [af.tensor(np.ones((2, 4), np.float32))] * 3)     # two layouts: two runs
+    data = [af.tensor(np.ones((3, 4), np.float32))] * 5 + [
+        af.tensor(np.ones((2, 4), np.float32))
+    ] * 3  # two layouts: two runs
     out = io.StringIO()
     steps = Step(m, af.optim.SGD(m.parameters(), lr=0.1)).run(data, progress={"file": out})
     assert sum(1 for _ in steps) == 8
@@ -493,7 +510,7 @@ def test_nn_graph_progress_is_one_bar_across_batch_layouts():
     assert last.startswith("steps: 100%") and "8/8" in last, last
 
 
-FAILED_ACT_SUITE = '''
+FAILED_ACT_SUITE = """
 import actorflow as af
 
 def test_stopped_report(af_seed):
@@ -514,7 +531,7 @@ def test_async_failure():
         return x
     g.sink(g.actor(aboom, g.source(list(range(5)), name="load"), name="aboom"))
     list(g.run())
-'''
+"""
 
 
 def _failed_act_report(pytester, which: str) -> str:
@@ -528,12 +545,13 @@ def _failed_act_report(pytester, which: str) -> str:
 
 def test_plugin_report_leads_with_the_failed_act_and_lists_it_last(pytester):
     out = _failed_act_report(pytester, "stopped_report")
-    section = out[out.index("actorflow (call)"):]
+    section = out[out.index("actorflow (call)") :]
     lines = [x.strip() for x in section.splitlines()[1:]]
     assert lines[0] == "run 1 was stopped by an error: boom failed on piece 3: ValueError: no"
-    assert "boom failed on piece 3: ValueError: no" in lines[lines.index("who waits for whom:")
-                                                             + 1:]
-    assert not any(x.startswith("boom waits") for x in lines)      # it failed, not waits
+    assert (
+        "boom failed on piece 3: ValueError: no" in lines[lines.index("who waits for whom:") + 1 :]
+    )
+    assert not any(x.startswith("boom waits") for x in lines)  # it failed, not waits
     acts = [x for x in lines if " piece " in x and x[0].isdigit()]
     assert acts[-1].split()[1:4] == ["boom", "piece", "3"]
     assert acts[-1].endswith("raised ValueError: no")
@@ -548,12 +566,14 @@ def test_plugin_report_names_a_failed_async_act(pytester):
 
 def test_acts_and_the_trace_include_the_act_that_raised(tmp_path):
     import json
+
     g = af.ActorGraph(buffers=1)
 
     def boom(x):
         if x == 3:
             raise ValueError("no")
         return x
+
     g.sink(g.actor(boom, g.source(list(range(6)), name="load"), name="boom"))
     with pytest.raises(af.ActorError):
         list(g.run(trace=tmp_path / "t.json"))
@@ -561,5 +581,6 @@ def test_acts_and_the_trace_include_the_act_that_raised(tmp_path):
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     failed = [e for e in events if e.get("args", {}).get("error")]
     assert [(e["name"], e["args"]["piece"], e["args"]["error"]) for e in failed] == [
-        ("boom", 3, "ValueError: no")]
+        ("boom", 3, "ValueError: no")
+    ]
     assert g.stats().state == "failed"

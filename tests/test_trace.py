@@ -33,9 +33,9 @@ def test_views_constants_multiple_outputs_and_scalars():
 
     @af.trace
     def f(x):
-        t = x.T                                   # a view of the input
-        y = (t @ af.ones(4, 2)).sum(dim=1) + 1    # a constant made inside
-        z = af.tanh(x[1:, ::2]) * 2               # a strided view
+        t = x.T  # a view of the input
+        y = (t @ af.ones(4, 2)).sum(dim=1) + 1  # a constant made inside
+        z = af.tanh(x[1:, ::2]) * 2  # a strided view
         return {"y": y, "z": z, "w": x @ W, "m": af.max(x, dim=0)}
 
     xs = [rand(4, 5, seed=i) for i in range(3)]
@@ -64,17 +64,15 @@ def test_returning_an_input_view():
 def test_op_actor_with_several_ops_and_kwargs():
     g = af.ActorGraph()
     src = g.source([rand(3, 4, seed=i) for i in range(4)])
-    h = g.op(lambda x, dim: af.log_softmax(af.relu(x) * 2 + 1, dim=dim), src, dim=0,
-             name="fused")
+    h = g.op(lambda x, dim: af.log_softmax(af.relu(x) * 2 + 1, dim=dim), src, dim=0, name="fused")
     g.sink(h)
     plan = g.plan()
     row = [r for r in plan.rows if r["name"] == "fused"][0]
-    assert row["workspace_bytes"] == 3 * 3 * 4 * 4       # relu, * 2 and + 1 intermediates
+    assert row["workspace_bytes"] == 3 * 3 * 4 * 4  # relu, * 2 and + 1 intermediates
     outs = list(g.run())
     for i, y in enumerate(outs):
         x = af.from_numpy(rand(3, 4, seed=i))
-        np.testing.assert_allclose(y, af.log_softmax(af.relu(x) * 2 + 1, dim=0).numpy(),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(y, af.log_softmax(af.relu(x) * 2 + 1, dim=0).numpy(), rtol=1e-6)
 
 
 def test_eager_call_still_works():
@@ -132,7 +130,7 @@ def test_feed_is_required_and_reusable():
         return af.exp(x)
 
     g = f.actor_graph(af.Spec((3,)))
-    assert [r["name"] for r in g.plan().rows] == ["inputs of f", "exp"]   # Specs size it
+    assert [r["name"] for r in g.plan().rows] == ["inputs of f", "exp"]  # Specs size it
     with pytest.raises(af.PlanError, match="feed="):
         list(g.run())
     with pytest.raises(af.PlanError, match=r"run\(feed=5\): feed takes the pieces.* got int"):
@@ -152,8 +150,7 @@ def test_op_actor_from_a_compiled_program():
     from actorflow.runtime.plan.spec import PieceSpec
     from actorflow.tracing import op_program
 
-    program = op_program(lambda x: af.relu(x) * 2, [PieceSpec.from_user(af.Spec((3, 4)))],
-                         {})
+    program = op_program(lambda x: af.relu(x) * 2, [PieceSpec.from_user(af.Spec((3, 4)))], {})
     xs = [rand(3, 4, seed=i) for i in range(3)]
     g = af.ActorGraph()
     src = g.source(xs)

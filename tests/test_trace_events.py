@@ -34,18 +34,48 @@ def test_the_events_handed_back_are_the_ones_written(tmp_path):
 
 def test_each_kind_of_event_has_the_chrome_fields():
     evs = sample().events()
-    assert [e["ph"] for e in evs[:4]] == ["M"] * 4          # metadata first, as added
-    assert evs[0] == {"ph": "M", "name": "process_name", "ts": 0, "pid": 1, "tid": 0,
-                      "args": {"name": "actorflow run", "waits_left_out": 3}}
+    assert [e["ph"] for e in evs[:4]] == ["M"] * 4  # metadata first, as added
+    assert evs[0] == {
+        "ph": "M",
+        "name": "process_name",
+        "ts": 0,
+        "pid": 1,
+        "tid": 0,
+        "args": {"name": "actorflow run", "waits_left_out": 3},
+    }
     assert evs[1]["args"] == {"name": 'lo"ad\\1'} and evs[2]["args"] == {"sort_index": 1}
     act, start, end, blob, free = evs[4:9]
-    assert act == {"ph": "X", "cat": "act", "name": 'lo"ad\\1', "ts": 2.0, "dur": 1.5,
-                   "pid": 1, "tid": 1, "args": {"piece": 0, "é": [1, 2]}}
-    assert start == {"ph": "s", "cat": "register", "name": "register", "id": 'lo"ad\\1/0',
-                     "ts": 3.5, "pid": 1, "tid": 1}
+    assert act == {
+        "ph": "X",
+        "cat": "act",
+        "name": 'lo"ad\\1',
+        "ts": 2.0,
+        "dur": 1.5,
+        "pid": 1,
+        "tid": 1,
+        "args": {"piece": 0, "é": [1, 2]},
+    }
+    assert start == {
+        "ph": "s",
+        "cat": "register",
+        "name": "register",
+        "id": 'lo"ad\\1/0',
+        "ts": 3.5,
+        "pid": 1,
+        "tid": 1,
+    }
     assert end["ph"] == "f" and end["bp"] == "e" and end["id"] == start["id"]
     assert blob["id"] == 7
-    assert free == {"ph": "C", "name": "s free registers", "ts": 4.0, "pid": 1, "tid": 2,
-                    "args": {"free": 1}}
-    assert [(e["ts"], e["args"]["bytes in use"]) for e in evs[9:]] == [(0.0, 0), (2.0, 64),
-                                                                        (5.5, 0)]
+    assert free == {
+        "ph": "C",
+        "name": "s free registers",
+        "ts": 4.0,
+        "pid": 1,
+        "tid": 2,
+        "args": {"free": 1},
+    }
+    assert [(e["ts"], e["args"]["bytes in use"]) for e in evs[9:]] == [
+        (0.0, 0),
+        (2.0, 64),
+        (5.5, 0),
+    ]

@@ -21,7 +21,7 @@ import pathlib
 import re
 import sys
 
-if __name__ == "__main__":      # the actorflow next to this file, not an installed one
+if __name__ == "__main__":  # the actorflow next to this file, not an installed one
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from actorflow import autograd, methods  # noqa: E402 - after the sys.path insert
@@ -30,7 +30,7 @@ from actorflow.tensor import tensor as tensor_module  # noqa: E402 - after the s
 Tensor = tensor_module.Tensor
 STUB = pathlib.Path(tensor_module.__file__).with_suffix(".pyi")
 
-HEADER = '''\
+HEADER = """\
 # The Tensor as editors and type checkers see it: the methods tensor.py defines and those
 # actorflow.methods binds from its table (METHODS, autograd.METHODS, OPERATORS).
 # Written by tools/tensor_stub.py from the class itself: do not edit by hand; change the
@@ -59,52 +59,112 @@ class _MinMax(NamedTuple):
     indices: Tensor
 
 GRAD_VIEW: list[Any]
-'''
+"""
 
 # A parameter's type by its name, where the function does not annotate it.
 TYPES = {
-    "other": "_Operand", "exponent": "_Operand", "alpha": "_Number", "value": "_Number",
-    "min": "_Operand | None", "max": "_Operand | None", "condition": "Tensor",
-    "rounding_mode": "str | None", "out": "None", "memory_format": "Any",
-    "dim": "int | None", "axis": "int | None", "keepdims": "bool | None",
-    "dtype": "_DTypeLike | None", "device": "_DeviceLike | None", "tensor": "Tensor | None",
-    "copy": "bool", "non_blocking": "bool", "key": "Any", "args": "Any", "kwargs": "Any",
-    "sizes": "_Shape", "shape": "_Shape", "dims": "_Shape", "gradient": "Tensor | None",
-    "impl": "TensorImpl", "fn": "Any", "name": "str", "stream": "Any", "t": "Tensor",
-    "arg": "Any", "index": "Tensor", "src": "Tensor", "descending": "bool", "stable": "bool",
-    "k": "int", "largest": "bool", "sorted": "bool", "sparse_grad": "bool",
+    "other": "_Operand",
+    "exponent": "_Operand",
+    "alpha": "_Number",
+    "value": "_Number",
+    "min": "_Operand | None",
+    "max": "_Operand | None",
+    "condition": "Tensor",
+    "rounding_mode": "str | None",
+    "out": "None",
+    "memory_format": "Any",
+    "dim": "int | None",
+    "axis": "int | None",
+    "keepdims": "bool | None",
+    "dtype": "_DTypeLike | None",
+    "device": "_DeviceLike | None",
+    "tensor": "Tensor | None",
+    "copy": "bool",
+    "non_blocking": "bool",
+    "key": "Any",
+    "args": "Any",
+    "kwargs": "Any",
+    "sizes": "_Shape",
+    "shape": "_Shape",
+    "dims": "_Shape",
+    "gradient": "Tensor | None",
+    "impl": "TensorImpl",
+    "fn": "Any",
+    "name": "str",
+    "stream": "Any",
+    "t": "Tensor",
+    "arg": "Any",
+    "index": "Tensor",
+    "src": "Tensor",
+    "descending": "bool",
+    "stable": "bool",
+    "k": "int",
+    "largest": "bool",
+    "sorted": "bool",
+    "sparse_grad": "bool",
 }
 
 # (function, parameter) -> type, where the name alone does not say it.
 TYPES_IN = {
-    ("sum", "dim"): "_Dims | None", ("mean", "dim"): "_Dims | None",
-    ("amax", "dim"): "_Dims | None", ("amin", "dim"): "_Dims | None",
-    ("sum", "axis"): "_Dims | None", ("mean", "axis"): "_Dims | None",
-    ("amax", "axis"): "_Dims | None", ("amin", "axis"): "_Dims | None",
-    ("max", "other"): "Tensor | None", ("min", "other"): "Tensor | None",
-    ("copy_", "other"): "Tensor", ("__setitem__", "value"): "Any",
-    ("grad", "value"): "Tensor | None", ("expand_as", "other"): "Tensor",
-    ("__array__", "dtype"): "Any", ("__array__", "copy"): "bool | None",
-    ("type", "dtype"): "_DTypeLike", ("reshape", "shape"): "Sequence[int] | None",
-    ("shape_args", "args"): "tuple[Any, ...]", ("cumsum", "dim"): "int | None",
-    ("gather", "dim"): "int | None", ("scatter_add", "dim"): "int | None",
-    ("scatter_add_", "dim"): "int | None", ("gather", "index"): "Tensor | None",
-    ("scatter_add", "index"): "Tensor | None", ("scatter_add_", "index"): "Tensor | None",
-    ("scatter_add", "src"): "Tensor | None", ("scatter_add_", "src"): "Tensor | None",
-    ("cumsum", "axis"): "int | None", ("sort", "dim"): "int", ("argsort", "dim"): "int",
+    ("sum", "dim"): "_Dims | None",
+    ("mean", "dim"): "_Dims | None",
+    ("amax", "dim"): "_Dims | None",
+    ("amin", "dim"): "_Dims | None",
+    ("sum", "axis"): "_Dims | None",
+    ("mean", "axis"): "_Dims | None",
+    ("amax", "axis"): "_Dims | None",
+    ("amin", "axis"): "_Dims | None",
+    ("max", "other"): "Tensor | None",
+    ("min", "other"): "Tensor | None",
+    ("copy_", "other"): "Tensor",
+    ("__setitem__", "value"): "Any",
+    ("grad", "value"): "Tensor | None",
+    ("expand_as", "other"): "Tensor",
+    ("__array__", "dtype"): "Any",
+    ("__array__", "copy"): "bool | None",
+    ("type", "dtype"): "_DTypeLike",
+    ("reshape", "shape"): "Sequence[int] | None",
+    ("shape_args", "args"): "tuple[Any, ...]",
+    ("cumsum", "dim"): "int | None",
+    ("gather", "dim"): "int | None",
+    ("scatter_add", "dim"): "int | None",
+    ("scatter_add_", "dim"): "int | None",
+    ("gather", "index"): "Tensor | None",
+    ("scatter_add", "index"): "Tensor | None",
+    ("scatter_add_", "index"): "Tensor | None",
+    ("scatter_add", "src"): "Tensor | None",
+    ("scatter_add_", "src"): "Tensor | None",
+    ("cumsum", "axis"): "int | None",
+    ("sort", "dim"): "int",
+    ("argsort", "dim"): "int",
     ("topk", "dim"): "int",
-    ("masked_fill", "mask"): "Tensor", ("masked_fill", "value"): "_Number | Tensor",
+    ("masked_fill", "mask"): "Tensor",
+    ("masked_fill", "value"): "_Number | Tensor",
 }
 
 # A result's type, where the function does not annotate it (or says less than this).
 RETURNS = {
-    "_meta": "TensorMeta", "shape": "tuple[int, ...]", "dtype": "DType", "device": "Device",
-    "_read": "Any", "numpy": "np.ndarray", "numpy_async": "np.ndarray",
-    "__array__": "np.ndarray", "tolist": "Any", "item": "_Number", "__repr__": "str",
-    "__str__": "str", "__dlpack__": "Any", "__dlpack_device__": "tuple[int, int]",
-    "__iter__": "Iterator[Tensor]", "grad": "Tensor | None", "grad_fn": "Any",
-    "backward": "None", "shape_args": "tuple[int, ...]",
-    "stride": "tuple[int, ...] | int", "sort": "tuple[Tensor, Tensor]",
+    "_meta": "TensorMeta",
+    "shape": "tuple[int, ...]",
+    "dtype": "DType",
+    "device": "Device",
+    "_read": "Any",
+    "numpy": "np.ndarray",
+    "numpy_async": "np.ndarray",
+    "__array__": "np.ndarray",
+    "tolist": "Any",
+    "item": "_Number",
+    "__repr__": "str",
+    "__str__": "str",
+    "__dlpack__": "Any",
+    "__dlpack_device__": "tuple[int, int]",
+    "__iter__": "Iterator[Tensor]",
+    "grad": "Tensor | None",
+    "grad_fn": "Any",
+    "backward": "None",
+    "shape_args": "tuple[int, ...]",
+    "stride": "tuple[int, ...] | int",
+    "sort": "tuple[Tensor, Tensor]",
     "topk": "tuple[Tensor, Tensor]",
 }
 
@@ -113,20 +173,36 @@ RETURNS = {
 OVERLOADS = {
     "size": [({"dim": "None = None"}, "tuple[int, ...]"), ({"dim": "int"}, "int")],
     "stride": [({"dim": "None = None"}, "tuple[int, ...]"), ({"dim": "int"}, "int")],
-    "max": [({"dim": "None = None"}, "Tensor"), ({"dim": "int"}, "_MinMax"),
-            ({"dim": "Tensor"}, "Tensor")],
-    "min": [({"dim": "None = None"}, "Tensor"), ({"dim": "int"}, "_MinMax"),
-            ({"dim": "Tensor"}, "Tensor")],
-    "nonzero": [({"as_tuple": "Literal[False] = False"}, "Tensor"),
-                ({"as_tuple": "Literal[True]"}, "tuple[Tensor, ...]")],
+    "max": [
+        ({"dim": "None = None"}, "Tensor"),
+        ({"dim": "int"}, "_MinMax"),
+        ({"dim": "Tensor"}, "Tensor"),
+    ],
+    "min": [
+        ({"dim": "None = None"}, "Tensor"),
+        ({"dim": "int"}, "_MinMax"),
+        ({"dim": "Tensor"}, "Tensor"),
+    ],
+    "nonzero": [
+        ({"as_tuple": "Literal[False] = False"}, "Tensor"),
+        ({"as_tuple": "Literal[True]"}, "tuple[Tensor, ...]"),
+    ],
 }
 
 # Operators whose result is not what ``object`` declares (a Tensor, not a bool).
 IGNORE_OVERRIDE = {"__eq__", "__ne__"}
 
 # What the class holds that is no method or attribute a user reaches.
-NOT_DECLARED = {"__module__", "__doc__", "__slots__", "__weakref__", "__qualname__",
-                "__dict__", "__firstlineno__", "__static_attributes__"}
+NOT_DECLARED = {
+    "__module__",
+    "__doc__",
+    "__slots__",
+    "__weakref__",
+    "__qualname__",
+    "__dict__",
+    "__firstlineno__",
+    "__static_attributes__",
+}
 
 
 def bound_names() -> dict:
@@ -171,8 +247,10 @@ def _param_type(fn_name: str, p: inspect.Parameter) -> str:
         return _annotation(p.annotation)
     if p.name in TYPES:
         return TYPES[p.name]
-    raise MissingType(f"Tensor.{fn_name}: parameter '{p.name}' has no type; annotate it or "
-                      f"add it to TYPES / TYPES_IN in tools/tensor_stub.py")
+    raise MissingType(
+        f"Tensor.{fn_name}: parameter '{p.name}' has no type; annotate it or "
+        f"add it to TYPES / TYPES_IN in tools/tensor_stub.py"
+    )
 
 
 def _return_type(name: str, fn) -> str:
@@ -182,9 +260,11 @@ def _return_type(name: str, fn) -> str:
     if ann is not inspect.Signature.empty:
         return _annotation(ann)
     if fn.__module__.startswith("actorflow.functional"):
-        return "Tensor"     # functional's functions and prebuilt operators return tensors
-    raise MissingType(f"Tensor.{name}: the result has no type; annotate it or add it to "
-                      f"RETURNS in tools/tensor_stub.py")
+        return "Tensor"  # functional's functions and prebuilt operators return tensors
+    raise MissingType(
+        f"Tensor.{name}: the result has no type; annotate it or add it to "
+        f"RETURNS in tools/tensor_stub.py"
+    )
 
 
 def _params(name: str, fn, method: bool, types: dict | None = None) -> list:
@@ -193,7 +273,7 @@ def _params(name: str, fn, method: bool, types: dict | None = None) -> list:
     out, star = [], False
     for i, p in enumerate(inspect.signature(fn).parameters.values()):
         if method and i == 0:
-            out.append("self")           # functional's ``input`` is the tensor itself
+            out.append("self")  # functional's ``input`` is the tensor itself
             continue
         kind = p.kind
         if kind is p.KEYWORD_ONLY and not star:
@@ -216,15 +296,16 @@ def _params(name: str, fn, method: bool, types: dict | None = None) -> list:
 
 
 def _doc(fn, indent: str) -> list:
-    if not fn.__doc__:      # its own only: never object's ("Return self==value.")
+    if not fn.__doc__:  # its own only: never object's ("Return self==value.")
         return []
     doc = inspect.cleandoc(fn.__doc__)
-    doc = doc.replace('"""', r'\"\"\"')
+    doc = doc.replace('"""', r"\"\"\"")
     lines = doc.splitlines()
     if len(lines) == 1:
         return [f'{indent}"""{lines[0]}"""']
-    return [f'{indent}"""{lines[0]}'] + [(indent + ln).rstrip() for ln in lines[1:]] + \
-        [f'{indent}"""']
+    return (
+        [f'{indent}"""{lines[0]}'] + [(indent + ln).rstrip() for ln in lines[1:]] + [f'{indent}"""']
+    )
 
 
 WIDTH = 96
@@ -237,7 +318,7 @@ def _def(indent: str, head: str, params: list, result: str, tail: str = "") -> l
     if len(line) + len(tail) <= WIDTH:
         return [line + tail]
     # a comment (the type: ignore) belongs on the first line, where checkers report
-    comment = tail[tail.index("#") - 2:] if "#" in tail else ""
+    comment = tail[tail.index("#") - 2 :] if "#" in tail else ""
     lines, cur, inner = [f"{indent}{head}({comment}"], "", indent + "    "
     for p in params:
         if cur and len(inner) + len(cur) + len(p) + 2 > WIDTH:
@@ -253,9 +334,9 @@ def _function(name: str, fn, indent: str, method: bool = True, ignore: str = "")
     body = _doc(fn, indent + "    ")
     lines = []
     for types, result in OVERLOADS.get(name, []):
-        lines += [f"{indent}@overload"] + _def(indent, f"{asyn}def {name}",
-                                               _params(name, fn, method, types),
-                                               _qualify(result), " ...")
+        lines += [f"{indent}@overload"] + _def(
+            indent, f"{asyn}def {name}", _params(name, fn, method, types), _qualify(result), " ..."
+        )
     if lines:
         return lines
     params, result = _params(name, fn, method), _qualify(_return_type(name, fn))
@@ -270,15 +351,15 @@ def _member(name: str, value) -> list:
     if isinstance(value, property):
         lines = [f"{ind}@property"] + _function(name, value.fget, ind)
         if value.fset is not None:
-            lines += [f"{ind}@{name}.setter"] + _def(ind, f"def {name}",
-                                                     _params(name, value.fset, True),
-                                                     "None", " ...")
+            lines += [f"{ind}@{name}.setter"] + _def(
+                ind, f"def {name}", _params(name, value.fset, True), "None", " ..."
+            )
         return lines
     if isinstance(value, staticmethod):
         return [f"{ind}@staticmethod"] + _function(name, value.__func__, ind, method=False)
     if callable(value):
         return _function(name, value, ind, ignore=ignore)
-    if type(value).__name__ == "member_descriptor":        # a slot
+    if type(value).__name__ == "member_descriptor":  # a slot
         return [f"{ind}{name}: TensorImpl"]
     return [f"{ind}{name}: {_qualify(type(value).__name__)}"]
 
