@@ -8,6 +8,8 @@ the grad rule of each op, ``engine.py`` runs backward; the Tensor's autograd met
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..creation import ones_like
 from ..eager import interpreter
 from ..functional import cast
@@ -159,7 +161,7 @@ def detach_(self) -> Tensor:
     return self
 
 
-def zero_grad(params, set_to_none: bool = True) -> None:
+def zero_grad(params: Iterable[Tensor], set_to_none: bool = True) -> None:
     """Clears the gradients of ``params`` (``Module.zero_grad``, ``Optimizer.zero_grad``):
     to None, or to zeros in place."""
     for p in params:
