@@ -3,9 +3,12 @@ time; each index is a device of its own, with its own memory, e.g. two budgeted 
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .errors import DeviceError
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
 
 KNOWN_TYPES = ("cpu", "cuda", "null")
 
@@ -23,8 +26,10 @@ class Device:
         self.type, self.index = type, index
         self._str = f"{type}:{index}" if type == "cuda" or index else type
         self._hash = hash(self._str)
-        self.backend = None  # set by actorflow.backends.get_backend on first use
-        self.metas = {}  # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
+        self.backend: Backend | None = None  # set by actorflow.backends.get_backend on first use
+        self.metas: dict[
+            tuple[Any, Any], Any
+        ] = {}  # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
 
     def __repr__(self) -> str:
         return f"device(type='{self.type}', index={self.index})"

@@ -7,7 +7,9 @@ What the eager one decides from a call's signature is kept in the op's dispatch 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from ..backends import get_backend
 from ..device import Device
@@ -22,6 +24,9 @@ from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from ..vm.opcall import allocate, call_op, null_kernel, run_access, run_op, wide_kernel
 from ..vm.run_cuts import ELEMENTWISE
+
+if TYPE_CHECKING:
+    from ..backends.base import Stream
 
 
 class _State(threading.local):
@@ -547,14 +552,14 @@ def use_autograd(recorder) -> None:
 
 
 @contextmanager
-def use_interpreter(interp):
+def use_interpreter(interp: Interpreter) -> Iterator[Interpreter]:
     """Within the block, op calls on this thread go to ``interp`` (e.g. a tracer)."""
     with _override("interpreter", interp):
         yield interp
 
 
 @contextmanager
-def use_stream(stream):
+def use_stream(stream: Stream) -> Iterator[Stream]:
     """Within the block, ops on ``stream.device`` issued by this thread go to ``stream``."""
     streams = dict(STATE.streams or {})
     streams[stream.device] = stream
