@@ -1,10 +1,10 @@
 """Power-user names: the VM, instructions, streams, allocators and scheduler settings; the
 actor runtime's registers, ports, budgets, planner and credit scheduler; the tracer."""
 
-from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
+# (no ``from __future__ import annotations``: its name would be public on this face; the
+# annotations below are evaluated once, at import)
+from collections.abc import Callable as _Callable
+from typing import Any as _Any
 
 from .backends import get_backend
 from .backends import loaded_backends as _loaded_backends
@@ -49,12 +49,12 @@ def set_memory_budget(device: _DeviceLike, budget: int | float | str | None) -> 
     allocator(device).set_budget(None if budget is None else _parse_bytes(budget))
 
 
-def set_null_latency(latency: float | Callable[[str, int], float]) -> None:
+def set_null_latency(latency: float | _Callable[[str, int], float]) -> None:
     """Simulated time of every null-device kernel: seconds, or ``f(op_name, out_bytes)``."""
     get_backend(_device("null")).latency = latency
 
 
-def vm_stats() -> dict[str, Any]:
+def vm_stats() -> dict[str, _Any]:
     """Instructions issued / completed / in flight / run inline, and bytes per device."""
     out = get_vm().stats()
     out["devices"] = {str(b.device): b.allocator.stats().__dict__ for b in _loaded_backends()}

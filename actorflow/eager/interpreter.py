@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from ..backends import get_backend
+from ..backends.base import Stream
 from ..device import Device
 from ..dtype import DType
 from ..dtype import bfloat16 as BF16
@@ -24,9 +24,6 @@ from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from ..vm import ACCESS, OP_CALL, Instruction, get_vm
 from ..vm.opcall import allocate, call_op, null_kernel, run_access, run_op, wide_kernel
 from ..vm.run_cuts import ELEMENTWISE
-
-if TYPE_CHECKING:
-    from ..backends.base import Stream
 
 
 class _State(threading.local):
