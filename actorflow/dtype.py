@@ -68,12 +68,12 @@ _BY_NAME.update(
     }
 )
 _BY_NP = {d.np: d for d in ALL}
-_BY_PY = {bool: bool_, int: int64, float: float32}
+_BY_PY: dict[object, DType] = {bool: bool_, int: int64, float: float32}
 
 default_float = float32
 
 
-def as_dtype(value: Any) -> DType:
+def as_dtype(value: DType | npt.DTypeLike) -> DType:
     """Returns the DType for a DType, a name ('float32'), a numpy dtype or a Python type.
 
     Raises DTypeError naming the supported dtypes for anything else.
