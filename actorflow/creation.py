@@ -4,13 +4,18 @@ copies the data in), zero-copy from numpy or DLPack, and factories (zeros, rand,
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from . import ops
 from .backends import get_backend
+from .device import _DeviceLike
 from .device import device as as_device
 from .dtype import (
+    _DTypeLike,
+    _Number,
     as_dtype,
     bfloat16,
     bfloat16_bits,
@@ -69,7 +74,12 @@ def _infer_data_dtype(data, arr) -> object:
     return from_numpy_dtype(arr.dtype, "tensor")
 
 
-def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def tensor(
+    data: Any,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """A new tensor holding a copy of ``data`` (nested lists, scalars, numpy arrays or a
     tensor). Python floats become float32 and ints int64 unless ``dtype`` says otherwise.
 
@@ -117,7 +127,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return wrap(impl)
 
 
-def from_dlpack(obj) -> Tensor:
+def from_dlpack(obj: Any) -> Tensor:
     """A tensor sharing memory with any object that implements ``__dlpack__``: a host
     array's (a cpu tensor), or a CUDA array's (a CuPy or torch CUDA tensor: a tensor on
     ``cuda:N``, its device, where CUDA runs on a GPU; C-contiguous only). Do not write the
@@ -150,32 +160,60 @@ def _factory(op, shape, dtype, device, extra=None):
     return apply(op, [], attrs, device=dev)[0]
 
 
-def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def empty(
+    *size: int | Sequence[int],
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """An uninitialized tensor. Example: ``af.empty(2, 3)``."""
     shape = _size("empty", size)
     return _finish(_factory(_EMPTY, shape, as_dtype(dtype or default_float), device), requires_grad)
 
 
-def full(size, fill_value, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def full(
+    size: int | Sequence[int],
+    fill_value: _Number,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """A tensor filled with ``fill_value``; its dtype follows the value unless given."""
-    shape = _size("full", (size,) if isinstance(size, numbers.Integral) else tuple(size))
+    shape = _size("full", (size,) if isinstance(size, (int, numbers.Integral)) else tuple(size))
     if isinstance(fill_value, np.generic):
         fill_value = fill_value.item()
     dt = as_dtype(dtype) if dtype is not None else scalar_dtype(fill_value)
     return _finish(_factory(_FULL, shape, dt, device, {"value": fill_value}), requires_grad)
 
 
-def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def zeros(
+    *size: int | Sequence[int],
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """A tensor of zeros. Example: ``af.zeros(2, 3)`` or ``af.zeros((2, 3))``."""
     return full(_size("zeros", size), 0, as_dtype(dtype or default_float), device, requires_grad)
 
 
-def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def ones(
+    *size: int | Sequence[int],
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """A tensor of ones."""
     return full(_size("ones", size), 1, as_dtype(dtype or default_float), device, requires_grad)
 
 
-def arange(start, end=None, step=1, dtype=None, device=None, requires_grad: bool = False):
+def arange(
+    start: int | float,
+    end: int | float | None = None,
+    step: int | float = 1,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Values from ``start`` (default 0) up to ``end`` (excluded) by ``step``; int64 when all
     are ints, else float32. Example: ``af.arange(5)``."""
     if end is None:
@@ -202,12 +240,22 @@ def _random(op, name, size, dtype, device, requires_grad):
     return _finish(impl, requires_grad)
 
 
-def rand(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand(
+    *size: int | Sequence[int],
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Uniform random values in [0, 1). Follows ``manual_seed``."""
     return _random(_RAND, "rand", size, dtype, device, requires_grad)
 
 
-def randn(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn(
+    *size: int | Sequence[int],
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Standard normal random values. Follows ``manual_seed``."""
     return _random(_RANDN, "randn", size, dtype, device, requires_grad)
 
@@ -216,27 +264,58 @@ def _like(fn, t, dtype, device, **kw):
     return fn(t.shape, dtype=dtype or t.dtype, device=device or t.device, **kw)
 
 
-def zeros_like(input, dtype=None, device=None, requires_grad: bool = False):
+def zeros_like(
+    input: Tensor,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return _like(zeros, input, dtype, device, requires_grad=requires_grad)
 
 
-def ones_like(input, dtype=None, device=None, requires_grad: bool = False):
+def ones_like(
+    input: Tensor,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return _like(ones, input, dtype, device, requires_grad=requires_grad)
 
 
-def empty_like(input, dtype=None, device=None, requires_grad: bool = False):
+def empty_like(
+    input: Tensor,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return _like(empty, input, dtype, device, requires_grad=requires_grad)
 
 
-def full_like(input, fill_value, dtype=None, device=None, requires_grad: bool = False):
+def full_like(
+    input: Tensor,
+    fill_value: _Number,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return full(
         input.shape, fill_value, dtype or input.dtype, device or input.device, requires_grad
     )
 
 
-def rand_like(input, dtype=None, device=None, requires_grad: bool = False):
+def rand_like(
+    input: Tensor,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return _like(rand, input, dtype, device, requires_grad=requires_grad)
 
 
-def randn_like(input, dtype=None, device=None, requires_grad: bool = False):
+def randn_like(
+    input: Tensor,
+    dtype: _DTypeLike | None = None,
+    device: _DeviceLike | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
     return _like(randn, input, dtype, device, requires_grad=requires_grad)

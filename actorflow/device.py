@@ -3,7 +3,12 @@ time; each index is a device of its own, with its own memory, e.g. two budgeted 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypeAlias
+
 from .errors import DeviceError
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
 
 KNOWN_TYPES = ("cpu", "cuda", "null")
 
@@ -17,12 +22,14 @@ class Device:
 
     __slots__ = ("type", "index", "_str", "_hash", "backend", "metas")
 
-    def __init__(self, type: str, index: int):
+    def __init__(self, type: str, index: int) -> None:
         self.type, self.index = type, index
         self._str = f"{type}:{index}" if type == "cuda" or index else type
         self._hash = hash(self._str)
-        self.backend = None  # set by actorflow.backends.get_backend on first use
-        self.metas = {}  # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
+        self.backend: Backend | None = None  # set by actorflow.backends.get_backend on first use
+        self.metas: dict[
+            tuple[Any, Any], Any
+        ] = {}  # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)
 
     def __repr__(self) -> str:
         return f"device(type='{self.type}', index={self.index})"
@@ -30,7 +37,7 @@ class Device:
     def __str__(self) -> str:
         return self._str
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
             try:
                 other = device(other)
@@ -41,15 +48,18 @@ class Device:
     def __hash__(self) -> int:
         return self._hash
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (device, (self._str,))
 
+
+# a device as functions take it: a Device or its name ('cpu', 'cuda:1')
+_DeviceLike: TypeAlias = Device | str
 
 _CACHE: dict = {}  # (spec, index) as given -> Device
 _INTERNED: dict = {}  # (type, index) -> Device
 
 
-def device(spec="cpu", index: int | None = None) -> Device:
+def device(spec: _DeviceLike = "cpu", index: int | None = None) -> Device:
     """Returns the Device for 'cpu', 'null', 'null:N', 'cuda', 'cuda:N' (or a Device).
 
     Raises DeviceError for an unknown name, with the accepted forms.

@@ -8,7 +8,10 @@ float16). Python floats become the default float dtype, float32.
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import numpy as np
+import numpy.typing as npt
 
 from .errors import DTypeError
 
@@ -20,7 +23,7 @@ class DType:
 
     __slots__ = ("name", "np", "itemsize", "category")
 
-    def __init__(self, name: str, np_dtype, category: int):
+    def __init__(self, name: str, np_dtype: npt.DTypeLike, category: int) -> None:
         self.name = name
         self.np = np.dtype(np_dtype)
         self.itemsize = self.np.itemsize
@@ -33,7 +36,7 @@ class DType:
     def __repr__(self) -> str:
         return f"actorflow.{self.name}"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (as_dtype, (self.name,))
 
 
@@ -44,6 +47,12 @@ float16 = DType("float16", np.float16, FLOAT)
 float32 = DType("float32", np.float32, FLOAT)
 float64 = DType("float64", np.float64, FLOAT)
 bfloat16 = DType("bfloat16", np.uint16, FLOAT)  # stored as uint16 bits: see above
+
+# a dtype as functions take it: a DType or its name ('float32'); ``as_dtype`` also takes a
+# numpy dtype or a Python type
+_DTypeLike: TypeAlias = DType | str
+# a Python scalar, as ops take it beside tensors
+_Number: TypeAlias = bool | int | float
 
 ALL = (bool_, int32, int64, float16, float32, float64)  # numpy's own: computed as they are
 STORAGE_ONLY = (bfloat16,)  # computed in float32
@@ -59,12 +68,12 @@ _BY_NAME.update(
     }
 )
 _BY_NP = {d.np: d for d in ALL}
-_BY_PY = {bool: bool_, int: int64, float: float32}
+_BY_PY: dict[object, DType] = {bool: bool_, int: int64, float: float32}
 
 default_float = float32
 
 
-def as_dtype(value) -> DType:
+def as_dtype(value: DType | npt.DTypeLike) -> DType:
     """Returns the DType for a DType, a name ('float32'), a numpy dtype or a Python type.
 
     Raises DTypeError naming the supported dtypes for anything else.
@@ -90,7 +99,7 @@ def as_dtype(value) -> DType:
     )
 
 
-def from_numpy_dtype(np_dtype, op: str = "from_numpy") -> DType:
+def from_numpy_dtype(np_dtype: np.dtype, op: str = "from_numpy") -> DType:
     d = _BY_NP.get(np_dtype)
     if d is None:
         raise DTypeError(
@@ -111,7 +120,7 @@ def promote_types(a: DType, b: DType) -> DType:
     return a if a.itemsize >= b.itemsize else b
 
 
-def scalar_dtype(value) -> DType:
+def scalar_dtype(value: object) -> DType:
     """The dtype a Python scalar takes on its own: bool, int64 or the default float."""
     if isinstance(value, bool):
         return bool_
@@ -135,7 +144,7 @@ def combine_categories(higher: DType | None, lower: DType | None) -> DType | Non
     return higher
 
 
-def result_type(*operands) -> DType:
+def result_type(*operands: Any) -> DType:
     """The dtype of an elementwise op over tensors (or TensorMetas) and Python scalars
     (see the module docstring)."""
     dim = zero = scalar = None
@@ -161,7 +170,7 @@ def result_type(*operands) -> DType:
 _U32 = np.dtype(np.uint32)
 
 
-def bfloat16_bits(values) -> np.ndarray:
+def bfloat16_bits(values: npt.ArrayLike) -> np.ndarray:
     """The bfloat16 bits (uint16) nearest to ``values`` (read as float32 first), ties to
     even, as PyTorch's conversion: NaN becomes 0x7FC0, values past the largest bfloat16
     round to infinity."""
@@ -176,7 +185,7 @@ def bfloat16_bits(values) -> np.ndarray:
     return out
 
 
-def bfloat16_values(bits) -> np.ndarray:
+def bfloat16_values(bits: npt.ArrayLike) -> np.ndarray:
     """The float32 values of bfloat16 ``bits`` (uint16), exactly."""
     wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32)
     np.left_shift(wide, 16, out=wide)  # (in place: a 0-d array stays an array)

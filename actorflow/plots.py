@@ -12,13 +12,20 @@ waiting on input, credit and resources, as stacked bars.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 WAIT_COLORS = {"input": "tab:orange", "credit": "tab:red", "resource": "tab:purple"}
 
 
-def plot_timeline(source, path=None, title: str | None = None):
+def plot_timeline(
+    source: Any, path: str | os.PathLike[str] | None = None, title: str | None = None
+) -> Figure:
     """Draws ``source`` (a trace path, the trace's events or its parsed JSON, or a
     RunStats) and saves it to ``path`` (PNG, or any format matplotlib knows) when given;
     returns the figure. Raises ImportError naming the extra when matplotlib is missing."""

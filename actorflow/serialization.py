@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def _flatten(obj, prefix: str, out: dict) -> None:
         )
 
 
-def save(obj: dict, path) -> None:
+def save(obj: dict[Any, Any], path: str | os.PathLike[str]) -> None:
     """Writes ``obj`` (``model.state_dict()``, ``opt.state_dict()``, or a dict of them) to
     ``path`` as ``.npz``. Values may be tensors, arrays, numbers, strings, None, and lists,
     tuples and dicts of them; ``load`` gives back the same nesting (tensors as tensors, a
@@ -110,7 +111,7 @@ def _part(p: str):
     return int(p[1:]) if p.startswith(_INT_KEY) else p
 
 
-def load(path) -> dict:
+def load(path: str | os.PathLike[str]) -> dict[Any, Any]:
     """Reads what ``save`` wrote: tensors, plain values, lists, tuples and dicts, in the
     same nesting."""
     out: dict = {}

@@ -8,6 +8,8 @@ the grad rule of each op, ``engine.py`` runs backward; the Tensor's autograd met
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..creation import ones_like
 from ..eager import interpreter
 from ..functional import cast
@@ -70,12 +72,12 @@ def _set_requires_grad(self, value: bool) -> None:
     requires_grad_(self, bool(value))
 
 
-def _get_grad(self):
+def _get_grad(self) -> Tensor | None:
     ag = self._impl.ag
     return None if ag is None else ag.grad
 
 
-def _set_grad(self, value) -> None:
+def _set_grad(self, value: Tensor | None) -> None:
     ag = self._impl.ag
     if value is not None and not isinstance(value, Tensor):
         raise TypeError(f"grad must be a Tensor or None, got {type(value).__name__}")
@@ -91,7 +93,7 @@ def _set_grad(self, value) -> None:
     ag.grad = value
 
 
-def _grad_fn(self):
+def _grad_fn(self) -> Node | None:
     ag = self._impl.ag
     return None if ag is None else ag.grad_fn
 
@@ -115,7 +117,9 @@ def retain_grad(self) -> None:
     ag.retains_grad = True
 
 
-def backward(self, gradient=None, retain_graph: bool = False, create_graph: bool = False):
+def backward(
+    self, gradient: Tensor | None = None, retain_graph: bool = False, create_graph: bool = False
+) -> None:
     """Computes the gradient of this tensor with respect to the leaves that require grad
     and adds it to their ``.grad``. ``gradient``: d(something)/d(this tensor), needed
     unless it has one element."""
@@ -159,7 +163,7 @@ def detach_(self) -> Tensor:
     return self
 
 
-def zero_grad(params, set_to_none: bool = True) -> None:
+def zero_grad(params: Iterable[Tensor], set_to_none: bool = True) -> None:
     """Clears the gradients of ``params`` (``Module.zero_grad``, ``Optimizer.zero_grad``):
     to None, or to zeros in place."""
     for p in params:

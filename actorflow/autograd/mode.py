@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, cast
 
 
 class _Mode(threading.local):
@@ -14,6 +16,9 @@ class _Mode(threading.local):
 
 
 MODE = _Mode()
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_M = TypeVar("_M", bound="_GradMode")
 
 
 def is_grad_enabled() -> bool:
@@ -28,24 +33,24 @@ class _GradMode:
 
     mode = True
 
-    def __new__(cls, *args):
+    def __new__(cls, *args: Any) -> Any:  # (bare as a decorator: the decorated function)
         if cls is not set_grad_enabled and len(args) == 1 and callable(args[0]):
             return cls()(args[0])  # used bare: @af.no_grad
         return super().__new__(cls)
 
-    def __enter__(self):
+    def __enter__(self: _M) -> _M:
         self.prev = MODE.enabled
         MODE.enabled = self.mode
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         MODE.enabled = self.prev
         return False
 
     def _fresh(self):
         return type(self)()
 
-    def __call__(self, fn):
+    def __call__(self, fn: _F) -> _F:
         mode = self.mode
         if inspect.isgeneratorfunction(fn):
 
@@ -64,7 +69,7 @@ class _GradMode:
                         MODE.enabled = prev
                     value = yield item
 
-            return gen
+            return cast(_F, gen)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -75,7 +80,7 @@ class _GradMode:
             finally:
                 MODE.enabled = prev
 
-        return wrapper
+        return cast(_F, wrapper)
 
 
 class no_grad(_GradMode):
@@ -96,7 +101,7 @@ class set_grad_enabled(_GradMode):
     back to what it was at the end of a ``with`` block; as a decorator, for each call of
     the function only."""
 
-    def __init__(self, mode: bool):
+    def __init__(self, mode: bool) -> None:
         if not isinstance(mode, bool):
             raise TypeError(
                 f"set_grad_enabled(mode): mode must be a bool, got {type(mode).__name__}"
@@ -105,10 +110,10 @@ class set_grad_enabled(_GradMode):
         self.prev = MODE.enabled
         MODE.enabled = mode
 
-    def __enter__(self):
+    def __enter__(self: _M) -> _M:
         MODE.enabled = self.mode  # (prev: the mode when it was called)
         return self
 
-    def __call__(self, fn):
+    def __call__(self, fn: _F) -> _F:
         MODE.enabled = self.prev  # a decorator changes nothing until a call
         return super().__call__(fn)

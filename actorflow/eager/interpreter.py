@@ -7,9 +7,11 @@ What the eager one decides from a call's signature is kept in the op's dispatch 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..backends import get_backend
+from ..backends.base import Stream
 from ..device import Device
 from ..dtype import DType
 from ..dtype import bfloat16 as BF16
@@ -547,14 +549,14 @@ def use_autograd(recorder) -> None:
 
 
 @contextmanager
-def use_interpreter(interp):
+def use_interpreter(interp: Interpreter) -> Iterator[Interpreter]:
     """Within the block, op calls on this thread go to ``interp`` (e.g. a tracer)."""
     with _override("interpreter", interp):
         yield interp
 
 
 @contextmanager
-def use_stream(stream):
+def use_stream(stream: Stream) -> Iterator[Stream]:
     """Within the block, ops on ``stream.device`` issued by this thread go to ``stream``."""
     streams = dict(STATE.streams or {})
     streams[stream.device] = stream

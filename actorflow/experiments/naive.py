@@ -29,12 +29,17 @@ import asyncio
 import random
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadlockError, OutOfMemoryError, format_bytes, parse_bytes
 from ..eventloop import new_event_loop
 from ..runtime.observe.watchdog import WaitFor, deadlock
 from ..runtime.plan.registers import MemoryBudget
 from ..runtime.plan.sizing import plan_graph
+
+if TYPE_CHECKING:
+    from ..runtime import ActorGraph
 
 POLICIES = ("fifo", "lifo", "random")
 MODES = ("wait", "fail", "double-buffer")
@@ -421,7 +426,9 @@ class NaiveScheduler:
                     )
 
 
-def ops_from_graph(graph, device_of=None, feed=None) -> list:
+def ops_from_graph(
+    graph: ActorGraph, device_of: Callable[[Any], str] | None = None, feed: Any = None
+) -> list[NaiveOp]:
     """NaiveOps for an ActorGraph: one per actor, with its inputs, the bytes of one of its
     registers, its ``time=`` (0 if none or a function) and its register's device (or
     ``device_of(actor)``). Sized, not planned: the budgets are not checked, so a graph the

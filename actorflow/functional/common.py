@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from .. import ops
 from ..backends import get_backend
+from ..dtype import _Number
 from ..eager.interpreter import resolve, transfer
 from ..errors import DeviceError
 from ..tensor.tensor import Tensor
 
 NO_ATTRS: dict = {}
+
+# What the functions take, as Tensor's stub (tensor/tensor.pyi) spells it: an operand of an
+# elementwise op (a tensor, a Python or numpy scalar, or an array made a tensor), the dims
+# of a reduction
+_Operand: TypeAlias = Tensor | _Number | np.ndarray | np.generic
+_Dims: TypeAlias = int | tuple[int, ...] | list[int]
 NUMBER = (bool, int, float)
 
 
@@ -19,7 +28,7 @@ def op_def(name):
     return ops.get(name)
 
 
-def number(op: str, value, arg: str = "other"):
+def number(op: str, value: Any, arg: str = "other") -> _Number:
     """A Python scalar from a bool/int/float or a numpy scalar; TypeError otherwise."""
     if type(value) in NUMBER:
         return value
@@ -30,7 +39,7 @@ def number(op: str, value, arg: str = "other"):
     )
 
 
-def tensor_arg(op: str, value, arg: str = "input") -> Tensor:
+def tensor_arg(op: str, value: Any, arg: str = "input") -> Tensor:
     if isinstance(value, Tensor):
         return value
     raise TypeError(f"{op}(): argument '{arg}' must be a Tensor, not {type(value).__name__}")

@@ -7,13 +7,17 @@ The arguments are checked and normalised here (``ops/conv.py`` takes pairs and
 from __future__ import annotations
 
 import numbers
+from typing import Literal, TypeAlias, overload
 
 from ..eager.interpreter import apply
 from ..errors import ShapeError
-from ..tensor.tensor import wrap
+from ..tensor.tensor import Tensor, wrap
 from .common import op_def, tensor_arg
 from .elementwise import add
 from .joining import clone
+
+# a size of the two spatial dims: an int for both, or (h, w)
+_Pair: TypeAlias = int | tuple[int, ...] | list[int]
 
 _CONV, _CONV_T = op_def("conv2d"), op_def("conv_transpose2d")
 _MAX, _AVG, _ADAPTIVE = op_def("max_pool2d"), op_def("avg_pool2d"), op_def("adaptive_avg_pool2d")
@@ -104,7 +108,15 @@ def _groups(op, groups) -> int:
     return int(groups)
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Pair = 1,
+    padding: _Pair | str = 0,
+    dilation: _Pair = 1,
+    groups: int = 1,
+) -> Tensor:
     """A 2-D convolution (cross-correlation, as PyTorch's) of ``input`` (N, C, H, W) or
     (C, H, W) with ``weight`` (O, C/groups, kh, kw), plus ``bias`` (O,).
 
@@ -140,8 +152,15 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv_transpose2d(
-    input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
-):
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: _Pair = 1,
+    padding: _Pair = 0,
+    output_padding: _Pair = 0,
+    groups: int = 1,
+    dilation: _Pair = 1,
+) -> Tensor:
     """The transpose of conv2d (its gradient with respect to its input), with ``weight``
     (C_in, C_out/groups, kh, kw) as PyTorch's: the output is
     (H-1)*stride - 2*padding + dilation*(k-1) + output_padding + 1 per dim.
@@ -173,15 +192,16 @@ def conv_transpose2d(
         (h - 1) * stride[0] - 2 * ph + dilation[0] * (kh - 1) + oph + 1,
         (w - 1) * stride[1] - 2 * pw + dilation[1] * (kw - 1) + opw + 1,
     )
+    g = _groups(op, groups)
     attrs = {
         "stride": stride,
         "padding": (ph, ph, pw, pw),
         "dilation": dilation,
-        "groups": _groups(op, groups),
+        "groups": g,
         "output_size": size,
     }
     out = wrap(apply(_CONV_T, [x._impl, weight._impl], attrs)[0])
-    return _unbatched(_bias(op, out, bias, weight.shape[1] * attrs["groups"]), was)
+    return _unbatched(_bias(op, out, bias, weight.shape[1] * g), was)
 
 
 def _pool_attrs(op, kernel_size, stride, padding, dilation, ceil_mode) -> dict:
@@ -200,9 +220,48 @@ def _pool_attrs(op, kernel_size, stride, padding, dilation, ceil_mode) -> dict:
     }
 
 
+@overload
 def max_pool2d(
-    input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False
-):
+    input: Tensor,
+    kernel_size: _Pair,
+    stride: _Pair | None = None,
+    padding: _Pair = 0,
+    dilation: _Pair = 1,
+    ceil_mode: bool = False,
+    return_indices: Literal[False] = False,
+) -> Tensor: ...
+@overload
+def max_pool2d(
+    input: Tensor,
+    kernel_size: _Pair,
+    stride: _Pair | None = None,
+    padding: _Pair = 0,
+    dilation: _Pair = 1,
+    ceil_mode: bool = False,
+    *,
+    return_indices: Literal[True],
+) -> tuple[Tensor, Tensor]: ...
+@overload
+def max_pool2d(
+    input: Tensor,
+    kernel_size: _Pair,
+    stride: _Pair | None = None,
+    padding: _Pair = 0,
+    dilation: _Pair = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]: ...
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size: _Pair,
+    stride: _Pair | None = None,
+    padding: _Pair = 0,
+    dilation: _Pair = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """The maximum of each window (padding counts as -inf); with ``return_indices`` also
     where it was, as flat indices into each input plane (h * W + w), PyTorch's. ``stride``
     defaults to ``kernel_size``.
@@ -218,20 +277,27 @@ def max_pool2d(
     return (vals, idx) if return_indices else vals
 
 
-def max_pool2d_values(input, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+def max_pool2d_values(
+    input: Tensor,
+    kernel_size: _Pair,
+    stride: _Pair | None = (),
+    padding: _Pair = 0,
+    dilation: _Pair = 1,
+    ceil_mode: bool = False,
+) -> Tensor:
     """``torch.max_pool2d``: ``max_pool2d`` without indices (its stride default is ())."""
     return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 def avg_pool2d(
-    input,
-    kernel_size,
-    stride=None,
-    padding=0,
-    ceil_mode=False,
-    count_include_pad=True,
-    divisor_override=None,
-):
+    input: Tensor,
+    kernel_size: _Pair,
+    stride: _Pair | None = None,
+    padding: _Pair = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
     """The mean of each window: the sum over the window divided by its size with the
     padding (``count_include_pad``), without it, or by ``divisor_override``, as PyTorch's.
 
@@ -256,7 +322,9 @@ def avg_pool2d(
     return _unbatched(wrap(apply(_AVG, [x._impl], attrs)[0]), was)
 
 
-def adaptive_avg_pool2d(input, output_size):
+def adaptive_avg_pool2d(
+    input: Tensor, output_size: int | tuple[int | None, ...] | list[int | None]
+) -> Tensor:
     """The mean over PyTorch's adaptive windows: output row i averages input rows
     [floor(i*H/oh), ceil((i+1)*H/oh)), the same for columns; ``output_size`` an int, a
     pair, or a pair with None (that dim keeps the input's size)."""
@@ -277,7 +345,9 @@ def _fold_attrs(op, kernel_size, dilation, padding, stride) -> dict:
     }
 
 
-def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+def unfold(
+    input: Tensor, kernel_size: _Pair, dilation: _Pair = 1, padding: _Pair = 0, stride: _Pair = 1
+) -> Tensor:
     """The sliding blocks of ``input`` (N, C, H, W) or (C, H, W) as columns:
     (N, C*kh*kw, L), L the count of blocks (im2col, conv2d's own)."""
     x, was = _batched("unfold", input)
@@ -285,7 +355,14 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     return _unbatched(wrap(apply(_UNFOLD, [x._impl], attrs)[0]), was)
 
 
-def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+def fold(
+    input: Tensor,
+    output_size: _Pair,
+    kernel_size: _Pair,
+    dilation: _Pair = 1,
+    padding: _Pair = 0,
+    stride: _Pair = 1,
+) -> Tensor:
     """The adjoint of unfold: the columns of ``input`` (N, C*kh*kw, L) or (C*kh*kw, L)
     added back at their blocks' places in an (N, C, *output_size) tensor (col2im)."""
     x, was = _batched("fold", input, (2, 3), "(N, C*kh*kw, L) or unbatched (C*kh*kw, L)")

@@ -3,10 +3,13 @@ fill/zero/copy, clamp, where, masked_fill, triu/tril and matmul."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, overload
+
 import numpy as np
 
 from .. import ops
-from ..dtype import FLOAT, bool_
+from ..dtype import FLOAT, _Number, bool_
 from ..eager.interpreter import apply, apply1, attrs_key
 from ..errors import DTypeError, ShapeError
 from ..ops.elementwise import binary_dtype
@@ -16,6 +19,7 @@ from .common import (
     COPY,
     NO_ATTRS,
     NUMBER,
+    _Operand,
     broadcasts_to,
     no_data,
     number,
@@ -28,13 +32,26 @@ from .common import (
 )
 from .joining import cast, nonzero
 
+
+class _UnaryFn(Protocol):
+    def __call__(self, input: Tensor, inplace: bool = False, *, out: None = None) -> Tensor: ...
+
+
+class _BinaryFn(Protocol):
+    def __call__(self, input: _Operand, other: _Operand, *, out: None = None) -> Tensor: ...
+
+
+class _TriangleFn(Protocol):
+    def __call__(self, input: Tensor, diagonal: int = 0, *, out: None = None) -> Tensor: ...
+
+
 # -- unary -----------------------------------------------------------------------------
 
 
-def _unary(name: str):
+def _unary(name: str) -> _UnaryFn:
     op = op_def(name)
 
-    def fn(input, inplace: bool = False, *, out=None):
+    def fn(input: Tensor, inplace: bool = False, *, out: None = None) -> Tensor:
         # (_tensor only for its TypeError: a call fewer on the hot path)
         impl = input._impl if isinstance(input, Tensor) else tensor_arg(name, input)._impl
         if inplace or out is not None:
@@ -73,7 +90,7 @@ bitwise_not = _unary("bitwise_not")
 _GELU = op_def("gelu")
 
 
-def gelu(input, approximate: str = "none"):
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """GELU: x * Phi(x) with the exact erf ('none') or the tanh approximation ('tanh')."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -91,7 +108,7 @@ _BIN = {
 }
 
 
-def binary(name: str, a, b):
+def binary(name: str, a: _Operand, b: _Operand) -> Tensor:
     op, sop, rop = _BIN[name]
     if isinstance(a, Tensor):
         if isinstance(b, Tensor):
@@ -110,7 +127,9 @@ def binary(name: str, a, b):
     )
 
 
-def prebuilt_operator(name: str, method: str, reflected: bool = False):
+def prebuilt_operator(
+    name: str, method: str, reflected: bool = False
+) -> Callable[[Tensor, _Operand], Tensor]:
     """Tensor's ``method`` for op ``name`` (``reflected``: ``self`` is the right operand).
     Tensor binds it as the method itself, with the op defs bound here, so ``a * b`` costs
     one Python call before the interpreter instead of two; operands other than tensors and
@@ -120,7 +139,7 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
     rtyped, styped = bool(rop.typed_attrs), bool(sop.typed_attrs)
     if reflected:
 
-        def fn(self, other):
+        def fn(self: Tensor, other: _Operand) -> Tensor:
             k = type(other)
             if k in NUMBER:
                 t = _new(Tensor)  # (wrap, inline)
@@ -135,7 +154,7 @@ def prebuilt_operator(name: str, method: str, reflected: bool = False):
             return binary(name, other, self)
     else:
 
-        def fn(self, other):
+        def fn(self: Tensor, other: _Operand) -> Tensor:
             k = type(other)
             if k in NUMBER:
                 t = _new(Tensor)
@@ -187,8 +206,8 @@ def _binary_inplace(name: str, x, other):
     return x
 
 
-def _binary_fn(name: str):
-    def fn(input, other, *, out=None):
+def _binary_fn(name: str) -> _BinaryFn:
+    def fn(input: _Operand, other: _Operand, *, out: None = None) -> Tensor:
         if out is not None:
             refuse_out(name, out)
         return binary(name, input, other)
@@ -211,7 +230,9 @@ eq, ne, lt, le, gt, ge = (_binary_fn(n) for n in ("eq", "ne", "lt", "le", "gt", 
 logical_and, logical_or = _binary_fn("logical_and"), _binary_fn("logical_or")
 
 
-def pow(input, exponent, *, out=None):  # noqa: A001 - PyTorch's name
+def pow(  # noqa: A001 - PyTorch's name
+    input: _Operand, exponent: _Operand, *, out: None = None
+) -> Tensor:
     """``input ** exponent`` elementwise with broadcasting; either may be a Python number.
     Integers to negative integer powers are refused, as in PyTorch."""
     if out is not None:
@@ -236,7 +257,7 @@ _ONE = 1  # alpha's default; CPython keeps one object per small int, so the test
 #           takes the checked path, which gives the same result for a 1.
 
 
-def add(input, other, *, alpha=1, out=None):
+def add(input: _Operand, other: _Operand, *, alpha: _Number = 1, out: None = None) -> Tensor:
     """``input + alpha * other`` elementwise with broadcasting; either of ``input`` and
     ``other`` may be a Python number. ``alpha`` follows PyTorch: a float only for a floating
     point result, a bool only for a bool one; another ``alpha`` than 1 costs one more op.
@@ -247,7 +268,7 @@ def add(input, other, *, alpha=1, out=None):
     return binary("add", input, other)
 
 
-def sub(input, other, *, alpha=1, out=None):
+def sub(input: _Operand, other: _Operand, *, alpha: _Number = 1, out: None = None) -> Tensor:
     """``input - alpha * other`` elementwise (see ``add``); a bool operand is refused, as in
     PyTorch."""
     if out is not None or alpha is not _ONE:
@@ -310,7 +331,9 @@ def _times_alpha(name, input, other, alpha):
     return binary("mul", other, a)
 
 
-def div(input, other, *, rounding_mode=None, out=None):
+def div(
+    input: _Operand, other: _Operand, *, rounding_mode: str | None = None, out: None = None
+) -> Tensor:
     """``input / other`` elementwise with broadcasting: true division (a floating point
     result), or rounded toward zero (``rounding_mode="trunc"``) or down (``"floor"``, as
     ``floor_divide``), which keep integer dtypes, as in PyTorch."""
@@ -336,43 +359,43 @@ true_divide = divide = div
 multiply, subtract = mul, sub
 
 
-def add_(input, other, *, alpha=1):
+def add_(input: Tensor, other: _Operand, *, alpha: _Number = 1) -> Tensor:
     """``input += alpha * other`` in place (see ``add``)."""
     if alpha is not _ONE:
         other = _times_alpha("add_", input, other, alpha)
     return _binary_inplace("add", input, other)
 
 
-def sub_(input, other, *, alpha=1):
+def sub_(input: Tensor, other: _Operand, *, alpha: _Number = 1) -> Tensor:
     """``input -= alpha * other`` in place (see ``sub``)."""
     if alpha is not _ONE:
         other = _times_alpha("sub_", input, other, alpha)
     return _binary_inplace("sub", input, other)
 
 
-def mul_(input, other):
+def mul_(input: Tensor, other: _Operand) -> Tensor:
     return _binary_inplace("mul", input, other)
 
 
-def div_(input, other, *, rounding_mode=None):
+def div_(input: Tensor, other: _Operand, *, rounding_mode: str | None = None) -> Tensor:
     """``input /= other`` in place; ``rounding_mode`` as in ``div``."""
     if rounding_mode is None:
         return _binary_inplace("div", input, other)
     return _binary_inplace(_rounded("div_", rounding_mode), input, other)
 
 
-def floor_divide_(input, other):
+def floor_divide_(input: Tensor, other: _Operand) -> Tensor:
     return _binary_inplace("floor_divide", input, other)
 
 
-def remainder_(input, other):
+def remainder_(input: Tensor, other: _Operand) -> Tensor:
     return _binary_inplace("remainder", input, other)
 
 
 _FULL = op_def("full")
 
 
-def fill_(input, value):
+def fill_(input: Tensor, value: _Number) -> Tensor:
     """Writes ``value`` to every element of ``input`` (a view writes through)."""
     t = tensor_arg("fill_", input)._impl
     m = resolved(t)
@@ -391,11 +414,11 @@ def fill_(input, value):
     return input
 
 
-def zero_(input):
+def zero_(input: Tensor) -> Tensor:
     return fill_(input, 0)
 
 
-def copy_(input, other, non_blocking: bool = False):
+def copy_(input: Tensor, other: Tensor, non_blocking: bool = False) -> Tensor:
     """Copies ``other`` (broadcast to ``input``'s shape, any dtype, any device: from
     across the host boundary, cuda to cpu or cpu to cuda, through the transfer ``.to()``
     makes, ``readable_on``) into ``input``. ``non_blocking`` is accepted for PyTorch's
@@ -455,7 +478,13 @@ def _has_dims(v) -> bool:
     return isinstance(v, Tensor) or (isinstance(v, np.ndarray) and v.ndim > 0)
 
 
-def clamp(input, min=None, max=None, *, out=None):  # noqa: A002 - PyTorch's argument names
+def clamp(
+    input: Tensor,
+    min: _Operand | None = None,  # noqa: A002 - PyTorch's argument names
+    max: _Operand | None = None,  # noqa: A002
+    *,
+    out: None = None,
+) -> Tensor:
     """Limits every element to [min, max] (either bound may be None, not both). A bound may
     be a number or a tensor that broadcasts with ``input``; where min > max, the result is
     max, as in PyTorch. ``out=`` is refused.
@@ -467,7 +496,11 @@ def clamp(input, min=None, max=None, *, out=None):  # noqa: A002 - PyTorch's arg
     return wrap(apply(op, impls, attrs)[0])
 
 
-def clamp_(input, min=None, max=None):  # noqa: A002
+def clamp_(
+    input: Tensor,
+    min: _Operand | None = None,  # noqa: A002
+    max: _Operand | None = None,  # noqa: A002
+) -> Tensor:
     """``clamp`` written into ``input`` (the bounds must not change its shape or dtype)."""
     op, impls, attrs = _clamp_call("clamp_", input, min, max)
     _check_inplace("clamp", op, impls, attrs, impls[0])
@@ -483,7 +516,21 @@ clip, clip_ = clamp, clamp_
 _WHERE = op_def("where")
 
 
-def where(condition, input=None, other=None, *, out=None):
+@overload
+def where(
+    condition: Tensor, input: None = None, other: None = None, *, out: None = None
+) -> tuple[Tensor, ...]: ...
+@overload
+def where(condition: Tensor, input: _Operand, other: _Operand, *, out: None = None) -> Tensor: ...
+
+
+def where(
+    condition: Tensor,
+    input: _Operand | None = None,
+    other: _Operand | None = None,
+    *,
+    out: None = None,
+) -> Tensor | tuple[Tensor, ...]:
     """Elementwise ``input if condition else other``; either value may be a number.
     ``where(condition)`` alone is ``nonzero(condition, as_tuple=True)``, as in PyTorch."""
     if out is not None:
@@ -506,7 +553,7 @@ def where(condition, input=None, other=None, *, out=None):
     return wrap(apply(_WHERE, impls, attrs)[0])
 
 
-def masked_fill(input, mask, value):
+def masked_fill(input: Tensor, mask: Tensor, value: _Number | Tensor) -> Tensor:
     """``value`` where the bool ``mask`` is True, ``input`` elsewhere (the mask broadcasts
     to the input's shape); ``value`` is a number or a 0-d tensor, as in PyTorch.
 
@@ -544,10 +591,10 @@ def masked_fill(input, mask, value):
     return where(m, value, x)
 
 
-def _triangle(name: str, doc: str):
+def _triangle(name: str, doc: str) -> _TriangleFn:
     op = op_def(name)
 
-    def triangle(input, diagonal: int = 0, *, out=None):
+    def triangle(input: Tensor, diagonal: int = 0, *, out: None = None) -> Tensor:
         if out is not None:
             refuse_out(name, out)
         x = tensor_arg(name, input)
@@ -580,7 +627,7 @@ tril = _triangle(
 _MATMUL = op_def("matmul")
 
 
-def matmul(input, other, *, out=None):
+def matmul(input: Tensor, other: Tensor, *, out: None = None) -> Tensor:
     """Matrix product with batching and broadcasting of leading dims (numpy's rules)."""
     if out is not None:
         refuse_out("matmul", out)

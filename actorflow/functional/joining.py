@@ -3,9 +3,13 @@ nonzero, is_floating_point."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, Literal, overload
+
 from ..backends import get_backend
+from ..device import _DeviceLike
 from ..device import device as as_device
-from ..dtype import FLOAT, as_dtype
+from ..dtype import FLOAT, _DTypeLike, as_dtype
 from ..eager.interpreter import apply, apply1
 from ..errors import ShapeError
 from ..ops.common import normalize_dim
@@ -40,7 +44,9 @@ def _tensor_list(name, tensors):
     return ts
 
 
-def cat(tensors, dim: int = 0, *, out=None, axis=None):
+def cat(
+    tensors: Iterable[Tensor], dim: int = 0, *, out: None = None, axis: int | None = None
+) -> Tensor:
     """Joins tensors along an existing dim. Example: ``af.cat([x, y], dim=1)``.
 
     As in PyTorch, 1-dim empty tensors (shape ``(0,)``, any dtype) are skipped when the
@@ -79,7 +85,9 @@ def _cat_skipping(ts, dim):
     return wrap(apply(_CAT, [ts[i]._impl for i in keep], attrs)[0])
 
 
-def stack(tensors, dim: int = 0, *, out=None, axis=None):
+def stack(
+    tensors: Iterable[Tensor], dim: int = 0, *, out: None = None, axis: int | None = None
+) -> Tensor:
     """Joins equal-shaped tensors along a new dim (``axis``: ``dim``'s numpy name;
     ``out=`` is refused)."""
     if out is not None:
@@ -90,29 +98,30 @@ def stack(tensors, dim: int = 0, *, out=None, axis=None):
     return wrap(apply(_STACK, [t._impl for t in ts], {"dim": d})[0])
 
 
-def cast(input, dtype):
+def cast(input: Tensor, dtype: _DTypeLike) -> Tensor:
     """A copy of ``input`` converted to ``dtype``."""
     impl = tensor_arg("cast", input)._impl
     dt = as_dtype(dtype)
     return wrap(apply1(CAST, impl, None, {"dtype": dt}, dt))  # (the dtype: the attrs' key)
 
 
-def to_device(input, device):
+def to_device(input: Tensor, device: _DeviceLike) -> Tensor:
     """A copy of ``input`` on ``device`` (or ``input`` itself when it is there already)."""
-    impl = tensor_arg("to", input)._impl
+    x = tensor_arg("to", input)
+    impl = x._impl
     dev = as_device(device)
-    if dev is impl.meta.device:
+    if dev is x.device:
         return input
     dst = get_backend(dev)
     if not impl.blob.backend.has_data and dst.has_data:
-        raise no_data("to", impl.meta.device)
+        raise no_data("to", x.device)
     moved = readable_on("to", impl, dev)
     if moved is not impl:
         return wrap(moved)  # across the host boundary (cuda)
     return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
 
 
-def clone(input, *, memory_format=None):
+def clone(input: Tensor, *, memory_format: Any = None) -> Tensor:
     """A contiguous copy with its own storage (``memory_format``: None, or PyTorch's
     preserve_format or contiguous_format, which ask the same here)."""
     if memory_format is not None:
@@ -124,7 +133,19 @@ def clone(input, *, memory_format=None):
 _NONZERO = op_def("nonzero")
 
 
-def nonzero(input, *, out=None, as_tuple: bool = False):
+@overload
+def nonzero(input: Tensor, *, out: None = None, as_tuple: Literal[False] = False) -> Tensor: ...
+@overload
+def nonzero(input: Tensor, *, out: None = None, as_tuple: Literal[True]) -> tuple[Tensor, ...]: ...
+@overload
+def nonzero(
+    input: Tensor, *, out: None = None, as_tuple: bool = False
+) -> Tensor | tuple[Tensor, ...]: ...
+
+
+def nonzero(
+    input: Tensor, *, out: None = None, as_tuple: bool = False
+) -> Tensor | tuple[Tensor, ...]:
     """Indices of the non-zero elements, shape (n, ndim), int64. Its shape is known only
     after compute: reading it (or using it in an op) waits for the kernel.
 
@@ -140,11 +161,11 @@ def nonzero(input, *, out=None, as_tuple: bool = False):
     idx = apply(_NONZERO, [impl], NO_ATTRS)[0]
     resolved(idx)
     return tuple(
-        wrap(views.basic_index(idx, (slice(None), k))) for k in range(len(impl.meta.shape))
+        wrap(views.basic_index(idx, (slice(None), k))) for k in range(len(resolved(impl).shape))
     )
 
 
-def is_floating_point(input) -> bool:
+def is_floating_point(input: Tensor) -> bool:
     return tensor_arg("is_floating_point", input).dtype.category == FLOAT
 
 
@@ -155,6 +176,10 @@ __all__ = [
     and n
     not in (
         "annotations",
+        "Any",
+        "Iterable",
+        "Literal",
+        "overload",
         "namedtuple",
         "np",
         "ops",

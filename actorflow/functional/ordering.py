@@ -6,11 +6,12 @@ it writes anything (``IndexOutOfBoundsError`` naming the value and the dim's siz
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import Sequence
 
-from ..dtype import as_dtype
+from ..dtype import _DTypeLike, _Number, as_dtype
 from ..eager.interpreter import apply
 from ..ops.common import normalize_dim
-from ..tensor.tensor import wrap
+from ..tensor.tensor import Tensor, wrap
 from .common import dim_alias, number, op_def, refuse_out, resolved, tensor_arg
 
 # PyTorch's torch.return_types: a named tuple (values, indices)
@@ -36,7 +37,15 @@ def _required(name, value, arg):
     return tensor_arg(name, value, arg)._impl
 
 
-def gather(input, dim=None, index=None, *, sparse_grad: bool = False, out=None, axis=None):
+def gather(
+    input: Tensor,
+    dim: int | None = None,
+    index: Tensor | None = None,
+    *,
+    sparse_grad: bool = False,
+    out: None = None,
+    axis: int | None = None,
+) -> Tensor:
     """``out[i][j] = input[index[i][j]][j]`` (dim 0; likewise along any dim): ``index`` has
     the input's number of dims, is int64 and no larger than the input in the other dims; its
     values must be in [0, input.shape[dim]). ``sparse_grad`` is taken and ignored (the
@@ -55,7 +64,15 @@ def _scatter_args(name, input, dim, index, src, axis):
     return [x, i, s], {"dim": _dim(name, x, dim, axis)}
 
 
-def scatter_add(input, dim=None, index=None, src=None, *, out=None, axis=None):
+def scatter_add(
+    input: Tensor,
+    dim: int | None = None,
+    index: Tensor | None = None,
+    src: Tensor | None = None,
+    *,
+    out: None = None,
+    axis: int | None = None,
+) -> Tensor:
     """A copy of ``input`` with ``src[i][j]`` added at ``[index[i][j]][j]`` (dim 0; likewise
     along any dim), repeated indices summed. ``index``: int64, the input's number of dims, no
     larger than ``src`` in any dim nor than the input in the dims but ``dim``; its values in
@@ -66,14 +83,28 @@ def scatter_add(input, dim=None, index=None, src=None, *, out=None, axis=None):
     return wrap(apply(_SCATTER_ADD, impls, attrs)[0])
 
 
-def scatter_add_(input, dim=None, index=None, src=None, *, axis=None):
+def scatter_add_(
+    input: Tensor,
+    dim: int | None = None,
+    index: Tensor | None = None,
+    src: Tensor | None = None,
+    *,
+    axis: int | None = None,
+) -> Tensor:
     """``scatter_add`` written into ``input``."""
     impls, attrs = _scatter_args("scatter_add_", input, dim, index, src, axis)
     apply(_SCATTER_ADD, impls, attrs, outs=[impls[0]])
     return input
 
 
-def cumsum(input, dim=None, *, dtype=None, out=None, axis=None):
+def cumsum(
+    input: Tensor,
+    dim: int | None = None,
+    *,
+    dtype: _DTypeLike | None = None,
+    out: None = None,
+    axis: int | None = None,
+) -> Tensor:
     """The cumulative sum along ``dim``; bools and ints sum to int64 unless ``dtype`` says
     otherwise (the input is then summed in it, as in PyTorch)."""
     if out is not None:
@@ -96,7 +127,15 @@ def _sorting(name, op, input, dim, axis, descending, k=None):
     return wrap(vals), wrap(idx)
 
 
-def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None, axis=None):
+def sort(
+    input: Tensor,
+    dim: int = -1,
+    descending: bool = False,
+    *,
+    stable: bool = False,
+    out: None = None,
+    axis: int | None = None,
+) -> Sort:
     """``(values, indices)`` of ``input`` sorted along ``dim``. The sort is always stable
     (equal values keep their order, descending too; ``stable`` is taken for PyTorch's
     signature); NaN sorts above every number, as in PyTorch."""
@@ -105,7 +144,15 @@ def sort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=N
     return Sort(*_sorting("sort", _SORT, input, dim, axis, descending))
 
 
-def argsort(input, dim=-1, descending: bool = False, *, stable: bool = False, out=None, axis=None):
+def argsort(
+    input: Tensor,
+    dim: int = -1,
+    descending: bool = False,
+    *,
+    stable: bool = False,
+    out: None = None,
+    axis: int | None = None,
+) -> Tensor:
     """The indices of ``sort(input, dim, descending)`` (stable, as there)."""
     if out is not None:
         refuse_out("argsort", out)
@@ -113,15 +160,15 @@ def argsort(input, dim=-1, descending: bool = False, *, stable: bool = False, ou
 
 
 def topk(
-    input,
-    k,
-    dim=-1,
+    input: Tensor,
+    k: int,
+    dim: int = -1,
     largest: bool = True,
-    sorted: bool = True,
-    *,  # noqa: A002
-    out=None,
-    axis=None,
-):
+    sorted: bool = True,  # noqa: A002 - PyTorch's argument name
+    *,
+    out: None = None,
+    axis: int | None = None,
+) -> TopK:
     """``(values, indices)`` of the ``k`` largest (``largest=False``: smallest) elements
     along ``dim``, sorted; among equal values the first ones come first (``sorted=False``
     gives the same order, one PyTorch allows).
@@ -166,7 +213,9 @@ def _check_pad_mode(mode, d, n, b, a):
         )
 
 
-def pad(input, pad, mode: str = "constant", value=None):
+def pad(
+    input: Tensor, pad: Sequence[int], mode: str = "constant", value: _Number | None = None
+) -> Tensor:
     """``input`` padded: ``pad`` = (left, right) of the last dim, then (top, bottom) of the
     one before, and so on (at most the input's number of dims pairs); negative amounts crop.
     ``mode``: "constant" (``value``, default 0) on any dims; "reflect", "replicate" and

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import overload
 
-from ..dtype import as_dtype
+from ..dtype import _DTypeLike, as_dtype
 from ..eager.interpreter import apply
 from ..errors import DTypeError
 from ..ops.common import normalize_dim, normalize_dims
 from ..tensor.tensor import Tensor, wrap
-from .common import dim_alias, keepdim_alias, op_def, refuse_out, resolved, tensor_arg
+from .common import _Dims, dim_alias, keepdim_alias, op_def, refuse_out, resolved, tensor_arg
 from .elementwise import binary
 from .joining import cast, clone
 
@@ -50,23 +51,32 @@ def _aliased(name, dim, keepdim, out, axis, keepdims):
     return dim_alias(name, dim, axis), keepdim_alias(name, keepdim, keepdims)
 
 
-def sum(
-    input,
-    dim=None,
+def sum(  # noqa: A001
+    input: Tensor,
+    dim: _Dims | None = None,
     keepdim: bool = False,
     *,
-    dtype=None,
-    out=None,  # noqa: A001
-    axis=None,
-    keepdims=None,
-):
+    dtype: _DTypeLike | None = None,
+    out: None = None,
+    axis: _Dims | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Sum over ``dim`` (an int, a tuple, or None for all). Ints and bools sum to int64."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("sum", dim, keepdim, out, axis, keepdims)
     return _reduce(_SUM, "sum", input, dim, keepdim, dtype)
 
 
-def mean(input, dim=None, keepdim: bool = False, *, dtype=None, out=None, axis=None, keepdims=None):
+def mean(
+    input: Tensor,
+    dim: _Dims | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: _DTypeLike | None = None,
+    out: None = None,
+    axis: _Dims | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("mean", dim, keepdim, out, axis, keepdims)
@@ -130,16 +140,16 @@ def _variance(name, input, dim, unbiased, keepdim, correction, out, axis, keepdi
 
 
 def var(
-    input,
-    dim=None,
+    input: Tensor,
+    dim: _Dims | bool | None = None,
     unbiased: bool = True,
     keepdim: bool = False,
     *,
     correction: float | None = None,
-    out=None,
-    axis=None,
-    keepdims=None,
-):
+    out: None = None,
+    axis: _Dims | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
     (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
     (``var(x, True)``, ``var(x, dim, False)``). N - correction <= 0 gives inf (nan for
@@ -148,16 +158,16 @@ def var(
 
 
 def std(
-    input,
-    dim=None,
+    input: Tensor,
+    dim: _Dims | bool | None = None,
     unbiased: bool = True,
     keepdim: bool = False,
     *,
     correction: float | None = None,
-    out=None,
-    axis=None,
-    keepdims=None,
-):
+    out: None = None,
+    axis: _Dims | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Standard deviation: sqrt of ``var`` with the same arguments."""
     return _variance(
         "std", input, dim, unbiased, keepdim, correction, out, axis, keepdims, root=True
@@ -190,16 +200,62 @@ def _minmax(name, amop, dimop, binop, input, dim, keepdim, other):
     return MinMax(wrap(vals), wrap(idx))
 
 
+@overload
 def max(
-    input,
-    dim=None,
+    input: Tensor,
+    dim: None = None,
     keepdim: bool = False,
     *,
-    out=None,
-    other=None,  # noqa: A001
-    axis=None,
-    keepdims=None,
-):
+    out: None = None,
+    other: Tensor | None = None,
+    axis: None = None,
+    keepdims: bool | None = None,
+) -> Tensor: ...
+@overload
+def max(
+    input: Tensor,
+    dim: int,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: None = None,
+    axis: None = None,
+    keepdims: bool | None = None,
+) -> MinMax: ...
+@overload
+def max(
+    input: Tensor,
+    dim: None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: None = None,
+    axis: int,
+    keepdims: bool | None = None,
+) -> MinMax: ...
+@overload
+def max(
+    input: Tensor,
+    dim: Tensor,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: None = None,
+    axis: None = None,
+    keepdims: bool | None = None,
+) -> Tensor: ...
+
+
+def max(  # noqa: A001
+    input: Tensor,
+    dim: int | Tensor | None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: Tensor | None = None,
+    axis: int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor | MinMax:
     """Largest element; with ``dim``, ``(values, indices)`` along it; with a tensor (in
     ``dim``'s place, or as ``other=``), maximum."""
     if out is not None or axis is not None or keepdims is not None:
@@ -207,16 +263,62 @@ def max(
     return _minmax("max", _AMAX, _MAXD, "maximum", input, dim, keepdim, other)
 
 
+@overload
 def min(
-    input,
-    dim=None,
+    input: Tensor,
+    dim: None = None,
     keepdim: bool = False,
     *,
-    out=None,
-    other=None,  # noqa: A001
-    axis=None,
-    keepdims=None,
-):
+    out: None = None,
+    other: Tensor | None = None,
+    axis: None = None,
+    keepdims: bool | None = None,
+) -> Tensor: ...
+@overload
+def min(
+    input: Tensor,
+    dim: int,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: None = None,
+    axis: None = None,
+    keepdims: bool | None = None,
+) -> MinMax: ...
+@overload
+def min(
+    input: Tensor,
+    dim: None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: None = None,
+    axis: int,
+    keepdims: bool | None = None,
+) -> MinMax: ...
+@overload
+def min(
+    input: Tensor,
+    dim: Tensor,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: None = None,
+    axis: None = None,
+    keepdims: bool | None = None,
+) -> Tensor: ...
+
+
+def min(  # noqa: A001
+    input: Tensor,
+    dim: int | Tensor | None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    other: Tensor | None = None,
+    axis: int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor | MinMax:
     """Smallest element; with ``dim``, ``(values, indices)`` along it; with a tensor (in
     ``dim``'s place, or as ``other=``), minimum."""
     if out is not None or axis is not None or keepdims is not None:
@@ -224,14 +326,30 @@ def min(
     return _minmax("min", _AMIN, _MIND, "minimum", input, dim, keepdim, other)
 
 
-def amax(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+def amax(
+    input: Tensor,
+    dim: _Dims | None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    axis: _Dims | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Largest elements over ``dim`` (an int, a tuple, or None for all)."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("amax", dim, keepdim, out, axis, keepdims)
     return _reduce(_AMAX, "amax", input, dim, keepdim)
 
 
-def amin(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+def amin(
+    input: Tensor,
+    dim: _Dims | None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    axis: _Dims | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Smallest elements over ``dim`` (an int, a tuple, or None for all)."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("amin", dim, keepdim, out, axis, keepdims)
@@ -247,14 +365,30 @@ def _arg(op, name, input, dim, keepdim):
     return wrap(apply(op, [impl], {"dim": d, "keepdim": bool(keepdim)})[0])
 
 
-def argmax(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+def argmax(
+    input: Tensor,
+    dim: int | None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    axis: int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Index of the largest element (of the flattened tensor when ``dim`` is None)."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("argmax", dim, keepdim, out, axis, keepdims)
     return _arg(_ARGMAX, "argmax", input, dim, keepdim)
 
 
-def argmin(input, dim=None, keepdim: bool = False, *, out=None, axis=None, keepdims=None):
+def argmin(
+    input: Tensor,
+    dim: int | None = None,
+    keepdim: bool = False,
+    *,
+    out: None = None,
+    axis: int | None = None,
+    keepdims: bool | None = None,
+) -> Tensor:
     """Index of the smallest element (of the flattened tensor when ``dim`` is None)."""
     if out is not None or axis is not None or keepdims is not None:
         dim, keepdim = _aliased("argmin", dim, keepdim, out, axis, keepdims)
@@ -281,12 +415,26 @@ def _softmax_like(op, name, input, dim, dtype, out, axis):
     return wrap(apply(op, [impl], {"dim": d})[0])
 
 
-def softmax(input, dim=None, dtype=None, *, out=None, axis=None):
+def softmax(
+    input: Tensor,
+    dim: int | None = None,
+    dtype: _DTypeLike | None = None,
+    *,
+    out: None = None,
+    axis: int | None = None,
+) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim``, computed stably (in ``dtype`` when given: the
     input is cast to it first). Example: ``af.softmax(x, dim=1)``."""
     return _softmax_like(_SOFTMAX, "softmax", input, dim, dtype, out, axis)
 
 
-def log_softmax(input, dim=None, dtype=None, *, out=None, axis=None):
+def log_softmax(
+    input: Tensor,
+    dim: int | None = None,
+    dtype: _DTypeLike | None = None,
+    *,
+    out: None = None,
+    axis: int | None = None,
+) -> Tensor:
     """log(softmax(x)) along ``dim``, computed stably (in ``dtype`` when given)."""
     return _softmax_like(_LOG_SOFTMAX, "log_softmax", input, dim, dtype, out, axis)

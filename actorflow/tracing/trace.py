@@ -6,6 +6,8 @@ ActorGraph with one actor per op (``Traced.actor_graph``, built in ``build.py``)
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.plan.spec import PieceSpec, Spec, unflatten
 from ..tensor.meta import is_contiguous
@@ -13,6 +15,9 @@ from ..vm.opcall import kernel_of
 from .build import traced_graph
 from .program import Program, Step
 from .recording import Recording
+
+if TYPE_CHECKING:
+    from ..runtime import ActorGraph
 
 
 def _args_of(in_specs: list):
@@ -147,21 +152,26 @@ class Traced:
         for y in g.run(feed=((x, w) for x in batches)): ...
     """
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
-    def actor_graph(self, *specs, source=None, **graph_kwargs):
+    def actor_graph(
+        self,
+        *specs: Spec,
+        source: Iterable[tuple[Any, ...]] | None = None,
+        **graph_kwargs: Any,
+    ) -> ActorGraph:
         """The ActorGraph of this function for inputs of ``specs`` (one Spec per argument).
         Its pieces come from ``source`` (an iterable of argument tuples) or, when None,
         from ``run(feed=...)``. ``graph_kwargs`` go to ActorGraph (memory, buffers...)."""
         return traced_graph(self, specs, source, graph_kwargs)
 
 
-def trace(fn) -> Traced:
+def trace(fn: Callable[..., Any]) -> Traced:
     """Decorator: records ``fn``'s op calls instead of running them when asked for its
     ``actor_graph``; a plain call still runs eagerly."""
     return Traced(fn)

@@ -38,6 +38,7 @@ its file if it has a path.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from pathlib import Path
@@ -385,7 +386,7 @@ class Profile:
         return f"<af.profile {state}{'' if self.path is None else ', ' + str(self.path)}>"
 
 
-def profile(path=None) -> Profile:
+def profile(path: str | os.PathLike[str] | None = None) -> Profile:
     """Records every kernel the eager VM runs inside the block; on exit waits for them and,
     with ``path``, writes a Chrome trace (open it in ui.perfetto.dev or chrome://tracing).
 
