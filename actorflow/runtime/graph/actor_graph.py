@@ -588,6 +588,7 @@ class ActorGraph(OwnsProcesses):
                         f"written there: {e}; give a path in a folder you can "
                         f"write"
                     ) from e
+                assert self._last.trace is not None  # (a run with a trace path records it)
                 self._last.trace["write_s"] = sched.timeline.write_s
             if self._last.state == "finished":
                 self._measured = {
