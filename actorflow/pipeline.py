@@ -9,9 +9,24 @@ Example::
 
 from __future__ import annotations
 
-from .runtime.graph.actor_graph import ActorGraph
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .runtime.graph.actor_graph import (
+    ActorGraph,
+    Buffers,
+    Engine,
+    Progress,
+    SpecTree,
+    TracePath,
+)
 from .runtime.graph.device_acts import Copy
 from .runtime.sched.processes import OwnsProcesses
+
+if TYPE_CHECKING:
+    from .runtime.observe.stats import RunStats
+    from .runtime.plan.reservation import Plan
+    from .runtime.sched.processes import StageProcesses
 
 
 class Pipeline(OwnsProcesses):
@@ -39,17 +54,17 @@ class Pipeline(OwnsProcesses):
 
     def __init__(
         self,
-        stages,
-        buffers=None,
-        memory=None,
-        resources=None,
-        stage_resources=None,
-        out=None,
-        seed=None,
-        names=None,
-        replicas=None,
-        processes=None,
-    ):
+        stages: Iterable[Any],
+        buffers: Buffers | Sequence[Buffers | None] | None = None,
+        memory: dict | None = None,
+        resources: dict | None = None,
+        stage_resources: dict | Sequence[dict | None] | None = None,
+        out: Sequence[SpecTree | None] | None = None,
+        seed: int | None = None,
+        names: Sequence[str | None] | None = None,
+        replicas: int | Sequence[int | None] | None = None,
+        processes: int | Sequence[int | StageProcesses | None] | None = None,
+    ) -> None:
         stages = list(stages)
         if len(stages) < 2:
             raise ValueError(
@@ -127,11 +142,17 @@ class Pipeline(OwnsProcesses):
             self.actors.append(node)
         g.sink(node)
 
-    def plan(self):
+    def plan(self) -> Plan:
         """The graph's Plan (see ActorGraph.plan)."""
         return self.graph.plan()
 
-    def run(self, feed=None, trace=None, progress=False, engine=None):
+    def run(
+        self,
+        feed: None = None,
+        trace: TracePath | None = None,
+        progress: Progress = False,
+        engine: str | Engine | None = None,
+    ) -> Iterator[Any]:
         """Yields the last stage's result for each piece, in order (plain code). Takes
         ActorGraph.run's arguments and hands them to it: ``trace``: a path for the run's
         timeline (Chrome trace JSON); ``progress``: a progress bar (tqdm); ``engine``:
@@ -143,12 +164,14 @@ class Pipeline(OwnsProcesses):
         _no_feed(feed, "run")
         return self.graph.run(feed=feed, trace=trace, progress=progress, engine=engine)
 
-    def run_async(self, feed=None, trace=None, progress=False):
+    def run_async(
+        self, feed: None = None, trace: TracePath | None = None, progress: Progress = False
+    ) -> AsyncIterator[Any]:
         """``async for`` twin of ``run()``, with ActorGraph.run_async's arguments."""
         _no_feed(feed, "run_async")
         return self.graph.run_async(feed=feed, trace=trace, progress=progress)
 
-    def stats(self):
+    def stats(self) -> RunStats:
         return self.graph.stats()
 
     def close(self) -> None:

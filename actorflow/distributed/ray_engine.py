@@ -26,12 +26,19 @@ running, and the graph can run again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
 from ..errors import parse_bytes
 from ..runtime.graph.source import SourceActor
 from ..runtime.observe.progress import tqdm_class
 from .procs import kill
 from .rayplan import driver_path, plan_for_ray, ray_module
 from .run import RayRun
+
+if TYPE_CHECKING:
+    from ..runtime.graph.actor_graph import ActorGraph, Progress, TracePath
 
 
 class RayEngine:
@@ -83,16 +90,16 @@ class RayEngine:
 
     def __init__(
         self,
-        address=None,
+        address: str | None = None,
         placement: dict | None = None,
         memory: dict | None = None,
         init: dict | None = None,
-        batch: int = 4,
+        batch: int | Literal["auto"] = 4,
         keep_workers: bool = False,
         start_timeout: float = 60.0,
         groups: dict | None = None,
         fuse: bool = True,
-    ):
+    ) -> None:
         if batch != "auto" and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
             raise ValueError(
                 f"RayEngine(batch={batch!r}): pieces per Ray call must be a "
@@ -115,7 +122,7 @@ class RayEngine:
         self.memory = {str(k): parse_bytes(v) for k, v in (memory or {}).items()}
         self.init = dict(init or {})
 
-    def start(self):
+    def start(self) -> ModuleType:
         ray = ray_module()
         if not ray.is_initialized():
             opts = {"include_dashboard": False, "log_to_driver": False, **self.init}
@@ -133,13 +140,19 @@ class RayEngine:
             kill(ray, kept.workers)
         self.kept.clear()
 
-    def __enter__(self):
+    def __enter__(self) -> RayEngine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, g, feed=None, trace=None, progress=False):
+    def run(
+        self,
+        g: ActorGraph,
+        feed: Iterable[Any] | None = None,
+        trace: TracePath | None = None,
+        progress: Progress = False,
+    ) -> Iterator[Any]:
         """Yields the graph's outputs in piece order, as ``ActorGraph.run`` does."""
         if progress:
             tqdm_class()  # (missing: said before the run starts)

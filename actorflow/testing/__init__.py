@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import inspect
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..backends import get_backend
 from ..device import device as _device
@@ -30,6 +32,13 @@ from ..runtime.graph.checks import positive_seconds
 from ..runtime.observe import hooks as observe
 from ..runtime.observe.stats import RunStats
 from ..runtime.observe.watchdog import describe_waits
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..runtime.sched.credit import CreditScheduler
+
+# the null device's simulated seconds per kernel: a constant, or ``f(op, output_bytes)``
+Latency = float | Callable[[str, int], float]
 
 __all__ = [
     "acts",
@@ -44,7 +53,7 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def seeded(seed: int, serial: bool = True):
+def seeded(seed: int, serial: bool = True) -> Iterator[int]:
     """Every run started inside tries its ready actors in an order drawn from ``seed``
     (a graph's own ``seed=`` wins). With ``serial`` (the default), plain stages act on the
     loop one act at a time (a stage with ``timeout=`` on its thread, the loop waiting for
@@ -62,7 +71,7 @@ def seeded(seed: int, serial: bool = True):
         sch.seed, sch.serial = old
 
 
-def acts(g: ActorGraph) -> list:
+def acts(g: ActorGraph) -> list[tuple[str, int]]:
     """``[(actor, piece)]`` of the last run of ``g`` (or the one in progress) in the order
     they started, as far as its record reaches (an act that raised included):
     ``run(trace=...)`` records every act; a test under the plugin keeps the last
@@ -155,7 +164,7 @@ async def wait_all_actors_blocked(
         await asyncio.sleep(0 if spins % 20 else 0.001)  # let threads come back too
 
 
-def describe_runs(runs=None) -> str:
+def describe_runs(runs: Sequence[tuple[ActorGraph, CreditScheduler]] | None = None) -> str:
     """Each run in progress (or those given as ``[(graph, sched)]``): who acts and who
     waits for whom."""
     runs = observe.running() if runs is None else runs
@@ -167,7 +176,11 @@ def describe_runs(runs=None) -> str:
     )
 
 
-def assert_no_deadlock(target, timeout: float = 30.0, feed=None):
+def assert_no_deadlock(
+    target: ActorGraph | Callable[[], Any] | Awaitable[Any] | AsyncIterator[Any],
+    timeout: float = 30.0,
+    feed: Iterable[Any] | None = None,
+) -> Any:
     """Runs ``target`` and fails (AssertionError) if it deadlocks or does not end within
     ``timeout`` seconds, with the wait-for graph: an ActorGraph (run to its end: returns
     its outputs), a callable (called: returns its result; a plain function is called on
@@ -295,7 +308,11 @@ async def _no_deadlock_async(target, timeout: float):
         return _check_result(task.result())
 
 
-def assert_peak_within(source, budget, device: str | None = None) -> None:
+def assert_peak_within(
+    source: ActorGraph | RunStats | str | Device,
+    budget: int | str | dict[str, int | str],
+    device: str | None = None,
+) -> None:
     """Fails (AssertionError) when the measured memory peak exceeds ``budget`` (bytes, or
     a string such as ``"4MiB"``, or a dict per device): ``source`` is an ActorGraph (its
     last run), its RunStats, or a device name (the eager allocator's peak there)."""
@@ -330,7 +347,7 @@ def _check(dev: str, peak: int, budget, what: str) -> None:
         )
 
 
-def null_latency(latency):
+def null_latency(latency: Latency) -> Latency:
     """Sets the null device's simulated time per kernel (seconds, or ``f(op, bytes)``)
     and returns what it was (the plugin's ``af_null`` fixture restores it)."""
     backend = get_backend(_device("null"))

@@ -15,6 +15,8 @@ and the seed to replay it with.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,7 +25,10 @@ from ..device import device as _device
 from ..errors import parse_bytes
 from ..runtime.observe import hooks as observe
 from ..runtime.observe.watchdog import describe_waits, failure_of
-from . import assert_peak_within, gpu_missing, null_latency, seeded
+from . import Latency, assert_peak_within, gpu_missing, null_latency, seeded
+
+if TYPE_CHECKING:
+    from ..device import Device
 
 RUNS_SHOWN = 3  # the last runs of a failing test that its report shows
 
@@ -132,7 +137,7 @@ def _report(sched, stats, ended: bool) -> str:
     return "\n".join(lines)
 
 
-def pytest_addoption(parser) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("actorflow")
     group.addoption(
         "--af-seed",
@@ -150,7 +155,7 @@ def pytest_addoption(parser) -> None:
     parser.addini("af_last_acts", "acts of each run kept to print when a test fails", default="50")
 
 
-def pytest_configure(config) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "af_gpu: the test needs a CUDA GPU (skipped with the reason where there is none)"
     )
@@ -164,7 +169,7 @@ def pytest_configure(config) -> None:
     observe.watch(RUNS)
 
 
-def pytest_unconfigure(config) -> None:
+def pytest_unconfigure(config: pytest.Config) -> None:
     sch = observe.SCHEDULE
     if _CONFIGS:
         sch.keep_acts, sch.seed, sch.serial, runs = _CONFIGS.pop()
@@ -178,7 +183,7 @@ def pytest_unconfigure(config) -> None:
 _CONFIGS: list = []
 
 
-def pytest_collection_modifyitems(config, items) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     need = [item for item in items if item.get_closest_marker("af_gpu") is not None]
     why = gpu_missing() if need else None
     if why is not None:
@@ -186,12 +191,14 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-def pytest_runtest_setup(item) -> None:
+def pytest_runtest_setup(item: pytest.Item) -> None:
     RUNS.clear()
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     rep = outcome.get_result()
     if rep.failed and (RUNS.runs or RUNS.seed is not None):
@@ -199,7 +206,7 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def af_seed(request):
+def af_seed(request: pytest.FixtureRequest) -> Iterator[int]:
     """A seeded, serial schedule for the test's runs; its value is the seed. The seed is
     ``--af-seed``, else the ``af_seed(n)`` marker's, else one fixed per test (from its
     id), so a failure replays; a failing test's report says it."""
@@ -215,12 +222,12 @@ def af_seed(request):
 
 
 @pytest.fixture
-def af_null():
+def af_null() -> Iterator[Callable[..., Device]]:
     """``af_null(latency)``: the null device's kernels take ``latency`` seconds of
     simulated time (or ``latency(op, bytes)``); returns the null device. Restored after."""
-    saved = []
+    saved: list[Latency] = []
 
-    def set_latency(latency=0.0):
+    def set_latency(latency: Latency = 0.0) -> Device:
         old = null_latency(latency)
         if not saved:
             saved.append(old)
@@ -232,7 +239,7 @@ def af_null():
 
 
 @pytest.fixture
-def af_memory_budget():
+def af_memory_budget() -> Iterator[Callable[..., Device]]:
     """``af_memory_budget(budget, device="cpu")``: from now on the device's allocator
     refuses to hand out more (eager tensors and registers: the test fails there with
     OutOfMemoryError), and when the test ends every actor-graph run it made must have
@@ -242,7 +249,7 @@ def af_memory_budget():
     saved: dict = {}
     first = RUNS.count
 
-    def set_budget(budget, device="cpu"):
+    def set_budget(budget: int | str, device: str | Device = "cpu") -> Device:
         dev = _device(device)
         alloc = get_backend(dev).allocator
         if dev not in saved:

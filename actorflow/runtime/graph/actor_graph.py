@@ -15,7 +15,18 @@ Example::
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ...errors import ActorflowError, DeviceError, PlanError, TraceError
 from ..observe import hooks as observe
@@ -23,7 +34,7 @@ from ..observe.stats import RunStats
 from ..plan.autotune import FLOOR
 from ..plan.registers import MemoryBudget
 from ..plan.sizing import plan_graph
-from ..plan.spec import PieceSpec
+from ..plan.spec import PieceSpec, Spec
 from ..sched import driving
 from ..sched import loop as loop_module
 from ..sched.processes import OwnsProcesses
@@ -40,19 +51,50 @@ from .device_acts import (
 )
 from .source import SourceActor
 
+if TYPE_CHECKING:
+    from ...device import Device
+    from ...tracing.device import DeviceSteps
+    from ...tracing.program import Program
+    from ..plan.reservation import Plan
+    from ..sched.processes import StageProcesses
+    from ..sched.stragglers import Stragglers
+
+# what users give: ``out=`` a Spec or a tuple/list/dict of them; ``buffers=`` registers per
+# output or "auto"; ``time=`` simulated seconds per act, or ``f(piece) -> seconds``;
+# ``trace=`` a path; ``progress=`` True or tqdm's arguments
+SpecTree = Spec | Sequence[Any] | Mapping[str, Any]
+Buffers = int | Literal["auto"]
+SimTime = float | Callable[[Any], float]
+TracePath = str | os.PathLike[str]
+Progress = bool | Mapping[str, Any]
+
+
+class Engine(Protocol):
+    """What ``run(engine=...)`` takes besides a name: an object that runs the graph
+    elsewhere (``af.distributed.RayEngine``)."""
+
+    def run(
+        self,
+        g: ActorGraph,
+        feed: Iterable[Any] | None = None,
+        trace: TracePath | None = None,
+        progress: Progress = False,
+    ) -> Iterator[Any]: ...
+
+
 _OP_TRACER: list = [None]
 
 
 _ENGINES: dict = {}
 
 
-def register_engine(name: str, factory) -> None:
+def register_engine(name: str, factory: Callable[[], Engine]) -> None:
     """``run(engine=name)`` makes ``factory()`` run the graph (``actorflow.distributed``
     registers "ray": engines live above the runtime and hand themselves in)."""
     _ENGINES[name] = factory
 
 
-def use_op_tracer(op_program) -> None:
+def use_op_tracer(op_program: Callable[..., Program]) -> None:
     """Sets what ``ActorGraph.op`` traces functions with: ``op_program(fn, in_specs,
     kwargs) -> Program``. Tracing lives above the runtime and hands it in when imported."""
     _OP_TRACER[0] = op_program
@@ -83,11 +125,11 @@ class ActorGraph(OwnsProcesses):
         self,
         memory: dict | None = None,
         resources: dict | None = None,
-        buffers=None,
-        seed=None,
+        buffers: Buffers | None = None,
+        seed: int | None = None,
         output_buffers: int = 16,
-        share="auto",
-    ):
+        share: bool | Literal["auto"] = "auto",
+    ) -> None:
         MemoryBudget(memory)  # validates the budgets now
         self.memory = dict(memory or {})
         self.resources = {}
@@ -112,18 +154,18 @@ class ActorGraph(OwnsProcesses):
         self.actors: list = []
         self._names: set = set()
         self.sinks: list = []
-        self._plan = None
-        self._last = None
+        self._plan: Plan | None = None
+        self._last: RunStats | None = None
         self._last_timeline = None
         self._running = False
         self._lock = threading.Lock()
-        self._picks = None
+        self._picks: tuple | None = None
         self.yields_nothing = False  # a traced function that returns nothing: a run
         #                              yields None per piece (nn.Graph's step)
         self.replay = None  # set by the builder of a traced step: runs one
         #                     piece through the op actors in recorded order
-        self._current = None  # (scheduler, plan) of the run going on
-        self._stragglers = None  # the last run's ledger (see join())
+        self._current: tuple | None = None  # (scheduler, plan) of the run going on
+        self._stragglers: Stragglers | None = None  # the last run's ledger (see join())
         self._measured: dict = {}  # actor name -> seconds per act, last run
         self._local = True  # plans are for this process's engine (else the
         #                     default is its floor: see run())
@@ -168,14 +210,16 @@ class ActorGraph(OwnsProcesses):
 
     def source(
         self,
-        source,
-        out=None,
-        name=None,
-        resources=None,
-        buffers=None,
-        inline=False,
-        time=None,
-        timeout=None,
+        source: Iterable[Any]
+        | AsyncIterable[Any]
+        | Callable[[], Iterable[Any] | AsyncIterable[Any]],
+        out: SpecTree | None = None,
+        name: str | None = None,
+        resources: Mapping[str, int] | None = None,
+        buffers: Buffers | None = None,
+        inline: bool = False,
+        time: SimTime | None = None,
+        timeout: float | None = None,
         one_argument: bool = False,
     ) -> Actor:
         """An actor yielding the items of ``source`` (iterable, async iterable, or a
@@ -199,7 +243,13 @@ class ActorGraph(OwnsProcesses):
             )
         )
 
-    def input(self, out, name=None, buffers=None, one_argument: bool = False) -> Actor:
+    def input(
+        self,
+        out: SpecTree | None,
+        name: str | None = None,
+        buffers: Buffers | None = None,
+        one_argument: bool = False,
+    ) -> Actor:
         """A source whose items are given to ``run(feed=...)`` (``one_argument``: as for
         ``source``)."""
         spec = PieceSpec.from_user(out) if out is not None else None
@@ -217,17 +267,17 @@ class ActorGraph(OwnsProcesses):
 
     def actor(
         self,
-        fn,
-        *inputs,
-        out=None,
-        name=None,
-        resources=None,
-        buffers=None,
-        inline=False,
-        time=None,
-        timeout=None,
+        fn: Callable[..., Any],
+        *inputs: Actor,
+        out: SpecTree | None = None,
+        name: str | None = None,
+        resources: Mapping[str, int] | None = None,
+        buffers: Buffers | None = None,
+        inline: bool = False,
+        time: SimTime | None = None,
+        timeout: float | None = None,
         replicas: int = 1,
-        processes=None,
+        processes: int | StageProcesses | None = None,
     ) -> Actor:
         """A Python stage: ``fn(*pieces) -> piece``, one argument per input, called on the
         actor's own thread (``inline=True``: on the scheduler's loop, for tiny functions);
@@ -286,7 +336,13 @@ class ActorGraph(OwnsProcesses):
             )
         )
 
-    def copy(self, src, device, name=None, buffers=None) -> Actor:
+    def copy(
+        self,
+        src: Actor,
+        device: str | Device,
+        name: str | None = None,
+        buffers: Buffers | None = None,
+    ) -> Actor:
         """An actor copying each piece of ``src`` across the host boundary: to a device
         (``"cuda:0"``: host to device on the device's copy stream ``h2d``, into registers in
         the device's memory, under its budget ``memory={"cuda:0": ...}``), or from one to
@@ -310,7 +366,15 @@ class ActorGraph(OwnsProcesses):
                 )
 
     def op(
-        self, fn, *inputs, name=None, buffers=None, inline=None, time=None, resources=None, **kwargs
+        self,
+        fn: Callable[..., Any],
+        *inputs: Actor,
+        name: str | None = None,
+        buffers: Buffers | None = None,
+        inline: bool | None = None,
+        time: SimTime | None = None,
+        resources: Mapping[str, int] | None = None,
+        **kwargs: Any,
     ) -> Actor:
         """A built-in op (or a function of tensors) as an actor: ``fn`` is traced on the
         inputs' specs once, and its kernels run straight into the actor's register each
@@ -356,15 +420,15 @@ class ActorGraph(OwnsProcesses):
 
     def op_program(
         self,
-        program,
-        *inputs,
-        name=None,
-        buffers=None,
-        inline=None,
-        time=None,
-        resources=None,
-        state_reads=(),
-        state_writes=(),
+        program: Program | DeviceSteps,
+        *inputs: Actor,
+        name: str | None = None,
+        buffers: Buffers | None = None,
+        inline: bool | None = None,
+        time: SimTime | None = None,
+        resources: Mapping[str, int] | None = None,
+        state_reads: Iterable[str] = (),
+        state_writes: Iterable[str] = (),
     ) -> Actor:
         """An op actor running ``program``, already compiled for these inputs (a
         ``tracing.Program``: what ``g.op`` would trace, an ``nn.Graph`` step), into its
@@ -382,6 +446,7 @@ class ActorGraph(OwnsProcesses):
                 f"are on its device, but its inputs are on the host; copy them "
                 f"there first: g.copy(x, {str(program.device)!r})"
             )
+        a: OpActor
         if on is not None:  # its registers are on the device: it issues its
             a = DeviceOpActor(name, list(inputs), program, on, buffers=buffers)  # work there
         else:
@@ -397,7 +462,7 @@ class ActorGraph(OwnsProcesses):
         a.state_reads, a.state_writes = tuple(state_reads), tuple(state_writes)
         return self._add(a)
 
-    def sink(self, node: Actor, name=None) -> Actor:
+    def sink(self, node: Actor, name: str | None = None) -> Actor:
         """Marks ``node``'s output as the run's: ``run()`` yields a copy of each of its
         pieces (a dict by sink name when there are several sinks)."""
         if not isinstance(node, Actor) or node not in self.actors:
@@ -415,7 +480,7 @@ class ActorGraph(OwnsProcesses):
         return self._running
 
     # -- planning --------------------------------------------------------------------------
-    def plan(self, feed=None):
+    def plan(self, feed: Iterable[Any] | None = None) -> Plan:
         """Sizes every register and checks the budgets; returns the Plan (print it for a
         table), or raises PlanError. A stage without ``out=`` is sized by computing piece 0
         here, kept as piece 0 of the next run."""
@@ -523,6 +588,7 @@ class ActorGraph(OwnsProcesses):
                         f"written there: {e}; give a path in a folder you can "
                         f"write"
                     ) from e
+                assert self._last.trace is not None  # (a run with a trace path records it)
                 self._last.trace["write_s"] = sched.timeline.write_s
             if self._last.state == "finished":
                 self._measured = {
@@ -570,7 +636,13 @@ class ActorGraph(OwnsProcesses):
         if self._stragglers is not None:
             await self._stragglers.wait_async()
 
-    def run(self, feed=None, trace=None, progress=False, engine=None):
+    def run(
+        self,
+        feed: Iterable[Any] | None = None,
+        trace: TracePath | None = None,
+        progress: Progress = False,
+        engine: str | Engine | None = None,
+    ) -> Iterator[Any]:
         """Runs the graph from plain code (on the graph loop thread); yields the outputs in
         piece order. ``break``, an actor's error (ActorError) or Ctrl-C stops it at once;
         acts running then are abandoned and free their registers when they return
@@ -587,17 +659,24 @@ class ActorGraph(OwnsProcesses):
                         f"run(engine={engine!r}): the engines are 'local' and "
                         f"{', '.join(repr(k) for k in _ENGINES) or 'none else'}"
                     )
-                engine = _ENGINES[engine]()
+                runner: Engine = _ENGINES[engine]()
+            else:
+                runner = engine
             # the default's hand-off registers are for threads in this process: elsewhere
             # (processes, where a register is an object in flight) it is its floor, 2
             self._local = False
             try:
-                return engine.run(self, feed=feed, trace=trace, progress=progress)
+                return runner.run(self, feed=feed, trace=trace, progress=progress)
             finally:
                 self._local = True
         return driving.run_blocking(self, feed, trace, progress)
 
-    def run_async(self, feed=None, trace=None, progress=False):
+    def run_async(
+        self,
+        feed: Iterable[Any] | None = None,
+        trace: TracePath | None = None,
+        progress: Progress = False,
+    ) -> AsyncIterator[Any]:
         """Runs the graph on the running event loop; ``async for out in g.run_async()``.
 
         Cancelling the consuming task (while it waits here or in its own code), an error in

@@ -35,6 +35,7 @@ import asyncio
 import numpy as np
 
 from ...backends import get_backend
+from ...device import Device
 from ...device import device as as_device
 from ...errors import DeviceError, DTypeError, PlanError, ShapeError
 from ...tensor.blob import Blob
@@ -483,7 +484,7 @@ class Copy:
 
     __slots__ = ("device",)
 
-    def __init__(self, device):
+    def __init__(self, device: str | Device) -> None:
         self.device = as_device(device)
 
     def __repr__(self) -> str:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ...errors import format_bytes
 from ..sched.actor_runs import CREDIT, INPUT, RESOURCE
+
+if TYPE_CHECKING:
+    from ..plan.reservation import Plan
+    from ..sched.credit import CreditScheduler
 
 
 class RunStats:
@@ -22,7 +27,7 @@ class RunStats:
     ``abandoned``: ``[(actor name, piece)]`` of the acts still running when the run stopped
     (each frees its registers when it returns; ``ActorGraph.join`` waits for them)."""
 
-    def __init__(self, sched, plan):
+    def __init__(self, sched: CreditScheduler, plan: Plan) -> None:
         now = sched.end_time or time.perf_counter()
         self.wall_s: float = now - (sched.start_time or now)
         clock = getattr(sched, "clock", None)
@@ -54,7 +59,7 @@ class RunStats:
                 "budget": plan.budget.budget(dev),
                 "live": None,
             }
-            if sched.live is not None and dev in sched.live.peak:
+            if sched.live is not None and plan.sharing is not None and dev in sched.live.peak:
                 self.memory[str(dev)]["live"] = (
                     sched.live.peak[dev] + total - plan.sharing.arenas.get(dev, 0)
                 )
@@ -62,7 +67,7 @@ class RunStats:
         tl, path = getattr(sched, "timeline", None), getattr(sched, "trace_path", None)
         self.trace = (
             None
-            if path is None
+            if path is None or tl is None
             else {  # run(trace=...): what was written
                 "path": str(path),
                 "records": len(tl.records),

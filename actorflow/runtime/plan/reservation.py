@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Collection, Iterable
+from typing import Literal
 
 from ...errors import ActorError, PlanError, format_bytes
-from ..graph.actors import Collector, OpActor, read_piece
+from ..graph.actors import Actor, Collector, OpActor, read_piece
 from ..graph.device_acts import pinned_for, register_arrays, release_registers
 from ..graph.source import SourceActor
 from .autotune import FLOOR, HANDOFF, SMALL_BYTES, default_counts
@@ -40,16 +42,16 @@ class Plan:
         buffers: dict,
         budget: MemoryBudget,
         resources: dict,
-        share="auto",
-        chosen=(),
-    ):
+        share: bool | Literal["auto"] = "auto",
+        chosen: Iterable[Actor] = (),
+    ) -> None:
         self.actors = actors
         self.chosen = set(chosen)  # actors whose count the plan chose (buffers="auto")
         self.default: set = set()  # ...of them, those on the default (autotune.py's
         self.measured: dict = {}  # default_counts, from these times): sized later,
         #                           they get their count when sized
         self.share = share
-        self.sharing = None
+        self.sharing: Sharing | None = None
         self.tuning = None  # what buffers="auto" chose, and why (autotune.py)
         self.buffers = buffers
         self.budget = budget
@@ -178,7 +180,7 @@ class Plan:
             per_buffer = sum(
                 r["register_bytes"]
                 for r, _ in mine
-                if not (r["shared"] and self.sharing.region.get(dev))
+                if not (r["shared"] and self.sharing is not None and self.sharing.region.get(dev))
             )
             if self.sharing is not None:
                 per_buffer += self.sharing.region.get(dev, 0)  # a wave of shared registers
@@ -309,7 +311,7 @@ class Plan:
         for i in range(port.buffers):
             if blocks is not None:
                 arrays, nbytes = blocks[i], a.out_spec.nbytes
-            elif shared:
+            elif shared and self.sharing is not None:  # (shared: it is)
                 arrays, nbytes = self.sharing.arrays(a, i), a.out_spec.nbytes
             else:
                 arrays, nbytes = self.budget.allocate(
@@ -329,7 +331,7 @@ class Plan:
         if isinstance(a, OpActor) and a.program is not None:
             a.program.bind(self.budget, a.name)
 
-    def size(self, actor) -> list:
+    def size(self, actor: Actor) -> list:
         """While running piece 0: ``actor``'s output is now known. Checks the budgets with
         it, allocates its registers (and those of op actors it lets infer), and returns the
         actors sized. Raises PlanError if the registers sized so far do not fit. (A plan
@@ -371,7 +373,7 @@ class Plan:
         elif a.out_spec is not None and not a.declared:
             a.sized_as = (a.out_spec, a.out_spec.bytes_on())
 
-    def unpend(self, actor) -> list:
+    def unpend(self, actor: Actor) -> list:
         """A plan made whole (``defer``): ``actor`` is sized, or ended before its piece 0.
         Once no actor is left to size, checks the budgets with every register (shared by
         lifetime where they need it, as ``check`` does before a run), allocates them all
@@ -404,7 +406,7 @@ class Plan:
                 sized.append(a)
         return sized
 
-    def release(self, keep=(), busy=()) -> None:
+    def release(self, keep: Collection[object] = (), busy: Collection[Actor] = ()) -> None:
         """Frees every register but the memory keys in ``keep``, and closes the sources and
         op programs but the ``busy`` actors' (acts abandoned while running: see
         ``stragglers.py``, which releases those as they return)."""
@@ -421,7 +423,7 @@ class Plan:
         self.allocated = self.filled = False
 
     @staticmethod
-    def release_actor(a) -> None:
+    def release_actor(a: Actor) -> None:
         """Closes ``a``'s source or unbinds its op program, and drops what it cached."""
         if isinstance(a, SourceActor):
             a.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +43,12 @@ class Spec:
 
     __slots__ = ("shape", "dtype", "device")
 
-    def __init__(self, shape, dtype=float32, device="cpu"):
+    def __init__(
+        self,
+        shape: int | Sequence[int],
+        dtype: DType | str | type | np.dtype = float32,
+        device: str | Device = "cpu",
+    ) -> None:
         self.shape = as_shape(shape, "Spec")
         self.dtype: DType = as_dtype(dtype)
         self.device: Device = device if isinstance(device, Device) else as_device(device)
@@ -51,7 +58,9 @@ class Spec:
         return math.prod(self.shape) * self.dtype.itemsize
 
     @staticmethod
-    def of(value, device=None) -> Spec:
+    def of(
+        value: Tensor | np.ndarray | bool | int | float, device: str | Device | None = None
+    ) -> Spec:
         """The Spec of an array, tensor or Python scalar."""
         if isinstance(value, Tensor):
             m = value._impl.meta
@@ -101,7 +110,7 @@ def _flatten(piece, leaves):
     return 0
 
 
-def unflatten(structure, leaves) -> object:
+def unflatten(structure, leaves) -> Any:
     """Rebuilds a piece of ``structure`` from ``leaves`` (consumed in order)."""
     it = iter(leaves)
     return _unflatten(structure, it)
