@@ -98,6 +98,7 @@ def run(seed: int = 0, pieces: int = 60, timeline=None, progress=False) -> dict:
         series[f"{label} ({mode})"] = r.timeline
     for b in (1, 2, 3, 4):
         least = actors(b, pieces, share=True, budgets=False).plan().sharing
+        assert least is not None  # (share=True: the plan shares registers)
         mins = "/".join(f"{least.arenas.get(ACTOR_DEVICE[d], 0) / MiB:g}" for d in ("cpu", "gpu"))
         g = actors(b, pieces)
         try:

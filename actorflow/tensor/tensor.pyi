@@ -164,7 +164,7 @@ class Tensor:
         """``input ** exponent`` elementwise with broadcasting; either may be a Python number.
         Integers to negative integer powers are refused, as in PyTorch.
         """
-    def __matmul__(self, other: _Operand, *, out: None = None) -> Tensor:
+    def __matmul__(self, other: Tensor, *, out: None = None) -> Tensor:
         """Matrix product with batching and broadcasting of leading dims (numpy's rules)."""
     def __rmatmul__(self, other: _Operand) -> Tensor: ...
     def __pos__(self) -> Tensor: ...
@@ -219,7 +219,7 @@ class Tensor:
         """``input ** exponent`` elementwise with broadcasting; either may be a Python number.
         Integers to negative integer powers are refused, as in PyTorch.
         """
-    def matmul(self, other: _Operand, *, out: None = None) -> Tensor:
+    def matmul(self, other: Tensor, *, out: None = None) -> Tensor:
         """Matrix product with batching and broadcasting of leading dims (numpy's rules)."""
     def maximum(self, other: _Operand, *, out: None = None) -> Tensor:
         """Elementwise maximum with broadcasting; either argument may be a Python number (``out=`` is refused).
@@ -397,10 +397,9 @@ class Tensor:
     ) -> Tensor:
         """Mean over ``dim``; the input (or ``dtype``) must be floating point."""
     def var(
-        self, dim: builtins.int | None = None, unbiased: builtins.bool = True,
+        self, dim: _Dims | builtins.bool | None = None, unbiased: builtins.bool = True,
         keepdim: builtins.bool = False, *, correction: builtins.float | None = None,
-        out: None = None, axis: builtins.int | None = None,
-        keepdims: builtins.bool | None = None,
+        out: None = None, axis: _Dims | None = None, keepdims: builtins.bool | None = None,
     ) -> Tensor:
         """Variance over ``dim`` (an int, a tuple, or None for all) with ``correction``
         (N - correction divides; default 1, Bessel's) or PyTorch's older ``unbiased``
@@ -408,10 +407,9 @@ class Tensor:
         0 / 0), as PyTorch.
         """
     def std(
-        self, dim: builtins.int | None = None, unbiased: builtins.bool = True,
+        self, dim: _Dims | builtins.bool | None = None, unbiased: builtins.bool = True,
         keepdim: builtins.bool = False, *, correction: builtins.float | None = None,
-        out: None = None, axis: builtins.int | None = None,
-        keepdims: builtins.bool | None = None,
+        out: None = None, axis: _Dims | None = None, keepdims: builtins.bool | None = None,
     ) -> Tensor:
         """Standard deviation: sqrt of ``var`` with the same arguments."""
     @overload

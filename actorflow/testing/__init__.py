@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import TYPE_CHECKING, Any
 
 from ..backends import get_backend
+from ..device import Device
 from ..device import device as _device
 from ..errors import ActorError, DeadlockError, format_bytes, parse_bytes
 from ..runtime.graph.actor_graph import ActorGraph
@@ -34,7 +35,6 @@ from ..runtime.observe.stats import RunStats
 from ..runtime.observe.watchdog import describe_waits
 
 if TYPE_CHECKING:
-    from ..device import Device
     from ..runtime.sched.credit import CreditScheduler
 
 # the null device's simulated seconds per kernel: a constant, or ``f(op, output_bytes)``
@@ -316,7 +316,7 @@ def assert_peak_within(
     """Fails (AssertionError) when the measured memory peak exceeds ``budget`` (bytes, or
     a string such as ``"4MiB"``, or a dict per device): ``source`` is an ActorGraph (its
     last run), its RunStats, or a device name (the eager allocator's peak there)."""
-    if isinstance(source, str) or hasattr(source, "type") and hasattr(source, "index"):
+    if isinstance(source, (str, Device)):
         dev = _device(source)
         peak = get_backend(dev).allocator.stats().peak
         _check(str(dev), peak, budget, f"eager tensors on {dev}")
