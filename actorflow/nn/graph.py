@@ -86,9 +86,27 @@ from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
 
 if TYPE_CHECKING:
-    from ..optim.lr_scheduler import LRScheduler
-    from ..optim.optimizer import Optimizer
+    from types import CodeType
+    from typing import Protocol
+
     from ..runtime.observe.stats import RunStats
+
+    # what the Graph reads of an optimizer and a scheduler (``af.optim``'s, a layer beside:
+    # not imported here)
+    class _OptimizerLike(Protocol):
+        param_groups: list[dict[str, Any]]
+
+        def graph_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]: ...
+
+    class _SchedulerLike(Protocol):
+        optimizer: Any
+        last_epoch: int
+
+        def step(self) -> None: ...
+        def get_last_lr(self) -> list[float]: ...
+        def state_dict(self) -> dict[str, Any]: ...
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
 
 # what a learning-rate scheduler has (``optim.lr_scheduler.LRScheduler``, a layer beside)
 _SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict", "load_state_dict")
@@ -157,7 +175,9 @@ class Graph:
             isinstance(value, Module) or isinstance(old, Module) or name in _attrs_read(type(self))
         )
 
-    def add_optimizer(self, optimizer: Optimizer, *, lr_sch: LRScheduler | None = None) -> None:
+    def add_optimizer(
+        self, optimizer: _OptimizerLike, *, lr_sch: _SchedulerLike | None = None
+    ) -> None:
         """Trains with ``optimizer``: each step runs its update on the parameters of its
         groups.
 
@@ -1106,7 +1126,8 @@ def _lookup(ns, name):
         return _NONE
 
 
-_ATTRS = weakref.WeakKeyDictionary()  # Graph subclass -> the attribute names it reads
+# Graph subclass -> the attribute names it reads
+_ATTRS: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def _attrs_read(cls) -> frozenset:
@@ -1145,7 +1166,10 @@ def _loaded(code, opnames: tuple) -> tuple:
     return names
 
 
-_LOADED = weakref.WeakKeyDictionary()  # code object -> {opnames: the names loaded}
+# code object -> {opnames: the names loaded}
+_LOADED: weakref.WeakKeyDictionary[CodeType, dict[tuple[str, ...], tuple[str, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _names_read(fn) -> list:

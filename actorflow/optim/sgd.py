@@ -30,7 +30,7 @@ def sgd_update(
         g = F.neg(g)
     if group["weight_decay"]:
         g = F.add(g, F.mul(p, group["weight_decay"]))
-    new = {}
+    new: dict[str, Any] = {}
     mom = v["momentum"]
     if isinstance(mom, Tensor) and "momentum_buffer" in state:
         return _sgd_scheduled(p, g, state, group, v, new)
