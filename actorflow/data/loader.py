@@ -10,6 +10,8 @@ step's op actors read the loading stage's register; one graph, no tensor per bat
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,12 +25,23 @@ from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime.sched.processes import OwnsProcesses
 from ..tensor.tensor import Tensor
 
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..runtime.observe.stats import RunStats
+    from ..runtime.sched.processes import StageProcesses
+
+    class _MapStyle(Protocol):
+        """A map-style dataset as ``DataLoader`` reads it (``Dataset``, a list...)."""
+
+        def __getitem__(self, index: int, /) -> Any: ...
+        def __len__(self) -> int: ...
+
 
 class Dataset:
     """Map-style: ``__len__`` and ``__getitem__(i)`` returning a sample (an array, a
     number, or a tuple/list/dict of them)."""
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
 
     def __len__(self) -> int:
@@ -38,14 +51,14 @@ class Dataset:
 class IterableDataset:
     """Iterable-style: ``__iter__`` yields samples (a new pass per call)."""
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} must define __iter__")
 
 
 class TensorDataset(Dataset):
     """Samples ``(a[i], b[i], ...)`` of arrays or tensors with the same first dim."""
 
-    def __init__(self, *arrays):
+    def __init__(self, *arrays: Any) -> None:
         if not arrays:
             raise ValueError("TensorDataset needs at least one array")
         self.arrays = [a.numpy() if isinstance(a, Tensor) else np.asarray(a) for a in arrays]
@@ -55,19 +68,19 @@ class TensorDataset(Dataset):
                 f"TensorDataset: the arrays' first dims differ: {[len(a) for a in self.arrays]}"
             )
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
         return tuple(a[i] for a in self.arrays)
 
     def __len__(self) -> int:
         return len(self.arrays[0])
 
 
-def default_collate(samples: list):
+def default_collate(samples: list[Any]) -> Any:
     """Stacks a list of samples leaf by leaf: arrays along a new first dim, numbers into
     an array; tuples, lists and dicts keep their structure."""
     first = samples[0]
     leaves0, structure = flatten(first)
-    cols = [[] for _ in leaves0]
+    cols: list[list[Any]] = [[] for _ in leaves0]
     for s in samples:
         leaves, st = flatten(s)
         if st != structure:
@@ -119,20 +132,38 @@ class DataLoader(OwnsProcesses):
             comes as tensors on it.
     """
 
+    # (set in __init__; declared for type checkers)
+    dataset: Any
+    map_style: bool
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    workers: int
+    collate_fn: Callable[[list[Any]], Any]
+    seed: int
+    epoch: int
+    buffers: int | str | None
+    memory: dict[str, int | str | None] | None
+    procs: StageProcesses | None
+    _layout: list[PieceSpec | None]
+    device: Device
+    on_device: bool
+    graph: ActorGraph
+
     def __init__(
         self,
-        dataset,
+        dataset: _MapStyle | Iterable[Any],
         batch_size: int = 1,
         shuffle: bool = False,
         drop_last: bool = False,
         workers: int = 0,
-        buffers=None,
-        memory=None,
-        collate_fn=None,
-        seed=None,
-        device=None,
+        buffers: int | str | None = None,
+        memory: dict[str, int | str | None] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        seed: int | None = None,
+        device: Device | str | None = None,
         processes: bool = False,
-    ):
+    ) -> None:
         if not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
         if not isinstance(workers, numbers.Integral) or not 0 <= workers <= 64:
@@ -346,7 +377,7 @@ class DataLoader(OwnsProcesses):
     def _load(self, idx):
         return self.collate_fn([self.dataset[int(i)] for i in idx])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if not self.on_device:
             for batch in self.iter_arrays():
                 yield _tensors(batch)
@@ -357,14 +388,14 @@ class DataLoader(OwnsProcesses):
         for batch in actors.rest():
             yield _tensors(batch, dev)
 
-    def iter_arrays(self):
+    def iter_arrays(self) -> Iterator[Any]:
         """A new pass, as ``for batch in loader`` gives it, but each batch as ``collate_fn``
         gives it (numpy arrays, on the host whatever ``device``) rather than as tensors."""
         self.graph, actors = g, actors = self._graph(to_device=False)
         yield from g.run()
         yield from actors.rest()
 
-    def stats(self):
+    def stats(self) -> RunStats:
         """The last pass's per-actor statistics (``ActorGraph.stats``)."""
         return self.graph.stats()
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 
 from ..creation import empty
+from ..device import Device
+from ..dtype import DType
+from ..tensor.tensor import Tensor
 from . import functional as NF
 from . import init
 from .module import Module, Parameter
 
 
-def _pair(v):
+def _pair(v: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
@@ -31,16 +34,16 @@ class Conv2d(Module):
         self,
         in_channels: int,
         out_channels: int,
-        kernel_size,
-        stride=1,
-        padding=0,
-        dilation=1,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
         groups: int = 1,
         bias: bool = True,
         padding_mode: str = "zeros",
-        device=None,
-        dtype=None,
-    ):
+        device: Device | str | None = None,
+        dtype: DType | str | None = None,
+    ) -> None:
         super().__init__()
         if groups <= 0:
             raise ValueError(f"Conv2d: groups must be a positive integer, got {groups}")
@@ -94,7 +97,7 @@ class Conv2d(Module):
             bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
             init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
         )
@@ -121,20 +124,20 @@ class MaxPool2d(Module):
 
     def __init__(
         self,
-        kernel_size,
-        stride=None,
-        padding=0,
-        dilation=1,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] | None = None,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
         return_indices: bool = False,
         ceil_mode: bool = False,
-    ):
+    ) -> None:
         super().__init__()
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
         self.padding, self.dilation = padding, dilation
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         return NF.max_pool2d(
             x,
             self.kernel_size,
@@ -158,20 +161,20 @@ class AvgPool2d(Module):
 
     def __init__(
         self,
-        kernel_size,
-        stride=None,
-        padding=0,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] | None = None,
+        padding: int | tuple[int, int] = 0,
         ceil_mode: bool = False,
         count_include_pad: bool = True,
-        divisor_override=None,
-    ):
+        divisor_override: int | None = None,
+    ) -> None:
         super().__init__()
         self.kernel_size = kernel_size
         self.stride = stride if stride is not None else kernel_size
         self.padding, self.ceil_mode = padding, ceil_mode
         self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.avg_pool2d(
             x,
             self.kernel_size,
@@ -190,11 +193,11 @@ class AdaptiveAvgPool2d(Module):
     """The mean over windows that cut the input into ``output_size`` (an int, a pair, or a
     pair with None: that dim keeps the input's size)."""
 
-    def __init__(self, output_size):
+    def __init__(self, output_size: int | tuple[int | None, int | None]) -> None:
         super().__init__()
         self.output_size = output_size
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.adaptive_avg_pool2d(x, self.output_size)
 
     def extra_repr(self) -> str:

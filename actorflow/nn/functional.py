@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 
 from .. import functional as F
 from ..autograd import no_grad
@@ -41,7 +42,7 @@ def _tensor(name, x, arg="input") -> Tensor:
     return x
 
 
-def linear(input, weight, bias=None):
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``input @ weight.T + bias``; weight is (out_features, in_features), as PyTorch's."""
     _tensor("linear", input)
     if input.shape[-1:] != weight.shape[1:]:
@@ -62,7 +63,7 @@ def linear(input, weight, bias=None):
     return out if lead is None else out.reshape(*lead, out.shape[-1])
 
 
-def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False):
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Zeroes each element with probability ``p`` and scales the rest by 1/(1-p) while
     training; the identity otherwise. Seeded by ``af.manual_seed``; inside ``nn.Graph``
     drawn anew every step from the graph's own counter-based generator (``nn.graph``)."""
@@ -79,7 +80,13 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False)
 _LAYER_NORM = op_def("layer_norm")
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+def layer_norm(
+    input: Tensor,
+    normalized_shape: int | Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
     """Normalizes over the last ``len(normalized_shape)`` dims (biased variance), then
     scales by ``weight`` and shifts by ``bias`` (each of ``normalized_shape``): one op
     (``layer_norm``) with its own backward.
@@ -121,7 +128,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
 # before its last-dim fast path and one-op backward (ops/nn.py: ~3x less for both).
 
 
-def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="attention"):
+def attention_weights(
+    query: Tensor,
+    key: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    is_causal: bool = False,
+    name: str = "attention",
+) -> Tensor:
     """softmax(query @ key^T * scale + mask) over the last dim, shape (..., L, S): the
     weights ``scaled_dot_product_attention`` and ``MultiheadAttention`` multiply the values
     by. ``mask``: None, bool (True: attend) or float (added), broadcast to (..., L, S).
@@ -168,15 +182,15 @@ def attention_weights(query, key, mask=None, scale=None, is_causal=False, name="
 
 
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
-    scale=None,
+    scale: float | None = None,
     enable_gqa: bool = False,
-):
+) -> Tensor:
     """``softmax(query @ key^T * scale + mask) @ value``, as PyTorch's: query (..., L, E),
     key (..., S, E), value (..., S, Ev) -> (..., L, Ev), the leading (batch, head) dims
     broadcast. ``attn_mask``: bool (True: may attend) or float (added to the scores),
@@ -232,7 +246,7 @@ _EMBEDDING_FIX = (
 )
 
 
-def embedding(input, weight, padding_idx=None):
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     """Rows of ``weight`` (num_embeddings, embedding_dim) picked by the integer tensor
     ``input``; the ``padding_idx`` row (negative counts from the end) gets no gradient, its
     values are read as they are.
@@ -346,7 +360,13 @@ def _nll(input, target, weight, ignore_index: int, reduction: str, name: str):
     return loss, keep
 
 
-def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+def nll_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
     """Negative log-likelihood of class indices ``target`` (N,) under log-probabilities
     ``input`` (N, C) (or (N, C, d...) and (N, d...)): ``-input[n, target[n]]``, weighted,
     ignoring ``ignore_index``.
@@ -364,13 +384,13 @@ def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: st
 
 
 def cross_entropy(
-    input,
-    target,
-    weight=None,
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
-):
+) -> Tensor:
     """Cross-entropy of logits ``input`` (N, C) (or (N, C, d...)) against class indices
     (N,) (or (N, d...)) or class probabilities of the input's shape: ``log_softmax`` over
     the class dim, then ``nll_loss``.
@@ -422,7 +442,7 @@ def cross_entropy(
     return F.add(F.mul(loss, 1.0 - label_smoothing), F.mul(smooth, label_smoothing))
 
 
-def mse_loss(input, target, reduction: str = "mean"):
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Mean (or sum) of squared differences; the shapes broadcast."""
     _tensor("mse_loss", input)
     d = F.sub(input, target)
@@ -460,15 +480,15 @@ def _per_channel(t, ndim: int):
 
 
 def batch_norm(
-    input,
-    running_mean,
-    running_var,
-    weight=None,
-    bias=None,
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
     training: bool = False,
     momentum: float = 0.1,
     eps: float = 1e-5,
-):
+) -> Tensor:
     """Normalizes each channel (dim 1) of ``input`` (N, C, ...), then scales by ``weight``
     and shifts by ``bias``, as PyTorch. Training (or with no running statistics): by the
     batch's mean and biased variance over every dim but the channels', and the running
@@ -536,7 +556,13 @@ def _batch_norm_with(
     return wrap(y)
 
 
-def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
+def group_norm(
+    input: Tensor,
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
     """Normalizes each group of ``num_groups`` consecutive channels of ``input`` (N, C, ...)
     by its mean and biased variance (per sample), then scales by ``weight`` and shifts by
     ``bias`` (per channel), as PyTorch.

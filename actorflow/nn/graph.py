@@ -68,7 +68,9 @@ from __future__ import annotations
 import copy
 import dis
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..autograd import enable_grad, no_grad
 from ..creation import from_numpy, spawned_seed
@@ -82,6 +84,29 @@ from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
+
+if TYPE_CHECKING:
+    from types import CodeType
+    from typing import Protocol
+
+    from ..runtime.observe.stats import RunStats
+
+    # what the Graph reads of an optimizer and a scheduler (``af.optim``'s, a layer beside:
+    # not imported here)
+    class _OptimizerLike(Protocol):
+        param_groups: list[dict[str, Any]]
+
+        def graph_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]: ...
+
+    class _SchedulerLike(Protocol):
+        optimizer: Any
+        last_epoch: int
+
+        def step(self) -> None: ...
+        def get_last_lr(self) -> list[float]: ...
+        def state_dict(self) -> dict[str, Any]: ...
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
 
 # what a learning-rate scheduler has (``optim.lr_scheduler.LRScheduler``, a layer beside)
 _SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict", "load_state_dict")
@@ -116,13 +141,13 @@ class Graph:
     captured, since those calls may allocate memory during a capture: it is launched one
     by one every step, as with False."""
 
-    def __init__(self, cuda_graph: bool = True):
+    def __init__(self, cuda_graph: bool = True) -> None:
         self.cuda_graph = cuda_graph  # on a CUDA device: a static step is one replay
         self._optimizers: list = []
         self._lr_sch: list = []  # the schedulers the graph steps after each step
         self._compiled: dict = {}  # (kind, layout, settings) -> what was compiled
         self._traced = None  # _Traced: what the compiled steps were traced with
-        self._graph = None  # the last run()'s ActorGraph
+        self._graph: ActorGraph | None = None  # the last run()'s ActorGraph
         # the seed of the step's random ops (their key: it and their place in the step),
         # from a child of af.manual_seed's generator (creation.spawned_seed): every compiled
         # form of the step draws the same values, and the n-th graph made after
@@ -150,7 +175,9 @@ class Graph:
             isinstance(value, Module) or isinstance(old, Module) or name in _attrs_read(type(self))
         )
 
-    def add_optimizer(self, optimizer, *, lr_sch=None) -> None:
+    def add_optimizer(
+        self, optimizer: _OptimizerLike, *, lr_sch: _SchedulerLike | None = None
+    ) -> None:
         """Trains with ``optimizer``: each step runs its update on the parameters of its
         groups.
 
@@ -190,7 +217,7 @@ class Graph:
         self._compiled.clear()
         self._traced = None
 
-    def build(self, *args):
+    def build(self, *args: Any) -> Any:
         raise NotImplementedError(
             f"{type(self).__name__} has no build(); define "
             f"build(self, ...) with what one step computes"
@@ -589,10 +616,10 @@ class Graph:
         written_outside(state)  # (saved tensors see it, as an in-place write)
 
     # -- running ---------------------------------------------------------------------------
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> Any:
         return self.step(*args)
 
-    def step(self, *args):
+    def step(self, *args: Any) -> Any:
         """One iteration on ``args`` (tensors or arrays): returns what ``build`` returns,
         with parameters and optimizer state updated. On a CUDA device it returns at once
         with tensors on the device, and a failed op raises where they are read (see the
@@ -606,7 +633,7 @@ class Graph:
         leaves, structure = flatten(args)
         _no_bfloat16(self, "input", leaves)
         settings = self._check()
-        device = _device_of(self._traced.params, leaves)
+        device = _device_of(self._traced.params, leaves)  # type: ignore[attr-defined]  # set by _check()
         if device is not None:
             return self._step_on(device, leaves, structure, settings)
         arrays = [peek_array(a) if isinstance(a, Tensor) else a for a in leaves]
@@ -681,15 +708,15 @@ class Graph:
 
     def run(
         self,
-        iterable,
+        iterable: Iterable[Any] | Callable[[], Iterable[Any]],
         buffers: int = 2,
-        memory=None,
+        memory: dict[str, int | str | None] | None = None,
         fused: bool = False,
-        trace=None,
-        progress=False,
-        timeout=None,
-        engine=None,
-    ):
+        trace: str | Path | None = None,
+        progress: bool | dict[str, Any] = False,
+        timeout: float | None = None,
+        engine: str | None = None,
+    ) -> Iterator[Any]:
         """Runs ``build`` on every item of ``iterable`` (a DataLoader, a list, a function
         returning an iterable...) as an ActorGraph: an actor per op of the step, and one
         per state written back, fed by a source actor reading the iterable, so the next
@@ -741,22 +768,23 @@ class Graph:
         _local_engine(engine, name)
         if timeout is not None:
             check_timeout(timeout, False, f"inputs of {name}")
-        if callable(iterable) and not hasattr(iterable, "__iter__"):
-            iterable = iterable()
+        items: Any = iterable  # (read by what it has: a DataLoader's actors, a len...)
+        if callable(items) and not hasattr(items, "__iter__"):
+            items = items()
         if progress:
             progress = dict(progress) if isinstance(progress, dict) else {}
             progress.setdefault("desc", "steps")
-            if "total" not in progress and hasattr(iterable, "__len__"):
+            if "total" not in progress and hasattr(items, "__len__"):
                 try:
-                    progress["total"] = len(iterable)
+                    progress["total"] = len(items)
                 except TypeError:  # (a DataLoader over an iterable dataset)
                     pass
         runs = done = 0
-        if hasattr(iterable, "actors_into"):  # a DataLoader
-            if timeout is not None and iterable.workers > 1:
-                iterable = iterable.iter_arrays()  # read as an iterable, by a source
+        if hasattr(items, "actors_into"):  # a DataLoader
+            if timeout is not None and items.workers > 1:
+                items = items.iter_arrays()  # read as an iterable, by a source
             else:  # its actors join the step's graph
-                layout = iterable.layout()
+                layout = items.layout()
                 rest: list = []
                 if layout is not None:
                     for out in self._run_layout(
@@ -768,20 +796,24 @@ class Graph:
                         trace,
                         progress,
                         timeout,
-                        iterable,
+                        items,
                         rest,
                     ):
                         done += 1
                         yield out
                     runs += 1
-                    iterable = rest  # (its last, smaller batch: a run of its own)
+                    items = rest  # (its last, smaller batch: a run of its own)
                 else:
-                    iterable = iterable.iter_arrays()  # (no whole batch)
-        it = iter(iterable)
+                    items = items.iter_arrays()  # (no whole batch)
+        it = iter(items)
         item = next(it, _NONE)
         if item is not _NONE:
             self._check()
-        device = _device_of(self._traced.params, []) if item is not _NONE else None
+        device = (
+            _device_of(self._traced.params, [])  # type: ignore[attr-defined]  # set by _check()
+            if item is not _NONE
+            else None
+        )
         while item is not _NONE:  # a run per layout: a register has one size
             spec = _layout(item, device)
             key = (spec.structure, tuple(spec.specs))
@@ -950,8 +982,13 @@ class Graph:
             return e
         return ActorError(actor, e.piece, first, tb)
 
-    def stats(self):
-        """The last ``run()``'s statistics (see ActorGraph.stats)."""
+    def stats(self) -> RunStats:
+        """The last ``run()``'s statistics (see ActorGraph.stats).
+
+        Raises:
+            RuntimeError: the graph has not run yet."""
+        if self._graph is None:
+            raise RuntimeError(f"{type(self).__name__}.stats(): the graph has not run yet")
         return self._graph.stats()
 
     def __repr__(self) -> str:
@@ -1089,7 +1126,8 @@ def _lookup(ns, name):
         return _NONE
 
 
-_ATTRS = weakref.WeakKeyDictionary()  # Graph subclass -> the attribute names it reads
+# Graph subclass -> the attribute names it reads
+_ATTRS: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def _attrs_read(cls) -> frozenset:
@@ -1128,7 +1166,10 @@ def _loaded(code, opnames: tuple) -> tuple:
     return names
 
 
-_LOADED = weakref.WeakKeyDictionary()  # code object -> {opnames: the names loaded}
+# code object -> {opnames: the names loaded}
+_LOADED: weakref.WeakKeyDictionary[CodeType, dict[tuple[str, ...], tuple[str, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _names_read(fn) -> list:

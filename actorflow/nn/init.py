@@ -8,6 +8,7 @@ import math
 from .. import functional as F
 from ..autograd import no_grad
 from ..creation import rand, randn
+from ..tensor.tensor import Tensor
 
 
 def _fans(t):
@@ -23,32 +24,34 @@ def _fans(t):
 
 
 @no_grad()
-def uniform_(t, a: float = 0.0, b: float = 1.0):
+def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     F.copy_(t, F.add(F.mul(rand(t.shape, dtype=t.dtype, device=t.device), b - a), a))
     return t
 
 
 @no_grad()
-def normal_(t, mean: float = 0.0, std: float = 1.0):
+def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     F.copy_(t, F.add(F.mul(randn(t.shape, dtype=t.dtype, device=t.device), std), mean))
     return t
 
 
 @no_grad()
-def constant_(t, value: float):
+def constant_(t: Tensor, value: float) -> Tensor:
     F.fill_(t, value)
     return t
 
 
-def zeros_(t):
+def zeros_(t: Tensor) -> Tensor:
     return constant_(t, 0.0)
 
 
-def ones_(t):
+def ones_(t: Tensor) -> Tensor:
     return constant_(t, 1.0)
 
 
-def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu"):
+def kaiming_uniform_(
+    t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu"
+) -> Tensor:
     fan_in, fan_out = _fans(t)
     fan = fan_in if mode == "fan_in" else fan_out
     gain = (
@@ -60,7 +63,7 @@ def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str 
     return uniform_(t, -bound, bound)
 
 
-def xavier_uniform_(t, gain: float = 1.0):
+def xavier_uniform_(t: Tensor, gain: float = 1.0) -> Tensor:
     fan_in, fan_out = _fans(t)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(t, -bound, bound)

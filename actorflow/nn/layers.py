@@ -6,11 +6,23 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import (
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
+from typing import Any, NoReturn
 
 from .. import functional as F
 from ..autograd import no_grad
 from ..creation import empty, ones, tensor, zeros
-from ..dtype import int64
+from ..device import Device
+from ..dtype import DType, int64
+from ..tensor.tensor import Tensor
 from . import functional as NF
 from . import init
 from .module import Module, Parameter
@@ -21,8 +33,13 @@ class Linear(Module):
     U(-1/sqrt(in_features), 1/sqrt(in_features)), as PyTorch's default."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = True, dtype=None, device=None
-    ):
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        dtype: DType | str | None = None,
+        device: Device | str | None = None,
+    ) -> None:
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -40,7 +57,7 @@ class Linear(Module):
             bound = 1.0 / math.sqrt(self.in_features) if self.in_features else 0.0
             init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -50,25 +67,31 @@ class Linear(Module):
         )
 
 
-def _activation(name: str, fn, doc: str):
-    class Act(Module):
-        def forward(self, x):
-            return fn(x)
+class Tanh(Module):
+    """Elementwise tanh."""
 
-    Act.__name__ = Act.__qualname__ = name
-    Act.__doc__ = doc
-    return Act
+    def forward(self, x: Tensor) -> Tensor:
+        return F.tanh(x)
 
 
-Tanh = _activation("Tanh", F.tanh, "Elementwise tanh.")
-Sigmoid = _activation("Sigmoid", F.sigmoid, "Elementwise logistic sigmoid.")
-Identity = _activation("Identity", lambda x: x, "Returns its input.")
+class Sigmoid(Module):
+    """Elementwise logistic sigmoid."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.sigmoid(x)
+
+
+class Identity(Module):
+    """Returns its input."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
 
 
 class _InPlaceActivation(Module):
     """An elementwise activation that may write its input (``inplace=True``)."""
 
-    def __init__(self, inplace: bool = False):
+    def __init__(self, inplace: bool = False) -> None:
         super().__init__()
         self.inplace = inplace
 
@@ -79,23 +102,23 @@ class _InPlaceActivation(Module):
 class ReLU(_InPlaceActivation):
     """max(x, 0) elementwise; ``inplace=True`` writes the input."""
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return F.relu(x, inplace=self.inplace)
 
 
 class SiLU(_InPlaceActivation):
     """x * sigmoid(x) elementwise; ``inplace=True`` writes the input."""
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.silu(x, inplace=self.inplace)
 
 
 class GELU(Module):
-    def __init__(self, approximate: str = "none"):
+    def __init__(self, approximate: str = "none") -> None:
         super().__init__()
         self.approximate = approximate
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return F.gelu(x, approximate=self.approximate)
 
     def extra_repr(self) -> str:
@@ -103,11 +126,11 @@ class GELU(Module):
 
 
 class Softmax(Module):
-    def __init__(self, dim=None):
+    def __init__(self, dim: int | None = None) -> None:
         super().__init__()
         self.dim = dim
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return F.softmax(x, dim=self.dim)
 
     def extra_repr(self) -> str:
@@ -115,16 +138,16 @@ class Softmax(Module):
 
 
 class LogSoftmax(Softmax):
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return F.log_softmax(x, dim=self.dim)
 
 
 class Flatten(Module):
-    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return x.flatten(self.start_dim, self.end_dim)
 
     def extra_repr(self) -> str:
@@ -134,13 +157,13 @@ class Flatten(Module):
 class Dropout(Module):
     """Zeroes elements with probability ``p`` while training (scaling the rest)."""
 
-    def __init__(self, p: float = 0.5, inplace: bool = False):
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
         self.p, self.inplace = p, inplace
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
@@ -163,13 +186,13 @@ def _affine(module, affine: bool, bias: bool, shape, dtype, device) -> None:
 class LayerNorm(Module):
     def __init__(
         self,
-        normalized_shape,
+        normalized_shape: int | Sequence[int],
         eps: float = 1e-5,
         elementwise_affine: bool = True,
         bias: bool = True,
-        dtype=None,
-        device=None,
-    ):
+        dtype: DType | str | None = None,
+        device: Device | str | None = None,
+    ) -> None:
         super().__init__()
         shape = (
             (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -178,7 +201,7 @@ class LayerNorm(Module):
         self.elementwise_affine = elementwise_affine
         _affine(self, elementwise_affine, bias, shape, dtype, device)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -202,14 +225,14 @@ class _BatchNorm(Module):
         self,
         num_features: int,
         eps: float = 1e-5,
-        momentum=0.1,
+        momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
-        device=None,
-        dtype=None,
+        device: Device | str | None = None,
+        dtype: DType | str | None = None,
         *,
         bias: bool = True,
-    ):
+    ) -> None:
         super().__init__()
         if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features <= 0:
             raise ValueError(
@@ -250,9 +273,9 @@ class _BatchNorm(Module):
                 f"input of shape {x.shape}); {self._layout}"
             )
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         self._check_input_dim(x)
-        factor = 0.0 if self.momentum is None else self.momentum
+        factor: float | Tensor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             with no_grad():
                 F.add_(self.num_batches_tracked, 1)
@@ -302,11 +325,11 @@ class GroupNorm(Module):
         num_channels: int,
         eps: float = 1e-5,
         affine: bool = True,
-        device=None,
-        dtype=None,
+        device: Device | str | None = None,
+        dtype: DType | str | None = None,
         *,
         bias: bool = True,
-    ):
+    ) -> None:
         super().__init__()
         if not isinstance(num_groups, int) or num_groups <= 0 or num_channels % num_groups:
             raise ValueError(
@@ -321,7 +344,7 @@ class GroupNorm(Module):
         )
         _affine(self, affine, bias, num_channels, dtype, device)
 
-    def forward(self, x):
+    def forward(self, x: Tensor) -> Tensor:
         return NF.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -336,8 +359,13 @@ class Embedding(Module):
     ``padding_idx`` row starts at zero and gets no gradient."""
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, padding_idx=None, dtype=None, device=None
-    ):
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        dtype: DType | str | None = None,
+        device: Device | str | None = None,
+    ) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         if padding_idx is not None:
@@ -356,7 +384,7 @@ class Embedding(Module):
             with no_grad():
                 F.zero_(self.weight[padding_idx])
 
-    def forward(self, idx):
+    def forward(self, idx: Tensor) -> Tensor:
         return NF.embedding(idx, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
@@ -367,23 +395,23 @@ class Embedding(Module):
 class Sequential(Module):
     """Modules called in order; indexable (``seq[0]``, ``seq[1:]``), iterable, ``len``."""
 
-    def __init__(self, *modules):
+    def __init__(self, *modules: Module | OrderedDict[str, Module]) -> None:
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], OrderedDict):
-            for name, m in modules[0].items():
-                self.add_module(name, m)
+            for name, entry in modules[0].items():
+                self.add_module(name, entry)
         else:
             for i, m in enumerate(modules):
                 if not isinstance(m, Module):
                     raise TypeError(f"Sequential: entry {i} is a {type(m).__name__}, not a Module")
                 self.add_module(str(i), m)
 
-    def forward(self, x):
+    def forward(self, x: Any) -> Any:
         for m in self._modules.values():
             x = m(x)
         return x
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> Module:
         mods = list(self._modules.items())
         if isinstance(i, slice):
             return Sequential(OrderedDict(mods[i]))
@@ -391,7 +419,7 @@ class Sequential(Module):
             raise IndexError(f"Sequential index {i} out of range for {len(mods)} modules")
         return mods[i][1]
 
-    def __setitem__(self, i: int, module) -> None:
+    def __setitem__(self, i: int, module: Module) -> None:
         if not isinstance(module, Module):
             raise TypeError(
                 f"Sequential: entry {i} would be a {type(module).__name__}, not a Module"
@@ -401,10 +429,10 @@ class Sequential(Module):
     def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def append(self, module) -> Sequential:
+    def append(self, module: Module) -> Sequential:
         self.add_module(str(len(self._modules)), module)
         return self
 
@@ -413,85 +441,87 @@ class ModuleList(Module):
     """Modules held in a list: registered (their parameters are the list's), indexable,
     iterable, ``append`` / ``extend`` / ``insert``; it has no forward of its own."""
 
-    def __init__(self, modules=()):
+    def __init__(self, modules: Iterable[Module] = ()) -> None:
         super().__init__()
         for m in modules:
             self.append(m)
 
-    def _check(self, m, where: str):
+    def _check(self, m: Any, where: str) -> Module:
         if not isinstance(m, Module):
             raise TypeError(f"ModuleList: {where} is a {type(m).__name__}, not a Module")
         return m
 
-    def append(self, module) -> ModuleList:
+    def append(self, module: Module) -> ModuleList:
         self.add_module(str(len(self._modules)), self._check(module, "the entry"))
         return self
 
-    def extend(self, modules) -> ModuleList:
+    def extend(self, modules: Iterable[Module]) -> ModuleList:
         for m in modules:
             self.append(m)
         return self
 
-    def insert(self, index: int, module) -> None:
+    def insert(self, index: int, module: Module) -> None:
         mods = list(self._modules.values())
         mods.insert(index, self._check(module, "the entry"))
         self._modules.clear()
         for i, m in enumerate(mods):
             self._modules[str(i)] = m
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> Module:
         mods = list(self._modules.values())
         if isinstance(i, slice):
             return ModuleList(mods[i])
         return mods[i]
 
-    def __setitem__(self, i: int, module) -> None:
+    def __setitem__(self, i: int, module: Module) -> None:
         key = list(self._modules)[i]
         self._modules[key] = self._check(module, f"entry {i}")
 
     def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def forward(self, *args):
+    def forward(self, *args: Any) -> NoReturn:
         raise NotImplementedError("ModuleList has no forward(); iterate over it in yours")
 
 
 class ModuleDict(Module):
     """Modules held by name: registered, ``d[name]``, ``keys()``, ``items()``..."""
 
-    def __init__(self, modules=None):
+    def __init__(
+        self, modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None
+    ) -> None:
         super().__init__()
         for name, m in dict(modules or {}).items():
             self[name] = m
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> Module:
         return self._modules[name]
 
-    def __setitem__(self, name: str, module) -> None:
+    def __setitem__(self, name: str, module: Module) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"ModuleDict: {name!r} is a {type(module).__name__}, not a Module")
         self.add_module(name, module)
 
-    def __contains__(self, name) -> bool:
+    def __contains__(self, name: object) -> bool:
         return name in self._modules
 
     def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._modules)
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
         return self._modules.keys()
 
-    def values(self):
+    def values(self) -> ValuesView[Module]:
         return self._modules.values()
 
-    def items(self):
+    def items(self) -> ItemsView[str, Module]:
         return self._modules.items()
 
-    def forward(self, *args):
+    def forward(self, *args: Any) -> NoReturn:
         raise NotImplementedError("ModuleDict has no forward(); pick modules from it in yours")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from ..tensor.tensor import Tensor
 from . import functional as NF
 from .module import Module
 
 
 class _Loss(Module):
-    def __init__(self, reduction: str = "mean"):
+    def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(
@@ -25,15 +26,15 @@ class CrossEntropyLoss(_Loss):
 
     def __init__(
         self,
-        weight=None,
+        weight: Tensor | None = None,
         ignore_index: int = -100,
         reduction: str = "mean",
         label_smoothing: float = 0.0,
-    ):
+    ) -> None:
         super().__init__(reduction)
         self.weight, self.ignore_index, self.label_smoothing = weight, ignore_index, label_smoothing
 
-    def forward(self, input, target):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return NF.cross_entropy(
             input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing
         )
@@ -42,14 +43,16 @@ class CrossEntropyLoss(_Loss):
 class NLLLoss(_Loss):
     """Log-probabilities (N, C) against class indices (N,)."""
 
-    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+    def __init__(
+        self, weight: Tensor | None = None, ignore_index: int = -100, reduction: str = "mean"
+    ) -> None:
         super().__init__(reduction)
         self.weight, self.ignore_index = weight, ignore_index
 
-    def forward(self, input, target):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return NF.nll_loss(input, target, self.weight, self.ignore_index, self.reduction)
 
 
 class MSELoss(_Loss):
-    def forward(self, input, target):
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return NF.mse_loss(input, target, self.reduction)

@@ -10,11 +10,13 @@ looks at its modules again only when it moved."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from .. import functional as F
 from ..autograd import no_grad, zero_grad
 from ..creation import tensor as _tensor
+from ..device import Device
 from ..dtype import DType, as_dtype, bfloat16, float16, float32, float64
 from ..tensor.tensor import Tensor
 
@@ -25,7 +27,7 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
-    def __new__(cls, data=None, requires_grad: bool = True):
+    def __new__(cls, data: Any = None, requires_grad: bool = True) -> Parameter:
         if data is None:
             data = _tensor([])
         if not isinstance(data, Tensor):
@@ -38,7 +40,7 @@ class Parameter(Tensor):
             p.requires_grad_(True)
         return p
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def __repr__(self) -> str:
@@ -98,8 +100,8 @@ class _Registry(OrderedDict):
 
 
 class IncompatibleKeys(NamedTuple):
-    missing_keys: list
-    unexpected_keys: list
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 _DTYPE_NAMES = {"float16", "bfloat16", "float32", "float64", "float", "double", "half"}
@@ -109,7 +111,7 @@ class Module:
     """The base of every layer and model: subclass it, make the layers in ``__init__``
     (after ``super().__init__()``) and compute in ``forward``; call the module itself."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         object.__setattr__(self, "training", True)
         object.__setattr__(self, "_parameters", _Registry())
         object.__setattr__(self, "_buffers", _Registry())
@@ -118,7 +120,7 @@ class Module:
         object.__setattr__(self, "_forward_pre_hooks", [])
 
     # -- attributes ----------------------------------------------------------------------
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError(
                 f"cannot assign {name!r} before Module.__init__() is called; "
@@ -157,7 +159,7 @@ class Module:
             return
         self.__dict__.pop(name, None)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         for key in ("_parameters", "_buffers", "_modules"):
             if key in d and name in d[key]:
@@ -172,7 +174,7 @@ class Module:
         object.__delattr__(self, name)
         changed()
 
-    def register_parameter(self, name: str, param) -> None:
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(
                 f"register_parameter({name!r}): expected a Parameter or None, got "
@@ -180,23 +182,23 @@ class Module:
             )
         self._parameters[name] = param
 
-    def register_buffer(self, name: str, value) -> None:
+    def register_buffer(self, name: str, value: Tensor | None) -> None:
         """A tensor that is state but not a parameter (saved in the state_dict)."""
         self._buffers[name] = value
 
-    def add_module(self, name: str, module) -> None:
+    def add_module(self, name: str, module: Module | None) -> None:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"add_module({name!r}): expected a Module, got {type(module).__name__}")
         self._modules[name] = module
 
     # -- calling -------------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             f"{type(self).__name__} has no forward(); define "
             f"forward(self, ...) to say what it computes"
         )
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         for hook in self._forward_pre_hooks:
             r = hook(self, args)
             if r is not None:
@@ -208,17 +210,19 @@ class Module:
                 out = r
         return out
 
-    def register_forward_hook(self, hook):
+    def register_forward_hook(self, hook: Callable[[Module, tuple[Any, ...], Any], Any]) -> _Handle:
         """``hook(module, args, output)`` after each call (its result, if not None,
         replaces the output); returns a handle whose ``remove()`` takes it off."""
         return _Handle(self._forward_hooks, hook)
 
-    def register_forward_pre_hook(self, hook):
+    def register_forward_pre_hook(self, hook: Callable[[Module, tuple[Any, ...]], Any]) -> _Handle:
         """``hook(module, args)`` before each call (a non-None result replaces args)."""
         return _Handle(self._forward_pre_hooks, hook)
 
     # -- walking the tree ----------------------------------------------------------------
-    def named_modules(self, prefix: str = "", memo=None):
+    def named_modules(
+        self, prefix: str = "", memo: set[int] | None = None
+    ) -> Iterator[tuple[str, Module]]:
         memo = set() if memo is None else memo
         if id(self) in memo:
             return
@@ -236,16 +240,16 @@ class Module:
             if m is not None:
                 yield from m._every_module(f"{prefix}.{name}" if prefix else name)
 
-    def modules(self):
+    def modules(self) -> Iterator[Module]:
         for _, m in self.named_modules():
             yield m
 
-    def named_children(self):
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         for name, m in self._modules.items():
             if m is not None:
                 yield name, m
 
-    def children(self):
+    def children(self) -> Iterator[Module]:
         for _, m in self.named_children():
             yield m
 
@@ -259,26 +263,28 @@ class Module:
                 seen.add(id(t))
                 yield (f"{mp}.{name}" if mp else name), t
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True):
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True
+    ) -> Iterator[tuple[str, Parameter]]:
         """``(name, parameter)`` pairs, each parameter once (a shared one under its first
         name), in registration order."""
         return self._named("_parameters", prefix, recurse)
 
-    def parameters(self, recurse: bool = True):
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = "", recurse: bool = True):
+    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
         return self._named("_buffers", prefix, recurse)
 
-    def buffers(self, recurse: bool = True):
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
     # -- state ---------------------------------------------------------------------------
-    def state_dict(self) -> OrderedDict:
+    def state_dict(self) -> OrderedDict[str, Tensor]:
         """Every parameter and buffer by dotted name (detached tensors sharing storage)."""
-        out = OrderedDict()
+        out: OrderedDict[str, Tensor] = OrderedDict()
         for mp, m in self._every_module():
             for key in ("_parameters", "_buffers"):
                 for name, t in getattr(m, key).items():
@@ -286,7 +292,9 @@ class Module:
                         out[f"{mp}.{name}" if mp else name] = t.detach()
         return out
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True
+    ) -> IncompatibleKeys:
         """Copies the values of ``state_dict`` into this module's parameters and buffers
         (shapes must match); ``strict``: missing or unexpected keys raise."""
         own = {}
@@ -335,7 +343,13 @@ class Module:
         zero_grad(self.parameters(), set_to_none)
 
     # -- dtype and device ----------------------------------------------------------------
-    def to(self, *args, device=None, dtype=None, non_blocking: bool = False) -> Module:
+    def to(
+        self,
+        *args: Any,
+        device: Device | str | None = None,
+        dtype: DType | str | None = None,
+        non_blocking: bool = False,
+    ) -> Module:
         """Converts the floating-point parameters and buffers to ``dtype`` and moves every
         one to ``device``, in place (the Parameter objects stay: an optimizer holding them
         sees the new values; a gradient is converted too): ``m.to(af.bfloat16)``,
@@ -410,7 +424,7 @@ class Module:
 
 
 class _Handle:
-    def __init__(self, hooks: list, hook):
+    def __init__(self, hooks: list[Any], hook: Callable[..., Any]) -> None:
         self.hooks, self.hook = hooks, hook
         hooks.append(hook)
         changed()

@@ -6,11 +6,15 @@ ops: autograd, nn.Graph and every device take it as it is)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 from .. import functional as F
 from ..creation import empty, ones
-from ..dtype import bool_
+from ..device import Device
+from ..dtype import DType, bool_
 from ..errors import ShapeError
+from ..tensor.tensor import Tensor
 from . import functional as NF
 from . import init
 from .layers import Dropout, LayerNorm, Linear, ModuleList
@@ -55,12 +59,12 @@ class MultiheadAttention(Module):
         bias: bool = True,
         add_bias_kv: bool = False,
         add_zero_attn: bool = False,
-        kdim=None,
-        vdim=None,
+        kdim: int | None = None,
+        vdim: int | None = None,
         batch_first: bool = False,
-        device=None,
-        dtype=None,
-    ):
+        device: Device | str | None = None,
+        dtype: DType | str | None = None,
+    ) -> None:
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(
@@ -175,15 +179,15 @@ class MultiheadAttention(Module):
 
     def forward(
         self,
-        query,
-        key,
-        value,
-        key_padding_mask=None,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
         need_weights: bool = True,
-        attn_mask=None,
+        attn_mask: Tensor | None = None,
         average_attn_weights: bool = True,
         is_causal: bool = False,
-    ):
+    ) -> tuple[Tensor, Tensor | None]:
         """(output, weights): output of the query's shape; weights (N, L, S) averaged over
         the heads (``average_attn_weights``) or (N, H, L, S), or None when not
         ``need_weights``. Masks: ``key_padding_mask`` (N, S) and ``attn_mask`` (L, S) or
@@ -256,16 +260,16 @@ class TransformerEncoderLayer(Module):
         nhead: int,
         dim_feedforward: int = 2048,
         dropout: float = 0.1,
-        activation="relu",
+        activation: str | Callable[[Tensor], Tensor] = "relu",
         layer_norm_eps: float = 1e-5,
         batch_first: bool = False,
         norm_first: bool = False,
         bias: bool = True,
-        device=None,
-        dtype=None,
-    ):
+        device: Device | str | None = None,
+        dtype: DType | str | None = None,
+    ) -> None:
         super().__init__()
-        kw = {"device": device, "dtype": dtype}
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.self_attn = MultiheadAttention(
             d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **kw
         )
@@ -279,7 +283,13 @@ class TransformerEncoderLayer(Module):
         self.dropout2 = Dropout(dropout)
         self.activation = _activation_fn(activation)
 
-    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
+    def forward(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         """``src`` (L, N, E), (N, L, E) with batch_first, or (L, E); the masks as
         MultiheadAttention's ``attn_mask`` and ``key_padding_mask``."""
         x = src
@@ -311,12 +321,12 @@ class TransformerEncoder(Module):
 
     def __init__(
         self,
-        encoder_layer,
+        encoder_layer: Module,
         num_layers: int,
-        norm=None,
+        norm: Module | None = None,
         enable_nested_tensor: bool = True,
         mask_check: bool = True,
-    ):
+    ) -> None:
         super().__init__()
         if not isinstance(encoder_layer, Module):
             raise TypeError(
@@ -331,7 +341,13 @@ class TransformerEncoder(Module):
         self.num_layers = num_layers
         self.norm = norm
 
-    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+    def forward(
+        self,
+        src: Tensor,
+        mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool | None = None,
+    ) -> Tensor:
         """Each layer on the previous one's output, with the same masks; ``is_causal`` a
         hint that ``mask`` is the causal one (None: no hint)."""
         x = src

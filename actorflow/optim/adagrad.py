@@ -3,9 +3,15 @@ step: ``adagrad_update`` is the one place it is written, for eager and graph mod
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .. import functional as F
 from ..creation import full_like
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes, next_count
+
+if TYPE_CHECKING:
+    from ..tensor.tensor import Tensor
+    from .optimizer import ParamsT
 
 
 def adagrad_update(
@@ -40,14 +46,14 @@ class Adagrad(Optimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float = 1e-2,
         lr_decay: float = 0,
         weight_decay: float = 0,
         initial_accumulator_value: float = 0,
         eps: float = 1e-10,
         maximize: bool = False,
-    ):
+    ) -> None:
         for name, val in (
             ("lr", lr),
             ("lr_decay", lr_decay),
@@ -72,7 +78,15 @@ class Adagrad(Optimizer):
             for p in group["params"]:
                 self._state(p, group)
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
+    def update(
+        self,
+        p: Tensor,
+        grad: Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
+        writes: Writes = OUT_OF_PLACE,
+        rates: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
         n = next_count(state["step"], writes)
         p, new = adagrad_update(p, grad, state, group, n, writes, self.rates(group, rates))
         new["step"] = n

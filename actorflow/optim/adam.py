@@ -4,11 +4,17 @@ AdamW."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .. import functional as F
 from ..creation import from_numpy, zeros_like
 from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes, next_count
+
+if TYPE_CHECKING:
+    from ..tensor.tensor import Tensor
+    from .optimizer import ParamsT
 
 
 def bias_corrections(t, group: dict) -> tuple:
@@ -65,14 +71,14 @@ class Adam(Optimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float = 1e-3,
-        betas=(0.9, 0.999),
+        betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         amsgrad: bool = False,
         maximize: bool = False,
-    ):
+    ) -> None:
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"{type(self).__name__}: betas must be in [0, 1), got {betas}")
         if eps < 0:
@@ -92,7 +98,15 @@ class Adam(Optimizer):
 
     scheduled = ("lr", "betas")  # (OneCycleLR cycles beta1)
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
+    def update(
+        self,
+        p: Tensor,
+        grad: Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
+        writes: Writes = OUT_OF_PLACE,
+        rates: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
         n = next_count(state["step"], writes)
         if writes is IN_PLACE:  # eager: the count an int
             key = (n, group["lr"], group["betas"], p.device)

@@ -17,6 +17,11 @@ import math
 import types
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .optimizer import Optimizer
 
 
 class LRScheduler:
@@ -34,7 +39,7 @@ class LRScheduler:
         KeyError: resuming (``last_epoch >= 0``) with a group that has no ``initial_lr``.
     """
 
-    def __init__(self, optimizer, last_epoch: int = -1):
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         _check_optimizer(type(self).__name__, optimizer)
         self.optimizer = optimizer
         if last_epoch == -1:
@@ -62,11 +67,11 @@ class LRScheduler:
         finally:
             self._is_initial = False
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         """Each group's rate for ``last_epoch`` (the scheduler's formula)."""
         raise NotImplementedError
 
-    def get_last_lr(self) -> list:
+    def get_last_lr(self) -> list[float]:
         """The rates the last ``step()`` wrote, one per parameter group."""
         return self._last_lr
 
@@ -92,11 +97,11 @@ class LRScheduler:
     def _current(self) -> list:
         return [group["lr"] for group in self.optimizer.param_groups]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Every attribute but the optimizer (PyTorch's keys)."""
         return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Takes what ``state_dict()`` gave."""
         self.__dict__.update(state_dict)
 
@@ -128,7 +133,14 @@ class LambdaLR(LRScheduler):
     """``lr = initial_lr * lr_lambda(epoch)``; ``lr_lambda`` one function, or a list of one
     per group."""
 
-    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        lr_lambda: Callable[[int], float]
+        | list[Callable[[int], float]]
+        | tuple[Callable[[int], float], ...],
+        last_epoch: int = -1,
+    ) -> None:
         self.optimizer = optimizer
         if isinstance(lr_lambda, (list, tuple)):
             if len(lr_lambda) != len(optimizer.param_groups):
@@ -141,13 +153,13 @@ class LambdaLR(LRScheduler):
             self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         return [
             base * f(self.last_epoch)
             for f, base in zip(self.lr_lambdas, self.base_lrs, strict=True)
         ]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """As the base's, each lambda as None (a function) or its ``__dict__`` (a callable
         object's), as PyTorch's."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
@@ -156,7 +168,7 @@ class LambdaLR(LRScheduler):
         ]
         return out
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         lambdas = state_dict.pop("lr_lambdas")
         self.__dict__.update(state_dict)
@@ -168,12 +180,14 @@ class LambdaLR(LRScheduler):
 class StepLR(LRScheduler):
     """The rate times ``gamma`` every ``step_size`` epochs."""
 
-    def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1):
+    def __init__(
+        self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1
+    ) -> None:
         self.step_size = step_size
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
             return self._current()
         return [lr * self.gamma for lr in self._current()]
@@ -186,12 +200,18 @@ class MultiStepLR(LRScheduler):
     """The rate times ``gamma`` at each of ``milestones`` (epochs; one listed twice counts
     twice)."""
 
-    def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        milestones: Iterable[int],
+        gamma: float = 0.1,
+        last_epoch: int = -1,
+    ) -> None:
         self.milestones = Counter(milestones)
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         if self.last_epoch not in self.milestones:
             return self._current()
         return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._current()]
@@ -212,12 +232,12 @@ class LinearLR(LRScheduler):
 
     def __init__(
         self,
-        optimizer,
+        optimizer: Optimizer,
         start_factor: float = 1.0 / 3,
         end_factor: float = 1.0,
         total_iters: int = 5,
         last_epoch: int = -1,
-    ):
+    ) -> None:
         if not 0 < start_factor <= 1.0:
             raise ValueError(f"LinearLR: start_factor must be in (0, 1], got {start_factor}")
         if not 0 <= end_factor <= 1.0:
@@ -227,7 +247,7 @@ class LinearLR(LRScheduler):
         self.total_iters = total_iters
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         if self.last_epoch == 0:
             return [lr * self.start_factor for lr in self._current()]
         if self._is_initial or self.last_epoch > self.total_iters:
@@ -257,16 +277,16 @@ class CosineAnnealingLR(LRScheduler):
 
     def __init__(
         self,
-        optimizer,
+        optimizer: Optimizer,
         T_max: int,
         eta_min: float = 0.0,  # noqa: N803 - PyTorch's
         last_epoch: int = -1,
-    ):
+    ) -> None:
         self.T_max = T_max
         self.eta_min = eta_min
         super().__init__(optimizer, last_epoch)
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         t, n, lo = self.last_epoch, self.T_max, self.eta_min
         if self._is_initial:
             return self._current()
@@ -300,7 +320,13 @@ class SequentialLR(LRScheduler):
         ValueError: no schedulers, one of another optimizer, or not one milestone fewer
             than schedulers."""
 
-    def __init__(self, optimizer, schedulers: list, milestones: list, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        schedulers: list[LRScheduler],
+        milestones: list[int],
+        last_epoch: int = -1,
+    ) -> None:
         if len(schedulers) < 1:
             raise ValueError("SequentialLR expects at least one scheduler, got none")
         for i, s in enumerate(schedulers):
@@ -336,13 +362,13 @@ class SequentialLR(LRScheduler):
             s.step()
         self._last_lr = s.get_last_lr()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """As the base's, with each scheduler's own state dict."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
         out["_schedulers"] = [s.state_dict() for s in self._schedulers]
         return out
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         saved = state_dict.pop("_schedulers")
         self.__dict__.update(state_dict)
@@ -365,21 +391,21 @@ class OneCycleLR(LRScheduler):
 
     def __init__(
         self,
-        optimizer,
-        max_lr,
+        optimizer: Optimizer,
+        max_lr: float | Sequence[float],
         total_steps: int | None = None,
         epochs: int | None = None,
         steps_per_epoch: int | None = None,
         pct_start: float = 0.3,
         anneal_strategy: str = "cos",
         cycle_momentum: bool = True,
-        base_momentum=0.85,
-        max_momentum=0.95,
+        base_momentum: float | Sequence[float] = 0.85,
+        max_momentum: float | Sequence[float] = 0.95,
         div_factor: float = 25.0,
         final_div_factor: float = 1e4,
         three_phase: bool = False,
         last_epoch: int = -1,
-    ):
+    ) -> None:
         _check_optimizer("OneCycleLR", optimizer)
         self.optimizer = optimizer
         if total_steps is not None:
@@ -467,7 +493,7 @@ class OneCycleLR(LRScheduler):
             return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
         return (end - start) * pct + start
 
-    def get_lr(self) -> list:
+    def get_lr(self) -> list[float]:
         step = self.last_epoch
         if step > self.total_steps:
             raise ValueError(

@@ -10,10 +10,19 @@ it). Both run the same ops on the same values, so the two modes agree bit for bi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
 from .. import functional as F
 from ..autograd import no_grad, zero_grad
 from ..creation import tensor
 from ..tensor.tensor import Tensor
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    # what an optimizer takes: tensors, or groups of them with their own options
+    ParamsT: TypeAlias = Iterable[Tensor] | Iterable[dict[str, Any]]
 
 
 def _replace(a, value: float):
@@ -57,7 +66,7 @@ class Optimizer:
     """``params``: an iterable of tensors, or of dicts ``{"params": [...], **options}``
     (groups with their own options); ``defaults``: every option and its default."""
 
-    def __init__(self, params, defaults: dict):
+    def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
         self.state: dict = {}
         self._rates: dict = {}  # id(group) -> (group, graph_rates' tensors, values in
@@ -68,7 +77,7 @@ class Optimizer:
                 f"{type(self).__name__}: params must be an iterable of tensors "
                 f"(model.parameters()), got a single Tensor; wrap it in a list"
             )
-        groups = list(params)
+        groups: list[Any] = list(params)
         if not groups:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
         if not isinstance(groups[0], dict):
@@ -76,7 +85,7 @@ class Optimizer:
         for g in groups:
             self.add_param_group(g)
 
-    def add_param_group(self, group: dict) -> None:
+    def add_param_group(self, group: dict[str, Any]) -> None:
         group = dict(group)
         params = group["params"]
         params = [params] if isinstance(params, Tensor) else list(params)
@@ -102,7 +111,7 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient, in place (``update`` with
         ``IN_PLACE``); ``closure`` recomputes the loss first and its value is returned."""
         loss = None
@@ -121,13 +130,13 @@ class Optimizer:
 
     def update(
         self,
-        p,
-        grad,
-        group: dict,
-        state: dict,
+        p: Tensor,
+        grad: Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
         writes: Writes = OUT_OF_PLACE,
-        rates: dict | None = None,
-    ):
+        rates: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
         """The optimizer's formula for one parameter: ``(p', state')`` from ``p``, its
         gradient, its state (as ``_state`` makes it) and its group's options, written as
         ``writes`` says (``IN_PLACE``: ``p'`` is ``p`` and the state tensors are written in
@@ -156,7 +165,7 @@ class Optimizer:
     flags: tuple = ()  # state entries that are float64 scalars in both modes
     scheduled: tuple = ("lr",)  # options a scheduler changes per step: read as state
 
-    def graph_key(self, group: dict) -> str:
+    def graph_key(self, group: dict[str, Any]) -> str:
         """The options of ``group`` a compiled step is kept by (they decide its ops): all but
         the ``scheduled`` ones, which the step reads as state (``graph_rates``), so a
         schedule changes them without compiling the step anew."""
@@ -164,7 +173,7 @@ class Optimizer:
             [kv for kv in group.items() if kv[0] != "params" and kv[0] not in self.scheduled]
         )
 
-    def graph_rates(self, group: dict) -> dict:
+    def graph_rates(self, group: dict[str, Any]) -> dict[str, Tensor]:
         """``group``'s ``scheduled`` options as the float64 0-d tensors an ``nn.Graph`` step
         reads them from (a tuple option, ``betas``, one tensor per item: ``betas.0``...),
         written from the group's values now. Called when the step compiles and before
@@ -186,7 +195,7 @@ class Optimizer:
                     written[name] = float(v)
         return dict(tensors)
 
-    def rates(self, group: dict, traced: dict | None) -> dict:
+    def rates(self, group: dict[str, Any], traced: dict[str, Any] | None) -> dict[str, Any]:
         """The options an update reads: ``group`` itself (eager), or with ``traced`` (a
         graph step's stand-ins for ``graph_rates``' tensors) in place of the ``scheduled``
         values."""
@@ -202,7 +211,7 @@ class Optimizer:
             )
         return out
 
-    def graph_state(self, p, group: dict) -> dict:
+    def graph_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """``p``'s state as the tensors an ``nn.Graph`` step reads and then writes in
         place: the optimizer's own state tensors (made now if missing), with each count
         (``counts``) turned into a float64 tensor kept in the state, which ``update``
@@ -215,7 +224,7 @@ class Optimizer:
         return dict(st)
 
     # -- state ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """PyTorch's layout: ``{"state": {param index: {name: value}}, "param_groups":
         [{options..., "params": [param indices]}]}`` (indices in group order)."""
         index: dict = {}
@@ -234,7 +243,7 @@ class Optimizer:
             for k, v in st.items()
         }
 
-    def load_state_dict(self, state_dict: dict) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Takes what ``state_dict()`` gave (or ``af.load`` read back) for an optimizer over
         parameters of the same shapes, in the same groups: options and state are copied."""
         groups = state_dict["param_groups"]

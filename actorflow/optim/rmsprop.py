@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .. import functional as F
 from ..creation import zeros_like
 from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes, next_count
+
+if TYPE_CHECKING:
+    from .optimizer import ParamsT
 
 
 def rmsprop_update(
@@ -57,7 +62,7 @@ class RMSprop(Optimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float = 1e-2,
         alpha: float = 0.99,
         eps: float = 1e-8,
@@ -65,7 +70,7 @@ class RMSprop(Optimizer):
         momentum: float = 0,
         centered: bool = False,
         maximize: bool = False,
-    ):
+    ) -> None:
         for name, val in (
             ("lr", lr),
             ("alpha", alpha),
@@ -88,13 +93,21 @@ class RMSprop(Optimizer):
             ),
         )
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
+    def update(
+        self,
+        p: Tensor,
+        grad: Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
+        writes: Writes = OUT_OF_PLACE,
+        rates: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
         n = next_count(state["step"], writes)
         p, new = rmsprop_update(p, grad, state, group, writes, self.rates(group, rates))
         new["step"] = n
         return p, new
 
-    def graph_key(self, group) -> str:
+    def graph_key(self, group: dict[str, Any]) -> str:
         return super().graph_key(group) + repr(self._buffered(group))
 
     def _buffered(self, group) -> bool:

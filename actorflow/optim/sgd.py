@@ -3,10 +3,15 @@ step: ``sgd_update`` is the one place it is written, for eager and graph mode.""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .. import functional as F
 from ..creation import tensor, zeros_like
 from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes
+
+if TYPE_CHECKING:
+    from .optimizer import ParamsT
 
 
 def sgd_update(
@@ -25,7 +30,7 @@ def sgd_update(
         g = F.neg(g)
     if group["weight_decay"]:
         g = F.add(g, F.mul(p, group["weight_decay"]))
-    new = {}
+    new: dict[str, Any] = {}
     mom = v["momentum"]
     if isinstance(mom, Tensor) and "momentum_buffer" in state:
         return _sgd_scheduled(p, g, state, group, v, new)
@@ -65,14 +70,14 @@ class SGD(Optimizer):
 
     def __init__(
         self,
-        params,
+        params: ParamsT,
         lr: float = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
         maximize: bool = False,
-    ):
+    ) -> None:
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum needs momentum > 0 and dampening 0")
         super().__init__(
@@ -87,10 +92,18 @@ class SGD(Optimizer):
             ),
         )
 
-    def update(self, p, grad, group, state, writes=OUT_OF_PLACE, rates=None):
+    def update(
+        self,
+        p: Tensor,
+        grad: Tensor,
+        group: dict[str, Any],
+        state: dict[str, Any],
+        writes: Writes = OUT_OF_PLACE,
+        rates: dict[str, Any] | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
         return sgd_update(p, grad, state, group, writes, self.rates(group, rates))
 
-    def graph_key(self, group) -> str:
+    def graph_key(self, group: dict[str, Any]) -> str:
         return super().graph_key(group) + repr(self._buffered(group))
 
     def _buffered(self, group) -> bool:

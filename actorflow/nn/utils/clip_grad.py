@@ -12,6 +12,7 @@ clipping is part of the compiled step and gives the eager numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from ... import functional as F
 from ...autograd import no_grad
@@ -60,12 +61,12 @@ def _norm(g, p: float):
 
 
 def clip_grad_norm_(
-    parameters,
+    parameters: Tensor | Iterable[Tensor],
     max_norm: float,
-    norm_type: float = 2.0,
+    norm_type: float | str = 2.0,
     error_if_nonfinite: bool = False,
-    foreach=None,
-):
+    foreach: bool | None = None,
+) -> Tensor:
     """Scales the gradients of ``parameters`` (those that have one) by ``min(1, max_norm /
     (total + 1e-6))``, where ``total`` is the ``norm_type`` norm of all of them together
     (the norm of their norms; ``inf`` the largest magnitude), as PyTorch's.
@@ -114,7 +115,9 @@ def clip_grad_norm_(
     return total
 
 
-def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
+def clip_grad_value_(
+    parameters: Tensor | Iterable[Tensor], clip_value: float, foreach: bool | None = None
+) -> None:
     """Clamps every gradient element of ``parameters`` into ``[-clip_value, clip_value]``,
     as PyTorch's (``foreach`` accepted and ignored)."""
     clip_value = float(clip_value)
