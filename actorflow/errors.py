@@ -45,7 +45,7 @@ class OutOfMemoryError(ActorflowError, MemoryError):
         what: str = "",
         impossible: str = "",
         reason: str = "",
-    ):
+    ) -> None:
         self.device, self.requested, self.in_use, self.budget = device, requested, in_use, budget
         self._made_of = (device, requested, in_use, budget, what, impossible, reason)
         who = f" for {what}" if what else ""
@@ -104,7 +104,7 @@ class KernelError(ActorflowError, RuntimeError):
 
     def __init__(
         self, op: str, device: str, original: BaseException, intact: bool = False, note: str = ""
-    ):
+    ) -> None:
         self.op, self.original = op, original
         self.intact, self.note = intact, note
         take_kind(self, original)
@@ -285,7 +285,7 @@ class PlanError(ActorflowError, ValueError):
         budget: int | None = None,
         actors: dict | None = None,
         fitting_buffers: int | None = None,
-    ):
+    ) -> None:
         self.device, self.needed, self.budget = device, needed, budget
         self.actors = dict(actors or {})
         self.fitting_buffers = fitting_buffers
@@ -302,10 +302,14 @@ class ActorError(ActorflowError, RuntimeError):
 
     _kinds: tuple = ()  # (kind, subclass) pairs: see of_kind
 
-    def __new__(cls, actor: str, piece, original: BaseException, actor_traceback: str = ""):
+    def __new__(
+        cls, actor: str, piece: int | None, original: BaseException, actor_traceback: str = ""
+    ) -> ActorError:
         return super().__new__(of_kind(cls, original))
 
-    def __init__(self, actor: str, piece, original: BaseException, actor_traceback: str = ""):
+    def __init__(
+        self, actor: str, piece: int | None, original: BaseException, actor_traceback: str = ""
+    ) -> None:
         self.actor, self.piece, self.original = actor, piece, original
         take_kind(self, original)
         self.actor_traceback = actor_traceback
@@ -396,7 +400,7 @@ class DeadlockError(ActorflowError, RuntimeError):
     wait-for cycle as ``(waiter, waited_for, reason)`` triples; the message says it in words.
     """
 
-    def __init__(self, message: str, cycle: list):
+    def __init__(self, message: str, cycle: list) -> None:
         self.cycle = list(cycle)
         super().__init__(message)
 

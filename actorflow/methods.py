@@ -12,6 +12,9 @@ type checkers: ``python tools/tensor_stub.py`` writes it from this table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from . import autograd, indexing
@@ -23,6 +26,11 @@ from .functional.common import check_memory_format
 from .ops.common import normalize_dim
 from .tensor import views
 from .tensor.tensor import Tensor, shape_args, viewed
+
+if TYPE_CHECKING:
+    from .device import _DeviceLike
+    from .dtype import _DTypeLike
+    from .functional.common import _Operand
 
 # -- reading values --------------------------------------------------------------------------
 
@@ -38,7 +46,7 @@ def _read(self, fn, name):
     return read(impl, fn, name)
 
 
-def numpy(self, *, force: bool = False):
+def numpy(self, *, force: bool = False) -> np.ndarray:
     """A numpy copy of the values, taken after every write issued before this call.
     Blocks the calling thread; inside a coroutine prefer ``await t.numpy_async()``.
     ``force`` is PyTorch's (a copy even where it would share memory): this is always one.
@@ -47,7 +55,7 @@ def numpy(self, *, force: bool = False):
     return bfloat16_values(a) if self._impl.meta.dtype is bfloat16 else a
 
 
-async def numpy_async(self):
+async def numpy_async(self) -> np.ndarray:
     """Like ``numpy()``, awaiting the result without blocking the running event loop."""
     impl = self._impl
     if not impl.blob.backend.has_data:
@@ -61,11 +69,11 @@ def _array(self, dtype=None, copy=None):
     return a if dtype is None else a.astype(dtype)
 
 
-def tolist(self):
+def tolist(self) -> Any:
     return self.numpy().tolist()
 
 
-def item(self):
+def item(self) -> bool | int | float:
     """The value of a one-element tensor as a Python number."""
     n = self.numel()
     if n != 1:
@@ -204,12 +212,12 @@ _DTYPE_NAMES = {
 def to(
     self,
     *args,
-    device=None,
-    dtype=None,
+    device: _DeviceLike | None = None,
+    dtype: _DTypeLike | None = None,
     non_blocking: bool = False,
     copy: bool = False,
-    memory_format=None,
-    tensor=None,
+    memory_format: Any = None,
+    tensor: Tensor | None = None,
 ) -> Tensor:
     """``t.to("null")``, ``t.to(af.float64)``, ``t.to("cpu", af.int32)``, ``t.to(other)``
     (its dtype and device): PyTorch's forms. Positional booleans after these are
@@ -259,18 +267,18 @@ def _converter(name: str, dtype: str):
     return convert
 
 
-def _type(self, dtype) -> Tensor:
+def _type(self, dtype: _DTypeLike) -> Tensor:
     return self.to(dtype=dtype)
 
 
-def contiguous(self, memory_format=None) -> Tensor:
+def contiguous(self, memory_format: Any = None) -> Tensor:
     """``self`` when row-major already, else a contiguous copy (``memory_format`` as in
     ``clone``)."""
     check_memory_format("contiguous", memory_format)
     return self if self.is_contiguous() else F.clone(self)
 
 
-def reshape(self, *sizes, shape=None) -> Tensor:
+def reshape(self, *sizes, shape: Sequence[int] | None = None) -> Tensor:
     """``t.reshape(2, 3)``, ``t.reshape((2, 3))`` or ``t.reshape(shape=(2, 3))``: a view
     when ``self`` is contiguous, else a copy."""
     if shape is not None:
@@ -314,7 +322,7 @@ def _relu_(self) -> Tensor:
     return F.relu(self, inplace=True)
 
 
-def _where(self, condition, other) -> Tensor:
+def _where(self, condition: Tensor, other: _Operand) -> Tensor:
     return F.where(condition, self, other)
 
 

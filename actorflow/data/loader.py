@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from ..tensor.tensor import Tensor
 
 if TYPE_CHECKING:
     from ..device import Device
+    from ..runtime.graph.actors import Actor
     from ..runtime.observe.stats import RunStats
     from ..runtime.sched.processes import StageProcesses
 
@@ -142,7 +143,7 @@ class DataLoader(OwnsProcesses):
     collate_fn: Callable[[list[Any]], Any]
     seed: int
     epoch: int
-    buffers: int | str | None
+    buffers: int | Literal["auto"] | None
     memory: dict[str, int | str | None] | None
     procs: StageProcesses | None
     _layout: list[PieceSpec | None]
@@ -157,7 +158,7 @@ class DataLoader(OwnsProcesses):
         shuffle: bool = False,
         drop_last: bool = False,
         workers: int = 0,
-        buffers: int | str | None = None,
+        buffers: int | Literal["auto"] | None = None,
         memory: dict[str, int | str | None] | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         seed: int | None = None,
@@ -248,6 +249,7 @@ class DataLoader(OwnsProcesses):
             self._layout.append(self.layout())  # not loaded here)
         layout = self._layout[0] if self.procs is not None else None
         actors = self.actors_into(g, layout, to_device=to_device)
+        assert actors.node is not None  # (actors_into sets it)
         g.sink(actors.node)
         return g, actors
 
@@ -419,7 +421,7 @@ class LoaderActors:
     def __init__(self, loader: DataLoader):
         self.loader = loader
         self.key = loader.actors_key
-        self.node = None
+        self.node: Actor | None = None
         self.actors: list = []
         self.layout = None  # the declared layout of a batch, if any
         self.epoch = None  # the last run's pass, and what it left out

@@ -36,6 +36,38 @@ unfold = F.unfold
 fold = F.fold
 
 
+# the functions of torch.nn.functional's that this module has (its own, and the ops it
+# re-exports); the rest of its names are what it imports to build them
+__all__ = [
+    "adaptive_avg_pool2d",
+    "attention_weights",
+    "avg_pool2d",
+    "batch_norm",
+    "conv2d",
+    "conv_transpose2d",
+    "cross_entropy",
+    "dropout",
+    "embedding",
+    "fold",
+    "gelu",
+    "group_norm",
+    "layer_norm",
+    "linear",
+    "log_softmax",
+    "max_pool2d",
+    "mse_loss",
+    "nll_loss",
+    "pad",
+    "relu",
+    "scaled_dot_product_attention",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "tanh",
+    "unfold",
+]
+
+
 def _tensor(name, x, arg="input") -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}(): argument '{arg}' must be a Tensor, not {type(x).__name__}")

@@ -65,7 +65,7 @@ class Tensor:
     def shape(self) -> tuple:
         return self._meta.shape
 
-    def size(self, dim: int | None = None):
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
         shape = self._meta.shape
         if dim is None:
             return shape
@@ -91,7 +91,7 @@ class Tensor:
     def numel(self) -> int:
         return numel(self._meta.shape)
 
-    def stride(self, dim: int | None = None):
+    def stride(self, dim: int | None = None) -> tuple[int, ...] | int:
         s = self._meta.strides
         return s if dim is None else s[dim]
 
@@ -150,7 +150,7 @@ class Tensor:
         self._wait_shape()
         return viewed(self, _views().unsqueeze(self._impl, dim), "reshape", None)
 
-    def squeeze(self, dim=None) -> Tensor:
+    def squeeze(self, dim: int | None = None) -> Tensor:
         self._wait_shape()
         return viewed(self, _views().squeeze(self._impl, dim), "reshape", None)
 
@@ -158,7 +158,7 @@ class Tensor:
         self._wait_shape()
         return viewed(self, _views().expand(self._impl, shape_args(sizes)), "expand", None)
 
-    def expand_as(self, other) -> Tensor:
+    def expand_as(self, other: Tensor) -> Tensor:
         return self.expand(*other.shape)
 
     def is_floating_point(self) -> bool:

@@ -41,6 +41,7 @@ import itertools
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from ..backends import loaded_backends
@@ -344,7 +345,10 @@ class Profile:
                 )
                 if exc is None:
                     raise err from e
-                exc.add_note(str(err))  # the block's own error goes on
+                if hasattr(exc, "add_note"):  # the block's own error goes on (Python
+                    exc.add_note(str(err))  # 3.11+ keeps the note; on 3.10, said here)
+                else:
+                    warnings.warn(str(err), RuntimeWarning, stacklevel=2)
         return False
 
     def events(self) -> list:
