@@ -3,12 +3,9 @@ time; each index is a device of its own, with its own memory, e.g. two budgeted 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from .errors import DeviceError
-
-if TYPE_CHECKING:
-    from .backends.base import Backend
 
 KNOWN_TYPES = ("cpu", "cuda", "null")
 
@@ -26,7 +23,9 @@ class Device:
         self.type, self.index = type, index
         self._str = f"{type}:{index}" if type == "cuda" or index else type
         self._hash = hash(self._str)
-        self.backend: Backend | None = None  # set by actorflow.backends.get_backend on first use
+        # its backends.Backend (a layer above: not named here), set by
+        # actorflow.backends.get_backend on first use
+        self.backend: Any = None
         self.metas: dict[
             tuple[Any, Any], Any
         ] = {}  # (shape, dtype) -> contiguous TensorMeta (tensor/meta.py)

@@ -53,8 +53,6 @@ from .source import SourceActor
 
 if TYPE_CHECKING:
     from ...device import Device
-    from ...tracing.device import DeviceSteps
-    from ...tracing.program import Program
     from ..plan.reservation import Plan
     from ..sched.processes import StageProcesses
     from ..sched.stragglers import Stragglers
@@ -94,7 +92,7 @@ def register_engine(name: str, factory: Callable[[], Engine]) -> None:
     _ENGINES[name] = factory
 
 
-def use_op_tracer(op_program: Callable[..., Program]) -> None:
+def use_op_tracer(op_program: Callable[..., Any]) -> None:
     """Sets what ``ActorGraph.op`` traces functions with: ``op_program(fn, in_specs,
     kwargs) -> Program``. Tracing lives above the runtime and hands it in when imported."""
     _OP_TRACER[0] = op_program
@@ -420,7 +418,7 @@ class ActorGraph(OwnsProcesses):
 
     def op_program(
         self,
-        program: Program | DeviceSteps,
+        program: Any,  # (a tracing.Program or DeviceSteps: a layer above, not named)
         *inputs: Actor,
         name: str | None = None,
         buffers: Buffers | None = None,
