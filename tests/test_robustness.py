@@ -3,6 +3,8 @@ dynamic shapes read too early, and edge cases of views and accounting."""
 
 import asyncio
 import gc
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -211,3 +213,23 @@ def test_the_allocator_refuses_impossible_sizes_on_every_path(shape, budget):
     assert alloc.empty((4,), dtype, 32, "test").shape == (4,)  # and the next one works
     alloc.free(None, 32, False)
     assert _in_use() == start
+
+
+def test_the_allocator_log_folds_on_python_3_10():
+    # operator.call is new in 3.11 (the package supports 3.10): the backends' base module
+    # imports there, and folding the lock-free log still counts every entry.
+    code = """if True:
+        import collections, importlib, operator, sys
+        import actorflow.backends.base as base
+        V = collections.namedtuple("V", "major minor micro releaselevel serial")
+        sys.version_info = V(3, 10, 0, "final", 0)
+        del operator.call
+        base = importlib.reload(base)
+        alloc = base.Allocator("x")
+        alloc.log.extend([8, 16, -8])
+        alloc.fold()
+        s = alloc.stats()
+        assert (s.in_use, s.peak, s.allocs, s.frees) == (16, 24, 2, 1), s
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

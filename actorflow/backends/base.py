@@ -12,9 +12,14 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate, repeat
-from operator import call as _call
+from operator import methodcaller
 
 from ..errors import OutOfMemoryError
+
+if sys.version_info >= (3, 11):
+    from operator import call as _call
+else:  # operator.call is new in 3.11; this calls its argument the same way
+    _call = methodcaller("__call__")
 
 _FOLD_AT = 4096
 _POSITIVE = (0).__lt__
@@ -229,7 +234,9 @@ class Allocator:
         with self._lock:
             self._fold()
         reclaim = _RECLAIM[0]
-        if self._in_use + nbytes > self.budget and reclaim is not None:
+        budget = self.budget
+        assert budget is not None  # both callers check that a budget is set first
+        if self._in_use + nbytes > budget and reclaim is not None:
             reclaim()
 
     def _fold(self) -> None:
