@@ -35,6 +35,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class DeviceMemory:
     driver: Driver
     ptr: int
     nbytes: int
-    handle: object = field(default=None, repr=False)
+    handle: Any = field(default=None, repr=False)  # of a type each driver picks
 
     def array(self, shape, dtype, offset: int = 0) -> DeviceArray:
         """A typed view of this block: ``shape`` of ``dtype`` from byte ``offset``.

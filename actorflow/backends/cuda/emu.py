@@ -162,9 +162,9 @@ class EmuStream(Stream):
         self._driver = driver
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._issued = self._done = 0
-        self._error = None  # the sticky error: the first kernel fault
+        self._error: KernelError | None = None  # the sticky error: the first kernel fault
         self._capture: list | None = None
-        self._closed = None  # once closed: the event recorded last
+        self._closed: EmuEvent | None = None  # once closed: the event recorded last
         self._delay = driver.delay
         self._rng = random.Random(f"{driver.seed}:{index}") if driver.delay else None
         self.delays: list = []  # the delays drawn, in order (with delay= only)
