@@ -134,7 +134,8 @@ class KernelError(ActorflowError, RuntimeError):
         err.kernel_traceback = "".join(
             traceback.format_exception(type(original), original, original.__traceback__)
         )
-        e, seen = original, set()
+        e: BaseException | None = original
+        seen = set()
         while e is not None and id(e) not in seen:  # (and of the errors it was raised from)
             seen.add(id(e))
             e.__traceback__ = None
@@ -203,11 +204,11 @@ class VMError(ActorflowError, RuntimeError):
 
 def format_bytes(n: int) -> str:
     """1536 -> '1.5 KiB'."""
-    n = int(n)
+    size: float = int(n)  # (an int, then the float n / 1024**k)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
     raise AssertionError("unreachable")
 
 
@@ -372,7 +373,7 @@ ActorError._kinds = (
 )
 
 
-def of_kind(cls: type, original: BaseException) -> type:
+def of_kind(cls: type[KernelError] | type[ActorError], original: BaseException) -> type:
     """The class an error of class ``cls`` about ``original`` is made as: the subclass of
     ``cls`` that is also ``original``'s kind of fault, or ``cls`` itself."""
     for kind, sub in cls._kinds:
