@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..backends import get_backend
 from .blob import _SMALL, RELEASED, Blob
 from .meta import TensorMeta, contiguous_strides, strided
@@ -14,11 +16,16 @@ class TensorImpl:
 
     __slots__ = ("meta", "blob", "base", "ag", "__weakref__")
 
-    def __init__(self, meta: TensorMeta | None, blob: Blob, base: TensorImpl | None = None):
+    def __init__(
+        self,
+        meta: TensorMeta | None,
+        blob: Blob,
+        base: TensorImpl | _Detached | _Pinned | None = None,
+    ):
         self.meta = meta
         self.blob = blob
         self.base = base
-        self.ag = None
+        self.ag: Any = None  # autograd's record (autograd sits above: no import of its type)
 
     @staticmethod
     def new(shape: tuple, dtype, device) -> TensorImpl:
@@ -31,6 +38,7 @@ class TensorImpl:
 
     def view(self, shape: tuple, strides: tuple, offset: int) -> TensorImpl:
         m = self.meta
+        assert m is not None  # a view is made of a tensor whose shape is known
         return TensorImpl(
             TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob, self.base or self
         )
@@ -89,7 +97,7 @@ class _Detached:
         self.owner = owner
 
     @property
-    def meta(self) -> TensorMeta:
+    def meta(self) -> TensorMeta | None:
         return self.owner.meta
 
 
