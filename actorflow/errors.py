@@ -96,6 +96,7 @@ class KernelError(ActorflowError, RuntimeError):
     _dropped_in = None  # the VM's tally of dropped errors, if this one is counted
     _kinds: tuple = ()  # (kind, subclass) pairs: see of_kind
     step = None  # the op's position in a compiled program
+    actor: str  # (a traced step's replay sets it: the op actor that raised it)
 
     def __new__(
         cls, op: str, device: str, original: BaseException, intact: bool = False, note: str = ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import KernelError, TraceError
 from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.graph.actors import OpActor
 from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, unflatten
 from ..vm.opcall import kernel_of
@@ -151,7 +152,7 @@ def _on_device(program, device, shared):
 def _node_actors(g, rec: Recording, inp, shared, inline=None, device=None) -> dict:
     """One op actor per recorded node (``shared``: the state arrays, for stateful ones, or
     on a CUDA ``device`` the state tensors; ``inline``: as ``g.op_program``'s)."""
-    actor_of = {}  # node index -> its OpActor
+    actor_of: dict[int, OpActor] = {}  # node index -> its OpActor
 
     for n, node in enumerate(rec.nodes):
         ports: list = []

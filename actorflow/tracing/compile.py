@@ -357,7 +357,7 @@ class Compiled:
                 elif a[0] == "tmp":
                     for i in self.origins.get(a[1], ()):
                         last_read[i] = k
-        read_after = {}  # state -> values written back or out that may
+        read_after: dict[int, set] = {}  # state -> values written back or out that may
         for _, a in self.assigns + self.copies:  # be its old array (picks of it)
             if a[0] == "tmp":
                 for i in self.origins.get(a[1], ()):
@@ -366,22 +366,22 @@ class Compiled:
         state_of: dict = {}
         for i, r in self.assigns:
             t = r[1]
-            k = producer.get(t)
+            made = producer.get(t)
             if (
                 r[0] != "tmp"
                 or r[3] is not None
                 or sources[t] != 1
-                or k is None
-                or k < tail
-                or instrs[k].select
+                or made is None
+                or made < tail
+                or instrs[made].select
                 or i >= len(p.state_specs)
             ):
                 continue
             s = p.state_specs[i]
             if (tuple(s.shape), s.dtype.np) != (tuple(specs[t].shape), specs[t].dtype.np):
                 continue
-            if last_read.get(i, -1) > k or read_after.get(i, set()) - {t}:
-                continue  # (the kernel at k may read it: elementwise)
+            if last_read.get(i, -1) > made or read_after.get(i, set()) - {t}:
+                continue  # (the kernel at made may read it: elementwise)
             state_of[t] = i
         return state_of
 
@@ -496,6 +496,7 @@ class Compiled:
                         ins_.step.kernel(o, args, ins_.step.attrs)
         except Exception as e:  # noqa: BLE001 - the op-by-op run raises the op's error
             p.run_steps(outs, ins, write_back=False)
+            assert ins_ is not None  # (set first in the loop: nothing raises before it)
             raise p.kernel_error(ins_.index, e) from e
         for j, ref in self.copies:
             np.copyto(outs[j], get(ref))

@@ -47,6 +47,9 @@ the state it wrote back keep the error (load the state anew to go on).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, cast
+
 import numpy as np
 
 from ..backends import get_backend
@@ -56,7 +59,7 @@ from ..ops.registry import get as get_op
 from ..tensor.impl import TensorImpl
 from ..vm.deps import RAN_ON_FAILED
 from ..vm.instruction import Instruction
-from ..vm.opcall import allocate, kernel_of, launch_of, run_launch
+from ..vm.opcall import Launch, allocate, kernel_of, launch_of, run_launch
 from ..vm.scheduler import get_vm
 
 PROGRAM = "program"  # the kind of a compiled program's instruction
@@ -82,26 +85,33 @@ class DeviceProgram:
         self.device = device
         self.name = name
         self.backend = get_backend(device)
-        self.tmp = [TensorImpl.new(s.shape, s.dtype, device) for s in program.tmp_specs]
-        self.consts = []  # the constants, copied to the device once
+        self.tmp: list[TensorImpl | None] = [
+            TensorImpl.new(s.shape, s.dtype, device) for s in program.tmp_specs
+        ]  # (None: an intermediate a run of launches keeps in registers)
+        self.consts: list[TensorImpl] = []  # the constants, copied to the device once
         if program.consts:
             from ..creation import from_numpy
 
             self.consts = [from_numpy(c).to(str(device))._impl for c in program.consts]
-        self.static_ins = self.static_outs = None
-        self.graph = self.key = None
+        self.static_ins: list[TensorImpl] | None = None
+        self.static_outs: list[TensorImpl] | None = None
+        self.graph: Any = None  # the driver's captured Graph
+        self.key: tuple | None = None  # the state's device addresses it captured
         self.captures = self.replays = self.launches = self.captured_commands = 0
         self.uncaptured = 0
         self.reference_launches: tuple = ()
-        self.offsets = (0,)  # per input register, where its arrays start in
+        self.offsets: tuple[int, ...] = (0,)  # per input register, where its arrays start in
         #                      the inputs submit is given (op actors: per port)
         refs = [r for st in program.steps for r in st.ins] + [
             r for _, r in (*program.copies, *program.assigns)
         ]
         self.writes = sorted({i for i, _ in program.assigns})  # the state it writes back,
         self.reads = sorted({r[1] for r in refs if r[0] == "state"} - set(self.writes))  # reads
-        self.kernels = None  # [Launch], and per launch its operands' slots
-        self._slots = self._writes = self._tmp = self._const = None
+        self.kernels: list[Launch] | None = None  # and per launch its operands' slots:
+        self._slots: list[list[tuple]] | None = None
+        self._writes: list[tuple[tuple, tuple, Launch | None]] | None = None
+        self._tmp: list | None = None  # the device arrays of tmp and consts
+        self._const: list | None = None
         self._flags: list = []  # the zero flags' device memory
 
     def submit(
@@ -150,7 +160,7 @@ class DeviceProgram:
         whole = {
             "in": [t.meta for t in ins],
             "out": [o.meta for o in outs],
-            "tmp": [t.meta for t in self.tmp],
+            "tmp": [t.meta for t in cast("list[TensorImpl]", self.tmp)],  # (no None yet)
             "state": [t.meta for t in state],
             "const": [t.meta for t in self.consts],
         }
@@ -160,7 +170,7 @@ class DeviceProgram:
 
         singles = []
         for s in p.steps:
-            refs = (*s.outs, *s.ins)
+            refs: Sequence[tuple] = (*s.outs, *s.ins)
             written = {_slot(r, offsets) for r in s.outs}
             singles.append(
                 (
@@ -204,7 +214,9 @@ class DeviceProgram:
                     c += 1
             return b
 
-        kernels, slots, dropped = [], [], set()
+        kernels: list[Launch] = []
+        slots: list[list[tuple]] = []
+        dropped: set[int] = set()
         k = 0
         while k < len(p.steps):
             b = chain_end(k)
@@ -237,7 +249,8 @@ class DeviceProgram:
             kernels.append(launch)
             slots.append([_slot(r, offsets) for r in refs])
             k = b + 1
-        writes = []  # (kind, destination slot, source slot, launch)
+        writes: list[tuple[tuple, tuple, Launch | None]] = []  # (destination slot, source
+        #                                                         slot, launch or a copy)
         copy = None
         for dst, ref in [(("out", j, 0, None), r) for j, r in p.copies] + [
             (("state", i, 0, None), r) for i, r in p.assigns
@@ -306,7 +319,7 @@ class DeviceProgram:
             self.uncaptured += 1  # (see the module doc)
             self._body(stream, out_arrays, in_arrays, st)
             return
-        if self.static_ins is None:
+        if self.static_ins is None or self.static_outs is None:  # (both set at once)
             p = self.program
             self.static_ins = [
                 TensorImpl.new(a.shape, a.dtype, self.device) for a in [t.meta for t in ins]
@@ -344,19 +357,28 @@ class DeviceProgram:
         """Issues the planned launches, the output copies, then the state's write-back;
         ``timed(name)`` after each launch while a profile is on. Each launch only packs the
         device arrays of its operands' slots."""
-        arrays = {"in": ins, "out": outs, "state": state, "tmp": self._tmp, "const": self._const}
-        for launch, slots in zip(self.kernels, self._slots, strict=True):
+        kernels, slots_of, writes = self.kernels, self._slots, self._writes
+        assert kernels is not None and slots_of is not None and writes is not None  # (_run
+        #                                                         prepared them first)
+        arrays: dict[str, Any] = {  # the device arrays, per kind of slot
+            "in": ins,
+            "out": outs,
+            "state": state,
+            "tmp": self._tmp,
+            "const": self._const,
+        }
+        for launch, slots in zip(kernels, slots_of, strict=True):
             launch.issue(stream, [arrays[kind][i] for kind, i in slots])
             if timed is not None:
                 timed(launch.name)
         if counted:
-            self.launches += len(self.kernels)
-        for (dk, di), (sk, si), launch in self._writes:  # the state, once every kernel read it
+            self.launches += len(kernels)
+        for (dk, di), (sk, si), copy in writes:  # the state, once every kernel read it
             dst, src = arrays[dk][di], arrays[sk][si]
-            if launch is None:
+            if copy is None:
                 stream.copy_d2d(dst, src)
             else:
-                launch.issue(stream, [dst, src])
+                copy.issue(stream, [dst, src])
 
 
 def _slot(ref, offsets) -> tuple:
@@ -422,8 +444,8 @@ class DeviceSteps:
         self.out_spec = dp.program.out_spec
         self.name = dp.program.name
         self.cuda_graph = cuda_graph
-        self.state = state if state is not None else ()
-        self.captured = ()
+        self.state: Sequence = state if state is not None else ()
+        self.captured: Sequence = ()
         self.writes_state = bool(dp.writes)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -114,10 +115,10 @@ class Instruction:
         self.cost = cost
         self.split = split  # a Split, or None: the instruction runs whole
         self.pending = 0
-        self.dependents = []
+        self.dependents: list[Instruction] = []
         self.done = False
         self.error = None
-        self.waiters = None
+        self.waiters: list[Callable[[], None]] | None = None  # called once it completed
         self.result = None
         self.next = None  # the instruction issued after this one on its stream
         self.after = self.issued = None
