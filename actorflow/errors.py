@@ -95,7 +95,7 @@ class KernelError(ActorflowError, RuntimeError):
     more_errors = dropped_errors = 0
     _dropped_in = None  # the VM's tally of dropped errors, if this one is counted
     _kinds: tuple = ()  # (kind, subclass) pairs: see of_kind
-    step = None  # the op's position in a compiled program
+    step: int | None = None  # the op's position in a compiled program
     actor: str  # (a traced step's replay sets it: the op actor that raised it)
 
     def __new__(

@@ -91,7 +91,7 @@ class Tracer(Interpreter):
         self._eager = EagerInterpreter()
         self.count, self.seed = count, seed
         self.draws = 0
-        self._count = None  # the count's placeholder
+        self._count: Tensor | None = None  # the count's placeholder
 
     def placeholder(self, spec: Spec, j: int) -> Tensor:
         dev = spec.device

@@ -94,7 +94,8 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
             and m.offset == 0
         ):
             direct[src] = j
-    tmp_specs, tmp_of = [], {}
+    tmp_specs: list[Spec] = []
+    tmp_of: dict = {}
     for n, node in enumerate(rec.nodes):
         for k, m in enumerate(node.metas):
             if ("node", n, k) not in direct:
