@@ -179,7 +179,7 @@ class DeviceKernel:
         self.op, self.fn = op, fn
         # signature (dtypes, layouts, attrs) -> _Generated, or None where the generator
         # refuses it; _plans: the operands' metas and attrs -> _plan's plan (a bounded cache)
-        self._generated = {} if op.name in KG.OPS and len(op.outputs) == 1 else None
+        self._generated: dict | None = {} if op.name in KG.OPS and len(op.outputs) == 1 else None
         self._plans: dict = {}
 
     def __call__(self, outs, ins, attrs):
@@ -228,15 +228,15 @@ class DeviceKernel:
             c = v.__class__
             key.append(k)
             key.append(c if c is bool or c is int or c is float else v)
-        key = tuple(key)
+        sig = tuple(key)
         try:
-            plan = cache.get(key)
+            plan = cache.get(sig)
         except TypeError:  # an attr that is not hashable
             return None
         if plan is None:
             if len(cache) >= _PLANS_MAX:
                 cache.clear()
-            plan = cache[key] = self._plan(metas[1:], metas[0], attrs) or _NO_PLAN
+            plan = cache[sig] = self._plan(metas[1:], metas[0], attrs) or _NO_PLAN
         return None if plan is _NO_PLAN else plan
 
     def _plan(self, in_metas, m, attrs):
@@ -336,6 +336,14 @@ class _Generated:
     input) and ``dtype`` (the output's)."""
 
     __slots__ = ("kernel", "scalar_params", "zero", "divisor", "division", "step", "ins", "dtype")
+    kernel: Kernel
+    scalar_params: tuple  # ((attr, parameter dtype), ...)
+    zero: bool
+    divisor: int | None  # the operand whose zeros divide by zero (None: no division)
+    division: str  # the division's name, for its error
+    step: KG.Step
+    ins: tuple  # ((dtype name, layout, 0-d), ...)
+    dtype: str  # the output's dtype name
 
     @staticmethod
     def make(dk: DeviceKernel, sig, scalars, fixed):
@@ -608,7 +616,7 @@ def eager_part(args):
     return launch, keys
 
 
-def run_launch(parts: list, writes: tuple | None = None) -> tuple:
+def run_launch(parts: list, writes: tuple | None = None) -> tuple | None:
     """One launch of ``kernels.fused`` (a run) for consecutive generated launches
     ``parts`` of one element count (none an integer division): ``[(launch, keys)]``,
     ``keys`` naming each operand's memory (the output first): an input whose key an
@@ -624,7 +632,10 @@ def run_launch(parts: list, writes: tuple | None = None) -> tuple:
     refuses the run."""
     if writes is None:
         writes = (len(parts) - 1,)
-    values, operands, at, shape = {}, [], [], []
+    values: dict = {}
+    operands: list = []
+    at: list = []
+    shape: list = []
     for k, (launch, keys) in enumerate(parts):
         args = []
         for j, key in enumerate(keys[1:]):
@@ -636,13 +647,13 @@ def run_launch(parts: list, writes: tuple | None = None) -> tuple:
             args.append(v)
         values[keys[0]] = -1 - k  # the value of part k
         shape.append((launch.gen, tuple(args)))
-    shape = (tuple(shape), writes)
-    made = _RUN_KERNELS.get(shape)
+    run = (tuple(shape), writes)
+    made = _RUN_KERNELS.get(run)
     if made is None:
-        made = _run_kernel(*shape, len(operands))
+        made = _run_kernel(*run, len(operands))
         if len(_RUN_KERNELS) >= _RUN_KERNELS_MAX:
             _RUN_KERNELS.clear()
-        _RUN_KERNELS[shape] = made
+        _RUN_KERNELS[run] = made
     if made is _NO_PLAN:
         return None
     scalars = tuple(v for launch, _ in parts for v in launch.scalars)
@@ -712,7 +723,7 @@ def _run_kernel(shape: tuple, writes: tuple, n_in: int):
         last_read[o] = k
         for nm in ins:
             last_read[nm] = k
-    done_after = [[] for _ in order]
+    done_after: list[list] = [[] for _ in order]
     for _, _, o, _, _ in order:
         if o not in written:
             done_after[last_read[o]].append(o)
