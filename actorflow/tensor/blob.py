@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import Any
 
 # Blobs whose last owning tensor is gone and that TensorImpl.__del__ could not free at once.
 # It only appends here (atomic, safe from any thread and from inside the garbage collector);
@@ -45,7 +46,8 @@ class Blob:
         # (chained: one blob per op call is made)
         # array: numpy array (cpu), None until allocated or on the null device;
         # reads: reads issued since last_write (None: none)
-        self.array = self.last_write = self.reads = self.error = None
+        self.array: Any = None  # (the backend's: see above)
+        self.last_write = self.reads = self.error = None
         # orphaned: its owning tensor is gone while pinned: freed at unpin
         self.allocated = self.released = self.orphaned = False
         # version: in-place writes seen by autograd (saved tensors check it);

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Access(enum.IntEnum):
@@ -118,10 +118,11 @@ class Instruction:
         self.dependents: list[Instruction] = []
         self.done = False
         self.error = None
-        self.waiters: list[Callable[[], None]] | None = None  # called once it completed
-        self.result = None
+        self.waiters: list[Callable[[], object]] | None = None  # called once it completed
+        self.result: Any = None  # what its kernel returned (or RAN_ON_FAILED)
         self.next = None  # the instruction issued after this one on its stream
-        self.after = self.issued = None
+        self.after: list[Instruction] | None = None  # (device work: see deps.py)
+        self.issued: tuple | None = None  # (device work) its (driver stream, event)
 
     @property
     def operands(self) -> list:

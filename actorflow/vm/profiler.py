@@ -43,6 +43,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Literal
 
 from ..backends import loaded_backends
 from .instruction import OP_CALL, RELEASE
@@ -98,7 +99,8 @@ class Rec:
         self.nbytes = 0
         self.done = self.skipped = self.failed = False
         self.launched = None  # (device work) when the host issued it to the driver
-        self.device = None  # (device work) [start, end] told by its events
+        self.device: list[float | None] | None = None  # (device work) [start, end] told by
+        #                                                  its events
         self.inner = 0  # kernels recorded inside it (a compiled program's)
 
     def call(self, instr) -> None:
@@ -110,7 +112,8 @@ class Rec:
         dstream = None
         if not backend.host_memory and backend.current is not None:  # (a device RELEASE
             dstream = backend.current  # is host work)
-            self.device = times = [None, None]
+            times: list[float | None] = [None, None]
+            self.device = times
             dstream.record().then(lambda: times.__setitem__(0, _perf()))
         try:
             self.fn(instr)
@@ -314,7 +317,7 @@ class Profile:
         self._start_memory = _memory(self.t0)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         from .scheduler import get_vm
 
         vm = get_vm()

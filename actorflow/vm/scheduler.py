@@ -47,11 +47,12 @@ import weakref
 from collections import deque
 from functools import partial
 from time import perf_counter
+from typing import TYPE_CHECKING, Any
 
 from numpy import ndarray as _ND
 
 from ..backends.base import on_memory_pressure
-from ..errors import VMError
+from ..errors import KernelError, VMError
 from ..eventloop import start_loop_thread
 from ..tensor.blob import RELEASED, Blob
 from .deps import (
@@ -73,6 +74,12 @@ from .runs import Runs
 from .sync import KeptErrors
 from .workers import Countdown, Workers
 
+if TYPE_CHECKING:
+    from .profiler import Recorder
+
+# the VM's loop, its thread and its workers before they are made (typed as made: see VM)
+_NOT_STARTED: Any = None
+
 
 class VM:
     """The virtual machine. One per process: ``actorflow.vm.get_vm()``. Its components
@@ -85,12 +92,14 @@ class VM:
         self._ready: deque = deque()
         self._wake_pending = False
         self._draining = False  # inside _drain (loop thread only)
-        self._loop = None
-        self._thread = None
-        self._pool = None
+        # made on the first wake (_start_loop), None before it and after close: typed as
+        # made, for the code that runs once they are
+        self._loop: asyncio.AbstractEventLoop = _NOT_STARTED
+        self._thread: threading.Thread = _NOT_STARTED
+        self._pool: Workers = _NOT_STARTED
         self.workers = workers or os.cpu_count() or 1
         self.max_in_flight = 40_000
-        self._rng = None  # test hook: seeded random dispatch order
+        self._rng: random.Random | None = None  # test hook: seeded random dispatch order
         self.inline_max_cost = 1 << 16  # elements touched; below this run without a hop
         self.parallel_min_cost = 1 << 18  # elementwise kernels above this are split
         self.loop_share = 0.6  # of a split kernel, run by the loop thread
@@ -105,7 +114,7 @@ class VM:
         self._poisoned: dict = {}
         self._poison_lock = threading.Lock()
         self._max_delay = 0.0  # test hook: random delay before each kernel
-        self.profiler = None  # while af.profile() is on: its Recorder (profiler.py)
+        self.profiler: Recorder | None = None  # while af.profile() is on (profiler.py)
         self.device_waits = 0  # waits on another driver stream's event (devices)
         self._gated: list = []  # (device instr, fault) whose predecessor completed
         self._faults: dict = {}  # a driver's fault (its exception) -> its KernelError
@@ -187,6 +196,8 @@ class VM:
         ):
             if self._any_error and not self._poisoned:
                 self._forget_errors()
+            ins: tuple
+            consts: tuple
             if y is None:
                 ins, consts = (x,), (x.blob,)
             else:
@@ -479,7 +490,8 @@ class VM:
                 launched(instr, self._ready)
             self._settle_device(instr, None)  # completes after the uses
             return
-        ev = dstream = None
+        ev: Any = None  # (the driver's Event, once issued)
+        dstream: Any = None
         backend = instr.stream.backend
         try:
             dstream = backend.issue_on(instr.stream)
@@ -519,7 +531,9 @@ class VM:
         after the run's ops (the launch's name, which the head takes)."""
         head = members[0]
         backend = head.stream.backend
-        ev = dstream = err = None
+        ev: Any = None  # (the driver's Event, once issued)
+        dstream: Any = None
+        err: KernelError | None = None
         try:
             dstream = backend.issue_on(head.stream)
             for m in members:
@@ -583,9 +597,9 @@ class VM:
         if check.__class__ is ZeroCheck:  # an eager integer division's zero flag: only
             instr.result = None  # this op fails (and what reads its outputs)
             if fault is None and instr.error is None:
-                e = check.error()
-                if e is not None:
-                    self._fail(instr, self._kernel_error(instr, e))
+                zero = check.error()
+                if zero is not None:
+                    self._fail(instr, self._kernel_error(instr, zero))
         self._settle_device(instr, fault)
 
     def _device_done(self, instr, ev) -> None:
@@ -898,7 +912,7 @@ class VM:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
         pool.shutdown()
-        self._loop = self._thread = self._pool = None
+        self._loop = self._thread = self._pool = _NOT_STARTED
 
 
 def _run_on_device(instr) -> None:
