@@ -47,7 +47,7 @@ import weakref
 from collections import deque
 from functools import partial
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from numpy import ndarray as _ND
 
@@ -73,9 +73,6 @@ from .run_cuts import ELEMENTWISE
 from .runs import Runs
 from .sync import KeptErrors
 from .workers import Countdown, Workers
-
-if TYPE_CHECKING:
-    from .profiler import Recorder
 
 # the VM's loop, its thread and its workers before they are made (typed as made: see VM)
 _NOT_STARTED: Any = None
@@ -114,7 +111,8 @@ class VM:
         self._poisoned: dict = {}
         self._poison_lock = threading.Lock()
         self._max_delay = 0.0  # test hook: random delay before each kernel
-        self.profiler: Recorder | None = None  # while af.profile() is on (profiler.py)
+        # while af.profile() is on: its Recorder (Any: profiler.py imports this module)
+        self.profiler: Any = None
         self.device_waits = 0  # waits on another driver stream's event (devices)
         self._gated: list = []  # (device instr, fault) whose predecessor completed
         self._faults: dict = {}  # a driver's fault (its exception) -> its KernelError
