@@ -249,8 +249,8 @@ class DeviceProgram:
             kernels.append(launch)
             slots.append([_slot(r, offsets) for r in refs])
             k = b + 1
-        writes: list[tuple[tuple, tuple, Launch | None]] = []  # (destination slot, source
-        #                                                         slot, launch or a copy)
+        # (destination slot, source slot, the launch that copies: None for a plain copy)
+        writes: list[tuple[tuple, tuple, Launch | None]] = []
         copy = None
         for dst, ref in [(("out", j, 0, None), r) for j, r in p.copies] + [
             (("state", i, 0, None), r) for i, r in p.assigns
@@ -358,8 +358,8 @@ class DeviceProgram:
         ``timed(name)`` after each launch while a profile is on. Each launch only packs the
         device arrays of its operands' slots."""
         kernels, slots_of, writes = self.kernels, self._slots, self._writes
-        assert kernels is not None and slots_of is not None and writes is not None  # (_run
-        #                                                         prepared them first)
+        # (_run prepared them before the first step)
+        assert kernels is not None and slots_of is not None and writes is not None
         arrays: dict[str, Any] = {  # the device arrays, per kind of slot
             "in": ins,
             "out": outs,
