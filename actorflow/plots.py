@@ -108,7 +108,8 @@ def _counters(evs: list):
 
 
 def _gantt(plt, top, evs, names, rows) -> None:
-    acts, waits = {}, {}
+    acts: dict = {}
+    waits: dict = {}
     for e in evs:
         if e["ph"] != "X" or e["tid"] not in rows:
             continue

@@ -1,6 +1,10 @@
 """nn, optim, af.save/af.load: module trees, state, layers and losses against PyTorch on the
 same weights, optimizers step for step, and a model that learns."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -470,3 +474,18 @@ def test_save_and_load_lists_and_tuples_of_tensors(tmp_path):
     for key in ("[0]", "(1)"):  # would come back as a list: refused
         with pytest.raises(ValueError, match="list's item"):
             af.save({key: af.ones(1)}, tmp_path / "k.npz")
+
+
+def test_imports_with_docstrings_stripped():
+    """``python -OO`` drops docstrings (``__doc__`` is None): the batch norms' docs, built
+    from their base's, must not fail the import."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, "-OO", "-c", "import actorflow.nn; print(actorflow.nn.BatchNorm2d)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from ..runtime.graph.checks import check_buffers
 from ..runtime.graph.device_acts import device_memory
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime.sched.processes import OwnsProcesses
+from ..tensor.meta import TensorMeta
 from ..tensor.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -334,7 +335,7 @@ class DataLoader(OwnsProcesses):
         specs = []
         for leaf in leaves:  # as default_collate stacks them
             if isinstance(leaf, Tensor):
-                m = leaf._impl.meta
+                m = cast(TensorMeta, leaf._impl.meta)  # (a tensor's impl has its meta)
                 specs.append(Spec((b,) + tuple(m.shape), m.dtype))
             else:
                 a = np.asarray(leaf)
@@ -423,7 +424,7 @@ class LoaderActors:
         self.key = loader.actors_key
         self.node: Actor | None = None
         self.actors: list = []
-        self.layout = None  # the declared layout of a batch, if any
+        self.layout: PieceSpec | None = None  # the declared layout of a batch, if any
         self.epoch = None  # the last run's pass, and what it left out
         self.tail: list = []
 

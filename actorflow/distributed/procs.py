@@ -121,7 +121,8 @@ def keep_or_kill(run, keep: bool) -> None:
     """After a run: its processes kept warm for the next run of the graph, or killed."""
     for u, ws in run.procs.items():
         if keep:
-            run.engine.kept[(id(run.g), u.name)] = Kept(*run.made[u], ws)
+            made, digest = run.made[u]
+            run.engine.kept[(id(run.g), u.name)] = Kept(made, digest, ws)
         else:
             kill(run.ray, ws)
     run.procs.clear()
@@ -157,7 +158,8 @@ def pickled(ray, stages: list) -> tuple:
         PlanError: a stage or source that does not pickle, named."""
     import numpy as np
 
-    buf, buffers = io.BytesIO(), []
+    buf = io.BytesIO()
+    buffers: list = []
     pickler = _pickler_class(ray)(buf, buffers.append)
     try:
         pickler.dump(stages)
@@ -181,7 +183,7 @@ def pickled(ray, stages: list) -> tuple:
     digest = hashlib.blake2b(stream, digest_size=20)
     for a in arrays:
         digest.update(len(a).to_bytes(8, "little"))
-        digest.update(a)
+        digest.update(a.data)  # (its bytes: a contiguous view)
     return ((stream, arrays), digest.hexdigest(), tuple(_stamp(m) for m in sorted(pickler.modules)))
 
 

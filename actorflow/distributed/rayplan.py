@@ -42,11 +42,11 @@ class Unit:
         self.replicas = max(a.replicas for a in members)
         self.is_async = any(getattr(a, "is_async", False) for a in members)
         self.options: dict = {}
-        self.node = None  # the index of the node it is pinned to, or None
+        self.node: int | None = None  # the index of the node it is pinned to, or None
 
     def stages(self, batch: int) -> list:
         """What its processes host: a ``Stage`` per member (a ``SourceStage`` per source)."""
-        out = []
+        out: list[Stage | SourceStage] = []
         for a in self.members:
             if isinstance(a, SourceActor):
                 out.append(
@@ -64,6 +64,15 @@ class RayPlan:
     """What a Ray run needs from the graph: its actors in order, registers per actor, the
     processes (units) and node of each actor, the sources read on the driver
     (``sources``; the others act in a unit), the sinks and the collector."""
+
+    # set by plan_for_ray once the units are placed: the cluster's nodes, the fused chains
+    # (``{a: b}`` and back), the budgets' keys, pieces per call, and what the budgets hold
+    nodes: Nodes
+    fuse_next: dict
+    fuse_prev: dict
+    budgets: dict
+    batch: int
+    need: dict
 
     def __init__(self, actors, buffers, sizes, sources, sinks, collector, units, unit_of):
         self.actors, self.buffers, self.sizes = actors, buffers, sizes
@@ -169,7 +178,9 @@ def make_units(engine, actors: list, names: dict):
     """The Ray actor processes: a unit per group of ``engine.groups``, per other stage, and
     per source that placement= names (the other sources are read on the driver);
     ``placement=`` names units (a group, a stage or a source not in one)."""
-    units, unit_of, grouped = {}, {}, {}
+    units: dict = {}
+    unit_of: dict = {}
+    grouped: dict = {}
     for group, members in engine.groups.items():
         if group in names:
             raise PlanError(
@@ -289,6 +300,7 @@ def source_items(src: SourceActor):
     loop of its own."""
     src.start()
     spec = src.out_spec
+    assert spec is not None  # (plan_for_ray sized every actor)
     items = Items(src.it)
     piece = 0
     try:
@@ -315,8 +327,8 @@ def actor_error(e, where_of) -> ActorError:
     """ActorError from what ``ray.get`` raised for an act: the stage's own exception (with
     its traceback and node), or the death of its Ray actor process."""
     cause = getattr(e, "cause", None)
-    if isinstance(e, StageFailed) or isinstance(cause, StageFailed):
-        f = e if isinstance(e, StageFailed) else cause
+    f = e if isinstance(e, StageFailed) else cause
+    if isinstance(f, StageFailed):
         pid, node, host = f.where
         err = ActorError(
             f.name,

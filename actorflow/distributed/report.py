@@ -87,7 +87,8 @@ def write_trace(run, path) -> dict:
     tr = TraceEvents(run.t0)
     us = tr.us
     tr.process(0, "driver")
-    tids, pids = {}, set()
+    tids: dict = {}
+    pids: set = set()
     for name, piece, r, s, e, pid, node in run.records:
         key = (name, r, pid)
         if key not in tids:

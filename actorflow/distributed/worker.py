@@ -26,6 +26,7 @@ import pickle
 import socket
 import time
 import traceback
+from typing import cast
 
 from ..eventloop import new_event_loop
 from ..runtime.graph.actors import call_method
@@ -83,8 +84,8 @@ class SourceStage:
         self.fed, self.single_argument = fed, single_argument
         self.fn = source
         self.batch = batch
-        self.items = None  # Items of this run's iterator
-        self.turn = None  # (an async process: the calls' turns to read)
+        self.items: Items | None = None  # Items of this run's iterator
+        self.turn: asyncio.Condition | None = None  # (an async process: the calls' turns to read)
         self.at = 0  # the first piece of the next call (async process)
 
     def open(self) -> None:
@@ -201,7 +202,7 @@ class Worker:
         try:
             import ray
 
-            self.node = ray.get_runtime_context().get_node_id()
+            self.node: str | None = ray.get_runtime_context().get_node_id()
         except Exception:  # noqa: BLE001 - outside Ray (tests of the class itself)
             self.node = None
 
@@ -274,11 +275,12 @@ class Worker:
         """A source's act: its next ``batch`` pieces (fewer at its end)."""
         if first == 0:
             src.open()
+        items = cast(Items, src.items)  # (opened at piece 0)
         out, times = [], []
         for piece in range(first, first + src.batch):
             t0 = time.time()
             try:
-                value = src.items.next()
+                value = items.next()
                 if value is END:
                     break
                 out.append(src.check(value, piece))
@@ -287,7 +289,7 @@ class Worker:
             times.append((t0, time.time()))
         return out, (times, self.pid, self.node)
 
-    def _failed(self, stage: Stage, piece: int, e: BaseException) -> StageFailed:
+    def _failed(self, stage: Stage | SourceStage, piece: int, e: BaseException) -> StageFailed:
         return StageFailed(stage.name, piece, self.where(), e, traceback.format_exc())
 
 
@@ -324,18 +326,20 @@ class AsyncWorker(Worker):
     async def _aread(self, src: SourceStage, first: int):
         """A source's act in an async process, whose calls run at once: each waits for its
         turn (the call before it read its batch), so pieces are read in order."""
-        if src.turn is None:
-            src.turn = asyncio.Condition()
-        async with src.turn:
-            await src.turn.wait_for(lambda: first == 0 or src.at == first)
+        turn = src.turn
+        if turn is None:
+            turn = src.turn = asyncio.Condition()
+        async with turn:
+            await turn.wait_for(lambda: first == 0 or src.at == first)
             if first == 0:
                 src.open()
+            items = cast(Items, src.items)  # (opened at piece 0)
             out, times = [], []
             try:
                 for piece in range(first, first + src.batch):
                     t0 = time.time()
                     try:
-                        value = await src.items.anext()
+                        value = await items.anext()
                         if value is END:
                             break
                         out.append(src.check(value, piece))
@@ -344,7 +348,7 @@ class AsyncWorker(Worker):
                     times.append((t0, time.time()))
             finally:
                 src.at = first + src.batch
-                src.turn.notify_all()
+                turn.notify_all()
         return out, (times, self.pid, self.node)
 
 

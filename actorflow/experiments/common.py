@@ -117,5 +117,6 @@ def null_chain(stages, pieces: int, **graph):
             node = g.source([None] * pieces, out=spec, name=name, time=t, inline=True)
         else:
             node = g.actor(lambda x: None, node, out=spec, name=name, time=t, inline=True)
+    assert node is not None  # (stages: a source at least)
     g.sink(node)
     return g

@@ -152,7 +152,7 @@ def run(seed: int = 0, pieces: int = 60, timeline=None, progress=False) -> dict:
                 len(least.share.edges),
             ]
         )
-    data = {
+    data: dict = {
         "pieces": pieces,
         "stages": STAGES,
         "capacity": CAPACITY,

@@ -89,6 +89,19 @@ class NaiveResult:
     how many times an op waited for memory and ``stall_s`` for how long; ``completed``;
     ``detect_s``: wall time from the last event to the deadlock being named."""
 
+    # (set from the keywords ``NaiveScheduler.run_async`` gives)
+    status: str
+    error: BaseException | None
+    elapsed_s: float
+    peak: dict
+    capacity: dict
+    timeline: list
+    stalls: int
+    stall_s: float
+    completed: int
+    total: int
+    detect_s: float | None
+
     def __init__(self, **kw):
         self.__dict__.update(kw)
 
@@ -185,14 +198,14 @@ class NaiveScheduler:
         """Runs once from the start (each call is a fresh run of the same ops)."""
         multi = self.pieces > 1
         self.insts = {(o.name, p): _Inst(o, p, multi) for p in range(self.pieces) for o in self.ops}
-        self._pending_ready = []
+        self._pending_ready: list = []
         self.loop = asyncio.get_running_loop()
         self.t0 = time.perf_counter()
         self.in_use = {d: 0 for d in self.capacity}
         self.peak = dict(self.in_use)
         self.timeline = [(0.0, d, 0) for d in self.capacity]
-        self.streams = {o.stream: deque() for o in self.ops}
-        self.waiting = deque()  # double-buffer mode: ops set aside until memory frees
+        self.streams: dict = {o.stream: deque() for o in self.ops}
+        self.waiting: deque = deque()  # double-buffer mode: ops set aside until memory frees
         self.running = 0
         self.live = {o.name: 0 for o in self.ops}  # live outputs per op (figure 3)
         self.stalls, self.stall_s, self.done_count = 0, 0.0, 0
@@ -201,7 +214,9 @@ class NaiveScheduler:
         self.next_in_order = 0
         self._issue([i for i in self.insts.values() if not i.op.inputs])
         self._advance()
-        status, error, detect = "ok", None, None
+        status = "ok"
+        error: BaseException | None = None
+        detect = None
         try:
             await self.finished
         except DeadlockError as e:

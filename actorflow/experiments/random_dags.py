@@ -138,7 +138,7 @@ def run(seed: int = 0, n: int = 200, size: int = 8, progress=False) -> dict:
         [k[0], k[1], v["ok"], v["deadlock"], v["oom"], v.get("refused", "-")]
         for k, v in counts.items()
     ]
-    data = {
+    data: dict = {
         "dags": n,
         "seed": seed,
         "headers": headers,

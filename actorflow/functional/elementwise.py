@@ -430,21 +430,21 @@ def copy_(input: Tensor, other: Tensor, non_blocking: bool = False) -> Tensor:
             through the host)."""
     dst = tensor_arg("copy_", input)._impl
     s = tensor_arg("copy_", other, "other")._impl
-    resolved(dst), resolved(s)
+    dm, sm = resolved(dst), resolved(s)  # (their metas, shapes known)
     if not s.blob.backend.has_data and dst.blob.backend.has_data:
-        raise no_data("copy_", s.meta.device)
+        raise no_data("copy_", sm.device)
     try:
-        np.broadcast_shapes(s.meta.shape, dst.meta.shape)
-        ok = np.broadcast_shapes(s.meta.shape, dst.meta.shape) == dst.meta.shape
+        np.broadcast_shapes(sm.shape, dm.shape)
+        ok = np.broadcast_shapes(sm.shape, dm.shape) == dm.shape
     except ValueError:
         ok = False
     if not ok:
         raise ShapeError(
-            f"copy_: source of shape {s.meta.shape} cannot be broadcast to the "
-            f"destination's shape {dst.meta.shape}"
+            f"copy_: source of shape {sm.shape} cannot be broadcast to the "
+            f"destination's shape {dm.shape}"
         )
-    s = readable_on("copy_", s, dst.meta.device)
-    apply(COPY, [s], NO_ATTRS, device=dst.meta.device, outs=[dst])
+    s = readable_on("copy_", s, dm.device)
+    apply(COPY, [s], NO_ATTRS, device=dm.device, outs=[dst])
     return input
 
 

@@ -15,8 +15,9 @@ from ..tensor.tensor import Tensor, wrap
 from .common import dim_alias, number, op_def, refuse_out, resolved, tensor_arg
 
 # PyTorch's torch.return_types: a named tuple (values, indices)
-Sort = namedtuple("sort", ["values", "indices"])
-TopK = namedtuple("topk", ["values", "indices"])
+# (named as PyTorch's, which its repr shows: sort(values=..., indices=...))
+Sort = namedtuple("sort", ["values", "indices"])  # type: ignore[name-match]
+TopK = namedtuple("topk", ["values", "indices"])  # type: ignore[name-match]
 
 _GATHER, _SCATTER_ADD, _CUMSUM = op_def("gather"), op_def("scatter_add"), op_def("cumsum")
 _SORT, _TOPK, _PAD = op_def("sort"), op_def("topk"), op_def("pad")
@@ -243,10 +244,10 @@ def pad(
         )
     if mode not in _PAD_MODES:
         raise ValueError(f"pad: unknown mode {mode!r}; use one of {', '.join(_PAD_MODES)}")
-    pads = [(0, 0)] * (len(shape) - npairs) + [
-        (amounts[2 * k], amounts[2 * k + 1]) for k in reversed(range(npairs))
-    ]
-    pads = tuple(pads)
+    pads = tuple(
+        [(0, 0)] * (len(shape) - npairs)
+        + [(amounts[2 * k], amounts[2 * k + 1]) for k in reversed(range(npairs))]
+    )
     if mode == "constant":
         v = 0.0 if value is None else number("pad", value, "value")
         return wrap(apply(_PAD, [x], {"pads": pads, "mode": mode, "value": v})[0])

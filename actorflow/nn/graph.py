@@ -1246,7 +1246,8 @@ class _Schedules:
     fused trains are those before the failure, ``settle``'s)."""
 
     def __init__(self, graph: Graph):
-        self.graph, self.made, self.error = graph, 0, None
+        self.graph, self.made = graph, 0
+        self.error: Exception | None = None  # a schedule's step failed: raised next call
         self.count = len(graph._rate_values())
         self.saved = [copy.deepcopy(s.state_dict()) for s in graph._lr_sch]
         self.groups = [

@@ -303,13 +303,13 @@ class _BatchNorm(Module):
 
 
 class BatchNorm1d(_BatchNorm):
-    __doc__ = _BatchNorm.__doc__ + " Input (N, C) or (N, C, L)."
+    __doc__ = (_BatchNorm.__doc__ or "") + " Input (N, C) or (N, C, L)."
     _dims = (2, 3)
     _layout = "BatchNorm1d takes (N, C) or (N, C, L)"
 
 
 class BatchNorm2d(_BatchNorm):
-    __doc__ = _BatchNorm.__doc__ + " Input (N, C, H, W)."
+    __doc__ = (_BatchNorm.__doc__ or "") + " Input (N, C, H, W)."
     _dims = (4,)
     _layout = "BatchNorm2d takes (N, C, H, W)"
 

@@ -352,7 +352,7 @@ class SequentialLR(LRScheduler):
         first._initial_step()
         self._last_lr = first.get_last_lr()
 
-    def step(self) -> None:  # noqa: D102 - the base's
+    def step(self) -> None:  # type: ignore[override]  # noqa: D102 - as PyTorch's: no epoch=
         self.last_epoch += 1
         idx = bisect_right(self._milestones, self.last_epoch)
         s = self._schedulers[idx]

@@ -183,10 +183,12 @@ class Optimizer:
         got = self._rates.get(id(group))
         device = group["params"][0].device if group["params"] else None
         if got is None or got[0] is not group or got[3] != device:
-            got = self._rates[id(group)] = (group, {}, {}, device)
+            made: dict[str, Tensor] = {}
+            values: dict[str, float] = {}
+            got = self._rates[id(group)] = (group, made, values, device)
             for name, v in _flat_rates(group, self.scheduled):
-                got[1][name] = tensor(float(v), dtype="float64", device=device)
-                got[2][name] = float(v)
+                made[name] = tensor(float(v), dtype="float64", device=device)
+                values[name] = float(v)
         _, tensors, written, _ = got
         with no_grad():
             for name, v in _flat_rates(group, self.scheduled):

@@ -216,7 +216,7 @@ def assert_no_deadlock(
     return _check_result(result)
 
 
-def _deadlock_inside(e: BaseException):
+def _deadlock_inside(e: BaseException | None):
     """The DeadlockError an actor's error carries (an ``async def`` stage iterating
     another graph's run that stalled), or None."""
     seen = 0

@@ -12,6 +12,7 @@ scheduler (``credit.py``) decides when it may act; this file only says what acti
 from __future__ import annotations
 
 import inspect
+from typing import cast
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class Actor:
         inputs: list,
         buffers: int | None = None,
         resources: dict | None = None,
-        inline: bool = False,
+        inline: bool | None = False,
         time=None,
         out: PieceSpec | None = None,
         timeout=None,
@@ -77,7 +78,8 @@ class Actor:
             check_buffers(buffers, f"actor {name!r}") if buffers is not None else None
         )  # None: the graph's default
         self.resources = check_resources(resources, name)
-        self.inline = inline  # act on the scheduler's loop, not a thread
+        self.inline = inline  # act on the scheduler's loop, not a thread (None: an op
+        # actor's, decided by its register size when planned)
         self.time = check_time(time, name)  # simulated seconds per act (float or f(piece))
         self.out_spec = out  # PieceSpec once known
         self.declared = out is not None  # the user gave out=
@@ -123,7 +125,7 @@ class Actor:
         return True
 
     def _store(self, value, outs, what: str) -> None:
-        spec = self.out_spec
+        spec = cast(PieceSpec, self.out_spec)  # (sized: it has registers)
         if type(value) is np.ndarray and spec.structure == 0:  # the common case,
             s = spec.specs[0]  # inline (every act)
             if value.shape == s.shape and value.dtype == s.dtype.np:
@@ -145,7 +147,7 @@ class Actor:
     def _checked_leaves(self, value, what: str) -> list:
         """Leaves of a probed output, checked against a declared spec (if any)."""
         if value is None and none_is_fine(self.out_spec, what):
-            return [None] * len(self.out_spec.specs)
+            return [None] * len(cast(PieceSpec, self.out_spec).specs)  # (fine: not None)
         refuse_awaitable(value, what)
         leaves, structure = flatten(value)
         dev = self._device()
@@ -329,7 +331,8 @@ class OpActor(Actor):
 
     def small(self) -> bool:
         """Tiny enough to act on the scheduler's loop: a thread hop would cost more."""
-        return self.out_spec.nbytes <= (1 << 16) and self.program.workspace_bytes <= (1 << 16)
+        spec = cast(PieceSpec, self.out_spec)  # (asked once the plan inferred it)
+        return spec.nbytes <= (1 << 16) and self.program.workspace_bytes <= (1 << 16)
 
     def probe(self, ins):
         self.infer()

@@ -31,6 +31,7 @@ producer writes it again only then, with no event per register and no host wait.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import numpy as np
 
@@ -160,7 +161,8 @@ def device_leaves(actor, value, what: str, fix: str) -> list:
     if spec is not None and structure != spec.structure:
         check_piece(value, spec, what, actor.declared)  # raises, naming the difference
     for i, x in enumerate(leaves):
-        on = x._impl.meta.device if isinstance(x, Tensor) else None
+        # (a tensor's impl has its meta: None is for no Tensor's impl)
+        on = cast(TensorMeta, x._impl.meta).device if isinstance(x, Tensor) else None
         if on is not dev:
             got = f"a tensor on {on}" if on is not None else f"a {type(x).__name__}"
             raise DeviceError(

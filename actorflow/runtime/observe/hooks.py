@@ -103,7 +103,12 @@ class VirtualClock:
 
     async def sleep(self, delay: float) -> None:
         fut = asyncio.get_running_loop().create_future()
-        self.call_later(delay, lambda: fut.done() or fut.set_result(None))
+
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        self.call_later(delay, wake)
         await fut
 
     def resume(self) -> None:

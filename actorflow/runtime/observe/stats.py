@@ -97,7 +97,7 @@ class RunStats:
         if wall <= 0 or not rows:
             return None
         busy = {n: r["compute_s"] / (wall * max(1, r["replicas"])) for n, r in rows.items()}
-        b = max(busy, key=busy.get)
+        b = max(busy, key=busy.__getitem__)
         line = f"{b} is busy {busy[b]:.0%}"
         out_wait = self.actors.get("(output)", {}).get("wait_credit_s", 0.0) / wall
         if out_wait > 0.5:  # the caller holds the pieces back: all else waits

@@ -45,7 +45,7 @@ class Timeline:
         # (kind, name, piece or cause, start, end, inputs, free); kind 0 an act, 1 a wait,
         # 2 an act that raised (its error as text where free goes); with ``keep``, the last
         # ``keep`` acts only (3 x keep records: waits take room too; a test's record)
-        self.records = deque(maxlen=3 * keep) if keep else []
+        self.records: deque | list = deque(maxlen=3 * keep) if keep else []
         self.names = [st.actor.name for st in states]
         self.readers = {
             st.actor.name: len(st.out.consumers) if st.out is not None else 0 for st in states
@@ -211,7 +211,7 @@ def record(timeline: Timeline, st, piece: int, start: float, end: float) -> None
     timeline.act(st.actor.name, piece, start, end, st.in_names, free)
 
 
-def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
+def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> dict:
     """Bytes in use per device over a run, from its act records: each register from the
     start of the act that writes piece p of an actor in ``sizes`` (``{name: {device:
     bytes}}``) to the end of the last act that reads it (at once when nobody does,
@@ -224,7 +224,10 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
     names = list(sizes)
     index = {n: i for i, n in enumerate(names)}
     m = len(names)
-    okey, ostart, ckey, cend = [], [], [], []  # writes (key, start), reads (key, end)
+    wkey: list = []  # writes (key, start), reads (key, end)
+    wstart: list = []
+    rkey: list = []
+    rend: list = []
     last = t0
     for kind, name, piece, start, end, inputs, _ in records:
         if end > last:
@@ -233,18 +236,18 @@ def memory_in_use(records, sizes: dict, readers: dict, lazy, t0: float) -> list:
             continue
         i = index.get(name)
         if i is not None and not (piece == 0 and name in lazy):
-            okey.append(piece * m + i)
-            ostart.append(start)
+            wkey.append(piece * m + i)
+            wstart.append(start)
             if not readers.get(name):  # nobody reads it: home after its act
-                ckey.append(piece * m + i)
-                cend.append(end)
+                rkey.append(piece * m + i)
+                rend.append(end)
         for p in inputs:
             j = index.get(p)
             if j is not None:
-                ckey.append(piece * m + j)
-                cend.append(end)
-    okey, ostart = np.array(okey, np.int64), np.array(ostart, np.float64)
-    ckey, cend = np.array(ckey, np.int64), np.array(cend, np.float64)
+                rkey.append(piece * m + j)
+                rend.append(end)
+    okey, ostart = np.array(wkey, np.int64), np.array(wstart, np.float64)
+    ckey, cend = np.array(rkey, np.int64), np.array(rend, np.float64)
     order = np.lexsort((cend, ckey))
     ckey, cend = ckey[order], cend[order]
     final = np.ones(len(ckey), bool)

@@ -111,6 +111,7 @@ class _Search:
                     self.tried.setdefault(f"{name} order, {pname}", {})[d] = top
                 if best is None or top < best[0]:
                     best = (top, offs, pname)
+            assert best is not None  # (PACKERS is not empty)
             arenas[d], offsets[d] = best[0], best[1]
             methods.add(best[2])
         self.offer(order, ivs, offsets, arenas, f"{name} order, " + " / ".join(sorted(methods)))
@@ -242,8 +243,8 @@ def waits(sizes: list, order: list, offsets: dict, devs: list) -> tuple[list, li
     pos = [0] * n
     for k, i in enumerate(order):
         pos[i] = k
-    preds = [set() for _ in range(n)]
-    succs = [set() for _ in range(n)]
+    preds: list[set[int]] = [set() for _ in range(n)]
+    succs: list[set[int]] = [set() for _ in range(n)]
     for d in devs:
         size = np.array([s.get(d, 0) for s in sizes], dtype=np.int64)
         lo = np.array(offsets[d], dtype=np.int64)

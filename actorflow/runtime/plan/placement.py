@@ -11,7 +11,7 @@ import numpy as np
 
 
 def consumers_of(inputs: list) -> list:
-    cons = [[] for _ in inputs]
+    cons: list[list[int]] = [[] for _ in inputs]
     for i, ins in enumerate(inputs):
         for j in set(ins):
             cons[j].append(i)
@@ -106,7 +106,7 @@ def exact_pack(
     ``budget[0]``: steps left (shared with the caller; the search stops at 0)."""
     items = [i for i in range(len(size)) if size[i]]
     off: dict = {}
-    best = [bound, None]
+    best: list = [bound, None]  # the lowest arena yet, its offsets ({register: offset})
 
     def rec(height, last):
         if height >= best[0] or budget[0] <= 0:

@@ -208,6 +208,8 @@ class SharedBlock:
     crash. ``layout``: per register, ``(offset, shape, dtype string)`` per array; ``fd``
     is what a worker maps (sent over its pipe), closed by ``release()`` at the run's end."""
 
+    stage: tuple  # (actor name, out spec, declared): set by the pool that made it (processes.py)
+
     def __init__(self, spec, buffers: int, what: str):
         from multiprocessing import shared_memory
 
@@ -231,7 +233,8 @@ class SharedBlock:
         self.size = max(at, ALIGN)
         shm = shared_memory.SharedMemory(create=True, size=self.size)
         try:
-            self.fd = os.dup(shm._fd)
+            # (SharedMemory's descriptor: private, on POSIX only, so not in typeshed)
+            self.fd: int | None = os.dup(shm._fd)  # type: ignore[attr-defined]
         finally:
             shm.close()
             shm.unlink()  # (the memory stays while mapped or fd is open)

@@ -22,7 +22,7 @@ from ...errors import ActorError, PlanError, format_bytes
 from ..graph.actors import Actor, Collector, OpActor, read_piece
 from ..graph.device_acts import pinned_for, register_arrays, release_registers
 from ..graph.source import SourceActor
-from .autotune import FLOOR, HANDOFF, SMALL_BYTES, default_counts
+from .autotune import FLOOR, HANDOFF, SMALL_BYTES, Tuning, default_counts
 from .registers import InPort, MemoryBudget, OutPort, Register
 from .sharing import SHARED_KEY, Sharing
 
@@ -52,7 +52,7 @@ class Plan:
         #                           they get their count when sized
         self.share = share
         self.sharing: Sharing | None = None
-        self.tuning = None  # what buffers="auto" chose, and why (autotune.py)
+        self.tuning: Tuning | None = None  # what buffers="auto" chose, and why (autotune.py)
         self.buffers = buffers
         self.budget = budget
         self.resources = dict(resources)
@@ -60,7 +60,7 @@ class Plan:
         self.in_ports: dict = {}
         self.totals: dict = {}
         self._rows: dict = {}  # actor -> its row, built when first read
-        self._row_list = None  # ``rows`` in graph order, until a size changes it
+        self._row_list: list | None = None  # ``rows`` in graph order, until a size changes it
         self.row_builds = 0  # rows built (each at most once per size: counted)
         self.reused = 0  # actors sized by the run as the last run sized them
         self.allocated = False
@@ -105,7 +105,7 @@ class Plan:
                 totals[d] = totals.get(d, 0) + b * n
         prog = getattr(a, "program", None)
         ws = prog.workspace_bytes if prog is not None else 0
-        if ws:
+        if ws and prog is not None:  # (ws is 0 without a program)
             dev = a.out_spec.specs[0].device if a.out_spec.specs else prog.device
             totals[dev] = totals.get(dev, 0) + ws
         self._row_list = None

@@ -47,7 +47,7 @@ class Sharing:
         self.sizes = sizes
         self.region = dict(share.arenas)
         self.arenas = {d: b * k for d, b in self.region.items()}
-        self.unshared = {}
+        self.unshared: dict = {}
         for i in members.values():
             for d, b in sizes[i].items():
                 self.unshared[d] = self.unshared.get(d, 0) + b * k
@@ -108,7 +108,7 @@ class Sharing:
         """Register ``j`` of ``actor``: views into its wave's region of the arenas."""
         i = self.members[actor]
         at = {d: self.region[d] * j + self.share.offsets[d][i] for d in self.sizes[i]}
-        out = []
+        out: list = []
         for s in actor.out_spec.specs:
             base = self.base.get(s.device)
             o = at[s.device]
@@ -177,7 +177,8 @@ def _ordered(nodes: list) -> list:
     """``nodes`` in an order where each comes after its inputs and after the readers of
     the states it writes (the plan's own order, where that already holds)."""
     before = {a: set(a.inputs) | set(_readers_before(a, nodes)) for a in nodes}
-    placed, out = set(), []
+    placed: set = set()
+    out: list = []
     while len(out) < len(nodes):
         for a in nodes:
             if a not in placed and before[a] <= placed:
@@ -202,7 +203,7 @@ class MemoryGate:
 
     __slots__ = ("k", "preds", "succs", "homes", "waiters", "ranges", "live")
 
-    def __init__(self, k: int, ranges: list, live: dict):
+    def __init__(self, k: int, ranges: list, live: LiveBytes):
         self.k = k
         self.preds: list = []  # ActorStates
         self.succs: list = []

@@ -19,7 +19,8 @@ from .spec import NOTHING
 def topo_order(actors: list) -> list:
     """The actors in an order where producers come before consumers (insertion order
     otherwise); the collector last. Raises PlanError on a cycle."""
-    order, state = [], {}
+    order: list = []
+    state: dict = {}
 
     def visit(a, path):
         s = state.get(a)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from ...device import Device
 from ...device import device as as_device
 from ...dtype import DType, as_dtype, float32, from_numpy_dtype
 from ...errors import DeviceError, DTypeError, ShapeError, format_bytes
-from ...tensor.meta import as_shape
+from ...tensor.meta import TensorMeta, as_shape
 from ...tensor.tensor import Tensor
 
 
@@ -63,7 +63,7 @@ class Spec:
     ) -> Spec:
         """The Spec of an array, tensor or Python scalar."""
         if isinstance(value, Tensor):
-            m = value._impl.meta
+            m = cast(TensorMeta, value._impl.meta)  # (a tensor's impl has its meta)
             return Spec(m.shape, m.dtype, device or m.device)
         arr = np.asarray(value)
         return Spec(arr.shape, from_numpy_dtype(arr.dtype, "Spec.of"), device or "cpu")
@@ -238,7 +238,7 @@ class PieceSpec:
         specs = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor):  # from its metadata: nothing is read
-                m = leaf._impl.meta
+                m = cast(TensorMeta, leaf._impl.meta)  # (a tensor's impl has its meta)
                 if m.device.type == "null":  # a stand-in: on its device
                     specs.append(Spec(m.shape, m.dtype, device or m.device))
                     continue
@@ -336,7 +336,7 @@ def refuse_device_tensor(v, device, what: str) -> None:
     tensor in a device's own memory (cuda) is refused (DeviceError): the host reads it only
     by a copy, which the graph makes with a copy actor, not hidden in every act."""
     if isinstance(v, Tensor):
-        on = v._impl.meta.device
+        on = cast(TensorMeta, v._impl.meta).device  # (a tensor's impl has its meta)
         if on.type not in ("cpu", "null") and on is not device:
             raise DeviceError(
                 f"{what} returned a tensor on {on}, but its register is on {device}; return "

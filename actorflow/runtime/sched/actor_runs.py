@@ -61,12 +61,12 @@ class ActorRun:
         self.mode = mode  # "inline" | "thread" | "async" (tasks on the loop)
         self.ended = False  # end of stream passed on
         self.queued = False  # in the scheduler's ready list
-        self.thread = None
+        self.thread: ActorThread | None = None
         self.raw = isinstance(actor, OpActor) or getattr(actor, "raw", False)
         self.acts = 0
         self.compute_s = 0.0
         self.waits = {INPUT: 0.0, CREDIT: 0.0, RESOURCE: 0.0}
-        self.cause = None  # why it is idle now, and since when
+        self.cause: str | None = None  # why it is idle now, and since when
         self.since = 0.0
         self.tokens = tuple(actor.resources.items())
         self.jobs: dict = {}  # piece -> (regs, out_reg) of acts sent to its thread

@@ -32,6 +32,7 @@ import random
 import time
 import traceback
 from collections import deque
+from typing import cast
 
 from ...errors import ActorError
 from ..graph.actors import Collector, Sized, read_piece
@@ -74,10 +75,11 @@ class CreditScheduler:
         self.ready: deque = deque()
         self.draining = False
         self.stopping = False
-        self.error = None
-        self.loop = None
-        self.done = None
-        self.start_time = self.end_time = None
+        self.error: BaseException | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # run() or start_sources() sets it
+        self.done: asyncio.Future[None] | None = None  # set by run(): the run is over
+        self.start_time: float | None = None
+        self.end_time: float | None = None
         self.threads: list = []
         self.finished = False  # run() returned: messages are ignored from now on
         self.stragglers = Stragglers(plan)
@@ -107,12 +109,12 @@ class CreditScheduler:
         """Runs to the end; raises ActorError (or CancelledError). A stop does not wait for
         the acts running then: they are abandoned to ``self.stragglers`` (see
         ``stragglers.py``), which the caller settles to free the plan."""
-        self.loop = asyncio.get_running_loop()
-        self.done = self.loop.create_future()
+        loop = self.loop = asyncio.get_running_loop()
+        done = self.done = loop.create_future()
         self.start_time = time.perf_counter()
         try:
             if self.stopping:  # stopped before the loop took the run over
-                self.done.set_result(None)
+                done.set_result(None)
             for st in self.actor_runs:
                 self.wake(st)
             self.read_inbox()  # what the sources did already; the first acts start
@@ -121,7 +123,7 @@ class CreditScheduler:
             for st in self.actor_runs:  # the other threads start while those acts run
                 if st.mode == "thread" and st.thread is None and not st.ended:
                     self._start_thread(st)
-            await self.done
+            await done
         except BaseException as e:
             if not self.stopping:
                 self.stop(e if not isinstance(e, asyncio.CancelledError) else None)
@@ -132,20 +134,22 @@ class CreditScheduler:
         if self.error is not None:
             raise self.error
 
-    def _start_thread(self, st: ActorRun) -> None:
-        """The actor's thread, or its ``replicas`` threads sharing one queue of acts."""
+    def _start_thread(self, st: ActorRun) -> ActorThread:
+        """The actor's thread, or its ``replicas`` threads sharing one queue of acts (the
+        first of them, which is ``st.thread`` now)."""
         if st.piped:
-            t = PipedThread(self, st)
-            st.thread = t
-            t.thread.start()
-            self.threads.append(t)
-            return
+            pt = PipedThread(self, st)
+            st.thread = pt
+            pt.thread.start()
+            self.threads.append(pt)
+            return pt
         t = ActorThread(self, st)
         st.thread = t
         group = [t] + [ActorThread(self, st, t.queue) for _ in range(st.actor.replicas - 1)]
         for r in group:
             r.thread.start()
             self.threads.append(r)
+        return t
 
     def pipe_late(self) -> None:
         """A plan made whole has its registers now: the chains that may be piped
@@ -195,10 +199,11 @@ class CreditScheduler:
             self.done.set_result(None)
 
     def _check_quiet(self) -> None:
-        if self.done.done() or self.stopping:
+        done = cast("asyncio.Future[None]", self.done)  # drain() runs after run() set it
+        if done.done() or self.stopping:
             return
         if all(st.ended and (st.out is None or st.out.home()) for st in self.actor_runs):
-            self.done.set_result(None)
+            done.set_result(None)
         elif not any(st.in_flight for st in self.actor_runs) and not self.timed.tasks:
             if self.collector is None or self.output.caller_waits():  # (else it is behind)
                 # nothing runs, nothing can start, and the caller is not what it waits for:
@@ -241,7 +246,7 @@ class CreditScheduler:
             while ready and not self.stopping:
                 turn -= 1
                 if turn < 0:
-                    self.loop.call_soon(self.drain)
+                    cast(asyncio.AbstractEventLoop, self.loop).call_soon(self.drain)
                     return
                 if rng is not None and len(ready) > 1:
                     ready.rotate(-rng.randrange(len(ready)))
@@ -329,10 +334,11 @@ class CreditScheduler:
 
     def _dispatch(self, st: ActorRun, piece: int, regs: list, out_reg) -> None:
         if st.mode == "thread":
-            if st.thread is None:
-                self._start_thread(st)
+            thread = st.thread
+            if thread is None:
+                thread = self._start_thread(st)
             st.jobs[piece] = (regs, out_reg)
-            st.thread.queue.put((piece, regs, out_reg))
+            thread.queue.put((piece, regs, out_reg))
             if self.serial:
                 self.timed.wait_act(st, piece)
             elif st.actor.timeout is not None:
@@ -355,7 +361,7 @@ class CreditScheduler:
         if self.timeline is not None and result is not EOS:
             record_act(self.timeline, st, piece, t0, t0 + dt, delay, err)
         if delay > 0:
-            (self.clock or self.loop).call_later(
+            (self.clock or cast(asyncio.AbstractEventLoop, self.loop)).call_later(
                 delay, self.completed, st, piece, regs, out_reg, result, err, dt + delay
             )
         elif st.ordered:  # (replicas acting serially: earlier pieces may
@@ -377,7 +383,7 @@ class CreditScheduler:
                 if delay is None:
                     self._piped(st, piece, regs, out_reg, result, err)
                 elif delay > 0:
-                    (self.clock or self.loop).call_later(
+                    (self.clock or cast(asyncio.AbstractEventLoop, self.loop)).call_later(
                         delay, self.completed, st, piece, regs, out_reg, result, err, dt + delay
                     )
                 elif st.ordered:

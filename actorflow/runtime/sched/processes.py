@@ -420,7 +420,9 @@ def worker_main(conn) -> None:
     from ..plan.spec import PieceSpec, check_piece, flatten, unflatten
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the parent's to handle)
-    fn, blocks, stages = None, {}, {}
+    fn = None
+    blocks: dict = {}  # block id -> its registers, mapped
+    stages: dict = {}  # block id -> (name, spec, declared) of the stage writing it
 
     def call(ins):
         leaves, structure = flatten(ins)
@@ -488,6 +490,7 @@ def worker_main(conn) -> None:
                     block = None
             conn.send_bytes(reply)
             if block is not None:
+                assert block.fd is not None  # (released only after this send)
                 send_handle(conn, block.fd, os.getppid())
                 block.release()  # (this side's arrays go with block)
 

@@ -33,7 +33,7 @@ class StateGate:
 
 def make_gates(actors: list) -> dict:
     """``{actor: (gates it reads, gates it writes)}`` for one run (fresh versions)."""
-    writers = {}
+    writers: dict = {}
     for a in actors:
         for s in getattr(a, "state_writes", ()):
             if s in writers:

@@ -7,13 +7,15 @@ scheduler; it owns the run's async tasks and what each holds."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import traceback
+from typing import cast
 
 from ...errors import ActorError
 from ..observe.timeline import record, record_failed
 from ..plan.registers import EOS
-from .actor_runs import ActorRun
+from .actor_runs import ActorRun, ActorThread
 
 
 class TimedActs:
@@ -37,7 +39,8 @@ class TimedActs:
         """(A serial run) a stage with ``timeout=`` acts on its thread, so that an act past
         its timeout can be abandoned, but the loop waits for it as for an inline act: the
         order of acts stays the seed's."""
-        posted = st.thread.posted
+        thread = cast(ActorThread, st.thread)  # (_dispatch started it)
+        posted = cast(threading.Event, thread.posted)  # (a serial run's threads have one)
         if not posted.wait(st.actor.timeout):
             self.timed_out(st, piece)
             return
