@@ -302,6 +302,7 @@ class ActorError(ActorflowError, RuntimeError):
     ``actor_traceback`` (the original traceback as text, included in the message).
     """
 
+    node: str  # set when it ran on a Ray node (distributed/rayplan.py): the node
     _kinds: tuple = ()  # (kind, subclass) pairs: see of_kind
 
     def __new__(

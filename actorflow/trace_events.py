@@ -77,7 +77,7 @@ class TraceEvents:
             )
 
     def complete(
-        self, pid: int, tid: int, cat: str, name: str, ts: float, dur: float, args
+        self, pid: int, tid: int, cat: str, name: str, ts: float | str, dur: float | str, args
     ) -> None:
         """A complete event (``ph: "X"``): from ``ts`` for ``dur``."""
         if args.__class__ is not str:
@@ -88,7 +88,9 @@ class TraceEvents:
             f'"dur":{dur},"pid":{pid},"tid":{tid},"args":{args}}}'
         )
 
-    def flow(self, pid: int, tid: int, cat: str, name: str, id, ts: float, start: bool) -> None:
+    def flow(
+        self, pid: int, tid: int, cat: str, name: str, id, ts: float | str, start: bool
+    ) -> None:
         """One end of a flow arrow ``id`` (an int or a str): its start (``ph: "s"``, on the
         event that ends there) or an end (``ph: "f"``, bound to the event that starts
         there)."""
@@ -100,7 +102,7 @@ class TraceEvents:
             f'"pid":{pid},"tid":{tid}}}'
         )
 
-    def counter(self, pid: int, tid: int, name: str, ts: float, args) -> None:
+    def counter(self, pid: int, tid: int, name: str, ts: float | str, args) -> None:
         """A counter (``ph: "C"``): its values at ``ts`` (``args``, ``{series: number}``)."""
         if args.__class__ is not str:
             args = _dumps(args)

@@ -160,8 +160,9 @@ class ActorGraph(OwnsProcesses):
         self._picks: tuple | None = None
         self.yields_nothing = False  # a traced function that returns nothing: a run
         #                              yields None per piece (nn.Graph's step)
-        self.replay = None  # set by the builder of a traced step: runs one
-        #                     piece through the op actors in recorded order
+        # set by the builder of a traced step: runs one piece through the op actors in
+        # recorded order
+        self.replay: Callable[[list], None] | None = None
         self._current: tuple | None = None  # (scheduler, plan) of the run going on
         self._stragglers: Stragglers | None = None  # the last run's ledger (see join())
         self._measured: dict = {}  # actor name -> seconds per act, last run
