@@ -51,12 +51,10 @@ def put(dst, h) -> None:
 def add_at(o, key, value) -> None:
     """``np.add.at(o, key, value)``: ``o[key] += value`` with repeated indices summed. A
     device array goes through a host copy (CuPy's ufuncs take no ``at`` from numpy)."""
-    if isinstance(o, np.ndarray) and not any(
-        is_array(k) and not isinstance(k, np.ndarray) for k in (*key, value)
-    ):
+    if isinstance(o, np.ndarray):  # (then its key and value are numpy's too)
         np.add.at(o, key, value)
         return
-    h = host(o).copy() if isinstance(o, np.ndarray) else host(o)
+    h = host(o)
     np.add.at(
         h,
         tuple(host(k) if is_array(k) else k for k in key),

@@ -18,7 +18,7 @@ from ..dtype import (
     result_type,
 )
 from ..errors import DTypeError
-from .common import broadcast_shapes, host, is_array, quietly
+from .common import broadcast_shapes, host, is_array, put, quietly
 from .division import (
     INT_DIVISION,
     division_kernel,
@@ -89,7 +89,7 @@ def _erf(x):
         if not is_array(x) or isinstance(x, np.ndarray):
             return r
         d = x.copy()  # a device array: the result goes back to the device
-        d.set(r)
+        put(d, r)
         return d
     x = x.astype(np.float32, copy=False)
     s = np.sign(x)

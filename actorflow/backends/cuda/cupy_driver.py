@@ -184,6 +184,12 @@ class CupyStream(Stream):
         return f"CupyStream({self._driver.device}:{self.name})"
 
     # -- sticky errors ---------------------------------------------------------------------
+    def _own_error(self, seq: int):
+        """``(seq, error)`` of this stream's own first sticky error up to ``seq``, or None
+        (not the errors its waits pass on: ``_error_before``)."""
+        with self._lock:
+            return next(((at, err) for at, err in self._errors if at <= seq), None)
+
     def _error_before(self, seq: int, settled: bool = False, seen: dict | None = None):
         """The sticky error of the commands up to ``seq``: this stream's own, else one
         passed on by a wait (``_links``, looked up now: a source stream's host function
@@ -198,8 +204,8 @@ class CupyStream(Stream):
         clean = seen.get(id(self), -1)
         if seq <= clean:
             return None
+        own = self._own_error(seq)
         with self._lock:
-            own = next(((at, err) for at, err in self._errors if at <= seq), None)
             links = [link for link in self._links if clean < link[0] <= seq]
         found = own
         for at, src, src_seq in links:  # in issue order; each names an earlier time
@@ -328,12 +334,11 @@ class CupyStream(Stream):
         self._next()  # the wait is a command: an event recorded
         #               before it does not see what it passes on
         if errors and src is not self:
-            with src._lock:  # a fault the source has already: this
-                known = next((e for at, e in src._errors if at <= event._seq), None)
+            known = src._own_error(event._seq)  # a fault the source has already: this
             with self._lock:  # stream's now, so its later work is skipped;
                 if known is not None:  # one set later (a host function) is looked
                     if not self._errors:  # up when asked (_links, _error_before)
-                        self._errors.append((self._seq, known))
+                        self._errors.append((self._seq, known[1]))
                 else:
                     self._links.append((self._seq, src, event._seq))
         with self._driver._dev:
