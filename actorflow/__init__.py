@@ -1,7 +1,7 @@
 """actorflow: a deep-learning runtime where every op is an actor and memory is an explicit
 dependency. This module re-exports the public names only."""
 
-from . import data, distributed, lowlevel, nn, optim, testing
+from . import data, distributed, lowlevel, nn, optim, parallel, sbp, testing
 from .autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from .creation import (
     arange,
@@ -135,6 +135,7 @@ from .pipeline import Pipeline
 from .plots import plot_timeline
 from .runtime import ActorGraph, Copy, RunStats, Spec
 from .runtime_api import synchronize, synchronize_async
+from .sbp import Placement as placement
 from .serialization import load, save
 from .tensor.tensor import Tensor
 from .tracing import trace
@@ -284,6 +285,10 @@ __all__ = [
     "data",
     "save",
     "load",
+    # global tensors
+    "placement",
+    "sbp",
+    "parallel",
     # actor graphs
     "ActorGraph",
     "Pipeline",

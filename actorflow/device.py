@@ -18,6 +18,9 @@ class Device:
     """
 
     __slots__ = ("type", "index", "_str", "_hash", "backend", "metas")
+    # a global tensor's layout (``sbp.Layout``) is a Device too, with ``placed`` True: the
+    # one test the eager interpreter makes to send a call to the global interpreter
+    placed = False
 
     def __init__(self, type: str, index: int) -> None:
         self.type, self.index = type, index

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import autograd, indexing
+from . import autograd, indexing, parallel
 from . import functional as F
 from .dtype import DType, as_dtype, bfloat16, bfloat16_values
 from .eager.interpreter import read, read_async, resolve
@@ -373,6 +373,8 @@ METHODS = {
     "__setitem__": _setitem,
     "__iter__": _iter,
     "to": to,
+    "to_global": parallel.to_global,
+    "to_local": parallel.to_local,
     "cpu": cpu,
     "type": _type,
     **{

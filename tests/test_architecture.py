@@ -14,6 +14,7 @@ RANKS = {
     "errors": 0,
     "dtype": 1,
     "device": 1,
+    "sbp": 2,
     "eventloop": 1,
     "trace_events": 1,
     "backends": 2,
@@ -23,6 +24,7 @@ RANKS = {
     "runtime": 5,  # side by side: neither imports the other
     "eager": 6,
     "creation": 7,
+    "parallel": 7,
     "runtime_api": 7,
     "functional": 8,
     "autograd": 9,

@@ -39,6 +39,8 @@ _meta = tuple.__new__  # builds a TensorMeta without its Python-level __new__
 _new_impl = TensorImpl.__new__
 _VM = get_vm()
 _GRAD: list = [None]  # autograd's recorder, once armed (use_autograd)
+_GLOBAL: list = [None]  # the global interpreter (use_global)
+_GLOBAL_READ: list = [None]  # a global tensor's whole value as a local one (use_global)
 _COPY = _op("copy")
 
 
@@ -51,12 +53,17 @@ class Interpreter:
 
 
 def check_same_device(inputs, op_name: str = ""):
-    """The inputs' common device; DeviceError names the first two that differ."""
+    """The inputs' common device; DeviceError names the first two that differ. Global
+    tensors of one placement pass whatever their sbp (the global interpreter boxes them);
+    a global tensor beside a local one, or beside one of another placement, does not."""
     dev = inputs[0].meta.device
     for i, t in enumerate(inputs):
         d = t.meta.device
         if d is not dev:
             first = dev
+            if d.placed or first.placed:
+                _check_placed(first, d, i, op_name)
+                continue
             raise DeviceError(
                 f"Expected all tensors to be on the same device, but found at least two "
                 f"devices, {first} (positional 0) and {d} (positional {i})! "
@@ -64,6 +71,24 @@ def check_same_device(inputs, op_name: str = ""):
                 f"Move one with .to({str(first)!r}) or .to({str(d)!r})."
             )
     return dev
+
+
+def _check_placed(first, d, i: int, op_name: str) -> None:
+    where = f"op {op_name!r}: " if op_name else ""
+    if not (d.placed and first.placed):
+        glob, local = (first, d) if first.placed else (d, first)
+        raise DeviceError(
+            f"{where}expected all tensors to be global or all local, but found a global "
+            f"tensor ({glob}) and a local one on {local}; make the local one global with "
+            f".to_global(placement, sbp) (the global one's placement is "
+            f"{glob.placement!r}), or the global one local with .to_local()"
+        )
+    if d.placement is not first.placement:
+        raise DeviceError(
+            f"{where}expected all global tensors on one placement, but found "
+            f"{first.placement!r} and {d.placement!r} (positional {i}); move one with "
+            f".to_global(placement={first.placement!r})"
+        )
 
 
 def resolve(impl) -> None:
@@ -351,6 +376,8 @@ def _decide(op, inputs, attrs, device=None):
     say, such as factories; else the inputs'), or None for outputs whose shapes depend on
     values."""
     metas, dev, wide, cost = _operands(op, inputs)
+    if (dev is not None and dev.placed) or (device is not None and device.placed):
+        return None  # a global call: the global interpreter's (see _apply)
     if device is not None:
         dev = device
     backend = dev.backend or get_backend(dev)
@@ -462,6 +489,12 @@ def _apply(op, inputs, attrs, device, outs, overridden):
     an op whose output shapes depend on values (``op.dynamic``: outputs without a shape
     until it ran). Returns the outputs."""
     metas, dev, wide, cost = _operands(op, inputs)
+    if (
+        (dev is not None and dev.placed)
+        or (device is not None and device.placed)
+        or (outs and outs[0].meta.device.placed)
+    ):
+        return _GLOBAL[0](op, inputs, attrs, device, outs)
     consts = tuple([i.blob for i in inputs])
     if device is not None:
         dev = device
@@ -534,6 +567,15 @@ def _override(name: str, value):
         with _OVERRIDES_LOCK:
             _OVERRIDES[0] -= 1
         setattr(STATE, name, prev)
+
+
+def use_global(interpreter, reader) -> None:
+    """Hands in the global interpreter (``actorflow.parallel``): a call on global tensors
+    (whose device is a placed ``sbp.Layout``), or one that makes some (``device=`` a
+    layout), goes to ``interpreter(op, inputs, attrs, device, outs)``, and reading a global
+    tensor reads ``reader(impl)``, a local tensor of its whole value. Found on the
+    uncached path only: a cached signature is a local one."""
+    _GLOBAL[0], _GLOBAL_READ[0] = interpreter, reader
 
 
 def use_autograd(recorder) -> None:
@@ -644,6 +686,8 @@ def read(impl, fn, name: str):
     """``fn(array)`` on ``impl``'s values once every write issued before is done, from plain
     code (blocks the caller); returns what ``fn`` returned or raises the error that poisoned
     the values. What ``Tensor.numpy`` and friends call."""
+    if impl.meta.device.placed:
+        impl = _GLOBAL_READ[0](impl)
     impl = _on_host_or_whole(impl)
     instr = access(impl, fn, write=False, name=name)
     if not instr.done:
@@ -653,6 +697,8 @@ def read(impl, fn, name: str):
 
 async def read_async(impl, fn, name: str):
     """``read`` that awaits without blocking the running event loop."""
+    if impl.meta.device.placed:
+        impl = _GLOBAL_READ[0](impl)
     if impl.meta.shape is None:
         w = impl.blob.last_write
         if w is not None:

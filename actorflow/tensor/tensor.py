@@ -9,11 +9,16 @@ return at once: the work is queued on the VM; reading values waits for the write
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DeviceError, ShapeError
 from .impl import detached
 from .meta import is_contiguous, numel
+
+if TYPE_CHECKING:
+    from ..sbp import SBP, Placement
 
 
 def wrap(impl) -> Tensor:
@@ -80,6 +85,37 @@ class Tensor:
     @property
     def device(self):
         return self._impl.meta.device
+
+    @property
+    def is_global(self) -> bool:
+        """Whether this is a global tensor (laid out over a placement's ranks)."""
+        return self._impl.meta.device.placed
+
+    @property
+    def is_local(self) -> bool:
+        return not self._impl.meta.device.placed
+
+    @property
+    def placement(self) -> Placement:
+        """A global tensor's placement (``af.placement``)."""
+        d = self._impl.meta.device
+        if not d.placed:
+            raise DeviceError(
+                f"a local tensor (on {d}) has no placement; make it global with "
+                f".to_global(placement, sbp)"
+            )
+        return d.placement
+
+    @property
+    def sbp(self) -> tuple[SBP, ...]:
+        """A global tensor's layout over its placement: one ``af.sbp`` per placement axis."""
+        d = self._impl.meta.device
+        if not d.placed:
+            raise DeviceError(
+                f"a local tensor (on {d}) has no sbp; make it global with "
+                f".to_global(placement, sbp)"
+            )
+        return d.sbp
 
     @property
     def ndim(self) -> int:

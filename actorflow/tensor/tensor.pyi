@@ -60,6 +60,17 @@ class Tensor:
     @property
     def device(self) -> Device: ...
     @property
+    def is_global(self) -> builtins.bool:
+        """Whether this is a global tensor (laid out over a placement's ranks)."""
+    @property
+    def is_local(self) -> builtins.bool: ...
+    @property
+    def placement(self) -> Placement:
+        """A global tensor's placement (``af.placement``)."""
+    @property
+    def sbp(self) -> tuple[SBP, ...]:
+        """A global tensor's layout over its placement: one ``af.sbp`` per placement axis."""
+    @property
     def ndim(self) -> builtins.int: ...
     def dim(self) -> builtins.int: ...
     def numel(self) -> builtins.int: ...
@@ -130,6 +141,18 @@ class Tensor:
         (its dtype and device): PyTorch's forms. Positional booleans after these are
         ``non_blocking`` then ``copy``. ``copy=True`` returns a new tensor even when nothing
         changes; ``non_blocking`` changes nothing (every copy is queued in order).
+        """
+    def to_global(self, placement: Placement | None = None, sbp: Any = None) -> Tensor:
+        """``x`` as a global tensor on ``placement`` laid out by ``sbp`` (each left out: x's
+        own, for a global ``x``). A local ``x`` is the whole value: each rank gets its part of
+        it; a global one is converted (boxed). Differentiable. Always a new tensor.
+
+        Example: ``w.to_global(af.placement("cpu", ranks=2), af.sbp.broadcast)``
+        """
+    def to_local(self, rank: builtins.int | None = None) -> Tensor:
+        """A global tensor's whole value as a local tensor (partial sums added, splits joined);
+        with ``rank``, a copy of that rank's part alone (an index into the placement's ranks),
+        which autograd does not follow. A local ``x`` is returned as it is.
         """
     def cpu(self) -> Tensor: ...
     def type(self, dtype: _DTypeLike) -> Tensor: ...

@@ -6,6 +6,11 @@ from ..errors import ShapeError
 from ..ops.common import normalize_dim
 from .meta import contiguous_strides, is_contiguous, numel
 
+# views of global tensors (whose device is a placed layout) are taken part by part by the
+# global interpreter (actorflow.parallel), which hands its function in here:
+# fn(name, impl, *args) -> the view's TensorImpl
+GLOBAL_VIEW: list = [None]
+
 
 def infer_shape(op: str, shape, total: int) -> tuple:
     """Resolves one -1 in ``shape`` so that it holds ``total`` elements."""
@@ -28,6 +33,8 @@ def infer_shape(op: str, shape, total: int) -> tuple:
 def view(impl, shape, op: str = "view"):
     """A view with a new shape; the tensor must be contiguous (else use reshape)."""
     m = impl.meta
+    if m.device.placed:
+        return GLOBAL_VIEW[0]("view", impl, shape, op)
     shape = infer_shape(op, shape, numel(m.shape))
     if not is_contiguous(m.shape, m.strides):
         raise ShapeError(
@@ -40,6 +47,8 @@ def view(impl, shape, op: str = "view"):
 
 def permute(impl, dims):
     m = impl.meta
+    if m.device.placed:
+        return GLOBAL_VIEW[0]("permute", impl, dims)
     nd = len(m.shape)
     dims = tuple(normalize_dim("permute", d, nd) for d in dims)
     if len(dims) != nd or sorted(dims) != list(range(nd)):
@@ -63,6 +72,8 @@ def transpose(impl, d0: int, d1: int):
 
 def unsqueeze(impl, dim: int):
     m = impl.meta
+    if m.device.placed:
+        return GLOBAL_VIEW[0]("unsqueeze", impl, dim)
     dim = normalize_dim("unsqueeze", dim, len(m.shape) + 1)
     stride = m.strides[dim] * m.shape[dim] if dim < len(m.shape) else 1
     return impl.view(
@@ -74,6 +85,8 @@ def unsqueeze(impl, dim: int):
 
 def squeeze(impl, dim=None):
     m = impl.meta
+    if m.device.placed:
+        return GLOBAL_VIEW[0]("squeeze", impl, dim)
     if dim is None:
         keep = [i for i, s in enumerate(m.shape) if s != 1]
     else:
@@ -85,6 +98,8 @@ def squeeze(impl, dim=None):
 
 def expand(impl, sizes):
     m = impl.meta
+    if m.device.placed:
+        return GLOBAL_VIEW[0]("expand", impl, sizes)
     sizes = tuple(int(s) for s in sizes)
     if len(sizes) < len(m.shape):
         raise ShapeError(
@@ -121,6 +136,8 @@ def expand(impl, sizes):
 def basic_index(impl, key: tuple):
     """x[key] for a key of ints, slices, None and Ellipsis (a view)."""
     m = impl.meta
+    if m.device.placed:
+        return GLOBAL_VIEW[0]("basic_index", impl, key)
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if n_real > len(m.shape):
         raise IndexError(

@@ -1,0 +1,143 @@
+"""Boxing: a global tensor's parts under one SBP made into its parts under another, as
+OneFlow names it. Each conversion is written once, over ``Ranks``' primitives (an op on a
+rank, a view, a move of a part from one rank to another), so every kind of ranks gets all
+of them (what rank r does, of k):
+
+- S(i) -> B, all-gather: every part moved to r, joined along i (k(k-1) moves);
+- S(i) -> S(j), all-to-all: from each rank s the piece of its part in r's slice along j,
+  joined along i (k(k-1) pieces);
+- S(i) -> P: r's part padded with zeros to the whole shape (no move);
+- B -> S(j): r's slice along j (no move); B -> P: rank 0 keeps its copy, the others zeros;
+- P -> B, all-reduce: every part moved to r and summed in rank order, so every rank holds
+  the same bits (k(k-1) moves);
+- P -> S(j), reduce-scatter: r's slice of every part moved to r, summed in rank order.
+
+``cost`` is the bytes a conversion moves between ranks, which the interpreter minimises
+when it picks an op's signature.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ops import get as op_def
+from ..sbp import SBP, split_sizes, split_starts
+from .ranks import Ranks
+
+_CAT = op_def("cat")
+_ADD = op_def("add")
+_FULL = op_def("full")
+_COPY = op_def("copy")
+
+
+def cost(src: SBP, dst: SBP, nbytes: int, k: int) -> float:
+    """Bytes moved between ranks to turn a tensor of ``nbytes`` from ``src`` into ``dst``."""
+    if src is dst or k == 1:
+        return 0.0
+    if src.kind == "B" or dst.kind == "P" and src.kind == "S":
+        return 0.0  # local slicing / zeros (cheap, but not free: a tie-breaker below)
+    if dst.kind == "B":
+        return nbytes * (k - 1) if src.kind == "S" else 2.0 * nbytes * (k - 1)
+    return nbytes * (k - 1) / k  # S -> S, P -> S
+
+
+def local_cost(src: SBP, dst: SBP) -> float:
+    """A tie-breaker among signatures that move nothing: conversions done on each rank
+    without moving data still copy."""
+    return 0.0 if src is dst else 1.0
+
+
+def local_shape(shape: tuple, sbp: SBP, rank: int, k: int) -> tuple:
+    """Rank ``rank``'s part's shape of a tensor of ``shape`` laid out as ``sbp``."""
+    if sbp.kind != "S":
+        return shape
+    d = sbp.dim
+    return shape[:d] + (split_sizes(shape[d], k)[rank],) + shape[d + 1 :]
+
+
+def _narrow(ranks: Ranks, rank: int, part: Any, dim: int, start: int, size: int) -> Any:
+    """A copy of ``part``'s elements [start, start + size) along ``dim``."""
+    key = (slice(None),) * dim + (slice(start, start + size),)
+    return ranks.call(rank, _COPY, [ranks.view(rank, "basic_index", part, key)], {})[0]
+
+
+def _zeros(ranks: Ranks, rank: int, shape: tuple, dtype: Any) -> Any:
+    attrs = {"shape": shape, "dtype": dtype, "device": ranks.device(rank), "value": 0}
+    return ranks.call(rank, _FULL, [], attrs)[0]
+
+
+def _cat(ranks: Ranks, rank: int, pieces: list, dim: int, dtype: Any) -> Any:
+    if len(pieces) == 1:
+        return pieces[0]
+    return ranks.call(rank, _CAT, pieces, {"dim": dim, "dtype": dtype})[0]
+
+
+def _sum(ranks: Ranks, rank: int, pieces: list) -> Any:
+    acc = pieces[0]
+    for p in pieces[1:]:
+        acc = ranks.call(rank, _ADD, [acc, p], {})[0]
+    return acc
+
+
+def _gathered(ranks: Ranks, parts: list, rank: int, piece) -> list:
+    """For rank ``rank``: ``piece(s, part)`` of every rank s's part, moved to ``rank``."""
+    out = []
+    for s, p in enumerate(parts):
+        x = piece(s, p)
+        out.append(x if s == rank else ranks.move(x, s, rank))
+    return out
+
+
+def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any) -> list:
+    """The parts of a tensor of logical ``shape`` laid out as ``src``, laid out as ``dst``.
+    A part that needs no change is returned as it is (the caller copies where it must
+    not alias)."""
+    if src is dst:
+        return parts
+    k = ranks.size
+    out = []
+    for r in range(k):
+        out.append(_box_one(ranks, parts, src, dst, shape, dtype, r, k))
+    return out
+
+
+def _box_one(ranks, parts, src, dst, shape, dtype, r, k):
+    if src.kind == "B":
+        if dst.kind == "S":
+            d = dst.dim
+            return _narrow(
+                ranks, r, parts[r], d, split_starts(shape[d], k)[r], split_sizes(shape[d], k)[r]
+            )
+        return parts[r] if r == 0 else _zeros(ranks, r, shape, dtype)  # -> P
+    if src.kind == "S":
+        i = src.dim
+        if dst.kind == "B":
+            return _cat(ranks, r, _gathered(ranks, parts, r, lambda s, p: p), i, dtype)
+        if dst.kind == "P":
+            starts, sizes = split_starts(shape[i], k), split_sizes(shape[i], k)
+            pieces = []
+            before = shape[:i] + (starts[r],) + shape[i + 1 :]
+            after = shape[:i] + (shape[i] - starts[r] - sizes[r],) + shape[i + 1 :]
+            if starts[r]:
+                pieces.append(_zeros(ranks, r, before, dtype))
+            pieces.append(parts[r])
+            if after[i]:
+                pieces.append(_zeros(ranks, r, after, dtype))
+            return _cat(ranks, r, pieces, i, dtype)
+        j = dst.dim  # S(i) -> S(j): r's slice along j of every part, joined along i
+        start, size = split_starts(shape[j], k)[r], split_sizes(shape[j], k)[r]
+        return _cat(
+            ranks,
+            r,
+            _gathered(ranks, parts, r, lambda s, p: _narrow(ranks, s, p, j, start, size)),
+            i,
+            dtype,
+        )
+    # P
+    if dst.kind == "B":
+        return _sum(ranks, r, _gathered(ranks, parts, r, lambda s, p: p))
+    j = dst.dim  # P -> S(j)
+    start, size = split_starts(shape[j], k)[r], split_sizes(shape[j], k)[r]
+    return _sum(
+        ranks, r, _gathered(ranks, parts, r, lambda s, p: _narrow(ranks, s, p, j, start, size))
+    )

@@ -1,0 +1,456 @@
+"""The global interpreter: an op call on global tensors run as the same op on every rank's
+parts, as OneFlow's eager global mode does.
+
+A global tensor is a ``TensorImpl`` whose meta is the logical one (its whole shape, its
+dtype, its ``sbp.Layout`` as the device) over a ``GlobalBlob`` holding one part per rank.
+A call: the op's ``infer`` on the logical metas (so errors name the logical shapes), its
+signatures (``rules.signatures``), the one whose boxing moves the fewest bytes picked,
+the inputs boxed (``boxing.box``), the op run on each rank (``Ranks.call``), and each
+output's parts checked against the shapes its layout promises (a wrong rule is an internal
+error, never a wrong answer). The eager interpreter sends a call here when an operand's
+device is placed (``eager.interpreter.use_global``); views of global tensors come here
+from ``tensor/views`` (``GLOBAL_VIEW``). Autograd records the global call like any other,
+and its rules' ops are global calls too: so a broadcast parameter's gradient comes back as
+a partial sum, and the engine's conversion of a gradient to its input's device boxes it
+(``P -> B``, the all-reduce of data parallelism).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..device import Device, device
+from ..dtype import DType
+from ..eager.interpreter import apply, use_global
+from ..errors import DeviceError, ShapeError, VMError
+from ..ops import get as op_def
+from ..sbp import SBP, Layout, Placement, as_sbp, broadcast, layout, split, split_sizes
+from ..tensor import views
+from ..tensor.blob import Blob
+from ..tensor.impl import TensorImpl
+from ..tensor.meta import TensorMeta, contiguous_meta
+from .boxing import box, cost, local_cost, local_shape
+from .ranks import Ranks, ranks_of
+from .rules import LOCALIZE, signatures
+
+_COPY = op_def("copy")
+
+
+class GlobalBlob(Blob):
+    """A global tensor's storage: its parts, one per rank of ``ranks`` (kept by the ranks'
+    kind: tensors of this process, or handles of a worker's)."""
+
+    __slots__ = ("parts", "ranks")
+
+    def __init__(self, lay: Layout, ranks: Ranks, parts: list) -> None:
+        # the backend reading it uses: the whole value is read on the host (a placement
+        # of a device type without data has none)
+        super().__init__(lay, _reader_backend(lay.placement.type), 0)
+        self.ranks = ranks
+        self.parts = parts
+
+
+def _reader_backend(device_type: str):
+    from ..backends import get_backend
+
+    return get_backend(device("null" if device_type == "null" else "cpu"))
+
+
+def make(ranks: Ranks, parts: list, shape: tuple, dtype: DType, sbp: SBP) -> TensorImpl:
+    """A global tensor over ``parts`` (one per rank) of logical ``shape`` laid out ``sbp``."""
+    lay = layout(ranks.placement, (sbp,))
+    return TensorImpl(contiguous_meta(shape, dtype, lay), GlobalBlob(lay, ranks, parts))
+
+
+def parts_of(impl: TensorImpl) -> list:
+    return impl.blob.parts  # type: ignore[attr-defined]
+
+
+def sbp_of(impl: TensorImpl) -> SBP:
+    return impl.meta.device.sbp[0]  # type: ignore[union-attr]
+
+
+def _ranks(impl: TensorImpl) -> Ranks:
+    return impl.blob.ranks  # type: ignore[attr-defined]
+
+
+def _check_parts(what: str, ranks: Ranks, parts: list, shape: tuple, sbp: SBP) -> None:
+    k = ranks.size
+    for r, p in enumerate(parts):
+        got = ranks.meta(p).shape
+        want = local_shape(shape, sbp, r, k)
+        if got != want:
+            raise VMError(
+                f"internal error: {what} gave rank {r} a part of shape {got}, but a global "
+                f"tensor of shape {shape} laid out {sbp} has {want} there (an sbp rule is "
+                f"wrong)"
+            )
+
+
+# -- op calls ------------------------------------------------------------------------------
+
+
+def global_apply(op, inputs, attrs, device, outs):
+    """An op call the eager interpreter found global (see the module doc)."""
+    if op is _COPY and device is not None:
+        if len(inputs) != 1 or outs:
+            raise DeviceError("copy to a placement takes one tensor")
+        return [convert(inputs[0], device, copy=True)]
+    if not inputs:
+        return [_factory(op, attrs, device)]
+    first = inputs[0].meta.device
+    for i in inputs:
+        if not i.meta.device.placed:  # (the eager interpreter let one through: device=)
+            raise DeviceError(
+                f"op {op.name!r}: a local tensor on {i.meta.device} given with global "
+                f"ones; make it global with .to_global(placement, sbp)"
+            )
+    if (
+        device is not None
+        and device is not first
+        and not (device.placed and device.placement is first.placement)
+    ):
+        raise DeviceError(
+            f"op {op.name!r} on global tensors cannot also move them to {device}; "
+            f"use .to_global(...) or .to_local() before or after"
+        )
+    ranks = _ranks(inputs[0])
+    k = ranks.size
+    metas = [i.meta for i in inputs]
+    specs = op.infer(metas, attrs)
+    n_out = len(specs)
+    dynamic = any(shape is None for shape, _ in specs)
+    if dynamic:
+        sigs = [((broadcast,) * len(inputs), (broadcast,) * n_out)]
+    else:
+        sigs = signatures(op, metas, attrs, n_out)
+    if outs:
+        want = tuple(sbp_of(o) for o in outs)
+        sigs = [s for s in sigs if s[1] == want]
+        if not sigs:
+            raise DeviceError(
+                f"op {op.name!r} cannot write in place into a global tensor laid out "
+                f"{', '.join(map(str, want))} from inputs of shapes "
+                f"{[tuple(m.shape) for m in metas]}: no signature of the op gives that "
+                f"layout; compute out of place (y = op(x)) and convert with "
+                f".to_global(sbp=...)"
+            )
+    current = [sbp_of(i) for i in inputs]
+    sizes = [_nbytes(m) for m in metas]
+    best = min(
+        range(len(sigs)),
+        key=lambda n: (
+            sum(cost(c, w, b, k) for c, w, b in zip(current, sigs[n][0], sizes, strict=True)),
+            sum(local_cost(c, w) for c, w in zip(current, sigs[n][0], strict=True)),
+            n,
+        ),
+    )
+    in_sbps, out_sbps = sigs[best]
+    boxed = [
+        box(ranks, parts_of(i), c, w, m.shape, m.dtype)
+        for i, c, w, m in zip(inputs, current, in_sbps, metas, strict=True)
+    ]
+    localize = LOCALIZE.get(op.name)
+    results = []
+    for r in range(k):
+        ins = [b[r] for b in boxed]
+        a = attrs
+        if localize is not None:
+            a = localize(
+                attrs,
+                [
+                    local_shape(shape, s, r, k)
+                    for (shape, _), s in zip(specs, out_sbps, strict=True)
+                ],
+            )
+        o = None if not outs else [parts_of(x)[r] for x in outs]
+        results.append(ranks.call(r, op, ins, a, o))
+    if outs:
+        return outs
+    made = []
+    for n, ((shape, dtype), s) in enumerate(zip(specs, out_sbps, strict=True)):
+        parts = [res[n] for res in results]
+        if shape is None:  # a value-dependent shape, computed the same on every rank (B)
+            shape = ranks.meta(parts[0]).shape
+            for r, p in enumerate(parts):
+                if ranks.meta(p).shape != shape:
+                    raise VMError(
+                        f"internal error: {op.name!r} gave ranks different shapes "
+                        f"({shape} on rank 0, {ranks.meta(p).shape} on rank {r})"
+                    )
+        else:
+            _check_parts(f"op {op.name!r}", ranks, parts, shape, s)
+        made.append(make(ranks, parts, shape, dtype, s))
+    return made
+
+
+def _nbytes(m: TensorMeta) -> int:
+    n = m.dtype.itemsize
+    for s in m.shape:
+        n *= s
+    return n
+
+
+def _factory(op, attrs, device):
+    """A factory call (no inputs) with ``device=`` a layout: the parts made on each rank;
+    those whose values depend on where they sit (random draws, ``arange``) made whole on
+    every rank and cut, so a global tensor equals the local one made the same way."""
+    if not isinstance(device, Layout):
+        raise DeviceError(f"op {op.name!r}: expected a placement's layout, got {device}")
+    ranks = ranks_of(device.placement)
+    sbp = device.sbp[0]
+    shape, dtype = op.infer([], attrs)[0]
+    k = ranks.size
+    localize = LOCALIZE.get(op.name)
+    if localize is not None and sbp.kind != "P":
+        parts = []
+        for r in range(k):
+            a = localize(dict(attrs, device=ranks.device(r)), [local_shape(shape, sbp, r, k)])
+            parts.append(ranks.call(r, op, [], a)[0])
+        return make(ranks, parts, shape, dtype, sbp)
+    whole = [ranks.call(r, op, [], dict(attrs, device=ranks.device(r)))[0] for r in range(k)]
+    return make(ranks, box(ranks, whole, broadcast, sbp, shape, dtype), shape, dtype, sbp)
+
+
+# -- conversions ---------------------------------------------------------------------------
+
+
+def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
+    """``impl`` laid out as ``target``: a layout (from a local tensor: scattered; from a
+    global one: boxed, or through this process when the placement changes) or a local
+    device (the whole value, gathered). ``copy``: the result never shares a part with
+    ``impl``."""
+    src = impl.meta.device
+    m = impl.meta
+    if not target.placed:
+        if not src.placed:
+            raise DeviceError("internal error: convert() of a local tensor to a local device")
+        return _to_local(impl, target)
+    assert isinstance(target, Layout)
+    ranks = ranks_of(target.placement)
+    dst = target.sbp[0]
+    _check_split_dim(dst, m.shape)
+    if not src.placed:  # scatter a local tensor: each rank a copy of its part
+        whole = [ranks.put(r, impl) for r in range(ranks.size)]
+        parts = box(ranks, whole, broadcast, dst, m.shape, m.dtype)
+        return make(ranks, parts, m.shape, m.dtype, dst)
+    if src.placement is not target.placement:
+        return convert(_to_local(impl, device("cpu")), target)
+    parts = parts_of(impl)
+    out = box(ranks, parts, sbp_of(impl), dst, m.shape, m.dtype)
+    if copy:
+        out = [ranks.call(r, _COPY, [p], {})[0] if p is parts[r] else p for r, p in enumerate(out)]
+    return make(ranks, out, m.shape, m.dtype, dst)
+
+
+def _check_split_dim(s: SBP, shape: tuple) -> None:
+    if s.kind == "S" and s.dim >= len(shape):
+        raise ShapeError(
+            f"sbp.split({s.dim}) of a tensor of shape {tuple(shape)}: it has "
+            f"{len(shape)} dims; split one of dims 0..{len(shape) - 1}"
+            if shape
+            else f"sbp.split({s.dim}) of a 0-dim tensor: use sbp.broadcast or sbp.partial_sum"
+        )
+
+
+def _to_local(impl: TensorImpl, dev: Device) -> TensorImpl:
+    """The whole value of a global tensor as a local tensor on ``dev`` (rank 0's part after
+    boxing to broadcast, copied to ``dev``)."""
+    ranks = _ranks(impl)
+    m = impl.meta
+    parts = parts_of(impl)
+    s = sbp_of(impl)
+    if s.kind == "S":  # gathered here: one move per part, not an all-gather
+        pieces = [ranks.get(r, p) for r, p in enumerate(parts)]
+        whole = (
+            pieces[0]
+            if len(pieces) == 1
+            else apply(op_def("cat"), pieces, {"dim": s.dim, "dtype": m.dtype})[0]
+        )
+    elif s.kind == "P":
+        pieces = [ranks.get(r, p) for r, p in enumerate(parts)]
+        whole = pieces[0]
+        for p in pieces[1:]:
+            whole = apply(op_def("add"), [whole, p], {})[0]
+    else:
+        whole = ranks.get(0, parts[0])
+    if dev is not whole.meta.device:
+        whole = apply(_COPY, [whole], {}, device=dev)[0]
+    return whole
+
+
+def read_whole(impl: TensorImpl) -> TensorImpl:
+    """What reading a global tensor reads: its whole value, here on the host."""
+    return _to_local(impl, device("cpu"))
+
+
+def part(impl: TensorImpl, rank: int) -> TensorImpl:
+    """A copy of rank ``rank``'s part of a global tensor, as a local host tensor."""
+    ranks = _ranks(impl)
+    if not 0 <= rank < ranks.size:
+        raise IndexError(
+            f"to_local(rank={rank}): the placement {ranks.placement!r} has ranks "
+            f"0..{ranks.size - 1} (indices into its rank list)"
+        )
+    return ranks.get(rank, parts_of(impl)[rank])
+
+
+def to_layout(placement: Placement | None, sbp: Any, impl: TensorImpl, op: str) -> Layout:
+    """The layout ``to_global(placement, sbp)`` asks for, the tensor's own where left out."""
+    src = impl.meta.device
+    if placement is None:
+        if not src.placed:
+            raise DeviceError(
+                f"{op}: a local tensor needs a placement: .to_global(placement="
+                f"af.placement('cpu', ranks=[0, 1]), sbp=af.sbp.broadcast)"
+            )
+        placement = src.placement
+    if not isinstance(placement, Placement):
+        raise DeviceError(f"{op}: placement must be an af.placement(...), got {placement!r}")
+    if sbp is None:
+        if not src.placed:
+            raise DeviceError(
+                f"{op}: a local tensor needs an sbp: sbp=af.sbp.broadcast, "
+                f"af.sbp.split(0) or af.sbp.partial_sum"
+            )
+        sbps = src.sbp
+    else:
+        sbps = as_sbp(sbp, op)
+    return layout(placement, sbps)
+
+
+# -- views ---------------------------------------------------------------------------------
+
+
+def global_view(name: str, impl: TensorImpl, *args: Any) -> TensorImpl:
+    """A view of a global tensor: the logical view (checked as a local one would be), its
+    layout, and the same view of each part with the arguments that rank's part needs."""
+    m = impl.meta
+    k = _ranks(impl).size
+    stand_in = TensorImpl(m._replace(device=device("cpu")), impl.blob)
+    logical = getattr(views, name)(stand_in, *args).meta
+    shape = logical.shape
+    s = sbp_of(impl)
+    new_s, per_rank = _view_layout(name, m.shape, shape, s, args, k)
+    if new_s is None:  # the split dim does not survive the view: gather it first
+        impl = convert(impl, layout(_ranks(impl).placement, (broadcast,)))
+        s, new_s = broadcast, broadcast
+        per_rank = [args] * k
+    ranks = _ranks(impl)
+    parts = []
+    for r, p in enumerate(parts_of(impl)):
+        a = per_rank[r]
+        if name == "view" and not ranks.meta(p).is_contiguous:
+            p = ranks.call(r, _COPY, [p], {})[0]
+        parts.append(ranks.view(r, name, p, *a))
+    _check_parts(f"{name}()", ranks, parts, shape, new_s)
+    lay = layout(ranks.placement, (new_s,))
+    out = TensorImpl(
+        TensorMeta(shape, m.dtype, lay, logical.strides, logical.offset),
+        GlobalBlob(lay, ranks, parts),
+    )
+    return out
+
+
+def _view_layout(name, in_shape, out_shape, s, args, k):
+    """``(out sbp, args per rank)`` of a view of a tensor laid out ``s``, or ``(None, _)``
+    where the split dim does not map onto one dim of the view."""
+    same = [args] * k
+    if s.kind != "S":
+        return s, same  # a view is linear: partial sums and copies stay as they are
+    d = s.dim
+    sizes = split_sizes(in_shape[d], k)
+    if name == "permute":
+        dims = tuple(x % len(in_shape) for x in _dims(args[0]))
+        return split(dims.index(d)), same
+    if name == "unsqueeze":
+        at = args[0] % (len(in_shape) + 1)
+        return split(d + 1 if d >= at else d), same
+    if name == "squeeze":
+        dim = args[0]
+        if dim is None:
+            gone = [i for i, n in enumerate(in_shape) if n == 1]
+        else:
+            ds = (dim,) if isinstance(dim, int) else tuple(dim)
+            gone = [x % len(in_shape) for x in ds if in_shape[x % len(in_shape)] == 1]
+        if d in gone:
+            return None, None
+        return split(d - sum(1 for g in gone if g < d)), [(tuple(gone),)] * k
+    if name == "expand":
+        sizes_arg = tuple(_dims(args[0]))
+        lead = len(sizes_arg) - len(in_shape)
+        if out_shape[d + lead] != in_shape[d]:
+            return None, None
+        per = []
+        for r in range(k):
+            a = list(sizes_arg)
+            a[d + lead] = sizes[r]
+            per.append((tuple(a),))
+        return split(d + lead), per
+    if name == "view":
+        pre = 1
+        for x in in_shape[:d]:
+            pre *= x
+        acc, d2 = 1, None
+        for i, x in enumerate(out_shape):
+            if acc == pre:
+                if x == in_shape[d] or (in_shape[d] % k == 0 and x % k == 0 and x):
+                    d2 = i
+                break
+            acc *= x
+        if d2 is None:
+            return None, None
+        out_sizes = split_sizes(out_shape[d2], k)
+        per = []
+        for r in range(k):
+            shp = list(out_shape)
+            shp[d2] = out_sizes[r] if out_shape[d2] != in_shape[d] else sizes[r]
+            per.append((tuple(shp),) + tuple(args[1:]))
+        return split(d2), per
+    if name == "basic_index":
+        return _index_layout(in_shape, d, args[0], k)
+    raise VMError(f"internal error: no global form of the view {name!r}")
+
+
+def _index_layout(in_shape, d, key, k):
+    nd = len(in_shape)
+    n_real = sum(1 for x in key if x is not None and x is not Ellipsis)
+    out_dim = 0
+    src = 0
+    new_key = []
+    found = None
+    for x in key:
+        if x is Ellipsis:
+            span = nd - n_real
+            if src <= d < src + span:
+                found = out_dim + (d - src)
+            src += span
+            out_dim += span
+            new_key.append(x)
+        elif x is None:
+            out_dim += 1
+            new_key.append(x)
+        elif isinstance(x, slice):
+            if src == d:
+                if x.indices(in_shape[d]) != (0, in_shape[d], 1):
+                    return None, None
+                found = out_dim
+            src += 1
+            out_dim += 1
+            new_key.append(x if src - 1 != d else slice(None))
+        else:
+            if src == d:
+                return None, None
+            src += 1
+            new_key.append(x)
+    if found is None:  # d after every key entry: kept
+        found = out_dim + (d - src)
+    return split(found), [(tuple(new_key),)] * k
+
+
+def _dims(arg) -> tuple:
+    return tuple(arg) if isinstance(arg, (tuple, list)) else (arg,)
+
+
+use_global(global_apply, read_whole)
+views.GLOBAL_VIEW[0] = global_view
