@@ -132,8 +132,8 @@ def readable_on(name: str, impl, device):
     Raises:
         DeviceError: both devices have their own memory (cuda:0 and cuda:1): the message
             names the op, the devices and the way through the host."""
-    if impl.meta.device is device:
-        return impl
+    if impl.meta.device is device or device.placed or impl.meta.device.placed:
+        return impl  # (to or from a global tensor: the global interpreter converts)
     src, dst = impl.blob.backend, get_backend(device)
     if not (src.has_data and dst.has_data) or (src.host_memory and dst.host_memory):
         return impl

@@ -72,14 +72,17 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..autograd import enable_grad, no_grad
 from ..creation import from_numpy, spawned_seed
 from ..dtype import bfloat16
-from ..errors import ActorError, DTypeError, KernelError, PlanError, TraceError
+from ..errors import ActorError, DeviceError, DTypeError, KernelError, PlanError, TraceError
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.graph.checks import check_timeout
 from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..runtime_api import lend_arrays, peek_array, written_outside
+from ..sbp import Placement
 from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
@@ -630,6 +633,9 @@ class Graph:
                 error); nothing was written back, so the parameters, buffers and optimizer
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
+        placement = self._placement()
+        if placement is not None:
+            return self._global_step(placement, args)
         leaves, structure = flatten(args)
         _no_bfloat16(self, "input", leaves)
         settings = self._check()
@@ -652,6 +658,88 @@ class Graph:
         self._done(state)
         self._step_schedules()
         return unflatten(program.out_spec.structure, [from_numpy(o) for o in outs])
+
+    # -- over global tensors ---------------------------------------------------------------
+    def _placement(self) -> Placement | None:
+        """The placement of the graph's global parameters, or None for a local graph.
+
+        Raises:
+            DeviceError: some parameters are global and others local, or on two
+                placements."""
+        found = None
+        local = None
+        for p in self._params():
+            d = p._impl.meta.device
+            if d.placed:
+                if found is not None and d.placement is not found:
+                    raise DeviceError(
+                        f"{type(self).__name__}: its parameters are on two placements, "
+                        f"{found!r} and {d.placement!r}; make them one with "
+                        f"module.to_global(placement)"
+                    )
+                found = d.placement
+            else:
+                local = d
+        if found is not None and local is not None:
+            raise DeviceError(
+                f"{type(self).__name__}: some parameters are global (on {found!r}) and some "
+                f"local (on {local}); make every module global with "
+                f"module.to_global(placement)"
+            )
+        return found
+
+    def _global_step(self, placement: Placement, args: tuple) -> Any:
+        """``step()`` of a graph whose parameters are global tensors: ``build`` runs on the
+        placement's ranks as eager global calls (each op on every rank's part; the
+        gradients of broadcast parameters come back all-reduced), then each optimizer's
+        ``step()`` (the update ``step()`` traces, run in place) and its scheduler. Inputs
+        that are local (tensors or arrays) are split along their first dim over the ranks,
+        data parallelism's layout (a 0-dim one is broadcast); global inputs are used as
+        they are. The outputs are global tensors."""
+        leaves, structure = flatten(args)
+        batch = [_as_global(x, placement) for x in leaves]
+        params = [p for p in self._params() if p.requires_grad]
+        for p in params:
+            p.grad = None
+        with enable_grad():
+            out = self.build(*unflatten(structure, batch))
+        with no_grad():
+            for opt in self._optimizers:
+                opt.step()
+        for p in params:
+            p.grad = None
+        self._step_schedules()
+        return out
+
+    def _global_run(self, placement, iterable, fused, trace, timeout, progress) -> Iterator:
+        """``run()`` of a global graph: ``_global_step`` per item, the items read as they
+        come (a DataLoader loads ahead in its own actors)."""
+        name = type(self).__name__
+        for what, given in (("fused=True", fused), ("trace=", trace), ("timeout=", timeout)):
+            if given:
+                raise PlanError(
+                    f"{name}.run({what}): a graph over global tensors runs each step as "
+                    f"eager calls on the ranks, without actors per op, so {what} does not "
+                    f"apply; leave it out"
+                )
+        items: Any = iterable
+        if callable(items) and not hasattr(items, "__iter__"):
+            items = items()
+        bar = None
+        if progress:
+            from ..runtime.observe.progress import open_bar
+
+            total = len(items) if hasattr(items, "__len__") else None
+            bar = open_bar(progress, total, "steps")
+        try:
+            for item in items:
+                out = self._global_step(placement, (item,) if not isinstance(item, tuple) else item)
+                if bar is not None:
+                    bar.update(1)
+                yield out
+        finally:
+            if bar is not None:
+                bar.close()
 
     def _step_on(self, device, leaves, structure, settings):
         """``step()`` on a device with its own memory (cuda): the inputs as contiguous
@@ -768,6 +856,10 @@ class Graph:
         _local_engine(engine, name)
         if timeout is not None:
             check_timeout(timeout, False, f"inputs of {name}")
+        placement = self._placement()
+        if placement is not None:
+            yield from self._global_run(placement, iterable, fused, trace, timeout, progress)
+            return
         items: Any = iterable  # (read by what it has: a DataLoader's actors, a len...)
         if callable(items) and not hasattr(items, "__iter__"):
             items = items()
@@ -1306,6 +1398,20 @@ def _rated_spec(spec, rated: int, device):
         (tuple, (spec.structure, (tuple, (0,) * rated))),
         list(spec.specs) + [Spec((), "float64", on)] * rated,
     )
+
+
+def _as_global(x, placement):
+    """A step's input for a graph on ``placement``: a global tensor as it is, a local one
+    (or an array) split along dim 0 over the ranks (broadcast when it has no dims)."""
+    from ..sbp import broadcast, split
+
+    if not isinstance(x, Tensor):
+        if not isinstance(x, np.ndarray) and not np.isscalar(x):
+            return x
+        x = from_numpy(np.ascontiguousarray(x))
+    if x._impl.meta.device.placed:
+        return x
+    return x.to_global(placement, split(0) if x.ndim else broadcast)
 
 
 def _device_of(params, leaves):

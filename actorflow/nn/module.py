@@ -18,6 +18,7 @@ from ..autograd import no_grad, zero_grad
 from ..creation import tensor as _tensor
 from ..device import Device
 from ..dtype import DType, as_dtype, bfloat16, float16, float32, float64
+from ..sbp import Placement, as_sbp, broadcast, layout
 from ..tensor.tensor import Tensor
 
 
@@ -390,6 +391,14 @@ class Module:
                         m._buffers[name] = convert(b)
         changed()
         return self
+
+    def to_global(self, placement: Placement, sbp: Any = None) -> Module:
+        """Makes every parameter and buffer a global tensor on ``placement`` laid out as
+        ``sbp`` (default ``af.sbp.broadcast``: a full copy on every rank, data
+        parallelism's layout), in place as ``to`` does: the Parameter objects stay.
+
+        Example: ``model.to_global(af.placement("cpu", ranks=2))``"""
+        return self.to(layout(placement, as_sbp(broadcast if sbp is None else sbp, "to_global")))
 
     def float(self) -> Module:  # noqa: A003
         return self.to(float32)

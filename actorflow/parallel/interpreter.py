@@ -31,7 +31,7 @@ from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta
 from .boxing import box, cost, local_cost, local_shape
 from .ranks import Ranks, ranks_of
-from .rules import LOCALIZE, signatures
+from .rules import LOCALIZE, signatures, split_matches
 
 _COPY = op_def("copy")
 
@@ -92,10 +92,16 @@ def _check_parts(what: str, ranks: Ranks, parts: list, shape: tuple, sbp: SBP) -
 
 def global_apply(op, inputs, attrs, device, outs):
     """An op call the eager interpreter found global (see the module doc)."""
-    if op is _COPY and device is not None:
-        if len(inputs) != 1 or outs:
-            raise DeviceError("copy to a placement takes one tensor")
-        return [convert(inputs[0], device, copy=True)]
+    if op is _COPY:
+        if outs:  # copy_ into a global tensor: the source laid out as the target first
+            src, lay = inputs[0], outs[0].meta.device
+            if src.meta.device is not lay:
+                if src.meta.shape != outs[0].meta.shape:  # (broadcast: whole on each rank)
+                    lay = layout(lay.placement, (broadcast,))
+                inputs = [convert(src, lay)]
+            device = None
+        elif device is not None:
+            return [convert(inputs[0], device, copy=True)]
     if not inputs:
         return [_factory(op, attrs, device)]
     first = inputs[0].meta.device
@@ -122,6 +128,15 @@ def global_apply(op, inputs, attrs, device, outs):
     dynamic = any(shape is None for shape, _ in specs)
     if dynamic:
         sigs = [((broadcast,) * len(inputs), (broadcast,) * n_out)]
+    elif (
+        outs
+        and (op.elementwise or op is _COPY)
+        and any(m.shape != outs[0].meta.shape for m in metas)
+    ):
+        # in place into a tensor the inputs broadcast to (copy_ of a row into a matrix)
+        sigs = split_matches(metas, outs[0].meta.shape, in_place=True) + [
+            ((broadcast,) * len(metas), (broadcast,))
+        ]
     else:
         sigs = signatures(op, metas, attrs, n_out)
     if outs:

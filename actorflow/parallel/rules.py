@@ -63,9 +63,11 @@ LINEAR = frozenset({"neg", "copy", "add", "sub", "mul_scalar", "rmul_scalar", "d
 LINEAR_IN_FIRST = frozenset({"mul", "div", "gelu_backward", "silu_backward"})
 
 
-def _split_matches(metas: list, out_shape: tuple) -> list[Signature]:
+def split_matches(metas: list, out_shape: tuple, in_place: bool = False) -> list[Signature]:
     """For each dim ``d`` of the broadcast output: each input split along the dim that
-    lines up with ``d`` where it has that size, broadcast where it is stretched (size 1)."""
+    lines up with ``d`` where it has that size, broadcast where it is stretched (size 1).
+    ``in_place``: the output exists (a part per rank), so a dim every input is stretched
+    along may be split too (each rank broadcasts the inputs into its part)."""
     nd = len(out_shape)
     sigs = []
     for d in range(nd):
@@ -77,7 +79,7 @@ def _split_matches(metas: list, out_shape: tuple) -> list[Signature]:
                 ins.append(S(di))
             else:
                 ins.append(B)
-        if any(s.is_split for s in ins):
+        if in_place or any(s.is_split for s in ins):
             sigs.append((tuple(ins), (S(d),)))
     return sigs
 
@@ -86,7 +88,7 @@ def _elementwise(metas: list, attrs: dict) -> list[Signature]:
     shape = metas[0].shape
     for m in metas[1:]:
         shape = broadcast_shapes("sbp", shape, m.shape)
-    return _split_matches(metas, shape)
+    return split_matches(metas, shape)
 
 
 def _with_partial(name: str, base: Callable) -> Callable:

@@ -1,0 +1,188 @@
+"""Global tensors in training: data parallelism (the batch split over the ranks, the
+parameters broadcast) trains as one model, eagerly and in ``nn.Graph``; the gradients of
+broadcast parameters come back broadcast (all-reduced); checkpoints save and resume; the
+API's errors name the fix."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow import nn
+
+pytestmark = pytest.mark.timeout(120)
+
+RANKS = [1, 2, 3]
+
+
+def _mlp():
+    af.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _data(n=4, batch=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.standard_normal((batch, 8)).astype(np.float32), rng.integers(0, 3, batch))
+        for _ in range(n)
+    ]
+
+
+class Step(nn.Graph):
+    def __init__(self, model, opt):
+        super().__init__()
+        self.model = model
+        self.loss = nn.CrossEntropyLoss()
+        self.add_optimizer(opt)
+
+    def build(self, x, y):
+        loss = self.loss(self.model(x), y)
+        loss.backward()
+        return loss
+
+
+def _close(a, b, tol=1e-5):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("k", RANKS)
+def test_eager_data_parallel_training_equals_one_process(k):
+    p = af.placement("cpu", k)
+    local, glob = _mlp(), _mlp().to_global(p)
+    ol = af.optim.SGD(local.parameters(), lr=0.1, momentum=0.9)
+    og = af.optim.SGD(glob.parameters(), lr=0.1, momentum=0.9)
+    loss = nn.CrossEntropyLoss()
+    for x, y in _data(batch=11):  # 11 rows: uneven parts over 2 and 3 ranks
+        xl, yl = af.tensor(x), af.tensor(y)
+        xg = xl.to_global(p, af.sbp.split(0))
+        yg = yl.to_global(p, af.sbp.split(0))
+        ll = loss(local(xl), yl)
+        ol.zero_grad()
+        ll.backward()
+        ol.step()
+        lg = loss(glob(xg), yg)
+        og.zero_grad()
+        lg.backward()
+        for q in glob.parameters():  # a broadcast parameter's gradient is broadcast
+            assert q.grad.sbp == (af.sbp.broadcast,)
+        og.step()
+        _close(ll.item(), lg.item())
+    for a, b in zip(local.parameters(), glob.parameters(), strict=True):
+        assert b.sbp == (af.sbp.broadcast,) and b.is_global
+        _close(a.numpy(), b.numpy())
+        # every rank holds the same parameters
+        parts = [b.to_local(rank=r).numpy() for r in range(k)]
+        for q in parts[1:]:
+            np.testing.assert_array_equal(parts[0], q)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_graph_step_and_run_over_global_parameters_equal_one_process(k):
+    p = af.placement("cpu", k)
+    ml, mg = _mlp(), _mlp().to_global(p)
+    sl = Step(ml, af.optim.SGD(ml.parameters(), lr=0.1, momentum=0.9))
+    sg = Step(mg, af.optim.SGD(mg.parameters(), lr=0.1, momentum=0.9))
+    data = _data(6)
+    for x, y in data[:2]:
+        a, b = sl.step(x, y), sg.step(x, y)
+        assert b.is_global
+        _close(a.item(), b.item())
+    outs = list(zip(sl.run(data[2:]), sg.run(data[2:]), strict=True))
+    assert len(outs) == 4
+    for a, b in outs:
+        _close(np.asarray(a), b.item())
+    for a, b in zip(ml.parameters(), mg.parameters(), strict=True):
+        _close(a.numpy(), b.numpy())
+        assert b.grad is None  # a step leaves no gradient behind, as a compiled one
+
+
+def test_graph_run_over_a_dataloader_splits_each_batch():
+    p = af.placement("cpu", 2)
+    x = np.random.default_rng(1).standard_normal((40, 8)).astype(np.float32)
+    y = np.random.default_rng(2).integers(0, 3, 40)
+    ds = list(zip(x, y, strict=True))
+    ml, mg = _mlp(), _mlp().to_global(p)
+    sl = Step(ml, af.optim.SGD(ml.parameters(), lr=0.05))
+    sg = Step(mg, af.optim.SGD(mg.parameters(), lr=0.05))
+    la = [float(np.asarray(v)) for v in sl.run(af.data.DataLoader(ds, batch_size=8))]
+    lb = [v.item() for v in sg.run(af.data.DataLoader(ds, batch_size=8))]
+    assert len(la) == len(lb) == 5
+    _close(la, lb)
+
+
+def test_a_global_graph_refuses_options_it_cannot_honour():
+    p = af.placement("cpu", 2)
+    m = _mlp().to_global(p)
+    s = Step(m, af.optim.SGD(m.parameters(), lr=0.1))
+    with pytest.raises(af.PlanError, match="fused=True"):
+        list(s.run(_data(1), fused=True))
+    mixed = _mlp()
+    mixed[0].to_global(p)
+    s2 = Step(mixed, af.optim.SGD(mixed.parameters(), lr=0.1))
+    with pytest.raises(af.DeviceError, match="some parameters are global"):
+        s2.step(*_data(1)[0])
+
+
+def test_checkpoint_and_resume_give_the_same_parameters():
+    p = af.placement("cpu", 2)
+    data = _data(6)
+    m = _mlp().to_global(p)
+    s = Step(m, af.optim.SGD(m.parameters(), lr=0.1))
+    for x, y in data[:3]:
+        s.step(x, y)
+    path = os.path.join(tempfile.mkdtemp(), "ckpt.npz")
+    af.save(m.state_dict(), path)
+    for x, y in data[3:]:
+        s.step(x, y)
+    # a fresh run resumes from the checkpoint
+    m2 = _mlp().to_global(p)
+    m2.load_state_dict(af.load(path))
+    s2 = Step(m2, af.optim.SGD(m2.parameters(), lr=0.1))
+    for x, y in data[3:]:
+        s2.step(x, y)
+    for a, b in zip(m.parameters(), m2.parameters(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert b.sbp == (af.sbp.broadcast,)
+
+
+def test_errors_name_the_fix():
+    p, q = af.placement("cpu", 2), af.placement("cpu", [0, 1, 2])
+    x = af.ones(4, 3)
+    g = x.to_global(p, af.sbp.split(0))
+    with pytest.raises(af.DeviceError, match="to_global"):
+        g + x
+    with pytest.raises(af.DeviceError, match="one placement"):
+        g + x.to_global(q, af.sbp.broadcast)
+    with pytest.raises(af.DeviceError, match="needs a placement"):
+        x.to_global(sbp=af.sbp.broadcast)
+    with pytest.raises(af.ShapeError, match="split"):
+        x.to_global(p, af.sbp.split(2))
+    with pytest.raises(ValueError, match="sbp"):
+        x.to_global(p, "S(0)")
+    with pytest.raises(af.DeviceError, match="no placement"):
+        x.placement
+    with pytest.raises(IndexError, match="ranks"):
+        g.to_local(rank=2)
+    assert (g * 2).numpy().sum() == 24  # still working after the errors
+
+
+@pytest.mark.parametrize("k", RANKS)
+def test_to_global_round_trips_and_parts(k):
+    p = af.placement("cpu", k)
+    a = np.arange(35.0).reshape(7, 5)
+    x = af.tensor(a)
+    for s in (af.sbp.split(0), af.sbp.split(1), af.sbp.broadcast, af.sbp.partial_sum):
+        g = x.to_global(p, s)
+        assert g.sbp == (s,) and g.shape == (7, 5)
+        np.testing.assert_array_equal(g.numpy(), a)
+        np.testing.assert_array_equal(g.to_local().numpy(), a)
+        parts = [g.to_local(rank=r).numpy() for r in range(k)]
+        if s is af.sbp.partial_sum:
+            np.testing.assert_array_equal(sum(parts), a)
+        elif s is af.sbp.broadcast:
+            for q in parts:
+                np.testing.assert_array_equal(q, a)
+        else:
+            np.testing.assert_array_equal(np.concatenate(parts, axis=s.dim), a)
