@@ -27,6 +27,7 @@ class SBP:
     __slots__ = ("kind", "dim", "_str")
 
     def __init__(self, kind: str, dim: int | None = None) -> None:
+        # dim: the split dim (S), None for B and P
         self.kind = kind  # "S", "B" or "P"
         self.dim = dim
         self._str = f"S({dim})" if kind == "S" else kind
@@ -47,7 +48,10 @@ class SBP:
 
 
 def _sbp(kind: str, dim: int | None) -> SBP:
-    return split(dim) if kind == "S" else (broadcast if kind == "B" else partial_sum)
+    if kind == "S":
+        assert dim is not None
+        return split(dim)
+    return broadcast if kind == "B" else partial_sum
 
 
 broadcast = SBP("B")
@@ -91,6 +95,9 @@ class Placement:
 
     __slots__ = ("type", "ranks", "_str")
     _INTERNED: dict = {}
+    type: str
+    ranks: tuple[int, ...]
+    _str: str
 
     def __new__(cls, type: str = "cpu", ranks: int | Sequence[int] = 1) -> Placement:
         if type not in KNOWN_TYPES:
@@ -103,7 +110,7 @@ class Placement:
             ranks = tuple(range(ranks))
         else:
             try:
-                ranks = tuple(ranks)  # type: ignore[arg-type]
+                ranks = tuple(ranks)  # type: ignore[arg-type]  # (a bool is refused below)
             except TypeError:
                 raise ValueError(
                     f"placement: ranks must be a count or a list of ranks, got {ranks!r}"
@@ -175,7 +182,7 @@ class Layout(Device):
     def __hash__(self) -> int:
         return self._hash
 
-    def __reduce__(self) -> tuple:  # type: ignore[override]
+    def __reduce__(self) -> tuple:
         return (layout, (self.placement, self.sbp))
 
 

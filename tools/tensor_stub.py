@@ -44,6 +44,7 @@ import numpy as np
 
 from ..device import Device
 from ..dtype import DType
+from ..sbp import SBP, Placement
 from .impl import TensorImpl
 from .meta import TensorMeta
 

@@ -112,7 +112,7 @@ def to_device(input: Tensor, device: _DeviceLike) -> Tensor:
     dev = as_device(device)
     if dev is x.device:
         return input
-    if dev.placed or impl.meta.device.placed:  # to or from a global tensor's layout
+    if dev.placed or x.device.placed:  # to or from a global tensor's layout
         return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
     dst = get_backend(dev)
     if not impl.blob.backend.has_data and dst.has_data:
