@@ -186,3 +186,47 @@ def test_to_global_round_trips_and_parts(k):
                 np.testing.assert_array_equal(q, a)
         else:
             np.testing.assert_array_equal(np.concatenate(parts, axis=s.dim), a)
+
+
+def _cnn():
+    af.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(4, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 2 * 2, 5),
+    )
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_cnn_with_batch_norm_trains_data_parallel_as_one_process(k):
+    """Batch norm's statistics are the whole batch's (the split batch is gathered for
+    them), so data parallelism trains as one process would, running statistics included."""
+    p = af.placement("cpu", k)
+    ml, mg = _cnn(), _cnn().to_global(p)
+    ol = af.optim.Adam(ml.parameters(), lr=3e-3)
+    og = af.optim.Adam(mg.parameters(), lr=3e-3)
+    lf = nn.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((7, 1, 8, 8)).astype(np.float32)
+        y = rng.integers(0, 5, 7)
+        xl, yl = af.tensor(x), af.tensor(y)
+        a = lf(ml(xl), yl)
+        ol.zero_grad()
+        a.backward()
+        ol.step()
+        b = lf(mg(xl.to_global(p, af.sbp.split(0))), yl.to_global(p, af.sbp.split(0)))
+        og.zero_grad()
+        b.backward()
+        og.step()
+        _close(a.item(), b.item())
+    for (n, a), (_, b) in zip(ml.state_dict().items(), mg.state_dict().items(), strict=True):
+        assert b.is_global, n
+        _close(a.numpy(), b.numpy(), 1e-4)

@@ -116,7 +116,7 @@ class Adam(Optimizer):
                     self._corrections.clear()
                 t = from_numpy(np.array(float(n)))  # float64, 0-d
                 if p.device.type != "cpu":
-                    t = t.to(str(p.device))  # (where p's ops run)
+                    t = t.to(p.device)  # (where p's ops run)
                 corrections = self._corrections[key] = bias_corrections(t, group)
         else:  # traced: the count a float64 tensor, state of the step
             corrections = bias_corrections(n, self.rates(group, rates))
