@@ -622,3 +622,83 @@ def test_data_parallel_mlp_gradients_equal_local(k):
     for g, w in ((g1, w1), (g2, w2)):
         assert g.grad.sbp == (B,)
         np.testing.assert_allclose(g.grad.numpy(), w.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# -- writing global tensors in place -------------------------------------------------------
+
+
+def _writes(k: int, sbp, fn: Callable, want_fn: Callable) -> None:
+    rng = np.random.default_rng(9)
+    a = _vals(rng, (5, 3, 2))
+    g = to_global(a, af.placement("cpu", k), sbp, rng)
+    fn(g)
+    want = a.copy()
+    want_fn(want)
+    assert g.sbp == (sbp,)
+    np.testing.assert_array_equal(g.numpy(), want, err_msg=f"{sbp}, k={k}")
+
+
+def _set_rows(t):
+    t[1:3] = 7.0
+
+
+def _set_rows_np(a):
+    a[1:3] = 7.0
+
+
+def _set_col(t):
+    t[:, 1] = _t(np.full((5, 2), 9.0, np.float32)).to_global(t.placement, t.sbp)
+
+
+def _set_col_np(a):
+    a[:, 1] = 9.0
+
+
+@pytest.mark.parametrize("k", KS)
+def test_in_place_writes_reach_every_part(k):
+    """fill_/zero_ (a factory written into the tensor's parts: it wrote nothing before),
+    copy_ from a tensor laid out alike, writes through a view that keeps the split dim,
+    add_/mul_."""
+    for sbp in (S(0), S(1), B, P):
+        _writes(k, sbp, lambda t: F.fill_(t, 2.5), lambda a: a.fill(2.5))
+        _writes(k, sbp, F.zero_, lambda a: a.fill(0))
+        _writes(k, sbp, lambda t: t.mul_(2.0), lambda a: a.__imul__(2))
+        _writes(
+            k,
+            sbp,
+            lambda t: F.copy_(t, _t(np.ones((3, 2), np.float32)).to_global(t.placement, t.sbp)),
+            lambda a: a.fill(1),
+        )
+    for sbp in (S(1), B, P):  # (the rows' slice keeps dim 1 whole)
+        _writes(k, sbp, _set_rows, _set_rows_np)
+    for sbp in (S(0), B, P):
+        _writes(k, sbp, lambda t: F.fill_(t[:, :, 1], 4.0), lambda a: a[:, :, 1].fill(4))
+        _writes(k, sbp, _set_col, _set_col_np)
+
+
+def test_a_write_into_a_gathered_view_is_refused():
+    """A view that cuts the split dim (rows 1:3 of a tensor split on rows) is a view of a
+    gathered copy: a write into it would be lost, so it raises, naming the way out."""
+    p = af.placement("cpu", 2)
+    a = _vals(np.random.default_rng(4), (5, 3))
+    g = _t(a).to_global(p, S(0))
+    np.testing.assert_array_equal(g[1:3].numpy(), a[1:3])  # (reading it is fine)
+    with pytest.raises(af.DeviceError, match="cannot write in place into this view"):
+        g[1:3] = 7.0
+    with pytest.raises(af.DeviceError, match="to_global"):
+        F.fill_(g[1:3].view(6), 1.0)
+    np.testing.assert_array_equal(g.numpy(), a)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ModuleNotFoundError,
+    reason="functional/common.readable_on asks for a layout's backend (there is none) when "
+    "copy_'s source has another device than its destination: another layout, or local",
+)
+def test_copy_between_layouts():
+    p = af.placement("cpu", 2)
+    a = _vals(np.random.default_rng(4), (5, 3))
+    g = _t(np.zeros((5, 3), np.float32)).to_global(p, S(0))
+    F.copy_(g, _t(a).to_global(p, B))
+    np.testing.assert_array_equal(g.numpy(), a)
