@@ -12,10 +12,13 @@ signature's."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import actorflow as af
 from actorflow import functional as F
@@ -387,6 +390,7 @@ def _step_draws(rng):
         apply(op_def(name), [count._impl], dict(attrs, key=(11, 2)))
 
 
+@functools.cache
 def recorded(name: str) -> list:
     """The calls of op ``name`` its samples make: (op, numpy inputs, attrs, device, in
     place?)."""
@@ -430,39 +434,71 @@ def check_op(name: str) -> int:
     """Every signature of every recorded call of ``name`` on 1, 2 and 3 ranks against the
     local call; returns how many (call, k, signature) it ran."""
     runs = 0
-    rng = np.random.default_rng(0)
     for op, arrays, attrs, device, in_place in recorded(name):
-        local = [_t(a)._impl for a in arrays]
         if not arrays:  # a factory: each layout of its output
             _check_factory(op, attrs, device)
             runs += 1
-            continue
-        want = apply(op, local, attrs, None, [local[0]] if in_place else None)
-        want = [wrap(w).numpy() for w in want]
-        metas = [i.meta for i in local]
-        specs = op.infer(metas, attrs)
-        dynamic = any(s is None for s, _ in specs)
-        sigs = (
-            [((B,) * len(arrays), (B,) * len(specs))]
-            if dynamic
-            else rules.signatures(op, metas, attrs, len(specs))
-        )
-        for k in KS:
-            p = af.placement("cpu", k)
-            for sig in sigs:
-                what = f"{name} {attrs} inputs {[a.shape for a in arrays]} k={k} {sig}"
-                if in_place and sig[1][0] != sig[0][0]:
-                    continue  # (an in-place call's output is its input)
-                ins = [to_global(a, p, s, rng)._impl for a, s in zip(arrays, sig[0], strict=True)]
-                gi.CHOSEN[0] = None
-                outs = apply(op, ins, attrs, None, [ins[0]] if in_place else None)
-                assert gi.CHOSEN[0] == sig, f"{what}: the interpreter chose {gi.CHOSEN[0]}"
-                exact = name not in ACCUMULATE and P not in sig[0] + sig[1]
-                for n, (o, w) in enumerate(zip(outs, want, strict=True)):
-                    assert o.meta.device.sbp == (sig[1][n],), what
-                    _compare(name, wrap(o).numpy(), w, exact, f"{what}: output {n}")
-                runs += 1
+        else:
+            runs += check_call(op, arrays, attrs, in_place)
     return runs
+
+
+def check_call(op, arrays: list, attrs: dict, in_place: bool = False) -> int:
+    """Every signature of one call of ``op`` on 1, 2 and 3 ranks: the interpreter picks it
+    for inputs laid out so, and its outputs equal the local call's, laid out as it says."""
+    runs = 0
+    rng = np.random.default_rng(0)
+    local = [_t(a)._impl for a in arrays]
+    want = apply(op, local, attrs, None, [local[0]] if in_place else None)
+    want = [wrap(w).numpy() for w in want]
+    metas = [i.meta for i in local]
+    specs = op.infer(metas, attrs)
+    dynamic = any(s is None for s, _ in specs)
+    sigs = (
+        [((B,) * len(arrays), (B,) * len(specs))]
+        if dynamic
+        else rules.signatures(op, metas, attrs, len(specs))
+    )
+    for k in KS:
+        p = af.placement("cpu", k)
+        for sig in sigs:
+            what = f"{op.name} {attrs} inputs {[a.shape for a in arrays]} k={k} {sig}"
+            if in_place and sig[1][0] != sig[0][0]:
+                continue  # (an in-place call's output is its input)
+            ins = [to_global(a, p, s, rng)._impl for a, s in zip(arrays, sig[0], strict=True)]
+            gi.CHOSEN[0] = None
+            outs = apply(op, ins, attrs, None, [ins[0]] if in_place else None)
+            assert gi.CHOSEN[0] == sig, f"{what}: the interpreter chose {gi.CHOSEN[0]}"
+            exact = op.name not in ACCUMULATE and P not in sig[0] + sig[1]
+            for n, (o, w) in enumerate(zip(outs, want, strict=True)):
+                assert o.meta.device.sbp == (sig[1][n],), what
+                _compare(op.name, wrap(o).numpy(), w, exact, f"{what}: output {n}")
+            runs += 1
+    return runs
+
+
+_CALLS = sorted(n for n, op in all_ops().items() if op.inputs)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(_CALLS), k=st.sampled_from(KS), data=st.data())
+def test_op_on_inputs_in_any_layout_equals_local(name, k, data):
+    """Inputs laid out at random (the interpreter boxes them to the signature it picks):
+    the result equals the local call's."""
+    calls = recorded(name)
+    op, arrays, attrs, _, in_place = calls[data.draw(st.integers(0, len(calls) - 1))]
+    p = af.placement("cpu", k)
+    rng = np.random.default_rng(k)
+    layouts = []
+    for n, a in enumerate(arrays):
+        choices = [S(d) for d in range(a.ndim)] + [B, P]
+        layouts.append(B if in_place and n == 0 else data.draw(st.sampled_from(choices)))
+    local = [_t(a)._impl for a in arrays]
+    want = apply(op, local, attrs, None, [local[0]] if in_place else None)
+    ins = [to_global(a, p, s, rng)._impl for a, s in zip(arrays, layouts, strict=True)]
+    got = apply(op, ins, attrs, None, [ins[0]] if in_place else None)
+    for n, (o, w) in enumerate(zip(got, want, strict=True)):
+        _compare(name, wrap(o).numpy(), wrap(w).numpy(), False, f"{name} {layouts} k={k} #{n}")
 
 
 def _check_factory(op, attrs, device) -> None:
@@ -702,3 +738,141 @@ def test_copy_between_layouts():
     g = _t(np.zeros((5, 3), np.float32)).to_global(p, S(0))
     F.copy_(g, _t(a).to_global(p, B))
     np.testing.assert_array_equal(g.numpy(), a)
+
+
+# -- shapes drawn at random ----------------------------------------------------------------
+
+
+def record_calls(fn: Callable) -> list:
+    """The op calls ``fn()`` makes: (op, numpy inputs, attrs, in place?)."""
+    rec = _Recorder()
+    with use_interpreter(rec):
+        fn()
+    return [
+        (op, [wrap(i).numpy() for i in snap], attrs, in_place)
+        for op, snap, attrs, _, in_place in rec.calls
+        if snap
+    ]
+
+
+def check_calls(fn: Callable) -> None:
+    calls = record_calls(fn)
+    assert calls
+    for op, arrays, attrs, in_place in calls:
+        check_call(op, arrays, attrs, in_place)
+
+
+_dims = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
+_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _stretched(data, shape: tuple) -> tuple:
+    """A shape broadcasting to ``shape``: leading dims dropped, some dims made 1."""
+    lead = data.draw(st.integers(0, len(shape) - 1))
+    return tuple(1 if data.draw(st.booleans()) else n for n in shape[lead:])
+
+
+@_SETTINGS
+@given(shape=_dims, data=st.data())
+def test_random_broadcasts(shape, data):
+    rng = np.random.default_rng(len(shape))
+    a = _t(_vals(rng, _stretched(data, shape)))
+    b = _t(_vals(rng, shape))
+    c = _t(rng.integers(0, 2, size=_stretched(data, shape)).astype(np.bool_))
+
+    def calls():
+        F.add(a, b)
+        F.mul(b, a)
+        F.maximum(a, b)
+        F.where(c, a, b)
+        F.where(c, b, 0.0)
+        F.clamp(b, a, None)
+
+    check_calls(calls)
+
+
+@_SETTINGS
+@given(shape=_dims, data=st.data())
+def test_random_reductions_and_scans(shape, data):
+    x = _t(_vals(np.random.default_rng(len(shape)), shape))
+    nd = len(shape)
+    dims = tuple(sorted(data.draw(st.sets(st.integers(0, nd - 1), min_size=1))))
+    dim = data.draw(st.integers(-nd, nd - 1))
+    keep = data.draw(st.booleans())
+
+    def calls():
+        F.sum(x, dims, keepdim=keep)
+        F.mean(x, dims, keepdim=keep)
+        F.amax(x, dims, keepdim=keep)
+        F.argmin(x, dim, keepdim=keep)
+        F.max(x, dim, keepdim=keep)
+        F.softmax(x, dim)
+        F.cumsum(x, dim)
+        F.sort(x, dim)
+        F.topk(x, data.draw(st.integers(0, shape[dim])), dim=dim)
+        F.cat([x, x], dim)
+        F.stack([x, x], data.draw(st.integers(0, nd)))
+
+    check_calls(calls)
+
+
+@_SETTINGS
+@given(
+    batch=st.lists(st.integers(1, 3), max_size=2).map(tuple),
+    n=st.integers(1, 5),
+    m=st.integers(1, 4),
+    q=st.integers(1, 5),
+    data=st.data(),
+)
+def test_random_matmuls(batch, n, m, q, data):
+    rng = np.random.default_rng(n)
+    a = _t(_vals(rng, _stretched(data, batch + (n,))[:-1] + (n, m) if batch else (n, m)))
+    b = _t(_vals(rng, (_stretched(data, batch + (1,))[:-1] if batch else ()) + (m, q)))
+    v = _t(_vals(rng, (m,)))
+    check_calls(lambda: (F.matmul(a, b), F.matmul(a, v), F.matmul(v, b)))
+
+
+@_SETTINGS
+@given(shape=_dims, data=st.data())
+def test_random_gathers_and_pads(shape, data):
+    rng = np.random.default_rng(len(shape))
+    x = _t(_vals(rng, shape))
+    nd = len(shape)
+    dim = data.draw(st.integers(0, nd - 1))
+    ishape = tuple(
+        data.draw(st.integers(1, 5)) if d == dim else data.draw(st.integers(1, n))
+        for d, n in enumerate(shape)
+    )
+    idx = _t(rng.integers(0, shape[dim], size=ishape))
+    src = _t(_vals(rng, ishape))
+    pads = tuple(data.draw(st.integers(0, 2)) for _ in range(2 * data.draw(st.integers(1, nd))))
+
+    def calls():
+        F.gather(x, dim, idx)
+        F.scatter_add(x, dim, idx, src)
+        F.pad(x, pads)
+        F.pad(x, pads, value=0.5)
+
+    check_calls(calls)
+
+
+@_SETTINGS
+@given(shape=_dims, k=st.sampled_from(KS), data=st.data())
+def test_random_views(shape, k, data):
+    rng = np.random.default_rng(len(shape))
+    a = _vals(rng, shape)
+    nd = len(shape)
+    perm = data.draw(st.permutations(range(nd)))
+    flat = int(np.prod(shape))
+    divisors = [d for d in range(1, flat + 1) if flat % d == 0]
+    first = data.draw(st.sampled_from(divisors))
+    sbp = data.draw(st.sampled_from([S(d) for d in range(nd)] + [B, P]))
+    g = to_global(a, af.placement("cpu", k), sbp, rng)
+    for name, got, want in (
+        ("permute", g.permute(*perm), a.transpose(perm)),
+        ("reshape", g.reshape(first, -1), a.reshape(first, -1)),
+        ("view", g.view(*shape, 1), a.reshape(shape + (1,))),
+        ("unsqueeze squeeze", g.unsqueeze(nd).squeeze(), a.squeeze()),
+        ("index", g[..., : shape[-1] // 2 + 1], a[..., : shape[-1] // 2 + 1]),
+    ):
+        np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{name} of {sbp}, k={k}")
