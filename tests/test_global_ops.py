@@ -876,3 +876,42 @@ def test_random_views(shape, k, data):
         ("index", g[..., : shape[-1] // 2 + 1], a[..., : shape[-1] // 2 + 1]),
     ):
         np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{name} of {sbp}, k={k}")
+
+
+def _model(x, ids, target, w):
+    h = F.relu(NF.conv2d(x, w["conv"]))
+    h = NF.batch_norm(h, None, None, w["bn_w"], w["bn_b"], training=True)
+    h = F.avg_pool2d(F.max_pool2d(h, 1), 2)
+    e = NF.layer_norm(NF.embedding(ids, w["emb"]), 8, w["ln_w"], w["ln_b"]).mean(1)
+    z = F.cat([h.reshape(h.shape[0], -1), e], 1) @ w["lin"]
+    return NF.cross_entropy(z, target)
+
+
+@pytest.mark.parametrize("k", KS)
+def test_data_parallel_convnet_gradients_equal_local(k):
+    """Convolution, batch norm (split on channels), pools, an embedding, layer norm, cat
+    and a loss with the batch split and every weight broadcast: the loss and gradients
+    equal local, the gradients broadcast (all-reduced)."""
+    rng = np.random.default_rng(6)
+    xs, ids, target = (
+        _vals(rng, (5, 3, 6, 6)),
+        rng.integers(0, 7, (5, 4)),
+        np.array([0, 1, 2, 1, 0]),
+    )
+    shapes = dict(
+        conv=(4, 3, 3, 3), emb=(7, 8), ln_w=(8,), ln_b=(8,), lin=(24, 3), bn_w=(4,), bn_b=(4,)
+    )
+    ws = {n: _vals(rng, s) for n, s in shapes.items()}
+    local = {n: _t(a, grad=True) for n, a in ws.items()}
+    lo = _model(_t(xs), _t(ids), _t(target), local)
+    lo.backward()
+    p = af.placement("cpu", k)
+    glob = {n: _t(a).to_global(p, B).requires_grad_() for n, a in ws.items()}
+    lg = _model(*(_t(a).to_global(p, S(0)) for a in (xs, ids, target)), glob)
+    lg.backward()
+    np.testing.assert_allclose(lg.numpy(), lo.numpy(), rtol=1e-5)
+    for n in ws:
+        assert glob[n].grad.sbp == (B,), n
+        np.testing.assert_allclose(
+            glob[n].grad.numpy(), local[n].grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=n
+        )
