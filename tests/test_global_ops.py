@@ -276,6 +276,10 @@ def _index(rng):
     (NF.embedding(idx, w) * _t(_vals(rng, (2, 3, 3)))).sum().backward()  # ROWS, bounds
     x = _t(_vals(rng, (5, 3)), grad=True)
     (x[:, _t(np.array([2, 0, 2]))] * _t(_vals(rng, (5, 3)))).sum().backward()
+    x = _t(_vals(rng, (5, 3, 2)), grad=True)  # by one index in the middle, more dims after
+    (x[:, _t(np.array([[2, 0], [1, 1]]))] * _t(_vals(rng, (5, 2, 2, 2)))).sum().backward()
+    x[_t(np.array(3))]  # (a 0-dim index)
+    x[_t(np.array([1, 2])), :, _t(np.array([0, 1]))]  # (two index tensors: linear only)
 
 
 @sample("class_index")

@@ -377,31 +377,46 @@ def _scatter_add(metas: list, attrs: dict) -> list[Signature]:
 
 # -- indexing ------------------------------------------------------------------------------
 # ``index`` (x[key], the key's tensors after x) is linear in x for any key: (P, B..) -> P.
-# A gather of rows by one index tensor (key ``ROWS``: an embedding, ``take``) also splits:
-# x on a dim after the first (each row's columns: the output's dim after the index's
-# dims), or the index on any of its dims with x whole (the output's rows follow the
-# index's). ``index_add`` (x with value added at x[key], a gather's gradient) is linear in
-# (x, value) together: (P, P, B..) -> P; by rows also x's and value's columns split
-# alike, or the index and value alike with x a summand: (P, S(j), S(j)) -> P. Other keys
-# name positions of the whole tensor: no split. ``class_index`` (a loss's targets) is
-# elementwise over the targets. ``index_put`` (x[key] = value, in place), ``masked_index``
-# and ``nonzero`` (value-dependent shapes) have no rule: broadcast only.
+# A pick by one index tensor along a dim m, every other dim whole (``x[:, idx]``; the key
+# ``ROWS``, m = 0: an embedding, ``take``), also splits: x on a dim other than m (the
+# result has it, after the index's dims where it came after m), or the index on any of its
+# dims with x whole (the result's dims m.. follow the index's). ``index_add`` (x with value
+# added at x[key], the pick's gradient) is linear in (x, value) together: (P, P, B..) -> P;
+# by one index also x and value split alike on x's other dims, or the index and value
+# alike with x a summand: (P, S(m + j), S(j)) -> P. Other keys (ints, partial slices,
+# several index tensors) name positions of the whole tensor: no split. ``class_index`` (a
+# loss's targets) is elementwise over the targets. ``index_put`` (x[key] = value, in
+# place), ``masked_index`` and ``nonzero`` (value-dependent shapes) have no rule:
+# broadcast only.
 
 
-def _is_rows(key: tuple) -> bool:
-    return len(key) == 1 and type(key[0]) is Slot and key[0].index == 0
+def _one_index(key: tuple, nd: int) -> int | None:
+    """``m`` where ``key`` picks by one index tensor along dim ``m`` with every other dim
+    whole (``(:,) * m + (index,) + (:,) * t``; ``ROWS`` is m = 0), else None."""
+    at = [n for n, k in enumerate(key) if type(k) is Slot]
+    if len(at) != 1 or key[at[0]].index != 0 or len(key) > nd:
+        return None
+    if any(
+        not (isinstance(k, slice) and k == slice(None)) for n, k in enumerate(key) if n != at[0]
+    ):
+        return None
+    return at[0]
+
+
+def _by_index(x: tuple, idx: tuple, m: int) -> list[tuple[int, int]]:
+    """(x's dim, the picked result's dim) for x's dims other than ``m``."""
+    return [(d, d if d < m else d - 1 + len(idx)) for d in range(len(x)) if d != m]
 
 
 @sbp_rule("index")
 def _index(metas: list, attrs: dict) -> list[Signature]:
     n = len(metas)
     sigs: list[Signature] = []
-    if _is_rows(attrs["key"]) and n == 2:
+    m = _one_index(attrs["key"], len(metas[0].shape)) if n == 2 else None
+    if m is not None:
         x, idx = metas[0].shape, metas[1].shape
-        for d in range(1, len(x)):
-            sigs.append(((S(d), B), (S(len(idx) + d - 1),)))
-        for j in range(len(idx)):
-            sigs.append(((B, S(j)), (S(j),)))
+        sigs += [((S(d), B), (S(od),)) for d, od in _by_index(x, idx, m)]
+        sigs += [((B, S(j)), (S(m + j),)) for j in range(len(idx))]
     sigs.append(((P,) + (B,) * (n - 1), (P,)))
     return sigs
 
@@ -410,12 +425,13 @@ def _index(metas: list, attrs: dict) -> list[Signature]:
 def _index_add(metas: list, attrs: dict) -> list[Signature]:
     n = len(metas)
     sigs: list[Signature] = []
-    if _is_rows(attrs["key"]) and n == 3:
-        x, idx = metas[0].shape, metas[2].shape
-        for d in range(1, len(x)):
-            sigs.append(((S(d), S(len(idx) + d - 1), B), (S(d),)))
-        for j in range(len(idx)):
-            sigs.append(((P, S(j), S(j)), (P,)))
+    m = _one_index(attrs["key"], len(metas[0].shape)) if n == 3 else None
+    x, value = metas[0].shape, metas[1].shape
+    if m is not None:
+        idx = metas[2].shape
+        if value == x[:m] + idx + x[m + 1 :]:  # (a value broadcast to it: no split)
+            sigs += [((S(d), S(od), B), (S(d),)) for d, od in _by_index(x, idx, m)]
+            sigs += [((P, S(m + j), S(j)), (P,)) for j in range(len(idx))]
     sigs.append(((P, P) + (B,) * (n - 2), (P,)))
     return sigs
 
