@@ -12,7 +12,15 @@ one element more), so no rule needs the rank count.
 
 Attrs are the call's own on every rank, unless the op has a ``localize`` function
 (``LOCALIZE``): ``fn(attrs, out_local_shapes) -> attrs`` for ops whose attrs name a shape
-(the factories).
+(``full``, ``empty``, ``pad_backward``); a rule lists no split that would need one
+otherwise.
+
+The families, each with its reasoning beside its rules: elementwise (by ``op.elementwise``,
+with the linear ones passing partial sums), reductions, matmul, ops along a dim (softmax,
+cumsum, sort, topk), arg reductions, cat/stack, where, triu/tril, gather/scatter_add,
+indexing, pad, normalization, convolutions, pools. Ops without a rule (broadcast only) are
+listed at the end with their reasons; tests/test_global_ops.py checks every op of the
+registry is one or the other, and runs each under every signature listed here.
 """
 
 from __future__ import annotations
@@ -50,16 +58,16 @@ def signatures(op: OpDef, metas: list, attrs: dict, n_out: int) -> list[Signatur
     rule = RULES.get(op.name)
     if rule is None and op.elementwise:
         rule = _elementwise
+    every = (B,) * len(metas)
     out = []
-    seen = set()
-    # (one signature per input layouts: the first listed; the all-broadcast one last)
+    seen = {every}
+    # one signature per input layouts (the first listed), so the one the interpreter picks
+    # for inputs laid out so is known; the all-broadcast one last, always to broadcast
     for sig in list(rule(metas, attrs)) if rule is not None else []:
         if sig[0] not in seen:
             seen.add(sig[0])
             out.append(sig)
-    every = (B,) * len(metas)
-    if every not in seen:
-        out.append((every, (B,) * n_out))
+    out.append((every, (B,) * n_out))
     return out
 
 
