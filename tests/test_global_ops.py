@@ -87,6 +87,7 @@ def _t(a, grad: bool = False) -> af.Tensor:
 
 
 _DT = {
+    np.dtype(np.float16): af.float16,
     np.dtype(np.float32): af.float32,
     np.dtype(np.float64): af.float64,
     np.dtype(np.int64): af.int64,
@@ -181,6 +182,8 @@ def _cast(rng):
     x = _t(_vals(rng, (5, 3)))
     F.cast(x, af.float64)
     F.cast(x, af.int64)
+    F.cast(F.cast(x, af.float16), af.float32)
+    F.cast(_t(_vals(rng, (5, 3)).astype(np.float64)), af.float32)
     apply(op_def("cast"), [x._impl], {"dtype": af.float32})  # a copy: passes partial sums
     F.clone(x)
 

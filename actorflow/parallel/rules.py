@@ -127,11 +127,24 @@ for _name in ("div", "gelu_backward", "silu_backward"):
     RULES[_name] = _with_partial(_name, _elementwise)
 
 
+# float casts that keep every value exactly (a wider float): each summand is kept, so their
+# sum is the sum (narrowing would round each summand apart: cancelling summands lose it)
+_WIDENING = frozenset(
+    {
+        ("float16", "float32"),
+        ("float16", "float64"),
+        ("bfloat16", "float32"),
+        ("bfloat16", "float64"),
+        ("float32", "float64"),
+    }
+)
+
+
 @sbp_rule("cast")
 def _cast(metas: list, attrs: dict) -> list[Signature]:
     sigs = _elementwise(metas, attrs)
     m, to = metas[0].dtype, attrs.get("dtype")
-    if to is not None and to is m:  # a copy: linear
+    if to is not None and (to is m or (m.name, to.name) in _WIDENING):  # linear
         sigs.append(((P,), (P,)))
     return sigs
 
