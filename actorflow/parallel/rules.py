@@ -84,7 +84,7 @@ def _split_matches(metas: list, out_shape: tuple) -> list[Signature]:
     """For each dim ``d`` of the broadcast output: each input split along the dim that
     lines up with ``d`` where it has that size, broadcast where it is stretched (size 1)."""
     nd = len(out_shape)
-    sigs = []
+    sigs: list[Signature] = []
     for d in range(nd):
         ins = []
         for m in metas:
@@ -158,7 +158,7 @@ def _reduce(partial_ok: bool, partial_in: bool) -> Callable:
         dims = attrs["dims"]
         dims = tuple(range(len(shape))) if dims is None else tuple(dims)
         keep = attrs["keepdim"]
-        sigs = []
+        sigs: list[Signature] = []
         for d in range(len(shape)):
             if d in dims:
                 if partial_ok:
