@@ -34,8 +34,9 @@ from .ranks import Ranks, ranks_of
 from .rules import LOCALIZE, signatures
 
 _COPY = op_def("copy")
-# the signature the latest op call on global tensors ran under, (in sbps, out sbps): what
-# tests read to know which one the interpreter picked (one store per call)
+# the signature the latest op call on global tensors that picks one ran under, (in sbps,
+# out sbps) (conversions and factories pick none and leave it): what tests read to know
+# which one the interpreter picked (one store per call)
 CHOSEN: list = [None]
 
 
