@@ -598,7 +598,7 @@ def _k_max_pool2d_backward(outs, ins, attrs):
     n, c = g.shape[:2]
     hw = out.shape[2] * out.shape[3]
     planes = (np.arange(n * c, dtype=np.int64) * hw)[:, None]
-    flat = (idx.reshape(n * c, -1) + planes).ravel()
+    flat = (idx.reshape(n * c, idx.shape[2] * idx.shape[3]) + planes).ravel()  # (no -1: empty)
     got = np.bincount(flat, weights=g.reshape(-1), minlength=n * c * hw)
     np.copyto(out, got.reshape(out.shape), casting="unsafe")
 

@@ -5,6 +5,8 @@ norm (each row's statistics over the last dims) and its backward."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtype import FLOAT
@@ -260,7 +262,9 @@ def _compute(x):
 def _by_channel(x):
     """x (N, C, ...) as (N, C, S): a channel's values are [:, c, :], the last dim contiguous
     (a view of a contiguous array)."""
-    return x.reshape(x.shape[0], x.shape[1], -1)
+    # (the size written out: numpy cannot infer -1 for an empty array, a rank's part of a
+    # global tensor that holds no channel)
+    return x.reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
 
 
 def _channel_sum(a3, b3=None):

@@ -34,20 +34,27 @@ from .ranks import Ranks, ranks_of
 from .rules import LOCALIZE, signatures, split_matches
 
 _COPY = op_def("copy")
+# the signature the latest op call on global tensors that picks one ran under, (in sbps,
+# out sbps) (conversions and factories pick none and leave it): what tests read to know
+# which one the interpreter picked (one store per call)
+CHOSEN: list = [None]
 
 
 class GlobalBlob(Blob):
     """A global tensor's storage: its parts, one per rank of ``ranks`` (kept by the ranks'
     kind: tensors of this process, or handles of a worker's)."""
 
-    __slots__ = ("parts", "ranks")
+    __slots__ = ("parts", "ranks", "gathered")
 
-    def __init__(self, lay: Layout, ranks: Ranks, parts: list) -> None:
+    def __init__(self, lay: Layout, ranks: Ranks, parts: list, gathered: bool = False) -> None:
         # the backend reading it uses: the whole value is read on the host (a placement
         # of a device type without data has none)
         super().__init__(lay, _reader_backend(lay.placement.type), 0)
         self.ranks = ranks
         self.parts = parts
+        # a view taken of a gathered copy (its split dim did not survive the view): its
+        # parts are not the viewed tensor's, so it cannot be written in place
+        self.gathered = gathered
 
 
 def _reader_backend(device_type: str):
@@ -92,17 +99,20 @@ def _check_parts(what: str, ranks: Ranks, parts: list, shape: tuple, sbp: SBP) -
 
 def global_apply(op, inputs, attrs, device, outs):
     """An op call the eager interpreter found global (see the module doc)."""
-    if op is _COPY:
-        if outs:  # copy_ into a global tensor: the source laid out as the target first
-            src, lay = inputs[0], outs[0].meta.device
-            if src.meta.device is not lay:
-                if src.meta.shape != outs[0].meta.shape:  # (broadcast: whole on each rank)
-                    lay = layout(lay.placement, (broadcast,))
-                inputs = [convert(src, lay)]
-            device = None
-        elif device is not None:
-            return [convert(inputs[0], device, copy=True)]
+    if outs:
+        _check_writable(op, outs)
+    if op is _COPY and device is not None:
+        if len(inputs) != 1:
+            raise DeviceError("copy to a placement takes one tensor")
+        if outs:  # copy_(dst, src): src broadcast to dst's shape, laid out as dst
+            src, dst = inputs[0], outs[0]
+            if src.meta.shape != dst.meta.shape:
+                src = views.expand(src, dst.meta.shape)
+            return _write_into(outs, [convert(src, dst.meta.device)])
+        return [convert(inputs[0], device, copy=True)]
     if not inputs:
+        if outs:  # fill_: made laid out as the tensor written, then copied into its parts
+            return _write_into(outs, [_factory(op, attrs, outs[0].meta.device)])
         return [_factory(op, attrs, device)]
     first = inputs[0].meta.device
     for i in inputs:
@@ -160,7 +170,7 @@ def global_apply(op, inputs, attrs, device, outs):
             n,
         ),
     )
-    in_sbps, out_sbps = sigs[best]
+    in_sbps, out_sbps = CHOSEN[0] = sigs[best]
     boxed = [
         box(ranks, parts_of(i), c, w, m.shape, m.dtype)
         for i, c, w, m in zip(inputs, current, in_sbps, metas, strict=True)
@@ -197,6 +207,28 @@ def global_apply(op, inputs, attrs, device, outs):
             _check_parts(f"op {op.name!r}", ranks, parts, shape, s)
         made.append(make(ranks, parts, shape, dtype, s))
     return made
+
+
+def _check_writable(op, outs: list) -> None:
+    for o in outs:
+        if getattr(o.blob, "gathered", False):
+            raise DeviceError(
+                f"op {op.name!r} cannot write in place into this view of a global tensor: "
+                f"the view does not keep the tensor's split dim whole (of shape "
+                f"{tuple(o.meta.shape)}, laid out {sbp_of(o)}, it is a view of a gathered "
+                f"copy), so a write would not reach the tensor; convert the tensor to "
+                f"broadcast first (x = x.to_global(sbp=af.sbp.broadcast)) or compute the "
+                f"new value out of place"
+            )
+
+
+def _write_into(outs: list, made: list) -> list:
+    """Copies each global tensor of ``made`` into the parts of the same-laid-out ``outs``."""
+    for o, m in zip(outs, made, strict=True):
+        ranks = _ranks(o)
+        for r, (dst, src) in enumerate(zip(parts_of(o), parts_of(m), strict=True)):
+            ranks.call(r, _COPY, [src], {}, [dst])
+    return outs
 
 
 def _nbytes(m: TensorMeta) -> int:
@@ -347,10 +379,12 @@ def global_view(name: str, impl: TensorImpl, *args: Any) -> TensorImpl:
     shape = logical.shape
     s = sbp_of(impl)
     new_s, per_rank = _view_layout(name, m.shape, shape, s, args, k)
+    gathered = getattr(impl.blob, "gathered", False)
     if new_s is None:  # the split dim does not survive the view: gather it first
         impl = convert(impl, layout(_ranks(impl).placement, (broadcast,)))
         s, new_s = broadcast, broadcast
         per_rank = [args] * k
+        gathered = True
     ranks = _ranks(impl)
     parts = []
     for r, p in enumerate(parts_of(impl)):
@@ -362,7 +396,7 @@ def global_view(name: str, impl: TensorImpl, *args: Any) -> TensorImpl:
     lay = layout(ranks.placement, (new_s,))
     out = TensorImpl(
         TensorMeta(shape, m.dtype, lay, logical.strides, logical.offset),
-        GlobalBlob(lay, ranks, parts),
+        GlobalBlob(lay, ranks, parts, gathered),
     )
     return out
 

@@ -12,7 +12,15 @@ one element more), so no rule needs the rank count.
 
 Attrs are the call's own on every rank, unless the op has a ``localize`` function
 (``LOCALIZE``): ``fn(attrs, out_local_shapes) -> attrs`` for ops whose attrs name a shape
-(the factories).
+(``full``, ``empty``, ``pad_backward``); a rule lists no split that would need one
+otherwise.
+
+The families, each with its reasoning beside its rules: elementwise (by ``op.elementwise``,
+with the linear ones passing partial sums), reductions, matmul, ops along a dim (softmax,
+cumsum, sort, topk), arg reductions, cat/stack, where, triu/tril, gather/scatter_add,
+indexing, pad, normalization, convolutions, pools. Ops without a rule (broadcast only) are
+listed at the end with their reasons; tests/test_global_ops.py checks every op of the
+registry is one or the other, and runs each under every signature listed here.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ops.common import broadcast_shapes
+from ..ops.index import Slot
 from ..ops.registry import OpDef
 from ..sbp import SBP, broadcast, partial_sum, split
 
@@ -49,8 +58,16 @@ def signatures(op: OpDef, metas: list, attrs: dict, n_out: int) -> list[Signatur
     rule = RULES.get(op.name)
     if rule is None and op.elementwise:
         rule = _elementwise
-    out = list(rule(metas, attrs)) if rule is not None else []
-    out.append(((B,) * len(metas), (B,) * n_out))
+    every = (B,) * len(metas)
+    out = []
+    seen = {every}
+    # one signature per input layouts (the first listed), so the one the interpreter picks
+    # for inputs laid out so is known; the all-broadcast one last, always to broadcast
+    for sig in list(rule(metas, attrs)) if rule is not None else []:
+        if sig[0] not in seen:
+            seen.add(sig[0])
+            out.append(sig)
+    out.append((every, (B,) * n_out))
     return out
 
 
@@ -69,7 +86,7 @@ def split_matches(metas: list, out_shape: tuple, in_place: bool = False) -> list
     ``in_place``: the output exists (a part per rank), so a dim every input is stretched
     along may be split too (each rank broadcasts the inputs into its part)."""
     nd = len(out_shape)
-    sigs = []
+    sigs: list[Signature] = []
     for d in range(nd):
         ins = []
         for m in metas:
@@ -112,11 +129,24 @@ for _name in ("div", "gelu_backward", "silu_backward"):
     RULES[_name] = _with_partial(_name, _elementwise)
 
 
+# float casts that keep every value exactly (a wider float): each summand is kept, so their
+# sum is the sum (narrowing would round each summand apart: cancelling summands lose it)
+_WIDENING = frozenset(
+    {
+        ("float16", "float32"),
+        ("float16", "float64"),
+        ("bfloat16", "float32"),
+        ("bfloat16", "float64"),
+        ("float32", "float64"),
+    }
+)
+
+
 @sbp_rule("cast")
 def _cast(metas: list, attrs: dict) -> list[Signature]:
     sigs = _elementwise(metas, attrs)
     m, to = metas[0].dtype, attrs.get("dtype")
-    if to is not None and to is m:  # a copy: linear
+    if to is not None and (to is m or (m.name, to.name) in _WIDENING):  # linear
         sigs.append(((P,), (P,)))
     return sigs
 
@@ -130,7 +160,7 @@ def _reduce(partial_ok: bool, partial_in: bool) -> Callable:
         dims = attrs["dims"]
         dims = tuple(range(len(shape))) if dims is None else tuple(dims)
         keep = attrs["keepdim"]
-        sigs = []
+        sigs: list[Signature] = []
         for d in range(len(shape)):
             if d in dims:
                 if partial_ok:
@@ -248,3 +278,336 @@ def _shape_attr(attrs: dict, shapes: list) -> dict:
 # whole value on each rank and keep their slice, so a global tensor equals the local one
 LOCALIZE["full"] = _shape_attr
 LOCALIZE["empty"] = _shape_attr
+
+
+def _dim(attrs: dict, nd: int, key: str = "dim") -> int:
+    return attrs[key] % nd if nd else 0
+
+
+def _both(sigs: list[Signature], n_out: int) -> list[Signature]:
+    """One-output signatures for an op whose ``n_out`` outputs are laid out alike."""
+    return [(i, o * n_out) for i, o in sigs]
+
+
+# -- arg reductions: argmax/argmin, max_dim/min_dim ----------------------------------------
+# The reduced dim is read whole (an index into it is global): only a kept dim splits, the
+# output's dim that one less the reduced dim before it (none with keepdim). A flattening
+# argmax (dim None) reads every element: broadcast only.
+
+
+def _arg_reduce(metas: list, attrs: dict) -> list[Signature]:
+    shape = metas[0].shape
+    if attrs["dim"] is None or not shape:
+        return []
+    dim = _dim(attrs, len(shape))
+    sigs: list[Signature] = []
+    for d in range(len(shape)):
+        if d != dim:
+            od = d if attrs["keepdim"] or d < dim else d - 1
+            sigs.append(((S(d),), (S(od),)))
+    return sigs
+
+
+RULES["argmax"] = RULES["argmin"] = _arg_reduce
+RULES["max_dim"] = RULES["min_dim"] = lambda metas, attrs: _both(_arg_reduce(metas, attrs), 2)
+
+
+# -- where ---------------------------------------------------------------------------------
+# Elementwise over (condition, x?, y?) broadcast together (x or y a number in attrs when
+# not a tensor). Linear in the values with the condition fixed: where(c, x1 + x2, y1 + y2)
+# is where(c, x1, y1) + where(c, x2, y2), so (B, P, P) -> P; with one value a number, only
+# a zero keeps the sum (where(c, x1 + x2, 0)), so (B, P) -> P then.
+
+
+@sbp_rule("where")
+def _where(metas: list, attrs: dict) -> list[Signature]:
+    sigs = _elementwise(metas, attrs)
+    n_values = len(metas) - 1
+    if n_values == 2:
+        sigs.append(((B, P, P), (P,)))
+    elif n_values == 1:
+        number = attrs["x"] if "x" in attrs else attrs["y"]
+        if not isinstance(number, bool) and number == 0:
+            sigs.append(((B, P), (P,)))
+    return sigs
+
+
+# -- triu / tril ---------------------------------------------------------------------------
+# The triangle is of the last two dims, at positions counted from each matrix's corner: only
+# the batch dims before them split. Masking is linear: P -> P.
+
+
+@sbp_rule("triu", "tril")
+def _triangle(metas: list, attrs: dict) -> list[Signature]:
+    nd = len(metas[0].shape)
+    sigs: list[Signature] = [((S(d),), (S(d),)) for d in range(nd - 2)]
+    sigs.append(((P,), (P,)))
+    return sigs
+
+
+# -- sort / topk ---------------------------------------------------------------------------
+# Along one dim (read whole): every other dim splits, values and indices alike; topk's k
+# is of that dim, unchanged by a split elsewhere.
+
+
+@sbp_rule("sort", "topk")
+def _sort(metas: list, attrs: dict) -> list[Signature]:
+    nd = len(metas[0].shape)
+    dim = _dim(attrs, nd)
+    return [((S(d),), (S(d), S(d))) for d in range(nd) if d != dim]
+
+
+# -- gather / scatter_add along a dim ------------------------------------------------------
+# out[.., i, ..] = x[.., index[.., i, ..], ..] along ``dim``; every other dim is a position
+# shared by x, index (and src): it splits where those have the same size there (index may
+# be smaller than x, src larger than index: their slices would not line up). Along ``dim``
+# itself the index's positions are the output's own: (B, S(dim)) -> S(dim) for a gather,
+# and for a scatter_add each rank adds its slice of index/src into its summand of x:
+# (P, S(dim), S(dim)) -> P where src is as long as index there. Gather is linear in x;
+# scatter_add in (x, src) together.
+
+
+@sbp_rule("gather")
+def _gather(metas: list, attrs: dict) -> list[Signature]:
+    x, index = metas[0].shape, metas[1].shape
+    nd = len(x)
+    sigs: list[Signature] = []
+    if nd and len(index) == nd:
+        dim = _dim(attrs, nd)
+        for d in range(nd):
+            if d != dim and x[d] == index[d]:
+                sigs.append(((S(d), S(d)), (S(d),)))
+        sigs.append(((B, S(dim)), (S(dim),)))
+    sigs.append(((P, B), (P,)))
+    return sigs
+
+
+@sbp_rule("scatter_add")
+def _scatter_add(metas: list, attrs: dict) -> list[Signature]:
+    x, index, src = (m.shape for m in metas)
+    nd = len(x)
+    sigs: list[Signature] = []
+    if nd and len(index) == nd and len(src) == nd:
+        dim = _dim(attrs, nd)
+        for d in range(nd):
+            if d != dim and x[d] == index[d] == src[d]:
+                sigs.append(((S(d), S(d), S(d)), (S(d),)))
+        if index[dim] == src[dim]:
+            sigs.append(((P, S(dim), S(dim)), (P,)))
+    sigs.append(((P, B, P), (P,)))
+    return sigs
+
+
+# -- indexing ------------------------------------------------------------------------------
+# ``index`` (x[key], the key's tensors after x) is linear in x for any key: (P, B..) -> P.
+# A pick by one index tensor along a dim m, every other dim whole (``x[:, idx]``; the key
+# ``ROWS``, m = 0: an embedding, ``take``), also splits: x on a dim other than m (the
+# result has it, after the index's dims where it came after m), or the index on any of its
+# dims with x whole (the result's dims m.. follow the index's). ``index_add`` (x with value
+# added at x[key], the pick's gradient) is linear in (x, value) together: (P, P, B..) -> P;
+# by one index also x and value split alike on x's other dims, or the index and value
+# alike with x a summand: (P, S(m + j), S(j)) -> P. Other keys (ints, partial slices,
+# several index tensors) name positions of the whole tensor: no split. ``class_index`` (a
+# loss's targets) is elementwise over the targets. ``index_put`` (x[key] = value, in
+# place), ``masked_index`` and ``nonzero`` (value-dependent shapes) have no rule:
+# broadcast only.
+
+
+def _one_index(key: tuple, nd: int) -> int | None:
+    """``m`` where ``key`` picks by one index tensor along dim ``m`` with every other dim
+    whole (``(:,) * m + (index,) + (:,) * t``; ``ROWS`` is m = 0), else None."""
+    at = [n for n, k in enumerate(key) if type(k) is Slot]
+    if len(at) != 1 or key[at[0]].index != 0 or len(key) > nd:
+        return None
+    if any(
+        not (isinstance(k, slice) and k == slice(None)) for n, k in enumerate(key) if n != at[0]
+    ):
+        return None
+    return at[0]
+
+
+def _by_index(x: tuple, idx: tuple, m: int) -> list[tuple[int, int]]:
+    """(x's dim, the picked result's dim) for x's dims other than ``m``."""
+    return [(d, d if d < m else d - 1 + len(idx)) for d in range(len(x)) if d != m]
+
+
+@sbp_rule("index")
+def _index(metas: list, attrs: dict) -> list[Signature]:
+    n = len(metas)
+    sigs: list[Signature] = []
+    m = _one_index(attrs["key"], len(metas[0].shape)) if n == 2 else None
+    if m is not None:
+        x, idx = metas[0].shape, metas[1].shape
+        sigs += [((S(d), B), (S(od),)) for d, od in _by_index(x, idx, m)]
+        sigs += [((B, S(j)), (S(m + j),)) for j in range(len(idx))]
+    sigs.append(((P,) + (B,) * (n - 1), (P,)))
+    return sigs
+
+
+@sbp_rule("index_add")
+def _index_add(metas: list, attrs: dict) -> list[Signature]:
+    n = len(metas)
+    sigs: list[Signature] = []
+    m = _one_index(attrs["key"], len(metas[0].shape)) if n == 3 else None
+    x, value = metas[0].shape, metas[1].shape
+    if m is not None:
+        idx = metas[2].shape
+        if value == x[:m] + idx + x[m + 1 :]:  # (a value broadcast to it: no split)
+            sigs += [((S(d), S(od), B), (S(d),)) for d, od in _by_index(x, idx, m)]
+            sigs += [((P, S(m + j), S(j)), (P,)) for j in range(len(idx))]
+    sigs.append(((P, P) + (B,) * (n - 2), (P,)))
+    return sigs
+
+
+@sbp_rule("class_index")
+def _class_index(metas: list, attrs: dict) -> list[Signature]:
+    return [((S(d),), (S(d), S(d))) for d in range(len(metas[0].shape))]
+
+
+# -- pad / pad_backward --------------------------------------------------------------------
+# A dim padded by (0, 0) is copied as it is: it splits. The others read across the whole
+# dim (reflect, circular) or are offset (constant): no split. Padding is linear where what
+# it adds is linear in x (modes reading x's own elements, or a constant zero): P -> P.
+# pad_backward sums back through the same maps (linear always) and names the input's
+# shape: each rank is given its part's shape (LOCALIZE).
+
+
+@sbp_rule("pad")
+def _pad(metas: list, attrs: dict) -> list[Signature]:
+    sigs: list[Signature] = [
+        ((S(d),), (S(d),)) for d, p in enumerate(attrs["pads"]) if tuple(p) == (0, 0)
+    ]
+    value = attrs.get("value")
+    if attrs["mode"] != "constant" or (not isinstance(value, bool) and value == 0):
+        sigs.append(((P,), (P,)))
+    return sigs
+
+
+@sbp_rule("pad_backward")
+def _pad_backward(metas: list, attrs: dict) -> list[Signature]:
+    sigs: list[Signature] = [
+        ((S(d),), (S(d),)) for d, p in enumerate(attrs["pads"]) if tuple(p) == (0, 0)
+    ]
+    sigs.append(((P,), (P,)))
+    return sigs
+
+
+LOCALIZE["pad_backward"] = _shape_attr
+
+
+# -- normalization -------------------------------------------------------------------------
+# layer_norm normalizes each row of the last ``dims`` dims: a leading dim splits, x and the
+# row statistics (shape: the leading dims) alike, weight and bias whole. Its backward's
+# input gradient splits the same way; the weight's and bias's are sums over the rows, so
+# each rank's is a summand: (S(d), S(d), S(d), S(d), B) -> (S(d), P, P).
+# batch_norm's statistics are per channel over the batch and the spatial dims: only the
+# channel dim (1) splits, with every per-channel tensor (weight, bias, mean, var, the
+# weight's and bias's gradients) split on its dim 0. Not the batch: the statistics are
+# over it. Both backwards are linear in the incoming gradient with the rest fixed:
+# (P, B, ...) -> (P, P, P).
+
+
+@sbp_rule("layer_norm")
+def _layer_norm(metas: list, attrs: dict) -> list[Signature]:
+    nd, n = len(metas[0].shape), len(metas)
+    lead = nd - attrs["dims"]
+    return [((S(d),) + (B,) * (n - 1), (S(d),) * 3) for d in range(lead)]
+
+
+@sbp_rule("layer_norm_backward")
+def _layer_norm_backward(metas: list, attrs: dict) -> list[Signature]:
+    nd, n = len(metas[1].shape), len(metas)
+    lead = nd - attrs["dims"]
+    sigs: list[Signature] = [((S(d),) * 4 + (B,) * (n - 4), (S(d), P, P)) for d in range(lead)]
+    sigs.append(((P,) + (B,) * (n - 1), (P, P, P)))
+    return sigs
+
+
+@sbp_rule("batch_norm")
+def _batch_norm(metas: list, attrs: dict) -> list[Signature]:
+    n = len(metas)
+    return [((S(1),) + (S(0),) * (n - 1), (S(1), S(0), S(0)))]
+
+
+@sbp_rule("batch_norm_backward")
+def _batch_norm_backward(metas: list, attrs: dict) -> list[Signature]:
+    n = len(metas)
+    return [
+        ((S(1), S(1)) + (S(0),) * (n - 2), (S(1), S(0), S(0))),
+        ((P,) + (B,) * (n - 1), (P, P, P)),
+    ]
+
+
+# -- convolutions --------------------------------------------------------------------------
+# conv2d (x (N, C, H, W), weight (O, C/g, kh, kw)): the batch splits with the weight whole;
+# with groups=1 the output channels split as the weight's rows (x whole), and the input
+# channels as x's and the weight's dim 1 together, each rank a summand of every output
+# (the op has no bias: a bias is added after, so S(1) x S(1) -> P is exact). Groups > 1
+# tie channel blocks to groups: no channel split. A convolution is linear in each operand:
+# (P, B) and (B, P) -> P. conv_transpose2d (weight (C, O/g, kh, kw)) the same with the
+# weight's dims swapped; conv2d_weight (x, the output's gradient (N, O, oh, ow)) sums over
+# the batch: (S(0), S(0)) -> P, and its output's dims are the out (0) and in (1) channels.
+# unfold/fold: the batch splits (a channel's kh*kw block rows do not split evenly with the
+# channels); both are linear.
+
+
+@sbp_rule("conv2d")
+def _conv2d(metas: list, attrs: dict) -> list[Signature]:
+    sigs: list[Signature] = [((S(0), B), (S(0),))]
+    if attrs["groups"] == 1:
+        sigs += [((B, S(0)), (S(1),)), ((S(1), S(1)), (P,))]
+    return sigs + [((P, B), (P,)), ((B, P), (P,))]
+
+
+@sbp_rule("conv_transpose2d")
+def _conv_transpose2d(metas: list, attrs: dict) -> list[Signature]:
+    sigs: list[Signature] = [((S(0), B), (S(0),))]
+    if attrs["groups"] == 1:
+        sigs += [((B, S(1)), (S(1),)), ((S(1), S(0)), (P,))]
+    return sigs + [((P, B), (P,)), ((B, P), (P,))]
+
+
+@sbp_rule("conv2d_weight")
+def _conv2d_weight(metas: list, attrs: dict) -> list[Signature]:
+    sigs: list[Signature] = [((S(0), S(0)), (P,))]
+    if attrs["groups"] == 1:
+        sigs += [((B, S(1)), (S(0),)), ((S(1), B), (S(1),))]
+    return sigs + [((P, B), (P,)), ((B, P), (P,))]
+
+
+@sbp_rule("unfold", "fold")
+def _unfold(metas: list, attrs: dict) -> list[Signature]:
+    return [((S(0),), (S(0),)), ((P,), (P,))]
+
+
+# -- pools ---------------------------------------------------------------------------------
+# A pool works on each (sample, channel) plane alone: the batch and the channels split
+# (max_pool2d's indices are flat within a plane, so its backward splits the same with
+# them). Average pools and every pool's backward are linear (in the gradient, the indices
+# fixed): P -> P; max pooling is not.
+
+
+@sbp_rule("max_pool2d")
+def _max_pool(metas: list, attrs: dict) -> list[Signature]:
+    return [((S(0),), (S(0), S(0))), ((S(1),), (S(1), S(1)))]
+
+
+@sbp_rule("max_pool2d_backward")
+def _max_pool_backward(metas: list, attrs: dict) -> list[Signature]:
+    return [((S(0), S(0)), (S(0),)), ((S(1), S(1)), (S(1),)), ((P, B), (P,))]
+
+
+@sbp_rule(
+    "avg_pool2d", "avg_pool2d_backward", "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward"
+)
+def _avg_pool(metas: list, attrs: dict) -> list[Signature]:
+    return [((S(0),), (S(0),)), ((S(1),), (S(1),)), ((P,), (P,))]
+
+
+# -- ops without a rule --------------------------------------------------------------------
+# (each broadcast only, the all-broadcast signature alone; tests/test_global_ops.py lists
+# them with their reasons): the factories with no inputs (empty, full, arange, rand, randn)
+# take no signature at all: the global interpreter makes each rank's part (``_factory``);
+# rand_step/randn_step draw by the whole shape (a part would draw other values), so their
+# output is whole on every rank; index_put writes x[key] in place (the key names positions
+# of the whole tensor); masked_index and nonzero have value-dependent shapes.
