@@ -190,12 +190,14 @@ def test_to_global_round_trips_and_parts(k):
 
 def _cnn():
     af.manual_seed(0)
+    # no bias before batch norm: its gradient is zero, and Adam would turn the ranks'
+    # rounding noise in it into steps of +-lr
     return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1, bias=False),  # (a bias before batch norm has a
-        nn.BatchNorm2d(4),  # its rounding noise to +-lr)
+        nn.Conv2d(1, 4, 3, padding=1, bias=False),
+        nn.BatchNorm2d(4),
         nn.ReLU(),
         nn.MaxPool2d(2),
-        nn.Conv2d(4, 8, 3, padding=1, bias=False),  # zero gradient: Adam would amplify
+        nn.Conv2d(4, 8, 3, padding=1, bias=False),
         nn.BatchNorm2d(8),
         nn.ReLU(),
         nn.MaxPool2d(2),
