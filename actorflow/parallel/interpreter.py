@@ -21,7 +21,7 @@ from typing import Any
 
 from ..device import Device, device
 from ..dtype import DType
-from ..eager.interpreter import apply, use_global
+from ..eager.interpreter import apply, attrs_key, use_global
 from ..errors import DeviceError, ShapeError, VMError
 from ..ops import get as op_def
 from ..sbp import SBP, Layout, Placement, as_sbp, broadcast, layout, split, split_sizes
@@ -38,6 +38,11 @@ _COPY = op_def("copy")
 # out sbps) (conversions and factories pick none and leave it): what tests read to know
 # which one the interpreter picked (one store per call)
 CHOSEN: list = [None]
+# what a call decided (output specs, signature), per signature: the op, its inputs' metas
+# (their layouts included), its attrs (``eager.interpreter.attrs_key``; a call whose attrs
+# cannot be keyed decides anew), the layouts written in place, the rank count
+_DECIDED: dict = {}
+DECIDED_MAX = 4096
 
 
 class GlobalBlob(Blob):
@@ -133,44 +138,22 @@ def global_apply(op, inputs, attrs, device, outs):
     ranks = _ranks(inputs[0])
     k = ranks.size
     metas = [i.meta for i in inputs]
-    specs = op.infer(metas, attrs)
-    n_out = len(specs)
-    dynamic = any(shape is None for shape, _ in specs)
-    if dynamic:
-        sigs = [((broadcast,) * len(inputs), (broadcast,) * n_out)]
-    elif (
-        outs
-        and (op.elementwise or op is _COPY)
-        and any(m.shape != outs[0].meta.shape for m in metas)
-    ):
-        # in place into a tensor the inputs broadcast to (copy_ of a row into a matrix)
-        sigs = split_matches(metas, outs[0].meta.shape, in_place=True) + [
-            ((broadcast,) * len(metas), (broadcast,))
-        ]
+    key = attrs_key(op, attrs)
+    if key is not None:
+        key = (op, tuple(metas), key, None if not outs else tuple(o.meta for o in outs), k)
+        decided = _DECIDED.get(key)
     else:
-        sigs = signatures(op, metas, attrs, n_out)
-    if outs:
-        want = tuple(sbp_of(o) for o in outs)
-        sigs = [s for s in sigs if s[1] == want]
-        if not sigs:
-            raise DeviceError(
-                f"op {op.name!r} cannot write in place into a global tensor laid out "
-                f"{', '.join(map(str, want))} from inputs of shapes "
-                f"{[tuple(m.shape) for m in metas]}: no signature of the op gives that "
-                f"layout; compute out of place (y = op(x)) and convert with "
-                f".to_global(sbp=...)"
-            )
+        decided = None
+    fresh = decided is None
+    if fresh:
+        decided = _decide(op, metas, attrs, outs, k)
+        if key is not None:
+            if len(_DECIDED) >= DECIDED_MAX:
+                _DECIDED.clear()
+            _DECIDED[key] = decided
+    specs, (in_sbps, out_sbps) = decided
+    CHOSEN[0] = (in_sbps, out_sbps)
     current = [sbp_of(i) for i in inputs]
-    sizes = [_nbytes(m) for m in metas]
-    best = min(
-        range(len(sigs)),
-        key=lambda n: (
-            sum(cost(c, w, b, k) for c, w, b in zip(current, sigs[n][0], sizes, strict=True)),
-            sum(local_cost(c, w) for c, w in zip(current, sigs[n][0], strict=True)),
-            n,
-        ),
-    )
-    in_sbps, out_sbps = CHOSEN[0] = sigs[best]
     boxed = [
         box(ranks, parts_of(i), c, w, m.shape, m.dtype)
         for i, c, w, m in zip(inputs, current, in_sbps, metas, strict=True)
@@ -203,10 +186,55 @@ def global_apply(op, inputs, attrs, device, outs):
                         f"internal error: {op.name!r} gave ranks different shapes "
                         f"({shape} on rank 0, {ranks.meta(p).shape} on rank {r})"
                     )
-        else:
+        elif fresh:  # (a decision seen before was checked then: same shapes)
             _check_parts(f"op {op.name!r}", ranks, parts, shape, s)
         made.append(make(ranks, parts, shape, dtype, s))
     return made
+
+
+def _decide(op, metas: list, attrs: dict, outs, k: int) -> tuple:
+    """``(output specs, (in_sbps, out_sbps))`` of a call: ``infer`` on the logical metas,
+    the op's signatures (those giving ``outs``' layouts for an in-place call), the one
+    whose boxing moves the fewest bytes, then the fewest local conversions, then the
+    first listed. A function of the call's signature alone: kept in ``_DECIDED``."""
+    specs = op.infer(metas, attrs)
+    n_out = len(specs)
+    dynamic = any(shape is None for shape, _ in specs)
+    if dynamic:
+        sigs = [((broadcast,) * len(metas), (broadcast,) * n_out)]
+    elif (
+        outs
+        and (op.elementwise or op is _COPY)
+        and any(m.shape != outs[0].meta.shape for m in metas)
+    ):
+        # in place into a tensor the inputs broadcast to (copy_ of a row into a matrix)
+        sigs = split_matches(metas, outs[0].meta.shape, in_place=True) + [
+            ((broadcast,) * len(metas), (broadcast,))
+        ]
+    else:
+        sigs = signatures(op, metas, attrs, n_out)
+    if outs:
+        want = tuple(sbp_of(o) for o in outs)
+        sigs = [s for s in sigs if s[1] == want]
+        if not sigs:
+            raise DeviceError(
+                f"op {op.name!r} cannot write in place into a global tensor laid out "
+                f"{', '.join(map(str, want))} from inputs of shapes "
+                f"{[tuple(m.shape) for m in metas]}: no signature of the op gives that "
+                f"layout; compute out of place (y = op(x)) and convert with "
+                f".to_global(sbp=...)"
+            )
+    current = [m.device.sbp[0] for m in metas]
+    sizes = [_nbytes(m) for m in metas]
+    best = min(
+        range(len(sigs)),
+        key=lambda n: (
+            sum(cost(c, w, b, k) for c, w, b in zip(current, sigs[n][0], sizes, strict=True)),
+            sum(local_cost(c, w) for c, w in zip(current, sigs[n][0], strict=True)),
+            n,
+        ),
+    )
+    return specs, sigs[best]
 
 
 def _check_writable(op, outs: list) -> None:
