@@ -232,3 +232,24 @@ def test_a_cnn_with_batch_norm_trains_data_parallel_as_one_process(k):
     for (n, a), (_, b) in zip(ml.state_dict().items(), mg.state_dict().items(), strict=True):
         assert b.is_global, n
         _close(a.numpy(), b.numpy(), 1e-4)
+
+
+def test_record_shows_the_boxing_of_a_data_parallel_step():
+    """The gradients' all-reduces are the step's only communication, one per parameter,
+    each moving 2 (k - 1) times the gradient's bytes; the forward moves nothing."""
+    p = af.placement("cpu", 2)
+    m = _mlp().to_global(p)
+    x = af.ones(10, 8).to_global(p, af.sbp.split(0))
+    with af.parallel.record() as rec:
+        out = m(x)
+    assert rec.boxings() == []
+    assert [str(c) for c in rec.calls][0] == "matmul: S(0), B -> S(0)"
+    with af.parallel.record() as rec:
+        out.sum().backward()
+    moved = [b for b in rec.boxings() if b.moved]
+    # (a weight's gradient is reduced as its transpose, the matmul's own gradient)
+    assert sorted(int(np.prod(b.shape)) for b in moved) == sorted(q.numel() for q in m.parameters())
+    for b in moved:
+        assert (str(b.src), str(b.dst), b.collective) == ("P", "B", "all-reduce")
+        assert b.moved == 2 * 4 * int(np.prod(b.shape))
+    assert "4 x P -> B (all-reduce)" in rec.summary()

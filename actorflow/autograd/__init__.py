@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from ..creation import ones_like
 from ..eager import interpreter
 from ..functional import cast
+from ..sbp import broadcast, layout
 from ..tensor import tensor as tensor_module
 from ..tensor.tensor import Tensor
 from . import rules_conv  # noqa: F401 - registers the convolution and pooling rules
@@ -143,7 +144,12 @@ def backward(
                 f"pass gradient= (a tensor of that shape) or reduce it first "
                 f"(loss.sum() or loss.mean())"
             )
-        gradient = ones_like(self)
+        dev = self._impl.meta.device
+        if dev.placed and dev.sbp[0].kind == "P":
+            # a partial sum's seed of ones is laid out broadcast (each rank holding 1, not
+            # a summand of it): the rules' ops then run where the inputs' parts are
+            dev = layout(dev.placement, (broadcast,))
+        gradient = ones_like(self, device=dev)
     elif not isinstance(gradient, Tensor) or gradient.shape != self.shape:
         raise RuntimeError(
             f"backward(gradient=...): expected a tensor of shape {self.shape}, "

@@ -10,6 +10,7 @@ from typing import Any
 from ..sbp import Placement
 from ..tensor.tensor import Tensor, wrap
 from .interpreter import convert, part, to_layout
+from .recording import Recording, record
 
 
 def to_global(x: Tensor, placement: Placement | None = None, sbp: Any = None) -> Tensor:
@@ -47,4 +48,4 @@ def to_local(x: Tensor, rank: int | None = None) -> Tensor:
     return wrap(apply(op_def("copy"), [impl], {}, device=device("cpu"))[0])
 
 
-__all__ = ["to_global", "to_local", "convert"]
+__all__ = ["to_global", "to_local", "convert", "record", "Recording"]

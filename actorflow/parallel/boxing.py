@@ -22,6 +22,7 @@ from typing import Any
 
 from ..ops import get as op_def
 from ..sbp import SBP, split_sizes, split_starts
+from . import recording
 from .ranks import Ranks
 
 _CAT = op_def("cat")
@@ -95,6 +96,21 @@ def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any)
     if src is dst:
         return parts
     k = ranks.size
+    if recording.OPEN:
+        n = dtype.itemsize
+        for x in shape:
+            n *= x
+        recording.note(
+            recording.Boxing(
+                src,
+                dst,
+                tuple(shape),
+                dtype,
+                k,
+                recording.COLLECTIVE[(src.kind, dst.kind)],
+                int(cost(src, dst, n, k)),
+            )
+        )
     out = []
     for r in range(k):
         out.append(_box_one(ranks, parts, src, dst, shape, dtype, r, k))

@@ -29,6 +29,7 @@ from ..tensor import views
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta
+from . import recording
 from .boxing import box, cost, local_cost, local_shape
 from .ranks import Ranks, ranks_of
 from .rules import LOCALIZE, signatures, split_matches
@@ -154,6 +155,8 @@ def global_apply(op, inputs, attrs, device, outs):
     specs, (in_sbps, out_sbps) = decided
     CHOSEN[0] = (in_sbps, out_sbps)
     current = [sbp_of(i) for i in inputs]
+    if recording.OPEN:
+        recording.note(recording.Call(op.name, tuple(current), in_sbps, out_sbps))
     boxed = [
         box(ranks, parts_of(i), c, w, m.shape, m.dtype)
         for i, c, w, m in zip(inputs, current, in_sbps, metas, strict=True)
