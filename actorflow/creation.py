@@ -25,12 +25,14 @@ from .dtype import (
     scalar_dtype,
 )
 from .eager.interpreter import access, apply
-from .errors import DTypeError
+from .errors import DeviceError, DTypeError
+from .sbp import Placement, as_sbp, layout
 from .tensor.impl import TensorImpl
 from .tensor.meta import as_shape
 from .tensor.tensor import Tensor, wrap
 
 _EMPTY, _FULL, _ARANGE = ops.get("empty"), ops.get("full"), ops.get("arange")
+_COPY = ops.get("copy")
 _RAND, _RANDN = ops.get("rand"), ops.get("randn")
 _SEEDS = [np.random.default_rng()]
 
@@ -79,12 +81,18 @@ def tensor(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """A new tensor holding a copy of ``data`` (nested lists, scalars, numpy arrays or a
     tensor). Python floats become float32 and ints int64 unless ``dtype`` says otherwise.
 
     Example: ``af.tensor([[1., -1.], [1., -1.]])``
     """
+    if placement is not None or sbp is not None:
+        lay = _placed("tensor", device, placement, sbp)
+        local = tensor(data, dtype=dtype)
+        return _finish(apply(_COPY, [local._impl], {}, device=lay)[0], requires_grad)
     if isinstance(data, Tensor):
         if dtype is None:
             dtype = data.dtype  # (a bfloat16 tensor's numpy() is float32)
@@ -152,6 +160,25 @@ def from_dlpack(obj: Any) -> Tensor:
     return from_numpy(np.from_dlpack(obj))
 
 
+def _placed(name: str, device, placement, sbp):
+    """``device``, or the layout ``placement=`` and ``sbp=`` ask for (a global tensor)."""
+    if placement is None and sbp is None:
+        return device
+    if device is not None:
+        raise DeviceError(
+            f"{name}(): give device= for a local tensor or placement= and sbp= for a global "
+            f"one, not both"
+        )
+    if placement is None or sbp is None:
+        raise DeviceError(
+            f"{name}(): a global tensor needs both placement= and sbp= (e.g. "
+            f"placement=af.placement('cpu', ranks=2), sbp=af.sbp.broadcast)"
+        )
+    if not isinstance(placement, Placement):
+        raise DeviceError(f"{name}(): placement must be an af.placement(...), got {placement!r}")
+    return layout(placement, as_sbp(sbp, name))
+
+
 def _factory(op, shape, dtype, device, extra=None):
     dev = as_device(device if device is not None else "cpu")
     attrs = {"shape": shape, "dtype": dtype, "device": dev}
@@ -165,8 +192,11 @@ def empty(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """An uninitialized tensor. Example: ``af.empty(2, 3)``."""
+    device = _placed("empty", device, placement, sbp)
     shape = _size("empty", size)
     return _finish(_factory(_EMPTY, shape, as_dtype(dtype or default_float), device), requires_grad)
 
@@ -177,8 +207,11 @@ def full(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """A tensor filled with ``fill_value``; its dtype follows the value unless given."""
+    device = _placed("full", device, placement, sbp)
     shape = _size("full", (size,) if isinstance(size, (int, numbers.Integral)) else tuple(size))
     if isinstance(fill_value, np.generic):
         fill_value = fill_value.item()
@@ -191,8 +224,11 @@ def zeros(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """A tensor of zeros. Example: ``af.zeros(2, 3)`` or ``af.zeros((2, 3))``."""
+    device = _placed("zeros", device, placement, sbp)
     return full(_size("zeros", size), 0, as_dtype(dtype or default_float), device, requires_grad)
 
 
@@ -201,8 +237,11 @@ def ones(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """A tensor of ones."""
+    device = _placed("ones", device, placement, sbp)
     return full(_size("ones", size), 1, as_dtype(dtype or default_float), device, requires_grad)
 
 
@@ -213,9 +252,12 @@ def arange(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """Values from ``start`` (default 0) up to ``end`` (excluded) by ``step``; int64 when all
     are ints, else float32. Example: ``af.arange(5)``."""
+    device = _placed("arange", device, placement, sbp)
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -245,8 +287,11 @@ def rand(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """Uniform random values in [0, 1). Follows ``manual_seed``."""
+    device = _placed("rand", device, placement, sbp)
     return _random(_RAND, "rand", size, dtype, device, requires_grad)
 
 
@@ -255,8 +300,11 @@ def randn(
     dtype: _DTypeLike | None = None,
     device: _DeviceLike | None = None,
     requires_grad: bool = False,
+    placement: Placement | None = None,
+    sbp: Any = None,
 ) -> Tensor:
     """Standard normal random values. Follows ``manual_seed``."""
+    device = _placed("randn", device, placement, sbp)
     return _random(_RANDN, "randn", size, dtype, device, requires_grad)
 
 

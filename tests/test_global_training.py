@@ -253,3 +253,32 @@ def test_record_shows_the_boxing_of_a_data_parallel_step():
         assert (str(b.src), str(b.dst), b.collective) == ("P", "B", "all-reduce")
         assert b.moved == 2 * 4 * int(np.prod(b.shape))
     assert "4 x P -> B (all-reduce)" in rec.summary()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_creation_functions_take_placement_and_sbp(k):
+    p = af.placement("cpu", k)
+    s0 = af.sbp.split(0)
+    t = af.tensor([[1.0, 2.0], [3.0, 4.0]], placement=p, sbp=s0)
+    assert t.sbp == (s0,) and t.placement is p
+    np.testing.assert_array_equal(t.numpy(), [[1.0, 2.0], [3.0, 4.0]])
+    assert [t.to_local(rank=r).shape[0] for r in range(k)] == [
+        len(a) for a in np.array_split(np.zeros(2), k)
+    ]
+    for fn, want in ((af.zeros, 0.0), (af.ones, 1.0)):
+        z = fn(5, 3, placement=p, sbp=s0)
+        assert z.sbp == (s0,) and z.shape == (5, 3)
+        np.testing.assert_array_equal(z.numpy(), np.full((5, 3), want))
+    np.testing.assert_array_equal(af.arange(7, placement=p, sbp=s0).numpy(), np.arange(7))
+    f = af.full((2, 3), 2.5, placement=p, sbp=af.sbp.partial_sum)
+    np.testing.assert_array_equal(f.numpy(), np.full((2, 3), 2.5))  # the sum of the parts
+    af.manual_seed(3)
+    r = af.randn(6, 2, placement=p, sbp=s0)
+    af.manual_seed(3)
+    np.testing.assert_array_equal(r.numpy(), af.randn(6, 2).numpy())  # the local draws
+    w = af.ones(3, placement=p, sbp=af.sbp.broadcast, requires_grad=True)
+    assert w.requires_grad and w.is_leaf
+    with pytest.raises(af.DeviceError, match="both placement= and sbp="):
+        af.zeros(2, placement=p)
+    with pytest.raises(af.DeviceError, match="not both"):
+        af.zeros(2, device="cpu", placement=p, sbp=s0)
