@@ -53,6 +53,7 @@ def local_shape(shape: tuple, sbp: SBP, rank: int, k: int) -> tuple:
     if sbp.kind != "S":
         return shape
     d = sbp.dim
+    assert d is not None  # (a split has its dim)
     return shape[:d] + (split_sizes(shape[d], k)[rank],) + shape[d + 1 :]
 
 

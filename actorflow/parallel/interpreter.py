@@ -17,7 +17,7 @@ a partial sum, and the engine's conversion of a gradient to its input's device b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..device import Device, device
 from ..dtype import DType
@@ -80,7 +80,7 @@ def parts_of(impl: TensorImpl) -> list:
 
 
 def sbp_of(impl: TensorImpl) -> SBP:
-    return impl.meta.device.sbp[0]  # type: ignore[union-attr]
+    return cast(Layout, impl.meta.device).sbp[0]
 
 
 def _ranks(impl: TensorImpl) -> Ranks:
@@ -312,7 +312,7 @@ def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
         whole = [ranks.put(r, impl) for r in range(ranks.size)]
         parts = box(ranks, whole, broadcast, dst, m.shape, m.dtype)
         return make(ranks, parts, m.shape, m.dtype, dst)
-    if src.placement is not target.placement:
+    if cast(Layout, src).placement is not target.placement:
         return convert(_to_local(impl, device("cpu")), target)
     parts = parts_of(impl)
     out = box(ranks, parts, sbp_of(impl), dst, m.shape, m.dtype)
@@ -322,7 +322,7 @@ def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
 
 
 def _check_split_dim(s: SBP, shape: tuple) -> None:
-    if s.kind == "S" and s.dim >= len(shape):
+    if s.dim is not None and s.dim >= len(shape):
         raise ShapeError(
             f"sbp.split({s.dim}) of a tensor of shape {tuple(shape)}: it has "
             f"{len(shape)} dims; split one of dims 0..{len(shape) - 1}"
@@ -382,7 +382,7 @@ def to_layout(placement: Placement | None, sbp: Any, impl: TensorImpl, op: str) 
                 f"{op}: a local tensor needs a placement: .to_global(placement="
                 f"af.placement('cpu', ranks=[0, 1]), sbp=af.sbp.broadcast)"
             )
-        placement = src.placement
+        placement = cast(Layout, src).placement
     if not isinstance(placement, Placement):
         raise DeviceError(f"{op}: placement must be an af.placement(...), got {placement!r}")
     if sbp is None:
@@ -391,7 +391,7 @@ def to_layout(placement: Placement | None, sbp: Any, impl: TensorImpl, op: str) 
                 f"{op}: a local tensor needs an sbp: sbp=af.sbp.broadcast, "
                 f"af.sbp.split(0) or af.sbp.partial_sum"
             )
-        sbps = src.sbp
+        sbps = cast(Layout, src).sbp
     else:
         sbps = as_sbp(sbp, op)
     return layout(placement, sbps)

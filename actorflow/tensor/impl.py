@@ -10,7 +10,8 @@ from .meta import TensorMeta, contiguous_strides, strided
 
 
 class TensorImpl:
-    """``meta`` (None until computed for outputs whose shape is known only after compute),
+    """``meta`` (its ``shape`` None until computed for outputs whose shape is known only
+    after compute),
     ``blob``, ``base``: the TensorImpl owning the blob, or None if this one owns it, and
     ``ag``: autograd's record of it (``actorflow.autograd``), None outside autograd."""
 
@@ -18,7 +19,7 @@ class TensorImpl:
 
     def __init__(
         self,
-        meta: TensorMeta | None,
+        meta: TensorMeta,
         blob: Blob,
         base: TensorImpl | _Detached | _Pinned | None = None,
     ):
@@ -38,7 +39,6 @@ class TensorImpl:
 
     def view(self, shape: tuple, strides: tuple, offset: int) -> TensorImpl:
         m = self.meta
-        assert m is not None  # a view is made of a tensor whose shape is known
         return TensorImpl(
             TensorMeta(shape, m.dtype, m.device, strides, offset), self.blob, self.base or self
         )

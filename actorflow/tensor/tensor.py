@@ -149,7 +149,7 @@ class Tensor:
         changes this tensor too (as in PyTorch), and a gradient rule that saved this tensor
         then refuses to run on the changed values."""
         impl = self._impl
-        if impl.meta is None or impl.meta.shape is None:
+        if impl.meta.shape is None:
             self._wait_shape()
         return wrap(detached(impl))
 
