@@ -1,0 +1,334 @@
+"""The worker side of process ranks (``ranks.ProcessRanks``): one kept process per rank of a
+placement, holding that rank's parts of global tensors and running the ops on them with
+its own eager runtime.
+
+A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its pipe in
+order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
+from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
+``DROP``: parts the controller no longer holds, ``GET``/``META``/``PING``: the only
+commands answered). A reader thread takes what arrives, on the controller's pipe and on
+one pipe per other rank, so that no sender ever waits for this worker to finish its work;
+the main thread runs the commands.
+
+A command that raises leaves its outputs holding the error (pickled, with its traceback):
+a command reading such a part passes the error on to its outputs, a ``SEND`` of one sends
+the error instead of data, and ``GET``/``META`` answer with it, so the controller raises
+it (the same type, the same words) when the part is read; other parts are not affected.
+Kernel errors (an index out of bounds) surface in the worker's eager runtime when the part
+is read there: at a ``GET``, ``META`` or ``SEND``.
+
+A move: the source reads its part (waiting for its work), writes it into a fresh shared
+memory file (``memfd``: it has no name, so nothing is ever left in ``/dev/shm``) and sends
+its descriptor to the destination (small parts go inline in the message); the
+destination's ``RECV`` waits for it, with a timeout, and keeps the mapping as the new
+part's memory (no copy). A source that ends before sending fails the ``RECV`` at once (its
+pipe closes)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+import threading
+import traceback
+from collections import deque
+from multiprocessing.connection import wait
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any
+
+import numpy as np
+
+CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON = range(10)
+INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
+WAIT_S = 300.0  # how long a RECV waits for its source, and the controller for an answer
+
+
+class PeerGone(RuntimeError):
+    """The worker of another rank ended before it sent a part this rank waited for."""
+
+
+def error_bytes(e: BaseException) -> bytes:
+    """An error as a worker keeps and answers it: its words, its traceback, the error
+    pickled (b"" when it does not pickle)."""
+    try:
+        data = pickle.dumps(e, protocol=5)
+    except Exception:  # noqa: BLE001 - an error that does not pickle: its words
+        data = b""
+    return pickle.dumps((f"{type(e).__name__}: {e}", traceback.format_exc(), data), protocol=5)
+
+
+def adopt(array: np.ndarray, dtype: Any) -> Any:
+    """A cpu TensorImpl whose storage is ``array`` (C-contiguous, the storage dtype)."""
+    from ..device import device
+    from ..tensor.impl import TensorImpl
+
+    impl = TensorImpl.new(tuple(array.shape), dtype, device("cpu"))
+    blob = impl.blob
+    blob.backend.allocator.adopt(array.nbytes, "process ranks")
+    blob.array, blob.owned, blob.allocated = array, False, True
+    return impl
+
+
+def contiguous_bytes(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array (a copy only where it is not one)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class _Inbox:
+    """What the other ranks sent this one: token -> (header, payload), and the ranks whose
+    pipes closed."""
+
+    def __init__(self) -> None:
+        self.items: dict = {}
+        self.gone: set = set()
+        self.cond = threading.Condition()
+
+    def put(self, token: int, item: Any) -> None:
+        with self.cond:
+            self.items[token] = item
+            self.cond.notify_all()
+
+    def lost(self, rank: int) -> None:
+        with self.cond:
+            self.gone.add(rank)
+            self.cond.notify_all()
+
+    def take(self, token: int, src: int, timeout: float) -> Any:
+        with self.cond:
+            ok = self.cond.wait_for(
+                lambda: token in self.items or src in self.gone, timeout=timeout
+            )
+            if token in self.items:
+                return self.items.pop(token)
+        if ok:
+            raise PeerGone(f"the worker of rank {src} ended before it sent its part")
+        raise TimeoutError(f"rank {src} did not send its part within {timeout:.0f} s")
+
+
+def _reader(conn, peers: dict, commands: deque, ready: threading.Semaphore, inbox) -> None:
+    """Takes what arrives: the controller's batches into ``commands`` (with their PUT
+    payloads), the other ranks' parts into ``inbox``. Ends when the controller's pipe
+    closes (posting None)."""
+    watched = {conn: None}
+    for r, c in peers.items():
+        watched[c] = r
+    try:
+        while True:
+            for c in wait(list(watched)):
+                src = watched[c]
+                try:
+                    data = c.recv_bytes()
+                except (EOFError, OSError):
+                    if src is None:
+                        return
+                    del watched[c]
+                    inbox.lost(src)
+                    continue
+                if src is None:
+                    batch = pickle.loads(data)
+                    for cmd in batch:
+                        if cmd[0] == PUT:
+                            buf = bytearray(cmd[4])
+                            if cmd[4]:
+                                conn.recv_bytes_into(buf)
+                            cmd = cmd + (buf,)
+                        commands.append(cmd)
+                        ready.release()
+                else:
+                    header = pickle.loads(data)
+                    payload = recv_handle(c) if header[1] == "fd" else None
+                    inbox.put(header[0], (header, payload))
+    finally:
+        for r in peers:  # (a RECV waiting wakes: the worker is ending)
+            inbox.lost(r)
+        commands.append(None)
+        ready.release()
+
+
+def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) -> None:
+    """A rank's worker: runs the commands of its pipe (see the module doc) until the pipe
+    closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the controller's)
+    if threads:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(threads)
+        except ImportError:
+            pass
+    from ..eager.interpreter import apply, read, resolve
+    from ..ops import get as op_def
+    from ..tensor.meta import contiguous_strides
+    from .ranks import VIEWS
+
+    copy = op_def("copy")
+    parts: dict = {}
+    poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
+    commands: deque = deque()
+    ready = threading.Semaphore(0)
+    inbox = _Inbox()
+    threading.Thread(
+        target=_reader, args=(conn, peers, commands, ready, inbox), daemon=True
+    ).start()
+    ops: dict = {}
+
+    def op_of(ref):
+        if isinstance(ref, str):
+            op = ops.get(ref)
+            if op is None:
+                op = ops[ref] = op_def(ref)
+            return op
+        return ref
+
+    def fail(ids, err: bytes) -> None:
+        for i in ids:
+            parts.pop(i, None)
+            poisoned[i] = err
+
+    def inputs(ids):
+        for i in ids:
+            err = poisoned.get(i)
+            if err is not None:
+                return err
+        return [parts[i] for i in ids]
+
+    def answer(obj, raw=None) -> None:
+        conn.send_bytes(pickle.dumps(obj, protocol=5))
+        if raw is not None:
+            conn.send_bytes(raw)
+
+    def host_array(impl) -> np.ndarray:
+        """The part's values (its storage dtype), C-contiguous, once its work is done."""
+        return read(impl, lambda a: np.array(a, copy=True, order="C"), "process ranks")
+
+    def run(cmd) -> None:
+        kind = cmd[0]
+        if kind == CALL:
+            _, ref, in_ids, attrs, out_ids, dev, inplace = cmd
+            ins = inputs(in_ids)
+            if isinstance(ins, bytes):
+                return fail(out_ids, ins)
+            try:
+                op = op_of(ref)
+                if inplace:
+                    apply(op, ins, attrs, None, [parts[i] for i in out_ids])
+                    return
+                outs = apply(op, ins, attrs, dev)
+                for i, o in zip(out_ids, outs, strict=True):
+                    m = o.meta
+                    if m.shape is not None and (
+                        m.offset != 0 or m.strides != contiguous_strides(m.shape)
+                    ):
+                        o = apply(copy, [o], {})[0]  # (the controller's meta: contiguous)
+                    parts[i] = o
+            except BaseException as e:  # noqa: BLE001 - kept on the outputs
+                fail(out_ids, error_bytes(e))
+        elif kind == VIEW:
+            _, name, in_id, args, out_id = cmd
+            ins = inputs([in_id])
+            if isinstance(ins, bytes):
+                return fail([out_id], ins)
+            try:
+                parts[out_id] = VIEWS[name](ins[0], *args)
+            except BaseException as e:  # noqa: BLE001
+                fail([out_id], error_bytes(e))
+        elif kind == PUT:
+            _, out_id, dtype, shape, _n, buf = cmd
+            arr = np.frombuffer(buf, dtype.np).reshape(shape)
+            parts[out_id] = adopt(arr, dtype)
+        elif kind == SEND:
+            _, in_id, dst, token = cmd
+            peer = peers[dst]
+            ins = inputs([in_id])
+            try:
+                if isinstance(ins, bytes):
+                    raise _Kept(ins)
+                impl = ins[0]
+                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                if nbytes <= INLINE:
+                    a = host_array(impl)
+                    peer.send_bytes(pickle.dumps((token, "data", a), protocol=5))
+                    return
+                fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+                try:
+                    os.ftruncate(fd, nbytes)
+                    with mmap.mmap(fd, nbytes) as mm:
+
+                        def write(a, mm=mm):
+                            dst_arr = np.ndarray(a.shape, a.dtype, buffer=mm)
+                            np.copyto(dst_arr, a)
+                            return a.dtype.str, a.shape
+
+                        dt, shape = read(impl, write, "process ranks")
+                    peer.send_bytes(pickle.dumps((token, "fd", dt, shape, nbytes), protocol=5))
+                    send_handle(peer, fd, 0)
+                finally:
+                    os.close(fd)
+            except _Kept as k:
+                peer.send_bytes(pickle.dumps((token, "error", k.err), protocol=5))
+            except BaseException as e:  # noqa: BLE001 - the destination's part holds it
+                peer.send_bytes(pickle.dumps((token, "error", error_bytes(e)), protocol=5))
+        elif kind == RECV:
+            _, src, token, dtype = cmd
+            try:
+                header, fd = inbox.take(token, src, WAIT_S)
+                if header[1] == "error":
+                    return fail([token], header[2])
+                if header[1] == "data":
+                    a = header[2]
+                    parts[token] = adopt(a if a.flags.writeable else a.copy(), dtype)
+                    return
+                _, _, dt, shape, nbytes = header
+                try:
+                    mm = mmap.mmap(fd, nbytes)
+                finally:
+                    os.close(fd)
+                parts[token] = adopt(np.ndarray(shape, np.dtype(dt), buffer=mm), dtype)
+            except BaseException as e:  # noqa: BLE001
+                fail([token], error_bytes(e))
+        elif kind == DROP:
+            for i in cmd[1]:
+                parts.pop(i, None)
+                poisoned.pop(i, None)
+        elif kind == GET:
+            ins = inputs([cmd[1]])
+            if isinstance(ins, bytes):
+                return answer(("error", ins))
+            try:
+                a = host_array(ins[0])
+            except BaseException as e:  # noqa: BLE001 - answered
+                return answer(("error", error_bytes(e)))
+            answer(("ok", a.dtype.str, a.shape, a.nbytes), memoryview(a.reshape(-1).view(np.uint8)))
+        elif kind == META:
+            ins = inputs([cmd[1]])
+            if isinstance(ins, bytes):
+                return answer(("error", ins))
+            try:
+                impl = ins[0]
+                if impl.meta.shape is None:
+                    resolve(impl)
+                m = impl.meta
+                answer(("ok", m.shape, m.strides, m.offset))
+            except BaseException as e:  # noqa: BLE001
+                answer(("error", error_bytes(e)))
+        elif kind == PING:
+            answer(("ok", len(parts) + len(poisoned)))
+        elif kind == POISON:
+            fail(cmd[1], cmd[2])
+
+    while True:
+        ready.acquire()
+        cmd = commands.popleft()
+        if cmd is None:
+            return
+        try:
+            run(cmd)
+        except (BrokenPipeError, EOFError, ConnectionError):
+            return  # the controller (or a peer it answers through) is gone
+
+
+class _Kept(Exception):
+    def __init__(self, err: bytes) -> None:
+        super().__init__()
+        self.err = err
