@@ -115,6 +115,14 @@ def global_apply(op, inputs, attrs, device, outs):
             f"use .to_global(...) or .to_local() before or after"
         )
     ranks = _ranks(inputs[0])
+    for i in inputs:
+        if _ranks(i) is not ranks:
+            raise DeviceError(
+                f"op {op.name!r}: global tensors on {first.placement!r} held by different "
+                f"ranks ({ranks.kind} and {_ranks(i).kind}: made under different "
+                f"af.parallel.use_ranks kinds, or before their workers were replaced); "
+                f"bring them onto the current ones with .to_global()"
+            )
     k = ranks.size
     metas = [i.meta for i in inputs]
     specs = op.infer(metas, attrs)
@@ -234,7 +242,7 @@ def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
         whole = [ranks.put(r, impl) for r in range(ranks.size)]
         parts = box(ranks, whole, broadcast, dst, m.shape, m.dtype)
         return make(ranks, parts, m.shape, m.dtype, dst)
-    if src.placement is not target.placement:
+    if src.placement is not target.placement or _ranks(impl) is not ranks:
         return convert(_to_local(impl, device("cpu")), target)
     parts = parts_of(impl)
     out = box(ranks, parts, sbp_of(impl), dst, m.shape, m.dtype)

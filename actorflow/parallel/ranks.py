@@ -50,7 +50,6 @@ from ..runtime.sched.processes import (
     _stop_all,
 )
 from ..sbp import Placement
-from ..tensor import views
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta
@@ -58,14 +57,7 @@ from . import workers as W
 
 _COPY = op_def("copy")
 NO_ATTRS: dict = {}
-VIEWS = {
-    "view": views.view,
-    "permute": views.permute,
-    "unsqueeze": views.unsqueeze,
-    "squeeze": views.squeeze,
-    "expand": views.expand,
-    "basic_index": views.basic_index,
-}
+VIEWS = W.VIEWS  # the views a rank takes of its parts, by name
 
 
 class Ranks:

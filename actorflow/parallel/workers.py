@@ -39,9 +39,19 @@ from typing import Any
 
 import numpy as np
 
+from ..tensor import views
+
 CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON = range(10)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
 WAIT_S = 300.0  # how long a RECV waits for its source, and the controller for an answer
+VIEWS = {  # the views a rank takes of its parts, by name
+    "view": views.view,
+    "permute": views.permute,
+    "unsqueeze": views.unsqueeze,
+    "squeeze": views.squeeze,
+    "expand": views.expand,
+    "basic_index": views.basic_index,
+}
 
 
 class PeerGone(RuntimeError):
@@ -160,7 +170,6 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
     from ..eager.interpreter import apply, read, resolve
     from ..ops import get as op_def
     from ..tensor.meta import contiguous_strides
-    from .ranks import VIEWS
 
     copy = op_def("copy")
     parts: dict = {}

@@ -1,0 +1,320 @@
+"""Global tensors on process ranks (each rank a kept worker process): the same programs give
+the same bits as on inline ranks; errors in a worker come back as the same exception at the
+read of the part; a killed worker is an ActorError naming its rank; nothing is left in
+/dev/shm and nothing hangs."""
+
+import os
+import pickle
+import signal
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.errors import ActorError, DeviceError, IndexOutOfBoundsError
+from actorflow.ops import get as op_def
+from actorflow.parallel import InlineRanks, ProcessRanks, ranks_of, use_ranks
+from actorflow.parallel import workers as W
+from actorflow.parallel.interpreter import parts_of
+
+pytestmark = pytest.mark.timeout(60)
+
+S0, S1, B, P = af.sbp.split(0), af.sbp.split(1), af.sbp.broadcast, af.sbp.partial_sum
+KINDS = {"inline": InlineRanks, "processes": ProcessRanks}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def made():
+    """Shared-memory blocks made by name in this process meanwhile (each must be gone from
+    /dev/shm); the process ranks closed at the end."""
+    from multiprocessing import shared_memory
+
+    names, base = [], shared_memory.SharedMemory
+
+    class Recorded(base):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            names.append(self.name)
+
+    shared_memory.SharedMemory = Recorded
+    yield names
+    shared_memory.SharedMemory = base
+    for (kind, _), g in list(af.parallel.ranks._GROUPS.items()):
+        if kind == "processes":
+            g.close()
+    assert not [n for n in names if os.path.exists(f"/dev/shm/{n.lstrip('/')}")]
+
+
+def both(program, *args):
+    """``program(kind, *args)`` (a list of numpy arrays) on inline and on process ranks: the
+    same dtypes, shapes and bits."""
+    got = {}
+    for kind in KINDS:
+        with use_ranks(kind):
+            got[kind] = program(kind, *args)
+    a, b = got["inline"], got["processes"]
+    assert len(a) == len(b) > 0
+    for n, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.dtype == y.dtype and x.shape == y.shape, n
+        assert x.tobytes() == y.tobytes(), (n, x, y)
+    return b
+
+
+def held(kind, t):
+    """Checks ``t`` is on ranks of ``kind``; returns its whole value."""
+    assert isinstance(t._impl.blob.ranks, KINDS[kind])
+    return t.numpy()
+
+
+def data(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_elementwise_matmul_sum_views(k):
+    def program(kind):
+        p = af.placement("cpu", ranks=k)
+        x = af.tensor(data((5, 7))).to_global(p, S0)
+        w = af.tensor(data((7, 3), 1)).to_global(p, B)
+        y = (x * 2 + 1).exp() - x.sin() / (x.abs() + 1)
+        m = x @ w  # S(0) x B -> S(0)
+        a = af.tensor(data((3, 5), 2)).to_global(p, S1)
+        b = af.tensor(data((5, 4), 3)).to_global(p, S0)
+        ab = a @ b  # S(1) x S(0) -> P
+        assert ab.sbp == (P,)
+        parts = [af.parallel.to_local(ab, r).numpy() for r in range(k)]
+        ab_b = ab.to_global(sbp=B)
+        v = x.transpose(0, 1)[1:, :].unsqueeze(0).reshape(6, 5)
+        return [
+            held(kind, y),
+            held(kind, m),
+            *parts,
+            held(kind, ab_b),
+            held(kind, x.sum(0)),
+            held(kind, x.sum(1)),
+            held(kind, x.sum()),
+            held(kind, v),
+            held(kind, x[:, 2]),
+            held(kind, af.softmax(m, dim=1)),
+        ]
+
+    both(program)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_boxing_conversion(k):
+    sbps = [S0, S1, B, P]
+
+    def program(kind):
+        p = af.placement("cpu", ranks=k)
+        out = []
+        base = af.tensor(data((5, 7), 4))
+        for src in sbps:
+            if src is P:  # a partial sum whose ranks hold different summands
+                x = af.tensor(data((5, 3), 5)).to_global(p, S1) @ af.tensor(
+                    data((3, 7), 6)
+                ).to_global(p, S0)
+                assert x.sbp == (P,)
+            else:
+                x = base.to_global(p, src)
+            for dst in sbps:
+                y = x.to_global(sbp=dst)
+                assert y.sbp == (dst,)
+                out.append(held(kind, y))
+                out += [af.parallel.to_local(y, r).numpy() for r in range(k)]
+        return out
+
+    both(program)
+
+
+def test_autograd_mlp_and_sgd_step():
+    def program(kind):
+        p = af.placement("cpu", ranks=3)
+        x = af.tensor(data((7, 4), 7)).to_global(p, S0)
+        target = af.tensor(data((7, 2), 8)).to_global(p, S0)
+        w1 = af.tensor(data((4, 6), 9)).to_global(p, B).requires_grad_()
+        b1 = af.tensor(data((6,), 10)).to_global(p, B).requires_grad_()
+        w2 = af.tensor(data((6, 2), 11)).to_global(p, B).requires_grad_()
+        opt = af.optim.SGD([w1, b1, w2], lr=0.1, momentum=0.9)
+        out = []
+        for _ in range(2):
+            opt.zero_grad()
+            h = (x @ w1 + b1).relu()
+            loss = ((h @ w2 - target) ** 2).mean()
+            loss.backward()
+            assert w1.grad.sbp == (B,)
+            out += [held(kind, loss), w1.grad.numpy(), b1.grad.numpy(), w2.grad.numpy()]
+            opt.step()
+            out += [held(kind, w1), b1.numpy(), w2.numpy()]
+        return out
+
+    both(program)
+
+
+def test_in_place_dynamic_shapes_factories_dtypes():
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(data((5, 3), 12)).to_global(p, S0)
+        x.add_(1)
+        x.mul_(x)
+        nz = af.nonzero(x.to_global(sbp=B) > 2)  # a shape only the ranks know
+        z = af.zeros(5, 4, device=af.sbp.layout(p, (S1,)))
+        r = af.arange(7, device=af.sbp.layout(p, (S0,)))
+        i = (x * 10).to(af.int32) // 3
+        h = x.to(af.bfloat16) * 3
+        return [held(kind, x), held(kind, nz), held(kind, z), held(kind, r), i.numpy(), h.numpy()]
+
+    got = both(program)
+    assert got[1].shape[1] == 2
+
+
+def test_part_metas_are_the_workers():
+    """The metas this process works out for a call's outputs and a view's are those of the
+    tensors the workers hold."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=3)
+        x = af.tensor(data((5, 7))).to_global(p, S1)
+        ts = [
+            x,
+            x * 2,
+            x.transpose(0, 1),
+            x[1:4],
+            x.unsqueeze(1).expand(5, 2, 7),
+            x.sum(1),
+            x @ af.tensor(data((7, 2))).to_global(p, S0),
+            af.nonzero(x.to_global(sbp=B) > 0),
+        ]
+        for t in ts:
+            ranks = t._impl.blob.ranks
+            for part in parts_of(t._impl):
+                want = ranks.meta(part)
+                _, shape, strides, offset = ranks._request(part.rank, (W.META, part.id))
+                assert (shape, strides, offset) == (want.shape, want.strides, want.offset)
+
+
+def test_a_worker_error_is_raised_at_the_read_and_the_ranks_go_on():
+    p = af.placement("cpu", ranks=2)
+    idx = np.array([[0], [7], [1], [0]])
+
+    def gather(kind):
+        with use_ranks(kind):
+            x = af.tensor(data((4, 3))).to_global(p, B)
+            bad = af.gather(x, 1, af.tensor(idx).to_global(p, B))  # (no wait: queued)
+            after = bad + 1  # a part computed from it holds the error too
+            with pytest.raises(IndexOutOfBoundsError) as e:
+                after.numpy()
+            ok = (x * 3).numpy()  # other parts are fine
+            if kind == "inline":  # (the error is also kept for this process's synchronize)
+                with pytest.raises(IndexOutOfBoundsError):
+                    af.synchronize()
+            return e.value, ok
+
+    e_inline, ok_inline = gather("inline")
+    e_proc, ok_proc = gather("processes")
+    assert type(e_proc) is type(e_inline)
+    assert str(e_proc).split("\n")[0] == str(e_inline).split("\n")[0]
+    assert "index 7 is out of bounds" in str(e_proc)
+    assert ok_proc.tobytes() == ok_inline.tobytes()
+    with use_ranks("processes"):  # a dtype error: raised when the call is made, as inline
+        x = af.tensor(data((4, 3))).to_global(p, S0)
+        with pytest.raises(TypeError, match="gather"):
+            af.gather(x, 1, af.tensor(idx.astype(np.float32)).to_global(p, B))
+        assert np.array_equal((x + 1).numpy(), data((4, 3)) + 1)
+
+
+def test_arguments_that_do_not_pickle_fail_the_part_not_the_ranks():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        ranks = ranks_of(p)
+        x = af.tensor(data((4, 3))).to_global(p, B)
+        part = parts_of(x._impl)[1]
+        bad = ranks.call(1, op_def("add"), [part, part], {"alpha": lambda: 0})[0]
+        with pytest.raises(TypeError, match="do not pickle"):
+            ranks.get(1, bad)
+        assert np.array_equal((x * 2).numpy(), data((4, 3)) * 2)
+
+
+def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=3)
+        x = af.tensor(data((300, 200))).to_global(p, S0)  # parts past INLINE: memfd moves
+        for _ in range(3):
+            y = (x.to_global(sbp=B) * 2).to_global(sbp=S1)
+            assert np.array_equal(y.numpy(), data((300, 200)) * 2)
+        del y
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        for pid in ranks.pids:
+            maps = open(f"/proc/{pid}/maps").read()
+            assert "/dev/shm/" not in maps
+            fds = [os.readlink(f"/proc/{pid}/fd/{f}") for f in os.listdir(f"/proc/{pid}/fd")]
+            assert not [f for f in fds if "memfd:" in f]  # (a received part keeps its map)
+
+
+def test_a_killed_worker_is_an_actor_error_naming_the_rank():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[4, 5, 6])
+        x = af.tensor(data((6, 2))).to_global(p, S0)
+        ranks = ranks_of(p)
+        pids = ranks.pids
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(ActorError) as e:
+            for _ in range(3):  # (the death may be seen at the next send or the read)
+                (x + 1).numpy()
+        msg = str(e.value)
+        assert "rank 1 of placement(type='cpu', ranks=[4, 5, 6])" in msg
+        assert "exit code -9" in msg and "SIGKILL" in msg
+        for pid in pids:  # the other workers were shut down
+            assert (
+                not os.path.exists(f"/proc/{pid}/status")
+                or "zombie" in open(f"/proc/{pid}/status").read()
+            )
+        with pytest.raises(ActorError, match="rank 1"):  # and again at the next use
+            (x * 2).numpy()
+        again = ranks_of(p)  # new workers for the placement
+        assert again is not ranks and set(again.pids).isdisjoint(pids) or not again.pids
+        y = af.tensor(data((6, 2))).to_global(p, S0)
+        assert np.array_equal((y + 1).numpy(), data((6, 2)) + 1)
+        assert set(again.pids).isdisjoint(pids)
+
+
+def test_use_ranks_selection_and_errors():
+    assert af.parallel.ranks.KIND[0] == "inline"
+    with use_ranks("processes"):
+        assert af.parallel.ranks.KIND[0] == "processes"
+        with use_ranks("inline"):
+            assert af.parallel.ranks.KIND[0] == "inline"
+        assert af.parallel.ranks.KIND[0] == "processes"
+    assert af.parallel.ranks.KIND[0] == "inline"
+    with pytest.raises(ValueError, match="'inline', 'processes'"):
+        use_ranks("threads")
+    with pytest.raises(DeviceError, match="type 'cpu'"):
+        ProcessRanks(af.placement("null", ranks=2))
+    p = af.placement("cpu", ranks=2)
+    x = af.tensor(data((4, 2))).to_global(p, S0)  # inline
+    with use_ranks("processes"):
+        y = af.tensor(data((4, 2))).to_global(p, S0)
+        with pytest.raises(DeviceError, match="different ranks"):
+            x + y
+        z = x.to_global(sbp=S0)  # brought onto the process ranks
+        assert isinstance(z._impl.blob.ranks, ProcessRanks)
+        assert np.array_equal((z + y).numpy(), 2 * data((4, 2)))
+
+
+def test_closed_ranks_end_their_workers():
+    p = af.placement("cpu", ranks=[8, 9])
+    ranks = ProcessRanks(p)
+    part = ranks.put(0, af.tensor(data((3,)))._impl)
+    ranks.put(1, af.tensor(data((3,)))._impl)
+    moved = ranks.move(part, 0, 1)
+    assert np.array_equal(ranks.get(1, moved).array(), data((3,)))
+    pids = ranks.pids
+    ranks.close()
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}/status")
+            or "zombie" in open(f"/proc/{pid}/status").read()
+        )
+    with pytest.raises(DeviceError, match="closed"):
+        ranks.put(0, af.tensor(data((3,)))._impl)
+    assert pickle.loads(pickle.dumps(W.PeerGone("x"))).args == ("x",)
