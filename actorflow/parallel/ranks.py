@@ -33,6 +33,7 @@ import threading
 import weakref
 from collections import deque
 from multiprocessing.connection import wait
+from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,9 @@ class InlineRanks(Ranks):
 
 
 BATCH = 64  # commands kept for a worker before they are sent whatever comes next
+FLUSH_BYTES = 1 << 20  # bytes of work (outputs, moves, puts) kept before they are sent:
+#                        tiny ops go in batches (one write per worker for many), large
+#                        ones at once (the workers start while the next ones are issued)
 
 
 class Part:
@@ -211,8 +215,9 @@ def _stand_in(meta: TensorMeta) -> TensorImpl:
 class ProcessRanks(Ranks):
     """Each rank a kept worker process (see the module doc), started at the first use and
     ended by ``close()``, garbage collection or the interpreter's exit. ``threads``: the
-    BLAS threads of each worker (default: this machine's cores shared among the ranks;
-    applied where threadpoolctl is installed). ``pids``: the workers' process ids."""
+    CPU threads of each worker (its eager runtime's, and BLAS's where threadpoolctl is
+    installed; default: this machine's cores shared among the ranks). ``pids``: the
+    workers' process ids."""
 
     kind = "processes"
 
@@ -234,7 +239,9 @@ class ProcessRanks(Ranks):
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._refs: dict = {}
-        self._put: tuple = (None, None)
+        self._put: tuple = (None, None)  # the tensor put last and what carries it
+        self._fds: list = []  # memfds of puts, closed once sent
+        self._work = 0  # bytes of work kept (not sent yet)
         self._failed: tuple | None = None  # (ActorError's arguments) once a worker died
         self.closed = False
         self.sent = 0  # bytes down the pipes
@@ -317,13 +324,15 @@ class ProcessRanks(Ranks):
         if payload is not None:
             self._payloads[rank].append(payload)
 
-    def _after(self, rank: int) -> None:
-        """Sends what is kept once the last rank of a call got its command (every rank
-        starts computing then), or a worker's batch is long."""
-        if rank == self.size - 1 or len(self._pending[rank]) >= BATCH:
+    def _after(self, rank: int, work: int) -> None:
+        """Sends what is kept once ``FLUSH_BYTES`` of work or a batch of ``BATCH``
+        commands is; anything that waits for a worker sends it all first."""
+        self._work += work
+        if self._work >= FLUSH_BYTES or len(self._pending[rank]) >= BATCH:
             self._flush()
 
     def _flush(self) -> None:
+        self._work = 0
         drops = self._drops
         while drops:
             r, i = drops.popleft()
@@ -339,10 +348,20 @@ class ProcessRanks(Ranks):
             try:
                 w.conn.send_bytes(data)
                 for p in pays:
-                    w.conn.send_bytes(p)
+                    if type(p) is tuple:  # ("fd", descriptor)
+                        send_handle(w.conn, p[1], w.pid)
+                    else:
+                        w.conn.send_bytes(p)
             except (OSError, EOFError):
+                self._close_fds()
                 self._died(r)
             self.sent += len(data)
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
 
     def _request(self, rank: int, cmd: tuple, raw: bool = False) -> tuple:
         """Sends everything kept, then ``cmd`` to ``rank``, and returns its answer (with
@@ -354,16 +373,20 @@ class ProcessRanks(Ranks):
         if reply[0] == "error":
             self._raise(reply[1])
         if raw:
-            n = reply[3]
-            buf = bytearray(n)
+            _, dt, shape, n = reply
             try:
-                if n:
-                    w.conn.recv_bytes_into(buf)
+                if reply[0] == "fd":
+                    a = W.mapped_part(recv_handle(w.conn), n, dt, shape, private=False)
                 else:
-                    w.conn.recv_bytes()
+                    buf = bytearray(n)
+                    if n:
+                        w.conn.recv_bytes_into(buf)
+                    else:
+                        w.conn.recv_bytes()
+                    a = np.frombuffer(buf, np.dtype(dt)).reshape(shape)
             except (OSError, EOFError):
                 self._died(rank)
-            reply = reply + (buf,)
+            reply = reply + (a,)
         return reply
 
     def _recv(self, rank: int) -> tuple:
@@ -429,7 +452,7 @@ class ProcessRanks(Ranks):
             in_ids = [p.id for p in ins]
             if outs is not None:
                 self._issue(rank, (W.CALL, ref, in_ids, attrs, [o.id for o in outs], None, True))
-                self._after(rank)
+                self._after(rank, sum(_nbytes(o.meta) for o in outs))
                 return outs
             metas = [self.meta(p) for p in ins]
             made = [
@@ -440,7 +463,7 @@ class ProcessRanks(Ranks):
             ]
             dev = None if ins else self._dev
             self._issue(rank, (W.CALL, ref, in_ids, attrs, [p.id for p in made], dev, False))
-            self._after(rank)
+            self._after(rank, sum(_nbytes(p.meta) for p in made))
             return made
 
     def view(self, rank: int, name: str, part: Any, *args: Any) -> Any:
@@ -449,7 +472,7 @@ class ProcessRanks(Ranks):
             m = VIEWS[name](_stand_in(self.meta(part)), *args).meta
             out = self._part(rank, m._replace(device=self._dev), m.dtype)
             self._issue(rank, (W.VIEW, name, part.id, args, out.id))
-            self._after(rank)
+            self._after(rank, 0)
             return out
 
     def move(self, part: Any, src: int, dst: int) -> Any:
@@ -461,29 +484,37 @@ class ProcessRanks(Ranks):
             out = self._part(dst, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
             self._issue(src, (W.SEND, part.id, dst, out.id))
             self._issue(dst, (W.RECV, src, out.id, m.dtype))
-            self._after(max(src, dst))
+            self._after(dst, _nbytes(m))
             return out
 
     def put(self, rank: int, impl: Any) -> Any:
+        """Small tensors go down the pipe; larger ones are written once into a memfd whose
+        descriptor every rank they are put on maps (copy on write)."""
         with self._lock:
             self._live()
-            held, a = self._put
+            m = impl.meta
+            nbytes = _nbytes(m)
+            held, payload = self._put
             if held is not impl:
                 src = impl if impl.blob.backend.host_memory else transfer(impl, device("cpu"))
-                a = read(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
-                self._put = (impl, a)
-            m = impl.meta
+                if nbytes > W.INLINE:
+                    fd = W.write_into(read, src, nbytes)[0]
+                    self._fds.append(fd)
+                    payload = ("fd", fd)
+                else:
+                    a = read(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
+                    payload = memoryview(a.reshape(-1).view(np.uint8)) if nbytes else None
+                self._put = (impl, payload)
             out = self._part(rank, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
-            payload = memoryview(a.reshape(-1).view(np.uint8)) if a.nbytes else None
-            self._issue(rank, (W.PUT, out.id, m.dtype, tuple(m.shape), a.nbytes), payload)
-            self._after(rank)
+            in_fd = nbytes > W.INLINE
+            self._issue(rank, (W.PUT, out.id, m.dtype, tuple(m.shape), nbytes, in_fd), payload)
+            self._after(rank, nbytes)
             return out
 
     def get(self, rank: int, part: Any) -> Any:
         with self._lock:
             self._live()
-            _, dt, shape, _, buf = self._request(rank, (W.GET, part.id), raw=True)
-            return W.adopt(np.frombuffer(buf, np.dtype(dt)).reshape(shape), part.dtype)
+            return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
 
     def synchronize(self) -> None:
         """Waits until every worker has run every command sent so far."""
@@ -492,6 +523,17 @@ class ProcessRanks(Ranks):
             self._flush()
             for r in range(self.size):
                 self._request(r, (W.PING,))
+
+
+def _nbytes(m: Any) -> int:
+    """A part's bytes (a shape still unknown counts as large: its meta is asked for
+    soon, and the worker should have started)."""
+    if m is None or m.shape is None:
+        return FLUSH_BYTES
+    n = m.dtype.itemsize
+    for s in m.shape:
+        n *= s
+    return n
 
 
 def _pickled(cmds: list) -> bytes:

@@ -85,6 +85,48 @@ def contiguous_bytes(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
+def memfd_of(nbytes: int) -> tuple[int, mmap.mmap]:
+    """A fresh shared memory file of ``nbytes`` (no name: nothing in ``/dev/shm``) and a
+    writable map of it, its pages faulted in at once where the platform can."""
+    fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return fd, mmap.mmap(fd, nbytes, flags=flags)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_into(read: Any, impl: Any, nbytes: int) -> tuple[int, str, tuple]:
+    """``impl``'s values (once its work is done: ``read`` is the eager runtime's) written
+    into a fresh memfd: returns its descriptor (the caller closes it), the storage dtype
+    and the shape."""
+    fd, mm = memfd_of(nbytes)
+    try:
+        with mm:
+
+            def write(a: np.ndarray) -> tuple:
+                np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm), a)
+                return a.dtype.str, tuple(a.shape)
+
+            dt, shape = read(impl, write, "process ranks")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, dt, shape
+
+
+def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple, private: bool) -> np.ndarray:
+    """The array over a memfd's map (``private``: copy on write, for a file other ranks map
+    too); closes ``fd`` (the map keeps the memory)."""
+    try:
+        mm = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE)
+    finally:
+        os.close(fd)
+    return np.ndarray(shape, np.dtype(dt), buffer=mm)
+
+
 class _Inbox:
     """What the other ranks sent this one: token -> (header, payload), and the ranks whose
     pipes closed."""
@@ -139,10 +181,13 @@ def _reader(conn, peers: dict, commands: deque, ready: threading.Semaphore, inbo
                     batch = pickle.loads(data)
                     for cmd in batch:
                         if cmd[0] == PUT:
-                            buf = bytearray(cmd[4])
-                            if cmd[4]:
-                                conn.recv_bytes_into(buf)
-                            cmd = cmd + (buf,)
+                            if cmd[5]:  # (in a memfd: its descriptor)
+                                cmd = cmd + (recv_handle(conn),)
+                            else:
+                                buf = bytearray(cmd[4])
+                                if cmd[4]:
+                                    conn.recv_bytes_into(buf)
+                                cmd = cmd + (buf,)
                         commands.append(cmd)
                         ready.release()
                 else:
@@ -158,7 +203,8 @@ def _reader(conn, peers: dict, commands: deque, ready: threading.Semaphore, inbo
 
 def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) -> None:
     """A rank's worker: runs the commands of its pipe (see the module doc) until the pipe
-    closes."""
+    closes. ``threads``: its BLAS threads (where threadpoolctl is installed) and its eager
+    runtime's CPU threads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the controller's)
     if threads:
         try:
@@ -170,8 +216,12 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
     from ..eager.interpreter import apply, read, resolve
     from ..ops import get as op_def
     from ..tensor.meta import contiguous_strides
+    from ..vm.scheduler import get_vm
 
     copy = op_def("copy")
+    vm = get_vm()
+    if threads and vm._loop is None:  # (the runtime's CPU threads: this rank's share)
+        vm.workers = threads
     parts: dict = {}
     poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
     commands: deque = deque()
@@ -243,8 +293,11 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             except BaseException as e:  # noqa: BLE001
                 fail([out_id], error_bytes(e))
         elif kind == PUT:
-            _, out_id, dtype, shape, _n, buf = cmd
-            arr = np.frombuffer(buf, dtype.np).reshape(shape)
+            _, out_id, dtype, shape, nbytes, in_fd, buf = cmd
+            if in_fd:  # (every rank maps the same file: copy on write)
+                arr = mapped_part(buf, nbytes, dtype.np, shape, private=True)
+            else:
+                arr = np.frombuffer(buf, dtype.np).reshape(shape)
             parts[out_id] = adopt(arr, dtype)
         elif kind == SEND:
             _, in_id, dst, token = cmd
@@ -259,17 +312,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     a = host_array(impl)
                     peer.send_bytes(pickle.dumps((token, "data", a), protocol=5))
                     return
-                fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+                fd, dt, shape = write_into(read, impl, nbytes)
                 try:
-                    os.ftruncate(fd, nbytes)
-                    with mmap.mmap(fd, nbytes) as mm:
-
-                        def write(a, mm=mm):
-                            dst_arr = np.ndarray(a.shape, a.dtype, buffer=mm)
-                            np.copyto(dst_arr, a)
-                            return a.dtype.str, a.shape
-
-                        dt, shape = read(impl, write, "process ranks")
                     peer.send_bytes(pickle.dumps((token, "fd", dt, shape, nbytes), protocol=5))
                     send_handle(peer, fd, 0)
                 finally:
@@ -289,11 +333,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     parts[token] = adopt(a if a.flags.writeable else a.copy(), dtype)
                     return
                 _, _, dt, shape, nbytes = header
-                try:
-                    mm = mmap.mmap(fd, nbytes)
-                finally:
-                    os.close(fd)
-                parts[token] = adopt(np.ndarray(shape, np.dtype(dt), buffer=mm), dtype)
+                parts[token] = adopt(mapped_part(fd, nbytes, dt, shape, private=False), dtype)
             except BaseException as e:  # noqa: BLE001
                 fail([token], error_bytes(e))
         elif kind == DROP:
@@ -304,11 +344,24 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             ins = inputs([cmd[1]])
             if isinstance(ins, bytes):
                 return answer(("error", ins))
+            impl = ins[0]
             try:
-                a = host_array(ins[0])
+                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                if nbytes > INLINE:
+                    fd, dt, shape = write_into(read, impl, nbytes)
+                else:
+                    a = host_array(impl)
             except BaseException as e:  # noqa: BLE001 - answered
                 return answer(("error", error_bytes(e)))
-            answer(("ok", a.dtype.str, a.shape, a.nbytes), memoryview(a.reshape(-1).view(np.uint8)))
+            if nbytes > INLINE:
+                try:
+                    answer(("fd", dt, shape, nbytes))
+                    send_handle(conn, fd, 0)
+                finally:
+                    os.close(fd)
+                return
+            raw = memoryview(a.reshape(-1).view(np.uint8))
+            answer(("ok", a.dtype.str, a.shape, a.nbytes), raw)
         elif kind == META:
             ins = inputs([cmd[1]])
             if isinstance(ins, bytes):
@@ -321,7 +374,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 answer(("ok", m.shape, m.strides, m.offset))
             except BaseException as e:  # noqa: BLE001
                 answer(("error", error_bytes(e)))
-        elif kind == PING:
+        elif kind == PING:  # (kernel errors stay on the parts they poisoned)
+            vm.synchronize_quietly()
             answer(("ok", len(parts) + len(poisoned)))
         elif kind == POISON:
             fail(cmd[1], cmd[2])
