@@ -3,9 +3,12 @@ the same bits as on inline ranks; errors in a worker come back as the same excep
 read of the part; a killed worker is an ActorError naming its rank; nothing is left in
 /dev/shm and nothing hangs."""
 
+import gc
 import os
 import pickle
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -168,6 +171,33 @@ def test_in_place_dynamic_shapes_factories_dtypes():
     assert got[1].shape[1] == 2
 
 
+def test_large_parts_through_shared_memory():
+    """Parts past the size that goes down the pipes (puts, moves and gets through memfds):
+    the same bits, and a tensor put on every rank once is each rank's own (an in-place
+    write on one rank's part is not seen by another's)."""
+
+    def program(kind):
+        p = af.placement("cpu", ranks=3)
+        big = data((301, 129), 13)
+        assert big.nbytes > 2 * W.INLINE
+        b = af.tensor(big).to_global(p, B)
+        b.add_(1)  # (each rank once: a shared map would add 3)
+        s = af.tensor(big).to_global(p, S0)
+        t = s.to_global(sbp=S1) * 2
+        u = (b + t).to_global(sbp=B)
+        v = s.transpose(0, 1).to_global(sbp=S0)
+        return [
+            held(kind, b),
+            *[af.parallel.to_local(b, r).numpy() for r in range(3)],
+            held(kind, t),
+            held(kind, u),
+            held(kind, v),
+        ]
+
+    got = both(program)
+    assert np.array_equal(got[0], data((301, 129), 13) + 1)
+
+
 def test_part_metas_are_the_workers():
     """The metas this process works out for a call's outputs and a view's are those of the
     tensors the workers hold."""
@@ -317,4 +347,46 @@ def test_closed_ranks_end_their_workers():
         )
     with pytest.raises(DeviceError, match="closed"):
         ranks.put(0, af.tensor(data((3,)))._impl)
+    ranks = ProcessRanks(p)  # collected: its workers end
+    ranks.put(0, af.tensor(data((3,)))._impl)
+    pids = ranks.pids
+    del ranks
+    gc.collect()
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}/status")
+            or "zombie" in open(f"/proc/{pid}/status").read()
+        )
+
+
+EXITING = """
+import numpy as np
+import actorflow as af
+
+if __name__ == "__main__":
+    af.parallel.use_ranks("processes")
+    p = af.placement("cpu", ranks=2)
+    x = af.tensor(np.ones((300, 100), np.float32)).to_global(p, af.sbp.split(0))
+    y = (x * 2).to_global(sbp=af.sbp.broadcast)
+    print(float(y.sum().numpy()), *af.parallel.ranks_of(p).pids, flush=True)
+    z = x + 1  # (left queued and held at the exit)
+"""
+
+
+def test_the_interpreter_exits_with_workers_running(tmp_path):
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=40, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    total, *pids = done.stdout.split()
+    assert float(total) == 60000.0 and len(pids) == 2
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}/status")
+            or "zombie" in open(f"/proc/{pid}/status").read()
+        )
     assert pickle.loads(pickle.dumps(W.PeerGone("x"))).args == ("x",)

@@ -286,8 +286,16 @@ class ProcessRanks(Ranks):
     def _died(self, rank: int) -> None:
         """Rank ``rank``'s worker ended: the placement's ranks are shut down and the error
         raised (and again at every later use)."""
-        w = self._workers[rank]
-        code = w.exit_code()
+        codes = {
+            r: w.exit_code()
+            for r, w in enumerate(self._workers)
+            if r == rank or not w.process.is_alive()
+        }
+        for r, c in codes.items():  # (the one that failed rather than one that ended after)
+            if c not in (0, None):
+                rank = r
+                break
+        w, code = self._workers[rank], codes[rank]
         how = f"exit code {code}" + (
             f" (killed by {_signal_name(-code)})" if code is not None and code < 0 else ""
         )

@@ -265,13 +265,13 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         kind = cmd[0]
         if kind == CALL:
             _, ref, in_ids, attrs, out_ids, dev, inplace = cmd
-            ins = inputs(in_ids)
+            ins = inputs(in_ids + out_ids if inplace else in_ids)
             if isinstance(ins, bytes):
                 return fail(out_ids, ins)
             try:
                 op = op_of(ref)
                 if inplace:
-                    apply(op, ins, attrs, None, [parts[i] for i in out_ids])
+                    apply(op, ins[: len(in_ids)], attrs, None, ins[len(in_ids) :])
                     return
                 outs = apply(op, ins, attrs, dev)
                 for i, o in zip(out_ids, outs, strict=True):
@@ -305,23 +305,26 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             ins = inputs([in_id])
             try:
                 if isinstance(ins, bytes):
-                    raise _Kept(ins)
-                impl = ins[0]
-                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                    return peer.send_bytes(pickle.dumps((token, "error", ins), protocol=5))
+                try:
+                    impl = ins[0]
+                    nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                    if nbytes <= INLINE:
+                        a = host_array(impl)
+                    else:
+                        fd, dt, shape = write_into(read, impl, nbytes)
+                except BaseException as e:  # noqa: BLE001 - the destination's part holds it
+                    err = error_bytes(e)
+                    return peer.send_bytes(pickle.dumps((token, "error", err), protocol=5))
                 if nbytes <= INLINE:
-                    a = host_array(impl)
-                    peer.send_bytes(pickle.dumps((token, "data", a), protocol=5))
-                    return
-                fd, dt, shape = write_into(read, impl, nbytes)
+                    return peer.send_bytes(pickle.dumps((token, "data", a), protocol=5))
                 try:
                     peer.send_bytes(pickle.dumps((token, "fd", dt, shape, nbytes), protocol=5))
                     send_handle(peer, fd, 0)
                 finally:
                     os.close(fd)
-            except _Kept as k:
-                peer.send_bytes(pickle.dumps((token, "error", k.err), protocol=5))
-            except BaseException as e:  # noqa: BLE001 - the destination's part holds it
-                peer.send_bytes(pickle.dumps((token, "error", error_bytes(e)), protocol=5))
+            except OSError:
+                pass  # (the destination's worker ended: the controller is told by its pipe)
         elif kind == RECV:
             _, src, token, dtype = cmd
             try:
@@ -387,11 +390,25 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             return
         try:
             run(cmd)
-        except (BrokenPipeError, EOFError, ConnectionError):
-            return  # the controller (or a peer it answers through) is gone
+        except (OSError, EOFError):
+            return  # the controller is gone (its pipe: the answers of GET, META, PING)
+        except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
+            err = error_bytes(e)
+            if cmd[0] in (GET, META, PING):
+                answer(("error", err))
+            else:
+                fail(made_by(cmd), err)
 
 
-class _Kept(Exception):
-    def __init__(self, err: bytes) -> None:
-        super().__init__()
-        self.err = err
+def made_by(cmd: tuple) -> list:
+    """The ids of the parts a command makes (or writes)."""
+    kind = cmd[0]
+    if kind == CALL:
+        return list(cmd[4])
+    if kind == VIEW:
+        return [cmd[4]]
+    if kind in (PUT, POISON):
+        return [cmd[1]] if kind == PUT else list(cmd[1])
+    if kind == RECV:
+        return [cmd[2]]
+    return []
