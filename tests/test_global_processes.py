@@ -198,6 +198,21 @@ def test_large_parts_through_shared_memory():
     assert np.array_equal(got[0], data((301, 129), 13) + 1)
 
 
+@pytest.mark.parametrize("shape", [(4, 3), (301, 129)])
+def test_a_tensor_written_between_two_puts_is_read_again(shape):
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(data(shape, 14))
+        a = x.to_global(p, B)
+        x.add_(1)
+        b = x.to_global(p, B)
+        c = x.to_global(p, S0)
+        return [held(kind, a), held(kind, b), held(kind, c)]
+
+    got = both(program)
+    assert not np.array_equal(got[0], got[1])
+
+
 def test_part_metas_are_the_workers():
     """The metas this process works out for a call's outputs and a view's are those of the
     tensors the workers hold."""

@@ -239,7 +239,7 @@ class ProcessRanks(Ranks):
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._refs: dict = {}
-        self._put: tuple = (None, None)  # the tensor put last and what carries it
+        self._put: tuple = (None, None, -2)  # the tensor put last, its payload, the rank
         self._fds: list = []  # memfds of puts, closed once sent
         self._work = 0  # bytes of work kept (not sent yet)
         self._failed: tuple | None = None  # (ActorError's arguments) once a worker died
@@ -315,6 +315,8 @@ class ProcessRanks(Ranks):
 
     def _shutdown(self) -> None:
         self.closed = True
+        self._unput()
+        self._close_fds()
         if _GROUPS.get((self.kind, self.placement)) is self:
             del _GROUPS[(self.kind, self.placement)]
         self._finalizer()
@@ -345,7 +347,6 @@ class ProcessRanks(Ranks):
         while drops:
             r, i = drops.popleft()
             self._pending[r].append((W.DROP, [i]))
-        self._put = (None, None)
         for r, w in enumerate(self._workers):
             cmds = self._pending[r]
             if not cmds:
@@ -365,6 +366,13 @@ class ProcessRanks(Ranks):
                 self._died(r)
             self.sent += len(data)
         self._close_fds()
+
+    def _unput(self) -> None:
+        """Forgets the tensor put last (its memfd closed once sent)."""
+        payload = self._put[1]
+        if type(payload) is tuple:
+            self._fds.append(payload[1])
+        self._put = (None, None, -2)
 
     def _close_fds(self) -> None:
         fds, self._fds = self._fds, []
@@ -502,17 +510,18 @@ class ProcessRanks(Ranks):
             self._live()
             m = impl.meta
             nbytes = _nbytes(m)
-            held, payload = self._put
-            if held is not impl:
+            held, payload, last = self._put
+            if held is not impl or rank != last + 1:  # (read once for the ranks in turn)
+                self._unput()
                 src = impl if impl.blob.backend.host_memory else transfer(impl, device("cpu"))
                 if nbytes > W.INLINE:
-                    fd = W.write_into(read, src, nbytes)[0]
-                    self._fds.append(fd)
-                    payload = ("fd", fd)
+                    payload = ("fd", W.write_into(read, src, nbytes)[0])
                 else:
                     a = read(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
                     payload = memoryview(a.reshape(-1).view(np.uint8)) if nbytes else None
-                self._put = (impl, payload)
+            self._put = (impl, payload, rank)
+            if rank == self.size - 1:
+                self._unput()
             out = self._part(rank, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
             in_fd = nbytes > W.INLINE
             self._issue(rank, (W.PUT, out.id, m.dtype, tuple(m.shape), nbytes, in_fd), payload)
