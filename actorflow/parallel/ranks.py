@@ -518,7 +518,7 @@ class ProcessRanks(Ranks):
                     payload = ("fd", W.write_into(read, src, nbytes)[0])
                 else:
                     a = read(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
-                    payload = memoryview(a.reshape(-1).view(np.uint8)) if nbytes else None
+                    payload = a.reshape(-1).view(np.uint8).data if nbytes else None
             self._put = (impl, payload, rank)
             if rank == self.size - 1:
                 self._unput()

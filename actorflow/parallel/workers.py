@@ -33,9 +33,9 @@ import signal
 import threading
 import traceback
 from collections import deque
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -167,7 +167,8 @@ def _reader(conn, peers: dict, commands: deque, ready: threading.Semaphore, inbo
         watched[c] = r
     try:
         while True:
-            for c in wait(list(watched)):
+            for got in wait(list(watched)):
+                c = cast(Connection, got)
                 src = watched[c]
                 try:
                     data = c.recv_bytes()
@@ -363,7 +364,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 finally:
                     os.close(fd)
                 return
-            raw = memoryview(a.reshape(-1).view(np.uint8))
+            raw = a.reshape(-1).view(np.uint8).data
             answer(("ok", a.dtype.str, a.shape, a.nbytes), raw)
         elif kind == META:
             ins = inputs([cmd[1]])
