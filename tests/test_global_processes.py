@@ -323,6 +323,22 @@ def test_a_killed_worker_is_an_actor_error_naming_the_rank():
         assert set(again.pids).isdisjoint(pids)
 
 
+def test_a_worker_killed_while_another_waits_for_its_part():
+    """Rank 1 waits for rank 0's part (a move) when rank 0 is killed: rank 1 is not left
+    waiting, and the read names rank 0."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[10, 11])
+        x = af.tensor(data((1000, 1000))).to_global(p, S0)
+        w = af.tensor(data((1000, 1000), 1)).to_global(p, B)
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        y = (x @ w @ w @ w @ w).to_global(sbp=B)  # (rank 0 busy, then its part moved)
+        os.kill(ranks.pids[0], signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"rank 0 of placement.*exit code -9"):
+            af.parallel.to_local(y, 1)  # (or, if it was sent before the kill, the next op)
+            (x + 1).numpy()
+
+
 def test_use_ranks_selection_and_errors():
     assert af.parallel.ranks.KIND[0] == "inline"
     with use_ranks("processes"):

@@ -309,8 +309,11 @@ class ProcessRanks(Ranks):
         raise ActorError(*self._failed)
 
     def _find_dead(self) -> None:
-        for r, w in enumerate(self._workers):
-            if not w.process.is_alive():
+        """A worker said another ended: that one's error (once the OS says it ended)."""
+        sentinels = [w.process.sentinel for w in self._workers]
+        ended = wait(sentinels, timeout=2.0)
+        for r, s in enumerate(sentinels):
+            if s in ended:
                 self._died(r)
 
     def _shutdown(self) -> None:
