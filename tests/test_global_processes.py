@@ -213,6 +213,25 @@ def test_a_tensor_written_between_two_puts_is_read_again(shape):
     assert not np.array_equal(got[0], got[1])
 
 
+def test_a_part_sent_to_two_ranks_is_each_ranks_own():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=3)
+        ranks = ranks_of(p)
+        big = data((200, 100), 15)
+        part = ranks.put(0, af.tensor(big)._impl)
+        on1, on2 = ranks.move(part, 0, 1), ranks.move(part, 0, 2)  # (one memfd, two maps)
+        add_ = op_def("add")
+        ranks.call(1, add_, [on1, on1], {}, [on1])  # on1 += on1
+        assert np.array_equal(ranks.get(1, on1).array(), big * 2)
+        assert np.array_equal(ranks.get(2, on2).array(), big)
+        other = ranks.put(0, af.tensor(big)._impl)
+        first = ranks.move(other, 0, 1)
+        ranks.call(0, add_, [other, other], {}, [other])
+        then = ranks.move(other, 0, 2)  # (written since the first send: sent afresh)
+        assert np.array_equal(ranks.get(1, first).array(), big)
+        assert np.array_equal(ranks.get(2, then).array(), big * 2)
+
+
 def test_part_metas_are_the_workers():
     """The metas this process works out for a call's outputs and a view's are those of the
     tensors the workers hold."""
@@ -283,10 +302,13 @@ def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():
     with use_ranks("processes"):
         p = af.placement("cpu", ranks=3)
         x = af.tensor(data((300, 200))).to_global(p, S0)  # parts past INLINE: memfd moves
+        w = af.tensor(data((200, 200), 1)).to_global(p, S0)
         for _ in range(3):
             y = (x.to_global(sbp=B) * 2).to_global(sbp=S1)
             assert np.array_equal(y.numpy(), data((300, 200)) * 2)
-        del y
+            z = (x.to_global(sbp=S1) @ w).to_global(sbp=S1)  # (P -> S: pieces sent once)
+            z = z + (x.to_global(sbp=S1) @ w).to_global(sbp=B)  # (P -> B)
+        del y, z
         ranks = ranks_of(p)
         ranks.synchronize()
         for pid in ranks.pids:

@@ -20,9 +20,11 @@ is read there: at a ``GET``, ``META`` or ``SEND``.
 A move: the source reads its part (waiting for its work), writes it into a fresh shared
 memory file (``memfd``: it has no name, so nothing is ever left in ``/dev/shm``) and sends
 its descriptor to the destination (small parts go inline in the message); the
-destination's ``RECV`` waits for it, with a timeout, and keeps the mapping as the new
-part's memory (no copy). A source that ends before sending fails the ``RECV`` at once (its
-pipe closes)."""
+destination's ``RECV`` waits for it, with a timeout, and keeps the mapping (copy on write)
+as the new part's memory (no copy). A part sent to several ranks (an all-gather's, an
+all-reduce's) is written once: its memfd is kept until it went to every other rank, the
+part is dropped, or any part is written in place. A source that ends before sending
+fails the ``RECV`` at once (its pipe closes)."""
 
 from __future__ import annotations
 
@@ -253,6 +255,14 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 return err
         return [parts[i] for i in ids]
 
+    sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
+    # the other ranks: written once, mapped by each (copy on write); closed after the last
+
+    def unsend(i: int) -> None:
+        entry = sent.pop(i, None)
+        if entry is not None:
+            os.close(entry[0])
+
     def answer(obj, raw=None) -> None:
         conn.send_bytes(pickle.dumps(obj, protocol=5))
         if raw is not None:
@@ -272,6 +282,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             try:
                 op = op_of(ref)
                 if inplace:
+                    for i in list(sent):  # (a part written: its copy is out of date)
+                        unsend(i)
                     apply(op, ins[: len(in_ids)], attrs, None, ins[len(in_ids) :])
                     return
                 outs = apply(op, ins, attrs, dev)
@@ -312,18 +324,22 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
                     if nbytes <= INLINE:
                         a = host_array(impl)
-                    else:
-                        fd, dt, shape = write_into(read, impl, nbytes)
+                    elif in_id not in sent:
+                        sent[in_id] = [*write_into(read, impl, nbytes), size - 1]
                 except BaseException as e:  # noqa: BLE001 - the destination's part holds it
                     err = error_bytes(e)
                     return peer.send_bytes(pickle.dumps((token, "error", err), protocol=5))
                 if nbytes <= INLINE:
                     return peer.send_bytes(pickle.dumps((token, "data", a), protocol=5))
+                entry = sent[in_id]
+                fd, dt, shape, _ = entry
                 try:
                     peer.send_bytes(pickle.dumps((token, "fd", dt, shape, nbytes), protocol=5))
                     send_handle(peer, fd, 0)
                 finally:
-                    os.close(fd)
+                    entry[3] -= 1
+                    if entry[3] <= 0:
+                        unsend(in_id)
             except OSError:
                 pass  # (the destination's worker ended: the controller is told by its pipe)
         elif kind == RECV:
@@ -337,13 +353,14 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     parts[token] = adopt(a if a.flags.writeable else a.copy(), dtype)
                     return
                 _, _, dt, shape, nbytes = header
-                parts[token] = adopt(mapped_part(fd, nbytes, dt, shape, private=False), dtype)
+                parts[token] = adopt(mapped_part(fd, nbytes, dt, shape, private=True), dtype)
             except BaseException as e:  # noqa: BLE001
                 fail([token], error_bytes(e))
         elif kind == DROP:
             for i in cmd[1]:
                 parts.pop(i, None)
                 poisoned.pop(i, None)
+                unsend(i)
         elif kind == GET:
             ins = inputs([cmd[1]])
             if isinstance(ins, bytes):
