@@ -255,7 +255,7 @@ class ProcessRanks(Ranks):
 
     def _live(self) -> None:
         if self._failed is not None:
-            raise ActorError(*self._failed)
+            raise _rank_error(*self._failed)
         if self.closed:
             raise DeviceError(
                 f"the process ranks of {self.placement!r} were closed (close()); its global "
@@ -296,17 +296,23 @@ class ProcessRanks(Ranks):
                 rank = r
                 break
         w, code = self._workers[rank], codes[rank]
-        how = f"exit code {code}" + (
-            f" (killed by {_signal_name(-code)})" if code is not None and code < 0 else ""
-        )
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how += f" (killed by {_signal_name(-code)})"
+        elif code == 1:
+            how += (
+                " (an error in the worker, its traceback printed above; one as it starts "
+                "is often a main module that runs its work when imported: put that under "
+                "if __name__ == '__main__':)"
+            )
         original = WorkerDied(
-            f"the worker process (pid {w.pid}) of rank {rank} of {self.placement!r} ended: "
+            f"its worker process (pid {w.pid}) ended: "
             f"{how}; the global tensors on the placement are lost (its other workers were "
             f"shut down); the next use of the placement starts new workers"
         )
         self._failed = (f"rank {rank} of {self.placement!r}", None, original)
         self._shutdown()
-        raise ActorError(*self._failed)
+        raise _rank_error(*self._failed)
 
     def _find_dead(self) -> None:
         """A worker said another ended: that one's error (once the OS says it ended)."""
@@ -423,7 +429,7 @@ class ProcessRanks(Ranks):
                 TimeoutError(f"no answer from the worker within {W.WAIT_S:.0f} s"),
             )
             self._shutdown()
-            raise ActorError(*self._failed)
+            raise _rank_error(*self._failed)
         self._died(rank)
         raise AssertionError("unreachable")
 
@@ -543,6 +549,15 @@ class ProcessRanks(Ranks):
             self._flush()
             for r in range(self.size):
                 self._request(r, (W.PING,))
+
+
+def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:
+    """The ActorError of a rank's worker (``actor``: the rank and its placement), in the
+    words of ranks rather than of an actor graph's run."""
+    err = ActorError(actor, piece, original)
+    Exception.__init__(err, f"{actor}: {type(original).__name__}: {original}")
+    err.__cause__ = original
+    return err
 
 
 def _nbytes(m: Any) -> int:
