@@ -390,28 +390,23 @@ class ProcessRanks(Ranks):
 
     def _request(self, rank: int, cmd: tuple, raw: bool = False) -> tuple:
         """Sends everything kept, then ``cmd`` to ``rank``, and returns its answer (with
-        ``raw``: and the bytes sent after it); a kept error is raised here."""
+        ``raw``: ending with the part's array); a kept error is raised here."""
         self._issue(rank, cmd)
         self._flush()
         w = self._workers[rank]
         reply = self._recv(rank)
         if reply[0] == "error":
             self._raise(reply[1])
-        if raw:
+        if raw:  # a part: in the answer, or a memfd sent after it
+            if reply[0] == "data":
+                a = reply[1]
+                return reply[:1] + (a if a.flags.writeable else a.copy(),)
             _, dt, shape, n = reply
             try:
-                if reply[0] == "fd":
-                    a = W.mapped_part(recv_handle(w.conn), n, dt, shape, private=False)
-                else:
-                    buf = bytearray(n)
-                    if n:
-                        w.conn.recv_bytes_into(buf)
-                    else:
-                        w.conn.recv_bytes()
-                    a = np.frombuffer(buf, np.dtype(dt)).reshape(shape)
+                fd = recv_handle(w.conn)
             except (OSError, EOFError):
                 self._died(rank)
-            reply = reply + (a,)
+            return reply + (W.mapped_part(fd, n, dt, shape, private=False),)
         return reply
 
     def _recv(self, rank: int) -> tuple:

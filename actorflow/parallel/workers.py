@@ -263,10 +263,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         if entry is not None:
             os.close(entry[0])
 
-    def answer(obj, raw=None) -> None:
+    def answer(obj) -> None:
         conn.send_bytes(pickle.dumps(obj, protocol=5))
-        if raw is not None:
-            conn.send_bytes(raw)
 
     def host_array(impl) -> np.ndarray:
         """The part's values (its storage dtype), C-contiguous, once its work is done."""
@@ -381,8 +379,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 finally:
                     os.close(fd)
                 return
-            raw = a.reshape(-1).view(np.uint8).data
-            answer(("ok", a.dtype.str, a.shape, a.nbytes), raw)
+            answer(("data", a))  # (one message: the array pickled in it)
         elif kind == META:
             ins = inputs([cmd[1]])
             if isinstance(ins, bytes):
