@@ -376,12 +376,31 @@ def test_use_ranks_selection_and_errors():
     p = af.placement("cpu", ranks=2)
     x = af.tensor(data((4, 2))).to_global(p, S0)  # inline
     with use_ranks("processes"):
-        y = af.tensor(data((4, 2))).to_global(p, S0)
-        with pytest.raises(DeviceError, match="different ranks"):
-            x + y
-        z = x.to_global(sbp=S0)  # brought onto the process ranks
-        assert isinstance(z._impl.blob.ranks, ProcessRanks)
-        assert np.array_equal((z + y).numpy(), 2 * data((4, 2)))
+        y = af.tensor(data((4, 2), 1)).to_global(p, S0)
+        z = x.to_global(sbp=B)  # a global tensor keeps its ranks
+        assert isinstance(z._impl.blob.ranks, InlineRanks)
+        big = af.tensor(data((40, 2), 2)).to_global(p, S0)
+        small = af.tensor(data((1, 2), 3)).to_global(p, B)
+    mixed = x + y  # different ranks: brought onto the larger input's
+    assert np.array_equal(mixed.numpy(), data((4, 2)) + data((4, 2), 1))
+    bridged = af.tensor(data((1, 2), 3)).to_global(p, B) + big  # (the small one moves)
+    assert isinstance(bridged._impl.blob.ranks, ProcessRanks)
+    assert np.array_equal(bridged.numpy(), data((1, 2), 3) + data((40, 2), 2))
+    assert np.array_equal((small * 2).numpy(), data((1, 2), 3) * 2)
+
+
+def test_backward_after_the_block_stays_on_the_process_ranks():
+    """Autograd's seed made after a ``with use_ranks("processes")`` block (on inline ranks)
+    joins the process ranks of what it differentiates."""
+    p = af.placement("cpu", ranks=2)
+    with use_ranks("processes"):
+        w = af.tensor(data((3, 2))).to_global(p, B).requires_grad_()
+        x = af.tensor(data((4, 3), 1)).to_global(p, S0)
+    loss = (x @ w).sum()
+    loss.backward()
+    assert isinstance(w.grad._impl.blob.ranks, ProcessRanks)
+    want = data((4, 3), 1).sum(0)[:, None] * np.ones((1, 2), np.float32)
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-6)
 
 
 def test_closed_ranks_end_their_workers():

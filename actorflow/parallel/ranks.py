@@ -611,7 +611,9 @@ class use_ranks:
     rank's parts in this process, computed one rank after another) or ``"processes"``
     (each rank a kept worker process, computing in parallel). A plain call sets it; as a
     context manager, the kind before comes back at the end of the block. Global tensors
-    keep the ranks they were made on.
+    keep the ranks they were made on (conversions within their placement too); an op on
+    tensors of one placement held by different ranks brings them onto one (the largest's,
+    through this process), so a backward after the block stays on the process ranks.
 
     Example: ``with af.parallel.use_ranks("processes"): ...``"""
 
