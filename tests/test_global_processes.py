@@ -373,6 +373,8 @@ def test_use_ranks_selection_and_errors():
         use_ranks("threads")
     with pytest.raises(DeviceError, match="type 'cpu'"):
         ProcessRanks(af.placement("null", ranks=2))
+    with pytest.raises(DeviceError, match="more than 64"):
+        ProcessRanks(af.placement("cpu", ranks=65))
     p = af.placement("cpu", ranks=2)
     x = af.tensor(data((4, 2))).to_global(p, S0)  # inline
     with use_ranks("processes"):

@@ -139,6 +139,7 @@ class InlineRanks(Ranks):
         return transfer(impl, dev)  # across the host boundary
 
 
+MAX_RANKS = 64  # worker processes of one placement at most (each pair joined by a pipe)
 BATCH = 64  # commands kept for a worker before they are sent whatever comes next
 FLUSH_BYTES = 1 << 20  # bytes of work (outputs, moves, puts) kept before they are sent:
 #                        tiny ops go in batches (one write per worker for many), large
@@ -228,6 +229,12 @@ class ProcessRanks(Ranks):
                 f"worker process on this machine); use af.parallel.use_ranks('inline') for "
                 f"placements of type {placement.type!r}"
             )
+        if placement.size > MAX_RANKS:
+            raise DeviceError(
+                f"{placement!r}: process ranks start one worker process per rank, and "
+                f"{placement.size} is more than {MAX_RANKS}; use fewer ranks, or "
+                f"af.parallel.use_ranks('inline')"
+            )
         self.placement = placement
         self.size = k = placement.size
         self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // k)
@@ -275,6 +282,9 @@ class ProcessRanks(Ranks):
         try:
             for r in range(k):
                 self._workers.append(_Worker(ctx, r, k, peers[r], self.threads))
+                for c in peers[r].values():  # (the worker has its ends now)
+                    c.close()
+                peers[r] = {}
         except BaseException:
             _stop_all(self._workers)
             raise
