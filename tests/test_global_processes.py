@@ -48,6 +48,17 @@ def made():
     assert not [n for n in names if os.path.exists(f"/dev/shm/{n.lstrip('/')}")]
 
 
+def memfds(pid):
+    """The memfds process ``pid`` holds a descriptor of."""
+    out = []
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{f}"))
+        except FileNotFoundError:  # (closed meanwhile: the listing's own)
+            pass
+    return [f for f in out if "memfd:" in f]
+
+
 def both(program, *args):
     """``program(kind, *args)`` (a list of numpy arrays) on inline and on process ranks: the
     same dtypes, shapes and bits."""
@@ -232,6 +243,24 @@ def test_a_part_sent_to_two_ranks_is_each_ranks_own():
         assert np.array_equal(ranks.get(2, then).array(), big * 2)
 
 
+def test_an_answer_given_up_on_is_skipped():
+    """A request whose answer was never read (the wait interrupted, e.g. by Ctrl-C): the
+    next request skips that answer (a memfd in it closed) and reads its own."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        ranks = ranks_of(p)
+        big = af.tensor(data((300, 100))).to_global(p, B)
+        part = parts_of(big._impl)[0]
+        for _ in range(2):  # (sent, not read)
+            ranks._asked += 1
+            ranks._issue(0, (W.GET, part.id, ranks._asked))
+            ranks._flush()
+        assert np.array_equal(ranks.get(0, part).array(), data((300, 100)))
+        ranks.synchronize()
+        assert not memfds(ranks.pids[0]) and not memfds(ranks.pids[1]) and not memfds("self")
+        assert big.numpy().sum() == data((300, 100)).sum()  # (big still alive)
+
+
 def test_part_metas_are_the_workers():
     """The metas this process works out for a call's outputs and a view's are those of the
     tensors the workers hold."""
@@ -313,9 +342,8 @@ def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():
         ranks.synchronize()
         for pid in ranks.pids:
             maps = open(f"/proc/{pid}/maps").read()
-            assert "/dev/shm/" not in maps
-            fds = [os.readlink(f"/proc/{pid}/fd/{f}") for f in os.listdir(f"/proc/{pid}/fd")]
-            assert not [f for f in fds if "memfd:" in f]  # (a received part keeps its map)
+            assert "/dev/shm/" not in maps and "memfd:" not in maps
+            assert not memfds(pid)
 
 
 def test_a_killed_worker_is_an_actor_error_naming_the_rank():

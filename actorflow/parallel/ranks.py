@@ -249,6 +249,7 @@ class ProcessRanks(Ranks):
         self._put: tuple = (None, None, -2)  # the tensor put last, its payload, the rank
         self._fds: list = []  # memfds of puts, closed once sent
         self._work = 0  # bytes of work kept (not sent yet)
+        self._asked = 0  # requests made (answers carry their number)
         self._failed: tuple | None = None  # (ActorError's arguments) once a worker died
         self.closed = False
         self.sent = 0  # bytes down the pipes
@@ -401,10 +402,18 @@ class ProcessRanks(Ranks):
     def _request(self, rank: int, cmd: tuple, raw: bool = False) -> tuple:
         """Sends everything kept, then ``cmd`` to ``rank``, and returns its answer (with
         ``raw``: ending with the part's array); a kept error is raised here."""
-        self._issue(rank, cmd)
+        self._asked += 1
+        self._issue(rank, (*cmd, self._asked))
+        self._unput()  # (a scatter is over by now: its memfd is not kept past this send)
         self._flush()
         w = self._workers[rank]
-        reply = self._recv(rank)
+        while True:
+            n, *got = self._recv(rank)
+            if n == self._asked:
+                break
+            if got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
+                os.close(recv_handle(w.conn))
+        reply = tuple(got)
         if reply[0] == "error":
             self._raise(reply[1])
         if raw:  # a part: in the answer, or a memfd sent after it
@@ -416,7 +425,7 @@ class ProcessRanks(Ranks):
                 fd = recv_handle(w.conn)
             except (OSError, EOFError):
                 self._died(rank)
-            return reply + (W.mapped_part(fd, n, dt, shape, private=False),)
+            return reply + (W.copied_out(fd, n, dt, shape),)
         return reply
 
     def _recv(self, rank: int) -> tuple:
@@ -519,7 +528,7 @@ class ProcessRanks(Ranks):
 
     def put(self, rank: int, impl: Any) -> Any:
         """Small tensors go down the pipe; larger ones are written once into a memfd whose
-        descriptor every rank they are put on maps (copy on write)."""
+        descriptor goes to every rank they are put on."""
         with self._lock:
             self._live()
             m = impl.meta

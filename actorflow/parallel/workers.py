@@ -20,11 +20,10 @@ is read there: at a ``GET``, ``META`` or ``SEND``.
 A move: the source reads its part (waiting for its work), writes it into a fresh shared
 memory file (``memfd``: it has no name, so nothing is ever left in ``/dev/shm``) and sends
 its descriptor to the destination (small parts go inline in the message); the
-destination's ``RECV`` waits for it, with a timeout, and keeps the mapping (copy on write)
-as the new part's memory (no copy). A part sent to several ranks (an all-gather's, an
-all-reduce's) is written once: its memfd is kept until it went to every other rank, the
-part is dropped, or any part is written in place. A source that ends before sending
-fails the ``RECV`` at once (its pipe closes)."""
+destination's ``RECV`` waits for it, with a timeout, and copies it out. A part sent to
+several ranks (an all-gather's, an all-reduce's) is written once: its memfd is kept until
+it went to every other rank, the part is dropped, or any part is written in place. A
+source that ends before sending fails the ``RECV`` at once (its pipe closes)."""
 
 from __future__ import annotations
 
@@ -119,14 +118,19 @@ def write_into(read: Any, impl: Any, nbytes: int) -> tuple[int, str, tuple]:
     return fd, dt, shape
 
 
-def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple, private: bool) -> np.ndarray:
-    """The array over a memfd's map (``private``: copy on write, for a file other ranks map
-    too); closes ``fd`` (the map keeps the memory)."""
+def copied_out(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
+    """A new array holding what a memfd holds; closes ``fd``. (A copy rather than the map
+    itself: a map holds a descriptor for as long as it lives, and a part or a tensor read
+    back may live long, so keeping maps would run out of descriptors.)"""
     try:
-        mm = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE)
+        out = np.empty(shape, np.dtype(dt))
+        with mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ) as mm:
+            view = np.ndarray(shape, np.dtype(dt), buffer=mm)
+            np.copyto(out, view)
+            del view  # (before the map closes)
     finally:
         os.close(fd)
-    return np.ndarray(shape, np.dtype(dt), buffer=mm)
+    return out
 
 
 class _Inbox:
@@ -256,15 +260,18 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         return [parts[i] for i in ids]
 
     sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
-    # the other ranks: written once, mapped by each (copy on write); closed after the last
+    # the other ranks: written once, copied out by each; closed after the last
 
     def unsend(i: int) -> None:
         entry = sent.pop(i, None)
         if entry is not None:
             os.close(entry[0])
 
+    asked = [0]  # the number of the request being answered (the controller skips
+    #              answers to requests it gave up on, e.g. interrupted by Ctrl-C)
+
     def answer(obj) -> None:
-        conn.send_bytes(pickle.dumps(obj, protocol=5))
+        conn.send_bytes(pickle.dumps((asked[0], *obj), protocol=5))
 
     def host_array(impl) -> np.ndarray:
         """The part's values (its storage dtype), C-contiguous, once its work is done."""
@@ -305,8 +312,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 fail([out_id], error_bytes(e))
         elif kind == PUT:
             _, out_id, dtype, shape, nbytes, in_fd, buf = cmd
-            if in_fd:  # (every rank maps the same file: copy on write)
-                arr = mapped_part(buf, nbytes, dtype.np, shape, private=True)
+            if in_fd:  # (one file for every rank it is put on)
+                arr = copied_out(buf, nbytes, dtype.np, shape)
             else:
                 arr = np.frombuffer(buf, dtype.np).reshape(shape)
             parts[out_id] = adopt(arr, dtype)
@@ -351,7 +358,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     parts[token] = adopt(a if a.flags.writeable else a.copy(), dtype)
                     return
                 _, _, dt, shape, nbytes = header
-                parts[token] = adopt(mapped_part(fd, nbytes, dt, shape, private=True), dtype)
+                parts[token] = adopt(copied_out(fd, nbytes, dt, shape), dtype)
             except BaseException as e:  # noqa: BLE001
                 fail([token], error_bytes(e))
         elif kind == DROP:
@@ -403,6 +410,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         cmd = commands.popleft()
         if cmd is None:
             return
+        if cmd[0] in (GET, META, PING):
+            asked[0] = cmd[-1]
         try:
             run(cmd)
         except (OSError, EOFError):
