@@ -384,6 +384,10 @@ class ProcessRanks(Ranks):
             except (OSError, EOFError):
                 self._close_fds()
                 self._died(r)
+            except BaseException as e:  # (Ctrl-C in a send: the pipe is out of step)
+                self._failed = (f"rank {r} of {self.placement!r}", None, e)
+                self._shutdown()
+                raise
             self.sent += len(data)
         self._close_fds()
 
