@@ -4,6 +4,7 @@ read of the part; a killed worker is an ActorError naming its rank; nothing is l
 /dev/shm and nothing hangs."""
 
 import gc
+import operator
 import os
 import pickle
 import signal
@@ -325,6 +326,26 @@ def test_arguments_that_do_not_pickle_fail_the_part_not_the_ranks():
         with pytest.raises(TypeError, match="do not pickle"):
             ranks.get(1, bad)
         assert np.array_equal((x * 2).numpy(), data((4, 3)) * 2)
+
+
+class LoadsBadly:
+    """Pickles here, fails to load in the worker."""
+
+    def __reduce__(self):
+        return (operator.attrgetter("no_such_attribute"), (0,))
+
+
+def test_commands_a_worker_cannot_load_end_it_with_a_clear_error():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[12, 13])
+        ranks = ranks_of(p)
+        x = af.tensor(data((4, 3))).to_global(p, B)
+        part = parts_of(x._impl)[1]
+        bad = ranks.call(1, op_def("add"), [part, part], {"alpha": LoadsBadly()})[0]
+        with pytest.raises(ActorError, match=r"rank 1 of .*exit code 1 \(an error in the"):
+            ranks.get(1, bad)
+        y = af.tensor(data((4, 3))).to_global(p, B)  # new workers
+        assert np.array_equal((y * 2).numpy(), data((4, 3)) * 2)
 
 
 def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():

@@ -31,6 +31,7 @@ import mmap
 import os
 import pickle
 import signal
+import sys
 import threading
 import traceback
 from collections import deque
@@ -185,7 +186,18 @@ def _reader(conn, peers: dict, commands: deque, ready: threading.Semaphore, inbo
                     inbox.lost(src)
                     continue
                 if src is None:
-                    batch = pickle.loads(data)
+                    try:
+                        batch = pickle.loads(data)
+                    except BaseException:  # (nothing after it could be read in step)
+                        traceback.print_exc()
+                        print(
+                            "actorflow: a rank's worker could not load its commands "
+                            "(an op or attribute pickled by reference to a module it "
+                            "cannot import?); it ends",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        os._exit(1)
                     for cmd in batch:
                         if cmd[0] == PUT:
                             if cmd[5]:  # (in a memfd: its descriptor)
