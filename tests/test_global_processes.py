@@ -175,9 +175,21 @@ def test_in_place_dynamic_shapes_factories_dtypes():
         nz = af.nonzero(x.to_global(sbp=B) > 2)  # a shape only the ranks know
         z = af.zeros(5, 4, device=af.sbp.layout(p, (S1,)))
         r = af.arange(7, device=af.sbp.layout(p, (S0,)))
+        af.manual_seed(3)
+        rn = af.randn(5, 3, device=af.sbp.layout(p, (S0,)))
+        drop = af.nn.functional.dropout(x, 0.5, training=True)
         i = (x * 10).to(af.int32) // 3
         h = x.to(af.bfloat16) * 3
-        return [held(kind, x), held(kind, nz), held(kind, z), held(kind, r), i.numpy(), h.numpy()]
+        return [
+            held(kind, x),
+            held(kind, nz),
+            held(kind, z),
+            held(kind, r),
+            held(kind, rn),
+            held(kind, drop),
+            i.numpy(),
+            h.numpy(),
+        ]
 
     got = both(program)
     assert got[1].shape[1] == 2
