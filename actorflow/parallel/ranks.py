@@ -429,7 +429,7 @@ class ProcessRanks(Ranks):
                 fd = recv_handle(w.conn)
             except (OSError, EOFError):
                 self._died(rank)
-            return reply + (W.copied_out(fd, n, dt, shape),)
+            return reply + (W.mapped_part(fd, n, dt, shape),)
         return reply
 
     def _recv(self, rank: int) -> tuple:

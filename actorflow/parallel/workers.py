@@ -20,10 +20,11 @@ is read there: at a ``GET``, ``META`` or ``SEND``.
 A move: the source reads its part (waiting for its work), writes it into a fresh shared
 memory file (``memfd``: it has no name, so nothing is ever left in ``/dev/shm``) and sends
 its descriptor to the destination (small parts go inline in the message); the
-destination's ``RECV`` waits for it, with a timeout, and copies it out. A part sent to
-several ranks (an all-gather's, an all-reduce's) is written once: its memfd is kept until
-it went to every other rank, the part is dropped, or any part is written in place. A
-source that ends before sending fails the ``RECV`` at once (its pipe closes)."""
+destination's ``RECV`` waits for it, with a timeout, and maps it (copy on write) as the
+new part's memory. A part sent to several ranks (an all-gather's, an all-reduce's) is
+written once: its memfd is kept until it went to every other rank, the part is dropped, or
+any part is written in place. A source that ends before sending fails the ``RECV`` at once
+(its pipe closes)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import signal
 import sys
 import threading
 import traceback
+import weakref
 from collections import deque
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
@@ -88,9 +90,20 @@ def contiguous_bytes(a: np.ndarray) -> np.ndarray:
 
 
 def memfd_of(nbytes: int) -> tuple[int, mmap.mmap]:
-    """A fresh shared memory file of ``nbytes`` (no name: nothing in ``/dev/shm``) and a
-    writable map of it, its pages faulted in at once where the platform can."""
-    fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+    """A fresh shared memory file of ``nbytes`` and a writable map of it, its pages
+    faulted in at once where the platform can. A ``memfd`` has no name, so nothing is ever
+    left in ``/dev/shm``; where there is none, a shared memory block unlinked at once."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+    else:  # (not Linux)
+        from multiprocessing import shared_memory
+
+        shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+        try:
+            fd = os.dup(shm._fd)  # type: ignore[attr-defined]
+        finally:
+            shm.close()
+            shm.unlink()
     try:
         os.ftruncate(fd, nbytes)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -119,19 +132,57 @@ def write_into(read: Any, impl: Any, nbytes: int) -> tuple[int, str, tuple]:
     return fd, dt, shape
 
 
-def copied_out(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
-    """A new array holding what a memfd holds; closes ``fd``. (A copy rather than the map
-    itself: a map holds a descriptor for as long as it lives, and a part or a tensor read
-    back may live long, so keeping maps would run out of descriptors.)"""
+def _libc_mmap() -> Any:
+    """libc's mmap and munmap through ctypes (None where they cannot be loaded)."""
     try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC: list = []
+
+
+def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
+    """An array over what a memfd holds, private to it (copy on write: other ranks may map
+    the same file); closes ``fd``. The map is made by libc's mmap, which keeps no
+    descriptor (Python's mmap keeps one for as long as the map lives, and many parts
+    living long would run the descriptors out), and unmapped when the array is collected;
+    without it, a copy."""
+    if not _LIBC:
+        _LIBC.append(_libc_mmap())
+    libc = _LIBC[0]
+    try:
+        if libc is not None:
+            import ctypes
+
+            prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE
+            addr = libc.mmap(None, nbytes, prot, flags, fd, 0)
+            if addr is not None and addr != ctypes.c_void_p(-1).value:
+                buf = (ctypes.c_char * nbytes).from_address(addr)
+                weakref.finalize(buf, libc.munmap, addr, nbytes)
+                return np.frombuffer(buf, np.dtype(dt)).reshape(shape)
         out = np.empty(shape, np.dtype(dt))
         with mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ) as mm:
             view = np.ndarray(shape, np.dtype(dt), buffer=mm)
             np.copyto(out, view)
             del view  # (before the map closes)
+        return out
     finally:
         os.close(fd)
-    return out
 
 
 class _Inbox:
@@ -272,7 +323,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         return [parts[i] for i in ids]
 
     sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
-    # the other ranks: written once, copied out by each; closed after the last
+    # the other ranks: written once, mapped by each; closed after the last
 
     def unsend(i: int) -> None:
         entry = sent.pop(i, None)
@@ -325,7 +376,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         elif kind == PUT:
             _, out_id, dtype, shape, nbytes, in_fd, buf = cmd
             if in_fd:  # (one file for every rank it is put on)
-                arr = copied_out(buf, nbytes, dtype.np, shape)
+                arr = mapped_part(buf, nbytes, dtype.np, shape)
             else:
                 arr = np.frombuffer(buf, dtype.np).reshape(shape)
             parts[out_id] = adopt(arr, dtype)
@@ -370,7 +421,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     parts[token] = adopt(a if a.flags.writeable else a.copy(), dtype)
                     return
                 _, _, dt, shape, nbytes = header
-                parts[token] = adopt(copied_out(fd, nbytes, dt, shape), dtype)
+                parts[token] = adopt(mapped_part(fd, nbytes, dt, shape), dtype)
             except BaseException as e:  # noqa: BLE001
                 fail([token], error_bytes(e))
         elif kind == DROP:
