@@ -174,7 +174,7 @@ def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
             if addr is not None and addr != ctypes.c_void_p(-1).value:
                 buf = (ctypes.c_char * nbytes).from_address(addr)
                 weakref.finalize(buf, libc.munmap, addr, nbytes)
-                return np.frombuffer(buf, np.dtype(dt)).reshape(shape)
+                return np.frombuffer(memoryview(buf), np.dtype(dt)).reshape(shape)
         out = np.empty(shape, np.dtype(dt))
         with mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ) as mm:
             view = np.ndarray(shape, np.dtype(dt), buffer=mm)
