@@ -6,9 +6,8 @@ A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its 
 order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
 from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
 ``DROP``: parts the controller no longer holds, ``GET``/``META``/``PING``: the only
-commands answered). A reader thread takes what arrives, on the controller's pipe and on
-one pipe per other rank, so that no sender ever waits for this worker to finish its work;
-the main thread runs the commands.
+commands answered). A reader thread takes what the other ranks send, on one pipe per
+rank, so that no rank's send waits for this one's work.
 
 A command that raises leaves its outputs holding the error (pickled, with its traceback):
 a command reading such a part passes the error on to its outputs, a ``SEND`` of one sends
@@ -36,7 +35,6 @@ import sys
 import threading
 import traceback
 import weakref
-from collections import deque
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any, cast
@@ -216,59 +214,57 @@ class _Inbox:
         raise TimeoutError(f"rank {src} did not send its part within {timeout:.0f} s")
 
 
-def _reader(conn, peers: dict, commands: deque, ready: threading.Semaphore, inbox) -> None:
-    """Takes what arrives: the controller's batches into ``commands`` (with their PUT
-    payloads), the other ranks' parts into ``inbox``. Ends when the controller's pipe
-    closes (posting None)."""
-    watched = {conn: None}
-    for r, c in peers.items():
-        watched[c] = r
+def _peer_reader(peers: dict, inbox: _Inbox) -> None:
+    """Takes the parts the other ranks send this one into ``inbox`` as they arrive (so that
+    no rank's send ever waits for this one's work); a rank whose pipe closes is lost."""
+    watched = {c: r for r, c in peers.items()}
+    while watched:
+        for got in wait(list(watched)):
+            c = cast(Connection, got)
+            src = watched[c]
+            try:
+                header = pickle.loads(c.recv_bytes())
+                payload = recv_handle(c) if header[1] == "fd" else None
+            except (EOFError, OSError):
+                del watched[c]
+                inbox.lost(src)
+                continue
+            inbox.put(header[0], (header, payload))
+
+
+def _batch(conn) -> list | None:
+    """The next batch of commands from the controller, each PUT with its payload (what
+    follows the batch in the pipe: its bytes, or its memfd's descriptor); None once the
+    pipe closed. The whole batch is read before any of it runs: so the controller, which
+    sends every command of a move (to both ranks) before it waits on anything, never
+    waits on a worker that waits on it."""
     try:
-        while True:
-            for got in wait(list(watched)):
-                c = cast(Connection, got)
-                src = watched[c]
-                try:
-                    data = c.recv_bytes()
-                except (EOFError, OSError):
-                    if src is None:
-                        return
-                    del watched[c]
-                    inbox.lost(src)
-                    continue
-                if src is None:
-                    try:
-                        batch = pickle.loads(data)
-                    except BaseException:  # (nothing after it could be read in step)
-                        traceback.print_exc()
-                        print(
-                            "actorflow: a rank's worker could not load its commands "
-                            "(an op or attribute pickled by reference to a module it "
-                            "cannot import?); it ends",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        os._exit(1)
-                    for cmd in batch:
-                        if cmd[0] == PUT:
-                            if cmd[5]:  # (in a memfd: its descriptor)
-                                cmd = cmd + (recv_handle(conn),)
-                            else:
-                                buf = bytearray(cmd[4])
-                                if cmd[4]:
-                                    conn.recv_bytes_into(buf)
-                                cmd = cmd + (buf,)
-                        commands.append(cmd)
-                        ready.release()
-                else:
-                    header = pickle.loads(data)
-                    payload = recv_handle(c) if header[1] == "fd" else None
-                    inbox.put(header[0], (header, payload))
-    finally:
-        for r in peers:  # (a RECV waiting wakes: the worker is ending)
-            inbox.lost(r)
-        commands.append(None)
-        ready.release()
+        data = conn.recv_bytes()
+    except (EOFError, OSError):
+        return None
+    try:
+        batch = pickle.loads(data)
+    except BaseException:  # (nothing after it could be read in step)
+        traceback.print_exc()
+        print(
+            "actorflow: a rank's worker could not load its commands (an op or attribute "
+            "pickled by reference to a module it cannot import?); it ends",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+    out = []
+    for cmd in batch:
+        if cmd[0] == PUT:
+            if cmd[5]:  # (in a memfd: its descriptor)
+                cmd = cmd + (recv_handle(conn),)
+            else:
+                buf = bytearray(cmd[4])
+                if cmd[4]:
+                    conn.recv_bytes_into(buf)
+                cmd = cmd + (buf,)
+        out.append(cmd)
+    return out
 
 
 def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) -> None:
@@ -294,12 +290,9 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         vm.workers = threads
     parts: dict = {}
     poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
-    commands: deque = deque()
-    ready = threading.Semaphore(0)
     inbox = _Inbox()
-    threading.Thread(
-        target=_reader, args=(conn, peers, commands, ready, inbox), daemon=True
-    ).start()
+    if peers:
+        threading.Thread(target=_peer_reader, args=(peers, inbox), daemon=True).start()
     ops: dict = {}
 
     def op_of(ref):
@@ -469,22 +462,22 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             fail(cmd[1], cmd[2])
 
     while True:
-        ready.acquire()
-        cmd = commands.popleft()
-        if cmd is None:
-            return
-        if cmd[0] in (GET, META, PING):
-            asked[0] = cmd[-1]
-        try:
-            run(cmd)
-        except (OSError, EOFError):
-            return  # the controller is gone (its pipe: the answers of GET, META, PING)
-        except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
-            err = error_bytes(e)
+        batch = _batch(conn)
+        if batch is None:
+            return  # (the controller closed the pipe, or is gone)
+        for cmd in batch:
             if cmd[0] in (GET, META, PING):
-                answer(("error", err))
-            else:
-                fail(made_by(cmd), err)
+                asked[0] = cmd[-1]
+            try:
+                run(cmd)
+            except (OSError, EOFError):
+                return  # the controller is gone (its pipe: the answers of GET, META, PING)
+            except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
+                err = error_bytes(e)
+                if cmd[0] in (GET, META, PING):
+                    answer(("error", err))
+                else:
+                    fail(made_by(cmd), err)
 
 
 def made_by(cmd: tuple) -> list:
