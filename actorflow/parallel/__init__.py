@@ -1,7 +1,7 @@
 """Global tensors: one tensor laid out over a placement's ranks by an SBP (see ``sbp.py``);
 ops on them run on every rank's part (``interpreter``), conversions between layouts are
 boxing (``boxing``), what each op accepts is its SBP rule (``rules``), and who holds the
-parts is a ``Ranks`` (``ranks``)."""
+parts is a ``Ranks`` (``ranks``): kept in this process, or worker processes (``use_ranks``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from ..sbp import Placement
 from ..tensor.tensor import Tensor, wrap
 from .interpreter import convert, part, to_layout
+from .ranks import InlineRanks, ProcessRanks, ranks_of, use_ranks
 from .recording import Recording, record
 
 
@@ -48,4 +49,14 @@ def to_local(x: Tensor, rank: int | None = None) -> Tensor:
     return wrap(apply(op_def("copy"), [impl], {}, device=device("cpu"))[0])
 
 
-__all__ = ["to_global", "to_local", "convert", "record", "Recording"]
+__all__ = [
+    "to_global",
+    "to_local",
+    "convert",
+    "record",
+    "Recording",
+    "use_ranks",
+    "ranks_of",
+    "InlineRanks",
+    "ProcessRanks",
+]

@@ -137,6 +137,8 @@ def global_apply(op, inputs, attrs, device, outs):
             f"use .to_global(...) or .to_local() before or after"
         )
     ranks = _ranks(inputs[0])
+    if any(_ranks(i) is not ranks for i in inputs):
+        inputs, ranks = _onto_one(inputs, outs)
     k = ranks.size
     metas = [i.meta for i in inputs]
     key = attrs_key(op, attrs)
@@ -262,6 +264,24 @@ def _write_into(outs: list, made: list) -> list:
     return outs
 
 
+def _onto_one(inputs: list, outs) -> tuple[list, Ranks]:
+    """Inputs on one placement held by different ranks (made under different kinds of
+    ranks: ``use_ranks``; autograd's seed made after a ``with use_ranks(...)`` block) all
+    on the ranks of the output written in place, else of the largest input: the others
+    brought over through this process."""
+    home = _ranks(outs[0]) if outs else _ranks(max(inputs, key=lambda i: _nbytes(i.meta)))
+    moved = []
+    for i in inputs:
+        if _ranks(i) is not home:
+            m = i.meta
+            whole = _to_local(i, device("cpu"))
+            put = [home.put(r, whole) for r in range(home.size)]
+            parts = box(home, put, broadcast, sbp_of(i), m.shape, m.dtype)
+            i = make(home, parts, m.shape, m.dtype, sbp_of(i))
+        moved.append(i)
+    return moved, home
+
+
 def _nbytes(m: TensorMeta) -> int:
     n = m.dtype.itemsize
     for s in m.shape:
@@ -305,7 +325,9 @@ def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
             raise DeviceError("internal error: convert() of a local tensor to a local device")
         return _to_local(impl, target)
     assert isinstance(target, Layout)
-    ranks = ranks_of(target.placement)
+    # (a global tensor keeps its ranks within its placement; new parts go to the current)
+    same = src.placed and src.placement is target.placement
+    ranks = _ranks(impl) if same else ranks_of(target.placement)
     dst = target.sbp[0]
     _check_split_dim(dst, m.shape)
     if not src.placed:  # scatter a local tensor: each rank a copy of its part

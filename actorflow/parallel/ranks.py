@@ -10,30 +10,55 @@ is its local metadata.
 type (``cpu``; ``null:r`` / ``cuda:r`` for rank r of those types), and every op runs
 through the eager interpreter like any other call. It is exact and simple, and what the
 tests compare the other kinds with; it computes the ranks one after another.
+
+``ProcessRanks``: every rank is a kept worker process on this machine (``workers.py``), so
+the ranks compute at the same time on the machine's cores. A part is a ``Part`` handle here
+(its rank, an id, its local meta) for a tensor the worker holds. Commands go down each
+worker's pipe in order and in batches, without waiting: a call's output metas are worked
+out here (the op's ``infer`` on the local metas; views on a stand-in), so only what needs
+the worker's answer waits for it: ``get``, the meta of an output whose shape depends on
+values, and errors, which a worker keeps on the parts it could not make and which are
+raised here (the same type, the same words) when such a part is read. Moves go between the
+workers through shared memory. A worker that dies is an ``ActorError`` naming the placement,
+the rank and the exit code at the next use of the placement; the others are shut down, and
+the placement gets new workers the next time. Which kind ``ranks_of`` makes: ``use_ranks``.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import pickle
+import threading
+import weakref
+from collections import deque
+from multiprocessing.connection import wait
+from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
+
+import numpy as np
 
 from ..backends import get_backend
 from ..device import Device, device
-from ..eager.interpreter import apply, resolve, transfer
-from ..errors import DeviceError
+from ..eager.interpreter import apply, read, resolve, transfer
+from ..errors import ActorError, DeviceError
 from ..ops import get as op_def
+from ..runtime.sched.processes import (
+    RemoteTraceback,
+    WorkerDied,
+    _context,
+    _signal_name,
+    _stop_all,
+)
 from ..sbp import Placement
-from ..tensor import views
+from ..tensor.blob import Blob
+from ..tensor.impl import TensorImpl
+from ..tensor.meta import TensorMeta, contiguous_meta
+from . import workers as W
 
 _COPY = op_def("copy")
 NO_ATTRS: dict = {}
-VIEWS = {
-    "view": views.view,
-    "permute": views.permute,
-    "unsqueeze": views.unsqueeze,
-    "squeeze": views.squeeze,
-    "expand": views.expand,
-    "basic_index": views.basic_index,
-}
+VIEWS = W.VIEWS  # the views a rank takes of its parts, by name
 
 
 class Ranks:
@@ -114,17 +139,517 @@ class InlineRanks(Ranks):
         return transfer(impl, dev)  # across the host boundary
 
 
+MAX_RANKS = 64  # worker processes of one placement at most (each pair joined by a pipe)
+BATCH = 64  # commands kept for a worker before they are sent whatever comes next
+FLUSH_BYTES = 1 << 20  # bytes of work (outputs, moves, puts) kept before they are sent:
+#                        tiny ops go in batches (one write per worker for many), large
+#                        ones at once (the workers start while the next ones are issued)
+
+
+class Part:
+    """A rank's part held by its worker process: the rank, its id there, its local meta
+    (None until known for an output whose shape depends on values) and dtype. When it is
+    collected (on any thread, even at the interpreter's exit) its id is queued for the
+    worker to drop with the next batch."""
+
+    __slots__ = ("rank", "id", "meta", "dtype", "_drops")
+
+    def __init__(self, rank: int, id: int, meta: Any, dtype: Any, drops: deque) -> None:
+        self.rank, self.id, self.meta, self.dtype, self._drops = rank, id, meta, dtype, drops
+
+    def __repr__(self) -> str:
+        shape = None if self.meta is None else self.meta.shape
+        return f"Part(rank={self.rank}, id={self.id}, shape={shape}, dtype={self.dtype})"
+
+    def __del__(self) -> None:
+        try:
+            self._drops.append((self.rank, self.id))  # (atomic: no lock taken here)
+        except Exception:  # noqa: BLE001, S110 - at the interpreter's exit
+            pass
+
+
+class _Worker:
+    """One rank's process and this side of its pipe."""
+
+    def __init__(self, ctx: Any, rank: int, size: int, peers: dict, threads: int) -> None:
+        here, there = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=W.worker_main,
+            args=(there, rank, size, peers, threads),
+            daemon=True,
+            name=f"actorflow-rank-{rank}",
+        )
+        self.process.start()
+        there.close()
+        self.conn = here
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def exit_code(self) -> int | None:
+        self.process.join(2.0)
+        return self.process.exitcode
+
+    def stop(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        p = self.process
+        p.join(2.0)
+        if p.exitcode is None:
+            p.kill()
+            p.join(2.0)
+
+
+_STAND_IN: list = []  # a blob for the stand-ins views are worked out on (no memory)
+
+
+def _stand_in(meta: TensorMeta) -> TensorImpl:
+    if not _STAND_IN:
+        cpu = device("cpu")
+        _STAND_IN.append(Blob(cpu, get_backend(cpu), 0))
+    return TensorImpl(meta, _STAND_IN[0])
+
+
+class ProcessRanks(Ranks):
+    """Each rank a kept worker process (see the module doc), started at the first use and
+    ended by ``close()``, garbage collection or the interpreter's exit. ``threads``: the
+    CPU threads of each worker (its eager runtime's, and BLAS's where threadpoolctl is
+    installed; default: this machine's cores shared among the ranks). ``pids``: the
+    workers' process ids."""
+
+    kind = "processes"
+
+    def __init__(self, placement: Placement, threads: int | None = None) -> None:
+        if placement.type != "cpu":
+            raise DeviceError(
+                f"{placement!r}: process ranks run placements of type 'cpu' (each rank a "
+                f"worker process on this machine); use af.parallel.use_ranks('inline') for "
+                f"placements of type {placement.type!r}"
+            )
+        if placement.size > MAX_RANKS:
+            raise DeviceError(
+                f"{placement!r}: process ranks start one worker process per rank, and "
+                f"{placement.size} is more than {MAX_RANKS}; use fewer ranks, or "
+                f"af.parallel.use_ranks('inline')"
+            )
+        self.placement = placement
+        self.size = k = placement.size
+        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // k)
+        self._dev = device("cpu")
+        self._workers: list = []
+        self._pending: list = [[] for _ in range(k)]
+        self._payloads: list = [[] for _ in range(k)]
+        self._drops: deque = deque()
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._refs: dict = {}
+        self._put: tuple = (None, None, -2)  # the tensor put last, its payload, the rank
+        self._fds: list = []  # memfds of puts, closed once sent
+        self._work = 0  # bytes of work kept (not sent yet)
+        self._asked = 0  # requests made (answers carry their number)
+        self._failed: tuple | None = None  # (ActorError's arguments) once a worker died
+        self.closed = False
+        self.sent = 0  # bytes down the pipes
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+
+    # -- the workers -----------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list:
+        return [w.pid for w in self._workers]
+
+    def _live(self) -> None:
+        if self._failed is not None:
+            raise _rank_error(*self._failed)
+        if self.closed:
+            raise DeviceError(
+                f"the process ranks of {self.placement!r} were closed (close()); its global "
+                f"tensors are gone with them: make new ones (the placement starts new workers)"
+            )
+        if not self._workers:
+            self._start()
+
+    def _start(self) -> None:
+        ctx = _context()
+        k = self.size
+        peers: list = [{} for _ in range(k)]
+        for i in range(k):
+            for j in range(i + 1, k):
+                a, b = ctx.Pipe(duplex=True)
+                peers[i][j], peers[j][i] = a, b
+        try:
+            for r in range(k):
+                self._workers.append(_Worker(ctx, r, k, peers[r], self.threads))
+                for c in peers[r].values():  # (the worker has its ends now)
+                    c.close()
+                peers[r] = {}
+        except BaseException:
+            _stop_all(self._workers)
+            raise
+        finally:
+            for p in peers:
+                for c in p.values():
+                    c.close()
+
+    def _died(self, rank: int) -> None:
+        """Rank ``rank``'s worker ended: the placement's ranks are shut down and the error
+        raised (and again at every later use)."""
+        codes = {
+            r: w.exit_code()
+            for r, w in enumerate(self._workers)
+            if r == rank or not w.process.is_alive()
+        }
+        for r, c in codes.items():  # (the one that failed rather than one that ended after)
+            if c not in (0, None):
+                rank = r
+                break
+        w, code = self._workers[rank], codes[rank]
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how += f" (killed by {_signal_name(-code)})"
+        elif code == 1:
+            how += (
+                " (an error in the worker, its traceback printed above; one as it starts "
+                "is often a main module that runs its work when imported: put that under "
+                "if __name__ == '__main__':)"
+            )
+        original = WorkerDied(
+            f"its worker process (pid {w.pid}) ended: "
+            f"{how}; the global tensors on the placement are lost (its other workers were "
+            f"shut down); the next use of the placement starts new workers"
+        )
+        self._failed = (f"rank {rank} of {self.placement!r}", None, original)
+        self._shutdown()
+        raise _rank_error(*self._failed)
+
+    def _find_dead(self) -> None:
+        """A worker said another ended: that one's error (once the OS says it ended)."""
+        sentinels = [w.process.sentinel for w in self._workers]
+        ended = wait(sentinels, timeout=2.0)
+        for r, s in enumerate(sentinels):
+            if s in ended:
+                self._died(r)
+
+    def _shutdown(self) -> None:
+        self.closed = True
+        self._unput()
+        self._close_fds()
+        if _GROUPS.get((self.kind, self.placement)) is self:
+            del _GROUPS[(self.kind, self.placement)]
+        self._finalizer()
+
+    def close(self) -> None:
+        """Ends the workers (their parts are gone; the placement starts new ones when used
+        again)."""
+        with self._lock:
+            self._shutdown()
+
+    # -- commands --------------------------------------------------------------------------
+
+    def _issue(self, rank: int, cmd: tuple, payload: Any = None) -> None:
+        self._pending[rank].append(cmd)
+        if payload is not None:
+            self._payloads[rank].append(payload)
+
+    def _after(self, rank: int, work: int) -> None:
+        """Sends what is kept once ``FLUSH_BYTES`` of work or a batch of ``BATCH``
+        commands is; anything that waits for a worker sends it all first."""
+        self._work += work
+        if self._work >= FLUSH_BYTES or len(self._pending[rank]) >= BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._work = 0
+        drops = self._drops
+        while drops:
+            r, i = drops.popleft()
+            self._pending[r].append((W.DROP, [i]))
+        for r, w in enumerate(self._workers):
+            cmds = self._pending[r]
+            if not cmds:
+                continue
+            pays = self._payloads[r]
+            self._pending[r], self._payloads[r] = [], []
+            data = _pickled(cmds)
+            try:
+                w.conn.send_bytes(data)
+                for p in pays:
+                    if type(p) is tuple:  # ("fd", descriptor)
+                        send_handle(w.conn, p[1], w.pid)
+                    else:
+                        w.conn.send_bytes(p)
+            except (OSError, EOFError):
+                self._close_fds()
+                self._died(r)
+            except BaseException as e:  # (Ctrl-C in a send: the pipe is out of step)
+                self._failed = (f"rank {r} of {self.placement!r}", None, e)
+                self._shutdown()
+                raise
+            self.sent += len(data)
+        self._close_fds()
+
+    def _unput(self) -> None:
+        """Forgets the tensor put last (its memfd closed once sent)."""
+        payload = self._put[1]
+        if type(payload) is tuple:
+            self._fds.append(payload[1])
+        self._put = (None, None, -2)
+
+    def _close_fds(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def _request(self, rank: int, cmd: tuple, raw: bool = False) -> tuple:
+        """Sends everything kept, then ``cmd`` to ``rank``, and returns its answer (with
+        ``raw``: ending with the part's array); a kept error is raised here."""
+        self._asked += 1
+        self._issue(rank, (*cmd, self._asked))
+        self._unput()  # (a scatter is over by now: its memfd is not kept past this send)
+        self._flush()
+        w = self._workers[rank]
+        while True:
+            n, *got = self._recv(rank)
+            if n == self._asked:
+                break
+            if got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
+                os.close(recv_handle(w.conn))
+        reply = tuple(got)
+        if reply[0] == "error":
+            self._raise(reply[1])
+        if raw:  # a part: in the answer, or a memfd sent after it
+            if reply[0] == "data":
+                a = reply[1]
+                return reply[:1] + (a if a.flags.writeable else a.copy(),)
+            _, dt, shape, n = reply
+            try:
+                fd = recv_handle(w.conn)
+            except (OSError, EOFError):
+                self._died(rank)
+            return reply + (W.mapped_part(fd, n, dt, shape),)
+        return reply
+
+    def _recv(self, rank: int) -> tuple:
+        w = self._workers[rank]
+        ready = wait([w.conn, w.process.sentinel], timeout=W.WAIT_S)
+        if w.conn in ready:
+            try:
+                return pickle.loads(w.conn.recv_bytes())
+            except (OSError, EOFError):
+                pass
+        elif not ready:
+            self._failed = (
+                f"rank {rank} of {self.placement!r}",
+                None,
+                TimeoutError(f"no answer from the worker within {W.WAIT_S:.0f} s"),
+            )
+            self._shutdown()
+            raise _rank_error(*self._failed)
+        self._died(rank)
+        raise AssertionError("unreachable")
+
+    def _raise(self, err: bytes) -> None:
+        words, tb, data = pickle.loads(err)
+        try:
+            error = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - pickled there, not loadable here: its words
+            error = RuntimeError(words)
+        if isinstance(error, W.PeerGone):
+            self._find_dead()
+        error.__cause__ = RemoteTraceback(tb)
+        raise error
+
+    def _ref(self, op: Any) -> Any:
+        ref = self._refs.get(op)
+        if ref is None:
+            try:
+                ref = op.name if op_def(op.name) is op else op
+            except KeyError:
+                ref = op
+            self._refs[op] = ref
+        return ref
+
+    def _part(self, rank: int, meta: Any, dtype: Any) -> Part:
+        return Part(rank, next(self._ids), meta, dtype, self._drops)
+
+    # -- the interface ---------------------------------------------------------------------
+
+    def device(self, rank: int) -> Device:
+        return self._dev
+
+    def meta(self, part: Any) -> Any:
+        if part.meta is None:
+            with self._lock:
+                self._live()
+                _, shape, strides, offset = self._request(part.rank, (W.META, part.id))
+                part.meta = TensorMeta(shape, part.dtype, self._dev, strides, offset)
+        return part.meta
+
+    def call(self, rank: int, op: Any, ins: list, attrs: dict, outs: list | None = None) -> list:
+        with self._lock:
+            self._live()
+            ref = self._ref(op)
+            in_ids = [p.id for p in ins]
+            if outs is not None:
+                self._issue(rank, (W.CALL, ref, in_ids, attrs, [o.id for o in outs], None, True))
+                self._after(rank, sum(_nbytes(o.meta) for o in outs))
+                return outs
+            metas = [self.meta(p) for p in ins]
+            made = [
+                self._part(
+                    rank, None if shape is None else contiguous_meta(shape, dtype, self._dev), dtype
+                )
+                for shape, dtype in op.infer(metas, attrs)
+            ]
+            dev = None if ins else self._dev
+            self._issue(rank, (W.CALL, ref, in_ids, attrs, [p.id for p in made], dev, False))
+            self._after(rank, sum(_nbytes(p.meta) for p in made))
+            return made
+
+    def view(self, rank: int, name: str, part: Any, *args: Any) -> Any:
+        with self._lock:
+            self._live()
+            m = VIEWS[name](_stand_in(self.meta(part)), *args).meta
+            out = self._part(rank, m._replace(device=self._dev), m.dtype)
+            self._issue(rank, (W.VIEW, name, part.id, args, out.id))
+            self._after(rank, 0)
+            return out
+
+    def move(self, part: Any, src: int, dst: int) -> Any:
+        with self._lock:
+            self._live()
+            m = self.meta(part)
+            if src == dst:
+                return self.call(dst, _COPY, [part], NO_ATTRS)[0]
+            out = self._part(dst, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
+            self._issue(src, (W.SEND, part.id, dst, out.id))
+            self._issue(dst, (W.RECV, src, out.id, m.dtype))
+            self._after(dst, _nbytes(m))
+            return out
+
+    def put(self, rank: int, impl: Any) -> Any:
+        """Small tensors go down the pipe; larger ones are written once into a memfd whose
+        descriptor goes to every rank they are put on."""
+        with self._lock:
+            self._live()
+            m = impl.meta
+            nbytes = _nbytes(m)
+            held, payload, last = self._put
+            if held is not impl or rank != last + 1:  # (read once for the ranks in turn)
+                self._unput()
+                src = impl if impl.blob.backend.host_memory else transfer(impl, device("cpu"))
+                if nbytes > W.INLINE:
+                    payload = ("fd", W.write_into(read, src, nbytes)[0])
+                else:
+                    a = read(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
+                    payload = a.reshape(-1).view(np.uint8).data if nbytes else None
+            self._put = (impl, payload, rank)
+            if rank == self.size - 1:
+                self._unput()
+            out = self._part(rank, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
+            in_fd = nbytes > W.INLINE
+            self._issue(rank, (W.PUT, out.id, m.dtype, tuple(m.shape), nbytes, in_fd), payload)
+            self._after(rank, nbytes)
+            return out
+
+    def get(self, rank: int, part: Any) -> Any:
+        with self._lock:
+            self._live()
+            return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
+
+    def synchronize(self) -> None:
+        """Waits until every worker has run every command sent so far."""
+        with self._lock:
+            self._live()
+            self._flush()
+            for r in range(self.size):
+                self._request(r, (W.PING,))
+
+
+def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:
+    """The ActorError of a rank's worker (``actor``: the rank and its placement), in the
+    words of ranks rather than of an actor graph's run."""
+    err = ActorError(actor, piece, original)
+    Exception.__init__(err, f"{actor}: {type(original).__name__}: {original}")
+    err.__cause__ = original
+    return err
+
+
+def _nbytes(m: Any) -> int:
+    """A part's bytes (a shape still unknown counts as large: its meta is asked for
+    soon, and the worker should have started)."""
+    if m is None or m.shape is None:
+        return FLUSH_BYTES
+    n = m.dtype.itemsize
+    for s in m.shape:
+        n *= s
+    return n
+
+
+def _pickled(cmds: list) -> bytes:
+    """A batch of commands pickled; a command whose arguments do not pickle is replaced by
+    one that leaves its outputs holding the error (raised when they are read)."""
+    try:
+        return pickle.dumps(cmds, protocol=5)
+    except Exception:  # noqa: BLE001 - found command by command below
+        pass
+    fixed = []
+    for c in cmds:
+        try:
+            pickle.dumps(c, protocol=5)
+            fixed.append(c)
+        except Exception as e:  # noqa: BLE001 - kept on the outputs
+            what = f"op {getattr(c[1], 'name', c[1])!r}" if c[0] == W.CALL else f"{c[1]}()"
+            outs = c[4] if c[0] == W.CALL else [c[4]]
+            err = TypeError(
+                f"{what} on process ranks: its arguments do not pickle "
+                f"({type(e).__name__}: {e}), and a worker process needs them pickled; use "
+                f"af.parallel.use_ranks('inline') for it"
+            )
+            fixed.append((W.POISON, outs, W.error_bytes(err)))
+    return pickle.dumps(fixed, protocol=5)
+
+
 _GROUPS: dict = {}
-# the kind of ranks a placement gets: "inline" (this process) until a world is started
+# the kind of ranks a placement gets (use_ranks): "inline" (this process) or "processes"
 KIND = ["inline"]
+KINDS: dict = {"inline": InlineRanks, "processes": ProcessRanks}
 
 
 def ranks_of(placement: Placement) -> Ranks:
-    """The ranks running ``placement`` in the current world (made once per placement)."""
+    """The ranks running ``placement`` in the current world (made once per placement, and
+    again after they were closed)."""
     key = (KIND[0], placement)
     g = _GROUPS.get(key)
     if g is None:
-        if KIND[0] != "inline":
-            raise DeviceError(f"no ranks of kind {KIND[0]!r} are built")
-        g = _GROUPS[key] = InlineRanks(placement)
+        g = _GROUPS[key] = KINDS[KIND[0]](placement)
     return g
+
+
+class use_ranks:
+    """Which kind of ranks a placement runs on from now: ``"inline"`` (the default: every
+    rank's parts in this process, computed one rank after another) or ``"processes"``
+    (each rank a kept worker process, computing in parallel). A plain call sets it; as a
+    context manager, the kind before comes back at the end of the block. Global tensors
+    keep the ranks they were made on (conversions within their placement too); an op on
+    tensors of one placement held by different ranks brings them onto one (the largest's,
+    through this process), so a backward after the block stays on the process ranks.
+
+    Example: ``with af.parallel.use_ranks("processes"): ...``"""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(
+                f"use_ranks: kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}"
+            )
+        self.kind, self.before = kind, KIND[0]
+        KIND[0] = kind
+
+    def __enter__(self) -> use_ranks:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        KIND[0] = self.before

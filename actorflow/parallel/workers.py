@@ -1,0 +1,494 @@
+"""The worker side of process ranks (``ranks.ProcessRanks``): one kept process per rank of a
+placement, holding that rank's parts of global tensors and running the ops on them with
+its own eager runtime.
+
+A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its pipe in
+order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
+from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
+``DROP``: parts the controller no longer holds, ``GET``/``META``/``PING``: the only
+commands answered). A reader thread takes what the other ranks send, on one pipe per
+rank, so that no rank's send waits for this one's work.
+
+A command that raises leaves its outputs holding the error (pickled, with its traceback):
+a command reading such a part passes the error on to its outputs, a ``SEND`` of one sends
+the error instead of data, and ``GET``/``META`` answer with it, so the controller raises
+it (the same type, the same words) when the part is read; other parts are not affected.
+Kernel errors (an index out of bounds) surface in the worker's eager runtime when the part
+is read there: at a ``GET``, ``META`` or ``SEND``.
+
+A move: the source reads its part (waiting for its work), writes it into a fresh shared
+memory file (``memfd``: it has no name, so nothing is ever left in ``/dev/shm``) and sends
+its descriptor to the destination (small parts go inline in the message); the
+destination's ``RECV`` waits for it, with a timeout, and maps it (copy on write) as the
+new part's memory. A part sent to several ranks (an all-gather's, an all-reduce's) is
+written once: its memfd is kept until it went to every other rank, the part is dropped, or
+any part is written in place. A source that ends before sending fails the ``RECV`` at once
+(its pipe closes)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+import weakref
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any, cast
+
+import numpy as np
+
+from ..tensor import views
+
+CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON = range(10)
+INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
+WAIT_S = 300.0  # how long a RECV waits for its source, and the controller for an answer
+VIEWS = {  # the views a rank takes of its parts, by name
+    "view": views.view,
+    "permute": views.permute,
+    "unsqueeze": views.unsqueeze,
+    "squeeze": views.squeeze,
+    "expand": views.expand,
+    "basic_index": views.basic_index,
+}
+
+
+class PeerGone(RuntimeError):
+    """The worker of another rank ended before it sent a part this rank waited for."""
+
+
+def error_bytes(e: BaseException) -> bytes:
+    """An error as a worker keeps and answers it: its words, its traceback, the error
+    pickled (b"" when it does not pickle)."""
+    try:
+        data = pickle.dumps(e, protocol=5)
+    except Exception:  # noqa: BLE001 - an error that does not pickle: its words
+        data = b""
+    return pickle.dumps((f"{type(e).__name__}: {e}", traceback.format_exc(), data), protocol=5)
+
+
+def adopt(array: np.ndarray, dtype: Any) -> Any:
+    """A cpu TensorImpl whose storage is ``array`` (C-contiguous, the storage dtype)."""
+    from ..device import device
+    from ..tensor.impl import TensorImpl
+
+    impl = TensorImpl.new(tuple(array.shape), dtype, device("cpu"))
+    blob = impl.blob
+    blob.backend.allocator.adopt(array.nbytes, "process ranks")
+    blob.array, blob.owned, blob.allocated = array, False, True
+    return impl
+
+
+def contiguous_bytes(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array (a copy only where it is not one)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def memfd_of(nbytes: int) -> tuple[int, mmap.mmap]:
+    """A fresh shared memory file of ``nbytes`` and a writable map of it, its pages
+    faulted in at once where the platform can. A ``memfd`` has no name, so nothing is ever
+    left in ``/dev/shm``; where there is none, a shared memory block unlinked at once."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+    else:  # (not Linux)
+        from multiprocessing import shared_memory
+
+        shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1))
+        try:
+            fd = os.dup(shm._fd)  # type: ignore[attr-defined]
+        finally:
+            shm.close()
+            shm.unlink()
+    try:
+        os.ftruncate(fd, nbytes)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return fd, mmap.mmap(fd, nbytes, flags=flags)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_into(read: Any, impl: Any, nbytes: int) -> tuple[int, str, tuple]:
+    """``impl``'s values (once its work is done: ``read`` is the eager runtime's) written
+    into a fresh memfd: returns its descriptor (the caller closes it), the storage dtype
+    and the shape."""
+    fd, mm = memfd_of(nbytes)
+    try:
+        with mm:
+
+            def write(a: np.ndarray) -> tuple:
+                np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm), a)
+                return a.dtype.str, tuple(a.shape)
+
+            dt, shape = read(impl, write, "process ranks")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, dt, shape
+
+
+def _libc_mmap() -> Any:
+    """libc's mmap and munmap through ctypes (None where they cannot be loaded)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC: list = []
+
+
+def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
+    """An array over what a memfd holds, private to it (copy on write: other ranks may map
+    the same file); closes ``fd``. The map is made by libc's mmap, which keeps no
+    descriptor (Python's mmap keeps one for as long as the map lives, and many parts
+    living long would run the descriptors out), and unmapped when the array is collected;
+    without it, a copy."""
+    if not _LIBC:
+        _LIBC.append(_libc_mmap())
+    libc = _LIBC[0]
+    try:
+        if libc is not None:
+            import ctypes
+
+            prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE
+            addr = libc.mmap(None, nbytes, prot, flags, fd, 0)
+            if addr is not None and addr != ctypes.c_void_p(-1).value:
+                buf = (ctypes.c_char * nbytes).from_address(addr)
+                weakref.finalize(buf, libc.munmap, addr, nbytes)
+                return np.frombuffer(memoryview(buf), np.dtype(dt)).reshape(shape)
+        out = np.empty(shape, np.dtype(dt))
+        with mmap.mmap(fd, nbytes, access=mmap.ACCESS_READ) as mm:
+            view = np.ndarray(shape, np.dtype(dt), buffer=mm)
+            np.copyto(out, view)
+            del view  # (before the map closes)
+        return out
+    finally:
+        os.close(fd)
+
+
+class _Inbox:
+    """What the other ranks sent this one: token -> (header, payload), and the ranks whose
+    pipes closed."""
+
+    def __init__(self) -> None:
+        self.items: dict = {}
+        self.gone: set = set()
+        self.cond = threading.Condition()
+
+    def put(self, token: int, item: Any) -> None:
+        with self.cond:
+            self.items[token] = item
+            self.cond.notify_all()
+
+    def lost(self, rank: int) -> None:
+        with self.cond:
+            self.gone.add(rank)
+            self.cond.notify_all()
+
+    def take(self, token: int, src: int, timeout: float) -> Any:
+        with self.cond:
+            ok = self.cond.wait_for(
+                lambda: token in self.items or src in self.gone, timeout=timeout
+            )
+            if token in self.items:
+                return self.items.pop(token)
+        if ok:
+            raise PeerGone(f"the worker of rank {src} ended before it sent its part")
+        raise TimeoutError(f"rank {src} did not send its part within {timeout:.0f} s")
+
+
+def _peer_reader(peers: dict, inbox: _Inbox) -> None:
+    """Takes the parts the other ranks send this one into ``inbox`` as they arrive (so that
+    no rank's send ever waits for this one's work); a rank whose pipe closes is lost."""
+    watched = {c: r for r, c in peers.items()}
+    while watched:
+        for got in wait(list(watched)):
+            c = cast(Connection, got)
+            src = watched[c]
+            try:
+                header = pickle.loads(c.recv_bytes())
+                payload = recv_handle(c) if header[1] == "fd" else None
+            except (EOFError, OSError):
+                del watched[c]
+                inbox.lost(src)
+                continue
+            inbox.put(header[0], (header, payload))
+
+
+def _batch(conn) -> list | None:
+    """The next batch of commands from the controller, each PUT with its payload (what
+    follows the batch in the pipe: its bytes, or its memfd's descriptor); None once the
+    pipe closed. The whole batch is read before any of it runs: so the controller, which
+    sends every command of a move (to both ranks) before it waits on anything, never
+    waits on a worker that waits on it."""
+    try:
+        data = conn.recv_bytes()
+    except (EOFError, OSError):
+        return None
+    try:
+        batch = pickle.loads(data)
+    except BaseException:  # (nothing after it could be read in step)
+        traceback.print_exc()
+        print(
+            "actorflow: a rank's worker could not load its commands (an op or attribute "
+            "pickled by reference to a module it cannot import?); it ends",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+    out = []
+    for cmd in batch:
+        if cmd[0] == PUT:
+            if cmd[5]:  # (in a memfd: its descriptor)
+                cmd = cmd + (recv_handle(conn),)
+            else:
+                buf = bytearray(cmd[4])
+                if cmd[4]:
+                    conn.recv_bytes_into(buf)
+                cmd = cmd + (buf,)
+        out.append(cmd)
+    return out
+
+
+def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) -> None:
+    """A rank's worker: runs the commands of its pipe (see the module doc) until the pipe
+    closes. ``threads``: its BLAS threads (where threadpoolctl is installed) and its eager
+    runtime's CPU threads."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the controller's)
+    if threads:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(threads)
+        except ImportError:
+            pass
+    from ..eager.interpreter import apply, read, resolve
+    from ..ops import get as op_def
+    from ..tensor.meta import contiguous_strides
+    from ..vm.scheduler import get_vm
+
+    copy = op_def("copy")
+    vm = get_vm()
+    if threads and vm._loop is None:  # (the runtime's CPU threads: this rank's share)
+        vm.workers = threads
+    parts: dict = {}
+    poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
+    inbox = _Inbox()
+    if peers:
+        threading.Thread(target=_peer_reader, args=(peers, inbox), daemon=True).start()
+    ops: dict = {}
+
+    def op_of(ref):
+        if isinstance(ref, str):
+            op = ops.get(ref)
+            if op is None:
+                op = ops[ref] = op_def(ref)
+            return op
+        return ref
+
+    def fail(ids, err: bytes) -> None:
+        for i in ids:
+            parts.pop(i, None)
+            poisoned[i] = err
+
+    def inputs(ids):
+        for i in ids:
+            err = poisoned.get(i)
+            if err is not None:
+                return err
+        return [parts[i] for i in ids]
+
+    sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
+    # the other ranks: written once, mapped by each; closed after the last
+
+    def unsend(i: int) -> None:
+        entry = sent.pop(i, None)
+        if entry is not None:
+            os.close(entry[0])
+
+    asked = [0]  # the number of the request being answered (the controller skips
+    #              answers to requests it gave up on, e.g. interrupted by Ctrl-C)
+
+    def answer(obj) -> None:
+        conn.send_bytes(pickle.dumps((asked[0], *obj), protocol=5))
+
+    def host_array(impl) -> np.ndarray:
+        """The part's values (its storage dtype), C-contiguous, once its work is done."""
+        return read(impl, lambda a: np.array(a, copy=True, order="C"), "process ranks")
+
+    def run(cmd) -> None:
+        kind = cmd[0]
+        if kind == CALL:
+            _, ref, in_ids, attrs, out_ids, dev, inplace = cmd
+            ins = inputs(in_ids + out_ids if inplace else in_ids)
+            if isinstance(ins, bytes):
+                return fail(out_ids, ins)
+            try:
+                op = op_of(ref)
+                if inplace:
+                    for i in list(sent):  # (a part written: its copy is out of date)
+                        unsend(i)
+                    apply(op, ins[: len(in_ids)], attrs, None, ins[len(in_ids) :])
+                    return
+                outs = apply(op, ins, attrs, dev)
+                for i, o in zip(out_ids, outs, strict=True):
+                    m = o.meta
+                    if m.shape is not None and (
+                        m.offset != 0 or m.strides != contiguous_strides(m.shape)
+                    ):
+                        o = apply(copy, [o], {})[0]  # (the controller's meta: contiguous)
+                    parts[i] = o
+            except BaseException as e:  # noqa: BLE001 - kept on the outputs
+                fail(out_ids, error_bytes(e))
+        elif kind == VIEW:
+            _, name, in_id, args, out_id = cmd
+            ins = inputs([in_id])
+            if isinstance(ins, bytes):
+                return fail([out_id], ins)
+            try:
+                parts[out_id] = VIEWS[name](ins[0], *args)
+            except BaseException as e:  # noqa: BLE001
+                fail([out_id], error_bytes(e))
+        elif kind == PUT:
+            _, out_id, dtype, shape, nbytes, in_fd, buf = cmd
+            if in_fd:  # (one file for every rank it is put on)
+                arr = mapped_part(buf, nbytes, dtype.np, shape)
+            else:
+                arr = np.frombuffer(buf, dtype.np).reshape(shape)
+            parts[out_id] = adopt(arr, dtype)
+        elif kind == SEND:
+            _, in_id, dst, token = cmd
+            peer = peers[dst]
+            ins = inputs([in_id])
+            try:
+                if isinstance(ins, bytes):
+                    return peer.send_bytes(pickle.dumps((token, "error", ins), protocol=5))
+                try:
+                    impl = ins[0]
+                    nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                    if nbytes <= INLINE:
+                        a = host_array(impl)
+                    elif in_id not in sent:
+                        sent[in_id] = [*write_into(read, impl, nbytes), size - 1]
+                except BaseException as e:  # noqa: BLE001 - the destination's part holds it
+                    err = error_bytes(e)
+                    return peer.send_bytes(pickle.dumps((token, "error", err), protocol=5))
+                if nbytes <= INLINE:
+                    return peer.send_bytes(pickle.dumps((token, "data", a), protocol=5))
+                entry = sent[in_id]
+                fd, dt, shape, _ = entry
+                try:
+                    peer.send_bytes(pickle.dumps((token, "fd", dt, shape, nbytes), protocol=5))
+                    send_handle(peer, fd, 0)
+                finally:
+                    entry[3] -= 1
+                    if entry[3] <= 0:
+                        unsend(in_id)
+            except OSError:
+                pass  # (the destination's worker ended: the controller is told by its pipe)
+        elif kind == RECV:
+            _, src, token, dtype = cmd
+            try:
+                header, fd = inbox.take(token, src, WAIT_S)
+                if header[1] == "error":
+                    return fail([token], header[2])
+                if header[1] == "data":
+                    a = header[2]
+                    parts[token] = adopt(a if a.flags.writeable else a.copy(), dtype)
+                    return
+                _, _, dt, shape, nbytes = header
+                parts[token] = adopt(mapped_part(fd, nbytes, dt, shape), dtype)
+            except BaseException as e:  # noqa: BLE001
+                fail([token], error_bytes(e))
+        elif kind == DROP:
+            for i in cmd[1]:
+                parts.pop(i, None)
+                poisoned.pop(i, None)
+                unsend(i)
+        elif kind == GET:
+            ins = inputs([cmd[1]])
+            if isinstance(ins, bytes):
+                return answer(("error", ins))
+            impl = ins[0]
+            try:
+                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                if nbytes > INLINE:
+                    fd, dt, shape = write_into(read, impl, nbytes)
+                else:
+                    a = host_array(impl)
+            except BaseException as e:  # noqa: BLE001 - answered
+                return answer(("error", error_bytes(e)))
+            if nbytes > INLINE:
+                try:
+                    answer(("fd", dt, shape, nbytes))
+                    send_handle(conn, fd, 0)
+                finally:
+                    os.close(fd)
+                return
+            answer(("data", a))  # (one message: the array pickled in it)
+        elif kind == META:
+            ins = inputs([cmd[1]])
+            if isinstance(ins, bytes):
+                return answer(("error", ins))
+            try:
+                impl = ins[0]
+                if impl.meta.shape is None:
+                    resolve(impl)
+                m = impl.meta
+                answer(("ok", m.shape, m.strides, m.offset))
+            except BaseException as e:  # noqa: BLE001
+                answer(("error", error_bytes(e)))
+        elif kind == PING:  # (kernel errors stay on the parts they poisoned)
+            vm.synchronize_quietly()
+            answer(("ok", len(parts) + len(poisoned)))
+        elif kind == POISON:
+            fail(cmd[1], cmd[2])
+
+    while True:
+        batch = _batch(conn)
+        if batch is None:
+            return  # (the controller closed the pipe, or is gone)
+        for cmd in batch:
+            if cmd[0] in (GET, META, PING):
+                asked[0] = cmd[-1]
+            try:
+                run(cmd)
+            except (OSError, EOFError):
+                return  # the controller is gone (its pipe: the answers of GET, META, PING)
+            except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
+                err = error_bytes(e)
+                if cmd[0] in (GET, META, PING):
+                    answer(("error", err))
+                else:
+                    fail(made_by(cmd), err)
+
+
+def made_by(cmd: tuple) -> list:
+    """The ids of the parts a command makes (or writes)."""
+    kind = cmd[0]
+    if kind == CALL:
+        return list(cmd[4])
+    if kind == VIEW:
+        return [cmd[4]]
+    if kind in (PUT, POISON):
+        return [cmd[1]] if kind == PUT else list(cmd[1])
+    if kind == RECV:
+        return [cmd[2]]
+    return []

@@ -1,0 +1,527 @@
+"""Global tensors on process ranks (each rank a kept worker process): the same programs give
+the same bits as on inline ranks; errors in a worker come back as the same exception at the
+read of the part; a killed worker is an ActorError naming its rank; nothing is left in
+/dev/shm and nothing hangs."""
+
+import gc
+import operator
+import os
+import pickle
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.errors import ActorError, DeviceError, IndexOutOfBoundsError
+from actorflow.ops import get as op_def
+from actorflow.parallel import InlineRanks, ProcessRanks, ranks_of, use_ranks
+from actorflow.parallel import workers as W
+from actorflow.parallel.interpreter import parts_of
+
+pytestmark = pytest.mark.timeout(60)
+
+S0, S1, B, P = af.sbp.split(0), af.sbp.split(1), af.sbp.broadcast, af.sbp.partial_sum
+KINDS = {"inline": InlineRanks, "processes": ProcessRanks}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def made():
+    """Shared-memory blocks made by name in this process meanwhile (each must be gone from
+    /dev/shm); the process ranks closed at the end."""
+    from multiprocessing import shared_memory
+
+    names, base = [], shared_memory.SharedMemory
+
+    class Recorded(base):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            names.append(self.name)
+
+    shared_memory.SharedMemory = Recorded
+    yield names
+    shared_memory.SharedMemory = base
+    for (kind, _), g in list(af.parallel.ranks._GROUPS.items()):
+        if kind == "processes":
+            g.close()
+    assert not [n for n in names if os.path.exists(f"/dev/shm/{n.lstrip('/')}")]
+
+
+def memfds(pid):
+    """The memfds process ``pid`` holds a descriptor of."""
+    out = []
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{f}"))
+        except FileNotFoundError:  # (closed meanwhile: the listing's own)
+            pass
+    return [f for f in out if "memfd:" in f]
+
+
+def both(program, *args):
+    """``program(kind, *args)`` (a list of numpy arrays) on inline and on process ranks: the
+    same dtypes, shapes and bits."""
+    got = {}
+    for kind in KINDS:
+        with use_ranks(kind):
+            got[kind] = program(kind, *args)
+    a, b = got["inline"], got["processes"]
+    assert len(a) == len(b) > 0
+    for n, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.dtype == y.dtype and x.shape == y.shape, n
+        assert x.tobytes() == y.tobytes(), (n, x, y)
+    return b
+
+
+def held(kind, t):
+    """Checks ``t`` is on ranks of ``kind``; returns its whole value."""
+    assert isinstance(t._impl.blob.ranks, KINDS[kind])
+    return t.numpy()
+
+
+def data(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_elementwise_matmul_sum_views(k):
+    def program(kind):
+        p = af.placement("cpu", ranks=k)
+        x = af.tensor(data((5, 7))).to_global(p, S0)
+        w = af.tensor(data((7, 3), 1)).to_global(p, B)
+        y = (x * 2 + 1).exp() - x.sin() / (x.abs() + 1)
+        m = x @ w  # S(0) x B -> S(0)
+        a = af.tensor(data((3, 5), 2)).to_global(p, S1)
+        b = af.tensor(data((5, 4), 3)).to_global(p, S0)
+        ab = a @ b  # S(1) x S(0) -> P
+        assert ab.sbp == (P,)
+        parts = [af.parallel.to_local(ab, r).numpy() for r in range(k)]
+        ab_b = ab.to_global(sbp=B)
+        v = x.transpose(0, 1)[1:, :].unsqueeze(0).reshape(6, 5)
+        return [
+            held(kind, y),
+            held(kind, m),
+            *parts,
+            held(kind, ab_b),
+            held(kind, x.sum(0)),
+            held(kind, x.sum(1)),
+            held(kind, x.sum()),
+            held(kind, v),
+            held(kind, x[:, 2]),
+            held(kind, af.softmax(m, dim=1)),
+        ]
+
+    both(program)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_boxing_conversion(k):
+    sbps = [S0, S1, B, P]
+
+    def program(kind):
+        p = af.placement("cpu", ranks=k)
+        out = []
+        base = af.tensor(data((5, 7), 4))
+        for src in sbps:
+            if src is P:  # a partial sum whose ranks hold different summands
+                x = af.tensor(data((5, 3), 5)).to_global(p, S1) @ af.tensor(
+                    data((3, 7), 6)
+                ).to_global(p, S0)
+                assert x.sbp == (P,)
+            else:
+                x = base.to_global(p, src)
+            for dst in sbps:
+                y = x.to_global(sbp=dst)
+                assert y.sbp == (dst,)
+                out.append(held(kind, y))
+                out += [af.parallel.to_local(y, r).numpy() for r in range(k)]
+        return out
+
+    both(program)
+
+
+def test_autograd_mlp_and_sgd_step():
+    def program(kind):
+        p = af.placement("cpu", ranks=3)
+        x = af.tensor(data((7, 4), 7)).to_global(p, S0)
+        target = af.tensor(data((7, 2), 8)).to_global(p, S0)
+        w1 = af.tensor(data((4, 6), 9)).to_global(p, B).requires_grad_()
+        b1 = af.tensor(data((6,), 10)).to_global(p, B).requires_grad_()
+        w2 = af.tensor(data((6, 2), 11)).to_global(p, B).requires_grad_()
+        opt = af.optim.SGD([w1, b1, w2], lr=0.1, momentum=0.9)
+        out = []
+        for _ in range(2):
+            opt.zero_grad()
+            h = (x @ w1 + b1).relu()
+            loss = ((h @ w2 - target) ** 2).mean()
+            loss.backward()
+            assert w1.grad.sbp == (B,)
+            out += [held(kind, loss), w1.grad.numpy(), b1.grad.numpy(), w2.grad.numpy()]
+            opt.step()
+            out += [held(kind, w1), b1.numpy(), w2.numpy()]
+        return out
+
+    both(program)
+
+
+def test_in_place_dynamic_shapes_factories_dtypes():
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(data((5, 3), 12)).to_global(p, S0)
+        x.add_(1)
+        x.mul_(x)
+        nz = af.nonzero(x.to_global(sbp=B) > 2)  # a shape only the ranks know
+        z = af.zeros(5, 4, device=af.sbp.layout(p, (S1,)))
+        r = af.arange(7, device=af.sbp.layout(p, (S0,)))
+        af.manual_seed(3)
+        rn = af.randn(5, 3, device=af.sbp.layout(p, (S0,)))
+        drop = af.nn.functional.dropout(x, 0.5, training=True)
+        i = (x * 10).to(af.int32) // 3
+        h = x.to(af.bfloat16) * 3
+        return [
+            held(kind, x),
+            held(kind, nz),
+            held(kind, z),
+            held(kind, r),
+            held(kind, rn),
+            held(kind, drop),
+            i.numpy(),
+            h.numpy(),
+        ]
+
+    got = both(program)
+    assert got[1].shape[1] == 2
+
+
+def test_large_parts_through_shared_memory():
+    """Parts past the size that goes down the pipes (puts, moves and gets through memfds):
+    the same bits, and a tensor put on every rank once is each rank's own (an in-place
+    write on one rank's part is not seen by another's)."""
+
+    def program(kind):
+        p = af.placement("cpu", ranks=3)
+        big = data((301, 129), 13)
+        assert big.nbytes > 2 * W.INLINE
+        b = af.tensor(big).to_global(p, B)
+        b.add_(1)  # (each rank once: a shared map would add 3)
+        s = af.tensor(big).to_global(p, S0)
+        t = s.to_global(sbp=S1) * 2
+        u = (b + t).to_global(sbp=B)
+        v = s.transpose(0, 1).to_global(sbp=S0)
+        return [
+            held(kind, b),
+            *[af.parallel.to_local(b, r).numpy() for r in range(3)],
+            held(kind, t),
+            held(kind, u),
+            held(kind, v),
+        ]
+
+    got = both(program)
+    assert np.array_equal(got[0], data((301, 129), 13) + 1)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (301, 129)])
+def test_a_tensor_written_between_two_puts_is_read_again(shape):
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(data(shape, 14))
+        a = x.to_global(p, B)
+        x.add_(1)
+        b = x.to_global(p, B)
+        c = x.to_global(p, S0)
+        return [held(kind, a), held(kind, b), held(kind, c)]
+
+    got = both(program)
+    assert not np.array_equal(got[0], got[1])
+
+
+def test_a_part_sent_to_two_ranks_is_each_ranks_own():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=3)
+        ranks = ranks_of(p)
+        big = data((200, 100), 15)
+        part = ranks.put(0, af.tensor(big)._impl)
+        on1, on2 = ranks.move(part, 0, 1), ranks.move(part, 0, 2)  # (one memfd, two maps)
+        add_ = op_def("add")
+        ranks.call(1, add_, [on1, on1], {}, [on1])  # on1 += on1
+        assert np.array_equal(ranks.get(1, on1).array(), big * 2)
+        assert np.array_equal(ranks.get(2, on2).array(), big)
+        other = ranks.put(0, af.tensor(big)._impl)
+        first = ranks.move(other, 0, 1)
+        ranks.call(0, add_, [other, other], {}, [other])
+        then = ranks.move(other, 0, 2)  # (written since the first send: sent afresh)
+        assert np.array_equal(ranks.get(1, first).array(), big)
+        assert np.array_equal(ranks.get(2, then).array(), big * 2)
+
+
+def test_an_answer_given_up_on_is_skipped():
+    """A request whose answer was never read (the wait interrupted, e.g. by Ctrl-C): the
+    next request skips that answer (a memfd in it closed) and reads its own."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        ranks = ranks_of(p)
+        big = af.tensor(data((300, 100))).to_global(p, B)
+        part = parts_of(big._impl)[0]
+        for _ in range(2):  # (sent, not read)
+            ranks._asked += 1
+            ranks._issue(0, (W.GET, part.id, ranks._asked))
+            ranks._flush()
+        assert np.array_equal(ranks.get(0, part).array(), data((300, 100)))
+        ranks.synchronize()
+        assert not memfds(ranks.pids[0]) and not memfds(ranks.pids[1]) and not memfds("self")
+        assert big.numpy().sum() == data((300, 100)).sum()  # (big still alive)
+
+
+def test_part_metas_are_the_workers():
+    """The metas this process works out for a call's outputs and a view's are those of the
+    tensors the workers hold."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=3)
+        x = af.tensor(data((5, 7))).to_global(p, S1)
+        ts = [
+            x,
+            x * 2,
+            x.transpose(0, 1),
+            x[1:4],
+            x.unsqueeze(1).expand(5, 2, 7),
+            x.sum(1),
+            x @ af.tensor(data((7, 2))).to_global(p, S0),
+            af.nonzero(x.to_global(sbp=B) > 0),
+        ]
+        for t in ts:
+            ranks = t._impl.blob.ranks
+            for part in parts_of(t._impl):
+                want = ranks.meta(part)
+                _, shape, strides, offset = ranks._request(part.rank, (W.META, part.id))
+                assert (shape, strides, offset) == (want.shape, want.strides, want.offset)
+
+
+def test_a_worker_error_is_raised_at_the_read_and_the_ranks_go_on():
+    p = af.placement("cpu", ranks=2)
+    idx = np.array([[0], [7], [1], [0]])
+
+    def gather(kind):
+        with use_ranks(kind):
+            x = af.tensor(data((4, 3))).to_global(p, B)
+            bad = af.gather(x, 1, af.tensor(idx).to_global(p, B))  # (no wait: queued)
+            after = bad + 1  # a part computed from it holds the error too
+            with pytest.raises(IndexOutOfBoundsError) as e:
+                after.numpy()
+            ok = (x * 3).numpy()  # other parts are fine
+            if kind == "inline":  # (the error is also kept for this process's synchronize)
+                with pytest.raises(IndexOutOfBoundsError):
+                    af.synchronize()
+            return e.value, ok
+
+    e_inline, ok_inline = gather("inline")
+    e_proc, ok_proc = gather("processes")
+    assert type(e_proc) is type(e_inline)
+    assert str(e_proc).split("\n")[0] == str(e_inline).split("\n")[0]
+    assert "index 7 is out of bounds" in str(e_proc)
+    assert ok_proc.tobytes() == ok_inline.tobytes()
+    with use_ranks("processes"):  # a dtype error: raised when the call is made, as inline
+        x = af.tensor(data((4, 3))).to_global(p, S0)
+        with pytest.raises(TypeError, match="gather"):
+            af.gather(x, 1, af.tensor(idx.astype(np.float32)).to_global(p, B))
+        assert np.array_equal((x + 1).numpy(), data((4, 3)) + 1)
+
+
+def test_arguments_that_do_not_pickle_fail_the_part_not_the_ranks():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        ranks = ranks_of(p)
+        x = af.tensor(data((4, 3))).to_global(p, B)
+        part = parts_of(x._impl)[1]
+        bad = ranks.call(1, op_def("add"), [part, part], {"alpha": lambda: 0})[0]
+        with pytest.raises(TypeError, match="do not pickle"):
+            ranks.get(1, bad)
+        assert np.array_equal((x * 2).numpy(), data((4, 3)) * 2)
+
+
+class LoadsBadly:
+    """Pickles here, fails to load in the worker."""
+
+    def __reduce__(self):
+        return (operator.attrgetter("no_such_attribute"), (0,))
+
+
+def test_commands_a_worker_cannot_load_end_it_with_a_clear_error():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[12, 13])
+        ranks = ranks_of(p)
+        x = af.tensor(data((4, 3))).to_global(p, B)
+        part = parts_of(x._impl)[1]
+        bad = ranks.call(1, op_def("add"), [part, part], {"alpha": LoadsBadly()})[0]
+        with pytest.raises(ActorError, match=r"rank 1 of .*exit code 1 \(an error in the"):
+            ranks.get(1, bad)
+        y = af.tensor(data((4, 3))).to_global(p, B)  # new workers
+        assert np.array_equal((y * 2).numpy(), data((4, 3)) * 2)
+
+
+def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=3)
+        x = af.tensor(data((300, 200))).to_global(p, S0)  # parts past INLINE: memfd moves
+        w = af.tensor(data((200, 200), 1)).to_global(p, S0)
+        for _ in range(3):
+            y = (x.to_global(sbp=B) * 2).to_global(sbp=S1)
+            assert np.array_equal(y.numpy(), data((300, 200)) * 2)
+            z = (x.to_global(sbp=S1) @ w).to_global(sbp=S1)  # (P -> S: pieces sent once)
+            z = z + (x.to_global(sbp=S1) @ w).to_global(sbp=B)  # (P -> B)
+        del y, z
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        for pid in ranks.pids:
+            maps = open(f"/proc/{pid}/maps").read()
+            assert "/dev/shm/" not in maps and "memfd:" not in maps
+            assert not memfds(pid)
+
+
+def test_a_killed_worker_is_an_actor_error_naming_the_rank():
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[4, 5, 6])
+        x = af.tensor(data((6, 2))).to_global(p, S0)
+        ranks = ranks_of(p)
+        pids = ranks.pids
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(ActorError) as e:
+            for _ in range(3):  # (the death may be seen at the next send or the read)
+                (x + 1).numpy()
+        msg = str(e.value)
+        assert "rank 1 of placement(type='cpu', ranks=[4, 5, 6])" in msg
+        assert "exit code -9" in msg and "SIGKILL" in msg
+        for pid in pids:  # the other workers were shut down
+            assert (
+                not os.path.exists(f"/proc/{pid}/status")
+                or "zombie" in open(f"/proc/{pid}/status").read()
+            )
+        with pytest.raises(ActorError, match="rank 1"):  # and again at the next use
+            (x * 2).numpy()
+        again = ranks_of(p)  # new workers for the placement
+        assert again is not ranks and set(again.pids).isdisjoint(pids) or not again.pids
+        y = af.tensor(data((6, 2))).to_global(p, S0)
+        assert np.array_equal((y + 1).numpy(), data((6, 2)) + 1)
+        assert set(again.pids).isdisjoint(pids)
+
+
+def test_a_worker_killed_while_another_waits_for_its_part():
+    """Rank 1 waits for rank 0's part (a move) when rank 0 is killed: rank 1 is not left
+    waiting, and the read names rank 0."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[10, 11])
+        x = af.tensor(data((1000, 1000))).to_global(p, S0)
+        w = af.tensor(data((1000, 1000), 1)).to_global(p, B)
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        y = (x @ w @ w @ w @ w).to_global(sbp=B)  # (rank 0 busy, then its part moved)
+        os.kill(ranks.pids[0], signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"rank 0 of placement.*exit code -9"):
+            af.parallel.to_local(y, 1)  # (or, if it was sent before the kill, the next op)
+            (x + 1).numpy()
+
+
+def test_use_ranks_selection_and_errors():
+    assert af.parallel.ranks.KIND[0] == "inline"
+    with use_ranks("processes"):
+        assert af.parallel.ranks.KIND[0] == "processes"
+        with use_ranks("inline"):
+            assert af.parallel.ranks.KIND[0] == "inline"
+        assert af.parallel.ranks.KIND[0] == "processes"
+    assert af.parallel.ranks.KIND[0] == "inline"
+    with pytest.raises(ValueError, match="'inline', 'processes'"):
+        use_ranks("threads")
+    with pytest.raises(DeviceError, match="type 'cpu'"):
+        ProcessRanks(af.placement("null", ranks=2))
+    with pytest.raises(DeviceError, match="more than 64"):
+        ProcessRanks(af.placement("cpu", ranks=65))
+    p = af.placement("cpu", ranks=2)
+    x = af.tensor(data((4, 2))).to_global(p, S0)  # inline
+    with use_ranks("processes"):
+        y = af.tensor(data((4, 2), 1)).to_global(p, S0)
+        z = x.to_global(sbp=B)  # a global tensor keeps its ranks
+        assert isinstance(z._impl.blob.ranks, InlineRanks)
+        big = af.tensor(data((40, 2), 2)).to_global(p, S0)
+        small = af.tensor(data((1, 2), 3)).to_global(p, B)
+    mixed = x + y  # different ranks: brought onto the larger input's
+    assert np.array_equal(mixed.numpy(), data((4, 2)) + data((4, 2), 1))
+    bridged = af.tensor(data((1, 2), 3)).to_global(p, B) + big  # (the small one moves)
+    assert isinstance(bridged._impl.blob.ranks, ProcessRanks)
+    assert np.array_equal(bridged.numpy(), data((1, 2), 3) + data((40, 2), 2))
+    assert np.array_equal((small * 2).numpy(), data((1, 2), 3) * 2)
+
+
+def test_backward_after_the_block_stays_on_the_process_ranks():
+    """Autograd's seed made after a ``with use_ranks("processes")`` block (on inline ranks)
+    joins the process ranks of what it differentiates."""
+    p = af.placement("cpu", ranks=2)
+    with use_ranks("processes"):
+        w = af.tensor(data((3, 2))).to_global(p, B).requires_grad_()
+        x = af.tensor(data((4, 3), 1)).to_global(p, S0)
+    loss = (x @ w).sum()
+    loss.backward()
+    assert isinstance(w.grad._impl.blob.ranks, ProcessRanks)
+    want = data((4, 3), 1).sum(0)[:, None] * np.ones((1, 2), np.float32)
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-6)
+
+
+def test_closed_ranks_end_their_workers():
+    p = af.placement("cpu", ranks=[8, 9])
+    ranks = ProcessRanks(p)
+    part = ranks.put(0, af.tensor(data((3,)))._impl)
+    ranks.put(1, af.tensor(data((3,)))._impl)
+    moved = ranks.move(part, 0, 1)
+    assert np.array_equal(ranks.get(1, moved).array(), data((3,)))
+    pids = ranks.pids
+    ranks.close()
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}/status")
+            or "zombie" in open(f"/proc/{pid}/status").read()
+        )
+    with pytest.raises(DeviceError, match="closed"):
+        ranks.put(0, af.tensor(data((3,)))._impl)
+    ranks = ProcessRanks(p)  # collected: its workers end
+    ranks.put(0, af.tensor(data((3,)))._impl)
+    pids = ranks.pids
+    del ranks
+    gc.collect()
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}/status")
+            or "zombie" in open(f"/proc/{pid}/status").read()
+        )
+
+
+EXITING = """
+import numpy as np
+import actorflow as af
+
+if __name__ == "__main__":
+    af.parallel.use_ranks("processes")
+    p = af.placement("cpu", ranks=2)
+    x = af.tensor(np.ones((300, 100), np.float32)).to_global(p, af.sbp.split(0))
+    y = (x * 2).to_global(sbp=af.sbp.broadcast)
+    print(float(y.sum().numpy()), *af.parallel.ranks_of(p).pids, flush=True)
+    z = x + 1  # (left queued and held at the exit)
+"""
+
+
+def test_the_interpreter_exits_with_workers_running(tmp_path):
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=40, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    total, *pids = done.stdout.split()
+    assert float(total) == 60000.0 and len(pids) == 2
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    for pid in pids:
+        assert (
+            not os.path.exists(f"/proc/{pid}/status")
+            or "zombie" in open(f"/proc/{pid}/status").read()
+        )
+    assert pickle.loads(pickle.dumps(W.PeerGone("x"))).args == ("x",)
