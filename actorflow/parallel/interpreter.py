@@ -326,7 +326,7 @@ def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
         return _to_local(impl, target)
     assert isinstance(target, Layout)
     # (a global tensor keeps its ranks within its placement; new parts go to the current)
-    same = src.placed and src.placement is target.placement
+    same = src.placed and cast(Layout, src).placement is target.placement
     ranks = _ranks(impl) if same else ranks_of(target.placement)
     dst = target.sbp[0]
     _check_split_dim(dst, m.shape)
