@@ -115,7 +115,17 @@ if TYPE_CHECKING:
 _SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict", "load_state_dict")
 # the Graph's own bookkeeping: setting these is not a change to what build reads
 _INTERNAL = frozenset(
-    {"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph", "cuda_graph", "_seed", "_count"}
+    {
+        "_optimizers",
+        "_lr_sch",
+        "_compiled",
+        "_traced",
+        "_graph",
+        "cuda_graph",
+        "_seed",
+        "_count",
+        "pipeline",
+    }
 )
 
 
@@ -142,9 +152,42 @@ class Graph:
     GPU (the CuPy driver) a step with an op in the reference form (its numpy kernel over
     the device arrays: a strided view, an op the kernel generator does not cover) is not
     captured, since those calls may allocate memory during a capture: it is launched one
-    by one every step, as with False."""
+    by one every step, as with False.
 
-    def __init__(self, cuda_graph: bool = True) -> None:
+    ``stages=[m0, ..., m_n-1]`` (modules; the model is ``m_n-1(...m0(x))``) makes the graph
+    a pipeline instead (``pipeline_graph.py``): each batch is cut along dim 0 into
+    ``micro_batches`` micro-batches (as ``np.array_split``) that flow through the stages,
+    forward and backward, as pieces of an ActorGraph, stage i holding at most
+    ``stage_buffers[i]`` micro-batches for its backward (default ``n - i``: 1F1B). Its
+    ``build(self, out, *rest)`` gets the last stage's output for one micro-batch and the
+    rest of the item (the targets) cut the same way, and returns that micro-batch's loss
+    without calling backward (the graph does, scaled by 1/micro_batches, so the
+    gradients are those of the mean of the micro-batch losses: with a mean loss and equal
+    micro-batches, those of the whole batch). Each optimizer steps once per batch, after
+    its last backward; ``step(x, *rest)`` returns the batch's loss (the mean of its
+    micro-batch losses), ``run(batches)`` yields it per batch. ``graph.pipeline`` holds
+    the last batch's order of acts and each stage's peak of micro-batches and saved
+    bytes held."""
+
+    def __init__(
+        self,
+        cuda_graph: bool = True,
+        *,
+        stages: list | None = None,
+        micro_batches: int = 1,
+        stage_buffers: list | None = None,
+    ) -> None:
+        self.pipeline = None  # (set first: __setattr__ reads it)
+        if stages is not None:
+            from .pipeline_graph import PipelineStep
+
+            self.pipeline = PipelineStep(self, stages, micro_batches, stage_buffers)
+        elif micro_batches != 1 or stage_buffers is not None:
+            raise ValueError(
+                f"{type(self).__name__}(micro_batches={micro_batches!r}, "
+                f"stage_buffers={stage_buffers!r}): these cut a pipeline's batches; give "
+                f"stages=[...] (the model's modules in order) with them"
+            )
         self.cuda_graph = cuda_graph  # on a CUDA device: a static step is one replay
         self._optimizers: list = []
         self._lr_sch: list = []  # the schedulers the graph steps after each step
@@ -633,6 +676,8 @@ class Graph:
                 error); nothing was written back, so the parameters, buffers and optimizer
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
+        if self.pipeline is not None:  # (stages=: pipeline_graph.py)
+            return self.pipeline.step(args)
         placement = self._placement()
         if placement is not None:
             return self._global_step(placement, args)
@@ -853,6 +898,10 @@ class Graph:
         with ActorError holding its KernelError; the steps before it were applied, its own
         and later ones were not, and the next run goes on from there."""
         name = type(self).__name__
+        if self.pipeline is not None:  # (stages=: pipeline_graph.py)
+            _pipeline_options(name, buffers, fused, progress, timeout, engine)
+            yield from self.pipeline.run(iterable, trace=trace, memory=memory)
+            return
         _local_engine(engine, name)
         if timeout is not None:
             check_timeout(timeout, False, f"inputs of {name}")
@@ -1278,6 +1327,23 @@ def _names_read(fn) -> list:
         if v is not _NONE:
             out.append((cell, n, v))
     return out
+
+
+def _pipeline_options(name: str, buffers, fused, progress, timeout, engine) -> None:
+    """Refuses what ``run()`` takes for a traced step but a pipeline graph does not."""
+    for what, given in (
+        ("buffers=", buffers != 2),
+        ("fused=True", fused),
+        ("progress=", progress),
+        ("timeout=", timeout is not None),
+        ("engine=", engine not in (None, "local")),
+    ):
+        if given:
+            raise PlanError(
+                f"{name}.run({what}): a pipeline graph (stages=...) runs its stages as "
+                f"actors of its own, with stage_buffers= registers per stage, in this "
+                f"process; {what} is for a traced step: leave it out"
+            )
 
 
 def _local_engine(engine, name: str) -> None:
