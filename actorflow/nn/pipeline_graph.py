@@ -58,7 +58,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -68,10 +68,7 @@ from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
 from ..runtime_api import peek_array
 from ..tensor.tensor import Tensor
-from .module import Module
-
-if TYPE_CHECKING:
-    from .graph import Graph
+from .module import Module, structure_version
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
 LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to the sink
@@ -94,7 +91,7 @@ class PipelineStep:
 
     def __init__(
         self,
-        graph: Graph,
+        graph: Any,  # (the nn.Graph it runs for: graph.py imports this module)
         stages: Sequence[Module],
         micro_batches: int,
         stage_buffers: Sequence[int] | None,
@@ -257,20 +254,22 @@ class PipelineStep:
 
     # -- the graph -------------------------------------------------------------------------
     def _graph_for(self, item: tuple, memory) -> ActorGraph:
-        """The graph for micro-batches like ``item``: made again when their layout (or
-        a stage's output's, or the budgets, or ``sim_time``) changed since the last."""
-        key = (self._layouts(item), repr(memory), self.sim_time)
+        """The graph for micro-batches like ``item``, made again when their layout, a
+        module (anything ``structure_version`` counts), the budgets or ``sim_time`` changed
+        since the last batch."""
+        source = tuple((a.shape, str(a.dtype)) if isinstance(a, np.ndarray) else None for a in item)
+        key = (source, structure_version[0], repr(memory), self.sim_time)
         if self.actor_graph is None or key != self._key:
-            self.actor_graph = self._actor_graph(key[0], memory)
+            self.actor_graph = self._actor_graph(self._layouts(item), memory)
             self._key = key
         return self.actor_graph
 
     def _layouts(self, item: tuple) -> tuple:
         """The Specs of each register: the source's piece, then each stage's output
         activation, found by running the stages on one row of ``item`` in eval mode
-        without autograd (nothing of the modules changes: no running statistics, no
-        random draw). Every register is declared, so none is sized by an act (a piece
-        sized by an act travels in a register of its own, outside the count)."""
+        without autograd (no running statistics change, nothing random is drawn), once per
+        layout. Every register is declared, so none is sized by an act (a piece that
+        sizes its actor travels in a register of its own, outside the count)."""
         size = item[0].shape[0]
         source = tuple(Spec(a.shape, a.dtype) if isinstance(a, np.ndarray) else INDEX for a in item)
         outs = []
@@ -278,8 +277,9 @@ class PipelineStep:
         with no_grad():
             for i, m in enumerate(self.stages[:-1]):
                 modes = [(sub, sub.training) for sub in m.modules()]
-                m.eval()
                 try:
+                    for sub, _ in modes:  # (as eval() does, not counted as a change)
+                        object.__setattr__(sub, "training", False)
                     t = m(t)
                 finally:
                     for sub, mode in modes:
