@@ -66,7 +66,7 @@ from ..autograd import enable_grad, no_grad
 from ..creation import from_numpy
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
-from ..runtime_api import peek_array
+from ..runtime_api import peek_array, settled
 from ..tensor.tensor import Tensor
 from .module import Module, structure_version
 
@@ -147,6 +147,7 @@ class PipelineStep:
         self._params: list[set] = [set() for _ in range(n)]  # blob ids not counted as saved
         self._rest: Any = None  # the structure of a batch's other leaves (targets)
         self._key: tuple | None = None  # what actor_graph was made for
+        self._grads: list[list] = [[] for _ in range(n)]  # per stage: what gets a .grad
 
     # -- running ---------------------------------------------------------------------------
     def step(self, args: tuple) -> Tensor:
@@ -188,6 +189,7 @@ class PipelineStep:
         ]
         for p in params:
             p.grad = None
+        self._grads = [[p for p in s.parameters() if p.requires_grad] for s in stages]
         self.acts = []
         for f in self._fifos:
             f.clear()
@@ -415,6 +417,7 @@ class PipelineStep:
                 self._hold(i, mb, inp, loss)
                 self._note(i, "B", mb)
                 (loss * (1.0 / m)).backward()
+            _settle(self._grads[i])
             self._release(i, mb)
             value = np.asarray(loss.detach().numpy(), dtype=np.float64).reshape(())
             if i == 0:
@@ -431,12 +434,25 @@ class PipelineStep:
             grad = from_numpy(np.array(grad_piece[0][:rows]))
             with enable_grad():
                 out.backward(grad)
+            _settle(self._grads[i])
             loss = np.array(grad_piece[1])
             if i == 0:
                 return loss
             return (_input_grad(inp, mine[0]), loss)
 
         return backward
+
+
+def _settle(params: list) -> None:
+    """Waits for the work writing ``params``' gradients (a backward's act ends when its
+    gradients exist, so its time is its own and not the next act's that reads them), and
+    raises the error a kernel of it gave."""
+    grads = [p.grad for p in params if p.grad is not None]
+    settled(grads)
+    for t in grads:
+        err = t._impl.blob.error
+        if err is not None:
+            raise err.to_raise()
 
 
 def saved_bytes(out: Tensor, exclude: set) -> int:
