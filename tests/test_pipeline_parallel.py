@@ -296,14 +296,21 @@ def test_more_micro_batches_than_rows_is_refused():
         g.step(np.zeros((8, WIDTHS[0]), np.float32), y)
 
 
+SHARED = nn.Linear(2, 2)
+
+
 @pytest.mark.parametrize(
     "kw,match",
     [
         (dict(stages=[]), "non-empty list of modules"),
         (dict(stages=[nn.Linear(2, 2), "relu"]), "stage 1 is a str"),
         (dict(stages=[nn.Linear(2, 2)], micro_batches=0), "micro_batches=0"),
-        (dict(stages=[nn.Linear(2, 2)] * 2, stage_buffers=[1]), "one whole number >= 1 per stage"),
+        (
+            dict(stages=[nn.Linear(2, 2), nn.Linear(2, 2)], stage_buffers=[1]),
+            "one whole number >= 1 per stage",
+        ),
         (dict(micro_batches=4), "give stages="),
+        (dict(stages=[SHARED, nn.Sequential(nn.Tanh(), SHARED)]), "in stage 0 and in stage 1"),
     ],
 )
 def test_bad_pipeline_arguments_are_refused(kw, match):

@@ -63,7 +63,10 @@ from typing import Any
 import numpy as np
 
 from ..autograd import enable_grad, no_grad
+from ..backends import get_backend
 from ..creation import from_numpy
+from ..device import device as as_device
+from ..eager.interpreter import use_stream
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
 from ..runtime_api import peek_array, settled
@@ -118,6 +121,17 @@ class PipelineStep:
                 f"{name}(micro_batches={micro_batches!r}): give a whole number of "
                 f"micro-batches >= 1"
             )
+        owner: dict = {}
+        for i, m in enumerate(stages):
+            for p in m.parameters():
+                j = owner.setdefault(id(p), i)
+                if j != i:
+                    raise ValueError(
+                        f"{name}(stages=...): a parameter of shape {tuple(p.shape)} is in "
+                        f"stage {j} and in stage {i}; a pipeline's stages share no "
+                        f"parameter (their backwards run at the same time, each adding to "
+                        f"its own parameters' gradients): give each stage its own modules"
+                    )
         n = len(stages)
         default = [n - i for i in range(n)]
         if stage_buffers is None:
@@ -148,6 +162,7 @@ class PipelineStep:
         self._rest: Any = None  # the structure of a batch's other leaves (targets)
         self._key: tuple | None = None  # what actor_graph was made for
         self._grads: list[list] = [[] for _ in range(n)]  # per stage: what gets a .grad
+        self._streams: list = []  # per stage: the stream its ops are issued on
 
     # -- running ---------------------------------------------------------------------------
     def step(self, args: tuple) -> Tensor:
@@ -190,6 +205,7 @@ class PipelineStep:
         for p in params:
             p.grad = None
         self._grads = [[p for p in s.parameters() if p.requires_grad] for s in stages]
+        self._streams = [_stream_of(s, i) for i, s in enumerate(stages)]
         self.acts = []
         for f in self._fifos:
             f.clear()
@@ -382,7 +398,7 @@ class PipelineStep:
             x, rows, mb = piece[0], int(piece[1]), int(piece[2])
             self._note(i, "F", mb)
             inp = self._input(i, x, rows)
-            with enable_grad():
+            with enable_grad(), use_stream(self._streams[i]):
                 out = module(inp)
             if not isinstance(out, Tensor) or out.ndim == 0 or out.shape[0] != rows:
                 raise TypeError(
@@ -404,7 +420,7 @@ class PipelineStep:
             self._note(i, "F", mb)
             inp = self._input(i, x, rows)
             rest = [from_numpy(np.array(r[:rows])) for r in item[3:]]
-            with enable_grad():
+            with enable_grad(), use_stream(self._streams[i]):
                 out = module(inp)
                 loss = graph.build(out, *unflatten(self._rest, rest))
                 if not isinstance(loss, Tensor) or loss.numel() != 1:
@@ -432,7 +448,7 @@ class PipelineStep:
             self._note(i, "B", mb)
             inp, out = self._release(i, mb)
             grad = from_numpy(np.array(grad_piece[0][:rows]))
-            with enable_grad():
+            with enable_grad(), use_stream(self._streams[i]):
                 out.backward(grad)
             _settle(self._grads[i])
             loss = np.array(grad_piece[1])
@@ -441,6 +457,15 @@ class PipelineStep:
             return (_input_grad(inp, mine[0]), loss)
 
         return backward
+
+
+def _stream_of(stage: Module, i: int):
+    """Stage ``i``'s own stream on its parameters' device: the ops of two stages, issued
+    by two threads, then run at the same time (a stream runs its ops in order: on one,
+    they would take turns)."""
+    p = next(iter(stage.parameters()), None)
+    device = p._impl.meta.device if p is not None else as_device("cpu")
+    return get_backend(device).stream(f"pipeline stage {i}")
 
 
 def _settle(params: list) -> None:
