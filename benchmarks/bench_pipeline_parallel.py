@@ -7,6 +7,9 @@ stages of two layers, trained with SGD on an MSE loss, batch 512 (a compute-boun
 each layer's forward is a 512x2048x2048 matmul, ~4.3 GFLOP). Contenders, per BLAS setting:
 
 - ``eager``: one process, one eager step per batch on the whole batch (the reference);
+- ``eager M=4``, ``M=8``: one process, the batch's micro-batches one after another, their
+  gradients accumulated: the pipeline's work without its overlap (smaller matmuls, a
+  gradient sum per micro-batch);
 - ``pipeline M=4``, ``M=8``: the pipeline graph with 1F1B's registers (the default,
   ``stage_buffers=[2, 1]``), a batch cut into M micro-batches;
 - ``gpipe M=8``: the same with every micro-batch held (``stage_buffers=[8, 8]``).
@@ -96,7 +99,11 @@ def pipeline_graph(stages, m: int, buffers=None):
     return Pipe()
 
 
-def eager_seconds(stages, data) -> float:
+def eager_seconds(stages, data, m: int = 1) -> float:
+    """Seconds per eager step in one process; ``m`` > 1: the batch's micro-batches one
+    after another, their gradients accumulated (the pipeline's work without its overlap)."""
+    import numpy as np
+
     import actorflow as af
     from actorflow import nn, optim
 
@@ -106,10 +113,13 @@ def eager_seconds(stages, data) -> float:
 
     def step(x, y):
         opt.zero_grad()
-        loss = lossf(net(af.tensor(x)), af.tensor(y))
-        loss.backward()
+        total = 0.0
+        for part in np.array_split(np.arange(x.shape[0]), m):
+            loss = lossf(net(af.tensor(x[part])), af.tensor(y[part]))
+            (loss * (1.0 / m)).backward()
+            total += loss.item()
         opt.step()
-        return loss.item()
+        return total / m
 
     step(*data[0])  # (untimed)
     t = time.perf_counter()
@@ -157,13 +167,13 @@ def worker(args) -> dict:
     stages = model(args.width, 4, 2)
     data = batches(args.batches + 1, args.rows, args.width)
     rows: dict = {}
-    configs = [("eager", None, None), ("pipeline M=4", 4, None), ("pipeline M=8", 8, None)]
-    configs.append(("gpipe M=8", 8, [8, 8]))
+    configs = [("eager", 1, "eager"), ("eager M=4", 4, "eager"), ("eager M=8", 8, "eager")]
+    configs += [("pipeline M=4", 4, None), ("pipeline M=8", 8, None), ("gpipe M=8", 8, [8, 8])]
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeat):
             for name, m, buffers in configs:
-                if m is None:
-                    dt, extra = eager_seconds(stages, data), {}
+                if buffers == "eager":
+                    dt, extra = eager_seconds(stages, data, m), {}
                 else:
                     dt, bub, held = pipeline_seconds(stages, data, m, buffers, Path(tmp))
                     p = len(stages)
