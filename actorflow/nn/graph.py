@@ -896,7 +896,12 @@ class Graph:
         over by a copy actor while the step before runs; the run still yields host arrays
         (each output copied back on the device's copy stream). A kernel fault stops the run
         with ActorError holding its KernelError; the steps before it were applied, its own
-        and later ones were not, and the next run goes on from there."""
+        and later ones were not, and the next run goes on from there.
+
+        A pipeline graph (``stages=``) runs each item as a batch of micro-batches through
+        its stages' actors (``pipeline_graph.py``), yields each batch's loss and takes
+        ``trace`` (batch k's timeline at ``name.k.json``) and ``memory``; the other
+        arguments are for a traced step and are refused with PlanError."""
         name = type(self).__name__
         if self.pipeline is not None:  # (stages=: pipeline_graph.py)
             _pipeline_options(name, buffers, fused, progress, timeout, engine)
