@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -172,15 +172,17 @@ class PipelineStep:
         return from_numpy(np.asarray(self._batch(args, None, None), dtype=np.float32))
 
     def run(
-        self, items: Iterable[Any], trace: Any = None, memory: dict | None = None
+        self,
+        items: Iterable[Any] | Callable[[], Iterable[Any]],
+        trace: Any = None,
+        memory: dict | None = None,
     ) -> Iterator[np.ndarray]:
         """Each item a batch (a tuple: ``x`` and the rest ``build`` gets); yields each
         batch's loss. ``trace``: the first batch's timeline there, batch k's at
         ``name.k.json``. ``memory``: the graph's budgets (ActorGraph's)."""
-        if callable(items) and not hasattr(items, "__iter__"):
-            items = items()
+        batches: Any = items() if callable(items) and not hasattr(items, "__iter__") else items
         self._reset()
-        for k, item in enumerate(items):
+        for k, item in enumerate(batches):
             args = item if isinstance(item, tuple) else (item,)
             path = trace
             if trace is not None and k:
@@ -464,7 +466,7 @@ def _stream_of(stage: Module, i: int):
     by two threads, then run at the same time (a stream runs its ops in order: on one,
     they would take turns)."""
     p = next(iter(stage.parameters()), None)
-    device = p._impl.meta.device if p is not None else as_device("cpu")
+    device = p.device if p is not None else as_device("cpu")
     return get_backend(device).stream(f"pipeline stage {i}")
 
 
