@@ -59,8 +59,9 @@ def data(batches, rows=16, seed=1):
     ]
 
 
-def eager_steps(stages, opt, batches):
-    """One eager step per batch on the whole batch, one process: the reference."""
+def eager_steps(stages, opt, batches, after=None):
+    """One eager step per batch on the whole batch, one process: the reference (``after``:
+    called after each step, a scheduler's ``step``)."""
     model = nn.Sequential(*stages)
     losses = []
     for x, y in batches:
@@ -68,6 +69,8 @@ def eager_steps(stages, opt, batches):
         loss = nn.MSELoss()(model(af.tensor(x)), af.tensor(y))
         loss.backward()
         opt.step()
+        if after is not None:
+            after()
         losses.append(loss.item())
     return losses
 
@@ -144,6 +147,27 @@ def test_a_run_with_a_last_smaller_batch_and_a_single_stage():
     g = Pipe([one], optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
     got = [float(loss) for loss in g.run(batches)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dataloader_and_a_scheduler_stepped_once_per_batch():
+    from actorflow.data import DataLoader, TensorDataset
+
+    rows = np.concatenate([x for x, _ in data(3)]), np.concatenate([y for _, y in data(3)])
+    ref = stages_of(2)
+    opt = optim.SGD(params_of(ref), lr=0.2)
+    sch = optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    batches = [(rows[0][i : i + 16], rows[1][i : i + 16]) for i in (0, 16, 32)]
+    want = eager_steps(ref, opt, batches, after=sch.step)
+    stages = stages_of(2)
+    opt2 = optim.SGD(params_of(stages), lr=0.2)
+    g = Pipe(stages, micro_batches=4)
+    g.add_optimizer(opt2, lr_sch=optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5))
+    loader = DataLoader(TensorDataset(*rows), batch_size=16, workers=2)
+    got = [float(v) for v in g.run(loader)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.2 * 0.5**3)
     for a, b in zip(params_of(ref), params_of(stages), strict=True):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
 
