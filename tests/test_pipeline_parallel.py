@@ -4,6 +4,7 @@ step on the whole batch; the registers bound what each stage holds for its backw
 give 1F1B's order (GPipe's when every micro-batch may be held); a failing stage stops the
 batch without touching the parameters."""
 
+import itertools
 import json
 
 import numpy as np
@@ -224,20 +225,37 @@ def test_every_micro_batch_held_degenerates_to_gpipe(n):
 
 
 @pytest.mark.parametrize("buffers", [None, [1, 1, 1], [2, 1, 1], [4, 3, 1], [1, 3, 2]])
-def test_a_stage_never_holds_more_than_its_registers(buffers):
-    """On threads (no schedule imposed), over several batches."""
-    m = 6
+def test_a_stage_never_holds_more_than_its_registers(buffers, tmp_path):
+    """On threads (no schedule imposed), over several batches: what each stage holds,
+    counted from its acts, in micro-batches and in saved bytes, and its forward and
+    backward never acting at once (the stage's token), from the trace."""
+    m, rows = 6, 12
     stages = stages_of(3)
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.05), micro_batches=m, stage_buffers=buffers)
     k = buffers or [3, 2, 1]
-    for x, y in data(3, rows=12):
-        g.step(x, y)
+    w, size = WIDTHS, rows // m
+    one = [size * (w[i] + w[i + 1]) * 4 for i in range(3)]  # (see the test below)
+    for x, y in data(3, rows=rows):
+        trace = tmp_path / "run.json"
+        list(g.run([(x, y)], trace=trace))
         counted = held_counts(g.pipeline.acts, 3)
         assert all(c <= b for c, b in zip(counted, k, strict=True)), (counted, k)
         assert all(c <= b for c, b in zip(g.pipeline.peak_held, k, strict=True))
+        assert all(s <= b * o for s, b, o in zip(g.pipeline.peak_saved_bytes, k, one, strict=True))
         assert sorted(g.pipeline.acts) == sorted(
             (s, kind, j) for s in range(3) for kind in "FB" for j in range(m)
         )
+        evs = json.loads(trace.read_text())["traceEvents"]
+        names = {e["tid"]: e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+        for i in range(3):
+            spans = sorted(
+                (e["ts"], e["ts"] + e["dur"])
+                for e in evs
+                if e.get("cat") == "act" and names[e["tid"]].startswith(f"stage{i}.")
+            )
+            assert len(spans) == (2 * m if i < 2 else m)
+            for (_, end), (start, _) in itertools.pairwise(spans):
+                assert start >= end - 1e-3, f"stage {i}: two acts at once"
 
 
 @pytest.mark.parametrize("buffers", [None, [4, 4, 4], [2, 2, 1]])
