@@ -26,11 +26,25 @@ backward), on threads of their own:
   stage's one token (``resources={"stage{i}": 1}``).
 
 Nothing in the graph says "1F1B": with ``k_i = n - i`` the registers let a stage run
-``n - i`` forwards (warm-up), then each forward needs the register a backward frees, so
-the stage alternates one backward and one forward until its forwards are done, and drains
-the backwards. With ``k_i = M`` nothing holds the forwards back and a stage whose
-gradients come late runs GPipe's order, all forwards then all backwards (at M times the
+``n - i`` forwards (warm-up); from then on each forward needs the register a backward
+frees, so no two forwards follow each other, and the stage runs one backward and one
+forward in turn (a backward first, then the forward whose register it freed, when that
+forward's input is there by then: two backwards in a row where it is not) until its
+forwards are done, then drains the backwards. Where a forward takes 1 and a backward 2
+units of time (the tests' simulated times) the order is exactly 1F1B's on every stage.
+With ``k_i = M`` nothing holds the forwards back: a stage whose forwards come faster than
+its gradients runs GPipe's order, all forwards then all backwards (at M times the
 activations).
+
+What a stage holds for its backward is its FIFO of autograd graphs, at most ``k_i``, and
+its ``k_i`` output registers (the activations it sent on). Every register is declared
+before the run (each stage's output layout found by running the stages on one row of the
+first micro-batch in eval mode without autograd, once per input layout: nothing of the
+modules changes and nothing random is drawn), so no piece is sized by an act outside the
+count. A register has one size: uneven micro-batches are padded to the largest along
+dim 0 and carry their row count. Each stage issues its ops on a stream of its own, so two
+stages' kernels run at the same time (one stream runs its ops in order), and a backward
+act ends once its gradients are written, so each act's time in a trace is its own.
 
 Each micro-batch's backward is scaled by 1/M, so each parameter's ``.grad`` ends the batch
 holding the gradient of the mean of the M micro-batch losses. When ``build``'s loss is a
@@ -39,13 +53,16 @@ gradient of the loss of the whole batch, and the step equals one eager step on t
 batch (within float rounding: the sums are in another order). Uneven micro-batches (a
 batch of N rows in M parts, as ``np.array_split``) weigh each micro-batch's mean equally.
 
-A batch is one run of the graph: after its last micro-batch's backward (the run's end),
-each optimizer given to ``add_optimizer`` steps once, in the order given, then the
-schedulers; the next batch's forwards see the new parameters (the pipeline is flushed
-between batches, as synchronous 1F1B and GPipe are). A stage that raises stops the run
-with ActorError naming the actor (``stage{i}.forward``...) and the piece, which is the
-micro-batch's index within its batch; the gradients of that batch are dropped and no
-optimizer steps, so the parameters keep their values.
+A batch is one run of the graph (one graph per input layout, made once): after its last
+micro-batch's backward (the run's end), each optimizer given to ``add_optimizer`` steps
+once, in the order given, then the schedulers; the next batch's forwards see the new
+parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPipe are).
+A stage that raises stops the run with ActorError naming the actor
+(``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
+batch; the gradients of that batch are dropped and no optimizer steps, so the parameters
+keep their values. Batch norm in a stage normalizes each micro-batch by its own
+statistics (as GPipe's does), and random ops (dropout) draw from the eager generator in
+the order the stages' threads reach them, which differs from run to run.
 
 Threads share one interpreter lock: the stages overlap where their kernels leave it
 (numpy's BLAS calls do), not in the Python around them. Stages in worker processes would
