@@ -194,13 +194,13 @@ class PipelineStep:
         trace: Any = None,
         memory: dict | None = None,
     ) -> Iterator[np.ndarray]:
-        """Each item a batch (a tuple: ``x`` and the rest ``build`` gets); yields each
-        batch's loss. ``trace``: the first batch's timeline there, batch k's at
-        ``name.k.json``. ``memory``: the graph's budgets (ActorGraph's)."""
+        """Each item a batch (a tuple or list: ``x`` and the rest ``build`` gets, or ``x``
+        alone); yields each batch's loss. ``trace``: the first batch's timeline there,
+        batch k's at ``name.k.json``. ``memory``: the graph's budgets (ActorGraph's)."""
         batches: Any = items() if callable(items) and not hasattr(items, "__iter__") else items
         self._reset()
         for k, item in enumerate(batches):
-            args = item if isinstance(item, tuple) else (item,)
+            args = tuple(item) if isinstance(item, (tuple, list)) else (item,)
             path = trace
             if trace is not None and k:
                 p = Path(trace)
