@@ -316,6 +316,39 @@ def test_a_failing_stage_names_itself_and_the_micro_batch_and_updates_nothing():
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+class SpoilsItsBackward(nn.Module):
+    """On micro-batch ``at`` (in training mode) writes over a tensor its own backward
+    reads, so that backward raises."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        h = x * 1.0
+        y = h * h
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at + 1:
+                with af.no_grad():
+                    h.add_(1.0)
+        return y
+
+
+def test_a_failing_backward_names_itself_and_updates_nothing():
+    stages = stages_of(3)
+    stages[1] = nn.Sequential(stages[1], SpoilsItsBackward(at=1))
+    g = Pipe(stages, optim.Adam(params_of(stages), lr=0.1), micro_batches=4)
+    before = [p.numpy().copy() for p in params_of(stages)]
+    with pytest.raises(ActorError) as e:
+        g.step(*data(1)[0])
+    assert e.value.actor == "stage1.backward" and e.value.piece == 1
+    assert "modified" in str(e.value.original), e.value.original
+    for a, p in zip(before, params_of(stages), strict=True):
+        assert np.array_equal(a, p.numpy())
+        assert p.grad is None
+
+
 def test_a_failing_loss_names_the_last_stage():
     class BadLoss(Pipe):
         def build(self, out, y):
