@@ -156,7 +156,7 @@ def pipeline_seconds(stages, data, m: int, buffers, tmp: Path) -> tuple:
     dt = (time.perf_counter() - t) / (len(data) - 1)
     k = len(data) - 2
     last = trace if k == 0 else trace.with_name(f"{trace.stem}.{k}{trace.suffix}")
-    return dt, bubble(last, len(stages)), list(g.pipeline.peak_held)
+    return dt, bubble(last, len(stages)), list(g.pipelined.peak_held)
 
 
 def worker(args) -> dict:
@@ -210,7 +210,7 @@ def picture(path: Path) -> None:
         )
     print(f"wrote {path}; per stage, the acts of the batch in order:")
     for i in range(len(stages)):
-        print(f"  stage {i}:", " ".join(f"{k}{j}" for s, k, j in g.pipeline.acts if s == i))
+        print(f"  stage {i}:", " ".join(f"{k}{j}" for s, k, j in g.pipelined.acts if s == i))
 
 
 def main() -> int:

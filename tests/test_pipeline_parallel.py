@@ -179,7 +179,7 @@ def test_a_dataloader_and_a_scheduler_stepped_once_per_batch():
 def seeded_batch(g, seed, trace=None):
     """One batch under a seeded serial schedule, forwards taking 1 and backwards 2
     simulated seconds: the order of acts then follows from the registers and tokens."""
-    g.pipeline.sim_time = (1.0, 2.0)
+    g.pipelined.sim_time = (1.0, 2.0)
     with af.testing.seeded(seed):
         return [float(v) for v in g.run(data(1), trace=trace)]
 
@@ -190,11 +190,11 @@ def test_default_registers_give_1f1b(n, m, seed, tmp_path):
     stages = stages_of(n)
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m)
     seeded_batch(g, seed, trace=tmp_path / "run.json")
-    got = per_stage(g.pipeline.acts, n)
+    got = per_stage(g.pipelined.acts, n)
     for i in range(n):
         assert got[i] == order_1f1b(n - i, m), f"stage {i}"
-    assert held_counts(g.pipeline.acts, n) == [min(n - i, m) for i in range(n)]
-    assert g.pipeline.peak_held == [min(n - i, m) for i in range(n)]
+    assert held_counts(g.pipelined.acts, n) == [min(n - i, m) for i in range(n)]
+    assert g.pipelined.peak_held == [min(n - i, m) for i in range(n)]
     # the run's trace says the same order, act by act
     evs = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
     names = {e["tid"]: e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
@@ -208,7 +208,7 @@ def test_default_registers_give_1f1b(n, m, seed, tmp_path):
         stage, kind = name.split(".")
         s = int(stage[len("stage") :])
         from_trace += [(s, k, piece) for k in {"forward": "F", "backward": "B"}.get(kind, "FB")]
-    assert from_trace == g.pipeline.acts
+    assert from_trace == g.pipelined.acts
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -217,11 +217,11 @@ def test_every_micro_batch_held_degenerates_to_gpipe(n):
     stages = stages_of(n)
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m, stage_buffers=[m] * n)
     seeded_batch(g, 1)
-    got = per_stage(g.pipeline.acts, n)
+    got = per_stage(g.pipelined.acts, n)
     gpipe = [f"F{j}" for j in range(m)] + [f"B{j}" for j in range(m)]
     for i in range(n - 1):  # (the last stage's act is its forward and backward at once)
         assert got[i] == gpipe, f"stage {i}"
-    assert g.pipeline.peak_held == [m] * (n - 1) + [1]
+    assert g.pipelined.peak_held == [m] * (n - 1) + [1]
 
 
 @pytest.mark.parametrize("buffers", [None, [1, 1, 1], [2, 1, 1], [4, 3, 1], [1, 3, 2]])
@@ -238,11 +238,11 @@ def test_a_stage_never_holds_more_than_its_registers(buffers, tmp_path):
     for x, y in data(3, rows=rows):
         trace = tmp_path / "run.json"
         list(g.run([(x, y)], trace=trace))
-        counted = held_counts(g.pipeline.acts, 3)
+        counted = held_counts(g.pipelined.acts, 3)
         assert all(c <= b for c, b in zip(counted, k, strict=True)), (counted, k)
-        assert all(c <= b for c, b in zip(g.pipeline.peak_held, k, strict=True))
-        assert all(s <= b * o for s, b, o in zip(g.pipeline.peak_saved_bytes, k, one, strict=True))
-        assert sorted(g.pipeline.acts) == sorted(
+        assert all(c <= b for c, b in zip(g.pipelined.peak_held, k, strict=True))
+        assert all(s <= b * o for s, b, o in zip(g.pipelined.peak_saved_bytes, k, one, strict=True))
+        assert sorted(g.pipelined.acts) == sorted(
             (s, kind, j) for s in range(3) for kind in "FB" for j in range(m)
         )
         evs = json.loads(trace.read_text())["traceEvents"]
@@ -272,8 +272,8 @@ def test_peak_saved_activations_per_stage_equal_the_plan(buffers):
     k[-1] = 1  # (the last stage's forward and backward are one act)
     w = WIDTHS
     one = [size * (w[0] + w[1]) * 4, size * (w[1] + w[2]) * 4, size * (w[2] + w[3]) * 4]
-    assert g.pipeline.peak_held == k
-    assert g.pipeline.peak_saved_bytes == [ki * b for ki, b in zip(k, one, strict=True)]
+    assert g.pipelined.peak_held == k
+    assert g.pipelined.peak_saved_bytes == [ki * b for ki, b in zip(k, one, strict=True)]
 
 
 # -- errors -------------------------------------------------------------------------------

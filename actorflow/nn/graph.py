@@ -93,6 +93,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from ..runtime.observe.stats import RunStats
+    from .pipeline_graph import PipelineStep
 
     # what the Graph reads of an optimizer and a scheduler (``af.optim``'s, a layer beside:
     # not imported here)
@@ -124,7 +125,7 @@ _INTERNAL = frozenset(
         "cuda_graph",
         "_seed",
         "_count",
-        "pipeline",
+        "_pipeline",
     }
 )
 
@@ -165,7 +166,7 @@ class Graph:
     gradients are those of the mean of the micro-batch losses: with a mean loss and equal
     micro-batches, those of the whole batch). Each optimizer steps once per batch, after
     its last backward; ``step(x, *rest)`` returns the batch's loss (the mean of its
-    micro-batch losses), ``run(batches)`` yields it per batch. ``graph.pipeline`` holds
+    micro-batch losses), ``run(batches)`` yields it per batch. ``graph.pipelined`` holds
     the last batch's order of acts and each stage's peak of micro-batches and saved
     bytes held."""
 
@@ -177,11 +178,11 @@ class Graph:
         micro_batches: int = 1,
         stage_buffers: list | None = None,
     ) -> None:
-        self.pipeline = None  # (set first: __setattr__ reads it)
+        self._pipeline = None  # stages=: what step() and run() hand the batches to
         if stages is not None:
             from .pipeline_graph import PipelineStep
 
-            self.pipeline = PipelineStep(self, stages, micro_batches, stage_buffers)
+            self._pipeline = PipelineStep(self, stages, micro_batches, stage_buffers)
         elif micro_batches != 1 or stage_buffers is not None:
             raise ValueError(
                 f"{type(self).__name__}(micro_batches={micro_batches!r}, "
@@ -200,6 +201,13 @@ class Graph:
         # manual_seed(s) the same whatever eager ops (inits, a loader's seed) drew meanwhile
         self._seed = spawned_seed()
         self._count = None  # the steps run, as the random ops read it
+
+    @property
+    def pipelined(self) -> PipelineStep | None:
+        """A pipeline graph's ``PipelineStep`` (``stages=``: its last batch's order of acts,
+        each stage's peak of micro-batches and saved bytes held, its ActorGraph), else
+        None."""
+        return self._pipeline
 
     def __setattr__(self, name: str, value) -> None:
         old = self.__dict__.get(name)
@@ -676,8 +684,8 @@ class Graph:
                 error); nothing was written back, so the parameters, buffers and optimizer
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
-        if self.pipeline is not None:  # (stages=: pipeline_graph.py)
-            return self.pipeline.step(args)
+        if self._pipeline is not None:  # (stages=: pipeline_graph.py)
+            return self._pipeline.step(args)
         placement = self._placement()
         if placement is not None:
             return self._global_step(placement, args)
@@ -903,9 +911,9 @@ class Graph:
         ``trace`` (batch k's timeline at ``name.k.json``) and ``memory``; the other
         arguments are for a traced step and are refused with PlanError."""
         name = type(self).__name__
-        if self.pipeline is not None:  # (stages=: pipeline_graph.py)
+        if self._pipeline is not None:  # (stages=: pipeline_graph.py)
             _pipeline_options(name, buffers, fused, progress, timeout, engine)
-            yield from self.pipeline.run(iterable, trace=trace, memory=memory)
+            yield from self._pipeline.run(iterable, trace=trace, memory=memory)
             return
         _local_engine(engine, name)
         if timeout is not None:

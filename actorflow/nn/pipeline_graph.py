@@ -95,7 +95,7 @@ LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to t
 
 
 class PipelineStep:
-    """What ``nn.Graph(stages=...)`` runs its steps with (``graph.pipeline``).
+    """What ``nn.Graph(stages=...)`` runs its steps with (``graph.pipelined``).
 
     Attributes, about the last ``step()`` or ``run()``:
         acts: ``[(stage, "F" or "B", micro-batch)]`` of the last batch, in the order the
