@@ -173,6 +173,23 @@ def test_a_dataloader_and_a_scheduler_stepped_once_per_batch():
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("devices", [("cuda:0", "cuda:0"), ("cpu", "cuda:0")])
+def test_stages_on_a_cuda_device_train_as_on_the_cpu(emu, devices):
+    """On the CUDA emulator: each stage on its parameters' device (the registers between
+    them on the host), the same training as one eager process on the cpu."""
+    emu()
+    batches = data(2)
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.Adam(params_of(ref), lr=1e-2), batches)
+    stages = [s.to(d) for s, d in zip(stages_of(2), devices, strict=True)]
+    g = Pipe(stages, optim.Adam(params_of(stages), lr=1e-2), micro_batches=4)
+    got = [float(loss) for loss in g.run(batches)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        assert str(b.device) in devices
+        np.testing.assert_allclose(b.cpu().numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
 # -- the order of acts and what each stage holds -----------------------------------------
 
 

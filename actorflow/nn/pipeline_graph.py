@@ -42,9 +42,11 @@ before the run (each stage's output layout found by running the stages on one ro
 first micro-batch in eval mode without autograd, once per input layout: nothing of the
 modules changes and nothing random is drawn), so no piece is sized by an act outside the
 count. A register has one size: uneven micro-batches are padded to the largest along
-dim 0 and carry their row count. Each stage issues its ops on a stream of its own, so two
-stages' kernels run at the same time (one stream runs its ops in order), and a backward
-act ends once its gradients are written, so each act's time in a trace is its own.
+dim 0 and carry their row count. Each stage computes on its parameters' device (the
+registers are on the host: a stage on a CUDA device copies its input and gradient over
+and its output back, on every act), on a stream of its own there, so two stages' kernels
+run at the same time (one stream runs its ops in order); a backward act ends once its
+gradients are written, so each act's time in a trace is its own.
 
 Each micro-batch's backward is scaled by 1/M, so each parameter's ``.grad`` ends the batch
 holding the gradient of the mean of the M micro-batch losses. When ``build``'s loss is a
@@ -180,6 +182,7 @@ class PipelineStep:
         self._key: tuple | None = None  # what actor_graph was made for
         self._grads: list[list] = [[] for _ in range(n)]  # per stage: what gets a .grad
         self._streams: list = []  # per stage: the stream its ops are issued on
+        self._devices = [_device_of(s) for s in self.stages]  # (its parameters')
 
     # -- running ---------------------------------------------------------------------------
     def step(self, args: tuple) -> Tensor:
@@ -215,8 +218,12 @@ class PipelineStep:
     def _batch(self, args: tuple, trace, memory) -> float:
         """One batch through the graph (a run of it), then the optimizers' steps."""
         items = self._micro_batches(args)
-        g = self._graph_for(items[0], memory)
         stages = self.stages
+        self._devices = [_device_of(s) for s in stages]
+        self._streams = [
+            get_backend(d).stream(f"pipeline stage {i}") for i, d in enumerate(self._devices)
+        ]
+        g = self._graph_for(items[0], memory)
         params = [p for s in stages for p in s.parameters()]
         self._params = [
             {id(t._impl.blob) for t in list(s.parameters()) + list(s.buffers())} for s in stages
@@ -224,7 +231,6 @@ class PipelineStep:
         for p in params:
             p.grad = None
         self._grads = [[p for p in s.parameters() if p.requires_grad] for s in stages]
-        self._streams = [_stream_of(s, i) for i, s in enumerate(stages)]
         self.acts = []
         for f in self._fifos:
             f.clear()
@@ -317,7 +323,7 @@ class PipelineStep:
                 try:
                     for sub, _ in modes:  # (as eval() does, not counted as a change)
                         object.__setattr__(sub, "training", False)
-                    t = m(t)
+                    t = m(t.to(self._devices[i]))
                 finally:
                     for sub, mode in modes:
                         object.__setattr__(sub, "training", mode)
@@ -404,8 +410,14 @@ class PipelineStep:
         self._held_bytes[stage] -= nbytes
         return inp, out
 
+    def _tensor(self, stage: int, a: np.ndarray) -> Tensor:
+        """A copy of ``a`` (from a register, which is reused) on the stage's device."""
+        t = from_numpy(np.array(a))
+        device = self._devices[stage]
+        return t if device.type == "cpu" else t.to(device)
+
     def _input(self, stage: int, x: np.ndarray, rows: int) -> Tensor:
-        inp = from_numpy(np.array(x[:rows]))  # (its own copy: the register is reused)
+        inp = self._tensor(stage, x[:rows])
         if stage > 0:
             inp.requires_grad_()
         return inp
@@ -426,7 +438,7 @@ class PipelineStep:
                     f"micro-batch's rows along dim 0 (the next stage's input)"
                 )
             self._hold(i, mb, inp, out)
-            return (_padded(out.detach().numpy(), x.shape[0]), np.int64(rows), np.int64(mb))
+            return (_padded(_host(out.detach()), x.shape[0]), np.int64(rows), np.int64(mb))
 
         return forward
 
@@ -438,7 +450,7 @@ class PipelineStep:
             x, rows, mb = piece[0], int(piece[1]), int(piece[2])
             self._note(i, "F", mb)
             inp = self._input(i, x, rows)
-            rest = [from_numpy(np.array(r[:rows])) for r in item[3:]]
+            rest = [self._tensor(i, r[:rows]) for r in item[3:]]
             with enable_grad(), use_stream(self._streams[i]):
                 out = module(inp)
                 loss = graph.build(out, *unflatten(self._rest, rest))
@@ -454,7 +466,7 @@ class PipelineStep:
                 (loss * (1.0 / m)).backward()
             _settle(self._grads[i])
             self._release(i, mb)
-            value = np.asarray(loss.detach().numpy(), dtype=np.float64).reshape(())
+            value = np.asarray(_host(loss.detach()), dtype=np.float64).reshape(())
             if i == 0:
                 return value
             return (_input_grad(inp, x), value)
@@ -466,7 +478,7 @@ class PipelineStep:
             rows, mb = int(mine[1]), int(mine[2])
             self._note(i, "B", mb)
             inp, out = self._release(i, mb)
-            grad = from_numpy(np.array(grad_piece[0][:rows]))
+            grad = self._tensor(i, grad_piece[0][:rows])
             with enable_grad(), use_stream(self._streams[i]):
                 out.backward(grad)
             _settle(self._grads[i])
@@ -478,13 +490,12 @@ class PipelineStep:
         return backward
 
 
-def _stream_of(stage: Module, i: int):
-    """Stage ``i``'s own stream on its parameters' device: the ops of two stages, issued
-    by two threads, then run at the same time (a stream runs its ops in order: on one,
-    they would take turns)."""
+def _device_of(stage: Module) -> Any:
+    """Where a stage computes: its parameters' device (cpu for a stage without any). Each
+    stage issues its ops on a stream of its own there, so two stages' kernels run at the
+    same time (a stream runs its ops in order: on one, they would take turns)."""
     p = next(iter(stage.parameters()), None)
-    device = p.device if p is not None else as_device("cpu")
-    return get_backend(device).stream(f"pipeline stage {i}")
+    return p.device if p is not None else as_device("cpu")
 
 
 def _settle(params: list) -> None:
@@ -530,7 +541,12 @@ def _input_grad(inp: Tensor, like: np.ndarray) -> np.ndarray:
     g = inp.grad
     if g is None:  # (the stage's output does not depend on its input)
         return np.zeros_like(like)
-    return _padded(g.numpy(), like.shape[0])
+    return _padded(_host(g), like.shape[0])
+
+
+def _host(t: Tensor) -> np.ndarray:
+    """``t``'s values as a host array (copied over from a device)."""
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
 
 
 def _padded(a: np.ndarray, size: int) -> np.ndarray:
