@@ -93,6 +93,7 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     from ..runtime.observe.stats import RunStats
+    from .pipeline_graph import PipelineStep
 
     # what the Graph reads of an optimizer and a scheduler (``af.optim``'s, a layer beside:
     # not imported here)
@@ -115,7 +116,17 @@ if TYPE_CHECKING:
 _SCHEDULER = ("optimizer", "step", "get_last_lr", "last_epoch", "state_dict", "load_state_dict")
 # the Graph's own bookkeeping: setting these is not a change to what build reads
 _INTERNAL = frozenset(
-    {"_optimizers", "_lr_sch", "_compiled", "_traced", "_graph", "cuda_graph", "_seed", "_count"}
+    {
+        "_optimizers",
+        "_lr_sch",
+        "_compiled",
+        "_traced",
+        "_graph",
+        "cuda_graph",
+        "_seed",
+        "_count",
+        "_pipeline",
+    }
 )
 
 
@@ -142,9 +153,42 @@ class Graph:
     GPU (the CuPy driver) a step with an op in the reference form (its numpy kernel over
     the device arrays: a strided view, an op the kernel generator does not cover) is not
     captured, since those calls may allocate memory during a capture: it is launched one
-    by one every step, as with False."""
+    by one every step, as with False.
 
-    def __init__(self, cuda_graph: bool = True) -> None:
+    ``stages=[m0, ..., m_n-1]`` (modules; the model is ``m_n-1(...m0(x))``) makes the graph
+    a pipeline instead (``pipeline_graph.py``): each batch is cut along dim 0 into
+    ``micro_batches`` micro-batches (as ``np.array_split``) that flow through the stages,
+    forward and backward, as pieces of an ActorGraph, stage i holding at most
+    ``stage_buffers[i]`` micro-batches for its backward (default ``n - i``: 1F1B). Its
+    ``build(self, out, *rest)`` gets the last stage's output for one micro-batch and the
+    rest of the item (the targets) cut the same way, and returns that micro-batch's loss
+    without calling backward (the graph does, scaled by 1/micro_batches, so the
+    gradients are those of the mean of the micro-batch losses: with a mean loss and equal
+    micro-batches, those of the whole batch). Each optimizer steps once per batch, after
+    its last backward; ``step(x, *rest)`` returns the batch's loss (the mean of its
+    micro-batch losses), ``run(batches)`` yields it per batch. ``graph.pipelined`` holds
+    the last batch's order of acts and each stage's peak of micro-batches and saved
+    bytes held."""
+
+    def __init__(
+        self,
+        cuda_graph: bool = True,
+        *,
+        stages: list | None = None,
+        micro_batches: int = 1,
+        stage_buffers: list | None = None,
+    ) -> None:
+        self._pipeline = None  # stages=: what step() and run() hand the batches to
+        if stages is not None:
+            from .pipeline_graph import PipelineStep
+
+            self._pipeline = PipelineStep(self, stages, micro_batches, stage_buffers)
+        elif micro_batches != 1 or stage_buffers is not None:
+            raise ValueError(
+                f"{type(self).__name__}(micro_batches={micro_batches!r}, "
+                f"stage_buffers={stage_buffers!r}): these cut a pipeline's batches; give "
+                f"stages=[...] (the model's modules in order) with them"
+            )
         self.cuda_graph = cuda_graph  # on a CUDA device: a static step is one replay
         self._optimizers: list = []
         self._lr_sch: list = []  # the schedulers the graph steps after each step
@@ -157,6 +201,13 @@ class Graph:
         # manual_seed(s) the same whatever eager ops (inits, a loader's seed) drew meanwhile
         self._seed = spawned_seed()
         self._count = None  # the steps run, as the random ops read it
+
+    @property
+    def pipelined(self) -> PipelineStep | None:
+        """A pipeline graph's ``PipelineStep`` (``stages=``: its last batch's order of acts,
+        each stage's peak of micro-batches and saved bytes held, its ActorGraph), else
+        None."""
+        return self._pipeline
 
     def __setattr__(self, name: str, value) -> None:
         old = self.__dict__.get(name)
@@ -633,6 +684,8 @@ class Graph:
                 error); nothing was written back, so the parameters, buffers and optimizer
                 state keep their values and the next step runs as usual.
             TraceError: ``build`` does what a step cannot record (when compiled)."""
+        if self._pipeline is not None:  # (stages=: pipeline_graph.py)
+            return self._pipeline.step(args)
         placement = self._placement()
         if placement is not None:
             return self._global_step(placement, args)
@@ -851,8 +904,17 @@ class Graph:
         over by a copy actor while the step before runs; the run still yields host arrays
         (each output copied back on the device's copy stream). A kernel fault stops the run
         with ActorError holding its KernelError; the steps before it were applied, its own
-        and later ones were not, and the next run goes on from there."""
+        and later ones were not, and the next run goes on from there.
+
+        A pipeline graph (``stages=``) runs each item as a batch of micro-batches through
+        its stages' actors (``pipeline_graph.py``), yields each batch's loss and takes
+        ``trace`` (batch k's timeline at ``name.k.json``) and ``memory``; the other
+        arguments are for a traced step and are refused with PlanError."""
         name = type(self).__name__
+        if self._pipeline is not None:  # (stages=: pipeline_graph.py)
+            _pipeline_options(name, buffers, fused, progress, timeout, engine)
+            yield from self._pipeline.run(iterable, trace=trace, memory=memory)
+            return
         _local_engine(engine, name)
         if timeout is not None:
             check_timeout(timeout, False, f"inputs of {name}")
@@ -1278,6 +1340,23 @@ def _names_read(fn) -> list:
         if v is not _NONE:
             out.append((cell, n, v))
     return out
+
+
+def _pipeline_options(name: str, buffers, fused, progress, timeout, engine) -> None:
+    """Refuses what ``run()`` takes for a traced step but a pipeline graph does not."""
+    for what, given in (
+        ("buffers=", buffers != 2),
+        ("fused=True", fused),
+        ("progress=", progress),
+        ("timeout=", timeout is not None),
+        ("engine=", engine not in (None, "local")),
+    ):
+        if given:
+            raise PlanError(
+                f"{name}.run({what}): a pipeline graph (stages=...) runs its stages as "
+                f"actors of its own, with stage_buffers= registers per stage, in this "
+                f"process; {what} is for a traced step: leave it out"
+            )
 
 
 def _local_engine(engine, name: str) -> None:

@@ -1,0 +1,575 @@
+"""Pipeline parallelism for ``nn.Graph(stages=[...], micro_batches=M)``: a model cut into
+stages, each batch cut into micro-batches that flow through the stages as the pieces of
+one ActorGraph, forward and backward, the activations a stage keeps for its backward
+bounded by registers.
+
+The model is ``m_{n-1}(...m_0(x))``. Per stage ``i`` the graph has a forward actor
+``stage{i}.forward`` and a backward actor ``stage{i}.backward`` (the last stage one actor,
+``stage{n-1}.forward_backward``, which also computes ``build``'s loss and starts the
+backward), on threads of their own:
+
+- ``stage{i}.forward`` reads its input activation (stage 0: the micro-batch from the
+  source; stage i: stage i-1's output register), runs ``m_i`` eagerly with autograd on a
+  tensor made from it (requiring grad for i > 0), writes the output activation into one of
+  its ``k_i`` output registers and keeps the micro-batch's autograd graph (what its
+  backward needs) in the stage's FIFO.
+- That register is read by stage i+1's forward and by ``stage{i}.backward``, and is free
+  again only once both have read it: so the stage holds at most ``k_i`` micro-batches
+  (its FIFO never grows past ``k_i``), and its forward waits for a free register, i.e.
+  for a backward. ``k_i = n - i`` by default (``stage_buffers=`` overrides): 1F1B's count
+  of micro-batches in flight on stage i.
+- ``stage{i}.backward`` reads the gradient of the stage's output from stage i+1's
+  backward, runs the micro-batch's backward (the oldest of the FIFO: they come in piece
+  order), which adds the parameters' gradients to ``.grad`` and gives the gradient of the
+  stage's input, and writes that for stage i-1's backward.
+- A stage's forward and backward share its modules, so they take turns: both need the
+  stage's one token (``resources={"stage{i}": 1}``).
+
+Nothing in the graph says "1F1B": with ``k_i = n - i`` the registers let a stage run
+``n - i`` forwards (warm-up); from then on each forward needs the register a backward
+frees, so no two forwards follow each other, and the stage runs one backward and one
+forward in turn (a backward first, then the forward whose register it freed, when that
+forward's input is there by then: two backwards in a row where it is not) until its
+forwards are done, then drains the backwards. Where a forward takes 1 and a backward 2
+units of time (the tests' simulated times) the order is exactly 1F1B's on every stage.
+With ``k_i = M`` nothing holds the forwards back: a stage whose forwards come faster than
+its gradients runs GPipe's order, all forwards then all backwards (at M times the
+activations).
+
+What a stage holds for its backward is its FIFO of autograd graphs, at most ``k_i``, and
+its ``k_i`` output registers (the activations it sent on). Every register is declared
+before the run (each stage's output layout found by running the stages on one row of the
+first micro-batch in eval mode without autograd, once per input layout: nothing of the
+modules changes and nothing random is drawn), so no piece is sized by an act outside the
+count. A register has one size: uneven micro-batches are padded to the largest along
+dim 0 and carry their row count. Each stage computes on its parameters' device (the
+registers are on the host: a stage on a CUDA device copies its input and gradient over
+and its output back, on every act), on a stream of its own there, so two stages' kernels
+run at the same time (one stream runs its ops in order); a backward act ends once its
+gradients are written, so each act's time in a trace is its own.
+
+Each micro-batch's backward is scaled by 1/M, so each parameter's ``.grad`` ends the batch
+holding the gradient of the mean of the M micro-batch losses. When ``build``'s loss is a
+mean over the micro-batch's rows and the micro-batches are of equal size, that is the
+gradient of the loss of the whole batch, and the step equals one eager step on the whole
+batch (within float rounding: the sums are in another order). Uneven micro-batches (a
+batch of N rows in M parts, as ``np.array_split``) weigh each micro-batch's mean equally.
+
+A batch is one run of the graph (one graph per input layout, made once): after its last
+micro-batch's backward (the run's end), each optimizer given to ``add_optimizer`` steps
+once, in the order given, then the schedulers; the next batch's forwards see the new
+parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPipe are).
+A stage that raises stops the run with ActorError naming the actor
+(``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
+batch; the gradients of that batch are dropped and no optimizer steps, so the parameters
+keep their values. Batch norm in a stage normalizes each micro-batch by its own
+statistics (as GPipe's does), and random ops (dropout) draw from the eager generator in
+the order the stages' threads reach them, which differs from run to run.
+
+Threads share one interpreter lock: the stages overlap where their kernels leave it
+(numpy's BLAS calls do), not in the Python around them. Stages in worker processes would
+overlap fully; they are not built yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..autograd import enable_grad, no_grad
+from ..backends import get_backend
+from ..creation import from_numpy
+from ..device import device as as_device
+from ..eager.interpreter import use_stream
+from ..runtime.graph.actor_graph import ActorGraph
+from ..runtime.plan.spec import Spec, flatten, unflatten
+from ..runtime_api import peek_array, settled
+from ..tensor.tensor import Tensor
+from .module import Module, structure_version
+
+INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
+LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to the sink
+
+
+class PipelineStep:
+    """What ``nn.Graph(stages=...)`` runs its steps with (``graph.pipelined``).
+
+    Attributes, about the last ``step()`` or ``run()``:
+        acts: ``[(stage, "F" or "B", micro-batch)]`` of the last batch, in the order the
+            acts started (the last stage's one act: its "F" then its "B").
+        peak_held: per stage, the most micro-batches whose autograd graph it held at once.
+        peak_saved_bytes: per stage, the most bytes of saved activations it held at once:
+            the blobs the held autograd graphs keep for backward (the stage's input
+            included, its parameters and buffers not).
+        sim_time: None, or ``(forward_s, backward_s)``: simulated seconds added to each
+            forward and each backward act (ActorGraph's ``time=``; for experiments and
+            tests: under ``af.testing.seeded`` they run on the virtual clock).
+        actor_graph: the ActorGraph of the last run (``stats()``)."""
+
+    def __init__(
+        self,
+        graph: Any,  # (the nn.Graph it runs for: graph.py imports this module)
+        stages: Sequence[Module],
+        micro_batches: int,
+        stage_buffers: Sequence[int] | None,
+    ) -> None:
+        name = type(graph).__name__
+        if isinstance(stages, Module) or not isinstance(stages, Sequence) or not stages:
+            raise TypeError(
+                f"{name}(stages=...): give a non-empty list of modules, the model cut in "
+                f"order (the model is m_n-1(...m_0(x))), got {type(stages).__name__}"
+            )
+        for i, m in enumerate(stages):
+            if not isinstance(m, Module):
+                raise TypeError(
+                    f"{name}(stages=...): stage {i} is a {type(m).__name__}, not an "
+                    f"nn.Module; give each stage as a module (an nn.Sequential of its "
+                    f"layers)"
+                )
+        if (
+            not isinstance(micro_batches, int)
+            or isinstance(micro_batches, bool)
+            or micro_batches < 1
+        ):
+            raise ValueError(
+                f"{name}(micro_batches={micro_batches!r}): give a whole number of "
+                f"micro-batches >= 1"
+            )
+        owner: dict = {}
+        for i, m in enumerate(stages):
+            for p in m.parameters():
+                j = owner.setdefault(id(p), i)
+                if j != i:
+                    raise ValueError(
+                        f"{name}(stages=...): a parameter of shape {tuple(p.shape)} is in "
+                        f"stage {j} and in stage {i}; a pipeline's stages share no "
+                        f"parameter (their backwards run at the same time, each adding to "
+                        f"its own parameters' gradients): give each stage its own modules"
+                    )
+        n = len(stages)
+        default = [n - i for i in range(n)]
+        if stage_buffers is None:
+            buffers = default
+        else:
+            buffers = list(stage_buffers)
+            if len(buffers) != n or not all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in buffers
+            ):
+                raise ValueError(
+                    f"{name}(stage_buffers={stage_buffers!r}): give one whole number >= 1 "
+                    f"per stage ({n} stages): the micro-batches each stage may hold for "
+                    f"its backward (1F1B's, the default: {default})"
+                )
+        self.graph = graph
+        self.stages = list(stages)
+        self.micro_batches = micro_batches
+        self.buffers = buffers
+        self.sim_time: tuple[float, float] | None = None
+        self.acts: list[tuple[int, str, int]] = []
+        self.peak_held = [0] * n
+        self.peak_saved_bytes = [0] * n
+        self.actor_graph: ActorGraph | None = None
+        self._lock = threading.Lock()
+        self._fifos: list[deque] = [deque() for _ in range(n)]
+        self._held_bytes = [0] * n
+        self._params: list[set] = [set() for _ in range(n)]  # blob ids not counted as saved
+        self._rest: Any = None  # the structure of a batch's other leaves (targets)
+        self._key: tuple | None = None  # what actor_graph was made for
+        self._grads: list[list] = [[] for _ in range(n)]  # per stage: what gets a .grad
+        self._streams: list = []  # per stage: the stream its ops are issued on
+        self._devices = [_device_of(s) for s in self.stages]  # (its parameters')
+
+    # -- running ---------------------------------------------------------------------------
+    def step(self, args: tuple) -> Tensor:
+        """One batch: its loss (the mean of its micro-batch losses), the parameters
+        updated."""
+        self._reset()
+        return from_numpy(np.asarray(self._batch(args, None, None), dtype=np.float32))
+
+    def run(
+        self,
+        items: Iterable[Any] | Callable[[], Iterable[Any]],
+        trace: Any = None,
+        memory: dict | None = None,
+    ) -> Iterator[np.ndarray]:
+        """Each item a batch (a tuple or list: ``x`` and the rest ``build`` gets, or ``x``
+        alone); yields each batch's loss. ``trace``: the first batch's timeline there,
+        batch k's at ``name.k.json``. ``memory``: the graph's budgets (ActorGraph's)."""
+        batches: Any = items() if callable(items) and not hasattr(items, "__iter__") else items
+        self._reset()
+        for k, item in enumerate(batches):
+            args = tuple(item) if isinstance(item, (tuple, list)) else (item,)
+            path = trace
+            if trace is not None and k:
+                p = Path(trace)
+                path = p.with_name(f"{p.stem}.{k}{p.suffix}")
+            yield np.asarray(self._batch(args, path, memory), dtype=np.float32)
+
+    def _reset(self) -> None:
+        n = len(self.stages)
+        self.peak_held = [0] * n
+        self.peak_saved_bytes = [0] * n
+
+    def _batch(self, args: tuple, trace, memory) -> float:
+        """One batch through the graph (a run of it), then the optimizers' steps."""
+        items = self._micro_batches(args)
+        stages = self.stages
+        self._devices = [_device_of(s) for s in stages]
+        self._streams = [
+            get_backend(d).stream(f"pipeline stage {i}") for i, d in enumerate(self._devices)
+        ]
+        g = self._graph_for(items[0], memory)
+        params = [p for s in stages for p in s.parameters()]
+        self._params = [
+            {id(t._impl.blob) for t in list(s.parameters()) + list(s.buffers())} for s in stages
+        ]
+        for p in params:
+            p.grad = None
+        self._grads = [[p for p in s.parameters() if p.requires_grad] for s in stages]
+        self.acts = []
+        for f in self._fifos:
+            f.clear()
+        self._held_bytes = [0] * len(stages)
+        losses: list[float] = []
+        try:
+            for out in g.run(feed=items, trace=trace):
+                losses.append(float(out))
+        except BaseException:
+            for p in params:  # (the batch's gradients are dropped: nothing steps)
+                p.grad = None
+            raise
+        finally:
+            g.join()
+            for f in self._fifos:  # (a stopped run's graphs)
+                f.clear()
+        graph = self.graph
+        with no_grad():
+            for opt in graph._optimizers:
+                opt.step()
+        for p in params:
+            p.grad = None
+        graph._step_schedules()
+        return float(np.mean(losses))
+
+    def _micro_batches(self, args: tuple) -> list:
+        """The batch's micro-batches as the source's pieces: ``(x, rows, index, *rest)``,
+        each array padded along dim 0 to the largest micro-batch's rows (a register has
+        one size)."""
+        name = type(self.graph).__name__
+        if not args:
+            raise TypeError(f"{name}.step(x, *rest): give the batch's input x")
+        m = self.micro_batches
+        x = _array(args[0], name, "x")
+        leaves, self._rest = flatten(tuple(args[1:]))
+        rest = [_array(r, name, f"rest leaf {k}") for k, r in enumerate(leaves)]
+        if x.ndim == 0:
+            raise ValueError(f"{name}.step(x, ...): x is 0-dim; a batch has its rows along dim 0")
+        n = x.shape[0]
+        if n < m:
+            raise ValueError(
+                f"{name}.step(x, ...): x has {n} rows (shape {tuple(x.shape)}) and the "
+                f"pipeline cuts each batch into micro_batches={m}; give batches of at least "
+                f"{m} rows, or fewer micro_batches"
+            )
+        for k, r in enumerate(rest):
+            if r.ndim == 0 or r.shape[0] != n:
+                raise ValueError(
+                    f"{name}.step(x, *rest): rest leaf {k} has shape {tuple(r.shape)}, but "
+                    f"each leaf is cut into micro-batches along dim 0 with x (shape "
+                    f"{tuple(x.shape)}): give it {n} rows"
+                )
+        bounds = np.cumsum([0] + [len(p) for p in np.array_split(np.arange(n), m)])
+        size = int(bounds[1] - bounds[0])
+        return [
+            (
+                _padded(x[lo:hi], size),
+                np.int64(hi - lo),
+                np.int64(j),
+                *[_padded(r[lo:hi], size) for r in rest],
+            )
+            for j, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+        ]
+
+    # -- the graph -------------------------------------------------------------------------
+    def _graph_for(self, item: tuple, memory) -> ActorGraph:
+        """The graph for micro-batches like ``item``, made again when their layout, a
+        module (anything ``structure_version`` counts), the budgets or ``sim_time`` changed
+        since the last batch."""
+        source = tuple((a.shape, str(a.dtype)) if isinstance(a, np.ndarray) else None for a in item)
+        key = (source, structure_version[0], repr(memory), self.sim_time)
+        if self.actor_graph is None or key != self._key:
+            self.actor_graph = self._actor_graph(self._layouts(item), memory)
+            self._key = key
+        return self.actor_graph
+
+    def _layouts(self, item: tuple) -> tuple:
+        """The Specs of each register: the source's piece, then each stage's output
+        activation, found by running the stages on one row of ``item`` in eval mode
+        without autograd (no running statistics change, nothing random is drawn), once per
+        layout. Every register is declared, so none is sized by an act (a piece that
+        sizes its actor travels in a register of its own, outside the count)."""
+        size = item[0].shape[0]
+        source = tuple(Spec(a.shape, a.dtype) if isinstance(a, np.ndarray) else INDEX for a in item)
+        outs = []
+        t = from_numpy(np.array(item[0][:1]))
+        with no_grad():
+            for i, m in enumerate(self.stages[:-1]):
+                modes = [(sub, sub.training) for sub in m.modules()]
+                try:
+                    for sub, _ in modes:  # (as eval() does, not counted as a change)
+                        object.__setattr__(sub, "training", False)
+                    t = m(t.to(self._devices[i]))
+                finally:
+                    for sub, mode in modes:
+                        object.__setattr__(sub, "training", mode)
+                if not isinstance(t, Tensor) or t.ndim == 0 or t.shape[0] != 1:
+                    raise TypeError(
+                        f"stage {i} of {len(self.stages)} returned {_what(t)} for a "
+                        f"micro-batch of 1 row; a stage that is not the last returns one "
+                        f"tensor with the micro-batch's rows along dim 0 (the next stage's "
+                        f"input)"
+                    )
+                outs.append(Spec((size,) + tuple(t.shape[1:]), t.dtype))
+        return source, tuple(outs)
+
+    def _actor_graph(self, layouts: tuple, memory: dict | None) -> ActorGraph:
+        """The graph of a run: the source of micro-batches, a forward and a backward actor
+        per stage (the last stage's one actor), stage 0's backward its sink."""
+        source, acts = layouts
+        n, m = len(self.stages), self.micro_batches
+        g = ActorGraph(memory=memory, resources={f"stage{i}": 1 for i in range(n)})
+        fwd_t = bwd_t = None
+        if self.sim_time is not None:
+            fwd_t, bwd_t = (float(t) for t in self.sim_time)
+        src = g.input(source, name="micro_batches", buffers=m)
+        forwards = []
+        prev = src
+        for i in range(n - 1):
+            prev = g.actor(
+                self._forward_fn(i),
+                prev,
+                out=(acts[i], INDEX, INDEX),
+                name=f"stage{i}.forward",
+                resources={f"stage{i}": 1},
+                buffers=self.buffers[i],
+                time=fwd_t,
+            )
+            forwards.append(prev)
+        last = n - 1
+        grad = g.actor(
+            self._last_fn(last),
+            *((prev, src) if n > 1 else (src,)),
+            out=(acts[last - 1], LOSS) if n > 1 else LOSS,
+            name=f"stage{last}.forward_backward",
+            resources={f"stage{last}": 1},
+            buffers=self.buffers[last - 1] if n > 1 else None,
+            time=None if fwd_t is None or bwd_t is None else fwd_t + bwd_t,
+        )
+        for i in range(n - 2, -1, -1):
+            grad = g.actor(
+                self._backward_fn(i),
+                forwards[i],
+                grad,
+                out=(acts[i - 1], LOSS) if i > 0 else LOSS,
+                name=f"stage{i}.backward",
+                resources={f"stage{i}": 1},
+                buffers=self.buffers[i - 1] if i > 0 else None,
+                time=bwd_t,
+            )
+        g.sink(grad, name="loss")
+        return g
+
+    def _note(self, stage: int, kind: str, mb: int) -> None:
+        with self._lock:
+            self.acts.append((stage, kind, mb))
+
+    def _hold(self, stage: int, mb: int, inp: Tensor, out: Tensor) -> None:
+        """Keeps micro-batch ``mb``'s autograd graph (reached from ``out``) for the stage's
+        backward, counting what it saves."""
+        fifo = self._fifos[stage]
+        nbytes = saved_bytes(out, self._params[stage])
+        fifo.append((mb, inp, out, nbytes))
+        self._held_bytes[stage] += nbytes
+        self.peak_held[stage] = max(self.peak_held[stage], len(fifo))
+        self.peak_saved_bytes[stage] = max(self.peak_saved_bytes[stage], self._held_bytes[stage])
+
+    def _release(self, stage: int, mb: int) -> tuple:
+        fifo = self._fifos[stage]
+        held = fifo[0][0] if fifo else None
+        if held != mb:  # (registers keep piece order: by construction)
+            raise RuntimeError(
+                f"stage {stage}: backward of micro-batch {mb}, but the oldest micro-batch "
+                f"it holds is {held}"
+            )
+        _, inp, out, nbytes = fifo.popleft()
+        self._held_bytes[stage] -= nbytes
+        return inp, out
+
+    def _tensor(self, stage: int, a: np.ndarray) -> Tensor:
+        """A copy of ``a`` (from a register, which is reused) on the stage's device."""
+        t = from_numpy(np.array(a))
+        device = self._devices[stage]
+        return t if device.type == "cpu" else t.to(device)
+
+    def _input(self, stage: int, x: np.ndarray, rows: int) -> Tensor:
+        inp = self._tensor(stage, x[:rows])
+        if stage > 0:
+            inp.requires_grad_()
+        return inp
+
+    def _forward_fn(self, i: int):
+        module, n = self.stages[i], len(self.stages)
+
+        def forward(piece):
+            x, rows, mb = piece[0], int(piece[1]), int(piece[2])
+            self._note(i, "F", mb)
+            inp = self._input(i, x, rows)
+            with enable_grad(), use_stream(self._streams[i]):
+                out = module(inp)
+            if not isinstance(out, Tensor) or out.ndim == 0 or out.shape[0] != rows:
+                raise TypeError(
+                    f"stage {i} of {n} returned {_what(out)} for a micro-batch of {rows} "
+                    f"rows; a stage that is not the last returns one tensor with the "
+                    f"micro-batch's rows along dim 0 (the next stage's input)"
+                )
+            self._hold(i, mb, inp, out)
+            return (_padded(_host(out.detach()), x.shape[0]), np.int64(rows), np.int64(mb))
+
+        return forward
+
+    def _last_fn(self, i: int):
+        module, m, graph = self.stages[i], self.micro_batches, self.graph
+
+        def forward_backward(*pieces):
+            piece, item = pieces[0], pieces[-1]  # (item: the source's, with the rest)
+            x, rows, mb = piece[0], int(piece[1]), int(piece[2])
+            self._note(i, "F", mb)
+            inp = self._input(i, x, rows)
+            rest = [self._tensor(i, r[:rows]) for r in item[3:]]
+            with enable_grad(), use_stream(self._streams[i]):
+                out = module(inp)
+                loss = graph.build(out, *unflatten(self._rest, rest))
+                if not isinstance(loss, Tensor) or loss.numel() != 1:
+                    raise TypeError(
+                        f"{type(graph).__name__}.build(out, *rest) returned {_what(loss)}; "
+                        f"a pipeline's build returns the micro-batch's loss, a one-element "
+                        f"tensor computed from out (it does not call backward: the graph "
+                        f"does)"
+                    )
+                self._hold(i, mb, inp, loss)
+                self._note(i, "B", mb)
+                (loss * (1.0 / m)).backward()
+            _settle(self._grads[i])
+            self._release(i, mb)
+            value = np.asarray(_host(loss.detach()), dtype=np.float64).reshape(())
+            if i == 0:
+                return value
+            return (_input_grad(inp, x), value)
+
+        return forward_backward
+
+    def _backward_fn(self, i: int):
+        def backward(mine, grad_piece):
+            rows, mb = int(mine[1]), int(mine[2])
+            self._note(i, "B", mb)
+            inp, out = self._release(i, mb)
+            grad = self._tensor(i, grad_piece[0][:rows])
+            with enable_grad(), use_stream(self._streams[i]):
+                out.backward(grad)
+            _settle(self._grads[i])
+            loss = np.array(grad_piece[1])
+            if i == 0:
+                return loss
+            return (_input_grad(inp, mine[0]), loss)
+
+        return backward
+
+
+def _device_of(stage: Module) -> Any:
+    """Where a stage computes: its parameters' device (cpu for a stage without any). Each
+    stage issues its ops on a stream of its own there, so two stages' kernels run at the
+    same time (a stream runs its ops in order: on one, they would take turns)."""
+    p = next(iter(stage.parameters()), None)
+    return p.device if p is not None else as_device("cpu")
+
+
+def _settle(params: list) -> None:
+    """Waits for the work writing ``params``' gradients (a backward's act ends when its
+    gradients exist, so its time is its own and not the next act's that reads them), and
+    raises the error a kernel of it gave."""
+    grads = [p.grad for p in params if p.grad is not None]
+    settled(grads)
+    for t in grads:
+        err = t._impl.blob.error
+        if err is not None:
+            raise err.to_raise()
+
+
+def saved_bytes(out: Tensor, exclude: set) -> int:
+    """The bytes the autograd graph behind ``out`` saves for backward: each saved blob once,
+    those in ``exclude`` (ids: parameters, buffers) left out."""
+    ag = out._impl.ag
+    start = ag.grad_fn if ag is not None else None
+    seen_nodes: set = set()
+    seen_blobs: set = set()
+    total = 0
+    stack = [start] if start is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        blobs = [t.blob for t in (node.saved_in or ()) if t is not None]
+        blobs += [b for b, _ in (node.saved_out or ())]
+        for b in blobs:
+            if id(b) not in seen_blobs and id(b) not in exclude:
+                seen_blobs.add(id(b))
+                total += b.nbytes
+        for e in node.edges:
+            if e is not None and hasattr(e[0], "edges"):  # (a node; a leaf's Meta has none)
+                stack.append(e[0])
+    return total
+
+
+def _input_grad(inp: Tensor, like: np.ndarray) -> np.ndarray:
+    """The gradient of a stage's input, padded as its register ``like`` is."""
+    g = inp.grad
+    if g is None:  # (the stage's output does not depend on its input)
+        return np.zeros_like(like)
+    return _padded(_host(g), like.shape[0])
+
+
+def _host(t: Tensor) -> np.ndarray:
+    """``t``'s values as a host array (copied over from a device)."""
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
+
+
+def _padded(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` with zero rows added along dim 0 up to ``size`` rows."""
+    if a.shape[0] == size:
+        return a
+    out = np.zeros((size,) + a.shape[1:], dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+def _array(x: Any, name: str, what: str) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return np.asarray(peek_array(x))
+    if isinstance(x, np.ndarray):
+        return x
+    raise TypeError(
+        f"{name}.step(x, *rest): {what} is a {type(x).__name__}; give tensors or numpy "
+        f"arrays with the batch along dim 0"
+    )
+
+
+def _what(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"

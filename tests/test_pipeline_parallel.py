@@ -1,0 +1,416 @@
+"""Pipeline parallelism (nn.Graph(stages=..., micro_batches=M)): a batch cut into
+micro-batches flowing through the stages' forward and backward actors trains as one eager
+step on the whole batch; the registers bound what each stage holds for its backward and
+give 1F1B's order (GPipe's when every micro-batch may be held); a failing stage stops the
+batch without touching the parameters."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow import nn, optim
+from actorflow.errors import ActorError, PlanError
+
+WIDTHS = [8, 16, 12, 3]  # stage i: Linear(WIDTHS[i], WIDTHS[i+1]) (+ Tanh but the last)
+
+
+def stages_of(n, seed=0):
+    """The model cut into ``n`` stages (2 or 3): the same weights for a given seed."""
+    af.manual_seed(seed)
+    layers = [
+        nn.Sequential(nn.Linear(WIDTHS[0], WIDTHS[1]), nn.Tanh()),
+        nn.Sequential(nn.Linear(WIDTHS[1], WIDTHS[2]), nn.Tanh()),
+        nn.Linear(WIDTHS[2], WIDTHS[3]),
+    ]
+    if n == 2:
+        return [nn.Sequential(layers[0], layers[1]), layers[2]]
+    return layers
+
+
+def params_of(stages):
+    return [p for s in stages for p in s.parameters()]
+
+
+def make_opt(name, params):
+    return optim.SGD(params, lr=0.1, momentum=0.9) if name == "SGD" else optim.Adam(params, lr=1e-2)
+
+
+class Pipe(nn.Graph):
+    def __init__(self, stages, opt=None, **kw):
+        super().__init__(stages=stages, **kw)
+        self.loss = nn.MSELoss()
+        if opt is not None:
+            self.add_optimizer(opt)
+
+    def build(self, out, y):
+        return self.loss(out, y)
+
+
+def data(batches, rows=16, seed=1):
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            rng.standard_normal((rows, WIDTHS[0])).astype(np.float32),
+            rng.standard_normal((rows, WIDTHS[-1])).astype(np.float32),
+        )
+        for _ in range(batches)
+    ]
+
+
+def eager_steps(stages, opt, batches, after=None):
+    """One eager step per batch on the whole batch, one process: the reference (``after``:
+    called after each step, a scheduler's ``step``)."""
+    model = nn.Sequential(*stages)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = nn.MSELoss()(model(af.tensor(x)), af.tensor(y))
+        loss.backward()
+        opt.step()
+        if after is not None:
+            after()
+        losses.append(loss.item())
+    return losses
+
+
+def order_1f1b(k, m):
+    """1F1B's order of acts on a stage allowed ``k`` micro-batches in flight: ``k``
+    forwards (warm-up), then one backward and one forward in turn, then the backwards."""
+    w = min(k, m)
+    out = [f"F{j}" for j in range(w)]
+    for j in range(m):
+        out.append(f"B{j}")
+        if w + j < m:
+            out.append(f"F{w + j}")
+    return out
+
+
+def per_stage(acts, n):
+    return [[f"{kind}{mb}" for s, kind, mb in acts if s == i] for i in range(n)]
+
+
+def held_counts(acts, n):
+    """Per stage, the most micro-batches forwarded and not yet backwarded, counted from the
+    order of acts."""
+    peak, now = [0] * n, [0] * n
+    for s, kind, _ in acts:
+        now[s] += 1 if kind == "F" else -1
+        peak[s] = max(peak[s], now[s])
+    return peak
+
+
+# -- training equals one process --------------------------------------------------------
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_pipeline_trains_as_one_eager_step_on_the_whole_batch(n, opt_name):
+    batches = data(4)
+    ref = stages_of(n)
+    want = eager_steps(ref, make_opt(opt_name, params_of(ref)), batches)
+    stages = stages_of(n)
+    g = Pipe(stages, make_opt(opt_name, params_of(stages)), micro_batches=4)
+    got = [float(g.step(af.tensor(x), af.tensor(y))) for x, y in batches[:2]]  # step()
+    got += [float(loss) for loss in g.run(batches[2:])]  # run(): a batch per item
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in params_of(stages))  # (the graph's own)
+
+
+def test_uneven_micro_batches_weigh_each_micro_batch_mean_equally():
+    ((x, y),) = data(1, rows=10)  # 10 rows in 4: 3, 3, 2, 2 (np.array_split)
+    ref = stages_of(2)
+    model = nn.Sequential(*ref)
+    opt = optim.SGD(params_of(ref), lr=0.1)
+    parts = np.array_split(np.arange(10), 4)
+    losses = [nn.MSELoss()(model(af.tensor(x[p])), af.tensor(y[p])) for p in parts]
+    want = (losses[0] + losses[1] + losses[2] + losses[3]) * 0.25
+    want.backward()
+    opt.step()
+    stages = stages_of(2)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4)
+    got = float(g.step(x, y))
+    np.testing.assert_allclose(got, float(want), rtol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_run_with_a_last_smaller_batch_and_a_single_stage():
+    batches = data(2) + data(1, rows=6, seed=5)  # the last batch: another layout
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1), batches)
+    stages = stages_of(2)
+    one = nn.Sequential(*stages)  # one stage: gradient accumulation over micro-batches
+    g = Pipe([one], optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    got = [float(loss) for loss in g.run(batches)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_dataloader_and_a_scheduler_stepped_once_per_batch():
+    from actorflow.data import DataLoader, TensorDataset
+
+    rows = np.concatenate([x for x, _ in data(3)]), np.concatenate([y for _, y in data(3)])
+    ref = stages_of(2)
+    opt = optim.SGD(params_of(ref), lr=0.2)
+    sch = optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    batches = [(rows[0][i : i + 16], rows[1][i : i + 16]) for i in (0, 16, 32)]
+    want = eager_steps(ref, opt, batches, after=sch.step)
+    stages = stages_of(2)
+    opt2 = optim.SGD(params_of(stages), lr=0.2)
+    g = Pipe(stages, micro_batches=4)
+    g.add_optimizer(opt2, lr_sch=optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5))
+    loader = DataLoader(TensorDataset(*rows), batch_size=16, workers=2)
+    got = [float(v) for v in g.run(loader)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.2 * 0.5**3)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [("cuda:0", "cuda:0"), ("cpu", "cuda:0")])
+def test_stages_on_a_cuda_device_train_as_on_the_cpu(emu, devices):
+    """On the CUDA emulator: each stage on its parameters' device (the registers between
+    them on the host), the same training as one eager process on the cpu."""
+    emu()
+    batches = data(2)
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.Adam(params_of(ref), lr=1e-2), batches)
+    stages = [s.to(d) for s, d in zip(stages_of(2), devices, strict=True)]
+    g = Pipe(stages, optim.Adam(params_of(stages), lr=1e-2), micro_batches=4)
+    got = [float(loss) for loss in g.run(batches)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        assert str(b.device) in devices
+        np.testing.assert_allclose(b.cpu().numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -- the order of acts and what each stage holds -----------------------------------------
+
+
+def seeded_batch(g, seed, trace=None):
+    """One batch under a seeded serial schedule, forwards taking 1 and backwards 2
+    simulated seconds: the order of acts then follows from the registers and tokens."""
+    g.pipelined.sim_time = (1.0, 2.0)
+    with af.testing.seeded(seed):
+        return [float(v) for v in g.run(data(1), trace=trace)]
+
+
+@pytest.mark.parametrize("n,m", [(2, 4), (3, 4), (3, 8)])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_default_registers_give_1f1b(n, m, seed, tmp_path):
+    stages = stages_of(n)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m)
+    seeded_batch(g, seed, trace=tmp_path / "run.json")
+    got = per_stage(g.pipelined.acts, n)
+    for i in range(n):
+        assert got[i] == order_1f1b(n - i, m), f"stage {i}"
+    assert held_counts(g.pipelined.acts, n) == [min(n - i, m) for i in range(n)]
+    assert g.pipelined.peak_held == [min(n - i, m) for i in range(n)]
+    # the run's trace says the same order, act by act
+    evs = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+    acts = sorted(
+        (e["ts"], names[e["tid"]], e["args"]["piece"])
+        for e in evs
+        if e.get("cat") == "act" and names.get(e.get("tid"), "").startswith("stage")
+    )
+    from_trace = []
+    for _, name, piece in acts:
+        stage, kind = name.split(".")
+        s = int(stage[len("stage") :])
+        from_trace += [(s, k, piece) for k in {"forward": "F", "backward": "B"}.get(kind, "FB")]
+    assert from_trace == g.pipelined.acts
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_micro_batch_held_degenerates_to_gpipe(n):
+    m = 4
+    stages = stages_of(n)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m, stage_buffers=[m] * n)
+    seeded_batch(g, 1)
+    got = per_stage(g.pipelined.acts, n)
+    gpipe = [f"F{j}" for j in range(m)] + [f"B{j}" for j in range(m)]
+    for i in range(n - 1):  # (the last stage's act is its forward and backward at once)
+        assert got[i] == gpipe, f"stage {i}"
+    assert g.pipelined.peak_held == [m] * (n - 1) + [1]
+
+
+@pytest.mark.parametrize("buffers", [None, [1, 1, 1], [2, 1, 1], [4, 3, 1], [1, 3, 2]])
+def test_a_stage_never_holds_more_than_its_registers(buffers, tmp_path):
+    """On threads (no schedule imposed), over several batches: what each stage holds,
+    counted from its acts, in micro-batches and in saved bytes, and its forward and
+    backward never acting at once (the stage's token), from the trace."""
+    m, rows = 6, 12
+    stages = stages_of(3)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.05), micro_batches=m, stage_buffers=buffers)
+    k = buffers or [3, 2, 1]
+    w, size = WIDTHS, rows // m
+    one = [size * (w[i] + w[i + 1]) * 4 for i in range(3)]  # (see the test below)
+    for x, y in data(3, rows=rows):
+        trace = tmp_path / "run.json"
+        list(g.run([(x, y)], trace=trace))
+        counted = held_counts(g.pipelined.acts, 3)
+        assert all(c <= b for c, b in zip(counted, k, strict=True)), (counted, k)
+        assert all(c <= b for c, b in zip(g.pipelined.peak_held, k, strict=True))
+        assert all(s <= b * o for s, b, o in zip(g.pipelined.peak_saved_bytes, k, one, strict=True))
+        assert sorted(g.pipelined.acts) == sorted(
+            (s, kind, j) for s in range(3) for kind in "FB" for j in range(m)
+        )
+        evs = json.loads(trace.read_text())["traceEvents"]
+        names = {e["tid"]: e["args"]["name"] for e in evs if e.get("name") == "thread_name"}
+        for i in range(3):
+            spans = sorted(
+                (e["ts"], e["ts"] + e["dur"])
+                for e in evs
+                if e.get("cat") == "act" and names[e["tid"]].startswith(f"stage{i}.")
+            )
+            assert len(spans) == (2 * m if i < 2 else m)
+            for (_, end), (start, _) in itertools.pairwise(spans):
+                assert start >= end - 1e-3, f"stage {i}: two acts at once"
+
+
+@pytest.mark.parametrize("buffers", [None, [4, 4, 4], [2, 2, 1]])
+def test_peak_saved_activations_per_stage_equal_the_plan(buffers):
+    """Stage i holds k_i micro-batches at its peak; each saves its Linear's input and its
+    Tanh's output (the last stage: its Linear's input and the loss's difference), counted
+    by hand here: the peak of saved bytes is k_i times that."""
+    m, rows = 4, 16
+    size = rows // m
+    stages = stages_of(3)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m, stage_buffers=buffers)
+    seeded_batch(g, 2)
+    k = [min(b, m) for b in (buffers or [3, 2, 1])]
+    k[-1] = 1  # (the last stage's forward and backward are one act)
+    w = WIDTHS
+    one = [size * (w[0] + w[1]) * 4, size * (w[1] + w[2]) * 4, size * (w[2] + w[3]) * 4]
+    assert g.pipelined.peak_held == k
+    assert g.pipelined.peak_saved_bytes == [ki * b for ki, b in zip(k, one, strict=True)]
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class Fails(nn.Module):
+    """Raises on the forward of micro-batch ``at`` in training mode (counted per call; the
+    graph runs each stage once in eval mode on one row to learn its output's layout)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at + 1:
+                raise ValueError("this stage failed")
+        return x
+
+
+def test_a_failing_stage_names_itself_and_the_micro_batch_and_updates_nothing():
+    stages = stages_of(3)
+    bad = Fails(at=2)
+    stages[1] = nn.Sequential(stages[1], bad)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4)
+    before = [p.numpy().copy() for p in params_of(stages)]
+    (x, y), later = data(2)
+    with pytest.raises(ActorError) as e:
+        g.step(x, y)
+    assert e.value.actor == "stage1.forward" and e.value.piece == 2
+    assert isinstance(e.value.original, ValueError)
+    for a, p in zip(before, params_of(stages), strict=True):
+        assert np.array_equal(a, p.numpy())
+        assert p.grad is None
+    # the next batch trains as usual
+    bad.at = -1
+    assert np.isfinite(float(g.step(*later)))
+    after = [p.numpy() for p in params_of(stages)]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+class SpoilsItsBackward(nn.Module):
+    """On micro-batch ``at`` (in training mode) writes over a tensor its own backward
+    reads, so that backward raises."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        h = x * 1.0
+        y = h * h
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at + 1:
+                with af.no_grad():
+                    h.add_(1.0)
+        return y
+
+
+def test_a_failing_backward_names_itself_and_updates_nothing():
+    stages = stages_of(3)
+    stages[1] = nn.Sequential(stages[1], SpoilsItsBackward(at=1))
+    g = Pipe(stages, optim.Adam(params_of(stages), lr=0.1), micro_batches=4)
+    before = [p.numpy().copy() for p in params_of(stages)]
+    with pytest.raises(ActorError) as e:
+        g.step(*data(1)[0])
+    assert e.value.actor == "stage1.backward" and e.value.piece == 1
+    assert "modified" in str(e.value.original), e.value.original
+    for a, p in zip(before, params_of(stages), strict=True):
+        assert np.array_equal(a, p.numpy())
+        assert p.grad is None
+
+
+def test_a_failing_loss_names_the_last_stage():
+    class BadLoss(Pipe):
+        def build(self, out, y):
+            return out  # not a one-element loss
+
+    stages = stages_of(2)
+    g = BadLoss(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    with pytest.raises(ActorError, match="one-element") as e:
+        g.step(*data(1)[0])
+    assert e.value.actor == "stage1.forward_backward" and e.value.piece == 0
+
+
+def test_more_micro_batches_than_rows_is_refused():
+    stages = stages_of(2)
+    g = Pipe(stages, micro_batches=8)
+    x, y = data(1, rows=5)[0]
+    with pytest.raises(ValueError, match=r"x has 5 rows .* micro_batches=8"):
+        g.step(x, y)
+    with pytest.raises(ValueError, match="rest leaf 0 has shape"):
+        g.step(np.zeros((8, WIDTHS[0]), np.float32), y)
+
+
+SHARED = nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(stages=[]), "non-empty list of modules"),
+        (dict(stages=[nn.Linear(2, 2), "relu"]), "stage 1 is a str"),
+        (dict(stages=[nn.Linear(2, 2)], micro_batches=0), "micro_batches=0"),
+        (
+            dict(stages=[nn.Linear(2, 2), nn.Linear(2, 2)], stage_buffers=[1]),
+            "one whole number >= 1 per stage",
+        ),
+        (dict(micro_batches=4), "give stages="),
+        (dict(stages=[SHARED, nn.Sequential(nn.Tanh(), SHARED)]), "in stage 0 and in stage 1"),
+    ],
+)
+def test_bad_pipeline_arguments_are_refused(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        nn.Graph(**kw)
+
+
+def test_run_options_of_a_traced_step_are_refused():
+    g = Pipe(stages_of(2), micro_batches=2)
+    with pytest.raises(PlanError, match=r"run\(fused=True\)"):
+        next(iter(g.run(data(1), fused=True)))
