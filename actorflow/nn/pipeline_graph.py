@@ -240,6 +240,7 @@ class PipelineStep:
             for out in g.run(feed=items, trace=trace):
                 losses.append(float(out))
         except BaseException:
+            g.join()  # (an act the stop abandoned may still be writing a gradient)
             for p in params:  # (the batch's gradients are dropped: nothing steps)
                 p.grad = None
             raise
