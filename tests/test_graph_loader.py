@@ -3,6 +3,8 @@ the step's actor graph, so a batch goes sampler -> load -> the input register ->
 actors: copied once into the register, never through a tensor, and a seeded schedule runs
 it on one loop without a hang."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -249,12 +251,23 @@ def test_a_second_run_while_one_goes_on_is_refused_and_leaves_the_first_its_load
     (m1, o1), (m2, o2) = twins()
     want = step_losses(m1, o1, [(x[i : i + 8], y[i : i + 8]) for i in range(0, 40, 8)])
     step = TrainStep(m2, o2)
-    first = DataLoader(TensorDataset(x, y), batch_size=8)
+    held = threading.Event()  # the first run cannot end before the second is refused
+
+    class Held(TensorDataset):
+        def __getitem__(self, i):
+            if i >= 16:
+                assert held.wait(60)
+            return super().__getitem__(i)
+
+    first = DataLoader(Held(x, y), batch_size=8)
     other = DataLoader(TensorDataset(x * 100, y), batch_size=8)  # same kind of loader
     run = step.run(first)
     got = [float(next(run))]
-    with pytest.raises(RuntimeError, match="still going"):
-        next(step.run(other))
+    try:
+        with pytest.raises(RuntimeError, match="still going"):
+            next(step.run(other))
+    finally:
+        held.set()
     got += [float(v) for v in run]
     assert got == want  # every batch from the first loader
 
