@@ -22,6 +22,9 @@ raised here (the same type, the same words) when such a part is read. Moves go b
 workers through shared memory. A worker that dies is an ``ActorError`` naming the placement,
 the rank and the exit code at the next use of the placement; the others are shut down, and
 the placement gets new workers the next time. Which kind ``ranks_of`` makes: ``use_ranks``.
+
+``HeldRanks`` is what process ranks and Ray ranks (``ray_ranks.RayRanks``: each rank a Ray
+actor) share, the controller's side; they differ only in how commands and parts travel.
 """
 
 from __future__ import annotations
@@ -688,12 +691,14 @@ def ranks_of(placement: Placement) -> Ranks:
 
 class use_ranks:
     """Which kind of ranks a placement runs on from now: ``"inline"`` (the default: every
-    rank's parts in this process, computed one rank after another) or ``"processes"``
-    (each rank a kept worker process, computing in parallel). A plain call sets it; as a
-    context manager, the kind before comes back at the end of the block. Global tensors
-    keep the ranks they were made on (conversions within their placement too); an op on
-    tensors of one placement held by different ranks brings them onto one (the largest's,
-    through this process), so a backward after the block stays on the process ranks.
+    rank's parts in this process, computed one rank after another), ``"processes"``
+    (each rank a kept worker process, computing in parallel) or ``"ray"`` (each rank a Ray
+    actor, on this machine or spread over a Ray cluster's nodes: ``ray_ranks``). A plain
+    call sets it; as a context manager, the kind before comes back at the end of the
+    block. Global tensors keep the ranks they were made on (conversions within their
+    placement too); an op on tensors of one placement held by different ranks brings them
+    onto one (the largest's, through this process), so a backward after the block stays on
+    the process ranks.
 
     Example: ``with af.parallel.use_ranks("processes"): ...``"""
 
