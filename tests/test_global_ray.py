@@ -3,6 +3,8 @@ on inline ranks; an error in an actor comes back as the same exception at the re
 part; a killed actor is an ActorError naming its rank; close() kills the actors. On a local
 Ray cluster the module starts (2 CPUs); skipped where Ray is not installed."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,19 @@ def held(kind, t):
     """Checks ``t`` is on ranks of ``kind``; returns its whole value."""
     assert isinstance(t._impl.blob.ranks, KINDS[kind])
     return t.numpy()
+
+
+def dead(actor, within=30.0):
+    """Whether a call on ``actor`` fails as on a dead actor within ``within`` seconds (Ray
+    kills an actor asynchronously: a call made at once may still run)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            ray.get(actor.ready.remote(), timeout=within)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def data(shape, seed=0, dtype=np.float32):
@@ -303,14 +318,29 @@ def test_a_killed_actor_is_an_actor_error_naming_the_rank(how):
         assert "Ray actor" in msg and "died" in msg
         with pytest.raises(ActorError, match="rank 1"):  # and again at the next use
             (x * 2).numpy()
-        for a in actors:  # the other actors were killed
-            with pytest.raises(ray.exceptions.RayActorError):
-                ray.get(a.ready.remote(), timeout=30)
+        assert all(dead(a) for a in actors)  # the other actors were killed
         again = ranks_of(p)  # new actors for the placement
         assert again is not ranks
         y = af.tensor(data((6, 2))).to_global(p, S0)
         assert np.array_equal((y + 1).numpy(), data((6, 2)) + 1)
         again.close()
+
+
+def test_an_actor_killed_while_another_waits_for_its_part():
+    """Rank 1 waits for rank 0's part (a move) when rank 0 is killed: rank 1 is not left
+    waiting, and the read names rank 0."""
+    with use_ranks("ray"):
+        p = af.placement("cpu", ranks=[10, 11])
+        x = af.tensor(data((1000, 1000))).to_global(p, S0)
+        w = af.tensor(data((1000, 1000), 1)).to_global(p, B)
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        y = (x @ w @ w @ w @ w).to_global(sbp=B)  # (rank 0 busy, then its part moved)
+        ranks._flush()
+        ray.kill(ranks.actors[0])
+        with pytest.raises(ActorError, match=r"rank 0 of placement.*Ray actor .* died"):
+            af.parallel.to_local(y, 1)  # (or, if it was sent before the kill, the next op)
+            (x + 1).numpy()
 
 
 def test_close_kills_the_actors_and_the_placement_starts_new_ones():
@@ -323,9 +353,7 @@ def test_close_kills_the_actors_and_the_placement_starts_new_ones():
     assert len(set(ranks.pids)) == 2 and len(ranks.nodes) == 2
     actors = ranks.actors
     ranks.close()
-    for a in actors:
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(a.ready.remote(), timeout=30)
+    assert all(dead(a) for a in actors)
     with pytest.raises(DeviceError, match="Ray ranks .* were closed"):
         ranks.put(0, af.tensor(data((3,)))._impl)
 

@@ -276,6 +276,7 @@ class RayRanks(HeldRanks):
         why = next(
             (s for s in lines if s.startswith("The actor is dead")), lines[0] if lines else ""
         )
+        why = why.split(" Some common causes")[0][:300]  # (Ray's guesses at why: left out)
         original = WorkerDied(
             f"its Ray actor (pid {pid}, node {str(node)[:8]}) died ({type(err).__name__}: "
             f"{why}); the global tensors on the placement are lost (its other actors were "
