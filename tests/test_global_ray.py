@@ -3,6 +3,7 @@ on inline ranks; an error in an actor comes back as the same exception at the re
 part; a killed actor is an ActorError naming its rank; close() kills the actors. On a local
 Ray cluster the module starts (2 CPUs); skipped where Ray is not installed."""
 
+import operator
 import time
 
 import numpy as np
@@ -281,6 +282,27 @@ def test_an_actor_error_is_raised_at_the_read_and_the_ranks_go_on():
         with pytest.raises(TypeError, match="do not pickle"):
             ranks.get(1, bad)
         assert np.array_equal((x * 2).numpy(), data((4, 3)) * 2)
+
+
+class LoadsBadly:
+    """Pickles here, fails to load in the actor."""
+
+    def __reduce__(self):
+        return (operator.attrgetter("no_such_attribute"), (0,))
+
+
+def test_commands_an_actor_cannot_load_fail_its_rank_with_a_clear_error():
+    with use_ranks("ray"):
+        p = af.placement("cpu", ranks=[12, 13])
+        ranks = ranks_of(p)
+        x = af.tensor(data((4, 3))).to_global(p, B)
+        part = parts_of(x._impl)[1]
+        bad = ranks.call(1, op_def("add"), [part, part], {"alpha": LoadsBadly()})[0]
+        with pytest.raises(ActorError, match=r"rank 1 of .*could not load its commands"):
+            ranks.get(1, bad)
+        y = af.tensor(data((4, 3))).to_global(p, B)  # new actors
+        assert np.array_equal((y * 2).numpy(), data((4, 3)) * 2)
+        ranks_of(p).close()
 
 
 def test_part_metas_are_the_actors():

@@ -20,7 +20,8 @@ the transport differs:
   sent once;
 - a put of a large tensor is ``ray.put`` once for every rank it goes to; a small one goes
   inside the call;
-- a Ray actor that died (``ray.kill``, its process killed, its node lost) is an
+- a Ray actor that died (``ray.kill``, its process killed, its node lost), or that could
+  not load a batch (an op pickled by reference to a module it cannot import), is an
   ``ActorError`` naming the placement and the rank at the next answer awaited (every
   ``ray.get`` has a timeout), and the placement's other actors are killed; the next use of
   the placement starts new ones. ``close()`` kills the actors.
@@ -34,7 +35,6 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-import traceback
 import weakref
 from typing import Any
 
@@ -75,27 +75,30 @@ class RankActor:
         W.limit_threads(threads)
         self.rank = rank
         self.ex = W.Executor(threads)
+        self.broken: str | None = None  # why, once a batch could not be loaded
 
     def ready(self) -> tuple:
         import ray
 
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def run(self, data: bytes, refs: list) -> Any:
         """Runs a batch of commands (pickled; ``refs``: the Ray objects its ``PUT``s and
         ``RECV``s read, by index); returns ``[None, answer, ...]``, an answer per
         ``SEND``, ``GET``, ``META`` and ``PING`` in order (None when there is none)."""
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
         try:
             batch = pickle.loads(data)
-        except BaseException:  # (nothing after it could be run in step)
-            traceback.print_exc()
-            print(
-                "actorflow: a rank's Ray actor could not load its commands (an op or "
-                "attribute pickled by reference to a module it cannot import?); it ends",
-                file=sys.stderr,
-                flush=True,
+        except BaseException as e:  # (nothing after it can run in step: its parts are lost)
+            self.broken = (
+                f"rank {self.rank}'s Ray actor could not load its commands "
+                f"({type(e).__name__}: {e}; an op or attribute pickled by reference to a "
+                f"module it cannot import?)"
             )
-            os._exit(1)
+            raise RuntimeError(self.broken) from None
         ex = self.ex
         outs: list = [None]
         for cmd in batch:
@@ -150,8 +153,8 @@ class RankActor:
                     f"rank {src} did not send its part within {W.WAIT_S:.0f} s"
                 )
                 return ex.fail([out_id], W.error_bytes(err))
-            except ray.exceptions.RayActorError:
-                err = W.PeerGone(f"the Ray actor of rank {src} died before it sent its part")
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+                err = W.PeerGone(f"the Ray actor of rank {src} failed before it sent its part")
                 return ex.fail([out_id], W.error_bytes(err))
             if isinstance(got, tuple):  # ("error", ...): the source's part held it
                 return ex.fail([out_id], got[1])
@@ -272,15 +275,20 @@ class RayRanks(HeldRanks):
         """Rank ``rank``'s actor died: the placement's actors are killed and the error
         raised (and again at every later use)."""
         pid, node = self._where[rank] if rank < len(self._where) else (None, "")
-        lines = [s.strip() for s in str(err).splitlines() if s.strip()]
-        why = next(
-            (s for s in lines if s.startswith("The actor is dead")), lines[0] if lines else ""
-        )
-        why = why.split(" Some common causes")[0][:300]  # (Ray's guesses at why: left out)
+        cause = getattr(err, "cause", None)  # (an error its call raised: RayTaskError)
+        if isinstance(err, self._ray.exceptions.RayTaskError) and cause is not None:
+            how = f"failed ({type(cause).__name__}: {cause}), and its actor was killed"
+        else:
+            lines = [s.strip() for s in str(err).splitlines() if s.strip()]
+            why = next(
+                (s for s in lines if s.startswith("The actor is dead")), lines[0] if lines else ""
+            )
+            why = why.split(" Some common causes")[0][:300]  # (Ray's guesses at why: left out)
+            how = f"died ({type(err).__name__}: {why})"
         original = WorkerDied(
-            f"its Ray actor (pid {pid}, node {str(node)[:8]}) died ({type(err).__name__}: "
-            f"{why}); the global tensors on the placement are lost (its other actors were "
-            f"killed); the next use of the placement starts new actors"
+            f"its Ray actor (pid {pid}, node {str(node)[:8]}) {how}; the global tensors on "
+            f"the placement are lost (its other actors were killed); the next use of the "
+            f"placement starts new actors"
         )
         self._failed = (f"rank {rank} of {self.placement!r}", None, original)
         self._shutdown()
@@ -296,7 +304,7 @@ class RayRanks(HeldRanks):
             if ref in done:
                 try:
                     ray.get(ref, timeout=1.0)
-                except ray.exceptions.RayActorError as e:
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
                     self._died(r, e)
                 except Exception:  # noqa: BLE001, S110 - alive (busy, or slow to answer)
                     pass
