@@ -227,6 +227,7 @@ class HeldRanks(Ranks):
     ``_find_dead``, ``move``, ``put``, ``get``)."""
 
     words = "held ranks"  # what the kind is called in messages
+    members = "ranks"  # and what its ranks are
 
     def __init__(self, placement: Placement, threads: int | None = None) -> None:
         self.placement = placement
@@ -274,7 +275,8 @@ class HeldRanks(Ranks):
         if self.closed:
             raise DeviceError(
                 f"the {self.words} of {self.placement!r} were closed (close()); its global "
-                f"tensors are gone with them: make new ones (the placement starts new ranks)"
+                f"tensors are gone with them: make new ones (the placement starts new "
+                f"{self.members})"
             )
         if not self._started():
             self._start()
@@ -388,6 +390,7 @@ class ProcessRanks(HeldRanks):
 
     kind = "processes"
     words = "process ranks"
+    members = "workers"
 
     def __init__(self, placement: Placement, threads: int | None = None) -> None:
         if placement.type != "cpu":
