@@ -196,6 +196,7 @@ class RayRanks(HeldRanks):
 
     kind = "ray"
     words = "Ray ranks"
+    members = "actors"
 
     def __init__(
         self,
