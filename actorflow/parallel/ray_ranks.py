@@ -47,9 +47,10 @@ from ..runtime.sched.processes import WorkerDied
 from ..sbp import Placement
 from ..tensor.meta import contiguous_meta
 from . import workers as W
-from .ranks import _COPY, NO_ATTRS, HeldRanks, _nbytes, _pickled, _rank_error
+from .ranks import _COPY, BATCH, NO_ATTRS, HeldRanks, _nbytes, _pickled, _rank_error
 
 START_S = 60.0  # how long the actors of a placement may take to start
+FLUSH_BYTES = 8 << 20  # bytes of work (outputs, moves, puts) kept before they are sent
 # Ray options of the ranks' actors: spread over the cluster's nodes (on one node: processes
 # there); RayRanks(options=...) adds to them (num_cpus, resources, a node's affinity)
 ACTOR_OPTIONS: dict = {"scheduling_strategy": "SPREAD"}
@@ -316,6 +317,13 @@ class RayRanks(HeldRanks):
         self._finalizer()
 
     # -- commands --------------------------------------------------------------------------
+
+    def _after(self, rank: int, work: int) -> None:
+        """Sends what is kept once ``FLUSH_BYTES`` of work or a batch of ``BATCH``
+        commands is (a call costs more than a pipe's write: larger batches)."""
+        self._work += work
+        if self._work >= FLUSH_BYTES or len(self._pending[rank]) >= BATCH:
+            self._flush()
 
     def _flush(self) -> None:
         """One call per rank with commands kept, up to the first ``RECV`` whose part's
