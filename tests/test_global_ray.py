@@ -131,6 +131,33 @@ def test_every_boxing_conversion(k):
     assert np.array_equal(got[0], data((5, 7), 4))
 
 
+def test_in_place_dynamic_shapes_factories_dtypes():
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(data((5, 3), 12)).to_global(p, S0)
+        x.add_(1)
+        x.mul_(x)
+        nz = af.nonzero(x.to_global(sbp=B) > 2)  # a shape only the ranks know
+        z = af.zeros(5, 4, device=af.sbp.layout(p, (S1,)))
+        r = af.arange(7, device=af.sbp.layout(p, (S0,)))
+        af.manual_seed(3)
+        rn = af.randn(5, 3, device=af.sbp.layout(p, (S0,)))
+        drop = af.nn.functional.dropout(x, 0.5, training=True)
+        return [
+            held(kind, x),
+            held(kind, nz),
+            held(kind, z),
+            held(kind, r),
+            held(kind, rn),
+            held(kind, drop),
+            ((x * 10).to(af.int32) // 3).numpy(),
+            (x.to(af.bfloat16) * 3).numpy(),
+        ]
+
+    got = both(program)
+    assert got[1].shape[1] == 2
+
+
 def test_large_parts_and_in_place_writes():
     """Parts past the size that goes inside a call (puts and moves through Ray's object
     store): the same bits, and a tensor put on every rank once is each rank's own."""
