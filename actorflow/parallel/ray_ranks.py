@@ -243,6 +243,20 @@ class RayRanks(HeldRanks):
     def _started(self) -> bool:
         return bool(self._actors)
 
+    def _live(self) -> None:
+        if self._actors and self._failed is None and not self._ray.is_initialized():
+            self._failed = (
+                f"the Ray ranks of {self.placement!r}",
+                None,
+                RuntimeError(
+                    "Ray was shut down (ray.shutdown()) since their actors started: the "
+                    "global tensors on the placement are lost; the next use of the "
+                    "placement starts new actors"
+                ),
+            )
+            self._shutdown()
+        super()._live()
+
     def _start(self) -> None:
         ray = self._ray
         if not ray.is_initialized():
