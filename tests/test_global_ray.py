@@ -417,3 +417,7 @@ def test_use_ranks_selection_and_errors():
         use_ranks("threads")
     with pytest.raises(DeviceError, match="type 'cpu'"):
         RayRanks(af.placement("null", ranks=2))
+    ranks = RayRanks(af.placement("cpu", ranks=2), options={"num_cpus": 64}, start_timeout=1)
+    with pytest.raises(DeviceError, match="did not start the 2 actors .* within 1 s"):
+        ranks.put(0, af.tensor(data((3,)))._impl)
+    assert not ranks.actors  # (the ones made were killed)

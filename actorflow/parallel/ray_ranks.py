@@ -280,7 +280,8 @@ class RayRanks(HeldRanks):
                 f"{self.placement!r}: Ray did not start the {self.size} actors of its ranks "
                 f"within {self.start_timeout:.0f} s (options {self.options}; Ray's free "
                 f"resources: {ray.available_resources()}): free what other Ray actors hold, "
-                f"or ask less (RayRanks(placement, options={{'num_cpus': 0}}))"
+                f"or ask less (af.parallel.ray_ranks.ACTOR_OPTIONS, or RayRanks(placement, "
+                f"options=...))"
             ) from None
         except BaseException:
             self._finalizer()
