@@ -4,6 +4,7 @@ part; a killed actor is an ActorError naming its rank; close() kills the actors.
 Ray cluster the module starts (2 CPUs); skipped where Ray is not installed."""
 
 import operator
+import sys
 import time
 
 import numpy as np
@@ -407,7 +408,7 @@ def test_close_kills_the_actors_and_the_placement_starts_new_ones():
         ranks.put(0, af.tensor(data((3,)))._impl)
 
 
-def test_use_ranks_selection_and_errors():
+def test_use_ranks_selection_and_errors(monkeypatch):
     with use_ranks("ray"):
         assert af.parallel.ranks.KIND[0] == "ray"
         p = af.placement("cpu", ranks=2)
@@ -421,3 +422,6 @@ def test_use_ranks_selection_and_errors():
     with pytest.raises(DeviceError, match="did not start the 2 actors .* within 1 s"):
         ranks.put(0, af.tensor(data((3,)))._impl)
     assert not ranks.actors  # (the ones made were killed)
+    monkeypatch.setitem(sys.modules, "ray", None)  # (as where Ray is not installed)
+    with use_ranks("ray"), pytest.raises(ImportError, match=r"pip install 'actorflow\[ray\]'"):
+        ranks_of(af.placement("cpu", ranks=[20, 21]))
