@@ -1,7 +1,8 @@
 """Global tensors: one tensor laid out over a placement's ranks by an SBP (see ``sbp.py``);
 ops on them run on every rank's part (``interpreter``), conversions between layouts are
 boxing (``boxing``), what each op accepts is its SBP rule (``rules``), and who holds the
-parts is a ``Ranks`` (``ranks``): kept in this process, or worker processes (``use_ranks``)."""
+parts is a ``Ranks`` (``ranks``): kept in this process, worker processes, or Ray actors
+(``ray_ranks``) (``use_ranks``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from typing import Any
 from ..sbp import Placement
 from ..tensor.tensor import Tensor, wrap
 from .interpreter import convert, part, to_layout
-from .ranks import InlineRanks, ProcessRanks, ranks_of, use_ranks
+from .ranks import KINDS, InlineRanks, ProcessRanks, ranks_of, use_ranks
 from .recording import Recording, record
+
+
+def _ray_ranks(placement: Placement) -> Any:
+    """Ray ranks (``ray_ranks``), imported (and Ray with them) only when a placement first
+    runs on them."""
+    from .ray_ranks import RayRanks
+
+    return RayRanks(placement)
+
+
+KINDS["ray"] = _ray_ranks
 
 
 def to_global(x: Tensor, placement: Placement | None = None, sbp: Any = None) -> Tensor:

@@ -22,6 +22,9 @@ raised here (the same type, the same words) when such a part is read. Moves go b
 workers through shared memory. A worker that dies is an ``ActorError`` naming the placement,
 the rank and the exit code at the next use of the placement; the others are shut down, and
 the placement gets new workers the next time. Which kind ``ranks_of`` makes: ``use_ranks``.
+
+``HeldRanks`` is what process ranks and Ray ranks (``ray_ranks.RayRanks``: each rank a Ray
+actor) share, the controller's side; they differ only in how commands and parts travel.
 """
 
 from __future__ import annotations
@@ -213,7 +216,172 @@ def _stand_in(meta: TensorMeta) -> TensorImpl:
     return TensorImpl(meta, _STAND_IN[0])
 
 
-class ProcessRanks(Ranks):
+class HeldRanks(Ranks):
+    """The controller's side of ranks whose parts are held elsewhere (a kept worker process
+    per rank: ``ProcessRanks``; a Ray actor per rank: ``ray_ranks.RayRanks``): ``Part``
+    handles with ids and the local metas worked out here (an op's ``infer``, views on a
+    stand-in), commands kept per rank and sent in batches without waiting, the parts
+    collected here dropped there, the errors a rank kept on parts raised at their read, a
+    rank gone an ``ActorError`` naming it. What differs is the transport: how the batches,
+    puts, moves and answers travel (``_start``, ``_flush``, ``_request``, ``_stop``,
+    ``_find_dead``, ``move``, ``put``, ``get``)."""
+
+    words = "held ranks"  # what the kind is called in messages
+    members = "ranks"  # and what its ranks are
+
+    def __init__(self, placement: Placement, threads: int | None = None) -> None:
+        self.placement = placement
+        self.size = k = placement.size
+        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // k)
+        self._dev = device("cpu")
+        self._pending: list = [[] for _ in range(k)]
+        self._drops: deque = deque()
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._refs: dict = {}
+        self._work = 0  # bytes of work kept (not sent yet)
+        self._failed: tuple | None = None  # (ActorError's arguments) once a rank died
+        self.closed = False
+
+    # -- the transport ---------------------------------------------------------------------
+
+    def _started(self) -> bool:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _flush(self) -> None:
+        raise NotImplementedError
+
+    def _request(self, rank: int, cmd: tuple) -> tuple:
+        """Sends everything kept, then ``cmd`` to ``rank``; returns its answer (a kept
+        error raised here)."""
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        """Ends the ranks (their parts are gone)."""
+        raise NotImplementedError
+
+    def _find_dead(self) -> None:
+        """A rank said another ended: that one's error."""
+        raise NotImplementedError
+
+    # -- the ranks -------------------------------------------------------------------------
+
+    def _live(self) -> None:
+        if self._failed is not None:
+            raise _rank_error(*self._failed)
+        if self.closed:
+            raise DeviceError(
+                f"the {self.words} of {self.placement!r} were closed (close()); its global "
+                f"tensors are gone with them: make new ones (the placement starts new "
+                f"{self.members})"
+            )
+        if not self._started():
+            self._start()
+
+    def _shutdown(self) -> None:
+        self.closed = True
+        if _GROUPS.get((self.kind, self.placement)) is self:
+            del _GROUPS[(self.kind, self.placement)]
+        self._stop()
+
+    def close(self) -> None:
+        """Ends the ranks (their parts are gone; the placement starts new ones when used
+        again)."""
+        with self._lock:
+            self._shutdown()
+
+    # -- commands --------------------------------------------------------------------------
+
+    def _issue(self, rank: int, cmd: tuple) -> None:
+        self._pending[rank].append(cmd)
+
+    def _after(self, rank: int, work: int) -> None:
+        """Sends what is kept once ``FLUSH_BYTES`` of work or a batch of ``BATCH``
+        commands is; anything that waits for a rank sends it all first."""
+        self._work += work
+        if self._work >= FLUSH_BYTES or len(self._pending[rank]) >= BATCH:
+            self._flush()
+
+    def _raise(self, err: bytes) -> None:
+        words, tb, data = pickle.loads(err)
+        try:
+            error = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - pickled there, not loadable here: its words
+            error = RuntimeError(words)
+        if isinstance(error, W.PeerGone):
+            self._find_dead()
+        error.__cause__ = RemoteTraceback(tb)
+        raise error
+
+    def _ref(self, op: Any) -> Any:
+        ref = self._refs.get(op)
+        if ref is None:
+            try:
+                ref = op.name if op_def(op.name) is op else op
+            except KeyError:
+                ref = op
+            self._refs[op] = ref
+        return ref
+
+    def _part(self, rank: int, meta: Any, dtype: Any) -> Part:
+        return Part(rank, next(self._ids), meta, dtype, self._drops)
+
+    # -- the interface ---------------------------------------------------------------------
+
+    def device(self, rank: int) -> Device:
+        return self._dev
+
+    def meta(self, part: Any) -> Any:
+        if part.meta is None:
+            with self._lock:
+                self._live()
+                _, shape, strides, offset = self._request(part.rank, (W.META, part.id))
+                part.meta = TensorMeta(shape, part.dtype, self._dev, strides, offset)
+        return part.meta
+
+    def call(self, rank: int, op: Any, ins: list, attrs: dict, outs: list | None = None) -> list:
+        with self._lock:
+            self._live()
+            ref = self._ref(op)
+            in_ids = [p.id for p in ins]
+            if outs is not None:
+                self._issue(rank, (W.CALL, ref, in_ids, attrs, [o.id for o in outs], None, True))
+                self._after(rank, sum(_nbytes(o.meta) for o in outs))
+                return outs
+            metas = [self.meta(p) for p in ins]
+            made = [
+                self._part(
+                    rank, None if shape is None else contiguous_meta(shape, dtype, self._dev), dtype
+                )
+                for shape, dtype in op.infer(metas, attrs)
+            ]
+            dev = None if ins else self._dev
+            self._issue(rank, (W.CALL, ref, in_ids, attrs, [p.id for p in made], dev, False))
+            self._after(rank, sum(_nbytes(p.meta) for p in made))
+            return made
+
+    def view(self, rank: int, name: str, part: Any, *args: Any) -> Any:
+        with self._lock:
+            self._live()
+            m = VIEWS[name](_stand_in(self.meta(part)), *args).meta
+            out = self._part(rank, m._replace(device=self._dev), m.dtype)
+            self._issue(rank, (W.VIEW, name, part.id, args, out.id))
+            self._after(rank, 0)
+            return out
+
+    def synchronize(self) -> None:
+        """Waits until every worker has run every command sent so far."""
+        with self._lock:
+            self._live()
+            self._flush()
+            for r in range(self.size):
+                self._request(r, (W.PING,))
+
+
+class ProcessRanks(HeldRanks):
     """Each rank a kept worker process (see the module doc), started at the first use and
     ended by ``close()``, garbage collection or the interpreter's exit. ``threads``: the
     CPU threads of each worker (its eager runtime's, and BLAS's where threadpoolctl is
@@ -221,6 +389,8 @@ class ProcessRanks(Ranks):
     workers' process ids."""
 
     kind = "processes"
+    words = "process ranks"
+    members = "workers"
 
     def __init__(self, placement: Placement, threads: int | None = None) -> None:
         if placement.type != "cpu":
@@ -235,23 +405,13 @@ class ProcessRanks(Ranks):
                 f"{placement.size} is more than {MAX_RANKS}; use fewer ranks, or "
                 f"af.parallel.use_ranks('inline')"
             )
-        self.placement = placement
-        self.size = k = placement.size
-        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // k)
-        self._dev = device("cpu")
+        super().__init__(placement, threads)
+        k = self.size
         self._workers: list = []
-        self._pending: list = [[] for _ in range(k)]
         self._payloads: list = [[] for _ in range(k)]
-        self._drops: deque = deque()
-        self._ids = itertools.count(1)
-        self._lock = threading.RLock()
-        self._refs: dict = {}
         self._put: tuple = (None, None, -2)  # the tensor put last, its payload, the rank
         self._fds: list = []  # memfds of puts, closed once sent
-        self._work = 0  # bytes of work kept (not sent yet)
         self._asked = 0  # requests made (answers carry their number)
-        self._failed: tuple | None = None  # (ActorError's arguments) once a worker died
-        self.closed = False
         self.sent = 0  # bytes down the pipes
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
@@ -261,16 +421,8 @@ class ProcessRanks(Ranks):
     def pids(self) -> list:
         return [w.pid for w in self._workers]
 
-    def _live(self) -> None:
-        if self._failed is not None:
-            raise _rank_error(*self._failed)
-        if self.closed:
-            raise DeviceError(
-                f"the process ranks of {self.placement!r} were closed (close()); its global "
-                f"tensors are gone with them: make new ones (the placement starts new workers)"
-            )
-        if not self._workers:
-            self._start()
+    def _started(self) -> bool:
+        return bool(self._workers)
 
     def _start(self) -> None:
         ctx = _context()
@@ -333,19 +485,10 @@ class ProcessRanks(Ranks):
             if s in ended:
                 self._died(r)
 
-    def _shutdown(self) -> None:
-        self.closed = True
+    def _stop(self) -> None:
         self._unput()
         self._close_fds()
-        if _GROUPS.get((self.kind, self.placement)) is self:
-            del _GROUPS[(self.kind, self.placement)]
         self._finalizer()
-
-    def close(self) -> None:
-        """Ends the workers (their parts are gone; the placement starts new ones when used
-        again)."""
-        with self._lock:
-            self._shutdown()
 
     # -- commands --------------------------------------------------------------------------
 
@@ -353,13 +496,6 @@ class ProcessRanks(Ranks):
         self._pending[rank].append(cmd)
         if payload is not None:
             self._payloads[rank].append(payload)
-
-    def _after(self, rank: int, work: int) -> None:
-        """Sends what is kept once ``FLUSH_BYTES`` of work or a batch of ``BATCH``
-        commands is; anything that waits for a worker sends it all first."""
-        self._work += work
-        if self._work >= FLUSH_BYTES or len(self._pending[rank]) >= BATCH:
-            self._flush()
 
     def _flush(self) -> None:
         self._work = 0
@@ -451,72 +587,7 @@ class ProcessRanks(Ranks):
         self._died(rank)
         raise AssertionError("unreachable")
 
-    def _raise(self, err: bytes) -> None:
-        words, tb, data = pickle.loads(err)
-        try:
-            error = pickle.loads(data)
-        except Exception:  # noqa: BLE001 - pickled there, not loadable here: its words
-            error = RuntimeError(words)
-        if isinstance(error, W.PeerGone):
-            self._find_dead()
-        error.__cause__ = RemoteTraceback(tb)
-        raise error
-
-    def _ref(self, op: Any) -> Any:
-        ref = self._refs.get(op)
-        if ref is None:
-            try:
-                ref = op.name if op_def(op.name) is op else op
-            except KeyError:
-                ref = op
-            self._refs[op] = ref
-        return ref
-
-    def _part(self, rank: int, meta: Any, dtype: Any) -> Part:
-        return Part(rank, next(self._ids), meta, dtype, self._drops)
-
     # -- the interface ---------------------------------------------------------------------
-
-    def device(self, rank: int) -> Device:
-        return self._dev
-
-    def meta(self, part: Any) -> Any:
-        if part.meta is None:
-            with self._lock:
-                self._live()
-                _, shape, strides, offset = self._request(part.rank, (W.META, part.id))
-                part.meta = TensorMeta(shape, part.dtype, self._dev, strides, offset)
-        return part.meta
-
-    def call(self, rank: int, op: Any, ins: list, attrs: dict, outs: list | None = None) -> list:
-        with self._lock:
-            self._live()
-            ref = self._ref(op)
-            in_ids = [p.id for p in ins]
-            if outs is not None:
-                self._issue(rank, (W.CALL, ref, in_ids, attrs, [o.id for o in outs], None, True))
-                self._after(rank, sum(_nbytes(o.meta) for o in outs))
-                return outs
-            metas = [self.meta(p) for p in ins]
-            made = [
-                self._part(
-                    rank, None if shape is None else contiguous_meta(shape, dtype, self._dev), dtype
-                )
-                for shape, dtype in op.infer(metas, attrs)
-            ]
-            dev = None if ins else self._dev
-            self._issue(rank, (W.CALL, ref, in_ids, attrs, [p.id for p in made], dev, False))
-            self._after(rank, sum(_nbytes(p.meta) for p in made))
-            return made
-
-    def view(self, rank: int, name: str, part: Any, *args: Any) -> Any:
-        with self._lock:
-            self._live()
-            m = VIEWS[name](_stand_in(self.meta(part)), *args).meta
-            out = self._part(rank, m._replace(device=self._dev), m.dtype)
-            self._issue(rank, (W.VIEW, name, part.id, args, out.id))
-            self._after(rank, 0)
-            return out
 
     def move(self, part: Any, src: int, dst: int) -> Any:
         with self._lock:
@@ -559,14 +630,6 @@ class ProcessRanks(Ranks):
         with self._lock:
             self._live()
             return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
-
-    def synchronize(self) -> None:
-        """Waits until every worker has run every command sent so far."""
-        with self._lock:
-            self._live()
-            self._flush()
-            for r in range(self.size):
-                self._request(r, (W.PING,))
 
 
 def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:
@@ -631,12 +694,14 @@ def ranks_of(placement: Placement) -> Ranks:
 
 class use_ranks:
     """Which kind of ranks a placement runs on from now: ``"inline"`` (the default: every
-    rank's parts in this process, computed one rank after another) or ``"processes"``
-    (each rank a kept worker process, computing in parallel). A plain call sets it; as a
-    context manager, the kind before comes back at the end of the block. Global tensors
-    keep the ranks they were made on (conversions within their placement too); an op on
-    tensors of one placement held by different ranks brings them onto one (the largest's,
-    through this process), so a backward after the block stays on the process ranks.
+    rank's parts in this process, computed one rank after another), ``"processes"``
+    (each rank a kept worker process, computing in parallel) or ``"ray"`` (each rank a Ray
+    actor, on this machine or spread over a Ray cluster's nodes: ``ray_ranks``). A plain
+    call sets it; as a context manager, the kind before comes back at the end of the
+    block. Global tensors keep the ranks they were made on (conversions within their
+    placement too); an op on tensors of one placement held by different ranks brings them
+    onto one (the largest's, through this process), so a backward after the block stays on
+    the process ranks.
 
     Example: ``with af.parallel.use_ranks("processes"): ...``"""
 

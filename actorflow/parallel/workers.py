@@ -267,11 +267,8 @@ def _batch(conn) -> list | None:
     return out
 
 
-def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) -> None:
-    """A rank's worker: runs the commands of its pipe (see the module doc) until the pipe
-    closes. ``threads``: its BLAS threads (where threadpoolctl is installed) and its eager
-    runtime's CPU threads."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the controller's)
+def limit_threads(threads: int | None) -> None:
+    """A rank's BLAS threads (where threadpoolctl is installed)."""
     if threads:
         try:
             from threadpoolctl import threadpool_limits
@@ -279,41 +276,139 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             threadpool_limits(threads)
         except ImportError:
             pass
-    from ..eager.interpreter import apply, read, resolve
-    from ..ops import get as op_def
-    from ..tensor.meta import contiguous_strides
-    from ..vm.scheduler import get_vm
 
-    copy = op_def("copy")
-    vm = get_vm()
-    if threads and vm._loop is None:  # (the runtime's CPU threads: this rank's share)
-        vm.workers = threads
-    parts: dict = {}
-    poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
-    inbox = _Inbox()
-    if peers:
-        threading.Thread(target=_peer_reader, args=(peers, inbox), daemon=True).start()
-    ops: dict = {}
 
-    def op_of(ref):
+class Executor:
+    """A rank's parts (``id -> TensorImpl``) and the commands every kind of rank runs
+    alike: ``CALL``, ``VIEW``, ``DROP``, ``META``, ``POISON`` (``run``), with the errors
+    kept on the parts a command could not make (``poisoned``: id -> ``error_bytes``).
+    How parts come in and go out (``PUT``, ``SEND``/``RECV``, ``GET``, ``PING``) is the
+    transport's: a worker process's pipes, a Ray actor's calls. ``threads``: the eager
+    runtime's CPU threads."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        from ..eager.interpreter import apply, read, resolve
+        from ..ops import get as op_def
+        from ..tensor.meta import contiguous_strides
+        from ..vm.scheduler import get_vm
+
+        self.apply, self.read, self.resolve = apply, read, resolve
+        self._op_def, self._strides = op_def, contiguous_strides
+        self.copy = op_def("copy")
+        self.vm = get_vm()
+        if threads and self.vm._loop is None:  # (the runtime's CPU threads: this rank's share)
+            self.vm.workers = threads
+        self.parts: dict = {}
+        self.poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
+        self.ops: dict = {}
+
+    def op_of(self, ref: Any) -> Any:
         if isinstance(ref, str):
-            op = ops.get(ref)
+            op = self.ops.get(ref)
             if op is None:
-                op = ops[ref] = op_def(ref)
+                op = self.ops[ref] = self._op_def(ref)
             return op
         return ref
 
-    def fail(ids, err: bytes) -> None:
+    def fail(self, ids: Any, err: bytes) -> None:
         for i in ids:
-            parts.pop(i, None)
-            poisoned[i] = err
+            self.parts.pop(i, None)
+            self.poisoned[i] = err
 
-    def inputs(ids):
+    def inputs(self, ids: Any) -> Any:
+        """The parts of ``ids``, or the error the first poisoned one holds (bytes)."""
+        poisoned = self.poisoned
         for i in ids:
             err = poisoned.get(i)
             if err is not None:
                 return err
+        parts = self.parts
         return [parts[i] for i in ids]
+
+    def host_array(self, impl: Any) -> np.ndarray:
+        """The part's values (its storage dtype), C-contiguous, once its work is done."""
+        return self.read(impl, lambda a: np.array(a, copy=True, order="C"), "process ranks")
+
+    def call(self, cmd: tuple) -> None:
+        _, ref, in_ids, attrs, out_ids, dev, inplace = cmd
+        ins = self.inputs(in_ids + out_ids if inplace else in_ids)
+        if isinstance(ins, bytes):
+            return self.fail(out_ids, ins)
+        apply = self.apply
+        try:
+            op = self.op_of(ref)
+            if inplace:
+                apply(op, ins[: len(in_ids)], attrs, None, ins[len(in_ids) :])
+                return None
+            outs = apply(op, ins, attrs, dev)
+            for i, o in zip(out_ids, outs, strict=True):
+                m = o.meta
+                if m.shape is not None and (m.offset != 0 or m.strides != self._strides(m.shape)):
+                    o = apply(self.copy, [o], {})[0]  # (the controller's meta: contiguous)
+                self.parts[i] = o
+        except BaseException as e:  # noqa: BLE001 - kept on the outputs
+            self.fail(out_ids, error_bytes(e))
+        return None
+
+    def view(self, cmd: tuple) -> None:
+        _, name, in_id, args, out_id = cmd
+        ins = self.inputs([in_id])
+        if isinstance(ins, bytes):
+            return self.fail([out_id], ins)
+        try:
+            self.parts[out_id] = VIEWS[name](ins[0], *args)
+        except BaseException as e:  # noqa: BLE001
+            self.fail([out_id], error_bytes(e))
+        return None
+
+    def drop(self, ids: Any) -> None:
+        for i in ids:
+            self.parts.pop(i, None)
+            self.poisoned.pop(i, None)
+
+    def meta(self, i: int) -> tuple:
+        """``META``'s answer: ("ok", shape, strides, offset) or ("error", error_bytes)."""
+        ins = self.inputs([i])
+        if isinstance(ins, bytes):
+            return ("error", ins)
+        try:
+            impl = ins[0]
+            if impl.meta.shape is None:
+                self.resolve(impl)
+            m = impl.meta
+            return ("ok", m.shape, m.strides, m.offset)
+        except BaseException as e:  # noqa: BLE001
+            return ("error", error_bytes(e))
+
+    def run(self, cmd: tuple) -> bool:
+        """Runs a command every kind of rank runs alike (False for one it does not: the
+        transport's; META's answer is the transport's to give: ``meta``)."""
+        kind = cmd[0]
+        if kind == CALL:
+            self.call(cmd)
+        elif kind == VIEW:
+            self.view(cmd)
+        elif kind == DROP:
+            self.drop(cmd[1])
+        elif kind == POISON:
+            self.fail(cmd[1], cmd[2])
+        else:
+            return False
+        return True
+
+
+def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) -> None:
+    """A rank's worker: runs the commands of its pipe (see the module doc) until the pipe
+    closes. ``threads``: its BLAS threads (where threadpoolctl is installed) and its eager
+    runtime's CPU threads."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the controller's)
+    limit_threads(threads)
+    ex = Executor(threads)
+    read, vm, parts, poisoned = ex.read, ex.vm, ex.parts, ex.poisoned
+    inputs, fail, host_array = ex.inputs, ex.fail, ex.host_array
+    inbox = _Inbox()
+    if peers:
+        threading.Thread(target=_peer_reader, args=(peers, inbox), daemon=True).start()
 
     sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
     # the other ranks: written once, mapped by each; closed after the last
@@ -329,43 +424,15 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
     def answer(obj) -> None:
         conn.send_bytes(pickle.dumps((asked[0], *obj), protocol=5))
 
-    def host_array(impl) -> np.ndarray:
-        """The part's values (its storage dtype), C-contiguous, once its work is done."""
-        return read(impl, lambda a: np.array(a, copy=True, order="C"), "process ranks")
-
     def run(cmd) -> None:
         kind = cmd[0]
         if kind == CALL:
-            _, ref, in_ids, attrs, out_ids, dev, inplace = cmd
-            ins = inputs(in_ids + out_ids if inplace else in_ids)
-            if isinstance(ins, bytes):
-                return fail(out_ids, ins)
-            try:
-                op = op_of(ref)
-                if inplace:
-                    for i in list(sent):  # (a part written: its copy is out of date)
-                        unsend(i)
-                    apply(op, ins[: len(in_ids)], attrs, None, ins[len(in_ids) :])
-                    return
-                outs = apply(op, ins, attrs, dev)
-                for i, o in zip(out_ids, outs, strict=True):
-                    m = o.meta
-                    if m.shape is not None and (
-                        m.offset != 0 or m.strides != contiguous_strides(m.shape)
-                    ):
-                        o = apply(copy, [o], {})[0]  # (the controller's meta: contiguous)
-                    parts[i] = o
-            except BaseException as e:  # noqa: BLE001 - kept on the outputs
-                fail(out_ids, error_bytes(e))
+            if cmd[6]:
+                for i in list(sent):  # (a part written: its copy is out of date)
+                    unsend(i)
+            ex.call(cmd)
         elif kind == VIEW:
-            _, name, in_id, args, out_id = cmd
-            ins = inputs([in_id])
-            if isinstance(ins, bytes):
-                return fail([out_id], ins)
-            try:
-                parts[out_id] = VIEWS[name](ins[0], *args)
-            except BaseException as e:  # noqa: BLE001
-                fail([out_id], error_bytes(e))
+            ex.view(cmd)
         elif kind == PUT:
             _, out_id, dtype, shape, nbytes, in_fd, buf = cmd
             if in_fd:  # (one file for every rank it is put on)
@@ -418,9 +485,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             except BaseException as e:  # noqa: BLE001
                 fail([token], error_bytes(e))
         elif kind == DROP:
+            ex.drop(cmd[1])
             for i in cmd[1]:
-                parts.pop(i, None)
-                poisoned.pop(i, None)
                 unsend(i)
         elif kind == GET:
             ins = inputs([cmd[1]])
@@ -444,17 +510,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 return
             answer(("data", a))  # (one message: the array pickled in it)
         elif kind == META:
-            ins = inputs([cmd[1]])
-            if isinstance(ins, bytes):
-                return answer(("error", ins))
-            try:
-                impl = ins[0]
-                if impl.meta.shape is None:
-                    resolve(impl)
-                m = impl.meta
-                answer(("ok", m.shape, m.strides, m.offset))
-            except BaseException as e:  # noqa: BLE001
-                answer(("error", error_bytes(e)))
+            answer(ex.meta(cmd[1]))
         elif kind == PING:  # (kernel errors stay on the parts they poisoned)
             vm.synchronize_quietly()
             answer(("ok", len(parts) + len(poisoned)))
