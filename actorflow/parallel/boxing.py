@@ -112,6 +112,15 @@ def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any)
                 int(cost(src, dst, n, k)),
             )
         )
+    if k > 1 and dst.kind == "B" and src.kind in "PS":  # a native collective, where the
+        if src.kind == "P":  # ranks have one (the same bits as the generic path below)
+            native = getattr(ranks, "all_reduce", None)
+            if native is not None:
+                return native(parts)
+        else:
+            native = getattr(ranks, "all_gather", None)
+            if native is not None:
+                return native(parts, src.dim)
     out = []
     for r in range(k):
         out.append(_box_one(ranks, parts, src, dst, shape, dtype, r, k))

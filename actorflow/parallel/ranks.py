@@ -560,6 +560,37 @@ class ProcessRanks(Ranks):
             self._live()
             return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
 
+    # -- collectives (boxing calls them where a Ranks has them) ---------------------------
+
+    _collectives = 0  # collectives issued (the same number on every rank)
+
+    def all_reduce(self, parts: list) -> list:
+        """P -> B: every rank's part summed in rank order on every rank (the same bits as
+        the moves and adds of boxing's generic path), each part written once into shared
+        memory every other rank reads (``workers.collect``)."""
+        return self._collective(parts, ("sum",), None)
+
+    def all_gather(self, parts: list, dim: int) -> list:
+        """S(dim) -> B: every rank's part joined along ``dim`` in rank order on every rank."""
+        shape = list(self.meta(parts[0]).shape)
+        shape[dim] = sum(self.meta(p).shape[dim] for p in parts)
+        return self._collective(parts, ("cat", dim), tuple(shape))
+
+    def _collective(self, parts: list, how: tuple, shape: tuple | None) -> list:
+        with self._lock:
+            self._live()
+            m = self.meta(parts[0])
+            shape = tuple(m.shape) if shape is None else shape
+            self._collectives += 1
+            seq = self._collectives
+            outs = []
+            for r, p in enumerate(parts):
+                out = self._part(r, contiguous_meta(shape, m.dtype, self._dev), m.dtype)
+                self._issue(r, (W.COLLECT, how, p.id, out.id, seq, m.dtype))
+                outs.append(out)
+            self._after(0, sum(_nbytes(self.meta(p)) for p in parts))
+            return outs
+
     def synchronize(self) -> None:
         """Waits until every worker has run every command sent so far."""
         with self._lock:
