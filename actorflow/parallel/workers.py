@@ -341,6 +341,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         threading.Thread(target=_peer_reader, args=(peers, inbox), daemon=True).start()
     ops: dict = {}
     outbox = _Outbox(rank, peers, inbox)
+    trace = _tracer(rank)
     seen: dict = {}  # (rank, slot) -> (generation, the map) of other ranks' outboxes
 
     def op_of(ref):
@@ -411,6 +412,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     mine = ("shm", i, e, dt, shape, nbytes)
             except BaseException as x:  # noqa: BLE001 - every rank's output holds it
                 errs[rank] = error_bytes(x)
+        if trace is not None:
+            trace.note("written")
         token = ("c", seq, rank)
         for dst in peers:
             if rank in errs:
@@ -453,6 +456,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 read_from.append(s)
                 count = nbytes // np.dtype(dt).itemsize
                 got[s] = np.frombuffer(mm, np.dtype(dt), count).reshape(shape)
+        if trace is not None:
+            trace.note("got the others'")
         try:
             if errs:
                 return fail([out_id], errs[min(errs)])
@@ -466,6 +471,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     acc = apply(cat, pieces, {"dim": how[1], "dtype": dtype})[0]
                 read(acc, lambda a: None, "process ranks")  # (done with the other ranks'
                 #                                             buffers before the acks)
+                if trace is not None:
+                    trace.note("combined")
                 parts[out_id] = acc
             except BaseException as x:  # noqa: BLE001
                 fail([out_id], error_bytes(x))
@@ -490,6 +497,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     apply(op, ins[: len(in_ids)], attrs, None, ins[len(in_ids) :])
                     return
                 outs = apply(op, ins, attrs, dev)
+                if trace is not None:
+                    trace.note(f"{[(i.meta.shape, i.meta.strides) for i in ins]}")
                 for i, o in zip(out_ids, outs, strict=True):
                     m = o.meta
                     if m.shape is not None and (
@@ -605,7 +614,6 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         elif kind == COLLECT:
             collect(cmd)
 
-    trace = _tracer(rank)
     while True:
         batch = _batch(conn)
         if batch is None:
@@ -650,6 +658,10 @@ class _Tracer:
 
     def batch(self, n: int) -> None:
         self.file.write(f"{(self.clock() - self.t0) * 1e3:10.3f} batch of {n}\n")
+
+    def note(self, what: str) -> None:
+        """A point within the command running."""
+        self.file.write(f"{(self.clock() - self.t) * 1e3:21.3f} {what}\n")
 
     def start(self) -> None:
         self.t = self.clock()
