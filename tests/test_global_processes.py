@@ -529,3 +529,123 @@ def test_the_interpreter_exits_with_workers_running(tmp_path):
             or "zombie" in open(f"/proc/{pid}/status").read()
         )
     assert pickle.loads(pickle.dumps(W.PeerGone("x"))).args == ("x",)
+
+
+@pytest.fixture
+def native(monkeypatch):
+    """The process ranks' native collectives called (counted by name)."""
+    calls = {"all_reduce": 0, "all_gather": 0}
+    for name in calls:
+        original = getattr(ProcessRanks, name)
+
+        def counted(self, *a, _name=name, _original=original, **kw):
+            calls[_name] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(ProcessRanks, name, counted)
+    return calls
+
+
+def partial_sum(p, summands: list):
+    """A partial sum on ``p`` whose rank r holds ``summands[r]``."""
+    from actorflow.parallel import interpreter as gi
+    from actorflow.tensor.tensor import wrap
+
+    ranks = ranks_of(p)
+    impls = [ranks.put(r, af.tensor(x)._impl) for r, x in enumerate(summands)]
+    x = summands[0]
+    return wrap(gi.make(ranks, impls, x.shape, af.tensor(x).dtype, P))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_native_collectives_give_the_bits_of_inline_ranks(k, native):
+    """All-reduce (P -> B) and all-gather (S -> B) through the workers' shared buffers:
+    parts small (in the message) and large (shared memory), growing and shrinking (the
+    buffers grown and reused), uneven splits, several dtypes; every rank's part the same
+    bits as inline ranks'."""
+    shapes = [(4, 5), (300, 70), (40, 9), (700, 301), (300, 70), (1000, 513)]
+
+    def program(kind):
+        p = af.placement("cpu", ranks=k)
+        out = []
+        for n, shape in enumerate(shapes):
+            for dt in (np.float32, np.float64, np.float16, np.int64):
+                x = data(shape, n, np.float64)
+                if dt is np.int64:
+                    x = (x * 100).astype(np.int64)
+                a = af.tensor(x.astype(dt))
+                # a partial sum whose ranks hold different summands (the order they are
+                # added in shows in the bits)
+                part = partial_sum(p, [data(shape, 10 * n + r).astype(dt) for r in range(k)])
+                out += [held(kind, part.to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S1).to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S0).to_global(sbp=B))]
+            b = af.tensor(data(shape, n)).to(af.bfloat16).to_global(p, S0)
+            y = b.to_global(sbp=P).to_global(sbp=B)
+            out += [held(kind, y.float()), af.parallel.to_local(y, k - 1).float().numpy()]
+        return out
+
+    both(program)
+    assert native["all_reduce"] >= len(shapes) * 5 and native["all_gather"] >= len(shapes) * 8
+
+
+def test_a_collective_over_a_part_holding_an_error(native):
+    """A rank's part holds an error (here an index out of bounds on rank 1 alone): the
+    collective's output holds it on every rank (raised at the read, as inline), and the
+    ranks go on (the buffers of the ranks that wrote theirs are given back)."""
+    p = af.placement("cpu", ranks=2)
+    n = 3000  # (parts past the message size: shared memory)
+    idx = np.zeros((n, 10), np.int64)
+    idx[n - 1, 3] = 99  # (in rank 1's rows)
+
+    def program(kind):
+        with use_ranks(kind):
+            x = af.tensor(data((n, 10))).to_global(p, S0)
+            bad = af.gather(x, 1, af.tensor(idx).to_global(p, S0))
+            errors = []
+            for y in (bad.to_global(sbp=B), bad.to_global(sbp=P).to_global(sbp=B)):
+                for r in range(2):
+                    with pytest.raises(IndexOutOfBoundsError) as e:
+                        af.parallel.to_local(y, r).numpy()
+                    errors.append(str(e.value).split("\n")[0])
+            if kind == "inline":  # (an error kept for this process's synchronize, if any)
+                try:
+                    af.synchronize()
+                except IndexOutOfBoundsError:
+                    pass
+            for _ in range(3):  # (the buffers reused after the failed collectives)
+                ok = (x * 2).to_global(sbp=B).numpy()
+                assert np.array_equal(ok, data((n, 10)) * 2)
+            return errors
+
+    inline = program("inline")
+    procs = program("processes")
+    assert procs == inline and "index 99 is out of bounds" in procs[0]
+    assert native["all_gather"] >= 4 and native["all_reduce"] >= 1
+
+
+@pytest.mark.parametrize("conversion", ["all_reduce", "all_gather"])
+def test_a_worker_killed_during_a_collective(conversion, native):
+    """Rank 1 waits in a collective for rank 0's part when rank 0 is killed: rank 1 is not
+    left waiting, the read is an ActorError naming rank 0, and the placement starts new
+    workers at its next use."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[20, 21])
+        w = af.tensor(data((1000, 1000), 1)).to_global(p, B)
+        if conversion == "all_reduce":
+            x = af.tensor(data((1000, 1000))).to_global(p, S1) @ af.tensor(
+                data((1000, 1000), 2)
+            ).to_global(p, S0)
+            assert x.sbp == (P,)
+        else:
+            x = af.tensor(data((1000, 1000))).to_global(p, S0)
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        y = (x @ w @ w @ w @ w).to_global(sbp=B)  # (rank 0 busy, then the collective)
+        assert native[conversion] == 1
+        os.kill(ranks.pids[0], signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"rank 0 of placement.*exit code -9"):
+            af.parallel.to_local(y, 1).numpy()
+            (x + 1).numpy()
+        z = af.tensor(data((8, 8))).to_global(p, S0)  # new workers
+        assert np.array_equal(z.to_global(sbp=B).numpy(), data((8, 8)))
