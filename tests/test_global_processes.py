@@ -578,8 +578,10 @@ def test_native_collectives_give_the_bits_of_inline_ranks(k, native):
                 # added in shows in the bits)
                 part = partial_sum(p, [data(shape, 10 * n + r).astype(dt) for r in range(k)])
                 out += [held(kind, part.to_global(sbp=B))]
+                out += [held(kind, part.T.to_global(sbp=B))]  # (transposed views)
                 out += [held(kind, a.to_global(p, S1).to_global(sbp=B))]
                 out += [held(kind, a.to_global(p, S0).to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S0).T.to_global(sbp=B))]
             b = af.tensor(data(shape, n)).to(af.bfloat16).to_global(p, S0)
             y = b.to_global(sbp=P).to_global(sbp=B)
             out += [held(kind, y.float()), af.parallel.to_local(y, k - 1).float().numpy()]
@@ -649,3 +651,63 @@ def test_a_worker_killed_during_a_collective(conversion, native):
             (x + 1).numpy()
         z = af.tensor(data((8, 8))).to_global(p, S0)  # new workers
         assert np.array_equal(z.to_global(sbp=B).numpy(), data((8, 8)))
+
+
+def test_a_collective_keeps_the_layout_of_transposed_parts(native):
+    """A weight's gradient of ``x @ w.T`` is made transposed (a view of a contiguous block):
+    its all-reduce gives transposed views of contiguous sums, so ``w.grad`` is made from it
+    with no transposed copy, and the values are inline ranks' bits."""
+
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        w = af.tensor(data((300, 200), 1)).to_global(p, B).requires_grad_()
+        x = af.tensor(data((64, 200), 2)).to_global(p, S0)
+        ((x @ w.T) ** 2).sum().backward()
+        g = w.grad
+        if kind == "processes":
+            made = ranks_of(p)
+            y = partial_sum(p, [data((200, 300), r) for r in range(2)]).T.to_global(sbp=B)
+            for part in parts_of(y._impl):
+                m = made.meta(part)
+                assert m.shape == (300, 200) and m.strides == (1, 300)
+        return [held(kind, g)]
+
+    both(program)
+    assert native["all_reduce"] >= 2
+
+
+TRACED = """
+import numpy as np
+import actorflow as af
+
+if __name__ == "__main__":
+    with af.parallel.use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(np.ones((400, 100), np.float32)).to_global(p, af.sbp.split(0))
+        print(float((x * 2).to_global(sbp=af.sbp.broadcast).sum().item()))
+"""
+
+
+def test_the_workers_trace_their_commands_where_asked(tmp_path):
+    """``AF_RANKS_TRACE=<prefix>``: each worker writes a line per command (its start and
+    time in ms, what it was) to ``<prefix>.<rank>``; with ``AF_RANKS_TRACE_SYNC=1`` too."""
+    script = tmp_path / "traced.py"
+    script.write_text(TRACED)
+    for sync in ("", "1"):
+        prefix = tmp_path / f"trace{sync}"
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(sys.path),
+            AF_RANKS_TRACE=str(prefix),
+            AF_RANKS_TRACE_SYNC=sync,
+        )
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=40, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert float(done.stdout) == 80000.0
+        for r in range(2):
+            lines = (tmp_path / f"trace{sync}.{r}").read_text().splitlines()
+            calls = [ln.split() for ln in lines if " CALL mul_scalar " in ln]
+            assert len(calls) == 1 and float(calls[0][1]) >= 0.0, lines
+            assert any(" COLLECT" in ln for ln in lines) and any("combined" in ln for ln in lines)

@@ -579,6 +579,17 @@ class ProcessRanks(Ranks):
     def _collective(self, parts: list, how: tuple, shape: tuple | None) -> list:
         with self._lock:
             self._live()
+            if all(_transposed(self.meta(p)) for p in parts):
+                # parts that are transposed views (a weight's gradient, of x @ w.T): the
+                # collective runs on the blocks under them and gives transposed views of
+                # its outputs, so the layout the gradient was made in survives (the values
+                # are the same: the sum is elementwise, the gather along the other dim)
+                flat = [self.view(r, "permute", p, (1, 0)) for r, p in enumerate(parts)]
+                if how[0] == "cat":
+                    how = ("cat", 1 - how[1])
+                    shape = None if shape is None else shape[::-1]
+                outs = self._collective(flat, how, shape)
+                return [self.view(r, "permute", o, (1, 0)) for r, o in enumerate(outs)]
             m = self.meta(parts[0])
             shape = tuple(m.shape) if shape is None else shape
             self._collectives += 1
@@ -598,6 +609,11 @@ class ProcessRanks(Ranks):
             self._flush()
             for r in range(self.size):
                 self._request(r, (W.PING,))
+
+
+def _transposed(m: Any) -> bool:
+    """Whether a part's meta is the transpose of a contiguous matrix (and not one itself)."""
+    return len(m.shape) == 2 and m.shape[0] > 1 and m.shape[1] > 1 and m.strides == (1, m.shape[0])
 
 
 def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:

@@ -629,6 +629,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 else:
                     trace.start()
                     run(cmd)
+                    if trace.sync:  # (its kernels' time in its line)
+                        vm.synchronize_quietly()
                     trace.end(cmd)
             except (OSError, EOFError):
                 return  # the controller is gone (its pipe: the answers of GET, META, PING)
@@ -646,7 +648,9 @@ NAMES = ("CALL", "VIEW", "PUT", "SEND", "RECV", "DROP", "GET", "META", "PING", "
 class _Tracer:
     """Per-command timestamps of a worker, written to ``<prefix>.<rank>`` (one line a
     command: its start and end in ms since the worker started, what it was), where the
-    environment has ``AF_RANKS_TRACE=<prefix>``: where the time of process ranks goes."""
+    environment has ``AF_RANKS_TRACE=<prefix>``: where the time of process ranks goes. With
+    ``AF_RANKS_TRACE_SYNC=1`` too, each command is waited for before the next one (a line
+    then holds its kernels' time; the rank computes nothing behind its commands)."""
 
     def __init__(self, path: str) -> None:
         import time
@@ -655,6 +659,7 @@ class _Tracer:
         self.t0 = self.clock()
         self.t = self.t0
         self.file = open(path, "w", buffering=1 << 16)  # noqa: SIM115 - kept for the process
+        self.sync = bool(os.environ.get("AF_RANKS_TRACE_SYNC"))
 
     def batch(self, n: int) -> None:
         self.file.write(f"{(self.clock() - self.t0) * 1e3:10.3f} batch of {n}\n")
