@@ -534,7 +534,7 @@ def test_the_interpreter_exits_with_workers_running(tmp_path):
 @pytest.fixture
 def native(monkeypatch):
     """The process ranks' native collectives called (counted by name)."""
-    calls = {"all_reduce": 0, "all_gather": 0}
+    calls = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0}
     for name in calls:
         original = getattr(ProcessRanks, name)
 
@@ -559,11 +559,12 @@ def partial_sum(p, summands: list):
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_native_collectives_give_the_bits_of_inline_ranks(k, native):
-    """All-reduce (P -> B) and all-gather (S -> B) through the workers' shared buffers:
+    """All-reduce (P -> B), all-gather (S -> B), reduce-scatter (P -> S) and all-to-all
+    (S -> S) through the workers' shared buffers:
     parts small (in the message) and large (shared memory), growing and shrinking (the
     buffers grown and reused), uneven splits, several dtypes; every rank's part the same
     bits as inline ranks'."""
-    shapes = [(4, 5), (300, 70), (40, 9), (700, 301), (300, 70), (1000, 513)]
+    shapes = [(4, 5), (300, 70), (40, 9), (700, 301), (300, 70), (2, 9000), (1000, 513)]
 
     def program(kind):
         p = af.placement("cpu", ranks=k)
@@ -579,9 +580,12 @@ def test_native_collectives_give_the_bits_of_inline_ranks(k, native):
                 part = partial_sum(p, [data(shape, 10 * n + r).astype(dt) for r in range(k)])
                 out += [held(kind, part.to_global(sbp=B))]
                 out += [held(kind, part.T.to_global(sbp=B))]  # (transposed views)
+                out += [held(kind, part.to_global(sbp=S0)), held(kind, part.to_global(sbp=S1))]
                 out += [held(kind, a.to_global(p, S1).to_global(sbp=B))]
                 out += [held(kind, a.to_global(p, S0).to_global(sbp=B))]
                 out += [held(kind, a.to_global(p, S0).T.to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S0).to_global(sbp=S1))]
+                out += [held(kind, a.to_global(p, S1).to_global(sbp=S0))]
             b = af.tensor(data(shape, n)).to(af.bfloat16).to_global(p, S0)
             y = b.to_global(sbp=P).to_global(sbp=B)
             out += [held(kind, y.float()), af.parallel.to_local(y, k - 1).float().numpy()]
@@ -589,6 +593,7 @@ def test_native_collectives_give_the_bits_of_inline_ranks(k, native):
 
     both(program)
     assert native["all_reduce"] >= len(shapes) * 5 and native["all_gather"] >= len(shapes) * 8
+    assert native["reduce_scatter"] >= len(shapes) * 8 and native["all_to_all"] >= len(shapes) * 8
 
 
 def test_a_collective_over_a_part_holding_an_error(native):

@@ -576,6 +576,15 @@ class ProcessRanks(Ranks):
         shape[dim] = sum(self.meta(p).shape[dim] for p in parts)
         return self._collective(parts, ("cat", dim), tuple(shape))
 
+    def reduce_scatter(self, parts: list, dim: int) -> list:
+        """P -> S(dim): rank r's slice along ``dim`` of every part summed in rank order."""
+        return self._sliced(parts, ("sum", dim))
+
+    def all_to_all(self, parts: list, src: int, dst: int) -> list:
+        """S(src) -> S(dst): rank r's slice along ``dst`` of every part joined along
+        ``src`` in rank order."""
+        return self._sliced(parts, ("cat", src, dst))
+
     def _collective(self, parts: list, how: tuple, shape: tuple | None) -> list:
         with self._lock:
             self._live()
@@ -600,6 +609,32 @@ class ProcessRanks(Ranks):
                 self._issue(r, (W.COLLECT, how, p.id, out.id, seq, m.dtype))
                 outs.append(out)
             self._after(0, sum(_nbytes(self.meta(p)) for p in parts))
+            return outs
+
+    def _sliced(self, parts: list, how: tuple) -> list:
+        """A reduce-scatter (``("sum", j)``) or an all-to-all (``("cat", i, j)``): each
+        rank's command names its own slice along j (the outputs' shapes differ)."""
+        from ..sbp import split_sizes, split_starts
+
+        with self._lock:
+            self._live()
+            metas = [self.meta(p) for p in parts]
+            j, n = how[-1], metas[0].shape[how[-1]]
+            starts, sizes = split_starts(n, self.size), split_sizes(n, self.size)
+            self._collectives += 1
+            seq = self._collectives
+            outs = []
+            for r, p in enumerate(parts):
+                shape = list(metas[r].shape)
+                shape[j] = sizes[r]
+                if how[0] == "cat":
+                    shape[how[1]] = sum(m.shape[how[1]] for m in metas)
+                dtype = metas[r].dtype
+                out = self._part(r, contiguous_meta(tuple(shape), dtype, self._dev), dtype)
+                mine = (*how[:-1], (j, starts[r], sizes[r]))
+                self._issue(r, (W.COLLECT, mine, p.id, out.id, seq, dtype))
+                outs.append(out)
+            self._after(0, sum(_nbytes(m) for m in metas))
             return outs
 
     def synchronize(self) -> None:

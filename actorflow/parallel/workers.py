@@ -394,7 +394,9 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         """A collective (see ``_Outbox``): this rank's part written once where every other
         rank reads it, and every rank's part combined here in rank order (the same kernels
         as the moves and ops boxing would issue, so every rank, and inline ranks, hold the
-        same bits): ``("sum",)`` an all-reduce, ``("cat", dim)`` an all-gather."""
+        same bits): ``("sum",)`` an all-reduce, ``("cat", dim)`` an all-gather; with a
+        last item ``(j, start, size)``, this rank's slice along ``j`` of every part is
+        summed (a reduce-scatter) or joined (an all-to-all) instead of the whole parts."""
         _, how, in_id, out_id, seq, dtype = cmd
         ins = inputs([in_id])
         errs: dict = {}  # rank -> the error its part holds (the lowest rank's is kept)
@@ -463,6 +465,10 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 return fail([out_id], errs[min(errs)])
             try:
                 pieces = [impl if s == rank else adopt(got[s], dtype) for s in range(size)]
+                if len(how) == (2 if how[0] == "sum" else 3):  # (a slice of each)
+                    j, start, n = how[-1]
+                    key = (slice(None),) * j + (slice(start, start + n),)
+                    pieces = [views.basic_index(p, key) for p in pieces]
                 if how[0] == "sum":
                     acc = pieces[0]
                     for p in pieces[1:]:
