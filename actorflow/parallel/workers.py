@@ -186,14 +186,15 @@ def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
 
 class _Inbox:
     """What the other ranks sent this one: token -> (header, payload), and the ranks whose
-    pipes closed."""
+    pipes closed. A token: the id of a moved part (``SEND``/``RECV``), ``("c", seq, rank)``
+    a rank's part in collective ``seq``, ``("a", seq, rank)`` its ack of ours."""
 
     def __init__(self) -> None:
         self.items: dict = {}
         self.gone: set = set()
         self.cond = threading.Condition()
 
-    def put(self, token: int, item: Any) -> None:
+    def put(self, token: Any, item: Any) -> None:
         with self.cond:
             self.items[token] = item
             self.cond.notify_all()
@@ -203,7 +204,7 @@ class _Inbox:
             self.gone.add(rank)
             self.cond.notify_all()
 
-    def take(self, token: int, src: int, timeout: float) -> Any:
+    def take(self, token: Any, src: int, timeout: float) -> Any:
         with self.cond:
             ok = self.cond.wait_for(
                 lambda: token in self.items or src in self.gone, timeout=timeout
