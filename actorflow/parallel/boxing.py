@@ -12,6 +12,10 @@ of them (what rank r does, of k):
   the same bits (k(k-1) moves);
 - P -> S(j), reduce-scatter: r's slice of every part moved to r, summed in rank order.
 
+Ranks that have collectives of their own (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``all_to_all``: process ranks) run those conversions with them instead,
+giving the same bits.
+
 ``cost`` is the bytes a conversion moves between ranks, which the interpreter minimises
 when it picks an op's signature.
 """

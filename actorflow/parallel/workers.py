@@ -5,8 +5,8 @@ its own eager runtime.
 A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its pipe in
 order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
 from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
-``DROP``: parts the controller no longer holds, ``GET``/``META``/``PING``: the only
-commands answered). A reader thread takes what the other ranks send, on one pipe per
+``DROP``: parts the controller no longer holds, ``COLLECT``: this rank's share of a
+collective, ``GET``/``META``/``PING``: the only commands answered). A reader thread takes what the other ranks send, on one pipe per
 rank, so that no rank's send waits for this one's work.
 
 A command that raises leaves its outputs holding the error (pickled, with its traceback):
@@ -23,7 +23,20 @@ destination's ``RECV`` waits for it, with a timeout, and maps it (copy on write)
 new part's memory. A part sent to several ranks (an all-gather's, an all-reduce's) is
 written once: its memfd is kept until it went to every other rank, the part is dropped, or
 any part is written in place. A source that ends before sending fails the ``RECV`` at once
-(its pipe closes)."""
+(its pipe closes).
+
+A collective (all-reduce, all-gather, reduce-scatter, all-to-all: ``collect``): every rank
+writes its part once into a buffer of its own kept for collectives (``_Outbox``: a ring of
+memfds, mapped once by every rank, so no fresh file, no page faults, no copy on write), tells
+the others, and reads theirs where they wrote them: all ranks write at the same time, and
+each combines every rank's part (or its slice of it) in rank order with the same kernels
+as boxing's moves and ops would, so every rank holds inline ranks' bits. A rank's buffer is
+written again once every other rank said it is done reading it. A part holding an error
+gives every rank's output that error; a rank that ends fails the others' collective at
+once.
+
+``AF_RANKS_TRACE=<prefix>`` in the environment (set before the workers start) makes each
+worker write the times of its commands to ``<prefix>.<rank>`` (``_Tracer``)."""
 
 from __future__ import annotations
 
