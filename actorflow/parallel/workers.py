@@ -6,8 +6,9 @@ A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its 
 order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
 from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
 ``DROP``: parts the controller no longer holds, ``COLLECT``: this rank's share of a
-collective, ``GET``/``META``/``PING``: the only commands answered). A reader thread takes what the other ranks send, on one pipe per
-rank, so that no rank's send waits for this one's work.
+collective, ``GET``/``META``/``PING``: the only commands answered). A reader thread takes
+what the other ranks send, on one pipe per rank, so that no rank's send waits for this
+one's work.
 
 A command that raises leaves its outputs holding the error (pickled, with its traceback):
 a command reading such a part passes the error on to its outputs, a ``SEND`` of one sends
