@@ -467,7 +467,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             else:
                 _, _, i, gen, cap, dt, shape, nbytes, _ = header
                 if fd is not None:
-                    seen[(s, i)] = (gen, mmap.mmap(fd, cap, access=mmap.ACCESS_READ))
+                    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # (at once)
+                    seen[(s, i)] = (gen, mmap.mmap(fd, cap, flags=flags, prot=mmap.PROT_READ))
                     os.close(fd)
                 mm = seen[(s, i)][1]
                 read_from.append(s)
