@@ -15,11 +15,19 @@ before numpy loads, so the ranks' parallelism is the processes'):
   for its CPU threads), and numpy's on one thread;
 - ``matmul halves in 2 bare numpy processes``: the limit the machine sets at the time;
 - ``put`` / ``get``: a [N, N] float32 tensor (16 MiB) to broadcast on 2 ranks (one copy to
-  each) and read back from one.
+  each) and read back from one;
+- ``all-reduce``: a [N, N] float32 partial sum made broadcast (P -> B) on 2 ranks;
+- ``dp step`` (``--what dp``): data parallelism, the eager training step (forward, backward,
+  SGD with momentum) of an MLP 1024-2048-2048-10 on a batch of 512, the model broadcast on
+  2 process ranks and the batch split on dim 0 (the gradients' all-reduce is boxing's),
+  against the same step in one process; with the CPU seconds each process spent per step
+  (the controller's and each worker's, from ``/proc``): on a machine shared with other
+  work the wall times vary, the CPU times much less.
 
 Usage::
 
-    python benchmarks/bench_global_processes.py [--n 2048] [--ops 2000] [--repeat 3]
+    python benchmarks/bench_global_processes.py [--what all|ops|dp] [--n 2048] [--ops 2000]
+        [--repeat 3] [--steps 5]
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -66,12 +75,87 @@ def ceiling(A: np.ndarray, Bm: np.ndarray) -> float:
         return max(pool.map(_half, [(A[:half], Bm), (A[half:], Bm)]))
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) process ``pid`` has spent so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _dp_kind(kind: str, x: np.ndarray, y: np.ndarray, args: argparse.Namespace) -> tuple:
+    """(best seconds per step, CPU seconds per step of each process, the last loss) of the
+    step on one process (``local``) or on 2 process ranks."""
+    from actorflow import nn
+
+    af.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
+    loss_fn = nn.CrossEntropyLoss()
+    p = af.placement("cpu", ranks=2)
+    with use_ranks("processes"):
+        xs, ys = af.tensor(x), af.tensor(y)
+        if kind == "processes":
+            model.to_global(p)
+            xs, ys = xs.to_global(p, af.sbp.split(0)), ys.to_global(p, af.sbp.split(0))
+        opt = af.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        first = model[0].weight
+
+        def step() -> Any:
+            opt.zero_grad()
+            loss = loss_fn(model(xs), ys)
+            loss.backward()
+            opt.step()
+            first.sum().item()  # (the step done everywhere: the update read)
+            return loss
+
+        loss = step()
+        pids = [os.getpid()] + (ranks_of(p).pids if kind == "processes" else [])
+        walls, cpus = [], []
+        for _ in range(args.repeat):
+            c0 = [cpu_seconds(q) for q in pids]
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                loss = step()
+            walls.append((time.perf_counter() - t) / args.steps)
+            cpus.append([(cpu_seconds(q) - c) / args.steps for q, c in zip(pids, c0, strict=True)])
+        last = float(loss.item())
+        if kind == "processes":
+            ranks_of(p).close()
+    return min(walls), cpus[walls.index(min(walls))], last
+
+
+def dp_step(args: argparse.Namespace) -> None:
+    """The data-parallel training step, one process against 2 process ranks."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 1024)).astype(np.float32)
+    y = rng.integers(0, 10, 512)
+    rows = [(kind, *_dp_kind(kind, x, y, args)) for kind in ("local", "processes")]
+    for kind, wall, cpu, loss in rows:
+        who = "this process"
+        if len(cpu) > 1:
+            who = "controller, " + ", ".join(f"rank {r}" for r in range(len(cpu) - 1))
+        cpus = " + ".join(f"{1e3 * c:.0f}" for c in cpu)
+        print(f"dp step, {kind:10s} {1e3 * wall:8.1f} ms/step  loss {loss:.6f}")
+        print(f"    CPU ms/step ({who}): {cpus}")
+    (_, local, _, l0), (_, procs, _, l1) = rows
+    assert abs(l0 - l1) < 1e-3 * max(1.0, abs(l0)), (l0, l1)
+    print(f"speedup of 2 process ranks over one process: {local / procs:.2f}x")
+    print(f"cores: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--what", choices=("all", "ops", "dp"), default="all")
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
+    if args.what in ("all", "dp"):
+        dp_step(args)
+        if args.what == "dp":
+            return
     p = af.placement("cpu", ranks=2)
     rng = np.random.default_rng(0)
     A = rng.standard_normal((args.n, args.n)).astype(np.float32)
@@ -133,6 +217,16 @@ def main() -> None:
                     best(lambda b=b: b.numpy(), 3) * 1e3,
                     "ms",
                 )
+            )
+            part = af.tensor(A).to_global(p, af.sbp.partial_sum)
+            sync()
+
+            def all_reduce(part=part, sync=sync, out=out):
+                out[:] = [part.to_global(sbp=af.sbp.broadcast)]
+                sync()
+
+            rows.append(
+                (f"all-reduce 16 MiB P -> B, {kind}", best(all_reduce, args.repeat) * 1e3, "ms")
             )
     la, lb = af.tensor(A), af.tensor(Bm)
     keep: list = []

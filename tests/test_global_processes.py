@@ -373,10 +373,14 @@ def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():
         del y, z
         ranks = ranks_of(p)
         ranks.synchronize()
-        for pid in ranks.pids:
-            maps = open(f"/proc/{pid}/maps").read()
-            assert "/dev/shm/" not in maps and "memfd:" not in maps
-            assert not memfds(pid)
+        kept = W._Outbox.SLOTS * ranks.size  # (the collectives' buffers: this rank's, and
+        for pid in ranks.pids:  # its map of every other rank's, reused by every collective)
+            maps = open(f"/proc/{pid}/maps").read().splitlines()
+            shared = [m for m in maps if "/dev/shm/" in m or "memfd:" in m]
+            assert all("memfd:actorflow-collective" in m for m in shared), shared
+            assert len({m.split()[4] for m in shared}) <= kept  # (by inode)
+            fds = memfds(pid)
+            assert all("actorflow-collective" in f for f in fds) and len(fds) <= kept, fds
 
 
 def test_a_killed_worker_is_an_actor_error_naming_the_rank():
@@ -525,3 +529,190 @@ def test_the_interpreter_exits_with_workers_running(tmp_path):
             or "zombie" in open(f"/proc/{pid}/status").read()
         )
     assert pickle.loads(pickle.dumps(W.PeerGone("x"))).args == ("x",)
+
+
+@pytest.fixture
+def native(monkeypatch):
+    """The process ranks' native collectives called (counted by name)."""
+    calls = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 0, "all_to_all": 0}
+    for name in calls:
+        original = getattr(ProcessRanks, name)
+
+        def counted(self, *a, _name=name, _original=original, **kw):
+            calls[_name] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(ProcessRanks, name, counted)
+    return calls
+
+
+def partial_sum(p, summands: list):
+    """A partial sum on ``p`` whose rank r holds ``summands[r]``."""
+    from actorflow.parallel import interpreter as gi
+    from actorflow.tensor.tensor import wrap
+
+    ranks = ranks_of(p)
+    impls = [ranks.put(r, af.tensor(x)._impl) for r, x in enumerate(summands)]
+    x = summands[0]
+    return wrap(gi.make(ranks, impls, x.shape, af.tensor(x).dtype, P))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_native_collectives_give_the_bits_of_inline_ranks(k, native):
+    """All-reduce (P -> B), all-gather (S -> B), reduce-scatter (P -> S) and all-to-all
+    (S -> S) through the workers' shared buffers:
+    parts small (in the message) and large (shared memory), growing and shrinking (the
+    buffers grown and reused), uneven splits, several dtypes; every rank's part the same
+    bits as inline ranks'."""
+    shapes = [(4, 5), (300, 70), (40, 9), (700, 301), (300, 70), (2, 9000), (1000, 513)]
+
+    def program(kind):
+        p = af.placement("cpu", ranks=k)
+        out = []
+        for n, shape in enumerate(shapes):
+            for dt in (np.float32, np.float64, np.float16, np.int64):
+                x = data(shape, n, np.float64)
+                if dt is np.int64:
+                    x = (x * 100).astype(np.int64)
+                a = af.tensor(x.astype(dt))
+                # a partial sum whose ranks hold different summands (the order they are
+                # added in shows in the bits)
+                part = partial_sum(p, [data(shape, 10 * n + r).astype(dt) for r in range(k)])
+                out += [held(kind, part.to_global(sbp=B))]
+                out += [held(kind, part.T.to_global(sbp=B))]  # (transposed views)
+                out += [held(kind, part.to_global(sbp=S0)), held(kind, part.to_global(sbp=S1))]
+                out += [held(kind, a.to_global(p, S1).to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S0).to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S0).T.to_global(sbp=B))]
+                out += [held(kind, a.to_global(p, S0).to_global(sbp=S1))]
+                out += [held(kind, a.to_global(p, S1).to_global(sbp=S0))]
+            b = af.tensor(data(shape, n)).to(af.bfloat16).to_global(p, S0)
+            y = b.to_global(sbp=P).to_global(sbp=B)
+            out += [held(kind, y.float()), af.parallel.to_local(y, k - 1).float().numpy()]
+        return out
+
+    both(program)
+    assert native["all_reduce"] >= len(shapes) * 5 and native["all_gather"] >= len(shapes) * 8
+    assert native["reduce_scatter"] >= len(shapes) * 8 and native["all_to_all"] >= len(shapes) * 8
+
+
+def test_a_collective_over_a_part_holding_an_error(native):
+    """A rank's part holds an error (here an index out of bounds on rank 1 alone): the
+    collective's output holds it on every rank (raised at the read, as inline), and the
+    ranks go on (the buffers of the ranks that wrote theirs are given back)."""
+    p = af.placement("cpu", ranks=2)
+    n = 3000  # (parts past the message size: shared memory)
+    idx = np.zeros((n, 10), np.int64)
+    idx[n - 1, 3] = 99  # (in rank 1's rows)
+
+    def program(kind):
+        with use_ranks(kind):
+            x = af.tensor(data((n, 10))).to_global(p, S0)
+            bad = af.gather(x, 1, af.tensor(idx).to_global(p, S0))
+            errors = []
+            for y in (bad.to_global(sbp=B), bad.to_global(sbp=P).to_global(sbp=B)):
+                for r in range(2):
+                    with pytest.raises(IndexOutOfBoundsError) as e:
+                        af.parallel.to_local(y, r).numpy()
+                    errors.append(str(e.value).split("\n")[0])
+            if kind == "inline":  # (an error kept for this process's synchronize, if any)
+                try:
+                    af.synchronize()
+                except IndexOutOfBoundsError:
+                    pass
+            for _ in range(3):  # (the buffers reused after the failed collectives)
+                ok = (x * 2).to_global(sbp=B).numpy()
+                assert np.array_equal(ok, data((n, 10)) * 2)
+            return errors
+
+    inline = program("inline")
+    procs = program("processes")
+    assert procs == inline and "index 99 is out of bounds" in procs[0]
+    assert native["all_gather"] >= 4 and native["all_reduce"] >= 1
+
+
+@pytest.mark.parametrize("conversion", ["all_reduce", "all_gather"])
+def test_a_worker_killed_during_a_collective(conversion, native):
+    """Rank 1 waits in a collective for rank 0's part when rank 0 is killed: rank 1 is not
+    left waiting, the read is an ActorError naming rank 0, and the placement starts new
+    workers at its next use."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=[20, 21])
+        w = af.tensor(data((1000, 1000), 1)).to_global(p, B)
+        if conversion == "all_reduce":
+            x = af.tensor(data((1000, 1000))).to_global(p, S1) @ af.tensor(
+                data((1000, 1000), 2)
+            ).to_global(p, S0)
+            assert x.sbp == (P,)
+        else:
+            x = af.tensor(data((1000, 1000))).to_global(p, S0)
+        ranks = ranks_of(p)
+        ranks.synchronize()
+        y = (x @ w @ w @ w @ w).to_global(sbp=B)  # (rank 0 busy, then the collective)
+        assert native[conversion] == 1
+        os.kill(ranks.pids[0], signal.SIGKILL)
+        with pytest.raises(ActorError, match=r"rank 0 of placement.*exit code -9"):
+            af.parallel.to_local(y, 1).numpy()
+            (x + 1).numpy()
+        z = af.tensor(data((8, 8))).to_global(p, S0)  # new workers
+        assert np.array_equal(z.to_global(sbp=B).numpy(), data((8, 8)))
+
+
+def test_a_collective_keeps_the_layout_of_transposed_parts(native):
+    """A weight's gradient of ``x @ w.T`` is made transposed (a view of a contiguous block):
+    its all-reduce gives transposed views of contiguous sums, so ``w.grad`` is made from it
+    with no transposed copy, and the values are inline ranks' bits."""
+
+    def program(kind):
+        p = af.placement("cpu", ranks=2)
+        w = af.tensor(data((300, 200), 1)).to_global(p, B).requires_grad_()
+        x = af.tensor(data((64, 200), 2)).to_global(p, S0)
+        ((x @ w.T) ** 2).sum().backward()
+        g = w.grad
+        if kind == "processes":
+            made = ranks_of(p)
+            y = partial_sum(p, [data((200, 300), r) for r in range(2)]).T.to_global(sbp=B)
+            for part in parts_of(y._impl):
+                m = made.meta(part)
+                assert m.shape == (300, 200) and m.strides == (1, 300)
+        return [held(kind, g)]
+
+    both(program)
+    assert native["all_reduce"] >= 2
+
+
+TRACED = """
+import numpy as np
+import actorflow as af
+
+if __name__ == "__main__":
+    with af.parallel.use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        x = af.tensor(np.ones((400, 100), np.float32)).to_global(p, af.sbp.split(0))
+        print(float((x * 2).to_global(sbp=af.sbp.broadcast).sum().item()))
+"""
+
+
+def test_the_workers_trace_their_commands_where_asked(tmp_path):
+    """``AF_RANKS_TRACE=<prefix>``: each worker writes a line per command (its start and
+    time in ms, what it was) to ``<prefix>.<rank>``; with ``AF_RANKS_TRACE_SYNC=1`` too."""
+    script = tmp_path / "traced.py"
+    script.write_text(TRACED)
+    for sync in ("", "1"):
+        prefix = tmp_path / f"trace{sync}"
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(sys.path),
+            AF_RANKS_TRACE=str(prefix),
+            AF_RANKS_TRACE_SYNC=sync,
+        )
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=40, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert float(done.stdout) == 80000.0
+        for r in range(2):
+            lines = (tmp_path / f"trace{sync}.{r}").read_text().splitlines()
+            calls = [ln.split() for ln in lines if " CALL mul_scalar " in ln]
+            assert len(calls) == 1 and float(calls[0][1]) >= 0.0, lines
+            assert any(" COLLECT" in ln for ln in lines) and any("combined" in ln for ln in lines)

@@ -12,6 +12,10 @@ of them (what rank r does, of k):
   the same bits (k(k-1) moves);
 - P -> S(j), reduce-scatter: r's slice of every part moved to r, summed in rank order.
 
+Ranks that have collectives of their own (``all_reduce``, ``all_gather``,
+``reduce_scatter``, ``all_to_all``: process ranks) run those conversions with them instead,
+giving the same bits.
+
 ``cost`` is the bytes a conversion moves between ranks, which the interpreter minimises
 when it picks an op's signature.
 """
@@ -112,10 +116,30 @@ def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any)
                 int(cost(src, dst, n, k)),
             )
         )
+    native = _native(ranks, src, dst) if k > 1 else None
+    if native is not None:  # (the same bits as the generic path below)
+        return native(parts)
     out = []
     for r in range(k):
         out.append(_box_one(ranks, parts, src, dst, shape, dtype, r, k))
     return out
+
+
+def _native(ranks: Ranks, src: SBP, dst: SBP) -> Any:
+    """The ranks' own collective for a conversion that moves data, where they have one:
+    ``all_reduce(parts)``, ``all_gather(parts, i)``, ``reduce_scatter(parts, j)``,
+    ``all_to_all(parts, i, j)``; None for the generic path."""
+    if src.kind == "P" and dst.kind == "B":
+        return getattr(ranks, "all_reduce", None)
+    name, args = {
+        ("S", "B"): ("all_gather", (src.dim,)),
+        ("P", "S"): ("reduce_scatter", (dst.dim,)),
+        ("S", "S"): ("all_to_all", (src.dim, dst.dim)),
+    }.get((src.kind, dst.kind), (None, ()))
+    method = getattr(ranks, name, None) if name else None
+    if method is None:
+        return None
+    return lambda parts: method(parts, *args)
 
 
 def _box_one(ranks, parts, src, dst, shape, dtype, r, k):

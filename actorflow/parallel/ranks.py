@@ -631,6 +631,88 @@ class ProcessRanks(HeldRanks):
             self._live()
             return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
 
+    # -- collectives (boxing calls them where a Ranks has them) ---------------------------
+
+    _collectives = 0  # collectives issued (the same number on every rank)
+
+    def all_reduce(self, parts: list) -> list:
+        """P -> B: every rank's part summed in rank order on every rank (the same bits as
+        the moves and adds of boxing's generic path), each part written once into shared
+        memory every other rank reads (``workers.collect``)."""
+        return self._collective(parts, ("sum",), None)
+
+    def all_gather(self, parts: list, dim: int) -> list:
+        """S(dim) -> B: every rank's part joined along ``dim`` in rank order on every rank."""
+        shape = list(self.meta(parts[0]).shape)
+        shape[dim] = sum(self.meta(p).shape[dim] for p in parts)
+        return self._collective(parts, ("cat", dim), tuple(shape))
+
+    def reduce_scatter(self, parts: list, dim: int) -> list:
+        """P -> S(dim): rank r's slice along ``dim`` of every part summed in rank order."""
+        return self._sliced(parts, ("sum", dim))
+
+    def all_to_all(self, parts: list, src: int, dst: int) -> list:
+        """S(src) -> S(dst): rank r's slice along ``dst`` of every part joined along
+        ``src`` in rank order."""
+        return self._sliced(parts, ("cat", src, dst))
+
+    def _collective(self, parts: list, how: tuple, shape: tuple | None) -> list:
+        with self._lock:
+            self._live()
+            if all(_transposed(self.meta(p)) for p in parts):
+                # parts that are transposed views (a weight's gradient, of x @ w.T): the
+                # collective runs on the blocks under them and gives transposed views of
+                # its outputs, so the layout the gradient was made in survives (the values
+                # are the same: the sum is elementwise, the gather along the other dim)
+                flat = [self.view(r, "permute", p, (1, 0)) for r, p in enumerate(parts)]
+                if how[0] == "cat":
+                    how = ("cat", 1 - how[1])
+                    shape = None if shape is None else shape[::-1]
+                outs = self._collective(flat, how, shape)
+                return [self.view(r, "permute", o, (1, 0)) for r, o in enumerate(outs)]
+            m = self.meta(parts[0])
+            shape = tuple(m.shape) if shape is None else shape
+            self._collectives += 1
+            seq = self._collectives
+            outs = []
+            for r, p in enumerate(parts):
+                out = self._part(r, contiguous_meta(shape, m.dtype, self._dev), m.dtype)
+                self._issue(r, (W.COLLECT, how, p.id, out.id, seq, m.dtype))
+                outs.append(out)
+            self._after(0, sum(_nbytes(self.meta(p)) for p in parts))
+            return outs
+
+    def _sliced(self, parts: list, how: tuple) -> list:
+        """A reduce-scatter (``("sum", j)``) or an all-to-all (``("cat", i, j)``): each
+        rank's command names its own slice along j (the outputs' shapes differ)."""
+        from ..sbp import split_sizes, split_starts
+
+        with self._lock:
+            self._live()
+            metas = [self.meta(p) for p in parts]
+            j, n = how[-1], metas[0].shape[how[-1]]
+            starts, sizes = split_starts(n, self.size), split_sizes(n, self.size)
+            self._collectives += 1
+            seq = self._collectives
+            outs = []
+            for r, p in enumerate(parts):
+                shape = list(metas[r].shape)
+                shape[j] = sizes[r]
+                if how[0] == "cat":
+                    shape[how[1]] = sum(m.shape[how[1]] for m in metas)
+                dtype = metas[r].dtype
+                out = self._part(r, contiguous_meta(tuple(shape), dtype, self._dev), dtype)
+                mine = (*how[:-1], (j, starts[r], sizes[r]))
+                self._issue(r, (W.COLLECT, mine, p.id, out.id, seq, dtype))
+                outs.append(out)
+            self._after(0, sum(_nbytes(m) for m in metas))
+            return outs
+
+
+def _transposed(m: Any) -> bool:
+    """Whether a part's meta is the transpose of a contiguous matrix (and not one itself)."""
+    return len(m.shape) == 2 and m.shape[0] > 1 and m.shape[1] > 1 and m.strides == (1, m.shape[0])
+
 
 def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:
     """The ActorError of a rank's worker (``actor``: the rank and its placement), in the

@@ -5,9 +5,10 @@ its own eager runtime.
 A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its pipe in
 order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
 from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
-``DROP``: parts the controller no longer holds, ``GET``/``META``/``PING``: the only
-commands answered). A reader thread takes what the other ranks send, on one pipe per
-rank, so that no rank's send waits for this one's work.
+``DROP``: parts the controller no longer holds, ``COLLECT``: this rank's share of a
+collective, ``GET``/``META``/``PING``: the only commands answered). A reader thread takes
+what the other ranks send, on one pipe per rank, so that no rank's send waits for this
+one's work.
 
 A command that raises leaves its outputs holding the error (pickled, with its traceback):
 a command reading such a part passes the error on to its outputs, a ``SEND`` of one sends
@@ -23,10 +24,24 @@ destination's ``RECV`` waits for it, with a timeout, and maps it (copy on write)
 new part's memory. A part sent to several ranks (an all-gather's, an all-reduce's) is
 written once: its memfd is kept until it went to every other rank, the part is dropped, or
 any part is written in place. A source that ends before sending fails the ``RECV`` at once
-(its pipe closes)."""
+(its pipe closes).
+
+A collective (all-reduce, all-gather, reduce-scatter, all-to-all: ``collect``): every rank
+writes its part once into a buffer of its own kept for collectives (``_Outbox``: a ring of
+memfds, mapped once by every rank, so no fresh file, no page faults, no copy on write), tells
+the others, and reads theirs where they wrote them: all ranks write at the same time, and
+each combines every rank's part (or its slice of it) in rank order with the same kernels
+as boxing's moves and ops would, so every rank holds inline ranks' bits. A rank's buffer is
+written again once every other rank said it is done reading it. A part holding an error
+gives every rank's output that error; a rank that ends fails the others' collective at
+once.
+
+``AF_RANKS_TRACE=<prefix>`` in the environment (set before the workers start) makes each
+worker write the times of its commands to ``<prefix>.<rank>`` (``_Tracer``)."""
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import pickle
@@ -43,7 +58,7 @@ import numpy as np
 
 from ..tensor import views
 
-CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON = range(10)
+CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT = range(11)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
 WAIT_S = 300.0  # how long a RECV waits for its source, and the controller for an answer
 VIEWS = {  # the views a rank takes of its parts, by name
@@ -87,12 +102,12 @@ def contiguous_bytes(a: np.ndarray) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def memfd_of(nbytes: int) -> tuple[int, mmap.mmap]:
+def memfd_of(nbytes: int, name: str = "actorflow-part") -> tuple[int, mmap.mmap]:
     """A fresh shared memory file of ``nbytes`` and a writable map of it, its pages
     faulted in at once where the platform can. A ``memfd`` has no name, so nothing is ever
     left in ``/dev/shm``; where there is none, a shared memory block unlinked at once."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("actorflow-part", os.MFD_CLOEXEC)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
     else:  # (not Linux)
         from multiprocessing import shared_memory
 
@@ -185,14 +200,15 @@ def mapped_part(fd: int, nbytes: int, dt: Any, shape: tuple) -> np.ndarray:
 
 class _Inbox:
     """What the other ranks sent this one: token -> (header, payload), and the ranks whose
-    pipes closed."""
+    pipes closed. A token: the id of a moved part (``SEND``/``RECV``), ``("c", seq, rank)``
+    a rank's part in collective ``seq``, ``("a", seq, rank)`` its ack of ours."""
 
     def __init__(self) -> None:
         self.items: dict = {}
         self.gone: set = set()
         self.cond = threading.Condition()
 
-    def put(self, token: int, item: Any) -> None:
+    def put(self, token: Any, item: Any) -> None:
         with self.cond:
             self.items[token] = item
             self.cond.notify_all()
@@ -202,7 +218,7 @@ class _Inbox:
             self.gone.add(rank)
             self.cond.notify_all()
 
-    def take(self, token: int, src: int, timeout: float) -> Any:
+    def take(self, token: Any, src: int, timeout: float) -> Any:
         with self.cond:
             ok = self.cond.wait_for(
                 lambda: token in self.items or src in self.gone, timeout=timeout
@@ -224,12 +240,56 @@ def _peer_reader(peers: dict, inbox: _Inbox) -> None:
             src = watched[c]
             try:
                 header = pickle.loads(c.recv_bytes())
-                payload = recv_handle(c) if header[1] == "fd" else None
+                fd = header[1] == "fd" or (header[1] == "shm" and header[-1])
+                payload = recv_handle(c) if fd else None
             except (EOFError, OSError):
                 del watched[c]
                 inbox.lost(src)
                 continue
             inbox.put(header[0], (header, payload))
+
+
+class _Outbox:
+    """This rank's shared buffers for collectives (``COLLECT``): a ring of ``SLOTS`` memfds,
+    each mapped here once (its pages stay, so a collective's write is a plain copy, with no
+    fresh file, no page faults) and by every other rank once (the descriptor goes with the
+    first message that uses it). Collective ``seq`` writes slot ``seq % SLOTS``, after
+    every other rank said it was done reading the slot's last use (its ack)."""
+
+    SLOTS = 2
+
+    def __init__(self, rank: int, peers: dict, inbox: _Inbox) -> None:
+        self.rank, self.peers, self.inbox = rank, peers, inbox
+        self.slots: list = [None] * self.SLOTS  # [fd (-1 once every rank has it), map,
+        #    capacity, generation, seq of the use not yet acked (or None), ranks told]
+        self.gens = itertools.count(1)
+
+    def write(self, read: Any, impl: Any, nbytes: int, seq: int) -> tuple:
+        """``impl``'s values written into slot ``seq % SLOTS``: returns (slot, its entry,
+        the storage dtype, the shape)."""
+        i = seq % self.SLOTS
+        e = self.slots[i]
+        if e is not None and e[4] is not None:  # (the other ranks still read it?)
+            for s in self.peers:
+                self.inbox.take(("a", e[4], s), s, WAIT_S)
+            e[4] = None
+        if e is None or e[2] < nbytes:
+            if e is not None:
+                e[1].close()
+                if e[0] >= 0:
+                    os.close(e[0])
+                self.slots[i] = None
+            cap = max(nbytes, 1 << 20)
+            fd, mm = memfd_of(cap, "actorflow-collective")
+            e = self.slots[i] = [fd, mm, cap, next(self.gens), None, set()]
+        mm = e[1]
+
+        def write(a: np.ndarray) -> tuple:
+            np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm), a)
+            return a.dtype.str, tuple(a.shape)
+
+        dt, shape = read(impl, write, "process ranks")
+        return i, e, dt, shape
 
 
 def _batch(conn) -> list | None:
@@ -409,6 +469,10 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
     inbox = _Inbox()
     if peers:
         threading.Thread(target=_peer_reader, args=(peers, inbox), daemon=True).start()
+    apply, add, cat = ex.apply, ex._op_def("add"), ex._op_def("cat")
+    outbox = _Outbox(rank, peers, inbox)
+    trace = _tracer(rank)
+    seen: dict = {}  # (rank, slot) -> (generation, the map) of other ranks' outboxes
 
     sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
     # the other ranks: written once, mapped by each; closed after the last
@@ -423,6 +487,113 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
 
     def answer(obj) -> None:
         conn.send_bytes(pickle.dumps((asked[0], *obj), protocol=5))
+
+    def tell(dst: int, header: tuple, fd: int | None = None) -> None:
+        try:
+            peers[dst].send_bytes(pickle.dumps(header, protocol=5))
+            if fd is not None:
+                send_handle(peers[dst], fd, 0)
+        except OSError:
+            pass  # (that rank's worker ended: the controller is told by its pipe)
+
+    def collect(cmd) -> None:
+        """A collective (see ``_Outbox``): this rank's part written once where every other
+        rank reads it, and every rank's part combined here in rank order (the same kernels
+        as the moves and ops boxing would issue, so every rank, and inline ranks, hold the
+        same bits): ``("sum",)`` an all-reduce, ``("cat", dim)`` an all-gather; with a
+        last item ``(j, start, size)``, this rank's slice along ``j`` of every part is
+        summed (a reduce-scatter) or joined (an all-to-all) instead of the whole parts."""
+        _, how, in_id, out_id, seq, dtype = cmd
+        ins = inputs([in_id])
+        errs: dict = {}  # rank -> the error its part holds (the lowest rank's is kept)
+        mine: tuple = ()
+        if isinstance(ins, bytes):
+            errs[rank] = ins
+        else:
+            impl = ins[0]
+            try:
+                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                if nbytes <= INLINE:
+                    mine = ("data", host_array(impl))
+                else:
+                    i, e, dt, shape = outbox.write(read, impl, nbytes, seq)
+                    mine = ("shm", i, e, dt, shape, nbytes)
+            except BaseException as x:  # noqa: BLE001 - every rank's output holds it
+                errs[rank] = error_bytes(x)
+        if trace is not None:
+            trace.note("written")
+        token = ("c", seq, rank)
+        for dst in peers:
+            if rank in errs:
+                tell(dst, (token, "error", errs[rank]))
+            elif mine[0] == "data":
+                tell(dst, (token, "data", mine[1]))
+            else:
+                _, i, e, dt, shape, nbytes = mine
+                new = dst not in e[5]
+                e[5].add(dst)
+                tell(
+                    dst,
+                    (token, "shm", i, e[3], e[2], dt, shape, nbytes, new),
+                    e[0] if new else None,
+                )
+        if mine and mine[0] == "shm":
+            e = mine[2]
+            e[4] = seq  # (written again only once every rank acked this use)
+            if e[0] >= 0:  # (every other rank has it now: no descriptor kept)
+                os.close(e[0])
+                e[0] = -1
+        got: dict = {}
+        read_from = []
+        for s in peers:
+            try:
+                header, fd = inbox.take(("c", seq, s), s, WAIT_S)
+            except BaseException as x:  # noqa: BLE001
+                errs[s] = error_bytes(x)
+                continue
+            if header[1] == "error":
+                errs[s] = header[2]
+            elif header[1] == "data":
+                got[s] = header[2]
+            else:
+                _, _, i, gen, cap, dt, shape, nbytes, _ = header
+                if fd is not None:
+                    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # (at once)
+                    seen[(s, i)] = (gen, mmap.mmap(fd, cap, flags=flags, prot=mmap.PROT_READ))
+                    os.close(fd)
+                mm = seen[(s, i)][1]
+                read_from.append(s)
+                count = nbytes // np.dtype(dt).itemsize
+                got[s] = np.frombuffer(mm, np.dtype(dt), count).reshape(shape)
+        if trace is not None:
+            trace.note("got the others'")
+        try:
+            if errs:
+                return fail([out_id], errs[min(errs)])
+            try:
+                pieces = [impl if s == rank else adopt(got[s], dtype) for s in range(size)]
+                if len(how) == (2 if how[0] == "sum" else 3):  # (a slice of each)
+                    j, start, n = how[-1]
+                    key = (slice(None),) * j + (slice(start, start + n),)
+                    pieces = [views.basic_index(p, key) for p in pieces]
+                if how[0] == "sum":
+                    acc = pieces[0]
+                    for p in pieces[1:]:
+                        acc = apply(add, [acc, p], {})[0]
+                else:
+                    acc = apply(cat, pieces, {"dim": how[1], "dtype": dtype})[0]
+                read(acc, lambda a: None, "process ranks")  # (done with the other ranks'
+                #                                             buffers before the acks)
+                if trace is not None:
+                    trace.note("combined")
+                parts[out_id] = acc
+            except BaseException as x:  # noqa: BLE001
+                fail([out_id], error_bytes(x))
+        finally:
+            got.clear()
+            pieces = []
+            for s in read_from:
+                tell(s, (("a", seq, rank), "ack"))
 
     def run(cmd) -> None:
         kind = cmd[0]
@@ -516,16 +687,27 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             answer(("ok", len(parts) + len(poisoned)))
         elif kind == POISON:
             fail(cmd[1], cmd[2])
+        elif kind == COLLECT:
+            collect(cmd)
 
     while True:
         batch = _batch(conn)
         if batch is None:
             return  # (the controller closed the pipe, or is gone)
+        if trace is not None:
+            trace.batch(len(batch))
         for cmd in batch:
             if cmd[0] in (GET, META, PING):
                 asked[0] = cmd[-1]
             try:
-                run(cmd)
+                if trace is None:
+                    run(cmd)
+                else:
+                    trace.start()
+                    run(cmd)
+                    if trace.sync:  # (its kernels' time in its line)
+                        vm.synchronize_quietly()
+                    trace.end(cmd)
             except (OSError, EOFError):
                 return  # the controller is gone (its pipe: the answers of GET, META, PING)
             except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
@@ -534,6 +716,54 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     answer(("error", err))
                 else:
                     fail(made_by(cmd), err)
+
+
+NAMES = ("CALL", "VIEW", "PUT", "SEND", "RECV", "DROP", "GET", "META", "PING", "POISON", "COLLECT")
+
+
+class _Tracer:
+    """Per-command timestamps of a worker, written to ``<prefix>.<rank>`` (one line a
+    command: its start and end in ms since the worker started, what it was), where the
+    environment has ``AF_RANKS_TRACE=<prefix>``: where the time of process ranks goes. With
+    ``AF_RANKS_TRACE_SYNC=1`` too, each command is waited for before the next one (a line
+    then holds its kernels' time; the rank computes nothing behind its commands)."""
+
+    def __init__(self, path: str) -> None:
+        import time
+
+        self.clock = time.perf_counter
+        self.t0 = self.clock()
+        self.t = self.t0
+        self.file = open(path, "w", buffering=1 << 16)  # noqa: SIM115 - kept for the process
+        self.sync = bool(os.environ.get("AF_RANKS_TRACE_SYNC"))
+
+    def batch(self, n: int) -> None:
+        self.file.write(f"{(self.clock() - self.t0) * 1e3:10.3f} batch of {n}\n")
+
+    def note(self, what: str) -> None:
+        """A point within the command running."""
+        self.file.write(f"{(self.clock() - self.t) * 1e3:21.3f} {what}\n")
+
+    def start(self) -> None:
+        self.t = self.clock()
+
+    def end(self, cmd: tuple) -> None:
+        t = self.clock()
+        what = NAMES[cmd[0]]
+        if cmd[0] == CALL:
+            what += f" {getattr(cmd[1], 'name', cmd[1])} {cmd[2]} -> {cmd[4]}"
+        elif cmd[0] in (SEND, RECV):
+            what += f" {cmd[1:3]}"
+        elif cmd[0] == VIEW:
+            what += f" {cmd[1]}"
+        start, took = (self.t - self.t0) * 1e3, (t - self.t) * 1e3
+        self.file.write(f"{start:10.3f} {took:8.3f} {what}\n")
+        self.file.flush()
+
+
+def _tracer(rank: int) -> _Tracer | None:
+    prefix = os.environ.get("AF_RANKS_TRACE")
+    return _Tracer(f"{prefix}.{rank}") if prefix else None
 
 
 def made_by(cmd: tuple) -> list:
@@ -547,4 +777,6 @@ def made_by(cmd: tuple) -> list:
         return [cmd[1]] if kind == PUT else list(cmd[1])
     if kind == RECV:
         return [cmd[2]]
+    if kind == COLLECT:
+        return [cmd[3]]
     return []
