@@ -143,23 +143,31 @@ def digest(params: dict) -> str:
 
 
 class Peer:
-    """A stage's link to the other stage: a queue to send on (``put`` returns at once, a
-    feeder thread writes to the pipe: neither stage blocks on a send) and one to receive
-    from, every receive with a timeout."""
+    """A stage's link to the other stage: two shared-memory buffers of the whole batch
+    (``acts``: stage 0's outputs, ``grads``: their gradients, micro-batch i at its rows),
+    a queue to send a micro-batch's index on (``put`` returns at once: a feeder thread
+    writes the pipe) and one to receive from, every receive with a timeout. A buffer's rows
+    are written again only in the next batch, after the reader is done with them (stage 0
+    gets the last gradient of a batch after stage 1 read every activation of it)."""
 
-    def __init__(self, out_q, in_q, what: str):
+    def __init__(self, out_q, in_q, acts, grads, what: str):
         self.out_q, self.in_q, self.what = out_q, in_q, what
+        self.acts, self.grads = acts, grads
+        self.waited_s = 0.0  # time spent blocked in recv
 
-    def send(self, obj) -> None:
-        self.out_q.put(obj)
+    def send(self, i: int) -> None:
+        self.out_q.put(i)
 
-    def recv(self, timeout: float):
+    def recv(self, timeout: float) -> int:
         import queue
 
+        t0 = time.perf_counter()
         try:
             return self.in_q.get(timeout=timeout)
         except queue.Empty:
             raise TimeoutError(f"{self.what}: nothing came within {timeout:.0f} s") from None
+        finally:
+            self.waited_s += time.perf_counter() - t0
 
     def drain(self) -> None:
         """Drops what a failed run left in the queue."""
@@ -251,6 +259,9 @@ class Trainer:
         out: dict[str, Any] = {"threads": torch.get_num_threads()}
         if self.role == "ddp":
             self.dist.barrier()
+        if self.peer is not None:
+            self.peer.waited_s = 0.0
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         loss, kept = None, 0
         for _ in range(k):
             self.opt.zero_grad()
@@ -258,15 +269,33 @@ class Trainer:
                 kept = max(kept, self.stage0_step(micro))
             elif self.role == "stage":
                 loss = self.stage1_step(micro)
+            elif micro > 1:
+                loss = self.accumulate(micro)
             else:
                 loss_t = self.lossf(self.net(self.x), self.y)
                 loss_t.backward()
                 loss = loss_t.item()
             self.opt.step()
+        out["wall_s"] = time.perf_counter() - wall0
+        out["cpu_s"] = time.process_time() - cpu0  # all its threads (gloo's, feeders) too
+        out["waited_s"] = None if self.peer is None else self.peer.waited_s
         out["loss"] = loss
         if self.role == "stage" and self.rank == 0:
             out["kept_max"] = kept
         return out
+
+    def accumulate(self, m: int) -> float:
+        """One process's batch in ``m`` micro-batches, the gradients accumulated."""
+        if self.role != "solo":
+            raise ValueError(
+                f"micro-batches in one process are the solo worker's, not {self.role}'s"
+            )
+        total = 0.0
+        for xi, yi in zip(self.x.chunk(m), self.y.chunk(m), strict=True):
+            loss = self.lossf(self.net(xi), yi) / m
+            loss.backward()
+            total += loss.item()
+        return total
 
     def param_digest(self) -> str:
         return digest(self.params())
@@ -275,7 +304,7 @@ class Trainer:
         """Stage 0 of one batch in the 1F1B order: one forward ahead, then forward i and
         backward i-1 in turn, then the last backward. Returns the most micro-batches whose
         activations it held at once."""
-        torch, peer = self.torch, self.peer
+        peer, mb = self.peer, BATCH // m
         wait = call_timeout(1)
         held: dict[int, Any] = {}
         kept = 0
@@ -283,23 +312,29 @@ class Trainer:
             h = self.model(xi)
             held[i] = h
             kept = max(kept, len(held))
-            peer.send(h.detach().numpy())
+            peer.acts[i * mb : (i + 1) * mb].copy_(h.detach())
+            peer.send(i)
             if i >= 1:
-                held.pop(i - 1).backward(torch.from_numpy(peer.recv(wait)))
-        held.pop(m - 1).backward(torch.from_numpy(peer.recv(wait)))
+                j = peer.recv(wait)
+                held.pop(j).backward(peer.grads[j * mb : (j + 1) * mb])
+        j = peer.recv(wait)
+        held.pop(j).backward(peer.grads[j * mb : (j + 1) * mb])
         return kept
 
     def stage1_step(self, m: int) -> float:
         """Stage 1 of one batch: per micro-batch, forward, loss / m, backward, the input's
         gradient sent back. Returns the batch's loss (the sum of the micro-batches' / m)."""
-        torch, peer = self.torch, self.peer
+        peer, mb = self.peer, BATCH // m
         wait = call_timeout(1)
         total = 0.0
-        for yi in self.y.chunk(m):
-            a = torch.from_numpy(peer.recv(wait)).requires_grad_()
-            loss = self.lossf(self.model(a), yi) / m
+        ys = self.y.chunk(m)
+        for _ in range(m):
+            i = peer.recv(wait)
+            a = peer.acts[i * mb : (i + 1) * mb].detach().requires_grad_()
+            loss = self.lossf(self.model(a), ys[i]) / m
             loss.backward()
-            peer.send(a.grad.numpy())
+            peer.grads[i * mb : (i + 1) * mb].copy_(a.grad)
+            peer.send(i)
             total += loss.item()
         return total
 
@@ -358,7 +393,13 @@ class Worker:
         child.close()
 
     def send(self, *msg) -> None:
-        self.conn.send(msg)
+        try:
+            self.conn.send(msg)
+        except OSError as e:  # a broken pipe: the worker is gone
+            self.proc.join(1)
+            raise RuntimeError(
+                f"worker {self.name!r} is gone (exit code {self.proc.exitcode}): {e}"
+            ) from None
 
     def reply(self, timeout: float):
         if not self.conn.poll(timeout):
@@ -456,6 +497,27 @@ def start(ctx: Context, name: str, roles: list[tuple[str, int, Any]], **cfg) -> 
     return g
 
 
+def contender(name: str, run: Callable[[], dict], reset: Callable[[], Any], **kw):
+    """A ``harness.Contender`` whose ``setup`` is ``reset`` and whose ``fn`` is ``run``,
+    where a failed reset (a worker gone) is raised by ``fn``, so the harness records it as
+    the contender's error instead of stopping the benchmark."""
+    failed: list[Exception] = []
+
+    def setup() -> None:
+        failed.clear()
+        try:
+            reset()
+        except Exception as e:  # noqa: BLE001 - raised again by fn, inside the harness
+            failed.append(e)
+
+    def fn() -> dict:
+        if failed:
+            raise RuntimeError(f"reset before the run failed: {failed[0]}") from failed[0]
+        return run()
+
+    return harness.Contender(name, fn, None, setup=setup, **kw)
+
+
 def loss_check(name: str, ctx: Context, ranks_equal: bool = False):
     """The check of every run: the last loss finite and one process's within LOSS_RTOL;
     with ``ranks_equal``, the ranks' parameter digests the same."""
@@ -480,22 +542,33 @@ def solo_group(ctx: Context) -> Group:
     return ctx.group("solo", lambda: start(ctx, "solo", [("solo", 0, None)]))
 
 
-def one_process(ctx: Context, threads: int) -> harness.Contender:
-    """PyTorch in one worker process on the whole batch with ``threads`` threads."""
+def one_process(ctx: Context, threads: int, micro: int = 1) -> harness.Contender:
+    """PyTorch in one worker process on the whole batch with ``threads`` threads; with
+    ``micro`` > 1, the batch in that many micro-batches, their gradients accumulated (the
+    pipeline's work without the pipeline: what the micro-batches alone cost)."""
     g, k = solo_group(ctx), ctx.args.steps
 
     def run() -> dict:
-        (r,) = g.call("run", k, threads, timeout=call_timeout(k))
+        (r,) = g.call("run", k, threads, micro, timeout=call_timeout(k))
         return r
 
-    c = harness.Contender(
-        f"pytorch, one process{'' if threads == ctx.args.threads else ', 2x threads'}",
+    if micro > 1:
+        name, fields = f"pytorch, one process, m={micro}", dict(micro_batches=micro)
+        note = (
+            f"diagnostic: one process, {micro} micro-batches of {BATCH // micro}, gradients "
+            f"accumulated, {threads} thread(s)"
+        )
+    else:
+        name = f"pytorch, one process{'' if threads == ctx.args.threads else ', 2x threads'}"
+        fields, note = {}, f"torch.nn + torch.optim.SGD on the whole batch, {threads} thread(s)"
+    c = contender(
+        name,
         run,
-        None,
-        setup=lambda: g.call("reset", timeout=call_timeout(0)),
+        lambda: g.call("reset", timeout=call_timeout(0)),
         ranks=1,
         threads_per_rank=threads,
-        note=f"torch.nn + torch.optim.SGD on the whole batch, {threads} thread(s)",
+        **fields,
+        note=note,
     )
     c.check = loss_check(c.name, ctx)
     c.params = lambda: [g.call("params", timeout=call_timeout(0))[0]]
@@ -510,19 +583,22 @@ def ddp(ctx: Context) -> harness.Contender:
         lambda: start(ctx, "ddp rank", [("ddp", r, None) for r in range(RANKS)], port=free_port()),
     )
 
+    last: dict = {}
+
     def run() -> dict:
         rs = g.call("run", k, timeout=call_timeout(k))
+        last.update(rank_cpu_s_per_step=[r["cpu_s"] / k for r in rs])
         return {"loss": sum(r["loss"] for r in rs) / len(rs)}
 
     def fetch(out: dict) -> dict:  # after the clock: each rank's parameter digest
         return {**out, "digests": g.call("param_digest", timeout=call_timeout(0))}
 
-    c = harness.Contender(
+    c = contender(
         f"pytorch DDP gloo, {RANKS} ranks",
         run,
-        None,
-        setup=lambda: g.call("reset", timeout=call_timeout(0)),
+        lambda: g.call("reset", timeout=call_timeout(0)),
         fetch=fetch,
+        after=lambda: dict(last),
         ranks=RANKS,
         threads_per_rank=ctx.args.threads,
         note=f"DistributedDataParallel, gloo over TCP 127.0.0.1, batch {BATCH // RANKS} per "
@@ -535,8 +611,15 @@ def ddp(ctx: Context) -> harness.Contender:
 
 def pipeline_group(ctx: Context) -> Group:
     def make() -> Group:
-        acts, grads = ctx.mp.Queue(), ctx.mp.Queue()  # stage 0 -> 1, stage 1 -> 0
-        return start(ctx, "stage", [("stage", 0, (acts, grads)), ("stage", 1, (grads, acts))])
+        torch = ctx.torch
+        fwd, bwd = ctx.mp.Queue(), ctx.mp.Queue()  # stage 0 -> 1, stage 1 -> 0
+        acts = torch.zeros(BATCH, HIDDEN).share_memory_()
+        grads = torch.zeros(BATCH, HIDDEN).share_memory_()
+        return start(
+            ctx,
+            "stage",
+            [("stage", 0, (fwd, bwd, acts, grads)), ("stage", 1, (bwd, fwd, acts, grads))],
+        )
 
     return ctx.group("pipeline", make)
 
@@ -545,21 +628,28 @@ def pipeline(ctx: Context, m: int) -> harness.Contender:
     """The hand-written 2-stage pipeline with ``m`` micro-batches, 1F1B order."""
     g, k = pipeline_group(ctx), ctx.args.steps
 
+    last: dict = {}
+
     def run() -> dict:
         s0, s1 = g.call("run", k, None, m, timeout=call_timeout(k))
         kept = max(c.extra.get("stage0_kept_max", 0), s0["kept_max"])
         c.extra["stage0_kept_max"] = kept
+        last.update(
+            stage_waited_fraction=[s["waited_s"] / s["wall_s"] for s in (s0, s1)],
+            stage_cpu_s_per_step=[s["cpu_s"] / k for s in (s0, s1)],
+        )
         return {"loss": s1["loss"]}
 
-    c = harness.Contender(
+    c = contender(
         f"pytorch pipeline, {RANKS} stages, m={m}",
         run,
-        None,
-        setup=lambda: g.call("reset", timeout=call_timeout(0)),
+        lambda: g.call("reset", timeout=call_timeout(0)),
         ranks=RANKS,
         threads_per_rank=ctx.args.threads,
         micro_batches=m,
-        note=f"2 processes, a queue each way between the stages, 1F1B, micro-batch {BATCH // m}",
+        after=lambda: dict(last),
+        note=f"2 processes, shared-memory buffers and a queue each way, 1F1B, micro-batch "
+        f"{BATCH // m}",
     )
     c.check = loss_check(c.name, ctx)
 
@@ -592,6 +682,18 @@ ROWS: list[Row] = [
     *(
         Row("pipeline", lambda ctx, m=m: pipeline(ctx, m) if m in ctx.args.micro else None)
         for m in MICRO
+    ),
+    *(
+        Row(
+            "pipeline",
+            lambda ctx, m=m: (
+                None
+                if ctx.args.no_diagnostics or m not in ctx.args.micro
+                else one_process(ctx, ctx.args.threads, m)
+            ),
+        )
+        for m in MICRO
+        if m > 1
     ),
     # actorflow's rows go here, appended to this list, e.g.
     #   Row("data", actorflow_data_parallel),      # nn.Graph.run, batch at S(0) over 2 ranks
@@ -657,6 +759,30 @@ def check_params(ctx: Context, c: harness.Contender) -> None:
         )
 
 
+class WorkerContention(harness.CpuContention):
+    """``harness.CpuContention`` that counts the worker processes' CPU time as this
+    benchmark's own (read from /proc/<pid>/stat), not as other processes'."""
+
+    def __init__(self, pids: list[int]):
+        self.pids = pids
+        super().__init__()
+
+    def _sample(self):  # type: ignore[override]
+        t = harness.CpuContention._sample()
+        if t is None:
+            return None
+        total, busy, own, wall = t
+        hz = os.sysconf("SC_CLK_TCK")
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                own += (int(fields[11]) + int(fields[12])) / hz  # utime, stime
+            except (OSError, IndexError, ValueError):
+                return None
+        return total, busy, own, wall
+
+
 def bubble(m: int, k: int = RANKS) -> float:
     """GPipe's bubble fraction for ``k`` stages and ``m`` micro-batches."""
     return (k - 1) / (m + k - 1)
@@ -708,6 +834,11 @@ def main(argv=None) -> int:
         "benchmark restarts itself with them) and torch.set_num_threads in every worker; "
         "default 1 (one core per rank on a 2-core machine)",
     )
+    p.add_argument(
+        "--no-diagnostics",
+        action="store_true",
+        help="skip the diagnostic rows (one process with the pipeline's micro-batches)",
+    )
     p.add_out("bench_parallel")
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeat < 1 or args.threads < 1:
@@ -757,7 +888,8 @@ def main(argv=None) -> int:
         for c in contenders:
             check_params(ctx, c)
 
-        cc = harness.CpuContention()
+        pids = [w.info["pid"] for g in ctx.groups.values() for w in g.workers]
+        cc = WorkerContention(pids)
         harness.run_rounds(contenders, args.repeat, f"steps x{k}")
         contention = cc.result()
     finally:
@@ -767,18 +899,30 @@ def main(argv=None) -> int:
             except Exception:  # noqa: BLE001 - closing the rest anyway
                 traceback.print_exc()
 
-    rows = {c.name: c.summary(per=k, unit="step") for c in contenders}
+    rows = {}
+    for c in contenders:
+        s = rows[c.name] = c.summary(per=k, unit="step")
+        if isinstance(c.best_after(), dict):
+            s.update(c.best_after())  # e.g. the stages' waits in the best run
     b = rows[base.name]
+    same_m = {
+        s["micro_batches"]: s
+        for s in rows.values()
+        if s["part"] == "pipeline" and s["ranks"] == 1 and s.get("best_s")
+    }
     for s in rows.values():
         if b.get("best_s") and s.get("best_s"):
             s["speedup_vs_one_process"] = b["best_s"] / s["best_s"]
             s["median_speedup_vs_one_process"] = b["median_s"] / s["median_s"]
         sp = s.get("speedup_vs_one_process")
-        if s["part"] == "pipeline":
+        if s["part"] == "pipeline" and s["ranks"] > 1:
             m = s["micro_batches"]
             s["bubble_gpipe"] = bubble(m)
             s["ideal_speedup_gpipe"] = RANKS * (1 - bubble(m))
             s["idle_fraction_measured"] = None if sp is None else 1 - sp / RANKS
+            one_m = same_m.get(m)
+            if one_m and s.get("best_s"):
+                s["speedup_vs_one_process_same_m"] = one_m["best_s"] / s["best_s"]
         if s["ranks"] > 1 and sp is not None:
             goal = DATA_PARALLEL_GOAL if s["part"] == "data" else PIPELINE_GOAL
             s["goal_speedup_at_least"] = goal
@@ -817,6 +961,12 @@ def main(argv=None) -> int:
                     if "ranks_params_bit_equal" in s
                     else ""
                 )
+                + (
+                    "; CPU per step by rank (best run): "
+                    + " / ".join(f"{v * 1e3:.1f} ms" for v in s["rank_cpu_s_per_step"])
+                    if s.get("rank_cpu_s_per_step")
+                    else ""
+                )
             )
     print()
     print(f"Part 2: pipeline parallelism, k={RANKS} stages")
@@ -830,6 +980,7 @@ def main(argv=None) -> int:
             [
                 Col("best ms/step", 14, "best_us_per_step", ".2f", 1e-3),
                 Col("speedup", 9, "speedup_vs_one_process", ".2f", suffix="x"),
+                Col("vs same m", 11, "speedup_vs_one_process_same_m", ".2f", suffix="x"),
                 Col("ideal", 8, "ideal_speedup_gpipe", ".2f", suffix="x"),
                 Col("bubble", 8, "bubble_gpipe", ".3f"),
                 Col("idle", 8, "idle_fraction_measured", ".3f"),
@@ -839,14 +990,27 @@ def main(argv=None) -> int:
             34,
         )
         print(
-            "  (speedup vs one process's best; idle = 1 - speedup/k; kept: stage 0's most "
-            "micro-batches held for backward)"
+            "  (speedup: vs one process's best; vs same m: vs one process running the same "
+            "micro-batches;\n   ideal and bubble: GPipe's; idle = 1 - speedup/k; kept: stage 0's "
+            "most micro-batches held for backward)"
         )
-        best = max(pipe.values(), key=lambda s: s.get("speedup_vs_one_process") or 0)
-        print(
-            f"  best pipeline row: {best.get('speedup_vs_one_process') or 0:.2f}x (goal >= "
-            f"{PIPELINE_GOAL}x for actorflow's pipeline rows: {verdict(best.get('goal_met'))})"
-        )
+        for n, s in pipe.items():
+            if s.get("stage_waited_fraction"):
+                w0, w1 = s["stage_waited_fraction"]
+                c0, c1 = s["stage_cpu_s_per_step"]
+                print(
+                    f"  {n} (best run): stages waiting {w0:.0%} / {w1:.0%} of the run, CPU "
+                    f"{c0 * 1e3:.1f} / {c1 * 1e3:.1f} ms per step"
+                )
+        staged = [s for s in pipe.values() if s["ranks"] > 1]
+        if staged:
+            best = max(staged, key=lambda s: s.get("speedup_vs_one_process") or 0)
+            print(
+                f"  best pipeline row: "
+                f"{harness.fmt(best.get('speedup_vs_one_process'), '.2f')}x (goal >= "
+                f"{PIPELINE_GOAL}x for actorflow's pipeline rows: "
+                f"{verdict(best.get('goal_met'))})"
+            )
     for part, why in skipped.items():
         print(f"  ({part}: {why})")
     harness.print_contention(contention)
