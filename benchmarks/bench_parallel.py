@@ -32,17 +32,25 @@ Part 2, pipeline parallelism (k = 2 stages; stage 0 is ``Linear(1536, 1024), ReL
 first layer computes no input gradient and is 1.5x wider):
 
 - ``pytorch pipeline, 2 stages, m=M``: a hand-written pipeline over two processes, the batch
-  cut into M micro-batches; activations go forward and their gradients back through a
-  ``multiprocessing`` queue each way between the stages (numpy arrays; a put never blocks
-  the stage: a feeder thread writes the pipe); the 1F1B order (stage 0: one
-  forward ahead, then a forward and a backward in turn; stage 1: forward, loss, backward per
-  micro-batch); gradients accumulate over the micro-batches (the loss of each is divided by
-  M) and each stage's optimizer steps once per batch. Stage 0 reports how many micro-batches'
-  activations it kept at most (2 for M >= 2: the 1F1B bound).
+  cut into M micro-batches. Stage 0's outputs and their gradients are handed over in two
+  shared-memory buffers of the whole batch (``share_memory_()``, micro-batch i at its rows,
+  one copy in), the micro-batch's index going through a ``multiprocessing`` queue each way
+  (a put never blocks a stage). The 1F1B order: stage 0 runs one forward ahead, then a
+  forward and a backward in turn; stage 1 runs forward, loss, backward per micro-batch;
+  gradients accumulate over the micro-batches (each one's loss divided by M) and each
+  stage's optimizer steps once per batch. Stage 0 reports how many micro-batches'
+  activations it held at most (2 for M >= 2: the 1F1B bound); each stage reports the
+  fraction of a run it spent waiting for the other and its CPU time (best run's, in the
+  JSON and the output). (A first version pickled numpy arrays through the queues: about
+  10 % slower at m=4.)
+- ``pytorch, one process, m=M`` (diagnostic, ``--no-diagnostics`` drops them): one process
+  running the same M micro-batches, gradients accumulated: what the micro-batches alone cost,
+  so the pipeline rows' ``vs same m`` column separates the pipeline's gain from that cost.
 
 The theory column is GPipe's bubble fraction ``(k-1)/(m+k-1)`` and the ideal speedup with
-it, ``k m / (m+k-1)``; a measured row's idle fraction is ``1 - speedup / k`` (what a perfectly
-balanced pipeline without communication would lose to the bubble alone).
+it, ``k m / (m+k-1)``; a measured row's idle fraction is ``1 - speedup / k`` (all it loses:
+the bubble, the smaller micro-batches' lower efficiency and the hand-over), to be read
+beside the stages' measured waits (the bubble and any imbalance).
 
 Goals (stated for actorflow's rows, printed for every row as information): data-parallel
 over 2 ranks >= 1.6x one process; 2 pipeline stages >= 1.6x one process.
@@ -51,14 +59,18 @@ Checks. Once, outside the clock: every contender's parameters after K steps from
 shared initial weights equal one process's on the full batch within rtol 1e-4, atol 1e-6
 (the mean of the half-batch or micro-batch gradients is the full-batch gradient; only the
 summation order differs), and DDP's two ranks hold the same parameters bit for bit. Every
-run: the last step's loss (DDP: the mean of the ranks' half-batch losses; pipeline: the sum
-of the micro-batches' losses over M) finite and equal to one process's within 1e-4 relative,
-and DDP's ranks' parameters equal bit for bit (a digest of their bytes).
+run: the last step's loss (DDP: the mean of the ranks' half-batch losses; pipeline and
+micro-batches: the sum of the micro-batches' losses over M) finite and equal to one
+process's within 1e-4 relative, and DDP's ranks' parameters equal bit for bit (a digest of
+their bytes).
 
 Every contender is timed as best of N interleaved rounds (round-robin, the order rotated
 every round, both parts in the same rounds) after one untimed warm-up, the median recorded
-too (benchmarks/harness.py). Worker processes are shut down when the run ends, even when it
-fails; every wait for a worker has a timeout.
+too (benchmarks/harness.py). The CPU other processes took meanwhile is reported (the
+workers' CPU counted as this benchmark's): the 2-process rows need both cores, so a busy
+neighbour costs them more than the one-process row. Worker processes are shut down when
+the run ends, even when it fails (a worker that dies makes its rows fail, not the run hang);
+every wait for a worker has a timeout.
 
 Adding contenders (actorflow's data- and pipeline-parallel rows): write a function taking
 the ``Context`` and returning a ``harness.Contender`` (see ``one_process`` and ``ddp``) and
@@ -66,8 +78,8 @@ append a ``Row`` to ``ROWS`` (the comment there says where).
 
 Usage::
 
-    python benchmarks/bench_parallel.py              # full run (~1.5 min on 2 cores)
-    python benchmarks/bench_parallel.py --quick      # smoke run (~30 s)
+    python benchmarks/bench_parallel.py              # full run (~2 min on 2 cores)
+    python benchmarks/bench_parallel.py --quick      # smoke run (~25 s)
     python benchmarks/bench_parallel.py --steps 40 --micro 2,4 --out /tmp/parallel.json
 
 Exit status: 0 when every run of every contender was correct, 1 when a check failed or a
@@ -403,6 +415,9 @@ class Worker:
 
     def reply(self, timeout: float):
         if not self.conn.poll(timeout):
+            self.proc.join(1)  # its pipe closes a moment before it can be reaped
+            if not self.proc.is_alive():
+                raise RuntimeError(f"worker {self.name!r} exited (exit code {self.proc.exitcode})")
             raise TimeoutError(f"worker {self.name!r}: no reply within {timeout:.0f} s")
         try:
             tag, value = self.conn.recv()
@@ -439,9 +454,29 @@ class Group:
         self.workers = workers
 
     def call(self, *msg, timeout: float) -> list:
+        """Sends ``msg`` to every worker and returns their replies, in order; raises as soon
+        as one fails or exits, or when ``timeout`` seconds pass."""
+        from multiprocessing.connection import wait
+
         for w in self.workers:
             w.send(*msg)
-        return [w.reply(timeout) for w in self.workers]
+        out: list = [None] * len(self.workers)
+        pending = dict(enumerate(self.workers))
+        deadline = time.monotonic() + timeout
+        while pending:
+            left = deadline - time.monotonic()
+            ready = wait(
+                [w.conn for w in pending.values()] + [w.proc.sentinel for w in pending.values()],
+                timeout=max(left, 0.0),
+            )
+            if not ready:
+                names = ", ".join(repr(w.name) for w in pending.values())
+                raise TimeoutError(f"worker(s) {names}: no reply within {timeout:.0f} s")
+            for i, w in list(pending.items()):
+                if w.conn in ready or w.proc.sentinel in ready:
+                    out[i] = w.reply(0)  # raises when it failed or exited
+                    del pending[i]
+        return out
 
     def close(self) -> None:
         for w in self.workers:
@@ -473,6 +508,7 @@ class Context:
     ref_params: dict | None = None
     closers: list = field(default_factory=list)
     groups: dict = field(default_factory=dict)
+    pids: list = field(default_factory=list)  # the workers' (their CPU is this benchmark's)
 
     def cfg(self, **extra) -> dict:
         return dict(X=self.X, Y=self.Y, saved=self.saved, threads=self.args.threads, **extra)
@@ -494,6 +530,7 @@ def start(ctx: Context, name: str, roles: list[tuple[str, int, Any]], **cfg) -> 
         workers.append(Worker(ctx.mp, f"{name} {rank}", role, rank, ctx.cfg(**cfg), peer))
     for w in workers:
         w.info = w.reply(START_TIMEOUT_S)
+        ctx.pids.append(w.info["pid"])
     return g
 
 
@@ -701,9 +738,9 @@ ROWS: list[Row] = [
     # each maker returning a harness.Contender built as one_process/ddp/pipeline build theirs
     # (setup resets to ctx.saved, fn runs ctx.args.steps steps and returns {"loss": ...},
     # c.check = loss_check(c.name, ctx), c.params for the parameter check), with the fields
-    # ranks=, threads_per_rank= and (pipeline) micro_batches=; its processes registered in
-    # ctx.closers. The tables, speedups, goals and checks then cover them as they cover
-    # PyTorch's.
+    # ranks=, threads_per_rank= and (pipeline) micro_batches=; its processes' shutdown
+    # registered in ctx.closers and their pids in ctx.pids. The tables, speedups, goals and
+    # checks then cover them as they cover PyTorch's.
 ]
 
 
@@ -816,7 +853,7 @@ def parse_micro(text: str) -> tuple[int, ...]:
 
 
 def main(argv=None) -> int:
-    p = harness.ArgumentParser(__doc__, "3 steps per run, best of 3 (~30 s)")
+    p = harness.ArgumentParser(__doc__, "3 steps per run, best of 3 (~25 s)")
     p.add_sized("--steps", 20, 3, "training steps per timed run (default {full}, quick {quick})")
     p.add_repeat(5, 3)
     p.add_argument(
@@ -888,8 +925,7 @@ def main(argv=None) -> int:
         for c in contenders:
             check_params(ctx, c)
 
-        pids = [w.info["pid"] for g in ctx.groups.values() for w in g.workers]
-        cc = WorkerContention(pids)
+        cc = WorkerContention(ctx.pids)
         harness.run_rounds(contenders, args.repeat, f"steps x{k}")
         contention = cc.result()
     finally:
