@@ -713,6 +713,7 @@ class Row:
 
 
 ROWS: list[Row] = [
+    # the first row is the reference: every speedup is against it, every parameter check too
     Row("data", lambda ctx: one_process(ctx, ctx.args.threads)),
     Row("data", lambda ctx: one_process(ctx, RANKS * ctx.args.threads)),
     Row("data", ddp),
