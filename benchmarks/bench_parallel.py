@@ -26,6 +26,12 @@ Part 1, data parallelism (the step at S(0) over the batch, the weights replicate
   processes (TCP on 127.0.0.1), each rank the half of the batch at its rank's offset; the
   gradients averaged by DDP's all-reduce (default buckets), so every rank takes the
   full-batch step. Each run starts with a barrier.
+- ``pytorch, shared-memory all-reduce, 2 ranks``: the same split written by hand with the
+  gradients averaged through shared memory instead: after backward each rank copies its
+  gradients into its row of a shared buffer (``share_memory_()``; two of them, used in turn
+  step by step), waits at a ``multiprocessing.Barrier``, then sets its gradients to
+  ``(row 0 + row 1) / 2``: what the all-reduce costs without TCP, for the choice of the
+  transport between local ranks.
 
 Part 2, pipeline parallelism (k = 2 stages; stage 0 is ``Linear(1536, 1024), ReLU``, stage 1
 ``Linear(1024, 1024), ReLU, Linear(1024, 10)`` and the loss: about equal work, as stage 0's
@@ -73,8 +79,8 @@ the run ends, even when it fails (a worker that dies makes its rows fail, not th
 every wait for a worker has a timeout.
 
 Adding contenders (actorflow's data- and pipeline-parallel rows): write a function taking
-the ``Context`` and returning a ``harness.Contender`` (see ``one_process`` and ``ddp``) and
-append a ``Row`` to ``ROWS`` (the comment there says where).
+the ``Context`` and returning a ``harness.Contender`` (see ``one_process`` and
+``data_parallel``) and append a ``Row`` to ``ROWS`` (the comment there says where).
 
 Usage::
 
@@ -201,7 +207,7 @@ class Trainer:
     def __init__(self, torch, role: str, rank: int, cfg: dict, peer):
         self.torch, self.role, self.rank, self.cfg = torch, role, rank, cfg
         self.peer = (
-            None if peer is None else Peer(*peer, f"stage {rank} waiting on stage {1 - rank}")
+            Peer(*peer, f"stage {rank} waiting on stage {1 - rank}") if role == "stage" else None
         )
         self.lossf = torch.nn.CrossEntropyLoss()
         full = build_mlp(torch)
@@ -232,6 +238,11 @@ class Trainer:
             self.net = DistributedDataParallel(self.model)
         else:
             self.net = self.model
+        if role == "shm":
+            self.shm, self.barrier = peer  # [2 phases, RANKS, parameters] shared, a Barrier
+            self.phase = 0
+            half = BATCH // RANKS
+            self.x, self.y = X[rank * half : (rank + 1) * half], Y[rank * half : (rank + 1) * half]
         self.reset()
 
     def full_key(self, key: str) -> str:
@@ -260,6 +271,8 @@ class Trainer:
             if self.role != "stage" or k in self.keys
         }
         self.model.load_state_dict(own)
+        if self.role == "shm":
+            self.phase = 0
         if self.peer is not None:
             self.peer.drain()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -287,6 +300,8 @@ class Trainer:
                 loss_t = self.lossf(self.net(self.x), self.y)
                 loss_t.backward()
                 loss = loss_t.item()
+                if self.role == "shm":
+                    self.shm_all_reduce()
             self.opt.step()
         out["wall_s"] = time.perf_counter() - wall0
         out["cpu_s"] = time.process_time() - cpu0  # all its threads (gloo's, feeders) too
@@ -295,6 +310,29 @@ class Trainer:
         if self.role == "stage" and self.rank == 0:
             out["kept_max"] = kept
         return out
+
+    def shm_all_reduce(self) -> None:
+        """The gradients averaged over the ranks through shared memory: each rank writes
+        its gradients to its row of this step's phase, waits for the other at the barrier,
+        then sets its gradients to (row 0 + row 1) / 2 (the same sum on every rank, so the
+        ranks stay equal bit for bit). Two phases, alternating: a rank writes a phase again
+        two steps later, after the barrier of the step between, when the other rank has
+        read it."""
+        buf = self.shm[self.phase]
+        self.phase ^= 1
+        grads = [p.grad for p in self.model.parameters()]
+        off = 0
+        for g in grads:
+            buf[self.rank, off : off + g.numel()].copy_(g.view(-1))
+            off += g.numel()
+        self.barrier.wait(call_timeout(1))
+        off = 0
+        for g in grads:
+            n = g.numel()
+            flat = g.view(-1)
+            self.torch.add(buf[0, off : off + n], buf[1, off : off + n], out=flat)
+            flat.mul_(0.5)
+            off += n
 
     def accumulate(self, m: int) -> float:
         """One process's batch in ``m`` micro-batches, the gradients accumulated."""
@@ -612,14 +650,21 @@ def one_process(ctx: Context, threads: int, micro: int = 1) -> harness.Contender
     return c
 
 
-def ddp(ctx: Context) -> harness.Contender:
-    """PyTorch DDP on gloo over 2 worker processes, each the half of the batch."""
+def data_parallel(ctx: Context, kind: str) -> harness.Contender:
+    """Data parallelism over 2 worker processes, each the half of the batch: ``kind``
+    "ddp" is PyTorch DDP on gloo; "shm" the hand-written all-reduce through shared memory."""
     k = ctx.args.steps
-    g = ctx.group(
-        "ddp",
-        lambda: start(ctx, "ddp rank", [("ddp", r, None) for r in range(RANKS)], port=free_port()),
-    )
 
+    def make() -> Group:
+        if kind == "ddp":
+            return start(
+                ctx, "ddp rank", [("ddp", r, None) for r in range(RANKS)], port=free_port()
+            )
+        n = sum(v.size for v in ctx.saved.values())
+        shm = (ctx.torch.zeros(2, RANKS, n).share_memory_(), ctx.mp.Barrier(RANKS))
+        return start(ctx, "shm rank", [("shm", r, shm) for r in range(RANKS)])
+
+    g = ctx.group(kind, make)
     last: dict = {}
 
     def run() -> dict:
@@ -630,16 +675,27 @@ def ddp(ctx: Context) -> harness.Contender:
     def fetch(out: dict) -> dict:  # after the clock: each rank's parameter digest
         return {**out, "digests": g.call("param_digest", timeout=call_timeout(0))}
 
+    if kind == "ddp":
+        name = f"pytorch DDP gloo, {RANKS} ranks"
+        note = (
+            f"DistributedDataParallel, gloo over TCP 127.0.0.1, batch {BATCH // RANKS} per "
+            f"rank, default buckets; a barrier starts each run"
+        )
+    else:
+        name = f"pytorch, shared-memory all-reduce, {RANKS} ranks"
+        note = (
+            f"hand-written: after backward each rank writes its gradients to shared memory, "
+            f"a Barrier, then each takes the mean; batch {BATCH // RANKS} per rank"
+        )
     c = contender(
-        f"pytorch DDP gloo, {RANKS} ranks",
+        name,
         run,
         lambda: g.call("reset", timeout=call_timeout(0)),
         fetch=fetch,
         after=lambda: dict(last),
         ranks=RANKS,
         threads_per_rank=ctx.args.threads,
-        note=f"DistributedDataParallel, gloo over TCP 127.0.0.1, batch {BATCH // RANKS} per "
-        f"rank, default buckets; a barrier starts each run",
+        note=note,
     )
     c.check = loss_check(c.name, ctx, ranks_equal=True)
     c.params = lambda: g.call("params", timeout=call_timeout(0))
@@ -716,7 +772,8 @@ ROWS: list[Row] = [
     # the first row is the reference: every speedup is against it, every parameter check too
     Row("data", lambda ctx: one_process(ctx, ctx.args.threads)),
     Row("data", lambda ctx: one_process(ctx, RANKS * ctx.args.threads)),
-    Row("data", ddp),
+    Row("data", lambda ctx: data_parallel(ctx, "ddp")),
+    Row("data", lambda ctx: data_parallel(ctx, "shm")),
     *(
         Row("pipeline", lambda ctx, m=m: pipeline(ctx, m) if m in ctx.args.micro else None)
         for m in MICRO
@@ -736,7 +793,8 @@ ROWS: list[Row] = [
     # actorflow's rows go here, appended to this list, e.g.
     #   Row("data", actorflow_data_parallel),      # nn.Graph.run, batch at S(0) over 2 ranks
     #   *(Row("pipeline", lambda ctx, m=m: actorflow_pipeline(ctx, m)) for m in MICRO),
-    # each maker returning a harness.Contender built as one_process/ddp/pipeline build theirs
+    # each maker returning a harness.Contender built as one_process/data_parallel/pipeline
+    # build theirs
     # (setup resets to ctx.saved, fn runs ctx.args.steps steps and returns {"loss": ...},
     # c.check = loss_check(c.name, ctx), c.params for the parameter check), with the fields
     # ranks=, threads_per_rank= and (pipeline) micro_batches=; its processes' shutdown
