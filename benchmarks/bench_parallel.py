@@ -64,11 +64,11 @@ over 2 ranks >= 1.6x one process; 2 pipeline stages >= 1.6x one process.
 Checks. Once, outside the clock: every contender's parameters after K steps from the
 shared initial weights equal one process's on the full batch within rtol 1e-4, atol 1e-6
 (the mean of the half-batch or micro-batch gradients is the full-batch gradient; only the
-summation order differs), and DDP's two ranks hold the same parameters bit for bit. Every
-run: the last step's loss (DDP: the mean of the ranks' half-batch losses; pipeline and
-micro-batches: the sum of the micro-batches' losses over M) finite and equal to one
-process's within 1e-4 relative, and DDP's ranks' parameters equal bit for bit (a digest of
-their bytes).
+summation order differs), and a data-parallel row's two ranks hold the same parameters bit
+for bit. Every run: the last step's loss (data-parallel: the mean of the ranks' half-batch
+losses; pipeline and micro-batches: the sum of the micro-batches' losses over M) finite and
+equal to one process's within 1e-4 relative, and the data-parallel ranks' parameters equal
+bit for bit (a digest of their bytes).
 
 Every contender is timed as best of N interleaved rounds (round-robin, the order rotated
 every round, both parts in the same rounds) after one untimed warm-up, the median recorded
@@ -1031,6 +1031,7 @@ def main(argv=None) -> int:
     # -- report ----------------------------------------------------------------------------
     env = environment(torch, pinned)
     Col = harness.Column
+    width = max(map(len, rows), default=10) + 1
     print()
     print(
         f"MLP {IN}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH}, SGD momentum {MOMENTUM}, "
@@ -1044,7 +1045,7 @@ def main(argv=None) -> int:
         Col("goal", 7, "goal_speedup_at_least", ".1f", suffix="x"),
         Col("max |dp|", 10, "params_max_abs_diff_vs_one_process", ".1e"),
     ]
-    harness.print_table(data, cols, 34, notes=True)
+    harness.print_table(data, cols, width, notes=True)
     for n, s in data.items():
         if "goal_met" in s:
             print(
@@ -1082,7 +1083,7 @@ def main(argv=None) -> int:
                 Col("kept", 6, "stage0_kept_max"),
                 Col("max |dp|", 10, "params_max_abs_diff_vs_one_process", ".1e"),
             ],
-            34,
+            width,
         )
         print(
             "  (speedup: vs one process's best; vs same m: vs one process running the same "
@@ -1121,7 +1122,8 @@ def main(argv=None) -> int:
         "once, outside the clock: each contender's parameters after K steps from the shared "
         f"weights equal one process's on the full batch (rtol {PARAM_RTOL}, atol "
         f"{PARAM_ATOL}), data-parallel ranks' bit for bit; every run: the last loss finite "
-        f"and one process's within {LOSS_RTOL} relative, DDP ranks' parameter digests equal",
+        f"and one process's within {LOSS_RTOL} relative, data-parallel ranks' parameter "
+        "digests equal",
         steps=k,
         repeat=args.repeat,
         micro=list(args.micro),
