@@ -84,8 +84,8 @@ the ``Context`` and returning a ``harness.Contender`` (see ``one_process`` and
 
 Usage::
 
-    python benchmarks/bench_parallel.py              # full run (~2 min on 2 cores)
-    python benchmarks/bench_parallel.py --quick      # smoke run (~25 s)
+    python benchmarks/bench_parallel.py              # full run (~2.5 min on 2 cores)
+    python benchmarks/bench_parallel.py --quick      # smoke run (~30 s)
     python benchmarks/bench_parallel.py --steps 40 --micro 2,4 --out /tmp/parallel.json
 
 Exit status: 0 when every run of every contender was correct, 1 when a check failed or a
@@ -912,7 +912,7 @@ def parse_micro(text: str) -> tuple[int, ...]:
 
 
 def main(argv=None) -> int:
-    p = harness.ArgumentParser(__doc__, "3 steps per run, best of 3 (~25 s)")
+    p = harness.ArgumentParser(__doc__, "3 steps per run, best of 3 (~30 s)")
     p.add_sized("--steps", 20, 3, "training steps per timed run (default {full}, quick {quick})")
     p.add_repeat(5, 3)
     p.add_argument(
