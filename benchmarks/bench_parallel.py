@@ -754,6 +754,206 @@ def pipeline(ctx: Context, m: int) -> harness.Contender:
     return c
 
 
+# -- actorflow's rows ------------------------------------------------------------------------
+
+
+def _af():
+    import actorflow as af
+
+    return af
+
+
+def _af_model(ctx: Context, af):
+    """The MLP in actorflow with the saved initial weights (the same names as torch's)."""
+    nn = af.nn
+    m = nn.Sequential(
+        nn.Linear(IN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, CLASSES),
+    )
+    m.load_state_dict({k: af.tensor(v) for k, v in ctx.saved.items()})
+    return m
+
+
+def _af_reset(ctx: Context, af, model, opt) -> None:
+    """The saved weights copied into the parameters in place, the momentum buffers zeroed
+    (SGD's first step from a zero buffer is its first step without one)."""
+    model.load_state_dict({k: af.tensor(v) for k, v in ctx.saved.items()})
+    with af.no_grad():
+        for st in opt.state.values():
+            buf = st.get("momentum_buffer")
+            if buf is not None:
+                buf.zero_()
+
+
+def _af_params(model, ranks: int | None = None) -> list:
+    """Each rank's parameters (name -> array): the model's own for a local one."""
+    sd = model.state_dict()
+    if ranks is None:
+        return [{k: v.numpy() for k, v in sd.items()}]
+    return [{k: v.to_local(rank=r).numpy() for k, v in sd.items()} for r in range(ranks)]
+
+
+def _af_step_graph(af, model, opt):
+    class Step(af.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model, self.loss = model, af.nn.CrossEntropyLoss()
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = self.loss(self.model(x), y)
+            loss.backward()
+            return loss
+
+    return Step()
+
+
+def actorflow_one_process(ctx: Context) -> harness.Contender:
+    """actorflow's compiled step (``nn.Graph.step``) on the whole batch in this process."""
+    af = _af()
+    model = _af_model(ctx, af)
+    opt = af.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    step = _af_step_graph(af, model, opt)
+    k = ctx.args.steps
+
+    def run() -> dict:
+        out = None
+        for _ in range(k):
+            out = step.step(ctx.X, ctx.Y)
+        return {"loss": float(out)}
+
+    def reset() -> None:
+        _af_reset(ctx, af, model, opt)
+
+    reset()
+    step.step(ctx.X, ctx.Y)  # (compiled outside the clock; reset again before each run)
+    c = contender(
+        "actorflow, one process (nn.Graph)",
+        run,
+        reset,
+        ranks=1,
+        threads_per_rank=ctx.args.threads,
+        note="nn.Graph.step, the compiled step, on the whole batch in this process",
+    )
+    c.check = loss_check(c.name, ctx)
+    c.params = lambda: _af_params(model)
+    return c
+
+
+def actorflow_data_parallel(ctx: Context, mode: str) -> harness.Contender:
+    """actorflow's data parallelism: the model global (broadcast) on ``RANKS`` process
+    ranks, each batch split at S(0); ``mode`` "graph" is ``nn.Graph.step`` over global
+    parameters, "eager" the eager loop (forward, backward, ``opt.step()``)."""
+    af = _af()
+    af.parallel.use_ranks("processes")
+    p = af.placement("cpu", RANKS)
+    model = _af_model(ctx, af).to_global(p)
+    opt = af.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    ranks = af.parallel.ranks_of(p)
+    ctx.closers.append(ranks.close)
+    s0 = af.sbp.split(0)
+    x = af.tensor(ctx.X).to_global(p, s0)
+    y = af.tensor(ctx.Y).to_global(p, s0)
+    k = ctx.args.steps
+    if mode == "graph":
+        step = _af_step_graph(af, model, opt)
+
+        def one():
+            return step.step(x, y)
+    else:
+        loss_fn = af.nn.CrossEntropyLoss()
+
+        def one():
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+    def run() -> dict:
+        out = None
+        for _ in range(k):
+            out = one()
+        return {"loss": out.item()}
+
+    def reset() -> None:
+        _af_reset(ctx, af, model, opt)
+        ranks.synchronize()
+
+    reset()
+    one()  # (the workers started, the decisions made, outside the clock)
+    ctx.pids.extend(ranks.pids)
+    how = "nn.Graph" if mode == "graph" else "eager"
+    name = f"actorflow data parallel, {RANKS} process ranks ({how})"
+    c = contender(
+        name,
+        run,
+        reset,
+        fetch=lambda out: {**out, "digests": [digest(q) for q in _af_params(model, RANKS)]},
+        ranks=RANKS,
+        threads_per_rank=ctx.args.threads,
+        note=(
+            f"model.to_global(placement('cpu', {RANKS})), batch at S(0) ({BATCH // RANKS} per "
+            f"rank), use_ranks('processes'); the gradients' P -> B all-reduce through shared "
+            f"memory; every op an eager global call"
+        ),
+    )
+    c.check = loss_check(c.name, ctx, ranks_equal=True)
+    c.params = lambda: _af_params(model, RANKS)
+    return c
+
+
+def actorflow_pipeline(ctx: Context, m: int) -> harness.Contender:
+    """actorflow's pipeline graph, 2 stages (threads of this process), ``m`` micro-batches."""
+    af = _af()
+    nn = af.nn
+    full = _af_model(ctx, af)
+    stages = [nn.Sequential(full[0], full[1]), nn.Sequential(full[2], full[3], full[4])]
+    opt = af.optim.SGD(full.parameters(), lr=LR, momentum=MOMENTUM)
+
+    class Pipe(nn.Graph):
+        def __init__(self):
+            super().__init__(stages=stages, micro_batches=m)
+            self.loss = nn.CrossEntropyLoss()
+            self.add_optimizer(opt)
+
+        def build(self, out, y):
+            return self.loss(out, y)
+
+    g = Pipe()
+    k = ctx.args.steps
+
+    def run() -> dict:
+        out = None
+        for _ in range(k):
+            out = g.step(ctx.X, ctx.Y)
+        return {"loss": float(out)}
+
+    def reset() -> None:
+        _af_reset(ctx, af, full, opt)
+
+    reset()
+    g.step(ctx.X, ctx.Y)  # (its graph made outside the clock)
+    c = contender(
+        f"actorflow pipeline, 2 stages, m={m}",
+        run,
+        reset,
+        ranks=2,
+        threads_per_rank=ctx.args.threads,
+        micro_batches=m,
+        note=(
+            f"nn.Graph(stages=[...], micro_batches={m}): a forward and a backward actor per "
+            f"stage (threads of this process), 1F1B from the registers' credits"
+        ),
+    )
+    c.check = loss_check(c.name, ctx)
+    c.params = lambda: _af_params(full)
+    return c
+
+
 @dataclass
 class Row:
     """A contender of the benchmark: ``part`` is "data" (part 1) or "pipeline" (part 2);
@@ -790,7 +990,18 @@ ROWS: list[Row] = [
         for m in MICRO
         if m > 1
     ),
-    # actorflow's rows go here, appended to this list, e.g.
+    # actorflow's rows: this process is the controller (its ranks are worker processes, or
+    # threads of this process for the pipeline's stages)
+    Row("data", lambda ctx: actorflow_one_process(ctx)),
+    Row("data", lambda ctx: actorflow_data_parallel(ctx, "graph")),
+    Row("data", lambda ctx: actorflow_data_parallel(ctx, "eager")),
+    *(
+        Row(
+            "pipeline", lambda ctx, m=m: actorflow_pipeline(ctx, m) if m in ctx.args.micro else None
+        )
+        for m in MICRO
+    ),
+    # more rows go here, appended to this list, e.g.
     #   Row("data", actorflow_data_parallel),      # nn.Graph.run, batch at S(0) over 2 ranks
     #   *(Row("pipeline", lambda ctx, m=m: actorflow_pipeline(ctx, m)) for m in MICRO),
     # each maker returning a harness.Contender built as one_process/data_parallel/pipeline
