@@ -716,3 +716,26 @@ def test_the_workers_trace_their_commands_where_asked(tmp_path):
             calls = [ln.split() for ln in lines if " CALL mul_scalar " in ln]
             assert len(calls) == 1 and float(calls[0][1]) >= 0.0, lines
             assert any(" COLLECT" in ln for ln in lines) and any("combined" in ln for ln in lines)
+
+
+def test_writes_into_tensors_made_on_process_ranks_after_the_block():
+    """fill_, zero_, copy_ and an optimizer's zero_grad into tensors made inside a
+    use_ranks("processes") block, used after it: the new values are made on the tensor's
+    own ranks (not the current kind's)."""
+    p = af.placement("cpu", 2)
+    with use_ranks("processes"):
+        g = af.ones(4, 3).to_global(p, af.sbp.split(0))
+        m = af.nn.Linear(3, 2).to_global(p)
+    g.fill_(2.0)
+    np.testing.assert_array_equal(g.numpy(), np.full((4, 3), 2.0))
+    g.zero_()
+    g.copy_(af.ones(4, 3).to_global(p, af.sbp.broadcast))  # (made on inline ranks)
+    np.testing.assert_array_equal(g.numpy(), np.ones((4, 3)))
+    assert isinstance(g._impl.blob.ranks, ProcessRanks)
+    opt = af.optim.SGD(m.parameters(), lr=0.1)
+    x = af.ones(4, 3).to_global(p, af.sbp.split(0))
+    for _ in range(2):
+        opt.zero_grad(set_to_none=False)
+        m(x).sum().backward()
+        opt.step()
+    assert isinstance(m.weight._impl.blob.ranks, ProcessRanks)

@@ -282,3 +282,128 @@ def test_creation_functions_take_placement_and_sbp(k):
         af.zeros(2, placement=p)
     with pytest.raises(af.DeviceError, match="not both"):
         af.zeros(2, device="cpu", placement=p, sbp=s0)
+
+
+# -- what a review found (each test fails without its fix) -----------------------------------
+
+
+def _partial(a, p, k):
+    """A global tensor at partial_sum whose summands are not trivial: a / k on each rank
+    (made part by part: converting to partial_sum would give rank 0 the value, the others
+    zeros)."""
+    from actorflow.parallel import interpreter as gi
+
+    ranks = af.parallel.ranks_of(p)
+    local = af.tensor(a / k)
+    parts = [ranks.put(r, local._impl) for r in range(k)]
+    m = local._impl.meta
+    return Tensor_of(gi.make(ranks, parts, m.shape, m.dtype, af.sbp.partial_sum))
+
+
+def Tensor_of(impl):  # noqa: N802 - a Tensor over an impl
+    from actorflow.tensor.tensor import wrap
+
+    return wrap(impl)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_sum_that_casts_each_summand_does_not_pass_partial_sums(k):
+    """sum/cumsum with dtype=int64 cast each element before summing: int(0.6) + int(0.6)
+    is not int(1.2), so a partial-sum input is reduced to its value first."""
+    p = af.placement("cpu", k)
+    a = np.full((2, 3), 1.2 * k / 2, np.float64)
+    x = af.tensor(a).to_global(p, af.sbp.broadcast)
+    xp = x.to_global(sbp=af.sbp.partial_sum) * 1.0  # (summands: the value and zeros)
+    xq = _partial(a, p, k)
+    for g in (xp, xq):
+        np.testing.assert_array_equal(
+            af.sum(g, 1, dtype=af.int64).numpy(), af.sum(af.tensor(a), 1, dtype=af.int64).numpy()
+        )
+        np.testing.assert_array_equal(
+            af.cumsum(g, 1, dtype=af.int64).numpy(),
+            af.cumsum(af.tensor(a), 1, dtype=af.int64).numpy(),
+        )
+    # a widening cast keeps them (no conversion recorded)
+    x32 = _partial(a.astype(np.float32), p, k)
+    with af.parallel.record() as rec:
+        af.sum(x32, 1, dtype=af.float64)
+    assert not [b for b in rec.boxings() if str(b.src) == "P"]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_mean_over_a_split_dim_sums_the_parts_and_moves_nothing(k):
+    p = af.placement("cpu", k)
+    a = np.random.default_rng(0).standard_normal((7, 5)).astype(np.float32)
+    g = af.tensor(a).to_global(p, af.sbp.split(0))
+    with af.parallel.record() as rec:
+        means = [g.mean(), g.mean(dim=0), g.mean(dim=(0, 1), keepdim=True)]
+    assert all(b.src.kind != "S" or b.dst.kind != "P" for b in rec.boxings())  # no padding
+    for got, want in zip(means, [a.mean(), a.mean(0), a.mean((0, 1), keepdims=True)], strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+        assert got.sbp == (af.sbp.partial_sum,)
+
+
+def test_a_view_made_as_a_copy_refuses_to_be_read_after_the_tensor_changed():
+    p = af.placement("cpu", 2)
+    x = af.tensor(np.arange(6.0).reshape(3, 2)).to_global(p, af.sbp.split(0))
+    v, w = x[0], x[:, 0:1]  # x[0] loses the split dim (a copy); w keeps it (a view)
+    vv = v.unsqueeze(0)
+    x.add_(100)
+    np.testing.assert_array_equal(w.numpy().ravel(), [100, 102, 104])  # a view sees it
+    for stale in (v, vv):
+        with pytest.raises(af.DeviceError, match="made as a copy"):
+            stale.numpy()
+    np.testing.assert_array_equal(x[0].numpy(), [100, 101])  # taken again: fresh
+    v3 = x[1]
+    w.mul_(2)  # a write through a view of x makes x's copies stale too
+    with pytest.raises(af.DeviceError, match="made as a copy"):
+        v3 + 1
+
+
+def test_inline_ranks_sit_on_the_devices_the_placement_names():
+    for ranks in ([2, 3], [1]):
+        t = af.zeros(4, placement=af.placement("null", ranks), sbp=af.sbp.split(0))
+        parts = af.parallel.interpreter.parts_of(t._impl)
+        assert [str(q.meta.device) for q in parts] == [
+            "null" if r == 0 else f"null:{r}" for r in ranks
+        ]
+
+
+def test_a_local_tensor_loads_a_global_one():
+    p = af.placement("cpu", 2)
+    g = _mlp().to_global(p)
+    with af.no_grad():
+        for q in g.parameters():
+            q.mul_(2.0)
+    local = _mlp()
+    local.load_state_dict(g.state_dict())  # copy_ of global tensors into local ones
+    for a, b in zip(local.parameters(), g.parameters(), strict=True):
+        assert a.is_local
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_boxing_records_the_bytes_its_conversions_move(k):
+    """P -> B: each rank receives the k - 1 other whole parts; P -> S: their slices."""
+    p = af.placement("cpu", k)
+    a = np.ones((6, 4), np.float32)
+    n = a.nbytes
+    with af.parallel.record() as rec:
+        _partial(a, p, k).to_global(sbp=af.sbp.broadcast)
+        _partial(a, p, k).to_global(sbp=af.sbp.split(0))
+        af.tensor(a).to_global(p, af.sbp.split(0)).to_global(sbp=af.sbp.broadcast)
+    moved = {(str(b.src), str(b.dst)): b.moved for b in rec.boxings() if b.src.kind != "B"}
+    assert moved[("P", "B")] == k * (k - 1) * n
+    assert moved[("P", "S(0)")] == (k - 1) * n
+    assert moved[("S(0)", "B")] == (k - 1) * n
+
+
+def test_in_place_writes_into_partial_sums_and_factories_check_the_split():
+    p = af.placement("cpu", 2)
+    a = np.arange(4.0)
+    g = _partial(a, p, 2)
+    g.mul_(af.tensor(0.5).to_global(p, af.sbp.broadcast))  # (P, B) -> P, broadcasting
+    assert g.sbp == (af.sbp.partial_sum,)
+    np.testing.assert_array_equal(g.numpy(), a * 0.5)
+    with pytest.raises(af.ShapeError, match="split"):
+        af.zeros(5, placement=p, sbp=af.sbp.split(1))

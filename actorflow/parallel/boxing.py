@@ -36,14 +36,18 @@ _COPY = op_def("copy")
 
 
 def cost(src: SBP, dst: SBP, nbytes: int, k: int) -> float:
-    """Bytes moved between ranks to turn a tensor of ``nbytes`` from ``src`` into ``dst``."""
+    """Bytes moved between ranks (all of them together) to turn a tensor of ``nbytes``
+    from ``src`` into ``dst``, as the conversions below move them: S -> B (each rank gets
+    the k - 1 other parts, n / k each): (k - 1) n; S -> S (k - 1 pieces of n / k^2 each):
+    (k - 1) n / k; P -> B (the k - 1 other whole parts): k (k - 1) n; P -> S (the k - 1
+    others' slices of n / k): (k - 1) n; B -> anything and S -> P move nothing."""
     if src is dst or k == 1:
         return 0.0
     if src.kind == "B" or dst.kind == "P" and src.kind == "S":
         return 0.0  # local slicing / zeros (cheap, but not free: a tie-breaker below)
-    if dst.kind == "B":
-        return nbytes * (k - 1) if src.kind == "S" else 2.0 * nbytes * (k - 1)
-    return nbytes * (k - 1) / k  # S -> S, P -> S
+    if src.kind == "S":
+        return float(nbytes * (k - 1)) if dst.kind == "B" else nbytes * (k - 1) / k
+    return float(nbytes * k * (k - 1)) if dst.kind == "B" else float(nbytes * (k - 1))
 
 
 def local_cost(src: SBP, dst: SBP) -> float:

@@ -17,6 +17,7 @@ a partial sum, and the engine's conversion of a gradient to its input's device b
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, cast
 
 from ..device import Device, device
@@ -35,6 +36,7 @@ from .ranks import Ranks, ranks_of
 from .rules import LOCALIZE, signatures, split_matches
 
 _COPY = op_def("copy")
+_MEAN, _SUM, _DIV_SCALAR = op_def("mean"), op_def("sum"), op_def("div_scalar")
 # the signature the latest op call on global tensors that picks one ran under, (in sbps,
 # out sbps) (conversions and factories pick none and leave it): what tests read to know
 # which one the interpreter picked (one store per call)
@@ -50,17 +52,32 @@ class GlobalBlob(Blob):
     """A global tensor's storage: its parts, one per rank of ``ranks`` (kept by the ranks'
     kind: tensors of this process, or handles of a worker's)."""
 
-    __slots__ = ("parts", "ranks", "gathered")
+    __slots__ = ("parts", "ranks", "gathered", "source", "copies", "stale")
 
-    def __init__(self, lay: Layout, ranks: Ranks, parts: list, gathered: bool = False) -> None:
+    def __init__(
+        self,
+        lay: Layout,
+        ranks: Ranks,
+        parts: list,
+        gathered: bool = False,
+        source: GlobalBlob | None = None,
+    ) -> None:
         # the backend reading it uses: the whole value is read on the host (a placement
         # of a device type without data has none)
         super().__init__(lay, _reader_backend(lay.placement.type), 0)
         self.ranks = ranks
         self.parts = parts
         # a view taken of a gathered copy (its split dim did not survive the view): its
-        # parts are not the viewed tensor's, so it cannot be written in place
+        # parts are not the viewed tensor's, so it cannot be written in place, and a write
+        # into the tensor after it was taken makes it stale (reading it then raises)
         self.gathered = gathered
+        self.source = source  # a view's: the blob whose parts its parts view (the root)
+        self.copies: weakref.WeakSet | None = None  # a root's gathered views, made stale
+        self.stale = False  # by a write into the root or into a view of it
+
+
+def root_of(blob: Any) -> Any:
+    return blob.source if blob.source is not None else blob
 
 
 def _reader_backend(device_type: str):
@@ -76,7 +93,16 @@ def make(ranks: Ranks, parts: list, shape: tuple, dtype: DType, sbp: SBP) -> Ten
 
 
 def parts_of(impl: TensorImpl) -> list:
-    return impl.blob.parts  # type: ignore[attr-defined]
+    b: Any = impl.blob
+    if b.stale or (b.source is not None and b.source.stale):
+        raise DeviceError(
+            f"a view of a global tensor (of shape {tuple(impl.meta.shape)}) that was made as "
+            f"a copy, since the view does not keep the tensor's split dim whole, and the "
+            f"tensor was written in place after it: the copy no longer matches the tensor; "
+            f"take the view again after the write, or convert the tensor to broadcast "
+            f"first (x = x.to_global(sbp=af.sbp.broadcast)) so that its views are views"
+        )
+    return b.parts
 
 
 def sbp_of(impl: TensorImpl) -> SBP:
@@ -110,15 +136,20 @@ def global_apply(op, inputs, attrs, device, outs):
     if op is _COPY and device is not None:
         if len(inputs) != 1:
             raise DeviceError("copy to a placement takes one tensor")
+        if outs and not outs[0].meta.device.placed:  # a local tensor written from a
+            whole = _to_local(inputs[0], outs[0].meta.device)  # global one: its whole value
+            return apply(_COPY, [whole], {}, None, outs)
         if outs:  # copy_(dst, src): src broadcast to dst's shape, laid out as dst
             src, dst = inputs[0], outs[0]
             if src.meta.shape != dst.meta.shape:
                 src = views.expand(src, dst.meta.shape)
             return _write_into(outs, [convert(src, dst.meta.device)])
         return [convert(inputs[0], device, copy=True)]
+    if op is _MEAN and not outs and _split_reduced(inputs[0], attrs):
+        return _mean_of_split(inputs[0], attrs)
     if not inputs:
         if outs:  # fill_: made laid out as the tensor written, then copied into its parts
-            return _write_into(outs, [_factory(op, attrs, outs[0].meta.device)])
+            return _write_into(outs, [_factory(op, attrs, outs[0].meta.device, _ranks(outs[0]))])
         return [_factory(op, attrs, device)]
     first = inputs[0].meta.device
     for i in inputs:
@@ -197,6 +228,28 @@ def global_apply(op, inputs, attrs, device, outs):
     return made
 
 
+def _split_reduced(x: TensorImpl, attrs: dict) -> bool:
+    """Whether a reduction's input is split along a dim it reduces."""
+    s = sbp_of(x)
+    dims = attrs["dims"]
+    return s.dim is not None and (dims is None or s.dim in dims)
+
+
+def _mean_of_split(x: TensorImpl, attrs: dict) -> list:
+    """A mean over a dim its input is split along, as the sum of each rank's part (a
+    partial sum) over the whole count: a rank's own mean would divide by its part's count.
+    (Each rank's parts summed, not the whole tensor padded: no rank computes more than its
+    part.)"""
+    m = x.meta
+    dims = attrs["dims"]
+    n = 1
+    for d in range(len(m.shape)) if dims is None else dims:
+        n *= m.shape[d]
+    dtype = attrs.get("dtype") or m.dtype
+    total = apply(_SUM, [x], {"dims": dims, "keepdim": attrs["keepdim"], "dtype": dtype})[0]
+    return apply(_DIV_SCALAR, [total], {"scalar": float(n)})
+
+
 def _decide(op, metas: list, attrs: dict, outs, k: int) -> tuple:
     """``(output specs, (in_sbps, out_sbps))`` of a call: ``infer`` on the logical metas,
     the op's signatures (those giving ``outs``' layouts for an in-place call), the one
@@ -212,10 +265,15 @@ def _decide(op, metas: list, attrs: dict, outs, k: int) -> tuple:
         and (op.elementwise or op is _COPY)
         and any(m.shape != outs[0].meta.shape for m in metas)
     ):
-        # in place into a tensor the inputs broadcast to (copy_ of a row into a matrix)
-        sigs = split_matches(metas, outs[0].meta.shape, in_place=True) + [
-            ((broadcast,) * len(metas), (broadcast,))
-        ]
+        # in place into a tensor the inputs broadcast to (copy_ of a row into a matrix):
+        # splits that line up with the output, the rule's partial sums (linearity does not
+        # depend on shapes), broadcast
+        sigs = split_matches(metas, outs[0].meta.shape, in_place=True)
+        if op is not _COPY:
+            sigs += [
+                s for s in signatures(op, metas, attrs, n_out) if all(o.kind == "P" for o in s[1])
+            ]
+        sigs.append(((broadcast,) * len(metas), (broadcast,)))
     else:
         sigs = signatures(op, metas, attrs, n_out)
     if outs:
@@ -243,7 +301,16 @@ def _decide(op, metas: list, attrs: dict, outs, k: int) -> tuple:
 
 
 def _check_writable(op, outs: list) -> None:
+    """Refuses a write into a view made as a copy; a write into a tensor makes the copies
+    taken of it stale."""
     for o in outs:
+        b: Any = o.blob
+        if isinstance(b, GlobalBlob) and not b.gathered:
+            root = root_of(b)
+            if root.copies:
+                for c in list(root.copies):
+                    c.stale = True
+                root.copies.clear()
         if getattr(o.blob, "gathered", False):
             raise DeviceError(
                 f"op {op.name!r} cannot write in place into this view of a global tensor: "
@@ -259,6 +326,8 @@ def _write_into(outs: list, made: list) -> list:
     """Copies each global tensor of ``made`` into the parts of the same-laid-out ``outs``."""
     for o, m in zip(outs, made, strict=True):
         ranks = _ranks(o)
+        if _ranks(m) is not ranks:  # (made on ranks of another kind: brought over)
+            m = _onto_one([m], [o])[0][0]
         for r, (dst, src) in enumerate(zip(parts_of(o), parts_of(m), strict=True)):
             ranks.call(r, _COPY, [src], {}, [dst])
     return outs
@@ -289,15 +358,17 @@ def _nbytes(m: TensorMeta) -> int:
     return n
 
 
-def _factory(op, attrs, device):
-    """A factory call (no inputs) with ``device=`` a layout: the parts made on each rank;
+def _factory(op, attrs, device, ranks: Ranks | None = None):
+    """A factory call (no inputs) with ``device=`` a layout (on ``ranks``, else the
+    placement's ranks of the current kind): the parts made on each rank;
     those whose values depend on where they sit (random draws, ``arange``) made whole on
     every rank and cut, so a global tensor equals the local one made the same way."""
     if not isinstance(device, Layout):
         raise DeviceError(f"op {op.name!r}: expected a placement's layout, got {device}")
-    ranks = ranks_of(device.placement)
+    ranks = ranks or ranks_of(device.placement)
     sbp = device.sbp[0]
     shape, dtype = op.infer([], attrs)[0]
+    _check_split_dim(sbp, shape)
     k = ranks.size
     localize = LOCALIZE.get(op.name)
     if localize is not None and sbp.kind != "P":
@@ -432,12 +503,16 @@ def global_view(name: str, impl: TensorImpl, *args: Any) -> TensorImpl:
     shape = logical.shape
     s = sbp_of(impl)
     new_s, per_rank = _view_layout(name, m.shape, shape, s, args, k)
-    gathered = getattr(impl.blob, "gathered", False)
+    src: Any = impl.blob
+    gathered = src.gathered
+    root = root_of(src)
     if new_s is None:  # the split dim does not survive the view: gather it first
+        parts_of(impl)  # (a stale copy is refused here too)
         impl = convert(impl, layout(_ranks(impl).placement, (broadcast,)))
         s, new_s = broadcast, broadcast
         per_rank = [args] * k
         gathered = True
+        root = root_of(impl.blob)
     ranks = _ranks(impl)
     parts = []
     for r, p in enumerate(parts_of(impl)):
@@ -447,11 +522,14 @@ def global_view(name: str, impl: TensorImpl, *args: Any) -> TensorImpl:
         parts.append(ranks.view(r, name, p, *a))
     _check_parts(f"{name}()", ranks, parts, shape, new_s)
     lay = layout(ranks.placement, (new_s,))
-    out = TensorImpl(
-        TensorMeta(shape, m.dtype, lay, logical.strides, logical.offset),
-        GlobalBlob(lay, ranks, parts, gathered),
-    )
-    return out
+    copy = gathered and not src.gathered  # (a copy: the root of its own views)
+    blob = GlobalBlob(lay, ranks, parts, gathered, None if copy else root)
+    if copy:  # a copy of the viewed tensor: stale after a write into it
+        home = root_of(src)
+        if home.copies is None:
+            home.copies = weakref.WeakSet()
+        home.copies.add(blob)
+    return TensorImpl(TensorMeta(shape, m.dtype, lay, logical.strides, logical.offset), blob)
 
 
 def _view_layout(name, in_shape, out_shape, s, args, k):

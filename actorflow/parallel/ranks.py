@@ -102,7 +102,7 @@ class InlineRanks(Ranks):
         t = placement.type
         try:
             self._devices = [
-                device(t) if t == "cpu" else device(f"{t}:{i}") for i in range(self.size)
+                device(t) if t == "cpu" else device(f"{t}:{r}") for r in placement.ranks
             ]
         except DeviceError as e:
             raise DeviceError(f"{placement}: {e}") from None

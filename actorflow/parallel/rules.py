@@ -168,11 +168,18 @@ def _reduce(partial_ok: bool, partial_in: bool) -> Callable:
             else:
                 od = d if keep else d - sum(1 for x in dims if x < d)
                 sigs.append(((S(d),), (S(od),)))
-        if partial_in:
+        if partial_in and _linear_cast(metas[0].dtype, attrs.get("dtype")):
             sigs.append(((P,), (P,)))
         return sigs
 
     return rule
+
+
+def _linear_cast(src, to) -> bool:
+    """Whether casting to ``to`` (an op's ``dtype=``, None: no cast) before summing keeps
+    partial sums exact: no cast, or a float widening (an integer or narrowing cast of
+    each summand is not the cast of their sum: int(0.6) + int(0.6) != int(1.2))."""
+    return to is None or to is src or (src.name, to.name) in _WIDENING
 
 
 RULES["sum"] = _reduce(partial_ok=True, partial_in=True)
@@ -226,7 +233,7 @@ def _along_dim(linear: bool) -> Callable:
         dim = attrs["dim"] % nd if nd else 0
         n = len(metas)
         sigs: list[Signature] = [((S(d),) * n, (S(d),)) for d in range(nd) if d != dim]
-        if linear:
+        if linear and _linear_cast(metas[0].dtype, attrs.get("dtype")):
             sigs.append(((P,) + (B,) * (n - 1), (P,)))
         return sigs
 
