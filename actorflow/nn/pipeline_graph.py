@@ -57,7 +57,10 @@ batch of N rows in M parts, as ``np.array_split``) weigh each micro-batch's mean
 
 A batch is one run of the graph (one graph per input layout, made once): after its last
 micro-batch's backward (the run's end), each optimizer given to ``add_optimizer`` steps
-once, in the order given, then the schedulers; the next batch's forwards see the new
+once, in the order given, then the schedulers. The gradients of the stages' parameters and
+of every parameter the optimizers hold (a head ``build`` applies is in no stage) are None
+before a batch and again after it (its step done, or its run stopped), so each step sees
+that batch's gradients only; the next batch's forwards see the new
 parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPipe are).
 A stage that raises stops the run with ActorError naming the actor
 (``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
@@ -224,13 +227,17 @@ class PipelineStep:
             get_backend(d).stream(f"pipeline stage {i}") for i, d in enumerate(self._devices)
         ]
         g = self._graph_for(items[0], memory)
-        params = [p for s in stages for p in s.parameters()]
+        params = self._trained()
         self._params = [
             {id(t._impl.blob) for t in list(s.parameters()) + list(s.buffers())} for s in stages
         ]
         for p in params:
             p.grad = None
         self._grads = [[p for p in s.parameters() if p.requires_grad] for s in stages]
+        # (build's own parameters, a head applied to the last stage's output: their
+        # gradients are written by the last stage's backward)
+        staged = {id(p) for s in stages for p in s.parameters()}
+        self._grads[-1] += [p for p in params if id(p) not in staged and p.requires_grad]
         self.acts = []
         for f in self._fifos:
             f.clear()
@@ -249,13 +256,35 @@ class PipelineStep:
             for f in self._fifos:  # (a stopped run's graphs)
                 f.clear()
         graph = self.graph
-        with no_grad():
-            for opt in graph._optimizers:
-                opt.step()
-        for p in params:
-            p.grad = None
+        try:
+            with no_grad():
+                for opt in graph._optimizers:
+                    opt.step()
+        finally:
+            for p in params:
+                p.grad = None
         graph._step_schedules()
         return float(np.mean(losses))
+
+    def _trained(self) -> list:
+        """Every parameter whose ``.grad`` a batch writes and clears: the stages' and those
+        the graph's optimizers hold (a module ``build`` applies to the last stage's output
+        is in no stage), each once. Each batch starts and ends with their gradients None,
+        so an optimizer steps on that batch's gradients only."""
+        seen: set = set()
+        out = []
+        for s in self.stages:
+            for p in s.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        for opt in self.graph._optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out.append(p)
+        return out
 
     def _micro_batches(self, args: tuple) -> list:
         """The batch's micro-batches as the source's pieces: ``(x, rows, index, *rest)``,
