@@ -463,3 +463,60 @@ def test_a_failed_batch_leaves_no_gradient_on_builds_head():
     for a, p in zip(before, head.parameters(), strict=True):
         assert np.array_equal(a, p.numpy())
         assert p.grad is None
+
+
+def eager_sgd(model_stages, batches):
+    params = [p for p in params_of(model_stages) if p.requires_grad]
+    return eager_steps(model_stages, optim.SGD(params, lr=0.1), batches)
+
+
+def test_a_frozen_first_stage_trains_the_others_as_one_process():
+    batches = data(2)
+    ref = stages_of(3)
+    for p in ref[0].parameters():
+        p.requires_grad_(False)
+    want = eager_sgd(ref, batches)
+    stages = stages_of(3)
+    for p in stages[0].parameters():
+        p.requires_grad_(False)
+    trained = [p for p in params_of(stages) if p.requires_grad]
+    g = Pipe(stages, optim.SGD(trained, lr=0.1), micro_batches=2)
+    got = [float(g.step(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class Cut(nn.Module):
+    """Keeps the first 4 columns; ``detach``: of its input detached (its output does not
+    require grad), else of a parameter (its output does not depend on its input)."""
+
+    def __init__(self, detach):
+        super().__init__()
+        self.detach = detach
+        self.w = nn.Parameter(af.ones(4))
+
+    def forward(self, x):
+        if self.detach:
+            return x.detach()[:, :4]
+        return x[:, :4].detach() * 0.0 + self.w
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_a_stage_whose_output_is_not_made_from_its_input(detach):
+    """The gradient sent to the stage before is zeros shaped as that stage's output (16
+    columns), not as this stage's (4)."""
+    batches = data(2)
+
+    def model():
+        layers = stages_of(3)
+        return [layers[0], Cut(detach), nn.Linear(4, WIDTHS[-1])]
+
+    ref = model()
+    want = eager_sgd(ref, batches)
+    stages = model()
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    got = [float(g.step(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)

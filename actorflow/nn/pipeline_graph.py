@@ -499,7 +499,7 @@ class PipelineStep:
             value = np.asarray(_host(loss.detach()), dtype=np.float64).reshape(())
             if i == 0:
                 return value
-            return (_input_grad(inp, x), value)
+            return (_input_grad(inp, x.shape[0]), value)
 
         return forward_backward
 
@@ -508,14 +508,16 @@ class PipelineStep:
             rows, mb = int(mine[1]), int(mine[2])
             self._note(i, "B", mb)
             inp, out = self._release(i, mb)
-            grad = self._tensor(i, grad_piece[0][:rows])
-            with enable_grad(), use_stream(self._streams[i]):
-                out.backward(grad)
+            if out.requires_grad:  # (else nothing before it needs a gradient: a frozen
+                #                    stage 0, or an output made without its input)
+                grad = self._tensor(i, grad_piece[0][:rows])
+                with enable_grad(), use_stream(self._streams[i]):
+                    out.backward(grad)
             _settle(self._grads[i])
             loss = np.array(grad_piece[1])
             if i == 0:
                 return loss
-            return (_input_grad(inp, mine[0]), loss)
+            return (_input_grad(inp, mine[0].shape[0]), loss)
 
         return backward
 
@@ -566,12 +568,13 @@ def saved_bytes(out: Tensor, exclude: set) -> int:
     return total
 
 
-def _input_grad(inp: Tensor, like: np.ndarray) -> np.ndarray:
-    """The gradient of a stage's input, padded as its register ``like`` is."""
+def _input_grad(inp: Tensor, size: int) -> np.ndarray:
+    """The gradient of a stage's input ``inp`` (its rows of a micro-batch), padded along
+    dim 0 to the ``size`` rows of its register (the previous stage's output register)."""
     g = inp.grad
-    if g is None:  # (the stage's output does not depend on its input)
-        return np.zeros_like(like)
-    return _padded(_host(g), like.shape[0])
+    if g is None:  # (the stage's output does not depend on its input: zeros)
+        return np.zeros((size,) + tuple(inp.shape[1:]), dtype=inp.dtype.np)
+    return _padded(_host(g), size)
 
 
 def _host(t: Tensor) -> np.ndarray:
