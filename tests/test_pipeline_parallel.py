@@ -520,3 +520,19 @@ def test_a_stage_whose_output_is_not_made_from_its_input(detach):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(params_of(ref), params_of(stages), strict=True):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_global_stages_are_refused_with_what_to_do():
+    place = af.placement("cpu", ranks=2)
+    stages = stages_of(2)
+    stages[1].to_global(place)
+    with pytest.raises(NotImplementedError, match=r"stage 1's parameter 'weight'.*keep each"):
+        Pipe(stages, micro_batches=2)
+    stages = stages_of(2)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    stages[0].to_global(place, af.sbp.split(0))  # made global after the graph
+    with pytest.raises(NotImplementedError, match=r"stage 0's parameter '0.0.weight'"):
+        g.step(*data(1)[0])
+    for s in stages:
+        s.to("cpu")  # local again: it trains
+    assert np.isfinite(float(g.step(*data(1)[0])))

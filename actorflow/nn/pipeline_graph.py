@@ -154,6 +154,7 @@ class PipelineStep:
                         f"parameter (their backwards run at the same time, each adding to "
                         f"its own parameters' gradients): give each stage its own modules"
                     )
+        _check_local(stages, name)
         n = len(stages)
         default = [n - i for i in range(n)]
         if stage_buffers is None:
@@ -222,6 +223,7 @@ class PipelineStep:
         """One batch through the graph (a run of it), then the optimizers' steps."""
         items = self._micro_batches(args)
         stages = self.stages
+        _check_local(stages, type(self.graph).__name__)  # (made global since)
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
             get_backend(d).stream(f"pipeline stage {i}") for i, d in enumerate(self._devices)
@@ -520,6 +522,24 @@ class PipelineStep:
             return (_input_grad(inp, mine[0].shape[0]), loss)
 
         return backward
+
+
+def _check_local(stages: Sequence[Module], name: str) -> None:
+    """Refuses stages with global parameters or buffers (``Module.to_global``): a stage
+    runs on one device, its registers are host arrays."""
+    for i, m in enumerate(stages):
+        for kind, tensors in (("parameter", m.named_parameters()), ("buffer", m.named_buffers())):
+            for key, t in tensors:
+                if t.is_global:
+                    raise NotImplementedError(
+                        f"{name}(stages=...): stage {i}'s {kind} {key!r} (shape "
+                        f"{tuple(t.shape)}) is global, on {t.placement!r} with sbp "
+                        f"{t.sbp}; pipeline stages over global tensors are not built yet: "
+                        f"keep each stage local, on one device (.to('cpu') or .to('cuda:0') "
+                        f"makes a global module local again), or train the global model "
+                        f"without stages= (an nn.Graph or eager steps over its global "
+                        f"parameters)"
+                    )
 
 
 def _device_of(stage: Module) -> Any:
