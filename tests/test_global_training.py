@@ -282,3 +282,39 @@ def test_creation_functions_take_placement_and_sbp(k):
         af.zeros(2, placement=p)
     with pytest.raises(af.DeviceError, match="not both"):
         af.zeros(2, device="cpu", placement=p, sbp=s0)
+
+
+class SquareStep(nn.Graph):
+    """A step of one argument: the mean square of the model's output."""
+
+    def __init__(self, model, opt):
+        super().__init__()
+        self.model = model
+        self.add_optimizer(opt)
+
+    def build(self, x):
+        loss = (self.model(x) ** 2).mean()
+        loss.backward()
+        return loss
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "array"])
+def test_global_run_takes_items_as_a_local_run_does(kind):
+    """An item is build's arguments: a list or a tuple of them, or the one argument."""
+    p = af.placement("cpu", 2)
+    data = _data(3)
+    if kind == "array":
+        items = [x for x, _ in data]
+        make = SquareStep
+    else:
+        items = [list(d) if kind == "list" else tuple(d) for d in data]
+        make = Step
+    ml, mg = _mlp(), _mlp().to_global(p)
+    sl = make(ml, af.optim.SGD(ml.parameters(), lr=0.1))
+    sg = make(mg, af.optim.SGD(mg.parameters(), lr=0.1))
+    want = [float(np.asarray(v)) for v in sl.run(items)]
+    got = [v.item() for v in sg.run(items)]
+    assert len(got) == 3
+    _close(want, got)
+    for a, b in zip(ml.parameters(), mg.parameters(), strict=True):
+        _close(a.numpy(), b.numpy())
