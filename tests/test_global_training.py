@@ -318,3 +318,32 @@ def test_global_run_takes_items_as_a_local_run_does(kind):
     _close(want, got)
     for a, b in zip(ml.parameters(), mg.parameters(), strict=True):
         _close(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("opt_name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_adam_on_split_parameters_trains_as_one_process(opt_name, k):
+    """Weights split along dim 0 over the ranks (a 0-d step count cannot be split: Adam's
+    bias corrections are broadcast on the parameters' placement)."""
+    p = af.placement("cpu", k)
+    make = getattr(af.optim, opt_name)
+    local, glob = _mlp(), _mlp().to_global(p, af.sbp.split(0))
+    ol, og = make(local.parameters(), lr=0.05), make(glob.parameters(), lr=0.05)
+    loss = nn.CrossEntropyLoss()
+    for x, y in _data(3):
+        for model, opt, xs, ys in (
+            (local, ol, af.tensor(x), af.tensor(y)),
+            (
+                glob,
+                og,
+                af.tensor(x).to_global(p, af.sbp.broadcast),
+                af.tensor(y).to_global(p, af.sbp.broadcast),
+            ),
+        ):
+            opt.zero_grad()
+            out = loss(model(xs), ys)
+            out.backward()
+            opt.step()
+    for a, b in zip(local.parameters(), glob.parameters(), strict=True):
+        _close(a.numpy(), b.numpy())
+    assert glob[0].weight.sbp == (af.sbp.split(0),)
