@@ -414,3 +414,125 @@ def test_run_options_of_a_traced_step_are_refused():
     g = Pipe(stages_of(2), micro_batches=2)
     with pytest.raises(PlanError, match=r"run\(fused=True\)"):
         next(iter(g.run(data(1), fused=True)))
+
+
+# -- what build applies, frozen stages ----------------------------------------------------
+
+
+class HeadPipe(nn.Graph):
+    """A pipeline whose build applies a head (a module in no stage) to the last stage's
+    output; the optimizer holds the stages' and the head's parameters."""
+
+    def __init__(self, stages, head, **kw):
+        super().__init__(stages=stages, **kw)
+        self.head, self.loss = head, nn.MSELoss()
+        self.add_optimizer(optim.SGD(params_of(stages) + list(head.parameters()), lr=0.1))
+
+    def build(self, out, y):
+        return self.loss(self.head(out), y)
+
+
+def test_a_head_applied_in_build_steps_on_each_batch_gradient_only():
+    batches = data(3)
+
+    def model():
+        layers = stages_of(3)
+        return layers[:2], layers[2]  # two stages, the last Linear as build's head
+
+    ref_stages, ref_head = model()
+    ref_params = params_of(ref_stages) + list(ref_head.parameters())
+    want = eager_steps(ref_stages + [ref_head], optim.SGD(ref_params, lr=0.1), batches)
+    stages, head = model()
+    g = HeadPipe(stages, head, micro_batches=2)
+    got = [float(g.step(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ref_params, params_of(stages) + list(head.parameters()), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+    assert all(p.grad is None for p in head.parameters())
+
+
+def test_a_failed_batch_leaves_no_gradient_on_builds_head():
+    layers = stages_of(3)
+    bad = Fails(at=1)  # the last stage fails on micro-batch 1, after 0's backward
+    stages, head = [layers[0], nn.Sequential(layers[1], bad)], layers[2]
+    g = HeadPipe(stages, head, micro_batches=2)
+    before = [p.numpy().copy() for p in head.parameters()]
+    with pytest.raises(ActorError) as e:
+        g.step(*data(1)[0])
+    assert e.value.actor == "stage1.forward_backward" and e.value.piece == 1
+    for a, p in zip(before, head.parameters(), strict=True):
+        assert np.array_equal(a, p.numpy())
+        assert p.grad is None
+
+
+def eager_sgd(model_stages, batches):
+    params = [p for p in params_of(model_stages) if p.requires_grad]
+    return eager_steps(model_stages, optim.SGD(params, lr=0.1), batches)
+
+
+def test_a_frozen_first_stage_trains_the_others_as_one_process():
+    batches = data(2)
+    ref = stages_of(3)
+    for p in ref[0].parameters():
+        p.requires_grad_(False)
+    want = eager_sgd(ref, batches)
+    stages = stages_of(3)
+    for p in stages[0].parameters():
+        p.requires_grad_(False)
+    trained = [p for p in params_of(stages) if p.requires_grad]
+    g = Pipe(stages, optim.SGD(trained, lr=0.1), micro_batches=2)
+    got = [float(g.step(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class Cut(nn.Module):
+    """Keeps the first 4 columns; ``detach``: of its input detached (its output does not
+    require grad), else of a parameter (its output does not depend on its input)."""
+
+    def __init__(self, detach):
+        super().__init__()
+        self.detach = detach
+        self.w = nn.Parameter(af.ones(4))
+
+    def forward(self, x):
+        if self.detach:
+            return x.detach()[:, :4]
+        return x[:, :4].detach() * 0.0 + self.w
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_a_stage_whose_output_is_not_made_from_its_input(detach):
+    """The gradient sent to the stage before is zeros shaped as that stage's output (16
+    columns), not as this stage's (4)."""
+    batches = data(2)
+
+    def model():
+        layers = stages_of(3)
+        return [layers[0], Cut(detach), nn.Linear(4, WIDTHS[-1])]
+
+    ref = model()
+    want = eager_sgd(ref, batches)
+    stages = model()
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    got = [float(g.step(x, y)) for x, y in batches]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_global_stages_are_refused_with_what_to_do():
+    place = af.placement("cpu", ranks=2)
+    stages = stages_of(2)
+    stages[1].to_global(place)
+    with pytest.raises(NotImplementedError, match=r"stage 1's parameter 'weight'.*keep each"):
+        Pipe(stages, micro_batches=2)
+    stages = stages_of(2)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    stages[0].to_global(place, af.sbp.split(0))  # made global after the graph
+    with pytest.raises(NotImplementedError, match=r"stage 0's parameter '0.0.weight'"):
+        g.step(*data(1)[0])
+    for s in stages:
+        s.to("cpu")  # local again: it trains
+    assert np.isfinite(float(g.step(*data(1)[0])))

@@ -785,8 +785,10 @@ class Graph:
             total = len(items) if hasattr(items, "__len__") else None
             bar = open_bar(progress, total, "steps")
         try:
-            for item in items:
-                out = self._global_step(placement, (item,) if not isinstance(item, tuple) else item)
+            for item in items:  # (build's arguments, as a local run gives them: a tuple
+                #                  or list item's items, else the item itself)
+                args = tuple(item) if isinstance(item, (tuple, list)) else (item,)
+                out = self._global_step(placement, args)
                 if bar is not None:
                     bar.update(1)
                 yield out

@@ -57,7 +57,10 @@ batch of N rows in M parts, as ``np.array_split``) weigh each micro-batch's mean
 
 A batch is one run of the graph (one graph per input layout, made once): after its last
 micro-batch's backward (the run's end), each optimizer given to ``add_optimizer`` steps
-once, in the order given, then the schedulers; the next batch's forwards see the new
+once, in the order given, then the schedulers. The gradients of the stages' parameters and
+of every parameter the optimizers hold (a head ``build`` applies is in no stage) are None
+before a batch and again after it (its step done, or its run stopped), so each step sees
+that batch's gradients only; the next batch's forwards see the new
 parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPipe are).
 A stage that raises stops the run with ActorError naming the actor
 (``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
@@ -151,6 +154,7 @@ class PipelineStep:
                         f"parameter (their backwards run at the same time, each adding to "
                         f"its own parameters' gradients): give each stage its own modules"
                     )
+        _check_local(stages, name)
         n = len(stages)
         default = [n - i for i in range(n)]
         if stage_buffers is None:
@@ -219,18 +223,23 @@ class PipelineStep:
         """One batch through the graph (a run of it), then the optimizers' steps."""
         items = self._micro_batches(args)
         stages = self.stages
+        _check_local(stages, type(self.graph).__name__)  # (made global since)
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
             get_backend(d).stream(f"pipeline stage {i}") for i, d in enumerate(self._devices)
         ]
         g = self._graph_for(items[0], memory)
-        params = [p for s in stages for p in s.parameters()]
+        params = self._trained()
         self._params = [
             {id(t._impl.blob) for t in list(s.parameters()) + list(s.buffers())} for s in stages
         ]
         for p in params:
             p.grad = None
         self._grads = [[p for p in s.parameters() if p.requires_grad] for s in stages]
+        # (build's own parameters, a head applied to the last stage's output: their
+        # gradients are written by the last stage's backward)
+        staged = {id(p) for s in stages for p in s.parameters()}
+        self._grads[-1] += [p for p in params if id(p) not in staged and p.requires_grad]
         self.acts = []
         for f in self._fifos:
             f.clear()
@@ -249,13 +258,35 @@ class PipelineStep:
             for f in self._fifos:  # (a stopped run's graphs)
                 f.clear()
         graph = self.graph
-        with no_grad():
-            for opt in graph._optimizers:
-                opt.step()
-        for p in params:
-            p.grad = None
+        try:
+            with no_grad():
+                for opt in graph._optimizers:
+                    opt.step()
+        finally:
+            for p in params:
+                p.grad = None
         graph._step_schedules()
         return float(np.mean(losses))
+
+    def _trained(self) -> list:
+        """Every parameter whose ``.grad`` a batch writes and clears: the stages' and those
+        the graph's optimizers hold (a module ``build`` applies to the last stage's output
+        is in no stage), each once. Each batch starts and ends with their gradients None,
+        so an optimizer steps on that batch's gradients only."""
+        seen: set = set()
+        out = []
+        for s in self.stages:
+            for p in s.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        for opt in self.graph._optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out.append(p)
+        return out
 
     def _micro_batches(self, args: tuple) -> list:
         """The batch's micro-batches as the source's pieces: ``(x, rows, index, *rest)``,
@@ -470,7 +501,7 @@ class PipelineStep:
             value = np.asarray(_host(loss.detach()), dtype=np.float64).reshape(())
             if i == 0:
                 return value
-            return (_input_grad(inp, x), value)
+            return (_input_grad(inp, x.shape[0]), value)
 
         return forward_backward
 
@@ -479,16 +510,36 @@ class PipelineStep:
             rows, mb = int(mine[1]), int(mine[2])
             self._note(i, "B", mb)
             inp, out = self._release(i, mb)
-            grad = self._tensor(i, grad_piece[0][:rows])
-            with enable_grad(), use_stream(self._streams[i]):
-                out.backward(grad)
+            if out.requires_grad:  # (else nothing before it needs a gradient: a frozen
+                #                    stage 0, or an output made without its input)
+                grad = self._tensor(i, grad_piece[0][:rows])
+                with enable_grad(), use_stream(self._streams[i]):
+                    out.backward(grad)
             _settle(self._grads[i])
             loss = np.array(grad_piece[1])
             if i == 0:
                 return loss
-            return (_input_grad(inp, mine[0]), loss)
+            return (_input_grad(inp, mine[0].shape[0]), loss)
 
         return backward
+
+
+def _check_local(stages: Sequence[Module], name: str) -> None:
+    """Refuses stages with global parameters or buffers (``Module.to_global``): a stage
+    runs on one device, its registers are host arrays."""
+    for i, m in enumerate(stages):
+        for kind, tensors in (("parameter", m.named_parameters()), ("buffer", m.named_buffers())):
+            for key, t in tensors:
+                if t.is_global:
+                    raise NotImplementedError(
+                        f"{name}(stages=...): stage {i}'s {kind} {key!r} (shape "
+                        f"{tuple(t.shape)}) is global, on {t.placement!r} with sbp "
+                        f"{t.sbp}; pipeline stages over global tensors are not built yet: "
+                        f"keep each stage local, on one device (.to('cpu') or .to('cuda:0') "
+                        f"makes a global module local again), or train the global model "
+                        f"without stages= (an nn.Graph or eager steps over its global "
+                        f"parameters)"
+                    )
 
 
 def _device_of(stage: Module) -> Any:
@@ -537,12 +588,13 @@ def saved_bytes(out: Tensor, exclude: set) -> int:
     return total
 
 
-def _input_grad(inp: Tensor, like: np.ndarray) -> np.ndarray:
-    """The gradient of a stage's input, padded as its register ``like`` is."""
+def _input_grad(inp: Tensor, size: int) -> np.ndarray:
+    """The gradient of a stage's input ``inp`` (its rows of a micro-batch), padded along
+    dim 0 to the ``size`` rows of its register (the previous stage's output register)."""
     g = inp.grad
-    if g is None:  # (the stage's output does not depend on its input)
-        return np.zeros_like(like)
-    return _padded(_host(g), like.shape[0])
+    if g is None:  # (the stage's output does not depend on its input: zeros)
+        return np.zeros((size,) + tuple(inp.shape[1:]), dtype=inp.dtype.np)
+    return _padded(_host(g), size)
 
 
 def _host(t: Tensor) -> np.ndarray:

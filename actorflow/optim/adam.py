@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import functional as F
 from ..creation import from_numpy, zeros_like
+from ..sbp import broadcast, layout
 from .optimizer import IN_PLACE, OUT_OF_PLACE, Optimizer, Writes, next_count
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ class Adam(Optimizer):
                 if len(self._corrections) > 8:
                     self._corrections.clear()
                 t = from_numpy(np.array(float(n)))  # float64, 0-d
-                if p.device.type != "cpu":
+                if p.is_global:  # (on p's ranks, whole on each: a 0-d tensor has no split)
+                    t = t.to(layout(p.placement, (broadcast,)))
+                elif p.device.type != "cpu":
                     t = t.to(p.device)  # (where p's ops run)
                 corrections = self._corrections[key] = bias_corrections(t, group)
         else:  # traced: the count a float64 tensor, state of the step

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import functional as F
 from ..autograd import no_grad, zero_grad
 from ..creation import tensor
+from ..sbp import broadcast, layout
 from ..tensor.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -247,7 +248,10 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Takes what ``state_dict()`` gave (or ``af.load`` read back) for an optimizer over
-        parameters of the same shapes, in the same groups: options and state are copied."""
+        parameters of the same shapes, in the same groups: options and state are copied,
+        each state tensor onto its parameter's device (a global parameter's: laid out as
+        the parameter, a 0-d one broadcast on its placement), whichever device it was
+        saved from."""
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
             len(a["params"]) != len(b["params"])
@@ -274,6 +278,8 @@ class Optimizer:
                     v = int(v.item() if isinstance(v, Tensor) else v)
                 elif k in self.flags:
                     v = tensor(float(v.item() if isinstance(v, Tensor) else v), dtype="float64")
+                    if p.is_global:
+                        v = F.to_device(v, _scalar_layout(p))
                 elif isinstance(v, Tensor):
                     if tuple(v.shape) != tuple(p.shape) and v.ndim:
                         raise ValueError(
@@ -281,7 +287,7 @@ class Optimizer:
                             f"{k!r} of parameter {i} has shape {tuple(v.shape)}, "
                             f"the parameter {tuple(p.shape)}"
                         )
-                    v = v.to(p.dtype).clone()
+                    v = _on_device_of(v.to(p.dtype), p).clone()
                 mine[k] = v
             self.state[p] = mine
 
@@ -293,6 +299,21 @@ class Optimizer:
                 if k != "params":
                     lines.append(f"    {k}: {g[k]}")
         return "\n".join(lines) + "\n)"
+
+
+def _scalar_layout(p: Tensor) -> Any:
+    """Where a 0-d state tensor of the global parameter ``p`` lives: on its placement,
+    broadcast (a 0-d tensor has no dim to split)."""
+    return layout(p.placement, (broadcast,))
+
+
+def _on_device_of(v: Tensor, p: Tensor) -> Tensor:
+    """A loaded state tensor ``v`` where the update reads it with ``p``: on ``p``'s
+    device, or for a global ``p`` laid out as ``p`` (a 0-d one broadcast). A tensor
+    already there is ``v`` itself."""
+    if p.is_global and v.ndim == 0:
+        return F.to_device(v, _scalar_layout(p))
+    return F.to_device(v, p.device)
 
 
 def _flat_rates(group: dict, names: tuple):
