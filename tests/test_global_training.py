@@ -544,3 +544,22 @@ def test_an_optimizer_state_moves_between_local_and_global_models():
     _train(local, opt, data[2:])
     for a, b in zip(local.parameters(), back.parameters(), strict=True):
         _close(a.numpy(), b.numpy())
+
+
+def test_sgd_with_dampening_trains_global_parameters_as_one_process():
+    p = af.placement("cpu", 2)
+    local, glob = _mlp(), _mlp().to_global(p)
+    opts = [
+        af.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, dampening=0.5) for m in (local, glob)
+    ]
+    lf = nn.CrossEntropyLoss()
+    for x, y in _data(3):
+        for m, o, split in ((local, opts[0], False), (glob, opts[1], True)):
+            xs, ys = af.tensor(x), af.tensor(y)
+            if split:
+                xs, ys = xs.to_global(p, af.sbp.split(0)), ys.to_global(p, af.sbp.split(0))
+            o.zero_grad()
+            lf(m(xs), ys).backward()
+            o.step()
+    for a, b in zip(local.parameters(), glob.parameters(), strict=True):
+        _close(a.numpy(), b.numpy())
