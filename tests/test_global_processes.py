@@ -739,3 +739,51 @@ def test_writes_into_tensors_made_on_process_ranks_after_the_block():
         m(x).sum().backward()
         opt.step()
     assert isinstance(m.weight._impl.blob.ranks, ProcessRanks)
+
+
+def test_data_parallel_training_survives_a_killed_rank_by_resuming_from_its_checkpoint(
+    tmp_path,
+):
+    """Train on process ranks, checkpoint, train on; a rank is killed: the step raises an
+    ActorError naming it; new ranks, the model and optimizer loaded from the checkpoint,
+    the lost steps again: the parameters equal an uninterrupted run's."""
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)) for _ in range(5)
+    ]
+
+    def model():
+        af.manual_seed(0)
+        return af.nn.Sequential(af.nn.Linear(4, 8), af.nn.ReLU(), af.nn.Linear(8, 3))
+
+    def train(m, opt, p, items):
+        lf = af.nn.CrossEntropyLoss()
+        for x, y in items:
+            xs, ys = (af.tensor(a).to_global(p, S0) for a in (x, y))
+            opt.zero_grad()
+            lf(m(xs), ys).backward()
+            opt.step()
+
+    with use_ranks("processes"):
+        p = af.placement("cpu", 2)
+        want = model().to_global(p)  # the uninterrupted run
+        train(want, af.optim.Adam(want.parameters(), lr=0.01), p, batches)
+        want_params = [q.numpy() for q in want.parameters()]
+        ranks_of(p).close()
+
+        m = model().to_global(p)
+        opt = af.optim.Adam(m.parameters(), lr=0.01)
+        train(m, opt, p, batches[:3])
+        af.save(m.state_dict(), tmp_path / "model.npz")
+        af.save(opt.state_dict(), tmp_path / "opt.npz")
+        os.kill(ranks_of(p).pids[1], signal.SIGKILL)
+        with pytest.raises(ActorError, match="rank 1"):
+            train(m, opt, p, batches[3:])
+            m[0].weight.numpy()
+        m = model().to_global(p)  # new workers, the checkpoint loaded
+        opt = af.optim.Adam(m.parameters(), lr=0.01)
+        m.load_state_dict(af.load(tmp_path / "model.npz"))
+        opt.load_state_dict(af.load(tmp_path / "opt.npz"))
+        train(m, opt, p, batches[3:])
+        for a, b in zip(want_params, m.parameters(), strict=True):
+            np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
