@@ -37,7 +37,7 @@ import weakref
 from collections import deque
 from multiprocessing.connection import wait
 from multiprocessing.reduction import recv_handle, send_handle
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -281,6 +281,13 @@ class HeldRanks(Ranks):
         if not self._started():
             self._start()
 
+    def _fail(self, rank: int, error: BaseException) -> NoReturn:
+        """Ends the ranks with ``error`` of rank ``rank``: raised now as the ActorError
+        naming the rank and the placement, and again at every later use."""
+        self._failed = (f"rank {rank} of {self.placement!r}", None, error)
+        self._shutdown()
+        raise _rank_error(*self._failed)
+
     def _shutdown(self) -> None:
         self.closed = True
         if _GROUPS.get((self.kind, self.placement)) is self:
@@ -473,9 +480,7 @@ class ProcessRanks(HeldRanks):
             f"{how}; the global tensors on the placement are lost (its other workers were "
             f"shut down); the next use of the placement starts new workers"
         )
-        self._failed = (f"rank {rank} of {self.placement!r}", None, original)
-        self._shutdown()
-        raise _rank_error(*self._failed)
+        self._fail(rank, original)
 
     def _find_dead(self) -> None:
         """A worker said another ended: that one's error (once the OS says it ended)."""
@@ -577,13 +582,7 @@ class ProcessRanks(HeldRanks):
             except (OSError, EOFError):
                 pass
         elif not ready:
-            self._failed = (
-                f"rank {rank} of {self.placement!r}",
-                None,
-                TimeoutError(f"no answer from the worker within {W.WAIT_S:.0f} s"),
-            )
-            self._shutdown()
-            raise _rank_error(*self._failed)
+            self._fail(rank, TimeoutError(f"no answer from the worker within {W.WAIT_S:.0f} s"))
         self._died(rank)
         raise AssertionError("unreachable")
 

@@ -47,7 +47,7 @@ from ..runtime.sched.processes import WorkerDied
 from ..sbp import Placement
 from ..tensor.meta import contiguous_meta
 from . import workers as W
-from .ranks import _COPY, BATCH, NO_ATTRS, HeldRanks, _nbytes, _pickled, _rank_error
+from .ranks import _COPY, BATCH, NO_ATTRS, HeldRanks, _nbytes, _pickled
 
 START_S = 60.0  # how long the actors of a placement may take to start
 FLUSH_BYTES = 8 << 20  # bytes of work (outputs, moves, puts) kept before they are sent
@@ -307,9 +307,7 @@ class RayRanks(HeldRanks):
             f"the placement are lost (its other actors were killed); the next use of the "
             f"placement starts new actors"
         )
-        self._failed = (f"rank {rank} of {self.placement!r}", None, original)
-        self._shutdown()
-        raise _rank_error(*self._failed)
+        self._fail(rank, original)
 
     def _find_dead(self) -> None:
         """A rank's part could not come from another: that one's error, once Ray says it
@@ -406,13 +404,7 @@ class RayRanks(HeldRanks):
         try:
             reply = ray.get(slot.ref, timeout=W.WAIT_S)
         except ray.exceptions.GetTimeoutError:
-            self._failed = (
-                f"rank {rank} of {self.placement!r}",
-                None,
-                TimeoutError(f"no answer from its Ray actor within {W.WAIT_S:.0f} s"),
-            )
-            self._shutdown()
-            raise _rank_error(*self._failed) from None
+            self._fail(rank, TimeoutError(f"no answer from its Ray actor within {W.WAIT_S:.0f} s"))
         except ray.exceptions.RayError as e:  # (its actor died)
             self._died(rank, e)
         if reply[0] == "error":
