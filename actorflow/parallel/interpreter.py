@@ -284,8 +284,9 @@ def _decide(op, metas: list, attrs: dict, outs, k: int) -> tuple:
                 f"op {op.name!r} cannot write in place into a global tensor laid out "
                 f"{', '.join(map(str, want))} from inputs of shapes "
                 f"{[tuple(m.shape) for m in metas]}: no signature of the op gives that "
-                f"layout; compute out of place (y = op(x)) and convert with "
-                f".to_global(sbp=...)"
+                f"layout; make the tensor broadcast first (x = x.to_global(sbp="
+                f"af.sbp.broadcast)), or compute the new value out of place (for an "
+                f"indexed write, af.where(mask, value, x))"
             )
     current = [m.device.sbp[0] for m in metas]
     sizes = [_nbytes(m) for m in metas]

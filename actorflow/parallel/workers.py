@@ -60,7 +60,10 @@ from ..tensor import views
 
 CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT = range(11)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
-WAIT_S = 300.0  # how long a RECV waits for its source, and the controller for an answer
+# how long a RECV waits for its source, and the controller for an answer, before the ranks
+# are given up (AF_RANKS_WAIT_S in the environment: a longer wait for reads behind long
+# queued work)
+WAIT_S = float(os.environ.get("AF_RANKS_WAIT_S", "300"))
 VIEWS = {  # the views a rank takes of its parts, by name
     "view": views.view,
     "permute": views.permute,
