@@ -686,12 +686,12 @@ class Graph:
             TraceError: ``build`` does what a step cannot record (when compiled)."""
         if self._pipeline is not None:  # (stages=: pipeline_graph.py)
             return self._pipeline.step(args)
-        placement = self._placement()
+        settings = self._check()
+        placement = self._traced.placement  # type: ignore[attr-defined]  # set by _check()
         if placement is not None:
             return self._global_step(placement, args)
         leaves, structure = flatten(args)
         _no_bfloat16(self, "input", leaves)
-        settings = self._check()
         device = _device_of(self._traced.params, leaves)  # type: ignore[attr-defined]  # set by _check()
         if device is not None:
             return self._step_on(device, leaves, structure, settings)
@@ -714,32 +714,15 @@ class Graph:
 
     # -- over global tensors ---------------------------------------------------------------
     def _placement(self) -> Placement | None:
-        """The placement of the graph's global parameters, or None for a local graph.
+        """The placement of the graph's global parameters, or None for a local graph: found
+        with what the step was traced with (``_Traced``, taken again when a module changed:
+        ``Module.to_global`` counts as a change), so a step pays no walk of its modules.
 
         Raises:
             DeviceError: some parameters are global and others local, or on two
                 placements."""
-        found = None
-        local = None
-        for p in self._params():
-            d = p._impl.meta.device
-            if d.placed:
-                if found is not None and d.placement is not found:
-                    raise DeviceError(
-                        f"{type(self).__name__}: its parameters are on two placements, "
-                        f"{found!r} and {d.placement!r}; make them one with "
-                        f"module.to_global(placement)"
-                    )
-                found = d.placement
-            else:
-                local = d
-        if found is not None and local is not None:
-            raise DeviceError(
-                f"{type(self).__name__}: some parameters are global (on {found!r}) and some "
-                f"local (on {local}); make every module global with "
-                f"module.to_global(placement)"
-            )
-        return found
+        self._check()
+        return self._traced.placement  # type: ignore[attr-defined]  # set by _check()
 
     def _global_step(self, placement: Placement, args: tuple) -> Any:
         """``step()`` of a graph whose parameters are global tensors: ``build`` runs on the
@@ -1209,9 +1192,10 @@ class _Traced:
     while this lives) and values (numbers, strings). ``group_ids``: the ids of the
     optimizers' parameters in group order; ``names``: ``(namespace, name, object)`` per
     global or closure variable ``build`` reads; ``params``: the parameters and buffers,
-    in state order; ``modes``: each module's train/eval mode."""
+    in state order; ``modes``: each module's train/eval mode; ``placement``: the global
+    parameters' placement (None for a local graph)."""
 
-    __slots__ = ("version", "ident", "keep", "group_ids", "names", "params", "modes")
+    __slots__ = ("version", "ident", "keep", "group_ids", "names", "params", "modes", "placement")
 
     def __init__(self, graph: Graph):
         self.version = structure_version[0]
@@ -1247,6 +1231,7 @@ class _Traced:
         self.keep = keep
         self.params = graph._params()
         self.modes = tuple(m.training for m in mods)
+        self.placement = _placement_of(type(graph).__name__, self.params)
 
     def moved(self, groups: list) -> bool:
         """Did an optimizer's parameters, or a name ``build`` reads, change since?"""
@@ -1479,6 +1464,32 @@ def _rated_spec(spec, rated: int, device):
         (tuple, (spec.structure, (tuple, (0,) * rated))),
         list(spec.specs) + [Spec((), "float64", on)] * rated,
     )
+
+
+def _placement_of(name: str, params: list) -> Placement | None:
+    """The placement of ``params`` where they are global, None where they are local (see
+    ``Graph._placement``)."""
+    found = None
+    local = None
+    for p in params:
+        d = p._impl.meta.device
+        if d.placed:
+            if found is not None and d.placement is not found:
+                raise DeviceError(
+                    f"{name}: its parameters are on two placements, "
+                    f"{found!r} and {d.placement!r}; make them one with "
+                    f"module.to_global(placement)"
+                )
+            found = d.placement
+        else:
+            local = d
+    if found is not None and local is not None:
+        raise DeviceError(
+            f"{name}: some parameters are global (on {found!r}) and some "
+            f"local (on {local}); make every module global with "
+            f"module.to_global(placement)"
+        )
+    return found
 
 
 def _as_global(x, placement):
