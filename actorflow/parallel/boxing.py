@@ -26,6 +26,7 @@ from typing import Any
 
 from ..ops import get as op_def
 from ..sbp import SBP, split_sizes, split_starts
+from ..tensor.meta import numel
 from . import recording
 from .ranks import Ranks
 
@@ -106,9 +107,7 @@ def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any)
         return parts
     k = ranks.size
     if recording.OPEN:
-        n = dtype.itemsize
-        for x in shape:
-            n *= x
+        n = numel(shape) * dtype.itemsize
         recording.note(
             recording.Boxing(
                 src,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, cast
 
+from ..backends import get_backend
 from ..device import Device, device
 from ..dtype import DType
 from ..eager.interpreter import apply, attrs_key, use_global
@@ -29,7 +30,7 @@ from ..sbp import SBP, Layout, Placement, as_sbp, broadcast, layout, split, spli
 from ..tensor import views
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
-from ..tensor.meta import TensorMeta, contiguous_meta
+from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from . import recording
 from .boxing import box, cost, local_cost, local_shape
 from .ranks import Ranks, ranks_of
@@ -81,8 +82,6 @@ def root_of(blob: Any) -> Any:
 
 
 def _reader_backend(device_type: str):
-    from ..backends import get_backend
-
     return get_backend(device("null" if device_type == "null" else "cpu"))
 
 
@@ -353,10 +352,7 @@ def _onto_one(inputs: list, outs) -> tuple[list, Ranks]:
 
 
 def _nbytes(m: TensorMeta) -> int:
-    n = m.dtype.itemsize
-    for s in m.shape:
-        n *= s
-    return n
+    return numel(m.shape) * m.dtype.itemsize
 
 
 def _factory(op, attrs, device, ranks: Ranks | None = None):

@@ -56,7 +56,7 @@ from ..runtime.sched.processes import (
 from ..sbp import Placement
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
-from ..tensor.meta import TensorMeta, contiguous_meta
+from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from . import workers as W
 
 _COPY = op_def("copy")
@@ -727,10 +727,7 @@ def _nbytes(m: Any) -> int:
     soon, and the worker should have started)."""
     if m is None or m.shape is None:
         return FLUSH_BYTES
-    n = m.dtype.itemsize
-    for s in m.shape:
-        n *= s
-    return n
+    return numel(m.shape) * m.dtype.itemsize
 
 
 def _pickled(cmds: list) -> bytes:

@@ -57,6 +57,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..tensor import views
+from ..tensor.meta import numel
 
 CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT = range(11)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
@@ -98,6 +99,11 @@ def adopt(array: np.ndarray, dtype: Any) -> Any:
     blob.backend.allocator.adopt(array.nbytes, "process ranks")
     blob.array, blob.owned, blob.allocated = array, False, True
     return impl
+
+
+def _nbytes(impl: Any) -> int:
+    """A part's bytes (its shape known: it was made here)."""
+    return numel(impl.meta.shape) * impl.meta.dtype.itemsize
 
 
 def contiguous_bytes(a: np.ndarray) -> np.ndarray:
@@ -515,7 +521,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         else:
             impl = ins[0]
             try:
-                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                nbytes = _nbytes(impl)
                 if nbytes <= INLINE:
                     mine = ("data", host_array(impl))
                 else:
@@ -623,7 +629,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                     return peer.send_bytes(pickle.dumps((token, "error", ins), protocol=5))
                 try:
                     impl = ins[0]
-                    nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                    nbytes = _nbytes(impl)
                     if nbytes <= INLINE:
                         a = host_array(impl)
                     elif in_id not in sent:
@@ -668,7 +674,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 return answer(("error", ins))
             impl = ins[0]
             try:
-                nbytes = impl.meta.dtype.itemsize * int(np.prod(impl.meta.shape))
+                nbytes = _nbytes(impl)
                 if nbytes > INLINE:
                     fd, dt, shape = write_into(read, impl, nbytes)
                 else:
