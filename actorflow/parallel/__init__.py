@@ -10,7 +10,7 @@ from typing import Any
 
 from ..sbp import Placement
 from ..tensor.tensor import Tensor, wrap
-from .interpreter import convert, part, to_layout
+from .interpreter import part, to_layout
 from .ranks import KINDS, InlineRanks, ProcessRanks, ranks_of, use_ranks
 from .recording import Recording, record
 
@@ -64,7 +64,6 @@ def to_local(x: Tensor, rank: int | None = None) -> Tensor:
 __all__ = [
     "to_global",
     "to_local",
-    "convert",
     "record",
     "Recording",
     "use_ranks",
