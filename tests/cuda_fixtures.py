@@ -55,6 +55,19 @@ def on_emulator() -> bool:
     return _ON["driver"] == "emu"
 
 
+def assert_captures(run, captures: int, replays: int) -> None:
+    """``run`` (a compiled step's ``DeviceProgram``) was captured ``captures`` times and
+    replayed ``replays`` times. On CuPy a step that calls cuBLAS (a matmul's reference form)
+    is the exception, checked as such: CuPy refuses cuBLAS calls while a stream captures, so
+    its first capture is refused (``capture_failed`` names cuBLAS) and every later step is
+    launched one by one (``uncaptured``)."""
+    if on_emulator() or run.capture_failed is None:
+        assert (run.captures, run.replays) == (captures, replays), run.capture_failed
+    else:
+        assert "cuBLAS" in run.capture_failed, run.capture_failed
+        assert (run.captures, run.replays, run.uncaptured) == (0, 0, captures + replays - 1)
+
+
 def assert_same(got, want, exact: bool = True, rtol: float | None = None) -> None:
     """``got`` (computed on cuda:0) equals ``want`` (the same on cpu, or the expected
     values): same dtype and shape, and the same values bit for bit on the emulator (it runs

@@ -210,6 +210,74 @@ def test_capture_and_replay(make):
     del keep
 
 
+def test_a_captured_reference_launchs_temporaries_are_the_graphs_own(make):
+    """A reference launch allocates a temporary (``x * 2``) inside the capture; once the
+    capture ended, other calls allocate same-sized arrays and keep them: every replay writes
+    its temporary, and none of theirs may change (on CuPy's shared pool the freed temporary
+    would have been handed to the first of them)."""
+    d = make()
+    s = d.stream("capture")
+    n = 1024
+    x, out = _buffer(d, n), _buffer(d, n)
+    keep = _put(d, s, x, np.arange(n) % 7)
+    s.synchronize(30)
+
+    def twice_plus_one(out, x):
+        np.add(np.multiply(x, 2), 1, out=out)
+
+    kept: list = []
+
+    def kept_triple(x):
+        kept.append(np.multiply(x, 3))  # same size: the pool's same bin
+
+    s.begin_capture()
+    s.launch(Kernel("twice_plus_one", reference=twice_plus_one), (out, x))
+    g = s.end_capture()
+    for _ in range(4):
+        s.launch(Kernel("kept_triple", reference=kept_triple), (x,))
+    for _ in range(3):
+        g.launch(s)
+    host = (np.arange(n) % 7).astype(np.float32)
+    np.testing.assert_array_equal(_get(d, s, out), host * 2 + 1)
+    seen = _buffer(d, n)
+    for k in kept:
+        s.launch(Kernel("read", reference=lambda dst, k=k: dst.__setitem__(..., k)), (seen,))
+        np.testing.assert_array_equal(_get(d, s, seen), host * 3)
+    del keep
+
+
+def test_a_command_that_cannot_be_captured_fails_the_capture_not_the_stream(make):
+    """A reference that synchronizes (reads a value back) cannot be captured on a GPU:
+    ``end_capture`` raises DeviceError naming it, and the stream is not faulted (the same
+    commands run uncaptured after). The emulator records references and runs them at each
+    replay, so there the capture holds it."""
+    d = make()
+    s = d.stream("capture")
+    a = _buffer(d, 8)
+    keep = _put(d, s, a, np.arange(8))
+    s.synchronize(30)
+    read: list = []
+
+    def reads_back(x):
+        read.append(float(x.sum()))
+
+    s.begin_capture()
+    s.launch(Kernel("reads_back", reference=reads_back), (a,))
+    if isinstance(d, EmuDriver):
+        s.end_capture().launch(s)
+        s.synchronize(30)
+        assert read == [28.0]
+    else:
+        with pytest.raises(DeviceError, match="capture failed.*reads_back"):
+            s.end_capture()
+        assert read == []
+    s.launch(Kernel("reads_back", reference=reads_back), (a,))  # uncaptured: it runs
+    s.launch(ADD, (a, a, np.float32(1), np.int64(8)))
+    np.testing.assert_array_equal(_get(d, s, a), np.arange(8, dtype=np.float32) + 1)
+    assert read[-1] == 28.0
+    del keep
+
+
 def test_then_is_called_once_the_record_completed(make):
     d = make(delay=2e-3, seed=3)
     s = d.stream()

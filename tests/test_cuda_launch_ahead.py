@@ -273,8 +273,14 @@ def test_an_error_known_at_completion_fails_what_was_issued_ahead_reading_it(cud
     stream and across streams, with that error, though their own work succeeded; work that
     does not read them (issued after it on its stream) gets its values."""
     x = af.tensor(np.arange(4, dtype=np.float32), device=CUDA)
-    af.synchronize(30)
     side = af.lowlevel.stream(CUDA, "side")
+    # each kernel once before the gate: on a GPU, loading a kernel's module (CUDA's lazy
+    # loading) may wait for the kernels running, and the gate runs until it is opened
+    warm = x * 2 + 1
+    with use_stream(side):
+        warm = warm - 1
+    (x + 5).numpy(), warm.numpy()
+    af.synchronize(30)
     b = _backend()
     gate = Gate(b.driver_stream(b.compute))
     finish = VM._finish_device

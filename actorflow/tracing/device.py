@@ -24,9 +24,13 @@ is one replay (``Graph.launch``). The capture holds the state's addresses: when 
 tensor is replaced (an optimizer's state loaded anew...) the step is captured again. A step
 with a launch in the reference form (an op's numpy kernel over the device arrays) is
 captured only where the driver says a capture may hold its allocations
-(``Driver.captures_allocations``: the emulator, not CuPy, whose numpy-over-cupy calls
-may allocate temporaries that its pool reuses after the capture): elsewhere it is
-launched one by one every step, counted in ``uncaptured``.
+(``Driver.captures_allocations``: the emulator, which runs references anew at each replay,
+and CuPy, whose capture takes the temporaries of numpy-over-cupy calls from a pool the
+graph keeps); elsewhere it is launched one by one every step, counted in ``uncaptured``.
+A capture the driver refuses (``end_capture`` raising DeviceError: a reference that
+synchronizes or reads host memory, say) costs nothing but the attempt: that step already
+ran uncaptured, and the program's later steps are launched one by one (``capture_failed``
+says why, ``uncaptured`` counts them).
 
 ``DeviceSteps`` makes such a program an op actor's: ``nn.Graph.run(..., fused=True)``'s
 whole step over device registers, or one op (one state's write-back) of ``run()``'s actor
@@ -54,7 +58,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..dtype import int32
-from ..errors import KernelError
+from ..errors import DeviceError, KernelError
 from ..ops.registry import get as get_op
 from ..tensor.impl import TensorImpl
 from ..vm.deps import RAN_ON_FAILED
@@ -78,7 +82,7 @@ class DeviceProgram:
     one by one, outside a replay), ``captured_commands`` (the last graph's commands),
     ``uncaptured`` (steps with ``cuda_graph`` on launched one by one, because a launch in
     the reference form cannot be captured on the driver: ``reference_launches`` names
-    them)."""
+    them; or because the driver refused the capture: ``capture_failed`` says why)."""
 
     def __init__(self, program, device, name: str):
         self.program = program
@@ -99,6 +103,7 @@ class DeviceProgram:
         self.key: tuple | None = None  # the state's device addresses it captured
         self.captures = self.replays = self.launches = self.captured_commands = 0
         self.uncaptured = 0
+        self.capture_failed: str | None = None  # the driver's refusal of a capture
         self.reference_launches: tuple = ()
         self.offsets: tuple[int, ...] = (0,)  # per input register, where its arrays start in
         #                      the inputs submit is given (op actors: per port)
@@ -315,7 +320,9 @@ class DeviceProgram:
         if not cuda_graph:
             self._body(stream, out_arrays, in_arrays, st)
             return
-        if self.reference_launches and not self.backend.driver().captures_allocations:
+        if self.capture_failed is not None or (
+            self.reference_launches and not self.backend.driver().captures_allocations
+        ):
             self.uncaptured += 1  # (see the module doc)
             self._body(stream, out_arrays, in_arrays, st)
             return
@@ -341,10 +348,14 @@ class DeviceProgram:
             try:
                 self._body(stream, souts, sins, st, counted=False)
             finally:
-                graph = stream.end_capture()
-            self.graph, self.key = graph, key
-            self.captures += 1
-            self.captured_commands = len(graph) if hasattr(graph, "__len__") else 0
+                try:
+                    graph = stream.end_capture()
+                except DeviceError as e:  # refused: this step ran (the first run)
+                    self.capture_failed, graph = str(e), None
+            if graph is not None:
+                self.graph, self.key = graph, key
+                self.captures += 1
+                self.captured_commands = len(graph) if hasattr(graph, "__len__") else 0
         else:
             self.graph.launch(stream)
             self.replays += 1

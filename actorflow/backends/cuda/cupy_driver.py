@@ -33,11 +33,15 @@ In CUDA's terms:
   issue 12 measured both on an H100 to asyncio's ``call_soon_threadsafe``: the host function
   57-77 us, the waiter thread 33-44 us (a host function also runs on CUDA's own callback
   thread, which blocks the stream behind it while ``fn`` runs);
-- graph capture is ``stream.begin_capture()``/``end_capture()``; ``Graph.launch(stream)``
-  replays it.
+- graph capture is ``stream.begin_capture()``/``end_capture()`` (relaxed mode);
+  ``Graph.launch(stream)`` replays it. A capture's CuPy allocations (reference launches'
+  temporaries) come from a pool of its own that the graph keeps, so no replay writes into
+  memory CuPy handed out again; a command that cannot be captured (a reference that
+  synchronizes, say) fails ``end_capture`` with DeviceError and leaves the stream
+  unfaulted, for the caller to run it uncaptured.
 
-No GPU has run this module yet (the machines these were written on had none): the seam's
-tests (tests/test_cuda_driver.py) run it when CuPy sees a device (``pytest -m gpu``).
+The seam's tests (tests/test_cuda_driver.py) run it when CuPy sees a device
+(``pytest -m gpu``; ``scripts/gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -150,10 +154,13 @@ class CupyEvent(Event):
 
 
 class CupyGraph(Graph):
-    """A captured ``cupy.cuda.graph.Graph``."""
+    """A captured ``cupy.cuda.graph.Graph``, with the memory pool its reference launches'
+    temporaries came from during the capture (``pool``): the graph writes into those blocks
+    at each replay, so the pool lives as long as the graph and serves nothing else."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, pool=None):
         self._graph = graph
+        self._pool = pool
 
     def launch(self, stream: CupyStream) -> None:
         with stream._driver._dev:
@@ -178,6 +185,7 @@ class CupyStream(Stream):
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue | None = None
         self._capturing = False
+        self._capture: tuple | None = None  # (pool, its allocator's context, first error)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -281,7 +289,19 @@ class CupyStream(Stream):
             with d._dev, self._s:  # a synchronous call: nothing awaits inside
                 kernel.reference(*views)
         except Exception as e:  # noqa: BLE001 - the stream's sticky error
-            self._fail(kernel.name, e)
+            self._issue_failed(kernel.name, e)
+
+    def _issue_failed(self, what: str, e: BaseException) -> None:
+        """A command that raised as it was issued: the stream's sticky error, or, while the
+        stream captures, the capture's (``end_capture`` raises it; nothing ran, so the
+        stream is not faulted: a reference that synchronizes or copies from host memory
+        cannot be captured, and the caller runs it uncaptured)."""
+        cap = self._capture
+        if self._capturing and cap is not None:
+            if cap[2] is None:
+                self._capture = (cap[0], cap[1], f"{what}: {type(e).__name__}: {e}")
+            return
+        self._fail(what, e)
 
     def _memcpy(self, dst_ptr: int, src_ptr: int, nbytes: int, kind: int, what: str) -> None:
         self._next()
@@ -292,7 +312,7 @@ class CupyStream(Stream):
             with d._dev:
                 d._cp.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, kind, self._s.ptr)
         except Exception as e:  # noqa: BLE001
-            self._fail(what, e)
+            self._issue_failed(what, e)
 
     def copy_h2d(self, dst: DeviceArray, src: np.ndarray) -> None:
         check_copy(dst, src, "copy_h2d")
@@ -428,19 +448,45 @@ class CupyStream(Stream):
 
     # -- capture ------------------------------------------------------------------------------
     def begin_capture(self) -> None:
+        """Captures this stream's commands from now on (CUDA's relaxed mode). The CuPy
+        allocations of this thread until ``end_capture`` (a reference launch's temporaries:
+        a matmul's result, a reduction's workspace) come from a memory pool of the
+        capture's own, kept by the graph: CuPy's shared pool would hand a temporary freed
+        during the capture to someone else, and every replay would write into it."""
         self._open()
         if self._capturing:
             raise DeviceError(f"stream {self.name} is capturing a graph already")
+        cp = self._driver._cp
         with self._driver._dev:
+            pool = cp.cuda.MemoryPool()
             self._s.begin_capture()
+        allocating = cp.cuda.using_allocator(pool.malloc)  # (this thread's allocations)
+        allocating.__enter__()
+        self._capture = (pool, allocating, None)
         self._capturing = True
 
     def end_capture(self) -> CupyGraph:
+        """The captured graph; raises DeviceError, the stream leaving capture and not
+        faulted, when a command could not be captured (``_issue_failed``)."""
         if not self._capturing:
             raise DeviceError(f"stream {self.name} is not capturing: call begin_capture() first")
         self._capturing = False
-        with self._driver._dev:
-            return CupyGraph(self._s.end_capture())
+        cap, self._capture = self._capture, None
+        assert cap is not None  # (set with _capturing)
+        pool, allocating, failed = cap
+        allocating.__exit__(None, None, None)
+        try:
+            with self._driver._dev:
+                graph = self._s.end_capture()
+        except Exception as e:  # noqa: BLE001 - an invalidated capture: its reason is the text
+            failed = failed or f"{type(e).__name__}: {e}"
+            graph = None
+        if failed is not None:
+            raise DeviceError(
+                f"stream {self.name} of {self._driver.device}: the capture failed "
+                f"({failed}); run these commands uncaptured"
+            )
+        return CupyGraph(graph, pool)
 
 
 def _wait_loop(q: queue.SimpleQueue) -> None:
@@ -499,7 +545,7 @@ class CupyDriver(Driver):
     ``AF_CUDA=emu``)."""
 
     name = "cupy"
-    captures_allocations = False  # a reference form's cupy temporaries (driver.py)
+    captures_allocations = True  # a capture's temporaries from a pool of its own
 
     def __init__(self, device: str = "cuda:0", limit: int | None = None):
         self.device = str(device)

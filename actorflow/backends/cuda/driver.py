@@ -275,7 +275,9 @@ class Stream(ABC):
 
     @abstractmethod
     def end_capture(self) -> Graph:
-        """Ends the capture; returns the captured commands as a Graph."""
+        """Ends the capture; returns the captured commands as a Graph. Raises DeviceError
+        when a command could not be captured (it did not run, and the stream is not
+        faulted: the caller may issue the same commands uncaptured)."""
 
 
 class Driver(ABC):
@@ -327,9 +329,9 @@ class Driver(ABC):
     # Whether a graph capture on this driver may hold a launch of a kernel's numpy
     # ``reference`` (the reference form): the emulator runs it anew at each replay, on host
     # memory; on a GPU its numpy-over-device-array calls may allocate temporaries during
-    # the capture, which the driver's pool hands out again once the capture ends, so a
-    # replay would write into memory in use. A capture on a driver without it holds
-    # compiled kernels and copies only.
+    # the capture, which a shared pool would hand out again once the capture ends (a replay
+    # would write into memory in use), so CuPy's capture takes them from a pool the graph
+    # keeps. A capture on a driver without it holds compiled kernels and copies only.
     captures_allocations: bool = False
 
     def synchronize(self, timeout: float | None = None) -> None:
