@@ -10,9 +10,12 @@ no_grad: their ops are queued on the VM like any others; nothing here waits for 
 from __future__ import annotations
 
 import heapq
+import sys
+import weakref
 
 from .. import functional as F
-from ..tensor.impl import pinned
+from ..tensor.impl import TensorImpl, pinned
+from ..tensor.meta import numel
 from ..tensor.tensor import wrap
 from .mode import no_grad
 from .nodes import Meta, Node
@@ -86,18 +89,54 @@ def _fit(g, meta, node: Node, k: int):
     return g
 
 
-def _accumulate(meta: Meta, g, shared: set) -> None:
+class _Held:
+    """The gradients more than one place may hold (handed to a node, a retained grad, the
+    caller's ``gradient=``), by identity: weakly, so that a tensor freed during backward
+    neither stays alive for it nor marks a later tensor that takes its ``id``."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, tensors: list) -> None:
+        self.refs: dict = {}
+        for t in tensors:
+            self.add(t)
+
+    def add(self, t) -> None:
+        self.refs[id(t)] = weakref.ref(t)
+
+    def __contains__(self, t) -> bool:
+        r = self.refs.get(id(t))
+        return r is not None and r() is t
+
+
+def _accumulate(meta: Meta, g, shared: _Held) -> None:
     """Adds ``g`` to a leaf's ``.grad``. A first gradient becomes ``.grad`` itself unless
     something else holds it too (``shared``: handed to another input, a retained grad, the
-    caller's ``gradient=``) or it is a view: then a copy, so every ``.grad`` owns its storage
-    and scaling one in place changes no other."""
+    caller's ``gradient=``) or it is a view of a tensor something else may hold
+    (``_sole_view``): then a copy, so every ``.grad`` owns its storage and scaling one in
+    place changes no other."""
     if meta.grad is not None:
         meta.grad = F.add(meta.grad, g)
         return
-    if id(g) in shared or g._impl.base is not None or not g.is_contiguous():
+    if g in shared or not g.is_contiguous() or (g._impl.base is not None and not _sole_view(g)):
         g = F.clone(g)
-    shared.add(id(g))
+    shared.add(g)
     meta.grad = g
+
+
+def _sole_view(g) -> bool:
+    """Whether contiguous view ``g`` is all there is of its base: the base is a tensor of
+    the same size that nothing but ``g`` holds (a rule's intermediate seen through a view,
+    as Linear's weight gradient: a matmul's result transposed twice), so ``g`` may become a
+    ``.grad`` without a copy. (The count: ``g``'s ``base`` and ``getrefcount``'s argument;
+    a saved tensor, another view or a Tensor of the base holds one more.)"""
+    base = g._impl.base
+    return (
+        isinstance(base, TensorImpl)
+        and sys.getrefcount(base) <= 2
+        and base.meta.shape is not None
+        and numel(base.meta.shape) == numel(g._impl.meta.shape)
+    )
 
 
 def _graph(roots: list) -> dict:
@@ -123,7 +162,7 @@ def run_backward(roots: list, grads: list, retain_graph: bool = False) -> None:
     with no_grad():
         deps = _graph([m.grad_fn for m in roots if m.grad_fn is not None])
         buffers: dict = {}
-        shared = {id(g) for g in grads}  # tensors more than one place may hold
+        shared = _Held(grads)  # tensors more than one place may hold
         for meta, g in zip(roots, grads, strict=True):
             if meta.grad_fn is None:  # a leaf itself
                 _accumulate(meta, g, shared)
@@ -147,7 +186,7 @@ def _run(node: Node, got: list, buffers, heap, deps, retain_graph, shared) -> No
     if node.retained:
         for nr, meta in node.retained.items():
             if got[nr] is not None:
-                shared.add(id(got[nr]))
+                shared.add(got[nr])
                 meta.grad = got[nr] if meta.grad is None else F.add(meta.grad, got[nr])
     needs = tuple(e is not None for e in node.edges)
     rule = node.rule
@@ -177,7 +216,7 @@ def _run(node: Node, got: list, buffers, heap, deps, retain_graph, shared) -> No
         if isinstance(target, Meta):
             _accumulate(target, g, shared)
             continue
-        shared.add(id(g))
+        shared.add(g)
         _deliver(buffers, target, nr, g)
         deps[target] -= 1
         if deps[target] == 0:

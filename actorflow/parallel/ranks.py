@@ -228,6 +228,9 @@ class HeldRanks(Ranks):
 
     words = "held ranks"  # what the kind is called in messages
     members = "ranks"  # and what its ranks are
+    replays = False  # whether its ranks replay step programs (programs.py)
+    _collectives = 0  # collectives issued (the same number on every rank)
+    _rec: Any = None  # the step being recorded (a programs.Recording), told every command
 
     def __init__(self, placement: Placement, threads: int | None = None) -> None:
         self.placement = placement
@@ -398,6 +401,7 @@ class ProcessRanks(HeldRanks):
     kind = "processes"
     words = "process ranks"
     members = "workers"
+    replays = True
 
     def __init__(self, placement: Placement, threads: int | None = None) -> None:
         if placement.type != "cpu":
@@ -501,6 +505,8 @@ class ProcessRanks(HeldRanks):
         self._pending[rank].append(cmd)
         if payload is not None:
             self._payloads[rank].append(payload)
+        if self._rec is not None:
+            self._rec.issued(rank, cmd)
 
     def _flush(self) -> None:
         self._work = 0
@@ -508,6 +514,8 @@ class ProcessRanks(HeldRanks):
         while drops:
             r, i = drops.popleft()
             self._pending[r].append((W.DROP, [i]))
+            if self._rec is not None:
+                self._rec.dropped.add(i)
         for r, w in enumerate(self._workers):
             cmds = self._pending[r]
             if not cmds:
@@ -631,8 +639,6 @@ class ProcessRanks(HeldRanks):
             return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
 
     # -- collectives (boxing calls them where a Ranks has them) ---------------------------
-
-    _collectives = 0  # collectives issued (the same number on every rank)
 
     def all_reduce(self, parts: list) -> list:
         """P -> B: every rank's part summed in rank order on every rank (the same bits as

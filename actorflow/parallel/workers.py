@@ -6,7 +6,8 @@ A worker keeps ``id -> TensorImpl`` (its parts) and reads its commands from its 
 order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PUT``: a part
 from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
 ``DROP``: parts the controller no longer holds, ``COLLECT``: this rank's share of a
-collective, ``GET``/``META``/``PING``: the only commands answered). A reader thread takes
+collective, ``DEFINE``/``REPLAY``: a step program kept, then run over new inputs
+(``programs.py``), ``GET``/``META``/``PING``: the only commands answered). A reader thread takes
 what the other ranks send, on one pipe per rank, so that no rank's send waits for this
 one's work.
 
@@ -59,7 +60,7 @@ import numpy as np
 from ..tensor import views
 from ..tensor.meta import numel
 
-CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT = range(11)
+CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT, DEFINE, REPLAY = range(13)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
 # how long a RECV waits for its source, and the controller for an answer, before the ranks
 # are given up (AF_RANKS_WAIT_S in the environment: a longer wait for reads behind long
@@ -699,35 +700,124 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         elif kind == COLLECT:
             collect(cmd)
 
+    programs: dict = {}  # a step program's id -> (its commands, the parts dropped after each)
+
+    def execute(cmd) -> None:
+        """Runs ``cmd``; an error is kept on what it makes (a request's is its answer);
+        raises OSError/EOFError only when the controller is gone."""
+        if cmd[0] in (GET, META, PING):
+            asked[0] = cmd[-1]
+        try:
+            if trace is None:
+                run(cmd)
+            else:
+                trace.start()
+                run(cmd)
+                if trace.sync:  # (its kernels' time in its line)
+                    vm.synchronize_quietly()
+                trace.end(cmd)
+        except (OSError, EOFError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
+            err = error_bytes(e)
+            if cmd[0] in (GET, META, PING):
+                answer(("error", err))
+            else:
+                fail(made_by(cmd), err)
+
+    def replay(cmd) -> None:
+        """``REPLAY``: a step program's commands with this replay's ids, each part the step
+        makes dropped after its last use (the outputs kept: the controller holds them)."""
+        _, pid, ins, base, seq_base = cmd
+        cmds, frees = programs[pid]
+        n = len(ins)
+        for c, free in zip(cmds, frees, strict=True):
+            execute(translated(c, ins, base, seq_base))
+            if free:
+                ids = [base - 1 - i - n for i in free]  # (free holds normalized ids)
+                ex.drop(ids)
+                for i in ids:
+                    unsend(i)
+
     while True:
         batch = _batch(conn)
         if batch is None:
             return  # (the controller closed the pipe, or is gone)
         if trace is not None:
             trace.batch(len(batch))
-        for cmd in batch:
-            if cmd[0] in (GET, META, PING):
-                asked[0] = cmd[-1]
-            try:
-                if trace is None:
-                    run(cmd)
+        try:
+            for cmd in batch:
+                kind = cmd[0]
+                if kind == DEFINE:
+                    if cmd[2] is None:
+                        programs.pop(cmd[1], None)
+                    else:
+                        programs[cmd[1]] = (cmd[2], cmd[3])
+                elif kind == REPLAY:
+                    replay(cmd)
                 else:
-                    trace.start()
-                    run(cmd)
-                    if trace.sync:  # (its kernels' time in its line)
-                        vm.synchronize_quietly()
-                    trace.end(cmd)
-            except (OSError, EOFError):
-                return  # the controller is gone (its pipe: the answers of GET, META, PING)
-            except BaseException as e:  # noqa: BLE001 - an internal error: kept, not fatal
-                err = error_bytes(e)
-                if cmd[0] in (GET, META, PING):
-                    answer(("error", err))
-                else:
-                    fail(made_by(cmd), err)
+                    execute(cmd)
+        except (OSError, EOFError):
+            return  # the controller is gone (its pipe: the answers of GET, META, PING)
 
 
-NAMES = ("CALL", "VIEW", "PUT", "SEND", "RECV", "DROP", "GET", "META", "PING", "POISON", "COLLECT")
+NAMES = (
+    "CALL",
+    "VIEW",
+    "PUT",
+    "SEND",
+    "RECV",
+    "DROP",
+    "GET",
+    "META",
+    "PING",
+    "POISON",
+    "COLLECT",
+    "DEFINE",
+    "REPLAY",
+)
+
+
+def map_ids(cmd: tuple, f: Any, g: Any) -> tuple:
+    """``cmd`` (a command a step program holds: CALL, VIEW, SEND, RECV, COLLECT) with each
+    part id ``i`` in it ``f(i)`` and a collective's sequence number ``s`` ``g(s)``."""
+    kind = cmd[0]
+    if kind == CALL:
+        _, ref, in_ids, attrs, out_ids, dev, inplace = cmd
+        return (CALL, ref, [f(i) for i in in_ids], attrs, [f(i) for i in out_ids], dev, inplace)
+    if kind == VIEW:
+        return (VIEW, cmd[1], f(cmd[2]), cmd[3], f(cmd[4]))
+    if kind == SEND:
+        return (SEND, f(cmd[1]), cmd[2], f(cmd[3]))
+    if kind == RECV:
+        return (RECV, cmd[1], f(cmd[2]), cmd[3])
+    if kind == COLLECT:
+        return (COLLECT, cmd[1], f(cmd[2]), f(cmd[3]), g(cmd[4]), cmd[5])
+    raise ValueError(f"a step program holds no {NAMES[kind]} command")
+
+
+def ids_of(cmd: tuple) -> list:
+    """The part ids a step program's command names (see ``map_ids``)."""
+    out: list = []
+    map_ids(cmd, out.append, lambda s: s)
+    return out
+
+
+def translated(cmd: tuple, ins: Any, base: int, seq_base: int) -> tuple:
+    """A command of a step program (``DEFINE``; ``programs.py``) as one replay runs it: a
+    negative id ``-1 - p`` names the replay's input ``p`` (``ins``) for p below their
+    count, else the ``p - len(ins)``-th part the step makes, whose id is ``base`` plus
+    that; a collective's sequence number counts from ``seq_base``. Other ids (parameters,
+    state) are the parts' own."""
+    n = len(ins)
+
+    def t(i: int) -> int:
+        if i >= 0:
+            return i
+        p = -1 - i
+        return ins[p] if p < n else base + p - n
+
+    return map_ids(cmd, t, lambda s: seq_base + s)
 
 
 class _Tracer:
