@@ -128,6 +128,143 @@ def test_new_input_shapes_record_anew_and_global_inputs_are_taken_as_they_are():
         assert g._replay.replays == 2
 
 
+class Scale(nn.Module):
+    def __init__(self, s):
+        super().__init__()
+        self.s = s
+
+    def forward(self, x):
+        return x * self.s
+
+
+def _module_attr(i, o, step):
+    if i == 5:
+        step.model[1].s = 0.5  # an attribute a module's forward reads
+
+
+def _hook(i, o, step):
+    if i == 5:
+        step.model[2].register_forward_hook(lambda m, a, out: out * 2.0)
+
+
+def _swap(i, o, step):
+    if i == 5:
+        step.model[1] = nn.Tanh()
+
+
+def _graph_attr(i, o, step):
+    if i == 5:
+        step.factor = 3.0  # an attribute build reads
+
+
+def _frozen(i, o, step):
+    if i == 5:
+        step.model[0].weight.requires_grad = False
+
+
+def _out_of_optimizer(i, o, step):
+    if i == 5:
+        o.param_groups[0]["params"] = o.param_groups[0]["params"][2:]
+
+
+@pytest.mark.parametrize(
+    "between",
+    [_module_attr, _hook, _swap, _graph_attr, _frozen, _out_of_optimizer],
+    ids=["module attribute", "hook", "module replaced", "graph attribute", "frozen", "dropped"],
+)
+def test_what_build_and_the_optimizers_read_is_checked_before_a_replay(between):
+    """As a local graph's compiled step is traced again, a step is recorded again when what
+    build's Python read changed: replays never run the old commands."""
+
+    class Scaled(Step):
+        def build(self, x, y):
+            out = self.model(x)
+            loss = self.loss(out, y) * self.factor
+            loss.backward()
+            return loss, out
+
+    def run(kind):
+        with use_ranks(kind):
+            af.manual_seed(0)
+            model = nn.Sequential(nn.Linear(12, 16), Scale(1.0), nn.Linear(16, 5))
+            model.to_global(af.placement("cpu", 2))
+            o = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            step = Scaled(model, o)
+            step.factor = 1.0
+            got = []
+            for i, (x, y) in enumerate(batches(9, seed=9)):
+                between(i, o, step)
+                loss, out = step(x, y)
+                got += [loss.numpy(), out.numpy()]
+            return got + [p.numpy() for p in model.parameters()], step
+
+    want, _ = run("inline")
+    got, step = run("processes")
+    same(got, want)
+    assert step._replay.replays == 2 + 2  # (steps 4-5, then 8-9)
+
+
+def test_an_input_given_twice_or_laid_out_otherwise_records_anew():
+    with use_ranks("inline"):
+        want = _twice()
+    with use_ranks("processes"):
+        got, step = _twice(replays=True)
+    same(got, want)
+
+
+def _twice(replays=False):
+    """Steps on (x, x) then on (x, x2), then on a transposed x: the same shapes."""
+
+    class Sum(nn.Graph):
+        def __init__(self, model, opt):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(opt)
+
+        def build(self, a, b):
+            loss = (self.model(a) * self.model(b)).sum()
+            loss.backward()
+            return loss
+
+    af.manual_seed(0)
+    p = af.placement("cpu", 2)
+    model = nn.Linear(6, 6).to_global(p)
+    g = Sum(model, optim.SGD(model.parameters(), lr=0.01))
+    rng = np.random.default_rng(10)
+    xs = [af.tensor(rng.standard_normal((6, 6)).astype(np.float32)) for _ in range(3)]
+    xs = [x.to_global(p, B) for x in xs]
+    got = []
+    for a, b in [(xs[0], xs[0])] * 4 + [(xs[0], xs[1])] * 2 + [(xs[2].T, xs[1])] * 4:
+        got.append(g(a, b).numpy())
+    got += [q.numpy() for q in model.parameters()]
+    if replays:
+        # (x, x): 1-3 recorded, 4 replayed; (x, x2): 5-6 recorded; x.T: 7-8 recorded, 9-10
+        assert g._replay.replays == 1 + 0 + 2
+        return got, g
+    return got
+
+
+def test_an_output_given_twice_is_not_replayed():
+    class Twice(Step):
+        def build(self, x, y):
+            loss, out = super().build(x, y)
+            return loss, loss.detach(), out
+
+    def run(kind):
+        with use_ranks(kind):
+            model, o, _ = graph()
+            step = Twice(model, o)
+            got = []
+            for x, y in batches(6, seed=11):
+                got += [t.numpy() for t in step(x, y)]
+            return got, step
+
+    want, _ = run("inline")
+    got, step = run("processes")
+    same(got, want)
+    assert step._replay.replays == 0 and "parts twice" in step._replay.why
+
+
 @pytest.mark.parametrize(
     "read,why",
     [

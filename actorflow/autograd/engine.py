@@ -10,12 +10,10 @@ no_grad: their ops are queued on the VM like any others; nothing here waits for 
 from __future__ import annotations
 
 import heapq
-import sys
 import weakref
 
 from .. import functional as F
-from ..tensor.impl import TensorImpl, pinned
-from ..tensor.meta import numel
+from ..tensor.impl import pinned
 from ..tensor.tensor import wrap
 from .mode import no_grad
 from .nodes import Meta, Node
@@ -60,8 +58,10 @@ def _check_saved(node: Node) -> None:
     saved += list(node.saved_out or ())
     pairs = list(zip(saved, node.versions, strict=True))
     if node.watch is not None:
-        impl, v = node.watch
-        pairs.append(((impl.blob, impl.meta), v))
+        ref, m, v = node.watch
+        blob = ref()
+        if blob is not None:
+            pairs.append(((blob, m), v))
     for bm, v in pairs:
         if bm is not None and bm[0].version != v:
             blob, m = bm
@@ -112,31 +112,15 @@ class _Held:
 def _accumulate(meta: Meta, g, shared: _Held) -> None:
     """Adds ``g`` to a leaf's ``.grad``. A first gradient becomes ``.grad`` itself unless
     something else holds it too (``shared``: handed to another input, a retained grad, the
-    caller's ``gradient=``) or it is a view of a tensor something else may hold
-    (``_sole_view``): then a copy, so every ``.grad`` owns its storage and scaling one in
-    place changes no other."""
+    caller's ``gradient=``) or it is a view: then a copy, so every ``.grad`` owns its storage
+    and scaling one in place changes no other."""
     if meta.grad is not None:
         meta.grad = F.add(meta.grad, g)
         return
-    if g in shared or not g.is_contiguous() or (g._impl.base is not None and not _sole_view(g)):
+    if g in shared or g._impl.base is not None or not g.is_contiguous():
         g = F.clone(g)
     shared.add(g)
     meta.grad = g
-
-
-def _sole_view(g) -> bool:
-    """Whether contiguous view ``g`` is all there is of its base: the base is a tensor of
-    the same size that nothing but ``g`` holds (a rule's intermediate seen through a view,
-    as Linear's weight gradient: a matmul's result transposed twice), so ``g`` may become a
-    ``.grad`` without a copy. (The count: ``g``'s ``base`` and ``getrefcount``'s argument;
-    a saved tensor, another view or a Tensor of the base holds one more.)"""
-    base = g._impl.base
-    return (
-        isinstance(base, TensorImpl)
-        and sys.getrefcount(base) <= 2
-        and base.meta.shape is not None
-        and numel(base.meta.shape) == numel(g._impl.meta.shape)
-    )
 
 
 def _graph(roots: list) -> dict:

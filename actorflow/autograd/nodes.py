@@ -16,6 +16,7 @@ wrong gradient. A leaf that requires grad cannot be written in place while grad 
 from __future__ import annotations
 
 import itertools
+import weakref
 
 from .. import ops
 from ..eager import interpreter
@@ -74,7 +75,7 @@ class Node:
         self.seq = next(_SEQ)  # later nodes run first in backward
         self.released = False
         self.retained = None  # {output_nr: Meta} of outputs that retain their grad
-        self.watch = None  # (impl, version): a view's base, not to change since
+        self.watch = None  # (weakref to blob, meta, version): a view's base, not to change since
 
     def save(self, inputs, outputs) -> None:
         rule = self.rule
@@ -230,7 +231,9 @@ def record_view(t, out, kind: str, arg) -> None:
         (impl.meta,),
         (out._impl.meta,),
     )
-    node.watch = (impl, impl.blob.version)  # a later write into the base: backward raises
+    # a later write into the base makes backward raise; held weakly, so that a node kept
+    # (the loss a caller keeps) keeps no base alive: a base gone is written no more
+    node.watch = (weakref.ref(impl.blob), impl.meta, impl.blob.version)
     out._impl.ag = Meta(node, 0)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from .. import functional as F
 from ..autograd import no_grad
-from ..creation import arange, ones, rand
+from ..creation import ones, rand
 from ..dtype import bool_
 from ..eager.interpreter import apply
 from ..errors import DTypeError, ShapeError
@@ -382,7 +382,9 @@ def _nll(input, target, weight, ignore_index: int, reduction: str, name: str):
     kernel, so everything computed from it raises that one error, naming ``name``."""
     n, c = input.shape
     safe, keep = class_targets(target, c, int(ignore_index), input.dtype, name)
-    picked = input[arange(n, device=input.device), safe]
+    # each row's target class, picked along dim 1 (a gather: row by row, so a batch split
+    # over ranks picks on each rank without moving a row)
+    picked = F.gather(input, 1, safe.reshape(n, 1)).reshape(n)
     w = keep if weight is None else F.mul(keep, weight[safe])
     loss = F.neg(F.mul(picked, w))
     if reduction == "mean":

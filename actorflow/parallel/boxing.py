@@ -22,10 +22,10 @@ when it picks an op's signature.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ..ops import get as op_def
-from ..sbp import SBP, split_sizes, split_starts
+from ..sbp import SBP, split, split_sizes, split_starts
 from ..tensor.meta import numel
 from . import recording
 from .ranks import Ranks
@@ -99,14 +99,16 @@ def _gathered(ranks: Ranks, parts: list, rank: int, piece) -> list:
     return out
 
 
-def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any) -> list:
+def box(
+    ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any, note: bool = True
+) -> list:
     """The parts of a tensor of logical ``shape`` laid out as ``src``, laid out as ``dst``.
     A part that needs no change is returned as it is (the caller copies where it must
     not alias)."""
     if src is dst:
         return parts
     k = ranks.size
-    if recording.OPEN:
+    if recording.OPEN and note:
         n = numel(shape) * dtype.itemsize
         recording.note(
             recording.Boxing(
@@ -119,6 +121,14 @@ def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any)
                 int(cost(src, dst, n, k)),
             )
         )
+    if len(shape) == 2 and all(transposed(ranks.meta(p)) for p in parts):
+        # parts that are transposed matrices (a weight's gradient, of x @ w.T): boxed as the
+        # blocks under them, and given back as transposed views, so a conversion keeps the
+        # layout the gradient was made in (the values are the same: sums are elementwise,
+        # splits and joins along the other dim), on every kind of ranks alike
+        flat = [ranks.view(r, "permute", p, (1, 0)) for r, p in enumerate(parts)]
+        out = box(ranks, flat, _flipped(src), _flipped(dst), shape[::-1], dtype, note=False)
+        return [ranks.view(r, "permute", o, (1, 0)) for r, o in enumerate(out)]
     native = _native(ranks, src, dst) if k > 1 else None
     if native is not None:  # (the same bits as the generic path below)
         return native(parts)
@@ -126,6 +136,17 @@ def box(ranks: Ranks, parts: list, src: SBP, dst: SBP, shape: tuple, dtype: Any)
     for r in range(k):
         out.append(_box_one(ranks, parts, src, dst, shape, dtype, r, k))
     return out
+
+
+def transposed(m: Any) -> bool:
+    """Whether a meta is the transpose of a contiguous matrix (and not one itself)."""
+    s = m.shape
+    return len(s) == 2 and s[0] > 1 and s[1] > 1 and m.strides == (1, s[0]) and not m.offset
+
+
+def _flipped(s: SBP) -> SBP:
+    """``s`` of a matrix, for its transpose (a split along dim d is one along 1 - d)."""
+    return split(1 - cast(int, s.dim)) if s.kind == "S" else s
 
 
 def _native(ranks: Ranks, src: SBP, dst: SBP) -> Any:

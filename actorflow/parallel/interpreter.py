@@ -32,7 +32,7 @@ from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
 from . import recording
-from .boxing import box, cost, local_cost, local_shape
+from .boxing import box, cost, local_cost, local_shape, transposed
 from .ranks import Ranks, ranks_of
 from .rules import LOCALIZE, signatures, split_matches
 
@@ -408,19 +408,13 @@ def convert(impl: TensorImpl, target: Device, copy: bool = False) -> TensorImpl:
     out = box(ranks, parts, sbp_of(impl), dst, m.shape, m.dtype)
     if copy:
         out = [ranks.call(r, _COPY, [p], {})[0] if p is parts[r] else p for r, p in enumerate(out)]
-    if _transposed(m) and all(_transposed(ranks.meta(p)) for p in out):
-        # a transposed matrix (a Linear weight's gradient, of x @ w.T) whose parts the
-        # conversion kept transposed (the collectives do): it stays one, so the transpose
-        # back (the view's backward) is contiguous and becomes .grad without a copy
+    if transposed(m) and all(transposed(ranks.meta(p)) for p in out):
+        # a transposed matrix (a Linear weight's gradient, of x @ w.T) whose parts boxing
+        # kept transposed: it stays one, as a local tensor moved to another device does, so
+        # the transpose back (the view's backward) is contiguous and becomes .grad as it is
         lay = layout(ranks.placement, (dst,))
         return TensorImpl(m._replace(device=lay), GlobalBlob(lay, ranks, out))
     return make(ranks, out, m.shape, m.dtype, dst)
-
-
-def _transposed(m: TensorMeta) -> bool:
-    """Whether ``m`` is the transpose of a contiguous matrix (and not one itself)."""
-    s = m.shape
-    return len(s) == 2 and s[0] > 1 and s[1] > 1 and m.strides == (1, s[0]) and not m.offset
 
 
 def _check_split_dim(s: SBP, shape: tuple) -> None:

@@ -37,6 +37,8 @@ from __future__ import annotations
 import gc
 import itertools
 import pickle
+import threading
+import weakref
 from typing import Any
 
 from ..sbp import Layout
@@ -59,12 +61,17 @@ class Recording:
 
     def __init__(self, ranks: HeldRanks, inputs: list, state: set) -> None:
         self.ranks = ranks
-        self.inputs = {pid: k for k, pid in enumerate(inputs)}
+        self.inputs: dict = {}
+        for k, pid in enumerate(inputs):
+            self.inputs.setdefault(pid, k)  # (an input given twice: its first place)
         self.n_in = len(inputs)
         self.state = state
         self.cmds: list = [[] for _ in range(ranks.size)]
         self.dropped: set = set()
         self.refused: str | None = None
+        self.thread = threading.get_ident()
+        if state & self.inputs.keys():
+            self.refuse("a parameter, buffer or optimizer state is one of its inputs")
         self.start = next(ranks._ids)  # the step's parts have larger ids
         self.end = self.start
         self.seq0 = ranks._collectives
@@ -72,6 +79,8 @@ class Recording:
     # -- what the ranks tell it (under their lock) -----------------------------------------
     def issued(self, rank: int, cmd: tuple) -> None:
         kind = cmd[0]
+        if threading.get_ident() != self.thread:
+            self.refuse("another thread used the ranks during the step")
         if kind in (W.CALL, W.VIEW, W.SEND, W.RECV, W.COLLECT):
             self.cmds[rank].append(cmd)
         elif kind == W.PUT:
@@ -144,15 +153,8 @@ class Program:
             for r in range(ranks.size):
                 ranks._issue(r, (W.DEFINE, self.id, cmds[r], self.frees[r]))
             ranks._flush()
-
-    def close(self) -> None:
-        """Forgets the program on the ranks (when they are still there)."""
-        ranks = self.ranks
-        with ranks._lock:
-            if ranks.closed or ranks._failed is not None or not ranks._started():
-                return
-            for r in range(ranks.size):
-                ranks._issue(r, (W.DEFINE, self.id, None, None))
+        # forgotten on the ranks with the next commands once this is gone (or closed)
+        self.close = weakref.finalize(self, ranks._forget.append, self.id)
 
     def replay(self, inputs: list) -> list:
         """One step: every rank runs the program over ``inputs`` (the input parts' ids, in
@@ -283,6 +285,9 @@ def _outputs(rec: Recording, outs: list) -> list | None:
             rec.refuse("it returns something other than global tensors")
             return None
         parts = parts_of(impl)
+        if any(part.id in made for part in parts):
+            rec.refuse("it returns one tensor's parts twice (the same tensor, or a view of it)")
+            return None
         normal = []
         for part in parts:
             try:
@@ -315,7 +320,15 @@ def step_inputs(graph: Any, structure: Any, batch: list) -> tuple | None:
     """What ``StepReplay.step`` takes for a step of ``graph`` (an ``nn.Graph`` over global
     tensors) on ``batch`` (its input leaves, the tensors global): ``(ranks, key, input part
     ids, state part ids)``; None where its parameters and inputs are not all on one
-    ``HeldRanks`` (the step runs eagerly)."""
+    ``HeldRanks`` that replays (the step runs eagerly). The key holds what the step's
+    commands depend on besides the values: what ``Graph._check`` compares for a local
+    graph's compiled step (``_Traced``: the modules' tree, hooks and attributes, the
+    attributes and names ``build`` reads, the optimizers' groups; the modes, options and
+    which parameters require grad), every group setting (a rate is folded into the
+    update's commands here), the ids of the state's parts, and the inputs' layouts and
+    strides, per part too, and which of them are the same tensor."""
+    settings = graph._check()
+    traced = graph._traced
     state_tensors = list(graph._params())
     hyper = []
     for opt in graph._optimizers:
@@ -332,6 +345,11 @@ def step_inputs(graph: Any, structure: Any, batch: list) -> tuple | None:
         if getattr(t._impl.blob, "ranks", None) is not ranks:
             return None
         state_ids += [p.id for p in parts_of(t._impl)]
+    groups = tuple(
+        tuple(tuple(q.id for q in parts_of(p._impl)) for p in g["params"])
+        for opt in graph._optimizers
+        for g in opt.param_groups
+    )
     inputs, metas, others = [], [], []
     for x in batch:
         if not isinstance(x, Tensor):
@@ -340,8 +358,23 @@ def step_inputs(graph: Any, structure: Any, batch: list) -> tuple | None:
         if getattr(x._impl.blob, "ranks", None) is not ranks:
             return None
         m = x._impl.meta
-        metas.append((m.shape, m.dtype, m.device))
-        inputs += [p.id for p in parts_of(x._impl)]
-    modes = tuple(m.training for mod in graph._modules() for m in mod.modules())
-    key = (repr(structure), tuple(others), tuple(metas), tuple(state_ids), tuple(hyper), modes)
+        parts = parts_of(x._impl)
+        metas.append(
+            (m.shape, m.dtype, m.device, m.strides, m.offset)
+            + tuple((q.meta.shape, q.meta.strides, q.meta.offset) for q in parts)
+        )
+        inputs += [q.id for q in parts]
+    first: dict = {}
+    same = tuple(first.setdefault(i, k) for k, i in enumerate(inputs))  # (aliases)
+    key = (
+        repr(structure),
+        tuple(others),
+        tuple(metas),
+        same,
+        tuple(state_ids),
+        groups,
+        tuple(hyper),
+        settings,
+        traced.ident,
+    )
     return ranks, key, inputs, set(state_ids)

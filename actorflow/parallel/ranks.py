@@ -239,6 +239,7 @@ class HeldRanks(Ranks):
         self._dev = device("cpu")
         self._pending: list = [[] for _ in range(k)]
         self._drops: deque = deque()
+        self._forget: deque = deque()  # step programs to forget (programs.py)
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._refs: dict = {}
@@ -516,6 +517,10 @@ class ProcessRanks(HeldRanks):
             self._pending[r].append((W.DROP, [i]))
             if self._rec is not None:
                 self._rec.dropped.add(i)
+        while self._forget:
+            pid = self._forget.popleft()
+            for cmds in self._pending:
+                cmds.append((W.DEFINE, pid, None, None))
         for r, w in enumerate(self._workers):
             cmds = self._pending[r]
             if not cmds:
@@ -664,17 +669,6 @@ class ProcessRanks(HeldRanks):
     def _collective(self, parts: list, how: tuple, shape: tuple | None) -> list:
         with self._lock:
             self._live()
-            if all(_transposed(self.meta(p)) for p in parts):
-                # parts that are transposed views (a weight's gradient, of x @ w.T): the
-                # collective runs on the blocks under them and gives transposed views of
-                # its outputs, so the layout the gradient was made in survives (the values
-                # are the same: the sum is elementwise, the gather along the other dim)
-                flat = [self.view(r, "permute", p, (1, 0)) for r, p in enumerate(parts)]
-                if how[0] == "cat":
-                    how = ("cat", 1 - how[1])
-                    shape = None if shape is None else shape[::-1]
-                outs = self._collective(flat, how, shape)
-                return [self.view(r, "permute", o, (1, 0)) for r, o in enumerate(outs)]
             m = self.meta(parts[0])
             shape = tuple(m.shape) if shape is None else shape
             self._collectives += 1
@@ -712,11 +706,6 @@ class ProcessRanks(HeldRanks):
                 outs.append(out)
             self._after(0, sum(_nbytes(m) for m in metas))
             return outs
-
-
-def _transposed(m: Any) -> bool:
-    """Whether a part's meta is the transpose of a contiguous matrix (and not one itself)."""
-    return len(m.shape) == 2 and m.shape[0] > 1 and m.shape[1] > 1 and m.strides == (1, m.shape[0])
 
 
 def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:
