@@ -900,7 +900,12 @@ def actorflow_data_parallel(ctx: Context, mode: str) -> harness.Contender:
         note=(
             f"model.to_global(placement('cpu', {RANKS})), batch at S(0) ({BATCH // RANKS} per "
             f"rank), use_ranks('processes'); the gradients' P -> B all-reduce through shared "
-            f"memory; every op an eager global call"
+            f"memory; "
+            + (
+                "the step replayed by each worker from its step program once recorded"
+                if mode == "graph"
+                else "every op an eager global call"
+            )
         ),
     )
     c.check = loss_check(c.name, ctx, ranks_equal=True)
