@@ -97,6 +97,25 @@ def test_later_steps_are_replayed_with_the_bits_of_inline_ranks(k):
     assert step._replay.replays == len(data) - 3 and step._replay.why is None
 
 
+def test_run_over_a_loader_replays_its_steps():
+    """``run()`` takes each batch as ``step()`` does: recorded, then replayed."""
+    data = batches(6, seed=12)
+    x = np.concatenate([a for a, _ in data])
+    y = np.concatenate([b for _, b in data])
+
+    def run(kind):
+        with use_ranks(kind):
+            model, _, step = graph()
+            loader = af.data.DataLoader(af.data.TensorDataset(x, y), batch_size=10)
+            got = [loss.numpy() for loss, _ in step.run(loader)]
+            return got + [p.numpy() for p in model.parameters()], step
+
+    want, _ = run("inline")
+    got, step = run("processes")
+    same(got, want)
+    assert step._replay.replays == len(data) - 3
+
+
 def test_a_changed_rate_or_state_records_the_step_again():
     data = batches(10, seed=1)
 
