@@ -55,8 +55,6 @@ BROADCAST_ONLY = {
     # a draw of a part would be other values than the whole draw's slice
     "rand_step": "draws by the whole shape: each rank draws the whole",
     "randn_step": "draws by the whole shape: each rank draws the whole",
-    # the key names positions of the whole tensor, written in place
-    "index_put": "in-place write at positions of the whole tensor",
     # value-dependent output shapes (the interpreter runs them broadcast)
     "masked_index": "dynamic: the output's shape depends on the mask's values",
     "nonzero": "dynamic: the output's shape depends on the values",
@@ -303,6 +301,9 @@ def _dynamic(rng):
     x = _t(_vals(rng, (5, 3)))
     x[_t(np.array([1, 3]))] = 2.5
     x[_t(np.array([0, 4]))] = _t(_vals(rng, (2, 3)))
+    mask = rng.integers(0, 2, size=(5, 3)).astype(np.bool_)
+    x[_t(mask)] = 1.5  # (a mask of the whole shape: split alike)
+    x[_t(~mask)] = _t(np.float32(-0.5))
     x[_t(rng.integers(0, 2, size=(5, 3)).astype(np.bool_))]
     F.nonzero(x > 0)
 

@@ -409,6 +409,30 @@ def test_in_place_writes_into_partial_sums_and_factories_check_the_split():
         af.zeros(5, placement=p, sbp=af.sbp.split(1))
 
 
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("d", [0, 1])
+def test_a_masked_write_into_a_split_tensor_stays_split(k, d):
+    """``x[mask] = v`` (a mask of x's shape, a number or 0-dim value) writes each rank's
+    part by its part of the mask: no gather; another key is refused with the way out."""
+    p = af.placement("cpu", k)
+    rng = np.random.default_rng(d)
+    a = rng.standard_normal((5, 4)).astype(np.float32)
+    mask = a > 0
+    want = a.copy()
+    want[mask] = 2.0
+    want[~mask] = -1.0
+    s = af.sbp.split(d)
+    x = af.tensor(a).to_global(p, s)
+    m = af.tensor(mask).to_global(p, s)
+    with af.parallel.record() as rec:
+        x[m] = 2.0
+        x[~m] = af.tensor(np.float32(-1.0)).to_global(p, af.sbp.broadcast)
+    assert x.sbp == (s,) and not [b for b in rec.boxings() if b.moved]
+    np.testing.assert_array_equal(x.numpy(), want)
+    with pytest.raises(af.DeviceError, match="af.where"):
+        x[af.tensor(np.array([0, 2])).to_global(p, af.sbp.broadcast)] = 1.0
+
+
 class SquareStep(nn.Graph):
     """A step of one argument: the mean square of the model's output."""
 

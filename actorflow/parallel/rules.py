@@ -416,8 +416,9 @@ def _scatter_add(metas: list, attrs: dict) -> list[Signature]:
 # alike with x a summand: (P, S(m + j), S(j)) -> P. Other keys (ints, partial slices,
 # several index tensors) name positions of the whole tensor: no split. ``class_index`` (a
 # loss's targets) is elementwise over the targets. ``index_put`` (x[key] = value, in
-# place), ``masked_index`` and ``nonzero`` (value-dependent shapes) have no rule:
-# broadcast only.
+# place) splits only for a mask of x's whole shape and a number or 0-dim value (each
+# element written by its own mask element); ``masked_index`` and ``nonzero``
+# (value-dependent shapes) have no rule: broadcast only.
 
 
 def _one_index(key: tuple, nd: int) -> int | None:
@@ -463,6 +464,25 @@ def _index_add(metas: list, attrs: dict) -> list[Signature]:
             sigs += [((S(d), S(od), B), (S(d),)) for d, od in _by_index(x, idx, m)]
             sigs += [((P, S(m + j), S(j)), (P,)) for j in range(len(idx))]
     sigs.append(((P, P) + (B,) * (n - 2), (P,)))
+    return sigs
+
+
+@sbp_rule("index_put")
+def _index_put(metas: list, attrs: dict) -> list[Signature]:
+    """``x[mask] = v`` with a mask of x's whole shape and a number (or a 0-dim tensor) for
+    v writes each element by its own mask element: x and the mask split alike, on any dim.
+    Any other key names positions of the whole tensor (broadcast only), and a summand of a
+    partial sum cannot take a write (each would hold v)."""
+    n = len(metas)
+    hv = attrs["has_value"]
+    key = attrs["key"]
+    sigs: list[Signature] = []
+    if attrs["masked"] and len(key) == 1 and type(key[0]) is Slot and n == 2 + hv:
+        x, mask = metas[0].shape, metas[-1].shape
+        if mask == x and (not hv or metas[1].shape == ()):
+            value = (B,) if hv else ()
+            sigs += [((S(d), *value, S(d)), (S(d),)) for d in range(len(x))]
+    sigs.append(((B,) * n, (B,)))
     return sigs
 
 
@@ -616,5 +636,4 @@ def _avg_pool(metas: list, attrs: dict) -> list[Signature]:
 # them with their reasons): the factories with no inputs (empty, full, arange, rand, randn)
 # take no signature at all: the global interpreter makes each rank's part (``_factory``);
 # rand_step/randn_step draw by the whole shape (a part would draw other values), so their
-# output is whole on every rank; index_put writes x[key] in place (the key names positions
-# of the whole tensor); masked_index and nonzero have value-dependent shapes.
+# output is whole on every rank; masked_index and nonzero have value-dependent shapes.
