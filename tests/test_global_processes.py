@@ -166,6 +166,32 @@ def test_autograd_mlp_and_sgd_step():
     both(program)
 
 
+def test_an_eager_training_loop_keeps_no_part_of_past_steps_on_the_workers():
+    """What autograd saved for backward (a relu's output) and let go of after it is freed
+    on the workers too: a global program submits no local work, which is where those
+    blobs were collected, so without it every step left its saved outputs behind."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", 2)
+        af.manual_seed(0)
+        model = af.nn.Sequential(af.nn.Linear(8, 6), af.nn.ReLU(), af.nn.Linear(6, 3))
+        model.to_global(p)
+        opt = af.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = af.tensor(data((10, 8), 12)).to_global(p, S0)
+        y = af.tensor(np.arange(10) % 3).to_global(p, S0)
+        ranks = ranks_of(p)
+        held_by_rank = []
+        for step in range(1, 13):
+            loss = af.nn.CrossEntropyLoss()(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            del loss
+            if step in (4, 12):
+                ranks.synchronize()
+                held_by_rank.append([ranks._request(r, (W.PING,))[1] for r in range(2)])
+        assert held_by_rank[0] == held_by_rank[1]
+
+
 def test_in_place_dynamic_shapes_factories_dtypes():
     def program(kind):
         p = af.placement("cpu", ranks=2)

@@ -28,9 +28,11 @@ from ..errors import DeviceError, ShapeError, VMError
 from ..ops import get as op_def
 from ..sbp import SBP, Layout, Placement, as_sbp, broadcast, layout, split, split_sizes
 from ..tensor import views
-from ..tensor.blob import Blob
+from ..tensor.blob import RELEASED, Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
+from ..vm.release import collect
+from ..vm.scheduler import get_vm
 from . import recording
 from .boxing import box, cost, local_cost, local_shape, transposed
 from .ranks import Ranks, ranks_of
@@ -130,6 +132,8 @@ def _check_parts(what: str, ranks: Ranks, parts: list, shape: tuple, sbp: SBP) -
 
 def global_apply(op, inputs, attrs, device, outs):
     """An op call the eager interpreter found global (see the module doc)."""
+    if RELEASED:  # (blobs autograd let go of: freed here, a global program submits no
+        collect(get_vm(), submit_pending=False)  # local work that would collect them)
     if outs:
         _check_writable(op, outs)
     if op is _COPY and device is not None:
