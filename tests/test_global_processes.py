@@ -166,6 +166,26 @@ def test_autograd_mlp_and_sgd_step():
     both(program)
 
 
+def test_a_conversion_of_transposed_parts_shares_no_storage_with_its_source():
+    """B -> P keeps rank 0's part as it is: through the transposed path (a matrix seen as
+    .T) it still comes back a copy where the conversion must not alias."""
+
+    def program(kind):
+        p = af.placement("cpu", 2)
+        a = np.arange(15, dtype=np.float32).reshape(5, 3)
+        x = af.tensor(np.ascontiguousarray(a.T)).to_global(p, B).T  # (transposed parts)
+        y = x.to_global(sbp=P)
+        y.mul_(3.0)
+        out = [x.numpy()]
+        x.zero_()
+        return out + [y.numpy()]
+
+    got = both(program)
+    a = np.arange(15, dtype=np.float32).reshape(5, 3)
+    np.testing.assert_array_equal(got[0], a)
+    np.testing.assert_array_equal(got[1], 3 * a)
+
+
 def test_an_eager_training_loop_keeps_no_part_of_past_steps_on_the_workers():
     """What autograd saved for backward (a relu's output) and let go of after it is freed
     on the workers too: a global program submits no local work, which is where those

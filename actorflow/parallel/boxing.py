@@ -128,7 +128,12 @@ def box(
         # splits and joins along the other dim), on every kind of ranks alike
         flat = [ranks.view(r, "permute", p, (1, 0)) for r, p in enumerate(parts)]
         out = box(ranks, flat, _flipped(src), _flipped(dst), shape[::-1], dtype, note=False)
-        return [ranks.view(r, "permute", o, (1, 0)) for r, o in enumerate(out)]
+        # (a part given back as it was is the part itself: a caller that must not alias
+        # the input copies the parts it gets back unchanged, found by identity)
+        return [
+            parts[r] if o is flat[r] else ranks.view(r, "permute", o, (1, 0))
+            for r, o in enumerate(out)
+        ]
     native = _native(ranks, src, dst) if k > 1 else None
     if native is not None:  # (the same bits as the generic path below)
         return native(parts)
