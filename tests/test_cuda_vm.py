@@ -648,3 +648,19 @@ def test_a_training_loop_on_cuda_equals_cpu(cuda):
     cpu, gpu = train("cpu"), train(CUDA)
     for a, b in zip(cpu, gpu, strict=True):  # (matmuls and means, 5 steps)
         assert_same(b, a, exact=False, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_an_empty_batch_loss_and_its_gradient_on_cuda_equal_cpu(cuda, reduction):
+    """A loss over no rows: its backward expands a 0-dim gradient to shape (0,), a view of
+    a 0-dim block (the kernels' views of an empty operand are made of any base)."""
+    got = []
+    for dev in ("cpu", CUDA):
+        x = af.tensor(np.ones((0, 5), np.float32), device=dev).requires_grad_()
+        t = af.tensor(np.zeros((0,), np.int64), device=dev)
+        loss = nn.functional.cross_entropy(x, t, reduction=reduction)
+        (loss.sum() if loss.ndim else loss).backward()
+        got.append((loss.numpy(), x.grad.numpy()))
+    (want_loss, want_grad), (loss, grad) = got
+    np.testing.assert_array_equal(loss, want_loss)  # (nan for a mean over no rows)
+    assert grad.shape == want_grad.shape == (0, 5)

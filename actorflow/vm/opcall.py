@@ -321,8 +321,8 @@ def _strided(a, meta):
     if a.__class__ is np.ndarray:
         return strided(a, meta)
     size = a.itemsize
-    if 0 in meta.shape:
-        return a[:0].reshape(meta.shape)
+    if 0 in meta.shape:  # (of any base, a 0-dim one too: a scalar's gradient expanded)
+        return a.reshape(-1)[:0].reshape(meta.shape)
     return a.__class__(
         meta.shape, a.dtype, a.data + meta.offset * size, tuple(s * size for s in meta.strides)
     )
