@@ -433,6 +433,28 @@ def test_a_masked_write_into_a_split_tensor_stays_split(k, d):
         x[af.tensor(np.array([0, 2])).to_global(p, af.sbp.broadcast)] = 1.0
 
 
+@pytest.mark.parametrize("through", ["root written, view saved", "view written, root saved"])
+def test_a_write_into_a_global_tensor_or_its_view_after_it_was_saved_raises(through):
+    """As for local tensors, autograd refuses to run on saved values that a write in place
+    changed since, whether the write went through the tensor or a view of it: a global
+    view's version is its root's (the parts it views are the root's)."""
+    p = af.placement("cpu", 2)
+    b = af.sbp.broadcast
+    w = af.tensor(np.arange(6, dtype=np.float32).reshape(2, 3)).to_global(p, b)
+    w.requires_grad_()
+    x = af.tensor(np.ones((2, 3), np.float32)).to_global(p, b)
+    if through == "root written, view saved":
+        y = (w * x.T.T).sum()  # (mul saves a view of x)
+        with af.no_grad():
+            x.add_(1.0)
+    else:
+        y = (w * x).sum()
+        with af.no_grad():
+            x.T.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        y.backward()
+
+
 class SquareStep(nn.Graph):
     """A step of one argument: the mean square of the model's output."""
 

@@ -78,6 +78,22 @@ class GlobalBlob(Blob):
         self.copies: weakref.WeakSet | None = None  # a root's gathered views, made stale
         self.stale = False  # by a write into the root or into a view of it
 
+    # A view's version is its root's: a write in place into the root or into any view of
+    # it is seen by every tensor autograd saved over the same parts (a local view shares
+    # its base's blob, and so its version, in the same way).
+    @property
+    def version(self) -> int:
+        src = getattr(self, "source", None)  # (unset while Blob.__init__ runs)
+        return _VERSION.__get__(self if src is None else src)
+
+    @version.setter
+    def version(self, value: int) -> None:
+        src = getattr(self, "source", None)
+        _VERSION.__set__(self if src is None else src, value)
+
+
+_VERSION = Blob.__dict__["version"]  # (the slot Blob keeps a version in)
+
 
 def root_of(blob: Any) -> Any:
     return blob.source if blob.source is not None else blob
