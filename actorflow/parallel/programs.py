@@ -42,6 +42,7 @@ import weakref
 from typing import Any
 
 from ..sbp import Layout
+from ..tensor.meta import contiguous_strides
 from ..tensor.tensor import Tensor, wrap
 from ..vm.release import collect
 from ..vm.scheduler import get_vm
@@ -285,6 +286,10 @@ def _outputs(rec: Recording, outs: list) -> list | None:
             rec.refuse("it returns something other than global tensors")
             return None
         parts = parts_of(impl)
+        m = impl.meta
+        if impl.blob.source is not None or m.strides != contiguous_strides(m.shape) or m.offset:
+            rec.refuse("it returns a view (x.T, a slice): return a tensor of its own")
+            return None
         if any(part.id in made for part in parts):
             rec.refuse("it returns one tensor's parts twice (the same tensor, or a view of it)")
             return None
@@ -299,7 +304,6 @@ def _outputs(rec: Recording, outs: list) -> list | None:
                 return None
             normal.append((p, rec.ranks.meta(part)))
             made.add(part.id)
-        m = impl.meta
         specs.append((tuple(m.shape), m.dtype, sbp_of(impl), normal))
     gc.collect()  # (parts held only by cycles: an autograd graph's)
     collect(get_vm(), submit_pending=False)  # (saved outputs' blobs, released by backward)
