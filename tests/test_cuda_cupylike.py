@@ -25,8 +25,10 @@ def test_an_implicit_conversion_is_refused_as_cupy_refuses_it():
     ):
         with pytest.raises(TypeError, match="Implicit conversion"):
             convert(x)
-    with pytest.raises((TypeError, ValueError)):  # a generator writes numpy arrays
-        np.random.default_rng(0).random(dtype=np.float32, out=x)
+    # (not tried: a numpy Generator given ``out=x``. Its Cython casts ``out`` to an
+    # ndarray unchecked and reads its flags from whatever lies there: usually an error,
+    # once a segfault of the test's worker. The random ops run on host copies on a GPU,
+    # ``OpDef.host_only``, so no kernel hands a generator a device array.)
 
 
 def test_a_numpy_array_beside_device_arrays_is_refused_a_number_is_not():
