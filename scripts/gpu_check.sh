@@ -24,7 +24,13 @@ python3 -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.ru
     || { echo "no usable CuPy here: this script is for a GPU machine"; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
-python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests 2>&1 | tee /tmp/gpu_tests.log
+# 8 test workers where pytest-xdist is there (the GPU machines have it: the suite took 2-2.5
+# min on 8 workers on an H200), each test at most 240 s (kernels compile on first use in
+# each worker)
+workers=()
+python3 -c "import xdist" 2>/dev/null && workers=(-n "${AF_GPU_WORKERS:-8}" --dist loadgroup)
+python3 -m pytest -q -m gpu "${workers[@]}" --timeout 240 -p no:cacheprovider -rs tests 2>&1 \
+    | tee /tmp/gpu_tests.log
 tests=${PIPESTATUS[0]}
 python3 benchmarks/bench_gpu.py "$@" 2>&1 | tee /tmp/gpu_bench.log
 bench=${PIPESTATUS[0]}
