@@ -145,7 +145,7 @@ class Program:
         self.ranks = rec.ranks
         self.id = next(_PROGRAMS)
         self.n_in, self.n_made, self.n_coll = rec.n_in, rec.end - rec.start - 1, rec.n_coll
-        self.outputs = outputs  # per output leaf: (shape, dtype, sbp, [(p, meta) per rank])
+        self.outputs = outputs  # per output leaf: (shape, dtype, sbp, [(id, meta) per rank])
         kept = {p for _, _, _, parts in outputs for p, _ in parts}
         self.frees = [_frees(rank_cmds, self.n_in, kept) for rank_cmds in cmds]
         ranks = self.ranks
@@ -171,10 +171,10 @@ class Program:
                 ranks._issue(r, (W.REPLAY, self.id, inputs, base, seq_base))
             ranks._flush()
             outs = []
+            part = W.replay_ids(inputs, base)
             for shape, dtype, sbp, parts in self.outputs:
                 held = [
-                    Part(r, base + p - self.n_in, meta, dtype, ranks._drops)
-                    for r, (p, meta) in enumerate(parts)
+                    Part(r, part(q), meta, dtype, ranks._drops) for r, (q, meta) in enumerate(parts)
                 ]
                 outs.append(wrap(make(ranks, held, shape, dtype, sbp)))
             return outs
@@ -204,7 +204,7 @@ def _frees(cmds: list, n_in: int, kept: set) -> list:
                 last[i] = k
     frees: list = [[] for _ in cmds]
     for i, k in last.items():
-        if -1 - i not in kept:
+        if i not in kept:
             frees[k].append(i)
     return frees
 
@@ -296,13 +296,13 @@ def _outputs(rec: Recording, outs: list) -> list | None:
         normal = []
         for part in parts:
             try:
-                p = -1 - rec.normal_id(part.id)
+                q = rec.normal_id(part.id)
             except LookupError:
-                p = -1
-            if p < rec.n_in:
+                q = 0
+            if q >= -rec.n_in:  # (an input, the state, or made elsewhere)
                 rec.refuse("it returns one of its inputs or a tensor it did not make")
                 return None
-            normal.append((p, rec.ranks.meta(part)))
+            normal.append((q, rec.ranks.meta(part)))
             made.add(part.id)
         specs.append((tuple(m.shape), m.dtype, sbp_of(impl), normal))
     gc.collect()  # (parts held only by cycles: an autograd graph's)

@@ -730,11 +730,12 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         makes dropped after its last use (the outputs kept: the controller holds them)."""
         _, pid, ins, base, seq_base = cmd
         cmds, frees = programs[pid]
-        n = len(ins)
+        part = replay_ids(ins, base)
+        seq = seq_base.__add__
         for c, free in zip(cmds, frees, strict=True):
-            execute(translated(c, ins, base, seq_base))
+            execute(map_ids(c, part, seq))
             if free:
-                ids = [base - 1 - i - n for i in free]  # (free holds normalized ids)
+                ids = [part(i) for i in free]
                 ex.drop(ids)
                 for i in ids:
                     unsend(i)
@@ -803,21 +804,20 @@ def ids_of(cmd: tuple) -> list:
     return out
 
 
-def translated(cmd: tuple, ins: Any, base: int, seq_base: int) -> tuple:
-    """A command of a step program (``DEFINE``; ``programs.py``) as one replay runs it: a
-    negative id ``-1 - p`` names the replay's input ``p`` (``ins``) for p below their
-    count, else the ``p - len(ins)``-th part the step makes, whose id is ``base`` plus
-    that; a collective's sequence number counts from ``seq_base``. Other ids (parameters,
-    state) are the parts' own."""
+def replay_ids(ins: Any, base: int) -> Any:
+    """The part id one replay of a step program (``DEFINE``; ``programs.py``) gives each
+    id its commands name: a negative id ``-1 - p`` names the replay's input ``p``
+    (``ins``) for p below their count, else the ``p - len(ins)``-th part the step makes,
+    whose id is ``base`` plus that; other ids (parameters, state) are the parts' own."""
     n = len(ins)
 
-    def t(i: int) -> int:
+    def part(i: int) -> int:
         if i >= 0:
             return i
         p = -1 - i
         return ins[p] if p < n else base + p - n
 
-    return map_ids(cmd, t, lambda s: seq_base + s)
+    return part
 
 
 class _Tracer:
