@@ -76,6 +76,7 @@ overlap fully; they are not built yet.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -89,10 +90,15 @@ from ..backends import get_backend
 from ..creation import from_numpy
 from ..device import device as as_device
 from ..eager.interpreter import use_stream
+from ..parallel import workers as _workers
+from ..parallel.interpreter import make as _global_of
+from ..parallel.interpreter import parts_of
+from ..parallel.ranks import HeldRanks, Ranks, use_ranks
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
 from ..runtime_api import peek_array, settled
-from ..tensor.tensor import Tensor
+from ..sbp import Placement, broadcast
+from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
@@ -120,6 +126,7 @@ class PipelineStep:
         stages: Sequence[Module],
         micro_batches: int,
         stage_buffers: Sequence[int] | None,
+        stage_processes: bool = False,
     ) -> None:
         name = type(graph).__name__
         if isinstance(stages, Module) or not isinstance(stages, Sequence) or not stages:
@@ -154,8 +161,28 @@ class PipelineStep:
                         f"parameter (their backwards run at the same time, each adding to "
                         f"its own parameters' gradients): give each stage its own modules"
                     )
-        _check_local(stages, name)
+        if not isinstance(stage_processes, bool):
+            raise TypeError(
+                f"{name}(stage_processes={stage_processes!r}): give True (each stage made "
+                f"global on a one-rank placement of its own, a worker process) or False"
+            )
+        self.placements: list[Placement] = []  # (stage_processes=True: what close() ends)
+        if stage_processes:
+            with use_ranks("processes"):
+                for i, m in enumerate(stages):
+                    if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
+                        raise ValueError(
+                            f"{name}(stages=..., stage_processes=True): stage {i} is "
+                            f"global already; give local stages (it makes each global on "
+                            f"a placement of its own), or leave stage_processes out"
+                        )
+                    p = Placement("cpu", ranks=[i])
+                    self.placements.append(p)
+                    m.to_global(p)
+                    for t in list(m.parameters()) + list(m.buffers()):
+                        t.numpy()  # (the worker started and holding it, or its error)
         n = len(stages)
+        self._ranks: list[Ranks | None] = _stage_ranks(stages, name)
         default = [n - i for i in range(n)]
         if stage_buffers is None:
             buffers = default
@@ -223,10 +250,11 @@ class PipelineStep:
         """One batch through the graph (a run of it), then the optimizers' steps."""
         items = self._micro_batches(args)
         stages = self.stages
-        _check_local(stages, type(self.graph).__name__)  # (made global since)
+        self._ranks = _stage_ranks(stages, type(self.graph).__name__)  # (moved since)
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
-            get_backend(d).stream(f"pipeline stage {i}") for i, d in enumerate(self._devices)
+            None if r is not None else get_backend(d).stream(f"pipeline stage {i}")
+            for i, (d, r) in enumerate(zip(self._devices, self._ranks, strict=True))
         ]
         g = self._graph_for(items[0], memory)
         params = self._trained()
@@ -348,14 +376,14 @@ class PipelineStep:
         size = item[0].shape[0]
         source = tuple(Spec(a.shape, a.dtype) if isinstance(a, np.ndarray) else INDEX for a in item)
         outs = []
-        t = from_numpy(np.array(item[0][:1]))
+        t: Any = np.array(item[0][:1])
         with no_grad():
             for i, m in enumerate(self.stages[:-1]):
                 modes = [(sub, sub.training) for sub in m.modules()]
                 try:
                     for sub, _ in modes:  # (as eval() does, not counted as a change)
                         object.__setattr__(sub, "training", False)
-                    t = m(t.to(self._devices[i]))
+                    t = m(self._tensor(i, t if isinstance(t, np.ndarray) else _host(t)))
                 finally:
                     for sub, mode in modes:
                         object.__setattr__(sub, "training", mode)
@@ -443,10 +471,59 @@ class PipelineStep:
         return inp, out
 
     def _tensor(self, stage: int, a: np.ndarray) -> Tensor:
-        """A copy of ``a`` (from a register, which is reused) on the stage's device."""
+        """A copy of ``a`` (from a register, which is reused) on the stage's device; for a
+        global stage, a broadcast global tensor on its placement, put on the ranks holding
+        its parameters (for process ranks: sent to the stage's worker, not waited for)."""
+        ranks = self._ranks[stage]
+        if ranks is not None:
+            local = from_numpy(np.ascontiguousarray(a))
+            part = ranks.put(0, local._impl)  # (reads ``a`` now: the register may be reused)
+            return wrap(_global_of(ranks, [part], tuple(a.shape), local.dtype, broadcast))
         t = from_numpy(np.array(a))
         device = self._devices[stage]
         return t if device.type == "cpu" else t.to(device)
+
+    def _stream(self, stage: int) -> Any:
+        stream = self._streams[stage]
+        return contextlib.nullcontext() if stream is None else use_stream(stream)
+
+    def _settle(self, stage: int) -> None:
+        """Waits for the work writing the stage's gradients; raises the error a kernel of
+        it gave (for a stage on process ranks: the worker's, asked for each gradient's
+        part, in the order the worker runs its commands)."""
+        ranks, params = self._ranks[stage], self._grads[stage]
+        if ranks is None:
+            _settle(params)
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        held = [g for g in grads if g.is_global and g._impl.blob.ranks is ranks]
+        if isinstance(ranks, HeldRanks):
+            _settle_held(ranks, held)
+        else:
+            _settle([wrap(pt) for g in held for pt in parts_of(g._impl)])
+        rest = [g for g in grads if not any(g is h for h in held)]
+        for g in rest:  # (a head's, or made on other ranks: read, so its error is raised)
+            _host(g)
+
+    def close(self) -> None:
+        """For ``stage_processes=True``: brings each stage back to this process (its
+        parameters and buffers local again, with their values) and ends the stages'
+        worker processes. The graph trains on this process's threads after (or give the
+        stages placements again with ``Module.to_global``)."""
+        name = type(self.graph).__name__
+        if not self.placements:
+            return
+        held = [r for r in _stage_ranks(self.stages, name) if r is not None]
+        try:
+            for m in self.stages:
+                if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
+                    m.to("cpu")
+        finally:
+            for r in held:
+                if r.placement in self.placements and hasattr(r, "close"):
+                    r.close()
+            self.placements = []
+        self._ranks = _stage_ranks(self.stages, name)
 
     def _input(self, stage: int, x: np.ndarray, rows: int) -> Tensor:
         inp = self._tensor(stage, x[:rows])
@@ -461,7 +538,7 @@ class PipelineStep:
             x, rows, mb = piece[0], int(piece[1]), int(piece[2])
             self._note(i, "F", mb)
             inp = self._input(i, x, rows)
-            with enable_grad(), use_stream(self._streams[i]):
+            with enable_grad(), self._stream(i):
                 out = module(inp)
             if not isinstance(out, Tensor) or out.ndim == 0 or out.shape[0] != rows:
                 raise TypeError(
@@ -483,7 +560,7 @@ class PipelineStep:
             self._note(i, "F", mb)
             inp = self._input(i, x, rows)
             rest = [self._tensor(i, r[:rows]) for r in item[3:]]
-            with enable_grad(), use_stream(self._streams[i]):
+            with enable_grad(), self._stream(i):
                 out = module(inp)
                 loss = graph.build(out, *unflatten(self._rest, rest))
                 if not isinstance(loss, Tensor) or loss.numel() != 1:
@@ -496,7 +573,7 @@ class PipelineStep:
                 self._hold(i, mb, inp, loss)
                 self._note(i, "B", mb)
                 (loss * (1.0 / m)).backward()
-            _settle(self._grads[i])
+            self._settle(i)
             self._release(i, mb)
             value = np.asarray(_host(loss.detach()), dtype=np.float64).reshape(())
             if i == 0:
@@ -513,9 +590,9 @@ class PipelineStep:
             if out.requires_grad:  # (else nothing before it needs a gradient: a frozen
                 #                    stage 0, or an output made without its input)
                 grad = self._tensor(i, grad_piece[0][:rows])
-                with enable_grad(), use_stream(self._streams[i]):
+                with enable_grad(), self._stream(i):
                     out.backward(grad)
-            _settle(self._grads[i])
+            self._settle(i)
             loss = np.array(grad_piece[1])
             if i == 0:
                 return loss
@@ -524,22 +601,71 @@ class PipelineStep:
         return backward
 
 
-def _check_local(stages: Sequence[Module], name: str) -> None:
-    """Refuses stages with global parameters or buffers (``Module.to_global``): a stage
-    runs on one device, its registers are host arrays."""
+def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
+    """Per stage, None for a local stage (its parameters and buffers on one device), or
+    the ranks holding a global stage's: every parameter and buffer global, broadcast on
+    one single-rank placement that no other stage uses (``stage.to_global(
+    af.placement("cpu", ranks=[i]))``; under ``af.parallel.use_ranks("processes")`` the
+    stage then computes in a worker process of its own). Other global stages are refused
+    with what is supported."""
+    out: list[Ranks | None] = []
+    used: dict = {}
     for i, m in enumerate(stages):
-        for kind, tensors in (("parameter", m.named_parameters()), ("buffer", m.named_buffers())):
-            for key, t in tensors:
-                if t.is_global:
-                    raise NotImplementedError(
-                        f"{name}(stages=...): stage {i}'s {kind} {key!r} (shape "
-                        f"{tuple(t.shape)}) is global, on {t.placement!r} with sbp "
-                        f"{t.sbp}; pipeline stages over global tensors are not built yet: "
-                        f"keep each stage local, on one device (.to('cpu') or .to('cuda:0') "
-                        f"makes a global module local again), or train the global model "
-                        f"without stages= (an nn.Graph or eager steps over its global "
-                        f"parameters)"
-                    )
+        tensors = [("parameter", k, t) for k, t in m.named_parameters()]
+        tensors += [("buffer", k, t) for k, t in m.named_buffers()]
+        glob = [(kind, k, t) for kind, k, t in tensors if t.is_global]
+        if not glob:
+            out.append(None)
+            continue
+        kind, key, first = glob[0]
+        place = first.placement
+        for kind, key, t in tensors:
+            if (
+                not t.is_global
+                or t.placement is not place
+                or place.size != 1
+                or (t.sbp != (broadcast,))
+            ):
+                where = (
+                    f"on {t.placement!r} with sbp {t.sbp}"
+                    if t.is_global
+                    else f"local, on {t.device}"
+                )
+                raise NotImplementedError(
+                    f"{name}(stages=...): stage {i}'s {kind} {key!r} (shape "
+                    f"{tuple(t.shape)}) is {where}; a pipeline stage over global tensors "
+                    f"runs on one rank: every parameter and buffer of the stage broadcast "
+                    f"on one single-rank placement of its own (stage.to_global("
+                    f"af.placement('cpu', ranks=[{i}])) under af.parallel.use_ranks("
+                    f"'processes'), or nn.Graph(stages=..., stage_processes=True), which "
+                    f"does that for each stage); stages split over several ranks are not "
+                    f"built: keep each stage local (.to('cpu') makes a global module local "
+                    f"again), or train the global model without stages="
+                )
+        j = used.setdefault(place, i)
+        if j != i:
+            raise NotImplementedError(
+                f"{name}(stages=...): stages {j} and {i} are both on {place!r}; give each "
+                f"global stage a placement of its own (af.placement('cpu', ranks=[{i}])), "
+                f"so that each computes on its own rank"
+            )
+        out.append(first._impl.blob.ranks)
+    return out
+
+
+def _settle_held(ranks: HeldRanks, grads: list) -> None:
+    """Waits until the worker holding ``grads`` (global tensors on one rank) ran every
+    command sent so far, and raises the error a gradient's part holds there (a ``META``
+    request per part: the worker answers it after the commands before it, with the error
+    the part holds, if any)."""
+    if not grads:
+        ranks.synchronize()
+        return
+    with ranks._lock:
+        ranks._live()
+        for g in grads:
+            (pt,) = parts_of(g._impl)
+            ranks._request(pt.rank, (_workers.META, pt.id))
 
 
 def _device_of(stage: Module) -> Any:
@@ -598,7 +724,10 @@ def _input_grad(inp: Tensor, size: int) -> np.ndarray:
 
 
 def _host(t: Tensor) -> np.ndarray:
-    """``t``'s values as a host array (copied over from a device)."""
+    """``t``'s values as a host array (copied over from a device; a global tensor's whole
+    value read back from its ranks: for process ranks, waiting for the worker)."""
+    if t.is_global:
+        return t.numpy()
     return (t if t.device.type == "cpu" else t.cpu()).numpy()
 
 
