@@ -536,3 +536,194 @@ def test_global_stages_are_refused_with_what_to_do():
     for s in stages:
         s.to("cpu")  # local again: it trains
     assert np.isfinite(float(g.step(*data(1)[0])))
+
+
+# -- stages on process ranks: each stage computes in a worker process of its own ---------
+
+processes = pytest.mark.timeout(60)
+
+
+def on_process_ranks(stages, which=None):
+    """Each stage in ``which`` (default all) made global on a one-rank placement of its
+    own under process ranks: the recipe ``stage_processes=True`` follows."""
+    with af.parallel.use_ranks("processes"):
+        for i, s in enumerate(stages):
+            if which is None or i in which:
+                s.to_global(af.placement("cpu", ranks=[i]))
+    return stages
+
+
+def workers_of(stages):
+    """Per stage, its ranks (None for a local stage)."""
+    out = []
+    for s in stages:
+        p = next(iter(s.parameters()))
+        out.append(p._impl.blob.ranks if p.is_global else None)
+    return out
+
+
+def ended(pids):
+    import os
+
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        with open(f"/proc/{pid}/stat") as f:  # (a zombie not reaped yet has ended too)
+            if f.read().split(") ")[1][0] != "Z":
+                return False
+    return True
+
+
+@processes
+@pytest.mark.parametrize("how", ["stage_processes", "to_global", "only the last"])
+def test_stages_on_process_ranks_train_as_one_process(how):
+    batches = data(3)
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1, momentum=0.9), batches)
+    stages = stages_of(2)
+    kw = {}
+    if how == "stage_processes":
+        kw["stage_processes"] = True
+    else:
+        on_process_ranks(stages, None if how == "to_global" else {1})
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1, momentum=0.9), micro_batches=4, **kw)
+    ranks = workers_of(stages)
+    try:
+        assert all(
+            isinstance(r, af.parallel.ProcessRanks) for r in ranks[1 if how[0] == "o" else 0 :]
+        )
+        got = [float(g.step(*batches[0]))] + [float(v) for v in g.run(batches[1:])]
+        # another process's BLAS: equal within float rounding
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        for a, b in zip(params_of(ref), params_of(stages), strict=True):
+            assert b.is_global == (
+                how != "only the last" or any(b is q for q in stages[1].parameters())
+            )
+            assert b.grad is None
+            np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+        held = [r for r in ranks if r is not None]
+        pids = [pid for r in held for pid in r.pids]
+        assert len(set(pids)) == len(held) and all(pid is not None for pid in pids)
+    finally:
+        if how == "stage_processes":
+            g.pipelined.close()  # the stages back here, their workers ended
+        else:
+            for r in ranks:
+                if r is not None:
+                    r.close()
+    if how == "stage_processes":
+        assert ended(pids)
+        assert not any(p.is_global for p in params_of(stages))
+        for a, b in zip(params_of(ref), params_of(stages), strict=True):
+            np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+        assert np.isfinite(float(g.step(*data(1, seed=7)[0])))  # on threads again
+
+
+@processes
+@pytest.mark.parametrize("n,m", [(2, 4), (3, 4)])
+def test_stages_on_process_ranks_keep_1f1b(n, m):
+    stages = stages_of(n)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m, stage_processes=True)
+    try:
+        seeded_batch(g, 0)
+        got = per_stage(g.pipelined.acts, n)
+        for i in range(n):
+            assert got[i] == order_1f1b(n - i, m), f"stage {i}"
+        assert g.pipelined.peak_held == [min(n - i, m) for i in range(n)]
+        # on threads, unseeded, no simulated times: never more than the registers allow
+        g.pipelined.sim_time = None
+        list(g.run(data(2)))
+        counted = held_counts(g.pipelined.acts, n)
+        assert all(c <= min(n - i, m) for i, c in enumerate(counted)), counted
+    finally:
+        g.pipelined.close()
+
+
+class GathersBadly(nn.Module):
+    """On micro-batch ``at`` (in training mode) gathers column 99 of its input: the index
+    is checked by the kernel, in the worker holding the stage."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at + 1:
+                idx = np.full((x.shape[0], x.shape[1]), 99, dtype=np.int64)
+                pl = x.placement
+                return af.gather(x, 1, af.tensor(idx).to_global(pl, af.sbp.broadcast))
+        return x
+
+
+@processes
+def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
+    from actorflow.errors import IndexOutOfBoundsError
+
+    stages = stages_of(2)
+    bad = GathersBadly(at=2)
+    stages[0] = nn.Sequential(stages[0], bad)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_processes=True)
+    try:
+        before = [p.numpy().copy() for p in params_of(stages)]
+        (x, y), later = data(2)
+        with pytest.raises(ActorError) as e:
+            g.step(x, y)
+        assert e.value.actor == "stage0.forward" and e.value.piece == 2
+        assert isinstance(e.value.original, IndexOutOfBoundsError), e.value.original
+        assert "out of bounds" in str(e.value.original)
+        for a, p in zip(before, params_of(stages), strict=True):
+            assert np.array_equal(a, p.numpy())
+            assert p.grad is None
+        bad.at = -1  # the workers go on: the next batch trains
+        assert np.isfinite(float(g.step(*later)))
+        after = [p.numpy() for p in params_of(stages)]
+        assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    finally:
+        g.pipelined.close()
+
+
+@processes
+def test_a_stages_worker_killed_is_the_stages_actor_error():
+    import os
+    import signal
+
+    stages = stages_of(2)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    try:
+        assert np.isfinite(float(g.step(*data(1)[0])))
+        ranks = workers_of(stages)
+        os.kill(ranks[1].pids[0], signal.SIGKILL)
+        with pytest.raises(ActorError) as e:
+            g.step(*data(1)[0])
+        assert e.value.actor.startswith("stage1."), e.value.actor
+        assert "rank 0 of placement(type='cpu', ranks=[1])" in str(e.value), e.value
+        assert "SIGKILL" in str(e.value)
+    finally:
+        for r in workers_of(stages):
+            if r is not None:
+                r.close()
+    assert ended(ranks[0].pids)
+
+
+def test_global_stages_other_than_one_rank_each_are_refused():
+    stages = stages_of(2)
+    for s in stages:
+        s.to_global(af.placement("cpu", ranks=[0]))  # (inline ranks: nothing starts)
+    with pytest.raises(NotImplementedError, match=r"stages 0 and 1 are both on .*of its own"):
+        Pipe(stages, micro_batches=2)
+    stages = stages_of(2)
+    stages[1].to_global(af.placement("cpu", ranks=[1]), af.sbp.split(0))
+    with pytest.raises(NotImplementedError, match=r"stage 1's parameter 'weight'.*broadcast"):
+        Pipe(stages, micro_batches=2)
+    stages = stages_of(2)
+    with pytest.raises(ValueError, match="stage 1 is global already"):
+        stages[1].to_global(af.placement("cpu", ranks=[5]))
+        Pipe(stages, micro_batches=2, stage_processes=True)
+    with pytest.raises(TypeError, match="stage_processes='yes'"):
+        Pipe(stages_of(2), micro_batches=2, stage_processes="yes")
+    with pytest.raises(ValueError, match="stage_processes=True"):
+        nn.Graph(stage_processes=True)

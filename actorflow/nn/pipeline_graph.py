@@ -507,9 +507,10 @@ class PipelineStep:
 
     def close(self) -> None:
         """For ``stage_processes=True``: brings each stage back to this process (its
-        parameters and buffers local again, with their values) and ends the stages'
-        worker processes. The graph trains on this process's threads after (or give the
-        stages placements again with ``Module.to_global``)."""
+        parameters and buffers local again, with their values, and the graph's optimizers'
+        state with them) and ends the stages' worker processes. The graph trains on this
+        process's threads after (or give the stages placements again with
+        ``Module.to_global``)."""
         name = type(self.graph).__name__
         if not self.placements:
             return
@@ -518,6 +519,15 @@ class PipelineStep:
             for m in self.stages:
                 if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
                     m.to("cpu")
+            for opt in self.graph._optimizers:  # (their state: onto each parameter's device)
+                held_state = [
+                    v
+                    for st in opt.state.values()
+                    for v in st.values()
+                    if isinstance(v, Tensor) and v.is_global
+                ]
+                if held_state:
+                    opt.load_state_dict(opt.state_dict())
         finally:
             for r in held:
                 if r.placement in self.placements and hasattr(r, "close"):
