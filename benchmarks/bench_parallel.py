@@ -961,6 +961,64 @@ def actorflow_pipeline(ctx: Context, m: int) -> harness.Contender:
     return c
 
 
+def actorflow_pipeline_processes(ctx: Context, m: int) -> harness.Contender:
+    """actorflow's pipeline graph, 2 stages each in a worker process of its own
+    (``stage_processes=True``: each stage global on a one-rank placement under process
+    ranks), ``m`` micro-batches: the stage threads here only issue commands and wait."""
+    af = _af()
+    nn = af.nn
+    full = _af_model(ctx, af)
+    stages = [nn.Sequential(full[0], full[1]), nn.Sequential(full[2], full[3], full[4])]
+    opt = af.optim.SGD(full.parameters(), lr=LR, momentum=MOMENTUM)
+
+    class Pipe(nn.Graph):
+        def __init__(self):
+            super().__init__(stages=stages, micro_batches=m, stage_processes=True)
+            self.loss = nn.CrossEntropyLoss()
+            self.add_optimizer(opt)
+
+        def build(self, out, y):
+            return self.loss(out, y)
+
+    g = Pipe()
+    ranks = g.pipelined.ranks  # (the rows of every m share these two workers)
+    ctx.closers.extend(r.close for r in ranks)
+    k = ctx.args.steps
+
+    def run() -> dict:
+        out = None
+        for _ in range(k):
+            out = g.step(ctx.X, ctx.Y)
+        return {"loss": float(out)}
+
+    def reset() -> None:
+        _af_reset(ctx, af, full, opt)
+        for r in ranks:
+            r.synchronize()
+
+    reset()
+    g.step(ctx.X, ctx.Y)  # (its graph made, the workers warm, outside the clock)
+    for r in ranks:
+        ctx.pids.extend(r.pids)
+    c = contender(
+        f"actorflow pipeline on process ranks, 2 stages, m={m}",
+        run,
+        reset,
+        ranks=2,
+        threads_per_rank=ctx.args.threads,
+        micro_batches=m,
+        note=(
+            f"nn.Graph(stages=[...], micro_batches={m}, stage_processes=True): each stage "
+            f"in a worker process (a one-rank placement of its own); the stage threads "
+            f"here put each activation and gradient and get each output back (one copy "
+            f"each way per micro-batch through this process)"
+        ),
+    )
+    c.check = loss_check(c.name, ctx)
+    c.params = lambda: _af_params(full)
+    return c
+
+
 @dataclass
 class Row:
     """A contender of the benchmark: ``part`` is "data" (part 1) or "pipeline" (part 2);
@@ -1005,6 +1063,13 @@ ROWS: list[Row] = [
     *(
         Row(
             "pipeline", lambda ctx, m=m: actorflow_pipeline(ctx, m) if m in ctx.args.micro else None
+        )
+        for m in MICRO
+    ),
+    *(
+        Row(
+            "pipeline",
+            lambda ctx, m=m: actorflow_pipeline_processes(ctx, m) if m in ctx.args.micro else None,
         )
         for m in MICRO
     ),

@@ -77,6 +77,7 @@ overlap fully; they are not built yet.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -178,6 +179,7 @@ class PipelineStep:
                         )
                     p = Placement("cpu", ranks=[i])
                     self.placements.append(p)
+                    _own_ranks(p, len(stages))
                     m.to_global(p)
                     for t in list(m.parameters()) + list(m.buffers()):
                         t.numpy()  # (the worker started and holding it, or its error)
@@ -483,6 +485,12 @@ class PipelineStep:
         device = self._devices[stage]
         return t if device.type == "cpu" else t.to(device)
 
+    @property
+    def ranks(self) -> list:
+        """Per stage, the ranks a global stage computes on (``ProcessRanks``: its worker,
+        ``.pids``, ``.close()``), None for a local stage."""
+        return list(self._ranks)
+
     def _stream(self, stage: int) -> Any:
         stream = self._streams[stage]
         return contextlib.nullcontext() if stream is None else use_stream(stream)
@@ -661,6 +669,19 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
             )
         out.append(first._impl.blob.ranks)
     return out
+
+
+def _own_ranks(placement: Placement, stages: int) -> None:
+    """The process ranks of a stage's placement made with this machine's cores shared
+    among the ``stages`` workers (``ranks_of`` would give a one-rank placement every core:
+    its BLAS threads then spin against the other stages' on the same cores). Ranks made
+    before (another graph's stage on the same placement) are kept."""
+    from ..parallel.ranks import _GROUPS, ProcessRanks
+
+    key = ("processes", placement)
+    if key not in _GROUPS:
+        threads = max(1, (os.cpu_count() or 1) // stages)
+        _GROUPS[key] = ProcessRanks(placement, threads=threads)
 
 
 def _settle_held(ranks: HeldRanks, grads: list) -> None:
