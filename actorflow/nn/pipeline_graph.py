@@ -249,10 +249,21 @@ class PipelineStep:
         self.peak_saved_bytes = [0] * n
 
     def _batch(self, args: tuple, trace, memory) -> float:
-        """One batch through the graph (a run of it), then the optimizers' steps."""
+        """One batch through the graph (a run of it), then the optimizers' steps; where the
+        global stages are on ranks of one kind (process ranks), under ``use_ranks`` of that
+        kind, so what the stages, the loss, autograd and the optimizers make on a stage's
+        placement (a factory's tensor, a backward's seed, a scalar) is made on its ranks
+        (made elsewhere, each op would bring it over through this process)."""
+        self._ranks = _stage_ranks(self.stages, type(self.graph).__name__)  # (moved since)
+        kinds = {r.kind for r in self._ranks if r is not None}
+        if len(kinds) != 1:
+            return self._batch_on(args, trace, memory)
+        with use_ranks(kinds.pop()):
+            return self._batch_on(args, trace, memory)
+
+    def _batch_on(self, args: tuple, trace, memory) -> float:
         items = self._micro_batches(args)
         stages = self.stages
-        self._ranks = _stage_ranks(stages, type(self.graph).__name__)  # (moved since)
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
             None if r is not None else get_backend(d).stream(f"pipeline stage {i}")
