@@ -70,8 +70,32 @@ statistics (as GPipe's does), and random ops (dropout) draw from the eager gener
 the order the stages' threads reach them, which differs from run to run.
 
 Threads share one interpreter lock: the stages overlap where their kernels leave it
-(numpy's BLAS calls do), not in the Python around them. Stages in worker processes would
-overlap fully; they are not built yet.
+(numpy's BLAS calls do), not in the Python around them.
+
+Stages on process ranks: a stage whose parameters and buffers are global, broadcast on a
+single-rank placement of its own (``stage_i.to_global(af.placement("cpu", ranks=[i]))``
+under ``af.parallel.use_ranks("processes")``; ``nn.Graph(stages=..., stage_processes=True)``
+does that for every stage, its worker given this machine's cores over the stage count),
+computes in that placement's worker process; its threads here only issue commands and wait
+on the worker's pipe (which leaves the interpreter lock). Its forward puts the register's
+activation on the stage's rank (a broadcast global tensor: a copy sent to the worker), runs
+the stage (commands, not waited for) and reads the output back into its register (a get:
+it waits for the worker); its backward puts the output's gradient, runs the backward there
+and reads the input's gradient back; the stage's parameters' gradients stay in the worker,
+where the optimizers step them (each optimizer step a command per op). So each activation
+and each gradient goes through this process, a copy each way per micro-batch (a move
+straight from one stage's worker to the next would save both; not built). A backward act
+ends once its worker answered for every gradient it wrote (in command order: an error of
+its kernels is raised there, the stage's ``ActorError``); a worker's error at a read is the
+stage's ``ActorError`` too, and a worker that dies the stage's ``ActorError`` whose original
+names the placement and the rank. A batch runs under ``use_ranks`` of the stages' kind, so
+what the loss, autograd and the optimizers make on a stage's placement is made on its
+worker (the setting is the process's: another thread's global calls meanwhile see it too).
+The saved bytes of a stage on process ranks are in its worker and count 0 here.
+``graph.pipelined.close()`` brings the stages made so back to this process (with the
+optimizers' state) and ends their workers; stages made global by hand keep their workers
+until ``af.parallel.ranks_of(placement).close()`` (``graph.pipelined.ranks``). Global stages
+laid out otherwise (several ranks, a split, two stages on one placement) are refused.
 """
 
 from __future__ import annotations
@@ -177,12 +201,10 @@ class PipelineStep:
                             f"global already; give local stages (it makes each global on "
                             f"a placement of its own), or leave stage_processes out"
                         )
-                    p = Placement("cpu", ranks=[i])
-                    self.placements.append(p)
-                    _own_ranks(p, len(stages))
-                    m.to_global(p)
-                    for t in list(m.parameters()) + list(m.buffers()):
-                        t.numpy()  # (the worker started and holding it, or its error)
+                    place = Placement("cpu", ranks=[i])
+                    self.placements.append(place)
+                    _own_ranks(place, len(stages)).synchronize()  # (the worker started)
+                    m.to_global(place)
         n = len(stages)
         self._ranks: list[Ranks | None] = _stage_ranks(stages, name)
         default = [n - i for i in range(n)]
@@ -640,7 +662,7 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
     out: list[Ranks | None] = []
     used: dict = {}
     for i, m in enumerate(stages):
-        tensors = [("parameter", k, t) for k, t in m.named_parameters()]
+        tensors: list[tuple[str, str, Any]] = [("parameter", k, t) for k, t in m.named_parameters()]
         tensors += [("buffer", k, t) for k, t in m.named_buffers()]
         glob = [(kind, k, t) for kind, k, t in tensors if t.is_global]
         if not glob:
@@ -678,11 +700,11 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
                 f"global stage a placement of its own (af.placement('cpu', ranks=[{i}])), "
                 f"so that each computes on its own rank"
             )
-        out.append(first._impl.blob.ranks)
+        out.append(getattr(first._impl.blob, "ranks"))  # noqa: B009 - a GlobalBlob's
     return out
 
 
-def _own_ranks(placement: Placement, stages: int) -> None:
+def _own_ranks(placement: Placement, stages: int) -> Any:
     """The process ranks of a stage's placement made with this machine's cores shared
     among the ``stages`` workers (``ranks_of`` would give a one-rank placement every core:
     its BLAS threads then spin against the other stages' on the same cores). Ranks made
@@ -693,6 +715,7 @@ def _own_ranks(placement: Placement, stages: int) -> None:
     if key not in _GROUPS:
         threads = max(1, (os.cpu_count() or 1) // stages)
         _GROUPS[key] = ProcessRanks(placement, threads=threads)
+    return _GROUPS[key]
 
 
 def _settle_held(ranks: HeldRanks, grads: list) -> None:
