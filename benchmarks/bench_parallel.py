@@ -53,6 +53,15 @@ first layer computes no input gradient and is 1.5x wider):
   running the same M micro-batches, gradients accumulated: what the micro-batches alone cost,
   so the pipeline rows' ``vs same m`` column separates the pipeline's gain from that cost.
 
+actorflow's pipeline rows: ``actorflow pipeline, 2 stages, m=M`` is ``nn.Graph(stages=[...],
+micro_batches=M)`` with its stages on threads of this process (one interpreter lock);
+``actorflow pipeline on process ranks, 2 stages, m=M`` the same graph with
+``stage_processes=True``: each stage in a worker process of its own (a one-rank placement
+under process ranks, one BLAS thread each on 2 cores), the stage threads here issuing
+commands and waiting; every activation and gradient goes through this process (put to the
+next stage's worker, got back from the previous one's: a copy each way per micro-batch).
+The rows of every M share the two workers.
+
 The theory column is GPipe's bubble fraction ``(k-1)/(m+k-1)`` and the ideal speedup with
 it, ``k m / (m+k-1)``; a measured row's idle fraction is ``1 - speedup / k`` (all it loses:
 the bubble, the smaller micro-batches' lower efficiency and the hand-over), to be read

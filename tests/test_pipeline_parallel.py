@@ -613,12 +613,30 @@ def test_stages_on_process_ranks_train_as_one_process(how):
             for r in ranks:
                 if r is not None:
                     r.close()
+    assert ended(pids)
     if how == "stage_processes":
-        assert ended(pids)
         assert not any(p.is_global for p in params_of(stages))
         for a, b in zip(params_of(ref), params_of(stages), strict=True):
             np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
         assert np.isfinite(float(g.step(*data(1, seed=7)[0])))  # on threads again
+
+
+def test_single_rank_stages_on_inline_ranks_train_as_one_process():
+    """The same stages on inline ranks (each rank's part a tensor of this process): the
+    reference the process ranks are the parallel form of."""
+    batches = data(2)
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.Adam(params_of(ref), lr=1e-2), batches)
+    stages = stages_of(2)
+    for i, s in enumerate(stages):
+        s.to_global(af.placement("cpu", ranks=[i]))
+    g = Pipe(stages, optim.Adam(params_of(stages), lr=1e-2), micro_batches=4)
+    assert [type(r).__name__ for r in g.pipelined.ranks] == ["InlineRanks"] * 2
+    got = [float(v) for v in g.run(batches)]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params_of(ref), params_of(stages), strict=True):
+        assert b.is_global and b.grad is None
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @processes
