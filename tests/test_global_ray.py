@@ -279,6 +279,44 @@ def test_graph_step_over_global_parameters():
     both(program)
 
 
+class Pipe(nn.Graph):
+    def __init__(self, stages, opt, micro_batches):
+        super().__init__(stages=stages, micro_batches=micro_batches)
+        self.loss = nn.CrossEntropyLoss()
+        self.add_optimizer(opt)
+
+    def build(self, out, y):
+        return self.loss(out, y)
+
+
+def test_pipeline_stages_on_ray_ranks_train_as_one_process():
+    """Each stage global on a one-rank placement of Ray ranks computes in its Ray actor (its
+    acts one command each there) and trains as the same pipeline on this process's threads,
+    each stage holding no more micro-batches than its registers."""
+
+    def train(kind):
+        full = _mlp()
+        stages = [nn.Sequential(full[0], full[1]), full[2]]
+        if kind is not None:
+            with use_ranks(kind):
+                for i, s in enumerate(stages):
+                    s.to_global(af.placement("cpu", ranks=[i]))
+        g = Pipe(stages, af.optim.SGD(full.parameters(), lr=0.1, momentum=0.9), 4)
+        losses = [float(v) for v in g.run(_batches(batch=12))]
+        return g, losses, [q.numpy() for q in full.parameters()]
+
+    _, want, params = train(None)
+    g, got, mine = train("ray")
+    assert [type(r).__name__ for r in g.pipelined.ranks] == ["RayRanks"] * 2
+    assert [type(w).__name__ for w in g.pipelined._workers] == ["RankStage"] * 2
+    assert g.pipelined.peak_held[0] <= 2 and g.pipelined.peak_held[1] == 1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(params, mine, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    for r in g.pipelined.ranks:
+        r.close()
+
+
 def test_an_actor_error_is_raised_at_the_read_and_the_ranks_go_on():
     p = af.placement("cpu", ranks=2)
     idx = np.array([[0], [7], [1], [0]])

@@ -671,9 +671,10 @@ class GathersBadly(nn.Module):
         if self.training:
             self.calls += 1
             if self.calls == self.at + 1:
-                idx = np.full((x.shape[0], x.shape[1]), 99, dtype=np.int64)
-                pl = x.placement
-                return af.gather(x, 1, af.tensor(idx).to_global(pl, af.sbp.broadcast))
+                idx = af.tensor(np.full((x.shape[0], x.shape[1]), 99, dtype=np.int64))
+                if x.is_global:  # (a stage driven from here; in its worker it is local)
+                    idx = idx.to_global(x.placement, af.sbp.broadcast)
+                return af.gather(x, 1, idx)
         return x
 
 
@@ -745,3 +746,203 @@ def test_global_stages_other_than_one_rank_each_are_refused():
         Pipe(stages_of(2), micro_batches=2, stage_processes="yes")
     with pytest.raises(ValueError, match="stage_processes=True"):
         nn.Graph(stage_processes=True)
+
+
+def issued_to(ranks_list, record):
+    """Wraps each ranks' ``_issue`` to append ``(stage, kind, function name)`` to
+    ``record``; returns a function undoing it."""
+    from actorflow.parallel import workers as W
+
+    undo = []
+    for i, r in enumerate(ranks_list):
+        orig = r._issue
+
+        def issue(rank, cmd, *rest, i=i, orig=orig):
+            name = getattr(cmd[1], "__name__", None) if cmd[0] == W.RUN else None
+            record.append((i, W.NAMES[cmd[0]], name))
+            return orig(rank, cmd, *rest)
+
+        r._issue = issue
+        undo.append(lambda r=r: r.__dict__.pop("_issue"))
+    return lambda: [u() for u in undo]
+
+
+@processes
+def test_a_stage_on_process_ranks_runs_each_act_as_one_command_in_its_worker():
+    """Each forward and backward act is one RUN in the stage's worker (with the put of its
+    input and the read of its output), whatever the micro-batch count: the only ops sent op
+    by op are the optimizer's, once per batch."""
+    stages = stages_of(2)
+    g2 = None
+    try:
+        on_process_ranks(stages)
+        g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1, momentum=0.9), micro_batches=2)
+        g.step(*data(1)[0])  # (the stages defined in their workers, the momentum made)
+        calls = {}
+        for m in (2, 4):
+            g2 = Pipe(stages, optim.SGD(params_of(stages), lr=0.1, momentum=0.9), micro_batches=m)
+            g2.step(*data(1)[0])
+            record = []
+            undo = issued_to(workers_of(stages), record)
+            try:
+                g2.step(*data(1, seed=m)[0])
+            finally:
+                undo()
+            runs = [(i, f) for i, kind, f in record if kind == "RUN"]
+            for i in range(2):
+                assert [f for j, f in runs if j == i] == (
+                    ["_start"] + sorted_acts(record, i) + ["_finish"]
+                )
+                assert sum(1 for j, f in runs if j == i and f == "_forward") == m
+                assert sum(1 for j, f in runs if j == i and f == "_backward") == m
+            calls[m] = [sum(1 for j, k, _ in record if j == i and k == "CALL") for i in range(2)]
+        sizes = [len(list(s.parameters())) for s in stages]
+        # (SGD with momentum: a few in-place ops per parameter, none per micro-batch)
+        assert calls[2] == calls[4] and all(
+            0 < c <= 4 * k for c, k in zip(calls[2], sizes, strict=True)
+        ), calls
+        assert [type(w).__name__ for w in g2.pipelined._workers] == ["RankStage"] * 2
+    finally:
+        for r in workers_of(stages):
+            if r is not None:
+                r.close()
+
+
+def sorted_acts(record, stage):
+    """The stage's forward and backward RUNs in the order they were issued."""
+    return [f for j, kind, f in record if j == stage and f in ("_forward", "_backward")]
+
+
+@processes
+def test_stages_in_workers_follow_the_modules_changes_between_batches():
+    """What a batch's stage computes with is the module here at that batch: a frozen
+    parameter, a layer replaced, values loaded with load_state_dict, eval mode; each as the
+    same change made to one process's model."""
+    batches = data(4)
+    ref, stages = stages_of(2), stages_of(2)
+    ref_opt = optim.SGD(params_of(ref), lr=0.1)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    fresh = stages_of(2, seed=5)
+
+    def change(k, s):
+        if k == 1:
+            s[0][0][0].bias.requires_grad_(False)
+        elif k == 2:
+            s[0][0][1] = nn.ReLU()
+        elif k == 3:
+            s[1].load_state_dict(fresh[1].state_dict())
+
+    try:
+        for k, (x, y) in enumerate(batches):
+            change(k, ref)
+            change(k, stages)
+            want = eager_steps(ref, ref_opt, [(x, y)])[0]
+            got = float(g.step(x, y))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            for a, b in zip(params_of(ref), params_of(stages), strict=True):
+                np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+        bias = stages[0][0][0].bias
+        assert bias.grad is None and not bias.requires_grad
+        np.testing.assert_array_equal(bias.numpy(), ref[0][0][0].bias.numpy())
+    finally:
+        g.pipelined.close()
+
+
+class Counts(nn.Module):
+    """Counts its training-mode calls; refuses eval mode on more than one row (so the
+    worker's copy says which mode it runs in; the layouts are found here on one row)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+        elif x.shape[0] > 1:
+            raise RuntimeError("Counts ran in eval mode on a micro-batch")
+        return x
+
+
+@processes
+def test_eval_mode_reaches_the_worker_and_attributes_it_changes_stay_there():
+    stages = stages_of(2)
+    c = Counts()
+    stages[1] = nn.Sequential(stages[1], c)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    try:
+        g.step(*data(1)[0])
+        assert c.calls == 0  # the forward ran on the worker's copy
+        stages[1].eval()
+        with pytest.raises(ActorError, match="Counts ran in eval mode"):
+            g.step(*data(1)[0])
+        stages[1].train()
+        assert np.isfinite(float(g.step(*data(1)[0])))
+    finally:
+        g.pipelined.close()
+
+
+class Head(Pipe):
+    """build applies a head of this process to the last stage's output."""
+
+    def __init__(self, stages, head, opt, **kw):
+        super().__init__(stages, opt, **kw)
+        self.head = head
+
+    def build(self, out, y):
+        return self.loss(self.head(out), y)
+
+
+@processes
+def test_a_head_in_build_and_saved_bytes_with_stages_in_workers():
+    """The last stage's output is read back and build runs here: a head module of this
+    process trains with the stages in workers as on threads; each stage's peak of saved
+    bytes (measured in its worker) is the threads' (stages 0 and 1 of 3; the last stage's
+    loss is computed here, outside the worker's count)."""
+    x, y = data(1)[0]
+    y = y[:, :2]
+    runs = {}
+    for procs in (False, True):
+        stages = stages_of(3)
+        af.manual_seed(3)
+        head = nn.Linear(WIDTHS[-1], 2)
+        opt = optim.Adam(params_of(stages) + list(head.parameters()), lr=1e-2)
+        g = Head(stages, head, opt, micro_batches=4, stage_processes=procs)
+        try:
+            losses = [float(g.step(x, y)) for _ in range(2)]
+            runs[procs] = (
+                losses,
+                [p.numpy() for p in params_of(stages) + list(head.parameters())],
+                list(g.pipelined.peak_saved_bytes),
+            )
+            assert all(p.grad is None for p in head.parameters())
+        finally:
+            g.pipelined.close()
+    (l0, p0, s0), (l1, p1, s1) = runs[False], runs[True]
+    np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(p0, p1, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    assert s1[:2] == s0[:2] and all(v > 0 for v in s1), (s0, s1)
+
+
+class Unpicklable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = lambda t: t * 2
+
+    def forward(self, x):
+        return self.act(x)
+
+
+@processes
+def test_a_stage_that_does_not_pickle_is_refused_with_what_to_do():
+    stages = stages_of(2)
+    stages[1] = nn.Sequential(stages[1], Unpicklable())
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    try:
+        with pytest.raises(TypeError, match=r"stage 1 of 2 \(Sequential\) .* does not pickle"):
+            g.step(*data(1)[0])
+        stages[1][1] = nn.Tanh()  # the graph goes on
+        assert np.isfinite(float(g.step(*data(1)[0])))
+    finally:
+        g.pipelined.close()

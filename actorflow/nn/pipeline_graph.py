@@ -125,6 +125,7 @@ from ..runtime_api import peek_array, settled
 from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
+from .pipeline_ranks import RankStage, described, saved_bytes, wrong_output
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
 LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to the sink
@@ -207,6 +208,9 @@ class PipelineStep:
                     m.to_global(place)
         n = len(stages)
         self._ranks: list[Ranks | None] = _stage_ranks(stages, name)
+        # per stage, a RankStage where its ranks are held elsewhere (process or Ray
+        # ranks): its acts computed there, one command each (pipeline_ranks.py)
+        self._workers: list[RankStage | None] = [None] * len(stages)
         default = [n - i for i in range(n)]
         if stage_buffers is None:
             buffers = default
@@ -286,12 +290,23 @@ class PipelineStep:
     def _batch_on(self, args: tuple, trace, memory) -> float:
         items = self._micro_batches(args)
         stages = self.stages
+        n = len(stages)
+        for i, r in enumerate(self._ranks):
+            w = self._workers[i]
+            if not isinstance(r, HeldRanks):
+                w = None
+            elif w is None or w.ranks is not r or w.module is not stages[i]:
+                w = RankStage(i, n, stages[i], r)
+            self._workers[i] = w
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
             None if r is not None else get_backend(d).stream(f"pipeline stage {i}")
             for i, (d, r) in enumerate(zip(self._devices, self._ranks, strict=True))
         ]
         g = self._graph_for(items[0], memory)
+        for w in self._workers:
+            if w is not None:
+                w.begin()
         params = self._trained()
         self._params = [
             {id(t._impl.blob) for t in list(s.parameters()) + list(s.buffers())} for s in stages
@@ -311,6 +326,10 @@ class PipelineStep:
         try:
             for out in g.run(feed=items, trace=trace):
                 losses.append(float(out))
+            for i, w in enumerate(self._workers):
+                if w is not None:
+                    w.finish()  # (the gradients it accumulated: the parameters' here)
+                    self.peak_saved_bytes[i] = w.peak_saved_bytes
         except BaseException:
             g.join()  # (an act the stop abandoned may still be writing a gradient)
             for p in params:  # (the batch's gradients are dropped: nothing steps)
@@ -398,7 +417,8 @@ class PipelineStep:
         source = tuple((a.shape, str(a.dtype)) if isinstance(a, np.ndarray) else None for a in item)
         key = (source, structure_version[0], repr(memory), self.sim_time)
         if self.actor_graph is None or key != self._key:
-            self.actor_graph = self._actor_graph(self._layouts(item), memory)
+            self._regs = self._layouts(item)
+            self.actor_graph = self._actor_graph(self._regs, memory)
             self._key = key
         return self.actor_graph
 
@@ -412,25 +432,32 @@ class PipelineStep:
         source = tuple(Spec(a.shape, a.dtype) if isinstance(a, np.ndarray) else INDEX for a in item)
         outs = []
         t: Any = np.array(item[0][:1])
+        n = len(self.stages)
         with no_grad():
-            for i, m in enumerate(self.stages[:-1]):
-                modes = [(sub, sub.training) for sub in m.modules()]
-                try:
-                    for sub, _ in modes:  # (as eval() does, not counted as a change)
-                        object.__setattr__(sub, "training", False)
-                    t = m(self._tensor(i, t if isinstance(t, np.ndarray) else _host(t)))
-                finally:
-                    for sub, mode in modes:
-                        object.__setattr__(sub, "training", mode)
+            for i in range(n - 1):
+                t = self._run_eval(i, t)
                 if not isinstance(t, Tensor) or t.ndim == 0 or t.shape[0] != 1:
-                    raise TypeError(
-                        f"stage {i} of {len(self.stages)} returned {_what(t)} for a "
-                        f"micro-batch of 1 row; a stage that is not the last returns one "
-                        f"tensor with the micro-batch's rows along dim 0 (the next stage's "
-                        f"input)"
-                    )
+                    raise wrong_output(f"stage {i} of {n}", t, 1, True)
                 outs.append(Spec((size,) + tuple(t.shape[1:]), t.dtype))
+            self._last_dtype = None
+            if isinstance(self._ranks[-1], HeldRanks):  # (its output is read back here)
+                last = self._run_eval(n - 1, t)
+                if not isinstance(last, Tensor):
+                    raise wrong_output(f"stage {n - 1} of {n}", last, 1, False)
+                self._last_dtype = last.dtype
         return source, tuple(outs)
+
+    def _run_eval(self, i: int, t: Any) -> Any:
+        """Stage ``i`` on ``t`` (an array, or the last stage's output) in eval mode."""
+        m = self.stages[i]
+        modes = [(sub, sub.training) for sub in m.modules()]
+        try:
+            for sub, _ in modes:  # (as eval() does, not counted as a change)
+                object.__setattr__(sub, "training", False)
+            return m(self._tensor(i, t if isinstance(t, np.ndarray) else _host(t)))
+        finally:
+            for sub, mode in modes:
+                object.__setattr__(sub, "training", mode)
 
     def _actor_graph(self, layouts: tuple, memory: dict | None) -> ActorGraph:
         """The graph of a run: the source of micro-batches, a forward and a backward actor
@@ -556,6 +583,10 @@ class PipelineStep:
         if not self.placements:
             return
         held = [r for r in _stage_ranks(self.stages, name) if r is not None]
+        for w in self._workers:  # (their modules in the workers)
+            if w is not None:
+                w.forget()
+        self._workers = [None] * len(self.stages)
         try:
             for m in self.stages:
                 if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
@@ -582,21 +613,28 @@ class PipelineStep:
             inp.requires_grad_()
         return inp
 
+    def _count(self, stage: int, mb: int) -> None:
+        """A micro-batch a stage computing in a worker holds (its graph is there)."""
+        fifo = self._fifos[stage]
+        fifo.append((mb, None, None, 0))
+        self.peak_held[stage] = max(self.peak_held[stage], len(fifo))
+
     def _forward_fn(self, i: int):
         module, n = self.stages[i], len(self.stages)
 
         def forward(piece):
             x, rows, mb = piece[0], int(piece[1]), int(piece[2])
             self._note(i, "F", mb)
+            w = self._workers[i]
+            if w is not None:
+                got = w.forward(mb, x[:rows], self._out_dtype(i))
+                self._count(i, mb)
+                return (_padded(got, x.shape[0]), np.int64(rows), np.int64(mb))
             inp = self._input(i, x, rows)
             with enable_grad(), self._stream(i):
                 out = module(inp)
             if not isinstance(out, Tensor) or out.ndim == 0 or out.shape[0] != rows:
-                raise TypeError(
-                    f"stage {i} of {n} returned {_what(out)} for a micro-batch of {rows} "
-                    f"rows; a stage that is not the last returns one tensor with the "
-                    f"micro-batch's rows along dim 0 (the next stage's input)"
-                )
+                raise wrong_output(f"stage {i} of {n}", out, rows, True)
             self._hold(i, mb, inp, out)
             return (_padded(_host(out.detach()), x.shape[0]), np.int64(rows), np.int64(mb))
 
@@ -609,18 +647,15 @@ class PipelineStep:
             piece, item = pieces[0], pieces[-1]  # (item: the source's, with the rest)
             x, rows, mb = piece[0], int(piece[1]), int(piece[2])
             self._note(i, "F", mb)
+            if self._workers[i] is not None:
+                return self._last_in_worker(i, x, rows, mb, item)
             inp = self._input(i, x, rows)
             rest = [self._tensor(i, r[:rows]) for r in item[3:]]
             with enable_grad(), self._stream(i):
                 out = module(inp)
                 loss = graph.build(out, *unflatten(self._rest, rest))
                 if not isinstance(loss, Tensor) or loss.numel() != 1:
-                    raise TypeError(
-                        f"{type(graph).__name__}.build(out, *rest) returned {_what(loss)}; "
-                        f"a pipeline's build returns the micro-batch's loss, a one-element "
-                        f"tensor computed from out (it does not call backward: the graph "
-                        f"does)"
-                    )
+                    raise wrong_loss(graph, loss)
                 self._hold(i, mb, inp, loss)
                 self._note(i, "B", mb)
                 (loss * (1.0 / m)).backward()
@@ -633,11 +668,55 @@ class PipelineStep:
 
         return forward_backward
 
+    def _out_dtype(self, i: int) -> Any:
+        """The dtype of stage ``i``'s output (its register's)."""
+        from ..dtype import as_dtype
+
+        if i == len(self.stages) - 1:
+            return self._last_dtype
+        return as_dtype(self._regs[1][i].dtype)
+
+    def _last_in_worker(self, i: int, x: np.ndarray, rows: int, mb: int, item: tuple):
+        """The last stage's act where it computes in a worker: its forward there, its
+        output read back and ``build``'s loss computed here (autograd over a copy of the
+        output), the output's gradient the worker's backward's input."""
+        w, m, graph = self._workers[i], self.micro_batches, self.graph
+        assert w is not None
+        got = w.forward(mb, x[:rows], self._last_dtype)
+        self._count(i, mb)
+        out = from_numpy(got).requires_grad_()
+        rest = [from_numpy(np.array(r[:rows])) for r in item[3:]]
+        with enable_grad():
+            loss = graph.build(out, *unflatten(self._rest, rest))
+            if not isinstance(loss, Tensor) or loss.numel() != 1:
+                raise wrong_loss(graph, loss)
+            self._note(i, "B", mb)
+            (loss * (1.0 / m)).backward()
+        _settle([p for p in self._grads[i] if not p.is_global])  # (a head's, here)
+        self._release(i, mb)
+        g = out.grad
+        grad = np.zeros_like(got) if g is None else _host(g)
+        dtype = self._out_dtype(i - 1) if i > 0 else None
+        gin = w.backward(mb, grad, dtype)
+        value = np.asarray(_host(loss.detach()), dtype=np.float64).reshape(())
+        if i == 0:
+            return value
+        assert gin is not None
+        return (_padded(gin, x.shape[0]), value)
+
     def _backward_fn(self, i: int):
         def backward(mine, grad_piece):
             rows, mb = int(mine[1]), int(mine[2])
             self._note(i, "B", mb)
             inp, out = self._release(i, mb)
+            w = self._workers[i]
+            if w is not None:
+                dtype = self._out_dtype(i - 1) if i > 0 else None
+                got = w.backward(mb, grad_piece[0][:rows], dtype)
+                loss = np.array(grad_piece[1])
+                if i == 0:
+                    return loss
+                return (_padded(got, mine[0].shape[0]), loss)
             if out.requires_grad:  # (else nothing before it needs a gradient: a frozen
                 #                    stage 0, or an output made without its input)
                 grad = self._tensor(i, grad_piece[0][:rows])
@@ -753,32 +832,6 @@ def _settle(params: list) -> None:
             raise err.to_raise()
 
 
-def saved_bytes(out: Tensor, exclude: set) -> int:
-    """The bytes the autograd graph behind ``out`` saves for backward: each saved blob once,
-    those in ``exclude`` (ids: parameters, buffers) left out."""
-    ag = out._impl.ag
-    start = ag.grad_fn if ag is not None else None
-    seen_nodes: set = set()
-    seen_blobs: set = set()
-    total = 0
-    stack = [start] if start is not None else []
-    while stack:
-        node = stack.pop()
-        if id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        blobs = [t.blob for t in (node.saved_in or ()) if t is not None]
-        blobs += [b for b, _ in (node.saved_out or ())]
-        for b in blobs:
-            if id(b) not in seen_blobs and id(b) not in exclude:
-                seen_blobs.add(id(b))
-                total += b.nbytes
-        for e in node.edges:
-            if e is not None and hasattr(e[0], "edges"):  # (a node; a leaf's Meta has none)
-                stack.append(e[0])
-    return total
-
-
 def _input_grad(inp: Tensor, size: int) -> np.ndarray:
     """The gradient of a stage's input ``inp`` (its rows of a micro-batch), padded along
     dim 0 to the ``size`` rows of its register (the previous stage's output register)."""
@@ -816,7 +869,9 @@ def _array(x: Any, name: str, what: str) -> np.ndarray:
     )
 
 
-def _what(x: Any) -> str:
-    if isinstance(x, Tensor):
-        return f"a tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
+def wrong_loss(graph: Any, loss: Any) -> TypeError:
+    return TypeError(
+        f"{type(graph).__name__}.build(out, *rest) returned {described(loss)}; a pipeline's "
+        f"build returns the micro-batch's loss, a one-element tensor computed from out (it "
+        f"does not call backward: the graph does)"
+    )

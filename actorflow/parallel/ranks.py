@@ -35,6 +35,7 @@ import pickle
 import threading
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any, NoReturn
@@ -382,6 +383,18 @@ class HeldRanks(Ranks):
             self._issue(rank, (W.VIEW, name, part.id, args, out.id))
             self._after(rank, 0)
             return out
+
+    def call_fn(self, rank: int, fn: Any, args: tuple, dtypes: Sequence[Any]) -> list:
+        """Has rank ``rank`` run ``fn(executor, *args, out_ids)`` (a module-level function,
+        pickled by reference: ``workers.RUN``) after the commands sent before; returns the
+        parts it makes, one per dtype of ``dtypes`` (their shapes known once read), each
+        holding the error ``fn`` raised, if any."""
+        with self._lock:
+            self._live()
+            made = [self._part(rank, None, dt) for dt in dtypes]
+            self._issue(rank, (W.RUN, fn, args, [p.id for p in made]))
+            self._after(rank, 0)
+            return made
 
     def synchronize(self) -> None:
         """Waits until every worker has run every command sent so far."""
@@ -739,7 +752,9 @@ def _pickled(cmds: list) -> bytes:
             fixed.append(c)
         except Exception as e:  # noqa: BLE001 - kept on the outputs
             what = f"op {getattr(c[1], 'name', c[1])!r}" if c[0] == W.CALL else f"{c[1]}()"
-            outs = c[4] if c[0] == W.CALL else [c[4]]
+            if c[0] == W.RUN:
+                what = f"{getattr(c[1], '__qualname__', c[1])}()"
+            outs = W.made_by(c)
             err = TypeError(
                 f"{what} on process ranks: its arguments do not pickle "
                 f"({type(e).__name__}: {e}), and a worker process needs them pickled; use "

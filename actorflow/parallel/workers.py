@@ -7,7 +7,10 @@ order, in batches (``CALL``: an op through the eager interpreter, ``VIEW``, ``PU
 from the controlling process, ``SEND``/``RECV``: a part moved to or from another rank,
 ``DROP``: parts the controller no longer holds, ``COLLECT``: this rank's share of a
 collective, ``DEFINE``/``REPLAY``: a step program kept, then run over new inputs
-(``programs.py``), ``GET``/``META``/``PING``: the only commands answered). A reader thread takes
+(``programs.py``), ``RUN``: a function of a higher layer, pickled by reference, run with the
+rank's ``Executor`` (what it keeps there it keeps in ``Executor.kept``: a pipeline stage's
+module and the autograd graphs of its micro-batches, ``nn/pipeline_ranks.py``),
+``GET``/``META``/``PING``: the only commands answered). A reader thread takes
 what the other ranks send, on one pipe per rank, so that no rank's send waits for this
 one's work.
 
@@ -60,7 +63,7 @@ import numpy as np
 from ..tensor import views
 from ..tensor.meta import numel
 
-CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT, DEFINE, REPLAY = range(13)
+CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT, DEFINE, REPLAY, RUN = range(14)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
 # how long a RECV waits for its source, and the controller for an answer, before the ranks
 # are given up (AF_RANKS_WAIT_S in the environment: a longer wait for reads behind long
@@ -371,6 +374,7 @@ class Executor:
         self.parts: dict = {}
         self.poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
         self.ops: dict = {}
+        self.kept: dict = {}  # what RUN's functions keep on this rank, by their keys
 
     def op_of(self, ref: Any) -> Any:
         if isinstance(ref, str):
@@ -431,6 +435,15 @@ class Executor:
             self.fail([out_id], error_bytes(e))
         return None
 
+    def run_fn(self, cmd: tuple) -> None:
+        """``RUN``: ``fn(executor, *args, out_ids)``; an error it raises is kept on the
+        parts ``out_ids`` (which it makes: ``parts[i] = impl``)."""
+        _, fn, args, out_ids = cmd
+        try:
+            fn(self, *args, out_ids)
+        except BaseException as e:  # noqa: BLE001 - kept on the outputs
+            self.fail(out_ids, error_bytes(e))
+
     def drop(self, ids: Any) -> None:
         for i in ids:
             self.parts.pop(i, None)
@@ -462,6 +475,8 @@ class Executor:
             self.drop(cmd[1])
         elif kind == POISON:
             self.fail(cmd[1], cmd[2])
+        elif kind == RUN:
+            self.run_fn(cmd)
         else:
             return False
         return True
@@ -699,6 +714,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             fail(cmd[1], cmd[2])
         elif kind == COLLECT:
             collect(cmd)
+        elif kind == RUN:
+            ex.run_fn(cmd)
 
     programs: dict = {}  # a step program's id -> (its commands, the parts dropped after each)
 
@@ -776,6 +793,7 @@ NAMES = (
     "COLLECT",
     "DEFINE",
     "REPLAY",
+    "RUN",
 )
 
 
@@ -878,4 +896,6 @@ def made_by(cmd: tuple) -> list:
         return [cmd[2]]
     if kind == COLLECT:
         return [cmd[3]]
+    if kind == RUN:
+        return list(cmd[3])
     return []

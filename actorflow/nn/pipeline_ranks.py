@@ -1,0 +1,374 @@
+"""Pipeline stages that compute in a worker: a stage of ``nn.Graph(stages=...)`` whose
+parameters and buffers are global on a one-rank placement of held ranks (process ranks: a
+worker process; Ray ranks: a Ray actor) runs its forward and backward acts there as local
+eager autograd, one command each, instead of being driven op by op from this process.
+
+The two sides of one protocol, in one file:
+
+- This process (``RankStage``, one per such stage, kept by ``PipelineStep``): at a batch's
+  start ``begin()`` sends the stage's module to the worker when it is not there yet or
+  changed since (``define``: the module pickled with each parameter and buffer replaced by
+  the id of its part, so the worker's module computes on the very parts the global
+  tensors name: an optimizer's in-place update of a global parameter here is a write into
+  the worker module's parameter), and clears what the worker kept of the last batch
+  (``start``). A forward act puts the micro-batch's input rows, has the worker run the
+  module (``forward``) and reads the output back (one round trip); a backward act puts the
+  output's gradient, has the worker run the micro-batch's backward (``backward``: the
+  oldest graph it keeps, in piece order) and reads the input's gradient back; the act ends
+  once the worker wrote every gradient (a kernel's error there is the act's). After the
+  batch's last backward ``finish()`` makes each parameter's gradient, accumulated in the
+  worker over the micro-batches, the ``.grad`` of the global parameter here (a global
+  tensor over the worker's part: nothing copied), so the graph's optimizers step the
+  stage's parameters as they step any global parameter (their commands run in the worker
+  after the acts).
+- The worker (the functions ``RUN`` commands name, ``workers.Executor.run_fn``): what it
+  keeps of a stage (``_Kept``: its module, the autograd graphs of its micro-batches in
+  flight, their saved bytes and peak) in ``Executor.kept``.
+
+What the stage keeps for its backward lives in the worker; the registers here bound it as
+they bound a local stage's (the worker's count is checked against the piece order). The
+last stage's loss: its output is read back and ``build`` runs here (with autograd over a
+local copy of the output), and the gradient of that output is the worker's backward's
+input, so ``build`` may use anything of this process (a head module, the rest leaves).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import pickle
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..tensor.tensor import Tensor, wrap
+from .module import Module, Parameter, structure_version
+
+_keys = itertools.count(1)
+
+
+# -- the worker's side -------------------------------------------------------------------
+
+
+class _Kept:
+    """A stage as its worker keeps it."""
+
+    def __init__(self, module: Module, label: str, passes_on: bool) -> None:
+        self.module = module
+        self.label = label  # "stage i of n", for errors
+        self.passes_on = passes_on  # (not the last stage: its output is the next's input)
+        self.params = list(module.parameters())
+        self.exclude = {id(t._impl.blob) for t in self.params + list(module.buffers())}
+        self.fifo: deque = deque()  # (micro-batch, input, output, saved bytes)
+        self.held = 0
+        self.peak = 0
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, ex: Any) -> None:
+        super().__init__(io.BytesIO(data))
+        self.ex = ex
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, ref, param, requires_grad = pid
+        if kind == "part":
+            got = self.ex.inputs([ref])
+            if isinstance(got, bytes):  # (the part holds an error: raised as its own)
+                words, _, data = pickle.loads(got)
+                raise pickle.loads(data) if data else RuntimeError(words)
+            impl = got[0]
+            m = impl.meta  # (a view: the module's tensor on the part's storage, so the
+            #                commands writing the part in place write it, while autograd
+            #                marks the view alone)
+            t = wrap(impl.view(m.shape, m.strides, m.offset))
+        else:  # ("array", a local tensor's values)
+            from ..creation import from_numpy
+
+            t = from_numpy(np.array(ref))
+        if param:
+            return Parameter(t, requires_grad)
+        return t.requires_grad_() if requires_grad else t
+
+
+def _define(ex: Any, key: int, blob: bytes, label: str, passes_on: bool, outs: list) -> None:
+    try:
+        ex.kept[("stage", key)] = _Kept(_Unpickler(blob, ex).load(), label, passes_on)
+    except BaseException as e:  # noqa: BLE001 - raised by each of the stage's acts
+        ex.kept[("stage", key)] = e
+
+
+def _kept(ex: Any, key: int) -> _Kept:
+    """The stage ``key`` as the worker keeps it; the error its module's loading raised
+    (an import the worker could not make, a part holding an error) is raised again."""
+    st = ex.kept[("stage", key)]
+    if isinstance(st, BaseException):
+        raise st
+    return st
+
+
+def _forget(ex: Any, key: int, outs: list) -> None:
+    ex.kept.pop(("stage", key), None)
+
+
+def _start(ex: Any, key: int, outs: list) -> None:
+    st = ex.kept[("stage", key)]
+    if isinstance(st, BaseException):
+        return  # (raised by the acts)
+    st.fifo.clear()
+    st.held = st.peak = 0
+    for p in st.params:
+        p.grad = None
+
+
+def _contiguous(ex: Any, t: Tensor) -> Any:
+    """``t``'s impl, copied when it is not C-contiguous from offset 0 (the layout the
+    controller's parts assume)."""
+    impl = t._impl
+    m = impl.meta
+    if m.offset != 0 or m.strides != ex._strides(m.shape):
+        impl = ex.apply(ex.copy, [impl], {})[0]
+    return impl
+
+
+def _forward(ex: Any, key: int, mb: int, in_id: int, needs_grad: bool, outs: list) -> None:
+    from ..autograd import enable_grad
+
+    st = _kept(ex, key)
+    got = ex.inputs([in_id])
+    if isinstance(got, bytes):
+        return ex.fail(outs, got)
+    x = wrap(got[0])
+    if needs_grad:
+        x.requires_grad_()
+    with enable_grad():
+        out = st.module(x)
+    if not isinstance(out, Tensor) or (
+        st.passes_on and (out.ndim == 0 or out.shape[0] != x.shape[0])
+    ):
+        raise wrong_output(st.label, out, x.shape[0], st.passes_on)
+    nbytes = saved_bytes(out, st.exclude)
+    st.fifo.append((mb, x, out, nbytes))
+    st.held += nbytes
+    st.peak = max(st.peak, st.held)
+    ex.parts[outs[0]] = _contiguous(ex, out.detach())
+    return None
+
+
+def _backward(ex: Any, key: int, mb: int, grad_id: int, input_grad: bool, outs: list) -> None:
+    from ..autograd import enable_grad
+    from ..creation import from_numpy
+
+    st = _kept(ex, key)
+    held = st.fifo[0][0] if st.fifo else None
+    if held != mb:  # (registers keep piece order: by construction)
+        raise RuntimeError(
+            f"{st.label}: backward of micro-batch {mb}, but the oldest micro-batch it "
+            f"holds is {held}"
+        )
+    _, x, out, nbytes = st.fifo.popleft()
+    st.held -= nbytes
+    got = ex.inputs([grad_id])
+    if isinstance(got, bytes):
+        return ex.fail(outs, got)
+    if out.requires_grad:  # (else nothing before it needs a gradient)
+        with enable_grad():
+            out.backward(wrap(got[0]))
+    for p in st.params:  # (its kernels' errors are the act's, raised here)
+        if p.grad is not None:
+            ex.read(p.grad._impl, lambda a: None, "pipeline stage")
+    if not input_grad:  # (stage 0: an empty part, read to say the act is done)
+        ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
+    elif x.grad is None:  # (the output does not depend on the input)
+        ex.parts[outs[0]] = from_numpy(np.zeros(tuple(x.shape), x.dtype.np))._impl
+    else:
+        ex.parts[outs[0]] = _contiguous(ex, x.grad)
+    return None
+
+
+def _finish(ex: Any, key: int, outs: list) -> None:
+    """The gradients the batch accumulated become the parts ``outs[1:]`` (one per
+    parameter, in order; none for a parameter without one), and ``outs[0]`` an int64
+    array: the peak of saved bytes, then 1 or 0 per parameter (whether it has one)."""
+    from ..creation import from_numpy
+
+    st = _kept(ex, key)
+    has = []
+    for p, out in zip(st.params, outs[1:], strict=True):
+        if p.grad is None:
+            has.append(0)
+            continue
+        ex.parts[out] = _contiguous(ex, p.grad)
+        p.grad = None
+        has.append(1)
+    ex.parts[outs[0]] = from_numpy(np.array([st.peak, *has], np.int64))._impl
+
+
+def saved_bytes(out: Tensor, exclude: set) -> int:
+    """The bytes the autograd graph behind ``out`` saves for backward: each saved blob once,
+    those in ``exclude`` (ids: parameters, buffers) left out."""
+    ag = out._impl.ag
+    start = ag.grad_fn if ag is not None else None
+    seen_nodes: set = set()
+    seen_blobs: set = set()
+    total = 0
+    stack = [start] if start is not None else []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        blobs = [t.blob for t in (node.saved_in or ()) if t is not None]
+        blobs += [b for b, _ in (node.saved_out or ())]
+        for b in blobs:
+            if id(b) not in seen_blobs and id(b) not in exclude:
+                seen_blobs.add(id(b))
+                total += b.nbytes
+        for e in node.edges:
+            if e is not None and hasattr(e[0], "edges"):  # (a node; a leaf's Meta has none)
+                stack.append(e[0])
+    return total
+
+
+def wrong_output(label: str, out: Any, rows: int, passes_on: bool) -> TypeError:
+    """The error of a stage that returned ``out`` for a micro-batch of ``rows`` rows."""
+    if not passes_on:
+        return TypeError(
+            f"{label} returned {described(out)}; the last stage of a pipeline computing in a "
+            f"worker returns one tensor (build's input, read back into this process)"
+        )
+    return TypeError(
+        f"{label} returned {described(out)} for a micro-batch of {rows} "
+        f"{'row' if rows == 1 else 'rows'}; a stage that is "
+        f"not the last returns one tensor with the micro-batch's rows along dim 0 (the "
+        f"next stage's input)"
+    )
+
+
+def described(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+# -- this process's side -----------------------------------------------------------------
+
+
+class RankStage:
+    """Stage ``index`` of ``n``, ``module``, computing in the worker of ``ranks`` (held
+    ranks of a one-rank placement holding every parameter and buffer of the module)."""
+
+    def __init__(self, index: int, n: int, module: Module, ranks: Any) -> None:
+        self.index, self.n, self.module, self.ranks = index, n, module, ranks
+        self.key = next(_keys)
+        self._defined: Any = None  # what the worker's module was made from
+        self.peak_saved_bytes = 0
+
+    def _tensors(self) -> list:
+        m = self.module
+        return list(m.parameters()) + list(m.buffers())
+
+    def begin(self) -> None:
+        """Before a batch: the module defined in the worker (again, where it or the parts
+        of its tensors changed), what the worker kept of the last batch cleared."""
+        from ..parallel.interpreter import parts_of
+
+        tensors = self._tensors()
+        ids = tuple(parts_of(t._impl)[0].id for t in tensors)
+        modes = tuple(sub.training for sub in self.module.modules())
+        flags = tuple(t.requires_grad for t in tensors)
+        state = (self.ranks, structure_version[0], ids, modes, flags)
+        if state != self._defined:
+            self._defined = None
+            blob = self._pickled(dict(zip(map(id, tensors), ids, strict=True)))
+            label = f"stage {self.index} of {self.n}"
+            passes_on = self.index < self.n - 1
+            self.ranks.call_fn(0, _define, (self.key, blob, label, passes_on), ())
+            self._defined = state
+        self.ranks.call_fn(0, _start, (self.key,), ())
+
+    def _pickled(self, ids: dict) -> bytes:
+        buf = io.BytesIO()
+        where = f"stage {self.index} of {self.n} ({type(self.module).__name__})"
+
+        class Pickler(pickle.Pickler):
+            def persistent_id(self, obj: Any) -> Any:
+                if not isinstance(obj, Tensor):
+                    return None
+                param = isinstance(obj, Parameter)
+                i = ids.get(id(obj))
+                if i is not None:
+                    return ("part", i, param, obj.requires_grad)
+                if obj.is_global:
+                    raise TypeError(
+                        f"{where} holds a global tensor of shape {tuple(obj.shape)} on "
+                        f"{obj.placement!r} that is not one of its parameters or buffers; "
+                        f"a stage computing in a worker takes its own parameters and "
+                        f"buffers there only: make it a parameter or buffer of the stage"
+                    )
+                return ("array", obj.detach().numpy(), param, obj.requires_grad)
+
+        try:
+            Pickler(buf, protocol=5).dump(self.module)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise TypeError(
+                f"{where} is sent to its worker pickled, and it does not pickle "
+                f"({type(e).__name__}: {e}); keep the stage's module to what pickles "
+                f"(layers, and functions defined at a module's top level, no lambdas or "
+                f"hooks made inside functions), or keep the stage local"
+            ) from e
+        return buf.getvalue()
+
+    def forget(self) -> None:
+        """The worker drops its module (``close()``, or the graph let go of the stage)."""
+        if self._defined is not None and not self.ranks.closed:
+            self.ranks.call_fn(0, _forget, (self.key,), ())
+        self._defined = None
+
+    def _put(self, a: np.ndarray) -> Any:
+        from ..creation import from_numpy
+
+        return self.ranks.put(0, from_numpy(np.ascontiguousarray(a))._impl)
+
+    def _read(self, part: Any) -> np.ndarray:
+        from ..runtime_api import peek_array
+
+        return np.asarray(peek_array(wrap(self.ranks.get(0, part))))
+
+    def forward(self, mb: int, x: np.ndarray, dtype: Any) -> np.ndarray:
+        """Micro-batch ``mb``'s forward over the input rows ``x``: its output's values
+        (``dtype``: the output's), the autograd graph kept in the worker."""
+        part = self._put(x)
+        (out,) = self.ranks.call_fn(0, _forward, (self.key, mb, part.id, self.index > 0), (dtype,))
+        return self._read(out)
+
+    def backward(self, mb: int, grad: np.ndarray, dtype: Any) -> np.ndarray | None:
+        """Micro-batch ``mb``'s backward from its output's gradient ``grad``: the gradient
+        of its input (None for stage 0), once every gradient it writes is written."""
+        from ..dtype import float32
+
+        part = self._put(grad)
+        first = self.index == 0
+        (out,) = self.ranks.call_fn(
+            0, _backward, (self.key, mb, part.id, not first), (float32 if first else dtype,)
+        )
+        got = self._read(out)
+        return None if first else got
+
+    def finish(self) -> None:
+        """After the batch's last backward: each parameter's accumulated gradient made the
+        ``.grad`` of the global parameter here (or None, where the batch gave it none),
+        and the worker's peak of saved bytes read."""
+        from ..dtype import int64
+        from ..parallel.interpreter import make
+        from ..sbp import broadcast
+
+        params = list(self.module.parameters())
+        info, *grads = self.ranks.call_fn(
+            0, _finish, (self.key,), (int64, *(p.dtype for p in params))
+        )
+        got = self._read(info)
+        self.peak_saved_bytes = int(got[0])
+        for p, part, has in zip(params, grads, got[1:], strict=True):
+            if has:
+                p.grad = wrap(make(self.ranks, [part], tuple(p.shape), p.dtype, broadcast))
