@@ -316,8 +316,80 @@ def test_an_answer_given_up_on_is_skipped():
             ranks._flush()
         assert np.array_equal(ranks.get(0, part).array(), data((300, 100)))
         ranks.synchronize()
-        assert not memfds(ranks.pids[0]) and not memfds(ranks.pids[1]) and not memfds("self")
+        # (a part's memfd: none left; the channels between this process and each worker,
+        # one each way, mapped once by both, are kept)
+        for pid in ranks.pids:
+            fds = memfds(pid)
+            assert all("actorflow-channel" in f for f in fds) and len(fds) <= 2, fds
+        assert all("actorflow-channel" in f for f in memfds("self"))  # (every group's)
         assert big.numpy().sum() == data((300, 100)).sum()  # (big still alive)
+
+
+def test_puts_and_gets_through_the_channels_keep_every_byte():
+    """Parts between INLINE and CHANNEL_MAX bytes go through each worker's channels: many
+    puts in a row without a wait (the ring wraps around, fills up while the worker is
+    behind and those parts go in memfds of their own), a part larger than the ring (a new,
+    larger one), one past CHANNEL_MAX (a memfd), dtypes of every width; every byte comes back,
+    and each worker maps at most one channel each way."""
+    from actorflow.creation import from_numpy
+
+    rng = np.random.default_rng(5)
+    with use_ranks("processes"):
+        ranks = ProcessRanks(af.placement("cpu", ranks=[7]), threads=1)
+        try:
+            sizes = [W.INLINE // 4 + 1, 200_000, 70_001, 300_000] * 6 + [3_000_000, 90_000]
+            arrays = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+            arrays += [
+                rng.integers(-(2**40), 2**40, 50_000),  # int64
+                rng.standard_normal(300_001).astype(np.float16),
+                rng.standard_normal(30_001),  # float64
+                rng.standard_normal(40_000) > 0,  # bool
+                rng.standard_normal((5, W.CHANNEL_MAX // 20 + 1)).astype(np.float32),
+            ]
+            parts = [ranks.put(0, from_numpy(a)._impl) for a in arrays]
+            for a, p in zip(arrays, parts, strict=True):
+                got = ranks.read(0, p)
+                assert got.dtype == a.dtype and got.shape == a.shape
+                assert got.tobytes() == a.tobytes()
+                assert ranks.get(0, p).array().tobytes() == a.tobytes()
+            assert ranks._downs[0].gen >= 2 and ranks._ups[0].gen >= 2  # (grown)
+            ranks.synchronize()
+            fds = memfds(ranks.pids[0])
+            assert all("actorflow-channel" in f for f in fds) and len(fds) <= 2, fds
+        finally:
+            ranks.close()
+    assert ranks._downs == [None] and ranks._ups == [None]
+
+
+def test_a_channel_ring_places_parts_where_the_worker_consumed():
+    """The ring down to a worker (1024 bytes here) writes a part only over bytes the worker
+    consumed (its count covers every lap), never cut in two at the end."""
+    ch = W.Channel(W.HEADER + 1024, 1)
+    h = W.HEADER
+    try:
+        assert ch.place(300) == (h, 320)  # (in 64-byte steps)
+        assert ch.place(300) == (h + 320, 640)
+        assert ch.place(400) is None  # (from the start: over parts not consumed)
+        ch.consumed[0] = 320
+        assert ch.place(400) is None  # (the second part not consumed yet)
+        ch.consumed[0] = 640
+        assert ch.place(400) == (h, 1024 + 448)  # (the tail skipped)
+        assert ch.place(64) == (h + 448, 1024 + 512)
+        assert ch.place(2000) is None  # (larger than the ring)
+        assert ch.place(600) is None  # (the parts at 0..512 not consumed)
+        ch.consumed[0] = 1024 + 448
+        assert ch.place(600) is None
+        ch.consumed[0] = 1024 + 512
+        assert ch.place(600) == (h, 2048 + 640)  # (over the skipped tail: no part there)
+        # (over the previous lap's skipped tail, but the count passes the tail only with
+        # the part after it: a part here waits for that one; meanwhile a memfd of its own)
+        assert ch.place(384) is None
+        ch.consumed[0] = 2048 + 640
+        assert ch.place(384) == (h + 640, 2048 + 1024)
+        assert ch.place(64) == (h, 3072 + 64)  # (over the consumed part at 0..640)
+        assert ch.place(640) is None  # (over the part at 640..1024: not consumed)
+    finally:
+        ch.close()
 
 
 def test_part_metas_are_the_workers():
@@ -423,10 +495,12 @@ def test_workers_hold_no_named_shared_memory_and_no_leaked_descriptors():
         for pid in ranks.pids:  # its map of every other rank's, reused by every collective)
             maps = open(f"/proc/{pid}/maps").read().splitlines()
             shared = [m for m in maps if "/dev/shm/" in m or "memfd:" in m]
-            assert all("memfd:actorflow-collective" in m for m in shared), shared
-            assert len({m.split()[4] for m in shared}) <= kept  # (by inode)
+            kinds = ("memfd:actorflow-collective", "memfd:actorflow-channel")
+            assert all(any(k in m for k in kinds) for m in shared), shared
+            assert len({m.split()[4] for m in shared}) <= kept + 2  # (by inode; + channels)
             fds = memfds(pid)
-            assert all("actorflow-collective" in f for f in fds) and len(fds) <= kept, fds
+            assert all(any(k in f for k in kinds) for f in fds), fds
+            assert len(fds) <= kept + 2, fds
 
 
 def test_a_killed_worker_is_an_actor_error_naming_the_rank():

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ..parallel.workers import adopt
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, Parameter, structure_version
 
@@ -331,9 +332,13 @@ class RankStage:
         return self.ranks.put(0, from_numpy(np.ascontiguousarray(a))._impl)
 
     def _read(self, part: Any) -> np.ndarray:
-        from ..runtime_api import peek_array
+        """The part's values (no tensor made here: an array freed as soon as dropped)."""
+        a = self.ranks.read(0, part)
+        if a.dtype != part.dtype.np:  # (a dtype stored as another: its values)
+            from ..runtime_api import peek_array
 
-        return np.asarray(peek_array(wrap(self.ranks.get(0, part))))
+            return np.asarray(peek_array(wrap(adopt(a, part.dtype))))
+        return a
 
     def forward(self, mb: int, x: np.ndarray, dtype: Any) -> np.ndarray:
         """Micro-batch ``mb``'s forward over the input rows ``x``: its output's values

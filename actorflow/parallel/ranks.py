@@ -396,6 +396,14 @@ class HeldRanks(Ranks):
             self._after(rank, 0)
             return made
 
+    def read(self, rank: int, part: Any) -> np.ndarray:
+        """The part's values as a writable host array of its storage dtype (C-contiguous),
+        once its work is done there (its error raised here)."""
+        raise NotImplementedError
+
+    def get(self, rank: int, part: Any) -> Any:
+        return W.adopt(self.read(rank, part), part.dtype)
+
     def synchronize(self) -> None:
         """Waits until every worker has run every command sent so far."""
         with self._lock:
@@ -436,6 +444,8 @@ class ProcessRanks(HeldRanks):
         self._payloads: list = [[] for _ in range(k)]
         self._put: tuple = (None, None, -2)  # the tensor put last, its payload, the rank
         self._fds: list = []  # memfds of puts, closed once sent
+        self._downs: list = [None] * k  # per worker, the channel down to it (W.Channel)
+        self._ups: list = [None] * k  # and its channel up, mapped here
         self._asked = 0  # requests made (answers carry their number)
         self.sent = 0  # bytes down the pipes
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
@@ -511,6 +521,11 @@ class ProcessRanks(HeldRanks):
     def _stop(self) -> None:
         self._unput()
         self._close_fds()
+        for ch in self._downs + self._ups:
+            if ch is not None:
+                ch.close()
+        self._downs = [None] * self.size
+        self._ups = [None] * self.size
         self._finalizer()
 
     # -- commands --------------------------------------------------------------------------
@@ -584,13 +599,20 @@ class ProcessRanks(HeldRanks):
                 break
             if got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
                 os.close(recv_handle(w.conn))
+            elif got[0] == "up" and got[-1]:  # (and a new channel up: mapped)
+                self._map_up(rank, tuple(got))
         reply = tuple(got)
         if reply[0] == "error":
             self._raise(reply[1])
-        if raw:  # a part: in the answer, or a memfd sent after it
+        if raw:  # a part: in the answer, in the channel up, or a memfd sent after it
             if reply[0] == "data":
                 a = reply[1]
                 return reply[:1] + (a if a.flags.writeable else a.copy(),)
+            if reply[0] == "up":
+                _, dt, shape, _, _, new = reply
+                if new:
+                    self._map_up(rank, reply)
+                return reply + (self._ups[rank].read(W.HEADER, dt, shape),)
             _, dt, shape, n = reply
             try:
                 fd = recv_handle(w.conn)
@@ -598,6 +620,17 @@ class ProcessRanks(HeldRanks):
                 self._died(rank)
             return reply + (W.mapped_part(fd, n, dt, shape),)
         return reply
+
+    def _map_up(self, rank: int, reply: tuple) -> None:
+        """Maps the worker's new channel up, whose descriptor follows its answer."""
+        try:
+            fd = recv_handle(self._workers[rank].conn)
+        except (OSError, EOFError):
+            self._died(rank)
+        old = self._ups[rank]
+        if old is not None:
+            old.close()
+        self._ups[rank] = W.Channel.mapped(fd, reply[4], reply[3])
 
     def _recv(self, rank: int) -> tuple:
         w = self._workers[rank]
@@ -627,12 +660,17 @@ class ProcessRanks(HeldRanks):
             return out
 
     def put(self, rank: int, impl: Any) -> Any:
-        """Small tensors go down the pipe; larger ones are written once into a memfd whose
-        descriptor goes to every rank they are put on."""
+        """Small tensors go down the pipe; larger ones through the worker's channel down
+        (``W.Channel``), or, where it is full or they are larger than ``W.CHANNEL_MAX``,
+        written once into a memfd whose descriptor goes to every rank they are put on."""
         with self._lock:
             self._live()
             m = impl.meta
             nbytes = _nbytes(m)
+            if W.INLINE < nbytes <= W.CHANNEL_MAX:
+                out = self._put_down(rank, impl, nbytes)
+                if out is not None:
+                    return out
             held, payload, last = self._put
             if held is not impl or rank != last + 1:  # (read once for the ranks in turn)
                 self._unput()
@@ -646,15 +684,47 @@ class ProcessRanks(HeldRanks):
             if rank == self.size - 1:
                 self._unput()
             out = self._part(rank, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
-            in_fd = nbytes > W.INLINE
-            self._issue(rank, (W.PUT, out.id, m.dtype, tuple(m.shape), nbytes, in_fd), payload)
+            in_fd = int(nbytes > W.INLINE)
+            cmd = (W.PUT, out.id, m.dtype, tuple(m.shape), nbytes, in_fd, None)
+            self._issue(rank, cmd, payload)
             self._after(rank, nbytes)
             return out
 
-    def get(self, rank: int, part: Any) -> Any:
+    def _put_down(self, rank: int, impl: Any, nbytes: int) -> Any:
+        """``put`` through the worker's channel down: None where the worker has not
+        consumed enough of it yet (the caller puts it in a memfd of its own)."""
+        ch = self._downs[rank]
+        where = ch.place(nbytes) if ch is not None else None
+        if where is None:
+            if ch is not None and 4 * nbytes <= ch.cap - W.HEADER:
+                return None  # (the worker is behind)
+            new = W.Channel(W.channel_size(nbytes, ch), 1 if ch is None else ch.gen + 1)
+            if ch is not None:
+                ch.close()  # (the worker keeps its map until a PUT names the new one)
+            ch = self._downs[rank] = new
+            where = ch.place(nbytes)
+            assert where is not None
+        self._unput()
+        start, end = where
+        src = impl if impl.blob.backend.host_memory else transfer(impl, device("cpu"))
+        read(src, lambda a: ch.write(a, start), "to_global")
+        fd = ch.descriptor()
+        payload = None
+        if fd is not None:
+            self._fds.append(fd)  # (closed once sent)
+            payload = ("fd", fd)
+        m = impl.meta
+        out = self._part(rank, contiguous_meta(m.shape, m.dtype, self._dev), m.dtype)
+        where = (ch.gen, ch.cap, start, end)
+        cmd = (W.PUT, out.id, m.dtype, tuple(m.shape), nbytes, 2 if fd is None else 3, where)
+        self._issue(rank, cmd, payload)
+        self._after(rank, nbytes)
+        return out
+
+    def read(self, rank: int, part: Any) -> np.ndarray:
         with self._lock:
             self._live()
-            return W.adopt(self._request(rank, (W.GET, part.id), raw=True)[-1], part.dtype)
+            return self._request(rank, (W.GET, part.id), raw=True)[-1]
 
     # -- collectives (boxing calls them where a Ranks has them) ---------------------------
 

@@ -457,8 +457,8 @@ class RayRanks(HeldRanks):
             self._after(rank, nbytes)
             return out
 
-    def get(self, rank: int, part: Any) -> Any:
+    def read(self, rank: int, part: Any) -> np.ndarray:
         with self._lock:
             self._live()
             a = self._request(rank, (W.GET, part.id))[1]
-            return W.adopt(a if a.flags.writeable else a.copy(), part.dtype)
+            return a if a.flags.writeable else a.copy()

@@ -65,6 +65,10 @@ from ..tensor.meta import numel
 
 CALL, VIEW, PUT, SEND, RECV, DROP, GET, META, PING, POISON, COLLECT, DEFINE, REPLAY, RUN = range(14)
 INLINE = 1 << 16  # parts up to this many bytes move inside the message, larger in a memfd
+# parts between the controller and a worker up to this many bytes go through a buffer kept
+# for it (``Channel``), larger ones in a memfd of their own
+CHANNEL_MAX = 16 << 20
+HEADER = 64  # a channel's first bytes: what the worker has consumed of it (int64)
 # how long a RECV waits for its source, and the controller for an answer, before the ranks
 # are given up (AF_RANKS_WAIT_S in the environment: a longer wait for reads behind long
 # queued work)
@@ -156,6 +160,94 @@ def write_into(read: Any, impl: Any, nbytes: int) -> tuple[int, str, tuple]:
         os.close(fd)
         raise
     return fd, dt, shape
+
+
+class Channel:
+    """A shared memory buffer kept between the controller and one worker, mapped once by
+    both (no fresh file, no page faults, no copy on write per part): the parts up to
+    ``CHANNEL_MAX`` bytes that the controller puts on the worker (``down``) or reads from
+    it (``up``) are copied through it, once on each side. ``gen`` numbers the buffers of a
+    direction (a larger one is made when a part does not fit; the reader maps it when told
+    its number with the descriptor).
+
+    Down (the controller writes): a ring. The worker copies each PUT's bytes out when it
+    runs the PUT and then writes, in the header, the ring position it consumed up to; the
+    controller writes a part only where every byte it overwrites was consumed (else the
+    part goes in a memfd of its own), so it never waits for the worker. Up (the worker
+    writes): one part at a time: a GET's answer is written at the start and copied out by
+    the controller before it sends anything more to that worker (a request holds the ranks'
+    lock until its answer is copied)."""
+
+    def __init__(self, cap: int, gen: int) -> None:
+        self.cap, self.gen = cap, gen
+        self.fd, self.mm = memfd_of(cap, "actorflow-channel")
+        self.produced = 0  # (down) ring bytes handed out, a count that only grows
+        self.consumed = np.frombuffer(self.mm, np.int64, 1, 0)  # (down) the worker's count
+        self.fresh = True  # its descriptor not sent yet
+
+    @classmethod
+    def mapped(cls, fd: int, cap: int, gen: int) -> Channel:
+        """The other side's map of a channel whose descriptor came down the pipe."""
+        self = cls.__new__(cls)
+        self.cap, self.gen, self.fd = cap, gen, -1
+        try:
+            self.mm = mmap.mmap(fd, cap, flags=mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        self.produced, self.fresh = 0, False
+        self.consumed = np.frombuffer(self.mm, np.int64, 1, 0)
+        return self
+
+    def place(self, nbytes: int) -> tuple | None:
+        """(down) Where a part of ``nbytes`` goes: ``(start, end)``, the byte offset of its
+        bytes and the count the worker writes once it copied them out; None where the
+        ring holds bytes not consumed yet there."""
+        area = self.cap - HEADER
+        size = -(-nbytes // 64) * 64
+        pos = self.produced % area
+        skip = area - pos if pos + size > area else 0  # (a part is never cut in two)
+        start = self.produced + skip  # (counted as the worker counts: bytes of every lap)
+        end = start + size
+        # the bytes it overwrites (those of one lap before) must be consumed, but for those
+        # of the tail it skips now, which hold no part (a tail skipped a lap before counts
+        # as consumed once the part after it is: conservative)
+        if size > area or int(self.consumed[0]) < min(end - area, self.produced):
+            return None
+        self.produced = end
+        return (HEADER + start % area, end)
+
+    def write(self, a: np.ndarray, start: int) -> None:
+        np.copyto(np.ndarray(a.shape, a.dtype, buffer=self.mm, offset=start), a)
+
+    def read(self, start: int, dt: Any, shape: tuple) -> np.ndarray:
+        """A copy of the part at ``start`` (the buffer is written again later)."""
+        return np.ndarray(shape, np.dtype(dt), buffer=self.mm, offset=start).copy()
+
+    def descriptor(self) -> int | None:
+        """Its descriptor, the first time (to be sent with the part that uses it; the caller
+        closes it once sent), else None."""
+        if not self.fresh:
+            return None
+        self.fresh = False
+        fd, self.fd = self.fd, -1
+        return fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.consumed = None  # (its view of the map, before the map closes)
+        try:
+            self.mm.close()
+        except BufferError:  # (a view still open: closed when collected)
+            pass
+
+
+def channel_size(nbytes: int, old: Channel | None) -> int:
+    """The size of a new channel for a part of ``nbytes`` (room for 4 of them, at least
+    twice the old one)."""
+    want = HEADER + 4 * (-(-nbytes // 64) * 64)
+    return max(want, 2 * old.cap if old is not None else 1 << 20)
 
 
 def _libc_mmap() -> Any:
@@ -329,8 +421,10 @@ def _batch(conn) -> list | None:
     out = []
     for cmd in batch:
         if cmd[0] == PUT:
-            if cmd[5]:  # (in a memfd: its descriptor)
+            if cmd[5] in (1, 3):  # (in a memfd, or a channel new to it: its descriptor)
                 cmd = cmd + (recv_handle(conn),)
+            elif cmd[5] == 2:  # (in the channel)
+                cmd = cmd + (None,)
             else:
                 buf = bytearray(cmd[4])
                 if cmd[4]:
@@ -499,6 +593,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
     trace = _tracer(rank)
     seen: dict = {}  # (rank, slot) -> (generation, the map) of other ranks' outboxes
 
+    down: list = [None]  # the controller's channel to this worker (Channel)
+    up: list = [None]  # this worker's channel to the controller
     sent: dict = {}  # id -> [memfd, dtype, shape, sends left] of a part being sent to
     # the other ranks: written once, mapped by each; closed after the last
 
@@ -630,8 +726,19 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
         elif kind == VIEW:
             ex.view(cmd)
         elif kind == PUT:
-            _, out_id, dtype, shape, nbytes, in_fd, buf = cmd
-            if in_fd:  # (one file for every rank it is put on)
+            _, out_id, dtype, shape, nbytes, how, where, buf = cmd
+            if how >= 2:  # (through the channel down)
+                gen, cap, start, end = where
+                if down[0] is None or down[0].gen != gen:
+                    if down[0] is not None:
+                        down[0].close()
+                    down[0] = Channel.mapped(buf, cap, gen)
+                ch = down[0]
+                try:
+                    arr = ch.read(start, dtype.np, shape)
+                finally:
+                    ch.consumed[0] = end  # (those bytes may be written again)
+            elif how:  # (one file for every rank it is put on)
                 arr = mapped_part(buf, nbytes, dtype.np, shape)
             else:
                 arr = np.frombuffer(buf, dtype.np).reshape(shape)
@@ -691,12 +798,34 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
             impl = ins[0]
             try:
                 nbytes = _nbytes(impl)
-                if nbytes > INLINE:
+                if INLINE < nbytes <= CHANNEL_MAX:  # (through the channel up)
+                    ch = up[0]
+                    if ch is None or ch.cap - HEADER < nbytes:
+                        if ch is not None:
+                            ch.close()
+                        gen = 1 if ch is None else ch.gen + 1
+                        ch = up[0] = Channel(channel_size(nbytes, ch), gen)
+
+                    def write(a: np.ndarray) -> tuple:
+                        ch.write(a, HEADER)
+                        return a.dtype.str, tuple(a.shape)
+
+                    dt, shape = read(impl, write, "process ranks")
+                elif nbytes > INLINE:
                     fd, dt, shape = write_into(read, impl, nbytes)
                 else:
                     a = host_array(impl)
             except BaseException as e:  # noqa: BLE001 - answered
                 return answer(("error", error_bytes(e)))
+            if INLINE < nbytes <= CHANNEL_MAX:
+                fd = ch.descriptor()
+                answer(("up", dt, shape, ch.gen, ch.cap, fd is not None))
+                if fd is not None:
+                    try:
+                        send_handle(conn, fd, 0)
+                    finally:
+                        os.close(fd)
+                return
             if nbytes > INLINE:
                 try:
                     answer(("fd", dt, shape, nbytes))
