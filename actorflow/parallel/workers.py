@@ -182,7 +182,8 @@ class Channel:
         self.cap, self.gen = cap, gen
         self.fd, self.mm = memfd_of(cap, "actorflow-channel")
         self.produced = 0  # (down) ring bytes handed out, a count that only grows
-        self.consumed = np.frombuffer(self.mm, np.int64, 1, 0)  # (down) the worker's count
+        # (down) the worker's count
+        self.consumed: Any = np.frombuffer(self.mm, np.int64, 1, 0)
         self.fresh = True  # its descriptor not sent yet
 
     @classmethod
