@@ -56,7 +56,7 @@ first layer computes no input gradient and is 1.5x wider):
 actorflow's pipeline rows: ``actorflow pipeline, 2 stages, m=M`` is ``nn.Graph(stages=[...],
 micro_batches=M)`` with its stages on threads of this process (one interpreter lock);
 ``actorflow pipeline on process ranks, 2 stages, m=M`` the same graph with
-``stage_processes=True``: each stage in a worker process of its own (a one-rank placement
+``stage_ranks="processes"``: each stage in a worker process of its own (a one-rank placement
 under process ranks, one BLAS thread each on 2 cores), the stage threads here issuing
 commands and waiting; every activation and gradient goes through this process (put to the
 next stage's worker, got back from the previous one's: a copy each way per micro-batch).
@@ -972,7 +972,7 @@ def actorflow_pipeline(ctx: Context, m: int) -> harness.Contender:
 
 def actorflow_pipeline_processes(ctx: Context, m: int) -> harness.Contender:
     """actorflow's pipeline graph, 2 stages each in a worker process of its own
-    (``stage_processes=True``: each stage global on a one-rank placement under process
+    (``stage_ranks="processes"``: each stage global on a one-rank placement under process
     ranks), ``m`` micro-batches: the stage threads here only issue commands and wait."""
     af = _af()
     nn = af.nn
@@ -982,7 +982,7 @@ def actorflow_pipeline_processes(ctx: Context, m: int) -> harness.Contender:
 
     class Pipe(nn.Graph):
         def __init__(self):
-            super().__init__(stages=stages, micro_batches=m, stage_processes=True)
+            super().__init__(stages=stages, micro_batches=m, stage_ranks="processes")
             self.loss = nn.CrossEntropyLoss()
             self.add_optimizer(opt)
 
@@ -1017,7 +1017,7 @@ def actorflow_pipeline_processes(ctx: Context, m: int) -> harness.Contender:
         threads_per_rank=ctx.args.threads,
         micro_batches=m,
         note=(
-            f"nn.Graph(stages=[...], micro_batches={m}, stage_processes=True): each stage "
+            f"nn.Graph(stages=[...], micro_batches={m}, stage_ranks='processes'): each stage "
             f"in a worker process (a one-rank placement of its own); the stage threads "
             f"here put each activation and gradient and get each output back (one copy "
             f"each way per micro-batch through this process)"

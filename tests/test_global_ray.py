@@ -280,8 +280,8 @@ def test_graph_step_over_global_parameters():
 
 
 class Pipe(nn.Graph):
-    def __init__(self, stages, opt, micro_batches):
-        super().__init__(stages=stages, micro_batches=micro_batches)
+    def __init__(self, stages, opt, micro_batches, **kw):
+        super().__init__(stages=stages, micro_batches=micro_batches, **kw)
         self.loss = nn.CrossEntropyLoss()
         self.add_optimizer(opt)
 
@@ -289,7 +289,8 @@ class Pipe(nn.Graph):
         return self.loss(out, y)
 
 
-def test_pipeline_stages_on_ray_ranks_train_as_one_process():
+@pytest.mark.parametrize("how", ["to_global", "stage_ranks"])
+def test_pipeline_stages_on_ray_ranks_train_as_one_process(how):
     """Each stage global on a one-rank placement of Ray ranks computes in its Ray actor (its
     acts one command each there) and trains as the same pipeline on this process's threads,
     each stage holding no more micro-batches than its registers."""
@@ -297,11 +298,14 @@ def test_pipeline_stages_on_ray_ranks_train_as_one_process():
     def train(kind):
         full = _mlp()
         stages = [nn.Sequential(full[0], full[1]), full[2]]
-        if kind is not None:
+        kw = {}
+        if kind is not None and how == "stage_ranks":
+            kw["stage_ranks"] = kind
+        elif kind is not None:
             with use_ranks(kind):
                 for i, s in enumerate(stages):
                     s.to_global(af.placement("cpu", ranks=[i]))
-        g = Pipe(stages, af.optim.SGD(full.parameters(), lr=0.1, momentum=0.9), 4)
+        g = Pipe(stages, af.optim.SGD(full.parameters(), lr=0.1, momentum=0.9), 4, **kw)
         losses = [float(v) for v in g.run(_batches(batch=12))]
         return g, losses, [q.numpy() for q in full.parameters()]
 
@@ -313,8 +317,15 @@ def test_pipeline_stages_on_ray_ranks_train_as_one_process():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(params, mine, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-    for r in g.pipelined.ranks:
-        r.close()
+    if how == "stage_ranks":
+        g.pipelined.close()  # (the stages back here, with their values; the actors ended)
+        assert not any(q.is_global for s in g.pipelined.stages for q in s.parameters())
+        got = [q.numpy() for s in g.pipelined.stages for q in s.parameters()]
+        for a, b in zip(params, got, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    else:
+        for r in g.pipelined.ranks:
+            r.close()
 
 
 def test_an_actor_error_is_raised_at_the_read_and_the_ranks_go_on():

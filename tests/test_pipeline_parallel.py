@@ -545,7 +545,7 @@ processes = pytest.mark.timeout(60)
 
 def on_process_ranks(stages, which=None):
     """Each stage in ``which`` (default all) made global on a one-rank placement of its
-    own under process ranks: the recipe ``stage_processes=True`` follows."""
+    own under process ranks: the recipe ``stage_ranks="processes"`` follows."""
     with af.parallel.use_ranks("processes"):
         for i, s in enumerate(stages):
             if which is None or i in which:
@@ -577,15 +577,15 @@ def ended(pids):
 
 
 @processes
-@pytest.mark.parametrize("how", ["stage_processes", "to_global", "only the last"])
+@pytest.mark.parametrize("how", ["stage_ranks", "to_global", "only the last"])
 def test_stages_on_process_ranks_train_as_one_process(how):
     batches = data(3)
     ref = stages_of(2)
     want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1, momentum=0.9), batches)
     stages = stages_of(2)
     kw = {}
-    if how == "stage_processes":
-        kw["stage_processes"] = True
+    if how == "stage_ranks":
+        kw["stage_ranks"] = "processes"
     else:
         on_process_ranks(stages, None if how == "to_global" else {1})
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1, momentum=0.9), micro_batches=4, **kw)
@@ -607,14 +607,14 @@ def test_stages_on_process_ranks_train_as_one_process(how):
         pids = [pid for r in held for pid in r.pids]
         assert len(set(pids)) == len(held) and all(pid is not None for pid in pids)
     finally:
-        if how == "stage_processes":
+        if how == "stage_ranks":
             g.pipelined.close()  # the stages back here, their workers ended
         else:
             for r in ranks:
                 if r is not None:
                     r.close()
     assert ended(pids)
-    if how == "stage_processes":
+    if how == "stage_ranks":
         assert not any(p.is_global for p in params_of(stages))
         for a, b in zip(params_of(ref), params_of(stages), strict=True):
             np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
@@ -643,7 +643,7 @@ def test_single_rank_stages_on_inline_ranks_train_as_one_process():
 @pytest.mark.parametrize("n,m", [(2, 4), (3, 4)])
 def test_stages_on_process_ranks_keep_1f1b(n, m):
     stages = stages_of(n)
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m, stage_processes=True)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=m, stage_ranks="processes")
     try:
         seeded_batch(g, 0)
         got = per_stage(g.pipelined.acts, n)
@@ -685,7 +685,7 @@ def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
     stages = stages_of(2)
     bad = GathersBadly(at=2)
     stages[0] = nn.Sequential(stages[0], bad)
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_processes=True)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes")
     try:
         before = [p.numpy().copy() for p in params_of(stages)]
         (x, y), later = data(2)
@@ -711,7 +711,7 @@ def test_a_stages_worker_killed_is_the_stages_actor_error():
     import signal
 
     stages = stages_of(2)
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
     try:
         assert np.isfinite(float(g.step(*data(1)[0])))
         ranks = workers_of(stages)
@@ -741,11 +741,11 @@ def test_global_stages_other_than_one_rank_each_are_refused():
     stages = stages_of(2)
     with pytest.raises(ValueError, match="stage 1 is global already"):
         stages[1].to_global(af.placement("cpu", ranks=[5]))
-        Pipe(stages, micro_batches=2, stage_processes=True)
-    with pytest.raises(TypeError, match="stage_processes='yes'"):
-        Pipe(stages_of(2), micro_batches=2, stage_processes="yes")
-    with pytest.raises(ValueError, match="stage_processes=True"):
-        nn.Graph(stage_processes=True)
+        Pipe(stages, micro_batches=2, stage_ranks="processes")
+    with pytest.raises(ValueError, match="stage_ranks='yes'"):
+        Pipe(stages_of(2), micro_batches=2, stage_ranks="yes")
+    with pytest.raises(ValueError, match="stage_ranks='processes'"):
+        nn.Graph(stage_ranks="processes")
 
 
 def issued_to(ranks_list, record):
@@ -821,7 +821,7 @@ def test_stages_in_workers_follow_the_modules_changes_between_batches():
     batches = data(4)
     ref, stages = stages_of(2), stages_of(2)
     ref_opt = optim.SGD(params_of(ref), lr=0.1)
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
     fresh = stages_of(2, seed=5)
 
     def change(k, s):
@@ -869,7 +869,7 @@ def test_eval_mode_reaches_the_worker_and_attributes_it_changes_stay_there():
     stages = stages_of(2)
     c = Counts()
     stages[1] = nn.Sequential(stages[1], c)
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
     try:
         g.step(*data(1)[0])
         assert c.calls == 0  # the forward ran on the worker's copy
@@ -907,7 +907,7 @@ def test_a_head_in_build_and_saved_bytes_with_stages_in_workers():
         af.manual_seed(3)
         head = nn.Linear(WIDTHS[-1], 2)
         opt = optim.Adam(params_of(stages) + list(head.parameters()), lr=1e-2)
-        g = Head(stages, head, opt, micro_batches=4, stage_processes=procs)
+        g = Head(stages, head, opt, micro_batches=4, stage_ranks="processes" if procs else None)
         try:
             losses = [float(g.step(x, y)) for _ in range(2)]
             runs[procs] = (
@@ -938,7 +938,7 @@ class Unpicklable(nn.Module):
 def test_a_stage_that_does_not_pickle_is_refused_with_what_to_do():
     stages = stages_of(2)
     stages[1] = nn.Sequential(stages[1], Unpicklable())
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_processes=True)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
     try:
         with pytest.raises(TypeError, match=r"stage 1 of 2 \(Sequential\) .* does not pickle"):
             g.step(*data(1)[0])
@@ -946,3 +946,43 @@ def test_a_stage_that_does_not_pickle_is_refused_with_what_to_do():
         assert np.isfinite(float(g.step(*data(1)[0])))
     finally:
         g.pipelined.close()
+
+
+class LoadsOnlyHere(nn.Module):
+    """A module whose unpickling fails (in the worker: it is pickled here only)."""
+
+    def forward(self, x):
+        return x
+
+    def __setstate__(self, state):
+        raise RuntimeError("LoadsOnlyHere cannot be loaded in a worker")
+
+
+@processes
+def test_a_stage_its_worker_cannot_load_is_the_stages_actor_error_and_the_worker_forgets():
+    stages = stages_of(2)
+    stages[1] = nn.Sequential(stages[1], LoadsOnlyHere())
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
+    try:
+        with pytest.raises(ActorError, match="cannot be loaded in a worker") as e:
+            g.step(*data(1)[0])
+        assert e.value.actor.startswith("stage1."), e.value.actor
+        stages[1][1] = nn.Identity()  # (the module changed: sent again, and loads)
+        assert np.isfinite(float(g.step(*data(1)[0])))
+        w = g.pipelined._workers[1]
+        key, ranks = w.key, w.ranks
+        kept = ranks.call_fn(0, kept_keys, (), (af.int64,))[0]
+        assert key in ranks.read(0, kept).tolist()  # the stage is kept under its marker
+        w.forget()  # (its marker's handle dropped: the worker forgets the module)
+        ranks.synchronize()
+        kept = ranks.call_fn(0, kept_keys, (), (af.int64,))[0]
+        assert key not in ranks.read(0, kept).tolist()
+    finally:
+        g.pipelined.close()
+
+
+def kept_keys(ex, outs):
+    """(Run in a worker) the ids its RUNs keep things under, as an int64 part."""
+    from actorflow.creation import from_numpy
+
+    ex.parts[outs[0]] = from_numpy(np.array(sorted(ex.kept), dtype=np.int64))._impl

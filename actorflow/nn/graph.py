@@ -169,10 +169,10 @@ class Graph:
     its last backward; ``step(x, *rest)`` returns the batch's loss (the mean of its
     micro-batch losses), ``run(batches)`` yields it per batch. ``graph.pipelined`` holds
     the last batch's order of acts and each stage's peak of micro-batches and saved
-    bytes held. ``stage_processes=True`` makes each stage global on a one-rank placement
-    of its own on process ranks (``af.placement("cpu", ranks=[i])``), so each stage
-    computes in a worker process of its own; ``graph.pipelined.close()`` brings the
-    stages back and ends the workers."""
+    bytes held. ``stage_ranks="processes"`` (or ``"ray"``) makes each stage global on a
+    one-rank placement of its own (``af.placement("cpu", ranks=[i])``) on ranks of that
+    kind, so each stage computes in a worker process (a Ray actor) of its own;
+    ``graph.pipelined.close()`` brings the stages back and ends the workers."""
 
     def __init__(
         self,
@@ -181,19 +181,17 @@ class Graph:
         stages: list | None = None,
         micro_batches: int = 1,
         stage_buffers: list | None = None,
-        stage_processes: bool = False,
+        stage_ranks: str | None = None,
     ) -> None:
         self._pipeline = None  # stages=: what step() and run() hand the batches to
         if stages is not None:
             from .pipeline_graph import PipelineStep
 
-            self._pipeline = PipelineStep(
-                self, stages, micro_batches, stage_buffers, stage_processes
-            )
-        elif micro_batches != 1 or stage_buffers is not None or stage_processes:
+            self._pipeline = PipelineStep(self, stages, micro_batches, stage_buffers, stage_ranks)
+        elif micro_batches != 1 or stage_buffers is not None or stage_ranks is not None:
             raise ValueError(
                 f"{type(self).__name__}(micro_batches={micro_batches!r}, "
-                f"stage_buffers={stage_buffers!r}, stage_processes={stage_processes!r}): "
+                f"stage_buffers={stage_buffers!r}, stage_ranks={stage_ranks!r}): "
                 f"these cut a pipeline's batches; give "
                 f"stages=[...] (the model's modules in order) with them"
             )

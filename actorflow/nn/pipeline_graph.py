@@ -72,30 +72,43 @@ the order the stages' threads reach them, which differs from run to run.
 Threads share one interpreter lock: the stages overlap where their kernels leave it
 (numpy's BLAS calls do), not in the Python around them.
 
-Stages on process ranks: a stage whose parameters and buffers are global, broadcast on a
+Stages on ranks: a stage whose parameters and buffers are global, broadcast on a
 single-rank placement of its own (``stage_i.to_global(af.placement("cpu", ranks=[i]))``
-under ``af.parallel.use_ranks("processes")``; ``nn.Graph(stages=..., stage_processes=True)``
-does that for every stage, its worker given this machine's cores over the stage count),
-computes in that placement's worker process; its threads here only issue commands and wait
-on the worker's pipe (which leaves the interpreter lock). Its forward puts the register's
-activation on the stage's rank (a broadcast global tensor: a copy sent to the worker), runs
-the stage (commands, not waited for) and reads the output back into its register (a get:
-it waits for the worker); its backward puts the output's gradient, runs the backward there
-and reads the input's gradient back; the stage's parameters' gradients stay in the worker,
-where the optimizers step them (each optimizer step a command per op). So each activation
-and each gradient goes through this process, a copy each way per micro-batch (a move
-straight from one stage's worker to the next would save both; not built). A backward act
-ends once its worker answered for every gradient it wrote (in command order: an error of
-its kernels is raised there, the stage's ``ActorError``); a worker's error at a read is the
-stage's ``ActorError`` too, and a worker that dies the stage's ``ActorError`` whose original
-names the placement and the rank. A batch runs under ``use_ranks`` of the stages' kind, so
-what the loss, autograd and the optimizers make on a stage's placement is made on its
-worker (the setting is the process's: another thread's global calls meanwhile see it too).
-The saved bytes of a stage on process ranks are in its worker and count 0 here.
-``graph.pipelined.close()`` brings the stages made so back to this process (with the
-optimizers' state) and ends their workers; stages made global by hand keep their workers
-until ``af.parallel.ranks_of(placement).close()`` (``graph.pipelined.ranks``). Global stages
-laid out otherwise (several ranks, a split, two stages on one placement) are refused.
+under ``af.parallel.use_ranks("processes")`` or ``("ray")``; ``nn.Graph(stages=...,
+stage_ranks="processes")`` or ``"ray"`` does that for every stage, its worker given this
+machine's cores over the stage count). On inline ranks (this process) such a stage runs its
+ops as global calls, as any global module does: the reference. On held ranks (a worker
+process each, or a Ray actor) it computes in that worker (``pipeline_ranks.py``): the
+stage's module is sent there once (again when it or its parameters change) with each
+parameter and buffer standing for the part the global tensor names, and each act is one
+command there, run as local eager autograd: a forward puts the micro-batch's input rows on
+the worker, runs the module there (keeping its autograd graph) and reads the output back
+into its register; a backward puts the output's gradient, runs that micro-batch's backward
+there (gradients accumulated in the worker over the batch) and reads the input's gradient
+back. The stages' threads here only put, ask and wait (the pipe's wait leaves the
+interpreter lock), so the stages compute at the same time in their processes. The last
+stage's output is read back and ``build`` runs here (autograd over a copy of it: a head
+module of this process trains too), its gradient the worker's backward's input. After the
+batch's last backward, each parameter's accumulated gradient becomes the ``.grad`` of the
+global parameter here (a global tensor over the worker's part, nothing copied), and the
+optimizers step them as any global parameters (their ops sent to the worker). Each
+activation and gradient goes through this process, through the channel kept between it and
+each worker (a copy each way; a move straight from one stage's worker to the next would
+save both: not built). What a stage's forward changes of its module's Python attributes
+changes in the worker's copy (a new copy is sent after any module changes here); eval and
+train modes, frozen parameters, replaced layers and loaded values reach the worker at the
+next batch. A stage's module must pickle (no lambdas or local functions in it). A
+backward act ends once its worker wrote every gradient (an error of its kernels is the
+act's: the stage's ``ActorError``); a worker's error is the stage's ``ActorError``, and a
+worker that dies the stage's ``ActorError`` whose original names the placement and the
+rank. A batch runs under ``use_ranks`` of the stages' kind, so what the optimizers make on
+a stage's placement is made on its worker. The saved bytes a stage on held ranks reports
+are its worker's (the last stage's without ``build``'s, which runs here).
+``graph.pipelined.close()`` brings the stages ``stage_ranks=`` made global back to this
+process (with the optimizers' state) and ends their workers; stages made global by hand
+keep their workers until ``af.parallel.ranks_of(placement).close()``
+(``graph.pipelined.ranks``). Global stages laid out otherwise (several ranks, a split, two
+stages on one placement) are refused.
 """
 
 from __future__ import annotations
@@ -152,7 +165,7 @@ class PipelineStep:
         stages: Sequence[Module],
         micro_batches: int,
         stage_buffers: Sequence[int] | None,
-        stage_processes: bool = False,
+        stage_ranks: str | None = None,
     ) -> None:
         name = type(graph).__name__
         if isinstance(stages, Module) or not isinstance(stages, Sequence) or not stages:
@@ -187,24 +200,25 @@ class PipelineStep:
                         f"parameter (their backwards run at the same time, each adding to "
                         f"its own parameters' gradients): give each stage its own modules"
                     )
-        if not isinstance(stage_processes, bool):
-            raise TypeError(
-                f"{name}(stage_processes={stage_processes!r}): give True (each stage made "
-                f"global on a one-rank placement of its own, a worker process) or False"
+        if stage_ranks not in (None, "processes", "ray"):
+            raise ValueError(
+                f"{name}(stage_ranks={stage_ranks!r}): give 'processes' (each stage made "
+                f"global on a one-rank placement of its own: a worker process) or 'ray' (a "
+                f"Ray actor), or leave it out (the stages as they are)"
             )
-        self.placements: list[Placement] = []  # (stage_processes=True: what close() ends)
-        if stage_processes:
-            with use_ranks("processes"):
+        self.placements: list[Placement] = []  # (stage_ranks=: what close() ends)
+        if stage_ranks is not None:
+            with use_ranks(stage_ranks):
                 for i, m in enumerate(stages):
                     if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
                         raise ValueError(
-                            f"{name}(stages=..., stage_processes=True): stage {i} is "
-                            f"global already; give local stages (it makes each global on "
-                            f"a placement of its own), or leave stage_processes out"
+                            f"{name}(stages=..., stage_ranks={stage_ranks!r}): stage {i} "
+                            f"is global already; give local stages (it makes each global "
+                            f"on a placement of its own), or leave stage_ranks out"
                         )
                     place = Placement("cpu", ranks=[i])
                     self.placements.append(place)
-                    _own_ranks(place, len(stages)).synchronize()  # (the worker started)
+                    _own_ranks(stage_ranks, place, len(stages)).synchronize()  # (started)
                     m.to_global(place)
         n = len(stages)
         self._ranks: list[Ranks | None] = _stage_ranks(stages, name)
@@ -574,7 +588,7 @@ class PipelineStep:
             _host(g)
 
     def close(self) -> None:
-        """For ``stage_processes=True``: brings each stage back to this process (its
+        """For ``stage_ranks='processes'``: brings each stage back to this process (its
         parameters and buffers local again, with their values, and the graph's optimizers'
         state with them) and ends the stages' worker processes. The graph trains on this
         process's threads after (or give the stages placements again with
@@ -767,7 +781,7 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
                     f"runs on one rank: every parameter and buffer of the stage broadcast "
                     f"on one single-rank placement of its own (stage.to_global("
                     f"af.placement('cpu', ranks=[{i}])) under af.parallel.use_ranks("
-                    f"'processes'), or nn.Graph(stages=..., stage_processes=True), which "
+                    f"'processes'), or nn.Graph(stages=..., stage_ranks='processes'), which "
                     f"does that for each stage); stages split over several ranks are not "
                     f"built: keep each stage local (.to('cpu') makes a global module local "
                     f"again), or train the global model without stages="
@@ -783,17 +797,17 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
     return out
 
 
-def _own_ranks(placement: Placement, stages: int) -> Any:
-    """The process ranks of a stage's placement made with this machine's cores shared
+def _own_ranks(kind: str, placement: Placement, stages: int) -> Any:
+    """The ranks of ``kind`` of a stage's placement made with this machine's cores shared
     among the ``stages`` workers (``ranks_of`` would give a one-rank placement every core:
     its BLAS threads then spin against the other stages' on the same cores). Ranks made
     before (another graph's stage on the same placement) are kept."""
-    from ..parallel.ranks import _GROUPS, ProcessRanks
+    from ..parallel.ranks import _GROUPS, KINDS
 
-    key = ("processes", placement)
+    key = (kind, placement)
     if key not in _GROUPS:
         threads = max(1, (os.cpu_count() or 1) // stages)
-        _GROUPS[key] = ProcessRanks(placement, threads=threads)
+        _GROUPS[key] = KINDS[kind](placement, threads=threads)
     return _GROUPS[key]
 
 

@@ -35,7 +35,6 @@ input, so ``build`` may use anything of this process (a head module, the rest le
 from __future__ import annotations
 
 import io
-import itertools
 import pickle
 from collections import deque
 from typing import Any
@@ -45,9 +44,6 @@ import numpy as np
 from ..parallel.workers import adopt
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, Parameter, structure_version
-
-_keys = itertools.count(1)
-
 
 # -- the worker's side -------------------------------------------------------------------
 
@@ -92,30 +88,33 @@ class _Unpickler(pickle.Unpickler):
         return t.requires_grad_() if requires_grad else t
 
 
-def _define(ex: Any, key: int, blob: bytes, label: str, passes_on: bool, outs: list) -> None:
-    try:
-        ex.kept[("stage", key)] = _Kept(_Unpickler(blob, ex).load(), label, passes_on)
-    except BaseException as e:  # noqa: BLE001 - raised by each of the stage's acts
-        ex.kept[("stage", key)] = e
+def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> None:
+    """The stage's module loaded, kept under the id of the part ``outs[0]`` (an empty
+    marker): dropping that part (the controller let go of its handle) forgets it; where
+    the module does not load, that part holds the error, raised by every act."""
+    from ..creation import from_numpy
+
+    kept = _Kept(_Unpickler(blob, ex).load(), label, passes_on)
+    ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
+    ex.kept[outs[0]] = kept
 
 
 def _kept(ex: Any, key: int) -> _Kept:
-    """The stage ``key`` as the worker keeps it; the error its module's loading raised
-    (an import the worker could not make, a part holding an error) is raised again."""
-    st = ex.kept[("stage", key)]
-    if isinstance(st, BaseException):
-        raise st
+    """The stage kept under ``key``; the error its loading raised is raised again."""
+    st = ex.kept.get(key)
+    if st is None:
+        got = ex.inputs([key])  # (the marker's error: the module's loading's)
+        if isinstance(got, bytes):
+            words, _, data = pickle.loads(got)
+            raise pickle.loads(data) if data else RuntimeError(words)
+        raise RuntimeError(f"no pipeline stage {key} on this rank")
     return st
 
 
-def _forget(ex: Any, key: int, outs: list) -> None:
-    ex.kept.pop(("stage", key), None)
-
-
 def _start(ex: Any, key: int, outs: list) -> None:
-    st = ex.kept[("stage", key)]
-    if isinstance(st, BaseException):
-        return  # (raised by the acts)
+    st = ex.kept.get(key)
+    if st is None:
+        return  # (its loading failed: raised by the acts)
     st.fifo.clear()
     st.held = st.peak = 0
     for p in st.params:
@@ -261,7 +260,7 @@ class RankStage:
 
     def __init__(self, index: int, n: int, module: Module, ranks: Any) -> None:
         self.index, self.n, self.module, self.ranks = index, n, module, ranks
-        self.key = next(_keys)
+        self._marker: Any = None  # the part whose id keys the stage in the worker
         self._defined: Any = None  # what the worker's module was made from
         self.peak_saved_bytes = 0
 
@@ -272,6 +271,7 @@ class RankStage:
     def begin(self) -> None:
         """Before a batch: the module defined in the worker (again, where it or the parts
         of its tensors changed), what the worker kept of the last batch cleared."""
+        from ..dtype import float32
         from ..parallel.interpreter import parts_of
 
         tensors = self._tensors()
@@ -284,7 +284,9 @@ class RankStage:
             blob = self._pickled(dict(zip(map(id, tensors), ids, strict=True)))
             label = f"stage {self.index} of {self.n}"
             passes_on = self.index < self.n - 1
-            self.ranks.call_fn(0, _define, (self.key, blob, label, passes_on), ())
+            (self._marker,) = self.ranks.call_fn(
+                0, _define, (blob, label, passes_on), (float32,)
+            )  # (the one before dropped with its handle: the worker forgets that module)
             self._defined = state
         self.ranks.call_fn(0, _start, (self.key,), ())
 
@@ -320,10 +322,13 @@ class RankStage:
             ) from e
         return buf.getvalue()
 
+    @property
+    def key(self) -> int:
+        return self._marker.id
+
     def forget(self) -> None:
-        """The worker drops its module (``close()``, or the graph let go of the stage)."""
-        if self._defined is not None and not self.ranks.closed:
-            self.ranks.call_fn(0, _forget, (self.key,), ())
+        """The worker drops its module (also when this is collected: its marker's drop)."""
+        self._marker = None
         self._defined = None
 
     def _put(self, a: np.ndarray) -> Any:

@@ -15,12 +15,12 @@ from .ranks import KINDS, InlineRanks, ProcessRanks, ranks_of, use_ranks
 from .recording import Recording, record
 
 
-def _ray_ranks(placement: Placement) -> Any:
+def _ray_ranks(placement: Placement, threads: int | None = None) -> Any:
     """Ray ranks (``ray_ranks``), imported (and Ray with them) only when a placement first
     runs on them."""
     from .ray_ranks import RayRanks
 
-    return RayRanks(placement)
+    return RayRanks(placement, threads=threads)
 
 
 KINDS["ray"] = _ray_ranks

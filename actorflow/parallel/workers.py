@@ -8,8 +8,9 @@ from the controlling process, ``SEND``/``RECV``: a part moved to or from another
 ``DROP``: parts the controller no longer holds, ``COLLECT``: this rank's share of a
 collective, ``DEFINE``/``REPLAY``: a step program kept, then run over new inputs
 (``programs.py``), ``RUN``: a function of a higher layer, pickled by reference, run with the
-rank's ``Executor`` (what it keeps there it keeps in ``Executor.kept``: a pipeline stage's
-module and the autograd graphs of its micro-batches, ``nn/pipeline_ranks.py``),
+rank's ``Executor`` (what it keeps there it keeps in ``Executor.kept`` under the id of a
+part it made, forgotten when that part is dropped: a pipeline stage's module and the
+autograd graphs of its micro-batches, ``nn/pipeline_ranks.py``),
 ``GET``/``META``/``PING``: the only commands answered). A reader thread takes
 what the other ranks send, on one pipe per rank, so that no rank's send waits for this
 one's work.
@@ -469,7 +470,7 @@ class Executor:
         self.parts: dict = {}
         self.poisoned: dict = {}  # id -> the error (error_bytes) its part holds instead
         self.ops: dict = {}
-        self.kept: dict = {}  # what RUN's functions keep on this rank, by their keys
+        self.kept: dict = {}  # what RUN's functions keep, by the id of a part they made
 
     def op_of(self, ref: Any) -> Any:
         if isinstance(ref, str):
@@ -540,9 +541,12 @@ class Executor:
             self.fail(out_ids, error_bytes(e))
 
     def drop(self, ids: Any) -> None:
+        kept = self.kept
         for i in ids:
             self.parts.pop(i, None)
             self.poisoned.pop(i, None)
+            if kept:  # (what a RUN kept under a part's id goes with it)
+                kept.pop(i, None)
 
     def meta(self, i: int) -> tuple:
         """``META``'s answer: ("ok", shape, strides, offset) or ("error", error_bytes)."""
