@@ -57,10 +57,14 @@ actorflow's pipeline rows: ``actorflow pipeline, 2 stages, m=M`` is ``nn.Graph(s
 micro_batches=M)`` with its stages on threads of this process (one interpreter lock);
 ``actorflow pipeline on process ranks, 2 stages, m=M`` the same graph with
 ``stage_ranks="processes"``: each stage in a worker process of its own (a one-rank placement
-under process ranks, one BLAS thread each on 2 cores), the stage threads here issuing
-commands and waiting; every activation and gradient goes through this process (put to the
-next stage's worker, got back from the previous one's: a copy each way per micro-batch).
-The rows of every M share the two workers.
+under process ranks, one BLAS thread each on 2 cores) that runs the stage's module there,
+each forward or backward act one command (eager autograd in the worker); the stage threads
+here only put, ask and wait; every activation and gradient goes through this process (put
+to the next stage's worker, read back from the previous one's through the channel kept
+with each worker: a copy each way per micro-batch). The rows of every M share the two
+workers. Each actorflow pipeline row also prints the micro-batches each stage held for
+backward at most against its registers (the plan's bound, ``n - i``) and each stage's peak
+of saved activation bytes (for stages on process ranks, measured in their workers).
 
 The theory column is GPipe's bubble fraction ``(k-1)/(m+k-1)`` and the ideal speedup with
 it, ``k m / (m+k-1)``; a measured row's idle fraction is ``1 - speedup / k`` (all it loses:
@@ -922,8 +926,11 @@ def actorflow_data_parallel(ctx: Context, mode: str) -> harness.Contender:
     return c
 
 
-def actorflow_pipeline(ctx: Context, m: int) -> harness.Contender:
-    """actorflow's pipeline graph, 2 stages (threads of this process), ``m`` micro-batches."""
+def actorflow_pipeline(ctx: Context, m: int, ranks: str | None = None) -> harness.Contender:
+    """actorflow's pipeline graph, 2 stages, ``m`` micro-batches: on threads of this
+    process, or with ``ranks="processes"`` each stage in a worker process of its own
+    (``stage_ranks``: each stage global on a one-rank placement; the stage threads here
+    only put, ask and wait)."""
     af = _af()
     nn = af.nn
     full = _af_model(ctx, af)
@@ -932,7 +939,7 @@ def actorflow_pipeline(ctx: Context, m: int) -> harness.Contender:
 
     class Pipe(nn.Graph):
         def __init__(self):
-            super().__init__(stages=stages, micro_batches=m)
+            super().__init__(stages=stages, micro_batches=m, stage_ranks=ranks)
             self.loss = nn.CrossEntropyLoss()
             self.add_optimizer(opt)
 
@@ -940,87 +947,55 @@ def actorflow_pipeline(ctx: Context, m: int) -> harness.Contender:
             return self.loss(out, y)
 
     g = Pipe()
+    held = [r for r in g.pipelined.ranks if r is not None]  # (every m's rows share them)
+    ctx.closers.extend(r.close for r in held)
     k = ctx.args.steps
 
     def run() -> dict:
         out = None
         for _ in range(k):
             out = g.step(ctx.X, ctx.Y)
+        c.extra["stage0_kept_max"] = max(
+            c.extra.get("stage0_kept_max", 0), g.pipelined.peak_held[0]
+        )
         return {"loss": float(out)}
 
     def reset() -> None:
         _af_reset(ctx, af, full, opt)
-
-    reset()
-    g.step(ctx.X, ctx.Y)  # (its graph made outside the clock)
-    c = contender(
-        f"actorflow pipeline, 2 stages, m={m}",
-        run,
-        reset,
-        ranks=2,
-        threads_per_rank=ctx.args.threads,
-        micro_batches=m,
-        note=(
-            f"nn.Graph(stages=[...], micro_batches={m}): a forward and a backward actor per "
-            f"stage (threads of this process), 1F1B from the registers' credits"
-        ),
-    )
-    c.check = loss_check(c.name, ctx)
-    c.params = lambda: _af_params(full)
-    return c
-
-
-def actorflow_pipeline_processes(ctx: Context, m: int) -> harness.Contender:
-    """actorflow's pipeline graph, 2 stages each in a worker process of its own
-    (``stage_ranks="processes"``: each stage global on a one-rank placement under process
-    ranks), ``m`` micro-batches: the stage threads here only issue commands and wait."""
-    af = _af()
-    nn = af.nn
-    full = _af_model(ctx, af)
-    stages = [nn.Sequential(full[0], full[1]), nn.Sequential(full[2], full[3], full[4])]
-    opt = af.optim.SGD(full.parameters(), lr=LR, momentum=MOMENTUM)
-
-    class Pipe(nn.Graph):
-        def __init__(self):
-            super().__init__(stages=stages, micro_batches=m, stage_ranks="processes")
-            self.loss = nn.CrossEntropyLoss()
-            self.add_optimizer(opt)
-
-        def build(self, out, y):
-            return self.loss(out, y)
-
-    g = Pipe()
-    ranks = g.pipelined.ranks  # (the rows of every m share these two workers)
-    ctx.closers.extend(r.close for r in ranks)
-    k = ctx.args.steps
-
-    def run() -> dict:
-        out = None
-        for _ in range(k):
-            out = g.step(ctx.X, ctx.Y)
-        return {"loss": float(out)}
-
-    def reset() -> None:
-        _af_reset(ctx, af, full, opt)
-        for r in ranks:
+        for r in held:
             r.synchronize()
+
+    def after() -> dict:
+        p = g.pipelined
+        return {
+            "stage_peak_held": list(p.peak_held),
+            "stage_registers": list(p.buffers),
+            "stage_peak_saved_bytes": list(p.peak_saved_bytes),
+        }
 
     reset()
     g.step(ctx.X, ctx.Y)  # (its graph made, the workers warm, outside the clock)
-    for r in ranks:
+    for r in held:
         ctx.pids.extend(r.pids)
+    where = " on process ranks" if ranks else ""
     c = contender(
-        f"actorflow pipeline on process ranks, 2 stages, m={m}",
+        f"actorflow pipeline{where}, 2 stages, m={m}",
         run,
         reset,
         ranks=2,
         threads_per_rank=ctx.args.threads,
         micro_batches=m,
+        after=after,
         note=(
-            f"nn.Graph(stages=[...], micro_batches={m}, stage_ranks='processes'): each stage "
-            f"in a worker process (a one-rank placement of its own); the stage threads "
-            f"here put each activation and gradient and get each output back (one copy "
-            f"each way per micro-batch through this process)"
+            f"nn.Graph(stages=[...], micro_batches={m}"
+            + (
+                f", stage_ranks={ranks!r}): each stage in a worker process (a one-rank "
+                f"placement of its own), each act one command there; the activations and "
+                f"gradients through this process (a copy each way per micro-batch)"
+                if ranks
+                else "): a forward and a backward actor per stage (threads of this "
+                "process), 1F1B from the registers' credits"
+            )
         ),
     )
     c.check = loss_check(c.name, ctx)
@@ -1078,7 +1053,9 @@ ROWS: list[Row] = [
     *(
         Row(
             "pipeline",
-            lambda ctx, m=m: actorflow_pipeline_processes(ctx, m) if m in ctx.args.micro else None,
+            lambda ctx, m=m: (
+                actorflow_pipeline(ctx, m, "processes") if m in ctx.args.micro else None
+            ),
         )
         for m in MICRO
     ),
@@ -1383,6 +1360,14 @@ def main(argv=None) -> int:
             "most micro-batches held for backward)"
         )
         for n, s in pipe.items():
+            if s.get("stage_peak_held"):
+                held, regs = s["stage_peak_held"], s["stage_registers"]
+                saved = s["stage_peak_saved_bytes"]
+                print(
+                    f"  {n} (best run): micro-batches held for backward "
+                    f"{' / '.join(map(str, held))} (registers {' / '.join(map(str, regs))}), "
+                    f"peak saved {' / '.join(f'{b / 2**20:.1f}' for b in saved)} MiB"
+                )
             if s.get("stage_waited_fraction"):
                 w0, w1 = s["stage_waited_fraction"]
                 c0, c1 = s["stage_cpu_s_per_step"]
