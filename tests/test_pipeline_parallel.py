@@ -986,3 +986,233 @@ def kept_keys(ex, outs):
     from actorflow.creation import from_numpy
 
     ex.parts[outs[0]] = from_numpy(np.array(sorted(ex.kept), dtype=np.int64))._impl
+
+
+def threads_and_workers(make_stages, batches, graph=None, between=None, m=2):
+    """The same stages trained on threads and with ``stage_ranks="processes"``: per way,
+    the losses and the parameters after (``between(k, stages)`` before batch k)."""
+    out = []
+    for ranks in (None, "processes"):
+        stages = make_stages()
+        opt = optim.SGD(params_of(stages), lr=0.1)
+        g = (graph or Pipe)(stages, opt, micro_batches=m, stage_ranks=ranks)
+        try:
+            losses = []
+            for k, b in enumerate(batches):
+                if between is not None:
+                    between(k, stages)
+                losses.append(float(g.step(*b)))
+            out.append((losses, [p.numpy().copy() for p in params_of(stages)]))
+        finally:
+            g.pipelined.close()
+    (l0, p0), (l1, p1) = out
+    np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(p0, p1, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    return out
+
+
+class Tied(nn.Module):
+    """A weight used by two layers of one stage (tied the usual way, or held in a list)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.a, self.b = nn.Linear(WIDTHS[0], WIDTHS[0]), nn.Linear(WIDTHS[0], WIDTHS[1])
+        if how == "attribute":
+            self.c = nn.Linear(WIDTHS[0], WIDTHS[0])
+            self.c.weight = self.a.weight
+        else:
+            self.c = [self.a]  # (not registered: reached through a list)
+
+    def forward(self, x):
+        c = self.c if isinstance(self.c, nn.Module) else self.c[0]
+        return af.tanh(self.b(af.tanh(c(af.tanh(self.a(x))))))
+
+
+@processes
+@pytest.mark.parametrize("how", ["attribute", "list"])
+def test_a_tensor_a_stage_reaches_twice_is_one_tensor_in_its_worker(how):
+    def make():
+        af.manual_seed(0)
+        return [Tied(how), nn.Linear(WIDTHS[1], WIDTHS[-1])]
+
+    threads_and_workers(make, data(3, rows=8))
+
+
+class Penalized(Pipe):
+    """build adds a penalty on the last stage's weight (a parameter of a stage)."""
+
+    def build(self, out, y):
+        w = self.pipelined.stages[-1].weight
+        pen = (w * w).sum()
+        return self.loss(out, y) + 0.1 * (pen.to_local() if pen.is_global else pen)
+
+
+@processes
+def test_a_stage_parameter_build_uses_too_gets_both_gradients():
+    threads_and_workers(lambda: stages_of(2), data(2, rows=8), graph=Penalized)
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cfg = {"scale": 1.0}
+
+    def forward(self, x):
+        return x * self.cfg["scale"]
+
+
+@processes
+def test_a_module_changed_in_place_is_sent_again_and_only_then():
+    """An attribute changed in place (a dict's item: no counter sees it) reaches the worker
+    at the next batch; a module made elsewhere (a loss in build) sends nothing again."""
+
+    def make():
+        s = stages_of(2)
+        return [s[0], nn.Sequential(s[1], Scaled())]
+
+    def between(k, stages):
+        if k == 1:
+            stages[1][1].cfg["scale"] = 5.0
+
+    threads_and_workers(make, data(3, rows=8), between=between)
+    stages = make()
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
+    try:
+        record = []
+        undo = issued_to(g.pipelined.ranks, record)
+        try:
+            for b in data(4, rows=8):
+                nn.MSELoss()  # (a module made: the process's module counter moves)
+                g.step(*b)
+            assert sum(1 for _, _, f in record if f == "_define") == 2  # (once a stage)
+            stages[1][1].cfg["scale"] = 2.0
+            g.step(*data(1, rows=8)[0])
+            assert sum(1 for _, _, f in record if f == "_define") == 3  # (stage 1 again)
+        finally:
+            undo()
+    finally:
+        g.pipelined.close()
+
+
+class Masks(Pipe):
+    """Records the last stage's output (read back here) in build."""
+
+    seen: list = []
+
+    def build(self, out, y):
+        Masks.seen.append(out.numpy().copy())
+        return self.loss(out, y)
+
+
+@processes
+def test_dropout_in_stage_workers_draws_per_stage_and_follows_manual_seed():
+    """Two stages of dropout over ones: their masks are drawn from streams of their own
+    (the same stream would drop the same elements in both: half the output nonzero, not a
+    quarter), and the same again after af.manual_seed."""
+    x = np.ones((64, 16), np.float32)
+
+    def run():
+        Masks.seen = []
+        stages = [nn.Dropout(0.5), nn.Dropout(0.5)]
+        g = Masks(stages, None, micro_batches=2, stage_ranks="processes")
+        try:
+            af.manual_seed(7)
+            g.step(x, x)
+            g.step(x, x)
+        finally:
+            g.pipelined.close()
+        return np.concatenate(Masks.seen)
+
+    a, b = run(), run()
+    np.testing.assert_array_equal(a, b)
+    kept = float((a != 0).mean())
+    assert 0.18 < kept < 0.32, kept  # (each element kept by both: ~1/4)
+    assert set(np.unique(a).tolist()) <= {0.0, 4.0}
+
+
+@processes
+def test_closing_one_pipeline_leaves_anothers_stages_on_the_same_workers():
+    a_st, b_st = stages_of(2), stages_of(2, seed=3)
+    a = Pipe(a_st, optim.SGD(params_of(a_st), lr=0.1), micro_batches=2, stage_ranks="processes")
+    b = Pipe(b_st, optim.SGD(params_of(b_st), lr=0.1), micro_batches=2, stage_ranks="processes")
+    try:
+        ranks = a.pipelined.ranks
+        assert ranks == b.pipelined.ranks  # (stage i's placement: one worker)
+        a.step(*data(1)[0])
+        b.step(*data(1)[0])
+        a.pipelined.close()
+        assert not any(p.is_global for p in params_of(a_st))
+        assert np.isfinite(float(b.step(*data(1, seed=4)[0])))  # b's stages still there
+        assert all(p.is_global for p in params_of(b_st))
+    finally:
+        b.pipelined.close()
+    assert not any(p.is_global for p in params_of(b_st))
+    assert all(r.closed for r in b.pipelined._placed or ranks)  # (the last user ended them)
+
+
+@processes
+def test_a_bad_argument_with_stage_ranks_leaves_the_stages_local():
+    stages = stages_of(2)
+    with pytest.raises(ValueError, match="stage_buffers"):
+        Pipe(stages, micro_batches=2, stage_buffers=[2], stage_ranks="processes")
+    stages[1].to_global(af.placement("cpu", ranks=[3]))  # (inline ranks)
+    with pytest.raises(ValueError, match="stage 1 is global already"):
+        Pipe(stages, micro_batches=2, stage_ranks="processes")
+    assert not any(p.is_global for p in stages[0].parameters())  # (nothing moved)
+    stages[1].to("cpu")
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
+    try:
+        assert np.isfinite(float(g.step(*data(1)[0])))
+    finally:
+        g.pipelined.close()
+
+
+def held_in(ex, key, outs):
+    """(Run in a worker) how many micro-batches stage ``key`` holds, and its gradients."""
+    from actorflow.creation import from_numpy
+
+    st = ex.kept[key]
+    grads = sum(p.grad is not None for p in st.params)
+    ex.parts[outs[0]] = from_numpy(np.array([len(st.fifo), grads], dtype=np.int64))._impl
+
+
+@processes
+def test_a_failed_batch_leaves_nothing_held_in_the_workers():
+    stages = stages_of(2)
+    bad = GathersBadly(at=3)
+    stages[1] = nn.Sequential(stages[1], bad)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes")
+    try:
+        with pytest.raises(ActorError):
+            g.step(*data(1)[0])
+        for w in g.pipelined._workers:
+            (part,) = w.ranks.call_fn(0, held_in, (w.key,), (af.int64,))
+            assert w.ranks.read(0, part).tolist() == [0, 0]
+    finally:
+        g.pipelined.close()
+
+
+def test_ranks_here_is_the_calling_threads_only():
+    import threading
+
+    from actorflow.parallel.ranks import ranks_here
+
+    p = af.placement("cpu", ranks=[9])
+    seen = []
+    inside, done = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait(10)
+        seen.append(type(af.parallel.ranks_of(p)).__name__)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with ranks_here("inline"):
+        inside.set()
+        done.wait(10)
+    t.join(10)
+    assert seen == ["InlineRanks"]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        ranks_here("gpus")

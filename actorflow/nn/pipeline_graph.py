@@ -75,40 +75,47 @@ Threads share one interpreter lock: the stages overlap where their kernels leave
 Stages on ranks: a stage whose parameters and buffers are global, broadcast on a
 single-rank placement of its own (``stage_i.to_global(af.placement("cpu", ranks=[i]))``
 under ``af.parallel.use_ranks("processes")`` or ``("ray")``; ``nn.Graph(stages=...,
-stage_ranks="processes")`` or ``"ray"`` does that for every stage, its worker given this
-machine's cores over the stage count). On inline ranks (this process) such a stage runs its
-ops as global calls, as any global module does: the reference. On held ranks (a worker
-process each, or a Ray actor) it computes in that worker (``pipeline_ranks.py``): the
-stage's module is sent there once (again when it or its parameters change) with each
-parameter and buffer standing for the part the global tensor names, and each act is one
-command there, run as local eager autograd: a forward puts the micro-batch's input rows on
-the worker, runs the module there (keeping its autograd graph) and reads the output back
-into its register; a backward puts the output's gradient, runs that micro-batch's backward
-there (gradients accumulated in the worker over the batch) and reads the input's gradient
-back. The stages' threads here only put, ask and wait (the pipe's wait leaves the
-interpreter lock), so the stages compute at the same time in their processes. The last
-stage's output is read back and ``build`` runs here (autograd over a copy of it: a head
-module of this process trains too), its gradient the worker's backward's input. After the
-batch's last backward, each parameter's accumulated gradient becomes the ``.grad`` of the
-global parameter here (a global tensor over the worker's part, nothing copied), and the
-optimizers step them as any global parameters (their ops sent to the worker). Each
-activation and gradient goes through this process, through the channel kept between it and
-each worker (a copy each way; a move straight from one stage's worker to the next would
-save both: not built). What a stage's forward changes of its module's Python attributes
-changes in the worker's copy (a new copy is sent after any module changes here); eval and
-train modes, frozen parameters, replaced layers and loaded values reach the worker at the
-next batch. A stage's module must pickle (no lambdas or local functions in it). A
-backward act ends once its worker wrote every gradient (an error of its kernels is the
-act's: the stage's ``ActorError``); a worker's error is the stage's ``ActorError``, and a
-worker that dies the stage's ``ActorError`` whose original names the placement and the
-rank. A batch runs under ``use_ranks`` of the stages' kind, so what the optimizers make on
-a stage's placement is made on its worker. The saved bytes a stage on held ranks reports
-are its worker's (the last stage's without ``build``'s, which runs here).
+stage_ranks="processes")`` or ``"ray"`` does that for every stage, a stage without
+parameters too, its worker given this machine's cores over the stage count). On inline
+ranks (this process) such a stage runs its ops as global calls, as any global module does:
+the reference. On held ranks (a worker process each, or a Ray actor) it computes in that
+worker (``pipeline_ranks.py``): the stage's module is pickled before each batch with each
+parameter and buffer standing for the part the global tensor names (a tensor it reaches
+twice is one tensor there) and sent where those bytes differ from what the worker holds,
+and each act is one command there, run as local eager autograd: a forward puts the
+micro-batch's input rows on the worker, runs the module there (keeping its autograd graph)
+and reads the output back into its register; a backward puts the output's gradient, runs
+that micro-batch's backward there (gradients accumulated in the worker over the batch) and
+reads the input's gradient back. The stages' threads here only put, ask and wait (the
+pipe's wait leaves the interpreter lock), so the stages compute at the same time in their
+processes. The last stage's output is read back and ``build`` runs here (autograd over a
+copy of it: a head module of this process trains too), its gradient the worker's
+backward's input. After the batch's last backward, each parameter's accumulated gradient
+becomes the ``.grad`` of the global parameter here (a global tensor over the worker's
+part, nothing copied; added to the gradient ``build`` gave it, where ``build`` used the
+parameter too), and the optimizers step them as any global parameters (their ops sent to
+the worker). Each activation and gradient goes through this process, through the channel
+kept between it and each worker (a copy each way; a move straight from one stage's worker
+to the next would save both: not built). What a stage's forward changes of its module's
+Python attributes changes in the worker's copy, until a change here sends a new copy; what
+changes here (attributes, in place too, eval and train modes, frozen parameters, replaced
+layers, loaded values) reaches the worker at the next batch. A stage's module must pickle
+(no lambdas or local functions in it), and a Ray actor loads its classes by their module's
+name (not from a script run as ``__main__``). A stage's random ops in its worker draw from
+a seed this process's generator gives each stage per batch (``af.manual_seed`` repeats
+them; the stages draw apart). A backward act ends once its worker wrote every gradient (an
+error of its kernels is the act's: the stage's ``ActorError``); a worker's error is the
+stage's ``ActorError``, and a worker that dies the stage's ``ActorError`` whose original
+names the placement and the rank; after a failed batch the workers let go of what they
+held for it. A batch runs with this thread's kind of ranks set to the stages' (``ranks_here``:
+not the process's, so another thread's calls are not moved), so what the optimizers make
+on a stage's placement is made on its worker. The saved bytes a stage on held ranks
+reports are its worker's (the last stage's without ``build``'s, which runs here).
 ``graph.pipelined.close()`` brings the stages ``stage_ranks=`` made global back to this
-process (with the optimizers' state) and ends their workers; stages made global by hand
-keep their workers until ``af.parallel.ranks_of(placement).close()``
-(``graph.pipelined.ranks``). Global stages laid out otherwise (several ranks, a split, two
-stages on one placement) are refused.
+process (with the optimizers' state) and ends the workers it started once no other
+pipeline's stages are on them; stages made global by hand keep their workers until
+``af.parallel.ranks_of(placement).close()`` (``graph.pipelined.ranks``). Global stages
+laid out otherwise (several ranks, a split, two stages on one placement) are refused.
 """
 
 from __future__ import annotations
@@ -116,6 +123,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -131,7 +139,7 @@ from ..eager.interpreter import use_stream
 from ..parallel import workers as _workers
 from ..parallel.interpreter import make as _global_of
 from ..parallel.interpreter import parts_of
-from ..parallel.ranks import HeldRanks, Ranks, use_ranks
+from ..parallel.ranks import _GROUPS, HeldRanks, Ranks, ranks_here
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
 from ..runtime_api import peek_array, settled
@@ -206,22 +214,10 @@ class PipelineStep:
                 f"global on a one-rank placement of its own: a worker process) or 'ray' (a "
                 f"Ray actor), or leave it out (the stages as they are)"
             )
-        self.placements: list[Placement] = []  # (stage_ranks=: what close() ends)
-        if stage_ranks is not None:
-            with use_ranks(stage_ranks):
-                for i, m in enumerate(stages):
-                    if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
-                        raise ValueError(
-                            f"{name}(stages=..., stage_ranks={stage_ranks!r}): stage {i} "
-                            f"is global already; give local stages (it makes each global "
-                            f"on a placement of its own), or leave stage_ranks out"
-                        )
-                    place = Placement("cpu", ranks=[i])
-                    self.placements.append(place)
-                    _own_ranks(stage_ranks, place, len(stages)).synchronize()  # (started)
-                    m.to_global(place)
         n = len(stages)
-        self._ranks: list[Ranks | None] = _stage_ranks(stages, name)
+        if stage_ranks is None:
+            _stage_ranks(stages, name)  # (refused before anything else is made)
+        self._ranks: list[Ranks | None] = []
         # per stage, a RankStage where its ranks are held elsewhere (process or Ray
         # ranks): its acts computed there, one command each (pipeline_ranks.py)
         self._workers: list[RankStage | None] = [None] * len(stages)
@@ -238,6 +234,16 @@ class PipelineStep:
                     f"per stage ({n} stages): the micro-batches each stage may hold for "
                     f"its backward (1F1B's, the default: {default})"
                 )
+        self.placements: list[Placement] = []  # (stage_ranks=: what close() brings back)
+        self._placed: list = []  # (and the ranks of each)
+        if stage_ranks is not None:
+            self.placements = _to_ranks(stages, stage_ranks, name)
+            self._placed = [_GROUPS[(stage_ranks, p)] for p in self.placements]
+            for r in self._placed:
+                users = _STAGE_USERS.get(r)
+                if users is not None:  # (started by stage_ranks=)
+                    users.add(self)
+        self._ranks = _stage_ranks(stages, name, self._placed)
         self.graph = graph
         self.stages = list(stages)
         self.micro_batches = micro_batches
@@ -294,11 +300,12 @@ class PipelineStep:
         kind, so what the stages, the loss, autograd and the optimizers make on a stage's
         placement (a factory's tensor, a backward's seed, a scalar) is made on its ranks
         (made elsewhere, each op would bring it over through this process)."""
-        self._ranks = _stage_ranks(self.stages, type(self.graph).__name__)  # (moved since)
+        name = type(self.graph).__name__
+        self._ranks = _stage_ranks(self.stages, name, self._placed)  # (moved since)
         kinds = {r.kind for r in self._ranks if r is not None}
         if len(kinds) != 1:
             return self._batch_on(args, trace, memory)
-        with use_ranks(kinds.pop()):
+        with ranks_here(kinds.pop()):  # (this thread's: not another's)
             return self._batch_on(args, trace, memory)
 
     def _batch_on(self, args: tuple, trace, memory) -> float:
@@ -343,11 +350,14 @@ class PipelineStep:
             for i, w in enumerate(self._workers):
                 if w is not None:
                     w.finish()  # (the gradients it accumulated: the parameters' here)
-                    self.peak_saved_bytes[i] = w.peak_saved_bytes
+                    self.peak_saved_bytes[i] = max(self.peak_saved_bytes[i], w.peak_saved_bytes)
         except BaseException:
             g.join()  # (an act the stop abandoned may still be writing a gradient)
             for p in params:  # (the batch's gradients are dropped: nothing steps)
                 p.grad = None
+            for w in self._workers:  # (and the graphs and gradients the workers hold)
+                if w is not None:
+                    w.clear()
             raise
         finally:
             g.join()
@@ -588,15 +598,16 @@ class PipelineStep:
             _host(g)
 
     def close(self) -> None:
-        """For ``stage_ranks='processes'``: brings each stage back to this process (its
-        parameters and buffers local again, with their values, and the graph's optimizers'
-        state with them) and ends the stages' worker processes. The graph trains on this
-        process's threads after (or give the stages placements again with
-        ``Module.to_global``)."""
+        """For ``stage_ranks=``: brings each stage back to this process (its parameters and
+        buffers local again, with their values, and the graph's optimizers' state with
+        them) and ends the workers ``stage_ranks=`` started, unless another pipeline's
+        stages are on them still (ranks made otherwise, by hand, are left to their maker).
+        The graph trains on this process's threads after (or give the stages placements
+        again with ``Module.to_global``)."""
         name = type(self.graph).__name__
         if not self.placements:
             return
-        held = [r for r in _stage_ranks(self.stages, name) if r is not None]
+        held = [r for r in _stage_ranks(self.stages, name, self._placed) if r is not None]
         for w in self._workers:  # (their modules in the workers)
             if w is not None:
                 w.forget()
@@ -616,9 +627,13 @@ class PipelineStep:
                     opt.load_state_dict(opt.state_dict())
         finally:
             for r in held:
-                if r.placement in self.placements and hasattr(r, "close"):
+                users = _STAGE_USERS.get(r)
+                if users is None or r.placement not in self.placements:
+                    continue  # (not started by stage_ranks=)
+                users.discard(self)
+                if not users and isinstance(r, HeldRanks):
                     r.close()
-            self.placements = []
+            self.placements, self._placed = [], []
         self._ranks = _stage_ranks(self.stages, name)
 
     def _input(self, stage: int, x: np.ndarray, rows: int) -> Tensor:
@@ -745,13 +760,16 @@ class PipelineStep:
         return backward
 
 
-def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
+def _stage_ranks(
+    stages: Sequence[Module], name: str, placed: Sequence[Any] = ()
+) -> list[Ranks | None]:
     """Per stage, None for a local stage (its parameters and buffers on one device), or
     the ranks holding a global stage's: every parameter and buffer global, broadcast on
     one single-rank placement that no other stage uses (``stage.to_global(
     af.placement("cpu", ranks=[i]))``; under ``af.parallel.use_ranks("processes")`` the
     stage then computes in a worker process of its own). Other global stages are refused
-    with what is supported."""
+    with what is supported. ``placed``: per stage, the ranks ``stage_ranks=`` put it on (a
+    stage without parameters or buffers computes there too)."""
     out: list[Ranks | None] = []
     used: dict = {}
     for i, m in enumerate(stages):
@@ -759,7 +777,7 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
         tensors += [("buffer", k, t) for k, t in m.named_buffers()]
         glob = [(kind, k, t) for kind, k, t in tensors if t.is_global]
         if not glob:
-            out.append(None)
+            out.append(placed[i] if placed and not tensors else None)
             continue
         kind, key, first = glob[0]
         place = first.placement
@@ -797,17 +815,51 @@ def _stage_ranks(stages: Sequence[Module], name: str) -> list[Ranks | None]:
     return out
 
 
+_STAGE_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ranks that stage_ranks= started -> the pipelines (PipelineStep) whose stages are on them
+
+
+def _to_ranks(stages: Sequence[Module], kind: str, name: str) -> list[Placement]:
+    """``stage_ranks=kind``: stage i made global on ``placement("cpu", ranks=[i])`` on
+    ranks of ``kind`` (started here with the cores shared among the stages, or those of
+    another pipeline's stage i), all or none: a stage global already is refused before
+    any moves, and a failed move brings the moved ones back."""
+    for i, m in enumerate(stages):
+        if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
+            raise ValueError(
+                f"{name}(stages=..., stage_ranks={kind!r}): stage {i} is global already; "
+                f"give local stages (it makes each global on a placement of its own), or "
+                f"leave stage_ranks out"
+            )
+    placements: list[Placement] = []
+    moved: list[Module] = []
+    try:
+        with ranks_here(kind):
+            for i, m in enumerate(stages):
+                place = Placement("cpu", ranks=[i])
+                placements.append(place)
+                _own_ranks(kind, place, len(stages)).synchronize()  # (started)
+                m.to_global(place)
+                moved.append(m)
+    except BaseException:
+        for m in moved:
+            m.to("cpu")
+        raise
+    return placements
+
+
 def _own_ranks(kind: str, placement: Placement, stages: int) -> Any:
     """The ranks of ``kind`` of a stage's placement made with this machine's cores shared
     among the ``stages`` workers (``ranks_of`` would give a one-rank placement every core:
     its BLAS threads then spin against the other stages' on the same cores). Ranks made
     before (another graph's stage on the same placement) are kept."""
-    from ..parallel.ranks import _GROUPS, KINDS
+    from ..parallel.ranks import KINDS
 
     key = (kind, placement)
     if key not in _GROUPS:
         threads = max(1, (os.cpu_count() or 1) // stages)
         _GROUPS[key] = KINDS[kind](placement, threads=threads)
+        _STAGE_USERS[_GROUPS[key]] = weakref.WeakSet()  # (close() may end these)
     return _GROUPS[key]
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..parallel.workers import adopt
 from ..tensor.tensor import Tensor, wrap
-from .module import Module, Parameter, structure_version
+from .module import Module, Parameter
 
 # -- the worker's side -------------------------------------------------------------------
 
@@ -66,23 +66,32 @@ class _Unpickler(pickle.Unpickler):
     def __init__(self, data: bytes, ex: Any) -> None:
         super().__init__(io.BytesIO(data))
         self.ex = ex
+        self.made: dict = {}  # (a tensor the module reaches twice is one tensor here)
 
     def persistent_load(self, pid: Any) -> Any:
         kind, ref, param, requires_grad = pid
         if kind == "part":
-            got = self.ex.inputs([ref])
-            if isinstance(got, bytes):  # (the part holds an error: raised as its own)
-                words, _, data = pickle.loads(got)
-                raise pickle.loads(data) if data else RuntimeError(words)
-            impl = got[0]
-            m = impl.meta  # (a view: the module's tensor on the part's storage, so the
-            #                commands writing the part in place write it, while autograd
-            #                marks the view alone)
-            t = wrap(impl.view(m.shape, m.strides, m.offset))
-        else:  # ("array", a local tensor's values)
-            from ..creation import from_numpy
+            t = self.made.get(ref)
+            if t is None:
+                t = self.made[ref] = self._tensor(ref, param, requires_grad)
+            return t
+        from ..creation import from_numpy  # ("array": a local tensor's values)
 
-            t = from_numpy(np.array(ref))
+        t = from_numpy(np.array(ref))
+        if param:
+            return Parameter(t, requires_grad)
+        return t.requires_grad_() if requires_grad else t
+
+    def _tensor(self, ref: int, param: bool, requires_grad: bool) -> Any:
+        got = self.ex.inputs([ref])
+        if isinstance(got, bytes):  # (the part holds an error: raised as its own)
+            words, _, data = pickle.loads(got)
+            raise pickle.loads(data) if data else RuntimeError(words)
+        impl = got[0]
+        m = impl.meta  # (a view: the module's tensor on the part's storage, so the
+        #                commands writing the part in place write it, while autograd
+        #                marks the view alone)
+        t = wrap(impl.view(m.shape, m.strides, m.offset))
         if param:
             return Parameter(t, requires_grad)
         return t.requires_grad_() if requires_grad else t
@@ -94,7 +103,15 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     the module does not load, that part holds the error, raised by every act."""
     from ..creation import from_numpy
 
-    kept = _Kept(_Unpickler(blob, ex).load(), label, passes_on)
+    try:
+        module = _Unpickler(blob, ex).load()
+    except (AttributeError, ImportError, ModuleNotFoundError) as e:
+        raise type(e)(
+            f"{label}'s module could not be loaded in its worker ({e}); the classes and "
+            f"functions a stage holds are loaded there by their module's name: define them "
+            f"in a module the worker can import, not in the script run as __main__"
+        ) from e
+    kept = _Kept(module, label, passes_on)
     ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
     ex.kept[outs[0]] = kept
 
@@ -111,7 +128,13 @@ def _kept(ex: Any, key: int) -> _Kept:
     return st
 
 
-def _start(ex: Any, key: int, outs: list) -> None:
+def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
+    """Before a batch (``seed``: what the worker's random ops draw from in it), or after a
+    failed one (None): the graphs and gradients of the last one let go."""
+    if seed is not None:
+        from ..creation import manual_seed
+
+        manual_seed(seed)
     st = ex.kept.get(key)
     if st is None:
         return  # (its loading failed: raised by the acts)
@@ -269,26 +292,35 @@ class RankStage:
         return list(m.parameters()) + list(m.buffers())
 
     def begin(self) -> None:
-        """Before a batch: the module defined in the worker (again, where it or the parts
-        of its tensors changed), what the worker kept of the last batch cleared."""
+        """Before a batch: the module defined in the worker where it is not there as it is
+        here (the module pickled again each batch, and sent again where the bytes differ:
+        an attribute, a layer, a mode, a frozen parameter, a parameter's part changed),
+        what the worker kept of the last batch cleared, its random ops seeded."""
+        from ..creation import spawned_seed
         from ..dtype import float32
         from ..parallel.interpreter import parts_of
 
         tensors = self._tensors()
-        ids = tuple(parts_of(t._impl)[0].id for t in tensors)
-        modes = tuple(sub.training for sub in self.module.modules())
-        flags = tuple(t.requires_grad for t in tensors)
-        state = (self.ranks, structure_version[0], ids, modes, flags)
+        ids = [parts_of(t._impl)[0].id for t in tensors]
+        blob = self._pickled(dict(zip(map(id, tensors), ids, strict=True)))
+        state = (self.ranks, blob)
         if state != self._defined:
             self._defined = None
-            blob = self._pickled(dict(zip(map(id, tensors), ids, strict=True)))
             label = f"stage {self.index} of {self.n}"
             passes_on = self.index < self.n - 1
             (self._marker,) = self.ranks.call_fn(
                 0, _define, (blob, label, passes_on), (float32,)
             )  # (the one before dropped with its handle: the worker forgets that module)
             self._defined = state
-        self.ranks.call_fn(0, _start, (self.key,), ())
+        self.ranks.call_fn(0, _start, (self.key, spawned_seed()), ())
+
+    def clear(self) -> None:
+        """After a failed batch: the worker lets go of its graphs and gradients."""
+        if self._marker is not None and not self.ranks.closed:
+            try:
+                self.ranks.call_fn(0, _start, (self.key, None), ())
+            except Exception:  # noqa: BLE001 - the ranks failed: nothing held there now
+                pass
 
     def _pickled(self, ids: dict) -> bytes:
         buf = io.BytesIO()
@@ -381,4 +413,6 @@ class RankStage:
         self.peak_saved_bytes = int(got[0])
         for p, part, has in zip(params, grads, got[1:], strict=True):
             if has:
-                p.grad = wrap(make(self.ranks, [part], tuple(p.shape), p.dtype, broadcast))
+                g = wrap(make(self.ranks, [part], tuple(p.shape), p.dtype, broadcast))
+                # (build used the parameter too: its gradient here, added)
+                p.grad = g if p.grad is None else p.grad + g

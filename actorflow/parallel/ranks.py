@@ -840,14 +840,38 @@ KIND = ["inline"]
 KINDS: dict = {"inline": InlineRanks, "processes": ProcessRanks}
 
 
+_HERE = threading.local()  # this thread's kind of ranks while ``ranks_here`` says one
+
+
 def ranks_of(placement: Placement) -> Ranks:
     """The ranks running ``placement`` in the current world (made once per placement, and
     again after they were closed)."""
-    key = (KIND[0], placement)
+    kind = getattr(_HERE, "kind", None) or KIND[0]
+    key = (kind, placement)
     g = _GROUPS.get(key)
     if g is None:
-        g = _GROUPS[key] = KINDS[KIND[0]](placement)
+        g = _GROUPS[key] = KINDS[kind](placement)
     return g
+
+
+class ranks_here:
+    """``use_ranks`` for the calling thread only, for the block (what the library itself
+    uses: another thread's choice, or the process's, is left as it is)."""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(
+                f"ranks_here: kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}"
+            )
+        self.kind = kind
+
+    def __enter__(self) -> ranks_here:
+        self.before = getattr(_HERE, "kind", None)
+        _HERE.kind = self.kind
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _HERE.kind = self.before
 
 
 class use_ranks:
