@@ -625,7 +625,11 @@ def access(impl, fn, write: bool, name: str = "access"):
         muts,
         run_access,
         (impl, fn),
-        blob.nbytes >> 2,
+        # (what ``fn`` touches: a view's elements, not its whole blob's, so reading one
+        # element of a large tensor runs on the spot rather than on a pool thread)
+        blob.nbytes >> 2
+        if impl.base is None or impl.meta.shape is None
+        else numel(impl.meta.shape),
     )
     _VM.submit(instr)
     return instr
