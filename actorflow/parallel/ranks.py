@@ -676,9 +676,9 @@ class ProcessRanks(HeldRanks):
                 self._unput()
                 src = impl if impl.blob.backend.host_memory else transfer(impl, device("cpu"))
                 if nbytes > W.INLINE:
-                    payload = ("fd", W.write_into(read, src, nbytes)[0])
+                    payload = ("fd", W.write_into(_read_now, src, nbytes)[0])
                 else:
-                    a = read(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
+                    a = _read_now(src, lambda x: np.array(x, copy=True, order="C"), "to_global")
                     payload = a.reshape(-1).view(np.uint8).data if nbytes else None
             self._put = (impl, payload, rank)
             if rank == self.size - 1:
@@ -707,7 +707,7 @@ class ProcessRanks(HeldRanks):
         self._unput()
         start, end = where
         src = impl if impl.blob.backend.host_memory else transfer(impl, device("cpu"))
-        read(src, lambda a: ch.write(a, start), "to_global")
+        _read_now(src, lambda a: ch.write(a, start), "to_global")
         fd = ch.descriptor()
         payload = None
         if fd is not None:
@@ -789,6 +789,23 @@ class ProcessRanks(HeldRanks):
                 outs.append(out)
             self._after(0, sum(_nbytes(m) for m in metas))
             return outs
+
+
+def _read_now(impl: Any, fn: Any, name: str) -> Any:
+    """``fn`` over a host tensor's values to put them: here and now where nothing is
+    pending on them (a put waits for them anyway: a hop to a pool thread of the runtime
+    and back would only add its latency, long while the workers keep the cores busy),
+    else through ``read`` once the work writing them is done."""
+    blob = impl.blob
+    if (
+        blob.backend.host_memory
+        and blob.allocated
+        and blob.error is None
+        and blob.idle()
+        and impl.meta.shape is not None
+    ):
+        return fn(impl.array())
+    return read(impl, fn, name)
 
 
 def _rank_error(actor: str, piece: None, original: BaseException) -> ActorError:
