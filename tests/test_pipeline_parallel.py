@@ -941,20 +941,6 @@ class Unpicklable(nn.Module):
         return self.act(x)
 
 
-@processes
-def test_a_stage_that_does_not_pickle_is_refused_with_what_to_do():
-    stages = stages_of(2)
-    stages[1] = nn.Sequential(stages[1], Unpicklable())
-    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
-    try:
-        with pytest.raises(TypeError, match=r"stage 1 of 2 \(Sequential\) .* does not pickle"):
-            g.step(*data(1)[0])
-        stages[1][1] = nn.Tanh()  # the graph goes on
-        assert np.isfinite(float(g.step(*data(1)[0])))
-    finally:
-        g.pipelined.close()
-
-
 class LoadsOnlyHere(nn.Module):
     """A module whose unpickling fails (in the worker: it is pickled here only)."""
 
@@ -966,16 +952,36 @@ class LoadsOnlyHere(nn.Module):
 
 
 @processes
-def test_a_stage_its_worker_cannot_load_is_the_stages_actor_error_and_the_worker_forgets():
+@pytest.mark.parametrize(
+    "bad,error,words",
+    [
+        (Unpicklable, TypeError, r"stage 1 of 2 \(Sequential\) .* does not pickle"),
+        (LoadsOnlyHere, ActorError, "cannot be loaded in a worker"),
+    ],
+)
+def test_a_stage_that_does_not_pickle_or_load_is_refused_and_the_graph_goes_on(bad, error, words):
+    """A module that does not pickle is refused here (TypeError, what to do); one the
+    worker cannot load is the stage's ActorError; with the module fixed, the graph trains."""
     stages = stages_of(2)
-    stages[1] = nn.Sequential(stages[1], LoadsOnlyHere())
+    stages[1] = nn.Sequential(stages[1], bad())
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
     try:
-        with pytest.raises(ActorError, match="cannot be loaded in a worker") as e:
+        with pytest.raises(error, match=words) as e:
             g.step(*data(1)[0])
-        assert e.value.actor.startswith("stage1."), e.value.actor
+        if error is ActorError:
+            assert e.value.actor.startswith("stage1."), e.value.actor
         stages[1][1] = nn.Identity()  # (the module changed: sent again, and loads)
         assert np.isfinite(float(g.step(*data(1)[0])))
+    finally:
+        g.pipelined.close()
+
+
+@processes
+def test_a_worker_forgets_a_stage_once_its_handle_is_dropped():
+    stages = stages_of(2)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
+    try:
+        g.step(*data(1)[0])
         w = g.pipelined._workers[1]
         key, ranks = w.key, w.ranks
         kept = ranks.call_fn(0, kept_keys, (), (af.int64,))[0]
