@@ -27,17 +27,21 @@ else costs). Stages here are threads sharing one interpreter lock: two stages ov
 where their kernels release it (numpy's matmul does; actorflow's eager op dispatch,
 autograd's bookkeeping and the copies between registers do not), so the bubble measured
 counts the lock's waits as acting, and the speed-up is bounded by how much of a step is
-in BLAS. Stages in worker processes would overlap fully; they are not built yet.
+in BLAS. Stages in worker processes (``stage_ranks=``) are in ``bench_parallel.py``.
 
 ``--picture PATH`` draws the 1F1B timeline of one batch (a 3-stage cut of a smaller model,
 M = 8, so the warm-up, the alternation and the drain are visible) with
-``af.plot_timeline`` into PATH (``docs/pipeline_1f1b.png``).
+``af.plot_timeline`` into PATH (``docs/pipeline_1f1b.png``); with ``--stage-ranks
+processes`` the same with each stage in a worker process of its own
+(``docs/pipeline_1f1b_processes.png``).
 
 Usage::
 
     python benchmarks/bench_pipeline_parallel.py                 # both BLAS settings
     python benchmarks/bench_pipeline_parallel.py --quick         # 1 batch, 1 round
     python benchmarks/bench_pipeline_parallel.py --picture docs/pipeline_1f1b.png --no-bench
+    python benchmarks/bench_pipeline_parallel.py --picture docs/pipeline_1f1b_processes.png \
+        --stage-ranks processes --no-bench
 
 Writes ``benchmarks/results/pipeline_parallel.json`` (``--out`` to change).
 """
@@ -84,12 +88,14 @@ def batches(n: int, rows: int, width: int, seed: int = 0) -> list:
     ]
 
 
-def pipeline_graph(stages, m: int, buffers=None):
+def pipeline_graph(stages, m: int, buffers=None, ranks=None):
     from actorflow import nn, optim
 
     class Pipe(nn.Graph):
         def __init__(self):
-            super().__init__(stages=stages, micro_batches=m, stage_buffers=buffers)
+            super().__init__(
+                stages=stages, micro_batches=m, stage_buffers=buffers, stage_ranks=ranks
+            )
             self.loss = nn.MSELoss()
             self.add_optimizer(optim.SGD([p for s in stages for p in s.parameters()], lr=1e-3))
 
@@ -193,24 +199,30 @@ def worker(args) -> dict:
     return rows
 
 
-def picture(path: Path) -> None:
+def picture(path: Path, ranks: str | None = None) -> None:
     import actorflow as af
 
     af.manual_seed(0)
     stages = model(1024, 6, 3)
-    g = pipeline_graph(stages, 8)
+    g = pipeline_graph(stages, 8, ranks=ranks)
     data = batches(2, 256, 1024)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "run.json"
-        list(g.run(data, trace=trace))  # (the second batch: warm)
-        af.plot_timeline(
-            trace.with_name("run.1.json"),
-            path,
-            title="1F1B: 3 stages, 8 micro-batches, stage i holds at most 3 - i",
-        )
-    print(f"wrote {path}; per stage, the acts of the batch in order:")
-    for i in range(len(stages)):
-        print(f"  stage {i}:", " ".join(f"{k}{j}" for s, k, j in g.pipelined.acts if s == i))
+    where = f", each stage in a worker (stage_ranks={ranks!r})" if ranks else ""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "run.json"
+            list(g.run(data, trace=trace))  # (the second batch: warm)
+            af.plot_timeline(
+                trace.with_name("run.1.json"),
+                path,
+                title=f"1F1B: 3 stages, 8 micro-batches, stage i holds at most 3 - i{where}",
+            )
+        print(f"wrote {path}; per stage, the acts of the batch in order:")
+        for i in range(len(stages)):
+            acts = [f"{k}{j}" for s, k, j in g.pipelined.acts if s == i]
+            print(f"  stage {i}:", " ".join(acts))
+        print("  micro-batches held at most per stage:", g.pipelined.peak_held)
+    finally:
+        g.pipelined.close()
 
 
 def main() -> int:
@@ -221,6 +233,12 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--quick", action="store_true", help="1 timed batch, 1 round")
     ap.add_argument("--picture", type=Path, default=None)
+    ap.add_argument(
+        "--stage-ranks",
+        default=None,
+        choices=["processes", "ray"],
+        help="the picture's stages each in a worker of that kind (stage_ranks=)",
+    )
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -231,7 +249,7 @@ def main() -> int:
         print(json.dumps(worker(args)))
         return 0
     if args.picture is not None:
-        picture(args.picture)
+        picture(args.picture, args.stage_ranks)
     if args.no_bench:
         return 0
     results = {}
