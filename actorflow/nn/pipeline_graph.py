@@ -121,6 +121,7 @@ laid out otherwise (several ranks, a split, two stages on one placement) are ref
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 import weakref
@@ -135,8 +136,8 @@ from ..autograd import enable_grad, no_grad
 from ..backends import get_backend
 from ..creation import from_numpy
 from ..device import device as as_device
+from ..dtype import as_dtype
 from ..eager.interpreter import use_stream
-from ..parallel import workers as _workers
 from ..parallel.interpreter import make as _global_of
 from ..parallel.interpreter import parts_of
 from ..parallel.ranks import _GROUPS, HeldRanks, Ranks, ranks_here
@@ -221,6 +222,7 @@ class PipelineStep:
         # per stage, a RankStage where its ranks are held elsewhere (process or Ray
         # ranks): its acts computed there, one command each (pipeline_ranks.py)
         self._workers: list[RankStage | None] = [None] * len(stages)
+        self._kind: str | None = None  # the stages' kind of ranks in a batch
         default = [n - i for i in range(n)]
         if stage_buffers is None:
             buffers = default
@@ -303,9 +305,10 @@ class PipelineStep:
         name = type(self.graph).__name__
         self._ranks = _stage_ranks(self.stages, name, self._placed)  # (moved since)
         kinds = {r.kind for r in self._ranks if r is not None}
-        if len(kinds) != 1:
+        self._kind = kinds.pop() if len(kinds) == 1 else None
+        if self._kind is None:
             return self._batch_on(args, trace, memory)
-        with ranks_here(kinds.pop()):  # (this thread's: not another's)
+        with ranks_here(self._kind):  # (this thread's: not another's)
             return self._batch_on(args, trace, memory)
 
     def _batch_on(self, args: tuple, trace, memory) -> float:
@@ -324,10 +327,10 @@ class PipelineStep:
             None if r is not None else get_backend(d).stream(f"pipeline stage {i}")
             for i, (d, r) in enumerate(zip(self._devices, self._ranks, strict=True))
         ]
-        g = self._graph_for(items[0], memory)
         for w in self._workers:
             if w is not None:
                 w.begin()
+        g = self._graph_for(items[0], memory)
         params = self._trained()
         self._params = [
             {id(t._impl.blob) for t in list(s.parameters()) + list(s.buffers())} for s in stages
@@ -460,19 +463,23 @@ class PipelineStep:
         with no_grad():
             for i in range(n - 1):
                 t = self._run_eval(i, t)
+                if isinstance(t, np.ndarray):  # (computed in its worker, checked there)
+                    outs.append(Spec((size,) + tuple(t.shape[1:]), t.dtype))
+                    continue
                 if not isinstance(t, Tensor) or t.ndim == 0 or t.shape[0] != 1:
                     raise wrong_output(f"stage {i} of {n}", t, 1, True)
                 outs.append(Spec((size,) + tuple(t.shape[1:]), t.dtype))
             self._last_dtype = None
-            if isinstance(self._ranks[-1], HeldRanks):  # (its output is read back here)
-                last = self._run_eval(n - 1, t)
-                if not isinstance(last, Tensor):
-                    raise wrong_output(f"stage {n - 1} of {n}", last, 1, False)
-                self._last_dtype = last.dtype
+            if self._workers[-1] is not None:  # (its output is read back here)
+                self._last_dtype = as_dtype(self._run_eval(n - 1, t).dtype)
         return source, tuple(outs)
 
     def _run_eval(self, i: int, t: Any) -> Any:
-        """Stage ``i`` on ``t`` (an array, or the last stage's output) in eval mode."""
+        """Stage ``i`` on ``t`` (an array, or the last stage's output) in eval mode; in its
+        worker for a stage computing there (its output an array)."""
+        w = self._workers[i]
+        if w is not None:
+            return w.probe(t if isinstance(t, np.ndarray) else _host(t))
         m = self.stages[i]
         modes = [(sub, sub.training) for sub in m.modules()]
         try:
@@ -581,18 +588,15 @@ class PipelineStep:
 
     def _settle(self, stage: int) -> None:
         """Waits for the work writing the stage's gradients; raises the error a kernel of
-        it gave (for a stage on process ranks: the worker's, asked for each gradient's
-        part, in the order the worker runs its commands)."""
+        it gave (a stage on inline ranks: its gradients' parts'; a stage computing in a
+        worker settles there, in its acts)."""
         ranks, params = self._ranks[stage], self._grads[stage]
         if ranks is None:
             _settle(params)
             return
         grads = [p.grad for p in params if p.grad is not None]
         held = [g for g in grads if g.is_global and g._impl.blob.ranks is ranks]
-        if isinstance(ranks, HeldRanks):
-            _settle_held(ranks, held)
-        else:
-            _settle([wrap(pt) for g in held for pt in parts_of(g._impl)])
+        _settle([wrap(pt) for g in held for pt in parts_of(g._impl)])
         rest = [g for g in grads if not any(g is h for h in held)]
         for g in rest:  # (a head's, or made on other ranks: read, so its error is raised)
             _host(g)
@@ -607,34 +611,30 @@ class PipelineStep:
         name = type(self.graph).__name__
         if not self.placements:
             return
-        held = [r for r in _stage_ranks(self.stages, name, self._placed) if r is not None]
         for w in self._workers:  # (their modules in the workers)
             if w is not None:
                 w.forget()
         self._workers = [None] * len(self.stages)
         try:
-            for m in self.stages:
-                if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
-                    m.to("cpu")
-            for opt in self.graph._optimizers:  # (their state: onto each parameter's device)
-                held_state = [
-                    v
-                    for st in opt.state.values()
-                    for v in st.values()
-                    if isinstance(v, Tensor) and v.is_global
-                ]
-                if held_state:
-                    opt.load_state_dict(opt.state_dict())
+            self._bring_back()
         finally:
-            for r in held:
-                users = _STAGE_USERS.get(r)
-                if users is None or r.placement not in self.placements:
-                    continue  # (not started by stage_ranks=)
-                users.discard(self)
-                if not users and isinstance(r, HeldRanks):
-                    r.close()
+            _end_started(self._placed, self)
             self.placements, self._placed = [], []
         self._ranks = _stage_ranks(self.stages, name)
+
+    def _bring_back(self) -> None:
+        """The stages local again, with their values, and the optimizers' state too (what
+        held their parts is let go of on return)."""
+        for m in self.stages:
+            if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
+                m.to("cpu")
+        for opt in self.graph._optimizers:  # (their state: onto each parameter's device)
+            if any(
+                isinstance(v, Tensor) and v.is_global
+                for st in opt.state.values()
+                for v in st.values()
+            ):
+                opt.load_state_dict(opt.state_dict())
 
     def _input(self, stage: int, x: np.ndarray, rows: int) -> Tensor:
         inp = self._tensor(stage, x[:rows])
@@ -699,8 +699,6 @@ class PipelineStep:
 
     def _out_dtype(self, i: int) -> Any:
         """The dtype of stage ``i``'s output (its register's)."""
-        from ..dtype import as_dtype
-
         if i == len(self.stages) - 1:
             return self._last_dtype
         return as_dtype(self._regs[1][i].dtype)
@@ -715,7 +713,9 @@ class PipelineStep:
         self._count(i, mb)
         out = from_numpy(got).requires_grad_()
         rest = [from_numpy(np.array(r[:rows])) for r in item[3:]]
-        with enable_grad():
+        kind = ranks_here(self._kind) if self._kind else contextlib.nullcontext()
+        with enable_grad(), kind:  # (on this act's thread: what build makes on a
+            #                         stage's placement, made on its worker)
             loss = graph.build(out, *unflatten(self._rest, rest))
             if not isinstance(loss, Tensor) or loss.numel() != 1:
                 raise wrong_loss(graph, loss)
@@ -780,19 +780,26 @@ def _stage_ranks(
             out.append(placed[i] if placed and not tensors else None)
             continue
         kind, key, first = glob[0]
-        place = first.placement
+        place, held = first.placement, first._impl.blob.ranks
         for kind, key, t in tensors:
             if (
                 not t.is_global
                 or t.placement is not place
                 or place.size != 1
                 or (t.sbp != (broadcast,))
+                or t._impl.blob.ranks is not held
             ):
                 where = (
                     f"on {t.placement!r} with sbp {t.sbp}"
                     if t.is_global
                     else f"local, on {t.device}"
                 )
+                if t.is_global and t._impl.blob.ranks is not held:
+                    where += (
+                        f" but on other ranks than the stage's {glob[0][0]} {glob[0][1]!r} (made "
+                        f"under another af.parallel.use_ranks kind: {t._impl.blob.ranks.kind!r} "
+                        f"and {held.kind!r})"
+                    )
                 raise NotImplementedError(
                     f"{name}(stages=...): stage {i}'s {kind} {key!r} (shape "
                     f"{tuple(t.shape)}) is {where}; a pipeline stage over global tensors "
@@ -833,19 +840,40 @@ def _to_ranks(stages: Sequence[Module], kind: str, name: str) -> list[Placement]
             )
     placements: list[Placement] = []
     moved: list[Module] = []
+    started: list = []
     try:
         with ranks_here(kind):
             for i, m in enumerate(stages):
                 place = Placement("cpu", ranks=[i])
                 placements.append(place)
-                _own_ranks(kind, place, len(stages)).synchronize()  # (started)
+                started.append(_own_ranks(kind, place, len(stages)))
+                started[-1].synchronize()  # (the worker up)
                 m.to_global(place)
                 moved.append(m)
     except BaseException:
         for m in moved:
             m.to("cpu")
+        _end_started(started, None)
         raise
     return placements
+
+
+def _end_started(placed: Sequence[Any], owner: Any) -> None:
+    """Ends the ranks of ``placed`` that ``stage_ranks=`` started, once no pipeline
+    (``owner`` leaving) has its stages there and no part lives there any more (stages
+    made global there by hand, or any tensor of the placement, keep them)."""
+    for r in placed:
+        users = _STAGE_USERS.get(r)
+        if users is None:
+            continue  # (not started by stage_ranks=)
+        if owner is not None:
+            users.discard(owner)
+        if users or not isinstance(r, HeldRanks) or r.closed:
+            continue
+        if r.live_parts():
+            gc.collect()  # (a cycle may hold the last handles)
+        if not r.live_parts():
+            r.close()
 
 
 def _own_ranks(kind: str, placement: Placement, stages: int) -> Any:
@@ -861,21 +889,6 @@ def _own_ranks(kind: str, placement: Placement, stages: int) -> Any:
         _GROUPS[key] = KINDS[kind](placement, threads=threads)
         _STAGE_USERS[_GROUPS[key]] = weakref.WeakSet()  # (close() may end these)
     return _GROUPS[key]
-
-
-def _settle_held(ranks: HeldRanks, grads: list) -> None:
-    """Waits until the worker holding ``grads`` (global tensors on one rank) ran every
-    command sent so far, and raises the error a gradient's part holds there (a ``META``
-    request per part: the worker answers it after the commands before it, with the error
-    the part holds, if any)."""
-    if not grads:
-        ranks.synchronize()
-        return
-    with ranks._lock:
-        ranks._live()
-        for g in grads:
-            (pt,) = parts_of(g._impl)
-            ranks._request(pt.rank, (_workers.META, pt.id))
 
 
 def _device_of(stage: Module) -> Any:

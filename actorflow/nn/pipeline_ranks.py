@@ -105,11 +105,15 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
 
     try:
         module = _Unpickler(blob, ex).load()
-    except (AttributeError, ImportError, ModuleNotFoundError) as e:
+    except (AttributeError, ImportError) as e:
         raise type(e)(
             f"{label}'s module could not be loaded in its worker ({e}); the classes and "
             f"functions a stage holds are loaded there by their module's name: define them "
             f"in a module the worker can import, not in the script run as __main__"
+        ) from e
+    except Exception as e:
+        raise RuntimeError(
+            f"{label}'s module could not be loaded in its worker: {type(e).__name__}: {e}"
         ) from e
     kept = _Kept(module, label, passes_on)
     ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
@@ -175,6 +179,32 @@ def _forward(ex: Any, key: int, mb: int, in_id: int, needs_grad: bool, outs: lis
     st.held += nbytes
     st.peak = max(st.peak, st.held)
     ex.parts[outs[0]] = _contiguous(ex, out.detach())
+    return None
+
+
+def _probe(ex: Any, key: int, in_id: int, outs: list) -> None:
+    """The stage on one row in eval mode without autograd (its output's layout: nothing
+    of the module changes, nothing random is drawn)."""
+    from ..autograd import no_grad
+
+    st = _kept(ex, key)
+    got = ex.inputs([in_id])
+    if isinstance(got, bytes):
+        return ex.fail(outs, got)
+    x = wrap(got[0])
+    modes = [(sub, sub.training) for sub in st.module.modules()]
+    try:
+        for sub, _ in modes:  # (as eval() does)
+            object.__setattr__(sub, "training", False)
+        with no_grad():
+            out = st.module(x)
+    finally:
+        for sub, mode in modes:
+            object.__setattr__(sub, "training", mode)
+    rows = x.shape[0]
+    if not isinstance(out, Tensor) or (st.passes_on and (out.ndim == 0 or out.shape[0] != rows)):
+        raise wrong_output(st.label, out, rows, st.passes_on)
+    ex.parts[outs[0]] = _contiguous(ex, out)
     return None
 
 
@@ -368,14 +398,24 @@ class RankStage:
 
         return self.ranks.put(0, from_numpy(np.ascontiguousarray(a))._impl)
 
-    def _read(self, part: Any) -> np.ndarray:
-        """The part's values (no tensor made here: an array freed as soon as dropped)."""
+    def _read(self, part: Any, raw: bool = False) -> np.ndarray:
+        """The part's values (no tensor made here: an array freed as soon as dropped;
+        ``raw``: as stored, whatever the part's dtype)."""
         a = self.ranks.read(0, part)
-        if a.dtype != part.dtype.np:  # (a dtype stored as another: its values)
+        if not raw and a.dtype != part.dtype.np:  # (a dtype stored as another: its values)
             from ..runtime_api import peek_array
 
             return np.asarray(peek_array(wrap(adopt(a, part.dtype))))
         return a
+
+    def probe(self, x: np.ndarray) -> np.ndarray:
+        """The stage's output for the rows ``x`` in eval mode without autograd, computed in
+        the worker (what the registers' layouts are found with)."""
+        from ..dtype import float32
+
+        part = self._put(x)
+        (out,) = self.ranks.call_fn(0, _probe, (self.key, part.id), (float32,))
+        return self._read(out, raw=True)
 
     def forward(self, mb: int, x: np.ndarray, dtype: Any) -> np.ndarray:
         """Micro-batch ``mb``'s forward over the input rows ``x``: its output's values

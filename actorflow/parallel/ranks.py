@@ -44,7 +44,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..device import Device, device
-from ..eager.interpreter import apply, read, resolve, transfer
+from ..eager.interpreter import apply, current_stream, read, resolve, transfer
 from ..errors import ActorError, DeviceError
 from ..ops import get as op_def
 from ..runtime.sched.processes import (
@@ -58,6 +58,7 @@ from ..sbp import Placement
 from ..tensor.blob import Blob
 from ..tensor.impl import TensorImpl
 from ..tensor.meta import TensorMeta, contiguous_meta, numel
+from ..vm.scheduler import get_vm
 from . import workers as W
 
 _COPY = op_def("copy")
@@ -245,6 +246,7 @@ class HeldRanks(Ranks):
         self._lock = threading.RLock()
         self._refs: dict = {}
         self._work = 0  # bytes of work kept (not sent yet)
+        self._made = self._gone = 0  # parts handed out, and dropped since (live_parts)
         self._failed: tuple | None = None  # (ActorError's arguments) once a rank died
         self.closed = False
 
@@ -339,7 +341,13 @@ class HeldRanks(Ranks):
         return ref
 
     def _part(self, rank: int, meta: Any, dtype: Any) -> Part:
+        self._made += 1
         return Part(rank, next(self._ids), meta, dtype, self._drops)
+
+    def live_parts(self) -> int:
+        """How many parts handles of this process still name (made, not dropped)."""
+        with self._lock:
+            return self._made - self._gone - len(self._drops)
 
     # -- the interface ---------------------------------------------------------------------
 
@@ -542,6 +550,7 @@ class ProcessRanks(HeldRanks):
         drops = self._drops
         while drops:
             r, i = drops.popleft()
+            self._gone += 1
             self._pending[r].append((W.DROP, [i]))
             if self._rec is not None:
                 self._rec.dropped.add(i)
@@ -794,17 +803,26 @@ class ProcessRanks(HeldRanks):
 def _read_now(impl: Any, fn: Any, name: str) -> Any:
     """``fn`` over a host tensor's values to put them: here and now where nothing is
     pending on them (a put waits for them anyway: a hop to a pool thread of the runtime
-    and back would only add its latency, long while the workers keep the cores busy),
-    else through ``read`` once the work writing them is done."""
+    and back would only add its latency, long while the workers keep the cores busy), as
+    one of the runtime's inline calls (under its lock, so a write another thread issues
+    is ordered before or after it, never during), else through ``read`` once the work
+    writing them is done."""
     blob = impl.blob
-    if (
-        blob.backend.host_memory
-        and blob.allocated
-        and blob.error is None
-        and blob.idle()
-        and impl.meta.shape is not None
-    ):
-        return fn(impl.array())
+    if blob.backend.host_memory and blob.allocated and impl.meta.shape is not None:
+        got: list = []
+
+        def run(_: Any) -> None:
+            try:
+                got.append((True, fn(impl.array())))
+            except BaseException as e:  # noqa: BLE001 - raised here, below
+                got.append((False, e))
+
+        stream = current_stream(blob.backend)
+        if get_vm().run_inline(stream, (blob,), (), 0, name, run, None) and got:
+            ok, value = got[0]
+            if not ok:
+                raise value
+            return value
     return read(impl, fn, name)
 
 

@@ -345,6 +345,7 @@ class RayRanks(HeldRanks):
         pending, drops = self._pending, self._drops
         while drops:
             r, i = drops.popleft()
+            self._gone += 1
             pending[r].append((W.DROP, [i]))
         left = True
         while left:

@@ -245,6 +245,9 @@ class Channel:
             pass
 
 
+_FENCE = threading.Lock()
+
+
 def channel_size(nbytes: int, old: Channel | None) -> int:
     """The size of a new channel for a part of ``nbytes`` (room for 4 of them, at least
     twice the old one)."""
@@ -746,6 +749,8 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 try:
                     arr = ch.read(start, dtype.np, shape)
                 finally:
+                    with _FENCE:  # (the copy's loads done before the count is seen, on
+                        pass  #     CPUs that would reorder them: a lock is a full barrier)
                     ch.consumed[0] = end  # (those bytes may be written again)
             elif how:  # (one file for every rank it is put on)
                 arr = mapped_part(buf, nbytes, dtype.np, shape)
