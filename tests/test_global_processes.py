@@ -907,3 +907,38 @@ def test_data_parallel_training_survives_a_killed_rank_by_resuming_from_its_chec
         train(m, opt, p, batches[3:])
         for a, b in zip(want_params, m.parameters(), strict=True):
             np.testing.assert_allclose(b.numpy(), a, rtol=1e-6, atol=1e-7)
+
+
+def test_a_put_reads_no_tensor_another_thread_is_writing():
+    """A put reads a host tensor with nothing pending at once, but as one of the
+    runtime's inline calls: under its lock, so a write running inline on another thread
+    (which holds that lock) is done first, never half-read."""
+    import threading
+
+    from actorflow.creation import from_numpy
+    from actorflow.vm.scheduler import get_vm
+
+    x = from_numpy(np.ones(300_000, np.float32))
+    vm = get_vm()
+    with use_ranks("processes"):
+        ranks = ProcessRanks(af.placement("cpu", ranks=[6]), threads=1)
+        try:
+            ranks.synchronize()
+            inside, done = threading.Event(), threading.Event()
+
+            def writer():
+                with vm._lock:  # (as an inline kernel writing x runs)
+                    inside.set()
+                    done.wait(0.3)  # (the put waits for the lock meanwhile)
+                    x._impl.blob.array[:] = 2.0
+
+            t = threading.Thread(target=writer)
+            t.start()
+            inside.wait(10)
+            part = ranks.put(0, x._impl)
+            done.set()
+            t.join(10)
+            got = ranks.read(0, part)
+            assert float(got.min()) == float(got.max()) == 2.0  # (all after the write)
+        finally:
+            ranks.close()

@@ -1205,3 +1205,67 @@ def test_ranks_here_is_the_calling_threads_only():
     assert seen == ["InlineRanks"]
     with pytest.raises(ValueError, match="kind must be one of"):
         ranks_here("gpus")
+
+
+@processes
+def test_close_leaves_workers_that_stages_made_global_by_hand_use():
+    """close() ends the workers stage_ranks= started only once nothing lives on them:
+    a pipeline made global by hand on the same placements keeps training; a stage
+    brought back by hand before close() leaves no worker running."""
+    a_st, b_st = stages_of(2), stages_of(2, seed=3)
+    a = Pipe(a_st, optim.SGD(params_of(a_st), lr=0.1), micro_batches=2, stage_ranks="processes")
+    on_process_ranks(b_st)
+    b = Pipe(b_st, optim.SGD(params_of(b_st), lr=0.1), micro_batches=2)
+    try:
+        assert a.pipelined.ranks == b.pipelined.ranks  # (the same workers)
+        a.step(*data(1)[0])
+        a.pipelined.close()
+        assert np.isfinite(float(b.step(*data(1, seed=4)[0])))  # b's parts still there
+        assert not any(r.closed for r in b.pipelined.ranks)
+    finally:
+        for r in b.pipelined.ranks:
+            r.close()
+    c_st = stages_of(2)
+    c = Pipe(c_st, optim.SGD(params_of(c_st), lr=0.1), micro_batches=2, stage_ranks="processes")
+    ranks = c.pipelined.ranks
+    c.step(*data(1)[0])
+    c_st[1].to("cpu")  # (brought back by hand first)
+    c.pipelined.close()
+    assert all(r.closed for r in ranks)
+    assert ended([pid for r in ranks for pid in r.pids if pid is not None])
+
+
+class Masked(nn.Module):
+    """A stage holding a plain (not registered) tensor its forward uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.mask = af.tensor(np.array([1.0, 0.0, 1.0], np.float32))
+
+    def forward(self, x):
+        return x * self.mask
+
+
+@processes
+def test_a_stage_with_a_plain_tensor_attribute_computes_in_its_worker():
+    def make():
+        s = stages_of(2)
+        return [s[0], nn.Sequential(s[1], Masked())]
+
+    threads_and_workers(make, data(2, rows=8))
+
+
+@processes
+def test_a_stage_whose_tensors_are_on_other_ranks_of_its_placement_is_refused():
+    stages = stages_of(2)
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes")
+    try:
+        g.step(*data(1)[0])
+        other = nn.Linear(WIDTHS[2], WIDTHS[3])
+        other.to_global(af.placement("cpu", ranks=[1]))  # (inline ranks: the default)
+        stages[1].weight = other.weight
+        with pytest.raises(NotImplementedError, match="on other ranks than the stage's"):
+            g.step(*data(1)[0])
+    finally:
+        stages[1].weight = nn.Parameter(af.zeros(WIDTHS[3], WIDTHS[2]))
+        g.pipelined.close()

@@ -79,7 +79,7 @@ stage_ranks="processes")`` or ``"ray"`` does that for every stage, a stage witho
 parameters too, its worker given this machine's cores over the stage count). On inline
 ranks (this process) such a stage runs its ops as global calls, as any global module does:
 the reference. On held ranks (a worker process each, or a Ray actor) it computes in that
-worker (``pipeline_ranks.py``): the stage's module is pickled before each batch with each
+worker (``pipeline_ranks.py``; the registers' layouts are found there too): the stage's module is pickled before each batch with each
 parameter and buffer standing for the part the global tensor names (a tensor it reaches
 twice is one tensor there) and sent where those bytes differ from what the worker holds,
 and each act is one command there, run as local eager autograd: a forward puts the
@@ -112,8 +112,8 @@ not the process's, so another thread's calls are not moved), so what the optimiz
 on a stage's placement is made on its worker. The saved bytes a stage on held ranks
 reports are its worker's (the last stage's without ``build``'s, which runs here).
 ``graph.pipelined.close()`` brings the stages ``stage_ranks=`` made global back to this
-process (with the optimizers' state) and ends the workers it started once no other
-pipeline's stages are on them; stages made global by hand keep their workers until
+process (with the optimizers' state) and ends the workers it started once nothing lives
+on them any more (another pipeline's stages, a tensor made there by hand); stages made global by hand keep their workers until
 ``af.parallel.ranks_of(placement).close()`` (``graph.pipelined.ranks``). Global stages
 laid out otherwise (several ranks, a split, two stages on one placement) are refused.
 """
@@ -604,8 +604,9 @@ class PipelineStep:
     def close(self) -> None:
         """For ``stage_ranks=``: brings each stage back to this process (its parameters and
         buffers local again, with their values, and the graph's optimizers' state with
-        them) and ends the workers ``stage_ranks=`` started, unless another pipeline's
-        stages are on them still (ranks made otherwise, by hand, are left to their maker).
+        them) and ends the workers ``stage_ranks=`` started, once no other pipeline's stages
+        and no tensor live there (stages made global there by hand keep them; ranks made
+        otherwise are left to their maker).
         The graph trains on this process's threads after (or give the stages placements
         again with ``Module.to_global``)."""
         name = type(self.graph).__name__
