@@ -1269,3 +1269,75 @@ def test_a_stage_whose_tensors_are_on_other_ranks_of_its_placement_is_refused():
     finally:
         stages[1].weight = nn.Parameter(af.zeros(WIDTHS[3], WIDTHS[2]))
         g.pipelined.close()
+
+
+def cnn_stages():
+    """The models issue's CNN with batch norm, cut in two stages."""
+    af.manual_seed(0)
+    return [
+        nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1, bias=False),
+            nn.BatchNorm2d(4),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ),
+        nn.Sequential(
+            nn.Conv2d(4, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(8 * 2 * 2, 5),
+        ),
+    ]
+
+
+class Classify(nn.Graph):
+    def __init__(self, stages, opt, **kw):
+        super().__init__(stages=stages, **kw)
+        self.loss = nn.CrossEntropyLoss()
+        self.add_optimizer(opt)
+
+    def build(self, out, y):
+        return self.loss(out, y)
+
+
+@processes
+@pytest.mark.parametrize("ranks", [None, "processes"])
+def test_a_cnn_with_batch_norm_trains_pipelined_as_one_process(ranks):
+    """The CNN with batch norm over 2 stages, 4 micro-batches (on threads, and each stage
+    in a worker process) trains as one process running the same micro-batches in turn,
+    each normalized by its own statistics, their gradients added (scaled 1/4) before one
+    step: losses, parameters and running statistics."""
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.standard_normal((12, 1, 8, 8)).astype(np.float32), rng.integers(0, 5, 12))
+        for _ in range(3)
+    ]
+    ref = nn.Sequential(*cnn_stages())
+    opt = optim.Adam(ref.parameters(), lr=3e-3)
+    want = []
+    for x, y in batches:
+        opt.zero_grad()
+        losses = []
+        for xs, ys in zip(np.array_split(x, 4), np.array_split(y, 4), strict=True):
+            loss = nn.CrossEntropyLoss()(ref(af.tensor(xs)), af.tensor(ys))
+            (loss * 0.25).backward()
+            losses.append(loss.item())
+        opt.step()
+        want.append(float(np.mean(losses)))
+    stages = cnn_stages()
+    g = Classify(
+        stages,
+        optim.Adam(params_of(stages), lr=3e-3),
+        micro_batches=4,
+        stage_ranks=ranks,
+    )
+    try:
+        got = [float(v) for v in g.run(batches)]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        mine = {k: v.numpy() for k, v in nn.Sequential(*stages).state_dict().items()}
+    finally:
+        g.pipelined.close()
+    for k, v in ref.state_dict().items():  # (the running statistics too)
+        np.testing.assert_allclose(mine[k], v.numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
