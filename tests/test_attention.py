@@ -95,8 +95,11 @@ def test_sdpa_values_and_gradients_equal_pytorchs(kind, kw, dtype):
 
 
 def test_sdpa_dropout_keeps_the_mean_and_follows_manual_seed():
-    q = af.randn(4, 64, 8)
-    v = af.ones(4, 64, 16)
+    # (seeded, and 2,048 rows: a row's dropped weights sum to 1 +- ~0.4, so the mean over
+    # 256 rows missed 1 by more than 0.05 for ~5% of unseeded q, as test order drew them)
+    af.manual_seed(0)
+    q = af.randn(16, 128, 8)
+    v = af.ones(16, 128, 4)
     af.manual_seed(3)
     y = NF.scaled_dot_product_attention(q, q, v, dropout_p=0.5)
     af.manual_seed(3)
