@@ -255,6 +255,29 @@ def test_record_shows_the_boxing_of_a_data_parallel_step():
     assert "4 x P -> B (all-reduce)" in rec.summary()
 
 
+def test_a_partial_sums_gradient_stays_broadcast_inside_the_graph():
+    """Cross-entropy over a split batch sums the rows' losses (a partial sum, then its
+    all-reduce); the gradient of that sum is the same on every rank, so backward hands it
+    on broadcast and splits it locally: its only communication is the parameters'
+    all-reduces (made partial again, it cost a reduce-scatter). Values as one process."""
+    p = af.placement("cpu", 2)
+    ml, mg = _mlp(), _mlp().to_global(p)
+    x = np.random.default_rng(0).standard_normal((10, 8)).astype(np.float32)
+    y = np.arange(10) % 3
+    a = nn.CrossEntropyLoss()(ml(af.tensor(x)), af.tensor(y))
+    a.backward()
+    b = nn.CrossEntropyLoss()(
+        mg(af.tensor(x).to_global(p, af.sbp.split(0))), af.tensor(y).to_global(p, af.sbp.split(0))
+    )
+    with af.parallel.record() as rec:
+        b.backward()
+    moved = [(str(c.src), str(c.dst), c.collective) for c in rec.boxings() if c.moved]
+    assert moved == [("P", "B", "all-reduce")] * len(list(mg.parameters())), moved
+    for q, r in zip(ml.parameters(), mg.parameters(), strict=True):
+        assert r.grad.sbp == (af.sbp.broadcast,)
+        _close(q.grad.numpy(), r.grad.numpy(), 1e-5)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_creation_functions_take_placement_and_sbp(k):
     p = af.placement("cpu", k)

@@ -84,9 +84,25 @@ def _fit(g, meta, node: Node, k: int):
         )
     if gm.dtype is not meta.dtype:
         g = F.cast(g, meta.dtype)
-    if gm.device is not meta.device:
+    if gm.device is not meta.device and not _sum_of_parts(gm.device, meta, node.edges[k]):
         g = F.to_device(g, meta.device)
     return g
+
+
+def _sum_of_parts(dev, meta, edge) -> bool:
+    """Whether a broadcast gradient (on ``dev``) goes on as it is to ``meta``, a partial
+    sum made inside the graph: the gradient of a sum of parts is each part's, the same on
+    every rank, so it stays broadcast (made partial, it would be summed again, across the
+    ranks, wherever a later rule needs it split: a collective for nothing). A leaf's
+    ``.grad`` is still made partial, in its tensor's layout."""
+    if edge is None or isinstance(edge[0], Meta) or not dev.placed or not meta.device.placed:
+        return False
+    to, got = meta.device, dev
+    return (
+        to.placement is got.placement
+        and all(s.kind == "P" for s in to.sbp)
+        and all(s.kind == "B" for s in got.sbp)
+    )
 
 
 class _Held:
