@@ -13,6 +13,7 @@ import pytest
 import actorflow as af
 from actorflow import nn, optim
 from actorflow.errors import ActorError, PlanError
+from test_global_training import _cnn
 
 WIDTHS = [8, 16, 12, 3]  # stage i: Linear(WIDTHS[i], WIDTHS[i+1]) (+ Tanh but the last)
 
@@ -1272,24 +1273,10 @@ def test_a_stage_whose_tensors_are_on_other_ranks_of_its_placement_is_refused():
 
 
 def cnn_stages():
-    """The models issue's CNN with batch norm, cut in two stages."""
-    af.manual_seed(0)
-    return [
-        nn.Sequential(
-            nn.Conv2d(1, 4, 3, padding=1, bias=False),
-            nn.BatchNorm2d(4),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        ),
-        nn.Sequential(
-            nn.Conv2d(4, 8, 3, padding=1, bias=False),
-            nn.BatchNorm2d(8),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(8 * 2 * 2, 5),
-        ),
-    ]
+    """The models issue's CNN with batch norm (``test_global_training``'s), cut in two
+    stages."""
+    m = _cnn()
+    return [m[:4], m[4:]]
 
 
 class Classify(nn.Graph):

@@ -141,14 +141,14 @@ from ..dtype import as_dtype
 from ..eager.interpreter import use_stream
 from ..parallel.interpreter import make as _global_of
 from ..parallel.interpreter import parts_of
-from ..parallel.ranks import _GROUPS, HeldRanks, Ranks, ranks_here
+from ..parallel.ranks import HeldRanks, Ranks, ranks_here
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
 from ..runtime_api import peek_array, settled
 from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
-from .pipeline_ranks import RankStage, described, saved_bytes, wrong_output
+from .pipeline_ranks import RankStage, checked, described, eval_mode, saved_bytes
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
 LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to the sink
@@ -217,9 +217,6 @@ class PipelineStep:
                 f"Ray actor), or leave it out (the stages as they are)"
             )
         n = len(stages)
-        if stage_ranks is None:
-            _stage_ranks(stages, name)  # (refused before anything else is made)
-        self._ranks: list[Ranks | None] = []
         # per stage, a RankStage where its ranks are held elsewhere (process or Ray
         # ranks): its acts computed there, one command each (pipeline_ranks.py)
         self._workers: list[RankStage | None] = [None] * len(stages)
@@ -237,16 +234,14 @@ class PipelineStep:
                     f"per stage ({n} stages): the micro-batches each stage may hold for "
                     f"its backward (1F1B's, the default: {default})"
                 )
-        self.placements: list[Placement] = []  # (stage_ranks=: what close() brings back)
-        self._placed: list = []  # (and the ranks of each)
+        self._placed: list = []  # (stage_ranks=: each stage's ranks, what close() undoes)
         if stage_ranks is not None:
-            self.placements = _to_ranks(stages, stage_ranks, name)
-            self._placed = [_GROUPS[(stage_ranks, p)] for p in self.placements]
+            self._placed = _to_ranks(stages, stage_ranks, name)
             for r in self._placed:
                 users = _STAGE_USERS.get(r)
                 if users is not None:  # (started by stage_ranks=)
                     users.add(self)
-        self._ranks = _stage_ranks(stages, name, self._placed)
+        self._ranks: list[Ranks | None] = _stage_ranks(stages, name, self._placed)
         self.graph = graph
         self.stages = list(stages)
         self.micro_batches = micro_batches
@@ -299,10 +294,11 @@ class PipelineStep:
 
     def _batch(self, args: tuple, trace, memory) -> float:
         """One batch through the graph (a run of it), then the optimizers' steps; where the
-        global stages are on ranks of one kind (process ranks), under ``use_ranks`` of that
-        kind, so what the stages, the loss, autograd and the optimizers make on a stage's
-        placement (a factory's tensor, a backward's seed, a scalar) is made on its ranks
-        (made elsewhere, each op would bring it over through this process)."""
+        global stages are on ranks of one kind (process ranks), with this thread's kind of
+        ranks that one (``ranks_here``), so what the stages, the loss, autograd and the
+        optimizers make on a stage's placement (a factory's tensor, a backward's seed, a
+        scalar) is made on its ranks (made elsewhere, each op would bring it over through
+        this process)."""
         name = type(self.graph).__name__
         self._ranks = _stage_ranks(self.stages, name, self._placed)  # (moved since)
         kinds = {r.kind for r in self._ranks if r is not None}
@@ -464,11 +460,8 @@ class PipelineStep:
         with no_grad():
             for i in range(n - 1):
                 t = self._run_eval(i, t)
-                if isinstance(t, np.ndarray):  # (computed in its worker, checked there)
-                    outs.append(Spec((size,) + tuple(t.shape[1:]), t.dtype))
-                    continue
-                if not isinstance(t, Tensor) or t.ndim == 0 or t.shape[0] != 1:
-                    raise wrong_output(f"stage {i} of {n}", t, 1, True)
+                if not isinstance(t, np.ndarray):  # (in its worker: checked there)
+                    checked(f"stage {i} of {n}", t, 1, True)
                 outs.append(Spec((size,) + tuple(t.shape[1:]), t.dtype))
             self._last_dtype = None
             if self._workers[-1] is not None:  # (its output is read back here)
@@ -482,14 +475,8 @@ class PipelineStep:
         if w is not None:
             return w.probe(t if isinstance(t, np.ndarray) else _host(t))
         m = self.stages[i]
-        modes = [(sub, sub.training) for sub in m.modules()]
-        try:
-            for sub, _ in modes:  # (as eval() does, not counted as a change)
-                object.__setattr__(sub, "training", False)
+        with eval_mode(m):
             return m(self._tensor(i, t if isinstance(t, np.ndarray) else _host(t)))
-        finally:
-            for sub, mode in modes:
-                object.__setattr__(sub, "training", mode)
 
     def _actor_graph(self, layouts: tuple, memory: dict | None) -> ActorGraph:
         """The graph of a run: the source of micro-batches, a forward and a backward actor
@@ -542,11 +529,12 @@ class PipelineStep:
         with self._lock:
             self.acts.append((stage, kind, mb))
 
-    def _hold(self, stage: int, mb: int, inp: Tensor, out: Tensor) -> None:
+    def _hold(self, stage: int, mb: int, inp: Tensor | None, out: Tensor | None) -> None:
         """Keeps micro-batch ``mb``'s autograd graph (reached from ``out``) for the stage's
-        backward, counting what it saves."""
+        backward, counting what it saves (None: a stage computing in a worker, which keeps
+        the graph and counts its bytes; counted here as held)."""
         fifo = self._fifos[stage]
-        nbytes = saved_bytes(out, self._params[stage])
+        nbytes = 0 if out is None else saved_bytes(out, self._params[stage])
         fifo.append((mb, inp, out, nbytes))
         self._held_bytes[stage] += nbytes
         self.peak_held[stage] = max(self.peak_held[stage], len(fifo))
@@ -611,7 +599,7 @@ class PipelineStep:
         The graph trains on this process's threads after (or give the stages placements
         again with ``Module.to_global``)."""
         name = type(self.graph).__name__
-        if not self.placements:
+        if not self._placed:
             return
         for w in self._workers:  # (their modules in the workers)
             if w is not None:
@@ -621,7 +609,7 @@ class PipelineStep:
             self._bring_back()
         finally:
             _end_started(self._placed, self)
-            self.placements, self._placed = [], []
+            self._placed = []
         self._ranks = _stage_ranks(self.stages, name)
 
     def _bring_back(self) -> None:
@@ -644,12 +632,6 @@ class PipelineStep:
             inp.requires_grad_()
         return inp
 
-    def _count(self, stage: int, mb: int) -> None:
-        """A micro-batch a stage computing in a worker holds (its graph is there)."""
-        fifo = self._fifos[stage]
-        fifo.append((mb, None, None, 0))
-        self.peak_held[stage] = max(self.peak_held[stage], len(fifo))
-
     def _forward_fn(self, i: int):
         module, n = self.stages[i], len(self.stages)
 
@@ -659,13 +641,11 @@ class PipelineStep:
             w = self._workers[i]
             if w is not None:
                 got = w.forward(mb, x[:rows], self._out_dtype(i))
-                self._count(i, mb)
+                self._hold(i, mb, None, None)
                 return (_padded(got, x.shape[0]), np.int64(rows), np.int64(mb))
             inp = self._input(i, x, rows)
             with enable_grad(), self._stream(i):
-                out = module(inp)
-            if not isinstance(out, Tensor) or out.ndim == 0 or out.shape[0] != rows:
-                raise wrong_output(f"stage {i} of {n}", out, rows, True)
+                out = checked(f"stage {i} of {n}", module(inp), rows, True)
             self._hold(i, mb, inp, out)
             return (_padded(_host(out.detach()), x.shape[0]), np.int64(rows), np.int64(mb))
 
@@ -712,7 +692,7 @@ class PipelineStep:
         w, m, graph = self._workers[i], self.micro_batches, self.graph
         assert w is not None
         got = w.forward(mb, x[:rows], self._last_dtype)
-        self._count(i, mb)
+        self._hold(i, mb, None, None)
         out = from_numpy(got).requires_grad_()
         rest = [from_numpy(np.array(r[:rows])) for r in item[3:]]
         kind = ranks_here(self._kind) if self._kind else contextlib.nullcontext()
@@ -828,11 +808,11 @@ _STAGE_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # ranks that stage_ranks= started -> the pipelines (PipelineStep) whose stages are on them
 
 
-def _to_ranks(stages: Sequence[Module], kind: str, name: str) -> list[Placement]:
+def _to_ranks(stages: Sequence[Module], kind: str, name: str) -> list:
     """``stage_ranks=kind``: stage i made global on ``placement("cpu", ranks=[i])`` on
     ranks of ``kind`` (started here with the cores shared among the stages, or those of
     another pipeline's stage i), all or none: a stage global already is refused before
-    any moves, and a failed move brings the moved ones back."""
+    any moves, and a failed move brings the moved ones back. Returns each stage's ranks."""
     for i, m in enumerate(stages):
         if any(t.is_global for t in list(m.parameters()) + list(m.buffers())):
             raise ValueError(
@@ -840,14 +820,12 @@ def _to_ranks(stages: Sequence[Module], kind: str, name: str) -> list[Placement]
                 f"give local stages (it makes each global on a placement of its own), or "
                 f"leave stage_ranks out"
             )
-    placements: list[Placement] = []
     moved: list[Module] = []
     started: list = []
     try:
         with ranks_here(kind):
             for i, m in enumerate(stages):
                 place = Placement("cpu", ranks=[i])
-                placements.append(place)
                 started.append(_own_ranks(kind, place, len(stages)))
                 started[-1].synchronize()  # (the worker up)
                 m.to_global(place)
@@ -857,7 +835,7 @@ def _to_ranks(stages: Sequence[Module], kind: str, name: str) -> list[Placement]
             m.to("cpu")
         _end_started(started, None)
         raise
-    return placements
+    return started
 
 
 def _end_started(placed: Sequence[Any], owner: Any) -> None:
@@ -883,7 +861,7 @@ def _own_ranks(kind: str, placement: Placement, stages: int) -> Any:
     among the ``stages`` workers (``ranks_of`` would give a one-rank placement every core:
     its BLAS threads then spin against the other stages' on the same cores). Ranks made
     before (another graph's stage on the same placement) are kept."""
-    from ..parallel.ranks import KINDS
+    from ..parallel.ranks import _GROUPS, KINDS
 
     key = (kind, placement)
     if key not in _GROUPS:

@@ -34,9 +34,11 @@ input, so ``build`` may use anything of this process (a head module, the rest le
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -77,24 +79,29 @@ class _Unpickler(pickle.Unpickler):
             return t
         from ..creation import from_numpy  # ("array": a local tensor's values)
 
-        t = from_numpy(np.array(ref))
-        if param:
-            return Parameter(t, requires_grad)
-        return t.requires_grad_() if requires_grad else t
+        return _as(from_numpy(np.array(ref)), param, requires_grad)
 
     def _tensor(self, ref: int, param: bool, requires_grad: bool) -> Any:
         got = self.ex.inputs([ref])
         if isinstance(got, bytes):  # (the part holds an error: raised as its own)
-            words, _, data = pickle.loads(got)
-            raise pickle.loads(data) if data else RuntimeError(words)
+            _raise(got)
         impl = got[0]
         m = impl.meta  # (a view: the module's tensor on the part's storage, so the
         #                commands writing the part in place write it, while autograd
         #                marks the view alone)
-        t = wrap(impl.view(m.shape, m.strides, m.offset))
-        if param:
-            return Parameter(t, requires_grad)
-        return t.requires_grad_() if requires_grad else t
+        return _as(wrap(impl.view(m.shape, m.strides, m.offset)), param, requires_grad)
+
+
+def _as(t: Tensor, param: bool, requires_grad: bool) -> Tensor:
+    if param:
+        return Parameter(t, requires_grad)
+    return t.requires_grad_() if requires_grad else t
+
+
+def _raise(err: bytes) -> None:
+    """Raises the error a part holds (``workers.error_bytes``) as its own."""
+    words, _, data = pickle.loads(err)
+    raise pickle.loads(data) if data else RuntimeError(words)
 
 
 def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> None:
@@ -126,8 +133,7 @@ def _kept(ex: Any, key: int) -> _Kept:
     if st is None:
         got = ex.inputs([key])  # (the marker's error: the module's loading's)
         if isinstance(got, bytes):
-            words, _, data = pickle.loads(got)
-            raise pickle.loads(data) if data else RuntimeError(words)
+            _raise(got)
         raise RuntimeError(f"no pipeline stage {key} on this rank")
     return st
 
@@ -169,11 +175,7 @@ def _forward(ex: Any, key: int, mb: int, in_id: int, needs_grad: bool, outs: lis
     if needs_grad:
         x.requires_grad_()
     with enable_grad():
-        out = st.module(x)
-    if not isinstance(out, Tensor) or (
-        st.passes_on and (out.ndim == 0 or out.shape[0] != x.shape[0])
-    ):
-        raise wrong_output(st.label, out, x.shape[0], st.passes_on)
+        out = checked(st.label, st.module(x), x.shape[0], st.passes_on)
     nbytes = saved_bytes(out, st.exclude)
     st.fifo.append((mb, x, out, nbytes))
     st.held += nbytes
@@ -192,18 +194,8 @@ def _probe(ex: Any, key: int, in_id: int, outs: list) -> None:
     if isinstance(got, bytes):
         return ex.fail(outs, got)
     x = wrap(got[0])
-    modes = [(sub, sub.training) for sub in st.module.modules()]
-    try:
-        for sub, _ in modes:  # (as eval() does)
-            object.__setattr__(sub, "training", False)
-        with no_grad():
-            out = st.module(x)
-    finally:
-        for sub, mode in modes:
-            object.__setattr__(sub, "training", mode)
-    rows = x.shape[0]
-    if not isinstance(out, Tensor) or (st.passes_on and (out.ndim == 0 or out.shape[0] != rows)):
-        raise wrong_output(st.label, out, rows, st.passes_on)
+    with no_grad(), eval_mode(st.module):
+        out = checked(st.label, st.module(x), x.shape[0], st.passes_on)
     ex.parts[outs[0]] = _contiguous(ex, out)
     return None
 
@@ -283,7 +275,29 @@ def saved_bytes(out: Tensor, exclude: set) -> int:
     return total
 
 
-def wrong_output(label: str, out: Any, rows: int, passes_on: bool) -> TypeError:
+@contextlib.contextmanager
+def eval_mode(module: Module) -> Iterator[None]:
+    """``module`` and its submodules in eval mode for the block, set back after (as
+    ``eval()`` does, not counted as a change of the module)."""
+    modes = [(sub, sub.training) for sub in module.modules()]
+    try:
+        for sub, _ in modes:
+            object.__setattr__(sub, "training", False)
+        yield
+    finally:
+        for sub, mode in modes:
+            object.__setattr__(sub, "training", mode)
+
+
+def checked(label: str, out: Any, rows: int, passes_on: bool) -> Tensor:
+    """``out``, what a stage returned for a micro-batch of ``rows`` rows, if it is one
+    tensor (with those rows along dim 0 where it ``passes_on`` to the next stage)."""
+    if not isinstance(out, Tensor) or (passes_on and (out.ndim == 0 or out.shape[0] != rows)):
+        raise _wrong_output(label, out, rows, passes_on)
+    return out
+
+
+def _wrong_output(label: str, out: Any, rows: int, passes_on: bool) -> TypeError:
     """The error of a stage that returned ``out`` for a micro-batch of ``rows`` rows."""
     if not passes_on:
         return TypeError(

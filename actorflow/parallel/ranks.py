@@ -707,10 +707,8 @@ class ProcessRanks(HeldRanks):
         if where is None:
             if ch is not None and 4 * nbytes <= ch.cap - W.HEADER:
                 return None  # (the worker is behind)
-            new = W.Channel(W.channel_size(nbytes, ch), 1 if ch is None else ch.gen + 1)
-            if ch is not None:
-                ch.close()  # (the worker keeps its map until a PUT names the new one)
-            ch = self._downs[rank] = new
+            # (the worker keeps its map of the old one until a PUT names the new one)
+            ch = self._downs[rank] = W.Channel.grown(ch, nbytes)
             where = ch.place(nbytes)
             assert where is not None
         self._unput()

@@ -188,6 +188,16 @@ class Channel:
         self.fresh = True  # its descriptor not sent yet
 
     @classmethod
+    def grown(cls, old: Channel | None, nbytes: int) -> Channel:
+        """A new channel for parts of ``nbytes`` (room for 4 of them, at least twice the
+        old one, whose map here it closes; the next number)."""
+        cap = max(HEADER + 4 * (-(-nbytes // 64) * 64), 1 << 20)
+        if old is None:
+            return cls(cap, 1)
+        old.close()
+        return cls(max(cap, 2 * old.cap), old.gen + 1)
+
+    @classmethod
     def mapped(cls, fd: int, cap: int, gen: int) -> Channel:
         """The other side's map of a channel whose descriptor came down the pipe."""
         self = cls.__new__(cls)
@@ -246,13 +256,6 @@ class Channel:
 
 
 _FENCE = threading.Lock()
-
-
-def channel_size(nbytes: int, old: Channel | None) -> int:
-    """The size of a new channel for a part of ``nbytes`` (room for 4 of them, at least
-    twice the old one)."""
-    want = HEADER + 4 * (-(-nbytes // 64) * 64)
-    return max(want, 2 * old.cap if old is not None else 1 << 20)
 
 
 def _libc_mmap() -> Any:
@@ -815,10 +818,7 @@ def worker_main(conn, rank: int, size: int, peers: dict, threads: int | None) ->
                 if INLINE < nbytes <= CHANNEL_MAX:  # (through the channel up)
                     ch = up[0]
                     if ch is None or ch.cap - HEADER < nbytes:
-                        if ch is not None:
-                            ch.close()
-                        gen = 1 if ch is None else ch.gen + 1
-                        ch = up[0] = Channel(channel_size(nbytes, ch), gen)
+                        ch = up[0] = Channel.grown(ch, nbytes)
 
                     def write(a: np.ndarray) -> tuple:
                         ch.write(a, HEADER)
