@@ -810,12 +810,17 @@ if __name__ == "__main__":
         p = af.placement("cpu", ranks=2)
         x = af.tensor(np.ones((400, 100), np.float32)).to_global(p, af.sbp.split(0))
         print(float((x * 2).to_global(sbp=af.sbp.broadcast).sum().item()))
+        q = af.placement("cpu", ranks=[1])  # (a worker of its own, rank 0 of q)
+        y = af.tensor(np.ones(3, np.float32)).to_global(q, af.sbp.broadcast)
+        assert float((y - 1).sum().item()) == 0.0
 """
 
 
 def test_the_workers_trace_their_commands_where_asked(tmp_path):
     """``AF_RANKS_TRACE=<prefix>``: each worker writes a line per command (its start and
-    time in ms, what it was) to ``<prefix>.<rank>``; with ``AF_RANKS_TRACE_SYNC=1`` too."""
+    time in ms, what it was) to ``<prefix>.<rank>``, or ``<prefix>.<rank>.<pid>`` where
+    another placement's worker of the same rank number wrote that file (each keeps its
+    own); with ``AF_RANKS_TRACE_SYNC=1`` too."""
     script = tmp_path / "traced.py"
     script.write_text(TRACED)
     for sync in ("", "1"):
@@ -836,6 +841,9 @@ def test_the_workers_trace_their_commands_where_asked(tmp_path):
             calls = [ln.split() for ln in lines if " CALL mul_scalar " in ln]
             assert len(calls) == 1 and float(calls[0][1]) >= 0.0, lines
             assert any(" COLLECT" in ln for ln in lines) and any("combined" in ln for ln in lines)
+        (other,) = tmp_path.glob(f"trace{sync}.0.*")  # (q's worker)
+        lines = other.read_text().splitlines()
+        assert lines[0].startswith("# rank 0, pid ") and any(" sub_scalar " in ln for ln in lines)
 
 
 def test_writes_into_tensors_made_on_process_ranks_after_the_block():

@@ -984,17 +984,26 @@ def replay_ids(ins: Any, base: int) -> Any:
 class _Tracer:
     """Per-command timestamps of a worker, written to ``<prefix>.<rank>`` (one line a
     command: its start and end in ms since the worker started, what it was), where the
-    environment has ``AF_RANKS_TRACE=<prefix>``: where the time of process ranks goes. With
+    environment has ``AF_RANKS_TRACE=<prefix>``: where the time of process ranks goes. A
+    worker finding that file made by another worker of the same rank number (another
+    placement's: pipeline stages each hold a one-rank placement) writes
+    ``<prefix>.<rank>.<pid>`` instead. The first line gives the worker's start on the
+    system's monotonic clock (ms), which lays ranks' lines side by side. With
     ``AF_RANKS_TRACE_SYNC=1`` too, each command is waited for before the next one (a line
     then holds its kernels' time; the rank computes nothing behind its commands)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, prefix: str, rank: int) -> None:
         import time
 
         self.clock = time.perf_counter
         self.t0 = self.clock()
         self.t = self.t0
-        self.file = open(path, "w", buffering=1 << 16)  # noqa: SIM115 - kept for the process
+        pid = os.getpid()
+        try:  # (the file kept for the process)
+            self.file = open(f"{prefix}.{rank}", "x", buffering=1 << 16)  # noqa: SIM115
+        except FileExistsError:
+            self.file = open(f"{prefix}.{rank}.{pid}", "w", buffering=1 << 16)  # noqa: SIM115
+        self.file.write(f"# rank {rank}, pid {pid}, started at {self.t0 * 1e3:.3f} ms\n")
         self.sync = bool(os.environ.get("AF_RANKS_TRACE_SYNC"))
 
     def batch(self, n: int) -> None:
@@ -1023,7 +1032,7 @@ class _Tracer:
 
 def _tracer(rank: int) -> _Tracer | None:
     prefix = os.environ.get("AF_RANKS_TRACE")
-    return _Tracer(f"{prefix}.{rank}") if prefix else None
+    return _Tracer(prefix, rank) if prefix else None
 
 
 def made_by(cmd: tuple) -> list:
