@@ -460,6 +460,30 @@ def test_grad_accumulates_and_none_until_backward():
     np.testing.assert_allclose(x.grad.numpy(), [2, 2])
 
 
+def test_a_later_gradient_is_added_into_grad_in_place_as_pytorch_does():
+    """PyTorch's AccumulateGrad: once a leaf has a ``.grad``, backward adds into it
+    (``grad += g``): the same tensor, seen changed by whoever holds it; a ``.grad`` the user
+    set as a view of another tensor is replaced by the sum, its base left alone."""
+    torch = pytest.importorskip("torch")
+    x = af.tensor([1.0, 2.0], requires_grad=True)
+    tx = torch.tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()
+    (tx * tx).sum().backward()
+    held, theld = x.grad, tx.grad
+    (x * 3.0).sum().backward()
+    (tx * 3.0).sum().backward()
+    assert (x.grad is held) == (tx.grad is theld) == True  # noqa: E712
+    np.testing.assert_array_equal(held.numpy(), theld.numpy())
+    base = af.zeros(4)
+    x.grad = base[:2]
+    (x * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0])
+    np.testing.assert_array_equal(base.numpy(), np.zeros(4))
+    w = af.ones(3, requires_grad=True)  # (tied: two gradients in one backward)
+    (w * 2.0 + w * 5.0).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [7.0, 7.0, 7.0])
+
+
 def test_requires_grad_in_every_creation_function_has_its_meaning():
     makers = [
         lambda: af.tensor([1.0, 2.0], requires_grad=True),

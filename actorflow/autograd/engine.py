@@ -129,14 +129,38 @@ def _accumulate(meta: Meta, g, shared: _Held) -> None:
     """Adds ``g`` to a leaf's ``.grad``. A first gradient becomes ``.grad`` itself unless
     something else holds it too (``shared``: handed to another input, a retained grad, the
     caller's ``gradient=``) or it is a view: then a copy, so every ``.grad`` owns its storage
-    and scaling one in place changes no other."""
-    if meta.grad is not None:
-        meta.grad = F.add(meta.grad, g)
+    and scaling one in place changes no other. A later one is added into ``.grad`` in place
+    (PyTorch's ``grad += g``: the same tensor, no new memory, one pass over it) where it
+    can be: ``_adds_in_place``; else ``.grad`` becomes the sum."""
+    grad = meta.grad
+    if grad is not None:
+        if _adds_in_place(grad, g):
+            F.add_(grad, g)
+        else:
+            meta.grad = F.add(grad, g)
         return
     if g in shared or g._impl.base is not None or not g.is_contiguous():
         g = F.clone(g)
     shared.add(g)
     meta.grad = g
+
+
+def _adds_in_place(grad, g) -> bool:
+    """Whether ``g`` is added into ``grad`` in place: both local tensors of one device,
+    shape and dtype, ``grad`` a tensor of its own storage (not a view, which the user may
+    have set, over memory others read) and neither traced (a traced step records the sum
+    out of place); a global ``.grad`` keeps its sum's layout, out of place."""
+    a, b = grad._impl, g._impl
+    ma, mb = a.meta, b.meta
+    return (
+        a.base is None
+        and ma.device is mb.device
+        and not ma.device.placed
+        and ma.dtype is mb.dtype
+        and ma.shape == mb.shape
+        and not a.blob.traced
+        and not b.blob.traced
+    )
 
 
 def _graph(roots: list) -> dict:
