@@ -131,10 +131,12 @@ def _accumulate(meta: Meta, g, shared: _Held) -> None:
     caller's ``gradient=``) or it is a view: then a copy, so every ``.grad`` owns its storage
     and scaling one in place changes no other. A later one is added into ``.grad`` in place
     (PyTorch's ``grad += g``: the same tensor, no new memory, one pass over it) where it
-    can be: ``_adds_in_place``; else ``.grad`` becomes the sum."""
+    can be: ``_adds_in_place``, and ``.grad`` is not a tensor this backward handed out
+    (its first gradient here, which a rule may also have given another node that has not
+    run yet); else ``.grad`` becomes the sum."""
     grad = meta.grad
     if grad is not None:
-        if _adds_in_place(grad, g):
+        if grad not in shared and _adds_in_place(grad, g):
             F.add_(grad, g)
         else:
             meta.grad = F.add(grad, g)
