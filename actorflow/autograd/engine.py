@@ -131,12 +131,10 @@ def _accumulate(meta: Meta, g, shared: _Held) -> None:
     caller's ``gradient=``) or it is a view: then a copy, so every ``.grad`` owns its storage
     and scaling one in place changes no other. A later one is added into ``.grad`` in place
     (PyTorch's ``grad += g``: the same tensor, no new memory, one pass over it) where it
-    can be: ``_adds_in_place``, and ``.grad`` is not a tensor this backward handed out
-    (its first gradient here, which a rule may also have given another node that has not
-    run yet); else ``.grad`` becomes the sum."""
+    can be (``_adds_in_place``); else ``.grad`` becomes the sum."""
     grad = meta.grad
     if grad is not None:
-        if grad not in shared and _adds_in_place(grad, g):
+        if _adds_in_place(grad, g, shared):
             F.add_(grad, g)
         else:
             meta.grad = F.add(grad, g)
@@ -147,15 +145,18 @@ def _accumulate(meta: Meta, g, shared: _Held) -> None:
     meta.grad = g
 
 
-def _adds_in_place(grad, g) -> bool:
+def _adds_in_place(grad, g, shared: _Held) -> bool:
     """Whether ``g`` is added into ``grad`` in place: both local tensors of one device,
     shape and dtype, ``grad`` a tensor of its own storage (not a view, which the user may
-    have set, over memory others read) and neither traced (a traced step records the sum
-    out of place); a global ``.grad`` keeps its sum's layout, out of place."""
+    have set, over memory others read), not one this backward handed out (its first
+    gradient here, which a rule may also have given a node that has not run yet), and
+    neither traced (a traced step records the sum out of place); a global ``.grad`` keeps
+    its sum's layout, out of place."""
     a, b = grad._impl, g._impl
     ma, mb = a.meta, b.meta
     return (
         a.base is None
+        and grad not in shared
         and ma.device is mb.device
         and not ma.device.placed
         and ma.dtype is mb.dtype

@@ -987,7 +987,8 @@ class _Tracer:
     environment has ``AF_RANKS_TRACE=<prefix>``: where the time of process ranks goes. A
     worker finding that file made by another worker of the same rank number (another
     placement's: pipeline stages each hold a one-rank placement) writes
-    ``<prefix>.<rank>.<pid>`` instead. The first line gives the worker's start on the
+    ``<prefix>.<rank>.<pid>`` instead (as does every worker when a file of an earlier run
+    is still there: remove old traces first). The first line gives the worker's start on the
     system's monotonic clock (ms), which lays ranks' lines side by side. With
     ``AF_RANKS_TRACE_SYNC=1`` too, each command is waited for before the next one (a line
     then holds its kernels' time; the rank computes nothing behind its commands)."""
