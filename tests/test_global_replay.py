@@ -147,13 +147,27 @@ def test_new_input_shapes_record_anew_and_global_inputs_are_taken_as_they_are():
         assert g._replay.replays == 2
 
 
+BIAS = 0.0  # (read by Scale.forward)
+
+
 class Scale(nn.Module):
+    gain = 1.0  # (a class attribute its forward reads)
+
     def __init__(self, s):
         super().__init__()
         self.s = s
 
     def forward(self, x):
-        return x * self.s
+        return x * self.s * self.gain + BIAS
+
+
+def _class_attr(i, o, step):
+    Scale.gain = 2.0 if i >= 5 else 1.0  # set on the class (1.0 again for the next run)
+
+
+def _global(i, o, step):
+    global BIAS
+    BIAS = 0.25 if i >= 5 else 0.0  # a global a module's forward reads, rebound
 
 
 def _module_attr(i, o, step):
@@ -188,8 +202,17 @@ def _out_of_optimizer(i, o, step):
 
 @pytest.mark.parametrize(
     "between",
-    [_module_attr, _hook, _swap, _graph_attr, _frozen, _out_of_optimizer],
-    ids=["module attribute", "hook", "module replaced", "graph attribute", "frozen", "dropped"],
+    [_module_attr, _class_attr, _global, _hook, _swap, _graph_attr, _frozen, _out_of_optimizer],
+    ids=[
+        "module attribute",
+        "class attribute",
+        "global",
+        "hook",
+        "module replaced",
+        "graph attribute",
+        "frozen",
+        "dropped",
+    ],
 )
 def test_what_build_and_the_optimizers_read_is_checked_before_a_replay(between):
     """As a local graph's compiled step is traced again, a step is recorded again when what
@@ -217,8 +240,12 @@ def test_what_build_and_the_optimizers_read_is_checked_before_a_replay(between):
                 got += [loss.numpy(), out.numpy()]
             return got + [p.numpy() for p in model.parameters()], step
 
-    want, _ = run("inline")
-    got, step = run("processes")
+    global BIAS
+    try:
+        want, _ = run("inline")
+        got, step = run("processes")
+    finally:
+        Scale.gain, BIAS = 1.0, 0.0
     same(got, want)
     assert step._replay.replays == 2 + 2  # (steps 4-5, then 8-9)
 

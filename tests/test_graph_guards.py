@@ -1,6 +1,7 @@
 """nn.Graph never gives stale or raw results: a compiled step is kept only while what build
 read when traced still holds (parameters, buffers, modules, the Graph's attributes, the
-optimizers' groups, the names build reads), captured tensors are read live, in-place ops in
+optimizers' groups, the names build reads, the class attributes and globals the modules'
+methods read), captured tensors are read live, in-place ops in
 build are refused saying why, a failing op raises the error eager mode raises (and the state
 stays as it was), and run() takes ActorGraph.run's arguments."""
 
@@ -150,6 +151,68 @@ def test_rebinding_a_global_that_build_reads_compiles_the_step_anew():
     assert both(g) == (12.0, 12.0, 12.0)
     OFFSET = af.tensor(3.0)  # the name now holds another tensor
     assert both(g) == (24.0, 24.0, 24.0)
+
+
+SHIFT = 0.0  # (read by Shifted.forward)
+
+
+class Scaled(nn.Module):
+    """``x * factor + SHIFT``: a class attribute and a global of its module, read by its
+    forward."""
+
+    factor = 2.0
+
+    def forward(self, x):
+        return x * self.factor + SHIFT
+
+
+def test_a_class_attribute_or_a_global_a_modules_forward_reads_compiles_the_step_anew():
+    global SHIFT
+    try:
+        g = Sum(nn.Sequential(Scaled()))
+        assert both(g) == (12.0, 12.0, 12.0)
+        Scaled.factor = 3.0  # set on the class: no instance has its own
+        assert both(g) == (18.0, 18.0, 18.0) == (eager(g.m),) * 3
+        SHIFT = 1.0  # the global forward reads, rebound
+        assert both(g) == (24.0, 24.0, 24.0) == (eager(g.m),) * 3
+        g.m[0].factor = 0.5  # an instance's own shadows the class's
+        assert both(g) == (9.0, 9.0, 9.0)
+    finally:
+        Scaled.factor, SHIFT = 2.0, 0.0
+
+
+class Busy(nn.Module):
+    """A forward reading what is not data of the class (a classmethod, a property, a
+    dunder, a method) beside a class constant and a global: looked up afresh, each is the
+    same object every time (no walk, no compile per step)."""
+
+    factor = 2.0
+
+    @classmethod
+    def scale_of(cls, x):
+        return x * cls.factor
+
+    @property
+    def shift(self):
+        return SHIFT
+
+    def forward(self, x):
+        assert type(self).__name__ == "Busy"
+        return self.scale_of(x) + self.shift + SHIFT
+
+
+def test_a_forward_reading_methods_and_dunders_costs_no_walk_per_step(monkeypatch):
+    takes, compiles = [], []
+    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
+    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
+    monkeypatch.setattr(
+        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
+    )
+    g = Sum(Busy())
+    for _ in range(6):
+        assert float(g.step(af.tensor(X))) == 12.0
+    assert len(compiles) == 1 and len(takes) == 2  # (taken at the first step, and after)
+    assert [k for _, k, _ in g._traced.classes] == ["factor"]
 
 
 def train_two(opt_name, kwargs, data, grow_at, graph, grow):

@@ -1110,6 +1110,39 @@ def test_a_module_changed_in_place_is_sent_again_and_only_then():
         g.pipelined.close()
 
 
+GAIN = 1.0  # (read by ClassScaled.forward)
+
+
+class ClassScaled(nn.Module):
+    """``x * scale * GAIN``: a class attribute and a global of its module."""
+
+    scale = 1.0
+
+    def forward(self, x):
+        return x * self.scale * GAIN
+
+
+@processes
+def test_a_class_attribute_and_a_global_a_stage_reads_reach_its_worker():
+    """Set on the class, or rebound in its module, between batches: the worker's copy
+    computes with the new value from the next batch, as the stages on threads do."""
+
+    def make():
+        s = stages_of(2)
+        return [s[0], nn.Sequential(s[1], ClassScaled())]
+
+    def between(k, stages):
+        global GAIN
+        ClassScaled.scale = (1.0, 3.0, 3.0, 3.0)[k]
+        GAIN = (1.0, 1.0, 0.5, 0.5)[k]
+
+    global GAIN
+    try:
+        threads_and_workers(make, data(4, rows=8), between=between)
+    finally:
+        ClassScaled.scale, GAIN = 1.0, 1.0
+
+
 class Masks(Pipe):
     """Records the last stage's output (read back here) in build."""
 

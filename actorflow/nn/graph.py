@@ -33,22 +33,26 @@ when its device work completed (no host wait). The outputs are copied to the hos
 
 A compiled step holds what ``build`` read when traced, so it is kept only as long as that
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
-modules' tree (children, parameters and buffers by identity, their other attributes,
-hooks), the optimizers' parameter groups and the globals and closure variables ``build``
-reads; a change compiles the step anew. Checking costs a few comparisons per step: the
-modules count their changes (``module.structure_version``) and are walked again only when
-that count moved. Per compiled step, its key also holds the input layout, the train/eval
-modes, the optimizers' options (``graph_key``) and which parameters require grad. The
-options a scheduler changes per step (``Optimizer.scheduled``: ``lr``, SGD's momentum,
-Adam's betas) are state the step reads (``graph_rates``: a float64 tensor each, written
-from the group before every step and run), so a schedule compiles nothing anew. A
-scheduler given to ``add_optimizer(opt, lr_sch=...)`` is stepped by the graph after every
-step: after each ``step()``, and inside a ``run()`` per piece, where the rates are inputs
-of the piece instead (``_Schedules``: the run's source side takes step k's rates as it
-makes piece k, a float64 scalar per scheduled option per group, then steps the scheduler;
-a loader's batches get theirs in a stage after its loading actor), so a per-batch schedule
-(OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A tensor
-``build`` captures from outside (not a parameter or buffer) is read live at every step.
+modules' tree (children, parameters and buffers by identity, their other attributes, hooks),
+the optimizers' parameter groups, the globals and closure variables ``build`` reads, and the
+class attributes and globals of their own module that the modules' methods read by name
+(``self.scale`` set on the class, a constant ``forward`` uses: a class attribute added later
+where there was none, or one a helper function reads, is not seen); a change compiles the
+step anew. Checking costs a few comparisons per step: the modules count their changes
+(``module.structure_version``) and are walked again only when that count moved; the class
+attributes and globals are looked up each step. Per compiled step, its key also holds the
+input layout, the train/eval modes, the optimizers' options (``graph_key``) and which
+parameters require grad. The options a scheduler changes per step (``Optimizer.scheduled``:
+``lr``, SGD's momentum, Adam's betas) are state the step reads (``graph_rates``: a float64
+tensor each, written from the group before every step and run), so a schedule compiles
+nothing anew. A scheduler given to ``add_optimizer(opt, lr_sch=...)`` is stepped by the
+graph after every step: after each ``step()``, and inside a ``run()`` per piece, where the
+rates are inputs of the piece instead (``_Schedules``: the run's source side takes step k's
+rates as it makes piece k, a float64 scalar per scheduled option per group, then steps the
+scheduler; a loader's batches get theirs in a stage after its loading actor), so a per-batch
+schedule (OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A
+tensor ``build`` captures from outside (not a parameter or buffer) is read live at every
+step.
 
 Random ops in ``build`` (dropout in training mode, ``scaled_dot_product_attention``'s
 ``dropout_p``, ``af.rand``/``af.randn``) draw new values every step: each is recorded as a
@@ -1213,17 +1217,29 @@ class _Traced:
 
     ``version``: ``structure_version`` when taken. ``ident``: the Graph's attributes (its
     modules, and the attributes its class's methods read by name: a counter the training
-    loop keeps on the Graph is no reason to compile again), its modules' tree (each
-    module, its parameters, buffers and children by name, its hooks and other
-    attributes), the optimizers and their parameter groups, and the globals and closure
-    variables ``build`` reads, as ids (objects: ``keep`` holds them, so no id is reused
-    while this lives) and values (numbers, strings). ``group_ids``: the ids of the
+    loop keeps on the Graph is no reason to compile again), its modules' tree (each module,
+    its parameters, buffers and children by name, its hooks and other attributes), the
+    optimizers and their parameter groups, the globals and closure variables ``build``
+    reads, and the globals and class attributes the modules' methods read
+    (``module_globals``, ``class_state``), as ids (objects: ``keep`` holds them, so no id is
+    reused while this lives) and values (numbers, strings). ``group_ids``: the ids of the
     optimizers' parameters in group order; ``names``: ``(namespace, name, object)`` per
-    global or closure variable ``build`` reads; ``params``: the parameters and buffers,
-    in state order; ``modes``: each module's train/eval mode; ``placement``: the global
-    parameters' placement (None for a local graph)."""
+    global or closure variable ``build`` reads and per global the modules' methods read;
+    ``classes``: ``(class, name, value)`` per class attribute they read; ``params``: the
+    parameters and buffers, in state order; ``modes``: each module's train/eval mode;
+    ``placement``: the global parameters' placement (None for a local graph)."""
 
-    __slots__ = ("version", "ident", "keep", "group_ids", "names", "params", "modes", "placement")
+    __slots__ = (
+        "version",
+        "ident",
+        "keep",
+        "group_ids",
+        "names",
+        "classes",
+        "params",
+        "modes",
+        "placement",
+    )
 
     def __init__(self, graph: Graph):
         self.version = structure_version[0]
@@ -1254,7 +1270,12 @@ class _Traced:
         ident.append(tuple(_ident(o, keep) for o in graph._optimizers))
         ident.append((tuple(len(g["params"]) for g in groups), self.group_ids))
         self.names = _names_read(graph.build)
+        self.classes = class_state(mods)
+        for ns, k, v in module_globals(mods):
+            if not any(ns is n and k == q for n, q, _ in self.names):
+                self.names.append((ns, k, v))
         ident.append(tuple((k, _ident(v, keep)) for _, k, v in self.names))
+        ident.append(tuple((_ident(c, keep), k, _ident(v, keep)) for c, k, v in self.classes))
         self.ident = tuple(ident)
         self.keep = keep
         self.params = graph._params()
@@ -1267,6 +1288,9 @@ class _Traced:
             return True
         for ns, k, v in self.names:
             if _lookup(ns, k) is not v:
+                return True
+        for c, k, v in self.classes:
+            if class_value(c, k) is not v:
                 return True
         return False
 
@@ -1339,6 +1363,83 @@ def _loaded(code, opnames: tuple) -> tuple:
 _LOADED: weakref.WeakKeyDictionary[CodeType, dict[tuple[str, ...], tuple[str, ...]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+# module class -> (the attribute names its methods load, (globals, names) per method)
+_MODULE_READS: weakref.WeakKeyDictionary[type, tuple] = weakref.WeakKeyDictionary()
+
+
+def _module_reads(cls) -> tuple:
+    """What the methods (properties' getters too) of the module class ``cls`` and of its
+    bases read by name: ``(attribute names, ((globals, global names) per method))``. The
+    classes of actorflow itself are left out (their class attributes and globals are the
+    library's)."""
+    got = _MODULE_READS.get(cls)
+    if got is None:
+        attrs: list = []
+        globs: list = []
+        for c in cls.__mro__:
+            if c is object or getattr(c, "__module__", "").partition(".")[0] == "actorflow":
+                continue
+            for f in vars(c).values():
+                f = f.fget if isinstance(f, property) else getattr(f, "__func__", f)
+                code = getattr(f, "__code__", None)
+                if code is None:
+                    continue
+                attrs += [n for n in _loaded(code, ("LOAD_ATTR", "LOAD_METHOD")) if n not in attrs]
+                names = _loaded(code, ("LOAD_GLOBAL", "LOAD_NAME"))
+                if names:
+                    globs.append((getattr(f, "__globals__", {}), names))
+        got = _MODULE_READS[cls] = (tuple(attrs), tuple(globs))
+    return got
+
+
+def class_state(modules: Iterable[Module]) -> list:
+    """``(class, name, value)`` for each class attribute holding data (not a method,
+    property or other descriptor) that the methods of the modules' classes read by name
+    (``self.scale`` where ``scale`` is set on the class), as an instance without its own
+    finds it: what a compiled step is traced with besides the modules' own attributes, and
+    what a pipeline stage's worker sets on its classes (``pipeline_ranks``)."""
+    out: list = []
+    seen: set = set()
+    for m in modules:
+        cls = type(m)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for name in _module_reads(cls)[0]:
+            v = class_value(cls, name)
+            if v is not _NONE and not name.startswith("__") and not hasattr(type(v), "__get__"):
+                out.append((cls, name, v))
+    return out
+
+
+def class_value(cls: type, name: str) -> Any:
+    """What ``name`` holds on ``cls`` or the first of its bases that has it, as stored there
+    (nothing bound, so the same object while it is not set again); ``_NONE`` if none has
+    it."""
+    for c in cls.__mro__:
+        d = c.__dict__
+        if name in d:
+            return d[name]
+    return _NONE
+
+
+def module_globals(modules: Iterable[Module]) -> list:
+    """``(globals, name, object)`` for each global of their own module that the methods of
+    the modules' classes read (a constant a ``forward`` uses)."""
+    out: list = []
+    seen: set = set()
+    classes: dict = {}
+    for m in modules:
+        classes.setdefault(type(m), None)
+    for cls in classes:
+        for ns, names in _module_reads(cls)[1]:
+            for n in names:
+                if n in ns and (id(ns), n) not in seen:
+                    seen.add((id(ns), n))
+                    out.append((ns, n, ns[n]))
+    return out
 
 
 def _names_read(fn) -> list:

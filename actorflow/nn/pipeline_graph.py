@@ -72,49 +72,51 @@ the order the stages' threads reach them, which differs from run to run.
 Threads share one interpreter lock: the stages overlap where their kernels leave it
 (numpy's BLAS calls do), not in the Python around them.
 
-Stages on ranks: a stage whose parameters and buffers are global, broadcast on a
-single-rank placement of its own (``stage_i.to_global(af.placement("cpu", ranks=[i]))``
-under ``af.parallel.use_ranks("processes")`` or ``("ray")``; ``nn.Graph(stages=...,
+Stages on ranks: a stage whose parameters and buffers are global, broadcast on a single-rank
+placement of its own (``stage_i.to_global(af.placement("cpu", ranks=[i]))`` under
+``af.parallel.use_ranks("processes")`` or ``("ray")``; ``nn.Graph(stages=...,
 stage_ranks="processes")`` or ``"ray"`` does that for every stage, a stage without
-parameters too, its worker given this machine's cores over the stage count). On inline
-ranks (this process) such a stage runs its ops as global calls, as any global module does:
-the reference. On held ranks (a worker process each, or a Ray actor) it computes in that
-worker (``pipeline_ranks.py``; the registers' layouts are found there too): the stage's
-module is pickled before each batch with each parameter and buffer standing for the part
-the global tensor names (a tensor it reaches twice is one tensor there) and sent where
-those bytes differ from what the worker holds, and each act is one command there, run as
-local eager autograd: a forward puts the micro-batch's input rows on the worker, runs the
-module there (keeping its autograd graph) and reads the output back into its register; a
-backward puts the output's gradient, runs that micro-batch's backward there (gradients
-accumulated in the worker over the batch) and reads the input's gradient back. The stages'
-threads here only put, ask and wait (the pipe's wait leaves the interpreter lock), so the
-stages compute at the same time in their processes. The last stage's output is read back
-and ``build`` runs here (autograd over a copy of it: a head module of this process trains
-too), its gradient the worker's backward's input. After the batch's last backward, each
-parameter's accumulated gradient becomes the ``.grad`` of the global parameter here (a
-global tensor over the worker's part, nothing copied; added to the gradient ``build`` gave
-it, where ``build`` used the parameter too), and the optimizers step them as any global
-parameters (their ops sent to the worker). Each activation and gradient goes through this
-process, through the channel kept between it and each worker (a copy each way; a move
-straight from one stage's worker to the next would save both: not built). What a stage's
-forward changes of its module's Python attributes changes in the worker's copy, until a
-change here sends a new copy; what changes here (attributes, in place too, eval and train
-modes, frozen parameters, replaced layers, loaded values) reaches the worker at the next
-batch. A stage's module must pickle (no lambdas or local functions in it), and a Ray actor
-loads its classes by their module's name (not from a script run as ``__main__``). A stage's
-random ops in its worker draw from a seed this process's generator gives each stage per
-batch (``af.manual_seed`` repeats them; the stages draw apart). A backward act ends once
-its worker wrote every gradient (an error of its kernels is the act's: the stage's
+parameters too, its worker given this machine's cores over the stage count). On inline ranks
+(this process) such a stage runs its ops as global calls, as any global module does: the
+reference. On held ranks (a worker process each, or a Ray actor) it computes in that worker
+(``pipeline_ranks.py``; the registers' layouts are found there too): the stage's module is
+pickled before each batch with each parameter and buffer standing for the part the global
+tensor names (a tensor it reaches twice is one tensor there) and sent where those bytes
+differ from what the worker holds, and each act is one command there, run as local eager
+autograd: a forward puts the micro-batch's input rows on the worker, runs the module there
+(keeping its autograd graph) and reads the output back into its register; a backward puts
+the output's gradient, runs that micro-batch's backward there (gradients accumulated in the
+worker over the batch) and reads the input's gradient back. The stages' threads here only
+put, ask and wait (the pipe's wait leaves the interpreter lock), so the stages compute at
+the same time in their processes. The last stage's output is read back and ``build`` runs
+here (autograd over a copy of it: a head module of this process trains too), its gradient
+the worker's backward's input. After the batch's last backward, each parameter's accumulated
+gradient becomes the ``.grad`` of the global parameter here (a global tensor over the
+worker's part, nothing copied; added to the gradient ``build`` gave it, where ``build`` used
+the parameter too), and the optimizers step them as any global parameters (their ops sent to
+the worker). Each activation and gradient goes through this process, through the channel
+kept between it and each worker (a copy each way; a move straight from one stage's worker to
+the next would save both: not built). What a stage's forward changes of its module's Python
+attributes changes in the worker's copy, until a change here sends a new copy; what changes
+here (attributes, in place too, eval and train modes, frozen parameters, replaced layers,
+loaded values, and the class attributes and globals of their module that the stage's methods
+read, where they hold numbers, strings or tuples of them: ``pipeline_ranks._shared``)
+reaches the worker at the next batch (a class attribute or global holding anything else is
+the worker's own). A stage's module must pickle (no lambdas or local functions in it), and a
+Ray actor loads its classes by their module's name (not from a script run as ``__main__``).
+A stage's random ops in its worker draw from a seed this process's generator gives each
+stage per batch (``af.manual_seed`` repeats them; the stages draw apart). A backward act
+ends once its worker wrote every gradient (an error of its kernels is the act's: the stage's
 ``ActorError``); a worker's error is the stage's ``ActorError``, and a worker that dies the
-stage's ``ActorError`` whose original names the placement and the rank; after a failed
-batch the workers let go of what they held for it. A batch runs with this thread's kind of
-ranks set to the stages' (``ranks_here``: not the process's, so another thread's calls are
-not moved), so what the optimizers make on a stage's placement is made on its worker. The
-saved bytes a stage on held ranks reports are its worker's (the last stage's without
-``build``'s, which runs here). ``graph.pipelined.close()`` brings the stages
-``stage_ranks=`` made global back to this process (with the optimizers' state) and ends the
-workers it started once nothing lives on them any more (another pipeline's stages, a tensor
-made there by hand); stages made global by hand keep their workers until
+stage's ``ActorError`` whose original names the placement and the rank; after a failed batch
+the workers let go of what they held for it. A batch runs with this thread's kind of ranks
+set to the stages' (``ranks_here``: not the process's, so another thread's calls are not
+moved), so what the optimizers make on a stage's placement is made on its worker. The saved
+bytes a stage on held ranks reports are its worker's (the last stage's without ``build``'s,
+which runs here). ``graph.pipelined.close()`` brings the stages ``stage_ranks=`` made global
+back to this process (with the optimizers' state) and ends the workers it started once
+nothing lives on them any more (another pipeline's stages, a tensor made there by hand);
+stages made global by hand keep their workers until
 ``af.parallel.ranks_of(placement).close()`` (``graph.pipelined.ranks``). Global stages laid
 out otherwise (several ranks, a split, two stages on one placement) are refused.
 """

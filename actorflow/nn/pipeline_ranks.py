@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import sys
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -111,7 +112,9 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     from ..creation import from_numpy
 
     try:
-        module = _Unpickler(blob, ex).load()
+        module, shared = _Unpickler(blob, ex).load()
+        for owner, name, value in shared:
+            _set_shared(owner, name, value)
     except (AttributeError, ImportError) as e:
         raise type(e)(
             f"{label}'s module could not be loaded in its worker ({e}); the classes and "
@@ -125,6 +128,39 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     kept = _Kept(module, label, passes_on)
     ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
     ex.kept[outs[0]] = kept
+
+
+def _set_shared(owner: Any, name: str, value: Any) -> None:
+    """Sets what the controller's stage reads besides its module (``_shared``) in this
+    worker: a class attribute (``owner`` a class) or a global (``owner`` a module's name)."""
+    if isinstance(owner, str):
+        sys.modules[owner].__dict__[name] = value
+    else:
+        setattr(owner, name, value)
+
+
+def _shared(module: Module) -> list:
+    """What the methods of ``module``'s classes read besides the module itself and that a
+    worker holds a copy of: ``(class, name, value)`` per class attribute and ``(module
+    name, name, value)`` per global of their module, where the value is a number, a
+    string, bytes, None or a tuple of those (constants; other values are not sent: the
+    worker's are its own)."""
+    from .graph import class_state, module_globals
+
+    mods = list(module.modules())
+    out = [(c, k, v) for c, k, v in class_state(mods) if _plain(v)]
+    for ns, k, v in module_globals(mods):
+        name = ns.get("__name__")
+        if _plain(v) and isinstance(name, str) and name != "__main__":
+            out.append((name, k, v))
+    return out
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, _PLAIN) or (type(v) is tuple and all(_plain(x) for x in v))
 
 
 def _kept(ex: Any, key: int) -> _Kept:
@@ -337,8 +373,9 @@ class RankStage:
 
     def begin(self) -> None:
         """Before a batch: the module defined in the worker where it is not there as it is
-        here (the module pickled again each batch, and sent again where the bytes differ:
-        an attribute, a layer, a mode, a frozen parameter, a parameter's part changed),
+        here (the module pickled again each batch with the constants its classes' methods
+        read, ``_shared``, and sent again where the bytes differ: an attribute, a layer, a
+        mode, a frozen parameter, a parameter's part, a class attribute changed),
         what the worker kept of the last batch cleared, its random ops seeded."""
         from ..creation import spawned_seed
         from ..dtype import float32
@@ -388,7 +425,7 @@ class RankStage:
                 return ("array", obj.detach().numpy(), param, obj.requires_grad)
 
         try:
-            Pickler(buf, protocol=5).dump(self.module)
+            Pickler(buf, protocol=5).dump((self.module, _shared(self.module)))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(
                 f"{where} is sent to its worker pickled, and it does not pickle "
