@@ -5,6 +5,7 @@ methods read), captured tensors are read live, in-place ops in
 build are refused saying why, a failing op raises the error eager mode raises (and the state
 stays as it was), and run() takes ActorGraph.run's arguments."""
 
+import functools
 import time
 
 import numpy as np
@@ -153,38 +154,99 @@ def test_rebinding_a_global_that_build_reads_compiles_the_step_anew():
     assert both(g) == (24.0, 24.0, 24.0)
 
 
-SHIFT = 0.0  # (read by Shifted.forward)
+SHIFT = 0.0  # (read by Scaled.forward)
+STEP = 0  # (read by Scaled.describe only)
+
+
+def doubled(x):
+    return x * 2.0
+
+
+def tripled(x):
+    return x * 3.0
+
+
+def logged(fn):
+    @functools.wraps(fn)
+    def wrapper(self, x):
+        return fn(self, x)
+
+    return wrapper
+
+
+class Inner(nn.Module):
+    factor = 1.0  # (read by Scaled's forward, through self.inner)
+
+    def forward(self, x):
+        return x
 
 
 class Scaled(nn.Module):
-    """``x * factor + SHIFT``: a class attribute and a global of its module, read by its
-    forward."""
+    """Reads, in its (decorated) forward and what that calls by name: a class attribute, a
+    global of its module, a child's class attribute, a function set on the class."""
 
     factor = 2.0
+    act = staticmethod(doubled)
 
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+
+    @logged
     def forward(self, x):
-        return x * self.factor + SHIFT
+        return self.shifted(self.act(x) * self.factor) * self.inner.factor
+
+    def shifted(self, y):
+        return y + SHIFT
+
+    def describe(self):  # (not reached from forward: the loop's counter is no reason
+        return f"step {STEP}"  # to compile again)
 
 
-def test_a_class_attribute_or_a_global_a_modules_forward_reads_compiles_the_step_anew():
-    global SHIFT
+def test_what_the_modules_code_reads_compiles_the_step_anew():
+    """What a module's forward reads besides its instances' attributes, changed between
+    steps: each change compiles the step anew, as eager mode sees it; a change to what
+    forward does not reach compiles nothing."""
+    global SHIFT, STEP
+    takes, compiles = [], []
+    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
+    g = Sum(nn.Sequential(Scaled()))
+    changes = [
+        lambda: setattr(Scaled, "factor", 3.0),  # set on the class
+        lambda: globals().update(SHIFT=1.0),  # the global a method forward calls reads
+        lambda: setattr(Inner, "factor", 0.5),  # a child's, read by the parent
+        lambda: setattr(Scaled, "act", staticmethod(tripled)),  # a function on the class
+        lambda: setattr(g.m[0], "factor", 1.0),  # an instance's own shadows the class's
+    ]
     try:
-        g = Sum(nn.Sequential(Scaled()))
-        assert both(g) == (12.0, 12.0, 12.0)
-        Scaled.factor = 3.0  # set on the class: no instance has its own
-        assert both(g) == (18.0, 18.0, 18.0) == (eager(g.m),) * 3
-        SHIFT = 1.0  # the global forward reads, rebound
         assert both(g) == (24.0, 24.0, 24.0) == (eager(g.m),) * 3
-        g.m[0].factor = 0.5  # an instance's own shadows the class's
-        assert both(g) == (9.0, 9.0, 9.0)
+        for change in changes:
+            before = both(g)[0]
+            change()
+            got = both(g)
+            assert got == (eager(g.m),) * 3 and got[0] != before
+        graph_module._Traced = lambda g: takes.append(1) or real_traced(g)
+        graph_module.stateful_program = lambda *a: compiles.append(1) or real_program(*a)
+        for k in range(4):
+            STEP = k  # (describe's global, rebound)
+            g.step(af.tensor(X))
+        SHIFT = float("1.0")  # (an equal number, another object)
+        g.step(af.tensor(X))
+        assert takes == [] and compiles == []
     finally:
-        Scaled.factor, SHIFT = 2.0, 0.0
+        graph_module._Traced, graph_module.stateful_program = real_traced, real_program
+        Scaled.factor, Scaled.act, Inner.factor, SHIFT, STEP = (
+            2.0,
+            staticmethod(doubled),
+            1.0,
+            0.0,
+            0,
+        )
 
 
 class Busy(nn.Module):
-    """A forward reading what is not data of the class (a classmethod, a property, a
-    dunder, a method) beside a class constant and a global: looked up afresh, each is the
-    same object every time (no walk, no compile per step)."""
+    """A forward reading what a lookup on its class would bind afresh (a classmethod, a
+    property) or find on no class (a dunder): the same entries every step."""
 
     factor = 2.0
 
@@ -212,7 +274,38 @@ def test_a_forward_reading_methods_and_dunders_costs_no_walk_per_step(monkeypatc
     for _ in range(6):
         assert float(g.step(af.tensor(X))) == 12.0
     assert len(compiles) == 1 and len(takes) == 2  # (taken at the first step, and after)
-    assert [k for _, k, _ in g._traced.classes] == ["factor"]
+    assert [k for _, k, _ in g._traced.classes] == ["factor", "scale_of", "shift"]
+
+
+class Odd(nn.Module):
+    """A class whose dict holds an object that raises KeyError for any unknown attribute."""
+
+    class AttrDict(dict):
+        __getattr__ = dict.__getitem__
+
+    cfg = AttrDict(scale=2.0)
+
+    def forward(self, x):
+        return x * self.cfg["scale"]
+
+
+def test_odd_classes_compile_as_before():
+    """A class-level object with a __getattr__ raising KeyError, a class without a
+    __module__, a class whose metaclass makes it unhashable."""
+
+    class Meta(type(nn.Module)):
+        def __eq__(cls, other):
+            return cls is other
+
+        __hash__ = None  # type: ignore[assignment]
+
+    class Unhashable(nn.Identity, metaclass=Meta):
+        pass
+
+    nameless = type("Nameless", (nn.Identity,), {"__module__": None})
+    for m in (Odd(), nameless(), Unhashable()):
+        g = Sum(m)
+        assert both(g)[0] == eager(m) and both(g)[0] == float(g.step(af.tensor(X)))
 
 
 def train_two(opt_name, kwargs, data, grow_at, graph, grow):

@@ -6,6 +6,7 @@ batch without touching the parameters."""
 
 import itertools
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -1141,6 +1142,24 @@ def test_a_class_attribute_and_a_global_a_stage_reads_reach_its_worker():
         threads_and_workers(make, data(4, rows=8), between=between)
     finally:
         ClassScaled.scale, GAIN = 1.0, 1.0
+
+
+def test_a_stage_sends_the_constants_its_classes_read_by_name():
+    """What goes to a stage's worker besides its module: the class attributes and globals
+    its forward reads that hold constants, its classes named (one made inside a function
+    is named by nothing: left out, and the module still pickles)."""
+    from actorflow.nn.pipeline_ranks import _shared
+
+    class Local(nn.Module):
+        k = 3.0
+
+        def forward(self, x):
+            return x * self.k
+
+    shared = _shared(nn.Sequential(nn.Linear(2, 2), ClassScaled(), Local()))
+    mod = ClassScaled.__module__
+    assert shared == [(mod, "ClassScaled", "scale", 1.0), (mod, None, "GAIN", 1.0)]
+    pickle.loads(pickle.dumps(shared))
 
 
 class Masks(Pipe):

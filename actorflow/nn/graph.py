@@ -35,24 +35,24 @@ A compiled step holds what ``build`` read when traced, so it is kept only as lon
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
 modules' tree (children, parameters and buffers by identity, their other attributes, hooks),
 the optimizers' parameter groups, the globals and closure variables ``build`` reads, and the
-class attributes and globals of their own module that the modules' methods read by name
-(``self.scale`` set on the class, a constant ``forward`` uses: a class attribute added later
-where there was none, or one a helper function reads, is not seen); a change compiles the
-step anew. Checking costs a few comparisons per step: the modules count their changes
-(``module.structure_version``) and are walked again only when that count moved; the class
-attributes and globals are looked up each step. Per compiled step, its key also holds the
-input layout, the train/eval modes, the optimizers' options (``graph_key``) and which
-parameters require grad. The options a scheduler changes per step (``Optimizer.scheduled``:
-``lr``, SGD's momentum, Adam's betas) are state the step reads (``graph_rates``: a float64
-tensor each, written from the group before every step and run), so a schedule compiles
-nothing anew. A scheduler given to ``add_optimizer(opt, lr_sch=...)`` is stepped by the
-graph after every step: after each ``step()``, and inside a ``run()`` per piece, where the
-rates are inputs of the piece instead (``_Schedules``: the run's source side takes step k's
-rates as it makes piece k, a float64 scalar per scheduled option per group, then steps the
-scheduler; a loader's batches get theirs in a stage after its loading actor), so a per-batch
-schedule (OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A
-tensor ``build`` captures from outside (not a parameter or buffer) is read live at every
-step.
+class attributes and globals that the modules' ``forward`` reaches (``reads.py``:
+``self.scale`` set on the class, a constant or a function ``forward`` uses; not what a
+function outside the class reads, nor a class attribute set later where there was none); a
+change compiles the step anew. Checking costs a few comparisons per step: the modules count
+their changes (``module.structure_version``) and are walked again only when that count
+moved; the class attributes and globals are looked up each step. Per compiled step, its key
+also holds the input layout, the train/eval modes, the optimizers' options (``graph_key``)
+and which parameters require grad. The options a scheduler changes per step
+(``Optimizer.scheduled``: ``lr``, SGD's momentum, Adam's betas) are state the step reads
+(``graph_rates``: a float64 tensor each, written from the group before every step and run),
+so a schedule compiles nothing anew. A scheduler given to ``add_optimizer(opt, lr_sch=...)``
+is stepped by the graph after every step: after each ``step()``, and inside a ``run()`` per
+piece, where the rates are inputs of the piece instead (``_Schedules``: the run's source
+side takes step k's rates as it makes piece k, a float64 scalar per scheduled option per
+group, then steps the scheduler; a loader's batches get theirs in a stage after its loading
+actor), so a per-batch schedule (OneCycleLR, warm-up then cosine) trains within one run as
+an eager loop does. A tensor ``build`` captures from outside (not a parameter or buffer) is
+read live at every step.
 
 Random ops in ``build`` (dropout in training mode, ``scaled_dot_product_attention``'s
 ``dropout_p``, ``af.rand``/``af.randn``) draw new values every step: each is recorded as a
@@ -70,7 +70,6 @@ dropout is the identity: nothing random is traced and the count stays.
 from __future__ import annotations
 
 import copy
-import dis
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -91,9 +90,9 @@ from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
+from .reads import attribute_names, class_state, class_value, global_names, module_globals
 
 if TYPE_CHECKING:
-    from types import CodeType
     from typing import Protocol
 
     from ..runtime.observe.stats import RunStats
@@ -1225,9 +1224,10 @@ class _Traced:
     reused while this lives) and values (numbers, strings). ``group_ids``: the ids of the
     optimizers' parameters in group order; ``names``: ``(namespace, name, object)`` per
     global or closure variable ``build`` reads and per global the modules' methods read;
-    ``classes``: ``(class, name, value)`` per class attribute they read; ``params``: the
-    parameters and buffers, in state order; ``modes``: each module's train/eval mode;
-    ``placement``: the global parameters' placement (None for a local graph)."""
+    ``classes``: ``(class, name, value)`` per class attribute they read (``reads.py``);
+    ``params``: the parameters and buffers, in state order; ``modes``: each module's
+    train/eval mode; ``placement``: the global parameters' placement (None for a local
+    graph)."""
 
     __slots__ = (
         "version",
@@ -1270,7 +1270,7 @@ class _Traced:
         ident.append(tuple(_ident(o, keep) for o in graph._optimizers))
         ident.append((tuple(len(g["params"]) for g in groups), self.group_ids))
         self.names = _names_read(graph.build)
-        self.classes = class_state(mods)
+        self.classes = class_state(mods, _attrs_read(type(graph)))
         for ns, k, v in module_globals(mods):
             if not any(ns is n and k == q for n, q, _ in self.names):
                 self.names.append((ns, k, v))
@@ -1287,10 +1287,10 @@ class _Traced:
         if tuple(id(p) for g in groups for p in g["params"]) != self.group_ids:
             return True
         for ns, k, v in self.names:
-            if _lookup(ns, k) is not v:
+            if not _same(_lookup(ns, k), v):
                 return True
         for c, k, v in self.classes:
-            if class_value(c, k) is not v:
+            if not _same(class_value(c, k), v):
                 return True
         return False
 
@@ -1299,6 +1299,13 @@ _OWN = frozenset(
     {"training", "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"}
 )  # a module's own: in _Traced one by one
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _same(now, then) -> bool:
+    """Whether a name holds what it held: the same object, or an equal number or string."""
+    return now is then or (
+        type(now) is type(then) and isinstance(then, _PLAIN) and bool(now == then)
+    )
 
 
 def _ident(v, keep: list):
@@ -1336,110 +1343,9 @@ def _attrs_read(cls) -> frozenset:
                 f = getattr(f, "__func__", f)
                 code = getattr(f, "__code__", None)
                 if code is not None:
-                    found.update(_loaded(code, ("LOAD_ATTR", "LOAD_METHOD")))
+                    found.update(attribute_names(code))
         names = _ATTRS[cls] = frozenset(found)
     return names
-
-
-def _loaded(code, opnames: tuple) -> tuple:
-    """The names ``code`` (and the code objects inside it) loads with ``opnames``."""
-    mine = _LOADED.get(code)
-    if mine is None:
-        mine = _LOADED[code] = {}
-    names = mine.get(opnames)
-    if names is None:
-        found: list = []
-        for ins in dis.get_instructions(code):
-            if ins.opname in opnames and ins.argval not in found:
-                found.append(ins.argval)
-        for c in code.co_consts:  # lambdas, comprehensions, inner functions
-            if hasattr(c, "co_code"):
-                found += [n for n in _loaded(c, opnames) if n not in found]
-        names = mine[opnames] = tuple(found)
-    return names
-
-
-# code object -> {opnames: the names loaded}
-_LOADED: weakref.WeakKeyDictionary[CodeType, dict[tuple[str, ...], tuple[str, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-# module class -> (the attribute names its methods load, (globals, names) per method)
-_MODULE_READS: weakref.WeakKeyDictionary[type, tuple] = weakref.WeakKeyDictionary()
-
-
-def _module_reads(cls) -> tuple:
-    """What the methods (properties' getters too) of the module class ``cls`` and of its
-    bases read by name: ``(attribute names, ((globals, global names) per method))``. The
-    classes of actorflow itself are left out (their class attributes and globals are the
-    library's)."""
-    got = _MODULE_READS.get(cls)
-    if got is None:
-        attrs: list = []
-        globs: list = []
-        for c in cls.__mro__:
-            if c is object or getattr(c, "__module__", "").partition(".")[0] == "actorflow":
-                continue
-            for f in vars(c).values():
-                f = f.fget if isinstance(f, property) else getattr(f, "__func__", f)
-                code = getattr(f, "__code__", None)
-                if code is None:
-                    continue
-                attrs += [n for n in _loaded(code, ("LOAD_ATTR", "LOAD_METHOD")) if n not in attrs]
-                names = _loaded(code, ("LOAD_GLOBAL", "LOAD_NAME"))
-                if names:
-                    globs.append((getattr(f, "__globals__", {}), names))
-        got = _MODULE_READS[cls] = (tuple(attrs), tuple(globs))
-    return got
-
-
-def class_state(modules: Iterable[Module]) -> list:
-    """``(class, name, value)`` for each class attribute holding data (not a method,
-    property or other descriptor) that the methods of the modules' classes read by name
-    (``self.scale`` where ``scale`` is set on the class), as an instance without its own
-    finds it: what a compiled step is traced with besides the modules' own attributes, and
-    what a pipeline stage's worker sets on its classes (``pipeline_ranks``)."""
-    out: list = []
-    seen: set = set()
-    for m in modules:
-        cls = type(m)
-        if cls in seen:
-            continue
-        seen.add(cls)
-        for name in _module_reads(cls)[0]:
-            v = class_value(cls, name)
-            if v is not _NONE and not name.startswith("__") and not hasattr(type(v), "__get__"):
-                out.append((cls, name, v))
-    return out
-
-
-def class_value(cls: type, name: str) -> Any:
-    """What ``name`` holds on ``cls`` or the first of its bases that has it, as stored there
-    (nothing bound, so the same object while it is not set again); ``_NONE`` if none has
-    it."""
-    for c in cls.__mro__:
-        d = c.__dict__
-        if name in d:
-            return d[name]
-    return _NONE
-
-
-def module_globals(modules: Iterable[Module]) -> list:
-    """``(globals, name, object)`` for each global of their own module that the methods of
-    the modules' classes read (a constant a ``forward`` uses)."""
-    out: list = []
-    seen: set = set()
-    classes: dict = {}
-    for m in modules:
-        classes.setdefault(type(m), None)
-    for cls in classes:
-        for ns, names in _module_reads(cls)[1]:
-            for n in names:
-                if n in ns and (id(ns), n) not in seen:
-                    seen.add((id(ns), n))
-                    out.append((ns, n, ns[n]))
-    return out
 
 
 def _names_read(fn) -> list:
@@ -1450,7 +1356,7 @@ def _names_read(fn) -> list:
     if code is None:
         return []
     glb = fn.__globals__
-    out = [(glb, n, glb[n]) for n in _loaded(code, ("LOAD_GLOBAL", "LOAD_NAME")) if n in glb]
+    out = [(glb, n, glb[n]) for n in global_names(code) if n in glb]
     for n, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
         v = _lookup(cell, n)
         if v is not _NONE:

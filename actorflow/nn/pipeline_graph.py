@@ -99,27 +99,27 @@ kept between it and each worker (a copy each way; a move straight from one stage
 the next would save both: not built). What a stage's forward changes of its module's Python
 attributes changes in the worker's copy, until a change here sends a new copy; what changes
 here (attributes, in place too, eval and train modes, frozen parameters, replaced layers,
-loaded values, and the class attributes and globals of their module that the stage's methods
-read, where they hold numbers, strings or tuples of them: ``pipeline_ranks._shared``)
-reaches the worker at the next batch (a class attribute or global holding anything else is
-the worker's own). A stage's module must pickle (no lambdas or local functions in it), and a
-Ray actor loads its classes by their module's name (not from a script run as ``__main__``).
-A stage's random ops in its worker draw from a seed this process's generator gives each
-stage per batch (``af.manual_seed`` repeats them; the stages draw apart). A backward act
-ends once its worker wrote every gradient (an error of its kernels is the act's: the stage's
-``ActorError``); a worker's error is the stage's ``ActorError``, and a worker that dies the
-stage's ``ActorError`` whose original names the placement and the rank; after a failed batch
-the workers let go of what they held for it. A batch runs with this thread's kind of ranks
-set to the stages' (``ranks_here``: not the process's, so another thread's calls are not
-moved), so what the optimizers make on a stage's placement is made on its worker. The saved
-bytes a stage on held ranks reports are its worker's (the last stage's without ``build``'s,
-which runs here). ``graph.pipelined.close()`` brings the stages ``stage_ranks=`` made global
-back to this process (with the optimizers' state) and ends the workers it started once
-nothing lives on them any more (another pipeline's stages, a tensor made there by hand);
-stages made global by hand keep their workers until
-``af.parallel.ranks_of(placement).close()`` (``graph.pipelined.ranks``). Global stages laid
-out otherwise (several ranks, a split, two stages on one placement) are refused.
-"""
+loaded values, and the class attributes and globals of their module that the stage's
+``forward`` reaches, where they hold numbers, strings or tuples of them:
+``pipeline_ranks._shared``) reaches the worker at the next batch (a class attribute or
+global holding anything else is the worker's own). A stage's module must pickle (no lambdas
+or local functions in it), and a Ray actor loads its classes by their module's name (not
+from a script run as ``__main__``). A stage's random ops in its worker draw from a seed this
+process's generator gives each stage per batch (``af.manual_seed`` repeats them; the stages
+draw apart). A backward act ends once its worker wrote every gradient (an error of its
+kernels is the act's: the stage's ``ActorError``); a worker's error is the stage's
+``ActorError``, and a worker that dies the stage's ``ActorError`` whose original names the
+placement and the rank; after a failed batch the workers let go of what they held for it. A
+batch runs with this thread's kind of ranks set to the stages' (``ranks_here``: not the
+process's, so another thread's calls are not moved), so what the optimizers make on a
+stage's placement is made on its worker. The saved bytes a stage on held ranks reports are
+its worker's (the last stage's without ``build``'s, which runs here).
+``graph.pipelined.close()`` brings the stages ``stage_ranks=`` made global back to this
+process (with the optimizers' state) and ends the workers it started once nothing lives on
+them any more (another pipeline's stages, a tensor made there by hand); stages made global
+by hand keep their workers until ``af.parallel.ranks_of(placement).close()``
+(``graph.pipelined.ranks``). Global stages laid out otherwise (several ranks, a split, two
+stages on one placement) are refused."""
 
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ input, so ``build`` may use anything of this process (a head module, the rest le
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import pickle
-import sys
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -113,8 +113,8 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
 
     try:
         module, shared = _Unpickler(blob, ex).load()
-        for owner, name, value in shared:
-            _set_shared(owner, name, value)
+        for where in shared:
+            _set_shared(*where)
     except (AttributeError, ImportError) as e:
         raise type(e)(
             f"{label}'s module could not be loaded in its worker ({e}); the classes and "
@@ -130,30 +130,53 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     ex.kept[outs[0]] = kept
 
 
-def _set_shared(owner: Any, name: str, value: Any) -> None:
-    """Sets what the controller's stage reads besides its module (``_shared``) in this
-    worker: a class attribute (``owner`` a class) or a global (``owner`` a module's name)."""
-    if isinstance(owner, str):
-        sys.modules[owner].__dict__[name] = value
-    else:
+def _set_shared(module: str, qualname: str | None, name: str, value: Any) -> None:
+    """Sets in this worker what the controller's stage reads besides its module
+    (``_shared``): an attribute of the class ``qualname`` of ``module``, or a global of
+    ``module`` (``qualname`` None). A class or module this worker cannot find by name is
+    left alone (the stage's module loaded without it: its classes pickled otherwise)."""
+    try:
+        owner: Any = importlib.import_module(module)
+        if qualname is None:
+            owner.__dict__[name] = value
+            return
+        for part in qualname.split("."):
+            owner = getattr(owner, part)
         setattr(owner, name, value)
+    except Exception:  # noqa: BLE001 - (see the doc)
+        pass
 
 
 def _shared(module: Module) -> list:
-    """What the methods of ``module``'s classes read besides the module itself and that a
-    worker holds a copy of: ``(class, name, value)`` per class attribute and ``(module
-    name, name, value)`` per global of their module, where the value is a number, a
-    string, bytes, None or a tuple of those (constants; other values are not sent: the
-    worker's are its own)."""
-    from .graph import class_state, module_globals
+    """What the code of ``module``'s classes reads besides the module itself (``reads.py``)
+    that a worker keeps a copy of, where it holds a constant (a number, a string, bytes,
+    None or a tuple of those; other values are not sent: the worker's are its own):
+    ``(module name, class qualname, name, value)`` per class attribute, ``(module name,
+    None, name, value)`` per global. Classes and modules are named, not pickled (one made
+    inside a function is found by no name: left out)."""
+    from .reads import class_entry, class_state, module_globals
 
     mods = list(module.modules())
-    out = [(c, k, v) for c, k, v in class_state(mods) if _plain(v)]
+    out = []
+    for cls, k, v in class_state(mods):
+        owner = class_entry(cls, k)[0]
+        where = _named(owner)
+        if where is not None and _plain(v):
+            out.append((*where, k, v))
     for ns, k, v in module_globals(mods):
         name = ns.get("__name__")
         if _plain(v) and isinstance(name, str) and name != "__main__":
-            out.append((name, k, v))
+            out.append((name, None, k, v))
     return out
+
+
+def _named(cls: Any) -> tuple | None:
+    """``(module name, qualname)`` a worker imports ``cls`` by, or None (made inside a
+    function, or in the script run as ``__main__``)."""
+    mod, qual = cls.__dict__.get("__module__"), getattr(cls, "__qualname__", None)
+    if not isinstance(mod, str) or not isinstance(qual, str) or mod == "__main__":
+        return None
+    return None if "<locals>" in qual else (mod, qual)
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
