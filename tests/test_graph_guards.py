@@ -7,6 +7,7 @@ stays as it was), and run() takes ActorGraph.run's arguments."""
 
 import functools
 import time
+import types
 
 import numpy as np
 import pytest
@@ -244,6 +245,96 @@ def test_what_the_modules_code_reads_compiles_the_step_anew():
         )
 
 
+OFFSET_OF_BASE = 0.0  # (read by Base.forward)
+HELPER_GAIN = 1.0  # (read by helper, a function Derived.forward calls)
+
+
+def helper(x):
+    return x * HELPER_GAIN
+
+
+class Base(nn.Module):
+    scale = 1.0
+
+    def forward(self, x):
+        return x * self.scale + OFFSET_OF_BASE
+
+
+class Part(nn.Module):
+    k = 1.0
+
+    def project(self, x):  # (not its forward: called by the parent)
+        return x * self.k
+
+
+class Derived(Base):
+    """Reaches its base's forward through super(), a child's method other than forward,
+    and a function of its module."""
+
+    def __init__(self):
+        super().__init__()
+        self.part = Part()
+
+    def forward(self, x):
+        return helper(self.part.project(super().forward(x)))
+
+
+def test_what_a_forward_reaches_through_super_a_child_and_a_helper_is_read_too():
+    global OFFSET_OF_BASE, HELPER_GAIN
+    m = Derived()
+    g = Sum(m)
+    changes = [
+        lambda: setattr(Base, "scale", 2.0),  # the base class's, read by super().forward
+        lambda: globals().update(OFFSET_OF_BASE=1.0),  # the base's forward's global
+        lambda: setattr(Part, "k", 3.0),  # read by the child's project only
+        lambda: globals().update(HELPER_GAIN=0.5),  # read by the helper function only
+        lambda: setattr(Derived, "forward", lambda self, x: x * 4.0),  # set on the class
+    ]
+    try:
+        assert both(g) == (6.0, 6.0, 6.0)
+        for change in changes:
+            before = both(g)[0]
+            change()
+            got = both(g)
+            assert got == (eager(m),) * 3 and got[0] != before
+    finally:
+        Base.scale, Part.k, OFFSET_OF_BASE, HELPER_GAIN = 1.0, 1.0, 0.0, 1.0
+        Derived.forward = _derived_forward
+
+
+_derived_forward = Derived.forward
+
+
+class Configured(nn.Module):
+    """Reads a dict's item, a list's item and a record's attribute its instance holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.cfg = {"scale": 2.0}
+        self.shifts = [0.0]
+        self.opts = types.SimpleNamespace(gain=1.0)
+
+    def forward(self, x):
+        return (x * self.cfg["scale"] + self.shifts[0]) * self.opts.gain
+
+
+def test_a_container_or_record_changed_in_place_compiles_the_step_anew():
+    """The same dict, list and record, changed in place between steps (no attribute set:
+    no counter sees it): each change compiles the step anew, as eager mode sees it."""
+    m = Configured()
+    g = Sum(m)
+    assert both(g) == (12.0, 12.0, 12.0)
+    for change in (
+        lambda: m.cfg.update(scale=3.0),
+        lambda: m.shifts.__setitem__(0, 1.0),
+        lambda: setattr(m.opts, "gain", 2.0),
+    ):
+        before = both(g)[0]
+        change()
+        got = both(g)
+        assert got == (eager(m),) * 3 and got[0] != before
+
+
 class Busy(nn.Module):
     """A forward reading what a lookup on its class would bind afresh (a classmethod, a
     property) or find on no class (a dunder): the same entries every step."""
@@ -270,11 +361,13 @@ def test_a_forward_reading_methods_and_dunders_costs_no_walk_per_step(monkeypatc
     monkeypatch.setattr(
         graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
     )
-    g = Sum(Busy())
+    busy = Busy()
+    busy.sizes, busy.cfg = (1, 2), {"unread": [1, 2]}  # (a tuple, a dict left as it is)
+    g = Sum(busy)
     for _ in range(6):
         assert float(g.step(af.tensor(X))) == 12.0
     assert len(compiles) == 1 and len(takes) == 2  # (taken at the first step, and after)
-    assert [k for _, k, _ in g._traced.classes] == ["factor", "scale_of", "shift"]
+    assert [k for _, k, _ in g._traced.classes] == ["factor", "forward", "scale_of", "shift"]
 
 
 class Odd(nn.Module):

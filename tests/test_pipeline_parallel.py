@@ -1158,7 +1158,10 @@ def test_a_stage_sends_the_constants_its_classes_read_by_name():
 
     shared = _shared(nn.Sequential(nn.Linear(2, 2), ClassScaled(), Local()))
     mod = ClassScaled.__module__
-    assert shared == [(mod, "ClassScaled", "scale", 1.0), (mod, None, "GAIN", 1.0)]
+    assert shared == [
+        (mod, "ClassScaled", None, "scale", 1.0),
+        (mod, "ClassScaled", ("forward", 0), "GAIN", 1.0),  # (where forward reads it)
+    ]
     pickle.loads(pickle.dumps(shared))
 
 

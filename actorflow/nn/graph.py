@@ -36,23 +36,28 @@ still holds (``_Traced``, checked before every step and run): the Graph's attrib
 modules' tree (children, parameters and buffers by identity, their other attributes, hooks),
 the optimizers' parameter groups, the globals and closure variables ``build`` reads, and the
 class attributes and globals that the modules' ``forward`` reaches (``reads.py``:
-``self.scale`` set on the class, a constant or a function ``forward`` uses; not what a
-function outside the class reads, nor a class attribute set later where there was none); a
-change compiles the step anew. Checking costs a few comparisons per step: the modules count
-their changes (``module.structure_version``) and are walked again only when that count
-moved; the class attributes and globals are looked up each step. Per compiled step, its key
-also holds the input layout, the train/eval modes, the optimizers' options (``graph_key``)
-and which parameters require grad. The options a scheduler changes per step
-(``Optimizer.scheduled``: ``lr``, SGD's momentum, Adam's betas) are state the step reads
-(``graph_rates``: a float64 tensor each, written from the group before every step and run),
-so a schedule compiles nothing anew. A scheduler given to ``add_optimizer(opt, lr_sch=...)``
-is stepped by the graph after every step: after each ``step()``, and inside a ``run()`` per
-piece, where the rates are inputs of the piece instead (``_Schedules``: the run's source
-side takes step k's rates as it makes piece k, a float64 scalar per scheduled option per
-group, then steps the scheduler; a loader's batches get theirs in a stage after its loading
-actor), so a per-batch schedule (OneCycleLR, warm-up then cosine) trains within one run as
-an eager loop does. A tensor ``build`` captures from outside (not a parameter or buffer) is
-read live at every step.
+``self.scale`` set on the class, a constant or a function ``forward`` uses, what a base's
+``forward``, a child's method or a function of the script it calls reads; not another
+module's globals read as its attributes, a plain config class's attributes, a name given to
+``getattr``, nor a class attribute set later where there was none); a change compiles the
+step anew, as does a change in place to a dict, list, set or record (a ``SimpleNamespace``,
+a dataclass, a config object) of numbers and strings that one of these holds
+(``reads.snapshot``: a copy of up to 256 values compared every step; a larger one only by
+identity). Checking costs a few comparisons per step: the modules count their changes
+(``module.structure_version``) and are walked again only when that count moved; the class
+attributes and globals are looked up each step. Per compiled step, its key also holds the
+input layout, the train/eval modes, the optimizers' options (``graph_key``) and which
+parameters require grad. The options a scheduler changes per step (``Optimizer.scheduled``:
+``lr``, SGD's momentum, Adam's betas) are state the step reads (``graph_rates``: a float64
+tensor each, written from the group before every step and run), so a schedule compiles
+nothing anew. A scheduler given to ``add_optimizer(opt, lr_sch=...)`` is stepped by the
+graph after every step: after each ``step()``, and inside a ``run()`` per piece, where the
+rates are inputs of the piece instead (``_Schedules``: the run's source side takes step k's
+rates as it makes piece k, a float64 scalar per scheduled option per group, then steps the
+scheduler; a loader's batches get theirs in a stage after its loading actor), so a per-batch
+schedule (OneCycleLR, warm-up then cosine) trains within one run as an eager loop does. A
+tensor ``build`` captures from outside (not a parameter or buffer) is read live at every
+step.
 
 Random ops in ``build`` (dropout in training mode, ``scaled_dot_product_attention``'s
 ``dropout_p``, ``af.rand``/``af.randn``) draw new values every step: each is recorded as a
@@ -90,7 +95,14 @@ from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
-from .reads import attribute_names, class_state, class_value, global_names, module_globals
+from .reads import (
+    attribute_names,
+    class_state,
+    class_value,
+    global_names,
+    module_globals,
+    snapshot,
+)
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -1225,9 +1237,10 @@ class _Traced:
     optimizers' parameters in group order; ``names``: ``(namespace, name, object)`` per
     global or closure variable ``build`` reads and per global the modules' methods read;
     ``classes``: ``(class, name, value)`` per class attribute they read (``reads.py``);
-    ``params``: the parameters and buffers, in state order; ``modes``: each module's
-    train/eval mode; ``placement``: the global parameters' placement (None for a local
-    graph)."""
+    ``contents``: ``(object, snapshot)`` per dict, list, set or record any of these hold,
+    compared every step (``reads.snapshot``; in ``ident`` too); ``params``: the parameters
+    and buffers, in state order; ``modes``: each module's train/eval mode; ``placement``:
+    the global parameters' placement (None for a local graph)."""
 
     __slots__ = (
         "version",
@@ -1236,6 +1249,7 @@ class _Traced:
         "group_ids",
         "names",
         "classes",
+        "contents",
         "params",
         "modes",
         "placement",
@@ -1246,9 +1260,11 @@ class _Traced:
         keep: list = []
         ident: list = []
         read = _attrs_read(type(graph))
+        self.contents: list = []  # (object, its snapshot) per container or record read
+        contents = self._contents
         for k, v in vars(graph).items():
             if k not in _INTERNAL and (k in read or isinstance(v, Module)):
-                ident.append((k, _ident(v, keep)))
+                ident.append((k, _ident(v, keep), contents(v)))
         mods, seen = [], set()
         for v in graph._modules():
             for m in v.modules():
@@ -1262,7 +1278,9 @@ class _Traced:
                 entry.append(tuple((k, _ident(t, keep)) for k, t in d.items()))
             entry.append(tuple(_ident(h, keep) for h in m._forward_hooks))
             entry.append(tuple(_ident(h, keep) for h in m._forward_pre_hooks))
-            entry += [(k, _ident(v, keep)) for k, v in vars(m).items() if k not in _OWN]
+            for k, v in vars(m).items():
+                if k not in _OWN:
+                    entry.append((k, _ident(v, keep), contents(v)))
             ident.append(tuple(entry))
         groups = [g for o in graph._optimizers for g in o.param_groups]
         self.group_ids = tuple(id(p) for g in groups for p in g["params"])
@@ -1271,19 +1289,29 @@ class _Traced:
         ident.append((tuple(len(g["params"]) for g in groups), self.group_ids))
         self.names = _names_read(graph.build)
         self.classes = class_state(mods, _attrs_read(type(graph)))
-        for ns, k, v in module_globals(mods):
+        for _, ns, k, v in module_globals(mods):
             if not any(ns is n and k == q for n, q, _ in self.names):
                 self.names.append((ns, k, v))
-        ident.append(tuple((k, _ident(v, keep)) for _, k, v in self.names))
-        ident.append(tuple((_ident(c, keep), k, _ident(v, keep)) for c, k, v in self.classes))
+        ident.append(tuple((k, _ident(v, keep), contents(v)) for _, k, v in self.names))
+        ident.append(
+            tuple((_ident(c, keep), k, _ident(v, keep), contents(v)) for c, k, v in self.classes)
+        )
         self.ident = tuple(ident)
-        self.keep = keep
+        self.keep = keep + [v for v, _ in self.contents]
         self.params = graph._params()
         self.modes = tuple(m.training for m in mods)
         self.placement = _placement_of(type(graph).__name__, self.params)
 
+    def _contents(self, v) -> Any:
+        """``v``'s snapshot (``reads.snapshot``), kept to be compared every step, or None."""
+        snap = snapshot(v)
+        if snap is not None:
+            self.contents.append((v, snap))
+        return snap
+
     def moved(self, groups: list) -> bool:
-        """Did an optimizer's parameters, or a name ``build`` reads, change since?"""
+        """Did an optimizer's parameters, a name ``build`` reads, a class attribute or global
+        the modules' code reads, or what a container or record read holds change since?"""
         if tuple(id(p) for g in groups for p in g["params"]) != self.group_ids:
             return True
         for ns, k, v in self.names:
@@ -1291,6 +1319,9 @@ class _Traced:
                 return True
         for c, k, v in self.classes:
             if not _same(class_value(c, k), v):
+                return True
+        for v, snap in self.contents:
+            if snapshot(v) != snap:
                 return True
         return False
 
@@ -1302,9 +1333,10 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _same(now, then) -> bool:
-    """Whether a name holds what it held: the same object, or an equal number or string."""
+    """Whether a name holds what it held: the same object, or a number or string of the
+    same type and ``repr`` (a NaN is itself, -0.0 is not 0.0)."""
     return now is then or (
-        type(now) is type(then) and isinstance(then, _PLAIN) and bool(now == then)
+        type(now) is type(then) and isinstance(then, _PLAIN) and repr(now) == repr(then)
     )
 
 

@@ -130,19 +130,26 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     ex.kept[outs[0]] = kept
 
 
-def _set_shared(module: str, qualname: str | None, name: str, value: Any) -> None:
+def _set_shared(module: str, qualname: str, entry: Any, name: str, value: Any) -> None:
     """Sets in this worker what the controller's stage reads besides its module
-    (``_shared``): an attribute of the class ``qualname`` of ``module``, or a global of
-    ``module`` (``qualname`` None). A class or module this worker cannot find by name is
-    left alone (the stage's module loaded without it: its classes pickled otherwise)."""
+    (``_shared``): on ``qualname`` of ``module`` (a class, or a function), the attribute
+    ``name`` of that class (``entry`` None), or the global ``name`` where that function
+    reads it (``entry`` ``()``) or where the ``k``-th function of the class's entry ``e``
+    does (``entry`` ``(e, k)``, ``reads.functions_of``): in the namespace it reads here (a
+    script's too). What this worker cannot find by name is left alone (the stage's module
+    loaded without it)."""
+    from .reads import functions_of
+
     try:
         owner: Any = importlib.import_module(module)
-        if qualname is None:
-            owner.__dict__[name] = value
-            return
         for part in qualname.split("."):
             owner = getattr(owner, part)
-        setattr(owner, name, value)
+        if entry is None:
+            setattr(owner, name, value)
+        elif not entry:
+            owner.__globals__[name] = value
+        else:
+            functions_of(owner.__dict__[entry[0]])[entry[1]].__globals__[name] = value
     except Exception:  # noqa: BLE001 - (see the doc)
         pass
 
@@ -150,33 +157,33 @@ def _set_shared(module: str, qualname: str | None, name: str, value: Any) -> Non
 def _shared(module: Module) -> list:
     """What the code of ``module``'s classes reads besides the module itself (``reads.py``)
     that a worker keeps a copy of, where it holds a constant (a number, a string, bytes,
-    None or a tuple of those; other values are not sent: the worker's are its own):
-    ``(module name, class qualname, name, value)`` per class attribute, ``(module name,
-    None, name, value)`` per global. Classes and modules are named, not pickled (one made
-    inside a function is found by no name: left out)."""
+    None or a tuple of those; other values are not sent: the worker's are its own), as
+    ``_set_shared``'s arguments: classes and functions named, not pickled (one made inside
+    a function is named by nothing: left out)."""
     from .reads import class_entry, class_state, module_globals
 
     mods = list(module.modules())
     out = []
     for cls, k, v in class_state(mods):
-        owner = class_entry(cls, k)[0]
-        where = _named(owner)
+        where = _named(class_entry(cls, k)[0])
         if where is not None and _plain(v):
-            out.append((*where, k, v))
-    for ns, k, v in module_globals(mods):
-        name = ns.get("__name__")
-        if _plain(v) and isinstance(name, str) and name != "__main__":
-            out.append((name, None, k, v))
+            out.append((*where, None, k, v))
+    for found, _, k, v in module_globals(mods):
+        where = _named(found[1])
+        entry: tuple = (found[2], found[3]) if found[0] == "method" else ()
+        if where is not None and _plain(v):
+            out.append((*where, entry, k, v))
     return out
 
 
-def _named(cls: Any) -> tuple | None:
-    """``(module name, qualname)`` a worker imports ``cls`` by, or None (made inside a
-    function, or in the script run as ``__main__``)."""
-    mod, qual = cls.__dict__.get("__module__"), getattr(cls, "__qualname__", None)
-    if not isinstance(mod, str) or not isinstance(qual, str) or mod == "__main__":
+def _named(obj: Any) -> tuple | None:
+    """``(module name, qualname)`` a worker finds ``obj`` (a class or a function) by, or
+    None (made inside a function)."""
+    mod = obj.__dict__.get("__module__") if isinstance(obj, type) else obj.__module__
+    qual = getattr(obj, "__qualname__", None)
+    if not isinstance(mod, str) or not isinstance(qual, str) or "<locals>" in qual:
         return None
-    return None if "<locals>" in qual else (mod, qual)
+    return mod, qual
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)

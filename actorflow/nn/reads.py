@@ -8,16 +8,21 @@ globals of its module (a constant, a function it calls); this file finds those, 
 ``graph._Traced`` keeps a compiled step only while they hold, and a pipeline stage's worker
 is sent the constant ones (``pipeline_ranks``).
 
-What is found: starting from each module class's ``forward``, the code of every function of
-the class reached by name from it (``self.helper(x)``, a property's getter, a static or
-class method, through ``functools.wraps`` decorators), so a method the training loop calls
-(a ``describe()`` printing a counter) is not among them; the attribute names that code
-loads, and those ``build``'s Graph loads, looked up on every module class of the tree (a
-parent's ``self.inner.factor`` reads the inner class's); and the globals that code loads,
-in the function's own module. actorflow's own classes and functions are not read (the
-library's class attributes and globals are not the model's). Not found: what a function
-outside the class reads (a helper of another module), and a class attribute set later on a
-class that had none by that name.
+What is found: starting from the ``forward`` of the modules' classes, the code of every
+function a module class of the tree (or a base of one) holds under a name reached from it
+(``self.helper(x)``, ``super().forward(x)``, a child's ``self.inner.project(x)``, a
+property's getter, a static or class method, through ``functools.wraps`` and ``lru_cache``),
+so a method only the training loop calls (a ``describe()`` printing a counter) is not among
+them; the attribute names that code loads, and those ``build``'s Graph loads, looked up on
+every module class of the tree (a parent's ``self.inner.factor`` reads the inner class's);
+and the globals that code loads, in the function's own module. actorflow's own classes and
+functions are not read (the library's class attributes and globals are not the model's).  A
+global function that code calls is read too (a helper of the same script). Not found:
+another module's globals read as its attributes (``helpers.SCALE``), the attributes of a
+class that is not a module (a config class's), a name given to ``getattr``, and a class
+attribute set later on a class that had none by that name. ``snapshot`` copies what a dict,
+list, set or record (a config object) of numbers and strings holds, so that a change in
+place to one is seen too.
 """
 
 from __future__ import annotations
@@ -74,18 +79,23 @@ def _library(obj: Any) -> bool:
 
 def functions_of(entry: Any) -> list:
     """The plain functions behind a class's dict entry: itself, a static or class method's,
-    a property's getter, each through the ``__wrapped__`` chain of its decorators; none for
-    anything else."""
+    a property's getter, each through the ``__wrapped__`` chain of its decorators
+    (``functools.wraps``, ``lru_cache``); none for anything else."""
     if isinstance(entry, (staticmethod, classmethod)):
         entry = entry.__func__
     elif isinstance(entry, property):
         entry = entry.fget
     elif isinstance(entry, functools.partial):
         entry = entry.func
-    out = []
-    while isinstance(entry, types.FunctionType) and entry not in out:
-        out.append(entry)
-        entry = entry.__dict__.get("__wrapped__")
+    out: list = []
+    while entry is not None and not any(entry is f for f in out):
+        if isinstance(entry, types.FunctionType):
+            out.append(entry)
+            entry = entry.__dict__.get("__wrapped__")
+        elif isinstance(entry, functools._lru_cache_wrapper):
+            entry = entry.__wrapped__
+        else:
+            break
     return out
 
 
@@ -104,50 +114,6 @@ def class_value(cls: type, name: str) -> Any:
     return class_entry(cls, name)[1]
 
 
-# module class -> (attribute names, ((globals, global names) per function)) its code reads
-_READS: weakref.WeakKeyDictionary[type, tuple] = weakref.WeakKeyDictionary()
-
-
-def class_reads(cls: type) -> tuple:
-    """What the code reached from ``cls.forward`` reads (see the module doc): ``(attribute
-    names, ((globals, global names) per function))``."""
-    try:
-        got = _READS.get(cls)
-    except TypeError:  # (a class its metaclass makes unhashable: not kept)
-        got = None
-    if got is not None:
-        return got
-    attrs: list = []
-    globs: list = []
-    seen: list = []
-    todo = ["forward"]
-    done = set()
-    while todo:
-        name = todo.pop()
-        if name in done or name.startswith("__"):
-            continue
-        done.add(name)
-        owner, entry = class_entry(cls, name)
-        if owner is None or _library(owner):
-            continue
-        for f in functions_of(entry):
-            if f in seen or _library(f):
-                continue
-            seen.append(f)
-            names = attribute_names(f.__code__)
-            attrs += [n for n in names if n not in attrs]
-            todo += [n for n in names if n not in done]
-            g = global_names(f.__code__)
-            if g:
-                globs.append((f.__globals__, g))
-    got = (tuple(attrs), tuple(globs))
-    try:
-        _READS[cls] = got
-    except TypeError:
-        pass
-    return got
-
-
 def _classes(modules: Iterable[Any]) -> list:
     """The modules' classes, each once, in the order met, actorflow's own left out."""
     out: list = []
@@ -161,36 +127,141 @@ def _classes(modules: Iterable[Any]) -> list:
     return out
 
 
+def tree_reads(classes: list, names: Iterable[str] = ()) -> tuple:
+    """What the code reached from the classes' ``forward`` (and from ``names``) reads:
+    ``(attribute names, [(where, function, global names)])``. A name reached is looked up
+    on every class and each of its bases that holds it (a ``super().forward`` reaches the
+    base's too, a parent's ``self.inner.project(x)`` the inner class's), and a global
+    function the code calls is read too (a helper of the same script); actorflow's own are
+    left out. ``where``: ``("method", class, name, k)`` for the ``k``-th of
+    ``functions_of`` a class's entry, ``("function", f)`` for a global function. Computed
+    afresh each time (a method set on a class since is read)."""
+    attrs: list = []
+    globs: list = []
+    seen: list = []
+    todo = ["forward", *names]
+    done: set = set()
+    funcs: list = []  # (where, function) to read
+
+    def read(where: tuple, f: Any) -> None:
+        if any(f is g for g in seen) or _library(f):
+            return
+        seen.append(f)
+        todo.extend(n for n in attribute_names(f.__code__) if n not in done)
+        g = global_names(f.__code__)
+        if g:
+            globs.append((where, f, g))
+            ns = f.__globals__
+            for n in g:
+                h = ns.get(n)
+                if isinstance(h, types.FunctionType):
+                    funcs.append((("function", h), h))
+
+    while todo or funcs:
+        while funcs:
+            read(*funcs.pop())
+        if not todo:
+            break
+        name = todo.pop()
+        if name in done or name.startswith("__"):
+            continue
+        done.add(name)
+        attrs.append(name)
+        for cls in classes:
+            for owner in cls.__mro__:
+                entry = owner.__dict__.get(name, MISSING)
+                if entry is not MISSING and not _library(owner):
+                    for k, f in enumerate(functions_of(entry)):
+                        read(("method", owner, name, k), f)
+    return tuple(attrs), globs
+
+
 def class_state(modules: Iterable[Any], names: Iterable[str] = ()) -> list:
-    """``(class, name, value)`` for each attribute name the modules' classes' code reads (and
-    ``names``: what the Graph's code reads, a ``build`` reading ``self.model.scale``) that
-    one of their classes holds at class level, where a class of the model holds it (the
-    methods, properties and constants a ``forward`` reaches), in a stable order. ``value``
-    is the class dict's entry: the same object until somebody sets the name again."""
+    """``(class, name, value)`` for each attribute name the code reached from the modules'
+    ``forward`` reads (and ``names``: what the Graph's code reads, a ``build`` reading
+    ``self.model.scale``) that one of their classes holds at class level (a method, a
+    property, a constant: ``forward`` itself too), in a stable order. ``value`` is the
+    class dict's entry: the same object until somebody sets the name again."""
     classes = _classes(modules)
-    wanted: set = set(names)
-    for cls in classes:
-        wanted.update(class_reads(cls)[0])
+    wanted = tree_reads(classes, names)[0]
     out = []
     for cls in classes:
         for name in sorted(wanted):
-            if name.startswith("__"):
-                continue
-            owner, v = class_entry(cls, name)
-            if owner is not None and not _library(owner):
-                out.append((cls, name, v))
+            if not name.startswith("__"):
+                owner, v = class_entry(cls, name)
+                if owner is not None:
+                    out.append((cls, name, v))
     return out
 
 
 def module_globals(modules: Iterable[Any]) -> list:
-    """``(globals, name, object)`` for each global the modules' classes' code reads in its
-    own module (a constant, a function it calls), in a stable order."""
+    """``(where, globals, name, object)`` for each global the code reached from the
+    modules' ``forward`` reads in its own module (a constant, a function it calls), in a
+    stable order; ``where``: the function that reads it (``tree_reads``), by which a worker
+    finds the same namespace (a script's, run as ``__main__``, is another module's
+    there)."""
     out: list = []
     seen: set = set()
-    for cls in _classes(modules):
-        for ns, names in class_reads(cls)[1]:
-            for n in names:
-                if n in ns and (id(ns), n) not in seen:
-                    seen.add((id(ns), n))
-                    out.append((ns, n, ns[n]))
+    for where, f, names in tree_reads(_classes(modules))[1]:
+        ns = f.__globals__
+        for n in names:
+            if n in ns and (id(ns), n) not in seen:
+                seen.add((id(ns), n))
+                out.append((where, ns, n, ns[n]))
     return out
+
+
+SNAPSHOT_ITEMS = 256  # the values a snapshot holds at most (a larger one: identity only)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def snapshot(v: Any) -> Any:
+    """What an in-place change to ``v`` changes: a plain copy of a container (dict, list,
+    tuple, set) or a record (an object whose ``__dict__`` holds only such values: a
+    ``SimpleNamespace``, a dataclass, a config object) of numbers, strings, bytes and
+    None, at most ``SNAPSHOT_ITEMS`` values in all (numbers by ``repr``: a NaN equals
+    itself); None for anything else (a number or string itself, compared by value
+    already; a tuple of them, which cannot change; a module, a tensor, a function; an
+    object holding one)."""
+    if isinstance(v, _PLAIN):
+        return None
+    budget = [SNAPSHOT_ITEMS, False]
+    try:
+        snap = _snap(v, budget, 0)
+    except _NotPlain:
+        return None
+    return snap if budget[1] else None  # (nothing mutable in it: nothing to compare)
+
+
+def _snap(v: Any, budget: list, depth: int) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 8:
+        raise _NotPlain
+    t = type(v)
+    if t in _PLAIN:
+        return (t, repr(v))
+    if t is tuple:
+        return (t, tuple(_snap(x, budget, depth + 1) for x in v))
+    budget[1] = True
+    if t is list:
+        return (t, tuple(_snap(x, budget, depth + 1) for x in v))
+    if t is dict:
+        return (
+            t,
+            tuple((_snap(k, budget, depth + 1), _snap(x, budget, depth + 1)) for k, x in v.items()),
+        )
+    if t in (set, frozenset):
+        return (t, tuple(sorted(repr(_snap(x, budget, depth + 1)) for x in v)))
+    d = getattr(v, "__dict__", None)
+    if (
+        type(d) is dict
+        and not isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType))
+        and not _library(t)
+        and not callable(v)
+    ):
+        return (t, _snap(d, budget, depth + 1))
+    raise _NotPlain
