@@ -167,6 +167,14 @@ def tripled(x):
     return x * 3.0
 
 
+def logged_fn(fn):
+    @functools.wraps(fn)
+    def wrapper(x):
+        return fn(x)
+
+    return wrapper
+
+
 def logged(fn):
     @functools.wraps(fn)
     def wrapper(self, x):
@@ -279,6 +287,66 @@ class Derived(Base):
         return helper(self.part.project(super().forward(x)))
 
 
+ACT_GAIN = 1.0  # (read by scaled_act, a function held as an attribute)
+LOSS_GAIN = 1.0  # (read by Weighted.weigh, a Graph method build calls)
+DECORATED_GAIN = 1.0  # (read by decorated_helper, under a decorator)
+
+
+def scaled_act(x):
+    return x * ACT_GAIN
+
+
+@logged_fn
+def decorated_helper(x):
+    return x * DECORATED_GAIN
+
+
+class Holds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act = scaled_act  # (a plain function held by the instance)
+
+    def forward(self, x):
+        return decorated_helper(self.act(x))
+
+
+class Weighted(nn.Graph):
+    """A Graph whose build calls a helper method reading a class attribute and a global."""
+
+    weight = 1.0
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def weigh(self, y):
+        return y * self.weight * LOSS_GAIN
+
+    def build(self, x):
+        return self.weigh(self.m(x).sum())
+
+
+def test_what_build_and_held_functions_reach_is_read_too():
+    global ACT_GAIN, LOSS_GAIN, DECORATED_GAIN
+    g = Weighted(Holds())
+    changes = [
+        lambda: globals().update(ACT_GAIN=2.0),  # read by a function held as an attribute
+        lambda: globals().update(DECORATED_GAIN=3.0),  # read by a decorated helper
+        lambda: setattr(Weighted, "weight", 0.5),  # a Graph class attribute build's helper reads
+        lambda: globals().update(LOSS_GAIN=4.0),  # a global build's helper reads
+    ]
+    try:
+        assert both(g) == (6.0, 6.0, 6.0)
+        for change in changes:
+            before = both(g)[0]
+            change()
+            got = both(g)
+            want = eager(g.m) * Weighted.weight * LOSS_GAIN
+            assert got == (want,) * 3 and got[0] != before
+    finally:
+        ACT_GAIN = LOSS_GAIN = DECORATED_GAIN = Weighted.weight = 1.0
+
+
 def test_what_a_forward_reaches_through_super_a_child_and_a_helper_is_read_too():
     global OFFSET_OF_BASE, HELPER_GAIN
     m = Derived()
@@ -306,7 +374,8 @@ _derived_forward = Derived.forward
 
 
 class Configured(nn.Module):
-    """Reads a dict's item, a list's item and a record's attribute its instance holds."""
+    """Reads a dict's item, a list's item and a record's attribute its instance holds (each
+    compared by identity)."""
 
     def __init__(self):
         super().__init__()
@@ -318,21 +387,33 @@ class Configured(nn.Module):
         return (x * self.cfg["scale"] + self.shifts[0]) * self.opts.gain
 
 
-def test_a_container_or_record_changed_in_place_compiles_the_step_anew():
-    """The same dict, list and record, changed in place between steps (no attribute set:
-    no counter sees it): each change compiles the step anew, as eager mode sees it."""
+class Logged(Sum):
+    """A Graph keeping the loop's history, and a method the loop calls to add to it."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.history = []
+
+    def record(self, loss):
+        self.history.append(float(loss))
+
+
+def test_a_list_the_loop_appends_to_compiles_nothing_anew(monkeypatch):
+    """Lists neither build nor forward reads (the Graph's history, a module's log), grown
+    every step: no walk, no compile per step."""
+    takes, compiles = [], []
+    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
+    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
+    monkeypatch.setattr(
+        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
+    )
     m = Configured()
-    g = Sum(m)
-    assert both(g) == (12.0, 12.0, 12.0)
-    for change in (
-        lambda: m.cfg.update(scale=3.0),
-        lambda: m.shifts.__setitem__(0, 1.0),
-        lambda: setattr(m.opts, "gain", 2.0),
-    ):
-        before = both(g)[0]
-        change()
-        got = both(g)
-        assert got == (eager(m),) * 3 and got[0] != before
+    m.log = []
+    g = Logged(m)
+    for _ in range(5):
+        g.record(g.step(af.tensor(X)))
+        m.log.append(len(g.history))
+    assert len(compiles) == 1 and len(takes) == 2 and g.history == [12.0] * 5
 
 
 class Busy(nn.Module):
@@ -367,7 +448,12 @@ def test_a_forward_reading_methods_and_dunders_costs_no_walk_per_step(monkeypatc
     for _ in range(6):
         assert float(g.step(af.tensor(X))) == 12.0
     assert len(compiles) == 1 and len(takes) == 2  # (taken at the first step, and after)
-    assert [k for _, k, _ in g._traced.classes] == ["factor", "forward", "scale_of", "shift"]
+    assert [k for c, k, _ in g._traced.classes if c is Busy] == [
+        "factor",
+        "forward",
+        "scale_of",
+        "shift",
+    ]
 
 
 class Odd(nn.Module):

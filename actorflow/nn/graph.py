@@ -35,15 +35,14 @@ A compiled step holds what ``build`` read when traced, so it is kept only as lon
 still holds (``_Traced``, checked before every step and run): the Graph's attributes, its
 modules' tree (children, parameters and buffers by identity, their other attributes, hooks),
 the optimizers' parameter groups, the globals and closure variables ``build`` reads, and the
-class attributes and globals that the modules' ``forward`` reaches (``reads.py``:
-``self.scale`` set on the class, a constant or a function ``forward`` uses, what a base's
-``forward``, a child's method or a function of the script it calls reads; not another
-module's globals read as its attributes, a plain config class's attributes, a name given to
-``getattr``, nor a class attribute set later where there was none); a change compiles the
-step anew, as does a change in place to a dict, list, set or record (a ``SimpleNamespace``,
-a dataclass, a config object) of numbers and strings that one of these holds
-(``reads.snapshot``: a copy of up to 256 values compared every step; a larger one only by
-identity). Checking costs a few comparisons per step: the modules count their changes
+class attributes and globals the model's code reaches from the modules' ``forward`` and from
+``build`` (``reads.py``: ``self.scale`` set on the class, a constant or a function it uses,
+what a base's ``forward``, a child's method, a helper method of the Graph, a function of the
+script it calls or one held as an attribute reads; not another module's globals read as its
+attributes, a plain config class's attributes, a name given to ``getattr``, a class
+attribute set later where there was none, nor what a dict, list or config object a module
+holds holds, changed in place: it is compared by identity); a change compiles the step anew.
+Checking costs a few comparisons per step: the modules count their changes
 (``module.structure_version``) and are walked again only when that count moved; the class
 attributes and globals are looked up each step. Per compiled step, its key also holds the
 input layout, the train/eval modes, the optimizers' options (``graph_key``) and which
@@ -95,14 +94,7 @@ from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
-from .reads import (
-    attribute_names,
-    class_state,
-    class_value,
-    global_names,
-    module_globals,
-    snapshot,
-)
+from .reads import ModelReads, attribute_names, class_value, global_names
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -1224,23 +1216,21 @@ class _Compiled:
 
 class _Traced:
     """What the compiled steps of a Graph were traced with, and the check that it still
-    holds (``Graph._check``).
+        holds (``Graph._check``).
 
     ``version``: ``structure_version`` when taken. ``ident``: the Graph's attributes (its
-    modules, and the attributes its class's methods read by name: a counter the training
-    loop keeps on the Graph is no reason to compile again), its modules' tree (each module,
-    its parameters, buffers and children by name, its hooks and other attributes), the
-    optimizers and their parameter groups, the globals and closure variables ``build``
-    reads, and the globals and class attributes the modules' methods read
-    (``module_globals``, ``class_state``), as ids (objects: ``keep`` holds them, so no id is
-    reused while this lives) and values (numbers, strings). ``group_ids``: the ids of the
-    optimizers' parameters in group order; ``names``: ``(namespace, name, object)`` per
-    global or closure variable ``build`` reads and per global the modules' methods read;
-    ``classes``: ``(class, name, value)`` per class attribute they read (``reads.py``);
-    ``contents``: ``(object, snapshot)`` per dict, list, set or record any of these hold,
-    compared every step (``reads.snapshot``; in ``ident`` too); ``params``: the parameters
-    and buffers, in state order; ``modes``: each module's train/eval mode; ``placement``:
-    the global parameters' placement (None for a local graph)."""
+        modules, and the attributes its class's methods read by name: a counter the training
+        loop keeps on the Graph is no reason to compile again), its modules' tree (each module,
+        its parameters, buffers and children by name, its hooks and other attributes), the
+        optimizers and their parameter groups, the globals and closure variables ``build``
+        reads, and the globals and class attributes the model's code reaches (``reads.py``:
+        ``ModelReads``), as ids (objects: ``keep`` holds them, so no id is reused while this
+        lives) and values (numbers, strings). ``group_ids``: the ids of the optimizers'
+        parameters in group order; ``names``: ``(namespace, name, object)`` per global or
+        closure variable ``build`` reads and per global the model's code reaches; ``classes``:
+        ``(class, name, value)`` per class attribute it reaches; ``params``: the parameters and
+        buffers, in state order; ``modes``: each module's train/eval mode; ``placement``: the
+        global parameters' placement(None for a local graph)."""
 
     __slots__ = (
         "version",
@@ -1249,7 +1239,6 @@ class _Traced:
         "group_ids",
         "names",
         "classes",
-        "contents",
         "params",
         "modes",
         "placement",
@@ -1260,11 +1249,9 @@ class _Traced:
         keep: list = []
         ident: list = []
         read = _attrs_read(type(graph))
-        self.contents: list = []  # (object, its snapshot) per container or record read
-        contents = self._contents
         for k, v in vars(graph).items():
             if k not in _INTERNAL and (k in read or isinstance(v, Module)):
-                ident.append((k, _ident(v, keep), contents(v)))
+                ident.append((k, _ident(v, keep)))
         mods, seen = [], set()
         for v in graph._modules():
             for m in v.modules():
@@ -1278,9 +1265,7 @@ class _Traced:
                 entry.append(tuple((k, _ident(t, keep)) for k, t in d.items()))
             entry.append(tuple(_ident(h, keep) for h in m._forward_hooks))
             entry.append(tuple(_ident(h, keep) for h in m._forward_pre_hooks))
-            for k, v in vars(m).items():
-                if k not in _OWN:
-                    entry.append((k, _ident(v, keep), contents(v)))
+            entry += [(k, _ident(v, keep)) for k, v in vars(m).items() if k not in _OWN]
             ident.append(tuple(entry))
         groups = [g for o in graph._optimizers for g in o.param_groups]
         self.group_ids = tuple(id(p) for g in groups for p in g["params"])
@@ -1288,30 +1273,22 @@ class _Traced:
         ident.append(tuple(_ident(o, keep) for o in graph._optimizers))
         ident.append((tuple(len(g["params"]) for g in groups), self.group_ids))
         self.names = _names_read(graph.build)
-        self.classes = class_state(mods, _attrs_read(type(graph)))
-        for _, ns, k, v in module_globals(mods):
+        model = ModelReads([*mods, graph])
+        self.classes = model.class_state()
+        for _, ns, k, v in model.module_globals():
             if not any(ns is n and k == q for n, q, _ in self.names):
                 self.names.append((ns, k, v))
-        ident.append(tuple((k, _ident(v, keep), contents(v)) for _, k, v in self.names))
-        ident.append(
-            tuple((_ident(c, keep), k, _ident(v, keep), contents(v)) for c, k, v in self.classes)
-        )
+        ident.append(tuple((k, _ident(v, keep)) for _, k, v in self.names))
+        ident.append(tuple((_ident(c, keep), k, _ident(v, keep)) for c, k, v in self.classes))
         self.ident = tuple(ident)
-        self.keep = keep + [v for v, _ in self.contents]
+        self.keep = keep
         self.params = graph._params()
         self.modes = tuple(m.training for m in mods)
         self.placement = _placement_of(type(graph).__name__, self.params)
 
-    def _contents(self, v) -> Any:
-        """``v``'s snapshot (``reads.snapshot``), kept to be compared every step, or None."""
-        snap = snapshot(v)
-        if snap is not None:
-            self.contents.append((v, snap))
-        return snap
-
     def moved(self, groups: list) -> bool:
-        """Did an optimizer's parameters, a name ``build`` reads, a class attribute or global
-        the modules' code reads, or what a container or record read holds change since?"""
+        """Did an optimizer's parameters, a name ``build`` reads, or a class attribute or
+        global the model's code reads change since?"""
         if tuple(id(p) for g in groups for p in g["params"]) != self.group_ids:
             return True
         for ns, k, v in self.names:
@@ -1319,9 +1296,6 @@ class _Traced:
                 return True
         for c, k, v in self.classes:
             if not _same(class_value(c, k), v):
-                return True
-        for v, snap in self.contents:
-            if snapshot(v) != snap:
                 return True
         return False
 

@@ -160,15 +160,15 @@ def _shared(module: Module) -> list:
     None or a tuple of those; other values are not sent: the worker's are its own), as
     ``_set_shared``'s arguments: classes and functions named, not pickled (one made inside
     a function is named by nothing: left out)."""
-    from .reads import class_entry, class_state, module_globals
+    from .reads import ModelReads, class_entry
 
-    mods = list(module.modules())
+    model = ModelReads(module.modules())
     out = []
-    for cls, k, v in class_state(mods):
+    for cls, k, v in model.class_state():
         where = _named(class_entry(cls, k)[0])
         if where is not None and _plain(v):
             out.append((*where, None, k, v))
-    for found, _, k, v in module_globals(mods):
+    for found, _, k, v in model.module_globals():
         where = _named(found[1])
         entry: tuple = (found[2], found[3]) if found[0] == "method" else ()
         if where is not None and _plain(v):

@@ -2,27 +2,27 @@
 
 A compiled step (``nn.Graph``) ran ``build`` and the modules' ``forward`` once, while
 tracing: whatever their Python read then is baked into it. Beside the modules' own
-attributes (their ``__dict__``, walked by ``graph._Traced``), a ``forward`` reads
-attributes its class holds (``self.scale`` where ``scale = 2.0`` is set on the class) and
-globals of its module (a constant, a function it calls); this file finds those, so that
+attributes (their ``__dict__``, walked by ``graph._Traced``), that code reads attributes a
+class holds (``self.scale`` where ``scale = 2.0`` is set on the class) and globals of its
+module (a constant, a function it calls); this file finds those (``ModelReads``), so that
 ``graph._Traced`` keeps a compiled step only while they hold, and a pipeline stage's worker
 is sent the constant ones (``pipeline_ranks``).
 
-What is found: starting from the ``forward`` of the modules' classes, the code of every
-function a module class of the tree (or a base of one) holds under a name reached from it
-(``self.helper(x)``, ``super().forward(x)``, a child's ``self.inner.project(x)``, a
-property's getter, a static or class method, through ``functools.wraps`` and ``lru_cache``),
-so a method only the training loop calls (a ``describe()`` printing a counter) is not among
-them; the attribute names that code loads, and those ``build``'s Graph loads, looked up on
-every module class of the tree (a parent's ``self.inner.factor`` reads the inner class's);
-and the globals that code loads, in the function's own module. actorflow's own classes and
-functions are not read (the library's class attributes and globals are not the model's).  A
-global function that code calls is read too (a helper of the same script). Not found:
+What is found: starting from the ``forward`` of the modules' classes and the Graph's
+``build``, the code of every function a class of the model (or a base of one) holds under a
+name reached from it (``self.helper(x)``, ``super().forward(x)``, a child's
+``self.inner.project(x)``, a helper method of the Graph, a property's getter, a static or
+class method, through ``functools.wraps`` and ``lru_cache``), of the global functions that
+code calls (a helper of the same script) and of plain functions held as instance attributes
+(``self.act = my_act``); a method only the training loop calls (a ``describe()`` printing a
+counter) is not among them. Of that code: the attribute names it loads, looked up on every
+class of the model (a parent's ``self.inner.factor`` reads the inner class's), and the
+globals it loads, in the function's own module. actorflow's own classes and functions are
+not read (the library's class attributes and globals are not the model's). Not found:
 another module's globals read as its attributes (``helpers.SCALE``), the attributes of a
-class that is not a module (a config class's), a name given to ``getattr``, and a class
-attribute set later on a class that had none by that name. ``snapshot`` copies what a dict,
-list, set or record (a config object) of numbers and strings holds, so that a change in
-place to one is seen too.
+class that is not the model's (a config class's), a name given to ``getattr``, a class
+attribute set later on a class that had none by that name, and what a dict, list or config
+object holds (compared by identity: a change in place to one is not seen).
 """
 
 from __future__ import annotations
@@ -127,21 +127,22 @@ def _classes(modules: Iterable[Any]) -> list:
     return out
 
 
-def tree_reads(classes: list, names: Iterable[str] = ()) -> tuple:
-    """What the code reached from the classes' ``forward`` (and from ``names``) reads:
-    ``(attribute names, [(where, function, global names)])``. A name reached is looked up
-    on every class and each of its bases that holds it (a ``super().forward`` reaches the
-    base's too, a parent's ``self.inner.project(x)`` the inner class's), and a global
-    function the code calls is read too (a helper of the same script); actorflow's own are
-    left out. ``where``: ``("method", class, name, k)`` for the ``k``-th of
-    ``functions_of`` a class's entry, ``("function", f)`` for a global function. Computed
-    afresh each time (a method set on a class since is read)."""
+def tree_reads(classes: list, names: Iterable[str] = (), functions: Iterable[Any] = ()) -> tuple:
+    """What the code reached from the classes' ``forward`` (and from ``names``, and the
+    plain ``functions``) reads: ``(attribute names, [(where, function, global names)])``.
+    A name reached is looked up on every class and each of its bases that holds it (a
+    ``super().forward`` reaches the base's too, a parent's ``self.inner.project(x)`` the
+    inner class's), and a global function the code calls is read too (a helper of the same
+    script); actorflow's own are left out. ``where``: ``("method", class, name, k)`` for
+    the ``k``-th of ``functions_of`` a class's entry, ``("function", f)`` for a global
+    function or one of ``functions``. Computed afresh each time (a method set on a class
+    since is read)."""
     attrs: list = []
     globs: list = []
     seen: list = []
     todo = ["forward", *names]
     done: set = set()
-    funcs: list = []  # (where, function) to read
+    funcs: list = [(("function", f), g) for f in functions for g in functions_of(f)]
 
     def read(where: tuple, f: Any) -> None:
         if any(f is g for g in seen) or _library(f):
@@ -154,8 +155,8 @@ def tree_reads(classes: list, names: Iterable[str] = ()) -> tuple:
             ns = f.__globals__
             for n in g:
                 h = ns.get(n)
-                if isinstance(h, types.FunctionType):
-                    funcs.append((("function", h), h))
+                if isinstance(h, (types.FunctionType, functools._lru_cache_wrapper)):
+                    funcs.extend((("function", h), w) for w in functions_of(h))
 
     while todo or funcs:
         while funcs:
@@ -176,92 +177,49 @@ def tree_reads(classes: list, names: Iterable[str] = ()) -> tuple:
     return tuple(attrs), globs
 
 
-def class_state(modules: Iterable[Any], names: Iterable[str] = ()) -> list:
-    """``(class, name, value)`` for each attribute name the code reached from the modules'
-    ``forward`` reads (and ``names``: what the Graph's code reads, a ``build`` reading
-    ``self.model.scale``) that one of their classes holds at class level (a method, a
-    property, a constant: ``forward`` itself too), in a stable order. ``value`` is the
-    class dict's entry: the same object until somebody sets the name again."""
-    classes = _classes(modules)
-    wanted = tree_reads(classes, names)[0]
-    out = []
-    for cls in classes:
-        for name in sorted(wanted):
-            if not name.startswith("__"):
-                owner, v = class_entry(cls, name)
-                if owner is not None:
-                    out.append((cls, name, v))
-    return out
+class ModelReads:
+    """What the code of a model reads (``tree_reads``), found once for ``objs``: modules,
+    and the Graph whose ``build`` reaches more (its helper methods, its class attributes).
+    Plain functions and methods held as instance attributes (``self.act = my_act``, a
+    forward set on one instance) are read too."""
 
+    def __init__(self, objs: Iterable[Any]) -> None:
+        objs = list(objs)
+        self.classes = _classes(objs)
+        held = []
+        for o in objs:
+            for v in getattr(o, "__dict__", {}).values():
+                if isinstance(v, types.MethodType):  # (a forward set on one instance)
+                    v = v.__func__
+                if isinstance(v, types.FunctionType) and not _library(v):
+                    held.append(v)
+        self.attrs, self.globs = tree_reads(self.classes, ("build",), held)
 
-def module_globals(modules: Iterable[Any]) -> list:
-    """``(where, globals, name, object)`` for each global the code reached from the
-    modules' ``forward`` reads in its own module (a constant, a function it calls), in a
-    stable order; ``where``: the function that reads it (``tree_reads``), by which a worker
-    finds the same namespace (a script's, run as ``__main__``, is another module's
-    there)."""
-    out: list = []
-    seen: set = set()
-    for where, f, names in tree_reads(_classes(modules))[1]:
-        ns = f.__globals__
-        for n in names:
-            if n in ns and (id(ns), n) not in seen:
-                seen.add((id(ns), n))
-                out.append((where, ns, n, ns[n]))
-    return out
+    def class_state(self) -> list:
+        """``(class, name, value)`` for each attribute name reached that one of the classes
+        holds at class level (a method, a property, a constant: ``forward`` itself too), in
+        a stable order. ``value`` is the class dict's entry: the same object until somebody
+        sets the name again."""
+        out = []
+        for cls in self.classes:
+            for name in sorted(self.attrs):
+                if not name.startswith("__"):
+                    owner, v = class_entry(cls, name)
+                    if owner is not None:
+                        out.append((cls, name, v))
+        return out
 
-
-SNAPSHOT_ITEMS = 256  # the values a snapshot holds at most (a larger one: identity only)
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def snapshot(v: Any) -> Any:
-    """What an in-place change to ``v`` changes: a plain copy of a container (dict, list,
-    tuple, set) or a record (an object whose ``__dict__`` holds only such values: a
-    ``SimpleNamespace``, a dataclass, a config object) of numbers, strings, bytes and
-    None, at most ``SNAPSHOT_ITEMS`` values in all (numbers by ``repr``: a NaN equals
-    itself); None for anything else (a number or string itself, compared by value
-    already; a tuple of them, which cannot change; a module, a tensor, a function; an
-    object holding one)."""
-    if isinstance(v, _PLAIN):
-        return None
-    budget = [SNAPSHOT_ITEMS, False]
-    try:
-        snap = _snap(v, budget, 0)
-    except _NotPlain:
-        return None
-    return snap if budget[1] else None  # (nothing mutable in it: nothing to compare)
-
-
-def _snap(v: Any, budget: list, depth: int) -> Any:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > 8:
-        raise _NotPlain
-    t = type(v)
-    if t in _PLAIN:
-        return (t, repr(v))
-    if t is tuple:
-        return (t, tuple(_snap(x, budget, depth + 1) for x in v))
-    budget[1] = True
-    if t is list:
-        return (t, tuple(_snap(x, budget, depth + 1) for x in v))
-    if t is dict:
-        return (
-            t,
-            tuple((_snap(k, budget, depth + 1), _snap(x, budget, depth + 1)) for k, x in v.items()),
-        )
-    if t in (set, frozenset):
-        return (t, tuple(sorted(repr(_snap(x, budget, depth + 1)) for x in v)))
-    d = getattr(v, "__dict__", None)
-    if (
-        type(d) is dict
-        and not isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType))
-        and not _library(t)
-        and not callable(v)
-    ):
-        return (t, _snap(d, budget, depth + 1))
-    raise _NotPlain
+    def module_globals(self) -> list:
+        """``(where, globals, name, object)`` for each global the code reached reads in its
+        own module (a constant, a function it calls), in a stable order; ``where``: the
+        function that reads it (``tree_reads``), by which a worker finds the same namespace
+        (a script's, run as ``__main__``, is another module's there)."""
+        out: list = []
+        seen: set = set()
+        for where, f, names in self.globs:
+            ns = f.__globals__
+            for n in names:
+                if n in ns and (id(ns), n) not in seen:
+                    seen.add((id(ns), n))
+                    out.append((where, ns, n, ns[n]))
+        return out
