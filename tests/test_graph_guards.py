@@ -8,6 +8,7 @@ stays as it was), and run() takes ActorGraph.run's arguments."""
 import functools
 import time
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -414,6 +415,41 @@ def test_a_list_the_loop_appends_to_compiles_nothing_anew(monkeypatch):
         g.record(g.step(af.tensor(X)))
         m.log.append(len(g.history))
     assert len(compiles) == 1 and len(takes) == 2 and g.history == [12.0] * 5
+
+
+SEEN = 0  # (the loop's counter, read by note_step)
+
+
+def note_step(out):  # (a helper build calls behind a flag)
+    print("step", SEEN, out)
+
+
+class Flagged(Sum):
+    debug = False
+
+    def build(self, x):
+        out = self.m(x).sum()
+        if self.debug:
+            note_step(out)
+        return out
+
+
+def test_a_name_changed_every_step_warns_once_at_its_third_compile():
+    """A compiled step holds what its code read: a helper that build may call reading the
+    loop's counter compiles every step anew; the third compile it causes says so, once."""
+    global SEEN
+    g = Flagged(nn.Identity())
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for k in range(8):
+                SEEN = k
+                assert float(g.step(af.tensor(X))) == 6.0
+        said = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+        assert len(said) == 1 and "'SEEN' changed" in str(said[0].message)
+        assert said[0].filename == __file__  # (pointing at the step() call)
+    finally:
+        SEEN = 0
 
 
 class Busy(nn.Module):

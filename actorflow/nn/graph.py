@@ -41,11 +41,12 @@ what a base's ``forward``, a child's method, a helper method of the Graph, a fun
 script it calls or one held as an attribute reads; not another module's globals read as its
 attributes, a plain config class's attributes, a name given to ``getattr``, a class
 attribute set later where there was none, nor what a dict, list or config object a module
-holds holds, changed in place: it is compared by identity); a change compiles the step anew.
-Checking costs a few comparisons per step: the modules count their changes
-(``module.structure_version``) and are walked again only when that count moved; the class
-attributes and globals are looked up each step. Per compiled step, its key also holds the
-input layout, the train/eval modes, the optimizers' options (``graph_key``) and which
+holds holds, changed in place: it is compared by identity); a change compiles the step anew
+(a name the loop sets every step compiles every step: the third compile such a name causes
+warns, naming it). Checking costs a few comparisons per step: the modules count their
+changes (``module.structure_version``) and are walked again only when that count moved; the
+class attributes and globals are looked up each step. Per compiled step, its key also holds
+the input layout, the train/eval modes, the optimizers' options (``graph_key``) and which
 parameters require grad. The options a scheduler changes per step (``Optimizer.scheduled``:
 ``lr``, SGD's momentum, Adam's betas) are state the step reads (``graph_rates``: a float64
 tensor each, written from the group before every step and run), so a schedule compiles
@@ -74,6 +75,7 @@ dropout is the identity: nothing random is traced and the count stays.
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -129,6 +131,7 @@ _INTERNAL = frozenset(
         "_lr_sch",
         "_compiled",
         "_traced",
+        "_recompiled_by",
         "_graph",
         "cuda_graph",
         "_seed",
@@ -423,10 +426,36 @@ class Graph:
 
     def _take_again(self):
         t = _Traced(self)
-        if self._traced is None or t.ident != self._traced.ident:
+        old = self._traced
+        if old is None or t.ident != old.ident:
+            if old is not None and self._compiled:
+                self._note_changed(old)
             self._compiled.clear()  # traced with what is no longer there
         self._traced = t
         return t
+
+    def _note_changed(self, old: _Traced) -> None:
+        """Counts the compiles a changed global or class attribute caused, and warns once
+        per name at the third: a compiled step holds the value its code read, so a name
+        the loop sets every step (a ``step`` counter a helper reads, behind a flag too)
+        makes every step compile anew."""
+        counts = self.__dict__.setdefault("_recompiled_by", {})
+        changed = [k for ns, k, v in old.names if not _same(_lookup(ns, k), v)]
+        changed += [
+            f"{c.__name__}.{k}" for c, k, v in old.classes if not _same(class_value(c, k), v)
+        ]
+        for k in changed:
+            counts[k] = counts.get(k, 0) + 1
+            if counts[k] == 3:
+                warnings.warn(
+                    f"{type(self).__name__}: its step was compiled anew 3 times because "
+                    f"'{k}' changed, which build or a module's forward reads (or a function "
+                    f"they call); a compiled step holds the value it read, so changing it "
+                    f"every step compiles every step: pass the value as an input or a "
+                    f"tensor (read live), or keep it out of the model's code",
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
 
     def _keep(self, key, entry):
         """Keeps what was just compiled under ``key``. What build read is taken again after
@@ -1216,21 +1245,21 @@ class _Compiled:
 
 class _Traced:
     """What the compiled steps of a Graph were traced with, and the check that it still
-        holds (``Graph._check``).
+    holds (``Graph._check``).
 
     ``version``: ``structure_version`` when taken. ``ident``: the Graph's attributes (its
-        modules, and the attributes its class's methods read by name: a counter the training
-        loop keeps on the Graph is no reason to compile again), its modules' tree (each module,
-        its parameters, buffers and children by name, its hooks and other attributes), the
-        optimizers and their parameter groups, the globals and closure variables ``build``
-        reads, and the globals and class attributes the model's code reaches (``reads.py``:
-        ``ModelReads``), as ids (objects: ``keep`` holds them, so no id is reused while this
-        lives) and values (numbers, strings). ``group_ids``: the ids of the optimizers'
-        parameters in group order; ``names``: ``(namespace, name, object)`` per global or
-        closure variable ``build`` reads and per global the model's code reaches; ``classes``:
-        ``(class, name, value)`` per class attribute it reaches; ``params``: the parameters and
-        buffers, in state order; ``modes``: each module's train/eval mode; ``placement``: the
-        global parameters' placement(None for a local graph)."""
+    modules, and the attributes its class's methods read by name: a counter the training
+    loop keeps on the Graph is no reason to compile again), its modules' tree (each module,
+    its parameters, buffers and children by name, its hooks and other attributes), the
+    optimizers and their parameter groups, the globals and closure variables ``build``
+    reads, and the globals and class attributes the model's code reaches (``reads.py``:
+    ``ModelReads``), as ids (objects: ``keep`` holds them, so no id is reused while this
+    lives) and values (numbers, strings). ``group_ids``: the ids of the optimizers'
+    parameters in group order; ``names``: ``(namespace, name, object)`` per global or
+    closure variable ``build`` reads and per global the model's code reaches; ``classes``:
+    ``(class, name, value)`` per class attribute it reaches; ``params``: the parameters and
+    buffers, in state order; ``modes``: each module's train/eval mode; ``placement``: the
+    global parameters' placement (None for a local graph)."""
 
     __slots__ = (
         "version",
@@ -1273,7 +1302,7 @@ class _Traced:
         ident.append(tuple(_ident(o, keep) for o in graph._optimizers))
         ident.append((tuple(len(g["params"]) for g in groups), self.group_ids))
         self.names = _names_read(graph.build)
-        model = ModelReads([*mods, graph])
+        model = ModelReads(mods, graph)
         self.classes = model.class_state()
         for _, ns, k, v in model.module_globals():
             if not any(ns is n and k == q for n, q, _ in self.names):

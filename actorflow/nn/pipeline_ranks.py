@@ -133,11 +133,11 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
 def _set_shared(module: str, qualname: str, entry: Any, name: str, value: Any) -> None:
     """Sets in this worker what the controller's stage reads besides its module
     (``_shared``): on ``qualname`` of ``module`` (a class, or a function), the attribute
-    ``name`` of that class (``entry`` None), or the global ``name`` where that function
-    reads it (``entry`` ``()``) or where the ``k``-th function of the class's entry ``e``
-    does (``entry`` ``(e, k)``, ``reads.functions_of``): in the namespace it reads here (a
-    script's too). What this worker cannot find by name is left alone (the stage's module
-    loaded without it)."""
+    ``name`` of that class (``entry`` None), or the global ``name`` where the ``k``-th
+    function (``reads.functions_of``: through decorators) of that function (``entry``
+    ``("", k)``) or of the class's entry ``e`` (``entry`` ``(e, k)``) reads it: in the
+    namespace it reads here (a script's too). What this worker cannot find by name is left
+    alone (the stage's module loaded without it)."""
     from .reads import functions_of
 
     try:
@@ -146,10 +146,9 @@ def _set_shared(module: str, qualname: str, entry: Any, name: str, value: Any) -
             owner = getattr(owner, part)
         if entry is None:
             setattr(owner, name, value)
-        elif not entry:
-            owner.__globals__[name] = value
         else:
-            functions_of(owner.__dict__[entry[0]])[entry[1]].__globals__[name] = value
+            held = owner.__dict__[entry[0]] if entry[0] else owner
+            functions_of(held)[entry[1]].__globals__[name] = value
     except Exception:  # noqa: BLE001 - (see the doc)
         pass
 
@@ -170,7 +169,7 @@ def _shared(module: Module) -> list:
             out.append((*where, None, k, v))
     for found, _, k, v in model.module_globals():
         where = _named(found[1])
-        entry: tuple = (found[2], found[3]) if found[0] == "method" else ()
+        entry: tuple = (found[2], found[3]) if found[0] == "method" else ("", found[2])
         if where is not None and _plain(v):
             out.append((*where, entry, k, v))
     return out

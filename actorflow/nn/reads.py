@@ -11,18 +11,23 @@ is sent the constant ones (``pipeline_ranks``).
 What is found: starting from the ``forward`` of the modules' classes and the Graph's
 ``build``, the code of every function a class of the model (or a base of one) holds under a
 name reached from it (``self.helper(x)``, ``super().forward(x)``, a child's
-``self.inner.project(x)``, a helper method of the Graph, a property's getter, a static or
-class method, through ``functools.wraps`` and ``lru_cache``), of the global functions that
-code calls (a helper of the same script) and of plain functions held as instance attributes
-(``self.act = my_act``); a method only the training loop calls (a ``describe()`` printing a
-counter) is not among them. Of that code: the attribute names it loads, looked up on every
-class of the model (a parent's ``self.inner.factor`` reads the inner class's), and the
-globals it loads, in the function's own module. actorflow's own classes and functions are
-not read (the library's class attributes and globals are not the model's). Not found:
-another module's globals read as its attributes (``helpers.SCALE``), the attributes of a
-class that is not the model's (a config class's), a name given to ``getattr``, a class
-attribute set later on a class that had none by that name, and what a dict, list or config
-object holds (compared by identity: a change in place to one is not seen).
+``self.inner.project(x)``, a property's getter, a static or class method, through
+``functools.wraps`` and ``lru_cache``; on the Graph's class only what its own code reaches,
+a helper method ``build`` calls), of the global functions that code calls (a helper of the
+same script), and of the functions held as instance attributes (``self.act = my_act``, a
+``functools.partial``) whose names it reaches; a method only the training loop calls (a
+``describe()`` printing a counter) is not among them. Of that code: the attribute names it
+loads, looked up on every class of the model (a parent's ``self.inner.factor`` reads the
+inner class's), and the globals it loads, in the function's own module. actorflow's own
+classes and functions are not read (the library's class attributes and globals are not the
+model's). Not found: another module's globals read as its attributes (``helpers.SCALE``),
+the attributes of a class that is not the model's (a config class's), a name given to
+``getattr``, a callable object's ``__call__``, a function held in a list, a class attribute
+set later on a class that had none by that name, and what a dict, list or config object
+holds (compared by identity: a change in place to one is not seen). Code reached that reads
+a name the loop sets every step (a helper reading a ``step`` counter, even behind a flag
+that is off) makes every step compile anew: ``Graph`` warns at the third compile such a name
+causes.
 """
 
 from __future__ import annotations
@@ -127,82 +132,104 @@ def _classes(modules: Iterable[Any]) -> list:
     return out
 
 
-def tree_reads(classes: list, names: Iterable[str] = (), functions: Iterable[Any] = ()) -> tuple:
-    """What the code reached from the classes' ``forward`` (and from ``names``, and the
-    plain ``functions``) reads: ``(attribute names, [(where, function, global names)])``.
-    A name reached is looked up on every class and each of its bases that holds it (a
-    ``super().forward`` reaches the base's too, a parent's ``self.inner.project(x)`` the
-    inner class's), and a global function the code calls is read too (a helper of the same
-    script); actorflow's own are left out. ``where``: ``("method", class, name, k)`` for
-    the ``k``-th of ``functions_of`` a class's entry, ``("function", f)`` for a global
-    function or one of ``functions``. Computed afresh each time (a method set on a class
-    since is read)."""
-    attrs: list = []
+def tree_reads(classes: list, graph: type | None = None, held: Iterable[tuple] = ()) -> tuple:
+    """What the model's code reads: ``(names, graph names, [(where, function, global
+    names)])``. From the module ``classes``' ``forward`` and the ``graph`` class's ``build``,
+    a name the code loads is looked up on every module class and each of its bases that
+    holds it (a ``super().forward`` reaches the base's too, a parent's
+    ``self.inner.project(x)`` the inner class's), and on the graph class only where the
+    Graph's own code loads it (a helper method ``build`` calls; not a method of the Graph
+    that only the loop calls, whatever the model's code names alike); ``held``: ``(on the
+    graph, name, value)`` per function held as an instance attribute, read once its name is
+    reached; a global function the code calls is read too (a helper of the same script);
+    actorflow's own are left out. ``names``: every name reached; ``graph names``: those the
+    Graph's code reached. ``where``: ``("method", class, name, k)`` for the ``k``-th of
+    ``functions_of`` a class's entry, ``("function", obj, k)`` for the ``k``-th of a
+    global or held object's. Computed afresh each time (a method set since is read)."""
     globs: list = []
-    seen: list = []
-    todo = ["forward", *names]
-    done: set = set()
-    funcs: list = [(("function", f), g) for f in functions for g in functions_of(f)]
+    seen: set = set()  # (id(function), on the graph's side)
+    done: dict = {False: set(), True: set()}
+    names: dict = {False: [], True: []}
+    todo: list = [("forward", False)] + ([("build", True)] if graph is not None else [])
+    funcs: list = []
+    held = list(held)
 
-    def read(where: tuple, f: Any) -> None:
-        if any(f is g for g in seen) or _library(f):
+    def read(where: tuple, f: Any, mine: bool) -> None:
+        if (id(f), mine) in seen or _library(f):
             return
-        seen.append(f)
-        todo.extend(n for n in attribute_names(f.__code__) if n not in done)
+        seen.add((id(f), mine))
+        todo.extend((n, mine) for n in attribute_names(f.__code__))
         g = global_names(f.__code__)
         if g:
-            globs.append((where, f, g))
+            if (id(f), not mine) not in seen:
+                globs.append((where, f, g))
             ns = f.__globals__
             for n in g:
                 h = ns.get(n)
                 if isinstance(h, (types.FunctionType, functools._lru_cache_wrapper)):
-                    funcs.extend((("function", h), w) for w in functions_of(h))
+                    funcs.extend(
+                        (("function", h, k), w, mine) for k, w in enumerate(functions_of(h))
+                    )
 
     while todo or funcs:
         while funcs:
             read(*funcs.pop())
         if not todo:
             break
-        name = todo.pop()
-        if name in done or name.startswith("__"):
+        name, mine = todo.pop()
+        if name in done[mine] or name.startswith("__"):
             continue
-        done.add(name)
-        attrs.append(name)
-        for cls in classes:
+        done[mine].add(name)
+        names[mine].append(name)
+        for cls in [*classes, graph] if mine else classes:
+            if cls is None:
+                continue
             for owner in cls.__mro__:
                 entry = owner.__dict__.get(name, MISSING)
                 if entry is not MISSING and not _library(owner):
                     for k, f in enumerate(functions_of(entry)):
-                        read(("method", owner, name, k), f)
-    return tuple(attrs), globs
+                        read(("method", owner, name, k), f, cls is graph)
+        for on_graph, hname, v in held:
+            if hname == name and (mine or not on_graph):
+                for k, f in enumerate(functions_of(v)):
+                    read(("function", v, k), f, on_graph)
+    everything = tuple(dict.fromkeys(names[False] + names[True]))
+    return everything, tuple(names[True]), globs
 
 
 class ModelReads:
-    """What the code of a model reads (``tree_reads``), found once for ``objs``: modules,
-    and the Graph whose ``build`` reaches more (its helper methods, its class attributes).
-    Plain functions and methods held as instance attributes (``self.act = my_act``, a
-    forward set on one instance) are read too."""
+    """What the code of a model reads (``tree_reads``), found once: ``modules``, and
+    ``graph`` (an ``nn.Graph``, or None), whose ``build`` reaches more (its helper methods,
+    its class attributes). Functions held as instance attributes (``self.act = my_act``, a
+    ``functools.partial``, a ``forward`` set on one instance) are read where their name is
+    reached."""
 
-    def __init__(self, objs: Iterable[Any]) -> None:
-        objs = list(objs)
-        self.classes = _classes(objs)
+    def __init__(self, modules: Iterable[Any], graph: Any = None) -> None:
+        modules = list(modules)
+        self.classes = _classes(modules)
+        self.graph = type(graph) if graph is not None and not _library(type(graph)) else None
         held = []
-        for o in objs:
-            for v in getattr(o, "__dict__", {}).values():
+        for o, on_graph in [*((m, False) for m in modules), (graph, True)]:
+            for k, v in getattr(o, "__dict__", {}).items() if o is not None else ():
                 if isinstance(v, types.MethodType):  # (a forward set on one instance)
                     v = v.__func__
-                if isinstance(v, types.FunctionType) and not _library(v):
-                    held.append(v)
-        self.attrs, self.globs = tree_reads(self.classes, ("build",), held)
+                if functions_of(v) and not _library(v):
+                    held.append((on_graph, k, v))
+        self.names, self.graph_names, self.globs = tree_reads(self.classes, self.graph, held)
 
     def class_state(self) -> list:
-        """``(class, name, value)`` for each attribute name reached that one of the classes
-        holds at class level (a method, a property, a constant: ``forward`` itself too), in
-        a stable order. ``value`` is the class dict's entry: the same object until somebody
-        sets the name again."""
+        """``(class, name, value)`` for each name reached that one of the classes holds at
+        class level (a method, a property, a constant: ``forward`` itself too; on the
+        Graph's class, what its own code reached), in a stable order. ``value`` is the
+        class dict's entry: the same object until somebody sets the name again."""
         out = []
-        for cls in self.classes:
-            for name in sorted(self.attrs):
+        for cls, names in [
+            *((c, self.names) for c in self.classes),
+            (self.graph, self.graph_names),
+        ]:
+            if cls is None:
+                continue
+            for name in sorted(names):
                 if not name.startswith("__"):
                     owner, v = class_entry(cls, name)
                     if owner is not None:
