@@ -438,16 +438,20 @@ def test_a_name_changed_every_step_warns_once_at_its_third_compile():
     """A compiled step holds what its code read: a helper that build may call reading the
     loop's counter compiles every step anew; the third compile it causes says so, once."""
     global SEEN
-    g = Flagged(nn.Identity())
     try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for k in range(8):
-                SEEN = k
-                assert float(g.step(af.tensor(X))) == 6.0
-        said = [w for w in seen if issubclass(w.category, RuntimeWarning)]
-        assert len(said) == 1 and "'SEEN' changed" in str(said[0].message)
-        assert said[0].filename == __file__  # (pointing at the step() call)
+        for way in ("step", "run"):
+            g = Flagged(nn.Identity())
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                for k in range(8):
+                    SEEN = k
+                    if way == "step":
+                        assert float(g.step(af.tensor(X))) == 6.0
+                    else:
+                        assert float(next(iter(g.run([X])))) == 6.0
+            said = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+            assert len(said) == 1 and "'SEEN' changed" in str(said[0].message)
+            assert said[0].filename == __file__  # (pointing at the call here)
     finally:
         SEEN = 0
 
@@ -506,7 +510,8 @@ class Odd(nn.Module):
 
 def test_odd_classes_compile_as_before():
     """A class-level object with a __getattr__ raising KeyError, a class without a
-    __module__, a class whose metaclass makes it unhashable."""
+    __module__, a class whose metaclass makes it unhashable, a property held by an
+    instance."""
 
     class Meta(type(nn.Module)):
         def __eq__(cls, other):
@@ -518,7 +523,9 @@ def test_odd_classes_compile_as_before():
         pass
 
     nameless = type("Nameless", (nn.Identity,), {"__module__": None})
-    for m in (Odd(), nameless(), Unhashable()):
+    holding = nn.Identity()
+    holding.prop = property(lambda self: 1.0)  # (an odd instance attribute)
+    for m in (Odd(), nameless(), Unhashable(), holding):
         g = Sum(m)
         assert both(g)[0] == eager(m) and both(g)[0] == float(g.step(af.tensor(X)))
 

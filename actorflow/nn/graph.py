@@ -75,6 +75,7 @@ dropout is the identity: nothing random is traced and the count stays.
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -427,35 +428,39 @@ class Graph:
     def _take_again(self):
         t = _Traced(self)
         old = self._traced
+        warn = None
         if old is None or t.ident != old.ident:
             if old is not None and self._compiled:
-                self._note_changed(old)
+                warn = self._note_changed(old)
             self._compiled.clear()  # traced with what is no longer there
         self._traced = t
+        if warn is not None:
+            warnings.warn(warn, RuntimeWarning, stacklevel=_user_frame())
         return t
 
-    def _note_changed(self, old: _Traced) -> None:
-        """Counts the compiles a changed global or class attribute caused, and warns once
-        per name at the third: a compiled step holds the value its code read, so a name
-        the loop sets every step (a ``step`` counter a helper reads, behind a flag too)
-        makes every step compile anew."""
+    def _note_changed(self, old: _Traced) -> str | None:
+        """Counts the compiles a changed global or class attribute caused; at the third one
+        a name causes, what to warn (once per name): a compiled step holds the value its
+        code read, so a name the loop sets every step (a ``step`` counter a helper reads,
+        behind a flag too) makes every step compile anew."""
         counts = self.__dict__.setdefault("_recompiled_by", {})
         changed = [k for ns, k, v in old.names if not _same(_lookup(ns, k), v)]
         changed += [
             f"{c.__name__}.{k}" for c, k, v in old.classes if not _same(class_value(c, k), v)
         ]
+        said = None
         for k in changed:
             counts[k] = counts.get(k, 0) + 1
-            if counts[k] == 3:
-                warnings.warn(
+            if counts[k] == 3 and said is None:
+                said = (
                     f"{type(self).__name__}: its step was compiled anew 3 times because "
-                    f"'{k}' changed, which build or a module's forward reads (or a function "
-                    f"they call); a compiled step holds the value it read, so changing it "
-                    f"every step compiles every step: pass the value as an input or a "
-                    f"tensor (read live), or keep it out of the model's code",
-                    RuntimeWarning,
-                    stacklevel=5,
+                    f"'{k}' changed, which code the model may run reads (build, a module's "
+                    f"forward, or a function or method they call, even behind a flag); a "
+                    f"compiled step holds the value it read, so each change compiles it "
+                    f"again: pass the value as an input or a tensor (read live), or keep it "
+                    f"out of the model's code"
                 )
+        return said
 
     def _keep(self, key, entry):
         """Keeps what was just compiled under ``key``. What build read is taken again after
@@ -1333,6 +1338,17 @@ _OWN = frozenset(
     {"training", "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"}
 )  # a module's own: in _Traced one by one
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _user_frame() -> int:
+    """The ``stacklevel`` of the first caller outside actorflow (for a warning raised from
+    inside it, whichever entry point was called)."""
+    f: Any = sys._getframe(1)
+    level = 1
+    while f is not None and str(f.f_globals.get("__name__", "")).startswith("actorflow."):
+        f = f.f_back
+        level += 1
+    return level
 
 
 def _same(now, then) -> bool:

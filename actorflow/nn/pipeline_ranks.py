@@ -178,7 +178,11 @@ def _shared(module: Module) -> list:
 def _named(obj: Any) -> tuple | None:
     """``(module name, qualname)`` a worker finds ``obj`` (a class or a function) by, or
     None (made inside a function)."""
-    mod = obj.__dict__.get("__module__") if isinstance(obj, type) else obj.__module__
+    mod = (
+        obj.__dict__.get("__module__")
+        if isinstance(obj, type)
+        else getattr(obj, "__module__", None)
+    )
     qual = getattr(obj, "__qualname__", None)
     if not isinstance(mod, str) or not isinstance(qual, str) or "<locals>" in qual:
         return None

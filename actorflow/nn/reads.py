@@ -78,7 +78,11 @@ def global_names(code: types.CodeType) -> tuple:
 
 def _library(obj: Any) -> bool:
     """Whether ``obj`` (a class or a function) is actorflow's own."""
-    mod = obj.__dict__.get("__module__") if isinstance(obj, type) else obj.__module__
+    mod = (
+        obj.__dict__.get("__module__")
+        if isinstance(obj, type)
+        else getattr(obj, "__module__", None)
+    )
     return isinstance(mod, str) and mod.partition(".")[0] == "actorflow"
 
 
