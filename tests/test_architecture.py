@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "actorflow"
 RANKS = {
     "errors": 0,
     "dtype": 1,
+    "code_reads": 1,
     "device": 1,
     "sbp": 2,
     "eventloop": 1,

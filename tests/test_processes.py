@@ -223,6 +223,32 @@ def test_graph_run_reads_a_loader_in_processes_bit_for_bit(made):
     assert no_block_left(made)
 
 
+GAIN = 1.0  # (read by scaled, a stage function of this module)
+
+
+def scaled(x):
+    return x * GAIN
+
+
+def test_a_global_its_function_reads_reaches_the_workers(made):
+    """A global of the function's module, rebound here between runs: the workers (whose
+    own import of this module has the file's value) compute with this process's value, as
+    threads do."""
+    global GAIN
+    g = af.ActorGraph()
+    src = g.source(lambda: (np.full((2,), i, np.float32) for i in range(3)))
+    g.sink(g.actor(scaled, src, processes=2))
+    try:
+        got = []
+        for gain in (1.0, 3.0, 0.5):
+            GAIN = gain
+            got.append([float(v[0]) for v in g.run()])
+        assert got == [[0.0, 1.0, 2.0], [0.0, 3.0, 6.0], [0.0, 0.5, 1.0]]
+    finally:
+        GAIN = 1.0
+        g.close()
+
+
 def test_a_function_that_does_not_pickle_is_refused_when_planned():
     lock = threading.Lock()
     p = af.Pipeline([PIECES, lambda x: (lock, x)[1]], names=[None, "locked"], processes=1)

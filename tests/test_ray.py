@@ -58,6 +58,28 @@ def test_the_same_outputs_as_the_local_run(engine):
     assert stats.actors["double"]["mode"] == "ray" and stats.actors["double"]["replicas"] == 2
 
 
+GAIN = 1.0  # (read by scaled, a stage function of this module)
+
+
+def scaled(x):
+    return x * GAIN
+
+
+def test_a_global_a_stage_reads_has_the_drivers_value(engine):
+    """A global of the stage function's module, rebound in the driver between runs: the
+    Ray processes (whose own import of this module has the file's value) compute with the
+    driver's value, as the local run does."""
+    global GAIN
+    try:
+        for gain in (3.0, 0.5):
+            GAIN = gain
+            g = af.ActorGraph()
+            g.sink(g.actor(scaled, g.source(items(4)), name="scaled"))
+            assert [float(v[0]) for v in g.run(engine=engine)] == [i * gain for i in range(4)]
+    finally:
+        GAIN = 1.0
+
+
 def test_stages_run_in_other_processes_and_replicas_share_the_work(engine):
     g = af.ActorGraph()
     g.sink(g.actor(plus_pid, g.source(items(16), name="load"), name="work", replicas=2))

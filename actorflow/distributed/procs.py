@@ -162,7 +162,7 @@ def pickled(ray, stages: list) -> tuple:
     buffers: list = []
     pickler = _pickler_class(ray)(buf, buffers.append)
     try:
-        pickler.dump(stages)
+        pickler.dump((stages, _constants(stages)))
     except Exception as e:  # noqa: BLE001 - a function or source that does not pickle
         bad = stages[0]
         for s in stages:  # (which one: each alone)
@@ -185,6 +185,16 @@ def pickled(ray, stages: list) -> tuple:
         digest.update(len(a).to_bytes(8, "little"))
         digest.update(a.data)  # (its bytes: a contiguous view)
     return ((stream, arrays), digest.hexdigest(), tuple(_stamp(m) for m in sorted(pickler.modules)))
+
+
+def _constants(stages: list) -> list:
+    """The constants the stages' functions read (their globals, a method's class
+    attributes: ``code_reads.shared_constants``), which a process would otherwise take from
+    its own import of their module (the file's values, not what the driver set since)."""
+    from ..code_reads import ModelReads, shared_constants
+
+    fns = [s.fn for s in stages if getattr(s, "fn", None) is not None]
+    return shared_constants(ModelReads(functions=fns))
 
 
 _PICKLER: list = []

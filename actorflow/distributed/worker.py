@@ -28,6 +28,7 @@ import time
 import traceback
 from typing import cast
 
+from ..code_reads import set_shared
 from ..eventloop import new_event_loop
 from ..runtime.graph.actors import call_method
 from ..runtime.graph.source import one_argument, source_words
@@ -236,7 +237,10 @@ class Worker:
             if isinstance(stage, SourceStage):
                 stage.close()
         stream, buffers = self.program
-        self.stages = {s.name: s for s in pickle.loads(stream, buffers=buffers)}
+        stages, constants = pickle.loads(stream, buffers=buffers)
+        for where in constants:  # (the driver's values of what the stages read)
+            set_shared(*where)
+        self.stages = {s.name: s for s in stages}
 
     def act(self, name: str, first: int, *ins):
         """Acts on a batch: ``ins`` has per input the list of its pieces ``first``,

@@ -36,7 +36,7 @@ still holds (``_Traced``, checked before every step and run): the Graph's attrib
 modules' tree (children, parameters and buffers by identity, their other attributes, hooks),
 the optimizers' parameter groups, the globals and closure variables ``build`` reads, and the
 class attributes and globals the model's code reaches from the modules' ``forward`` and from
-``build`` (``reads.py``: ``self.scale`` set on the class, a constant or a function it uses,
+``build`` (``code_reads.py``: ``self.scale`` set on the class, a constant or a function it uses,
 what a base's ``forward``, a child's method, a helper method of the Graph, a function of the
 script it calls or one held as an attribute reads; not another module's globals read as its
 attributes, a plain config class's attributes, a name given to ``getattr``, a class
@@ -85,6 +85,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..autograd import enable_grad, no_grad
+from ..code_reads import ModelReads, attribute_names, class_value, global_names
 from ..creation import from_numpy, spawned_seed
 from ..dtype import bfloat16
 from ..errors import ActorError, DeviceError, DTypeError, KernelError, PlanError, TraceError
@@ -97,7 +98,6 @@ from ..tensor.tensor import Tensor, wrap
 from ..tracing import stateful_graph, stateful_program
 from ..tracing.recording import standing_in
 from .module import Module, changed, structure_version
-from .reads import ModelReads, attribute_names, class_value, global_names
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -1257,7 +1257,7 @@ class _Traced:
     loop keeps on the Graph is no reason to compile again), its modules' tree (each module,
     its parameters, buffers and children by name, its hooks and other attributes), the
     optimizers and their parameter groups, the globals and closure variables ``build``
-    reads, and the globals and class attributes the model's code reaches (``reads.py``:
+    reads, and the globals and class attributes the model's code reaches (``code_reads.py``:
     ``ModelReads``), as ids (objects: ``keep`` holds them, so no id is reused while this
     lives) and values (numbers, strings). ``group_ids``: the ids of the optimizers'
     parameters in group order; ``names``: ``(namespace, name, object)`` per global or

@@ -35,7 +35,6 @@ input, so ``build`` may use anything of this process (a head module, the rest le
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import pickle
 from collections import deque
@@ -44,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ..code_reads import set_shared
 from ..parallel.workers import adopt
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, Parameter
@@ -114,7 +114,7 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     try:
         module, shared = _Unpickler(blob, ex).load()
         for where in shared:
-            _set_shared(*where)
+            set_shared(*where)
     except (AttributeError, ImportError) as e:
         raise type(e)(
             f"{label}'s module could not be loaded in its worker ({e}); the classes and "
@@ -130,70 +130,12 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
     ex.kept[outs[0]] = kept
 
 
-def _set_shared(module: str, qualname: str, entry: Any, name: str, value: Any) -> None:
-    """Sets in this worker what the controller's stage reads besides its module
-    (``_shared``): on ``qualname`` of ``module`` (a class, or a function), the attribute
-    ``name`` of that class (``entry`` None), or the global ``name`` where the ``k``-th
-    function (``reads.functions_of``: through decorators) of that function (``entry``
-    ``("", k)``) or of the class's entry ``e`` (``entry`` ``(e, k)``) reads it: in the
-    namespace it reads here (a script's too). What this worker cannot find by name is left
-    alone (the stage's module loaded without it)."""
-    from .reads import functions_of
-
-    try:
-        owner: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            owner = getattr(owner, part)
-        if entry is None:
-            setattr(owner, name, value)
-        else:
-            held = owner.__dict__[entry[0]] if entry[0] else owner
-            functions_of(held)[entry[1]].__globals__[name] = value
-    except Exception:  # noqa: BLE001 - (see the doc)
-        pass
-
-
 def _shared(module: Module) -> list:
-    """What the code of ``module``'s classes reads besides the module itself (``reads.py``)
-    that a worker keeps a copy of, where it holds a constant (a number, a string, bytes,
-    None or a tuple of those; other values are not sent: the worker's are its own), as
-    ``_set_shared``'s arguments: classes and functions named, not pickled (one made inside
-    a function is named by nothing: left out)."""
-    from .reads import ModelReads, class_entry
+    """What the code of ``module``'s classes reads besides the module itself that a worker
+    keeps a copy of (``reads.shared_constants``)."""
+    from ..code_reads import ModelReads, shared_constants
 
-    model = ModelReads(module.modules())
-    out = []
-    for cls, k, v in model.class_state():
-        where = _named(class_entry(cls, k)[0])
-        if where is not None and _plain(v):
-            out.append((*where, None, k, v))
-    for found, _, k, v in model.module_globals():
-        where = _named(found[1])
-        entry: tuple = (found[2], found[3]) if found[0] == "method" else ("", found[2])
-        if where is not None and _plain(v):
-            out.append((*where, entry, k, v))
-    return out
-
-
-def _named(obj: Any) -> tuple | None:
-    """``(module name, qualname)`` a worker finds ``obj`` (a class or a function) by, or
-    None (made inside a function)."""
-    mod = (
-        obj.__dict__.get("__module__")
-        if isinstance(obj, type)
-        else getattr(obj, "__module__", None)
-    )
-    qual = getattr(obj, "__qualname__", None)
-    if not isinstance(mod, str) or not isinstance(qual, str) or "<locals>" in qual:
-        return None
-    return mod, qual
-
-
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
-
-def _plain(v: Any) -> bool:
-    return isinstance(v, _PLAIN) or (type(v) is tuple and all(_plain(x) for x in v))
+    return shared_constants(ModelReads(module.modules()))
 
 
 def _kept(ex: Any, key: int) -> _Kept:

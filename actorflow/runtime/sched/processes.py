@@ -15,7 +15,10 @@ A worker that dies fails the act (``WorkerDied``, which the run reports as ``Act
 naming the stage, the piece and the exit code) and is replaced at its next act.
 
 What a worker runs is the stage's function pickled (cloudpickle when installed, as Ray
-does, else pickle) when a plan is made, sent again only when it is another object. A
+does, else pickle) when a plan is made, with the constants it reads
+(``code_reads.shared_constants``: its module's globals, its class's attributes, which the
+worker's own import of the module would otherwise give as the file has them), sent again
+only when it is another object or those changed. A
 function that does not pickle is refused then, with ``PlanError``. Processes start with
 ``forkserver`` where the platform has it, else ``spawn``: both safe with the threads of this
 process (the graph loop, actor threads), unlike ``fork``. The fork server is one process,
@@ -35,6 +38,7 @@ from multiprocessing import get_context
 from multiprocessing.reduction import recv_handle, send_handle
 from queue import SimpleQueue
 
+from ...code_reads import ModelReads, set_shared, shared_constants
 from ...errors import PlanError
 from ..plan.registers import SharedBlock, mapped
 
@@ -174,7 +178,7 @@ class StageProcesses:
         self.workers: list = []
         self.idle: SimpleQueue = SimpleQueue()  # indices of workers not acting now
         self.lock = threading.Lock()
-        self.fn_key = None
+        self.fn_key: tuple = (None, None)
         self.fn_bytes = b""
         self.fn_version = 0
         self.spawned = 0
@@ -198,10 +202,11 @@ class StageProcesses:
                 f"actor {actor.name!r}: its worker processes were closed "
                 f"(close()); make a new graph or loader to run it again"
             )
-        key = function_key(actor.fn)
-        if not _same(key, self.fn_key):
+        constants = shared_constants(ModelReads(functions=[actor.fn]))
+        key = (function_key(actor.fn), constants)
+        if not (_same(key[0], self.fn_key[0]) and key[1] == self.fn_key[1]):
             try:
-                data = dumps(actor.fn)
+                data = dumps((actor.fn, constants))
             except Exception as e:  # noqa: BLE001 - named with the stage and the fix
                 raise PlanError(
                     f"actor {actor.name!r}: processes= runs its function in worker processes, "
@@ -444,7 +449,9 @@ def worker_main(conn) -> None:
         kind = msg[0]
         if kind == FN:
             try:
-                fn = pickle.loads(msg[1])
+                fn, constants = pickle.loads(msg[1])
+                for where in constants:  # (this process's values of what fn reads)
+                    set_shared(*where)
             except BaseException as e:  # noqa: BLE001 - said at each act, with the fix
                 fn = _unloadable(e, traceback.format_exc())
         elif kind == MAP:

@@ -5,8 +5,10 @@ tracing: whatever their Python read then is baked into it. Beside the modules' o
 attributes (their ``__dict__``, walked by ``graph._Traced``), that code reads attributes a
 class holds (``self.scale`` where ``scale = 2.0`` is set on the class) and globals of its
 module (a constant, a function it calls); this file finds those (``ModelReads``), so that
-``graph._Traced`` keeps a compiled step only while they hold, and a pipeline stage's worker
-is sent the constant ones (``pipeline_ranks``).
+``nn.graph._Traced`` keeps a compiled step only while they hold, and another process (a
+pipeline stage's worker, ``nn/pipeline_ranks.py``; a Ray run's, ``distributed/procs.py``)
+is sent the constant ones, which it would otherwise take from its own import of the
+module (the file's values, not what was set since).
 
 What is found: starting from the ``forward`` of the modules' classes and the Graph's
 ``build``, the code of every function a class of the model (or a base of one) holds under a
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import importlib
 import types
 import weakref
 from collections.abc import Iterable
@@ -155,8 +158,13 @@ def tree_reads(classes: list, graph: type | None = None, held: Iterable[tuple] =
     done: dict = {False: set(), True: set()}
     names: dict = {False: [], True: []}
     todo: list = [("forward", False)] + ([("build", True)] if graph is not None else [])
-    funcs: list = []
     held = list(held)
+    funcs: list = [  # (the functions given to be read whatever is reached: name None)
+        (("function", v, k), f, on_graph)
+        for on_graph, hname, v in held
+        if hname is None
+        for k, f in enumerate(functions_of(v))
+    ]
 
     def read(where: tuple, f: Any, mine: bool) -> None:
         if (id(f), mine) in seen or _library(f):
@@ -204,15 +212,22 @@ def tree_reads(classes: list, graph: type | None = None, held: Iterable[tuple] =
 class ModelReads:
     """What the code of a model reads (``tree_reads``), found once: ``modules``, and
     ``graph`` (an ``nn.Graph``, or None), whose ``build`` reaches more (its helper methods,
-    its class attributes). Functions held as instance attributes (``self.act = my_act``, a
+    its class attributes), and ``functions`` (read from the start: an actor graph's stage
+    functions). Functions held as instance attributes (``self.act = my_act``, a
     ``functools.partial``, a ``forward`` set on one instance) are read where their name is
     reached."""
 
-    def __init__(self, modules: Iterable[Any], graph: Any = None) -> None:
+    def __init__(
+        self, modules: Iterable[Any] = (), graph: Any = None, functions: Iterable[Any] = ()
+    ) -> None:
         modules = list(modules)
         self.classes = _classes(modules)
         self.graph = type(graph) if graph is not None and not _library(type(graph)) else None
-        held = []
+        held: list = []
+        for v in functions:  # (read whatever is reached: a Ray run's stage functions)
+            v = v.__func__ if isinstance(v, types.MethodType) else v
+            if functions_of(v) and not _library(v):
+                held.append((False, None, v))
         for o, on_graph in [*((m, False) for m in modules), (graph, True)]:
             for k, v in getattr(o, "__dict__", {}).items() if o is not None else ():
                 if isinstance(v, types.MethodType):  # (a forward set on one instance)
@@ -254,3 +269,64 @@ class ModelReads:
                     seen.add((id(ns), n))
                     out.append((where, ns, n, ns[n]))
         return out
+
+
+def set_shared(module: str, qualname: str, entry: Any, name: str, value: Any) -> None:
+    """Sets in this process what the controller's model reads besides itself
+    (``shared_constants``): on ``qualname`` of ``module`` (a class, or a function), the attribute
+    ``name`` of that class (``entry`` None), or the global ``name`` where the ``k``-th
+    function (``reads.functions_of``: through decorators) of that function (``entry``
+    ``("", k)``) or of the class's entry ``e`` (``entry`` ``(e, k)``) reads it: in the
+    namespace it reads here (a script's too). What this worker cannot find by name is left
+    alone (the stage's module loaded without it)."""
+    try:
+        owner: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            owner = getattr(owner, part)
+        if entry is None:
+            setattr(owner, name, value)
+        else:
+            held = owner.__dict__[entry[0]] if entry[0] else owner
+            functions_of(held)[entry[1]].__globals__[name] = value
+    except Exception:  # noqa: BLE001 - (see the doc)
+        pass
+
+
+def shared_constants(model: ModelReads) -> list:
+    """What the model's code reads besides the model itself that another process keeps a
+    copy of (a pipeline stage's worker, a Ray process), where it holds a constant (a
+    number, a string, bytes, None or a tuple of those; other values are not sent: the
+    other process's are its own), as ``set_shared``'s arguments: classes and functions
+    named, not pickled (one made inside a function is named by nothing: left out)."""
+    out = []
+    for cls, k, v in model.class_state():
+        where = _named(class_entry(cls, k)[0])
+        if where is not None and _plain(v):
+            out.append((*where, None, k, v))
+    for found, _, k, v in model.module_globals():
+        where = _named(found[1])
+        entry: tuple = (found[2], found[3]) if found[0] == "method" else ("", found[2])
+        if where is not None and _plain(v):
+            out.append((*where, entry, k, v))
+    return out
+
+
+def _named(obj: Any) -> tuple | None:
+    """``(module name, qualname)`` a worker finds ``obj`` (a class or a function) by, or
+    None (made inside a function)."""
+    mod = (
+        obj.__dict__.get("__module__")
+        if isinstance(obj, type)
+        else getattr(obj, "__module__", None)
+    )
+    qual = getattr(obj, "__qualname__", None)
+    if not isinstance(mod, str) or not isinstance(qual, str) or "<locals>" in qual:
+        return None
+    return mod, qual
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, _PLAIN) or (type(v) is tuple and all(_plain(x) for x in v))
