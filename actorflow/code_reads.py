@@ -225,7 +225,13 @@ class ModelReads:
         self.graph = type(graph) if graph is not None and not _library(type(graph)) else None
         held: list = []
         for v in functions:  # (read whatever is reached: a Ray run's stage functions)
-            v = v.__func__ if isinstance(v, types.MethodType) else v
+            while isinstance(v, functools.partial):
+                v = v.func
+            if isinstance(v, types.MethodType):  # (a bound method: its class's too)
+                owner = type(v.__self__)
+                if not _library(owner) and owner not in self.classes:
+                    self.classes.append(owner)
+                v = v.__func__
             if functions_of(v) and not _library(v):
                 held.append((False, None, v))
         for o, on_graph in [*((m, False) for m in modules), (graph, True)]:
@@ -257,11 +263,17 @@ class ModelReads:
 
     def module_globals(self) -> list:
         """``(where, globals, name, object)`` for each global the code reached reads in its
-        own module (a constant, a function it calls), in a stable order; ``where``: the
-        function that reads it (``tree_reads``), by which a worker finds the same namespace
-        (a script's, run as ``__main__``, is another module's there)."""
+        own module (a constant, a function it calls), in a stable order, but those it also
+        sets itself (``global cache; cache = ...``: state it keeps, not a setting);
+        ``where``: the function that reads it (``tree_reads``), by which a worker finds the
+        same namespace (a script's, run as ``__main__``, is another module's there)."""
+        stored = {
+            (id(f.__globals__), n)
+            for _, f, _ in self.globs
+            for n in loaded(f.__code__, ("STORE_GLOBAL", "DELETE_GLOBAL"))
+        }
         out: list = []
-        seen: set = set()
+        seen: set = set(stored)
         for where, f, names in self.globs:
             ns = f.__globals__
             for n in names:

@@ -249,6 +249,31 @@ def test_a_global_its_function_reads_reaches_the_workers(made):
         g.close()
 
 
+_LOADED_BY = None  # (set by load_once on first use, in whichever process runs it)
+
+
+def load_once(x):
+    global _LOADED_BY
+    if _LOADED_BY is None:
+        _LOADED_BY = os.getpid()  # (what a load-once global keeps: its own process's)
+    return np.full_like(x, float(_LOADED_BY == os.getpid()))
+
+
+def test_a_global_its_function_sets_itself_stays_the_workers_own(made):
+    """Not a setting but state the function keeps (a model loaded once): already set
+    here by a call in this process, it is not sent; each worker loads its own."""
+    global _LOADED_BY
+    load_once(np.zeros(2, np.float32))
+    g = af.ActorGraph()
+    g.sink(g.actor(load_once, g.source(lambda: (np.zeros(2, np.float32) for _ in range(4))),
+                   processes=2))  # fmt: skip
+    try:
+        assert [float(v[0]) for v in g.run()] == [1.0] * 4
+    finally:
+        _LOADED_BY = None
+        g.close()
+
+
 def test_a_function_that_does_not_pickle_is_refused_when_planned():
     lock = threading.Lock()
     p = af.Pipeline([PIECES, lambda x: (lock, x)[1]], names=[None, "locked"], processes=1)

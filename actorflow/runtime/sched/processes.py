@@ -203,7 +203,7 @@ class StageProcesses:
                 f"(close()); make a new graph or loader to run it again"
             )
         constants = shared_constants(ModelReads(functions=[actor.fn]))
-        key = (function_key(actor.fn), constants)
+        key = (function_key(actor.fn), [(*c[:4], type(c[4]), repr(c[4])) for c in constants])
         if not (_same(key[0], self.fn_key[0]) and key[1] == self.fn_key[1]):
             try:
                 data = dumps((actor.fn, constants))
