@@ -79,13 +79,17 @@ def global_names(code: types.CodeType) -> tuple:
     return loaded(code, _GLOBAL_OPS)
 
 
+def _module_of(obj: Any) -> Any:
+    """The name of the module ``obj`` (a class: its own, not a base's; a function) was
+    made in, or whatever stands there (None, or nothing)."""
+    if isinstance(obj, type):
+        return obj.__dict__.get("__module__")
+    return getattr(obj, "__module__", None)
+
+
 def _library(obj: Any) -> bool:
     """Whether ``obj`` (a class or a function) is actorflow's own."""
-    mod = (
-        obj.__dict__.get("__module__")
-        if isinstance(obj, type)
-        else getattr(obj, "__module__", None)
-    )
+    mod = _module_of(obj)
     return isinstance(mod, str) and mod.partition(".")[0] == "actorflow"
 
 
@@ -124,6 +128,14 @@ def class_entry(cls: type, name: str) -> tuple:
 
 def class_value(cls: type, name: str) -> Any:
     return class_entry(cls, name)[1]
+
+
+def _user_function(v: Any) -> Any:
+    """``v`` (a method: its function) where it is a function of the model's own (one
+    ``functions_of`` reads, not actorflow's), else None."""
+    if isinstance(v, types.MethodType):
+        v = v.__func__
+    return v if functions_of(v) and not _library(v) else None
 
 
 def _classes(modules: Iterable[Any]) -> list:
@@ -231,15 +243,14 @@ class ModelReads:
                 owner = type(v.__self__)
                 if not _library(owner) and owner not in self.classes:
                     self.classes.append(owner)
-                v = v.__func__
-            if functions_of(v) and not _library(v):
-                held.append((False, None, v))
+            f = _user_function(v)
+            if f is not None:
+                held.append((False, None, f))
         for o, on_graph in [*((m, False) for m in modules), (graph, True)]:
             for k, v in getattr(o, "__dict__", {}).items() if o is not None else ():
-                if isinstance(v, types.MethodType):  # (a forward set on one instance)
-                    v = v.__func__
-                if functions_of(v) and not _library(v):
-                    held.append((on_graph, k, v))
+                f = _user_function(v)  # (a forward set on one instance: a method)
+                if f is not None:
+                    held.append((on_graph, k, f))
         self.names, self.graph_names, self.globs = tree_reads(self.classes, self.graph, held)
 
     def class_state(self) -> list:
@@ -287,7 +298,7 @@ def set_shared(module: str, qualname: str, entry: Any, name: str, value: Any) ->
     """Sets in this process what the controller's model reads besides itself
     (``shared_constants``): on ``qualname`` of ``module`` (a class, or a function), the attribute
     ``name`` of that class (``entry`` None), or the global ``name`` where the ``k``-th
-    function (``reads.functions_of``: through decorators) of that function (``entry``
+    function (``functions_of``: through decorators) of that function (``entry``
     ``("", k)``) or of the class's entry ``e`` (``entry`` ``(e, k)``) reads it: in the
     namespace it reads here (a script's too). What this worker cannot find by name is left
     alone (the stage's module loaded without it)."""
@@ -326,19 +337,14 @@ def shared_constants(model: ModelReads) -> list:
 def _named(obj: Any) -> tuple | None:
     """``(module name, qualname)`` a worker finds ``obj`` (a class or a function) by, or
     None (made inside a function)."""
-    mod = (
-        obj.__dict__.get("__module__")
-        if isinstance(obj, type)
-        else getattr(obj, "__module__", None)
-    )
-    qual = getattr(obj, "__qualname__", None)
+    mod, qual = _module_of(obj), getattr(obj, "__qualname__", None)
     if not isinstance(mod, str) or not isinstance(qual, str) or "<locals>" in qual:
         return None
     return mod, qual
 
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+PLAIN = (type(None), bool, int, float, complex, str, bytes)  # (compared by value)
 
 
 def _plain(v: Any) -> bool:
-    return isinstance(v, _PLAIN) or (type(v) is tuple and all(_plain(x) for x in v))
+    return isinstance(v, PLAIN) or (type(v) is tuple and all(_plain(x) for x in v))

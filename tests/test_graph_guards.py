@@ -59,6 +59,19 @@ def eager(model, x=X):
         return float(model(af.tensor(x)).sum())
 
 
+@pytest.fixture
+def counted(monkeypatch):
+    """``(takes, compiles)``: a list that grows by one at each walk of what build read (a
+    new ``_Traced``) and at each compile of a step."""
+    takes, compiles = [], []
+    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
+    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
+    monkeypatch.setattr(
+        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
+    )
+    return takes, compiles
+
+
 # -- a compiled step is kept only while what build read holds -------------------------------
 
 
@@ -213,13 +226,12 @@ class Scaled(nn.Module):
         return f"step {STEP}"  # to compile again)
 
 
-def test_what_the_modules_code_reads_compiles_the_step_anew():
+def test_what_the_modules_code_reads_compiles_the_step_anew(counted):
     """What a module's forward reads besides its instances' attributes, changed between
     steps: each change compiles the step anew, as eager mode sees it; a change to what
     forward does not reach compiles nothing."""
     global SHIFT, STEP
-    takes, compiles = [], []
-    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
+    takes, compiles = counted
     g = Sum(nn.Sequential(Scaled()))
     changes = [
         lambda: setattr(Scaled, "factor", 3.0),  # set on the class
@@ -235,8 +247,7 @@ def test_what_the_modules_code_reads_compiles_the_step_anew():
             change()
             got = both(g)
             assert got == (eager(g.m),) * 3 and got[0] != before
-        graph_module._Traced = lambda g: takes.append(1) or real_traced(g)
-        graph_module.stateful_program = lambda *a: compiles.append(1) or real_program(*a)
+        del takes[:], compiles[:]
         for k in range(4):
             STEP = k  # (describe's global, rebound)
             g.step(af.tensor(X))
@@ -244,7 +255,6 @@ def test_what_the_modules_code_reads_compiles_the_step_anew():
         g.step(af.tensor(X))
         assert takes == [] and compiles == []
     finally:
-        graph_module._Traced, graph_module.stateful_program = real_traced, real_program
         Scaled.factor, Scaled.act, Inner.factor, SHIFT, STEP = (
             2.0,
             staticmethod(doubled),
@@ -399,15 +409,10 @@ class Logged(Sum):
         self.history.append(float(loss))
 
 
-def test_a_list_the_loop_appends_to_compiles_nothing_anew(monkeypatch):
+def test_a_list_the_loop_appends_to_compiles_nothing_anew(counted):
     """Lists neither build nor forward reads (the Graph's history, a module's log), grown
     every step: no walk, no compile per step."""
-    takes, compiles = [], []
-    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
-    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
-    monkeypatch.setattr(
-        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
-    )
+    takes, compiles = counted
     m = Configured()
     m.log = []
     g = Logged(m)
@@ -475,13 +480,8 @@ class Busy(nn.Module):
         return self.scale_of(x) + self.shift + SHIFT
 
 
-def test_a_forward_reading_methods_and_dunders_costs_no_walk_per_step(monkeypatch):
-    takes, compiles = [], []
-    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
-    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
-    monkeypatch.setattr(
-        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
-    )
+def test_a_forward_reading_methods_and_dunders_costs_no_walk_per_step(counted):
+    takes, compiles = counted
     busy = Busy()
     busy.sizes, busy.cfg = (1, 2), {"unread": [1, 2]}  # (a tuple, a dict left as it is)
     g = Sum(busy)
@@ -583,16 +583,11 @@ def test_an_optimizer_given_more_parameters_compiles_the_step_anew(opt_name, kwa
             assert np.array_equal(p, q), mode
 
 
-def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(monkeypatch):
+def test_an_unchanged_graph_costs_no_walk_of_its_modules_per_step(counted):
     """Per step, what build read is checked by a count of changes and a few comparisons:
     the modules are walked again (a new _Traced) only after something changed, and the
     step compiles again only when what changed is something build read."""
-    takes, compiles = [], []
-    real_traced, real_program = graph_module._Traced, graph_module.stateful_program
-    monkeypatch.setattr(graph_module, "_Traced", lambda g: takes.append(1) or real_traced(g))
-    monkeypatch.setattr(
-        graph_module, "stateful_program", lambda *a: compiles.append(1) or real_program(*a)
-    )
+    takes, compiles = counted
     m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
     opt = optim.SGD(m.parameters(), lr=0.1)
     g = Train(m, opt)

@@ -85,7 +85,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..autograd import enable_grad, no_grad
-from ..code_reads import ModelReads, attribute_names, class_value, global_names
+from ..code_reads import PLAIN, ModelReads, attribute_names, class_value, global_names
 from ..creation import from_numpy, spawned_seed
 from ..dtype import bfloat16
 from ..errors import ActorError, DeviceError, DTypeError, KernelError, PlanError, TraceError
@@ -1337,7 +1337,6 @@ class _Traced:
 _OWN = frozenset(
     {"training", "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks"}
 )  # a module's own: in _Traced one by one
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _user_frame() -> int:
@@ -1355,13 +1354,13 @@ def _same(now, then) -> bool:
     """Whether a name holds what it held: the same object, or a number or string of the
     same type and ``repr`` (a NaN is itself, -0.0 is not 0.0)."""
     return now is then or (
-        type(now) is type(then) and isinstance(then, _PLAIN) and repr(now) == repr(then)
+        type(now) is type(then) and isinstance(then, PLAIN) and repr(now) == repr(then)
     )
 
 
 def _ident(v, keep: list):
     """``v`` in a ``_Traced``: numbers and strings by value, anything else by identity."""
-    if isinstance(v, _PLAIN) or (type(v) is tuple and all(isinstance(x, _PLAIN) for x in v)):
+    if isinstance(v, PLAIN) or (type(v) is tuple and all(isinstance(x, PLAIN) for x in v)):
         return (type(v), repr(v))
     keep.append(v)
     return id(v)

@@ -132,7 +132,7 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
 
 def _shared(module: Module) -> list:
     """What the code of ``module``'s classes reads besides the module itself that a worker
-    keeps a copy of (``reads.shared_constants``)."""
+    keeps a copy of (``code_reads.shared_constants``)."""
     from ..code_reads import ModelReads, shared_constants
 
     return shared_constants(ModelReads(module.modules()))
