@@ -193,16 +193,25 @@ class Graph:
         micro_batches: int = 1,
         stage_buffers: list | None = None,
         stage_ranks: str | None = None,
+        loss: Any = None,
     ) -> None:
         self._pipeline = None  # stages=: what step() and run() hand the batches to
         if stages is not None:
             from .pipeline_graph import PipelineStep
 
-            self._pipeline = PipelineStep(self, stages, micro_batches, stage_buffers, stage_ranks)
-        elif micro_batches != 1 or stage_buffers is not None or stage_ranks is not None:
+            self._pipeline = PipelineStep(
+                self, stages, micro_batches, stage_buffers, stage_ranks, loss
+            )
+        elif (
+            micro_batches != 1
+            or stage_buffers is not None
+            or stage_ranks is not None
+            or loss is not None
+        ):
             raise ValueError(
                 f"{type(self).__name__}(micro_batches={micro_batches!r}, "
-                f"stage_buffers={stage_buffers!r}, stage_ranks={stage_ranks!r}): "
+                f"stage_buffers={stage_buffers!r}, stage_ranks={stage_ranks!r}"
+                f"{', loss=...' if loss is not None else ''}): "
                 f"these cut a pipeline's batches; give "
                 f"stages=[...] (the model's modules in order) with them"
             )

@@ -143,13 +143,14 @@ from ..dtype import as_dtype
 from ..eager.interpreter import use_stream
 from ..parallel.interpreter import make as _global_of
 from ..parallel.interpreter import parts_of
-from ..parallel.ranks import HeldRanks, Ranks, ranks_here
+from ..parallel.ranks import HeldRanks, ProcessRanks, Ranks, ranks_here
 from ..runtime.graph.actor_graph import ActorGraph
 from ..runtime.plan.spec import Spec, flatten, unflatten
 from ..runtime_api import peek_array, settled
 from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
+from .pipeline_links import FORWARD, Links, run_batch
 from .pipeline_ranks import RankStage, checked, described, eval_mode, saved_bytes
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
@@ -178,6 +179,7 @@ class PipelineStep:
         micro_batches: int,
         stage_buffers: Sequence[int] | None,
         stage_ranks: str | None = None,
+        loss: Any = None,
     ) -> None:
         name = type(graph).__name__
         if isinstance(stages, Module) or not isinstance(stages, Sequence) or not stages:
@@ -218,6 +220,7 @@ class PipelineStep:
                 f"global on a one-rank placement of its own: a worker process) or 'ray' (a "
                 f"Ray actor), or leave it out (the stages as they are)"
             )
+        _check_loss(graph, loss)
         n = len(stages)
         # per stage, a RankStage where its ranks are held elsewhere (process or Ray
         # ranks): its acts computed there, one command each (pipeline_ranks.py)
@@ -245,6 +248,9 @@ class PipelineStep:
                     users.add(self)
         self._ranks: list[Ranks | None] = _stage_ranks(stages, name, self._placed)
         self.graph = graph
+        self.loss = loss  # a micro-batch's loss, loss(out, *rest), where build is not given
+        self._links = Links()  # (where the workers run a batch among themselves)
+        self._batches = 0  # batches begun (a stopped one's messages are told apart by it)
         self.stages = list(stages)
         self.micro_batches = micro_batches
         self.buffers = buffers
@@ -311,16 +317,27 @@ class PipelineStep:
             return self._batch_on(args, trace, memory)
 
     def _batch_on(self, args: tuple, trace, memory) -> float:
-        items = self._micro_batches(args)
         stages = self.stages
         n = len(stages)
+        direct = (
+            self.loss is not None
+            and memory is None
+            and self.sim_time is None
+            and all(isinstance(r, ProcessRanks) for r in self._ranks)
+        )
+        x, rest, bounds = self._batch_arrays(args)
         for i, r in enumerate(self._ranks):
             w = self._workers[i]
             if not isinstance(r, HeldRanks):
                 w = None
             elif w is None or w.ranks is not r or w.module is not stages[i]:
                 w = RankStage(i, n, stages[i], r)
+            if w is not None:  # (the loss goes with the last stage where it computes it)
+                w.loss = self.loss if direct and i == n - 1 else None
             self._workers[i] = w
+        if direct:
+            return self._batch_in_workers(x, rest, bounds, trace)
+        items = self._micro_batches(x, rest, bounds)
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
             None if r is not None else get_backend(d).stream(f"pipeline stage {i}")
@@ -365,6 +382,52 @@ class PipelineStep:
             g.join()
             for f in self._fifos:  # (a stopped run's graphs)
                 f.clear()
+        return self._optimize(params, losses)
+
+    def _batch_in_workers(self, x: np.ndarray, rest: list, bounds: Any, trace: Any) -> float:
+        """The batch run by the stages' workers among themselves (``pipeline_links.py``),
+        then the optimizers' steps."""
+        workers = [w for w in self._workers if w is not None]
+        for w in workers:
+            w.begin()
+        self.actor_graph = None
+        params = self._trained()
+        for p in params:
+            p.grad = None
+        self.acts = []
+        self._batches += 1
+        bounds = tuple(int(b) for b in bounds)
+        try:
+            reports = run_batch(
+                workers, self._links, self._batches, x, rest, bounds, self.buffers, self._rest
+            )
+            for w in workers:
+                w.finish()  # (the gradients it accumulated: the parameters' here)
+        except BaseException:
+            for p in params:  # (the batch's gradients are dropped: nothing steps)
+                p.grad = None
+            for w in workers:  # (and the graphs and gradients the workers hold)
+                w.clear()
+            raise
+        timed = []
+        for i, (held, peak, _, acts) in enumerate(reports):
+            self.peak_held[i] = max(self.peak_held[i], held)
+            self.peak_saved_bytes[i] = max(self.peak_saved_bytes[i], peak)
+            timed += [(start, i, kind, mb, end) for kind, mb, start, end in acts]
+        timed.sort()
+        last = len(self.stages) - 1
+        for _, i, kind, mb, _ in timed:
+            if i == last:
+                self.acts += [(i, "F", mb), (i, "B", mb)]
+            else:
+                self.acts.append((i, "F" if kind == FORWARD else "B", mb))
+        if trace is not None:
+            _write_trace(trace, timed, last)
+        return self._optimize(params, reports[-1][2])
+
+    def _optimize(self, params: list, losses: list) -> float:
+        """After a batch: the optimizers' steps, the gradients let go, the schedules'
+        steps; returns the batch's loss (the mean of its micro-batch losses)."""
         graph = self.graph
         try:
             with no_grad():
@@ -396,10 +459,9 @@ class PipelineStep:
                         out.append(p)
         return out
 
-    def _micro_batches(self, args: tuple) -> list:
-        """The batch's micro-batches as the source's pieces: ``(x, rows, index, *rest)``,
-        each array padded along dim 0 to the largest micro-batch's rows (a register has
-        one size)."""
+    def _batch_arrays(self, args: tuple) -> tuple:
+        """The batch's input ``x``, the other leaves (their structure kept in ``_rest``)
+        and the micro-batches' bounds along dim 0 (as ``np.array_split``), checked."""
         name = type(self.graph).__name__
         if not args:
             raise TypeError(f"{name}.step(x, *rest): give the batch's input x")
@@ -424,6 +486,12 @@ class PipelineStep:
                     f"{tuple(x.shape)}): give it {n} rows"
                 )
         bounds = np.cumsum([0] + [len(p) for p in np.array_split(np.arange(n), m)])
+        return x, rest, bounds
+
+    def _micro_batches(self, x: np.ndarray, rest: list, bounds: Any) -> list:
+        """The batch's micro-batches as the source's pieces: ``(x, rows, index, *rest)``,
+        each array padded along dim 0 to the largest micro-batch's rows (a register has
+        one size)."""
         size = int(bounds[1] - bounds[0])
         return [
             (
@@ -654,7 +722,7 @@ class PipelineStep:
         return forward
 
     def _last_fn(self, i: int):
-        module, m, graph = self.stages[i], self.micro_batches, self.graph
+        module, m = self.stages[i], self.micro_batches
 
         def forward_backward(*pieces):
             piece, item = pieces[0], pieces[-1]  # (item: the source's, with the rest)
@@ -666,9 +734,7 @@ class PipelineStep:
             rest = [self._tensor(i, r[:rows]) for r in item[3:]]
             with enable_grad(), self._stream(i):
                 out = module(inp)
-                loss = graph.build(out, *unflatten(self._rest, rest))
-                if not isinstance(loss, Tensor) or loss.numel() != 1:
-                    raise wrong_loss(graph, loss)
+                loss = self._loss_of(out, rest)
                 self._hold(i, mb, inp, loss)
                 self._note(i, "B", mb)
                 (loss * (1.0 / m)).backward()
@@ -681,6 +747,16 @@ class PipelineStep:
 
         return forward_backward
 
+    def _loss_of(self, out: Tensor, rest: list) -> Tensor:
+        """A micro-batch's loss: ``loss(out, *rest)`` where the graph was given one, else
+        ``build(out, *rest)`` (``rest``: the other leaves' rows, as the batch held them)."""
+        graph = self.graph
+        args = unflatten(self._rest, rest)
+        loss = self.loss(out, *args) if self.loss is not None else graph.build(out, *args)
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            raise wrong_loss(graph, loss, self.loss is not None)
+        return loss
+
     def _out_dtype(self, i: int) -> Any:
         """The dtype of stage ``i``'s output (its register's)."""
         if i == len(self.stages) - 1:
@@ -691,7 +767,7 @@ class PipelineStep:
         """The last stage's act where it computes in a worker: its forward there, its
         output read back and ``build``'s loss computed here (autograd over a copy of the
         output), the output's gradient the worker's backward's input."""
-        w, m, graph = self._workers[i], self.micro_batches, self.graph
+        w, m = self._workers[i], self.micro_batches
         assert w is not None
         got = w.forward(mb, x[:rows], self._last_dtype)
         self._hold(i, mb, None, None)
@@ -700,9 +776,7 @@ class PipelineStep:
         kind = ranks_here(self._kind) if self._kind else contextlib.nullcontext()
         with enable_grad(), kind:  # (on this act's thread: what build makes on a
             #                         stage's placement, made on its worker)
-            loss = graph.build(out, *unflatten(self._rest, rest))
-            if not isinstance(loss, Tensor) or loss.numel() != 1:
-                raise wrong_loss(graph, loss)
+            loss = self._loss_of(out, rest)
             self._note(i, "B", mb)
             (loss * (1.0 / m)).backward()
         _settle([p for p in self._grads[i] if not p.is_global])  # (a head's, here)
@@ -930,9 +1004,54 @@ def _array(x: Any, name: str, what: str) -> np.ndarray:
     )
 
 
-def wrong_loss(graph: Any, loss: Any) -> TypeError:
+def wrong_loss(graph: Any, loss: Any, given: bool = False) -> TypeError:
+    what = "the loss given (loss=)" if given else "build"
     return TypeError(
-        f"{type(graph).__name__}.build(out, *rest) returned {described(loss)}; a pipeline's "
-        f"build returns the micro-batch's loss, a one-element tensor computed from out (it "
-        f"does not call backward: the graph does)"
+        f"{type(graph).__name__}: {what} returned {described(loss)} for (out, *rest); a "
+        f"pipeline's {what} returns the micro-batch's loss, a one-element tensor computed "
+        f"from out (it does not call backward: the graph does)"
     )
+
+
+def _check_loss(graph: Any, loss: Any) -> None:
+    """``loss=`` of a pipeline graph: a module without parameters or a function, in place
+    of ``build`` (one or the other)."""
+    name = type(graph).__name__
+    from .graph import Graph
+
+    has_build = type(graph).build is not Graph.build
+    if loss is None:
+        return
+    if has_build:
+        raise ValueError(
+            f"{name}(stages=..., loss=...): {name} also defines build; give the loss one way: "
+            f"loss= (what the last stage's worker can compute) or build (run in this process)"
+        )
+    if not callable(loss):
+        raise TypeError(
+            f"{name}(stages=..., loss={type(loss).__name__}): give a module or a function of "
+            f"(out, *rest) returning the micro-batch's loss, e.g. nn.CrossEntropyLoss()"
+        )
+    if isinstance(loss, Module) and any(True for _ in loss.parameters()):
+        raise ValueError(
+            f"{name}(stages=..., loss={type(loss).__name__}): the loss has parameters; a "
+            f"module with parameters belongs in the last stage (its optimizer steps it "
+            f"there): give loss= a module without parameters or a function"
+        )
+
+
+def _write_trace(path: Any, timed: list, last: int) -> None:
+    """A batch's acts in the stages' workers as a timeline (one track per stage)."""
+    from ..trace_events import TraceEvents
+
+    t0 = timed[0][0] if timed else 0.0
+    ev = TraceEvents(t0)
+    ev.process(0, "pipeline stages in their workers")
+    for i in range(last + 1):
+        ev.thread(0, i, f"stage{i}", sort=i)
+    for start, i, kind, mb, end in timed:
+        act = "forward_backward" if i == last else ("forward" if kind == FORWARD else "backward")
+        ev.complete(
+            0, i, "act", f"stage{i}.{act}", ev.us(start), (end - start) * 1e6, {"piece": mb}
+        )
+    ev.write(path)

@@ -54,8 +54,10 @@ from .module import Module, Parameter
 class _Kept:
     """A stage as its worker keeps it."""
 
-    def __init__(self, module: Module, label: str, passes_on: bool) -> None:
+    def __init__(self, module: Module, loss: Any, index: int, label: str, passes_on: bool) -> None:
         self.module = module
+        self.loss = loss  # (the last stage's, where the workers run the batch: pipeline_links)
+        self.index = index
         self.label = label  # "stage i of n", for errors
         self.passes_on = passes_on  # (not the last stage: its output is the next's input)
         self.params = list(module.parameters())
@@ -63,6 +65,7 @@ class _Kept:
         self.fifo: deque = deque()  # (micro-batch, input, output, saved bytes)
         self.held = 0
         self.peak = 0
+        self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -105,14 +108,14 @@ def _raise(err: bytes) -> None:
     raise pickle.loads(data) if data else RuntimeError(words)
 
 
-def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> None:
+def _define(ex: Any, blob: bytes, index: int, label: str, passes_on: bool, outs: list) -> None:
     """The stage's module loaded, kept under the id of the part ``outs[0]`` (an empty
     marker): dropping that part (the controller let go of its handle) forgets it; where
     the module does not load, that part holds the error, raised by every act."""
     from ..creation import from_numpy
 
     try:
-        module, shared = _Unpickler(blob, ex).load()
+        module, loss, shared = _Unpickler(blob, ex).load()
         for where in shared:
             set_shared(*where)
     except (AttributeError, ImportError) as e:
@@ -125,17 +128,23 @@ def _define(ex: Any, blob: bytes, label: str, passes_on: bool, outs: list) -> No
         raise RuntimeError(
             f"{label}'s module could not be loaded in its worker: {type(e).__name__}: {e}"
         ) from e
-    kept = _Kept(module, label, passes_on)
+    kept = _Kept(module, loss, index, label, passes_on)
     ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
     ex.kept[outs[0]] = kept
 
 
-def _shared(module: Module) -> list:
-    """What the code of ``module``'s classes reads besides the module itself that a worker
-    keeps a copy of (``code_reads.shared_constants``)."""
+def _shared(module: Module, loss: Any = None) -> list:
+    """What the code of ``module``'s classes (and of ``loss``, a module or a function)
+    reads besides them that a worker keeps a copy of (``code_reads.shared_constants``)."""
     from ..code_reads import ModelReads, shared_constants
 
-    return shared_constants(ModelReads(module.modules()))
+    modules = list(module.modules())
+    functions = []
+    if isinstance(loss, Module):
+        modules += list(loss.modules())
+    elif loss is not None:
+        functions.append(loss)
+    return shared_constants(ModelReads(modules, functions=functions))
 
 
 def _kept(ex: Any, key: int) -> _Kept:
@@ -160,7 +169,7 @@ def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
     if st is None:
         return  # (its loading failed: raised by the acts)
     st.fifo.clear()
-    st.held = st.peak = 0
+    st.held = st.peak = st.held_most = 0
     for p in st.params:
         p.grad = None
 
@@ -338,6 +347,7 @@ class RankStage:
 
     def __init__(self, index: int, n: int, module: Module, ranks: Any) -> None:
         self.index, self.n, self.module, self.ranks = index, n, module, ranks
+        self.loss: Any = None  # the last stage's loss where its worker computes it
         self._marker: Any = None  # the part whose id keys the stage in the worker
         self._defined: Any = None  # what the worker's module was made from
         self.peak_saved_bytes = 0
@@ -365,7 +375,7 @@ class RankStage:
             label = f"stage {self.index} of {self.n}"
             passes_on = self.index < self.n - 1
             (self._marker,) = self.ranks.call_fn(
-                0, _define, (blob, label, passes_on), (float32,)
+                0, _define, (blob, self.index, label, passes_on), (float32,)
             )  # (the one before dropped with its handle: the worker forgets that module)
             self._defined = state
         self.ranks.call_fn(0, _start, (self.key, spawned_seed()), ())
@@ -400,7 +410,7 @@ class RankStage:
                 return ("array", obj.detach().numpy(), param, obj.requires_grad)
 
         try:
-            Pickler(buf, protocol=5).dump((self.module, _shared(self.module)))
+            Pickler(buf, protocol=5).dump((self.module, self.loss, _shared(self.module, self.loss)))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TypeError(
                 f"{where} is sent to its worker pickled, and it does not pickle "

@@ -412,6 +412,12 @@ class HeldRanks(Ranks):
     def get(self, rank: int, part: Any) -> Any:
         return W.adopt(self.read(rank, part), part.dtype)
 
+    def flush(self) -> None:
+        """Sends every command kept so far (without waiting for any answer)."""
+        with self._lock:
+            self._live()
+            self._flush()
+
     def synchronize(self) -> None:
         """Waits until every worker has run every command sent so far."""
         with self._lock:

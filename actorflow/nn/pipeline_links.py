@@ -1,0 +1,449 @@
+"""A pipeline batch run by the stages' workers among themselves: ``nn.Graph(stages=...,
+loss=..., stage_ranks="processes")`` (every stage in a worker process of its own, the loss
+a module or function the last stage's worker computes) hands each batch to the workers in
+one command each, and the stages pass their activations forward and their gradients back
+worker to worker, without this process in the loop.
+
+The two sides of one protocol, in one file:
+
+- This process (``Links``, kept by ``PipelineStep``): once, the link between the workers of
+  stages i and i+1 (a Unix socket the worker of i+1 listens on and that of i connects to,
+  each end kept by its worker under the id of a part it made: dropping that part closes
+  it). Each batch: the input rows put on stage 0's worker and the targets on the last
+  stage's, one ``RUN`` of ``_run`` on every stage's worker, sent together, then each
+  stage's report read back: its acts (kind, micro-batch, start and end times), the most
+  micro-batches it held, its peak of saved bytes, the last stage's losses.
+- The workers (``_run``): the stage's two actors, forward and backward, taking turns on
+  the worker's one thread. A forward may act once its input is there (stage 0: the
+  micro-batch's rows; stage i: stage i-1's activation, arrived on the link) and the stage
+  holds fewer than its ``k_i`` registers' worth of micro-batches for backward (the credit);
+  a backward once the gradient of the oldest micro-batch it holds arrived. A backward
+  ready goes first, so ``k_i = n - i`` gives 1F1B's order, as the actor graph's credits
+  do; the last stage's one act runs its forward, the loss and the backward
+  (``stage{n-1}.forward_backward``), the backward scaled by 1/M as everywhere.
+
+Each direction of a link is a ring of ``k_i`` slots in shared memory (a ``memfd`` the
+writer makes, its descriptor sent over the socket once, mapped by the reader), micro-batch
+``j`` in slot ``j % k_i``, and a header on the socket per micro-batch (the batch's number,
+the slot, the dtype and shape). The registers make the slots safe without an
+acknowledgement: stage i writes activation ``j`` only once it ran backward ``j - k_i``,
+which needed gradient ``j - k_i``, which stage i+1 sent after it read activation ``j - k_i``
+(the reader copies a slot out when the header arrives); the same reasoning holds for the
+gradients. A message of an earlier batch (one that stopped) is dropped by its number.
+
+A stage whose act raises tells its neighbours to stop (they stop, telling theirs) and its
+report holds the ``ActorError`` naming its actor and the micro-batch; a worker that ends
+closes its links, so its neighbours stop, and reading its report raises the ranks' error
+naming the placement and the rank; every wait on a link has the ranks' timeout
+(``AF_RANKS_WAIT_S``)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import socket
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any
+
+import numpy as np
+
+from ..errors import ActorError
+from ..parallel import workers as W
+from ..tensor.tensor import Tensor
+from .pipeline_ranks import _kept, checked, described, saved_bytes
+
+FORWARD, BACKWARD = 0, 1  # an act's kind in a report
+
+# -- the worker's side -------------------------------------------------------------------
+
+
+class Stopped(RuntimeError):
+    """A stage stopped because a neighbour did (its own error is the neighbour's)."""
+
+
+class _End:
+    """A worker's end of the link to a neighbour stage's worker: the socket (headers, and
+    the descriptor of each new ring), the ring this end writes and the one it reads, and
+    what arrived but was not taken yet."""
+
+    def __init__(self, conn: Connection, label: str) -> None:
+        self.conn = conn
+        self.label = label  # "stage 1 of 2", the neighbour, for errors
+        self.mine: Any = None  # (map, slot bytes, slots, gen): the ring written here
+        self.theirs: Any = None  # the neighbour's ring, mapped here
+        self.gen = 0
+        self.arrived: list = []  # (micro-batch, array) of this batch, in order
+
+    def send(self, batch: int, mb: int, a: np.ndarray, slots: int) -> None:
+        """Micro-batch ``mb``'s array written into its slot and announced."""
+        size = max(64, -(-a.nbytes // 64) * 64)
+        fd = None
+        if self.mine is None or self.mine[1] < size or self.mine[2] != slots:
+            if self.mine is not None:
+                self.mine[0].close()  # (the reader keeps its own map of it)
+            self.gen += 1
+            fd, mm = W.memfd_of(size * slots, "actorflow-stage-link")
+            self.mine = (mm, size, slots, self.gen)
+        mm, size, slots, gen = self.mine
+        off = (mb % slots) * size
+        np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm, offset=off), a)
+        new = None if fd is None else size * slots
+        self.conn.send(("data", batch, mb, gen, off, a.dtype.str, a.shape, new))
+        if fd is not None:
+            try:
+                send_handle(self.conn, fd, 0)
+            finally:
+                os.close(fd)
+
+    def stop(self, batch: int, why: str) -> None:
+        try:
+            self.conn.send(("stop", batch, why))
+        except OSError:  # (it ended: it stops anyway)
+            pass
+
+    def pump(self, batch: int) -> bool:
+        """Takes what arrived (without waiting); whether a micro-batch of this batch
+        waits to be taken. Raises Stopped where the neighbour stopped or ended."""
+        try:
+            while self.conn.poll():
+                msg = self.conn.recv()
+                if msg[0] == "stop":
+                    if msg[1] == batch:
+                        raise Stopped(msg[2])
+                    continue
+                _, b, mb, gen, off, dt, shape, new = msg
+                if new is not None:  # (a new ring: mapped in place of the old one)
+                    fd = recv_handle(self.conn)
+                    try:
+                        mm = mmap.mmap(fd, new, flags=mmap.MAP_SHARED)
+                    finally:
+                        os.close(fd)
+                    if self.theirs is not None:
+                        self.theirs.close()
+                    self.theirs = mm
+                if b == batch:  # (else a stopped batch's)
+                    a = np.ndarray(shape, np.dtype(dt), buffer=self.theirs, offset=off).copy()
+                    self.arrived.append((mb, a))
+        except (EOFError, OSError) as e:
+            raise Stopped(f"the worker of {self.label} ended ({type(e).__name__})") from e
+        return bool(self.arrived)
+
+    def take(self, batch: int) -> tuple:
+        """The next micro-batch arrived (waiting for it)."""
+        while not self.pump(batch):
+            if not wait([self.conn], timeout=W.WAIT_S):
+                raise TimeoutError(
+                    f"nothing came from {self.label} within {W.WAIT_S:.0f} s "
+                    f"(AF_RANKS_WAIT_S sets the wait)"
+                )
+        return self.arrived.pop(0)
+
+    def close(self) -> None:
+        self.conn.close()
+        for mm in (self.mine[0] if self.mine else None, self.theirs):
+            if mm is not None:
+                mm.close()
+
+
+def _marked(ex: Any, end: _End, outs: list) -> None:
+    """Keeps ``end`` under the id of the part ``outs[0]`` (an empty marker)."""
+    from ..creation import from_numpy
+
+    ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
+    ex.kept[outs[0]] = end
+
+
+def _listen(ex: Any, path: str, label: str, outs: list) -> None:
+    """The link to the previous stage's worker: listens at ``path`` and takes its
+    connection."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(path)
+        s.listen(1)
+        s.settimeout(W.WAIT_S)
+        conn, _ = s.accept()
+    conn.settimeout(None)
+    _marked(ex, _End(Connection(conn.detach()), label), outs)
+
+
+def _connect(ex: Any, path: str, label: str, outs: list) -> None:
+    """The link to the next stage's worker, which listens at ``path`` (or soon will)."""
+    deadline = time.monotonic() + W.WAIT_S
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{label}'s worker did not listen within {W.WAIT_S:.0f} s"
+                ) from None
+            time.sleep(0.002)
+    _marked(ex, _End(Connection(s.detach()), label), outs)
+
+
+def _run(
+    ex: Any,
+    key: int,
+    batch: int,
+    bounds: tuple,
+    k: int,
+    links: tuple,
+    slots: tuple,
+    in_ids: tuple,
+    structure: Any,
+    outs: list,
+) -> None:
+    """Stage ``key``'s part of batch number ``batch`` (micro-batch j: rows ``bounds[j]``
+    to ``bounds[j+1]``), holding at most ``k`` micro-batches for backward; ``links``: the
+    keys of its ends to the previous and the next stage (0: none), ``slots`` their rings'
+    slots; ``in_ids``: the batch's input rows (stage 0) and targets (the last stage).
+    ``outs[0]``: the report (``report``)."""
+    from ..autograd import enable_grad
+    from ..creation import from_numpy
+    from ..runtime.plan.spec import unflatten
+
+    st = _kept(ex, key)
+    prev: Any = ex.kept[links[0]] if links[0] else None
+    nxt: Any = ex.kept[links[1]] if links[1] else None
+    first, last = prev is None, nxt is None
+    m = len(bounds) - 1
+    arrays = []
+    for i in in_ids:
+        got = ex.inputs([i])
+        if isinstance(got, bytes):
+            return ex.fail(outs, got)
+        arrays.append(ex.read(got[0], lambda a: a, "pipeline stage"))
+    x_all: Any = arrays[0] if first else None
+    rest = arrays[1:] if first else arrays
+    name = f"stage{st.index}"
+    acts: list = []
+    losses: list = []
+    held = 0
+    nf = nb = 0
+    doing: tuple = ("", None)
+
+    def rows(j: int) -> slice:
+        return slice(int(bounds[j]), int(bounds[j + 1]))
+
+    def settle() -> None:  # (the act ends once its gradients are written: its errors)
+        for p in st.params:
+            if p.grad is not None:
+                ex.read(p.grad._impl, lambda a: None, "pipeline stage")
+
+    def input_grad(x: Tensor) -> np.ndarray:
+        if x.grad is None:  # (the output does not depend on the input)
+            return np.zeros(tuple(x.shape), x.dtype.np)
+        return ex.read(x.grad._impl, lambda a: np.ascontiguousarray(a), "pipeline stage")
+
+    def take_input() -> tuple:
+        if first:
+            return nf, from_numpy(x_all[rows(nf)])
+        j, a = prev.take(batch)
+        return j, from_numpy(a).requires_grad_()
+
+    try:
+        while nb < m:
+            t0 = time.perf_counter()
+            if last:  # (its forward, the loss and its backward: one act)
+                j, x = take_input()
+                t0 = time.perf_counter()
+                doing = (f"{name}.forward_backward", j)
+                with enable_grad():
+                    out = checked(st.label, st.module(x), x.shape[0], False)
+                    held = saved_bytes(out, st.exclude)
+                    st.peak = max(st.peak, held)
+                    targets = [from_numpy(r[rows(j)]) for r in rest]
+                    loss = st.loss(out, *unflatten(structure, targets))
+                    if not isinstance(loss, Tensor) or loss.numel() != 1:
+                        raise TypeError(
+                            f"the pipeline's loss returned {described(loss)}; it returns the "
+                            f"micro-batch's loss, a one-element tensor computed from the "
+                            f"last stage's output (it does not call backward: the graph does)"
+                        )
+                    (loss * (1.0 / m)).backward()
+                settle()
+                losses.append(float(loss.detach().numpy()))
+                if not first:
+                    prev.send(batch, j, input_grad(x), slots[0])
+                st.held_most = max(st.held_most, 1)
+                acts.append((FORWARD, j, t0, time.perf_counter()))
+                nf += 1
+                nb += 1
+                continue
+            if nb < nf and nxt.pump(batch):  # (a backward ready goes first)
+                j, g = nxt.arrived.pop(0)
+                doing = (f"{name}.backward", j)
+                mb, x, out, nbytes = st.fifo.popleft()
+                if mb != j:  # (the registers keep piece order: by construction)
+                    raise RuntimeError(
+                        f"{st.label}: the gradient of micro-batch {j} came, but the oldest "
+                        f"micro-batch it holds is {mb}"
+                    )
+                st.held -= nbytes
+                if out.requires_grad:  # (else nothing before it needs a gradient)
+                    with enable_grad():
+                        out.backward(from_numpy(g))
+                settle()
+                if not first:
+                    prev.send(batch, j, input_grad(x), slots[0])
+                acts.append((BACKWARD, j, t0, time.perf_counter()))
+                nb += 1
+                continue
+            if nf < m and len(st.fifo) < k and (first or prev.pump(batch)):
+                j, x = take_input()
+                doing = (f"{name}.forward", j)
+                with enable_grad():
+                    out = checked(st.label, st.module(x), x.shape[0], True)
+                nbytes = saved_bytes(out, st.exclude)
+                st.fifo.append((j, x, out, nbytes))
+                st.held += nbytes
+                st.peak = max(st.peak, st.held)
+                st.held_most = max(st.held_most, len(st.fifo))
+                a = ex.read(out.detach()._impl, lambda a: a, "pipeline stage")
+                nxt.send(batch, j, a, slots[1])
+                acts.append((FORWARD, j, t0, time.perf_counter()))
+                nf += 1
+                continue
+            doing = ("", None)
+            waits = [e.conn for e in (prev if nf < m and len(st.fifo) < k else None, nxt) if e]
+            if not wait(waits, timeout=W.WAIT_S):
+                raise TimeoutError(
+                    f"{st.label} waited {W.WAIT_S:.0f} s for its neighbours "
+                    f"(AF_RANKS_WAIT_S sets the wait)"
+                )
+    except Stopped as e:
+        for end in (prev, nxt):
+            if end is not None:
+                end.stop(batch, str(e))
+        raise
+    except BaseException as e:
+        why = f"{st.label} failed"
+        for end in (prev, nxt):
+            if end is not None:
+                end.stop(batch, why)
+        actor, piece = doing
+        if not actor:
+            raise
+        raise ActorError(actor, piece, e, traceback.format_exc()) from e
+    ex.parts[outs[0]] = from_numpy(report(st, losses, acts))._impl
+    return None
+
+
+def report(st: Any, losses: list, acts: list) -> np.ndarray:
+    """A stage's report as float64: the most micro-batches it held, its peak of saved
+    bytes, its losses' count, the losses, then per act (kind, micro-batch, start, end)."""
+    head = [float(st.held_most), float(st.peak), float(len(losses)), *losses]
+    body = np.asarray(acts, np.float64).reshape(-1)
+    return np.concatenate([np.asarray(head, np.float64), body])
+
+
+def read_report(a: np.ndarray) -> tuple:
+    """``report``'s parts: (most held, peak saved bytes, losses, acts)."""
+    n = int(a[2])
+    losses = [float(v) for v in a[3 : 3 + n]]
+    acts = [(int(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in a[3 + n :].reshape(-1, 4)]
+    return int(a[0]), int(a[1]), losses, acts
+
+
+# -- this process's side -----------------------------------------------------------------
+
+
+class Links:
+    """The links between consecutive stages' workers (``stages``: their ``RankStage``s),
+    made once and again where a stage's worker changed; dropped after a failed batch."""
+
+    def __init__(self) -> None:
+        self._ends: list = []  # per link: (marker on stage i, marker on stage i+1)
+        self._for: Any = None  # the workers they were made for
+
+    def ends(self, stages: list) -> list:
+        """Per stage, the keys of its ends (previous, next; 0: none)."""
+        now = [(id(w.ranks), tuple(w.ranks.pids)) for w in stages]
+        if now != self._for:
+            self.drop()
+            self._make(stages)
+            self._for = now
+        out = []
+        for i in range(len(stages)):
+            before = self._ends[i - 1][1].id if i > 0 else 0
+            after = self._ends[i][0].id if i < len(stages) - 1 else 0
+            out.append((before, after))
+        return out
+
+    def _make(self, stages: list) -> None:
+        from ..dtype import float32
+
+        n = len(stages)
+        folder = tempfile.mkdtemp(prefix="actorflow-links-")  # (this user's only)
+        try:
+            made = []
+            for i in range(n - 1):
+                a, b = stages[i], stages[i + 1]
+                path = os.path.join(folder, str(i))
+                (theirs,) = b.ranks.call_fn(0, _listen, (path, f"stage {i} of {n}"), (float32,))
+                b.ranks.flush()
+                (mine,) = a.ranks.call_fn(0, _connect, (path, f"stage {i + 1} of {n}"), (float32,))
+                made.append((mine, theirs))
+                a._read(mine)  # (both ends made: their errors raised here)
+                b._read(theirs)
+            self._ends = made
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def drop(self) -> None:
+        """Lets go of the ends (the workers close them)."""
+        self._ends = []
+        self._for = None
+
+
+def run_batch(
+    stages: list,
+    links: Links,
+    batch: int,
+    x: np.ndarray,
+    rest: list,
+    bounds: tuple,
+    buffers: list,
+    structure: Any,
+) -> list:
+    """One batch in the workers of ``stages`` (their ``RankStage``s, each begun): returns
+    each stage's ``read_report``. Raises the first stage's error that is not a ``Stopped``
+    (a worker that ended: the ranks' ActorError), after every report was read."""
+    from ..dtype import float64
+
+    n = len(stages)
+    ends = links.ends(stages)
+    puts: list = [[] for _ in range(n)]
+    puts[0].append(stages[0]._put(x).id)
+    puts[-1] += [stages[-1]._put(r).id for r in rest]
+    parts = []
+    for i, w in enumerate(stages):
+        slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
+        (part,) = w.ranks.call_fn(
+            0,
+            _run,
+            (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
+            (float64,),
+        )
+        parts.append(part)
+    for w in stages:  # (every stage's command sent before any is waited for)
+        w.ranks.flush()
+    reports: list = []
+    errors: list = []
+    for w, part in zip(stages, parts, strict=True):
+        try:
+            reports.append(read_report(w._read(part)))
+        except BaseException as e:  # noqa: BLE001 - the first real one raised below
+            errors.append(e)
+    if errors:
+        links.drop()  # (made again at the next batch)
+        first = next((e for e in errors if not isinstance(e, Stopped)), errors[0])
+        raise first
+    return reports
