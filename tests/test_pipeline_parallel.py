@@ -1387,3 +1387,206 @@ def test_a_cnn_with_batch_norm_trains_pipelined_as_one_process(ranks):
         g.pipelined.close()
     for k, v in ref.state_dict().items():  # (the running statistics too)
         np.testing.assert_allclose(mine[k], v.numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+# -- loss=: the last stage computes the loss; on process ranks, the workers run the batch --
+
+
+class LossPipe(nn.Graph):
+    """A pipeline given its loss as ``loss=`` (no build): on process ranks each batch runs
+    in the stages' workers among themselves (nn/pipeline_links.py)."""
+
+    def __init__(self, stages, opt=None, loss=None, **kw):
+        super().__init__(stages=stages, loss=nn.MSELoss() if loss is None else loss, **kw)
+        if opt is not None:
+            self.add_optimizer(opt)
+
+
+def mse_of(out, y):
+    """A loss given as a function (at a module's top level: its worker imports it)."""
+    return ((out - y) ** 2).mean()
+
+
+def with_dropout(stages):
+    stages[0] = nn.Sequential(stages[0], nn.Dropout(0.25))
+    return stages
+
+
+def check_acts(acts, n, m, buffers):
+    """Each stage's acts are its forwards and backwards in micro-batch order, each backward
+    after its forward, never more micro-batches held than its registers (the last stage:
+    its forward then its backward, one act)."""
+    for i, mine in enumerate(per_stage(acts, n)):
+        assert [a for a in mine if a[0] == "F"] == [f"F{j}" for j in range(m)], (i, mine)
+        assert [a for a in mine if a[0] == "B"] == [f"B{j}" for j in range(m)], (i, mine)
+        if i == n - 1:
+            assert mine == [f"{k}{j}" for j in range(m) for k in "FB"], mine
+    counted = held_counts(acts, n)
+    assert all(c <= min(buffers[i], m) for i, c in enumerate(counted)), counted
+
+
+@pytest.mark.parametrize("loss", [nn.MSELoss(), mse_of], ids=["module", "function"])
+def test_loss_given_trains_as_build_does_on_threads(loss):
+    batches = data(3)
+    a, b = stages_of(3), stages_of(3)
+    ga = Pipe(a, optim.SGD(params_of(a), lr=0.1, momentum=0.9), micro_batches=4)
+    gb = LossPipe(b, optim.SGD(params_of(b), lr=0.1, momentum=0.9), loss=loss, micro_batches=4)
+    want = [float(v) for v in ga.run(batches)]
+    got = [float(v) for v in gb.run(batches)]
+    assert got == want  # (the same ops in the same order: bit for bit)
+    for p, q in zip(params_of(a), params_of(b), strict=True):
+        assert np.array_equal(p.numpy(), q.numpy())
+    check_acts(gb.pipelined.acts, 3, 4, [3, 2, 1])
+
+
+def test_loss_given_is_checked():
+    class Both(nn.Graph):
+        def __init__(self):
+            super().__init__(stages=stages_of(2), loss=nn.MSELoss())
+
+        def build(self, out, y):
+            return out.sum()
+
+    with pytest.raises(ValueError, match=r"Both also defines build; give the loss one way"):
+        Both()
+    with pytest.raises(ValueError, match=r"the loss has parameters.*belongs in the last stage"):
+        LossPipe(stages_of(2), loss=nn.Linear(3, 1))
+    with pytest.raises(TypeError, match=r"loss=int.*give a module or a function"):
+        LossPipe(stages_of(2), loss=3)
+    with pytest.raises(ValueError, match=r"loss=\.\.\.\): these cut a pipeline's batches"):
+        nn.Graph(loss=nn.MSELoss())
+    g = LossPipe(stages_of(2), loss=lambda out, y: (out, y), micro_batches=2)
+    with pytest.raises(ActorError) as e:
+        g.step(*data(1)[0])
+    assert e.value.actor == "stage1.forward_backward"
+    assert "the loss given (loss=) returned a tuple" in str(e.value)
+
+
+@processes
+@pytest.mark.parametrize(
+    "n,m,buffers", [(2, 4, None), (3, 5, None), (3, 4, [4, 4, 1]), (2, 1, None)]
+)
+def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_path):
+    """With loss= and every stage on process ranks, the workers pass the micro-batches to
+    each other: the same training as the actor graph driving them from here (bit for bit:
+    the same kernels in the same processes), and as one process (within rounding)."""
+    batches = data(3, rows=16)  # (uneven micro-batches where m does not divide 16)
+    a, b = with_dropout(stages_of(n)), with_dropout(stages_of(n))
+    kw = dict(micro_batches=m, stage_ranks="processes", stage_buffers=buffers)
+    ga = Pipe(a, optim.SGD(params_of(a), lr=0.1, momentum=0.9), **kw)
+    gb = LossPipe(b, optim.SGD(params_of(b), lr=0.1, momentum=0.9), **kw)
+    try:
+        af.manual_seed(5)  # (the seeds each stage's dropout draws from, per batch)
+        want = [float(v) for v in ga.run(batches)]
+        af.manual_seed(5)
+        got = [float(v) for v in gb.run(batches, trace=tmp_path / "run.json")]
+        assert got == want
+        for p, q in zip(params_of(a), params_of(b), strict=True):
+            assert np.array_equal(p.numpy(), q.numpy())
+            assert q.grad is None
+        p = gb.pipelined
+        assert p.actor_graph is None  # (no actor graph here: the workers ran the batch)
+        # what a stage held for backward: as many micro-batches as it held (how many, at
+        # its peak, depends on timing, in both), each the same bytes in both
+        a_held, a_bytes = ga.pipelined.peak_held, ga.pipelined.peak_saved_bytes
+        assert p.peak_saved_bytes[-1] == a_bytes[-1] > 0
+        if 16 % m == 0:
+            for i in range(n):
+                assert p.peak_saved_bytes[i] * a_held[i] == a_bytes[i] * p.peak_held[i], i
+        regs = buffers or [n - i for i in range(n)]
+        check_acts(p.acts, n, m, regs)
+        assert p.peak_held == held_counts(p.acts, n)
+        # the last batch's trace: an event per act, on a track per stage
+        evs = json.loads((tmp_path / "run.2.json").read_text())["traceEvents"]
+        acts = [e for e in evs if e["ph"] == "X"]
+        assert len(acts) == 2 * m * (n - 1) + m
+        assert all(e["dur"] > 0 and e["ts"] >= 0 for e in acts)
+        names = {(e["tid"], e["name"]) for e in acts}
+        want_names = {(i, f"stage{i}.{k}") for i in range(n - 1) for k in ("forward", "backward")}
+        assert names == want_names | {(n - 1, f"stage{n - 1}.forward_backward")}
+        for i in range(n):  # (a stage's acts do not overlap: one thread runs them)
+            mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in acts if e["tid"] == i)
+            assert all(x[1] <= y[0] + 1e-3 for x, y in itertools.pairwise(mine))
+    finally:
+        ga.pipelined.close()
+        gb.pipelined.close()
+
+
+@processes
+def test_stages_in_workers_train_as_one_process():
+    batches = data(3)
+    ref = stages_of(3)
+    want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1, momentum=0.9), batches)
+    stages = stages_of(3)
+    g = LossPipe(
+        stages,
+        optim.SGD(params_of(stages), lr=0.1, momentum=0.9),
+        micro_batches=4,
+        stage_ranks="processes",
+    )
+    try:
+        got = [float(g.step(*batches[0]))] + [float(v) for v in g.run(batches[1:])]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        for p, q in zip(params_of(ref), params_of(stages), strict=True):
+            np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-5, atol=1e-6)
+    finally:
+        g.pipelined.close()
+
+
+@processes
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_an_error_in_a_worker_running_the_batch_names_its_act(stage):
+    from actorflow.errors import IndexOutOfBoundsError
+
+    stages = stages_of(3)
+    bad = GathersBadly(at=2)
+    stages[stage] = nn.Sequential(bad, stages[stage])
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes"
+    )
+    try:
+        before = [p.numpy().copy() for p in params_of(stages)]
+        (x, y), later = data(2)
+        with pytest.raises(ActorError) as e:
+            g.step(x, y)
+        act = "forward_backward" if stage == 2 else "forward"
+        assert e.value.actor == f"stage{stage}.{act}" and e.value.piece == 2, e.value
+        assert isinstance(e.value.original, IndexOutOfBoundsError), e.value.original
+        for a, p in zip(before, params_of(stages), strict=True):
+            assert np.array_equal(a, p.numpy())
+            assert p.grad is None
+        for w in g.pipelined._workers:  # (nothing of the failed batch held there)
+            (part,) = w.ranks.call_fn(0, held_in, (w.key,), (af.int64,))
+            assert w.ranks.read(0, part).tolist() == [0, 0]
+        bad.at = -1  # the workers go on: the next batch trains
+        assert np.isfinite(float(g.step(*later)))
+        after = [p.numpy() for p in params_of(stages)]
+        assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    finally:
+        g.pipelined.close()
+
+
+@processes
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_worker_killed_while_the_workers_run_the_batch(stage):
+    import os
+    import signal
+
+    stages = stages_of(2)
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes"
+    )
+    try:
+        assert np.isfinite(float(g.step(*data(1)[0])))
+        ranks = workers_of(stages)
+        os.kill(ranks[stage].pids[0], signal.SIGKILL)
+        with pytest.raises(ActorError) as e:
+            g.step(*data(1)[0])
+        assert e.value.actor == f"stage{stage}", e.value.actor
+        assert f"rank 0 of placement(type='cpu', ranks=[{stage}])" in str(e.value), e.value
+        assert "SIGKILL" in str(e.value)
+    finally:
+        for r in workers_of(stages):
+            if r is not None:
+                r.close()
+    assert ended(ranks[1 - stage].pids)

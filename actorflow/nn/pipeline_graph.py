@@ -150,7 +150,7 @@ from ..runtime_api import peek_array, settled
 from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
-from .pipeline_links import FORWARD, Links, run_batch
+from .pipeline_links import FORWARD, Links, run_batch, stage_error
 from .pipeline_ranks import RankStage, checked, described, eval_mode, saved_bytes
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
@@ -388,8 +388,6 @@ class PipelineStep:
         """The batch run by the stages' workers among themselves (``pipeline_links.py``),
         then the optimizers' steps."""
         workers = [w for w in self._workers if w is not None]
-        for w in workers:
-            w.begin()
         self.actor_graph = None
         params = self._trained()
         for p in params:
@@ -398,17 +396,22 @@ class PipelineStep:
         self._batches += 1
         bounds = tuple(int(b) for b in bounds)
         try:
+            for w in workers:
+                w.begin()
             reports = run_batch(
                 workers, self._links, self._batches, x, rest, bounds, self.buffers, self._rest
             )
             for w in workers:
                 w.finish()  # (the gradients it accumulated: the parameters' here)
-        except BaseException:
+        except BaseException as e:
             for p in params:  # (the batch's gradients are dropped: nothing steps)
                 p.grad = None
             for w in workers:  # (and the graphs and gradients the workers hold)
                 w.clear()
-            raise
+            err = stage_error(workers, e)
+            if err is e:
+                raise
+            raise err from e
         timed = []
         for i, (held, peak, _, acts) in enumerate(reports):
             self.peak_held[i] = max(self.peak_held[i], held)
@@ -1017,9 +1020,7 @@ def _check_loss(graph: Any, loss: Any) -> None:
     """``loss=`` of a pipeline graph: a module without parameters or a function, in place
     of ``build`` (one or the other)."""
     name = type(graph).__name__
-    from .graph import Graph
-
-    has_build = type(graph).build is not Graph.build
+    has_build = any("build" in vars(c) for c in type(graph).__mro__ if not _library(c))
     if loss is None:
         return
     if has_build:
@@ -1038,6 +1039,11 @@ def _check_loss(graph: Any, loss: Any) -> None:
             f"module with parameters belongs in the last stage (its optimizer steps it "
             f"there): give loss= a module without parameters or a function"
         )
+
+
+def _library(cls: type) -> bool:
+    """Whether ``cls`` is ``nn.Graph`` itself (or ``object``), not a subclass."""
+    return cls is object or (cls.__module__, cls.__qualname__) == ("actorflow.nn.graph", "Graph")
 
 
 def _write_trace(path: Any, timed: list, last: int) -> None:

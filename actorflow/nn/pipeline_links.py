@@ -445,5 +445,19 @@ def run_batch(
     if errors:
         links.drop()  # (made again at the next batch)
         first = next((e for e in errors if not isinstance(e, Stopped)), errors[0])
-        raise first
+        raise first from first.__cause__
     return reports
+
+
+def stage_error(stages: list, e: BaseException) -> BaseException:
+    """``e`` as the stage's error where it is the ranks' error of a stage whose worker
+    ended (an ``ActorError`` naming the placement and the rank): the ``ActorError`` of
+    actor ``stage{i}`` holding it; else ``e``."""
+    if not isinstance(e, ActorError) or e.actor.startswith("stage"):
+        return e
+    for w in stages:
+        if w.ranks.closed:
+            err = ActorError(f"stage{w.index}", None, e)
+            Exception.__init__(err, f"actor 'stage{w.index}' stopped: its worker ended: {e}")
+            return err
+    return e
