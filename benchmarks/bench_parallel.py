@@ -61,8 +61,12 @@ under process ranks, one BLAS thread each on 2 cores) that runs the stage's modu
 each forward or backward act one command (eager autograd in the worker); the stage threads
 here only put, ask and wait; every activation and gradient goes through this process (put
 to the next stage's worker, read back from the previous one's through the channel kept
-with each worker: a copy each way per micro-batch). The rows of every M share the two
-workers. Each actorflow pipeline row also prints the micro-batches each stage held for
+with each worker: a copy each way per micro-batch); ``actorflow pipeline, stages in
+workers run the batch (loss=), 2 stages, m=M`` the same stages on process ranks with the
+loss given as ``loss=`` (no ``build``), so each batch is one command per worker and the
+workers pass activations and gradients to each other through shared memory
+(``nn/pipeline_links.py``). The rows of every M share the two workers. Each actorflow
+pipeline row also prints the micro-batches each stage held for
 backward at most against its registers (the plan's bound, ``n - i``) and each stage's peak
 of saved activation bytes (for stages on process ranks, measured in their workers).
 
@@ -926,11 +930,14 @@ def actorflow_data_parallel(ctx: Context, mode: str) -> harness.Contender:
     return c
 
 
-def actorflow_pipeline(ctx: Context, m: int, ranks: str | None = None) -> harness.Contender:
+def actorflow_pipeline(
+    ctx: Context, m: int, ranks: str | None = None, in_workers: bool = False
+) -> harness.Contender:
     """actorflow's pipeline graph, 2 stages, ``m`` micro-batches: on threads of this
     process, or with ``ranks="processes"`` each stage in a worker process of its own
     (``stage_ranks``: each stage global on a one-rank placement; the stage threads here
-    only put, ask and wait)."""
+    only put, ask and wait); ``in_workers``: the loss given as ``loss=`` (no ``build``),
+    so the workers run each batch among themselves."""
     af = _af()
     nn = af.nn
     full = _af_model(ctx, af)
@@ -946,7 +953,14 @@ def actorflow_pipeline(ctx: Context, m: int, ranks: str | None = None) -> harnes
         def build(self, out, y):
             return self.loss(out, y)
 
-    g = Pipe()
+    class InWorkers(nn.Graph):
+        def __init__(self):
+            super().__init__(
+                stages=stages, micro_batches=m, stage_ranks=ranks, loss=nn.CrossEntropyLoss()
+            )
+            self.add_optimizer(opt)
+
+    g = InWorkers() if in_workers else Pipe()
     held = [r for r in g.pipelined.ranks if r is not None]  # (every m's rows share them)
     ctx.closers.extend(r.close for r in held)
     k = ctx.args.steps
@@ -978,6 +992,8 @@ def actorflow_pipeline(ctx: Context, m: int, ranks: str | None = None) -> harnes
     for r in held:
         ctx.pids.extend(r.pids)
     where = " on process ranks" if ranks else ""
+    if in_workers:
+        where = ", stages in workers run the batch (loss=)"
     c = contender(
         f"actorflow pipeline{where}, 2 stages, m={m}",
         run,
@@ -989,7 +1005,12 @@ def actorflow_pipeline(ctx: Context, m: int, ranks: str | None = None) -> harnes
         note=(
             f"nn.Graph(stages=[...], micro_batches={m}"
             + (
-                f", stage_ranks={ranks!r}): each stage in a worker process (a one-rank "
+                f", stage_ranks={ranks!r}, loss=nn.CrossEntropyLoss()): each stage in a "
+                f"worker process; each batch one command per worker, the activations and "
+                f"gradients passed worker to worker through shared memory, 1F1B from the "
+                f"registers' credits in each worker"
+                if in_workers
+                else f", stage_ranks={ranks!r}): each stage in a worker process (a one-rank "
                 f"placement of its own), each act one command there; the activations and "
                 f"gradients through this process (a copy each way per micro-batch)"
                 if ranks
@@ -1055,6 +1076,17 @@ ROWS: list[Row] = [
             "pipeline",
             lambda ctx, m=m: (
                 actorflow_pipeline(ctx, m, "processes") if m in ctx.args.micro else None
+            ),
+        )
+        for m in MICRO
+    ),
+    *(
+        Row(
+            "pipeline",
+            lambda ctx, m=m: (
+                actorflow_pipeline(ctx, m, "processes", in_workers=True)
+                if m in ctx.args.micro
+                else None
             ),
         )
         for m in MICRO

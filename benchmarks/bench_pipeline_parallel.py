@@ -33,7 +33,9 @@ in BLAS. Stages in worker processes (``stage_ranks=``) are in ``bench_parallel.p
 M = 8, so the warm-up, the alternation and the drain are visible) with
 ``af.plot_timeline`` into PATH (``docs/pipeline_1f1b.png``); with ``--stage-ranks
 processes`` the same with each stage in a worker process of its own
-(``docs/pipeline_1f1b_processes.png``).
+(``docs/pipeline_1f1b_processes.png``), and with ``--in-workers`` too the graph given its
+loss as ``loss=``, so the workers run each batch among themselves
+(``docs/pipeline_1f1b_in_workers.png``).
 
 Usage::
 
@@ -42,6 +44,8 @@ Usage::
     python benchmarks/bench_pipeline_parallel.py --picture docs/pipeline_1f1b.png --no-bench
     python benchmarks/bench_pipeline_parallel.py --picture docs/pipeline_1f1b_processes.png \
         --stage-ranks processes --no-bench
+    python benchmarks/bench_pipeline_parallel.py --picture docs/pipeline_1f1b_in_workers.png \
+        --stage-ranks processes --in-workers --no-bench
 
 Writes ``benchmarks/results/pipeline_parallel.json`` (``--out`` to change).
 """
@@ -88,8 +92,22 @@ def batches(n: int, rows: int, width: int, seed: int = 0) -> list:
     ]
 
 
-def pipeline_graph(stages, m: int, buffers=None, ranks=None):
+def pipeline_graph(stages, m: int, buffers=None, ranks=None, in_workers=False):
     from actorflow import nn, optim
+
+    class InWorkers(nn.Graph):
+        def __init__(self):
+            super().__init__(
+                stages=stages,
+                micro_batches=m,
+                stage_buffers=buffers,
+                stage_ranks=ranks,
+                loss=nn.MSELoss(),
+            )
+            self.add_optimizer(optim.SGD([p for s in stages for p in s.parameters()], lr=1e-3))
+
+    if in_workers:
+        return InWorkers()
 
     class Pipe(nn.Graph):
         def __init__(self):
@@ -199,14 +217,16 @@ def worker(args) -> dict:
     return rows
 
 
-def picture(path: Path, ranks: str | None = None) -> None:
+def picture(path: Path, ranks: str | None = None, in_workers: bool = False) -> None:
     import actorflow as af
 
     af.manual_seed(0)
     stages = model(1024, 6, 3)
-    g = pipeline_graph(stages, 8, ranks=ranks)
+    g = pipeline_graph(stages, 8, ranks=ranks, in_workers=in_workers)
     data = batches(2, 256, 1024)
     where = f", each stage in a worker (stage_ranks={ranks!r})" if ranks else ""
+    if in_workers:
+        where += ", the workers running the batch among themselves (loss=)"
     try:
         with tempfile.TemporaryDirectory() as tmp:
             trace = Path(tmp) / "run.json"
@@ -239,6 +259,12 @@ def main() -> int:
         choices=["processes", "ray"],
         help="the picture's stages each in a worker of that kind (stage_ranks=)",
     )
+    ap.add_argument(
+        "--in-workers",
+        action="store_true",
+        help="the picture's graph given loss= (with --stage-ranks processes: the workers "
+        "run each batch among themselves)",
+    )
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -249,7 +275,7 @@ def main() -> int:
         print(json.dumps(worker(args)))
         return 0
     if args.picture is not None:
-        picture(args.picture, args.stage_ranks)
+        picture(args.picture, args.stage_ranks, args.in_workers)
     if args.no_bench:
         return 0
     results = {}

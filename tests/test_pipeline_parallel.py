@@ -1495,18 +1495,39 @@ def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_pat
                 assert p.peak_saved_bytes[i] * a_held[i] == a_bytes[i] * p.peak_held[i], i
         regs = buffers or [n - i for i in range(n)]
         check_acts(p.acts, n, m, regs)
-        assert p.peak_held == held_counts(p.acts, n)
-        # the last batch's trace: an event per act, on a track per stage
+        counted = held_counts(p.acts, n)  # (the last batch's; peak_held: the run's)
+        assert all(
+            c <= h <= min(regs[i], m)
+            for i, (c, h) in enumerate(zip(counted, p.peak_held, strict=True))
+        )
+        # the last batch's trace: an event per act, on a track per actor as a run's, the
+        # order of acts the same as the graph says
         evs = json.loads((tmp_path / "run.2.json").read_text())["traceEvents"]
-        acts = [e for e in evs if e["ph"] == "X"]
+        tracks = {e["tid"]: e["args"]["name"] for e in evs if e["name"] == "thread_name"}
+        want = [f"stage{i}.{k}" for i in range(n - 1) for k in ("backward", "forward")]
+        assert sorted(tracks.values()) == want + [f"stage{n - 1}.forward_backward"]
+        acts = [e for e in evs if e["ph"] == "X" and e["cat"] == "act"]
         assert len(acts) == 2 * m * (n - 1) + m
         assert all(e["dur"] > 0 and e["ts"] >= 0 for e in acts)
-        names = {(e["tid"], e["name"]) for e in acts}
-        want_names = {(i, f"stage{i}.{k}") for i in range(n - 1) for k in ("forward", "backward")}
-        assert names == want_names | {(n - 1, f"stage{n - 1}.forward_backward")}
-        for i in range(n):  # (a stage's acts do not overlap: one thread runs them)
-            mine = sorted((e["ts"], e["ts"] + e["dur"]) for e in acts if e["tid"] == i)
+        assert all(tracks[e["tid"]] == e["name"] for e in acts)
+        from_trace = []
+        for e in sorted(acts, key=lambda e: e["ts"]):
+            s, kind = int(e["name"][5]), e["name"].split(".")[1]
+            from_trace += [
+                (s, k, e["args"]["piece"])
+                for k in {"forward": "F", "backward": "B"}.get(kind, "FB")
+            ]
+        assert from_trace == p.acts
+        for i in range(n):  # (a stage's acts and waits do not overlap: one thread runs them)
+            mine = sorted(
+                (e["ts"], e["ts"] + e["dur"])
+                for e in evs
+                if e["ph"] == "X" and tracks[e["tid"]].startswith(f"stage{i}.")
+            )
             assert all(x[1] <= y[0] + 1e-3 for x, y in itertools.pairwise(mine))
+        waits = [e for e in evs if e["ph"] == "X" and e["cat"] == "wait"]
+        assert all(tracks[e["tid"]].endswith(("forward", "forward_backward")) for e in waits)
+        assert all(e["args"]["cause"] in ("credit", "input") for e in waits)
     finally:
         ga.pipelined.close()
         gb.pipelined.close()

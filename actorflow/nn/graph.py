@@ -183,7 +183,10 @@ class Graph:
     bytes held. ``stage_ranks="processes"`` (or ``"ray"``) makes each stage global on a
     one-rank placement of its own (``af.placement("cpu", ranks=[i])``) on ranks of that
     kind, so each stage computes in a worker process (a Ray actor) of its own;
-    ``graph.pipelined.close()`` brings the stages back and ends the workers."""
+    ``graph.pipelined.close()`` brings the stages back and ends the workers. ``loss=`` (a
+    module without parameters or a function of ``(out, *rest)``) gives the micro-batch's
+    loss in place of ``build``; with it and every stage on process ranks, the workers run
+    each batch among themselves (``pipeline_links.py``)."""
 
     def __init__(
         self,

@@ -119,7 +119,17 @@ process (with the optimizers' state) and ends the workers it started once nothin
 them any more (another pipeline's stages, a tensor made there by hand); stages made global
 by hand keep their workers until ``af.parallel.ranks_of(placement).close()``
 (``graph.pipelined.ranks``). Global stages laid out otherwise (several ranks, a split, two
-stages on one placement) are refused."""
+stages on one placement) are refused.
+
+``loss=`` (``_check_loss``: a module without parameters or a function of ``(out, *rest)``,
+in place of ``build``): a micro-batch's loss is ``loss(out, *rest)``, wherever the last
+stage's act computes it. Where every stage is on process ranks (and no ``memory=`` budget
+or ``sim_time`` asks for the actor graph here), a batch does not run as an ActorGraph of
+this process: the loss goes to the last stage's worker with its module, and the workers run
+the batch among themselves (``pipeline_links.py``: one command each, activations and
+gradients passed worker to worker under the same registers' rule); ``acts``,
+``peak_held``, ``peak_saved_bytes`` and the trace come from the workers' reports, and
+``actor_graph`` is None."""
 
 from __future__ import annotations
 
@@ -150,7 +160,7 @@ from ..runtime_api import peek_array, settled
 from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
-from .pipeline_links import FORWARD, Links, run_batch, stage_error
+from .pipeline_links import BACKWARD, CREDIT, FORWARD, WAIT, Links, run_batch, stage_error
 from .pipeline_ranks import RankStage, checked, described, eval_mode, saved_bytes
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
@@ -170,7 +180,8 @@ class PipelineStep:
         sim_time: None, or ``(forward_s, backward_s)``: simulated seconds added to each
             forward and each backward act (ActorGraph's ``time=``; for experiments and
             tests: under ``af.testing.seeded`` they run on the virtual clock).
-        actor_graph: the ActorGraph of the last run (``stats()``)."""
+        actor_graph: the ActorGraph of the last run (``stats()``; None where the
+            workers ran the batch among themselves: ``loss=`` on process ranks)."""
 
     def __init__(
         self,
@@ -420,6 +431,8 @@ class PipelineStep:
         timed.sort()
         last = len(self.stages) - 1
         for _, i, kind, mb, _ in timed:
+            if kind == WAIT:
+                continue
             if i == last:
                 self.acts += [(i, "F", mb), (i, "B", mb)]
             else:
@@ -1047,17 +1060,27 @@ def _library(cls: type) -> bool:
 
 
 def _write_trace(path: Any, timed: list, last: int) -> None:
-    """A batch's acts in the stages' workers as a timeline (one track per stage)."""
+    """A batch's acts in the stages' workers as a timeline, a track per actor as a run's
+    (``stage{i}.forward`` and ``stage{i}.backward``, the last stage's
+    ``forward_backward``), each stage's waits on its forward's track (a credit's: its
+    forward's input there, its registers held)."""
     from ..trace_events import TraceEvents
 
     t0 = timed[0][0] if timed else 0.0
     ev = TraceEvents(t0)
     ev.process(0, "pipeline stages in their workers")
-    for i in range(last + 1):
-        ev.thread(0, i, f"stage{i}", sort=i)
+    tracks = [(i, "forward") for i in range(last)] + [(i, "backward") for i in range(last)]
+    tracks.append((last, "forward_backward"))
+    tid = {}
+    for k, (i, act) in enumerate(sorted(tracks)):
+        tid[i, act] = k
+        ev.thread(0, k, f"stage{i}.{act}", sort=k)
     for start, i, kind, mb, end in timed:
-        act = "forward_backward" if i == last else ("forward" if kind == FORWARD else "backward")
-        ev.complete(
-            0, i, "act", f"stage{i}.{act}", ev.us(start), (end - start) * 1e6, {"piece": mb}
-        )
+        act = "forward_backward" if i == last else ("backward" if kind == BACKWARD else "forward")
+        dur = (end - start) * 1e6
+        if kind == WAIT:
+            cause = "credit" if mb == CREDIT else "input"
+            ev.complete(0, tid[i, act], "wait", "waiting", ev.us(start), dur, {"cause": cause})
+        else:
+            ev.complete(0, tid[i, act], "act", f"stage{i}.{act}", ev.us(start), dur, {"piece": mb})
     ev.write(path)

@@ -57,7 +57,9 @@ from ..parallel import workers as W
 from ..tensor.tensor import Tensor
 from .pipeline_ranks import _kept, checked, described, saved_bytes
 
-FORWARD, BACKWARD = 0, 1  # an act's kind in a report
+FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
+INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
+#                      a credit (its forward's input is there, its registers are not free)
 
 # -- the worker's side -------------------------------------------------------------------
 
@@ -245,7 +247,11 @@ def _run(
     def take_input() -> tuple:
         if first:
             return nf, from_numpy(x_all[rows(nf)])
+        t = time.perf_counter()
+        waited = not prev.pump(batch)
         j, a = prev.take(batch)
+        if waited:
+            acts.append((WAIT, INPUT, t, time.perf_counter()))
         return j, from_numpy(a).requires_grad_()
 
     try:
@@ -312,12 +318,14 @@ def _run(
                 nf += 1
                 continue
             doing = ("", None)
-            waits = [e.conn for e in (prev if nf < m and len(st.fifo) < k else None, nxt) if e]
+            credit = nf < m and len(st.fifo) >= k  # (its forward waits for a backward)
+            waits = [e.conn for e in (None if credit or nf >= m else prev, nxt) if e]
             if not wait(waits, timeout=W.WAIT_S):
                 raise TimeoutError(
                     f"{st.label} waited {W.WAIT_S:.0f} s for its neighbours "
                     f"(AF_RANKS_WAIT_S sets the wait)"
                 )
+            acts.append((WAIT, CREDIT if credit else INPUT, t0, time.perf_counter()))
     except Stopped as e:
         for end in (prev, nxt):
             if end is not None:
@@ -338,7 +346,8 @@ def _run(
 
 def report(st: Any, losses: list, acts: list) -> np.ndarray:
     """A stage's report as float64: the most micro-batches it held, its peak of saved
-    bytes, its losses' count, the losses, then per act (kind, micro-batch, start, end)."""
+    bytes, its losses' count, the losses, then per act (kind, micro-batch, start, end), or
+    per wait (WAIT, its cause, start, end)."""
     head = [float(st.held_most), float(st.peak), float(len(losses)), *losses]
     body = np.asarray(acts, np.float64).reshape(-1)
     return np.concatenate([np.asarray(head, np.float64), body])
