@@ -1545,6 +1545,7 @@ def test_stages_in_workers_train_as_one_process():
         micro_batches=4,
         stage_ranks="processes",
     )
+    pids = [pid for r in workers_of(stages) for pid in r.pids]
     try:
         got = [float(g.step(*batches[0]))] + [float(v) for v in g.run(batches[1:])]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -1552,6 +1553,7 @@ def test_stages_in_workers_train_as_one_process():
             np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-5, atol=1e-6)
     finally:
         g.pipelined.close()
+    assert ended(pids)  # (the links between the workers let go too)
 
 
 @processes
@@ -1611,3 +1613,163 @@ def test_a_worker_killed_while_the_workers_run_the_batch(stage):
             if r is not None:
                 r.close()
     assert ended(ranks[1 - stage].pids)
+
+
+class Sleeps(nn.Module):
+    """Sleeps ``s`` seconds on every forward in training mode (a slow, live stage)."""
+
+    def __init__(self, s):
+        super().__init__()
+        self.s = s
+
+    def forward(self, x):
+        if self.training:
+            import time
+
+            time.sleep(self.s)
+        return x
+
+
+class ToInt(nn.Module):
+    def forward(self, x):
+        return (x * 0).long()
+
+
+def _refuse():
+    raise ImportError("this loss cannot be loaded here")
+
+
+class LoadsNowhere:
+    """A loss that pickles but does not load in a worker (as a notebook's function)."""
+
+    def __call__(self, out, y):
+        return mse_of(out, y)
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+@processes
+def test_a_loss_that_does_not_load_in_its_worker_stops_the_batch_at_once():
+    stages = stages_of(3)
+    g = LossPipe(
+        stages,
+        optim.SGD(params_of(stages), lr=0.1),
+        loss=LoadsNowhere(),
+        micro_batches=4,
+        stage_ranks="processes",
+    )
+    pids = [pid for r in workers_of(stages) for pid in r.pids]
+    before = [p.numpy().copy() for p in params_of(stages)]
+    for _ in range(2):  # (the neighbours are told to stop: no wait for them to give up)
+        with pytest.raises(ImportError, match="stage 2 of 3's module could not be loaded"):
+            g.step(*data(1)[0])
+    g.pipelined.close()  # (every worker alive: the stages come back with their values)
+    for a, p in zip(before, params_of(stages), strict=True):
+        assert not p.is_global and np.array_equal(a, p.numpy())
+    assert ended(pids)
+
+
+@processes
+def test_a_slow_batch_of_the_workers_is_waited_for(monkeypatch):
+    """Each worker bounds its waits for its neighbours; this process waits for the batch
+    as a whole (a batch longer than the ranks' wait, each act shorter, is not given up)."""
+    from actorflow.parallel import workers
+
+    stages = stages_of(2)
+    stages[0] = nn.Sequential(Sleeps(0.15), stages[0])
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=8, stage_ranks="processes"
+    )
+    try:
+        monkeypatch.setattr(workers, "WAIT_S", 0.6)  # (this process's: 8 x 0.15 s is more)
+        assert np.isfinite(float(g.step(*data(1)[0])))
+    finally:
+        monkeypatch.undo()
+        g.pipelined.close()
+
+
+@processes
+@pytest.mark.parametrize("victim", [0, 1, 2])
+def test_a_worker_killed_in_the_middle_of_the_batch_is_its_stages_error(victim):
+    import os
+    import signal
+    import threading
+
+    stages = [nn.Sequential(Sleeps(0.05), s) for s in stages_of(3)]
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=6, stage_ranks="processes"
+    )
+    try:
+        assert np.isfinite(float(g.step(*data(1)[0])))
+        ranks = workers_of(stages)
+        kill = threading.Timer(0.2, os.kill, (ranks[victim].pids[0], signal.SIGKILL))
+        kill.start()
+        with pytest.raises(ActorError) as e:
+            g.step(*data(1)[0])
+        kill.join()
+        assert e.value.actor == f"stage{victim}", e.value
+        assert f"ranks=[{victim}])" in str(e.value) and "SIGKILL" in str(e.value), e.value
+    finally:
+        for r in workers_of(stages):
+            if r is not None:
+                r.close()
+
+
+@processes
+def test_two_graphs_sharing_stage_workers_step_from_two_threads():
+    import threading
+
+    batches = data(6)
+    want = []
+    for seed in (0, 1):  # (each graph alone, one after the other: the reference)
+        s = stages_of(3, seed)
+        g = LossPipe(s, optim.SGD(params_of(s), lr=0.1), micro_batches=4, stage_ranks="processes")
+        want.append([float(g.step(*b)) for b in batches])
+        g.pipelined.close()
+    graphs = []
+    for seed in (0, 1):  # (the two share the workers of placements [0], [1], [2])
+        s = stages_of(3, seed)
+        graphs.append(
+            LossPipe(s, optim.SGD(params_of(s), lr=0.1), micro_batches=4, stage_ranks="processes")
+        )
+    got: dict = {}
+
+    def train(i):
+        try:
+            got[i] = [float(graphs[i].step(*b)) for b in batches]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            got[i] = e
+
+    threads = [threading.Thread(target=train, args=(i,)) for i in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(50)
+        assert got == {0: want[0], 1: want[1]}
+    finally:
+        for g in graphs:
+            g.pipelined.close()
+
+
+@processes
+def test_loss_given_errors_on_process_ranks_name_what_to_change():
+    g = LossPipe(
+        stages_of(2), loss=lambda out, y: mse_of(out, y), micro_batches=2, stage_ranks="processes"
+    )
+    try:
+        with pytest.raises(TypeError, match=r"loss= \(function\) is sent to the last stage's"):
+            g.step(*data(1)[0])
+    finally:
+        g.pipelined.close()
+    stages = stages_of(2)
+    stages[0] = nn.Sequential(stages[0], ToInt())
+    g = LossPipe(stages, micro_batches=2, stage_ranks="processes")
+    try:
+        with pytest.raises(ActorError) as e:
+            g.step(*data(1)[0])
+        assert e.value.actor == "stage1.forward_backward" and e.value.piece == 0
+        assert "floating point" in str(e.value)
+    finally:
+        g.pipelined.close()

@@ -691,6 +691,7 @@ class PipelineStep:
             if w is not None:
                 w.forget()
         self._workers = [None] * len(self.stages)
+        self._links.drop()  # (and the links between them)
         try:
             self._bring_back()
         finally:

@@ -31,23 +31,29 @@ which needed gradient ``j - k_i``, which stage i+1 sent after it read activation
 (the reader copies a slot out when the header arrives); the same reasoning holds for the
 gradients. A message of an earlier batch (one that stopped) is dropped by its number.
 
-A stage whose act raises tells its neighbours to stop (they stop, telling theirs) and its
-report holds the ``ActorError`` naming its actor and the micro-batch; a worker that ends
-closes its links, so its neighbours stop, and reading its report raises the ranks' error
-naming the placement and the rank; every wait on a link has the ranks' timeout
-(``AF_RANKS_WAIT_S``)."""
+A stage that fails in any way (its act, loading its module or the loss, a neighbour's end
+closed) tells its neighbours to stop (they stop, telling theirs); an act's error is the
+``ActorError`` naming its actor and the micro-batch. A worker that ends closes its links,
+so its neighbours stop, and reading its report raises the ranks' error naming the placement
+and the rank (``stage_error`` names the stage). Every wait on a link has the ranks' timeout
+(``AF_RANKS_WAIT_S``); this process waits for the reports of a batch of M micro-batches up
+to (2M + 1) times that, so a long batch of short acts is not given up. A batch's commands
+go to all its workers while holding every one of their ranks' locks (and ``_ISSUING``), so
+two graphs sharing the workers, stepped from two threads, reach every worker in one order
+and no other thread's request reaches a worker running a batch not wholly sent."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
 import numpy as np
@@ -55,7 +61,7 @@ import numpy as np
 from ..errors import ActorError
 from ..parallel import workers as W
 from ..tensor.tensor import Tensor
-from .pipeline_ranks import _kept, checked, described, saved_bytes
+from .pipeline_ranks import _kept, _raise, checked, described, saved_bytes
 
 FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
 INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
@@ -73,8 +79,9 @@ class _End:
     the descriptor of each new ring), the ring this end writes and the one it reads, and
     what arrived but was not taken yet."""
 
-    def __init__(self, conn: Connection, label: str) -> None:
-        self.conn = conn
+    def __init__(self, sock: socket.socket, label: str) -> None:
+        self.sock = sock  # (the descriptors of new rings go through it, with no answer)
+        self.conn = Connection(os.dup(sock.fileno()))  # (the headers: framed messages)
         self.label = label  # "stage 1 of 2", the neighbour, for errors
         self.mine: Any = None  # (map, slot bytes, slots, gen): the ring written here
         self.theirs: Any = None  # the neighbour's ring, mapped here
@@ -95,11 +102,14 @@ class _End:
         off = (mb % slots) * size
         np.copyto(np.ndarray(a.shape, a.dtype, buffer=mm, offset=off), a)
         new = None if fd is None else size * slots
-        self.conn.send(("data", batch, mb, gen, off, a.dtype.str, a.shape, new))
-        if fd is not None:
-            try:
-                send_handle(self.conn, fd, 0)
-            finally:
+        try:
+            self.conn.send(("data", batch, mb, gen, off, a.dtype.str, a.shape, new))
+            if fd is not None:
+                socket.send_fds(self.sock, [b"F"], [fd])
+        except OSError as e:  # (the neighbour ended: its error is the run's)
+            raise Stopped(f"the worker of {self.label} ended ({type(e).__name__})") from e
+        finally:
+            if fd is not None:
                 os.close(fd)
 
     def stop(self, batch: int, why: str) -> None:
@@ -120,7 +130,10 @@ class _End:
                     continue
                 _, b, mb, gen, off, dt, shape, new = msg
                 if new is not None:  # (a new ring: mapped in place of the old one)
-                    fd = recv_handle(self.conn)
+                    _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+                    if len(fds) != 1:
+                        raise EOFError("a ring's descriptor did not come")
+                    fd = fds[0]
                     try:
                         mm = mmap.mmap(fd, new, flags=mmap.MAP_SHARED)
                     finally:
@@ -147,6 +160,7 @@ class _End:
 
     def close(self) -> None:
         self.conn.close()
+        self.sock.close()
         for mm in (self.mine[0] if self.mine else None, self.theirs):
             if mm is not None:
                 mm.close()
@@ -169,7 +183,7 @@ def _listen(ex: Any, path: str, label: str, outs: list) -> None:
         s.settimeout(W.WAIT_S)
         conn, _ = s.accept()
     conn.settimeout(None)
-    _marked(ex, _End(Connection(conn.detach()), label), outs)
+    _marked(ex, _End(conn, label), outs)
 
 
 def _connect(ex: Any, path: str, label: str, outs: list) -> None:
@@ -187,7 +201,7 @@ def _connect(ex: Any, path: str, label: str, outs: list) -> None:
                     f"{label}'s worker did not listen within {W.WAIT_S:.0f} s"
                 ) from None
             time.sleep(0.002)
-    _marked(ex, _End(Connection(s.detach()), label), outs)
+    _marked(ex, _End(s, label), outs)
 
 
 def _run(
@@ -207,20 +221,46 @@ def _run(
     keys of its ends to the previous and the next stage (0: none), ``slots`` their rings'
     slots; ``in_ids``: the batch's input rows (stage 0) and targets (the last stage).
     ``outs[0]``: the report (``report``)."""
+    ends = [ex.kept.get(i) if i else None for i in links]
+    try:
+        if any(i and e is None for i, e in zip(links, ends, strict=True)):
+            raise RuntimeError("a link of this stage's worker is gone")
+        _loop(ex, key, batch, bounds, k, ends, slots, in_ids, structure, outs)
+    except BaseException as e:
+        label = getattr(ex.kept.get(key), "label", "a stage")
+        why = str(e) if isinstance(e, Stopped) else f"{label} failed"
+        for end in ends:  # (every way out: no neighbour waits for this one)
+            if end is not None:
+                end.stop(batch, why)
+        raise
+
+
+def _loop(
+    ex: Any,
+    key: int,
+    batch: int,
+    bounds: tuple,
+    k: int,
+    ends: list,
+    slots: tuple,
+    in_ids: tuple,
+    structure: Any,
+    outs: list,
+) -> None:
+    """``_run``'s work, its neighbours' ends given (``ends``)."""
     from ..autograd import enable_grad
     from ..creation import from_numpy
     from ..runtime.plan.spec import unflatten
 
     st = _kept(ex, key)
-    prev: Any = ex.kept[links[0]] if links[0] else None
-    nxt: Any = ex.kept[links[1]] if links[1] else None
+    prev, nxt = ends
     first, last = prev is None, nxt is None
     m = len(bounds) - 1
     arrays = []
     for i in in_ids:
         got = ex.inputs([i])
-        if isinstance(got, bytes):
-            return ex.fail(outs, got)
+        if isinstance(got, bytes):  # (a put that failed: its error)
+            _raise(got)
         arrays.append(ex.read(got[0], lambda a: a, "pipeline stage"))
     x_all: Any = arrays[0] if first else None
     rest = arrays[1:] if first else arrays
@@ -258,9 +298,9 @@ def _run(
         while nb < m:
             t0 = time.perf_counter()
             if last:  # (its forward, the loss and its backward: one act)
+                doing = (f"{name}.forward_backward", nf)
                 j, x = take_input()
                 t0 = time.perf_counter()
-                doing = (f"{name}.forward_backward", j)
                 with enable_grad():
                     out = checked(st.label, st.module(x), x.shape[0], False)
                     held = saved_bytes(out, st.exclude)
@@ -303,8 +343,8 @@ def _run(
                 nb += 1
                 continue
             if nf < m and len(st.fifo) < k and (first or prev.pump(batch)):
+                doing = (f"{name}.forward", nf)
                 j, x = take_input()
-                doing = (f"{name}.forward", j)
                 with enable_grad():
                     out = checked(st.label, st.module(x), x.shape[0], True)
                 nbytes = saved_bytes(out, st.exclude)
@@ -326,16 +366,9 @@ def _run(
                     f"(AF_RANKS_WAIT_S sets the wait)"
                 )
             acts.append((WAIT, CREDIT if credit else INPUT, t0, time.perf_counter()))
-    except Stopped as e:
-        for end in (prev, nxt):
-            if end is not None:
-                end.stop(batch, str(e))
+    except (Stopped, KeyboardInterrupt):
         raise
     except BaseException as e:
-        why = f"{st.label} failed"
-        for end in (prev, nxt):
-            if end is not None:
-                end.stop(batch, why)
         actor, piece = doing
         if not actor:
             raise
@@ -428,44 +461,61 @@ def run_batch(
     from ..dtype import float64
 
     n = len(stages)
-    ends = links.ends(stages)
+    held = [stages[0]._put(x)] + [stages[-1]._put(r) for r in rest]  # (alive until read)
     puts: list = [[] for _ in range(n)]
-    puts[0].append(stages[0]._put(x).id)
-    puts[-1] += [stages[-1]._put(r).id for r in rest]
+    puts[0].append(held[0].id)
+    puts[-1] += [p.id for p in held[1:]]
     parts = []
-    for i, w in enumerate(stages):
-        slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
-        (part,) = w.ranks.call_fn(
-            0,
-            _run,
-            (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
-            (float64,),
-        )
-        parts.append(part)
-    for w in stages:  # (every stage's command sent before any is waited for)
-        w.ranks.flush()
+    with contextlib.ExitStack() as holding:
+        # every stage's command sent with nothing of another thread's in between: workers
+        # another graph shares see its batches and ours in one order, and no other
+        # thread's request reaches a worker that runs our batch before all of it was sent
+        holding.enter_context(_ISSUING)
+        for r in sorted({id(w.ranks): w.ranks for w in stages}.values(), key=id):
+            holding.enter_context(r.lock)
+        ends = links.ends(stages)
+        for i, w in enumerate(stages):
+            slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
+            (part,) = w.ranks.call_fn(
+                0,
+                _run,
+                (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
+                (float64,),
+            )
+            parts.append(part)
+        for w in stages:  # (every stage's command sent before any is waited for)
+            w.ranks.flush()
+    # each worker bounds its own waits for its neighbours (AF_RANKS_WAIT_S), so a slow but
+    # live batch is not given up here: only one whose every act waited that long
+    wait_s = (2 * (len(bounds) - 1) + 1) * W.WAIT_S
     reports: list = []
     errors: list = []
     for w, part in zip(stages, parts, strict=True):
         try:
-            reports.append(read_report(w._read(part)))
+            reports.append(read_report(w.ranks.read(0, part, wait_s)))
         except BaseException as e:  # noqa: BLE001 - the first real one raised below
             errors.append(e)
+    del held
     if errors:
         links.drop()  # (made again at the next batch)
-        first = next((e for e in errors if not isinstance(e, Stopped)), errors[0])
+        ended = [e for e in errors if isinstance(e, ActorError) and e.actor.startswith("rank ")]
+        real = [e for e in errors if not isinstance(e, Stopped)]
+        first = (ended or real or errors)[0]  # (a worker that ended, else the act's error)
         raise first from first.__cause__
     return reports
+
+
+_ISSUING = threading.Lock()  # held while a batch's commands go to its stages' workers
 
 
 def stage_error(stages: list, e: BaseException) -> BaseException:
     """``e`` as the stage's error where it is the ranks' error of a stage whose worker
     ended (an ``ActorError`` naming the placement and the rank): the ``ActorError`` of
     actor ``stage{i}`` holding it; else ``e``."""
-    if not isinstance(e, ActorError) or e.actor.startswith("stage"):
+    if not isinstance(e, ActorError) or not e.actor.startswith("rank "):
         return e
     for w in stages:
-        if w.ranks.closed:
+        if w.ranks.closed and e.actor.endswith(repr(w.ranks.placement)):
             err = ActorError(f"stage{w.index}", None, e)
             Exception.__init__(err, f"actor 'stage{w.index}' stopped: its worker ended: {e}")
             return err

@@ -322,7 +322,8 @@ def _wrong_output(label: str, out: Any, rows: int, passes_on: bool) -> TypeError
     if not passes_on:
         return TypeError(
             f"{label} returned {described(out)}; the last stage of a pipeline computing in a "
-            f"worker returns one tensor (build's input, read back into this process)"
+            f"worker returns one tensor (the loss's input: build's, read back into this "
+            f"process, or loss='s, in the worker)"
         )
     return TypeError(
         f"{label} returned {described(out)} for a micro-batch of {rows} "
@@ -409,6 +410,16 @@ class RankStage:
                     )
                 return ("array", obj.detach().numpy(), param, obj.requires_grad)
 
+        if self.loss is not None:
+            try:
+                Pickler(io.BytesIO(), protocol=5).dump(self.loss)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                raise TypeError(
+                    f"the pipeline's loss= ({type(self.loss).__name__}) is sent to the last "
+                    f"stage's worker pickled, and it does not pickle ({type(e).__name__}: "
+                    f"{e}); give a module, or a function defined at a module's top level "
+                    f"(not a lambda or a function made inside another)"
+                ) from e
         try:
             Pickler(buf, protocol=5).dump((self.module, self.loss, _shared(self.module, self.loss)))
         except (pickle.PicklingError, TypeError, AttributeError) as e:

@@ -412,6 +412,12 @@ class HeldRanks(Ranks):
     def get(self, rank: int, part: Any) -> Any:
         return W.adopt(self.read(rank, part), part.dtype)
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while commands are kept and sent: a caller holding the locks of several
+        ranks sends its commands to them with nothing of another thread's in between."""
+        return self._lock
+
     def flush(self) -> None:
         """Sends every command kept so far (without waiting for any answer)."""
         with self._lock:
@@ -600,7 +606,9 @@ class ProcessRanks(HeldRanks):
         for fd in fds:
             os.close(fd)
 
-    def _request(self, rank: int, cmd: tuple, raw: bool = False) -> tuple:
+    def _request(
+        self, rank: int, cmd: tuple, raw: bool = False, wait_s: float | None = None
+    ) -> tuple:
         """Sends everything kept, then ``cmd`` to ``rank``, and returns its answer (with
         ``raw``: ending with the part's array); a kept error is raised here."""
         self._asked += 1
@@ -609,7 +617,7 @@ class ProcessRanks(HeldRanks):
         self._flush()
         w = self._workers[rank]
         while True:
-            n, *got = self._recv(rank)
+            n, *got = self._recv(rank, wait_s)
             if n == self._asked:
                 break
             if got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
@@ -647,16 +655,17 @@ class ProcessRanks(HeldRanks):
             old.close()
         self._ups[rank] = W.Channel.mapped(fd, reply[4], reply[3])
 
-    def _recv(self, rank: int) -> tuple:
+    def _recv(self, rank: int, wait_s: float | None = None) -> tuple:
         w = self._workers[rank]
-        ready = wait([w.conn, w.process.sentinel], timeout=W.WAIT_S)
+        wait_s = W.WAIT_S if wait_s is None else wait_s
+        ready = wait([w.conn, w.process.sentinel], timeout=wait_s)
         if w.conn in ready:
             try:
                 return pickle.loads(w.conn.recv_bytes())
             except (OSError, EOFError):
                 pass
         elif not ready:
-            self._fail(rank, TimeoutError(f"no answer from the worker within {W.WAIT_S:.0f} s"))
+            self._fail(rank, TimeoutError(f"no answer from the worker within {wait_s:.0f} s"))
         self._died(rank)
         raise AssertionError("unreachable")
 
@@ -734,10 +743,11 @@ class ProcessRanks(HeldRanks):
         self._after(rank, nbytes)
         return out
 
-    def read(self, rank: int, part: Any) -> np.ndarray:
+    def read(self, rank: int, part: Any, wait_s: float | None = None) -> np.ndarray:
+        """(``wait_s``: how long to wait for the answer, default ``AF_RANKS_WAIT_S``)"""
         with self._lock:
             self._live()
-            return self._request(rank, (W.GET, part.id), raw=True)[-1]
+            return self._request(rank, (W.GET, part.id), raw=True, wait_s=wait_s)[-1]
 
     # -- collectives (boxing calls them where a Ranks has them) ---------------------------
 

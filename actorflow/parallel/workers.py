@@ -555,8 +555,10 @@ class Executor:
         for i in ids:
             self.parts.pop(i, None)
             self.poisoned.pop(i, None)
-            if kept:  # (what a RUN kept under a part's id goes with it)
-                kept.pop(i, None)
+            if kept:  # (what a RUN kept under a part's id goes with it, closed)
+                close = getattr(kept.pop(i, None), "close", None)
+                if close is not None:
+                    close()
 
     def meta(self, i: int) -> tuple:
         """``META``'s answer: ("ok", shape, strides, offset) or ("error", error_bytes)."""
