@@ -1674,6 +1674,8 @@ def test_a_loss_that_does_not_load_in_its_worker_stops_the_batch_at_once():
 def test_a_slow_batch_of_the_workers_is_waited_for(monkeypatch):
     """Each worker bounds its waits for its neighbours; this process waits for the batch
     as a whole (a batch longer than the ranks' wait, each act shorter, is not given up)."""
+    import threading
+
     from actorflow.parallel import workers
 
     stages = stages_of(2)
@@ -1683,9 +1685,60 @@ def test_a_slow_batch_of_the_workers_is_waited_for(monkeypatch):
     )
     try:
         monkeypatch.setattr(workers, "WAIT_S", 0.6)  # (this process's: 8 x 0.15 s is more)
+        # another thread's request to a worker running the batch waits for it too
+        other = threading.Timer(0.3, workers_of(stages)[1].synchronize)
+        other.start()
         assert np.isfinite(float(g.step(*data(1)[0])))
+        other.join()
+        assert all(not r.closed for r in workers_of(stages))
     finally:
         monkeypatch.undo()
+        g.pipelined.close()
+
+
+@processes
+def test_a_batch_given_up_with_ctrl_c_leaves_the_next_one_right(monkeypatch):
+    """Ctrl-C while this process waits for the workers' reports raises at once; the
+    workers end that batch by themselves, and the next batch trains as if it never ran."""
+    from actorflow.nn import pipeline_links
+
+    def pipe():
+        stages = [nn.Sequential(Sleeps(0.02), s) for s in stages_of(3)]
+        return stages, LossPipe(
+            stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=8, stage_ranks="processes"
+        )
+
+    b = data(3)
+    ref_stages, ref = pipe()
+    try:
+        want = [float(ref.step(*b[0])), float(ref.step(*b[2]))]
+        want_params = [p.numpy().copy() for p in params_of(ref_stages)]
+    finally:
+        ref.pipelined.close()
+    stages, g = pipe()
+    read = pipeline_links.read_report
+    later: list = []
+
+    def counted(a):
+        later.append(1)
+        return read(a)
+
+    def interrupted(a):
+        monkeypatch.setattr(pipeline_links, "read_report", counted)
+        raise KeyboardInterrupt
+
+    try:
+        got = [float(g.step(*b[0]))]
+        monkeypatch.setattr(pipeline_links, "read_report", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            g.step(*b[1])
+        assert later == []  # (raised at once: no other stage's report waited for)
+        assert all(p.grad is None for p in params_of(stages))
+        got.append(float(g.step(*b[2])))
+        assert got == want
+        for a, p in zip(want_params, params_of(stages), strict=True):
+            assert np.array_equal(a, p.numpy())
+    finally:
         g.pipelined.close()
 
 

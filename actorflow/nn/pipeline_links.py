@@ -36,15 +36,21 @@ closed) tells its neighbours to stop (they stop, telling theirs); an act's error
 ``ActorError`` naming its actor and the micro-batch. A worker that ends closes its links,
 so its neighbours stop, and reading its report raises the ranks' error naming the placement
 and the rank (``stage_error`` names the stage). Every wait on a link has the ranks' timeout
-(``AF_RANKS_WAIT_S``); this process waits for the reports of a batch of M micro-batches up
-to (2M + 1) times that, so a long batch of short acts is not given up. A batch's commands
-go to all its workers while holding every one of their ranks' locks (and ``_ISSUING``), so
-two graphs sharing the workers, stepped from two threads, reach every worker in one order
-and no other thread's request reaches a worker running a batch not wholly sent."""
+(``AF_RANKS_WAIT_S``); this process marks each stage's worker busy for up to (2M + 1)
+times that for a batch of M micro-batches (``ProcessRanks.busy``), so its reports, and any
+other request reaching those workers meanwhile (another thread's, another graph's on the
+same workers), wait for the batch as a whole: a long batch of short acts is not given up.
+A batch's commands go to all its workers while holding ``_ISSUING`` and every one of their
+ranks' locks (each taken by a ``with``), so two graphs sharing the workers, stepped from
+two threads, reach every worker in one order and no other thread's request reaches a
+worker running a batch not wholly sent; the links' sockets are made in that section too,
+and waited for after it. Ctrl-C while this process waits for the reports raises at once:
+the links are dropped (a worker still on that batch stops when a neighbour's end closes
+or it sees a later batch's message, which it keeps for that batch) and the next batch first
+waits for that one's reports (``Links.settle``)."""
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import shutil
@@ -87,6 +93,7 @@ class _End:
         self.theirs: Any = None  # the neighbour's ring, mapped here
         self.gen = 0
         self.arrived: list = []  # (micro-batch, array) of this batch, in order
+        self.early: list = []  # messages of a later batch than the one run (see pump)
 
     def send(self, batch: int, mb: int, a: np.ndarray, slots: int) -> None:
         """Micro-batch ``mb``'s array written into its slot and announced."""
@@ -120,13 +127,17 @@ class _End:
 
     def pump(self, batch: int) -> bool:
         """Takes what arrived (without waiting); whether a micro-batch of this batch
-        waits to be taken. Raises Stopped where the neighbour stopped or ended."""
+        waits to be taken. Raises Stopped where the neighbour stopped or ended, or is on a
+        later batch (this one was given up: what came of the later one is kept for it);
+        what came of an earlier batch is dropped."""
+        early, self.early = self.early, []
+        for item in early:
+            self._take(batch, item)
         try:
             while self.conn.poll():
                 msg = self.conn.recv()
                 if msg[0] == "stop":
-                    if msg[1] == batch:
-                        raise Stopped(msg[2])
+                    self._take(batch, msg)
                     continue
                 _, b, mb, gen, off, dt, shape, new = msg
                 if new is not None:  # (a new ring: mapped in place of the old one)
@@ -141,12 +152,24 @@ class _End:
                     if self.theirs is not None:
                         self.theirs.close()
                     self.theirs = mm
-                if b == batch:  # (else a stopped batch's)
+                if b >= batch:  # (else a stopped batch's)
                     a = np.ndarray(shape, np.dtype(dt), buffer=self.theirs, offset=off).copy()
-                    self.arrived.append((mb, a))
+                    self._take(batch, ("data", b, mb, a))
         except (EOFError, OSError) as e:
             raise Stopped(f"the worker of {self.label} ended ({type(e).__name__})") from e
         return bool(self.arrived)
+
+    def _take(self, batch: int, item: tuple) -> None:
+        """A message (``("data", batch, mb, array)`` or ``("stop", batch, why)``) of this
+        batch taken, of a later one kept (and this batch stopped), of an earlier dropped."""
+        if item[1] > batch:
+            self.early.append(item)
+            raise Stopped(f"{self.label} is on a later batch: this one was given up")
+        if item[1] < batch:
+            return
+        if item[0] == "stop":
+            raise Stopped(item[2])
+        self.arrived.append(item[2:])
 
     def take(self, batch: int) -> tuple:
         """The next micro-batch arrived (waiting for it)."""
@@ -404,40 +427,60 @@ class Links:
     def __init__(self) -> None:
         self._ends: list = []  # per link: (marker on stage i, marker on stage i+1)
         self._for: Any = None  # the workers they were made for
+        self.in_flight: list = []  # (ranks, report part) of a batch given up (Ctrl-C)
 
-    def ends(self, stages: list) -> list:
-        """Per stage, the keys of its ends (previous, next; 0: none)."""
+    def ends(self, stages: list) -> tuple:
+        """Per stage, the keys of its ends (previous, next; 0: none), and the markers of
+        links made now (to ``confirm`` once their commands are sent)."""
         now = [(id(w.ranks), tuple(w.ranks.pids)) for w in stages]
+        made: list = []
         if now != self._for:
             self.drop()
-            self._make(stages)
+            made = self._ends = self._make(stages)
             self._for = now
         out = []
         for i in range(len(stages)):
             before = self._ends[i - 1][1].id if i > 0 else 0
             after = self._ends[i][0].id if i < len(stages) - 1 else 0
             out.append((before, after))
-        return out
+        return out, [(stages[i], stages[i + 1], e) for i, e in enumerate(made)]
 
-    def _make(self, stages: list) -> None:
+    def _make(self, stages: list) -> list:
+        """The links' commands: stage i+1's worker listens, stage i's connects (sent
+        together, before any other command to them: the listening one waits)."""
         from ..dtype import float32
 
         n = len(stages)
-        folder = tempfile.mkdtemp(prefix="actorflow-links-")  # (this user's only)
+        self._folder = tempfile.mkdtemp(prefix="actorflow-links-")  # (this user's only)
+        made = []
+        for i in range(n - 1):
+            a, b = stages[i], stages[i + 1]
+            path = os.path.join(self._folder, str(i))
+            (theirs,) = b.ranks.call_fn(0, _listen, (path, f"stage {i} of {n}"), (float32,))
+            (mine,) = a.ranks.call_fn(0, _connect, (path, f"stage {i + 1} of {n}"), (float32,))
+            made.append((mine, theirs))
+        return made
+
+    def confirm(self, made: list) -> None:
+        """Waits for the links just made (their errors raised here) and removes the
+        folder of their sockets."""
         try:
-            made = []
-            for i in range(n - 1):
-                a, b = stages[i], stages[i + 1]
-                path = os.path.join(folder, str(i))
-                (theirs,) = b.ranks.call_fn(0, _listen, (path, f"stage {i} of {n}"), (float32,))
-                b.ranks.flush()
-                (mine,) = a.ranks.call_fn(0, _connect, (path, f"stage {i + 1} of {n}"), (float32,))
-                made.append((mine, theirs))
-                a._read(mine)  # (both ends made: their errors raised here)
+            for a, b, (mine, theirs) in made:
+                a._read(mine)
                 b._read(theirs)
-            self._ends = made
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            if made:
+                shutil.rmtree(self._folder, ignore_errors=True)
+
+    def settle(self) -> None:
+        """Waits for the end of a batch given up (its reports read, their errors not
+        raised: the workers ran it to its end or stop by themselves)."""
+        flying, self.in_flight = self.in_flight, []
+        for ranks, part in flying:
+            try:
+                ranks.read(0, part)
+            except Exception:  # noqa: BLE001 - that batch was given up
+                pass
 
     def drop(self) -> None:
         """Lets go of the ends (the workers close them)."""
@@ -458,43 +501,38 @@ def run_batch(
     """One batch in the workers of ``stages`` (their ``RankStage``s, each begun): returns
     each stage's ``read_report``. Raises the first stage's error that is not a ``Stopped``
     (a worker that ended: the ranks' ActorError), after every report was read."""
-    from ..dtype import float64
-
+    links.settle()  # (a batch given up before: its end waited for, here)
     n = len(stages)
     held = [stages[0]._put(x)] + [stages[-1]._put(r) for r in rest]  # (alive until read)
     puts: list = [[] for _ in range(n)]
     puts[0].append(held[0].id)
     puts[-1] += [p.id for p in held[1:]]
-    parts = []
-    with contextlib.ExitStack() as holding:
-        # every stage's command sent with nothing of another thread's in between: workers
-        # another graph shares see its batches and ours in one order, and no other
-        # thread's request reaches a worker that runs our batch before all of it was sent
-        holding.enter_context(_ISSUING)
-        for r in sorted({id(w.ranks): w.ranks for w in stages}.values(), key=id):
-            holding.enter_context(r.lock)
-        ends = links.ends(stages)
-        for i, w in enumerate(stages):
-            slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
-            (part,) = w.ranks.call_fn(
-                0,
-                _run,
-                (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
-                (float64,),
+    # each worker bounds its own waits for its neighbours (AF_RANKS_WAIT_S); this process
+    # waits for the batch as a whole, and so does any request reaching its workers
+    # meanwhile (another thread's, another graph's on shared workers)
+    budget = (2 * (len(bounds) - 1) + 1) * W.WAIT_S
+    ranks = sorted({id(w.ranks): w.ranks for w in stages}.values(), key=id)
+    try:
+        with _ISSUING:  # (then every stage's ranks' lock: _holding)
+            parts, made = _holding(
+                [r.lock for r in ranks],
+                lambda: _issue(stages, links, batch, bounds, buffers, puts, structure, budget),
             )
-            parts.append(part)
-        for w in stages:  # (every stage's command sent before any is waited for)
-            w.ranks.flush()
-    # each worker bounds its own waits for its neighbours (AF_RANKS_WAIT_S), so a slow but
-    # live batch is not given up here: only one whose every act waited that long
-    wait_s = (2 * (len(bounds) - 1) + 1) * W.WAIT_S
+        links.confirm(made)
+    except BaseException:
+        links.drop()  # (a stage that got its command stops at once: its links closed)
+        raise
     reports: list = []
     errors: list = []
-    for w, part in zip(stages, parts, strict=True):
+    for k, (w, part) in enumerate(zip(stages, parts, strict=True)):
         try:
-            reports.append(read_report(w.ranks.read(0, part, wait_s)))
-        except BaseException as e:  # noqa: BLE001 - the first real one raised below
+            reports.append(read_report(w._read(part)))
+        except Exception as e:  # noqa: BLE001 - the first real one raised below
             errors.append(e)
+        except BaseException:  # (Ctrl-C: given up; the workers end the batch by themselves)
+            links.drop()
+            links.in_flight = [(v.ranks, p) for v, p in zip(stages[k:], parts[k:], strict=True)]
+            raise
     del held
     if errors:
         links.drop()  # (made again at the next batch)
@@ -503,6 +541,46 @@ def run_batch(
         first = (ended or real or errors)[0]  # (a worker that ended, else the act's error)
         raise first from first.__cause__
     return reports
+
+
+def _holding(locks: list, fn: Any) -> Any:
+    """``fn()`` holding ``locks`` (each taken by a ``with``: released on any way out)."""
+    if not locks:
+        return fn()
+    with locks[0]:
+        return _holding(locks[1:], fn)
+
+
+def _issue(
+    stages: list,
+    links: Links,
+    batch: int,
+    bounds: tuple,
+    buffers: list,
+    puts: list,
+    structure: Any,
+    budget: float,
+) -> tuple:
+    """(Holding every stage's ranks' lock) the links made where missing, every stage's
+    ``_run`` issued and sent; returns the report parts and the links' parts made."""
+    from ..dtype import float64
+
+    n = len(stages)
+    ends, made = links.ends(stages)
+    parts = []
+    for i, w in enumerate(stages):
+        slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
+        (part,) = w.ranks.call_fn(
+            0,
+            _run,
+            (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
+            (float64,),
+        )
+        parts.append(part)
+    for w in stages:  # (every stage's command sent before any is waited for)
+        w.ranks.busy(0, budget)
+        w.ranks.flush()
+    return parts, made
 
 
 _ISSUING = threading.Lock()  # held while a batch's commands go to its stages' workers
@@ -517,6 +595,8 @@ def stage_error(stages: list, e: BaseException) -> BaseException:
     for w in stages:
         if w.ranks.closed and e.actor.endswith(repr(w.ranks.placement)):
             err = ActorError(f"stage{w.index}", None, e)
-            Exception.__init__(err, f"actor 'stage{w.index}' stopped: its worker ended: {e}")
+            Exception.__init__(
+                err, f"actor 'stage{w.index}' stopped: its worker ended or stopped answering: {e}"
+            )
             return err
     return e

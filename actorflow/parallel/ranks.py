@@ -33,6 +33,7 @@ import itertools
 import os
 import pickle
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -467,6 +468,7 @@ class ProcessRanks(HeldRanks):
         self._downs: list = [None] * k  # per worker, the channel down to it (W.Channel)
         self._ups: list = [None] * k  # and its channel up, mapped here
         self._asked = 0  # requests made (answers carry their number)
+        self._busy = [0.0] * k  # per worker, until when a long command may run (busy())
         self.sent = 0  # bytes down the pipes
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
@@ -606,9 +608,7 @@ class ProcessRanks(HeldRanks):
         for fd in fds:
             os.close(fd)
 
-    def _request(
-        self, rank: int, cmd: tuple, raw: bool = False, wait_s: float | None = None
-    ) -> tuple:
+    def _request(self, rank: int, cmd: tuple, raw: bool = False) -> tuple:
         """Sends everything kept, then ``cmd`` to ``rank``, and returns its answer (with
         ``raw``: ending with the part's array); a kept error is raised here."""
         self._asked += 1
@@ -617,7 +617,7 @@ class ProcessRanks(HeldRanks):
         self._flush()
         w = self._workers[rank]
         while True:
-            n, *got = self._recv(rank, wait_s)
+            n, *got = self._recv(rank)
             if n == self._asked:
                 break
             if got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
@@ -655,17 +655,28 @@ class ProcessRanks(HeldRanks):
             old.close()
         self._ups[rank] = W.Channel.mapped(fd, reply[4], reply[3])
 
-    def _recv(self, rank: int, wait_s: float | None = None) -> tuple:
+    def busy(self, rank: int, seconds: float) -> None:
+        """Rank ``rank``'s worker runs a command that may take up to ``seconds`` (a
+        pipeline's batch in its stages' workers): until then, an answer of that worker is
+        waited for that long, plus ``AF_RANKS_WAIT_S``, before the ranks are given up."""
+        self._busy[rank] = max(self._busy[rank], time.monotonic() + seconds)
+
+    def _recv(self, rank: int) -> tuple:
         w = self._workers[rank]
-        wait_s = W.WAIT_S if wait_s is None else wait_s
-        ready = wait([w.conn, w.process.sentinel], timeout=wait_s)
+        start = time.monotonic()
+        wait_s = W.WAIT_S + max(0.0, self._busy[rank] - start)
+        while True:  # (in spans a wait takes: its limit is about 24 days)
+            left = start + wait_s - time.monotonic()
+            ready = wait([w.conn, w.process.sentinel], timeout=max(0.0, min(left, 1e6)))
+            if ready or left <= 1e6:
+                break
         if w.conn in ready:
             try:
                 return pickle.loads(w.conn.recv_bytes())
             except (OSError, EOFError):
                 pass
         elif not ready:
-            self._fail(rank, TimeoutError(f"no answer from the worker within {wait_s:.0f} s"))
+            self._fail(rank, TimeoutError(f"no answer from the worker within {wait_s:g} s"))
         self._died(rank)
         raise AssertionError("unreachable")
 
@@ -743,11 +754,10 @@ class ProcessRanks(HeldRanks):
         self._after(rank, nbytes)
         return out
 
-    def read(self, rank: int, part: Any, wait_s: float | None = None) -> np.ndarray:
-        """(``wait_s``: how long to wait for the answer, default ``AF_RANKS_WAIT_S``)"""
+    def read(self, rank: int, part: Any) -> np.ndarray:
         with self._lock:
             self._live()
-            return self._request(rank, (W.GET, part.id), raw=True, wait_s=wait_s)[-1]
+            return self._request(rank, (W.GET, part.id), raw=True)[-1]
 
     # -- collectives (boxing calls them where a Ranks has them) ---------------------------
 

@@ -558,7 +558,10 @@ class Executor:
             if kept:  # (what a RUN kept under a part's id goes with it, closed)
                 close = getattr(kept.pop(i, None), "close", None)
                 if close is not None:
-                    close()
+                    try:
+                        close()
+                    except Exception:  # noqa: BLE001 - let go of either way
+                        pass
 
     def meta(self, i: int) -> tuple:
         """``META``'s answer: ("ok", shape, strides, offset) or ("error", error_bytes)."""
