@@ -1826,3 +1826,55 @@ def test_loss_given_errors_on_process_ranks_name_what_to_change():
         assert "floating point" in str(e.value)
     finally:
         g.pipelined.close()
+
+
+@processes
+def test_an_error_while_a_batch_is_sent_takes_back_what_was_not_sent(monkeypatch):
+    """A batch whose commands could not all be sent takes back those kept (a stage's
+    command without its neighbours' would wait for them): the next batch runs at once,
+    and no worker is left marked busy."""
+    from actorflow.nn import pipeline_links
+    from actorflow.parallel.ranks import ProcessRanks
+
+    stages = stages_of(2)
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes"
+    )
+    call_fn = ProcessRanks.call_fn
+    armed = [True]
+
+    def fails_on_stage_1(self, rank, fn, args, dtypes):
+        if fn is pipeline_links._run and armed[0] and args[0] == g.pipelined._workers[1].key:
+            armed[0] = False
+            raise RuntimeError("sending failed")  # (stage 0's command kept, not sent)
+        return call_fn(self, rank, fn, args, dtypes)
+
+    try:
+        monkeypatch.setattr(ProcessRanks, "call_fn", fails_on_stage_1)
+        with pytest.raises(RuntimeError, match="sending failed"):
+            g.step(*data(1)[0])
+        monkeypatch.undo()
+        assert np.isfinite(float(g.step(*data(1)[0])))  # (no stale command waits first)
+        assert all(not r._busy[0] for r in workers_of(stages))
+    finally:
+        monkeypatch.undo()
+        g.pipelined.close()
+
+
+@processes
+def test_one_stage_in_a_worker_leaves_no_folder_behind():
+    import glob
+    import tempfile
+
+    pattern = f"{tempfile.gettempdir()}/actorflow-links-*"
+    before = set(glob.glob(pattern))
+    stages = [nn.Sequential(*stages_of(2))]
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes"
+    )
+    try:
+        for _ in range(2):
+            assert np.isfinite(float(g.step(*data(1)[0])))
+    finally:
+        g.pipelined.close()
+    assert set(glob.glob(pattern)) == before

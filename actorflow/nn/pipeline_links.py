@@ -44,21 +44,28 @@ A batch's commands go to all its workers while holding ``_ISSUING`` and every on
 ranks' locks (each taken by a ``with``), so two graphs sharing the workers, stepped from
 two threads, reach every worker in one order and no other thread's request reaches a
 worker running a batch not wholly sent; the links' sockets are made in that section too,
-and waited for after it. Ctrl-C while this process waits for the reports raises at once:
-the links are dropped (a worker still on that batch stops when a neighbour's end closes
-or it sees a later batch's message, which it keeps for that batch) and the next batch first
-waits for that one's reports (``Links.settle``)."""
+and waited for after it (a Ctrl-C meanwhile is raised once all are sent: the workers get
+a batch's commands all or none; where sending fails, those kept are taken back, and the
+workers' busy marks are let go once their reports are read). Ctrl-C while this process
+waits for the reports raises at once: the links are dropped, the workers (which ignore
+Ctrl-C) run that batch to its end, and the next batch first waits for its reports
+(``Links.settle``). A worker that sees a message of a later batch than the one it runs
+stops that one and keeps the message for the next (a safeguard: links outlive only batches
+whose every report was read)."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -174,7 +181,7 @@ class _End:
     def take(self, batch: int) -> tuple:
         """The next micro-batch arrived (waiting for it)."""
         while not self.pump(batch):
-            if not wait([self.conn], timeout=W.WAIT_S):
+            if not _wait([self.conn], W.WAIT_S):
                 raise TimeoutError(
                     f"nothing came from {self.label} within {W.WAIT_S:.0f} s "
                     f"(AF_RANKS_WAIT_S sets the wait)"
@@ -187,6 +194,17 @@ class _End:
         for mm in (self.mine[0] if self.mine else None, self.theirs):
             if mm is not None:
                 mm.close()
+
+
+def _wait(conns: list, seconds: float) -> list:
+    """``multiprocessing.connection.wait`` for up to ``seconds``, in spans under its limit
+    (about 24 days)."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        ready = wait(conns, timeout=max(0.0, min(left, 1e6)))
+        if ready or left <= 1e6:
+            return ready
 
 
 def _marked(ex: Any, end: _End, outs: list) -> None:
@@ -383,7 +401,7 @@ def _loop(
             doing = ("", None)
             credit = nf < m and len(st.fifo) >= k  # (its forward waits for a backward)
             waits = [e.conn for e in (None if credit or nf >= m else prev, nxt) if e]
-            if not wait(waits, timeout=W.WAIT_S):
+            if not _wait(waits, W.WAIT_S):
                 raise TimeoutError(
                     f"{st.label} waited {W.WAIT_S:.0f} s for its neighbours "
                     f"(AF_RANKS_WAIT_S sets the wait)"
@@ -427,7 +445,8 @@ class Links:
     def __init__(self) -> None:
         self._ends: list = []  # per link: (marker on stage i, marker on stage i+1)
         self._for: Any = None  # the workers they were made for
-        self.in_flight: list = []  # (ranks, report part) of a batch given up (Ctrl-C)
+        self.in_flight: list = []  # (ranks, report part, busy mark) of a batch given up
+        self._folder: str | None = None  # where the sockets of links being made are
 
     def ends(self, stages: list) -> tuple:
         """Per stage, the keys of its ends (previous, next; 0: none), and the markers of
@@ -451,6 +470,8 @@ class Links:
         from ..dtype import float32
 
         n = len(stages)
+        if n < 2:
+            return []
         self._folder = tempfile.mkdtemp(prefix="actorflow-links-")  # (this user's only)
         made = []
         for i in range(n - 1):
@@ -462,25 +483,40 @@ class Links:
         return made
 
     def confirm(self, made: list) -> None:
-        """Waits for the links just made (their errors raised here) and removes the
+        """Waits for the links just made (their errors raised here: one that is not a
+        timeout first, the cause where the other end gave up waiting) and removes the
         folder of their sockets."""
+        errors = []
         try:
             for a, b, (mine, theirs) in made:
-                a._read(mine)
-                b._read(theirs)
+                for w, part in ((b, theirs), (a, mine)):
+                    try:
+                        w._read(part)
+                    except Exception as e:  # noqa: BLE001 - the telling one raised below
+                        errors.append(e)
         finally:
-            if made:
-                shutil.rmtree(self._folder, ignore_errors=True)
+            self.forget_folder()
+        if errors:
+            timeouts = (TimeoutError, socket.timeout)
+            raise next((e for e in errors if not isinstance(e, timeouts)), errors[0])
+
+    def forget_folder(self) -> None:
+        """Removes the folder of the links' sockets made last, if any."""
+        folder, self._folder = self._folder, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def settle(self) -> None:
         """Waits for the end of a batch given up (its reports read, their errors not
         raised: the workers ran it to its end or stop by themselves)."""
         flying, self.in_flight = self.in_flight, []
-        for ranks, part in flying:
+        for ranks, part, mark in flying:
             try:
                 ranks.read(0, part)
             except Exception:  # noqa: BLE001 - that batch was given up
                 pass
+            finally:
+                ranks.idle(0, mark)
 
     def drop(self) -> None:
         """Lets go of the ends (the workers close them)."""
@@ -512,27 +548,39 @@ def run_batch(
     # meanwhile (another thread's, another graph's on shared workers)
     budget = (2 * (len(bounds) - 1) + 1) * W.WAIT_S
     ranks = sorted({id(w.ranks): w.ranks for w in stages}.values(), key=id)
+    issued: list = []  # (ranks, part) of each RUN issued, as they are
     try:
-        with _ISSUING:  # (then every stage's ranks' lock: _holding)
-            parts, made = _holding(
+        with _sigint_deferred() as interrupted, _ISSUING:  # (then each ranks' lock)
+            parts, made, marks = _holding(
                 [r.lock for r in ranks],
-                lambda: _issue(stages, links, batch, bounds, buffers, puts, structure, budget),
+                lambda: _issue(
+                    stages, links, batch, bounds, buffers, puts, structure, budget, issued
+                ),
             )
-        links.confirm(made)
     except BaseException:
-        links.drop()  # (a stage that got its command stops at once: its links closed)
+        for r, part in issued:  # (not sent: taken back; one sent waits for its
+            r.unissue(0, part)  # neighbours and gives up after AF_RANKS_WAIT_S)
+        links.drop()
+        links.forget_folder()
         raise
+    flying = [(w.ranks, p, k) for w, p, k in zip(stages, parts, marks, strict=True)]
     reports: list = []
     errors: list = []
-    for k, (w, part) in enumerate(zip(stages, parts, strict=True)):
-        try:
-            reports.append(read_report(w._read(part)))
-        except Exception as e:  # noqa: BLE001 - the first real one raised below
-            errors.append(e)
-        except BaseException:  # (Ctrl-C: given up; the workers end the batch by themselves)
-            links.drop()
-            links.in_flight = [(v.ranks, p) for v, p in zip(stages[k:], parts[k:], strict=True)]
-            raise
+    try:
+        if interrupted:  # (Ctrl-C while its commands were sent: raised now)
+            raise KeyboardInterrupt
+        links.confirm(made)
+        for w, part, mark in zip(stages, parts, marks, strict=True):
+            try:
+                reports.append(read_report(w._read(part)))
+            except Exception as e:  # noqa: BLE001 - the first real one raised below
+                errors.append(e)
+            w.ranks.idle(0, mark)
+            flying.pop(0)
+    except BaseException:  # (Ctrl-C, or the links' error: the workers end the batch)
+        links.drop()
+        links.in_flight = flying
+        raise
     del held
     if errors:
         links.drop()  # (made again at the next batch)
@@ -541,6 +589,29 @@ def run_batch(
         first = (ended or real or errors)[0]  # (a worker that ended, else the act's error)
         raise first from first.__cause__
     return reports
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[list]:
+    """On the main thread, a Ctrl-C in the block is kept (the list it yields becomes
+    true) rather than raised inside it: a batch's commands go to all its workers or none
+    (one without its neighbours' would wait for them). Elsewhere, nothing (Ctrl-C is
+    raised on the main thread only)."""
+    got: list = []
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    if before is None:  # (not the main thread, or a handler not set from Python: left)
+        yield got
+        return
+    try:
+        signal.signal(signal.SIGINT, lambda *_: got.append(1))
+    except ValueError:  # (not the main interpreter)
+        yield got
+        return
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _holding(locks: list, fn: Any) -> Any:
@@ -560,13 +631,17 @@ def _issue(
     puts: list,
     structure: Any,
     budget: float,
+    issued: list,
 ) -> tuple:
     """(Holding every stage's ranks' lock) the links made where missing, every stage's
-    ``_run`` issued and sent; returns the report parts and the links' parts made."""
+    ``_run`` issued (each noted in ``issued`` as it is) and sent; returns the report
+    parts, the links' parts made and the workers' busy marks."""
     from ..dtype import float64
 
     n = len(stages)
     ends, made = links.ends(stages)
+    for a, b, pair in made:
+        issued += [(a.ranks, pair[0]), (b.ranks, pair[1])]
     parts = []
     for i, w in enumerate(stages):
         slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
@@ -576,11 +651,12 @@ def _issue(
             (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
             (float64,),
         )
+        issued.append((w.ranks, part))
         parts.append(part)
+    marks = [w.ranks.busy(0, budget) for w in stages]
     for w in stages:  # (every stage's command sent before any is waited for)
-        w.ranks.busy(0, budget)
         w.ranks.flush()
-    return parts, made
+    return parts, made, marks
 
 
 _ISSUING = threading.Lock()  # held while a batch's commands go to its stages' workers

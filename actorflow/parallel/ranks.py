@@ -419,6 +419,17 @@ class HeldRanks(Ranks):
         ranks sends its commands to them with nothing of another thread's in between."""
         return self._lock
 
+    def unissue(self, rank: int, part: Any) -> bool:
+        """Takes back the ``RUN`` that makes ``part`` where it is kept and not sent yet
+        (whether it was)."""
+        with self._lock:
+            cmds = self._pending[rank]
+            for k, cmd in enumerate(cmds):
+                if cmd[0] == W.RUN and part.id in cmd[3]:
+                    del cmds[k]
+                    return True
+            return False
+
     def flush(self) -> None:
         """Sends every command kept so far (without waiting for any answer)."""
         with self._lock:
@@ -468,7 +479,8 @@ class ProcessRanks(HeldRanks):
         self._downs: list = [None] * k  # per worker, the channel down to it (W.Channel)
         self._ups: list = [None] * k  # and its channel up, mapped here
         self._asked = 0  # requests made (answers carry their number)
-        self._busy = [0.0] * k  # per worker, until when a long command may run (busy())
+        self._busy: list = [{} for _ in range(k)]  # per worker: mark -> until when (busy())
+        self._marks = itertools.count(1)
         self.sent = 0  # bytes down the pipes
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
@@ -655,16 +667,24 @@ class ProcessRanks(HeldRanks):
             old.close()
         self._ups[rank] = W.Channel.mapped(fd, reply[4], reply[3])
 
-    def busy(self, rank: int, seconds: float) -> None:
+    def busy(self, rank: int, seconds: float) -> int:
         """Rank ``rank``'s worker runs a command that may take up to ``seconds`` (a
-        pipeline's batch in its stages' workers): until then, an answer of that worker is
-        waited for that long, plus ``AF_RANKS_WAIT_S``, before the ranks are given up."""
-        self._busy[rank] = max(self._busy[rank], time.monotonic() + seconds)
+        pipeline's batch in its stages' workers): until ``idle(rank, mark)`` with the mark
+        returned, an answer of that worker is waited for the rest of that time plus
+        ``AF_RANKS_WAIT_S`` before the ranks are given up."""
+        mark = next(self._marks)
+        self._busy[rank][mark] = time.monotonic() + seconds
+        return mark
+
+    def idle(self, rank: int, mark: int) -> None:
+        """The command ``busy`` marked is over (its answer read, or given up on)."""
+        self._busy[rank].pop(mark, None)
 
     def _recv(self, rank: int) -> tuple:
         w = self._workers[rank]
         start = time.monotonic()
-        wait_s = W.WAIT_S + max(0.0, self._busy[rank] - start)
+        until = max(self._busy[rank].values(), default=0.0)
+        wait_s = W.WAIT_S + max(0.0, until - start)
         while True:  # (in spans a wait takes: its limit is about 24 days)
             left = start + wait_s - time.monotonic()
             ready = wait([w.conn, w.process.sentinel], timeout=max(0.0, min(left, 1e6)))
