@@ -1734,7 +1734,24 @@ def test_a_batch_given_up_with_ctrl_c_leaves_the_next_one_right(monkeypatch):
             g.step(*b[1])
         assert later == []  # (raised at once: no other stage's report waited for)
         assert all(p.grad is None for p in params_of(stages))
+        links = g.pipelined._links
+        assert len(links.in_flight) == 3  # (its reports: waited for by the next batch)
+        # a second Ctrl-C while the next batch waits for them: nothing let go too early
+        from actorflow.parallel.ranks import ProcessRanks
+
+        read_part = ProcessRanks.read
+
+        def read_interrupted(self, rank, part):
+            monkeypatch.setattr(ProcessRanks, "read", read_part)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(ProcessRanks, "read", read_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            g.step(*b[1])
+        assert len(links.in_flight) == 3
+        assert all(r._busy[0] for r in workers_of(stages))  # (still running that batch)
         got.append(float(g.step(*b[2])))
+        assert links.in_flight == [] and all(not r._busy[0] for r in workers_of(stages))
         assert got == want
         for a, p in zip(want_params, params_of(stages), strict=True):
             assert np.array_equal(a, p.numpy())

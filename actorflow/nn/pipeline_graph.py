@@ -692,6 +692,7 @@ class PipelineStep:
                 w.forget()
         self._workers = [None] * len(self.stages)
         self._links.drop()  # (and the links between them)
+        self._links.forget_folder()
         try:
             self._bring_back()
         finally:

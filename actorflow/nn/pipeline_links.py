@@ -470,6 +470,7 @@ class Links:
         from ..dtype import float32
 
         n = len(stages)
+        self.forget_folder()  # (one a batch given up left: its commands are over)
         if n < 2:
             return []
         self._folder = tempfile.mkdtemp(prefix="actorflow-links-")  # (this user's only)
@@ -509,14 +510,14 @@ class Links:
     def settle(self) -> None:
         """Waits for the end of a batch given up (its reports read, their errors not
         raised: the workers ran it to its end or stop by themselves)."""
-        flying, self.in_flight = self.in_flight, []
-        for ranks, part, mark in flying:
+        while self.in_flight:  # (a Ctrl-C here leaves this one and the rest for later)
+            ranks, part, mark = self.in_flight[0]
             try:
                 ranks.read(0, part)
             except Exception:  # noqa: BLE001 - that batch was given up
                 pass
-            finally:
-                ranks.idle(0, mark)
+            ranks.idle(0, mark)
+            self.in_flight.pop(0)
 
     def drop(self) -> None:
         """Lets go of the ends (the workers close them)."""
@@ -549,6 +550,7 @@ def run_batch(
     budget = (2 * (len(bounds) - 1) + 1) * W.WAIT_S
     ranks = sorted({id(w.ranks): w.ranks for w in stages}.values(), key=id)
     issued: list = []  # (ranks, part) of each RUN issued, as they are
+    interrupted: list = []
     try:
         with _sigint_deferred() as interrupted, _ISSUING:  # (then each ranks' lock)
             parts, made, marks = _holding(
@@ -558,10 +560,12 @@ def run_batch(
                 ),
             )
     except BaseException:
-        for r, part in issued:  # (not sent: taken back; one sent waits for its
-            r.unissue(0, part)  # neighbours and gives up after AF_RANKS_WAIT_S)
+        for r, part in issued:  # (not sent: taken back; one sent runs, and gives up on
+            if not r.unissue(0, part):  # its neighbours after AF_RANKS_WAIT_S: waited
+                links.in_flight.append((r, part, r.busy(0, budget)))  # for next time)
         links.drop()
-        links.forget_folder()
+        if interrupted:
+            raise KeyboardInterrupt from None
         raise
     flying = [(w.ranks, p, k) for w, p, k in zip(stages, parts, marks, strict=True)]
     reports: list = []
@@ -600,8 +604,8 @@ def _sigint_deferred() -> Iterator[list]:
     got: list = []
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None
-    if before is None:  # (not the main thread, or a handler not set from Python: left)
-        yield got
+    if before is not signal.default_int_handler:  # (another thread, or another handler:
+        yield got  # left as it is)
         return
     try:
         signal.signal(signal.SIGINT, lambda *_: got.append(1))
@@ -653,10 +657,11 @@ def _issue(
         )
         issued.append((w.ranks, part))
         parts.append(part)
-    marks = [w.ranks.busy(0, budget) for w in stages]
     for w in stages:  # (every stage's command sent before any is waited for)
         w.ranks.flush()
-    return parts, made, marks
+    # (marked busy once all are sent: no other thread's request came in between, as this
+    # holds every stage's ranks' lock)
+    return parts, made, [w.ranks.busy(0, budget) for w in stages]
 
 
 _ISSUING = threading.Lock()  # held while a batch's commands go to its stages' workers
