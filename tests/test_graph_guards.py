@@ -337,6 +337,17 @@ class Weighted(nn.Graph):
         return self.weigh(self.m(x).sum())
 
 
+def each_change_seen(g, changes, want):
+    """From a step giving 6.0 every way, each of ``changes`` in turn makes every way give
+    ``want()`` (eager's value after it), another value than before."""
+    assert both(g) == (6.0, 6.0, 6.0)
+    for change in changes:
+        before = both(g)[0]
+        change()
+        got = both(g)
+        assert got == (want(),) * 3 and got[0] != before
+
+
 def test_what_build_and_held_functions_reach_is_read_too():
     global ACT_GAIN, LOSS_GAIN, DECORATED_GAIN
     g = Weighted(Holds())
@@ -347,13 +358,7 @@ def test_what_build_and_held_functions_reach_is_read_too():
         lambda: globals().update(LOSS_GAIN=4.0),  # a global build's helper reads
     ]
     try:
-        assert both(g) == (6.0, 6.0, 6.0)
-        for change in changes:
-            before = both(g)[0]
-            change()
-            got = both(g)
-            want = eager(g.m) * Weighted.weight * LOSS_GAIN
-            assert got == (want,) * 3 and got[0] != before
+        each_change_seen(g, changes, lambda: eager(g.m) * Weighted.weight * LOSS_GAIN)
     finally:
         ACT_GAIN = LOSS_GAIN = DECORATED_GAIN = Weighted.weight = 1.0
 
@@ -370,12 +375,7 @@ def test_what_a_forward_reaches_through_super_a_child_and_a_helper_is_read_too()
         lambda: setattr(Derived, "forward", lambda self, x: x * 4.0),  # set on the class
     ]
     try:
-        assert both(g) == (6.0, 6.0, 6.0)
-        for change in changes:
-            before = both(g)[0]
-            change()
-            got = both(g)
-            assert got == (eager(m),) * 3 and got[0] != before
+        each_change_seen(g, changes, lambda: eager(m))
     finally:
         Base.scale, Part.k, OFFSET_OF_BASE, HELPER_GAIN = 1.0, 1.0, 0.0, 1.0
         Derived.forward = _derived_forward

@@ -693,25 +693,32 @@ def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
     stages[0] = nn.Sequential(stages[0], bad)
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes")
     try:
-        before = [p.numpy().copy() for p in params_of(stages)]
-        (x, y), later = data(2)
-        with pytest.raises(ActorError) as e:
-            g.step(x, y)
-        assert e.value.actor == "stage0.forward" and e.value.piece == 2
-        assert isinstance(e.value.original, IndexOutOfBoundsError), e.value.original
-        assert "out of bounds" in str(e.value.original)
-        for a, p in zip(before, params_of(stages), strict=True):
-            assert np.array_equal(a, p.numpy())
-            assert p.grad is None
-        for w in g.pipelined._workers:  # (nothing of the failed batch held there)
-            (part,) = w.ranks.call_fn(0, held_in, (w.key,), (af.int64,))
-            assert w.ranks.read(0, part).tolist() == [0, 0]
-        bad.at = -1  # the workers go on: the next batch trains
-        assert np.isfinite(float(g.step(*later)))
-        after = [p.numpy() for p in params_of(stages)]
-        assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+        e = failed_batch_then_trains(g, stages, bad)
+        assert e.actor == "stage0.forward" and e.piece == 2
+        assert isinstance(e.original, IndexOutOfBoundsError), e.original
+        assert "out of bounds" in str(e.original)
     finally:
         g.pipelined.close()
+
+
+def failed_batch_then_trains(g, stages, bad):
+    """A batch whose stage ``bad`` fails: its ActorError, once checked that nothing was
+    updated and the workers hold nothing of it, and that the next batch trains."""
+    before = [p.numpy().copy() for p in params_of(stages)]
+    (x, y), later = data(2)
+    with pytest.raises(ActorError) as e:
+        g.step(x, y)
+    for a, p in zip(before, params_of(stages), strict=True):
+        assert np.array_equal(a, p.numpy())
+        assert p.grad is None
+    for w in g.pipelined._workers:  # (nothing of the failed batch held there)
+        (part,) = w.ranks.call_fn(0, held_in, (w.key,), (af.int64,))
+        assert w.ranks.read(0, part).tolist() == [0, 0]
+    bad.at = -1  # the workers go on: the next batch trains
+    assert np.isfinite(float(g.step(*later)))
+    after = [p.numpy() for p in params_of(stages)]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    return e.value
 
 
 @processes
@@ -1568,23 +1575,10 @@ def test_an_error_in_a_worker_running_the_batch_names_its_act(stage):
         stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes"
     )
     try:
-        before = [p.numpy().copy() for p in params_of(stages)]
-        (x, y), later = data(2)
-        with pytest.raises(ActorError) as e:
-            g.step(x, y)
+        e = failed_batch_then_trains(g, stages, bad)
         act = "forward_backward" if stage == 2 else "forward"
-        assert e.value.actor == f"stage{stage}.{act}" and e.value.piece == 2, e.value
-        assert isinstance(e.value.original, IndexOutOfBoundsError), e.value.original
-        for a, p in zip(before, params_of(stages), strict=True):
-            assert np.array_equal(a, p.numpy())
-            assert p.grad is None
-        for w in g.pipelined._workers:  # (nothing of the failed batch held there)
-            (part,) = w.ranks.call_fn(0, held_in, (w.key,), (af.int64,))
-            assert w.ranks.read(0, part).tolist() == [0, 0]
-        bad.at = -1  # the workers go on: the next batch trains
-        assert np.isfinite(float(g.step(*later)))
-        after = [p.numpy() for p in params_of(stages)]
-        assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+        assert e.actor == f"stage{stage}.{act}" and e.piece == 2, e
+        assert isinstance(e.original, IndexOutOfBoundsError), e.original
     finally:
         g.pipelined.close()
 

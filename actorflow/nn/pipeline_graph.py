@@ -161,7 +161,7 @@ from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
 from .pipeline_links import BACKWARD, CREDIT, FORWARD, WAIT, Links, run_batch, stage_error
-from .pipeline_ranks import RankStage, checked, described, eval_mode, saved_bytes
+from .pipeline_ranks import RankStage, checked, checked_loss, eval_mode, saved_bytes
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
 LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to the sink
@@ -768,12 +768,11 @@ class PipelineStep:
     def _loss_of(self, out: Tensor, rest: list) -> Tensor:
         """A micro-batch's loss: ``loss(out, *rest)`` where the graph was given one, else
         ``build(out, *rest)`` (``rest``: the other leaves' rows, as the batch held them)."""
-        graph = self.graph
         args = unflatten(self._rest, rest)
-        loss = self.loss(out, *args) if self.loss is not None else graph.build(out, *args)
-        if not isinstance(loss, Tensor) or loss.numel() != 1:
-            raise wrong_loss(graph, loss, self.loss is not None)
-        return loss
+        name = type(self.graph).__name__
+        if self.loss is not None:
+            return checked_loss(self.loss(out, *args), name, "the loss given (loss=)")
+        return checked_loss(self.graph.build(out, *args), name, "build")
 
     def _out_dtype(self, i: int) -> Any:
         """The dtype of stage ``i``'s output (its register's)."""
@@ -1022,23 +1021,13 @@ def _array(x: Any, name: str, what: str) -> np.ndarray:
     )
 
 
-def wrong_loss(graph: Any, loss: Any, given: bool = False) -> TypeError:
-    what = "the loss given (loss=)" if given else "build"
-    return TypeError(
-        f"{type(graph).__name__}: {what} returned {described(loss)} for (out, *rest); a "
-        f"pipeline's {what} returns the micro-batch's loss, a one-element tensor computed "
-        f"from out (it does not call backward: the graph does)"
-    )
-
-
 def _check_loss(graph: Any, loss: Any) -> None:
     """``loss=`` of a pipeline graph: a module without parameters or a function, in place
     of ``build`` (one or the other)."""
-    name = type(graph).__name__
-    has_build = any("build" in vars(c) for c in type(graph).__mro__ if not _library(c))
     if loss is None:
         return
-    if has_build:
+    name = type(graph).__name__
+    if any("build" in vars(c) for c in type(graph).__mro__ if not _library(c)):
         raise ValueError(
             f"{name}(stages=..., loss=...): {name} also defines build; give the loss one way: "
             f"loss= (what the last stage's worker can compute) or build (run in this process)"

@@ -66,7 +66,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,7 @@ import numpy as np
 from ..errors import ActorError
 from ..parallel import workers as W
 from ..tensor.tensor import Tensor
-from .pipeline_ranks import _kept, _raise, checked, described, saved_bytes
+from .pipeline_ranks import _kept, _raise, checked, checked_loss, grads_written, saved_bytes
 
 FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
 INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
@@ -181,7 +181,7 @@ class _End:
     def take(self, batch: int) -> tuple:
         """The next micro-batch arrived (waiting for it)."""
         while not self.pump(batch):
-            if not _wait([self.conn], W.WAIT_S):
+            if not W.wait_up_to([self.conn], W.WAIT_S):
                 raise TimeoutError(
                     f"nothing came from {self.label} within {W.WAIT_S:.0f} s "
                     f"(AF_RANKS_WAIT_S sets the wait)"
@@ -194,17 +194,6 @@ class _End:
         for mm in (self.mine[0] if self.mine else None, self.theirs):
             if mm is not None:
                 mm.close()
-
-
-def _wait(conns: list, seconds: float) -> list:
-    """``multiprocessing.connection.wait`` for up to ``seconds``, in spans under its limit
-    (about 24 days)."""
-    end = time.monotonic() + seconds
-    while True:
-        left = end - time.monotonic()
-        ready = wait(conns, timeout=max(0.0, min(left, 1e6)))
-        if ready or left <= 1e6:
-            return ready
 
 
 def _marked(ex: Any, end: _End, outs: list) -> None:
@@ -308,17 +297,11 @@ def _loop(
     name = f"stage{st.index}"
     acts: list = []
     losses: list = []
-    held = 0
     nf = nb = 0
     doing: tuple = ("", None)
 
     def rows(j: int) -> slice:
         return slice(int(bounds[j]), int(bounds[j + 1]))
-
-    def settle() -> None:  # (the act ends once its gradients are written: its errors)
-        for p in st.params:
-            if p.grad is not None:
-                ex.read(p.grad._impl, lambda a: None, "pipeline stage")
 
     def input_grad(x: Tensor) -> np.ndarray:
         if x.grad is None:  # (the output does not depend on the input)
@@ -344,18 +327,15 @@ def _loop(
                 t0 = time.perf_counter()
                 with enable_grad():
                     out = checked(st.label, st.module(x), x.shape[0], False)
-                    held = saved_bytes(out, st.exclude)
-                    st.peak = max(st.peak, held)
+                    st.peak = max(st.peak, saved_bytes(out, st.exclude))
                     targets = [from_numpy(r[rows(j)]) for r in rest]
-                    loss = st.loss(out, *unflatten(structure, targets))
-                    if not isinstance(loss, Tensor) or loss.numel() != 1:
-                        raise TypeError(
-                            f"the pipeline's loss returned {described(loss)}; it returns the "
-                            f"micro-batch's loss, a one-element tensor computed from the "
-                            f"last stage's output (it does not call backward: the graph does)"
-                        )
+                    loss = checked_loss(
+                        st.loss(out, *unflatten(structure, targets)),
+                        st.label,
+                        "the loss given (loss=)",
+                    )
                     (loss * (1.0 / m)).backward()
-                settle()
+                grads_written(ex, st)
                 losses.append(float(loss.detach().numpy()))
                 if not first:
                     prev.send(batch, j, input_grad(x), slots[0])
@@ -377,7 +357,7 @@ def _loop(
                 if out.requires_grad:  # (else nothing before it needs a gradient)
                     with enable_grad():
                         out.backward(from_numpy(g))
-                settle()
+                grads_written(ex, st)
                 if not first:
                     prev.send(batch, j, input_grad(x), slots[0])
                 acts.append((BACKWARD, j, t0, time.perf_counter()))
@@ -401,7 +381,7 @@ def _loop(
             doing = ("", None)
             credit = nf < m and len(st.fifo) >= k  # (its forward waits for a backward)
             waits = [e.conn for e in (None if credit or nf >= m else prev, nxt) if e]
-            if not _wait(waits, W.WAIT_S):
+            if not W.wait_up_to(waits, W.WAIT_S):
                 raise TimeoutError(
                     f"{st.label} waited {W.WAIT_S:.0f} s for its neighbours "
                     f"(AF_RANKS_WAIT_S sets the wait)"

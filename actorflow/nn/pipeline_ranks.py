@@ -239,9 +239,7 @@ def _backward(ex: Any, key: int, mb: int, grad_id: int, input_grad: bool, outs: 
     if out.requires_grad:  # (else nothing before it needs a gradient)
         with enable_grad():
             out.backward(wrap(got[0]))
-    for p in st.params:  # (its kernels' errors are the act's, raised here)
-        if p.grad is not None:
-            ex.read(p.grad._impl, lambda a: None, "pipeline stage")
+    grads_written(ex, st)
     if not input_grad:  # (stage 0: an empty part, read to say the act is done)
         ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
     elif x.grad is None:  # (the output does not depend on the input)
@@ -249,6 +247,14 @@ def _backward(ex: Any, key: int, mb: int, grad_id: int, input_grad: bool, outs: 
     else:
         ex.parts[outs[0]] = _contiguous(ex, x.grad)
     return None
+
+
+def grads_written(ex: Any, st: _Kept) -> None:
+    """Waits for the writes of the stage's gradients: a backward act ends once they are
+    written (its time its own), and their kernels' errors are the act's, raised here."""
+    for p in st.params:
+        if p.grad is not None:
+            ex.read(p.grad._impl, lambda a: None, "pipeline stage")
 
 
 def _finish(ex: Any, key: int, outs: list) -> None:
@@ -333,6 +339,18 @@ def _wrong_output(label: str, out: Any, rows: int, passes_on: bool) -> TypeError
     )
 
 
+def checked_loss(loss: Any, who: str, what: str) -> Tensor:
+    """``loss`` (what ``who``'s ``what``, ``build`` or ``loss=``, returned for a micro-batch)
+    if it is one tensor of one element."""
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        raise TypeError(
+            f"{who}: {what} returned {described(loss)} for (out, *rest); a pipeline's "
+            f"{what} returns the micro-batch's loss, a one-element tensor computed from out "
+            f"(it does not call backward: the graph does)"
+        )
+    return loss
+
+
 def described(x: Any) -> str:
     if isinstance(x, Tensor):
         return f"a tensor of shape {tuple(x.shape)}"
@@ -410,19 +428,19 @@ class RankStage:
                     )
                 return ("array", obj.detach().numpy(), param, obj.requires_grad)
 
-        if self.loss is not None:
-            try:
-                Pickler(io.BytesIO(), protocol=5).dump(self.loss)
-            except (pickle.PicklingError, TypeError, AttributeError) as e:
-                raise TypeError(
-                    f"the pipeline's loss= ({type(self.loss).__name__}) is sent to the last "
-                    f"stage's worker pickled, and it does not pickle ({type(e).__name__}: "
-                    f"{e}); give a module, or a function defined at a module's top level "
-                    f"(not a lambda or a function made inside another)"
-                ) from e
+        unpicklable = (pickle.PicklingError, TypeError, AttributeError)
         try:
             Pickler(buf, protocol=5).dump((self.module, self.loss, _shared(self.module, self.loss)))
-        except (pickle.PicklingError, TypeError, AttributeError) as e:
+        except unpicklable as e:
+            try:  # (the loss's, where it is the loss that does not pickle)
+                Pickler(io.BytesIO(), protocol=5).dump(self.loss)
+            except unpicklable as f:
+                raise TypeError(
+                    f"the pipeline's loss= ({type(self.loss).__name__}) is sent to the last "
+                    f"stage's worker pickled, and it does not pickle ({type(f).__name__}: "
+                    f"{f}); give a module, or a function defined at a module's top level "
+                    f"(not a lambda or a function made inside another)"
+                ) from f
             raise TypeError(
                 f"{where} is sent to its worker pickled, and it does not pickle "
                 f"({type(e).__name__}: {e}); keep the stage's module to what pickles "

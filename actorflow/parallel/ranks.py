@@ -682,14 +682,9 @@ class ProcessRanks(HeldRanks):
 
     def _recv(self, rank: int) -> tuple:
         w = self._workers[rank]
-        start = time.monotonic()
         until = max(self._busy[rank].values(), default=0.0)
-        wait_s = W.WAIT_S + max(0.0, until - start)
-        while True:  # (in spans a wait takes: its limit is about 24 days)
-            left = start + wait_s - time.monotonic()
-            ready = wait([w.conn, w.process.sentinel], timeout=max(0.0, min(left, 1e6)))
-            if ready or left <= 1e6:
-                break
+        wait_s = W.WAIT_S + max(0.0, until - time.monotonic())
+        ready = W.wait_up_to([w.conn, w.process.sentinel], wait_s)
         if w.conn in ready:
             try:
                 return pickle.loads(w.conn.recv_bytes())

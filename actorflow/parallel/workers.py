@@ -53,6 +53,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from multiprocessing.connection import Connection, wait
@@ -86,6 +87,17 @@ VIEWS = {  # the views a rank takes of its parts, by name
 
 class PeerGone(RuntimeError):
     """The worker of another rank ended before it sent a part this rank waited for."""
+
+
+def wait_up_to(conns: list, seconds: float) -> list:
+    """``multiprocessing.connection.wait`` for up to ``seconds``, in spans under its limit
+    (a wait's timeout is at most about 24 days)."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        ready = wait(conns, timeout=max(0.0, min(left, 1e6)))
+        if ready or left <= 1e6:
+            return ready
 
 
 def error_bytes(e: BaseException) -> bytes:
