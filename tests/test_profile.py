@@ -169,6 +169,8 @@ def test_flows_go_from_the_writer_of_a_blob_to_its_readers(device):
 
 
 def test_memory_counters_follow_the_allocator():
+    program()  # (what the program's ops make once, the random generator's state, made:
+    #            run first in a fresh process, the block freed its first state's bytes)
     gc.collect()  # no older tensor is freed in the block
     keep = []
     with af.profile() as prof:
