@@ -664,15 +664,23 @@ def test_stages_on_process_ranks_keep_1f1b(n, m):
         g.pipelined.close()
 
 
-class GathersBadly(Fails):
-    """On micro-batch ``at`` (in training mode) gathers column 99 of its input: the index
-    is checked by the kernel, in the worker holding the stage."""
+class GathersBadly(nn.Module):
+    """Gathers column 99 of each input row that holds NaN (the index is checked by the
+    kernel, in the worker holding the stage), adding nothing to the others: the
+    micro-batch whose rows a test made NaN (``poisoned``) fails there, in a compiled act as
+    in an eager one."""
 
-    def fail(self, x):
-        idx = af.tensor(np.full((x.shape[0], x.shape[1]), 99, dtype=np.int64))
-        if x.is_global:  # (a stage driven from here; in its worker it is local)
-            idx = idx.to_global(x.placement, af.sbp.broadcast)
-        return af.gather(x, 1, idx)
+    def forward(self, x):
+        idx = (x != x).to(af.int64) * 99
+        return x + af.gather(x, 1, idx) * 0.0
+
+
+def poisoned(x, mb, m):
+    """The batch ``x`` with micro-batch ``mb``'s rows (of ``m``) NaN."""
+    x = x.copy()
+    rows = len(x)
+    x[mb * rows // m : (mb + 1) * rows // m] = np.nan
+    return x
 
 
 def held_in(ex, key, outs):
@@ -689,11 +697,10 @@ def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
     from actorflow.errors import IndexOutOfBoundsError
 
     stages = stages_of(2)
-    bad = GathersBadly(at=2)
-    stages[0] = nn.Sequential(stages[0], bad)
+    stages[0] = nn.Sequential(stages[0], GathersBadly())
     g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes")
     try:
-        e = failed_batch_then_trains(g, stages, bad)
+        e = failed_batch_then_trains(g, stages, 2, 4)
         assert e.actor == "stage0.forward" and e.piece == 2
         assert isinstance(e.original, IndexOutOfBoundsError), e.original
         assert "out of bounds" in str(e.original)
@@ -701,21 +708,21 @@ def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
         g.pipelined.close()
 
 
-def failed_batch_then_trains(g, stages, bad):
-    """A batch whose stage ``bad`` fails: its ActorError, once checked that nothing was
-    updated and the workers hold nothing of it, and that the next batch trains."""
+def failed_batch_then_trains(g, stages, mb, m):
+    """A batch whose micro-batch ``mb`` (of ``m``) fails (its rows NaN, a ``GathersBadly``
+    among the stages): its ActorError, once checked that nothing was updated and the
+    workers hold nothing of it, and that the next batch trains."""
     before = [p.numpy().copy() for p in params_of(stages)]
     (x, y), later = data(2)
     with pytest.raises(ActorError) as e:
-        g.step(x, y)
+        g.step(poisoned(x, mb, m), y)
     for a, p in zip(before, params_of(stages), strict=True):
         assert np.array_equal(a, p.numpy())
         assert p.grad is None
     for w in g.pipelined._workers:  # (nothing of the failed batch held there)
         (part,) = w.ranks.call_fn(0, held_in, (w.key,), (af.int64,))
         assert w.ranks.read(0, part).tolist() == [0, 0]
-    bad.at = -1  # the workers go on: the next batch trains
-    assert np.isfinite(float(g.step(*later)))
+    assert np.isfinite(float(g.step(*later)))  # the workers go on: the next batch trains
     after = [p.numpy() for p in params_of(stages)]
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     return e.value
@@ -1207,6 +1214,8 @@ def test_dropout_in_stage_workers_draws_per_stage_and_follows_manual_seed():
 
     a, b = run(), run()
     np.testing.assert_array_equal(a, b)
+    masks = [m != 0 for m in np.split(a, 4)]  # (each micro-batch of each batch: its own)
+    assert all(not np.array_equal(p, q) for p, q in itertools.combinations(masks, 2))
     kept = float((a != 0).mean())
     assert 0.18 < kept < 0.32, kept  # (each element kept by both: ~1/4)
     assert set(np.unique(a).tolist()) <= {0.0, 4.0}
@@ -1569,13 +1578,12 @@ def test_an_error_in_a_worker_running_the_batch_names_its_act(stage):
     from actorflow.errors import IndexOutOfBoundsError
 
     stages = stages_of(3)
-    bad = GathersBadly(at=2)
-    stages[stage] = nn.Sequential(bad, stages[stage])
+    stages[stage] = nn.Sequential(GathersBadly(), stages[stage])
     g = LossPipe(
         stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks="processes"
     )
     try:
-        e = failed_batch_then_trains(g, stages, bad)
+        e = failed_batch_then_trains(g, stages, 2, 4)
         act = "forward_backward" if stage == 2 else "forward"
         assert e.actor == f"stage{stage}.{act}" and e.piece == 2, e
         assert isinstance(e.original, IndexOutOfBoundsError), e.original
@@ -1609,19 +1617,34 @@ def test_a_worker_killed_while_the_workers_run_the_batch(stage):
     assert ended(ranks[1 - stage].pids)
 
 
-class Sleeps(nn.Module):
-    """Sleeps ``s`` seconds on every forward in training mode (a slow, live stage)."""
+class Busy(nn.Module):
+    """On every forward, ``k`` products of a 256x256 matrix (a buffer, the identity),
+    their result added to the input as zero: a slow stage whose acts compute (a compiled
+    act runs no Python, so a sleep would be the trace's alone)."""
 
-    def __init__(self, s):
+    def __init__(self, k):
         super().__init__()
-        self.s = s
+        self.k = k
+        self.register_buffer("a", af.tensor(np.eye(256, dtype=np.float32)))
 
     def forward(self, x):
-        if self.training:
-            import time
+        t = self.a
+        for _ in range(self.k):
+            t = t @ self.a
+        return x + t[:1, :1] * 0.0
 
-            time.sleep(self.s)
-        return x
+
+def busy_seconds(k):
+    """About how long a ``Busy(k)`` forward takes here (the median of a few)."""
+    import time
+
+    b, x = Busy(k), af.tensor(np.zeros((4, 8), np.float32))
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        b(x).numpy()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[2]
 
 
 class ToInt(nn.Module):
@@ -1673,14 +1696,16 @@ def test_a_slow_batch_of_the_workers_is_waited_for(monkeypatch):
     from actorflow.parallel import workers
 
     stages = stages_of(2)
-    stages[0] = nn.Sequential(Sleeps(0.15), stages[0])
+    stages[0] = nn.Sequential(Busy(40), stages[0])
+    act = busy_seconds(40)
     g = LossPipe(
         stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=8, stage_ranks="processes"
     )
     try:
-        monkeypatch.setattr(workers, "WAIT_S", 0.6)  # (this process's: 8 x 0.15 s is more)
+        assert np.isfinite(float(g.step(*data(1)[0])))  # (compiled, outside the wait below)
+        monkeypatch.setattr(workers, "WAIT_S", 3 * act)  # (this process's: 8 acts are more)
         # another thread's request to a worker running the batch waits for it too
-        other = threading.Timer(0.3, workers_of(stages)[1].synchronize)
+        other = threading.Timer(2 * act, workers_of(stages)[1].synchronize)
         other.start()
         assert np.isfinite(float(g.step(*data(1)[0])))
         other.join()
@@ -1697,7 +1722,7 @@ def test_a_batch_given_up_with_ctrl_c_leaves_the_next_one_right(monkeypatch):
     from actorflow.nn import pipeline_links
 
     def pipe():
-        stages = [nn.Sequential(Sleeps(0.02), s) for s in stages_of(3)]
+        stages = [nn.Sequential(Busy(10), s) for s in stages_of(3)]
         return stages, LossPipe(
             stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=8, stage_ranks="processes"
         )
@@ -1760,17 +1785,22 @@ def test_a_worker_killed_in_the_middle_of_the_batch_is_its_stages_error(victim):
     import signal
     import threading
 
-    stages = [nn.Sequential(Sleeps(0.05), s) for s in stages_of(3)]
+    stages = [nn.Sequential(Busy(20), s) for s in stages_of(3)]
     g = LossPipe(
         stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=6, stage_ranks="processes"
     )
     try:
         assert np.isfinite(float(g.step(*data(1)[0])))
         ranks = workers_of(stages)
-        kill = threading.Timer(0.2, os.kill, (ranks[victim].pids[0], signal.SIGKILL))
+        # (a batch is most of a step: the kill lands in one, else the next batch finds the
+        # worker gone, the same error)
+        kill = threading.Timer(
+            4 * 6 * busy_seconds(20), os.kill, (ranks[victim].pids[0], signal.SIGKILL)
+        )
         kill.start()
         with pytest.raises(ActorError) as e:
-            g.step(*data(1)[0])
+            for _ in range(1000):
+                g.step(*data(1)[0])
         kill.join()
         assert e.value.actor == f"stage{victim}", e.value
         assert f"ranks=[{victim}])" in str(e.value) and "SIGKILL" in str(e.value), e.value

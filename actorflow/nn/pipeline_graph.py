@@ -82,11 +82,13 @@ reference. On held ranks (a worker process each, or a Ray actor) it computes in 
 (``pipeline_ranks.py``; the registers' layouts are found there too): the stage's module is
 pickled before each batch with each parameter and buffer standing for the part the global
 tensor names (a tensor it reaches twice is one tensor there) and sent where those bytes
-differ from what the worker holds, and each act is one command there, run as local eager
-autograd: a forward puts the micro-batch's input rows on the worker, runs the module there
-(keeping its autograd graph) and reads the output back into its register; a backward puts
-the output's gradient, runs that micro-batch's backward there (gradients accumulated in the
-worker over the batch) and reads the input's gradient back. The stages' threads here only
+differ from what the worker holds, and each act is one command there, run as the stage's
+compiled program (``stage_programs.py``: the module's forward and its backward traced once
+per micro-batch layout, as ``nn.Graph`` compiles a step): a forward puts the micro-batch's
+input rows on the worker, runs the forward program there (keeping what the backward reads)
+and reads the output back into its register; a backward puts the output's gradient, runs
+that micro-batch's backward program there (gradients accumulated in the worker over the
+batch) and reads the input's gradient back. The stages' threads here only
 put, ask and wait (the pipe's wait leaves the interpreter lock), so the stages compute at
 the same time in their processes. The last stage's output is read back and ``build`` runs
 here (autograd over a copy of it: a head module of this process trains too), its gradient
@@ -95,19 +97,22 @@ gradient becomes the ``.grad`` of the global parameter here (a global tensor ove
 worker's part, nothing copied; added to the gradient ``build`` gave it, where ``build`` used
 the parameter too), and the optimizers step them as any global parameters (their ops sent to
 the worker). Each activation and gradient goes through this process, through the channel
-kept between it and each worker (a copy each way; a move straight from one stage's worker to
-the next would save both: not built). What a stage's forward changes of its module's Python
-attributes changes in the worker's copy, until a change here sends a new copy; what changes
+kept between it and each worker (a copy each way; with ``loss=`` the workers pass them to
+each other: ``pipeline_links.py``). A stage's ``forward`` runs as Python only when traced
+(once per micro-batch layout, train/eval mode and frozen parameters), as ``build`` does in
+``nn.Graph``: what it changes of its module's attributes then stays in the worker's copy,
+until a change here sends a new copy; what changes
 here (attributes, in place too, eval and train modes, frozen parameters, replaced layers,
 loaded values, and the class attributes and globals of their module that the stage's
 ``forward`` reaches, where they hold numbers, strings or tuples of them:
 ``pipeline_ranks._shared``) reaches the worker at the next batch (a class attribute or
 global holding anything else is the worker's own). A stage's module must pickle (no lambdas
 or local functions in it), and a Ray actor loads its classes by their module's name (not
-from a script run as ``__main__``). A stage's random ops in its worker draw from a seed this
-process's generator gives each stage per batch (``af.manual_seed`` repeats them; the stages
-draw apart). A backward act ends once its worker wrote every gradient (an error of its
-kernels is the act's: the stage's ``ActorError``); a worker's error is the stage's
+from a script run as ``__main__``). A stage's random ops in its worker draw as a compiled
+step's (counter-based, ``rand_step``), keyed by the stage's index, at a count made of a seed
+this process's generator gives each stage per batch and the micro-batch's place
+(``af.manual_seed`` repeats them; the stages and the micro-batches draw apart). An error of
+an act's kernels is the act's (the stage's ``ActorError``); a worker's error is the stage's
 ``ActorError``, and a worker that dies the stage's ``ActorError`` whose original names the
 placement and the rank; after a failed batch the workers let go of what they held for it. A
 batch runs with this thread's kind of ranks set to the stages' (``ranks_here``: not the
@@ -161,7 +166,8 @@ from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
 from .pipeline_links import BACKWARD, CREDIT, FORWARD, WAIT, Links, run_batch, stage_error
-from .pipeline_ranks import RankStage, checked, checked_loss, eval_mode, saved_bytes
+from .pipeline_ranks import RankStage, eval_mode, saved_bytes
+from .stage_programs import checked, checked_loss
 
 INDEX = Spec((), "int64")  # a micro-batch's rows and index, carried with its arrays
 LOSS = Spec((), "float64")  # a micro-batch's loss, carried by the backward to the sink

@@ -20,7 +20,9 @@ The two sides of one protocol, in one file:
   a backward once the gradient of the oldest micro-batch it holds arrived. A backward
   ready goes first, so ``k_i = n - i`` gives 1F1B's order, as the actor graph's credits
   do; the last stage's one act runs its forward, the loss and the backward
-  (``stage{n-1}.forward_backward``), the backward scaled by 1/M as everywhere.
+  (``stage{n-1}.forward_backward``), the backward scaled by 1/M as everywhere. Each act
+  is one of the stage's compiled programs (``stage_programs.py``), as the acts of a stage
+  driven from this process are.
 
 Each direction of a link is a ring of ``k_i`` slots in shared memory (a ``memfd`` the
 writer makes, its descriptor sent over the socket once, mapped by the reader), micro-batch
@@ -71,10 +73,12 @@ from typing import Any
 
 import numpy as np
 
+from ..creation import from_numpy
 from ..errors import ActorError
 from ..parallel import workers as W
+from ..runtime.plan.spec import unflatten
 from ..tensor.tensor import Tensor
-from .pipeline_ranks import _kept, _raise, checked, checked_loss, grads_written, saved_bytes
+from .pipeline_ranks import _kept, _raise
 
 FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
 INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
@@ -277,11 +281,8 @@ def _loop(
     structure: Any,
     outs: list,
 ) -> None:
-    """``_run``'s work, its neighbours' ends given (``ends``)."""
-    from ..autograd import enable_grad
-    from ..creation import from_numpy
-    from ..runtime.plan.spec import unflatten
-
+    """``_run``'s work, its neighbours' ends given (``ends``): each act a compiled
+    program of the stage (``stage_programs``)."""
     st = _kept(ex, key)
     prev, nxt = ends
     first, last = prev is None, nxt is None
@@ -294,6 +295,7 @@ def _loop(
         arrays.append(ex.read(got[0], lambda a: a, "pipeline stage"))
     x_all: Any = arrays[0] if first else None
     rest = arrays[1:] if first else arrays
+    sp = st.programs()
     name = f"stage{st.index}"
     acts: list = []
     losses: list = []
@@ -303,20 +305,15 @@ def _loop(
     def rows(j: int) -> slice:
         return slice(int(bounds[j]), int(bounds[j + 1]))
 
-    def input_grad(x: Tensor) -> np.ndarray:
-        if x.grad is None:  # (the output does not depend on the input)
-            return np.zeros(tuple(x.shape), x.dtype.np)
-        return ex.read(x.grad._impl, lambda a: np.ascontiguousarray(a), "pipeline stage")
-
     def take_input() -> tuple:
         if first:
-            return nf, from_numpy(x_all[rows(nf)])
+            return nf, np.ascontiguousarray(x_all[rows(nf)])
         t = time.perf_counter()
         waited = not prev.pump(batch)
         j, a = prev.take(batch)
         if waited:
             acts.append((WAIT, INPUT, t, time.perf_counter()))
-        return j, from_numpy(a).requires_grad_()
+        return j, a
 
     try:
         while nb < m:
@@ -325,20 +322,13 @@ def _loop(
                 doing = (f"{name}.forward_backward", nf)
                 j, x = take_input()
                 t0 = time.perf_counter()
-                with enable_grad():
-                    out = checked(st.label, st.module(x), x.shape[0], False)
-                    st.peak = max(st.peak, saved_bytes(out, st.exclude))
-                    targets = [from_numpy(r[rows(j)]) for r in rest]
-                    loss = checked_loss(
-                        st.loss(out, *unflatten(structure, targets)),
-                        st.label,
-                        "the loss given (loss=)",
-                    )
-                    (loss * (1.0 / m)).backward()
-                grads_written(ex, st)
-                losses.append(float(loss.detach().numpy()))
+                targets = [np.ascontiguousarray(r[rows(j)]) for r in rest]
+                prog = sp.of(x, targets, not first, _LossOf(st.loss, structure), 1.0 / m)
+                loss, gx = sp.last(prog, x, targets, st.draws(j))
+                st.peak = max(st.peak, prog.saved_bytes)
+                losses.append(loss)
                 if not first:
-                    prev.send(batch, j, input_grad(x), slots[0])
+                    prev.send(batch, j, gx, slots[0])
                 st.held_most = max(st.held_most, 1)
                 acts.append((FORWARD, j, t0, time.perf_counter()))
                 nf += 1
@@ -347,34 +337,29 @@ def _loop(
             if nb < nf and nxt.pump(batch):  # (a backward ready goes first)
                 j, g = nxt.arrived.pop(0)
                 doing = (f"{name}.backward", j)
-                mb, x, out, nbytes = st.fifo.popleft()
+                mb, prog, saved = st.fifo.popleft()
                 if mb != j:  # (the registers keep piece order: by construction)
                     raise RuntimeError(
                         f"{st.label}: the gradient of micro-batch {j} came, but the oldest "
                         f"micro-batch it holds is {mb}"
                     )
-                st.held -= nbytes
-                if out.requires_grad:  # (else nothing before it needs a gradient)
-                    with enable_grad():
-                        out.backward(from_numpy(g))
-                grads_written(ex, st)
+                st.held -= prog.saved_bytes
+                gx = sp.backward(prog, g, saved)
                 if not first:
-                    prev.send(batch, j, input_grad(x), slots[0])
+                    prev.send(batch, j, gx, slots[0])
                 acts.append((BACKWARD, j, t0, time.perf_counter()))
                 nb += 1
                 continue
             if nf < m and len(st.fifo) < k and (first or prev.pump(batch)):
                 doing = (f"{name}.forward", nf)
                 j, x = take_input()
-                with enable_grad():
-                    out = checked(st.label, st.module(x), x.shape[0], True)
-                nbytes = saved_bytes(out, st.exclude)
-                st.fifo.append((j, x, out, nbytes))
-                st.held += nbytes
+                prog = sp.of(x, [], not first, None, 1.0)
+                out, saved = sp.forward(prog, x, st.draws(j))
+                st.fifo.append((j, prog, saved))
+                st.held += prog.saved_bytes
                 st.peak = max(st.peak, st.held)
                 st.held_most = max(st.held_most, len(st.fifo))
-                a = ex.read(out.detach()._impl, lambda a: a, "pipeline stage")
-                nxt.send(batch, j, a, slots[1])
+                nxt.send(batch, j, out, slots[1])
                 acts.append((FORWARD, j, t0, time.perf_counter()))
                 nf += 1
                 continue
@@ -396,6 +381,17 @@ def _loop(
         raise ActorError(actor, piece, e, traceback.format_exc()) from e
     ex.parts[outs[0]] = from_numpy(report(st, losses, acts))._impl
     return None
+
+
+class _LossOf:
+    """The loss given (``loss=``) on a micro-batch's output and its targets as ``build``
+    would get them (``structure``: how the rest of the batch was given)."""
+
+    def __init__(self, loss: Any, structure: Any) -> None:
+        self.loss, self.structure = loss, structure
+
+    def __call__(self, out: Tensor, *targets: Tensor) -> Any:
+        return self.loss(out, *unflatten(self.structure, list(targets)))
 
 
 def report(st: Any, losses: list, acts: list) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Pipeline stages that compute in a worker: a stage of ``nn.Graph(stages=...)`` whose
 parameters and buffers are global on a one-rank placement of held ranks (process ranks: a
-worker process; Ray ranks: a Ray actor) runs its forward and backward acts there as local
-eager autograd, one command each, instead of being driven op by op from this process.
+worker process; Ray ranks: a Ray actor) runs its forward and backward acts there, one
+command each, as the stage's compiled programs (``stage_programs.py``: the module's forward
+and its backward traced once per micro-batch layout, as ``nn.Graph`` compiles a step),
+instead of being driven op by op from this process.
 
 The two sides of one protocol, in one file:
 
@@ -11,19 +13,20 @@ The two sides of one protocol, in one file:
   the id of its part, so the worker's module computes on the very parts the global
   tensors name: an optimizer's in-place update of a global parameter here is a write into
   the worker module's parameter), and clears what the worker kept of the last batch
-  (``start``). A forward act puts the micro-batch's input rows, has the worker run the
-  module (``forward``) and reads the output back (one round trip); a backward act puts the
-  output's gradient, has the worker run the micro-batch's backward (``backward``: the
-  oldest graph it keeps, in piece order) and reads the input's gradient back; the act ends
-  once the worker wrote every gradient (a kernel's error there is the act's). After the
+  (``start``, with the seed the batch's random ops draw from). A forward act puts the
+  micro-batch's input rows, has the worker run the stage's forward program (``forward``:
+  it keeps what the backward reads) and reads the output back (one round trip); a
+  backward act puts the output's gradient, has the worker run the backward program on the
+  oldest micro-batch it keeps, in piece order (``backward``), and reads the input's
+  gradient back (a kernel's error there is the act's). After the
   batch's last backward ``finish()`` makes each parameter's gradient, accumulated in the
   worker over the micro-batches, the ``.grad`` of the global parameter here (a global
   tensor over the worker's part: nothing copied), so the graph's optimizers step the
   stage's parameters as they step any global parameter (their commands run in the worker
   after the acts).
 - The worker (the functions ``RUN`` commands name, ``workers.Executor.run_fn``): what it
-  keeps of a stage (``_Kept``: its module, the autograd graphs of its micro-batches in
-  flight, their saved bytes and peak) in ``Executor.kept``.
+  keeps of a stage (``_Kept``: its module, its compiled programs, what its micro-batches
+  in flight hold for their backward, their bytes and peak) in ``Executor.kept``.
 
 What the stage keeps for its backward lives in the worker; the registers here bound it as
 they bound a local stage's (the worker's count is checked against the piece order). The
@@ -47,6 +50,7 @@ from ..code_reads import set_shared
 from ..parallel.workers import adopt
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, Parameter
+from .stage_programs import StagePrograms, checked
 
 # -- the worker's side -------------------------------------------------------------------
 
@@ -61,11 +65,23 @@ class _Kept:
         self.label = label  # "stage i of n", for errors
         self.passes_on = passes_on  # (not the last stage: its output is the next's input)
         self.params = list(module.parameters())
-        self.exclude = {id(t._impl.blob) for t in self.params + list(module.buffers())}
         self.fifo: deque = deque()  # (micro-batch, input, output, saved bytes)
         self.held = 0
         self.peak = 0
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
+        self.compiled: Any = None  # (its acts compiled: stage_programs.StagePrograms)
+        self.batch_seed = 0  # (what the batch's random ops draw from: _start's)
+
+    def programs(self) -> Any:
+        """The stage's compiled acts (made on first use)."""
+        if self.compiled is None:
+            self.compiled = StagePrograms(self.module, self.label, self.index)
+        return self.compiled
+
+    def draws(self, mb: int) -> int:
+        """The count micro-batch ``mb``'s random ops draw at (``stage_programs``): the
+        batch's seed in the high bits, the micro-batch in the low 20."""
+        return (self.batch_seed >> 20 << 20) | mb
 
 
 class _Unpickler(pickle.Unpickler):
@@ -168,8 +184,12 @@ def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
     st = ex.kept.get(key)
     if st is None:
         return  # (its loading failed: raised by the acts)
+    if seed is not None:
+        st.batch_seed = seed
     st.fifo.clear()
     st.held = st.peak = st.held_most = 0
+    if st.compiled is not None:
+        st.compiled.clear()
     for p in st.params:
         p.grad = None
 
@@ -185,22 +205,22 @@ def _contiguous(ex: Any, t: Tensor) -> Any:
 
 
 def _forward(ex: Any, key: int, mb: int, in_id: int, needs_grad: bool, outs: list) -> None:
-    from ..autograd import enable_grad
+    """The stage's forward act on micro-batch ``mb`` (its compiled program): its output
+    the part ``outs[0]``, what its backward reads kept."""
+    from ..creation import from_numpy
 
     st = _kept(ex, key)
     got = ex.inputs([in_id])
     if isinstance(got, bytes):
         return ex.fail(outs, got)
-    x = wrap(got[0])
-    if needs_grad:
-        x.requires_grad_()
-    with enable_grad():
-        out = checked(st.label, st.module(x), x.shape[0], st.passes_on)
-    nbytes = saved_bytes(out, st.exclude)
-    st.fifo.append((mb, x, out, nbytes))
-    st.held += nbytes
+    x = ex.read(got[0], np.ascontiguousarray, "pipeline stage")
+    sp = st.programs()
+    prog = sp.of(x, [], needs_grad, None, 1.0)
+    out, saved = sp.forward(prog, x, st.draws(mb))
+    st.fifo.append((mb, prog, saved, got[0]))  # (the input's part alive while kept)
+    st.held += prog.saved_bytes
     st.peak = max(st.peak, st.held)
-    ex.parts[outs[0]] = _contiguous(ex, out.detach())
+    ex.parts[outs[0]] = from_numpy(out)._impl
     return None
 
 
@@ -221,7 +241,9 @@ def _probe(ex: Any, key: int, in_id: int, outs: list) -> None:
 
 
 def _backward(ex: Any, key: int, mb: int, grad_id: int, input_grad: bool, outs: list) -> None:
-    from ..autograd import enable_grad
+    """The stage's backward act on micro-batch ``mb``, the oldest it holds: the
+    parameters' gradients accumulated, the input's the part ``outs[0]`` (an empty part
+    where none is asked: stage 0)."""
     from ..creation import from_numpy
 
     st = _kept(ex, key)
@@ -231,30 +253,17 @@ def _backward(ex: Any, key: int, mb: int, grad_id: int, input_grad: bool, outs: 
             f"{st.label}: backward of micro-batch {mb}, but the oldest micro-batch it "
             f"holds is {held}"
         )
-    _, x, out, nbytes = st.fifo.popleft()
-    st.held -= nbytes
+    _, prog, saved, _ = st.fifo.popleft()
+    st.held -= prog.saved_bytes
     got = ex.inputs([grad_id])
     if isinstance(got, bytes):
         return ex.fail(outs, got)
-    if out.requires_grad:  # (else nothing before it needs a gradient)
-        with enable_grad():
-            out.backward(wrap(got[0]))
-    grads_written(ex, st)
+    g = ex.read(got[0], np.ascontiguousarray, "pipeline stage")
+    gx = st.programs().backward(prog, g, saved)
     if not input_grad:  # (stage 0: an empty part, read to say the act is done)
-        ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
-    elif x.grad is None:  # (the output does not depend on the input)
-        ex.parts[outs[0]] = from_numpy(np.zeros(tuple(x.shape), x.dtype.np))._impl
-    else:
-        ex.parts[outs[0]] = _contiguous(ex, x.grad)
+        gx = np.zeros(0, np.float32)
+    ex.parts[outs[0]] = from_numpy(gx)._impl
     return None
-
-
-def grads_written(ex: Any, st: _Kept) -> None:
-    """Waits for the writes of the stage's gradients: a backward act ends once they are
-    written (its time its own), and their kernels' errors are the act's, raised here."""
-    for p in st.params:
-        if p.grad is not None:
-            ex.read(p.grad._impl, lambda a: None, "pipeline stage")
 
 
 def _finish(ex: Any, key: int, outs: list) -> None:
@@ -264,6 +273,7 @@ def _finish(ex: Any, key: int, outs: list) -> None:
     from ..creation import from_numpy
 
     st = _kept(ex, key)
+    st.programs().take_grads()
     has = []
     for p, out in zip(st.params, outs[1:], strict=True):
         if p.grad is None:
@@ -313,48 +323,6 @@ def eval_mode(module: Module) -> Iterator[None]:
     finally:
         for sub, mode in modes:
             object.__setattr__(sub, "training", mode)
-
-
-def checked(label: str, out: Any, rows: int, passes_on: bool) -> Tensor:
-    """``out``, what a stage returned for a micro-batch of ``rows`` rows, if it is one
-    tensor (with those rows along dim 0 where it ``passes_on`` to the next stage)."""
-    if not isinstance(out, Tensor) or (passes_on and (out.ndim == 0 or out.shape[0] != rows)):
-        raise _wrong_output(label, out, rows, passes_on)
-    return out
-
-
-def _wrong_output(label: str, out: Any, rows: int, passes_on: bool) -> TypeError:
-    """The error of a stage that returned ``out`` for a micro-batch of ``rows`` rows."""
-    if not passes_on:
-        return TypeError(
-            f"{label} returned {described(out)}; the last stage of a pipeline computing in a "
-            f"worker returns one tensor (the loss's input: build's, read back into this "
-            f"process, or loss='s, in the worker)"
-        )
-    return TypeError(
-        f"{label} returned {described(out)} for a micro-batch of {rows} "
-        f"{'row' if rows == 1 else 'rows'}; a stage that is "
-        f"not the last returns one tensor with the micro-batch's rows along dim 0 (the "
-        f"next stage's input)"
-    )
-
-
-def checked_loss(loss: Any, who: str, what: str) -> Tensor:
-    """``loss`` (what ``who``'s ``what``, ``build`` or ``loss=``, returned for a micro-batch)
-    if it is one tensor of one element."""
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        raise TypeError(
-            f"{who}: {what} returned {described(loss)} for (out, *rest); a pipeline's "
-            f"{what} returns the micro-batch's loss, a one-element tensor computed from out "
-            f"(it does not call backward: the graph does)"
-        )
-    return loss
-
-
-def described(x: Any) -> str:
-    if isinstance(x, Tensor):
-        return f"a tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
 
 
 # -- this process's side -----------------------------------------------------------------

@@ -281,6 +281,17 @@ class Tracer(Interpreter):
         )
 
 
+def mark() -> int:
+    """How many op calls the recording in progress on this thread has recorded so far: a
+    place to cut it at (``trace.cut_programs``)."""
+    from ..eager.interpreter import STATE
+
+    tracer = STATE.interpreter
+    if not isinstance(tracer, Tracer):
+        raise TraceError("mark(): no recording is in progress on this thread")
+    return len(tracer.nodes)
+
+
 @contextlib.contextmanager
 def standing_in(tensors: list, placeholders: list):
     """While tracing a step: each of ``tensors`` (a module's parameters and buffers, read

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..runtime.plan.spec import PieceSpec, Spec, unflatten
+from ..runtime.plan.spec import PieceSpec, Spec, flatten, unflatten
 from ..tensor.meta import is_contiguous
 from ..vm.opcall import kernel_of
 from .build import traced_graph
@@ -80,32 +80,52 @@ def stateful_program(
 
 
 def _program(rec: Recording, flat: list, new_states=None) -> Program:
-    out_leaves, structure = rec.outputs, rec.structure
-    out_srcs = [rec.source(t._impl) for t in out_leaves]
+    outs = [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in rec.outputs]
+    assigns = None
+    if new_states is not None:
+        assigns = [
+            (i, rec.source(t._impl), t._impl.meta)
+            for i, t in enumerate(new_states)
+            if t is not None and rec.source(t._impl) != ("state", i)
+        ]
+
+    def in_port(src):
+        k, j, _ = flat[src[1]]
+        return ("in", k, j)
+
+    return _part(rec, 0, len(rec.nodes), in_port, outs, rec.structure, assigns)
+
+
+def _part(rec: Recording, first: int, last: int, in_port, outs: list, structure, assigns):
+    """A Program of the recorded nodes ``first`` to ``last``: ``in_port(src)`` the input
+    port ``("in", k, j)`` of a recorded input or of a value an earlier node made (one before
+    ``first``); ``outs`` per output leaf ``(source, view meta, whole)`` (``whole``: not a
+    view of another tensor); ``assigns``: per state written back ``(state i, source, view
+    meta)`` (None: a program without state)."""
     # node outputs that are program outputs (read whole) go straight into the register
     direct = {}
-    for j, (t, src) in enumerate(zip(out_leaves, out_srcs, strict=True)):
-        m = t._impl.meta
+    for j, (src, m, whole) in enumerate(outs):
         if (
             src[0] == "node"
+            and src[1] >= first
             and src not in direct
-            and t._impl.base is None
+            and whole
             and is_contiguous(m.shape, m.strides)
             and m.offset == 0
         ):
             direct[src] = j
+    nodes = rec.nodes[first:last]
     tmp_specs: list[Spec] = []
     tmp_of: dict = {}
-    for n, node in enumerate(rec.nodes):
+    for n, node in enumerate(nodes, first):
         for k, m in enumerate(node.metas):
             if ("node", n, k) not in direct:
                 tmp_of[("node", n, k)] = len(tmp_specs)
                 tmp_specs.append(Spec(m.shape, m.dtype, m.device))
 
     def port_of(src):
-        if src[0] == "in":
-            k, j, _ = flat[src[1]]
-            return ("in", k, j)
+        if src[0] == "in" or (src[0] == "node" and src[1] < first):
+            return in_port(src)
         if src[0] in ("const", "state"):
             return (src[0], src[1], 0)
         if src in direct:
@@ -113,30 +133,91 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
         return ("tmp", tmp_of[src], 0)
 
     steps = []
-    for n, node in enumerate(rec.nodes):
+    for n, node in enumerate(nodes, first):
         dev = node.metas[0].device if node.metas else None
         ins = [rec.ref(src, meta, port_of) for src, meta in node.refs]
-        outs = [port_of(("node", n, k)) + (None,) for k in range(len(node.metas))]
+        outs_n = [port_of(("node", n, k)) + (None,) for k in range(len(node.metas))]
         kernel = kernel_of(node.op, dev, [m for _, m in node.refs] + list(node.metas))
-        steps.append(Step(node.op, kernel, ins, node.attrs, outs))
+        steps.append(Step(node.op, kernel, ins, node.attrs, outs_n))
     copies = []
-    for j, (t, src) in enumerate(zip(out_leaves, out_srcs, strict=True)):
+    for j, (src, m, _) in enumerate(outs):
         if direct.get(src) != j:
-            copies.append((j, rec.ref(src, t._impl.meta, port_of)))
-    out_spec = PieceSpec(
-        structure,
-        [Spec(t._impl.meta.shape, t._impl.meta.dtype, t._impl.meta.device) for t in out_leaves],
-    )
+            copies.append((j, rec.ref(src, m, port_of)))
+    out_spec = PieceSpec(structure, [Spec(m.shape, m.dtype, m.device) for _, m, _ in outs])
     program = Program(steps, out_spec, tmp_specs, rec.const_arrays(), copies)
-    if new_states is not None:
+    if assigns is not None:
         program.state_specs = list(rec.state_specs)
-        for i, t in enumerate(new_states):
-            if t is None:
-                continue
-            src = rec.source(t._impl)
-            if src != ("state", i):
-                program.assigns.append((i, rec.ref(src, t._impl.meta, port_of)))
+        program.assigns = [(i, rec.ref(src, m, port_of)) for i, src, m in assigns]
     return program
+
+
+def crossing(rec: Recording, cut: int, after: int) -> list:
+    """The values made before node ``cut`` (by a node, or given as an input) that the
+    nodes from ``after`` on read, in the order first read: what a call cut at ``cut``
+    keeps for its part from ``after`` on."""
+    out: list = []
+    seen: set = set()
+    for node in rec.nodes[after:]:
+        for src, _ in node.refs:
+            if src not in seen and (src[0] == "in" or (src[0] == "node" and src[1] < cut)):
+                seen.add(src)
+                out.append(src)
+    return out
+
+
+def cut_programs(rec: Recording, cut: int, inputs: tuple, outputs: tuple, states: tuple):
+    """A recorded call cut in two Programs at node ``cut``: the first runs the nodes before
+    it, the second those from it on (a pipeline stage's forward and backward,
+    ``nn.stage_programs``). What the second reads of the first's values, or of the first's
+    inputs, is *saved*: passed on by the caller.
+
+    ``inputs``: per part the recorded inputs (leaf indices) it is given, in order, as the
+    leaves of its one input register; ``outputs``: per part the tensors (of the call) it
+    returns; ``states``: per part the new value of each state it writes back, as
+    ``stateful_program``'s ``new_states`` (None: kept). Returns ``(first, second, saved)``:
+    the second program's inputs are its own, then per entry of ``saved`` one array:
+    ``("in", j)`` the first part's input leaf j, ``("out", j)`` the first program's output
+    j (its own outputs first, then what it makes only to pass on)."""
+
+    def crosses(src) -> bool:
+        return (src[0] == "in" and src[1] not in inputs[1]) or (src[0] == "node" and src[1] < cut)
+
+    reads = [src for src in crossing(rec, cut, cut) if crosses(src)]
+    later = [rec.source(t._impl) for t in [*outputs[1], *[t for t in states[1] if t is not None]]]
+    reads += [src for src in dict.fromkeys(later) if crosses(src) and src not in reads]
+    firsts = [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in outputs[0]]
+    own: dict = {}
+    for j, (src, m, whole) in enumerate(firsts):
+        if whole and m.offset == 0 and is_contiguous(m.shape, m.strides):
+            own.setdefault(src, j)
+    saved = []
+    for src in reads:
+        if src[0] == "in":
+            saved.append(("in", inputs[0].index(src[1])))
+        elif src in own:
+            saved.append(("out", own[src]))
+        else:
+            saved.append(("out", len(firsts)))
+            firsts.append((src, rec.meta_of(src), True))
+    programs = []
+    for part, (first, last) in enumerate(((0, cut), (cut, len(rec.nodes)))):
+        given = {("in", j): ("in", 0, a) for a, j in enumerate(inputs[part])}
+        if part:
+            given.update({src: ("in", 0, len(inputs[1]) + a) for a, src in enumerate(reads)})
+        outs = (
+            firsts
+            if not part
+            else [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in outputs[1]]
+        )
+        assigns = [
+            (i, rec.source(t._impl), t._impl.meta)
+            for i, t in enumerate(states[part])
+            if t is not None and rec.source(t._impl) != ("state", i)
+        ]
+        programs.append(
+            _part(rec, first, last, given.__getitem__, outs, flatten([0] * len(outs))[1], assigns)
+        )
+    return programs[0], programs[1], saved
 
 
 class Traced:
