@@ -1,9 +1,9 @@
-"""A pipeline stage's acts compiled (nn/stage_programs.py, tracing.cut_programs): a recorded
-call cut in two programs computes what the whole call does, the second reading only what
-the first passes on; a stage's compiled forward and backward equal eager autograd bit for
-bit (outputs, the input's gradient, the parameters' gradients accumulated over
-micro-batches, batch norm's running statistics), and hold exactly what the backward
-reads."""
+"""A pipeline stage's acts compiled (nn/stage_programs.py, tracing.split_programs): a
+recorded call split into programs run in turn computes what the whole call does, each part
+reading only what earlier parts pass on; a stage's compiled forward and backward equal
+eager autograd bit for bit (outputs, the input's gradient, the parameters' gradients
+accumulated over micro-batches, batch norm's running statistics), hold exactly what the
+backward reads, and hand the input's gradient on before computing the weights'."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from actorflow.errors import TraceError
 from actorflow.nn.stage_programs import StagePrograms
 from actorflow.runtime.plan.spec import Spec
 from actorflow.tracing.recording import Recording, mark
-from actorflow.tracing.trace import _program, cut_programs
+from actorflow.tracing.trace import _program, split_programs
 
 
 def _record(fn, specs):
@@ -27,32 +27,46 @@ def _record(fn, specs):
     return Recording(body, specs, lambda leaves: leaves), marks
 
 
-def test_a_call_cut_in_two_computes_the_whole_and_passes_on_what_the_second_reads():
+def test_a_call_split_in_parts_computes_the_whole_and_passes_on_what_later_parts_read():
     def fn(marks, x, g):
         a = af.exp(x)
-        b = a * 2.0  # (read after the cut)
-        c = a + 1.0  # (not read after the cut: not passed on)
+        b = a * 2.0  # (read by both later parts)
+        c = a + 1.0  # (read by no later part: not passed on)
         marks.append(mark())
-        return [c, b * g + x]  # (x: the first part's input, read after the cut)
+        d = b * g  # (part 1)
+        e = d + x  # (part 1: x, the first part's input)
+        f = b - d  # (part 2: reads part 0's b and part 1's d)
+        return [c, e, f]
 
     specs = [Spec((3, 4), af.float32, "cpu"), Spec((3, 4), af.float32, "cpu")]
     rec, marks = _record(fn, specs)
-    outs = rec.outputs
-    first, second, saved = cut_programs(
-        rec, marks[0], ((0,), (1,)), ([outs[0]], [outs[1]]), ([], [])
+    c, e, f = rec.outputs
+    cut, n = marks[0], len(rec.nodes)
+    programs, reads, made = split_programs(
+        rec,
+        [list(range(cut)), [cut, cut + 1], [cut + 2]],
+        [(0,), (1,), ()],
+        [[c], [e], [f]],
+        [[], [], []],
     )
+    assert n == cut + 3
     rng = np.random.default_rng(0)
     x, g = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(2))
-    whole = _program(rec, [(0, 0, specs[0]), (0, 1, specs[1])])
-    want = whole.run_new([[x, g]])
-    got1 = first.run_new([[x]])
-    passed = [x if k == "in" else got1[j] for k, j in saved]
-    got2 = second.run_new([[g, *passed]])
-    assert np.array_equal(got1[0], want[0]) and np.array_equal(got2[0], want[1])
-    assert [k for k, _ in saved] == ["out", "in"]  # (b made before the cut, then x)
-    assert len(first.out_spec.specs) == 2  # (c, then b: passed on)
-    assert [s.op.name for s in first.steps] == ["exp", "mul_scalar", "add_scalar"]
-    assert [s.op.name for s in second.steps] == ["mul", "add"]
+    want = _program(rec, [(0, 0, specs[0]), (0, 1, specs[1])]).run_new([[x, g]])
+    values = {("in", 0): x, ("in", 1): g}
+    got = []
+    for k, p in enumerate(programs):
+        ins = [values[("in", j)] for j in [(0,), (1,), ()][k]] + [values[s] for s in reads[k]]
+        outs = p.run_new([ins])
+        values.update(zip(made[k], outs, strict=True))
+        got.append(outs[0])
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    b_src = ("node", 1, 0)  # (exp, then b: what later parts read of part 0)
+    assert reads == [[], [b_src, ("in", 0)], [b_src, ("node", cut, 0)]]
+    assert len(made[0]) == 2 and made[0][1] == b_src  # (c, then b: passed on)
+    assert [s.op.name for s in programs[0].steps] == ["exp", "mul_scalar", "add_scalar"]
+    assert [s.op.name for s in programs[1].steps] == ["mul", "add"]
+    assert [s.op.name for s in programs[2].steps] == ["sub"]
 
 
 def mlp_stage(bn=False):
@@ -89,8 +103,10 @@ def test_a_stages_compiled_acts_equal_eager_autograd_bit_for_bit(bn):
         out, saved = sp.forward(prog, x, j)
         assert np.array_equal(out, want_out[j])
         held.append((prog, saved))
-    for j, (prog, saved) in enumerate(held):
-        assert np.array_equal(sp.backward(prog, gs[j], saved), want_x[j])
+    for j, (prog, kept) in enumerate(held):
+        sent = []
+        assert np.array_equal(sp.backward(prog, gs[j], kept, sent.append), want_x[j])
+        assert len(sent) == 1 and sent[0] is not None
     sp.take_grads()
     for p, w in zip(stage.parameters(), want_p, strict=True):
         assert np.array_equal(p.grad.numpy(), w)
@@ -104,15 +120,19 @@ def test_a_stage_holds_what_its_backward_reads():
     sp = StagePrograms(stage, "stage 1 of 2", 1)
     x = np.ones((4, 6), np.float32)
     prog = sp.of(x, [], True, None, 1.0)
-    out, saved = sp.forward(prog, x, 0)
+    out, kept = sp.forward(prog, x, 0)
     # the weight's gradient reads the input, relu's the output: nothing else is held
-    assert sorted(a.shape for a in saved) == [(4, 5), (4, 6)]
-    assert prog.saved_bytes == sum(a.nbytes for a in saved) == (4 * 5 + 4 * 6) * 4
+    assert sorted(a.shape for a in kept.values()) == [(4, 5), (4, 6)]
+    assert prog.saved_bytes == sum(a.nbytes for a in kept.values()) == (4 * 5 + 4 * 6) * 4
+    # the backward in two parts: what the input's gradient needs, then the weights'
+    assert len(prog.parts) == 3
+    assert "matmul" in [s.op.name for s in prog.parts[1].steps]  # (g @ W)
+    assert [s.op.name for s in prog.parts[2].steps].count("matmul") == 1  # (g.T @ x)
     first = StagePrograms(mlp_stage(), "stage 0 of 2", 0)  # (no input gradient asked)
     assert first.of(x, [], False, None, 1.0).saved_bytes == prog.saved_bytes
 
 
-def test_the_last_stage_with_its_loss_is_one_program_equal_to_eager():
+def test_the_last_stage_with_its_loss_equals_eager_and_sends_its_input_gradient_first():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4, 6)).astype(np.float32)
     y = rng.integers(0, 5, 4)
@@ -123,8 +143,10 @@ def test_the_last_stage_with_its_loss_is_one_program_equal_to_eager():
         (loss * 0.5).backward()
     sp = StagePrograms(stage, "stage 1 of 2", 1)
     prog = sp.of(x, [y], True, nn.CrossEntropyLoss(), 0.5)
-    assert prog.forward is None
-    value, gx = sp.last(prog, x, [y], 0)
+    assert len(prog.parts) == 2  # (forward, loss and the input's gradient; the weights')
+    sent = []
+    value, gx = sp.last(prog, x, [y], 0, sent.append)
+    assert sent[0] is gx
     sp.take_grads()
     assert value == float(loss.numpy()) and np.array_equal(gx, t.grad.numpy())
     for p, q in zip(ref.parameters(), stage.parameters(), strict=True):

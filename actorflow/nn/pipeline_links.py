@@ -324,11 +324,10 @@ def _loop(
                 t0 = time.perf_counter()
                 targets = [np.ascontiguousarray(r[rows(j)]) for r in rest]
                 prog = sp.of(x, targets, not first, _LossOf(st.loss, structure), 1.0 / m)
-                loss, gx = sp.last(prog, x, targets, st.draws(j))
+                back = None if first else _sender(prev, batch, j, slots[0])
+                loss, _ = sp.last(prog, x, targets, st.draws(j), back)
                 st.peak = max(st.peak, prog.saved_bytes)
                 losses.append(loss)
-                if not first:
-                    prev.send(batch, j, gx, slots[0])
                 st.held_most = max(st.held_most, 1)
                 acts.append((FORWARD, j, t0, time.perf_counter()))
                 nf += 1
@@ -344,9 +343,7 @@ def _loop(
                         f"micro-batch it holds is {mb}"
                     )
                 st.held -= prog.saved_bytes
-                gx = sp.backward(prog, g, saved)
-                if not first:
-                    prev.send(batch, j, gx, slots[0])
+                sp.backward(prog, g, saved, None if first else _sender(prev, batch, j, slots[0]))
                 acts.append((BACKWARD, j, t0, time.perf_counter()))
                 nb += 1
                 continue
@@ -381,6 +378,12 @@ def _loop(
         raise ActorError(actor, piece, e, traceback.format_exc()) from e
     ex.parts[outs[0]] = from_numpy(report(st, losses, acts))._impl
     return None
+
+
+def _sender(end: _End, batch: int, mb: int, slots: int) -> Any:
+    """What sends micro-batch ``mb``'s input gradient back on ``end`` (a backward act
+    sends it as soon as it is made, before the parameters' gradients are computed)."""
+    return lambda a: end.send(batch, mb, a, slots)
 
 
 class _LossOf:

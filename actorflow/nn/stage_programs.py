@@ -1,27 +1,33 @@
 """A pipeline stage's acts compiled in its worker: the stage's forward and backward traced
-once per micro-batch layout into two Programs (``tracing.cut_programs``), as ``nn.Graph``
-compiles a step, so an act runs numpy's kernels over planned buffers instead of eager ops
-through autograd.
+once per micro-batch layout into Programs run in turn (``tracing.split_programs``), as
+``nn.Graph`` compiles a step, so an act runs numpy's kernels over planned buffers instead
+of eager ops through autograd.
 
 One call is recorded on placeholders: the stage's module on ``x``, then (where a gradient
-flows) ``out.backward(g)``; the recording is cut where the backward begins. The forward
-program gives ``out`` and what the backward reads of the forward's values (the *saved*
-values: exactly what the stage holds for a micro-batch between its two acts, so the bytes
-a stage holds are the plan's, counted from the programs rather than from an autograd
-graph); the backward program gives the input's gradient and each parameter's. The last
-stage of a pipeline whose loss its worker computes (``loss=``) records its module, the loss
-and the backward of ``loss / M`` as one program (its one act). The parameters, buffers and
-the tensors the module reads from outside are the programs' state, read from their own
-storage every act (an optimizer's update here is seen); a buffer the forward writes (batch
-norm's running statistics) is written back by it. A random op (dropout) draws as a
-compiled step's does (``rand_step``: counter-based, keyed by the stage's seed), the count
-being the micro-batch's place in the run (``count``), so the draws do not depend on which
-worker ran what before.
+flows) ``out.backward(g)``; the recording is split where the backward begins, and the
+backward again, where the input gets a gradient, into the nodes that gradient needs and
+the rest (the parameters' gradients): a backward act computes the input's gradient, hands
+it to the stage before (``send``), then computes the weights' while that stage goes on
+(zero-bubble pipelines' B/W split, within one act: the stage before waits for the input's
+gradient alone). The forward part gives ``out`` and what the backward parts read of the
+forward's values and of its input (``kept``: exactly what the stage holds for a
+micro-batch between its two acts, so the bytes a stage holds are the plan's, counted from
+the programs rather than from an autograd graph). The last stage of a pipeline whose loss
+its worker computes (``loss=``) records its module, the loss and the backward of
+``loss / M``: its forward, the loss and the input's gradient are one part, the weights'
+gradients the next (its one act runs both). The parameters, buffers and the tensors the
+module reads from outside are the programs' state, read from their own storage every act
+(an optimizer's update here is seen); a buffer the forward writes (batch norm's running
+statistics) is written back by it. A random op (dropout) draws as a compiled step's does
+(``rand_step``: counter-based, keyed by the stage's index), at the count the caller gives
+per micro-batch (the batch's seed and the micro-batch's place: ``pipeline_ranks``), so
+the draws do not depend on which worker ran what before.
 
 The parameters' gradients are accumulated over a batch's micro-batches as eager backward
 accumulates them (the first is ``.grad``, the later ones added into it in place): the same
-additions in the same order. What cannot be traced (an op whose output shape depends on
-values, an in-place write into a traced tensor) is the act's error, naming the op.
+additions in the same order, so the training is eager autograd's bit for bit. What cannot
+be traced (an op whose output shape depends on values, an in-place write into a traced
+tensor) is the act's error, naming the op.
 """
 
 from __future__ import annotations
@@ -37,18 +43,27 @@ from ..runtime.plan.spec import Spec
 from ..runtime_api import lend_arrays, written_outside
 from ..tensor.tensor import Tensor
 from ..tracing.recording import Recording, mark, standing_in
-from ..tracing.trace import crossing, cut_programs
+from ..tracing.trace import crossing, split_programs
 
 
 class StageProgram:
-    """A stage's acts for one micro-batch layout: ``forward`` (None for a last stage with
-    its loss) and ``backward`` (that last stage's one act), the saved values' places
-    (``cut_programs``' ``saved``), the parameters with a gradient (indices into the stage's
-    tensors), whether the input gets one, and the bytes a micro-batch holds for backward."""
+    """A stage's acts for one micro-batch layout: ``parts``, Programs run in turn
+    (``tracing.split_programs``): for a stage that passes its output on, its forward, then
+    its backward (with an input gradient: first what that gradient needs, then the
+    parameters' gradients, so the gradient goes back to the stage before while they are
+    computed); for a last stage with its loss, its forward, the loss and what the input's
+    gradient needs as one part, then the parameters' gradients. ``given[k]``: the recorded
+    inputs part k is given (0: the input rows, then the targets; 1: the output's gradient),
+    ``reads``/``made``: ``split_programs``'; ``kept``: what the forward act keeps for the
+    backward act (the input, values it made), its bytes ``saved_bytes``; ``grads``: the
+    parameters with a gradient (indices into the stage's parameters), made by the last
+    part; ``input_grad``: whether the input gets one (the first output of the part after
+    the forward, or of the last stage's first part after the loss)."""
 
-    def __init__(self, forward, backward, saved, grads, input_grad, saved_bytes) -> None:
-        self.forward, self.backward, self.saved = forward, backward, saved
-        self.grads, self.input_grad, self.saved_bytes = grads, input_grad, saved_bytes
+    def __init__(self, parts, given, reads, made, kept, grads, input_grad, saved_bytes):
+        self.parts, self.given, self.reads, self.made = parts, given, reads, made
+        self.kept, self.grads = kept, grads
+        self.input_grad, self.saved_bytes = input_grad, saved_bytes
 
 
 class StagePrograms:
@@ -118,7 +133,8 @@ class StagePrograms:
         x_spec = Spec(x.shape, _dtype(x), "cpu")
         rows = x.shape[0]
         marks: list = []
-        if loss is not None:  # (the last stage, its loss here: one act, one program)
+        grads: list = []
+        if loss is not None:  # (the last stage, its loss here: one act)
             specs = [x_spec] + [Spec(r.shape, _dtype(r), "cpu") for r in rest]
 
             def last(x, *targets):
@@ -132,44 +148,55 @@ class StagePrograms:
                     (value * scale).backward()
                 return [value, *_grads(x, params, input_grad, grads)]
 
-            grads: list = []
             rec = self._record(specs, last)
+            given = [tuple(range(len(specs))), ()]
             nbytes = _bytes(rec, crossing(rec, marks[0], marks[1]))
-            new = _kept_states(rec)
-            from ..tracing.trace import _program
+            first = marks[1]  # (the backward's first node)
+        else:
+            out_spec = self._out_spec(x_spec, rows)
+            g_spec = Spec(out_spec.shape, out_spec.dtype, "cpu")
 
-            program = _program(rec, [(0, j, s) for j, s in enumerate(specs)], new)
-            program.captured = rec.captured
-            return self._done(StageProgram(None, program, [], grads, input_grad, nbytes))
-        out_spec = self._out_spec(x_spec, rows)
-        g_spec = Spec(out_spec.shape, out_spec.dtype, "cpu")
+            def stage(x, g):
+                with enable_grad():
+                    if input_grad:
+                        x.requires_grad_()
+                    out = checked(label, module(x), rows, True)
+                    marks.append(mark())
+                    if out.requires_grad:
+                        out.backward(g)
+                return [out, *_grads(x, params, input_grad, grads)]
 
-        def stage(x, g):
-            with enable_grad():
-                if input_grad:
-                    x.requires_grad_()
-                out = checked(label, module(x), rows, True)
-                marks.append(mark())
-                if out.requires_grad:
-                    out.backward(g)
-            return [out, *_grads(x, params, input_grad, grads)]
-
-        grads = []
-        rec = self._record([x_spec, g_spec], stage)
-        outs = rec.outputs
+            rec = self._record([x_spec, g_spec], stage)
+            given = [(0,), (1,), ()]
+            first = marks[0]
+        # outs: the output (or the loss), the input's gradient where it gets one, then the
+        # parameters'; the backward's nodes: what the input's gradient needs, then the rest
+        outs, n = rec.outputs, len(rec.nodes)
+        if input_grad:
+            need = _needed(rec, [outs[1]], first)
+            back = [[i for i in range(first, n) if i in need]]
+            back.append([i for i in range(first, n) if i not in need])
+            results = [outs[:1], outs[1:2], outs[2:]]
+        else:
+            back, results = [list(range(first, n))], [outs[:1], outs[1:]]
+        parts = [list(range(first))] + back
+        if loss is not None:  # (its forward, the loss and the first of the backward: one)
+            parts = [parts[0] + parts[1]] + parts[2:]
+            results = [results[0] + results[1]] + results[2:]
         new = _kept_states(rec)
-        forward, backward, saved = cut_programs(
-            rec,
-            marks[0],
-            ((0,), (1,)),
-            (outs[:1], outs[1:]),
-            (new, [None] * len(new)),
-        )
-        nbytes = sum(forward.out_spec.specs[j].nbytes for k, j in saved if k == "out")
-        nbytes += sum(x_spec.nbytes for k, _ in saved if k == "in")
-        for p in (forward, backward):
+        states = [new] + [[None] * len(new)] * (len(parts) - 1)
+        given = given[: len(parts)]
+        programs, reads, made = split_programs(rec, parts, given, results, states)
+        kept: list = []
+        if loss is None:  # (what the forward act keeps: read later, its own or its input)
+            mine = set(made[0]) | {("in", 0)}
+            kept = list(dict.fromkeys(s for r in reads[1:] for s in r if s in mine))
+            nbytes = _bytes(rec, kept)
+        for p in programs:
             p.captured = rec.captured
-        return self._done(StageProgram(forward, backward, saved, grads, input_grad, nbytes))
+        return self._done(
+            StageProgram(programs, given, reads, made, kept, grads, input_grad, nbytes)
+        )
 
     def _out_spec(self, x_spec: Spec, rows: int) -> Spec:
         """The layout of the stage's output for input ``x_spec``: its forward recorded
@@ -183,57 +210,76 @@ class StagePrograms:
         return Spec(out.shape, out.dtype, "cpu")
 
     def _done(self, sp: StageProgram) -> StageProgram:
-        for p in (sp.forward, sp.backward):
-            if p is not None:
-                p.compile()
-                p.tmp = [np.empty(s.shape, s.dtype.np) for s in p.tmp_specs]
-                p.bound = True
+        for p in sp.parts:
+            p.compile()
+            p.tmp = [np.empty(s.shape, s.dtype.np) for s in p.tmp_specs]
+            p.bound = True
         return sp
 
     # -- running --------------------------------------------------------------------------
-    def _state(self, program: Any) -> None:
-        program.state_arrays = (
+    def _run(self, sp: StageProgram, k: int, values: dict) -> list:
+        """Part ``k`` on ``values`` (source -> array: what it is given and reads), its
+        outputs added to them; returns its outputs."""
+        p = sp.parts[k]
+        p.state_arrays = (
             lend_arrays(self.tensors)
             + [self.count]
-            + [np.asarray(t._impl.array()) for t in program.captured]
+            + [np.asarray(t._impl.array()) for t in p.captured]
         )
+        ins = [values[("in", j)] for j in sp.given[k]] + [values[s] for s in sp.reads[k]]
+        outs = p.run_new([ins])
+        if p.assigns:
+            written_outside(self.tensors[len(self.params) :])  # (a buffer it wrote)
+        values.update(zip(sp.made[k], outs, strict=True))
+        return outs
 
     def forward(self, sp: StageProgram, x: np.ndarray, count: int) -> tuple:
-        """The forward act: ``(out, saved)`` (what the backward act is handed back)."""
-        p = sp.forward
+        """The forward act: ``(out, kept)`` (what the backward act is handed back)."""
         self.count[()] = count
-        self._state(p)
-        outs = p.run_new([[x]])
-        written_outside(self.tensors[len(self.params) :])  # (a buffer it wrote)
-        saved = [x if k == "in" else outs[j] for k, j in sp.saved]
-        return outs[0], saved
+        values = {("in", 0): x}
+        out = self._run(sp, 0, values)[0]
+        return out, {s: values[s] for s in sp.kept}
 
-    def backward(self, sp: StageProgram, g: np.ndarray, saved: list) -> np.ndarray | None:
-        """The backward act: the parameters' gradients accumulated; the input's returned
-        (None where it gets none)."""
-        p = sp.backward
-        self._state(p)
-        outs = p.run_new([[g, *saved]])
-        return self._accumulate(sp, outs)
+    def backward(self, sp: StageProgram, g: np.ndarray, kept: dict, send: Any = None):
+        """The backward act on what the forward act kept: the input's gradient (None
+        where it gets none), given to ``send`` before the parameters' gradients are
+        computed (then accumulated)."""
+        values = dict(kept)
+        values[("in", 1)] = g
+        if not sp.input_grad:
+            self._accumulate(sp, self._run(sp, 1, values))
+            return None
+        gx = self._run(sp, 1, values)[0]
+        if send is not None:
+            send(gx)
+        self._accumulate(sp, self._run(sp, 2, values))
+        return gx
 
-    def last(self, sp: StageProgram, x: np.ndarray, rest: list, count: int) -> tuple:
-        """The last stage's one act: ``(loss, the input's gradient or None)``."""
-        p = sp.backward
+    def last(self, sp: StageProgram, x: np.ndarray, rest: list, count: int, send=None):
+        """The last stage's one act: ``(loss, the input's gradient or None)``, that
+        gradient given to ``send`` before the parameters' gradients are computed."""
         self.count[()] = count
-        self._state(p)
-        outs = p.run_new([[x, *rest]])
-        written_outside(self.tensors[len(self.params) :])
-        return float(outs[0].reshape(-1)[0]), self._accumulate(sp, outs[1:])
+        values = {("in", j): a for j, a in enumerate([x, *rest])}
+        outs = self._run(sp, 0, values)
+        loss = float(outs[0].reshape(-1)[0])
+        if not sp.input_grad:
+            self._accumulate(sp, outs[1:])
+            return loss, None
+        if send is not None:
+            send(outs[1])
+        self._accumulate(sp, self._run(sp, 1, values))
+        return loss, outs[1]
 
-    def _accumulate(self, sp: StageProgram, outs: list) -> np.ndarray | None:
-        at = 1 if sp.input_grad else 0
-        for i, g in zip(sp.grads, outs[at:], strict=True):
+    def _accumulate(self, sp: StageProgram, outs: list) -> None:
+        """The parameters' gradients (the first of ``outs``, in ``sp.grads``' order)
+        added to the batch's: the first one kept as it is, the later ones added into it in
+        place (eager backward's additions)."""
+        for i, g in zip(sp.grads, outs, strict=False):
             acc = self.grads[i]
             if acc is None:
                 self.grads[i] = g
             else:
                 np.add(acc, g, out=acc)
-        return outs[0] if sp.input_grad else None
 
     def take_grads(self) -> None:
         """The batch's gradients become the parameters' ``.grad`` (as eager backward
@@ -264,6 +310,19 @@ def _grads(x: Tensor, params: list, input_grad: bool, which: list) -> list:
             which.append(i)
             out.append(p.grad)
     return out
+
+
+def _needed(rec: Recording, wanted: list, first: int) -> set:
+    """The nodes from ``first`` on that the tensors ``wanted`` (of the call) are made from."""
+    need: set = set()
+    stack = [rec.source(t._impl) for t in wanted]
+    while stack:
+        src = stack.pop()
+        if src[0] != "node" or src[1] < first or src[1] in need:
+            continue
+        need.add(src[1])
+        stack.extend(s for s, _ in rec.nodes[src[1]].refs)
+    return need
 
 
 def _kept_states(rec: Recording) -> list:

@@ -283,7 +283,7 @@ class Tracer(Interpreter):
 
 def mark() -> int:
     """How many op calls the recording in progress on this thread has recorded so far: a
-    place to cut it at (``trace.cut_programs``)."""
+    place to cut it at (``trace.split_programs``)."""
     from ..eager.interpreter import STATE
 
     tracer = STATE.interpreter

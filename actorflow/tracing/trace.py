@@ -93,38 +93,39 @@ def _program(rec: Recording, flat: list, new_states=None) -> Program:
         k, j, _ = flat[src[1]]
         return ("in", k, j)
 
-    return _part(rec, 0, len(rec.nodes), in_port, outs, rec.structure, assigns)
+    return _part(rec, range(len(rec.nodes)), in_port, outs, rec.structure, assigns)
 
 
-def _part(rec: Recording, first: int, last: int, in_port, outs: list, structure, assigns):
-    """A Program of the recorded nodes ``first`` to ``last``: ``in_port(src)`` the input
-    port ``("in", k, j)`` of a recorded input or of a value an earlier node made (one before
-    ``first``); ``outs`` per output leaf ``(source, view meta, whole)`` (``whole``: not a
-    view of another tensor); ``assigns``: per state written back ``(state i, source, view
-    meta)`` (None: a program without state)."""
+def _part(rec: Recording, members, in_port, outs: list, structure, assigns):
+    """A Program of the recorded nodes ``members`` (indices, in recorded order):
+    ``in_port(src)`` the input port ``("in", k, j)`` of a recorded input or of a value a
+    node not among them made (an earlier part's); ``outs`` per output leaf ``(source, view
+    meta, whole)`` (``whole``: not a view of another tensor); ``assigns``: per state
+    written back ``(state i, source, view meta)`` (None: a program without state)."""
+    mine = set(members)
     # node outputs that are program outputs (read whole) go straight into the register
     direct = {}
     for j, (src, m, whole) in enumerate(outs):
         if (
             src[0] == "node"
-            and src[1] >= first
+            and src[1] in mine
             and src not in direct
             and whole
             and is_contiguous(m.shape, m.strides)
             and m.offset == 0
         ):
             direct[src] = j
-    nodes = rec.nodes[first:last]
+    nodes = [(n, rec.nodes[n]) for n in members]
     tmp_specs: list[Spec] = []
     tmp_of: dict = {}
-    for n, node in enumerate(nodes, first):
+    for n, node in nodes:
         for k, m in enumerate(node.metas):
             if ("node", n, k) not in direct:
                 tmp_of[("node", n, k)] = len(tmp_specs)
                 tmp_specs.append(Spec(m.shape, m.dtype, m.device))
 
     def port_of(src):
-        if src[0] == "in" or (src[0] == "node" and src[1] < first):
+        if src[0] == "in" or (src[0] == "node" and src[1] not in mine):
             return in_port(src)
         if src[0] in ("const", "state"):
             return (src[0], src[1], 0)
@@ -133,7 +134,7 @@ def _part(rec: Recording, first: int, last: int, in_port, outs: list, structure,
         return ("tmp", tmp_of[src], 0)
 
     steps = []
-    for n, node in enumerate(nodes, first):
+    for n, node in nodes:
         dev = node.metas[0].device if node.metas else None
         ins = [rec.ref(src, meta, port_of) for src, meta in node.refs]
         outs_n = [port_of(("node", n, k)) + (None,) for k in range(len(node.metas))]
@@ -165,59 +166,64 @@ def crossing(rec: Recording, cut: int, after: int) -> list:
     return out
 
 
-def cut_programs(rec: Recording, cut: int, inputs: tuple, outputs: tuple, states: tuple):
-    """A recorded call cut in two Programs at node ``cut``: the first runs the nodes before
-    it, the second those from it on (a pipeline stage's forward and backward,
-    ``nn.stage_programs``). What the second reads of the first's values, or of the first's
-    inputs, is *saved*: passed on by the caller.
+def split_programs(rec: Recording, parts: list, inputs: list, outputs: list, states: list):
+    """A recorded call split into Programs run one after the other: part k runs the
+    recorded nodes ``parts[k]`` (indices in recorded order; each part's nodes read only the
+    call's inputs, constants, states and the nodes of its own or earlier parts: the
+    forward, then the backward of a pipeline stage, ``nn.stage_programs``). What a part
+    reads of an earlier part's values, or of a recorded input it is not given, is passed
+    on by the caller.
 
-    ``inputs``: per part the recorded inputs (leaf indices) it is given, in order, as the
-    leaves of its one input register; ``outputs``: per part the tensors (of the call) it
-    returns; ``states``: per part the new value of each state it writes back, as
-    ``stateful_program``'s ``new_states`` (None: kept). Returns ``(first, second, saved)``:
-    the second program's inputs are its own, then per entry of ``saved`` one array:
-    ``("in", j)`` the first part's input leaf j, ``("out", j)`` the first program's output
-    j (its own outputs first, then what it makes only to pass on)."""
+    ``inputs[k]``: the recorded inputs (leaf indices) part k is given first, in order, as
+    the leaves of its one input register; ``outputs[k]``: the tensors (of the call) it
+    returns; ``states[k]``: the new value of each state it writes back, as
+    ``stateful_program``'s ``new_states`` (None: kept). Returns ``(programs, reads,
+    made)``: part k's program reads its given inputs, then one array per source in
+    ``reads[k]`` (``("in", j)``: recorded input j; ``("node", n, i)``: an earlier part's
+    value); its outputs are its own, then the values later parts read that it made and does
+    not return already; ``made[k]``: the source of each of its outputs, in order (where a
+    caller finds what a later part reads)."""
+    where = {n: k for k, part in enumerate(parts) for n in part}
 
-    def crosses(src) -> bool:
-        return (src[0] == "in" and src[1] not in inputs[1]) or (src[0] == "node" and src[1] < cut)
+    def srcs(ts):
+        return [rec.source(t._impl) for t in ts if t is not None]
 
-    reads = [src for src in crossing(rec, cut, cut) if crosses(src)]
-    later = [rec.source(t._impl) for t in [*outputs[1], *[t for t in states[1] if t is not None]]]
-    reads += [src for src in dict.fromkeys(later) if crosses(src) and src not in reads]
-    firsts = [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in outputs[0]]
-    own: dict = {}
-    for j, (src, m, whole) in enumerate(firsts):
-        if whole and m.offset == 0 and is_contiguous(m.shape, m.strides):
-            own.setdefault(src, j)
-    saved = []
-    for src in reads:
-        if src[0] == "in":
-            saved.append(("in", inputs[0].index(src[1])))
-        elif src in own:
-            saved.append(("out", own[src]))
-        else:
-            saved.append(("out", len(firsts)))
-            firsts.append((src, rec.meta_of(src), True))
-    programs = []
-    for part, (first, last) in enumerate(((0, cut), (cut, len(rec.nodes)))):
-        given = {("in", j): ("in", 0, a) for a, j in enumerate(inputs[part])}
-        if part:
-            given.update({src: ("in", 0, len(inputs[1]) + a) for a, src in enumerate(reads)})
-        outs = (
-            firsts
-            if not part
-            else [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in outputs[1]]
+    reads: list = []
+    for k, part in enumerate(parts):
+        got: dict = {}
+        wanted = [src for n in part for src, _ in rec.nodes[n].refs]
+        for src in wanted + srcs(outputs[k]) + srcs(states[k]):
+            if (src[0] == "in" and src[1] not in inputs[k]) or (
+                src[0] == "node" and where[src[1]] < k
+            ):
+                got.setdefault(src, None)
+        reads.append(list(got))
+    programs, made = [], []
+    for k, part in enumerate(parts):
+        outs = [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in outputs[k]]
+        own = {src for src, m, whole in outs if whole and m.offset == 0 and _whole(m)}
+        later = dict.fromkeys(
+            src
+            for r in reads[k + 1 :]
+            for src in r
+            if src[0] == "node" and where[src[1]] == k and src not in own
         )
+        outs += [(src, rec.meta_of(src), True) for src in later]
+        given = {("in", j): ("in", 0, a) for a, j in enumerate(inputs[k])}
+        given.update({src: ("in", 0, len(inputs[k]) + a) for a, src in enumerate(reads[k])})
         assigns = [
             (i, rec.source(t._impl), t._impl.meta)
-            for i, t in enumerate(states[part])
+            for i, t in enumerate(states[k])
             if t is not None and rec.source(t._impl) != ("state", i)
         ]
-        programs.append(
-            _part(rec, first, last, given.__getitem__, outs, flatten([0] * len(outs))[1], assigns)
-        )
-    return programs[0], programs[1], saved
+        structure = flatten([0] * len(outs))[1]
+        programs.append(_part(rec, part, given.__getitem__, outs, structure, assigns))
+        made.append([src for src, _, _ in outs])
+    return programs, reads, made
+
+
+def _whole(m) -> bool:
+    return is_contiguous(m.shape, m.strides)
 
 
 class Traced:
