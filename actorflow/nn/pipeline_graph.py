@@ -418,8 +418,8 @@ class PipelineStep:
             reports = run_batch(
                 workers, self._links, self._batches, x, rest, bounds, self.buffers, self._rest
             )
-            for w in workers:
-                w.finish()  # (the gradients it accumulated: the parameters' here)
+            for w, r in zip(workers, reports, strict=True):  # (the gradients each stage
+                w.take_grads(r[5], r[4])  # accumulated, handed over by its RUN: its own)
         except BaseException as e:
             for p in params:  # (the batch's gradients are dropped: nothing steps)
                 p.grad = None
@@ -430,7 +430,7 @@ class PipelineStep:
                 raise
             raise err from e
         timed = []
-        for i, (held, peak, _, acts) in enumerate(reports):
+        for i, (held, peak, _, acts, *_) in enumerate(reports):
             self.peak_held[i] = max(self.peak_held[i], held)
             self.peak_saved_bytes[i] = max(self.peak_saved_bytes[i], peak)
             timed += [(start, i, kind, mb, end) for kind, mb, start, end in acts]

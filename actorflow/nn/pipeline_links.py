@@ -78,7 +78,7 @@ from ..errors import ActorError
 from ..parallel import workers as W
 from ..runtime.plan.spec import unflatten
 from ..tensor.tensor import Tensor
-from .pipeline_ranks import _kept, _raise
+from .pipeline_ranks import _kept, _raise, handed_over
 
 FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
 INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
@@ -376,7 +376,8 @@ def _loop(
         if not actor:
             raise
         raise ActorError(actor, piece, e, traceback.format_exc()) from e
-    ex.parts[outs[0]] = from_numpy(report(st, losses, acts))._impl
+    has = handed_over(ex, st, outs[1:])  # (the gradients: this command's other parts)
+    ex.parts[outs[0]] = from_numpy(report(st, has, losses, acts))._impl
     return None
 
 
@@ -397,21 +398,26 @@ class _LossOf:
         return self.loss(out, *unflatten(self.structure, list(targets)))
 
 
-def report(st: Any, losses: list, acts: list) -> np.ndarray:
+def report(st: Any, has: list, losses: list, acts: list) -> np.ndarray:
     """A stage's report as float64: the most micro-batches it held, its peak of saved
-    bytes, its losses' count, the losses, then per act (kind, micro-batch, start, end), or
-    per wait (WAIT, its cause, start, end)."""
-    head = [float(st.held_most), float(st.peak), float(len(losses)), *losses]
+    bytes, per parameter whether it got a gradient (the count first), its losses (the count
+    first), then per act (kind, micro-batch, start, end), or per wait (WAIT, its cause,
+    start, end)."""
+    head = [float(st.held_most), float(st.peak), float(len(has)), *has, float(len(losses))]
     body = np.asarray(acts, np.float64).reshape(-1)
-    return np.concatenate([np.asarray(head, np.float64), body])
+    return np.concatenate([np.asarray(head + losses, np.float64), body])
 
 
 def read_report(a: np.ndarray) -> tuple:
-    """``report``'s parts: (most held, peak saved bytes, losses, acts)."""
-    n = int(a[2])
-    losses = [float(v) for v in a[3 : 3 + n]]
-    acts = [(int(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in a[3 + n :].reshape(-1, 4)]
-    return int(a[0]), int(a[1]), losses, acts
+    """``report``'s parts: (most held, peak saved bytes, losses, acts, whether each
+    parameter got a gradient)."""
+    k = int(a[2])
+    has = [bool(v) for v in a[3 : 3 + k]]
+    n = int(a[3 + k])
+    at = 4 + k + n
+    losses = [float(v) for v in a[4 + k : at]]
+    acts = [(int(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in a[at:].reshape(-1, 4)]
+    return int(a[0]), int(a[1]), losses, acts, has
 
 
 # -- this process's side -----------------------------------------------------------------
@@ -515,7 +521,8 @@ def run_batch(
     structure: Any,
 ) -> list:
     """One batch in the workers of ``stages`` (their ``RankStage``s, each begun): returns
-    each stage's ``read_report``. Raises the first stage's error that is not a ``Stopped``
+    each stage's ``read_report`` and the parts its parameters' gradients are in (made where
+    the report says so). Raises the first stage's error that is not a ``Stopped``
     (a worker that ended: the ranks' ActorError), after every report was read."""
     links.settle()  # (a batch given up before: its end waited for, here)
     n = len(stages)
@@ -546,16 +553,16 @@ def run_batch(
         if interrupted:
             raise KeyboardInterrupt from None
         raise
-    flying = [(w.ranks, p, k) for w, p, k in zip(stages, parts, marks, strict=True)]
+    flying = [(w.ranks, p[0], k) for w, p, k in zip(stages, parts, marks, strict=True)]
     reports: list = []
     errors: list = []
     try:
         if interrupted:  # (Ctrl-C while its commands were sent: raised now)
             raise KeyboardInterrupt
         links.confirm(made)
-        for w, part, mark in zip(stages, parts, marks, strict=True):
+        for w, (part, grads), mark in zip(stages, parts, marks, strict=True):
             try:
-                reports.append(read_report(w._read(part)))
+                reports.append((*read_report(w._read(part)), grads))
             except Exception as e:  # noqa: BLE001 - the first real one raised below
                 errors.append(e)
             w.ranks.idle(0, mark)
@@ -628,14 +635,14 @@ def _issue(
     parts = []
     for i, w in enumerate(stages):
         slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
-        (part,) = w.ranks.call_fn(
+        part, *grads = w.ranks.call_fn(
             0,
             _run,
             (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
-            (float64,),
+            (float64, *(p.dtype for p in w.module.parameters())),
         )
         issued.append((w.ranks, part))
-        parts.append(part)
+        parts.append((part, grads))
     for w in stages:  # (every stage's command sent before any is waited for)
         w.ranks.flush()
     # (marked busy once all are sent: no other thread's request came in between, as this

@@ -273,16 +273,24 @@ def _finish(ex: Any, key: int, outs: list) -> None:
     from ..creation import from_numpy
 
     st = _kept(ex, key)
+    has = handed_over(ex, st, outs[1:])
+    ex.parts[outs[0]] = from_numpy(np.array([st.peak, *has], np.int64))._impl
+
+
+def handed_over(ex: Any, st: _Kept, outs: list) -> list:
+    """The gradients the batch accumulated become the parts ``outs`` (one per parameter,
+    in order; none for a parameter without one), let go here; returns per parameter 1 or
+    0 (whether it has one)."""
     st.programs().take_grads()
     has = []
-    for p, out in zip(st.params, outs[1:], strict=True):
+    for p, out in zip(st.params, outs, strict=True):
         if p.grad is None:
             has.append(0)
             continue
         ex.parts[out] = _contiguous(ex, p.grad)
         p.grad = None
         has.append(1)
-    ex.parts[outs[0]] = from_numpy(np.array([st.peak, *has], np.int64))._impl
+    return has
 
 
 def saved_bytes(out: Tensor, exclude: set) -> int:
@@ -475,8 +483,6 @@ class RankStage:
         ``.grad`` of the global parameter here (or None, where the batch gave it none),
         and the worker's peak of saved bytes read."""
         from ..dtype import int64
-        from ..parallel.interpreter import make
-        from ..sbp import broadcast
 
         params = list(self.module.parameters())
         info, *grads = self.ranks.call_fn(
@@ -484,8 +490,17 @@ class RankStage:
         )
         got = self._read(info)
         self.peak_saved_bytes = int(got[0])
-        for p, part, has in zip(params, grads, got[1:], strict=True):
-            if has:
+        self.take_grads(grads, got[1:])
+
+    def take_grads(self, grads: list, has: Any) -> None:
+        """The parts ``grads`` (one per parameter; ``has``: whether the worker made it)
+        made the ``.grad`` of the global parameters here."""
+        from ..parallel.interpreter import make
+        from ..sbp import broadcast
+
+        params = list(self.module.parameters())
+        for p, part, made in zip(params, grads, has, strict=True):
+            if made:
                 g = wrap(make(self.ranks, [part], tuple(p.shape), p.dtype, broadcast))
                 # (build used the parameter too: its gradient here, added)
                 p.grad = g if p.grad is None else p.grad + g
