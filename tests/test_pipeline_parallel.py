@@ -1549,6 +1549,27 @@ def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_pat
         gb.pipelined.close()
 
 
+def mse_of_either(out, y):
+    """A loss taking its target as an array or as ``{"t": array}`` (doubled then)."""
+    return mse_of(out, y["t"] * 2.0 if isinstance(y, dict) else y)
+
+
+@processes
+def test_a_batch_whose_rest_comes_in_another_structure_is_traced_anew():
+    """The last stage's compiled act is kept per layout of the rest of the batch, its
+    structure included: the same shapes given as a dict compute the loss the dict asks."""
+    ((x, y),) = data(1)
+    want = []
+    for ranks in (None, "processes"):
+        stages = stages_of(2)
+        g = LossPipe(stages, loss=mse_of_either, micro_batches=2, stage_ranks=ranks)
+        try:
+            want.append([float(g.step(x, y)), float(g.step(x, {"t": y}))])
+        finally:
+            g.pipelined.close()
+    assert want[1] == want[0] and want[0][0] != want[0][1]
+
+
 @processes
 def test_stages_in_workers_train_as_one_process():
     batches = data(3)

@@ -161,5 +161,7 @@ class Masked(nn.Module):
 
 def test_a_stage_that_cannot_be_traced_names_the_op():
     sp = StagePrograms(nn.Sequential(nn.Linear(6, 5), Masked()), "stage 0 of 2", 0)
-    with pytest.raises(TraceError, match="depends on the values"):
+    with pytest.raises(TraceError, match="depends on the values") as e:
         sp.of(np.ones((4, 6), np.float32), [], False, None, 1.0)
+    assert "stage 0 of 2: a stage computing in a worker runs its acts compiled" in str(e.value)
+    assert "Keep the stage local (no stage_ranks)" in str(e.value)

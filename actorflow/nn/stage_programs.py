@@ -39,6 +39,7 @@ import numpy as np
 from ..autograd import enable_grad
 from ..creation import from_numpy, zeros_like
 from ..dtype import int64
+from ..errors import TraceError
 from ..runtime.plan.spec import Spec
 from ..runtime_api import lend_arrays, written_outside
 from ..tensor.tensor import Tensor
@@ -89,13 +90,22 @@ class StagePrograms:
             x.dtype.str,
             tuple((r.shape, r.dtype.str) for r in rest),
             input_grad,
-            loss is not None and scale,
+            loss is not None and (scale, getattr(loss, "structure", None)),
             modes,
             tuple(p.requires_grad for p in self.params),
         )
         got = self.programs.get(key)
         if got is None:
-            got = self.programs[key] = self._compile(x, rest, input_grad, loss, scale)
+            try:
+                got = self._compile(x, rest, input_grad, loss, scale)
+            except TraceError as e:
+                raise TraceError(
+                    f"{self.label}: a stage computing in a worker runs its acts compiled "
+                    f"(its forward and backward traced once per micro-batch layout, as "
+                    f"nn.Graph's build is), and this one cannot be: {e}. Keep the stage "
+                    f"local (no stage_ranks) to run it eagerly, or change what it does"
+                ) from e
+            self.programs[key] = got
         return got
 
     def _record(self, specs: list, body: Any) -> Recording:
