@@ -1570,6 +1570,55 @@ def test_a_batch_whose_rest_comes_in_another_structure_is_traced_anew():
     assert want[1] == want[0] and want[0][0] != want[0][1]
 
 
+class HalfLinear(nn.Module):
+    """A Linear in bfloat16 between float32 edges (``edge``: returns bfloat16 instead)."""
+
+    def __init__(self, a, b, edge=False):
+        super().__init__()
+        self.lin, self.edge = nn.Linear(a, b).bfloat16(), edge
+
+    def forward(self, x):
+        y = self.lin(x.bfloat16())
+        return y if self.edge else y.float()
+
+
+@processes
+def test_a_stage_with_bfloat16_parameters_trains_as_on_threads():
+    """Its gradients accumulate in bfloat16 as eager backward's do, and come back as the
+    bfloat16 parameters' .grad; a bfloat16 tensor at a stage's edge is refused, naming
+    the cast."""
+    batches = data(2)
+    got = []
+    for ranks in (None, "processes"):
+        af.manual_seed(0)
+        stages = [nn.Sequential(HalfLinear(8, 16), nn.Tanh()), stages_of(3)[1:]]
+        stages[1] = nn.Sequential(*stages[1])
+        g = LossPipe(
+            stages,
+            optim.SGD(params_of(stages), lr=0.1, momentum=0.9),
+            micro_batches=4,
+            stage_ranks=ranks,
+        )
+        try:
+            losses = [float(v) for v in g.run(batches)]
+        finally:
+            g.pipelined.close()
+        got.append((losses, [p.float().numpy() for p in params_of(stages)]))
+    assert got[1][0] == got[0][0]
+    for a, b in zip(got[0][1], got[1][1], strict=True):
+        assert np.array_equal(a, b)
+    stages = [HalfLinear(8, 12, edge=True), stages_of(3)[1]]
+    g = LossPipe(stages, micro_batches=2, stage_ranks="processes")
+    try:
+        with pytest.raises(ActorError) as e:
+            g.step(*batches[0])
+        assert e.value.actor == "stage0.forward"
+        assert "returns a bfloat16 tensor at its edge" in str(e.value)
+        assert ".float() on what it returns" in str(e.value)
+    finally:
+        g.pipelined.close()
+
+
 @processes
 def test_stages_in_workers_train_as_one_process():
     batches = data(3)

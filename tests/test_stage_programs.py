@@ -125,9 +125,12 @@ def test_a_stage_holds_what_its_backward_reads():
     assert sorted(a.shape for a in kept.values()) == [(4, 5), (4, 6)]
     assert prog.saved_bytes == sum(a.nbytes for a in kept.values()) == (4 * 5 + 4 * 6) * 4
     # the backward in two parts: what the input's gradient needs, then the weights'
-    assert len(prog.parts) == 3
-    assert "matmul" in [s.op.name for s in prog.parts[1].steps]  # (g @ W)
-    assert [s.op.name for s in prog.parts[2].steps].count("matmul") == 1  # (g.T @ x)
+    parts = prog.first.parts
+    assert len(parts) == 3
+    assert "matmul" in [s.op.name for s in parts[1].steps]  # (g @ W)
+    assert [s.op.name for s in parts[2].steps].count("matmul") == 1  # (g.T @ x)
+    # a later micro-batch's weights' part adds into the gradients so far
+    assert "add" in [s.op.name for s in prog.later.parts[2].steps]
     first = StagePrograms(mlp_stage(), "stage 0 of 2", 0)  # (no input gradient asked)
     assert first.of(x, [], False, None, 1.0).saved_bytes == prog.saved_bytes
 
@@ -143,7 +146,7 @@ def test_the_last_stage_with_its_loss_equals_eager_and_sends_its_input_gradient_
         (loss * 0.5).backward()
     sp = StagePrograms(stage, "stage 1 of 2", 1)
     prog = sp.of(x, [y], True, nn.CrossEntropyLoss(), 0.5)
-    assert len(prog.parts) == 2  # (forward, loss and the input's gradient; the weights')
+    assert len(prog.first.parts) == 2  # (forward, loss and the input's gradient; the weights')
     sent = []
     value, gx = sp.last(prog, x, [y], 0, sent.append)
     assert sent[0] is gx
@@ -152,6 +155,37 @@ def test_the_last_stage_with_its_loss_equals_eager_and_sends_its_input_gradient_
     for p, q in zip(ref.parameters(), stage.parameters(), strict=True):
         assert np.array_equal(p.grad.numpy(), q.grad.numpy())
     assert prog.saved_bytes == (4 * 5 + 4 * 6) * 4  # (the module's, not the loss's)
+
+
+class Twice(nn.Module):
+    """One Linear applied twice: its parameters get two gradients per micro-batch."""
+
+    def __init__(self):
+        super().__init__()
+        af.manual_seed(3)
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.lin(af.tanh(self.lin(x)))
+
+
+def test_a_parameter_used_twice_accumulates_as_eager_does():
+    """Eager backward adds each use's gradient into .grad as it comes (over micro-batches:
+    ((a0 + b0) + a1) + b1); summing a micro-batch's two first, acc + (a1 + b1), rounds
+    otherwise."""
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((4, 5)).astype(np.float32) for _ in range(4)]
+    gs = [rng.standard_normal((4, 5)).astype(np.float32) for _ in range(4)]
+    want_out, want_x, want_p = eager_stage(Twice(), xs, gs)
+    stage = Twice()
+    sp = StagePrograms(stage, "stage 1 of 3", 1)
+    for j, (x, g) in enumerate(zip(xs, gs, strict=True)):
+        prog = sp.of(x, [], True, None, 1.0)
+        out, kept = sp.forward(prog, x, j)
+        assert np.array_equal(sp.backward(prog, g, kept), want_x[j])
+    sp.take_grads()
+    for p, w in zip(stage.parameters(), want_p, strict=True):
+        assert np.array_equal(p.grad.numpy(), w)
 
 
 class Masked(nn.Module):

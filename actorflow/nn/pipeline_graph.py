@@ -99,7 +99,8 @@ the parameter too), and the optimizers step them as any global parameters (their
 the worker). Each activation and gradient goes through this process, through the channel
 kept between it and each worker (a copy each way; with ``loss=`` the workers pass them to
 each other: ``pipeline_links.py``). A stage's ``forward`` runs as Python only when traced
-(once per micro-batch layout, train/eval mode and frozen parameters), as ``build`` does in
+(twice per micro-batch layout, train/eval mode and frozen parameters: the batch's first
+micro-batch's form and the later ones'), as ``build`` does in
 ``nn.Graph``: what it changes of its module's attributes then stays in the worker's copy,
 until a change here sends a new copy; what changes
 here (attributes, in place too, eval and train modes, frozen parameters, replaced layers,

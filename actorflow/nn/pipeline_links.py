@@ -336,7 +336,7 @@ def _loop(
             if nb < nf and nxt.pump(batch):  # (a backward ready goes first)
                 j, g = nxt.arrived.pop(0)
                 doing = (f"{name}.backward", j)
-                mb, prog, saved = st.fifo.popleft()
+                mb, prog, saved, _ = st.fifo.popleft()
                 if mb != j:  # (the registers keep piece order: by construction)
                     raise RuntimeError(
                         f"{st.label}: the gradient of micro-batch {j} came, but the oldest "
@@ -352,7 +352,7 @@ def _loop(
                 j, x = take_input()
                 prog = sp.of(x, [], not first, None, 1.0)
                 out, saved = sp.forward(prog, x, st.draws(j))
-                st.fifo.append((j, prog, saved))
+                st.fifo.append((j, prog, saved, None))  # (rows from the ring: copies)
                 st.held += prog.saved_bytes
                 st.peak = max(st.peak, st.held)
                 st.held_most = max(st.held_most, len(st.fifo))

@@ -65,7 +65,7 @@ class _Kept:
         self.label = label  # "stage i of n", for errors
         self.passes_on = passes_on  # (not the last stage: its output is the next's input)
         self.params = list(module.parameters())
-        self.fifo: deque = deque()  # (micro-batch, input, output, saved bytes)
+        self.fifo: deque = deque()  # (micro-batch, its acts, what they keep, the input's part)
         self.held = 0
         self.peak = 0
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
@@ -217,7 +217,8 @@ def _forward(ex: Any, key: int, mb: int, in_id: int, needs_grad: bool, outs: lis
     sp = st.programs()
     prog = sp.of(x, [], needs_grad, None, 1.0)
     out, saved = sp.forward(prog, x, st.draws(mb))
-    st.fifo.append((mb, prog, saved, got[0]))  # (the input's part alive while kept)
+    part = got[0] if ("in", 0) in prog.kept else None  # (alive while its rows are kept)
+    st.fifo.append((mb, prog, saved, part))
     st.held += prog.saved_bytes
     st.peak = max(st.peak, st.held)
     ex.parts[outs[0]] = from_numpy(out)._impl

@@ -24,10 +24,16 @@ per micro-batch (the batch's seed and the micro-batch's place: ``pipeline_ranks`
 the draws do not depend on which worker ran what before.
 
 The parameters' gradients are accumulated over a batch's micro-batches as eager backward
-accumulates them (the first is ``.grad``, the later ones added into it in place): the same
-additions in the same order, so the training is eager autograd's bit for bit. What cannot
-be traced (an op whose output shape depends on values, an in-place write into a traced
-tensor) is the act's error, naming the op.
+accumulates them: each layout is recorded in two forms (``StageActs``), the batch's first
+micro-batch's (its gradients are the first) and the later ones', whose backward is given
+the gradients so far as inputs (each parameter's ``.grad`` set to one while recorded) and
+adds each use of a parameter into them in turn, so a parameter used twice gets eager's
+((a0 + b0) + a1) + b1, not acc + (a1 + b1): the same additions in the same order, and the
+training is eager autograd's bit for bit (bfloat16 parameters' too: their gradients are
+added by the programs' bfloat16 kernels and handed over as bfloat16). What cannot be traced
+(an op whose output shape depends on values, an in-place write into a traced tensor) is
+the act's error, naming the op; so is a bfloat16 input or output (a stage's edges are
+numpy arrays: numpy has no bfloat16).
 """
 
 from __future__ import annotations
@@ -37,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from ..autograd import enable_grad
-from ..creation import from_numpy, zeros_like
-from ..dtype import int64
-from ..errors import TraceError
+from ..creation import zeros_like
+from ..dtype import bfloat16, int64
+from ..errors import DTypeError, TraceError
+from ..parallel.workers import adopt
 from ..runtime.plan.spec import Spec
 from ..runtime_api import lend_arrays, written_outside
-from ..tensor.tensor import Tensor
-from ..tracing.recording import Recording, mark, standing_in
+from ..tensor.tensor import Tensor, wrap
+from ..tracing.recording import Recording, mark, more_input, standing_in
 from ..tracing.trace import crossing, split_programs
 
 
@@ -65,6 +72,25 @@ class StageProgram:
         self.parts, self.given, self.reads, self.made = parts, given, reads, made
         self.kept, self.grads = kept, grads
         self.input_grad, self.saved_bytes = input_grad, saved_bytes
+        self.rec: Any = None
+        self.accs: list = []  # (parameter index, the input its gradient so far is given as)
+
+
+class StageActs:
+    """A stage's compiled acts for one micro-batch layout, in two forms: ``first``, the
+    batch's first micro-batch's (its gradients are the parameters' first), and ``later``
+    (None where no parameter gets one), whose backward is given the gradients so far and
+    adds each use of a parameter into them in turn, as eager backward adds into ``.grad``
+    (a parameter used twice: its two gradients added one after the other, not summed
+    first). The forward is the same part in both; ``kept`` what either backward reads of
+    it, its bytes ``saved_bytes``."""
+
+    def __init__(self, first: StageProgram, later: StageProgram | None) -> None:
+        self.first, self.later = first, later
+        both = first.kept + (later.kept if later is not None else [])
+        self.kept = list(dict.fromkeys(both))
+        self.saved_bytes = first.saved_bytes
+        self.input_grad = first.input_grad
 
 
 class StagePrograms:
@@ -138,16 +164,41 @@ class StagePrograms:
         rec.new_states = new_states  # type: ignore[attr-defined]  # (read by _compile)
         return rec
 
-    def _compile(self, x, rest, input_grad, loss, scale) -> StageProgram:
+    def _compile(self, x, rest, input_grad, loss, scale) -> StageActs:
+        first = self._variant(x, rest, input_grad, loss, scale, [])
+        later = None
+        if first.grads:
+            later = self._variant(x, rest, input_grad, loss, scale, first.grads)
+        acts = StageActs(first, later)
+        if later is not None and loss is None:
+            acts.saved_bytes = _bytes(later.rec, acts.kept)  # (the same values, in both)
+        for sp in (first, later):
+            if sp is not None:
+                sp.rec = None
+        return acts
+
+    def _variant(self, x, rest, input_grad, loss, scale, accs: list) -> StageProgram:
+        """The acts recorded with the gradients so far of the parameters ``accs`` (indices)
+        given as inputs the backward adds into (none: a batch's first micro-batch)."""
         module, label, params = self.module, self.label, self.params
-        x_spec = Spec(x.shape, _dtype(x), "cpu")
+        x_spec = Spec(x.shape, _dtype(x, label), "cpu")
         rows = x.shape[0]
         marks: list = []
         grads: list = []
-        if loss is not None:  # (the last stage, its loss here: one act)
-            specs = [x_spec] + [Spec(r.shape, _dtype(r), "cpu") for r in rest]
+        # the gradients accumulated so far (a later micro-batch's): inputs the backward adds
+        # into as eager backward adds into .grad, each use of a parameter in turn
+        acc_specs = [Spec(params[i].shape, params[i].dtype, "cpu") for i in accs]
 
-            def last(x, *targets):
+        def preset(leaves):
+            for i, t in zip(accs, leaves, strict=True):
+                params[i].grad = t
+
+        if loss is not None:  # (the last stage, its loss here: one act)
+            specs = [x_spec] + [Spec(r.shape, _dtype(r, label), "cpu") for r in rest]
+            own = len(specs)
+
+            def last(x, *leaves):
+                targets, held = leaves[: own - 1], leaves[own - 1 :]
                 with enable_grad():
                     if input_grad:
                         x.requires_grad_()
@@ -155,29 +206,32 @@ class StagePrograms:
                     marks.append(mark())
                     value = checked_loss(loss(out, *targets), label, "the loss given (loss=)")
                     marks.append(mark())
+                    preset(held)
                     (value * scale).backward()
                 return [value, *_grads(x, params, input_grad, grads)]
 
-            rec = self._record(specs, last)
-            given = [tuple(range(len(specs))), ()]
+            rec = self._record(specs + acc_specs, last)
+            given = [tuple(range(own)), ()]
             nbytes = _bytes(rec, crossing(rec, marks[0], marks[1]))
             first = marks[1]  # (the backward's first node)
         else:
-            out_spec = self._out_spec(x_spec, rows)
-            g_spec = Spec(out_spec.shape, out_spec.dtype, "cpu")
 
-            def stage(x, g):
+            def stage(x, *held):
                 with enable_grad():
                     if input_grad:
                         x.requires_grad_()
                     out = checked(label, module(x), rows, True)
+                    if out.dtype is bfloat16:
+                        raise DTypeError(_EDGE.format(label=label, what="returns"))
                     marks.append(mark())
+                    g = more_input(Spec(out.shape, out.dtype, "cpu"))  # (leaf 1 + len(held))
                     if out.requires_grad:
+                        preset(held)
                         out.backward(g)
                 return [out, *_grads(x, params, input_grad, grads)]
 
-            rec = self._record([x_spec, g_spec], stage)
-            given = [(0,), (1,), ()]
+            rec = self._record([x_spec] + acc_specs, stage)
+            given = [(0,), (1 + len(accs),), ()]  # (the output's gradient: the last leaf)
             first = marks[0]
         # outs: the output (or the loss), the input's gradient where it gets one, then the
         # parameters'; the backward's nodes: what the input's gradient needs, then the rest
@@ -204,20 +258,10 @@ class StagePrograms:
             nbytes = _bytes(rec, kept)
         for p in programs:
             p.captured = rec.captured
-        return self._done(
-            StageProgram(programs, given, reads, made, kept, grads, input_grad, nbytes)
-        )
-
-    def _out_spec(self, x_spec: Spec, rows: int) -> Spec:
-        """The layout of the stage's output for input ``x_spec``: its forward recorded
-        alone (no kernel runs)."""
-
-        def fwd(x):
-            with enable_grad():
-                return checked(self.label, self.module(x), rows, True)
-
-        out = self._record([x_spec], fwd).outputs[0]
-        return Spec(out.shape, out.dtype, "cpu")
+        sp = StageProgram(programs, given, reads, made, kept, grads, input_grad, nbytes)
+        sp.accs = [(i, ("in", 1 + len(rest) * (loss is not None) + a)) for a, i in enumerate(accs)]
+        sp.rec = rec  # (until both forms are made: _compile)
+        return self._done(sp)
 
     def _done(self, sp: StageProgram) -> StageProgram:
         for p in sp.parts:
@@ -243,19 +287,28 @@ class StagePrograms:
         values.update(zip(sp.made[k], outs, strict=True))
         return outs
 
-    def forward(self, sp: StageProgram, x: np.ndarray, count: int) -> tuple:
+    def _form(self, acts: StageActs) -> StageProgram:
+        """The form of the acts this micro-batch runs: ``later`` once the batch's first
+        gradients are there."""
+        if acts.later is not None and self.grads[acts.first.grads[0]] is not None:
+            return acts.later
+        return acts.first
+
+    def forward(self, acts: StageActs, x: np.ndarray, count: int) -> tuple:
         """The forward act: ``(out, kept)`` (what the backward act is handed back)."""
         self.count[()] = count
         values = {("in", 0): x}
-        out = self._run(sp, 0, values)[0]
-        return out, {s: values[s] for s in sp.kept}
+        out = self._run(acts.first, 0, values)[0]
+        return out, {s: values[s] for s in acts.kept}
 
-    def backward(self, sp: StageProgram, g: np.ndarray, kept: dict, send: Any = None):
+    def backward(self, acts: StageActs, g: np.ndarray, kept: dict, send: Any = None):
         """The backward act on what the forward act kept: the input's gradient (None
         where it gets none), given to ``send`` before the parameters' gradients are
         computed (then accumulated)."""
+        sp = self._form(acts)
         values = dict(kept)
-        values[("in", 1)] = g
+        values[("in", sp.given[1][0])] = g
+        values.update((src, self.grads[i]) for i, src in sp.accs)
         if not sp.input_grad:
             self._accumulate(sp, self._run(sp, 1, values))
             return None
@@ -265,11 +318,13 @@ class StagePrograms:
         self._accumulate(sp, self._run(sp, 2, values))
         return gx
 
-    def last(self, sp: StageProgram, x: np.ndarray, rest: list, count: int, send=None):
+    def last(self, acts: StageActs, x: np.ndarray, rest: list, count: int, send=None):
         """The last stage's one act: ``(loss, the input's gradient or None)``, that
         gradient given to ``send`` before the parameters' gradients are computed."""
+        sp = self._form(acts)
         self.count[()] = count
         values = {("in", j): a for j, a in enumerate([x, *rest])}
+        values.update((src, self.grads[i]) for i, src in sp.accs)
         outs = self._run(sp, 0, values)
         loss = float(outs[0].reshape(-1)[0])
         if not sp.input_grad:
@@ -281,31 +336,39 @@ class StagePrograms:
         return loss, outs[1]
 
     def _accumulate(self, sp: StageProgram, outs: list) -> None:
-        """The parameters' gradients (the first of ``outs``, in ``sp.grads``' order)
-        added to the batch's: the first one kept as it is, the later ones added into it in
-        place (eager backward's additions)."""
+        """The parameters' gradients so far (the first of ``outs``, in ``sp.grads``'
+        order): a later micro-batch's program added its own into what it was given."""
         for i, g in zip(sp.grads, outs, strict=False):
-            acc = self.grads[i]
-            if acc is None:
-                self.grads[i] = g
-            else:
-                np.add(acc, g, out=acc)
+            self.grads[i] = g
 
     def take_grads(self) -> None:
         """The batch's gradients become the parameters' ``.grad`` (as eager backward
         leaves them), and are let go here."""
         for p, g in zip(self.params, self.grads, strict=True):
-            p.grad = None if g is None else from_numpy(g)
+            p.grad = None if g is None else wrap(adopt(g, p.dtype))  # (g: its storage)
         self.grads = [None] * len(self.params)
 
     def clear(self) -> None:
         self.grads = [None] * len(self.params)
 
 
-def _dtype(a: np.ndarray):
+def _dtype(a: np.ndarray, label: str = "a stage"):
+    """The dtype of an array a stage is given (its input rows, the targets, the output's
+    gradient); bfloat16 (stored as uint16, which numpy has no float type for) is refused:
+    a stage's edges are numpy arrays in its worker."""
     from ..dtype import from_numpy_dtype
 
+    if a.dtype == np.uint16:
+        raise DTypeError(_EDGE.format(label=label, what="is given"))
     return from_numpy_dtype(a.dtype)
+
+
+_EDGE = (
+    "{label} {what} a bfloat16 tensor at its edge; a stage computing in a worker passes its "
+    "input, output and their gradients on as numpy arrays, and numpy has no bfloat16: cast "
+    "at the stage's edges (x.bfloat16() inside, .float() on what it returns); bfloat16 "
+    "parameters and values inside the stage are fine"
+)
 
 
 def _grads(x: Tensor, params: list, input_grad: bool, which: list) -> list:

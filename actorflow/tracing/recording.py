@@ -90,6 +90,7 @@ class Tracer(Interpreter):
         self._grads: dict = {}  # id(Meta) -> (Meta, its grad): see restore_grads
         self._eager = EagerInterpreter()
         self.count, self.seed = count, seed
+        self.leaf_specs: list = []  # (the recording's: more_input adds to them)
         self.draws = 0
         self._count: Tensor | None = None  # the count's placeholder
 
@@ -281,15 +282,29 @@ class Tracer(Interpreter):
         )
 
 
-def mark() -> int:
-    """How many op calls the recording in progress on this thread has recorded so far: a
-    place to cut it at (``trace.split_programs``)."""
+def more_input(spec: Spec) -> Tensor:
+    """A further input of the recording in progress on this thread, made inside the call
+    (its leaf index the next one): an input whose layout is known only from what the call
+    computed first (a pipeline stage's output gradient, shaped as its output)."""
+    tracer = _tracer("more_input()")
+    specs = tracer.leaf_specs
+    specs.append(spec)
+    return tracer.placeholder(spec, len(specs) - 1)
+
+
+def _tracer(what: str) -> Tracer:
     from ..eager.interpreter import STATE
 
     tracer = STATE.interpreter
     if not isinstance(tracer, Tracer):
-        raise TraceError("mark(): no recording is in progress on this thread")
-    return len(tracer.nodes)
+        raise TraceError(f"{what}: no recording is in progress on this thread")
+    return tracer
+
+
+def mark() -> int:
+    """How many op calls the recording in progress on this thread has recorded so far: a
+    place to cut it at (``trace.split_programs``)."""
+    return len(_tracer("mark()").nodes)
 
 
 @contextlib.contextmanager
@@ -350,6 +365,7 @@ class Recording:
         self.leaf_specs = list(leaf_specs)
         self.state_specs = list(state_specs or ())
         self.tracer = rec = Tracer(live, len(self.state_specs), state_names, count, seed)
+        rec.leaf_specs = self.leaf_specs  # (more_input adds to them)
         args = args_of([rec.placeholder(s, j) for j, s in enumerate(self.leaf_specs)])
         kwargs = dict(kwargs or {})
         if state_specs is not None:  # fn(*args, states=[placeholder per state], **kwargs)
