@@ -1582,6 +1582,32 @@ class HalfLinear(nn.Module):
         return y if self.edge else y.float()
 
 
+def bfloat16_mse(out, y):
+    """A loss in bfloat16 (the last stage's bfloat16 output against bfloat16 targets)."""
+    return ((out - y.bfloat16()) ** 2).mean()
+
+
+@processes
+def test_a_bfloat16_loss_in_the_last_stages_worker_is_read_as_its_value():
+    batches = data(2)
+    got = []
+    for ranks in (None, "processes"):
+        af.manual_seed(0)
+        stages = [stages_of(3)[0], HalfLinear(16, 3, edge=True)]
+        g = LossPipe(
+            stages,
+            optim.SGD(params_of(stages), lr=0.1),
+            loss=bfloat16_mse,
+            micro_batches=2,
+            stage_ranks=ranks,
+        )
+        try:
+            got.append([float(v) for v in g.run(batches)])
+        finally:
+            g.pipelined.close()
+    assert got[1] == got[0] and all(0 < v < 10 for v in got[0]), got
+
+
 @processes
 def test_a_stage_with_bfloat16_parameters_trains_as_on_threads():
     """Its gradients accumulate in bfloat16 as eager backward's do, and come back as the
@@ -1850,10 +1876,12 @@ def test_a_batch_given_up_with_ctrl_c_leaves_the_next_one_right(monkeypatch):
 
 @processes
 @pytest.mark.parametrize("victim", [0, 1, 2])
-def test_a_worker_killed_in_the_middle_of_the_batch_is_its_stages_error(victim):
+def test_a_worker_killed_in_the_middle_of_the_batch_is_its_stages_error(victim, monkeypatch):
     import os
     import signal
     import threading
+
+    from actorflow.nn import pipeline_links
 
     stages = [nn.Sequential(Busy(20), s) for s in stages_of(3)]
     g = LossPipe(
@@ -1862,16 +1890,19 @@ def test_a_worker_killed_in_the_middle_of_the_batch_is_its_stages_error(victim):
     try:
         assert np.isfinite(float(g.step(*data(1)[0])))
         ranks = workers_of(stages)
-        # (a batch is most of a step: the kill lands in one, else the next batch finds the
-        # worker gone, the same error)
-        kill = threading.Timer(
-            4 * 6 * busy_seconds(20), os.kill, (ranks[victim].pids[0], signal.SIGKILL)
-        )
-        kill.start()
+        confirm, act = pipeline_links.Links.confirm, busy_seconds(20)
+        timers = []
+
+        def confirm_then_kill(links, made):  # (the batch's commands are sent: two acts
+            confirm(links, made)  # later, the victim dies; a batch is 8 acts a stage)
+            args = (ranks[victim].pids[0], signal.SIGKILL)
+            timers.append(threading.Timer(2 * act, os.kill, args))
+            timers[0].start()
+
+        monkeypatch.setattr(pipeline_links.Links, "confirm", confirm_then_kill)
         with pytest.raises(ActorError) as e:
-            for _ in range(1000):
-                g.step(*data(1)[0])
-        kill.join()
+            g.step(*data(1)[0])
+        timers[0].join()
         assert e.value.actor == f"stage{victim}", e.value
         assert f"ranks=[{victim}])" in str(e.value) and "SIGKILL" in str(e.value), e.value
     finally:
@@ -1973,11 +2004,13 @@ def test_an_error_while_a_batch_is_sent_takes_back_what_was_not_sent(monkeypatch
 
 
 @processes
-def test_one_stage_in_a_worker_leaves_no_folder_behind():
+def test_one_stage_in_a_worker_leaves_no_folder_behind(tmp_path, monkeypatch):
     import glob
     import tempfile
 
-    pattern = f"{tempfile.gettempdir()}/actorflow-links-*"
+    # (a folder of this test's own: another test running beside it makes links too)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pattern = f"{tmp_path}/actorflow-links-*"
     before = set(glob.glob(pattern))
     stages = [nn.Sequential(*stages_of(2))]
     g = LossPipe(

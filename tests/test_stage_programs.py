@@ -85,7 +85,11 @@ def eager_stage(stage, xs, gs):
             out.backward(af.tensor(g))
         outs.append(out.detach().numpy())
         xgrads.append(t.grad.numpy())
-    return outs, xgrads, [p.grad.numpy() for p in stage.parameters()]
+    return (
+        outs,
+        xgrads,
+        [p.grad.numpy() if p.grad is not None else None for p in stage.parameters()],
+    )
 
 
 @pytest.mark.parametrize("bn", [False, True], ids=["linear-relu", "batch-norm"])
@@ -186,6 +190,46 @@ def test_a_parameter_used_twice_accumulates_as_eager_does():
     sp.take_grads()
     for p, w in zip(stage.parameters(), want_p, strict=True):
         assert np.array_equal(p.grad.numpy(), w)
+
+
+class Branch(nn.Module):
+    """Applies ``b`` only to micro-batches of fewer than 4 rows (declared first or second:
+    which parameter a later micro-batch's form is chosen by)."""
+
+    def __init__(self, b_first):
+        super().__init__()
+        af.manual_seed(5)
+        if b_first:
+            self.b = nn.Linear(5, 5)
+        self.a = nn.Linear(5, 5)
+        if not b_first:
+            self.b = nn.Linear(5, 5)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.b(y) if x.shape[0] < 4 else y
+
+
+@pytest.mark.parametrize("rows", [(4, 3, 3), (3, 4, 4)])
+@pytest.mark.parametrize("b_first", [True, False])
+def test_a_parameter_used_at_some_layouts_only_accumulates_as_eager_does(rows, b_first):
+    """Uneven micro-batches of a stage that uses a parameter only at some shapes: a later
+    micro-batch's form adds into the gradients so far, -0.0 for those it gives first."""
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((r, 5)).astype(np.float32) for r in rows]
+    gs = [rng.standard_normal((r, 5)).astype(np.float32) for r in rows]
+    _, want_x, _ = eager_stage(ref := Branch(b_first), xs, gs)
+    stage = Branch(b_first)
+    sp = StagePrograms(stage, "stage 1 of 3", 1)
+    for j, (x, g) in enumerate(zip(xs, gs, strict=True)):
+        prog = sp.of(x, [], True, None, 1.0)
+        out, kept = sp.forward(prog, x, j)
+        assert np.array_equal(sp.backward(prog, g, kept), want_x[j])
+    sp.take_grads()
+    for p, q in zip(ref.parameters(), stage.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            assert np.array_equal(p.grad.numpy(), q.grad.numpy())
 
 
 class Masked(nn.Module):

@@ -83,8 +83,8 @@ reference. On held ranks (a worker process each, or a Ray actor) it computes in 
 pickled before each batch with each parameter and buffer standing for the part the global
 tensor names (a tensor it reaches twice is one tensor there) and sent where those bytes
 differ from what the worker holds, and each act is one command there, run as the stage's
-compiled program (``stage_programs.py``: the module's forward and its backward traced once
-per micro-batch layout, as ``nn.Graph`` compiles a step): a forward puts the micro-batch's
+compiled program (``stage_programs.py``: the module's forward and its backward traced per
+micro-batch layout, as ``nn.Graph`` compiles a step): a forward puts the micro-batch's
 input rows on the worker, runs the forward program there (keeping what the backward reads)
 and reads the output back into its register; a backward puts the output's gradient, runs
 that micro-batch's backward program there (gradients accumulated in the worker over the
@@ -100,7 +100,8 @@ the worker). Each activation and gradient goes through this process, through the
 kept between it and each worker (a copy each way; with ``loss=`` the workers pass them to
 each other: ``pipeline_links.py``). A stage's ``forward`` runs as Python only when traced
 (twice per micro-batch layout, train/eval mode and frozen parameters: the batch's first
-micro-batch's form and the later ones'), as ``build`` does in
+micro-batch's form and the later ones'; once where no parameter gets a gradient), as
+``build`` does in
 ``nn.Graph``: what it changes of its module's attributes then stays in the worker's copy,
 until a change here sends a new copy; what changes
 here (attributes, in place too, eval and train modes, frozen parameters, replaced layers,
@@ -157,6 +158,7 @@ from ..creation import from_numpy
 from ..device import device as as_device
 from ..dtype import as_dtype
 from ..eager.interpreter import use_stream
+from ..errors import ActorError
 from ..parallel.interpreter import make as _global_of
 from ..parallel.interpreter import parts_of
 from ..parallel.ranks import HeldRanks, ProcessRanks, Ranks, ranks_here
@@ -446,7 +448,13 @@ class PipelineStep:
                 self.acts.append((i, "F" if kind == FORWARD else "B", mb))
         if trace is not None:
             _write_trace(trace, timed, last)
-        return self._optimize(params, reports[-1][2])
+        try:
+            return self._optimize(params, reports[-1][2])
+        except ActorError as e:  # (a worker that ended meanwhile: its stage named)
+            err = stage_error(workers, e)
+            if err is e:
+                raise
+            raise err from e
 
     def _optimize(self, params: list, losses: list) -> float:
         """After a batch: the optimizers' steps, the gradients let go, the schedules'

@@ -554,24 +554,28 @@ def run_batch(
             raise KeyboardInterrupt from None
         raise
     flying = [(w.ranks, p[0], k) for w, p, k in zip(stages, parts, marks, strict=True)]
-    reports: list = []
+    reports: list = [None] * n
     errors: list = []
     try:
         if interrupted:  # (Ctrl-C while its commands were sent: raised now)
             raise KeyboardInterrupt
         links.confirm(made)
-        for w, (part, grads), mark in zip(stages, parts, marks, strict=True):
+        # the last stage's report first: its worker ends its part first (stage 0's last
+        # backward is the batch's last act), so the reads overlap the batch's tail
+        for i in reversed(range(n)):
+            (part, grads), w = parts[i], stages[i]
             try:
-                reports.append((*read_report(w._read(part)), grads))
+                reports[i] = (*read_report(w._read(part)), grads)
             except Exception as e:  # noqa: BLE001 - the first real one raised below
-                errors.append(e)
-            w.ranks.idle(0, mark)
-            flying.pop(0)
+                errors.append((i, e))
+            w.ranks.idle(0, marks[i])
+            flying.pop()
     except BaseException:  # (Ctrl-C, or the links' error: the workers end the batch)
         links.drop()
         links.in_flight = flying
         raise
     del held
+    errors = [e for _, e in sorted(errors, key=lambda ie: ie[0])]  # (in stage order)
     if errors:
         links.drop()  # (made again at the next batch)
         ended = [e for e in errors if isinstance(e, ActorError) and e.actor.startswith("rank ")]

@@ -2,7 +2,7 @@
 parameters and buffers are global on a one-rank placement of held ranks (process ranks: a
 worker process; Ray ranks: a Ray actor) runs its forward and backward acts there, one
 command each, as the stage's compiled programs (``stage_programs.py``: the module's forward
-and its backward traced once per micro-batch layout, as ``nn.Graph`` compiles a step),
+and its backward traced per micro-batch layout, as ``nn.Graph`` compiles a step),
 instead of being driven op by op from this process.
 
 The two sides of one protocol, in one file:

@@ -1,9 +1,9 @@
 """A pipeline stage's acts compiled in its worker: the stage's forward and backward traced
-once per micro-batch layout into Programs run in turn (``tracing.split_programs``), as
+per micro-batch layout into Programs run in turn (``tracing.split_programs``), as
 ``nn.Graph`` compiles a step, so an act runs numpy's kernels over planned buffers instead
 of eager ops through autograd.
 
-One call is recorded on placeholders: the stage's module on ``x``, then (where a gradient
+A call is recorded on placeholders: the stage's module on ``x``, then (where a gradient
 flows) ``out.backward(g)``; the recording is split where the backward begins, and the
 backward again, where the input gets a gradient, into the nodes that gradient needs and
 the rest (the parameters' gradients): a backward act computes the input's gradient, hands
@@ -30,10 +30,15 @@ the gradients so far as inputs (each parameter's ``.grad`` set to one while reco
 adds each use of a parameter into them in turn, so a parameter used twice gets eager's
 ((a0 + b0) + a1) + b1, not acc + (a1 + b1): the same additions in the same order, and the
 training is eager autograd's bit for bit (bfloat16 parameters' too: their gradients are
-added by the programs' bfloat16 kernels and handed over as bfloat16). What cannot be traced
-(an op whose output shape depends on values, an in-place write into a traced tensor) is
-the act's error, naming the op; so is a bfloat16 input or output (a stage's edges are
-numpy arrays: numpy has no bfloat16).
+added by the programs' bfloat16 kernels and handed over as bfloat16). A later micro-batch
+of another layout runs the later form as soon as any of its parameters has a gradient this
+batch, those without one yet given -0.0 (the exact identity of addition: a parameter the
+stage uses only at some shapes). A stage none of whose parameters gets a gradient is
+recorded once, its one form. What cannot be traced (an op whose output shape depends on
+values, an in-place write into a traced tensor) is the act's error, naming the op; so is
+a bfloat16 input, or a bfloat16 output of a stage that passes it on (a stage's edges are
+numpy arrays: numpy has no bfloat16; a last stage's bfloat16 output feeding its loss
+stays inside).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import numpy as np
 
 from ..autograd import enable_grad
 from ..creation import zeros_like
-from ..dtype import bfloat16, int64
+from ..dtype import bfloat16, bfloat16_values, int64
 from ..errors import DTypeError, TraceError
 from ..parallel.workers import adopt
 from ..runtime.plan.spec import Spec
@@ -127,7 +132,7 @@ class StagePrograms:
             except TraceError as e:
                 raise TraceError(
                     f"{self.label}: a stage computing in a worker runs its acts compiled "
-                    f"(its forward and backward traced once per micro-batch layout, as "
+                    f"(its forward and backward traced per micro-batch layout, as "
                     f"nn.Graph's build is), and this one cannot be: {e}. Keep the stage "
                     f"local (no stage_ranks) to run it eagerly, or change what it does"
                 ) from e
@@ -172,9 +177,11 @@ class StagePrograms:
         acts = StageActs(first, later)
         if later is not None and loss is None:
             acts.saved_bytes = _bytes(later.rec, acts.kept)  # (the same values, in both)
+            later.parts[0] = None  # (the forward act runs first's: no workspace for it)
         for sp in (first, later):
             if sp is not None:
                 sp.rec = None
+                self._done(sp)
         return acts
 
     def _variant(self, x, rest, input_grad, loss, scale, accs: list) -> StageProgram:
@@ -261,10 +268,12 @@ class StagePrograms:
         sp = StageProgram(programs, given, reads, made, kept, grads, input_grad, nbytes)
         sp.accs = [(i, ("in", 1 + len(rest) * (loss is not None) + a)) for a, i in enumerate(accs)]
         sp.rec = rec  # (until both forms are made: _compile)
-        return self._done(sp)
+        return sp
 
     def _done(self, sp: StageProgram) -> StageProgram:
         for p in sp.parts:
+            if p is None:
+                continue
             p.compile()
             p.tmp = [np.empty(s.shape, s.dtype.np) for s in p.tmp_specs]
             p.bound = True
@@ -287,12 +296,20 @@ class StagePrograms:
         values.update(zip(sp.made[k], outs, strict=True))
         return outs
 
-    def _form(self, acts: StageActs) -> StageProgram:
-        """The form of the acts this micro-batch runs: ``later`` once the batch's first
-        gradients are there."""
-        if acts.later is not None and self.grads[acts.first.grads[0]] is not None:
-            return acts.later
-        return acts.first
+    def _form(self, acts: StageActs, values: dict) -> StageProgram:
+        """The form of the acts this micro-batch runs, its gradients so far added to
+        ``values``: ``later`` once any of the parameters it gives a gradient has one this
+        batch (micro-batches of other layouts may have given some and not others: a
+        parameter a stage uses only at some shapes), those still without one given as
+        -0.0, the exact identity of addition (-0.0 + a is a, bit for bit, a zero's sign
+        included)."""
+        later = acts.later
+        if later is None or all(self.grads[i] is None for i in acts.first.grads):
+            return acts.first
+        for i, src in later.accs:
+            g = self.grads[i]
+            values[src] = g if g is not None else _negative_zeros(self.params[i])
+        return later
 
     def forward(self, acts: StageActs, x: np.ndarray, count: int) -> tuple:
         """The forward act: ``(out, kept)`` (what the backward act is handed back)."""
@@ -305,10 +322,9 @@ class StagePrograms:
         """The backward act on what the forward act kept: the input's gradient (None
         where it gets none), given to ``send`` before the parameters' gradients are
         computed (then accumulated)."""
-        sp = self._form(acts)
         values = dict(kept)
+        sp = self._form(acts, values)
         values[("in", sp.given[1][0])] = g
-        values.update((src, self.grads[i]) for i, src in sp.accs)
         if not sp.input_grad:
             self._accumulate(sp, self._run(sp, 1, values))
             return None
@@ -321,12 +337,14 @@ class StagePrograms:
     def last(self, acts: StageActs, x: np.ndarray, rest: list, count: int, send=None):
         """The last stage's one act: ``(loss, the input's gradient or None)``, that
         gradient given to ``send`` before the parameters' gradients are computed."""
-        sp = self._form(acts)
-        self.count[()] = count
         values = {("in", j): a for j, a in enumerate([x, *rest])}
-        values.update((src, self.grads[i]) for i, src in sp.accs)
+        sp = self._form(acts, values)
+        self.count[()] = count
         outs = self._run(sp, 0, values)
-        loss = float(outs[0].reshape(-1)[0])
+        loss = outs[0].reshape(-1)[:1]
+        if sp.parts[0].out_spec.specs[0].dtype is bfloat16:  # (stored as its bits)
+            loss = bfloat16_values(loss)
+        loss = float(loss[0])
         if not sp.input_grad:
             self._accumulate(sp, outs[1:])
             return loss, None
@@ -350,6 +368,13 @@ class StagePrograms:
 
     def clear(self) -> None:
         self.grads = [None] * len(self.params)
+
+
+def _negative_zeros(p: Tensor) -> np.ndarray:
+    """-0.0 in ``p``'s shape and storage dtype (bfloat16: its bits, 0x8000)."""
+    if p.dtype is bfloat16:
+        return np.full(tuple(p.shape), 0x8000, np.uint16)
+    return np.full(tuple(p.shape), -0.0, p.dtype.np)
 
 
 def _dtype(a: np.ndarray, label: str = "a stage"):
