@@ -693,6 +693,38 @@ def held_in(ex, key, outs):
 
 
 @processes
+@pytest.mark.parametrize(
+    "ranks,given",
+    [(None, "build"), ("processes", "build"), ("processes", "loss")],
+    ids=["threads", "processes", "processes-loss="],
+)
+def test_a_failed_batch_leaves_the_stages_buffers_as_they_were(ranks, given):
+    """Batch norm after an op that fails on micro-batch 1: the failed batch's kernel error
+    no longer poisons the running statistics, nor do micro-batch 0's updates stay: the next
+    batch trains as if the failed one never ran (its statistics bit for bit)."""
+    (x, y), (x2, y2) = data(2)
+    got = []
+    for fail in (False, True):
+        af.manual_seed(0)
+        stages = [
+            nn.Sequential(stages_of(2)[0], GathersBadly(), nn.BatchNorm1d(12)),
+            nn.Linear(12, 3),
+        ]
+        cls = LossPipe if given == "loss" else Pipe
+        g = cls(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4, stage_ranks=ranks)
+        try:
+            if fail:
+                with pytest.raises(ActorError):
+                    g.step(poisoned(x, 1, 4), y)
+            g.step(x2, y2)
+        finally:
+            g.pipelined.close()
+        got.append([b.numpy().copy() for b in stages[0][2].buffers()])
+    for a, b in zip(*got, strict=True):
+        assert np.array_equal(a, b)
+
+
+@processes
 def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
     from actorflow.errors import IndexOutOfBoundsError
 

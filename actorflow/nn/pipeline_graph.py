@@ -65,9 +65,13 @@ parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPi
 A stage that raises stops the run with ActorError naming the actor
 (``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
 batch; the gradients of that batch are dropped and no optimizer steps, so the parameters
-keep their values. Batch norm in a stage normalizes each micro-batch by its own
-statistics (as GPipe's does), and random ops (dropout) draw from the eager generator in
-the order the stages' threads reach them, which differs from run to run.
+keep their values, and the stages' buffers are set back to their values before the batch
+(copied before each batch: here for local stages, in its worker for one computing there;
+a kernel's error had poisoned what later ops wrote in place, batch norm's running
+statistics, and earlier micro-batches had moved them). Batch norm in a stage normalizes
+each micro-batch by its own statistics (as GPipe's does), and random ops (dropout) draw
+from the eager generator in the order the stages' threads reach them, which differs from
+run to run.
 
 Threads share one interpreter lock: the stages overlap where their kernels leave it
 (numpy's BLAS calls do), not in the Python around them.
@@ -383,6 +387,8 @@ class PipelineStep:
             f.clear()
         self._held_bytes = [0] * len(stages)
         losses: list[float] = []
+        local = [s for s, w in zip(stages, self._workers, strict=True) if w is None]
+        before = _buffers_of(local)
         try:
             for out in g.run(feed=items, trace=trace):
                 losses.append(float(out))
@@ -397,6 +403,7 @@ class PipelineStep:
             for w in self._workers:  # (and the graphs and gradients the workers hold)
                 if w is not None:
                     w.clear()
+            _restore(before)  # (the local stages' buffers: as before the batch)
             raise
         finally:
             g.join()
@@ -1063,6 +1070,21 @@ def _check_loss(graph: Any, loss: Any) -> None:
 def _library(cls: type) -> bool:
     """Whether ``cls`` is ``nn.Graph`` itself (or ``object``), not a subclass."""
     return cls is object or (cls.__module__, cls.__qualname__) == ("actorflow.nn.graph", "Graph")
+
+
+def _buffers_of(stages: list) -> list:
+    """Each buffer of ``stages`` with a copy of its values (before a batch: what a failed
+    batch leaves them as, ``_restore``)."""
+    with no_grad():
+        return [(b, b.detach().clone()) for s in stages for b in s.buffers()]
+
+
+def _restore(kept: list) -> None:
+    """The buffers ``_buffers_of`` copied, written back whole (a failed batch's kernel
+    error poisoned what its later ops wrote in place: batch norm's running statistics)."""
+    with no_grad():
+        for b, v in kept:
+            b.copy_(v)
 
 
 def _write_trace(path: Any, timed: list, last: int) -> None:
