@@ -724,6 +724,75 @@ def test_a_failed_batch_leaves_the_stages_buffers_as_they_were(ranks, given):
         assert np.array_equal(a, b)
 
 
+class Ema(nn.Module):
+    """Replaces its buffer with a new tensor on each forward in training mode."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("ema", af.zeros(n))
+
+    def forward(self, x):
+        if self.training:
+            self.ema = self.ema * 0.9 + x.detach().mean(0) * 0.1
+        return x
+
+
+def test_a_failed_batch_sets_back_a_buffer_the_forward_replaced():
+    (x, y), (x2, y2) = data(2)
+    stages = [nn.Sequential(stages_of(2)[0], Ema(12), GathersBadly()), nn.Linear(12, 3)]
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4)
+    g.step(x2, y2)
+    before = stages[0][1].ema.numpy().copy()
+    with pytest.raises(ActorError):
+        g.step(poisoned(x, 1, 4), y)
+    assert np.array_equal(stages[0][1].ema.numpy(), before)
+
+
+@processes
+def test_a_stage_in_a_worker_whose_forward_replaces_a_buffer_is_refused():
+    stages = [nn.Sequential(stages_of(2)[0], Ema(12)), nn.Linear(12, 3)]
+    g = LossPipe(stages, micro_batches=2, stage_ranks="processes")
+    try:
+        with pytest.raises(ActorError) as e:
+            g.step(*data(1)[0])
+        assert "replaces its tensor 'ema' with a new one" in str(e.value)
+        assert "writes a buffer in place" in str(e.value)
+    finally:
+        g.pipelined.close()
+
+
+class DoesNotPickle:
+    def __reduce__(self):
+        raise TypeError("this attribute does not pickle")
+
+
+@processes
+def test_a_batch_that_fails_before_its_acts_sets_no_buffer_back():
+    """A stage that no longer pickles fails the batch at its start: the other stages'
+    buffers keep what the batch before wrote (none of it is undone)."""
+    batches = data(3)
+    got = []
+    for fail in (False, True):
+        af.manual_seed(0)
+        stages = [stages_of(2)[0], nn.Sequential(nn.BatchNorm1d(12), nn.Linear(12, 3))]
+        g = LossPipe(
+            stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes"
+        )
+        try:
+            g.step(*batches[0])
+            if fail:
+                stages[0].bad = DoesNotPickle()
+                with pytest.raises(TypeError, match="does not pickle"):
+                    g.step(*batches[1])
+                del stages[0].bad
+            g.step(*batches[2])
+        finally:
+            g.pipelined.close()
+        got.append([b.numpy().copy() for b in stages[1][0].buffers()])
+    for a, b in zip(*got, strict=True):
+        assert np.array_equal(a, b)
+
+
 @processes
 def test_an_error_in_a_stages_worker_is_the_stages_actor_error():
     from actorflow.errors import IndexOutOfBoundsError

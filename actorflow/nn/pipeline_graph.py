@@ -65,10 +65,13 @@ parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPi
 A stage that raises stops the run with ActorError naming the actor
 (``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
 batch; the gradients of that batch are dropped and no optimizer steps, so the parameters
-keep their values, and the stages' buffers are set back to their values before the batch
-(copied before each batch: here for local stages, in its worker for one computing there;
-a kernel's error had poisoned what later ops wrote in place, batch norm's running
-statistics, and earlier micro-batches had moved them). Batch norm in a stage normalizes
+keep their values, and the buffers the batch wrote are set back to their values before it
+(a kernel's error had poisoned what later ops wrote in place, batch norm's running
+statistics, and earlier micro-batches had moved them): a local stage's buffers that the
+batch before wrote (every buffer in a graph's first batch) are copied before each batch,
+and one the forward replaced by a new tensor is put back; a stage in a worker copies a
+buffer as its compiled act first writes it, and lets the copies go when the batch ends
+well. Batch norm in a stage normalizes
 each micro-batch by its own statistics (as GPipe's does), and random ops (dropout) draw
 from the eager generator in the order the stages' threads reach them, which differs from
 run to run.
@@ -275,6 +278,7 @@ class PipelineStep:
         self.loss = loss  # a micro-batch's loss, loss(out, *rest), where build is not given
         self._links = Links()  # (where the workers run a batch among themselves)
         self._batches = 0  # batches begun (a stopped one's messages are told apart by it)
+        self._written: set | None = None  # the local stages' buffers the last batch wrote
         self.stages = list(stages)
         self.micro_batches = micro_batches
         self.buffers = buffers
@@ -388,7 +392,7 @@ class PipelineStep:
         self._held_bytes = [0] * len(stages)
         losses: list[float] = []
         local = [s for s, w in zip(stages, self._workers, strict=True) if w is None]
-        before = _buffers_of(local)
+        before = _buffers_of(local, self._written)
         try:
             for out in g.run(feed=items, trace=trace):
                 losses.append(float(out))
@@ -409,6 +413,7 @@ class PipelineStep:
             g.join()
             for f in self._fifos:  # (a stopped run's graphs)
                 f.clear()
+        self._written = _written(before)
         return self._optimize(params, losses)
 
     def _batch_in_workers(self, x: np.ndarray, rest: list, bounds: Any, trace: Any) -> float:
@@ -1072,19 +1077,46 @@ def _library(cls: type) -> bool:
     return cls is object or (cls.__module__, cls.__qualname__) == ("actorflow.nn.graph", "Graph")
 
 
-def _buffers_of(stages: list) -> list:
-    """Each buffer of ``stages`` with a copy of its values (before a batch: what a failed
-    batch leaves them as, ``_restore``)."""
+def _buffers_of(stages: list, written: set | None) -> list:
+    """Before a batch, each buffer of ``stages`` as ``(module, name, tensor, version,
+    copy)``: a copy of its values where the last batch wrote it (``written``: their
+    ``(id(module), name)``; None: the graph's first batch, every buffer), what a failed
+    batch sets it back to (``_restore``). A buffer a batch does not write (a constant
+    table) is not copied batch after batch."""
+    out = []
     with no_grad():
-        return [(b, b.detach().clone()) for s in stages for b in s.buffers()]
+        for s in stages:
+            for mod in s.modules():
+                for name, b in mod._buffers.items():
+                    if b is None:
+                        continue
+                    copy = None
+                    if written is None or (id(mod), name) in written:
+                        copy = b.detach().clone()
+                    out.append((mod, name, b, b._impl.blob.version, copy))
+    return out
+
+
+def _written(kept: list) -> set:
+    """After a batch, the buffers it wrote (in place, or replaced by another tensor)."""
+    return {
+        (id(mod), name)
+        for mod, name, b, version, _ in kept
+        if mod._buffers.get(name) is not b or b._impl.blob.version != version
+    }
 
 
 def _restore(kept: list) -> None:
-    """The buffers ``_buffers_of`` copied, written back whole (a failed batch's kernel
-    error poisoned what its later ops wrote in place: batch norm's running statistics)."""
+    """The buffers ``_buffers_of`` copied set back: the tensor the module held (where the
+    batch replaced it), its values written back whole (a failed batch's kernel error
+    poisoned what its later ops wrote in place: batch norm's running statistics)."""
     with no_grad():
-        for b, v in kept:
-            b.copy_(v)
+        for mod, name, b, _, copy in kept:
+            if copy is None:
+                continue
+            if mod._buffers.get(name) is not b:
+                setattr(mod, name, b)
+            b.copy_(copy)
 
 
 def _write_trace(path: Any, timed: list, last: int) -> None:

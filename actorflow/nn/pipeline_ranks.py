@@ -71,7 +71,6 @@ class _Kept:
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
         self.compiled: Any = None  # (its acts compiled: stage_programs.StagePrograms)
         self.batch_seed = 0  # (what the batch's random ops draw from: _start's)
-        self.buffers_before: Any = None  # (the buffers' values before the batch: _start)
 
     def programs(self) -> Any:
         """The stage's compiled acts (made on first use)."""
@@ -176,12 +175,9 @@ def _kept(ex: Any, key: int) -> _Kept:
 
 
 def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
-    """Before a batch (``seed``: what the worker's random ops draw from in it; the
-    module's buffers copied), or after a failed one (None): the graphs and gradients of
-    the last one let go, the buffers as they were before it (batch norm's running
-    statistics: a failed batch changes no state)."""
-    from ..runtime_api import lend_arrays, written_outside
-
+    """Before a batch (``seed``: what the worker's random ops draw from in it), or after a
+    failed one (None): the graphs and gradients of the last one let go, the buffers it
+    wrote set back (batch norm's running statistics: a failed batch changes no state)."""
     if seed is not None:
         from ..creation import manual_seed
 
@@ -189,14 +185,10 @@ def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
     st = ex.kept.get(key)
     if st is None:
         return  # (its loading failed: raised by the acts)
-    buffers = list(st.module.buffers())
     if seed is not None:
         st.batch_seed = seed
-        st.buffers_before = [a.copy() for a in lend_arrays(buffers)]
-    elif st.buffers_before is not None:
-        for a, b in zip(lend_arrays(buffers), st.buffers_before, strict=True):
-            np.copyto(a, b)
-        written_outside(buffers)
+    if st.compiled is not None:  # (a batch that did not end well: what it wrote set back;
+        st.compiled.restore()  # after one that did, nothing is kept to set back)
     st.fifo.clear()
     st.held = st.peak = st.held_most = 0
     if st.compiled is not None:

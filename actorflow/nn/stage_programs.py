@@ -110,6 +110,7 @@ class StagePrograms:
         self.count = np.zeros((), np.int64)  # (a program's state: its random ops' count)
         self.programs: dict = {}
         self.grads: list = [None] * len(self.params)  # (this batch's, accumulated)
+        self.before: dict = {}  # buffer (index in tensors) -> its values before the batch
 
     # -- compiling ----------------------------------------------------------------------
     def of(self, x: np.ndarray, rest: list, input_grad: bool, loss: Any, scale: float):
@@ -157,15 +158,33 @@ class StagePrograms:
             new_states.extend(new)
             return out
 
-        rec = Recording(
-            traced,
-            specs,
-            lambda leaves: leaves,
-            state_specs=state,
-            live=True,
-            count=len(tensors),
-            seed=self.seed,
-        )
+        held = [
+            (mod, kind, name, t)
+            for mod in self.module.modules()
+            for kind in ("_parameters", "_buffers")
+            for name, t in getattr(mod, kind).items()
+        ]
+        try:
+            rec = Recording(
+                traced,
+                specs,
+                lambda leaves: leaves,
+                state_specs=state,
+                live=True,
+                count=len(tensors),
+                seed=self.seed,
+            )
+        finally:  # (a tensor the forward replaced: its own again, and refused below)
+            replaced = [(mod, n, t) for mod, k, n, t in held if getattr(mod, k).get(n) is not t]
+            for mod, name, t in replaced:
+                setattr(mod, name, t)
+        if replaced:
+            raise TraceError(
+                f"{self.label}'s forward replaces its tensor {replaced[0][1]!r} with a new "
+                f"one ({type(replaced[0][0]).__name__}.{replaced[0][1]} = ...): a compiled "
+                f"act writes a buffer in place (self.{replaced[0][1]}.mul_(0.9).add_(...), "
+                f"or .copy_(...)), as nn.Graph's build does"
+            )
         rec.new_states = new_states  # type: ignore[attr-defined]  # (read by _compile)
         return rec
 
@@ -289,6 +308,9 @@ class StagePrograms:
             + [self.count]
             + [np.asarray(t._impl.array()) for t in p.captured]
         )
+        for i, _ in p.assigns:  # (a buffer this batch writes first: its values before it)
+            if len(self.params) <= i < len(self.tensors) and i not in self.before:
+                self.before[i] = p.state_arrays[i].copy()
         ins = [values[("in", j)] for j in sp.given[k]] + [values[s] for s in sp.reads[k]]
         outs = p.run_new([ins])
         if p.assigns:
@@ -359,9 +381,19 @@ class StagePrograms:
         for i, g in zip(sp.grads, outs, strict=False):
             self.grads[i] = g
 
+    def restore(self) -> None:
+        """After a failed batch: the buffers it wrote set back to their values before it
+        (copied as each was first written: batch norm's running statistics)."""
+        for i, a in self.before.items():
+            np.copyto(lend_arrays([self.tensors[i]])[0], a)
+            written_outside([self.tensors[i]])
+        self.before = {}
+
     def take_grads(self) -> None:
-        """The batch's gradients become the parameters' ``.grad`` (as eager backward
-        leaves them), and are let go here."""
+        """At the end of a batch that succeeded: its gradients become the parameters'
+        ``.grad`` (as eager backward leaves them), and are let go here, as are the copies
+        of the buffers it wrote."""
+        self.before = {}
         for p, g in zip(self.params, self.grads, strict=True):
             p.grad = None if g is None else wrap(adopt(g, p.dtype))  # (g: its storage)
         self.grads = [None] * len(self.params)
