@@ -7,6 +7,7 @@ batch without touching the parameters."""
 import itertools
 import json
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -746,6 +747,44 @@ def test_a_failed_batch_sets_back_a_buffer_the_forward_replaced():
     with pytest.raises(ActorError):
         g.step(poisoned(x, 1, 4), y)
     assert np.array_equal(stages[0][1].ema.numpy(), before)
+
+
+class WritesWhen(nn.Module):
+    """Adds its input's mean into a buffer while ``on`` (a buffer some batches write)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.on = False
+        self.register_buffer("seen", af.zeros(n))
+
+    def forward(self, x):
+        if self.on and self.training:
+            with af.no_grad():
+                self.seen.add_(x.detach().mean(0))
+        return x
+
+
+def test_a_buffer_the_batch_before_did_not_write_is_named_when_a_failed_batch_writes_it():
+    """A local stage copies before a batch the buffers the batch before wrote: one written
+    for the first time by a failed batch keeps that write, and a warning names it; from
+    then on it is copied, and set back."""
+    (x, y), (x2, y2) = data(2)
+    w = WritesWhen(12)
+    stages = [nn.Sequential(stages_of(2)[0], w, GathersBadly()), nn.Linear(12, 3)]
+    g = Pipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=4)
+    g.step(x2, y2)  # (the graph's first batch: every buffer copied; this one not written)
+    g.step(x2, y2)
+    w.on = True
+    with pytest.warns(RuntimeWarning, match=r"WritesWhen\.seen .*keep what the failed batch"):
+        with pytest.raises(ActorError):
+            g.step(poisoned(x, 1, 4), y)
+    kept = w.seen.numpy().copy()  # (micro-batches 0 and 1 wrote it: their rows' means)
+    assert not np.array_equal(kept, np.zeros(12, np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ActorError):
+            g.step(poisoned(x, 1, 4), y)
+    assert np.array_equal(w.seen.numpy(), kept, equal_nan=True)  # (copied: set back)
 
 
 @processes

@@ -69,7 +69,9 @@ keep their values, and the buffers the batch wrote are set back to their values 
 (a kernel's error had poisoned what later ops wrote in place, batch norm's running
 statistics, and earlier micro-batches had moved them): a local stage's buffers that the
 batch before wrote (every buffer in a graph's first batch) are copied before each batch,
-and one the forward replaced by a new tensor is put back; a stage in a worker copies a
+and one the forward replaced by a new tensor is put back (one a failed batch wrote first,
+not copied, keeps that write: a warning names it, and it is copied from then on); a
+stage in a worker copies a
 buffer as its compiled act first writes it, and lets the copies go when the batch ends
 well. Batch norm in a stage normalizes
 each micro-batch by its own statistics (as GPipe's does), and random ops (dropout) draw
@@ -151,6 +153,7 @@ import contextlib
 import gc
 import os
 import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -407,7 +410,9 @@ class PipelineStep:
             for w in self._workers:  # (and the graphs and gradients the workers hold)
                 if w is not None:
                     w.clear()
-            _restore(before)  # (the local stages' buffers: as before the batch)
+            missed = _restore(before)  # (the local stages' buffers: as before the batch)
+            if self._written is not None:
+                self._written |= missed
             raise
         finally:
             g.join()
@@ -1106,17 +1111,33 @@ def _written(kept: list) -> set:
     }
 
 
-def _restore(kept: list) -> None:
+def _restore(kept: list) -> set:
     """The buffers ``_buffers_of`` copied set back: the tensor the module held (where the
     batch replaced it), its values written back whole (a failed batch's kernel error
-    poisoned what its later ops wrote in place: batch norm's running statistics)."""
+    poisoned what its later ops wrote in place: batch norm's running statistics). A buffer
+    the failed batch wrote that the batch before had not (so not copied) keeps what it
+    wrote: a warning names it; returns those, copied from the next batch on."""
+    missed = []
     with no_grad():
-        for mod, name, b, _, copy in kept:
+        for mod, name, b, version, copy in kept:
             if copy is None:
+                if mod._buffers.get(name) is not b or b._impl.blob.version != version:
+                    missed.append((mod, name))
                 continue
             if mod._buffers.get(name) is not b:
                 setattr(mod, name, b)
             b.copy_(copy)
+    if missed:
+        names = ", ".join(f"{type(mod).__name__}.{name}" for mod, name in missed)
+        warnings.warn(
+            f"pipeline: the failed batch wrote the buffer(s) {names} of a local stage, "
+            f"which the batch before had not written, so they were not copied before it "
+            f"and keep what the failed batch wrote (set them again, or load the module's "
+            f"state); they are copied before every batch from now on",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return {(id(mod), name) for mod, name in missed}
 
 
 def _write_trace(path: Any, timed: list, last: int) -> None:
