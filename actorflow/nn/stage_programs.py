@@ -77,7 +77,6 @@ class StageProgram:
         self.parts, self.given, self.reads, self.made = parts, given, reads, made
         self.kept, self.grads = kept, grads
         self.input_grad, self.saved_bytes = input_grad, saved_bytes
-        self.rec: Any = None
         self.accs: list = []  # (parameter index, the input its gradient so far is given as)
 
 
@@ -87,13 +86,12 @@ class StageActs:
     (None where no parameter gets one), whose backward is given the gradients so far and
     adds each use of a parameter into them in turn, as eager backward adds into ``.grad``
     (a parameter used twice: its two gradients added one after the other, not summed
-    first). The forward is the same part in both; ``kept`` what either backward reads of
-    it, its bytes ``saved_bytes``."""
+    first). The forward is the same part in both, and so is what their backwards read of
+    it (``kept``, its bytes ``saved_bytes``: the first's, checked when made)."""
 
     def __init__(self, first: StageProgram, later: StageProgram | None) -> None:
         self.first, self.later = first, later
-        both = first.kept + (later.kept if later is not None else [])
-        self.kept = list(dict.fromkeys(both))
+        self.kept = first.kept
         self.saved_bytes = first.saved_bytes
         self.input_grad = first.input_grad
 
@@ -140,22 +138,19 @@ class StagePrograms:
             self.programs[key] = got
         return got
 
-    def _record(self, specs: list, body: Any) -> Recording:
+    def _record(self, specs: list, body: Any) -> tuple:
+        """``body`` recorded on placeholders of ``specs`` with the stage's tensors standing
+        for their states (and the draw count after them): the Recording and each state's
+        new value (a buffer written in place: its last one; the count: None)."""
         tensors = self.tensors
         state = [Spec(t.shape, t.dtype, t.device) for t in tensors]
         state.append(Spec((), int64, "cpu"))
-
-        def fn(*leaves, states):
-            with standing_in(tensors, states[: len(tensors)]):
-                out = body(*leaves)
-                new = list(states[: len(tensors)]) + [None]  # (a buffer written: its value)
-            return out, new
-
         new_states: list = []
 
         def traced(*leaves, states):
-            out, new = fn(*leaves, states=states)
-            new_states.extend(new)
+            with standing_in(tensors, states[: len(tensors)]):
+                out = body(*leaves)
+            new_states.extend([*states[: len(tensors)], None])
             return out
 
         held = [
@@ -185,23 +180,21 @@ class StagePrograms:
                 f"act writes a buffer in place (self.{replaced[0][1]}.mul_(0.9).add_(...), "
                 f"or .copy_(...)), as nn.Graph's build does"
             )
-        rec.new_states = new_states  # type: ignore[attr-defined]  # (read by _compile)
-        return rec
+        return rec, new_states
 
     def _compile(self, x, rest, input_grad, loss, scale) -> StageActs:
         first = self._variant(x, rest, input_grad, loss, scale, [])
         later = None
         if first.grads:
             later = self._variant(x, rest, input_grad, loss, scale, first.grads)
-        acts = StageActs(first, later)
         if later is not None and loss is None:
-            acts.saved_bytes = _bytes(later.rec, acts.kept)  # (the same values, in both)
+            if not set(later.kept) <= set(first.kept):  # (the same forward in both forms)
+                raise RuntimeError(f"{self.label}: its two forms read different forwards")
             later.parts[0] = None  # (the forward act runs first's: no workspace for it)
         for sp in (first, later):
             if sp is not None:
-                sp.rec = None
                 self._done(sp)
-        return acts
+        return StageActs(first, later)
 
     def _variant(self, x, rest, input_grad, loss, scale, accs: list) -> StageProgram:
         """The acts recorded with the gradients so far of the parameters ``accs`` (indices)
@@ -236,7 +229,7 @@ class StagePrograms:
                     (value * scale).backward()
                 return [value, *_grads(x, params, input_grad, grads)]
 
-            rec = self._record(specs + acc_specs, last)
+            rec, new = self._record(specs + acc_specs, last)
             given = [tuple(range(own)), ()]
             nbytes = _bytes(rec, crossing(rec, marks[0], marks[1]))
             first = marks[1]  # (the backward's first node)
@@ -256,7 +249,7 @@ class StagePrograms:
                         out.backward(g)
                 return [out, *_grads(x, params, input_grad, grads)]
 
-            rec = self._record([x_spec] + acc_specs, stage)
+            rec, new = self._record([x_spec] + acc_specs, stage)
             given = [(0,), (1 + len(accs),), ()]  # (the output's gradient: the last leaf)
             first = marks[0]
         # outs: the output (or the loss), the input's gradient where it gets one, then the
@@ -273,7 +266,6 @@ class StagePrograms:
         if loss is not None:  # (its forward, the loss and the first of the backward: one)
             parts = [parts[0] + parts[1]] + parts[2:]
             results = [results[0] + results[1]] + results[2:]
-        new = _kept_states(rec)
         states = [new] + [[None] * len(new)] * (len(parts) - 1)
         given = given[: len(parts)]
         programs, reads, made = split_programs(rec, parts, given, results, states)
@@ -286,7 +278,6 @@ class StagePrograms:
             p.captured = rec.captured
         sp = StageProgram(programs, given, reads, made, kept, grads, input_grad, nbytes)
         sp.accs = [(i, ("in", 1 + len(rest) * (loss is not None) + a)) for a, i in enumerate(accs)]
-        sp.rec = rec  # (until both forms are made: _compile)
         return sp
 
     def _done(self, sp: StageProgram) -> StageProgram:
@@ -453,10 +444,6 @@ def _needed(rec: Recording, wanted: list, first: int) -> set:
         need.add(src[1])
         stack.extend(s for s, _ in rec.nodes[src[1]].refs)
     return need
-
-
-def _kept_states(rec: Recording) -> list:
-    return rec.new_states  # type: ignore[attr-defined]
 
 
 def _bytes(rec: Recording, sources: list) -> int:

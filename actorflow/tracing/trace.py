@@ -80,20 +80,35 @@ def stateful_program(
 
 
 def _program(rec: Recording, flat: list, new_states=None) -> Program:
-    outs = [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in rec.outputs]
-    assigns = None
-    if new_states is not None:
-        assigns = [
-            (i, rec.source(t._impl), t._impl.meta)
-            for i, t in enumerate(new_states)
-            if t is not None and rec.source(t._impl) != ("state", i)
-        ]
+    outs = _outs_of(rec, rec.outputs)
+    assigns = None if new_states is None else _assigns_of(rec, new_states)
 
     def in_port(src):
         k, j, _ = flat[src[1]]
         return ("in", k, j)
 
     return _part(rec, range(len(rec.nodes)), in_port, outs, rec.structure, assigns)
+
+
+def _outs_of(rec: Recording, tensors: list) -> list:
+    """Per tensor the call returns, ``(source, view meta, whole)`` (``whole``: not a view
+    of another tensor): a program's outputs as ``_part`` takes them."""
+    return [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in tensors]
+
+
+def _assigns_of(rec: Recording, new_states: list) -> list:
+    """Per state a call writes back (its new value not itself), ``(state i, source, view
+    meta)``."""
+    return [
+        (i, rec.source(t._impl), t._impl.meta)
+        for i, t in enumerate(new_states)
+        if t is not None and rec.source(t._impl) != ("state", i)
+    ]
+
+
+def _read_whole(m, whole: bool) -> bool:
+    """Whether an output of meta ``m`` is its source's whole array, as it is."""
+    return whole and m.offset == 0 and is_contiguous(m.shape, m.strides)
 
 
 def _part(rec: Recording, members, in_port, outs: list, structure, assigns):
@@ -106,14 +121,7 @@ def _part(rec: Recording, members, in_port, outs: list, structure, assigns):
     # node outputs that are program outputs (read whole) go straight into the register
     direct = {}
     for j, (src, m, whole) in enumerate(outs):
-        if (
-            src[0] == "node"
-            and src[1] in mine
-            and src not in direct
-            and whole
-            and is_contiguous(m.shape, m.strides)
-            and m.offset == 0
-        ):
+        if src[0] == "node" and src[1] in mine and src not in direct and _read_whole(m, whole):
             direct[src] = j
     nodes = [(n, rec.nodes[n]) for n in members]
     tmp_specs: list[Spec] = []
@@ -200,8 +208,8 @@ def split_programs(rec: Recording, parts: list, inputs: list, outputs: list, sta
         reads.append(list(got))
     programs, made = [], []
     for k, part in enumerate(parts):
-        outs = [(rec.source(t._impl), t._impl.meta, t._impl.base is None) for t in outputs[k]]
-        own = {src for src, m, whole in outs if whole and m.offset == 0 and _whole(m)}
+        outs = _outs_of(rec, outputs[k])
+        own = {src for src, m, whole in outs if _read_whole(m, whole)}
         later = dict.fromkeys(
             src
             for r in reads[k + 1 :]
@@ -211,19 +219,11 @@ def split_programs(rec: Recording, parts: list, inputs: list, outputs: list, sta
         outs += [(src, rec.meta_of(src), True) for src in later]
         given = {("in", j): ("in", 0, a) for a, j in enumerate(inputs[k])}
         given.update({src: ("in", 0, len(inputs[k]) + a) for a, src in enumerate(reads[k])})
-        assigns = [
-            (i, rec.source(t._impl), t._impl.meta)
-            for i, t in enumerate(states[k])
-            if t is not None and rec.source(t._impl) != ("state", i)
-        ]
+        assigns = _assigns_of(rec, states[k])
         structure = flatten([0] * len(outs))[1]
         programs.append(_part(rec, part, given.__getitem__, outs, structure, assigns))
         made.append([src for src, _, _ in outs])
     return programs, reads, made
-
-
-def _whole(m) -> bool:
-    return is_contiguous(m.shape, m.strides)
 
 
 class Traced:
