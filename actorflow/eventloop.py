@@ -1,6 +1,8 @@
 """The one place event loops are made (uvloop's when it is installed, asyncio's otherwise),
 and the one place a thread is started to run one: the VM's loop thread and the actor
-graphs' loop thread (``start_loop_thread``)."""
+graphs' loop thread (``start_loop_thread``), and how such a thread is stopped
+(``stop_loop_thread``: at exit, before the interpreter finalizes, since a loop still running
+in a daemon thread then can crash the process as a pending callback takes the GIL)."""
 
 from __future__ import annotations
 
@@ -32,3 +34,14 @@ def start_loop_thread(name: str) -> tuple[asyncio.AbstractEventLoop, threading.T
     thread.start()
     started.wait()
     return loop, thread
+
+
+def stop_loop_thread(
+    loop: asyncio.AbstractEventLoop, thread: threading.Thread, timeout: float
+) -> None:
+    """Stops ``loop`` (started by ``start_loop_thread``) and waits up to ``timeout`` seconds
+    for its thread to end: an act still running on it past that is left to the daemon
+    thread's fate."""
+    if thread.is_alive():
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=timeout)

@@ -495,8 +495,7 @@ def test_the_vm_and_the_graph_loop_run_on_threads_from_the_one_loop_start_up(mon
         assert loop.is_running() and thread.daemon and thread.name == "actorflow-test-loop"
         assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, "ran"), loop).result(5) == "ran"
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+        eventloop.stop_loop_thread(loop, thread, timeout=5)
     assert not thread.is_alive()
     started, start_loop_thread = [], eventloop.start_loop_thread
 
@@ -517,11 +516,35 @@ def test_the_vm_and_the_graph_loop_run_on_threads_from_the_one_loop_start_up(mon
         assert graph_loop_module.on_graph_loop() is False
     finally:
         vm.shutdown()
-        for lp, t in zip(
-            graph_loop_module._GRAPH_LOOP, graph_loop_module._GRAPH_THREAD, strict=True
-        ):
-            lp.call_soon_threadsafe(lp.stop)
-            t.join(5)
+        graph_loop_module._stop_graph_loop()
+    assert not graph_loop_module._GRAPH_THREAD and not g_loop.is_running()
+
+
+@pytest.mark.timeout(60)
+def test_no_loop_thread_is_left_running_when_the_interpreter_finalizes(tmp_path):
+    """A uvloop loop still running in a daemon thread while the interpreter finalizes can
+    crash the process at exit (a digits example run in CI ended with SIGSEGV after printing
+    all its output): the VM's and the graph loop's threads are stopped by their atexit
+    handlers, so by the last handler (registered before actorflow is imported) no
+    actorflow loop thread is alive."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import atexit, threading\n"
+        "atexit.register(lambda: print('alive at exit:', sorted(t.name for t in "
+        "threading.enumerate() if t.name in ('actorflow-vm', 'actorflow-graphs'))))\n"
+        "import actorflow as af\n"
+        "g = af.ActorGraph()\n"
+        "src = g.source([af.tensor([float(i)]) for i in range(3)], name='src')\n"
+        "g.sink(g.actor(lambda t: t * 2, src, name='double'))\n"
+        "print('outs:', [float(o[0]) for o in g.run()])\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "outs: [0.0, 2.0, 4.0]" in r.stdout, r.stdout + r.stderr
+    assert "alive at exit: []" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.timeout(20)

@@ -53,7 +53,7 @@ from numpy import ndarray as _ND
 
 from ..backends.base import on_memory_pressure
 from ..errors import KernelError, VMError
-from ..eventloop import start_loop_thread
+from ..eventloop import start_loop_thread, stop_loop_thread
 from ..tensor.blob import RELEASED, Blob
 from .deps import (
     RAN_ON_FAILED,
@@ -907,8 +907,7 @@ class VM:
             self.synchronize_quietly()
         except Exception:  # noqa: BLE001
             pass
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
+        stop_loop_thread(loop, thread, timeout=5)
         pool.shutdown()
         self._loop = self._thread = self._pool = _NOT_STARTED
 

@@ -5,11 +5,12 @@ the warning while a next run waits for acts the last one abandoned)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import threading
 import warnings
 
-from ...eventloop import start_loop_thread
+from ...eventloop import start_loop_thread, stop_loop_thread
 
 _GRAPH_LOOP: list = []
 _GRAPH_THREAD: list = []
@@ -24,7 +25,20 @@ def graph_loop():
             loop, thread = start_loop_thread("actorflow-graphs")
             _GRAPH_THREAD.append(thread)
             _GRAPH_LOOP.append(loop)
+            atexit.register(_stop_graph_loop)  # before the VM's: registered later
         return _GRAPH_LOOP[0]
+
+
+def _stop_graph_loop() -> None:
+    """At exit: stops the graph loop's thread (a uvloop loop left running in a daemon thread
+    while the interpreter finalizes can crash the process when a callback fires); a later
+    ``graph_loop()`` starts a new one."""
+    with _GRAPH_LOOP_LOCK:
+        if not _GRAPH_LOOP:
+            return
+        loop, thread = _GRAPH_LOOP.pop(), _GRAPH_THREAD.pop()
+    atexit.unregister(_stop_graph_loop)
+    stop_loop_thread(loop, thread, timeout=5)
 
 
 def on_graph_loop() -> bool:
