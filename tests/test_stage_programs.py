@@ -161,6 +161,55 @@ def test_the_last_stage_with_its_loss_equals_eager_and_sends_its_input_gradient_
     assert prog.saved_bytes == (4 * 5 + 4 * 6) * 4  # (the module's, not the loss's)
 
 
+@pytest.mark.parametrize("model", ["linear-relu", "used-twice"])
+def test_later_micro_batches_add_their_gradients_into_the_arrays_of_the_first(model):
+    """A later micro-batch's weights' part writes each parameter's gradient over the one
+    so far (no array as large as the parameter made per act), with eager's bits: the
+    arrays the batch's first micro-batch made hold the batch's gradients at its end; a
+    parameter used twice too (its second use's add reads what its first use's wrote)."""
+    make, features = (mlp_stage, 6) if model == "linear-relu" else (Twice, 5)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((4, features)).astype(np.float32) for _ in range(3)]
+    gs = [rng.standard_normal((4, 5)).astype(np.float32) for _ in range(3)]
+    _, want_x, want_p = eager_stage(make(), xs, gs)
+    stage = make()
+    sp = StagePrograms(stage, "stage 1 of 3", 1)
+    first = None
+    for j, (x, g) in enumerate(zip(xs, gs, strict=True)):
+        prog = sp.of(x, [], True, None, 1.0)
+        out, kept = sp.forward(prog, x, j)
+        assert np.array_equal(sp.backward(prog, g, kept), want_x[j])
+        first = first or list(sp.grads)
+    assert prog.later.into  # (the later form's weights' part: in place)
+    assert all(a is b for a, b in zip(sp.grads, first, strict=True))
+    sp.take_grads()
+    for p, w in zip(stage.parameters(), want_p, strict=True):
+        assert np.array_equal(p.grad.numpy(), w)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_output_is_written_over_an_input_only_once_that_input_is_read(compiled):
+    """``_written_after_read``: an output may take an input's array where every kernel
+    reading that input runs before the one writing the output, or is it (elementwise)."""
+    from actorflow.nn.stage_programs import _written_after_read
+
+    def fn(marks, acc, x):
+        first = acc + x  # (reads acc, writes output 0)
+        second = acc * 2.0  # (reads acc after output 0 was written: output 1)
+        return [first, second]
+
+    specs = [Spec((3, 4), af.float32, "cpu"), Spec((3, 4), af.float32, "cpu")]
+    rec, _ = _record(fn, specs)
+    p = _program(rec, [(0, 0, specs[0]), (0, 1, specs[1])])
+    if compiled:
+        p.compile()
+    assert _written_after_read(p, 1, 0)  # (acc's last reader writes output 1)
+    assert not _written_after_read(p, 0, 0)  # (acc read again after output 0)
+    assert _written_after_read(p, 0, 1) and _written_after_read(
+        p, 1, 1
+    )  # (x: its one reader first)
+
+
 class Twice(nn.Module):
     """One Linear applied twice: its parameters get two gradients per micro-batch."""
 
