@@ -187,6 +187,33 @@ def test_later_micro_batches_add_their_gradients_into_the_arrays_of_the_first(mo
         assert np.array_equal(p.grad.numpy(), w)
 
 
+def test_a_later_act_that_fails_leaves_no_half_added_gradients():
+    """A kernel of a later micro-batch's weights' part raising after a gradient was written
+    over the one so far (and again by the op-by-op run naming the error): the batch's
+    gradients are let go, none left half added for anything to read."""
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal((4, 6)).astype(np.float32) for _ in range(2)]
+    gs = [rng.standard_normal((4, 5)).astype(np.float32) for _ in range(2)]
+    sp = StagePrograms(mlp_stage(), "stage 1 of 3", 1)
+    prog = sp.of(xs[0], [], True, None, 1.0)
+    sp.backward(prog, gs[0], sp.forward(prog, xs[0], 0)[1])
+    assert all(g is not None for g in sp.grads) and prog.later.into
+    last = prog.later.parts[2].compiled.instrs[-1].step
+    kernel = last.kernel
+
+    def boom(outs, args, attrs):
+        raise FloatingPointError("injected")
+
+    last.kernel = boom
+    try:
+        kept = sp.forward(prog, xs[1], 1)[1]
+        with pytest.raises(Exception, match="injected"):
+            sp.backward(prog, gs[1], kept)
+    finally:
+        last.kernel = kernel
+    assert sp.grads == [None] * len(sp.params)
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_an_output_is_written_over_an_input_only_once_that_input_is_read(compiled):
     """``_written_after_read``: an output may take an input's array where every kernel

@@ -547,6 +547,51 @@ def test_no_loop_thread_is_left_running_when_the_interpreter_finalizes(tmp_path)
     assert "alive at exit: []" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.timeout(120)
+def test_exit_with_a_run_paused_or_a_run_after_the_loop_stopped_ends_the_process(tmp_path):
+    """A run's generator still paused when the script ends (closed as the interpreter
+    finalizes, after the graph loop was stopped) does not wait forever for a loop nobody
+    runs; a graph run from an atexit handler that runs after actorflow's is refused with
+    an error naming the fix, not left on a new loop thread."""
+    import subprocess
+    import sys
+
+    graph = (
+        "import time\n"
+        "import actorflow as af\n"
+        "def graph(n=4):\n"
+        "    g = af.ActorGraph()\n"
+        "    src = g.source([af.tensor([float(i)]) for i in range(n)], name='src')\n"
+        "    g.sink(g.actor(lambda t: (time.sleep(0.02), t * 2)[1], src, name='double'))\n"
+        "    return g\n"
+    )
+    (tmp_path / "graphs.py").write_text(graph)  # (its stage a function of another module)
+    paused = tmp_path / "paused.py"
+    paused.write_text(
+        "from graphs import graph\ng = graph(50)\nit = g.run()\n"
+        "print('first:', float(next(it)[0]))\n"
+    )
+    late = tmp_path / "late.py"
+    late.write_text(
+        "import atexit\n"
+        "def late():\n"
+        "    try:\n"
+        "        list(graph().run())\n"
+        "    except RuntimeError as e:\n"
+        "        print('refused:', e)\n"
+        "atexit.register(late)  # (before actorflow's: runs after it)\n"
+        + graph
+        + "print('outs:', [float(o[0]) for o in graph().run()])\n"
+    )
+    for script, want in ((paused, "first: 0.0"), (late, "outs: [0.0, 2.0, 4.0, 6.0]")):
+        r = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=30
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert want in r.stdout, r.stdout + r.stderr
+    assert "refused: an actor graph was run after actorflow stopped its graph loop" in r.stdout
+
+
 @pytest.mark.timeout(20)
 def test_queued_release_waits_for_pending_use_and_reclaim_does_not_deadlock():
     # Instructions hold their tensors, so through the public API a blob is released only

@@ -331,7 +331,11 @@ class StagePrograms:
                 ins[into[o]] if o in into else np.empty(s.shape, s.dtype.np)
                 for o, s in enumerate(p.out_spec.specs)
             ]
-            p.run(outs, [ins])
+            try:
+                p.run(outs, [ins])
+            except BaseException:  # (partly written, and again by the op-by-op run that
+                self.clear()  # names the error: the batch's gradients are no more)
+                raise
         if p.assigns:
             written_outside(self.tensors[len(self.params) :])  # (a buffer it wrote)
         values.update(zip(sp.made[k], outs, strict=True))
@@ -425,16 +429,19 @@ def _written_after_read(p: Any, out: int, pos: int) -> bool:
     """Whether program ``p`` may write its output ``out`` over its input ``pos``: one
     kernel writes that output whole, and every kernel reading that input runs before it
     or is it, an elementwise one reading it whole (a ufunc may write over what it
-    reads at the same place); no output is copied from that input at the end. Checked on
-    the kernels as they run (compiled: a dropped copy's readers read its source)."""
+    reads at the same place); no output is copied, nor state written back, from that input
+    at the end. Checked on the kernels as they run (compiled: a dropped copy's readers read
+    its source)."""
     c = p.compiled
     if c is not None:
         steps = [(ins.step, c.ins_of[ins.index], ins.select) for ins in c.instrs]
-        copies = c.copies
+        copies, assigns = c.copies, c.assigns
     else:
         steps = [(st, st.ins, False) for st in p.steps]
-        copies = p.copies
+        copies, assigns = p.copies, p.assigns
     if any(j == out or (r[0], r[2]) == ("in", pos) for j, r in copies):
+        return False
+    if any((r[0], r[2]) == ("in", pos) for _, r in assigns):  # (read after the steps)
         return False
     writers = [
         n

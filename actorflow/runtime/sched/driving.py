@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout
 from queue import SimpleQueue
 
 from ..observe import hooks as observe
@@ -97,6 +98,9 @@ def run_blocking(g, feed=None, trace=None, progress=False):
             _settle(loop, sched, done, finished)
 
 
+_SETTLE_POLL_S = 0.05  # how often a wait for a run's end looks whether its loop still runs
+
+
 def _settle(loop, sched, done, finished: bool) -> None:
     """After ``run_blocking``'s loop: stops the run if it did not finish, and waits until
     it ended and its memory is settled (on the graph loop, closed or refused there: it
@@ -107,8 +111,11 @@ def _settle(loop, sched, done, finished: bool) -> None:
     interrupted = None
     while not on_graph_loop():
         try:
-            done.result()
+            done.result(timeout=_SETTLE_POLL_S)
             break
+        except FutureTimeout:
+            if not loop.is_running():  # (stopped at exit: nothing ends the run now; a
+                break  # generator closed as the interpreter finalizes does not wait)
         except KeyboardInterrupt as e:  # a second Ctrl-C: clean up, then raise it
             interrupted = e
     if interrupted is not None:

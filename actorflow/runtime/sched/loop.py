@@ -15,36 +15,53 @@ from ...eventloop import start_loop_thread, stop_loop_thread
 _GRAPH_LOOP: list = []
 _GRAPH_THREAD: list = []
 _GRAPH_LOOP_LOCK = threading.Lock()
+_AT_EXIT: list = []  # [registered?, exited?]: the atexit handler's, once each
 
 
 def graph_loop():
     """The event loop (uvloop when installed) on which ``run()`` drives actor graphs: one
-    thread for the process, started on first use, like the VM's."""
+    thread for the process, started on first use, like the VM's; stopped at exit (a later
+    use, from an atexit handler that runs after actorflow's, is refused)."""
     with _GRAPH_LOOP_LOCK:
         if not _GRAPH_LOOP:
+            if len(_AT_EXIT) > 1:
+                raise RuntimeError(
+                    "an actor graph was run after actorflow stopped its graph loop at exit "
+                    "(from an atexit handler registered before actorflow was imported, or "
+                    "a finalizer run at exit): run graphs before the interpreter exits, or "
+                    "register that handler after importing actorflow"
+                )
             loop, thread = start_loop_thread("actorflow-graphs")
             _GRAPH_THREAD.append(thread)
             _GRAPH_LOOP.append(loop)
-            atexit.register(_stop_graph_loop)  # before the VM's: registered later
+            if not _AT_EXIT:  # (once: it runs before the VM's, registered later)
+                _AT_EXIT.append(True)
+                atexit.register(_at_exit)
         return _GRAPH_LOOP[0]
 
 
+def _at_exit() -> None:
+    with _GRAPH_LOOP_LOCK:
+        _AT_EXIT.append(True)
+    _stop_graph_loop()
+
+
 def _stop_graph_loop() -> None:
-    """At exit: stops the graph loop's thread (a uvloop loop left running in a daemon thread
-    while the interpreter finalizes can crash the process when a callback fires); a later
-    ``graph_loop()`` starts a new one."""
+    """Stops the graph loop's thread (at exit: a uvloop loop left running in a daemon
+    thread while the interpreter finalizes can crash the process when a callback fires);
+    a run still waiting on it gives up waiting (``driving._settle``)."""
     with _GRAPH_LOOP_LOCK:
         if not _GRAPH_LOOP:
             return
         loop, thread = _GRAPH_LOOP.pop(), _GRAPH_THREAD.pop()
-    atexit.unregister(_stop_graph_loop)
     stop_loop_thread(loop, thread, timeout=5)
 
 
 def on_graph_loop() -> bool:
     """Is the caller the graph loop's thread (an inline act, an async act, a callback of
     a run driven by ``run()``)?"""
-    return bool(_GRAPH_THREAD) and threading.current_thread() is _GRAPH_THREAD[0]
+    threads = _GRAPH_THREAD[:1]  # (a copy: the list may be emptied meanwhile)
+    return bool(threads) and threading.current_thread() is threads[0]
 
 
 def refuse_on_graph_loop(what: str = "run() was called") -> None:
