@@ -197,6 +197,37 @@ def test_constants_fold_and_dead_values_drop(monkeypatch):
     assert results[True].tobytes() == results[False].tobytes() == (x * (a + b)).tobytes()
 
 
+def test_a_compiled_program_holds_none_of_a_runs_arrays_after_it(monkeypatch):
+    """The arrays a run gives the kernels (inputs, outputs: set per run) are let go once it
+    ends, also when a kernel raised: a program does not keep a batch's input alive until
+    the next run."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(tc, "ENABLED", True)
+    steps = [
+        _step("exp", [("in", 0, 0, None)], [("tmp", 0, 0, None)]),
+        _step("mul", [("in", 0, 0, None), ("tmp", 0, 0, None)], [("out", 0, 0, None)]),
+        _step("log", [("tmp", 0, 0, None)], [("out", 1, 0, None)]),
+    ]
+    p = Program(list(steps), PieceSpec(0, [_cpu((4,)), _cpu((4,))]), [_cpu((4,))], [], [])
+    p.compile()
+    for fails in (False, True):
+        x = np.array([1.0, -2.0, 3.0, 0.25], np.float32)
+        outs = [np.empty(4, np.float32), np.empty(4, np.float32)]
+        if fails:  # (a kernel that raises: the run goes op by op to name it, then raises)
+            monkeypatch.setattr(steps[2], "kernel", lambda o, a, at: 1 / 0)
+            with pytest.raises(Exception, match="division"):
+                p.run(outs, [[x]])
+        else:
+            p.run(outs, [[x]])
+            assert np.array_equal(outs[0], x * np.exp(x))
+        held = [weakref.ref(a) for a in (x, *outs)]
+        del x, outs
+        gc.collect()
+        assert all(r() is None for r in held)
+
+
 def test_a_failing_op_is_named_as_without_the_pass(monkeypatch):
     errors = {}
     for on in (True, False):

@@ -21,7 +21,8 @@ What the pass does, in order:
   state written back) is dropped, backwards, so a chain feeding only it goes too;
 - **buffers are planned**: every value left gets a workspace buffer, reused by a later value
   of the same shape and dtype once its last reader ran (the program's own workspace
-  arrays: ``Program.tmp``, allocated once; the pass allocates nothing per run); an
+  arrays: ``Program.tmp``, allocated once; the pass allocates nothing per run, and keeps
+  none of a run's inputs and outputs past it); an
   elementwise ufunc writes over an input it reads for the last time (``INPLACE``);
 - **states are written in place**: a state's new value made by one of the step's last
   kernels (from the first of them on, none raises: ``_SAFE``), when no later kernel reads
@@ -495,9 +496,11 @@ class Compiled:
                     else:
                         ins_.step.kernel(o, args, ins_.step.attrs)
         except Exception as e:  # noqa: BLE001 - the op-by-op run raises the op's error
+            self._let_go()
             p.run_steps(outs, ins, write_back=False)
             assert ins_ is not None  # (set first in the loop: nothing raises before it)
             raise p.kernel_error(ins_.index, e) from e
+        self._let_go()
         for j, ref in self.copies:
             np.copyto(outs[j], get(ref))
         if write_back:
@@ -505,6 +508,16 @@ class Compiled:
                 src = get(ref)
                 if src is not state[i]:
                     np.copyto(state[i], src, casting="no")
+
+    def _let_go(self) -> None:
+        """The arrays a run gave its kernels (its inputs, outputs, state: set per run) let
+        go, so the program holds none of them between runs."""
+        for ins_ in self.instrs:
+            for is_out, k, _ in ins_.dyn:
+                if is_out:
+                    ins_.outs[k] = None
+                else:
+                    ins_.args[k] = None
 
 
 def _key(st, ins):
