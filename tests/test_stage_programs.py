@@ -216,9 +216,8 @@ def test_a_later_act_that_fails_leaves_no_half_added_gradients():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_an_output_is_written_over_an_input_only_once_that_input_is_read(compiled):
-    """``_written_after_read``: an output may take an input's array where every kernel
+    """``Program.may_write_over``: an output may take an input's array where every kernel
     reading that input runs before the one writing the output, or is it (elementwise)."""
-    from actorflow.nn.stage_programs import _written_after_read
 
     def fn(marks, acc, x):
         first = acc + x  # (reads acc, writes output 0)
@@ -230,11 +229,9 @@ def test_an_output_is_written_over_an_input_only_once_that_input_is_read(compile
     p = _program(rec, [(0, 0, specs[0]), (0, 1, specs[1])])
     if compiled:
         p.compile()
-    assert _written_after_read(p, 1, 0)  # (acc's last reader writes output 1)
-    assert not _written_after_read(p, 0, 0)  # (acc read again after output 0)
-    assert _written_after_read(p, 0, 1) and _written_after_read(
-        p, 1, 1
-    )  # (x: its one reader first)
+    assert p.may_write_over(1, 0)  # (acc's last reader writes output 1)
+    assert not p.may_write_over(0, 0)  # (acc read again after output 0)
+    assert p.may_write_over(0, 1) and p.may_write_over(1, 1)  # (x: its one reader first)
 
 
 class Twice(nn.Module):

@@ -1102,13 +1102,15 @@ def _buffers_of(stages: list, written: set | None) -> list:
     return out
 
 
+def _changed(mod: Any, name: str, b: Tensor, version: int) -> bool:
+    """Whether buffer ``name`` of ``mod``, ``b`` at ``version`` before a batch, was written
+    by it (in place, or replaced by another tensor)."""
+    return mod._buffers.get(name) is not b or b._impl.blob.version != version
+
+
 def _written(kept: list) -> set:
-    """After a batch, the buffers it wrote (in place, or replaced by another tensor)."""
-    return {
-        (id(mod), name)
-        for mod, name, b, version, _ in kept
-        if mod._buffers.get(name) is not b or b._impl.blob.version != version
-    }
+    """After a batch, the buffers it wrote."""
+    return {(id(mod), name) for mod, name, b, version, _ in kept if _changed(mod, name, b, version)}
 
 
 def _restore(kept: list) -> set:
@@ -1121,7 +1123,7 @@ def _restore(kept: list) -> set:
     with no_grad():
         for mod, name, b, version, copy in kept:
             if copy is None:
-                if mod._buffers.get(name) is not b or b._impl.blob.version != version:
+                if _changed(mod, name, b, version):
                     missed.append((mod, name))
                 continue
             if mod._buffers.get(name) is not b:

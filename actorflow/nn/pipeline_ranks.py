@@ -189,10 +189,9 @@ def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
         st.batch_seed = seed
     if st.compiled is not None:  # (a batch that did not end well: what it wrote set back;
         st.compiled.restore()  # after one that did, nothing is kept to set back)
+        st.compiled.clear()
     st.fifo.clear()
     st.held = st.peak = st.held_most = 0
-    if st.compiled is not None:
-        st.compiled.clear()
     for p in st.params:
         p.grad = None
 

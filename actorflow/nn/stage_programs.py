@@ -32,10 +32,10 @@ adds each use of a parameter into them in turn, so a parameter used twice gets e
 training is eager autograd's bit for bit (bfloat16 parameters' too: their gradients are
 added by the programs' bfloat16 kernels and handed over as bfloat16). The later form
 writes each gradient over the array of the one so far that it adds into (where every
-kernel reading that array runs before, or is, the one writing it: ``_written_after_read``),
-so a batch makes one gradient array per parameter, at its first micro-batch: an array as
-large as a 1024x1024 weight made anew per act cost 0.3-1 ms of page faults an act here,
-with the same bits. A later micro-batch
+kernel reading that array runs before, or is, the one writing it:
+``Program.may_write_over``), so a batch makes one gradient array per parameter, at its
+first micro-batch: an array as large as a 1024x1024 weight made anew per act cost 0.3-1
+ms of page faults an act here, with the same bits. A later micro-batch
 of another layout runs the later form as soon as any of its parameters has a gradient this
 batch, those without one yet given -0.0 (the exact identity of addition: a parameter the
 stage uses only at some shapes). A stage none of whose parameters gets a gradient is
@@ -303,7 +303,7 @@ class StagePrograms:
         for i, src in sp.accs:
             if i in sp.grads and src in given:
                 out, pos = n - len(sp.grads) + sp.grads.index(i), given.index(src)
-                if _written_after_read(sp.parts[k], out, pos):
+                if sp.parts[k].may_write_over(out, pos):
                     into[out] = pos
         if into:
             sp.into[k] = into
@@ -423,46 +423,6 @@ class StagePrograms:
 
     def clear(self) -> None:
         self.grads = [None] * len(self.params)
-
-
-def _written_after_read(p: Any, out: int, pos: int) -> bool:
-    """Whether program ``p`` may write its output ``out`` over its input ``pos``: one
-    kernel writes that output whole, and every kernel reading that input runs before it
-    or is it, an elementwise one reading it whole (a ufunc may write over what it
-    reads at the same place); no output is copied, nor state written back, from that input
-    at the end. Checked on the kernels as they run (compiled: a dropped copy's readers read
-    its source)."""
-    c = p.compiled
-    if c is not None:
-        steps = [(ins.step, c.ins_of[ins.index], ins.select) for ins in c.instrs]
-        copies, assigns = c.copies, c.assigns
-    else:
-        steps = [(st, st.ins, False) for st in p.steps]
-        copies, assigns = p.copies, p.assigns
-    if any(j == out or (r[0], r[2]) == ("in", pos) for j, r in copies):
-        return False
-    if any((r[0], r[2]) == ("in", pos) for _, r in assigns):  # (read after the steps)
-        return False
-    writers = [
-        n
-        for n, (st, _, _) in enumerate(steps)
-        if any(o[0] == "out" and o[1] == out for o in st.outs)
-    ]
-    if len(writers) != 1:
-        return False
-    w = writers[0]
-    st, ins, select = steps[w]
-    if any(o[0] == "out" and o[1] == out and o[3] is not None for o in st.outs):
-        return False
-    for n, (st, ins, select) in enumerate(steps):
-        reads = [r for r in ins if r[0] == "in" and r[2] == pos]
-        if not reads:
-            continue
-        if n > w or select:
-            return False
-        if n == w and not (st.op.elementwise and all(r[3] is None for r in reads)):
-            return False
-    return True
 
 
 def _negative_zeros(p: Tensor) -> np.ndarray:

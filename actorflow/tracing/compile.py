@@ -181,6 +181,7 @@ class Compiled:
         self.groups = self._groups()
         self.kernels = len(self.groups)
         self._bound = None
+        self._slots: list = []  # (the kernels' argument lists a run fills: _bind's)
 
     # -- the pass --------------------------------------------------------------------------
     def _fold(self, st, ins, specs) -> bool:
@@ -419,21 +420,25 @@ class Compiled:
                 return strided(consts[i], m)
             return None
 
+        slots = []  # (list, position): where a run puts an array only it knows
         for ins in self.instrs:
             st, dyn = ins.step, []
-            outs = []
+            outs: list = []
             for k, o in enumerate(st.outs):
                 a = static(o) if o[0] == "tmp" else None
                 if a is None:
                     dyn.append((True, k, o))
+                    slots.append((outs, k))
                 outs.append(a)
-            args = []
+            args: list = []
             for k, r in enumerate(self.ins_of[ins.index]):
                 a = static(r)
                 if a is None:
                     dyn.append((False, k, r))
+                    slots.append((args, k))
                 args.append(a)
             ins.outs, ins.args, ins.dyn = outs, args, dyn
+        self._slots = slots
         self._bound = (tmp, consts)
 
     def run(self, outs: list, ins: list, write_back: bool = True) -> None:
@@ -512,12 +517,8 @@ class Compiled:
     def _let_go(self) -> None:
         """The arrays a run gave its kernels (its inputs, outputs, state: set per run) let
         go, so the program holds none of them between runs."""
-        for ins_ in self.instrs:
-            for is_out, k, _ in ins_.dyn:
-                if is_out:
-                    ins_.outs[k] = None
-                else:
-                    ins_.args[k] = None
+        for arrays, k in self._slots:
+            arrays[k] = None
 
 
 def _key(st, ins):

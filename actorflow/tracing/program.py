@@ -141,6 +141,39 @@ class Program:
             return
         self._run(outs, ins, write_back)
 
+    def may_write_over(self, out: int, pos: int) -> bool:
+        """Whether a run may be given, as its output ``out``, the array of its input ``pos``
+        (a gradient written over the one so far it adds into): one kernel writes that output
+        whole, and every kernel reading that input runs before it or is it, an elementwise
+        one reading it whole (a ufunc may write over what it reads at the same place); no
+        output is copied, nor state written back, from that input at the end. Checked on
+        the kernels as they run (compiled: a dropped copy's readers read its source)."""
+        c = self.compiled
+        if c is not None:
+            steps = [(ins.step, c.ins_of[ins.index], ins.select) for ins in c.instrs]
+            copies, assigns = c.copies, c.assigns
+        else:
+            steps = [(st, st.ins, False) for st in self.steps]
+            copies, assigns = self.copies, self.assigns
+        if any(j == out or (r[0], r[2]) == ("in", pos) for j, r in copies):
+            return False
+        if any((r[0], r[2]) == ("in", pos) for _, r in assigns):  # (read after the steps)
+            return False
+        writes = [[o for o in st.outs if o[0] == "out" and o[1] == out] for st, _, _ in steps]
+        writers = [n for n, w in enumerate(writes) if w]
+        if len(writers) != 1 or any(o[3] is not None for o in writes[writers[0]]):
+            return False
+        w = writers[0]
+        for n, (st, ins, select) in enumerate(steps):
+            reads = [r for r in ins if r[0] == "in" and r[2] == pos]
+            if not reads:
+                continue
+            if n > w or select:
+                return False
+            if n == w and not (st.op.elementwise and all(r[3] is None for r in reads)):
+                return False
+        return True
+
     def compile(self) -> None:
         """Runs the steps through the compiler pass (``tracing.compile``) from now on, on
         the host: same results bit for bit, fewer kernels."""

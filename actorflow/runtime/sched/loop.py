@@ -15,7 +15,7 @@ from ...eventloop import start_loop_thread, stop_loop_thread
 _GRAPH_LOOP: list = []
 _GRAPH_THREAD: list = []
 _GRAPH_LOOP_LOCK = threading.Lock()
-_AT_EXIT: list = []  # [registered?, exited?]: the atexit handler's, once each
+_AT_EXIT = {"registered": False, "ran": False}  # (the graph loop's atexit handler)
 
 
 def graph_loop():
@@ -24,7 +24,7 @@ def graph_loop():
     use, from an atexit handler that runs after actorflow's, is refused)."""
     with _GRAPH_LOOP_LOCK:
         if not _GRAPH_LOOP:
-            if len(_AT_EXIT) > 1:
+            if _AT_EXIT["ran"]:
                 raise RuntimeError(
                     "an actor graph was run after actorflow stopped its graph loop at exit "
                     "(from an atexit handler registered before actorflow was imported, or "
@@ -34,15 +34,15 @@ def graph_loop():
             loop, thread = start_loop_thread("actorflow-graphs")
             _GRAPH_THREAD.append(thread)
             _GRAPH_LOOP.append(loop)
-            if not _AT_EXIT:  # (once: it runs before the VM's, registered later)
-                _AT_EXIT.append(True)
+            if not _AT_EXIT["registered"]:  # (once: runs before the VM's, registered later)
+                _AT_EXIT["registered"] = True
                 atexit.register(_at_exit)
         return _GRAPH_LOOP[0]
 
 
 def _at_exit() -> None:
     with _GRAPH_LOOP_LOCK:
-        _AT_EXIT.append(True)
+        _AT_EXIT["ran"] = True
     _stop_graph_loop()
 
 
