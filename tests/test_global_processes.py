@@ -446,6 +446,32 @@ def test_a_worker_error_is_raised_at_the_read_and_the_ranks_go_on():
         assert np.array_equal((x + 1).numpy(), data((4, 3)) + 1)
 
 
+def test_an_asked_part_is_answered_later_whatever_came_between():
+    """``ask`` sends a part's read without waiting; ``answer`` returns it later, after
+    other reads and commands (answers that come first are kept, a channel-up one copied
+    out); an asked part holding an error raises it at ``answer``; a forgotten ask's
+    answer is let go."""
+    with use_ranks("processes"):
+        p = af.placement("cpu", ranks=2)
+        ranks = ranks_of(p)
+        small = af.tensor(data((4, 3))).to_global(p, B)
+        big = af.tensor(data((512, 256))).to_global(p, B)  # (through the channel up)
+        a, b = parts_of(small._impl)[1], parts_of(big._impl)[1]
+        bad = ranks.call(1, op_def("add"), [a, a], {"alpha": lambda: 0})[0]
+        t_small, t_big, t_bad = ranks.ask(1, a), ranks.ask(1, b), ranks.ask(1, bad)
+        t_gone = ranks.ask(1, a)
+        ranks.forget(t_gone)
+        twice = (big * 2).numpy()  # (a read, answered after the asks' answers)
+        assert np.array_equal(twice, data((512, 256)) * 2)
+        ranks.call(1, op_def("mul"), [b, b], {}, [b])  # (b written after it was asked)
+        with pytest.raises(TypeError, match="do not pickle"):
+            ranks.answer(1, t_bad)
+        assert np.array_equal(ranks.answer(1, t_big), data((512, 256)))
+        assert np.array_equal(ranks.answer(1, t_small), data((4, 3)))
+        assert ranks._early == {}  # (nothing kept of the forgotten one)
+        assert np.array_equal(ranks.read(1, b), data((512, 256)) ** 2)
+
+
 def test_arguments_that_do_not_pickle_fail_the_part_not_the_ranks():
     with use_ranks("processes"):
         p = af.placement("cpu", ranks=2)

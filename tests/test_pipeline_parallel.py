@@ -2158,3 +2158,195 @@ def test_one_stage_in_a_worker_leaves_no_folder_behind(tmp_path, monkeypatch):
     finally:
         g.pipelined.close()
     assert set(glob.glob(pattern)) == before
+
+
+class WithUnused(nn.Module):
+    """A layer with a parameter its forward never reads (it gets no gradient)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+        self.unused = nn.Parameter(af.zeros(3))
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class OwnStep(optim.SGD):
+    """An optimizer with a step() of its own: this process runs it."""
+
+    def step(self, closure=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().step(closure)
+
+
+class RefusingSGD(optim.SGD):
+    """SGD whose update raises while ``refuse`` is set (an attribute: its stand-in in a
+    stage's worker has it too)."""
+
+    def update(self, p, grad, group, state, writes=optim.optimizer.OUT_OF_PLACE, rates=None):
+        if getattr(self, "refuse", False):
+            raise RuntimeError("update refused")
+        return super().update(p, grad, group, state, writes, rates)
+
+
+def _steps_stages():
+    stages = stages_of(3)
+    stages[1] = nn.Sequential(stages[1], WithUnused(WIDTHS[2]))
+    stages[0][0].bias.requires_grad_(False)  # (frozen: no gradient, no state)
+    return stages
+
+
+def _opt_of(kind, stages):
+    params = params_of(stages)
+    if kind == "sgd":  # (two groups, dampening's flag, Nesterov's, weight decay)
+        return optim.SGD(
+            [
+                {"params": params[:3], "momentum": 0.9, "dampening": 0.1, "weight_decay": 1e-3},
+                {"params": params[3:], "momentum": 0.8, "nesterov": True},
+            ],
+            lr=0.05,
+        )
+    if kind == "adam":  # (its step counts)
+        return optim.Adam(params, lr=1e-2, weight_decay=1e-3)
+    if kind == "adamw":
+        return optim.AdamW(params, lr=1e-2)
+    if kind == "rmsprop":
+        return optim.RMSprop(params, lr=1e-3, momentum=0.5, centered=True)
+    return optim.Adagrad(params, lr=1e-2)
+
+
+@processes
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+def test_the_workers_step_the_optimizers_as_this_process_does(kind, monkeypatch):
+    """With loss= on process ranks each stage's worker steps the optimizers over its own
+    parameters once every report is read: the same losses, parameters and optimizer state
+    bit for bit as this process stepping them (``STEP_IN_WORKERS = False``), schedules
+    read per batch; a parameter without a gradient (frozen, or unused) gets no state."""
+    from actorflow.nn import pipeline_links
+
+    batches = data(4)
+    runs = {}
+    sent = []
+    send = pipeline_links.send_steps
+    monkeypatch.setattr(pipeline_links, "send_steps", lambda *a: sent.append(1) or send(*a))
+    import actorflow.nn.pipeline_graph as pg
+
+    monkeypatch.setattr(pg, "send_steps", pipeline_links.send_steps)
+    for in_workers in (True, False):
+        monkeypatch.setattr(pipeline_links, "STEP_IN_WORKERS", in_workers)
+        stages = _steps_stages()
+        opt = _opt_of(kind, stages)
+        g = LossPipe(stages, micro_batches=4, stage_ranks="processes")
+        g.add_optimizer(opt, lr_sch=optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7))
+        try:
+            losses = [float(g.step(*batches[0]))] + [float(v) for v in g.run(batches[1:3])]
+            opt.load_state_dict(opt.state_dict())  # (its state in new tensors, new parts)
+            losses.append(float(g.step(*batches[3])))
+        finally:
+            g.pipelined.close()
+        state = opt.state_dict()
+        runs[in_workers] = (losses, [p.numpy() for p in params_of(stages)], state, opt)
+        assert len(sent) == (4 if in_workers else 0)
+        sent.clear()
+    (la, pa, sa, _), (lb, pb, sb, _) = runs[True], runs[False]
+    assert la == lb
+    for a, b in zip(pa, pb, strict=True):
+        assert np.array_equal(a, b)
+    assert sa["param_groups"] == sb["param_groups"]  # (the schedule's rates too)
+    assert sa["state"].keys() == sb["state"].keys()
+    for i, st in sa["state"].items():
+        assert st.keys() == sb["state"][i].keys()
+        for name, v in st.items():
+            w = sb["state"][i][name]
+            if isinstance(v, af.Tensor):
+                assert np.array_equal(v.numpy(), w.numpy()), (i, name)
+            else:
+                assert v == w, (i, name)
+    stages = _steps_stages()
+    at = {id(p): i for i, p in enumerate(params_of(stages))}
+    frozen, unused = at[id(stages[0][0].bias)], at[id(stages[1][1].unused)]
+    if kind == "adagrad":  # (its state made with the optimizer, as PyTorch's: not stepped)
+        assert sa["state"][frozen]["step"] == sa["state"][unused]["step"] == 0
+    else:
+        assert frozen not in sa["state"] and unused not in sa["state"]
+        assert len(sa["state"]) == len(at) - 2
+    if kind == "adam":
+        assert all(st["step"] == 4 for st in sa["state"].values())
+
+
+@processes
+def test_an_optimizer_with_its_own_step_is_stepped_here():
+    batches = data(3)
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1, momentum=0.9), batches)
+    stages = stages_of(2)
+    opt = OwnStep(params_of(stages), lr=0.1, momentum=0.9)
+    g = LossPipe(stages, opt, micro_batches=4, stage_ranks="processes")
+    try:
+        got = [float(v) for v in g.run(batches)]
+    finally:
+        g.pipelined.close()
+    assert opt.calls == 3  # (this process ran it, once per batch)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for p, q in zip(params_of(ref), params_of(stages), strict=True):
+        np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-5, atol=1e-6)
+    # an attribute that is not plain data (a worker is given plain data only): here too
+    from actorflow.nn import pipeline_links
+
+    stages = stages_of(2)
+    opt = optim.SGD(params_of(stages), lr=0.1, momentum=0.9)
+    opt.note = lambda: None
+    g = LossPipe(stages, opt, micro_batches=4, stage_ranks="processes")
+    try:
+        g.step(*batches[0])
+        assert g.pipelined._steps is None  # (nothing sent to the workers to step)
+        assert pipeline_links.stage_steps(g.pipelined._workers, [opt]) is None
+        got = [float(g.step(*batches[1])), float(g.step(*batches[2]))]
+    finally:
+        g.pipelined.close()
+    np.testing.assert_allclose(got, want[1:], rtol=1e-5, atol=1e-6)
+
+
+@processes
+def test_a_step_that_fails_in_a_worker_is_raised_by_the_next_step_and_changes_nothing():
+    """The step a stage's worker runs after a batch is waited for at the next batch: its
+    error is raised there as the ActorError of ``stage{i}.step``; that stage's
+    parameters and state, and its counts here, are as before it, and the batch that
+    raised it changes nothing; training goes on once the cause is gone. ``close()``
+    raises a last step's error."""
+    b = data(4)
+    stages = stages_of(2)
+    opt = RefusingSGD(params_of(stages), lr=0.1, momentum=0.9, dampening=0.1)
+    g = LossPipe(stages, opt, micro_batches=2, stage_ranks="processes")
+    ref_stages = stages_of(2)
+    ref_opt = RefusingSGD(params_of(ref_stages), lr=0.1, momentum=0.9, dampening=0.1)
+    ref = LossPipe(ref_stages, ref_opt, micro_batches=2, stage_ranks="processes")
+    try:
+        want = [float(ref.step(*b[0])), float(ref.step(*b[3]))]
+        want_params = [p.numpy() for p in params_of(ref_stages)]
+        got = [float(g.step(*b[0]))]
+        before = [p.numpy() for p in params_of(stages)]
+        bufs = [opt.state[p]["momentum_buffer"].numpy() for p in params_of(stages)]
+        opt.refuse = True
+        g.step(*b[1])  # (its loss; its step sent, not waited for)
+        with pytest.raises(ActorError) as e:
+            g.step(*b[2])
+        assert e.value.actor == "stage0.step"
+        assert "update refused" in str(e.value)
+        for p, a, buf in zip(params_of(stages), before, bufs, strict=True):
+            assert np.array_equal(p.numpy(), a)
+            assert np.array_equal(opt.state[p]["momentum_buffer"].numpy(), buf)
+            assert p.grad is None
+        opt.refuse = False
+        got.append(float(g.step(*b[3])))
+        assert got == want
+        for p, a in zip(params_of(stages), want_params, strict=True):
+            assert np.array_equal(p.numpy(), a)
+        opt.refuse = True
+        g.step(*b[1])
+    finally:
+        ref.pipelined.close()
+        with pytest.raises(ActorError, match="update refused"):
+            g.pipelined.close()
+    assert not any(p.is_global for p in params_of(stages))  # (closed all the same)

@@ -162,6 +162,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import functional as F
 from ..autograd import enable_grad, no_grad
 from ..backends import get_backend
 from ..creation import from_numpy
@@ -178,7 +179,21 @@ from ..runtime_api import peek_array, settled
 from ..sbp import Placement, broadcast
 from ..tensor.tensor import Tensor, wrap
 from .module import Module, structure_version
-from .pipeline_links import BACKWARD, CREDIT, FORWARD, WAIT, Links, run_batch, stage_error
+from .pipeline_links import (
+    BACKWARD,
+    CREDIT,
+    FORWARD,
+    WAIT,
+    Links,
+    beside,
+    counted,
+    forget_fresh,
+    run_batch,
+    send_steps,
+    stage_error,
+    stage_steps,
+    stepped,
+)
 from .pipeline_ranks import RankStage, eval_mode, saved_bytes
 from .stage_programs import checked, checked_loss
 
@@ -281,6 +296,7 @@ class PipelineStep:
         self.loss = loss  # a micro-batch's loss, loss(out, *rest), where build is not given
         self._links = Links()  # (where the workers run a batch among themselves)
         self._batches = 0  # batches begun (a stopped one's messages are told apart by it)
+        self._steps: tuple | None = None  # the optimizers' step the workers were sent last
         self._written: set | None = None  # the local stages' buffers the last batch wrote
         self.stages = list(stages)
         self.micro_batches = micro_batches
@@ -350,6 +366,7 @@ class PipelineStep:
     def _batch_on(self, args: tuple, trace, memory) -> float:
         stages = self.stages
         n = len(stages)
+        _state_placed(self.graph._optimizers)
         direct = (
             self.loss is not None
             and memory is None
@@ -368,6 +385,7 @@ class PipelineStep:
             self._workers[i] = w
         if direct:
             return self._batch_in_workers(x, rest, bounds, trace)
+        self._stepped()  # (the optimizers' step the workers were sent after the last batch)
         items = self._micro_batches(x, rest, bounds)
         self._devices = [_device_of(s) for s in stages]
         self._streams = [
@@ -423,7 +441,9 @@ class PipelineStep:
 
     def _batch_in_workers(self, x: np.ndarray, rest: list, bounds: Any, trace: Any) -> float:
         """The batch run by the stages' workers among themselves (``pipeline_links.py``),
-        then the optimizers' steps."""
+        then the optimizers' steps: sent to the workers once every report is read, where
+        they step the stages' parameters (``stage_steps``; waited for at the next batch,
+        or whatever reads what they write next: its commands come after), else here."""
         workers = [w for w in self._workers if w is not None]
         self.actor_graph = None
         params = self._trained()
@@ -432,15 +452,29 @@ class PipelineStep:
         self.acts = []
         self._batches += 1
         bounds = tuple(int(b) for b in bounds)
+        got = None
         try:
             for w in workers:
                 w.begin()
+            got = stage_steps(workers, self.graph._optimizers)
             reports = run_batch(
-                workers, self._links, self._batches, x, rest, bounds, self.buffers, self._rest
+                workers,
+                self._links,
+                self._batches,
+                x,
+                rest,
+                bounds,
+                self.buffers,
+                self._rest,
+                got is not None,
             )
-            for w, r in zip(workers, reports, strict=True):  # (the gradients each stage
-                w.take_grads(r[5], r[4])  # accumulated, handed over by its RUN: its own)
+            self._stepped()  # (the last batch's step, run before this one: its error)
+            if got is None:
+                for w, r in zip(workers, reports, strict=True):  # (the gradients each
+                    w.take_grads(r[5], r[4])  # stage accumulated, handed over by its RUN)
         except BaseException as e:
+            if got is not None:
+                forget_fresh(got[2])
             for p in params:  # (the batch's gradients are dropped: nothing steps)
                 p.grad = None
             for w in workers:  # (and the graphs and gradients the workers hold)
@@ -465,6 +499,19 @@ class PipelineStep:
                 self.acts.append((i, "F" if kind == FORWARD else "B", mb))
         if trace is not None:
             _write_trace(trace, timed, last)
+        if got is not None:  # (the workers step the optimizers: sent, not waited for)
+            steps, counts, fresh = got
+            try:
+                asked = send_steps(workers, steps)
+            except BaseException as e:
+                forget_fresh(fresh)
+                err = stage_error(workers, e)  # (a worker that ended: its stage named)
+                if err is e:
+                    raise
+                raise err from e
+            self._steps = (workers, asked, counted(reports, counts, fresh), counts)
+            self.graph._step_schedules()
+            return float(np.mean(reports[-1][2]))
         try:
             return self._optimize(params, reports[-1][2])
         except ActorError as e:  # (a worker that ended meanwhile: its stage named)
@@ -472,6 +519,13 @@ class PipelineStep:
             if err is e:
                 raise
             raise err from e
+
+    def _stepped(self) -> None:
+        """Waits for the optimizers' step the workers were sent after the last batch, if
+        any (``send_steps``): its error raised here."""
+        pending, self._steps = self._steps, None
+        if pending is not None:
+            stepped(*pending)
 
     def _optimize(self, params: list, losses: list) -> float:
         """After a batch: the optimizers' steps, the gradients let go, the schedules'
@@ -717,7 +771,14 @@ class PipelineStep:
         The graph trains on this process's threads after (or give the stages placements
         again with ``Module.to_global``)."""
         name = type(self.graph).__name__
+        failed = None
+        try:
+            self._stepped()  # (the last batch's step in the workers: its error raised last)
+        except Exception as e:  # noqa: BLE001 - raised once the stages are back
+            failed = e
         if not self._placed:
+            if failed is not None:
+                raise failed
             return
         for w in self._workers:  # (their modules in the workers)
             if w is not None:
@@ -731,6 +792,8 @@ class PipelineStep:
             _end_started(self._placed, self)
             self._placed = []
         self._ranks = _stage_ranks(self.stages, name)
+        if failed is not None:
+            raise failed
 
     def _bring_back(self) -> None:
         """The stages local again, with their values, and the optimizers' state too (what
@@ -1002,6 +1065,24 @@ def _device_of(stage: Module) -> Any:
     same time (a stream runs its ops in order: on one, they would take turns)."""
     p = next(iter(stage.parameters()), None)
     return p.device if p is not None else as_device("cpu")
+
+
+def _state_placed(optimizers: list) -> None:
+    """Each optimizer's state tensors where their parameter is (a state made before
+    ``stage_ranks=`` moved the stages, as Adagrad's made with the optimizer, or loaded
+    outside a batch, on the process's kind of ranks, is moved to its parameter's placement
+    and ranks as ``load_state_dict`` moves a loaded one)."""
+    from ..optim.optimizer import _on_device_of
+
+    for o in optimizers:
+        for p, st in o.state.items():
+            for name, v in st.items():
+                if not isinstance(v, Tensor):
+                    continue
+                if not beside(v, p):
+                    with no_grad():
+                        whole = F.to_device(v, "cpu") if v.is_global else v
+                        st[name] = _on_device_of(whole, p)
 
 
 def _settle(params: list) -> None:

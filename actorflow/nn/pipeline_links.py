@@ -81,6 +81,7 @@ from ..tensor.tensor import Tensor
 from .pipeline_ranks import _kept, _raise, handed_over
 
 FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
+STEP_IN_WORKERS = True  # False: this process steps the optimizers (``stage_steps``)
 INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
 #                      a credit (its forward's input is there, its registers are not free)
 
@@ -248,18 +249,21 @@ def _run(
     slots: tuple,
     in_ids: tuple,
     structure: Any,
+    keep: bool,
     outs: list,
 ) -> None:
     """Stage ``key``'s part of batch number ``batch`` (micro-batch j: rows ``bounds[j]``
     to ``bounds[j+1]``), holding at most ``k`` micro-batches for backward; ``links``: the
     keys of its ends to the previous and the next stage (0: none), ``slots`` their rings'
     slots; ``in_ids``: the batch's input rows (stage 0) and targets (the last stage).
+    ``keep``: the gradients kept for the optimizers' step this worker is sent next
+    (``_step``), else handed over (``outs[1:]``).
     ``outs[0]``: the report (``report``)."""
     ends = [ex.kept.get(i) if i else None for i in links]
     try:
         if any(i and e is None for i, e in zip(links, ends, strict=True)):
             raise RuntimeError("a link of this stage's worker is gone")
-        _loop(ex, key, batch, bounds, k, ends, slots, in_ids, structure, outs)
+        _loop(ex, key, batch, bounds, k, ends, slots, in_ids, structure, keep, outs)
     except BaseException as e:
         label = getattr(ex.kept.get(key), "label", "a stage")
         why = str(e) if isinstance(e, Stopped) else f"{label} failed"
@@ -279,6 +283,7 @@ def _loop(
     slots: tuple,
     in_ids: tuple,
     structure: Any,
+    keep: bool,
     outs: list,
 ) -> None:
     """``_run``'s work, its neighbours' ends given (``ends``): each act a compiled
@@ -376,9 +381,72 @@ def _loop(
         if not actor:
             raise
         raise ActorError(actor, piece, e, traceback.format_exc()) from e
-    has = handed_over(ex, st, outs[1:])  # (the gradients: this command's other parts)
+    if keep:  # (kept for the step: whether each parameter has one)
+        has = [int(g is not None) for g in sp.grads]
+    else:
+        has = handed_over(ex, st, outs[1:])  # (the gradients: this command's other parts)
     ex.parts[outs[0]] = from_numpy(report(st, has, losses, acts))._impl
     return None
+
+
+def _step(ex: Any, key: int, steps: list, outs: list) -> None:
+    """The optimizers' step of stage ``key``'s parameters in its worker, after a batch
+    every stage ended well (this process read every report), with the gradients the
+    batch kept (``keep``): each optimizer over a stand-in holding this stage's groups
+    and state (``stage_steps``: each state tensor the id of its part, each count a
+    value), its update compiled (``stage_programs.StageStep``: the same bits as the eager
+    ``step()`` this process would run on the parts); the gradients let go after.
+    ``outs[0]``: the counts after the step, in ``steps``' order (checked against what this
+    process counted: ``counted``). A step that raises leaves the parameters and their
+    state as they were."""
+    from .pipeline_ranks import part_view
+    from .stage_programs import StageStep
+
+    st = _kept(ex, key)
+    sp = st.programs()
+    rows = []
+    for cls, attrs, groups in steps:
+        shell = object.__new__(cls)  # (its options and state given: not made anew)
+        shell.__dict__.update(attrs)
+        shell.param_groups, shell.state, shell._rates = [], {}, {}
+        for options, params in groups:
+            group = {**options, "params": [st.params[k] for k, _ in params]}
+            shell.param_groups.append(group)
+            for k, entries in params:  # (what the step holds: graph_key reads it)
+                shell.state[st.params[k]] = {n: v for n, (_, v) in entries.items()}
+            mine = [(k, entries) for k, entries in params if sp.grads[k] is not None]
+            if mine:
+                rows.append((shell, group, mine))
+    try:
+        counts: list = []
+        if rows:
+            kind = tuple(
+                (
+                    type(shell),
+                    repr(sorted(attrs_of(shell).items())),
+                    shell.graph_key(group),
+                    tuple((k, tuple((n, how) for n, (how, _) in e.items())) for k, e in mine),
+                )
+                for shell, group, mine in rows
+            )
+            grads = [sp.grads[k] for _, _, mine in rows for k, _ in mine]
+            at = [(sh, g, [(st.params[k], e) for k, e in mine]) for sh, g, mine in rows]
+            step = sp.steps.get(kind)
+            if step is None:
+                if len(sp.steps) >= 8:  # (a few kept: options that change the ops)
+                    sp.steps.clear()
+                step = sp.steps[kind] = StageStep(at, grads, lambda i: part_view(ex, i))
+            counts = step.run(at, grads, lambda i: part_view(ex, i))
+    finally:
+        sp.before = {}  # (the batch ended well: its buffers' copies let go)
+        sp.clear()
+    ex.parts[outs[0]] = from_numpy(np.asarray(counts, np.int64))._impl
+
+
+def attrs_of(opt: Any) -> dict:
+    """An optimizer's attributes besides its groups and state (what a stand-in of it in
+    a worker is given: ``stage_steps``)."""
+    return {k: v for k, v in vars(opt).items() if k not in ("param_groups", "state", "_rates")}
 
 
 def _sender(end: _End, batch: int, mb: int, slots: int) -> Any:
@@ -510,6 +578,169 @@ class Links:
         self._for = None
 
 
+def stage_steps(stages: list, optimizers: list) -> tuple | None:
+    """What the stages' workers step after a batch in place of this process (``_step``):
+    per stage (``stages``: their ``RankStage``s), per optimizer with parameters there,
+    its class, its attributes besides its groups and state, and per group its options
+    and per parameter that requires grad its index in the stage and its state
+    (``Optimizer._state``: what ``step()`` reads, made now where missing, as ``step()``
+    would; each tensor as the id of its part, each count as its value). Also the counts
+    (``Optimizer.counts``: a step adds one to each of a parameter with a gradient) as
+    ``(stage, parameter index, state, name)``, and the parameters whose state was made
+    now. None where this process steps them: an optimizer with a ``step()`` of its own,
+    of a class defined in ``__main__`` (a worker loads a class by its module's name) or
+    with attributes that are not plain data (numbers, strings, and tuples, lists and
+    dicts of them), one holding a parameter that is in no stage, or a state value that is
+    neither a tensor on its parameter's placement nor a count."""
+    from ..autograd import no_grad
+    from ..optim.optimizer import Optimizer
+    from ..parallel.interpreter import parts_of
+
+    if not STEP_IN_WORKERS:
+        return None
+    where = {
+        id(p): (i, k) for i, w in enumerate(stages) for k, p in enumerate(w.module.parameters())
+    }
+    for o in optimizers:
+        if getattr(type(o), "step", None) is not Optimizer.step:
+            return None
+        if type(o).__module__ == "__main__" or not _plain(attrs_of(o)):
+            return None  # (a worker loads it by its module's name, and plain data only)
+        if any(id(p) not in where for g in o.param_groups for p in g["params"]):
+            return None
+    steps: list = [[] for _ in stages]
+    counts: list = []
+    fresh: list = []
+    with no_grad():
+        for o in optimizers:
+            attrs = attrs_of(o)
+            groups: list = [[] for _ in stages]
+            for g in o.param_groups:
+                options = {k: v for k, v in g.items() if k != "params"}
+                rows: list = [[] for _ in stages]
+                for p in g["params"]:
+                    if not p.requires_grad:
+                        continue
+                    i, k = where[id(p)]
+                    if p not in o.state:
+                        fresh.append((o, p, i, k))
+                    st = o._state(p, g)
+                    entries = {}
+                    for name, v in st.items():
+                        if name in o.counts:
+                            v = st[name] = int(v.item() if isinstance(v, Tensor) else v)
+                            entries[name] = ("value", v)
+                            counts.append((i, k, st, name))
+                        elif isinstance(v, Tensor) and beside(v, p):
+                            entries[name] = ("part", parts_of(v._impl)[0].id)
+                        else:
+                            forget_fresh(fresh)
+                            return None
+                    rows[i].append((k, entries))
+                for i, r in enumerate(rows):
+                    if r:
+                        groups[i].append((options, r))
+            for i, gs in enumerate(groups):
+                if gs:
+                    steps[i].append((type(o), attrs, gs))
+    return steps, counts, fresh
+
+
+def beside(v: Tensor, p: Tensor) -> bool:
+    """Whether tensor ``v`` is where ``p`` is: on its device, or global on its placement
+    held by the same ranks (another kind of ranks on that placement holds other parts)."""
+    if not p.is_global:
+        return not v.is_global and v.device == p.device
+    held = getattr(p._impl.blob, "ranks", None)
+    return v.is_global and v.placement == p.placement and getattr(v._impl.blob, "ranks", 0) is held
+
+
+def _plain(v: Any) -> bool:
+    """Whether ``v`` is plain data: None, a bool, number or string, or a tuple, list or
+    dict of plain data."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (tuple, list)):
+        return all(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(_plain(k) and _plain(x) for k, x in v.items())
+    return False
+
+
+def counted(reports: list, counts: list, fresh: list) -> list:
+    """After a batch every stage ended well, before its step: each count of a parameter
+    with a gradient one more (what the step makes it, ``counts``' order: what the workers
+    give back), the state made for the step let go where the parameter got no gradient
+    (``step()`` makes none then). Returns what ``stepped`` checks and, for a stage whose
+    step failed, sets back: per count its value and whether it was added to, and the
+    state made for parameters that step."""
+    out = []
+    for i, k, st, name in counts:
+        moved = bool(reports[i][4][k])
+        st[name] += moved
+        out.append((st[name], moved))
+    for o, p, i, k in fresh:
+        if not reports[i][4][k]:
+            o.state.pop(p, None)
+    return [out, [f for f in fresh if reports[f[2]][4][f[3]]]]
+
+
+def send_steps(stages: list, steps: list) -> list:
+    """Each stage's worker sent its optimizers' step (``_step``) and asked for what it
+    gives back, without waiting: returns per stage (its ranks, the ask's token)."""
+    from ..dtype import int64
+
+    asked = []
+    for w, mine in zip(stages, steps, strict=True):
+        (part,) = w.ranks.call_fn(0, _step, (w.key, mine), (int64,))
+        asked.append((w.ranks, w.ranks.ask(0, part)))
+    stages[0].ranks.flush()
+    return asked
+
+
+def stepped(stages: list, asked: list, want: list, counts: list) -> None:
+    """Waits for the steps ``send_steps`` sent, and checks the counts each gives back
+    against ``want`` (``counted``'s). A stage's step that failed (leaving its parameters
+    and state as they were) has its counts and the state made for it set back here, and
+    its error raised, the first stage's, as the ``ActorError`` of actor ``stage{i}.step``
+    (a worker that ended: its stage's error)."""
+    values, fresh = want
+    errors = []
+    for i, (w, (ranks, token)) in enumerate(zip(stages, asked, strict=True)):
+        mine = [(c, v) for c, v in zip(counts, values, strict=True) if c[0] == i]
+        try:
+            got = [int(v) for v in ranks.answer(0, token)]
+        except Exception as e:  # noqa: BLE001 - raised below, the first stage's
+            for (_, _, st, name), (_, moved) in mine:  # (nothing stepped there)
+                st[name] -= moved
+            for o, p, j, _ in fresh:
+                if j == i:
+                    o.state.pop(p, None)
+            err = stage_error(stages, e)
+            if err is e:
+                err = ActorError(f"stage{w.index}.step", None, e)
+            errors.append(err)
+            continue
+        expected = [v for _, (v, moved) in mine if moved]  # (those stepped)
+        if got != expected:
+            errors.append(
+                RuntimeError(
+                    f"stage {w.index}'s optimizers counted steps {got} in its worker where "
+                    f"{expected} were expected (an optimizer whose update adds other than "
+                    f"one to its counts: give it a step() of its own, which this process "
+                    f"runs)"
+                )
+            )
+    if errors:
+        raise errors[0]
+
+
+def forget_fresh(fresh: list) -> None:
+    """The state ``stage_steps`` made let go (a batch that failed: nothing steps)."""
+    for o, p, _, _ in fresh:
+        o.state.pop(p, None)
+
+
 def run_batch(
     stages: list,
     links: Links,
@@ -519,10 +750,12 @@ def run_batch(
     bounds: tuple,
     buffers: list,
     structure: Any,
+    keep: bool = False,
 ) -> list:
     """One batch in the workers of ``stages`` (their ``RankStage``s, each begun): returns
     each stage's ``read_report`` and the parts its parameters' gradients are in (made where
-    the report says so). Raises the first stage's error that is not a ``Stopped``
+    the report says so; none with ``keep``: the workers keep them for their optimizers'
+    step, ``_step``). Raises the first stage's error that is not a ``Stopped``
     (a worker that ended: the ranks' ActorError), after every report was read."""
     links.settle()  # (a batch given up before: its end waited for, here)
     n = len(stages)
@@ -542,7 +775,7 @@ def run_batch(
             parts, made, marks = _holding(
                 [r.lock for r in ranks],
                 lambda: _issue(
-                    stages, links, batch, bounds, buffers, puts, structure, budget, issued
+                    stages, links, batch, bounds, buffers, puts, structure, keep, budget, issued
                 ),
             )
     except BaseException:
@@ -624,6 +857,7 @@ def _issue(
     buffers: list,
     puts: list,
     structure: Any,
+    keep: bool,
     budget: float,
     issued: list,
 ) -> tuple:
@@ -639,11 +873,12 @@ def _issue(
     parts = []
     for i, w in enumerate(stages):
         slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
+        handed = () if keep else tuple(p.dtype for p in w.module.parameters())
         part, *grads = w.ranks.call_fn(
             0,
             _run,
-            (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure),
-            (float64, *(p.dtype for p in w.module.parameters())),
+            (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure, keep),
+            (float64, *handed),
         )
         issued.append((w.ranks, part))
         parts.append((part, grads))

@@ -71,6 +71,7 @@ class _Kept:
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
         self.compiled: Any = None  # (its acts compiled: stage_programs.StagePrograms)
         self.batch_seed = 0  # (what the batch's random ops draw from: _start's)
+        self.param_ids: list = []  # (the parts its parameters are views of)
 
     def programs(self) -> Any:
         """The stage's compiled acts (made on first use)."""
@@ -102,14 +103,19 @@ class _Unpickler(pickle.Unpickler):
         return _as(from_numpy(np.array(ref)), param, requires_grad)
 
     def _tensor(self, ref: int, param: bool, requires_grad: bool) -> Any:
-        got = self.ex.inputs([ref])
-        if isinstance(got, bytes):  # (the part holds an error: raised as its own)
-            _raise(got)
-        impl = got[0]
-        m = impl.meta  # (a view: the module's tensor on the part's storage, so the
-        #                commands writing the part in place write it, while autograd
-        #                marks the view alone)
-        return _as(wrap(impl.view(m.shape, m.strides, m.offset)), param, requires_grad)
+        return _as(part_view(self.ex, ref), param, requires_grad)
+
+
+def part_view(ex: Any, ref: int) -> Tensor:
+    """A tensor over the storage of part ``ref`` of this worker (a view: the commands
+    writing the part in place write it, and its in-place writes are the part's, while
+    autograd marks the view alone); the error the part holds is raised as its own."""
+    got = ex.inputs([ref])
+    if isinstance(got, bytes):
+        _raise(got)
+    impl = got[0]
+    m = impl.meta
+    return wrap(impl.view(m.shape, m.strides, m.offset))
 
 
 def _as(t: Tensor, param: bool, requires_grad: bool) -> Tensor:
@@ -130,8 +136,9 @@ def _define(ex: Any, blob: bytes, index: int, label: str, passes_on: bool, outs:
     the module does not load, that part holds the error, raised by every act."""
     from ..creation import from_numpy
 
+    loading = _Unpickler(blob, ex)
     try:
-        module, loss, shared = _Unpickler(blob, ex).load()
+        module, loss, shared = loading.load()
         for where in shared:
             set_shared(*where)
     except (AttributeError, ImportError) as e:
@@ -145,6 +152,7 @@ def _define(ex: Any, blob: bytes, index: int, label: str, passes_on: bool, outs:
             f"{label}'s module could not be loaded in its worker: {type(e).__name__}: {e}"
         ) from e
     kept = _Kept(module, loss, index, label, passes_on)
+    kept.param_ids = [ref for ref, t in loading.made.items() if isinstance(t, Parameter)]
     ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
     ex.kept[outs[0]] = kept
 

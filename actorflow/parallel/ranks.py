@@ -479,6 +479,7 @@ class ProcessRanks(HeldRanks):
         self._downs: list = [None] * k  # per worker, the channel down to it (W.Channel)
         self._ups: list = [None] * k  # and its channel up, mapped here
         self._asked = 0  # requests made (answers carry their number)
+        self._early: dict = {}  # asked (``ask``) -> its answer, once read (None before)
         self._busy: list = [{} for _ in range(k)]  # per worker: mark -> until when (busy())
         self._marks = itertools.count(1)
         self.sent = 0  # bytes down the pipes
@@ -627,34 +628,70 @@ class ProcessRanks(HeldRanks):
         self._issue(rank, (*cmd, self._asked))
         self._unput()  # (a scatter is over by now: its memfd is not kept past this send)
         self._flush()
-        w = self._workers[rank]
-        while True:
+        return self._answer(rank, self._asked, raw)
+
+    def ask(self, rank: int, part: Any) -> int:
+        """Asks for the part's values without waiting (sent with the next commands): the
+        worker answers once the commands before are run, and ``answer(rank, token)``
+        returns them (its error raised there), whatever was asked or sent since."""
+        with self._lock:
+            self._live()
+            self._asked += 1
+            self._early[self._asked] = None
+            self._issue(rank, (W.GET, part.id, self._asked))
+            return self._asked
+
+    def answer(self, rank: int, token: int) -> np.ndarray:
+        """The values ``ask`` asked for (waiting for them)."""
+        with self._lock:
+            self._live()
+            self._unput()
+            self._flush()
+            return self._answer(rank, token, True)[-1]
+
+    def forget(self, token: int) -> None:
+        """An ``ask`` whose answer is not wanted any more (let go of when it comes)."""
+        with self._lock:
+            self._early.pop(token, None)
+
+    def _answer(self, rank: int, want: int, raw: bool) -> tuple:
+        """Rank ``rank``'s answer to request ``want``: answers to asks that come first are
+        kept (read whole now: a part in the channel up is overwritten by the next
+        answer), answers to requests given up on let go."""
+        reply = self._early.pop(want, None)
+        while reply is None:
             n, *got = self._recv(rank)
-            if n == self._asked:
-                break
-            if got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
-                os.close(recv_handle(w.conn))
+            if n == want:
+                reply = self._reply(rank, tuple(got), raw)
+            elif n in self._early:
+                self._early[n] = self._reply(rank, tuple(got), True)
+            elif got[0] == "fd":  # (an answer to a request given up on: its memfd closed)
+                os.close(recv_handle(self._workers[rank].conn))
             elif got[0] == "up" and got[-1]:  # (and a new channel up: mapped)
                 self._map_up(rank, tuple(got))
-        reply = tuple(got)
         if reply[0] == "error":
             self._raise(reply[1])
-        if raw:  # a part: in the answer, in the channel up, or a memfd sent after it
-            if reply[0] == "data":
-                a = reply[1]
-                return reply[:1] + (a if a.flags.writeable else a.copy(),)
-            if reply[0] == "up":
-                _, dt, shape, _, _, new = reply
-                if new:
-                    self._map_up(rank, reply)
-                return reply + (self._ups[rank].read(W.HEADER, dt, shape),)
-            _, dt, shape, n = reply
-            try:
-                fd = recv_handle(w.conn)
-            except (OSError, EOFError):
-                self._died(rank)
-            return reply + (W.mapped_part(fd, n, dt, shape),)
         return reply
+
+    def _reply(self, rank: int, reply: tuple, raw: bool) -> tuple:
+        """An answer as ``_request`` returns it (with ``raw``: the part's array read, out
+        of the channel up or the memfd that follows it); an error as it came."""
+        if reply[0] == "error" or not raw:
+            return reply
+        if reply[0] == "data":
+            a = reply[1]
+            return reply[:1] + (a if a.flags.writeable else a.copy(),)
+        if reply[0] == "up":
+            _, dt, shape, _, _, new = reply
+            if new:
+                self._map_up(rank, reply)
+            return reply + (self._ups[rank].read(W.HEADER, dt, shape),)
+        _, dt, shape, n = reply
+        try:
+            fd = recv_handle(self._workers[rank].conn)
+        except (OSError, EOFError):
+            self._died(rank)
+        return reply + (W.mapped_part(fd, n, dt, shape),)
 
     def _map_up(self, rank: int, reply: tuple) -> None:
         """Maps the worker's new channel up, whose descriptor follows its answer."""
