@@ -2190,6 +2190,15 @@ class RefusingSGD(optim.SGD):
         return super().update(p, grad, group, state, writes, rates)
 
 
+class RefusingAdam(optim.Adam):
+    """Adam as RefusingSGD (its counts)."""
+
+    def update(self, p, grad, group, state, writes=optim.optimizer.OUT_OF_PLACE, rates=None):
+        if getattr(self, "refuse", False):
+            raise RuntimeError("update refused")
+        return super().update(p, grad, group, state, writes, rates)
+
+
 def _steps_stages():
     stages = stages_of(3)
     stages[1] = nn.Sequential(stages[1], WithUnused(WIDTHS[2]))
@@ -2253,16 +2262,7 @@ def test_the_workers_step_the_optimizers_as_this_process_does(kind, monkeypatch)
     assert la == lb
     for a, b in zip(pa, pb, strict=True):
         assert np.array_equal(a, b)
-    assert sa["param_groups"] == sb["param_groups"]  # (the schedule's rates too)
-    assert sa["state"].keys() == sb["state"].keys()
-    for i, st in sa["state"].items():
-        assert st.keys() == sb["state"][i].keys()
-        for name, v in st.items():
-            w = sb["state"][i][name]
-            if isinstance(v, af.Tensor):
-                assert np.array_equal(v.numpy(), w.numpy()), (i, name)
-            else:
-                assert v == w, (i, name)
+    _same_state(sa, sb)  # (the schedule's rates too)
     stages = _steps_stages()
     at = {id(p): i for i, p in enumerate(params_of(stages))}
     frozen, unused = at[id(stages[0][0].bias)], at[id(stages[1][1].unused)]
@@ -2309,44 +2309,177 @@ def test_an_optimizer_with_its_own_step_is_stepped_here():
 
 
 @processes
-def test_a_step_that_fails_in_a_worker_is_raised_by_the_next_step_and_changes_nothing():
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_a_step_that_fails_in_a_worker_is_raised_by_the_next_step_and_changes_nothing(kind):
     """The step a stage's worker runs after a batch is waited for at the next batch: its
     error is raised there as the ActorError of ``stage{i}.step``; that stage's
-    parameters and state, and its counts here, are as before it, and the batch that
-    raised it changes nothing; training goes on once the cause is gone. ``close()``
-    raises a last step's error."""
-    b = data(4)
-    stages = stages_of(2)
-    opt = RefusingSGD(params_of(stages), lr=0.1, momentum=0.9, dampening=0.1)
-    g = LossPipe(stages, opt, micro_batches=2, stage_ranks="processes")
-    ref_stages = stages_of(2)
-    ref_opt = RefusingSGD(params_of(ref_stages), lr=0.1, momentum=0.9, dampening=0.1)
-    ref = LossPipe(ref_stages, ref_opt, micro_batches=2, stage_ranks="processes")
+    parameters and state, its counts and the schedule here, are as before it, and the
+    batch that raises it changes nothing; training goes on once the cause is gone. The
+    optimizer's ``state_dict()`` and ``close()`` raise it too."""
+    b = data(5)
+
+    def pipe():
+        stages = stages_of(2)
+        if kind == "sgd":
+            opt = RefusingSGD(params_of(stages), lr=0.1, momentum=0.9, dampening=0.1)
+        else:
+            opt = RefusingAdam(params_of(stages), lr=1e-2)
+        g = LossPipe(stages, micro_batches=2, stage_ranks="processes")
+        g.add_optimizer(opt, lr_sch=optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+        return stages, opt, g
+
+    ref_stages, ref_opt, ref = pipe()
+    stages, opt, g = pipe()
     try:
         want = [float(ref.step(*b[0])), float(ref.step(*b[3]))]
         want_params = [p.numpy() for p in params_of(ref_stages)]
+        want_state = ref_opt.state_dict()
         got = [float(g.step(*b[0]))]
         before = [p.numpy() for p in params_of(stages)]
-        bufs = [opt.state[p]["momentum_buffer"].numpy() for p in params_of(stages)]
+        saved = opt.state_dict()
         opt.refuse = True
         g.step(*b[1])  # (its loss; its step sent, not waited for)
         with pytest.raises(ActorError) as e:
             g.step(*b[2])
         assert e.value.actor == "stage0.step"
         assert "update refused" in str(e.value)
-        for p, a, buf in zip(params_of(stages), before, bufs, strict=True):
+        base = 0.1 if kind == "sgd" else 1e-2
+        assert opt.param_groups[0]["lr"] == base * 0.5  # (the schedule: one step, b[0]'s)
+        for p, a in zip(params_of(stages), before, strict=True):
             assert np.array_equal(p.numpy(), a)
-            assert np.array_equal(opt.state[p]["momentum_buffer"].numpy(), buf)
             assert p.grad is None
+        _same_state(opt.state_dict(), saved)
         opt.refuse = False
         got.append(float(g.step(*b[3])))
         assert got == want
         for p, a in zip(params_of(stages), want_params, strict=True):
             assert np.array_equal(p.numpy(), a)
+        _same_state(opt.state_dict(), want_state)
         opt.refuse = True
-        g.step(*b[1])
+        g.step(*b[4])
+        with pytest.raises(ActorError, match="update refused"):  # (read: waited for)
+            opt.state_dict()
+        _same_state(opt.state_dict(), want_state)
+        g.step(*b[4])
     finally:
         ref.pipelined.close()
         with pytest.raises(ActorError, match="update refused"):
             g.pipelined.close()
     assert not any(p.is_global for p in params_of(stages))  # (closed all the same)
+
+
+def _same_state(a, b):
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for i, st in a["state"].items():
+        assert st.keys() == b["state"][i].keys()
+        for name, v in st.items():
+            w = b["state"][i][name]
+            if isinstance(v, af.Tensor):
+                assert np.array_equal(v.numpy(), w.numpy()), (i, name)
+            else:
+                assert v == w, (i, name)
+
+
+@processes
+def test_what_the_workers_cannot_step_is_stepped_here_and_caches_stay_here():
+    """An optimizer class made inside a function (a worker cannot load it by name) is
+    stepped here; an optimizer's private caches (Adam's bias corrections, tensors) are
+    not sent, and it is stepped in the workers."""
+    from actorflow.nn import pipeline_links
+
+    class Local(optim.SGD):
+        pass
+
+    batches = data(2)
+    ref = stages_of(2)
+    want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1, momentum=0.9), batches)
+    stages = stages_of(2)
+    g = LossPipe(
+        stages,
+        Local(params_of(stages), lr=0.1, momentum=0.9),
+        micro_batches=4,
+        stage_ranks="processes",
+    )
+    try:
+        got = [float(v) for v in g.run(batches)]
+        assert g.pipelined._steps is None
+    finally:
+        g.pipelined.close()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    stages = stages_of(2)
+    opt = optim.Adam(params_of(stages), lr=1e-2)
+    opt._corrections[(1, 0.01, (0.9, 0.999))] = (af.ones(()), af.ones(()))
+    assert "_corrections" not in pipeline_links.attrs_of(opt)
+    g = LossPipe(stages, opt, micro_batches=4, stage_ranks="processes")
+    try:
+        g.step(*batches[0])
+        assert g.pipelined._steps is not None  # (sent to the workers)
+    finally:
+        g.pipelined.close()
+
+
+@processes
+def test_a_batch_whose_steps_cannot_all_be_sent_steps_none(monkeypatch, tmp_path):
+    """Where issuing a stage's step fails (its ranks gone), the steps issued before it
+    are taken back: no stage steps, nothing is left asked; a trace that cannot be written
+    fails the call after the batch trained."""
+    from actorflow.nn import pipeline_links
+    from actorflow.parallel.ranks import ProcessRanks
+
+    b = data(2)
+    stages = stages_of(2)
+    opt = optim.SGD(params_of(stages), lr=0.1, momentum=0.9)
+    g = LossPipe(stages, opt, micro_batches=2, stage_ranks="processes")
+    call_fn = ProcessRanks.call_fn
+    seen = []
+
+    def failing(self, rank, fn, args, dtypes):
+        if fn is pipeline_links._step:
+            seen.append(self)
+            if len(seen) == 2:
+                raise RuntimeError("ranks gone")
+        return call_fn(self, rank, fn, args, dtypes)
+
+    try:
+        before = [p.numpy() for p in params_of(stages)]
+        monkeypatch.setattr(ProcessRanks, "call_fn", failing)
+        with pytest.raises(RuntimeError, match="ranks gone"):
+            g.step(*b[0])
+        monkeypatch.setattr(ProcessRanks, "call_fn", call_fn)
+        for p, a in zip(params_of(stages), before, strict=True):
+            assert np.array_equal(p.numpy(), a)  # (stage 0's step taken back)
+        assert opt.state == {} and g.pipelined._steps is None
+        assert all(r._early == {} for r in workers_of(stages))
+        (tmp_path / "file").write_text("")
+        with pytest.raises(OSError):  # (a trace that cannot be written: after the batch)
+            list(g.pipelined.run([b[1]], trace=tmp_path / "file" / "trace.json"))
+        assert g.pipelined._steps is not None  # (the batch trained, its step sent)
+        moved = [
+            np.array_equal(p.numpy(), a) for p, a in zip(params_of(stages), before, strict=True)
+        ]
+        assert not all(moved)
+    finally:
+        g.pipelined.close()
+
+
+@processes
+def test_a_pipeline_collected_with_its_last_step_unread_lets_its_ask_go():
+    import gc
+
+    from actorflow.parallel import ProcessRanks
+
+    stages = stages_of(2)
+    with af.parallel.use_ranks("processes"):
+        for i, s in enumerate(stages):  # (ranks made here: kept after the graph goes)
+            s.to_global(af.placement("cpu", ranks=[i]), af.sbp.broadcast)
+    ranks = workers_of(stages)
+    assert all(isinstance(r, ProcessRanks) for r in ranks)
+    g = LossPipe(stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2)
+    g.step(*data(1)[0])
+    assert any(r._early for r in ranks)
+    del g
+    gc.collect()
+    assert all(r._early == {} for r in ranks)
+    for s in stages:
+        s.to("cpu")

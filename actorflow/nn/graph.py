@@ -726,6 +726,23 @@ class Graph:
         for s in self._lr_sch:
             s.step()
 
+    def _schedules_now(self) -> tuple:
+        """What ``_schedules_back`` sets back: the schedulers' state and every group's
+        scheduled options (``lr``...)."""
+        saved = [copy.deepcopy(s.state_dict()) for s in self._lr_sch]
+        groups = [
+            (g, {k: g[k] for k in o.scheduled}) for o in self._optimizers for g in o.param_groups
+        ]
+        return saved, groups
+
+    def _schedules_back(self, undo: tuple) -> None:
+        """The schedulers and groups as ``_schedules_now`` found them."""
+        saved, groups = undo
+        for s, st in zip(self._lr_sch, saved, strict=True):
+            s.load_state_dict(copy.deepcopy(st))
+        for g, values in groups:
+            g.update(values)
+
     def _done(self, state) -> None:
         written_outside(state)  # (saved tensors see it, as an in-place write)
 
@@ -1504,10 +1521,7 @@ class _Schedules:
         self.graph, self.made = graph, 0
         self.error: Exception | None = None  # a schedule's step failed: raised next call
         self.count = len(graph._rate_values())
-        self.saved = [copy.deepcopy(s.state_dict()) for s in graph._lr_sch]
-        self.groups = [
-            (g, {k: g[k] for k in o.scheduled}) for o in graph._optimizers for g in o.param_groups
-        ]
+        self.undo = graph._schedules_now()
 
     def now(self) -> tuple:
         """The rates the groups hold now, as float64 scalars."""
@@ -1540,10 +1554,7 @@ class _Schedules:
         if done == self.made:
             return
         self.error = None  # (stepped again up to the pieces trained)
-        for s, st in zip(self.graph._lr_sch, self.saved, strict=True):
-            s.load_state_dict(copy.deepcopy(st))
-        for g, values in self.groups:
-            g.update(values)
+        self.graph._schedules_back(self.undo)
         self.made = 0
         for _ in range(done):
             self.graph._step_schedules()

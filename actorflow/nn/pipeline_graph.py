@@ -57,11 +57,14 @@ batch of N rows in M parts, as ``np.array_split``) weigh each micro-batch's mean
 
 A batch is one run of the graph (one graph per input layout, made once): after its last
 micro-batch's backward (the run's end), each optimizer given to ``add_optimizer`` steps
-once, in the order given, then the schedulers. The gradients of the stages' parameters and
-of every parameter the optimizers hold (a head ``build`` applies is in no stage) are None
-before a batch and again after it (its step done, or its run stopped), so each step sees
-that batch's gradients only; the next batch's forwards see the new
-parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPipe are).
+once, in the order given, then the schedulers (where the stages' workers run the batch,
+``loss=``, each worker steps the optimizers over its stage's parameters: sent once every
+report is read, waited for at the next batch, ``close()`` or the optimizer's next use
+here, which raise its error: ``pipeline_links.stage_steps``). The gradients of the
+stages' parameters and of every parameter the optimizers hold (a head ``build`` applies is
+in no stage) are None before a batch and again after it (its step done, or its run
+stopped), so each step sees that batch's gradients only; the next batch's forwards see the
+new parameters (the pipeline is flushed between batches, as synchronous 1F1B and GPipe are).
 A stage that raises stops the run with ActorError naming the actor
 (``stage{i}.forward``...) and the piece, which is the micro-batch's index within its
 batch; the gradients of that batch are dropped and no optimizer steps, so the parameters
@@ -185,6 +188,7 @@ from .pipeline_links import (
     FORWARD,
     WAIT,
     Links,
+    StepsSent,
     beside,
     counted,
     forget_fresh,
@@ -297,6 +301,8 @@ class PipelineStep:
         self._links = Links()  # (where the workers run a batch among themselves)
         self._batches = 0  # batches begun (a stopped one's messages are told apart by it)
         self._steps: tuple | None = None  # the optimizers' step the workers were sent last
+        self._box: list = []  # its asks (ranks, token): let go of if this is collected first
+        weakref.finalize(self, _forget_asks, self._box)
         self._written: set | None = None  # the local stages' buffers the last batch wrote
         self.stages = list(stages)
         self.micro_batches = micro_batches
@@ -497,35 +503,62 @@ class PipelineStep:
                 self.acts += [(i, "F", mb), (i, "B", mb)]
             else:
                 self.acts.append((i, "F" if kind == FORWARD else "B", mb))
-        if trace is not None:
-            _write_trace(trace, timed, last)
         if got is not None:  # (the workers step the optimizers: sent, not waited for)
             steps, counts, fresh = got
+            interrupted = None
             try:
                 asked = send_steps(workers, steps)
-            except BaseException as e:
+            except StepsSent as e:  # (sent all the same: kept, then raised)
+                asked, interrupted = e.asked, e
+            except BaseException as e:  # (none sent: the batch's gradients let go)
                 forget_fresh(fresh)
+                for w in workers:
+                    w.clear()
                 err = stage_error(workers, e)  # (a worker that ended: its stage named)
                 if err is e:
                     raise
                 raise err from e
-            self._steps = (workers, asked, counted(reports, counts, fresh), counts)
+            want = counted(reports, counts, fresh)
+            undo = self.graph._schedules_now()
+            self._steps = (workers, asked, want, counts, undo)
+            self._box[:] = asked
+            waits = weakref.WeakMethod(self._stepped)
+            for o in self.graph._optimizers:
+                o._waits = waits
             self.graph._step_schedules()
-            return float(np.mean(reports[-1][2]))
-        try:
-            return self._optimize(params, reports[-1][2])
-        except ActorError as e:  # (a worker that ended meanwhile: its stage named)
-            err = stage_error(workers, e)
-            if err is e:
-                raise
-            raise err from e
+            if interrupted is not None:
+                raise KeyboardInterrupt from None
+            loss = float(np.mean(reports[-1][2]))
+        else:
+            try:
+                loss = self._optimize(params, reports[-1][2])
+            except ActorError as e:  # (a worker that ended meanwhile: its stage named)
+                err = stage_error(workers, e)
+                if err is e:
+                    raise
+                raise err from e
+        if trace is not None:  # (the batch trained: a trace that cannot be written fails
+            _write_trace(trace, timed, last)  # the call, not the batch)
+        return loss
 
     def _stepped(self) -> None:
         """Waits for the optimizers' step the workers were sent after the last batch, if
-        any (``send_steps``): its error raised here."""
+        any (``send_steps``): its error raised here, the schedules set back to before it
+        (its counts and state are, by ``stepped``). Called before the next batch's steps
+        are checked, before a batch driven from here, by ``close()``, and by the
+        optimizers before their state is read or written (``Optimizer._settle``)."""
         pending, self._steps = self._steps, None
-        if pending is not None:
-            stepped(*pending)
+        for o in self.graph._optimizers:
+            o._waits = None
+        if pending is None:
+            return
+        workers, asked, want, counts, undo = pending
+        self._box.clear()
+        try:
+            stepped(workers, asked, want, counts)
+        except BaseException:
+            self.graph._schedules_back(undo)
+            raise
 
     def _optimize(self, params: list, losses: list) -> float:
         """After a batch: the optimizers' steps, the gradients let go, the schedules'
@@ -1065,6 +1098,12 @@ def _device_of(stage: Module) -> Any:
     same time (a stream runs its ops in order: on one, they would take turns)."""
     p = next(iter(stage.parameters()), None)
     return p.device if p is not None else as_device("cpu")
+
+
+def _forget_asks(box: list) -> None:
+    """A pipeline collected with its last step's answer not read: its asks let go of."""
+    for ranks, token in box:
+        ranks.forget(token)
 
 
 def _state_placed(optimizers: list) -> None:

@@ -12,7 +12,10 @@ The two sides of one protocol, in one file:
   it). Each batch: the input rows put on stage 0's worker and the targets on the last
   stage's, one ``RUN`` of ``_run`` on every stage's worker, sent together, then each
   stage's report read back: its acts (kind, micro-batch, start and end times), the most
-  micro-batches it held, its peak of saved bytes, the last stage's losses.
+  micro-batches it held, its peak of saved bytes, the last stage's losses. Then, where
+  the workers step the optimizers (``stage_steps``), one ``RUN`` of ``_step`` on each
+  (stage 0's sent at once, the others' with the next batch's commands), its answer asked
+  for without waiting and checked at the next batch (``stepped``).
 - The workers (``_run``): the stage's two actors, forward and backward, taking turns on
   the worker's one thread. A forward may act once its input is there (stage 0: the
   micro-batch's rows; stage i: stage i-1's activation, arrived on the link) and the stage
@@ -445,8 +448,13 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
 
 def attrs_of(opt: Any) -> dict:
     """An optimizer's attributes besides its groups and state (what a stand-in of it in
-    a worker is given: ``stage_steps``)."""
-    return {k: v for k, v in vars(opt).items() if k not in ("param_groups", "state", "_rates")}
+    a worker is given: ``stage_steps``), less the private ones that are not plain data
+    (its caches, made again there: Adam's bias corrections)."""
+    return {
+        k: v
+        for k, v in vars(opt).items()
+        if k not in ("param_groups", "state", "_rates") and not (k[0] == "_" and not _plain(v))
+    }
 
 
 def _sender(end: _End, batch: int, mb: int, slots: int) -> Any:
@@ -588,10 +596,11 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
     (``Optimizer.counts``: a step adds one to each of a parameter with a gradient) as
     ``(stage, parameter index, state, name)``, and the parameters whose state was made
     now. None where this process steps them: an optimizer with a ``step()`` of its own,
-    of a class defined in ``__main__`` (a worker loads a class by its module's name) or
-    with attributes that are not plain data (numbers, strings, and tuples, lists and
-    dicts of them), one holding a parameter that is in no stage, or a state value that is
-    neither a tensor on its parameter's placement nor a count."""
+    of a class defined in ``__main__`` or inside a function (a worker loads a class by its
+    module's name and its name there) or with attributes that are not plain data
+    (numbers, strings, and tuples, lists and dicts of them; private ones are caches, left
+    out), one holding a parameter that is in no stage, or a state value that is neither a
+    tensor on its parameter's placement nor a count."""
     from ..autograd import no_grad
     from ..optim.optimizer import Optimizer
     from ..parallel.interpreter import parts_of
@@ -604,8 +613,11 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
     for o in optimizers:
         if getattr(type(o), "step", None) is not Optimizer.step:
             return None
-        if type(o).__module__ == "__main__" or not _plain(attrs_of(o)):
-            return None  # (a worker loads it by its module's name, and plain data only)
+        kind = type(o)
+        if kind.__module__ == "__main__" or "<locals>" in kind.__qualname__:
+            return None  # (a worker loads its class by its module's name)
+        if not _plain(attrs_of(o)):
+            return None  # (and is given plain data only)
         if any(id(p) not in where for g in o.param_groups for p in g["params"]):
             return None
     steps: list = [[] for _ in stages]
@@ -687,15 +699,36 @@ def counted(reports: list, counts: list, fresh: list) -> list:
 
 def send_steps(stages: list, steps: list) -> list:
     """Each stage's worker sent its optimizers' step (``_step``) and asked for what it
-    gives back, without waiting: returns per stage (its ranks, the ask's token)."""
+    gives back, without waiting (stage 0's sent now, the others' with the next commands
+    to their workers): returns per stage (its ranks, the ask's token). All or none: where
+    issuing one fails, those issued are taken back (a Ctrl-C meanwhile is raised once all
+    are issued: the caller keeps them)."""
     from ..dtype import int64
 
-    asked = []
-    for w, mine in zip(stages, steps, strict=True):
-        (part,) = w.ranks.call_fn(0, _step, (w.key, mine), (int64,))
-        asked.append((w.ranks, w.ranks.ask(0, part)))
+    issued: list = []
+    try:
+        with _sigint_deferred() as interrupted:
+            for w, mine in zip(stages, steps, strict=True):
+                (part,) = w.ranks.call_fn(0, _step, (w.key, mine), (int64,))
+                issued.append((w.ranks, part))
+    except BaseException:
+        for ranks, part in issued:
+            ranks.unissue(0, part)
+        raise
+    asked = [(ranks, ranks.ask(0, part)) for ranks, part in issued]
     stages[0].ranks.flush()
+    if interrupted:
+        raise StepsSent(asked)
     return asked
+
+
+class StepsSent(KeyboardInterrupt):
+    """A Ctrl-C while the optimizers' steps were issued: they were (``asked``), and the
+    caller keeps them before it raises."""
+
+    def __init__(self, asked: list) -> None:
+        super().__init__()
+        self.asked = asked
 
 
 def stepped(stages: list, asked: list, want: list, counts: list) -> None:

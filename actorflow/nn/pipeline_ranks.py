@@ -71,7 +71,6 @@ class _Kept:
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
         self.compiled: Any = None  # (its acts compiled: stage_programs.StagePrograms)
         self.batch_seed = 0  # (what the batch's random ops draw from: _start's)
-        self.param_ids: list = []  # (the parts its parameters are views of)
 
     def programs(self) -> Any:
         """The stage's compiled acts (made on first use)."""
@@ -136,9 +135,8 @@ def _define(ex: Any, blob: bytes, index: int, label: str, passes_on: bool, outs:
     the module does not load, that part holds the error, raised by every act."""
     from ..creation import from_numpy
 
-    loading = _Unpickler(blob, ex)
     try:
-        module, loss, shared = loading.load()
+        module, loss, shared = _Unpickler(blob, ex).load()
         for where in shared:
             set_shared(*where)
     except (AttributeError, ImportError) as e:
@@ -152,7 +150,6 @@ def _define(ex: Any, blob: bytes, index: int, label: str, passes_on: bool, outs:
             f"{label}'s module could not be loaded in its worker: {type(e).__name__}: {e}"
         ) from e
     kept = _Kept(module, loss, index, label, passes_on)
-    kept.param_ids = [ref for ref, t in loading.made.items() if isinstance(t, Parameter)]
     ex.parts[outs[0]] = from_numpy(np.zeros(0, np.float32))._impl
     ex.kept[outs[0]] = kept
 

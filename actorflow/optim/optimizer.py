@@ -112,9 +112,24 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
+    _waits: Any = None  # a step of this optimizer still running elsewhere (a pipeline's
+    #                     stages' workers: a weak method), waited for by _settle
+
+    def _settle(self) -> None:
+        """Waits for a step of this optimizer still running elsewhere (a pipeline whose
+        stages' workers step it after a batch), raising its error, before this process
+        reads or writes the state (``step``, ``state_dict``, ``load_state_dict``)."""
+        waits = self._waits
+        if waits is not None:
+            self._waits = None
+            settle = waits()
+            if settle is not None:
+                settle()
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient, in place (``update`` with
         ``IN_PLACE``); ``closure`` recomputes the loss first and its value is returned."""
+        self._settle()
         loss = None
         if closure is not None:
             from ..autograd import enable_grad
@@ -230,6 +245,7 @@ class Optimizer:
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's layout: ``{"state": {param index: {name: value}}, "param_groups":
         [{options..., "params": [param indices]}]}`` (indices in group order)."""
+        self._settle()
         index: dict = {}
         groups = []
         for g in self.param_groups:
@@ -252,6 +268,7 @@ class Optimizer:
         each state tensor onto its parameter's device (a global parameter's: laid out as
         the parameter, a 0-d one broadcast on its placement), whichever device it was
         saved from."""
+        self._settle()
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
             len(a["params"]) != len(b["params"])
