@@ -2208,6 +2208,8 @@ def _steps_stages():
 
 def _opt_of(kind, stages):
     params = params_of(stages)
+    if kind == "sgd-cycle":
+        return optim.SGD(params, lr=0.05, momentum=0.9)
     if kind == "sgd":  # (two groups, dampening's flag, Nesterov's, weight decay)
         return optim.SGD(
             [
@@ -2226,7 +2228,7 @@ def _opt_of(kind, stages):
 
 
 @processes
-@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw", "rmsprop", "adagrad"])
+@pytest.mark.parametrize("kind", ["sgd", "sgd-cycle", "adam", "adamw", "rmsprop", "adagrad"])
 def test_the_workers_step_the_optimizers_as_this_process_does(kind, monkeypatch):
     """With loss= on process ranks each stage's worker steps the optimizers over its own
     parameters once every report is read: the same losses, parameters and optimizer state
@@ -2247,7 +2249,11 @@ def test_the_workers_step_the_optimizers_as_this_process_does(kind, monkeypatch)
         stages = _steps_stages()
         opt = _opt_of(kind, stages)
         g = LossPipe(stages, micro_batches=4, stage_ranks="processes")
-        g.add_optimizer(opt, lr_sch=optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7))
+        if kind == "sgd-cycle":  # (its momentum scheduled too, from the second step)
+            sch = optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=8)
+        else:
+            sch = optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+        g.add_optimizer(opt, lr_sch=sch)
         try:
             losses = [float(g.step(*batches[0]))] + [float(v) for v in g.run(batches[1:3])]
             opt.load_state_dict(opt.state_dict())  # (its state in new tensors, new parts)

@@ -402,22 +402,30 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
     ``outs[0]``: the counts after the step, in ``steps``' order (checked against what this
     process counted: ``counted``). A step that raises leaves the parameters and their
     state as they were."""
+    from ..optim.optimizer import _flat_rates
     from .pipeline_ranks import part_view
     from .stage_programs import StageStep
 
     st = _kept(ex, key)
     sp = st.programs()
-    rows = []
-    for cls, attrs, groups in steps:
+    rows: list = []
+    fixed: dict = {}  # (row, name) -> value: a scheduled option that has not changed yet
+    for o, (cls, attrs, groups) in enumerate(steps):
         shell = object.__new__(cls)  # (its options and state given: not made anew)
         shell.__dict__.update(attrs)
         shell.param_groups, shell.state, shell._rates = [], {}, {}
-        for options, params in groups:
+        for g, (options, params) in enumerate(groups):
             group = {**options, "params": [st.params[k] for k, _ in params]}
             shell.param_groups.append(group)
             for k, entries in params:  # (what the step holds: graph_key reads it)
                 shell.state[st.params[k]] = {n: v for n, (_, v) in entries.items()}
             mine = [(k, entries) for k, entries in params if sp.grads[k] is not None]
+            for name, value in _flat_rates(group, shell.scheduled):
+                seen = sp.rates.setdefault((o, g, name), value)  # (once it changed: read
+                if seen != value:  # from a tensor from then on, so a schedule does not
+                    sp.rates[o, g, name] = None  # compile the step anew at each value)
+                elif mine:
+                    fixed[len(rows), name] = value
             if mine:
                 rows.append((shell, group, mine))
     try:
@@ -431,14 +439,14 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
                     tuple((k, tuple((n, how) for n, (how, _) in e.items())) for k, e in mine),
                 )
                 for shell, group, mine in rows
-            )
+            ) + (tuple(sorted(fixed.items())),)
             grads = [sp.grads[k] for _, _, mine in rows for k, _ in mine]
             at = [(sh, g, [(st.params[k], e) for k, e in mine]) for sh, g, mine in rows]
             step = sp.steps.get(kind)
             if step is None:
                 if len(sp.steps) >= 8:  # (a few kept: options that change the ops)
                     sp.steps.clear()
-                step = sp.steps[kind] = StageStep(at, grads, lambda i: part_view(ex, i))
+                step = sp.steps[kind] = StageStep(at, grads, lambda i: part_view(ex, i), fixed)
             counts = step.run(at, grads, lambda i: part_view(ex, i))
     finally:
         sp.before = {}  # (the batch ended well: its buffers' copies let go)
