@@ -1109,19 +1109,21 @@ def _forget_asks(box: list) -> None:
 def _state_placed(optimizers: list) -> None:
     """Each optimizer's state tensors where their parameter is (a state made before
     ``stage_ranks=`` moved the stages, as Adagrad's made with the optimizer, or loaded
-    outside a batch, on the process's kind of ranks, is moved to its parameter's placement
-    and ranks as ``load_state_dict`` moves a loaded one)."""
-    from ..optim.optimizer import _on_device_of
-
+    outside a batch, on the process's kind of ranks): such a tensor brought here whole,
+    then the optimizer's state loaded again (``load_state_dict`` puts each tensor where
+    its parameter is)."""
     for o in optimizers:
+        moved = False
         for p, st in o.state.items():
             for name, v in st.items():
-                if not isinstance(v, Tensor):
-                    continue
-                if not beside(v, p):
+                if isinstance(v, Tensor) and v.is_global and not beside(v, p):
                     with no_grad():
-                        whole = F.to_device(v, "cpu") if v.is_global else v
-                        st[name] = _on_device_of(whole, p)
+                        st[name] = F.to_device(v, "cpu")
+                    moved = True
+                elif isinstance(v, Tensor) and not beside(v, p):
+                    moved = True
+        if moved:
+            o.load_state_dict(o.state_dict())
 
 
 def _settle(params: list) -> None:

@@ -402,7 +402,6 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
     ``outs[0]``: the counts after the step, in ``steps``' order (checked against what this
     process counted: ``counted``). A step that raises leaves the parameters and their
     state as they were."""
-    from ..optim.optimizer import _flat_rates
     from .pipeline_ranks import part_view
     from .stage_programs import StageStep
 
@@ -420,7 +419,7 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
             for k, entries in params:  # (what the step holds: graph_key reads it)
                 shell.state[st.params[k]] = {n: v for n, (_, v) in entries.items()}
             mine = [(k, entries) for k, entries in params if sp.grads[k] is not None]
-            for name, value in _flat_rates(group, shell.scheduled):
+            for name, value in shell.flat_rates(group):
                 seen = sp.rates.setdefault((o, g, name), value)  # (once it changed: read
                 if seen != value:  # from a tensor from then on, so a schedule does not
                     sp.rates[o, g, name] = None  # compile the step anew at each value)
@@ -610,7 +609,6 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
     out), one holding a parameter that is in no stage, or a state value that is neither a
     tensor on its parameter's placement nor a count."""
     from ..autograd import no_grad
-    from ..optim.optimizer import Optimizer
     from ..parallel.interpreter import parts_of
 
     if not STEP_IN_WORKERS:
@@ -619,8 +617,8 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
         id(p): (i, k) for i, w in enumerate(stages) for k, p in enumerate(w.module.parameters())
     }
     for o in optimizers:
-        if getattr(type(o), "step", None) is not Optimizer.step:
-            return None
+        if getattr(type(o).step, "__qualname__", "") != "Optimizer.step":
+            return None  # (a step() of its own: nn knows optim by what it does, not by import)
         kind = type(o)
         if kind.__module__ == "__main__" or "<locals>" in kind.__qualname__:
             return None  # (a worker loads its class by its module's name)

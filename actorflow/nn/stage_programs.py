@@ -561,7 +561,6 @@ class StageStep:
 
     def __init__(self, rows: list, grads: list, view: Any, fixed: dict) -> None:
         from ..autograd import no_grad
-        from ..optim.optimizer import OUT_OF_PLACE, _flat_rates
         from ..tracing import stateful_program
 
         params = [p for _, _, mine in rows for p, _ in mine]
@@ -581,7 +580,7 @@ class StageStep:
                     self.slots.append((kind, (r, k, name)))
                 names.append((at + k, own))
             rates: dict = {}
-            for name, _ in _flat_rates(group, shell.scheduled):
+            for name, _ in shell.flat_rates(group):
                 if (r, name) in fixed:
                     rates[name] = ("value", fixed[r, name])
                     continue
@@ -609,7 +608,8 @@ class StageStep:
                     for j, own in names:
                         st = {name: states[i] for name, i in own.items()}
                         p, g = states[j], piece[j]
-                        new_p, new_st = shell.update(p, g, group, st, OUT_OF_PLACE, given)
+                        new_p, new_st = shell.update(p, g, group, st, rates=given)  # (out of
+                        #                                                   place: traced)
                         new[j] = new_p
                         for name, i in own.items():
                             new[i] = new_st.get(name)
@@ -627,8 +627,6 @@ class StageStep:
         state's arrays taken anew (the parts ``rows`` names now, as a loaded state's are
         new ones; its counts and options); returns the counts after it, in ``rows``'
         order."""
-        from ..optim.optimizer import _flat_rates
-
         arrays = lend_arrays(self.params)
         counts = []
         views = []
@@ -636,7 +634,7 @@ class StageStep:
             if kind == "rate":
                 r, name = what
                 shell, group, _ = rows[r]
-                value = dict(_flat_rates(group, shell.scheduled))[name]
+                value = dict(shell.flat_rates(group))[name]
                 arrays.append(np.array(float(value), np.float64))
                 continue
             r, k, name = what

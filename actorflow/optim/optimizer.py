@@ -213,6 +213,11 @@ class Optimizer:
                     written[name] = float(v)
         return dict(tensors)
 
+    def flat_rates(self, group: dict[str, Any]) -> list[tuple[str, Any]]:
+        """``(name, value)`` per scheduled option of ``group`` (a tuple's items as
+        ``name.i``): the names ``rates`` reads from ``traced``."""
+        return list(_flat_rates(group, self.scheduled))
+
     def rates(self, group: dict[str, Any], traced: dict[str, Any] | None) -> dict[str, Any]:
         """The options an update reads: ``group`` itself (eager), or with ``traced`` (a
         graph step's stand-ins for ``graph_rates``' tensors) in place of the ``scheduled``
