@@ -472,3 +472,20 @@ def test_a_schedule_and_clipping_in_a_graph_step_on_cuda_equal_cpu(cuda):
     assert_same(np.float32(got), np.float32(want), exact=False)  # (float32 losses)
     for p, q in zip(params, want_params, strict=True):
         assert_same(p, q, exact=False)
+
+
+def test_a_flag_state_is_made_and_loaded_on_its_parameters_device(cuda):
+    """SGD's ``started`` flag (dampening) is made where its parameter is, and loaded there
+    (a flag on the cpu beside a cuda parameter failed the step)."""
+    runs = {}
+    for dev in ("cpu", "cuda:0"):
+        p = af.nn.Parameter(af.tensor(np.arange(3, dtype=np.float32), device=dev))
+        opt = af.optim.SGD([p], lr=0.1, momentum=0.9, dampening=0.5)
+        for _ in range(2):
+            p.grad = af.tensor(np.ones(3, np.float32), device=dev)
+            opt.step()
+            assert opt.state[p]["started"].device == p.device
+            opt.load_state_dict(opt.state_dict())
+            assert opt.state[p]["started"].device == p.device
+        runs[dev] = p.numpy()
+    assert np.array_equal(runs["cpu"], runs["cuda:0"])

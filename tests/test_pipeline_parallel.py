@@ -4,6 +4,7 @@ step on the whole batch; the registers bound what each stage holds for its backw
 give 1F1B's order (GPipe's when every micro-batch may be held); a failing stage stops the
 batch without touching the parameters."""
 
+import functools
 import itertools
 import json
 import pickle
@@ -2190,6 +2191,27 @@ class RefusingSGD(optim.SGD):
         return super().update(p, grad, group, state, writes, rates)
 
 
+class ScaledSGD(optim.SGD):
+    """SGD whose update reads a private attribute that is not plain data (a worker is not
+    sent it: stepped here)."""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self._scale = np.float32(0.5)
+
+    def update(self, p, grad, group, state, writes=optim.optimizer.OUT_OF_PLACE, rates=None):
+        return super().update(p, grad * float(self._scale), group, state, writes, rates)
+
+
+class WrappedStepSGD(optim.SGD):
+    """A step of its own that carries Optimizer.step's name (functools.wraps)."""
+
+    @functools.wraps(optim.optimizer.Optimizer.step)
+    def step(self, closure=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().step(closure)
+
+
 class RefusingAdam(optim.Adam):
     """Adam as RefusingSGD (its counts)."""
 
@@ -2397,6 +2419,11 @@ def test_what_the_workers_cannot_step_is_stepped_here_and_caches_stay_here():
     class Local(optim.SGD):
         pass
 
+    for make in (ScaledSGD, WrappedStepSGD):  # (not plain data; a step of its own)
+        opt = make(params_of(stages_of(2)), lr=0.1, momentum=0.9)
+        assert make is ScaledSGD or not opt.steps_by_update()
+        assert pipeline_links.stage_steps([], [opt]) is None
+
     batches = data(2)
     ref = stages_of(2)
     want = eager_steps(ref, optim.SGD(params_of(ref), lr=0.1, momentum=0.9), batches)
@@ -2489,3 +2516,42 @@ def test_a_pipeline_collected_with_its_last_step_unread_lets_its_ask_go():
     assert all(r._early == {} for r in ranks)
     for s in stages:
         s.to("cpu")
+
+
+class ShyAdam(optim.Adam):
+    """Adam whose update raises for parameters of the last stage's shape while ``refuse``
+    is set (one stage's step fails, the other's goes through)."""
+
+    def update(self, p, grad, group, state, writes=optim.optimizer.OUT_OF_PLACE, rates=None):
+        if getattr(self, "refuse", False) and tuple(p.shape)[0] == WIDTHS[-1]:
+            raise RuntimeError("update refused")
+        return super().update(p, grad, group, state, writes, rates)
+
+
+@processes
+def test_a_step_that_fails_on_one_stage_only_keeps_the_schedule_moving():
+    """Where one stage's step fails and another's goes through, the error is raised as
+    that stage's; the stages are then out of step with each other (the failed one's
+    parameters and counts as before), and the schedule keeps moving (the stage that
+    stepped does not take the same rate twice)."""
+    b = data(3)
+    stages = stages_of(2)
+    opt = ShyAdam(params_of(stages), lr=1e-2)
+    g = LossPipe(stages, micro_batches=2, stage_ranks="processes")
+    g.add_optimizer(opt, lr_sch=optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    try:
+        g.step(*b[0])
+        before = [p.numpy() for p in params_of(stages)]
+        opt.refuse = True
+        g.step(*b[1])
+        with pytest.raises(ActorError) as e:
+            g.step(*b[2])
+        assert e.value.actor == "stage1.step"
+        params = params_of(stages)
+        moved = [not np.array_equal(p.numpy(), a) for p, a in zip(params, before, strict=True)]
+        n0 = len(list(stages[0].parameters()))
+        assert all(moved[:n0]) and not any(moved[n0:])
+        assert [opt.state[p]["step"] for p in params] == [2] * n0 + [1] * (len(params) - n0)
+        assert opt.param_groups[0]["lr"] == 1e-2 * 0.25  # (two steps of the schedule)
+    finally:
+        g.pipelined.close()

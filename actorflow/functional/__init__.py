@@ -2,7 +2,7 @@
 that name the op, the values and the fix, then dispatch to the interpreter. One module per
 family: ``elementwise`` (unary, binary and their prebuilt operator functions, in-place
 forms, fill/zero/copy, clamp, where, matmul), ``reduce`` (reductions, softmax-like),
-``joining`` (cat, stack, cast, to_device, clone, nonzero), ``ordering`` (gather,
+``joining`` (cat, stack, cast, to_device, to_where, clone, nonzero), ``ordering`` (gather,
 scatter_add, cumsum, sort, argsort, topk, pad), ``conv`` (convolution and
 pooling over NCHW), on ``common``'s checks.
 
@@ -86,7 +86,17 @@ from .elementwise import (
     where,
     zero_,
 )
-from .joining import cast, cat, clone, is_floating_point, nonzero, stack, to_device
+from .joining import (
+    cast,
+    cat,
+    clone,
+    is_floating_point,
+    is_where,
+    nonzero,
+    stack,
+    to_device,
+    to_where,
+)
 from .ordering import (
     Sort,
     TopK,
@@ -188,6 +198,8 @@ __all__ = [
     "sum",
     "tanh",
     "to_device",
+    "to_where",
+    "is_where",
     "true_divide",
     "var",
     "where",

@@ -123,6 +123,34 @@ def to_device(input: Tensor, device: _DeviceLike) -> Tensor:
     return wrap(apply(COPY, [impl], NO_ATTRS, device=dev)[0])
 
 
+def to_where(input: Tensor, other: Tensor) -> Tensor:
+    """``input`` where ``other`` is (``input`` itself when it is there already): on its
+    device; for a global ``other``, laid out as it on its placement and held by the same
+    ranks (a 0-d ``input`` broadcast, having no dim to split; a global ``input`` on another
+    placement or other ranks brought here whole first). What an optimizer's state tensor
+    is made to be for its parameter."""
+    from ..sbp import broadcast, layout
+
+    x = tensor_arg("to", input)
+    if is_where(x, other):
+        return input
+    whole = to_device(x, "cpu") if x.is_global else x
+    if other.is_global and whole.ndim == 0:
+        return to_device(whole, layout(other.placement, (broadcast,)))
+    return to_device(whole, other.device)
+
+
+def is_where(input: Tensor, other: Tensor) -> bool:
+    """Whether ``input`` is where ``to_where`` puts it for ``other``."""
+    if not other.is_global:
+        return not input.is_global and input.device == other.device
+    if not input.is_global or input.placement != other.placement:
+        return False
+    if getattr(input._impl.blob, "ranks", 0) is not getattr(other._impl.blob, "ranks", None):
+        return False
+    return input.ndim == 0 or input.device == other.device
+
+
 def clone(input: Tensor, *, memory_format: Any = None) -> Tensor:
     """A contiguous copy with its own storage (``memory_format``: None, or PyTorch's
     preserve_format or contiguous_format, which ask the same here)."""

@@ -189,7 +189,6 @@ from .pipeline_links import (
     WAIT,
     Links,
     StepsSent,
-    beside,
     counted,
     forget_fresh,
     run_batch,
@@ -556,9 +555,10 @@ class PipelineStep:
         self._box.clear()
         try:
             stepped(workers, asked, want, counts)
-        except BaseException:
-            self.graph._schedules_back(undo)
-            raise
+        except BaseException as e:
+            if not getattr(e, "stepped_any", False):  # (no stage stepped: nor does the
+                self.graph._schedules_back(undo)  # schedule; where some did, it keeps
+            raise  # their rates moving on)
 
     def _optimize(self, params: list, losses: list) -> float:
         """After a batch: the optimizers' steps, the gradients let go, the schedules'
@@ -1107,23 +1107,16 @@ def _forget_asks(box: list) -> None:
 
 
 def _state_placed(optimizers: list) -> None:
-    """Each optimizer's state tensors where their parameter is (a state made before
-    ``stage_ranks=`` moved the stages, as Adagrad's made with the optimizer, or loaded
-    outside a batch, on the process's kind of ranks): such a tensor brought here whole,
-    then the optimizer's state loaded again (``load_state_dict`` puts each tensor where
-    its parameter is)."""
+    """Each optimizer's state tensors where their parameter is (``F.to_where``): a state
+    made before ``stage_ranks=`` moved the stages (Adagrad's, made with the optimizer), or
+    loaded outside a batch (on the process's kind of ranks), is moved there."""
     for o in optimizers:
-        moved = False
         for p, st in o.state.items():
             for name, v in st.items():
-                if isinstance(v, Tensor) and v.is_global and not beside(v, p):
-                    with no_grad():
-                        st[name] = F.to_device(v, "cpu")
-                    moved = True
-                elif isinstance(v, Tensor) and not beside(v, p):
-                    moved = True
-        if moved:
-            o.load_state_dict(o.state_dict())
+                if isinstance(v, Tensor):
+                    placed = F.to_where(v, p)
+                    if placed is not v:
+                        st[name] = placed
 
 
 def _settle(params: list) -> None:

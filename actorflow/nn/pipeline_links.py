@@ -76,6 +76,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import functional as F
 from ..creation import from_numpy
 from ..errors import ActorError
 from ..parallel import workers as W
@@ -455,12 +456,13 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
 
 def attrs_of(opt: Any) -> dict:
     """An optimizer's attributes besides its groups and state (what a stand-in of it in
-    a worker is given: ``stage_steps``), less the private ones that are not plain data
-    (its caches, made again there: Adam's bias corrections)."""
+    a worker is given: ``stage_steps``), less its ``caches`` (made again there: Adam's
+    bias corrections)."""
+    caches = set(getattr(opt, "caches", ()))
     return {
         k: v
         for k, v in vars(opt).items()
-        if k not in ("param_groups", "state", "_rates") and not (k[0] == "_" and not _plain(v))
+        if k not in ("param_groups", "state", "_rates", "_waits") and k not in caches
     }
 
 
@@ -605,8 +607,8 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
     now. None where this process steps them: an optimizer with a ``step()`` of its own,
     of a class defined in ``__main__`` or inside a function (a worker loads a class by its
     module's name and its name there) or with attributes that are not plain data
-    (numbers, strings, and tuples, lists and dicts of them; private ones are caches, left
-    out), one holding a parameter that is in no stage, or a state value that is neither a
+    (numbers, strings, and tuples, lists and dicts of them; its ``caches`` left out), one
+    holding a parameter that is in no stage, or a state value that is neither a
     tensor on its parameter's placement nor a count."""
     from ..autograd import no_grad
     from ..parallel.interpreter import parts_of
@@ -617,8 +619,8 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
         id(p): (i, k) for i, w in enumerate(stages) for k, p in enumerate(w.module.parameters())
     }
     for o in optimizers:
-        if getattr(type(o).step, "__qualname__", "") != "Optimizer.step":
-            return None  # (a step() of its own: nn knows optim by what it does, not by import)
+        if not o.steps_by_update():
+            return None  # (a step() of its own)
         kind = type(o)
         if kind.__module__ == "__main__" or "<locals>" in kind.__qualname__:
             return None  # (a worker loads its class by its module's name)
@@ -649,7 +651,7 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
                             v = st[name] = int(v.item() if isinstance(v, Tensor) else v)
                             entries[name] = ("value", v)
                             counts.append((i, k, st, name))
-                        elif isinstance(v, Tensor) and beside(v, p):
+                        elif isinstance(v, Tensor) and F.is_where(v, p):
                             entries[name] = ("part", parts_of(v._impl)[0].id)
                         else:
                             forget_fresh(fresh)
@@ -662,15 +664,6 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
                 if gs:
                     steps[i].append((type(o), attrs, gs))
     return steps, counts, fresh
-
-
-def beside(v: Tensor, p: Tensor) -> bool:
-    """Whether tensor ``v`` is where ``p`` is: on its device, or global on its placement
-    held by the same ranks (another kind of ranks on that placement holds other parts)."""
-    if not p.is_global:
-        return not v.is_global and v.device == p.device
-    held = getattr(p._impl.blob, "ranks", None)
-    return v.is_global and v.placement == p.placement and getattr(v._impl.blob, "ranks", 0) is held
 
 
 def _plain(v: Any) -> bool:
@@ -737,14 +730,17 @@ class StepsSent(KeyboardInterrupt):
         self.asked = asked
 
 
-def stepped(stages: list, asked: list, want: list, counts: list) -> None:
+def stepped(stages: list, asked: list, want: list, counts: list) -> bool:
     """Waits for the steps ``send_steps`` sent, and checks the counts each gives back
     against ``want`` (``counted``'s). A stage's step that failed (leaving its parameters
     and state as they were) has its counts and the state made for it set back here, and
     its error raised, the first stage's, as the ``ActorError`` of actor ``stage{i}.step``
-    (a worker that ended: its stage's error)."""
+    (a worker that ended: its stage's error), with ``stepped_any``: whether another
+    stage's step went through (the stages are then out of step with each other). Returns
+    True."""
     values, fresh = want
     errors = []
+    went = 0
     for i, (w, (ranks, token)) in enumerate(zip(stages, asked, strict=True)):
         mine = [(c, v) for c, v in zip(counts, values, strict=True) if c[0] == i]
         try:
@@ -760,6 +756,7 @@ def stepped(stages: list, asked: list, want: list, counts: list) -> None:
                 err = ActorError(f"stage{w.index}.step", None, e)
             errors.append(err)
             continue
+        went += 1
         expected = [v for _, (v, moved) in mine if moved]  # (those stepped)
         if got != expected:
             errors.append(
@@ -771,7 +768,9 @@ def stepped(stages: list, asked: list, want: list, counts: list) -> None:
                 )
             )
     if errors:
+        errors[0].stepped_any = went > 0  # type: ignore[attr-defined]  # (read by the caller)
         raise errors[0]
+    return True
 
 
 def forget_fresh(fresh: list) -> None:

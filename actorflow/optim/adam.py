@@ -69,6 +69,7 @@ class Adam(Optimizer):
 
     decoupled = False
     counts = ("step",)
+    caches = ("_corrections",)
 
     def __init__(
         self,

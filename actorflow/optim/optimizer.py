@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from .. import functional as F
 from ..autograd import no_grad, zero_grad
 from ..creation import tensor
-from ..sbp import broadcast, layout
 from ..tensor.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -111,6 +110,15 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
+
+    caches: tuple = ()  # attributes that are caches (made again by an optimizer's copy
+    #                     elsewhere: a pipeline stage's worker is not sent them)
+
+    def steps_by_update(self) -> bool:
+        """Whether ``step()`` is ``Optimizer.step`` (each parameter's ``update`` in turn),
+        which another process can run with a copy of the optimizer; False for a class
+        with a step of its own."""
+        return type(self).step is Optimizer.step
 
     _waits: Any = None  # a step of this optimizer still running elsewhere (a pipeline's
     #                     stages' workers: a weak method), waited for by _settle
@@ -300,8 +308,7 @@ class Optimizer:
                     v = int(v.item() if isinstance(v, Tensor) else v)
                 elif k in self.flags:
                     v = tensor(float(v.item() if isinstance(v, Tensor) else v), dtype="float64")
-                    if p.is_global:
-                        v = F.to_device(v, _scalar_layout(p))
+                    v = F.to_where(v, p)
                 elif isinstance(v, Tensor):
                     if tuple(v.shape) != tuple(p.shape) and v.ndim:
                         raise ValueError(
@@ -309,7 +316,7 @@ class Optimizer:
                             f"{k!r} of parameter {i} has shape {tuple(v.shape)}, "
                             f"the parameter {tuple(p.shape)}"
                         )
-                    v = _on_device_of(v.to(p.dtype), p).clone()
+                    v = F.to_where(v.to(p.dtype), p).clone()
                 mine[k] = v
             self.state[p] = mine
 
@@ -321,21 +328,6 @@ class Optimizer:
                 if k != "params":
                     lines.append(f"    {k}: {g[k]}")
         return "\n".join(lines) + "\n)"
-
-
-def _scalar_layout(p: Tensor) -> Any:
-    """Where a 0-d state tensor of the global parameter ``p`` lives: on its placement,
-    broadcast (a 0-d tensor has no dim to split)."""
-    return layout(p.placement, (broadcast,))
-
-
-def _on_device_of(v: Tensor, p: Tensor) -> Tensor:
-    """A loaded state tensor ``v`` where the update reads it with ``p``: on ``p``'s
-    device, or for a global ``p`` laid out as ``p`` (a 0-d one broadcast). A tensor
-    already there is ``v`` itself."""
-    if p.is_global and v.ndim == 0:
-        return F.to_device(v, _scalar_layout(p))
-    return F.to_device(v, p.device)
 
 
 def _flat_rates(group: dict, names: tuple):

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import functional as F
 from ..creation import tensor, zeros_like
-from ..sbp import broadcast
 from ..tensor.tensor import Tensor
 from .optimizer import OUT_OF_PLACE, Optimizer, Writes
 
@@ -120,7 +119,5 @@ class SGD(Optimizer):
             state["momentum_buffer"] = zeros_like(p)
         if group["dampening"] and "started" not in state:  # (a buffer from before: a
             v = 0.0 if fresh else 1.0  # step made it)
-            if p.is_global:  # (a 0-d flag: broadcast on the parameter's placement)
-                state["started"] = tensor(v, dtype="float64", placement=p.placement, sbp=broadcast)
-            else:
-                state["started"] = tensor(v, dtype="float64")
+            state["started"] = F.to_where(tensor(v, dtype="float64"), p)  # (a 0-d flag where
+            #                                    p is: broadcast on a global p's placement)
