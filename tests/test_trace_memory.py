@@ -100,10 +100,17 @@ def test_a_register_nobody_reads_is_home_when_its_act_ends(tmp_path):
     assert len(list(g.run(trace=tmp_path / "d.json"))) == 3
     memory, acts, _ = trace_of(tmp_path / "d.json")
     check_counters(memory, g.stats())
-    for name, _, s, e in acts:
-        if name == "dangling":  # src's piece and its own while it acts; then nothing
+    for name, k, s, e in acts:
+        if name == "dangling":  # src's piece and its own while it acts; then its own is home
             assert level(memory["cpu"], (s + e) / 2) >= 1600
-            assert level(memory["cpu"], e) == 0
+            # src's register is still in use at e where "other" still reads piece k (its
+            # thread may end later than this one, on a loaded machine) or src already
+            # writes piece k + 1: the counter's level there, not this act's timing, decides
+            held = any(
+                (n == "other" and j == k and end > e) or (n == "src" and j == k + 1 and t <= e)
+                for n, j, t, end in acts
+            )
+            assert level(memory["cpu"], e) == (800 if held else 0)
 
 
 def test_shared_registers_in_use_never_exceed_the_arena(tmp_path):
