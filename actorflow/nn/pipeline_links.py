@@ -442,12 +442,13 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
             ) + (tuple(sorted(fixed.items())),)
             grads = [sp.grads[k] for _, _, mine in rows for k, _ in mine]
             at = [(sh, g, [(st.params[k], e) for k, e in mine]) for sh, g, mine in rows]
+            view = lambda i: part_view(ex, i)  # noqa: E731 - a part's tensor, by its id
             step = sp.steps.get(kind)
             if step is None:
                 if len(sp.steps) >= 8:  # (a few kept: options that change the ops)
                     sp.steps.clear()
-                step = sp.steps[kind] = StageStep(at, grads, lambda i: part_view(ex, i), fixed)
-            counts = step.run(at, grads, lambda i: part_view(ex, i))
+                step = sp.steps[kind] = StageStep(at, grads, view, fixed)
+            counts = step.run(at, grads, view)
     finally:
         sp.before = {}  # (the batch ended well: its buffers' copies let go)
         sp.clear()
@@ -678,7 +679,7 @@ def _plain(v: Any) -> bool:
     return False
 
 
-def counted(reports: list, counts: list, fresh: list) -> list:
+def counted(reports: list, counts: list, fresh: list) -> tuple:
     """After a batch every stage ended well, before its step: each count of a parameter
     with a gradient one more (what the step makes it, ``counts``' order: what the workers
     give back), the state made for the step let go where the parameter got no gradient
@@ -693,7 +694,7 @@ def counted(reports: list, counts: list, fresh: list) -> list:
     for o, p, i, k in fresh:
         if not reports[i][4][k]:
             o.state.pop(p, None)
-    return [out, [f for f in fresh if reports[f[2]][4][f[3]]]]
+    return out, [f for f in fresh if reports[f[2]][4][f[3]]]
 
 
 def send_steps(stages: list, steps: list) -> list:
@@ -730,14 +731,13 @@ class StepsSent(KeyboardInterrupt):
         self.asked = asked
 
 
-def stepped(stages: list, asked: list, want: list, counts: list) -> bool:
+def stepped(stages: list, asked: list, want: tuple, counts: list) -> None:
     """Waits for the steps ``send_steps`` sent, and checks the counts each gives back
     against ``want`` (``counted``'s). A stage's step that failed (leaving its parameters
     and state as they were) has its counts and the state made for it set back here, and
     its error raised, the first stage's, as the ``ActorError`` of actor ``stage{i}.step``
     (a worker that ended: its stage's error), with ``stepped_any``: whether another
-    stage's step went through (the stages are then out of step with each other). Returns
-    True."""
+    stage's step went through (the stages are then out of step with each other)."""
     values, fresh = want
     errors = []
     went = 0
@@ -770,7 +770,6 @@ def stepped(stages: list, asked: list, want: list, counts: list) -> bool:
     if errors:
         errors[0].stepped_any = went > 0  # type: ignore[attr-defined]  # (read by the caller)
         raise errors[0]
-    return True
 
 
 def forget_fresh(fresh: list) -> None:

@@ -543,28 +543,29 @@ def described(x: Any) -> str:
 class StageStep:
     """The optimizers' step of a stage's parameters in its worker, compiled: each
     optimizer's formula (``Optimizer.update``, traced ``OUT_OF_PLACE`` as ``nn.Graph``
-    traces it, reading its scheduled options from tensors) over the parameters with a
-    gradient, one stateful Program (``tracing.stateful_program``) whose state is those
-    parameters, their optimizer state (tensors over their parts; each count a float64
-    scalar), and each group's scheduled options (float64 scalars, filled before each
-    run), its input the batch's gradients. So a step runs numpy's kernels over planned
-    buffers, its elementwise chains fused and the new values written into the state
-    itself (``tracing.compile``: the same bits as the eager ``step()`` this process would
-    run on the parts, which an eager step over 1.5M parameters here took 1.1-1.25 ms of
-    against about 0.5), and a kernel that raises leaves every parameter and state as it
-    was. Compiled once per key: the optimizers, their options that decide the ops
-    (``graph_key``), the parameters with a gradient and their state's names, and the
-    scheduled options that are ``fixed`` ({(row, name): value}: read as numbers, as the
-    eager step reads them, while they have not changed: SGD's momentum then decides its
-    ops once, rather than a ``where`` per value picking them each step and a copy of the
-    buffer it picked, ~0.3 ms of the 1.5M parameters' step here)."""
+    traces it) over the parameters with a gradient, one stateful Program
+    (``tracing.stateful_program``, no input) whose state is those parameters, their
+    optimizer state (tensors over their parts; each count a float64 scalar), each group's
+    scheduled options that are not ``fixed`` (float64 scalars, filled before each run) and
+    the batch's gradients (never written: a ``where`` on a scheduled option may then pick a
+    gradient's array, as it picks a state's; an input is never picked). So a step runs
+    numpy's kernels over planned buffers, its elementwise chains fused and the new values
+    written into the state itself (``tracing.compile``: the same bits as the eager
+    ``step()`` this process would run on the parts, which an eager step over 1.5M
+    parameters here took 1.1-1.25 ms of against about 0.8), and a kernel that raises leaves
+    every parameter and state as it was. Compiled once per key: the optimizers, their
+    options that decide the ops (``graph_key``), the parameters with a gradient and their
+    state's names, and the scheduled options that are ``fixed`` ({(row, name): value}:
+    read as numbers, as the eager step reads them, while they have not changed: SGD's
+    momentum then decides its ops once, rather than a ``where`` per value picking them
+    each step and a copy of the buffer it picked, ~0.3 ms of the 1.5M parameters' step here)."""
 
     def __init__(self, rows: list, grads: list, view: Any, fixed: dict) -> None:
         from ..autograd import no_grad
         from ..tracing import stateful_program
 
         params = [p for _, _, mine in rows for p, _ in mine]
-        state = list(params)
+        specs = [_spec_of(p) for p in params]  # (the state's, in order)
         self.slots: list = []  # per state after the parameters: ("part" | "value", (row,
         #                        param, name)): a state tensor's part, a count; or ("rate",
         #                        (row, name))
@@ -575,8 +576,9 @@ class StageStep:
             for k, (_, entries) in enumerate(mine):
                 own = {}
                 for name, (kind, v) in entries.items():
-                    own[name] = len(state)
-                    state.append(view(v) if kind == "part" else None)
+                    own[name] = len(specs)
+                    t = view(v) if kind == "part" else None  # (its layout: not kept)
+                    specs.append(Spec((), "float64", "cpu") if t is None else _spec_of(t))
                     self.slots.append((kind, (r, k, name)))
                 names.append((at + k, own))
             rates: dict = {}
@@ -584,20 +586,13 @@ class StageStep:
                 if (r, name) in fixed:
                     rates[name] = ("value", fixed[r, name])
                     continue
-                rates[name] = ("state", len(state))
-                state.append(None)
+                rates[name] = ("state", len(specs))
+                specs.append(Spec((), "float64", "cpu"))
                 self.slots.append(("rate", (r, name)))
             layout.append((rates, names))
             at += len(mine)
-        specs = [
-            Spec((), "float64", "cpu") if t is None else Spec(t.shape, t.dtype, "cpu")
-            for t in state
-        ]
-        # the gradients: state too, never written (a where on a scheduled option that picks
-        # a gradient then picks its array, as one picking a parameter's state does: an
-        # input is never picked, as a value later kernels may write over)
-        at_grads = len(specs)
-        specs += [Spec(p.shape, p.dtype, "cpu") for p in params]
+        at_grads = len(specs)  # (the gradients: state, after the rest)
+        specs += [_spec_of(p) for p in params]
 
         def fn(states):
             new = [None] * len(states)
@@ -620,7 +615,6 @@ class StageStep:
         p.tmp = [np.empty(s.shape, s.dtype.np) for s in p.tmp_specs]
         p.bound = True
         self.params = params
-        self.tensors = [t for t in state[len(params) :] if t is not None]
 
     def run(self, rows: list, grads: list, view: Any) -> list:
         """One step with ``grads`` (per parameter with one, in ``rows``' order): the
@@ -630,12 +624,11 @@ class StageStep:
         arrays = lend_arrays(self.params)
         counts = []
         views = []
+        options = [dict(shell.flat_rates(group)) for shell, group, _ in rows]
         for kind, what in self.slots:
             if kind == "rate":
                 r, name = what
-                shell, group, _ = rows[r]
-                value = dict(shell.flat_rates(group))[name]
-                arrays.append(np.array(float(value), np.float64))
+                arrays.append(np.array(float(options[r][name]), np.float64))
                 continue
             r, k, name = what
             v = rows[r][2][k][1][name][1]  # (its part's id now, or the count)
@@ -650,3 +643,7 @@ class StageStep:
         p.run([], [])
         written_outside(self.params + views)
         return [int(a) for a in counts]
+
+
+def _spec_of(t: Tensor) -> Spec:
+    return Spec(t.shape, t.dtype, "cpu")

@@ -66,6 +66,11 @@ class Optimizer:
     """``params``: an iterable of tensors, or of dicts ``{"params": [...], **options}``
     (groups with their own options); ``defaults``: every option and its default."""
 
+    caches: tuple = ()  # attributes that are caches (made again by an optimizer's copy
+    #                     elsewhere: a pipeline stage's worker is not sent them)
+    _waits: Any = None  # a step of this optimizer still running elsewhere (a pipeline's
+    #                     stages' workers: a weak method), waited for by _settle
+
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
         self.state: dict = {}
@@ -111,17 +116,11 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grad([p for g in self.param_groups for p in g["params"]], set_to_none)
 
-    caches: tuple = ()  # attributes that are caches (made again by an optimizer's copy
-    #                     elsewhere: a pipeline stage's worker is not sent them)
-
     def steps_by_update(self) -> bool:
         """Whether ``step()`` is ``Optimizer.step`` (each parameter's ``update`` in turn),
         which another process can run with a copy of the optimizer; False for a class
         with a step of its own."""
         return type(self).step is Optimizer.step
-
-    _waits: Any = None  # a step of this optimizer still running elsewhere (a pipeline's
-    #                     stages' workers: a weak method), waited for by _settle
 
     def _settle(self) -> None:
         """Waits for a step of this optimizer still running elsewhere (a pipeline whose
