@@ -632,3 +632,41 @@ def test_sgd_with_dampening_trains_global_parameters_as_one_process():
             o.step()
     for a, b in zip(local.parameters(), glob.parameters(), strict=True):
         _close(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+def test_an_optimizer_state_made_before_its_model_moved_follows_it(mode):
+    """Adagrad makes its state with the optimizer: made before ``model.to_global(...)``,
+    each state tensor is put where its parameter is at the next step (eager, and a graph's
+    step), laid out as the parameter, and the training equals one process's (it used to
+    fail in the update's first op, naming neither the optimizer nor the fix)."""
+    p = af.placement("cpu", 2)
+    data = _data(3)
+    local, glob = _mlp(), _mlp()
+    lopt = af.optim.Adagrad(local.parameters(), lr=0.1, initial_accumulator_value=0.1)
+    gopt = af.optim.Adagrad(glob.parameters(), lr=0.1, initial_accumulator_value=0.1)
+    glob.to_global(p, af.sbp.broadcast)
+
+    def states(o):
+        return [v for st in o.state.values() for v in st.values() if isinstance(v, af.Tensor)]
+
+    assert states(gopt) and not any(v.is_global for v in states(gopt))  # (made before)
+    if mode == "eager":
+        _train(local, lopt, data)
+        _train(glob, gopt, data, p)
+    else:
+        for model, o, place in ((local, lopt, None), (glob, gopt, p)):
+            g = Step(model, o)
+            for x, y in data:
+                xs, ys = af.tensor(x), af.tensor(y)
+                if place is not None:
+                    s0 = af.sbp.split(0)
+                    xs, ys = xs.to_global(place, s0), ys.to_global(place, s0)
+                g.step(xs, ys)
+    for param, st in gopt.state.items():
+        assert st["sum"].placement == param.placement and st["sum"].sbp == param.sbp
+    for a, b in zip(local.parameters(), glob.parameters(), strict=True):
+        _close(a.numpy(), b.numpy())
+    for a, b in zip(lopt.state.values(), gopt.state.values(), strict=True):
+        _close(a["sum"].numpy(), b["sum"].numpy())
+        assert float(a["step"]) == float(b["step"]) == len(data)

@@ -2555,3 +2555,45 @@ def test_a_step_that_fails_on_one_stage_only_keeps_the_schedule_moving():
         assert opt.param_groups[0]["lr"] == 1e-2 * 0.25  # (two steps of the schedule)
     finally:
         g.pipelined.close()
+
+
+@processes
+def test_two_pipelines_sharing_an_optimizer_wait_for_each_others_steps():
+    """Two pipelines over the same stages and optimizer (one made with ``stage_ranks=``,
+    the other over the stages it placed): a batch of either first waits for the other's
+    step still running in the workers, so a failed one is raised there, before the batch
+    reads the optimizer's counts; the optimizer's ``state_dict()`` waits for both. The
+    training then equals one pipeline's that never ran the failed batch, bit for bit."""
+    b = data(4)
+    ref_stages = stages_of(2)
+    ref_opt = optim.Adam(params_of(ref_stages), lr=1e-2)
+    ref = LossPipe(ref_stages, ref_opt, micro_batches=2, stage_ranks="processes")
+    stages = stages_of(2)
+    opt = RefusingAdam(params_of(stages), lr=1e-2)
+    a = LossPipe(stages, opt, micro_batches=2, stage_ranks="processes")
+    other = LossPipe(stages, opt, micro_batches=2)  # (the stages a placed: its workers)
+    try:
+        want = [float(ref.step(*b[0])), float(ref.step(*b[2])), float(ref.step(*b[3]))]
+        got = [float(a.step(*b[0]))]
+        opt.refuse = True
+        a.step(*b[1])  # (its step sent to the workers, where it fails)
+        opt.refuse = False
+        with pytest.raises(ActorError, match="update refused") as e:
+            other.step(*b[2])
+        assert e.value.actor == "stage0.step"
+        assert all(st["step"] == 1 for st in opt.state_dict()["state"].values())
+        got.append(float(other.step(*b[2])))
+        got.append(float(a.step(*b[3])))
+        # both pipelines' steps pending: the state read waits for both
+        assert len(opt._waits) == 1  # (a's; other's was checked by a's batch)
+        saved = opt.state_dict()
+        assert opt._waits == ()
+        assert all(st["step"] == 3 for st in saved["state"].values())
+        assert got == want
+        for p, q in zip(params_of(stages), params_of(ref_stages), strict=True):
+            assert np.array_equal(p.numpy(), q.numpy())
+        _same_state(saved, ref_opt.state_dict())
+    finally:
+        ref.pipelined.close()
+        other.pipelined.close()
+        a.pipelined.close()

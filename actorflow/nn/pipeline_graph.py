@@ -165,7 +165,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import functional as F
 from ..autograd import enable_grad, no_grad
 from ..backends import get_backend
 from ..creation import from_numpy
@@ -371,7 +370,9 @@ class PipelineStep:
     def _batch_on(self, args: tuple, trace, memory) -> float:
         stages = self.stages
         n = len(stages)
-        _state_placed(self.graph._optimizers)
+        for o in self.graph._optimizers:  # (another pipeline's step of them: waited for, so
+            o._settle(self._stepped)  # the state and counts read below are its; this
+        #                              one's own is checked after the batch's commands)
         direct = (
             self.loss is not None
             and memory is None
@@ -521,9 +522,8 @@ class PipelineStep:
             undo = self.graph._schedules_now()
             self._steps = (workers, asked, want, counts, undo)
             self._box[:] = asked
-            waits = weakref.WeakMethod(self._stepped)
             for o in self.graph._optimizers:
-                o._waits = waits
+                o._waiting(self._stepped, True)
             self.graph._step_schedules()
             if interrupted is not None:
                 raise KeyboardInterrupt from None
@@ -548,7 +548,7 @@ class PipelineStep:
         optimizers before their state is read or written (``Optimizer._settle``)."""
         pending, self._steps = self._steps, None
         for o in self.graph._optimizers:
-            o._waits = None
+            o._waiting(self._stepped, False)
         if pending is None:
             return
         workers, asked, want, counts, undo = pending
@@ -1104,19 +1104,6 @@ def _forget_asks(box: list) -> None:
     """A pipeline collected with its last step's answer not read: its asks let go of."""
     for ranks, token in box:
         ranks.forget(token)
-
-
-def _state_placed(optimizers: list) -> None:
-    """Each optimizer's state tensors where their parameter is (``F.to_where``): a state
-    made before ``stage_ranks=`` moved the stages (Adagrad's, made with the optimizer), or
-    loaded outside a batch (on the process's kind of ranks), is moved there."""
-    for o in optimizers:
-        for p, st in o.state.items():
-            for name, v in st.items():
-                if isinstance(v, Tensor):
-                    placed = F.to_where(v, p)
-                    if placed is not v:
-                        st[name] = placed
 
 
 def _settle(params: list) -> None:

@@ -10,6 +10,7 @@ it). Both run the same ops on the same values, so the two modes agree bit for bi
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -68,8 +69,8 @@ class Optimizer:
 
     caches: tuple = ()  # attributes that are caches (made again by an optimizer's copy
     #                     elsewhere: a pipeline stage's worker is not sent them)
-    _waits: Any = None  # a step of this optimizer still running elsewhere (a pipeline's
-    #                     stages' workers: a weak method), waited for by _settle
+    _waits: tuple = ()  # the steps of this optimizer still running elsewhere (pipelines'
+    #                     stages' workers: a weak method each), waited for by _settle
 
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
@@ -122,16 +123,34 @@ class Optimizer:
         with a step of its own."""
         return type(self).step is Optimizer.step
 
-    def _settle(self) -> None:
-        """Waits for a step of this optimizer still running elsewhere (a pipeline whose
-        stages' workers step it after a batch), raising its error, before this process
-        reads or writes the state (``step``, ``state_dict``, ``load_state_dict``)."""
-        waits = self._waits
-        if waits is not None:
-            self._waits = None
-            settle = waits()
-            if settle is not None:
+    def _settle(self, mine: Any = None) -> None:
+        """Waits for the steps of this optimizer still running elsewhere (pipelines whose
+        stages' workers step it after a batch: each one's), raising the first one's error
+        once all are waited for, before this process reads or writes the state (``step``,
+        ``state_dict``, ``load_state_dict``, another pipeline's batch). ``mine``: the wait
+        of the pipeline asking (a bound method), left pending: it checks its own step at
+        its next batch."""
+        pending = [w() for w in self._waits]
+        self._waits = tuple(
+            w for w, f in zip(self._waits, pending, strict=True) if f is not None and f == mine
+        )
+        first = None
+        for settle in pending:
+            if settle is None or settle == mine:
+                continue
+            try:
                 settle()
+            except BaseException as e:  # noqa: BLE001 - raised below, once all are waited for
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
+
+    def _waiting(self, settle: Any, pending: bool) -> None:
+        """Notes (``pending``) or forgets the wait ``settle`` (a pipeline's bound method:
+        kept weakly) for this optimizer's step running elsewhere."""
+        kept = tuple(w for w in self._waits if (f := w()) is not None and f != settle)
+        self._waits = kept + (weakref.WeakMethod(settle),) if pending else kept
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient, in place (``update`` with
@@ -169,11 +188,17 @@ class Optimizer:
         raise NotImplementedError
 
     def _state(self, p, group: dict) -> dict:
-        """``p``'s state, every entry the update reads made now if missing (``_fill``)."""
+        """``p``'s state, every entry the update reads made now if missing (``_fill``), and
+        each of its tensors where ``p`` is (``F.to_where``): a state made before its
+        parameter moved (Adagrad's, made with the optimizer, before ``model.to_global(...)``
+        or a pipeline's ``stage_ranks=`` moved the model) follows it."""
         st = self.state.get(p)
         if st is None:
             st = self.state[p] = {}
         self._fill(p, group, st)
+        for name, v in st.items():
+            if isinstance(v, Tensor) and not F.is_where(v, p):
+                st[name] = F.to_where(v, p)
         return st
 
     def _fill(self, p, group: dict, state: dict) -> None:
