@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 import traceback
+import warnings
 
 
 class ActorflowError(Exception):
@@ -409,3 +410,13 @@ class DeadlockError(ActorflowError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.cycle))
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``note`` added to ``exc`` (``BaseException.add_note``, Python 3.11+; on 3.10, where
+    an error holds no notes, said as a RuntimeWarning): a second error met while the first
+    goes on."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        warnings.warn(note, RuntimeWarning, stacklevel=3)

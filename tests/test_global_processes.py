@@ -984,3 +984,40 @@ def test_a_put_reads_no_tensor_another_thread_is_writing():
             assert float(got.min()) == float(got.max()) == 2.0  # (all after the write)
         finally:
             ranks.close()
+
+
+@pytest.mark.parametrize("opt_name", ["Adam", "SGD", "Adagrad"])
+def test_an_optimizer_state_stays_on_its_parameters_ranks_after_the_block(opt_name):
+    """A model made global inside ``use_ranks("processes")`` and trained after the block:
+    each state tensor is made on the parameter's process ranks (not this thread's kind,
+    inline after the block), so it is where its parameter is and stays the same tensor
+    step after step, and a state loaded back lands there too."""
+    make = {
+        "Adam": lambda ps: af.optim.Adam(ps, lr=0.01),
+        "SGD": lambda ps: af.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.1),
+        "Adagrad": lambda ps: af.optim.Adagrad(ps, lr=0.1),
+    }[opt_name]
+    af.manual_seed(0)
+    m = af.nn.Linear(4, 2)
+    with use_ranks("processes"):
+        m.to_global(af.placement("cpu", ranks=[0]))
+    opt = make(m.parameters())
+    w = m.weight
+    x = af.tensor(np.ones((3, 4), np.float32)).to_global(w.placement, af.sbp.broadcast)
+
+    def tensors():
+        return {k: v for k, v in opt.state.get(w, {}).items() if isinstance(v, af.Tensor)}
+
+    seen = None
+    for _ in range(3):
+        opt.zero_grad()
+        m(x).sum().backward()
+        opt.step()
+        now = tensors()
+        assert now and all(isinstance(v._impl.blob.ranks, ProcessRanks) for v in now.values())
+        assert all(af.functional.is_where(v, w) for v in now.values())
+        if seen is not None:
+            assert all(now[k] is v for k, v in seen.items())  # (not moved again)
+        seen = now
+    opt.load_state_dict(opt.state_dict())
+    assert all(isinstance(v._impl.blob.ranks, ProcessRanks) for v in tensors().values())

@@ -197,6 +197,54 @@ def test_constants_fold_and_dead_values_drop(monkeypatch):
     assert results[True].tobytes() == results[False].tobytes() == (x * (a + b)).tobytes()
 
 
+def test_an_output_copied_from_one_kernels_value_is_written_by_that_kernel(monkeypatch):
+    """A copy into an output of a value one kernel makes and nothing else reads (autograd
+    copies a weight's first gradient so that ``.grad`` owns its storage) is dropped: the
+    kernel writes the output itself. Not where a kernel after it reads an input (an
+    output's array may be an input's), nor where another step reads the value. The same
+    bits as the program run op by op in each case."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 5)).astype(np.float32)
+    i0, i1 = ("in", 0, 0, None), ("in", 1, 0, None)
+    t0, o0, o1 = ("tmp", 0, 0, None), ("out", 0, 0, None), ("out", 1, 0, None)
+    cases = {  # name: (steps, outputs' shapes, copies dropped into an output)
+        "direct": ([_step("matmul", [i0, i1], [t0]), _step("copy", [t0], [o0])], [(4, 5)], 1),
+        "an input read after": (
+            [
+                _step("matmul", [i0, i1], [t0]),
+                _step("neg", [i0], [o1]),
+                _step("copy", [t0], [o0]),
+            ],
+            [(4, 5), (4, 3)],
+            0,
+        ),
+        "the value read again": (
+            [
+                _step("matmul", [i0, i1], [t0]),
+                _step("copy", [t0], [o0]),
+                _step("exp", [t0], [o1]),
+            ],
+            [(4, 5), (4, 5)],
+            0,
+        ),
+    }
+    for name, (steps, shapes, direct) in cases.items():
+        got = {}
+        for on in (True, False):
+            monkeypatch.setattr(tc, "ENABLED", on)
+            spec = PieceSpec(0, [_cpu(sh) for sh in shapes])
+            p = Program(list(steps), spec, [_cpu((4, 5))], [], [])
+            p.compile()
+            if on:
+                assert p.compiled.outputs_direct == direct, name
+                assert len(p.compiled.instrs) == len(steps) - direct, name
+            got[on] = [a.tobytes() for a in p.run_new([[x], [w]])]
+            assert p.steps == steps  # (the program's own steps as recorded)
+        assert got[True] == got[False], name
+        assert got[True][0] == (x @ w).tobytes(), name
+
+
 def test_a_compiled_program_holds_none_of_a_runs_arrays_after_it(monkeypatch):
     """The arrays a run gives the kernels (inputs, outputs: set per run) are let go once it
     ends, also when a kernel raised: a program does not keep a batch's input alive until

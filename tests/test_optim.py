@@ -489,3 +489,38 @@ def test_a_flag_state_is_made_and_loaded_on_its_parameters_device(cuda):
             assert opt.state[p]["started"].device == p.device
         runs[dev] = p.numpy()
     assert np.array_equal(runs["cpu"], runs["cuda:0"])
+
+
+def test_settle_waits_for_every_pending_step_and_raises_the_first_error():
+    """``Optimizer._settle``: every pending wait (a pipeline's step running elsewhere) is
+    waited for, the first error raised once all were, the later ones in its notes; the
+    asking pipeline's own is left pending; a Ctrl-C keeps the waits not reached yet."""
+    opt = af.optim.SGD([af.nn.Parameter(af.zeros(2))], lr=0.1)
+    calls = []
+
+    class Pipe:
+        def __init__(self, name, error=None):
+            self.name, self.error = name, error
+
+        def stepped(self):
+            calls.append(self.name)
+            opt._waiting(self.stepped, False)
+            if self.error is not None:
+                raise self.error
+
+    a, b, c = Pipe("a", RuntimeError("a failed")), Pipe("b", ValueError("b failed")), Pipe("c")
+    for p in (a, b, c):
+        opt._waiting(p.stepped, True)
+    with pytest.raises(RuntimeError, match="a failed") as e:
+        opt._settle(c.stepped)
+    assert calls == ["a", "b"] and "b failed" in "".join(e.value.__notes__)
+    assert [w() for w in opt._waits] == [c.stepped]  # (the asking pipeline's own)
+    d = Pipe("d", KeyboardInterrupt())
+    opt._waiting(d.stepped, True)
+    opt._waiting(a.stepped, True)
+    a.error = None
+    with pytest.raises(KeyboardInterrupt):
+        opt._settle()
+    assert [w() for w in opt._waits] == [a.stepped]  # (c waited for, d raised, a kept)
+    opt._settle()
+    assert calls == ["a", "b", "c", "d", "a"] and opt._waits == ()

@@ -2584,8 +2584,8 @@ def test_two_pipelines_sharing_an_optimizer_wait_for_each_others_steps():
         assert all(st["step"] == 1 for st in opt.state_dict()["state"].values())
         got.append(float(other.step(*b[2])))
         got.append(float(a.step(*b[3])))
-        # both pipelines' steps pending: the state read waits for both
-        assert len(opt._waits) == 1  # (a's; other's was checked by a's batch)
+        # a's step pending (other's was checked by a's batch): the state read waits
+        assert len(opt._waits) == 1
         saved = opt.state_dict()
         assert opt._waits == ()
         assert all(st["step"] == 3 for st in saved["state"].values())
@@ -2595,5 +2595,32 @@ def test_two_pipelines_sharing_an_optimizer_wait_for_each_others_steps():
         _same_state(saved, ref_opt.state_dict())
     finally:
         ref.pipelined.close()
+        other.pipelined.close()
+        a.pipelined.close()
+
+
+@processes
+def test_closing_a_pipeline_waits_for_another_ones_step_and_brings_the_state_back():
+    """``close()`` waits for every pending step of its optimizers, another pipeline's
+    too, before it reads their state: that one's error is raised once the stages and the
+    optimizer's state are back here (it used to escape halfway, the state left global on
+    workers nothing would end)."""
+    b = data(2)
+    stages = stages_of(2)
+    opt = RefusingAdam(params_of(stages), lr=1e-2)
+    a = LossPipe(stages, opt, micro_batches=2, stage_ranks="processes")
+    other = LossPipe(stages, opt, micro_batches=2)
+    try:
+        a.step(*b[0])
+        opt.refuse = True
+        other.step(*b[1])  # (its step sent to the workers, where it fails)
+        opt.refuse = False
+        with pytest.raises(ActorError, match="update refused"):
+            a.pipelined.close()
+        assert not any(p.is_global for p in params_of(stages))
+        state = [v for st in opt.state.values() for v in st.values() if isinstance(v, af.Tensor)]
+        assert state and not any(v.is_global for v in state)
+        assert all(st["step"] == 1 for st in opt.state_dict()["state"].values())
+    finally:
         other.pipelined.close()
         a.pipelined.close()

@@ -127,17 +127,23 @@ def to_where(input: Tensor, other: Tensor) -> Tensor:
     """``input`` where ``other`` is (``input`` itself when it is there already): on its
     device; for a global ``other``, laid out as it on its placement and held by the same
     ranks (a 0-d ``input`` broadcast, having no dim to split; a global ``input`` on another
-    placement or other ranks brought here whole first). What an optimizer's state tensor
-    is made to be for its parameter."""
+    placement or other ranks brought here whole first; made on ``other``'s kind of ranks,
+    whatever this thread's is). What an optimizer's state tensor is made to be for its
+    parameter."""
+    from ..parallel.ranks import ranks_here
     from ..sbp import broadcast, layout
 
     x = tensor_arg("to", input)
     if is_where(x, other):
         return input
     whole = to_device(x, "cpu") if x.is_global else x
-    if other.is_global and whole.ndim == 0:
-        return to_device(whole, layout(other.placement, (broadcast,)))
-    return to_device(whole, other.device)
+    if not other.is_global:
+        return to_device(whole, other.device)
+    ranks: Any = other._impl.blob.ranks  # type: ignore[attr-defined]  # (a GlobalBlob's)
+    with ranks_here(ranks.kind):  # (made there: ranks_of(placement) under that kind)
+        if whole.ndim == 0:
+            return to_device(whole, layout(other.placement, (broadcast,)))
+        return to_device(whole, other.device)
 
 
 def is_where(input: Tensor, other: Tensor) -> bool:

@@ -371,8 +371,9 @@ class PipelineStep:
         stages = self.stages
         n = len(stages)
         for o in self.graph._optimizers:  # (another pipeline's step of them: waited for, so
-            o._settle(self._stepped)  # the state and counts read below are its; this
-        #                              one's own is checked after the batch's commands)
+            o._settle(self._stepped)  # the state and counts read below are its; this one's
+        #                              own is checked below, after the batch's commands where
+        #                              the workers run it)
         direct = (
             self.loss is not None
             and memory is None
@@ -805,10 +806,14 @@ class PipelineStep:
         again with ``Module.to_global``)."""
         name = type(self.graph).__name__
         failed = None
-        try:
-            self._stepped()  # (the last batch's step in the workers: its error raised last)
-        except Exception as e:  # noqa: BLE001 - raised once the stages are back
-            failed = e
+        # the last batch's step in the workers, and any other pipeline's of the same
+        # optimizers, waited for before their state is read; the first error raised last
+        for settle in [self._stepped] + [o._settle for o in self.graph._optimizers]:
+            try:
+                settle()
+            except Exception as e:  # noqa: BLE001 - raised once the stages are back
+                if failed is None:
+                    failed = e
         if not self._placed:
             if failed is not None:
                 raise failed

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .. import functional as F
 from ..autograd import no_grad, zero_grad
 from ..creation import tensor
+from ..errors import add_note
 from ..tensor.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -130,19 +131,25 @@ class Optimizer:
         ``state_dict``, ``load_state_dict``, another pipeline's batch). ``mine``: the wait
         of the pipeline asking (a bound method), left pending: it checks its own step at
         its next batch."""
-        pending = [w() for w in self._waits]
+        waits = self._waits
+        pending = [w() for w in waits]
         self._waits = tuple(
-            w for w, f in zip(self._waits, pending, strict=True) if f is not None and f == mine
+            w for w, f in zip(waits, pending, strict=True) if f is not None and f == mine
         )
         first = None
-        for settle in pending:
+        for k, settle in enumerate(pending):
             if settle is None or settle == mine:
                 continue
             try:
                 settle()
-            except BaseException as e:  # noqa: BLE001 - raised below, once all are waited for
+            except Exception as e:  # noqa: BLE001 - raised below, once all are waited for
                 if first is None:
                     first = e
+                else:
+                    add_note(first, f"another pipeline's step failed too: {e!r}")
+            except BaseException:  # (Ctrl-C: the steps not waited for yet are kept)
+                self._waits += tuple(waits[k + 1 :])
+                raise
         if first is not None:
             raise first
 

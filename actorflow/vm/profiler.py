@@ -41,11 +41,11 @@ import itertools
 import os
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Literal
 
 from ..backends import loaded_backends
+from ..errors import add_note
 from .instruction import OP_CALL, RELEASE
 from .opcall import device_call_op, run_op
 from .profile_events import build_trace, summary_table
@@ -348,10 +348,7 @@ class Profile:
                 )
                 if exc is None:
                     raise err from e
-                if hasattr(exc, "add_note"):  # the block's own error goes on (Python
-                    exc.add_note(str(err))  # 3.11+ keeps the note; on 3.10, said here)
-                else:
-                    warnings.warn(str(err), RuntimeWarning, stacklevel=2)
+                add_note(exc, str(err))  # (the block's own error goes on)
         return False
 
     def events(self) -> list:
