@@ -524,3 +524,13 @@ def test_settle_waits_for_every_pending_step_and_raises_the_first_error():
     assert [w() for w in opt._waits] == [a.stepped]  # (c waited for, d raised, a kept)
     opt._settle()
     assert calls == ["a", "b", "c", "d", "a"] and opt._waits == ()
+    # an error, then Ctrl-C: the error noted on it; the asking pipeline's own wait kept once
+    a.error, b.error = ValueError("a failed again"), KeyboardInterrupt()
+    for p in (a, b, c, d):
+        opt._waiting(p.stepped, True)
+    d.error = None
+    with pytest.raises(KeyboardInterrupt) as e:
+        opt._settle(c.stepped)
+    if hasattr(e.value, "__notes__"):  # (Python 3.11+)
+        assert "a failed again" in "".join(e.value.__notes__)
+    assert [w() for w in opt._waits] == [c.stepped, d.stepped]

@@ -147,8 +147,11 @@ class Optimizer:
                     first = e
                 else:
                     add_note(first, f"another pipeline's step failed too: {e!r}")
-            except BaseException:  # (Ctrl-C: the steps not waited for yet are kept)
-                self._waits += tuple(waits[k + 1 :])
+            except BaseException as stop:  # (Ctrl-C: the steps not waited for yet are kept)
+                rest = zip(waits[k + 1 :], pending[k + 1 :], strict=True)
+                self._waits += tuple(w for w, f in rest if f is not None and f != mine)
+                if first is not None:
+                    add_note(stop, f"another pipeline's step had failed: {first!r}")
                 raise
         if first is not None:
             raise first
