@@ -461,8 +461,7 @@ class PipelineStep:
         bounds = tuple(int(b) for b in bounds)
         got = None
         try:
-            for w in workers:
-                w.begin()
+            seeds = [w.begin(start=False) for w in workers]  # (each started by its _run)
             got = stage_steps(workers, self.graph._optimizers)
             reports = run_batch(
                 workers,
@@ -473,6 +472,7 @@ class PipelineStep:
                 bounds,
                 self.buffers,
                 self._rest,
+                seeds,
                 got is not None,
             )
             self._stepped()  # (the last batch's step, run before this one: its error)

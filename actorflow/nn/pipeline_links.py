@@ -254,6 +254,7 @@ def _run(
     in_ids: tuple,
     structure: Any,
     keep: bool,
+    seed: int,
     outs: list,
 ) -> None:
     """Stage ``key``'s part of batch number ``batch`` (micro-batch j: rows ``bounds[j]``
@@ -261,8 +262,12 @@ def _run(
     keys of its ends to the previous and the next stage (0: none), ``slots`` their rings'
     slots; ``in_ids``: the batch's input rows (stage 0) and targets (the last stage).
     ``keep``: the gradients kept for the optimizers' step this worker is sent next
-    (``_step``), else handed over (``outs[1:]``).
+    (``_step``), else handed over (``outs[1:]``). ``seed``: what the batch's random ops
+    draw from (the stage begun first: ``pipeline_ranks._start``).
     ``outs[0]``: the report (``report``)."""
+    from .pipeline_ranks import _start
+
+    _start(ex, key, seed, [])
     ends = [ex.kept.get(i) if i else None for i in links]
     try:
         if any(i and e is None for i, e in zip(links, ends, strict=True)):
@@ -787,9 +792,11 @@ def run_batch(
     bounds: tuple,
     buffers: list,
     structure: Any,
+    seeds: list,
     keep: bool = False,
 ) -> list:
-    """One batch in the workers of ``stages`` (their ``RankStage``s, each begun): returns
+    """One batch in the workers of ``stages`` (their ``RankStage``s, each begun with
+    ``start=False``: ``seeds``, what each one's ``_run`` starts the batch with): returns
     each stage's ``read_report`` and the parts its parameters' gradients are in (made where
     the report says so; none with ``keep``: the workers keep them for their optimizers'
     step, ``_step``). Raises the first stage's error that is not a ``Stopped``
@@ -812,7 +819,17 @@ def run_batch(
             parts, made, marks = _holding(
                 [r.lock for r in ranks],
                 lambda: _issue(
-                    stages, links, batch, bounds, buffers, puts, structure, keep, budget, issued
+                    stages,
+                    links,
+                    batch,
+                    bounds,
+                    buffers,
+                    puts,
+                    structure,
+                    seeds,
+                    keep,
+                    budget,
+                    issued,
                 ),
             )
     except BaseException:
@@ -894,6 +911,7 @@ def _issue(
     buffers: list,
     puts: list,
     structure: Any,
+    seeds: list,
     keep: bool,
     budget: float,
     issued: list,
@@ -914,7 +932,18 @@ def _issue(
         part, *grads = w.ranks.call_fn(
             0,
             _run,
-            (w.key, batch, bounds, buffers[i], ends[i], slots, tuple(puts[i]), structure, keep),
+            (
+                w.key,
+                batch,
+                bounds,
+                buffers[i],
+                ends[i],
+                slots,
+                tuple(puts[i]),
+                structure,
+                keep,
+                seeds[i],
+            ),
             (float64, *handed),
         )
         issued.append((w.ranks, part))

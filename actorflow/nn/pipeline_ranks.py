@@ -359,12 +359,14 @@ class RankStage:
         m = self.module
         return list(m.parameters()) + list(m.buffers())
 
-    def begin(self) -> None:
+    def begin(self, start: bool = True) -> int:
         """Before a batch: the module defined in the worker where it is not there as it is
         here (the module pickled again each batch with the constants its classes' methods
         read, ``_shared``, and sent again where the bytes differ: an attribute, a layer, a
         mode, a frozen parameter, a parameter's part, a class attribute changed),
-        what the worker kept of the last batch cleared, its random ops seeded."""
+        what the worker kept of the last batch cleared, its random ops seeded (``_start``;
+        with ``start`` False, by the command that runs the batch: given the seed this
+        returns, as ``pipeline_links._run`` is)."""
         from ..creation import spawned_seed
         from ..dtype import float32
         from ..parallel.interpreter import parts_of
@@ -381,7 +383,10 @@ class RankStage:
                 0, _define, (blob, self.index, label, passes_on), (float32,)
             )  # (the one before dropped with its handle: the worker forgets that module)
             self._defined = state
-        self.ranks.call_fn(0, _start, (self.key, spawned_seed()), ())
+        seed = spawned_seed()
+        if start:
+            self.ranks.call_fn(0, _start, (self.key, seed), ())
+        return seed
 
     def clear(self) -> None:
         """After a failed batch: the worker lets go of its graphs and gradients."""
