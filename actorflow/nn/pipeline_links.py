@@ -76,13 +76,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import functional as F
 from ..creation import from_numpy
 from ..errors import ActorError
 from ..parallel import workers as W
 from ..runtime.plan.spec import unflatten
 from ..tensor.tensor import Tensor
-from .pipeline_ranks import _kept, _raise, handed_over
+from .pipeline_ranks import _kept, _raise, _start, handed_over, part_view
 
 FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
 STEP_IN_WORKERS = True  # False: this process steps the optimizers (``stage_steps``)
@@ -265,11 +264,9 @@ def _run(
     (``_step``), else handed over (``outs[1:]``). ``seed``: what the batch's random ops
     draw from (the stage begun first: ``pipeline_ranks._start``).
     ``outs[0]``: the report (``report``)."""
-    from .pipeline_ranks import _start
-
-    _start(ex, key, seed, [])
     ends = [ex.kept.get(i) if i else None for i in links]
-    try:
+    try:  # (a start that fails tells the neighbours too)
+        _start(ex, key, seed, [])
         if any(i and e is None for i, e in zip(links, ends, strict=True)):
             raise RuntimeError("a link of this stage's worker is gone")
         _loop(ex, key, batch, bounds, k, ends, slots, in_ids, structure, keep, outs)
@@ -408,7 +405,6 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
     ``outs[0]``: the counts after the step, in ``steps``' order (checked against what this
     process counted: ``counted``). A step that raises leaves the parameters and their
     state as they were."""
-    from .pipeline_ranks import part_view
     from .stage_programs import StageStep
 
     st = _kept(ex, key)
@@ -615,7 +611,7 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
     module's name and its name there) or with attributes that are not plain data
     (numbers, strings, and tuples, lists and dicts of them; its ``caches`` left out), one
     holding a parameter that is in no stage, or a state value that is neither a
-    tensor on its parameter's placement nor a count."""
+    tensor nor a count."""
     from ..autograd import no_grad
     from ..parallel.interpreter import parts_of
 
@@ -657,7 +653,7 @@ def stage_steps(stages: list, optimizers: list) -> tuple | None:
                             v = st[name] = int(v.item() if isinstance(v, Tensor) else v)
                             entries[name] = ("value", v)
                             counts.append((i, k, st, name))
-                        elif isinstance(v, Tensor) and F.is_where(v, p):
+                        elif isinstance(v, Tensor):  # (where p is: _state puts it there)
                             entries[name] = ("part", parts_of(v._impl)[0].id)
                         else:
                             forget_fresh(fresh)
