@@ -68,7 +68,9 @@ workers pass activations and gradients to each other through shared memory
 (``nn/pipeline_links.py``). The rows of every M share the two workers. Each actorflow
 pipeline row also prints the micro-batches each stage held for
 backward at most against its registers (the plan's bound, ``n - i``) and each stage's peak
-of saved activation bytes (for stages on process ranks, measured in their workers).
+of saved activation bytes (for stages on process ranks, measured in their workers); the
+``loss=`` rows also the weights parts each stage held waiting at most (its weights actor's
+registers: zero-bubble's B/W split, ``WEIGHT_SLOTS``) and their peak bytes.
 
 The theory column is GPipe's bubble fraction ``(k-1)/(m+k-1)`` and the ideal speedup with
 it, ``k m / (m+k-1)``; a measured row's idle fraction is ``1 - speedup / k`` (all it loses:
@@ -985,6 +987,8 @@ def actorflow_pipeline(
             "stage_peak_held": list(p.peak_held),
             "stage_registers": list(p.buffers),
             "stage_peak_saved_bytes": list(p.peak_saved_bytes),
+            "stage_peak_weights_held": list(p.peak_weights_held),
+            "stage_peak_weights_bytes": list(p.peak_weights_bytes),
         }
 
     reset()
@@ -1183,6 +1187,14 @@ class WorkerContention(harness.CpuContention):
 def bubble(m: int, k: int = RANKS) -> float:
     """GPipe's bubble fraction for ``k`` stages and ``m`` micro-batches."""
     return (k - 1) / (m + k - 1)
+
+
+def pipeline_weight_slots(n: int) -> str:
+    """The registers of each stage's weights actor where the workers run the batch: none
+    for stage 0 (its input gets no gradient: its backward is its weights' part)."""
+    from actorflow.nn.pipeline_links import WEIGHT_SLOTS
+
+    return " / ".join(["0"] + [str(WEIGHT_SLOTS)] * (n - 1))
 
 
 def verdict(met) -> str:
@@ -1399,6 +1411,13 @@ def main(argv=None) -> int:
                     f"  {n} (best run): micro-batches held for backward "
                     f"{' / '.join(map(str, held))} (registers {' / '.join(map(str, regs))}), "
                     f"peak saved {' / '.join(f'{b / 2**20:.1f}' for b in saved)} MiB"
+                )
+            if any(s.get("stage_peak_weights_held") or ()):  # (the workers' weights actors)
+                wh, wb = s["stage_peak_weights_held"], s["stage_peak_weights_bytes"]
+                print(
+                    f"  {n} (best run): weights parts waiting at most {' / '.join(map(str, wh))} "
+                    f"(registers {pipeline_weight_slots(len(wh))}), holding "
+                    f"{' / '.join(f'{b / 2**20:.2f}' for b in wb)} MiB"
                 )
             if s.get("stage_waited_fraction"):
                 w0, w1 = s["stage_waited_fraction"]

@@ -16,6 +16,7 @@ import pytest
 import actorflow as af
 from actorflow import nn, optim
 from actorflow.errors import ActorError, PlanError
+from actorflow.nn import pipeline_links
 from test_global_training import _cnn
 
 WIDTHS = [8, 16, 12, 3]  # stage i: Linear(WIDTHS[i], WIDTHS[i+1]) (+ Tanh but the last)
@@ -101,7 +102,7 @@ def held_counts(acts, n):
     order of acts."""
     peak, now = [0] * n, [0] * n
     for s, kind, _ in acts:
-        now[s] += 1 if kind == "F" else -1
+        now[s] += {"F": 1, "B": -1}.get(kind, 0)  # (a weights act "W": nothing held)
         peak[s] = max(peak[s], now[s])
     return peak
 
@@ -1569,15 +1570,25 @@ def with_dropout(stages):
     return stages
 
 
-def check_acts(acts, n, m, buffers):
+def check_acts(acts, n, m, buffers, weights=False):
     """Each stage's acts are its forwards and backwards in micro-batch order, each backward
     after its forward, never more micro-batches held than its registers (the last stage:
-    its forward then its backward, one act)."""
+    its forward then its backward, one act). Where the workers run the batch
+    (``weights``), each stage whose input gets a gradient (all but stage 0) has a weights
+    act per micro-batch too: in micro-batch order, each after its backward, never more
+    than WEIGHT_SLOTS waiting."""
     for i, mine in enumerate(per_stage(acts, n)):
         assert [a for a in mine if a[0] == "F"] == [f"F{j}" for j in range(m)], (i, mine)
         assert [a for a in mine if a[0] == "B"] == [f"B{j}" for j in range(m)], (i, mine)
         if i == n - 1:
-            assert mine == [f"{k}{j}" for j in range(m) for k in "FB"], mine
+            fb = [a for a in mine if a[0] != "W"]
+            assert fb == [f"{k}{j}" for j in range(m) for k in "FB"], mine
+        ws = [a for a in mine if a[0] == "W"]
+        assert ws == ([f"W{j}" for j in range(m)] if weights and i > 0 else []), (i, mine)
+        waiting = 0
+        for a in mine:
+            waiting += {"B": int(weights and i > 0), "W": -1}.get(a[0], 0)
+            assert 0 <= waiting <= pipeline_links.WEIGHT_SLOTS, (i, mine)
     counted = held_counts(acts, n)
     assert all(c <= min(buffers[i], m) for i, c in enumerate(counted)), counted
 
@@ -1594,6 +1605,57 @@ def test_loss_given_trains_as_build_does_on_threads(loss):
     for p, q in zip(params_of(a), params_of(b), strict=True):
         assert np.array_equal(p.numpy(), q.numpy())
     check_acts(gb.pipelined.acts, 3, 4, [3, 2, 1])
+
+
+def _weights_plan(stage, rows, m):
+    """The bytes the weights part of a last stage with the MSE loss holds while it waits,
+    for micro-batches of ``rows`` rows: the plan of its programs compiled here."""
+    from actorflow.nn.stage_programs import StagePrograms
+
+    x = np.zeros((rows, WIDTHS[2]), np.float32)
+    y = np.zeros((rows, WIDTHS[3]), np.float32)
+    acts = StagePrograms(stage, "stage 1 of 2", 1).of(x, [y], True, nn.MSELoss(), 1.0 / m)
+    assert acts.first.weights_bytes == acts.later.weights_bytes
+    return acts.first.weights_bytes
+
+
+def test_a_stages_weights_parts_wait_in_two_registers_and_train_as_at_once():
+    """Where the workers run the batch, a stage whose input gets a gradient sends it back
+    before computing its parameters' gradients; that part waits in the registers of the
+    stage's weights actor (zero-bubble pipelines' B/W split) and runs where nothing else
+    is ready, at the batch's end at the latest, in piece order: the gradients accumulate
+    as when each backward act computes them at once (stages driven from here), bit for bit.
+    Never more than two wait, and their bytes are the plan's: what the part reads."""
+    m, rows = 4, 16
+    batches = data(2, rows=rows)
+    a, b = (
+        [s0, nn.Sequential(Busy(100), s1)] for s0, s1 in (stages_of(2), stages_of(2))
+    )  # (stage 1's acts ~30 ms each: stage 0's next forward, microseconds, is there first)
+    kw = dict(micro_batches=m, stage_ranks="processes")
+    ga = Pipe(a, optim.SGD(params_of(a), lr=0.1, momentum=0.9), **kw)
+    gb = LossPipe(b, optim.SGD(params_of(b), lr=0.1, momentum=0.9), **kw)
+    try:
+        want = [float(v) for v in ga.run(batches)]
+        got = [float(v) for v in gb.run(batches)]
+        assert got == want
+        for p, q in zip(params_of(a), params_of(b), strict=True):
+            assert np.array_equal(p.numpy(), q.numpy())
+        p = gb.pipelined
+        check_acts(p.acts, 2, m, [2, 1], weights=True)
+        mine = per_stage(p.acts, 2)[1]
+        # a part waited: micro-batch j's weights ran after micro-batch j+1's act
+        assert any(mine.index(f"W{j}") > mine.index(f"F{j + 1}") for j in range(m - 1)), mine
+        assert mine[-1] == f"W{m - 1}"  # (the batch's last act leaves one, run at its end)
+        assert p.peak_weights_held[0] == 0  # (stage 0: no input gradient, nothing to split)
+        assert 1 <= p.peak_weights_held[1] <= pipeline_links.WEIGHT_SLOTS
+        # what a part holds: what the plan says it reads (the stage compiled here), at
+        # least the Linear's input and its output's gradient
+        plan = _weights_plan(nn.Sequential(Busy(1), stages_of(2)[1]), rows // m, m)
+        assert plan >= (rows // m) * (WIDTHS[2] + WIDTHS[3]) * 4
+        assert p.peak_weights_bytes == [0, p.peak_weights_held[1] * plan]
+    finally:
+        ga.pipelined.close()
+        gb.pipelined.close()
 
 
 def test_loss_given_is_checked():
@@ -1651,7 +1713,7 @@ def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_pat
             for i in range(n):
                 assert p.peak_saved_bytes[i] * a_held[i] == a_bytes[i] * p.peak_held[i], i
         regs = buffers or [n - i for i in range(n)]
-        check_acts(p.acts, n, m, regs)
+        check_acts(p.acts, n, m, regs, weights=True)
         counted = held_counts(p.acts, n)  # (the last batch's; peak_held: the run's)
         assert all(
             c <= h <= min(regs[i], m)
@@ -1662,9 +1724,10 @@ def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_pat
         evs = json.loads((tmp_path / "run.2.json").read_text())["traceEvents"]
         tracks = {e["tid"]: e["args"]["name"] for e in evs if e["name"] == "thread_name"}
         want = [f"stage{i}.{k}" for i in range(n - 1) for k in ("backward", "forward")]
-        assert sorted(tracks.values()) == want + [f"stage{n - 1}.forward_backward"]
+        want += [f"stage{n - 1}.forward_backward"] + [f"stage{i}.weights" for i in range(1, n)]
+        assert sorted(tracks.values()) == sorted(want)
         acts = [e for e in evs if e["ph"] == "X" and e["cat"] == "act"]
-        assert len(acts) == 2 * m * (n - 1) + m
+        assert len(acts) == 2 * m * (n - 1) + m + m * (n - 1)  # (a weights act: all but 0)
         assert all(e["dur"] > 0 and e["ts"] >= 0 for e in acts)
         assert all(tracks[e["tid"]] == e["name"] for e in acts)
         from_trace = []
@@ -1672,7 +1735,7 @@ def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_pat
             s, kind = int(e["name"][5]), e["name"].split(".")[1]
             from_trace += [
                 (s, k, e["args"]["piece"])
-                for k in {"forward": "F", "backward": "B"}.get(kind, "FB")
+                for k in {"forward": "F", "backward": "B", "weights": "W"}.get(kind, "FB")
             ]
         assert from_trace == p.acts
         for i in range(n):  # (a stage's acts and waits do not overlap: one thread runs them)
@@ -1957,7 +2020,6 @@ def test_a_slow_batch_of_the_workers_is_waited_for(monkeypatch):
 def test_a_batch_given_up_with_ctrl_c_leaves_the_next_one_right(monkeypatch):
     """Ctrl-C while this process waits for the workers' reports raises at once; the
     workers end that batch by themselves, and the next batch trains as if it never ran."""
-    from actorflow.nn import pipeline_links
 
     def pipe():
         stages = [nn.Sequential(Busy(10), s) for s in stages_of(3)]
@@ -2021,8 +2083,6 @@ def test_a_batch_given_up_with_ctrl_c_leaves_the_next_one_right(monkeypatch):
 def test_a_worker_killed_in_the_middle_of_the_batch_is_its_stages_error(victim, monkeypatch):
     import os
     import signal
-
-    from actorflow.nn import pipeline_links
 
     stages = [nn.Sequential(Busy(20), s) for s in stages_of(3)]
     g = LossPipe(
@@ -2112,7 +2172,6 @@ def test_an_error_while_a_batch_is_sent_takes_back_what_was_not_sent(monkeypatch
     """A batch whose commands could not all be sent takes back those kept (a stage's
     command without its neighbours' would wait for them): the next batch runs at once,
     and no worker is left marked busy."""
-    from actorflow.nn import pipeline_links
     from actorflow.parallel.ranks import ProcessRanks
 
     stages = stages_of(2)
@@ -2256,8 +2315,6 @@ def test_the_workers_step_the_optimizers_as_this_process_does(kind, monkeypatch)
     parameters once every report is read: the same losses, parameters and optimizer state
     bit for bit as this process stepping them (``STEP_IN_WORKERS = False``), schedules
     read per batch; a parameter without a gradient (frozen, or unused) gets no state."""
-    from actorflow.nn import pipeline_links
-
     batches = data(4)
     runs = {}
     sent = []
@@ -2320,8 +2377,6 @@ def test_an_optimizer_with_its_own_step_is_stepped_here():
     for p, q in zip(params_of(ref), params_of(stages), strict=True):
         np.testing.assert_allclose(q.numpy(), p.numpy(), rtol=1e-5, atol=1e-6)
     # an attribute that is not plain data (a worker is given plain data only): here too
-    from actorflow.nn import pipeline_links
-
     stages = stages_of(2)
     opt = optim.SGD(params_of(stages), lr=0.1, momentum=0.9)
     opt.note = lambda: None
@@ -2414,7 +2469,6 @@ def test_what_the_workers_cannot_step_is_stepped_here_and_caches_stay_here():
     """An optimizer class made inside a function (a worker cannot load it by name) is
     stepped here; an optimizer's private caches (Adam's bias corrections, tensors) are
     not sent, and it is stepped in the workers."""
-    from actorflow.nn import pipeline_links
 
     class Local(optim.SGD):
         pass
@@ -2457,7 +2511,6 @@ def test_a_batch_whose_steps_cannot_all_be_sent_steps_none(monkeypatch, tmp_path
     """Where issuing a stage's step fails (its ranks gone), the steps issued before it
     are taken back: no stage steps, nothing is left asked; a trace that cannot be written
     fails the call after the batch trained."""
-    from actorflow.nn import pipeline_links
     from actorflow.parallel.ranks import ProcessRanks
 
     b = data(2)

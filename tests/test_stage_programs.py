@@ -92,6 +92,14 @@ def eager_stage(stage, xs, gs):
     )
 
 
+def backward_now(sp, prog, g, kept, send=None):
+    """A backward act with its weights part run at once: the input's gradient."""
+    gx, left = sp.backward(prog, g, kept, send)
+    if left is not None:
+        sp.weights(left)
+    return gx
+
+
 @pytest.mark.parametrize("bn", [False, True], ids=["linear-relu", "batch-norm"])
 def test_a_stages_compiled_acts_equal_eager_autograd_bit_for_bit(bn):
     rng = np.random.default_rng(1)
@@ -109,7 +117,7 @@ def test_a_stages_compiled_acts_equal_eager_autograd_bit_for_bit(bn):
         held.append((prog, saved))
     for j, (prog, kept) in enumerate(held):
         sent = []
-        assert np.array_equal(sp.backward(prog, gs[j], kept, sent.append), want_x[j])
+        assert np.array_equal(backward_now(sp, prog, gs[j], kept, sent.append), want_x[j])
         assert len(sent) == 1 and sent[0] is not None
     sp.take_grads()
     for p, w in zip(stage.parameters(), want_p, strict=True):
@@ -152,8 +160,9 @@ def test_the_last_stage_with_its_loss_equals_eager_and_sends_its_input_gradient_
     prog = sp.of(x, [y], True, nn.CrossEntropyLoss(), 0.5)
     assert len(prog.first.parts) == 2  # (forward, loss and the input's gradient; the weights')
     sent = []
-    value, gx = sp.last(prog, x, [y], 0, sent.append)
-    assert sent[0] is gx
+    value, gx, left = sp.last(prog, x, [y], 0, sent.append)
+    assert sent[0] is gx and not any(g is not None for g in sp.grads)  # (none yet)
+    sp.weights(left)
     sp.take_grads()
     assert value == float(loss.numpy()) and np.array_equal(gx, t.grad.numpy())
     for p, q in zip(ref.parameters(), stage.parameters(), strict=True):
@@ -178,7 +187,7 @@ def test_later_micro_batches_add_their_gradients_into_the_arrays_of_the_first(mo
     for j, (x, g) in enumerate(zip(xs, gs, strict=True)):
         prog = sp.of(x, [], True, None, 1.0)
         out, kept = sp.forward(prog, x, j)
-        assert np.array_equal(sp.backward(prog, g, kept), want_x[j])
+        assert np.array_equal(backward_now(sp, prog, g, kept), want_x[j])
         first = first or list(sp.grads)
     assert prog.later.into  # (the later form's weights' part: in place)
     assert all(a is b for a, b in zip(sp.grads, first, strict=True))
@@ -196,7 +205,7 @@ def test_a_later_act_that_fails_leaves_no_half_added_gradients():
     gs = [rng.standard_normal((4, 5)).astype(np.float32) for _ in range(2)]
     sp = StagePrograms(mlp_stage(), "stage 1 of 3", 1)
     prog = sp.of(xs[0], [], True, None, 1.0)
-    sp.backward(prog, gs[0], sp.forward(prog, xs[0], 0)[1])
+    backward_now(sp, prog, gs[0], sp.forward(prog, xs[0], 0)[1])
     assert all(g is not None for g in sp.grads) and prog.later.into
     last = prog.later.parts[2].compiled.instrs[-1].step
     kernel = last.kernel
@@ -208,7 +217,7 @@ def test_a_later_act_that_fails_leaves_no_half_added_gradients():
     try:
         kept = sp.forward(prog, xs[1], 1)[1]
         with pytest.raises(Exception, match="injected"):
-            sp.backward(prog, gs[1], kept)
+            backward_now(sp, prog, gs[1], kept)
     finally:
         last.kernel = kernel
     assert sp.grads == [None] * len(sp.params)
@@ -246,28 +255,37 @@ class Twice(nn.Module):
         return self.lin(af.tanh(self.lin(x)))
 
 
-def test_a_parameter_used_twice_accumulates_as_eager_does():
+@pytest.mark.parametrize("wait", [False, True], ids=["at-once", "weights-wait"])
+def test_a_parameter_used_twice_accumulates_as_eager_does(wait):
     """Eager backward adds each use's gradient into .grad as it comes (over micro-batches:
     ((a0 + b0) + a1) + b1); summing a micro-batch's two first, acc + (a1 + b1), rounds
     otherwise."""
-    acts_equal_eager(Twice, [4, 4, 4, 4], seed=4)
+    acts_equal_eager(Twice, [4, 4, 4, 4], seed=4, wait=wait)
 
 
-def acts_equal_eager(make, rows, seed):
+def acts_equal_eager(make, rows, seed, wait=False):
     """A stage made by ``make()`` on micro-batches of ``rows`` rows (a forward then a
     backward each, random inputs and output gradients): the input's gradients and the
     accumulated parameters' gradients of its compiled acts equal eager autograd's, bit
-    for bit (a parameter with none in both)."""
+    for bit (a parameter with none in both). ``wait``: every weights part runs after the
+    last backward, in piece order, as a stage's weights actor may run them."""
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal((r, 5)).astype(np.float32) for r in rows]
     gs = [rng.standard_normal((r, 5)).astype(np.float32) for r in rows]
     _, want_x, _ = eager_stage(ref := make(), xs, gs)
     stage = make()
     sp = StagePrograms(stage, "stage 1 of 3", 1)
+    left = []
     for j, (x, g) in enumerate(zip(xs, gs, strict=True)):
         prog = sp.of(x, [], True, None, 1.0)
         out, kept = sp.forward(prog, x, j)
-        assert np.array_equal(sp.backward(prog, g, kept), want_x[j])
+        gx, part = sp.backward(prog, g, kept)
+        assert np.array_equal(gx, want_x[j])
+        left.append(part)
+        if not wait:
+            sp.weights(left.pop())
+    for part in left:
+        sp.weights(part)
     sp.take_grads()
     for p, q in zip(ref.parameters(), stage.parameters(), strict=True):
         assert (p.grad is None) == (q.grad is None)
@@ -293,12 +311,15 @@ class Branch(nn.Module):
         return self.b(y) if x.shape[0] < 4 else y
 
 
+@pytest.mark.parametrize("wait", [False, True], ids=["at-once", "weights-wait"])
 @pytest.mark.parametrize("rows", [(4, 3, 3), (3, 4, 4)])
 @pytest.mark.parametrize("b_first", [True, False])
-def test_a_parameter_used_at_some_layouts_only_accumulates_as_eager_does(rows, b_first):
+def test_a_parameter_used_at_some_layouts_only_accumulates_as_eager_does(rows, b_first, wait):
     """Uneven micro-batches of a stage that uses a parameter only at some shapes: a later
-    micro-batch's form adds into the gradients so far, -0.0 for those it gives first."""
-    acts_equal_eager(lambda: Branch(b_first), rows, seed=6)
+    micro-batch's form adds into the gradients so far, -0.0 for those it gives first; its
+    form is chosen by the micro-batches before it, whether their weights parts ran yet or
+    wait (they run in piece order: each adds into what the one before left)."""
+    acts_equal_eager(lambda: Branch(b_first), rows, seed=6, wait=wait)
 
 
 class Masked(nn.Module):

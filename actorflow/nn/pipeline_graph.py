@@ -186,6 +186,7 @@ from .pipeline_links import (
     CREDIT,
     FORWARD,
     WAIT,
+    WEIGHTS,
     Links,
     StepsSent,
     counted,
@@ -208,11 +209,18 @@ class PipelineStep:
 
     Attributes, about the last ``step()`` or ``run()``:
         acts: ``[(stage, "F" or "B", micro-batch)]`` of the last batch, in the order the
-            acts started (the last stage's one act: its "F" then its "B").
+            acts started (the last stage's one act: its "F" then its "B"); where the
+            workers run the batch (``loss=`` on process ranks), a stage's weights acts
+            too, as ``(stage, "W", micro-batch)``.
         peak_held: per stage, the most micro-batches whose autograd graph it held at once.
         peak_saved_bytes: per stage, the most bytes of saved activations it held at once:
             the blobs the held autograd graphs keep for backward (the stage's input
             included, its parameters and buffers not).
+        peak_weights_held, peak_weights_bytes: where the workers run the batch, per stage,
+            the most weights parts it held waiting at once (at most ``WEIGHT_SLOTS``: the
+            registers of its weights actor, ``pipeline_links``) and the most bytes they
+            held (what each reads of its act: the plan's ``weights_bytes``); 0 elsewhere
+            (a weights part runs in its backward act there).
         sim_time: None, or ``(forward_s, backward_s)``: simulated seconds added to each
             forward and each backward act (ActorGraph's ``time=``; for experiments and
             tests: under ``af.testing.seeded`` they run on the virtual clock).
@@ -309,6 +317,8 @@ class PipelineStep:
         self.acts: list[tuple[int, str, int]] = []
         self.peak_held = [0] * n
         self.peak_saved_bytes = [0] * n
+        self.peak_weights_held = [0] * n
+        self.peak_weights_bytes = [0] * n
         self.actor_graph: ActorGraph | None = None
         self._lock = threading.Lock()
         self._fifos: list[deque] = [deque() for _ in range(n)]
@@ -350,6 +360,8 @@ class PipelineStep:
         n = len(self.stages)
         self.peak_held = [0] * n
         self.peak_saved_bytes = [0] * n
+        self.peak_weights_held = [0] * n
+        self.peak_weights_bytes = [0] * n
 
     def _batch(self, args: tuple, trace, memory) -> float:
         """One batch through the graph (a run of it), then the optimizers' steps; where the
@@ -478,7 +490,7 @@ class PipelineStep:
             self._stepped()  # (the last batch's step, run before this one: its error)
             if got is None:
                 for w, r in zip(workers, reports, strict=True):  # (the gradients each
-                    w.take_grads(r[5], r[4])  # stage accumulated, handed over by its RUN)
+                    w.take_grads(r[6], r[4])  # stage accumulated, handed over by its RUN)
         except BaseException as e:
             if got is not None:
                 forget_fresh(got[2])
@@ -491,16 +503,20 @@ class PipelineStep:
                 raise
             raise err from e
         timed = []
-        for i, (held, peak, _, acts, *_) in enumerate(reports):
+        for i, (held, peak, _, acts, _, (w_held, w_peak), _) in enumerate(reports):
             self.peak_held[i] = max(self.peak_held[i], held)
             self.peak_saved_bytes[i] = max(self.peak_saved_bytes[i], peak)
+            self.peak_weights_held[i] = max(self.peak_weights_held[i], w_held)
+            self.peak_weights_bytes[i] = max(self.peak_weights_bytes[i], w_peak)
             timed += [(start, i, kind, mb, end) for kind, mb, start, end in acts]
         timed.sort()
         last = len(self.stages) - 1
         for _, i, kind, mb, _ in timed:
             if kind == WAIT:
                 continue
-            if i == last:
+            if kind == WEIGHTS:
+                self.acts.append((i, "W", mb))
+            elif i == last:
                 self.acts += [(i, "F", mb), (i, "B", mb)]
             else:
                 self.acts.append((i, "F" if kind == FORWARD else "B", mb))
@@ -1252,8 +1268,9 @@ def _restore(kept: list) -> set:
 def _write_trace(path: Any, timed: list, last: int) -> None:
     """A batch's acts in the stages' workers as a timeline, a track per actor as a run's
     (``stage{i}.forward`` and ``stage{i}.backward``, the last stage's
-    ``forward_backward``), each stage's waits on its forward's track (a credit's: its
-    forward's input there, its registers held)."""
+    ``forward_backward``, and ``stage{i}.weights`` where a stage's weights parts waited),
+    each stage's waits on its forward's track (a credit's: its forward's input there, its
+    registers held)."""
     from ..trace_events import TraceEvents
 
     t0 = timed[0][0] if timed else 0.0
@@ -1261,12 +1278,14 @@ def _write_trace(path: Any, timed: list, last: int) -> None:
     ev.process(0, "pipeline stages in their workers")
     tracks = [(i, "forward") for i in range(last)] + [(i, "backward") for i in range(last)]
     tracks.append((last, "forward_backward"))
+    tracks += sorted({(i, "weights") for _, i, kind, _, _ in timed if kind == WEIGHTS})
     tid = {}
     for k, (i, act) in enumerate(sorted(tracks)):
         tid[i, act] = k
         ev.thread(0, k, f"stage{i}.{act}", sort=k)
+    names = {FORWARD: "forward", BACKWARD: "backward", WAIT: "forward", WEIGHTS: "weights"}
     for start, i, kind, mb, end in timed:
-        act = "forward_backward" if i == last else ("backward" if kind == BACKWARD else "forward")
+        act = "forward_backward" if i == last and kind != WEIGHTS else names[kind]
         dur = (end - start) * 1e6
         if kind == WAIT:
             cause = "credit" if mb == CREDIT else "input"

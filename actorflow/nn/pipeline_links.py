@@ -16,8 +16,8 @@ The two sides of one protocol, in one file:
   the workers step the optimizers (``stage_steps``), one ``RUN`` of ``_step`` on each
   (stage 0's sent at once, the others' with the next batch's commands), its answer asked
   for without waiting and checked at the next batch (``stepped``).
-- The workers (``_run``): the stage's two actors, forward and backward, taking turns on
-  the worker's one thread. A forward may act once its input is there (stage 0: the
+- The workers (``_run``): the stage's actors, forward, backward and weights, taking turns
+  on the worker's one thread. A forward may act once its input is there (stage 0: the
   micro-batch's rows; stage i: stage i-1's activation, arrived on the link) and the stage
   holds fewer than its ``k_i`` registers' worth of micro-batches for backward (the credit);
   a backward once the gradient of the oldest micro-batch it holds arrived. A backward
@@ -25,7 +25,17 @@ The two sides of one protocol, in one file:
   do; the last stage's one act runs its forward, the loss and the backward
   (``stage{n-1}.forward_backward``), the backward scaled by 1/M as everywhere. Each act
   is one of the stage's compiled programs (``stage_programs.py``), as the acts of a stage
-  driven from this process are.
+  driven from this process are. A backward (the last stage's act too) of a stage whose
+  input gets a gradient sends that gradient and leaves the parameters' gradients to the
+  stage's weights actor (zero-bubble pipelines' B/W split: ``StagePrograms.weights``),
+  whose ``WEIGHT_SLOTS`` registers hold what each such part reads (its plan's
+  ``weights_bytes``): a part runs where neither a forward nor a backward is ready, where
+  the act ready needs a register and both are held, and at the batch's end; in piece
+  order, so the gradients accumulate as when each backward computes them at once, bit for
+  bit. So the last stage computes its weights' gradients while its next input is on the
+  way rather than before it takes it, and the batch ends with the stages' last parts side
+  by side. Stage 0's backward (its input gets no gradient) is its weights' part, run in the
+  act. Forward, backward and weights acts, and the waits, are in the report.
 
 Each direction of a link is a ring of ``k_i`` slots in shared memory (a ``memfd`` the
 writer makes, its descriptor sent over the socket once, mapped by the reader), micro-batch
@@ -70,6 +80,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -83,7 +94,9 @@ from ..runtime.plan.spec import unflatten
 from ..tensor.tensor import Tensor
 from .pipeline_ranks import _kept, _raise, _start, handed_over, part_view
 
-FORWARD, BACKWARD, WAIT = 0, 1, 2  # an act's kind in a report (a wait: its cause's)
+FORWARD, BACKWARD, WAIT, WEIGHTS = 0, 1, 2, 3  # an act's kind in a report (a wait: its
+#                                                cause's; WEIGHTS: a weights part's act)
+WEIGHT_SLOTS = 2  # a stage's weights parts held at most (its weights actor's registers)
 STEP_IN_WORKERS = True  # False: this process steps the optimizers (``stage_steps``)
 INPUT, CREDIT = 0, 1  # what a stage waited for: an input (an activation or a gradient), or
 #                      a credit (its forward's input is there, its registers are not free)
@@ -309,6 +322,7 @@ def _loop(
     sp = st.programs()
     name = f"stage{st.index}"
     acts: list = []
+    waiting: deque = deque()  # (micro-batch, weights part, its bytes): in piece order
     losses: list = []
     nf = nb = 0
     doing: tuple = ("", None)
@@ -326,25 +340,51 @@ def _loop(
             acts.append((WAIT, INPUT, t, time.perf_counter()))
         return j, a
 
+    def left_over(j: int, left: Any) -> None:
+        """A backward's weights part kept for later: a register of the stage's weights
+        actor."""
+        if left is None:
+            return
+        nbytes = left[0].weights_bytes
+        waiting.append((j, left, nbytes))
+        st.weights_held += nbytes
+        st.weights_peak = max(st.weights_peak, st.weights_held)
+        st.weights_most = max(st.weights_most, len(waiting))
+
     try:
-        while nb < m:
+        while nb < m or waiting:
             t0 = time.perf_counter()
-            if last:  # (its forward, the loss and its backward: one act)
+            b_ready = not last and nb < nf and nxt.pump(batch)
+            f_ready = nf < m and (last or len(st.fifo) < k) and (first or prev.pump(batch))
+            needs_slot = b_ready or (last and f_ready)  # (an act that leaves a weights part)
+            if waiting and (
+                nb >= m or (needs_slot and len(waiting) >= WEIGHT_SLOTS) or not (b_ready or f_ready)
+            ):  # (the stage's weights actor: a part runs where nothing else is ready, where
+                # an act needs its register, and at the batch's end; in piece order, as the
+                # gradients accumulate)
+                j, left, nbytes = waiting.popleft()
+                doing = (f"{name}.weights", j)
+                sp.weights(left)
+                st.weights_held -= nbytes
+                acts.append((WEIGHTS, j, t0, time.perf_counter()))
+                continue
+            if last:  # (its forward, the loss and the input's gradient: one act)
                 doing = (f"{name}.forward_backward", nf)
                 j, x = take_input()
                 t0 = time.perf_counter()
                 targets = [np.ascontiguousarray(r[rows(j)]) for r in rest]
                 prog = sp.of(x, targets, not first, _LossOf(st.loss, structure), 1.0 / m)
                 back = None if first else _sender(prev, batch, j, slots[0])
-                loss, _ = sp.last(prog, x, targets, st.draws(j), back)
+                loss, _, left = sp.last(prog, x, targets, st.draws(j), back)
                 st.peak = max(st.peak, prog.saved_bytes)
                 losses.append(loss)
                 st.held_most = max(st.held_most, 1)
                 acts.append((FORWARD, j, t0, time.perf_counter()))
+                left_over(j, left)
                 nf += 1
                 nb += 1
                 continue
-            if nb < nf and nxt.pump(batch):  # (a backward ready goes first)
+            if b_ready:  # (a backward ready goes first)
                 j, g = nxt.arrived.pop(0)
                 doing = (f"{name}.backward", j)
                 mb, prog, saved, _ = st.fifo.popleft()
@@ -354,11 +394,14 @@ def _loop(
                         f"micro-batch it holds is {mb}"
                     )
                 st.held -= prog.saved_bytes
-                sp.backward(prog, g, saved, None if first else _sender(prev, batch, j, slots[0]))
+                _, left = sp.backward(
+                    prog, g, saved, None if first else _sender(prev, batch, j, slots[0])
+                )
                 acts.append((BACKWARD, j, t0, time.perf_counter()))
+                left_over(j, left)
                 nb += 1
                 continue
-            if nf < m and len(st.fifo) < k and (first or prev.pump(batch)):
+            if f_ready:
                 doing = (f"{name}.forward", nf)
                 j, x = take_input()
                 prog = sp.of(x, [], not first, None, 1.0)
@@ -487,24 +530,25 @@ class _LossOf:
 
 def report(st: Any, has: list, losses: list, acts: list) -> np.ndarray:
     """A stage's report as float64: the most micro-batches it held, its peak of saved
-    bytes, per parameter whether it got a gradient (the count first), its losses (the count
-    first), then per act (kind, micro-batch, start, end), or per wait (WAIT, its cause,
-    start, end)."""
-    head = [float(st.held_most), float(st.peak), float(len(has)), *has, float(len(losses))]
+    bytes, the most weights parts it held waiting and their peak bytes, per parameter
+    whether it got a gradient (the count first), its losses (the count first), then per
+    act (kind, micro-batch, start, end), or per wait (WAIT, its cause, start, end)."""
+    head = [float(st.held_most), float(st.peak), float(st.weights_most), float(st.weights_peak)]
+    head += [float(len(has)), *has, float(len(losses))]
     body = np.asarray(acts, np.float64).reshape(-1)
     return np.concatenate([np.asarray(head + losses, np.float64), body])
 
 
 def read_report(a: np.ndarray) -> tuple:
     """``report``'s parts: (most held, peak saved bytes, losses, acts, whether each
-    parameter got a gradient)."""
-    k = int(a[2])
-    has = [bool(v) for v in a[3 : 3 + k]]
-    n = int(a[3 + k])
-    at = 4 + k + n
-    losses = [float(v) for v in a[4 + k : at]]
+    parameter got a gradient, (most weights parts waiting, their peak bytes))."""
+    k = int(a[4])
+    has = [bool(v) for v in a[5 : 5 + k]]
+    n = int(a[5 + k])
+    at = 6 + k + n
+    losses = [float(v) for v in a[6 + k : at]]
     acts = [(int(r[0]), int(r[1]), float(r[2]), float(r[3])) for r in a[at:].reshape(-1, 4)]
-    return int(a[0]), int(a[1]), losses, acts, has
+    return int(a[0]), int(a[1]), losses, acts, has, (int(a[2]), int(a[3]))
 
 
 # -- this process's side -----------------------------------------------------------------

@@ -69,6 +69,9 @@ class _Kept:
         self.held = 0
         self.peak = 0
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
+        self.weights_held = 0  # (bytes the weights parts waiting hold: pipeline_links)
+        self.weights_peak = 0
+        self.weights_most = 0  # (the most weights parts waiting at once)
         self.compiled: Any = None  # (its acts compiled: stage_programs.StagePrograms)
         self.batch_seed = 0  # (what the batch's random ops draw from: _start's)
 
@@ -197,6 +200,7 @@ def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
         st.compiled.clear()
     st.fifo.clear()
     st.held = st.peak = st.held_most = 0
+    st.weights_held = st.weights_peak = st.weights_most = 0
     for p in st.params:
         p.grad = None
 
@@ -267,7 +271,10 @@ def _backward(ex: Any, key: int, mb: int, grad_id: int, input_grad: bool, outs: 
     if isinstance(got, bytes):
         return ex.fail(outs, got)
     g = ex.read(got[0], np.ascontiguousarray, "pipeline stage")
-    gx = st.programs().backward(prog, g, saved)
+    sp = st.programs()
+    gx, left = sp.backward(prog, g, saved)
+    if left is not None:  # (its weights part at once: the command's answer is the act's)
+        sp.weights(left)
     if not input_grad:  # (stage 0: an empty part, read to say the act is done)
         gx = np.zeros(0, np.float32)
     ex.parts[outs[0]] = from_numpy(gx)._impl

@@ -5,23 +5,27 @@ of eager ops through autograd.
 
 A call is recorded on placeholders: the stage's module on ``x``, then (where a gradient
 flows) ``out.backward(g)``; the recording is split where the backward begins, and the
-backward again, where the input gets a gradient, into the nodes that gradient needs and
-the rest (the parameters' gradients): a backward act computes the input's gradient, hands
-it to the stage before (``send``), then computes the weights' while that stage goes on
-(zero-bubble pipelines' B/W split, within one act: the stage before waits for the input's
-gradient alone). The forward part gives ``out`` and what the backward parts read of the
-forward's values and of its input (``kept``: exactly what the stage holds for a
-micro-batch between its two acts, so the bytes a stage holds are the plan's, counted from
-the programs rather than from an autograd graph). The last stage of a pipeline whose loss
-its worker computes (``loss=``) records its module, the loss and the backward of
-``loss / M``: its forward, the loss and the input's gradient are one part, the weights'
-gradients the next (its one act runs both). The parameters, buffers and the tensors the
-module reads from outside are the programs' state, read from their own storage every act
-(an optimizer's update here is seen); a buffer the forward writes (batch norm's running
-statistics) is written back by it. A random op (dropout) draws as a compiled step's does
-(``rand_step``: counter-based, keyed by the stage's index), at the count the caller gives
-per micro-batch (the batch's seed and the micro-batch's place: ``pipeline_ranks``), so
-the draws do not depend on which worker ran what before.
+backward again, where the input gets a gradient, into the nodes that gradient needs and the
+rest (the parameters' gradients): a backward act computes the input's gradient, hands it to
+the stage before (``send``), and leaves the weights' part to its caller, which runs it at
+once or after later acts (``weights``; zero-bubble pipelines' B/W split: the stage before
+waits for the input's gradient alone, and the weights' part can fill a wait). What a
+weights' part holds meanwhile is what it reads of its act (``weights_bytes``, the plan's);
+what it reads of the stage's state is the parameters (not written during a batch), since
+autograd refuses a saved tensor a later in-place write changed (its version check), so a
+later act's buffer write cannot reach it. The forward part gives ``out`` and what the
+backward parts read of the forward's values and of its input (``kept``: exactly what the
+stage holds for a micro-batch between its two acts, so the bytes a stage holds are the
+plan's, counted from the programs rather than from an autograd graph). The last stage of a
+pipeline whose loss its worker computes (``loss=``) records its module, the loss and the
+backward of ``loss / M``: its forward, the loss and the input's gradient are one part, the
+weights' gradients the next (left as a backward act leaves it). The parameters, buffers and
+the tensors the module reads from outside are the programs' state, read from their own
+storage every act (an optimizer's update here is seen); a buffer the forward writes (batch
+norm's running statistics) is written back by it. A random op (dropout) draws as a compiled
+step's does (``rand_step``: counter-based, keyed by the stage's index), at the count the
+caller gives per micro-batch (the batch's seed and the micro-batch's place:
+``pipeline_ranks``), so the draws do not depend on which worker ran what before.
 
 The parameters' gradients are accumulated over a batch's micro-batches as eager backward
 accumulates them: each layout is recorded in two forms (``StageActs``), the batch's first
@@ -84,6 +88,7 @@ class StageProgram:
         self.input_grad, self.saved_bytes = input_grad, saved_bytes
         self.accs: list = []  # (parameter index, the input its gradient so far is given as)
         self.into: dict = {}  # part -> {output: input}: a gradient added into its input
+        self.weights_bytes = 0  # (what its weights part holds while it waits: the plan's)
 
 
 class StageActs:
@@ -117,6 +122,7 @@ class StagePrograms:
         self.steps: dict = {}  # the optimizers' steps compiled (StageStep), by their key
         self.rates: dict = {}  # (optimizer, group, option) -> its value, None once changed
         self.before: dict = {}  # buffer (index in tensors) -> its values before the batch
+        self.issued: set = set()  # the parameters this batch's acts give a gradient so far
 
     # -- compiling ----------------------------------------------------------------------
     def of(self, x: np.ndarray, rest: list, input_grad: bool, loss: Any, scale: float):
@@ -286,6 +292,9 @@ class StagePrograms:
             p.captured = rec.captured
         sp = StageProgram(programs, given, reads, made, kept, grads, input_grad, nbytes)
         sp.accs = [(i, ("in", 1 + len(rest) * (loss is not None) + a)) for a, i in enumerate(accs)]
+        if input_grad:  # (what its weights part holds while it waits: its reads but the
+            sums = {src for _, src in sp.accs}  # gradients so far, given as it runs)
+            sp.weights_bytes = sum(_nbytes(rec, s) for s in reads[-1] if s not in sums)
         return sp
 
     def _done(self, sp: StageProgram) -> StageProgram:
@@ -343,20 +352,18 @@ class StagePrograms:
         values.update(zip(sp.made[k], outs, strict=True))
         return outs
 
-    def _form(self, acts: StageActs, values: dict) -> StageProgram:
-        """The form of the acts this micro-batch runs, its gradients so far added to
-        ``values``: ``later`` once any of the parameters it gives a gradient has one this
-        batch (micro-batches of other layouts may have given some and not others: a
-        parameter a stage uses only at some shapes), those still without one given as
-        -0.0, the exact identity of addition (-0.0 + a is a, bit for bit, a zero's sign
-        included)."""
+    def _form(self, acts: StageActs) -> StageProgram:
+        """The form of the acts this micro-batch runs: ``later`` once an earlier
+        micro-batch of the batch gives any of the parameters it gives a gradient
+        (micro-batches of other layouts may give some and not others: a parameter a stage
+        uses only at some shapes), whether that micro-batch's weights part ran yet or
+        waits (``weights`` runs them in piece order, so this one's adds into theirs)."""
         later = acts.later
-        if later is None or all(self.grads[i] is None for i in acts.first.grads):
-            return acts.first
-        for i, src in later.accs:
-            g = self.grads[i]
-            values[src] = g if g is not None else _negative_zeros(self.params[i])
-        return later
+        sp = acts.first
+        if later is not None and not self.issued.isdisjoint(acts.first.grads):
+            sp = later
+        self.issued.update(sp.grads)
+        return sp
 
     def forward(self, acts: StageActs, x: np.ndarray, count: int) -> tuple:
         """The forward act: ``(out, kept)`` (what the backward act is handed back)."""
@@ -367,25 +374,30 @@ class StagePrograms:
 
     def backward(self, acts: StageActs, g: np.ndarray, kept: dict, send: Any = None):
         """The backward act on what the forward act kept: the input's gradient (None
-        where it gets none), given to ``send`` before the parameters' gradients are
-        computed (then accumulated)."""
+        where it gets none) computed and given to ``send``; returns ``(that gradient, the
+        part left)``: the part computing the parameters' gradients (``weights`` runs it,
+        at once or after later acts: zero-bubble pipelines' B/W split, the stage before
+        waiting for the input's gradient alone), None where the act ran it (a stage whose
+        input gets no gradient: its backward is that part)."""
         values = dict(kept)
-        sp = self._form(acts, values)
+        sp = self._form(acts)
         values[("in", sp.given[1][0])] = g
         if not sp.input_grad:
-            self._accumulate(sp, self._run(sp, 1, values))
-            return None
+            self.weights((sp, values))
+            return None, None
         gx = self._run(sp, 1, values)[0]
         if send is not None:
             send(gx)
-        self._accumulate(sp, self._run(sp, 2, values))
-        return gx
+        return gx, self._left(sp, values)
 
     def last(self, acts: StageActs, x: np.ndarray, rest: list, count: int, send=None):
-        """The last stage's one act: ``(loss, the input's gradient or None)``, that
-        gradient given to ``send`` before the parameters' gradients are computed."""
+        """The last stage's one act: its forward, the loss and the input's gradient
+        (given to ``send``); returns ``(loss, that gradient or None, the part left)``, as
+        ``backward`` does."""
         values = {("in", j): a for j, a in enumerate([x, *rest])}
-        sp = self._form(acts, values)
+        sp = self._form(acts)
+        if not sp.input_grad:  # (one part: the parameters' gradients too)
+            self._sums(sp, values)
         self.count[()] = count
         outs = self._run(sp, 0, values)
         loss = outs[0].reshape(-1)[:1]
@@ -394,11 +406,31 @@ class StagePrograms:
         loss = float(loss[0])
         if not sp.input_grad:
             self._accumulate(sp, outs[1:])
-            return loss, None
+            return loss, None, None
         if send is not None:
             send(outs[1])
-        self._accumulate(sp, self._run(sp, 1, values))
-        return loss, outs[1]
+        return loss, outs[1], self._left(sp, values)
+
+    def _left(self, sp: StageProgram, values: dict) -> tuple:
+        """The weights part of ``sp`` with what it reads of ``values`` (the gradients so
+        far are given when it runs)."""
+        return sp, {s: values[s] for s in sp.reads[-1] if s in values}
+
+    def weights(self, left: tuple) -> None:
+        """Runs a weights part ``backward`` or ``last`` left, its gradients accumulated:
+        each batch's in piece order (a later micro-batch's adds into the gradients so far,
+        so they must be there). A parameter the earlier micro-batches gave no gradient
+        is given -0.0, the exact identity of addition (-0.0 + a is a, bit for bit, a
+        zero's sign included)."""
+        sp, values = left
+        self._sums(sp, values)
+        self._accumulate(sp, self._run(sp, len(sp.parts) - 1, values))
+
+    def _sums(self, sp: StageProgram, values: dict) -> None:
+        """The gradients so far that ``sp``'s last part adds into, given in ``values``."""
+        for i, src in sp.accs:
+            g = self.grads[i]
+            values[src] = g if g is not None else _negative_zeros(self.params[i])
 
     def _accumulate(self, sp: StageProgram, outs: list) -> None:
         """The parameters' gradients so far (the first of ``outs``, in ``sp.grads``'
@@ -421,10 +453,11 @@ class StagePrograms:
         self.before = {}
         for p, g in zip(self.params, self.grads, strict=True):
             p.grad = None if g is None else wrap(adopt(g, p.dtype))  # (g: its storage)
-        self.grads = [None] * len(self.params)
+        self.clear()
 
     def clear(self) -> None:
         self.grads = [None] * len(self.params)
+        self.issued = set()
 
 
 def _negative_zeros(p: Tensor) -> np.ndarray:
@@ -432,6 +465,14 @@ def _negative_zeros(p: Tensor) -> np.ndarray:
     if p.dtype is bfloat16:
         return np.full(tuple(p.shape), 0x8000, np.uint16)
     return np.full(tuple(p.shape), -0.0, p.dtype.np)
+
+
+def _nbytes(rec: Recording, src: tuple) -> int:
+    m = rec.meta_of(src)
+    n = m.dtype.itemsize
+    for s in m.shape:
+        n *= s
+    return n
 
 
 def _dtype(a: np.ndarray, label: str = "a stage"):
