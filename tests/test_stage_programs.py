@@ -196,6 +196,19 @@ def test_later_micro_batches_add_their_gradients_into_the_arrays_of_the_first(mo
         assert np.array_equal(p.grad.numpy(), w)
 
 
+def test_a_frozen_stage_leaves_no_weights_part():
+    """A stage none of whose parameters trains sends its input's gradient and leaves
+    nothing for its weights actor to run or hold."""
+    stage = mlp_stage()
+    for p in stage.parameters():
+        p.requires_grad_(False)
+    sp = StagePrograms(stage, "stage 1 of 3", 1)
+    x, g = np.ones((4, 6), np.float32), np.ones((4, 5), np.float32)
+    prog = sp.of(x, [], True, None, 1.0)
+    gx, left = sp.backward(prog, g, sp.forward(prog, x, 0)[1])
+    assert gx.shape == x.shape and left is None and prog.first.grads == []
+
+
 def test_a_later_act_that_fails_leaves_no_half_added_gradients():
     """A kernel of a later micro-batch's weights' part raising after a gradient was written
     over the one so far (and again by the op-by-op run naming the error): the batch's

@@ -220,7 +220,9 @@ class PipelineStep:
             the most weights parts it held waiting at once (at most ``WEIGHT_SLOTS``: the
             registers of its weights actor, ``pipeline_links``) and the most bytes they
             held (what each reads of its act: the plan's ``weights_bytes``); 0 elsewhere
-            (a weights part runs in its backward act there).
+            (a weights part runs in its backward act there). Each is its own maximum: a
+            stage's activations never held more than ``peak_saved_bytes`` plus
+            ``peak_weights_bytes`` at once.
         sim_time: None, or ``(forward_s, backward_s)``: simulated seconds added to each
             forward and each backward act (ActorGraph's ``time=``; for experiments and
             tests: under ``af.testing.seeded`` they run on the virtual clock).

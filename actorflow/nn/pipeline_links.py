@@ -12,7 +12,8 @@ The two sides of one protocol, in one file:
   it). Each batch: the input rows put on stage 0's worker and the targets on the last
   stage's, one ``RUN`` of ``_run`` on every stage's worker, sent together, then each
   stage's report read back: its acts (kind, micro-batch, start and end times), the most
-  micro-batches it held, its peak of saved bytes, the last stage's losses. Then, where
+  micro-batches it held, its peak of saved bytes, the most weights parts it held waiting
+  and their peak bytes, the last stage's losses. Then, where
   the workers step the optimizers (``stage_steps``), one ``RUN`` of ``_step`` on each
   (stage 0's sent at once, the others' with the next batch's commands), its answer asked
   for without waiting and checked at the next batch (``stepped``).
@@ -362,9 +363,10 @@ def _loop(
             ):  # (the stage's weights actor: a part runs where nothing else is ready, where
                 # an act needs its register, and at the batch's end; in piece order, as the
                 # gradients accumulate)
-                j, left, nbytes = waiting.popleft()
+                j, part, nbytes = waiting.popleft()
                 doing = (f"{name}.weights", j)
-                sp.weights(left)
+                t0 = time.perf_counter()  # (after the links' reads above)
+                sp.weights(part)
                 st.weights_held -= nbytes
                 acts.append((WEIGHTS, j, t0, time.perf_counter()))
                 continue

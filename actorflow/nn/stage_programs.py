@@ -40,8 +40,9 @@ kernel reading that array runs before, or is, the one writing it:
 ``Program.may_write_over``), so a batch makes one gradient array per parameter, at its
 first micro-batch: an array as large as a 1024x1024 weight made anew per act cost 0.3-1
 ms of page faults an act here, with the same bits. A later micro-batch
-of another layout runs the later form as soon as any of its parameters has a gradient this
-batch, those without one yet given -0.0 (the exact identity of addition: a parameter the
+of another layout runs the later form as soon as an earlier micro-batch's act gave any of
+its parameters a gradient this batch (its weights part run or waiting: ``issued``), those
+without one given -0.0 as the part runs (the exact identity of addition: a parameter the
 stage uses only at some shapes). A stage none of whose parameters gets a gradient is
 recorded once, its one form. What cannot be traced (an op whose output shape depends on
 values, an in-place write into a traced tensor) is the act's error, naming the op; so is
@@ -411,9 +412,12 @@ class StagePrograms:
             send(outs[1])
         return loss, outs[1], self._left(sp, values)
 
-    def _left(self, sp: StageProgram, values: dict) -> tuple:
+    def _left(self, sp: StageProgram, values: dict) -> tuple | None:
         """The weights part of ``sp`` with what it reads of ``values`` (the gradients so
-        far are given when it runs)."""
+        far are given when it runs); None where it gives no parameter a gradient (a
+        frozen stage: nothing to run)."""
+        if not sp.grads:
+            return None
         return sp, {s: values[s] for s in sp.reads[-1] if s in values}
 
     def weights(self, left: tuple) -> None:
@@ -425,6 +429,7 @@ class StagePrograms:
         sp, values = left
         self._sums(sp, values)
         self._accumulate(sp, self._run(sp, len(sp.parts) - 1, values))
+        values.clear()  # (what it held let go, whoever still holds the part)
 
     def _sums(self, sp: StageProgram, values: dict) -> None:
         """The gradients so far that ``sp``'s last part adds into, given in ``values``."""
