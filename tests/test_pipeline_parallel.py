@@ -1575,8 +1575,8 @@ def check_acts(acts, n, m, buffers, weights=False):
     after its forward, never more micro-batches held than its registers (the last stage:
     its forward then its backward, one act). Where the workers run the batch
     (``weights``), each stage whose input gets a gradient (all but stage 0) has a weights
-    act per micro-batch too: in micro-batch order, each after its backward, never more
-    than WEIGHT_SLOTS waiting."""
+    act per micro-batch too but the last (its optimizers' step runs that one): in
+    micro-batch order, each after its backward, never more than WEIGHT_SLOTS waiting."""
     for i, mine in enumerate(per_stage(acts, n)):
         assert [a for a in mine if a[0] == "F"] == [f"F{j}" for j in range(m)], (i, mine)
         assert [a for a in mine if a[0] == "B"] == [f"B{j}" for j in range(m)], (i, mine)
@@ -1584,7 +1584,7 @@ def check_acts(acts, n, m, buffers, weights=False):
             fb = [a for a in mine if a[0] != "W"]
             assert fb == [f"{k}{j}" for j in range(m) for k in "FB"], mine
         ws = [a for a in mine if a[0] == "W"]
-        assert ws == ([f"W{j}" for j in range(m)] if weights and i > 0 else []), (i, mine)
+        assert ws == ([f"W{j}" for j in range(m - 1)] if weights and i > 0 else []), (i, mine)
         waiting = 0
         for a in mine:
             waiting += {"B": int(weights and i > 0), "W": -1}.get(a[0], 0)
@@ -1623,9 +1623,10 @@ def test_a_stages_weights_parts_wait_in_two_registers_and_train_as_at_once():
     """Where the workers run the batch, a stage whose input gets a gradient sends it back
     before computing its parameters' gradients; that part waits in the registers of the
     stage's weights actor (zero-bubble pipelines' B/W split) and runs where nothing else
-    is ready, at the batch's end at the latest, in piece order: the gradients accumulate
-    as when each backward act computes them at once (stages driven from here), bit for bit.
-    Never more than two wait, and their bytes are the plan's: what the part reads."""
+    is ready, at the batch's end, or (the batch's last) first thing in the stage's
+    optimizers' step, in piece order: the gradients accumulate as when each backward act
+    computes them at once (stages driven from here), bit for bit. Never more than two
+    wait, and their bytes are the plan's: what the part reads."""
     m, rows = 4, 16
     batches = data(2, rows=rows)
     a, b = (
@@ -1645,7 +1646,7 @@ def test_a_stages_weights_parts_wait_in_two_registers_and_train_as_at_once():
         mine = per_stage(p.acts, 2)[1]
         # a part waited: micro-batch j's weights ran after micro-batch j+1's act
         assert any(mine.index(f"W{j}") > mine.index(f"F{j + 1}") for j in range(m - 1)), mine
-        assert mine[-1] == f"W{m - 1}"  # (the batch's last act leaves one, run at its end)
+        assert f"W{m - 1}" not in mine  # (the batch's last part: run by the step)
         assert p.peak_weights_held[0] == 0  # (stage 0: no input gradient, nothing to split)
         assert 1 <= p.peak_weights_held[1] <= pipeline_links.WEIGHT_SLOTS
         # what a part holds: what the plan says it reads (the stage compiled here), at
@@ -1724,10 +1725,11 @@ def test_stages_in_workers_run_the_batch_among_themselves(n, m, buffers, tmp_pat
         evs = json.loads((tmp_path / "run.2.json").read_text())["traceEvents"]
         tracks = {e["tid"]: e["args"]["name"] for e in evs if e["name"] == "thread_name"}
         want = [f"stage{i}.{k}" for i in range(n - 1) for k in ("backward", "forward")]
-        want += [f"stage{n - 1}.forward_backward"] + [f"stage{i}.weights" for i in range(1, n)]
+        want.append(f"stage{n - 1}.forward_backward")
+        want += [f"stage{i}.weights" for i in range(1, n) if m > 1]  # (the last: the step's)
         assert sorted(tracks.values()) == sorted(want)
         acts = [e for e in evs if e["ph"] == "X" and e["cat"] == "act"]
-        assert len(acts) == 2 * m * (n - 1) + m + m * (n - 1)  # (a weights act: all but 0)
+        assert len(acts) == 2 * m * (n - 1) + m + (m - 1) * (n - 1)  # (weights: all but 0)
         assert all(e["dur"] > 0 and e["ts"] >= 0 for e in acts)
         assert all(tracks[e["tid"]] == e["name"] for e in acts)
         from_trace = []
@@ -2449,6 +2451,67 @@ def test_a_step_that_fails_in_a_worker_is_raised_by_the_next_step_and_changes_no
         with pytest.raises(ActorError, match="update refused"):
             g.pipelined.close()
     assert not any(p.is_global for p in params_of(stages))  # (closed all the same)
+
+
+def weights_fail_in_the_step(ex, fail, outs):
+    """(Run in a worker) from now on, the weights part a stage's optimizers' step runs
+    first (its batch's last) raises MemoryError while ``fail``."""
+    import sys
+
+    from actorflow.nn.stage_programs import StagePrograms
+
+    run = getattr(StagePrograms, "_weights_run", StagePrograms.weights)
+    StagePrograms._weights_run = run
+
+    def weights(self, left):
+        if fail and sys._getframe(1).f_code.co_name == "_step":
+            raise MemoryError("no memory for the weights part")
+        return run(self, left)
+
+    StagePrograms.weights = weights
+
+
+@processes
+def test_a_weights_part_left_to_the_step_that_fails_is_that_steps_error():
+    """A batch's last weights part runs first thing in its stage's optimizers' step: its
+    error is that step's, raised by the next step as the ActorError of ``stage1.step``
+    naming ``stage1.weights`` and the micro-batch; stage 1's parameters are as before
+    that step, stage 0's stepped (the stages out of step, as when a stage's update
+    fails), and training goes on once the cause is gone."""
+    m = 4
+    b = data(4)
+    stages = stages_of(2)
+    g = LossPipe(
+        stages,
+        optim.SGD(params_of(stages), lr=0.1, momentum=0.9),
+        micro_batches=m,
+        stage_ranks="processes",
+    )
+    try:
+        g.step(*b[0])
+        ranks = g.pipelined._workers[1].ranks
+        ranks.call_fn(0, weights_fail_in_the_step, (True,), ())
+        ranks.synchronize()  # (batch 0's step ran before it: sent first)
+        s0 = [p.numpy() for p in stages[0].parameters()]
+        s1 = [p.numpy() for p in stages[1].parameters()]
+        assert np.isfinite(float(g.step(*b[1])))  # (its acts all ended well: its loss)
+        with pytest.raises(ActorError) as e:
+            g.step(*b[2])
+        assert e.value.actor == "stage1.step"
+        assert "stage1.weights" in str(e.value) and f"piece {m - 1}" in str(e.value)
+        assert "no memory for the weights part" in str(e.value)
+        for p, a in zip(stages[1].parameters(), s1, strict=True):  # (not stepped)
+            assert np.array_equal(p.numpy(), a)
+        assert any(  # (stage 0's step went through)
+            not np.array_equal(p.numpy(), a)
+            for p, a in zip(stages[0].parameters(), s0, strict=True)
+        )
+        assert all(p.grad is None for p in params_of(stages))
+        ranks.call_fn(0, weights_fail_in_the_step, (False,), ())
+        assert np.isfinite(float(g.step(*b[3])))
+        g.pipelined._stepped()  # (its step, waited for: went through)
+    finally:
+        g.pipelined.close()
 
 
 def _same_state(a, b):

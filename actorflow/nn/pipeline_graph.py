@@ -211,7 +211,8 @@ class PipelineStep:
         acts: ``[(stage, "F" or "B", micro-batch)]`` of the last batch, in the order the
             acts started (the last stage's one act: its "F" then its "B"); where the
             workers run the batch (``loss=`` on process ranks), a stage's weights acts
-            too, as ``(stage, "W", micro-batch)``.
+            too, as ``(stage, "W", micro-batch)`` (not the last micro-batch's where the
+            workers step the optimizers: the step runs that one).
         peak_held: per stage, the most micro-batches whose autograd graph it held at once.
         peak_saved_bytes: per stage, the most bytes of saved activations it held at once:
             the blobs the held autograd graphs keep for backward (the stage's input

@@ -31,12 +31,17 @@ The two sides of one protocol, in one file:
   stage's weights actor (zero-bubble pipelines' B/W split: ``StagePrograms.weights``),
   whose ``WEIGHT_SLOTS`` registers hold what each such part reads (its plan's
   ``weights_bytes``): a part runs where neither a forward nor a backward is ready, where
-  the act ready needs a register and both are held, and at the batch's end; in piece
-  order, so the gradients accumulate as when each backward computes them at once, bit for
-  bit. So the last stage computes its weights' gradients while its next input is on the
-  way rather than before it takes it, and the batch ends with the stages' last parts side
-  by side. Stage 0's backward (its input gets no gradient) is its weights' part, run in the
-  act. Forward, backward and weights acts, and the waits, are in the report.
+  the act ready needs a register and both are held, and at the batch's end, but for the
+  batch's last where the workers step the optimizers (``keep``): the stage keeps that one
+  (``_Kept.left``) and its step (``_step``) runs it first, so its error is the step's. All
+  in piece order, so the gradients accumulate as when each backward computes them at once,
+  bit for bit. So the last stage computes its weights' gradients while its next input is
+  on the way rather than before it takes it; its report comes as its acts end, so the
+  batch ends with stage 0's last backward; and its last weights part runs with its step,
+  which comes with the next batch's commands while its worker waits for stage 0's first
+  forward anyway. Stage 0's backward (its input gets no gradient) is its weights' part,
+  run in the act. Forward, backward and weights acts, and the waits, are in the report
+  (the part a step runs is not).
 
 Each direction of a link is a ring of ``k_i`` slots in shared memory (a ``memfd`` the
 writer makes, its descriptor sent over the socket once, mapped by the reader), micro-batch
@@ -358,6 +363,8 @@ def _loop(
             b_ready = not last and nb < nf and nxt.pump(batch)
             f_ready = nf < m and (last or len(st.fifo) < k) and (first or prev.pump(batch))
             needs_slot = b_ready or (last and f_ready)  # (an act that leaves a weights part)
+            if nb >= m and keep and len(waiting) == 1:
+                break  # (the last part: the stage's optimizer step runs it first, _step)
             if waiting and (
                 nb >= m or (needs_slot and len(waiting) >= WEIGHT_SLOTS) or not (b_ready or f_ready)
             ):  # (the stage's weights actor: a part runs where nothing else is ready, where
@@ -433,7 +440,8 @@ def _loop(
             raise
         raise ActorError(actor, piece, e, traceback.format_exc()) from e
     if keep:  # (kept for the step: whether each parameter has one)
-        has = [int(g is not None) for g in sp.grads]
+        has = [int(i in sp.issued) for i in range(len(sp.grads))]  # (one may be left)
+        st.left = waiting.popleft()[:2] if waiting else None
     else:
         has = handed_over(ex, st, outs[1:])  # (the gradients: this command's other parts)
     ex.parts[outs[0]] = from_numpy(report(st, has, losses, acts))._impl
@@ -448,12 +456,22 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
     value), its update compiled (``stage_programs.StageStep``: the same bits as the eager
     ``step()`` this process would run on the parts); the gradients let go after.
     ``outs[0]``: the counts after the step, in ``steps``' order (checked against what this
-    process counted: ``counted``). A step that raises leaves the parameters and their
-    state as they were."""
+    process counted: ``counted``). The batch's last weights part, which ``_run`` left
+    (``_Kept.left``), runs first: its error is the step's, as the ``ActorError`` of
+    ``stage{i}.weights`` on its micro-batch. A step that raises leaves the parameters and
+    their state as they were."""
     from .stage_programs import StageStep
 
     st = _kept(ex, key)
     sp = st.programs()
+    left, st.left = st.left, None
+    try:  # (the batch's last weights part first: its gradients are the step's)
+        if left is not None:
+            sp.weights(left[1])
+    except BaseException as e:
+        sp.before = {}
+        sp.clear()
+        raise ActorError(f"stage{st.index}.weights", left[0], e, traceback.format_exc()) from e
     rows: list = []
     fixed: dict = {}  # (row, name) -> value: a scheduled option that has not changed yet
     for o, (cls, attrs, groups) in enumerate(steps):

@@ -69,6 +69,8 @@ class _Kept:
         self.held = 0
         self.peak = 0
         self.held_most = 0  # (the most micro-batches held at once: pipeline_links)
+        self.left: Any = None  # (micro-batch, weights part): a batch's last, which the
+        #                       optimizers' step runs first (pipeline_links._step)
         self.weights_held = 0  # (bytes the weights parts waiting hold: pipeline_links)
         self.weights_peak = 0
         self.weights_most = 0  # (the most weights parts waiting at once)
@@ -199,6 +201,7 @@ def _start(ex: Any, key: int, seed: int | None, outs: list) -> None:
         st.compiled.restore()  # after one that did, nothing is kept to set back)
         st.compiled.clear()
     st.fifo.clear()
+    st.left = None
     st.held = st.peak = st.held_most = 0
     st.weights_held = st.weights_peak = st.weights_most = 0
     for p in st.params:
