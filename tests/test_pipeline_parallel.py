@@ -1575,7 +1575,7 @@ def check_acts(acts, n, m, buffers, weights=False):
     after its forward, never more micro-batches held than its registers (the last stage:
     its forward then its backward, one act). Where the workers run the batch
     (``weights``), each stage whose input gets a gradient (all but stage 0) has a weights
-    act per micro-batch too but the last (its optimizers' step runs that one): in
+    act per micro-batch too but the batch's last (its optimizers' step runs that one): in
     micro-batch order, each after its backward, never more than WEIGHT_SLOTS waiting."""
     for i, mine in enumerate(per_stage(acts, n)):
         assert [a for a in mine if a[0] == "F"] == [f"F{j}" for j in range(m)], (i, mine)

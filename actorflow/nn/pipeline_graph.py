@@ -60,7 +60,10 @@ micro-batch's backward (the run's end), each optimizer given to ``add_optimizer`
 once, in the order given, then the schedulers (where the stages' workers run the batch,
 ``loss=``, each worker steps the optimizers over its stage's parameters: sent once every
 report is read, waited for at the next batch, ``close()`` or the optimizer's next use
-here, which raise its error: ``pipeline_links.stage_steps``). The gradients of the
+here, which raise its error: ``pipeline_links.stage_steps``; a stage's step there runs
+the batch's last weights part of that stage first, so that part's error is the step's,
+raised as the step's, the batch's loss already returned and another stage perhaps
+stepped). The gradients of the
 stages' parameters and of every parameter the optimizers hold (a head ``build`` applies is
 in no stage) are None before a batch and again after it (its step done, or its run
 stopped), so each step sees that batch's gradients only; the next batch's forwards see the
@@ -211,8 +214,8 @@ class PipelineStep:
         acts: ``[(stage, "F" or "B", micro-batch)]`` of the last batch, in the order the
             acts started (the last stage's one act: its "F" then its "B"); where the
             workers run the batch (``loss=`` on process ranks), a stage's weights acts
-            too, as ``(stage, "W", micro-batch)`` (not the last micro-batch's where the
-            workers step the optimizers: the step runs that one).
+            too, as ``(stage, "W", micro-batch)`` (not the batch's last where the workers
+            step the optimizers: the step runs that one).
         peak_held: per stage, the most micro-batches whose autograd graph it held at once.
         peak_saved_bytes: per stage, the most bytes of saved activations it held at once:
             the blobs the held autograd graphs keep for backward (the stage's input

@@ -39,9 +39,10 @@ The two sides of one protocol, in one file:
   on the way rather than before it takes it; its report comes as its acts end, so the
   batch ends with stage 0's last backward; and its last weights part runs with its step,
   which comes with the next batch's commands while its worker waits for stage 0's first
-  forward anyway. Stage 0's backward (its input gets no gradient) is its weights' part,
-  run in the act. Forward, backward and weights acts, and the waits, are in the report
-  (the part a step runs is not).
+  forward anyway (or with whatever waits for the step first: ``close()``, the optimizer's
+  next use; until then the part holds what it reads). Stage 0's backward (its input gets
+  no gradient) is its weights' part, run in the act. Forward, backward and weights acts,
+  and the waits, are in the report (the part a step runs is not).
 
 Each direction of a link is a ring of ``k_i`` slots in shared memory (a ``memfd`` the
 writer makes, its descriptor sent over the socket once, mapped by the reader), micro-batch
@@ -467,32 +468,32 @@ def _step(ex: Any, key: int, steps: list, outs: list) -> None:
     left, st.left = st.left, None
     try:  # (the batch's last weights part first: its gradients are the step's)
         if left is not None:
-            sp.weights(left[1])
-    except BaseException as e:
-        sp.before = {}
-        sp.clear()
-        raise ActorError(f"stage{st.index}.weights", left[0], e, traceback.format_exc()) from e
-    rows: list = []
-    fixed: dict = {}  # (row, name) -> value: a scheduled option that has not changed yet
-    for o, (cls, attrs, groups) in enumerate(steps):
-        shell = object.__new__(cls)  # (its options and state given: not made anew)
-        shell.__dict__.update(attrs)
-        shell.param_groups, shell.state, shell._rates = [], {}, {}
-        for g, (options, params) in enumerate(groups):
-            group = {**options, "params": [st.params[k] for k, _ in params]}
-            shell.param_groups.append(group)
-            for k, entries in params:  # (what the step holds: graph_key reads it)
-                shell.state[st.params[k]] = {n: v for n, (_, v) in entries.items()}
-            mine = [(k, entries) for k, entries in params if sp.grads[k] is not None]
-            for name, value in shell.flat_rates(group):
-                seen = sp.rates.setdefault((o, g, name), value)  # (once it changed: read
-                if seen != value:  # from a tensor from then on, so a schedule does not
-                    sp.rates[o, g, name] = None  # compile the step anew at each value)
-                elif mine:
-                    fixed[len(rows), name] = value
-            if mine:
-                rows.append((shell, group, mine))
-    try:
+            try:
+                sp.weights(left[1])
+            except BaseException as e:
+                raise ActorError(
+                    f"stage{st.index}.weights", left[0], e, traceback.format_exc()
+                ) from e
+        rows: list = []
+        fixed: dict = {}  # (row, name) -> value: a scheduled option that has not changed yet
+        for o, (cls, attrs, groups) in enumerate(steps):
+            shell = object.__new__(cls)  # (its options and state given: not made anew)
+            shell.__dict__.update(attrs)
+            shell.param_groups, shell.state, shell._rates = [], {}, {}
+            for g, (options, params) in enumerate(groups):
+                group = {**options, "params": [st.params[k] for k, _ in params]}
+                shell.param_groups.append(group)
+                for k, entries in params:  # (what the step holds: graph_key reads it)
+                    shell.state[st.params[k]] = {n: v for n, (_, v) in entries.items()}
+                mine = [(k, entries) for k, entries in params if sp.grads[k] is not None]
+                for name, value in shell.flat_rates(group):
+                    seen = sp.rates.setdefault((o, g, name), value)  # (once it changed: read
+                    if seen != value:  # from a tensor from then on, so a schedule does not
+                        sp.rates[o, g, name] = None  # compile the step anew at each value)
+                    elif mine:
+                        fixed[len(rows), name] = value
+                if mine:
+                    rows.append((shell, group, mine))
         counts: list = []
         if rows:
             kind = tuple(
