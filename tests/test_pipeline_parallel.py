@@ -2201,6 +2201,78 @@ def test_an_error_while_a_batch_is_sent_takes_back_what_was_not_sent(monkeypatch
         g.pipelined.close()
 
 
+def nothing(ex, outs):
+    """(Run in a worker) nothing: a command that only takes its place in the queue."""
+
+
+def seed_of(ex, key, outs):
+    """(Run in a worker) the seed of the last batch stage ``key`` started."""
+    from actorflow.creation import from_numpy
+
+    ex.parts[outs[0]] = from_numpy(np.array([ex.kept[key].batch_seed], np.int64))._impl
+
+
+def _queue_full_before(ranks, rank, call_fn):
+    """Commands kept for ``rank`` up to one short of a batch (``ranks.BATCH``): the next
+    one issued would send them all, where nothing holds them."""
+    from actorflow.parallel import ranks as R
+
+    while len(ranks._pending[rank]) < R.BATCH - 1:
+        call_fn(ranks, rank, nothing, (), ())
+
+
+@processes
+@pytest.mark.parametrize("what", ["batch", "step"])
+def test_commands_sent_together_are_all_or_none_with_a_full_queue(what, monkeypatch):
+    """A batch's commands, and the optimizers' steps after it, go to the stages' workers
+    all or none: with stage 0's queue one command short of being sent by itself, its
+    command is kept (``HeldRanks.held``) while stage 1's fails to be issued, and taken
+    back: stage 0's worker runs no part of that batch, and no step."""
+    from actorflow.parallel.ranks import ProcessRanks
+
+    stages = stages_of(2)
+    g = LossPipe(
+        stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=2, stage_ranks="processes"
+    )
+    fn_of = {"batch": pipeline_links._run, "step": pipeline_links._step}[what]
+    call_fn = ProcessRanks.call_fn
+    armed = [False]
+
+    def full_then_failing(self, rank, fn, args, dtypes):
+        if fn is fn_of and armed[0]:
+            if args[0] == g.pipelined._workers[0].key:
+                _queue_full_before(self, rank, call_fn)
+            else:
+                armed[0] = False
+                raise RuntimeError("sending failed")
+        return call_fn(self, rank, fn, args, dtypes)
+
+    try:
+        assert np.isfinite(float(g.step(*data(1)[0])))
+        g.pipelined._stepped()
+        w0 = g.pipelined._workers[0]
+        (part,) = w0.ranks.call_fn(0, seed_of, (w0.key,), (af.int64,))
+        seed = w0.ranks.read(0, part).tolist()
+        before = [p.numpy() for p in params_of(stages)]
+        monkeypatch.setattr(ProcessRanks, "call_fn", full_then_failing)
+        armed[0] = True
+        with pytest.raises(RuntimeError, match="sending failed"):
+            g.step(*data(2)[1])
+        monkeypatch.undo()
+        assert not armed[0]  # (it did fail where meant to)
+        (part,) = w0.ranks.call_fn(0, seed_of, (w0.key,), (af.int64,))
+        if what == "batch":  # (stage 0 started no batch since)
+            assert w0.ranks.read(0, part).tolist() == seed
+        else:  # (the batch ran; neither stage stepped)
+            for p, a in zip(params_of(stages), before, strict=True):
+                assert np.array_equal(p.numpy(), a)
+        assert np.isfinite(float(g.step(*data(1)[0])))  # (and the next batch trains)
+        g.pipelined._stepped()
+    finally:
+        monkeypatch.undo()
+        g.pipelined.close()
+
+
 @processes
 def test_one_stage_in_a_worker_leaves_no_folder_behind(tmp_path, monkeypatch):
     import glob

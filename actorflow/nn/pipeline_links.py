@@ -67,7 +67,8 @@ ranks' locks (each taken by a ``with``), so two graphs sharing the workers, step
 two threads, reach every worker in one order and no other thread's request reaches a
 worker running a batch not wholly sent; the links' sockets are made in that section too,
 and waited for after it (a Ctrl-C meanwhile is raised once all are sent: the workers get
-a batch's commands all or none; where sending fails, those kept are taken back, and the
+a batch's commands all or none: they are kept, ``HeldRanks.held``, until all are issued,
+so a full queue sends none of them alone, and where issuing fails they are taken back; the
 workers' busy marks are let go once their reports are read). Ctrl-C while this process
 waits for the reports raises at once: the links are dropped, the workers (which ignore
 Ctrl-C) run that batch to its end, and the next batch first waits for its reports
@@ -766,14 +767,17 @@ def counted(reports: list, counts: list, fresh: list) -> tuple:
 def send_steps(stages: list, steps: list) -> list:
     """Each stage's worker sent its optimizers' step (``_step``) and asked for what it
     gives back, without waiting (stage 0's sent now, the others' with the next commands
-    to their workers): returns per stage (its ranks, the ask's token). All or none: where
-    issuing one fails, those issued are taken back (a Ctrl-C meanwhile is raised once all
-    are issued: the caller keeps them)."""
+    to their workers): returns per stage (its ranks, the ask's token). All or none: they
+    are kept (``HeldRanks.held``) until all are issued, and where issuing one fails, those
+    issued are taken back (a Ctrl-C meanwhile is raised once all are issued: the caller
+    keeps them)."""
     from ..dtype import int64
 
     issued: list = []
     try:
-        with _sigint_deferred() as interrupted:
+        with _sigint_deferred() as interrupted, contextlib.ExitStack() as held:
+            for w in stages:  # (kept until all are issued: a full batch of commands
+                held.enter_context(w.ranks.held())  # would send one that is)
             for w, mine in zip(stages, steps, strict=True):
                 (part,) = w.ranks.call_fn(0, _step, (w.key, mine), (int64,))
                 issued.append((w.ranks, part))
@@ -987,28 +991,31 @@ def _issue(
     for a, b, pair in made:
         issued += [(a.ranks, pair[0]), (b.ranks, pair[1])]
     parts = []
-    for i, w in enumerate(stages):
-        slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
-        handed = () if keep else tuple(p.dtype for p in w.module.parameters())
-        part, *grads = w.ranks.call_fn(
-            0,
-            _run,
-            (
-                w.key,
-                batch,
-                bounds,
-                buffers[i],
-                ends[i],
-                slots,
-                tuple(puts[i]),
-                structure,
-                keep,
-                seeds[i],
-            ),
-            (float64, *handed),
-        )
-        issued.append((w.ranks, part))
-        parts.append((part, grads))
+    with contextlib.ExitStack() as held:  # (kept until all are issued: see send_steps)
+        for w in stages:
+            held.enter_context(w.ranks.held())
+        for i, w in enumerate(stages):
+            slots = (buffers[i - 1] if i > 0 else 0, buffers[i] if i < n - 1 else 0)
+            handed = () if keep else tuple(p.dtype for p in w.module.parameters())
+            part, *grads = w.ranks.call_fn(
+                0,
+                _run,
+                (
+                    w.key,
+                    batch,
+                    bounds,
+                    buffers[i],
+                    ends[i],
+                    slots,
+                    tuple(puts[i]),
+                    structure,
+                    keep,
+                    seeds[i],
+                ),
+                (float64, *handed),
+            )
+            issued.append((w.ranks, part))
+            parts.append((part, grads))
     for w in stages:  # (every stage's command sent before any is waited for)
         w.ranks.flush()
     # (marked busy once all are sent: no other thread's request came in between, as this

@@ -29,6 +29,7 @@ actor) share, the controller's side; they differ only in how commands and parts 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pickle
@@ -36,7 +37,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any, NoReturn
@@ -247,6 +248,7 @@ class HeldRanks(Ranks):
         self._lock = threading.RLock()
         self._refs: dict = {}
         self._work = 0  # bytes of work kept (not sent yet)
+        self._holding = 0  # (``held``: commands kept until a flush, whatever their count)
         self._made = self._gone = 0  # parts handed out, and dropped since (live_parts)
         self._failed: tuple | None = None  # (ActorError's arguments) once a rank died
         self.closed = False
@@ -317,8 +319,22 @@ class HeldRanks(Ranks):
         """Sends what is kept once ``FLUSH_BYTES`` of work or a batch of ``BATCH``
         commands is; anything that waits for a rank sends it all first."""
         self._work += work
+        if self._holding:
+            return
         if self._work >= FLUSH_BYTES or len(self._pending[rank]) >= BATCH:
             self._flush()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Within it the commands issued are kept until a flush, however many (so a caller
+        that issues a few commands that go together, all or none, can take back those
+        kept: ``unissue``); the lock is held throughout."""
+        with self._lock:
+            self._holding += 1
+            try:
+                yield
+            finally:
+                self._holding -= 1
 
     def _raise(self, err: bytes) -> None:
         words, tb, data = pickle.loads(err)
