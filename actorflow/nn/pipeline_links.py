@@ -363,7 +363,12 @@ def _loop(
         while nb < m or waiting:
             t0 = time.perf_counter()
             b_ready = not last and nb < nf and nxt.pump(batch)
-            f_ready = nf < m and (last or len(st.fifo) < k) and (first or prev.pump(batch))
+            f_ready = (  # (a backward ready goes first: the forward's input not polled)
+                not b_ready
+                and nf < m
+                and (last or len(st.fifo) < k)
+                and (first or prev.pump(batch))
+            )
             needs_slot = b_ready or (last and f_ready)  # (an act that leaves a weights part)
             if nb >= m and keep and len(waiting) == 1:
                 break  # (the last part: the stage's optimizer step runs it first, _step)

@@ -472,14 +472,6 @@ def _negative_zeros(p: Tensor) -> np.ndarray:
     return np.full(tuple(p.shape), -0.0, p.dtype.np)
 
 
-def _nbytes(rec: Recording, src: tuple) -> int:
-    m = rec.meta_of(src)
-    n = m.dtype.itemsize
-    for s in m.shape:
-        n *= s
-    return n
-
-
 def _dtype(a: np.ndarray, label: str = "a stage"):
     """The dtype of an array a stage is given (its input rows, the targets, the output's
     gradient); bfloat16 (stored as uint16, which numpy has no float type for) is refused:
@@ -529,16 +521,13 @@ def _needed(rec: Recording, wanted: list, first: int) -> set:
 def _bytes(rec: Recording, sources: list) -> int:
     """The bytes of the recorded values ``sources`` (an input: its leaf; a node: its
     output), the stage's input only among the inputs."""
-    total = 0
-    for src in sources:
-        if src[0] == "in" and src[1] != 0:
-            continue
-        m = rec.meta_of(src)
-        n = m.dtype.itemsize
-        for s in m.shape:
-            n *= s
-        total += n
-    return total
+    return sum(_nbytes(rec, s) for s in sources if s[0] != "in" or s[1] == 0)
+
+
+def _nbytes(rec: Recording, src: tuple) -> int:
+    """The bytes of the recorded value ``src``."""
+    m = rec.meta_of(src)
+    return m.numel * m.dtype.itemsize
 
 
 # -- what a stage gives back, checked (every kind of stage: here, in a worker, compiled) --
