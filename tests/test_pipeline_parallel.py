@@ -1936,20 +1936,6 @@ class Busy(nn.Module):
         return x + t[:1, :1] * 0.0
 
 
-def busy_seconds(k):
-    """About how long a ``Busy(k)`` forward takes here (the median of a few; a machine
-    under load makes it longer)."""
-    import time
-
-    b, x = Busy(k), af.tensor(np.zeros((4, 8), np.float32))
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        b(x).numpy()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[2]
-
-
 class ToInt(nn.Module):
     def forward(self, x):
         return (x * 0).long()
@@ -1995,23 +1981,37 @@ def test_a_slow_batch_of_the_workers_is_waited_for(monkeypatch):
     """Each worker bounds its waits for its neighbours; this process waits for the batch
     as a whole (a batch longer than the ranks' wait, each act shorter, is not given up)."""
     import threading
+    import time
 
     from actorflow.parallel import workers
+    from actorflow.parallel.ranks import ProcessRanks
 
     stages = stages_of(2)
     stages[0] = nn.Sequential(Busy(40), stages[0])
-    act = busy_seconds(40)
     g = LossPipe(
         stages, optim.SGD(params_of(stages), lr=0.1), micro_batches=8, stage_ranks="processes"
     )
+    busy = ProcessRanks.busy
+    others: list = []
+
+    def busy_then_asked(self, rank, seconds):
+        mark = busy(self, rank, seconds)
+        if self is workers_of(stages)[1] and not others:  # (its batch's commands sent)
+            others.append(threading.Thread(target=self.synchronize))
+            others[0].start()
+        return mark
+
     try:
         assert np.isfinite(float(g.step(*data(1)[0])))  # (compiled, outside the wait below)
-        monkeypatch.setattr(workers, "WAIT_S", 3 * act)  # (this process's: 8 acts are more)
-        # another thread's request to a worker running the batch waits for it too
-        other = threading.Timer(2 * act, workers_of(stages)[1].synchronize)
-        other.start()
+        t = time.perf_counter()
         assert np.isfinite(float(g.step(*data(1)[0])))
-        other.join()
+        batch = time.perf_counter() - t  # (a batch of its compiled acts, here and now)
+        monkeypatch.setattr(workers, "WAIT_S", batch / 2)  # (this process's: a batch is more)
+        # another thread's request to a worker running the batch (asked once the batch's
+        # commands are sent, the worker marked busy) waits for it too
+        monkeypatch.setattr(ProcessRanks, "busy", busy_then_asked)
+        assert np.isfinite(float(g.step(*data(1)[0])))
+        others[0].join()
         assert all(not r.closed for r in workers_of(stages))
     finally:
         monkeypatch.undo()
